@@ -1,0 +1,256 @@
+"""Storage engine benchmark: ``make bench-storage``.
+
+Measures, in one run on this machine:
+
+- raw sequential write MB/s (``os.write`` of 1 MiB chunks, no fsync: the page cache, as the log
+  appends below also go to the page cache; fsync happens on roll and close), and for context
+  raw writes of exactly one batch's size per system call;
+- ``Log.append_as_leader`` MB/s and batches/s for 100 B and 1 KiB records in batches of 1 and
+  100, and each as a ratio of the raw figure (target: >= 0.5 for batches of 100);
+- random read-by-offset latency p50/p99 (index lookup alone, and lookup + read + CRC check of
+  one batch; target p99 < 200 us);
+- recovery MB/s: ``Log.open`` of an unflushed log of ``--recovery-mib`` (default 1024) with no
+  recovery point, every batch CRC-checked and the indexes rebuilt (target >= 200 MB/s);
+- compaction MB/s over a log of keyed records.
+
+Prints a table and writes ``bench/results/storage.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from kcoord.storage import format as fmt
+from kcoord.storage.config import LogConfig
+from kcoord.storage.log import Log
+
+MIB = 1024 * 1024
+
+
+def _records(n: int, size: int, rng: random.Random, keys: int | None = None) -> list[fmt.Record]:
+    return [
+        fmt.Record(
+            i,
+            1_700_000_000_000 + i,
+            (f"key-{rng.randrange(keys)}".encode() if keys else None),
+            rng.randbytes(size),
+        )
+        for i in range(n)
+    ]
+
+
+def raw_write_mb_s(directory: Path, total_bytes: int, chunk_bytes: int = MIB) -> float:
+    chunk = os.urandom(chunk_bytes)
+    path = directory / "raw.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    start = time.perf_counter()
+    written = 0
+    while written < total_bytes:
+        written += os.write(fd, chunk)
+    elapsed = time.perf_counter() - start
+    os.close(fd)
+    path.unlink()
+    return written / MIB / elapsed
+
+
+def append_case(
+    directory: Path, record_size: int, batch_records: int, total_bytes: int, rng: random.Random
+) -> dict[str, float]:
+    # A few distinct batches, reused: the broker receives prebuilt batches from producers.
+    batches = [fmt.build_batch(_records(batch_records, record_size, rng)) for _ in range(16)]
+    batch_bytes = len(batches[0])
+    count = max(1, total_bytes // batch_bytes)
+    log_dir = directory / f"append-{record_size}-{batch_records}"
+    lg = Log.open(log_dir, LogConfig())
+    start = time.perf_counter()
+    for i in range(count):
+        lg.append_as_leader(batches[i % 16], leader_epoch=0, now_ms=0)
+    elapsed = time.perf_counter() - start
+    lg.close()
+    shutil.rmtree(log_dir)
+    return {
+        "record_bytes": record_size,
+        "records_per_batch": batch_records,
+        "batch_bytes": batch_bytes,
+        "batches": count,
+        "mb_s": count * batch_bytes / MIB / elapsed,
+        "batches_s": count / elapsed,
+        "records_s": count * batch_records / elapsed,
+    }
+
+
+def build_log(directory: Path, total_bytes: int, rng: random.Random) -> Log:
+    """A log of 100-record batches of 100 B records (about 13 KiB each), unflushed."""
+    batches = [fmt.build_batch(_records(100, 100, rng)) for _ in range(16)]
+    lg = Log.open(directory, LogConfig(segment_bytes=256 * MIB))
+    i = 0
+    while lg.size_bytes < total_bytes:
+        lg.append_as_leader(batches[i % 16], leader_epoch=0, now_ms=0)
+        i += 1
+    return lg
+
+
+def _percentiles_us(samples: list[float]) -> dict[str, float]:
+    samples.sort()
+    return {
+        "p50_us": samples[len(samples) // 2] * 1e6,
+        "p99_us": samples[int(len(samples) * 0.99)] * 1e6,
+        "max_us": samples[-1] * 1e6,
+        "mean_us": statistics.fmean(samples) * 1e6,
+    }
+
+
+def read_latency(lg: Log, lookups: int, rng: random.Random) -> dict[str, Any]:
+    end = lg.log_end_offset
+    lookup: list[float] = []
+    read: list[float] = []
+    for _ in range(lookups):
+        offset = rng.randrange(end)
+        t0 = time.perf_counter()
+        seg = lg.segments[lg._segment_index_for(offset)]
+        found = seg.translate_offset(offset)
+        t1 = time.perf_counter()
+        data = lg.read(offset, 1)
+        t2 = time.perf_counter()
+        assert found is not None and not data.empty
+        lookup.append(t1 - t0)
+        read.append(t2 - t1)
+    return {"lookups": lookups, "lookup": _percentiles_us(lookup), "read": _percentiles_us(read)}
+
+
+def recovery_mb_s(directory: Path, total_bytes: int, rng: random.Random) -> dict[str, float]:
+    lg = build_log(directory, total_bytes, rng)
+    size = lg.size_bytes
+    end = lg.log_end_offset
+    for seg in lg.segments:
+        seg.close()  # no clean shutdown, no recovery point: everything is recovered
+    start = time.perf_counter()
+    recovered = Log.open(directory, LogConfig(segment_bytes=256 * MIB), recovery_point=0)
+    elapsed = time.perf_counter() - start
+    assert recovered.log_end_offset == end, (recovered.log_end_offset, end)
+    recovered.close()
+    shutil.rmtree(directory)
+    return {"bytes": size, "seconds": elapsed, "mb_s": size / MIB / elapsed}
+
+
+def compaction_mb_s(directory: Path, total_bytes: int, rng: random.Random) -> dict[str, float]:
+    config = LogConfig(segment_bytes=16 * MIB, cleanup_policy=frozenset({"compact"}))
+    lg = Log.open(directory, config)
+    batches = [fmt.build_batch(_records(100, 100, rng, keys=20_000)) for _ in range(64)]
+    i = 0
+    while lg.size_bytes < total_bytes:
+        lg.append_as_leader(batches[i % 64], leader_epoch=0, now_ms=0)
+        i += 1
+    lg.roll()
+    start = time.perf_counter()
+    stats = lg.compact(now_ms=0)
+    elapsed = time.perf_counter() - start
+    lg.close()
+    shutil.rmtree(directory)
+    return {
+        "bytes_read": stats.bytes_read,
+        "bytes_written": stats.bytes_written,
+        "records_read": stats.records_read,
+        "records_kept": stats.records_kept,
+        "seconds": elapsed,
+        "mb_s": stats.bytes_read / MIB / elapsed,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--append-mib", type=int, default=256, help="bytes per append case")
+    parser.add_argument("--recovery-mib", type=int, default=1024)
+    parser.add_argument("--compaction-mib", type=int, default=64)
+    parser.add_argument("--lookups", type=int, default=20_000)
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/storage.json"))
+    parser.add_argument("--seed", type=int, default=None)
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    rng = random.Random(seed)
+    print(f"seed={seed}")
+    scratch = Path(tempfile.mkdtemp(prefix="kcoord-bench-", dir=args.dir))
+    try:
+        raw = raw_write_mb_s(scratch, args.append_mib * MIB)
+        print(f"raw sequential write: {raw:8.1f} MB/s")
+        appends = []
+        for record_size in (100, 1024):
+            for batch_records in (1, 100):
+                total = args.append_mib * MIB if batch_records > 1 else args.append_mib * MIB // 8
+                case = append_case(scratch, record_size, batch_records, total, rng)
+                case["ratio_to_raw"] = case["mb_s"] / raw
+                # Context: raw writes of the same size as one batch, one system call each.
+                same = raw_write_mb_s(scratch, total, int(case["batch_bytes"]))
+                case["raw_same_size_write_mb_s"] = same
+                case["ratio_to_raw_same_size"] = case["mb_s"] / same
+                appends.append(case)
+                print(
+                    f"append {record_size:5d} B x {batch_records:3d}: {case['mb_s']:8.1f} MB/s "
+                    f"{case['batches_s']:10.0f} batches/s  ratio {case['ratio_to_raw']:.2f} "
+                    f"(to same-size raw writes {case['ratio_to_raw_same_size']:.2f})"
+                )
+        lookup_log = build_log(scratch / "lookup", min(256, args.recovery_mib) * MIB, rng)
+        latency = read_latency(lookup_log, args.lookups, rng)
+        lookup_log.close()
+        shutil.rmtree(scratch / "lookup")
+        print(
+            f"offset lookup p50 {latency['lookup']['p50_us']:.1f} us "
+            f"p99 {latency['lookup']['p99_us']:.1f} us; lookup+read p50 "
+            f"{latency['read']['p50_us']:.1f} us p99 {latency['read']['p99_us']:.1f} us"
+        )
+        recovery = recovery_mb_s(scratch / "recovery", args.recovery_mib * MIB, rng)
+        print(f"recovery: {recovery['mb_s']:8.1f} MB/s over {recovery['bytes'] / MIB:.0f} MiB")
+        compaction = compaction_mb_s(scratch / "compaction", args.compaction_mib * MIB, rng)
+        print(
+            f"compaction: {compaction['mb_s']:8.1f} MB/s ({compaction['records_kept']} of "
+            f"{compaction['records_read']} records kept)"
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    batch100 = [c for c in appends if c["records_per_batch"] == 100]
+    targets = {
+        "append_100_record_batches_ratio_min": min(c["ratio_to_raw"] for c in batch100),
+        "append_ratio_target": 0.5,
+        "recovery_mb_s": recovery["mb_s"],
+        "recovery_target_mb_s": 200.0,
+        "lookup_p99_us": latency["lookup"]["p99_us"],
+        "lookup_p99_target_us": 200.0,
+    }
+    met = {
+        "append": targets["append_100_record_batches_ratio_min"] >= 0.5,
+        "recovery": recovery["mb_s"] >= 200.0,
+        "lookup": latency["lookup"]["p99_us"] < 200.0,
+    }
+    result = {
+        "benchmark": "storage",
+        "seed": seed,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "raw_sequential_write_mb_s": raw,
+        "append": appends,
+        "read_latency": latency,
+        "recovery": recovery,
+        "compaction": compaction,
+        "targets": targets,
+        "targets_met": met,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"targets met: {met}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The chaos lab: namespaces, nemeses, workloads, histories and checkers. May import everything."""

@@ -1,0 +1,1 @@
+"""The group coordinator: one pure shard per ``__consumer_offsets`` partition (DESIGN section 6)."""

@@ -1,0 +1,178 @@
+"""``kcoord dump-log``: print segment, index and time-index files like ``kafka-dump-log.sh``.
+
+Reads ``.log`` files batch by batch (never the whole file at once), ``.index`` files as
+``offset: N position: P`` and ``.timeindex`` files as ``timestamp: T offset: N``. A corrupt
+batch is printed with ``isvalid: false`` and its records are not decoded; bytes after the last
+whole batch are reported the way Kafka's tool does. With ``--offsets-decoder`` the records of
+``__consumer_offsets`` are decoded with Kafka's schemas.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TextIO
+
+from kcoord.cluster.coordinator.records import format_offsets_record
+from kcoord.storage import format as fmt
+
+_INDEX_ENTRY = struct.Struct(">II")
+_TIME_ENTRY = struct.Struct(">qI")
+
+
+def _bool(b: bool) -> str:
+    return "true" if b else "false"
+
+
+def _iter_file_batches(fd: int, size: int) -> Iterator[tuple[int, bytes | None, str | None]]:
+    """(position, batch bytes or None, error) for each batch; stops at the first bad one."""
+    pos = 0
+    while pos < size:
+        head = os.pread(fd, fmt.HEADER_SIZE, pos)
+        try:
+            header = fmt.parse_header(head)
+        except fmt.RecordFormatError as e:
+            yield pos, None, str(e)
+            return
+        if pos + header.size > size:
+            yield pos, None, f"batch at {pos} needs {header.size} bytes, {size - pos} remain"
+            return
+        yield pos, os.pread(fd, header.size, pos), None
+        pos += header.size
+
+
+def dump_log_file(path: Path, out: TextIO, *, print_data: bool, offsets_decoder: bool) -> int:
+    """Print one ``.log`` file; return how many invalid batches or bytes were found."""
+    problems = 0
+    base = path.name.split(".")[0]
+    out.write(f"Log starting offset: {int(base) if base.isdigit() else 0}\n")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        for pos, raw, error in _iter_file_batches(fd, size):
+            if raw is None:
+                out.write(f"Found {size - pos} invalid bytes at the end of {path.name}: {error}\n")
+                problems += 1
+                break
+            h = fmt.parse_header(raw)
+            valid = fmt.is_crc_valid(raw, 0, h)
+            problems += 0 if valid else 1
+            horizon = (
+                f"OptionalLong[{h.base_timestamp}]"
+                if h.attributes & fmt.DELETE_HORIZON_FLAG
+                else "OptionalLong.empty"
+            )
+            ts_name = "LogAppendTime" if h.timestamp_type else "CreateTime"
+            out.write(
+                f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} "
+                f"count: {h.record_count} baseSequence: {h.base_sequence} "
+                f"lastSequence: {h.last_sequence} producerId: {h.producer_id} "
+                f"producerEpoch: {h.producer_epoch} "
+                f"partitionLeaderEpoch: {h.partition_leader_epoch} "
+                f"isTransactional: {_bool(h.is_transactional)} "
+                f"isControl: {_bool(h.is_control)} deleteHorizonMs: {horizon} "
+                f"position: {pos} {ts_name}: {h.max_timestamp} size: {h.size} "
+                f"magic: {h.magic} compresscodec: {h.compression.name.lower()} "
+                f"crc: {h.crc} isvalid: {_bool(valid)}\n"
+            )
+            if not (print_data or offsets_decoder) or not valid:
+                continue
+            try:
+                records = fmt.decode_records(raw)
+            except fmt.RecordFormatError as e:
+                out.write(f"| cannot decode records: {e}\n")
+                problems += 1
+                continue
+            for i, r in enumerate(records):
+                sequence = h.base_sequence + i if h.base_sequence >= 0 else -1
+                line = (
+                    f"| offset: {r.offset} {ts_name}: {r.timestamp} "
+                    f"keySize: {-1 if r.key is None else len(r.key)} "
+                    f"valueSize: {-1 if r.value is None else len(r.value)} "
+                    f"sequence: {sequence} headerKeys: [{','.join(k for k, _ in r.headers)}]"
+                )
+                if h.is_control:
+                    try:
+                        kind = fmt.parse_control_key(r.key).name
+                    except fmt.RecordFormatError as e:
+                        kind = f"unknown ({e})"
+                    line += f" endTxnMarker: {kind}"
+                elif offsets_decoder:
+                    line += " " + format_offsets_record(r.key, r.value, offset=r.offset)
+                else:
+                    line += " payload: " + _text(r.value)
+                out.write(line + "\n")
+    finally:
+        os.close(fd)
+    return problems
+
+
+def _text(value: bytes | None) -> str:
+    if value is None:
+        return "null"
+    return value.decode("utf-8", errors="replace")
+
+
+def dump_index_file(path: Path, out: TextIO) -> int:
+    base = int(path.name.split(".")[0])
+    data = path.read_bytes()
+    usable = len(data) - len(data) % _INDEX_ENTRY.size
+    problems = 0
+    last = -1
+    for rel, position in _INDEX_ENTRY.iter_unpack(data[:usable]):
+        if rel == 0 and position == 0 and last >= 0:
+            break  # the zero-filled preallocated tail of an active index
+        out.write(f"offset: {base + rel} position: {position}\n")
+        if base + rel <= last:
+            out.write(f"Index offset {base + rel} is not above the previous entry {last}\n")
+            problems += 1
+        last = base + rel
+    if usable != len(data):
+        out.write(f"Found {len(data) - usable} trailing bytes in {path.name}\n")
+        problems += 1
+    return problems
+
+
+def dump_time_index_file(path: Path, out: TextIO) -> int:
+    base = int(path.name.split(".")[0])
+    data = path.read_bytes()
+    usable = len(data) - len(data) % _TIME_ENTRY.size
+    problems = 0
+    last_ts = None
+    for ts, rel in _TIME_ENTRY.iter_unpack(data[:usable]):
+        if ts == 0 and rel == 0 and last_ts is not None:
+            break
+        out.write(f"timestamp: {ts} offset: {base + rel}\n")
+        if last_ts is not None and ts <= last_ts:
+            out.write(f"Time index timestamp {ts} is not above the previous entry {last_ts}\n")
+            problems += 1
+        last_ts = ts
+    if usable != len(data):
+        out.write(f"Found {len(data) - usable} trailing bytes in {path.name}\n")
+        problems += 1
+    return problems
+
+
+def dump_files(paths: list[Path], out: TextIO, *, print_data: bool, offsets_decoder: bool) -> int:
+    """Dump each file; the exit code is 0 when all were readable and valid, else 1."""
+    problems = 0
+    for path in paths:
+        out.write(f"Dumping {path}\n")
+        try:
+            if path.name.endswith(".log"):
+                problems += dump_log_file(
+                    path, out, print_data=print_data, offsets_decoder=offsets_decoder
+                )
+            elif path.name.endswith(".timeindex"):
+                problems += dump_time_index_file(path, out)
+            elif path.name.endswith(".index"):
+                problems += dump_index_file(path, out)
+            else:
+                out.write(f"Ignoring unknown file {path}\n")
+                problems += 1
+        except (OSError, ValueError) as e:
+            out.write(f"Cannot read {path}: {e}\n")
+            problems += 1
+    return 0 if problems == 0 else 1

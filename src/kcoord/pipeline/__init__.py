@@ -1,0 +1,1 @@
+"""The PySpark data source and example pipeline. May import everything."""

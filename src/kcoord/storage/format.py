@@ -1,0 +1,589 @@
+"""Kafka's v2 record batch (magic 2): parse, validate and build. Pure: bytes in, values out.
+
+Theory of operation
+-------------------
+Every partition log, and every Produce/Fetch payload, is a sequence of record batches. The broker
+mostly needs the 61-byte batch header (offsets, length, CRC, producer fields); it stores produced
+batches as sent and rewrites only the two fields outside the CRC: ``base_offset`` and
+``partition_leader_epoch``. Records are decoded only where the broker must look inside
+(coordinator replay, compaction, ``dump-log``, timestamp lookups).
+
+Batch layout (big-endian; ``DefaultRecordBatch`` in Kafka's clients)::
+
+    offset  size  field
+         0     8  base_offset             int64   rewritten by the leader on append
+         8     4  batch_length            int32   bytes after this field (total size - 12)
+        12     4  partition_leader_epoch  int32   rewritten by the leader on append
+        16     1  magic                   int8    always 2
+        17     4  crc                     uint32  CRC-32C of bytes [21, end)
+        21     2  attributes              int16   see below
+        23     4  last_offset_delta       int32
+        27     8  base_timestamp          int64   a.k.a. first timestamp
+        35     8  max_timestamp           int64
+        43     8  producer_id             int64   -1 when not idempotent
+        51     2  producer_epoch          int16
+        53     4  base_sequence           int32
+        57     4  record_count            int32
+        61     .  records (possibly compressed as one block)
+
+Attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd), bit 3 timestamp
+type (0 CreateTime, 1 LogAppendTime), bit 4 transactional, bit 5 control, bit 6 delete horizon
+set (KIP-534).
+
+Record layout (``DefaultRecord``); varints are zig-zag encoded like protobuf's sint32/sint64::
+
+    length varint | attributes int8 | timestamp_delta varlong | offset_delta varint
+    | key_length varint (-1 = null) | key | value_length varint (-1 = null) | value
+    | header_count varint | (header_key_length varint | key utf-8
+                              | header_value_length varint (-1 = null) | value) ...
+
+Control records (transaction markers) have key ``version int16, type int16`` (0 abort,
+1 commit) and value ``version int16, coordinator_epoch int32``.
+
+Compression: gzip uses ``zlib`` (standard library); snappy, lz4 and zstd use ``cramjam``
+when it is installed (aiokafka depends on it) and raise ``UnsupportedCompressionError``
+otherwise.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+import crc32c as _crc32c
+
+MAGIC_V2 = 2
+HEADER_SIZE = 61
+# Bytes before batch_length's end: the size field covers everything after offset 12.
+LOG_OVERHEAD = 12
+CRC_OFFSET = 17
+ATTRIBUTES_OFFSET = 21
+PARTITION_LEADER_EPOCH_OFFSET = 12
+NO_PRODUCER_ID = -1
+NO_PRODUCER_EPOCH = -1
+NO_SEQUENCE = -1
+NO_PARTITION_LEADER_EPOCH = -1
+NO_TIMESTAMP = -1
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE_OFFSET = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_LENGTH_PREFIX = struct.Struct(">qi")
+assert _HEADER.size == HEADER_SIZE
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_MASK = 0x08
+TRANSACTIONAL_FLAG = 0x10
+CONTROL_FLAG = 0x20
+DELETE_HORIZON_FLAG = 0x40
+
+
+class Compression(IntEnum):
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+class TimestampType(IntEnum):
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class ControlType(IntEnum):
+    ABORT = 0
+    COMMIT = 1
+
+
+class RecordFormatError(ValueError):
+    """Bytes that are not a well-formed v2 record batch."""
+
+
+class CorruptRecordError(RecordFormatError):
+    """A batch whose CRC does not match its contents (Kafka's CORRUPT_MESSAGE)."""
+
+
+class UnsupportedCompressionError(RecordFormatError):
+    """A compression codec this installation cannot encode or decode."""
+
+
+class BatchHeader(NamedTuple):
+    """The fixed 61-byte header of one batch. Offsets are absolute."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Total bytes of the batch, header included."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> Compression:
+        return Compression(self.attributes & COMPRESSION_MASK)
+
+    @property
+    def timestamp_type(self) -> TimestampType:
+        return TimestampType((self.attributes & TIMESTAMP_TYPE_MASK) >> 3)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_FLAG)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_FLAG)
+
+    @property
+    def last_sequence(self) -> int:
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        # Sequences wrap at Integer.MAX_VALUE (DefaultRecordBatch.incrementSequence).
+        return (self.base_sequence + self.last_offset_delta) % (2**31)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record with absolute offset and timestamp."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Header-level operations: what the broker needs on the hot path.
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Parse the header of the batch starting at ``pos``; the batch body may be absent."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise RecordFormatError(
+            f"truncated batch header at position {pos}: {len(buf) - pos} of {HEADER_SIZE} bytes"
+        )
+    header = BatchHeader._make(_HEADER.unpack_from(buf, pos))
+    raise_if_invalid_header(header, pos)
+    return header
+
+
+def raise_if_invalid_header(header: BatchHeader, pos: int = 0) -> None:
+    if header.magic != MAGIC_V2:
+        raise RecordFormatError(f"unsupported magic {header.magic} at position {pos} (need 2)")
+    if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+        raise RecordFormatError(f"batch length {header.batch_length} at {pos} is below minimum")
+    if header.last_offset_delta < 0 or header.record_count < 0:
+        raise RecordFormatError(f"negative offset delta or record count at position {pos}")
+    if header.base_offset < 0:
+        raise RecordFormatError(f"negative base offset {header.base_offset} at position {pos}")
+
+
+def peek_batch_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
+    """Total size of the batch at ``pos`` from its length field, or None if fewer than 12 bytes."""
+    if len(buf) - pos < LOG_OVERHEAD:
+        return None
+    _, length = _LENGTH_PREFIX.unpack_from(buf, pos)
+    return int(length) + LOG_OVERHEAD
+
+
+def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:
+    """CRC-32C over attributes..end of the batch of ``size`` bytes at ``pos``."""
+    view = memoryview(buf)[pos + ATTRIBUTES_OFFSET : pos + size]
+    return int(_crc32c.crc32c(view))
+
+
+def is_crc_valid(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader) -> bool:
+    if len(buf) - pos < header.size:
+        return False
+    return compute_crc(buf, pos, header.size) == header.crc
+
+
+def iter_headers(buf: bytes | bytearray | memoryview) -> Iterator[tuple[int, BatchHeader]]:
+    """(position, header) of each complete batch; raises on a malformed or incomplete one."""
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = parse_header(buf, pos)
+        if pos + header.size > end:
+            raise RecordFormatError(
+                f"truncated batch at position {pos}: needs {header.size} bytes, {end - pos} present"
+            )
+        yield pos, header
+        pos += header.size
+
+
+class ValidPrefix(NamedTuple):
+    """How much of a buffer is whole, CRC-valid batches, and why the rest is not."""
+
+    valid_bytes: int
+    headers: list[tuple[int, BatchHeader]]
+    error: str | None
+
+
+def scan_valid_prefix(
+    buf: bytes | bytearray | memoryview, *, expect_next_offset: int | None = None
+) -> ValidPrefix:
+    """The longest prefix of whole batches with valid headers, CRCs and increasing offsets.
+
+    Used by recovery (``LogSegment.recover``): the first batch that is torn, corrupt or out of
+    order ends the valid prefix, and ``error`` says why.
+    """
+    pos = 0
+    end = len(buf)
+    headers: list[tuple[int, BatchHeader]] = []
+    next_offset = expect_next_offset
+    while pos < end:
+        try:
+            header = parse_header(buf, pos)
+        except RecordFormatError as e:
+            return ValidPrefix(pos, headers, str(e))
+        if pos + header.size > end:
+            return ValidPrefix(pos, headers, f"torn batch at position {pos}")
+        if next_offset is not None and header.base_offset < next_offset:
+            return ValidPrefix(
+                pos,
+                headers,
+                f"batch at position {pos} has base offset {header.base_offset} "
+                f"below the expected {next_offset}",
+            )
+        if not is_crc_valid(buf, pos, header):
+            return ValidPrefix(pos, headers, f"CRC mismatch in batch at position {pos}")
+        headers.append((pos, header))
+        next_offset = header.next_offset
+        pos += header.size
+    return ValidPrefix(pos, headers, None)
+
+
+def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
+    """Rewrite a batch's base offset in place; outside the CRC, so the CRC stays valid."""
+    _BASE_OFFSET.pack_into(buf, pos, base_offset)
+
+
+def set_partition_leader_epoch(buf: bytearray, pos: int, leader_epoch: int) -> None:
+    """Rewrite a batch's partition leader epoch in place; outside the CRC as well."""
+    _INT32.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Varints (zig-zag), as in Kafka's ByteUtils.
+
+
+def _zigzag(n: int) -> int:
+    return (n << 1) ^ (n >> 63)
+
+
+def write_varint(out: bytearray, n: int) -> None:
+    """Append the zig-zag varint encoding of a signed 64-bit ``n``."""
+    v = _zigzag(n) & 0xFFFFFFFFFFFFFFFF
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+
+
+def read_varint(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Decode a zig-zag varint at ``pos``; return (value, next position)."""
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(buf):
+            raise RecordFormatError("varint runs past the end of the record")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if shift > 63:
+            raise RecordFormatError("varint longer than 10 bytes")
+    return (result >> 1) ^ -(result & 1), pos
+
+
+# ---------------------------------------------------------------------------------------------
+# Compression.
+
+
+def _cramjam() -> Any:
+    try:
+        import cramjam
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise UnsupportedCompressionError("snappy/lz4/zstd need the 'cramjam' package") from e
+    return cramjam
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def decompress(codec: Compression, data: bytes | memoryview) -> bytes:
+    try:
+        if codec is Compression.NONE:
+            return bytes(data)
+        if codec is Compression.GZIP:
+            return zlib.decompress(data, wbits=47)  # 32 + 15: accept gzip or zlib headers
+        cramjam = _cramjam()
+        if codec is Compression.SNAPPY:
+            raw = bytes(data)
+            if raw.startswith(_XERIAL_MAGIC):
+                # The Java client writes snappy in xerial's block framing (SnappyOutputStream):
+                # magic, two int32 versions, then (int32 length, raw snappy block) pairs.
+                out = bytearray()
+                pos = 16
+                while pos < len(raw):
+                    (n,) = _INT32.unpack_from(raw, pos)
+                    pos += 4
+                    out += bytes(cramjam.snappy.decompress_raw(raw[pos : pos + n]))
+                    pos += n
+                return bytes(out)
+            return bytes(cramjam.snappy.decompress_raw(raw))
+        if codec is Compression.LZ4:
+            return bytes(cramjam.lz4.decompress(bytes(data)))
+        if codec is Compression.ZSTD:
+            return bytes(cramjam.zstd.decompress(bytes(data)))
+    except RecordFormatError:
+        raise
+    except Exception as e:
+        raise RecordFormatError(f"cannot decompress {codec.name} records: {e}") from e
+    raise UnsupportedCompressionError(f"unknown compression codec {int(codec)}")
+
+
+def compress(codec: Compression, data: bytes) -> bytes:
+    if codec is Compression.NONE:
+        return data
+    if codec is Compression.GZIP:
+        c = zlib.compressobj(wbits=31)  # 16 + 15: gzip framing, as Kafka's GZIPOutputStream
+        return c.compress(data) + c.flush()
+    cramjam = _cramjam()
+    if codec is Compression.SNAPPY:
+        return bytes(cramjam.snappy.compress_raw(data))
+    if codec is Compression.LZ4:
+        return bytes(cramjam.lz4.compress(data))
+    if codec is Compression.ZSTD:
+        return bytes(cramjam.zstd.compress(data))
+    raise UnsupportedCompressionError(f"unknown compression codec {int(codec)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Record-level decoding and encoding.
+
+
+def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0) -> list[Record]:
+    """All records of the batch at ``pos``, with absolute offsets and timestamps.
+
+    Raises ``RecordFormatError`` on malformed content; the CRC is not checked here (callers
+    that read from disk check it first with ``is_crc_valid``).
+    """
+    header = parse_header(buf, pos)
+    if len(buf) - pos < header.size:
+        raise RecordFormatError(f"truncated batch at position {pos}")
+    body = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    data: bytes | memoryview = body
+    if header.compression is not Compression.NONE:
+        data = decompress(header.compression, body)
+    records: list[Record] = []
+    p = 0
+    for _ in range(header.record_count):
+        length, p = read_varint(data, p)
+        end = p + length
+        if length < 0 or end > len(data):
+            raise RecordFormatError(f"record length {length} runs past the batch")
+        p += 1  # attributes: unused in v2
+        ts_delta, p = read_varint(data, p)
+        off_delta, p = read_varint(data, p)
+        key, p = _read_nullable_bytes(data, p, end)
+        value, p = _read_nullable_bytes(data, p, end)
+        n_headers, p = read_varint(data, p)
+        if n_headers < 0:
+            raise RecordFormatError("negative header count")
+        headers: list[tuple[str, bytes | None]] = []
+        for _h in range(n_headers):
+            hkey, p = _read_nullable_bytes(data, p, end)
+            if hkey is None:
+                raise RecordFormatError("null header key")
+            hval, p = _read_nullable_bytes(data, p, end)
+            try:
+                headers.append((hkey.decode(), hval))
+            except UnicodeDecodeError as e:
+                raise RecordFormatError("header key is not UTF-8") from e
+        if p != end:
+            raise RecordFormatError(f"record body is {end - p} bytes longer than its fields")
+        timestamp = header.base_timestamp + ts_delta
+        if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
+            timestamp = header.max_timestamp
+        records.append(
+            Record(header.base_offset + off_delta, timestamp, key, value, tuple(headers))
+        )
+    if p != len(data):
+        raise RecordFormatError(f"{len(data) - p} trailing bytes after the last record")
+    return records
+
+
+def _read_nullable_bytes(data: bytes | memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
+    n, pos = read_varint(data, pos)
+    if n < 0:
+        return None, pos
+    if pos + n > end:
+        raise RecordFormatError(f"field of {n} bytes runs past the record")
+    return bytes(data[pos : pos + n]), pos + n
+
+
+def _write_nullable_bytes(out: bytearray, b: bytes | None) -> None:
+    if b is None:
+        write_varint(out, -1)
+    else:
+        write_varint(out, len(b))
+        out += b
+
+
+def encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, record: Record) -> None:
+    body = bytearray(b"\x00")
+    write_varint(body, timestamp_delta)
+    write_varint(body, offset_delta)
+    _write_nullable_bytes(body, record.key)
+    _write_nullable_bytes(body, record.value)
+    write_varint(body, len(record.headers))
+    for hkey, hval in record.headers:
+        _write_nullable_bytes(body, hkey.encode())
+        _write_nullable_bytes(body, hval)
+    write_varint(out, len(body))
+    out += body
+
+
+def build_batch(
+    records: Sequence[Record],
+    *,
+    base_offset: int | None = None,
+    compression: Compression = Compression.NONE,
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = NO_PRODUCER_EPOCH,
+    base_sequence: int = NO_SEQUENCE,
+    is_transactional: bool = False,
+    is_control: bool = False,
+    last_offset_delta: int | None = None,
+    delete_horizon_ms: int | None = None,
+) -> bytes:
+    """Encode records (absolute offsets and timestamps) as one batch.
+
+    ``base_offset`` defaults to the first record's offset. ``last_offset_delta`` may exceed the
+    last record's delta: compaction keeps a batch's offset range even when it drops its last
+    records (Kafka's LogCleaner does the same, so producer state survives cleaning).
+    ``delete_horizon_ms`` sets the KIP-534 flag: the base timestamp field then holds the time
+    after which the cleaner may drop the batch's tombstones, and record timestamps are deltas
+    from it.
+    """
+    if not records and last_offset_delta is None:
+        raise ValueError("an empty batch needs an explicit last_offset_delta")
+    if base_offset is None:
+        base_offset = records[0].offset
+    base_timestamp = records[0].timestamp if records else NO_TIMESTAMP
+    if delete_horizon_ms is not None:
+        base_timestamp = delete_horizon_ms
+    max_timestamp = max((r.timestamp for r in records), default=NO_TIMESTAMP)
+    body = bytearray()
+    prev = base_offset - 1
+    for r in records:
+        if r.offset <= prev:
+            raise ValueError(f"record offsets must increase: {r.offset} after {prev}")
+        prev = r.offset
+        encode_record(body, r.offset - base_offset, r.timestamp - base_timestamp, r)
+    if last_offset_delta is None:
+        last_offset_delta = records[-1].offset - base_offset
+    if records and last_offset_delta < records[-1].offset - base_offset:
+        raise ValueError("last_offset_delta is below the last record's offset delta")
+    payload = compress(compression, bytes(body))
+    attributes = (
+        int(compression)
+        | (int(timestamp_type) << 3)
+        | (TRANSACTIONAL_FLAG if is_transactional else 0)
+        | (CONTROL_FLAG if is_control else 0)
+        | (DELETE_HORIZON_FLAG if delete_horizon_ms is not None else 0)
+    )
+    out = bytearray(HEADER_SIZE)
+    out += payload
+    _HEADER.pack_into(
+        out,
+        0,
+        base_offset,
+        len(out) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC_V2,
+        0,
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(records),
+    )
+    _UINT32.pack_into(out, CRC_OFFSET, compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+_CONTROL_KEY = struct.Struct(">hh")
+_CONTROL_VALUE = struct.Struct(">hi")
+
+
+def build_control_batch(
+    control_type: ControlType,
+    *,
+    offset: int,
+    timestamp: int,
+    producer_id: int,
+    producer_epoch: int,
+    coordinator_epoch: int,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+) -> bytes:
+    """A transaction marker: one control record in a transactional control batch."""
+    record = Record(
+        offset,
+        timestamp,
+        _CONTROL_KEY.pack(0, int(control_type)),
+        _CONTROL_VALUE.pack(0, coordinator_epoch),
+    )
+    return build_batch(
+        [record],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        partition_leader_epoch=partition_leader_epoch,
+        is_transactional=True,
+        is_control=True,
+    )
+
+
+def parse_control_key(key: bytes | None) -> ControlType:
+    if key is None or len(key) < _CONTROL_KEY.size:
+        raise RecordFormatError("control record key must be at least 4 bytes")
+    _version, kind = _CONTROL_KEY.unpack_from(key)
+    try:
+        return ControlType(kind)
+    except ValueError as e:
+        raise RecordFormatError(f"unknown control record type {kind}") from e

@@ -1,0 +1,292 @@
+"""Sparse offset and time indexes of one segment (Kafka's ``OffsetIndex`` and ``TimeIndex``).
+
+``<base offset>.index``: 8-byte entries ``relative_offset u32 | position u32`` (big-endian).
+An entry maps the *last* offset of a batch to the file position where that batch starts. The
+segment adds one after at least ``index.interval.bytes`` of log since the previous entry, so
+a lookup bisects to the nearest entry at or below the target and scans at most that many bytes.
+
+``<base offset>.timeindex``: 12-byte entries ``timestamp i64 | relative_offset u32``. An entry
+says "every record with a timestamp at or above T is at or after this offset"; timestamps in the
+index strictly increase (``TimeIndex.maybeAppend``), the offset is that of the batch holding the
+largest timestamp seen so far.
+
+Both files are preallocated to ``segment.index.bytes`` while the segment is active (sparse, so
+cheap) and trimmed to their entries when the segment rolls or closes, so the size of a closed
+index says how many entries it has. An index that does not trim to a whole number of entries or
+whose entries do not increase is rebuilt from the log by the caller (``IndexCorruptError``).
+Entries are kept in memory as well; the file is the durable copy.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import struct
+from array import array
+from pathlib import Path
+
+_OFFSET_ENTRY = struct.Struct(">II")
+_TIME_ENTRY = struct.Struct(">qI")
+
+
+class IndexCorruptError(ValueError):
+    """An index file that does not describe its segment; rebuild it from the log."""
+
+
+class _IndexFile:
+    """Entries written into a preallocated, memory-mapped file, as Kafka's ``AbstractIndex``.
+
+    While the segment is active the file is ``max_bytes`` long and mapped: an append is a
+    memory store, no system call. ``trim`` unmaps it and cuts the file to its entries.
+    """
+
+    def __init__(self, path: Path, entry_size: int, max_bytes: int) -> None:
+        self.path = path
+        self.entry_size = entry_size
+        self.max_entries = max(1, max_bytes // entry_size)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._map: mmap.mmap | None = None
+        self._count = 0
+
+    def read_all(self) -> bytes:
+        size = os.fstat(self._fd).st_size
+        if size % self.entry_size:
+            raise IndexCorruptError(f"{self.path}: size {size} is not a multiple of entries")
+        return os.pread(self._fd, size, 0)
+
+    def set_count(self, count: int) -> None:
+        self._count = count
+
+    @property
+    def is_full(self) -> bool:
+        return self._count >= self.max_entries
+
+    def append(self, entry: bytes) -> None:
+        m = self._map
+        if m is None:
+            os.ftruncate(self._fd, self.max_entries * self.entry_size)
+            m = self._map = mmap.mmap(self._fd, self.max_entries * self.entry_size)
+        start = self._count * self.entry_size
+        m[start : start + self.entry_size] = entry
+        self._count += 1
+
+    def truncate_entries(self, count: int) -> None:
+        self._count = count
+        if self._map is None:
+            os.ftruncate(self._fd, count * self.entry_size)
+
+    def flush(self) -> None:
+        if self._map is not None:
+            self._map.flush()
+        os.fsync(self._fd)
+
+    def trim(self) -> None:
+        """Unmap and cut the preallocated tail so the file size is the entries' size."""
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        os.ftruncate(self._fd, self._count * self.entry_size)
+
+    def reset(self) -> None:
+        self._count = 0
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        os.ftruncate(self._fd, 0)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.trim()
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.path.unlink(missing_ok=True)
+
+    def rename(self, path: Path) -> None:
+        os.replace(self.path, path)
+        self.path = path
+
+
+class OffsetIndex:
+    """Maps absolute offsets to file positions; lookups bisect, then the segment scans."""
+
+    def __init__(self, path: Path, base_offset: int, max_bytes: int) -> None:
+        self.base_offset = base_offset
+        self._file = _IndexFile(path, _OFFSET_ENTRY.size, max_bytes)
+        self._offsets: array[int] = array("q")  # absolute
+        self._positions: array[int] = array("q")
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def load(self, log_size: int) -> None:
+        """Read entries from the file and check them against the log's size."""
+        raw = self._file.read_all()
+        offsets: array[int] = array("q")
+        positions: array[int] = array("q")
+        for rel, pos in _OFFSET_ENTRY.iter_unpack(raw):
+            offset = self.base_offset + rel
+            if offsets and (offset <= offsets[-1] or pos <= positions[-1]):
+                raise IndexCorruptError(f"{self.path}: entries do not increase at {offset}")
+            if pos >= log_size:
+                raise IndexCorruptError(f"{self.path}: position {pos} beyond log size {log_size}")
+            offsets.append(offset)
+            positions.append(pos)
+        self._offsets, self._positions = offsets, positions
+        self._file.set_count(len(offsets))
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @property
+    def is_full(self) -> bool:
+        return self._file.is_full
+
+    @property
+    def last_offset(self) -> int:
+        return self._offsets[-1] if self._offsets else self.base_offset
+
+    def append(self, offset: int, position: int) -> None:
+        if self._offsets:
+            assert offset > self._offsets[-1] and position > self._positions[-1], (offset, position)
+        rel = offset - self.base_offset
+        assert 0 <= rel <= 0xFFFFFFFF, rel
+        self._file.append(_OFFSET_ENTRY.pack(rel, position))
+        self._offsets.append(offset)
+        self._positions.append(position)
+
+    def lookup(self, offset: int) -> tuple[int, int]:
+        """(offset, position) of the largest entry at or below ``offset``, else (base, 0)."""
+        i = bisect.bisect_right(self._offsets, offset) - 1
+        if i < 0:
+            return self.base_offset, 0
+        return self._offsets[i], self._positions[i]
+
+    def truncate_to_position(self, position: int) -> None:
+        """Drop entries for batches at or after ``position``."""
+        i = bisect.bisect_left(self._positions, position)
+        del self._offsets[i:]
+        del self._positions[i:]
+        self._file.truncate_entries(i)
+
+    def reset(self) -> None:
+        self._offsets, self._positions = array("q"), array("q")
+        self._file.reset()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def trim(self) -> None:
+        self._file.trim()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def delete(self) -> None:
+        self._file.delete()
+
+    def rename(self, path: Path) -> None:
+        self._file.rename(path)
+
+    def entries(self) -> list[tuple[int, int]]:
+        return list(zip(self._offsets, self._positions, strict=True))
+
+
+class TimeIndex:
+    """Maps timestamps to the first offset that may hold a record at or after them."""
+
+    def __init__(self, path: Path, base_offset: int, max_bytes: int) -> None:
+        self.base_offset = base_offset
+        self._file = _IndexFile(path, _TIME_ENTRY.size, max_bytes)
+        self._timestamps: array[int] = array("q")
+        self._offsets: array[int] = array("q")
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
+    def load(self, log_end_offset: int) -> None:
+        raw = self._file.read_all()
+        timestamps: array[int] = array("q")
+        offsets: array[int] = array("q")
+        for ts, rel in _TIME_ENTRY.iter_unpack(raw):
+            offset = self.base_offset + rel
+            if timestamps and (ts <= timestamps[-1] or offset < offsets[-1]):
+                raise IndexCorruptError(f"{self.path}: entries do not increase at {ts}")
+            if offset >= log_end_offset:
+                raise IndexCorruptError(f"{self.path}: offset {offset} beyond the segment")
+            timestamps.append(ts)
+            offsets.append(offset)
+        self._timestamps, self._offsets = timestamps, offsets
+        self._file.set_count(len(offsets))
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @property
+    def is_full(self) -> bool:
+        return self._file.is_full
+
+    @property
+    def last_entry(self) -> tuple[int, int] | None:
+        if not self._timestamps:
+            return None
+        return self._timestamps[-1], self._offsets[-1]
+
+    def maybe_append(self, timestamp: int, offset: int) -> None:
+        """Add (timestamp, offset) if the timestamp is above the last entry's."""
+        if self._timestamps and timestamp <= self._timestamps[-1]:
+            return
+        rel = offset - self.base_offset
+        assert 0 <= rel <= 0xFFFFFFFF, rel
+        self._file.append(_TIME_ENTRY.pack(timestamp, rel))
+        self._timestamps.append(timestamp)
+        self._offsets.append(offset)
+
+    def lookup(self, timestamp: int) -> tuple[int, int]:
+        """(timestamp, offset) of the largest entry whose timestamp is at or below ``timestamp``.
+
+        Where no entry is that low, (-1, base offset): scan from the segment's start.
+        """
+        i = bisect.bisect_right(self._timestamps, timestamp) - 1
+        if i < 0:
+            return -1, self.base_offset
+        return self._timestamps[i], self._offsets[i]
+
+    def truncate_to_offset(self, offset: int) -> None:
+        """Drop entries pointing at ``offset`` or later."""
+        i = bisect.bisect_left(self._offsets, offset)
+        del self._timestamps[i:]
+        del self._offsets[i:]
+        self._file.truncate_entries(i)
+
+    def reset(self) -> None:
+        self._timestamps, self._offsets = array("q"), array("q")
+        self._file.reset()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def trim(self) -> None:
+        self._file.trim()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def delete(self) -> None:
+        self._file.delete()
+
+    def rename(self, path: Path) -> None:
+        self._file.rename(path)
+
+    def entries(self) -> list[tuple[int, int]]:
+        return list(zip(self._timestamps, self._offsets, strict=True))

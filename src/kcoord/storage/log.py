@@ -1,0 +1,818 @@
+"""The log of one partition: a directory of segments, Kafka's ``UnifiedLog``/``LocalLog``.
+
+Directory ``<topic>-<partition>/`` holds segments (see ``segment``), ``leader-epoch-checkpoint``
+and ``partition.metadata`` (see ``checkpoint``). The last segment is the active one; only it is
+appended to. Offsets:
+
+- ``log_start_offset``: the first offset a reader may ask for; moves up with retention.
+- ``log_end_offset`` (LEO): the offset the next appended record gets.
+- the high watermark is kept by the caller (replication), and passed to ``read`` as
+  ``max_offset`` and to retention/compaction, which never act at or above it.
+- ``recovery_point``: every batch below it has been fsynced; recovery after a crash starts at
+  the segment holding it.
+
+Appends are whole batches. As leader (``append_as_leader``) the log assigns offsets from the
+LEO and stamps the leader epoch, leaving everything under the CRC as the producer sent it; as
+follower (``append_as_follower``) it keeps the leader's offsets. A segment rolls at
+``segment.bytes``, after ``segment.ms``, when an index is full, or when an offset would not fit
+in the index's 32-bit relative offsets.
+
+Opening (``Log.open``) finishes or discards interrupted compaction swaps, then either loads the
+segments (after a clean shutdown) or recovers every segment from the recovery point on: CRCs are
+checked, indexes rebuilt, a torn or corrupt tail truncated and every later segment deleted, and
+what was dropped is logged. A flipped byte in a closed segment below the recovery point is found
+on read (every served batch is CRC-checked) and is never served.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kcoord.storage import checkpoint
+from kcoord.storage import format as fmt
+from kcoord.storage.config import LogConfig
+from kcoord.storage.epoch import LeaderEpochCache
+from kcoord.storage.segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    LogCorruptError,
+    LogSegment,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_RELATIVE_OFFSET = 2**31 - 1
+
+
+class OffsetOutOfRangeError(Exception):
+    """A read below the log start or above the log end (OFFSET_OUT_OF_RANGE)."""
+
+
+class RecordTooLargeError(Exception):
+    """A batch above ``max.message.bytes`` (MESSAGE_TOO_LARGE)."""
+
+
+class InvalidRecordError(fmt.RecordFormatError):
+    """A batch the log refuses: keyless record in a compacted topic, no records (INVALID_RECORD)."""
+
+
+class UnexpectedAppendOffsetError(Exception):
+    """A follower append that does not continue the log."""
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    batch_count: int
+    size_bytes: int
+    # (position in the appended bytes, header with final offsets) of every batch.
+    batches: tuple[tuple[int, fmt.BatchHeader], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FetchData:
+    records: bytes
+    first_batch_offset: int | None
+
+    @property
+    def empty(self) -> bool:
+        return not self.records
+
+
+@dataclass(slots=True)
+class CleanerStats:
+    segments_cleaned: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    tombstones_dropped: int = 0
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    segments_recovered: int = 0
+    bytes_truncated: int = 0
+    segments_deleted: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def parse_partition_dir(name: str) -> tuple[str, int] | None:
+    """``orders-3`` -> ("orders", 3); None for names that are not partition directories."""
+    topic, sep, partition = name.rpartition("-")
+    if not sep or not topic or not partition.isdigit():
+        return None
+    return topic, int(partition)
+
+
+class Log:
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        segments: list[LogSegment],
+        *,
+        log_start_offset: int,
+        recovery_point: int,
+        epoch_cache: LeaderEpochCache,
+        topic_id: str | None,
+    ) -> None:
+        assert segments, "a log always has an active segment"
+        self.directory = directory
+        self.config = config
+        self.segments = segments
+        self._bases = [s.base_offset for s in segments]
+        self.log_start_offset = log_start_offset
+        self.recovery_point = recovery_point
+        self.epoch_cache = epoch_cache
+        self.topic_id = topic_id
+        self._unflushed_messages = 0
+        self._last_flush_ms: int | None = None
+
+    # -----------------------------------------------------------------------------------------
+    # Opening and recovery.
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        config: LogConfig,
+        *,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        clean_shutdown: bool = False,
+        topic_id: str | None = None,
+        report: RecoveryReport | None = None,
+    ) -> Log:
+        directory.mkdir(parents=True, exist_ok=True)
+        report = report if report is not None else RecoveryReport()
+        _finish_interrupted_swaps(directory)
+        bases = _segment_bases(directory)
+        segments: list[LogSegment] = []
+        corrupt_at: int | None = None
+        for i, base in enumerate(bases):
+            if corrupt_at is not None:
+                _delete_segment_files(directory, base)
+                report.segments_deleted.append(base)
+                continue
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            had_index = (directory / f"{base:020d}{INDEX_SUFFIX}").exists()
+            seg = LogSegment(
+                directory,
+                base,
+                index_interval_bytes=config.index_interval_bytes,
+                index_max_bytes=config.segment_index_bytes,
+            )
+            below_recovery_point = next_base is not None and next_base <= recovery_point
+            if (clean_shutdown or below_recovery_point) and (had_index or seg.size == 0):
+                try:
+                    seg.load()
+                except LogCorruptError as e:
+                    log.warning("%s: recovering segment %d: %s", directory, base, e)
+                    result = seg.recover()
+                    report.segments_recovered += 1
+                    if result.truncated_bytes:
+                        corrupt_at = base
+                        report.bytes_truncated += result.truncated_bytes
+                        report.errors.append(f"segment {base}: {result.error}")
+            else:
+                result = seg.recover()
+                report.segments_recovered += 1
+                if result.truncated_bytes:
+                    log.warning(
+                        "%s: truncated %d bytes of segment %d at offset %d: %s",
+                        directory,
+                        result.truncated_bytes,
+                        base,
+                        result.next_offset,
+                        result.error,
+                    )
+                    corrupt_at = base
+                    report.bytes_truncated += result.truncated_bytes
+                    report.errors.append(f"segment {base}: {result.error}")
+            if segments and segments[-1].next_offset > seg.base_offset:
+                # Overlapping segments: keep the earlier, drop this and the rest (as corrupt).
+                log.warning("%s: segment %d overlaps its predecessor; dropping it", directory, base)
+                seg.delete()
+                report.segments_deleted.append(base)
+                corrupt_at = base
+                continue
+            segments.append(seg)
+        if report.segments_deleted:
+            log.warning(
+                "%s: deleted segments after corruption: %s", directory, report.segments_deleted
+            )
+        if not segments:
+            segments.append(_new_segment(directory, config, log_start_offset))
+        for seg in segments[:-1]:
+            seg.offset_index.trim()  # recovery preallocated them; closed segments are trimmed
+            seg.time_index.trim()
+        if report.segments_recovered:
+            # What recovery kept is now fsynced: recovery can start at the end next time.
+            for seg in segments:
+                seg.flush()
+            recovery_point = segments[-1].next_offset
+        log_start_offset = max(log_start_offset, segments[0].base_offset)
+        log_end_offset = segments[-1].next_offset
+        if log_start_offset > log_end_offset:
+            log.warning(
+                "%s: log start %d above log end %d; clamping",
+                directory,
+                log_start_offset,
+                log_end_offset,
+            )
+            log_start_offset = log_end_offset
+        epoch_path = directory / checkpoint.LEADER_EPOCH_CHECKPOINT
+        try:
+            epoch_cache = LeaderEpochCache.load(epoch_path)
+        except (checkpoint.CheckpointError, OSError) as e:
+            log.warning("%s: rebuilding leader epochs from the log: %s", directory, e)
+            epoch_cache = LeaderEpochCache(epoch_path)
+            for seg in segments:
+                for bp in seg.scan_headers():
+                    epoch_cache.assign(bp.header.partition_leader_epoch, bp.header.base_offset)
+        epoch_cache.truncate_from_end(log_end_offset)
+        epoch_cache.truncate_from_start(log_start_offset)
+        epoch_cache.flush()
+        meta_path = directory / checkpoint.PARTITION_METADATA
+        try:
+            stored_id = checkpoint.read_partition_metadata(meta_path)
+        except (checkpoint.CheckpointError, OSError) as e:
+            log.warning("%s: ignoring unreadable partition.metadata: %s", directory, e)
+            stored_id = None
+        if topic_id is not None and stored_id != topic_id:
+            checkpoint.write_partition_metadata(meta_path, topic_id)
+        elif topic_id is None:
+            topic_id = stored_id
+        return cls(
+            directory,
+            config,
+            segments,
+            log_start_offset=log_start_offset,
+            recovery_point=min(recovery_point, log_end_offset),
+            epoch_cache=epoch_cache,
+            topic_id=topic_id,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Offsets.
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # -----------------------------------------------------------------------------------------
+    # Appending.
+
+    def append_as_leader(self, records: bytes, leader_epoch: int, now_ms: int) -> AppendInfo:
+        """Validate produced batches, assign offsets from the LEO, stamp ``leader_epoch``."""
+        if not records:
+            raise InvalidRecordError("no record batch in the request")
+        first = fmt.parse_header(records)
+        if first.size == len(records):
+            # One batch, the usual produce request: the same steps without the loops.
+            self._validate_batch(records, 0, first)
+            buf = bytearray(records)
+            base_offset = self.log_end_offset
+            fmt.set_base_offset(buf, 0, base_offset)
+            fmt.set_partition_leader_epoch(buf, 0, leader_epoch)
+            self.epoch_cache.assign(leader_epoch, base_offset)
+            stamped = first._replace(base_offset=base_offset, partition_leader_epoch=leader_epoch)
+            return self._append(buf, ((0, stamped),), now_ms)
+        headers = self._validate(records)
+        buf = bytearray(records)
+        next_offset = self.log_end_offset
+        final: list[tuple[int, fmt.BatchHeader]] = []
+        for pos, header in headers:
+            fmt.set_base_offset(buf, pos, next_offset)
+            fmt.set_partition_leader_epoch(buf, pos, leader_epoch)
+            final.append(
+                (pos, header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
+            )
+            next_offset += header.last_offset_delta + 1
+        self.epoch_cache.assign(leader_epoch, self.log_end_offset)
+        return self._append(buf, final, now_ms)
+
+    def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
+        """Append batches replicated from the leader, keeping their offsets and epochs."""
+        headers = self._validate(records)
+        expected = self.log_end_offset
+        for _, header in headers:
+            if header.base_offset < expected:
+                raise UnexpectedAppendOffsetError(
+                    f"{self.directory.name}: batch at offset {header.base_offset} below the "
+                    f"expected {expected}"
+                )
+            expected = header.next_offset
+        for _, header in headers:
+            self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+        return self._append(bytearray(records), headers, now_ms)
+
+    def _validate(self, records: bytes) -> list[tuple[int, fmt.BatchHeader]]:
+        """Kafka's ``LogValidator`` subset: whole batches, magic 2, CRC, size, keys if compacted."""
+        headers = list(fmt.iter_headers(records))
+        if not headers:
+            raise InvalidRecordError("no record batch in the request")
+        for pos, header in headers:
+            self._validate_batch(records, pos, header)
+        return headers
+
+    def _validate_batch(self, records: bytes, pos: int, header: fmt.BatchHeader) -> None:
+        size = header.batch_length + fmt.LOG_OVERHEAD
+        if size > self.config.max_message_bytes:
+            raise RecordTooLargeError(
+                f"batch of {size} bytes exceeds max.message.bytes {self.config.max_message_bytes}"
+            )
+        if pos + size > len(records):
+            raise fmt.RecordFormatError(f"truncated batch at position {pos}")
+        if fmt.compute_crc(records, pos, size) != header.crc:
+            raise fmt.CorruptRecordError(f"CRC mismatch in batch at position {pos}")
+        if header.record_count == 0 and not header.is_control:
+            raise InvalidRecordError(f"batch at position {pos} has no records")
+        if self.config.compact and not header.is_control:
+            for record in fmt.decode_records(records, pos):
+                if record.key is None:
+                    raise InvalidRecordError("compacted topic cannot accept a null key")
+
+    def _append(
+        self, buf: bytearray, headers: Sequence[tuple[int, fmt.BatchHeader]], now_ms: int
+    ) -> AppendInfo:
+        if len(headers) == 1:
+            # One batch, the usual produce request: no run splitting.
+            header = headers[0][1]
+            seg = self.active_segment
+            if self._should_roll(seg, header, len(buf), now_ms):
+                seg = self._roll(header.base_offset)
+            seg.append(buf, headers)
+            self._unflushed_messages += header.record_count
+            if self.config.flush_messages is not None or self.config.flush_ms is not None:
+                self._maybe_flush(now_ms)
+            return AppendInfo(
+                header.base_offset,
+                header.last_offset,
+                header.max_timestamp,
+                1,
+                len(buf),
+                tuple(headers),
+            )
+        # Split into runs that fit the active segment, rolling between them.
+        start = 0
+        while start < len(headers):
+            end = start
+            run_bytes = 0
+            seg = self.active_segment
+            first_base = headers[start][1].base_offset
+            if self._should_roll(seg, headers[start][1], headers[start][1].size, now_ms):
+                seg = self._roll(first_base)
+            while end < len(headers):
+                h = headers[end][1]
+                if end > start and (
+                    seg.size + run_bytes + h.size > self.config.segment_bytes
+                    or h.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                ):
+                    break
+                run_bytes += h.size
+                end += 1
+            p0 = headers[start][0]
+            run = [(pos - p0, h) for pos, h in headers[start:end]]
+            seg.append(buf[p0 : p0 + run_bytes], run)
+            start = end
+        last = headers[-1][1]
+        self._unflushed_messages += sum(h.record_count for _, h in headers)
+        self._maybe_flush(now_ms)
+        return AppendInfo(
+            first_offset=headers[0][1].base_offset,
+            last_offset=last.last_offset,
+            max_timestamp=max(h.max_timestamp for _, h in headers),
+            batch_count=len(headers),
+            size_bytes=len(buf),
+            batches=tuple(headers),
+        )
+
+    def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int, now_ms: int) -> bool:
+        if seg.size == 0:
+            return False
+        return (
+            seg.size + size > self.config.segment_bytes
+            or (
+                seg.first_batch_timestamp is not None
+                and now_ms - seg.first_batch_timestamp > self.config.segment_ms
+            )
+            or seg.is_full_index
+            or first.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+        )
+
+    def _roll(self, base_offset: int) -> LogSegment:
+        """Close the active segment for appends and start a new one at ``base_offset``."""
+        old = self.active_segment
+        assert base_offset >= old.next_offset, (base_offset, old.next_offset)
+        old.on_roll()  # trims the indexes and fsyncs: everything below is durable
+        self.recovery_point = max(self.recovery_point, old.next_offset)
+        seg = _new_segment(self.directory, self.config, base_offset)
+        self.segments.append(seg)
+        self._bases.append(base_offset)
+        return seg
+
+    def roll(self) -> None:
+        """Force a roll (tests, and Kafka's admin-driven roll) if the active segment has data."""
+        if self.active_segment.size:
+            self._roll(self.log_end_offset)
+
+    # -----------------------------------------------------------------------------------------
+    # Flushing.
+
+    def _maybe_flush(self, now_ms: int) -> None:
+        if self._last_flush_ms is None:
+            self._last_flush_ms = now_ms
+        by_count = (
+            self.config.flush_messages is not None
+            and self._unflushed_messages >= self.config.flush_messages
+        )
+        by_time = (
+            self.config.flush_ms is not None
+            and now_ms - self._last_flush_ms >= self.config.flush_ms
+        )
+        if by_count or by_time:
+            self.flush(now_ms)
+
+    def flush(self, now_ms: int | None = None) -> None:
+        """fsync every segment at or above the recovery point; advance it to the LEO."""
+        end = self.log_end_offset
+        for seg in self.segments:
+            if seg.next_offset > self.recovery_point or seg is self.active_segment:
+                seg.flush()
+        self.recovery_point = end
+        self._unflushed_messages = 0
+        if now_ms is not None:
+            self._last_flush_ms = now_ms
+
+    # -----------------------------------------------------------------------------------------
+    # Reading.
+
+    def _segment_index_for(self, offset: int) -> int:
+        return max(0, bisect.bisect_right(self._bases, offset) - 1)
+
+    def read(
+        self,
+        start_offset: int,
+        max_bytes: int,
+        *,
+        max_offset: int | None = None,
+        min_one: bool = True,
+    ) -> FetchData:
+        """Whole batches from the one holding ``start_offset``, at most ``max_bytes``.
+
+        ``max_offset`` (exclusive) bounds what is visible: the high watermark for consumers.
+        With ``min_one`` a first batch larger than ``max_bytes`` is still returned whole, as
+        Kafka does so a consumer can always make progress.
+        """
+        end = self.log_end_offset
+        if start_offset < self.log_start_offset or start_offset > end:
+            raise OffsetOutOfRangeError(
+                f"offset {start_offset} outside [{self.log_start_offset}, {end}] of "
+                f"{self.directory.name}"
+            )
+        if start_offset == end or (max_offset is not None and start_offset >= max_offset):
+            return FetchData(b"", None)
+        for seg in self.segments[self._segment_index_for(start_offset) :]:
+            result = seg.read(start_offset, max_bytes, max_offset=max_offset, min_one=min_one)
+            if result is None:
+                continue  # compaction left no batch here at or after start_offset
+            data, base_offset = result
+            return FetchData(data, base_offset if data else None)
+        return FetchData(b"", None)
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with a timestamp at or after ``timestamp``."""
+        for seg in self.segments:
+            if seg.max_timestamp < timestamp:
+                continue
+            found = seg.find_offset_by_timestamp(timestamp, self.log_start_offset)
+            if found is not None:
+                return found
+        return None
+
+    # -----------------------------------------------------------------------------------------
+    # Truncation.
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch at or above ``offset``; return the new log end offset.
+
+        Used when a follower reconciles with a new leader (KIP-101/279). A batch straddling
+        ``offset`` is removed whole, so the log ends at a batch boundary at or below it.
+        """
+        if offset >= self.log_end_offset:
+            return self.log_end_offset
+        if offset <= self.segments[0].base_offset:
+            self.truncate_fully_and_start_at(offset if offset >= 0 else 0)
+            return self.log_end_offset
+        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+            seg = self.segments.pop()
+            self._bases.pop()
+            seg.delete()
+        dropped = self.active_segment.truncate_to(offset)
+        log.info("%s: truncated to %d (%d bytes)", self.directory.name, offset, dropped)
+        end = self.log_end_offset
+        self.recovery_point = min(self.recovery_point, end)
+        self.log_start_offset = min(self.log_start_offset, end)
+        self.epoch_cache.truncate_from_end(end)
+        self.epoch_cache.flush()
+        return end
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete all data; the log restarts empty at ``offset`` (a follower far behind)."""
+        for seg in self.segments:
+            seg.delete()
+        self.segments = [_new_segment(self.directory, self.config, offset)]
+        self._bases = [offset]
+        self.log_start_offset = offset
+        self.recovery_point = offset
+        self.epoch_cache.clear()
+        self.epoch_cache.flush()
+
+    # -----------------------------------------------------------------------------------------
+    # Retention.
+
+    def maybe_increment_log_start_offset(self, offset: int) -> None:
+        """Move the log start up (DeleteRecords, or a leader's log start seen by a follower)."""
+        if offset > self.log_start_offset:
+            self.log_start_offset = min(offset, self.log_end_offset)
+            self.epoch_cache.truncate_from_start(self.log_start_offset)
+            self.epoch_cache.flush()
+
+    def delete_old_segments(self, now_ms: int, *, high_watermark: int | None = None) -> int:
+        """Delete whole segments past retention; return how many (Kafka's deleteOldSegments).
+
+        A segment goes when it lies wholly below the log start offset, and, with
+        ``cleanup.policy=delete``, when its newest record is older than ``retention.ms`` or
+        the log is bigger than ``retention.bytes`` without it. Only whole segments strictly
+        below the high watermark go, and never the active segment.
+        """
+        hw = self.log_end_offset if high_watermark is None else high_watermark
+        size = self.size_bytes
+        deleted = 0
+        while len(self.segments) > 1:
+            seg, upper = self.segments[0], self.segments[1].base_offset
+            if upper > hw:
+                break
+            below_start = upper <= self.log_start_offset
+            expired = (
+                self.config.delete
+                and self.config.retention_ms >= 0
+                and seg.max_timestamp >= 0
+                and now_ms - seg.max_timestamp > self.config.retention_ms
+            )
+            too_big = (
+                self.config.delete
+                and self.config.retention_bytes >= 0
+                and size - seg.size >= self.config.retention_bytes
+            )
+            if not (below_start or expired or too_big):
+                break
+            self.segments.pop(0)
+            self._bases.pop(0)
+            size -= seg.size
+            seg.delete()
+            deleted += 1
+            self.log_start_offset = max(self.log_start_offset, upper)
+        if deleted:
+            self.epoch_cache.truncate_from_start(self.log_start_offset)
+            self.epoch_cache.flush()
+            log.info(
+                "%s: retention deleted %d segments; log start now %d",
+                self.directory.name,
+                deleted,
+                self.log_start_offset,
+            )
+        return deleted
+
+    # -----------------------------------------------------------------------------------------
+    # Compaction.
+
+    def compact(self, now_ms: int, *, high_watermark: int | None = None) -> CleanerStats:
+        """Keep the last record per key in the closed segments (Kafka's ``LogCleaner``).
+
+        The cleanable range ends at the active segment, at the high watermark, and at the first
+        segment with records newer than ``min.compaction.lag.ms``. A key's last record within
+        that range survives; earlier ones go, as do keyless records. A tombstone (null value)
+        that survives is kept for ``delete.retention.ms`` after the cleaner first keeps it: the
+        batch is stamped with a delete horizon (KIP-534) and a later run past it drops the
+        tombstone. Batches keep their base and last offsets; empty ones go. Each cleaned
+        segment is written as ``.cleaned``, renamed ``.swap``, then swapped in, so a crash
+        leaves the old or the new segment, never half of one.
+        """
+        stats = CleanerStats()
+        if not self.config.compact:
+            return stats
+        hw = self.log_end_offset if high_watermark is None else high_watermark
+        cleanable: list[LogSegment] = []
+        for seg in self.segments[:-1]:
+            if seg.next_offset > hw:
+                break
+            lag_ms = self.config.min_compaction_lag_ms
+            if lag_ms > 0 and seg.max_timestamp >= 0 and now_ms - seg.max_timestamp < lag_ms:
+                break
+            cleanable.append(seg)
+        if not cleanable:
+            return stats
+        last_offset_of: dict[bytes, int] = {}
+        for seg in cleanable:
+            data = seg.read_at(0, seg.size)
+            for pos, header in fmt.iter_headers(data):
+                if not fmt.is_crc_valid(data, pos, header):
+                    raise LogCorruptError(f"{seg.log_path}: CRC mismatch at position {pos}")
+                if header.is_control:
+                    continue
+                for record in fmt.decode_records(data, pos):
+                    if record.key is not None:
+                        last_offset_of[record.key] = record.offset
+        for seg in cleanable:
+            self._clean_segment(seg, last_offset_of, now_ms, stats)
+        return stats
+
+    def _clean_segment(
+        self, seg: LogSegment, last_offset_of: dict[bytes, int], now_ms: int, stats: CleanerStats
+    ) -> None:
+        data = seg.read_at(0, seg.size)
+        stats.bytes_read += len(data)
+        out = bytearray()
+        out_headers: list[tuple[int, fmt.BatchHeader]] = []
+        changed = False
+        for pos, header in fmt.iter_headers(data):
+            raw = data[pos : pos + header.size]
+            if header.is_control:
+                kept_raw: bytes | None = raw
+            else:
+                kept_raw = self._clean_batch(raw, header, last_offset_of, now_ms, stats)
+            if kept_raw is not raw:
+                changed = True
+            if kept_raw is None:
+                continue
+            out_headers.append((len(out), fmt.parse_header(kept_raw)))
+            out += kept_raw
+        stats.segments_cleaned += 1
+        if not changed:
+            return
+        cleaned = LogSegment(
+            self.directory,
+            seg.base_offset,
+            index_interval_bytes=self.config.index_interval_bytes,
+            index_max_bytes=self.config.segment_index_bytes,
+            suffix=CLEANED_SUFFIX,
+            create=True,
+        )
+        if out_headers:
+            cleaned.append(out, out_headers)
+        cleaned.on_roll()
+        cleaned.rename_suffix(CLEANED_SUFFIX, SWAP_SUFFIX)
+        i = self.segments.index(seg)
+        seg.delete()
+        cleaned.rename_suffix(SWAP_SUFFIX, "")
+        stats.bytes_written += cleaned.size
+        if cleaned.size == 0 and i > 0:
+            cleaned.delete()
+            del self.segments[i]
+            del self._bases[i]
+        else:
+            # An emptied first segment stays so the log keeps its start offset on reopening.
+            cleaned.next_offset = max(cleaned.next_offset, seg.next_offset)
+            self.segments[i] = cleaned
+
+    def _clean_batch(
+        self,
+        raw: bytes,
+        header: fmt.BatchHeader,
+        last_offset_of: dict[bytes, int],
+        now_ms: int,
+        stats: CleanerStats,
+    ) -> bytes | None:
+        records = fmt.decode_records(raw)
+        stats.records_read += len(records)
+        has_horizon = bool(header.attributes & fmt.DELETE_HORIZON_FLAG)
+        horizon_passed = has_horizon and now_ms >= header.base_timestamp
+        kept: list[fmt.Record] = []
+        for r in records:
+            if r.key is None or last_offset_of.get(r.key) != r.offset:
+                continue
+            if r.value is None and horizon_passed:
+                stats.tombstones_dropped += 1
+                continue
+            kept.append(r)
+        stats.records_kept += len(kept)
+        if not kept:
+            return None
+        needs_horizon = not has_horizon and any(r.value is None for r in kept)
+        if len(kept) == len(records) and not needs_horizon:
+            return raw
+        delete_horizon_ms: int | None = None
+        if needs_horizon:
+            delete_horizon_ms = now_ms + self.config.delete_retention_ms
+        elif has_horizon:
+            delete_horizon_ms = header.base_timestamp
+        return fmt.build_batch(
+            kept,
+            base_offset=header.base_offset,
+            last_offset_delta=header.last_offset_delta,
+            compression=header.compression,
+            timestamp_type=header.timestamp_type,
+            partition_leader_epoch=header.partition_leader_epoch,
+            producer_id=header.producer_id,
+            producer_epoch=header.producer_epoch,
+            base_sequence=header.base_sequence,
+            is_transactional=header.is_transactional,
+            delete_horizon_ms=delete_horizon_ms,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Lifecycle.
+
+    def close(self) -> None:
+        """fsync and close every segment; the log is then cleanly shut down."""
+        self.flush()
+        self.epoch_cache.flush()
+        for seg in self.segments:
+            seg.close()
+
+    def delete(self) -> None:
+        for seg in self.segments:
+            seg.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _new_segment(directory: Path, config: LogConfig, base_offset: int) -> LogSegment:
+    return LogSegment(
+        directory,
+        base_offset,
+        index_interval_bytes=config.index_interval_bytes,
+        index_max_bytes=config.segment_index_bytes,
+        create=True,
+    )
+
+
+def _segment_bases(directory: Path) -> list[int]:
+    bases: list[int] = []
+    for path in directory.iterdir():
+        name = path.name
+        if name.endswith(LOG_SUFFIX):
+            stem = name[: -len(LOG_SUFFIX)]
+            if len(stem) == 20 and stem.isdigit():
+                bases.append(int(stem))
+            else:
+                log.warning("%s: ignoring file with a non-offset name %s", directory, name)
+    bases.sort()
+    # Index files without a log are leftovers: remove them (they are rebuilt anyway).
+    for path in directory.iterdir():
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            stem = path.name[: -len(suffix)]
+            if path.name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
+                path.unlink(missing_ok=True)
+    return bases
+
+
+def _finish_interrupted_swaps(directory: Path) -> None:
+    """Complete or discard compaction swaps interrupted by a crash (Kafka's ``LogLoader``).
+
+    ``.cleaned`` files were not complete: delete them. A ``.swap`` log was complete and fsynced
+    before the rename: it replaces the segment of the same base offset. ``.deleted`` and
+    ``.tmp`` files are leftovers to remove.
+    """
+    for path in list(directory.iterdir()):
+        name = path.name
+        if name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX, ".tmp")):
+            path.unlink(missing_ok=True)
+    swapped_logs = [p for p in directory.iterdir() if p.name.endswith(LOG_SUFFIX + SWAP_SUFFIX)]
+    for path in swapped_logs:
+        target = path.with_name(path.name[: -len(SWAP_SUFFIX)])
+        path.replace(target)
+        # The indexes may belong to either version: drop them, recovery rebuilds them.
+        base = target.name[: -len(LOG_SUFFIX)]
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            (directory / (base + suffix)).unlink(missing_ok=True)
+        log.warning("%s: completed interrupted compaction swap of %s", directory, target.name)
+    for path in list(directory.iterdir()):
+        if path.name.endswith(SWAP_SUFFIX):
+            path.unlink(missing_ok=True)
+
+
+def _delete_segment_files(directory: Path, base_offset: int) -> None:
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        (directory / f"{base_offset:020d}{suffix}").unlink(missing_ok=True)

@@ -1,0 +1,222 @@
+"""The ``LogManager``: every partition log in one data directory (Kafka's ``LogManager``).
+
+Layout of a data directory::
+
+    <data dir>/
+        recovery-point-offset-checkpoint   flushed offsets per partition (see ``checkpoint``)
+        replication-offset-checkpoint      high watermarks, written for the replication layer
+        log-start-offset-checkpoint        log start offsets
+        .kcoord_cleanshutdown              present only after a clean shutdown
+        <topic>-<partition>/               one ``Log`` per partition
+        <topic>-<partition>.<n>-delete/    a deleted log waiting to be removed
+
+Opening loads every partition; without the clean-shutdown marker each log recovers from its
+recovery point. A partition that cannot be opened (unreadable files, a directory that is not a
+log) is reported in ``offline`` with the reason and skipped: one bad partition never takes the
+manager down, and its data is left on disk for an operator. A garbage checkpoint file is logged
+and treated as empty, which makes every log recover from its first segment: slower, never wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from kcoord.storage import checkpoint
+from kcoord.storage.config import LogConfig
+from kcoord.storage.log import CleanerStats, Log, RecoveryReport, parse_partition_dir
+
+log = logging.getLogger(__name__)
+
+CLEAN_SHUTDOWN_FILE = ".kcoord_cleanshutdown"
+DELETE_DIR_SUFFIX = "-delete"
+
+TopicPartition = tuple[str, int]
+
+
+class LogManager:
+    def __init__(self, data_dir: Path, default_config: LogConfig | None = None) -> None:
+        self.data_dir = data_dir
+        self.default_config = default_config or LogConfig()
+        self.logs: dict[TopicPartition, Log] = {}
+        self.offline: dict[TopicPartition, str] = {}
+        self.recovery_reports: dict[TopicPartition, RecoveryReport] = {}
+        self.had_clean_shutdown = False
+        self._delete_counter = 0
+
+    # -----------------------------------------------------------------------------------------
+    # Opening.
+
+    def open(self, configs: Mapping[TopicPartition, LogConfig] | None = None) -> None:
+        """Load (or recover) every partition directory under the data directory."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        self.had_clean_shutdown = marker.exists()
+        recovery_points = self._read_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT)
+        start_offsets = self._read_checkpoint(checkpoint.LOG_START_OFFSET_CHECKPOINT)
+        for path in sorted(self.data_dir.iterdir()):
+            if not path.is_dir():
+                continue
+            if path.name.endswith(DELETE_DIR_SUFFIX):
+                shutil.rmtree(path, ignore_errors=True)
+                continue
+            if path.name.startswith("__cluster_metadata"):
+                continue  # the Raft journal lives here but is not a partition log
+            tp = parse_partition_dir(path.name)
+            if tp is None:
+                log.warning("%s: not a partition directory, ignored", path)
+                continue
+            config = (configs or {}).get(tp, self.default_config)
+            report = RecoveryReport()
+            try:
+                self.logs[tp] = Log.open(
+                    path,
+                    config,
+                    recovery_point=recovery_points.get(tp, 0),
+                    log_start_offset=start_offsets.get(tp, 0),
+                    clean_shutdown=self.had_clean_shutdown,
+                    report=report,
+                )
+            except (OSError, ValueError) as e:
+                log.error("%s: partition is offline: %s", path, e)
+                self.offline[tp] = f"{type(e).__name__}: {e}"
+                continue
+            if report.segments_recovered or report.segments_deleted:
+                self.recovery_reports[tp] = report
+        # The marker is consumed: a crash from here on must recover again.
+        marker.unlink(missing_ok=True)
+        checkpoint.fsync_dir(self.data_dir)
+
+    def _read_checkpoint(self, name: str) -> dict[TopicPartition, int]:
+        try:
+            return checkpoint.read_offsets(self.data_dir / name)
+        except (checkpoint.CheckpointError, OSError) as e:
+            log.warning("ignoring unreadable %s (logs recover from their start): %s", name, e)
+            return {}
+
+    # -----------------------------------------------------------------------------------------
+    # Partitions.
+
+    def get_log(self, tp: TopicPartition) -> Log | None:
+        return self.logs.get(tp)
+
+    def get_or_create_log(
+        self, tp: TopicPartition, config: LogConfig | None = None, topic_id: str | None = None
+    ) -> Log:
+        existing = self.logs.get(tp)
+        if existing is not None:
+            return existing
+        if tp in self.offline:
+            raise OSError(f"partition {tp[0]}-{tp[1]} is offline: {self.offline[tp]}")
+        topic, partition = tp
+        if not topic or "/" in topic or topic in (".", "..") or partition < 0:
+            raise ValueError(f"invalid topic partition {tp!r}")
+        created = Log.open(
+            self.data_dir / f"{topic}-{partition}",
+            config or self.default_config,
+            clean_shutdown=True,
+            topic_id=topic_id,
+        )
+        self.logs[tp] = created
+        return created
+
+    def delete_log(self, tp: TopicPartition) -> None:
+        """Rename the directory out of the way, then remove it (Kafka's async delete)."""
+        removed = self.logs.pop(tp, None)
+        if removed is None:
+            return
+        for seg in removed.segments:
+            seg.close()
+        self._delete_counter += 1
+        target = removed.directory.with_name(
+            f"{removed.directory.name}.{self._delete_counter}{DELETE_DIR_SUFFIX}"
+        )
+        os.replace(removed.directory, target)
+        shutil.rmtree(target, ignore_errors=True)
+
+    def __iter__(self) -> Iterator[tuple[TopicPartition, Log]]:
+        return iter(sorted(self.logs.items()))
+
+    # -----------------------------------------------------------------------------------------
+    # Checkpoints.
+
+    def checkpoint_recovery_points(self) -> None:
+        checkpoint.write_offsets(
+            self.data_dir / checkpoint.RECOVERY_POINT_CHECKPOINT,
+            {tp: lg.recovery_point for tp, lg in self.logs.items()},
+        )
+
+    def checkpoint_log_start_offsets(self) -> None:
+        checkpoint.write_offsets(
+            self.data_dir / checkpoint.LOG_START_OFFSET_CHECKPOINT,
+            {tp: lg.log_start_offset for tp, lg in self.logs.items()},
+        )
+
+    def write_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
+        checkpoint.write_offsets(
+            self.data_dir / checkpoint.REPLICATION_CHECKPOINT, dict(high_watermarks)
+        )
+
+    def read_high_watermarks(self) -> dict[TopicPartition, int]:
+        return self._read_checkpoint(checkpoint.REPLICATION_CHECKPOINT)
+
+    # -----------------------------------------------------------------------------------------
+    # Background duties, driven by the node's scheduler.
+
+    def flush_all(self, now_ms: int | None = None) -> None:
+        for lg in self.logs.values():
+            lg.flush(now_ms)
+        self.checkpoint_recovery_points()
+
+    def run_retention(
+        self, now_ms: int, high_watermarks: Mapping[TopicPartition, int] | None = None
+    ) -> int:
+        deleted = 0
+        for tp, lg in self.logs.items():
+            hw = None if high_watermarks is None else high_watermarks.get(tp, lg.log_start_offset)
+            deleted += lg.delete_old_segments(now_ms, high_watermark=hw)
+        if deleted:
+            self.checkpoint_log_start_offsets()
+        return deleted
+
+    def run_compaction(
+        self, now_ms: int, high_watermarks: Mapping[TopicPartition, int] | None = None
+    ) -> CleanerStats:
+        total = CleanerStats()
+        for tp, lg in self.logs.items():
+            if not lg.config.compact:
+                continue
+            hw = None if high_watermarks is None else high_watermarks.get(tp, lg.log_start_offset)
+            try:
+                stats = lg.compact(now_ms, high_watermark=hw)
+            except (OSError, ValueError) as e:
+                # Kafka marks the partition uncleanable and keeps serving it (LogCleanerManager).
+                log.error("%s-%d: compaction failed, partition left as is: %s", tp[0], tp[1], e)
+                continue
+            for name in CleanerStats.__slots__:
+                setattr(total, name, getattr(total, name) + getattr(stats, name))
+        return total
+
+    # -----------------------------------------------------------------------------------------
+    # Shutdown.
+
+    def close(self) -> None:
+        """Close every file without the clean-shutdown marker: the next open recovers."""
+        for lg in self.logs.values():
+            for seg in lg.segments:
+                seg.close()
+        self.logs.clear()
+
+    def shutdown(self) -> None:
+        """Flush and close every log, checkpoint, then leave the clean-shutdown marker."""
+        for lg in self.logs.values():
+            lg.close()
+        self.checkpoint_recovery_points()
+        self.checkpoint_log_start_offsets()
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        marker.write_text("")
+        checkpoint.fsync_dir(self.data_dir)
+        self.logs.clear()

@@ -1,0 +1,379 @@
+"""One log segment: ``<base offset>.log`` with its ``.index`` and ``.timeindex``.
+
+File names are the segment's base offset as 20 zero-padded digits (``LogFileUtils`` in
+Kafka), e.g. ``00000000000000001234.log``. The ``.log`` file is a plain sequence of v2 record
+batches (see ``format``); the indexes are described in ``index``.
+
+Appends go straight to the file with ``pwrite`` (no user-space buffer), so a batch whose append
+returned survives the death of the process; it survives the death of the machine once flushed
+(``flush``: fsync). The segment tracks the largest timestamp and the offset holding it, and adds
+an index entry after every ``index.interval.bytes`` of appended data, as Kafka's ``LogSegment``.
+
+Suffixes: ``.cleaned`` (compaction output being written), ``.swap`` (complete compaction output
+waiting to replace the original) and ``.deleted`` (scheduled for removal). Recovery in ``log``
+finishes or discards these.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from kcoord.storage import format as fmt
+from kcoord.storage.index import IndexCorruptError, OffsetIndex, TimeIndex
+
+log = logging.getLogger(__name__)
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+DELETED_SUFFIX = ".deleted"
+
+# Reads scan batch headers in chunks this large; an index entry is at most
+# index.interval.bytes (4096) before the target, so one chunk usually suffices.
+_SCAN_CHUNK = 16 * 1024
+_RECOVER_CHUNK = 8 * 1024 * 1024
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    return f"{base_offset:020d}{suffix}"
+
+
+class LogCorruptError(fmt.CorruptRecordError):
+    """A batch on disk that fails its CRC or does not parse; it is never served."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPosition:
+    position: int
+    header: fmt.BatchHeader
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    valid_bytes: int
+    truncated_bytes: int
+    next_offset: int
+    error: str | None
+
+
+class LogSegment:
+    def __init__(
+        self,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval_bytes: int,
+        index_max_bytes: int,
+        suffix: str = "",
+        create: bool = False,
+    ) -> None:
+        self.directory = directory
+        self.base_offset = base_offset
+        self.index_interval_bytes = index_interval_bytes
+        log_path = directory / (segment_file_name(base_offset, LOG_SUFFIX) + suffix)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        self.log_path = log_path
+        self._fd = os.open(log_path, flags, 0o644)
+        self.size = os.fstat(self._fd).st_size
+        self.offset_index = OffsetIndex(
+            directory / (segment_file_name(base_offset, INDEX_SUFFIX) + suffix),
+            base_offset,
+            index_max_bytes,
+        )
+        self.time_index = TimeIndex(
+            directory / (segment_file_name(base_offset, TIME_INDEX_SUFFIX) + suffix),
+            base_offset,
+            index_max_bytes,
+        )
+        self._bytes_since_index_entry = 0
+        # Offset after the last batch; the base offset while empty.
+        self.next_offset = base_offset
+        self.max_timestamp = fmt.NO_TIMESTAMP
+        self.offset_of_max_timestamp = base_offset
+        self.first_batch_timestamp: int | None = None
+
+    # -----------------------------------------------------------------------------------------
+    # Opening.
+
+    def load(self) -> None:
+        """Open a segment that was closed cleanly: load its indexes, derive its end.
+
+        Rebuilds the indexes (logging why) when they do not match the log; a log whose tail is
+        not whole batches raises ``LogCorruptError`` so the caller can recover.
+        """
+        try:
+            self.offset_index.load(self.size)
+            self.time_index.load(2**62)
+        except IndexCorruptError as e:
+            log.warning("rebuilding indexes of %s: %s", self.log_path, e)
+            self.recover()
+            return
+        _, position = self.offset_index.lookup(2**62)
+        last: BatchPosition | None = None
+        for bp in self.scan_headers(position):
+            last = bp
+            self._note_batch(bp.header)
+        if last is not None:
+            end = last.position + last.header.size
+            if end != self.size:
+                raise LogCorruptError(f"{self.log_path}: {self.size - end} bytes after last batch")
+            self.next_offset = last.header.next_offset
+        elif self.size:
+            raise LogCorruptError(f"{self.log_path}: no batch at indexed position {position}")
+        first = self.first_batch()
+        if first is not None:
+            self.first_batch_timestamp = first.header.max_timestamp
+        # The largest timestamp: from the time index, then the batches after its last entry.
+        entry = self.time_index.last_entry
+        if entry is not None and entry[0] > self.max_timestamp:
+            self.max_timestamp, self.offset_of_max_timestamp = entry
+        self._bytes_since_index_entry = self.size - position
+
+    def recover(self) -> RecoveryResult:
+        """Rebuild the indexes by scanning every batch; truncate at the first invalid one.
+
+        Kafka's ``LogSegment.recover``: CRC-check each batch, rebuild the offset and time
+        indexes, and cut a torn or corrupt tail. Returns what was kept and why the rest was not.
+        """
+        self.offset_index.reset()
+        self.time_index.reset()
+        self._bytes_since_index_entry = 0
+        self.next_offset = self.base_offset
+        self.max_timestamp = fmt.NO_TIMESTAMP
+        self.offset_of_max_timestamp = self.base_offset
+        self.first_batch_timestamp = None
+        position = 0
+        error: str | None = None
+        carry = b""
+        expect = self.base_offset
+        while position + len(carry) < self.size:
+            chunk = carry + os.pread(self._fd, _RECOVER_CHUNK, position + len(carry))
+            result = fmt.scan_valid_prefix(chunk, expect_next_offset=expect)
+            for pos, header in result.headers:
+                self._index_batch(position + pos, header)
+            if result.headers:
+                expect = result.headers[-1][1].next_offset
+            position += result.valid_bytes
+            carry = chunk[result.valid_bytes :]
+            at_end = position + len(carry) >= self.size
+            if result.error is None:
+                continue
+            torn = result.error.startswith(("torn", "truncated batch header"))
+            if torn and not at_end:
+                continue  # the batch spans the chunk boundary: read on
+            error = result.error
+            break
+        truncated = self.size - position
+        if truncated:
+            os.ftruncate(self._fd, position)
+            self.size = position
+        return RecoveryResult(position, truncated, self.next_offset, error)
+
+    # -----------------------------------------------------------------------------------------
+    # Appending.
+
+    def append(
+        self, data: bytes | bytearray, headers: Sequence[tuple[int, fmt.BatchHeader]]
+    ) -> None:
+        """Append whole batches; ``headers`` are their (position in ``data``, header)."""
+        assert headers, "nothing to append"
+        first = headers[0][1]
+        assert first.base_offset >= self.next_offset, (first.base_offset, self.next_offset)
+        position = self.size
+        written = os.pwrite(self._fd, data, position)
+        if written != len(data):
+            raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
+        self.size += len(data)
+        for pos, header in headers:
+            self._index_batch(position + pos, header)
+
+    def _index_batch(self, position: int, header: fmt.BatchHeader) -> None:
+        self._note_batch(header)
+        if self.first_batch_timestamp is None:
+            self.first_batch_timestamp = header.max_timestamp
+        self.next_offset = header.next_offset
+        # As Kafka's LogSegment.append: index this batch when the bytes appended since the last
+        # entry exceed the interval, counting only the batches before it.
+        if self._bytes_since_index_entry > self.index_interval_bytes:
+            self.offset_index.append(header.last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._bytes_since_index_entry = 0
+        self._bytes_since_index_entry += header.size
+
+    def _note_batch(self, header: fmt.BatchHeader) -> None:
+        if header.max_timestamp > self.max_timestamp:
+            self.max_timestamp = header.max_timestamp
+            self.offset_of_max_timestamp = header.last_offset
+
+    # -----------------------------------------------------------------------------------------
+    # Reading.
+
+    def read_at(self, position: int, size: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def scan_headers(self, position: int = 0, end: int | None = None) -> Iterator[BatchPosition]:
+        """Batch headers from ``position`` (a batch boundary) up to ``end``, CRC unchecked."""
+        end = self.size if end is None else end
+        buf = b""
+        buf_start = position
+        while position < end:
+            rel = position - buf_start
+            if len(buf) - rel < fmt.HEADER_SIZE:
+                buf = os.pread(self._fd, max(_SCAN_CHUNK, fmt.HEADER_SIZE), position)
+                buf_start = position
+                rel = 0
+            try:
+                header = fmt.parse_header(buf, rel)
+            except fmt.RecordFormatError as e:
+                raise LogCorruptError(f"{self.log_path}: {e}") from e
+            if position + header.size > end:
+                raise LogCorruptError(f"{self.log_path}: batch at {position} runs past the end")
+            yield BatchPosition(position, header)
+            position += header.size
+
+    def first_batch(self) -> BatchPosition | None:
+        return next(self.scan_headers(0), None)
+
+    def translate_offset(self, offset: int) -> BatchPosition | None:
+        """The first batch whose last offset is at or above ``offset``, or None."""
+        _, position = self.offset_index.lookup(offset)
+        for bp in self.scan_headers(position):
+            if bp.header.last_offset >= offset:
+                return bp
+        return None
+
+    def read(
+        self, start_offset: int, max_bytes: int, *, max_offset: int | None, min_one: bool
+    ) -> tuple[bytes, int] | None:
+        """Whole batches from the one holding ``start_offset``: (bytes, base offset).
+
+        Reads at most ``max_bytes`` (but one whole batch when ``min_one``), only batches ending
+        before ``max_offset`` (the high watermark, exclusive). Each batch's CRC is checked: a
+        corrupt batch raises ``LogCorruptError`` and is never returned. None when the segment
+        has no batch at or after ``start_offset``; empty bytes when one exists but the limits
+        exclude it.
+        """
+        start = self.translate_offset(start_offset)
+        if start is None:
+            return None
+        end = start.position
+        for bp in self.scan_headers(start.position):
+            if max_offset is not None and bp.header.next_offset > max_offset:
+                break
+            if end + bp.header.size - start.position > max_bytes and not (
+                min_one and end == start.position
+            ):
+                break
+            end += bp.header.size
+        if end == start.position:
+            return b"", start.header.base_offset
+        data = self.read_at(start.position, end - start.position)
+        for pos, header in fmt.iter_headers(data):
+            if not fmt.is_crc_valid(data, pos, header):
+                raise LogCorruptError(
+                    f"{self.log_path}: CRC mismatch in batch at offset {header.base_offset} "
+                    f"(position {start.position + pos})"
+                )
+        return data, start.header.base_offset
+
+    def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``timestamp`` and ``start_offset``.
+
+        Kafka's ``LogSegment.findOffsetByTimestamp``: time index, then the offset index, then a
+        scan of batches and, inside the first batch whose max timestamp is high enough, records.
+        """
+        _, indexed_offset = self.time_index.lookup(timestamp)
+        start = self.translate_offset(max(indexed_offset, start_offset))
+        if start is None:
+            return None
+        for bp in self.scan_headers(start.position):
+            if bp.header.max_timestamp < timestamp:
+                continue
+            data = self.read_at(bp.position, bp.header.size)
+            if not fmt.is_crc_valid(data, 0, bp.header):
+                raise LogCorruptError(f"{self.log_path}: CRC mismatch at {bp.position}")
+            for record in fmt.decode_records(data):
+                if record.timestamp >= timestamp and record.offset >= start_offset:
+                    return record.offset, record.timestamp
+        return None
+
+    # -----------------------------------------------------------------------------------------
+    # Truncation, flushing and file management.
+
+    def truncate_to(self, offset: int) -> int:
+        """Drop every batch whose last offset is at or above ``offset``; return bytes dropped.
+
+        A batch holding ``offset`` goes entirely (as in Kafka: the log ends at a batch boundary).
+        """
+        bp = self.translate_offset(offset)
+        if bp is None:
+            return 0
+        position = bp.position
+        dropped = self.size - position
+        self.offset_index.truncate_to_position(position)
+        self.time_index.truncate_to_offset(bp.header.base_offset)
+        os.ftruncate(self._fd, position)
+        self.size = position
+        # Re-derive the tail state from the remaining batches after the last index entry.
+        _, index_position = self.offset_index.lookup(2**62)
+        self.next_offset = self.base_offset
+        self.max_timestamp = fmt.NO_TIMESTAMP
+        self.offset_of_max_timestamp = self.base_offset
+        entry = self.time_index.last_entry
+        if entry is not None:
+            self.max_timestamp, self.offset_of_max_timestamp = entry
+        for scanned in self.scan_headers(0 if self.max_timestamp < 0 else index_position):
+            self._note_batch(scanned.header)
+            self.next_offset = scanned.header.next_offset
+        if self.size == 0:
+            self.first_batch_timestamp = None
+        self._bytes_since_index_entry = self.size - index_position
+        return dropped
+
+    def flush(self) -> None:
+        os.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def on_roll(self) -> None:
+        """Trim the preallocated indexes and fsync: the segment is now read-only."""
+        self.offset_index.trim()
+        self.time_index.trim()
+        self.flush()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.offset_index.close()
+            self.time_index.close()
+            os.close(self._fd)
+            self._fd = -1
+
+    def delete(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.offset_index.delete()
+        self.time_index.delete()
+        self.log_path.unlink(missing_ok=True)
+
+    def rename_suffix(self, old: str, new: str) -> None:
+        """Rename all three files from suffix ``old`` to ``new`` (e.g. .swap -> '')."""
+        for f in (self.offset_index, self.time_index):
+            name = f.path.name
+            assert name.endswith(old), (name, old)
+            f.rename(f.path.with_name(name[: len(name) - len(old)] + new))
+        name = self.log_path.name
+        assert name.endswith(old), (name, old)
+        target = self.log_path.with_name(name[: len(name) - len(old)] + new)
+        os.replace(self.log_path, target)
+        self.log_path = target
+
+    @property
+    def is_full_index(self) -> bool:
+        return self.offset_index.is_full or self.time_index.is_full

@@ -1,0 +1,83 @@
+"""``kcoord dump-log`` on real segment files, run as the installed console script."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kcoord.cluster.coordinator.records import (
+    OffsetCommitKey,
+    OffsetCommitValue,
+    encode_key,
+    encode_value,
+)
+from kcoord.storage import format as fmt
+from kcoord.storage.config import LogConfig
+from tests.unit.storage.helpers import batch, open_log
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("kcoord", path=str(Path(sys.executable).parent))
+    assert exe is not None, "the kcoord console script is installed with the project"
+    return subprocess.run([exe, "dump-log", *args], capture_output=True, text=True, check=False)
+
+
+def test_dump_log_prints_batches_records_and_indexes(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", LogConfig(index_interval_bytes=100))
+    for i in range(5):
+        lg.append_as_leader(batch(2, key=None, value=f"hello{i}".encode() * 20), 4, now_ms=0)
+    lg.close()
+    seg = tmp_path / "t-0" / "00000000000000000000.log"
+    result = _run(str(seg), "--print-data-log")
+    assert result.returncode == 0, result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"Dumping {seg}"
+    batch_lines = [line for line in lines if line.startswith("baseOffset:")]
+    assert len(batch_lines) == 5
+    assert batch_lines[1].startswith("baseOffset: 2 lastOffset: 3 count: 2 ")
+    assert "partitionLeaderEpoch: 4 " in batch_lines[0]
+    assert batch_lines[0].endswith("isvalid: true")
+    assert "compresscodec: none" in batch_lines[0]
+    record_lines = [line for line in lines if line.startswith("| offset:")]
+    assert record_lines[2].startswith("| offset: 2 CreateTime: 1000 keySize: -1 valueSize: 120 ")
+    assert record_lines[2].endswith("payload: " + "hello1" * 20)
+    index = _run(str(seg.with_suffix(".index")), str(seg.with_suffix(".timeindex")))
+    assert index.returncode == 0
+    assert "offset: 1 position: 0" not in index.stdout
+    assert any(
+        line.startswith("offset: ") and "position: " in line for line in index.stdout.splitlines()
+    )
+    assert "timestamp: 1001 offset: 1" in index.stdout
+
+
+def test_dump_log_offsets_decoder(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "__consumer_offsets-0")
+    key = encode_key(OffsetCommitKey(group_id="g", topic="orders", partition=3))
+    value = encode_value(OffsetCommitValue(offset=42, commit_timestamp_ms=7))
+    lg.append_as_leader(fmt.build_batch([fmt.Record(0, 7, key, value)]), 0, now_ms=0)
+    lg.append_as_leader(fmt.build_batch([fmt.Record(0, 8, key, None)]), 0, now_ms=0)
+    lg.close()
+    seg = tmp_path / "__consumer_offsets-0" / "00000000000000000000.log"
+    out = _run(str(seg), "--offsets-decoder").stdout
+    assert 'key: {"type":"1","data":{"group":"g","topic":"orders","partition":3}}' in out
+    assert '"offset":42' in out
+    assert "payload: <DELETE>" in out
+
+
+def test_dump_log_reports_corruption_and_exits_nonzero(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0")
+    for _ in range(3):
+        lg.append_as_leader(batch(1, value=b"x" * 100), 0, now_ms=0)
+    lg.close()
+    seg = tmp_path / "t-0" / "00000000000000000000.log"
+    data = bytearray(seg.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    seg.write_bytes(bytes(data) + b"\x00\x01\x02")
+    result = _run(str(seg), "--print-data-log")
+    assert result.returncode == 1
+    assert "isvalid: false" in result.stdout
+    assert "Found 3 invalid bytes at the end" in result.stdout
+    missing = _run(str(tmp_path / "nope.log"))
+    assert missing.returncode == 1 and "Cannot read" in missing.stdout

@@ -1,0 +1,212 @@
+"""The v2 record batch codec: round trips, client cross-checks, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatch as AioBatch
+from aiokafka.record.default_records import DefaultRecordBatchBuilder as AioBuilder
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.record.default_records import DefaultRecordBatch as KpBatch
+from kafka.record.default_records import DefaultRecordBatchBuilder as KpBuilder
+
+from kcoord.storage import format as fmt
+
+nullable_bytes = st.none() | st.binary(max_size=64)
+headers = st.lists(st.tuples(st.text(max_size=8), nullable_bytes), max_size=3).map(tuple)
+
+
+@st.composite
+def record_lists(draw: st.DrawFn) -> list[fmt.Record]:
+    n = draw(st.integers(1, 20))
+    base = draw(st.integers(0, 2**40))
+    base_ts = draw(st.integers(0, 2**41))
+    offset = base
+    out = []
+    for _ in range(n):
+        out.append(
+            fmt.Record(
+                offset,
+                base_ts + draw(st.integers(-1000, 10**6)),
+                draw(nullable_bytes),
+                draw(nullable_bytes),
+                draw(headers),
+            )
+        )
+        offset += draw(st.integers(1, 3))
+    return out
+
+
+codecs = st.sampled_from(list(fmt.Compression))
+
+
+@settings(max_examples=200)
+@given(record_lists(), codecs, st.integers(-1, 1000))
+def test_round_trip(records: list[fmt.Record], codec: fmt.Compression, epoch: int) -> None:
+    raw = fmt.build_batch(records, compression=codec, partition_leader_epoch=epoch)
+    header = fmt.parse_header(raw)
+    assert header.size == len(raw)
+    assert header.base_offset == records[0].offset
+    assert header.last_offset == records[-1].offset
+    assert header.record_count == len(records)
+    assert header.compression is codec
+    assert header.partition_leader_epoch == epoch
+    assert header.max_timestamp == max(r.timestamp for r in records)
+    assert fmt.is_crc_valid(raw, 0, header)
+    assert fmt.decode_records(raw) == records
+
+
+@given(record_lists(), st.integers(0, 2**50), st.integers(0, 2**20))
+def test_rewriting_base_offset_and_epoch_keeps_crc(
+    records: list[fmt.Record], new_base: int, epoch: int
+) -> None:
+    buf = bytearray(fmt.build_batch(records))
+    fmt.set_base_offset(buf, 0, new_base)
+    fmt.set_partition_leader_epoch(buf, 0, epoch)
+    header = fmt.parse_header(buf)
+    assert fmt.is_crc_valid(buf, 0, header)
+    shift = new_base - records[0].offset
+    assert [r.offset for r in fmt.decode_records(buf)] == [r.offset + shift for r in records]
+    assert header.partition_leader_epoch == epoch
+
+
+@given(record_lists())
+def test_every_single_byte_flip_in_the_crc_range_is_detected(records: list[fmt.Record]) -> None:
+    raw = fmt.build_batch(records)
+    header = fmt.parse_header(raw)
+    for i in range(fmt.ATTRIBUTES_OFFSET, len(raw), max(1, len(raw) // 50)):
+        flipped = bytearray(raw)
+        flipped[i] ^= 0x01
+        h = fmt.parse_header(flipped) if i >= fmt.HEADER_SIZE else header._replace(crc=header.crc)
+        assert not fmt.is_crc_valid(flipped, 0, h)
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+def test_aiokafka_batches_are_read_by_ours(codec: int) -> None:
+    builder = AioBuilder(
+        magic=2,
+        compression_type=codec,
+        is_transactional=0,
+        producer_id=42,
+        producer_epoch=3,
+        base_sequence=7,
+        batch_size=1 << 20,
+    )
+    for i in range(50):
+        hdrs = [("h", b"v")] if i % 2 else []
+        builder.append(
+            i, timestamp=1_700_000_000_000 + i, key=f"k{i}".encode(), value=b"x" * i, headers=hdrs
+        )
+    raw = bytes(builder.build())
+    header = fmt.parse_header(raw)
+    assert (header.producer_id, header.producer_epoch, header.base_sequence) == (42, 3, 7)
+    assert fmt.is_crc_valid(raw, 0, header)
+    records = fmt.decode_records(raw)
+    assert [r.key for r in records] == [f"k{i}".encode() for i in range(50)]
+    assert records[3].headers == (("h", b"v"),)
+    assert records[49].value == b"x" * 49
+    assert records[10].timestamp == 1_700_000_000_010
+
+
+@pytest.mark.parametrize("codec", [0, 1, 2, 3, 4])
+def test_kafka_python_batches_are_read_by_ours(codec: int) -> None:
+    builder = KpBuilder(2, codec, 0, -1, -1, -1, 1 << 20)
+    for i in range(30):
+        builder.append(i, timestamp=1_000 + i, key=None, value=f"v{i}".encode(), headers=[])
+    raw = bytes(builder.build())
+    records = fmt.decode_records(raw)
+    assert [r.value for r in records] == [f"v{i}".encode() for i in range(30)]
+    assert all(r.key is None for r in records)
+
+
+@pytest.mark.parametrize("codec", list(fmt.Compression))
+def test_ours_are_read_by_aiokafka_and_kafka_python(codec: fmt.Compression) -> None:
+    records = [
+        fmt.Record(100 + i, 5_000 + i, f"k{i}".encode(), None if i == 3 else b"val", (("a", b"1"),))
+        for i in range(10)
+    ]
+    raw = fmt.build_batch(
+        records, compression=codec, producer_id=9, producer_epoch=1, base_sequence=0
+    )
+    for batch_type in (AioBatch, KpBatch):
+        batch = batch_type(raw)
+        assert batch.validate_crc()
+        got = list(batch)
+        assert [r.offset for r in got] == [r.offset for r in records]
+        assert [r.key for r in got] == [r.key for r in records]
+        assert [r.value for r in got] == [r.value for r in records]
+        assert [r.timestamp for r in got] == [r.timestamp for r in records]
+        assert [list(r.headers) for r in got] == [[("a", b"1")]] * 10
+
+
+def test_control_batch() -> None:
+    raw = fmt.build_control_batch(
+        fmt.ControlType.COMMIT,
+        offset=5,
+        timestamp=1,
+        producer_id=3,
+        producer_epoch=0,
+        coordinator_epoch=7,
+    )
+    header = fmt.parse_header(raw)
+    assert header.is_control and header.is_transactional
+    (record,) = fmt.decode_records(raw)
+    assert fmt.parse_control_key(record.key) is fmt.ControlType.COMMIT
+    assert AioBatch(raw).is_control_batch
+
+
+def test_delete_horizon_batch_keeps_record_timestamps() -> None:
+    records = [fmt.Record(0, 1_000, b"k", None), fmt.Record(1, 1_005, b"j", b"v")]
+    raw = fmt.build_batch(records, delete_horizon_ms=99_999)
+    header = fmt.parse_header(raw)
+    assert header.attributes & fmt.DELETE_HORIZON_FLAG
+    assert header.base_timestamp == 99_999
+    assert fmt.decode_records(raw) == records
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[:30], "truncated batch header"),
+        (lambda b: b[:16] + b"\x01" + b[17:], "unsupported magic"),
+        (lambda b: b[:8] + b"\x00\x00\x00\x05" + b[12:], "below minimum"),
+    ],
+)
+def test_malformed_headers_raise_clear_errors(mutate: object, message: str) -> None:
+    raw = fmt.build_batch([fmt.Record(0, 0, b"k", b"v")])
+    bad = mutate(raw)  # type: ignore[operator]
+    with pytest.raises(fmt.RecordFormatError, match=message):
+        fmt.parse_header(bad)
+
+
+@given(st.binary(max_size=300))
+def test_garbage_never_escapes_as_another_exception(garbage: bytes) -> None:
+    try:
+        for pos, _header in fmt.iter_headers(garbage):
+            fmt.decode_records(garbage, pos)
+    except fmt.RecordFormatError:
+        pass
+
+
+def test_scan_valid_prefix_stops_at_torn_and_corrupt_batches() -> None:
+    a = fmt.build_batch([fmt.Record(0, 0, b"a", b"1")])
+    b = fmt.build_batch([fmt.Record(1, 0, b"b", b"2")])
+    c = fmt.build_batch([fmt.Record(2, 0, b"c", b"3")])
+    result = fmt.scan_valid_prefix(a + b + c[:-3])
+    assert result.valid_bytes == len(a) + len(b)
+    assert result.error is not None and "torn" in result.error
+    corrupt = bytearray(a + b + c)
+    corrupt[len(a) + fmt.HEADER_SIZE + 2] ^= 0xFF
+    result = fmt.scan_valid_prefix(corrupt)
+    assert result.valid_bytes == len(a)
+    assert result.error is not None and "CRC" in result.error
+    result = fmt.scan_valid_prefix(b + a)
+    assert result.valid_bytes == len(b)
+    assert result.error is not None and "below the expected" in result.error
+
+
+@given(st.integers(-(2**63), 2**63 - 1))
+def test_varint_round_trip(n: int) -> None:
+    out = bytearray()
+    fmt.write_varint(out, n)
+    assert fmt.read_varint(out, 0) == (n, len(out))

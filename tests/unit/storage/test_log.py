@@ -1,0 +1,356 @@
+"""The partition log: append, read, indexes, roll, retention, compaction, truncation, recovery."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kcoord.storage import format as fmt
+from kcoord.storage.config import LogConfig
+from kcoord.storage.log import (
+    InvalidRecordError,
+    Log,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    UnexpectedAppendOffsetError,
+)
+from kcoord.storage.segment import LogCorruptError
+from tests.unit.storage.helpers import batch, open_log, read_all
+
+SMALL = LogConfig(segment_bytes=2_000, index_interval_bytes=200)
+
+
+def test_append_assigns_offsets_and_reads_back(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0")
+    first = lg.append_as_leader(batch(3), leader_epoch=5, now_ms=0)
+    second = lg.append_as_leader(batch(2), leader_epoch=5, now_ms=0)
+    assert (first.first_offset, first.last_offset) == (0, 2)
+    assert (second.first_offset, second.last_offset) == (3, 4)
+    assert lg.log_end_offset == 5
+    records = read_all(lg)
+    assert [r.offset for r in records] == [0, 1, 2, 3, 4]
+    data = lg.read(0, 10_000)
+    assert all(h.partition_leader_epoch == 5 for _, h in fmt.iter_headers(data.records))
+    assert lg.epoch_cache.entries == [(5, 0)]
+
+
+def test_read_respects_max_bytes_high_watermark_and_min_one(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0")
+    for _ in range(5):
+        lg.append_as_leader(batch(2, value=b"x" * 100), leader_epoch=0, now_ms=0)
+    size = fmt.parse_header(lg.read(0, 10_000).records).size
+    assert len(lg.read(0, size * 2).records) == size * 2
+    assert len(lg.read(0, 1).records) == size  # min one batch
+    assert lg.read(0, 1, min_one=False).empty
+    assert len(lg.read(0, 10_000, max_offset=4).records) == size * 2  # HW 4: batches 0-1, 2-3
+    assert lg.read(4, 10_000, max_offset=4).empty
+    # A read from the middle of a batch returns that whole batch.
+    assert lg.read(3, 10_000).first_batch_offset == 2
+    assert lg.read(10, 100).empty
+    with pytest.raises(OffsetOutOfRangeError):
+        lg.read(11, 100)
+
+
+def test_roll_by_size_and_time(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", LogConfig(segment_bytes=1_000, segment_ms=60_000))
+    for _ in range(10):
+        lg.append_as_leader(batch(1, value=b"x" * 200), leader_epoch=0, now_ms=0)
+    assert len(lg.segments) > 2
+    assert all(s.size <= 1_000 for s in lg.segments)
+    names = sorted(p.name for p in (tmp_path / "t-0").glob("*.log"))
+    assert names == [f"{s.base_offset:020d}.log" for s in lg.segments]
+    # Time-based roll: the first batch's timestamp is 1000; now beyond segment.ms rolls.
+    count = len(lg.segments)
+    lg.append_as_leader(batch(1, timestamp=1_000), leader_epoch=0, now_ms=1_000)
+    assert len(lg.segments) == count
+    lg.append_as_leader(batch(1, timestamp=1_000), leader_epoch=0, now_ms=100_000)
+    assert len(lg.segments) == count + 1
+    assert [r.offset for r in read_all(lg)] == list(range(12))
+
+
+def test_closed_segments_have_trimmed_indexes(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(30):
+        lg.append_as_leader(batch(2, value=b"y" * 60), leader_epoch=0, now_ms=0)
+    closed = lg.segments[0]
+    assert os.path.getsize(closed.offset_index.path) == len(closed.offset_index) * 8 > 0
+    assert os.path.getsize(closed.time_index.path) == len(closed.time_index) * 12
+    # The active index is preallocated.
+    assert os.path.getsize(lg.active_segment.offset_index.path) == SMALL.segment_index_bytes
+    lg.close()
+    assert os.path.getsize(lg.active_segment.offset_index.path) % 8 == 0
+    assert os.path.getsize(lg.active_segment.offset_index.path) < SMALL.segment_index_bytes
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=60),
+    value_len=st.integers(0, 300),
+    probes=st.lists(st.integers(0, 400), min_size=1, max_size=20),
+)
+def test_offset_and_time_lookups_match_a_linear_scan(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], value_len: int, probes: list[int]
+) -> None:
+    lg = open_log(tmp_path_factory.mktemp("p") / "t-0", SMALL)
+    ts = 10_000
+    for n in sizes:
+        # Timestamps go up and down within a batch and across batches.
+        records = [
+            fmt.Record(i, ts + ((i * 37) % 11) - 5, b"k", b"v" * value_len) for i in range(n)
+        ]
+        lg.append_as_leader(fmt.build_batch(records), leader_epoch=0, now_ms=0)
+        ts += 3
+    everything: list[fmt.Record] = []
+    for seg in lg.segments:
+        raw = seg.read_at(0, seg.size)
+        for pos, _ in fmt.iter_headers(raw):
+            everything.extend(fmt.decode_records(raw, pos))
+    assert [r.offset for r in everything] == list(range(lg.log_end_offset))
+    for probe in probes:
+        offset = probe % lg.log_end_offset
+        data = lg.read(offset, 1)
+        header = fmt.parse_header(data.records)
+        assert header.base_offset <= offset <= header.last_offset
+        target_ts = 10_000 + probe % (ts - 10_000 + 10) - 5
+        expected = next(
+            ((r.offset, r.timestamp) for r in everything if r.timestamp >= target_ts), None
+        )
+        assert lg.offset_for_timestamp(target_ts) == expected
+
+
+def test_truncate_to_removes_suffix_and_epochs(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for epoch in range(4):
+        for _ in range(10):
+            lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=epoch, now_ms=0)
+    assert lg.epoch_cache.entries == [(0, 0), (1, 20), (2, 40), (3, 60)]
+    assert lg.truncate_to(45) == 44  # the batch 44-45 goes whole
+    assert lg.log_end_offset == 44
+    assert lg.epoch_cache.entries == [(0, 0), (1, 20), (2, 40)]
+    assert [r.offset for r in read_all(lg)] == list(range(44))
+    assert lg.epoch_cache.end_offset_for(1, lg.log_end_offset) == (1, 40)
+    assert lg.epoch_cache.end_offset_for(2, lg.log_end_offset) == (2, 44)
+    # Appending after truncation continues from the new end, and the log reopens intact.
+    lg.append_as_leader(batch(1), leader_epoch=7, now_ms=0)
+    lg.close()
+    again = open_log(tmp_path / "t-0", SMALL)
+    assert [r.offset for r in read_all(again)] == list(range(45))
+    assert again.epoch_cache.entries == [(0, 0), (1, 20), (2, 40), (7, 44)]
+
+
+def test_truncate_fully(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(20):
+        lg.append_as_leader(batch(3), leader_epoch=1, now_ms=0)
+    lg.truncate_fully_and_start_at(500)
+    assert (lg.log_start_offset, lg.log_end_offset) == (500, 500)
+    assert lg.append_as_leader(batch(1), leader_epoch=2, now_ms=0).first_offset == 500
+
+
+def test_follower_append_keeps_offsets_and_refuses_gaps_backwards(tmp_path: Path) -> None:
+    leader = open_log(tmp_path / "l-0")
+    for epoch in (1, 1, 3):
+        leader.append_as_leader(batch(2), leader_epoch=epoch, now_ms=0)
+    follower = open_log(tmp_path / "f-0")
+    data = leader.read(0, 100_000).records
+    info = follower.append_as_follower(data, now_ms=0)
+    assert (info.first_offset, info.last_offset) == (0, 5)
+    assert follower.epoch_cache.entries == [(1, 0), (3, 4)]
+    with pytest.raises(UnexpectedAppendOffsetError):
+        follower.append_as_follower(data, now_ms=0)
+
+
+def test_bad_produce_input_is_refused_and_log_untouched(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", LogConfig(max_message_bytes=500))
+    lg.append_as_leader(batch(1), leader_epoch=0, now_ms=0)
+    good = batch(2)
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 0xFF
+    with pytest.raises(fmt.CorruptRecordError):
+        lg.append_as_leader(bytes(corrupt), leader_epoch=0, now_ms=0)
+    with pytest.raises(fmt.RecordFormatError):
+        lg.append_as_leader(good[:-4], leader_epoch=0, now_ms=0)
+    with pytest.raises(fmt.RecordFormatError):
+        lg.append_as_leader(b"\x00" * 70, leader_epoch=0, now_ms=0)
+    with pytest.raises(InvalidRecordError):
+        lg.append_as_leader(b"", leader_epoch=0, now_ms=0)
+    with pytest.raises(RecordTooLargeError):
+        lg.append_as_leader(batch(1, value=b"x" * 1000), leader_epoch=0, now_ms=0)
+    assert lg.log_end_offset == 1
+    assert [r.offset for r in read_all(lg)] == [0]
+
+
+def test_compacted_log_refuses_null_keys(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", LogConfig(cleanup_policy=frozenset({"compact"})))
+    with pytest.raises(InvalidRecordError, match="null key"):
+        lg.append_as_leader(batch(1, key=None), leader_epoch=0, now_ms=0)
+
+
+def test_retention_by_time_and_size_deletes_whole_old_segments(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=1_000, retention_ms=10_000, retention_bytes=-1)
+    lg = open_log(tmp_path / "t-0", config)
+    for i in range(20):
+        lg.append_as_leader(batch(1, timestamp=i * 1_000, value=b"x" * 200), 0, now_ms=0)
+    segments = len(lg.segments)
+    assert lg.delete_old_segments(now_ms=15_000) > 0
+    assert lg.log_start_offset == lg.segments[0].base_offset > 0
+    assert all(15_000 - s.max_timestamp <= 10_000 for s in lg.segments[:-1])
+    assert len(lg.segments) < segments
+    with pytest.raises(OffsetOutOfRangeError):
+        lg.read(0, 100)
+    # Retention never acts at or above the high watermark.
+    by_size = open_log(tmp_path / "s-0", LogConfig(segment_bytes=1_000, retention_bytes=1_500))
+    for _ in range(20):
+        by_size.append_as_leader(batch(1, value=b"x" * 200), 0, now_ms=0)
+    assert by_size.delete_old_segments(now_ms=0, high_watermark=0) == 0
+    assert by_size.delete_old_segments(now_ms=0) > 0
+    assert by_size.size_bytes - by_size.segments[0].size < 1_500
+    assert [r.offset for r in read_all(by_size)][-1] == 19
+
+
+def _compacted(tmp_path: Path) -> Log:
+    return open_log(
+        tmp_path / "c-0",
+        LogConfig(
+            cleanup_policy=frozenset({"compact"}), segment_bytes=600, delete_retention_ms=1_000
+        ),
+    )
+
+
+def test_compaction_keeps_last_value_per_key_and_expires_tombstones(tmp_path: Path) -> None:
+    lg = _compacted(tmp_path)
+    expected: dict[bytes, bytes | None] = {}
+    for i in range(60):
+        key = f"k{i % 7}".encode()
+        value = None if i in (57, 58) else f"v{i}".encode()  # the last k1, k2: tombstones
+        lg.append_as_leader(batch(1, key=key, value=value), 0, now_ms=0)
+        expected[key] = value
+    lg.roll()
+    before = lg.log_end_offset
+    stats = lg.compact(now_ms=0)
+    assert stats.records_kept < stats.records_read
+    records = read_all(lg)
+    latest = {r.key: r.value for r in records}
+    assert latest == expected
+    assert len(records) == len(expected)  # one record per key, tombstones still there
+    assert sum(1 for r in records if r.value is None) == 2
+    assert lg.log_end_offset == before  # offsets are kept; the log end never moves
+    # Before delete.retention.ms passes tombstones stay; after, they go.
+    lg.compact(now_ms=500)
+    assert sum(1 for r in read_all(lg) if r.value is None) == 2
+    stats = lg.compact(now_ms=2_000)
+    assert stats.tombstones_dropped == 2
+    assert {r.key: r.value for r in read_all(lg)} == {
+        k: v for k, v in expected.items() if v is not None
+    }
+    # The compacted log reopens with the same content, offsets intact.
+    kept = [(r.offset, r.key, r.value) for r in read_all(lg)]
+    lg.close()
+    again = _compacted(tmp_path)
+    assert [(r.offset, r.key, r.value) for r in read_all(again)] == kept
+    assert again.log_end_offset == before
+
+
+def test_compaction_never_touches_the_active_segment(tmp_path: Path) -> None:
+    lg = _compacted(tmp_path)
+    for i in range(5):
+        lg.append_as_leader(batch(1, key=b"same", value=f"{i}".encode()), 0, now_ms=0)
+    assert len(lg.segments) == 1
+    lg.compact(now_ms=0)
+    assert len(read_all(lg)) == 5
+
+
+def test_flipped_byte_in_a_closed_segment_is_never_served(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(40):
+        lg.append_as_leader(batch(2, value=b"q" * 50), leader_epoch=0, now_ms=0)
+    victim = lg.segments[1]
+    position = victim.size // 2
+    with open(victim.log_path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0x10]))
+    offsets_before_victim = list(range(lg.segments[1].base_offset))
+    with pytest.raises(LogCorruptError):
+        read_all(lg, victim.base_offset)
+    lg.close()
+    # Recovery from the start (no recovery point) detects it too and cuts the log there.
+    recovered = open_log(tmp_path / "t-0", SMALL, recovery_point=0, clean_shutdown=False)
+    offsets = [r.offset for r in read_all(recovered)]
+    assert offsets[: len(offsets_before_victim)] == offsets_before_victim
+    assert victim.base_offset <= recovered.log_end_offset < victim.next_offset
+    for pos, header in fmt.iter_headers(recovered.read(0, 10**7).records):
+        assert header.base_offset >= 0 and pos >= 0
+
+
+def test_reopen_after_clean_close_needs_no_recovery(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(50):
+        lg.append_as_leader(batch(3), leader_epoch=2, now_ms=0)
+    lg.close()
+    from kcoord.storage.log import RecoveryReport
+
+    report = RecoveryReport()
+    again = open_log(
+        tmp_path / "t-0", SMALL, clean_shutdown=True, recovery_point=150, report=report
+    )
+    assert report.segments_recovered == 0
+    assert again.log_end_offset == 150
+    assert [r.offset for r in read_all(again)] == list(range(150))
+
+
+def test_missing_or_garbage_index_is_rebuilt(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(50):
+        lg.append_as_leader(batch(2, value=b"w" * 40), leader_epoch=0, now_ms=0)
+    lg.close()
+    first = lg.segments[0]
+    os.unlink(first.offset_index.path)
+    with open(lg.segments[1].offset_index.path, "r+b") as f:
+        f.write(b"\xff" * 16)
+    again = open_log(tmp_path / "t-0", SMALL, clean_shutdown=True, recovery_point=100)
+    assert [r.offset for r in read_all(again)] == list(range(100))
+    assert len(again.segments[0].offset_index) > 0
+
+
+def test_torn_tail_is_truncated_at_the_last_whole_batch(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0")
+    for _ in range(10):
+        lg.append_as_leader(batch(2), leader_epoch=0, now_ms=0)
+    path = lg.active_segment.log_path
+    lg.close()
+    data = path.read_bytes()
+    path.write_bytes(data + batch(3)[:-7])  # a half-written batch
+    again = open_log(tmp_path / "t-0", recovery_point=0)
+    assert again.log_end_offset == 20
+    assert path.stat().st_size == len(data)
+    again.append_as_leader(batch(1), leader_epoch=0, now_ms=0)
+    assert [r.offset for r in read_all(again)] == list(range(21))
+
+
+def test_interrupted_compaction_swap_is_completed(tmp_path: Path) -> None:
+    lg = _compacted(tmp_path)
+    for i in range(30):
+        lg.append_as_leader(batch(1, key=f"k{i % 3}".encode(), value=b"v" * 30), 0, now_ms=0)
+    lg.roll()
+    lg.close()
+    seg_dir = tmp_path / "c-0"
+    base = sorted(seg_dir.glob("*.log"))[0]
+    # Simulate a crash after the cleaned segment was renamed .swap, before the old one went:
+    # here the swap holds the same batches minus its last one.
+    raw = base.read_bytes()
+    headers = list(fmt.iter_headers(raw))
+    last_pos = headers[-1][0]
+    (seg_dir / (base.name + ".swap")).write_bytes(raw[:last_pos])
+    (seg_dir / (base.name.replace(".log", ".index") + ".cleaned")).write_bytes(b"junk")
+    again = _compacted(tmp_path)
+    assert not list(seg_dir.glob("*.swap")) and not list(seg_dir.glob("*.cleaned"))
+    assert base.stat().st_size == last_pos
+    assert again.log_end_offset == 30

@@ -1,0 +1,108 @@
+"""The LogManager: many partitions, checkpoints, clean and unclean restarts, bad partitions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kcoord.storage import checkpoint
+from kcoord.storage.config import LogConfig
+from kcoord.storage.manager import CLEAN_SHUTDOWN_FILE, LogManager
+from tests.unit.storage.helpers import batch, read_all
+
+CONFIG = LogConfig(segment_bytes=1_000, index_interval_bytes=100)
+
+
+def _filled(data_dir: Path) -> LogManager:
+    mgr = LogManager(data_dir, CONFIG)
+    mgr.open()
+    for p in range(3):
+        lg = mgr.get_or_create_log(("orders", p), topic_id="AAAAAAAAAAAAAAAAAAAAAA")
+        for _ in range(10 * (p + 1)):
+            lg.append_as_leader(batch(2, value=b"x" * 50), leader_epoch=1, now_ms=0)
+    mgr.get_or_create_log(("my-topic-with-dashes", 12))
+    return mgr
+
+
+def test_clean_shutdown_and_reopen(tmp_path: Path) -> None:
+    mgr = _filled(tmp_path)
+    mgr.write_high_watermarks({("orders", 0): 20})
+    mgr.shutdown()
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    points = checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT)
+    assert points == {
+        ("orders", 0): 20,
+        ("orders", 1): 40,
+        ("orders", 2): 60,
+        ("my-topic-with-dashes", 12): 0,
+    }
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert again.had_clean_shutdown and not again.recovery_reports
+    assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    assert {tp: lg.log_end_offset for tp, lg in again} == {
+        ("my-topic-with-dashes", 12): 0,
+        ("orders", 0): 20,
+        ("orders", 1): 40,
+        ("orders", 2): 60,
+    }
+    assert again.read_high_watermarks() == {("orders", 0): 20}
+    lg = again.get_log(("orders", 0))
+    assert lg is not None and lg.topic_id == "AAAAAAAAAAAAAAAAAAAAAA"
+
+
+def test_unclean_restart_recovers_from_recovery_points(tmp_path: Path) -> None:
+    mgr = _filled(tmp_path)
+    mgr.checkpoint_recovery_points()
+    # No shutdown: the process "died". Everything written through the OS is there.
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert not again.had_clean_shutdown
+    assert again.recovery_reports  # the active segments were recovered
+    assert [r.offset for r in read_all(again.logs[("orders", 2)])] == list(range(60))
+
+
+def test_bad_partition_is_offline_and_others_serve(tmp_path: Path) -> None:
+    mgr = _filled(tmp_path)
+    mgr.shutdown()
+    broken = tmp_path / "orders-1"
+    (broken / "00000000000000000000.log").chmod(0o000)
+    os.rename(broken / "00000000000000000000.log", broken / "00000000000000000000.log.bak")
+    (broken / "00000000000000000000.log").mkdir()  # a directory where a segment should be
+    (tmp_path / "not-a-partition").mkdir()
+    (tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT).write_bytes(b"\x00garbage\xff")
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert ("orders", 1) in again.offline
+    assert [r.offset for r in read_all(again.logs[("orders", 0)])] == list(range(20))
+    assert [r.offset for r in read_all(again.logs[("orders", 2)])] == list(range(60))
+
+
+def test_delete_log_removes_directory(tmp_path: Path) -> None:
+    mgr = _filled(tmp_path)
+    mgr.delete_log(("orders", 0))
+    assert not (tmp_path / "orders-0").exists()
+    assert mgr.get_log(("orders", 0)) is None
+    mgr.shutdown()
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert ("orders", 0) not in again.logs
+
+
+def test_retention_and_compaction_across_logs(tmp_path: Path) -> None:
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    compacted = mgr.get_or_create_log(
+        ("__consumer_offsets", 0),
+        LogConfig(segment_bytes=500, cleanup_policy=frozenset({"compact"})),
+    )
+    for i in range(40):
+        compacted.append_as_leader(batch(1, key=f"g{i % 2}".encode()), 0, now_ms=0)
+    deleting = mgr.get_or_create_log(("t", 0), LogConfig(segment_bytes=500, retention_bytes=600))
+    for _ in range(40):
+        deleting.append_as_leader(batch(1, value=b"x" * 40), 0, now_ms=0)
+    stats = mgr.run_compaction(now_ms=0)
+    assert stats.records_kept < stats.records_read
+    assert mgr.run_retention(now_ms=0) > 0
+    assert deleting.log_start_offset > 0
+    assert checkpoint.read_offsets(tmp_path / checkpoint.LOG_START_OFFSET_CHECKPOINT)[("t", 0)] > 0
