@@ -1,0 +1,1183 @@
+"""The active controller's decisions: pure functions from (image, request, now) to records.
+
+Theory of operation
+-------------------
+The Raft leader of the metadata quorum is the active controller (KIP-631). It decides; the log
+records its decisions; every node (the controller included) replays them into its
+``MetadataImage``. This module is the deciding part, following Kafka's ``QuorumController``,
+``ClusterControlManager``, ``ReplicationControlManager``, ``PartitionChangeBuilder``,
+``BrokerHeartbeatManager`` and ``StripedReplicaPlacer``:
+
+- Every decision takes the current (committed) image and, where time matters, ``now_ms``, and
+  returns a ``ControllerResult(records, response)``: the records to propose as one atomic batch
+  and the reply for the caller. Nothing here mutates the image; the image changes only when the
+  records are committed and replayed.
+- The only state of its own is soft state (``BrokerHeartbeatManager``): last heartbeat time and
+  reported metadata offset per broker, and recently proposed fencing transitions. It is not in
+  the log. After a controller failover, the new active controller starts with fresh soft state,
+  counting every broker's session from its activation ("we may take some extra time to fence
+  brokers", ``BrokerHeartbeatManager`` javadoc).
+- Decisions that touch several partitions compute each change on top of the previous ones
+  (``_Working``), so one batch may change the same partition twice. Each ``PartitionChange``
+  carries the partition epoch it was computed from; if two decisions race on the same
+  committed image, replay refuses the later one on every node (see ``records.py``). The node
+  should run decisions one at a time and propose the next only after the previous batch is
+  applied (as Kafka's single-threaded ``QuorumController`` does); the epoch check keeps
+  races harmless when it does not.
+
+Broker lifecycle (``ClusterControlManager``, ``BrokerHeartbeatManager``):
+
+- ``register_broker``: a new incarnation gets a new broker epoch, ``last_offset + 1`` of the
+  image (Kafka uses the offset the ``RegisterBrokerRecord`` will be written at; ours is that
+  offset if nothing else is in flight, and never more than it), and always above the broker's
+  previous epoch. It starts fenced. The same incarnation registering again (a retried request)
+  gets its current epoch back and writes nothing. Another incarnation of a broker id whose
+  session is still valid is refused with ``DUPLICATE_BROKER_REGISTRATION``. When a new
+  incarnation replaces an old one, the old one is first removed from every ISR and its
+  leaderships moved, like a fenced broker (``ReplicationControlManager.handleBrokerShutdown``).
+- ``broker_heartbeat``: refreshes the session; a fenced broker is unfenced once its metadata
+  offset reaches its broker epoch, i.e. it has replayed everything that was committed when its
+  registration was decided (``calculateNextBrokerState``: ``currentMetadataOffset >=
+  registerBrokerRecordOffset``; the broker epoch is a lower bound of that offset).
+  ``want_fence`` fences; ``want_shut_down`` fences (moving leaderships away, a simple controlled
+  shutdown) and answers ``should_shut_down`` once the broker is fenced and has replayed the log
+  past the fencing.
+- ``maybe_fence_stale_brokers``: fences every unfenced broker without a heartbeat for more than
+  ``broker_session_timeout_ms`` (``BrokerHeartbeatTracker.isExpired``: expired when
+  ``last_contact + timeout < now``).
+
+Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
+
+- ``create_topic`` places replicas with ``place_replicas``: each partition's leader is the
+  unfenced broker leading the fewest partitions in the whole cluster (existing topics
+  included), ties broken by fewest replicas and then round-robin from the previous leader, so
+  leader counts of unfenced brokers differ by at most one after placement if they did before;
+  the second replica, which takes over when the leader fails, is chosen so that leader counts
+  stay within one after any single broker fails; the other followers go to the brokers with
+  the fewest replicas, unfenced first, striped after the leader (``StripedReplicaPlacer``).
+  The ISR is the unfenced replicas.
+- ``create_offsets_topic``: ``__consumer_offsets`` with ``offsets_topic_num_partitions``
+  partitions and replication factor ``min(offsets_topic_replication_factor, registered
+  brokers)``.
+- Fencing a broker removes it from every ISR and elects new leaders where it led
+  (``handleBrokerFenced``); unfencing elects it where a partition has no leader and it is
+  eligible (``handleBrokerUnfenced``). Election (``build_partition_change``): a live ISR
+  member (the current leader if still valid, else the first in replica order); if the ISR is
+  empty, a live ELR member (KIP-966); never a replica outside the ISR/ELR unless the topic (or
+  cluster) config ``unclean.leader.election.enable`` is true. Every leader change bumps the
+  leader epoch and every change the partition epoch (``PartitionState.merge``).
+- KIP-966 in a simple form, with ``eligible_leader_replicas_enabled``: when the ISR shrinks
+  below the effective ``min.insync.replicas`` (``min(config, replication factor)``), the
+  replicas leaving it join the ELR; once the ISR is back at min ISR the ELR is cleared; the ISR
+  may become empty (without ELR the last ISR member stays in the ISR of a leaderless
+  partition, as in Kafka). ``last_known_elr`` keeps the last leader when the ISR first
+  empties (Kafka's "last known leader" mode). Deviation from Kafka: Kafka's balanced recovery
+  elects that last known leader even without unclean election; kcoord elects it only when
+  unclean leader election is enabled. Removing a restarted broker from the ELR on an unclean
+  shutdown (KIP-966 ``PreviousBrokerEpoch``) is off unless
+  ``unclean_shutdown_detection_enabled``: a SIGKILLed process loses no written data (the page
+  cache survives it), so only a machine crash can make a restart unclean.
+- ``alter_partition`` validates an ISR change requested by a partition leader
+  (``ReplicationControlManager.alterPartition``/``validateAlterPartitionData``).
+- ``elect_preferred_leaders`` moves leadership back to the first replica where it is a live ISR
+  member (Kafka's auto leader rebalance, ``maybeBalancePartitionLeaders``), e.g. after a fenced
+  broker came back and rejoined the ISR.
+
+Pure: no I/O, no clock, no randomness (ids and time are arguments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final, Generic, NamedTuple, TypeVar
+
+from kcoord.raft.errors import Errors
+from kcoord.raft.image import (
+    ConfigResource,
+    MetadataImage,
+    PartitionState,
+    TopicIdPartition,
+    TopicImage,
+    partition_state_error,
+)
+from kcoord.raft.records import (
+    NO_LEADER,
+    NO_LEADER_CHANGE,
+    ClusterId,
+    ConfigResourceType,
+    FenceBroker,
+    MetadataRecord,
+    Partition,
+    PartitionChange,
+    RegisterBroker,
+    RemoveTopic,
+    Topic,
+    UnfenceBroker,
+)
+
+T = TypeVar("T")
+
+OFFSETS_TOPIC_NAME: Final = "__consumer_offsets"
+MIN_INSYNC_REPLICAS_CONFIG: Final = "min.insync.replicas"
+UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG: Final = "unclean.leader.election.enable"
+# Kafka's Topic.MAX_NAME_LENGTH and legal characters (Topic.validate).
+_TOPIC_NAME_MAX_LENGTH: Final = 249
+_TOPIC_NAME_CHARS: Final = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Controller settings; where Kafka has the same config, the name is Kafka's with
+    underscores for dots."""
+
+    # Fence a broker without a heartbeat for this long (Kafka's default is 9000 ms; kcoord
+    # detects failures faster, DESIGN.md section 8).
+    broker_session_timeout_ms: int = 3000
+    # Do not propose the same fence/unfence of a broker again for this long while the first
+    # proposal may still be in flight.
+    fencing_proposal_backoff_ms: int = 1000
+    num_partitions: int = 1  # num.partitions, for topics created without a partition count
+    default_replication_factor: int = 1  # default.replication.factor
+    min_insync_replicas: int = 1  # min.insync.replicas, when neither topic nor cluster says
+    unclean_leader_election_enable: bool = False
+    eligible_leader_replicas_enabled: bool = True  # eligible.leader.replicas.version=1
+    unclean_shutdown_detection_enabled: bool = False
+    offsets_topic_num_partitions: int = 50
+    offsets_topic_replication_factor: int = 3
+    offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ControllerResult(Generic[T]):
+    """Records to propose as one atomic batch, and the reply (Kafka's ``ControllerResult``)."""
+
+    records: tuple[MetadataRecord, ...]
+    response: T
+
+
+# ------------------------------------------------------------------------ requests, replies
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistrationRequest:
+    """Kafka's ``BrokerRegistrationRequest`` (apiKey 62), as kcoord needs it.
+
+    ``cluster_id`` None skips the cluster id check. ``previous_broker_epoch`` is the epoch the
+    broker held when it last shut down cleanly, or -1 (KIP-966).
+    """
+
+    broker_id: int
+    incarnation_id: str
+    endpoints: Mapping[str, str]
+    rack: str | None = None
+    cluster_id: str | None = None
+    previous_broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistrationReply:
+    error: Errors
+    broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeatRequest:
+    """Kafka's ``BrokerHeartbeatRequest`` (apiKey 63)."""
+
+    broker_id: int
+    broker_epoch: int
+    current_metadata_offset: int
+    want_fence: bool = False
+    want_shut_down: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHeartbeatReply:
+    """Kafka's ``BrokerHeartbeatResponse``; ``is_fenced`` is the state once the records apply."""
+
+    error: Errors
+    is_caught_up: bool = False
+    is_fenced: bool = True
+    should_shut_down: bool = False
+
+
+class BrokerState(NamedTuple):
+    """An ISR member in an AlterPartition request; epoch -1 skips the epoch check (KIP-841)."""
+
+    broker_id: int
+    broker_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionItem:
+    """One partition of an AlterPartition request (Kafka's ``PartitionData``)."""
+
+    topic_id: str
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[BrokerState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionRequest:
+    """Kafka's ``AlterPartitionRequest`` (apiKey 56), sent by partition leaders."""
+
+    broker_id: int
+    broker_epoch: int
+    partitions: tuple[AlterPartitionItem, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionResult:
+    """The outcome for one partition; on success, the partition state after the change."""
+
+    topic_id: str
+    partition: int
+    error: Errors
+    leader: int = NO_LEADER
+    leader_epoch: int = -1
+    partition_epoch: int = -1
+    isr: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AlterPartitionResponse:
+    error: Errors
+    partitions: tuple[AlterPartitionResult, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CreateTopicResult:
+    error: Errors
+    message: str = ""
+    topic_id: str = ""
+    num_partitions: int = -1
+    replication_factor: int = -1
+
+
+# ------------------------------------------------------------------------ soft state
+
+
+@dataclass(slots=True)
+class _BrokerSession:
+    broker_epoch: int
+    last_contact_ms: int
+    metadata_offset: int = -1
+    # Offset from which the broker, fenced for a controlled shutdown, may shut down.
+    controlled_shutdown_offset: int | None = None
+
+
+class BrokerHeartbeatManager:
+    """Soft state about broker heartbeats (Kafka's ``BrokerHeartbeatManager`` and
+    ``BrokerHeartbeatTracker``); lives only on the active controller, never in the log.
+
+    A session is keyed by (broker id, broker epoch). A broker this controller has not heard
+    from since it became active is counted as last heard at ``activated_at_ms`` for fencing,
+    but has no valid session for duplicate-registration checks (as in Kafka, where an unknown
+    session is not valid).
+    """
+
+    __slots__ = ("_activated_at_ms", "_proposed", "_sessions", "session_timeout_ms")
+
+    def __init__(self, session_timeout_ms: int, activated_at_ms: int) -> None:
+        assert session_timeout_ms > 0, session_timeout_ms
+        self.session_timeout_ms = session_timeout_ms
+        self._activated_at_ms = activated_at_ms
+        self._sessions: dict[int, _BrokerSession] = {}
+        # broker id -> (broker epoch, fenced, proposed at ms) of the last fencing transition
+        # proposed, to avoid proposing it again while it is in flight.
+        self._proposed: dict[int, tuple[int, bool, int]] = {}
+
+    def touch(
+        self, broker_id: int, broker_epoch: int, now_ms: int, metadata_offset: int = -1
+    ) -> None:
+        """Record a heartbeat (or registration) from this broker incarnation at ``now_ms``."""
+        session = self._sessions.get(broker_id)
+        if session is None or session.broker_epoch != broker_epoch:
+            self._sessions[broker_id] = _BrokerSession(broker_epoch, now_ms, metadata_offset)
+            return
+        session.last_contact_ms = max(session.last_contact_ms, now_ms)
+        session.metadata_offset = max(session.metadata_offset, metadata_offset)
+
+    def last_contact_ms(self, broker_id: int, broker_epoch: int) -> int | None:
+        session = self._sessions.get(broker_id)
+        if session is None or session.broker_epoch != broker_epoch:
+            return None
+        return session.last_contact_ms
+
+    def metadata_offset(self, broker_id: int, broker_epoch: int) -> int:
+        """The last metadata offset this broker incarnation reported, or -1."""
+        session = self._sessions.get(broker_id)
+        if session is None or session.broker_epoch != broker_epoch:
+            return -1
+        return session.metadata_offset
+
+    def has_valid_session(self, broker_id: int, broker_epoch: int, now_ms: int) -> bool:
+        last = self.last_contact_ms(broker_id, broker_epoch)
+        return last is not None and not self._expired(last, now_ms)
+
+    def is_expired(self, broker_id: int, broker_epoch: int, now_ms: int) -> bool:
+        """True if the session timed out; counts from activation when never heard from."""
+        last = self.last_contact_ms(broker_id, broker_epoch)
+        return self._expired(self._activated_at_ms if last is None else last, now_ms)
+
+    def _expired(self, last_contact_ms: int, now_ms: int) -> bool:
+        # BrokerHeartbeatTracker.isExpired: strictly more than the timeout has passed.
+        return last_contact_ms + self.session_timeout_ms < now_ms
+
+    def controlled_shutdown_offset(self, broker_id: int, broker_epoch: int) -> int | None:
+        session = self._sessions.get(broker_id)
+        if session is None or session.broker_epoch != broker_epoch:
+            return None
+        return session.controlled_shutdown_offset
+
+    def set_controlled_shutdown_offset(
+        self, broker_id: int, broker_epoch: int, offset: int
+    ) -> None:
+        session = self._sessions.get(broker_id)
+        assert session is not None and session.broker_epoch == broker_epoch, broker_id
+        if session.controlled_shutdown_offset is None:
+            session.controlled_shutdown_offset = offset
+
+    def recently_proposed(
+        self, broker_id: int, broker_epoch: int, fenced: bool, now_ms: int, backoff_ms: int
+    ) -> bool:
+        proposed = self._proposed.get(broker_id)
+        if proposed is None:
+            return False
+        epoch, was_fenced, at_ms = proposed
+        return epoch == broker_epoch and was_fenced == fenced and now_ms - at_ms < backoff_ms
+
+    def note_proposed(self, broker_id: int, broker_epoch: int, fenced: bool, now_ms: int) -> None:
+        self._proposed[broker_id] = (broker_epoch, fenced, now_ms)
+
+
+# ------------------------------------------------------------------------ placement
+
+
+class UsableBroker(NamedTuple):
+    """A registered broker as placement sees it (Kafka's ``UsableBroker``, without rack)."""
+
+    broker_id: int
+    fenced: bool
+
+
+class PlacementError(Exception):
+    """Replicas cannot be placed; ``error`` is the Kafka error code to answer."""
+
+    def __init__(self, error: Errors, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+def place_replicas(
+    brokers: Iterable[UsableBroker],
+    num_partitions: int,
+    replication_factor: int,
+    *,
+    leader_counts: Mapping[int, int] | None = None,
+    replica_counts: Mapping[int, int] | None = None,
+    successor_counts: Mapping[tuple[int, int], int] | None = None,
+) -> list[tuple[int, ...]]:
+    """Choose the replicas of ``num_partitions`` new partitions; the first is the leader.
+
+    ``leader_counts`` and ``replica_counts`` are the partitions each broker already leads and
+    hosts; ``successor_counts[(a, b)]`` how many partitions have ``a`` first and ``b`` second
+    in their replica list (all empty by default).
+
+    - Leaders (first pass): an unfenced broker with the fewest leaders, then the fewest
+      replicas, then the next in round-robin order after the previous leader. So the leader
+      counts of unfenced brokers never spread further apart, and end at most one apart if they
+      started so.
+    - Second replica, the successor (second pass): when a broker fails, the first live ISR
+      member of each partition it led takes over, normally the second replica. For each
+      partition of leader ``a``, the successor is the broker ``b`` with the smallest
+      ``final leader count of b + successor_counts[(a, b)]`` (water-filling), so that after
+      any one broker fails the survivors' leader counts stay within one of each other.
+    - Other followers: the brokers with the fewest replicas.
+
+    Followers prefer unfenced brokers; ties go round-robin from an offset that advances with
+    each partition the leader gets (``StripedReplicaPlacer``'s stripes). Balancing failover
+    comes first: with two replicas per partition the replica counts may spread by a few.
+    Constraints as in ``StripedReplicaPlacer``: at most one replica per broker, the leader
+    unfenced. Deterministic: the same inputs give the same placement.
+    """
+    by_id = {b.broker_id: b for b in brokers}
+    ring = sorted(by_id)
+    if replication_factor <= 0:
+        raise PlacementError(
+            Errors.INVALID_REPLICATION_FACTOR,
+            f"Invalid replication factor {replication_factor}: the replication factor must be "
+            "positive.",
+        )
+    if num_partitions <= 0:
+        raise PlacementError(
+            Errors.INVALID_PARTITIONS,
+            f"Invalid number of partitions {num_partitions}: it must be positive.",
+        )
+    if replication_factor > len(ring):
+        raise PlacementError(
+            Errors.INVALID_REPLICATION_FACTOR,
+            f"The target replication factor of {replication_factor} cannot be reached because "
+            f"only {len(ring)} broker(s) are registered.",
+        )
+    unfenced = [b for b in ring if not by_id[b].fenced]
+    if not unfenced:
+        raise PlacementError(Errors.INVALID_REPLICATION_FACTOR, "All brokers are currently fenced.")
+    leaders = {b: (leader_counts or {}).get(b, 0) for b in ring}
+    replicas = {b: (replica_counts or {}).get(b, 0) for b in ring}
+    successors = dict(successor_counts or {})
+    position = {b: i for i, b in enumerate(ring)}
+    n = len(ring)
+
+    # Pass 1: the leaders, round-robin over the least loaded unfenced brokers.
+    chosen_leaders: list[int] = []
+    cursor = 0
+    for _ in range(num_partitions):
+        leader = min(unfenced, key=lambda b: (leaders[b], replicas[b], (position[b] - cursor) % n))
+        chosen_leaders.append(leader)
+        leaders[leader] += 1
+        replicas[leader] += 1
+        cursor = (position[leader] + 1) % n
+
+    # Pass 2: the followers. ``leaders`` now holds the final leader counts.
+    placements: list[tuple[int, ...]] = []
+    led_so_far: dict[int, int] = {}
+    for leader in chosen_leaders:
+        start = position[leader] + 1
+        shift = led_so_far.get(leader, 0)
+        led_so_far[leader] = shift + 1
+
+        def stripe(b: int, start: int = start, shift: int = shift) -> int:
+            # Ring order after the leader, rotated by how many partitions the leader got.
+            return ((position[b] - start) % n - shift) % (n - 1)
+
+        chosen = [leader]
+        others = [b for b in ring if b != leader]
+        if replication_factor > 1:
+            # If the leader fails, the successor takes this partition over: water-fill, so
+            # that every survivor ends up leading about as many partitions as the others.
+            successor = min(
+                others,
+                key=lambda b: (
+                    by_id[b].fenced,
+                    leaders[b] + successors.get((leader, b), 0),
+                    replicas[b],
+                    stripe(b),
+                ),
+            )
+            successors[(leader, successor)] = successors.get((leader, successor), 0) + 1
+            chosen.append(successor)
+            others.remove(successor)
+            others.sort(key=lambda b: (by_id[b].fenced, replicas[b], stripe(b)))
+            chosen.extend(others[: replication_factor - 2])
+        for b in chosen[1:]:
+            replicas[b] += 1
+        placements.append(tuple(chosen))
+    return placements
+
+
+# ------------------------------------------------------------------------ elections
+
+
+class Election(Enum):
+    """Kafka's ``PartitionChangeBuilder.Election``."""
+
+    PREFERRED = "preferred"  # the first replica if it is eligible, else as ONLINE
+    ONLINE = "online"  # keep the leader if eligible, else the first eligible ISR/ELR member
+    UNCLEAN = "unclean"  # as ONLINE, then any live replica (may lose committed data)
+
+
+def build_partition_change(
+    partition: PartitionState,
+    *,
+    is_acceptable_leader: Callable[[int], bool],
+    min_isr: int,
+    elr_enabled: bool,
+    election: Election = Election.ONLINE,
+    target_isr: Sequence[int] | None = None,
+    unclean_shutdown_replicas: Collection[int] = (),
+) -> PartitionChange | None:
+    """The change that moves ``partition`` to ``target_isr`` (default: unchanged) and gives it
+    an eligible leader, or None if nothing changes (Kafka's ``PartitionChangeBuilder.build``).
+
+    Steps, in Kafka's order: recompute the ELR from the target ISR (KIP-966); elect a leader;
+    an ELR leader makes the ISR just itself, an unclean one too (and clears the ELR); set the
+    ISR (it may be empty only with ELR); remember the last known leader when the ISR empties.
+    ``is_acceptable_leader`` says whether a broker is alive (unfenced) and allowed to lead.
+    """
+    isr = tuple(partition.isr if target_isr is None else target_isr)
+    elr = partition.elr
+    if elr_enabled:
+        # maybePopulateTargetElr: below min ISR, replicas that leave the ISR stay eligible.
+        if len(isr) >= min_isr:
+            elr = ()
+        else:
+            candidates = set(partition.elr) | set(partition.isr)
+            elr = tuple(
+                r
+                for r in partition.replicas
+                if r in candidates and r not in isr and r not in unclean_shutdown_replicas
+            )
+
+    leader, unclean = _elect_leader(
+        partition, isr, elr, election, is_acceptable_leader, elr_enabled=elr_enabled
+    )
+    record_leader = NO_LEADER_CHANGE
+    record_isr: tuple[int, ...] | None = None
+    if leader != partition.leader:
+        if leader in elr:
+            isr = (leader,)
+            elr = tuple(r for r in elr if r != leader)
+        record_leader = leader
+        if unclean:
+            # An unclean election forcibly makes the ISR just the new leader (data loss).
+            record_isr = (leader,)
+
+    # maybeUpdateRecordElr: an unclean election, or ELR being off, clears the ELR.
+    if record_isr is not None or not elr_enabled:
+        elr = ()
+    record_elr = elr if elr != partition.elr else None
+
+    # Without ELR the ISR never becomes empty: the last member stays (leaderless partition).
+    if record_isr is None and (isr or elr_enabled) and isr != partition.isr:
+        record_isr = isr
+
+    # maybeUpdateLastKnownLeader ("last known leader" mode of KIP-966).
+    record_last_known_elr: tuple[int, ...] | None = None
+    if elr_enabled:
+        if (
+            record_isr == ()
+            and partition.leader != NO_LEADER
+            and partition.last_known_elr != (partition.leader,)
+        ):
+            record_last_known_elr = (partition.leader,)
+        elif partition.last_known_elr and (
+            record_leader >= 0 or NO_LEADER not in (partition.leader, record_leader)
+        ):
+            record_last_known_elr = ()
+
+    if (
+        record_leader == NO_LEADER_CHANGE
+        and record_isr is None
+        and record_elr is None
+        and record_last_known_elr is None
+    ):
+        return None
+    return PartitionChange(
+        topic_id=partition.topic_id,
+        partition=partition.partition,
+        expected_partition_epoch=partition.partition_epoch,
+        leader=record_leader,
+        isr=record_isr,
+        elr=record_elr,
+        last_known_elr=record_last_known_elr,
+    )
+
+
+def _elect_leader(
+    partition: PartitionState,
+    isr: tuple[int, ...],
+    elr: tuple[int, ...],
+    election: Election,
+    is_acceptable_leader: Callable[[int], bool],
+    *,
+    elr_enabled: bool,
+) -> tuple[int, bool]:
+    """(leader, unclean) following ``PartitionChangeBuilder.electLeader``."""
+
+    def is_valid(replica: int) -> bool:
+        # isValidNewLeader: an ISR member, or an ELR member when the ISR is empty; alive.
+        eligible = replica in isr or (not isr and replica in elr)
+        return eligible and is_acceptable_leader(replica)
+
+    if election is Election.PREFERRED and is_valid(partition.preferred_leader):
+        return partition.preferred_leader, False
+    if partition.leader != NO_LEADER and is_valid(partition.leader):
+        return partition.leader, False
+    for replica in partition.replicas:
+        if is_valid(replica):
+            return replica, False
+    if election is Election.UNCLEAN:
+        # Kafka tries the last known leader first (balanced recovery) whatever the election
+        # type; kcoord does so only when unclean election is allowed.
+        last_known = partition.last_known_elr
+        if (
+            elr_enabled
+            and not isr
+            and not elr
+            and len(last_known) == 1
+            and is_acceptable_leader(last_known[0])
+        ):
+            return last_known[0], True
+        for replica in partition.replicas:
+            if is_acceptable_leader(replica):
+                return replica, True
+    return NO_LEADER, False
+
+
+class _Working:
+    """The image plus the changes of the decision being built (never written to the image)."""
+
+    __slots__ = ("_fenced", "_partitions", "image")
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.image = image
+        self._partitions: dict[TopicIdPartition, PartitionState] = {}
+        self._fenced: dict[int, bool] = {}
+
+    def partition(self, tp: TopicIdPartition) -> PartitionState:
+        state = self._partitions.get(tp)
+        if state is None:
+            state = self.image.partition(tp.topic_id, tp.partition)
+            assert state is not None, tp
+        return state
+
+    def is_unfenced(self, broker_id: int) -> bool:
+        if broker_id in self._fenced:
+            return not self._fenced[broker_id]
+        return not self.image.is_fenced(broker_id)
+
+    def set_fenced(self, broker_id: int, fenced: bool) -> None:
+        self._fenced[broker_id] = fenced
+
+    def change(self, change: PartitionChange) -> PartitionState:
+        tp = TopicIdPartition(change.topic_id, change.partition)
+        before = self.partition(tp)
+        assert change.expected_partition_epoch == before.partition_epoch, (change, before)
+        after = before.merge(change)
+        reason = partition_state_error(after)
+        assert reason is None, (reason, change, before)
+        self._partitions[tp] = after
+        return after
+
+    def partitions_where(
+        self, candidates: Iterable[PartitionState], predicate: Callable[[PartitionState], bool]
+    ) -> list[TopicIdPartition]:
+        """Partitions among ``candidates`` (from the image) and the changed ones that match."""
+        tps = {state.tp for state in candidates} | self._partitions.keys()
+        return sorted(tp for tp in tps if predicate(self.partition(tp)))
+
+
+# ------------------------------------------------------------------------ the controller
+
+
+class Controller:
+    """The active controller's decisions and soft state; see the module docstring.
+
+    Create one when this node becomes the active controller (``activated_at_ms`` from the
+    monotonic clock) and drop it when it stops being active.
+    """
+
+    __slots__ = ("config", "heartbeats")
+
+    def __init__(self, config: ControllerConfig, activated_at_ms: int) -> None:
+        self.config = config
+        self.heartbeats = BrokerHeartbeatManager(config.broker_session_timeout_ms, activated_at_ms)
+
+    # ---------------------------------------------------------------- cluster id
+
+    def maybe_write_cluster_id(
+        self, image: MetadataImage, cluster_id: str
+    ) -> ControllerResult[str]:
+        """Write the cluster id if the image has none; the reply is the cluster's id."""
+        assert cluster_id, "empty cluster id"
+        if image.cluster_id is not None:
+            return ControllerResult((), image.cluster_id)
+        return ControllerResult((ClusterId(cluster_id),), cluster_id)
+
+    # ---------------------------------------------------------------- brokers
+
+    def register_broker(
+        self, image: MetadataImage, request: BrokerRegistrationRequest, now_ms: int
+    ) -> ControllerResult[BrokerRegistrationReply]:
+        """Handle a BrokerRegistration (``ClusterControlManager.registerBroker``)."""
+        if (
+            request.cluster_id is not None
+            and image.cluster_id is not None
+            and request.cluster_id != image.cluster_id
+        ):
+            return ControllerResult((), BrokerRegistrationReply(Errors.INCONSISTENT_CLUSTER_ID))
+        if request.broker_id < 0 or not request.incarnation_id:
+            return ControllerResult((), BrokerRegistrationReply(Errors.INVALID_REQUEST))
+        existing = image.broker(request.broker_id)
+        if existing is not None and existing.incarnation_id == request.incarnation_id:
+            # The same incarnation again (its reply was lost): idempotent.
+            self.heartbeats.touch(request.broker_id, existing.broker_epoch, now_ms)
+            return ControllerResult((), BrokerRegistrationReply(Errors.NONE, existing.broker_epoch))
+        if existing is not None and self.heartbeats.has_valid_session(
+            existing.broker_id, existing.broker_epoch, now_ms
+        ):
+            # Another live process holds this broker id.
+            return ControllerResult(
+                (), BrokerRegistrationReply(Errors.DUPLICATE_BROKER_REGISTRATION)
+            )
+        broker_epoch = image.last_offset + 1
+        if existing is not None:
+            broker_epoch = max(broker_epoch, existing.broker_epoch + 1)
+        records: list[MetadataRecord] = []
+        if existing is not None:
+            clean = request.previous_broker_epoch == existing.broker_epoch
+            self._handle_broker_shutdown(_Working(image), existing.broker_id, clean, records)
+        records.append(
+            RegisterBroker(
+                broker_id=request.broker_id,
+                incarnation_id=request.incarnation_id,
+                broker_epoch=broker_epoch,
+                endpoints=dict(request.endpoints),
+                rack=request.rack,
+                fenced=True,
+            )
+        )
+        self.heartbeats.touch(request.broker_id, broker_epoch, now_ms)
+        return ControllerResult(tuple(records), BrokerRegistrationReply(Errors.NONE, broker_epoch))
+
+    def broker_heartbeat(
+        self, image: MetadataImage, request: BrokerHeartbeatRequest, now_ms: int
+    ) -> ControllerResult[BrokerHeartbeatReply]:
+        """Handle a BrokerHeartbeat (``processBrokerHeartbeat``, ``calculateNextBrokerState``)."""
+        registration = image.broker(request.broker_id)
+        if registration is None or registration.broker_epoch != request.broker_epoch:
+            return ControllerResult((), BrokerHeartbeatReply(Errors.STALE_BROKER_EPOCH))
+        broker_id, broker_epoch = registration.broker_id, registration.broker_epoch
+        offset = request.current_metadata_offset
+        self.heartbeats.touch(broker_id, broker_epoch, now_ms, offset)
+        caught_up = offset >= broker_epoch
+        backoff_ms = self.config.fencing_proposal_backoff_ms
+        if registration.fenced:
+            if request.want_shut_down:
+                shutdown_offset = self.heartbeats.controlled_shutdown_offset(
+                    broker_id, broker_epoch
+                )
+                may_shut_down = shutdown_offset is None or offset >= shutdown_offset
+                return ControllerResult(
+                    (), BrokerHeartbeatReply(Errors.NONE, caught_up, True, may_shut_down)
+                )
+            if request.want_fence or not caught_up:
+                return ControllerResult((), BrokerHeartbeatReply(Errors.NONE, caught_up, True))
+            records: list[MetadataRecord] = []
+            if not self.heartbeats.recently_proposed(
+                broker_id, broker_epoch, False, now_ms, backoff_ms
+            ):
+                self._handle_broker_unfenced(_Working(image), broker_id, broker_epoch, records)
+                self.heartbeats.note_proposed(broker_id, broker_epoch, False, now_ms)
+            return ControllerResult(tuple(records), BrokerHeartbeatReply(Errors.NONE, True, False))
+        if request.want_fence or request.want_shut_down:
+            records = []
+            if not self.heartbeats.recently_proposed(
+                broker_id, broker_epoch, True, now_ms, backoff_ms
+            ):
+                self._handle_broker_fenced(_Working(image), broker_id, records)
+                self.heartbeats.note_proposed(broker_id, broker_epoch, True, now_ms)
+            if request.want_shut_down:
+                # The broker may go once it has replayed past the records fencing it.
+                self.heartbeats.set_controlled_shutdown_offset(
+                    broker_id, broker_epoch, image.last_offset + 1
+                )
+            return ControllerResult(
+                tuple(records), BrokerHeartbeatReply(Errors.NONE, caught_up, True, False)
+            )
+        return ControllerResult((), BrokerHeartbeatReply(Errors.NONE, caught_up, False))
+
+    def maybe_fence_stale_brokers(
+        self, image: MetadataImage, now_ms: int
+    ) -> ControllerResult[tuple[int, ...]]:
+        """Fence the unfenced brokers whose session expired; the reply lists them."""
+        working = _Working(image)
+        records: list[MetadataRecord] = []
+        fenced: list[int] = []
+        backoff_ms = self.config.fencing_proposal_backoff_ms
+        for broker_id in image.unfenced_broker_ids():
+            epoch = image.brokers[broker_id].broker_epoch
+            if not self.heartbeats.is_expired(broker_id, epoch, now_ms):
+                continue
+            if self.heartbeats.recently_proposed(broker_id, epoch, True, now_ms, backoff_ms):
+                continue
+            self._handle_broker_fenced(working, broker_id, records)
+            self.heartbeats.note_proposed(broker_id, epoch, True, now_ms)
+            fenced.append(broker_id)
+        return ControllerResult(tuple(records), tuple(fenced))
+
+    def _handle_broker_fenced(
+        self, working: _Working, broker_id: int, records: list[MetadataRecord]
+    ) -> None:
+        # ReplicationControlManager.handleBrokerFenced: leave every ISR, then FenceBroker.
+        registration = working.image.broker(broker_id)
+        assert registration is not None, broker_id
+        working.set_fenced(broker_id, True)
+        in_isr = working.partitions_where(
+            working.image.partitions_with_isr_member(broker_id), lambda s: broker_id in s.isr
+        )
+        self._generate_leader_and_isr_updates(working, in_isr, records, broker_to_remove=broker_id)
+        records.append(FenceBroker(broker_id, registration.broker_epoch))
+
+    def _handle_broker_unfenced(
+        self, working: _Working, broker_id: int, broker_epoch: int, records: list[MetadataRecord]
+    ) -> None:
+        # ReplicationControlManager.handleBrokerUnfenced: UnfenceBroker, then elect the broker
+        # where a partition it hosts has no leader.
+        records.append(UnfenceBroker(broker_id, broker_epoch))
+        working.set_fenced(broker_id, False)
+        leaderless = working.partitions_where(
+            working.image.leaderless_partitions(),
+            lambda s: s.leader == NO_LEADER and broker_id in s.replicas,
+        )
+        self._generate_leader_and_isr_updates(working, leaderless, records, broker_to_add=broker_id)
+
+    def _handle_broker_shutdown(
+        self, working: _Working, broker_id: int, clean: bool, records: list[MetadataRecord]
+    ) -> None:
+        # ReplicationControlManager.handleBrokerShutdown, run when a new incarnation registers.
+        if (
+            self.config.eligible_leader_replicas_enabled
+            and self.config.unclean_shutdown_detection_enabled
+            and not clean
+        ):
+            # The old incarnation may have lost its unflushed tail: not eligible any more.
+            in_isr_or_elr = working.partitions_where(
+                [
+                    *working.image.partitions_with_isr_member(broker_id),
+                    *working.image.partitions_with_elr_member(broker_id),
+                ],
+                lambda s: broker_id in s.isr or broker_id in s.elr,
+            )
+            self._generate_leader_and_isr_updates(
+                working, in_isr_or_elr, records, broker_with_unclean_shutdown=broker_id
+            )
+        else:
+            working.set_fenced(broker_id, True)
+            in_isr = working.partitions_where(
+                working.image.partitions_with_isr_member(broker_id), lambda s: broker_id in s.isr
+            )
+            self._generate_leader_and_isr_updates(
+                working, in_isr, records, broker_to_remove=broker_id
+            )
+
+    def _generate_leader_and_isr_updates(
+        self,
+        working: _Working,
+        partitions: Iterable[TopicIdPartition],
+        records: list[MetadataRecord],
+        *,
+        broker_to_remove: int = NO_LEADER,
+        broker_to_add: int = NO_LEADER,
+        broker_with_unclean_shutdown: int = NO_LEADER,
+    ) -> None:
+        # ReplicationControlManager.generateLeaderAndIsrUpdates.
+        removed = {b for b in (broker_to_remove, broker_with_unclean_shutdown) if b != NO_LEADER}
+
+        def is_acceptable_leader(replica: int) -> bool:
+            if replica in removed:
+                return False
+            return replica == broker_to_add or working.is_unfenced(replica)
+
+        unclean_shutdown = (
+            () if broker_with_unclean_shutdown == NO_LEADER else (broker_with_unclean_shutdown,)
+        )
+        for tp in partitions:
+            state = working.partition(tp)
+            change = build_partition_change(
+                state,
+                is_acceptable_leader=is_acceptable_leader,
+                min_isr=self._min_isr(working.image, state),
+                elr_enabled=self.config.eligible_leader_replicas_enabled,
+                election=self._online_election(working.image, state.topic_id),
+                target_isr=[r for r in state.isr if r not in removed],
+                unclean_shutdown_replicas=unclean_shutdown,
+            )
+            if change is not None:
+                working.change(change)
+                records.append(change)
+
+    # ---------------------------------------------------------------- topics
+
+    def create_topic(
+        self,
+        image: MetadataImage,
+        name: str,
+        topic_id: str,
+        *,
+        num_partitions: int = -1,
+        replication_factor: int = -1,
+        configs: Mapping[str, str] | None = None,
+    ) -> ControllerResult[CreateTopicResult]:
+        """Create a topic with placed replicas (``ReplicationControlManager.createTopic``).
+
+        -1 for ``num_partitions`` or ``replication_factor`` takes the configured default.
+        """
+        topic_configs = dict(configs or {})
+        name_error = _topic_name_error(name)
+        if name_error is not None:
+            return _create_topic_error(Errors.INVALID_TOPIC_EXCEPTION, name_error)
+        if image.topic_by_name(name) is not None:
+            return _create_topic_error(
+                Errors.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists."
+            )
+        if not topic_id or image.topic(topic_id) is not None:
+            return _create_topic_error(
+                Errors.INVALID_REQUEST, f"Topic id {topic_id!r} is empty or already in use."
+            )
+        config_error = _topic_config_error(topic_configs)
+        if config_error is not None:
+            return _create_topic_error(Errors.INVALID_CONFIG, config_error)
+        if num_partitions == -1:
+            num_partitions = self.config.num_partitions
+        if replication_factor == -1:
+            replication_factor = self.config.default_replication_factor
+        replica_counts: dict[int, int] = {}
+        successor_counts: dict[tuple[int, int], int] = {}
+        for state in image.all_partitions():
+            for replica in state.replicas:
+                replica_counts[replica] = replica_counts.get(replica, 0) + 1
+            if len(state.replicas) > 1:
+                pair = (state.replicas[0], state.replicas[1])
+                successor_counts[pair] = successor_counts.get(pair, 0) + 1
+        try:
+            placements = place_replicas(
+                [UsableBroker(b.broker_id, b.fenced) for b in image.brokers.values()],
+                num_partitions,
+                replication_factor,
+                leader_counts=image.leader_counts(),
+                replica_counts=replica_counts,
+                successor_counts=successor_counts,
+            )
+        except PlacementError as e:
+            return _create_topic_error(e.error, str(e))
+        records: list[MetadataRecord] = [Topic(name, topic_id, topic_configs)]
+        for partition, replicas in enumerate(placements):
+            # The ISR is the live replicas; the leader (first replica) is always live.
+            isr = tuple(r for r in replicas if not image.is_fenced(r))
+            assert isr and isr[0] == replicas[0], (replicas, isr)
+            records.append(
+                Partition(
+                    topic_id=topic_id,
+                    partition=partition,
+                    replicas=replicas,
+                    isr=isr,
+                    leader=replicas[0],
+                    leader_epoch=0,
+                    partition_epoch=0,
+                )
+            )
+        return ControllerResult(
+            tuple(records),
+            CreateTopicResult(Errors.NONE, "", topic_id, num_partitions, replication_factor),
+        )
+
+    def create_offsets_topic(
+        self, image: MetadataImage, topic_id: str
+    ) -> ControllerResult[CreateTopicResult]:
+        """Create ``__consumer_offsets`` (``offsets.topic.num.partitions`` partitions, replication
+        factor ``min(offsets.topic.replication.factor, registered brokers)``), with the configs
+        of Kafka's ``GroupCoordinator.groupMetadataTopicConfigs`` and a min ISR of 2 for three
+        or more replicas (DESIGN.md section 5).
+        """
+        replication_factor = min(self.config.offsets_topic_replication_factor, len(image.brokers))
+        configs = {
+            "cleanup.policy": "compact",
+            "compression.type": "producer",
+            "segment.bytes": str(self.config.offsets_topic_segment_bytes),
+            MIN_INSYNC_REPLICAS_CONFIG: str(max(1, min(2, replication_factor - 1))),
+        }
+        return self.create_topic(
+            image,
+            OFFSETS_TOPIC_NAME,
+            topic_id,
+            num_partitions=self.config.offsets_topic_num_partitions,
+            replication_factor=max(replication_factor, 0),
+            configs=configs,
+        )
+
+    def delete_topic(self, image: MetadataImage, topic_id: str) -> ControllerResult[Errors]:
+        """Delete a topic (``ReplicationControlManager.deleteTopic``)."""
+        if image.topic(topic_id) is None:
+            return ControllerResult((), Errors.UNKNOWN_TOPIC_ID)
+        return ControllerResult((RemoveTopic(topic_id),), Errors.NONE)
+
+    # ---------------------------------------------------------------- ISR changes, elections
+
+    def alter_partition(
+        self, image: MetadataImage, request: AlterPartitionRequest
+    ) -> ControllerResult[AlterPartitionResponse]:
+        """Validate and apply ISR changes asked by a partition leader
+        (``ReplicationControlManager.alterPartition``)."""
+        registration = image.broker(request.broker_id)
+        if registration is None or registration.broker_epoch != request.broker_epoch:
+            # ClusterControlManager.checkBrokerEpoch.
+            return ControllerResult((), AlterPartitionResponse(Errors.STALE_BROKER_EPOCH))
+        working = _Working(image)
+        records: list[MetadataRecord] = []
+        results: list[AlterPartitionResult] = []
+        for item in request.partitions:
+            error = self._alter_partition_error(working, request.broker_id, item)
+            if error is not Errors.NONE:
+                results.append(AlterPartitionResult(item.topic_id, item.partition, error))
+                continue
+            tp = TopicIdPartition(item.topic_id, item.partition)
+            state = working.partition(tp)
+            change = build_partition_change(
+                state,
+                is_acceptable_leader=working.is_unfenced,
+                min_isr=self._min_isr(image, state),
+                elr_enabled=self.config.eligible_leader_replicas_enabled,
+                election=self._online_election(image, state.topic_id),
+                target_isr=[member.broker_id for member in item.new_isr],
+            )
+            if change is not None:
+                state = working.change(change)
+                records.append(change)
+            if state.leader != request.broker_id:
+                # The change moved leadership (cannot happen while the requester is a live ISR
+                # member; kept for parity with Kafka).
+                results.append(
+                    AlterPartitionResult(item.topic_id, item.partition, Errors.NEW_LEADER_ELECTED)
+                )
+                continue
+            results.append(
+                AlterPartitionResult(
+                    item.topic_id,
+                    item.partition,
+                    Errors.NONE,
+                    state.leader,
+                    state.leader_epoch,
+                    state.partition_epoch,
+                    state.isr,
+                )
+            )
+        return ControllerResult(tuple(records), AlterPartitionResponse(Errors.NONE, tuple(results)))
+
+    def _alter_partition_error(
+        self, working: _Working, broker_id: int, item: AlterPartitionItem
+    ) -> Errors:
+        # validateAlterPartitionData, check by check.
+        if working.image.topic(item.topic_id) is None:
+            return Errors.UNKNOWN_TOPIC_ID
+        if working.image.partition(item.topic_id, item.partition) is None:
+            return Errors.UNKNOWN_TOPIC_OR_PARTITION
+        state = working.partition(TopicIdPartition(item.topic_id, item.partition))
+        if item.leader_epoch > state.leader_epoch or item.partition_epoch > state.partition_epoch:
+            # The leader knows a newer state than this controller: we are probably not the
+            # active controller any more; the leader retries and finds the right one.
+            return Errors.NOT_CONTROLLER
+        if item.leader_epoch < state.leader_epoch:
+            return Errors.FENCED_LEADER_EPOCH
+        if broker_id != state.leader:
+            # Kafka answers INVALID_REQUEST here; NOT_LEADER_OR_FOLLOWER tells the sender why.
+            return Errors.NOT_LEADER_OR_FOLLOWER
+        if item.partition_epoch < state.partition_epoch:
+            return Errors.INVALID_UPDATE_VERSION
+        new_isr = [member.broker_id for member in item.new_isr]
+        if len(set(new_isr)) != len(new_isr) or not set(new_isr) <= set(state.replicas):
+            # Kafka answers INVALID_REQUEST (Replicas.validateIsr); kcoord counts a replica
+            # outside the replica set as ineligible.
+            return Errors.INELIGIBLE_REPLICA
+        if state.leader not in new_isr:
+            return Errors.INVALID_REQUEST
+        for member in item.new_isr:
+            # ineligibleReplicasForIsr: unregistered, fenced, or another broker epoch (KIP-841).
+            registration = working.image.broker(member.broker_id)
+            if (
+                registration is None
+                or not working.is_unfenced(member.broker_id)
+                or member.broker_epoch not in (-1, registration.broker_epoch)
+            ):
+                return Errors.INELIGIBLE_REPLICA
+        return Errors.NONE
+
+    def elect_preferred_leaders(
+        self, image: MetadataImage, max_elections: int = 1000
+    ) -> ControllerResult[tuple[TopicIdPartition, ...]]:
+        """Move leadership to the preferred (first) replica wherever it is a live ISR member
+        (Kafka's ``maybeBalancePartitionLeaders``, at most ``max_elections`` per batch)."""
+        working = _Working(image)
+        records: list[MetadataRecord] = []
+        elected: list[TopicIdPartition] = []
+        for state in sorted(image.all_partitions(), key=lambda s: s.tp):
+            if len(elected) >= max_elections:
+                break
+            preferred = state.preferred_leader
+            if state.leader == preferred or preferred not in state.isr:
+                continue
+            if not working.is_unfenced(preferred):
+                continue
+            change = build_partition_change(
+                state,
+                is_acceptable_leader=working.is_unfenced,
+                min_isr=self._min_isr(image, state),
+                elr_enabled=self.config.eligible_leader_replicas_enabled,
+                election=Election.PREFERRED,
+            )
+            assert change is not None and change.leader == preferred, (state, change)
+            working.change(change)
+            records.append(change)
+            elected.append(state.tp)
+        return ControllerResult(tuple(records), tuple(elected))
+
+    # ---------------------------------------------------------------- configs
+
+    def _config_value(self, image: MetadataImage, topic: TopicImage | None, key: str) -> str | None:
+        # Topic config, else the cluster-wide dynamic default (broker resource "").
+        if topic is not None and key in topic.configs:
+            return topic.configs[key]
+        cluster = image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
+        return cluster.get(key)
+
+    def _min_isr(self, image: MetadataImage, state: PartitionState) -> int:
+        # ReplicationControlManager.getTopicEffectiveMinIsr: never above the replication factor.
+        raw = self._config_value(image, image.topic(state.topic_id), MIN_INSYNC_REPLICAS_CONFIG)
+        value = _parse_positive_int(raw)
+        min_isr = self.config.min_insync_replicas if value is None else value
+        return max(1, min(min_isr, len(state.replicas)))
+
+    def _online_election(self, image: MetadataImage, topic_id: str) -> Election:
+        raw = self._config_value(
+            image, image.topic(topic_id), UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG
+        )
+        unclean = (
+            self.config.unclean_leader_election_enable if raw is None else raw.lower() == "true"
+        )
+        return Election.UNCLEAN if unclean else Election.ONLINE
+
+
+def _create_topic_error(error: Errors, message: str) -> ControllerResult[CreateTopicResult]:
+    return ControllerResult((), CreateTopicResult(error, message))
+
+
+def _topic_name_error(name: str) -> str | None:
+    # Kafka's Topic.validate.
+    if not name:
+        return "Topic name is illegal, it can't be empty."
+    if name in (".", ".."):
+        return 'Topic name cannot be "." or "..".'
+    if len(name) > _TOPIC_NAME_MAX_LENGTH:
+        return (
+            f"Topic name is illegal, it can't be longer than {_TOPIC_NAME_MAX_LENGTH} characters."
+        )
+    if not set(name) <= _TOPIC_NAME_CHARS:
+        return (
+            f"Topic name {name!r} is illegal, it contains a character other than ASCII "
+            "alphanumerics, '.', '_' and '-'."
+        )
+    return None
+
+
+def _topic_config_error(configs: Mapping[str, str]) -> str | None:
+    raw = configs.get(MIN_INSYNC_REPLICAS_CONFIG)
+    if raw is not None and _parse_positive_int(raw) is None:
+        return f"{MIN_INSYNC_REPLICAS_CONFIG} must be a positive integer, not {raw!r}."
+    raw = configs.get(UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG)
+    if raw is not None and raw.lower() not in ("true", "false"):
+        return f"{UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG} must be true or false, not {raw!r}."
+    return None
+
+
+def _parse_positive_int(raw: str | None) -> int | None:
+    if raw is None or not raw.isascii() or not raw.isdigit():
+        return None
+    value = int(raw)
+    return value if value >= 1 else None

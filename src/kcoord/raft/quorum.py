@@ -1,0 +1,336 @@
+"""The metadata quorum on pysyncobj: the only module that imports it.
+
+Theory of operation
+-------------------
+pysyncobj runs Raft in its own thread (``autoTick``). Every voter listed in
+``controller.quorum.voters`` is a pysyncobj node; the Raft leader is the active controller
+(KIP-631), the Raft term is the controller epoch, and the Raft log index of a command is its
+**metadata offset**.
+
+There is one kind of replicated command: a batch of metadata records, encoded by us as
+``b"\\x00" + msgpack([FORMAT_VERSION, [record bytes, ...]])`` (record bytes from
+``records.encode``). The records of one batch apply atomically (``MetadataImage.apply_batch``),
+like a KRaft record batch, so a topic and its partitions appear together. We bypass pysyncobj's
+``@replicated`` decorator because it pickles the call: commands reach the journal as our bytes,
+and ``_apply_command_bytes`` decodes them with our codec. pysyncobj's transport still pickles
+its own messages between voters, so the quorum port must only be reachable by the voters
+(bind it to a private address), as with any pysyncobj deployment.
+
+Applying never raises: a batch that does not decode or does not fit the image is logged and
+skipped, and since every voter applies the same bytes in the same order, every voter skips it
+the same way. The thread keeps its own ``MetadataImage`` (the state pysyncobj snapshots) and
+hands every committed batch to the ``QuorumListener`` in offset order; the node hands those on
+to its event loop with ``loop.call_soon_threadsafe`` and applies them to its own image there.
+The event loop never blocks on Raft: ``propose`` only enqueues.
+
+Files, in ``<data>/__cluster_metadata/``: ``journal`` (pysyncobj's file journal of raw command
+bytes) and ``snapshot`` (written by ``_write_snapshot``: msgpack of the image as records plus the
+two Raft entries pysyncobj keeps with it), written to a temporary file and renamed by pysyncobj.
+
+Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
+(default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
+3 s broker session timeout, so an isolated controller steps down before it could fence anyone.
+``connectionRetryTime`` (5 s) becomes 1 s so a restarted voter is reconnected quickly.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+from pysyncobj.node import TCPNode
+
+from kcoord.raft import records as rec
+from kcoord.raft.image import MetadataApplyError, MetadataImage
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
+SNAPSHOT_VERSION = 1
+
+
+class QuorumListener(Protocol):
+    """Called from the Raft thread; implementations must only hand work to their own thread."""
+
+    def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None: ...
+
+    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None: ...
+
+    def on_state_changed(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumTiming:
+    raft_min_timeout_s: float = 0.4
+    raft_max_timeout_s: float = 1.4
+    append_entries_period_s: float = 0.1
+    leader_fallback_timeout_s: float = 1.5
+    connection_retry_s: float = 1.0
+    connection_timeout_s: float = 2.0
+    log_compaction_min_entries: int = 5000
+    log_compaction_min_time_s: int = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Voter:
+    node_id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumStatus:
+    node_id: int
+    is_leader: bool
+    leader_id: int | None
+    epoch: int
+    commit_index: int
+    last_applied: int
+    log_size: int
+    # For the leader: each other voter's match index (the offset it has replicated).
+    follower_match_index: dict[int, int] = field(default_factory=dict)
+    # The voters this node is connected to.
+    connected: frozenset[int] = frozenset()
+
+
+class ProposeError(Exception):
+    """A proposal that was not committed: not leader, leader changed, queue full, ..."""
+
+
+class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
+    """SyncObj whose regular commands are our metadata batches, never pickled calls."""
+
+    def __init__(
+        self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
+    ) -> None:
+        self._quorum = quorum
+        super().__init__(self_node, partners, conf)
+
+    # pysyncobj calls ``self.__doApplyCommand`` for every committed entry; inside SyncObj the
+    # name is mangled to ``_SyncObj__doApplyCommand``, so defining that name here overrides it.
+    def _SyncObj__doApplyCommand(self, command: bytes) -> Any:  # noqa: N802
+        if command[:1] == _REGULAR:
+            # raftLastApplied is incremented after the apply: this entry is the next one.
+            offset = int(self.raftLastApplied) + 1
+            return self._quorum._apply_command_bytes(offset, bytes(command[1:]))
+        return SyncObj._SyncObj__doApplyCommand(self, command)
+
+
+class MetadataQuorum:
+    def __init__(
+        self,
+        node_id: int,
+        voters: Sequence[Voter],
+        data_dir: Path,
+        listener: QuorumListener,
+        *,
+        bind_host: str | None = None,
+        bind_port: int | None = None,
+        timing: QuorumTiming | None = None,
+    ) -> None:
+        self.node_id = node_id
+        self.voters = {v.node_id: v for v in voters}
+        if node_id not in self.voters:
+            raise ValueError(f"node {node_id} is not among the voters {sorted(self.voters)}")
+        self._id_by_address = {v.address: v.node_id for v in voters}
+        self.directory = data_dir / "__cluster_metadata"
+        self.listener = listener
+        self.bind_host = bind_host
+        self.bind_port = bind_port
+        self.timing = timing or QuorumTiming()
+        # Owned by the Raft thread (and read by the snapshot writer, on the same thread).
+        self.image = MetadataImage()
+        self.skipped_batches = 0
+        self._sync: _MetadataSyncObj | None = None
+        self._lock = threading.Lock()
+
+    # -----------------------------------------------------------------------------------------
+    # Lifecycle.
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        me = self.voters[self.node_id]
+        t = self.timing
+        bind = None
+        if self.bind_host is not None or self.bind_port is not None:
+            bind = f"{self.bind_host or me.host}:{self.bind_port or me.port}"
+        conf = SyncObjConf(
+            autoTick=True,
+            useFork=False,
+            appendEntriesUseBatch=False,
+            raftMinTimeout=t.raft_min_timeout_s,
+            raftMaxTimeout=t.raft_max_timeout_s,
+            appendEntriesPeriod=t.append_entries_period_s,
+            leaderFallbackTimeout=t.leader_fallback_timeout_s,
+            connectionRetryTime=t.connection_retry_s,
+            connectionTimeout=t.connection_timeout_s,
+            logCompactionMinEntries=t.log_compaction_min_entries,
+            logCompactionMinTime=t.log_compaction_min_time_s,
+            journalFile=str(self.directory / "journal"),
+            fullDumpFile=str(self.directory / "snapshot"),
+            serializer=self._write_snapshot,
+            deserializer=self._read_snapshot,
+            onStateChanged=lambda _old, _new: self.listener.on_state_changed(),
+            bindAddress=bind,
+            dynamicMembershipChange=False,
+        )
+        partners = [v.address for v in self.voters.values() if v.node_id != self.node_id]
+        self._sync = _MetadataSyncObj(self, me.address, partners, conf)
+
+    def stop(self) -> None:
+        sync, self._sync = self._sync, None
+        if sync is not None:
+            sync.destroy_synchronous()
+
+    # -----------------------------------------------------------------------------------------
+    # Proposing.
+
+    def propose(
+        self,
+        records: Sequence[rec.MetadataRecord],
+        on_done: Callable[[int | None, str | None], None],
+    ) -> None:
+        """Enqueue a batch; ``on_done(offset, None)`` or ``on_done(None, reason)`` from the
+        Raft thread once committed or refused. Never blocks."""
+        sync = self._sync
+        if sync is None:
+            on_done(None, "quorum is stopped")
+            return
+        payload = _REGULAR + encode_batch(records)
+
+        def callback(result: Any, error: int) -> None:
+            if error == FAIL_REASON.SUCCESS and isinstance(result, int) and result >= 0:
+                on_done(result, None)
+            elif error == FAIL_REASON.SUCCESS:
+                on_done(None, "batch was committed but refused by the image")
+            else:
+                on_done(None, _FAIL_REASONS.get(error, f"pysyncobj error {error}"))
+
+        sync._applyCommand(payload, callback)
+
+    # -----------------------------------------------------------------------------------------
+    # Applying (Raft thread).
+
+    def _apply_command_bytes(self, offset: int, payload: bytes) -> int:
+        """Apply one committed batch; never raises. Returns the offset, or -1 if skipped."""
+        try:
+            records = decode_batch(payload)
+        except rec.MetadataRecordError as e:
+            self.skipped_batches += 1
+            log.error("metadata offset %d: undecodable batch skipped: %s", offset, e)
+            return -1
+        try:
+            self.image.apply_batch(offset, records)
+        except MetadataApplyError as e:
+            self.skipped_batches += 1
+            log.warning("metadata offset %d: batch refused by the image, skipped: %s", offset, e)
+            return -1
+        try:
+            self.listener.on_committed(offset, records)
+        except Exception:  # the listener is the node's; it must not stop Raft
+            log.exception("metadata listener failed at offset %d", offset)
+        return offset
+
+    def _write_snapshot(self, filename: str, raft_data: tuple[Any, Any, Any]) -> None:
+        entry1, entry0, cluster = raft_data
+        body = {
+            "version": SNAPSHOT_VERSION,
+            "offset": self.image.last_offset,
+            "records": [rec.encode(r) for r in self.image.to_records()],
+            "entries": [list(entry1), list(entry0)],
+            "cluster": sorted(node.address for node in cluster),
+        }
+        with open(filename, "wb") as f:
+            f.write(msgpack.packb(body, use_bin_type=True))
+
+    def _read_snapshot(self, filename: str) -> tuple[Any, Any, Any]:
+        with open(filename, "rb") as f:
+            body = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+        if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"{filename}: not a kcoord metadata snapshot")
+        offset = int(body["offset"])
+        records = [rec.decode(r) for r in body["records"]]
+        self.image = MetadataImage.from_records(offset, records)
+        entry1, entry0 = (tuple(e) for e in body["entries"])
+        cluster = {TCPNode(address) for address in body["cluster"]}
+        try:
+            self.listener.on_snapshot_loaded(offset, records)
+        except Exception:
+            log.exception("metadata listener failed loading the snapshot at %d", offset)
+        return entry1, entry0, cluster
+
+    # -----------------------------------------------------------------------------------------
+    # Status (any thread: plain reads of values pysyncobj replaces atomically).
+
+    def status(self) -> QuorumStatus:
+        sync = self._sync
+        if sync is None:
+            return QuorumStatus(self.node_id, False, None, 0, 0, 0, 0)
+        leader = sync._getLeader()
+        leader_id = None if leader is None else self._id_by_address.get(leader.address)
+        is_leader = bool(sync._isLeader())
+        raw = sync.getStatus()
+        match: dict[int, int] = {}
+        connected: set[int] = set()
+        for address, node_id in self._id_by_address.items():
+            if node_id == self.node_id:
+                continue
+            if is_leader and f"match_idx_server_{address}" in raw:
+                match[node_id] = int(raw[f"match_idx_server_{address}"])
+            if raw.get(f"partner_node_status_server_{address}") == 2:  # CONNECTED
+                connected.add(node_id)
+        return QuorumStatus(
+            node_id=self.node_id,
+            is_leader=is_leader,
+            leader_id=leader_id,
+            epoch=int(sync._getTerm()),
+            commit_index=int(sync.raftCommitIndex),
+            last_applied=int(sync.raftLastApplied),
+            log_size=int(raw.get("log_len", 0)),
+            follower_match_index=match,
+            connected=frozenset(connected),
+        )
+
+
+_FAIL_REASONS = {
+    FAIL_REASON.QUEUE_FULL: "queue full",
+    FAIL_REASON.MISSING_LEADER: "no leader",
+    FAIL_REASON.DISCARDED: "discarded by a new leader",
+    FAIL_REASON.NOT_LEADER: "not leader",
+    FAIL_REASON.LEADER_CHANGED: "leader changed",
+    FAIL_REASON.REQUEST_DENIED: "request denied",
+}
+
+
+def encode_batch(records: Sequence[rec.MetadataRecord]) -> bytes:
+    packed: bytes = msgpack.packb(
+        [FORMAT_VERSION, [rec.encode(r) for r in records]], use_bin_type=True
+    )
+    return packed
+
+
+def decode_batch(payload: bytes) -> list[rec.MetadataRecord]:
+    try:
+        body = msgpack.unpackb(payload, raw=False)
+    except Exception as e:
+        raise rec.MetadataRecordError(f"metadata batch is not msgpack: {e}") from e
+    if (
+        not isinstance(body, list)
+        or len(body) != 2
+        or body[0] != FORMAT_VERSION
+        or not isinstance(body[1], list)
+        or not all(isinstance(b, bytes) for b in body[1])
+    ):
+        raise rec.MetadataRecordError("metadata batch is not [version 1, [record bytes...]]")
+    return [rec.decode(b) for b in body[1]]

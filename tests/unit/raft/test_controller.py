@@ -1,0 +1,1088 @@
+"""Controller decisions: registration, heartbeats, fencing, placement, elections, AlterPartition.
+
+Every decision goes through ``Cluster.decide``, which checks that the decision did not touch the
+image, and its records are committed with ``apply_batch``, so every test also checks that the
+controller only proposes records the image accepts. Time is a plain integer.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kcoord.raft.controller import (
+    OFFSETS_TOPIC_NAME,
+    AlterPartitionItem,
+    AlterPartitionRequest,
+    AlterPartitionResponse,
+    AlterPartitionResult,
+    BrokerHeartbeatReply,
+    BrokerHeartbeatRequest,
+    BrokerRegistrationReply,
+    BrokerRegistrationRequest,
+    BrokerState,
+    Controller,
+    ControllerConfig,
+    ControllerResult,
+    CreateTopicResult,
+    Election,
+    PlacementError,
+    UsableBroker,
+    build_partition_change,
+    place_replicas,
+)
+from kcoord.raft.errors import Errors
+from kcoord.raft.image import MetadataDelta, MetadataImage, PartitionState, TopicIdPartition
+from kcoord.raft.records import (
+    NO_LEADER,
+    ClusterId,
+    Config,
+    ConfigResourceType,
+    FenceBroker,
+    MetadataRecord,
+    Partition,
+    PartitionChange,
+    RegisterBroker,
+    RemoveTopic,
+    Topic,
+    UnfenceBroker,
+)
+
+R = TypeVar("R")
+T1 = "T1-aaaaaaaaaaaaaaaaaaa"
+T2 = "T2-bbbbbbbbbbbbbbbbbbb"
+OFFSETS_ID = "OFFSETS-cccccccccccccc"
+SESSION_MS = 3000
+
+
+def endpoints(broker_id: int) -> dict[str, str]:
+    host = f"127.0.0.{broker_id}"
+    return {
+        "kafka": f"{host}:9092",
+        "rpc": f"{host}:9093",
+        "quorum": f"{host}:9094",
+        "admin": f"{host}:8080",
+    }
+
+
+class Cluster:
+    """An image, an active controller, and a log: decide, then commit the records."""
+
+    def __init__(self, config: ControllerConfig | None = None, activated_at_ms: int = 0) -> None:
+        self.config = config or ControllerConfig()
+        self.image = MetadataImage()
+        self.controller = Controller(self.config, activated_at_ms)
+        self.run(lambda image: self.controller.maybe_write_cluster_id(image, "cluster-1"))
+
+    def decide(
+        self, decision: Callable[[MetadataImage], ControllerResult[R]]
+    ) -> ControllerResult[R]:
+        before = self.image.copy()
+        result = decision(self.image)
+        assert self.image == before, "a controller decision changed the image"
+        return result
+
+    def commit(self, records: tuple[MetadataRecord, ...]) -> MetadataDelta | None:
+        if not records:
+            return None
+        return self.image.apply_batch(self.image.last_offset + 1, records)
+
+    def run(self, decision: Callable[[MetadataImage], ControllerResult[R]]) -> R:
+        result = self.decide(decision)
+        self.commit(result.records)
+        return result.response
+
+    def register(
+        self,
+        broker_id: int,
+        now_ms: int = 0,
+        incarnation: str | None = None,
+        previous_broker_epoch: int = -1,
+    ) -> ControllerResult[BrokerRegistrationReply]:
+        request = BrokerRegistrationRequest(
+            broker_id,
+            incarnation or f"inc-{broker_id}",
+            endpoints(broker_id),
+            cluster_id="cluster-1",
+            previous_broker_epoch=previous_broker_epoch,
+        )
+        return self.decide(lambda image: self.controller.register_broker(image, request, now_ms))
+
+    def heartbeat(
+        self,
+        broker_id: int,
+        now_ms: int,
+        *,
+        offset: int | None = None,
+        want_fence: bool = False,
+        want_shut_down: bool = False,
+    ) -> ControllerResult[BrokerHeartbeatReply]:
+        request = BrokerHeartbeatRequest(
+            broker_id,
+            self.epoch(broker_id),
+            self.image.last_offset if offset is None else offset,
+            want_fence=want_fence,
+            want_shut_down=want_shut_down,
+        )
+        return self.decide(lambda image: self.controller.broker_heartbeat(image, request, now_ms))
+
+    def start(self, *broker_ids: int, now_ms: int = 0) -> None:
+        """Register the brokers, then unfence each with a caught-up heartbeat."""
+        for b in broker_ids:
+            registered = self.register(b, now_ms)
+            assert registered.response.error is Errors.NONE
+            self.commit(registered.records)
+        for b in broker_ids:
+            beat = self.heartbeat(b, now_ms)
+            assert not beat.response.is_fenced
+            self.commit(beat.records)
+
+    def epoch(self, broker_id: int) -> int:
+        registration = self.image.broker(broker_id)
+        assert registration is not None
+        return registration.broker_epoch
+
+    def create_topic(
+        self,
+        name: str,
+        topic_id: str,
+        partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, str] | None = None,
+    ) -> CreateTopicResult:
+        return self.run(
+            lambda image: self.controller.create_topic(
+                image,
+                name,
+                topic_id,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                configs=configs,
+            )
+        )
+
+    def fence_stale(self, now_ms: int) -> ControllerResult[tuple[int, ...]]:
+        return self.decide(lambda image: self.controller.maybe_fence_stale_brokers(image, now_ms))
+
+    def state(self, topic_id: str, partition: int) -> PartitionState:
+        result = self.image.partition(topic_id, partition)
+        assert result is not None
+        return result
+
+    def alter(
+        self,
+        broker_id: int,
+        topic_id: str,
+        partition: int,
+        new_isr: tuple[int, ...],
+        *,
+        leader_epoch: int | None = None,
+        partition_epoch: int | None = None,
+        broker_epoch: int | None = None,
+    ) -> ControllerResult[AlterPartitionResponse]:
+        current = self.state(topic_id, partition)
+        item = AlterPartitionItem(
+            topic_id,
+            partition,
+            current.leader_epoch if leader_epoch is None else leader_epoch,
+            current.partition_epoch if partition_epoch is None else partition_epoch,
+            tuple(BrokerState(b, self.epoch(b)) for b in new_isr),
+        )
+        request = AlterPartitionRequest(
+            broker_id, self.epoch(broker_id) if broker_epoch is None else broker_epoch, (item,)
+        )
+        return self.decide(lambda image: self.controller.alter_partition(image, request))
+
+
+def three_brokers(config: ControllerConfig | None = None) -> Cluster:
+    cluster = Cluster(config)
+    cluster.start(1, 2, 3)
+    return cluster
+
+
+# ------------------------------------------------------------------ cluster id
+
+
+def test_cluster_id_is_written_once() -> None:
+    cluster = Cluster()
+    assert cluster.image.cluster_id == "cluster-1"
+    result = cluster.decide(lambda image: cluster.controller.maybe_write_cluster_id(image, "x"))
+    assert result == ControllerResult((), "cluster-1")
+    fresh = MetadataImage()
+    result = Controller(ControllerConfig(), 0).maybe_write_cluster_id(fresh, "x")
+    assert result == ControllerResult((ClusterId("x"),), "x")
+
+
+# ------------------------------------------------------------------ registration
+
+
+def test_registration_writes_a_fenced_broker_with_a_new_epoch() -> None:
+    cluster = Cluster()
+    assert cluster.image.last_offset == 0
+    result = cluster.register(1)
+    assert result == ControllerResult(
+        (RegisterBroker(1, "inc-1", 1, endpoints(1), None, True),),
+        BrokerRegistrationReply(Errors.NONE, 1),
+    )
+    cluster.commit(result.records)
+    assert cluster.image.is_fenced(1)
+
+
+def test_same_incarnation_registering_again_is_idempotent() -> None:
+    cluster = Cluster()
+    cluster.commit(cluster.register(1).records)
+    cluster.commit(cluster.register(2).records)
+    assert cluster.register(1, now_ms=100) == ControllerResult(
+        (), BrokerRegistrationReply(Errors.NONE, 1)
+    )
+
+
+def test_new_incarnation_is_refused_while_the_old_session_is_valid() -> None:
+    cluster = Cluster()
+    cluster.start(1)
+    cluster.commit(cluster.heartbeat(1, 1000).records)
+    for now_ms in (1000, 2500, 1000 + SESSION_MS):
+        assert cluster.register(1, now_ms, incarnation="inc-1b") == ControllerResult(
+            (), BrokerRegistrationReply(Errors.DUPLICATE_BROKER_REGISTRATION)
+        )
+    result = cluster.register(1, 1001 + SESSION_MS, incarnation="inc-1b")
+    assert result.response.error is Errors.NONE
+    assert result.response.broker_epoch > cluster.epoch(1)
+
+
+def test_registration_epochs_increase() -> None:
+    cluster = Cluster()
+    epochs: list[int] = []
+    now_ms = 0
+    for incarnation in range(6):
+        result = cluster.register(7, now_ms, incarnation=f"inc-7-{incarnation}")
+        assert result.response.error is Errors.NONE
+        cluster.commit(result.records)
+        epochs.append(cluster.epoch(7))
+        assert epochs[-1] == result.response.broker_epoch
+        # Other records in between, or none.
+        if incarnation % 2:
+            cluster.commit(cluster.register(incarnation + 10, now_ms).records)
+        now_ms += SESSION_MS + 1
+    assert epochs == sorted(set(epochs))
+    assert epochs[0] == 1
+
+
+def test_epoch_stays_above_the_previous_one_even_on_an_old_image() -> None:
+    cluster = Cluster()
+    cluster.commit(cluster.register(1).records)
+    # A registration replayed at a low offset (e.g. from a snapshot taken long ago).
+    image = MetadataImage()
+    image.apply(0, RegisterBroker(1, "old", 50, {}))
+    reply = Controller(ControllerConfig(), 0).register_broker(
+        image, BrokerRegistrationRequest(1, "new", {}), 0
+    )
+    assert reply.response == BrokerRegistrationReply(Errors.NONE, 51)
+
+
+def test_two_registrations_decided_on_the_same_image_cannot_both_apply() -> None:
+    cluster = Cluster()
+    first = cluster.register(1, incarnation="a")
+    second = Controller(cluster.config, 0).register_broker(
+        cluster.image, BrokerRegistrationRequest(1, "b", {}), 0
+    )
+    cluster.commit(first.records)
+    with pytest.raises(Exception, match="must bring a higher epoch"):
+        cluster.commit(second.records)
+    registration = cluster.image.broker(1)
+    assert registration is not None
+    assert registration.incarnation_id == "a"
+
+
+def test_registration_checks_cluster_id_and_request() -> None:
+    cluster = Cluster()
+
+    def register(request: BrokerRegistrationRequest) -> ControllerResult[BrokerRegistrationReply]:
+        return cluster.decide(lambda image: cluster.controller.register_broker(image, request, 0))
+
+    assert register(BrokerRegistrationRequest(1, "i", {}, cluster_id="other")) == ControllerResult(
+        (), BrokerRegistrationReply(Errors.INCONSISTENT_CLUSTER_ID)
+    )
+    for bad in (BrokerRegistrationRequest(-1, "i", {}), BrokerRegistrationRequest(1, "", {})):
+        assert register(bad) == ControllerResult(
+            (), BrokerRegistrationReply(Errors.INVALID_REQUEST)
+        )
+
+
+def test_new_incarnation_first_leaves_the_isr_of_the_old_one() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (1, 2, 3), 1, 0, 0)
+    # Broker 1 restarts before the controller noticed (no fencing happened).
+    result = cluster.register(1, SESSION_MS + 1, incarnation="inc-1b")
+    new_epoch = cluster.image.last_offset + 1
+    assert result == ControllerResult(
+        (
+            PartitionChange(T1, 0, 0, leader=2, isr=(2, 3)),
+            RegisterBroker(1, "inc-1b", new_epoch, endpoints(1), None, True),
+        ),
+        BrokerRegistrationReply(Errors.NONE, new_epoch),
+    )
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (2, 3), 2, 1, 1)
+
+
+def test_unclean_restart_leaves_the_elr_when_detection_is_on() -> None:
+    config = ControllerConfig(unclean_shutdown_detection_enabled=True, min_insync_replicas=3)
+    cluster = three_brokers(config)
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1, 2)).records)
+    assert cluster.state(T1, 0).elr == (3,)
+    clean_epoch = cluster.epoch(3)
+    # A clean restart (the broker proves its last epoch) keeps it eligible...
+    clean = cluster.register(3, SESSION_MS + 1, "inc-3b", previous_broker_epoch=clean_epoch)
+    assert [r for r in clean.records if isinstance(r, PartitionChange)] == []
+    # ... an unclean one does not.
+    unclean = cluster.register(3, SESSION_MS + 1, "inc-3b")
+    assert unclean.records[0] == PartitionChange(T1, 0, 1, elr=())
+
+
+# ------------------------------------------------------------------ heartbeats
+
+
+def test_unfence_only_once_caught_up_with_the_registration() -> None:
+    cluster = Cluster()
+    result = cluster.register(1)
+    cluster.commit(result.records)
+    epoch = result.response.broker_epoch
+    lagging = cluster.heartbeat(1, 100, offset=epoch - 1)
+    assert lagging == ControllerResult((), BrokerHeartbeatReply(Errors.NONE, False, True, False))
+    caught_up = cluster.heartbeat(1, 200, offset=epoch)
+    assert caught_up == ControllerResult(
+        (UnfenceBroker(1, epoch),), BrokerHeartbeatReply(Errors.NONE, True, False, False)
+    )
+    cluster.commit(caught_up.records)
+    assert not cluster.image.is_fenced(1)
+    assert cluster.heartbeat(1, 300) == ControllerResult(
+        (), BrokerHeartbeatReply(Errors.NONE, True, False, False)
+    )
+    assert cluster.controller.heartbeats.metadata_offset(1, epoch) == cluster.image.last_offset
+
+
+def test_unfence_is_not_proposed_twice_while_in_flight() -> None:
+    cluster = Cluster()
+    cluster.commit(cluster.register(1).records)
+    first = cluster.heartbeat(1, 100)
+    assert first.records == (UnfenceBroker(1, 1),)
+    # Not committed yet: the next heartbeat does not propose it again...
+    second = cluster.heartbeat(1, 600)
+    assert second == ControllerResult((), BrokerHeartbeatReply(Errors.NONE, True, False, False))
+    # ... unless it got lost and the backoff passed.
+    assert cluster.heartbeat(1, 100 + 1000).records == (UnfenceBroker(1, 1),)
+
+
+def test_heartbeat_with_a_stale_epoch_is_refused() -> None:
+    cluster = three_brokers()
+    request = BrokerHeartbeatRequest(1, cluster.epoch(1) - 1, 100)
+    assert cluster.decide(
+        lambda image: cluster.controller.broker_heartbeat(image, request, 0)
+    ) == ControllerResult((), BrokerHeartbeatReply(Errors.STALE_BROKER_EPOCH))
+    unknown = BrokerHeartbeatRequest(9, 1, 100)
+    assert (
+        cluster.decide(
+            lambda image: cluster.controller.broker_heartbeat(image, unknown, 0)
+        ).response.error
+        is Errors.STALE_BROKER_EPOCH
+    )
+
+
+def test_want_fence() -> None:
+    cluster = three_brokers()
+    result = cluster.heartbeat(2, 100, want_fence=True)
+    assert result == ControllerResult(
+        (FenceBroker(2, cluster.epoch(2)),), BrokerHeartbeatReply(Errors.NONE, True, True, False)
+    )
+    cluster.commit(result.records)
+    # A fenced broker that wants to stay fenced stays fenced.
+    assert cluster.heartbeat(2, 200, want_fence=True) == ControllerResult(
+        (), BrokerHeartbeatReply(Errors.NONE, True, True, False)
+    )
+
+
+def test_controlled_shutdown_waits_for_the_broker_to_replay_its_fencing() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    threshold = cluster.image.last_offset + 1
+    result = cluster.heartbeat(1, 100, want_shut_down=True)
+    assert result == ControllerResult(
+        (PartitionChange(T1, 0, 0, leader=2, isr=(2, 3)), FenceBroker(1, cluster.epoch(1))),
+        BrokerHeartbeatReply(Errors.NONE, True, True, False),
+    )
+    cluster.commit(result.records)
+    early = cluster.heartbeat(1, 200, offset=threshold - 1, want_shut_down=True)
+    assert early.response == BrokerHeartbeatReply(Errors.NONE, True, True, False)
+    done = cluster.heartbeat(1, 300, offset=threshold, want_shut_down=True)
+    assert done == ControllerResult((), BrokerHeartbeatReply(Errors.NONE, True, True, True))
+
+
+def test_a_fenced_broker_may_shut_down_at_once() -> None:
+    cluster = Cluster()
+    cluster.commit(cluster.register(1).records)
+    assert cluster.heartbeat(1, 0, offset=0, want_shut_down=True).response.should_shut_down
+
+
+# ------------------------------------------------------------------ fencing
+
+
+def test_fencing_after_the_session_timeout_not_before() -> None:
+    cluster = three_brokers()  # every broker heard from at 0
+    cluster.commit(cluster.heartbeat(1, 1000).records)
+    cluster.commit(cluster.heartbeat(2, 1000).records)
+    assert cluster.fence_stale(SESSION_MS) == ControllerResult((), ())
+    result = cluster.fence_stale(SESSION_MS + 1)
+    assert result == ControllerResult((FenceBroker(3, cluster.epoch(3)),), (3,))
+    cluster.commit(result.records)
+    assert cluster.fence_stale(1000 + SESSION_MS) == ControllerResult((), ())
+    result = cluster.fence_stale(1001 + SESSION_MS)
+    assert result.response == (1, 2)
+    assert result.records == (FenceBroker(1, cluster.epoch(1)), FenceBroker(2, cluster.epoch(2)))
+    cluster.commit(result.records)
+    assert cluster.image.unfenced_broker_ids() == []
+
+
+def test_a_broker_that_heartbeats_is_never_fenced() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 6, 3)
+    fenced_at: dict[int, int] = {}
+    for now_ms in range(0, 30_000, 100):
+        if now_ms % 500 == 0:
+            for b in (1, 2):
+                cluster.commit(cluster.heartbeat(b, now_ms).records)
+            if now_ms <= 5000:
+                cluster.commit(cluster.heartbeat(3, now_ms).records)
+        result = cluster.fence_stale(now_ms)
+        cluster.commit(result.records)
+        for b in result.response:
+            fenced_at[b] = now_ms
+    assert fenced_at == {3: 5000 + SESSION_MS + 100}
+    assert cluster.image.unfenced_broker_ids() == [1, 2]
+
+
+def test_after_failover_the_session_timers_start_fresh() -> None:
+    cluster = three_brokers()
+    # A new active controller at t=10 s knows no heartbeat times.
+    cluster.controller = Controller(cluster.config, activated_at_ms=10_000)
+    assert cluster.fence_stale(10_000 + SESSION_MS) == ControllerResult((), ())
+    cluster.commit(cluster.heartbeat(2, 11_000).records)
+    result = cluster.fence_stale(10_001 + SESSION_MS)
+    assert result.response == (1, 3)
+
+
+def test_fencing_is_not_proposed_twice_while_in_flight() -> None:
+    cluster = three_brokers()
+    assert cluster.fence_stale(SESSION_MS + 1).response == (1, 2, 3)
+    assert cluster.fence_stale(SESSION_MS + 2) == ControllerResult((), ())
+    assert cluster.fence_stale(SESSION_MS + 1001).response == (1, 2, 3)
+
+
+def test_fencing_moves_leaderships_and_leaves_the_isr() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 3, 2)
+    assert [s.replicas for s in cluster.image.partitions_of(T1)] == [(1, 2), (2, 3), (3, 1)]
+    cluster.commit(cluster.heartbeat(2, 1000).records)
+    cluster.commit(cluster.heartbeat(3, 1000).records)
+    result = cluster.fence_stale(SESSION_MS + 1)
+    assert result == ControllerResult(
+        (
+            PartitionChange(T1, 0, 0, leader=2, isr=(2,)),
+            PartitionChange(T1, 2, 0, isr=(3,)),
+            FenceBroker(1, cluster.epoch(1)),
+        ),
+        (1,),
+    )
+    cluster.commit(result.records)
+    assert cluster.image.partitions_led_by(1) == []
+    assert cluster.image.partitions_with_isr_member(1) == []
+
+
+# ------------------------------------------------------------------ elections
+
+
+def test_election_picks_a_live_isr_member() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1, 3)).records)  # 2 fell behind
+    result = cluster.heartbeat(1, 100, want_fence=True)
+    assert result.records == (
+        PartitionChange(T1, 0, 1, leader=3, isr=(3,)),
+        FenceBroker(1, cluster.epoch(1)),
+    )
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (3,), 3, 1, 2)
+
+
+@pytest.mark.parametrize("elr", [True, False], ids=["elr", "no-elr"])
+def test_no_unclean_election_by_default(elr: bool) -> None:
+    cluster = three_brokers(ControllerConfig(eligible_leader_replicas_enabled=elr))
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    result = cluster.heartbeat(1, 100, want_fence=True)
+    if elr:
+        # KIP-966: the ISR empties and the fenced last member stays eligible.
+        change = PartitionChange(T1, 0, 1, leader=NO_LEADER, isr=(), elr=(1,), last_known_elr=(1,))
+        after = PartitionState(T1, 0, (1, 2, 3), (), NO_LEADER, 1, 2, (1,), (1,))
+    else:
+        # Without ELR the last ISR member stays in the ISR of the leaderless partition.
+        change = PartitionChange(T1, 0, 1, leader=NO_LEADER)
+        after = PartitionState(T1, 0, (1, 2, 3), (1,), NO_LEADER, 1, 2)
+    assert result.records == (change, FenceBroker(1, cluster.epoch(1)))
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == after
+    # Brokers 2 and 3 are alive but never become leaders.
+    for now_ms in (200, 300):
+        for b in (2, 3):
+            cluster.commit(cluster.heartbeat(b, now_ms).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER
+
+
+@pytest.mark.parametrize(
+    "where", ["topic", "cluster-config-record", "controller-config"], ids=lambda w: w
+)
+def test_unclean_election_when_configured(where: str) -> None:
+    config = ControllerConfig(unclean_leader_election_enable=where == "controller-config")
+    cluster = three_brokers(config)
+    topic_configs = {"unclean.leader.election.enable": "true"} if where == "topic" else {}
+    cluster.create_topic("t", T1, 1, 3, topic_configs)
+    if where == "cluster-config-record":
+        cluster.commit(
+            (Config(ConfigResourceType.BROKER, "", "unclean.leader.election.enable", "true"),)
+        )
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    result = cluster.heartbeat(1, 100, want_fence=True)
+    # Unclean: 2 is elected although not in the ISR; the ISR becomes just 2, the ELR is cleared.
+    assert result.records == (
+        PartitionChange(T1, 0, 1, leader=2, isr=(2,)),
+        FenceBroker(1, cluster.epoch(1)),
+    )
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (2,), 2, 1, 2)
+
+
+def test_topic_config_overrides_an_unclean_cluster_default() -> None:
+    cluster = three_brokers(ControllerConfig(unclean_leader_election_enable=True))
+    cluster.create_topic("t", T1, 1, 3, {"unclean.leader.election.enable": "false"})
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    result = cluster.heartbeat(1, 100, want_fence=True)
+    assert isinstance(result.records[0], PartitionChange)
+    assert result.records[0].leader == NO_LEADER
+
+
+def test_eligible_leader_replicas_kip_966() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3, {"min.insync.replicas": "2"})
+    cluster.commit(cluster.heartbeat(2, 100, want_fence=True).records)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (1, 3), 1, 0, 1)
+    # The ISR drops below min ISR: 1 leaves it but stays eligible.
+    result = cluster.heartbeat(1, 100, want_fence=True)
+    assert result.records[0] == PartitionChange(T1, 0, 1, leader=3, isr=(3,), elr=(1,))
+    cluster.commit(result.records)
+    # The last ISR member goes: no leader, both stay eligible, 3 was the last known leader.
+    result = cluster.heartbeat(3, 100, want_fence=True)
+    assert result.records[0] == PartitionChange(
+        T1, 0, 2, leader=NO_LEADER, isr=(), elr=(1, 3), last_known_elr=(3,)
+    )
+    cluster.commit(result.records)
+    # 2 comes back first: it left the ISR while it was still at min ISR, so it is not eligible.
+    result = cluster.heartbeat(2, 200)
+    assert result.records == (UnfenceBroker(2, cluster.epoch(2)),)
+    cluster.commit(result.records)
+    # 1 comes back: elected from the ELR.
+    result = cluster.heartbeat(1, 200)
+    assert result.records == (
+        UnfenceBroker(1, cluster.epoch(1)),
+        PartitionChange(T1, 0, 3, leader=1, isr=(1,), elr=(3,), last_known_elr=()),
+    )
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (1,), 1, 3, 4, (3,), ())
+    # The leader adds 2 back: the ISR is at min ISR again and the ELR is cleared.
+    altered = cluster.alter(1, T1, 0, (1, 2))
+    assert altered.records == (PartitionChange(T1, 0, 4, isr=(1, 2), elr=()),)
+
+
+def test_the_last_isr_member_is_reelected_when_it_comes_back() -> None:
+    cluster = three_brokers(ControllerConfig(eligible_leader_replicas_enabled=False))
+    cluster.create_topic("t", T1, 2, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER
+    result = cluster.heartbeat(1, 200)
+    assert result.records == (
+        UnfenceBroker(1, cluster.epoch(1)),
+        PartitionChange(T1, 0, 2, leader=1),
+    )
+    cluster.commit(result.records)
+    replicas = cluster.state(T1, 0).replicas
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, replicas, (1,), 1, 2, 3)
+    # Partition 1 kept a live leader: the returning broker does not take it.
+    assert cluster.state(T1, 1).leader != 1
+
+
+def test_preferred_leader_election_after_a_broker_returns() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 3, 3)
+    led_by_1 = [s.partition for s in cluster.image.partitions_led_by(1)]
+    assert led_by_1 == [0]
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    cluster.commit(cluster.heartbeat(1, 200).records)
+    # Back and unfenced, but not in the ISR: no preferred election yet.
+    assert cluster.run(cluster.controller.elect_preferred_leaders) == ()
+    current = cluster.state(T1, 0)
+    cluster.commit(cluster.alter(current.leader, T1, 0, (*current.isr, 1)).records)
+    result = cluster.decide(cluster.controller.elect_preferred_leaders)
+    assert result == ControllerResult(
+        (PartitionChange(T1, 0, 2, leader=1),), (TopicIdPartition(T1, 0),)
+    )
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0).leader == 1
+
+
+def test_preferred_leader_election_is_bounded() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 6, 3)
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    cluster.commit(cluster.heartbeat(1, 200).records)
+    for state in cluster.image.partitions_of(T1):
+        if 1 not in state.isr:
+            cluster.commit(
+                cluster.alter(state.leader, T1, state.partition, (*state.isr, 1)).records
+            )
+    result = cluster.decide(lambda image: cluster.controller.elect_preferred_leaders(image, 1))
+    assert len(result.response) == 1
+    cluster.commit(result.records)
+    result = cluster.decide(cluster.controller.elect_preferred_leaders)
+    assert len(result.response) == 1
+    cluster.commit(result.records)
+    assert len(cluster.image.partitions_led_by(1)) == 2
+
+
+@pytest.mark.parametrize("dead", [1, 2, 3])
+def test_failover_spreads_the_offsets_partitions_over_the_survivors(dead: int) -> None:
+    cluster = three_brokers()
+    assert cluster.run(lambda image: cluster.controller.create_offsets_topic(image, OFFSETS_ID))
+    before = cluster.image.leader_counts()
+    assert sorted(before.values()) == [16, 17, 17]
+    cluster.commit(cluster.heartbeat(dead, 100, want_fence=True).records)
+    after = cluster.image.leader_counts()
+    assert dead not in after
+    assert sum(after.values()) == 50
+    assert sorted(after.values()) == [25, 25]
+
+
+# ------------------------------------------------------------------ AlterPartition
+
+
+def test_alter_partition_shrinks_the_isr() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    result = cluster.alter(1, T1, 0, (1, 2))
+    assert result == ControllerResult(
+        (PartitionChange(T1, 0, 0, isr=(1, 2)),),
+        AlterPartitionResponse(
+            Errors.NONE, (AlterPartitionResult(T1, 0, Errors.NONE, 1, 0, 1, (1, 2)),)
+        ),
+    )
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == PartitionState(T1, 0, (1, 2, 3), (1, 2), 1, 0, 1)
+    # The same ISR again is accepted without a record.
+    assert cluster.alter(1, T1, 0, (1, 2)) == ControllerResult(
+        (),
+        AlterPartitionResponse(
+            Errors.NONE, (AlterPartitionResult(T1, 0, Errors.NONE, 1, 0, 1, (1, 2)),)
+        ),
+    )
+
+
+def alter_error(result: ControllerResult[AlterPartitionResponse]) -> Errors:
+    assert result.records == ()
+    assert result.response.error is Errors.NONE
+    (partition,) = result.response.partitions
+    assert partition.leader == NO_LEADER and partition.isr == ()
+    return partition.error
+
+
+def test_alter_partition_refusals() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    cluster.commit(cluster.heartbeat(1, 200).records)
+    current = cluster.state(T1, 0)
+    assert current == PartitionState(T1, 0, (1, 2, 3), (2, 3), 2, 1, 1)
+    cases: list[tuple[ControllerResult[AlterPartitionResponse], Errors]] = [
+        # The old leader, with its old epoch.
+        (cluster.alter(1, T1, 0, (1, 2, 3), leader_epoch=0), Errors.FENCED_LEADER_EPOCH),
+        # A newer leader epoch than the controller knows.
+        (cluster.alter(2, T1, 0, (2, 3), leader_epoch=2), Errors.NOT_CONTROLLER),
+        (cluster.alter(2, T1, 0, (2, 3), partition_epoch=2), Errors.NOT_CONTROLLER),
+        # Right epoch, not the leader.
+        (cluster.alter(3, T1, 0, (2, 3)), Errors.NOT_LEADER_OR_FOLLOWER),
+        # The leader with a stale partition epoch.
+        (cluster.alter(2, T1, 0, (2,), partition_epoch=0), Errors.INVALID_UPDATE_VERSION),
+        # The leader must stay in the ISR.
+        (cluster.alter(2, T1, 0, (3,)), Errors.INVALID_REQUEST),
+    ]
+    for result, error in cases:
+        assert alter_error(result) is error, error
+
+
+def test_alter_partition_refuses_ineligible_replicas() -> None:
+    cluster = three_brokers()
+    cluster.start(4)
+    cluster.create_topic("t", T1, 1, 3)
+    assert cluster.state(T1, 0).replicas == (1, 2, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1, 2)).records)
+
+    def item(new_isr: tuple[BrokerState, ...]) -> ControllerResult[AlterPartitionResponse]:
+        current = cluster.state(T1, 0)
+        request = AlterPartitionRequest(
+            1,
+            cluster.epoch(1),
+            (AlterPartitionItem(T1, 0, current.leader_epoch, current.partition_epoch, new_isr),),
+        )
+        return cluster.decide(lambda image: cluster.controller.alter_partition(image, request))
+
+    e1, e2, e3 = cluster.epoch(1), cluster.epoch(2), cluster.epoch(3)
+    # 4 is a live broker, but not a replica of this partition.
+    assert alter_error(item((BrokerState(1, e1), BrokerState(4)))) is Errors.INELIGIBLE_REPLICA
+    # Duplicates.
+    assert alter_error(item((BrokerState(1, e1), BrokerState(1, e1)))) is Errors.INELIGIBLE_REPLICA
+    # A stale broker epoch of a member (KIP-841): it restarted since it caught up.
+    stale = BrokerState(3, e3 - 1)
+    assert alter_error(item((BrokerState(1, e1), stale))) is Errors.INELIGIBLE_REPLICA
+    # A fenced replica.
+    cluster.commit(cluster.heartbeat(3, 100, want_fence=True).records)
+    assert alter_error(item((BrokerState(1, e1), BrokerState(3)))) is Errors.INELIGIBLE_REPLICA
+    # Epoch -1 skips the epoch check; a live replica with its epoch is fine.
+    assert item((BrokerState(1), BrokerState(2, e2))).response.partitions[0].error is Errors.NONE
+
+
+def test_alter_partition_from_a_stale_broker_epoch_or_unknown_partitions() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    stale = cluster.alter(1, T1, 0, (1, 2), broker_epoch=cluster.epoch(1) - 1)
+    assert stale == ControllerResult((), AlterPartitionResponse(Errors.STALE_BROKER_EPOCH))
+    request = AlterPartitionRequest(
+        1,
+        cluster.epoch(1),
+        (
+            AlterPartitionItem(T2, 0, 0, 0, (BrokerState(1),)),
+            AlterPartitionItem(T1, 5, 0, 0, (BrokerState(1),)),
+        ),
+    )
+    result = cluster.decide(lambda image: cluster.controller.alter_partition(image, request))
+    assert result == ControllerResult(
+        (),
+        AlterPartitionResponse(
+            Errors.NONE,
+            (
+                AlterPartitionResult(T2, 0, Errors.UNKNOWN_TOPIC_ID),
+                AlterPartitionResult(T1, 5, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+            ),
+        ),
+    )
+
+
+def test_two_changes_to_one_partition_in_one_request() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    e1, e2 = cluster.epoch(1), cluster.epoch(2)
+    request = AlterPartitionRequest(
+        1,
+        e1,
+        (
+            AlterPartitionItem(T1, 0, 0, 0, (BrokerState(1, e1), BrokerState(2, e2))),
+            AlterPartitionItem(T1, 0, 0, 0, (BrokerState(1, e1),)),
+        ),
+    )
+    result = cluster.decide(lambda image: cluster.controller.alter_partition(image, request))
+    assert result.records == (PartitionChange(T1, 0, 0, isr=(1, 2)),)
+    assert [p.error for p in result.response.partitions] == [
+        Errors.NONE,
+        Errors.INVALID_UPDATE_VERSION,
+    ]
+    cluster.commit(result.records)
+
+
+def test_isr_shrink_below_min_isr_fills_the_elr() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3, {"min.insync.replicas": "2"})
+    result = cluster.alter(1, T1, 0, (1,))
+    assert result.records == (PartitionChange(T1, 0, 0, isr=(1,), elr=(2, 3)),)
+    cluster.commit(result.records)
+    result = cluster.alter(1, T1, 0, (1, 3))
+    assert result.records == (PartitionChange(T1, 0, 1, isr=(1, 3), elr=()),)
+
+
+# ------------------------------------------------------------------ topic creation
+
+
+def test_create_topic_places_replicas_and_leaders_evenly() -> None:
+    cluster = three_brokers()
+    result = cluster.decide(
+        lambda image: cluster.controller.create_topic(
+            image, "orders", T1, num_partitions=3, replication_factor=2, configs={"a": "b"}
+        )
+    )
+    assert result == ControllerResult(
+        (
+            Topic("orders", T1, {"a": "b"}),
+            Partition(T1, 0, (1, 2), (1, 2), 1, 0, 0),
+            Partition(T1, 1, (2, 3), (2, 3), 2, 0, 0),
+            Partition(T1, 2, (3, 1), (3, 1), 3, 0, 0),
+        ),
+        CreateTopicResult(Errors.NONE, "", T1, 3, 2),
+    )
+    cluster.commit(result.records)
+    # The next topic balances against the leaders that exist.
+    cluster.create_topic("more", T2, 2, 1)
+    assert sorted(cluster.image.leader_counts().values()) == [1, 2, 2]
+
+
+def test_create_topic_uses_the_defaults() -> None:
+    cluster = three_brokers(ControllerConfig(num_partitions=4, default_replication_factor=2))
+    assert cluster.create_topic("t", T1, -1, -1) == CreateTopicResult(Errors.NONE, "", T1, 4, 2)
+    assert [len(s.replicas) for s in cluster.image.partitions_of(T1)] == [2, 2, 2, 2]
+
+
+def test_create_topic_with_a_fenced_broker() -> None:
+    cluster = three_brokers()
+    cluster.commit(cluster.heartbeat(3, 100, want_fence=True).records)
+    cluster.create_topic("t", T1, 4, 3)
+    for state in cluster.image.partitions_of(T1):
+        assert state.leader in (1, 2)
+        assert state.replicas[0] == state.leader
+        assert state.isr == tuple(r for r in state.replicas if r != 3)
+    cluster.create_topic("u", T2, 4, 2)
+    # Followers go to unfenced brokers first.
+    assert all(3 not in s.replicas for s in cluster.image.partitions_of(T2))
+
+
+@pytest.mark.parametrize(
+    ("name", "topic_id", "partitions", "rf", "configs", "error"),
+    [
+        ("t", T2, 1, 1, {}, Errors.TOPIC_ALREADY_EXISTS),
+        ("u", T1, 1, 1, {}, Errors.INVALID_REQUEST),
+        ("u", "", 1, 1, {}, Errors.INVALID_REQUEST),
+        ("", T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
+        ("..", T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
+        ("a/b", T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
+        ("x" * 250, T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
+        ("u", T2, 0, 1, {}, Errors.INVALID_PARTITIONS),
+        ("u", T2, 1, 0, {}, Errors.INVALID_REPLICATION_FACTOR),
+        ("u", T2, 1, 4, {}, Errors.INVALID_REPLICATION_FACTOR),
+        ("u", T2, 1, 1, {"min.insync.replicas": "0"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"min.insync.replicas": "two"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"unclean.leader.election.enable": "yes"}, Errors.INVALID_CONFIG),
+    ],
+)
+def test_create_topic_refusals(
+    *, name: str, topic_id: str, partitions: int, rf: int, configs: dict[str, str], error: Errors
+) -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 1)
+    result = cluster.decide(
+        lambda image: cluster.controller.create_topic(
+            image, name, topic_id, num_partitions=partitions, replication_factor=rf, configs=configs
+        )
+    )
+    assert result.records == ()
+    assert result.response.error is error
+    assert result.response.message
+
+
+def test_create_topic_when_all_brokers_are_fenced() -> None:
+    cluster = Cluster()
+    cluster.commit(cluster.register(1).records)
+    result = cluster.decide(
+        lambda image: cluster.controller.create_topic(image, "t", T1, num_partitions=1)
+    )
+    assert result == ControllerResult(
+        (),
+        CreateTopicResult(Errors.INVALID_REPLICATION_FACTOR, "All brokers are currently fenced."),
+    )
+
+
+@pytest.mark.parametrize(("brokers", "rf"), [(1, 1), (2, 2), (3, 3), (5, 3)])
+def test_offsets_topic(brokers: int, rf: int) -> None:
+    cluster = Cluster()
+    cluster.start(*range(1, brokers + 1))
+    response = cluster.run(lambda image: cluster.controller.create_offsets_topic(image, OFFSETS_ID))
+    assert response == CreateTopicResult(Errors.NONE, "", OFFSETS_ID, 50, rf)
+    topic = cluster.image.topic_by_name(OFFSETS_TOPIC_NAME)
+    assert topic is not None
+    assert topic.configs == {
+        "cleanup.policy": "compact",
+        "compression.type": "producer",
+        "segment.bytes": "104857600",
+        "min.insync.replicas": "2" if rf >= 3 else "1",
+    }
+    states = cluster.image.partitions_of(OFFSETS_ID)
+    assert [s.partition for s in states] == list(range(50))
+    assert all(len(set(s.replicas)) == rf and s.isr == s.replicas for s in states)
+    leaders = Counter(s.leader for s in states)
+    assert set(leaders) == set(range(1, brokers + 1))
+    assert max(leaders.values()) - min(leaders.values()) <= 1
+    # Created once.
+    again = cluster.decide(lambda image: cluster.controller.create_offsets_topic(image, T2))
+    assert again.response.error is Errors.TOPIC_ALREADY_EXISTS
+
+
+def test_offsets_topic_needs_a_broker() -> None:
+    cluster = Cluster()
+    result = cluster.decide(lambda image: cluster.controller.create_offsets_topic(image, T1))
+    assert result.records == ()
+    assert result.response.error is Errors.INVALID_REPLICATION_FACTOR
+
+
+def test_delete_topic() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 2, 2)
+    assert cluster.decide(lambda image: cluster.controller.delete_topic(image, T1)) == (
+        ControllerResult((RemoveTopic(T1),), Errors.NONE)
+    )
+    assert cluster.decide(lambda image: cluster.controller.delete_topic(image, T2)) == (
+        ControllerResult((), Errors.UNKNOWN_TOPIC_ID)
+    )
+
+
+# ------------------------------------------------------------------ placement properties
+
+
+def test_place_replicas_refusals() -> None:
+    live = [UsableBroker(1, False), UsableBroker(2, False)]
+    with pytest.raises(PlacementError, match="only 2 broker") as info:
+        place_replicas(live, 1, 3)
+    assert info.value.error is Errors.INVALID_REPLICATION_FACTOR
+    with pytest.raises(PlacementError, match="must be positive"):
+        place_replicas(live, 1, -1)
+    with pytest.raises(PlacementError, match="number of partitions") as info:
+        place_replicas(live, 0, 1)
+    assert info.value.error is Errors.INVALID_PARTITIONS
+    with pytest.raises(PlacementError, match="All brokers are currently fenced"):
+        place_replicas([UsableBroker(1, True)], 1, 1)
+
+
+def test_placement_uses_fenced_brokers_only_as_followers_and_last() -> None:
+    brokers = [UsableBroker(1, False), UsableBroker(2, True), UsableBroker(3, False)]
+    placements = place_replicas(brokers, 4, 3)
+    assert all(p[0] in (1, 3) and p[2] == 2 for p in placements)
+    assert place_replicas(brokers, 4, 2) == [(1, 3), (3, 1), (1, 3), (3, 1)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    broker_count=st.integers(1, 7),
+    topics=st.lists(st.tuples(st.integers(1, 30), st.integers(1, 7)), min_size=1, max_size=5),
+    fenced=st.sets(st.integers(1, 7), max_size=3),
+)
+def test_leaders_per_broker_differ_by_at_most_one(
+    broker_count: int, topics: list[tuple[int, int]], fenced: set[int]
+) -> None:
+    cluster = Cluster()
+    cluster.start(*range(1, broker_count + 1))
+    fenced = {b for b in fenced if b <= broker_count}
+    if len(fenced) == broker_count:
+        fenced.discard(1)
+    for b in sorted(fenced):
+        cluster.commit(cluster.heartbeat(b, 0, want_fence=True).records)
+    live = [b for b in range(1, broker_count + 1) if b not in fenced]
+    for index, (partitions, wanted_rf) in enumerate(topics):
+        rf = min(wanted_rf, broker_count)
+        result = cluster.create_topic(f"topic-{index}", f"id-{index}", partitions, rf)
+        assert result.error is Errors.NONE
+        states = cluster.image.partitions_of(f"id-{index}")
+        assert len(states) == partitions
+        for s in states:
+            assert len(s.replicas) == len(set(s.replicas)) == rf
+            assert s.leader == s.replicas[0] and s.leader in live
+            assert s.isr == tuple(r for r in s.replicas if r in live)
+        # Across all the cluster's partitions, not just this topic's.
+        counts = cluster.image.leader_counts()
+        per_broker = [counts.get(b, 0) for b in live]
+        assert max(per_broker) - min(per_broker) <= 1, per_broker
+        assert set(counts) <= set(live)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    broker_count=st.integers(2, 7),
+    partitions=st.integers(1, 60),
+    rf=st.integers(2, 7),
+    data=st.data(),
+)
+def test_after_one_broker_fails_leaders_still_differ_by_at_most_one(
+    broker_count: int, partitions: int, rf: int, data: st.DataObject
+) -> None:
+    rf = min(rf, broker_count)
+    placements = place_replicas(
+        [UsableBroker(b, False) for b in range(broker_count)], partitions, rf
+    )
+    dead = data.draw(st.integers(0, broker_count - 1))
+    # The second replica is the first live ISR member once the leader is gone.
+    leaders = Counter(p[1] if p[0] == dead else p[0] for p in placements)
+    per_survivor = [leaders.get(b, 0) for b in range(broker_count) if b != dead]
+    assert max(per_survivor) - min(per_survivor) <= 1, leaders
+
+
+def test_placement_is_deterministic() -> None:
+    brokers = [UsableBroker(b, False) for b in (5, 3, 9, 1)]
+    assert place_replicas(brokers, 20, 3) == place_replicas(list(reversed(brokers)), 20, 3)
+
+
+# ------------------------------------------------------------------ PartitionChangeBuilder
+
+
+def test_build_partition_change_returns_none_when_nothing_changes() -> None:
+    state = PartitionState(T1, 0, (1, 2, 3), (1, 2, 3), 1, 4, 7)
+    assert (
+        build_partition_change(
+            state, is_acceptable_leader=lambda b: True, min_isr=2, elr_enabled=True
+        )
+        is None
+    )
+
+
+def test_build_partition_change_preferred_election() -> None:
+    state = PartitionState(T1, 0, (1, 2, 3), (2, 3, 1), 2, 4, 7)
+    alive: Callable[[int], bool] = lambda b: True  # noqa: E731
+    change = build_partition_change(
+        state, is_acceptable_leader=alive, min_isr=1, elr_enabled=True, election=Election.PREFERRED
+    )
+    assert change == PartitionChange(T1, 0, 7, leader=1)
+    # The preferred replica is dead: keep the current leader.
+    change = build_partition_change(
+        state,
+        is_acceptable_leader=lambda b: b != 1,
+        min_isr=1,
+        elr_enabled=True,
+        election=Election.PREFERRED,
+    )
+    assert change is None
+
+
+def test_build_partition_change_unclean_prefers_the_last_known_leader() -> None:
+    state = PartitionState(T1, 0, (1, 2, 3), (), NO_LEADER, 4, 7, (), (3,))
+    change = build_partition_change(
+        state,
+        is_acceptable_leader=lambda b: True,
+        min_isr=2,
+        elr_enabled=True,
+        election=Election.UNCLEAN,
+    )
+    assert change == PartitionChange(T1, 0, 7, leader=3, isr=(3,), last_known_elr=())
+    # Without unclean election nobody is elected.
+    assert (
+        build_partition_change(
+            state, is_acceptable_leader=lambda b: True, min_isr=2, elr_enabled=True
+        )
+        is None
+    )
