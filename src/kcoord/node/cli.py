@@ -1,16 +1,27 @@
 """The ``kcoord`` command line.
 
 Subcommands:
+  node --config FILE                          run one node (every key also via KCOORD_* env)
+  cluster up|status|stop-node|start-node|down a local cluster of node processes
+  quorum describe --bootstrap-server H:P      like kafka-metadata-quorum.sh describe
   dump-log FILE... [--print-data-log] [--offsets-decoder]   like kafka-dump-log.sh
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import os
+import signal
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from kcoord import __version__
+
+DEFAULT_CLUSTER_DIR = Path(".kcoord/cluster")
 
 
 def _dump_log(args: argparse.Namespace) -> int:
@@ -24,10 +35,141 @@ def _dump_log(args: argparse.Namespace) -> int:
     )
 
 
+def _node(args: argparse.Namespace) -> int:
+    from kcoord.node.config import ConfigError, load_config
+
+    try:
+        config = load_config(Path(args.config) if args.config else None, os.environ)
+    except ConfigError as e:
+        print(f"kcoord: invalid config: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"kcoord: cannot read config: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format=f"%(asctime)s node-{config.node_id} %(levelname)s %(name)s: %(message)s",
+    )
+    from kcoord.node.server import run
+
+    run(config)
+    return 0
+
+
+def _print_status(report: dict[str, Any]) -> None:
+    print(f"data dir: {report['data_dir']}")
+    print(f"bootstrap servers: {report['bootstrap_servers']}")
+    print(
+        f"{'ID':>3} {'PID':>8} {'ALIVE':>5} {'ROLE':<20} {'KAFKA':<16} {'RPC':<16} "
+        f"{'QUORUM':<16} {'ADMIN':<16}"
+    )
+    for n in report["nodes"]:
+        print(
+            f"{n['node_id']:>3} {n['pid'] or '-':>8} {('yes' if n['alive'] else 'no'):>5} "
+            f"{n['role']:<20} {n['kafka']:<16} {n['rpc']:<16} {n['quorum']:<16} {n['admin']:<16}"
+        )
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    from kcoord.node import launcher
+
+    data_dir = Path(args.data_dir)
+    try:
+        if args.cluster_command == "up":
+            print(f"kcoord: starting {args.nodes} nodes in {data_dir} ...", flush=True)
+            state = launcher.up(data_dir, args.nodes, args.base_port)
+            print(
+                f"kcoord: cluster ready; bootstrap servers: {state.bootstrap_servers}", flush=True
+            )
+            _print_status(launcher.status(state))
+            if args.detach:
+                return 0
+            print("kcoord: running in the foreground; Ctrl-C stops every node", flush=True)
+            stop = {"now": False}
+
+            def on_signal(_sig: int, _frame: Any) -> None:
+                stop["now"] = True
+
+            signal.signal(signal.SIGINT, on_signal)
+            signal.signal(signal.SIGTERM, on_signal)
+            while not stop["now"]:
+                time.sleep(0.2)  # waiting for a signal
+            print("kcoord: stopping the cluster ...", flush=True)
+            launcher.down(state)
+            print("kcoord: stopped", flush=True)
+            return 0
+        state = launcher.ClusterState.load(data_dir)
+        if args.cluster_command == "status":
+            report = launcher.status(state)
+            if args.json:
+                print(json.dumps(report, indent=2))
+            else:
+                _print_status(report)
+        elif args.cluster_command == "stop-node":
+            launcher.stop_node(state.node(args.id), kill=args.kill)
+            state.save()
+        elif args.cluster_command == "start-node":
+            node = state.node(args.id)
+            if launcher.is_alive(node.pid):
+                raise launcher.LauncherError(f"node {args.id} is already running")
+            launcher.start_node(node)
+            state.save()
+        elif args.cluster_command == "down":
+            launcher.down(state, kill=args.kill)
+            print("kcoord: cluster stopped (data kept)")
+    except launcher.LauncherError as e:
+        print(f"kcoord: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _quorum(args: argparse.Namespace) -> int:
+    from kcoord.node.quorum_tool import describe
+
+    return describe(args.bootstrap_server, replication=args.replication, out=sys.stdout)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kcoord", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="kcoord", description="kcoord command line")
     parser.add_argument("--version", action="version", version=f"kcoord {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    node = sub.add_parser("node", help="run one node")
+    node.add_argument("--config", help="TOML file; KCOORD_* environment variables override it")
+    node.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    node.set_defaults(func=_node)
+
+    cluster = sub.add_parser("cluster", help="a local cluster of node processes")
+    csub = cluster.add_subparsers(dest="cluster_command", required=True)
+    up = csub.add_parser("up", help="write configs, start nodes, wait until ready")
+    up.add_argument("--nodes", type=int, default=3)
+    up.add_argument("--base-port", type=int, default=9092)
+    up.add_argument("--detach", action="store_true", help="return once ready")
+    status = csub.add_parser("status", help="nodes, pids, roles, addresses")
+    status.add_argument("--json", action="store_true")
+    stop_node = csub.add_parser("stop-node", help="stop one node (SIGTERM, or --kill)")
+    stop_node.add_argument("id", type=int)
+    stop_node.add_argument("--kill", action="store_true", help="SIGKILL")
+    start_node = csub.add_parser("start-node", help="start a stopped node again")
+    start_node.add_argument("id", type=int)
+    down = csub.add_parser("down", help="stop every node; data is kept")
+    down.add_argument("--kill", action="store_true")
+    for p in (up, status, stop_node, start_node, down):
+        p.add_argument("--data-dir", default=str(DEFAULT_CLUSTER_DIR))
+    cluster.set_defaults(func=_cluster)
+
+    quorum = sub.add_parser("quorum", help="the metadata quorum")
+    qsub = quorum.add_subparsers(dest="quorum_command", required=True)
+    describe = qsub.add_parser("describe", help="like kafka-metadata-quorum.sh describe")
+    describe.add_argument(
+        "--bootstrap-server",
+        required=True,
+        metavar="HOST:PORT",
+        help="any node's RPC address (cluster status lists them)",
+    )
+    describe.add_argument("--replication", action="store_true", help="a row per voter")
+    describe.add_argument("--status", action="store_true", help="the summary (default)")
+    quorum.set_defaults(func=_quorum)
 
     dump = sub.add_parser("dump-log", help="print log segments, offset and time indexes")
     dump.add_argument("files", nargs="+", metavar="FILE", help=".log, .index or .timeindex")

@@ -1,0 +1,146 @@
+"""Register with the active controller and heartbeat (Kafka's ``BrokerLifecycleManager``).
+
+The node finds the active controller through its own quorum (every node is a voter in combined
+mode): the Raft leader's node id, then that node's ``rpc`` endpoint from its registration in the
+metadata image. The leader registers itself first, in-process, so its endpoint is always known
+to the others. Registration gives a broker epoch; heartbeats every
+``broker.heartbeat.interval.ms`` carry the node's metadata offset, and the controller unfences
+the broker once that offset reaches its registration (it has caught up). A heartbeat answered
+with ``STALE_BROKER_EPOCH`` or ``BROKER_ID_NOT_REGISTERED`` (the controller lost or replaced
+this registration) makes the node register again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from kcoord.node.controller_service import ControllerService
+from kcoord.node.metadata import MetadataCache
+from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemoteError, RpcTimeout
+from kcoord.raft.errors import Errors
+from kcoord.raft.quorum import MetadataQuorum
+
+log = logging.getLogger(__name__)
+
+
+class ControllerUnavailableError(Exception):
+    pass
+
+
+class BrokerLifecycle:
+    def __init__(  # noqa: PLR0917 - the node wires its parts in one place
+        self,
+        node_id: int,
+        incarnation_id: str,
+        endpoints: Mapping[str, str],
+        quorum: MetadataQuorum,
+        cache: MetadataCache,
+        controller_service: ControllerService,
+        rpc_pool: RpcClientPool,
+        monotonic_ms: Callable[[], int],
+        *,
+        heartbeat_interval_ms: int = 500,
+        rpc_timeout_s: float = 2.0,
+    ) -> None:
+        self.node_id = node_id
+        self.incarnation_id = incarnation_id
+        self.endpoints = dict(endpoints)
+        self.quorum = quorum
+        self.cache = cache
+        self.controller_service = controller_service
+        self.rpc_pool = rpc_pool
+        self.monotonic_ms = monotonic_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.rpc_timeout_s = rpc_timeout_s
+        self.broker_epoch: int | None = None
+        self.is_fenced = True
+        self.is_caught_up = False
+        self.last_heartbeat_ok_ms: int | None = None
+        self.want_shut_down = False
+        self.shut_down_granted = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except ControllerUnavailableError as e:
+                log.debug("controller unavailable: %s", e)
+            except Exception:
+                log.exception("broker lifecycle step failed")
+            await asyncio.sleep(self.heartbeat_interval_ms / 1000)  # the heartbeat period
+
+    async def _step(self) -> None:
+        if self.broker_epoch is None:
+            reply = await self._call_controller(
+                "BrokerRegistration",
+                {
+                    "broker_id": self.node_id,
+                    "incarnation_id": self.incarnation_id,
+                    "endpoints": self.endpoints,
+                    "cluster_id": self.cache.image.cluster_id,
+                },
+            )
+            error = Errors(reply["error"])
+            if error is not Errors.NONE:
+                log.warning("registration refused: %s", error.name)
+                return
+            self.broker_epoch = int(reply["broker_epoch"])
+            log.info("registered as broker %d with epoch %d", self.node_id, self.broker_epoch)
+        reply = await self._call_controller(
+            "BrokerHeartbeat",
+            {
+                "broker_id": self.node_id,
+                "broker_epoch": self.broker_epoch,
+                "current_metadata_offset": self.cache.offset,
+                "want_shut_down": self.want_shut_down,
+            },
+        )
+        error = Errors(reply["error"])
+        if error in (Errors.STALE_BROKER_EPOCH, Errors.BROKER_ID_NOT_REGISTERED):
+            log.warning("heartbeat answered %s: registering again", error.name)
+            self.broker_epoch = None
+            return
+        if error is not Errors.NONE:
+            log.warning("heartbeat answered %s", error.name)
+            return
+        self.last_heartbeat_ok_ms = self.monotonic_ms()
+        if self.is_fenced != reply["is_fenced"]:
+            log.info(
+                "broker %d is now %s", self.node_id, "fenced" if reply["is_fenced"] else "unfenced"
+            )
+        self.is_fenced = bool(reply["is_fenced"])
+        self.is_caught_up = bool(reply["is_caught_up"])
+        if reply.get("should_shut_down"):
+            self.shut_down_granted.set()
+
+    async def _call_controller(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        leader_id = self.quorum.status().leader_id
+        if leader_id is None:
+            raise ControllerUnavailableError("no Raft leader known")
+        if leader_id == self.node_id:
+            handlers: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
+                "BrokerRegistration": self.controller_service.handle_broker_registration,
+                "BrokerHeartbeat": self.controller_service.handle_broker_heartbeat,
+            }
+            try:
+                return await handlers[method](payload)
+            except RpcError as e:
+                raise ControllerUnavailableError(str(e)) from e
+        broker = self.cache.image.broker(leader_id)
+        rpc = broker.endpoints.get("rpc") if broker is not None else None
+        if rpc is None:
+            raise ControllerUnavailableError(
+                f"controller {leader_id} has not registered its endpoint"
+            )
+        host, _, port = rpc.rpartition(":")
+        client = self.rpc_pool.get(host, int(port))
+        try:
+            result: dict[str, Any] = await client.call(method, payload, self.rpc_timeout_s)
+        except (RpcConnectionError, RpcTimeout, RpcRemoteError) as e:
+            raise ControllerUnavailableError(f"{method} to node {leader_id}: {e}") from e
+        return result

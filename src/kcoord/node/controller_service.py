@@ -1,0 +1,297 @@
+"""The active controller, run on the node that is the Raft leader (Kafka's ``QuorumController``).
+
+Theory of operation
+-------------------
+Every node runs this service; it is *active* only while the local quorum says this node leads
+and after a first batch proposed in the new term has been committed and applied locally (like
+KRaft's leader writing its ``LeaderChangeMessage`` first): from then on the local image holds
+everything committed before this term, so decisions are made on the whole committed state.
+
+Decisions come from the pure ``raft.controller.Controller`` and are made one at a time (one
+``asyncio.Lock``), each on the committed image: propose the records, wait until they are
+committed *and* applied to the local image, then answer. A node that only believes it leads
+(isolated, before pysyncobj's leader fallback timeout steps it down) can propose, but nothing
+it proposes commits without a majority, so it never fences or elects anything.
+
+Periodic duties (``tick``, every ``tick_interval_ms``): write the cluster id once, create
+``__consumer_offsets`` once enough brokers are registered, fence brokers whose session expired,
+and move leadership back to preferred replicas (Kafka's auto leader rebalance).
+
+RPC methods served here (payloads are msgpack maps): ``BrokerRegistration``,
+``BrokerHeartbeat``, ``AlterPartition``. A node that is not the active controller answers
+``NOT_CONTROLLER``; the caller retries at the leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kcoord.node.metadata import MetadataCache
+from kcoord.node.rpc import RpcError
+from kcoord.raft import records as rec
+from kcoord.raft.controller import (
+    OFFSETS_TOPIC_NAME,
+    AlterPartitionItem,
+    AlterPartitionRequest,
+    BrokerHeartbeatRequest,
+    BrokerRegistrationRequest,
+    BrokerState,
+    Controller,
+    ControllerConfig,
+)
+from kcoord.raft.errors import Errors
+from kcoord.raft.quorum import MetadataQuorum
+
+log = logging.getLogger(__name__)
+
+
+def new_topic_id() -> str:
+    """A Kafka-style topic id: a random UUID as 22 characters of URL-safe base64."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+class NotActiveError(Exception):
+    pass
+
+
+class ControllerService:
+    def __init__(
+        self,
+        node_id: int,
+        quorum: MetadataQuorum,
+        cache: MetadataCache,
+        config: ControllerConfig,
+        monotonic_ms: Callable[[], int],
+        *,
+        cluster_id: str | None = None,
+        expected_brokers: int = 1,
+        tick_interval_ms: int = 100,
+        preferred_election_interval_ms: int = 5000,
+        propose_timeout_s: float = 10.0,
+    ) -> None:
+        self.node_id = node_id
+        self.quorum = quorum
+        self.cache = cache
+        self.config = config
+        self.monotonic_ms = monotonic_ms
+        self.cluster_id = cluster_id
+        self.expected_brokers = expected_brokers
+        self.tick_interval_ms = tick_interval_ms
+        self.preferred_election_interval_ms = preferred_election_interval_ms
+        self.propose_timeout_s = propose_timeout_s
+        self.controller: Controller | None = None
+        self.active_epoch: int | None = None
+        self._activating_epoch: int | None = None
+        self._lock = asyncio.Lock()
+        self._last_preferred_election_ms = 0
+        self.activations = 0
+        self.fenced_by_me: list[int] = []
+        self._wake = asyncio.Event()
+
+    # -----------------------------------------------------------------------------------------
+    # Activation.
+
+    @property
+    def is_active(self) -> bool:
+        return self.controller is not None
+
+    def on_quorum_state_changed(self) -> None:
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._maybe_activate()
+                if self.controller is not None:
+                    await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("controller tick failed")
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.tick_interval_ms / 1000)
+
+    async def _maybe_activate(self) -> None:
+        status = self.quorum.status()
+        if not status.is_leader:
+            if self.controller is not None:
+                log.info("node %d is no longer the active controller", self.node_id)
+            self.controller = None
+            self.active_epoch = None
+            return
+        if self.controller is not None and self.active_epoch == status.epoch:
+            return
+        if self._activating_epoch == status.epoch:
+            return
+        self.controller = None
+        self._activating_epoch = status.epoch
+        try:
+            # Commit a batch in this term before deciding anything (KRaft's LeaderChange).
+            await self._propose([rec.NoOp()])
+        except NotActiveError as e:
+            log.info("activation in epoch %d failed: %s", status.epoch, e)
+            return
+        finally:
+            self._activating_epoch = None
+        if not self.quorum.status().is_leader:
+            return
+        self.controller = Controller(self.config, activated_at_ms=self.monotonic_ms())
+        self.active_epoch = status.epoch
+        self.activations += 1
+        log.info("node %d is the active controller in epoch %d", self.node_id, status.epoch)
+
+    # -----------------------------------------------------------------------------------------
+    # Proposing.
+
+    async def _propose(
+        self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]
+    ) -> int:
+        """Propose a batch; return its offset once it is applied to the local image."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+
+        def on_done(offset: int | None, error: str | None) -> None:
+            def settle() -> None:
+                if fut.done():
+                    return
+                if offset is None:
+                    fut.set_exception(NotActiveError(error or "not committed"))
+                else:
+                    fut.set_result(offset)
+
+            loop.call_soon_threadsafe(settle)
+
+        self.quorum.propose(list(records), on_done)
+        try:
+            offset = await asyncio.wait_for(fut, self.propose_timeout_s)
+        except TimeoutError as e:
+            raise NotActiveError("proposal timed out") from e
+        await asyncio.wait_for(self.cache.wait_for_offset(offset), self.propose_timeout_s)
+        return offset
+
+    def _require_active(self) -> Controller:
+        if self.controller is None:
+            raise RpcError(int(Errors.NOT_CONTROLLER), f"node {self.node_id} is not the controller")
+        return self.controller
+
+    # -----------------------------------------------------------------------------------------
+    # Periodic duties.
+
+    async def tick(self) -> None:
+        async with self._lock:
+            controller = self.controller
+            if controller is None:
+                return
+            image = self.cache.image
+            if image.cluster_id is None:
+                result = controller.maybe_write_cluster_id(image, self.cluster_id or new_topic_id())
+                if result.records:
+                    await self._propose(result.records)
+                    return
+            now_ms = self.monotonic_ms()
+            fenced = controller.maybe_fence_stale_brokers(self.cache.image, now_ms)
+            if fenced.records:
+                log.warning(
+                    "fencing brokers %s: no heartbeat within the session timeout",
+                    list(fenced.response),
+                )
+                self.fenced_by_me.extend(fenced.response)
+                await self._propose(fenced.records)
+            image = self.cache.image
+            if image.topic_by_name(OFFSETS_TOPIC_NAME) is None:
+                wanted = min(self.config.offsets_topic_replication_factor, self.expected_brokers)
+                if len(image.unfenced_broker_ids()) >= wanted:
+                    created = controller.create_offsets_topic(image, new_topic_id())
+                    if created.records:
+                        log.info("creating %s: %s", OFFSETS_TOPIC_NAME, created.response)
+                        await self._propose(created.records)
+            if now_ms - self._last_preferred_election_ms >= self.preferred_election_interval_ms:
+                self._last_preferred_election_ms = now_ms
+                elected = controller.elect_preferred_leaders(self.cache.image)
+                if elected.records:
+                    await self._propose(elected.records)
+
+    # -----------------------------------------------------------------------------------------
+    # RPC handlers.
+
+    async def handle_broker_registration(self, payload: Any) -> dict[str, Any]:
+        request = BrokerRegistrationRequest(
+            broker_id=int(payload["broker_id"]),
+            incarnation_id=str(payload["incarnation_id"]),
+            endpoints={str(k): str(v) for k, v in payload["endpoints"].items()},
+            rack=payload.get("rack"),
+            cluster_id=payload.get("cluster_id"),
+        )
+        async with self._lock:
+            controller = self._require_active()
+            result = controller.register_broker(self.cache.image, request, self.monotonic_ms())
+            if result.records:
+                await self._propose(result.records)
+        reply = result.response
+        return {"error": int(reply.error), "broker_epoch": reply.broker_epoch}
+
+    async def handle_broker_heartbeat(self, payload: Any) -> dict[str, Any]:
+        request = BrokerHeartbeatRequest(
+            broker_id=int(payload["broker_id"]),
+            broker_epoch=int(payload["broker_epoch"]),
+            current_metadata_offset=int(payload["current_metadata_offset"]),
+            want_fence=bool(payload.get("want_fence", False)),
+            want_shut_down=bool(payload.get("want_shut_down", False)),
+        )
+        async with self._lock:
+            controller = self._require_active()
+            result = controller.broker_heartbeat(self.cache.image, request, self.monotonic_ms())
+            if result.records:
+                await self._propose(result.records)
+        reply = result.response
+        return {
+            "error": int(reply.error),
+            "is_caught_up": reply.is_caught_up,
+            "is_fenced": reply.is_fenced,
+            "should_shut_down": reply.should_shut_down,
+        }
+
+    async def handle_alter_partition(self, payload: Any) -> dict[str, Any]:
+        request = AlterPartitionRequest(
+            broker_id=int(payload["broker_id"]),
+            broker_epoch=int(payload["broker_epoch"]),
+            partitions=tuple(
+                AlterPartitionItem(
+                    topic_id=str(p["topic_id"]),
+                    partition=int(p["partition"]),
+                    leader_epoch=int(p["leader_epoch"]),
+                    partition_epoch=int(p["partition_epoch"]),
+                    new_isr=tuple(BrokerState(int(b), int(e)) for b, e in p["new_isr"]),
+                )
+                for p in payload["partitions"]
+            ),
+        )
+        async with self._lock:
+            controller = self._require_active()
+            result = controller.alter_partition(self.cache.image, request)
+            if result.records:
+                await self._propose(result.records)
+        reply = result.response
+        return {
+            "error": int(reply.error),
+            "partitions": [
+                {
+                    "topic_id": r.topic_id,
+                    "partition": r.partition,
+                    "error": int(r.error),
+                    "leader": r.leader,
+                    "leader_epoch": r.leader_epoch,
+                    "partition_epoch": r.partition_epoch,
+                    "isr": list(r.isr),
+                }
+                for r in reply.partitions
+            ],
+        }

@@ -1,0 +1,319 @@
+"""``kcoord cluster ...``: a local cluster of node processes on one machine.
+
+``cluster up`` writes one config per node under ``<data dir>/node-<id>/node.toml`` (data in
+``node-<id>/data``, output in ``node-<id>/node.log``), starts the processes, waits until a
+controller is active and every node is registered and unfenced, and prints the bootstrap
+servers. In the foreground it then waits for Ctrl-C (SIGINT) or SIGTERM and stops every node;
+with ``--detach`` it returns and leaves ``<data dir>/cluster.json`` for ``status``,
+``stop-node``, ``start-node`` and ``down``.
+
+Ports: node ``i`` (from 1) uses ``base + 10 * (i - 1)`` for Kafka and the next three for RPC,
+quorum and admin HTTP: with the default base 9092, node 1 is 9092/9093/9094/9095, node 2
+9102/..., node 3 9112/....
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kcoord.node.config import render_toml
+from kcoord.node.rpc_sync import call_sync
+
+STATE_FILE = "cluster.json"
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+
+
+class LauncherError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class NodeProcess:
+    node_id: int
+    host: str
+    kafka_port: int
+    rpc_port: int
+    quorum_port: int
+    admin_port: int
+    directory: str
+    pid: int | None = None
+    # The lab (DESIGN section 9) runs each node with its own group id, so iptables' owner
+    # match can drop exactly one node's packets inside the lab's network namespace.
+    group: int | None = None
+
+    @property
+    def config_path(self) -> Path:
+        return Path(self.directory) / "node.toml"
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.directory) / "node.log"
+
+    def addresses(self) -> dict[str, str]:
+        return {
+            "kafka": f"{self.host}:{self.kafka_port}",
+            "rpc": f"{self.host}:{self.rpc_port}",
+            "quorum": f"{self.host}:{self.quorum_port}",
+            "admin": f"{self.host}:{self.admin_port}",
+        }
+
+
+@dataclass(slots=True)
+class ClusterState:
+    data_dir: str
+    nodes: list[NodeProcess]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{n.host}:{n.kafka_port}" for n in self.nodes)
+
+    def node(self, node_id: int) -> NodeProcess:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise LauncherError(f"no node {node_id} in this cluster")
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            json.dumps(
+                {"data_dir": self.data_dir, "nodes": [asdict(n) for n in self.nodes]}, indent=2
+            )
+        )
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, data_dir: Path) -> ClusterState:
+        path = data_dir / STATE_FILE
+        if not path.exists():
+            raise LauncherError(f"no cluster state in {data_dir} (start one with 'cluster up')")
+        raw = json.loads(path.read_text())
+        return cls(raw["data_dir"], [NodeProcess(**n) for n in raw["nodes"]])
+
+
+def plan(
+    data_dir: Path,
+    nodes: int,
+    base_port: int,
+    *,
+    hosts: list[str] | None = None,
+    groups: list[int] | None = None,
+) -> ClusterState:
+    """Node ``i`` binds to ``hosts[i - 1]`` (default 127.0.0.1) and runs as ``groups[i - 1]``."""
+    if nodes not in (1, 3, 5):
+        raise LauncherError("--nodes must be 1, 3 or 5 (a Raft quorum of voters)")
+    return ClusterState(
+        str(data_dir.resolve()),
+        [
+            NodeProcess(
+                node_id=i,
+                host=hosts[i - 1] if hosts else "127.0.0.1",
+                group=groups[i - 1] if groups else None,
+                kafka_port=base_port + 10 * (i - 1),
+                rpc_port=base_port + 10 * (i - 1) + 1,
+                quorum_port=base_port + 10 * (i - 1) + 2,
+                admin_port=base_port + 10 * (i - 1) + 3,
+                directory=str((data_dir / f"node-{i}").resolve()),
+            )
+            for i in range(1, nodes + 1)
+        ],
+    )
+
+
+def render_config(state: ClusterState, node: NodeProcess, overrides: dict[str, Any]) -> str:
+    voters = ",".join(f"{n.node_id}@{n.host}:{n.quorum_port}" for n in state.nodes)
+    values: dict[str, Any] = {
+        "node.id": node.node_id,
+        "listeners": f"{node.host}:{node.kafka_port}",
+        "rpc.listener": f"{node.host}:{node.rpc_port}",
+        "quorum.listener": f"{node.host}:{node.quorum_port}",
+        "admin.listener": f"{node.host}:{node.admin_port}",
+        "controller.quorum.voters": voters,
+        "data.dir": str(Path(node.directory) / "data"),
+        **overrides,
+    }
+    return "# Written by 'kcoord cluster up'.\n" + render_toml(values)
+
+
+# Processes started by this launcher process, kept so they are reaped (not left as zombies or
+# garbage-collected while running); a later CLI invocation finds nodes by pid instead.
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def start_node(node: NodeProcess) -> None:
+    Path(node.directory).mkdir(parents=True, exist_ok=True)
+    with open(node.log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kcoord.node.cli", "node", "--config", str(node.config_path)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the terminal reaches the launcher, not the nodes
+            group=node.group,
+        )
+    node.pid = proc.pid
+    _CHILDREN[proc.pid] = proc
+
+
+def is_alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        if child.poll() is None:
+            return True
+        del _CHILDREN[pid]
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie or a reused pid is not our node.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().split(") ")[-1].startswith("Z"):
+                return False
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"kcoord.node.cli" in f.read()
+    except OSError:
+        return False
+
+
+def stop_node(node: NodeProcess, *, kill: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    if not is_alive(node.pid):
+        node.pid = None
+        return
+    assert node.pid is not None
+    os.kill(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while is_alive(node.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the process table
+    if is_alive(node.pid):
+        os.kill(node.pid, signal.SIGKILL)
+        while is_alive(node.pid):
+            time.sleep(0.02)
+    node.pid = None
+
+
+def describe_node(node: NodeProcess, timeout_s: float = 2.0) -> dict[str, Any] | None:
+    try:
+        result: dict[str, Any] = call_sync(node.host, node.rpc_port, "DescribeNode", {}, timeout_s)
+    except Exception:
+        return None
+    return result
+
+
+def cluster_ready(state: ClusterState) -> tuple[bool, str]:
+    """Ready: a controller is active, and every node is registered and unfenced."""
+    views = {n.node_id: describe_node(n) for n in state.nodes}
+    missing = [i for i, v in views.items() if v is None]
+    if missing:
+        return False, f"nodes {missing} not answering yet"
+    controllers = {v["controller_id"] for v in views.values() if v is not None}
+    if None in controllers or len(controllers) != 1:
+        return False, f"no agreed active controller yet ({controllers})"
+    active = next(iter(controllers))
+    view = views[active]
+    assert view is not None
+    if not view["is_active_controller"]:
+        return False, f"node {active} is leader but not yet active"
+    brokers = view["brokers"]
+    for n in state.nodes:
+        b = brokers.get(str(n.node_id))
+        if b is None or b["fenced"]:
+            return False, f"node {n.node_id} not registered and unfenced yet"
+    if not view.get("offsets_topic_created"):
+        return False, "__consumer_offsets not created yet"
+    return True, "ready"
+
+
+def wait_ready(state: ClusterState, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    why = ""
+    while time.monotonic() < deadline:
+        for n in state.nodes:
+            if not is_alive(n.pid):
+                raise LauncherError(f"node {n.node_id} exited; see {n.log_path}")
+        ok, why = cluster_ready(state)
+        if ok:
+            return
+        time.sleep(0.1)  # polling the nodes
+    raise LauncherError(f"cluster not ready after {timeout_s:.0f} s: {why}")
+
+
+@contextmanager
+def _stop_on_failure(state: ClusterState) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        for n in state.nodes:
+            stop_node(n, kill=True)
+        raise
+
+
+def up(
+    data_dir: Path,
+    nodes: int,
+    base_port: int,
+    *,
+    overrides: dict[str, Any] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    hosts: list[str] | None = None,
+    groups: list[int] | None = None,
+) -> ClusterState:
+    """Write configs, start every node, wait until ready; the caller decides what comes next."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if (data_dir / STATE_FILE).exists():
+        old = ClusterState.load(data_dir)
+        if any(is_alive(n.pid) for n in old.nodes):
+            raise LauncherError(f"a cluster is already running from {data_dir}; 'cluster down'")
+    state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
+    for n in state.nodes:
+        Path(n.directory).mkdir(parents=True, exist_ok=True)
+        n.config_path.write_text(render_config(state, n, overrides or {}))
+    with _stop_on_failure(state):
+        for n in state.nodes:
+            start_node(n)
+        state.save()
+        wait_ready(state, ready_timeout_s)
+    return state
+
+
+def down(state: ClusterState, *, kill: bool = False) -> None:
+    for n in state.nodes:
+        stop_node(n, kill=kill)
+    state.save()
+
+
+def status(state: ClusterState) -> dict[str, Any]:
+    rows = []
+    for n in state.nodes:
+        alive = is_alive(n.pid)
+        view = describe_node(n) if alive else None
+        role = "down"
+        if view is not None:
+            role = "controller" if view["is_active_controller"] else "broker"
+            if view.get("fenced", True):
+                role += " (fenced)"
+        rows.append(
+            {
+                "node_id": n.node_id,
+                "pid": n.pid if alive else None,
+                "alive": alive,
+                "role": role,
+                **n.addresses(),
+            }
+        )
+    return {"data_dir": state.data_dir, "bootstrap_servers": state.bootstrap_servers, "nodes": rows}

@@ -1,0 +1,155 @@
+"""The node's view of cluster metadata, on the event loop (Kafka's ``BrokerMetadataPublisher``).
+
+The Raft thread hands every committed batch over with ``loop.call_soon_threadsafe`` (see
+``QuorumBridge``); ``MetadataCache.apply`` replays it into the node's own ``MetadataImage`` in
+offset order, derives this node's role changes (``become_leader`` / ``become_follower`` /
+``stop_replica``, once per leader epoch) and passes them to the ``RoleListener``: in this issue
+that is ``ReplicaRoles``, which only records them; replication plugs in here later.
+
+Coroutines can wait until the image has reached an offset (``wait_for_offset``): the controller
+service answers a request only once the records it proposed are in this node's image.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from kcoord.raft import records as rec
+from kcoord.raft.image import (
+    BecomeFollower,
+    BecomeLeader,
+    MetadataApplyError,
+    MetadataDelta,
+    MetadataImage,
+    RoleChange,
+    StopReplica,
+    TopicIdPartition,
+    role_changes,
+)
+
+log = logging.getLogger(__name__)
+
+
+class RoleListener(Protocol):
+    def on_role_changes(self, changes: list[RoleChange]) -> None: ...
+
+
+@dataclass(slots=True)
+class PartitionRole:
+    topic_name: str
+    partition: int
+    role: str  # "leader" | "follower" | "stopped"
+    leader: int
+    leader_epoch: int
+
+
+@dataclass(slots=True)
+class ReplicaRoles:
+    """Records this node's role per partition, as instructed by the metadata log."""
+
+    node_id: int
+    roles: dict[TopicIdPartition, PartitionRole] = field(default_factory=dict)
+    history: list[RoleChange] = field(default_factory=list)
+    history_limit: int = 10_000
+
+    def on_role_changes(self, changes: list[RoleChange]) -> None:
+        for change in changes:
+            tp = change.tp
+            if isinstance(change, BecomeLeader):
+                self.roles[tp] = PartitionRole(
+                    change.topic_name, tp.partition, "leader", self.node_id, change.leader_epoch
+                )
+            elif isinstance(change, BecomeFollower):
+                self.roles[tp] = PartitionRole(
+                    change.topic_name, tp.partition, "follower", change.leader, change.leader_epoch
+                )
+            elif isinstance(change, StopReplica):
+                self.roles.pop(tp, None)
+            self.history.append(change)
+        if len(self.history) > self.history_limit:
+            del self.history[: len(self.history) - self.history_limit]
+
+    def led(self) -> list[PartitionRole]:
+        return [r for r in self.roles.values() if r.role == "leader"]
+
+
+class MetadataCache:
+    def __init__(self, node_id: int, listener: RoleListener) -> None:
+        self.node_id = node_id
+        self.image = MetadataImage()
+        self.listener = listener
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self.applied_batches = 0
+        self.skipped_batches = 0
+
+    @property
+    def offset(self) -> int:
+        return self.image.last_offset
+
+    def apply(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+        """Replay one committed batch; the Raft thread already checked it applies."""
+        try:
+            delta = self.image.apply_batch(offset, records)
+        except MetadataApplyError as e:
+            # The quorum's image refused nothing it passed on, so this is a divergence bug.
+            self.skipped_batches += 1
+            log.error("metadata offset %d did not apply to the node image: %s", offset, e)
+            return
+        self.applied_batches += 1
+        self._publish(delta)
+
+    def load_snapshot(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+        try:
+            delta = self.image.load_snapshot(offset, records)
+        except MetadataApplyError as e:
+            log.error("metadata snapshot at %d did not load: %s", offset, e)
+            return
+        self._publish(delta)
+
+    def _publish(self, delta: MetadataDelta) -> None:
+        changes = role_changes(delta, self.node_id)
+        if changes:
+            try:
+                self.listener.on_role_changes(changes)
+            except Exception:
+                log.exception("role listener failed at metadata offset %d", delta.offset)
+        ready = [(o, f) for o, f in self._waiters if o <= self.image.last_offset]
+        if ready:
+            self._waiters = [(o, f) for o, f in self._waiters if o > self.image.last_offset]
+            for _, fut in ready:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def wait_for_offset(self, offset: int) -> None:
+        if self.image.last_offset >= offset:
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((offset, fut))
+        await fut
+
+
+class QuorumBridge:
+    """A ``QuorumListener`` that moves every callback from the Raft thread onto the loop."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        cache: MetadataCache,
+        on_state_changed: Callable[[], None],
+    ) -> None:
+        self.loop = loop
+        self.cache = cache
+        self._on_state_changed = on_state_changed
+
+    def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+        self.loop.call_soon_threadsafe(self.cache.apply, offset, records)
+
+    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+        self.loop.call_soon_threadsafe(self.cache.load_snapshot, offset, records)
+
+    def on_state_changed(self) -> None:
+        self.loop.call_soon_threadsafe(self._on_state_changed)

@@ -1,0 +1,546 @@
+"""Inter-node RPC: length-prefixed msgpack frames over TCP (DESIGN.md section 1, port 9093).
+
+Replica fetch, broker heartbeat, AlterPartition and metadata fetch travel over this.
+
+Frame format
+------------
+
+Every message, either way, is one frame::
+
+    +--------------------------+----------------------------------+
+    | length: u32, big-endian  | body: `length` bytes of msgpack  |
+    +--------------------------+----------------------------------+
+
+    request body:  [request_id: int, method: str, payload: any]
+    response body: [request_id: int, true,  result: any]
+                   [request_id: int, false, {"code": int | str, "message": str}]
+
+Payloads and results are plain msgpack values: nil, bool, int, float, str, bin, array, map
+(packed with ``use_bin_type=True``, unpacked with ``raw=False, strict_map_key=False``, so str and
+bytes stay apart and map keys may be ints). Extension types are refused, except msgpack's own
+timestamp (it decodes to a harmless ``msgpack.Timestamp``; do not send one). Nothing is ever
+pickled. ``length`` is 1..``max_frame_bytes`` (64 MiB by default).
+
+Theory of operation
+-------------------
+
+A client pipelines: it may send many requests on one connection without waiting, each with a
+request id unique on that client, and the server answers each as soon as its handler finishes,
+so answers can come back in any order; the client matches them by id. Errors come in two kinds:
+
+- an *answer* that is an error (``ok`` false): the handler raised ``RpcError(code, message)``,
+  the method is unknown (``UNKNOWN_METHOD``) or the handler failed otherwise (``INTERNAL``, and
+  the server logs the traceback). The connection is fine and stays up.
+- a *broken connection*: a frame that is too long, empty, not msgpack or not shaped as above.
+  The receiver logs one line and closes that connection only; the peer's in-flight calls fail
+  with ``RpcConnectionError`` and its next call reconnects. A server keeps serving everyone else.
+
+A client connects lazily on its first call and again on the first call after a failure. Between
+connection attempts it waits a backoff measured from the start of the previous attempt
+(Kafka's ``reconnect.backoff.ms``: 50 ms doubling up to 1 s while attempts fail, reset by a
+success), so a call made long after the last attempt never sleeps. The call's ``timeout_s``
+covers everything: backoff, connecting, sending and waiting. A call that times out leaves the
+connection up; its late answer is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import struct
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+
+from kcoord.node.clock import SYSTEM_CLOCK, Clock
+
+log = logging.getLogger(__name__)
+
+MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+UNKNOWN_METHOD: Final = "UNKNOWN_METHOD"
+INTERNAL: Final = "INTERNAL"
+
+_HEADER: Final = struct.Struct(">I")
+
+Handler = Callable[[Any], Awaitable[Any]]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class RpcError(Exception):
+    """An error answer. A handler raises it to answer ``{"code": code, "message": message}``."""
+
+    def __init__(self, code: int | str, message: str) -> None:
+        if not (_is_int(code) or isinstance(code, str)):
+            raise TypeError(f"an RPC error code is an int or a str, got {code!r}")
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class RpcClientError(Exception):
+    """A call that returned no result: the base of the three exceptions ``call`` raises."""
+
+
+class RpcTimeout(RpcClientError):  # noqa: N818 (the agreed public name)
+    """No answer within the call's ``timeout_s``; the request may or may not have run."""
+
+
+class RpcConnectionError(RpcClientError):
+    """Could not connect, or the connection broke before the answer came."""
+
+
+class RpcRemoteError(RpcError, RpcClientError):
+    """The server answered with an error. Re-raised by a handler, it forwards the same code."""
+
+
+class FrameError(Exception):
+    """A frame that breaks the format; the connection that carried it is closed."""
+
+
+def encode_frame(body: Any, max_frame_bytes: int = MAX_FRAME_BYTES) -> bytes:
+    """Length prefix plus msgpack body.
+
+    Raises ``TypeError`` for a value msgpack cannot carry and ``ValueError`` for a frame longer
+    than ``max_frame_bytes``.
+    """
+    try:
+        packed = msgpack.packb(body, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise TypeError(f"not a plain msgpack value: {e}") from e
+    assert isinstance(packed, bytes)
+    if len(packed) > max_frame_bytes:
+        raise ValueError(f"frame of {len(packed)} bytes exceeds the limit of {max_frame_bytes}")
+    return _HEADER.pack(len(packed)) + packed
+
+
+def decode_body(data: bytes) -> Any:
+    """Unpack one frame body; raises ``FrameError`` if it is not exactly one msgpack value."""
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_refuse_ext)
+    except (ValueError, TypeError, msgpack.UnpackException) as e:
+        raise FrameError(f"body is not one msgpack value: {str(e) or type(e).__name__}") from e
+
+
+async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> Any:
+    """Read and decode one frame.
+
+    Raises ``asyncio.IncompleteReadError`` at end of stream (``partial`` empty if it ended
+    between frames) and ``FrameError`` for a bad length or body.
+    """
+    header = await reader.readexactly(_HEADER.size)
+    (length,) = _HEADER.unpack(header)
+    if not 0 < length <= max_frame_bytes:
+        raise FrameError(f"frame length {length} is outside 1..{max_frame_bytes}")
+    return decode_body(await reader.readexactly(length))
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not allowed")
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_request(body: Any) -> tuple[int, str, Any]:
+    if not (isinstance(body, list) and len(body) == 3):
+        raise FrameError(f"expected a request [id, method, payload], got {_describe(body)}")
+    request_id, method, payload = body
+    if not _is_int(request_id) or not isinstance(method, str):
+        raise FrameError(f"expected a request [int, str, payload], got {_describe(body)}")
+    return request_id, method, payload
+
+
+def _parse_response(body: Any) -> tuple[int, bool, Any]:
+    if not (isinstance(body, list) and len(body) == 3):
+        raise FrameError(f"expected a response [id, ok, payload], got {_describe(body)}")
+    request_id, ok, payload = body
+    if not _is_int(request_id) or not isinstance(ok, bool):
+        raise FrameError(f"expected a response [int, bool, payload], got {_describe(body)}")
+    if not ok and not (
+        isinstance(payload, dict)
+        and (_is_int(payload.get("code")) or isinstance(payload.get("code"), str))
+        and isinstance(payload.get("message"), str)
+    ):
+        raise FrameError(f"expected an error {{code, message}}, got {_describe(payload)}")
+    return request_id, ok, payload
+
+
+def _error(code: int | str, message: str) -> dict[str, int | str]:
+    return {"code": code, "message": message}
+
+
+class RpcServer:
+    """Serves ``handlers`` (method name -> ``async def handler(payload) -> result``).
+
+    Each request runs in its own task, so a slow handler (a long-polling replica fetch) holds
+    up no other request on the same connection. When a connection closes, its unanswered
+    requests' tasks are cancelled.
+    """
+
+    def __init__(
+        self, handlers: Mapping[str, Handler], *, max_frame_bytes: int = MAX_FRAME_BYTES
+    ) -> None:
+        assert max_frame_bytes > 0, max_frame_bytes
+        self._handlers = dict(handlers)
+        self._max_frame_bytes = max_frame_bytes
+        self._server: asyncio.Server | None = None
+        self._stopping = False
+        # Connection task -> its writer, so stop() can close the socket and wait for the task.
+        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+
+    @property
+    def port(self) -> int:
+        """The bound port (the real one when started with port 0; the first socket's)."""
+        assert self._server is not None and self._server.sockets, "server not started"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self, host: str, port: int) -> None:
+        assert self._server is None, "server already started"
+        self._stopping = False
+        self._server = await asyncio.start_server(self._serve, host, port)
+
+    async def stop(self) -> None:
+        """Stop listening, close every connection and wait until their tasks have ended."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping = True
+        server.close()
+        # Connections accepted just before close() have tasks that have not run yet; let them
+        # start, see _stopping and close themselves.
+        await asyncio.sleep(0)
+        for writer in self._connections.values():
+            writer.close()
+        if self._connections:
+            await asyncio.wait(list(self._connections))
+        await server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Catches what a peer can cause: asyncio's streams (3.11) log any exception this task
+        # ends with, and call task.exception() even on a cancelled one.
+        task = asyncio.current_task()
+        assert task is not None
+        peer = writer.get_extra_info("peername")
+        requests: set[asyncio.Task[None]] = set()
+        if not self._stopping:
+            self._connections[task] = writer
+        try:
+            while not self._stopping:
+                body = await read_frame(reader, self._max_frame_bytes)
+                request_id, method, payload = _parse_request(body)
+                request = asyncio.create_task(self._answer(writer, request_id, method, payload))
+                requests.add(request)
+                request.add_done_callback(requests.discard)
+        except asyncio.IncompleteReadError as e:
+            if e.partial and not self._stopping:
+                log.warning("rpc: connection from %s closed in the middle of a frame", peer)
+        except FrameError as e:
+            log.warning("rpc: closing connection from %s: %s", peer, e)
+        except OSError as e:
+            log.info("rpc: connection from %s lost: %s", peer, e)
+        finally:
+            self._connections.pop(task, None)
+            for request in list(requests):
+                request.cancel()
+            if requests:
+                await asyncio.wait(list(requests))
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def _answer(
+        self, writer: asyncio.StreamWriter, request_id: int, method: str, payload: Any
+    ) -> None:
+        handler = self._handlers.get(method)
+        response: list[Any]
+        if handler is None:
+            response = [request_id, False, _error(UNKNOWN_METHOD, f"unknown method {method!r}")]
+        else:
+            try:
+                response = [request_id, True, await handler(payload)]
+            except RpcError as e:
+                response = [request_id, False, _error(e.code, e.message)]
+            except Exception as e:
+                log.exception("rpc: handler of %s failed", method)
+                response = [request_id, False, _error(INTERNAL, f"{type(e).__name__}: {e}")]
+        try:
+            frame = encode_frame(response, self._max_frame_bytes)
+        except (TypeError, ValueError) as e:
+            log.error("rpc: cannot send the answer of %s: %s", method, e)
+            error = _error(INTERNAL, f"cannot send the answer: {e}")
+            frame = encode_frame([request_id, False, error], self._max_frame_bytes)
+        if writer.is_closing():
+            return
+        writer.write(frame)
+        # A lost connection is _serve's to notice and clean up; nothing to answer any more.
+        with contextlib.suppress(OSError):
+            await writer.drain()
+
+
+class _Connection:
+    """One client connection: pending calls by request id and the task reading answers."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        address: str,
+        max_frame_bytes: int,
+    ) -> None:
+        self._reader = reader
+        self._writer = writer
+        self._address = address
+        self._max_frame_bytes = max_frame_bytes
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self.closed = False
+        self._close_reason = ""
+        self._reader_task = asyncio.create_task(self._read_answers())
+
+    async def request(self, request_id: int, frame: bytes) -> Any:
+        if self.closed or self._writer.is_closing():
+            raise RpcConnectionError(f"{self._address}: {self._close_reason or 'closing'}")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            self._writer.write(frame)
+            await self._writer.drain()
+            return await future
+        except OSError as e:
+            raise RpcConnectionError(f"{self._address}: connection lost: {e}") from e
+        finally:
+            del self._pending[request_id]
+            if future.done() and not future.cancelled():
+                future.exception()  # failed by _shut while drain() raised: seen, not lost
+
+    async def _read_answers(self) -> None:
+        reason = "connection closed by the server"
+        try:
+            while True:
+                body = await read_frame(self._reader, self._max_frame_bytes)
+                request_id, ok, payload = _parse_response(body)
+                future = self._pending.get(request_id)
+                if future is None or future.done():
+                    continue  # the call timed out or was cancelled; nobody is waiting
+                if ok:
+                    future.set_result(payload)
+                else:
+                    future.set_exception(RpcRemoteError(payload["code"], payload["message"]))
+        except asyncio.IncompleteReadError:
+            pass
+        except FrameError as e:
+            reason = f"malformed answer: {e}"
+            log.warning("rpc: closing connection to %s: %s", self._address, e)
+        except OSError as e:
+            reason = f"connection lost: {e}"
+        except asyncio.CancelledError:
+            reason = "client closed"
+            raise
+        finally:
+            self._shut(reason)
+
+    def _shut(self, reason: str) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._close_reason = reason
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(RpcConnectionError(f"{self._address}: {reason}"))
+        self._writer.close()
+
+    async def close(self) -> None:
+        self._shut("client closed")
+        self._reader_task.cancel()
+        await asyncio.wait([self._reader_task])
+        with contextlib.suppress(OSError):
+            await self._writer.wait_closed()
+
+
+class RpcClient:
+    """Calls one server over one lazily made, pipelined connection."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout_s: float = 5.0,
+        reconnect_backoff_ms: int = 50,
+        reconnect_backoff_max_ms: int = 1000,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        clock: Clock = SYSTEM_CLOCK,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        assert 0 <= reconnect_backoff_ms <= reconnect_backoff_max_ms
+        assert max_frame_bytes > 0, max_frame_bytes
+        self.host = host
+        self.port = port
+        self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self._connect_timeout_s = connect_timeout_s
+        self._reconnect_backoff_ms = reconnect_backoff_ms
+        self._reconnect_backoff_max_ms = reconnect_backoff_max_ms
+        self._max_frame_bytes = max_frame_bytes
+        self._clock = clock
+        self._sleep = sleep
+        self._request_ids = itertools.count(1)
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Task[_Connection] | None = None
+        self._last_attempt_ms: int | None = None
+        self._failed_attempts = 0
+        self._closed = False
+        self.connects = 0
+        """Connections made so far (a reconnect counts)."""
+
+    @property
+    def is_connected(self) -> bool:
+        return self._connection is not None and not self._connection.closed
+
+    async def call(self, method: str, payload: Any, timeout_s: float) -> Any:
+        """Send ``method(payload)`` and return the result.
+
+        Raises ``RpcTimeout``, ``RpcConnectionError`` or ``RpcRemoteError`` (all
+        ``RpcClientError``); ``TypeError`` or ``ValueError`` if ``payload`` is not a plain
+        msgpack value or its frame is too long.
+        """
+        if self._closed:
+            raise RpcConnectionError(f"{self._address}: client closed")
+        request_id = next(self._request_ids)
+        frame = encode_frame([request_id, method, payload], self._max_frame_bytes)
+        try:
+            async with asyncio.timeout(timeout_s):
+                connection = await self._connected()
+                return await connection.request(request_id, frame)
+        except TimeoutError:
+            raise RpcTimeout(f"{method} to {self._address}: no answer in {timeout_s}s") from None
+
+    async def close(self) -> None:
+        """Close the connection; calls in flight fail with ``RpcConnectionError``."""
+        self._closed = True
+        if self._connecting is not None:
+            self._connecting.cancel()
+            await asyncio.wait([self._connecting])
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+    async def _connected(self) -> _Connection:
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
+        task = self._connecting
+        if task is None:
+            # One attempt shared by every concurrent caller; shielded so that a caller timing
+            # out does not abort it for the others.
+            task = self._connecting = asyncio.create_task(self._connect())
+            task.add_done_callback(self._connect_done)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and (current is None or current.cancelling() == 0):
+                raise RpcConnectionError(f"{self._address}: client closed") from None
+            raise
+
+    def _connect_done(self, task: asyncio.Task[_Connection]) -> None:
+        if self._connecting is task:
+            self._connecting = None
+        if not task.cancelled():
+            task.exception()  # the callers that waited for it may all have timed out
+
+    def reconnect_delay_ms(self) -> int:
+        """How long the next connection attempt would wait (0 once the backoff has passed)."""
+        if self._last_attempt_ms is None:
+            return 0
+        doublings = min(max(self._failed_attempts - 1, 0), 30)
+        backoff_ms = min(self._reconnect_backoff_max_ms, self._reconnect_backoff_ms << doublings)
+        return max(0, self._last_attempt_ms + backoff_ms - self._clock.monotonic_ms())
+
+    async def _connect(self) -> _Connection:
+        delay_ms = self.reconnect_delay_ms()
+        if delay_ms > 0:
+            await self._sleep(delay_ms / 1000)
+        self._last_attempt_ms = self._clock.monotonic_ms()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+        except TimeoutError:
+            self._failed_attempts += 1
+            raise RpcConnectionError(
+                f"{self._address}: connect timed out after {self._connect_timeout_s}s"
+            ) from None
+        except OSError as e:
+            self._failed_attempts += 1
+            raise RpcConnectionError(f"{self._address}: cannot connect: {e}") from e
+        self._failed_attempts = 0
+        self.connects += 1
+        connection = _Connection(reader, writer, self._address, self._max_frame_bytes)
+        self._connection = connection
+        return connection
+
+
+class RpcClientPool:
+    """One ``RpcClient`` per (host, port), made on first use with the pool's options."""
+
+    def __init__(
+        self,
+        *,
+        connect_timeout_s: float = 5.0,
+        reconnect_backoff_ms: int = 50,
+        reconnect_backoff_max_ms: int = 1000,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        clock: Clock = SYSTEM_CLOCK,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._new_client = functools.partial(
+            RpcClient,
+            connect_timeout_s=connect_timeout_s,
+            reconnect_backoff_ms=reconnect_backoff_ms,
+            reconnect_backoff_max_ms=reconnect_backoff_max_ms,
+            max_frame_bytes=max_frame_bytes,
+            clock=clock,
+            sleep=sleep,
+        )
+        self._clients: dict[tuple[str, int], RpcClient] = {}
+        self._closed = False
+
+    def get(self, host: str, port: int) -> RpcClient:
+        if self._closed:
+            raise RpcConnectionError(f"{host}:{port}: client pool closed")
+        client = self._clients.get((host, port))
+        if client is None:
+            client = self._clients[(host, port)] = self._new_client(host, port)
+        return client
+
+    async def call(self, host: str, port: int, method: str, payload: Any, timeout_s: float) -> Any:
+        return await self.get(host, port).call(method, payload, timeout_s)
+
+    async def remove(self, host: str, port: int) -> None:
+        """Close and forget the client of a node that left; a later ``get`` makes a new one."""
+        client = self._clients.pop((host, port), None)
+        if client is not None:
+            await client.close()
+
+    async def close_all(self) -> None:
+        """Close every client; the pool makes no new ones after this."""
+        self._closed = True
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.close()

@@ -1,0 +1,298 @@
+"""The node process: ``kcoord node --config node.toml``.
+
+Wires the parts together on one asyncio loop (uvloop when installed):
+
+- the data directory's ``LogManager`` (storage), opened before anything serves;
+- the metadata quorum (pysyncobj, its own thread) and the ``MetadataCache`` it feeds;
+- the ``ControllerService`` (active on the Raft leader only) and the ``BrokerLifecycle``
+  (registration and heartbeats with the active controller);
+- the inter-node RPC server: ``BrokerRegistration``, ``BrokerHeartbeat``, ``AlterPartition``
+  (the controller's), ``DescribeQuorum`` and ``DescribeNode`` (any node's).
+
+SIGTERM or SIGINT stops the node cleanly: the RPC server closes, the quorum stops, logs are
+flushed and the data directory is marked cleanly shut down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import uuid
+from typing import Any
+
+from kcoord.node.broker_lifecycle import BrokerLifecycle
+from kcoord.node.clock import SYSTEM_CLOCK, Clock
+from kcoord.node.config import NodeConfig
+from kcoord.node.controller_service import ControllerService
+from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles
+from kcoord.node.rpc import RpcClientPool, RpcServer
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
+from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter
+from kcoord.storage.manager import LogManager
+
+log = logging.getLogger(__name__)
+
+
+class QuorumMonitor:
+    """Samples the quorum to know, on the leader, when each voter last fetched and caught up.
+
+    pysyncobj does not report fetch times; a voter that is connected and whose match index
+    moved (or equals the commit index) has fetched. Kafka's ``DescribeQuorum`` reports the
+    same two timestamps per voter.
+    """
+
+    def __init__(self, quorum: MetadataQuorum, clock: Clock) -> None:
+        self.quorum = quorum
+        self.clock = clock
+        self.last_fetch_ms: dict[int, int] = {}
+        self.last_caught_up_ms: dict[int, int] = {}
+        self._last_match: dict[int, int] = {}
+
+    async def run(self, interval_s: float = 0.1) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(interval_s)  # the sampling period
+
+    def sample(self) -> None:
+        status = self.quorum.status()
+        now = self.clock.now_ms()
+        if not status.is_leader:
+            self._last_match.clear()
+            return
+        self.last_fetch_ms[status.node_id] = now
+        self.last_caught_up_ms[status.node_id] = now
+        for node_id, match in status.follower_match_index.items():
+            if node_id in status.connected and (
+                match != self._last_match.get(node_id) or match >= status.commit_index
+            ):
+                self.last_fetch_ms[node_id] = now
+            if match >= status.commit_index:
+                self.last_caught_up_ms[node_id] = now
+            self._last_match[node_id] = match
+
+
+class Node:
+    def __init__(self, config: NodeConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.config = config
+        self.clock = clock
+        self.incarnation_id = str(uuid.uuid4())
+        self.logs = LogManager(config.data_dir)
+        self.roles = ReplicaRoles(config.node_id)
+        self.cache = MetadataCache(config.node_id, self.roles)
+        self.rpc_pool = RpcClientPool()
+        self.quorum: MetadataQuorum | None = None
+        self.controller: ControllerService | None = None
+        self.lifecycle: BrokerLifecycle | None = None
+        self.monitor: QuorumMonitor | None = None
+        self.rpc_server: RpcServer | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        cfg = self.config
+        loop = asyncio.get_running_loop()
+        self.logs.open()
+        voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
+        timing = QuorumTiming(
+            raft_min_timeout_s=cfg.quorum_raft_min_timeout_ms / 1000,
+            raft_max_timeout_s=cfg.quorum_raft_max_timeout_ms / 1000,
+            leader_fallback_timeout_s=cfg.quorum_leader_fallback_timeout_ms / 1000,
+            connection_retry_s=cfg.quorum_connection_retry_ms / 1000,
+        )
+        controller_config = ControllerConfig(
+            broker_session_timeout_ms=cfg.broker_session_timeout_ms,
+            num_partitions=cfg.num_partitions,
+            default_replication_factor=cfg.default_replication_factor,
+            min_insync_replicas=cfg.min_insync_replicas,
+            offsets_topic_num_partitions=cfg.offsets_topic_num_partitions,
+            offsets_topic_replication_factor=cfg.offsets_topic_replication_factor,
+            offsets_topic_segment_bytes=cfg.offsets_topic_segment_bytes,
+        )
+        quorum = MetadataQuorum(
+            cfg.node_id,
+            voters,
+            cfg.data_dir,
+            QuorumBridge(loop, self.cache, self._on_quorum_state_changed),
+            bind_host=cfg.quorum_listener.bind.host,
+            bind_port=cfg.quorum_listener.bind.port,
+            timing=timing,
+        )
+        self.quorum = quorum
+        self.controller = ControllerService(
+            cfg.node_id,
+            quorum,
+            self.cache,
+            controller_config,
+            self.clock.monotonic_ms,
+            cluster_id=cfg.cluster_id,
+            expected_brokers=len(voters),
+        )
+        self.lifecycle = BrokerLifecycle(
+            cfg.node_id,
+            self.incarnation_id,
+            {
+                "kafka": str(cfg.kafka_listener.advertised),
+                "rpc": str(cfg.rpc_listener.advertised),
+                "quorum": str(cfg.quorum_listener.advertised),
+                "admin": str(cfg.admin_listener.advertised),
+            },
+            quorum,
+            self.cache,
+            self.controller,
+            self.rpc_pool,
+            self.clock.monotonic_ms,
+            heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+        )
+        self.monitor = QuorumMonitor(quorum, self.clock)
+        self.rpc_server = RpcServer(
+            {
+                "BrokerRegistration": self.controller.handle_broker_registration,
+                "BrokerHeartbeat": self.controller.handle_broker_heartbeat,
+                "AlterPartition": self.controller.handle_alter_partition,
+                "DescribeQuorum": self.describe_quorum,
+                "DescribeNode": self.describe_node,
+            }
+        )
+        await self.rpc_server.start(cfg.rpc_listener.bind.host, cfg.rpc_listener.bind.port)
+        quorum.start()
+        for name, coro in (
+            ("controller", self.controller.run()),
+            ("lifecycle", self.lifecycle.run()),
+            ("monitor", self.monitor.run()),
+        ):
+            self._tasks.append(asyncio.create_task(coro, name=name))
+        log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
+
+    def _on_quorum_state_changed(self) -> None:
+        if self.controller is not None:
+            self.controller.on_quorum_state_changed()
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.rpc_server is not None:
+            await self.rpc_server.stop()
+        await self.rpc_pool.close_all()
+        if self.quorum is not None:
+            await asyncio.to_thread(self.quorum.stop)
+        self.logs.shutdown()
+        log.info("node %d stopped", self.config.node_id)
+
+    # -----------------------------------------------------------------------------------------
+    # Describe RPCs.
+
+    async def describe_quorum(self, payload: Any) -> dict[str, Any]:
+        """Kafka's ``DescribeQuorum`` (apiKey 55) as this node sees it."""
+        assert self.quorum is not None and self.monitor is not None
+        status = self.quorum.status()
+        voters = []
+        for voter_id in sorted(self.quorum.voters):
+            if status.is_leader:
+                end = (
+                    status.commit_index
+                    if voter_id == status.node_id
+                    else status.follower_match_index.get(voter_id, -1)
+                )
+            else:
+                end = status.last_applied if voter_id == status.node_id else -1
+            voters.append(
+                {
+                    "node_id": voter_id,
+                    "log_end_offset": end,
+                    "last_fetch_timestamp": self.monitor.last_fetch_ms.get(voter_id, -1),
+                    "last_caught_up_timestamp": self.monitor.last_caught_up_ms.get(voter_id, -1),
+                }
+            )
+        leader_rpc = None
+        if status.leader_id is not None:
+            broker = self.cache.image.broker(status.leader_id)
+            leader_rpc = broker.endpoints.get("rpc") if broker is not None else None
+        return {
+            "node_id": status.node_id,
+            "cluster_id": self.cache.image.cluster_id,
+            "is_leader": status.is_leader,
+            "leader_id": status.leader_id,
+            "leader_rpc": leader_rpc,
+            "leader_epoch": status.epoch,
+            "high_watermark": status.commit_index,
+            "voters": voters,
+            "observers": [],
+        }
+
+    async def describe_node(self, payload: Any) -> dict[str, Any]:
+        assert self.quorum is not None and self.controller is not None
+        assert self.lifecycle is not None
+        status = self.quorum.status()
+        image = self.cache.image
+        topics = {}
+        for topic in image.topics.values():
+            topics[topic.name] = {
+                "topic_id": topic.topic_id,
+                "partitions": [
+                    {
+                        "partition": p.partition,
+                        "leader": p.leader,
+                        "leader_epoch": p.leader_epoch,
+                        "partition_epoch": p.partition_epoch,
+                        "replicas": list(p.replicas),
+                        "isr": list(p.isr),
+                        "elr": list(p.elr),
+                    }
+                    for p in image.partitions_of(topic.topic_id)
+                ],
+            }
+        if not (payload or {}).get("topics"):
+            topics = {}  # only when asked: the launcher polls this often
+        return {
+            "node_id": self.config.node_id,
+            "incarnation_id": self.incarnation_id,
+            "cluster_id": image.cluster_id,
+            "controller_id": status.leader_id,
+            "is_active_controller": self.controller.is_active,
+            "controller_epoch": status.epoch,
+            "metadata_offset": image.last_offset,
+            "quorum_commit_index": status.commit_index,
+            "broker_epoch": self.lifecycle.broker_epoch,
+            "fenced": self.lifecycle.is_fenced,
+            "brokers": {
+                str(b.broker_id): {
+                    "epoch": b.broker_epoch,
+                    "fenced": b.fenced,
+                    "endpoints": dict(b.endpoints),
+                }
+                for b in image.brokers.values()
+            },
+            "offsets_topic_created": image.topic_by_name(OFFSETS_TOPIC_NAME) is not None,
+            "leader_counts": {str(k): v for k, v in image.leader_counts().items()},
+            "led_partitions": len(self.roles.led()),
+            "role_changes": len(self.roles.history),
+            "fenced_by_me": list(self.controller.fenced_by_me),
+            "topics": topics,
+        }
+
+
+async def serve(config: NodeConfig) -> None:
+    node = Node(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    try:
+        await stop.wait()
+    finally:
+        log.info("node %d stopping", config.node_id)
+        await node.stop()
+
+
+def run(config: NodeConfig) -> None:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        asyncio.run(serve(config))
+        return
+    uvloop.run(serve(config))

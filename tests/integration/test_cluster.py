@@ -1,0 +1,117 @@
+"""A real 3-node cluster: controller election and failover, fencing, restarts, balance."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from tests.integration.cluster import LocalCluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+SESSION_TIMEOUT_MS = 3000
+
+
+def partitions(view: dict[str, Any], topic: str = OFFSETS_TOPIC_NAME) -> dict[int, dict[str, Any]]:
+    return {p["partition"]: p for p in view["topics"][topic]["partitions"]}
+
+
+def test_leaders_balanced_and_controller_failover_and_restart(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path) as cluster:
+        controller = wait_for(cluster.controller_id, "an active controller")
+        view = cluster.describe(controller, topics=True)
+        offsets = partitions(view)
+        assert len(offsets) == 50
+        assert all(
+            len(p["replicas"]) == 3 and sorted(p["isr"]) == [1, 2, 3] for p in offsets.values()
+        )
+        counts = [sum(1 for p in offsets.values() if p["leader"] == n) for n in (1, 2, 3)]
+        assert max(counts) - min(counts) <= 1, counts
+
+        # SIGKILL the active controller: another node becomes active and commits records.
+        before = view["metadata_offset"]
+        cluster.kill(controller)
+        survivors = [n for n in (1, 2, 3) if n != controller]
+        new_controller = wait_for(lambda: cluster.controller_id(survivors), "a new controller")
+        assert new_controller != controller
+        wait_for(
+            lambda: all(cluster.describe(n)["metadata_offset"] > before for n in survivors),
+            "new records committed by the new controller",
+        )
+        # The dead controller is fenced by the new one, and its partitions move.
+        wait_for(
+            lambda: cluster.describe(new_controller)["brokers"][str(controller)]["fenced"],
+            "the old controller to be fenced",
+        )
+        moved = partitions(cluster.describe(new_controller, topics=True))
+        assert all(p["leader"] != controller for p in moved.values())
+
+        # Restart it: it replays its journal, catches up and is unfenced again.
+        cluster.start(controller)
+
+        def caught_up() -> bool:
+            active = cluster.describe(new_controller)
+            restarted = cluster.describe(controller)
+            return (
+                restarted["metadata_offset"] >= before
+                and not active["brokers"][str(controller)]["fenced"]
+                and restarted["cluster_id"] == active["cluster_id"]
+            )
+
+        wait_for(caught_up, "the restarted node to catch up and be unfenced")
+
+
+def test_node_failure_is_fenced_and_full_restart_keeps_metadata(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path) as cluster:
+        controller = wait_for(cluster.controller_id, "an active controller")
+        victim = next(n for n in (1, 2, 3) if n != controller)
+        before = partitions(cluster.describe(controller, topics=True))
+        led = {i: p for i, p in before.items() if p["leader"] == victim}
+        assert led, "every node leads some offsets partitions after bootstrap"
+
+        killed_at = time.monotonic()
+        cluster.kill(victim)
+        wait_for(
+            lambda: cluster.describe(controller)["brokers"][str(victim)]["fenced"],
+            "the killed node to be fenced",
+        )
+        fenced_after_s = time.monotonic() - killed_at
+        # Fenced no sooner than the session timeout (its last heartbeat was at most one
+        # interval before the kill).
+        assert fenced_after_s >= (SESSION_TIMEOUT_MS - 600) / 1000, fenced_after_s
+
+        after = partitions(cluster.describe(controller, topics=True))
+        for i, old in led.items():
+            new = after[i]
+            assert new["leader"] != victim
+            assert new["leader"] in old["isr"], (i, old, new)
+            assert new["leader_epoch"] > old["leader_epoch"], (i, old, new)
+            assert victim not in new["isr"]
+
+        # Full-cluster SIGKILL and restart: every topic, partition and epoch is kept.
+        cluster.start(victim)
+        wait_for(
+            lambda: not cluster.describe(controller)["brokers"][str(victim)]["fenced"],
+            "the restarted node to be unfenced",
+        )
+        snapshot = cluster.describe(controller, topics=True)["topics"]
+        for n in (1, 2, 3):
+            cluster.kill(n)
+        for n in (1, 2, 3):
+            cluster.start(n)
+        new_controller = wait_for(cluster.controller_id, "a controller after the full restart")
+        restored = cluster.describe(new_controller, topics=True)["topics"]
+        assert set(restored) == set(snapshot)
+        for name, topic in snapshot.items():
+            assert restored[name]["topic_id"] == topic["topic_id"]
+            old_parts = {p["partition"]: p for p in topic["partitions"]}
+            new_parts = {p["partition"]: p for p in restored[name]["partitions"]}
+            assert set(new_parts) == set(old_parts)
+            for i, old in old_parts.items():
+                assert new_parts[i]["replicas"] == old["replicas"]
+                assert new_parts[i]["leader_epoch"] >= old["leader_epoch"]
+                assert new_parts[i]["partition_epoch"] >= old["partition_epoch"]

@@ -1,0 +1,556 @@
+"""Inter-node RPC over real loopback sockets, under asyncio's loop and uvloop.
+
+Every test runs its coroutine to completion in a fresh loop, closes every socket it opens and
+waits for conditions by polling with a deadline, never by sleeping a guessed time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pytest
+import uvloop
+
+from kcoord.node.rpc import (
+    INTERNAL,
+    UNKNOWN_METHOD,
+    FrameError,
+    Handler,
+    RpcClient,
+    RpcClientError,
+    RpcClientPool,
+    RpcConnectionError,
+    RpcError,
+    RpcRemoteError,
+    RpcServer,
+    RpcTimeout,
+    decode_body,
+    encode_frame,
+)
+
+HOST = "127.0.0.1"
+TEST_TIMEOUT_S = 10.0
+
+Run = Callable[[Coroutine[Any, Any, None]], None]
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Run:
+    factory: Callable[[], asyncio.AbstractEventLoop] = (
+        uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+    )
+
+    def runner(main: Coroutine[Any, Any, None]) -> None:
+        async def bounded() -> None:
+            async with asyncio.timeout(TEST_TIMEOUT_S):
+                await main
+
+        with asyncio.Runner(loop_factory=factory) as loop_runner:
+            loop_runner.run(bounded())
+
+    return runner
+
+
+async def echo(payload: Any) -> Any:
+    return payload
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    handlers: Mapping[str, Handler], *, port: int = 0, max_frame_bytes: int = 1 << 20
+) -> AsyncIterator[RpcServer]:
+    server = RpcServer(handlers, max_frame_bytes=max_frame_bytes)
+    await server.start(HOST, port)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@contextlib.asynccontextmanager
+async def client_of(port: int, **options: Any) -> AsyncIterator[RpcClient]:
+    client = RpcClient(HOST, port, connect_timeout_s=5.0, **options)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def poll_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.001)
+
+
+async def free_port() -> int:
+    """A port nothing listens on: bound by a server that is then stopped."""
+    async with serving({}) as server:
+        return server.port
+
+
+class Gates:
+    """Handlers that wait until the test lets them finish, and tell when they started."""
+
+    def __init__(self) -> None:
+        self.entered: dict[Any, asyncio.Event] = {}
+        self.release: dict[Any, asyncio.Event] = {}
+        self.cancelled: list[Any] = []
+
+    def _events(self, key: Any) -> tuple[asyncio.Event, asyncio.Event]:
+        return (
+            self.entered.setdefault(key, asyncio.Event()),
+            self.release.setdefault(key, asyncio.Event()),
+        )
+
+    async def handler(self, payload: Any) -> Any:
+        entered, release = self._events(payload)
+        entered.set()
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(payload)
+            raise
+        return payload
+
+    async def wait_entered(self, key: Any) -> None:
+        await self._events(key)[0].wait()
+
+    def open(self, key: Any) -> None:
+        self._events(key)[1].set()
+
+
+def test_round_trip(run: Run) -> None:
+    payload: dict[Any, Any] = {
+        "ints": [0, -1, 2**63 - 1, -(2**63)],
+        7: b"\x00\xffbytes",
+        "text": "grüße",
+        "none": None,
+        "flags": [True, False],
+        "float": 1.5,
+        "nested": {"a": [{"b": []}]},
+    }
+
+    async def main() -> None:
+        async with serving({"echo": echo}) as server, client_of(server.port) as client:
+            assert await client.call("echo", payload, 5.0) == payload
+            assert await client.call("echo", ("tuple", "becomes", "list"), 5.0) == [
+                "tuple",
+                "becomes",
+                "list",
+            ]
+            assert await client.call("echo", None, 5.0) is None
+            assert client.connects == 1
+            assert server.connection_count == 1
+
+    run(main())
+
+
+def test_concurrent_calls_are_answered_out_of_order_on_one_connection(run: Run) -> None:
+    async def main() -> None:
+        gates = Gates()
+        async with serving({"wait": gates.handler}) as server, client_of(server.port) as client:
+            first = asyncio.create_task(client.call("wait", "first", 5.0))
+            second = asyncio.create_task(client.call("wait", "second", 5.0))
+            await gates.wait_entered("first")
+            await gates.wait_entered("second")
+            gates.open("second")
+            assert await second == "second"
+            assert not first.done()
+            gates.open("first")
+            assert await first == "first"
+            assert client.connects == 1
+            assert server.connection_count == 1
+
+    run(main())
+
+
+def test_timeout_drops_the_late_answer_and_keeps_the_connection(run: Run) -> None:
+    async def main() -> None:
+        gates = Gates()
+        handlers = {"wait": gates.handler, "echo": echo}
+        async with serving(handlers) as server, client_of(server.port) as client:
+            with pytest.raises(
+                RpcTimeout, match=r"^wait to 127\.0\.0\.1:\d+: no answer in 0\.05s$"
+            ):
+                await client.call("wait", "slow", 0.05)
+            await gates.wait_entered("slow")
+            gates.open("slow")  # its answer arrives for a call nobody waits for any more
+            assert await client.call("echo", "fresh", 5.0) == "fresh"
+            assert await client.call("echo", "again", 5.0) == "again"
+            assert client.connects == 1
+
+    run(main())
+
+
+def test_unknown_method(run: Run) -> None:
+    async def main() -> None:
+        async with serving({"echo": echo}) as server, client_of(server.port) as client:
+            with pytest.raises(RpcRemoteError) as info:
+                await client.call("nope", {}, 5.0)
+            assert info.value.code == UNKNOWN_METHOD
+            assert "'nope'" in info.value.message
+            assert isinstance(info.value, RpcClientError)
+            assert await client.call("echo", 1, 5.0) == 1
+
+    run(main())
+
+
+def test_handler_rpc_error_is_answered_with_its_code(run: Run) -> None:
+    async def not_leader(payload: Any) -> Any:
+        raise RpcError("NOT_LEADER_OR_FOLLOWER", f"partition {payload} is led by node 2")
+
+    async def numeric(payload: Any) -> Any:
+        raise RpcError(6, "numeric codes pass too")
+
+    async def main() -> None:
+        handlers = {"fetch": not_leader, "numeric": numeric}
+        async with serving(handlers) as server, client_of(server.port) as client:
+            with pytest.raises(RpcRemoteError) as info:
+                await client.call("fetch", 3, 5.0)
+            assert (info.value.code, info.value.message) == (
+                "NOT_LEADER_OR_FOLLOWER",
+                "partition 3 is led by node 2",
+            )
+            assert str(info.value) == "NOT_LEADER_OR_FOLLOWER: partition 3 is led by node 2"
+            with pytest.raises(RpcRemoteError) as info:
+                await client.call("numeric", None, 5.0)
+            assert info.value.code == 6
+
+    run(main())
+
+
+def test_rpc_error_code_must_be_int_or_str() -> None:
+    with pytest.raises(TypeError):
+        RpcError(1.5, "x")  # type: ignore[arg-type]
+
+
+def test_internal_error_is_logged_and_keeps_the_connection(
+    run: Run, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def boom(payload: Any) -> Any:
+        raise ValueError("boom")
+
+    async def unsendable(payload: Any) -> Any:
+        return object()
+
+    async def main() -> None:
+        handlers = {"boom": boom, "unsendable": unsendable, "echo": echo}
+        async with serving(handlers) as server, client_of(server.port) as client:
+            with pytest.raises(RpcRemoteError) as info:
+                await client.call("boom", None, 5.0)
+            assert (info.value.code, info.value.message) == (INTERNAL, "ValueError: boom")
+            with pytest.raises(RpcRemoteError) as info:
+                await client.call("unsendable", None, 5.0)
+            assert info.value.code == INTERNAL
+            assert "cannot send the answer" in info.value.message
+            assert await client.call("echo", "still up", 5.0) == "still up"
+            assert client.connects == 1
+            assert server.connection_count == 1
+
+    with caplog.at_level(logging.ERROR, logger="kcoord.node.rpc"):
+        run(main())
+    failures = [r for r in caplog.records if "handler of boom failed" in r.getMessage()]
+    assert len(failures) == 1
+    assert failures[0].exc_info is not None
+
+
+def test_too_long_answer_is_an_internal_error(run: Run) -> None:
+    async def big(payload: Any) -> Any:
+        return b"x" * 2000
+
+    async def main() -> None:
+        async with (
+            serving({"big": big, "echo": echo}, max_frame_bytes=1024) as server,
+            client_of(server.port) as client,
+        ):
+            with pytest.raises(RpcRemoteError) as info:
+                await client.call("big", None, 5.0)
+            assert info.value.code == INTERNAL
+            assert "exceeds the limit of 1024" in info.value.message
+            assert await client.call("echo", 1, 5.0) == 1
+
+    run(main())
+
+
+def test_call_refuses_payloads_it_cannot_send(run: Run) -> None:
+    async def main() -> None:
+        async with (
+            serving({"echo": echo}) as server,
+            client_of(server.port, max_frame_bytes=1024) as client,
+        ):
+            with pytest.raises(TypeError, match="not a plain msgpack value"):
+                await client.call("echo", {"x": object()}, 5.0)
+            with pytest.raises(ValueError, match="exceeds the limit of 1024"):
+                await client.call("echo", b"x" * 2000, 5.0)
+            assert await client.call("echo", "ok", 5.0) == "ok"
+            assert client.connects == 1
+
+    run(main())
+
+
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + body
+
+
+MALFORMED = {
+    "garbage body": _frame(b"\xc1\xc1\xc1\xc1"),
+    "length over the limit": struct.pack(">I", 2**31),
+    "zero length": struct.pack(">I", 0),
+    "not a request": _frame(msgpack.packb({"method": "echo"})),
+    "method not a string": _frame(msgpack.packb([1, 2, 3])),
+    "two values in one body": _frame(msgpack.packb([1, "echo", 1]) + b"\x00"),
+    "extension type": _frame(msgpack.packb([1, "echo", msgpack.ExtType(5, b"x")])),
+}
+
+
+@pytest.mark.parametrize("data", MALFORMED.values(), ids=MALFORMED.keys())
+def test_malformed_frame_closes_only_that_connection(
+    run: Run, caplog: pytest.LogCaptureFixture, data: bytes
+) -> None:
+    async def main() -> None:
+        async with serving({"echo": echo}) as server, client_of(server.port) as client:
+            assert await client.call("echo", "before", 5.0) == "before"
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            try:
+                writer.write(data)
+                await writer.drain()
+                with contextlib.suppress(ConnectionResetError):
+                    assert await reader.read() == b""  # closed by the server
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            assert await client.call("echo", "after", 5.0) == "after"
+            assert client.connects == 1
+            async with client_of(server.port) as newcomer:
+                assert await newcomer.call("echo", "new", 5.0) == "new"
+
+    with caplog.at_level(logging.WARNING, logger="kcoord.node.rpc"):
+        run(main())
+    assert [r.getMessage() for r in caplog.records if "closing connection from" in r.getMessage()]
+
+
+def test_server_restart_client_reconnects_on_next_call(run: Run) -> None:
+    async def main() -> None:
+        async with serving({"echo": echo}) as server:
+            port = server.port
+            client = RpcClient(HOST, port, connect_timeout_s=5.0)
+            try:
+                assert await client.call("echo", 1, 5.0) == 1
+                await server.stop()
+                await poll_until(lambda: not client.is_connected)
+                with pytest.raises(RpcConnectionError, match="cannot connect"):
+                    await client.call("echo", 2, 5.0)
+                async with serving({"echo": echo}, port=port):
+                    assert await client.call("echo", 3, 5.0) == 3
+                    assert client.connects == 2
+            finally:
+                await client.close()
+
+    run(main())
+
+
+def test_in_flight_calls_fail_when_the_server_dies(run: Run) -> None:
+    async def main() -> None:
+        gates = Gates()
+        async with serving({"wait": gates.handler}) as server, client_of(server.port) as client:
+            calls = [asyncio.create_task(client.call("wait", i, 5.0)) for i in range(3)]
+            for i in range(3):
+                await gates.wait_entered(i)
+            await server.stop()
+            for call in calls:
+                with pytest.raises(RpcConnectionError, match="closed by the server"):
+                    await call
+            # The server cancelled the handlers of the requests nobody could be answered.
+            assert sorted(gates.cancelled) == [0, 1, 2]
+
+    run(main())
+
+
+def test_in_flight_calls_fail_when_the_client_closes(run: Run) -> None:
+    async def main() -> None:
+        gates = Gates()
+        async with serving({"wait": gates.handler}) as server:
+            client = RpcClient(HOST, server.port, connect_timeout_s=5.0)
+            call = asyncio.create_task(client.call("wait", "x", 5.0))
+            await gates.wait_entered("x")
+            await client.close()
+            with pytest.raises(RpcConnectionError, match="client closed"):
+                await call
+            with pytest.raises(RpcConnectionError, match="client closed"):
+                await client.call("wait", "y", 5.0)
+            # The server notices the client went away and cancels its request.
+            await poll_until(lambda: gates.cancelled == ["x"])
+            await poll_until(lambda: server.connection_count == 0)
+
+    run(main())
+
+
+def test_malformed_answer_fails_the_calls_and_the_next_call_reconnects(
+    run: Run, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        answers = [_frame(b"\xc1"), None]  # first connection: garbage; second: a real answer
+        writers: list[asyncio.StreamWriter] = []
+
+        async def fake_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.append(writer)
+            header = await reader.readexactly(4)
+            body = await reader.readexactly(struct.unpack(">I", header)[0])
+            request_id = msgpack.unpackb(body)[0]
+            answer = answers.pop(0)
+            writer.write(answer or encode_frame([request_id, True, "fine"]))
+            await writer.drain()
+
+        server = await asyncio.start_server(fake_server, HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with client_of(port) as client:
+                with pytest.raises(RpcConnectionError, match="malformed answer"):
+                    await client.call("x", None, 5.0)
+                assert await client.call("x", None, 5.0) == "fine"
+                assert client.connects == 2
+        finally:
+            server.close()
+            for writer in writers:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+            await server.wait_closed()
+
+    with caplog.at_level(logging.WARNING, logger="kcoord.node.rpc"):
+        run(main())
+    assert any("closing connection to" in r.getMessage() for r in caplog.records)
+
+
+class FakeTime:
+    """A monotonic clock that only moves when told to, and a sleep that moves it."""
+
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+        self.sleeps_s: list[float] = []
+
+    def now_ms(self) -> int:
+        return self.ms
+
+    def monotonic_ms(self) -> int:
+        return self.ms
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps_s.append(seconds)
+        self.ms += round(seconds * 1000)
+        await asyncio.sleep(0)
+
+
+def test_reconnect_backoff_doubles_and_never_sleeps_when_not_needed(run: Run) -> None:
+    async def main() -> None:
+        port = await free_port()
+        time = FakeTime()
+        options: dict[str, Any] = {
+            "reconnect_backoff_ms": 50,
+            "reconnect_backoff_max_ms": 300,
+            "clock": time,
+            "sleep": time.sleep,
+        }
+
+        async def refused() -> None:
+            with pytest.raises(RpcConnectionError, match="cannot connect"):
+                await client.call("echo", None, 5.0)
+
+        async with client_of(port, **options) as client:
+            await refused()
+            assert time.sleeps_s == []  # the first attempt never waits
+            await refused()
+            await refused()
+            await refused()
+            await refused()
+            assert time.sleeps_s == [0.05, 0.1, 0.2, 0.3]  # doubling, capped
+            time.ms += 10_000
+            assert client.reconnect_delay_ms() == 0
+            async with serving({"echo": echo}, port=port) as server:
+                assert await client.call("echo", "up", 5.0) == "up"
+                assert time.sleeps_s == [0.05, 0.1, 0.2, 0.3]  # long after: no sleep
+                await server.stop()
+                await poll_until(lambda: not client.is_connected)
+            time.ms += 20  # a disconnect soon after connecting waits the base backoff only
+            assert client.reconnect_delay_ms() == 30
+
+    run(main())
+
+
+def test_concurrent_callers_share_one_connection_attempt(run: Run) -> None:
+    async def main() -> None:
+        async with serving({"echo": echo}) as server, client_of(server.port) as client:
+            results = await asyncio.gather(*(client.call("echo", i, 5.0) for i in range(20)))
+            assert results == list(range(20))
+            assert client.connects == 1
+            assert server.connection_count == 1
+
+    run(main())
+
+
+def test_client_pool_reuses_clients_by_address(run: Run) -> None:
+    async def main() -> None:
+        async with serving({"echo": echo}) as one, serving({"echo": echo}) as two:
+            pool = RpcClientPool(connect_timeout_s=5.0)
+            try:
+                assert pool.get(HOST, one.port) is pool.get(HOST, one.port)
+                assert pool.get(HOST, one.port) is not pool.get(HOST, two.port)
+                assert await pool.call(HOST, one.port, "echo", "a", 5.0) == "a"
+                assert await pool.call(HOST, two.port, "echo", "b", 5.0) == "b"
+                old = pool.get(HOST, two.port)
+                await pool.remove(HOST, two.port)
+                with pytest.raises(RpcConnectionError, match="client closed"):
+                    await old.call("echo", "c", 5.0)
+                assert pool.get(HOST, two.port) is not old
+                assert await pool.call(HOST, two.port, "echo", "d", 5.0) == "d"
+                survivor = pool.get(HOST, one.port)
+            finally:
+                await pool.close_all()
+            with pytest.raises(RpcConnectionError, match="client closed"):
+                await survivor.call("echo", "e", 5.0)
+            with pytest.raises(RpcConnectionError, match="pool closed"):
+                pool.get(HOST, one.port)
+
+    run(main())
+
+
+def test_frame_codec() -> None:
+    frame = encode_frame([1, "m", {"k": b"v"}])
+    assert frame[:4] == struct.pack(">I", len(frame) - 4)
+    assert decode_body(frame[4:]) == [1, "m", {"k": b"v"}]
+    assert decode_body(msgpack.packb({1: "int keys"})) == {1: "int keys"}
+    with pytest.raises(ValueError, match="exceeds the limit of 4"):
+        encode_frame("hello", 4)
+    with pytest.raises(TypeError):
+        encode_frame(object())
+    for bad in (b"", b"\xc1", b"\x01\x02", msgpack.packb(msgpack.ExtType(1, b""))):
+        with pytest.raises(FrameError):
+            decode_body(bad)
+
+
+def test_stop_is_idempotent_and_the_server_can_start_again(run: Run) -> None:
+    async def use(server: RpcServer) -> None:
+        async with client_of(server.port) as client:
+            assert await client.call("echo", 1, 5.0) == 1
+
+    async def main() -> None:
+        server = RpcServer({"echo": echo})
+        await server.stop()  # never started: nothing to do
+        await server.start(HOST, 0)
+        await use(server)
+        await server.stop()
+        await server.stop()
+        await server.start(HOST, 0)
+        try:
+            await use(server)
+        finally:
+            await server.stop()
+
+    run(main())
