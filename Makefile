@@ -7,13 +7,16 @@ STAMP := $(VENV)/.installed
 # The default suite: everything but the long suites (they have their own targets).
 PYTEST_ARGS ?= -m "not slow and not chaos"
 
-.PHONY: help venv check lint format typecheck imports test test-all up bench bench-storage clean
+.PHONY: help venv lab check lint format typecheck imports test test-all up down bench \
+	bench-storage bench-quorum clean
 
 help:
 	@echo "make up             set up and start the local cluster (see README)"
 	@echo "make test           set up, run the checks and the default test suite"
 	@echo "make check          ruff, ruff format --check, mypy --strict, import-linter"
+	@echo "make down           stop a cluster started with 'kcoord cluster up --detach'"
 	@echo "make bench-storage  storage engine benchmark (prints and writes bench/results/)"
+	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kcoord needs Python 3.11+")'
@@ -23,6 +26,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# The lab tests (network namespaces, iptables) need iproute2 and iptables.
+lab:
+	bash scripts/setup-lab.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -40,21 +47,26 @@ imports: $(STAMP)
 
 check: lint typecheck imports
 
-test: check
+test: check lab
 	bash scripts/run-pytest.sh $(PYTEST_ARGS)
 
-test-all: check
+test-all: check lab
 	bash scripts/run-pytest.sh
 
+# A 3-node cluster on 127.0.0.1 in the foreground (Ctrl-C stops it); data in .kcoord/cluster.
 up: $(STAMP)
-	@echo "kcoord: the node process and cluster launcher are not built yet (issue 3)."
-	@echo "kcoord: what exists today is the storage engine; try 'make bench-storage' or"
-	@echo "kcoord: '$(BIN)/kcoord dump-log FILE'."
+	$(BIN)/kcoord cluster up --nodes 3 --data-dir .kcoord/cluster
 
-bench: bench-storage
+down: $(STAMP)
+	$(BIN)/kcoord cluster down --data-dir .kcoord/cluster
+
+bench: bench-storage bench-quorum
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage.py
+
+bench-quorum: $(STAMP)
+	$(BIN)/python bench/quorum.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/results

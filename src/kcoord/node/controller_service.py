@@ -18,7 +18,8 @@ Periodic duties (``tick``, every ``tick_interval_ms``): write the cluster id onc
 and move leadership back to preferred replicas (Kafka's auto leader rebalance).
 
 RPC methods served here (payloads are msgpack maps): ``BrokerRegistration``,
-``BrokerHeartbeat``, ``AlterPartition``. A node that is not the active controller answers
+``BrokerHeartbeat``, ``AlterPartition``, ``CreateTopics`` and ``DeleteTopics`` (Kafka's brokers
+forward these two to the controller). A node that is not the active controller answers
 ``NOT_CONTROLLER``; the caller retries at the leader.
 """
 
@@ -113,6 +114,8 @@ class ControllerService:
                     await self.tick()
             except asyncio.CancelledError:
                 raise
+            except NotActiveError as e:
+                log.info("controller duty not committed: %s", e)
             except Exception:
                 log.exception("controller tick failed")
             self._wake.clear()
@@ -234,7 +237,7 @@ class ControllerService:
             controller = self._require_active()
             result = controller.register_broker(self.cache.image, request, self.monotonic_ms())
             if result.records:
-                await self._propose(result.records)
+                await self._propose_or_not_controller(result.records)
         reply = result.response
         return {"error": int(reply.error), "broker_epoch": reply.broker_epoch}
 
@@ -250,7 +253,7 @@ class ControllerService:
             controller = self._require_active()
             result = controller.broker_heartbeat(self.cache.image, request, self.monotonic_ms())
             if result.records:
-                await self._propose(result.records)
+                await self._propose_or_not_controller(result.records)
         reply = result.response
         return {
             "error": int(reply.error),
@@ -278,7 +281,7 @@ class ControllerService:
             controller = self._require_active()
             result = controller.alter_partition(self.cache.image, request)
             if result.records:
-                await self._propose(result.records)
+                await self._propose_or_not_controller(result.records)
         reply = result.response
         return {
             "error": int(reply.error),
@@ -295,3 +298,56 @@ class ControllerService:
                 for r in reply.partitions
             ],
         }
+
+    async def handle_create_topics(self, payload: Any) -> dict[str, Any]:
+        """Create topics one decision at a time; per-topic errors as Kafka's CreateTopics."""
+        results = []
+        for t in payload["topics"]:
+            async with self._lock:
+                controller = self._require_active()
+                result = controller.create_topic(
+                    self.cache.image,
+                    str(t["name"]),
+                    new_topic_id(),
+                    num_partitions=int(t.get("num_partitions", -1)),
+                    replication_factor=int(t.get("replication_factor", -1)),
+                    configs={str(k): str(v) for k, v in (t.get("configs") or {}).items()},
+                )
+                if result.records and not payload.get("validate_only"):
+                    await self._propose_or_not_controller(result.records)
+            r = result.response
+            results.append(
+                {
+                    "name": t["name"],
+                    "error": int(r.error),
+                    "message": r.message,
+                    "topic_id": r.topic_id,
+                    "num_partitions": r.num_partitions,
+                    "replication_factor": r.replication_factor,
+                }
+            )
+        return {"topics": results}
+
+    async def handle_delete_topics(self, payload: Any) -> dict[str, Any]:
+        results = []
+        for name in payload["names"]:
+            async with self._lock:
+                controller = self._require_active()
+                topic = self.cache.image.topic_by_name(str(name))
+                if topic is None:
+                    results.append({"name": name, "error": int(Errors.UNKNOWN_TOPIC_OR_PARTITION)})
+                    continue
+                result = controller.delete_topic(self.cache.image, topic.topic_id)
+                if result.records:
+                    await self._propose_or_not_controller(result.records)
+            results.append({"name": name, "error": int(result.response)})
+        return {"topics": results}
+
+    async def _propose_or_not_controller(
+        self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]
+    ) -> int:
+        """Propose for an RPC caller: a lost leadership answers NOT_CONTROLLER (retriable)."""
+        try:
+            return await self._propose(records)
+        except NotActiveError as e:
+            raise RpcError(int(Errors.NOT_CONTROLLER), f"not committed: {e}") from e

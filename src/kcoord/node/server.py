@@ -150,6 +150,8 @@ class Node:
                 "BrokerRegistration": self.controller.handle_broker_registration,
                 "BrokerHeartbeat": self.controller.handle_broker_heartbeat,
                 "AlterPartition": self.controller.handle_alter_partition,
+                "CreateTopics": self.controller.handle_create_topics,
+                "DeleteTopics": self.controller.handle_delete_topics,
                 "DescribeQuorum": self.describe_quorum,
                 "DescribeNode": self.describe_node,
             }

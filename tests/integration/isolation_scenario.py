@@ -1,0 +1,129 @@
+"""Run inside a lab network namespace: isolate the active controller, check it decides nothing.
+
+Started by ``test_isolation.py`` with ``ip netns exec``. Nodes bind to 127.0.0.1-3 and run with
+their own group ids, so ``iptables -m owner --gid-owner`` drops exactly one node's packets.
+Exits non-zero with a message if any check fails.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kcoord.node import launcher
+from kcoord.node.rpc_sync import call_sync
+
+GROUPS = [42001, 42002, 42003]
+HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+BASE_PORT = 30000
+SESSION_TIMEOUT_S = 3.0
+
+
+def describe(node: launcher.NodeProcess, topics: bool = False) -> dict[str, Any]:
+    result: dict[str, Any] = call_sync(
+        node.host, node.rpc_port, "DescribeNode", {"topics": topics}, 1.0
+    )
+    return result
+
+
+def poll(what: str, condition: Any, deadline_s: float = 60.0) -> Any:
+    end = time.monotonic() + deadline_s
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = condition()
+        except Exception as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.05)  # polling interval
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def iptables(*args: str) -> None:
+    subprocess.run(["iptables", *args], check=True)
+
+
+def led_epochs(view: dict[str, Any]) -> dict[int, tuple[int, int]]:
+    parts = view["topics"]["__consumer_offsets"]["partitions"]
+    return {p["partition"]: (p["leader"], p["leader_epoch"]) for p in parts}
+
+
+def main() -> None:
+    root = Path(sys.argv[1])
+    state = launcher.up(root, 3, BASE_PORT, hosts=HOSTS, groups=GROUPS)
+    rule = None
+    try:
+        nodes = {n.node_id: n for n in state.nodes}
+
+        def agreed_controller() -> int | None:
+            ids = {describe(n)["controller_id"] for n in nodes.values()}
+            c = ids.pop() if len(ids) == 1 else None
+            return c if c is not None and describe(nodes[c])["is_active_controller"] else None
+
+        old = poll("an active controller", agreed_controller)
+        majority = [i for i in nodes if i != old]
+        before = led_epochs(describe(nodes[majority[0]], topics=True))
+
+        rule = ["OUTPUT", "-m", "owner", "--gid-owner", str(nodes[old].group), "-j", "DROP"]
+        iptables("-A", *rule)
+        isolated_at = time.monotonic()
+
+        def new_controller() -> int | None:
+            views = [describe(nodes[i]) for i in majority]
+            ids: set[int | None] = {v["controller_id"] for v in views}
+            c = ids.pop() if len(ids) == 1 else None
+            if c is not None and c in majority and describe(nodes[c])["is_active_controller"]:
+                return c
+            return None
+
+        new = poll("the majority to elect a new controller", new_controller)
+        # Watch the majority for twice the session timeout after the old controller would have
+        # fenced anyone: its own members stay unfenced, their partitions keep their leaders.
+        watched = 0
+        while time.monotonic() - isolated_at < 3 * SESSION_TIMEOUT_S:
+            view = describe(nodes[new], topics=True)
+            for i in majority:
+                assert not view["brokers"][str(i)]["fenced"], f"majority node {i} was fenced"
+            for partition, (leader, epoch) in led_epochs(view).items():
+                old_leader, old_epoch = before[partition]
+                if old_leader in majority:
+                    assert (leader, epoch) == (old_leader, old_epoch), (
+                        f"partition {partition} led by majority node {old_leader} changed to "
+                        f"{leader} epoch {epoch} while node {old} was isolated"
+                    )
+            watched += 1
+            time.sleep(0.1)  # sampling period
+        view = describe(nodes[new], topics=True)
+        assert view["brokers"][str(old)]["fenced"], "the isolated node was not fenced"
+        moved = [p for p, (leader, _) in led_epochs(view).items() if before[p][0] == old]
+        assert all(led_epochs(view)[p][0] in majority for p in moved)
+
+        iptables("-D", *rule)
+        rule = None
+        healed = poll(
+            "the isolated node to rejoin",
+            lambda: (
+                not describe(nodes[new])["brokers"][str(old)]["fenced"]
+                and describe(nodes[old])["metadata_offset"]
+                >= describe(nodes[new])["metadata_offset"] - 5
+                and describe(nodes[old])
+            ),
+        )
+        assert not healed["is_active_controller"] or healed["controller_id"] == old
+        assert healed["fenced_by_me"] == [], f"isolated node proposed fencing {healed}"
+        print(json.dumps({"old_controller": old, "new_controller": new, "samples": watched}))
+    finally:
+        if rule is not None:
+            iptables("-D", *rule)
+        for n in state.nodes:
+            launcher.stop_node(n, kill=True)
+
+
+if __name__ == "__main__":
+    main()
