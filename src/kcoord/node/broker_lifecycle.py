@@ -17,10 +17,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from kcoord.errors import Errors
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemoteError, RpcTimeout
-from kcoord.raft.errors import Errors
 from kcoord.raft.quorum import MetadataQuorum
 
 log = logging.getLogger(__name__)

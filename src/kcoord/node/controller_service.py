@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcError
 from kcoord.raft import records as rec
@@ -45,7 +46,6 @@ from kcoord.raft.controller import (
     Controller,
     ControllerConfig,
 )
-from kcoord.raft.errors import Errors
 from kcoord.raft.quorum import MetadataQuorum
 
 log = logging.getLogger(__name__)

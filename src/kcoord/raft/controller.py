@@ -93,7 +93,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final, Generic, NamedTuple, TypeVar
 
-from kcoord.raft.errors import Errors
+from kcoord.errors import Errors
 from kcoord.raft.image import (
     ConfigResource,
     MetadataImage,

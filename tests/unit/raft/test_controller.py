@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kcoord.errors import Errors
 from kcoord.raft.controller import (
     OFFSETS_TOPIC_NAME,
     AlterPartitionItem,
@@ -36,7 +37,6 @@ from kcoord.raft.controller import (
     build_partition_change,
     place_replicas,
 )
-from kcoord.raft.errors import Errors
 from kcoord.raft.image import MetadataDelta, MetadataImage, PartitionState, TopicIdPartition
 from kcoord.raft.records import (
     NO_LEADER,
