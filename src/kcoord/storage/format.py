@@ -74,6 +74,8 @@ _BASE_OFFSET = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
 _LENGTH_PREFIX = struct.Struct(">qi")
+# The first 16 bytes of a batch: base offset, batch length, partition leader epoch.
+BATCH_PREFIX = struct.Struct(">qii")
 assert _HEADER.size == HEADER_SIZE
 
 COMPRESSION_MASK = 0x07

@@ -62,13 +62,13 @@ class _IndexFile:
     def is_full(self) -> bool:
         return self._count >= self.max_entries
 
-    def append(self, entry: bytes) -> None:
+    def append(self, entry: struct.Struct, *values: int) -> None:
+        """Pack ``values`` with ``entry`` straight into the mapped file."""
         m = self._map
         if m is None:
             os.ftruncate(self._fd, self.max_entries * self.entry_size)
             m = self._map = mmap.mmap(self._fd, self.max_entries * self.entry_size)
-        start = self._count * self.entry_size
-        m[start : start + self.entry_size] = entry
+        entry.pack_into(m, self._count * self.entry_size, *values)
         self._count += 1
 
     def truncate_entries(self, count: int) -> None:
@@ -160,7 +160,7 @@ class OffsetIndex:
             assert offset > self._offsets[-1] and position > self._positions[-1], (offset, position)
         rel = offset - self.base_offset
         assert 0 <= rel <= 0xFFFFFFFF, rel
-        self._file.append(_OFFSET_ENTRY.pack(rel, position))
+        self._file.append(_OFFSET_ENTRY, rel, position)
         self._offsets.append(offset)
         self._positions.append(position)
 
@@ -248,7 +248,7 @@ class TimeIndex:
             return
         rel = offset - self.base_offset
         assert 0 <= rel <= 0xFFFFFFFF, rel
-        self._file.append(_TIME_ENTRY.pack(timestamp, rel))
+        self._file.append(_TIME_ENTRY, timestamp, rel)
         self._timestamps.append(timestamp)
         self._offsets.append(offset)
 

@@ -76,8 +76,6 @@ class AppendInfo:
     max_timestamp: int
     batch_count: int
     size_bytes: int
-    # (position in the appended bytes, header with final offsets) of every batch.
-    batches: tuple[tuple[int, fmt.BatchHeader], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,16 +286,37 @@ class Log:
         if not records:
             raise InvalidRecordError("no record batch in the request")
         first = fmt.parse_header(records)
-        if first.size == len(records):
-            # One batch, the usual produce request: the same steps without the loops.
+        size = first.batch_length + fmt.LOG_OVERHEAD
+        if size == len(records):
+            # One batch, the usual produce request: validate, then write the batch with its
+            # base offset and leader epoch rewritten in a 16-byte prefix (outside the CRC).
             self._validate_batch(records, 0, first)
-            buf = bytearray(records)
-            base_offset = self.log_end_offset
-            fmt.set_base_offset(buf, 0, base_offset)
-            fmt.set_partition_leader_epoch(buf, 0, leader_epoch)
-            self.epoch_cache.assign(leader_epoch, base_offset)
-            stamped = first._replace(base_offset=base_offset, partition_leader_epoch=leader_epoch)
-            return self._append(buf, ((0, stamped),), now_ms)
+            base_offset = self.segments[-1].next_offset
+            last_offset = base_offset + first.last_offset_delta
+            prefix = fmt.BATCH_PREFIX.pack(base_offset, first.batch_length, leader_epoch)
+            if leader_epoch > self.epoch_cache.latest_epoch:
+                self.epoch_cache.assign(leader_epoch, base_offset)
+            seg = self.segments[-1]
+            if seg.size and (
+                seg.size + size > self.config.segment_bytes
+                or seg.is_full_index
+                or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                or (
+                    seg.first_batch_timestamp is not None
+                    and now_ms - seg.first_batch_timestamp > self.config.segment_ms
+                )
+            ):
+                seg = self._roll(base_offset)
+            seg.append_one(
+                prefix,
+                memoryview(records)[16:],
+                last_offset=last_offset,
+                max_timestamp=first.max_timestamp,
+            )
+            self._unflushed_messages += first.record_count
+            if self.config.flush_messages is not None or self.config.flush_ms is not None:
+                self._maybe_flush(now_ms)
+            return AppendInfo(base_offset, last_offset, first.max_timestamp, 1, size)
         headers = self._validate(records)
         buf = bytearray(records)
         next_offset = self.log_end_offset
@@ -367,12 +386,7 @@ class Log:
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
                 self._maybe_flush(now_ms)
             return AppendInfo(
-                header.base_offset,
-                header.last_offset,
-                header.max_timestamp,
-                1,
-                len(buf),
-                tuple(headers),
+                header.base_offset, header.last_offset, header.max_timestamp, 1, len(buf)
             )
         # Split into runs that fit the active segment, rolling between them.
         start = 0
@@ -405,7 +419,6 @@ class Log:
             max_timestamp=max(h.max_timestamp for _, h in headers),
             batch_count=len(headers),
             size_bytes=len(buf),
-            batches=tuple(headers),
         )
 
     def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int, now_ms: int) -> bool:

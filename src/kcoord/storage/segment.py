@@ -193,6 +193,37 @@ class LogSegment:
         for pos, header in headers:
             self._index_batch(position + pos, header)
 
+    def append_one(
+        self,
+        prefix: bytes | bytearray,
+        rest: memoryview,
+        *,
+        last_offset: int,
+        max_timestamp: int,
+    ) -> None:
+        """Append one batch given as its rewritten 16-byte prefix and the rest, unchanged.
+
+        The produce fast path: one ``pwritev``, no copy of the batch, the same index updates
+        as ``append`` (Kafka's ``LogSegment.append`` of a single batch).
+        """
+        position = self.size
+        size = len(prefix) + len(rest)
+        written = os.pwritev(self._fd, [prefix, rest], position)
+        if written != size:
+            raise OSError(f"short write to {self.log_path}: {written} of {size} bytes")
+        self.size = position + size
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp = max_timestamp
+            self.offset_of_max_timestamp = last_offset
+        if self.first_batch_timestamp is None:
+            self.first_batch_timestamp = max_timestamp
+        self.next_offset = last_offset + 1
+        if self._bytes_since_index_entry > self.index_interval_bytes:
+            self.offset_index.append(last_offset, position)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._bytes_since_index_entry = 0
+        self._bytes_since_index_entry += size
+
     def _index_batch(self, position: int, header: fmt.BatchHeader) -> None:
         self._note_batch(header)
         if self.first_batch_timestamp is None:
