@@ -117,3 +117,50 @@ def test_three_voters_commit_and_a_restarted_voter_replays(tmp_path: Path) -> No
     finally:
         for q in quorums.values():
             q.stop()
+
+
+@pytest.mark.integration
+def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> None:
+    ports = free_ports(3)
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(ports)]
+    timing = QuorumTiming(log_compaction_min_entries=5, log_compaction_min_time_s=1)
+    recorders = {v.node_id: Recorder() for v in voters}
+
+    def start_with(node_id: int) -> MetadataQuorum:
+        q = MetadataQuorum(
+            node_id, voters, tmp_path / f"n{node_id}", recorders[node_id], timing=timing
+        )
+        q.start()
+        return q
+
+    quorums = {v.node_id: start_with(v.node_id) for v in voters}
+    try:
+        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        propose_sync(leader, [rec.ClusterId("snap")])
+        for i in range(20):
+            propose_sync(
+                leader,
+                [
+                    rec.RegisterBroker(
+                        broker_id=i,
+                        incarnation_id=f"inc-{i}",
+                        broker_epoch=i + 1,
+                        endpoints={"rpc": f"h:{i}"},
+                    )
+                ],
+            )
+        follower_id = next(i for i, q in quorums.items() if q is not leader)
+        snapshot = tmp_path / f"n{follower_id}" / "__cluster_metadata" / "snapshot"
+        wait_for(snapshot.exists, "the follower to write a snapshot")
+        last = propose_sync(leader, [rec.NoOp()])
+        wait_for(lambda: quorums[follower_id].image.last_offset >= last, "the follower")
+        quorums[follower_id].stop()
+        recorders[follower_id] = Recorder()
+        quorums[follower_id] = start_with(follower_id)
+        wait_for(lambda: bool(recorders[follower_id].snapshots), "the snapshot to be loaded")
+        wait_for(lambda: quorums[follower_id].image == leader.image, "the same image")
+        assert len(quorums[follower_id].image.brokers) == 20
+    finally:
+        for q in quorums.values():
+            q.stop()
