@@ -1,0 +1,1730 @@
+"""The classic-protocol group coordinator shard: one per ``__consumer_offsets`` partition. Pure.
+
+Kafka 4's ``GroupCoordinatorShard`` is the model: its ``GroupMetadataManager`` (the classic
+part: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups, DeleteGroups) and
+its ``OffsetMetadataManager`` (OffsetCommit, OffsetFetch, OffsetDelete, offset expiry) in one
+object. Comments name the Kafka method each step follows.
+
+Theory of operation
+-------------------
+Every input is a call: ``handle_<api>(token, request, now_ms)``, ``on_timer(key, now_ms)``,
+``on_loaded(now_ms)``, ``on_unloaded()``. Each returns a ``CoordinatorResult``: the records to
+append to the partition and the ``(token, response)`` answers. A token is the runtime's opaque id
+of one request. JoinGroup and SyncGroup are *parked* in the classic protocol: a call may answer
+nothing yet, and a later call (another member's request, a timer) may answer many earlier tokens
+at once. Every token is answered exactly once, eventually (at the latest by the timers, or by
+``on_unloaded`` with NOT_COORDINATOR).
+
+The runtime (``node/runtime.py``) must, for every result, append the records, call
+``replay(offset, record)`` for each of them *before it calls the shard again* (as Kafka's
+``CoordinatorRuntime`` replays into its timeline structures when it adds records to the open
+batch), and release the answers only once the high watermark passes the records, as it does
+for all coordinator writes. If an append fails or leadership is lost, the shard is dropped and a
+new one is loaded from the log; nothing is rolled back by hand.
+
+Timers are injected: ``Timer.schedule(key, deadline_ms)`` (re)schedules ``key`` (a later
+schedule of the same key replaces the earlier one), ``Timer.cancel(key)`` cancels it (a no-op
+for an unknown key), and a due timer arrives as ``on_timer(key, now_ms)``. The keys::
+
+    heartbeat/<group>/<member>   session timeout of a member, KIP-394 pending member expiry,
+                                 new-member join timeout (KAFKA-7610)
+    join/<group>                 rebalance timeout of the join phase; InitialDelayedJoin
+    sync/<group>                 DelayedSync (KAFKA-12890): members that never sync
+    expire-group-metadata        offset expiry, every offsets.retention.check.interval.ms
+
+(group and member ids percent-encoded). A firing for a key that was cancelled or moved later is
+ignored, so a runtime that delivers a stale firing does no harm.
+
+Replayed state and soft state
+-----------------------------
+Replayed state changes only in ``replay`` and is exactly what replaying the log rebuilds:
+
+* committed offsets: group -> topic -> partition -> ``OffsetAndMetadata`` (offset, leader epoch,
+  metadata, commit timestamp, KIP-211 expire timestamp, record offset);
+* which groups exist: a group comes into being when its first GroupMetadata value or
+  OffsetCommit value is replayed (the latter makes Kafka's "simple" group: Empty, no protocol
+  type) and goes when its GroupMetadata tombstone is replayed;
+* each group's ``committed`` GroupMetadataValue, the last one replayed: generation, protocol
+  type and name, leader, current state timestamp, and every member with its group instance id,
+  client id and host, rebalance and session timeouts, subscription bytes (its metadata for the
+  selected protocol) and assignment bytes.
+
+Soft state is what Kafka's ``ClassicGroup`` keeps in memory and does not write (Kafka writes
+classic group records with ``replayRecords=false``): the live group of ``classic.py`` -- the
+state machine and its timestamp; the generation, protocol, leader and member table of the round
+in progress (members that joined, left, expired or were replaced since the last record, their
+supported protocols, timeouts and current assignment); the parked JoinGroup/SyncGroup tokens;
+the KIP-394 pending member ids; the members that still owe a SyncGroup; the "new member added"
+flag of the initial delay; the subscribed-topics cache -- and the scheduled timers.
+
+Before ``on_loaded`` the shard is loading: replaying a GroupMetadata value *builds* the live group
+from it, exactly as Kafka's ``GroupMetadataManager.replay`` does (Stable with its members and
+assignments if it has members, else Empty). ``on_loaded`` then arms a session timer for every
+loaded member, so a Stable group needs no rebalance after a failover: its members' heartbeats
+are accepted and a member that died meanwhile is evicted by its session timeout. Once active,
+the handlers keep the live group as Kafka does and replaying their GroupMetadata records only
+records ``committed``; the two agree whenever a group is Stable or Empty (the tests check it
+after every step). A failover in the middle of a rebalance brings back the last record -- the
+previous generation -- and its members rejoin on ILLEGAL_GENERATION or UNKNOWN_MEMBER_ID, as
+with Kafka.
+
+When records are written (Kafka's ``GroupMetadataManager``, ``OffsetMetadataManager``)::
+
+    JoinGroup creates the group and writes         GroupMetadata generation 0, no members,
+    nothing else (classicGroupJoinToClassicGroup)  protocol type "" (newEmptyGroupMetadataRecord)
+    the join phase completes with no member left   GroupMetadata of the Empty group: the new
+    (completeClassicGroupJoin)                     generation, no protocol, leader or members
+    the leader's SyncGroup in CompletingRebalance  GroupMetadata with every member and its
+    (classicGroupSyncToClassicGroup)               assignment ("" for members it left out)
+    a known static member rejoins with an unknown  GroupMetadata with the new member id (the
+    member id, Stable, protocol unchanged          old one is fenced from then on)
+    (updateStaticMemberThenRebalanceOrCompleteJoin)
+    OffsetCommit (commitOffset)                    OffsetCommit per accepted partition
+    OffsetDelete (deleteOffsets)                   tombstone per committed offset deleted
+    DeleteGroups (GroupCoordinatorShard            tombstones of all the group's offsets, then
+    .deleteGroups)                                 the GroupMetadata tombstone
+    expiry timer (cleanupGroupMetadata)            tombstones of expired offsets; GroupMetadata
+                                                   tombstone of an Empty group left without any
+
+Removing a member from a Stable group (LeaveGroup, session timeout) writes nothing by itself:
+the rebalance it starts writes the next record (the leader's SyncGroup, or the Empty group).
+
+Deviations from Kafka (each also marked where it happens):
+
+* Kafka completes a leader's SyncGroup (assignments, Stable) in the append callback, after the
+  write; here it happens at once, since the runtime holds the answers until the write commits
+  and drops the shard if it fails. Requests arriving between the write and its commit therefore
+  see the group Stable, where Kafka would still see CompletingRebalance.
+* A member that re-sends JoinGroup (or SyncGroup) while an earlier one is parked: Kafka drops
+  the earlier future unanswered; here it is answered REBALANCE_IN_PROGRESS so that every token
+  gets exactly one answer. A removed member's parked SyncGroup (admin LeaveGroup during
+  CompletingRebalance) is answered UNKNOWN_MEMBER_ID for the same reason.
+* Iteration orders are insertion orders (Kafka: ``HashMap``): leader re-election and
+  protocol-vote ties are deterministic.
+* A static member replaced before it sent its SyncGroup passes its pending-sync duty to the new
+  member id (Kafka leaves the stale id pending, which forces a rebalance at DelayedSync expiry).
+* An OffsetCommit with generation -1 to a group that does not exist creates the simple group
+  when its first record is replayed (Kafka creates it in the handler too, so a commit whose
+  partitions were all rejected still leaves an empty group behind).
+* Heartbeat timers of removed members are cancelled (Kafka lets them fire into a no-op).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Final, Protocol
+from urllib.parse import quote
+
+from kcoord.cluster.coordinator.classic import (
+    EMPTY_ASSIGNMENT,
+    ClassicGroup,
+    ClassicGroupMember,
+    ClassicGroupState,
+    protocol_names,
+)
+from kcoord.cluster.coordinator.records import (
+    CoordinatorRecord,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    OffsetCommitKey,
+    OffsetCommitValue,
+)
+from kcoord.cluster.coordinator.types import (
+    DEFAULT_RETENTION_TIME,
+    DEFAULT_TIMESTAMP,
+    UNKNOWN_MEMBER_ID,
+    DeletableGroupResult,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribedGroup,
+    DescribedGroupMember,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListedGroup,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    MemberIdentity,
+    MemberResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitResponsePartition,
+    OffsetCommitResponseTopic,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetDeleteResponsePartition,
+    OffsetDeleteResponseTopic,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchResponsePartition,
+    OffsetFetchResponseTopic,
+    Response,
+    SyncGroupRequest,
+    SyncGroupResponse,
+    Token,
+)
+from kcoord.errors import Errors
+
+_S = ClassicGroupState
+
+GROUP_EXPIRATION_KEY: Final = "expire-group-metadata"  # GroupCoordinatorShard's key
+CLASSIC_GROUP_TYPE: Final = "classic"  # Group.GroupType.CLASSIC.toString()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupConfig:
+    """Kafka's classic group configs, with Kafka's defaults (``GroupCoordinatorConfig``)."""
+
+    initial_rebalance_delay_ms: int = 3_000  # group.initial.rebalance.delay.ms
+    min_session_timeout_ms: int = 6_000  # group.min.session.timeout.ms
+    max_session_timeout_ms: int = 1_800_000  # group.max.session.timeout.ms
+    max_size: int = (1 << 31) - 1  # group.max.size
+    offset_metadata_max_bytes: int = 4_096  # offset.metadata.max.bytes
+    offsets_retention_minutes: int = 10_080  # offsets.retention.minutes (7 days)
+    offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
+    # CLASSIC_GROUP_NEW_MEMBER_JOIN_TIMEOUT_MS (KAFKA-7610), not configurable in Kafka.
+    new_member_join_timeout_ms: int = 300_000
+
+    @property
+    def offsets_retention_ms(self) -> int:
+        return self.offsets_retention_minutes * 60_000
+
+
+class Timer(Protocol):
+    """The runtime's timer: one pending deadline per key (see the module docstring)."""
+
+    def schedule(self, key: str, deadline_ms: int) -> None: ...
+
+    def cancel(self, key: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorResult:
+    """Records to append (then replay), and answers to release once they commit."""
+
+    records: list[CoordinatorRecord] = field(default_factory=list)
+    responses: list[tuple[Token, Response]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OffsetAndMetadata:
+    """A committed offset (Kafka's ``OffsetAndMetadata``), as replayed from its record."""
+
+    committed_offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp_ms: int
+    expire_timestamp_ms: int | None
+    record_offset: int
+
+    def is_expired(self, base_timestamp_ms: int, now_ms: int, retention_ms: int) -> bool:
+        """Kafka's ``OffsetExpirationConditionImpl.isOffsetExpired``."""
+        if self.expire_timestamp_ms is not None:
+            # KIP-211 per-commit retention (OffsetCommit v2-v4): the old semantics.
+            return now_ms >= self.expire_timestamp_ms
+        return now_ms - base_timestamp_ms >= retention_ms
+
+
+class _TimerKind(Enum):
+    HEARTBEAT = "heartbeat"
+    JOIN = "join"
+    SYNC = "sync"
+    GROUP_EXPIRATION = "expire-group-metadata"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TimerTask:
+    kind: _TimerKind
+    deadline_ms: int
+    group_id: str = ""
+    member_id: str = ""
+    generation_id: int = 0  # SYNC: the generation the DelayedSync was armed for
+    # JOIN of an initial rebalance (InitialDelayedJoin): this delay and what is left of the
+    # rebalance timeout after it; None for a plain join-phase timeout.
+    initial_delay_ms: int | None = None
+    initial_remaining_ms: int = 0
+
+
+def heartbeat_key(group_id: str, member_id: str) -> str:
+    return f"heartbeat/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
+
+
+def join_key(group_id: str) -> str:
+    return f"join/{quote(group_id, safe='')}"
+
+
+def sync_key(group_id: str) -> str:
+    return f"sync/{quote(group_id, safe='')}"
+
+
+def _java_string_length(s: str) -> int:
+    """``String.length()``: UTF-16 code units (``offset.metadata.max.bytes`` counts these)."""
+    return len(s.encode("utf-16-le", "surrogatepass")) // 2
+
+
+class _Output:
+    """What one call produces, in order."""
+
+    __slots__ = ("records", "responses")
+
+    def __init__(self) -> None:
+        self.records: list[CoordinatorRecord] = []
+        self.responses: list[tuple[Token, Response]] = []
+
+    def write(self, record: CoordinatorRecord) -> None:
+        self.records.append(record)
+
+    def respond(self, token: Token, response: Response) -> None:
+        self.responses.append((token, response))
+
+    def result(self) -> CoordinatorResult:
+        return CoordinatorResult(self.records, self.responses)
+
+
+def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> CoordinatorRecord:
+    return CoordinatorRecord(GroupMetadataKey(group_id=group_id), value)
+
+
+class GroupCoordinatorShard:
+    """The classic group coordinator of one ``__consumer_offsets`` partition."""
+
+    def __init__(
+        self, config: GroupConfig, timer: Timer, new_member_id: Callable[[str], str]
+    ) -> None:
+        """``new_member_id(prefix)`` returns a fresh member id; Kafka's is ``prefix + "-" +
+        UUID``, the prefix being the group instance id of a static member, else the client id.
+        """
+        self._config = config
+        self._timer = timer
+        self._new_member_id = new_member_id
+        self._groups: dict[str, ClassicGroup] = {}
+        self._offsets: dict[str, dict[str, dict[int, OffsetAndMetadata]]] = {}
+        self._timers: dict[str, _TimerTask] = {}
+        self._active = False
+
+    # ----------------------------------------------------------------------------------------
+    # Introspection (read-only views, for the runtime's metrics and for tests)
+
+    @property
+    def config(self) -> GroupConfig:
+        return self._config
+
+    @property
+    def is_active(self) -> bool:
+        return self._active
+
+    @property
+    def groups(self) -> Mapping[str, ClassicGroup]:
+        return self._groups
+
+    def group(self, group_id: str) -> ClassicGroup | None:
+        return self._groups.get(group_id)
+
+    @property
+    def offsets(self) -> Mapping[str, Mapping[str, Mapping[int, OffsetAndMetadata]]]:
+        return self._offsets
+
+    @property
+    def scheduled_timers(self) -> Mapping[str, int]:
+        """Timer key -> deadline, of the timers this shard has scheduled and not seen fire."""
+        return {key: task.deadline_ms for key, task in self._timers.items()}
+
+    # ----------------------------------------------------------------------------------------
+    # Loading, unloading, replay
+
+    def replay(self, offset: int, record: CoordinatorRecord) -> None:
+        """Apply one record of the partition log (``GroupCoordinatorShard.replay``).
+
+        Tolerates tombstones of unknown keys and records whose group was compacted away.
+        KIP-848 records are skipped: this shard serves classic groups only.
+        """
+        key, value = record.key, record.value
+        if isinstance(key, OffsetCommitKey) and (
+            value is None or isinstance(value, OffsetCommitValue)
+        ):
+            self._replay_offset_commit(offset, key, value)
+        elif isinstance(key, GroupMetadataKey) and (
+            value is None or isinstance(value, GroupMetadataValue)
+        ):
+            self._replay_group_metadata(key, value)
+
+    def _replay_offset_commit(
+        self, offset: int, key: OffsetCommitKey, value: OffsetCommitValue | None
+    ) -> None:
+        group_id = key.group_id
+        if value is not None:
+            if group_id not in self._groups:
+                # OffsetMetadataManager.replay: a consumer that commits without group
+                # membership gets a "simple" group, Empty and without a protocol type.
+                self._groups[group_id] = ClassicGroup(
+                    group_id=group_id,
+                    state=ClassicGroupState.EMPTY,
+                    current_state_timestamp_ms=None,
+                )
+            self._offsets.setdefault(group_id, {}).setdefault(key.topic, {})[key.partition] = (
+                OffsetAndMetadata(
+                    committed_offset=value.offset,
+                    leader_epoch=value.leader_epoch,
+                    metadata=value.metadata,
+                    commit_timestamp_ms=value.commit_timestamp_ms,
+                    expire_timestamp_ms=value.expire_timestamp_ms,
+                    record_offset=offset,
+                )
+            )
+            return
+        topics = self._offsets.get(group_id)
+        if topics is None or key.topic not in topics:
+            return
+        partitions = topics[key.topic]
+        partitions.pop(key.partition, None)
+        if not partitions:
+            del topics[key.topic]
+        if not topics:
+            del self._offsets[group_id]
+
+    def _replay_group_metadata(
+        self, key: GroupMetadataKey, value: GroupMetadataValue | None
+    ) -> None:
+        group_id = key.group_id
+        if value is None:
+            self._groups.pop(group_id, None)
+            return
+        group = self._groups.get(group_id)
+        if group is None or not self._active:
+            # Loading (or a group this shard does not hold): the record *is* the group.
+            self._groups[group_id] = ClassicGroup.from_group_metadata_value(group_id, value)
+        else:
+            # The handler that wrote the record already moved the live group (see the module
+            # docstring); what the record makes durable is recorded here.
+            group.committed = value
+
+    def on_loaded(self, now_ms: int) -> CoordinatorResult:
+        """The whole log is replayed: arm the timers (``GroupMetadataManager.onLoaded``)."""
+        assert not self._active, "on_loaded called twice"
+        self._active = True
+        out = _Output()
+        for group in list(self._groups.values()):
+            for member in group.members.values():
+                self._reschedule_heartbeat(group, member, now_ms)
+            if group.num_members > self._config.max_size:
+                # In case group.max.size was lowered: rebalance so that members can commit.
+                self._prepare_rebalance(out, group, now_ms)
+        self._schedule_group_expiration(now_ms)
+        return out.result()
+
+    def on_unloaded(self, now_ms: int | None = None) -> CoordinatorResult:
+        """The partition is no longer ours: every group goes Dead and every parked JoinGroup and
+        SyncGroup is answered NOT_COORDINATOR (``GroupMetadataManager.onUnloaded``); all timers
+        are cancelled (the runtime's unload cancels them in Kafka).
+        """
+        out = _Output()
+        for group in self._groups.values():
+            group.transition_to(ClassicGroupState.DEAD, now_ms)
+            for member in group.members.values():
+                self._complete_join(
+                    out,
+                    member,
+                    JoinGroupResponse(
+                        member_id=member.member_id, error_code=Errors.NOT_COORDINATOR
+                    ),
+                )
+                self._complete_sync(
+                    out, member, SyncGroupResponse(error_code=Errors.NOT_COORDINATOR)
+                )
+        for key in list(self._timers):
+            self._cancel(key)
+        self._active = False
+        return out.result()
+
+    # ----------------------------------------------------------------------------------------
+    # Timers
+
+    def on_timer(self, key: str, now_ms: int) -> CoordinatorResult:
+        out = _Output()
+        task = self._timers.get(key)
+        if task is None or now_ms < task.deadline_ms:
+            return out.result()  # cancelled, or moved later: a stale firing
+        del self._timers[key]
+        match task.kind:
+            case _TimerKind.HEARTBEAT:
+                self._expire_heartbeat(out, task.group_id, task.member_id, now_ms)
+            case _TimerKind.JOIN:
+                group = self._groups.get(task.group_id)
+                if group is not None:
+                    if task.initial_delay_ms is None:
+                        self._complete_classic_group_join(out, group, now_ms)
+                    else:
+                        self._try_complete_initial_rebalance_else_schedule(
+                            out, group, task.initial_delay_ms, task.initial_remaining_ms, now_ms
+                        )
+            case _TimerKind.SYNC:
+                self._expire_pending_sync(out, task.group_id, task.generation_id, now_ms)
+            case _TimerKind.GROUP_EXPIRATION:
+                self._cleanup_group_metadata(out, now_ms)
+        return out.result()
+
+    def _schedule(self, key: str, task: _TimerTask) -> None:
+        self._timers[key] = task
+        self._timer.schedule(key, task.deadline_ms)
+
+    def _cancel(self, key: str) -> None:
+        if self._timers.pop(key, None) is not None:
+            self._timer.cancel(key)
+
+    def _reschedule_heartbeat(
+        self,
+        group: ClassicGroup,
+        member: ClassicGroupMember,
+        now_ms: int,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """``rescheduleClassicGroupMemberHeartbeat``: the session timeout unless told."""
+        if timeout_ms is None:
+            timeout_ms = member.session_timeout_ms
+        self._schedule_heartbeat(group.group_id, member.member_id, now_ms + timeout_ms)
+
+    def _schedule_heartbeat(self, group_id: str, member_id: str, deadline_ms: int) -> None:
+        self._schedule(
+            heartbeat_key(group_id, member_id),
+            _TimerTask(
+                kind=_TimerKind.HEARTBEAT,
+                deadline_ms=deadline_ms,
+                group_id=group_id,
+                member_id=member_id,
+            ),
+        )
+
+    def _schedule_join(
+        self,
+        group: ClassicGroup,
+        deadline_ms: int,
+        initial_delay_ms: int | None = None,
+        initial_remaining_ms: int = 0,
+    ) -> None:
+        self._schedule(
+            join_key(group.group_id),
+            _TimerTask(
+                kind=_TimerKind.JOIN,
+                deadline_ms=deadline_ms,
+                group_id=group.group_id,
+                initial_delay_ms=initial_delay_ms,
+                initial_remaining_ms=initial_remaining_ms,
+            ),
+        )
+
+    def _schedule_pending_sync(self, group: ClassicGroup, now_ms: int) -> None:
+        """``schedulePendingSync``: every member must sync within the rebalance timeout."""
+        self._schedule(
+            sync_key(group.group_id),
+            _TimerTask(
+                kind=_TimerKind.SYNC,
+                deadline_ms=now_ms + group.rebalance_timeout_ms(),
+                group_id=group.group_id,
+                generation_id=group.generation_id,
+            ),
+        )
+
+    def _schedule_group_expiration(self, now_ms: int) -> None:
+        self._schedule(
+            GROUP_EXPIRATION_KEY,
+            _TimerTask(
+                kind=_TimerKind.GROUP_EXPIRATION,
+                deadline_ms=now_ms + self._config.offsets_retention_check_interval_ms,
+            ),
+        )
+
+    def _cancel_group_timers(self, group: ClassicGroup) -> None:
+        self._cancel(join_key(group.group_id))
+        self._cancel(sync_key(group.group_id))
+        for member_id in [*group.members, *group.pending_join_members]:
+            self._cancel(heartbeat_key(group.group_id, member_id))
+
+    # ----------------------------------------------------------------------------------------
+    # Answering parked requests
+
+    def _complete_join(
+        self, out: _Output, member: ClassicGroupMember, response: JoinGroupResponse
+    ) -> bool:
+        """``ClassicGroup.completeJoinFuture``: answer the member's parked JoinGroup, if any."""
+        token = member.awaiting_join
+        if token is None:
+            return False
+        member.awaiting_join = None
+        out.respond(token, response)
+        return True
+
+    def _complete_sync(
+        self, out: _Output, member: ClassicGroupMember, response: SyncGroupResponse
+    ) -> bool:
+        """``ClassicGroup.completeSyncFuture``: answer the member's parked SyncGroup, if any."""
+        token = member.awaiting_sync
+        if token is None:
+            return False
+        member.awaiting_sync = None
+        out.respond(token, response)
+        return True
+
+    def _remove_member(self, out: _Output, group: ClassicGroup, member_id: str) -> None:
+        """Remove a member or pending member, answering whatever it has parked.
+
+        A parked JoinGroup gets UNKNOWN_MEMBER_ID with an empty member id so that a live
+        client rejoins from scratch (``removeMemberAndUpdateClassicGroup``); a parked SyncGroup
+        (only possible for an admin removal) gets UNKNOWN_MEMBER_ID too (not in Kafka).
+        """
+        member = group.members.get(member_id)
+        if member is not None:
+            self._complete_join(
+                out,
+                member,
+                JoinGroupResponse(member_id=UNKNOWN_MEMBER_ID, error_code=Errors.UNKNOWN_MEMBER_ID),
+            )
+            self._complete_sync(out, member, SyncGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID))
+        group.remove(member_id)
+        self._cancel(heartbeat_key(group.group_id, member_id))
+
+    def _supersede_join(self, out: _Output, member: ClassicGroupMember) -> None:
+        # Not in Kafka, which drops the earlier future unanswered (module docstring).
+        self._complete_join(
+            out,
+            member,
+            JoinGroupResponse(member_id=member.member_id, error_code=Errors.REBALANCE_IN_PROGRESS),
+        )
+
+    # ----------------------------------------------------------------------------------------
+    # JoinGroup
+
+    def handle_join_group(
+        self, token: Token, request: JoinGroupRequest, now_ms: int
+    ) -> CoordinatorResult:
+        out = _Output()
+        if not request.group_id:
+            out.respond(
+                token,
+                JoinGroupResponse(member_id=request.member_id, error_code=Errors.INVALID_GROUP_ID),
+            )
+        elif not (
+            self._config.min_session_timeout_ms
+            <= request.session_timeout_ms
+            <= self._config.max_session_timeout_ms
+        ):
+            # GroupCoordinatorService.joinGroup checks this before the shard.
+            out.respond(
+                token,
+                JoinGroupResponse(
+                    member_id=request.member_id, error_code=Errors.INVALID_SESSION_TIMEOUT
+                ),
+            )
+        else:
+            self._classic_group_join(out, token, request, now_ms)
+        return out.result()
+
+    def _classic_group_join(
+        self, out: _Output, token: Token, request: JoinGroupRequest, now_ms: int
+    ) -> None:
+        """``classicGroupJoinToClassicGroup``."""
+        group_id = request.group_id
+        member_id = request.member_id
+        is_unknown_member = member_id == UNKNOWN_MEMBER_ID
+        group = self._groups.get(group_id)
+        is_new_group = group is None
+        if group is None:
+            if not is_unknown_member:
+                # A member id for a group that does not exist: let the member start over.
+                out.respond(
+                    token,
+                    JoinGroupResponse(member_id=member_id, error_code=Errors.UNKNOWN_MEMBER_ID),
+                )
+                return
+            group = ClassicGroup(
+                group_id=group_id,
+                state=ClassicGroupState.EMPTY,
+                current_state_timestamp_ms=now_ms,
+            )
+            self._groups[group_id] = group
+
+        records_before = len(out.records)
+        if not self._accept_joining_member(group, member_id):
+            self._remove_member(out, group, member_id)
+            out.respond(
+                token,
+                JoinGroupResponse(
+                    member_id=UNKNOWN_MEMBER_ID, error_code=Errors.GROUP_MAX_SIZE_REACHED
+                ),
+            )
+        elif is_unknown_member:
+            self._join_new_member(out, token, request, group, now_ms)
+        else:
+            self._join_existing_member(out, token, request, group, now_ms)
+
+        if is_new_group and len(out.records) == records_before:
+            # Commit the new group to the log, so that it survives a failover as an Empty
+            # group (newEmptyGroupMetadataRecord).
+            out.write(_group_metadata_record(group_id, group.to_empty_group_metadata_value()))
+
+    def _accept_joining_member(self, group: ClassicGroup, member_id: str) -> bool:
+        """``acceptJoiningMember``: group.max.size."""
+        max_size = self._config.max_size
+        match group.state:
+            case _S.EMPTY | _S.DEAD:
+                return True
+            case _S.PREPARING_REBALANCE:
+                # Count the members awaiting a join answer, not the group size: the size may
+                # be above a lowered max, and this kicks out the last rejoining members.
+                return (
+                    group.has_member(member_id) and group.member(member_id).is_awaiting_join
+                ) or group.num_awaiting_join_response < max_size
+            case _S.COMPLETING_REBALANCE | _S.STABLE:
+                return group.has_member(member_id) or group.num_members < max_size
+
+    def _join_new_member(
+        self,
+        out: _Output,
+        token: Token,
+        request: JoinGroupRequest,
+        group: ClassicGroup,
+        now_ms: int,
+    ) -> None:
+        """``classicGroupJoinNewMember``."""
+        if group.is_in_state(ClassicGroupState.DEAD):
+            out.respond(
+                token,
+                JoinGroupResponse(
+                    member_id=UNKNOWN_MEMBER_ID, error_code=Errors.COORDINATOR_NOT_AVAILABLE
+                ),
+            )
+        elif not group.supports_protocols(request.protocol_type, protocol_names(request.protocols)):
+            out.respond(
+                token,
+                JoinGroupResponse(
+                    member_id=UNKNOWN_MEMBER_ID, error_code=Errors.INCONSISTENT_GROUP_PROTOCOL
+                ),
+            )
+        else:
+            instance_id = request.group_instance_id
+            new_member_id = self._new_member_id(
+                instance_id if instance_id is not None else request.client_id
+            )
+            if instance_id is not None:
+                existing_member_id = group.static_member_id(instance_id)
+                if existing_member_id is not None:
+                    # KIP-345: a known instance with a new process: replace the member id.
+                    self._update_static_member_then_rebalance_or_complete_join(
+                        out,
+                        token=token,
+                        request=request,
+                        group=group,
+                        old_member_id=existing_member_id,
+                        new_member_id=new_member_id,
+                        now_ms=now_ms,
+                    )
+                else:
+                    self._add_member_then_rebalance_or_complete_join(
+                        out,
+                        token=token,
+                        request=request,
+                        group=group,
+                        member_id=new_member_id,
+                        now_ms=now_ms,
+                    )
+            elif request.require_known_member_id:
+                # KIP-394: hand out the id and wait for the member to join with it; the id
+                # expires after the session timeout if it never does.
+                group.add_pending_member(new_member_id)
+                self._schedule_heartbeat(
+                    group.group_id, new_member_id, now_ms + request.session_timeout_ms
+                )
+                out.respond(
+                    token,
+                    JoinGroupResponse(
+                        member_id=new_member_id, error_code=Errors.MEMBER_ID_REQUIRED
+                    ),
+                )
+            else:
+                self._add_member_then_rebalance_or_complete_join(
+                    out,
+                    token=token,
+                    request=request,
+                    group=group,
+                    member_id=new_member_id,
+                    now_ms=now_ms,
+                )
+
+    def _join_existing_member(
+        self,
+        out: _Output,
+        token: Token,
+        request: JoinGroupRequest,
+        group: ClassicGroup,
+        now_ms: int,
+    ) -> None:
+        """``classicGroupJoinExistingMember``."""
+        member_id = request.member_id
+        if group.is_in_state(ClassicGroupState.DEAD):
+            out.respond(
+                token,
+                JoinGroupResponse(member_id=member_id, error_code=Errors.COORDINATOR_NOT_AVAILABLE),
+            )
+            return
+        if not group.supports_protocols(request.protocol_type, protocol_names(request.protocols)):
+            out.respond(
+                token,
+                JoinGroupResponse(
+                    member_id=member_id, error_code=Errors.INCONSISTENT_GROUP_PROTOCOL
+                ),
+            )
+            return
+        if group.is_pending_member(member_id):
+            if request.group_instance_id is not None:
+                # Kafka throws IllegalStateException here (a pending member is never static),
+                # which its runtime answers as UNKNOWN_SERVER_ERROR.
+                out.respond(
+                    token,
+                    JoinGroupResponse(member_id=member_id, error_code=Errors.UNKNOWN_SERVER_ERROR),
+                )
+                return
+            self._add_member_then_rebalance_or_complete_join(
+                out, token=token, request=request, group=group, member_id=member_id, now_ms=now_ms
+            )
+            return
+        error = group.validate_member(member_id, request.group_instance_id)
+        if error is not Errors.NONE:
+            out.respond(
+                token,
+                JoinGroupResponse(
+                    member_id=member_id, error_code=error, protocol_type=None, protocol_name=None
+                ),
+            )
+            return
+
+        member = group.member(member_id)
+        match group.state:
+            case _S.PREPARING_REBALANCE:
+                self._update_member_then_rebalance_or_complete_join(
+                    out, token=token, request=request, group=group, member=member, now_ms=now_ms
+                )
+            case _S.COMPLETING_REBALANCE:
+                if member.matches(request.protocols):
+                    # Same metadata (it probably missed the JoinGroup answer): answer the
+                    # current generation again.
+                    out.respond(
+                        token,
+                        self._current_join_response(
+                            group, member_id, with_members=group.is_leader(member_id)
+                        ),
+                    )
+                else:
+                    self._update_member_then_rebalance_or_complete_join(
+                        out, token=token, request=request, group=group, member=member, now_ms=now_ms
+                    )
+            case _S.STABLE:
+                if group.is_leader(member_id) or not member.matches(request.protocols):
+                    # The leader rejoining forces a rebalance (it may know of topic metadata
+                    # changes); so does a follower with new metadata.
+                    self._update_member_then_rebalance_or_complete_join(
+                        out, token=token, request=request, group=group, member=member, now_ms=now_ms
+                    )
+                else:
+                    out.respond(token, self._current_join_response(group, member_id))
+            case _:
+                # Empty (a member of an empty group cannot exist; be safe): start over.
+                out.respond(
+                    token,
+                    JoinGroupResponse(member_id=member_id, error_code=Errors.UNKNOWN_MEMBER_ID),
+                )
+
+    def _current_join_response(
+        self, group: ClassicGroup, member_id: str, *, with_members: bool = False
+    ) -> JoinGroupResponse:
+        return JoinGroupResponse(
+            members=group.current_members_for_join_response() if with_members else (),
+            member_id=member_id,
+            generation_id=group.generation_id,
+            protocol_name=group.protocol_name,
+            protocol_type=group.protocol_type,
+            leader=group.leader_id or "",
+            skip_assignment=False,
+        )
+
+    def _update_member_then_rebalance_or_complete_join(
+        self,
+        out: _Output,
+        *,
+        token: Token,
+        request: JoinGroupRequest,
+        group: ClassicGroup,
+        member: ClassicGroupMember,
+        now_ms: int,
+    ) -> None:
+        """``updateMemberThenRebalanceOrCompleteJoin``."""
+        self._supersede_join(out, member)
+        group.update_member(
+            member,
+            request.protocols,
+            request.rebalance_timeout_ms,
+            request.session_timeout_ms,
+            token,
+        )
+        self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+
+    def _add_member_then_rebalance_or_complete_join(
+        self,
+        out: _Output,
+        *,
+        token: Token,
+        request: JoinGroupRequest,
+        group: ClassicGroup,
+        member_id: str,
+        now_ms: int,
+    ) -> None:
+        """``addMemberThenRebalanceOrCompleteJoin``."""
+        member = ClassicGroupMember(
+            member_id=member_id,
+            group_instance_id=request.group_instance_id,
+            client_id=request.client_id,
+            client_host=request.client_host,
+            rebalance_timeout_ms=request.rebalance_timeout_ms,
+            session_timeout_ms=request.session_timeout_ms,
+            protocol_type=request.protocol_type,
+            supported_protocols=request.protocols,
+            is_new=True,
+        )
+        if group.is_in_state(_S.PREPARING_REBALANCE) and group.previous_state is _S.EMPTY:
+            # Someone joined during the initial delay: extend it (InitialDelayedJoin).
+            group.new_member_added = True
+        group.add(member, token)
+        # A new member cannot heartbeat while its JoinGroup is parked, and a client that gave
+        # up and retried would leave a defunct member behind: expire new members that do not
+        # complete a join within the new-member join timeout (KAFKA-7610).
+        self._reschedule_heartbeat(group, member, now_ms, self._config.new_member_join_timeout_ms)
+        self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+
+    def _update_static_member_then_rebalance_or_complete_join(
+        self,
+        out: _Output,
+        *,
+        token: Token,
+        request: JoinGroupRequest,
+        group: ClassicGroup,
+        old_member_id: str,
+        new_member_id: str,
+        now_ms: int,
+    ) -> None:
+        """``updateStaticMemberThenRebalanceOrCompleteJoin`` (KIP-345, KIP-814)."""
+        instance_id = request.group_instance_id
+        assert instance_id is not None
+        current_leader = group.leader_id
+        old_member = group.member(old_member_id)
+        # replaceStaticMember: fence whoever still waits under the old member id.
+        self._complete_join(
+            out,
+            old_member,
+            JoinGroupResponse(
+                members=(),
+                member_id=old_member_id,
+                protocol_name=None,
+                protocol_type=None,
+                leader="",
+                skip_assignment=False,
+                error_code=Errors.FENCED_INSTANCE_ID,
+            ),
+        )
+        self._complete_sync(
+            out,
+            old_member,
+            SyncGroupResponse(
+                assignment=EMPTY_ASSIGNMENT,
+                protocol_name=None,
+                protocol_type=None,
+                error_code=Errors.FENCED_INSTANCE_ID,
+            ),
+        )
+        new_member = group.replace_static_member(instance_id, old_member_id, new_member_id)
+        self._cancel(heartbeat_key(group.group_id, old_member_id))
+        # The old member's session timeout until the update below, as in Kafka.
+        self._reschedule_heartbeat(group, new_member, now_ms)
+        group.update_member(
+            new_member,
+            request.protocols,
+            request.rebalance_timeout_ms,
+            request.session_timeout_ms,
+            token,
+        )
+
+        match group.state:
+            case _S.STABLE:
+                # If the protocol of the next generation would not change, persist the new
+                # member id and answer with the current assignment, without a rebalance.
+                if (group.protocol_name or "") == group.select_protocol():
+                    assignments = {m.member_id: m.assignment for m in group.members.values()}
+                    out.write(
+                        _group_metadata_record(
+                            group.group_id, group.to_group_metadata_value(assignments)
+                        )
+                    )
+                    # Kafka answers once the record is written; the runtime holds our answer
+                    # until it commits.
+                    if request.supports_skip_assignment:
+                        # KIP-814: a rejoining static leader learns the members but must not
+                        # compute a new assignment.
+                        is_leader = group.is_leader(new_member_id)
+                        self._complete_join(
+                            out,
+                            new_member,
+                            JoinGroupResponse(
+                                members=(
+                                    group.current_members_for_join_response() if is_leader else ()
+                                ),
+                                member_id=new_member_id,
+                                generation_id=group.generation_id,
+                                protocol_name=group.protocol_name,
+                                protocol_type=group.protocol_type,
+                                leader=group.leader_id or "",
+                                skip_assignment=is_leader,
+                            ),
+                        )
+                    else:
+                        # Before v9 a rejoining leader must not see itself as leader: the old
+                        # member id is named, so it syncs as a follower.
+                        self._complete_join(
+                            out,
+                            new_member,
+                            JoinGroupResponse(
+                                member_id=new_member_id,
+                                generation_id=group.generation_id,
+                                protocol_name=group.protocol_name,
+                                protocol_type=group.protocol_type,
+                                leader=current_leader or "",
+                                skip_assignment=False,
+                            ),
+                        )
+                else:
+                    self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+            case _S.COMPLETING_REBALANCE:
+                # The leader may already have computed an assignment naming the old member id,
+                # which the new one would not get: rebalance.
+                self._prepare_rebalance(out, group, now_ms)
+            case _S.PREPARING_REBALANCE:
+                self._maybe_complete_join_phase(out, group, now_ms)
+            case _:
+                raise AssertionError(
+                    f"group {group.group_id} in {group.state} when static member "
+                    f"{instance_id} rejoined"
+                )
+
+    def _maybe_prepare_rebalance_or_complete_join(
+        self, out: _Output, group: ClassicGroup, now_ms: int
+    ) -> None:
+        if group.can_rebalance():
+            self._prepare_rebalance(out, group, now_ms)
+        else:
+            self._maybe_complete_join_phase(out, group, now_ms)
+
+    def _prepare_rebalance(self, out: _Output, group: ClassicGroup, now_ms: int) -> None:
+        """``prepareRebalance``."""
+        if group.is_in_state(_S.COMPLETING_REBALANCE):
+            # Members waiting for the assignment must rejoin instead.
+            self._reset_and_propagate_assignment_with_error(
+                out, group, Errors.REBALANCE_IN_PROGRESS, now_ms
+            )
+        self._remove_sync_expiration(group)
+        is_initial_rebalance = group.is_in_state(_S.EMPTY)
+        if is_initial_rebalance:
+            # A new group: give the members group.initial.rebalance.delay.ms to arrive.
+            delay_ms = self._config.initial_rebalance_delay_ms
+            remaining_ms = max(group.rebalance_timeout_ms() - delay_ms, 0)
+            self._schedule_join(group, now_ms + delay_ms, delay_ms, remaining_ms)
+        group.transition_to(_S.PREPARING_REBALANCE, now_ms)
+        if not is_initial_rebalance:
+            self._maybe_complete_join_else_schedule(out, group, now_ms)
+
+    def _maybe_complete_join_else_schedule(
+        self, out: _Output, group: ClassicGroup, now_ms: int
+    ) -> None:
+        if group.has_all_members_joined():
+            self._complete_classic_group_join(out, group, now_ms)
+        else:
+            self._schedule_join(group, now_ms + group.rebalance_timeout_ms())
+
+    def _try_complete_initial_rebalance_else_schedule(
+        self,
+        out: _Output,
+        group: ClassicGroup,
+        delay_ms: int,
+        remaining_ms: int,
+        now_ms: int,
+    ) -> None:
+        """``tryCompleteInitialRebalanceElseSchedule``: extend the delay while members keep
+        joining, up to the rebalance timeout.
+        """
+        if group.new_member_added and remaining_ms != 0:
+            group.new_member_added = False
+            new_delay_ms = min(self._config.initial_rebalance_delay_ms, remaining_ms)
+            new_remaining_ms = max(remaining_ms - delay_ms, 0)
+            self._schedule_join(group, now_ms + new_delay_ms, new_delay_ms, new_remaining_ms)
+        else:
+            self._complete_classic_group_join(out, group, now_ms)
+
+    def _maybe_complete_join_phase(self, out: _Output, group: ClassicGroup, now_ms: int) -> None:
+        """``maybeCompleteJoinPhase``: never early in an initial rebalance (its timer decides)."""
+        if (
+            group.is_in_state(_S.PREPARING_REBALANCE)
+            and group.previous_state is not _S.EMPTY
+            and group.has_all_members_joined()
+        ):
+            self._complete_classic_group_join(out, group, now_ms)
+
+    def _complete_classic_group_join(self, out: _Output, group: ClassicGroup, now_ms: int) -> None:
+        """``completeClassicGroupJoin``: drop the dynamic members that did not rejoin, bump
+        the generation and answer every parked JoinGroup; or write the Empty group.
+        """
+        self._cancel(join_key(group.group_id))
+        for member in group.not_yet_rejoined_members():
+            if not member.is_static_member:
+                # Static members keep their place until their session times out (KIP-345).
+                self._remove_member(out, group, member.member_id)
+
+        if group.is_in_state(_S.DEAD):
+            return
+        if not group.maybe_elect_new_joined_leader() and group.members:
+            # Nobody rejoined but static members remain: wait another rebalance timeout, until
+            # their session timeouts remove them.
+            self._schedule_join(group, now_ms + group.rebalance_timeout_ms())
+            return
+
+        group.init_next_generation(now_ms)
+        if group.is_in_state(_S.EMPTY):
+            out.write(_group_metadata_record(group.group_id, group.to_group_metadata_value({})))
+            return
+        for member in group.members.values():
+            self._complete_join(
+                out,
+                member,
+                self._current_join_response(
+                    group, member.member_id, with_members=group.is_leader(member.member_id)
+                ),
+            )
+            self._reschedule_heartbeat(group, member, now_ms)
+            member.is_new = False
+            group.add_pending_sync_member(member.member_id)
+        self._schedule_pending_sync(group, now_ms)
+
+    def _reset_and_propagate_assignment_with_error(
+        self, out: _Output, group: ClassicGroup, error: Errors, now_ms: int
+    ) -> None:
+        assert group.is_in_state(_S.COMPLETING_REBALANCE)
+        for member in group.members.values():
+            member.assignment = EMPTY_ASSIGNMENT
+        self._propagate_assignment(out, group, error, now_ms)
+
+    def _set_and_propagate_assignment(
+        self, out: _Output, group: ClassicGroup, assignments: dict[str, bytes], now_ms: int
+    ) -> None:
+        assert group.is_in_state(_S.COMPLETING_REBALANCE)
+        for member in group.members.values():
+            member.assignment = assignments.get(member.member_id, EMPTY_ASSIGNMENT)
+        self._propagate_assignment(out, group, Errors.NONE, now_ms)
+
+    def _propagate_assignment(
+        self, out: _Output, group: ClassicGroup, error: Errors, now_ms: int
+    ) -> None:
+        """``propagateAssignment``: answer every parked SyncGroup."""
+        ok = error is Errors.NONE
+        for member in group.members.values():
+            answered = self._complete_sync(
+                out,
+                member,
+                SyncGroupResponse(
+                    protocol_name=group.protocol_name if ok else None,
+                    protocol_type=group.protocol_type if ok else None,
+                    assignment=member.assignment,
+                    error_code=error,
+                ),
+            )
+            if answered:
+                # A session that expired while the member waited was ignored; restart it.
+                self._reschedule_heartbeat(group, member, now_ms)
+
+    def _remove_sync_expiration(self, group: ClassicGroup) -> None:
+        group.clear_pending_sync_members()
+        self._cancel(sync_key(group.group_id))
+
+    # ----------------------------------------------------------------------------------------
+    # Timer expirations
+
+    def _expire_heartbeat(self, out: _Output, group_id: str, member_id: str, now_ms: int) -> None:
+        """``expireClassicGroupMemberHeartbeat``."""
+        group = self._groups.get(group_id)
+        if group is None or group.is_in_state(_S.DEAD):
+            return
+        if group.is_pending_member(member_id):
+            # KIP-394: the member never came back with its id.
+            group.remove(member_id)
+            if group.is_in_state(_S.PREPARING_REBALANCE) and group.has_all_members_joined():
+                self._complete_classic_group_join(out, group, now_ms)
+            return
+        member = group.members.get(member_id)
+        if member is None or member.has_satisfied_heartbeat():
+            return
+        # removeMemberAndUpdateClassicGroup
+        self._remove_member(out, group, member_id)
+        if group.state in (_S.STABLE, _S.COMPLETING_REBALANCE):
+            self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+        elif group.is_in_state(_S.PREPARING_REBALANCE) and group.has_all_members_joined():
+            self._complete_classic_group_join(out, group, now_ms)
+
+    def _expire_pending_sync(
+        self, out: _Output, group_id: str, generation_id: int, now_ms: int
+    ) -> None:
+        """``expirePendingSync`` (KAFKA-12890): drop the members that never synced."""
+        group = self._groups.get(group_id)
+        if group is None or generation_id != group.generation_id:
+            return
+        if group.state not in (_S.COMPLETING_REBALANCE, _S.STABLE):
+            return
+        if group.has_received_sync_from_all_members():
+            return
+        for member_id in list(group.pending_sync_members):
+            self._remove_member(out, group, member_id)
+        self._prepare_rebalance(out, group, now_ms)
+
+    # ----------------------------------------------------------------------------------------
+    # SyncGroup
+
+    def handle_sync_group(
+        self, token: Token, request: SyncGroupRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``classicGroupSync`` / ``classicGroupSyncToClassicGroup``."""
+        out = _Output()
+        group = self._groups.get(request.group_id)
+        if not request.group_id:
+            out.respond(token, SyncGroupResponse(error_code=Errors.INVALID_GROUP_ID))
+        elif group is None or group.is_in_state(_S.EMPTY):
+            out.respond(token, SyncGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID))
+        else:
+            self._sync_classic_group(out, token, request, group, now_ms)
+        return out.result()
+
+    def _sync_classic_group(
+        self,
+        out: _Output,
+        token: Token,
+        request: SyncGroupRequest,
+        group: ClassicGroup,
+        now_ms: int,
+    ) -> None:
+        member_id = request.member_id
+        error = self._validate_sync_group(group, request)
+        if error is not Errors.NONE:
+            out.respond(token, SyncGroupResponse(error_code=error))
+            return
+        match group.state:
+            case _S.PREPARING_REBALANCE:
+                out.respond(token, SyncGroupResponse(error_code=Errors.REBALANCE_IN_PROGRESS))
+            case _S.COMPLETING_REBALANCE:
+                member = group.member(member_id)
+                # Not in Kafka, which drops an earlier parked SyncGroup unanswered.
+                self._complete_sync(
+                    out, member, SyncGroupResponse(error_code=Errors.REBALANCE_IN_PROGRESS)
+                )
+                member.awaiting_sync = token
+                self._remove_pending_sync_member(group, member_id)
+                if group.is_leader(member_id):
+                    # The leader's assignment; members it left out get an empty one.
+                    assignments: dict[str, bytes] = {}
+                    for item in request.assignments:
+                        assignments[item.member_id] = item.assignment
+                    for other_id in group.members:
+                        assignments.setdefault(other_id, EMPTY_ASSIGNMENT)
+                    out.write(
+                        _group_metadata_record(
+                            group.group_id, group.to_group_metadata_value(assignments)
+                        )
+                    )
+                    # Kafka does the rest in the append callback (module docstring).
+                    self._set_and_propagate_assignment(out, group, assignments, now_ms)
+                    group.transition_to(_S.STABLE, now_ms)
+            case _S.STABLE:
+                self._remove_pending_sync_member(group, member_id)
+                out.respond(
+                    token,
+                    SyncGroupResponse(
+                        protocol_type=group.protocol_type,
+                        protocol_name=group.protocol_name,
+                        assignment=group.member(member_id).assignment,
+                    ),
+                )
+            case _:
+                raise AssertionError(f"SyncGroup reached group {group.group_id} in {group.state}")
+
+    def _validate_sync_group(self, group: ClassicGroup, request: SyncGroupRequest) -> Errors:
+        """``validateSyncGroup``."""
+        if group.is_in_state(_S.DEAD):
+            return Errors.COORDINATOR_NOT_AVAILABLE
+        error = group.validate_member(request.member_id, request.group_instance_id)
+        if error is not Errors.NONE:
+            return error
+        if request.generation_id != group.generation_id:
+            return Errors.ILLEGAL_GENERATION
+        # SyncGroup v5 names the protocol type and name the member believes in.
+        if (request.protocol_type is not None and request.protocol_type != group.protocol_type) or (
+            request.protocol_name is not None and request.protocol_name != group.protocol_name
+        ):
+            return Errors.INCONSISTENT_GROUP_PROTOCOL
+        return Errors.NONE
+
+    def _remove_pending_sync_member(self, group: ClassicGroup, member_id: str) -> None:
+        """``removePendingSyncMember``: the DelayedSync stops once everyone synced."""
+        group.remove_pending_sync_member(member_id)
+        if group.state in (_S.DEAD, _S.EMPTY, _S.PREPARING_REBALANCE) or (
+            group.has_received_sync_from_all_members()
+        ):
+            self._cancel(sync_key(group.group_id))
+
+    # ----------------------------------------------------------------------------------------
+    # Heartbeat
+
+    def handle_heartbeat(
+        self, token: Token, request: HeartbeatRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``classicGroupHeartbeatToClassicGroup``."""
+        out = _Output()
+        out.respond(token, HeartbeatResponse(error_code=self._heartbeat(request, now_ms)))
+        return out.result()
+
+    def _heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Errors:
+        if not request.group_id:
+            return Errors.INVALID_GROUP_ID
+        group = self._groups.get(request.group_id)
+        if group is None:
+            return Errors.UNKNOWN_MEMBER_ID
+        if group.is_in_state(_S.DEAD):
+            return Errors.COORDINATOR_NOT_AVAILABLE
+        error = group.validate_member(request.member_id, request.group_instance_id)
+        if error is not Errors.NONE:
+            return error
+        if request.generation_id != group.generation_id:
+            return Errors.ILLEGAL_GENERATION
+        match group.state:
+            case _S.PREPARING_REBALANCE:
+                # Keep the session alive, and tell the member to rejoin.
+                self._reschedule_heartbeat(group, group.member(request.member_id), now_ms)
+                return Errors.REBALANCE_IN_PROGRESS
+            case _S.COMPLETING_REBALANCE | _S.STABLE:
+                # Heartbeats are allowed in CompletingRebalance (KAFKA-12890: the DelayedSync
+                # bounds that phase instead).
+                self._reschedule_heartbeat(group, group.member(request.member_id), now_ms)
+                return Errors.NONE
+            case _:
+                return Errors.UNKNOWN_MEMBER_ID
+
+    # ----------------------------------------------------------------------------------------
+    # LeaveGroup
+
+    def handle_leave_group(
+        self, token: Token, request: LeaveGroupRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``classicGroupLeaveToClassicGroup``."""
+        out = _Output()
+        group = self._groups.get(request.group_id)
+        if not request.group_id:
+            out.respond(token, LeaveGroupResponse(error_code=Errors.INVALID_GROUP_ID))
+        elif group is None:
+            out.respond(token, LeaveGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID))
+        elif group.is_in_state(_S.DEAD):
+            out.respond(token, LeaveGroupResponse(error_code=Errors.COORDINATOR_NOT_AVAILABLE))
+        else:
+            responses = tuple(
+                self._leave_one(out, group, identity)
+                for identity in (request.members or (MemberIdentity(member_id=request.member_id),))
+            )
+            if any(r.error_code is Errors.NONE for r in responses):
+                if group.state in (_S.STABLE, _S.COMPLETING_REBALANCE):
+                    self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+                elif group.is_in_state(_S.PREPARING_REBALANCE):
+                    self._maybe_complete_join_phase(out, group, now_ms)
+            out.respond(token, LeaveGroupResponse(members=responses))
+        return out.result()
+
+    def _leave_one(
+        self, out: _Output, group: ClassicGroup, identity: MemberIdentity
+    ) -> MemberResponse:
+        member_id, instance_id = identity.member_id, identity.group_instance_id
+        if member_id == UNKNOWN_MEMBER_ID:
+            # Admin removal of a static member by its group instance id (KIP-345).
+            static_member_id = None if instance_id is None else group.static_member_id(instance_id)
+            if static_member_id is None:
+                return MemberResponse(
+                    member_id=member_id,
+                    group_instance_id=instance_id,
+                    error_code=Errors.UNKNOWN_MEMBER_ID,
+                )
+            self._remove_member(out, group, static_member_id)
+        elif group.is_pending_member(member_id):
+            group.remove(member_id)
+            self._cancel(heartbeat_key(group.group_id, member_id))
+        else:
+            error = group.validate_member(member_id, instance_id)
+            if error is not Errors.NONE:
+                return MemberResponse(
+                    member_id=member_id, group_instance_id=instance_id, error_code=error
+                )
+            self._remove_member(out, group, member_id)
+        return MemberResponse(member_id=member_id, group_instance_id=instance_id)
+
+    # ----------------------------------------------------------------------------------------
+    # OffsetCommit, OffsetFetch, OffsetDelete
+
+    def handle_offset_commit(
+        self, token: Token, request: OffsetCommitRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``OffsetMetadataManager.commitOffset``."""
+        out = _Output()
+        error = self._validate_offset_commit(request)
+        if error is not Errors.NONE:
+            out.respond(token, _offset_commit_response_with_error(request, error))
+            return out.result()
+
+        group = self._groups.get(request.group_id)
+        if group is not None and group.state in (_S.STABLE, _S.PREPARING_REBALANCE):
+            # A classic member's commits keep its session alive.
+            self._reschedule_heartbeat(group, group.member(request.member_id), now_ms)
+
+        expire_timestamp_ms = (
+            None
+            if request.retention_time_ms == DEFAULT_RETENTION_TIME
+            else now_ms + request.retention_time_ms
+        )
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for partition in topic.partitions:
+                metadata = partition.committed_metadata
+                if (
+                    metadata is not None
+                    and _java_string_length(metadata) > self._config.offset_metadata_max_bytes
+                ):
+                    partitions.append(
+                        OffsetCommitResponsePartition(
+                            partition_index=partition.partition_index,
+                            error_code=Errors.OFFSET_METADATA_TOO_LARGE,
+                        )
+                    )
+                    continue
+                partitions.append(
+                    OffsetCommitResponsePartition(partition_index=partition.partition_index)
+                )
+                out.write(
+                    CoordinatorRecord(
+                        OffsetCommitKey(
+                            group_id=request.group_id,
+                            topic=topic.name,
+                            partition=partition.partition_index,
+                        ),
+                        OffsetCommitValue(
+                            offset=partition.committed_offset,
+                            leader_epoch=partition.committed_leader_epoch,
+                            metadata="" if metadata is None else metadata,
+                            commit_timestamp_ms=(
+                                now_ms
+                                if partition.commit_timestamp == DEFAULT_TIMESTAMP
+                                else partition.commit_timestamp
+                            ),
+                            expire_timestamp_ms=expire_timestamp_ms,
+                        ),
+                    )
+                )
+            topics.append(OffsetCommitResponseTopic(name=topic.name, partitions=tuple(partitions)))
+        out.respond(token, OffsetCommitResponse(topics=tuple(topics)))
+        return out.result()
+
+    def _validate_offset_commit(self, request: OffsetCommitRequest) -> Errors:
+        """``OffsetMetadataManager.validateOffsetCommit``."""
+        if not request.group_id:
+            return Errors.INVALID_GROUP_ID
+        group = self._groups.get(request.group_id)
+        if group is None:
+            if request.generation_id_or_member_epoch < 0:
+                # Admin client or self-assigning consumer: the commit creates a simple group.
+                return Errors.NONE
+            # v9 says the group is missing; older versions ILLEGAL_GENERATION, as before.
+            return (
+                Errors.GROUP_ID_NOT_FOUND
+                if request.report_group_id_not_found
+                else Errors.ILLEGAL_GENERATION
+            )
+        return group.validate_offset_commit(
+            request.member_id, request.group_instance_id, request.generation_id_or_member_epoch
+        )
+
+    def handle_offset_fetch(
+        self, token: Token, request: OffsetFetchRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``OffsetMetadataManager.fetchOffsets`` / ``fetchAllOffsets``.
+
+        An unknown (or Dead) group answers -1 offsets, not an error, for classic groups.
+        ``require_stable`` changes nothing: there are no pending transactional offsets.
+        """
+        out = _Output()
+        if not request.group_id:
+            out.respond(
+                token,
+                OffsetFetchResponse(group_id=request.group_id, error_code=Errors.INVALID_GROUP_ID),
+            )
+            return out.result()
+        group = self._groups.get(request.group_id)
+        known = group is not None and not group.is_in_state(_S.DEAD)
+        stored = self._offsets.get(request.group_id, {}) if known else {}
+        topics: list[OffsetFetchResponseTopic] = []
+        if request.topics is None:
+            for topic_name, partitions in stored.items():
+                topics.append(
+                    OffsetFetchResponseTopic(
+                        name=topic_name,
+                        partitions=tuple(
+                            _fetched_partition(index, offset)
+                            for index, offset in partitions.items()
+                        ),
+                    )
+                )
+        else:
+            for topic in request.topics:
+                partitions = stored.get(topic.name, {})
+                topics.append(
+                    OffsetFetchResponseTopic(
+                        name=topic.name,
+                        partitions=tuple(
+                            _fetched_partition(index, partitions.get(index))
+                            for index in topic.partition_indexes
+                        ),
+                    )
+                )
+        out.respond(token, OffsetFetchResponse(group_id=request.group_id, topics=tuple(topics)))
+        return out.result()
+
+    def handle_offset_delete(
+        self, token: Token, request: OffsetDeleteRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``OffsetMetadataManager.deleteOffsets``."""
+        out = _Output()
+        group = self._groups.get(request.group_id)
+        if not request.group_id:
+            error = Errors.INVALID_GROUP_ID
+        elif group is None:
+            error = Errors.GROUP_ID_NOT_FOUND
+        else:
+            error = group.validate_offset_delete()
+        if group is None or error is not Errors.NONE:
+            out.respond(token, OffsetDeleteResponse(error_code=error))
+            return out.result()
+
+        stored = self._offsets.get(request.group_id, {})
+        topics = []
+        for topic in request.topics:
+            if group.is_subscribed_to_topic(topic.name):
+                partitions = tuple(
+                    OffsetDeleteResponsePartition(
+                        partition_index=p.partition_index,
+                        error_code=Errors.GROUP_SUBSCRIBED_TO_TOPIC,
+                    )
+                    for p in topic.partitions
+                )
+            else:
+                partitions = tuple(
+                    OffsetDeleteResponsePartition(partition_index=p.partition_index)
+                    for p in topic.partitions
+                )
+                for p in topic.partitions:
+                    if p.partition_index in stored.get(topic.name, {}):
+                        out.write(
+                            _offset_tombstone(request.group_id, topic.name, p.partition_index)
+                        )
+            topics.append(OffsetDeleteResponseTopic(name=topic.name, partitions=partitions))
+        out.respond(token, OffsetDeleteResponse(topics=tuple(topics)))
+        return out.result()
+
+    def _delete_all_offsets(self, out: _Output, group_id: str) -> None:
+        """``OffsetMetadataManager.deleteAllOffsets``."""
+        for topic, partitions in self._offsets.get(group_id, {}).items():
+            for partition in partitions:
+                out.write(_offset_tombstone(group_id, topic, partition))
+
+    # ----------------------------------------------------------------------------------------
+    # Offset and group expiry
+
+    def _cleanup_group_metadata(self, out: _Output, now_ms: int) -> None:
+        """``GroupCoordinatorShard.cleanupGroupMetadata``: expire offsets; delete the groups
+        left Empty without any.
+        """
+        for group_id in list(self._groups):
+            if self._cleanup_expired_offsets(out, group_id, now_ms):
+                self._maybe_delete_group(out, group_id)
+        self._schedule_group_expiration(now_ms)
+
+    def _cleanup_expired_offsets(self, out: _Output, group_id: str, now_ms: int) -> bool:
+        """``OffsetMetadataManager.cleanupExpiredOffsets``: True if the group has no offsets
+        left afterwards.
+        """
+        stored = self._offsets.get(group_id)
+        if not stored:
+            return True
+        group = self._groups[group_id]
+        base_of = group.offset_expiration_base()
+        if base_of is None:
+            return False
+        all_expired = True
+        retention_ms = self._config.offsets_retention_ms
+        for topic, partitions in stored.items():
+            if group.is_subscribed_to_topic(topic):
+                all_expired = False
+                continue
+            for partition, offset in partitions.items():
+                if offset.is_expired(base_of(offset.commit_timestamp_ms), now_ms, retention_ms):
+                    out.write(_offset_tombstone(group_id, topic, partition))
+                else:
+                    all_expired = False
+        return all_expired
+
+    def _maybe_delete_group(self, out: _Output, group_id: str) -> None:
+        """``GroupMetadataManager.maybeDeleteGroup``: only an Empty group goes."""
+        group = self._groups.get(group_id)
+        if group is not None and group.is_in_state(_S.EMPTY):
+            self._cancel_group_timers(group)
+            out.write(CoordinatorRecord(GroupMetadataKey(group_id=group_id), None))
+
+    # ----------------------------------------------------------------------------------------
+    # DescribeGroups, ListGroups, DeleteGroups
+
+    def handle_describe_groups(
+        self, token: Token, request: DescribeGroupsRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``GroupMetadataManager.describeGroups``."""
+        out = _Output()
+        described = tuple(
+            self._describe_group(group_id, request.report_group_id_not_found)
+            for group_id in request.groups
+        )
+        out.respond(token, DescribeGroupsResponse(groups=described))
+        return out.result()
+
+    def _describe_group(self, group_id: str, report_group_id_not_found: bool) -> DescribedGroup:
+        if not group_id:
+            return DescribedGroup(group_id=group_id, error_code=Errors.INVALID_GROUP_ID)
+        group = self._groups.get(group_id)
+        if group is None:
+            # An unknown group reads as Dead; DescribeGroups v6+ also says why.
+            if report_group_id_not_found:
+                return DescribedGroup(
+                    group_id=group_id,
+                    group_state=str(_S.DEAD),
+                    error_code=Errors.GROUP_ID_NOT_FOUND,
+                    error_message=f"Group {group_id} not found.",
+                )
+            return DescribedGroup(group_id=group_id, group_state=str(_S.DEAD))
+        stable = group.is_in_state(_S.STABLE)
+        return DescribedGroup(
+            group_id=group_id,
+            group_state=str(group.state),
+            protocol_type=group.protocol_type or "",
+            protocol_data=(group.protocol_name or "") if stable else "",
+            members=tuple(
+                DescribedGroupMember(
+                    member_id=m.member_id,
+                    group_instance_id=m.group_instance_id,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    # The metadata only means something once the protocol is chosen.
+                    member_metadata=m.metadata(group.protocol_name) if stable else b"",
+                    member_assignment=m.assignment,
+                )
+                for m in group.members.values()
+            ),
+        )
+
+    def handle_list_groups(
+        self, token: Token, request: ListGroupsRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``GroupMetadataManager.listGroups``: filters are case-insensitive."""
+        out = _Output()
+        states = {s.strip().lower() for s in request.states_filter}
+        types = {t.strip().lower() for t in request.types_filter}
+        listed = tuple(
+            ListedGroup(
+                group_id=group.group_id,
+                protocol_type=group.protocol_type or "",
+                group_state=str(group.state),
+                group_type=CLASSIC_GROUP_TYPE,
+            )
+            for group in self._groups.values()
+            if (not states or str(group.state).lower() in states)
+            and (not types or CLASSIC_GROUP_TYPE in types)
+        )
+        out.respond(token, ListGroupsResponse(groups=listed))
+        return out.result()
+
+    def handle_delete_groups(
+        self, token: Token, request: DeleteGroupsRequest, now_ms: int
+    ) -> CoordinatorResult:
+        """``GroupCoordinatorShard.deleteGroups``: offsets' tombstones, then the group's."""
+        out = _Output()
+        results = []
+        for group_id in request.groups_names:
+            group = self._groups.get(group_id)
+            if not group_id:
+                error = Errors.INVALID_GROUP_ID
+            elif group is None:
+                error = Errors.GROUP_ID_NOT_FOUND
+            else:
+                error = group.validate_delete_group()
+            if group is not None and error is Errors.NONE:
+                self._delete_all_offsets(out, group_id)
+                self._cancel_group_timers(group)
+                out.write(CoordinatorRecord(GroupMetadataKey(group_id=group_id), None))
+            results.append(DeletableGroupResult(group_id=group_id, error_code=error))
+        out.respond(token, DeleteGroupsResponse(results=tuple(results)))
+        return out.result()
+
+
+def _offset_tombstone(group_id: str, topic: str, partition: int) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        OffsetCommitKey(group_id=group_id, topic=topic, partition=partition), None
+    )
+
+
+def _fetched_partition(
+    index: int, offset: OffsetAndMetadata | None
+) -> OffsetFetchResponsePartition:
+    if offset is None:
+        return OffsetFetchResponsePartition(partition_index=index)
+    return OffsetFetchResponsePartition(
+        partition_index=index,
+        committed_offset=offset.committed_offset,
+        committed_leader_epoch=offset.leader_epoch,
+        metadata=offset.metadata,
+    )
+
+
+def _offset_commit_response_with_error(
+    request: OffsetCommitRequest, error: Errors
+) -> OffsetCommitResponse:
+    """Every partition gets the request's error (``OffsetCommitRequest.getErrorResponse``)."""
+    return OffsetCommitResponse(
+        topics=tuple(
+            OffsetCommitResponseTopic(
+                name=topic.name,
+                partitions=tuple(
+                    OffsetCommitResponsePartition(
+                        partition_index=p.partition_index, error_code=error
+                    )
+                    for p in topic.partitions
+                ),
+            )
+            for topic in request.topics
+        )
+    )

@@ -1,0 +1,1 @@
+"""Tests of the classic group coordinator shard (``kcoord.cluster.coordinator``)."""

@@ -1,0 +1,481 @@
+"""Targeted tests of the shard: replay and loading, edge cases the scenarios do not show, and
+the exact records and answers of each."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kcoord.cluster.coordinator.classic import ClassicGroupState
+from kcoord.cluster.coordinator.records import (
+    ConsumerGroupMetadataKey,
+    ConsumerGroupMetadataValue,
+    CoordinatorRecord,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    MemberMetadata,
+    OffsetCommitKey,
+    OffsetCommitValue,
+)
+from kcoord.cluster.coordinator.shard import (
+    GROUP_EXPIRATION_KEY,
+    GroupConfig,
+    GroupCoordinatorShard,
+    heartbeat_key,
+    join_key,
+    sync_key,
+)
+from kcoord.cluster.coordinator.types import (
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    MemberResponse,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    OffsetCommitResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
+from kcoord.errors import Errors
+from tests.unit.cluster.coordinator.harness import MockTimer, ShardContext
+
+S = ClassicGroupState
+
+
+def stable_group(ctx: ShardContext, *clients: str, **join: object) -> list[str]:
+    """Join ``clients`` (old clients: no MEMBER_ID_REQUIRED), sync; returns the member ids."""
+    tokens = [ctx.join(client_id=c, require_known_member_id=False, **join)[0] for c in clients]  # type: ignore[arg-type]
+    fired = ctx.sleep(ctx.config.initial_rebalance_delay_ms * 2)
+    responses = [step.response(t) for _, _, step in fired for t in tokens if step.answered(t)]
+    member_ids = [r.member_id for r in responses if isinstance(r, JoinGroupResponse)]
+    assert len(member_ids) == len(clients)
+    leader = member_ids[0]
+    ctx.sync(
+        member_id=leader,
+        generation_id=1,
+        instance_id=join.get("instance_id"),  # type: ignore[arg-type]
+        assignments=[(m, m.upper().encode()) for m in member_ids],
+    )
+    return member_ids
+
+
+def state_of(ctx: ShardContext, group_id: str = "g") -> ClassicGroupState:
+    return ctx.shard.groups[group_id].state
+
+
+def group_record(group_id: str, generation: int, *member_ids: str) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        GroupMetadataKey(group_id=group_id),
+        GroupMetadataValue(
+            protocol_type="consumer",
+            generation=generation,
+            protocol="range",
+            leader=member_ids[0] if member_ids else None,
+            current_state_timestamp_ms=100,
+            members=tuple(
+                MemberMetadata(
+                    member_id=m,
+                    client_id="c",
+                    client_host="/h",
+                    rebalance_timeout_ms=20_000,
+                    session_timeout_ms=10_000,
+                    subscription=b"s",
+                    assignment=m.encode(),
+                )
+                for m in member_ids
+            ),
+        ),
+    )
+
+
+def offset_record(group_id: str, partition: int, offset: int | None) -> CoordinatorRecord:
+    key = OffsetCommitKey(group_id=group_id, topic="t", partition=partition)
+    if offset is None:
+        return CoordinatorRecord(key, None)
+    return CoordinatorRecord(key, OffsetCommitValue(offset=offset, commit_timestamp_ms=5))
+
+
+# --------------------------------------------------------------------------------------------
+# Replay and loading
+
+
+def test_replay_tolerates_orphans_tombstones_and_other_record_types() -> None:
+    log = [
+        CoordinatorRecord(GroupMetadataKey(group_id="gone"), None),  # unknown group
+        offset_record("gone", 0, None),  # unknown offset
+        offset_record("orphan", 0, 7),  # its GroupMetadata compacted away
+        CoordinatorRecord(
+            ConsumerGroupMetadataKey(group_id="kip848"), ConsumerGroupMetadataValue(epoch=3)
+        ),
+        group_record("g", 1, "a"),
+        group_record("g", 2, "a", "b"),  # the later record replaces the loaded group
+        offset_record("g", 0, 1),
+        offset_record("g", 0, 2),
+        CoordinatorRecord(GroupMetadataKey(group_id="g"), None),  # offsets outlive the group
+        offset_record("g", 1, 3),  # and bring back a simple group
+    ]
+    ctx = ShardContext(log=log)
+    assert set(ctx.shard.groups) == {"orphan", "g"}
+    orphan, g = ctx.shard.groups["orphan"], ctx.shard.groups["g"]
+    assert (orphan.state, orphan.protocol_type, orphan.committed) == (S.EMPTY, None, None)
+    assert (g.state, g.generation_id, g.committed) == (S.EMPTY, 0, None)
+    assert {t: dict(p) for t, p in ctx.shard.offsets["g"].items()}.keys() == {"t"}
+    assert [
+        (p, o.committed_offset, o.record_offset) for p, o in ctx.shard.offsets["g"]["t"].items()
+    ] == [
+        (0, 2, 7),
+        (1, 3, 9),
+    ]
+    assert ctx.shard.offsets["orphan"]["t"][0].committed_offset == 7
+
+
+def test_loaded_stable_group_keeps_its_members_and_arms_their_sessions() -> None:
+    ctx = ShardContext(log=[group_record("g", 5, "a", "b")], now_ms=1_000)
+    group = ctx.shard.groups["g"]
+    assert group.state is S.STABLE
+    assert [(m.member_id, m.assignment) for m in group.members.values()] == [
+        ("a", b"a"),
+        ("b", b"b"),
+    ]
+    assert ctx.timer.deadlines.keys() == {
+        heartbeat_key("g", "a"),
+        heartbeat_key("g", "b"),
+        GROUP_EXPIRATION_KEY,
+    }
+    assert ctx.timer.deadlines[heartbeat_key("g", "a")][0] == 11_000
+    _, step = ctx.heartbeat(member_id="a", generation_id=5)
+    assert step.responses[0][1] == HeartbeatResponse()
+
+
+def test_loading_an_oversized_group_rebalances_it() -> None:
+    ctx = ShardContext(GroupConfig(max_size=1), log=[group_record("g", 5, "a", "b")])
+    group = ctx.shard.groups["g"]
+    assert group.state is S.PREPARING_REBALANCE
+    assert join_key("g") in ctx.timer.deadlines
+
+
+@settings(max_examples=200, derandomize=True)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["g", "h"]),
+            st.sampled_from(["group", "group-tombstone", "offset", "offset-tombstone"]),
+            st.integers(0, 3),
+        ),
+        max_size=20,
+    )
+)
+def test_replay_of_any_valid_record_sequence_never_raises(
+    records: list[tuple[str, str, int]],
+) -> None:
+    log = []
+    for group_id, kind, n in records:
+        if kind == "group":
+            log.append(group_record(group_id, n, *[f"m{i}" for i in range(n)]))
+        elif kind == "group-tombstone":
+            log.append(CoordinatorRecord(GroupMetadataKey(group_id=group_id), None))
+        else:
+            log.append(offset_record(group_id, n, None if kind == "offset-tombstone" else n))
+    ctx = ShardContext(log=log)
+    # Whatever was loaded serves requests.
+    for group_id in ctx.shard.groups:
+        ctx.describe([group_id])
+        ctx.fetch(group_id=group_id)
+    ctx.sleep(ctx.config.offsets_retention_check_interval_ms)
+
+
+# --------------------------------------------------------------------------------------------
+# Every token gets exactly one answer
+
+
+def test_a_superseded_join_is_answered_rebalance_in_progress() -> None:
+    ctx = ShardContext()
+    a, _ = stable_group(ctx, "a", "b")
+    first, step = ctx.join(member_id=a)  # the leader rejoins: rebalance, parked
+    assert not step.responses
+    second, step = ctx.join(member_id=a)
+    assert step.responses == [
+        (first, JoinGroupResponse(member_id=a, error_code=Errors.REBALANCE_IN_PROGRESS))
+    ]
+    assert ctx.outstanding == {second}
+
+
+def test_a_superseded_sync_is_answered_rebalance_in_progress() -> None:
+    ctx = ShardContext()
+    for client in ("a", "b"):
+        ctx.join(client_id=client, require_known_member_id=False)
+    ctx.sleep(6_000)
+    first, _ = ctx.sync(member_id="b-2", generation_id=1)
+    second, step = ctx.sync(member_id="b-2", generation_id=1)
+    assert step.responses == [(first, SyncGroupResponse(error_code=Errors.REBALANCE_IN_PROGRESS))]
+    assert ctx.outstanding == {second}
+
+
+def test_admin_removal_answers_the_removed_members_parked_sync() -> None:
+    ctx = ShardContext()
+    for client in ("a", "b"):
+        ctx.join(client_id=client, instance_id=f"i{client}")
+    ctx.sleep(6_000)
+    parked, _ = ctx.sync(member_id="ib-2", generation_id=1, instance_id="ib")
+    token, step = ctx.leave([("", "ib")])
+    assert step.responses == [
+        (parked, SyncGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID)),
+        (
+            token,
+            LeaveGroupResponse(members=(MemberResponse(member_id="", group_instance_id="ib"),)),
+        ),
+    ]
+    assert ctx.shard.groups["g"].state is S.PREPARING_REBALANCE
+
+
+def test_unload_answers_parked_requests_and_cancels_timers() -> None:
+    ctx = ShardContext()
+    join_token, _ = ctx.join(client_id="a", require_known_member_id=False)
+    step = ctx.unload()
+    assert step.responses == [
+        (join_token, JoinGroupResponse(member_id="a-1", error_code=Errors.NOT_COORDINATOR))
+    ]
+    assert ctx.timer.deadlines == {}
+    assert not ctx.shard.is_active
+    assert ctx.shard.groups["g"].state is S.DEAD
+
+
+# --------------------------------------------------------------------------------------------
+# Timers
+
+
+def test_stale_and_unknown_timer_firings_are_ignored() -> None:
+    timer = MockTimer()
+    shard = GroupCoordinatorShard(GroupConfig(), timer, lambda prefix: f"{prefix}-x")
+    shard.on_loaded(0)
+    assert shard.on_timer("no-such-key", 10**9).responses == []
+    deadline, _ = timer.deadlines[GROUP_EXPIRATION_KEY]
+    early = shard.on_timer(GROUP_EXPIRATION_KEY, deadline - 1)
+    assert (early.records, early.responses) == ([], [])
+    assert shard.scheduled_timers == {GROUP_EXPIRATION_KEY: deadline}
+
+
+def test_timer_keys_are_unambiguous() -> None:
+    assert heartbeat_key("a-b", "c") != heartbeat_key("a", "b-c")
+    assert heartbeat_key("a/b", "c") != heartbeat_key("a", "b/c")
+    assert heartbeat_key("g", "client-1") == "heartbeat/g/client-1"
+    assert (join_key("g"), sync_key("g")) == ("join/g", "sync/g")
+
+
+def test_a_new_member_expires_after_the_new_member_join_timeout() -> None:
+    # KAFKA-7610: an old member with a long rebalance timeout holds the join phase; the new
+    # member's parked JoinGroup is not kept past five minutes.
+    ctx = ShardContext()
+    (old,) = stable_group(ctx, "a", rebalance_timeout_ms=900_000)
+    ctx.heartbeat(member_id=old, generation_id=1)
+    new_token, _ = ctx.join(client_id="b", require_known_member_id=False)
+    for _ in range(30):  # the old member keeps its session alive without rejoining
+        ctx.sleep(9_999)
+        ctx.heartbeat(member_id=old, generation_id=1)
+    assert ctx.now_ms == 305_970
+    fired = ctx.sleep(1_000)
+    assert [key for key, _, _ in fired] == [heartbeat_key("g", "b-2")]
+    answers = [r for _, _, step in fired for t, r in step.responses if t == new_token]
+    assert answers == [JoinGroupResponse(member_id="", error_code=Errors.UNKNOWN_MEMBER_ID)]
+    assert list(ctx.shard.groups["g"].members) == [old]
+
+
+# --------------------------------------------------------------------------------------------
+# Request edge cases
+
+
+def test_empty_group_id_is_invalid_for_every_api() -> None:
+    ctx = ShardContext()
+    shard = ctx.shard
+    results = [
+        shard.handle_sync_group(
+            1, SyncGroupRequest(group_id="", generation_id=1, member_id="m"), 0
+        ),
+        shard.handle_heartbeat(2, HeartbeatRequest(group_id="", generation_id=1, member_id="m"), 0),
+        shard.handle_leave_group(3, LeaveGroupRequest(group_id="", member_id="m"), 0),
+        shard.handle_offset_fetch(4, OffsetFetchRequest(group_id=""), 0),
+        shard.handle_offset_delete(5, OffsetDeleteRequest(group_id=""), 0),
+    ]
+    assert [r.responses[0][1] for r in results] == [
+        SyncGroupResponse(error_code=Errors.INVALID_GROUP_ID),
+        HeartbeatResponse(error_code=Errors.INVALID_GROUP_ID),
+        LeaveGroupResponse(error_code=Errors.INVALID_GROUP_ID),
+        OffsetFetchResponse(group_id="", error_code=Errors.INVALID_GROUP_ID),
+        OffsetDeleteResponse(error_code=Errors.INVALID_GROUP_ID),
+    ]
+    commit = shard.handle_offset_commit(
+        6,
+        OffsetCommitRequest(
+            group_id="",
+            topics=(
+                OffsetCommitRequestTopic(
+                    name="t",
+                    partitions=(
+                        OffsetCommitRequestPartition(partition_index=0, committed_offset=1),
+                    ),
+                ),
+            ),
+        ),
+        0,
+    )
+    assert commit.records == []
+    commit_response = commit.responses[0][1]
+    assert isinstance(commit_response, OffsetCommitResponse)
+    assert commit_response.topics[0].partitions[0].error_code is Errors.INVALID_GROUP_ID
+    describe = shard.handle_describe_groups(7, DescribeGroupsRequest(groups=("",)), 0)
+    assert isinstance(describe.responses[0][1], DescribeGroupsResponse)
+    assert describe.responses[0][1].groups[0].error_code is Errors.INVALID_GROUP_ID
+    delete = shard.handle_delete_groups(8, DeleteGroupsRequest(groups_names=("",)), 0)
+    assert isinstance(delete.responses[0][1], DeleteGroupsResponse)
+    assert delete.responses[0][1].results[0].error_code is Errors.INVALID_GROUP_ID
+    assert shard.groups == {}
+
+
+def test_leave_group_v0_reads_the_single_member_id() -> None:
+    ctx = ShardContext()
+    a, b = stable_group(ctx, "a", "b")
+    result = ctx.shard.handle_leave_group(
+        99, LeaveGroupRequest(group_id="g", member_id=b), ctx.now_ms
+    )
+    assert result.responses == [(99, LeaveGroupResponse(members=(MemberResponse(member_id=b),)))]
+    assert list(ctx.shard.groups["g"].members) == [a]
+
+
+def test_requests_to_an_empty_or_unknown_group() -> None:
+    ctx = ShardContext()
+    _, step = ctx.heartbeat(member_id="m", generation_id=1)
+    assert step.responses[0][1] == HeartbeatResponse(error_code=Errors.UNKNOWN_MEMBER_ID)
+    _, step = ctx.leave([("m", None)])
+    assert step.responses[0][1] == LeaveGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID)
+    _, step = ctx.join(member_id="m")  # a member id for a group that does not exist
+    assert step.responses[0][1] == JoinGroupResponse(
+        member_id="m", error_code=Errors.UNKNOWN_MEMBER_ID
+    )
+    assert step.records == []
+    ctx.commit([("t", 0, 1)])  # the simple group
+    _, step = ctx.sync(member_id="m", generation_id=0)
+    assert step.responses[0][1] == SyncGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID)
+    _, step = ctx.leave([("m", None), ("", "i")])
+    assert step.responses[0][1] == LeaveGroupResponse(
+        members=(
+            MemberResponse(member_id="m", error_code=Errors.UNKNOWN_MEMBER_ID),
+            MemberResponse(
+                member_id="", group_instance_id="i", error_code=Errors.UNKNOWN_MEMBER_ID
+            ),
+        )
+    )
+
+
+def test_a_pending_member_rejoining_with_an_instance_id_is_an_internal_error() -> None:
+    ctx = ShardContext()
+    ctx.join(client_id="a")  # a-1 is pending
+    _, step = ctx.join(member_id="a-1", instance_id="i")
+    assert step.responses[0][1] == JoinGroupResponse(
+        member_id="a-1", error_code=Errors.UNKNOWN_SERVER_ERROR
+    )
+
+
+def test_max_size_in_preparing_rebalance_kicks_out_a_member_that_has_not_rejoined() -> None:
+    # acceptJoiningMember counts the members awaiting a join answer, not the group size.
+    ctx = ShardContext(GroupConfig(max_size=2))
+    a, b = stable_group(ctx, "a", "b")
+    ctx.join(member_id=a)  # a rejoins: rebalance; 1 awaiting
+    token, step = ctx.join(client_id="c", require_known_member_id=False)  # 2 awaiting
+    assert step.responses == []
+    token, step = ctx.join(client_id="d", require_known_member_id=False)
+    assert step.responses == [
+        (token, JoinGroupResponse(member_id="", error_code=Errors.GROUP_MAX_SIZE_REACHED))
+    ]
+    token, step = ctx.join(member_id=b)  # a member, but not yet rejoined: out it goes
+    assert step.responses == [
+        (token, JoinGroupResponse(member_id="", error_code=Errors.GROUP_MAX_SIZE_REACHED))
+    ]
+    assert list(ctx.shard.groups["g"].members) == [a, "c-3"]
+
+
+def test_commit_timestamp_and_metadata_size_follow_kafka() -> None:
+    ctx = ShardContext(GroupConfig(offset_metadata_max_bytes=4), now_ms=50)
+    request = OffsetCommitRequest(
+        group_id="g",
+        topics=(
+            OffsetCommitRequestTopic(
+                name="t",
+                partitions=(
+                    # OffsetCommit v1's explicit commit timestamp is kept.
+                    OffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=1, commit_timestamp=7
+                    ),
+                    # String.length(): an emoji is two UTF-16 code units.
+                    OffsetCommitRequestPartition(
+                        partition_index=1, committed_offset=2, committed_metadata="\U0001f600ab"
+                    ),
+                    OffsetCommitRequestPartition(
+                        partition_index=2,
+                        committed_offset=3,
+                        committed_metadata="\U0001f600abc",
+                        committed_leader_epoch=4,
+                    ),
+                ),
+            ),
+        ),
+    )
+    result = ctx.shard.handle_offset_commit(1, request, ctx.now_ms)
+    assert result.records == [
+        CoordinatorRecord(
+            OffsetCommitKey(group_id="g", topic="t", partition=0),
+            OffsetCommitValue(offset=1, commit_timestamp_ms=7),
+        ),
+        CoordinatorRecord(
+            OffsetCommitKey(group_id="g", topic="t", partition=1),
+            OffsetCommitValue(offset=2, metadata="\U0001f600ab", commit_timestamp_ms=50),
+        ),
+    ]
+    response = result.responses[0][1]
+    assert isinstance(response, OffsetCommitResponse)
+    assert [p.error_code for p in response.topics[0].partitions] == [
+        Errors.NONE,
+        Errors.NONE,
+        Errors.OFFSET_METADATA_TOO_LARGE,
+    ]
+
+
+def test_commit_keeps_a_members_session_alive() -> None:
+    ctx = ShardContext()
+    (a,) = stable_group(ctx, "a")
+    ctx.sleep(9_000)
+    ctx.commit([("t", 0, 1)], member_id=a, generation_id=1)
+    ctx.sleep(9_000)
+    assert state_of(ctx) is S.STABLE
+    ctx.sleep(1_001)
+    assert state_of(ctx) is S.EMPTY
+
+
+def test_the_group_created_by_a_join_is_written_even_if_the_join_fails() -> None:
+    ctx = ShardContext()
+    _, step = ctx.join(protocols=())
+    assert [r for _, r in step.records] == [
+        CoordinatorRecord(
+            GroupMetadataKey(group_id="g"),
+            GroupMetadataValue(
+                protocol_type="",
+                generation=0,
+                protocol=None,
+                leader=None,
+                current_state_timestamp_ms=0,
+            ),
+        )
+    ]
+    assert step.responses[0][1] == JoinGroupResponse(
+        member_id="", error_code=Errors.INCONSISTENT_GROUP_PROTOCOL
+    )
