@@ -18,9 +18,10 @@ Periodic duties (``tick``, every ``tick_interval_ms``): write the cluster id onc
 and move leadership back to preferred replicas (Kafka's auto leader rebalance).
 
 RPC methods served here (payloads are msgpack maps): ``BrokerRegistration``,
-``BrokerHeartbeat``, ``AlterPartition``, ``CreateTopics`` and ``DeleteTopics`` (Kafka's brokers
-forward these two to the controller). A node that is not the active controller answers
-``NOT_CONTROLLER``; the caller retries at the leader.
+``BrokerHeartbeat``, ``AlterPartition``, ``CreateTopics``, ``CreatePartitions`` and
+``DeleteTopics`` (Kafka's brokers forward these three to the controller; their replies carry
+the ``metadata_offset`` that holds the results, for the caller to wait for). A node that is
+not the active controller answers ``NOT_CONTROLLER``; the caller retries at the leader.
 """
 
 from __future__ import annotations
@@ -326,7 +327,29 @@ class ControllerService:
                     "replication_factor": r.replication_factor,
                 }
             )
-        return {"topics": results}
+        # The offset the caller's image must reach to see every result (kafka/ waits for it).
+        return {"topics": results, "metadata_offset": self.cache.image.last_offset}
+
+    async def handle_create_partitions(self, payload: Any) -> dict[str, Any]:
+        """Add partitions topic by topic; per-topic errors as Kafka's CreatePartitions."""
+        results = []
+        for t in payload["topics"]:
+            assignments = t.get("assignments")
+            async with self._lock:
+                controller = self._require_active()
+                result = controller.create_partitions(
+                    self.cache.image,
+                    str(t["name"]),
+                    int(t["count"]),
+                    None
+                    if assignments is None
+                    else [[int(b) for b in replicas] for replicas in assignments],
+                )
+                if result.records and not payload.get("validate_only"):
+                    await self._propose_or_not_controller(result.records)
+            r = result.response
+            results.append({"name": t["name"], "error": int(r.error), "message": r.message})
+        return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_delete_topics(self, payload: Any) -> dict[str, Any]:
         results = []
@@ -341,7 +364,7 @@ class ControllerService:
                 if result.records:
                     await self._propose_or_not_controller(result.records)
             results.append({"name": name, "error": int(result.response)})
-        return {"topics": results}
+        return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def _propose_or_not_controller(
         self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]

@@ -56,6 +56,8 @@ Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
   stay within one after any single broker fails; the other followers go to the brokers with
   the fewest replicas, unfenced first, striped after the leader (``StripedReplicaPlacer``).
   The ISR is the unfenced replicas.
+- ``create_partitions`` adds partitions to a topic with the same placement (or a manual
+  assignment), keeping its replication factor.
 - ``create_offsets_topic``: ``__consumer_offsets`` with ``offsets_topic_num_partitions``
   partitions and replication factor ``min(offsets_topic_replication_factor, registered
   brokers)``.
@@ -120,6 +122,8 @@ from kcoord.raft.records import (
 T = TypeVar("T")
 
 OFFSETS_TOPIC_NAME: Final = "__consumer_offsets"
+# Kafka's QuorumController.MAX_RECORDS_PER_USER_OP: partitions one request may add.
+MAX_PARTITIONS_PER_REQUEST: Final = 10_000
 MIN_INSYNC_REPLICAS_CONFIG: Final = "min.insync.replicas"
 UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG: Final = "unclean.leader.election.enable"
 # Kafka's Topic.MAX_NAME_LENGTH and legal characters (Topic.validate).
@@ -258,6 +262,14 @@ class CreateTopicResult:
     topic_id: str = ""
     num_partitions: int = -1
     replication_factor: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class CreatePartitionsResult:
+    """The outcome of adding partitions to one topic (Kafka's ``CreatePartitionsTopicResult``)."""
+
+    error: Errors
+    message: str = ""
 
 
 # ------------------------------------------------------------------------ soft state
@@ -929,23 +941,8 @@ class Controller:
             num_partitions = self.config.num_partitions
         if replication_factor == -1:
             replication_factor = self.config.default_replication_factor
-        replica_counts: dict[int, int] = {}
-        successor_counts: dict[tuple[int, int], int] = {}
-        for state in image.all_partitions():
-            for replica in state.replicas:
-                replica_counts[replica] = replica_counts.get(replica, 0) + 1
-            if len(state.replicas) > 1:
-                pair = (state.replicas[0], state.replicas[1])
-                successor_counts[pair] = successor_counts.get(pair, 0) + 1
         try:
-            placements = place_replicas(
-                [UsableBroker(b.broker_id, b.fenced) for b in image.brokers.values()],
-                num_partitions,
-                replication_factor,
-                leader_counts=image.leader_counts(),
-                replica_counts=replica_counts,
-                successor_counts=successor_counts,
-            )
+            placements = _place_in(image, num_partitions, replication_factor)
         except PlacementError as e:
             return _create_topic_error(e.error, str(e))
         records: list[MetadataRecord] = [Topic(name, topic_id, topic_configs)]
@@ -992,6 +989,96 @@ class Controller:
             replication_factor=max(replication_factor, 0),
             configs=configs,
         )
+
+    def create_partitions(
+        self,
+        image: MetadataImage,
+        name: str,
+        count: int,
+        assignments: Sequence[Sequence[int]] | None = None,
+    ) -> ControllerResult[CreatePartitionsResult]:
+        """Grow ``name`` to ``count`` partitions (``ReplicationControlManager.createPartitions``).
+
+        New partitions keep the replication factor of the existing ones and are placed like a
+        new topic's, balanced against every partition in the cluster, unless ``assignments``
+        gives the replicas of each new partition (validated as Kafka's
+        ``validateManualPartitionAssignment``). The leader is the first live replica and the
+        ISR the live replicas. Unlike Kafka, ``__consumer_offsets`` cannot grow: its partition
+        count maps every group to its coordinator, and changing it would move every group.
+        """
+        topic = image.topic_by_name(name)
+        if topic is None:
+            return _create_partitions_error(Errors.UNKNOWN_TOPIC_OR_PARTITION, "")
+        existing = image.partitions_of(topic.topic_id)
+        current = len(existing)
+        if name == OFFSETS_TOPIC_NAME:
+            return _create_partitions_error(
+                Errors.INVALID_PARTITIONS,
+                f"The number of partitions of {OFFSETS_TOPIC_NAME} cannot change: it maps "
+                "every group to its coordinator.",
+            )
+        if count == current:
+            return _create_partitions_error(
+                Errors.INVALID_PARTITIONS, f"Topic already has {current} partition(s)."
+            )
+        if count < current:
+            return _create_partitions_error(
+                Errors.INVALID_PARTITIONS,
+                f"The topic {name} currently has {current} partition(s); {count} would not be "
+                "an increase.",
+            )
+        additional = count - current
+        if additional > MAX_PARTITIONS_PER_REQUEST:
+            return _create_partitions_error(
+                Errors.INVALID_PARTITIONS,
+                f"Cannot add {additional} partitions in one request; the limit is "
+                f"{MAX_PARTITIONS_PER_REQUEST}.",
+            )
+        if assignments is not None and len(assignments) != additional:
+            return _create_partitions_error(
+                Errors.INVALID_REPLICA_ASSIGNMENT,
+                f"Attempted to add {additional} additional partition(s), but only "
+                f"{len(assignments)} assignment(s) were specified.",
+            )
+        if not existing:
+            return _create_partitions_error(
+                Errors.UNKNOWN_SERVER_ERROR,
+                f"Invalid state: topic {name} appears to have no partitions.",
+            )
+        replication_factor = len(existing[0].replicas)
+        if assignments is None:
+            try:
+                placements = _place_in(image, additional, replication_factor)
+            except PlacementError as e:
+                return _create_partitions_error(e.error, str(e))
+        else:
+            placements = []
+            for i, replicas in enumerate(assignments):
+                error = _manual_assignment_error(image, replicas, replication_factor)
+                if error is None and all(image.is_fenced(r) for r in replicas):
+                    error = (
+                        "All brokers specified in the manual partition assignment for "
+                        f"partition {current + i} are fenced or in controlled shutdown."
+                    )
+                if error is not None:
+                    return _create_partitions_error(Errors.INVALID_REPLICA_ASSIGNMENT, error)
+                placements.append(tuple(replicas))
+        records: list[MetadataRecord] = []
+        for i, replicas in enumerate(placements):
+            isr = tuple(r for r in replicas if not image.is_fenced(r))
+            assert isr, (replicas, "placement always picks a live leader")
+            records.append(
+                Partition(
+                    topic_id=topic.topic_id,
+                    partition=current + i,
+                    replicas=replicas,
+                    isr=isr,
+                    leader=isr[0],
+                    leader_epoch=0,
+                    partition_epoch=0,
+                )
+            )
+        return ControllerResult(tuple(records), CreatePartitionsResult(Errors.NONE))
 
     def delete_topic(self, image: MetadataImage, topic_id: str) -> ControllerResult[Errors]:
         """Delete a topic (``ReplicationControlManager.deleteTopic``)."""
@@ -1146,6 +1233,61 @@ class Controller:
 
 def _create_topic_error(error: Errors, message: str) -> ControllerResult[CreateTopicResult]:
     return ControllerResult((), CreateTopicResult(error, message))
+
+
+def _create_partitions_error(
+    error: Errors, message: str
+) -> ControllerResult[CreatePartitionsResult]:
+    return ControllerResult((), CreatePartitionsResult(error, message))
+
+
+def _place_in(
+    image: MetadataImage, num_partitions: int, replication_factor: int
+) -> list[tuple[int, ...]]:
+    """``place_replicas`` balanced against every partition of ``image``."""
+    replica_counts: dict[int, int] = {}
+    successor_counts: dict[tuple[int, int], int] = {}
+    for state in image.all_partitions():
+        for replica in state.replicas:
+            replica_counts[replica] = replica_counts.get(replica, 0) + 1
+        if len(state.replicas) > 1:
+            pair = (state.replicas[0], state.replicas[1])
+            successor_counts[pair] = successor_counts.get(pair, 0) + 1
+    return place_replicas(
+        [UsableBroker(b.broker_id, b.fenced) for b in image.brokers.values()],
+        num_partitions,
+        replication_factor,
+        leader_counts=image.leader_counts(),
+        replica_counts=replica_counts,
+        successor_counts=successor_counts,
+    )
+
+
+def _manual_assignment_error(
+    image: MetadataImage, replicas: Sequence[int], replication_factor: int
+) -> str | None:
+    # ReplicationControlManager.validateManualPartitionAssignment.
+    if not replicas:
+        return "The manual partition assignment includes an empty replica list."
+    seen: set[int] = set()
+    for broker_id in sorted(replicas):
+        if image.broker(broker_id) is None:
+            return (
+                f"The manual partition assignment includes broker {broker_id}, but no such "
+                "broker is registered."
+            )
+        if broker_id in seen:
+            return (
+                f"The manual partition assignment includes the broker {broker_id} more than once."
+            )
+        seen.add(broker_id)
+    if len(replicas) != replication_factor:
+        return (
+            f"The manual partition assignment includes a partition with {len(replicas)} "
+            f"replica(s), but this is not consistent with previous partitions, which have "
+            f"{replication_factor} replica(s)."
+        )
+    return None
 
 
 def _topic_name_error(name: str) -> str | None:

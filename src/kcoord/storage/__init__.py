@@ -5,6 +5,7 @@ Record batches (``format``), segments with their sparse offset and time indexes 
 files (``checkpoint``), leader-epoch caches (``epoch``), crash recovery and the ``LogManager``
 that owns one data directory (``manager``).
 
-Knows nothing of groups or Raft. May import only the standard library and ``crc32c``.
-``format`` is pure: no I/O, no clock.
+Also the idempotent producers' state per partition (``producer_state``). Knows nothing of groups
+or Raft. May import the standard library, ``crc32c``, ``cramjam`` and ``kcoord.errors``.
+``format`` and ``producer_state`` are pure: no I/O, no clock.
 """

@@ -303,7 +303,7 @@ class Log:
                 or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
                 or (
                     seg.first_batch_timestamp is not None
-                    and now_ms - seg.first_batch_timestamp > self.config.segment_ms
+                    and first.max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
                 )
             ):
                 seg = self._roll(base_offset)
@@ -379,7 +379,7 @@ class Log:
             # One batch, the usual produce request: no run splitting.
             header = headers[0][1]
             seg = self.active_segment
-            if self._should_roll(seg, header, len(buf), now_ms):
+            if self._should_roll(seg, header, len(buf)):
                 seg = self._roll(header.base_offset)
             seg.append(buf, headers)
             self._unflushed_messages += header.record_count
@@ -395,7 +395,7 @@ class Log:
             run_bytes = 0
             seg = self.active_segment
             first_base = headers[start][1].base_offset
-            if self._should_roll(seg, headers[start][1], headers[start][1].size, now_ms):
+            if self._should_roll(seg, headers[start][1], headers[start][1].size):
                 seg = self._roll(first_base)
             while end < len(headers):
                 h = headers[end][1]
@@ -421,14 +421,16 @@ class Log:
             size_bytes=len(buf),
         )
 
-    def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int, now_ms: int) -> bool:
+    def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int) -> bool:
         if seg.size == 0:
             return False
+        # segment.ms: Kafka's LogSegment.timeWaitedForRoll compares the incoming batch's
+        # timestamp with the segment's first batch's, not the wall clock.
         return (
             seg.size + size > self.config.segment_bytes
             or (
                 seg.first_batch_timestamp is not None
-                and now_ms - seg.first_batch_timestamp > self.config.segment_ms
+                and first.max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
             )
             or seg.is_full_index
             or first.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET

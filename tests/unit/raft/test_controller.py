@@ -30,6 +30,7 @@ from kcoord.raft.controller import (
     Controller,
     ControllerConfig,
     ControllerResult,
+    CreatePartitionsResult,
     CreateTopicResult,
     Election,
     PlacementError,
@@ -952,6 +953,109 @@ def test_delete_topic() -> None:
     assert cluster.decide(lambda image: cluster.controller.delete_topic(image, T2)) == (
         ControllerResult((), Errors.UNKNOWN_TOPIC_ID)
     )
+
+
+def test_create_partitions_adds_balanced_partitions_with_the_same_replication_factor() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 2, 2)
+    result = cluster.decide(lambda image: cluster.controller.create_partitions(image, "t", 5))
+    assert result.response == CreatePartitionsResult(Errors.NONE)
+    assert [r.partition for r in result.records if isinstance(r, Partition)] == [2, 3, 4]
+    cluster.commit(result.records)
+    states = cluster.image.partitions_of(T1)
+    assert [s.partition for s in states] == [0, 1, 2, 3, 4]
+    for state in states:
+        assert len(set(state.replicas)) == 2
+        assert state.isr == state.replicas and state.leader == state.replicas[0]
+        assert (state.leader_epoch, state.partition_epoch) == (0, 0)
+    leaders = Counter(s.leader for s in states)
+    assert max(leaders.values()) - min(leaders.values()) <= 1, leaders
+
+
+def test_create_partitions_leader_is_the_first_live_replica() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.heartbeat(3, 100, want_fence=True).records)
+    cluster.run(lambda image: cluster.controller.create_partitions(image, "t", 4))
+    for state in cluster.image.partitions_of(T1)[1:]:
+        assert state.leader in (1, 2)
+        assert state.isr == tuple(r for r in state.replicas if r != 3)
+
+
+def test_create_partitions_with_a_manual_assignment() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 2)
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    result = cluster.run(
+        lambda image: cluster.controller.create_partitions(image, "t", 3, [[1, 3], [2, 1]])
+    )
+    assert result == CreatePartitionsResult(Errors.NONE)
+    assert cluster.state(T1, 1).replicas == (1, 3)
+    assert (cluster.state(T1, 1).leader, cluster.state(T1, 1).isr) == (3, (3,))
+    assert (cluster.state(T1, 2).leader, cluster.state(T1, 2).isr) == (2, (2,))
+
+
+@pytest.mark.parametrize(
+    ("name", "count", "assignments", "error", "message"),
+    [
+        ("nope", 3, None, Errors.UNKNOWN_TOPIC_OR_PARTITION, ""),
+        ("t", 2, None, Errors.INVALID_PARTITIONS, "Topic already has 2 partition(s)."),
+        (
+            "t",
+            1,
+            None,
+            Errors.INVALID_PARTITIONS,
+            "The topic t currently has 2 partition(s); 1 would not be an increase.",
+        ),
+        ("t", 20_003, None, Errors.INVALID_PARTITIONS, "Cannot add 20001 partitions"),
+        (
+            "t",
+            4,
+            [[1, 2]],
+            Errors.INVALID_REPLICA_ASSIGNMENT,
+            "Attempted to add 2 additional partition(s), but only 1 assignment(s) were",
+        ),
+        ("t", 3, [[]], Errors.INVALID_REPLICA_ASSIGNMENT, "includes an empty replica list"),
+        ("t", 3, [[1, 9]], Errors.INVALID_REPLICA_ASSIGNMENT, "includes broker 9, but no such"),
+        ("t", 3, [[2, 2]], Errors.INVALID_REPLICA_ASSIGNMENT, "the broker 2 more than once"),
+        ("t", 3, [[1, 2, 3]], Errors.INVALID_REPLICA_ASSIGNMENT, "which have 2 replica(s)"),
+        (OFFSETS_TOPIC_NAME, 60, None, Errors.INVALID_PARTITIONS, "cannot change"),
+    ],
+)
+def test_create_partitions_refusals(
+    *,
+    name: str,
+    count: int,
+    assignments: list[list[int]] | None,
+    error: Errors,
+    message: str,
+) -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 2, 2)
+    cluster.run(lambda image: cluster.controller.create_offsets_topic(image, OFFSETS_ID))
+    result = cluster.decide(
+        lambda image: cluster.controller.create_partitions(image, name, count, assignments)
+    )
+    assert result.records == ()
+    assert result.response.error is error
+    assert message in result.response.message
+    assert cluster.image.partition(T1, 2) is None
+
+
+def test_create_partitions_when_the_replication_factor_cannot_be_met() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.register(3, 10_000, incarnation="other").records)  # 3 is replaced
+    cluster.commit(cluster.heartbeat(1, 10_000, want_fence=True).records)
+    cluster.commit(cluster.heartbeat(2, 10_000, want_fence=True).records)
+    result = cluster.decide(lambda image: cluster.controller.create_partitions(image, "t", 2))
+    assert result.records == ()
+    assert result.response.error is Errors.INVALID_REPLICATION_FACTOR
+    manual = cluster.decide(
+        lambda image: cluster.controller.create_partitions(image, "t", 2, [[1, 2, 3]])
+    )
+    assert manual.response.error is Errors.INVALID_REPLICA_ASSIGNMENT
+    assert "are fenced" in manual.response.message
 
 
 # ------------------------------------------------------------------ placement properties

@@ -63,11 +63,14 @@ def test_roll_by_size_and_time(tmp_path: Path) -> None:
     assert all(s.size <= 1_000 for s in lg.segments)
     names = sorted(p.name for p in (tmp_path / "t-0").glob("*.log"))
     assert names == [f"{s.base_offset:020d}.log" for s in lg.segments]
-    # Time-based roll: the first batch's timestamp is 1000; now beyond segment.ms rolls.
+    # Time-based roll (Kafka's timeWaitedForRoll): a batch whose timestamp is more than
+    # segment.ms after the segment's first batch rolls; the wall clock does not matter.
     count = len(lg.segments)
-    lg.append_as_leader(batch(1, timestamp=1_000), leader_epoch=0, now_ms=1_000)
+    first_ts = lg.active_segment.first_batch_timestamp
+    assert first_ts is not None
+    lg.append_as_leader(batch(1, timestamp=first_ts), leader_epoch=0, now_ms=10**12)
     assert len(lg.segments) == count
-    lg.append_as_leader(batch(1, timestamp=1_000), leader_epoch=0, now_ms=100_000)
+    lg.append_as_leader(batch(1, timestamp=first_ts + 60_001), leader_epoch=0, now_ms=0)
     assert len(lg.segments) == count + 1
     assert [r.offset for r in read_all(lg)] == list(range(12))
 

@@ -1,0 +1,265 @@
+"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37): forwarded to the controller.
+
+As Kafka's ``ControllerApis`` and its broker-side forwarding: the node checks what it can
+locally (duplicate names in one request, requests kcoord does not support), forwards the rest
+to the active controller over the inter-node RPC (``ControllerChannel``; in-process when this
+node is the controller), and answers per topic with the controller's error code and message.
+``validate_only`` runs the controller's checks without committing anything. The answer is
+written only once this node's metadata image holds the result, so the client's next Metadata
+request, to this node, already sees the change. A controller that cannot be reached before the
+request's timeout answers ``REQUEST_TIMED_OUT`` for every topic it had to decide.
+
+Deviations from Kafka: manual replica assignments are refused when creating a topic
+(``INVALID_REPLICA_ASSIGNMENT``; CreatePartitions takes them), ``__consumer_offsets`` cannot
+be deleted (``INVALID_REQUEST``: it holds every group's state and coordinator routing), and
+the returned topic configs are the ones the request set, not every effective config.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections import Counter
+from typing import Any, Final
+
+from kcoord.errors import Errors
+from kcoord.node.kafka.apis import Request, Result
+from kcoord.node.kafka.context import BrokerContext
+from kcoord.node.kafka.controller_channel import ControllerUnavailableError
+from kcoord.node.rpc import RpcError
+from kcoord.raft.controller import MAX_PARTITIONS_PER_REQUEST, OFFSETS_TOPIC_NAME
+
+log = logging.getLogger(__name__)
+
+CREATE_TOPICS_KEY: Final = 19
+DELETE_TOPICS_KEY: Final = 20
+CREATE_PARTITIONS_KEY: Final = 37
+CLUSTER_METADATA_TOPIC: Final = "__cluster_metadata"
+DYNAMIC_TOPIC_CONFIG: Final = 1  # DescribeConfigsResponse.ConfigSource
+_MIN_TIMEOUT_MS: Final = 1000
+_MAX_TIMEOUT_MS: Final = 120_000
+
+
+def _timeout_s(request_timeout: datetime.timedelta) -> float:
+    ms = round(request_timeout.total_seconds() * 1000)
+    return min(max(ms, _MIN_TIMEOUT_MS), _MAX_TIMEOUT_MS) / 1000
+
+
+class AdminApi:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+
+    async def _forward(self, method: str, payload: dict[str, Any], timeout_s: float) -> Any:
+        """The controller's reply, or the one error to answer for every topic of it."""
+        try:
+            return await self.ctx.controller.call(method, payload, timeout_s)
+        except ControllerUnavailableError as e:
+            log.warning("%s not answered: %s", method, e)
+            return Errors.REQUEST_TIMED_OUT
+        except RpcError as e:
+            log.error("%s failed at the controller: %s", method, e)
+            return Errors.UNKNOWN_SERVER_ERROR
+
+    # -----------------------------------------------------------------------------------------
+    # CreateTopics.
+
+    async def handle_create_topics(self, request: Request) -> Result:
+        body = request.body
+        counts = Counter(t.name for t in body.topics)
+        results: dict[str, dict[str, Any]] = {}
+        forward: list[dict[str, Any]] = []
+        configs_of: dict[str, list[dict[str, Any]]] = {}
+        for t in body.topics:
+            name = t.name
+            if counts[name] > 1:
+                results[name] = _create_error(name, Errors.INVALID_REQUEST, "Duplicate topic name.")
+            elif name == CLUSTER_METADATA_TOPIC:
+                results[name] = _create_error(
+                    name,
+                    Errors.INVALID_REQUEST,
+                    f"Creation of internal topic {CLUSTER_METADATA_TOPIC} is prohibited.",
+                )
+            elif t.assignments:
+                results[name] = _create_error(
+                    name,
+                    Errors.INVALID_REPLICA_ASSIGNMENT,
+                    "kcoord places replicas itself; manual assignments are not supported.",
+                )
+            elif t.num_partitions > MAX_PARTITIONS_PER_REQUEST:
+                results[name] = _create_error(
+                    name,
+                    Errors.INVALID_PARTITIONS,
+                    f"Cannot create {t.num_partitions} partitions in one request; the limit is "
+                    f"{MAX_PARTITIONS_PER_REQUEST}.",
+                )
+            else:
+                configs = {c.name: c.value for c in t.configs if c.value is not None}
+                configs_of[name] = [
+                    {
+                        "name": k,
+                        "value": v,
+                        "read_only": False,
+                        "config_source": DYNAMIC_TOPIC_CONFIG,
+                        "is_sensitive": False,
+                    }
+                    for k, v in configs.items()
+                ]
+                forward.append(
+                    {
+                        "name": name,
+                        "num_partitions": t.num_partitions,
+                        "replication_factor": t.replication_factor,
+                        "configs": configs,
+                    }
+                )
+        if forward:
+            validate_only = bool(body.validate_only)
+            reply = await self._forward(
+                "CreateTopics",
+                {"topics": forward, "validate_only": validate_only},
+                _timeout_s(body.timeout),
+            )
+            for t in forward:
+                name = t["name"]
+                if isinstance(reply, Errors):
+                    results[name] = _create_error(name, reply, None)
+                    continue
+                r = next(r for r in reply["topics"] if r["name"] == name)
+                error = Errors(r["error"])
+                if error is not Errors.NONE:
+                    results[name] = _create_error(name, error, r.get("message") or None)
+                    continue
+                results[name] = {
+                    "name": name,
+                    "error_code": Errors.NONE,
+                    "error_message": None,
+                    "topic_id": None if validate_only else r["topic_id"],
+                    "num_partitions": r["num_partitions"],
+                    "replication_factor": r["replication_factor"],
+                    "configs": configs_of[name],
+                }
+        return {"throttle_time": 0, "topics": [results[name] for name in counts]}
+
+    # -----------------------------------------------------------------------------------------
+    # CreatePartitions.
+
+    async def handle_create_partitions(self, request: Request) -> Result:
+        body = request.body
+        counts = Counter(t.name for t in body.topics)
+        results: dict[str, dict[str, Any]] = {}
+        forward: list[dict[str, Any]] = []
+        for t in body.topics:
+            if counts[t.name] > 1:
+                results[t.name] = _result(t.name, Errors.INVALID_REQUEST, "Duplicate topic name.")
+                continue
+            assignments = (
+                None if t.assignments is None else [list(a.broker_ids) for a in t.assignments]
+            )
+            forward.append({"name": t.name, "count": t.count, "assignments": assignments})
+        if forward:
+            reply = await self._forward(
+                "CreatePartitions",
+                {"topics": forward, "validate_only": bool(body.validate_only)},
+                _timeout_s(body.timeout),
+            )
+            for t in forward:
+                name = t["name"]
+                if isinstance(reply, Errors):
+                    results[name] = _result(name, reply, None)
+                    continue
+                r = next(r for r in reply["topics"] if r["name"] == name)
+                results[name] = _result(name, Errors(r["error"]), r.get("message") or None)
+        return {"throttle_time": 0, "results": [results[name] for name in counts]}
+
+    # -----------------------------------------------------------------------------------------
+    # DeleteTopics.
+
+    async def handle_delete_topics(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        image = self.ctx.image
+        responses: list[dict[str, Any]] = []
+        names: list[str] = []
+        ids_of: dict[str, Any] = {}
+        if version >= 6:
+            entries = [(t.name, t.topic_id) for t in body.topics]
+        else:
+            entries = [(name, None) for name in body.topic_names]
+        resolved: list[str] = []
+        for name, topic_id in entries:
+            has_id = topic_id is not None and topic_id.int != 0
+            if name is not None and has_id:
+                responses.append(
+                    _deleted(
+                        name,
+                        topic_id,
+                        Errors.INVALID_REQUEST,
+                        "You may not specify both topic name and topic id.",
+                    )
+                )
+            elif name is None and not has_id:
+                responses.append(
+                    _deleted(
+                        None,
+                        None,
+                        Errors.INVALID_REQUEST,
+                        "Neither topic name nor id were specified.",
+                    )
+                )
+            elif name is None:
+                topic = self.ctx.topic_by_uuid(topic_id)
+                if topic is None:
+                    responses.append(_deleted(None, topic_id, Errors.UNKNOWN_TOPIC_ID, None))
+                else:
+                    resolved.append(topic.name)
+                    ids_of[topic.name] = topic_id
+            else:
+                resolved.append(name)
+        counts = Counter(resolved)
+        for name in counts:
+            topic = image.topic_by_name(name)
+            topic_id = ids_of.get(name, None if topic is None else topic.topic_id)
+            if counts[name] > 1:
+                responses.append(
+                    _deleted(name, topic_id, Errors.INVALID_REQUEST, "Duplicate topic name.")
+                )
+            elif name == OFFSETS_TOPIC_NAME:
+                responses.append(
+                    _deleted(
+                        name,
+                        topic_id,
+                        Errors.INVALID_REQUEST,
+                        f"The internal topic {OFFSETS_TOPIC_NAME} cannot be deleted.",
+                    )
+                )
+            else:
+                names.append(name)
+                ids_of[name] = topic_id
+        if names:
+            reply = await self._forward("DeleteTopics", {"names": names}, _timeout_s(body.timeout))
+            for name in names:
+                if isinstance(reply, Errors):
+                    responses.append(_deleted(name, ids_of[name], reply, None))
+                    continue
+                r = next(r for r in reply["topics"] if r["name"] == name)
+                responses.append(_deleted(name, ids_of[name], Errors(r["error"]), None))
+        return {"throttle_time": 0, "responses": responses}
+
+
+def _create_error(name: str, error: Errors, message: str | None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "error_code": error,
+        "error_message": message,
+        "topic_id": None,
+        "num_partitions": -1,
+        "replication_factor": -1,
+        "configs": None,
+    }
+
+
+def _result(name: str, error: Errors, message: str | None) -> dict[str, Any]:
+    return {"name": name, "error_code": error, "error_message": message}
+
+
+def _deleted(name: str | None, topic_id: Any, error: Errors, message: str | None) -> dict[str, Any]:
+    return {"name": name, "topic_id": topic_id, "error_code": error, "error_message": message}

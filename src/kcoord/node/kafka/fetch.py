@@ -1,0 +1,354 @@
+"""Fetch (apiKey 1) and ListOffsets (apiKey 2) for consumers: reads below the high watermark.
+
+Fetch (Kafka's ``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages`` and
+``DelayedFetch``):
+
+- Each partition is read from the leader's log from the fetch offset, whole batches, up to the
+  high watermark (so ``last_stable_offset`` is the high watermark too: kcoord has no
+  transactions), at most ``partition_max_bytes`` per partition and ``max_bytes`` in all, except
+  that the first batch of the first partition with data is returned whole even when larger, so
+  a consumer always progresses (KIP-74). Errors per partition: ``NOT_LEADER_OR_FOLLOWER`` (with
+  the leader hint, v12+, and its endpoint, v16+), ``UNKNOWN_TOPIC_OR_PARTITION`` /
+  ``UNKNOWN_TOPIC_ID`` (v13+ names topics by id), ``OFFSET_OUT_OF_RANGE``,
+  ``FENCED_LEADER_EPOCH`` / ``UNKNOWN_LEADER_EPOCH`` when the consumer's ``current_leader_epoch``
+  is older / newer than the leader's (KIP-320).
+- Long poll: when fewer than ``min_bytes`` are available and nothing failed, the response is
+  deferred until enough bytes are available, a partition's high watermark or leadership
+  changes so that it has something new to say, or ``max_wait_ms`` passes. Waiting fetches are
+  woken by the replica manager's high-watermark and role listeners; nothing polls.
+- Fetch sessions (KIP-227) are not kept: every request is served as a full fetch and answered
+  with session id 0, which tells a client no session was created (the Java client, librdkafka,
+  kafka-python and aiokafka all accept it). An incremental request (epoch > 0) names a session
+  this node never created: ``FETCH_SESSION_ID_NOT_FOUND``.
+
+ListOffsets (``KafkaApis.handleListOffsetRequest``, ``Partition.fetchOffsetForTimestamp``), on
+the leader: ``-2`` (earliest) the log start offset; ``-1`` (latest) the high watermark (the
+last stable offset under read_committed: the same here); ``-3`` (max timestamp, KIP-734) the
+first record with the largest timestamp below the high watermark; ``-4`` (earliest local,
+KIP-405) as ``-2`` and ``-5`` (latest tiered) as "none" (no tiered storage); a timestamp, the
+first offset whose record timestamp is at or after it, through the time index, or ``-1`` if
+none below the high watermark.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kcoord.errors import Errors
+from kcoord.node.kafka.apis import Deferred, Request, Result
+from kcoord.node.kafka.context import BrokerContext
+from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.storage.segment import LogCorruptError
+
+log = logging.getLogger(__name__)
+
+FETCH_KEY: Final = 1
+LIST_OFFSETS_KEY: Final = 2
+EARLIEST_TIMESTAMP: Final = -2
+LATEST_TIMESTAMP: Final = -1
+MAX_TIMESTAMP: Final = -3
+EARLIEST_LOCAL_TIMESTAMP: Final = -4
+LATEST_TIERED_TIMESTAMP: Final = -5
+# FetchMetadata.INITIAL_EPOCH and FINAL_EPOCH: the epochs of a sessionless (full) fetch.
+_FULL_FETCH_EPOCHS: Final = (0, -1)
+
+TopicPartition = tuple[str, int]
+
+
+class FetchWaiters:
+    """Wakes deferred fetches when a partition's high watermark or leadership changes."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self._waiters: dict[TopicPartition, set[asyncio.Event]] = {}
+        replicas.add_high_watermark_listener(self._on_change)
+        replicas.add_role_listener(self._on_change)
+
+    def _on_change(self, part: Partition, _: object) -> None:
+        for event in self._waiters.get(part.tp, ()):
+            event.set()
+
+    def watch(self, tps: Iterable[TopicPartition]) -> asyncio.Event:
+        event = asyncio.Event()
+        for tp in tps:
+            self._waiters.setdefault(tp, set()).add(event)
+        return event
+
+    def unwatch(self, tps: Iterable[TopicPartition], event: asyncio.Event) -> None:
+        for tp in tps:
+            events = self._waiters.get(tp)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._waiters[tp]
+
+
+@dataclass(slots=True)
+class _FetchPartition:
+    topic: str | None  # None: an unknown topic id
+    topic_id: Any
+    partition: int
+    fetch_offset: int
+    max_bytes: int
+    current_leader_epoch: int
+
+
+class FetchApi:
+    def __init__(self, ctx: BrokerContext, waiters: FetchWaiters) -> None:
+        self.ctx = ctx
+        self.waiters = waiters
+
+    # -----------------------------------------------------------------------------------------
+    # Fetch.
+
+    async def handle_fetch(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        session_epoch = getattr(body, "session_epoch", -1)
+        if session_epoch not in _FULL_FETCH_EPOCHS:
+            return {
+                "throttle_time": 0,
+                "error_code": Errors.FETCH_SESSION_ID_NOT_FOUND,
+                "session_id": 0,
+                "responses": [],
+            }
+        wanted: list[_FetchPartition] = []
+        for topic in body.topics:
+            topic_id = getattr(topic, "topic_id", None)
+            if version >= 13:
+                resolved = self.ctx.topic_by_uuid(topic_id)
+                name = None if resolved is None else resolved.name
+            else:
+                name = topic.topic
+            wanted.extend(
+                _FetchPartition(
+                    name,
+                    topic_id,
+                    p.partition,
+                    p.fetch_offset,
+                    p.partition_max_bytes,
+                    getattr(p, "current_leader_epoch", -1),
+                )
+                for p in topic.partitions
+            )
+        max_wait_ms = max(0, round(body.max_wait.total_seconds() * 1000))
+        min_bytes, max_bytes = int(body.min_bytes), int(body.max_bytes)
+        responses, size, failed = self._read(wanted, max_bytes)
+        if size >= min_bytes or failed or max_wait_ms == 0 or not wanted:
+            return self._response(request, responses)
+        return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
+
+    async def _long_poll(
+        self,
+        request: Request,
+        wanted: list[_FetchPartition],
+        min_bytes: int,
+        max_bytes: int,
+        max_wait_ms: int,
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        tps = [(w.topic, w.partition) for w in wanted if w.topic is not None]
+        event = self.waiters.watch(tps)
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except TimeoutError:
+                    break
+                event.clear()
+                responses, size, failed = self._read(wanted, max_bytes)
+                if size >= min_bytes or failed:
+                    return self._response(request, responses)
+        finally:
+            self.waiters.unwatch(tps, event)
+        responses, _, _ = self._read(wanted, max_bytes)
+        return self._response(request, responses)
+
+    def _read(
+        self, wanted: list[_FetchPartition], max_bytes: int
+    ) -> tuple[list[dict[str, Any]], int, bool]:
+        """(partition responses, bytes of records, whether a partition failed)."""
+        responses = []
+        size = 0
+        failed = False
+        for w in wanted:
+            try:
+                if w.topic is None:
+                    raise KafkaError(Errors.UNKNOWN_TOPIC_ID)
+                part = self.ctx.replicas.leader_partition(w.topic, w.partition)
+                _raise_if_epoch_mismatch(part, w.current_leader_epoch)
+                limit = min(w.max_bytes, max_bytes - size)
+                first = size == 0
+                if limit <= 0 and not first:
+                    records = b""
+                    result = self.ctx.replicas.fetch(
+                        w.topic, w.partition, w.fetch_offset, 0, min_one=False
+                    )
+                else:
+                    result = self.ctx.replicas.fetch(
+                        w.topic, w.partition, w.fetch_offset, max(limit, 0), min_one=first
+                    )
+                    records = result.records
+                size += len(records)
+                responses.append(
+                    {
+                        "partition_index": w.partition,
+                        "error_code": Errors.NONE,
+                        "high_watermark": result.high_watermark,
+                        "last_stable_offset": result.last_stable_offset,
+                        "log_start_offset": result.log_start_offset,
+                        "aborted_transactions": [],
+                        "preferred_read_replica": -1,
+                        "records": records,
+                    }
+                )
+            except KafkaError as e:
+                failed = True
+                responses.append(self._error(w, e.code))
+        return responses, size, failed
+
+    def _error(self, w: _FetchPartition, error: Errors) -> dict[str, Any]:
+        response: dict[str, Any] = {
+            "partition_index": w.partition,
+            "error_code": error,
+            "high_watermark": -1,
+            "last_stable_offset": -1,
+            "log_start_offset": -1,
+            "aborted_transactions": [],
+            "preferred_read_replica": -1,
+            "records": b"",
+        }
+        if w.topic is not None and error in (
+            Errors.NOT_LEADER_OR_FOLLOWER,
+            Errors.FENCED_LEADER_EPOCH,
+        ):
+            response["current_leader"] = self.ctx.leader_hint(w.topic, w.partition)
+        return response
+
+    def _response(self, request: Request, partitions: list[dict[str, Any]]) -> dict[str, Any]:
+        # Group the partition responses back under their topics, in request order.
+        topics: list[dict[str, Any]] = []
+        wanted = [
+            (getattr(t, "topic", None), getattr(t, "topic_id", None), len(t.partitions))
+            for t in request.body.topics
+        ]
+        i = 0
+        for name, topic_id, count in wanted:
+            topics.append(
+                {"topic": name or "", "topic_id": topic_id, "partitions": partitions[i : i + count]}
+            )
+            i += count
+        leaders = [
+            p["current_leader"]["leader_id"]
+            for p in partitions
+            if p.get("current_leader", {}).get("leader_id", -1) >= 0
+        ]
+        return {
+            "throttle_time": 0,
+            "error_code": Errors.NONE,
+            "session_id": 0,
+            "responses": topics,
+            "node_endpoints": self.ctx.node_endpoints(leaders) if leaders else [],
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # ListOffsets.
+
+    async def handle_list_offsets(self, request: Request) -> Result:
+        body = request.body
+        topics = []
+        for topic in body.topics:
+            partitions = []
+            for p in topic.partitions:
+                partitions.append(
+                    self._list_offset(
+                        topic.name,
+                        p.partition_index,
+                        p.timestamp,
+                        getattr(p, "current_leader_epoch", -1),
+                    )
+                )
+            topics.append({"name": topic.name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    def _list_offset(
+        self, topic: str, partition: int, timestamp: int, current_leader_epoch: int
+    ) -> dict[str, Any]:
+        try:
+            part = self.ctx.replicas.leader_partition(topic, partition)
+            _raise_if_epoch_mismatch(part, current_leader_epoch)
+            found = _offset_for(part, timestamp)
+        except KafkaError as e:
+            return {
+                "partition_index": partition,
+                "error_code": e.code,
+                "timestamp": -1,
+                "offset": -1,
+            }
+        except (LogCorruptError, OSError) as e:
+            log.error("ListOffsets on %s-%d failed: %s", topic, partition, e)
+            return {
+                "partition_index": partition,
+                "error_code": Errors.KAFKA_STORAGE_ERROR,
+                "timestamp": -1,
+                "offset": -1,
+            }
+        found_timestamp, offset = found
+        epoch = -1
+        if offset >= 0:
+            epoch = _epoch_for_offset(part, offset)
+        return {
+            "partition_index": partition,
+            "error_code": Errors.NONE,
+            "timestamp": found_timestamp,
+            "offset": offset,
+            "leader_epoch": epoch,
+        }
+
+
+def _raise_if_epoch_mismatch(part: Partition, current_leader_epoch: int) -> None:
+    # Partition.getLocalLog / checkCurrentLeaderEpoch (KIP-320); -1 skips the check.
+    if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
+        return
+    if current_leader_epoch < part.leader_epoch:
+        raise KafkaError(Errors.FENCED_LEADER_EPOCH, f"{part.topic}-{part.partition}")
+    raise KafkaError(Errors.UNKNOWN_LEADER_EPOCH, f"{part.topic}-{part.partition}")
+
+
+def _offset_for(part: Partition, timestamp: int) -> tuple[int, int]:
+    """(timestamp, offset) answered for one ListOffsets partition; (-1, -1) if none."""
+    log_ = part.log
+    high_watermark = part.high_watermark
+    if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+        return -1, log_.log_start_offset
+    if timestamp == LATEST_TIMESTAMP:
+        return -1, high_watermark
+    if timestamp == LATEST_TIERED_TIMESTAMP:
+        return -1, -1
+    if timestamp == MAX_TIMESTAMP:
+        best = (-1, -1)
+        for seg in log_.segments:
+            if seg.max_timestamp > best[0] and seg.offset_of_max_timestamp < high_watermark:
+                best = (seg.max_timestamp, seg.offset_of_max_timestamp)
+        return best
+    if timestamp < 0:
+        raise KafkaError(Errors.INVALID_REQUEST, f"unknown special timestamp {timestamp}")
+    found = log_.offset_for_timestamp(timestamp)
+    if found is None or found[0] >= high_watermark:
+        return -1, -1
+    offset, found_timestamp = found
+    return found_timestamp, offset
+
+
+def _epoch_for_offset(part: Partition, offset: int) -> int:
+    epoch = -1
+    for entry_epoch, start_offset in part.log.epoch_cache.entries:
+        if start_offset <= offset:
+            epoch = entry_epoch
+    return epoch if epoch >= 0 else part.leader_epoch

@@ -1,0 +1,297 @@
+"""Metadata (apiKey 3) and FindCoordinator (apiKey 10), answered from the node's image.
+
+Metadata (Kafka's ``KafkaApis.handleTopicMetadataRequest`` over ``KRaftMetadataCache``):
+
+- brokers: the registered, unfenced brokers with their advertised Kafka endpoint; the
+  controller id is the metadata quorum's leader; the cluster id is the image's.
+- topics: all of them when the request says so (null in v1+, empty in v0), else the requested
+  ones by name, or by topic id (v12+; an unknown id answers ``UNKNOWN_TOPIC_ID``).
+- a requested topic that does not exist is auto-created when both the broker
+  (``auto.create.topics.enable``) and the request (v4+ ``allow_auto_topic_creation``) allow it
+  and it is not internal: the node forwards CreateTopics (``num.partitions``,
+  ``default.replication.factor``) to the active controller and, unlike Kafka, waits (at most
+  ``auto_create_timeout_ms``) until its own image has the topic, so the client gets the
+  partitions in this answer instead of ``LEADER_NOT_AVAILABLE`` and a retry. An invalid name
+  answers ``INVALID_TOPIC_EXCEPTION``; a creation that fails otherwise or is not visible in
+  time answers ``LEADER_NOT_AVAILABLE`` (retriable), as Kafka does; without auto-creation,
+  ``UNKNOWN_TOPIC_OR_PARTITION``.
+- partitions: leader (``-1`` with ``LEADER_NOT_AVAILABLE`` when it is not an alive broker),
+  leader epoch, replicas, ISR, and offline replicas (those not alive).
+
+FindCoordinator (``KafkaApis.handleFindCoordinatorRequest``): a group's coordinator is the
+leader of ``__consumer_offsets`` partition ``partition_for(group id, partition count)``;
+``COORDINATOR_NOT_AVAILABLE`` while that topic or its leader is missing. Transaction
+coordinators do not exist in kcoord: ``COORDINATOR_NOT_AVAILABLE`` too. Other key types:
+``INVALID_REQUEST``. v4+ batches keys with one result each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Final
+
+from kcoord.cluster.routing import partition_for
+from kcoord.errors import Errors
+from kcoord.node.kafka.apis import Request, Result
+from kcoord.node.kafka.context import BrokerContext, BrokerEndpoint, is_internal
+from kcoord.node.kafka.controller_channel import ControllerUnavailableError
+from kcoord.node.rpc import RpcError
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.raft.image import TopicImage
+from kcoord.raft.records import NO_LEADER
+
+log = logging.getLogger(__name__)
+
+METADATA_KEY: Final = 3
+FIND_COORDINATOR_KEY: Final = 10
+# MetadataResponse.AUTHORIZED_OPERATIONS_OMITTED
+AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
+COORDINATOR_KEY_GROUP: Final = 0
+COORDINATOR_KEY_TRANSACTION: Final = 1
+
+
+class TopicCreator:
+    """Auto-creation of topics (Kafka's ``AutoTopicCreationManager``), one request per name in
+    flight however many clients ask for it."""
+
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self._in_flight: dict[str, asyncio.Task[dict[str, Errors]]] = {}
+
+    async def create(self, names: list[str]) -> dict[str, Errors]:
+        """Create the topics; the error per name (``LEADER_NOT_AVAILABLE`` if unfinished)."""
+        new = [n for n in names if n not in self._in_flight]
+        if new:
+            task = asyncio.create_task(self._create(new), name="kafka-auto-create")
+            for name in new:
+                self._in_flight[name] = task
+            task.add_done_callback(lambda done: self._forget(new, done))
+        tasks = {name: self._in_flight[name] for name in names}
+        timeout_s = self.ctx.settings.auto_create_timeout_ms / 1000
+        await asyncio.wait(set(tasks.values()), timeout=timeout_s)
+        results: dict[str, Errors] = {}
+        for name, task in tasks.items():
+            done = task.done() and not task.cancelled()
+            results[name] = (
+                task.result().get(name, Errors.NONE) if done else (Errors.LEADER_NOT_AVAILABLE)
+            )
+        return results
+
+    def _forget(self, names: list[str], task: asyncio.Task[dict[str, Errors]]) -> None:
+        for name in names:
+            if self._in_flight.get(name) is task:
+                del self._in_flight[name]
+
+    async def _create(self, names: list[str]) -> dict[str, Errors]:
+        settings = self.ctx.settings
+        payload = {
+            "topics": [
+                {
+                    "name": name,
+                    "num_partitions": settings.num_partitions,
+                    "replication_factor": settings.default_replication_factor,
+                    "configs": {},
+                }
+                for name in names
+            ]
+        }
+        try:
+            reply = await self.ctx.controller.call(
+                "CreateTopics", payload, settings.auto_create_timeout_ms / 1000
+            )
+        except (ControllerUnavailableError, RpcError) as e:
+            log.warning("auto-creating topics %s failed: %s", names, e)
+            return dict.fromkeys(names, Errors.LEADER_NOT_AVAILABLE)
+        results = {}
+        for topic in reply["topics"]:
+            error = Errors(topic["error"])
+            if error not in (Errors.NONE, Errors.TOPIC_ALREADY_EXISTS):
+                log.warning(
+                    "auto-creating topic %s: %s %s",
+                    topic["name"],
+                    error.name,
+                    topic.get("message", ""),
+                )
+            results[str(topic["name"])] = error
+        return results
+
+    def close(self) -> None:
+        for task in set(self._in_flight.values()):
+            task.cancel()
+
+
+class MetadataApi:
+    def __init__(self, ctx: BrokerContext) -> None:
+        self.ctx = ctx
+        self.creator = TopicCreator(ctx)
+
+    # -----------------------------------------------------------------------------------------
+    # Metadata.
+
+    async def handle_metadata(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        ctx = self.ctx
+        requested = body.topics
+        topics: list[dict[str, Any]] = []
+        if requested is None or (version == 0 and not requested):
+            alive = ctx.alive_brokers()
+            image = ctx.image
+            names = sorted(t.name for t in image.topics.values())
+            topics = [self._describe(image.topic_by_name(n), alive) for n in names]
+        else:
+            topics = await self._describe_requested(request, requested)
+        alive = ctx.alive_brokers()
+        controller_id = ctx.controller_id()
+        return {
+            "throttle_time": 0,
+            "brokers": [
+                {"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+                for b in alive.values()
+            ],
+            "cluster_id": ctx.image.cluster_id,
+            "controller_id": -1 if controller_id is None else controller_id,
+            "topics": topics,
+            "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            "error_code": Errors.NONE,
+        }
+
+    async def _describe_requested(self, request: Request, requested: Any) -> list[dict[str, Any]]:
+        ctx = self.ctx
+        version = request.version
+        allow_auto = version < 4 or bool(getattr(request.body, "allow_auto_topic_creation", True))
+        # (name or None, topic id or None) in request order.
+        wanted: list[tuple[str | None, Any]] = []
+        for t in requested:
+            wanted.append((t.name, getattr(t, "topic_id", None)))
+        missing = [
+            name
+            for name, topic_id in wanted
+            if name is not None and ctx.image.topic_by_name(name) is None
+        ]
+        creatable = (
+            [n for n in dict.fromkeys(missing) if not is_internal(n)]
+            if allow_auto and ctx.settings.auto_create_topics_enable
+            else []
+        )
+        created = await self.creator.create(creatable) if creatable else {}
+        alive = ctx.alive_brokers()
+        image = ctx.image
+        topics: list[dict[str, Any]] = []
+        for name, topic_id in wanted:
+            if name is None and version < 12:
+                # Topic ids in requests came with v12 (KIP-516); a null name before that is
+                # invalid (and the response of these versions cannot even say null).
+                topics.append(_topic_error(Errors.INVALID_REQUEST, "", None))
+                continue
+            if name is None:
+                topic = ctx.topic_by_uuid(topic_id)
+                if topic is None:
+                    topics.append(_topic_error(Errors.UNKNOWN_TOPIC_ID, None, topic_id))
+                    continue
+            else:
+                topic = image.topic_by_name(name)
+            if topic is not None:
+                topics.append(self._describe(topic, alive))
+                continue
+            assert name is not None
+            if name in created:
+                error = created[name]
+                if error is not Errors.INVALID_TOPIC_EXCEPTION:
+                    error = Errors.LEADER_NOT_AVAILABLE  # created but not visible yet, or failed
+            else:
+                error = Errors.UNKNOWN_TOPIC_OR_PARTITION
+            topics.append(_topic_error(error, name, None))
+        return topics
+
+    def _describe(
+        self, topic: TopicImage | None, alive: dict[int, BrokerEndpoint]
+    ) -> dict[str, Any]:
+        assert topic is not None
+        partitions = []
+        for state in self.ctx.image.partitions_of(topic.topic_id):
+            leader_alive = state.leader != NO_LEADER and state.leader in alive
+            partitions.append(
+                {
+                    "error_code": Errors.NONE if leader_alive else Errors.LEADER_NOT_AVAILABLE,
+                    "partition_index": state.partition,
+                    "leader_id": state.leader if leader_alive else -1,
+                    "leader_epoch": state.leader_epoch,
+                    "replica_nodes": list(state.replicas),
+                    "isr_nodes": list(state.isr),
+                    "offline_replicas": [r for r in state.replicas if r not in alive],
+                }
+            )
+        return {
+            "error_code": Errors.NONE,
+            "name": topic.name,
+            "topic_id": topic.topic_id,
+            "is_internal": is_internal(topic.name),
+            "partitions": partitions,
+            "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # FindCoordinator.
+
+    async def handle_find_coordinator(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        key_type = int(getattr(body, "key_type", COORDINATOR_KEY_GROUP))
+        if version >= 4:
+            return {
+                "throttle_time": 0,
+                "coordinators": [
+                    {"key": key, **self._coordinator(key, key_type)}
+                    for key in body.coordinator_keys
+                ],
+            }
+        return {"throttle_time": 0, **self._coordinator(body.key, key_type)}
+
+    def _coordinator(self, key: str, key_type: int) -> dict[str, Any]:
+        if key_type == COORDINATOR_KEY_TRANSACTION:
+            return _no_coordinator(
+                Errors.COORDINATOR_NOT_AVAILABLE, "kcoord has no transaction coordinator"
+            )
+        if key_type != COORDINATOR_KEY_GROUP:
+            return _no_coordinator(Errors.INVALID_REQUEST, f"unknown key type {key_type}")
+        image = self.ctx.image
+        offsets = image.topic_by_name(OFFSETS_TOPIC_NAME)
+        count = 0 if offsets is None else len(image.partitions_of(offsets.topic_id))
+        if offsets is None or count == 0:
+            return _no_coordinator(
+                Errors.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC_NAME} does not exist yet"
+            )
+        state = image.partition(offsets.topic_id, partition_for(key, count))
+        alive = self.ctx.alive_brokers()
+        if state is None or state.leader not in alive:
+            return _no_coordinator(
+                Errors.COORDINATOR_NOT_AVAILABLE, "the group's partition has no live leader"
+            )
+        node = alive[state.leader]
+        return {
+            "error_code": Errors.NONE,
+            "error_message": None,
+            "node_id": node.node_id,
+            "host": node.host,
+            "port": node.port,
+        }
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self.creator.close()
+
+
+def _topic_error(error: Errors, name: str | None, topic_id: Any) -> dict[str, Any]:
+    return {
+        "error_code": error,
+        "name": name,
+        "topic_id": topic_id,
+        "is_internal": False,
+        "partitions": [],
+        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+    }
+
+
+def _no_coordinator(error: Errors, message: str) -> dict[str, Any]:
+    return {"error_code": error, "error_message": message, "node_id": -1, "host": "", "port": -1}

@@ -1,0 +1,304 @@
+"""Produce (apiKey 0) and InitProducerId (apiKey 22): appends, acks and idempotence.
+
+Produce (Kafka's ``KafkaApis.handleProduceRequest`` and ``ReplicaManager.appendRecords``):
+
+1. In request order, for each partition: the node must lead it (``NOT_LEADER_OR_FOLLOWER``
+   with the leader's id and epoch as a hint, KIP-951; ``UNKNOWN_TOPIC_OR_PARTITION`` for a
+   topic or partition that does not exist); clients may not write to ``__consumer_offsets``
+   (``INVALID_TOPIC_EXCEPTION``), nor control batches (``INVALID_RECORD``) or transactional
+   ones (``INVALID_TXN_STATE``: kcoord has no transaction coordinator); a partition's records
+   are exactly one batch of magic 2 (``INVALID_RECORD``, Kafka's ``validateRecords``). The
+   batch is then checked against the partition's idempotent-producer state
+   (``storage.producer_state``): a retried batch is answered with the offsets it got the first
+   time and not appended; an out-of-order sequence or a stale producer epoch is refused.
+   Otherwise the records are appended as leader (the log checks CRC, size and format:
+   ``CORRUPT_MESSAGE``, ``MESSAGE_TOO_LARGE``, ``INVALID_RECORD``) and the producer state
+   records the new batch at once, all with no await in between, so a pipelined next batch of
+   the same producer sees it.
+2. acks=1 answers right away; acks=-1 answers once the high watermark passes each appended
+   batch (``REQUEST_TIMED_OUT`` after the request's timeout); acks=0 answers nothing at all,
+   and if a partition failed the connection is closed so the producer refreshes its metadata
+   (as Kafka does). Other acks values: ``INVALID_REQUIRED_ACKS``.
+
+Producer state lives per led partition and is rebuilt from the batch headers of the log the
+first time a produce reaches the partition after this node became its leader.
+``NOT_ENOUGH_REPLICAS`` is not produced yet: until followers replicate, the leader alone is the
+ISR (see ``replica_manager``).
+
+InitProducerId: an idempotent producer (no transactional id) gets a fresh producer id with
+epoch 0, always, as Kafka does (``TransactionCoordinator.handleInitProducerId``); ids come from
+``ProducerIdManager``. A transactional id answers ``NOT_COORDINATOR``: kcoord has no
+transaction coordinator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from kcoord.errors import Errors
+from kcoord.node.kafka.apis import CLOSE_CONNECTION, NO_RESPONSE, Deferred, Request, Result
+from kcoord.node.kafka.context import BrokerContext, is_internal
+from kcoord.node.kafka.producer_ids import ProducerIdManager, ProducerIdsExhaustedError
+from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.storage import format as fmt
+from kcoord.storage.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    Duplicate,
+    ProducerStateManager,
+    Rejected,
+)
+from kcoord.storage.segment import LogCorruptError
+
+log = logging.getLogger(__name__)
+
+PRODUCE_KEY: Final = 0
+INIT_PRODUCER_ID_KEY: Final = 22
+NO_LEADER_HINT: Final = {"leader_id": -1, "leader_epoch": -1}
+_MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
+
+
+class ProducerStates:
+    """The ``ProducerStateManager`` of every partition this node leads."""
+
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        *,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    ) -> None:
+        self.producer_id_expiration_ms = producer_id_expiration_ms
+        self._states: dict[tuple[str, int], tuple[Partition, ProducerStateManager]] = {}
+        replicas.add_role_listener(self.on_role_change)
+
+    def on_role_change(self, part: Partition, is_leader: bool) -> None:
+        # Rebuilt lazily for each leadership: another leader may have appended meanwhile.
+        self._states.pop(part.tp, None)
+
+    def get(self, part: Partition, now_ms: int) -> ProducerStateManager:
+        entry = self._states.get(part.tp)
+        if entry is not None and entry[0] is part:
+            return entry[1]
+        state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
+        state.load(self._producer_batches(part, now_ms))
+        state.remove_expired_producers(now_ms)
+        self._states[part.tp] = (part, state)
+        log.info(
+            "%s-%d: producer state of %d producers loaded",
+            part.topic,
+            part.partition,
+            len(state.producers),
+        )
+        return state
+
+    def _producer_batches(self, part: Partition, now_ms: int) -> Iterator[fmt.BatchHeader]:
+        horizon_ms = now_ms - self.producer_id_expiration_ms
+        for seg in part.log.segments:
+            if 0 <= seg.max_timestamp < horizon_ms:
+                continue  # every producer in it expired (Kafka skips them the same way)
+            try:
+                for bp in seg.scan_headers():
+                    if bp.header.producer_id != fmt.NO_PRODUCER_ID:
+                        yield bp.header
+            except LogCorruptError as e:
+                log.error("%s-%d: producer state scan stopped: %s", part.topic, part.partition, e)
+                return
+
+
+@dataclass(slots=True)
+class _PartitionResult:
+    index: int
+    error: Errors = Errors.NONE
+    message: str | None = None
+    base_offset: int = -1
+    log_start_offset: int = -1
+    wait: tuple[Partition, int] | None = None  # (partition, offset the HW must reach)
+    leader_hint: dict[str, int] = field(default_factory=dict)
+
+
+class ProduceApi:
+    def __init__(
+        self, ctx: BrokerContext, producer_ids: ProducerIdManager, states: ProducerStates
+    ) -> None:
+        self.ctx = ctx
+        self.producer_ids = producer_ids
+        self.states = states
+
+    # -----------------------------------------------------------------------------------------
+    # Produce.
+
+    async def handle_produce(self, request: Request) -> Result:
+        body = request.body
+        acks = int(body.acks)
+        timeout_ms = max(0, round(body.timeout.total_seconds() * 1000))
+        topics: list[tuple[Any, str | None, list[_PartitionResult]]] = []
+        for topic_data in body.topic_data:
+            name = getattr(topic_data, "name", None)
+            topic_id = getattr(topic_data, "topic_id", None)
+            if request.version >= 13:
+                resolved = self.ctx.topic_by_uuid(topic_id)
+                name = None if resolved is None else resolved.name
+            results = []
+            for data in topic_data.partition_data:
+                if acks not in (-1, 0, 1):
+                    result = _PartitionResult(data.index, Errors.INVALID_REQUIRED_ACKS)
+                elif name is None:
+                    result = _PartitionResult(data.index, Errors.UNKNOWN_TOPIC_ID)
+                else:
+                    result = self._append(name, data.index, data.records, acks)
+                results.append(result)
+            topics.append((topic_id, name, results))
+        failed = any(r.error is not Errors.NONE for _, _, rs in topics for r in rs)
+        if acks == 0:
+            return CLOSE_CONNECTION if failed else NO_RESPONSE
+        waits = [r for _, _, rs in topics for r in rs if r.wait is not None]
+        if not waits:
+            return self._response(request, topics)
+        return Deferred(self._complete(request, topics, waits, timeout_ms))
+
+    def _append(self, topic: str, index: int, records: bytes | None, acks: int) -> _PartitionResult:
+        result = _PartitionResult(index)
+        try:
+            if is_internal(topic):
+                raise KafkaError(
+                    Errors.INVALID_TOPIC_EXCEPTION, f"clients may not write to {topic}"
+                )
+            part = self.ctx.replicas.leader_partition(topic, index)
+            data = records or b""
+            if len(data) > _MAGIC_OFFSET and data[_MAGIC_OFFSET] != fmt.MAGIC_V2:
+                raise KafkaError(
+                    Errors.INVALID_RECORD, "Produce v3+ only carries record batches of magic 2"
+                )
+            try:
+                headers = [h for _, h in fmt.iter_headers(data)]
+            except fmt.RecordFormatError as e:
+                raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
+            if len(headers) != 1:
+                # ProduceRequest.validateRecords: exactly one batch per partition.
+                raise KafkaError(
+                    Errors.INVALID_RECORD,
+                    "Produce requests are only allowed to contain exactly one record batch per "
+                    f"partition, not {len(headers)}",
+                )
+            for h in headers:
+                if h.is_control:
+                    raise KafkaError(Errors.INVALID_RECORD, "clients may not write control records")
+                if h.is_transactional:
+                    raise KafkaError(
+                        Errors.INVALID_TXN_STATE, "kcoord does not support transactions"
+                    )
+            state = self.states.get(part, self.ctx.now_ms())
+            verdict = state.validate(headers)
+            if isinstance(verdict, Rejected):
+                raise KafkaError(verdict.error, verdict.message)
+            if isinstance(verdict, Duplicate):
+                result.base_offset = verdict.first_offset
+                last_offset = verdict.last_offset
+            else:
+                appended = self.ctx.replicas.append_local(part, data)
+                result.base_offset = appended.base_offset
+                last_offset = appended.last_offset
+                state.update(_stamped(headers, appended.base_offset, part.leader_epoch))
+            result.log_start_offset = part.log.log_start_offset
+            if acks == -1:
+                result.wait = (part, last_offset + 1)
+        except KafkaError as e:
+            result.error, result.message = e.code, e.message or None
+            if e.code is Errors.NOT_LEADER_OR_FOLLOWER:
+                result.leader_hint = self.ctx.leader_hint(topic, index)
+        return result
+
+    async def _complete(
+        self,
+        request: Request,
+        topics: list[tuple[Any, str | None, list[_PartitionResult]]],
+        waits: list[_PartitionResult],
+        timeout_ms: int,
+    ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        for result in waits:
+            assert result.wait is not None
+            part, offset = result.wait
+            try:
+                await asyncio.wait_for(
+                    part.wait_for_high_watermark(offset), max(deadline - loop.time(), 0)
+                )
+            except TimeoutError:
+                result.error = Errors.REQUEST_TIMED_OUT
+                result.message = "the high watermark did not reach the batch in time"
+            except KafkaError as e:
+                result.error, result.message = e.code, e.message or None
+                result.leader_hint = self.ctx.leader_hint(part.topic, part.partition)
+        return self._response(request, topics)
+
+    def _response(
+        self, request: Request, topics: list[tuple[Any, str | None, list[_PartitionResult]]]
+    ) -> dict[str, Any]:
+        leaders = [
+            r.leader_hint["leader_id"]
+            for _, _, rs in topics
+            for r in rs
+            if r.leader_hint.get("leader_id", -1) >= 0
+        ]
+        return {
+            "throttle_time": 0,
+            "responses": [
+                {
+                    "name": name or "",
+                    "topic_id": topic_id,
+                    "partition_responses": [
+                        {
+                            "index": r.index,
+                            "error_code": r.error,
+                            "error_message": r.message if r.error is not Errors.NONE else None,
+                            "base_offset": r.base_offset,
+                            "log_append_time": -1,
+                            "log_start_offset": r.log_start_offset,
+                            "record_errors": [],
+                            "current_leader": r.leader_hint or NO_LEADER_HINT,
+                        }
+                        for r in results
+                    ],
+                }
+                for topic_id, name, results in topics
+            ],
+            "node_endpoints": self.ctx.node_endpoints(leaders) if request.version >= 10 else [],
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # InitProducerId.
+
+    async def handle_init_producer_id(self, request: Request) -> Result:
+        if request.body.transactional_id is not None:
+            return {"error_code": Errors.NOT_COORDINATOR, "producer_id": -1, "producer_epoch": -1}
+        try:
+            producer_id = self.producer_ids.next_id()
+        except (OSError, ProducerIdsExhaustedError) as e:
+            log.error("cannot allocate a producer id: %s", e)
+            return {
+                "error_code": Errors.UNKNOWN_SERVER_ERROR,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        return {
+            "throttle_time": 0,
+            "error_code": Errors.NONE,
+            "producer_id": producer_id,
+            "producer_epoch": 0,
+        }
+
+
+def _stamped(
+    headers: list[fmt.BatchHeader], base_offset: int, leader_epoch: int
+) -> list[fmt.BatchHeader]:
+    """The headers as the log stored them: offsets from ``base_offset``, the leader's epoch."""
+    stamped = []
+    next_offset = base_offset
+    for h in headers:
+        stamped.append(h._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
+        next_offset += h.last_offset_delta + 1
+    return stamped

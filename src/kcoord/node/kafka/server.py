@@ -1,0 +1,343 @@
+"""The Kafka listener: an asyncio TCP server speaking Kafka's framing (Kafka's ``SocketServer``).
+
+Theory of operation
+-------------------
+Each connection has two tasks.
+
+- The *reader* reads one frame at a time (4-byte size, then the request), decodes it and runs
+  its handler, in request order: a handler's synchronous part (validating and appending a
+  produce, for instance) never interleaves with the next request's, which is the ordering
+  Kafka gives a connection by muting it while a request is processed. A handler that must wait
+  for something (the high watermark, a long-polling fetch) returns ``Deferred`` and the reader
+  goes on with the next request: this is the pipelining.
+- The *writer* takes the response slots in request order and writes each response once it is
+  ready, so responses leave in request order even when later ones are ready first. A slot may
+  hold no response (acks=0 produce), or tell the writer to close the connection.
+
+At most ``max_in_flight`` requests per connection wait for their responses; beyond that the
+reader stops reading, and TCP pushes back on the client.
+
+What closes a connection, and only that connection (each is logged once): a size outside
+``1..socket.request.max.bytes`` (100 MiB by default), a truncated frame (end of stream inside
+it), a request that does not decode, an unknown API key, an unsupported version of an API
+other than ApiVersions (which is answered with its v0 error response, as Kafka does), a handler
+that fails unexpectedly, and ``connections.max.idle.ms`` (10 minutes by default) without a
+request or response while nothing is in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Mapping
+from typing import Any, Final
+
+from kcoord.node.kafka import codec
+from kcoord.node.kafka.apis import (
+    CLOSE_CONNECTION,
+    NO_RESPONSE,
+    ApiRegistry,
+    Deferred,
+    Request,
+)
+from kcoord.node.kafka.codec import API_VERSIONS_KEY, FRAME_SIZE, DecodeError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024  # socket.request.max.bytes
+DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
+DEFAULT_MAX_IN_FLIGHT: Final = 100
+
+
+class _Close:
+    """A slot that closes the connection when the writer reaches it."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+# What the writer finds in a slot: bytes to write, None (nothing), a close, or a future of one.
+Slot = bytes | None | _Close | asyncio.Future[bytes | _Close]
+
+
+class KafkaServer:
+    def __init__(
+        self,
+        registry: ApiRegistry,
+        *,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        idle_ms: int = DEFAULT_IDLE_MS,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+    ) -> None:
+        assert max_request_bytes > 0 and idle_ms > 0 and max_in_flight > 0
+        self.registry = registry
+        self.max_request_bytes = max_request_bytes
+        self.idle_ms = idle_ms
+        self.max_in_flight = max_in_flight
+        self._server: asyncio.Server | None = None
+        self._connections: dict[asyncio.Task[Any], _Connection] = {}
+        self._stopping = False
+        self.connections_closed_for_errors = 0
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets, "server not started"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def start(self, host: str, port: int) -> None:
+        assert self._server is None, "already started"
+        loaded = self.registry.warm_up()
+        log.info("kafka: %d request/response schemas loaded", loaded)
+        self._stopping = False
+        self._server = await asyncio.start_server(self._serve, host, port)
+        log.info("kafka listener on %s:%d", host, self.port)
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping = True
+        server.close()
+        await asyncio.sleep(0)  # let just-accepted connections see _stopping
+        for conn in list(self._connections.values()):
+            conn.close()
+        if self._connections:
+            await asyncio.wait(list(self._connections))
+        await server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Everything a peer can cause is handled inside: asyncio's streams (3.11) log any
+        # exception this task ends with.
+        task = asyncio.current_task()
+        assert task is not None
+        if self._stopping:
+            writer.close()
+            return
+        conn = _Connection(self, reader, writer)
+        self._connections[task] = conn
+        try:
+            await conn.run()
+        finally:
+            self._connections.pop(task, None)
+
+
+class _Connection:
+    def __init__(
+        self, server: KafkaServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.server = server
+        self.registry = server.registry
+        self.reader = reader
+        self.writer = writer
+        self.peer = writer.get_extra_info("peername")
+        self.client_host = "/" + str(self.peer[0]) if self.peer else ""
+        self.slots: asyncio.Queue[Slot] = asyncio.Queue()
+        self.in_flight = 0  # requests read whose slot the writer has not finished
+        self.closing = False
+        self._room = asyncio.Event()  # set whenever in_flight may have dropped
+        self._loop = asyncio.get_running_loop()
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -----------------------------------------------------------------------------------------
+    # Lifecycle.
+
+    async def run(self) -> None:
+        self._touch()
+        self._tasks = [
+            asyncio.create_task(self._read_loop(), name=f"kafka-read-{self.peer}"),
+            asyncio.create_task(self._write_loop(), name=f"kafka-write-{self.peer}"),
+        ]
+        try:
+            # The reader ends by queueing a close slot (or is cancelled by close()); the
+            # writer ends when it reaches that slot, having written every earlier response.
+            await asyncio.wait(self._tasks)
+        finally:
+            self.close()
+            if self._pending:
+                await asyncio.wait(list(self._pending))
+            for task in self._tasks:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("kafka: connection task failed", exc_info=task.exception())
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+
+    def close(self) -> None:
+        """Stop reading and writing now (idle timeout, server stop, a close slot, a lost peer)."""
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        self.closing = True
+        self._room.set()
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        for fut in self._pending:
+            fut.cancel()
+        self.writer.close()
+
+    def _close_for(self, reason: str) -> None:
+        if not self.closing:
+            log.warning("kafka: closing connection from %s: %s", self.peer, reason)
+            self.server.connections_closed_for_errors += 1
+        self.close()
+
+    def _touch(self) -> None:
+        if self.closing:
+            return
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        self._idle_timer = self._loop.call_later(self.server.idle_ms / 1000, self._on_idle)
+
+    def _on_idle(self) -> None:
+        self._idle_timer = None
+        if self.in_flight:
+            self._touch()  # a long poll in progress is not idleness
+            return
+        log.info("kafka: closing idle connection from %s", self.peer)
+        self.close()
+
+    # -----------------------------------------------------------------------------------------
+    # Reading and dispatching, in request order.
+
+    async def _read_loop(self) -> None:
+        try:
+            close = await self._read_requests()
+        except Exception:
+            log.exception("kafka: reading from %s failed", self.peer)
+            close = _Close("internal error")
+        self.slots.put_nowait(close)
+
+    async def _read_requests(self) -> _Close:
+        max_bytes = self.server.max_request_bytes
+        while True:
+            while self.in_flight >= self.server.max_in_flight:
+                self._room.clear()
+                await self._room.wait()
+            try:
+                prefix = await self.reader.readexactly(FRAME_SIZE.size)
+                (size,) = FRAME_SIZE.unpack(prefix)
+                if not 0 < size <= max_bytes:
+                    # Kafka's InvalidReceiveException: the size alone closes the connection.
+                    return _Close(f"request size {size} outside 1..{max_bytes}")
+                frame = await self.reader.readexactly(size)
+            except asyncio.IncompleteReadError as e:
+                return _Close("connection ended inside a frame" if e.partial else "")
+            except OSError as e:
+                log.info("kafka: connection from %s lost: %s", self.peer, e)
+                return _Close("")
+            self._touch()
+            slot = await self._dispatch(frame)
+            if isinstance(slot, _Close):
+                return slot
+            self.in_flight += 1
+            self.slots.put_nowait(slot)
+
+    async def _dispatch(self, frame: bytes) -> Slot:
+        try:
+            api_key, api_version, correlation_id = codec.peek_header(frame)
+        except DecodeError as e:
+            return _Close(str(e))
+        spec = self.registry.get(api_key)
+        if spec is None:
+            return _Close(f"unknown api key {api_key}")
+        if api_version not in spec.versions:
+            if api_key == API_VERSIONS_KEY:
+                return self.registry.unsupported_api_versions(correlation_id)
+            return _Close(
+                f"unsupported version {api_version} of api key {api_key} "
+                f"(supported {spec.versions.start}..{spec.versions.stop - 1})"
+            )
+        try:
+            header, body = codec.decode_request(frame)
+        except DecodeError as e:
+            return _Close(f"malformed request (api key {api_key} v{api_version}): {e}")
+        request = Request(header, body, self.client_host)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "kafka: %s %r api key %d v%d correlation id %d",
+                self.peer,
+                header.client_id,
+                api_key,
+                api_version,
+                correlation_id,
+            )
+        try:
+            result = await spec.handler(request)
+        except Exception:
+            log.exception("kafka: handler of api key %d v%d failed", api_key, api_version)
+            return _Close("handler failed")
+        if isinstance(result, Deferred):
+            fut: asyncio.Future[bytes | _Close] = asyncio.ensure_future(
+                self._complete(request, result.awaitable)
+            )
+            self._pending.add(fut)
+            fut.add_done_callback(self._pending.discard)
+            return fut
+        if result is NO_RESPONSE:
+            return None
+        if result is CLOSE_CONNECTION:
+            # Written in order: the earlier responses go out first.
+            return _Close("closing as asked by the handler (acks=0 produce failed)")
+        assert isinstance(result, Mapping), result
+        return self._encode(request, result)
+
+    async def _complete(
+        self, request: Request, awaitable: Awaitable[Mapping[str, Any]]
+    ) -> bytes | _Close:
+        try:
+            values = await awaitable
+        except Exception:
+            log.exception("kafka: deferred response of api key %d failed", request.header.api_key)
+            return _Close("handler failed")
+        return self._encode(request, values)
+
+    def _encode(self, request: Request, values: Mapping[str, Any]) -> bytes | _Close:
+        header = request.header
+        try:
+            body = codec.build_response(header.api_key, header.api_version, values)
+            return codec.encode_response(header.correlation_id, body)
+        except Exception:
+            log.exception(
+                "kafka: cannot encode the response of api key %d v%d",
+                header.api_key,
+                header.api_version,
+            )
+            return _Close("response encoding failed")
+
+    # -----------------------------------------------------------------------------------------
+    # Writing, in request order.
+
+    async def _write_loop(self) -> None:
+        while True:
+            slot = await self.slots.get()
+            if isinstance(slot, asyncio.Future):
+                slot = await slot
+            if isinstance(slot, _Close):
+                if slot.reason:
+                    self._close_for(slot.reason)
+                else:
+                    self.close()
+                return
+            self.in_flight -= 1
+            self._room.set()
+            if slot is None:
+                continue
+            try:
+                self.writer.write(slot)
+                await self.writer.drain()
+            except OSError as e:
+                log.info("kafka: cannot write to %s: %s", self.peer, e)
+                self.close()
+                return
+            self._touch()

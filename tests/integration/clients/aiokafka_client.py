@@ -1,0 +1,120 @@
+"""aiokafka speaking to a kcoord cluster; see README.md in this directory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+DEADLINE_S = 60.0
+
+
+async def create_topic(cmd: dict[str, Any]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(cmd["topic"], cmd["partitions"], cmd["replication_factor"])],
+            timeout_ms=30_000,
+        )
+    finally:
+        await admin.close()
+    return "created"
+
+
+async def produce(cmd: dict[str, Any]) -> Any:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=cmd["bootstrap"],
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        request_timeout_ms=30_000,
+    )
+    await producer.start()
+    try:
+        futures = []
+        for i in range(cmd["count"]):
+            value = f"{cmd['prefix']}-{i}"
+            futures.append(
+                (value, await producer.send(cmd["topic"], value.encode(), key=value.encode()))
+            )
+        out = []
+        for value, future in futures:
+            md = await asyncio.wait_for(future, DEADLINE_S)
+            out.append([md.partition, md.offset, md.timestamp, value])
+    finally:
+        await producer.stop()
+    return out
+
+
+async def consume(cmd: dict[str, Any]) -> Any:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=cmd["bootstrap"], group_id=None, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(cmd["topic"], p) for p in cmd["partitions"]]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(out) < cmd["expect"] and time.monotonic() < deadline:
+            batches = await consumer.getmany(timeout_ms=500)
+            for tp, records in batches.items():
+                out.extend([tp.partition, r.offset, r.timestamp, r.value.decode()] for r in records)
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def offsets(cmd: dict[str, Any]) -> Any:
+    consumer = AIOKafkaConsumer(bootstrap_servers=cmd["bootstrap"], group_id=None)
+    await consumer.start()
+    try:
+        tps = {p: TopicPartition(cmd["topic"], p) for p in cmd["partitions"]}
+        earliest = await consumer.beginning_offsets(list(tps.values()))
+        latest = await consumer.end_offsets(list(tps.values()))
+        found = await consumer.offsets_for_times(
+            {tps[int(p)]: ts for p, ts in cmd["timestamps"].items()}
+        )
+    finally:
+        await consumer.stop()
+    return {
+        "earliest": {tp.partition: o for tp, o in earliest.items()},
+        "latest": {tp.partition: o for tp, o in latest.items()},
+        "by_time": {tp.partition: (None if o is None else o.offset) for tp, o in found.items()},
+    }
+
+
+async def leaders(cmd: dict[str, Any]) -> Any:
+    consumer = AIOKafkaConsumer(bootstrap_servers=cmd["bootstrap"], group_id=None)
+    await consumer.start()
+    try:
+        cluster = await consumer._client.fetch_all_metadata()
+        return {
+            p: cluster.leader_for_partition(TopicPartition(cmd["topic"], p))
+            for p in sorted(cluster.partitions_for_topic(cmd["topic"]) or ())
+        }
+    finally:
+        await consumer.stop()
+
+
+def main() -> None:
+    cmd = json.loads(sys.argv[1])
+    ops = {
+        "create_topic": create_topic,
+        "produce": produce,
+        "consume": consume,
+        "offsets": offsets,
+        "leaders": leaders,
+    }
+    print(json.dumps(asyncio.run(ops[cmd["op"]](cmd))), flush=True)
+
+
+if __name__ == "__main__":
+    main()

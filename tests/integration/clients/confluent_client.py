@@ -1,0 +1,146 @@
+"""confluent-kafka (librdkafka) speaking to a kcoord cluster; see README.md here."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+DEADLINE_S = 60.0
+
+
+def create_topic(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    futures = admin.create_topics(
+        [NewTopic(cmd["topic"], cmd["partitions"], cmd["replication_factor"])],
+        operation_timeout=30,
+    )
+    for future in futures.values():
+        future.result(timeout=DEADLINE_S)
+    return "created"
+
+
+def produce(cmd: dict[str, Any]) -> Any:
+    producer = Producer(
+        {
+            "bootstrap.servers": cmd["bootstrap"],
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+        }
+    )
+    out: list[Any] = []
+    errors: list[str] = []
+
+    def delivered(error: Any, message: Any) -> None:
+        if error is not None:
+            errors.append(str(error))
+            return
+        out.append(
+            [
+                message.partition(),
+                message.offset(),
+                message.timestamp()[1],
+                message.value().decode(),
+            ]
+        )
+
+    for i in range(cmd["count"]):
+        value = f"{cmd['prefix']}-{i}"
+        producer.produce(
+            cmd["topic"], key=value.encode(), value=value.encode(), on_delivery=delivered
+        )
+        producer.poll(0)
+    remaining = producer.flush(DEADLINE_S)
+    if errors or remaining:
+        raise KafkaException(f"{len(errors)} failed, {remaining} unsent: {errors[:3]}")
+    return out
+
+
+def consumer_for(cmd: dict[str, Any]) -> Consumer:
+    # librdkafka insists on a group.id even for manual assignment; nothing is committed.
+    return Consumer(
+        {
+            "bootstrap.servers": cmd["bootstrap"],
+            "group.id": "kcoord-tests-unused",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+    )
+
+
+def consume(cmd: dict[str, Any]) -> Any:
+    consumer = consumer_for(cmd)
+    try:
+        consumer.assign(
+            [TopicPartition(cmd["topic"], p, OFFSET_BEGINNING) for p in cmd["partitions"]]
+        )
+        out: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(out) < cmd["expect"] and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=500, timeout=0.5):
+                if message.error():
+                    raise KafkaException(message.error())
+                out.append(
+                    [
+                        message.partition(),
+                        message.offset(),
+                        message.timestamp()[1],
+                        (message.value() or b"").decode(),
+                    ]
+                )
+    finally:
+        consumer.close()
+    return out
+
+
+def offsets(cmd: dict[str, Any]) -> Any:
+    consumer = consumer_for(cmd)
+    try:
+        earliest, latest = {}, {}
+        for p in cmd["partitions"]:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(cmd["topic"], p), timeout=30, cached=False
+            )
+            earliest[p], latest[p] = low, high
+        found = consumer.offsets_for_times(
+            [TopicPartition(cmd["topic"], int(p), ts) for p, ts in cmd["timestamps"].items()],
+            timeout=30,
+        )
+    finally:
+        consumer.close()
+    return {
+        "earliest": earliest,
+        "latest": latest,
+        "by_time": {tp.partition: (None if tp.offset < 0 else tp.offset) for tp in found},
+    }
+
+
+def leaders(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    metadata = admin.list_topics(topic=cmd["topic"], timeout=30)
+    topic = metadata.topics[cmd["topic"]]
+    if topic.error is not None:
+        raise KafkaException(topic.error)
+    return {p: part.leader for p, part in sorted(topic.partitions.items())}
+
+
+def main() -> None:
+    cmd = json.loads(sys.argv[1])
+    ops = {
+        "create_topic": create_topic,
+        "produce": produce,
+        "consume": consume,
+        "offsets": offsets,
+        "leaders": leaders,
+    }
+    print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

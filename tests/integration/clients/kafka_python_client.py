@@ -1,0 +1,115 @@
+"""kafka-python speaking to a kcoord cluster; see README.md in this directory."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+
+DEADLINE_S = 60.0
+
+
+def create_topic(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        admin.create_topics(
+            [NewTopic(cmd["topic"], cmd["partitions"], cmd["replication_factor"])],
+            timeout_ms=30_000,
+        )
+    finally:
+        admin.close()
+    return "created"
+
+
+def produce(cmd: dict[str, Any]) -> Any:
+    # kafka-python 2.1+ defaults to enable_idempotence=True and acks=all (KIP-679).
+    producer = KafkaProducer(
+        bootstrap_servers=cmd["bootstrap"],
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        request_timeout_ms=30_000,
+    )
+    try:
+        futures = [
+            (
+                value,
+                producer.send(cmd["topic"], key=value.encode(), value=value.encode()),
+            )
+            for value in (f"{cmd['prefix']}-{i}" for i in range(cmd["count"]))
+        ]
+        producer.flush(timeout=DEADLINE_S)
+        out = []
+        for value, future in futures:
+            md = future.get(timeout=DEADLINE_S)
+            out.append([md.partition, md.offset, md.timestamp, value])
+    finally:
+        producer.close(timeout=10)
+    return out
+
+
+def consume(cmd: dict[str, Any]) -> Any:
+    consumer = KafkaConsumer(
+        bootstrap_servers=cmd["bootstrap"], group_id=None, enable_auto_commit=False
+    )
+    try:
+        tps = [TopicPartition(cmd["topic"], p) for p in cmd["partitions"]]
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(out) < cmd["expect"] and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                out.extend([tp.partition, r.offset, r.timestamp, r.value.decode()] for r in records)
+    finally:
+        consumer.close()
+    return out
+
+
+def offsets(cmd: dict[str, Any]) -> Any:
+    consumer = KafkaConsumer(bootstrap_servers=cmd["bootstrap"], group_id=None)
+    try:
+        tps = {p: TopicPartition(cmd["topic"], p) for p in cmd["partitions"]}
+        earliest = consumer.beginning_offsets(list(tps.values()))
+        latest = consumer.end_offsets(list(tps.values()))
+        found = consumer.offsets_for_times({tps[int(p)]: ts for p, ts in cmd["timestamps"].items()})
+    finally:
+        consumer.close()
+    return {
+        "earliest": {tp.partition: o for tp, o in earliest.items()},
+        "latest": {tp.partition: o for tp, o in latest.items()},
+        "by_time": {tp.partition: (None if o is None else o.offset) for tp, o in found.items()},
+    }
+
+
+def leaders(cmd: dict[str, Any]) -> Any:
+    consumer = KafkaConsumer(bootstrap_servers=cmd["bootstrap"], group_id=None)
+    try:
+        consumer.topics()  # a metadata request for every topic
+        cluster = consumer._client.cluster
+        return {
+            p: cluster.leader_for_partition(TopicPartition(cmd["topic"], p))
+            for p in sorted(cluster.partitions_for_topic(cmd["topic"]) or ())
+        }
+    finally:
+        consumer.close()
+
+
+def main() -> None:
+    cmd = json.loads(sys.argv[1])
+    ops = {
+        "create_topic": create_topic,
+        "produce": produce,
+        "consume": consume,
+        "offsets": offsets,
+        "leaders": leaders,
+    }
+    print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

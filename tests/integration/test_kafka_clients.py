@@ -1,0 +1,239 @@
+"""Unmodified Kafka clients against a real 3-node kcoord cluster.
+
+For each of kafka-python, aiokafka and confluent-kafka (librdkafka), each in its own process
+(``clients/*.py``): create a 6-partition topic with the admin client and let the producer
+auto-create another (``num.partitions`` = 3), produce with acks=all and idempotence, consume
+everything back with manual assignment from the beginning, and check that every acknowledged
+message is there exactly once, at the offset it was acknowledged with, in order per partition;
+ListOffsets earliest, latest and by timestamp; and that the partitions' leaders are spread over
+all three nodes. Then SIGKILL the node leading the most partitions of an RF-1 topic, restart
+it, and check no acknowledged message of any client is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.cluster import LocalCluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+CLIENTS_DIR = Path(__file__).parent / "clients"
+CLIENTS = {
+    "kafka-python": "kafka_python_client.py",
+    "aiokafka": "aiokafka_client.py",
+    "confluent-kafka": "confluent_client.py",
+}
+MESSAGES = 300
+CLIENT_TIMEOUT_S = 120.0
+OVERRIDES = {"num.partitions": 3}
+
+Message = tuple[int, int, int, str]  # partition, offset, timestamp ms, value
+
+
+def run_client(client: str, cmd: dict[str, Any]) -> Any:
+    proc = subprocess.run(
+        [sys.executable, str(CLIENTS_DIR / CLIENTS[client]), json.dumps(cmd)],
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"{client} {cmd['op']} failed:\n{proc.stderr[-6000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def messages(raw: list[list[Any]]) -> list[Message]:
+    return [(int(p), int(o), int(t), str(v)) for p, o, t, v in raw]
+
+
+def check_exactly_once_in_order(acked: list[Message], consumed: list[Message]) -> None:
+    """Every acknowledged message is read once, at its offset; per partition, offsets are
+    0, 1, 2, ... and the producer's order is kept."""
+    assert len(acked) == len({v for *_, v in acked}), "the producer acknowledged a duplicate"
+    by_value = {v: (p, o) for p, o, _, v in acked}
+    assert Counter(v for *_, v in consumed) == Counter(list(by_value)), "lost or duplicated"
+    per_partition: dict[int, list[Message]] = defaultdict(list)
+    for m in consumed:
+        assert by_value[m[3]] == (m[0], m[1]), f"{m[3]} read at a different offset"
+        per_partition[m[0]].append(m)
+    for partition, items in per_partition.items():
+        offsets = [o for _, o, _, _ in items]
+        assert offsets == list(range(len(items))), f"partition {partition}: {offsets[:10]}"
+        sequence = [int(v.rsplit("-", 1)[1]) for *_, v in items]
+        assert sequence == sorted(sequence), f"partition {partition} out of producer order"
+
+
+def check_offsets(client: str, bootstrap: str, topic: str, consumed: list[Message]) -> None:
+    per_partition: dict[int, list[Message]] = defaultdict(list)
+    for m in consumed:
+        per_partition[m[0]].append(m)
+    partitions = sorted(per_partition)
+    # A timestamp from the middle of each partition: the answer is the first offset at or
+    # after it.
+    timestamps = {p: items[len(items) // 2][2] for p, items in per_partition.items()}
+    result = run_client(
+        client,
+        {
+            "op": "offsets",
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "partitions": partitions,
+            "timestamps": {str(p): ts for p, ts in timestamps.items()},
+        },
+    )
+    for p in partitions:
+        items = per_partition[p]
+        assert result["earliest"][str(p)] == 0
+        assert result["latest"][str(p)] == len(items)
+        expected = min(o for _, o, ts, _ in items if ts >= timestamps[p])
+        assert result["by_time"][str(p)] == expected, (p, timestamps[p])
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("kafka-clients"), overrides=OVERRIDES) as c:
+        yield c
+
+
+@pytest.mark.parametrize("client", list(CLIENTS))
+def test_client_round_trip(cluster: LocalCluster, client: str) -> None:
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    created, auto = f"created-{client}", f"auto-{client}"
+    run_client(
+        client,
+        {
+            "op": "create_topic",
+            "bootstrap": bootstrap,
+            "topic": created,
+            "partitions": 6,
+            "replication_factor": 3,
+        },
+    )
+    leaders = run_client(client, {"op": "leaders", "bootstrap": bootstrap, "topic": created})
+    assert sorted(int(p) for p in leaders) == list(range(6))
+    assert set(leaders.values()) == {1, 2, 3}, leaders
+    for topic, partitions in ((created, 6), (auto, 3)):
+        acked = messages(
+            run_client(
+                client,
+                {
+                    "op": "produce",
+                    "bootstrap": bootstrap,
+                    "topic": topic,
+                    "count": MESSAGES,
+                    "prefix": client,
+                },
+            )
+        )
+        assert len(acked) == MESSAGES
+        assert {p for p, *_ in acked} == set(range(partitions)), "keys spread over partitions"
+        consumed = messages(
+            run_client(
+                client,
+                {
+                    "op": "consume",
+                    "bootstrap": bootstrap,
+                    "topic": topic,
+                    "partitions": list(range(partitions)),
+                    "expect": MESSAGES,
+                },
+            )
+        )
+        check_exactly_once_in_order(acked, consumed)
+        check_offsets(client, bootstrap, topic, consumed)
+
+
+def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path, overrides=OVERRIDES) as cluster:
+        assert cluster.state is not None
+        bootstrap = cluster.state.bootstrap_servers
+        topic = "durable"
+        run_client(
+            "confluent-kafka",
+            {
+                "op": "create_topic",
+                "bootstrap": bootstrap,
+                "topic": topic,
+                "partitions": 6,
+                "replication_factor": 1,
+            },
+        )
+        acked: list[Message] = []
+        for client in CLIENTS:
+            acked += messages(
+                run_client(
+                    client,
+                    {
+                        "op": "produce",
+                        "bootstrap": bootstrap,
+                        "topic": topic,
+                        "count": MESSAGES,
+                        "prefix": client,
+                    },
+                )
+            )
+        leaders = {
+            int(p): n
+            for p, n in run_client(
+                "kafka-python", {"op": "leaders", "bootstrap": bootstrap, "topic": topic}
+            ).items()
+        }
+        victim = Counter(leaders.values()).most_common(1)[0][0]
+        lost_while_down = sorted(p for p, n in leaders.items() if n == victim)
+        assert any(p in lost_while_down for p, *_ in acked)
+
+        cluster.kill(victim)
+        survivors = [n for n in (1, 2, 3) if n != victim]
+
+        def fenced_and_leaderless() -> bool:
+            controller = cluster.controller_id(survivors)
+            if controller is None:
+                return False
+            view = cluster.describe(controller, topics=True)
+            parts = view["topics"][topic]["partitions"]
+            return view["brokers"][str(victim)]["fenced"] and all(
+                p["leader"] == -1 for p in parts if p["partition"] in lost_while_down
+            )
+
+        # RF 1: the victim's partitions have no other replica to fail over to.
+        wait_for(fenced_and_leaderless, f"node {victim} fenced and its partitions offline")
+        cluster.start(victim)
+
+        def all_led() -> bool:
+            controller = cluster.controller_id()
+            if controller is None:
+                return False
+            view = cluster.describe(controller, topics=True)
+            parts = view["topics"][topic]["partitions"]
+            return not view["brokers"][str(victim)]["fenced"] and all(
+                p["leader"] >= 0 for p in parts
+            )
+
+        wait_for(all_led, f"node {victim} back and leading its partitions again")
+        for client in CLIENTS:
+            consumed = messages(
+                run_client(
+                    client,
+                    {
+                        "op": "consume",
+                        "bootstrap": bootstrap,
+                        "topic": topic,
+                        "partitions": list(range(6)),
+                        "expect": len(acked),
+                    },
+                )
+            )
+            # Three producers wrote the topic: order is per producer, offsets are shared.
+            assert Counter(v for *_, v in consumed) == Counter(v for *_, v in acked), client
+            assert {(p, o) for p, o, _, _ in consumed} == {(p, o) for p, o, _, _ in acked}

@@ -1,0 +1,725 @@
+"""The Kafka APIs of one in-process node (harness.py), spoken to over loopback as a client would.
+
+Every test builds requests from plain values for a given version, sends them through the real
+listener and checks the decoded response: the behaviour a Kafka client relies on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kcoord.cluster.routing import partition_for
+from kcoord.errors import Errors
+from kcoord.node.kafka import codec
+from kcoord.node.kafka.context import KafkaSettings
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.storage import format as fmt
+from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running
+from tests.unit.node.kafka.test_codec import ADVERTISED
+from tests.unit.node.kafka.wire import AsyncWireClient
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
+FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
+INIT_PRODUCER_ID, CREATE_PARTITIONS = 22, 37
+TEST_TIMEOUT_S = 20.0
+
+
+def run(
+    tmp_path: Path,
+    test: Callable[[Harness, AsyncWireClient], Awaitable[None]],
+    **options: Any,
+) -> None:
+    async def main() -> None:
+        async with asyncio.timeout(TEST_TIMEOUT_S), running(tmp_path, **options) as h:
+            client = await h.client()
+            try:
+                await test(h, client)
+            finally:
+                await client.close()
+
+    asyncio.run(main())
+
+
+def batch(
+    values: list[bytes],
+    *,
+    timestamp: int = 1_700_000_000_000,  # near the harness clock: no segment.ms rolls
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
+    return fmt.build_batch(
+        [fmt.Record(i, timestamp + i, None, v) for i, v in enumerate(values)],
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+
+
+def produce_values(topic: str, partition: int, records: bytes, acks: int = -1) -> dict[str, Any]:
+    return {
+        "acks": acks,
+        "timeout": 5000,
+        "topic_data": [
+            {"name": topic, "partition_data": [{"index": partition, "records": records}]}
+        ],
+    }
+
+
+def fetch_values(
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_wait_ms: int = 0,
+    min_bytes: int = 1,
+    max_bytes: int = 1 << 20,
+    partition_max_bytes: int = 1 << 20,
+    current_leader_epoch: int = -1,
+    topic_id: str | None = None,
+    session_epoch: int = -1,
+) -> dict[str, Any]:
+    return {
+        "replica_id": -1,
+        "max_wait": max_wait_ms,
+        "min_bytes": min_bytes,
+        "max_bytes": max_bytes,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": session_epoch,
+        "topics": [
+            {
+                "topic": topic,
+                "topic_id": topic_id,
+                "partitions": [
+                    {
+                        "partition": partition,
+                        "fetch_offset": offset,
+                        "partition_max_bytes": partition_max_bytes,
+                        "current_leader_epoch": current_leader_epoch,
+                    }
+                ],
+            }
+        ],
+        "forgotten_topics_data": [],
+    }
+
+
+def records_of(data: bytes | None) -> list[bytes | None]:
+    out: list[bytes | None] = []
+    for pos, _ in fmt.iter_headers(data or b""):
+        out.extend(r.value for r in fmt.decode_records(data or b"", pos))
+    return out
+
+
+def metadata_values(*names: str, auto_create: bool = True) -> dict[str, Any]:
+    return {
+        "topics": [{"name": n, "topic_id": None} for n in names],
+        "allow_auto_topic_creation": auto_create,
+        "include_topic_authorized_operations": False,
+        "include_cluster_authorized_operations": False,
+    }
+
+
+def only_partition(response: Any) -> Any:
+    (topic,) = response.responses
+    (part,) = topic.partitions if hasattr(topic, "partitions") else topic.partition_responses
+    return part
+
+
+# ------------------------------------------------------------------ ApiVersions
+
+
+def test_api_versions_advertise_what_is_served(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        for version in (0, 3, 4):
+            response = await c.call(
+                API_VERSIONS,
+                version,
+                {"client_software_name": "kcoord-tests", "client_software_version": "1.0"},
+            )
+            assert response.error_code == Errors.NONE
+            served = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+            assert served == {
+                key: (r.start, r.stop - 1) for key, r in h.broker.registry.versions.items()
+            }
+            for key, (lo, hi) in served.items():
+                kio = codec.kio_versions(key)
+                assert kio.start <= lo <= hi < kio.stop
+        assert h.broker.registry.versions == ADVERTISED
+
+    run(tmp_path, test)
+
+
+def test_api_versions_unknown_version_and_bad_software_name(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        # A version from the future: v0 answer with UNSUPPORTED_VERSION and the real list.
+        frame = bytearray(codec.FRAME_SIZE.size) + bytearray(
+            codec._REQUEST_PREFIX.pack(API_VERSIONS, 99, 7)
+        )
+        frame += b"\x00\x00\x00"  # null client id (int16 -1 is two bytes), tagged fields
+        frame[:4] = codec.FRAME_SIZE.pack(len(frame) - 4)
+        await c.send_raw(bytes(frame))
+        correlation_id, response = await c.receive(API_VERSIONS, 0)
+        assert correlation_id == 7
+        assert response.error_code == Errors.UNSUPPORTED_VERSION
+        assert {k.api_key for k in response.api_keys} == set(h.broker.registry.versions)
+        bad = await c.call(
+            API_VERSIONS, 3, {"client_software_name": "-bad", "client_software_version": "1"}
+        )
+        assert bad.error_code == Errors.INVALID_REQUEST
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ Metadata
+
+
+@pytest.mark.parametrize("version", [0, 1, 4, 7, 9, 10, 12, 13])
+def test_metadata_lists_brokers_topics_and_partitions(tmp_path: Path, version: int) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("orders", 3, 1)
+        response = await c.call(METADATA, version, {"topics": [] if version == 0 else None})
+        assert sorted((b.node_id, b.host, b.port) for b in response.brokers) == [
+            (1, "127.0.0.1", 9001),
+            (2, "127.0.0.2", 9002),
+            (3, "127.0.0.3", 9003),
+        ]
+        if version >= 2:
+            assert response.cluster_id == "harness-cluster"
+        if version >= 1:
+            assert response.controller_id == NODE_ID
+        topics = {t.name: t for t in response.topics}
+        assert set(topics) == {"orders", OFFSETS_TOPIC_NAME}
+        orders = topics["orders"]
+        assert orders.error_code == Errors.NONE
+        state = h.cache.image.partitions_of(h.topic_id("orders"))
+        assert [
+            (p.partition_index, p.leader_id, p.replica_nodes, p.isr_nodes)
+            for p in orders.partitions
+        ] == [(s.partition, s.leader, s.replicas, s.isr) for s in state]
+        if version >= 1:
+            assert topics[OFFSETS_TOPIC_NAME].is_internal and not orders.is_internal
+        if version >= 10:
+            assert orders.topic_id == codec.topic_id_to_uuid(h.topic_id("orders"))
+
+    run(tmp_path, test)
+
+
+def test_metadata_unknown_topics_and_auto_creation(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        response = await c.call(METADATA, 12, metadata_values("nope", auto_create=False))
+        assert [(t.name, t.error_code) for t in response.topics] == [
+            ("nope", Errors.UNKNOWN_TOPIC_OR_PARTITION)
+        ]
+        assert h.cache.image.topic_by_name("nope") is None
+        # Allowed: created with num.partitions, and this very answer describes it.
+        response = await c.call(METADATA, 12, metadata_values("fresh", "bad/name"))
+        fresh, bad = response.topics
+        assert (fresh.name, fresh.error_code, len(fresh.partitions)) == ("fresh", 0, 3)
+        assert all(p.leader_id in (1, 2, 3) for p in fresh.partitions)
+        assert (bad.name, bad.error_code) == ("bad/name", Errors.INVALID_TOPIC_EXCEPTION)
+        # v3 always allows; by topic id (v12) an unknown id is UNKNOWN_TOPIC_ID.
+        response = await c.call(METADATA, 3, {"topics": [{"name": "old"}]})
+        assert response.topics[0].error_code == Errors.NONE
+        unknown = uuid.uuid4()
+        response = await c.call(
+            METADATA,
+            12,
+            {
+                "topics": [{"name": None, "topic_id": unknown}],
+                "include_topic_authorized_operations": False,
+            },
+        )
+        assert [(t.name, t.topic_id, t.error_code) for t in response.topics] == [
+            (None, unknown, Errors.UNKNOWN_TOPIC_ID)
+        ]
+        known = codec.topic_id_to_uuid(h.topic_id("fresh"))
+        response = await c.call(
+            METADATA,
+            12,
+            {
+                "topics": [{"name": None, "topic_id": known}],
+                "include_topic_authorized_operations": False,
+            },
+        )
+        assert response.topics[0].name == "fresh"
+
+    run(tmp_path, test)
+
+
+def test_metadata_without_auto_create_config(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        response = await c.call(METADATA, 9, metadata_values("absent"))
+        assert response.topics[0].error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        assert h.cache.image.topic_by_name("absent") is None
+
+    run(tmp_path, test, settings=KafkaSettings(auto_create_topics_enable=False))
+
+
+def test_metadata_of_a_partition_whose_leader_is_fenced(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 3)
+        registration = h.cache.image.broker(2)
+        assert registration is not None
+        from kcoord.raft.records import FenceBroker
+
+        led_by_2 = h.led_partitions("t", by=2)
+        h.quorum.commit([FenceBroker(2, registration.broker_epoch)])
+        response = await c.call(METADATA, 9, metadata_values("t"))
+        assert 2 not in {b.node_id for b in response.brokers}
+        for p in response.topics[0].partitions:
+            assert p.offline_replicas == (2,)
+            if p.partition_index in led_by_2:
+                assert (p.error_code, p.leader_id) == (Errors.LEADER_NOT_AVAILABLE, -1)
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ topic admin
+
+
+def create_values(*topics: tuple[str, int, int], validate_only: bool = False) -> dict[str, Any]:
+    return {
+        "topics": [
+            {
+                "name": name,
+                "num_partitions": partitions,
+                "replication_factor": rf,
+                "assignments": [],
+                "configs": [{"name": "retention.ms", "value": "1000"}],
+            }
+            for name, partitions, rf in topics
+        ],
+        "timeout": 5000,
+        "validate_only": validate_only,
+    }
+
+
+def test_create_topics_is_visible_at_once_with_kafka_errors(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        response = await c.call(
+            CREATE_TOPICS,
+            7,
+            create_values(("a", 2, 1), ("b", 1, 4), ("c", 0, 1), ("d", 20_000, 1), ("a", 1, 1)),
+        )
+        results = {t.name: t for t in response.topics}
+        assert results["a"].error_code == Errors.INVALID_REQUEST  # named twice
+        assert results["b"].error_code == Errors.INVALID_REPLICATION_FACTOR
+        assert results["c"].error_code == Errors.INVALID_PARTITIONS
+        assert results["d"].error_code == Errors.INVALID_PARTITIONS
+        assert all(r.error_message for r in results.values())
+        response = await c.call(CREATE_TOPICS, 7, create_values(("e", 2, 2)))
+        (e,) = response.topics
+        assert (e.error_code, e.num_partitions, e.replication_factor) == (0, 2, 2)
+        assert e.topic_id == codec.topic_id_to_uuid(h.topic_id("e"))
+        assert [(cfg.name, cfg.value) for cfg in e.configs or ()] == [("retention.ms", "1000")]
+        metadata = await c.call(METADATA, 12, metadata_values("e", auto_create=False))
+        assert len(metadata.topics[0].partitions) == 2
+        again = await c.call(CREATE_TOPICS, 2, create_values(("e", 2, 2)))
+        assert again.topics[0].error_code == Errors.TOPIC_ALREADY_EXISTS
+        dry = await c.call(CREATE_TOPICS, 5, create_values(("f", 2, 1), validate_only=True))
+        assert dry.topics[0].error_code == Errors.NONE
+        assert h.cache.image.topic_by_name("f") is None
+
+    run(tmp_path, test)
+
+
+def test_create_partitions_and_delete_topics(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("grow", 2, 1)
+        response = await c.call(
+            CREATE_PARTITIONS,
+            3,
+            {
+                "topics": [
+                    {"name": "grow", "count": 5, "assignments": None},
+                    {"name": "missing", "count": 5, "assignments": None},
+                    {"name": OFFSETS_TOPIC_NAME, "count": 60, "assignments": None},
+                ],
+                "timeout": 5000,
+                "validate_only": False,
+            },
+        )
+        assert [(r.name, r.error_code) for r in response.results] == [
+            ("grow", Errors.NONE),
+            ("missing", Errors.UNKNOWN_TOPIC_OR_PARTITION),
+            (OFFSETS_TOPIC_NAME, Errors.INVALID_PARTITIONS),
+        ]
+        assert len(h.cache.image.partitions_of(h.topic_id("grow"))) == 5
+        shrink = await c.call(
+            CREATE_PARTITIONS,
+            0,
+            {
+                "topics": [{"name": "grow", "count": 3, "assignments": None}],
+                "timeout": 5000,
+                "validate_only": False,
+            },
+        )
+        assert shrink.results[0].error_code == Errors.INVALID_PARTITIONS
+        assert "would not be an increase" in shrink.results[0].error_message
+        # Delete by name (v4) and by id (v6).
+        await h.create_topic("gone", 1, 1)
+        gone_id = codec.topic_id_to_uuid(h.topic_id("gone"))
+        response = await c.call(
+            DELETE_TOPICS,
+            4,
+            {"topic_names": ["grow", "missing", OFFSETS_TOPIC_NAME], "timeout": 5000},
+        )
+        assert sorted((r.name, r.error_code) for r in response.responses) == [
+            (OFFSETS_TOPIC_NAME, Errors.INVALID_REQUEST),
+            ("grow", Errors.NONE),
+            ("missing", Errors.UNKNOWN_TOPIC_OR_PARTITION),
+        ]
+        response = await c.call(
+            DELETE_TOPICS,
+            6,
+            {
+                "topics": [
+                    {"name": None, "topic_id": gone_id},
+                    {"name": None, "topic_id": uuid.uuid4()},
+                ],
+                "timeout": 5000,
+            },
+        )
+        assert sorted((r.name or "", r.error_code) for r in response.responses) == [
+            ("", Errors.UNKNOWN_TOPIC_ID),
+            ("gone", Errors.NONE),
+        ]
+        assert h.cache.image.topic_by_name("grow") is None
+        assert h.cache.image.topic_by_name("gone") is None
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ Produce and Fetch
+
+
+def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        other = h.led_partitions("t", by=2)[0]
+        for version in (3, 7, 9, 10, 12):
+            response = await c.call(
+                PRODUCE, version, produce_values("t", mine, batch([b"a", b"b"]))
+            )
+            part = only_partition(response)
+            assert part.error_code == Errors.NONE
+        assert part.base_offset == 8
+        fetched = await c.call(FETCH, 12, fetch_values("t", mine, 0))
+        part = only_partition(fetched)
+        assert (part.error_code, part.high_watermark, part.log_start_offset) == (0, 10, 0)
+        assert records_of(part.records) == [b"a", b"b"] * 5
+        # Not the leader: the hint names the leader and its endpoint (KIP-951).
+        response = await c.call(PRODUCE, 10, produce_values("t", other, batch([b"x"])))
+        part = only_partition(response)
+        assert part.error_code == Errors.NOT_LEADER_OR_FOLLOWER
+        assert part.current_leader.leader_id == 2
+        assert [(n.node_id, n.host, n.port) for n in response.node_endpoints] == [
+            (2, "127.0.0.2", 9002)
+        ]
+        fetched = await c.call(FETCH, 16, fetch_values("t", other, 0, topic_id=h.topic_id("t")))
+        part = only_partition(fetched)
+        assert (part.error_code, part.current_leader.leader_id) == (
+            Errors.NOT_LEADER_OR_FOLLOWER,
+            2,
+        )
+        # Other refusals.
+        for topic, partition, records, acks, error in [
+            ("nope", 0, batch([b"x"]), -1, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+            ("t", 99, batch([b"x"]), -1, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+            (OFFSETS_TOPIC_NAME, 0, batch([b"x"]), -1, Errors.INVALID_TOPIC_EXCEPTION),
+            ("t", mine, batch([b"x"])[:-1] + b"?", -1, Errors.CORRUPT_MESSAGE),
+            ("t", mine, batch([b"x"])[:30], 1, Errors.CORRUPT_MESSAGE),
+            ("t", mine, b"", 1, Errors.INVALID_RECORD),
+            ("t", mine, batch([b"x"]) + batch([b"y"]), 1, Errors.INVALID_RECORD),
+            (
+                "t",
+                mine,
+                batch([b"x"])[:16] + b"\x01" + batch([b"x"])[17:],
+                1,
+                Errors.INVALID_RECORD,
+            ),
+            ("t", mine, batch([b"x"]), 2, Errors.INVALID_REQUIRED_ACKS),
+        ]:
+            response = await c.call(PRODUCE, 9, produce_values(topic, partition, records, acks))
+            assert only_partition(response).error_code == error, (topic, partition, acks)
+        fetched = await c.call(FETCH, 11, fetch_values("t", mine, 11))
+        assert only_partition(fetched).error_code == Errors.OFFSET_OUT_OF_RANGE
+        fetched = await c.call(FETCH, 11, fetch_values("t", mine, 0, current_leader_epoch=5))
+        assert only_partition(fetched).error_code == Errors.UNKNOWN_LEADER_EPOCH
+        fetched = await c.call(FETCH, 11, fetch_values("t", mine, 0, session_epoch=3))
+        assert fetched.error_code == Errors.FETCH_SESSION_ID_NOT_FOUND
+        unknown = await c.call(FETCH, 13, fetch_values("", 0, 0, topic_id="AAAAAAAAAAAAAAAAAAAAAQ"))
+        assert only_partition(unknown).error_code == Errors.UNKNOWN_TOPIC_ID
+
+    run(tmp_path, test)
+
+
+def test_produce_and_fetch_by_topic_id(tmp_path: Path) -> None:
+    """Produce v13 and Fetch v13+ name topics by id only (KIP-516)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        topic_id = codec.topic_id_to_uuid(h.topic_id("t"))
+        response = await c.call(
+            PRODUCE,
+            13,
+            {
+                "acks": 1,
+                "timeout": 1000,
+                "topic_data": [
+                    {
+                        "topic_id": topic_id,
+                        "partition_data": [{"index": 0, "records": batch([b"by-id"])}],
+                    }
+                ],
+            },
+        )
+        assert response.responses[0].topic_id == topic_id
+        assert only_partition(response).error_code == Errors.NONE
+        unknown = await c.call(
+            PRODUCE,
+            13,
+            {
+                "acks": 1,
+                "timeout": 1000,
+                "topic_data": [
+                    {
+                        "topic_id": uuid.uuid4(),
+                        "partition_data": [{"index": 0, "records": batch([b"x"])}],
+                    }
+                ],
+            },
+        )
+        assert only_partition(unknown).error_code == Errors.UNKNOWN_TOPIC_ID
+        for version in (13, 16, 18):
+            fetched = await c.call(FETCH, version, fetch_values("", 0, 0, topic_id=h.topic_id("t")))
+            assert fetched.responses[0].topic_id == topic_id
+            assert records_of(only_partition(fetched).records) == [b"by-id"]
+
+    run(tmp_path, test)
+
+
+def test_concurrent_metadata_requests_create_a_topic_once(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        clients = [await h.client() for _ in range(5)]
+        responses = await asyncio.gather(
+            *(other.call(METADATA, 12, metadata_values("shared")) for other in clients)
+        )
+        for other in clients:
+            await other.close()
+        ids = {r.topics[0].topic_id for r in responses}
+        assert all(r.topics[0].error_code == Errors.NONE for r in responses)
+        assert len(ids) == 1 and len(responses[0].topics[0].partitions) == 3
+
+    run(tmp_path, test)
+
+
+def test_fetch_respects_max_bytes_but_returns_a_whole_first_batch(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        for i in range(3):
+            await c.call(PRODUCE, 9, produce_values("t", 0, batch([bytes([i]) * 1000])))
+        one = await c.call(FETCH, 12, fetch_values("t", 0, 0, max_bytes=10))
+        assert records_of(only_partition(one).records) == [b"\x00" * 1000]
+        two = await c.call(FETCH, 12, fetch_values("t", 0, 0, partition_max_bytes=2200))
+        assert len(records_of(only_partition(two).records)) == 2
+
+    run(tmp_path, test)
+
+
+def test_fetch_long_poll_wakes_on_produce_and_times_out(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        started = time.monotonic()
+        empty = await c.call(FETCH, 12, fetch_values("t", 0, 0, max_wait_ms=300))
+        assert time.monotonic() - started >= 0.25
+        assert only_partition(empty).records in (None, b"")
+        # A waiting fetch, then Metadata pipelined behind it on the same connection.
+        started = time.monotonic()
+        fetch_id = await c.send(FETCH, 12, fetch_values("t", 0, 0, max_wait_ms=10_000))
+        metadata_id = await c.send(METADATA, 9, metadata_values("t"))
+        producer = await h.client()
+        await producer.call(PRODUCE, 9, produce_values("t", 0, batch([b"wake"])))
+        await producer.close()
+        correlation_id, fetched = await c.receive(FETCH, 12)
+        assert correlation_id == fetch_id
+        assert time.monotonic() - started < 5
+        assert records_of(only_partition(fetched).records) == [b"wake"]
+        correlation_id, _ = await c.receive(METADATA, 9)
+        assert correlation_id == metadata_id
+
+    run(tmp_path, test)
+
+
+def test_acks_zero_answers_nothing_and_closes_on_failure(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        await c.send(PRODUCE, 9, produce_values("t", 0, batch([b"quiet"]), acks=0))
+        metadata_id = await c.send(METADATA, 9, metadata_values("t"))
+        correlation_id, _ = await c.receive(METADATA, 9)
+        assert correlation_id == metadata_id  # the produce got no response at all
+        fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
+        assert records_of(only_partition(fetched).records) == [b"quiet"]
+        await c.send(PRODUCE, 9, produce_values("nope", 0, batch([b"x"]), acks=0))
+        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        # The node goes on serving others.
+        other = await h.client()
+        assert (await other.call(API_VERSIONS, 0, {})).error_code == 0
+        await other.close()
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ idempotence
+
+
+def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        init = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
+        )
+        pid, epoch = init.producer_id, init.producer_epoch
+        assert init.error_code == Errors.NONE and pid >= 0 and epoch == 0
+        second = await c.call(
+            INIT_PRODUCER_ID, 0, {"transactional_id": None, "transaction_timeout": 1}
+        )
+        assert second.producer_id != pid
+        txn = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 1}
+        )
+        assert txn.error_code == Errors.NOT_COORDINATOR
+
+        def idem(seq: int, *values: bytes, e: int = epoch) -> bytes:
+            return batch(list(values), producer_id=pid, producer_epoch=e, base_sequence=seq)
+
+        async def produce(records: bytes) -> Any:
+            return only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+
+        assert (await produce(idem(0, b"a", b"b"))).base_offset == 0
+        assert (await produce(idem(2, b"c"))).base_offset == 2
+        retry = await produce(idem(0, b"a", b"b"))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        gap = await produce(idem(9, b"z"))
+        assert gap.error_code == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+        # Leadership moves away and back: the state is rebuilt from the log.
+        h.move_leader("t", 0, 2)
+        assert (await produce(idem(3, b"d"))).error_code == Errors.NOT_LEADER_OR_FOLLOWER
+        h.move_leader("t", 0, NODE_ID)
+        retry = await produce(idem(2, b"c"))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 2)
+        assert (await produce(idem(3, b"d"))).base_offset == 3
+        stale = await produce(idem(4, b"e", e=epoch - 1))
+        assert stale.error_code == Errors.INVALID_PRODUCER_EPOCH
+        fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
+        assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c", b"d"]
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ ListOffsets
+
+
+def test_list_offsets(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        other = h.led_partitions("t", by=2)[0]
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"a", b"b"], timestamp=100)))
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"c"], timestamp=500)))
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"d"], timestamp=300)))
+
+        async def list_offset(timestamp: int, partition: int = mine, version: int = 7) -> Any:
+            response = await c.call(
+                LIST_OFFSETS,
+                version,
+                {
+                    "replica_id": -1,
+                    "isolation_level": 0,
+                    "timeout": 1000,
+                    "topics": [
+                        {
+                            "name": "t",
+                            "partitions": [
+                                {
+                                    "partition_index": partition,
+                                    "timestamp": timestamp,
+                                    "current_leader_epoch": -1,
+                                }
+                            ],
+                        }
+                    ],
+                },
+            )
+            return response.topics[0].partitions[0]
+
+        assert (await list_offset(-2)).offset == 0
+        assert (await list_offset(-1)).offset == 4
+        assert ((await list_offset(101)).offset, (await list_offset(101)).timestamp) == (1, 101)
+        assert ((await list_offset(400)).offset, (await list_offset(400)).timestamp) == (2, 500)
+        assert (await list_offset(501)).offset == -1
+        assert ((await list_offset(-3)).offset, (await list_offset(-3)).timestamp) == (2, 500)
+        assert (await list_offset(-1, version=1)).offset == 4
+        assert (await list_offset(-1, other)).error_code == Errors.NOT_LEADER_OR_FOLLOWER
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ FindCoordinator
+
+
+def test_find_coordinator(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        offsets = h.topic_id(OFFSETS_TOPIC_NAME)
+
+        def expected(group: str) -> tuple[int, int]:
+            state = h.cache.image.partition(offsets, partition_for(group, OFFSETS_PARTITIONS))
+            assert state is not None
+            return state.leader, 9000 + state.leader
+
+        for version in (0, 1, 3):
+            response = await c.call(FIND_COORDINATOR, version, {"key": "group-a", "key_type": 0})
+            assert response.error_code == Errors.NONE
+            assert (response.node_id, response.port) == expected("group-a")
+        response = await c.call(
+            FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["g1", "g2", "g3"]}
+        )
+        assert [(x.key, x.error_code, (x.node_id, x.port)) for x in response.coordinators] == [
+            (g, 0, expected(g)) for g in ("g1", "g2", "g3")
+        ]
+        txn = await c.call(FIND_COORDINATOR, 6, {"key_type": 1, "coordinator_keys": ["tx"]})
+        assert txn.coordinators[0].error_code == Errors.COORDINATOR_NOT_AVAILABLE
+        odd = await c.call(FIND_COORDINATOR, 2, {"key": "g", "key_type": 7})
+        assert odd.error_code == Errors.INVALID_REQUEST
+
+    run(tmp_path, test)
+
+
+def test_handlers_never_return_before_a_slower_earlier_request(tmp_path: Path) -> None:
+    """Responses leave in request order even when a later one is ready first."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        ids = []
+        for _ in range(3):
+            ids.append(await c.send(FETCH, 12, fetch_values("t", 0, 0, max_wait_ms=200)))
+            ids.append(await c.send(API_VERSIONS, 0, {}))
+        got = []
+        for i in range(6):
+            correlation_id, _ = await c.receive(
+                FETCH if i % 2 == 0 else API_VERSIONS, 12 if i % 2 == 0 else 0
+            )
+            got.append(correlation_id)
+        assert got == ids
+
+    run(tmp_path, test)

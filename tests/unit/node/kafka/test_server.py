@@ -1,0 +1,244 @@
+"""The Kafka listener (node/kafka/server.py) with stand-in handlers: framing, ordering,
+pipelining, closing on bad input, idleness, and that one bad connection never hurts another."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from kcoord.errors import Errors
+from kcoord.node.kafka.apis import (
+    CLOSE_CONNECTION,
+    NO_RESPONSE,
+    ApiRegistry,
+    Deferred,
+    Request,
+    Result,
+)
+from kcoord.node.kafka.server import KafkaServer
+from tests.unit.node.kafka.wire import AsyncWireClient, encode_request
+
+HOST = "127.0.0.1"
+METADATA, FIND_COORDINATOR, PRODUCE, API_VERSIONS, LIST_OFFSETS = 3, 10, 0, 18, 2
+TEST_TIMEOUT_S = 10.0
+
+
+def registry() -> ApiRegistry:
+    """Metadata echoes after a delay given as the first topic name (ms), FindCoordinator
+    fails, Produce answers nothing or closes (acks 0 / 1), ListOffsets defers a delay."""
+    r = ApiRegistry()
+
+    async def metadata(request: Request) -> Result:
+        topics = request.body.topics or []
+        if topics:
+            await asyncio.sleep(int(topics[0].name) / 1000)  # the test's own request
+        return {"topics": [{"name": t.name, "error_code": 0} for t in topics]}
+
+    async def failing(request: Request) -> Result:
+        raise RuntimeError("boom")
+
+    async def produce(request: Request) -> Result:
+        return NO_RESPONSE if request.body.acks == 0 else CLOSE_CONNECTION
+
+    async def list_offsets(request: Request) -> Result:
+        delay_ms = request.body.topics[0].partitions[0].timestamp
+
+        async def later() -> dict[str, Any]:
+            await asyncio.sleep(delay_ms / 1000)
+            return {"topics": [{"name": str(delay_ms), "partitions": []}]}
+
+        return Deferred(later())
+
+    r.register(METADATA, metadata)
+    r.register(FIND_COORDINATOR, failing)
+    r.register(PRODUCE, produce, min_version=3)
+    r.register(LIST_OFFSETS, list_offsets, min_version=1)
+    return r
+
+
+@contextlib.asynccontextmanager
+async def serving(**options: Any) -> AsyncIterator[KafkaServer]:
+    server = KafkaServer(registry(), **options)
+    await server.start(HOST, 0)
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+def run(test: Callable[[KafkaServer], Awaitable[None]], **options: Any) -> None:
+    async def main() -> None:
+        async with asyncio.timeout(TEST_TIMEOUT_S), serving(**options) as server:
+            await test(server)
+
+    asyncio.run(main())
+
+
+async def connect(server: KafkaServer) -> AsyncWireClient:
+    return await AsyncWireClient.connect(HOST, server.port)
+
+
+def list_offsets(delay_ms: int) -> dict[str, Any]:
+    return {
+        "replica_id": -1,
+        "topics": [{"name": "t", "partitions": [{"partition_index": 0, "timestamp": delay_ms}]}],
+    }
+
+
+async def still_serves(server: KafkaServer) -> None:
+    client = await connect(server)
+    response = await client.call(API_VERSIONS, 0, {})
+    assert response.error_code == Errors.NONE
+    await client.close()
+
+
+def test_pipelined_responses_leave_in_request_order() -> None:
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        delays = [300, 10, 150, 0, 50]
+        ids = [await c.send(LIST_OFFSETS, 5, list_offsets(d)) for d in delays]
+        ids.append(await c.send(METADATA, 9, {"topics": [{"name": "20"}]}))
+        got = []
+        for _ in delays:
+            correlation_id, body = await c.receive(LIST_OFFSETS, 5)
+            got.append((correlation_id, body.topics[0].name))
+        correlation_id, _ = await c.receive(METADATA, 9)
+        got.append((correlation_id, "metadata"))
+        assert got == list(zip(ids, [*map(str, delays), "metadata"], strict=True))
+        await c.close()
+
+    run(test)
+
+
+def test_acks_zero_and_close_connection_results() -> None:
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        await c.send(PRODUCE, 9, {"acks": 0, "timeout": 0, "topic_data": []})
+        sent = await c.send(API_VERSIONS, 0, {})
+        correlation_id, _ = await c.receive(API_VERSIONS, 0)
+        assert correlation_id == sent
+        # CLOSE_CONNECTION: earlier responses are written first, then the connection closes.
+        first = await c.send(LIST_OFFSETS, 5, list_offsets(100))
+        await c.send(PRODUCE, 9, {"acks": 1, "timeout": 0, "topic_data": []})
+        correlation_id, _ = await c.receive(LIST_OFFSETS, 5)
+        assert correlation_id == first
+        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        await c.close()
+        await still_serves(server)
+
+    run(test)
+
+
+async def assert_closed_for(server: KafkaServer, data: bytes, *, end_write: bool = False) -> None:
+    c = await connect(server)
+    before = server.connections_closed_for_errors
+    await c.send_raw(data)
+    if end_write:
+        c.writer.write_eof()
+    assert await asyncio.wait_for(c.closed_by_server(), 5)
+    await c.close()
+    deadline = time.monotonic() + 5
+    while server.connections_closed_for_errors == before and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # the server counts after closing
+    assert server.connections_closed_for_errors == before + 1
+    await still_serves(server)
+
+
+def test_bad_input_closes_that_connection_only() -> None:
+    async def test(server: KafkaServer) -> None:
+        good = await connect(server)
+        header = struct.pack(">hhih", METADATA, 1, 5, -1)
+        cases = [
+            struct.pack(">i", 2048) + b"x" * 16,  # larger than max_request_bytes
+            struct.pack(">i", -1),  # negative size
+            struct.pack(">i", 0),  # empty frame
+            struct.pack(">i", 3) + b"abc",  # shorter than a header
+            struct.pack(">i", 10) + struct.pack(">hhih", 999, 0, 1, -1),  # unknown api key
+            struct.pack(">i", 10) + struct.pack(">hhih", METADATA, 99, 1, -1),  # bad version
+            struct.pack(">i", 14) + header + struct.pack(">i", 0x7FFFFFFF),  # huge array
+            struct.pack(">i", 13) + header + b"\xff\x00\x00",  # garbage body
+            encode_request(FIND_COORDINATOR, 3, 1, {"key": "g"}),  # the handler fails
+        ]
+        for data in cases:
+            await assert_closed_for(server, data)
+        # A frame cut short by the end of the stream.
+        await assert_closed_for(server, struct.pack(">i", 100) + b"x" * 10, end_write=True)
+        # The connection opened before all this still works.
+        assert (await good.call(METADATA, 9, {"topics": []})).topics == ()
+        await good.close()
+
+    run(test, max_request_bytes=1024)
+
+
+def test_api_versions_of_an_unknown_version_is_answered_in_v0() -> None:
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        await c.send_raw(
+            struct.pack(">i", 11) + struct.pack(">hhih", API_VERSIONS, 77, 3, -1) + b"\x00"
+        )
+        correlation_id, response = await c.receive(API_VERSIONS, 0)
+        assert correlation_id == 3
+        assert response.error_code == Errors.UNSUPPORTED_VERSION
+        assert {k.api_key for k in response.api_keys} == {
+            API_VERSIONS,
+            METADATA,
+            FIND_COORDINATOR,
+            PRODUCE,
+            LIST_OFFSETS,
+        }
+        assert (await c.call(API_VERSIONS, 2, {})).error_code == Errors.NONE
+        await c.close()
+
+    run(test)
+
+
+def test_idle_connections_are_closed_but_not_while_a_request_waits() -> None:
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        started = time.monotonic()
+        # A deferred response longer than the idle timeout keeps the connection.
+        await c.call(LIST_OFFSETS, 5, list_offsets(600))
+        assert time.monotonic() - started >= 0.55
+        started = time.monotonic()
+        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        assert 0.2 <= time.monotonic() - started < 3
+        await c.close()
+        deadline = time.monotonic() + 5
+        while server.connection_count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the server task ends after the socket closes
+        assert server.connection_count == 0
+
+    run(test, idle_ms=300)
+
+
+def test_many_pipelined_requests_beyond_the_in_flight_limit() -> None:
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        ids = [await c.send(LIST_OFFSETS, 5, list_offsets(i % 3 * 10)) for i in range(40)]
+        got = [(await c.receive(LIST_OFFSETS, 5))[0] for _ in ids]
+        assert got == ids
+        await c.close()
+
+    run(test, max_in_flight=3)
+
+
+def test_stop_closes_connections_with_requests_in_flight() -> None:
+    async def main() -> None:
+        async with asyncio.timeout(TEST_TIMEOUT_S):
+            server = KafkaServer(registry())
+            await server.start(HOST, 0)
+            c = await connect(server)
+            await c.send(LIST_OFFSETS, 5, list_offsets(60_000))
+            deadline = time.monotonic() + 5
+            while server.connection_count == 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await server.stop()
+            assert server.connection_count == 0
+            assert await asyncio.wait_for(c.closed_by_server(), 5)
+            await c.close()
+
+    asyncio.run(main())
