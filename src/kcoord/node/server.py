@@ -7,7 +7,11 @@ Wires the parts together on one asyncio loop (uvloop when installed):
 - the ``ControllerService`` (active on the Raft leader only) and the ``BrokerLifecycle``
   (registration and heartbeats with the active controller);
 - the inter-node RPC server: ``BrokerRegistration``, ``BrokerHeartbeat``, ``AlterPartition``
-  (the controller's), ``DescribeQuorum`` and ``DescribeNode`` (any node's).
+  (the controller's), ``DescribeQuorum`` and ``DescribeNode`` (any node's);
+- the ``ReplicaManager`` (hosted partitions, fed the metadata log's role changes along with
+  ``ReplicaRoles``), the group coordinator runtime (one shard per led ``__consumer_offsets``
+  partition, loaded and unloaded on the ReplicaManager's role changes) and the Kafka listener
+  (``kafka.KafkaBroker`` with the group APIs of ``kafka.groups``) serving clients from them.
 
 SIGTERM or SIGINT stops the node cleanly: the RPC server closes, the quorum stops, logs are
 flushed and the data directory is marked cleanly shut down.
@@ -22,14 +26,22 @@ import signal
 import uuid
 from typing import Any
 
+from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.node.broker_lifecycle import BrokerLifecycle
 from kcoord.node.clock import SYSTEM_CLOCK, Clock
 from kcoord.node.config import NodeConfig
 from kcoord.node.controller_service import ControllerService
-from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles
+from kcoord.node.kafka.broker import KafkaBroker
+from kcoord.node.kafka.context import KafkaSettings
+from kcoord.node.kafka.groups import GroupApi
+from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, RoleListener
+from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool, RpcServer
+from kcoord.node.runtime import CoordinatorRuntime
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
+from kcoord.raft.image import RoleChange
 from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter
+from kcoord.storage.config import LogConfig
 from kcoord.storage.manager import LogManager
 
 log = logging.getLogger(__name__)
@@ -73,6 +85,21 @@ class QuorumMonitor:
             self._last_match[node_id] = match
 
 
+class RoleFanOut:
+    """Hands each batch of role changes to several listeners, in order; one that fails is
+    logged and does not keep the changes from the others."""
+
+    def __init__(self, *listeners: RoleListener) -> None:
+        self.listeners = listeners
+
+    def on_role_changes(self, changes: list[RoleChange]) -> None:
+        for listener in self.listeners:
+            try:
+                listener.on_role_changes(changes)
+            except Exception:
+                log.exception("role listener %s failed", type(listener).__name__)
+
+
 class Node:
     def __init__(self, config: NodeConfig, clock: Clock = SYSTEM_CLOCK) -> None:
         self.config = config
@@ -87,12 +114,45 @@ class Node:
         self.lifecycle: BrokerLifecycle | None = None
         self.monitor: QuorumMonitor | None = None
         self.rpc_server: RpcServer | None = None
+        self.replicas: ReplicaManager | None = None
+        self.coordinator: CoordinatorRuntime | None = None
+        self.kafka: KafkaBroker | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self.logs.open()
+        # Hosted partitions follow the metadata log from its first record on.
+        self.replicas = ReplicaManager(
+            cfg.node_id,
+            self.logs,
+            self.cache,
+            self.clock.now_ms,
+            default_log_config=LogConfig(
+                segment_bytes=cfg.log_segment_bytes,
+                retention_ms=cfg.log_retention_ms,
+                retention_bytes=cfg.log_retention_bytes,
+                max_message_bytes=cfg.message_max_bytes,
+            ),
+        )
+        self.cache.listener = RoleFanOut(self.roles, self.replicas)
+        # Registered on the ReplicaManager before the quorum replays anything, so every
+        # __consumer_offsets leadership reaches it.
+        self.coordinator = CoordinatorRuntime(
+            self.replicas,
+            GroupConfig(
+                initial_rebalance_delay_ms=cfg.group_initial_rebalance_delay_ms,
+                min_session_timeout_ms=cfg.group_min_session_timeout_ms,
+                max_session_timeout_ms=cfg.group_max_session_timeout_ms,
+                max_size=cfg.group_max_size,
+                offset_metadata_max_bytes=cfg.offset_metadata_max_bytes,
+                offsets_retention_minutes=cfg.offsets_retention_minutes,
+                offsets_retention_check_interval_ms=cfg.offsets_retention_check_interval_ms,
+            ),
+            self.clock.now_ms,
+            num_partitions=self._offsets_partition_count,
+        )
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
         timing = QuorumTiming(
             raft_min_timeout_s=cfg.quorum_raft_min_timeout_ms / 1000,
@@ -151,6 +211,7 @@ class Node:
                 "BrokerHeartbeat": self.controller.handle_broker_heartbeat,
                 "AlterPartition": self.controller.handle_alter_partition,
                 "CreateTopics": self.controller.handle_create_topics,
+                "CreatePartitions": self.controller.handle_create_partitions,
                 "DeleteTopics": self.controller.handle_delete_topics,
                 "DescribeQuorum": self.describe_quorum,
                 "DescribeNode": self.describe_node,
@@ -164,13 +225,49 @@ class Node:
             ("monitor", self.monitor.run()),
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
+        await self._start_kafka(quorum)
         log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
+
+    async def _start_kafka(self, quorum: MetadataQuorum) -> None:
+        """The Kafka listener (node/kafka), last: it serves what everything above provides."""
+        cfg = self.config
+        assert self.replicas is not None and self.controller is not None
+        self.kafka = KafkaBroker(
+            cfg.node_id,
+            cfg.data_dir,
+            self.cache,
+            self.replicas,
+            lambda: quorum.status().leader_id,
+            {
+                "CreateTopics": self.controller.handle_create_topics,
+                "CreatePartitions": self.controller.handle_create_partitions,
+                "DeleteTopics": self.controller.handle_delete_topics,
+            },
+            self.rpc_pool,
+            self.clock.now_ms,
+            settings=KafkaSettings(
+                auto_create_topics_enable=cfg.auto_create_topics_enable,
+                num_partitions=cfg.num_partitions,
+                default_replication_factor=cfg.default_replication_factor,
+            ),
+        )
+        assert self.coordinator is not None
+        GroupApi(self.kafka.ctx, self.coordinator).register(self.kafka.register)
+        await self.kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
+
+    def _offsets_partition_count(self) -> int | None:
+        topic = self.cache.image.topic_by_name(OFFSETS_TOPIC_NAME)
+        return None if topic is None else len(self.cache.image.partitions_of(topic.topic_id))
 
     def _on_quorum_state_changed(self) -> None:
         if self.controller is not None:
             self.controller.on_quorum_state_changed()
 
     async def stop(self) -> None:
+        if self.kafka is not None:
+            await self.kafka.stop()
+        if self.coordinator is not None:
+            self.coordinator.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -181,6 +278,8 @@ class Node:
         await self.rpc_pool.close_all()
         if self.quorum is not None:
             await asyncio.to_thread(self.quorum.stop)
+        if self.replicas is not None:
+            self.replicas.checkpoint_high_watermarks()
         self.logs.shutdown()
         log.info("node %d stopped", self.config.node_id)
 

@@ -1,0 +1,460 @@
+"""The classic group APIs: the wire (kio, every version) to the pure shard's types and back.
+
+Each handler reads the request fields its version has (older versions lack some: ``getattr``
+with Kafka's defaults), builds the version-free request of ``cluster.coordinator.types``, sets
+the flags that depend on the version (KIP-394 member id required from JoinGroup v4, KIP-814
+SkipAssignment from v9, GROUP_ID_NOT_FOUND reporting from OffsetCommit v9 / DescribeGroups v6),
+runs it on the group's shard through the ``CoordinatorRuntime``, and turns the response back
+into field values for ``codec.build_response``. A group this node does not coordinate gets
+``NOT_COORDINATOR`` (or ``COORDINATOR_LOAD_IN_PROGRESS`` while its shard loads), as Kafka's
+``GroupCoordinatorService`` answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Callable
+from typing import Any, Final
+
+from kcoord.cluster.coordinator import types as t
+from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
+from kcoord.errors import Errors
+from kcoord.node.kafka.apis import Deferred, Request, Result
+from kcoord.node.kafka.context import BrokerContext
+from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
+
+OFFSET_COMMIT_KEY: Final = 8
+OFFSET_FETCH_KEY: Final = 9
+JOIN_GROUP_KEY: Final = 11
+HEARTBEAT_KEY: Final = 12
+LEAVE_GROUP_KEY: Final = 13
+SYNC_GROUP_KEY: Final = 14
+DESCRIBE_GROUPS_KEY: Final = 15
+LIST_GROUPS_KEY: Final = 16
+DELETE_GROUPS_KEY: Final = 42
+OFFSET_DELETE_KEY: Final = 47
+
+ShardCall = Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
+
+
+def _ms(value: Any, default: int = -1) -> int:
+    if value is None:
+        return default
+    if isinstance(value, datetime.timedelta):
+        return int(value / datetime.timedelta(milliseconds=1))
+    return int(value)
+
+
+def values(response: Any) -> dict[str, Any]:
+    """A pure response as field values for ``codec.build_response``."""
+    out = dataclasses.asdict(response)
+    if "throttle_time_ms" in out:
+        out["throttle_time"] = out.pop("throttle_time_ms")
+    return out
+
+
+class GroupApi:
+    """The group APIs. Each handler runs its shard call at once, in request order, and
+    returns a ``Deferred`` for the answer: a JoinGroup may wait for a whole rebalance."""
+
+    def __init__(self, ctx: BrokerContext, runtime: CoordinatorRuntime) -> None:
+        self.ctx = ctx
+        self.runtime = runtime
+
+    def _submit(
+        self,
+        group_id: str,
+        call: ShardCall,
+        on_error: Callable[[Errors], dict[str, Any]],
+        convert: Callable[[Any], dict[str, Any]] = values,
+    ) -> Result:
+        try:
+            fut = self.runtime.submit(group_id, call)
+        except CoordinatorError as e:
+            return on_error(e.code)
+
+        async def finish() -> dict[str, Any]:
+            try:
+                return convert(await fut)
+            except CoordinatorError as e:
+                return on_error(e.code)
+
+        return Deferred(finish())
+
+    # -- JoinGroup (11) ------------------------------------------------------------------------
+
+    async def handle_join_group(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        session_timeout_ms = _ms(body.session_timeout)
+        req = t.JoinGroupRequest(
+            group_id=body.group_id,
+            session_timeout_ms=session_timeout_ms,
+            rebalance_timeout_ms=_ms(getattr(body, "rebalance_timeout", None), session_timeout_ms)
+            if version >= 1
+            else session_timeout_ms,
+            member_id=body.member_id,
+            group_instance_id=getattr(body, "group_instance_id", None),
+            protocol_type=body.protocol_type,
+            protocols=tuple(
+                t.JoinGroupRequestProtocol(name=p.name, metadata=p.metadata) for p in body.protocols
+            ),
+            reason=getattr(body, "reason", None),
+            client_id=request.header.client_id or "",
+            client_host=request.client_host,
+            require_known_member_id=version >= 4,
+            supports_skip_assignment=version >= 9,
+        )
+
+        def convert(resp: Any) -> dict[str, Any]:
+            out = values(resp)
+            if version < 7 and out.get("protocol_name") is None:
+                out["protocol_name"] = ""  # not nullable before v7
+            return out
+
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_join_group(tok, req, now),
+            lambda code: values(t.JoinGroupResponse(error_code=code, member_id=req.member_id)),
+            convert,
+        )
+
+    # -- SyncGroup (14) ------------------------------------------------------------------------
+
+    async def handle_sync_group(self, request: Request) -> Result:
+        body = request.body
+        req = t.SyncGroupRequest(
+            group_id=body.group_id,
+            generation_id=body.generation_id,
+            member_id=body.member_id,
+            group_instance_id=getattr(body, "group_instance_id", None),
+            protocol_type=getattr(body, "protocol_type", None),
+            protocol_name=getattr(body, "protocol_name", None),
+            assignments=tuple(
+                t.SyncGroupRequestAssignment(member_id=a.member_id, assignment=a.assignment)
+                for a in body.assignments
+            ),
+        )
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_sync_group(tok, req, now),
+            lambda code: values(t.SyncGroupResponse(error_code=code)),
+        )
+
+    # -- Heartbeat (12) ------------------------------------------------------------------------
+
+    async def handle_heartbeat(self, request: Request) -> Result:
+        body = request.body
+        req = t.HeartbeatRequest(
+            group_id=body.group_id,
+            generation_id=body.generation_id,
+            member_id=body.member_id,
+            group_instance_id=getattr(body, "group_instance_id", None),
+        )
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_heartbeat(tok, req, now),
+            lambda code: values(t.HeartbeatResponse(error_code=code)),
+        )
+
+    # -- LeaveGroup (13) -----------------------------------------------------------------------
+
+    async def handle_leave_group(self, request: Request) -> Result:
+        body = request.body
+        members = tuple(
+            t.MemberIdentity(
+                member_id=m.member_id,
+                group_instance_id=getattr(m, "group_instance_id", None),
+                reason=getattr(m, "reason", None),
+            )
+            for m in getattr(body, "members", ())
+        )
+        req = t.LeaveGroupRequest(
+            group_id=body.group_id, member_id=getattr(body, "member_id", ""), members=members
+        )
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_leave_group(tok, req, now),
+            lambda code: values(t.LeaveGroupResponse(error_code=code)),
+        )
+
+    # -- OffsetCommit (8) ----------------------------------------------------------------------
+
+    async def handle_offset_commit(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        image = self.ctx.image
+        known: list[t.OffsetCommitRequestTopic] = []
+        unknown: list[dict[str, Any]] = []
+        for topic in body.topics:
+            topic_image = image.topic_by_name(topic.name)
+            ok: list[t.OffsetCommitRequestPartition] = []
+            bad: list[dict[str, Any]] = []
+            for p in topic.partitions:
+                exists = topic_image is not None and (
+                    image.partition(topic_image.topic_id, p.partition_index) is not None
+                )
+                if not exists:
+                    # KafkaApis answers partitions missing from the metadata cache itself.
+                    bad.append(
+                        {
+                            "partition_index": p.partition_index,
+                            "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                        }
+                    )
+                    continue
+                ok.append(
+                    t.OffsetCommitRequestPartition(
+                        partition_index=p.partition_index,
+                        committed_offset=p.committed_offset,
+                        committed_leader_epoch=getattr(p, "committed_leader_epoch", -1),
+                        commit_timestamp=_ms(getattr(p, "commit_timestamp", None)),
+                        committed_metadata=p.committed_metadata,
+                    )
+                )
+            if ok:
+                known.append(t.OffsetCommitRequestTopic(name=topic.name, partitions=tuple(ok)))
+            if bad:
+                unknown.append({"name": topic.name, "partitions": bad})
+        req = t.OffsetCommitRequest(
+            group_id=body.group_id,
+            generation_id_or_member_epoch=getattr(body, "generation_id_or_member_epoch", -1),
+            member_id=getattr(body, "member_id", ""),
+            group_instance_id=getattr(body, "group_instance_id", None),
+            retention_time_ms=_ms(getattr(body, "retention_time", None)),
+            topics=tuple(known),
+            report_group_id_not_found=version >= 9,
+        )
+        if not known:
+            return {"throttle_time": 0, "topics": unknown}
+
+        def on_error(code: Errors) -> dict[str, Any]:
+            failed = [
+                {
+                    "name": tp.name,
+                    "partitions": [
+                        {"partition_index": p.partition_index, "error_code": code}
+                        for p in tp.partitions
+                    ],
+                }
+                for tp in known
+            ]
+            return {"throttle_time": 0, "topics": failed + unknown}
+
+        def convert(resp: Any) -> dict[str, Any]:
+            out = values(resp)
+            out["topics"] = list(out["topics"]) + unknown
+            return out
+
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_offset_commit(tok, req, now),
+            on_error,
+            convert,
+        )
+
+    # -- OffsetFetch (9) -----------------------------------------------------------------------
+
+    def _fetch_group(
+        self,
+        group_id: str,
+        topics: Any,
+        require_stable: bool,
+        member_id: str | None = None,
+        member_epoch: int = -1,
+    ) -> Result:
+        req = t.OffsetFetchRequest(
+            group_id=group_id,
+            member_id=member_id,
+            member_epoch=member_epoch,
+            topics=None
+            if topics is None
+            else tuple(
+                t.OffsetFetchRequestTopic(
+                    name=tp.name, partition_indexes=tuple(tp.partition_indexes)
+                )
+                for tp in topics
+            ),
+            require_stable=require_stable,
+        )
+
+        def on_error(code: Errors) -> dict[str, Any]:
+            # Pre-3.9 clients do not retry COORDINATOR_NOT_AVAILABLE on OffsetFetch, so Kafka
+            # answers NOT_COORDINATOR (GroupCoordinatorService.handleOffsetFetchException).
+            if code is Errors.COORDINATOR_NOT_AVAILABLE:
+                code = Errors.NOT_COORDINATOR
+            return {
+                "group_id": group_id,
+                "error_code": code,
+                "topics": [
+                    {
+                        "name": tp.name,
+                        "partitions": [
+                            {"partition_index": i, "committed_offset": -1, "error_code": code}
+                            for i in tp.partition_indexes
+                        ],
+                    }
+                    for tp in (topics or ())
+                ],
+            }
+
+        return self._submit(
+            group_id, lambda s, tok, now: s.handle_offset_fetch(tok, req, now), on_error
+        )
+
+    async def handle_offset_fetch(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        require_stable = getattr(body, "require_stable", False)
+        if version >= 8:
+            parts = [
+                self._fetch_group(
+                    g.group_id,
+                    g.topics,
+                    require_stable,
+                    getattr(g, "member_id", None),
+                    getattr(g, "member_epoch", -1),
+                )
+                for g in body.groups
+            ]
+
+            async def gather() -> dict[str, Any]:
+                return {"throttle_time": 0, "groups": [await _settle(p) for p in parts]}
+
+            return Deferred(gather())
+        one = self._fetch_group(body.group_id, body.topics, require_stable)
+
+        async def single() -> dict[str, Any]:
+            out = await _settle(one)
+            if version < 2 and out["error_code"] != Errors.NONE:
+                # No top-level error before v2: it goes on every partition.
+                for tp in out["topics"]:
+                    for p in tp["partitions"]:
+                        p["error_code"] = out["error_code"]
+            return {"throttle_time": 0, "topics": out["topics"], "error_code": out["error_code"]}
+
+        return Deferred(single())
+
+    # -- DescribeGroups (15) -------------------------------------------------------------------
+
+    async def handle_describe_groups(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        include_ops = getattr(body, "include_authorized_operations", False)
+        parts = [self._describe_one(g, include_ops, version) for g in body.groups]
+
+        async def gather() -> dict[str, Any]:
+            groups: list[Any] = []
+            for p in parts:
+                groups.extend((await _settle(p))["groups"])
+            return {"throttle_time": 0, "groups": groups}
+
+        return Deferred(gather())
+
+    def _describe_one(self, group_id: str, include_ops: bool, version: int) -> Result:
+        req = t.DescribeGroupsRequest(
+            groups=(group_id,),
+            include_authorized_operations=include_ops,
+            report_group_id_not_found=version >= 6,
+        )
+
+        def on_error(code: Errors) -> dict[str, Any]:
+            failed = t.DescribedGroup(error_code=code, group_id=group_id)
+            return {"groups": [dataclasses.asdict(failed)]}
+
+        return self._submit(
+            group_id, lambda s, tok, now: s.handle_describe_groups(tok, req, now), on_error
+        )
+
+    # -- ListGroups (16) -----------------------------------------------------------------------
+
+    async def handle_list_groups(self, request: Request) -> Result:
+        body = request.body
+        req = t.ListGroupsRequest(
+            states_filter=tuple(getattr(body, "states_filter", ())),
+            types_filter=tuple(getattr(body, "types_filter", ())),
+        )
+        try:
+            futures = self.runtime.submit_all(
+                lambda s, tok, now: s.handle_list_groups(tok, req, now)
+            )
+        except CoordinatorError as e:
+            return {"throttle_time": 0, "error_code": e.code, "groups": []}
+
+        async def gather() -> dict[str, Any]:
+            groups: list[Any] = []
+            error = Errors.NONE
+            for fut in futures:
+                try:
+                    resp = await fut
+                except CoordinatorError:
+                    continue  # unloaded meanwhile: Kafka skips NOT_COORDINATOR partitions
+                groups.extend(values(resp)["groups"])
+                if resp.error_code is not Errors.NONE:
+                    error = resp.error_code
+            return {"throttle_time": 0, "error_code": error, "groups": groups}
+
+        return Deferred(gather())
+
+    # -- DeleteGroups (42) ---------------------------------------------------------------------
+
+    async def handle_delete_groups(self, request: Request) -> Result:
+        parts = [self._delete_one(g) for g in request.body.groups_names]
+
+        async def gather() -> dict[str, Any]:
+            results: list[Any] = []
+            for p in parts:
+                results.extend((await _settle(p))["results"])
+            return {"throttle_time": 0, "results": results}
+
+        return Deferred(gather())
+
+    def _delete_one(self, group_id: str) -> Result:
+        req = t.DeleteGroupsRequest(groups_names=(group_id,))
+
+        def on_error(code: Errors) -> dict[str, Any]:
+            return {"results": [{"group_id": group_id, "error_code": code}]}
+
+        return self._submit(
+            group_id, lambda s, tok, now: s.handle_delete_groups(tok, req, now), on_error
+        )
+
+    # -- OffsetDelete (47) ---------------------------------------------------------------------
+
+    async def handle_offset_delete(self, request: Request) -> Result:
+        body = request.body
+        req = t.OffsetDeleteRequest(
+            group_id=body.group_id,
+            topics=tuple(
+                t.OffsetDeleteRequestTopic(
+                    name=tp.name,
+                    partitions=tuple(
+                        t.OffsetDeleteRequestPartition(partition_index=p.partition_index)
+                        for p in tp.partitions
+                    ),
+                )
+                for tp in body.topics
+            ),
+        )
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_offset_delete(tok, req, now),
+            lambda code: {"error_code": code, "throttle_time": 0, "topics": []},
+        )
+
+    def register(self, register: Callable[..., Any]) -> None:
+        register(OFFSET_COMMIT_KEY, self.handle_offset_commit, min_version=2)
+        register(OFFSET_FETCH_KEY, self.handle_offset_fetch, min_version=1)
+        register(JOIN_GROUP_KEY, self.handle_join_group)
+        register(HEARTBEAT_KEY, self.handle_heartbeat)
+        register(LEAVE_GROUP_KEY, self.handle_leave_group)
+        register(SYNC_GROUP_KEY, self.handle_sync_group)
+        register(DESCRIBE_GROUPS_KEY, self.handle_describe_groups)
+        register(LIST_GROUPS_KEY, self.handle_list_groups)
+        register(DELETE_GROUPS_KEY, self.handle_delete_groups)
+        register(OFFSET_DELETE_KEY, self.handle_offset_delete)
+
+
+async def _settle(result: Result) -> dict[str, Any]:
+    """The values of an immediate or deferred result."""
+    if isinstance(result, Deferred):
+        return dict(await result.awaitable)
+    assert isinstance(result, dict)
+    return result

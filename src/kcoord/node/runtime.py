@@ -1,0 +1,413 @@
+"""The group coordinator runtime: one shard per led ``__consumer_offsets`` partition.
+
+Theory of operation (Kafka's ``CoordinatorRuntime``, DESIGN section 6)
+-------------------------------------------------------------------
+Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: the pure
+``GroupCoordinatorShard`` and its state, ``LOADING`` then ``ACTIVE``.
+
+- **Loading** (``become_leader``): the shard is created empty and the partition log is
+  replayed into it from the log start offset, in chunks (yielding to the event loop between
+  them). While loading, requests get ``COORDINATOR_LOAD_IN_PROGRESS``. A load for an older
+  leader epoch than the context's is ignored, as Kafka's ``scheduleLoadOperation``.
+- **Writes**: a request runs the shard handler, which returns records and responses addressed
+  to request tokens. The records go into one v2 batch appended to the partition as leader, and
+  each is replayed into the shard at its offset right away, so the next request sees it. The
+  responses wait until the partition's high watermark passes the batch (Kafka's
+  ``DeferredEventQueue``): a response is never sent for state a failover could lose.
+- **Reads and record-less handlers** (OffsetFetch, Heartbeat, ...): their responses wait until
+  the high watermark reaches the last offset written so far, so nobody reads uncommitted state.
+- **Timers** the shard schedules run as ``loop.call_later`` callbacks that call
+  ``shard.on_timer``, just another handler.
+- **Unloading** (``resign``, or a failed append): the shard's pending joins and syncs are
+  answered ``NOT_COORDINATOR`` (``on_unloaded``), every deferred response fails with
+  ``NOT_COORDINATOR``, timers are cancelled and the context is dropped; it is never rolled
+  back by hand. After a failed append the partition is reloaded from its log if this node still
+  leads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+import logging
+import uuid
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kcoord.cluster.coordinator.records import (
+    CoordinatorRecord,
+    CoordinatorRecordError,
+    UnknownRecordTypeError,
+    decode_record,
+    encode_record,
+)
+from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupConfig, GroupCoordinatorShard
+from kcoord.cluster.routing import partition_for
+from kcoord.errors import Errors
+from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.storage import format as fmt
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
+
+
+class CoordinatorError(Exception):
+    """The request cannot reach a shard: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, ..."""
+
+    def __init__(self, code: Errors, message: str = "") -> None:
+        super().__init__(f"{code.name}: {message}" if message else code.name)
+        self.code = code
+
+
+class ShardState(enum.Enum):
+    LOADING = "loading"
+    ACTIVE = "active"
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class LoadSummary:
+    start_ms: int
+    end_ms: int
+    records: int
+    bytes: int
+
+
+class _ShardTimer:
+    """The ``Timer`` the shard sees: deadlines become ``loop.call_later`` callbacks."""
+
+    def __init__(self, ctx: ShardContext) -> None:
+        self.ctx = ctx
+        self.handles: dict[str, asyncio.TimerHandle] = {}
+
+    def schedule(self, key: str, deadline_ms: int) -> None:
+        self.cancel(key)
+        delay_s = max(0.0, (deadline_ms - self.ctx.runtime.now_ms()) / 1000)
+        loop = asyncio.get_running_loop()
+        self.handles[key] = loop.call_later(delay_s, self.ctx.fire_timer, key)
+
+    def cancel(self, key: str) -> None:
+        handle = self.handles.pop(key, None)
+        if handle is not None:
+            handle.cancel()
+
+    def cancel_all(self) -> None:
+        for handle in self.handles.values():
+            handle.cancel()
+        self.handles.clear()
+
+
+@dataclass(slots=True)
+class _Deferred:
+    offset: int  # respond once the high watermark is at or above this
+    responses: Sequence[tuple[Hashable, Any]]
+
+
+@dataclass(eq=False)
+class ShardContext:
+    runtime: CoordinatorRuntime
+    partition: Partition
+    leader_epoch: int
+    state: ShardState = ShardState.LOADING
+    shard: GroupCoordinatorShard | None = None
+    timer: _ShardTimer | None = None
+    futures: dict[Hashable, asyncio.Future[Any]] = field(default_factory=dict)
+    deferred: list[_Deferred] = field(default_factory=list)
+    last_written_offset: int = 0
+    load_summary: LoadSummary | None = None
+
+    @property
+    def index(self) -> int:
+        return self.partition.partition
+
+    # -- executing handlers ---------------------------------------------------------------------
+
+    def run(
+        self, handler: Callable[[GroupCoordinatorShard, int], CoordinatorResult], token: int
+    ) -> None:
+        """Run one handler (or timer) and deal with its records and responses."""
+        assert self.shard is not None and self.state is ShardState.ACTIVE
+        try:
+            result = handler(self.shard, token)
+        except Exception:
+            # A bug in the shard: its state may be half-changed. Kafka marks the context
+            # FAILED and reloads it; so do we, and the caller gets an error, not a hang.
+            log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
+            self.runtime.fail_shard(self, Errors.UNKNOWN_SERVER_ERROR)
+            return
+        if result.records:
+            try:
+                self._append_and_replay(result.records)
+            except KafkaError as e:
+                log.error(
+                    "coordinator write to %s-%d failed (%s): unloading the shard",
+                    OFFSETS_TOPIC,
+                    self.index,
+                    e.code.name,
+                )
+                self.runtime.fail_shard(self, _write_error(e.code))
+                return
+        self._defer(self.last_written_offset, result.responses)
+
+    def _append_and_replay(self, records: list[CoordinatorRecord]) -> None:
+        assert self.shard is not None
+        now = self.runtime.now_ms()
+        batch_records = []
+        for i, record in enumerate(records):
+            key, value = encode_record(record)
+            batch_records.append(fmt.Record(i, now, key, value))
+        batch = fmt.build_batch(batch_records)
+        appended = self.runtime.replica_manager.append_local(self.partition, batch)
+        for i, record in enumerate(records):
+            self.shard.replay(appended.base_offset + i, record)
+        self.last_written_offset = appended.last_offset + 1
+
+    def _defer(self, offset: int, responses: Sequence[tuple[Hashable, Any]]) -> None:
+        if not responses:
+            return
+        if self.partition.high_watermark >= offset:
+            self._deliver(responses)
+        else:
+            self.deferred.append(_Deferred(offset, responses))
+
+    def _deliver(self, responses: Sequence[tuple[Hashable, Any]]) -> None:
+        for token, response in responses:
+            fut = self.futures.pop(token, None)
+            if fut is not None and not fut.done():
+                fut.set_result(response)
+
+    def complete_up_to(self, high_watermark: int) -> None:
+        ready = [d for d in self.deferred if d.offset <= high_watermark]
+        if not ready:
+            return
+        self.deferred = [d for d in self.deferred if d.offset > high_watermark]
+        for d in ready:
+            self._deliver(d.responses)
+
+    def fire_timer(self, key: str) -> None:
+        if self.state is not ShardState.ACTIVE or self.timer is None:
+            return
+        self.timer.handles.pop(key, None)
+        now = self.runtime.now_ms()
+        self.run(lambda shard, _token: shard.on_timer(key, now), 0)
+
+    def fail_all(self, code: Errors) -> None:
+        self.deferred.clear()
+        futures, self.futures = self.futures, {}
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_exception(CoordinatorError(code))
+
+
+def _bind_now(
+    handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult], now_ms: int
+) -> Callable[[GroupCoordinatorShard, int], CoordinatorResult]:
+    def bound(shard: GroupCoordinatorShard, token: int) -> CoordinatorResult:
+        return handler(shard, token, now_ms)
+
+    return bound
+
+
+def _write_error(code: Errors) -> Errors:
+    """Kafka's mapping of storage errors for coordinator writes (KAFKA-FACTS 1.5)."""
+    if code in (
+        Errors.NOT_ENOUGH_REPLICAS,
+        Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        Errors.REQUEST_TIMED_OUT,
+        Errors.UNKNOWN_TOPIC_OR_PARTITION,
+    ):
+        return Errors.COORDINATOR_NOT_AVAILABLE
+    return Errors.NOT_COORDINATOR
+
+
+class CoordinatorRuntime:
+    def __init__(
+        self,
+        replica_manager: ReplicaManager,
+        config: GroupConfig,
+        now_ms: Callable[[], int],
+        *,
+        num_partitions: Callable[[], int | None],
+    ) -> None:
+        self.replica_manager = replica_manager
+        self.config = config
+        self.now_ms = now_ms
+        self.num_partitions = num_partitions
+        self.contexts: dict[int, ShardContext] = {}
+        self._tokens = itertools.count(1)
+        self.loads: list[LoadSummary] = []
+        replica_manager.add_role_listener(self._on_role)
+        replica_manager.add_high_watermark_listener(self._on_high_watermark)
+
+    @staticmethod
+    def new_member_id(client_id: str) -> str:
+        # Kafka: clientId + "-" + UUID (ClassicGroup/GroupMetadataManager).
+        return f"{client_id}-{uuid.uuid4()}"
+
+    # -- roles --------------------------------------------------------------------------------
+
+    def _on_role(self, part: Partition, is_leader: bool) -> None:
+        if part.topic != OFFSETS_TOPIC:
+            return
+        if is_leader:
+            self.schedule_load(part)
+        else:
+            self.unload(part.partition, part.leader_epoch)
+
+    def _on_high_watermark(self, part: Partition, high_watermark: int) -> None:
+        if part.topic != OFFSETS_TOPIC:
+            return
+        ctx = self.contexts.get(part.partition)
+        if ctx is not None:
+            ctx.complete_up_to(high_watermark)
+
+    def schedule_load(self, part: Partition) -> None:
+        old = self.contexts.get(part.partition)
+        if old is not None and old.leader_epoch >= part.leader_epoch:
+            return  # stale or duplicate election
+        if old is not None:
+            self._close(old, Errors.NOT_COORDINATOR)
+        ctx = ShardContext(self, part, part.leader_epoch)
+        self.contexts[part.partition] = ctx
+        asyncio.get_running_loop().create_task(self._load(ctx), name=f"load-{part.partition}")
+
+    async def _load(self, ctx: ShardContext) -> None:
+        start = self.now_ms()
+        timer = _ShardTimer(ctx)
+        shard = GroupCoordinatorShard(self.config, timer, self.new_member_id)
+        lg = ctx.partition.log
+        offset = lg.log_start_offset
+        records = 0
+        size = 0
+        while ctx.state is ShardState.LOADING:
+            end = lg.log_end_offset
+            if offset >= end:
+                break
+            data = lg.read(offset, LOAD_CHUNK_BYTES, max_offset=None).records
+            if not data:
+                break
+            size += len(data)
+            for pos, header in fmt.iter_headers(data):
+                offset = header.next_offset
+                if header.is_control:
+                    continue
+                for r in fmt.decode_records(data, pos):
+                    if r.key is None:
+                        continue
+                    try:
+                        record = decode_record(r.key, r.value)
+                    except UnknownRecordTypeError as e:
+                        log.warning("skipping unknown record type at offset %d: %s", r.offset, e)
+                        continue
+                    except CoordinatorRecordError as e:
+                        log.error("skipping corrupt record at offset %d: %s", r.offset, e)
+                        continue
+                    shard.replay(r.offset, record)
+                    records += 1
+            await asyncio.sleep(0)  # let other work run between chunks
+        if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
+            return  # unloaded meanwhile
+        ctx.shard = shard
+        ctx.timer = timer
+        ctx.last_written_offset = lg.log_end_offset
+        ctx.state = ShardState.ACTIVE
+        ctx.load_summary = LoadSummary(start, self.now_ms(), records, size)
+        self.loads.append(ctx.load_summary)
+        ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0)
+        log.info(
+            "loaded %s-%d (epoch %d): %d records, %d bytes in %d ms",
+            OFFSETS_TOPIC,
+            ctx.index,
+            ctx.leader_epoch,
+            records,
+            size,
+            ctx.load_summary.end_ms - start,
+        )
+
+    def unload(self, partition: int, leader_epoch: int) -> None:
+        ctx = self.contexts.get(partition)
+        if ctx is None:
+            return
+        self._close(ctx, Errors.NOT_COORDINATOR)
+
+    def fail_shard(self, ctx: ShardContext, code: Errors) -> None:
+        self._close(ctx, code)
+        if ctx.partition.is_leader:
+            # Reload from the log: whatever was appended is the truth.
+            new = ShardContext(self, ctx.partition, ctx.leader_epoch)
+            self.contexts[ctx.index] = new
+            asyncio.get_running_loop().create_task(self._load(new))
+
+    def _close(self, ctx: ShardContext, code: Errors) -> None:
+        if self.contexts.get(ctx.index) is ctx:
+            del self.contexts[ctx.index]
+        was_active = ctx.state is ShardState.ACTIVE
+        ctx.state = ShardState.CLOSED
+        if ctx.timer is not None:
+            ctx.timer.cancel_all()
+        if was_active and ctx.shard is not None:
+            result = ctx.shard.on_unloaded(self.now_ms())
+            ctx._deliver(result.responses)  # NOT_COORDINATOR answers to pending joins/syncs
+        ctx.fail_all(code)
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def context_for(self, group_id: str) -> ShardContext:
+        n = self.num_partitions()
+        if not n:
+            raise CoordinatorError(Errors.COORDINATOR_NOT_AVAILABLE, "no offsets topic yet")
+        ctx = self.contexts.get(partition_for(group_id, n))
+        if ctx is None:
+            raise CoordinatorError(Errors.NOT_COORDINATOR)
+        if ctx.state is ShardState.LOADING:
+            raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
+        if ctx.state is not ShardState.ACTIVE:
+            raise CoordinatorError(Errors.NOT_COORDINATOR)
+        return ctx
+
+    def submit(
+        self, group_id: str, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
+    ) -> asyncio.Future[Any]:
+        """Run ``handler(shard, token, now_ms)`` on the group's shard now, in request order.
+
+        Raises ``CoordinatorError`` at once when no active shard serves the group; otherwise
+        the future completes with the response once what it depends on is committed.
+        """
+        ctx = self.context_for(group_id)
+        return self._submit_to(ctx, handler)
+
+    def _submit_to(
+        self,
+        ctx: ShardContext,
+        handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
+    ) -> asyncio.Future[Any]:
+        token = next(self._tokens)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        ctx.futures[token] = fut
+        ctx.run(_bind_now(handler, self.now_ms()), token)
+        return fut
+
+    async def call(
+        self, group_id: str, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
+    ) -> Any:
+        return await self.submit(group_id, handler)
+
+    def submit_all(
+        self, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
+    ) -> list[asyncio.Future[Any]]:
+        """Run a handler on every active shard (ListGroups); a loading shard raises at once."""
+        if any(ctx.state is ShardState.LOADING for ctx in self.contexts.values()):
+            raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
+        return [
+            self._submit_to(ctx, handler)
+            for ctx in list(self.contexts.values())
+            if ctx.state is ShardState.ACTIVE
+        ]
+
+    def close(self) -> None:
+        for ctx in list(self.contexts.values()):
+            self._close(ctx, Errors.NOT_COORDINATOR)
