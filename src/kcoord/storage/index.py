@@ -115,18 +115,67 @@ class _IndexFile:
         self.path = path
 
 
-class OffsetIndex:
-    """Maps absolute offsets to file positions; lookups bisect, then the segment scans."""
+class _Index:
+    """What both indexes share: two parallel arrays of entries and their file."""
 
-    def __init__(self, path: Path, base_offset: int, max_bytes: int) -> None:
+    _file: _IndexFile
+    _a: array[int]  # offsets (OffsetIndex) or timestamps (TimeIndex)
+    _b: array[int]  # positions (OffsetIndex) or offsets (TimeIndex)
+
+    def __init__(self, path: Path, base_offset: int, entry_size: int, max_bytes: int) -> None:
         self.base_offset = base_offset
-        self._file = _IndexFile(path, _OFFSET_ENTRY.size, max_bytes)
-        self._offsets: array[int] = array("q")  # absolute
-        self._positions: array[int] = array("q")
+        self._file = _IndexFile(path, entry_size, max_bytes)
+        self._a = array("q")
+        self._b = array("q")
 
     @property
     def path(self) -> Path:
         return self._file.path
+
+    def __len__(self) -> int:
+        return len(self._a)
+
+    @property
+    def is_full(self) -> bool:
+        return self._file.is_full
+
+    def _set_entries(self, a: array[int], b: array[int]) -> None:
+        self._a, self._b = a, b
+        self._file.set_count(len(a))
+
+    def _truncate_at(self, i: int) -> None:
+        del self._a[i:]
+        del self._b[i:]
+        self._file.truncate_entries(i)
+
+    def reset(self) -> None:
+        self._a, self._b = array("q"), array("q")
+        self._file.reset()
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def trim(self) -> None:
+        self._file.trim()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def delete(self) -> None:
+        self._file.delete()
+
+    def rename(self, path: Path) -> None:
+        self._file.rename(path)
+
+    def entries(self) -> list[tuple[int, int]]:
+        return list(zip(self._a, self._b, strict=True))
+
+
+class OffsetIndex(_Index):
+    """Maps absolute offsets to file positions; lookups bisect, then the segment scans."""
+
+    def __init__(self, path: Path, base_offset: int, max_bytes: int) -> None:
+        super().__init__(path, base_offset, _OFFSET_ENTRY.size, max_bytes)
 
     def load(self, log_size: int) -> None:
         """Read entries from the file and check them against the log's size."""
@@ -141,78 +190,38 @@ class OffsetIndex:
                 raise IndexCorruptError(f"{self.path}: position {pos} beyond log size {log_size}")
             offsets.append(offset)
             positions.append(pos)
-        self._offsets, self._positions = offsets, positions
-        self._file.set_count(len(offsets))
-
-    def __len__(self) -> int:
-        return len(self._offsets)
-
-    @property
-    def is_full(self) -> bool:
-        return self._file.is_full
+        self._set_entries(offsets, positions)
 
     @property
     def last_offset(self) -> int:
-        return self._offsets[-1] if self._offsets else self.base_offset
+        return self._a[-1] if self._a else self.base_offset
 
     def append(self, offset: int, position: int) -> None:
-        if self._offsets:
-            assert offset > self._offsets[-1] and position > self._positions[-1], (offset, position)
+        if self._a:
+            assert offset > self._a[-1] and position > self._b[-1], (offset, position)
         rel = offset - self.base_offset
         assert 0 <= rel <= 0xFFFFFFFF, rel
         self._file.append(_OFFSET_ENTRY, rel, position)
-        self._offsets.append(offset)
-        self._positions.append(position)
+        self._a.append(offset)
+        self._b.append(position)
 
     def lookup(self, offset: int) -> tuple[int, int]:
         """(offset, position) of the largest entry at or below ``offset``, else (base, 0)."""
-        i = bisect.bisect_right(self._offsets, offset) - 1
+        i = bisect.bisect_right(self._a, offset) - 1
         if i < 0:
             return self.base_offset, 0
-        return self._offsets[i], self._positions[i]
+        return self._a[i], self._b[i]
 
     def truncate_to_position(self, position: int) -> None:
         """Drop entries for batches at or after ``position``."""
-        i = bisect.bisect_left(self._positions, position)
-        del self._offsets[i:]
-        del self._positions[i:]
-        self._file.truncate_entries(i)
-
-    def reset(self) -> None:
-        self._offsets, self._positions = array("q"), array("q")
-        self._file.reset()
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def trim(self) -> None:
-        self._file.trim()
-
-    def close(self) -> None:
-        self._file.close()
-
-    def delete(self) -> None:
-        self._file.delete()
-
-    def rename(self, path: Path) -> None:
-        self._file.rename(path)
-
-    def entries(self) -> list[tuple[int, int]]:
-        return list(zip(self._offsets, self._positions, strict=True))
+        self._truncate_at(bisect.bisect_left(self._b, position))
 
 
-class TimeIndex:
+class TimeIndex(_Index):
     """Maps timestamps to the first offset that may hold a record at or after them."""
 
     def __init__(self, path: Path, base_offset: int, max_bytes: int) -> None:
-        self.base_offset = base_offset
-        self._file = _IndexFile(path, _TIME_ENTRY.size, max_bytes)
-        self._timestamps: array[int] = array("q")
-        self._offsets: array[int] = array("q")
-
-    @property
-    def path(self) -> Path:
-        return self._file.path
+        super().__init__(path, base_offset, _TIME_ENTRY.size, max_bytes)
 
     def load(self, log_end_offset: int) -> None:
         raw = self._file.read_all()
@@ -226,67 +235,34 @@ class TimeIndex:
                 raise IndexCorruptError(f"{self.path}: offset {offset} beyond the segment")
             timestamps.append(ts)
             offsets.append(offset)
-        self._timestamps, self._offsets = timestamps, offsets
-        self._file.set_count(len(offsets))
-
-    def __len__(self) -> int:
-        return len(self._offsets)
-
-    @property
-    def is_full(self) -> bool:
-        return self._file.is_full
+        self._set_entries(timestamps, offsets)
 
     @property
     def last_entry(self) -> tuple[int, int] | None:
-        if not self._timestamps:
+        if not self._a:
             return None
-        return self._timestamps[-1], self._offsets[-1]
+        return self._a[-1], self._b[-1]
 
     def maybe_append(self, timestamp: int, offset: int) -> None:
         """Add (timestamp, offset) if the timestamp is above the last entry's."""
-        if self._timestamps and timestamp <= self._timestamps[-1]:
+        if self._a and timestamp <= self._a[-1]:
             return
         rel = offset - self.base_offset
         assert 0 <= rel <= 0xFFFFFFFF, rel
         self._file.append(_TIME_ENTRY, timestamp, rel)
-        self._timestamps.append(timestamp)
-        self._offsets.append(offset)
+        self._a.append(timestamp)
+        self._b.append(offset)
 
     def lookup(self, timestamp: int) -> tuple[int, int]:
         """(timestamp, offset) of the largest entry whose timestamp is at or below ``timestamp``.
 
         Where no entry is that low, (-1, base offset): scan from the segment's start.
         """
-        i = bisect.bisect_right(self._timestamps, timestamp) - 1
+        i = bisect.bisect_right(self._a, timestamp) - 1
         if i < 0:
             return -1, self.base_offset
-        return self._timestamps[i], self._offsets[i]
+        return self._a[i], self._b[i]
 
     def truncate_to_offset(self, offset: int) -> None:
         """Drop entries pointing at ``offset`` or later."""
-        i = bisect.bisect_left(self._offsets, offset)
-        del self._timestamps[i:]
-        del self._offsets[i:]
-        self._file.truncate_entries(i)
-
-    def reset(self) -> None:
-        self._timestamps, self._offsets = array("q"), array("q")
-        self._file.reset()
-
-    def flush(self) -> None:
-        self._file.flush()
-
-    def trim(self) -> None:
-        self._file.trim()
-
-    def close(self) -> None:
-        self._file.close()
-
-    def delete(self) -> None:
-        self._file.delete()
-
-    def rename(self, path: Path) -> None:
-        self._file.rename(path)
-
-    def entries(self) -> list[tuple[int, int]]:
-        return list(zip(self._timestamps, self._offsets, strict=True))
+        self._truncate_at(bisect.bisect_left(self._b, offset))
