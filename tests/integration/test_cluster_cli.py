@@ -17,6 +17,17 @@ from tests.integration.cluster import free_base_port
 pytestmark = pytest.mark.integration
 
 
+def _kcoord_out(*args: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "kcoord.node.cli", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return result.stdout
+
+
 def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
     base = free_base_port(3)
     with subprocess.Popen(
@@ -69,6 +80,27 @@ def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
             report = json.loads(status.stdout)
             roles = sorted(n["role"] for n in report["nodes"])
             assert roles == ["broker", "broker", "controller"], report
+            controller = next(n["node_id"] for n in report["nodes"] if n["role"] == "controller")
+            # kafka-metadata-quorum.sh's views, through a follower's Kafka listener.
+            follower = next(n for n in report["nodes"] if n["role"] == "broker")
+            summary = _kcoord_out("quorum", "describe", "--bootstrap-server", follower["kafka"])
+            fields = dict(line.split(":", 1) for line in summary.splitlines())
+            assert int(fields["LeaderId"]) == controller
+            assert fields["CurrentVoters"].strip() == "[1,2,3]"
+            assert int(fields["HighWatermark"]) > 0
+            rows = _kcoord_out(
+                "quorum", "describe", "--bootstrap-server", follower["kafka"], "--replication"
+            ).splitlines()
+            assert rows[0].split() == [
+                "NodeId",
+                "LogEndOffset",
+                "Lag",
+                "LastFetchTimestamp",
+                "LastCaughtUpTimestamp",
+                "Status",
+            ]
+            statuses = {int(r.split()[0]): r.split()[-1] for r in rows[1:]}
+            assert statuses == {n: "Leader" if n == controller else "Follower" for n in (1, 2, 3)}
             proc.send_signal(signal.SIGINT)
             rest, _ = proc.communicate(timeout=60)
         finally:

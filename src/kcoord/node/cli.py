@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--bootstrap-server",
         required=True,
         metavar="HOST:PORT",
-        help="any node's RPC address (cluster status lists them)",
+        help="any node's Kafka listener (DescribeQuorum is forwarded to the controller)",
     )
     describe.add_argument("--replication", action="store_true", help="a row per voter")
     describe.add_argument("--status", action="store_true", help="the summary (default)")

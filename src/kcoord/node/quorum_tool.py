@@ -1,7 +1,7 @@
 """``kcoord quorum describe``: the metadata quorum as ``kafka-metadata-quorum.sh`` shows it.
 
-Asks the given node for ``DescribeQuorum`` and, when that node is not the leader, asks the
-leader it names: only the leader knows how far each voter has replicated.
+Sends Kafka's DescribeQuorum (apiKey 55, v1) to the given Kafka bootstrap server, which
+forwards it to the active controller: only the leader knows how far each voter has replicated.
 """
 
 from __future__ import annotations
@@ -10,20 +10,43 @@ from typing import Any, TextIO
 
 from kcoord.node.clock import SYSTEM_CLOCK
 from kcoord.node.config import Endpoint
-from kcoord.node.rpc_sync import call_sync
+from kcoord.node.kafka.client import call_once
+from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, METADATA_TOPIC
 
 TIMEOUT_S = 5.0
 
 
 def fetch(bootstrap: str) -> dict[str, Any]:
+    """The quorum as plain values, from a DescribeQuorum v1 answer."""
     endpoint = Endpoint.parse(bootstrap)
-    answer: dict[str, Any] = call_sync(
-        endpoint.host, endpoint.port, "DescribeQuorum", {}, TIMEOUT_S
+    body = call_once(
+        endpoint.host,
+        endpoint.port,
+        DESCRIBE_QUORUM_KEY,
+        1,
+        {"topics": [{"topic_name": METADATA_TOPIC, "partitions": [{"partition_index": 0}]}]},
+        timeout_s=TIMEOUT_S,
     )
-    if not answer["is_leader"] and answer.get("leader_rpc"):
-        leader = Endpoint.parse(answer["leader_rpc"])
-        answer = call_sync(leader.host, leader.port, "DescribeQuorum", {}, TIMEOUT_S)
-    return answer
+    if int(body.error_code) != 0 or not body.topics:
+        raise ConnectionError(f"DescribeQuorum answered error {int(body.error_code)}")
+    part = body.topics[0].partitions[0]
+    if int(part.error_code) != 0:
+        raise ConnectionError(f"DescribeQuorum answered error {int(part.error_code)}")
+    return {
+        "is_leader": True,
+        "leader_id": int(part.leader_id),
+        "leader_epoch": int(part.leader_epoch),
+        "high_watermark": int(part.high_watermark),
+        "voters": [
+            {
+                "node_id": int(v.replica_id),
+                "log_end_offset": int(v.log_end_offset),
+                "last_fetch_timestamp": int(v.last_fetch_timestamp),
+                "last_caught_up_timestamp": int(v.last_caught_up_timestamp),
+            }
+            for v in part.current_voters
+        ],
+    }
 
 
 def describe(bootstrap: str, *, replication: bool, out: TextIO) -> int:
@@ -76,7 +99,7 @@ def describe(bootstrap: str, *, replication: bool, out: TextIO) -> int:
             )
         return 0
     fields = [
-        ("ClusterId", q["cluster_id"]),
+        ("ClusterId", cluster_id(bootstrap)),
         ("LeaderId", q["leader_id"]),
         ("LeaderEpoch", q["leader_epoch"]),
         ("HighWatermark", hw),
@@ -88,3 +111,10 @@ def describe(bootstrap: str, *, replication: bool, out: TextIO) -> int:
     for name, value in fields:
         out.write(f"{name + ':':<24}{value}\n")
     return 0
+
+
+def cluster_id(bootstrap: str) -> str:
+    """The cluster id from a Metadata v12 answer (DescribeQuorum does not carry it)."""
+    endpoint = Endpoint.parse(bootstrap)
+    body = call_once(endpoint.host, endpoint.port, 3, 12, {"topics": []}, timeout_s=TIMEOUT_S)
+    return str(body.cluster_id)

@@ -34,6 +34,7 @@ from kcoord.node.controller_service import ControllerService
 from kcoord.node.kafka.broker import KafkaBroker
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.groups import GroupApi
+from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, QuorumApi
 from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, RoleListener
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool, RpcServer
@@ -242,6 +243,7 @@ class Node:
                 "CreateTopics": self.controller.handle_create_topics,
                 "CreatePartitions": self.controller.handle_create_partitions,
                 "DeleteTopics": self.controller.handle_delete_topics,
+                "DescribeQuorum": self.describe_quorum,
             },
             self.rpc_pool,
             self.clock.now_ms,
@@ -253,6 +255,7 @@ class Node:
         )
         assert self.coordinator is not None
         GroupApi(self.kafka.ctx, self.coordinator).register(self.kafka.register)
+        self.kafka.register(DESCRIBE_QUORUM_KEY, QuorumApi(self.kafka.ctx).handle_describe_quorum)
         await self.kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
 
     def _offsets_partition_count(self) -> int | None:

@@ -6,49 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import socket
 import struct
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from kio.serial import entity_reader, entity_writer
-
-from kcoord.node.kafka import codec
+from kcoord.node.kafka.client import decode_response, encode_request
 
 SIZE = struct.Struct(">i")
-
-
-def encode_request(
-    api_key: int,
-    version: int,
-    correlation_id: int,
-    values: Mapping[str, Any],
-    client_id: str | None = "kcoord-tests",
-) -> bytes:
-    """A whole frame: size, request header (v1 or v2 as the version calls for), body."""
-    body = codec.build_request(api_key, version, values)
-    header_cls = type(body).__header_schema__
-    header = header_cls(
-        request_api_key=api_key,
-        request_api_version=version,
-        correlation_id=correlation_id,
-        client_id=client_id,
-    )
-    buf = io.BytesIO()
-    entity_writer(header_cls)(buf, header)
-    entity_writer(type(body))(buf, body)
-    data = buf.getvalue()
-    return SIZE.pack(len(data)) + data
-
-
-def decode_response(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
-    """(correlation id, kio response) of a response frame without its size prefix."""
-    cls = codec.response_schema(api_key, version)
-    header, size = entity_reader(cls.__header_schema__)(frame, 0)
-    body, _ = entity_reader(cls)(frame, size)
-    return header.correlation_id, body
+__all__ = ["AsyncWireClient", "WireClient", "decode_response", "encode_request"]
 
 
 class WireClient:
