@@ -70,6 +70,7 @@ NO_PARTITION_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER = _HEADER  # for hot paths that unpack the header fields themselves
 _BASE_OFFSET = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
@@ -212,6 +213,9 @@ def peek_batch_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | 
         return None
     _, length = _LENGTH_PREFIX.unpack_from(buf, pos)
     return int(length) + LOG_OVERHEAD
+
+
+crc32c = _crc32c.crc32c
 
 
 def compute_crc(buf: bytes | bytearray | memoryview, pos: int, size: int) -> int:

@@ -283,27 +283,55 @@ class Log:
 
     def append_as_leader(self, records: bytes, leader_epoch: int, now_ms: int) -> AppendInfo:
         """Validate produced batches, assign offsets from the LEO, stamp ``leader_epoch``."""
-        if not records:
-            raise InvalidRecordError("no record batch in the request")
-        first = fmt.parse_header(records)
-        size = first.batch_length + fmt.LOG_OVERHEAD
-        if size == len(records):
-            # One batch, the usual produce request: validate, then write the batch with its
-            # base offset and leader epoch rewritten in a 16-byte prefix (outside the CRC).
-            self._validate_batch(records, 0, first)
-            base_offset = self.segments[-1].next_offset
-            last_offset = base_offset + first.last_offset_delta
-            prefix = fmt.BATCH_PREFIX.pack(base_offset, first.batch_length, leader_epoch)
+        if len(records) < fmt.HEADER_SIZE:
+            if not records:
+                raise InvalidRecordError("no record batch in the request")
+            fmt.parse_header(records)  # raises the precise error
+        (
+            _,
+            batch_length,
+            _,
+            magic,
+            crc,
+            attributes,
+            last_offset_delta,
+            _,
+            max_timestamp,
+            _,
+            _,
+            _,
+            record_count,
+        ) = fmt.HEADER.unpack_from(records)
+        size = batch_length + fmt.LOG_OVERHEAD
+        if size == len(records) and magic == fmt.MAGIC_V2 and last_offset_delta >= 0:
+            # One batch, the usual produce request: the checks of _validate_batch inline (this
+            # is the hot path), then the batch goes out as sent behind a rewritten 16-byte
+            # prefix: base offset and leader epoch, both outside the CRC.
+            if size > self.config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {size} bytes exceeds max.message.bytes "
+                    f"{self.config.max_message_bytes}"
+                )
+            if fmt.crc32c(memoryview(records)[fmt.ATTRIBUTES_OFFSET :]) != crc:
+                raise fmt.CorruptRecordError("CRC mismatch in batch at position 0")
+            is_control = attributes & fmt.CONTROL_FLAG
+            if record_count <= 0 and not is_control:
+                raise InvalidRecordError("batch at position 0 has no records")
+            if self.config.compact and not is_control:
+                self._raise_if_null_key(records)
+            seg = self.segments[-1]
+            base_offset = seg.next_offset
+            last_offset = base_offset + last_offset_delta
+            prefix = fmt.BATCH_PREFIX.pack(base_offset, batch_length, leader_epoch)
             if leader_epoch > self.epoch_cache.latest_epoch:
                 self.epoch_cache.assign(leader_epoch, base_offset)
-            seg = self.segments[-1]
             if seg.size and (
                 seg.size + size > self.config.segment_bytes
-                or seg.is_full_index
+                or seg.index_full
                 or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
                 or (
                     seg.first_batch_timestamp is not None
-                    and first.max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
+                    and max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
                 )
             ):
                 seg = self._roll(base_offset)
@@ -311,12 +339,12 @@ class Log:
                 prefix,
                 memoryview(records)[16:],
                 last_offset=last_offset,
-                max_timestamp=first.max_timestamp,
+                max_timestamp=max_timestamp,
             )
-            self._unflushed_messages += first.record_count
+            self._unflushed_messages += record_count
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
                 self._maybe_flush(now_ms)
-            return AppendInfo(base_offset, last_offset, first.max_timestamp, 1, size)
+            return AppendInfo(base_offset, last_offset, max_timestamp, 1, size)
         headers = self._validate(records)
         buf = bytearray(records)
         next_offset = self.log_end_offset
@@ -368,9 +396,13 @@ class Log:
         if header.record_count == 0 and not header.is_control:
             raise InvalidRecordError(f"batch at position {pos} has no records")
         if self.config.compact and not header.is_control:
-            for record in fmt.decode_records(records, pos):
-                if record.key is None:
-                    raise InvalidRecordError("compacted topic cannot accept a null key")
+            self._raise_if_null_key(records, pos)
+
+    @staticmethod
+    def _raise_if_null_key(records: bytes, pos: int = 0) -> None:
+        for record in fmt.decode_records(records, pos):
+            if record.key is None:
+                raise InvalidRecordError("compacted topic cannot accept a null key")
 
     def _append(
         self, buf: bytearray, headers: Sequence[tuple[int, fmt.BatchHeader]], now_ms: int
@@ -432,7 +464,7 @@ class Log:
                 seg.first_batch_timestamp is not None
                 and first.max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
             )
-            or seg.is_full_index
+            or seg.index_full
             or first.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
         )
 

@@ -406,5 +406,6 @@ class LogSegment:
         self.log_path = target
 
     @property
-    def is_full_index(self) -> bool:
+    def index_full(self) -> bool:
+        """Either index has no room left: the segment must roll (Kafka's ``shouldRoll``)."""
         return self.offset_index.is_full or self.time_index.is_full
