@@ -32,8 +32,10 @@ for an unknown key), and a due timer arrives as ``on_timer(key, now_ms)``. The k
     sync/<group>                 DelayedSync (KAFKA-12890): members that never sync
     expire-group-metadata        offset expiry, every offsets.retention.check.interval.ms
 
-(group and member ids percent-encoded). A firing for a key that was cancelled or moved later is
-ignored, so a runtime that delivers a stale firing does no harm.
+(group and member ids percent-encoded). A firing for a key that was cancelled is ignored, so a
+runtime that delivers a stale firing does no harm; a firing before the key's deadline (one moved
+later, or a loop timer that runs a millisecond early by this clock, as uvloop's do) schedules the
+deadline again instead, so that it is never lost.
 
 Replayed state and soft state
 -----------------------------
@@ -449,8 +451,13 @@ class GroupCoordinatorShard:
     def on_timer(self, key: str, now_ms: int) -> CoordinatorResult:
         out = _Output()
         task = self._timers.get(key)
-        if task is None or now_ms < task.deadline_ms:
-            return out.result()  # cancelled, or moved later: a stale firing
+        if task is None:
+            return out.result()  # cancelled: a stale firing
+        if now_ms < task.deadline_ms:
+            # Early by our clock: dropping it would lose the timer for good (a join phase that
+            # never completes, a dead member never expired), so arm it again.
+            self._timer.schedule(key, task.deadline_ms)
+            return out.result()
         del self._timers[key]
         match task.kind:
             case _TimerKind.HEARTBEAT:

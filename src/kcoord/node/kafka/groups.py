@@ -69,6 +69,10 @@ class GroupApi:
         on_error: Callable[[Errors], dict[str, Any]],
         convert: Callable[[Any], dict[str, Any]] = values,
     ) -> Result:
+        if not group_id:
+            # GroupCoordinatorService checks the group id before it routes the request to a
+            # shard: every node answers INVALID_GROUP_ID, not only the one "" hashes to.
+            return on_error(Errors.INVALID_GROUP_ID)
         try:
             fut = self.runtime.submit(group_id, call)
         except CoordinatorError as e:
