@@ -76,7 +76,7 @@ class BrokerLifecycle:
 
     async def _step(self) -> None:
         if self.broker_epoch is None:
-            reply = await self._call_controller(
+            reply = await self.call_controller(
                 "BrokerRegistration",
                 {
                     "broker_id": self.node_id,
@@ -91,7 +91,7 @@ class BrokerLifecycle:
                 return
             self.broker_epoch = int(reply["broker_epoch"])
             log.info("registered as broker %d with epoch %d", self.node_id, self.broker_epoch)
-        reply = await self._call_controller(
+        reply = await self.call_controller(
             "BrokerHeartbeat",
             {
                 "broker_id": self.node_id,
@@ -118,7 +118,13 @@ class BrokerLifecycle:
         if reply.get("should_shut_down"):
             self.shut_down_granted.set()
 
-    async def _call_controller(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def alter_partition(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Send an AlterPartition to the active controller (the ReplicaManager's ISR changes)."""
+        return await self.call_controller("AlterPartition", payload)
+
+    async def call_controller(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """Call the active controller: in-process if this node is the Raft leader, else by RPC;
+        ControllerUnavailableError when none answers."""
         leader_id = self.quorum.status().leader_id
         if leader_id is None:
             raise ControllerUnavailableError("no Raft leader known")
@@ -126,6 +132,7 @@ class BrokerLifecycle:
             handlers: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
                 "BrokerRegistration": self.controller_service.handle_broker_registration,
                 "BrokerHeartbeat": self.controller_service.handle_broker_heartbeat,
+                "AlterPartition": self.controller_service.handle_alter_partition,
             }
             try:
                 return await handlers[method](payload)

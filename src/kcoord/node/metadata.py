@@ -3,8 +3,10 @@
 The Raft thread hands every committed batch over with ``loop.call_soon_threadsafe`` (see
 ``QuorumBridge``); ``MetadataCache.apply`` replays it into the node's own ``MetadataImage`` in
 offset order, derives this node's role changes (``become_leader`` / ``become_follower`` /
-``stop_replica``, once per leader epoch) and passes them to the ``RoleListener``: in this issue
-that is ``ReplicaRoles``, which only records them; replication plugs in here later.
+``stop_replica``, once per leader epoch) and passes them to the ``RoleListener`` (the node fans
+them out to ``ReplicaRoles``, the ``ReplicaManager`` and the replica fetchers), then hands the
+whole delta to every ``delta_listeners`` entry (the ReplicaManager picks up ISR changes there:
+partition-epoch-only changes make no role change).
 
 Coroutines can wait until the image has reached an offset (``wait_for_offset``): the controller
 service answers a request only once the records it proposed are in this node's image.
@@ -82,6 +84,8 @@ class MetadataCache:
         self.node_id = node_id
         self.image = MetadataImage()
         self.listener = listener
+        # Called with every applied delta, after the role changes it made.
+        self.delta_listeners: list[Callable[[MetadataDelta], None]] = []
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.applied_batches = 0
         self.skipped_batches = 0
@@ -117,6 +121,11 @@ class MetadataCache:
                 self.listener.on_role_changes(changes)
             except Exception:
                 log.exception("role listener failed at metadata offset %d", delta.offset)
+        for delta_listener in self.delta_listeners:
+            try:
+                delta_listener(delta)
+            except Exception:
+                log.exception("delta listener failed at metadata offset %d", delta.offset)
         ready = [(o, f) for o, f in self._waiters if o <= self.image.last_offset]
         if ready:
             self._waiters = [(o, f) for o, f in self._waiters if o > self.image.last_offset]

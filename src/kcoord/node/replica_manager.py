@@ -13,22 +13,42 @@ appended batch, ``acks=1`` answers once the leader's log has it, ``acks=0`` is a
 nobody. Reads (``fetch``) see records below the HW (consumers) or below the log end (replicas).
 HW listeners (the coordinator runtime) are told every time the HW of a partition moves.
 
-Replication across nodes is not built yet: until it is, a leader's ISR is itself alone and
-its HW moves to its log end offset after each append (``_maybe_advance_high_watermark`` is
-where "min LEO over the ISR" will go). Everything above already waits for the HW, so
-nothing changes for callers when followers start to count.
+Replication (DESIGN.md section 5, Kafka's ISR model). Followers run a ``ReplicaFetcher`` per
+leader node (node/replica_fetcher.py) that long-polls this node's ``handle_replica_fetch``; each
+fetch tells the leader the follower's log end offset, recorded in the partition's pure
+``LeaderReplication`` (cluster/replication.py), and the HW becomes the min LEO over the
+(maximal, KIP-497) ISR. Before fetching from a new leader epoch a follower truncates its log to
+where it agrees with the leader (``handle_epoch_end_offset``, KIP-101/279).
+
+The ISR is the metadata log's: the leader proposes shrinks (followers not caught up for
+``replica.lag.time.max.ms``) and expansions (followers caught up to the HW and to the start of
+this leader's epoch) to the active controller with AlterPartition (``maybe_propose_isr_changes``,
+run periodically), and the new ISR takes effect when the committed PartitionChange reaches this
+node's image (``on_metadata_delta``). An acks=all append is refused with NOT_ENOUGH_REPLICAS
+while the committed ISR is smaller than the topic's ``min.insync.replicas``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
+from kcoord.cluster.replication import LeaderReplication
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
-from kcoord.raft.image import BecomeFollower, BecomeLeader, RoleChange, StopReplica
+from kcoord.raft.image import (
+    BecomeFollower,
+    BecomeLeader,
+    ConfigResource,
+    MetadataDelta,
+    RoleChange,
+    StopReplica,
+)
+from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import format as fmt
 from kcoord.storage.config import InvalidConfigError, LogConfig
 from kcoord.storage.log import (
@@ -46,6 +66,16 @@ log = logging.getLogger(__name__)
 TopicPartition = tuple[str, int]
 HighWatermarkListener = Callable[["Partition", int], None]
 RoleListener = Callable[["Partition", bool], None]  # (partition, is_leader now)
+# Sends an AlterPartition payload to the active controller, returns its answer (or raises).
+AlterPartitionCall = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+MIN_INSYNC_REPLICAS_CONFIG = "min.insync.replicas"
+# Backoff before proposing an ISR change again after one failed (Kafka retries AlterPartition
+# with a backoff too).
+ISR_CHANGE_RETRY_BACKOFF_MS = 500
+# How long a refused change (stale partition or leader epoch) waits for the metadata update
+# that should follow before the leader proposes again anyway.
+ISR_CHANGE_METADATA_WAIT_MS = 5000
 
 
 class KafkaError(Exception):
@@ -84,11 +114,26 @@ class Partition:
     leader_id: int = -1
     leader_epoch: int = -1
     high_watermark: int = 0
+    # From the metadata image: the replica set, the committed ISR and the partition epoch.
+    replicas: tuple[int, ...] = ()
+    isr: tuple[int, ...] = ()
+    partition_epoch: int = -1
+    # Leader only: the followers' state, the HW and the in-flight ISR change.
+    replication: LeaderReplication | None = None
+    # No ISR change is proposed before this time (after a failure or a refusal).
+    isr_change_retry_ms: int = 0
+    # Follower only: must reconcile with the leader (KIP-101/279) before fetching.
+    truncation_pending: bool = False
     _waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
     @property
     def tp(self) -> TopicPartition:
         return self.topic, self.partition
+
+    def reset_high_watermark_to_log_end(self) -> None:
+        """After a truncation below the HW: the HW may not stay above the log end (Kafka's
+        ``UnifiedLog.truncateTo``)."""
+        self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
 
     def set_high_watermark(self, high_watermark: int) -> bool:
         """Move the HW up (never down, never past the log end); True if it moved."""
@@ -127,16 +172,27 @@ class ReplicaManager:
         now_ms: Callable[[], int],
         *,
         default_log_config: LogConfig | None = None,
+        replica_lag_time_max_ms: int = 10_000,
+        min_insync_replicas: int = 1,
+        broker_epoch: Callable[[], int | None] = lambda: -1,
+        alter_partition: AlterPartitionCall | None = None,
     ) -> None:
         self.node_id = node_id
         self.logs = logs
         self.cache = cache
         self.now_ms = now_ms
         self.default_log_config = default_log_config or LogConfig()
+        self.replica_lag_time_max_ms = replica_lag_time_max_ms
+        self.min_insync_replicas = min_insync_replicas  # the node default (Kafka's)
+        self.broker_epoch = broker_epoch
+        self.alter_partition = alter_partition
         self.partitions: dict[TopicPartition, Partition] = {}
         self._hw_listeners: list[HighWatermarkListener] = []
         self._role_listeners: list[RoleListener] = []
         self._checkpointed_hw = logs.read_high_watermarks()
+        # Long-polling replica fetches wait on these; set on every append and HW move.
+        self._fetch_wakeups: set[asyncio.Event] = set()
+        self._isr_tasks: set[asyncio.Task[None]] = set()
 
     # -----------------------------------------------------------------------------------------
     # Listeners.
@@ -181,15 +237,35 @@ class ReplicaManager:
                 part.high_watermark = min(self._checkpointed_hw.get(tp, 0), lg.log_end_offset)
                 self.partitions[tp] = part
             was_leader = part.is_leader
+            state = self.cache.image.partition(change.tp.topic_id, change.tp.partition)
+            if state is not None:
+                part.replicas, part.isr = state.replicas, state.isr
+                part.partition_epoch = state.partition_epoch
             if isinstance(change, BecomeLeader):
                 part.is_leader = True
                 part.leader_id = self.node_id
                 part.leader_epoch = change.leader_epoch
+                part.truncation_pending = False
+                part.isr_change_retry_ms = 0
+                # Kafka's makeLeader: follower states reset, the HW starts at ours, and a
+                # joining follower must reach the LEO this epoch starts at.
+                part.replication = LeaderReplication(
+                    self.node_id,
+                    part.replicas or (self.node_id,),
+                    part.isr or (self.node_id,),
+                    part.partition_epoch,
+                    part.log.log_end_offset,
+                    part.high_watermark,
+                    self.now_ms(),
+                    self.replica_lag_time_max_ms,
+                )
                 self._maybe_advance_high_watermark(part)
             elif isinstance(change, BecomeFollower):
                 part.is_leader = False
                 part.leader_id = change.leader
                 part.leader_epoch = change.leader_epoch
+                part.replication = None
+                part.truncation_pending = True
                 part.fail_waiters(Errors.NOT_LEADER_OR_FOLLOWER)
             if part.is_leader or was_leader:
                 for listener in self._role_listeners:
@@ -197,6 +273,33 @@ class ReplicaManager:
                         listener(part, part.is_leader)
                     except Exception:
                         log.exception("role listener failed for %s-%d", tp[0], tp[1])
+
+    def on_metadata_delta(self, delta: MetadataDelta) -> None:
+        """Pick up ISR changes (partition-epoch-only changes, no role change) from the image."""
+        for tp_id, change in delta.partitions.items():
+            after = change.after
+            if after is None:
+                continue
+            part = self.partitions.get((delta.topic_names[tp_id.topic_id], tp_id.partition))
+            if part is None or part.leader_epoch != after.leader_epoch:
+                continue  # a role change handles it (or already did)
+            isr_changed = part.isr != after.isr
+            part.replicas, part.isr = after.replicas, after.isr
+            part.partition_epoch = after.partition_epoch
+            if part.is_leader and part.replication is not None:
+                if part.replication.pending_isr is not None:
+                    part.isr_change_retry_ms = 0
+                part.replication.update_isr(after.isr, after.partition_epoch)
+                self._maybe_advance_high_watermark(part)
+                if not isr_changed:
+                    continue
+                log.info(
+                    "%s-%d: ISR is now %s (partition epoch %d)",
+                    part.topic,
+                    part.partition,
+                    list(after.isr),
+                    after.partition_epoch,
+                )
 
     def _stop_replica(self, tp: TopicPartition) -> None:
         part = self.partitions.pop(tp, None)
@@ -231,10 +334,38 @@ class ReplicaManager:
     # -----------------------------------------------------------------------------------------
     # Writes and reads.
 
-    def append_local(self, part: Partition, records: bytes) -> AppendResult:
-        """Append as leader; raises KafkaError with the code Kafka answers for bad input."""
+    def min_insync_replicas_for(self, part: Partition) -> int:
+        """The topic's ``min.insync.replicas``, else the cluster's dynamic default, else this
+        node's (Kafka's LogConfig resolution; like Kafka, not capped at the replica count)."""
+        image = self.cache.image
+        topic = image.topic(part.topic_id)
+        raw = topic.configs.get(MIN_INSYNC_REPLICAS_CONFIG) if topic is not None else None
+        if raw is None:
+            cluster = image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
+            raw = cluster.get(MIN_INSYNC_REPLICAS_CONFIG)
+        try:
+            return max(1, int(raw)) if raw is not None else self.min_insync_replicas
+        except ValueError:
+            return self.min_insync_replicas
+
+    def append_local(
+        self, part: Partition, records: bytes, *, required_acks: int = -1
+    ) -> AppendResult:
+        """Append as leader; raises KafkaError with the code Kafka answers for bad input.
+
+        ``required_acks`` -1 (every coordinator write) first checks the committed ISR against
+        ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``).
+        """
         if not part.is_leader:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{part.topic}-{part.partition}")
+        if required_acks == -1 and part.replication is not None:
+            min_isr = self.min_insync_replicas_for(part)
+            if part.replication.is_under_min_isr(min_isr):
+                raise KafkaError(
+                    Errors.NOT_ENOUGH_REPLICAS,
+                    f"{part.topic}-{part.partition}: ISR {list(part.replication.isr)} is "
+                    f"smaller than min.insync.replicas {min_isr}",
+                )
         try:
             info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms())
         except RecordTooLargeError as e:
@@ -248,14 +379,16 @@ class ReplicaManager:
         except OSError as e:
             log.error("append to %s-%d failed: %s", part.topic, part.partition, e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
+        part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
         self._maybe_advance_high_watermark(part)
+        self._wake_replica_fetches()
         return AppendResult(info.first_offset, info.last_offset, part.log.log_start_offset)
 
     async def append(
         self, topic: str, partition: int, records: bytes, *, acks: int, timeout_ms: int
     ) -> AppendResult:
         part = self.leader_partition(topic, partition)
-        result = self.append_local(part, records)
+        result = self.append_local(part, records, required_acks=acks)
         if acks == -1:
             try:
                 await asyncio.wait_for(
@@ -266,13 +399,37 @@ class ReplicaManager:
         return result
 
     def _maybe_advance_high_watermark(self, part: Partition) -> None:
-        # Until replication: the leader is its ISR (see the module docstring).
-        if part.is_leader and part.set_high_watermark(part.log.log_end_offset):
-            for listener in self._hw_listeners:
-                try:
-                    listener(part, part.high_watermark)
-                except Exception:
-                    log.exception("high watermark listener failed")
+        """Leader: HW = min LEO over the maximal ISR (KIP-497), via ``LeaderReplication``."""
+        if not part.is_leader:
+            return
+        leader_log_end_offset = part.log.log_end_offset
+        if part.replication is None:
+            target = leader_log_end_offset  # not in the metadata image: hosted alone
+        else:
+            part.replication.maybe_advance_high_watermark(
+                leader_log_end_offset, self.now_ms(), self.cache.image.unfenced_broker_ids()
+            )
+            target = part.replication.high_watermark
+        if part.set_high_watermark(target):
+            self._notify_high_watermark(part)
+
+    def _notify_high_watermark(self, part: Partition) -> None:
+        assert part.high_watermark <= part.log.log_end_offset, (part.tp, part.high_watermark)
+        for listener in self._hw_listeners:
+            try:
+                listener(part, part.high_watermark)
+            except Exception:
+                log.exception("high watermark listener failed")
+        self._wake_replica_fetches()
+
+    def _wake_replica_fetches(self) -> None:
+        for event in self._fetch_wakeups:
+            event.set()
+
+    def maybe_advance_follower_high_watermark(self, part: Partition, leader_hw: int) -> None:
+        """Follower: HW = min(leader's HW, own LEO) (Kafka's ``maybeUpdateHighWatermark``)."""
+        if part.set_high_watermark(min(leader_hw, part.log.log_end_offset)):
+            self._notify_high_watermark(part)
 
     def fetch(
         self,
@@ -308,3 +465,299 @@ class ReplicaManager:
 
     def checkpoint_high_watermarks(self) -> None:
         self.logs.write_high_watermarks({tp: p.high_watermark for tp, p in self.partitions.items()})
+
+    async def run_high_watermark_checkpoints(self, interval_ms: int = 5000) -> None:
+        """Kafka's ``replica.high.watermark.checkpoint.interval.ms`` task."""
+        while True:
+            await asyncio.sleep(interval_ms / 1000)  # the checkpoint period
+            try:
+                self.checkpoint_high_watermarks()
+            except OSError as e:
+                log.error("cannot checkpoint high watermarks: %s", e)
+
+    # -----------------------------------------------------------------------------------------
+    # Leader side of replication: the RPCs followers call.
+
+    async def handle_replica_fetch(self, payload: Any) -> dict[str, Any]:
+        """``ReplicaFetch``: a follower's long-poll (Kafka's Fetch from a replica).
+
+        Payload: ``{replica_id, replica_epoch, max_wait_ms, max_bytes, partitions: [{topic,
+        partition, fetch_offset, leader_epoch, last_fetched_epoch, high_watermark}]}``. The
+        follower's ``high_watermark`` is a kcoord addition: the leader answers as soon as its HW
+        is above it, so followers learn the HW without waiting for new data (a new leader then
+        starts with an up-to-date HW). Answer: ``{partitions: [{topic, partition, error,
+        high_watermark, log_start_offset, log_end_offset, records, diverging_epoch}]}`` where
+        ``diverging_epoch`` is None or ``{epoch, end_offset}`` (KIP-320/KIP-595).
+        """
+        replica_id = int(payload["replica_id"])
+        replica_epoch = int(payload.get("replica_epoch", -1))
+        max_wait_ms = int(payload.get("max_wait_ms", 0))
+        max_bytes = int(payload.get("max_bytes", 1024 * 1024))
+        items = list(payload["partitions"])
+        deadline = asyncio.get_running_loop().time() + max_wait_ms / 1000
+        # The follower's position counts once, when the request arrives (its LEO then).
+        for item in items:
+            self._record_follower_fetch(replica_id, replica_epoch, item)
+        event = asyncio.Event()
+        self._fetch_wakeups.add(event)
+        try:
+            while True:
+                event.clear()
+                results, ready = self._read_for_follower(replica_id, items, max_bytes)
+                remaining = deadline - asyncio.get_running_loop().time()
+                if ready or remaining <= 0:
+                    return {"partitions": results}
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), remaining)
+        finally:
+            self._fetch_wakeups.discard(event)
+
+    def _follower_partition(self, replica_id: int, item: Any) -> Partition:
+        part = self.partitions.get((str(item["topic"]), int(item["partition"])))
+        if part is None or not part.is_leader or part.replication is None:
+            raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)
+        leader_epoch = int(item["leader_epoch"])
+        if leader_epoch < part.leader_epoch:
+            raise KafkaError(Errors.FENCED_LEADER_EPOCH)
+        if leader_epoch > part.leader_epoch:
+            raise KafkaError(Errors.UNKNOWN_LEADER_EPOCH)
+        if replica_id not in part.replication.followers:
+            raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{replica_id} is no replica")
+        return part
+
+    def _record_follower_fetch(self, replica_id: int, replica_epoch: int, item: Any) -> None:
+        try:
+            part = self._follower_partition(replica_id, item)
+        except KafkaError:
+            return
+        assert part.replication is not None
+        fetch_offset = int(item["fetch_offset"])
+        if not part.log.log_start_offset <= fetch_offset <= part.log.log_end_offset:
+            return  # out of range: the follower truncates or restarts first
+        if self._diverging_epoch(part, item) is not None:
+            return
+        part.replication.update_follower_fetch(
+            replica_id, fetch_offset, part.log.log_end_offset, self.now_ms(), replica_epoch
+        )
+        self._maybe_advance_high_watermark(part)
+
+    def _diverging_epoch(self, part: Partition, item: Any) -> dict[str, int] | None:
+        """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320): the follower's last
+        fetched epoch ends earlier here, or is unknown here."""
+        last_fetched_epoch = int(item.get("last_fetched_epoch", -1))
+        if last_fetched_epoch < 0:
+            return None
+        epoch, end_offset = part.log.epoch_cache.end_offset_for(
+            last_fetched_epoch, part.log.log_end_offset
+        )
+        if epoch < last_fetched_epoch or end_offset < int(item["fetch_offset"]):
+            return {"epoch": epoch, "end_offset": end_offset}
+        return None
+
+    def _read_for_follower(
+        self, replica_id: int, items: list[Any], max_bytes: int
+    ) -> tuple[list[dict[str, Any]], bool]:
+        results: list[dict[str, Any]] = []
+        ready = False
+        budget = max_bytes
+        for item in items:
+            result: dict[str, Any] = {
+                "topic": item["topic"],
+                "partition": item["partition"],
+                "error": int(Errors.NONE),
+                "high_watermark": -1,
+                "log_start_offset": -1,
+                "log_end_offset": -1,
+                "records": b"",
+                "diverging_epoch": None,
+            }
+            results.append(result)
+            try:
+                part = self._follower_partition(replica_id, item)
+            except KafkaError as e:
+                result["error"] = int(e.code)
+                ready = True
+                continue
+            result["high_watermark"] = part.high_watermark
+            result["log_start_offset"] = part.log.log_start_offset
+            result["log_end_offset"] = part.log.log_end_offset
+            diverging = self._diverging_epoch(part, item)
+            if diverging is not None:
+                result["diverging_epoch"] = diverging
+                ready = True
+                continue
+            if part.high_watermark > int(item.get("high_watermark", -1)):
+                ready = True
+            try:
+                data = part.log.read(int(item["fetch_offset"]), budget, min_one=budget > 0)
+            except OffsetOutOfRangeError:
+                result["error"] = int(Errors.OFFSET_OUT_OF_RANGE)
+                ready = True
+                continue
+            except LogCorruptError as e:
+                log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
+                result["error"] = int(Errors.KAFKA_STORAGE_ERROR)
+                ready = True
+                continue
+            if data.records:
+                result["records"] = bytes(data.records)
+                budget = max(0, budget - len(data.records))
+                ready = True
+        return results, ready
+
+    async def handle_epoch_end_offset(self, payload: Any) -> dict[str, Any]:
+        """``EpochEndOffset``: Kafka's OffsetsForLeaderEpoch (apiKey 23) from a follower.
+
+        Payload: ``{replica_id, partitions: [{topic, partition, leader_epoch, epoch}]}``;
+        answer: ``{partitions: [{topic, partition, error, epoch, end_offset}]}`` from the
+        leader's epoch cache (``LeaderEpochCache.end_offset_for``).
+        """
+        replica_id = int(payload["replica_id"])
+        results = []
+        for item in payload["partitions"]:
+            result: dict[str, Any] = {
+                "topic": item["topic"],
+                "partition": item["partition"],
+                "error": int(Errors.NONE),
+                "epoch": -1,
+                "end_offset": -1,
+            }
+            try:
+                part = self._follower_partition(replica_id, item)
+            except KafkaError as e:
+                result["error"] = int(e.code)
+            else:
+                epoch, end_offset = part.log.epoch_cache.end_offset_for(
+                    int(item["epoch"]), part.log.log_end_offset
+                )
+                result["epoch"], result["end_offset"] = epoch, end_offset
+            results.append(result)
+        return {"partitions": results}
+
+    # -----------------------------------------------------------------------------------------
+    # ISR changes: the leader proposes, the metadata log decides.
+
+    async def run_isr_maintenance(self, interval_ms: int) -> None:
+        """Kafka's ``isr-expiration`` task (and, here, expansion too): every ``interval_ms``."""
+        while True:
+            await asyncio.sleep(interval_ms / 1000)  # the ISR check period
+            try:
+                self.maybe_propose_isr_changes()
+            except Exception:
+                log.exception("ISR maintenance failed")
+
+    def maybe_propose_isr_changes(self) -> None:
+        """Send one AlterPartition for every led partition whose ISR should shrink or grow."""
+        broker_epoch = self.broker_epoch()
+        if self.alter_partition is None or broker_epoch is None:
+            return
+        now_ms = self.now_ms()
+        eligible = set(self.cache.image.unfenced_broker_ids())
+        items: list[dict[str, Any]] = []
+        proposed: list[Partition] = []
+        for part in self.partitions.values():
+            repl = part.replication
+            if not part.is_leader or repl is None:
+                continue
+            if repl.pending_isr is not None and now_ms < part.isr_change_retry_ms:
+                continue
+            if repl.pending_isr is not None:
+                repl.end_isr_change()  # no metadata update came: propose afresh
+            if now_ms < part.isr_change_retry_ms:
+                continue
+            out = repl.shrink_candidates(part.log.log_end_offset, now_ms)
+            into = repl.expand_candidates(eligible)
+            if not out and not into:
+                continue
+            new_isr = [r for r in part.replicas if (r in repl.isr and r not in out) or r in into]
+            if self.node_id not in new_isr:
+                new_isr.insert(0, self.node_id)
+            log.info(
+                "%s-%d: proposing ISR %s (was %s; lagging %s, caught up %s)",
+                part.topic,
+                part.partition,
+                new_isr,
+                list(repl.isr),
+                sorted(out),
+                sorted(into),
+            )
+            repl.begin_isr_change(new_isr)
+            part.isr_change_retry_ms = now_ms + ISR_CHANGE_METADATA_WAIT_MS
+            items.append(
+                {
+                    "topic_id": part.topic_id,
+                    "partition": part.partition,
+                    "leader_epoch": part.leader_epoch,
+                    "partition_epoch": repl.partition_epoch,
+                    "new_isr": [
+                        [
+                            r,
+                            broker_epoch if r == self.node_id else repl.followers[r].broker_epoch,
+                        ]
+                        for r in new_isr
+                    ],
+                }
+            )
+            proposed.append(part)
+        if not items:
+            return
+        request = {"broker_id": self.node_id, "broker_epoch": broker_epoch, "partitions": items}
+        task = asyncio.create_task(self._send_alter_partition(request, proposed))
+        self._isr_tasks.add(task)
+        task.add_done_callback(self._isr_tasks.discard)
+
+    async def _send_alter_partition(
+        self, request: dict[str, Any], proposed: list[Partition]
+    ) -> None:
+        assert self.alter_partition is not None
+        epochs = {id(p): p.leader_epoch for p in proposed}
+        try:
+            reply = await self.alter_partition(request)
+        except Exception as e:  # the controller is unreachable or answered an RPC error
+            log.info("AlterPartition failed, retrying later: %s", e)
+            reply = {"error": int(Errors.REQUEST_TIMED_OUT), "partitions": []}
+        now_ms = self.now_ms()
+        errors: dict[tuple[str, int], Errors] = {
+            (str(r["topic_id"]), int(r["partition"])): Errors(r["error"])
+            for r in reply.get("partitions", [])
+        }
+        top = Errors(reply["error"])
+        for part in proposed:
+            repl = part.replication
+            if repl is None or part.leader_epoch != epochs[id(part)] or repl.pending_isr is None:
+                continue  # leadership changed, or the metadata update already came
+            error = (
+                top
+                if top is not Errors.NONE
+                else errors.get((part.topic_id, part.partition), Errors.UNKNOWN_SERVER_ERROR)
+            )
+            if error is Errors.NONE:
+                # Takes effect when the PartitionChange reaches our image (on_metadata_delta);
+                # an empty change (same ISR) never comes, so we also end on the answer's epoch.
+                result = next(
+                    r
+                    for r in reply["partitions"]
+                    if (r["topic_id"], r["partition"]) == (part.topic_id, part.partition)
+                )
+                if int(result["partition_epoch"]) <= repl.partition_epoch:
+                    repl.end_isr_change()
+                    part.isr_change_retry_ms = 0
+            elif error in (
+                Errors.INVALID_UPDATE_VERSION,
+                Errors.FENCED_LEADER_EPOCH,
+                Errors.NEW_LEADER_ELECTED,
+            ):
+                # Our image is behind: the metadata update that follows decides (Kafka waits
+                # for it too); isr_change_retry_ms bounds the wait.
+                log.info("%s-%d: AlterPartition %s", part.topic, part.partition, error.name)
+            else:
+                log.info(
+                    "%s-%d: AlterPartition %s, retrying", part.topic, part.partition, error.name
+                )
+                repl.end_isr_change()
+                part.isr_change_retry_ms = now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
+            self._maybe_advance_high_watermark(part)
+
+    def close(self) -> None:
+        for task in self._isr_tasks:
+            task.cancel()

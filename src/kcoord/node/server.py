@@ -9,9 +9,13 @@ Wires the parts together on one asyncio loop (uvloop when installed):
 - the inter-node RPC server: ``BrokerRegistration``, ``BrokerHeartbeat``, ``AlterPartition``
   (the controller's), ``DescribeQuorum`` and ``DescribeNode`` (any node's);
 - the ``ReplicaManager`` (hosted partitions, fed the metadata log's role changes along with
-  ``ReplicaRoles``), the group coordinator runtime (one shard per led ``__consumer_offsets``
-  partition, loaded and unloaded on the ReplicaManager's role changes) and the Kafka listener
-  (``kafka.KafkaBroker`` with the group APIs of ``kafka.groups``) serving clients from them.
+  ``ReplicaRoles``, and its deltas for ISR changes; it answers ``ReplicaFetch`` and
+  ``EpochEndOffset``, proposes ISR changes through the ``BrokerLifecycle``'s controller
+  channel, checkpoints HWs) and the ``ReplicaFetcherManager`` (one fetcher per leader node
+  this node follows partitions of), the group coordinator runtime (one shard per led
+  ``__consumer_offsets`` partition, loaded and unloaded on the ReplicaManager's role changes)
+  and the Kafka listener (``kafka.KafkaBroker`` with the group APIs of ``kafka.groups``)
+  serving clients from them.
 
 SIGTERM or SIGINT stops the node cleanly: the RPC server closes, the quorum stops, logs are
 flushed and the data directory is marked cleanly shut down.
@@ -36,6 +40,7 @@ from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.groups import GroupApi
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, QuorumApi
 from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, RoleListener
+from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool, RpcServer
 from kcoord.node.runtime import CoordinatorRuntime
@@ -116,6 +121,7 @@ class Node:
         self.monitor: QuorumMonitor | None = None
         self.rpc_server: RpcServer | None = None
         self.replicas: ReplicaManager | None = None
+        self.fetchers: ReplicaFetcherManager | None = None
         self.coordinator: CoordinatorRuntime | None = None
         self.kafka: KafkaBroker | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -136,8 +142,23 @@ class Node:
                 retention_bytes=cfg.log_retention_bytes,
                 max_message_bytes=cfg.message_max_bytes,
             ),
+            replica_lag_time_max_ms=cfg.replica_lag_time_max_ms,
+            min_insync_replicas=cfg.min_insync_replicas,
+            broker_epoch=self._broker_epoch,
+            alter_partition=self._alter_partition,
         )
-        self.cache.listener = RoleFanOut(self.roles, self.replicas)
+        self.fetchers = ReplicaFetcherManager(
+            cfg.node_id,
+            self.replicas,
+            self.cache,
+            self.rpc_pool,
+            self._broker_epoch,
+            max_wait_ms=cfg.replica_fetch_wait_max_ms,
+            max_bytes=cfg.replica_fetch_max_bytes,
+        )
+        # The fetchers last: they start on the partitions the ReplicaManager now follows.
+        self.cache.listener = RoleFanOut(self.roles, self.replicas, self.fetchers)
+        self.cache.delta_listeners.append(self.replicas.on_metadata_delta)
         # Registered on the ReplicaManager before the quorum replays anything, so every
         # __consumer_offsets leadership reaches it.
         self.coordinator = CoordinatorRuntime(
@@ -216,6 +237,8 @@ class Node:
                 "DeleteTopics": self.controller.handle_delete_topics,
                 "DescribeQuorum": self.describe_quorum,
                 "DescribeNode": self.describe_node,
+                "ReplicaFetch": self.replicas.handle_replica_fetch,
+                "EpochEndOffset": self.replicas.handle_epoch_end_offset,
             }
         )
         await self.rpc_server.start(cfg.rpc_listener.bind.host, cfg.rpc_listener.bind.port)
@@ -224,6 +247,12 @@ class Node:
             ("controller", self.controller.run()),
             ("lifecycle", self.lifecycle.run()),
             ("monitor", self.monitor.run()),
+            # Kafka checks the ISR every replica.lag.time.max.ms / 2; expansion here too.
+            (
+                "isr",
+                self.replicas.run_isr_maintenance(min(500, cfg.replica_lag_time_max_ms // 2 or 1)),
+            ),
+            ("hw-checkpoint", self.replicas.run_high_watermark_checkpoints()),
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
         await self._start_kafka(quorum)
@@ -258,6 +287,13 @@ class Node:
         self.kafka.register(DESCRIBE_QUORUM_KEY, QuorumApi(self.kafka.ctx).handle_describe_quorum)
         await self.kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
 
+    def _broker_epoch(self) -> int | None:
+        return None if self.lifecycle is None else self.lifecycle.broker_epoch
+
+    async def _alter_partition(self, payload: dict[str, Any]) -> dict[str, Any]:
+        assert self.lifecycle is not None
+        return await self.lifecycle.alter_partition(payload)
+
     def _offsets_partition_count(self) -> int | None:
         topic = self.cache.image.topic_by_name(OFFSETS_TOPIC_NAME)
         return None if topic is None else len(self.cache.image.partitions_of(topic.topic_id))
@@ -271,6 +307,10 @@ class Node:
             await self.kafka.stop()
         if self.coordinator is not None:
             self.coordinator.close()
+        if self.fetchers is not None:
+            await self.fetchers.close()
+        if self.replicas is not None:
+            self.replicas.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

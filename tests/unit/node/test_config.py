@@ -62,7 +62,7 @@ def test_defaults() -> None:
     assert cfg.default_replication_factor == 1
     assert cfg.num_partitions == 1
     assert cfg.min_insync_replicas == 1
-    assert cfg.replica_lag_time_max_ms == 10_000
+    assert cfg.replica_lag_time_max_ms == 4000
     assert cfg.group_initial_rebalance_delay_ms == 3000
     assert cfg.group_min_session_timeout_ms == 6000
     assert cfg.group_max_session_timeout_ms == 1_800_000

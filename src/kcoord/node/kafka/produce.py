@@ -198,7 +198,7 @@ class ProduceApi:
                 result.base_offset = verdict.first_offset
                 last_offset = verdict.last_offset
             else:
-                appended = self.ctx.replicas.append_local(part, data)
+                appended = self.ctx.replicas.append_local(part, data, required_acks=acks)
                 result.base_offset = appended.base_offset
                 last_offset = appended.last_offset
                 state.update(_stamped(headers, appended.base_offset, part.leader_epoch))

@@ -99,10 +99,12 @@ class Harness:
         return result
 
     def move_leader(self, topic: str, partition: int, leader: int) -> None:
-        """Commit a leadership change, as a failover would (new leader epoch)."""
+        """Commit a leadership change, as a failover would (new leader epoch): the old leader
+        leaves the ISR (fenced), so the new one alone moves the HW (no other node fetches
+        here)."""
         state = self.cache.image.partition(self.topic_id(topic), partition)
         assert state is not None
-        isr = tuple(dict.fromkeys((leader, *state.isr)))
+        isr = (leader,)
         replicas = tuple(dict.fromkeys((*state.replicas, leader)))
         self.quorum.commit(
             [

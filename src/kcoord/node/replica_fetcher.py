@@ -1,0 +1,335 @@
+"""Followers' fetchers: one task per leader node pulls every partition this node follows there
+(Kafka's ``ReplicaFetcherManager`` / ``ReplicaFetcherThread``).
+
+Theory of operation
+-------------------
+``on_role_changes`` (after the ReplicaManager applied them) starts a fetcher for every leader
+node this node now follows a partition of; a fetcher ends when it has no partition left. Each
+round of a fetcher:
+
+1. Truncation (KIP-101/279). Partitions with ``truncation_pending`` (a new leader epoch, or a
+   fetch that found a divergence) ask the leader ``EpochEndOffset`` for their latest epoch and
+   truncate to where both logs agree (Kafka's ``AbstractFetcherThread.getOffsetTruncationState``):
+   the leader knows our epoch -> truncate to min(its end offset, our LEO), done; the leader
+   answers an older epoch -> truncate to our own end of that epoch and ask again, epoch by
+   epoch, until the logs agree; the leader knows no epoch at or below ours -> truncate to our
+   HW. Only then does the partition fetch.
+2. ``ReplicaFetch`` with every ready partition (fetch offset = our LEO, our leader epoch and
+   last fetched epoch, our HW), long-polling up to ``replica.fetch.wait.max.ms``. Records are
+   appended with ``Log.append_as_follower``; the HW becomes min(leader HW, our LEO); the log
+   start follows the leader's. ``OFFSET_OUT_OF_RANGE`` below the leader's log start restarts
+   the log there (``truncate_fully_and_start_at``); a ``diverging_epoch`` truncates as above.
+   ``FENCED_LEADER_EPOCH`` / ``UNKNOWN_LEADER_EPOCH`` / ``NOT_LEADER_OR_FOLLOWER`` back the
+   partition off until the metadata catches up on one side or the other.
+
+An answer is applied to a partition only if it is still a follower of the same leader epoch
+and log as when the request left; everything else about it is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kcoord.errors import Errors
+from kcoord.node.metadata import MetadataCache
+from kcoord.node.replica_manager import Partition, ReplicaManager
+from kcoord.node.rpc import RpcClient, RpcClientError, RpcClientPool
+from kcoord.raft.image import RoleChange
+from kcoord.storage import format as fmt
+from kcoord.storage.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+from kcoord.storage.log import InvalidRecordError, UnexpectedAppendOffsetError
+from kcoord.storage.segment import LogCorruptError
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_ERRORS = frozenset(
+    {
+        Errors.FENCED_LEADER_EPOCH,
+        Errors.UNKNOWN_LEADER_EPOCH,
+        Errors.NOT_LEADER_OR_FOLLOWER,
+        Errors.KAFKA_STORAGE_ERROR,
+    }
+)
+
+
+class ReplicaFetcherManager:
+    def __init__(
+        self,
+        node_id: int,
+        replicas: ReplicaManager,
+        cache: MetadataCache,
+        rpc_pool: RpcClientPool,
+        broker_epoch: Callable[[], int | None],
+        *,
+        max_wait_ms: int = 500,
+        max_bytes: int = 1024 * 1024,
+        backoff_ms: int = 200,
+        rpc_timeout_s: float = 2.0,
+    ) -> None:
+        self.node_id = node_id
+        self.replicas = replicas
+        self.cache = cache
+        self.rpc_pool = rpc_pool
+        self.broker_epoch = broker_epoch
+        self.max_wait_ms = max_wait_ms
+        self.max_bytes = max_bytes
+        self.backoff_ms = backoff_ms
+        self.rpc_timeout_s = rpc_timeout_s
+        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        # (topic, partition) -> loop time before which it is not fetched (after an error).
+        self._backoff_until: dict[tuple[str, int], float] = {}
+        self._closed = False
+
+    # -----------------------------------------------------------------------------------------
+    # Fetchers per leader.
+
+    def on_role_changes(self, changes: list[RoleChange]) -> None:
+        self.maybe_start_fetchers()
+
+    def maybe_start_fetchers(self) -> None:
+        if self._closed:
+            return
+        for leader_id in {p.leader_id for p in self._followed()}:
+            task = self._fetchers.get(leader_id)
+            if task is None or task.done():
+                self._fetchers[leader_id] = asyncio.get_running_loop().create_task(
+                    self._run(leader_id), name=f"replica-fetcher-{leader_id}"
+                )
+
+    async def close(self) -> None:
+        self._closed = True
+        tasks = list(self._fetchers.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _followed(self, leader_id: int | None = None) -> list[Partition]:
+        return [
+            p
+            for p in self.replicas.partitions.values()
+            if not p.is_leader
+            and p.leader_id >= 0
+            and p.leader_id != self.node_id
+            and (leader_id is None or p.leader_id == leader_id)
+        ]
+
+    def _client(self, leader_id: int) -> RpcClient | None:
+        broker = self.cache.image.broker(leader_id)
+        rpc = broker.endpoints.get("rpc") if broker is not None else None
+        if rpc is None:
+            return None
+        host, _, port = rpc.rpartition(":")
+        return self.rpc_pool.get(host, int(port))
+
+    async def _run(self, leader_id: int) -> None:
+        log.info("replica fetcher for leader %d started", leader_id)
+        while True:
+            parts = self._followed(leader_id)
+            if not parts:
+                log.info("replica fetcher for leader %d stopped: nothing to follow", leader_id)
+                return
+            try:
+                await self._step(leader_id, parts)
+            except asyncio.CancelledError:
+                raise
+            except (RpcClientError, OSError) as e:
+                log.debug("fetch from leader %d failed: %s", leader_id, e)
+                await asyncio.sleep(self.backoff_ms / 1000)  # the fetch backoff
+            except Exception:
+                log.exception("replica fetcher for leader %d failed", leader_id)
+                await asyncio.sleep(self.backoff_ms / 1000)  # the fetch backoff
+
+    async def _step(self, leader_id: int, parts: list[Partition]) -> None:
+        client = self._client(leader_id)
+        if client is None:
+            await asyncio.sleep(self.backoff_ms / 1000)  # the leader's endpoint is not known yet
+            return
+        truncating = [p for p in parts if p.truncation_pending]
+        if truncating:
+            await self._truncate(client, truncating)
+        now = asyncio.get_running_loop().time()
+        ready = [
+            p
+            for p in parts
+            if not p.truncation_pending and self._backoff_until.get(p.tp, 0.0) <= now
+        ]
+        if not ready:
+            await asyncio.sleep(self.backoff_ms / 1000)  # every partition is backing off
+            return
+        await self._fetch(client, ready)
+
+    # -----------------------------------------------------------------------------------------
+    # Truncation (KIP-101/279).
+
+    async def _truncate(self, client: RpcClient, parts: list[Partition]) -> None:
+        for _ in range(100):  # one round per epoch the logs disagree on; bounded for safety
+            pending: list[tuple[Partition, int, int, Any]] = []
+            for p in parts:
+                if not p.truncation_pending:
+                    continue
+                epoch = p.log.epoch_cache.latest_epoch
+                if epoch == UNDEFINED_EPOCH:
+                    # Nothing in our log carries an epoch (empty): nothing to reconcile.
+                    p.truncation_pending = False
+                    continue
+                pending.append((p, p.leader_epoch, epoch, p.log))
+            if not pending:
+                return
+            reply = await client.call(
+                "EpochEndOffset",
+                {
+                    "replica_id": self.node_id,
+                    "partitions": [
+                        {
+                            "topic": p.topic,
+                            "partition": p.partition,
+                            "leader_epoch": leader_epoch,
+                            "epoch": epoch,
+                        }
+                        for p, leader_epoch, epoch, _ in pending
+                    ],
+                },
+                self.rpc_timeout_s,
+            )
+            for (p, leader_epoch, epoch, lg), r in zip(pending, reply["partitions"], strict=True):
+                if not self._still_following(p, leader_epoch, lg):
+                    continue
+                error = Errors(r["error"])
+                if error is not Errors.NONE:
+                    self._back_off(p, error)
+                    parts = [q for q in parts if q is not p]
+                    continue
+                if self._truncate_step(p, epoch, int(r["epoch"]), int(r["end_offset"])):
+                    p.truncation_pending = False
+
+    def _truncate_step(
+        self, part: Partition, requested_epoch: int, leader_epoch: int, leader_end_offset: int
+    ) -> bool:
+        """One step of Kafka's ``getOffsetTruncationState``; True once the logs agree."""
+        lg = part.log
+        log_end_offset = lg.log_end_offset
+        if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
+            # The leader knows no epoch at or below ours: fall back to our HW (pre-KIP-101).
+            target, done = part.high_watermark, True
+        elif leader_epoch == requested_epoch:
+            target, done = min(leader_end_offset, log_end_offset), True
+        else:
+            own_epoch, own_end = lg.epoch_cache.end_offset_for(leader_epoch, log_end_offset)
+            if own_epoch == UNDEFINED_EPOCH:
+                target, done = min(leader_end_offset, log_end_offset), True
+            elif own_epoch != leader_epoch:
+                # We do not know the leader's epoch: cut to the end of our older epochs, ask again.
+                target, done = min(own_end, log_end_offset), False
+            else:
+                target, done = min(own_end, leader_end_offset, log_end_offset), True
+        if target < log_end_offset:
+            new_end = lg.truncate_to(max(target, 0))
+            part.reset_high_watermark_to_log_end()
+            log.info(
+                "%s-%d: truncated from %d to %d (leader epoch %d ends at %d for our epoch %d)",
+                part.topic,
+                part.partition,
+                log_end_offset,
+                new_end,
+                leader_epoch,
+                leader_end_offset,
+                requested_epoch,
+            )
+        if not done and lg.epoch_cache.latest_epoch >= requested_epoch:
+            # Truncation removed nothing of the epoch we asked about: stop rather than loop.
+            done = True
+        return done
+
+    # -----------------------------------------------------------------------------------------
+    # Fetching.
+
+    async def _fetch(self, client: RpcClient, parts: list[Partition]) -> None:
+        sent = [(p, p.leader_epoch, p.log, p.log.log_end_offset) for p in parts]
+        reply = await client.call(
+            "ReplicaFetch",
+            {
+                "replica_id": self.node_id,
+                "replica_epoch": self.broker_epoch() or -1,
+                "max_wait_ms": self.max_wait_ms,
+                "max_bytes": self.max_bytes,
+                "partitions": [
+                    {
+                        "topic": p.topic,
+                        "partition": p.partition,
+                        "fetch_offset": fetch_offset,
+                        "leader_epoch": leader_epoch,
+                        "last_fetched_epoch": lg.epoch_cache.latest_epoch,
+                        "high_watermark": p.high_watermark,
+                    }
+                    for p, leader_epoch, lg, fetch_offset in sent
+                ],
+            },
+            self.max_wait_ms / 1000 + self.rpc_timeout_s,
+        )
+        for (p, leader_epoch, lg, fetch_offset), r in zip(sent, reply["partitions"], strict=True):
+            if not self._still_following(p, leader_epoch, lg) or lg.log_end_offset != fetch_offset:
+                continue
+            try:
+                self._process(p, fetch_offset, r)
+            except (
+                UnexpectedAppendOffsetError,
+                InvalidRecordError,
+                fmt.RecordFormatError,
+                LogCorruptError,
+                OSError,
+            ) as e:
+                log.error("%s-%d: cannot append fetched data: %s", p.topic, p.partition, e)
+                p.truncation_pending = True
+                self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
+
+    def _process(self, part: Partition, fetch_offset: int, r: Any) -> None:
+        error = Errors(r["error"])
+        lg = part.log
+        if error is Errors.OFFSET_OUT_OF_RANGE:
+            leader_end, leader_start = int(r["log_end_offset"]), int(r["log_start_offset"])
+            if leader_end >= 0 and fetch_offset > leader_end:
+                lg.truncate_to(leader_end)  # Kafka's handleOutOfRangeError, LEO above leader's
+                part.reset_high_watermark_to_log_end()
+            else:
+                start = max(leader_start, 0)
+                log.info("%s-%d: restarting the log at %d", part.topic, part.partition, start)
+                lg.truncate_fully_and_start_at(start)
+                part.high_watermark = start
+            return
+        if error is not Errors.NONE:
+            self._back_off(part, error)
+            return
+        self._backoff_until.pop(part.tp, None)
+        diverging = r.get("diverging_epoch")
+        if diverging is not None:
+            requested = lg.epoch_cache.latest_epoch
+            if not self._truncate_step(
+                part, requested, int(diverging["epoch"]), int(diverging["end_offset"])
+            ):
+                part.truncation_pending = True
+            return
+        records = r["records"]
+        if records:
+            lg.append_as_follower(records, self.replicas.now_ms())
+            lg.epoch_cache.flush()  # a no-op unless the records started a new epoch
+        lg.maybe_increment_log_start_offset(int(r["log_start_offset"]))
+        self.replicas.maybe_advance_follower_high_watermark(part, int(r["high_watermark"]))
+
+    # -----------------------------------------------------------------------------------------
+
+    def _still_following(self, part: Partition, leader_epoch: int, lg: object) -> bool:
+        current = self.replicas.partitions.get(part.tp)
+        return (
+            current is part
+            and not part.is_leader
+            and part.leader_epoch == leader_epoch
+            and part.log is lg
+        )
+
+    def _back_off(self, part: Partition, error: Errors) -> None:
+        if error not in _BACKOFF_ERRORS:
+            log.warning("%s-%d: fetch answered %s", part.topic, part.partition, error.name)
+        self._backoff_until[part.tp] = asyncio.get_running_loop().time() + self.backoff_ms / 1000

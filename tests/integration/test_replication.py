@@ -1,0 +1,291 @@
+"""Partition replication (Kafka's ISR model) on a real 3-node cluster, with aiokafka in-process.
+
+- Every message acknowledged with acks=all to an RF-3 topic survives a SIGKILL of its leader:
+  it is read from the new leader once, at its offset, in order. The killed node restarts,
+  rejoins the ISR and gets its leadership back (preferred leader election).
+- A leader that wrote an uncommitted tail (acks=1 while its followers were stopped) and died
+  comes back as a follower, truncates that tail (KIP-101/279), catches up, rejoins the ISR, and
+  once it leads again serves exactly the committed log.
+- min.insync.replicas: below it, acks=all writes are refused (NOT_ENOUGH_REPLICAS) or time out
+  at the client, and nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+from kafka import KafkaProducer
+from kafka.errors import KafkaError as KafkaPythonError
+from kafka.errors import NotEnoughReplicasError
+
+from tests.integration.cluster import LocalCluster, wait_for
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "replicated"
+PARTITIONS = 3
+Acked = tuple[int, int, str]  # partition, offset, value
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path, 3) as c:
+        wait_for(lambda: c.controller_id() is not None, "an active controller")
+        yield c
+
+
+def bootstrap(c: LocalCluster, among: list[int] | None = None) -> str:
+    ids = among or c.alive_ids()
+    return ",".join(f"{c.node(i).host}:{c.node(i).kafka_port}" for i in ids)
+
+
+def partition_view(c: LocalCluster, topic: str, partition: int, via: int) -> dict[str, Any]:
+    parts = c.describe(via, topics=True)["topics"][topic]["partitions"]
+    view: dict[str, Any] = next(p for p in parts if p["partition"] == partition)
+    return view
+
+
+def create_topic(c: LocalCluster, name: str, configs: dict[str, str] | None = None) -> None:
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(c), request_timeout_ms=30_000)
+        await admin.start()
+        try:
+            await admin.create_topics(
+                [NewTopic(name, PARTITIONS, 3, topic_configs=configs or {})], timeout_ms=30_000
+            )
+        finally:
+            await admin.close()
+
+    asyncio.run(go())
+    via = c.alive_ids()[0]
+    wait_for(
+        lambda: all(len(partition_view(c, name, p, via)["isr"]) == 3 for p in range(PARTITIONS)),
+        f"{name} fully replicated",
+    )
+
+
+def produce(
+    c: LocalCluster,
+    values: list[str],
+    *,
+    partition: int | None = None,
+    acks: Any = "all",
+    topic: str = TOPIC,
+    timeout_ms: int = 30_000,
+) -> tuple[list[Acked], list[str]]:
+    """Send each value; return (acknowledged, failed) without retrying failures."""
+
+    async def go() -> tuple[list[Acked], list[str]]:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap(c),
+            acks=acks,
+            enable_idempotence=acks == "all",
+            request_timeout_ms=timeout_ms,
+        )
+        await producer.start()
+        acked: list[Acked] = []
+        failed: list[str] = []
+        try:
+            for value in values:
+                try:
+                    md = await asyncio.wait_for(
+                        producer.send_and_wait(
+                            topic, value.encode(), key=value.encode(), partition=partition
+                        ),
+                        timeout_ms / 1000 + 5,  # the client retries retriable errors
+                    )
+                except (KafkaError, TimeoutError):
+                    failed.append(value)
+                else:
+                    acked.append((md.partition, md.offset, value))
+        finally:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(producer.stop(), 10)
+        return acked, failed
+
+    return asyncio.run(go())
+
+
+def consume(c: LocalCluster, partitions: list[int], topic: str = TOPIC) -> list[Acked]:
+    """Everything readable (below the HW) from the start of each partition."""
+
+    async def go() -> list[Acked]:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap(c), enable_auto_commit=False, group_id=None
+        )
+        await consumer.start()
+        try:
+            tps = [TopicPartition(topic, p) for p in partitions]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning(*tps)
+            ends = await consumer.end_offsets(tps)
+            out: list[Acked] = []
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            while True:
+                positions = [await consumer.position(tp) for tp in tps]
+                if all(pos >= ends[tp] for pos, tp in zip(positions, tps, strict=True)):
+                    break
+                assert loop.time() < deadline, "consume timed out"
+                batches = await consumer.getmany(timeout_ms=1000)
+                for tp, records in batches.items():
+                    out.extend((tp.partition, r.offset, (r.value or b"").decode()) for r in records)
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(go())
+
+
+def check_exactly_once_in_order(acked: list[Acked], consumed: list[Acked]) -> None:
+    values = [v for _, _, v in consumed]
+    assert len(values) == len(set(values)), "a message was read twice"
+    where = {v: (p, o) for p, o, v in consumed}
+    for p, o, v in acked:
+        assert where.get(v) == (p, o), f"acknowledged {v} at {p}/{o}, read at {where.get(v)}"
+    for p in {p for p, _, _ in consumed}:
+        offsets = [o for q, o, _ in consumed if q == p]
+        assert offsets == sorted(offsets)
+
+
+def test_acked_messages_survive_a_leader_kill_and_the_node_rejoins(
+    cluster: LocalCluster,
+) -> None:
+    c = cluster
+    create_topic(c, TOPIC)
+    acked, failed = produce(c, [f"before-{i}" for i in range(60)])
+    assert not failed
+    victim = partition_view(c, TOPIC, 0, c.alive_ids()[0])["leader"]
+    c.kill(victim)
+    survivors = c.alive_ids()
+    wait_for(
+        lambda: partition_view(c, TOPIC, 0, survivors[0])["leader"] in survivors,
+        "a new leader for partition 0",
+    )
+    more, _ = produce(c, [f"after-{i}" for i in range(60)])
+    assert more, "nothing could be written after the failover"
+    acked += more
+    check_exactly_once_in_order(acked, consume(c, list(range(PARTITIONS))))
+
+    c.start(victim)
+    wait_for(
+        lambda: all(
+            victim in partition_view(c, TOPIC, p, survivors[0])["isr"] for p in range(PARTITIONS)
+        ),
+        f"node {victim} back in every ISR",
+    )
+    wait_for(
+        lambda: partition_view(c, TOPIC, 0, survivors[0])["leader"] == victim,
+        f"node {victim} leading partition 0 again (preferred leader)",
+    )
+    check_exactly_once_in_order(acked, consume(c, list(range(PARTITIONS))))
+
+
+def test_a_returning_leader_truncates_its_uncommitted_tail(cluster: LocalCluster) -> None:
+    c = cluster
+    create_topic(c, TOPIC)
+    committed, failed = produce(c, [f"committed-{i}" for i in range(20)], partition=0)
+    assert not failed
+    view = partition_view(c, TOPIC, 0, c.alive_ids()[0])
+    old_leader = view["leader"]
+    followers = [r for r in view["replicas"] if r != old_leader]
+    # Followers stop fetching; the leader takes acks=1 writes nobody else gets, then dies.
+    for f in followers:
+        os.kill(c.node(f).pid or 0, signal.SIGSTOP)
+    try:
+        tail, _ = produce(
+            c, [f"uncommitted-{i}" for i in range(10)], partition=0, acks=1, timeout_ms=5000
+        )
+    finally:
+        c.kill(old_leader)
+        for f in followers:
+            os.kill(c.node(f).pid or 0, signal.SIGCONT)
+    assert tail, "the stopped followers' leader took no acks=1 write"
+    wait_for(
+        lambda: partition_view(c, TOPIC, 0, followers[0])["leader"] in followers,
+        "a new leader for partition 0 among the followers",
+    )
+    after, _ = produce(c, [f"new-leader-{i}" for i in range(20)], partition=0)
+    assert len(after) == 20
+    c.start(old_leader)
+    wait_for(
+        lambda: old_leader in partition_view(c, TOPIC, 0, followers[0])["isr"],
+        f"node {old_leader} back in the ISR",
+    )
+    wait_for(
+        lambda: partition_view(c, TOPIC, 0, followers[0])["leader"] == old_leader,
+        f"node {old_leader} leading partition 0 again",
+    )
+    read = consume(c, [0])
+    check_exactly_once_in_order(committed + after, read)
+    assert not [v for _, _, v in read if v.startswith("uncommitted-")], (
+        "a truncated suffix is served"
+    )
+
+
+def produce_once(c: LocalCluster, topic: str, partition: int, value: str) -> Exception | None:
+    """One acks=all send without client retries (kafka-python): the broker's answer."""
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap(c), acks="all", retries=0, request_timeout_ms=5000
+    )
+    try:
+        producer.send(topic, value.encode(), partition=partition).get(timeout=15)
+    except (KafkaPythonError, TimeoutError) as e:
+        return e
+    finally:
+        producer.close(timeout=5)
+    return None
+
+
+def test_below_min_insync_replicas_nothing_acknowledged_is_lost(cluster: LocalCluster) -> None:
+    c = cluster
+    create_topic(c, TOPIC, {"min.insync.replicas": "2"})
+    create_topic(c, "strict", {"min.insync.replicas": "3"})
+    acked, failed = produce(c, [f"ok-{i}" for i in range(20)])
+    strict_acked, strict_failed = produce(c, [f"strict-{i}" for i in range(10)], topic="strict")
+    assert not failed and not strict_failed
+    view = partition_view(c, TOPIC, 0, c.alive_ids()[0])
+    # Kill the two followers of partition 0, one after the other: its leader is left alone.
+    first, second = [r for r in view["replicas"] if r != view["leader"]]
+    c.kill(first)
+    alive = c.alive_ids()
+    wait_for(
+        lambda: all(
+            first not in partition_view(c, t, p, alive[0])["isr"]
+            for t in (TOPIC, "strict")
+            for p in range(PARTITIONS)
+        ),
+        f"node {first} out of every ISR",
+    )
+    # ISR of 2 < min.insync.replicas 3: refused before anything is written.
+    error = produce_once(c, "strict", 0, "refused-strict")
+    assert isinstance(error, NotEnoughReplicasError), repr(error)
+    c.kill(second)
+    # No quorum is left to shrink the ISR to the leader: the HW cannot move, the write times out.
+    error = produce_once(c, TOPIC, 0, "refused")
+    assert error is not None, "acknowledged with one live replica out of three"
+    c.start(first)
+    c.start(second)
+    wait_for(lambda: c.controller_id() is not None, "an active controller again")
+    wait_for(
+        lambda: all(
+            len(partition_view(c, t, p, c.alive_ids()[0])["isr"]) == 3
+            for t in (TOPIC, "strict")
+            for p in range(PARTITIONS)
+        ),
+        "every replica back in the ISR",
+    )
+    check_exactly_once_in_order(acked, consume(c, list(range(PARTITIONS))))
+    strict_read = consume(c, list(range(PARTITIONS)), topic="strict")
+    check_exactly_once_in_order(strict_acked, strict_read)
+    assert "refused-strict" not in [v for _, _, v in strict_read]
