@@ -9,7 +9,8 @@ import time
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.coordinator.protocol import ConsumerProtocol
 
 DEADLINE_S = 60.0
 
@@ -104,6 +105,54 @@ async def leaders(cmd: dict[str, Any]) -> Any:
         await consumer.stop()
 
 
+async def create_partitions(cmd: dict[str, Any]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        await admin.create_partitions(
+            {cmd["topic"]: NewPartitions(total_count=cmd["partitions"])}, timeout_ms=30_000
+        )
+    finally:
+        await admin.close()
+    return "created"
+
+
+async def committed(cmd: dict[str, Any]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(cmd["group"])
+    finally:
+        await admin.close()
+    return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == cmd["topic"]}
+
+
+async def describe_group(cmd: dict[str, Any]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        coordinator = await admin.find_coordinator(cmd["group"])
+        (response,) = await admin.describe_consumer_groups(
+            [cmd["group"]], group_coordinator_id=coordinator
+        )
+    finally:
+        await admin.close()
+    (group,) = response.groups
+    _error, _group_id, state, _protocol_type, _protocol, raw_members = group[:6]
+    members = []
+    for raw in raw_members:
+        member_id, instance_id = raw[0], raw[1] if len(raw) == 6 else None
+        assignment = raw[-1]
+        partitions: list[int] = []
+        if assignment:
+            decoded = ConsumerProtocol.ASSIGNMENT.decode(assignment)
+            partitions = [p for t, ps in decoded.assignment for p in ps if t == cmd["topic"]]
+        members.append(
+            {"member_id": member_id, "instance_id": instance_id, "partitions": sorted(partitions)}
+        )
+    return {"coordinator": coordinator, "state": state, "members": members}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -112,6 +161,9 @@ def main() -> None:
         "consume": consume,
         "offsets": offsets,
         "leaders": leaders,
+        "create_partitions": create_partitions,
+        "committed": committed,
+        "describe_group": describe_group,
     }
     print(json.dumps(asyncio.run(ops[cmd["op"]](cmd))), flush=True)
 

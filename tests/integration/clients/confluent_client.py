@@ -7,9 +7,16 @@ import sys
 import time
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.cimpl import NewTopic
+from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 DEADLINE_S = 60.0
 
@@ -130,6 +137,44 @@ def leaders(cmd: dict[str, Any]) -> Any:
     return {p: part.leader for p, part in sorted(topic.partitions.items())}
 
 
+def create_partitions(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    futures = admin.create_partitions(
+        [NewPartitions(cmd["topic"], cmd["partitions"])], operation_timeout=30
+    )
+    for future in futures.values():
+        future.result(timeout=DEADLINE_S)
+    return "created"
+
+
+def committed(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(cmd["group"])])
+    result = futures[cmd["group"]].result(timeout=DEADLINE_S)
+    return {
+        tp.partition: tp.offset for tp in result.topic_partitions or () if tp.topic == cmd["topic"]
+    }
+
+
+def describe_group(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    group = admin.describe_consumer_groups([cmd["group"]])[cmd["group"]].result(timeout=DEADLINE_S)
+    members = [
+        {
+            "member_id": m.member_id,
+            "instance_id": m.group_instance_id,
+            "partitions": sorted(
+                tp.partition
+                for tp in (m.assignment.topic_partitions if m.assignment else ())
+                if tp.topic == cmd["topic"]
+            ),
+        }
+        for m in group.members
+    ]
+    state = group.state.name if hasattr(group.state, "name") else str(group.state)
+    return {"coordinator": group.coordinator.id, "state": state, "members": members}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -138,6 +183,9 @@ def main() -> None:
         "consume": consume,
         "offsets": offsets,
         "leaders": leaders,
+        "create_partitions": create_partitions,
+        "committed": committed,
+        "describe_group": describe_group,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -99,6 +99,51 @@ def leaders(cmd: dict[str, Any]) -> Any:
         consumer.close()
 
 
+def create_partitions(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        admin.create_partitions({cmd["topic"]: cmd["partitions"]}, timeout_ms=30_000)
+    finally:
+        admin.close()
+    return "created"
+
+
+def committed(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        offsets = admin.list_group_offsets({cmd["group"]: None})[cmd["group"]]
+    finally:
+        admin.close()
+    return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == cmd["topic"]}
+
+
+def describe_group(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        coordinator = admin._manager.run(admin._find_coordinator_id, cmd["group"])
+        group = admin.describe_groups([cmd["group"]], group_coordinator_id=coordinator)
+        group = group[cmd["group"]]
+    finally:
+        admin.close()
+    members = []
+    for m in group["members"]:
+        assignment = m["member_assignment"] or {"assigned_partitions": []}
+        partitions = [
+            p
+            for tps in assignment["assigned_partitions"]
+            if tps["topic"] == cmd["topic"]
+            for p in tps["partitions"]
+        ]
+        members.append(
+            {
+                "member_id": m["member_id"],
+                "instance_id": m["group_instance_id"],
+                "partitions": sorted(partitions),
+            }
+        )
+    return {"coordinator": coordinator, "state": group["group_state"], "members": members}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -107,6 +152,9 @@ def main() -> None:
         "consume": consume,
         "offsets": offsets,
         "leaders": leaders,
+        "create_partitions": create_partitions,
+        "committed": committed,
+        "describe_group": describe_group,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

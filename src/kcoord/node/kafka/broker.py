@@ -63,6 +63,7 @@ class KafkaBroker:
         self.register(produce.PRODUCE_KEY, self.produce.handle_produce, min_version=3)
         self.register(fetch.FETCH_KEY, self.fetch.handle_fetch, min_version=4)
         self.register(fetch.LIST_OFFSETS_KEY, self.fetch.handle_list_offsets, min_version=1)
+        self.register(fetch.OFFSET_FOR_LEADER_EPOCH_KEY, self.fetch.handle_offset_for_leader_epoch)
         self.register(metadata.METADATA_KEY, self.metadata.handle_metadata)
         self.register(metadata.FIND_COORDINATOR_KEY, self.metadata.handle_find_coordinator)
         self.register(admin.CREATE_TOPICS_KEY, self.admin.handle_create_topics)

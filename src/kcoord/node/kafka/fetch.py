@@ -1,4 +1,4 @@
-"""Fetch (apiKey 1) and ListOffsets (apiKey 2) for consumers: reads below the high watermark.
+"""Fetch (apiKey 1), ListOffsets (apiKey 2) and OffsetForLeaderEpoch (apiKey 23) for consumers.
 
 Fetch (Kafka's ``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages`` and
 ``DelayedFetch``):
@@ -8,7 +8,10 @@ Fetch (Kafka's ``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages`
   transactions), at most ``partition_max_bytes`` per partition and ``max_bytes`` in all, except
   that the first batch of the first partition with data is returned whole even when larger, so
   a consumer always progresses (KIP-74). Errors per partition: ``NOT_LEADER_OR_FOLLOWER`` (with
-  the leader hint, v12+, and its endpoint, v16+), ``UNKNOWN_TOPIC_OR_PARTITION`` /
+  the leader hint and its endpoint from v16, KIP-951, as Kafka: the ``current_leader`` field
+  exists from v12 but Kafka leaves it unset below v16, and a v12 client that trusts a hint
+  naming a broker it has no endpoint for -- kafka-python 3 -- fails its poll with
+  UnknownBrokerIdError), ``UNKNOWN_TOPIC_OR_PARTITION`` /
   ``UNKNOWN_TOPIC_ID`` (v13+ names topics by id), ``OFFSET_OUT_OF_RANGE``,
   ``FENCED_LEADER_EPOCH`` / ``UNKNOWN_LEADER_EPOCH`` when the consumer's ``current_leader_epoch``
   is older / newer than the leader's (KIP-320).
@@ -28,6 +31,16 @@ first record with the largest timestamp below the high watermark; ``-4`` (earlie
 KIP-405) as ``-2`` and ``-5`` (latest tiered) as "none" (no tiered storage); a timestamp, the
 first offset whose record timestamp is at or after it, through the time index, or ``-1`` if
 none below the high watermark.
+
+OffsetForLeaderEpoch (``KafkaApis.handleOffsetForLeaderEpochRequest``,
+``Partition.lastOffsetForLeaderEpoch``), on the leader: the end offset of the requested leader
+epoch from the partition's leader-epoch cache (the start of the next higher epoch, or the log
+end for the latest one) with the largest epoch not above the requested one; ``-1``/``-1`` for
+an epoch the cache cannot place. Consumers ask it after a leader change to check that their
+position is still on the leader's log (KIP-320): kafka-python 3, for one, stops fetching a
+partition for good when the broker does not offer this API. Errors as Fetch:
+``NOT_LEADER_OR_FOLLOWER``, ``UNKNOWN_TOPIC_OR_PARTITION``, ``FENCED_LEADER_EPOCH`` /
+``UNKNOWN_LEADER_EPOCH`` for a stale / newer ``current_leader_epoch``.
 """
 
 from __future__ import annotations
@@ -48,6 +61,9 @@ log = logging.getLogger(__name__)
 
 FETCH_KEY: Final = 1
 LIST_OFFSETS_KEY: Final = 2
+OFFSET_FOR_LEADER_EPOCH_KEY: Final = 23
+# KafkaApis.handleFetchRequest sets current_leader (and node_endpoints) from v16 (KIP-951).
+LEADER_HINT_MIN_VERSION: Final = 16
 EARLIEST_TIMESTAMP: Final = -2
 LATEST_TIMESTAMP: Final = -1
 MAX_TIMESTAMP: Final = -3
@@ -135,7 +151,7 @@ class FetchApi:
             )
         max_wait_ms = max(0, round(body.max_wait.total_seconds() * 1000))
         min_bytes, max_bytes = int(body.min_bytes), int(body.max_bytes)
-        responses, size, failed = self._read(wanted, max_bytes)
+        responses, size, failed = self._read(wanted, max_bytes, version)
         if size >= min_bytes or failed or max_wait_ms == 0 or not wanted:
             return self._response(request, responses)
         return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
@@ -162,16 +178,16 @@ class FetchApi:
                 except TimeoutError:
                     break
                 event.clear()
-                responses, size, failed = self._read(wanted, max_bytes)
+                responses, size, failed = self._read(wanted, max_bytes, request.version)
                 if size >= min_bytes or failed:
                     return self._response(request, responses)
         finally:
             self.waiters.unwatch(tps, event)
-        responses, _, _ = self._read(wanted, max_bytes)
+        responses, _, _ = self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
 
     def _read(
-        self, wanted: list[_FetchPartition], max_bytes: int
+        self, wanted: list[_FetchPartition], max_bytes: int, version: int
     ) -> tuple[list[dict[str, Any]], int, bool]:
         """(partition responses, bytes of records, whether a partition failed)."""
         responses = []
@@ -210,10 +226,10 @@ class FetchApi:
                 )
             except KafkaError as e:
                 failed = True
-                responses.append(self._error(w, e.code))
+                responses.append(self._error(w, e.code, version))
         return responses, size, failed
 
-    def _error(self, w: _FetchPartition, error: Errors) -> dict[str, Any]:
+    def _error(self, w: _FetchPartition, error: Errors, version: int) -> dict[str, Any]:
         response: dict[str, Any] = {
             "partition_index": w.partition,
             "error_code": error,
@@ -224,9 +240,10 @@ class FetchApi:
             "preferred_read_replica": -1,
             "records": b"",
         }
-        if w.topic is not None and error in (
-            Errors.NOT_LEADER_OR_FOLLOWER,
-            Errors.FENCED_LEADER_EPOCH,
+        if (
+            version >= LEADER_HINT_MIN_VERSION
+            and w.topic is not None
+            and error in (Errors.NOT_LEADER_OR_FOLLOWER, Errors.FENCED_LEADER_EPOCH)
         ):
             response["current_leader"] = self.ctx.leader_hint(w.topic, w.partition)
         return response
@@ -309,6 +326,46 @@ class FetchApi:
             "timestamp": found_timestamp,
             "offset": offset,
             "leader_epoch": epoch,
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # OffsetForLeaderEpoch.
+
+    async def handle_offset_for_leader_epoch(self, request: Request) -> Result:
+        topics = [
+            {
+                "topic": topic.topic,
+                "partitions": [
+                    self._epoch_end_offset(
+                        topic.topic,
+                        p.partition,
+                        getattr(p, "current_leader_epoch", -1),
+                        p.leader_epoch,
+                    )
+                    for p in topic.partitions
+                ],
+            }
+            for topic in request.body.topics
+        ]
+        return {"throttle_time": 0, "topics": topics}
+
+    def _epoch_end_offset(
+        self, topic: str, partition: int, current_leader_epoch: int, leader_epoch: int
+    ) -> dict[str, Any]:
+        try:
+            # Consumers and followers alike ask the leader (fetchOnlyFromLeader).
+            part = self.ctx.replicas.leader_partition(topic, partition)
+            _raise_if_epoch_mismatch(part, current_leader_epoch)
+        except KafkaError as e:
+            return {"error_code": e.code, "partition": partition}
+        epoch, end_offset = part.log.epoch_cache.end_offset_for(
+            leader_epoch, part.log.log_end_offset
+        )
+        return {
+            "error_code": Errors.NONE,
+            "partition": partition,
+            "leader_epoch": epoch,
+            "end_offset": end_offset,
         }
 
 

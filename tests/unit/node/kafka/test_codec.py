@@ -39,6 +39,7 @@ ADVERTISED = {
     19: range(2, 8),  # CreateTopics
     20: range(1, 7),  # DeleteTopics
     22: range(7),  # InitProducerId
+    23: range(2, 5),  # OffsetForLeaderEpoch
     37: range(4),  # CreatePartitions
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
@@ -319,6 +320,18 @@ VALUES: dict[int, dict[str, Any]] = {
         "responses": [{"name": "t", "topic_id": TOPIC_ID, "error_code": 0, "error_message": None}],
     },
     22: {"throttle_time": 0, "error_code": 0, "producer_id": 1 << 48 | 5, "producer_epoch": 0},
+    23: {
+        "throttle_time": 0,
+        "topics": [
+            {
+                "topic": "t",
+                "partitions": [
+                    {"error_code": 0, "partition": 0, "leader_epoch": 3, "end_offset": 42},
+                    {"error_code": Errors.FENCED_LEADER_EPOCH, "partition": 1},
+                ],
+            }
+        ],
+    },
     37: {
         "throttle_time": 0,
         "results": [{"name": "t", "error_code": Errors.INVALID_PARTITIONS, "error_message": "no"}],

@@ -27,7 +27,7 @@ from tests.unit.node.kafka.wire import AsyncWireClient
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
-INIT_PRODUCER_ID, CREATE_PARTITIONS = 22, 37
+INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, CREATE_PARTITIONS = 22, 23, 37
 TEST_TIMEOUT_S = 20.0
 
 
@@ -432,6 +432,13 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
             Errors.NOT_LEADER_OR_FOLLOWER,
             2,
         )
+        assert [n.node_id for n in fetched.node_endpoints] == [2]
+        # Below v16 Kafka leaves the hint unset: the field exists from v12, the endpoints only
+        # from v16, and a client told of a leader it has no address for cannot use it.
+        fetched = await c.call(FETCH, 12, fetch_values("t", other, 0))
+        part = only_partition(fetched)
+        assert part.error_code == Errors.NOT_LEADER_OR_FOLLOWER
+        assert (part.current_leader.leader_id, part.current_leader.leader_epoch) == (-1, -1)
         # Other refusals.
         for topic, partition, records, acks, error in [
             ("nope", 0, batch([b"x"]), -1, Errors.UNKNOWN_TOPIC_OR_PARTITION),
@@ -673,6 +680,72 @@ def test_list_offsets(tmp_path: Path) -> None:
         assert (await list_offset(-1, other)).error_code == Errors.NOT_LEADER_OR_FOLLOWER
 
     run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ OffsetForLeaderEpoch
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_offset_for_leader_epoch_answers_the_end_of_each_epoch(
+    tmp_path: Path, version: int
+) -> None:
+    """What a consumer asks after a leader change (KIP-320): where the epoch of its position
+    ends on the leader's log."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        other = h.led_partitions("t", by=2)[0]
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"a", b"b"])))
+        first = leader_epoch(h, "t", mine)
+        # Leadership goes away and comes back: two new epochs, the first with no records.
+        h.move_leader("t", mine, 2)
+        h.move_leader("t", mine, NODE_ID)
+        latest = leader_epoch(h, "t", mine)
+        assert latest == first + 2
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"c"])))
+
+        async def ask(
+            epoch: int, *, current: int = -1, partition: int = mine, topic: str = "t"
+        ) -> tuple[int, int, int]:
+            values: dict[str, Any] = {
+                "replica_id": -1,
+                "topics": [
+                    {
+                        "topic": topic,
+                        "partitions": [
+                            {
+                                "partition": partition,
+                                "current_leader_epoch": current,
+                                "leader_epoch": epoch,
+                            }
+                        ],
+                    }
+                ],
+            }
+            response = await c.call(OFFSET_FOR_LEADER_EPOCH, version, values)
+            (answer,) = response.topics[0].partitions
+            assert answer.partition == partition
+            return answer.error_code, answer.leader_epoch, answer.end_offset
+
+        none = Errors.NONE
+        assert await ask(first) == (none, first, 2)  # ends where the next epoch starts
+        assert await ask(first + 1) == (none, first, 2)  # no records: the epoch below answers
+        assert await ask(latest) == (none, latest, 3)  # the latest ends at the log end
+        assert await ask(latest + 1) == (none, -1, -1)
+        assert await ask(first, current=latest) == (none, first, 2)
+        assert (await ask(first, current=latest - 1))[0] == Errors.FENCED_LEADER_EPOCH
+        assert (await ask(first, current=latest + 1))[0] == Errors.UNKNOWN_LEADER_EPOCH
+        assert (await ask(0, partition=other))[0] == Errors.NOT_LEADER_OR_FOLLOWER
+        assert (await ask(0, topic="nope"))[0] == Errors.UNKNOWN_TOPIC_OR_PARTITION
+
+    run(tmp_path, test)
+
+
+def leader_epoch(h: Harness, topic: str, partition: int) -> int:
+    state = h.cache.image.partition(h.topic_id(topic), partition)
+    assert state is not None
+    return state.leader_epoch
 
 
 # ------------------------------------------------------------------ FindCoordinator

@@ -1,0 +1,413 @@
+"""One consumer-group member in its own process, for ``tests/integration/test_groups.py``.
+
+Usage: ``group_member.py '<json config>'``; the config's keys:
+
+- ``client``: ``kafka-python``, ``aiokafka`` or ``confluent-kafka``;
+- ``bootstrap``, ``group``, ``topic``, ``name`` (the client id);
+- ``assignor``: ``range``, ``roundrobin`` or ``cooperative-sticky``;
+- ``instance_id``: the group instance id of a static member (KIP-345), or null;
+- ``session_timeout_ms``, ``heartbeat_interval_ms``, ``metadata_max_age_ms``,
+  ``max_poll_interval_ms`` (the rebalance timeout of the classic protocol);
+- ``debug``: the client's whole log at DEBUG on stderr (otherwise INFO, plus the group
+  protocol's trace at DEBUG).
+
+The member subscribes to the topic, reads from the earliest offset where the group has no
+committed one, and commits synchronously after it has processed (reported) each batch. SIGTERM
+stops it cleanly (the client's close: a dynamic member leaves the group, a static one does not);
+the tests SIGKILL it to simulate a crash.
+
+Everything it sees goes to stdout, one JSON object per line, in the order it happened:
+
+- ``{"event": "started"}`` once the consumer is subscribed;
+- ``{"event": "assigned" | "revoked" | "lost", "partitions": [...], "generation": g,
+  "member_id": m}`` from the client's rebalance callbacks (the partitions of the callback:
+  under cooperative-sticky only those that move);
+- ``{"event": "assignment", "generation": g, "member_id": m, "protocol": p,
+  "partitions": [...]}`` every time the member's full, settled assignment (or generation)
+  changes: the state the tests check for validity;
+- ``{"event": "records", "records": [[partition, offset, value], ...]}`` once processed;
+  the commit that follows names the next offset and (kafka-python, confluent-kafka) the leader
+  epoch of the last record, as the Java consumer does;
+- ``{"event": "committed", "offsets": {partition: next offset}}`` once the commit is
+  acknowledged, ``{"event": "commit_failed", "error": ...}`` if it is not;
+- ``{"event": "error", "error": ..., "fatal": bool}``: a fatal one ends the process;
+- ``{"event": "closed"}`` after a clean stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+POLL_TIMEOUT_S = 0.2
+# kafka-python 3.0.12 can wedge a member for good when poll() times out just as its SyncGroup
+# answer arrives: the member has the answer (DEBUG "Received SyncGroup response") but never
+# applies the assignment, stops heartbeating and never rejoins once expelled. A longer poll
+# makes that race rare: a join then almost always completes within one poll.
+KAFKA_PYTHON_POLL_TIMEOUT_S = 1.0
+CLOSE_TIMEOUT_S = 10.0
+
+_emit_lock = threading.Lock()
+
+
+def emit(event: str, **fields: Any) -> None:
+    with _emit_lock:
+        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.flush()
+
+
+class Reporter:
+    """Reports the settled assignment each time it changes."""
+
+    def __init__(self) -> None:
+        self.last: tuple[int, str, str, tuple[int, ...]] | None = None
+
+    def maybe_report(
+        self, generation: int, member_id: str, protocol: str, partitions: set[int]
+    ) -> None:
+        state = (generation, member_id, protocol, tuple(sorted(partitions)))
+        if state != self.last:
+            self.last = state
+            emit(
+                "assignment",
+                generation=generation,
+                member_id=member_id,
+                protocol=protocol,
+                partitions=list(state[3]),
+            )
+
+
+def install_stop_handler() -> threading.Event:
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    return stopping
+
+
+# -- kafka-python ----------------------------------------------------------------------------
+
+
+def run_kafka_python(cfg: dict[str, Any]) -> None:
+    from kafka import KafkaConsumer
+    from kafka.consumer.subscription_state import ConsumerRebalanceListener
+    from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+    from kafka.structs import MemberState, OffsetAndMetadata
+
+    assignors = {
+        "range": RangePartitionAssignor,
+        "roundrobin": RoundRobinPartitionAssignor,
+        "cooperative-sticky": CooperativeStickyAssignor,
+    }
+    stopping = install_stop_handler()
+    consumer = KafkaConsumer(
+        bootstrap_servers=cfg["bootstrap"],
+        client_id=cfg["name"],
+        group_id=cfg["group"],
+        group_instance_id=cfg["instance_id"],
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=cfg["session_timeout_ms"],
+        heartbeat_interval_ms=cfg["heartbeat_interval_ms"],
+        max_poll_interval_ms=cfg["max_poll_interval_ms"],
+        metadata_max_age_ms=cfg["metadata_max_age_ms"],
+        partition_assignment_strategy=[assignors[cfg["assignor"]]],
+    )
+
+    def ident() -> dict[str, Any]:
+        md = consumer.group_metadata()
+        return {"generation": md.generation_id, "member_id": md.member_id}
+
+    def names(tps: Any) -> list[int]:
+        return sorted(tp.partition for tp in tps)
+
+    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            emit("revoked", partitions=names(revoked), **ident())
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            emit("assigned", partitions=names(assigned), **ident())
+
+        def on_partitions_lost(self, lost: Any) -> None:
+            emit("lost", partitions=names(lost), **ident())
+
+    reporter = Reporter()
+    consumer.subscribe([cfg["topic"]], listener=Listener())
+    emit("started")
+    try:
+        while not stopping.is_set():
+            batches = consumer.poll(timeout_ms=int(KAFKA_PYTHON_POLL_TIMEOUT_S * 1000))
+            # The join runs on the client's IO thread: read the assignment between two equal
+            # Stable snapshots of the membership so that both belong to one generation.
+            md = consumer.group_metadata()
+            partitions = {tp.partition for tp in consumer.assignment()}
+            if (
+                md.state == MemberState.STABLE
+                and md.generation_id > 0
+                and consumer.group_metadata() == md
+            ):
+                reporter.maybe_report(
+                    md.generation_id,
+                    md.member_id,
+                    consumer._coordinator._generation.protocol or "",
+                    partitions,
+                )
+            if not batches:
+                continue
+            records = [
+                [tp.partition, r.offset, r.value.decode()] for tp, rs in batches.items() for r in rs
+            ]
+            emit("records", records=records)
+            # With the leader epoch of the last record, as the Java consumer commits (KIP-320).
+            offsets = {
+                tp: OffsetAndMetadata(rs[-1].offset + 1, "", rs[-1].leader_epoch)
+                for tp, rs in batches.items()
+            }
+            try:
+                consumer.commit(offsets)
+            except Exception as e:
+                emit("commit_failed", error=f"{type(e).__name__}: {e}")
+                if type(e).__name__ == "FencedInstanceIdError":
+                    raise
+            else:
+                emit("committed", offsets={tp.partition: o.offset for tp, o in offsets.items()})
+    except Exception as e:
+        emit("error", error=f"{type(e).__name__}: {e}", fatal=True)
+        consumer.close(autocommit=False, timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
+        sys.exit(3)
+    consumer.close(autocommit=False, timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
+    emit("closed")
+
+
+# -- aiokafka --------------------------------------------------------------------------------
+
+
+async def run_aiokafka(cfg: dict[str, Any]) -> None:
+    from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+    from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+    from aiokafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+    from aiokafka.structs import OffsetAndMetadata
+
+    if cfg["assignor"] == "cooperative-sticky":
+        emit("error", error="aiokafka has no cooperative rebalancing", fatal=True)
+        sys.exit(2)
+    assignors = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}
+    stopping = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=cfg["bootstrap"],
+        client_id=cfg["name"],
+        group_id=cfg["group"],
+        group_instance_id=cfg["instance_id"],
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        session_timeout_ms=cfg["session_timeout_ms"],
+        heartbeat_interval_ms=cfg["heartbeat_interval_ms"],
+        max_poll_interval_ms=cfg["max_poll_interval_ms"],
+        rebalance_timeout_ms=cfg["max_poll_interval_ms"],
+        metadata_max_age_ms=cfg["metadata_max_age_ms"],
+        partition_assignment_strategy=(assignors[cfg["assignor"]],),
+    )
+
+    def ident() -> dict[str, Any]:
+        coordinator = consumer._coordinator
+        return {"generation": coordinator.generation, "member_id": coordinator.member_id}
+
+    class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            emit("revoked", partitions=sorted(tp.partition for tp in revoked), **ident())
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            emit("assigned", partitions=sorted(tp.partition for tp in assigned), **ident())
+
+    await consumer.start()
+    reporter = Reporter()
+    consumer.subscribe([cfg["topic"]], listener=Listener())
+    emit("started")
+    try:
+        while not stopping.is_set():
+            batches = await consumer.getmany(timeout_ms=int(POLL_TIMEOUT_S * 1000))
+            # The assignment is None from the start of a rebalance until its SyncGroup answer;
+            # once set, it belongs to the coordinator's current generation.
+            subscription = consumer._subscription.subscription
+            coordinator = consumer._coordinator
+            if (
+                subscription is not None
+                and subscription.assignment is not None
+                and coordinator.generation > 0
+            ):
+                reporter.maybe_report(
+                    coordinator.generation,
+                    coordinator.member_id,
+                    cfg["assignor"],  # the only one it offers, so the one chosen
+                    {tp.partition for tp in subscription.assignment.tps},
+                )
+            if not batches:
+                continue
+            records = [
+                [tp.partition, r.offset, r.value.decode()] for tp, rs in batches.items() for r in rs
+            ]
+            emit("records", records=records)
+            offsets = {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
+            try:
+                await consumer.commit(offsets)
+            except Exception as e:
+                emit("commit_failed", error=f"{type(e).__name__}: {e}")
+            else:
+                emit("committed", offsets={tp.partition: o.offset for tp, o in offsets.items()})
+    except Exception as e:
+        emit("error", error=f"{type(e).__name__}: {e}", fatal=True)
+        await asyncio.wait_for(consumer.stop(), CLOSE_TIMEOUT_S)
+        sys.exit(3)
+    await asyncio.wait_for(consumer.stop(), CLOSE_TIMEOUT_S)
+    emit("closed")
+
+
+# -- confluent-kafka -------------------------------------------------------------------------
+
+
+def cgmd_generation(cgmd: bytes) -> int:
+    """The generation in librdkafka's serialized consumer group metadata
+    (``rd_kafka_consumer_group_metadata_write``: ``"CGMDv2:"``, then the generation id as a
+    native int32, then the NUL-terminated group id, member id, ...)."""
+    magic = b"CGMDv2:"
+    assert cgmd.startswith(magic), cgmd[:16]
+    (generation,) = struct.unpack_from("=i", cgmd, len(magic))
+    return int(generation)
+
+
+def run_confluent(cfg: dict[str, Any]) -> None:
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    stopping = install_stop_handler()
+    fatal: list[Any] = []
+
+    def on_error(error: Any) -> None:
+        # librdkafka reports a fatal error (e.g. FENCED_INSTANCE_ID) to the error callback as
+        # _FATAL, the original error in its text.
+        is_fatal = bool(error.fatal()) or error.code() == KafkaError._FATAL
+        emit("error", error=f"{error.name()}: {error.str()}", fatal=is_fatal)
+        if is_fatal:
+            fatal.append(error)
+
+    conf: dict[str, Any] = {
+        "bootstrap.servers": cfg["bootstrap"],
+        "client.id": cfg["name"],
+        "group.id": cfg["group"],
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+        "session.timeout.ms": cfg["session_timeout_ms"],
+        "heartbeat.interval.ms": cfg["heartbeat_interval_ms"],
+        "max.poll.interval.ms": cfg["max_poll_interval_ms"],
+        "topic.metadata.refresh.interval.ms": cfg["metadata_max_age_ms"],
+        "metadata.max.age.ms": cfg["metadata_max_age_ms"] * 3,
+        "partition.assignment.strategy": cfg["assignor"],
+        "error_cb": on_error,
+    }
+    if cfg["instance_id"] is not None:
+        conf["group.instance.id"] = cfg["instance_id"]
+    consumer = Consumer(conf)
+    # The generation of the last assignment callback: librdkafka bumps its generation at the
+    # JoinGroup answer, before the assignment of that generation reaches the application.
+    settled: dict[str, int] = {"generation": -1}
+
+    def ident() -> dict[str, Any]:
+        generation = cgmd_generation(consumer.consumer_group_metadata())
+        return {"generation": generation, "member_id": consumer.memberid()}
+
+    def on_assign(c: Any, partitions: list[Any]) -> None:
+        info = ident()
+        settled["generation"] = info["generation"]
+        emit("assigned", partitions=sorted(tp.partition for tp in partitions), **info)
+
+    def on_revoke(c: Any, partitions: list[Any]) -> None:
+        settled["generation"] = -1
+        emit("revoked", partitions=sorted(tp.partition for tp in partitions), **ident())
+
+    def on_lost(c: Any, partitions: list[Any]) -> None:
+        settled["generation"] = -1
+        emit("lost", partitions=sorted(tp.partition for tp in partitions), **ident())
+
+    reporter = Reporter()
+    consumer.subscribe([cfg["topic"]], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
+    emit("started")
+    try:
+        while not stopping.is_set() and not fatal:
+            messages = consumer.consume(num_messages=500, timeout=POLL_TIMEOUT_S)
+            if settled["generation"] > 0:
+                reporter.maybe_report(
+                    settled["generation"],
+                    consumer.memberid(),
+                    cfg["assignor"],  # the only one it offers, so the one chosen
+                    {tp.partition for tp in consumer.assignment()},
+                )
+            records = []
+            last: dict[int, tuple[int, int | None]] = {}  # partition -> offset, leader epoch
+            for m in messages:
+                error = m.error()
+                if error is not None:
+                    if error.code() != KafkaError._PARTITION_EOF:
+                        on_error(error)
+                    continue
+                partition, offset = int(m.partition() or 0), int(m.offset() or 0)
+                records.append([partition, offset, (m.value() or b"").decode()])
+                last[partition] = (offset, m.leader_epoch())
+            if not records:
+                continue
+            emit("records", records=records)
+            # With the leader epoch of the last record, as the Java consumer commits (KIP-320).
+            offsets = [
+                TopicPartition(cfg["topic"], p, o + 1, leader_epoch=e) for p, (o, e) in last.items()
+            ]
+            try:
+                result = consumer.commit(offsets=offsets, asynchronous=False)
+            except Exception as e:
+                emit("commit_failed", error=f"{type(e).__name__}: {e}")
+                continue
+            failed = [tp for tp in result if tp.error is not None]
+            if failed:
+                emit("commit_failed", error=str(failed[0].error))
+            else:
+                emit("committed", offsets={tp.partition: tp.offset for tp in result})
+    except Exception as e:
+        emit("error", error=f"{type(e).__name__}: {e}", fatal=True)
+        sys.exit(3)
+    if fatal:
+        consumer.close()
+        sys.exit(3)
+    consumer.close()
+    emit("closed")
+
+
+def main() -> None:
+    cfg = json.loads(sys.argv[1])
+    # The client's own log goes to stderr, which the tests keep for a failure's report.
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.DEBUG if cfg.get("debug") else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # The group protocol's own trace (JoinGroup, SyncGroup, Heartbeat: a few lines a second)
+    # always, for the report of a failed test.
+    for name in ("kafka.coordinator", "aiokafka.consumer.group_coordinator"):
+        logging.getLogger(name).setLevel(logging.DEBUG)
+    if not cfg.get("debug"):
+        # It logs every need_rejoin() check at DEBUG, several per poll.
+        logging.getLogger("kafka.coordinator.consumer").setLevel(logging.INFO)
+    runners: dict[str, Callable[[dict[str, Any]], Any]] = {
+        "kafka-python": run_kafka_python,
+        "aiokafka": lambda c: asyncio.run(run_aiokafka(c)),
+        "confluent-kafka": run_confluent,
+    }
+    runners[cfg["client"]](cfg)
+
+
+if __name__ == "__main__":
+    main()
