@@ -9,57 +9,23 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration import bench_run
+from tests.integration.bench_run import processes_matching
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 30.0
 SEED = 11
 
 
-def processes_matching(*needles: str) -> list[tuple[int, str]]:
-    """Running processes whose command line contains every needle: (pid, command line)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (proc / "stat").read_text().rsplit(") ", 1)[-1]
-        except OSError:
-            continue  # exited meanwhile
-        if not state.startswith("Z") and all(n in cmdline for n in needles):
-            found.append((int(proc.name), cmdline))
-    return found
-
-
 def run_bench(args: list[str]) -> tuple[int, str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "coordinator.py"), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the benchmark stops its processes on SIGTERM
-        try:
-            output, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-        pytest.fail(f"bench/coordinator.py did not finish in {RUN_TIMEOUT_S:.0f} s:\n{output}")
-    return proc.returncode, output
+    return bench_run.run_bench("coordinator.py", args, RUN_TIMEOUT_S)
 
 
 def assert_summary(summary: dict[str, Any], count: int, *, with_samples: bool = True) -> None:

@@ -7,58 +7,27 @@ killed the nodes they say, and no node process outlives the benchmark.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.integration import bench_run
+from tests.integration.bench_run import processes_matching
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
-REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240.0
-STOP_TIMEOUT_S = 30.0
 
 
 def node_processes_under(directory: Path) -> list[int]:
     """Pids of running kcoord node processes whose command line names a path in ``directory``."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(") ", 1)[-1]
-        except OSError:
-            continue  # exited meanwhile
-        if state.startswith("Z"):
-            continue
-        if b"kcoord.node.cli" in cmdline and str(directory).encode() in cmdline:
-            pids.append(int(proc.name))
-    return pids
+    return [pid for pid, _ in processes_matching("kcoord.node.cli", str(directory))]
 
 
 def run_bench(args: list[str]) -> tuple[int, str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "quorum.py"), *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGTERM)  # the benchmark stops its nodes on SIGTERM
-        try:
-            output, _ = proc.communicate(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            output, _ = proc.communicate()
-        pytest.fail(f"bench/quorum.py did not finish in {RUN_TIMEOUT_S:.0f} s:\n{output}")
-    return proc.returncode, output
+    return bench_run.run_bench("quorum.py", args, RUN_TIMEOUT_S)
 
 
 def assert_summary(summary: dict[str, Any], count: int) -> None:
