@@ -50,6 +50,7 @@ from typing import Any
 import pytest
 
 from kcoord.cluster.routing import partition_for
+from kcoord.node import launcher
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.integration.test_kafka_clients import CLIENTS_DIR, run_client
@@ -765,25 +766,77 @@ def wait_restarted(cluster: LocalCluster, node_id: int, old_epoch: int, topics: 
     wait_for(back, f"node {node_id} registered again and every partition led", DEADLINE_S)
 
 
+def group_on(cluster: LocalCluster, prefix: str, node_id: int) -> str:
+    """A group id whose ``__consumer_offsets`` partition node ``node_id`` leads."""
+    alive = cluster.alive_ids()
+    for i in range(1000):
+        if offsets_leader(cluster, f"{prefix}-{i}", alive) == node_id:
+            return f"{prefix}-{i}"
+    raise AssertionError(f"no group id with prefix {prefix} coordinated by node {node_id}")
+
+
+def check_commits_never_regress(members: list[Member]) -> None:
+    """Without a rebalance each partition has one owner: its acknowledged commits only grow."""
+    last: dict[int, tuple[str, int]] = {}
+    for m in members:
+        for event in m.events("committed"):
+            for p, o in event["offsets"].items():
+                owner, before = last.get(int(p), (m.name, -1))
+                assert owner == m.name, f"partition {p} committed by {owner} and {m.name}"
+                assert o >= before, f"{m.name} committed {o} for partition {p} after {before}"
+                last[int(p)] = (m.name, o)
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_committed_offsets_survive_the_loss_and_restart_of_the_coordinator(
     cluster: LocalCluster, spawn: Spawner, client: str
 ) -> None:
     """SIGKILL the node coordinating the group while its members run: the group's offsets
-    partition fails over to a follower, which answers with every acknowledged commit; the
-    members carry on there; the node comes back, takes its leadership back (preferred leader)
-    and has the commits made meanwhile. No acknowledged message is lost or read twice."""
+    partition fails over to a follower (a hot standby), which answers with every acknowledged
+    commit; the members carry on there without a rebalance (DESIGN section 7: a stable group,
+    and a static one, need none); the node comes back, takes its leadership back (preferred
+    leader) with the commits made meanwhile, again without a rebalance. No acknowledged message
+    is lost or read twice."""
     bootstrap = bootstrap_of(cluster)
     topic = group = f"coordinator-{client}"
     create_topic(client, bootstrap, topic)
     members = [spawn(client, group, topic, f"m{i}") for i in range(3)]
     wait_settled(spawn, members)
-    acked = produce(client, bootstrap, topic, 200, "before")
-    wait_consumed(spawn, members, acked)
-    wait_until(spawn, lambda: group_committed(members) == end_offsets(acked), "commits", members)
-    acknowledged = group_committed(members)
-
     coordinator = coordinator_of(cluster, client, group, topic)
+    # Clients with static membership (KIP-345) also run a static group on the same node.
+    static_members: list[Member] = []
+    static_topic = static_group_id = ""
+    if client in FENCED:
+        static_group_id = group_on(cluster, f"static-coordinator-{client}", coordinator)
+        static_topic = static_group_id
+        create_topic(client, bootstrap, static_topic)
+        static_members = [
+            spawn(
+                client,
+                static_group_id,
+                static_topic,
+                f"s{i}",
+                instance_id=f"{static_group_id}-{i}",
+                session_timeout_ms=STATIC_SESSION_TIMEOUT_MS,
+            )
+            for i in range(2)
+        ]
+        wait_settled(spawn, static_members)
+    everyone = members + static_members
+    acked = produce(client, bootstrap, topic, 200, "before")
+    static_acked = produce(client, bootstrap, static_topic, 60, "s-before") if static_topic else []
+    wait_consumed(spawn, members, acked)
+    wait_consumed(spawn, static_members, static_acked)
+    wait_until(spawn, lambda: group_committed(members) == end_offsets(acked), "commits", members)
+    wait_until(
+        spawn,
+        lambda: group_committed(static_members) == end_offsets(static_acked),
+        "the static group's commits",
+        static_members,
+    )
+    acknowledged = group_committed(members)
+    marks = {m.name: m.mark() for m in everyone}
+
     epoch = broker_epoch(cluster, coordinator)
     cluster.kill(coordinator)
     survivors = [n for n in cluster.alive_ids() if n != coordinator]
@@ -793,9 +846,15 @@ def test_committed_offsets_survive_the_loss_and_restart_of_the_coordinator(
         DEADLINE_S,
     )
     assert committed_offsets(client, bootstrap, group, topic) == acknowledged
+    if static_topic:
+        assert committed_offsets(
+            client, bootstrap, static_group_id, static_topic
+        ) == group_committed(static_members)
 
     during = produce(client, bootstrap, topic, 100, "during")
+    static_during = produce(client, bootstrap, static_topic, 30, "s-during") if static_topic else []
     wait_consumed(spawn, members, during)
+    wait_consumed(spawn, static_members, static_during)
     wait_until(
         spawn,
         lambda: group_committed(members) == end_offsets(acked + during),
@@ -815,15 +874,82 @@ def test_committed_offsets_survive_the_loss_and_restart_of_the_coordinator(
     assert committed_offsets(client, bootstrap, group, topic) == acknowledged
 
     after = produce(client, bootstrap, topic, 100, "after")
+    static_after = produce(client, bootstrap, static_topic, 30, "s-after") if static_topic else []
     wait_consumed(spawn, members, after)
+    wait_consumed(spawn, static_members, static_after)
     check_exactly_once(acked + during + after, consumed(members))
+    check_exactly_once(static_acked + static_during + static_after, consumed(static_members))
     wait_until(
         spawn,
         lambda: group_committed(members) == end_offsets(acked + during + after),
         "the last commits",
         members,
     )
-    assert all(m.alive for m in members), spawn.report()
+    wait_until(
+        spawn,
+        lambda: (
+            group_committed(static_members)
+            == end_offsets(static_acked + static_during + static_after)
+        ),
+        "the static group's last commits",
+        static_members,
+    )
+    assert all(m.alive for m in everyone), spawn.report()
+    for m in everyone:
+        assert not rebalance_events(m, marks[m.name]), (m.name, rebalance_events(m, 0))
+    check_commits_never_regress(members)
+    check_commits_never_regress(static_members)
+
+
+def test_a_rolling_restart_loses_no_commit_and_causes_no_rebalance(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    """Every node restarted in turn (SIGTERM, start, back in every ISR) while a group consumes
+    and commits: nothing acknowledged is lost or read twice, no commit regresses, and the group
+    never rebalances, though its coordinator moves at least twice."""
+    client = "confluent-kafka"
+    bootstrap = bootstrap_of(cluster)
+    topic = group = "rolling-restart"
+    create_topic(client, bootstrap, topic)
+    members = [spawn(client, group, topic, f"m{i}") for i in range(3)]
+    wait_settled(spawn, members)
+    acked = produce(client, bootstrap, topic, 60, "start")
+    wait_consumed(spawn, members, acked)
+    marks = {m.name: m.mark() for m in members}
+    for node_id in sorted(cluster.alive_ids()):
+        epoch = broker_epoch(cluster, node_id)
+        launcher.stop_node(cluster.node(node_id))  # SIGTERM: a clean shutdown
+        acked += produce(client, bootstrap, topic, 30, f"without-{node_id}")
+        assert committed_offsets(client, bootstrap, group, topic), "no offsets while down"
+        cluster.start(node_id)
+        wait_restarted(cluster, node_id, epoch, [topic, OFFSETS_TOPIC_NAME])
+        wait_for(
+            lambda: all_in_sync(cluster, [topic, OFFSETS_TOPIC_NAME]),
+            f"node {node_id} back in every ISR",
+            DEADLINE_S,
+        )
+        acked += produce(client, bootstrap, topic, 30, f"with-{node_id}")
+        wait_consumed(spawn, members, acked)
+    wait_until(
+        spawn, lambda: group_committed(members) == end_offsets(acked), "the last commits", members
+    )
+    check_exactly_once(acked, consumed(members))
+    assert committed_offsets(client, bootstrap, group, topic) == end_offsets(acked)
+    for m in members:
+        assert not rebalance_events(m, marks[m.name]), (m.name, rebalance_events(m, 0))
+    check_commits_never_regress(members)
+
+
+def all_in_sync(cluster: LocalCluster, topics: list[str]) -> bool:
+    controller = cluster.controller_id()
+    if controller is None:
+        return False
+    view = cluster.describe(controller, topics=True)["topics"]
+    return all(
+        sorted(p["isr"]) == sorted(p["replicas"]) and p["leader"] >= 0
+        for t in topics
+        for p in view[t]["partitions"]
+    )
 
 
 # -- Kafka's defaults ------------------------------------------------------------------------

@@ -204,6 +204,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.max.session.timeout.ms", _Kind.INT, 1_800_000, 0, _INT32_MAX),
     _Spec("group.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
     _Spec("group.coordinator.append.linger.ms", _Kind.INT, 10, 0, _INT32_MAX),
+    # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
+    _Spec("group.coordinator.hot.standby.enable", _Kind.BOOL, True),
     # Data topics and replication.
     _Spec("default.replication.factor", _Kind.INT, 1, 1, _INT16_MAX),
     _Spec("num.partitions", _Kind.INT, 1, 1, _INT32_MAX),
@@ -280,6 +282,7 @@ class NodeConfig:
     group_max_session_timeout_ms: int
     group_max_size: int
     group_coordinator_append_linger_ms: int
+    group_coordinator_hot_standby_enable: bool
     default_replication_factor: int
     num_partitions: int
     min_insync_replicas: int

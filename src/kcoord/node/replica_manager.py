@@ -65,7 +65,9 @@ log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
 HighWatermarkListener = Callable[["Partition", int], None]
-RoleListener = Callable[["Partition", bool], None]  # (partition, is_leader now)
+# (partition, is_leader now): on becoming leader, on every follower role change (a new leader
+# or epoch) and on removal (then the partition is no longer in ``partitions``).
+RoleListener = Callable[["Partition", bool], None]
 # Sends an AlterPartition payload to the active controller, returns its answer (or raises).
 AlterPartitionCall = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -267,7 +269,7 @@ class ReplicaManager:
                 part.replication = None
                 part.truncation_pending = True
                 part.fail_waiters(Errors.NOT_LEADER_OR_FOLLOWER)
-            if part.is_leader or was_leader:
+            if part.is_leader or was_leader or isinstance(change, BecomeFollower):
                 for listener in self._role_listeners:
                     try:
                         listener(part, part.is_leader)

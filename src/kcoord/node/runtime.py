@@ -18,6 +18,14 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   the high watermark reaches the last offset written so far, so nobody reads uncommitted state.
 - **Timers** the shard schedules run as ``loop.call_later`` callbacks that call
   ``shard.on_timer``, just another handler.
+- **Hot standby** (DESIGN section 8, beyond Kafka): on a follower of an offsets partition a
+  ``Standby`` shard replays the log as it replicates, up to the high watermark only (what no
+  truncation can take back). On promotion the context takes the standby's shard and replays
+  just the suffix above it, then serves: failover time no longer grows with the log. A
+  truncation below what the standby replayed (``Log.truncations``) or a log start moved past
+  it discards the standby, which replays again from the log start; a cold load (full replay)
+  remains the fallback and ``group.coordinator.hot.standby.enable=false`` turns standbys off.
+  A standby's shard is passive: ``replay`` arms no timers; ``on_loaded`` arms them at promotion.
 - **Unloading** (``resign``, or a failed append): the shard's pending joins and syncs are
   answered ``NOT_COORDINATOR`` (``on_unloaded``), every deferred response fails with
   ``NOT_COORDINATOR``, timers are cancelled and the context is dropped; it is never rolled
@@ -48,6 +56,7 @@ from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
 from kcoord.storage import format as fmt
+from kcoord.storage.log import Log
 
 log = logging.getLogger(__name__)
 
@@ -71,24 +80,72 @@ class ShardState(enum.Enum):
 
 @dataclass(slots=True)
 class LoadSummary:
+    partition: int
+    leader_epoch: int
     start_ms: int
     end_ms: int
-    records: int
+    records: int  # replayed by this load (the suffix above the standby when hot)
     bytes: int
+    hot: bool  # promoted from a standby
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "leader_epoch": self.leader_epoch,
+            "start_ms": self.start_ms,
+            "end_ms": self.end_ms,
+            "records": self.records,
+            "bytes": self.bytes,
+            "hot": self.hot,
+        }
+
+
+def _replay_chunk(
+    shard: GroupCoordinatorShard, lg: Log, offset: int, max_offset: int | None, max_bytes: int
+) -> tuple[int, int, int]:
+    """Replay the batches of one read from ``offset`` (below ``max_offset``, if given) into
+    ``shard``; returns (next offset, records replayed, bytes read). Nothing read leaves the
+    offset as it was."""
+    data = lg.read(offset, max_bytes, max_offset=max_offset).records
+    records = 0
+    for pos, header in fmt.iter_headers(data):
+        offset = header.next_offset
+        if header.is_control:
+            continue
+        for r in fmt.decode_records(data, pos):
+            if r.key is None:
+                continue
+            try:
+                record = decode_record(r.key, r.value)
+            except UnknownRecordTypeError as e:
+                log.warning("skipping unknown record type at offset %d: %s", r.offset, e)
+                continue
+            except CoordinatorRecordError as e:
+                log.error("skipping corrupt record at offset %d: %s", r.offset, e)
+                continue
+            shard.replay(r.offset, record)
+            records += 1
+    return offset, records, len(data)
 
 
 class _ShardTimer:
-    """The ``Timer`` the shard sees: deadlines become ``loop.call_later`` callbacks."""
+    """The ``Timer`` the shard sees: deadlines become ``loop.call_later`` callbacks.
 
-    def __init__(self, ctx: ShardContext) -> None:
+    A standby's shard gets one without a context: it schedules nothing until it is promoted
+    (``on_loaded``), and the promotion binds the context.
+    """
+
+    def __init__(self, ctx: ShardContext | None) -> None:
         self.ctx = ctx
         self.handles: dict[str, asyncio.TimerHandle] = {}
 
     def schedule(self, key: str, deadline_ms: int) -> None:
+        ctx = self.ctx
+        assert ctx is not None, "a standby shard scheduled a timer"
         self.cancel(key)
-        delay_s = max(0.0, (deadline_ms - self.ctx.runtime.now_ms()) / 1000)
+        delay_s = max(0.0, (deadline_ms - ctx.runtime.now_ms()) / 1000)
         loop = asyncio.get_running_loop()
-        self.handles[key] = loop.call_later(delay_s, self.ctx.fire_timer, key)
+        self.handles[key] = loop.call_later(delay_s, ctx.fire_timer, key)
 
     def cancel(self, key: str) -> None:
         handle = self.handles.pop(key, None)
@@ -203,6 +260,33 @@ class ShardContext:
                 fut.set_exception(CoordinatorError(code))
 
 
+@dataclass(eq=False)
+class Standby:
+    """A follower's passive shard, replayed up to the partition's high watermark."""
+
+    partition: Partition
+    log: Log
+    shard: GroupCoordinatorShard
+    timer: _ShardTimer
+    next_offset: int  # the next log offset to replay
+    truncations: int  # the log's truncation count this state is valid for
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    records: int = 0
+    closed: bool = False
+
+    def still_valid(self) -> bool:
+        """Whether what was replayed is still the log's prefix (no truncation below it, no
+        log start moved past it); a single truncation at or above ``next_offset`` is fine."""
+        lg = self.log
+        if self.partition.log is not lg or self.next_offset < lg.log_start_offset:
+            return False
+        if lg.truncations != self.truncations:
+            if lg.truncations != self.truncations + 1 or lg.last_truncated_to < self.next_offset:
+                return False
+            self.truncations = lg.truncations
+        return self.next_offset <= lg.log_end_offset
+
+
 def _bind_now(
     handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult], now_ms: int
 ) -> Callable[[GroupCoordinatorShard, int], CoordinatorResult]:
@@ -232,12 +316,17 @@ class CoordinatorRuntime:
         now_ms: Callable[[], int],
         *,
         num_partitions: Callable[[], int | None],
+        hot_standby: bool = True,
+        load_buffer_size: int = LOAD_CHUNK_BYTES,
     ) -> None:
         self.replica_manager = replica_manager
         self.config = config
         self.now_ms = now_ms
         self.num_partitions = num_partitions
+        self.hot_standby = hot_standby
+        self.load_buffer_size = load_buffer_size
         self.contexts: dict[int, ShardContext] = {}
+        self.standbys: dict[int, Standby] = {}
         self._tokens = itertools.count(1)
         self.loads: list[LoadSummary] = []
         replica_manager.add_role_listener(self._on_role)
@@ -255,8 +344,12 @@ class CoordinatorRuntime:
             return
         if is_leader:
             self.schedule_load(part)
-        else:
-            self.unload(part.partition, part.leader_epoch)
+            return
+        self.unload(part.partition, part.leader_epoch)
+        if self.replica_manager.partitions.get(part.tp) is not part:
+            self._drop_standby(part.partition)  # no longer hosted here
+        elif self.hot_standby:
+            self._ensure_standby(part)
 
     def _on_high_watermark(self, part: Partition, high_watermark: int) -> None:
         if part.topic != OFFSETS_TOPIC:
@@ -264,6 +357,9 @@ class CoordinatorRuntime:
         ctx = self.contexts.get(part.partition)
         if ctx is not None:
             ctx.complete_up_to(high_watermark)
+        standby = self.standbys.get(part.partition)
+        if standby is not None:
+            standby.wakeup.set()
 
     def schedule_load(self, part: Partition) -> None:
         old = self.contexts.get(part.partition)
@@ -271,43 +367,32 @@ class CoordinatorRuntime:
             return  # stale or duplicate election
         if old is not None:
             self._close(old, Errors.NOT_COORDINATOR)
+        standby = self._take_standby(part)
         ctx = ShardContext(self, part, part.leader_epoch)
         self.contexts[part.partition] = ctx
-        asyncio.get_running_loop().create_task(self._load(ctx), name=f"load-{part.partition}")
+        asyncio.get_running_loop().create_task(
+            self._load(ctx, standby), name=f"load-{part.partition}"
+        )
 
-    async def _load(self, ctx: ShardContext) -> None:
+    async def _load(self, ctx: ShardContext, standby: Standby | None = None) -> None:
+        """Replay the log into a shard, from the log start or (hot) from the standby's end."""
         start = self.now_ms()
-        timer = _ShardTimer(ctx)
-        shard = GroupCoordinatorShard(self.config, timer, self.new_member_id)
         lg = ctx.partition.log
-        offset = lg.log_start_offset
+        if standby is not None:
+            timer, shard, offset = standby.timer, standby.shard, standby.next_offset
+            timer.ctx = ctx
+        else:
+            timer = _ShardTimer(ctx)
+            shard = GroupCoordinatorShard(self.config, timer, self.new_member_id)
+            offset = lg.log_start_offset
         records = 0
         size = 0
-        while ctx.state is ShardState.LOADING:
-            end = lg.log_end_offset
-            if offset >= end:
+        while ctx.state is ShardState.LOADING and offset < lg.log_end_offset:
+            offset, n, nbytes = _replay_chunk(shard, lg, offset, None, self.load_buffer_size)
+            if not nbytes:
                 break
-            data = lg.read(offset, LOAD_CHUNK_BYTES, max_offset=None).records
-            if not data:
-                break
-            size += len(data)
-            for pos, header in fmt.iter_headers(data):
-                offset = header.next_offset
-                if header.is_control:
-                    continue
-                for r in fmt.decode_records(data, pos):
-                    if r.key is None:
-                        continue
-                    try:
-                        record = decode_record(r.key, r.value)
-                    except UnknownRecordTypeError as e:
-                        log.warning("skipping unknown record type at offset %d: %s", r.offset, e)
-                        continue
-                    except CoordinatorRecordError as e:
-                        log.error("skipping corrupt record at offset %d: %s", r.offset, e)
-                        continue
-                    shard.replay(r.offset, record)
-                    records += 1
+            records += n
+            size += nbytes
             await asyncio.sleep(0)  # let other work run between chunks
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
@@ -315,18 +400,106 @@ class CoordinatorRuntime:
         ctx.timer = timer
         ctx.last_written_offset = lg.log_end_offset
         ctx.state = ShardState.ACTIVE
-        ctx.load_summary = LoadSummary(start, self.now_ms(), records, size)
-        self.loads.append(ctx.load_summary)
+        summary = LoadSummary(
+            ctx.index, ctx.leader_epoch, start, self.now_ms(), records, size, standby is not None
+        )
+        ctx.load_summary = summary
+        self.loads.append(summary)
+        del self.loads[:-1000]  # the recent ones are enough
         ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0)
         log.info(
-            "loaded %s-%d (epoch %d): %d records, %d bytes in %d ms",
+            "loaded %s-%d (epoch %d, %s): %d records, %d bytes in %d ms",
             OFFSETS_TOPIC,
             ctx.index,
             ctx.leader_epoch,
+            "hot from the standby" if summary.hot else "cold",
             records,
             size,
-            ctx.load_summary.end_ms - start,
+            summary.end_ms - start,
         )
+
+    # -- hot standby ----------------------------------------------------------------------------
+
+    def _ensure_standby(self, part: Partition) -> None:
+        current = self.standbys.get(part.partition)
+        if current is not None and current.partition is part and current.still_valid():
+            current.wakeup.set()
+            return
+        self._drop_standby(part.partition)
+        standby = self._new_standby(part)
+        self.standbys[part.partition] = standby
+        asyncio.get_running_loop().create_task(
+            self._follow(standby), name=f"standby-{part.partition}"
+        )
+
+    def _new_standby(self, part: Partition) -> Standby:
+        timer = _ShardTimer(None)
+        lg = part.log
+        return Standby(
+            part,
+            lg,
+            GroupCoordinatorShard(self.config, timer, self.new_member_id),
+            timer,
+            lg.log_start_offset,
+            lg.truncations,
+        )
+
+    async def _follow(self, standby: Standby) -> None:
+        """Replay committed records into the standby as the follower's HW moves."""
+        part = standby.partition
+        while not standby.closed:
+            if not standby.still_valid():
+                log.info(
+                    "%s-%d: the log was truncated below the standby; replaying it again",
+                    OFFSETS_TOPIC,
+                    part.partition,
+                )
+                fresh = self._new_standby(part)
+                standby.shard, standby.timer = fresh.shard, fresh.timer
+                standby.log, standby.next_offset = fresh.log, fresh.next_offset
+                standby.truncations, standby.records = fresh.truncations, 0
+            high_watermark = min(part.high_watermark, standby.log.log_end_offset)
+            if standby.next_offset >= high_watermark:
+                standby.wakeup.clear()
+                await standby.wakeup.wait()
+                continue
+            try:
+                offset, n, nbytes = _replay_chunk(
+                    standby.shard,
+                    standby.log,
+                    standby.next_offset,
+                    high_watermark,
+                    self.load_buffer_size,
+                )
+            except Exception:
+                log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
+                standby.truncations = -1  # invalid: start again from the log start
+                await asyncio.sleep(1.0)  # an I/O error: do not spin on it
+                continue
+            if not nbytes:
+                standby.wakeup.clear()
+                await standby.wakeup.wait()
+                continue
+            standby.next_offset = offset
+            standby.records += n
+            await asyncio.sleep(0)  # let other work run between chunks
+
+    def _take_standby(self, part: Partition) -> Standby | None:
+        """Promotion: the standby's shard if it is still the log's prefix, else None (cold)."""
+        standby = self.standbys.pop(part.partition, None)
+        if standby is None:
+            return None
+        standby.closed = True
+        standby.wakeup.set()
+        if standby.partition is not part or not standby.still_valid():
+            return None
+        return standby
+
+    def _drop_standby(self, partition: int) -> None:
+        standby = self.standbys.pop(partition, None)
+        if standby is not None:
+            standby.closed = True
+            standby.wakeup.set()
 
     def unload(self, partition: int, leader_epoch: int) -> None:
         ctx = self.contexts.get(partition)
@@ -340,7 +513,7 @@ class CoordinatorRuntime:
             # Reload from the log: whatever was appended is the truth.
             new = ShardContext(self, ctx.partition, ctx.leader_epoch)
             self.contexts[ctx.index] = new
-            asyncio.get_running_loop().create_task(self._load(new))
+            asyncio.get_running_loop().create_task(self._load(new), name=f"load-{ctx.index}")
 
     def _close(self, ctx: ShardContext, code: Errors) -> None:
         if self.contexts.get(ctx.index) is ctx:
@@ -411,3 +584,5 @@ class CoordinatorRuntime:
     def close(self) -> None:
         for ctx in list(self.contexts.values()):
             self._close(ctx, Errors.NOT_COORDINATOR)
+        for partition in list(self.standbys):
+            self._drop_standby(partition)

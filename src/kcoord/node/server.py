@@ -174,6 +174,8 @@ class Node:
             ),
             self.clock.now_ms,
             num_partitions=self._offsets_partition_count,
+            hot_standby=cfg.group_coordinator_hot_standby_enable,
+            load_buffer_size=cfg.offsets_load_buffer_size,
         )
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
         timing = QuorumTiming(
@@ -416,6 +418,23 @@ class Node:
             "role_changes": len(self.roles.history),
             "fenced_by_me": list(self.controller.fenced_by_me),
             "topics": topics,
+            "coordinator": self._describe_coordinator()
+            if (payload or {}).get("coordinator")
+            else {},
+        }
+
+    def _describe_coordinator(self) -> dict[str, Any]:
+        """Shards and standbys of this node's group coordinator, and its recent loads."""
+        runtime = self.coordinator
+        if runtime is None:
+            return {}
+        return {
+            "shards": {str(i): ctx.state.value for i, ctx in runtime.contexts.items()},
+            "standbys": {
+                str(i): {"next_offset": sb.next_offset, "records": sb.records}
+                for i, sb in runtime.standbys.items()
+            },
+            "loads": [summary.as_dict() for summary in runtime.loads[-200:]],
         }
 
 

@@ -137,6 +137,11 @@ class Log:
         self.topic_id = topic_id
         self._unflushed_messages = 0
         self._last_flush_ms: int | None = None
+        # Bumped on every truncation, with the offset below which the records stayed: readers
+        # that keep state derived from the log (the coordinator's hot standby) see whether it
+        # still holds.
+        self.truncations = 0
+        self.last_truncated_to = 0
 
     # -----------------------------------------------------------------------------------------
     # Opening and recovery.
@@ -579,6 +584,8 @@ class Log:
         dropped = self.active_segment.truncate_to(offset)
         log.info("%s: truncated to %d (%d bytes)", self.directory.name, offset, dropped)
         end = self.log_end_offset
+        self.truncations += 1
+        self.last_truncated_to = end
         self.recovery_point = min(self.recovery_point, end)
         self.log_start_offset = min(self.log_start_offset, end)
         self.epoch_cache.truncate_from_end(end)
@@ -593,6 +600,8 @@ class Log:
         self._bases = [offset]
         self.log_start_offset = offset
         self.recovery_point = offset
+        self.truncations += 1
+        self.last_truncated_to = 0  # nothing below is kept
         self.epoch_cache.clear()
         self.epoch_cache.flush()
 

@@ -167,3 +167,204 @@ def test_unload_fails_pending_answers_and_reload_replays_the_log(tmp_path: Path)
         node.runtime.close()
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------------------------------------
+# Hot standby: a follower replays committed records as it replicates; promotion replays only
+# the suffix above them.
+
+
+class Replica:
+    """A node hosting __consumer_offsets-0 with replicas (1, 2); ``elect`` picks the leader."""
+
+    def __init__(self, data_dir: Path, node_id: int, *, hot_standby: bool = True) -> None:
+        self.now = 1_000_000
+        self.logs = LogManager(data_dir)
+        self.logs.open()
+        self.cache = MetadataCache(node_id, listener=_NoRoles())
+        self.replicas = HeldReplicaManager(node_id, self.logs, self.cache, lambda: self.now)
+        self.cache.listener = self.replicas
+        self.runtime = CoordinatorRuntime(
+            self.replicas,
+            GroupConfig(),
+            lambda: self.now,
+            num_partitions=lambda: 1,
+            hot_standby=hot_standby,
+        )
+        self.metadata_offset = 0
+
+    def elect(self, leader: int, leader_epoch: int) -> None:
+        self.metadata_offset += 1
+        records: list[rec.MetadataRecord] = []
+        if self.metadata_offset == 1:
+            records += [
+                rec.RegisterBroker(
+                    broker_id=b,
+                    incarnation_id=f"i{b}",
+                    broker_epoch=1,
+                    endpoints={"kafka": f"h:{b}"},
+                    fenced=False,
+                )
+                for b in (1, 2)
+            ]
+            records.append(rec.Topic("__consumer_offsets", OFFSETS_ID, {}))
+            records.append(rec.Topic("orders", ORDERS_ID, {}))
+            records.append(rec.Partition(ORDERS_ID, 0, (1, 2), (1, 2), 1, 0, 0))
+        # The leader alone in the ISR: its HW moves when the test releases it.
+        state = self.cache.image.partition(OFFSETS_ID, 0)
+        if state is None:
+            records.append(rec.Partition(OFFSETS_ID, 0, (1, 2), (leader,), leader, 0, 0))
+        else:
+            records.append(
+                rec.PartitionChange(
+                    OFFSETS_ID, 0, state.partition_epoch, leader=leader, isr=(leader,)
+                )
+            )
+        self.cache.apply(self.metadata_offset, records)
+        state = self.cache.image.partition(OFFSETS_ID, 0)
+        assert state is not None and state.leader_epoch == leader_epoch, state
+
+    @property
+    def part(self) -> Partition:
+        part = self.replicas.get_partition("__consumer_offsets", 0)
+        assert part is not None
+        return part
+
+    def replicate_from(self, leader: Replica, *, advance_high_watermark: bool = True) -> None:
+        """Fetch what the leader has beyond our log end, as a follower does."""
+        lg, src = self.part.log, leader.part.log
+        if lg.log_end_offset < src.log_end_offset:
+            lg.append_as_follower(src.read(lg.log_end_offset, 1 << 30).records, self.now)
+        if advance_high_watermark:
+            self.replicas.maybe_advance_follower_high_watermark(
+                self.part, leader.part.high_watermark
+            )
+
+
+async def commit_on(node: Replica, group: str, offset: int) -> None:
+    node.replicas.hold = False
+    try:
+        await asyncio.wait_for(node.runtime.call(group, commit(group, offset)), 5)
+    finally:
+        node.replicas.hold = True
+
+
+async def active(runtime: CoordinatorRuntime) -> None:
+    for _ in range(10_000):
+        ctx = runtime.contexts.get(0)
+        if ctx is not None and ctx.state is ShardState.ACTIVE:
+            return
+        await asyncio.sleep(0)  # the load task yields between chunks
+    raise AssertionError("the shard never became active")
+
+
+async def standby_at(runtime: CoordinatorRuntime, offset: int) -> None:
+    for _ in range(10_000):
+        standby = runtime.standbys.get(0)
+        if standby is not None and standby.next_offset == offset:
+            return
+        await asyncio.sleep(0)
+    standby = runtime.standbys.get(0)
+    raise AssertionError(f"standby at {standby and standby.next_offset}, expected {offset}")
+
+
+def test_a_promoted_standby_replays_only_the_suffix_above_its_high_watermark(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
+        for node in (leader, follower):
+            node.elect(leader=1, leader_epoch=0)
+        await active(leader.runtime)
+        for i in range(20):
+            await commit_on(leader, f"g{i % 3}", i)
+        assert 0 not in follower.runtime.contexts
+        follower.replicate_from(leader)
+        hw = follower.part.high_watermark
+        assert hw == leader.part.log.log_end_offset
+        await standby_at(follower.runtime, hw)
+        # Two more commits reach the follower's log but not its HW: the standby stays at the HW.
+        await commit_on(leader, "g0", 100)
+        await commit_on(leader, "g1", 101)
+        follower.replicate_from(leader, advance_high_watermark=False)
+        assert follower.part.log.log_end_offset == hw + 2
+        for _ in range(100):
+            await asyncio.sleep(0)
+        assert follower.runtime.standbys[0].next_offset == hw
+        # The leader dies; the follower is elected and promotes its standby.
+        follower.elect(leader=2, leader_epoch=1)
+        await active(follower.runtime)
+        summary = follower.runtime.contexts[0].load_summary
+        assert summary is not None and summary.hot and summary.records == 2
+        assert 0 not in follower.runtime.standbys
+        follower.replicas.release(follower.part)  # the new leader alone in the ISR commits
+        for group, expected in (("g0", 100), ("g1", 101), ("g2", 17)):
+            offsets = await asyncio.wait_for(follower.runtime.call(group, fetch(group)), 5)
+            assert offsets.topics[0].partitions[0].committed_offset == expected, group
+        # Back to follower (a newer leader): the shard unloads and a standby starts over.
+        follower.elect(leader=1, leader_epoch=2)
+        assert 0 not in follower.runtime.contexts
+        await standby_at(follower.runtime, follower.part.high_watermark)
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_truncation_below_the_standby_makes_it_replay_again(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
+        for node in (leader, follower):
+            node.elect(leader=1, leader_epoch=0)
+        await active(leader.runtime)
+        for i in range(6):
+            await commit_on(leader, "g", i)  # one record per batch
+        follower.replicate_from(leader, advance_high_watermark=False)
+        part = follower.part
+        follower.replicas.maybe_advance_follower_high_watermark(part, 4)
+        await standby_at(follower.runtime, 4)
+        standby = follower.runtime.standbys[0]
+        # A truncation at or above what the standby replayed keeps it; one below does not.
+        part.log.truncate_to(5)
+        assert standby.still_valid() and standby.truncations == part.log.truncations
+        part.log.truncate_to(2)
+        part.reset_high_watermark_to_log_end()
+        assert not standby.still_valid()
+        follower.replicate_from(leader)  # the same records again, and the HW to the end
+        for _ in range(10_000):
+            if standby.next_offset == 6 and standby.records == 6:
+                break
+            await asyncio.sleep(0)
+        assert (standby.next_offset, standby.records) == (6, 6)  # replayed from the log start
+        follower.elect(leader=2, leader_epoch=1)
+        await active(follower.runtime)
+        summary = follower.runtime.contexts[0].load_summary
+        assert summary is not None and summary.hot and summary.records == 0
+        follower.replicas.release(part)
+        offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 5
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_without_hot_standby_a_promotion_replays_the_whole_log(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        leader = Replica(tmp_path / "a", 1)
+        follower = Replica(tmp_path / "b", 2, hot_standby=False)
+        for node in (leader, follower):
+            node.elect(leader=1, leader_epoch=0)
+        await active(leader.runtime)
+        for i in range(5):
+            await commit_on(leader, "g", i)
+        follower.replicate_from(leader)
+        assert not follower.runtime.standbys
+        follower.elect(leader=2, leader_epoch=1)
+        await active(follower.runtime)
+        summary = follower.runtime.contexts[0].load_summary
+        assert summary is not None and not summary.hot and summary.records == 5
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
