@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node import launcher
 from tests.integration.cluster import LocalCluster, wait_for
@@ -778,6 +779,31 @@ def test_group_requests_at_a_node_that_is_not_the_coordinator(cluster: LocalClus
     with client(cluster, right) as c:
         assert heartbeat(c, group_id, gen, member_id) == Errors.NONE
         assert describe(c, group_id).group_state == "Stable"
+
+
+def test_find_coordinator_spreads_groups_over_every_node(cluster: LocalCluster) -> None:
+    """Batched FindCoordinator (v4, KIP-699) for many group ids, asked at every node: each
+    answer is the leader of the group's ``__consumer_offsets`` partition, every node
+    coordinates some groups, and all nodes give the same answers."""
+    groups = [f"spread-{i}" for i in range(300)]
+    controller = cluster.controller_id()
+    assert controller is not None
+    offsets = cluster.describe(controller, topics=True)["topics"]["__consumer_offsets"]
+    leaders = {p["partition"]: p["leader"] for p in offsets["partitions"]}
+    answers = []
+    for node_id in cluster.alive_ids():
+        with client(cluster, node_id) as c:
+            found = c.call(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": groups})
+        by_key = {co.key: co for co in found.coordinators}
+        assert set(by_key) == set(groups)
+        for g, co in by_key.items():
+            assert co.error_code == Errors.NONE, (g, co)
+            assert co.node_id == leaders[partition_for(g, len(leaders))], (g, co)
+            n = cluster.node(co.node_id)
+            assert (co.host, co.port) == (n.host, n.kafka_port)
+        answers.append({g: co.node_id for g, co in by_key.items()})
+    assert all(a == answers[0] for a in answers)
+    assert set(answers[0].values()) == set(cluster.alive_ids())
 
 
 # ---------------------------------------------------------------------------------------------
