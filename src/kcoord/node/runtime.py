@@ -47,8 +47,8 @@ from typing import Any
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     CoordinatorRecordError,
+    RecordDecoder,
     UnknownRecordTypeError,
-    decode_record,
     encode_record,
 )
 from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupConfig, GroupCoordinatorShard
@@ -101,29 +101,36 @@ class LoadSummary:
 
 
 def _replay_chunk(
-    shard: GroupCoordinatorShard, lg: Log, offset: int, max_offset: int | None, max_bytes: int
+    shard: GroupCoordinatorShard,
+    decoder: RecordDecoder,
+    lg: Log,
+    offset: int,
+    *,
+    max_offset: int | None,
+    max_bytes: int,
 ) -> tuple[int, int, int]:
     """Replay the batches of one read from ``offset`` (below ``max_offset``, if given) into
     ``shard``; returns (next offset, records replayed, bytes read). Nothing read leaves the
     offset as it was."""
     data = lg.read(offset, max_bytes, max_offset=max_offset).records
     records = 0
+    replay = shard.replay
     for pos, header in fmt.iter_headers(data):
         offset = header.next_offset
         if header.is_control:
             continue
-        for r in fmt.decode_records(data, pos):
-            if r.key is None:
+        for record_offset, key, value in fmt.decode_key_values(data, pos):
+            if key is None:
                 continue
             try:
-                record = decode_record(r.key, r.value)
+                record = decoder.decode(key, value)
             except UnknownRecordTypeError as e:
-                log.warning("skipping unknown record type at offset %d: %s", r.offset, e)
+                log.warning("skipping unknown record type at offset %d: %s", record_offset, e)
                 continue
             except CoordinatorRecordError as e:
-                log.error("skipping corrupt record at offset %d: %s", r.offset, e)
+                log.error("skipping corrupt record at offset %d: %s", record_offset, e)
                 continue
-            shard.replay(r.offset, record)
+            replay(record_offset, record)
             records += 1
     return offset, records, len(data)
 
@@ -271,6 +278,7 @@ class Standby:
     next_offset: int  # the next log offset to replay
     truncations: int  # the log's truncation count this state is valid for
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    decoder: RecordDecoder = field(default_factory=RecordDecoder)
     records: int = 0
     closed: bool = False
 
@@ -380,15 +388,19 @@ class CoordinatorRuntime:
         lg = ctx.partition.log
         if standby is not None:
             timer, shard, offset = standby.timer, standby.shard, standby.next_offset
+            decoder = standby.decoder
             timer.ctx = ctx
         else:
             timer = _ShardTimer(ctx)
             shard = GroupCoordinatorShard(self.config, timer, self.new_member_id)
             offset = lg.log_start_offset
+            decoder = RecordDecoder()
         records = 0
         size = 0
         while ctx.state is ShardState.LOADING and offset < lg.log_end_offset:
-            offset, n, nbytes = _replay_chunk(shard, lg, offset, None, self.load_buffer_size)
+            offset, n, nbytes = _replay_chunk(
+                shard, decoder, lg, offset, max_offset=None, max_bytes=self.load_buffer_size
+            )
             if not nbytes:
                 break
             records += n
@@ -466,10 +478,11 @@ class CoordinatorRuntime:
             try:
                 offset, n, nbytes = _replay_chunk(
                     standby.shard,
+                    standby.decoder,
                     standby.log,
                     standby.next_offset,
-                    high_watermark,
-                    self.load_buffer_size,
+                    max_offset=high_watermark,
+                    max_bytes=self.load_buffer_size,
                 )
             except Exception:
                 log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)

@@ -449,6 +449,76 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0) -> list[Re
     return records
 
 
+def decode_key_values(
+    buf: bytes | bytearray | memoryview, pos: int = 0
+) -> list[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of the batch at ``pos``: ``decode_records`` for
+    readers that need nothing else (the coordinator's log replay), with the same checks.
+
+    One-byte varints (every length under 64) are read inline: replay is bound by this loop.
+    """
+    header = parse_header(buf, pos)
+    if len(buf) - pos < header.size:
+        raise RecordFormatError(f"truncated batch at position {pos}")
+    body = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
+    data = (
+        bytes(body)
+        if header.compression is Compression.NONE
+        else decompress(header.compression, body)
+    )
+    base_offset = header.base_offset
+    size = len(data)
+    out: list[tuple[int, bytes | None, bytes | None]] = []
+    append = out.append
+    p = 0
+    for _ in range(header.record_count):
+        length, p = read_varint(data, p)
+        end = p + length
+        if length < 0 or end > size:
+            raise RecordFormatError(f"record length {length} runs past the batch")
+        p += 1  # attributes: unused in v2
+        b = data[p] if p < end else 0x80
+        if b < 0x80:  # the timestamp delta, skipped
+            p += 1
+        else:
+            _, p = read_varint(data, p)
+        b = data[p] if p < end else 0x80
+        if b < 0x80:
+            off_delta = (b >> 1) ^ -(b & 1)
+            p += 1
+        else:
+            off_delta, p = read_varint(data, p)
+        fields: list[bytes | None] = []
+        for _field in range(2):
+            b = data[p] if p < end else 0x80
+            if b < 0x80:
+                n = (b >> 1) ^ -(b & 1)
+                p += 1
+            else:
+                n, p = read_varint(data, p)
+            if n < 0:
+                fields.append(None)
+                continue
+            if p + n > end:
+                raise RecordFormatError(f"field of {n} bytes runs past the record")
+            fields.append(data[p : p + n])
+            p += n
+        if p < end and data[p] == 0:
+            p += 1  # no headers
+        else:
+            n_headers, p = read_varint(data, p)
+            if n_headers < 0:
+                raise RecordFormatError("negative header count")
+            for _h in range(2 * n_headers):
+                _, p = _read_nullable_bytes(data, p, end)
+        if p != end:
+            raise RecordFormatError(f"record body is {end - p} bytes longer than its fields")
+        append((base_offset + off_delta, fields[0], fields[1]))
+    if p != size:
+        raise RecordFormatError(f"{size - p} trailing bytes after the last record")
+    return out
+
+
 def _read_nullable_bytes(data: bytes | memoryview, pos: int, end: int) -> tuple[bytes | None, int]:
     n, pos = read_varint(data, pos)
     if n < 0:

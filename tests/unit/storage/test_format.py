@@ -54,6 +54,22 @@ def test_round_trip(records: list[fmt.Record], codec: fmt.Compression, epoch: in
     assert header.max_timestamp == max(r.timestamp for r in records)
     assert fmt.is_crc_valid(raw, 0, header)
     assert fmt.decode_records(raw) == records
+    assert fmt.decode_key_values(raw) == [(r.offset, r.key, r.value) for r in records]
+
+
+@given(st.binary(max_size=300), st.integers(0, 60))
+def test_decode_key_values_rejects_what_decode_records_rejects(garbage: bytes, at: int) -> None:
+    """A valid batch with its records' bytes replaced: both decoders fail alike or agree."""
+    raw = bytearray(fmt.build_batch([fmt.Record(0, 0, b"k", b"v", ())]))
+    raw[fmt.HEADER_SIZE + min(at, 6) :] = garbage
+    fmt.BATCH_PREFIX.pack_into(raw, 0, 0, len(raw) - 12, 0)
+    try:
+        expected = [(r.offset, r.key, r.value) for r in fmt.decode_records(raw)]
+    except fmt.RecordFormatError:
+        with pytest.raises(fmt.RecordFormatError):
+            fmt.decode_key_values(raw)
+        return
+    assert fmt.decode_key_values(raw) == expected
 
 
 @given(record_lists(), st.integers(0, 2**50), st.integers(0, 2**20))
