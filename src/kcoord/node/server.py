@@ -431,7 +431,11 @@ class Node:
         return {
             "shards": {str(i): ctx.state.value for i, ctx in runtime.contexts.items()},
             "standbys": {
-                str(i): {"next_offset": sb.next_offset, "records": sb.records}
+                str(i): {
+                    "next_offset": sb.next_offset,
+                    "high_watermark": sb.partition.high_watermark,
+                    "records": sb.records,
+                }
                 for i, sb in runtime.standbys.items()
             },
             "loads": [summary.as_dict() for summary in runtime.loads[-200:]],
