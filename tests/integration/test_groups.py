@@ -1,12 +1,12 @@
 """Consumer groups with real, unmodified clients on a real 3-node kcoord cluster.
 
 For each of kafka-python, aiokafka and confluent-kafka, every group member is its own process
-(``clients/group_member.py``) that reports, one JSON line at a time, what its client tells it:
-the assignment it settled on with its generation and member id, the callbacks' revocations, the
-records it processed and the commits the coordinator acknowledged. A group's assignment is
-*valid* when every live member reports the same generation, their partitions are disjoint and
-cover the topic, and each member owns at least one (six partitions, at most three members: every
-assignor gives each one some). The tests:
+(``kcoord.chaos.member``, shared with the chaos suite) that reports, one JSON line at a time,
+what its client tells it: the assignment it settled on with its generation and member id, the
+callbacks' revocations, the records it processed and the commits the coordinator acknowledged.
+A group's assignment is *valid* when every live member reports the same generation, their
+partitions are disjoint and cover the topic, and each member owns at least one (six partitions,
+at most three members: every assignor gives each one some). The tests:
 
 1. a group of three consumes every message exactly once, commits after processing, and a
    restarted group resumes from the committed offsets (new messages only);
@@ -53,14 +53,14 @@ from kcoord.cluster.routing import partition_for
 from kcoord.node import launcher
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from tests.integration.cluster import LocalCluster, wait_for
-from tests.integration.test_kafka_clients import CLIENTS_DIR, run_client
+from tests.integration.test_kafka_clients import run_client
 
 pytestmark = pytest.mark.integration
 
 CLIENTS = ("kafka-python", "aiokafka", "confluent-kafka")
 ASSIGNORS = ("range", "roundrobin", "cooperative-sticky")
 EAGER = ("range", "roundrobin")
-MEMBER_SCRIPT = CLIENTS_DIR / "group_member.py"
+MEMBER_MODULE = "kcoord.chaos.member"
 
 PARTITIONS = 6
 SESSION_TIMEOUT_MS = 6_000  # group.min.session.timeout.ms: the shortest a member may ask for
@@ -87,7 +87,7 @@ FAST_OVERRIDES = {"group.initial.rebalance.delay.ms": 0}
 
 
 class Member:
-    """One ``group_member.py`` process and the events it reported, stamped on arrival."""
+    """One ``kcoord.chaos.member`` process and the events it reported, stamped on arrival."""
 
     def __init__(self, name: str, cfg: dict[str, Any], log_dir: Path) -> None:
         self.name = name
@@ -97,7 +97,7 @@ class Member:
         self._lock = threading.Lock()
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, str(MEMBER_SCRIPT), json.dumps(cfg)],
+                [sys.executable, "-m", MEMBER_MODULE, json.dumps(cfg)],
                 stdout=subprocess.PIPE,
                 stderr=err,
                 stdin=subprocess.DEVNULL,

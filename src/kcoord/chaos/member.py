@@ -1,6 +1,7 @@
-"""One consumer-group member in its own process, for ``tests/integration/test_groups.py``.
+"""One consumer-group member in its own process, for the chaos suite's groups workload and
+``tests/integration/test_groups.py``.
 
-Usage: ``group_member.py '<json config>'``; the config's keys:
+Usage: ``python -m kcoord.chaos.member '<json config>'``; the config's keys:
 
 - ``client``: ``kafka-python``, ``aiokafka`` or ``confluent-kafka``;
 - ``bootstrap``, ``group``, ``topic``, ``name`` (the client id);
@@ -25,11 +26,14 @@ Everything it sees goes to stdout, one JSON object per line, in the order it hap
 - ``{"event": "assignment", "generation": g, "member_id": m, "protocol": p,
   "partitions": [...]}`` every time the member's full, settled assignment (or generation)
   changes: the state the tests check for validity;
-- ``{"event": "records", "records": [[partition, offset, value], ...]}`` once processed;
-  the commit that follows names the next offset and (kafka-python, confluent-kafka) the leader
-  epoch of the last record, as the Java consumer does;
-- ``{"event": "committed", "offsets": {partition: next offset}}`` once the commit is
-  acknowledged, ``{"event": "commit_failed", "error": ...}`` if it is not;
+- ``{"event": "records", "records": [[partition, offset, value], ...], "generation": g,
+  "member_id": m}`` once processed; the commit that follows names the next offset and
+  (kafka-python, confluent-kafka) the leader epoch of the last record, as the Java consumer
+  does;
+- ``{"event": "committing", "offsets": {partition: next offset}, "generation": g,
+  "member_id": m}`` as the commit is sent, then ``{"event": "committed", ...}`` (same fields)
+  once it is acknowledged, or ``{"event": "commit_failed", "error": ..., ...}`` if it is not
+  (the outcome of a failed commit is unknown: it may have been written);
 - ``{"event": "error", "error": ..., "fatal": bool}``: a fatal one ends the process;
 - ``{"event": "closed"}`` after a clean stop.
 """
@@ -164,20 +168,23 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
             records = [
                 [tp.partition, r.offset, r.value.decode()] for tp, rs in batches.items() for r in rs
             ]
-            emit("records", records=records)
+            who = ident()
+            emit("records", records=records, **who)
             # With the leader epoch of the last record, as the Java consumer commits (KIP-320).
             offsets = {
                 tp: OffsetAndMetadata(rs[-1].offset + 1, "", rs[-1].leader_epoch)
                 for tp, rs in batches.items()
             }
+            plain = {tp.partition: o.offset for tp, o in offsets.items()}
+            emit("committing", offsets=plain, **who)
             try:
                 consumer.commit(offsets)
             except Exception as e:
-                emit("commit_failed", error=f"{type(e).__name__}: {e}")
+                emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
                 if type(e).__name__ == "FencedInstanceIdError":
                     raise
             else:
-                emit("committed", offsets={tp.partition: o.offset for tp, o in offsets.items()})
+                emit("committed", offsets=plain, **who)
     except Exception as e:
         emit("error", error=f"{type(e).__name__}: {e}", fatal=True)
         consumer.close(autocommit=False, timeout_ms=int(CLOSE_TIMEOUT_S * 1000))
@@ -254,14 +261,17 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
             records = [
                 [tp.partition, r.offset, r.value.decode()] for tp, rs in batches.items() for r in rs
             ]
-            emit("records", records=records)
+            who = ident()
+            emit("records", records=records, **who)
             offsets = {tp: OffsetAndMetadata(rs[-1].offset + 1, "") for tp, rs in batches.items()}
+            plain = {tp.partition: o.offset for tp, o in offsets.items()}
+            emit("committing", offsets=plain, **who)
             try:
                 await consumer.commit(offsets)
             except Exception as e:
-                emit("commit_failed", error=f"{type(e).__name__}: {e}")
+                emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
             else:
-                emit("committed", offsets={tp.partition: o.offset for tp, o in offsets.items()})
+                emit("committed", offsets=plain, **who)
     except Exception as e:
         emit("error", error=f"{type(e).__name__}: {e}", fatal=True)
         await asyncio.wait_for(consumer.stop(), CLOSE_TIMEOUT_S)
@@ -361,21 +371,24 @@ def run_confluent(cfg: dict[str, Any]) -> None:
                 last[partition] = (offset, m.leader_epoch())
             if not records:
                 continue
-            emit("records", records=records)
+            who = ident()
+            emit("records", records=records, **who)
             # With the leader epoch of the last record, as the Java consumer commits (KIP-320).
             offsets = [
                 TopicPartition(cfg["topic"], p, o + 1, leader_epoch=e) for p, (o, e) in last.items()
             ]
+            plain = {tp.partition: tp.offset for tp in offsets}
+            emit("committing", offsets=plain, **who)
             try:
                 result = consumer.commit(offsets=offsets, asynchronous=False)
             except Exception as e:
-                emit("commit_failed", error=f"{type(e).__name__}: {e}")
+                emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
                 continue
             failed = [tp for tp in result if tp.error is not None]
             if failed:
-                emit("commit_failed", error=str(failed[0].error))
+                emit("commit_failed", error=str(failed[0].error), offsets=plain, **who)
             else:
-                emit("committed", offsets={tp.partition: tp.offset for tp in result})
+                emit("committed", offsets={tp.partition: tp.offset for tp in result}, **who)
     except Exception as e:
         emit("error", error=f"{type(e).__name__}: {e}", fatal=True)
         sys.exit(3)
