@@ -206,6 +206,9 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.coordinator.append.linger.ms", _Kind.INT, 10, 0, _INT32_MAX),
     # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
     _Spec("group.coordinator.hot.standby.enable", _Kind.BOOL, True),
+    # For the chaos suite's own test only: a deliberately broken coordinator that answers
+    # writes before the high watermark covers them, so the checkers can be seen to catch it.
+    _Spec("test.bug.ack.before.high.watermark", _Kind.BOOL, False),
     # Data topics and replication.
     _Spec("default.replication.factor", _Kind.INT, 1, 1, _INT16_MAX),
     _Spec("num.partitions", _Kind.INT, 1, 1, _INT32_MAX),
@@ -283,6 +286,7 @@ class NodeConfig:
     group_max_size: int
     group_coordinator_append_linger_ms: int
     group_coordinator_hot_standby_enable: bool
+    test_bug_ack_before_high_watermark: bool
     default_replication_factor: int
     num_partitions: int
     min_insync_replicas: int

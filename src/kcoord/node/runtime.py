@@ -233,7 +233,7 @@ class ShardContext:
     def _defer(self, offset: int, responses: Sequence[tuple[Hashable, Any]]) -> None:
         if not responses:
             return
-        if self.partition.high_watermark >= offset:
+        if self.partition.high_watermark >= offset or self.runtime.bug_ack_before_hw:
             self._deliver(responses)
         else:
             self.deferred.append(_Deferred(offset, responses))
@@ -326,12 +326,17 @@ class CoordinatorRuntime:
         num_partitions: Callable[[], int | None],
         hot_standby: bool = True,
         load_buffer_size: int = LOAD_CHUNK_BYTES,
+        bug_ack_before_hw: bool = False,
     ) -> None:
         self.replica_manager = replica_manager
         self.config = config
         self.now_ms = now_ms
         self.num_partitions = num_partitions
         self.hot_standby = hot_standby
+        # test.bug.ack.before.high.watermark: answers before the HW, for the chaos suite's test.
+        self.bug_ack_before_hw = bug_ack_before_hw
+        if bug_ack_before_hw:
+            log.warning("DELIBERATELY BROKEN: coordinator writes are answered before the HW")
         self.load_buffer_size = load_buffer_size
         self.contexts: dict[int, ShardContext] = {}
         self.standbys: dict[int, Standby] = {}

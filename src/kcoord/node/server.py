@@ -176,6 +176,7 @@ class Node:
             num_partitions=self._offsets_partition_count,
             hot_standby=cfg.group_coordinator_hot_standby_enable,
             load_buffer_size=cfg.offsets_load_buffer_size,
+            bug_ack_before_hw=cfg.test_bug_ack_before_high_watermark,
         )
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
         timing = QuorumTiming(
