@@ -1,0 +1,1055 @@
+"""Checkers: what a chaos run's history proves about the cluster.
+
+Theory of operation
+-------------------
+
+Each checker is a pure function ``check_x(history, **bounds) -> CheckResult``: it reads the
+events (``chaos/history.py`` documents the schema), never the cluster, and does no I/O. A result
+is ``valid`` when no anomaly was found; ``anomalies`` maps an anomaly's name to at most
+``MAX_EXAMPLES`` examples (plain JSON: event indexes, offsets, members), ``stats`` holds counts,
+including ``anomaly_counts`` (every occurrence, not only the examples kept). An event a checker
+needs but cannot parse is itself an anomaly, ``malformed-event``: a broken workload must not
+pass as a healthy cluster.
+
+Real time is ``Event.at`` = ``(time, index)``. "A precedes B" means A's ``at`` is smaller, so
+a relation the checkers rely on ("acknowledged before invoked") is one the clients observed.
+Outcomes follow Jepsen: ``ok`` happened, ``fail`` did not, ``info`` (or no completion) may have
+happened; a checker never condemns the cluster for an ``info`` operation's effect or absence.
+
+``check_offsets`` (groups workload): OffsetCommit durability and sanity
+    ``lost-commit``: the final OffsetFetch (``committed``) for (group, topic, partition) is
+    below the highest offset an ``ok`` commit acknowledged, or the partition is missing from it.
+    Proves no acknowledged commit is lost across crashes, failovers and partitions.
+    ``regressed-commit``: two ``ok`` commits of one (group, topic, partition), A's ``ok``
+    preceding B's invoke, and B's offset below A's. Proves the committed offset a client can
+    observe never goes back (a stale generation or a truncated log would make it).
+    ``commit-beyond-consumed``: an ``ok`` commit of offset o by member m on partition p where,
+    before the commit was acknowledged, m had not consumed offset o-1 of p (``consume``), and o
+    is none of: 0 (the log start), an offset m started consuming p at (a consumed offset whose
+    predecessor m had not consumed just before: where its position came from), an offset some
+    commit of the group had already attempted (``ok``, ``info`` or unanswered, invoked before
+    this one: re-committing a position). Proves members commit only what they processed, so
+    the at-least-once chain from producer to committed offset has no hole.
+    ``no-final-committed``: acknowledged commits for a (group, topic) but no ``ok`` final
+    ``committed`` read: durability cannot be shown, so it is not assumed.
+
+``check_groups`` (groups workload): group membership and ownership
+    ``split-ownership``: two members (different ``member_id`` and different ``member``) report
+    the same partition of a topic in ``assignment`` events with the same group and generation.
+    Proves at most one owner per partition per generation. Same ``member`` with a new
+    ``member_id`` is a static member replaced in place (KIP-345: no rebalance, no generation
+    bump, the old id is fenced), one owner that restarted, not two.
+    ``unowned-after-heal``: in the final state some partition of a subscribed topic is owned
+    by no live member, a live member has no assignment, or the live members' last assignments
+    (and the final ``describe``) disagree on the generation. Live members are those of the final
+    ``describe``; without one, those whose last ``assignment`` follows the last ``heal``. Proves
+    the group converges to a complete assignment once faults stop.
+    ``not-stable-after-heal``: a group's final ``describe`` is missing, its state is not
+    ``Stable``, or it came more than ``stable_within_s`` after the last ``heal``.
+
+    A topic's partition count comes from ``partitions_by_topic``, else from a ``topic`` event,
+    else from every partition the history mentions for it (assignments, sends, commits).
+
+``check_queue`` (queue workload, Jepsen's Kafka test): the data plane
+    Per (topic, partition), the *log* is every (offset, value) an ``ok`` send was acknowledged
+    at or a poll read; its *version order* is the sorted list of those offsets, so an offset
+    nobody wrote or read (a gap Kafka may legally leave) is never "skipped". Polls are ``poll``
+    and ``consume`` events (``ok``); ``final-poll`` events count as reads everywhere but are
+    exempt from the per-consumer order checks (they start again at offset 0).
+
+    ``inconsistent-offsets``: one offset holds two different values. ``duplicate``: one value
+    sits at two offsets of a partition (values are unique per key, and a key has one
+    partition). ``lost-write``: an ``ok`` send whose value no poll or final poll read, at an
+    offset at or below the highest offset read in its partition: someone read past it, so it
+    should have been read. ``unseen``: an ``ok`` send whose value no final poll read; when
+    ``require_final_poll`` is False and the history has no final polls, this is not checked
+    (``stats["unseen_checked"]``). ``aborted-read``: a value was read whose every send attempt
+    ``fail``-ed (Jepsen's aborted read; a workload must record ambiguous errors as ``info``).
+    ``poll-skip`` / ``nonmonotonic-poll``: within one consumer process, a partition's
+    consecutive records (in one poll or across polls) are more than one step apart in the
+    version order, or not ahead of the previous one. Rebalances and restarts reset the
+    expectation: a process's ``assign``, ``subscribe``, ``assignment``, ``process-start`` or
+    ``process-kill`` event, a change of the ``generation`` its polls report, and a ``clients``
+    nemesis fault naming it reset every partition; an
+    ``assigned`` / ``revoked`` / ``lost`` callback resets the partitions it lists (all when it
+    lists none). Jepsen keeps the expectation across ``assign`` for partitions still assigned;
+    clients differ there (kafka-python drops positions on assign), so this checker does not.
+    ``nonmonotonic-send``: one process's ``ok`` sends to a partition, in invoke order, get
+    offsets that do not increase.
+
+``check_liveness`` (both workloads)
+    ``no-commit-after-heal``: after a ``heal``, no ``ok`` ``commit`` or ``probe-commit``
+    within ``commit_within_s``. A history that ends before the bound therefore fails only if
+    nothing was acknowledged after the heal at all. Proves the cluster recovers, not only that
+    it stays safe while refusing everything.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from kcoord.chaos.history import FAIL, INFO, INVOKE, OK, Event, History
+
+MAX_EXAMPLES: Final = 10
+DEFAULT_COMMIT_WITHIN_S: Final = 30.0
+DEFAULT_STABLE_WITHIN_S: Final = 60.0
+
+MALFORMED: Final = "malformed-event"
+OFFSETS_ANOMALIES: Final = (
+    "lost-commit",
+    "regressed-commit",
+    "commit-beyond-consumed",
+    "no-final-committed",
+)
+GROUPS_ANOMALIES: Final = ("split-ownership", "unowned-after-heal", "not-stable-after-heal")
+QUEUE_ANOMALIES: Final = (
+    "lost-write",
+    "unseen",
+    "duplicate",
+    "inconsistent-offsets",
+    "poll-skip",
+    "nonmonotonic-poll",
+    "nonmonotonic-send",
+    "aborted-read",
+)
+LIVENESS_ANOMALIES: Final = ("no-commit-after-heal",)
+WORKLOADS: Final = ("groups", "queue")
+
+# Events that read records, and those that reset a consumer's expected next offset.
+POLL_FS: Final = frozenset({"poll", "consume"})
+FINAL_POLL_F: Final = "final-poll"
+REBALANCE_ALL_FS: Final = frozenset(
+    {"assign", "subscribe", "assignment", "process-start", "process-kill"}
+)
+REBALANCE_LISTED_FS: Final = frozenset({"assigned", "revoked", "lost"})
+COMMIT_FS: Final = frozenset({"commit", "probe-commit"})
+
+_At = tuple[float, int]
+_GroupPartition = tuple[str, str | None, int]  # (group, topic, partition)
+_TopicPartition = tuple[str, int]
+_PARSE_ERRORS: Final = (KeyError, TypeError, ValueError)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    valid: bool
+    anomalies: dict[str, list[dict[str, Any]]]  # anomaly -> up to MAX_EXAMPLES examples
+    stats: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "valid": self.valid,
+            "anomalies": self.anomalies,
+            "stats": self.stats,
+        }
+
+
+class _Findings:
+    """Collects anomalies: every one is counted, the first MAX_EXAMPLES of each are kept."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._examples: dict[str, list[dict[str, Any]]] = {}
+        self._counts: dict[str, int] = {}
+
+    def add(self, anomaly: str, example: dict[str, Any]) -> None:
+        self._counts[anomaly] = self._counts.get(anomaly, 0) + 1
+        examples = self._examples.setdefault(anomaly, [])
+        if len(examples) < MAX_EXAMPLES:
+            examples.append(example)
+
+    def malformed(self, event: Event, error: Exception) -> None:
+        self.add(
+            MALFORMED,
+            {
+                "event": event.index,
+                "process": event.process,
+                "f": event.f,
+                "error": f"{type(error).__name__}: {error}",
+            },
+        )
+
+    def result(self, stats: dict[str, Any]) -> CheckResult:
+        return CheckResult(
+            name=self.name,
+            valid=not self._counts,
+            anomalies={name: self._examples[name] for name in sorted(self._examples)},
+            stats={**stats, "anomaly_counts": dict(sorted(self._counts.items()))},
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing helpers (KeyError/TypeError/ValueError on a malformed value)
+
+
+def _in_time_order(history: History) -> list[Event]:
+    return sorted(history.events(), key=lambda event: event.at)
+
+
+def _member(event: Event) -> str:
+    return str(event.value.get("member", event.process))
+
+
+def _required(value: Mapping[str, Any], key: str) -> str:
+    """A field that must be present and not null (JSON null would read as "None")."""
+    if value.get(key) is None:
+        raise KeyError(key)
+    return str(value[key])
+
+
+def _topic(value: Mapping[str, Any]) -> str | None:
+    topic = value.get("topic")
+    return None if topic is None else str(topic)
+
+
+def _offsets(value: Mapping[str, Any]) -> dict[int, int]:
+    return {int(partition): int(offset) for partition, offset in value["offsets"].items()}
+
+
+def _partitions(value: Mapping[str, Any]) -> frozenset[int]:
+    return frozenset(int(partition) for partition in value["partitions"])
+
+
+def _records(value: Mapping[str, Any]) -> list[tuple[int, int, Any]]:
+    return [(int(partition), int(offset), record) for partition, offset, record in value["records"]]
+
+
+def _freeze(value: Any) -> Hashable:
+    """A hashable stand-in for a JSON value (record values may be lists or objects)."""
+    if isinstance(value, list):
+        return ("list", tuple(_freeze(item) for item in value))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((str(k), _freeze(v)) for k, v in value.items())))
+    assert isinstance(value, Hashable)
+    return value
+
+
+def _lone_completions(history: History, f: str) -> list[Event]:
+    paired = {done.index for _, done in history.pairs(f) if done is not None}
+    return [e for e in history.ops(f) if e.type != INVOKE and e.index not in paired]
+
+
+# ---------------------------------------------------------------------------------------------
+# Offsets
+
+
+@dataclass(frozen=True)
+class _Commit:
+    group: str
+    topic: str | None
+    partition: int
+    offset: int
+    member: str
+    type: str  # completion type; "invoke" when it never completed
+    invoke_at: _At | None  # None for a commit recorded only as a completion
+    done_at: _At | None  # None when it never completed
+    event: Event  # the completion, or the invoke when there is none
+
+    @property
+    def key(self) -> _GroupPartition:
+        return (self.group, self.topic, self.partition)
+
+    def example(self) -> dict[str, Any]:
+        return {
+            "event": self.event.index,
+            "time": self.event.time,
+            "member": self.member,
+            "member_id": self.event.value.get("member_id"),
+            "generation": self.event.value.get("generation"),
+            "offset": self.offset,
+        }
+
+
+def _commits(history: History, findings: _Findings) -> list[_Commit]:
+    operations: list[tuple[Event | None, Event | None]] = list(history.pairs("commit"))
+    operations += [(None, done) for done in _lone_completions(history, "commit")]
+    commits: list[_Commit] = []
+    for invoke, done in operations:
+        event = done if done is not None else invoke
+        assert event is not None
+        # The completion may repeat the value or carry only the outcome.
+        value = {**(invoke.value if invoke else {}), **(done.value if done else {})}
+        try:
+            group, topic = _required(value, "group"), _topic(value)
+            offsets = _offsets(value)
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+            continue
+        for partition, offset in offsets.items():
+            commits.append(
+                _Commit(
+                    group=group,
+                    topic=topic,
+                    partition=partition,
+                    offset=offset,
+                    member=str(value.get("member", event.process)),
+                    type=done.type if done else INVOKE,
+                    invoke_at=invoke.at if invoke else None,
+                    done_at=done.at if done else None,
+                    event=event,
+                )
+            )
+    return commits
+
+
+def check_offsets(history: History) -> CheckResult:
+    """lost-commit, regressed-commit, commit-beyond-consumed, no-final-committed."""
+    findings = _Findings("offsets")
+    ordered = _in_time_order(history)
+    commits = _commits(history, findings)
+    acked = [c for c in commits if c.type == OK]
+
+    _check_lost_commits(ordered, acked, findings)
+    _check_regressed_commits(acked, findings)
+    _check_commits_beyond_consumed(ordered, commits, acked, findings)
+
+    return findings.result(
+        {
+            "commits": {
+                kind: sum(1 for c in commits if c.type == kind) for kind in (OK, FAIL, INFO, INVOKE)
+            },
+            "groups": len({c.group for c in commits}),
+            "partitions_committed": len({c.key for c in acked}),
+        }
+    )
+
+
+def _check_lost_commits(ordered: list[Event], acked: list[_Commit], findings: _Findings) -> None:
+    final: dict[tuple[str, str | None], tuple[Event, dict[int, int]]] = {}
+    for event in ordered:  # the last ok read wins
+        if event.f == "committed" and event.type == OK:
+            try:
+                final[(_required(event.value, "group"), _topic(event.value))] = (
+                    event,
+                    _offsets(event.value),
+                )
+            except _PARSE_ERRORS as error:
+                findings.malformed(event, error)
+
+    highest: dict[_GroupPartition, _Commit] = {}
+    for commit in acked:
+        best = highest.get(commit.key)
+        if best is None or commit.offset > best.offset:
+            highest[commit.key] = commit
+
+    missing_reads: set[tuple[str, str | None]] = set()
+    for (group, topic, partition), commit in sorted(highest.items(), key=lambda kv: str(kv[0])):
+        read = final.get((group, topic))
+        if read is None:
+            if (group, topic) not in missing_reads:
+                missing_reads.add((group, topic))
+                findings.add("no-final-committed", {"group": group, "topic": topic})
+            continue
+        read_event, offsets = read
+        committed = offsets.get(partition)
+        if committed is None or committed < commit.offset:
+            findings.add(
+                "lost-commit",
+                {
+                    "group": group,
+                    "topic": topic,
+                    "partition": partition,
+                    "acknowledged": commit.example(),
+                    "final_committed": committed,
+                    "final_read_event": read_event.index,
+                },
+            )
+
+
+def _check_regressed_commits(acked: list[_Commit], findings: _Findings) -> None:
+    by_key: dict[_GroupPartition, list[_Commit]] = defaultdict(list)
+    for commit in acked:
+        by_key[commit.key].append(commit)
+    for (group, topic, partition), key_commits in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        # Sweep B in invoke order, keeping the highest offset among commits acknowledged
+        # before B's invoke. A commit with no invoke may have been sent at any time: it is
+        # never a B (it is concurrent with everything), only an A.
+        by_done = sorted(key_commits, key=lambda c: c.done_at or (0.0, 0))
+        later = sorted(
+            (c for c in key_commits if c.invoke_at is not None),
+            key=lambda c: c.invoke_at or (0.0, 0),
+        )
+        done_i = 0
+        highest: _Commit | None = None
+        for commit in later:
+            assert commit.invoke_at is not None
+            while done_i < len(by_done) and (by_done[done_i].done_at or (0.0, 0)) < (
+                commit.invoke_at
+            ):
+                if highest is None or by_done[done_i].offset > highest.offset:
+                    highest = by_done[done_i]
+                done_i += 1
+            if highest is not None and commit.offset < highest.offset:
+                findings.add(
+                    "regressed-commit",
+                    {
+                        "group": group,
+                        "topic": topic,
+                        "partition": partition,
+                        "earlier": highest.example(),
+                        "later": commit.example(),
+                    },
+                )
+
+
+def _check_commits_beyond_consumed(
+    ordered: list[Event], commits: list[_Commit], acked: list[_Commit], findings: _Findings
+) -> None:
+    # (member, group, topic, partition) -> offset -> when first consumed / first started at.
+    consumed_at: dict[tuple[str, str, str | None, int], dict[int, _At]] = defaultdict(dict)
+    started_at: dict[tuple[str, str, str | None, int], dict[int, _At]] = defaultdict(dict)
+    previous: dict[tuple[str, str, str | None, int], int] = {}
+    for event in ordered:
+        if event.f != "consume" or event.type != OK:
+            continue
+        try:
+            group, topic = _required(event.value, "group"), _topic(event.value)
+            records = _records(event.value)
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+            continue
+        member = _member(event)
+        for partition, offset, _ in records:
+            key = (member, group, topic, partition)
+            consumed_at[key].setdefault(offset, event.at)
+            if previous.get(key) != offset - 1:
+                started_at[key].setdefault(offset, event.at)
+            previous[key] = offset
+
+    # (group, topic, partition) -> offset -> earliest invoke of a commit that may have stored it.
+    attempted_at: dict[_GroupPartition, dict[int, _At]] = defaultdict(dict)
+    for commit in commits:
+        sent_at = commit.invoke_at or commit.done_at
+        if commit.type != FAIL and sent_at is not None:
+            seen = attempted_at[commit.key].get(commit.offset)
+            if seen is None or sent_at < seen:
+                attempted_at[commit.key][commit.offset] = sent_at
+
+    for commit in acked:
+        assert commit.done_at is not None
+        if commit.offset == 0:
+            continue  # the log start: nothing to have consumed
+        key = (commit.member, commit.group, commit.topic, commit.partition)
+        own_send = commit.invoke_at or commit.done_at
+        consumed = consumed_at[key].get(commit.offset - 1)
+        started = started_at[key].get(commit.offset)
+        attempted = attempted_at[commit.key].get(commit.offset)
+        if (
+            (consumed is not None and consumed < commit.done_at)
+            or (started is not None and started < commit.done_at)
+            or (attempted is not None and attempted < own_send)
+        ):
+            continue
+        before = [o for o, at in consumed_at[key].items() if at < commit.done_at]
+        findings.add(
+            "commit-beyond-consumed",
+            {
+                "group": commit.group,
+                "topic": commit.topic,
+                "partition": commit.partition,
+                "commit": commit.example(),
+                "highest_consumed_before": max(before) if before else None,
+            },
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups
+
+
+@dataclass(frozen=True)
+class _Assignment:
+    group: str
+    topic: str
+    member: str
+    member_id: str
+    generation: int
+    partitions: frozenset[int]
+    event: Event
+
+    def example(self) -> dict[str, Any]:
+        return {
+            "event": self.event.index,
+            "time": self.event.time,
+            "member": self.member,
+            "member_id": self.member_id,
+            "generation": self.generation,
+            "partitions": sorted(self.partitions),
+        }
+
+
+def _assignments(ordered: Iterable[Event], findings: _Findings) -> list[_Assignment]:
+    assignments: list[_Assignment] = []
+    for event in ordered:
+        if event.f != "assignment" or event.type == INVOKE:
+            continue
+        try:
+            assignments.append(
+                _Assignment(
+                    group=_required(event.value, "group"),
+                    topic=_required(event.value, "topic"),
+                    member=_member(event),
+                    member_id=_required(event.value, "member_id"),
+                    generation=int(event.value["generation"]),
+                    partitions=_partitions(event.value),
+                    event=event,
+                )
+            )
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+    return assignments
+
+
+def _topic_partitions(
+    ordered: Iterable[Event], partitions_by_topic: Mapping[str, int] | None
+) -> tuple[dict[str, frozenset[int]], str]:
+    """Each topic's partitions, and where the counts came from (see the module docstring)."""
+    if partitions_by_topic is not None:
+        return {t: frozenset(range(n)) for t, n in partitions_by_topic.items()}, "bounds"
+    declared: dict[str, frozenset[int]] = {}
+    seen: dict[str, set[int]] = defaultdict(set)
+    for event in ordered:
+        value, topic = event.value, _topic(event.value)
+        if topic is None:
+            continue
+        try:
+            if event.f == "topic":
+                declared[topic] = frozenset(range(int(value["partitions"])))
+            elif event.f == "assignment":
+                seen[topic] |= _partitions(value)
+            elif event.f == "send" and event.type == OK and "partition" in value:
+                seen[topic].add(int(value["partition"]))
+            elif event.f in ("commit", "committed") and "offsets" in value:
+                seen[topic] |= set(_offsets(value))
+        except _PARSE_ERRORS:
+            continue  # the checker that owns the event reports it
+    if declared:
+        return declared, "topic-events"
+    return {t: frozenset(ps) for t, ps in seen.items()}, "inferred"
+
+
+def check_groups(
+    history: History,
+    *,
+    stable_within_s: float = DEFAULT_STABLE_WITHIN_S,
+    partitions_by_topic: Mapping[str, int] | None = None,
+) -> CheckResult:
+    """split-ownership, unowned-after-heal, not-stable-after-heal."""
+    findings = _Findings("groups")
+    ordered = _in_time_order(history)
+    assignments = _assignments(ordered, findings)
+    _check_split_ownership(assignments, findings)
+
+    heals = [e for e in ordered if e.f == "heal"]
+    last_heal = heals[-1] if heals else None
+    describes: dict[str, Event] = {}
+    for event in ordered:
+        if event.f == "describe" and event.type == OK:
+            if "group" in event.value:
+                describes[str(event.value["group"])] = event
+            else:
+                findings.malformed(event, KeyError("group"))
+
+    topic_partitions, partitions_source = _topic_partitions(ordered, partitions_by_topic)
+    groups = sorted({a.group for a in assignments} | set(describes))
+    stable_after_heal_s: dict[str, float | None] = {}
+    for group in groups:
+        describe = describes.get(group)
+        _check_stable(group, describe, last_heal, stable_within_s, findings)
+        if describe is not None and last_heal is not None:
+            stable_after_heal_s[group] = round(describe.time - last_heal.time, 3)
+        try:
+            _check_final_ownership(
+                group,
+                assignments=[a for a in assignments if a.group == group],
+                describe=describe,
+                last_heal=last_heal,
+                topic_partitions=topic_partitions,
+                findings=findings,
+            )
+        except _PARSE_ERRORS as error:
+            assert describe is not None  # only the describe's fields are parsed there
+            findings.malformed(describe, error)
+
+    return findings.result(
+        {
+            "groups": len(groups),
+            "assignments": len(assignments),
+            "heals": len(heals),
+            "max_generation": {
+                group: max((a.generation for a in assignments if a.group == group), default=None)
+                for group in groups
+            },
+            "stable_after_heal_s": stable_after_heal_s,
+            "partitions_source": partitions_source,
+        }
+    )
+
+
+def _check_split_ownership(assignments: list[_Assignment], findings: _Findings) -> None:
+    owners: dict[tuple[str, str, int, int], dict[str, _Assignment]] = defaultdict(dict)
+    reported: set[tuple[str, str, int, int]] = set()
+    for assignment in assignments:
+        for partition in sorted(assignment.partitions):
+            key = (assignment.group, assignment.topic, assignment.generation, partition)
+            rivals = [
+                other
+                for other in owners[key].values()
+                if other.member_id != assignment.member_id and other.member != assignment.member
+            ]
+            if rivals and key not in reported:
+                reported.add(key)
+                findings.add(
+                    "split-ownership",
+                    {
+                        "group": assignment.group,
+                        "topic": assignment.topic,
+                        "generation": assignment.generation,
+                        "partition": partition,
+                        "owners": [rivals[0].example(), assignment.example()],
+                    },
+                )
+            owners[key][assignment.member_id] = assignment
+
+
+def _check_stable(
+    group: str,
+    describe: Event | None,
+    last_heal: Event | None,
+    stable_within_s: float,
+    findings: _Findings,
+) -> None:
+    if describe is None:
+        findings.add("not-stable-after-heal", {"group": group, "reason": "no final describe"})
+        return
+    state = describe.value.get("state")
+    if state != "Stable":
+        findings.add(
+            "not-stable-after-heal",
+            {"group": group, "reason": "state", "state": state, "event": describe.index},
+        )
+    if last_heal is not None and describe.time - last_heal.time > stable_within_s:
+        findings.add(
+            "not-stable-after-heal",
+            {
+                "group": group,
+                "reason": "late",
+                "after_heal_s": round(describe.time - last_heal.time, 3),
+                "bound_s": stable_within_s,
+                "event": describe.index,
+            },
+        )
+
+
+def _check_final_ownership(
+    group: str,
+    *,
+    assignments: list[_Assignment],
+    describe: Event | None,
+    last_heal: Event | None,
+    topic_partitions: Mapping[str, frozenset[int]],
+    findings: _Findings,
+) -> None:
+    last: dict[tuple[str, str], _Assignment] = {}  # (topic, member_id) -> last assignment
+    for assignment in assignments:  # already in time order
+        last[(assignment.topic, assignment.member_id)] = assignment
+    if describe is not None:
+        live = {str(member_id) for member_id in describe.value["members"]}
+    else:
+        live = {
+            member_id
+            for (_, member_id), a in last.items()
+            if last_heal is None or a.event.at > last_heal.at
+        }
+    with_assignment = {member_id for (_, member_id) in last}
+    for member_id in sorted(live - with_assignment):
+        findings.add(
+            "unowned-after-heal",
+            {"group": group, "reason": "member without assignment", "member_id": member_id},
+        )
+
+    for topic in sorted({a.topic for a in assignments}):
+        finals = [last[(topic, m)] for m in sorted(live) if (topic, m) in last]
+        owned = frozenset().union(*(a.partitions for a in finals))
+        expected = topic_partitions.get(topic, owned)
+        if expected - owned:
+            findings.add(
+                "unowned-after-heal",
+                {
+                    "group": group,
+                    "topic": topic,
+                    "reason": "unowned partitions",
+                    "partitions": sorted(expected - owned),
+                    "final_assignments": [a.example() for a in finals],
+                },
+            )
+        generations = {a.member_id: a.generation for a in finals}
+        if describe is not None and "generation" in describe.value:
+            generations["describe"] = int(describe.value["generation"])
+        if len(set(generations.values())) > 1:
+            findings.add(
+                "unowned-after-heal",
+                {
+                    "group": group,
+                    "topic": topic,
+                    "reason": "generation disagreement",
+                    "generations": generations,
+                },
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue
+
+
+@dataclass(frozen=True)
+class _Send:
+    topic: str
+    partition: int
+    offset: int
+    value: Any
+    process: str
+    order_at: _At  # the invoke's, else the completion's
+    event: Event  # the ok completion
+
+
+@dataclass(frozen=True)
+class _Read:
+    topic: str
+    records: list[tuple[int, int, Any]]
+    final: bool
+    event: Event
+
+
+def check_queue(history: History, *, require_final_poll: bool = True) -> CheckResult:
+    """lost-write, unseen, duplicate, inconsistent-offsets, poll-skip, nonmonotonic-poll,
+    nonmonotonic-send, aborted-read."""
+    findings = _Findings("queue")
+    ordered = _in_time_order(history)
+    sends, attempts = _sends(history, findings)
+    reads = _reads(ordered, findings)
+
+    # The log: (topic, partition) -> offset -> {frozen value: value}.
+    log: dict[_TopicPartition, dict[int, dict[Hashable, Any]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    read_values: dict[_TopicPartition, set[Hashable]] = defaultdict(set)
+    final_values: dict[_TopicPartition, set[Hashable]] = defaultdict(set)
+    max_read: dict[_TopicPartition, int] = {}
+    for send in sends:
+        log[(send.topic, send.partition)][send.offset][_freeze(send.value)] = send.value
+    for read in reads:
+        for partition, offset, value in read.records:
+            tp = (read.topic, partition)
+            log[tp][offset][_freeze(value)] = value
+            read_values[tp].add(_freeze(value))
+            if read.final:
+                final_values[tp].add(_freeze(value))
+            max_read[tp] = max(max_read.get(tp, offset), offset)
+
+    _check_log(log, findings)
+    has_final = any(read.final for read in reads)
+    unseen_checked = has_final or require_final_poll
+    for send in sends:
+        tp, frozen = (send.topic, send.partition), _freeze(send.value)
+        example = {
+            "topic": send.topic,
+            "partition": send.partition,
+            "offset": send.offset,
+            "value": send.value,
+            "send": send.event.index,
+        }
+        if frozen not in read_values[tp] and send.offset <= max_read.get(tp, -1):
+            findings.add("lost-write", {**example, "max_read_offset": max_read[tp]})
+        if unseen_checked and frozen not in final_values[tp]:
+            findings.add("unseen", example)
+    _check_aborted_reads(reads, attempts, findings)
+    version_order = {
+        tp: {o: i for i, o in enumerate(sorted(offsets))} for tp, offsets in log.items()
+    }
+    _check_poll_order(ordered, reads, version_order, findings)
+    _check_send_order(sends, findings)
+
+    return findings.result(
+        {
+            "sends": {
+                kind: sum(1 for types in attempts.values() for t in types if t == kind)
+                for kind in (OK, FAIL, INFO, INVOKE)
+            },
+            "polls": sum(1 for read in reads if not read.final),
+            "final_polls": sum(1 for read in reads if read.final),
+            "records_read": sum(len(read.records) for read in reads),
+            "partitions": len(log),
+            "unseen_checked": unseen_checked,
+        }
+    )
+
+
+def _sends(
+    history: History, findings: _Findings
+) -> tuple[list[_Send], dict[tuple[str, Hashable], list[str]]]:
+    """ok sends, and (topic, value) -> outcome of every attempt to send it."""
+    operations: list[tuple[Event | None, Event | None]] = list(history.pairs("send"))
+    operations += [(None, done) for done in _lone_completions(history, "send")]
+    sends: list[_Send] = []
+    attempts: dict[tuple[str, Hashable], list[str]] = defaultdict(list)
+    for invoke, done in operations:
+        event = done if done is not None else invoke
+        assert event is not None
+        value = {**(invoke.value if invoke else {}), **(done.value if done else {})}
+        try:
+            topic = _required(value, "topic")
+            record = value["value"]
+            attempts[(topic, _freeze(record))].append(done.type if done else INVOKE)
+            if done is not None and done.type == OK:
+                sends.append(
+                    _Send(
+                        topic=topic,
+                        partition=int(value["partition"]),
+                        offset=int(value["offset"]),
+                        value=record,
+                        process=event.process,
+                        order_at=invoke.at if invoke else done.at,
+                        event=done,
+                    )
+                )
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+    return sends, attempts
+
+
+def _reads(ordered: Iterable[Event], findings: _Findings) -> list[_Read]:
+    reads: list[_Read] = []
+    for event in ordered:
+        final = event.f == FINAL_POLL_F
+        if event.type != OK or not (final or event.f in POLL_FS):
+            continue
+        try:
+            topic = _required(event.value, "topic")
+            reads.append(_Read(topic, _records(event.value), final, event))
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+    return reads
+
+
+def _check_log(
+    log: Mapping[_TopicPartition, Mapping[int, Mapping[Hashable, Any]]], findings: _Findings
+) -> None:
+    for (topic, partition), offsets in sorted(log.items()):
+        where: dict[Hashable, list[int]] = defaultdict(list)
+        for offset, values in sorted(offsets.items()):
+            if len(values) > 1:
+                findings.add(
+                    "inconsistent-offsets",
+                    {
+                        "topic": topic,
+                        "partition": partition,
+                        "offset": offset,
+                        "values": list(values.values()),
+                    },
+                )
+            for frozen in values:
+                where[frozen].append(offset)
+        for frozen, at_offsets in where.items():
+            if len(at_offsets) > 1:
+                findings.add(
+                    "duplicate",
+                    {
+                        "topic": topic,
+                        "partition": partition,
+                        "value": offsets[at_offsets[0]][frozen],
+                        "offsets": at_offsets,
+                    },
+                )
+
+
+def _check_aborted_reads(
+    reads: list[_Read], attempts: Mapping[tuple[str, Hashable], list[str]], findings: _Findings
+) -> None:
+    reported: set[tuple[str, Hashable]] = set()
+    for read in reads:
+        for partition, offset, value in read.records:
+            key = (read.topic, _freeze(value))
+            outcomes = attempts.get(key)
+            if outcomes and all(t == FAIL for t in outcomes) and key not in reported:
+                reported.add(key)
+                findings.add(
+                    "aborted-read",
+                    {
+                        "topic": read.topic,
+                        "partition": partition,
+                        "offset": offset,
+                        "value": value,
+                        "read": read.event.index,
+                    },
+                )
+
+
+def _check_poll_order(
+    ordered: list[Event],
+    reads: list[_Read],
+    version_order: Mapping[_TopicPartition, Mapping[int, int]],
+    findings: _Findings,
+) -> None:
+    polls = {read.event.index: read for read in reads if not read.final}
+    # process -> (topic, partition) -> (offset, event index) of its last record.
+    last: dict[str, dict[_TopicPartition, tuple[int, int]]] = defaultdict(dict)
+    generation: dict[str, Any] = {}
+    for event in ordered:
+        process = event.process
+        if event.type in (INVOKE, FAIL):
+            continue
+        if event.f in REBALANCE_ALL_FS:
+            last.pop(process, None)
+        elif event.f in REBALANCE_LISTED_FS:
+            _forget_listed(last[process], event.value)
+        elif event.f in ("start", "stop") and event.value.get("fault") == "clients":
+            for target in event.value.get("targets") or []:
+                last.pop(str(target), None)
+        elif event.index in polls:
+            read = polls[event.index]
+            polled_generation = event.value.get("generation")
+            if polled_generation is not None:
+                if generation.get(process, polled_generation) != polled_generation:
+                    last.pop(process, None)
+                generation[process] = polled_generation
+            for partition, offset, _ in read.records:
+                tp = (read.topic, partition)
+                previous = last[process].get(tp)
+                last[process][tp] = (offset, event.index)
+                if previous is None:
+                    continue
+                order = version_order[tp]
+                delta = order[offset] - order[previous[0]]
+                if delta == 1:
+                    continue
+                example = {
+                    "process": process,
+                    "topic": read.topic,
+                    "partition": partition,
+                    "offsets": [previous[0], offset],
+                    "events": [previous[1], event.index],
+                }
+                if delta > 1:
+                    skipped = sorted(o for o in order if previous[0] < o < offset)
+                    findings.add("poll-skip", {**example, "skipped": skipped[:MAX_EXAMPLES]})
+                else:
+                    findings.add("nonmonotonic-poll", example)
+
+
+def _forget_listed(last: dict[_TopicPartition, tuple[int, int]], value: Mapping[str, Any]) -> None:
+    listed = value.get("partitions")
+    topic = _topic(value)
+    if listed is None:
+        last.clear()
+        return
+    partitions = {int(p) for p in listed}
+    for tp in [tp for tp in last if tp[1] in partitions and topic in (None, tp[0])]:
+        del last[tp]
+
+
+def _check_send_order(sends: list[_Send], findings: _Findings) -> None:
+    last: dict[tuple[str, _TopicPartition], _Send] = {}
+    for send in sorted(sends, key=lambda s: s.order_at):
+        key = (send.process, (send.topic, send.partition))
+        previous = last.get(key)
+        last[key] = send
+        if previous is not None and send.offset <= previous.offset:
+            findings.add(
+                "nonmonotonic-send",
+                {
+                    "process": send.process,
+                    "topic": send.topic,
+                    "partition": send.partition,
+                    "offsets": [previous.offset, send.offset],
+                    "sends": [previous.event.index, send.event.index],
+                },
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Liveness
+
+
+def check_liveness(
+    history: History, *, commit_within_s: float = DEFAULT_COMMIT_WITHIN_S
+) -> CheckResult:
+    """no-commit-after-heal."""
+    findings = _Findings("liveness")
+    ordered = _in_time_order(history)
+    heals = [e for e in ordered if e.f == "heal"]
+    acks = [e for e in ordered if e.f in COMMIT_FS and e.type == OK]
+    ack_ats = [e.at for e in acks]
+    end_time = ordered[-1].time if ordered else 0.0
+    recovery_s: list[float] = []
+    for heal in heals:
+        i = bisect_right(ack_ats, heal.at)
+        first = acks[i] if i < len(acks) else None
+        if first is not None and first.time - heal.time <= commit_within_s:
+            recovery_s.append(round(first.time - heal.time, 3))
+            continue
+        findings.add(
+            "no-commit-after-heal",
+            {
+                "heal": heal.index,
+                "heal_time": heal.time,
+                "first_ack_after_s": None if first is None else round(first.time - heal.time, 3),
+                "history_ends_after_s": round(end_time - heal.time, 3),
+                "bound_s": commit_within_s,
+            },
+        )
+    return findings.result(
+        {
+            "heals": len(heals),
+            "acknowledged_commits": len(acks),
+            "recovery_s": recovery_s,
+            "max_recovery_s": max(recovery_s, default=None),
+        }
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything
+
+
+def check_all(
+    history: History,
+    workload: str,
+    *,
+    commit_within_s: float = DEFAULT_COMMIT_WITHIN_S,
+    stable_within_s: float = DEFAULT_STABLE_WITHIN_S,
+    partitions_by_topic: Mapping[str, int] | None = None,
+) -> dict[str, CheckResult]:
+    """Every checker that applies to ``workload`` ("groups" or "queue"), by name."""
+    liveness = check_liveness(history, commit_within_s=commit_within_s)
+    if workload == "groups":
+        return {
+            "offsets": check_offsets(history),
+            "groups": check_groups(
+                history,
+                stable_within_s=stable_within_s,
+                partitions_by_topic=partitions_by_topic,
+            ),
+            "liveness": liveness,
+        }
+    if workload == "queue":
+        return {"queue": check_queue(history), "liveness": liveness}
+    raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
+
+
+def all_valid(results: Mapping[str, CheckResult]) -> bool:
+    return all(result.valid for result in results.values())
+
+
+def results_as_dict(results: Mapping[str, CheckResult]) -> dict[str, Any]:
+    """``{"valid": bool, "checkers": {name: CheckResult.as_dict()}}``, ready for json.dump."""
+    return {
+        "valid": all_valid(results),
+        "checkers": {name: result.as_dict() for name, result in results.items()},
+    }

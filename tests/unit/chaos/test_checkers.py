@@ -1,0 +1,943 @@
+"""The chaos history and checkers on small hand-made histories, valid and broken.
+
+Each anomaly has a history that exhibits it (the checker must name it) next to the closest
+valid history (the checker must pass), so a checker that flags nothing, or everything, fails.
+Times are explicit seconds; no clock is read.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kcoord.chaos.checkers import (
+    MALFORMED,
+    MAX_EXAMPLES,
+    CheckResult,
+    all_valid,
+    check_all,
+    check_groups,
+    check_liveness,
+    check_offsets,
+    check_queue,
+    results_as_dict,
+)
+from kcoord.chaos.history import FAIL, INFO, INVOKE, OK, Event, History
+
+# ---------------------------------------------------------------------------------------------
+# Builders: one line per operation, so a history reads like the run it stands for.
+
+
+def commit(
+    h: History,
+    t: float,
+    member: str,
+    offsets: dict[int, int],
+    *,
+    outcome: str = OK,
+    group: str = "g",
+    topic: str = "t",
+    generation: int = 1,
+    done_t: float | None = None,
+) -> None:
+    value = {
+        "group": group,
+        "topic": topic,
+        "member": member,
+        "member_id": f"{member}-id",
+        "generation": generation,
+        "offsets": offsets,
+    }
+    h.add(member, INVOKE, "commit", value, time=t)
+    h.add(member, outcome, "commit", value, time=t + 0.1 if done_t is None else done_t)
+
+
+def consume(
+    h: History,
+    t: float,
+    member: str,
+    partition: int,
+    offsets: range | list[int],
+    *,
+    group: str = "g",
+    topic: str = "t",
+) -> None:
+    h.add(
+        member,
+        OK,
+        "consume",
+        {
+            "group": group,
+            "topic": topic,
+            "member": member,
+            "member_id": f"{member}-id",
+            "generation": 1,
+            "records": [[partition, o, f"v{o}"] for o in offsets],
+        },
+        time=t,
+    )
+
+
+def committed(h: History, t: float, offsets: dict[int, int], *, group: str = "g") -> None:
+    h.add("checker", OK, "committed", {"group": group, "topic": "t", "offsets": offsets}, time=t)
+
+
+def assignment(
+    h: History,
+    t: float,
+    member: str,
+    partitions: list[int],
+    generation: int,
+    *,
+    member_id: str | None = None,
+) -> None:
+    h.add(
+        member,
+        INFO,
+        "assignment",
+        {
+            "group": "g",
+            "topic": "t",
+            "member": member,
+            "member_id": member_id or f"{member}-id",
+            "generation": generation,
+            "partitions": partitions,
+        },
+        time=t,
+    )
+
+
+def describe(
+    h: History, t: float, members: list[str], *, state: str = "Stable", generation: int = 1
+) -> None:
+    h.add(
+        "checker",
+        OK,
+        "describe",
+        {"group": "g", "state": state, "generation": generation, "members": members},
+        time=t,
+    )
+
+
+def heal(h: History, t: float) -> None:
+    h.add("nemesis", INFO, "heal", {}, time=t)
+
+
+def send(
+    h: History,
+    t: float,
+    process: str,
+    value: str,
+    where: tuple[int, int],
+    *,
+    outcome: str = OK,
+    topic: str = "q",
+) -> None:
+    """A send of ``value``; ``where`` is the (partition, offset) an ``ok`` acknowledges."""
+    partition, offset = where
+    invoke = {"topic": topic, "key": partition, "value": value}
+    h.add(process, INVOKE, "send", invoke, time=t)
+    done = {**invoke, "partition": partition, "offset": offset} if outcome == OK else invoke
+    h.add(process, outcome, "send", done, time=t + 0.1)
+
+
+def poll(
+    h: History,
+    t: float,
+    process: str,
+    records: list[tuple[int, int, str]],
+    *,
+    f: str = "poll",
+    generation: int | None = None,
+    topic: str = "q",
+) -> None:
+    value: dict[str, Any] = {
+        "member": process,
+        "topic": topic,
+        "records": [list(r) for r in records],
+        "mode": "subscribe",
+    }
+    if generation is not None:
+        value["generation"] = generation
+    h.add(process, OK, f, value, time=t)
+
+
+def final_poll(h: History, t: float, records: list[tuple[int, int, str]]) -> None:
+    poll(h, t, "checker", records, f="final-poll")
+
+
+def named(result: CheckResult) -> set[str]:
+    return set(result.anomalies)
+
+
+# ---------------------------------------------------------------------------------------------
+# History
+
+
+def test_add_stamps_the_injected_clock_and_numbers_events() -> None:
+    now = [1.5]
+    h = History(clock=lambda: now[0])
+    first = h.add("member-1", INVOKE, "commit", {"offsets": {0: 3}})
+    now[0] = 2.0
+    second = h.add("member-1", OK, "commit", {"offsets": {0: 3}})
+    explicit = h.add("nemesis", INFO, "heal", {}, time=9.0)
+
+    assert [(e.index, e.time) for e in (first, second, explicit)] == [(0, 1.5), (1, 2.0), (2, 9.0)]
+    assert first.value == {"offsets": {"0": 3}}  # stored in JSON form
+    assert h.events() == (first, second, explicit)
+    assert h[1] == second
+    assert len(h) == 3
+
+
+def test_add_refuses_what_a_history_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="event type"):
+        History(clock=lambda: 0.0).add("p", "done", "send", {})
+    with pytest.raises(ValueError, match="no clock"):
+        History().add("p", OK, "send", {})
+    with pytest.raises(TypeError):
+        History(clock=lambda: 0.0).add("p", OK, "send", {"value": object()})
+
+
+def test_add_is_thread_safe() -> None:
+    h = History(clock=lambda: 0.0)
+
+    def add_many(name: str) -> None:
+        for i in range(500):
+            h.add(name, OK, "poll", {"i": i})
+
+    threads = [threading.Thread(target=add_many, args=(f"p{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert [e.index for e in h] == list(range(2000))
+    for n in range(4):
+        assert [e.value["i"] for e in h if e.process == f"p{n}"] == list(range(500))
+
+
+def test_an_invoke_pairs_with_its_process_next_completion_of_the_same_f() -> None:
+    h = History()
+    a_commit = h.add("a", INVOKE, "commit", {}, time=0)
+    b_commit = h.add("b", INVOKE, "commit", {}, time=1)
+    a_send = h.add("a", INVOKE, "send", {}, time=2)
+    b_done = h.add("b", FAIL, "commit", {}, time=3)
+    callback = h.add("a", INFO, "revoked", {}, time=4)
+    a_send_done = h.add("a", OK, "send", {}, time=5)
+    a_done = h.add("a", INFO, "commit", {}, time=6)
+    pending = h.add("a", INVOKE, "commit", {}, time=7)
+
+    assert h.completion(a_commit) == a_done
+    assert h.completion(b_commit) == b_done
+    assert h.completion(a_send) == a_send_done
+    assert h.completion(pending) is None
+    assert h.invocation(a_done) == a_commit
+    assert h.invocation(callback) is None
+    assert h.pairs("commit") == [(a_commit, a_done), (b_commit, b_done), (pending, None)]
+    assert h.ops("commit", INVOKE) == [a_commit, b_commit, pending]
+    # Pairing follows appends made after it was first computed.
+    late = h.add("a", OK, "commit", {}, time=8)
+    assert h.completion(pending) == late
+
+
+def test_round_trip_through_jsonl(tmp_path: Path) -> None:
+    h = History()
+    commit(h, 1.0, "member-1", {0: 5, 3: 7})
+    poll(h, 2.0, "consumer-1", [(0, 1, "a"), (1, 0, "b")])
+    h.add("nemesis", INFO, "start", {"fault": "kill", "targets": ["n1"], "detail": {}}, time=3.25)
+    path = tmp_path / "history.jsonl"
+
+    h.to_jsonl(path)
+    back = History.from_jsonl(path)
+    back.to_jsonl(tmp_path / "again.jsonl")
+
+    assert back.events() == h.events()
+    assert (tmp_path / "again.jsonl").read_bytes() == path.read_bytes()
+    assert back[1].value["offsets"] == {"0": 5, "3": 7}
+    assert back.completion(back[0]) == back[1]
+    line = json.loads(path.read_text().splitlines()[0])
+    assert set(line) == {"index", "time", "process", "type", "f", "value"}
+
+
+def test_from_jsonl_rejects_a_bad_line_or_a_gap(tmp_path: Path) -> None:
+    event = Event(0, 0.0, "p", OK, "poll", {})
+    path = tmp_path / "h.jsonl"
+    path.write_text(json.dumps(event.to_dict()) + "\n" + '{"index": 1}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        History.from_jsonl(path)
+    path.write_text(json.dumps({**event.to_dict(), "index": 1}) + "\n")
+    with pytest.raises(ValueError, match="index 1 at position 0"):
+        History.from_jsonl(path)
+    path.write_text(json.dumps({**event.to_dict(), "type": "maybe"}) + "\n")
+    with pytest.raises(ValueError, match="event type"):
+        History.from_jsonl(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Offsets
+
+
+def healthy_groups_history() -> History:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    consume(h, 3.0, "m1", 0, range(5, 8))
+    commit(h, 4.0, "m1", {0: 8})
+    committed(h, 10.0, {0: 8})
+    return h
+
+
+def test_offsets_valid_history() -> None:
+    result = check_offsets(healthy_groups_history())
+    assert result.valid, result.anomalies
+    assert result.stats["commits"][OK] == 2
+
+
+def test_lost_commit_when_the_final_read_is_below_an_acknowledged_commit() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    consume(h, 1.0, "m1", 1, range(3))
+    commit(h, 2.5, "m1", {1: 3})
+    committed(h, 10.0, {0: 4})  # and partition 1 is missing altogether
+
+    result = check_offsets(h)
+
+    assert named(result) == {"lost-commit"}
+    lost = result.anomalies["lost-commit"]
+    assert [(x["partition"], x["final_committed"]) for x in lost] == [(0, 4), (1, None)]
+    assert lost[0]["acknowledged"]["offset"] == 5
+
+
+def test_an_unacknowledged_commit_may_be_lost_or_kept() -> None:
+    h = healthy_groups_history()
+    consume(h, 5.0, "m1", 0, range(8, 12))
+    commit(h, 6.0, "m1", {0: 12}, outcome=INFO)  # a timeout: lost is fine
+    commit(h, 7.0, "m1", {0: 10}, outcome=FAIL)  # a definite failure
+    assert check_offsets(h).valid
+
+    h2 = healthy_groups_history()
+    consume(h2, 5.0, "m1", 0, range(8, 12))
+    commit(h2, 6.0, "m1", {0: 12}, outcome=INFO)
+    committed(h2, 11.0, {0: 12})  # the timed-out commit took effect after all
+    assert check_offsets(h2).valid
+
+
+def test_no_final_committed_read_is_not_taken_as_durable() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    h.add("checker", FAIL, "committed", {"group": "g", "topic": "t"}, time=9.0)
+
+    assert named(check_offsets(h)) == {"no-final-committed"}
+
+
+def test_regressed_commit_when_a_later_commit_goes_back() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})  # ok at 2.1
+    consume(h, 3.0, "m2", 0, range(3))
+    commit(h, 4.0, "m2", {0: 3})  # invoked after the ok of 5
+    committed(h, 10.0, {0: 5})
+
+    result = check_offsets(h)
+
+    assert named(result) == {"regressed-commit"}
+    example = result.anomalies["regressed-commit"][0]
+    assert (example["earlier"]["offset"], example["later"]["offset"]) == (5, 3)
+
+
+def test_concurrent_commits_may_land_in_either_order() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    consume(h, 1.0, "m2", 0, range(3))
+    commit(h, 2.0, "m1", {0: 5}, done_t=3.0)
+    commit(h, 2.5, "m2", {0: 3}, done_t=3.5)  # invoked before 5 was acknowledged
+    committed(h, 10.0, {0: 5})
+
+    assert check_offsets(h).valid
+
+
+def test_commit_beyond_consumed() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(3))
+    commit(h, 2.0, "m1", {0: 5})  # consumed 0..2, commits "next is 5"
+    committed(h, 10.0, {0: 5})
+
+    result = check_offsets(h)
+
+    assert named(result) == {"commit-beyond-consumed"}
+    example = result.anomalies["commit-beyond-consumed"][0]
+    assert example["commit"]["offset"] == 5
+    assert example["highest_consumed_before"] == 2
+
+
+def test_consuming_after_the_commit_does_not_excuse_it() -> None:
+    h = History()
+    commit(h, 1.0, "m1", {0: 3})
+    consume(h, 2.0, "m1", 0, range(3))
+    committed(h, 10.0, {0: 3})
+
+    assert named(check_offsets(h)) == {"commit-beyond-consumed"}
+
+
+def test_starting_at_an_offset_after_committing_it_does_not_excuse_it() -> None:
+    h = History()
+    commit(h, 1.0, "m1", {0: 5})  # nothing consumed, nothing committed before: a bogus 5
+    consume(h, 2.0, "m1", 0, range(5, 7))  # then m1 resumes from that committed 5
+    commit(h, 3.0, "m1", {0: 7})
+    committed(h, 10.0, {0: 7})
+
+    result = check_offsets(h)
+
+    assert result.stats["anomaly_counts"] == {"commit-beyond-consumed": 1}
+    assert result.anomalies["commit-beyond-consumed"][0]["commit"]["offset"] == 5
+
+
+def test_another_members_consumption_does_not_count() -> None:
+    h = History()
+    consume(h, 1.0, "m2", 0, range(3))
+    commit(h, 2.0, "m1", {0: 3})
+    committed(h, 10.0, {0: 3})
+
+    assert named(check_offsets(h)) == {"commit-beyond-consumed"}
+
+
+def test_recommitting_a_position_or_the_start_is_allowed() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    # m2 takes partition 0 over at the committed 5 and commits its position before consuming.
+    commit(h, 3.0, "m2", {0: 5})
+    # m3 starts on partition 1 at offset 7 (auto.offset.reset=latest) and commits that start.
+    consume(h, 4.0, "m3", 1, range(7, 9))
+    commit(h, 5.0, "m3", {1: 7})
+    commit(h, 5.5, "m3", {1: 9})
+    # The log start needs nothing consumed.
+    commit(h, 6.0, "m4", {2: 0})
+    committed(h, 10.0, {0: 5, 1: 9, 2: 0})
+
+    result = check_offsets(h)
+    assert result.valid, result.anomalies
+
+
+def test_recommitting_needs_an_earlier_attempt_of_that_offset() -> None:
+    h = History()
+    commit(h, 1.0, "m2", {0: 5})  # nobody ever stored 5
+    commit(h, 1.0, "m3", {0: 6}, outcome=FAIL)  # a definite failure stored nothing
+    commit(h, 2.0, "m1", {0: 6})
+    committed(h, 10.0, {0: 6})
+
+    result = check_offsets(h)
+    assert result.stats["anomaly_counts"] == {"commit-beyond-consumed": 2}
+
+
+def test_a_malformed_commit_fails_the_check() -> None:
+    h = History()
+    h.add("m1", OK, "commit", {"group": "g", "offsets": {"zero": 1}}, time=1.0)
+
+    result = check_offsets(h)
+
+    assert not result.valid
+    assert result.anomalies[MALFORMED][0]["event"] == 0
+
+
+def test_examples_are_capped_but_every_anomaly_is_counted() -> None:
+    h = History()
+    for partition in range(MAX_EXAMPLES + 5):
+        commit(h, 1.0, "m1", {partition: 3})
+    committed(h, 10.0, dict.fromkeys(range(MAX_EXAMPLES + 5), 3))
+
+    result = check_offsets(h)
+
+    assert len(result.anomalies["commit-beyond-consumed"]) == MAX_EXAMPLES
+    assert result.stats["anomaly_counts"]["commit-beyond-consumed"] == MAX_EXAMPLES + 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Groups
+
+
+def healthy_group_history() -> History:
+    h = History()
+    h.add("runner", INFO, "topic", {"topic": "t", "partitions": 3}, time=0.0)
+    assignment(h, 1.0, "a", [0, 1, 2], 1)
+    assignment(h, 2.0, "a", [0, 1], 2)
+    assignment(h, 2.0, "b", [2], 2)
+    h.add("nemesis", INFO, "start", {"fault": "kill", "targets": ["n2"], "detail": {}}, time=3)
+    assignment(h, 5.0, "a", [0, 1, 2], 3)  # b's session expired during the fault
+    heal(h, 8.0)
+    assignment(h, 12.0, "a", [0, 1], 4)
+    assignment(h, 12.0, "b", [2], 4, member_id="b-id2")  # b rejoined with a new id
+    describe(h, 13.0, ["a-id", "b-id2"], generation=4)
+    return h
+
+
+def test_groups_valid_history() -> None:
+    result = check_groups(healthy_group_history())
+    assert result.valid, result.anomalies
+    assert result.stats["partitions_source"] == "topic-events"
+    assert result.stats["max_generation"] == {"g": 4}
+    assert result.stats["stable_after_heal_s"] == {"g": 5.0}
+
+
+def test_split_ownership_in_one_generation() -> None:
+    h = healthy_group_history()
+    assignment(h, 14.0, "c", [1], 4)
+
+    result = check_groups(h, partitions_by_topic={"t": 3})
+
+    assert "split-ownership" in named(result)
+    example = result.anomalies["split-ownership"][0]
+    assert (example["generation"], example["partition"]) == (4, 1)
+    assert {o["member"] for o in example["owners"]} == {"a", "c"}
+
+
+def test_a_partition_may_move_between_generations_or_to_a_replaced_static_member() -> None:
+    h = History()
+    assignment(h, 1.0, "a", [0], 1)
+    assignment(h, 2.0, "b", [0], 2)  # moved in a later generation
+    # "b" restarted as a static member: same member, new member_id, no rebalance (KIP-345).
+    assignment(h, 3.0, "b", [0], 2, member_id="b-id2")
+    describe(h, 4.0, ["b-id2"], generation=2)
+
+    result = check_groups(h, partitions_by_topic={"t": 1})
+    assert result.valid, result.anomalies
+
+
+def test_unowned_partition_after_heal() -> None:
+    h = healthy_group_history()
+    assignment(h, 13.5, "a", [0], 4)  # partition 1 now owned by nobody
+
+    result = check_groups(h)
+
+    assert named(result) == {"unowned-after-heal"}
+    example = result.anomalies["unowned-after-heal"][0]
+    assert (example["reason"], example["partitions"]) == ("unowned partitions", [1])
+
+
+def test_members_disagreeing_on_the_generation_after_heal() -> None:
+    h = healthy_group_history()
+    assignment(h, 13.5, "b", [2], 5, member_id="b-id2")
+
+    result = check_groups(h)
+
+    assert named(result) == {"unowned-after-heal"}
+    example = result.anomalies["unowned-after-heal"][0]
+    assert example["reason"] == "generation disagreement"
+    assert example["generations"] == {"a-id": 4, "b-id2": 5, "describe": 4}
+
+
+def test_a_live_member_without_assignment_after_heal() -> None:
+    h = healthy_group_history()
+    describe(h, 14.0, ["a-id", "b-id2", "c-id"], generation=4)
+
+    result = check_groups(h)
+
+    assert named(result) == {"unowned-after-heal"}
+    assert result.anomalies["unowned-after-heal"][0]["member_id"] == "c-id"
+
+
+def test_without_describe_live_members_are_those_assigned_after_heal() -> None:
+    h = History()
+    assignment(h, 1.0, "a", [0], 1)
+    assignment(h, 1.0, "b", [1], 1)
+    heal(h, 5.0)
+    assignment(h, 6.0, "a", [0, 1], 2)
+
+    result = check_groups(h, partitions_by_topic={"t": 2})
+    assert named(result) == {"not-stable-after-heal"}  # ownership itself is complete
+
+    h2 = History()
+    assignment(h2, 1.0, "a", [0], 1)
+    assignment(h2, 1.0, "b", [1], 1)
+    heal(h2, 5.0)
+    assignment(h2, 6.0, "a", [0], 2)
+    result2 = check_groups(h2, partitions_by_topic={"t": 2})
+    assert named(result2) == {"not-stable-after-heal", "unowned-after-heal"}
+
+
+def test_partition_count_is_inferred_without_topic_event() -> None:
+    h = History()
+    send(h, 0.0, "producer", "x", (2, 0), topic="t")
+    assignment(h, 1.0, "a", [0, 1], 1)
+    describe(h, 2.0, ["a-id"])
+
+    result = check_groups(h)
+
+    assert result.stats["partitions_source"] == "inferred"
+    assert result.anomalies["unowned-after-heal"][0]["partitions"] == [2]
+
+
+@pytest.mark.parametrize(
+    ("state", "describe_t", "reason"),
+    [("PreparingRebalance", 13.0, "state"), ("Stable", 80.0, "late")],
+)
+def test_not_stable_after_heal(state: str, describe_t: float, reason: str) -> None:
+    h = healthy_group_history()
+    describe(h, describe_t, ["a-id", "b-id2"], state=state, generation=4)
+
+    result = check_groups(h)
+
+    assert named(result) == {"not-stable-after-heal"}
+    assert result.anomalies["not-stable-after-heal"][0]["reason"] == reason
+
+
+def test_an_assignment_without_member_id_fails_the_check() -> None:
+    h = healthy_group_history()
+    h.add(
+        "c",
+        INFO,
+        "assignment",
+        {"group": "g", "topic": "t", "member_id": None, "generation": 4, "partitions": [1]},
+        time=14.0,
+    )
+
+    result = check_groups(h)
+
+    assert named(result) == {MALFORMED}
+    assert "member_id" in result.anomalies[MALFORMED][0]["error"]
+
+
+def test_no_final_describe_is_not_stable() -> None:
+    h = History()
+    assignment(h, 1.0, "a", [0], 1)
+
+    result = check_groups(h, partitions_by_topic={"t": 1})
+
+    assert result.anomalies == {
+        "not-stable-after-heal": [{"group": "g", "reason": "no final describe"}]
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Queue
+
+
+def healthy_queue_history() -> History:
+    h = History()
+    h.add("c1", INFO, "subscribe", {"member": "c1", "topic": "q"}, time=0.0)
+    send(h, 1.0, "p1", "a", (0, 0))
+    send(h, 2.0, "p1", "b", (0, 1))
+    send(h, 3.0, "p1", "c", (0, 2))
+    send(h, 3.5, "p2", "z", (1, 0))
+    send(h, 4.0, "p2", "maybe", (1, 1), outcome=INFO)  # may or may not appear
+    send(h, 4.5, "p2", "never", (1, 1), outcome=FAIL)
+    poll(h, 5.0, "c1", [(0, 0, "a"), (0, 1, "b")])
+    poll(h, 6.0, "c1", [(0, 2, "c"), (1, 0, "z")])
+    final_poll(h, 10.0, [(0, 0, "a"), (0, 1, "b"), (0, 2, "c")])
+    final_poll(h, 10.5, [(1, 0, "z")])
+    return h
+
+
+def test_queue_valid_history() -> None:
+    result = check_queue(healthy_queue_history())
+    assert result.valid, result.anomalies
+    assert result.stats["final_polls"] == 2
+    assert result.stats["sends"] == {OK: 4, FAIL: 1, INFO: 1, INVOKE: 0}
+
+
+def test_an_info_send_may_appear() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c1", [(1, 1, "maybe")])
+    final_poll(h, 11.0, [(1, 1, "maybe")])
+    result = check_queue(h)
+    assert result.valid, result.anomalies
+
+
+def test_lost_write_when_a_later_offset_was_read() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    send(h, 2.0, "p1", "b", (0, 1))
+    send(h, 3.0, "p1", "c", (0, 2))
+    poll(h, 5.0, "c1", [(0, 0, "a")])
+    poll(h, 6.0, "c2", [(0, 2, "c")])  # c2's first read: not a skip by itself
+    final_poll(h, 10.0, [(0, 0, "a"), (0, 2, "c")])
+
+    result = check_queue(h)
+
+    assert named(result) == {"lost-write", "unseen"}
+    assert result.anomalies["lost-write"] == [
+        {"topic": "q", "partition": 0, "offset": 1, "value": "b", "send": 3, "max_read_offset": 2}
+    ]
+
+
+def test_unseen_when_the_final_polls_miss_an_acknowledged_send() -> None:
+    h = healthy_queue_history()
+    send(h, 7.0, "p1", "d", (0, 3))  # beyond everything read: unseen, not lost
+
+    result = check_queue(h)
+
+    assert named(result) == {"unseen"}
+    assert result.anomalies["unseen"][0]["value"] == "d"
+
+
+def test_without_final_polls_unseen_is_checked_only_when_required() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    poll(h, 2.0, "c1", [(0, 0, "a")])
+
+    assert named(check_queue(h)) == {"unseen"}
+    relaxed = check_queue(h, require_final_poll=False)
+    assert relaxed.valid
+    assert relaxed.stats["unseen_checked"] is False
+
+
+def test_duplicate_value_at_two_offsets() -> None:
+    h = healthy_queue_history()
+    final_poll(h, 11.0, [(0, 3, "a")])  # "a" again, at offset 3
+
+    result = check_queue(h)
+
+    assert "duplicate" in named(result)
+    assert result.anomalies["duplicate"][0]["offsets"] == [0, 3]
+
+
+def test_inconsistent_offsets_two_values_at_one_offset() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c2", [(0, 1, "x")])
+
+    result = check_queue(h)
+
+    assert "inconsistent-offsets" in named(result)
+    example = result.anomalies["inconsistent-offsets"][0]
+    assert (example["offset"], sorted(example["values"])) == (1, ["b", "x"])
+
+
+def test_a_write_overwritten_at_the_highest_offset_read_is_lost() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    send(h, 2.0, "p1", "b", (0, 1))
+    poll(h, 3.0, "c1", [(0, 0, "a"), (0, 1, "x")])  # "x" where "b" was acknowledged
+    final_poll(h, 10.0, [(0, 0, "a"), (0, 1, "x")])
+
+    result = check_queue(h)
+
+    assert named(result) == {"lost-write", "unseen", "inconsistent-offsets"}
+    assert result.anomalies["lost-write"][0]["value"] == "b"
+
+
+def test_poll_skip_within_one_consumer() -> None:
+    h = healthy_queue_history()
+    send(h, 7.0, "p1", "d", (0, 3))
+    send(h, 7.5, "p1", "e", (0, 4))
+    poll(h, 8.0, "c1", [(0, 4, "e")])  # c1 was at 2, skips 3
+    final_poll(h, 12.0, [(0, 3, "d"), (0, 4, "e")])
+
+    result = check_queue(h)
+
+    assert named(result) == {"poll-skip"}
+    example = result.anomalies["poll-skip"][0]
+    assert (example["offsets"], example["skipped"]) == ([2, 4], [3])
+
+
+def test_an_offset_nobody_wrote_or_read_is_not_a_skip() -> None:
+    h = healthy_queue_history()
+    send(h, 7.5, "p1", "e", (0, 4))  # offset 3 is a gap (say a transaction marker)
+    poll(h, 8.0, "c1", [(0, 4, "e")])
+    final_poll(h, 12.0, [(0, 4, "e")])
+
+    result = check_queue(h)
+    assert result.valid, result.anomalies
+
+
+def test_nonmonotonic_poll_within_one_consumer() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c1", [(0, 1, "b")])  # back from 2 to 1, no rebalance
+
+    result = check_queue(h)
+
+    assert named(result) == {"nonmonotonic-poll"}
+    assert result.anomalies["nonmonotonic-poll"][0]["offsets"] == [2, 1]
+
+
+def test_nonmonotonic_poll_inside_one_poll() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c2", [(0, 0, "a"), (0, 2, "c"), (0, 1, "b")])
+
+    assert named(check_queue(h)) == {"poll-skip", "nonmonotonic-poll"}
+
+
+@pytest.mark.parametrize(
+    "rebalance",
+    [
+        ("c1", "revoked", {"member": "c1", "partitions": [0, 1]}),
+        ("c1", "lost", {"member": "c1"}),
+        ("c1", "assign", {"member": "c1", "topic": "q", "partitions": [0]}),
+        ("c1", "subscribe", {"member": "c1", "topic": "q"}),
+        ("nemesis", "start", {"fault": "clients", "targets": ["c1"], "detail": {}}),
+        ("c1", "process-start", {"module": "kcoord.chaos.queue_consumer", "cfg": {}}),
+    ],
+)
+def test_a_rebalance_between_polls_resets_monotonicity(
+    rebalance: tuple[str, str, dict[str, Any]],
+) -> None:
+    h = healthy_queue_history()
+    process, f, value = rebalance
+    h.add(process, INFO, f, value, time=6.5)
+    poll(h, 7.0, "c1", [(0, 0, "a")])  # re-reads from an earlier committed offset
+
+    result = check_queue(h)
+    assert result.valid, result.anomalies
+
+
+def test_a_new_generation_between_polls_resets_monotonicity() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    send(h, 2.0, "p1", "b", (0, 1))
+    poll(h, 3.0, "c1", [(0, 0, "a"), (0, 1, "b")], generation=1)
+    poll(h, 4.0, "c1", [(0, 0, "a")], generation=2)
+    poll(h, 5.0, "c1", [(0, 0, "a")], generation=2)  # same generation: back again
+    final_poll(h, 10.0, [(0, 0, "a"), (0, 1, "b")])
+
+    result = check_queue(h)
+
+    assert result.stats["anomaly_counts"] == {"nonmonotonic-poll": 1}
+    assert result.anomalies["nonmonotonic-poll"][0]["events"] == [5, 6]
+
+
+def test_a_cooperative_revoke_resets_only_the_partitions_it_lists() -> None:
+    h = healthy_queue_history()
+    h.add("c1", INFO, "revoked", {"member": "c1", "partitions": [1]}, time=6.5)
+    poll(h, 7.0, "c1", [(1, 0, "z"), (0, 0, "a")])  # partition 0 was kept: going back is wrong
+
+    result = check_queue(h)
+
+    assert named(result) == {"nonmonotonic-poll"}
+    assert result.anomalies["nonmonotonic-poll"][0]["partition"] == 0
+
+
+def test_final_polls_restart_from_zero_without_breaking_monotonicity() -> None:
+    h = healthy_queue_history()
+    poll(h, 11.0, "checker", [(0, 0, "a")], f="final-poll")
+    assert check_queue(h).valid
+
+
+def test_nonmonotonic_send() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 5))
+    send(h, 2.0, "p1", "b", (0, 3))  # later send, lower offset
+    send(h, 3.0, "p2", "c", (0, 4))  # another process: unrelated
+    final_poll(h, 10.0, [(0, 3, "b"), (0, 4, "c"), (0, 5, "a")])
+
+    result = check_queue(h)
+
+    assert named(result) == {"nonmonotonic-send"}
+    assert result.anomalies["nonmonotonic-send"][0]["offsets"] == [5, 3]
+
+
+def test_two_sends_acknowledged_at_one_offset_are_nonmonotonic() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    send(h, 2.0, "p1", "b", (0, 0))
+    final_poll(h, 10.0, [(0, 0, "b")])
+
+    result = check_queue(h)
+
+    assert {"nonmonotonic-send", "inconsistent-offsets"} <= named(result)
+    assert result.anomalies["nonmonotonic-send"][0]["offsets"] == [0, 0]
+
+
+def test_aborted_read_of_a_failed_send() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c2", [(1, 1, "never")])
+    final_poll(h, 11.0, [(1, 1, "never")])
+
+    result = check_queue(h)
+
+    assert named(result) == {"aborted-read"}
+    assert result.anomalies["aborted-read"][0]["value"] == "never"
+
+
+# ---------------------------------------------------------------------------------------------
+# Liveness
+
+
+def probe(h: History, t: float, outcome: str) -> None:
+    h.add("nemesis", INVOKE, "probe-commit", {"group": "probe", "offsets": {0: 1}}, time=t)
+    h.add("nemesis", outcome, "probe-commit", {"group": "probe", "offsets": {0: 1}}, time=t + 1)
+
+
+def test_liveness_valid_when_a_commit_follows_each_heal() -> None:
+    h = History()
+    probe(h, 1.0, OK)
+    heal(h, 10.0)
+    probe(h, 11.0, FAIL)
+    probe(h, 14.0, OK)
+    heal(h, 40.0)
+    commit(h, 45.0, "m1", {0: 0})
+    h.add("checker", OK, "committed", {"group": "g", "topic": "t", "offsets": {}}, time=200.0)
+
+    result = check_liveness(h)
+
+    assert result.valid, result.anomalies
+    assert result.stats["recovery_s"] == [5.0, 5.1]
+
+
+def test_no_commit_after_heal_within_the_bound() -> None:
+    h = History()
+    probe(h, 1.0, OK)  # before the heal: does not count
+    heal(h, 10.0)
+    probe(h, 11.0, FAIL)
+    probe(h, 50.0, OK)
+
+    result = check_liveness(h, commit_within_s=30.0)
+
+    assert named(result) == {"no-commit-after-heal"}
+    assert result.anomalies["no-commit-after-heal"][0]["first_ack_after_s"] == 41.0
+
+
+def test_a_history_ending_before_the_bound_fails_only_without_any_ack() -> None:
+    h = History()
+    heal(h, 10.0)
+    probe(h, 12.0, OK)
+    assert check_liveness(h).valid
+
+    h2 = History()
+    heal(h2, 10.0)
+    probe(h2, 12.0, INFO)
+    result = check_liveness(h2)
+    assert named(result) == {"no-commit-after-heal"}
+    assert result.anomalies["no-commit-after-heal"][0]["history_ends_after_s"] == 3.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything
+
+
+def test_check_all_groups_is_json_serialisable() -> None:
+    h = healthy_group_history()
+    for event in healthy_groups_history():
+        h.add(event.process, event.type, event.f, event.value, time=event.time + 1.0)
+    probe(h, 9.0, OK)
+
+    results = check_all(h, "groups")
+
+    assert set(results) == {"offsets", "groups", "liveness"}
+    assert all_valid(results), {n: r.anomalies for n, r in results.items()}
+    document = json.loads(json.dumps(results_as_dict(results)))
+    assert document["valid"] is True
+    assert document["checkers"]["groups"]["name"] == "groups"
+
+
+def test_check_all_queue_names_the_failing_checker() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c1", [(0, 1, "b")])
+    heal(h, 8.0)
+
+    results = check_all(h, "queue")
+
+    assert set(results) == {"queue", "liveness"}
+    assert not all_valid(results)
+    document = json.loads(json.dumps(results_as_dict(results)))
+    assert document["checkers"]["queue"]["stats"]["anomaly_counts"] == {"nonmonotonic-poll": 1}
+    assert set(document["checkers"]["liveness"]["anomalies"]) == {"no-commit-after-heal"}
+
+
+def test_check_all_rejects_an_unknown_workload() -> None:
+    with pytest.raises(ValueError, match="workload"):
+        check_all(History(), "bank")
