@@ -1,0 +1,167 @@
+"""Two replica managers in one process, their fetchers wired to each other's handlers.
+
+The returning-leader scenario of tests/integration/test_replication.py without processes: a
+follower whose ReplicaFetch long-poll is parked at the leader when it "stops" still receives the
+first acks=1 write (the leader answers the parked request, Kafka's DelayedFetch); after a
+failover the old leader truncates to the new leader's log (KIP-101/279), which keeps that record
+and drops the rest of the old leader's tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, cast
+
+from kcoord.node.metadata import MetadataCache
+from kcoord.node.replica_fetcher import ReplicaFetcherManager
+from kcoord.node.replica_manager import Partition, ReplicaManager
+from kcoord.node.rpc import RpcClient, RpcClientPool
+from kcoord.raft import records as rec
+from kcoord.storage.manager import LogManager
+from tests.unit.storage.helpers import batch, read_all
+
+TOPIC = "replicated"
+TOPIC_ID = "CCCCCCCCCCCCCCCCCCCCCC"
+NODES = (1, 2)
+
+
+class _Handlers:
+    """An ``RpcClient`` stand-in that calls the leader's handlers directly (and notes the
+    requests in ``sent``)."""
+
+    def __init__(self, leader: ReplicaManager, sent: list[tuple[str, Any]]) -> None:
+        self.leader = leader
+        self.sent = sent
+
+    async def call(self, method: str, payload: Any, timeout: float) -> Any:
+        self.sent.append((method, payload))
+        if method == "ReplicaFetch":
+            return await self.leader.handle_replica_fetch(payload)
+        assert method == "EpochEndOffset", method
+        return await self.leader.handle_epoch_end_offset(payload)
+
+
+class _Fetchers(ReplicaFetcherManager):
+    def __init__(self, node: Node, cluster: dict[int, Node]) -> None:
+        super().__init__(
+            node.node_id, node.replicas, node.cache, RpcClientPool(), lambda: 1, max_wait_ms=5000
+        )
+        self.cluster = cluster
+        self.sent: list[tuple[str, Any]] = []
+
+    def _client(self, leader_id: int) -> RpcClient | None:
+        return cast(RpcClient, _Handlers(self.cluster[leader_id].replicas, self.sent))
+
+
+class Node:
+    def __init__(self, node_id: int, data_dir: Path, cluster: dict[int, Node]) -> None:
+        self.node_id = node_id
+        self.logs = LogManager(data_dir)
+        self.logs.open()
+        self.cache = MetadataCache(node_id, listener=_NoRoles())
+        self.replicas = ReplicaManager(node_id, self.logs, self.cache, lambda: 1_000_000)
+        self.cache.listener = self.replicas
+        self.fetchers = _Fetchers(self, cluster)
+        cluster[node_id] = self
+
+    @property
+    def partition(self) -> Partition:
+        part = self.replicas.get_partition(TOPIC, 0)
+        assert part is not None
+        return part
+
+    def values(self) -> list[bytes | None]:
+        return [r.value for r in read_all(self.partition.log)]
+
+    async def fetch_once(self) -> None:
+        """One round of this node's fetcher (truncation if pending, then one ReplicaFetch)."""
+        part = self.partition
+        await self.fetchers._step(part.leader_id, [part])
+
+    def produce(self, value: bytes) -> None:
+        """An acks=1 write: the leader answers once its own log has it."""
+        self.replicas.append_local(self.partition, batch(value=value), required_acks=1)
+
+
+class _NoRoles:
+    def on_role_changes(self, changes: Any) -> None:
+        pass
+
+
+def _start(cluster: dict[int, Node]) -> None:
+    records: list[rec.MetadataRecord] = [
+        rec.RegisterBroker(
+            broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={}, fenced=False
+        )
+        for n in NODES
+    ]
+    records += [
+        rec.Topic(TOPIC, TOPIC_ID, {}),
+        rec.Partition(TOPIC_ID, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
+    ]
+    for node in cluster.values():
+        node.cache.apply(1, records)
+
+
+def _fail_over_to(cluster: dict[int, Node], leader: int) -> None:
+    """The controller fences the old leader: ``leader`` leads alone in a new leader epoch."""
+    change = rec.PartitionChange(
+        TOPIC_ID, 0, expected_partition_epoch=0, leader=leader, isr=(leader,)
+    )
+    for node in cluster.values():
+        node.cache.apply(2, [change])
+
+
+async def _parked(leader: ReplicaManager) -> None:
+    """Wait (bounded, no wall clock) until a replica fetch waits at the leader for news."""
+    for _ in range(100):
+        if leader._fetch_wakeups:
+            return
+        await asyncio.sleep(0)  # one loop iteration
+    raise AssertionError("no replica fetch parked at the leader")
+
+
+def test_a_returning_leader_keeps_what_the_new_leader_has_and_drops_the_rest(
+    tmp_path: Path,
+) -> None:
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        old, new = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
+        _start(cluster)
+        assert old.partition.is_leader and not new.partition.is_leader
+        for i in range(3):
+            old.produce(b"committed-%d" % i)
+        while old.partition.high_watermark < 3 or new.partition.high_watermark < 3:
+            await new.fetch_once()
+
+        # The follower's next fetch parks at the leader; then the follower "stops" (it fetches
+        # no more). The parked fetch is still answered with the first acks=1 write.
+        parked = asyncio.create_task(new.fetch_once())
+        await _parked(old.replicas)
+        old.produce(b"uncommitted-0")
+        await asyncio.wait_for(parked, 5)
+        old.produce(b"uncommitted-1")
+        old.produce(b"uncommitted-2")
+        assert old.partition.high_watermark == 3  # the tail is not committed
+        assert new.values()[3:] == [b"uncommitted-0"]
+
+        _fail_over_to(cluster, leader=new.node_id)
+        assert new.partition.is_leader and new.partition.leader_epoch == 1
+        assert old.partition.truncation_pending
+        new.produce(b"new-leader-0")
+
+        # The old leader returns as a follower: it truncates to where epoch 0 ends on the new
+        # leader (offset 4, not its HW 3 and not its own end 6), then fetches the new epoch.
+        await old.fetch_once()
+        assert not old.partition.truncation_pending
+        assert [m for m, _ in old.fetchers.sent] == ["EpochEndOffset", "ReplicaFetch"]
+        fetch = old.fetchers.sent[-1][1]["partitions"][0]
+        assert (fetch["fetch_offset"], fetch["last_fetched_epoch"]) == (4, 0)
+        expected = [b"committed-0", b"committed-1", b"committed-2", b"uncommitted-0"]
+        expected.append(b"new-leader-0")
+        assert new.values() == expected
+        assert old.values() == expected
+        assert old.partition.log.epoch_cache.entries == [(0, 0), (1, 4)]
+
+    asyncio.run(scenario())
