@@ -18,7 +18,9 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
 
 ``check_offsets`` (groups workload): OffsetCommit durability and sanity
     ``lost-commit``: the final OffsetFetch (``committed``) for (group, topic, partition) is
-    below the highest offset an ``ok`` commit acknowledged, or the partition is missing from it.
+    below the highest offset an ``ok`` commit acknowledged, or the partition is missing from it;
+    or a ``committed`` read made while faults are on (it has an invoke) returns less than the
+    highest offset acknowledged before the read was sent.
     Proves no acknowledged commit is lost across crashes, failovers and partitions.
     ``regressed-commit``: two ``ok`` commits of one (group, topic, partition), A's ``ok``
     preceding B's invoke, and B's offset below A's. Proves the committed offset a client can
@@ -42,7 +44,9 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     ``unowned-after-heal``: in the final state some partition of a subscribed topic is owned
     by no live member, a live member has no assignment, or the live members' last assignments
     (and the final ``describe``) disagree on the generation. Live members are those of the final
-    ``describe``; without one, those whose last ``assignment`` follows the last ``heal``. Proves
+    ``describe``, and their assignments those reported up to it (members stopping afterwards
+    rebalance the others); without one, those whose last ``assignment`` follows the last
+    ``heal``. Proves
     the group converges to a complete assignment once faults stop.
     ``not-stable-after-heal``: a group's final ``describe`` is missing, its state is not
     ``Stable``, or it came more than ``stable_within_s`` after the last ``heal``.
@@ -306,6 +310,7 @@ def check_offsets(history: History) -> CheckResult:
     acked = [c for c in commits if c.type == OK]
 
     _check_lost_commits(ordered, acked, findings)
+    _check_reads_see_acknowledged_commits(history, acked, findings)
     _check_regressed_commits(acked, findings)
     _check_commits_beyond_consumed(ordered, commits, acked, findings)
 
@@ -360,6 +365,47 @@ def _check_lost_commits(ordered: list[Event], acked: list[_Commit], findings: _F
                     "final_read_event": read_event.index,
                 },
             )
+
+
+def _check_reads_see_acknowledged_commits(
+    history: History, acked: list[_Commit], findings: _Findings
+) -> None:
+    """Every ``committed`` read with an invoke (the runner reads while faults are on) must
+    return, for each partition, at least the highest offset acknowledged before it was sent."""
+    by_key: dict[_GroupPartition, list[_Commit]] = defaultdict(list)
+    for commit in acked:
+        if commit.done_at is not None:
+            by_key[commit.key].append(commit)
+    for invoke, done in history.pairs("committed"):
+        if done is None or done.type != OK:
+            continue
+        try:
+            group, topic = _required(done.value, "group"), _topic(done.value)
+            offsets = _offsets(done.value)
+        except _PARSE_ERRORS as error:
+            findings.malformed(done, error)
+            continue
+        for (g, t, partition), commits in by_key.items():
+            if (g, t) != (group, topic):
+                continue
+            before = [c for c in commits if c.done_at is not None and c.done_at < invoke.at]
+            if not before:
+                continue
+            best = max(before, key=lambda c: c.offset)
+            seen = offsets.get(partition)
+            if seen is None or seen < best.offset:
+                findings.add(
+                    "lost-commit",
+                    {
+                        "group": group,
+                        "topic": topic,
+                        "partition": partition,
+                        "acknowledged": best.example(),
+                        "read": seen,
+                        "read_event": done.index,
+                        "reason": "a read sent after the acknowledgement does not see it",
+                    },
+                )
 
 
 def _check_regressed_commits(acked: list[_Commit], findings: _Findings) -> None:
@@ -658,6 +704,8 @@ def _check_final_ownership(
 ) -> None:
     last: dict[tuple[str, str], _Assignment] = {}  # (topic, member_id) -> last assignment
     for assignment in assignments:  # already in time order
+        if describe is not None and assignment.event.at > describe.at:
+            break  # the final state is the described one: members then stop and rebalance
         last[(assignment.topic, assignment.member_id)] = assignment
     if describe is not None:
         live = {str(member_id) for member_id in describe.value["members"]}

@@ -5,6 +5,8 @@ Subcommands:
   cluster up|status|stop-node|start-node|down a local cluster of node processes
   quorum describe --bootstrap-server H:P      like kafka-metadata-quorum.sh describe
   dump-log FILE... [--print-data-log] [--offsets-decoder]   like kafka-dump-log.sh
+
+(``kcoord chaos ...`` is dispatched before this by ``kcoord.cli``.)
 """
 
 from __future__ import annotations

@@ -313,6 +313,28 @@ def test_lost_commit_when_the_final_read_is_below_an_acknowledged_commit() -> No
     assert lost[0]["acknowledged"]["offset"] == 5
 
 
+def read_committed(h: History, t: float, done_t: float, offsets: dict[int, int]) -> None:
+    value = {"group": "g", "topic": "t"}
+    h.add("reader", INVOKE, "committed", value, time=t)
+    h.add("reader", OK, "committed", {**value, "offsets": offsets}, time=done_t)
+
+
+def test_a_read_during_faults_must_see_every_commit_acknowledged_before_it() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(8))
+    commit(h, 2.0, "m1", {0: 5})  # acknowledged at 2.1
+    read_committed(h, 2.05, 2.3, {0: 3})  # sent before the ack: may miss it
+    read_committed(h, 3.0, 3.1, {0: 3})  # sent after: must see it (an isolated coordinator's ack)
+    commit(h, 4.0, "m1", {0: 8})
+    committed(h, 10.0, {0: 8})  # the final read is fine: later commits hide the loss
+
+    result = check_offsets(h)
+
+    assert named(result) == {"lost-commit"}
+    (lost,) = result.anomalies["lost-commit"]
+    assert (lost["read"], lost["acknowledged"]["offset"], lost["read_event"]) == (3, 5, 6)
+
+
 def test_an_unacknowledged_commit_may_be_lost_or_kept() -> None:
     h = healthy_groups_history()
     consume(h, 5.0, "m1", 0, range(8, 12))
@@ -511,7 +533,7 @@ def test_a_partition_may_move_between_generations_or_to_a_replaced_static_member
 
 def test_unowned_partition_after_heal() -> None:
     h = healthy_group_history()
-    assignment(h, 13.5, "a", [0], 4)  # partition 1 now owned by nobody
+    assignment(h, 12.5, "a", [0], 4)  # partition 1 now owned by nobody
 
     result = check_groups(h)
 
@@ -522,7 +544,7 @@ def test_unowned_partition_after_heal() -> None:
 
 def test_members_disagreeing_on_the_generation_after_heal() -> None:
     h = healthy_group_history()
-    assignment(h, 13.5, "b", [2], 5, member_id="b-id2")
+    assignment(h, 12.5, "b", [2], 5, member_id="b-id2")
 
     result = check_groups(h)
 
@@ -530,6 +552,16 @@ def test_members_disagreeing_on_the_generation_after_heal() -> None:
     example = result.anomalies["unowned-after-heal"][0]
     assert example["reason"] == "generation disagreement"
     assert example["generations"] == {"a-id": 4, "b-id2": 5, "describe": 4}
+
+
+def test_rebalances_after_the_final_describe_do_not_count() -> None:
+    """The runner stops the members after describing the group: each clean leave makes the
+    rest rebalance, so their last assignments then disagree; the described state is final."""
+    h = healthy_group_history()
+    assignment(h, 14.0, "b", [0, 1, 2], 5, member_id="b-id2")  # a left
+
+    result = check_groups(h)
+    assert result.valid, result.anomalies
 
 
 def test_a_live_member_without_assignment_after_heal() -> None:

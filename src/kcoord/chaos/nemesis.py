@@ -1,0 +1,249 @@
+"""Nemeses: each one a fault and its heal, aimed at targets found through the protocol.
+
+- ``kill``: SIGKILL a node; the heal restarts it (same data directory).
+- ``pause``: SIGSTOP a node, SIGCONT at the heal. Half of the pauses are shorter than the
+  broker session timeout (nobody may be fenced for them), half longer (the node is fenced and
+  must rejoin).
+- ``partition``: iptables cuts inside the lab (``lab.Firewall``), with Jepsen's shapes:
+  ``one`` (a random node alone), ``controller`` (the active controller alone), ``coordinator``
+  (the node coordinating one of the workload's groups alone), ``halves`` (a random minority
+  and majority), ``ring`` (Jepsen's majorities ring: every node sees a majority, no two the same
+  one; with three nodes that is one cut link) and ``bridge`` (two halves and a node that sees
+  both).
+- ``clients``: SIGKILL a workload client process; the workload starts a replacement.
+
+Targets such as "the active controller" and "the coordinator of group G" are looked up at
+fault time with the Kafka protocol (Metadata's controller id, FindCoordinator), from any node
+that answers, never assumed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from kcoord.chaos.lab import Firewall, grudge_of, symmetric
+from kcoord.node import launcher
+from kcoord.node.kafka.client import call_once
+
+log = logging.getLogger(__name__)
+
+METADATA, FIND_COORDINATOR = 3, 10
+LOOKUP_TIMEOUT_S = 2.0
+NEMESES = ("kill", "pause", "partition", "clients")
+PARTITION_SHAPES = ("one", "controller", "coordinator", "halves", "ring", "bridge")
+
+
+@dataclass
+class Fault:
+    """A fault in force: what it is, and how to undo it."""
+
+    name: str
+    targets: list[Any]
+    detail: dict[str, Any] = field(default_factory=dict)
+    heal: Callable[[], None] = lambda: None
+
+
+class Lab(Protocol):
+    """What a nemesis needs from the runner."""
+
+    rng: random.Random
+    firewall: Firewall
+    session_timeout_ms: int
+
+    def nodes(self) -> list[launcher.NodeProcess]: ...
+
+    def restart(self, node: launcher.NodeProcess) -> None: ...
+
+    def groups(self) -> list[str]: ...
+
+    def kill_client(self) -> str | None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets, through the protocol.
+
+
+def controller_id(nodes: Sequence[launcher.NodeProcess]) -> int | None:
+    """The active controller as Metadata says (the first live node that answers)."""
+    for n in nodes:
+        try:
+            md = call_once(
+                n.host,
+                n.kafka_port,
+                METADATA,
+                12,
+                {"topics": [], "allow_auto_topic_creation": False},
+                timeout_s=LOOKUP_TIMEOUT_S,
+            )
+        except (OSError, ConnectionError):
+            continue
+        if int(md.controller_id) >= 0:
+            return int(md.controller_id)
+    return None
+
+
+def coordinator_id(nodes: Sequence[launcher.NodeProcess], group: str) -> int | None:
+    """The group's coordinator as FindCoordinator says."""
+    for n in nodes:
+        try:
+            found = call_once(
+                n.host,
+                n.kafka_port,
+                FIND_COORDINATOR,
+                3,
+                {"key": group, "key_type": 0},
+                timeout_s=LOOKUP_TIMEOUT_S,
+            )
+        except (OSError, ConnectionError):
+            continue
+        if int(found.error_code) == 0:
+            return int(found.node_id)
+    return None
+
+
+def alive(nodes: Sequence[launcher.NodeProcess]) -> list[launcher.NodeProcess]:
+    return [n for n in nodes if launcher.is_alive(n.pid)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Faults.
+
+
+def kill(lab: Lab) -> Fault | None:
+    candidates = alive(lab.nodes())
+    if not candidates:
+        return None
+    node = lab.rng.choice(candidates)
+    launcher.stop_node(node, kill=True)
+    return Fault("kill", [node.node_id], heal=lambda: lab.restart(node))
+
+
+def pause(lab: Lab) -> Fault | None:
+    candidates = alive(lab.nodes())
+    if not candidates:
+        return None
+    node = lab.rng.choice(candidates)
+    assert node.pid is not None
+    pid = node.pid
+    longer = lab.rng.random() < 0.5
+    os.kill(pid, signal.SIGSTOP)
+
+    def resume() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    # The runner holds the fault for this long; a short pause stays under the session timeout.
+    hold_s = lab.session_timeout_ms * (2.0 if longer else 0.5) / 1000
+    return Fault(
+        "pause",
+        [node.node_id],
+        {"longer_than_session_timeout": longer, "hold_s": hold_s},
+        heal=resume,
+    )
+
+
+def partition_components(lab: Lab, shape: str) -> tuple[list[set[int]], list[int]] | None:
+    """(components, targets) for a partition shape; None when its target cannot be found."""
+    nodes = lab.nodes()
+    ids = sorted(n.node_id for n in nodes)
+    rng = lab.rng
+    if shape == "one":
+        target = rng.choice(ids)
+    elif shape == "controller":
+        found = controller_id(alive(nodes))
+        if found is None:
+            return None
+        target = found
+    elif shape == "coordinator":
+        groups = lab.groups()
+        if not groups:
+            return None
+        found = coordinator_id(alive(nodes), rng.choice(groups))
+        if found is None:
+            return None
+        target = found
+    elif shape == "halves":
+        shuffled = ids[:]
+        rng.shuffle(shuffled)
+        minority = set(shuffled[: len(ids) // 2])
+        return [minority, set(ids) - minority], sorted(minority)
+    elif shape in ("ring", "bridge"):
+        return None  # link cuts, not components: see partition()
+    else:
+        raise ValueError(f"unknown partition shape {shape!r}")
+    return [{target}, set(ids) - {target}], [target]
+
+
+def _ring_cuts(ids: list[int], rng: random.Random) -> set[tuple[int, int]]:
+    """Jepsen's majorities ring: nodes on a shuffled ring, each sees the majority around it."""
+    order = ids[:]
+    rng.shuffle(order)
+    n = len(order)
+    reach = n // 2  # neighbours on each side a node keeps; with itself a majority
+    keep = {(order[i], order[(i + d) % n]) for i in range(n) for d in range(-reach, reach + 1) if d}
+    every = {(a, b) for a in ids for b in ids if a != b}
+    cuts = every - symmetric(keep)
+    if not cuts and n >= 3:
+        a, b = rng.sample(ids, 2)  # three nodes: the ring is complete; cut one link
+        cuts = symmetric([(a, b)])
+    return cuts
+
+
+def _bridge_cuts(ids: list[int], rng: random.Random) -> tuple[set[tuple[int, int]], int]:
+    """Two halves that cannot talk, and one node (the bridge) that talks to both."""
+    order = ids[:]
+    rng.shuffle(order)
+    bridge, rest = order[0], order[1:]
+    half = len(rest) // 2
+    return grudge_of([rest[:half], rest[half:]]), bridge
+
+
+def partition(lab: Lab, shapes: Sequence[str]) -> Fault | None:
+    shape = lab.rng.choice(list(shapes))
+    ids = sorted(n.node_id for n in lab.nodes())
+    if shape == "ring":
+        cuts = _ring_cuts(ids, lab.rng)
+        targets: list[Any] = sorted({a for a, _ in cuts})
+    elif shape == "bridge":
+        cuts, bridge = _bridge_cuts(ids, lab.rng)
+        targets = [bridge]
+    else:
+        found = partition_components(lab, shape)
+        if found is None:
+            return None
+        components, targets = found
+        cuts = grudge_of(components)
+    lab.firewall.apply(cuts)
+    return Fault(
+        "partition",
+        targets,
+        {"shape": shape, "cut": sorted([a, b] for a, b in cuts)},
+        heal=lab.firewall.heal,
+    )
+
+
+def clients(lab: Lab) -> Fault | None:
+    killed = lab.kill_client()
+    if killed is None:
+        return None
+    return Fault("clients", [killed])
+
+
+def start_fault(lab: Lab, nemesis: str, shapes: Sequence[str] = PARTITION_SHAPES) -> Fault | None:
+    """Inflict one fault of the kind ``nemesis``; None if no target could be found now."""
+    if nemesis == "kill":
+        return kill(lab)
+    if nemesis == "pause":
+        return pause(lab)
+    if nemesis == "partition":
+        return partition(lab, shapes)
+    if nemesis == "clients":
+        return clients(lab)
+    raise ValueError(f"unknown nemesis {nemesis!r} (known: {', '.join(NEMESES)})")

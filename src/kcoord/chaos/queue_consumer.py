@@ -1,0 +1,118 @@
+"""A consumer for the chaos queue workload (Jepsen's Kafka queue test), in its own process.
+
+Usage: ``python -m kcoord.chaos.queue_consumer '<json config>'`` with ``bootstrap``, ``topic``,
+``name``, ``mode`` (``assign``: every partition assigned by hand, positions kept by the client;
+``subscribe``: a member of ``group``, committing after each poll) and ``final`` (read every
+partition from the start to its current end, report it, exit). confluent-kafka.
+
+Reports one JSON object per line: ``{"event": "assign" | "subscribe", "partitions": [...]}``
+when its partitions change (for a subscriber, at each rebalance, with its generation), and
+``{"event": "polled", "records": [[partition, offset, value], ...], "generation": g,
+"final": bool}`` for each non-empty poll.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+POLL_TIMEOUT_S = 0.2
+FINAL_DEADLINE_S = 60.0
+
+
+def emit(event: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def _generation(consumer: Any) -> int:
+    import struct
+
+    # The serialized group metadata starts with its version (int16), then the generation.
+    raw = consumer.consumer_group_metadata()
+    data = raw if isinstance(raw, bytes) else bytes(raw)
+    try:
+        return int(struct.unpack_from(">i", data, 2)[0])
+    except struct.error:
+        return -1
+
+
+def main() -> None:
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    cfg = json.loads(sys.argv[1])
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    mode = cfg.get("mode", "assign")
+    final = bool(cfg.get("final"))
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cfg["bootstrap"],
+            "client.id": cfg["name"],
+            "group.id": cfg.get("group") or f"{cfg['name']}-unused",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 500,
+            "enable.partition.eof": True,
+            "topic.metadata.refresh.interval.ms": 3000,
+        }
+    )
+    metadata = consumer.list_topics(cfg["topic"], timeout=30)
+    partitions = sorted(metadata.topics[cfg["topic"]].partitions)
+    ends: dict[int, int] = {}
+    if mode == "assign" or final:
+        consumer.assign([TopicPartition(cfg["topic"], p, 0) for p in partitions])
+        emit("assign", partitions=partitions)
+        if final:
+            for p in partitions:
+                _, high = consumer.get_watermark_offsets(
+                    TopicPartition(cfg["topic"], p), timeout=30
+                )
+                ends[p] = high
+    else:
+
+        def on_assign(c: Any, tps: list[Any]) -> None:
+            emit(
+                "subscribe",
+                partitions=sorted(tp.partition for tp in c.assignment()),
+                generation=_generation(c),
+            )
+
+        consumer.subscribe([cfg["topic"]], on_assign=on_assign, on_revoke=on_assign)
+    positions: dict[int, int] = {}
+    deadline = time.monotonic() + FINAL_DEADLINE_S
+    while not stopping.is_set():
+        if final and (
+            all(positions.get(p, 0) >= ends[p] for p in partitions) or time.monotonic() > deadline
+        ):
+            break
+        messages = consumer.consume(num_messages=500, timeout=POLL_TIMEOUT_S)
+        records = []
+        for m in messages:
+            error = m.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    emit("error", error=str(error))
+                continue
+            p, o = int(m.partition() or 0), int(m.offset() or 0)
+            records.append([p, o, (m.value() or b"").decode()])
+            positions[p] = o + 1
+        if not records:
+            continue
+        emit("polled", records=records, generation=_generation(consumer), final=final)
+        if mode == "subscribe" and not final:
+            try:
+                consumer.commit(asynchronous=False)
+            except Exception as e:
+                emit("error", error=f"commit: {e}")
+    consumer.close()
+    emit("closed", positions={str(p): o for p, o in positions.items()})
+
+
+if __name__ == "__main__":
+    main()

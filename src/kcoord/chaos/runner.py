@@ -1,0 +1,715 @@
+"""The chaos runner: ``kcoord chaos run --nemesis ... --workload ... --duration S --seed N``.
+
+A run, reproducible from its seed (the fault schedule, targets and workload choices all come
+from one ``random.Random(seed)``; the cluster's own timing does not):
+
+1. **Lab.** The outer process creates the network namespace ``kcoord-lab-<seed>`` and runs the
+   rest of the run inside it (``ip netns exec``), then kills whatever is left in it and deletes
+   it, also when the run fails or is interrupted (SIGINT/SIGTERM).
+2. **Cluster.** Three nodes on 127.0.0.1-3, each with a group id of its own for the iptables
+   owner match (``kcoord.chaos.lab``), data and logs under the report directory.
+3. **Workload.** Real clients in their own processes (``kcoord.chaos.workload``) until the
+   groups have settled.
+4. **Faults.** Until the duration is over: a quiet interval (exponential, ``--interval`` mean),
+   then one fault of a nemesis picked from ``--nemesis`` at random, held for a random time in
+   ``--fault-seconds`` (pauses: shorter or longer than the session timeout), then healed; then a
+   liveness probe (a simple group's OffsetCommit, retried) must succeed before the next fault.
+5. **Recovery and final reads.** Everything healed; the cluster back (every node registered,
+   every partition with its full ISR); the groups Stable (DescribeGroups), then the producers
+   stopped, every acknowledged value consumed, the members stopped and each group's committed
+   offsets read (OffsetFetch).
+6. **Verdict.** The checkers (``kcoord.chaos.checkers``) on the history; a table on stdout;
+   ``history.jsonl``, ``results.json`` and ``timeline.html`` in the report directory. The exit
+   code is 0 only when every checker passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from kcoord.chaos import checkers, lab, nemesis, report
+from kcoord.chaos.history import History
+from kcoord.chaos.workload import (
+    GroupsWorkload,
+    QueueWorkload,
+    committed_offsets,
+    describe_group,
+)
+from kcoord.node import launcher
+from kcoord.node.kafka.client import call_once
+from kcoord.node.rpc_sync import call_sync
+
+log = logging.getLogger("kcoord.chaos")
+
+NODES = 3
+HOSTS = [f"127.0.0.{i + 1}" for i in range(NODES)]
+GIDS = [43001 + i for i in range(NODES)]
+SESSION_TIMEOUT_MS = 3_000  # the node default (broker.session.timeout.ms)
+PROBE_GROUP = "chaos-probe"
+PROBE_TIMEOUT_S = 30.0
+SETTLE_TIMEOUT_S = 90.0
+RECOVERY_TIMEOUT_S = 120.0
+FIND_COORDINATOR, OFFSET_COMMIT = 10, 8
+# Deliberate bugs the suite must catch: a node config that breaks one guarantee.
+BUGS: dict[str, dict[str, Any]] = {
+    "ack-before-hw": {"test.bug.ack.before.high.watermark": True},
+}
+WORKLOADS: dict[str, type[GroupsWorkload]] = {"groups": GroupsWorkload, "queue": QueueWorkload}
+
+
+@dataclass
+class Options:
+    nemeses: list[str]
+    workload: str = "groups"
+    duration_s: float = 120.0
+    seed: int = 0
+    report_dir: str = ".kcoord/chaos/run"
+    interval_s: float = 8.0  # mean quiet time between faults
+    fault_min_s: float = 3.0
+    fault_max_s: float = 10.0
+    shapes: list[str] = field(default_factory=lambda: list(nemesis.PARTITION_SHAPES))
+    rate: int = 40
+    inject_bug: str | None = None  # a deliberately broken node build (BUGS), for the suite's test
+    faults: int = 0  # filled in by the run
+
+    @classmethod
+    def from_json(cls, raw: str) -> Options:
+        return cls(**json.loads(raw))
+
+
+# ---------------------------------------------------------------------------------------------
+# Outside the lab.
+
+
+def run_outside(options: Options) -> int:
+    """Create the namespace, run the inner runner in it, always clean up."""
+    name = f"{lab.NAMESPACE_PREFIX}{options.seed}"
+    report_dir = Path(options.report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    with lab.namespace(name) as ns:
+        argv = ns.exec_argv(
+            [sys.executable, "-m", "kcoord.chaos.runner", "inner", json.dumps(asdict(options))]
+        )
+        proc = subprocess.Popen(argv, start_new_session=True)
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the lab.
+
+
+class RunInterruptedError(Exception):
+    """SIGINT or SIGTERM: the run stops, heals, and still writes its report."""
+
+
+class ChaosLab:
+    """The running cluster and workload, as the nemeses see them (``nemesis.Lab``)."""
+
+    def __init__(self, options: Options, state: launcher.ClusterState, history: History) -> None:
+        self.options = options
+        self.state = state
+        self.history = history
+        self.rng = random.Random(options.seed)
+        self.firewall = lab.Firewall(
+            {n.node_id: lab.LabNode(n.node_id, n.host, n.group or 0) for n in state.nodes}
+        )
+        self.session_timeout_ms = SESSION_TIMEOUT_MS
+        self.workload: GroupsWorkload | None = None
+
+    def nodes(self) -> list[launcher.NodeProcess]:
+        return list(self.state.nodes)
+
+    def restart(self, node: launcher.NodeProcess) -> None:
+        if not launcher.is_alive(node.pid):
+            launcher.start_node(node)
+            self.state.save()
+
+    def groups(self) -> list[str]:
+        return self.workload.groups() if self.workload else []
+
+    def kill_client(self) -> str | None:
+        return self.workload.kill_client() if self.workload else None
+
+    @property
+    def bootstrap(self) -> str:
+        return self.state.bootstrap_servers
+
+
+def poll_until(what: str, condition: Callable[[], Any], deadline_s: float) -> Any:
+    """Poll ``condition`` (exceptions count as "not yet") until truthy or the deadline."""
+    end = time.monotonic() + deadline_s
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = condition()
+        except Exception as e:
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.2)  # the polling interval
+    raise TimeoutError(f"timed out after {deadline_s:.0f} s waiting for {what}; last: {last!r}")
+
+
+def progress(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def probe_commit(chaos: ChaosLab, deadline_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Liveness: a simple group's OffsetCommit, retried until one is acknowledged."""
+    history = chaos.history
+    end = time.monotonic() + deadline_s
+    attempt = 0
+    while time.monotonic() < end:
+        attempt += 1
+        value = {"group": PROBE_GROUP, "attempt": attempt}
+        history.add("probe", "invoke", "probe-commit", value)
+        error = _probe_once(chaos, attempt)
+        if error is None:
+            history.add("probe", "ok", "probe-commit", value)
+            return True
+        history.add("probe", "fail", "probe-commit", {**value, "error": error})
+        time.sleep(0.25)  # a client's retry backoff
+    return False
+
+
+def _probe_once(chaos: ChaosLab, attempt: int) -> str | None:
+    nodes = nemesis.alive(chaos.nodes())
+    coordinator = nemesis.coordinator_id(nodes, PROBE_GROUP)
+    if coordinator is None:
+        return "no coordinator"
+    node = chaos.state.node(coordinator)
+    try:
+        response = call_once(
+            node.host,
+            node.kafka_port,
+            OFFSET_COMMIT,
+            8,
+            {
+                "group_id": PROBE_GROUP,
+                "generation_id_or_member_epoch": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [
+                    {
+                        # A topic that exists: commits for unknown ones are refused.
+                        "name": chaos.workload.topic if chaos.workload else "chaos-probe",
+                        "partitions": [
+                            {
+                                "partition_index": 0,
+                                "committed_offset": attempt,
+                                "committed_leader_epoch": -1,
+                                "committed_metadata": "",
+                            }
+                        ],
+                    }
+                ],
+            },
+            timeout_s=5.0,
+        )
+    except (OSError, ConnectionError) as e:
+        return f"{type(e).__name__}: {e}"
+    code = int(response.topics[0].partitions[0].error_code)
+    return None if code == 0 else f"error code {code}"
+
+
+def cluster_recovered(chaos: ChaosLab) -> bool:
+    """Every node alive, registered and unfenced, every partition led with its full ISR."""
+    nodes = chaos.nodes()
+    if not all(launcher.is_alive(n.pid) for n in nodes):
+        return False
+    views = [call_sync(n.host, n.rpc_port, "DescribeNode", {"topics": True}, 2.0) for n in nodes]
+    controllers = {v["controller_id"] for v in views}
+    if len(controllers) != 1 or None in controllers:
+        return False
+    view = next(v for v in views if v["node_id"] == next(iter(controllers)))
+    if any(b["fenced"] for b in view["brokers"].values()) or len(view["brokers"]) < len(nodes):
+        return False
+    return all(
+        p["leader"] >= 0 and sorted(p["isr"]) == sorted(p["replicas"])
+        for t in view["topics"].values()
+        for p in t["partitions"]
+    )
+
+
+@contextlib.contextmanager
+def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
+    """While faults are on, read each group's committed offsets about once a second (through
+    any node the admin client reaches): a read sent after an acknowledgement must see it, which
+    catches acknowledgements a failover loses even when later commits would hide it."""
+    workload = chaos.workload
+    stop = threading.Event()
+
+    def loop() -> None:
+        assert workload is not None
+        while not stop.wait(every_s):  # the reading interval, or the end of the faults
+            for group in workload.groups():
+                value = {"group": group, "topic": workload.topic}
+                chaos.history.add("reader", "invoke", "committed", value)
+                try:
+                    offsets = committed_offsets(
+                        chaos.bootstrap, group, workload.topic, workload.partitions, 5.0
+                    )
+                except Exception as e:
+                    chaos.history.add("reader", "fail", "committed", {**value, "error": str(e)})
+                    continue
+                chaos.history.add("reader", "ok", "committed", {**value, "offsets": offsets})
+
+    if workload is None or isinstance(workload, QueueWorkload):
+        yield
+        return
+    thread = threading.Thread(target=loop, name="committed-reader", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
+def run_faults(chaos: ChaosLab, stop_at: float) -> int:
+    options = chaos.options
+    rng = chaos.rng
+    history = chaos.history
+    count = 0
+    while True:
+        quiet = rng.expovariate(1.0 / options.interval_s) if options.interval_s > 0 else 0.0
+        if time.monotonic() + quiet >= stop_at:
+            break
+        time.sleep(quiet)  # the schedule's quiet time
+        kind = rng.choice(options.nemeses)
+        fault = nemesis.start_fault(chaos, kind, options.shapes)
+        if fault is None:
+            progress(f"{kind}: no target now, skipped")
+            continue
+        count += 1
+        hold = float(
+            fault.detail.get("hold_s") or rng.uniform(options.fault_min_s, options.fault_max_s)
+        )
+        info = {"fault": fault.name, "targets": fault.targets, "detail": fault.detail}
+        history.add("nemesis", "info", "start", info)
+        progress(f"fault {count}: {fault.name} {fault.targets} {fault.detail} for {hold:.1f} s")
+        time.sleep(hold)  # the fault's duration
+        fault.heal()
+        history.add("nemesis", "info", "stop", info)
+        history.add("nemesis", "info", "heal", {"fault": fault.name})
+        ok = probe_commit(chaos)
+        progress(f"healed {fault.name}; a commit {'was' if ok else 'was NOT'} acknowledged")
+    return count
+
+
+def settle_groups(chaos: ChaosLab, workload: GroupsWorkload) -> None:
+    """Until every group's live members report one generation and cover the topic (queue:
+    until every consumer has read something)."""
+
+    def settled() -> bool:
+        if isinstance(workload, QueueWorkload):
+            polled = {e.process for e in chaos.history.ops("poll")}
+            return {p.name for p in workload.members()} <= polled
+        return all(group_settled(chaos.history, workload, group) for group in workload.groups())
+
+    poll_until("the groups to settle", settled, SETTLE_TIMEOUT_S)
+
+
+def group_settled(history: History, workload: GroupsWorkload, group: str) -> bool:
+    live = {p.name for p in workload.members() if p.cfg.get("group") == group}
+    last: dict[str, dict[str, Any]] = {}
+    for event in history.ops("assignment"):
+        if event.value.get("group") == group and event.process in live:
+            last[event.process] = event.value
+    if set(last) != live or not live:
+        return False
+    generations = {v["generation"] for v in last.values()}
+    owned = [p for v in last.values() for p in v["partitions"]]
+    return len(generations) == 1 and sorted(owned) == list(range(workload.partitions))
+
+
+def heal_and_recover(chaos: ChaosLab) -> None:
+    history = chaos.history
+    chaos.firewall.heal()
+    for n in chaos.nodes():
+        if n.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(n.pid, signal.SIGCONT)
+        chaos.restart(n)
+    history.add("nemesis", "info", "heal", {"fault": "all"})
+    progress("healed everything; waiting for the cluster to recover")
+    poll_until("the cluster to recover", lambda: cluster_recovered(chaos), RECOVERY_TIMEOUT_S)
+    probe_commit(chaos, RECOVERY_TIMEOUT_S)
+
+
+def final_queue_phase(chaos: ChaosLab, workload: QueueWorkload) -> None:
+    heal_and_recover(chaos)
+    progress("cluster recovered; stopping the producers, then the final polls")
+    workload.stop_producers()
+    workload.final_poll()
+    workload.stop()
+
+
+def final_phase(chaos: ChaosLab, workload: GroupsWorkload) -> None:
+    history = chaos.history
+    heal_and_recover(chaos)
+    progress("cluster recovered; waiting for the groups to settle")
+    with contextlib.suppress(TimeoutError):
+        settle_groups(chaos, workload)
+    for group in workload.groups():
+        try:
+            described = poll_until(
+                f"{group} Stable",
+                lambda g=group: _stable(chaos.bootstrap, g),  # type: ignore[misc]
+                SETTLE_TIMEOUT_S,
+            )
+            history.add("checker", "ok", "describe", described)
+        except TimeoutError as e:
+            history.add("checker", "fail", "describe", {"group": group, "error": str(e)})
+    workload.stop_producers()
+    acked = {e.value["value"] for e in history.ops("send") if e.type == "ok"}
+    for group in workload.groups():
+        try:
+            poll_until(
+                f"{group} to consume every acknowledged value",
+                lambda g=group: acked <= _consumed(history, g),  # type: ignore[misc]
+                SETTLE_TIMEOUT_S,
+            )
+        except TimeoutError as e:
+            progress(str(e).split("; last")[0])
+    # Let the members commit what they processed, then stop them cleanly.
+    with contextlib.suppress(TimeoutError):
+        poll_until("the last commits", lambda: _commits_caught_up(history, workload), 30.0)
+    workload.stop()
+    for group in workload.groups():
+        offsets = poll_until(
+            f"OffsetFetch of {group}",
+            lambda g=group: (  # type: ignore[misc]
+                committed_offsets(chaos.bootstrap, g, workload.topic, workload.partitions),
+            ),
+            60.0,
+        )[0]
+        history.add(
+            "checker",
+            "ok",
+            "committed",
+            {"group": group, "topic": workload.topic, "offsets": offsets},
+        )
+
+
+def _stable(bootstrap: str, group: str) -> dict[str, Any] | None:
+    described = describe_group(bootstrap, group)
+    return described if described["state"] == "Stable" else None
+
+
+def _consumed(history: History, group: str) -> set[str]:
+    return {
+        r[2]
+        for e in history.ops("consume")
+        if e.value.get("group") == group
+        for r in e.value["records"]
+    }
+
+
+def _commits_caught_up(history: History, workload: GroupsWorkload) -> bool:
+    """Every group's acknowledged commits reach the end of what it consumed."""
+    for group in workload.groups():
+        consumed: dict[str, int] = {}
+        for e in history.ops("consume"):
+            if e.value.get("group") == group:
+                for p, o, _ in e.value["records"]:
+                    consumed[str(p)] = max(consumed.get(str(p), 0), int(o) + 1)
+        committed: dict[str, int] = {}
+        for e in history.ops("commit"):
+            if e.type == "ok" and e.value.get("group") == group:
+                for p, o in e.value["offsets"].items():
+                    committed[p] = max(committed.get(p, 0), int(o))
+        if any(committed.get(p, 0) < o for p, o in consumed.items()):
+            return False
+    return True
+
+
+@contextlib.contextmanager
+def cluster(options: Options, root: Path) -> Iterator[launcher.ClusterState]:
+    base_port = 20000 + random.Random(options.seed).randrange(0, 20000, 10)  # a fresh namespace
+    state = launcher.up(
+        root,
+        NODES,
+        base_port,
+        hosts=HOSTS,
+        groups=GIDS,
+        overrides={
+            "group.initial.rebalance.delay.ms": 0,
+            **(BUGS[options.inject_bug] if options.inject_bug else {}),
+        },
+    )
+    try:
+        yield state
+    finally:
+        for n in state.nodes:
+            if n.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(n.pid, signal.SIGCONT)
+            launcher.stop_node(n, kill=True)
+
+
+def run_inside(options: Options) -> int:
+    report_dir = Path(options.report_dir)
+    work = report_dir / "work"
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "clients").mkdir(parents=True)
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
+    t0 = time.monotonic()
+    history = History(clock=lambda: time.monotonic() - t0)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+        raise RunInterruptedError(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    progress(
+        f"seed {options.seed}: workload {options.workload}, nemeses {','.join(options.nemeses)}, "
+        f"{options.duration_s:.0f} s; report in {report_dir}"
+    )
+    if options.workload not in WORKLOADS:
+        raise SystemExit(f"unknown workload {options.workload!r}")
+    started = time.monotonic()
+    verdict: dict[str, Any] = {}
+    error: str | None = None
+    with cluster(options, work / "cluster") as state:
+        chaos = ChaosLab(options, state, history)
+        workload = WORKLOADS[options.workload](
+            state.bootstrap_servers,
+            history,
+            work / "clients",
+            chaos.rng,
+            rate=options.rate,
+        )
+        chaos.workload = workload
+        try:
+            progress(f"cluster up ({state.bootstrap_servers}); starting the workload")
+            workload.start()
+            history.add(
+                "checker",
+                "info",
+                "topic",
+                {"topic": workload.topic, "partitions": workload.partitions},
+            )
+            settle_groups(chaos, workload)
+            progress("groups settled; faults begin")
+            with reading_commits(chaos):
+                options.faults = run_faults(chaos, time.monotonic() + options.duration_s)
+            if isinstance(workload, QueueWorkload):
+                final_queue_phase(chaos, workload)
+            else:
+                final_phase(chaos, workload)
+        except RunInterruptedError as e:
+            error = f"interrupted ({e})"
+        except Exception as e:
+            log.exception("the run failed")
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            chaos.firewall.heal()
+            workload.kill_all()
+    history.to_jsonl(report_dir / "history.jsonl")
+    results = checkers.check_all(history, options.workload)
+    verdict = {name: r.as_dict() for name, r in results.items()}
+    valid = error is None and all(r.valid for r in results.values())
+    summary = {
+        "seed": options.seed,
+        "inject_bug": options.inject_bug,
+        "workload": options.workload,
+        "nemeses": options.nemeses,
+        "duration_s": options.duration_s,
+        "faults": options.faults,
+        "elapsed_s": round(time.monotonic() - started, 1),
+        "events": len(history),
+        "valid": valid,
+        "error": error,
+        "checkers": verdict,
+    }
+    (report_dir / "results.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    report.write_timeline(history, report_dir / "timeline.html", title=f"seed {options.seed}")
+    print_verdict(summary)
+    return 0 if valid else 1
+
+
+def print_verdict(summary: dict[str, Any]) -> None:
+    print()
+    print(f"{'checker':<12} {'valid':<6} anomalies")
+    for name, result in sorted(summary["checkers"].items()):
+        anomalies = ", ".join(
+            f"{k} ({len(v)})" for k, v in sorted(result["anomalies"].items()) if v
+        )
+        print(f"{name:<12} {'yes' if result['valid'] else 'NO':<6} {anomalies or '-'}")
+    if summary["error"]:
+        print(f"run error: {summary['error']}")
+    verdict = "PASS" if summary["valid"] else "FAIL"
+    print(
+        f"{verdict}: seed {summary['seed']}, {summary['faults']} faults, "
+        f"{summary['events']} events in {summary['elapsed_s']} s"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line.
+
+
+def run_matrix(args: argparse.Namespace) -> int:
+    """Each nemesis alone and all of them together, for each workload and seed, one run
+    after the other; each run's results.json is kept in ``--out`` (histories stay in the
+    scratch report directories), with ``matrix.json`` summing them up."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kinds = [n for n in args.nemeses.split(",") if n]
+    combos = [[k] for k in kinds] + ([kinds] if len(kinds) > 1 else [])
+    rows: list[dict[str, Any]] = []
+    for workload in [w for w in args.workloads.split(",") if w]:
+        for nemeses in combos:
+            for seed in [int(x) for x in args.seeds.split(",") if x]:
+                name = f"{workload}-{'+'.join(nemeses)}-{seed}"
+                report_dir = Path(".kcoord/chaos") / name
+                options = Options(
+                    nemeses=nemeses,
+                    workload=workload,
+                    duration_s=args.duration,
+                    seed=seed,
+                    report_dir=str(report_dir),
+                    interval_s=args.interval,
+                )
+                progress(f"matrix: {name}")
+                code = run_outside(options)
+                results = report_dir / "results.json"
+                summary = json.loads(results.read_text()) if results.exists() else {}
+                summary["exit_code"] = code
+                (out / f"{name}.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+                rows.append(
+                    {
+                        "run": name,
+                        "valid": code == 0,
+                        "faults": summary.get("faults"),
+                        "anomalies": sorted(
+                            a
+                            for r in summary.get("checkers", {}).values()
+                            for a, found in r.get("anomalies", {}).items()
+                            if found
+                        ),
+                        "error": summary.get("error"),
+                    }
+                )
+    (out / "matrix.json").write_text(json.dumps(rows, indent=2))
+    print(f"\n{'run':<40} {'valid':<6} {'faults':<7} anomalies")
+    for row in rows:
+        anomalies: list[str] = row["anomalies"]
+        print(
+            f"{row['run']:<40} {'yes' if row['valid'] else 'NO':<6} {row['faults']!s:<7} "
+            f"{', '.join(anomalies) or row['error'] or '-'}"
+        )
+    failed = [r for r in rows if not r["valid"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} runs passed")
+    return 1 if failed else 0
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kcoord chaos", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the cluster under faults and check the history")
+    run.add_argument("--nemesis", default="kill,pause,partition,clients")
+    run.add_argument("--workload", default="groups", choices=sorted(WORKLOADS))
+    run.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
+    run.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
+    run.add_argument("--report", default=None, help="default: .kcoord/chaos/<workload>-<seed>")
+    run.add_argument("--interval", type=float, default=8.0, help="mean quiet seconds")
+    run.add_argument("--rate", type=int, default=40, help="producer sends per second")
+    run.add_argument(
+        "--partition-shapes", default=",".join(nemesis.PARTITION_SHAPES), help="partition targets"
+    )
+    run.add_argument(
+        "--inject-bug",
+        choices=sorted(BUGS),
+        default=None,
+        help="run a deliberately broken node build (the suite's own test)",
+    )
+    matrix = sub.add_parser(
+        "matrix", help="every nemesis alone and all together, for each workload and seed"
+    )
+    matrix.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds")
+    matrix.add_argument("--workloads", default="groups,queue")
+    matrix.add_argument("--nemeses", default=",".join(nemesis.NEMESES))
+    matrix.add_argument("--duration", type=float, default=30.0)
+    matrix.add_argument("--interval", type=float, default=5.0)
+    matrix.add_argument("--out", default="chaos/results", help="summary JSON per run and overall")
+    sub.add_parser("clean", help="remove lab namespaces left behind by killed runs")
+    inner = sub.add_parser("inner", help=argparse.SUPPRESS)
+    inner.add_argument("options")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "inner":
+        return run_inside(Options.from_json(args.options))
+    if args.command == "matrix":
+        return run_matrix(args)
+    if args.command == "clean":
+        for name in lab.stale_namespaces():
+            lab.Namespace(name).delete()
+            print(f"removed {name}")
+        return 0
+    nemeses = [n for n in args.nemesis.split(",") if n]
+    unknown = sorted(set(nemeses) - set(nemesis.NEMESES))
+    if unknown or not nemeses:
+        print(f"unknown nemesis {unknown} (known: {', '.join(nemesis.NEMESES)})", file=sys.stderr)
+        return 2
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
+    options = Options(
+        nemeses=nemeses,
+        workload=args.workload,
+        duration_s=args.duration,
+        seed=seed,
+        report_dir=args.report or f".kcoord/chaos/{args.workload}-{seed}",
+        interval_s=args.interval,
+        shapes=[s for s in args.partition_shapes.split(",") if s],
+        rate=args.rate,
+        inject_bug=args.inject_bug,
+    )
+    try:
+        return run_outside(options)
+    except lab.LabError as e:
+        print(f"kcoord chaos: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
