@@ -1,0 +1,106 @@
+"""The chaos suite end to end, short: a real cluster in the lab, real clients, faults, checkers.
+
+Part of the default test run (marked ``integration``, not ``chaos``: the long matrix is
+``make chaos``). Each run is the ``kcoord chaos run`` command a user types, with a fixed seed
+(printed) and its report in the test's temporary directory.
+
+- both workloads pass under every nemesis together;
+- a deliberately broken node (``--inject-bug ack-before-hw``: coordinator writes answered before
+  the high watermark) fails the run, and the checkers name the anomaly: lost commits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+RUN_TIMEOUT_S = 420
+
+
+def _lab_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the chaos lab needs root (network namespaces, iptables)"
+    for tool in ("ip", "iptables"):
+        if shutil.which(tool) is None:
+            return f"{tool} is missing: run `make lab`"
+    return None
+
+
+def chaos_run(report: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    cmd = [sys.executable, "-m", "kcoord.cli", "chaos", "run", "--report", str(report), *args]
+    print("running:", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    output = proc.stdout + proc.stderr
+    results = report / "results.json"
+    summary = json.loads(results.read_text()) if results.exists() else {}
+    return proc.returncode, summary, output
+
+
+def anomalies(summary: dict[str, Any]) -> set[str]:
+    return {
+        name
+        for result in summary.get("checkers", {}).values()
+        for name, found in result.get("anomalies", {}).items()
+        if found
+    }
+
+
+@pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
+@pytest.mark.parametrize(("workload", "seed"), [("groups", 11), ("queue", 12)])
+def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, seed: int) -> None:
+    print(f"seed {seed}")
+    code, summary, output = chaos_run(
+        tmp_path / "report",
+        "--workload",
+        workload,
+        "--nemesis",
+        "kill,pause,partition,clients",
+        "--duration",
+        "30",
+        "--interval",
+        "3",
+        "--seed",
+        str(seed),
+    )
+    assert code == 0, output[-4000:]
+    assert summary["valid"] and summary["faults"] >= 2, summary
+    for name in ("history.jsonl", "results.json", "timeline.html"):
+        assert (tmp_path / "report" / name).stat().st_size > 0
+    listed = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
+    namespaces = listed.stdout
+    assert "kcoord-lab-" not in namespaces, namespaces
+
+
+@pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
+def test_a_broken_build_fails_with_lost_commits(tmp_path: Path) -> None:
+    seed = 3
+    print(f"seed {seed}")
+    code, summary, output = chaos_run(
+        tmp_path / "report",
+        "--workload",
+        "groups",
+        "--nemesis",
+        "partition",
+        "--partition-shapes",
+        "coordinator",
+        "--duration",
+        "25",
+        "--interval",
+        "2",
+        "--seed",
+        str(seed),
+        "--inject-bug",
+        "ack-before-hw",
+    )
+    assert code == 1, output[-4000:]
+    assert summary["inject_bug"] == "ack-before-hw" and not summary["error"], summary
+    assert "lost-commit" in anomalies(summary), summary["checkers"]
