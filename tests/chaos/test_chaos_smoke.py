@@ -63,7 +63,7 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
         "--workload",
         workload,
         "--nemesis",
-        "kill,pause,partition,clients",
+        "kill,pause,partition,clients,latency,reset",
         "--duration",
         "30",
         "--interval",

@@ -11,6 +11,11 @@
   one; with three nodes that is one cut link) and ``bridge`` (two halves and a node that sees
   both).
 - ``clients``: SIGKILL a workload client process; the workload starts a replacement.
+- ``latency``: through the fault proxy (``kcoord.chaos.links``), every link *to* a node (a
+  random one, or half of the time a group's coordinator) gets a latency toxic both ways
+  (50-500 ms, 10% jitter): whatever clients and peers ask of that node is slow.
+- ``reset``: every link to such a node resets its connections (Toxiproxy's ``reset_peer``) as
+  soon as data flows, until healed: clients and peers must reconnect over and over.
 
 Targets such as "the active controller" and "the coordinator of group G" are looked up at
 fault time with the Kafka protocol (Metadata's controller id, FindCoordinator), from any node
@@ -29,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kcoord.chaos.lab import Firewall, grudge_of, symmetric
+from kcoord.chaos.links import KINDS, Links
 from kcoord.node import launcher
 from kcoord.node.kafka.client import call_once
 
@@ -36,7 +42,8 @@ log = logging.getLogger(__name__)
 
 METADATA, FIND_COORDINATOR = 3, 10
 LOOKUP_TIMEOUT_S = 2.0
-NEMESES = ("kill", "pause", "partition", "clients")
+NEMESES = ("kill", "pause", "partition", "clients", "latency", "reset")
+PROXIED = frozenset({"latency", "reset"})  # nemeses that need the fault proxy
 PARTITION_SHAPES = ("one", "controller", "coordinator", "halves", "ring", "bridge")
 
 
@@ -64,6 +71,9 @@ class Lab(Protocol):
     def groups(self) -> list[str]: ...
 
     def kill_client(self) -> str | None: ...
+
+    @property
+    def links(self) -> Links | None: ...
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,6 +246,39 @@ def clients(lab: Lab) -> Fault | None:
     return Fault("clients", [killed])
 
 
+def _toxic(
+    lab: Lab, name: str, toxics: list[dict[str, Any]], detail: dict[str, Any]
+) -> Fault | None:
+    links = lab.links
+    if links is None:
+        return None
+    # Toxics act on the links *to* a node: half of the time the node coordinating a group.
+    node = lab.rng.choice(sorted(n.node_id for n in lab.nodes()))
+    groups = lab.groups()
+    if groups and lab.rng.random() < 0.5:
+        node = coordinator_id(alive(lab.nodes()), lab.rng.choice(groups)) or node
+        detail = {**detail, "target": "coordinator"}
+    for kind in KINDS:
+        for toxic in toxics:
+            links.add_toxic(node, kind, **toxic)
+    return Fault(name, [node], detail, heal=links.heal)
+
+
+def latency(lab: Lab) -> Fault | None:
+    delay = lab.rng.randint(50, 500)
+    attributes = {"latency": delay, "jitter": delay // 10}
+    toxics = [
+        {"type": "latency", "stream": stream, "attributes": attributes}
+        for stream in ("downstream", "upstream")
+    ]
+    return _toxic(lab, "latency", toxics, {"latency_ms": delay})
+
+
+def reset(lab: Lab) -> Fault | None:
+    toxics = [{"type": "reset_peer", "stream": "downstream", "attributes": {"timeout": 0}}]
+    return _toxic(lab, "reset", toxics, {})
+
+
 def start_fault(lab: Lab, nemesis: str, shapes: Sequence[str] = PARTITION_SHAPES) -> Fault | None:
     """Inflict one fault of the kind ``nemesis``; None if no target could be found now."""
     if nemesis == "kill":
@@ -246,4 +289,8 @@ def start_fault(lab: Lab, nemesis: str, shapes: Sequence[str] = PARTITION_SHAPES
         return partition(lab, shapes)
     if nemesis == "clients":
         return clients(lab)
+    if nemesis == "latency":
+        return latency(lab)
+    if nemesis == "reset":
+        return reset(lab)
     raise ValueError(f"unknown nemesis {nemesis!r} (known: {', '.join(NEMESES)})")

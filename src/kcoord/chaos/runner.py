@@ -43,8 +43,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from kcoord.chaos import checkers, lab, nemesis, report
+from kcoord.chaos import checkers, lab, links, nemesis, report
 from kcoord.chaos.history import History
+from kcoord.chaos.links import Links
 from kcoord.chaos.workload import (
     GroupsWorkload,
     QueueWorkload,
@@ -135,7 +136,13 @@ class RunInterruptedError(Exception):
 class ChaosLab:
     """The running cluster and workload, as the nemeses see them (``nemesis.Lab``)."""
 
-    def __init__(self, options: Options, state: launcher.ClusterState, history: History) -> None:
+    def __init__(
+        self,
+        options: Options,
+        state: launcher.ClusterState,
+        history: History,
+        proxied: Links | None = None,
+    ) -> None:
         self.options = options
         self.state = state
         self.history = history
@@ -145,6 +152,11 @@ class ChaosLab:
         )
         self.session_timeout_ms = SESSION_TIMEOUT_MS
         self.workload: GroupsWorkload | None = None
+        self._links = proxied
+
+    @property
+    def links(self) -> Links | None:
+        return self._links
 
     def nodes(self) -> list[launcher.NodeProcess]:
         return list(self.state.nodes)
@@ -162,6 +174,8 @@ class ChaosLab:
 
     @property
     def bootstrap(self) -> str:
+        if self._links is not None:
+            return links.bootstrap(self.state)
         return self.state.bootstrap_servers
 
 
@@ -456,27 +470,43 @@ def _commits_caught_up(history: History, workload: GroupsWorkload) -> bool:
 
 
 @contextlib.contextmanager
-def cluster(options: Options, root: Path) -> Iterator[launcher.ClusterState]:
+def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterState, Links | None]]:
+    """The nodes, behind the fault proxy when a proxied nemesis is selected."""
     base_port = 20000 + random.Random(options.seed).randrange(0, 20000, 10)  # a fresh namespace
-    state = launcher.up(
-        root,
-        NODES,
-        base_port,
-        hosts=HOSTS,
-        groups=GIDS,
-        overrides={
-            "group.initial.rebalance.delay.ms": 0,
-            **(BUGS[options.inject_bug] if options.inject_bug else {}),
-        },
-    )
-    try:
-        yield state
-    finally:
-        for n in state.nodes:
-            if n.pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(n.pid, signal.SIGCONT)
-            launcher.stop_node(n, kill=True)
+    overrides: dict[str, Any] = {
+        "group.initial.rebalance.delay.ms": 0,
+        **(BUGS[options.inject_bug] if options.inject_bug else {}),
+    }
+    planned = launcher.plan(root, NODES, base_port, hosts=HOSTS, groups=GIDS)
+    with contextlib.ExitStack() as stack:
+        proxied: Links | None = None
+        per_node: dict[int, dict[str, Any]] = {}
+        if nemesis.PROXIED & set(options.nemeses):
+            root.mkdir(parents=True, exist_ok=True)
+            proxied = stack.enter_context(
+                links.running_proxy(planned, options.seed, root / "proxy.log")
+            )
+            common, per_node = links.node_overrides(planned)
+            overrides.update(common)
+        state = launcher.up(
+            root,
+            NODES,
+            base_port,
+            hosts=HOSTS,
+            groups=GIDS,
+            overrides=overrides,
+            node_overrides=per_node,
+        )
+        stack.callback(_stop_nodes, state)
+        yield state, proxied
+
+
+def _stop_nodes(state: launcher.ClusterState) -> None:
+    for n in state.nodes:
+        if n.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(n.pid, signal.SIGCONT)  # a paused node cannot die
+        launcher.stop_node(n, kill=True)
 
 
 def run_inside(options: Options) -> int:
@@ -504,10 +534,10 @@ def run_inside(options: Options) -> int:
     started = time.monotonic()
     verdict: dict[str, Any] = {}
     error: str | None = None
-    with cluster(options, work / "cluster") as state:
-        chaos = ChaosLab(options, state, history)
+    with cluster(options, work / "cluster") as (state, proxied):
+        chaos = ChaosLab(options, state, history, proxied)
         workload = WORKLOADS[options.workload](
-            state.bootstrap_servers,
+            chaos.bootstrap,
             history,
             work / "clients",
             chaos.rng,
@@ -515,7 +545,7 @@ def run_inside(options: Options) -> int:
         )
         chaos.workload = workload
         try:
-            progress(f"cluster up ({state.bootstrap_servers}); starting the workload")
+            progress(f"cluster up ({chaos.bootstrap}); starting the workload")
             workload.start()
             history.add(
                 "checker",

@@ -132,7 +132,12 @@ def plan(
     )
 
 
-def render_config(state: ClusterState, node: NodeProcess, overrides: dict[str, Any]) -> str:
+def render_config(
+    state: ClusterState,
+    node: NodeProcess,
+    overrides: dict[str, Any],
+    node_overrides: dict[str, Any] | None = None,
+) -> str:
     voters = ",".join(f"{n.node_id}@{n.host}:{n.quorum_port}" for n in state.nodes)
     values: dict[str, Any] = {
         "node.id": node.node_id,
@@ -143,6 +148,7 @@ def render_config(state: ClusterState, node: NodeProcess, overrides: dict[str, A
         "controller.quorum.voters": voters,
         "data.dir": str(Path(node.directory) / "data"),
         **overrides,
+        **(node_overrides or {}),
     }
     return "# Written by 'kcoord cluster up'.\n" + render_toml(values)
 
@@ -272,8 +278,12 @@ def up(
     ready_timeout_s: float = READY_TIMEOUT_S,
     hosts: list[str] | None = None,
     groups: list[int] | None = None,
+    node_overrides: dict[int, dict[str, Any]] | None = None,
 ) -> ClusterState:
-    """Write configs, start every node, wait until ready; the caller decides what comes next."""
+    """Write configs, start every node, wait until ready; the caller decides what comes next.
+
+    ``node_overrides`` adds keys for single nodes (the chaos lab's advertised proxy addresses).
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     if (data_dir / STATE_FILE).exists():
         old = ClusterState.load(data_dir)
@@ -282,7 +292,9 @@ def up(
     state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
     for n in state.nodes:
         Path(n.directory).mkdir(parents=True, exist_ok=True)
-        n.config_path.write_text(render_config(state, n, overrides or {}))
+        n.config_path.write_text(
+            render_config(state, n, overrides or {}, (node_overrides or {}).get(n.node_id))
+        )
     with _stop_on_failure(state):
         for n in state.nodes:
             start_node(n)
