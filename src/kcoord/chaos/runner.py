@@ -672,7 +672,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="kcoord chaos", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the cluster under faults and check the history")
-    run.add_argument("--nemesis", default="kill,pause,partition,clients")
+    run.add_argument("--nemesis", default=",".join(nemesis.NEMESES))
     run.add_argument("--workload", default="groups", choices=sorted(WORKLOADS))
     run.add_argument("--duration", type=float, default=120.0, help="seconds of faults")
     run.add_argument("--seed", type=int, default=None, help="default: a random one, printed")
