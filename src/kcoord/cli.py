@@ -2,7 +2,7 @@
 node's command line (``kcoord.node.cli``), which may not import the layers above it.
 
   kcoord chaos run|clean ...    the chaos suite (kcoord.chaos.runner)
-  kcoord <anything else>        node, cluster, quorum, dump-log (kcoord.node.cli)
+  kcoord <anything else>        node, cluster, quorum, dump-log, groups, topics (kcoord.node.cli)
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Subcommands:
   cluster up|status|stop-node|start-node|down a local cluster of node processes
   quorum describe --bootstrap-server H:P      like kafka-metadata-quorum.sh describe
   dump-log FILE... [--print-data-log] [--offsets-decoder]   like kafka-dump-log.sh
+  groups list|describe|reset-offsets|delete   like kafka-consumer-groups.sh (groups_tool)
+  topics list|describe|create|delete          like kafka-topics.sh (topics_tool)
 
 (``kcoord chaos ...`` is dispatched before this by ``kcoord.cli``.)
 """
@@ -182,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode __consumer_offsets records (implies --print-data-log)",
     )
     dump.set_defaults(func=_dump_log)
+
+    from kcoord.node import groups_tool, topics_tool
+
+    groups_tool.add_parser(sub, DEFAULT_CLUSTER_DIR)
+    topics_tool.add_parser(sub, DEFAULT_CLUSTER_DIR)
     return parser
 
 

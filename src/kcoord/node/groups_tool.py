@@ -1,0 +1,837 @@
+"""``kcoord groups``: consumer groups as ``kafka-consumer-groups.sh`` shows and changes them.
+
+::
+
+  groups list [--state [STATE,...]]
+  groups describe (--group G... | --all-groups) [--offsets | --members | --state] [--verbose]
+  groups reset-offsets (--group G... | --all-groups) (--topic T[:P,P]... | --all-topics)
+         (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --shift-by N)
+         [--dry-run | --execute]
+  groups delete --group G...
+
+Everything goes through the Kafka protocol (``tool_client``), so the commands work against
+Apache Kafka too. Columns, widths (``%-15s`` at least, wider for longer values), "-" for a
+missing value and the messages are those of Kafka's ``ConsumerGroupCommand`` and
+``GroupOffsetsResetter`` (tools/, 3.x and 4.x). Deliberate differences: errors, warnings and
+"has no active members" go to stderr, and every failure exits 1 (Kafka prints some errors and
+exits 0); rows and groups are sorted (Kafka prints some in hash-map order); trailing spaces are
+trimmed.
+
+The views of ``describe``:
+
+- ``--offsets`` (the default): DescribeGroups at the group's coordinator gives the members and,
+  for protocol type "consumer", their assignment bytes (``decode_assignment``); OffsetFetch the
+  committed offsets; ListOffsets (latest) at each partition's leader the log end offset. One row
+  per assigned partition, members with the most partitions first, then one per committed
+  partition nobody is assigned, with "-" for the member columns. LAG is LOG-END-OFFSET minus
+  CURRENT-OFFSET when both are known. ``--verbose`` adds the committed LEADER-EPOCH.
+- ``--members``: one row per member; ``--verbose`` adds ASSIGNMENT as ``topic(0,1), other(2)``
+  (Kafka 3.x; Kafka 4 prints KIP-848's epochs and target assignment instead).
+- ``--state``: the coordinator as ``host:port  (id)``, the assignment strategy (the group's
+  protocol), the state and the member count.
+
+``reset-offsets`` computes new offsets like ``GroupOffsetsResetter``: ``--to-offset`` and
+``--shift-by`` are clamped to [log start, log end]; ``--to-datetime`` asks ListOffsets for the
+first offset at or after the time and falls back to the log end when there is none. It only
+touches a group whose state is Empty or Dead (an unknown group is Dead): with live members the
+commit would race them. ``--execute`` commits with OffsetCommit as a "simple" member
+(generation -1, empty member id), which a coordinator accepts only while the group is empty;
+without it (``--dry-run``, the default) nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from kcoord.cluster.coordinator.wire import Reader, WireFormatError
+from kcoord.errors import Errors
+from kcoord.node.tool_client import (
+    DELETE_GROUPS,
+    DESCRIBE_GROUPS,
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    NO_OFFSET,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    Broker,
+    KafkaError,
+    ToolClient,
+    ToolError,
+    TopicPartition,
+    add_connection_arguments,
+    error_name,
+    run_tool,
+)
+
+MISSING: Final = "-"  # ConsumerGroupCommand.MISSING_COLUMN_VALUE
+CONSUMER_PROTOCOL_TYPE: Final = "consumer"
+# Kafka's GroupState names of the classic and the consumer (KIP-848) protocols.
+GROUP_STATES: Final = (
+    "PreparingRebalance",
+    "CompletingRebalance",
+    "Stable",
+    "Dead",
+    "Empty",
+    "Assigning",
+    "Reconciling",
+)
+REBALANCING_STATES: Final = frozenset(
+    {"PreparingRebalance", "CompletingRebalance", "Assigning", "Reconciling"}
+)
+# Reset-offsets may only touch groups no member is committing for.
+INACTIVE_STATES: Final = frozenset({"Empty", "Dead"})
+
+
+# ---------------------------------------------------------------------------------------------
+# What the views show.
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    group_id: str
+    state: str
+    protocol_type: str
+    protocol: str  # the assignment strategy of a consumer group
+    members: tuple[Member, ...]
+    coordinator: Broker
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    offset: int
+    leader_epoch: int  # -1: unknown
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRow:
+    group: str
+    topic: str | None
+    partition: int | None
+    committed: Committed | None
+    log_end_offset: int | None
+    consumer_id: str | None
+    host: str | None
+    client_id: str | None
+
+    @property
+    def lag(self) -> int | None:
+        # ConsumerGroupCommand.getLag: only when both ends are known.
+        if self.committed is None or self.committed.offset == NO_OFFSET:
+            return None
+        if self.log_end_offset is None:
+            return None
+        return self.log_end_offset - self.committed.offset
+
+
+def decode_assignment(data: bytes) -> tuple[TopicPartition, ...]:
+    """The partitions of a ConsumerProtocolAssignment (clients' ConsumerProtocolAssignment.json)::
+
+        version int16 | assigned_partitions [topic string, partitions [int32]]
+        | user_data nullable bytes
+
+    Every version (0-3) has exactly these fields; like ``ConsumerProtocol.deserializeAssignment``
+    a newer version is read as the newest known one, so bytes after them are ignored. Empty
+    bytes mean no assignment yet (a member between its JoinGroup and SyncGroup). Raises
+    ``WireFormatError`` for bytes that do not parse."""
+    if not data:
+        return ()
+    r = Reader(data)
+    version = r.int16("assignment version")
+    if version < 0:
+        raise WireFormatError(f"unsupported assignment version {version}")
+    partitions = []
+    for _ in range(r.array_length("assigned partitions")):
+        topic = r.string("topic")
+        for _ in range(r.array_length("partitions")):
+            partitions.append(TopicPartition(topic, r.int32("partition")))
+    r.nullable_bytes("user data")
+    return tuple(partitions)
+
+
+def assignment_string(assignment: Iterable[TopicPartition]) -> str:
+    """Kafka 3.x's ASSIGNMENT column: ``topic(0,1), other(2)``, topics sorted, "-" if none."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in assignment:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    if not by_topic:
+        return MISSING
+    return ", ".join(
+        sorted(f"{t}({','.join(str(p) for p in sorted(ps))})" for t, ps in by_topic.items())
+    )
+
+
+def offset_rows(
+    group: Group,
+    committed: Mapping[TopicPartition, Committed],
+    log_end_offsets: Mapping[TopicPartition, int],
+) -> list[OffsetRow]:
+    """The rows of the offsets view (``collectGroupsOffsets``): the members' assigned
+    partitions, members with the most partitions first, then the committed partitions nobody
+    is assigned."""
+    rows: list[OffsetRow] = []
+    assigned: set[TopicPartition] = set()
+    members = sorted(
+        (m for m in group.members if m.assignment), key=lambda m: -len(set(m.assignment))
+    )
+    for m in members:
+        for tp in sorted(set(m.assignment)):
+            assigned.add(tp)
+            rows.append(
+                OffsetRow(
+                    group.group_id,
+                    tp.topic,
+                    tp.partition,
+                    committed.get(tp),
+                    log_end_offsets.get(tp),
+                    m.member_id,
+                    m.host,
+                    m.client_id,
+                )
+            )
+    for tp in sorted(set(committed) - assigned):
+        rows.append(
+            OffsetRow(
+                group.group_id,
+                tp.topic,
+                tp.partition,
+                committed[tp],
+                log_end_offsets.get(tp),
+                None,
+                None,
+                None,
+            )
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting: Kafka's printf formats, "%-Ns" per column and the last one as is.
+
+
+def _text(value: object | None) -> str:
+    return MISSING if value is None else str(value)
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    assert len(widths) == len(cells) - 1, (cells, widths)
+    padded = [f"{c:<{w}}" for c, w in zip(cells, widths, strict=False)] + [cells[-1]]
+    return " ".join(padded).rstrip()
+
+
+def _table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int]
+) -> list[str]:
+    return [_line(header, widths)] + [_line(r, widths) for r in rows]
+
+
+def _width(values: Iterable[str], minimum: int = 15) -> int:
+    return max([minimum, *(len(v) for v in values)])
+
+
+def format_offsets(rows: Sequence[OffsetRow], *, verbose: bool = False) -> list[str]:
+    cells = []
+    for r in rows:
+        committed = r.committed
+        epoch = committed.leader_epoch if committed is not None else -1
+        offset = committed.offset if committed is not None else None
+        cells.append(
+            [
+                r.group,
+                _text(r.topic),
+                _text(r.partition),
+                *([_text(epoch if epoch >= 0 else None)] if verbose else []),
+                _text(offset),
+                _text(r.log_end_offset),
+                _text(r.lag),
+                _text(r.consumer_id),
+                _text(r.host),
+                _text(r.client_id),
+            ]
+        )
+    header = [
+        "GROUP",
+        "TOPIC",
+        "PARTITION",
+        *(["LEADER-EPOCH"] if verbose else []),
+        "CURRENT-OFFSET",
+        "LOG-END-OFFSET",
+        "LAG",
+        "CONSUMER-ID",
+        "HOST",
+        "CLIENT-ID",
+    ]
+    k = 1 if verbose else 0
+    widths = [
+        _width(c[0] for c in cells),
+        _width(c[1] for c in cells),
+        10,
+        *([15] if verbose else []),
+        15,
+        15,
+        15,
+        _width(c[6 + k] for c in cells),
+        _width(c[7 + k] for c in cells),
+    ]
+    return _table(header, cells, widths)
+
+
+def format_members(group: Group, *, verbose: bool = False) -> list[str]:
+    with_instance_id = any(m.group_instance_id for m in group.members)
+    cells = [
+        [
+            group.group_id,
+            m.member_id,
+            *([m.group_instance_id or ""] if with_instance_id else []),
+            m.host,
+            m.client_id,
+            str(len(m.assignment)),
+            *([assignment_string(m.assignment)] if verbose else []),
+        ]
+        for m in group.members
+    ]
+    header = [
+        "GROUP",
+        "CONSUMER-ID",
+        *(["GROUP-INSTANCE-ID"] if with_instance_id else []),
+        "HOST",
+        "CLIENT-ID",
+        "#PARTITIONS",
+        *(["ASSIGNMENT"] if verbose else []),
+    ]
+    k = 1 if with_instance_id else 0
+    widths = [
+        _width(c[0] for c in cells),
+        _width(c[1] for c in cells),
+        *([_width((c[2] for c in cells), 17)] if with_instance_id else []),
+        _width(c[2 + k] for c in cells),
+        _width(c[3 + k] for c in cells),
+        *([15] if verbose else []),
+    ]
+    return _table(header, cells, widths)
+
+
+def coordinator_string(coordinator: Broker) -> str:
+    return f"{coordinator.host}:{coordinator.port}  ({coordinator.node_id})"
+
+
+def format_state(group: Group) -> list[str]:
+    coordinator = coordinator_string(group.coordinator)
+    row = [
+        group.group_id,
+        coordinator,
+        group.protocol or MISSING,
+        group.state,
+        str(len(group.members)),
+    ]
+    widths = [max(15, len(group.group_id)), max(25, len(coordinator)), 20, 20]
+    return _table(
+        ["GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"], [row], widths
+    )
+
+
+def format_list_with_state(groups: Sequence[tuple[str, str]]) -> list[str]:
+    """``--list --state``: GROUP and STATE (``printGroupInfo``: the group column is 10 wider
+    than the longest id, at least 15 + 10)."""
+    width = _width(g for g, _ in groups) + 10
+    return _table(["GROUP", "STATE"], [[g, s] for g, s in groups], [width])
+
+
+def format_reset(plans: Mapping[str, Mapping[TopicPartition, int]]) -> list[str]:
+    """``printOffsetsToReset``: GROUP TOPIC PARTITION NEW-OFFSET."""
+    rows = [
+        [group, tp.topic, str(tp.partition), str(offset)]
+        for group in sorted(plans)
+        for tp, offset in sorted(plans[group].items())
+    ]
+    widths = [_width(r[0] for r in rows), _width(r[1] for r in rows), 10]
+    return _table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], rows, widths)
+
+
+def parse_states(values: Sequence[str]) -> list[str]:
+    """``--state`` values (comma-separated, any case) as Kafka's state names."""
+    by_lower = {s.lower(): s for s in GROUP_STATES}
+    states = []
+    for value in values:
+        for name in (part.strip() for part in value.split(",")):
+            if not name:
+                continue
+            state = by_lower.get(name.lower())
+            if state is None:
+                raise ToolError(
+                    f"Invalid state list '{value}'. Valid states are: {', '.join(GROUP_STATES)}"
+                )
+            if state not in states:
+                states.append(state)
+    return states
+
+
+def parse_datetime_ms(text: str) -> int:
+    """``--to-datetime``: ISO 8601 (``2024-05-01T12:00:00.000``, with ``Z`` or ``+02:00``);
+    without a zone the local time zone, as Kafka's ``Utils.getDateTime``."""
+    try:
+        value = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise ToolError(
+            f"invalid --to-datetime {text!r}: expected ISO 8601 like 2024-05-01T12:00:00.000"
+        ) from None
+    if value.tzinfo is None:
+        value = value.astimezone()  # the local zone
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    return (value - epoch) // datetime.timedelta(milliseconds=1)
+
+
+def clamp_offset(requested: int, log_start: int | None, log_end: int | None) -> int:
+    """``GroupOffsetsResetter.checkOffsetsRange``: above the log end becomes the log end,
+    below the log start the log start."""
+    if log_end is not None and requested > log_end:
+        return log_end
+    if log_start is not None and requested < log_start:
+        return log_start
+    return requested
+
+
+def parse_topic_arg(text: str) -> tuple[str, list[int] | None]:
+    """``--topic T`` (every partition) or ``--topic T:0,1``."""
+    if ":" not in text:
+        return text, None
+    parts = text.split(":")
+    if len(parts) != 2 or not parts[0]:
+        raise ToolError(f"Invalid topic arg '{text}', expected topic name and partitions")
+    partitions = []
+    for p in parts[1].split(","):
+        try:
+            partitions.append(int(p))
+        except ValueError:
+            raise ToolError(f"Invalid partition '{p}' specified in topic arg '{text}'") from None
+    return parts[0], partitions
+
+
+# ---------------------------------------------------------------------------------------------
+# Gathering, through the Kafka protocol.
+
+
+def _described_group(body: Any, group_id: str) -> Any:
+    for g in body.groups:
+        if str(g.group_id) == group_id:
+            return g
+    raise ToolError(f"DescribeGroups answered without group '{group_id}'")
+
+
+def describe_group(client: ToolClient, group_id: str) -> Group:
+    """DescribeGroups v5 at the coordinator. An unknown group is Dead (v5 reports no
+    GROUP_ID_NOT_FOUND; a later version would, and is treated the same)."""
+    coordinator, body = client.group_request(
+        group_id,
+        DESCRIBE_GROUPS,
+        {"groups": [group_id], "include_authorized_operations": False},
+        lambda b: int(_described_group(b, group_id).error_code),
+    )
+    g = _described_group(body, group_id)
+    code = int(g.error_code)
+    if code == Errors.GROUP_ID_NOT_FOUND:
+        return Group(group_id, "Dead", "", "", (), coordinator)
+    if code != Errors.NONE:
+        raise KafkaError(code, f"DescribeGroups of group '{group_id}'")
+    protocol_type = str(g.protocol_type)
+    if protocol_type not in ("", CONSUMER_PROTOCOL_TYPE):
+        # DescribeConsumerGroupsHandler refuses other protocol types (Connect, Streams' old).
+        raise ToolError(f"Group '{group_id}' is not a consumer group ({protocol_type})")
+    members = []
+    for m in g.members:
+        member_id = str(m.member_id)
+        try:
+            assignment = (
+                decode_assignment(bytes(m.member_assignment))
+                if protocol_type == CONSUMER_PROTOCOL_TYPE
+                else ()
+            )
+        except WireFormatError as e:
+            raise ToolError(
+                f"cannot decode the assignment of member '{member_id}' of group '{group_id}': {e}"
+            ) from None
+        members.append(
+            Member(
+                member_id=member_id,
+                group_instance_id=m.group_instance_id,
+                client_id=str(m.client_id),
+                host=str(m.client_host),
+                assignment=assignment,
+            )
+        )
+    return Group(
+        group_id=group_id,
+        state=str(g.group_state),
+        protocol_type=protocol_type,
+        protocol=str(g.protocol_data),
+        members=tuple(members),
+        coordinator=coordinator,
+    )
+
+
+def committed_offsets(client: ToolClient, group_id: str) -> dict[TopicPartition, Committed]:
+    """OffsetFetch v7 of every partition the group has an offset for."""
+    _, body = client.group_request(
+        group_id,
+        OFFSET_FETCH,
+        {"group_id": group_id, "topics": None, "require_stable": False},
+        lambda b: int(b.error_code),
+    )
+    code = int(body.error_code)
+    if code != Errors.NONE:
+        raise KafkaError(code, f"OffsetFetch of group '{group_id}'")
+    offsets = {}
+    for t in body.topics:
+        for p in t.partitions:
+            # No committed offset is -1 (the admin client maps it to null and skips errors).
+            if int(p.error_code) == Errors.NONE and int(p.committed_offset) >= 0:
+                offsets[TopicPartition(str(t.name), int(p.partition_index))] = Committed(
+                    int(p.committed_offset), int(p.committed_leader_epoch)
+                )
+    return offsets
+
+
+def consumer_group_ids(client: ToolClient) -> list[str]:
+    """Every consumer group (protocol type "consumer", or "" for one that only commits), as
+    ``listConsumerGroups`` filters them."""
+    return [g for g, ptype, _ in client.list_groups(()) if ptype in ("", CONSUMER_PROTOCOL_TYPE)]
+
+
+def _partitions_to_reset(client: ToolClient, topic_args: Sequence[str]) -> list[TopicPartition]:
+    parsed = [parse_topic_arg(t) for t in topic_args]
+    topics = client.metadata(sorted({t for t, _ in parsed})).topics
+    partitions: list[TopicPartition] = []
+    for name, wanted in parsed:
+        topic = topics.get(name)
+        if wanted is None:
+            if topic is None or topic.error_code != Errors.NONE:
+                raise ToolError(f"Topic '{name}' does not exist")
+            partitions.extend(TopicPartition(name, p.partition) for p in topic.partitions)
+        else:
+            partitions.extend(TopicPartition(name, p) for p in wanted)
+    return sorted(set(partitions))
+
+
+def _raise_if_invalid(client: ToolClient, partitions: Sequence[TopicPartition]) -> None:
+    """``checkAllTopicPartitionsValid``: every partition exists and has a leader."""
+    topics = client.metadata(sorted({tp.topic for tp in partitions})).topics
+    missing, leaderless = [], []
+    for tp in partitions:
+        topic = topics.get(tp.topic)
+        p = topic.partition(tp.partition) if topic is not None else None
+        if p is None:
+            missing.append(str(tp))
+        elif p.leader_id < 0:
+            leaderless.append(str(tp))
+    if missing:
+        raise ToolError(f'The partitions "{",".join(missing)}" do not exist')
+    if leaderless:
+        raise ToolError(f'The partitions "{",".join(leaderless)}" have no leader')
+
+
+def _offsets_or_raise(
+    client: ToolClient, partitions: Sequence[TopicPartition], timestamp: int, what: str
+) -> dict[TopicPartition, int]:
+    offsets = client.list_offsets(partitions, timestamp)
+    for tp in partitions:
+        if tp not in offsets:
+            raise ToolError(f"Error getting {what} offset of topic partition: {tp}")
+    return offsets
+
+
+def plan_reset(
+    client: ToolClient,
+    args: argparse.Namespace,
+    partitions: Sequence[TopicPartition],
+    committed: Mapping[TopicPartition, Committed],
+) -> dict[TopicPartition, int]:
+    """The new offset of each partition for the chosen scenario (``prepareOffsetsToReset``)."""
+    if args.to_earliest:
+        return _offsets_or_raise(client, partitions, EARLIEST_TIMESTAMP, "starting")
+    if args.to_latest:
+        return _offsets_or_raise(client, partitions, LATEST_TIMESTAMP, "ending")
+    if args.to_datetime is not None:
+        timestamp_ms = parse_datetime_ms(args.to_datetime)
+        by_time = _offsets_or_raise(client, partitions, timestamp_ms, "timestamp")
+        empty = [tp for tp in partitions if by_time[tp] == NO_OFFSET]
+        if empty:
+            for tp in empty:
+                print(
+                    f"Warn: Partition {tp.partition} from topic {tp.topic} is empty. "
+                    "Falling back to latest known offset.",
+                    file=sys.stderr,
+                )
+            by_time.update(_offsets_or_raise(client, empty, LATEST_TIMESTAMP, "ending"))
+        return {tp: by_time[tp] for tp in partitions}
+    if args.to_offset is not None:
+        requested = {tp: int(args.to_offset) for tp in partitions}
+    else:
+        assert args.shift_by is not None
+        requested = {}
+        for tp in partitions:
+            current = committed.get(tp)
+            if current is None:
+                raise ToolError(
+                    f"Cannot shift offset for partition {tp} since there is no current "
+                    "committed offset"
+                )
+            requested[tp] = current.offset + int(args.shift_by)
+    log_start = client.list_offsets(partitions, EARLIEST_TIMESTAMP)
+    log_end = client.list_offsets(partitions, LATEST_TIMESTAMP)
+    return {
+        tp: clamp_offset(offset, log_start.get(tp), log_end.get(tp))
+        for tp, offset in requested.items()
+    }
+
+
+def commit_offsets(
+    client: ToolClient, group_id: str, offsets: Mapping[TopicPartition, int]
+) -> None:
+    """OffsetCommit v8 as a simple member: generation -1, no member id (the admin client's
+    ``alterConsumerGroupOffsets``)."""
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for tp, offset in sorted(offsets.items()):
+        by_topic.setdefault(tp.topic, []).append((tp.partition, offset))
+    values = {
+        "group_id": group_id,
+        "generation_id_or_member_epoch": -1,
+        "member_id": "",
+        "group_instance_id": None,
+        "topics": [
+            {
+                "name": topic,
+                "partitions": [
+                    {
+                        "partition_index": p,
+                        "committed_offset": offset,
+                        "committed_leader_epoch": -1,
+                        "committed_metadata": "",
+                    }
+                    for p, offset in parts
+                ],
+            }
+            for topic, parts in by_topic.items()
+        ],
+    }
+
+    def errors(body: Any) -> list[tuple[TopicPartition, int]]:
+        return [
+            (TopicPartition(str(t.name), int(p.partition_index)), int(p.error_code))
+            for t in body.topics
+            for p in t.partitions
+            if int(p.error_code) != Errors.NONE
+        ]
+
+    def coordinator_error(body: Any) -> int:
+        # OffsetCommit has no group-level error: a coordinator error comes on every partition.
+        codes = {code for _, code in errors(body)}
+        return next(iter(codes)) if len(codes) == 1 else Errors.NONE
+
+    _, body = client.group_request(group_id, OFFSET_COMMIT, values, coordinator_error)
+    failed = errors(body)
+    if failed:
+        raise ToolError(
+            f"committing offsets of group '{group_id}' failed: "
+            + ", ".join(f"{tp}: {error_name(code)}" for tp, code in failed)
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands.
+
+
+def _print_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        print(line)
+
+
+def _should_print(group: Group, rows: int) -> bool:
+    """``shouldPrintMemberState``: the state's message, and whether there is a table."""
+    if group.state == "Dead":
+        print(f"Error: Consumer group '{group.group_id}' does not exist.", file=sys.stderr)
+        return False
+    if group.state == "Empty":
+        print(f"Consumer group '{group.group_id}' has no active members.", file=sys.stderr)
+    elif group.state in REBALANCING_STATES:
+        print(f"Warning: Consumer group '{group.group_id}' is rebalancing.", file=sys.stderr)
+    return rows > 0
+
+
+def _list(client: ToolClient, args: argparse.Namespace) -> int:
+    if args.state is None:
+        for group_id in consumer_group_ids(client):
+            print(group_id)
+        return 0
+    states = parse_states(args.state)
+    listed = [
+        (g, state)
+        for g, ptype, state in client.list_groups(states)
+        if ptype in ("", CONSUMER_PROTOCOL_TYPE)
+    ]
+    _print_lines(format_list_with_state(listed))
+    return 0
+
+
+def _describe(client: ToolClient, args: argparse.Namespace) -> int:
+    group_ids = consumer_group_ids(client) if args.all_groups else sorted(set(args.group))
+    status = 0
+    for group_id in group_ids:
+        group = describe_group(client, group_id)
+        if group.state == "Dead":
+            status = 1
+        if args.members:
+            if _should_print(group, len(group.members)):
+                _print_lines(["", *format_members(group, verbose=args.verbose)])
+        elif args.state:
+            if _should_print(group, 1):
+                _print_lines(["", *format_state(group)])
+        else:
+            if group.state == "Dead":
+                _should_print(group, 0)
+                continue
+            committed = committed_offsets(client, group_id)
+            partitions = set(committed) | {tp for m in group.members for tp in m.assignment}
+            log_end = client.list_offsets(partitions, LATEST_TIMESTAMP) if partitions else {}
+            rows = offset_rows(group, committed, log_end)
+            if _should_print(group, len(rows)):
+                _print_lines(["", *format_offsets(rows, verbose=args.verbose)])
+    return status
+
+
+def _reset_offsets(client: ToolClient, args: argparse.Namespace) -> int:
+    group_ids = consumer_group_ids(client) if args.all_groups else list(dict.fromkeys(args.group))
+    plans: dict[str, dict[TopicPartition, int]] = {}
+    status = 0
+    for group_id in group_ids:
+        group = describe_group(client, group_id)
+        if group.state not in INACTIVE_STATES:
+            print(
+                f"Error: Assignments can only be reset if the group '{group_id}' is inactive, "
+                f"but the current state is {group.state}.",
+                file=sys.stderr,
+            )
+            status = 1
+            continue
+        committed = committed_offsets(client, group_id)
+        if args.all_topics:
+            partitions = sorted(committed)
+        else:
+            partitions = _partitions_to_reset(client, args.topic)
+        if partitions:
+            _raise_if_invalid(client, partitions)
+        plan = plan_reset(client, args, partitions, committed) if partitions else {}
+        if args.execute and plan:
+            commit_offsets(client, group_id, plan)
+        plans[group_id] = plan
+    if plans:
+        _print_lines(["", *format_reset(plans)])
+    return status
+
+
+def _delete(client: ToolClient, args: argparse.Namespace) -> int:
+    group_ids = consumer_group_ids(client) if args.all_groups else list(dict.fromkeys(args.group))
+    results: dict[str, int] = {}
+    for group_id in group_ids:
+
+        def error_of(body: Any, group_id: str = group_id) -> int:
+            for r in body.results:
+                if str(r.group_id) == group_id:
+                    return int(r.error_code)
+            raise ToolError(f"DeleteGroups answered without group '{group_id}'")
+
+        _, body = client.group_request(
+            group_id, DELETE_GROUPS, {"groups_names": [group_id]}, error_of
+        )
+        results[group_id] = error_of(body)
+    deleted = [g for g, code in results.items() if code == Errors.NONE]
+    failed = {g: code for g, code in results.items() if code != Errors.NONE}
+    quoted = ", ".join(f"'{g}'" for g in deleted)
+    if not failed:
+        print(f"Deletion of requested consumer groups ({quoted}) was successful.")
+        return 0
+    print("Error: Deletion of some consumer groups failed:")
+    for group_id, code in failed.items():
+        print(f"* Group '{group_id}' could not be deleted due to: {error_name(code)}")
+    if deleted:
+        print(f"\nThese consumer groups were deleted successfully: {quoted}")
+    return 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The parser (wired into ``kcoord.node.cli``).
+
+
+def _run(args: argparse.Namespace) -> int:
+    commands = {
+        "list": _list,
+        "describe": _describe,
+        "reset-offsets": _reset_offsets,
+        "delete": _delete,
+    }
+    return run_tool(commands[args.groups_command], args)
+
+
+def _group_selection(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--group", action="append", metavar="GROUP", help="repeatable")
+    which.add_argument("--all-groups", action="store_true")
+
+
+def add_parser(sub: Any, default_cluster_dir: Path) -> None:
+    """``kcoord groups ...`` under the top-level subparsers ``sub``."""
+    groups = sub.add_parser("groups", help="consumer groups, like kafka-consumer-groups.sh")
+    gsub = groups.add_subparsers(dest="groups_command", required=True)
+
+    listing = gsub.add_parser("list", help="every consumer group")
+    listing.add_argument(
+        "--state",
+        nargs="*",
+        metavar="STATE",
+        help="show each group's state; with values (comma-separated), only those states",
+    )
+
+    describe = gsub.add_parser("describe", help="offsets and lag, members or state")
+    _group_selection(describe)
+    view = describe.add_mutually_exclusive_group()
+    view.add_argument("--offsets", action="store_true", help="offsets and lag (default)")
+    view.add_argument("--members", action="store_true", help="one row per member")
+    view.add_argument("--state", action="store_true", help="coordinator, strategy, state")
+    describe.add_argument(
+        "--verbose", action="store_true", help="leader epochs / member assignments"
+    )
+
+    reset = gsub.add_parser("reset-offsets", help="move an inactive group's committed offsets")
+    _group_selection(reset)
+    scope = reset.add_mutually_exclusive_group(required=True)
+    scope.add_argument("--topic", action="append", metavar="TOPIC[:P,P]", help="repeatable")
+    scope.add_argument("--all-topics", action="store_true", help="every committed partition")
+    scenario = reset.add_mutually_exclusive_group(required=True)
+    scenario.add_argument("--to-earliest", action="store_true")
+    scenario.add_argument("--to-latest", action="store_true")
+    scenario.add_argument("--to-offset", type=int, metavar="N")
+    scenario.add_argument("--to-datetime", metavar="ISO", help="e.g. 2024-05-01T12:00:00.000Z")
+    scenario.add_argument("--shift-by", type=int, metavar="N", help="N may be negative")
+    mode = reset.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="only print the plan (default)")
+    mode.add_argument("--execute", action="store_true", help="commit the new offsets")
+
+    delete = gsub.add_parser("delete", help="delete empty groups (DeleteGroups)")
+    _group_selection(delete)
+
+    for p in (listing, describe, reset, delete):
+        add_connection_arguments(p, default_cluster_dir)
+    groups.set_defaults(func=_run)

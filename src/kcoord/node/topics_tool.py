@@ -1,0 +1,222 @@
+"""``kcoord topics``: topics as ``kafka-topics.sh`` lists, describes, creates and deletes them.
+
+::
+
+  topics list [--exclude-internal]
+  topics describe [--topic T...] [--exclude-internal]
+  topics create --topic T [--partitions N] [--replication-factor R] [--config K=V...]
+  topics delete --topic T...
+
+Through the Kafka protocol (``tool_client``): Metadata v12 for list and describe, CreateTopics
+v7, DeleteTopics v6. ``describe`` prints Kafka's ``TopicCommand`` lines::
+
+  Topic: T<TAB>TopicId: ID<TAB>PartitionCount: N<TAB>ReplicationFactor: R<TAB>Configs: k=v,...
+  <TAB>Topic: T<TAB>Partition: 0<TAB>Leader: 1<TAB>Replicas: 1,2,3<TAB>Isr: 1,2,3
+
+(Kafka 3.9+ adds ELR columns from DescribeTopicPartitions, which this leaves out.) Configs lists
+the topic's non-default configs from DescribeConfigs v4 when the broker serves it (Apache Kafka
+does; kcoord does not yet, and then Configs is empty). A partition without a leader shows
+``Leader: none``. ``create`` prints "Created topic T."; ``delete`` prints nothing, as Kafka's.
+Errors go to stderr as "Error while executing topic command : ..." and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from kcoord.errors import Errors
+from kcoord.node.tool_client import (
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    DESCRIBE_CONFIGS,
+    KafkaError,
+    RetriableError,
+    ToolClient,
+    ToolError,
+    TopicMetadata,
+    add_connection_arguments,
+    error_name,
+    run_tool,
+)
+
+ERROR_PREFIX: Final = "Error while executing topic command : "
+TOPIC_RESOURCE: Final = 2  # ConfigResource.Type.TOPIC
+DEFAULT_CONFIG_SOURCE: Final = 5  # DescribeConfigsResponse.ConfigSource.DEFAULT_CONFIG
+
+
+def describe_lines(topic: TopicMetadata, configs: list[tuple[str, str]]) -> list[str]:
+    """``TopicDescription.printDescription`` and ``PartitionDescription.printDescription``."""
+    replication_factor = len(topic.partitions[0].replicas) if topic.partitions else 0
+    head = f"Topic: {topic.name}"
+    if topic.topic_id and topic.topic_id != "AAAAAAAAAAAAAAAAAAAAAA":  # Uuid.ZERO_UUID
+        head += f"\tTopicId: {topic.topic_id}"
+    head += f"\tPartitionCount: {len(topic.partitions)}"
+    head += f"\tReplicationFactor: {replication_factor}"
+    head += "\tConfigs: " + ",".join(f"{k}={v}" for k, v in configs)
+    lines = [head]
+    for p in topic.partitions:
+        leader = str(p.leader_id) if p.leader_id >= 0 else "none"
+        lines.append(
+            f"\tTopic: {topic.name}\tPartition: {p.partition}\tLeader: {leader}"
+            f"\tReplicas: {','.join(str(r) for r in p.replicas)}"
+            f"\tIsr: {','.join(str(r) for r in p.isr)}"
+        )
+    return lines
+
+
+def parse_configs(values: list[str] | None) -> list[tuple[str, str]]:
+    """``--config k=v`` (``parseTopicConfigsToBeAdded``: exactly one "=", spaces trimmed)."""
+    configs = []
+    for value in values or []:
+        parts = value.split("=")
+        if len(parts) != 2 or not parts[0].strip():
+            raise ToolError(
+                'Invalid topic config: all configs to be added must be in the format "key=val".'
+            )
+        configs.append((parts[0].strip(), parts[1].strip()))
+    return configs
+
+
+def topic_configs(client: ToolClient, names: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """The non-default configs of each topic, or nothing if DescribeConfigs v4 is not served."""
+    if not names or not client.supported_version(*DESCRIBE_CONFIGS):
+        return {}
+    body = client.send_any(
+        DESCRIBE_CONFIGS,
+        {
+            "resources": [
+                {"resource_type": TOPIC_RESOURCE, "resource_name": n, "configuration_keys": None}
+                for n in names
+            ],
+            "include_synonyms": False,
+            "include_documentation": False,
+        },
+    )
+    configs: dict[str, list[tuple[str, str]]] = {}
+    for r in body.results:
+        if int(r.error_code) != Errors.NONE:
+            raise KafkaError(int(r.error_code), f"DescribeConfigs of topic '{r.resource_name}'")
+        configs[str(r.resource_name)] = [
+            (str(c.name), "" if c.value is None else str(c.value))
+            for c in r.configs
+            if int(c.config_source) != DEFAULT_CONFIG_SOURCE
+        ]
+    return configs
+
+
+def _list(client: ToolClient, args: argparse.Namespace) -> int:
+    topics = client.metadata(None).topics
+    for name in sorted(topics):
+        if not (args.exclude_internal and topics[name].is_internal):
+            print(name)
+    return 0
+
+
+def _describe(client: ToolClient, args: argparse.Namespace) -> int:
+    wanted = list(dict.fromkeys(args.topic)) if args.topic else None
+    topics = client.metadata(wanted).topics
+    names = sorted(topics) if wanted is None else wanted
+    for name in names:
+        topic = topics.get(name)
+        if topic is None or topic.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+            raise ToolError(f"Topic '{name}' does not exist as expected")
+        if topic.error_code != Errors.NONE:
+            raise KafkaError(topic.error_code, f"Topic '{name}'")
+    shown = [n for n in names if not (args.exclude_internal and topics[n].is_internal)]
+    configs = topic_configs(client, shown)
+    for name in shown:
+        for line in describe_lines(topics[name], configs.get(name, [])):
+            print(line)
+    return 0
+
+
+def _create(client: ToolClient, args: argparse.Namespace) -> int:
+    configs = parse_configs(args.config)
+    if args.partitions is not None and args.partitions < 1:
+        raise ToolError("The partitions must be greater than 0")
+    if args.replication_factor is not None and args.replication_factor < 1:
+        raise ToolError("The replication factor must be greater than 0")
+    values = {
+        "topics": [
+            {
+                "name": args.topic,
+                # -1: the broker's default (KIP-464).
+                "num_partitions": -1 if args.partitions is None else args.partitions,
+                "replication_factor": (
+                    -1 if args.replication_factor is None else args.replication_factor
+                ),
+                "assignments": [],
+                "configs": [{"name": k, "value": v} for k, v in configs],
+            }
+        ],
+        "timeout": client.timeout_ms,
+        "validate_only": False,
+    }
+
+    def attempt() -> Any:
+        body = client.send_any(CREATE_TOPICS, values)
+        result = body.topics[0]
+        if int(result.error_code) == Errors.NOT_CONTROLLER:
+            raise RetriableError(error_name(Errors.NOT_CONTROLLER))
+        return result
+
+    result = client.retrying(f"creating topic '{args.topic}'", attempt)
+    if int(result.error_code) != Errors.NONE:
+        raise KafkaError(int(result.error_code), f"Topic '{args.topic}'", result.error_message)
+    print(f"Created topic {args.topic}.")
+    return 0
+
+
+def _delete(client: ToolClient, args: argparse.Namespace) -> int:
+    names = list(dict.fromkeys(args.topic))
+    values = {
+        "topics": [{"name": n, "topic_id": None} for n in names],
+        "timeout": client.timeout_ms,
+    }
+
+    def attempt() -> Any:
+        body = client.send_any(DELETE_TOPICS, values)
+        if any(int(r.error_code) == Errors.NOT_CONTROLLER for r in body.responses):
+            raise RetriableError(error_name(Errors.NOT_CONTROLLER))
+        return body
+
+    body = client.retrying("deleting topics", attempt)
+    failed = [r for r in body.responses if int(r.error_code) != Errors.NONE]
+    for r in failed:
+        message = f" ({r.error_message})" if r.error_message else ""
+        print(
+            f"{ERROR_PREFIX}Topic '{r.name}': {error_name(int(r.error_code))}{message}",
+            file=sys.stderr,
+        )
+    return 1 if failed else 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    commands = {"list": _list, "describe": _describe, "create": _create, "delete": _delete}
+    return run_tool(commands[args.topics_command], args, error_prefix=ERROR_PREFIX)
+
+
+def add_parser(sub: Any, default_cluster_dir: Path) -> None:
+    """``kcoord topics ...`` under the top-level subparsers ``sub``."""
+    topics = sub.add_parser("topics", help="topics, like kafka-topics.sh")
+    tsub = topics.add_subparsers(dest="topics_command", required=True)
+    listing = tsub.add_parser("list", help="topic names")
+    listing.add_argument("--exclude-internal", action="store_true")
+    describe = tsub.add_parser("describe", help="partitions, leaders, replicas, ISR")
+    describe.add_argument("--topic", action="append", metavar="TOPIC", help="repeatable")
+    describe.add_argument("--exclude-internal", action="store_true")
+    create = tsub.add_parser("create", help="CreateTopics")
+    create.add_argument("--topic", required=True)
+    create.add_argument("--partitions", type=int, help="default: the broker's num.partitions")
+    create.add_argument(
+        "--replication-factor", type=int, help="default: the broker's default.replication.factor"
+    )
+    create.add_argument("--config", action="append", metavar="KEY=VALUE", help="repeatable")
+    delete = tsub.add_parser("delete", help="DeleteTopics")
+    delete.add_argument("--topic", action="append", required=True, metavar="TOPIC")
+    for p in (listing, describe, create, delete):
+        add_connection_arguments(p, default_cluster_dir)
+    topics.set_defaults(func=_run)

@@ -1,0 +1,253 @@
+"""``kcoord groups``: assignment decoding, the rows and columns of each view, reset-offsets'
+arithmetic and the argument parsing, without a cluster (the live checks are in
+tests/integration/test_operator_cli.py)."""
+
+from __future__ import annotations
+
+import datetime
+import struct
+
+import pytest
+from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment
+
+from kcoord.cluster.coordinator.wire import WireFormatError
+from kcoord.node.cli import build_parser
+from kcoord.node.groups_tool import (
+    Committed,
+    Group,
+    Member,
+    OffsetRow,
+    assignment_string,
+    clamp_offset,
+    decode_assignment,
+    format_list_with_state,
+    format_members,
+    format_offsets,
+    format_reset,
+    format_state,
+    offset_rows,
+    parse_datetime_ms,
+    parse_states,
+    parse_topic_arg,
+)
+from kcoord.node.tool_client import Broker, ToolError, TopicPartition
+
+TP = TopicPartition
+COORDINATOR = Broker(2, "127.0.0.1", 9102)
+
+
+def member(member_id: str, *assignment: TopicPartition, instance: str | None = None) -> Member:
+    return Member(member_id, instance, f"client-{member_id}", "/127.0.0.1", tuple(assignment))
+
+
+def group(*members: Member, state: str = "Stable", group_id: str = "orders-app") -> Group:
+    return Group(group_id, state, "consumer", "range", members, COORDINATOR)
+
+
+# -- ConsumerProtocolAssignment ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_decodes_the_assignment_bytes_kafka_python_sends(version: int) -> None:
+    data = ConsumerProtocolAssignment(
+        version, [("orders", [0, 2]), ("audit", [1])], b"user data"
+    ).encode(version=version)
+    assert decode_assignment(data) == (TP("orders", 0), TP("orders", 2), TP("audit", 1))
+
+
+def test_a_newer_assignment_version_is_read_as_the_newest_known() -> None:
+    v0 = ConsumerProtocolAssignment(0, [("orders", [1])], None).encode(version=0)
+    newer = struct.pack(">h", 7) + v0[2:] + b"fields of a future version"
+    assert decode_assignment(newer) == (TP("orders", 1),)
+
+
+def test_no_assignment_bytes_is_no_assignment() -> None:
+    assert decode_assignment(b"") == ()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\xff\xff\x00\x00\x00\x00\xff\xff\xff\xff",  # version -1
+        b"\x00\x00\x00\x00\x00\x01\x00\x06ord",  # truncated topic name
+        b"\x00\x00\x7f\xff\xff\xff",  # 2^31 - 1 topics in 6 bytes
+        b"\x00\x00\x00\x00\x00\x00",  # no user data field
+    ],
+)
+def test_malformed_assignment_bytes_raise(data: bytes) -> None:
+    with pytest.raises(WireFormatError):
+        decode_assignment(data)
+
+
+def test_assignment_column_groups_partitions_by_topic() -> None:
+    assert assignment_string([TP("b", 2), TP("a", 1), TP("b", 0)]) == "a(1), b(0,2)"
+    assert assignment_string([]) == "-"
+
+
+# -- the offsets view --------------------------------------------------------------------------
+
+
+def test_offset_rows_members_with_most_partitions_first_then_unassigned_commits() -> None:
+    g = group(
+        member("m-small", TP("orders", 2)),
+        member("m-big", TP("orders", 1), TP("orders", 0)),
+        member("m-idle"),
+    )
+    committed = {
+        TP("orders", 0): Committed(3, 5),
+        TP("orders", 2): Committed(4, -1),
+        TP("old", 0): Committed(7, -1),
+    }
+    log_end = {TP("orders", 0): 10, TP("orders", 1): 20, TP("old", 0): 7}
+    rows = offset_rows(g, committed, log_end)
+    assert [(r.topic, r.partition, r.consumer_id) for r in rows] == [
+        ("orders", 0, "m-big"),
+        ("orders", 1, "m-big"),
+        ("orders", 2, "m-small"),
+        ("old", 0, None),
+    ]
+    # LAG needs both ends: no commit (orders-1) or no log end (orders-2, no leader) gives "-".
+    assert [r.lag for r in rows] == [7, None, None, 0]
+
+
+def test_offsets_table_has_kafkas_columns_and_widths() -> None:
+    rows = [
+        OffsetRow("g", "orders", 0, Committed(3, 5), 10, "c-1", "/10.0.0.1", "app"),
+        OffsetRow("g", "orders", 1, None, None, None, None, None),
+    ]
+    assert format_offsets(rows) == [
+        "GROUP           TOPIC           PARTITION  CURRENT-OFFSET  LOG-END-OFFSET  LAG"
+        "             CONSUMER-ID     HOST            CLIENT-ID",
+        "g               orders          0          3               10              7"
+        "               c-1             /10.0.0.1       app",
+        "g               orders          1          -               -               -"
+        "               -               -               -",
+    ]
+    assert format_offsets(rows, verbose=True)[:2] == [
+        "GROUP           TOPIC           PARTITION  LEADER-EPOCH    CURRENT-OFFSET  LOG-END-OFFSET"
+        "  LAG             CONSUMER-ID     HOST            CLIENT-ID",
+        "g               orders          0          5               3               10"
+        "              7               c-1             /10.0.0.1       app",
+    ]
+
+
+def test_long_values_widen_their_column() -> None:
+    long_id = "consumer-orders-app-1-5f6c8d0e-3b7a-4d8e-9f10-2a3b4c5d6e7f"
+    rows = [OffsetRow("a-rather-long-group-name", "t", 0, None, 0, long_id, "/h", "c")]
+    header, row = format_offsets(rows)
+    assert header.index("TOPIC") == len("a-rather-long-group-name") + 1
+    assert header.index("HOST") == row.index("/h") == row.index(long_id) + len(long_id) + 1
+
+
+# -- members, state, list, reset ---------------------------------------------------------------
+
+
+def test_members_table_and_verbose_assignment() -> None:
+    g = group(member("m-1", TP("orders", 1), TP("orders", 0)), member("m-2"))
+    assert format_members(g) == [
+        "GROUP           CONSUMER-ID     HOST            CLIENT-ID       #PARTITIONS",
+        "orders-app      m-1             /127.0.0.1      client-m-1      2",
+        "orders-app      m-2             /127.0.0.1      client-m-2      0",
+    ]
+    head = "GROUP           CONSUMER-ID     HOST            CLIENT-ID       "
+    row = "orders-app      m-{}             /127.0.0.1      client-m-{}      "
+    assert format_members(g, verbose=True) == [
+        head + f"{'#PARTITIONS':<15} ASSIGNMENT",
+        row.format(1, 1) + f"{'2':<15} orders(0,1)",
+        row.format(2, 2) + f"{'0':<15} -",
+    ]
+
+
+def test_members_table_shows_group_instance_ids_when_any_member_has_one() -> None:
+    g = group(member("m-1", instance="node-a"), member("m-2"))
+    header, first, second = format_members(g)
+    assert header.split() == [
+        "GROUP",
+        "CONSUMER-ID",
+        "GROUP-INSTANCE-ID",
+        "HOST",
+        "CLIENT-ID",
+        "#PARTITIONS",
+    ]
+    assert first.split()[2] == "node-a"
+    assert second.index("/127.0.0.1") == header.index("HOST")
+
+
+def test_state_table() -> None:
+    assert format_state(group(member("m-1"))) == [
+        "GROUP           COORDINATOR (ID)          ASSIGNMENT-STRATEGY  STATE"
+        "                #MEMBERS",
+        "orders-app      127.0.0.1:9102  (2)       range                Stable               1",
+    ]
+    empty = Group("g", "Empty", "consumer", "", (), COORDINATOR)
+    assert format_state(empty)[1].split() == ["g", "127.0.0.1:9102", "(2)", "-", "Empty", "0"]
+
+
+def test_list_with_state_and_reset_tables() -> None:
+    assert format_list_with_state([("a", "Stable"), ("bb", "Empty")]) == [
+        "GROUP                     STATE",
+        "a                         Stable",
+        "bb                        Empty",
+    ]
+    plans = {"g2": {TP("t", 1): 5, TP("t", 0): 3}, "g1": {TP("t", 0): 0}}
+    assert format_reset(plans) == [
+        "GROUP           TOPIC           PARTITION  NEW-OFFSET",
+        "g1              t               0          0",
+        "g2              t               0          3",
+        "g2              t               1          5",
+    ]
+
+
+# -- reset-offsets arithmetic and arguments ----------------------------------------------------
+
+
+def test_clamp_to_the_log_start_and_end() -> None:
+    assert clamp_offset(15, 0, 10) == 10
+    assert clamp_offset(-3, 2, 10) == 2
+    assert clamp_offset(4, 2, 10) == 4
+    assert clamp_offset(4, None, None) == 4
+
+
+def test_datetimes_with_a_zone_and_in_local_time() -> None:
+    assert parse_datetime_ms("2023-11-14T22:13:25Z") == 1_700_000_005_000
+    assert parse_datetime_ms("2023-11-14T23:13:25.250+01:00") == 1_700_000_005_250
+    local = datetime.datetime(2023, 11, 14, 22, 13, 25).astimezone()
+    assert parse_datetime_ms("2023-11-14T22:13:25") == int(local.timestamp() * 1000)
+    with pytest.raises(ToolError, match="ISO 8601"):
+        parse_datetime_ms("yesterday")
+
+
+def test_topic_arguments() -> None:
+    assert parse_topic_arg("orders") == ("orders", None)
+    assert parse_topic_arg("orders:0,2") == ("orders", [0, 2])
+    with pytest.raises(ToolError, match="Invalid partition 'x'"):
+        parse_topic_arg("orders:0,x")
+    with pytest.raises(ToolError, match="expected topic name and partitions"):
+        parse_topic_arg("a:1:2")
+
+
+def test_state_filter_takes_kafkas_names_in_any_case() -> None:
+    assert parse_states(["stable,EMPTY", "Stable"]) == ["Stable", "Empty"]
+    assert parse_states([]) == []
+    with pytest.raises(ToolError, match="Valid states are: PreparingRebalance"):
+        parse_states(["Sleeping"])
+
+
+def test_parser_requires_one_scope_and_one_scenario() -> None:
+    parser = build_parser()
+    args = parser.parse_args(
+        ["groups", "reset-offsets", "--group", "g", "--all-topics", "--shift-by", "-2"]
+    )
+    assert args.shift_by == -2 and not args.execute
+    for bad in (
+        ["groups", "reset-offsets", "--group", "g", "--all-topics"],
+        ["groups", "reset-offsets", "--group", "g", "--to-latest"],
+        ["groups", "reset-offsets", "--group", "g", "--all-topics", "--to-latest", "--to-earliest"],
+        ["groups", "reset-offsets", "--all-topics", "--to-latest"],
+        ["groups", "describe", "--group", "g", "--members", "--state"],
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+    listing = parser.parse_args(["groups", "list", "--state"])
+    assert listing.state == []
+    assert parser.parse_args(["groups", "list"]).state is None
