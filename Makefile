@@ -19,11 +19,13 @@ help:
 	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
 	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
 
+# The pipeline extra (pyspark, pyarrow: ~660 MB installed, ~50 s) is part of the setup: mypy
+# checks src/kcoord/pipeline and the pipeline tests run Spark (README, "Pipeline").
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kcoord needs Python 3.11+")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,pipeline]'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,0 +1,659 @@
+"""The ``kcoord`` Spark data source (PySpark 4's Python Data Source API).
+
+Theory of operation
+-------------------
+``spark.dataSource.register(KcoordDataSource)`` makes ``format("kcoord")`` available to
+``read``, ``readStream``, ``write`` and ``writeStream``. (Not "kafka": Spark's built-in name
+wins.) Options are those of Spark's Kafka source; ``kcoord.pipeline.options`` lists them and
+does every decision that needs no I/O. Rows have Spark's Kafka source schema:
+
+  key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
+  timestampType int (0 CreateTime, 1 LogAppendTime), headers array<struct<key, value>>
+
+Planning runs on the driver: a Metadata request lists the topics' partitions, ListOffsets
+(the admin client's ``list_offsets``) gives each partition's log start offset and high
+watermark, and each partition with records to read becomes one Spark input partition, an
+``OffsetRange`` ``[from, until)``. A task reads its range with a confluent-kafka consumer
+assigned to that one partition at ``from`` (no group membership, nothing committed) and
+stops at ``until`` or at the end of the partition (a compacted topic may have no record at
+``until - 1``). Records come back as Arrow record batches.
+
+Streaming: offsets are Spark's JSON form ``{"topic": {"0": next offset}}``. ``latestOffset``
+asks ListOffsets for the high watermarks and applies ``maxOffsetsPerTrigger`` (or, under
+``Trigger.AvailableNow``, the watermarks recorded when the query started). ``commit(end)``
+runs after Spark has written the micro-batch's results and its commit log, and sends an
+OffsetCommit of ``end`` for ``groupId``, so the query's progress and lag show as any consumer
+group's do. The checkpoint stays the source of truth for a restart (as with Spark's Kafka
+source); the committed offsets are what the query has finished, never ahead of it.
+
+Writing: each task produces its rows with an idempotent producer (acks=all), flushes, and
+fails the task if any record was not acknowledged. Spark retries a failed task, so a record
+may be written twice after a failure: the sink is at-least-once, as Spark's Kafka sink is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as ClientTopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    Row,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from kcoord.pipeline.options import (
+    OffsetRange,
+    Offsets,
+    OptionError,
+    SourceOptions,
+    TopicPartition,
+    check_data_loss,
+    from_json_offsets,
+    parse_source_options,
+    plan_ranges,
+    raise_if_unknown_partitions,
+    rate_limit,
+    resolve,
+    to_json_offsets,
+)
+
+log = logging.getLogger(__name__)
+
+NAME = "kcoord"
+METADATA_TIMEOUT_S = 30.0
+COMMIT_TIMEOUT_S = 30.0
+FLUSH_TIMEOUT_S = 120.0
+ARROW_BATCH_ROWS = 8192
+# The reader of a range assigns through librdkafka, which insists on a group id; it never
+# joins, fetches offsets of or commits to this group.
+READER_GROUP_ID = "kcoord-spark-reader"
+
+HEADER_TYPE = StructType(
+    [StructField("key", StringType(), True), StructField("value", BinaryType(), True)]
+)
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("topic", StringType(), True),
+        StructField("partition", IntegerType(), True),
+        StructField("offset", LongType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("timestampType", IntegerType(), True),
+        StructField("headers", ArrayType(HEADER_TYPE, True), True),
+    ]
+)
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+        pa.field(
+            "headers",
+            pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+        ),
+    ]
+)
+# librdkafka's message timestamp types -> Kafka's TimestampType ids, which Spark shows.
+_TIMESTAMP_TYPES = {1: 0, 2: 1, 0: -1}
+
+
+def default_pyspark_python() -> None:
+    """Spark's Python workers run ``PYSPARK_PYTHON``; unless told otherwise, the interpreter
+    running this code, whose environment has kcoord, confluent-kafka and pyarrow."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+# --------------------------------------------------------------------------------------------
+# Client I/O
+
+
+def _client_config(options: SourceOptions) -> dict[str, Any]:
+    # log_level 4: librdkafka's informational lines (an admin client's shutdown) are noise
+    # in a Spark task's output.
+    config: dict[str, Any] = {"bootstrap.servers": options.bootstrap_servers, "log_level": 4}
+    config.update(dict(options.client_config))
+    return config
+
+
+class Cluster:
+    """The driver's view of the cluster: partitions and their offsets (Metadata, ListOffsets).
+
+    Holds an admin client; not picklable, so readers create one where they run."""
+
+    def __init__(self, options: SourceOptions):
+        self._options = options
+        self._admin = AdminClient(_client_config(options))
+
+    def partitions(self) -> list[TopicPartition]:
+        sub = self._options.subscription
+        explicit = sub.explicit_topics()
+        counts: dict[str, int] = {}
+        if len(explicit) == 1:
+            metadata = self._admin.list_topics(topic=explicit[0], timeout=METADATA_TIMEOUT_S)
+        else:
+            metadata = self._admin.list_topics(timeout=METADATA_TIMEOUT_S)
+        for name, topic in metadata.topics.items():
+            if topic.error is None or topic.error.code() == KafkaError.NO_ERROR:
+                counts[name] = len(topic.partitions)
+        if sub.kind == "assign":
+            missing = [f"{t}-{p}" for t, p in sub.assigned if p >= counts.get(t, 0)]
+            if missing:
+                raise OptionError(f"option 'assign': no such partitions: {', '.join(missing)}")
+        return sub.select(counts)
+
+    def offsets(
+        self, partitions: Sequence[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """(log start offsets, high watermarks) of ``partitions``: two ListOffsets requests
+        per leader, sent by the admin client."""
+        if not partitions:
+            return {}, {}
+        earliest = self._list_offsets(partitions, OffsetSpec.earliest())  # type: ignore[no-untyped-call]
+        latest = self._list_offsets(partitions, OffsetSpec.latest())  # type: ignore[no-untyped-call]
+        return earliest, latest
+
+    def _list_offsets(
+        self, partitions: Sequence[TopicPartition], spec: Any
+    ) -> dict[TopicPartition, int]:
+        request = {ClientTopicPartition(t, p): spec for t, p in partitions}
+        futures = self._admin.list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
+        out: dict[TopicPartition, int] = {}
+        for tp, future in futures.items():
+            out[(tp.topic, tp.partition)] = int(future.result(timeout=METADATA_TIMEOUT_S).offset)
+        return out
+
+
+class OffsetCommitter:
+    """Commits a streaming query's progress for its group (OffsetCommit from a consumer that
+    never joins: generation -1, as a "simple consumer" in Kafka commits)."""
+
+    def __init__(self, options: SourceOptions, group_id: str):
+        config = _client_config(options)
+        config.update({"group.id": group_id, "enable.auto.commit": False})
+        self._consumer = Consumer(config)
+        self.group_id = group_id
+
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        request = [ClientTopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
+        if not request:
+            return
+        deadline = time.monotonic() + COMMIT_TIMEOUT_S
+        while True:
+            try:
+                result = self._consumer.commit(offsets=request, asynchronous=False)
+            except KafkaException as e:
+                error: Any = e
+            else:
+                failed = [tp for tp in result or [] if tp.error is not None]
+                if not failed:
+                    return
+                error = failed[0].error
+            # A coordinator that moved (NOT_COORDINATOR, a dead node) is found again by the
+            # client; retry until the deadline, then fail the query: progress must not be
+            # silently left behind.
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"OffsetCommit for group {self.group_id!r} failed: {error}")
+            log.warning("OffsetCommit for group %r failed (%s); retrying", self.group_id, error)
+            time.sleep(0.2)  # back off before the client's next coordinator lookup
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """The records of one range as Arrow record batches, in offset order."""
+    config = _client_config(options)
+    config.update(
+        {
+            "group.id": READER_GROUP_ID,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            # An offset below the log start is data loss, never a silent jump.
+            "auto.offset.reset": "error",
+        }
+    )
+    consumer = Consumer(config)
+    topic, partition = offset_range.topic, offset_range.partition
+    until = offset_range.until_offset
+    next_offset = offset_range.from_offset
+    columns = _Columns()
+    try:
+        consumer.assign([ClientTopicPartition(topic, partition, offset_range.from_offset)])
+        last_progress = time.monotonic()
+        timeout_s = options.poll_timeout_ms / 1000
+        while next_offset < until:
+            messages = consumer.consume(num_messages=1000, timeout=0.5)
+            for m in messages:
+                error = m.error()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        # The end of the log: records up to ``until`` were compacted away.
+                        if (m.offset() or 0) >= until:
+                            next_offset = until
+                        continue
+                    if options.fail_on_data_loss or error.code() != KafkaError._AUTO_OFFSET_RESET:
+                        raise KafkaException(error)
+                    log.warning("%s-%d: %s; the range ends here", topic, partition, error)
+                    next_offset = until
+                    break
+                offset = m.offset()
+                assert offset is not None, m
+                if offset >= until:
+                    next_offset = until
+                    break
+                columns.append(m)
+                next_offset = offset + 1
+                if len(columns) >= ARROW_BATCH_ROWS:
+                    yield columns.flush()
+            if messages:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > timeout_s:
+                raise TimeoutError(
+                    f"{topic}-{partition}: no records for {timeout_s:.0f} s while reading "
+                    f"offset {next_offset} of [{offset_range.from_offset}, {until})"
+                )
+        if len(columns):
+            yield columns.flush()
+    finally:
+        consumer.close()
+
+
+class _Columns:
+    """Column lists for one Arrow record batch of source rows."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.topics: list[str] = []
+        self.partitions: list[int] = []
+        self.offsets: list[int] = []
+        self.timestamps: list[int] = []
+        self.timestamp_types: list[int] = []
+        self.headers: list[list[dict[str, Any]]] = []
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def append(self, m: Any) -> None:
+        ts_type, ts_ms = m.timestamp()
+        self.keys.append(m.key())
+        self.values.append(m.value())
+        self.topics.append(m.topic())
+        self.partitions.append(m.partition())
+        self.offsets.append(m.offset())
+        self.timestamps.append(ts_ms * 1000)
+        self.timestamp_types.append(_TIMESTAMP_TYPES.get(ts_type, -1))
+        self.headers.append([{"key": k, "value": v} for k, v in m.headers() or ()])
+
+    def flush(self) -> pa.RecordBatch:
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(self.keys, pa.binary()),
+                pa.array(self.values, pa.binary()),
+                pa.array(self.topics, pa.string()),
+                pa.array(self.partitions, pa.int32()),
+                pa.array(self.offsets, pa.int64()),
+                pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
+                pa.array(self.timestamp_types, pa.int32()),
+                pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
+            ],
+            schema=ARROW_SCHEMA,
+        )
+        self._reset()
+        return batch
+
+
+# --------------------------------------------------------------------------------------------
+# Readers
+
+
+class RangePartition(InputPartition):
+    def __init__(self, offset_range: OffsetRange):
+        super().__init__(offset_range)
+        self.offset_range = offset_range
+
+
+class KcoordBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions):
+        self.options = options
+
+    def partitions(self) -> Sequence[InputPartition]:
+        cluster = Cluster(self.options)
+        partitions = cluster.partitions()
+        raise_if_unknown_partitions("startingOffsets", self.options.starting, partitions)
+        raise_if_unknown_partitions("endingOffsets", self.options.ending, partitions)
+        earliest, latest = cluster.offsets(partitions)
+        start = resolve(self.options.starting, partitions, earliest, latest)
+        start, lost = check_data_loss(
+            start, partitions, earliest, latest, fail_on_data_loss=self.options.fail_on_data_loss
+        )
+        for message in lost:
+            log.warning("data loss: %s", message)
+        end = resolve(self.options.ending, partitions, earliest, latest)
+        for tp, until in end.items():
+            if until > latest[tp]:
+                raise OptionError(
+                    f"option 'endingOffsets': {tp[0]}-{tp[1]} offset {until} is past its "
+                    f"log end offset {latest[tp]}"
+                )
+            if until < start[tp]:
+                raise OptionError(
+                    f"{tp[0]}-{tp[1]}: ending offset {until} is before starting offset {start[tp]}"
+                )
+        return [RangePartition(r) for r in plan_ranges(start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(self.options, partition.offset_range)
+
+
+class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Lives on the driver for the query's lifetime (its clients too); Spark pickles a copy
+    for each task's ``read``, without the clients (``__getstate__``)."""
+
+    def __init__(self, options: SourceOptions):
+        self.options = options
+        self._cluster: Cluster | None = None
+        self._committer: OffsetCommitter | None = None
+        # Trigger.AvailableNow: the high watermarks when the query started; the query ends
+        # when it has read up to them.
+        self._target: Offsets | None = None
+        self._committed: Offsets | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A task's copy needs the options only.
+        return {
+            "options": self.options,
+            "_cluster": None,
+            "_committer": None,
+            "_target": None,
+            "_committed": None,
+        }
+
+    def _get_cluster(self) -> Cluster:
+        if self._cluster is None:
+            self._cluster = Cluster(self.options)
+        return self._cluster
+
+    def _latest(
+        self,
+    ) -> tuple[list[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, int]]:
+        cluster = self._get_cluster()
+        partitions = cluster.partitions()
+        earliest, latest = cluster.offsets(partitions)
+        return partitions, earliest, latest
+
+    def initialOffset(self) -> dict[str, Any]:
+        partitions, earliest, latest = self._latest()
+        raise_if_unknown_partitions("startingOffsets", self.options.starting, partitions)
+        start = resolve(self.options.starting, partitions, earliest, latest)
+        return to_json_offsets(start)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, _, latest = self._latest()
+        self._target = latest
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets_per_trigger)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = from_json_offsets(start)
+        # Spark asks for the latest offset only once the previous micro-batch (which ended
+        # at ``start``) is done, results and commit log written. Spark's own ``commit(end)``
+        # comes later, when the *next* batch is planned, so an idle query or the last batch
+        # of an AvailableNow run would never be committed; committing ``start`` here does.
+        self._maybe_commit(begin)
+        if self._target is not None:
+            latest = dict(self._target)
+        else:
+            _, _, latest = self._latest()
+        # Never plan backwards: a partition whose high watermark fell below where the query
+        # is (truncation) is data loss, found by ``partitions``.
+        latest.update({tp: offset for tp, offset in begin.items() if tp not in latest})
+        begin_known = {tp: offset for tp, offset in begin.items() if tp in latest}
+        if isinstance(limit, ReadMaxRows):
+            end = rate_limit(begin_known, latest, limit.max_rows)
+        else:
+            end = dict(latest)
+        end = {tp: max(offset, begin.get(tp, offset)) for tp, offset in end.items()}
+        return to_json_offsets(end)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        _, _, latest = self._latest()
+        return to_json_offsets(latest)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, until = from_json_offsets(start), from_json_offsets(end)
+        if begin == until:
+            return []
+        partitions, earliest, latest = self._latest()
+        # A partition that appeared since ``start`` is read from its earliest offset.
+        begin.update({tp: earliest[tp] for tp in until if tp not in begin and tp in earliest})
+        begin, lost = check_data_loss(
+            begin, partitions, earliest, latest, fail_on_data_loss=self.options.fail_on_data_loss
+        )
+        for message in lost:
+            log.warning("data loss: %s", message)
+        until = {tp: offset for tp, offset in until.items() if tp in begin}
+        return [RangePartition(r) for r in plan_ranges(begin, until)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        yield from read_range(self.options, partition.offset_range)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._maybe_commit(from_json_offsets(end))
+
+    def _maybe_commit(self, offsets: Offsets) -> None:
+        """OffsetCommit for ``groupId`` unless these offsets were the last ones committed."""
+        if self.options.group_id is None or offsets == self._committed:
+            return
+        if self._committer is None:
+            self._committer = OffsetCommitter(self.options, self.options.group_id)
+        self._committer.commit(offsets)
+        self._committed = dict(offsets)
+
+    def stop(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
+            self._committer = None
+        self._cluster = None
+
+
+# --------------------------------------------------------------------------------------------
+# Writers
+
+
+@dataclass(frozen=True, slots=True)
+class WriterOptions:
+    bootstrap_servers: str
+    topic: str | None
+    client_config: tuple[tuple[str, str], ...]
+
+
+_WRITER_COLUMNS: dict[str, tuple[type[DataType], ...]] = {
+    "key": (BinaryType, StringType),
+    "value": (BinaryType, StringType),
+    "topic": (StringType,),
+    "partition": (IntegerType,),
+    "headers": (ArrayType,),
+}
+
+
+def parse_writer_options(options: Mapping[str, str], schema: StructType) -> WriterOptions:
+    """Spark's Kafka sink's rules (``KafkaWriter.validateQuery``): a ``value`` column of
+    string or binary; optional ``key``, ``topic``, ``partition`` and ``headers``; the
+    ``topic`` option, when given, overrides the column."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    bootstrap = lowered.get("kafka.bootstrap.servers")
+    if not bootstrap:
+        raise OptionError("option 'kafka.bootstrap.servers' must be given")
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "value" not in fields:
+        raise OptionError("the rows to write need a 'value' column")
+    for name, allowed in _WRITER_COLUMNS.items():
+        if name in fields and not isinstance(fields[name], allowed):
+            raise OptionError(f"column {name!r} has type {fields[name].simpleString()}")
+    topic = lowered.get("topic")
+    if topic is None and "topic" not in fields:
+        raise OptionError("give the 'topic' option or a 'topic' column")
+    client = tuple(
+        sorted(
+            (k[len("kafka.") :], v)
+            for k, v in options.items()
+            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+        )
+    )
+    return WriterOptions(bootstrap, topic, client)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteCount(WriterCommitMessage):
+    records: int
+
+
+def _as_bytes(value: Any) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+def write_rows(options: WriterOptions, rows: Iterator[Row]) -> WriteCount:
+    config: dict[str, Any] = {
+        "bootstrap.servers": options.bootstrap_servers,
+        "linger.ms": 5,
+    }
+    config.update(dict(options.client_config))
+    # Never weaker than these, whatever kafka.* said: the sink promises acknowledged writes
+    # without duplicates from producer retries (KIP-98 idempotence).
+    config.update({"acks": "all", "enable.idempotence": True})
+    producer = Producer(config)
+    errors: list[str] = []
+
+    def delivered(error: Any, _message: Any) -> None:
+        if error is not None:
+            errors.append(str(error))
+
+    count = 0
+    for row in rows:
+        fields = row.asDict()
+        topic = options.topic or fields.get("topic")
+        if not topic:
+            raise ValueError(f"a row has no topic: {fields!r}")
+        kwargs: dict[str, Any] = {
+            "key": _as_bytes(fields.get("key")),
+            "value": _as_bytes(fields.get("value")),
+            "on_delivery": delivered,
+        }
+        if fields.get("partition") is not None:
+            kwargs["partition"] = int(fields["partition"])
+        if fields.get("headers"):
+            kwargs["headers"] = [(h["key"], _as_bytes(h["value"])) for h in fields["headers"]]
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)  # the local queue is full: let deliveries drain
+        count += 1
+        producer.poll(0)
+        if errors:
+            break
+    remaining = producer.flush(FLUSH_TIMEOUT_S)
+    if errors or remaining:
+        raise KafkaException(
+            f"{len(errors)} records failed, {remaining} unacknowledged: {errors[:3]}"
+        )
+    return WriteCount(count)
+
+
+class KcoordBatchWriter(DataSourceWriter):
+    def __init__(self, options: WriterOptions):
+        self.options = options
+
+    def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
+        return write_rows(self.options, iterator)
+
+
+class KcoordStreamWriter(DataSourceStreamWriter):
+    def __init__(self, options: WriterOptions):
+        self.options = options
+
+    def write(self, iterator: Iterator[Row]) -> WriterCommitMessage:
+        return write_rows(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Every task has flushed with acks=all before returning its message.
+        return
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Records a task did write stay written (at-least-once, as Spark's Kafka sink).
+        return
+
+
+class KcoordDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KcoordBatchReader(parse_source_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KcoordStreamReader(parse_source_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return KcoordBatchWriter(parse_writer_options(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return KcoordStreamWriter(parse_writer_options(self.options, schema))
