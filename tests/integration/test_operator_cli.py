@@ -1,0 +1,466 @@
+"""``kcoord groups`` and ``kcoord topics`` against a live 3-node cluster.
+
+A topic ``orders`` (3 partitions, RF 3) gets 10, 20 and 5 records with known timestamps from a
+kafka-python producer; groups commit known offsets with kafka-python. The tests check the exact
+columns of every view, the lag values, reset-offsets (dry run, execute, each scenario, clamping)
+as kafka-python then reads the committed offsets, the refusals while a kafka-python consumer is a
+live member, DeleteGroups' per-group results, the topic commands, and clear errors with non-zero
+exit codes. The commands run in-process through ``kcoord.cli.main`` (one test runs the console
+script itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from kcoord.cli import main
+from kcoord.cluster.routing import partition_for
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from tests.integration.cluster import LocalCluster, free_base_port, wait_for
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "orders"
+RECORDS = {0: 10, 1: 20, 2: 5}  # records per partition: the log end offsets
+BASE_TIMESTAMP_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z; record i is 1 s later than i-1
+OFFSETS_HEADER = (
+    "GROUP           TOPIC           PARTITION  CURRENT-OFFSET  LOG-END-OFFSET  LAG"
+    "             CONSUMER-ID     HOST            CLIENT-ID"
+)
+DEADLINE_S = 30.0
+
+
+@dataclass(frozen=True)
+class Run:
+    code: int
+    out: str
+    err: str
+
+    def rows(self) -> list[list[str]]:
+        """The table's rows (after its header), split on whitespace."""
+        lines = [line for line in self.out.splitlines() if line.strip()]
+        return [line.split() for line in lines[1:]]
+
+
+def kcoord(*args: str) -> Run:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return Run(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    overrides = {"group.initial.rebalance.delay.ms": 0}
+    with LocalCluster(tmp_path_factory.mktemp("operator-cli"), overrides=overrides) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def bootstrap(cluster: LocalCluster) -> str:
+    """The cluster, with ``orders`` created by ``kcoord topics create`` and produced to."""
+    assert cluster.state is not None
+    servers = cluster.state.bootstrap_servers
+    run = kcoord(
+        "topics", "create", "--topic", TOPIC, "--partitions", "3", "--replication-factor", "3",
+        "--bootstrap-server", servers,
+    )  # fmt: skip
+    assert (run.code, run.out) == (0, f"Created topic {TOPIC}.\n"), run.err
+    wait_for(lambda: _leaders(servers, TOPIC) == 3, "leaders of every orders partition")
+    producer = KafkaProducer(bootstrap_servers=servers.split(","), acks="all")
+    try:
+        for partition, count in RECORDS.items():
+            for i in range(count):
+                producer.send(
+                    TOPIC, b"x", partition=partition, timestamp_ms=BASE_TIMESTAMP_MS + i * 1000
+                )
+        producer.flush(timeout=DEADLINE_S)
+    finally:
+        producer.close()
+    return servers
+
+
+def _leaders(servers: str, topic: str) -> int:
+    run = kcoord("topics", "describe", "--topic", topic, "--bootstrap-server", servers)
+    return sum(1 for line in run.out.splitlines() if "\tLeader: " in line and "none" not in line)
+
+
+def commit(servers: str, group: str, offsets: dict[int, int]) -> None:
+    """Commit as kafka-python does for a consumer without a subscription (generation -1)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False
+    )
+    try:
+        consumer.commit(
+            {TopicPartition(TOPIC, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+        )
+    finally:
+        consumer.close()
+
+
+def committed(servers: str, group: str) -> dict[int, int | None]:
+    """The group's committed offsets as kafka-python reads them (OffsetFetch of its own)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False
+    )
+    try:
+        return {p: consumer.committed(TopicPartition(TOPIC, p)) for p in RECORDS}
+    finally:
+        consumer.close()
+
+
+def describe(servers: str, group: str, *view: str) -> Run:
+    return kcoord("groups", "describe", "--group", group, *view, "--bootstrap-server", servers)
+
+
+def reset(servers: str, group: str, *args: str) -> Run:
+    return kcoord("groups", "reset-offsets", "--group", group, *args, "--bootstrap-server", servers)
+
+
+# -- describe ----------------------------------------------------------------------------------
+
+
+def test_describe_an_empty_group_shows_committed_offsets_and_lag(bootstrap: str) -> None:
+    commit(bootstrap, "lagging", {0: 3, 1: 20})
+    run = describe(bootstrap, "lagging")
+    assert run.code == 0
+    assert run.err == "Consumer group 'lagging' has no active members.\n"
+    lines = run.out.splitlines()
+    assert lines[:2] == ["", OFFSETS_HEADER]
+    assert run.rows() == [
+        ["lagging", TOPIC, "0", "3", "10", "7", "-", "-", "-"],
+        ["lagging", TOPIC, "1", "20", "20", "0", "-", "-", "-"],
+    ]
+    # Kafka's widths: every column starts under its header.
+    assert lines[2].index("10") == OFFSETS_HEADER.index("LOG-END-OFFSET")
+    assert lines[2].index("7") == OFFSETS_HEADER.index("LAG")
+
+    members = describe(bootstrap, "lagging", "--members")
+    assert (members.code, members.out) == (0, "")
+    assert members.err == "Consumer group 'lagging' has no active members.\n"
+
+    state = describe(bootstrap, "lagging", "--state")
+    assert state.out.splitlines()[1].split() == [
+        "GROUP",
+        "COORDINATOR",
+        "(ID)",
+        "ASSIGNMENT-STRATEGY",
+        "STATE",
+        "#MEMBERS",
+    ]
+    group, address, node, strategy, group_state, count = state.rows()[0]
+    assert (group, strategy, group_state, count) == ("lagging", "-", "Empty", "0")
+    # The coordinator is the leader of the group's __consumer_offsets partition.
+    offsets = kcoord(
+        "topics", "describe", "--topic", OFFSETS_TOPIC_NAME, "--bootstrap-server", bootstrap
+    ).out.splitlines()[1:]
+    leader = offsets[partition_for("lagging", len(offsets))].split("\tLeader: ")[1].split("\t")[0]
+    assert node == f"({leader})"
+    assert address in bootstrap.split(",")
+
+
+def test_describe_a_group_that_does_not_exist(bootstrap: str) -> None:
+    for view in ((), ("--members",), ("--state",)):
+        run = describe(bootstrap, "no-such-group", *view)
+        assert (run.code, run.out) == (1, "")
+        assert run.err == "Error: Consumer group 'no-such-group' does not exist.\n"
+
+
+# -- a live member -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def live_member(servers: str, group: str, client_id: str) -> Iterator[KafkaConsumer]:
+    consumer = KafkaConsumer(
+        TOPIC,
+        bootstrap_servers=servers.split(","),
+        group_id=group,
+        client_id=client_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+
+        def assigned() -> bool:
+            consumer.poll(timeout_ms=200)
+            return len(consumer.assignment()) == len(RECORDS)
+
+        wait_for(assigned, f"{client_id} assigned every partition", DEADLINE_S)
+        yield consumer
+    finally:
+        consumer.close()
+
+
+def test_a_live_member_shows_in_every_view_and_blocks_reset_and_delete(bootstrap: str) -> None:
+    with live_member(bootstrap, "live", "live-member") as consumer:
+        consumer.commit({TopicPartition(TOPIC, 0): OffsetAndMetadata(4, "", -1)})
+        wait_for(lambda: describe(bootstrap, "live").code == 0, "describe")
+        run = describe(bootstrap, "live")
+        assert (run.code, run.err) == (0, "")
+        rows = run.rows()
+        member_id = rows[0][6]
+        assert member_id.startswith("live-member-")
+        # Uncommitted partitions show "-" for the offset and the lag.
+        assert rows == [
+            ["live", TOPIC, "0", "4", "10", "6", member_id, "/127.0.0.1", "live-member"],
+            ["live", TOPIC, "1", "-", "20", "-", member_id, "/127.0.0.1", "live-member"],
+            ["live", TOPIC, "2", "-", "5", "-", member_id, "/127.0.0.1", "live-member"],
+        ]
+
+        members = describe(bootstrap, "live", "--members", "--verbose")
+        assert members.out.splitlines()[1].split() == [
+            "GROUP",
+            "CONSUMER-ID",
+            "HOST",
+            "CLIENT-ID",
+            "#PARTITIONS",
+            "ASSIGNMENT",
+        ]
+        assert members.rows() == [
+            ["live", member_id, "/127.0.0.1", "live-member", "3", f"{TOPIC}(0,1,2)"]
+        ]
+        assert describe(bootstrap, "live", "--members").rows() == [
+            ["live", member_id, "/127.0.0.1", "live-member", "3"]
+        ]
+        state = describe(bootstrap, "live", "--state").rows()[0]
+        assert (state[0], state[3:]) == ("live", ["range", "Stable", "1"])
+
+        listed = kcoord("groups", "list", "--state", "Stable", "--bootstrap-server", bootstrap)
+        assert listed.out.splitlines()[0].split() == ["GROUP", "STATE"]
+        assert ["live", "Stable"] in listed.rows()
+        assert all(state == "Stable" for _, state in listed.rows())
+
+        refused = reset(bootstrap, "live", "--all-topics", "--to-earliest", "--execute")
+        assert (refused.code, refused.out) == (1, "")
+        assert refused.err == (
+            "Error: Assignments can only be reset if the group 'live' is inactive, "
+            "but the current state is Stable.\n"
+        )
+        deleted = kcoord("groups", "delete", "--group", "live", "--bootstrap-server", bootstrap)
+        assert deleted.code == 1
+        assert deleted.out == (
+            "Error: Deletion of some consumer groups failed:\n"
+            "* Group 'live' could not be deleted due to: NON_EMPTY_GROUP\n"
+        )
+        assert committed(bootstrap, "live")[0] == 4
+
+    # The member left: the group is Empty, and both go through.
+    wait_for(
+        lambda: describe(bootstrap, "live", "--state").rows()[0][4] == "Empty",
+        "the group empty after its member left",
+    )
+    done = reset(bootstrap, "live", "--all-topics", "--to-latest", "--execute")
+    assert (done.code, done.rows()) == (0, [["live", TOPIC, "0", "10"]])
+    assert committed(bootstrap, "live") == {0: 10, 1: None, 2: None}
+    deleted = kcoord("groups", "delete", "--group", "live", "--bootstrap-server", bootstrap)
+    assert (deleted.code, deleted.out) == (
+        0,
+        "Deletion of requested consumer groups ('live') was successful.\n",
+    )
+    assert describe(bootstrap, "live").code == 1
+
+
+# -- reset-offsets -----------------------------------------------------------------------------
+
+
+def test_reset_offsets_dry_run_then_execute(bootstrap: str) -> None:
+    commit(bootstrap, "resettable", {0: 3, 1: 20})
+    before = committed(bootstrap, "resettable")
+    assert before == {0: 3, 1: 20, 2: None}
+
+    def plan(*args: str) -> list[list[str]]:
+        run = reset(bootstrap, "resettable", *args)
+        assert run.code == 0, run.err
+        assert run.out.splitlines()[1].split() == ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]
+        return [row[2:] for row in run.rows()]
+
+    assert plan("--topic", TOPIC, "--to-earliest") == [["0", "0"], ["1", "0"], ["2", "0"]]
+    assert plan("--topic", TOPIC, "--to-latest", "--dry-run") == [
+        ["0", "10"],
+        ["1", "20"],
+        ["2", "5"],
+    ]
+    # Clamped to the log end, and to the log start.
+    assert plan("--topic", TOPIC, "--to-offset", "15") == [["0", "10"], ["1", "15"], ["2", "5"]]
+    assert plan("--all-topics", "--shift-by", "-5") == [["0", "0"], ["1", "15"]]
+    assert plan("--topic", f"{TOPIC}:1", "--shift-by", "7") == [["1", "20"]]
+    # The first record at or after 22:13:25Z is the sixth of a partition; partition 2's last
+    # record is older, so it falls back to the log end.
+    at = reset(bootstrap, "resettable", "--topic", TOPIC, "--to-datetime", "2023-11-14T22:13:25Z")
+    assert [row[2:] for row in at.rows()] == [["0", "5"], ["1", "5"], ["2", "5"]]
+    assert at.err == (
+        "Warn: Partition 2 from topic orders is empty. Falling back to latest known offset.\n"
+    )
+    assert committed(bootstrap, "resettable") == before  # nothing written by a dry run
+
+    run = reset(bootstrap, "resettable", "--topic", f"{TOPIC}:0,1", "--to-offset", "7", "--execute")
+    assert (run.code, run.rows()) == (
+        0,
+        [["resettable", TOPIC, "0", "7"], ["resettable", TOPIC, "1", "7"]],
+    )
+    assert committed(bootstrap, "resettable") == {0: 7, 1: 7, 2: None}
+    assert [row[3:6] for row in describe(bootstrap, "resettable").rows()] == [
+        ["7", "10", "3"],
+        ["7", "20", "13"],
+    ]
+
+
+def test_reset_offsets_errors_and_an_unknown_group(bootstrap: str) -> None:
+    commit(bootstrap, "reset-errors", {0: 1})
+    cases = {
+        ("--topic", f"{TOPIC}:2", "--shift-by", "1"): (
+            "Error: Cannot shift offset for partition orders-2 since there is no current "
+            "committed offset\n"
+        ),
+        ("--topic", f"{TOPIC}:0,9", "--to-earliest"): (
+            'Error: The partitions "orders-9" do not exist\n'
+        ),
+        ("--topic", "no-such-topic", "--to-earliest"): (
+            "Error: Topic 'no-such-topic' does not exist\n"
+        ),
+        ("--all-topics", "--to-datetime", "last tuesday"): (
+            "Error: invalid --to-datetime 'last tuesday': expected ISO 8601 like "
+            "2024-05-01T12:00:00.000\n"
+        ),
+    }
+    for args, message in cases.items():
+        run = reset(bootstrap, "reset-errors", *args, "--execute")
+        assert (run.code, run.out, run.err) == (1, "", message), args
+    assert committed(bootstrap, "reset-errors") == {0: 1, 1: None, 2: None}
+
+    # A group that does not exist is Dead, which Kafka allows: the commit creates it.
+    run = reset(bootstrap, "brand-new", "--topic", f"{TOPIC}:2", "--to-offset", "2", "--execute")
+    assert (run.code, run.rows()) == (0, [["brand-new", TOPIC, "2", "2"]])
+    assert committed(bootstrap, "brand-new") == {0: None, 1: None, 2: 2}
+
+
+# -- list and delete ---------------------------------------------------------------------------
+
+
+def test_list_and_delete_groups(bootstrap: str) -> None:
+    commit(bootstrap, "deletable", {0: 1})
+    commit(bootstrap, "kept", {0: 1})
+    names = kcoord("groups", "list", "--bootstrap-server", bootstrap)
+    assert names.code == 0
+    assert {"deletable", "kept"} <= set(names.out.split())
+    empty = kcoord("groups", "list", "--state", "empty", "--bootstrap-server", bootstrap)
+    assert ["deletable", "Empty"] in empty.rows() and ["kept", "Empty"] in empty.rows()
+
+    run = kcoord(
+        "groups", "delete", "--group", "deletable", "--group", "never-existed",
+        "--bootstrap-server", bootstrap,
+    )  # fmt: skip
+    assert run.code == 1
+    assert run.out == (
+        "Error: Deletion of some consumer groups failed:\n"
+        "* Group 'never-existed' could not be deleted due to: GROUP_ID_NOT_FOUND\n"
+        "\n"
+        "These consumer groups were deleted successfully: 'deletable'\n"
+    )
+    after = kcoord("groups", "list", "--bootstrap-server", bootstrap).out.split()
+    assert "deletable" not in after and "kept" in after
+    assert committed(bootstrap, "deletable") == {0: None, 1: None, 2: None}
+
+
+# -- topics ------------------------------------------------------------------------------------
+
+
+def test_topics_create_describe_list_delete(bootstrap: str) -> None:
+    run = kcoord(
+        "topics", "create", "--topic", "cli-topic", "--partitions", "4",
+        "--replication-factor", "2", "--config", "retention.ms=3600000",
+        "--bootstrap-server", bootstrap,
+    )  # fmt: skip
+    assert (run.code, run.out, run.err) == (0, "Created topic cli-topic.\n", "")
+    wait_for(lambda: _leaders(bootstrap, "cli-topic") == 4, "leaders of cli-topic")
+
+    lines = kcoord("topics", "describe", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
+    head, *partitions = lines.out.splitlines()
+    fields = head.split("\t")
+    assert fields[0] == "Topic: cli-topic"
+    assert fields[1].startswith("TopicId: ") and len(fields[1]) == len("TopicId: ") + 22
+    assert fields[2:4] == ["PartitionCount: 4", "ReplicationFactor: 2"]
+    assert fields[4].startswith("Configs: ")
+    assert len(partitions) == 4
+    for index, line in enumerate(partitions):
+        cells = dict(cell.split(": ", 1) for cell in line.strip("\t").split("\t"))
+        assert (cells["Topic"], cells["Partition"]) == ("cli-topic", str(index))
+        replicas = cells["Replicas"].split(",")
+        assert len(set(replicas)) == 2 and set(replicas) <= {"1", "2", "3"}
+        assert cells["Leader"] in replicas
+        assert set(cells["Isr"].split(",")) <= set(replicas)
+
+    listed = kcoord("topics", "list", "--bootstrap-server", bootstrap).out.splitlines()
+    assert listed == sorted(listed) and {"cli-topic", TOPIC, OFFSETS_TOPIC_NAME} <= set(listed)
+    internal = kcoord("topics", "list", "--exclude-internal", "--bootstrap-server", bootstrap)
+    assert OFFSETS_TOPIC_NAME not in internal.out.split()
+
+    again = kcoord("topics", "create", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
+    assert again.code == 1
+    assert again.err.startswith(
+        "Error while executing topic command : Topic 'cli-topic': TOPIC_ALREADY_EXISTS"
+    )
+
+    deleted = kcoord("topics", "delete", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
+    assert (deleted.code, deleted.out, deleted.err) == (0, "", "")
+    wait_for(
+        lambda: (
+            "cli-topic" not in kcoord("topics", "list", "--bootstrap-server", bootstrap).out.split()
+        ),
+        "cli-topic gone from the metadata",
+    )
+    gone = kcoord("topics", "describe", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
+    assert (gone.code, gone.out) == (1, "")
+    assert gone.err == (
+        "Error while executing topic command : Topic 'cli-topic' does not exist as expected\n"
+    )
+    twice = kcoord("topics", "delete", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
+    assert twice.code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in twice.err
+
+
+# -- connecting --------------------------------------------------------------------------------
+
+
+def test_clear_errors_when_nothing_answers(tmp_path: Path) -> None:
+    port = free_base_port(1)  # nothing listens there
+    run = kcoord("groups", "list", "--bootstrap-server", f"127.0.0.1:{port}")
+    assert (run.code, run.out) == (1, "")
+    assert run.err == (
+        f"Error: cannot connect to any bootstrap server: 127.0.0.1:{port} (Connection refused)\n"
+    )
+    run = kcoord("topics", "list", "--data-dir", str(tmp_path))
+    assert run.code == 1
+    assert run.err.startswith(
+        "Error while executing topic command : no --bootstrap-server given and no cluster state"
+    )
+
+
+def test_the_console_script_defaults_to_the_local_clusters_bootstrap(
+    cluster: LocalCluster, bootstrap: str
+) -> None:
+    commit(bootstrap, "scripted", {1: 12})
+    script = Path(sys.executable).parent / "kcoord"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "kcoord.cli"]
+    result = subprocess.run(
+        [*command, "groups", "describe", "--group", "scripted", "--data-dir", str(cluster.root)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1:] == [
+        OFFSETS_HEADER,
+        "scripted        orders          1          12              20              8"
+        "               -               -               -",
+    ]
