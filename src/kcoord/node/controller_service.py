@@ -48,6 +48,7 @@ from kcoord.raft.controller import (
     ControllerConfig,
 )
 from kcoord.raft.quorum import MetadataQuorum
+from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,11 @@ class ControllerService:
         self._last_preferred_election_ms = 0
         self.activations = 0
         self.fenced_by_me: list[int] = []
+        # For the node's metrics: proposals made (and failed), and the time from proposing a
+        # batch to having it in this node's image (Raft commit plus apply).
+        self.proposals = 0
+        self.proposal_failures = 0
+        self.commit_latency_s = Histogram(LATENCY_BUCKETS_S)
         self._wake = asyncio.Event()
 
     # -----------------------------------------------------------------------------------------
@@ -173,12 +179,19 @@ class ControllerService:
 
             loop.call_soon_threadsafe(settle)
 
+        start = loop.time()
+        self.proposals += 1
         self.quorum.propose(list(records), on_done)
         try:
             offset = await asyncio.wait_for(fut, self.propose_timeout_s)
         except TimeoutError as e:
+            self.proposal_failures += 1
             raise NotActiveError("proposal timed out") from e
+        except NotActiveError:
+            self.proposal_failures += 1
+            raise
         await asyncio.wait_for(self.cache.wait_for_offset(offset), self.propose_timeout_s)
+        self.commit_latency_s.observe(loop.time() - start)
         return offset
 
     def _require_active(self) -> Controller:

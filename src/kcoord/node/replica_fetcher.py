@@ -315,6 +315,7 @@ class ReplicaFetcherManager:
         if records:
             lg.append_as_follower(records, self.replicas.now_ms())
             lg.epoch_cache.flush()  # a no-op unless the records started a new epoch
+            self.replicas.follower_bytes_appended += len(records)
         lg.maybe_increment_log_start_offset(int(r["log_start_offset"]))
         self.replicas.maybe_advance_follower_high_watermark(part, int(r["high_watermark"]))
 

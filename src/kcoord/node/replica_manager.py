@@ -195,6 +195,13 @@ class ReplicaManager:
         # Long-polling replica fetches wait on these; set on every append and HW move.
         self._fetch_wakeups: set[asyncio.Event] = set()
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        # For the node's metrics: ISR changes of the partitions this node leads, as committed
+        # (Kafka's IsrShrinksPerSec / IsrExpandsPerSec), and bytes appended to hosted logs as
+        # leader and as follower (the fetchers add theirs).
+        self.isr_shrinks = 0
+        self.isr_expands = 0
+        self.leader_bytes_appended = 0
+        self.follower_bytes_appended = 0
 
     # -----------------------------------------------------------------------------------------
     # Listeners.
@@ -286,6 +293,10 @@ class ReplicaManager:
             if part is None or part.leader_epoch != after.leader_epoch:
                 continue  # a role change handles it (or already did)
             isr_changed = part.isr != after.isr
+            if isr_changed and part.is_leader:
+                before_isr, after_isr = set(part.isr), set(after.isr)
+                self.isr_shrinks += bool(before_isr - after_isr)
+                self.isr_expands += bool(after_isr - before_isr)
             part.replicas, part.isr = after.replicas, after.isr
             part.partition_epoch = after.partition_epoch
             if part.is_leader and part.replication is not None:
@@ -382,6 +393,7 @@ class ReplicaManager:
             log.error("append to %s-%d failed: %s", part.topic, part.partition, e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
+        self.leader_bytes_appended += len(records)
         self._maybe_advance_high_watermark(part)
         self._wake_replica_fetches()
         return AppendResult(info.first_offset, info.last_offset, part.log.log_start_offset)

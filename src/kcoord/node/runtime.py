@@ -51,10 +51,16 @@ from kcoord.cluster.coordinator.records import (
     UnknownRecordTypeError,
     encode_record,
 )
-from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupConfig, GroupCoordinatorShard
+from kcoord.cluster.coordinator.shard import (
+    CoordinatorResult,
+    CoordinatorStats,
+    GroupConfig,
+    GroupCoordinatorShard,
+)
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.stats import DURATION_BUCKETS_S, LATENCY_BUCKETS_S, Histogram
 from kcoord.storage import format as fmt
 from kcoord.storage.log import Log
 
@@ -327,7 +333,9 @@ class CoordinatorRuntime:
         hot_standby: bool = True,
         load_buffer_size: int = LOAD_CHUNK_BYTES,
         bug_ack_before_hw: bool = False,
+        measure_latency: bool = True,
     ) -> None:
+        """``measure_latency``: time OffsetCommit requests for the metrics (``metrics.enable``)."""
         self.replica_manager = replica_manager
         self.config = config
         self.now_ms = now_ms
@@ -342,6 +350,20 @@ class CoordinatorRuntime:
         self.standbys: dict[int, Standby] = {}
         self._tokens = itertools.count(1)
         self.loads: list[LoadSummary] = []
+        # For the node's metrics (node/metrics.py reads them at scrape time): the shards'
+        # counters, shared by all of them; shard loads by kind (hot from a standby or cold);
+        # records replayed by loads and by standbys; OffsetCommit latency (node/kafka/groups.py
+        # observes it: from the request to its answer, the wait for the HW included).
+        self.stats = CoordinatorStats()
+        self.load_duration_s = {
+            True: Histogram(DURATION_BUCKETS_S),
+            False: Histogram(DURATION_BUCKETS_S),
+        }
+        self.load_records_replayed = 0
+        self.standby_records_replayed = 0
+        self.offset_commit_latency_s: Histogram | None = (
+            Histogram(LATENCY_BUCKETS_S) if measure_latency else None
+        )
         replica_manager.add_role_listener(self._on_role)
         replica_manager.add_high_watermark_listener(self._on_high_watermark)
 
@@ -397,7 +419,7 @@ class CoordinatorRuntime:
             timer.ctx = ctx
         else:
             timer = _ShardTimer(ctx)
-            shard = GroupCoordinatorShard(self.config, timer, self.new_member_id)
+            shard = GroupCoordinatorShard(self.config, timer, self.new_member_id, self.stats)
             offset = lg.log_start_offset
             decoder = RecordDecoder()
         records = 0
@@ -422,6 +444,8 @@ class CoordinatorRuntime:
         )
         ctx.load_summary = summary
         self.loads.append(summary)
+        self.load_duration_s[summary.hot].observe((summary.end_ms - start) / 1000)
+        self.load_records_replayed += records
         del self.loads[:-1000]  # the recent ones are enough
         ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0)
         log.info(
@@ -455,7 +479,7 @@ class CoordinatorRuntime:
         return Standby(
             part,
             lg,
-            GroupCoordinatorShard(self.config, timer, self.new_member_id),
+            GroupCoordinatorShard(self.config, timer, self.new_member_id, self.stats),
             timer,
             lg.log_start_offset,
             lg.truncations,
@@ -500,6 +524,7 @@ class CoordinatorRuntime:
                 continue
             standby.next_offset = offset
             standby.records += n
+            self.standby_records_replayed += n
             await asyncio.sleep(0)  # let other work run between chunks
 
     def _take_standby(self, part: Partition) -> Standby | None:

@@ -224,6 +224,9 @@ class ClassicGroup:
     new_member_added: bool = False
     # The last GroupMetadataValue replayed for this group (None: none replayed yet).
     committed: GroupMetadataValue | None = None
+    # When the rebalance in progress started (for the shard's rebalance duration); None when
+    # the group is Stable or Empty.
+    rebalance_started_ms: int | None = None
 
     # ----------------------------------------------------------------------------------------
     # State

@@ -173,6 +173,7 @@ from kcoord.cluster.coordinator.types import (
     Token,
 )
 from kcoord.errors import Errors
+from kcoord.stats import DURATION_BUCKETS_S, Histogram
 
 _S = ClassicGroupState
 
@@ -232,6 +233,35 @@ class OffsetAndMetadata:
             # KIP-211 per-commit retention (OffsetCommit v2-v4): the old semantics.
             return now_ms >= self.expire_timestamp_ms
         return now_ms - base_timestamp_ms >= retention_ms
+
+
+@dataclass(slots=True)
+class CoordinatorStats:
+    """Counters of what the shards did, for the node's metrics (plain integers; the runtime
+    shares one instance among all its shards, so they outlive a shard's unloading).
+
+    A rebalance *starts* each time a group enters PreparingRebalance (Kafka's
+    ``prepareRebalance`` records its rebalance sensor there too; one that restarts from
+    CompletingRebalance counts again) and *completes* when the group reaches Stable (the
+    leader's SyncGroup) or Empty (the join phase ends with nobody); its duration runs from the
+    first start after the group was last Stable or Empty.
+    """
+
+    rebalances_started: int = 0
+    rebalances_completed: int = 0
+    rebalance_duration_s: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS_S))
+    # OffsetCommit: partitions written, and errors by code (a request-level error counts once;
+    # the node adds the routing errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, ...).
+    offset_commits: int = 0
+    offset_commit_errors: dict[Errors, int] = field(default_factory=dict)
+    # Expirations: offsets by retention, groups left Empty without offsets, members whose
+    # session timed out.
+    offsets_expired: int = 0
+    groups_expired: int = 0
+    members_expired: int = 0
+
+    def count_offset_commit_error(self, code: Errors, n: int = 1) -> None:
+        self.offset_commit_errors[code] = self.offset_commit_errors.get(code, 0) + n
 
 
 class _TimerKind(Enum):
@@ -298,14 +328,20 @@ class GroupCoordinatorShard:
     """The classic group coordinator of one ``__consumer_offsets`` partition."""
 
     def __init__(
-        self, config: GroupConfig, timer: Timer, new_member_id: Callable[[str], str]
+        self,
+        config: GroupConfig,
+        timer: Timer,
+        new_member_id: Callable[[str], str],
+        stats: CoordinatorStats | None = None,
     ) -> None:
         """``new_member_id(prefix)`` returns a fresh member id; Kafka's is ``prefix + "-" +
         UUID``, the prefix being the group instance id of a static member, else the client id.
+        ``stats``: the counters to add to (the runtime's, shared by its shards).
         """
         self._config = config
         self._timer = timer
         self._new_member_id = new_member_id
+        self.stats = stats if stats is not None else CoordinatorStats()
         self._groups: dict[str, ClassicGroup] = {}
         self._offsets: dict[str, dict[str, dict[int, OffsetAndMetadata]]] = {}
         self._timers: dict[str, _TimerTask] = {}
@@ -1041,6 +1077,9 @@ class GroupCoordinatorShard:
                 out, group, Errors.REBALANCE_IN_PROGRESS, now_ms
             )
         self._remove_sync_expiration(group)
+        self.stats.rebalances_started += 1
+        if group.rebalance_started_ms is None:
+            group.rebalance_started_ms = now_ms
         is_initial_rebalance = group.is_in_state(_S.EMPTY)
         if is_initial_rebalance:
             # A new group: give the members group.initial.rebalance.delay.ms to arrive.
@@ -1107,6 +1146,7 @@ class GroupCoordinatorShard:
 
         group.init_next_generation(now_ms)
         if group.is_in_state(_S.EMPTY):
+            self._count_rebalance_completed(group, now_ms)
             out.write(_group_metadata_record(group.group_id, group.to_group_metadata_value({})))
             return
         for member in group.members.values():
@@ -1121,6 +1161,13 @@ class GroupCoordinatorShard:
             member.is_new = False
             group.add_pending_sync_member(member.member_id)
         self._schedule_pending_sync(group, now_ms)
+
+    def _count_rebalance_completed(self, group: ClassicGroup, now_ms: int) -> None:
+        started_ms, group.rebalance_started_ms = group.rebalance_started_ms, None
+        if started_ms is None:
+            return
+        self.stats.rebalances_completed += 1
+        self.stats.rebalance_duration_s.observe(max(0, now_ms - started_ms) / 1000)
 
     def _reset_and_propagate_assignment_with_error(
         self, out: _Output, group: ClassicGroup, error: Errors, now_ms: int
@@ -1180,6 +1227,7 @@ class GroupCoordinatorShard:
         if member is None or member.has_satisfied_heartbeat():
             return
         # removeMemberAndUpdateClassicGroup
+        self.stats.members_expired += 1
         self._remove_member(out, group, member_id)
         if group.state in (_S.STABLE, _S.COMPLETING_REBALANCE):
             self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
@@ -1257,6 +1305,7 @@ class GroupCoordinatorShard:
                     # Kafka does the rest in the append callback (module docstring).
                     self._set_and_propagate_assignment(out, group, assignments, now_ms)
                     group.transition_to(_S.STABLE, now_ms)
+                    self._count_rebalance_completed(group, now_ms)
             case _S.STABLE:
                 self._remove_pending_sync_member(group, member_id)
                 out.respond(
@@ -1395,6 +1444,7 @@ class GroupCoordinatorShard:
         out = _Output()
         error = self._validate_offset_commit(request)
         if error is not Errors.NONE:
+            self.stats.count_offset_commit_error(error)
             out.respond(token, _offset_commit_response_with_error(request, error))
             return out.result()
 
@@ -1423,7 +1473,9 @@ class GroupCoordinatorShard:
                             error_code=Errors.OFFSET_METADATA_TOO_LARGE,
                         )
                     )
+                    self.stats.count_offset_commit_error(Errors.OFFSET_METADATA_TOO_LARGE)
                     continue
+                self.stats.offset_commits += 1
                 partitions.append(
                     OffsetCommitResponsePartition(partition_index=partition.partition_index)
                 )
@@ -1593,6 +1645,7 @@ class GroupCoordinatorShard:
                 continue
             for partition, offset in partitions.items():
                 if offset.is_expired(base_of(offset.commit_timestamp_ms), now_ms, retention_ms):
+                    self.stats.offsets_expired += 1
                     out.write(_offset_tombstone(group_id, topic, partition))
                 else:
                     all_expired = False
@@ -1602,6 +1655,7 @@ class GroupCoordinatorShard:
         """``GroupMetadataManager.maybeDeleteGroup``: only an Empty group goes."""
         group = self._groups.get(group_id)
         if group is not None and group.is_in_state(_S.EMPTY):
+            self.stats.groups_expired += 1
             self._cancel_group_timers(group)
             out.write(CoordinatorRecord(GroupMetadataKey(group_id=group_id), None))
 

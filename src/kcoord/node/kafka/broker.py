@@ -17,7 +17,12 @@ from kcoord.node.kafka.context import BrokerContext, KafkaSettings
 from kcoord.node.kafka.controller_channel import ControllerChannel
 from kcoord.node.kafka.controller_channel import Handler as ControllerHandler
 from kcoord.node.kafka.producer_ids import ProducerIdManager
-from kcoord.node.kafka.server import DEFAULT_IDLE_MS, DEFAULT_MAX_REQUEST_BYTES, KafkaServer
+from kcoord.node.kafka.server import (
+    DEFAULT_IDLE_MS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    KafkaServer,
+    RequestStats,
+)
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool
@@ -40,6 +45,7 @@ class KafkaBroker:
         settings: KafkaSettings | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_ms: int = DEFAULT_IDLE_MS,
+        request_stats: RequestStats | None = None,
     ) -> None:
         channel = ControllerChannel(node_id, quorum_leader_id, cache, controller_handlers, rpc_pool)
         self.ctx = BrokerContext(
@@ -71,7 +77,7 @@ class KafkaBroker:
         self.register(produce.INIT_PRODUCER_ID_KEY, self.produce.handle_init_producer_id)
         self.register(admin.CREATE_PARTITIONS_KEY, self.admin.handle_create_partitions)
         self.server = KafkaServer(
-            self.registry, max_request_bytes=max_request_bytes, idle_ms=idle_ms
+            self.registry, max_request_bytes=max_request_bytes, idle_ms=idle_ms, stats=request_stats
         )
 
     def register(

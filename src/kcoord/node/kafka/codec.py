@@ -89,6 +89,15 @@ def kio_versions(api_key: int) -> range:
 
 
 @cache
+def api_name(api_key: int) -> str:
+    """Kafka's name of an API key (``OffsetCommit``), or ``ApiKey<n>`` for one kio lacks."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return f"ApiKey{api_key}"
+    return "".join(word.capitalize() for word in name.split("_"))
+
+
+@cache
 def request_schema(api_key: int, version: int) -> type[Any] | None:
     try:
         return load_request_schema(api_key, version)

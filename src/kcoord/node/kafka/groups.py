@@ -12,6 +12,7 @@ into field values for ``codec.build_response``. A group this node does not coord
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 from collections.abc import Callable
@@ -228,10 +229,22 @@ class GroupApi:
             topics=tuple(known),
             report_group_id_not_found=version >= 9,
         )
+        # Metrics: errors by code (the shard counts its own) and the latency to the answer.
+        stats = self.runtime.stats
+        if unknown:
+            stats.count_offset_commit_error(
+                Errors.UNKNOWN_TOPIC_OR_PARTITION, sum(len(u["partitions"]) for u in unknown)
+            )
         if not known:
             return {"throttle_time": 0, "topics": unknown}
+        latency = self.runtime.offset_commit_latency_s
+        loop = asyncio.get_running_loop()
+        start = loop.time() if latency is not None else 0.0
 
         def on_error(code: Errors) -> dict[str, Any]:
+            stats.count_offset_commit_error(code)
+            if latency is not None:
+                latency.observe(loop.time() - start)
             failed = [
                 {
                     "name": tp.name,
@@ -245,6 +258,8 @@ class GroupApi:
             return {"throttle_time": 0, "topics": failed + unknown}
 
         def convert(resp: Any) -> dict[str, Any]:
+            if latency is not None:
+                latency.observe(loop.time() - start)
             out = values(resp)
             out["topics"] = list(out["topics"]) + unknown
             return out

@@ -23,6 +23,11 @@ it), a request that does not decode, an unknown API key, an unsupported version 
 other than ApiVersions (which is answered with its v0 error response, as Kafka does), a handler
 that fails unexpectedly, and ``connections.max.idle.ms`` (10 minutes by default) without a
 request or response while nothing is in flight.
+
+Metrics: with a ``RequestStats``, each request adds to its API key's count and latency (from
+the frame read to the response encoded) and, if the response has a top-level error code, to
+that error's count; frames count as bytes received and responses as bytes sent. That is a few
+integer additions per request; without one (``metrics.enable=false``) nothing is counted.
 """
 
 from __future__ import annotations
@@ -42,12 +47,36 @@ from kcoord.node.kafka.apis import (
     Request,
 )
 from kcoord.node.kafka.codec import API_VERSIONS_KEY, FRAME_SIZE, DecodeError
+from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024  # socket.request.max.bytes
 DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
 DEFAULT_MAX_IN_FLIGHT: Final = 100
+
+
+class RequestStats:
+    """The listener's counters, read by node/metrics.py at scrape time (see the docstring)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[int, int] = {}
+        self.latency_s: dict[int, Histogram] = {}
+        self.errors: dict[tuple[int, int], int] = {}  # (api key, error code) -> count
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.connections_accepted = 0
+
+    def record(self, api_key: int, elapsed_s: float, values: Mapping[str, Any] | None) -> None:
+        self.requests[api_key] = self.requests.get(api_key, 0) + 1
+        histogram = self.latency_s.get(api_key)
+        if histogram is None:
+            histogram = self.latency_s[api_key] = Histogram(LATENCY_BUCKETS_S)
+        histogram.observe(elapsed_s)
+        error = values.get("error_code") if values is not None else None
+        if error:
+            key = (api_key, int(error))
+            self.errors[key] = self.errors.get(key, 0) + 1
 
 
 class _Close:
@@ -71,9 +100,11 @@ class KafkaServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_ms: int = DEFAULT_IDLE_MS,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        stats: RequestStats | None = None,
     ) -> None:
         assert max_request_bytes > 0 and idle_ms > 0 and max_in_flight > 0
         self.registry = registry
+        self.stats = stats
         self.max_request_bytes = max_request_bytes
         self.idle_ms = idle_ms
         self.max_in_flight = max_in_flight
@@ -123,6 +154,8 @@ class KafkaServer:
             return
         conn = _Connection(self, reader, writer)
         self._connections[task] = conn
+        if self.stats is not None:
+            self.stats.connections_accepted += 1
         try:
             await conn.run()
         finally:
@@ -135,6 +168,7 @@ class _Connection:
     ) -> None:
         self.server = server
         self.registry = server.registry
+        self.stats = server.stats
         self.reader = reader
         self.writer = writer
         self.peer = writer.get_extra_info("peername")
@@ -237,6 +271,8 @@ class _Connection:
                 log.info("kafka: connection from %s lost: %s", self.peer, e)
                 return _Close("")
             self._touch()
+            if self.stats is not None:
+                self.stats.bytes_received += FRAME_SIZE.size + size
             slot = await self._dispatch(frame)
             if isinstance(slot, _Close):
                 return slot
@@ -263,6 +299,7 @@ class _Connection:
         except DecodeError as e:
             return _Close(f"malformed request (api key {api_key} v{api_version}): {e}")
         request = Request(header, body, self.client_host)
+        start = self._loop.time() if self.stats is not None else 0.0
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "kafka: %s %r api key %d v%d correlation id %d",
@@ -279,27 +316,33 @@ class _Connection:
             return _Close("handler failed")
         if isinstance(result, Deferred):
             fut: asyncio.Future[bytes | _Close] = asyncio.ensure_future(
-                self._complete(request, result.awaitable)
+                self._complete(request, result.awaitable, start)
             )
             self._pending.add(fut)
             fut.add_done_callback(self._pending.discard)
             return fut
         if result is NO_RESPONSE:
+            if self.stats is not None:
+                self.stats.record(api_key, self._loop.time() - start, None)
             return None
         if result is CLOSE_CONNECTION:
             # Written in order: the earlier responses go out first.
             return _Close("closing as asked by the handler (acks=0 produce failed)")
         assert isinstance(result, Mapping), result
+        if self.stats is not None:
+            self.stats.record(api_key, self._loop.time() - start, result)
         return self._encode(request, result)
 
     async def _complete(
-        self, request: Request, awaitable: Awaitable[Mapping[str, Any]]
+        self, request: Request, awaitable: Awaitable[Mapping[str, Any]], start: float
     ) -> bytes | _Close:
         try:
             values = await awaitable
         except Exception:
             log.exception("kafka: deferred response of api key %d failed", request.header.api_key)
             return _Close("handler failed")
+        if self.stats is not None:
+            self.stats.record(request.header.api_key, self._loop.time() - start, values)
         return self._encode(request, values)
 
     def _encode(self, request: Request, values: Mapping[str, Any]) -> bytes | _Close:
@@ -333,6 +376,8 @@ class _Connection:
             self._room.set()
             if slot is None:
                 continue
+            if self.stats is not None:
+                self.stats.bytes_sent += len(slot)
             try:
                 self.writer.write(slot)
                 await self.writer.drain()
