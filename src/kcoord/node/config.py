@@ -183,6 +183,12 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("advertised.quorum.listener", _Kind.STR),
     _Spec("admin.listener", _Kind.STR, "127.0.0.1:8080"),
     _Spec("advertised.admin.listener", _Kind.STR),
+    # Ours: a bearer token the admin HTTP API (/api/v1, /metrics) requires when set; unset,
+    # the API is open (it binds to loopback by default).
+    _Spec("admin.api.token", _Kind.STR),
+    # Ours: the Prometheus metrics; false turns off what costs anything on the request path
+    # (per-request counters and latency histograms) and /metrics answers 404.
+    _Spec("metrics.enable", _Kind.BOOL, True),
     _Spec("controller.quorum.voters", _Kind.STR),
     # One data directory, under either name (Kafka's log.dirs takes a list; we take one).
     _Spec("data.dir", _Kind.STR),
@@ -268,6 +274,8 @@ class NodeConfig:
     rpc_listener: Listener
     quorum_listener: Listener
     admin_listener: Listener
+    admin_api_token: str | None
+    metrics_enable: bool
     voters: tuple[Voter, ...]
     data_dir: Path
     broker_heartbeat_interval_ms: int
@@ -330,6 +338,12 @@ class NodeConfig:
             )
         if self.cluster_id is not None and not self.cluster_id.strip():
             raise ConfigError("cluster.id", "must not be empty")
+        if self.admin_api_token is not None and (
+            not self.admin_api_token.strip()
+            or any(c.isspace() or not c.isprintable() for c in self.admin_api_token)
+        ):
+            # It travels in an HTTP header: "Authorization: Bearer <token>".
+            raise ConfigError("admin.api.token", "must be printable, without spaces")
 
     def _raise_if_out_of_range(self) -> None:
         for spec in _SPECS:
@@ -552,6 +566,7 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         rpc_listener=listener("rpc.listener"),
         quorum_listener=Listener(quorum_bind, quorum_advertised),
         admin_listener=listener("admin.listener"),
+        admin_api_token=get("admin.api.token"),
         voters=voters,
         data_dir=_data_dir(get("data.dir"), get("log.dirs")),
     )

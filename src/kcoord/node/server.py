@@ -31,6 +31,7 @@ import uuid
 from typing import Any
 
 from kcoord.cluster.coordinator.shard import GroupConfig
+from kcoord.node.admin import AdminServer, AdminService
 from kcoord.node.broker_lifecycle import BrokerLifecycle
 from kcoord.node.clock import SYSTEM_CLOCK, Clock
 from kcoord.node.config import NodeConfig
@@ -39,7 +40,9 @@ from kcoord.node.kafka.broker import KafkaBroker
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.groups import GroupApi
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, QuorumApi
+from kcoord.node.kafka.server import RequestStats
 from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, RoleListener
+from kcoord.node.metrics import NodeMetrics
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool, RpcServer
@@ -67,6 +70,9 @@ class QuorumMonitor:
         self.last_fetch_ms: dict[int, int] = {}
         self.last_caught_up_ms: dict[int, int] = {}
         self._last_match: dict[int, int] = {}
+        # Changes of the known leader (a metric: elections as this node saw them).
+        self.leader_changes = 0
+        self._last_leader_id: int | None = None
 
     async def run(self, interval_s: float = 0.1) -> None:
         while True:
@@ -76,6 +82,9 @@ class QuorumMonitor:
     def sample(self) -> None:
         status = self.quorum.status()
         now = self.clock.now_ms()
+        if status.leader_id is not None and status.leader_id != self._last_leader_id:
+            self.leader_changes += 1
+            self._last_leader_id = status.leader_id
         if not status.is_leader:
             self._last_match.clear()
             return
@@ -124,6 +133,10 @@ class Node:
         self.fetchers: ReplicaFetcherManager | None = None
         self.coordinator: CoordinatorRuntime | None = None
         self.kafka: KafkaBroker | None = None
+        # The admin HTTP API and /metrics (node/admin.py, node/metrics.py).
+        self.metrics = NodeMetrics(self)
+        self.admin = AdminService(self)
+        self.admin_server: AdminServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -177,6 +190,7 @@ class Node:
             hot_standby=cfg.group_coordinator_hot_standby_enable,
             load_buffer_size=cfg.offsets_load_buffer_size,
             bug_ack_before_hw=cfg.test_bug_ack_before_high_watermark,
+            measure_latency=cfg.metrics_enable,
         )
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
         timing = QuorumTiming(
@@ -242,6 +256,7 @@ class Node:
                 "DescribeNode": self.describe_node,
                 "ReplicaFetch": self.replicas.handle_replica_fetch,
                 "EpochEndOffset": self.replicas.handle_epoch_end_offset,
+                **self.admin.rpc_handlers(),
             }
         )
         await self.rpc_server.start(cfg.rpc_listener.bind.host, cfg.rpc_listener.bind.port)
@@ -259,6 +274,8 @@ class Node:
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
         await self._start_kafka(quorum)
+        self.admin_server = AdminServer(self.admin, self.metrics)
+        await self.admin_server.start(cfg.admin_listener.bind.host, cfg.admin_listener.bind.port)
         log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
 
     async def _start_kafka(self, quorum: MetadataQuorum) -> None:
@@ -284,6 +301,7 @@ class Node:
                 num_partitions=cfg.num_partitions,
                 default_replication_factor=cfg.default_replication_factor,
             ),
+            request_stats=RequestStats() if cfg.metrics_enable else None,
         )
         assert self.coordinator is not None
         GroupApi(self.kafka.ctx, self.coordinator).register(self.kafka.register)
@@ -306,6 +324,8 @@ class Node:
             self.controller.on_quorum_state_changed()
 
     async def stop(self) -> None:
+        if self.admin_server is not None:
+            await self.admin_server.stop()
         if self.kafka is not None:
             await self.kafka.stop()
         if self.coordinator is not None:

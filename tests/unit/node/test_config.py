@@ -392,7 +392,7 @@ def test_flatten_toml() -> None:
 def test_every_plain_field_is_set_by_its_key() -> None:
     # A field added to NodeConfig without a key in the table fails here, not in production.
     cfg = parse_config(_minimal())
-    assembled = {"node_id", "cluster_id", "voters", "data_dir"}
+    assembled = {"node_id", "cluster_id", "voters", "data_dir", "admin_api_token"}
     for field in dataclasses.fields(NodeConfig):
         if field.name in assembled or field.name.endswith("_listener"):
             continue
@@ -403,3 +403,13 @@ def test_every_plain_field_is_set_by_its_key() -> None:
             new = value + 1 if value < 2**31 - 1 else value - 1
         changed = parse_config(_minimal(**{field.name.replace("_", "."): new}))
         assert getattr(changed, field.name) == new, field.name
+
+
+def test_admin_api_token_and_metrics_switch() -> None:
+    cfg = parse_config(_minimal())
+    assert cfg.admin_api_token is None and cfg.metrics_enable is True
+    cfg = parse_config(_minimal(**{"admin.api.token": "s3cret", "metrics.enable": False}))
+    assert cfg.admin_api_token == "s3cret" and cfg.metrics_enable is False
+    for bad in ("", "two words", "tab\there"):
+        with pytest.raises(ConfigError, match=r"^admin\.api\.token: "):
+            parse_config(_minimal(**{"admin.api.token": bad}))

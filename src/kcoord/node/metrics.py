@@ -1,0 +1,698 @@
+"""The node's Prometheus metrics, served at ``/metrics`` on the admin port (node/admin.py).
+
+Theory of operation
+-------------------
+Nothing here runs on a hot path. Each node has its own ``CollectorRegistry`` holding one custom
+collector, ``NodeCollector``, which builds every family at scrape time from what the node's
+parts already keep: the metadata image and cache, the quorum's status, the controller service,
+the broker lifecycle, the ``ReplicaManager``'s partitions, the coordinator runtime's shards and
+standbys, and plain counters the parts increment (the pure shard's ``CoordinatorStats``, the
+Kafka listener's ``RequestStats``, ``kcoord.stats.Histogram`` latencies). Only this module (and
+node/admin.py, which serves it) imports ``prometheus_client``; pure code exposes integers.
+
+Conventions: one ``kcoord_`` prefix, base units (``_seconds``, ``_bytes``), counters end in
+``_total``, and labels stay bounded: API names, Kafka error names, group states, topics and
+partitions of the cluster. Counters are per process: they start at zero when a node restarts
+(Prometheus' ``rate`` handles the reset). Gauges that describe the whole cluster rather than
+this node (brokers, offline partitions, topic and partition counts) are reported by the active
+controller only and are 0 elsewhere, as Kafka's controller metrics are; sum them over nodes.
+
+Consumer lag, compatible with kafka_exporter (its names and labels: ``consumergroup``,
+``topic``, ``partition``), so existing dashboards work: each node exports the groups it
+coordinates (its active shards), read from the shards' in-memory state. The log end offset a
+lag is measured against is the partition's high watermark, what ``ListOffsets(latest)`` answers
+and what kafka_exporter reads. A partition this node leads is read locally; for the others the
+``/metrics`` handler first asks their leaders over the inter-node RPC (``PartitionOffsets``, one
+call per leader node, bounded by a short timeout) and hands the answers over with
+``set_remote_end_offsets``; a partition whose leader did not answer has no lag series in that
+scrape (kafka_exporter also skips what it cannot read) rather than a wrong one.
+``kafka_topic_partition_current_offset`` comes from the partitions this node leads (internal
+topics excluded), so every partition is exported once across the cluster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from kcoord.errors import Errors
+from kcoord.node.kafka.codec import api_name
+from kcoord.node.runtime import OFFSETS_TOPIC, ShardState
+from kcoord.stats import Histogram
+
+if TYPE_CHECKING:
+    from kcoord.node.server import Node
+
+CONTENT_TYPE: str = CONTENT_TYPE_LATEST
+PartitionKey = tuple[str, int]
+
+# Group protocol types a label may carry; any other (client-chosen) one reads "other".
+_PROTOCOL_TYPES = frozenset({"consumer", "connect"})
+
+
+def error_name(code: int) -> str:
+    try:
+        return Errors(code).name
+    except ValueError:
+        return str(code)
+
+
+def _protocol_type_label(protocol_type: str | None) -> str:
+    if not protocol_type:
+        return "none"  # a "simple" group: offsets committed without membership
+    return protocol_type if protocol_type in _PROTOCOL_TYPES else "other"
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus writes it (``+Inf``, ``0.005``, ``10.0``)."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def _add_histogram(family: HistogramMetricFamily, labels: list[str], histogram: Histogram) -> None:
+    buckets = [(_le(bound), count) for bound, count in histogram.cumulative()]
+    family.add_metric(labels, buckets, sum_value=histogram.sum)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=value)
+
+
+class NodeCollector(Collector):
+    """Every ``kcoord_`` and ``kafka_`` family of one node, built at scrape time."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        # Partition -> high watermark, from the leaders of partitions this node does not lead
+        # (see the module docstring); replaced before each scrape by the /metrics handler.
+        self.remote_end_offsets: Mapping[PartitionKey, int] = {}
+
+    def describe(self) -> list[Metric]:
+        return []  # registered without describing: a scrape is the only time we read
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._node()
+        yield from self._raft()
+        yield from self._controller()
+        yield from self._replication()
+        yield from self._coordinator()
+        yield from self._requests()
+        yield from self._consumer_lag()
+
+    # -----------------------------------------------------------------------------------------
+    # Node, Raft and controller.
+
+    def _node(self) -> Iterator[Metric]:
+        node = self.node
+        image = node.cache.image
+        info = GaugeMetricFamily(
+            "kcoord_node_info", "This node's id and cluster id.", labels=["node_id", "cluster_id"]
+        )
+        info.add_metric([str(node.config.node_id), image.cluster_id or ""], 1)
+        yield info
+        lifecycle = node.lifecycle
+        registered = lifecycle is not None and lifecycle.broker_epoch is not None
+        yield _gauge(
+            "kcoord_broker_registered",
+            "1 if this node is registered with the controller.",
+            int(registered),
+        )
+        yield _gauge(
+            "kcoord_broker_fenced",
+            "1 if the controller has this node fenced (or it is not registered).",
+            int(lifecycle is None or lifecycle.is_fenced),
+        )
+        yield _gauge(
+            "kcoord_metadata_offset",
+            "The metadata log offset this node's image has applied.",
+            image.last_offset,
+        )
+        yield _counter(
+            "kcoord_metadata_batches_applied_total",
+            "Committed metadata batches applied to this node's image.",
+            node.cache.applied_batches,
+        )
+
+    def _raft(self) -> Iterator[Metric]:
+        quorum, monitor = self.node.quorum, self.node.monitor
+        if quorum is None:
+            return
+        status = quorum.status()
+        state = GaugeMetricFamily(
+            "kcoord_raft_state",
+            "This voter's Raft state: 1 for the current one of leader, follower, unattached "
+            "(no leader known).",
+            labels=["state"],
+        )
+        current = (
+            "leader"
+            if status.is_leader
+            else "unattached"
+            if status.leader_id is None
+            else "follower"
+        )
+        for name in ("leader", "follower", "unattached"):
+            state.add_metric([name], int(name == current))
+        yield state
+        yield _gauge(
+            "kcoord_raft_leader_id",
+            "The Raft leader's (active controller's) node id, -1 if unknown.",
+            -1 if status.leader_id is None else status.leader_id,
+        )
+        yield _gauge("kcoord_raft_epoch", "The current Raft term (epoch).", status.epoch)
+        yield _gauge(
+            "kcoord_raft_commit_index",
+            "The Raft commit index: the metadata log's high watermark.",
+            status.commit_index,
+        )
+        yield _gauge(
+            "kcoord_raft_last_applied", "The last Raft entry applied here.", status.last_applied
+        )
+        yield _gauge(
+            "kcoord_raft_log_entries",
+            "Entries in the Raft log (since the last snapshot).",
+            status.log_size,
+        )
+        yield _gauge(
+            "kcoord_raft_voters_connected",
+            "Other voters this node is connected to.",
+            len(status.connected),
+        )
+        match = GaugeMetricFamily(
+            "kcoord_raft_voter_match_index",
+            "On the leader: each follower's Raft match index.",
+            labels=["voter"],
+        )
+        for voter, index in sorted(status.follower_match_index.items()):
+            match.add_metric([str(voter)], index)
+        yield match
+        if monitor is not None:
+            yield _counter(
+                "kcoord_raft_leader_changes_total",
+                "Changes of the Raft leader this node has seen (elections).",
+                monitor.leader_changes,
+            )
+
+    def _controller(self) -> Iterator[Metric]:
+        controller = self.node.controller
+        if controller is None:
+            return
+        active = controller.is_active
+        yield _gauge(
+            "kcoord_controller_active", "1 if this node is the active controller.", int(active)
+        )
+        yield _counter(
+            "kcoord_controller_activations_total",
+            "Times this node became the active controller.",
+            controller.activations,
+        )
+        yield _counter(
+            "kcoord_controller_proposals_total",
+            "Metadata record batches this node's controller proposed.",
+            controller.proposals,
+        )
+        yield _counter(
+            "kcoord_controller_proposal_failures_total",
+            "Proposals that were not committed (leadership lost, timeout).",
+            controller.proposal_failures,
+        )
+        latency = HistogramMetricFamily(
+            "kcoord_controller_commit_latency_seconds",
+            "From proposing a metadata batch to having it applied in this node's image.",
+        )
+        _add_histogram(latency, [], controller.commit_latency_s)
+        yield latency
+        yield _counter(
+            "kcoord_controller_broker_fencings_total",
+            "Brokers this node's controller fenced for missing heartbeats.",
+            len(controller.fenced_by_me),
+        )
+        image = self.node.cache.image
+        brokers = list(image.brokers.values())
+        partitions = list(image.all_partitions()) if active else []
+        yield _gauge(
+            "kcoord_controller_fenced_brokers",
+            "On the active controller: registered brokers that are fenced.",
+            sum(b.fenced for b in brokers) if active else 0,
+        )
+        yield _gauge(
+            "kcoord_controller_active_brokers",
+            "On the active controller: registered brokers that are unfenced.",
+            sum(not b.fenced for b in brokers) if active else 0,
+        )
+        yield _gauge(
+            "kcoord_controller_topics",
+            "On the active controller: topics in the cluster.",
+            len(image.topics) if active else 0,
+        )
+        yield _gauge(
+            "kcoord_controller_partitions",
+            "On the active controller: partitions in the cluster.",
+            len(partitions),
+        )
+        yield _gauge(
+            "kcoord_controller_offline_partitions",
+            "On the active controller: partitions without a leader.",
+            len(image.leaderless_partitions()) if active else 0,
+        )
+
+    # -----------------------------------------------------------------------------------------
+    # Replication and storage.
+
+    def _replication(self) -> Iterator[Metric]:
+        replicas = self.node.replicas
+        if replicas is None:
+            return
+        labels = ["topic", "partition"]
+        leo = GaugeMetricFamily(
+            "kcoord_partition_log_end_offset",
+            "Log end offset of each partition hosted here.",
+            labels=labels,
+        )
+        hw = GaugeMetricFamily(
+            "kcoord_partition_high_watermark",
+            "High watermark of each partition hosted here.",
+            labels=labels,
+        )
+        start = GaugeMetricFamily(
+            "kcoord_partition_log_start_offset",
+            "Log start offset of each partition hosted here.",
+            labels=labels,
+        )
+        leader = GaugeMetricFamily(
+            "kcoord_partition_leader",
+            "1 if this node leads the partition, 0 if it follows.",
+            labels=labels,
+        )
+        isr = GaugeMetricFamily(
+            "kcoord_partition_isr_size",
+            "In-sync replicas of each partition this node leads.",
+            labels=labels,
+        )
+        replication_factor = GaugeMetricFamily(
+            "kcoord_partition_replicas",
+            "Assigned replicas of each partition this node leads.",
+            labels=labels,
+        )
+        segments = GaugeMetricFamily(
+            "kcoord_log_segments", "Segments of each hosted partition's log.", labels=labels
+        )
+        size = GaugeMetricFamily(
+            "kcoord_log_size_bytes", "Bytes in each hosted partition's log.", labels=labels
+        )
+        led = under_replicated = under_min_isr = 0
+        for (topic, index), part in replicas.partitions.items():
+            key = [topic, str(index)]
+            lg = part.log
+            leo.add_metric(key, lg.log_end_offset)
+            hw.add_metric(key, part.high_watermark)
+            start.add_metric(key, lg.log_start_offset)
+            leader.add_metric(key, int(part.is_leader))
+            segments.add_metric(key, len(lg.segments))
+            size.add_metric(key, lg.size_bytes)
+            if not part.is_leader:
+                continue
+            led += 1
+            isr.add_metric(key, len(part.isr))
+            replication_factor.add_metric(key, len(part.replicas))
+            if len(part.isr) < len(part.replicas):
+                under_replicated += 1
+            if len(part.isr) < replicas.min_insync_replicas_for(part):
+                under_min_isr += 1
+        yield from (leo, hw, start, leader, isr, replication_factor, segments, size)
+        yield _gauge(
+            "kcoord_replica_partitions", "Partitions hosted here.", len(replicas.partitions)
+        )
+        yield _gauge("kcoord_replica_leader_partitions", "Partitions this node leads.", led)
+        yield _gauge(
+            "kcoord_replica_under_replicated_partitions",
+            "Partitions this node leads whose ISR is smaller than their replica set.",
+            under_replicated,
+        )
+        yield _gauge(
+            "kcoord_replica_under_min_isr_partitions",
+            "Partitions this node leads whose ISR is below min.insync.replicas.",
+            under_min_isr,
+        )
+        yield _counter(
+            "kcoord_replica_isr_shrinks_total",
+            "Committed ISR shrinks of partitions this node leads.",
+            replicas.isr_shrinks,
+        )
+        yield _counter(
+            "kcoord_replica_isr_expands_total",
+            "Committed ISR expansions of partitions this node leads.",
+            replicas.isr_expands,
+        )
+        appended = CounterMetricFamily(
+            "kcoord_log_appended_bytes_total",
+            "Bytes of record batches appended to logs here, as leader or as follower.",
+            labels=["role"],
+        )
+        appended.add_metric(["leader"], replicas.leader_bytes_appended)
+        appended.add_metric(["follower"], replicas.follower_bytes_appended)
+        yield appended
+
+    # -----------------------------------------------------------------------------------------
+    # Group coordinator.
+
+    def _coordinator(self) -> Iterator[Metric]:
+        runtime = self.node.coordinator
+        if runtime is None:
+            return
+        shard_states: Counter[str] = Counter()
+        groups: Counter[tuple[str, str, str]] = Counter()
+        members = offsets = pending = waiting = 0
+        for ctx in runtime.contexts.values():
+            shard_states[ctx.state.value] += 1
+            pending += len(ctx.futures)
+            waiting += sum(len(d.responses) for d in ctx.deferred)
+            if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
+                continue
+            for group in ctx.shard.groups.values():
+                groups[
+                    ("classic", _protocol_type_label(group.protocol_type), str(group.state))
+                ] += 1
+                members += group.num_members
+            offsets += sum(
+                len(parts) for topics in ctx.shard.offsets.values() for parts in topics.values()
+            )
+        family = GaugeMetricFamily(
+            "kcoord_coordinator_shards",
+            "Coordinator shards (led __consumer_offsets partitions) by state.",
+            labels=["state"],
+        )
+        for state in (ShardState.LOADING, ShardState.ACTIVE):
+            family.add_metric([state.value], shard_states[state.value])
+        yield family
+        family = GaugeMetricFamily(
+            "kcoord_coordinator_groups",
+            "Groups this node coordinates, by group protocol, protocol type and state.",
+            labels=["protocol", "protocol_type", "state"],
+        )
+        for (protocol, protocol_type, group_state), n in sorted(groups.items()):
+            family.add_metric([protocol, protocol_type, group_state], n)
+        yield family
+        yield _gauge(
+            "kcoord_coordinator_members", "Members of the groups this node coordinates.", members
+        )
+        yield _gauge(
+            "kcoord_coordinator_committed_offsets",
+            "Committed offsets held by the groups this node coordinates.",
+            offsets,
+        )
+        yield _gauge(
+            "kcoord_coordinator_pending_requests",
+            "Group requests not answered yet (parked joins and syncs, and those below).",
+            pending,
+        )
+        yield _gauge(
+            "kcoord_coordinator_responses_waiting_for_high_watermark",
+            "Answers held until the high watermark passes the records they depend on.",
+            waiting,
+        )
+        stats = runtime.stats
+        yield _counter(
+            "kcoord_coordinator_rebalances_started_total",
+            "Group rebalances started (a group entering PreparingRebalance).",
+            stats.rebalances_started,
+        )
+        yield _counter(
+            "kcoord_coordinator_rebalances_completed_total",
+            "Group rebalances completed (a group reaching Stable or Empty).",
+            stats.rebalances_completed,
+        )
+        duration = HistogramMetricFamily(
+            "kcoord_coordinator_rebalance_duration_seconds",
+            "From a rebalance's start to the group reaching Stable or Empty.",
+        )
+        _add_histogram(duration, [], stats.rebalance_duration_s)
+        yield duration
+        yield _counter(
+            "kcoord_coordinator_offset_commits_total",
+            "Partition offsets written by OffsetCommit.",
+            stats.offset_commits,
+        )
+        errors = CounterMetricFamily(
+            "kcoord_coordinator_offset_commit_errors_total",
+            "OffsetCommit errors by Kafka error code (per request, or per partition for "
+            "partition-level errors).",
+            labels=["error"],
+        )
+        for code, n in sorted(stats.offset_commit_errors.items()):
+            errors.add_metric([code.name], n)
+        yield errors
+        if runtime.offset_commit_latency_s is not None:
+            latency = HistogramMetricFamily(
+                "kcoord_coordinator_offset_commit_latency_seconds",
+                "OffsetCommit requests, from arrival to the answer (the wait for the high "
+                "watermark included).",
+            )
+            _add_histogram(latency, [], runtime.offset_commit_latency_s)
+            yield latency
+        expired = CounterMetricFamily(
+            "kcoord_coordinator_expirations_total",
+            "Expirations: offsets past their retention, groups deleted once Empty without "
+            "offsets, members whose session timed out.",
+            labels=["kind"],
+        )
+        expired.add_metric(["offset"], stats.offsets_expired)
+        expired.add_metric(["group"], stats.groups_expired)
+        expired.add_metric(["member"], stats.members_expired)
+        yield expired
+        loads = HistogramMetricFamily(
+            "kcoord_coordinator_shard_load_duration_seconds",
+            "Shard loads by kind: hot (promoted from a standby) or cold (whole log replayed).",
+            labels=["kind"],
+        )
+        for hot, histogram in sorted(runtime.load_duration_s.items()):
+            _add_histogram(loads, ["hot" if hot else "cold"], histogram)
+        yield loads
+        replayed = CounterMetricFamily(
+            "kcoord_coordinator_records_replayed_total",
+            "__consumer_offsets records replayed, by shard loads and by standbys.",
+            labels=["by"],
+        )
+        replayed.add_metric(["load"], runtime.load_records_replayed)
+        replayed.add_metric(["standby"], runtime.standby_records_replayed)
+        yield replayed
+        yield _gauge(
+            "kcoord_coordinator_standby_shards",
+            "Hot standby shards (followed __consumer_offsets partitions).",
+            len(runtime.standbys),
+        )
+        lag = GaugeMetricFamily(
+            "kcoord_coordinator_standby_lag_offsets",
+            "How far each standby's replay is behind its partition's high watermark.",
+            labels=["partition"],
+        )
+        for index, standby in sorted(runtime.standbys.items()):
+            lag.add_metric(
+                [str(index)], max(0, standby.partition.high_watermark - standby.next_offset)
+            )
+        yield lag
+
+    # -----------------------------------------------------------------------------------------
+    # The Kafka listener.
+
+    def _requests(self) -> Iterator[Metric]:
+        kafka = self.node.kafka
+        if kafka is None:
+            return
+        server = kafka.server
+        yield _gauge(
+            "kcoord_kafka_connections", "Open client connections.", server.connection_count
+        )
+        yield _counter(
+            "kcoord_kafka_connections_closed_for_errors_total",
+            "Client connections closed for a protocol error.",
+            server.connections_closed_for_errors,
+        )
+        if self.node.rpc_server is not None:
+            yield _gauge(
+                "kcoord_rpc_connections",
+                "Open inter-node RPC connections to this node.",
+                self.node.rpc_server.connection_count,
+            )
+        stats = server.stats
+        if stats is None:
+            return  # metrics.enable=false
+        yield _counter(
+            "kcoord_kafka_connections_accepted_total",
+            "Client connections accepted.",
+            stats.connections_accepted,
+        )
+        yield _counter(
+            "kcoord_kafka_received_bytes_total",
+            "Bytes of requests received (frames with their size prefix).",
+            stats.bytes_received,
+        )
+        yield _counter(
+            "kcoord_kafka_sent_bytes_total", "Bytes of responses sent.", stats.bytes_sent
+        )
+        requests = CounterMetricFamily(
+            "kcoord_kafka_requests_total", "Requests answered, by API.", labels=["api"]
+        )
+        for key, n in sorted(stats.requests.items()):
+            requests.add_metric([api_name(key)], n)
+        yield requests
+        latency = HistogramMetricFamily(
+            "kcoord_kafka_request_duration_seconds",
+            "From a request read to its response ready (long polls and HW waits included).",
+            labels=["api"],
+        )
+        for key, histogram in sorted(stats.latency_s.items()):
+            _add_histogram(latency, [api_name(key)], histogram)
+        yield latency
+        errors = CounterMetricFamily(
+            "kcoord_kafka_request_errors_total",
+            "Responses with a top-level error code, by API and error.",
+            labels=["api", "error"],
+        )
+        for (key, code), n in sorted(stats.errors.items()):
+            errors.add_metric([api_name(key), error_name(code)], n)
+        yield errors
+
+    # -----------------------------------------------------------------------------------------
+    # kafka_exporter-compatible consumer lag.
+
+    def lag_partitions_led_elsewhere(self) -> set[PartitionKey]:
+        """Data partitions with offsets committed in this node's groups that another node
+        leads: the /metrics handler fetches their high watermarks before a scrape."""
+        replicas = self.node.replicas
+        out: set[PartitionKey] = set()
+        for topic, partition in self._committed_partitions():
+            part = replicas.partitions.get((topic, partition)) if replicas is not None else None
+            if part is None or not part.is_leader:
+                out.add((topic, partition))
+        return out
+
+    def set_remote_end_offsets(self, end_offsets: Mapping[PartitionKey, int]) -> None:
+        self.remote_end_offsets = dict(end_offsets)
+
+    def _committed_partitions(self) -> Iterable[PartitionKey]:
+        runtime = self.node.coordinator
+        if runtime is None:
+            return
+        for ctx in list(runtime.contexts.values()):
+            if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
+                continue
+            for topics in ctx.shard.offsets.values():
+                for topic, parts in topics.items():
+                    for partition in parts:
+                        yield topic, partition
+
+    def _end_offset(self, topic: str, partition: int) -> int | None:
+        replicas = self.node.replicas
+        part = replicas.partitions.get((topic, partition)) if replicas is not None else None
+        if part is not None and part.is_leader:
+            return part.high_watermark
+        return self.remote_end_offsets.get((topic, partition))
+
+    def _consumer_lag(self) -> Iterator[Metric]:
+        node = self.node
+        image = node.cache.image
+        yield _gauge(
+            "kafka_brokers",
+            "Number of brokers in the cluster (registered and unfenced).",
+            len(image.unfenced_broker_ids()),
+        )
+        topic_offset = GaugeMetricFamily(
+            "kafka_topic_partition_current_offset",
+            "Current offset (high watermark) of each partition this node leads.",
+            labels=["topic", "partition"],
+        )
+        if node.replicas is not None:
+            for (topic, index), part in sorted(node.replicas.partitions.items()):
+                if part.is_leader and topic != OFFSETS_TOPIC:
+                    topic_offset.add_metric([topic, str(index)], part.high_watermark)
+        yield topic_offset
+        group_labels = ["consumergroup", "topic", "partition"]
+        current = GaugeMetricFamily(
+            "kafka_consumergroup_current_offset",
+            "Committed offset of a consumer group in a partition.",
+            labels=group_labels,
+        )
+        current_sum = GaugeMetricFamily(
+            "kafka_consumergroup_current_offset_sum",
+            "Sum of a consumer group's committed offsets in a topic.",
+            labels=["consumergroup", "topic"],
+        )
+        lag = GaugeMetricFamily(
+            "kafka_consumergroup_lag",
+            "Lag of a consumer group in a partition: high watermark minus committed offset.",
+            labels=group_labels,
+        )
+        lag_sum = GaugeMetricFamily(
+            "kafka_consumergroup_lag_sum",
+            "Sum of a consumer group's lags in a topic.",
+            labels=["consumergroup", "topic"],
+        )
+        members = GaugeMetricFamily(
+            "kafka_consumergroup_members",
+            "Members of a consumer group.",
+            labels=["consumergroup"],
+        )
+        runtime = node.coordinator
+        contexts = list(runtime.contexts.values()) if runtime is not None else []
+        for ctx in contexts:
+            shard = ctx.shard
+            if ctx.state is not ShardState.ACTIVE or shard is None:
+                continue
+            for group_id, group in shard.groups.items():
+                members.add_metric([group_id], group.num_members)
+            for group_id, topics in shard.offsets.items():
+                for topic, parts in topics.items():
+                    offset_total = lag_total = 0
+                    lag_known = False
+                    for partition, committed in sorted(parts.items()):
+                        key = [group_id, topic, str(partition)]
+                        offset = committed.committed_offset
+                        current.add_metric(key, offset)
+                        offset_total += offset
+                        end = self._end_offset(topic, partition)
+                        if end is None:
+                            continue
+                        lag.add_metric(key, end - offset)
+                        lag_total += end - offset
+                        lag_known = True
+                    current_sum.add_metric([group_id, topic], offset_total)
+                    if lag_known:
+                        lag_sum.add_metric([group_id, topic], lag_total)
+        yield from (current, current_sum, lag, lag_sum, members)
+
+
+class NodeMetrics:
+    """The node's registry: ``NodeCollector`` and the process, platform and GC collectors."""
+
+    def __init__(self, node: Node) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = NodeCollector(node)
+        self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+
+    def render(self) -> bytes:
+        """The text exposition format of every family, now."""
+        return generate_latest(self.registry)

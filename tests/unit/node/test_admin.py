@@ -1,0 +1,157 @@
+"""node/admin.py's HTTP layer with a stub service: the bearer token, JSON errors for bad input,
+a failing handler that leaves the server up, readiness, the metrics switch; and the consumer
+assignment parser."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import Any, cast
+
+from aiohttp import ClientSession
+
+from kcoord.node.admin import AdminServer, AdminService, ApiError, parse_consumer_assignment
+from kcoord.node.metrics import NodeMetrics
+
+TOKEN = "s3cret"
+
+
+class StubService:
+    def __init__(self) -> None:
+        self.node = SimpleNamespace(
+            config=SimpleNamespace(node_id=7, admin_api_token=None, metrics_enable=True)
+        )
+        self.reasons: list[str] = []
+        self.refreshed = 0
+
+    def readiness(self) -> list[str]:
+        return self.reasons
+
+    async def cluster(self) -> dict[str, Any]:
+        return {"cluster_id": "c"}
+
+    def topics(self) -> list[dict[str, Any]]:
+        return [{"name": "t"}]
+
+    async def topic(self, name: str) -> dict[str, Any]:
+        raise ApiError(404, f"unknown topic {name!r}")
+
+    async def list_groups(self, state: str | None) -> dict[str, Any]:
+        return {"groups": [], "state": state}
+
+    async def group(self, group_id: str) -> dict[str, Any]:
+        raise RuntimeError("a bug")
+
+    async def refresh_remote_end_offsets(self, metrics: object) -> None:
+        self.refreshed += 1
+
+
+class StubMetrics:
+    def render(self) -> bytes:
+        return b"kcoord_up 1\n"
+
+
+def serve(
+    scenario: Callable[[ClientSession, str, StubService], Awaitable[None]],
+    *,
+    token: str | None = None,
+    metrics_enabled: bool = True,
+) -> None:
+    async def run() -> None:
+        service = StubService()
+        server = AdminServer(
+            cast("AdminService", service),
+            cast("NodeMetrics", StubMetrics()),
+            token=token,
+            metrics_enabled=metrics_enabled,
+        )
+        await server.start("127.0.0.1", 0)
+        try:
+            async with ClientSession() as session:
+                await scenario(session, f"http://127.0.0.1:{server.port}", service)
+        finally:
+            await server.stop()
+
+    asyncio.run(run())
+
+
+async def get(
+    session: ClientSession, url: str, token: str | None = None, method: str = "GET"
+) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with session.request(method, url, headers=headers) as response:
+        if response.content_type == "application/json":
+            return response.status, await response.json()
+        return response.status, await response.text()
+
+
+def test_the_token_guards_everything_but_the_probes() -> None:
+    async def scenario(session: ClientSession, base: str, service: StubService) -> None:
+        for path in ("/api/v1/cluster", "/api/v1/topics", "/api/v1/groups", "/metrics"):
+            status, body = await get(session, base + path)
+            assert status == 401, path
+            assert "token" in body["error"]["message"]
+            assert (await get(session, base + path, "wrong"))[0] == 401
+            assert (await get(session, base + path, TOKEN))[0] == 200
+        assert (await get(session, base + "/healthz"))[0] == 200
+        assert (await get(session, base + "/readyz"))[0] == 200
+
+    serve(scenario, token=TOKEN)
+
+
+def test_errors_are_json_and_the_server_stays_up() -> None:
+    async def scenario(session: ClientSession, base: str, service: StubService) -> None:
+        status, body = await get(session, base + "/api/v1/nowhere")
+        assert (status, body["error"]["status"]) == (404, 404)
+        status, body = await get(session, base + "/api/v1/topics", method="POST")
+        assert status == 405 and body["error"]["status"] == 405
+        status, body = await get(session, base + "/api/v1/topics/missing")
+        assert status == 404 and "missing" in body["error"]["message"]
+        status, body = await get(session, base + "/api/v1/groups?colour=red")
+        assert status == 400 and "colour" in body["error"]["message"]
+        status, body = await get(session, base + "/api/v1/groups/g")
+        assert status == 500 and body["error"]["status"] == 500
+        status, body = await get(session, base + "/api/v1/groups?state=Stable")
+        assert (status, body["state"]) == (200, "Stable")
+        status, body = await get(session, base + "/api/v1/groups/a/b")  # slashes in group ids
+        assert status == 500  # reached the (failing) group handler, not a 404
+
+    serve(scenario)
+
+
+def test_readiness_and_metrics() -> None:
+    async def scenario(session: ClientSession, base: str, service: StubService) -> None:
+        service.reasons = ["fenced"]
+        status, body = await get(session, base + "/readyz")
+        assert (status, body["ready"], body["reasons"]) == (503, False, ["fenced"])
+        status, text = await get(session, base + "/metrics")
+        assert (status, text) == (200, "kcoord_up 1\n")
+        assert service.refreshed == 1
+
+    serve(scenario)
+
+    async def disabled(session: ClientSession, base: str, service: StubService) -> None:
+        status, body = await get(session, base + "/metrics")
+        assert status == 404 and "metrics.enable" in body["error"]["message"]
+
+    serve(disabled, metrics_enabled=False)
+
+
+def _assignment(topics: list[tuple[str, list[int]]], user_data: bytes | None = None) -> bytes:
+    out = struct.pack(">hi", 1, len(topics))
+    for topic, partitions in topics:
+        name = topic.encode()
+        out += struct.pack(">h", len(name)) + name
+        out += struct.pack(f">i{len(partitions)}i", len(partitions), *partitions)
+    out += struct.pack(">i", -1) if user_data is None else struct.pack(">i", len(user_data))
+    return out + (user_data or b"")
+
+
+def test_parse_consumer_assignment() -> None:
+    data = _assignment([("orders", [0, 2]), ("clicks", [5])], b"ud")
+    assert parse_consumer_assignment(data) == [("orders", [0, 2]), ("clicks", [5])]
+    assert parse_consumer_assignment(b"") == []
+    assert parse_consumer_assignment(data[:9]) is None
+    assert parse_consumer_assignment(b"\xff\xff\x00\x00\x00\x00") is None
