@@ -34,6 +34,11 @@ venv: $(STAMP)
 lab:
 	bash scripts/setup-lab.sh
 
+# Debian's prometheus, for tests/integration/test_admin_metrics.py (it skips without it).
+.PHONY: prometheus
+prometheus:
+	bash scripts/setup-prometheus.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
@@ -50,10 +55,10 @@ imports: $(STAMP)
 
 check: lint typecheck imports
 
-test: check lab
+test: check lab prometheus
 	bash scripts/run-pytest.sh $(PYTEST_ARGS)
 
-test-all: check lab
+test-all: check lab prometheus
 	bash scripts/run-pytest.sh
 
 # A 3-node cluster on 127.0.0.1 in the foreground (Ctrl-C stops it); data in .kcoord/cluster.
