@@ -197,6 +197,7 @@ class Spawner:
         instance_id: str | None = None,
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         metadata_max_age_ms: int = METADATA_MAX_AGE_MS,
+        group_protocol: str | None = None,
     ) -> Member:
         cfg = {
             "client": client,
@@ -212,6 +213,7 @@ class Spawner:
             "max_poll_interval_ms": max(MAX_POLL_INTERVAL_MS, session_timeout_ms),
             "metadata_max_age_ms": metadata_max_age_ms,
             "debug": bool(os.environ.get("GROUP_MEMBER_DEBUG")),
+            "group_protocol": group_protocol,
         }
         member = Member(name, cfg, self.log_dir)
         self.started.append(member)

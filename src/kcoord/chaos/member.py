@@ -7,6 +7,8 @@ Usage: ``python -m kcoord.chaos.member '<json config>'``; the config's keys:
 - ``bootstrap``, ``group``, ``topic``, ``name`` (the client id);
 - ``assignor``: ``range``, ``roundrobin`` or ``cooperative-sticky``;
 - ``instance_id``: the group instance id of a static member (KIP-345), or null;
+- ``group_protocol``: ``consumer`` for the KIP-848 protocol (confluent-kafka only; the member
+  epoch is then reported as the generation), else the classic protocol;
 - ``session_timeout_ms``, ``heartbeat_interval_ms``, ``metadata_max_age_ms``,
   ``max_poll_interval_ms`` (the rebalance timeout of the classic protocol);
 - ``debug``: the client's whole log at DEBUG on stderr (otherwise INFO, plus the group
@@ -323,6 +325,12 @@ def run_confluent(cfg: dict[str, Any]) -> None:
     }
     if cfg["instance_id"] is not None:
         conf["group.instance.id"] = cfg["instance_id"]
+    consumer_protocol = cfg.get("group_protocol") == "consumer"
+    if consumer_protocol:
+        # KIP-848: the broker assigns and times sessions; these are broker configs there.
+        conf["group.protocol"] = "consumer"
+        for key in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
+            conf.pop(key)
     consumer = Consumer(conf)
     # The generation of the last assignment callback: librdkafka bumps its generation at the
     # JoinGroup answer, before the assignment of that generation reaches the application.
@@ -351,7 +359,18 @@ def run_confluent(cfg: dict[str, Any]) -> None:
     try:
         while not stopping.is_set() and not fatal:
             messages = consumer.consume(num_messages=500, timeout=POLL_TIMEOUT_S)
-            if settled["generation"] > 0:
+            if consumer_protocol:
+                # The member epoch is the "generation"; the group is settled when every
+                # member reports the group's assignment epoch.
+                epoch = ident()["generation"]
+                if epoch > 0:
+                    reporter.maybe_report(
+                        epoch,
+                        consumer.memberid(),
+                        "consumer",
+                        {tp.partition for tp in consumer.assignment()},
+                    )
+            elif settled["generation"] > 0:
                 reporter.maybe_report(
                     settled["generation"],
                     consumer.memberid(),

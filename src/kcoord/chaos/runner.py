@@ -475,6 +475,9 @@ def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterStat
     base_port = 20000 + random.Random(options.seed).randrange(0, 20000, 10)  # a fresh namespace
     overrides: dict[str, Any] = {
         "group.initial.rebalance.delay.ms": 0,
+        # KIP-848 members: sessions as short as the classic members' (Kafka's are 45 s / 5 s).
+        "group.consumer.session.timeout.ms": 6_000,
+        "group.consumer.heartbeat.interval.ms": 500,
         **(BUGS[options.inject_bug] if options.inject_bug else {}),
     }
     planned = launcher.plan(root, NODES, base_port, hosts=HOSTS, groups=GIDS)

@@ -21,8 +21,9 @@ polled            ``poll`` ok (queue workload)
 
 The **groups** workload: one producer (acks=all, idempotent) and two consumer groups on one
 topic: ``<prefix>-dynamic``, dynamic members with an eager assignor (range), one member per
-client library (confluent-kafka, kafka-python, aiokafka); and ``<prefix>-static``, static
-members (KIP-345) with the cooperative-sticky assignor (confluent-kafka, kafka-python). Members
+client library (confluent-kafka, kafka-python, aiokafka); ``<prefix>-static``, static
+members (KIP-345) with the cooperative-sticky assignor (confluent-kafka, kafka-python); and
+``<prefix>-kip848``, two confluent-kafka members on the KIP-848 consumer protocol. Members
 commit after processing. A killed member (the ``clients`` nemesis) is replaced: a static one by
 a process with the same instance id, a dynamic one by a new member.
 
@@ -149,13 +150,16 @@ class GroupsWorkload:
         return f"{self.prefix}-groups"
 
     def groups(self) -> list[str]:
-        return [f"{self.prefix}-dynamic", f"{self.prefix}-static"]
+        return [f"{self.prefix}-dynamic", f"{self.prefix}-static", f"{self.prefix}-kip848"]
 
     # -- processes ------------------------------------------------------------------------------
 
-    def _member_cfg(self, group: str, client: str, name: str, static: bool) -> dict[str, Any]:
+    def _member_cfg(
+        self, group: str, client: str, name: str, static: bool, protocol: str | None = None
+    ) -> dict[str, Any]:
         session = STATIC_SESSION_TIMEOUT_MS if static else SESSION_TIMEOUT_MS
         return {
+            "group_protocol": protocol,
             "client": client,
             "bootstrap": self.bootstrap,
             "group": group,
@@ -177,7 +181,7 @@ class GroupsWorkload:
 
     def start(self) -> None:
         create_topic(self.bootstrap, self.topic, self.partitions)
-        dynamic, static = self.groups()
+        dynamic, static, kip848 = self.groups()
         self._spawn(
             "producer-0",
             "kcoord.chaos.producer",
@@ -189,6 +193,11 @@ class GroupsWorkload:
         for i, client in enumerate(c for c in self.clients if c != "aiokafka"):
             name = f"static-{i}"
             self._spawn(name, "kcoord.chaos.member", self._member_cfg(static, client, name, True))
+        if "confluent-kafka" in self.clients:
+            for i in range(2):
+                name = f"kip848-{i}"
+                cfg = self._member_cfg(kip848, "confluent-kafka", name, False, "consumer")
+                self._spawn(name, "kcoord.chaos.member", cfg)
 
     def kill_client(self) -> str | None:
         """The ``clients`` nemesis: SIGKILL a random member and start its replacement."""
@@ -304,6 +313,8 @@ def _send(cfg: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:
 # process there (an assertion in rd_kafka_enq_once_del_source_return).
 
 METADATA, OFFSET_FETCH, FIND_COORDINATOR, DESCRIBE_GROUPS, CREATE_TOPICS = 3, 9, 10, 15, 19
+CONSUMER_GROUP_DESCRIBE = 69
+GROUP_ID_NOT_FOUND = 69  # the error code (Errors.GROUP_ID_NOT_FOUND)
 ADMIN_TIMEOUT_S = 5.0
 
 
@@ -396,13 +407,25 @@ def committed_offsets(
 
 
 def describe_group(bootstrap: str, group: str) -> dict[str, Any]:
+    """ConsumerGroupDescribe for a KIP-848 group, else DescribeGroups (as the Java admin
+    client does: GROUP_ID_NOT_FOUND from the first means a classic group)."""
     host, port = _coordinator(bootstrap, group)
     described = call_once(
-        host, port, DESCRIBE_GROUPS, 5, {"groups": [group]}, timeout_s=ADMIN_TIMEOUT_S
+        host,
+        port,
+        CONSUMER_GROUP_DESCRIBE,
+        0,
+        {"group_ids": [group], "include_authorized_operations": False},
+        timeout_s=ADMIN_TIMEOUT_S,
     )
     g = described.groups[0]
+    if int(g.error_code) == GROUP_ID_NOT_FOUND:
+        described = call_once(
+            host, port, DESCRIBE_GROUPS, 5, {"groups": [group]}, timeout_s=ADMIN_TIMEOUT_S
+        )
+        g = described.groups[0]
     if int(g.error_code) != 0:
-        raise ConnectionError(f"DescribeGroups({group}): error {g.error_code}")
+        raise ConnectionError(f"describing {group}: error {g.error_code}")
     return {
         "group": group,
         "state": str(g.group_state),

@@ -210,6 +210,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.max.session.timeout.ms", _Kind.INT, 1_800_000, 0, _INT32_MAX),
     _Spec("group.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
     _Spec("group.coordinator.append.linger.ms", _Kind.INT, 10, 0, _INT32_MAX),
+    # KIP-848 consumer groups (GroupCoordinatorConfig's group.consumer.*).
+    _Spec("group.consumer.session.timeout.ms", _Kind.INT, 45_000, 1, _INT32_MAX),
+    _Spec("group.consumer.heartbeat.interval.ms", _Kind.INT, 5_000, 1, _INT32_MAX),
+    _Spec("group.consumer.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
     # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
     _Spec("group.coordinator.hot.standby.enable", _Kind.BOOL, True),
     # For the chaos suite's own test only: a deliberately broken coordinator that answers
@@ -294,6 +298,9 @@ class NodeConfig:
     group_max_size: int
     group_coordinator_append_linger_ms: int
     group_coordinator_hot_standby_enable: bool
+    group_consumer_session_timeout_ms: int
+    group_consumer_heartbeat_interval_ms: int
+    group_consumer_max_size: int
     test_bug_ack_before_high_watermark: bool
     default_replication_factor: int
     num_partitions: int

@@ -126,6 +126,16 @@ from kcoord.cluster.coordinator.classic import (
     ClassicGroupState,
     protocol_names,
 )
+from kcoord.cluster.coordinator.consumer import (
+    CONSUMER_PROTOCOL_TYPE,
+    ConsumerGroup,
+    replay_record,
+)
+from kcoord.cluster.coordinator.consumer_shard import (
+    ConsumerGroupHandlers,
+    TopicsView,
+    classic_tombstone,
+)
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     GroupMetadataKey,
@@ -137,6 +147,8 @@ from kcoord.cluster.coordinator.types import (
     DEFAULT_RETENTION_TIME,
     DEFAULT_TIMESTAMP,
     UNKNOWN_MEMBER_ID,
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupHeartbeatRequest,
     DeletableGroupResult,
     DeleteGroupsRequest,
     DeleteGroupsResponse,
@@ -194,6 +206,10 @@ class GroupConfig:
     offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
     # CLASSIC_GROUP_NEW_MEMBER_JOIN_TIMEOUT_MS (KAFKA-7610), not configurable in Kafka.
     new_member_join_timeout_ms: int = 300_000
+    # KIP-848 consumer groups: group.consumer.session.timeout.ms, .heartbeat.interval.ms, .max.size
+    consumer_session_timeout_ms: int = 45_000
+    consumer_heartbeat_interval_ms: int = 5_000
+    consumer_max_size: int = (1 << 31) - 1
 
     @property
     def offsets_retention_ms(self) -> int:
@@ -269,6 +285,7 @@ class _TimerKind(Enum):
     JOIN = "join"
     SYNC = "sync"
     GROUP_EXPIRATION = "expire-group-metadata"
+    CONSUMER = "consumer"  # KIP-848 session and rebalance timeouts (consumer_shard.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -282,6 +299,7 @@ class _TimerTask:
     # rebalance timeout after it; None for a plain join-phase timeout.
     initial_delay_ms: int | None = None
     initial_remaining_ms: int = 0
+    consumer_kind: str = ""  # CONSUMER: the session or the rebalance timeout
 
 
 def heartbeat_key(group_id: str, member_id: str) -> str:
@@ -324,7 +342,7 @@ def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> Coordina
     return CoordinatorRecord(GroupMetadataKey(group_id=group_id), value)
 
 
-class GroupCoordinatorShard:
+class GroupCoordinatorShard(ConsumerGroupHandlers):
     """The classic group coordinator of one ``__consumer_offsets`` partition."""
 
     def __init__(
@@ -343,6 +361,7 @@ class GroupCoordinatorShard:
         self._new_member_id = new_member_id
         self.stats = stats if stats is not None else CoordinatorStats()
         self._groups: dict[str, ClassicGroup] = {}
+        self._consumer_groups: dict[str, ConsumerGroup] = {}
         self._offsets: dict[str, dict[str, dict[int, OffsetAndMetadata]]] = {}
         self._timers: dict[str, _TimerTask] = {}
         self._active = False
@@ -383,6 +402,8 @@ class GroupCoordinatorShard:
         Tolerates tombstones of unknown keys and records whose group was compacted away.
         KIP-848 records are skipped: this shard serves classic groups only.
         """
+        if replay_record(self._consumer_groups, record):
+            return  # a KIP-848 record (consumer.py)
         key, value = record.key, record.value
         if isinstance(key, OffsetCommitKey) and (
             value is None or isinstance(value, OffsetCommitValue)
@@ -398,7 +419,7 @@ class GroupCoordinatorShard:
     ) -> None:
         group_id = key.group_id
         if value is not None:
-            if group_id not in self._groups:
+            if group_id not in self._groups and group_id not in self._consumer_groups:
                 # OffsetMetadataManager.replay: a consumer that commits without group
                 # membership gets a "simple" group, Empty and without a protocol type.
                 self._groups[group_id] = ClassicGroup(
@@ -454,8 +475,65 @@ class GroupCoordinatorShard:
             if group.num_members > self._config.max_size:
                 # In case group.max.size was lowered: rebalance so that members can commit.
                 self._prepare_rebalance(out, group, now_ms)
+        self._arm_consumer_timers(now_ms)
         self._schedule_group_expiration(now_ms)
         return out.result()
+
+    # ----------------------------------------------------------------------------------------
+    # KIP-848 consumer groups (consumer_shard.py has the logic)
+
+    @property
+    def consumer_groups(self) -> Mapping[str, ConsumerGroup]:
+        return self._consumer_groups
+
+    def handle_consumer_group_heartbeat(
+        self,
+        token: Token,
+        request: ConsumerGroupHeartbeatRequest,
+        now_ms: int,
+        topics: TopicsView,
+    ) -> CoordinatorResult:
+        """``GroupMetadataManager.consumerGroupHeartbeat``; ``topics`` is the metadata image's
+        name -> (topic id, partition count)."""
+        out = _Output()
+        self._consumer_group_heartbeat_into(token, request, now_ms, topics, out)
+        return out.result()
+
+    def handle_consumer_group_describe(
+        self, token: Token, request: ConsumerGroupDescribeRequest, now_ms: int
+    ) -> CoordinatorResult:
+        out = _Output()
+        self._consumer_group_describe_into(token, request, now_ms, out)
+        return out.result()
+
+    def _schedule_consumer_timer(
+        self, key: str, deadline_ms: int, group_id: str, member_id: str, kind: str
+    ) -> None:
+        self._schedule(
+            key,
+            _TimerTask(
+                kind=_TimerKind.CONSUMER,
+                deadline_ms=deadline_ms,
+                group_id=group_id,
+                member_id=member_id,
+                consumer_kind=kind,
+            ),
+        )
+
+    def _cancel_timer(self, key: str) -> None:
+        self._cancel(key)
+
+    def _classic_group_blocks(self, group_id: str) -> bool:
+        """A classic group with members cannot become a consumer group (not implemented)."""
+        group = self._groups.get(group_id)
+        return group is not None and group.num_members > 0
+
+    def _classic_group_conversion_records(self, group_id: str) -> list[CoordinatorRecord]:
+        """An empty classic group (or a simple one) becomes a consumer group: its
+        GroupMetadata goes (``convertToConsumerGroup``); its offsets stay."""
+        if group_id in self._groups:
+            return [classic_tombstone(group_id)]
+        return []
 
     def on_unloaded(self, now_ms: int | None = None) -> CoordinatorResult:
         """The partition is no longer ours: every group goes Dead and every parked JoinGroup and
@@ -511,6 +589,8 @@ class GroupCoordinatorShard:
                 self._expire_pending_sync(out, task.group_id, task.generation_id, now_ms)
             case _TimerKind.GROUP_EXPIRATION:
                 self._cleanup_group_metadata(out, now_ms)
+            case _TimerKind.CONSUMER:
+                self._on_consumer_timer(task.consumer_kind, task.group_id, task.member_id, out)
         return out.result()
 
     def _schedule(self, key: str, task: _TimerTask) -> None:
@@ -1507,6 +1587,11 @@ class GroupCoordinatorShard:
         """``OffsetMetadataManager.validateOffsetCommit``."""
         if not request.group_id:
             return Errors.INVALID_GROUP_ID
+        consumer_group = self._consumer_groups.get(request.group_id)
+        if consumer_group is not None:
+            return self._validate_consumer_offset_commit(
+                consumer_group, request.member_id, request.generation_id_or_member_epoch
+            )
         group = self._groups.get(request.group_id)
         if group is None:
             if request.generation_id_or_member_epoch < 0:
@@ -1538,7 +1623,9 @@ class GroupCoordinatorShard:
             )
             return out.result()
         group = self._groups.get(request.group_id)
-        known = group is not None and not group.is_in_state(_S.DEAD)
+        known = (
+            group is not None and not group.is_in_state(_S.DEAD)
+        ) or request.group_id in self._consumer_groups
         stored = self._offsets.get(request.group_id, {}) if known else {}
         topics: list[OffsetFetchResponseTopic] = []
         if request.topics is None:
@@ -1677,6 +1764,15 @@ class GroupCoordinatorShard:
     def _describe_group(self, group_id: str, report_group_id_not_found: bool) -> DescribedGroup:
         if not group_id:
             return DescribedGroup(group_id=group_id, error_code=Errors.INVALID_GROUP_ID)
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None:
+            # The classic API sees a consumer group's state and type, not its members (Kafka
+            # answers them through ConsumerGroupDescribe).
+            return DescribedGroup(
+                group_id=group_id,
+                group_state=consumer_group.state,
+                protocol_type=CONSUMER_PROTOCOL_TYPE,
+            )
         group = self._groups.get(group_id)
         if group is None:
             # An unknown group reads as Dead; DescribeGroups v6+ also says why.
@@ -1725,6 +1821,16 @@ class GroupCoordinatorShard:
             for group in self._groups.values()
             if (not states or str(group.state).lower() in states)
             and (not types or CLASSIC_GROUP_TYPE in types)
+        ) + tuple(
+            ListedGroup(
+                group_id=group.group_id,
+                protocol_type=CONSUMER_PROTOCOL_TYPE,
+                group_state=group.state,
+                group_type=CONSUMER_PROTOCOL_TYPE,
+            )
+            for group in self._consumer_groups.values()
+            if (not states or group.state.lower() in states)
+            and (not types or CONSUMER_PROTOCOL_TYPE in types)
         )
         out.respond(token, ListGroupsResponse(groups=listed))
         return out.result()
@@ -1737,6 +1843,13 @@ class GroupCoordinatorShard:
         results = []
         for group_id in request.groups_names:
             group = self._groups.get(group_id)
+            consumer_group = self._consumer_groups.get(group_id)
+            if consumer_group is not None:
+                error = self._delete_consumer_group(consumer_group, out)
+                if error is Errors.NONE:
+                    self._delete_all_offsets(out, group_id)
+                results.append(DeletableGroupResult(group_id=group_id, error_code=error))
+                continue
             if not group_id:
                 error = Errors.INVALID_GROUP_ID
             elif group is None:

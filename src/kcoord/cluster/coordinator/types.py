@@ -383,8 +383,81 @@ class OffsetDeleteResponse:
     topics: tuple[OffsetDeleteResponseTopic, ...] = ()
 
 
+# --------------------------------------------------------------------------------------------
+# ConsumerGroupHeartbeat (key 68) and ConsumerGroupDescribe (key 69), KIP-848
+
+# (topic id, partitions): Kafka's ConsumerGroupHeartbeat TopicPartitions
+TopicIdPartitions: TypeAlias = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupHeartbeatRequest:
+    group_id: str
+    member_id: str = ""
+    member_epoch: int = 0
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None  # None: unchanged
+    subscribed_topic_regex: str | None = None
+    server_assignor: str | None = None
+    topic_partitions: TopicIdPartitions | None = None  # None: unchanged (not reported)
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupHeartbeatResponse:
+    throttle_time_ms: int = 0
+    error_code: Errors = Errors.NONE
+    error_message: str | None = None
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    assignment: TopicIdPartitions | None = None  # None: unchanged
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupDescribeRequest:
+    group_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DescribedConsumerGroupMember:
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    member_epoch: int
+    client_id: str
+    client_host: str
+    subscribed_topic_names: tuple[str, ...]
+    subscribed_topic_regex: str | None
+    assignment: TopicIdPartitions
+    target_assignment: TopicIdPartitions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DescribedConsumerGroup:
+    error_code: Errors = Errors.NONE
+    error_message: str | None = None
+    group_id: str
+    group_state: str = ""
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    assignor_name: str = ""
+    members: tuple[DescribedConsumerGroupMember, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupDescribeResponse:
+    throttle_time_ms: int = 0
+    groups: tuple[DescribedConsumerGroup, ...] = ()
+
+
 Response: TypeAlias = (
-    JoinGroupResponse
+    ConsumerGroupHeartbeatResponse
+    | ConsumerGroupDescribeResponse
+    | JoinGroupResponse
     | SyncGroupResponse
     | HeartbeatResponse
     | LeaveGroupResponse

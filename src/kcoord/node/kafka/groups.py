@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import uuid
 from collections.abc import Callable
 from typing import Any, Final
 
 from kcoord.cluster.coordinator import types as t
+from kcoord.cluster.coordinator.consumer import uuid_bytes, uuid_str
 from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
 from kcoord.errors import Errors
 from kcoord.node.kafka.apis import Deferred, Request, Result
@@ -35,6 +37,9 @@ DESCRIBE_GROUPS_KEY: Final = 15
 LIST_GROUPS_KEY: Final = 16
 DELETE_GROUPS_KEY: Final = 42
 OFFSET_DELETE_KEY: Final = 47
+CONSUMER_GROUP_HEARTBEAT_KEY: Final = 68
+CONSUMER_GROUP_DESCRIBE_KEY: Final = 69
+MEMBER_TYPE_CONSUMER: Final = 1  # ConsumerGroupDescribe v1 MemberType
 
 ShardCall = Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
 
@@ -458,7 +463,153 @@ class GroupApi:
             lambda code: {"error_code": code, "throttle_time": 0, "topics": []},
         )
 
+    # -- ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69), KIP-848 -------------------
+
+    def _topics_view(self) -> dict[str, tuple[str, int]]:
+        """The image's topics as the shard's assignor sees them: name -> (id, partitions)."""
+        image = self.ctx.image
+        return {
+            topic.name: (topic.topic_id, len(image.partitions_of(topic.topic_id)))
+            for topic in image.topics.values()
+            if not topic.name.startswith("__")
+        }
+
+    async def handle_consumer_group_heartbeat(self, request: Request) -> Result:
+        body = request.body
+        owned = getattr(body, "topic_partitions", None)
+        req = t.ConsumerGroupHeartbeatRequest(
+            group_id=body.group_id,
+            member_id=body.member_id,
+            member_epoch=body.member_epoch,
+            instance_id=body.instance_id,
+            rack_id=body.rack_id,
+            rebalance_timeout_ms=_ms(body.rebalance_timeout),
+            subscribed_topic_names=(
+                None if body.subscribed_topic_names is None else tuple(body.subscribed_topic_names)
+            ),
+            # librdkafka sends "" for no regex.
+            subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None) or None,
+            server_assignor=body.server_assignor,
+            topic_partitions=(
+                None
+                if owned is None
+                else tuple(
+                    (uuid_str(tp.topic_id.bytes), tuple(tp.partitions))
+                    for tp in owned
+                    if tp.topic_id is not None
+                )
+            ),
+            client_id=request.header.client_id or "",
+            client_host=request.client_host,
+        )
+        topics = self._topics_view()
+
+        def convert(resp: Any) -> dict[str, Any]:
+            assignment = resp.assignment
+            return {
+                "throttle_time": 0,
+                "error_code": resp.error_code,
+                "error_message": resp.error_message,
+                "member_id": resp.member_id,
+                "member_epoch": resp.member_epoch,
+                "heartbeat_interval": resp.heartbeat_interval_ms,
+                "assignment": None
+                if assignment is None
+                else {
+                    "topic_partitions": [
+                        {"topic_id": uuid.UUID(bytes=uuid_bytes(tid)), "partitions": list(ps)}
+                        for tid, ps in assignment
+                    ]
+                },
+            }
+
+        def on_error(code: Errors) -> dict[str, Any]:
+            return convert(t.ConsumerGroupHeartbeatResponse(error_code=code))
+
+        if not req.group_id:
+            return convert(
+                t.ConsumerGroupHeartbeatResponse(
+                    error_code=Errors.INVALID_REQUEST, error_message="GroupId can't be empty."
+                )
+            )
+        return self._submit(
+            req.group_id,
+            lambda s, tok, now: s.handle_consumer_group_heartbeat(tok, req, now, topics),
+            on_error,
+            convert,
+        )
+
+    async def handle_consumer_group_describe(self, request: Request) -> Result:
+        group_ids = tuple(request.body.group_ids)
+        names = {topic_id: name for name, (topic_id, _) in self._topics_view().items()}
+
+        def assignment(parts: t.TopicIdPartitions) -> dict[str, Any]:
+            return {
+                "topic_partitions": [
+                    {
+                        "topic_id": uuid.UUID(bytes=uuid_bytes(tid)),
+                        "topic_name": names.get(tid, ""),
+                        "partitions": list(ps),
+                    }
+                    for tid, ps in parts
+                ]
+            }
+
+        def group_values(g: t.DescribedConsumerGroup) -> dict[str, Any]:
+            return {
+                "error_code": g.error_code,
+                "error_message": g.error_message,
+                "group_id": g.group_id,
+                "group_state": g.group_state,
+                "group_epoch": g.group_epoch,
+                "assignment_epoch": g.assignment_epoch,
+                "assignor_name": g.assignor_name,
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "instance_id": m.instance_id,
+                        "rack_id": m.rack_id,
+                        "member_epoch": m.member_epoch,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": list(m.subscribed_topic_names),
+                        "subscribed_topic_regex": m.subscribed_topic_regex,
+                        "assignment": assignment(m.assignment),
+                        "target_assignment": assignment(m.target_assignment),
+                        "member_type": MEMBER_TYPE_CONSUMER,
+                    }
+                    for m in g.members
+                ],
+                "authorized_operations": -2147483648,
+            }
+
+        def one(group_id: str) -> Result:
+            req = t.ConsumerGroupDescribeRequest(group_ids=(group_id,))
+
+            def on_error(code: Errors) -> dict[str, Any]:
+                return group_values(t.DescribedConsumerGroup(group_id=group_id, error_code=code))
+
+            def convert(resp: Any) -> dict[str, Any]:
+                return group_values(resp.groups[0])
+
+            if not group_id:
+                return on_error(Errors.INVALID_GROUP_ID)
+            return self._submit(
+                group_id,
+                lambda s, tok, now: s.handle_consumer_group_describe(tok, req, now),
+                on_error,
+                convert,
+            )
+
+        async def gather() -> dict[str, Any]:
+            groups = [await _settle(one(g)) for g in group_ids]
+            return {"throttle_time": 0, "groups": groups}
+
+        return Deferred(gather())
+
     def register(self, register: Callable[..., Any]) -> None:
+        register(CONSUMER_GROUP_HEARTBEAT_KEY, self.handle_consumer_group_heartbeat)
+        register(CONSUMER_GROUP_DESCRIBE_KEY, self.handle_consumer_group_describe)
         register(OFFSET_COMMIT_KEY, self.handle_offset_commit, min_version=2)
         register(OFFSET_FETCH_KEY, self.handle_offset_fetch, min_version=1)
         register(JOIN_GROUP_KEY, self.handle_join_group)

@@ -1,0 +1,517 @@
+"""KIP-848 consumer groups: the broker-driven rebalance protocol. Pure.
+
+Kafka's ``GroupMetadataManager.consumerGroupHeartbeat`` and ``CurrentAssignmentBuilder`` are the
+model; comments name the Kafka method each step follows.
+
+State, all of it replayed from the KIP-848 records (DESIGN section 6), so a standby or a new
+leader rebuilds exactly what the handlers saw:
+
+* the **group epoch** (``ConsumerGroupMetadata``), bumped when a member joins, leaves or changes
+  its subscription, or when the subscribed topics' metadata changes (new partitions);
+* the subscribed topics' metadata (``ConsumerGroupPartitionMetadata``): topic id -> name,
+  partition count;
+* each member's metadata (``ConsumerGroupMemberMetadata``: client, subscription, rebalance
+  timeout, assignor) and its **current assignment** (``ConsumerGroupCurrentMemberAssignment``:
+  member epoch, previous epoch, state, assigned partitions, partitions pending revocation);
+* the **target assignment** (``ConsumerGroupTargetAssignmentMember`` per member, and its epoch in
+  ``ConsumerGroupTargetAssignmentMetadata``), computed by a server-side assignor
+  (``assignors.py``) whenever the group epoch is ahead of the assignment epoch.
+
+A heartbeat computes the records of its step with local values, emits them and answers; the
+runtime replays the records (``replay``) before the next call, and replay is the only thing that
+changes the state (Kafka replays its records at once too).
+
+Reconciliation (``CurrentAssignmentBuilder``): a member keeps ``assigned = current & target``;
+``current - target`` is pending revocation, and while the member still reports owning any of
+it, it stays at its epoch in ``UNREVOKED_PARTITIONS``; once it reports them gone it moves on.
+Partitions of its target still owned (assigned or pending revocation) by another member are
+*unreleased*: it moves to the target epoch in ``UNRELEASED_PARTITIONS`` and gets them on a later
+heartbeat, once their owner has let them go. A partition is therefore never handed to a member
+before its previous owner released it.
+
+Timers: a session timeout per member (fenced when it stops heartbeating) and a rebalance timeout
+while it owes a revocation (fenced when it does not revoke in time). Keys::
+
+    consumer-session/<group>/<member>
+    consumer-rebalance/<group>/<member>
+
+Not implemented yet (each answered as noted): static members (a ``member_epoch`` of -2 and
+``instance_id``: treated as a leave, the instance id is kept as metadata only); subscription by
+regular expression (INVALID_REQUEST); conversion of a *non-empty* classic group and classic
+members inside a consumer group (GROUP_ID_NOT_FOUND); an empty classic group (or one with only
+committed offsets) becomes a consumer group when its first member joins.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import IntEnum
+from typing import Final
+
+from kcoord.cluster.coordinator.assignors import (
+    ASSIGNORS,
+    DEFAULT_ASSIGNOR,
+    MemberSubscription,
+)
+from kcoord.cluster.coordinator.records import (
+    ConsumerGroupCurrentMemberAssignmentKey,
+    ConsumerGroupCurrentMemberAssignmentValue,
+    ConsumerGroupMemberMetadataKey,
+    ConsumerGroupMemberMetadataValue,
+    ConsumerGroupMetadataKey,
+    ConsumerGroupMetadataValue,
+    ConsumerGroupPartitionMetadataKey,
+    ConsumerGroupPartitionMetadataValue,
+    ConsumerGroupTargetAssignmentMemberKey,
+    ConsumerGroupTargetAssignmentMemberValue,
+    ConsumerGroupTargetAssignmentMetadataKey,
+    ConsumerGroupTargetAssignmentMetadataValue,
+    CoordinatorRecord,
+    TopicMetadata,
+    TopicPartitions,
+)
+from kcoord.errors import Errors
+
+CONSUMER_PROTOCOL_TYPE: Final = "consumer"
+LEAVE_GROUP_MEMBER_EPOCH: Final = -1
+LEAVE_GROUP_STATIC_MEMBER_EPOCH: Final = -2
+
+TopicId = str  # Kafka's Uuid in its string form (22 characters of URL-safe base64)
+Partitions = dict[TopicId, frozenset[int]]
+
+
+class MemberState(IntEnum):
+    """Kafka's ``MemberState`` and its record values."""
+
+    STABLE = 0
+    UNREVOKED_PARTITIONS = 1
+    UNRELEASED_PARTITIONS = 2
+    UNKNOWN = 127
+
+
+def uuid_bytes(topic_id: TopicId) -> bytes:
+    return base64.urlsafe_b64decode(topic_id + "==")
+
+
+def uuid_str(raw: bytes) -> TopicId:
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def _partitions_of(items: tuple[TopicPartitions, ...]) -> Partitions:
+    return {uuid_str(tp.topic_id): frozenset(tp.partitions) for tp in items if tp.partitions}
+
+
+def _topic_partitions(partitions: Mapping[TopicId, frozenset[int]]) -> tuple[TopicPartitions, ...]:
+    return tuple(
+        TopicPartitions(topic_id=uuid_bytes(t), partitions=tuple(sorted(ps)))
+        for t, ps in sorted(partitions.items())
+        if ps
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerGroupMember:
+    """``ConsumerGroupMember``: metadata and current assignment of one member."""
+
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    subscribed_topic_names: tuple[str, ...] = ()
+    subscribed_topic_regex: str | None = None
+    rebalance_timeout_ms: int = -1
+    server_assignor: str | None = None
+    member_epoch: int = 0
+    previous_member_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: Mapping[TopicId, frozenset[int]] = field(default_factory=dict)
+    pending_revocation: Mapping[TopicId, frozenset[int]] = field(default_factory=dict)
+
+    def metadata_value(self) -> ConsumerGroupMemberMetadataValue:
+        return ConsumerGroupMemberMetadataValue(
+            instance_id=self.instance_id,
+            rack_id=self.rack_id,
+            client_id=self.client_id,
+            client_host=self.client_host,
+            subscribed_topic_names=self.subscribed_topic_names,
+            subscribed_topic_regex=self.subscribed_topic_regex,
+            rebalance_timeout_ms=self.rebalance_timeout_ms,
+            server_assignor=self.server_assignor,
+        )
+
+    def assignment_value(self) -> ConsumerGroupCurrentMemberAssignmentValue:
+        return ConsumerGroupCurrentMemberAssignmentValue(
+            member_epoch=self.member_epoch,
+            previous_member_epoch=self.previous_member_epoch,
+            state=int(self.state),
+            assigned_partitions=_topic_partitions(self.assigned),
+            partitions_pending_revocation=_topic_partitions(self.pending_revocation),
+        )
+
+    def with_epoch(self, epoch: int) -> ConsumerGroupMember:
+        """Kafka's ``updateMemberEpoch``: the old epoch becomes the previous one."""
+        return replace(self, previous_member_epoch=self.member_epoch, member_epoch=epoch)
+
+
+@dataclass
+class ConsumerGroup:
+    """``ConsumerGroup``: what the records say, plus the derived state."""
+
+    group_id: str
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, ConsumerGroupMember] = field(default_factory=dict)
+    targets: dict[str, Partitions] = field(default_factory=dict)
+    subscribed_topics: dict[TopicId, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def state(self) -> str:
+        """``ConsumerGroup.maybeUpdateGroupState``."""
+        if not self.members:
+            return "Empty"
+        if self.group_epoch > self.assignment_epoch:
+            return "Assigning"
+        for m in self.members.values():
+            if m.state is not MemberState.STABLE or m.member_epoch != self.assignment_epoch:
+                return "Reconciling"
+        return "Stable"
+
+    def partition_owners(self, excluding: str) -> dict[tuple[TopicId, int], int]:
+        """(topic, partition) -> epoch of the member that holds it (assigned or pending
+        revocation), for every member but ``excluding`` (``currentPartitionEpoch``)."""
+        owners: dict[tuple[TopicId, int], int] = {}
+        for m in self.members.values():
+            if m.member_id == excluding:
+                continue
+            for held in (m.assigned, m.pending_revocation):
+                for topic_id, partitions in held.items():
+                    for p in partitions:
+                        owners[(topic_id, p)] = m.member_epoch
+        return owners
+
+
+# ---------------------------------------------------------------------------------------------
+# Reconciliation (CurrentAssignmentBuilder).
+
+
+def reconcile(
+    member: ConsumerGroupMember,
+    target: Mapping[TopicId, frozenset[int]],
+    target_epoch: int,
+    owned: Mapping[TopicId, frozenset[int]] | None,
+    owner_epoch: Callable[[TopicId, int], int],
+) -> ConsumerGroupMember:
+    """``CurrentAssignmentBuilder.build``: the member's next state, or itself."""
+
+    def step(epoch: int, current: Mapping[TopicId, frozenset[int]]) -> ConsumerGroupMember:
+        return _next_assignment(
+            member,
+            member_epoch=epoch,
+            current=current,
+            target=target,
+            target_epoch=target_epoch,
+            owner_epoch=owner_epoch,
+        )
+
+    if member.state is MemberState.STABLE:
+        if member.member_epoch != target_epoch:
+            return step(member.member_epoch, member.assigned)
+        return member
+    if member.state is MemberState.UNREVOKED_PARTITIONS:
+        if owned is None:
+            return member  # it did not report its partitions: wait
+        for topic_id, partitions in owned.items():
+            if partitions & member.pending_revocation.get(topic_id, frozenset()):
+                return member  # still owns something it must revoke
+        return step(member.member_epoch + 1, member.assigned)
+    if member.state is MemberState.UNRELEASED_PARTITIONS:
+        return step(member.member_epoch, member.assigned)
+    return step(target_epoch, {})
+
+
+def _next_assignment(
+    member: ConsumerGroupMember,
+    *,
+    member_epoch: int,
+    current: Mapping[TopicId, frozenset[int]],
+    target: Mapping[TopicId, frozenset[int]],
+    target_epoch: int,
+    owner_epoch: Callable[[TopicId, int], int],
+) -> ConsumerGroupMember:
+    """``CurrentAssignmentBuilder.computeNextAssignment``."""
+    unreleased = False
+    new_assigned: dict[TopicId, frozenset[int]] = {}
+    revoke: dict[TopicId, frozenset[int]] = {}
+    to_assign: dict[TopicId, frozenset[int]] = {}
+    for topic_id in sorted(set(target) | set(current)):
+        want = target.get(topic_id, frozenset())
+        have = current.get(topic_id, frozenset())
+        kept = have & want
+        gone = have - kept
+        pending = want - kept
+        free = frozenset(p for p in pending if owner_epoch(topic_id, p) == -1)
+        unreleased = unreleased or free != pending
+        if kept:
+            new_assigned[topic_id] = kept
+        if gone:
+            revoke[topic_id] = gone
+        if free:
+            to_assign[topic_id] = free
+    if revoke:
+        # Revoke first: the member stays at its epoch until it reports them gone.
+        return replace(
+            member.with_epoch(member_epoch),
+            state=MemberState.UNREVOKED_PARTITIONS,
+            assigned=new_assigned,
+            pending_revocation=revoke,
+        )
+    for topic_id, partitions in to_assign.items():
+        new_assigned[topic_id] = new_assigned.get(topic_id, frozenset()) | partitions
+    return replace(
+        member.with_epoch(target_epoch),
+        state=MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE,
+        assigned=new_assigned,
+        pending_revocation={},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Records.
+
+
+def group_epoch_record(group_id: str, epoch: int) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        ConsumerGroupMetadataKey(group_id=group_id), ConsumerGroupMetadataValue(epoch=epoch)
+    )
+
+
+def partition_metadata_record(
+    group_id: str, topics: Mapping[TopicId, tuple[str, int]]
+) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        ConsumerGroupPartitionMetadataKey(group_id=group_id),
+        ConsumerGroupPartitionMetadataValue(
+            topics=tuple(
+                TopicMetadata(topic_id=uuid_bytes(t), topic_name=name, num_partitions=n)
+                for t, (name, n) in sorted(topics.items())
+            )
+        ),
+    )
+
+
+def member_metadata_record(group_id: str, member: ConsumerGroupMember) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        ConsumerGroupMemberMetadataKey(group_id=group_id, member_id=member.member_id),
+        member.metadata_value(),
+    )
+
+
+def current_assignment_record(group_id: str, member: ConsumerGroupMember) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        ConsumerGroupCurrentMemberAssignmentKey(group_id=group_id, member_id=member.member_id),
+        member.assignment_value(),
+    )
+
+
+def target_member_record(
+    group_id: str, member_id: str, partitions: Partitions
+) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        ConsumerGroupTargetAssignmentMemberKey(group_id=group_id, member_id=member_id),
+        ConsumerGroupTargetAssignmentMemberValue(topic_partitions=_topic_partitions(partitions)),
+    )
+
+
+def target_epoch_record(group_id: str, epoch: int) -> CoordinatorRecord:
+    return CoordinatorRecord(
+        ConsumerGroupTargetAssignmentMetadataKey(group_id=group_id),
+        ConsumerGroupTargetAssignmentMetadataValue(assignment_epoch=epoch),
+    )
+
+
+def member_removal_records(group_id: str, member_id: str) -> list[CoordinatorRecord]:
+    """Tombstones in Kafka's order: current assignment, target assignment, member metadata."""
+    return [
+        CoordinatorRecord(
+            ConsumerGroupCurrentMemberAssignmentKey(group_id=group_id, member_id=member_id), None
+        ),
+        CoordinatorRecord(
+            ConsumerGroupTargetAssignmentMemberKey(group_id=group_id, member_id=member_id), None
+        ),
+        CoordinatorRecord(
+            ConsumerGroupMemberMetadataKey(group_id=group_id, member_id=member_id), None
+        ),
+    ]
+
+
+def group_tombstones(group: ConsumerGroup) -> list[CoordinatorRecord]:
+    """``ConsumerGroup.createGroupTombstoneRecords``, in its order ("the order matters")."""
+    gid = group.group_id
+    out: list[CoordinatorRecord] = []
+    for member_id in group.members:
+        out.append(
+            CoordinatorRecord(
+                ConsumerGroupCurrentMemberAssignmentKey(group_id=gid, member_id=member_id), None
+            )
+        )
+    for member_id in group.targets:
+        out.append(
+            CoordinatorRecord(
+                ConsumerGroupTargetAssignmentMemberKey(group_id=gid, member_id=member_id), None
+            )
+        )
+    out.append(CoordinatorRecord(ConsumerGroupTargetAssignmentMetadataKey(group_id=gid), None))
+    for member_id in group.members:
+        out.append(
+            CoordinatorRecord(
+                ConsumerGroupMemberMetadataKey(group_id=gid, member_id=member_id), None
+            )
+        )
+    out.append(CoordinatorRecord(ConsumerGroupPartitionMetadataKey(group_id=gid), None))
+    out.append(CoordinatorRecord(ConsumerGroupMetadataKey(group_id=gid), None))
+    return out
+
+
+def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -> bool:
+    """Apply one KIP-848 record (``GroupMetadataManager.replay`` for them); False if the record
+    is not one. Tolerates records whose group or member is missing (compaction)."""
+    key, value = record.key, record.value
+    gid = getattr(key, "group_id", "")
+    if isinstance(key, ConsumerGroupMetadataKey):
+        if value is None:
+            groups.pop(gid, None)
+        elif isinstance(value, ConsumerGroupMetadataValue):
+            groups.setdefault(gid, ConsumerGroup(gid)).group_epoch = value.epoch
+        return True
+    if not isinstance(
+        key,
+        ConsumerGroupPartitionMetadataKey
+        | ConsumerGroupMemberMetadataKey
+        | ConsumerGroupTargetAssignmentMetadataKey
+        | ConsumerGroupTargetAssignmentMemberKey
+        | ConsumerGroupCurrentMemberAssignmentKey,
+    ):
+        return False
+    group = groups.get(gid)
+    if group is None:
+        if value is None:
+            return True
+        group = groups[gid] = ConsumerGroup(gid)
+    if isinstance(key, ConsumerGroupPartitionMetadataKey):
+        group.subscribed_topics = (
+            {}
+            if not isinstance(value, ConsumerGroupPartitionMetadataValue)
+            else {uuid_str(t.topic_id): (t.topic_name, t.num_partitions) for t in value.topics}
+        )
+    elif isinstance(key, ConsumerGroupTargetAssignmentMetadataKey):
+        group.assignment_epoch = (
+            value.assignment_epoch
+            if isinstance(value, ConsumerGroupTargetAssignmentMetadataValue)
+            else 0
+        )
+    elif isinstance(key, ConsumerGroupTargetAssignmentMemberKey):
+        if isinstance(value, ConsumerGroupTargetAssignmentMemberValue):
+            group.targets[key.member_id] = _partitions_of(value.topic_partitions)
+        else:
+            group.targets.pop(key.member_id, None)
+    elif isinstance(key, ConsumerGroupMemberMetadataKey):
+        if isinstance(value, ConsumerGroupMemberMetadataValue):
+            old = group.members.get(key.member_id) or ConsumerGroupMember(member_id=key.member_id)
+            group.members[key.member_id] = replace(
+                old,
+                instance_id=value.instance_id,
+                rack_id=value.rack_id,
+                client_id=value.client_id,
+                client_host=value.client_host,
+                subscribed_topic_names=value.subscribed_topic_names,
+                subscribed_topic_regex=value.subscribed_topic_regex,
+                rebalance_timeout_ms=value.rebalance_timeout_ms,
+                server_assignor=value.server_assignor,
+            )
+        else:
+            group.members.pop(key.member_id, None)
+    elif isinstance(key, ConsumerGroupCurrentMemberAssignmentKey):
+        known = group.members.get(key.member_id)
+        if isinstance(value, ConsumerGroupCurrentMemberAssignmentValue):
+            old = known or ConsumerGroupMember(member_id=key.member_id)
+            try:
+                state = MemberState(value.state)
+            except ValueError:
+                state = MemberState.UNKNOWN
+            group.members[key.member_id] = replace(
+                old,
+                member_epoch=value.member_epoch,
+                previous_member_epoch=value.previous_member_epoch,
+                state=state,
+                assigned=_partitions_of(value.assigned_partitions),
+                pending_revocation=_partitions_of(value.partitions_pending_revocation),
+            )
+        elif known is not None:
+            group.members[key.member_id] = replace(
+                known,
+                member_epoch=0,
+                previous_member_epoch=-1,
+                state=MemberState.STABLE,
+                assigned={},
+                pending_revocation={},
+            )
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Target assignment (TargetAssignmentBuilder).
+
+
+def compute_targets(
+    members: Mapping[str, ConsumerGroupMember],
+    current_targets: Mapping[str, Partitions],
+    topics: Mapping[TopicId, tuple[str, int]],
+) -> dict[str, Partitions]:
+    """The new target assignment of every member, by the group's assignor (the most common
+    ``server_assignor`` among members, else the default), sticky on the current targets."""
+    ids_by_name = {name: topic_id for topic_id, (name, _) in topics.items()}
+    subscriptions = {
+        member_id: MemberSubscription(
+            subscribed_topic_ids=frozenset(
+                ids_by_name[n] for n in m.subscribed_topic_names if n in ids_by_name
+            ),
+            current=current_targets.get(member_id, {}),
+            rack_id=m.rack_id,
+        )
+        for member_id, m in members.items()
+    }
+    chosen = [m.server_assignor for m in members.values() if m.server_assignor in ASSIGNORS]
+    name = max(sorted(set(chosen)), key=chosen.count) if chosen else DEFAULT_ASSIGNOR
+    counts = {topic_id: n for topic_id, (_, n) in topics.items()}
+    assigned = ASSIGNORS[name].assign(subscriptions, counts)
+    return {
+        member_id: {t: ps for t, ps in assigned.get(member_id, {}).items() if ps}
+        for member_id in members
+    }
+
+
+def assignor_name(group: ConsumerGroup) -> str:
+    chosen = [m.server_assignor for m in group.members.values() if m.server_assignor in ASSIGNORS]
+    return max(sorted(set(chosen)), key=chosen.count) if chosen else DEFAULT_ASSIGNOR
+
+
+def validate_member_epoch(
+    member: ConsumerGroupMember,
+    received: int,
+    owned: Mapping[TopicId, frozenset[int]] | None,
+) -> Errors:
+    """``throwIfConsumerGroupMemberEpochIsInvalid``."""
+    if received > member.member_epoch:
+        return Errors.FENCED_MEMBER_EPOCH
+    if received < member.member_epoch:
+        # A retried heartbeat whose answer was lost: the previous epoch, if it owns no more
+        # than it was assigned.
+        if received != member.previous_member_epoch or owned is None:
+            return Errors.FENCED_MEMBER_EPOCH
+        for topic_id, partitions in owned.items():
+            if not partitions <= member.assigned.get(topic_id, frozenset()):
+                return Errors.FENCED_MEMBER_EPOCH
+    return Errors.NONE

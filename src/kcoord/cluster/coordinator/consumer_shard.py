@@ -1,0 +1,482 @@
+"""The shard's KIP-848 handlers (``GroupMetadataManager.consumerGroupHeartbeat`` and friends),
+a mixin of ``GroupCoordinatorShard`` kept apart from the classic protocol. Pure.
+
+The group logic and the records are in ``consumer.py``; this module is the request handling:
+validation, the heartbeat's steps, timers, ConsumerGroupDescribe, and what the classic APIs
+(ListGroups, DescribeGroups, DeleteGroups, OffsetCommit) do with a consumer group.
+
+A heartbeat needs the subscribed topics' metadata (ids and partition counts): the caller passes
+the current metadata image's view as ``topics`` (name -> (topic id, partition count)), so the
+shard stays pure and a replica replays the same records whatever its own image says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Final
+from urllib.parse import quote
+
+from kcoord.cluster.coordinator.assignors import ASSIGNORS
+from kcoord.cluster.coordinator.consumer import (
+    LEAVE_GROUP_MEMBER_EPOCH,
+    LEAVE_GROUP_STATIC_MEMBER_EPOCH,
+    ConsumerGroup,
+    ConsumerGroupMember,
+    MemberState,
+    Partitions,
+    assignor_name,
+    compute_targets,
+    current_assignment_record,
+    group_epoch_record,
+    group_tombstones,
+    member_metadata_record,
+    member_removal_records,
+    partition_metadata_record,
+    reconcile,
+    target_epoch_record,
+    target_member_record,
+    validate_member_epoch,
+)
+from kcoord.cluster.coordinator.records import CoordinatorRecord, GroupMetadataKey
+from kcoord.cluster.coordinator.types import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupDescribeResponse,
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+    DescribedConsumerGroup,
+    DescribedConsumerGroupMember,
+    Token,
+    TopicIdPartitions,
+)
+from kcoord.errors import Errors
+
+if TYPE_CHECKING:
+    from kcoord.cluster.coordinator.shard import GroupConfig, _Output
+
+TopicsView = Mapping[str, tuple[str, int]]  # topic name -> (topic id, partition count)
+
+SESSION_KEY: Final = "consumer-session"
+REBALANCE_KEY: Final = "consumer-rebalance"
+
+
+def session_key(group_id: str, member_id: str) -> str:
+    return f"{SESSION_KEY}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
+
+
+def rebalance_key(group_id: str, member_id: str) -> str:
+    return f"{REBALANCE_KEY}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
+
+
+def _as_wire(partitions: Mapping[str, frozenset[int]]) -> TopicIdPartitions:
+    return tuple((t, tuple(sorted(ps))) for t, ps in sorted(partitions.items()) if ps)
+
+
+def _owned(raw: TopicIdPartitions | None) -> Partitions | None:
+    if raw is None:
+        return None
+    out: dict[str, frozenset[int]] = {}
+    for topic_id, partitions in raw:
+        out[topic_id] = out.get(topic_id, frozenset()) | frozenset(partitions)
+    return out
+
+
+class ConsumerGroupHandlers:
+    """Mixed into ``GroupCoordinatorShard``; uses its timers, config, groups and offsets."""
+
+    _config: GroupConfig
+    _consumer_groups: dict[str, ConsumerGroup]
+    _new_member_id: Callable[[str], str]
+
+    # Provided by the shard.
+    def _schedule_consumer_timer(
+        self, key: str, deadline_ms: int, group_id: str, member_id: str, kind: str
+    ) -> None:
+        raise NotImplementedError
+
+    def _cancel_timer(self, key: str) -> None:
+        raise NotImplementedError
+
+    def _classic_group_blocks(self, group_id: str) -> bool:
+        raise NotImplementedError
+
+    def _classic_group_conversion_records(self, group_id: str) -> list[CoordinatorRecord]:
+        raise NotImplementedError
+
+    # -- ConsumerGroupHeartbeat (68) --------------------------------------------------------------
+
+    def _consumer_group_heartbeat_into(
+        self,
+        token: Token,
+        request: ConsumerGroupHeartbeatRequest,
+        now_ms: int,
+        topics: TopicsView,
+        out: _Output,
+    ) -> None:
+        error, message = self._validate_heartbeat(request)
+        if error is Errors.NONE and self._classic_group_blocks(request.group_id):
+            error, message = (
+                Errors.GROUP_ID_NOT_FOUND,
+                (
+                    f"Group {request.group_id} is a classic group with members: converting it is "
+                    "not supported"
+                ),
+            )
+        if error is not Errors.NONE:
+            out.respond(
+                token,
+                ConsumerGroupHeartbeatResponse(
+                    error_code=error, error_message=message, member_id=request.member_id or None
+                ),
+            )
+            return
+        if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
+            self._consumer_leave(token, request, out)
+            return
+        self._consumer_heartbeat(token, request, now_ms, topics, out)
+
+    def _validate_heartbeat(self, request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
+        """``throwIfConsumerGroupHeartbeatRequestIsInvalid``."""
+        if not request.group_id:
+            return Errors.INVALID_REQUEST, "GroupId can't be empty."
+        if request.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            return Errors.INVALID_REQUEST, f"MemberEpoch {request.member_epoch} is invalid."
+        if request.member_epoch != 0 and not request.member_id:
+            return Errors.INVALID_REQUEST, "MemberId can't be empty."
+        if request.member_epoch == 0:
+            if request.rebalance_timeout_ms < 0:
+                return (
+                    Errors.INVALID_REQUEST,
+                    "RebalanceTimeoutMs must be provided in first request.",
+                )
+            if request.topic_partitions:
+                return Errors.INVALID_REQUEST, "TopicPartitions must be empty when (re-)joining."
+            if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
+                return Errors.INVALID_REQUEST, (
+                    "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
+                )
+        if request.subscribed_topic_regex is not None:
+            return Errors.INVALID_REQUEST, "SubscribedTopicRegex is not supported by kcoord yet."
+        if request.server_assignor is not None and request.server_assignor not in ASSIGNORS:
+            return Errors.UNSUPPORTED_ASSIGNOR, (
+                f"ServerAssignor {request.server_assignor} is not supported. Supported "
+                f"assignors: {', '.join(sorted(ASSIGNORS))}."
+            )
+        return Errors.NONE, ""
+
+    def _consumer_leave(
+        self, token: Token, request: ConsumerGroupHeartbeatRequest, out: _Output
+    ) -> None:
+        """``consumerGroupLeave`` (a static member's temporary leave is a leave here)."""
+        group = self._consumer_groups.get(request.group_id)
+        member = group.members.get(request.member_id) if group is not None else None
+        if group is None or member is None:
+            out.respond(
+                token,
+                ConsumerGroupHeartbeatResponse(
+                    error_code=Errors.UNKNOWN_MEMBER_ID,
+                    error_message=f"Member {request.member_id} is not a member of the group.",
+                    member_id=request.member_id,
+                ),
+            )
+            return
+        self._fence_consumer_member(group, member.member_id, out)
+        out.respond(
+            token,
+            ConsumerGroupHeartbeatResponse(
+                member_id=member.member_id, member_epoch=request.member_epoch
+            ),
+        )
+
+    def _fence_consumer_member(self, group: ConsumerGroup, member_id: str, out: _Output) -> None:
+        """Fence or remove one member: its records' tombstones and a new group epoch."""
+        for record in member_removal_records(group.group_id, member_id):
+            out.write(record)
+        out.write(group_epoch_record(group.group_id, group.group_epoch + 1))
+        self._cancel_timer(session_key(group.group_id, member_id))
+        self._cancel_timer(rebalance_key(group.group_id, member_id))
+
+    def _consumer_heartbeat(
+        self,
+        token: Token,
+        request: ConsumerGroupHeartbeatRequest,
+        now_ms: int,
+        topics: TopicsView,
+        out: _Output,
+    ) -> None:
+        group_id = request.group_id
+        group = self._consumer_groups.get(group_id)
+        if group is None:
+            out.records.extend(self._classic_group_conversion_records(group_id))
+            group = ConsumerGroup(group_id)
+        owned = _owned(request.topic_partitions)
+
+        # 1. The member: a new one (epoch 0), or a known one whose epoch must be valid.
+        old = group.members.get(request.member_id) if request.member_id else None
+        if request.member_epoch == 0:
+            if old is None and len(group.members) >= self._config.consumer_max_size:
+                out.respond(
+                    token,
+                    ConsumerGroupHeartbeatResponse(
+                        error_code=Errors.GROUP_MAX_SIZE_REACHED,
+                        error_message=f"The group {group_id} has reached its maximum size.",
+                    ),
+                )
+                return
+            member_id = request.member_id or self._new_member_id(request.client_id)
+            # A (re)join starts from nothing: the member holds no partitions at epoch 0.
+            member = ConsumerGroupMember(member_id=member_id)
+            if old is not None:
+                member = replace(
+                    old,
+                    member_epoch=0,
+                    previous_member_epoch=-1,
+                    state=MemberState.STABLE,
+                    assigned={},
+                    pending_revocation={},
+                )
+        else:
+            if old is None:
+                out.respond(
+                    token,
+                    ConsumerGroupHeartbeatResponse(
+                        error_code=Errors.UNKNOWN_MEMBER_ID,
+                        error_message=f"Member {request.member_id} is not a member of the group.",
+                        member_id=request.member_id,
+                    ),
+                )
+                return
+            error = validate_member_epoch(old, request.member_epoch, owned)
+            if error is not Errors.NONE:
+                out.respond(
+                    token,
+                    ConsumerGroupHeartbeatResponse(
+                        error_code=error,
+                        error_message=(
+                            f"The consumer group member has a smaller or larger member epoch "
+                            f"({request.member_epoch}) than the one known by the group "
+                            f"coordinator ({old.member_epoch})."
+                        ),
+                        member_id=request.member_id,
+                    ),
+                )
+                return
+            member = old
+        updated = replace(
+            member,
+            instance_id=request.instance_id
+            if request.instance_id is not None
+            else member.instance_id,
+            rack_id=request.rack_id if request.rack_id is not None else member.rack_id,
+            client_id=request.client_id or member.client_id,
+            client_host=request.client_host or member.client_host,
+            subscribed_topic_names=(
+                tuple(sorted(set(request.subscribed_topic_names)))
+                if request.subscribed_topic_names is not None
+                else member.subscribed_topic_names
+            ),
+            rebalance_timeout_ms=(
+                request.rebalance_timeout_ms
+                if request.rebalance_timeout_ms >= 0
+                else member.rebalance_timeout_ms
+            ),
+            server_assignor=(
+                request.server_assignor
+                if request.server_assignor is not None
+                else member.server_assignor
+            ),
+        )
+
+        # 2. Subscription and topic metadata: a change bumps the group epoch.
+        group_epoch = group.group_epoch
+        bump = old is None or request.member_epoch == 0
+        if old is None or updated.metadata_value() != old.metadata_value():
+            out.write(member_metadata_record(group_id, updated))
+            if old is None or (
+                updated.subscribed_topic_names != old.subscribed_topic_names
+                or updated.server_assignor != old.server_assignor
+            ):
+                bump = True
+        members = dict(group.members)
+        members[updated.member_id] = updated
+        subscribed = {name for m in members.values() for name in m.subscribed_topic_names}
+        metadata = {
+            topic_id: (name, n) for name, (topic_id, n) in topics.items() if name in subscribed
+        }
+        if metadata != group.subscribed_topics:
+            out.write(partition_metadata_record(group_id, metadata))
+            bump = True
+        if bump:
+            group_epoch += 1
+            out.write(group_epoch_record(group_id, group_epoch))
+
+        # 3. The target assignment, when the group epoch is ahead of it.
+        targets = group.targets
+        assignment_epoch = group.assignment_epoch
+        if group_epoch > assignment_epoch:
+            new_targets = compute_targets(members, targets, metadata)
+            for member_id, partitions in sorted(new_targets.items()):
+                if partitions != targets.get(member_id, {}):
+                    out.write(target_member_record(group_id, member_id, partitions))
+            out.write(target_epoch_record(group_id, group_epoch))
+            targets, assignment_epoch = new_targets, group_epoch
+
+        # 4. Reconcile this member towards its target (CurrentAssignmentBuilder).
+        owners = group.partition_owners(excluding=updated.member_id)
+        reconciled = reconcile(
+            updated,
+            targets.get(updated.member_id, {}),
+            assignment_epoch,
+            owned,
+            lambda topic_id, p: owners.get((topic_id, p), -1),
+        )
+        if (
+            old is None
+            or request.member_epoch == 0
+            or (reconciled.assignment_value() != old.assignment_value())
+        ):
+            out.write(current_assignment_record(group_id, reconciled))
+
+        # 5. Timers: the session; the rebalance timeout while a revocation is owed.
+        self._schedule_consumer_timer(
+            session_key(group_id, reconciled.member_id),
+            now_ms + self._config.consumer_session_timeout_ms,
+            group_id,
+            reconciled.member_id,
+            SESSION_KEY,
+        )
+        if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
+            if (
+                old is None
+                or old.state is not MemberState.UNREVOKED_PARTITIONS
+                or (old.member_epoch != reconciled.member_epoch)
+            ):
+                self._schedule_consumer_timer(
+                    rebalance_key(group_id, reconciled.member_id),
+                    now_ms + max(reconciled.rebalance_timeout_ms, 0),
+                    group_id,
+                    reconciled.member_id,
+                    REBALANCE_KEY,
+                )
+        else:
+            self._cancel_timer(rebalance_key(group_id, reconciled.member_id))
+
+        out.respond(
+            token,
+            ConsumerGroupHeartbeatResponse(
+                member_id=reconciled.member_id,
+                member_epoch=reconciled.member_epoch,
+                heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+                # Always sent: a client applies the same assignment twice at no cost, and a
+                # lost answer never leaves it behind.
+                assignment=_as_wire(reconciled.assigned),
+            ),
+        )
+
+    # -- timers ----------------------------------------------------------------------------------
+
+    def _on_consumer_timer(self, kind: str, group_id: str, member_id: str, out: _Output) -> None:
+        """Session timeout: fence the member. Rebalance timeout: fence it if it still owes a
+        revocation (``scheduleConsumerGroupRebalanceTimeout``)."""
+        group = self._consumer_groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            return
+        if kind == REBALANCE_KEY and member.state is not MemberState.UNREVOKED_PARTITIONS:
+            return
+        self._fence_consumer_member(group, member_id, out)
+
+    def _arm_consumer_timers(self, now_ms: int) -> None:
+        """``onLoaded``: every member gets a full session from now."""
+        for group in self._consumer_groups.values():
+            for member in group.members.values():
+                self._schedule_consumer_timer(
+                    session_key(group.group_id, member.member_id),
+                    now_ms + self._config.consumer_session_timeout_ms,
+                    group.group_id,
+                    member.member_id,
+                    SESSION_KEY,
+                )
+                if member.state is MemberState.UNREVOKED_PARTITIONS:
+                    self._schedule_consumer_timer(
+                        rebalance_key(group.group_id, member.member_id),
+                        now_ms + max(member.rebalance_timeout_ms, 0),
+                        group.group_id,
+                        member.member_id,
+                        REBALANCE_KEY,
+                    )
+
+    # -- ConsumerGroupDescribe (69) ---------------------------------------------------------------
+
+    def _consumer_group_describe_into(
+        self, token: Token, request: ConsumerGroupDescribeRequest, now_ms: int, out: _Output
+    ) -> None:
+        described = []
+        for group_id in request.group_ids:
+            group = self._consumer_groups.get(group_id)
+            if not group_id:
+                described.append(
+                    DescribedConsumerGroup(group_id=group_id, error_code=Errors.INVALID_GROUP_ID)
+                )
+            elif group is None:
+                described.append(
+                    DescribedConsumerGroup(
+                        group_id=group_id,
+                        error_code=Errors.GROUP_ID_NOT_FOUND,
+                        error_message=f"Group {group_id} not found.",
+                    )
+                )
+            else:
+                described.append(self._describe_consumer_group(group))
+        out.respond(token, ConsumerGroupDescribeResponse(groups=tuple(described)))
+
+    def _describe_consumer_group(self, group: ConsumerGroup) -> DescribedConsumerGroup:
+        return DescribedConsumerGroup(
+            group_id=group.group_id,
+            group_state=group.state,
+            group_epoch=group.group_epoch,
+            assignment_epoch=group.assignment_epoch,
+            assignor_name=assignor_name(group),
+            members=tuple(
+                DescribedConsumerGroupMember(
+                    member_id=m.member_id,
+                    instance_id=m.instance_id,
+                    rack_id=m.rack_id,
+                    member_epoch=m.member_epoch,
+                    client_id=m.client_id,
+                    client_host=m.client_host,
+                    subscribed_topic_names=m.subscribed_topic_names,
+                    subscribed_topic_regex=m.subscribed_topic_regex,
+                    assignment=_as_wire(m.assigned),
+                    target_assignment=_as_wire(group.targets.get(m.member_id, {})),
+                )
+                for m in group.members.values()
+            ),
+        )
+
+    # -- what the other APIs do with consumer groups --------------------------------------------
+
+    def _validate_consumer_offset_commit(
+        self, group: ConsumerGroup, member_id: str, member_epoch: int
+    ) -> Errors:
+        """``ConsumerGroup.validateOffsetCommit``: admin commits (epoch -1, no member id) only
+        to an empty group; members must commit with their current epoch."""
+        if member_epoch < 0 and not member_id:
+            return Errors.NONE if not group.members else Errors.UNKNOWN_MEMBER_ID
+        member = group.members.get(member_id)
+        if member is None:
+            return Errors.UNKNOWN_MEMBER_ID
+        if member_epoch != member.member_epoch:
+            return Errors.STALE_MEMBER_EPOCH
+        return Errors.NONE
+
+    def _delete_consumer_group(self, group: ConsumerGroup, out: _Output) -> Errors:
+        if group.members:
+            return Errors.NON_EMPTY_GROUP
+        for record in group_tombstones(group):
+            out.write(record)
+        return Errors.NONE
+
+
+def classic_tombstone(group_id: str) -> CoordinatorRecord:
+    return CoordinatorRecord(GroupMetadataKey(group_id=group_id), None)

@@ -1,0 +1,159 @@
+"""The KIP-848 consumer group protocol with confluent-kafka (``group.protocol=consumer``) on a
+real 3-node cluster: members in their own processes (``kcoord.chaos.member``), the broker
+computing assignments. A valid assignment is ``test_groups.settled``: every member reports the
+same epoch (the group's assignment epoch), disjoint partitions covering the topic.
+
+- members join one by one and leave one by one, valid at every stable point;
+- a SIGKILLed member is fenced after the session timeout, not before, and its partitions move;
+- the coordinator's node is SIGKILLed while members reconcile: the group converges on the new
+  coordinator, no partition owned twice at any reported epoch, every message consumed once.
+
+The cluster uses a 6 s consumer session timeout and 500 ms heartbeats (Kafka: 45 s, 5 s).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.test_groups import (
+    DEADLINE_S,
+    PARTITIONS,
+    Member,
+    Spawner,
+    broker_epoch,
+    check_exactly_once,
+    consumed,
+    create_topic,
+    offsets_leader,
+    produce,
+    settled,
+    wait_consumed,
+    wait_restarted,
+    wait_settled,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+CLIENT = "confluent-kafka"
+SESSION_TIMEOUT_MS = 6_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    overrides = {
+        "group.consumer.session.timeout.ms": SESSION_TIMEOUT_MS,
+        "group.consumer.heartbeat.interval.ms": 500,
+    }
+    with LocalCluster(tmp_path_factory.mktemp("kip848"), overrides=overrides) as c:
+        yield c
+
+
+@pytest.fixture
+def spawn(cluster: LocalCluster, tmp_path: Path) -> Iterator[Spawner]:
+    assert cluster.state is not None
+    spawner = Spawner(cluster.state.bootstrap_servers, tmp_path, [])
+    try:
+        yield spawner
+    finally:
+        spawner.close()
+
+
+def member(spawn: Spawner, group: str, topic: str, name: str) -> Member:
+    return spawn(CLIENT, group, topic, name, group_protocol="consumer")
+
+
+def split_owners(members: list[Member]) -> list[tuple[int, int, list[str]]]:
+    """(epoch, partition, members) for partitions two members reported at the same epoch."""
+    owners: dict[tuple[int, int], set[str]] = {}
+    for m in members:
+        for event in m.events("assignment"):
+            for p in event["partitions"]:
+                owners.setdefault((event["generation"], p), set()).add(m.name)
+    return [(e, p, sorted(names)) for (e, p), names in owners.items() if len(names) > 1]
+
+
+def test_members_join_and_leave_one_by_one(cluster: LocalCluster, spawn: Spawner) -> None:
+    topic = group = "kip848-join-leave"
+    create_topic(CLIENT, spawn.bootstrap, topic)
+    members: list[Member] = []
+    epochs = []
+    for i in range(3):
+        members.append(member(spawn, group, topic, f"m{i}"))
+        epochs.append(wait_settled(spawn, members, after=None).generation)
+    assert epochs == sorted(epochs) and len(set(epochs)) == 3, epochs
+    acked = produce(CLIENT, spawn.bootstrap, topic, 120, "v")
+    wait_consumed(spawn, members, acked)
+    while len(members) > 1:
+        leaving = members.pop(0)
+        leaving.stop()
+        wait_settled(spawn, members)
+    more = produce(CLIENT, spawn.bootstrap, topic, 60, "w")
+    wait_consumed(spawn, members, more)
+    check_exactly_once(acked + more, consumed([*members]) + leaving_records(spawn))
+    assert not split_owners(spawn.started), split_owners(spawn.started)
+
+
+def leaving_records(spawn: Spawner) -> list[tuple[int, int, str]]:
+    return [r for m in spawn.started if not m.alive for r in m.records()]
+
+
+def test_a_killed_member_is_fenced_after_the_session_timeout(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    topic = group = "kip848-kill"
+    create_topic(CLIENT, spawn.bootstrap, topic)
+    members = [member(spawn, group, topic, f"m{i}") for i in range(3)]
+    before = wait_settled(spawn, members)
+    victim = members.pop()
+    victim.kill()
+    killed_at = time.monotonic()
+    after = wait_settled(spawn, members, after=before)
+    elapsed = time.monotonic() - killed_at
+    assert elapsed >= SESSION_TIMEOUT_MS / 1000 - 1.0, f"fenced after {elapsed:.1f} s"
+    assert set().union(*after.owned.values()) == set(range(PARTITIONS))
+    assert not split_owners(spawn.started), split_owners(spawn.started)
+
+
+def test_the_group_converges_after_its_coordinator_is_killed(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    topic = group = "kip848-failover"
+    create_topic(CLIENT, spawn.bootstrap, topic)
+    members = [member(spawn, group, topic, f"m{i}") for i in range(2)]
+    wait_settled(spawn, members)
+    acked = produce(CLIENT, spawn.bootstrap, topic, 100, "before")
+    wait_consumed(spawn, members, acked)
+    alive = cluster.alive_ids()
+    coordinator = offsets_leader(cluster, group, alive)
+    assert coordinator is not None
+    epoch = broker_epoch(cluster, coordinator)
+    # A third member joins (the group starts reconciling) and the coordinator dies meanwhile.
+    members.append(member(spawn, group, topic, "m2"))
+    cluster.kill(coordinator)
+    survivors = [n for n in alive if n != coordinator]
+    wait_for(
+        lambda: offsets_leader(cluster, group, survivors) in survivors,
+        "a new coordinator",
+        DEADLINE_S,
+    )
+    final = wait_settled(spawn, members, deadline_s=DEADLINE_S * 2)
+    assert len(final.owned) == 3
+    during = produce(CLIENT, spawn.bootstrap, topic, 100, "during")
+    wait_consumed(spawn, members, during)
+    cluster.start(coordinator)
+    wait_restarted(cluster, coordinator, epoch, [topic, OFFSETS_TOPIC_NAME])
+    after = produce(CLIENT, spawn.bootstrap, topic, 50, "after")
+    wait_consumed(spawn, members, after)
+    assert settled(members, PARTITIONS) is not None or wait_until(
+        spawn, lambda: settled(members, PARTITIONS), "a valid assignment", members
+    )
+    assert not split_owners(spawn.started), split_owners(spawn.started)
+    values = {v for _, _, v in consumed(members)}
+    assert {v for _, _, v in acked + during + after} <= values

@@ -1,0 +1,334 @@
+"""KIP-848 consumer groups on the pure shard: join, leave, revoke before assign, unreleased
+partitions, fencing by epoch, session and rebalance timeouts, failover by replay, commits with
+member epochs, ConsumerGroupDescribe, ListGroups and DeleteGroups.
+
+The harness (``harness.ShardContext``) plays the runtime: records are appended and replayed at
+once, timers fire as the mock clock moves, ``failover()`` rebuilds a shard from the log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kcoord.cluster.coordinator.consumer import MemberState
+from kcoord.cluster.coordinator.shard import GroupConfig
+from kcoord.cluster.coordinator.types import (
+    ConsumerGroupDescribeRequest,
+    ConsumerGroupDescribeResponse,
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+    DeleteGroupsRequest,
+    ListGroupsRequest,
+    OffsetCommitRequest,
+    OffsetCommitRequestPartition,
+    OffsetCommitRequestTopic,
+    TopicIdPartitions,
+)
+from kcoord.errors import Errors
+from tests.unit.cluster.coordinator.harness import ShardContext
+
+T = "AAAAAAAAAAAAAAAAAAAAAA"  # topic "orders", 6 partitions
+TOPICS = {"orders": (T, 6)}
+SESSION_MS = 10_000
+REBALANCE_MS = 5_000
+
+
+def context() -> ShardContext:
+    return ShardContext(
+        GroupConfig(consumer_session_timeout_ms=SESSION_MS, consumer_heartbeat_interval_ms=500)
+    )
+
+
+def hb(
+    ctx: ShardContext,
+    member: str,
+    epoch: int,
+    owned: set[int] | None = None,
+    *,
+    topics: Mapping[str, tuple[str, int]] = TOPICS,
+    subscribe: tuple[str, ...] | None = ("orders",),
+    group: str = "g",
+) -> ConsumerGroupHeartbeatResponse:
+    request = ConsumerGroupHeartbeatRequest(
+        group_id=group,
+        member_id=member,
+        member_epoch=epoch,
+        rebalance_timeout_ms=REBALANCE_MS if epoch == 0 else -1,
+        subscribed_topic_names=subscribe if epoch == 0 else None,
+        topic_partitions=None if owned is None else ((T, tuple(sorted(owned))),),
+        client_id=member,
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    return response
+
+
+def parts(response: ConsumerGroupHeartbeatResponse) -> set[int]:
+    assignment: TopicIdPartitions = response.assignment or ()
+    return {p for topic_id, ps in assignment if topic_id == T for p in ps}
+
+
+class Member:
+    """A well-behaved client: it heartbeats with what it owns, revokes what it is no longer
+    assigned before it reports, and takes what it is assigned."""
+
+    def __init__(self, ctx: ShardContext, name: str) -> None:
+        self.ctx, self.name = ctx, name
+        self.epoch = 0
+        self.owned: set[int] = set()
+
+    def beat(self) -> ConsumerGroupHeartbeatResponse:
+        response = hb(self.ctx, self.name, self.epoch, None if self.epoch == 0 else self.owned)
+        assert response.error_code is Errors.NONE, response
+        self.epoch = response.member_epoch
+        self.owned = parts(response)  # revoke what is gone, take what is new
+        return response
+
+    def leave(self) -> ConsumerGroupHeartbeatResponse:
+        return hb(self.ctx, self.name, -1, self.owned)
+
+
+def converge(ctx: ShardContext, members: list[Member], rounds: int = 8) -> None:
+    """Heartbeat round-robin; after every call no partition is owned twice."""
+    for _ in range(rounds):
+        for m in members:
+            m.beat()
+            check_single_owner(members)
+
+
+def check_single_owner(members: list[Member]) -> None:
+    seen: dict[int, str] = {}
+    for m in members:
+        for p in m.owned:
+            assert p not in seen, f"partition {p} owned by {seen[p]} and {m.name}"
+            seen[p] = m.name
+
+
+def group_state(ctx: ShardContext, group: str = "g") -> str:
+    return ctx.shard.consumer_groups[group].state
+
+
+def test_the_first_member_gets_every_partition_at_epoch_one() -> None:
+    ctx = context()
+    response = hb(ctx, "a", 0)
+    assert response.error_code is Errors.NONE
+    assert (response.member_id, response.member_epoch) == ("a", 1)
+    assert parts(response) == set(range(6))
+    assert response.heartbeat_interval_ms == 500
+    assert group_state(ctx) == "Stable"
+
+
+def test_members_join_one_by_one_and_leave_one_by_one_with_valid_assignments() -> None:
+    ctx = context()
+    members = [Member(ctx, name) for name in "abc"]
+    for i in range(3):
+        converge(ctx, members[: i + 1])
+        owned = [m.owned for m in members[: i + 1]]
+        assert set().union(*owned) == set(range(6)), owned
+        assert all(len(o) == 6 // (i + 1) for o in owned), owned
+        assert group_state(ctx) == "Stable"
+    for i in range(2):
+        members[i].leave()
+        converge(ctx, members[i + 1 :])
+        owned = [m.owned for m in members[i + 1 :]]
+        assert set().union(*owned) == set(range(6)), owned
+
+
+def test_a_partition_is_never_handed_over_before_its_owner_revokes_it() -> None:
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    assert a.owned == set(range(6))
+    b.beat()  # joins: the new target gives it half, still owned by a
+    assert b.owned == set()
+    assert ctx.shard.consumer_groups["g"].members["b"].state is MemberState.UNRELEASED_PARTITIONS
+    # a has not heartbeated: it owns everything, so nothing can go to b yet.
+    b.beat()
+    assert b.owned == set()
+    # a learns what to revoke; it is kept at its epoch until it reports them gone.
+    response = hb(ctx, "a", a.epoch, a.owned)
+    kept = parts(response)
+    assert len(kept) == 3 and response.member_epoch == a.epoch
+    assert ctx.shard.consumer_groups["g"].members["a"].state is MemberState.UNREVOKED_PARTITIONS
+    b.beat()
+    assert b.owned == set(), "b got partitions a still owns"
+    # a revokes and says so: it moves to the target epoch; then b gets the released ones.
+    a.owned = kept
+    a.beat()
+    assert a.epoch == 2
+    b.beat()
+    assert b.owned == set(range(6)) - kept
+    assert group_state(ctx) == "Stable"
+
+
+def test_epoch_validation_fences_bad_epochs_and_accepts_a_retried_heartbeat() -> None:
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    b.beat()
+    a.beat()  # told to revoke: stays at epoch 1
+    a.beat()  # revoked: epoch 2, previous 1
+    assert a.epoch == 2
+    # A retry of the last request with the previous epoch, owning a subset, is accepted.
+    assert hb(ctx, "a", 1, a.owned).error_code is Errors.NONE
+    assert hb(ctx, "a", 5, a.owned).error_code is Errors.FENCED_MEMBER_EPOCH
+    assert hb(ctx, "a", 0 + 1, set(range(6))).error_code is Errors.FENCED_MEMBER_EPOCH
+    assert hb(ctx, "nobody", 3, set()).error_code is Errors.UNKNOWN_MEMBER_ID
+
+
+def test_invalid_requests_get_kafkas_errors() -> None:
+    ctx = context()
+    bad = ConsumerGroupHeartbeatRequest(group_id="g", member_id="a", member_epoch=0)
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, bad, 0, TOPICS))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    assert response.error_code is Errors.INVALID_REQUEST  # no rebalance timeout on join
+    unknown_assignor = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=0,
+        rebalance_timeout_ms=1000,
+        subscribed_topic_names=("orders",),
+        server_assignor="nope",
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, unknown_assignor, 0, TOPICS))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    assert response.error_code is Errors.UNSUPPORTED_ASSIGNOR
+    assert "g" not in ctx.shard.consumer_groups
+
+
+def test_a_silent_member_is_fenced_after_its_session_timeout() -> None:
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    converge(ctx, [a, b])
+    ctx.sleep(SESSION_MS - 1000)
+    a.beat()  # a keeps its session; b says nothing
+    ctx.sleep(1500)
+    assert "b" not in ctx.shard.consumer_groups["g"].members
+    converge(ctx, [a])
+    assert a.owned == set(range(6))
+
+
+def test_a_member_that_never_revokes_is_fenced_at_its_rebalance_timeout() -> None:
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    b.beat()
+    hb(ctx, "a", a.epoch, a.owned)  # a must revoke 3 partitions...
+    for _ in range(4):
+        ctx.sleep(1000)
+        hb(ctx, "a", a.epoch, a.owned)  # ...and keeps reporting all six
+        b.beat()
+    ctx.sleep(REBALANCE_MS)
+    assert "a" not in ctx.shard.consumer_groups["g"].members
+    b.beat()
+    b.beat()
+    assert b.owned == set(range(6))
+
+
+def test_failover_rebuilds_the_group_and_members_carry_on() -> None:
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    converge(ctx, [a, b])
+    before = ctx.shard.consumer_groups["g"]
+    new = ctx.failover()
+    after = new.shard.consumer_groups["g"]
+    assert (after.group_epoch, after.assignment_epoch) == (
+        before.group_epoch,
+        before.assignment_epoch,
+    )
+    assert after.members == before.members and after.targets == before.targets
+    a.ctx = b.ctx = new
+    converge(new, [a, b])  # same epochs accepted: no rebalance
+    assert new.shard.consumer_groups["g"].group_epoch == before.group_epoch
+
+
+def commit(ctx: ShardContext, member: str, epoch: int) -> Errors:
+    request = OffsetCommitRequest(
+        group_id="g",
+        generation_id_or_member_epoch=epoch,
+        member_id=member,
+        topics=(
+            OffsetCommitRequestTopic(
+                name="orders",
+                partitions=(OffsetCommitRequestPartition(partition_index=0, committed_offset=5),),
+            ),
+        ),
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_offset_commit(token, request, ctx.now_ms))
+    response: Any = step.response(token)
+    code: Errors = response.topics[0].partitions[0].error_code
+    return code
+
+
+def test_commits_need_the_current_member_epoch() -> None:
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    assert commit(ctx, "a", a.epoch) is Errors.NONE
+    assert commit(ctx, "a", a.epoch - 1) is Errors.STALE_MEMBER_EPOCH
+    assert commit(ctx, "b", 1) is Errors.UNKNOWN_MEMBER_ID
+    assert commit(ctx, "", -1) is Errors.UNKNOWN_MEMBER_ID  # admin commit: group not empty
+    a.leave()
+    assert commit(ctx, "", -1) is Errors.NONE
+
+
+def test_describe_list_and_delete() -> None:
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    token = ctx.new_token()
+    step = ctx._apply(
+        ctx.shard.handle_consumer_group_describe(
+            token, ConsumerGroupDescribeRequest(group_ids=("g", "missing")), 0
+        )
+    )
+    described = step.response(token)
+    assert isinstance(described, ConsumerGroupDescribeResponse)
+    g, missing = described.groups
+    assert (g.group_state, g.group_epoch, g.assignment_epoch, g.assignor_name) == (
+        "Stable",
+        1,
+        1,
+        "uniform",
+    )
+    assert [m.member_id for m in g.members] == ["a"]
+    assert g.members[0].assignment == ((T, (0, 1, 2, 3, 4, 5)),)
+    assert missing.error_code is Errors.GROUP_ID_NOT_FOUND
+    token = ctx.new_token()
+    listed: Any = ctx._apply(
+        ctx.shard.handle_list_groups(token, ListGroupsRequest(types_filter=("consumer",)), 0)
+    ).response(token)
+    assert [(x.group_id, x.group_state, x.protocol_type) for x in listed.groups] == [
+        ("g", "Stable", "consumer")
+    ]
+    token = ctx.new_token()
+    deleted: Any = ctx._apply(
+        ctx.shard.handle_delete_groups(token, DeleteGroupsRequest(groups_names=("g",)), 0)
+    ).response(token)
+    assert deleted.results[0].error_code is Errors.NON_EMPTY_GROUP
+    a.leave()
+    token = ctx.new_token()
+    deleted = ctx._apply(
+        ctx.shard.handle_delete_groups(token, DeleteGroupsRequest(groups_names=("g",)), 0)
+    ).response(token)
+    assert deleted.results[0].error_code is Errors.NONE
+    assert "g" not in ctx.shard.consumer_groups
+    assert "g" not in ctx.failover().shard.consumer_groups
+
+
+def test_new_partitions_bump_the_group_epoch_and_are_assigned() -> None:
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    grown = {"orders": (T, 8)}
+    response = hb(ctx, "a", a.epoch, a.owned, topics=grown)
+    assert response.member_epoch == 2
+    assert parts(response) == set(range(8))
