@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kcoord.node import launcher
+from kcoord.node import launcher, metrics
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.integration.test_kafka_clients import run_client
 from tests.portpick import free_ports
@@ -293,6 +293,31 @@ def test_lag_metrics_come_from_the_coordinator_only(
     assert offsets == {str(p): [float(n)] for p, n in produced.items()}
     for samples in per_node.values():
         assert samples[("kafka_brokers", ())] == 3
+
+
+def test_every_documented_family_is_served(
+    cluster: LocalCluster, committed: dict[int, int]
+) -> None:
+    """The family table in node/metrics.py's docstring is what the nodes serve (some families
+    only on some nodes: the Raft leader's match indexes, the coordinator's groups)."""
+    doc = metrics.__doc__ or ""
+    table = doc[doc.index("The families") : doc.index("    process ")]
+    documented = set(re.findall(r"\b((?:kcoord|kafka)_[a-z_]+)", table))
+    assert len(documented) > 60, documented
+    served: set[str] = set()
+    for node in nodes(cluster):
+        text = ok(node, "/metrics")
+        served |= {family.name for family in text_string_to_metric_families(text)}
+    missing = {name for name in documented if name.removesuffix("_total") not in served}
+    assert not missing, sorted(missing)
+    undocumented = {
+        name
+        for name in served
+        if name.startswith(("kcoord_", "kafka_"))
+        and name not in documented
+        and f"{name}_total" not in documented
+    }
+    assert not undocumented, sorted(undocumented)
 
 
 def test_a_stable_group_with_its_member(

@@ -28,6 +28,62 @@ call per leader node, bounded by a short timeout) and hands the answers over wit
 scrape (kafka_exporter also skips what it cannot read) rather than a wrong one.
 ``kafka_topic_partition_current_offset`` comes from the partitions this node leads (internal
 topics excluded), so every partition is exported once across the cluster.
+
+The families (``{labels}``; G gauge, C counter, H histogram)::
+
+    node         G kcoord_node_info{node_id,cluster_id}  G kcoord_broker_registered
+                 G kcoord_broker_fenced  G kcoord_metadata_offset
+                 C kcoord_metadata_batches_applied_total
+    raft         G kcoord_raft_state{state}  G kcoord_raft_leader_id  G kcoord_raft_epoch
+                 G kcoord_raft_commit_index  G kcoord_raft_last_applied  G kcoord_raft_log_entries
+                 G kcoord_raft_voters_connected  G kcoord_raft_voter_match_index{voter}
+                 C kcoord_raft_leader_changes_total
+    controller   G kcoord_controller_active  C kcoord_controller_activations_total
+                 C kcoord_controller_proposals_total  C kcoord_controller_proposal_failures_total
+                 H kcoord_controller_commit_latency_seconds
+                 C kcoord_controller_broker_fencings_total  G kcoord_controller_fenced_brokers
+                 G kcoord_controller_active_brokers  G kcoord_controller_topics
+                 G kcoord_controller_partitions  G kcoord_controller_offline_partitions
+    replication  G kcoord_partition_log_end_offset{topic,partition}
+                 G kcoord_partition_high_watermark{..}  G kcoord_partition_log_start_offset{..}
+                 G kcoord_partition_leader{..}  G kcoord_partition_isr_size{..}
+                 G kcoord_partition_replicas{..}  G kcoord_log_segments{..}
+                 G kcoord_log_size_bytes{..}  G kcoord_replica_partitions
+                 G kcoord_replica_leader_partitions  G kcoord_replica_under_replicated_partitions
+                 G kcoord_replica_under_min_isr_partitions  C kcoord_replica_isr_shrinks_total
+                 C kcoord_replica_isr_expands_total  C kcoord_log_appended_bytes_total{role}
+    coordinator  G kcoord_coordinator_shards{state}
+                 G kcoord_coordinator_groups{protocol,protocol_type,state}
+                 G kcoord_coordinator_members  G kcoord_coordinator_committed_offsets
+                 G kcoord_coordinator_pending_requests
+                 G kcoord_coordinator_responses_waiting_for_high_watermark
+                 C kcoord_coordinator_rebalances_started_total
+                 C kcoord_coordinator_rebalances_completed_total
+                 H kcoord_coordinator_rebalance_duration_seconds
+                 C kcoord_coordinator_offset_commits_total
+                 C kcoord_coordinator_offset_commit_errors_total{error}
+                 H kcoord_coordinator_offset_commit_latency_seconds
+                 C kcoord_coordinator_expirations_total{kind}
+                 H kcoord_coordinator_shard_load_duration_seconds{kind}
+                 C kcoord_coordinator_records_replayed_total{by}
+                 G kcoord_coordinator_standby_shards
+                 G kcoord_coordinator_standby_lag_offsets{partition}
+    requests     G kcoord_kafka_connections  C kcoord_kafka_connections_accepted_total
+                 C kcoord_kafka_connections_closed_for_errors_total  G kcoord_rpc_connections
+                 C kcoord_kafka_received_bytes_total  C kcoord_kafka_sent_bytes_total
+                 C kcoord_kafka_requests_total{api}  H kcoord_kafka_request_duration_seconds{api}
+                 C kcoord_kafka_request_errors_total{api,error}
+    lag          G kafka_brokers  G kafka_topic_partition_current_offset{topic,partition}
+                 G kafka_consumergroup_current_offset{consumergroup,topic,partition}
+                 G kafka_consumergroup_current_offset_sum{consumergroup,topic}
+                 G kafka_consumergroup_lag{consumergroup,topic,partition}
+                 G kafka_consumergroup_lag_sum{consumergroup,topic}
+                 G kafka_consumergroup_members{consumergroup}
+    process      prometheus_client's process_*, python_info and python_gc_* collectors
+
+With ``metrics.enable=false`` the listener counts nothing (the request families and the
+OffsetCommit latency are absent) and /metrics answers 404; what is left costs nothing until a
+scrape (plain integer additions on rebalances, commits and appends).
 """
 
 from __future__ import annotations
