@@ -35,11 +35,14 @@ while it owes a revocation (fenced when it does not revoke in time). Keys::
     consumer-session/<group>/<member>
     consumer-rebalance/<group>/<member>
 
-Not implemented yet (each answered as noted): static members (a ``member_epoch`` of -2 and
-``instance_id``: treated as a leave, the instance id is kept as metadata only); subscription by
-regular expression (INVALID_REQUEST); conversion of a *non-empty* classic group and classic
-members inside a consumer group (GROUP_ID_NOT_FOUND); an empty classic group (or one with only
-committed offsets) becomes a consumer group when its first member joins.
+Static members: a member leaving with epoch -2 keeps its place and assignment until its session
+times out; a member joining with its instance id takes both over (no rebalance); an instance id
+held by a live member is UNRELEASED_INSTANCE_ID.
+
+Not implemented yet (each answered as noted): subscription by regular expression
+(INVALID_REQUEST); conversion of a *non-empty* classic group and classic members inside a
+consumer group (GROUP_ID_NOT_FOUND). An empty classic group (or one with only committed offsets)
+becomes a consumer group when its first member joins.
 """
 
 from __future__ import annotations

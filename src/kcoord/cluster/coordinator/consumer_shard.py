@@ -167,7 +167,9 @@ class ConsumerGroupHandlers:
     def _consumer_leave(
         self, token: Token, request: ConsumerGroupHeartbeatRequest, out: _Output
     ) -> None:
-        """``consumerGroupLeave`` (a static member's temporary leave is a leave here)."""
+        """``consumerGroupLeave``. A static member leaving with epoch -2 (it will be back, e.g.
+        a rolling restart) keeps its assignment and its place until its session times out;
+        a member with its instance id takes them over without a rebalance (KIP-345 for 848)."""
         group = self._consumer_groups.get(request.group_id)
         member = group.members.get(request.member_id) if group is not None else None
         if group is None or member is None:
@@ -180,13 +182,53 @@ class ConsumerGroupHandlers:
                 ),
             )
             return
-        self._fence_consumer_member(group, member.member_id, out)
+        if request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and member.instance_id:
+            out.write(current_assignment_record(request.group_id, member.with_epoch(-2)))
+            self._cancel_timer(rebalance_key(request.group_id, member.member_id))
+        else:
+            self._fence_consumer_member(group, member.member_id, out)
         out.respond(
             token,
             ConsumerGroupHeartbeatResponse(
                 member_id=member.member_id, member_epoch=request.member_epoch
             ),
         )
+
+    def _replace_static_member(
+        self,
+        group: ConsumerGroup,
+        request: ConsumerGroupHeartbeatRequest,
+        out: _Output,
+    ) -> ConsumerGroupMember | Errors | None:
+        """``maybeReplaceStaticMember``: a joining member whose instance id belongs to a
+        member that left temporarily takes over its member epoch and assignment (records under
+        the new member id, tombstones for the old one); an instance id in use by a live member
+        is UNRELEASED_INSTANCE_ID. None when there is nobody to replace."""
+        if request.instance_id is None:
+            return None
+        existing = next(
+            (m for m in group.members.values() if m.instance_id == request.instance_id), None
+        )
+        if existing is None or existing.member_id == request.member_id:
+            return None
+        if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+            return Errors.UNRELEASED_INSTANCE_ID
+        member_id = request.member_id or self._new_member_id(request.instance_id)
+        gid = group.group_id
+        target = group.targets.get(existing.member_id, {})
+        for record in member_removal_records(gid, existing.member_id):
+            out.write(record)
+        self._cancel_timer(session_key(gid, existing.member_id))
+        replacement = replace(
+            existing,
+            member_id=member_id,
+            member_epoch=existing.previous_member_epoch,
+            previous_member_epoch=-1,
+        )
+        out.write(member_metadata_record(gid, replacement))
+        out.write(target_member_record(gid, member_id, dict(target)))
+        out.write(current_assignment_record(gid, replacement))
+        return replacement
 
     def _fence_consumer_member(self, group: ConsumerGroup, member_id: str, out: _Output) -> None:
         """Fence or remove one member: its records' tombstones and a new group epoch."""
@@ -213,7 +255,38 @@ class ConsumerGroupHandlers:
 
         # 1. The member: a new one (epoch 0), or a known one whose epoch must be valid.
         old = group.members.get(request.member_id) if request.member_id else None
+        replaced: ConsumerGroupMember | None = None
         if request.member_epoch == 0:
+            found = self._replace_static_member(group, request, out)
+            if isinstance(found, Errors):
+                out.respond(
+                    token,
+                    ConsumerGroupHeartbeatResponse(
+                        error_code=found,
+                        error_message=(
+                            f"Static member with instance id {request.instance_id} is present "
+                            "in the group."
+                        ),
+                        member_id=request.member_id or None,
+                    ),
+                )
+                return
+            replaced = found
+        if replaced is not None:
+            # It carries on where the member it replaces left: no new epoch, no rebalance.
+            # The group as the records just written make it, for the steps below.
+            gone = next(
+                m.member_id
+                for m in group.members.values()
+                if m.instance_id == request.instance_id and m.member_id != replaced.member_id
+            )
+            members = {k: v for k, v in group.members.items() if k != gone}
+            targets = {k: v for k, v in group.targets.items() if k != gone}
+            members[replaced.member_id] = replaced
+            targets[replaced.member_id] = group.targets.get(gone, {})
+            group = replace(group, members=members, targets=targets)
+            old = member = replaced
+        elif request.member_epoch == 0:
             if old is None and len(group.members) >= self._config.consumer_max_size:
                 out.respond(
                     token,
@@ -289,7 +362,7 @@ class ConsumerGroupHandlers:
 
         # 2. Subscription and topic metadata: a change bumps the group epoch.
         group_epoch = group.group_epoch
-        bump = old is None or request.member_epoch == 0
+        bump = replaced is None and (old is None or request.member_epoch == 0)
         if old is None or updated.metadata_value() != old.metadata_value():
             out.write(member_metadata_record(group_id, updated))
             if old is None or (

@@ -332,3 +332,67 @@ def test_new_partitions_bump_the_group_epoch_and_are_assigned() -> None:
     response = hb(ctx, "a", a.epoch, a.owned, topics=grown)
     assert response.member_epoch == 2
     assert parts(response) == set(range(8))
+
+
+def static_hb(
+    ctx: ShardContext, member: str, epoch: int, instance: str, owned: set[int] | None = None
+) -> ConsumerGroupHeartbeatResponse:
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id=member,
+        member_epoch=epoch,
+        instance_id=instance,
+        rebalance_timeout_ms=REBALANCE_MS if epoch == 0 else -1,
+        subscribed_topic_names=("orders",) if epoch == 0 else None,
+        topic_partitions=None if owned is None else ((T, tuple(sorted(owned))),),
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    return response
+
+
+def test_a_static_member_bounced_with_epoch_minus_two_comes_back_without_a_rebalance() -> None:
+    ctx = context()
+    a = Member(ctx, "a")
+    state = {"epoch": 0, "owned": set[int]()}
+
+    def beat_static() -> None:
+        epoch = state["epoch"]
+        assert isinstance(epoch, int)
+        owned = state["owned"]
+        assert isinstance(owned, set)
+        r = static_hb(ctx, "s1", epoch, "instance-1", None if epoch == 0 else owned)
+        assert r.error_code is Errors.NONE, r
+        state["epoch"], state["owned"] = r.member_epoch, parts(r)
+
+    for _ in range(4):
+        beat_static()
+        a.beat()
+    assert group_state(ctx) == "Stable"
+    s_epoch, owned = state["epoch"], state["owned"]
+    assert isinstance(s_epoch, int) and isinstance(owned, set) and len(owned) == 3
+    group_epoch = ctx.shard.consumer_groups["g"].group_epoch
+    # A live member's instance id cannot be taken.
+    taken = static_hb(ctx, "s2", 0, "instance-1")
+    assert taken.error_code is Errors.UNRELEASED_INSTANCE_ID
+    # It leaves temporarily (-2): it keeps its place; a new process with its instance id
+    # takes over its epoch and partitions at once.
+    assert static_hb(ctx, "s1", -2, "instance-1", owned).member_epoch == -2
+    assert "s1" in ctx.shard.consumer_groups["g"].members
+    back = static_hb(ctx, "s2", 0, "instance-1")
+    assert back.error_code is Errors.NONE
+    assert (back.member_epoch, parts(back)) == (s_epoch, owned)
+    group = ctx.shard.consumer_groups["g"]
+    assert group.group_epoch == group_epoch and set(group.members) == {"a", "s2"}
+    assert group_state(ctx) == "Stable"
+    assert ctx.failover().shard.consumer_groups["g"].members.keys() == {"a", "s2"}
+
+
+def test_a_static_member_that_does_not_come_back_is_removed_at_its_session_timeout() -> None:
+    ctx = context()
+    first = static_hb(ctx, "s1", 0, "instance-1")
+    static_hb(ctx, "s1", -2, "instance-1", parts(first))
+    ctx.sleep(SESSION_MS + 1)
+    assert "s1" not in ctx.shard.consumer_groups["g"].members
