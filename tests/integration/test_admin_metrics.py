@@ -19,6 +19,7 @@ topic (RF 2) and produces to it, then commits known offsets for a memberless gro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -320,14 +321,16 @@ def test_every_documented_family_is_served(
     assert not undocumented, sorted(undocumented)
 
 
-def test_a_stable_group_with_its_member(
-    cluster: LocalCluster, produced: dict[int, int], tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def group_member(
+    cluster: LocalCluster, client: str, group: str, protocol: str, log_dir: Path
+) -> Iterator[None]:
+    """A ``kcoord.chaos.member`` process consuming TOPIC in ``group``, stopped at the end."""
     assert cluster.state is not None
     cfg = {
-        "client": "kafka-python",
+        "client": client,
         "bootstrap": cluster.state.bootstrap_servers,
-        "group": MEMBER_GROUP,
+        "group": group,
         "topic": TOPIC,
         "name": "admin-member",
         "assignor": "range",
@@ -337,9 +340,9 @@ def test_a_stable_group_with_its_member(
         "max_poll_interval_ms": 30_000,
         "metadata_max_age_ms": 5000,
         "debug": False,
-        "group_protocol": "classic",
+        "group_protocol": protocol,
     }
-    with open(tmp_path / "member.stderr", "wb") as err:
+    with open(log_dir / f"{group}.stderr", "wb") as err:
         member = subprocess.Popen(
             [sys.executable, "-m", "kcoord.chaos.member", json.dumps(cfg)],
             stdout=subprocess.DEVNULL,
@@ -347,9 +350,26 @@ def test_a_stable_group_with_its_member(
             stdin=subprocess.DEVNULL,
         )
     try:
+        yield
+    except BaseException:
+        print((log_dir / f"{group}.stderr").read_text(errors="replace")[-3000:])
+        raise
+    finally:
+        member.send_signal(signal.SIGTERM)
+        try:
+            member.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            member.kill()
+            member.wait()
+
+
+def test_a_stable_group_with_its_member(
+    cluster: LocalCluster, produced: dict[int, int], tmp_path: Path
+) -> None:
+    with group_member(cluster, "kafka-python", MEMBER_GROUP, "classic", tmp_path):
         # Stable, and the member committed everything it read (it reads from the start).
         group = wait_for(
-            lambda: _stable_and_caught_up(nodes(cluster)[1], produced),
+            functools.partial(_stable_and_caught_up, nodes(cluster)[1], MEMBER_GROUP, produced),
             f"{MEMBER_GROUP} Stable with every partition committed",
             DEADLINE_S,
         )
@@ -365,19 +385,43 @@ def test_a_stable_group_with_its_member(
         stable = ok(nodes(cluster)[2], "/api/v1/groups?state=stable")["groups"]
         assert MEMBER_GROUP in [g["group_id"] for g in stable]
         assert LAG_GROUP not in [g["group_id"] for g in stable]
-    finally:
-        member.send_signal(signal.SIGTERM)
-        try:
-            member.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            member.kill()
-            member.wait()
+
+
+def test_a_kip848_consumer_group(
+    cluster: LocalCluster, produced: dict[int, int], tmp_path: Path
+) -> None:
+    group_id = "admin-kip848-group"
+    with group_member(cluster, "confluent-kafka", group_id, "consumer", tmp_path):
+        group = wait_for(
+            functools.partial(_stable_and_caught_up, nodes(cluster)[0], group_id, produced),
+            f"{group_id} Stable with every partition committed",
+            DEADLINE_S,
+        )
+        assert group["protocol_type"] == "consumer" and group["generation_id"] >= 1
+        [m] = group["members"]
+        assert m["client_id"] == "admin-member" and m["member_epoch"] >= 1
+        assert m["assignment"] == [{"topic": TOPIC, "partitions": list(range(PARTITIONS))}]
+        assert all(row["member_id"] == m["member_id"] for row in group["offsets"])
+        coordinator = next(
+            n for n in nodes(cluster) if n.node_id == group["coordinator"]["node_id"]
+        )
+        samples = scrape(coordinator)
+        assert samples[("kafka_consumergroup_members", (("consumergroup", group_id),))] == 1
+        assert (
+            samples[
+                (
+                    "kcoord_coordinator_groups",
+                    (("protocol", "consumer"), ("protocol_type", "consumer"), ("state", "Stable")),
+                )
+            ]
+            >= 1
+        )
 
 
 def _stable_and_caught_up(
-    node: launcher.NodeProcess, produced: dict[int, int]
+    node: launcher.NodeProcess, group_id: str, produced: dict[int, int]
 ) -> dict[str, Any] | None:
-    status, body = http(node, f"/api/v1/groups/{MEMBER_GROUP}")
+    status, body = http(node, f"/api/v1/groups/{group_id}")
     if status != 200 or body["state"] != "Stable" or len(body["members"]) != 1:
         return None
     committed = {r["partition"]: r["committed_offset"] for r in body["offsets"]}

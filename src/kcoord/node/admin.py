@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
+from kcoord.cluster.coordinator.consumer import ConsumerGroup
 from kcoord.cluster.coordinator.types import (
     DescribeGroupsRequest,
     DescribeGroupsResponse,
@@ -459,7 +460,8 @@ class AdminService:
         if group.error_code is not Errors.NONE:
             raise RpcError(int(group.error_code), group.error_message or group.error_code.name)
         live = ctx.shard.group(group_id) if ctx.shard is not None else None
-        members = []
+        consumer_group = ctx.shard.consumer_groups.get(group_id) if ctx.shard is not None else None
+        members = [] if consumer_group is None else self._consumer_group_members(consumer_group)
         for m in group.members:
             assignment = (
                 parse_consumer_assignment(m.member_assignment)
@@ -497,11 +499,38 @@ class AdminService:
             "protocol": (live.protocol_name if live is not None else None)
             or group.protocol_data
             or None,
-            "generation_id": live.generation_id if live is not None else None,
+            "generation_id": live.generation_id
+            if live is not None
+            else consumer_group.group_epoch
+            if consumer_group is not None
+            else None,
             "leader": live.leader_id if live is not None else None,
             "members": members,
             "offsets": offsets,
         }
+
+    def _consumer_group_members(self, group: ConsumerGroup) -> list[dict[str, Any]]:
+        """A KIP-848 group's members (DescribeGroups does not list them, as in Kafka): their
+        assigned partitions by topic name."""
+        image = self.node.cache.image
+        members = []
+        for m in group.members.values():
+            assignment = []
+            for topic_id, partitions in sorted(m.assigned.items()):
+                topic = image.topic(topic_id)
+                name = topic.name if topic is not None else topic_id
+                assignment.append({"topic": name, "partitions": sorted(partitions)})
+            members.append(
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "member_epoch": m.member_epoch,
+                    "assignment": assignment,
+                }
+            )
+        return members
 
     def coordinator_of(self, group_id: str) -> tuple[int, int]:
         """(offsets partition, its leader) for a group; ApiError 503 when there is none."""

@@ -450,6 +450,9 @@ class NodeCollector(Collector):
                     ("classic", _protocol_type_label(group.protocol_type), str(group.state))
                 ] += 1
                 members += group.num_members
+            for consumer_group in ctx.shard.consumer_groups.values():  # KIP-848
+                groups[("consumer", "consumer", consumer_group.state)] += 1
+                members += len(consumer_group.members)
             offsets += sum(
                 len(parts) for topics in ctx.shard.offsets.values() for parts in topics.values()
             )
@@ -717,6 +720,8 @@ class NodeCollector(Collector):
                 continue
             for group_id, group in shard.groups.items():
                 members.add_metric([group_id], group.num_members)
+            for group_id, consumer_group in shard.consumer_groups.items():
+                members.add_metric([group_id], len(consumer_group.members))
             for group_id, topics in shard.offsets.items():
                 for topic, parts in topics.items():
                     offset_total = lag_total = 0
