@@ -1,7 +1,9 @@
-"""The ``kcoord`` console script: ``chaos`` goes to the chaos suite, everything else to the
-node's command line (``kcoord.node.cli``), which may not import the layers above it.
+"""The ``kcoord`` console script: ``chaos`` goes to the chaos suite, ``pipeline`` to the Spark
+pipeline, everything else to the node's command line (``kcoord.node.cli``), which may not
+import the layers above it.
 
   kcoord chaos run|clean ...    the chaos suite (kcoord.chaos.runner)
+  kcoord pipeline ...           the Spark pipeline (kcoord.pipeline.cli)
   kcoord <anything else>        node, cluster, quorum, dump-log, groups, topics (kcoord.node.cli)
 """
 
@@ -16,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
         from kcoord.chaos.runner import main as chaos_main
 
         return chaos_main(args[1:])
+    if args and args[0] == "pipeline":
+        from kcoord.pipeline.cli import main as pipeline_main
+
+        return pipeline_main(args[1:])
     from kcoord.node.cli import main as node_main
 
     return node_main(args)

@@ -276,11 +276,14 @@ def resolve(
     partitions: Iterable[TopicPartition],
     earliest: Mapping[TopicPartition, int],
     latest: Mapping[TopicPartition, int],
+    *,
+    unnamed: int = EARLIEST,
 ) -> Offsets:
     """Concrete offsets for ``partitions``: sentinels become the partition's earliest or
-    latest offset; a partition the JSON form leaves out starts at the earliest (as Spark does
-    for partitions that appear after a query started); a given offset is kept as is (and
-    checked against the log by ``check_data_loss``)."""
+    latest offset; a partition the JSON form leaves out gets ``unnamed`` (starting offsets:
+    the earliest, as Spark does for partitions that appear after a query started; ending
+    offsets: the latest); a given offset is kept as is (and checked against the log by
+    ``check_data_loss``)."""
     given = spec.as_dict()
     out: Offsets = {}
     for tp in partitions:
@@ -289,7 +292,7 @@ def resolve(
         elif spec.kind == "earliest":
             out[tp] = earliest[tp]
         else:
-            offset = given.get(tp, EARLIEST)
+            offset = given.get(tp, unnamed)
             out[tp] = (
                 earliest[tp] if offset == EARLIEST else latest[tp] if offset == LATEST else offset
             )

@@ -75,6 +75,7 @@ from pyspark.sql.types import (
 )
 
 from kcoord.pipeline.options import (
+    LATEST,
     OffsetRange,
     Offsets,
     OptionError,
@@ -372,7 +373,7 @@ class KcoordBatchReader(DataSourceReader):
         )
         for message in lost:
             log.warning("data loss: %s", message)
-        end = resolve(self.options.ending, partitions, earliest, latest)
+        end = resolve(self.options.ending, partitions, earliest, latest, unnamed=LATEST)
         for tp, until in end.items():
             if until > latest[tp]:
                 raise OptionError(

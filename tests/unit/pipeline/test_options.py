@@ -111,6 +111,7 @@ def test_resolve_sentinels_and_missing_partitions() -> None:
     ).starting
     # Partition 2 is not named: it starts at its earliest offset, as in Spark.
     assert resolve(spec, parts, earliest, latest) == {("t", 0): 50, ("t", 1): 17, ("t", 2): 3}
+    assert resolve(spec, parts, earliest, latest, unnamed=LATEST)[("t", 2)] == 30
     latest_spec = parse_source_options(opts(subscribe="t"), streaming=True).starting
     assert resolve(latest_spec, parts, earliest, latest) == latest
     with pytest.raises(OptionError, match="u-0"):

@@ -1,0 +1,246 @@
+"""``kcoord pipeline run payments-totals``: payment totals per account and event-time window.
+
+Two structured streaming queries over the ``payments`` topic, each with its checkpoint under
+``--checkpoint`` (``totals/`` and ``dlq/``) and its consumer group:
+
+- **totals** (group ``payments-totals``): parse and validate each event
+  (``events.parse_payment``, in a ``mapInArrow``), keep the valid ones, and aggregate per
+  account, currency and tumbling event-time window (``--window``), with a watermark of
+  ``--watermark`` on the event time (events later than that are dropped by Spark). The output
+  mode is *update*: each micro-batch emits the windows it changed, with their running totals,
+  and ``foreachBatch`` writes them to the ``payments-totals`` topic (key
+  ``account|window start``, a JSON value with the batch id) and to Parquet under
+  ``--output/batch_id=N/``. A batch re-run after a crash overwrites its Parquet directory and
+  re-sends the same records, so the current total of a window is its row (or record) with the
+  highest batch id.
+- **dlq** (group ``payments-totals-dlq``): the malformed events, value and key unchanged, to the
+  ``payments-dlq`` topic with the reason in the ``dlq.reason`` header (and where they came
+  from in ``dlq.topic``, ``dlq.partition``, ``dlq.offset``). Never dropped silently.
+
+Both read the topic through the ``kcoord`` source, so a restart from the same checkpoint
+resumes where each query's last finished batch ended.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as sf
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.readwriter import DataStreamWriter
+from pyspark.sql.types import (
+    BinaryType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from kcoord.pipeline.events import AMOUNT_PRECISION, AMOUNT_SCALE, Payment, parse_payment
+
+log = logging.getLogger(__name__)
+
+TOTALS_GROUP = "payments-totals"
+DLQ_GROUP = "payments-totals-dlq"
+
+PARSED_SCHEMA = StructType(
+    [
+        StructField("id", StringType()),
+        StructField("account", StringType()),
+        StructField("amount", DecimalType(AMOUNT_PRECISION, AMOUNT_SCALE)),
+        StructField("currency", StringType()),
+        StructField("event_time", TimestampType()),
+        StructField("reason", StringType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+    ]
+)
+_ARROW_PARSED = pa.schema(
+    [
+        pa.field("id", pa.string()),
+        pa.field("account", pa.string()),
+        pa.field("amount", pa.decimal128(AMOUNT_PRECISION, AMOUNT_SCALE)),
+        pa.field("currency", pa.string()),
+        pa.field("event_time", pa.timestamp("us", tz="UTC")),
+        pa.field("reason", pa.string()),
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PaymentsConfig:
+    bootstrap_servers: str
+    checkpoint: Path
+    output: Path
+    source_topic: str = "payments"
+    totals_topic: str = "payments-totals"
+    dlq_topic: str = "payments-dlq"
+    window: str = "1 minute"
+    watermark: str = "10 minutes"
+    starting_offsets: str = "earliest"
+    max_offsets_per_trigger: int | None = None
+    trigger_interval: str = "2 seconds"
+
+
+def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``mapInArrow`` body: source rows in, one parsed row per event out (``reason`` set for
+    a malformed one)."""
+    for batch in batches:
+        columns: dict[str, list[object]] = {f.name: [] for f in _ARROW_PARSED}
+        for row in batch.select(["key", "value", "topic", "partition", "offset"]).to_pylist():
+            parsed = parse_payment(row["value"])
+            payment = parsed if isinstance(parsed, Payment) else None
+            columns["id"].append(payment.id if payment else None)
+            columns["account"].append(payment.account if payment else None)
+            columns["amount"].append(payment.amount if payment else None)
+            columns["currency"].append(payment.currency if payment else None)
+            columns["event_time"].append(payment.timestamp_ms * 1000 if payment else None)
+            columns["reason"].append(None if payment else parsed)
+            for name in ("key", "value", "topic", "partition", "offset"):
+                columns[name].append(row[name])
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(columns[f.name], f.type) for f in _ARROW_PARSED], schema=_ARROW_PARSED
+        )
+
+
+def _source(spark: SparkSession, config: PaymentsConfig, group_id: str) -> DataFrame:
+    reader = (
+        spark.readStream.format("kcoord")
+        .option("kafka.bootstrap.servers", config.bootstrap_servers)
+        .option("subscribe", config.source_topic)
+        .option("startingOffsets", config.starting_offsets)
+        .option("groupId", group_id)
+    )
+    if config.max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+    return reader.load().mapInArrow(parse_batches, PARSED_SCHEMA)
+
+
+def totals_frame(parsed: DataFrame, config: PaymentsConfig) -> DataFrame:
+    return (
+        parsed.where(sf.col("reason").isNull())
+        .withWatermark("event_time", config.watermark)
+        .groupBy(sf.col("account"), sf.col("currency"), sf.window("event_time", config.window))
+        .agg(sf.sum("amount").alias("total"), sf.count(sf.lit(1)).alias("payments"))
+        .select(
+            "account",
+            "currency",
+            sf.col("window.start").alias("window_start"),
+            sf.col("window.end").alias("window_end"),
+            sf.unix_millis(sf.col("window.start")).alias("window_start_ms"),
+            sf.col("total").cast(DecimalType(AMOUNT_PRECISION, AMOUNT_SCALE)).alias("total"),
+            "payments",
+        )
+    )
+
+
+def _header(name: str, value: Column) -> Column:
+    return sf.struct(sf.lit(name).alias("key"), value.cast("binary").alias("value"))
+
+
+def dlq_frame(parsed: DataFrame) -> DataFrame:
+    return parsed.where(sf.col("reason").isNotNull()).select(
+        "key",
+        "value",
+        sf.array(
+            _header("dlq.reason", sf.col("reason")),
+            _header("dlq.topic", sf.col("topic")),
+            _header("dlq.partition", sf.col("partition").cast("string")),
+            _header("dlq.offset", sf.col("offset").cast("string")),
+        ).alias("headers"),
+    )
+
+
+def _write_totals(config: PaymentsConfig, batch: DataFrame, batch_id: int) -> None:
+    batch.persist()
+    try:
+        if batch.isEmpty():
+            return
+        window_start = sf.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
+        (
+            batch.select(
+                sf.concat_ws("|", "account", window_start).alias("key"),
+                sf.to_json(
+                    sf.struct(
+                        "account",
+                        "currency",
+                        window_start.alias("window_start"),
+                        sf.date_format("window_end", "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'").alias(
+                            "window_end"
+                        ),
+                        sf.col("total").cast("string").alias("total"),
+                        "payments",
+                        sf.lit(batch_id).alias("batch_id"),
+                    )
+                ).alias("value"),
+            )
+            .write.format("kcoord")
+            .option("kafka.bootstrap.servers", config.bootstrap_servers)
+            .option("topic", config.totals_topic)
+            .mode("append")
+            .save()
+        )
+        batch.coalesce(1).write.mode("overwrite").parquet(
+            str(config.output / f"batch_id={batch_id}")
+        )
+    finally:
+        batch.unpersist()
+
+
+def start(
+    spark: SparkSession, config: PaymentsConfig, *, available_now: bool
+) -> list[StreamingQuery]:
+    """Start both queries; the caller waits for them (``awaitTermination``) or stops them."""
+
+    def trigger(writer: DataStreamWriter) -> DataStreamWriter:
+        if available_now:
+            return writer.trigger(availableNow=True)
+        return writer.trigger(processingTime=config.trigger_interval)
+
+    totals_writer = (
+        totals_frame(_source(spark, config, TOTALS_GROUP), config)
+        .writeStream.queryName("payments-totals")
+        .outputMode("update")
+        .option("checkpointLocation", str(config.checkpoint / "totals"))
+        .foreachBatch(lambda df, batch_id: _write_totals(config, df, batch_id))
+    )
+    dlq_writer = (
+        dlq_frame(_source(spark, config, DLQ_GROUP))
+        .writeStream.queryName("payments-dlq")
+        .format("kcoord")
+        .option("kafka.bootstrap.servers", config.bootstrap_servers)
+        .option("topic", config.dlq_topic)
+        .option("checkpointLocation", str(config.checkpoint / "dlq"))
+    )
+    return [trigger(totals_writer).start(), trigger(dlq_writer).start()]
+
+
+def current_totals(
+    spark: SparkSession, output: Path
+) -> dict[tuple[str, str, int], tuple[Decimal, int]]:
+    """The Parquet output's current totals: per (account, currency, window start ms), the row
+    of the highest batch id."""
+    rows = spark.read.parquet(str(output)).collect()
+    latest: dict[tuple[str, str, int], tuple[int, Decimal, int]] = {}
+    for row in rows:
+        key = (row.account, row.currency, row.window_start_ms)
+        if key not in latest or row.batch_id > latest[key][0]:
+            latest[key] = (row.batch_id, row.total, row.payments)
+    return {key: (total, payments) for key, (_, total, payments) in latest.items()}

@@ -1,0 +1,449 @@
+"""The Spark pipeline on a live 3-node cluster with ``local[2]``: the ``kcoord`` source (batch
+and AvailableNow streaming, offsets committed for the query's group), the payments job (totals
+against a plain-Python reference, the dead-letter queue, a kill and a restart from the
+checkpoint) and the offsets audit against known commit histories.
+
+One cluster and one SparkSession for the module (a session costs ~20 s to start here); each
+test uses its own topics and groups. Slow: each test's run time is in the README.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+pyspark = pytest.importorskip("pyspark")
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+
+from kcoord.node.clock import SYSTEM_CLOCK  # noqa: E402
+from kcoord.pipeline.audit import Status  # noqa: E402
+from kcoord.pipeline.events import (  # noqa: E402
+    MALFORMED,
+    Payment,
+    parse_payment,
+    reference_totals,
+)
+from kcoord.pipeline.generate import generate  # noqa: E402
+from kcoord.pipeline.offsets_audit import run_audit  # noqa: E402
+from kcoord.pipeline.options import parse_source_options  # noqa: E402
+from kcoord.pipeline.payments import PaymentsConfig, current_totals, start  # noqa: E402
+from kcoord.pipeline.session import build_session  # noqa: E402
+from kcoord.pipeline.source import OffsetCommitter  # noqa: E402
+from tests.integration.cluster import LocalCluster, wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTITIONS = 3
+WINDOW_MS = 60_000
+QUERY_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("pipeline")) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    session = build_session("kcoord-tests")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def bootstrap(cluster: LocalCluster) -> str:
+    assert cluster.state is not None
+    return cluster.state.bootstrap_servers
+
+
+def create_topics(cluster: LocalCluster, *names: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster)})
+    futures = admin.create_topics([NewTopic(n, PARTITIONS, 3) for n in names])
+    for future in futures.values():
+        future.result(timeout=60)
+
+
+Produced = tuple[int, int, bytes, bytes, tuple[tuple[str, bytes], ...]]
+
+
+def produce(cluster: LocalCluster, topic: str, count: int, prefix: str) -> list[Produced]:
+    """(partition, offset, key, value, headers) of every acknowledged record."""
+    producer = Producer(
+        {"bootstrap.servers": bootstrap(cluster), "acks": "all", "enable.idempotence": True}
+    )
+    acked: list[Produced] = []
+    errors: list[str] = []
+
+    def delivered(headers: tuple[tuple[str, bytes], ...], error: Any, m: Any) -> None:
+        # A delivery report carries no headers: keep the ones sent.
+        if error is not None:
+            errors.append(str(error))
+        else:
+            acked.append((m.partition(), m.offset(), m.key(), m.value(), headers))
+
+    for i in range(count):
+        headers = (("seq", str(i).encode()),)
+        producer.produce(
+            topic,
+            key=f"{prefix}-k{i % 7}".encode(),
+            value=f"{prefix}-{i}".encode(),
+            headers=list(headers),
+            on_delivery=functools.partial(delivered, headers),
+        )
+        producer.poll(0)
+    assert producer.flush(60) == 0 and not errors, errors
+    return acked
+
+
+def rows_of(df: DataFrame) -> list[Produced]:
+    return [
+        (
+            r.partition,
+            r.offset,
+            bytes(r.key),
+            bytes(r.value),
+            tuple((h.key, bytes(h.value)) for h in r.headers),
+        )
+        for r in df.collect()
+    ]
+
+
+def group_lag(cluster: LocalCluster, group: str) -> dict[tuple[str, int], tuple[int, int]]:
+    """(CURRENT-OFFSET, LAG) per partition from ``kcoord groups describe``."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kcoord.cli",
+            "groups",
+            "describe",
+            "--group",
+            group,
+            "--bootstrap-server",
+            bootstrap(cluster),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    rows: dict[tuple[str, int], tuple[int, int]] = {}
+    for line in out.splitlines():
+        cols = line.split()
+        if len(cols) >= 6 and cols[0] == group:
+            rows[(cols[1], int(cols[2]))] = (int(cols[3]), int(cols[5]))
+    return rows
+
+
+def test_batch_read_equals_what_was_produced(cluster: LocalCluster, spark: SparkSession) -> None:
+    create_topics(cluster, "batch")
+    acked = produce(cluster, "batch", 500, "b")
+    df = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", "batch")
+        .load()
+    )
+    assert df.rdd.getNumPartitions() == PARTITIONS  # one input partition per partition
+    assert sorted(rows_of(df)) == sorted(acked)
+    assert {r.topic for r in df.select("topic").distinct().collect()} == {"batch"}
+    # A JSON range: partition 1 from offset 10 up to 20, the others from the start to the end.
+    ranged = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("assign", json.dumps({"batch": [1, 2]}))
+        .option("startingOffsets", json.dumps({"batch": {"1": 10}}))
+        .option("endingOffsets", json.dumps({"batch": {"1": 20}}))
+        .load()
+    )
+    expected = [a for a in acked if (a[0] == 1 and 10 <= a[1] < 20) or a[0] == 2]
+    assert sorted(rows_of(ranged)) == sorted(expected)
+
+
+def run_available_now(
+    spark: SparkSession, cluster: LocalCluster, checkpoint: Path, topic: str, group: str
+) -> list[Produced]:
+    seen: list[Produced] = []
+
+    def collect(batch: DataFrame, _batch_id: int) -> None:
+        seen.extend(rows_of(batch))
+
+    query = (
+        spark.readStream.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "200")
+        .option("groupId", group)
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(QUERY_TIMEOUT_S), "the AvailableNow query did not end"
+    assert query.exception() is None
+    return seen
+
+
+def test_available_now_consumes_everything_commits_and_resumes(
+    cluster: LocalCluster, spark: SparkSession, tmp_path: Path
+) -> None:
+    create_topics(cluster, "stream")
+    first = produce(cluster, "stream", 450, "s1")
+    seen = run_available_now(spark, cluster, tmp_path / "ck", "stream", "stream-job")
+    assert sorted(seen) == sorted(first)
+    ends = Counter(p for p, *_ in first)
+    lag = group_lag(cluster, "stream-job")
+    assert lag == {("stream", p): (ends[p], 0) for p in range(PARTITIONS)}
+
+    second = produce(cluster, "stream", 150, "s2")
+    again = run_available_now(spark, cluster, tmp_path / "ck", "stream", "stream-job")
+    assert sorted(again) == sorted(second), "the second run reads exactly the new records"
+    ends.update(p for p, *_ in second)
+    assert group_lag(cluster, "stream-job") == {
+        ("stream", p): (ends[p], 0) for p in range(PARTITIONS)
+    }
+
+
+def read_events(path: Path) -> list[Payment]:
+    events = [parse_payment(line) for line in path.read_bytes().splitlines()]
+    assert all(isinstance(e, Payment) for e in events)
+    return [e for e in events if isinstance(e, Payment)]
+
+
+def latest_totals_in_topic(
+    spark: SparkSession, cluster: LocalCluster, topic: str
+) -> dict[Any, Any]:
+    rows = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", topic)
+        .load()
+        .collect()
+    )
+    latest: dict[Any, tuple[int, Any]] = {}
+    for r in rows:
+        v = json.loads(r.value)
+        assert r.key.decode() == f"{v['account']}|{v['window_start']}"
+        if r.key not in latest or v["batch_id"] >= latest[r.key][0]:
+            latest[r.key] = (v["batch_id"], (v["total"], v["payments"]))
+    return {k.decode(): value for k, (_, value) in latest.items()}
+
+
+def reference_by_topic_key(events: list[Payment]) -> dict[str, tuple[str, int]]:
+    from datetime import UTC, datetime
+
+    out = {}
+    for (account, _currency, start_ms), total in reference_totals(events, WINDOW_MS).items():
+        start = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+        out[f"{account}|{start}"] = (f"{total.total:.2f}", total.payments)
+    return out
+
+
+def test_payments_totals_match_reference_and_malformed_go_to_the_dlq(
+    cluster: LocalCluster, spark: SparkSession, tmp_path: Path
+) -> None:
+    create_topics(cluster, "pay-a", "pay-a-totals", "pay-a-dlq")
+    result = generate(
+        bootstrap(cluster),
+        "pay-a",
+        rate=400,
+        duration_s=2.0,
+        accounts=8,
+        malformed_ratio=0.05,
+        seed=7,
+        events_out=tmp_path / "events.jsonl",
+    )
+    assert result.malformed > 0
+    config = PaymentsConfig(
+        bootstrap_servers=bootstrap(cluster),
+        checkpoint=tmp_path / "ck",
+        output=tmp_path / "out",
+        source_topic="pay-a",
+        totals_topic="pay-a-totals",
+        dlq_topic="pay-a-dlq",
+    )
+    for query in start(spark, config, available_now=True):
+        assert query.awaitTermination(QUERY_TIMEOUT_S)
+        assert query.exception() is None
+    events = read_events(tmp_path / "events.jsonl")
+    assert len(events) == result.valid
+    reference = reference_totals(events, WINDOW_MS)
+    assert current_totals(spark, config.output) == {
+        key: (t.total, t.payments) for key, t in reference.items()
+    }
+    assert latest_totals_in_topic(spark, cluster, "pay-a-totals") == reference_by_topic_key(events)
+
+    dlq = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", "pay-a-dlq")
+        .load()
+        .collect()
+    )
+    assert len(dlq) == result.malformed
+    for row in dlq:
+        headers = {h.key: bytes(h.value).decode() for h in row.headers}
+        assert bytes(row.value) in MALFORMED
+        assert headers["dlq.reason"] == parse_payment(bytes(row.value))
+        assert headers["dlq.topic"] == "pay-a"
+    for group in ("payments-totals", "payments-totals-dlq"):
+        assert all(lag == 0 for _, lag in group_lag(cluster, group).values())
+
+
+def pipeline_cmd(cluster: LocalCluster, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "kcoord.cli",
+        "pipeline",
+        "run",
+        "payments-totals",
+        "--bootstrap-server",
+        bootstrap(cluster),
+        "--topic",
+        "pay-b",
+        "--totals-topic",
+        "pay-b-totals",
+        "--dlq-topic",
+        "pay-b-dlq",
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--output",
+        str(tmp_path / "out"),
+        *extra,
+    ]
+
+
+def test_payments_job_killed_and_restarted_gives_the_same_totals(
+    cluster: LocalCluster, spark: SparkSession, tmp_path: Path
+) -> None:
+    create_topics(cluster, "pay-b", "pay-b-totals", "pay-b-dlq")
+    result = generate(
+        bootstrap(cluster),
+        "pay-b",
+        rate=500,
+        duration_s=2.0,
+        accounts=8,
+        malformed_ratio=0.02,
+        seed=11,
+        events_out=tmp_path / "events.jsonl",
+    )
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(
+        pipeline_cmd(
+            cluster, tmp_path, "--max-offsets-per-trigger", "150", "--trigger-interval", "1 second"
+        ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        # Killed mid-stream: once two micro-batches are written, more than 300 records are
+        # still unread.
+        wait_for(
+            lambda: len(list((tmp_path / "out").glob("batch_id=*/_SUCCESS"))) >= 2,
+            "two micro-batches of totals",
+            deadline_s=QUERY_TIMEOUT_S,
+        )
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+        log.close()
+    restarted = subprocess.run(
+        pipeline_cmd(cluster, tmp_path, "--available-now"),
+        capture_output=True,
+        text=True,
+        timeout=QUERY_TIMEOUT_S + 120,
+        check=False,
+    )
+    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    events = read_events(tmp_path / "events.jsonl")
+    assert len(events) == result.valid
+    assert current_totals(spark, tmp_path / "out") == {
+        key: (t.total, t.payments) for key, t in reference_totals(events, WINDOW_MS).items()
+    }
+    assert latest_totals_in_topic(spark, cluster, "pay-b-totals") == reference_by_topic_key(events)
+
+
+def test_offsets_audit_matches_known_commit_histories(
+    cluster: LocalCluster, spark: SparkSession
+) -> None:
+    create_topics(cluster, "audited", "audited-growing")
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": bootstrap(cluster), "subscribe": "audited"}, streaming=True
+    )
+    for p in range(PARTITIONS):
+        produce_to_partition(cluster, "audited", p, 20)
+        produce_to_partition(cluster, "audited-growing", p, 20)
+    consumer = Consumer({"bootstrap.servers": bootstrap(cluster), "group.id": "audit-probe"})
+    high = {
+        p: consumer.get_watermark_offsets(TopicPartition("audited", p), timeout=10)[1]
+        for p in range(PARTITIONS)
+    }
+    growing = consumer.get_watermark_offsets(TopicPartition("audited-growing", 1), timeout=10)[1]
+    consumer.close()
+
+    def commit(group: str, offset_of: dict[int, int], topic: str = "audited") -> None:
+        committer = OffsetCommitter(options, group)
+        committer.commit({(topic, p): o for p, o in offset_of.items()})
+        committer.close()
+
+    # caught-up: commits the end. rewind: 5 then 2. stalled: 3 three times with a lag.
+    commit("audit-ok", {0: 1})
+    commit("audit-ok", high)
+    commit("audit-rewind", {0: 5})
+    commit("audit-rewind", {0: 2})
+    for _ in range(3):
+        commit("audit-stall", {0: 3})
+    # falling behind: each commit moves on by 2 while 20 more records arrive in between.
+    for i in range(3):
+        commit("audit-warn", {1: growing // 2 + 2 * i}, "audited-growing")
+        produce_to_partition(cluster, "audited-growing", 1, 20)
+
+    now_ms = SYSTEM_CLOCK.now_ms()
+    reports = {
+        r.group: r for r in run_audit(spark, bootstrap(cluster), now_ms=now_ms, window_ms=600_000)
+    }
+    statuses = {g: r.status for g, r in reports.items() if g.startswith("audit-")}
+    assert statuses == {
+        "audit-ok": Status.OK,
+        "audit-rewind": Status.REWIND,
+        "audit-stall": Status.STALL,
+        "audit-warn": Status.WARN,
+    }
+    assert reports["audit-ok"].commits_in_window == 1 + PARTITIONS
+    assert reports["audit-stall"].commits_in_window == 3
+    assert reports["audit-warn"].partitions[0].lag is not None
+    # An hour later nobody has committed: the stalled group with a lag is STOP, the group
+    # that caught up stays OK.
+    later = {
+        r.group: r.status
+        for r in run_audit(spark, bootstrap(cluster), now_ms=now_ms + 3_600_000, window_ms=600_000)
+    }
+    assert later["audit-stall"] == Status.STOP
+    assert later["audit-ok"] == Status.OK
+
+
+def produce_to_partition(cluster: LocalCluster, topic: str, partition: int, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap(cluster), "acks": "all"})
+    for i in range(count):
+        producer.produce(topic, value=f"more-{i}".encode(), partition=partition)
+    assert producer.flush(60) == 0

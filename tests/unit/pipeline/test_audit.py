@@ -1,0 +1,96 @@
+"""The offsets audit's rules: each Burrow-style status from a known window of commits, the
+rules' order, the commit rate and a group's worst status."""
+
+from __future__ import annotations
+
+import pytest
+
+from kcoord.pipeline.audit import (
+    Commit,
+    Sample,
+    Status,
+    build_report,
+    latest_commits,
+    partition_status,
+)
+
+NOW_MS = 1_000_000
+STOP_AFTER_MS = 60_000
+
+
+def samples(*rows: tuple[int, int | None]) -> list[Sample]:
+    """(offset, lag) pairs, one second apart, the last one a second ago."""
+    return [
+        Sample(offset, NOW_MS - 1000 * (len(rows) - i), lag) for i, (offset, lag) in enumerate(rows)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("window", "lag_now", "status"),
+    [
+        ([(10, 5), (20, 0), (30, 3)], 3, Status.OK),  # caught up within the window
+        ([(10, 5), (12, 4)], 0, Status.OK),  # caught up now
+        ([(10, 5), (12, 6), (14, 6)], 6, Status.OK),  # moving, lag not growing every step
+        ([(10, 5), (12, 7), (14, 9)], 9, Status.WARN),  # moving, falling behind
+        ([(10, 5), (10, 5), (10, 9)], 9, Status.STALL),  # not moving with a lag
+        ([(10, 5), (10, None)], None, Status.STALL),  # lags unknown, offsets not moving
+        ([(10, 5), (12, None), (14, 9)], 9, Status.OK),  # an unknown lag breaks the WARN rule
+        ([(10, 5), (8, 7), (9, 6)], 6, Status.REWIND),
+        ([(10, 5)], 5, Status.OK),  # one sample: nothing to compare
+    ],
+)
+def test_status_rules(
+    window: list[tuple[int, int | None]], lag_now: int | None, status: Status
+) -> None:
+    assert partition_status(samples(*window), lag_now, NOW_MS, STOP_AFTER_MS) == status
+
+
+def test_stop_when_commits_stopped_with_a_lag() -> None:
+    old = samples((10, 5), (10, 5))
+    later = NOW_MS + STOP_AFTER_MS + 1
+    assert partition_status(old, 5, later, STOP_AFTER_MS) == Status.STOP
+    # Caught up: no lag, no STOP however old the last commit.
+    assert partition_status(samples((10, 0)), 0, later, STOP_AFTER_MS) == Status.OK
+    # REWIND is reported first: going backwards is the worse news.
+    assert partition_status(samples((10, 5), (9, 6)), 6, later, STOP_AFTER_MS) == Status.REWIND
+
+
+def commit(group: str, partition: int, offset: int, ts: int, log_offset: int) -> Commit:
+    return Commit(group, "t", partition, offset, ts, log_partition=3, log_offset=log_offset)
+
+
+def test_window_is_the_last_commits_in_log_order() -> None:
+    commits = [commit("g", 0, o, 100 + o, log_offset=o) for o in range(15)]
+    commits.reverse()
+    window = latest_commits(commits, max_samples=4)[("g", "t", 0)]
+    assert [c.offset for c in window] == [11, 12, 13, 14]
+
+
+def test_report_rates_lags_and_worst_status() -> None:
+    commits = [
+        commit("g", 0, 5, NOW_MS - 3000, 0),
+        commit("g", 0, 10, NOW_MS - 2000, 1),
+        commit("g", 1, 7, NOW_MS - 2000, 2),
+        commit("g", 1, 4, NOW_MS - 1000, 3),
+        commit("old", 0, 1, NOW_MS - 500_000, 4),
+    ]
+    end_at = {("t", 0, NOW_MS - 3000): 8, ("t", 0, NOW_MS - 2000): 10}
+    reports = build_report(
+        commits,
+        end_offsets_at=end_at,
+        end_offsets_now={("t", 0): 10, ("t", 1): 9},
+        now_ms=NOW_MS,
+        window_ms=10_000,
+    )
+    by_group = {r.group: r for r in reports}
+    g = by_group["g"]
+    assert g.status == Status.REWIND  # partition 1 went from 7 to 4
+    assert [(p.partition, p.status, p.lag) for p in g.partitions] == [
+        (0, Status.OK, 0),
+        (1, Status.REWIND, 5),
+    ]
+    assert [s.lag for s in g.partitions[0].samples] == [3, 0]
+    assert g.commits_in_window == 4
+    assert g.commit_rate_per_s == pytest.approx(0.4)
+    old = by_group["old"]
+    assert (old.commits_in_window, old.status) == (0, Status.STOP)  # lag 9, silent for 500 s
