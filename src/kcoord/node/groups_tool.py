@@ -19,8 +19,9 @@ trimmed.
 
 The views of ``describe``:
 
-- ``--offsets`` (the default): DescribeGroups at the group's coordinator gives the members and,
-  for protocol type "consumer", their assignment bytes (``decode_assignment``); OffsetFetch the
+- ``--offsets`` (the default): ``describe_group`` gives the members and their assignments
+  (ConsumerGroupDescribe for a KIP-848 group where the cluster serves it, else DescribeGroups
+  with each member's ConsumerProtocolAssignment bytes, ``decode_assignment``); OffsetFetch the
   committed offsets; ListOffsets (latest) at each partition's leader the log end offset. One row
   per assigned partition, members with the most partitions first, then one per committed
   partition nobody is assigned, with "-" for the member columns. LAG is LOG-END-OFFSET minus
@@ -52,6 +53,7 @@ from typing import Any, Final
 from kcoord.cluster.coordinator.wire import Reader, WireFormatError
 from kcoord.errors import Errors
 from kcoord.node.tool_client import (
+    CONSUMER_GROUP_DESCRIBE,
     DELETE_GROUPS,
     DESCRIBE_GROUPS,
     EARLIEST_TIMESTAMP,
@@ -433,6 +435,53 @@ def _described_group(body: Any, group_id: str) -> Any:
 
 
 def describe_group(client: ToolClient, group_id: str) -> Group:
+    """The group as Kafka's ``DescribeConsumerGroupsHandler`` finds it: ConsumerGroupDescribe
+    first where the cluster serves it (groups of the KIP-848 consumer protocol), then, for a
+    group it does not know (GROUP_ID_NOT_FOUND: a classic group, or none), DescribeGroups."""
+    if client.supported_version(*CONSUMER_GROUP_DESCRIBE):
+        group = _describe_consumer_group(client, group_id)
+        if group is not None:
+            return group
+    return _describe_classic_group(client, group_id)
+
+
+def _describe_consumer_group(client: ToolClient, group_id: str) -> Group | None:
+    coordinator, body = client.group_request(
+        group_id,
+        CONSUMER_GROUP_DESCRIBE,
+        {"group_ids": [group_id], "include_authorized_operations": False},
+        lambda b: int(_described_group(b, group_id).error_code),
+    )
+    g = _described_group(body, group_id)
+    code = int(g.error_code)
+    if code == Errors.GROUP_ID_NOT_FOUND:
+        return None
+    if code != Errors.NONE:
+        raise KafkaError(code, f"ConsumerGroupDescribe of group '{group_id}'", g.error_message)
+    return Group(
+        group_id=group_id,
+        state=str(g.group_state),
+        protocol_type=CONSUMER_PROTOCOL_TYPE,
+        protocol=str(g.assignor_name),
+        members=tuple(
+            Member(
+                member_id=str(m.member_id),
+                group_instance_id=m.instance_id,
+                client_id=str(m.client_id),
+                host=str(m.client_host),
+                assignment=tuple(
+                    TopicPartition(str(tp.topic_name), int(p))
+                    for tp in m.assignment.topic_partitions
+                    for p in tp.partitions
+                ),
+            )
+            for m in g.members
+        ),
+        coordinator=coordinator,
+    )
+
+
+def _describe_classic_group(client: ToolClient, group_id: str) -> Group:
     """DescribeGroups v5 at the coordinator. An unknown group is Dead (v5 reports no
     GROUP_ID_NOT_FOUND; a later version would, and is treated the same)."""
     coordinator, body = client.group_request(

@@ -45,6 +45,7 @@ from kcoord.node.config import Endpoint
 METADATA: Final = (3, 12)
 FIND_COORDINATOR: Final = (10, 3)
 DESCRIBE_GROUPS: Final = (15, 5)
+CONSUMER_GROUP_DESCRIBE: Final = (69, 0)  # KIP-848 groups (Kafka 3.7+), where served
 LIST_GROUPS: Final = (16, 4)
 OFFSET_FETCH: Final = (9, 7)
 OFFSET_COMMIT: Final = (8, 8)
@@ -264,6 +265,7 @@ class ToolClient:
         self._clock = clock
         self._sleep = sleep
         self._brokers: dict[int, Broker] = {}
+        self._api_versions: dict[int, range] | None = None
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -365,16 +367,21 @@ class ToolClient:
         )
 
     def supported_version(self, api_key: int, version: int) -> bool:
-        """Whether a bootstrap server serves ``version`` of ``api_key`` (ApiVersions v3)."""
-        body = self.send_any(
-            API_VERSIONS, {"client_software_name": "kcoord", "client_software_version": "0"}
-        )
-        if int(body.error_code) != Errors.NONE:
-            return False
-        return any(
-            int(k.api_key) == api_key and int(k.min_version) <= version <= int(k.max_version)
-            for k in body.api_keys
-        )
+        """Whether the bootstrap server that answers serves ``version`` of ``api_key``
+        (ApiVersions v3, asked once per client)."""
+        if self._api_versions is None:
+            body = self.send_any(
+                API_VERSIONS, {"client_software_name": "kcoord", "client_software_version": "0"}
+            )
+            self._api_versions = (
+                {
+                    int(k.api_key): range(int(k.min_version), int(k.max_version) + 1)
+                    for k in body.api_keys
+                }
+                if int(body.error_code) == Errors.NONE
+                else {}
+            )
+        return version in self._api_versions.get(api_key, range(0))
 
     # -- groups --------------------------------------------------------------------------------
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import datetime
 import struct
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment
 
 from kcoord.cluster.coordinator.wire import WireFormatError
+from kcoord.errors import Errors
 from kcoord.node.cli import build_parser
+from kcoord.node.config import Endpoint
 from kcoord.node.groups_tool import (
     Committed,
     Group,
@@ -20,6 +25,7 @@ from kcoord.node.groups_tool import (
     assignment_string,
     clamp_offset,
     decode_assignment,
+    describe_group,
     format_list_with_state,
     format_members,
     format_offsets,
@@ -30,7 +36,16 @@ from kcoord.node.groups_tool import (
     parse_states,
     parse_topic_arg,
 )
-from kcoord.node.tool_client import Broker, ToolError, TopicPartition
+from kcoord.node.tool_client import (
+    API_VERSIONS,
+    CONSUMER_GROUP_DESCRIBE,
+    DESCRIBE_GROUPS,
+    FIND_COORDINATOR,
+    Broker,
+    ToolError,
+    TopicPartition,
+)
+from tests.unit.node.test_tool_client import Answer, ScriptedClient, coordinator
 
 TP = TopicPartition
 COORDINATOR = Broker(2, "127.0.0.1", 9102)
@@ -251,3 +266,85 @@ def test_parser_requires_one_scope_and_one_scenario() -> None:
     listing = parser.parse_args(["groups", "list", "--state"])
     assert listing.state == []
     assert parser.parse_args(["groups", "list"]).state is None
+
+
+# -- which describe API ------------------------------------------------------------------------
+
+
+def api_versions(*keys: int) -> Answer:
+    body = SimpleNamespace(
+        error_code=0,
+        api_keys=[SimpleNamespace(api_key=k, min_version=0, max_version=5) for k in keys],
+    )
+    return lambda _e, _v: body
+
+
+def classic_group(_endpoint: Endpoint, _values: Mapping[str, Any]) -> Any:
+    assignment = ConsumerProtocolAssignment(0, [("orders", [1])], None).encode(version=0)
+    member = SimpleNamespace(
+        member_id="m-1",
+        group_instance_id=None,
+        client_id="app",
+        client_host="/10.0.0.1",
+        member_assignment=assignment,
+    )
+    described = SimpleNamespace(
+        group_id="g",
+        error_code=0,
+        group_state="Stable",
+        protocol_type="consumer",
+        protocol_data="range",
+        members=[member],
+    )
+    return SimpleNamespace(groups=[described])
+
+
+def consumer_group(error: Errors) -> Answer:
+    partitions = SimpleNamespace(topic_id=None, topic_name="orders", partitions=[0, 2])
+    member = SimpleNamespace(
+        member_id="m-2",
+        instance_id="i-2",
+        client_id="app",
+        client_host="/10.0.0.2",
+        assignment=SimpleNamespace(topic_partitions=[partitions]),
+    )
+    described = SimpleNamespace(
+        group_id="g",
+        error_code=error,
+        error_message=None,
+        group_state="Reconciling",
+        assignor_name="uniform",
+        members=[member],
+    )
+    return lambda _e, _v: SimpleNamespace(groups=[described])
+
+
+def test_a_kip_848_group_is_described_with_consumer_group_describe() -> None:
+    client = ScriptedClient(
+        {
+            API_VERSIONS: [api_versions(15, 69)],
+            FIND_COORDINATOR: [coordinator(3)],
+            CONSUMER_GROUP_DESCRIBE: [consumer_group(Errors.NONE)],
+        }
+    )
+    g = describe_group(client, "g")
+    assert (g.state, g.protocol, g.coordinator.node_id) == ("Reconciling", "uniform", 3)
+    assert g.members == (
+        Member("m-2", "i-2", "app", "/10.0.0.2", (TP("orders", 0), TP("orders", 2))),
+    )
+
+
+def test_classic_groups_fall_back_to_describe_groups() -> None:
+    script: dict[tuple[int, int], list[Answer]] = {
+        API_VERSIONS: [api_versions(15, 69)],
+        FIND_COORDINATOR: [coordinator(1)],
+        CONSUMER_GROUP_DESCRIBE: [consumer_group(Errors.GROUP_ID_NOT_FOUND)],
+        DESCRIBE_GROUPS: [classic_group],
+    }
+    g = describe_group(ScriptedClient(script), "g")
+    assert (g.state, g.protocol) == ("Stable", "range")
+    assert g.members == (Member("m-1", None, "app", "/10.0.0.1", (TP("orders", 1),)),)
+    # A cluster without ConsumerGroupDescribe is asked with DescribeGroups only.
+    old = ScriptedClient({**script, API_VERSIONS: [api_versions(15)]})
+    assert describe_group(old, "g").state == "Stable"
+    assert CONSUMER_GROUP_DESCRIBE not in {api for api, _ in old.sent}
