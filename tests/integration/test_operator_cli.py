@@ -1,7 +1,8 @@
 """``kcoord groups`` and ``kcoord topics`` against a live 3-node cluster.
 
 A topic ``orders`` (3 partitions, RF 3) gets 10, 20 and 5 records with known timestamps from a
-kafka-python producer; groups commit known offsets with kafka-python. The tests check the exact
+kafka-python producer; groups commit known offsets with kafka-python (each client in a process
+of its own, ``kafka_python_ops``). The tests check the exact
 columns of every view, the lag values, reset-offsets (dry run, execute, each scenario, clamping)
 as kafka-python then reads the committed offsets, the refusals while a kafka-python consumer is a
 live member, DeleteGroups' per-group results, the topic commands, and clear errors with non-zero
@@ -13,15 +14,15 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.structs import OffsetAndMetadata
 
 from kcoord.cli import main
 from kcoord.cluster.routing import partition_for
@@ -38,6 +39,9 @@ OFFSETS_HEADER = (
     "             CONSUMER-ID     HOST            CLIENT-ID"
 )
 DEADLINE_S = 30.0
+COMMAND_TIMEOUT_MS = 30_000
+OPS_TIMEOUT_S = 90.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,11 @@ class Run:
 
 
 def kcoord(*args: str) -> Run:
+    """One command in-process. Its retries may take longer than Kafka's 5 s default here: the
+    test machine is shared and slow at times."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
+        code = main([*args, "--timeout-ms", str(COMMAND_TIMEOUT_MS)])
     return Run(code, out.getvalue(), err.getvalue())
 
 
@@ -77,16 +83,10 @@ def bootstrap(cluster: LocalCluster) -> str:
     )  # fmt: skip
     assert (run.code, run.out) == (0, f"Created topic {TOPIC}.\n"), run.err
     wait_for(lambda: _leaders(servers, TOPIC) == 3, "leaders of every orders partition")
-    producer = KafkaProducer(bootstrap_servers=servers.split(","), acks="all")
-    try:
-        for partition, count in RECORDS.items():
-            for i in range(count):
-                producer.send(
-                    TOPIC, b"x", partition=partition, timestamp_ms=BASE_TIMESTAMP_MS + i * 1000
-                )
-        producer.flush(timeout=DEADLINE_S)
-    finally:
-        producer.close()
+    kafka_python(
+        "produce", servers, counts={str(p): n for p, n in RECORDS.items()},
+        base_timestamp_ms=BASE_TIMESTAMP_MS,
+    )  # fmt: skip
     return servers
 
 
@@ -95,28 +95,38 @@ def _leaders(servers: str, topic: str) -> int:
     return sum(1 for line in run.out.splitlines() if "\tLeader: " in line and "none" not in line)
 
 
+def kafka_python(op: str, servers: str, **cmd: Any) -> Any:
+    """One ``kafka_python_ops`` operation; its JSON answer."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.integration.kafka_python_ops",
+            _ops_command(op, servers, cmd),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=OPS_TIMEOUT_S,
+        check=False,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, f"kafka-python {op} failed:\n{proc.stderr[-4000:]}"
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def _ops_command(op: str, servers: str, cmd: dict[str, Any]) -> str:
+    return json.dumps({"op": op, "bootstrap": servers.split(","), "topic": TOPIC, **cmd})
+
+
 def commit(servers: str, group: str, offsets: dict[int, int]) -> None:
     """Commit as kafka-python does for a consumer without a subscription (generation -1)."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False
-    )
-    try:
-        consumer.commit(
-            {TopicPartition(TOPIC, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
-        )
-    finally:
-        consumer.close()
+    kafka_python("commit", servers, group=group, offsets={str(p): o for p, o in offsets.items()})
 
 
 def committed(servers: str, group: str) -> dict[int, int | None]:
     """The group's committed offsets as kafka-python reads them (OffsetFetch of its own)."""
-    consumer = KafkaConsumer(
-        bootstrap_servers=servers.split(","), group_id=group, enable_auto_commit=False
-    )
-    try:
-        return {p: consumer.committed(TopicPartition(TOPIC, p)) for p in RECORDS}
-    finally:
-        consumer.close()
+    answer = kafka_python("committed", servers, group=group, partitions=list(RECORDS))
+    return {int(p): o for p, o in answer.items()}
 
 
 def describe(servers: str, group: str, *view: str) -> Run:
@@ -180,31 +190,49 @@ def test_describe_a_group_that_does_not_exist(bootstrap: str) -> None:
 
 
 @contextlib.contextmanager
-def live_member(servers: str, group: str, client_id: str) -> Iterator[KafkaConsumer]:
-    consumer = KafkaConsumer(
-        TOPIC,
-        bootstrap_servers=servers.split(","),
-        group_id=group,
-        client_id=client_id,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
+def live_member(
+    servers: str, group: str, client_id: str, offsets: dict[int, int], log: Path
+) -> Iterator[None]:
+    """A kafka-python consumer in the group, assigned every partition, that has committed
+    ``offsets``; it leaves the group on exit."""
+    cmd = _ops_command(
+        "member",
+        servers,
+        {
+            "group": group,
+            "client_id": client_id,
+            "partitions": len(RECORDS),
+            "offsets": {str(p): o for p, o in offsets.items()},
+        },
     )
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.kafka_python_ops", cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            cwd=REPO,
+        )
+    assert proc.stdin is not None and proc.stdout is not None
     try:
-
-        def assigned() -> bool:
-            consumer.poll(timeout_ms=200)
-            return len(consumer.assignment()) == len(RECORDS)
-
-        wait_for(assigned, f"{client_id} assigned every partition", DEADLINE_S)
-        yield consumer
+        # The member gives up (and exits, closing stdout) after its own deadline.
+        line = proc.stdout.readline()
+        assert json.loads(line or "null") == "assigned", log.read_text()[-4000:]
+        yield
+        proc.stdin.close()
+        assert proc.wait(timeout=OPS_TIMEOUT_S) == 0, log.read_text()[-4000:]
     finally:
-        consumer.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
 
 
-def test_a_live_member_shows_in_every_view_and_blocks_reset_and_delete(bootstrap: str) -> None:
-    with live_member(bootstrap, "live", "live-member") as consumer:
-        consumer.commit({TopicPartition(TOPIC, 0): OffsetAndMetadata(4, "", -1)})
-        wait_for(lambda: describe(bootstrap, "live").code == 0, "describe")
+def test_a_live_member_shows_in_every_view_and_blocks_reset_and_delete(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    with live_member(bootstrap, "live", "live-member", {0: 4}, tmp_path / "member.stderr"):
         run = describe(bootstrap, "live")
         assert (run.code, run.err) == (0, "")
         rows = run.rows()
@@ -451,8 +479,9 @@ def test_the_console_script_defaults_to_the_local_clusters_bootstrap(
     commit(bootstrap, "scripted", {1: 12})
     script = Path(sys.executable).parent / "kcoord"
     command = [str(script)] if script.exists() else [sys.executable, "-m", "kcoord.cli"]
+    args = ["groups", "describe", "--group", "scripted", "--data-dir", str(cluster.root)]
     result = subprocess.run(
-        [*command, "groups", "describe", "--group", "scripted", "--data-dir", str(cluster.root)],
+        [*command, *args, "--timeout-ms", str(COMMAND_TIMEOUT_MS)],
         capture_output=True,
         text=True,
         timeout=60,

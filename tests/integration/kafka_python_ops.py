@@ -1,0 +1,115 @@
+"""kafka-python in a process of its own, for ``test_operator_cli.py``: the test process stays
+free of the client's sockets and threads (an in-process client leaves a socket to the garbage
+collector now and then, which pytest turns into an error).
+
+Usage: ``python -m tests.integration.kafka_python_ops '<json>'``; ``op`` is one of
+
+- ``produce``: ``counts`` {partition: n} records to ``topic``, record i of a partition with
+  timestamp ``base_timestamp_ms + 1000 * i``, acks=all; prints "null";
+- ``commit``: ``offsets`` {partition: offset} for ``group`` as a consumer without a
+  subscription (generation -1); prints "null";
+- ``committed``: prints {partition: offset or null} of ``group`` for ``partitions``;
+- ``member``: subscribes to ``topic`` in ``group`` as ``client_id``, polls until it has
+  ``partitions`` partitions, commits ``offsets`` as that member, prints "assigned", then keeps
+  polling until its stdin closes, and closes the consumer (leaving the group).
+
+Every answer is one JSON line on stdout; errors go to stderr with a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import sys
+import time
+from typing import Any
+
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+DEADLINE_S = 30.0
+POLL_MS = 200
+
+
+def _offsets(topic: str, offsets: dict[str, int]) -> dict[TopicPartition, OffsetAndMetadata]:
+    return {TopicPartition(topic, int(p)): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+
+
+def produce(cmd: dict[str, Any]) -> Any:
+    producer = KafkaProducer(bootstrap_servers=cmd["bootstrap"], acks="all")
+    try:
+        futures = [
+            producer.send(
+                cmd["topic"],
+                b"x",
+                partition=int(partition),
+                timestamp_ms=cmd["base_timestamp_ms"] + 1000 * i,
+            )
+            for partition, count in cmd["counts"].items()
+            for i in range(count)
+        ]
+        producer.flush(timeout=DEADLINE_S)
+        for future in futures:
+            future.get(timeout=DEADLINE_S)
+    finally:
+        producer.close(timeout=10)
+    return None
+
+
+def commit(cmd: dict[str, Any]) -> Any:
+    consumer = KafkaConsumer(
+        bootstrap_servers=cmd["bootstrap"], group_id=cmd["group"], enable_auto_commit=False
+    )
+    try:
+        consumer.commit(_offsets(cmd["topic"], cmd["offsets"]))
+    finally:
+        consumer.close()
+    return None
+
+
+def committed(cmd: dict[str, Any]) -> Any:
+    consumer = KafkaConsumer(
+        bootstrap_servers=cmd["bootstrap"], group_id=cmd["group"], enable_auto_commit=False
+    )
+    try:
+        return {
+            str(p): consumer.committed(TopicPartition(cmd["topic"], p)) for p in cmd["partitions"]
+        }
+    finally:
+        consumer.close()
+
+
+def member(cmd: dict[str, Any]) -> Any:
+    consumer = KafkaConsumer(
+        cmd["topic"],
+        bootstrap_servers=cmd["bootstrap"],
+        group_id=cmd["group"],
+        client_id=cmd["client_id"],
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while len(consumer.assignment()) < cmd["partitions"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"assigned only {sorted(consumer.assignment())}")
+            consumer.poll(timeout_ms=POLL_MS)
+        consumer.commit(_offsets(cmd["topic"], cmd["offsets"]))
+        print(json.dumps("assigned"), flush=True)
+        # Stay in the group (poll, so the consumer keeps its assignment) until stdin closes.
+        while not select.select([sys.stdin], [], [], POLL_MS / 1000)[0]:
+            consumer.poll(timeout_ms=0)
+        sys.stdin.read()
+    finally:
+        consumer.close()
+    return "closed"
+
+
+def main() -> None:
+    cmd = json.loads(sys.argv[1])
+    ops = {"produce": produce, "commit": commit, "committed": committed, "member": member}
+    print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
