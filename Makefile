@@ -15,6 +15,7 @@ help:
 	@echo "make test           set up, run the checks and the default test suite"
 	@echo "make check          ruff, ruff format --check, mypy --strict, import-linter"
 	@echo "make down           stop a cluster started with 'kcoord cluster up --detach'"
+	@echo "make chaos          the chaos matrix, 10 minutes (chaos/README.md); chaos-full: 5 seeds"
 	@echo "make bench-storage  storage engine benchmark (prints and writes bench/results/)"
 	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
 	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
@@ -68,6 +69,16 @@ up: $(STAMP)
 
 down: $(STAMP)
 	$(BIN)/kcoord cluster down --data-dir .kcoord/cluster
+
+# The chaos matrix (chaos/README.md): each nemesis alone and all together, both workloads.
+# `make chaos` is the 10-minute matrix (one seed each); `make chaos-full` runs 5 seeds each.
+# Summaries go to chaos/results/; histories and node logs stay under .kcoord/chaos/.
+.PHONY: chaos chaos-full
+chaos: $(STAMP) lab
+	$(BIN)/kcoord chaos matrix --seeds 1 --duration 20 --interval 3
+
+chaos-full: $(STAMP) lab
+	$(BIN)/kcoord chaos matrix --seeds 1,2,3,4,5 --duration 30 --interval 4
 
 bench: bench-storage bench-quorum bench-coordinator
 
