@@ -383,6 +383,10 @@ def test_list_and_delete_groups(bootstrap: str) -> None:
     assert {"deletable", "kept"} <= set(names.out.split())
     empty = kcoord("groups", "list", "--state", "empty", "--bootstrap-server", bootstrap)
     assert ["deletable", "Empty"] in empty.rows() and ["kept", "Empty"] in empty.rows()
+    every = kcoord("groups", "describe", "--all-groups", "--state", "--bootstrap-server", bootstrap)
+    described = [line.split()[0] for line in every.out.splitlines() if line.strip()]
+    assert {"deletable", "kept"} <= set(described) and "GROUP" in described
+    assert "Consumer group 'kept' has no active members.\n" in every.err
 
     run = kcoord(
         "groups", "delete", "--group", "deletable", "--group", "never-existed",
