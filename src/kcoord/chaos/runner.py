@@ -398,9 +398,13 @@ def final_phase(chaos: ChaosLab, workload: GroupsWorkload) -> None:
         settle_groups(chaos, workload)
     for group in workload.groups():
         try:
+            # Stable at the coordinator *and* every member has reported that assignment: the
+            # described state is the final one the checkers judge.
             described = poll_until(
                 f"{group} Stable",
-                lambda g=group: _stable(chaos.bootstrap, g),  # type: ignore[misc]
+                lambda g=group: (  # type: ignore[misc]
+                    group_settled(history, workload, g) and _stable(chaos.bootstrap, g)
+                ),
                 SETTLE_TIMEOUT_S,
             )
             history.add("checker", "ok", "describe", described)
