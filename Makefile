@@ -41,6 +41,11 @@ lab:
 prometheus:
 	bash scripts/setup-prometheus.sh
 
+# Debian's docker-compose, for `docker-compose config` in tests/unit/deploy (it skips without it).
+.PHONY: deploy-tools
+deploy-tools:
+	bash scripts/setup-deploy-tools.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
 	$(BIN)/ruff format --check src tests bench
@@ -57,10 +62,10 @@ imports: $(STAMP)
 
 check: lint typecheck imports
 
-test: check lab prometheus
+test: check lab prometheus deploy-tools
 	bash scripts/run-pytest.sh $(PYTEST_ARGS)
 
-test-all: check lab prometheus
+test-all: check lab prometheus deploy-tools
 	bash scripts/run-pytest.sh
 
 # A 3-node cluster on 127.0.0.1 in the foreground (Ctrl-C stops it); data in .kcoord/cluster.

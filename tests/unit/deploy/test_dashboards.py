@@ -1,0 +1,134 @@
+"""The Grafana dashboards, statically: the four the issue asks for, well-formed panels, every
+expression parsed by Prometheus's own parser (``promtool check rules``) and every metric name one
+that node/metrics.py defines. tests/integration/test_deploy_dashboards.py checks the names
+against a live node's /metrics and evaluates every expression in a real Prometheus.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import deploy_files as files
+
+REPO = Path(__file__).resolve().parents[3]
+METRICS_SOURCE = REPO / "src" / "kcoord" / "node" / "metrics.py"
+# Families prometheus_client's process and GC collectors add, and the one Prometheus makes.
+LIBRARY_PREFIXES = ("process_", "python_")
+SYNTHETIC = frozenset({"up"})
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def test_the_four_dashboards() -> None:
+    boards = files.dashboards()
+    titles = {b["title"] for b in boards.values()}
+    assert titles == {
+        "kcoord: cluster overview",
+        "kcoord: consumer groups and lag",
+        "kcoord: Raft and controller",
+        "kcoord: replication",
+    }
+    uids = [b["uid"] for b in boards.values()]
+    assert len(set(uids)) == len(uids)
+    for name, board in boards.items():
+        assert name == f"{board['uid']}.json"
+        ids = [p["id"] for p in files.panels(board)]
+        assert len(set(ids)) == len(ids), f"{name}: duplicate panel ids"
+        for panel in files.panels(board):
+            grid = panel["gridPos"]
+            assert grid["x"] + grid["w"] <= 24, (name, panel["title"])
+            if panel["type"] != "row":
+                assert panel["targets"], (name, panel["title"])
+                assert panel.get("description"), f"{name}: {panel['title']} says what it shows"
+
+
+def test_metric_names_are_read_from_promql() -> None:
+    assert files.metric_names(
+        "histogram_quantile(0.99, sum by (le, api) "
+        '(rate(kcoord_kafka_request_duration_seconds_bucket{job="x"}[1m])))'
+    ) == {"kcoord_kafka_request_duration_seconds_bucket"}
+    assert files.metric_names(
+        "scalar(max(a_total)) - max by (voter) (b) * on (instance) group_left () (c == 1)"
+    ) == {"a_total", "b", "c"}
+    assert files.metric_names('up{job="kcoord"} and on() vector(1)') == {"up"}
+    assert files.metric_names(
+        'sum(x{topic=~"a|b"}) or label_replace(y, "d", "$1", "s", "(.*)")'
+    ) == {
+        "x",
+        "y",
+    }
+
+
+def test_every_expression_parses(tmp_path: Path) -> None:
+    """Prometheus's parser (promtool) on every expression, as recording rules."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("Debian's prometheus (promtool) is not installed: scripts/setup-prometheus.sh")
+    expressions = files.expressions()
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [
+                    {"record": f"dashboard_expression_{i}", "expr": e.query}
+                    for i, e in enumerate(expressions)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(expressions)} rules found" in result.stdout
+
+
+def test_promtool_catches_a_bad_expression(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("Debian's prometheus (promtool) is not installed: scripts/setup-prometheus.sh")
+    path = tmp_path / "rules.yml"
+    path.write_text(
+        yaml.safe_dump(
+            {"groups": [{"name": "x", "rules": [{"record": "r", "expr": "sum by (le (x)"}]}]}
+        )
+    )
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+
+
+def test_every_metric_is_a_family_of_node_metrics() -> None:
+    source = METRICS_SOURCE.read_text()
+    for expression in files.expressions():
+        names = files.metric_names(expression.query)
+        assert names, f"no metric in {expression}"
+        for name in names:
+            if name in SYNTHETIC or name.startswith(LIBRARY_PREFIXES):
+                continue
+            family = name
+            for suffix in HISTOGRAM_SUFFIXES:
+                if name.endswith(suffix) and f'"{name}"' not in source:
+                    family = name.removesuffix(suffix)
+            assert f'"{family}"' in source, (
+                f"{family} is not defined in node/metrics.py: {expression}"
+            )
+
+
+def test_grafana_variables_are_substituted() -> None:
+    for expression in files.expressions():
+        assert "$" not in expression.query, expression
+    assert files.substitute('rate(x{g=~"$consumergroup"}[$__rate_interval])') == (
+        'rate(x{g=~".*"}[1m])'
+    )
