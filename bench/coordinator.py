@@ -1,6 +1,7 @@
 """Group coordinator benchmark, side by side with the tansu broker: ``make bench-coordinator``.
 
-Runs, in one run on this machine, the same aiokafka client code against two brokers:
+Runs, in one run on this machine, the same aiokafka client code against two brokers (figures
+(a) to (c)), then two figures of kcoord alone ((d) and (e)):
 
 - **kcoord**: a 3-node local cluster (``kcoord.node.launcher.up`` on loopback ports found free
   at run time; ``__consumer_offsets`` with its defaults: 50 partitions, replication factor 3, so
@@ -33,13 +34,50 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
     death by the session timeout, which runs from the member's last heartbeat, so the figure
     is at least the session timeout less one heartbeat interval (6000 and 2000 ms by default).
 
+(d) The cost of metrics (issue 7): case (a) with ``--commit-clients`` clients on two fresh
+    3-node clusters that differ only in ``metrics.enable`` (true, false), both running
+    throughout, measured alternately (on, off, on, off: ``--metrics-rounds`` of each, so a
+    drift of the machine's load hits both alike). While metrics are on, every node's
+    ``/metrics`` (the admin listener) is fetched every ``METRICS_SCRAPE_INTERVAL_S``, as a busy
+    Prometheus would; ``/metrics`` is checked to answer 200 on one cluster and 404 on the
+    other. The figure is the median commits/s of each; the overhead is off / on - 1.
+(e) KIP-848 vs classic (issue 9): one member joins a settled group of N (``--join-sizes``), on
+    the metrics-on cluster of (d) once the other is stopped. Its node config:
+    ``group.consumer.heartbeat.interval.ms`` and ``group.consumer.session.timeout.ms`` from
+    ``--join-heartbeat-interval-ms`` and ``--join-session-timeout-ms`` (500 and 6000 ms by
+    default; Kafka's are 5000 and 45000), ``group.initial.rebalance.delay.ms`` 0. The client
+    is confluent-kafka (librdkafka) for the three protocols of ``JoinGroup``: the consumer
+    protocol (the coordinator's uniform assignor), classic eager (``range``) and classic
+    cooperative (``cooperative-sticky``); classic members heartbeat at the same interval and
+    time out after the same session. The topic has ``--join-partitions-per-member`` times N
+    partitions (2N by default: the joiner takes partitions from some members, the others keep
+    theirs). The N members start at once, each a ``Consumer`` polled by a thread of this
+    process, and are let to settle: assignments disjoint, covering, none empty, and none
+    changed for ``JOIN_QUIET_HEARTBEATS`` heartbeat intervals. Then, ``--join-rounds`` times,
+    after a random wait of up to one interval (so that the join falls at a random phase of
+    the members' heartbeats), one more member subscribes, and from its subscribe():
+    (a) ms until it owns a non-empty assignment ("owned"); (b) ms until the group last
+    changed before it settled again ("stable"); (c) partitions moved: over all members,
+    partitions lost plus partitions gained (a partition that changes owner counts twice),
+    and partitions named in revocation callbacks; (d) of the members that neither gained nor
+    lost a partition ("unchanged"), how many had a revocation callback (eager revokes
+    everything: it has few unchanged members, and every one is revoked). The joiner then
+    leaves and the group settles again. The rebalance callbacks of every member are recorded
+    in the raw results (``revocations_ms``, from the joiner's subscribe()).
+
 Every figure is the median of its samples; the ratio is kcoord / tansu (for times, below 1 means
 kcoord is faster). Targets: every figure at least as good as tansu's; commit throughput with
-``--commit-clients`` clients at least ``COMMIT_SPEEDUP_TARGET`` times tansu's.
+``--commit-clients`` clients at least ``COMMIT_SPEEDUP_TARGET`` times tansu's; (d) metrics off /
+on - 1 below ``METRICS_OVERHEAD_TARGET``; (e) with the consumer protocol, for each N: no
+unchanged member revoked (and some unchanged), and the joiner owns partitions within
+``JOIN_OWNED_TARGET_HEARTBEATS`` heartbeat intervals (median of the rounds).
 
-Prints a side-by-side table and writes ``bench/results/coordinator.json`` (raw samples, targets,
-targets_met). Every broker process and member process is stopped at the end, on failure too;
-on a failure the working directory (node logs, ``tansu.log``, member logs) is kept and named.
+Prints a side-by-side table, the tables of (d) and (e) and writes
+``bench/results/coordinator.json`` (raw samples, figures, targets, targets_met; (d) and (e)
+under ``metrics_cost`` and ``join_<N>[_<protocol>]``, the kcoord-only targets with a ``value``
+and a ``rule``). Every broker process, member process and member thread is stopped at the end,
+on failure too; on a failure the working directory (node logs, ``tansu.log``, member logs,
+``librdkafka.log``) is kept and named.
 """
 
 from __future__ import annotations
@@ -60,6 +98,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -67,10 +106,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import aiohttp
 import aiokafka
+import confluent_kafka
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
+from confluent_kafka import Consumer
 
 from kcoord.errors import Errors
 from kcoord.node import launcher
@@ -88,6 +130,17 @@ PORT_STRIDE = 10
 COMMIT_TOPIC = "bench-commits"
 GROUP_TOPIC = "bench-group"
 MEMBER_COMMAND = "member"
+# (d): Prometheus' usual scrape_interval is 15 s or more; once a second is a busy scraper.
+METRICS_SCRAPE_INTERVAL_S = 1.0
+METRICS_OVERHEAD_TARGET = 0.05  # issue 7: commits/s with metrics off / on - 1 below this
+# (e)
+JOIN_TOPIC_PREFIX = "bench-join-"
+JOIN_PROTOCOLS = ("consumer", "eager", "cooperative")
+# A group is settled once no assignment has changed for this many heartbeat intervals: a
+# member that still has to give up or receive a partition hears of it within one.
+JOIN_QUIET_HEARTBEATS = 3
+JOIN_OWNED_TARGET_HEARTBEATS = 2.0  # issue 9: the joiner owns partitions within 2 intervals
+JOIN_POLL_TIMEOUT_S = 0.1  # consume()'s timeout: how soon a member thread sees its stop
 
 
 class BenchError(Exception):
@@ -172,6 +225,7 @@ class Broker:
     name: str
     bootstrap: str
     addresses: list[tuple[str, int]]  # every Kafka listener
+    metrics_urls: list[str] = field(default_factory=list)  # kcoord: every node's /metrics
 
 
 def tansu_binary() -> str:
@@ -330,13 +384,14 @@ class Run:
 # (a) ----------------------------------------------------------------------------------------
 
 
-async def commit_case(broker: Broker, run: Run, clients: int) -> dict[str, Any]:
+async def commit_case(broker: Broker, run: Run, clients: int, tag: str = "") -> dict[str, Any]:
     """``clients`` consumers, each of its own group and partition, commit in a loop for
     ``--commit-seconds``. The raw samples are the commits completed in each
-    ``COMMIT_INTERVAL_S`` of the run (the throughput over time) and per client."""
+    ``COMMIT_INTERVAL_S`` of the run (the throughput over time) and per client. ``tag`` keeps
+    the group ids of two cases on one broker apart."""
     seconds, partitions = run.args.commit_seconds, run.args.commit_clients
     consumers = [
-        run.settings.consumer(broker.bootstrap, f"commit-{run.run_id}-{clients}-{i}")
+        run.settings.consumer(broker.bootstrap, f"commit-{run.run_id}-{tag}{clients}-{i}")
         for i in range(clients)
     ]
     latencies_ms: list[float] = []
@@ -532,6 +587,362 @@ async def failover_round(broker: Broker, run: Run, group_id: str) -> dict[str, A
     }
 
 
+# (d) ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Scrapes:
+    """What a Prometheus-like scraper saw: one entry per GET of a node's ``/metrics``."""
+
+    statuses: list[int] = field(default_factory=list)
+    sizes_bytes: list[int] = field(default_factory=list)
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "interval_s": METRICS_SCRAPE_INTERVAL_S,
+            "count": len(self.statuses),
+            "statuses": sorted(set(self.statuses)),
+            "median_bytes": statistics.median(self.sizes_bytes) if self.sizes_bytes else 0,
+            "latency": summary(self.latencies_ms, "ms", keep_samples=False)
+            if self.latencies_ms
+            else None,
+        }
+
+
+async def scrape_metrics(urls: Sequence[str], stopping: asyncio.Event, scrapes: Scrapes) -> None:
+    """GET every url once per ``METRICS_SCRAPE_INTERVAL_S`` until ``stopping``, reading the
+    whole body as Prometheus does (it also parses it; the parsing is the scraper's cost, not
+    the node's)."""
+    timeout = aiohttp.ClientTimeout(total=METRICS_SCRAPE_INTERVAL_S * 10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def scrape(url: str) -> None:
+            started = time.perf_counter()
+            async with session.get(url) as response:
+                body = await response.read()
+            scrapes.latencies_ms.append((time.perf_counter() - started) * 1000)
+            scrapes.statuses.append(response.status)
+            scrapes.sizes_bytes.append(len(body))
+
+        while not stopping.is_set():
+            tick = time.perf_counter()
+            await asyncio.gather(*(scrape(url) for url in urls))
+            with contextlib.suppress(TimeoutError):
+                wait_s = tick + METRICS_SCRAPE_INTERVAL_S - time.perf_counter()
+                await asyncio.wait_for(stopping.wait(), max(wait_s, 0.0))
+
+
+async def metrics_status(url: str) -> int:
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+        await response.read()
+        return response.status
+
+
+async def metrics_case(broker: Broker, run: Run, metrics_on: bool, tag: str) -> dict[str, Any]:
+    """The ``--commit-clients`` commit case; with metrics on, every node's ``/metrics`` is
+    scraped once a second meanwhile. Checks first that the node config took: ``/metrics``
+    answers 200 with metrics on and 404 with them off."""
+    expected = 200 if metrics_on else 404
+    statuses = await asyncio.gather(*(metrics_status(url) for url in broker.metrics_urls))
+    if any(status != expected for status in statuses):
+        raise BenchError(f"/metrics answered {statuses}, expected {expected} from every node")
+    scrapes = Scrapes()
+    stopping = asyncio.Event()
+    scraper = (
+        asyncio.create_task(scrape_metrics(broker.metrics_urls, stopping, scrapes))
+        if metrics_on
+        else None
+    )
+    try:
+        result = await commit_case(broker, run, run.args.commit_clients, tag)
+    finally:
+        stopping.set()
+        if scraper is not None:
+            await scraper
+    if metrics_on and (not scrapes.statuses or set(scrapes.statuses) != {200}):
+        raise BenchError(f"scrapes of /metrics answered {sorted(set(scrapes.statuses))}")
+    return {**result, "metrics_enable": metrics_on, "scrapes": scrapes.as_json()}
+
+
+# (e) ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class JoinMember:
+    """One librdkafka consumer, polled by its own thread. Its rebalance callbacks (run by
+    ``consume()`` on that thread) keep ``assigned`` up to date; every field is read and written
+    under the group's lock."""
+
+    name: str
+    consumer: Any  # confluent_kafka.Consumer
+    member_id: str = ""  # as the coordinator knows it (for its log), from the first callback
+    stopping: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    subscribed_at: float | None = None  # perf_counter() just before subscribe()
+    assigned: set[int] = field(default_factory=set)
+    changed_at: float = 0.0  # when ``assigned`` last changed
+    first_owned_at: float | None = None  # when ``assigned`` first became non-empty
+    # Revocation callbacks (revoked and lost) that took partitions away: (when, partitions).
+    revocations: list[tuple[float, list[int]]] = field(default_factory=list)
+    callbacks: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class JoinGroup:
+    """The members of one group on ``topic``, each a confluent-kafka ``Consumer`` on a thread
+    of this process, under one of ``JOIN_PROTOCOLS``:
+
+    - ``consumer``: ``group.protocol=consumer`` (KIP-848); the coordinator assigns with its
+      ``uniform`` assignor and sets the heartbeat interval;
+    - ``eager``: the classic protocol with ``range``: every rebalance revokes everything;
+    - ``cooperative``: the classic protocol with ``cooperative-sticky`` (KIP-429): only the
+      partitions that move are revoked, and a second rebalance hands them out.
+
+    The callbacks of the consumer protocol and of cooperative-sticky carry only what changes;
+    eager ones the whole assignment. Members are in threads, not processes: 65 of them fit in
+    one process on this 2-core machine (librdkafka does the protocol work on its own threads,
+    outside the GIL; a Python thread only runs the callbacks)."""
+
+    def __init__(self, broker: Broker, run: Run, protocol: str, size: int) -> None:
+        assert protocol in JOIN_PROTOCOLS, protocol
+        self.broker, self.protocol, self.args, self.rng = broker, protocol, run.args, run.rng
+        self.group_id = f"join-{run.run_id}-{protocol}-{size}"
+        self.topic = join_topic(size)
+        self.partitions = size * run.args.join_partitions_per_member
+        self.lock = threading.Lock()
+        self.members: list[JoinMember] = []  # in the group now (started, not stopped)
+        self.log = logging.getLogger(f"bench.librdkafka.{self.group_id}")
+
+    def config(self, name: str, on_error: Callable[[Any], None]) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.broker.bootstrap,
+            "group.id": self.group_id,
+            # One client id for all: librdkafka's member id is the client id and a UUID, and
+            # the range assignor orders members by id, so the joiner lands at a random place
+            # (a name sorting first would make it take partition 0 and shift everyone).
+            "client.id": "bench-join",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "latest",
+            "error_cb": on_error,
+            "logger": self.log,
+        }
+        if self.protocol == "consumer":
+            # KIP-848: the heartbeat interval and session timeout are the coordinator's.
+            conf["group.protocol"] = "consumer"
+            conf["group.remote.assignor"] = "uniform"
+        else:
+            conf["group.protocol"] = "classic"
+            conf["partition.assignment.strategy"] = (
+                "range" if self.protocol == "eager" else "cooperative-sticky"
+            )
+            conf["session.timeout.ms"] = self.args.join_session_timeout_ms
+            conf["heartbeat.interval.ms"] = self.args.join_heartbeat_interval_ms
+        return conf
+
+    def add(self, name: str) -> JoinMember:
+        """Start a member: its thread subscribes (the clock of figure (a)) and polls."""
+        holder: list[JoinMember] = []
+
+        def on_error(error: Any) -> None:
+            with self.lock:
+                holder[0].errors.append(f"{error.name()}: {error.str()}")
+
+        member = JoinMember(name, Consumer(self.config(name, on_error)))
+        holder.append(member)
+        eager = self.protocol == "eager"
+
+        def on_assign(consumer: Any, tps: list[Any]) -> None:
+            now = time.perf_counter()
+            got = {tp.partition for tp in tps}
+            member_id = consumer.memberid()
+            with self.lock:
+                member.callbacks += 1
+                member.member_id = member_id
+                new = got if eager else member.assigned | got
+                if new != member.assigned:
+                    member.assigned, member.changed_at = new, now
+                if new and member.first_owned_at is None:
+                    member.first_owned_at = now
+
+        def on_revoke(consumer: Any, tps: list[Any]) -> None:
+            now = time.perf_counter()
+            gone = {tp.partition for tp in tps}
+            with self.lock:
+                member.callbacks += 1
+                if gone:
+                    member.revocations.append((now, sorted(gone)))
+                new = set() if eager else member.assigned - gone
+                if new != member.assigned:
+                    member.assigned, member.changed_at = new, now
+
+        def poll() -> None:
+            consumer = member.consumer
+            try:
+                with self.lock:
+                    member.subscribed_at = time.perf_counter()
+                consumer.subscribe(
+                    [self.topic], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_revoke
+                )
+                while not member.stopping.is_set():
+                    consumer.consume(num_messages=100, timeout=JOIN_POLL_TIMEOUT_S)
+            except Exception as e:  # reported by the waits that follow, which see no change
+                with self.lock:
+                    member.errors.append(f"{type(e).__name__}: {e}")
+            finally:
+                consumer.close()  # leaves the group
+
+        member.thread = threading.Thread(target=poll, name=f"join-{name}", daemon=True)
+        with self.lock:
+            self.members.append(member)
+        member.thread.start()
+        return member
+
+    def remove(self, member: JoinMember) -> None:
+        """Stop a member: it leaves the group as its consumer closes."""
+        with self.lock:
+            self.members.remove(member)
+        member.stopping.set()
+        assert member.thread is not None
+        member.thread.join()
+
+    def close(self) -> None:
+        with self.lock:
+            members, self.members = self.members, []
+        for m in members:
+            m.stopping.set()
+        for m in members:
+            assert m.thread is not None
+            m.thread.join()
+
+    def settled_at(self, quiet_s: float) -> float | None:
+        """When the group last changed, once it is settled: the members' assignments are
+        disjoint, cover the topic, none is empty, and none changed for ``quiet_s``."""
+        with self.lock:
+            if not covers([m.assigned for m in self.members], self.partitions):
+                return None
+            last = max(m.changed_at for m in self.members)
+        return last if time.perf_counter() - last >= quiet_s else None
+
+    async def wait_settled(self, what: str) -> float:
+        """Wait until settled (see ``settled_at``); returns when it last changed."""
+        quiet_s = JOIN_QUIET_HEARTBEATS * self.args.join_heartbeat_interval_ms / 1000
+        found: list[float] = []
+
+        def settled() -> bool:
+            at = self.settled_at(quiet_s)
+            if at is not None:
+                found.append(at)
+            return at is not None
+
+        try:
+            await wait_until(settled, what, self.args.round_timeout_s)
+        except BenchError as e:
+            with self.lock:
+                seen = {m.name: (sorted(m.assigned), m.errors[-3:]) for m in self.members}
+            raise BenchError(f"{e}; members (assigned, last errors): {seen}") from None
+        return found[-1]
+
+
+async def join_round(group: JoinGroup, name: str) -> dict[str, Any]:
+    """One more member joins the settled ``group``: (a) ms from its subscribe() to a
+    non-empty assignment, (b) ms until the group is settled again (when it last changed),
+    (c) partitions moved (lost plus gained, summed over members), (d) which members that
+    neither gained nor lost partitions had a revocation callback meanwhile. The member then
+    leaves and the group is let to settle again."""
+    with group.lock:
+        before = {m.name: set(m.assigned) for m in group.members}
+    hb_ms = group.args.join_heartbeat_interval_ms
+    # The group was found settled a whole number of heartbeat intervals after a change that a
+    # heartbeat answer brought, so the members' heartbeats would all be due just after the
+    # join: a random wait of up to one interval puts the join at a random phase.
+    await asyncio.sleep(group.rng.uniform(0, hb_ms / 1000))
+    joiner = group.add(name)
+    stable_at = await group.wait_settled(f"{group.group_id}: settled after {name} joined")
+    with group.lock:
+        assert joiner.subscribed_at is not None and joiner.first_owned_at is not None
+        joined_at = joiner.subscribed_at
+        owned_ms = (joiner.first_owned_at - joined_at) * 1000
+        owned_all_ms = (joiner.changed_at - joined_at) * 1000
+        members: list[dict[str, Any]] = []
+        for m in group.members:
+            was = before.get(m.name, set())
+            revocations = [
+                [round((t - joined_at) * 1000, 1), ps] for t, ps in m.revocations if t >= joined_at
+            ]
+            members.append(
+                {
+                    "name": m.name,
+                    "member_id": m.member_id,
+                    "before": sorted(was),
+                    "after": sorted(m.assigned),
+                    "lost": sorted(was - m.assigned),
+                    "gained": sorted(m.assigned - was),
+                    "revocations_ms": revocations,
+                }
+            )
+        errors = sum(len(m.errors) for m in group.members)
+    unchanged = [m for m in members if m["name"] != name and not m["lost"] and not m["gained"]]
+    stable_ms = (stable_at - joined_at) * 1000
+    result = {
+        "joiner": name,
+        "owned_ms": owned_ms,
+        "owned_heartbeats": owned_ms / hb_ms,
+        "owned_all_ms": owned_all_ms,
+        "stable_ms": stable_ms,
+        "stable_heartbeats": stable_ms / hb_ms,
+        "joiner_partitions": sorted(joiner.assigned),
+        "partitions_moved": sum(len(m["lost"]) + len(m["gained"]) for m in members),
+        "partitions_revoked": sum(len(ps) for m in members for _, ps in m["revocations_ms"]),
+        "unchanged_members": len(unchanged),
+        "unchanged_revoked": [m["name"] for m in unchanged if m["revocations_ms"]],
+        "members_revoked": sum(1 for m in members if m["revocations_ms"]),
+        "client_errors": errors,
+        "members": members,
+    }
+    await asyncio.to_thread(group.remove, joiner)
+    await group.wait_settled(f"{group.group_id}: settled after {name} left")
+    return result
+
+
+async def join_case(broker: Broker, run: Run, protocol: str, size: int) -> dict[str, Any]:
+    """A group of ``size`` members is started at once and let to settle; then
+    ``--join-rounds`` times, one more member joins (``join_round``)."""
+    group = JoinGroup(broker, run, protocol, size)
+    group_id = group.group_id
+    try:
+        started = time.perf_counter()
+        for i in range(size):
+            group.add(f"{group_id}-m{i}")
+        settled_at = await group.wait_settled(f"{group_id}: {size} members settled")
+        rounds = []
+        for r in range(run.args.join_rounds):
+            rounds.append(await join_round(group, f"{group_id}-joiner{r}"))
+    finally:
+        await asyncio.to_thread(group.close)
+    return {
+        "protocol": protocol,
+        "members": size,
+        "partitions": group.partitions,
+        "heartbeat_interval_ms": run.args.join_heartbeat_interval_ms,
+        "settle_ms": (settled_at - started) * 1000,
+        "rounds": rounds,
+        "owned": summary([x["owned_ms"] for x in rounds], "ms"),
+        "owned_all": summary([x["owned_all_ms"] for x in rounds], "ms"),
+        "stable": summary([x["stable_ms"] for x in rounds], "ms"),
+        "partitions_moved": [x["partitions_moved"] for x in rounds],
+        "partitions_revoked": [x["partitions_revoked"] for x in rounds],
+        "unchanged_members": [x["unchanged_members"] for x in rounds],
+        "unchanged_revoked": [len(x["unchanged_revoked"]) for x in rounds],
+        "members_revoked": [x["members_revoked"] for x in rounds],
+    }
+
+
+def join_topic(size: int) -> str:
+    return f"{JOIN_TOPIC_PREFIX}{size}"
+
+
 # ---------------------------------------------------------------------------------------------
 # The run.
 
@@ -589,11 +1000,77 @@ async def measure_failover(brokers: list[Broker], run: Run) -> None:
         )
 
 
-def start_kcoord(run: Run, delay_ms: int) -> launcher.ClusterState:
-    root = run.work_dir / f"kcoord-delay-{delay_ms}"
+def cluster_overrides(run: Run, metrics_on: bool) -> dict[str, Any]:
+    """The node config of the clusters of (d) and (e): they differ in ``metrics.enable`` only."""
+    return {
+        "metrics.enable": metrics_on,
+        "group.initial.rebalance.delay.ms": 0,
+        "group.consumer.heartbeat.interval.ms": run.args.join_heartbeat_interval_ms,
+        "group.consumer.session.timeout.ms": run.args.join_session_timeout_ms,
+    }
+
+
+async def measure_metrics(on: Broker, off: Broker, run: Run) -> None:
+    """Alternating on, off, on, off...: a slow drift of the machine's load hits both alike."""
+    clients = run.args.commit_clients
+    cases: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
+    for r in range(run.args.metrics_rounds):
+        for label, broker in (("on", on), ("off", off)):
+            result = await metrics_case(broker, run, label == "on", f"metrics-{label}-{r}-")
+            cases[label].append(result)
+            scrapes = result["scrapes"]["count"]
+            print(
+                f"  commits, {clients} clients, metrics {label:3}, round {r + 1}: "
+                f"{result['commits_s']:8.0f}/s" + (f" ({scrapes} scrapes)" if scrapes else ""),
+                flush=True,
+            )
+    for label, results in cases.items():
+        run.record(
+            "metrics_cost",
+            label,
+            {"rounds": results, **summary([x["commits_s"] for x in results], "commits_s")},
+        )
+
+
+def log_librdkafka(run: Run) -> None:
+    """librdkafka's log (every JoinGroup's consumers) to ``librdkafka.log`` in the work dir."""
+    log = logging.getLogger("bench.librdkafka")
+    if not log.handlers:
+        handler = logging.FileHandler(run.work_dir / "librdkafka.log")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+async def measure_join(broker: Broker, run: Run) -> None:
+    log_librdkafka(run)
+    hb_ms = run.args.join_heartbeat_interval_ms
+    for size in run.args.join_sizes:
+        partitions = size * run.args.join_partitions_per_member
+        await create_topic(broker, join_topic(size), partitions, run.args.round_timeout_s)
+        for protocol in JOIN_PROTOCOLS:
+            result = await join_case(broker, run, protocol, size)
+            run.record(f"join_{size}", protocol, result)
+            owned = [f"{x['owned_ms']:.0f}" for x in result["rounds"]]
+            stable = [f"{x['stable_ms']:.0f}" for x in result["rounds"]]
+            print(
+                f"  {size:2} members + 1, {protocol:11}: settled in {result['settle_ms']:.0f} ms; "
+                f"joiner owns partitions {', '.join(owned)} ms; stable {', '.join(stable)} ms "
+                f"(heartbeat {hb_ms} ms); moved {result['partitions_moved']}, "
+                f"revoked {result['partitions_revoked']} from {result['members_revoked']} "
+                f"members; unchanged members revoked {sum(result['unchanged_revoked'])} of "
+                f"{sum(result['unchanged_members'])}",
+                flush=True,
+            )
+
+
+def start_kcoord(run: Run, name: str, overrides: dict[str, Any]) -> launcher.ClusterState:
+    root = run.work_dir / f"kcoord-{name}"
     base = free_ports(run.rng, NODES, PORT_STRIDE)
-    print(f"starting {NODES} kcoord nodes (initial rebalance delay {delay_ms} ms) in {root}")
-    state = launcher.up(root, NODES, base, overrides={"group.initial.rebalance.delay.ms": delay_ms})
+    shown = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    print(f"starting {NODES} kcoord nodes ({shown}) in {root}", flush=True)
+    state = launcher.up(root, NODES, base, overrides=overrides)
     _poll_sync(
         lambda: offsets_on_preferred_leaders(state),
         "__consumer_offsets on its preferred leaders",
@@ -607,13 +1084,14 @@ def kcoord_broker(state: launcher.ClusterState) -> Broker:
         "kcoord",
         state.bootstrap_servers,
         [(n.host, n.kafka_port) for n in state.nodes],
+        [f"http://{n.host}:{n.admin_port}/metrics" for n in state.nodes],
     )
 
 
 @contextlib.asynccontextmanager
-async def kcoord_cluster(run: Run, delay_ms: int) -> AsyncIterator[Broker]:
+async def kcoord_cluster(run: Run, name: str, overrides: dict[str, Any]) -> AsyncIterator[Broker]:
     # The launcher and the RPC helper are blocking (they run event loops of their own).
-    state = await asyncio.to_thread(start_kcoord, run, delay_ms)
+    state = await asyncio.to_thread(start_kcoord, run, name, overrides)
     try:
         yield kcoord_broker(state)
     finally:
@@ -624,7 +1102,8 @@ async def run_all(run: Run, tansu: Broker) -> None:
     args = run.args
     await prepare(tansu, run)
     first_delay, *other_delays = args.initial_delays
-    async with kcoord_cluster(run, first_delay) as kcoord:
+    delay_key = "group.initial.rebalance.delay.ms"
+    async with kcoord_cluster(run, f"delay-{first_delay}", {delay_key: first_delay}) as kcoord:
         await prepare(kcoord, run)
         brokers = [kcoord, tansu]
         print("(a) OffsetCommit round trips", flush=True)
@@ -634,10 +1113,21 @@ async def run_all(run: Run, tansu: Broker) -> None:
         print("(c) survivors owning every partition after a SIGKILL", flush=True)
         await measure_failover(brokers, run)
     for delay_ms in other_delays:
-        async with kcoord_cluster(run, delay_ms) as kcoord:
+        async with kcoord_cluster(run, f"delay-{delay_ms}", {delay_key: delay_ms}) as kcoord:
             await prepare(kcoord, run)
             print(f"(b) time to a stable assignment, kcoord delay {delay_ms} ms", flush=True)
             await measure_stable([kcoord], run, f"delay_{delay_ms}")
+    # (d) and (e): kcoord only. Both clusters of (d) run throughout (d), so each case has
+    # the other's idle cluster beside it; (e) runs on the metrics-on cluster, alone.
+    commit_partitions = max(args.commit_clients, 1)
+    async with kcoord_cluster(run, "metrics-on", cluster_overrides(run, True)) as on:
+        async with kcoord_cluster(run, "metrics-off", cluster_overrides(run, False)) as off:
+            for broker in (on, off):
+                await create_topic(broker, COMMIT_TOPIC, commit_partitions, args.round_timeout_s)
+            print("(d) OffsetCommit round trips, metrics on (scraped) and off", flush=True)
+            await measure_metrics(on, off, run)
+        print("(e) one member joins a settled group: consumer protocol vs classic", flush=True)
+        await measure_join(on, run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -729,7 +1219,152 @@ def print_table(figs: list[Figure]) -> None:
     )
 
 
-def build_result(run: Run, figs: list[Figure], tansu_bin: str, seed: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """A target of (d) or (e): kcoord against a rule of its own, not against tansu."""
+
+    key: str
+    label: str
+    value: float
+    shown: str  # the value as the table prints it
+    rule: str
+    met: bool
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def kcoord_figures(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The figures of (d) and (e), as ``build_result`` writes them: medians of the rounds
+    (partitions moved and revoked, members revoked) and sums over the rounds (unchanged
+    members, of which revoked)."""
+    on, off = (raw["metrics_cost"][x]["median_commits_s"] for x in ("on", "off"))
+    out: dict[str, dict[str, Any]] = {
+        "metrics_cost": {
+            "label": f"commits/s, {args.commit_clients} clients, metrics on vs off",
+            "unit": "commits/s",
+            "higher_is_better": True,
+            "on": on,
+            "off": off,
+            "overhead": off / on - 1,
+        }
+    }
+    hb_ms = args.join_heartbeat_interval_ms
+    for size in args.join_sizes:
+        for protocol in JOIN_PROTOCOLS:
+            case = raw[f"join_{size}"][protocol]
+            owned_ms, stable_ms = case["owned"]["median_ms"], case["stable"]["median_ms"]
+            out[f"join_{size}_{protocol}"] = {
+                "label": f"{size} members + 1, {protocol}",
+                "unit": "ms",
+                "heartbeat_interval_ms": hb_ms,
+                "owned_ms": owned_ms,
+                "owned_heartbeats": owned_ms / hb_ms,
+                "owned_all_ms": case["owned_all"]["median_ms"],
+                "stable_ms": stable_ms,
+                "stable_heartbeats": stable_ms / hb_ms,
+                "partitions_moved": statistics.median(case["partitions_moved"]),
+                "partitions_revoked": statistics.median(case["partitions_revoked"]),
+                "members_revoked": statistics.median(case["members_revoked"]),
+                "unchanged_members": sum(case["unchanged_members"]),
+                "unchanged_revoked": sum(case["unchanged_revoked"]),
+            }
+    return out
+
+
+def kcoord_targets(extra: dict[str, dict[str, Any]], args: argparse.Namespace) -> list[Target]:
+    cost = extra["metrics_cost"]
+    out = [
+        Target(
+            "metrics_cost",
+            "commits/s metrics off/on - 1",
+            cost["overhead"],
+            f"{cost['overhead']:.1%}",
+            f"off/on - 1 < {METRICS_OVERHEAD_TARGET}",
+            cost["overhead"] < METRICS_OVERHEAD_TARGET,
+            {"on": cost["on"], "off": cost["off"]},
+        )
+    ]
+    for size in args.join_sizes:
+        fig = extra[f"join_{size}_consumer"]
+        unchanged, revoked = fig["unchanged_members"], fig["unchanged_revoked"]
+        out.append(
+            Target(
+                f"join_{size}_consumer_unchanged_not_revoked",
+                f"{size} + 1, consumer: unchanged members revoked",
+                revoked,
+                f"{revoked} of {unchanged}",
+                # Members neither gaining nor losing partitions had no revocation callback,
+                # and there were such members.
+                "unchanged_revoked == 0 < unchanged_members",
+                revoked == 0 and unchanged > 0,
+                {"unchanged_members": unchanged, "unchanged_revoked": revoked},
+            )
+        )
+        owned_hb = fig["owned_heartbeats"]
+        out.append(
+            Target(
+                f"join_{size}_consumer_owned_heartbeats",
+                f"{size} + 1, consumer: joiner owns (median)",
+                owned_hb,
+                f"{owned_hb:.2f} hb",
+                f"owned_ms / heartbeat_interval_ms <= {JOIN_OWNED_TARGET_HEARTBEATS}",
+                owned_hb <= JOIN_OWNED_TARGET_HEARTBEATS,
+                {
+                    "owned_ms": fig["owned_ms"],
+                    "heartbeat_interval_ms": fig["heartbeat_interval_ms"],
+                },
+            )
+        )
+    return out
+
+
+def print_kcoord_table(
+    extra: dict[str, dict[str, Any]], targets: list[Target], args: argparse.Namespace
+) -> None:
+    cost = extra["metrics_cost"]
+    title = f"(d) commits/s, {args.commit_clients} clients (median of {args.metrics_rounds})"
+    print(f"\n{title:44}{'metrics on':>12}{'metrics off':>13}{'off/on - 1':>12}")
+    print(
+        f"{'kcoord, /metrics scraped every 1 s when on':44}"
+        f"{cost['on']:12.0f}{cost['off']:13.0f}{cost['overhead']:12.1%}"
+    )
+    hb_ms = args.join_heartbeat_interval_ms
+    print(
+        f"\n(e) one member joins a settled group (median of {args.join_rounds}; heartbeat "
+        f"{hb_ms} ms = 1 hb)\n"
+        f"{'members, protocol':26}{'owned ms (hb)':>15}{'stable ms (hb)':>16}{'moved':>7}"
+        f"{'revoked':>9}{'members revoked':>17}{'unchanged revoked':>19}"
+    )
+    for size in args.join_sizes:
+        for protocol in JOIN_PROTOCOLS:
+            f = extra[f"join_{size}_{protocol}"]
+            owned = f"{f['owned_ms']:.0f} ({f['owned_heartbeats']:.1f})"
+            stable = f"{f['stable_ms']:.0f} ({f['stable_heartbeats']:.1f})"
+            unchanged = f"{f['unchanged_revoked']} of {f['unchanged_members']}"
+            print(
+                f"{f'{size} + 1, {protocol}':26}{owned:>15}{stable:>16}"
+                f"{f['partitions_moved']:7.0f}{f['partitions_revoked']:9.0f}"
+                f"{f['members_revoked']:17.0f}{unchanged:>19}"
+            )
+    print(
+        "owned: the joiner's subscribe() to a non-empty assignment; stable: to the group's last\n"
+        "assignment change; moved: partitions lost plus gained, over all members; revoked:\n"
+        "partitions in revocation callbacks; unchanged: members neither gaining nor losing\n"
+        "partitions (of every round), and how many of them had a revocation callback."
+    )
+    print(f"\n{'kcoord target':46}{'value':>12}  {'rule':44}{'met':>5}")
+    for t in targets:
+        print(f"{t.label:46}{t.shown:>12}  {t.rule:44}{'yes' if t.met else 'NO':>5}")
+
+
+def build_result(
+    run: Run,
+    figs: list[Figure],
+    *,
+    extra: dict[str, dict[str, Any]],
+    targets: list[Target],
+    tansu_bin: str,
+    seed: int,
+) -> dict[str, Any]:
     args = run.args
     tansu_samples = f"stable_*_delay_{args.initial_delays[0]}"
     return {
@@ -743,7 +1378,17 @@ def build_result(run: Run, figs: list[Figure], tansu_bin: str, seed: int) -> dic
             "session_timeout_ms": run.settings.session_timeout_ms,
             "heartbeat_interval_ms": run.settings.heartbeat_interval_ms,
         },
-        "kcoord": {"nodes": NODES, "initial_rebalance_delays_ms": args.initial_delays},
+        "join_client": {
+            "library": "confluent-kafka",
+            "version": confluent_kafka.version()[0],
+            "librdkafka": confluent_kafka.libversion()[0],
+            "members": "one Consumer per thread, all in the benchmark's process",
+        },
+        "kcoord": {
+            "nodes": NODES,
+            "initial_rebalance_delays_ms": args.initial_delays,
+            "metrics_and_join_overrides": cluster_overrides(run, True),
+        },
         "tansu": {
             "binary": tansu_bin,
             "version": tansu_version(tansu_bin),
@@ -758,6 +1403,14 @@ def build_result(run: Run, figs: list[Figure], tansu_bin: str, seed: int) -> dic
             "stable_rounds": args.stable_rounds,
             "failover_members": args.failover_members,
             "failover_rounds": args.failover_rounds,
+            "metrics_rounds": args.metrics_rounds,
+            "metrics_scrape_interval_s": METRICS_SCRAPE_INTERVAL_S,
+            "join_sizes": args.join_sizes,
+            "join_rounds": args.join_rounds,
+            "join_partitions_per_member": args.join_partitions_per_member,
+            "join_heartbeat_interval_ms": args.join_heartbeat_interval_ms,
+            "join_session_timeout_ms": args.join_session_timeout_ms,
+            "join_quiet_heartbeats": JOIN_QUIET_HEARTBEATS,
         },
         "raw": run.raw,
         "figures": {
@@ -770,7 +1423,8 @@ def build_result(run: Run, figs: list[Figure], tansu_bin: str, seed: int) -> dic
                 "ratio": f.ratio,
             }
             for f in figs
-        },
+        }
+        | extra,
         "targets": {
             f.key: {
                 "kcoord": f.kcoord,
@@ -783,8 +1437,9 @@ def build_result(run: Run, figs: list[Figure], tansu_bin: str, seed: int) -> dic
                 ),
             }
             for f in figs
-        },
-        "targets_met": {f.key: f.met for f in figs},
+        }
+        | {t.key: {"value": t.value, "rule": t.rule, **t.detail} for t in targets},
+        "targets_met": {f.key: f.met for f in figs} | {t.key: t.met for t in targets},
     }
 
 
@@ -817,6 +1472,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--failover-members", type=int, default=4, help="member processes")
     parser.add_argument("--failover-rounds", type=int, default=2, help="SIGKILL rounds")
+    parser.add_argument(
+        "--metrics-rounds", type=int, default=2, help="(d): rounds of metrics on, then off"
+    )
+    parser.add_argument(
+        "--join-sizes", type=_int_list, default=[16, 64], help="(e): group sizes, e.g. 4"
+    )
+    parser.add_argument("--join-rounds", type=int, default=2, help="(e): joins per group")
+    parser.add_argument(
+        "--join-partitions-per-member", type=int, default=2, help="(e): topic partitions / N"
+    )
+    parser.add_argument(
+        "--join-heartbeat-interval-ms",
+        type=int,
+        default=500,
+        help="(e): group.consumer.heartbeat.interval.ms; the classic members' heartbeat",
+    )
+    parser.add_argument(
+        "--join-session-timeout-ms",
+        type=int,
+        default=6000,
+        help="(e): group.consumer.session.timeout.ms; the classic members' session timeout",
+    )
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=2000)
     parser.add_argument("--round-timeout-s", type=float, default=60.0, help="deadline per wait")
@@ -826,13 +1503,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="ports and failover victims")
     parser.add_argument("--verbose", action="store_true", help="show aiokafka's log")
     args = parser.parse_args(argv)
-    for flag in ("commit_clients", "partitions", "stable_rounds", "failover_rounds"):
+    for flag in (
+        "commit_clients",
+        "partitions",
+        "stable_rounds",
+        "failover_rounds",
+        "metrics_rounds",
+        "join_rounds",
+        "join_partitions_per_member",
+    ):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     if args.failover_members < 2:
         parser.error("--failover-members must be at least 2 (one is killed)")
-    if not args.stable_sizes or not args.initial_delays:
-        parser.error("--stable-sizes and --initial-delays need at least one value")
+    if not args.stable_sizes or not args.initial_delays or not args.join_sizes:
+        parser.error("--stable-sizes, --initial-delays and --join-sizes need a value")
+    if min(args.join_sizes) < 2:
+        # With one member, the joiner takes half of its partitions: no member is unchanged.
+        parser.error("--join-sizes must be at least 2")
     if max([*args.stable_sizes, args.failover_members]) > args.partitions:
         parser.error("a group may not have more members than --partitions")
     return args
@@ -884,7 +1572,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured in {time.perf_counter() - started:.0f} s")
     figs = figures(run.raw, args)
     print_table(figs)
-    result = build_result(run, figs, binary, seed)
+    extra = kcoord_figures(run.raw, args)
+    targets = kcoord_targets(extra, args)
+    print_kcoord_table(extra, targets, args)
+    result = build_result(run, figs, extra=extra, targets=targets, tansu_bin=binary, seed=seed)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\ntargets met: {result['targets_met']}")

@@ -2,7 +2,11 @@
 
 Behaviour, not timing: the JSON has each figure for both brokers with one sample per round, the
 ratio and a target for each, the SIGKILLed member owned partitions that the survivors then own,
-and no process the benchmark started (kcoord nodes, tansu, member processes) outlives it.
+and no process the benchmark started (kcoord nodes, tansu, member processes) outlives it. The
+kcoord-only figures: commits with metrics on (``/metrics`` scraped) and off; a member joining a
+group of 4 under the consumer protocol, classic eager and classic cooperative, where the group
+ends with a valid assignment, eager revokes every member and the other two revoke no member that
+keeps its partitions.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 RUN_TIMEOUT_S = 300.0
 SEED = 11
+JOIN_SIZE = 4
+JOIN_PROTOCOLS = ("consumer", "eager", "cooperative")
 
 
 def run_bench(args: list[str]) -> tuple[int, str]:
@@ -50,6 +56,9 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
             "--initial-delays", "0,3000",
             "--failover-members", "2",
             "--failover-rounds", "1",
+            "--metrics-rounds", "1",
+            "--join-sizes", str(JOIN_SIZE),
+            "--join-rounds", "1",
             "--seed", str(SEED),
             "--out", str(out),
             "--dir", str(tmp_path),
@@ -80,12 +89,19 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
         "stable_2_delay_3000",
         "failover",
     }
+    kcoord_only = {"metrics_cost", *(f"join_{JOIN_SIZE}_{p}" for p in JOIN_PROTOCOLS)}
+    kcoord_targets = {
+        "metrics_cost",
+        f"join_{JOIN_SIZE}_consumer_unchanged_not_revoked",
+        f"join_{JOIN_SIZE}_consumer_owned_heartbeats",
+    }
     figures = result["figures"]
-    assert set(figures) == expected
-    assert set(result["targets"]) == expected
-    assert set(result["targets_met"]) == expected
+    assert set(figures) == expected | kcoord_only
+    assert set(result["targets"]) == expected | kcoord_targets
+    assert set(result["targets_met"]) == expected | kcoord_targets
     assert all(isinstance(met, bool) for met in result["targets_met"].values())
-    for key, figure in figures.items():
+    for key in expected:
+        figure = figures[key]
         assert figure["kcoord"] > 0 and figure["tansu"] > 0, key
         assert figure["ratio"] == pytest.approx(figure["kcoord"] / figure["tansu"]), key
         assert figure["higher_is_better"] == key.startswith("commit_"), key
@@ -126,3 +142,64 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
     client = result["client"]
     (round_,) = raw["failover"]["kcoord"]["rounds"]
     assert round_["recovered_ms"] >= client["session_timeout_ms"] - client["heartbeat_interval_ms"]
+    assert_metrics_cost(result)
+    assert_join(result)
+
+
+def assert_metrics_cost(result: dict[str, Any]) -> None:
+    raw = result["raw"]["metrics_cost"]
+    for label, status in (("on", 200), ("off", None)):
+        (case,) = raw[label]["rounds"]
+        assert case["metrics_enable"] == (label == "on")
+        assert case["clients"] == 2 and all(n > 0 for n in case["per_client_commits"])
+        assert raw[label]["median_commits_s"] == case["commits_s"]
+        scrapes = case["scrapes"]
+        if status is None:
+            assert scrapes["count"] == 0  # nothing to scrape: /metrics answers 404
+        else:
+            # Three nodes, once a second, over a run of more than one second.
+            assert scrapes["count"] >= 6 and scrapes["statuses"] == [status]
+            assert scrapes["median_bytes"] > 0
+    cost = result["figures"]["metrics_cost"]
+    assert cost["overhead"] == pytest.approx(cost["off"] / cost["on"] - 1)
+    target = result["targets"]["metrics_cost"]
+    assert target["rule"] == "off/on - 1 < 0.05"
+    assert result["targets_met"]["metrics_cost"] == (cost["overhead"] < 0.05)
+
+
+def assert_join(result: dict[str, Any]) -> None:
+    partitions = 2 * JOIN_SIZE
+    assert result["join_client"]["library"] == "confluent-kafka"
+    for protocol in JOIN_PROTOCOLS:
+        case = result["raw"][f"join_{JOIN_SIZE}"][protocol]
+        assert (case["members"], case["partitions"]) == (JOIN_SIZE, partitions)
+        (round_,) = case["rounds"]
+        members = round_["members"]
+        assert len(members) == JOIN_SIZE + 1, protocol
+        # The group ends with a valid assignment, the joiner's non-empty.
+        after = [set(m["after"]) for m in members]
+        assert all(after) and sum(map(len, after)) == partitions, (protocol, members)
+        assert set().union(*after) == set(range(partitions)), (protocol, members)
+        assert round_["joiner_partitions"], protocol
+        assert 0 < round_["owned_ms"] <= round_["owned_all_ms"] <= round_["stable_ms"], protocol
+        # Partitions gained are partitions lost: every move counts twice.
+        gained = sum(len(m["gained"]) for m in members)
+        assert gained == sum(len(m["lost"]) for m in members) > 0, protocol
+        assert round_["partitions_moved"] == 2 * gained, protocol
+        old = [m for m in members if m["name"] != round_["joiner"]]
+        if protocol == "eager":
+            # Every member gives up everything it owns, changed or not.
+            assert all(sum(len(p) for _, p in m["revocations_ms"]) for m in old), members
+            assert round_["partitions_revoked"] == partitions
+        else:
+            # Only the partitions that move are revoked; a member keeping its own is untouched.
+            assert round_["unchanged_members"] > 0, members
+            assert round_["unchanged_revoked"] == [], members
+            assert round_["partitions_revoked"] == gained, members
+    figure = result["figures"][f"join_{JOIN_SIZE}_consumer"]
+    assert figure["heartbeat_interval_ms"] == result["params"]["join_heartbeat_interval_ms"]
+    owned = result["targets"][f"join_{JOIN_SIZE}_consumer_owned_heartbeats"]
+    assert owned["value"] == pytest.approx(figure["owned_ms"] / figure["heartbeat_interval_ms"])
+    unchanged = result["targets"][f"join_{JOIN_SIZE}_consumer_unchanged_not_revoked"]
+    assert unchanged["value"] == 0
+    assert result["targets_met"][f"join_{JOIN_SIZE}_consumer_unchanged_not_revoked"] is True
