@@ -122,3 +122,5 @@ def running_proxy(state: launcher.ClusterState, seed: int, log_path: Path) -> It
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

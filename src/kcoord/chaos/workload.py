@@ -91,17 +91,19 @@ class ClientProcess:
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            self.events += 1
-            try:
-                self.on_event(self, event)
-            except Exception:
-                log.exception("%s: cannot record %r", self.name, event)
+        stdout = self.proc.stdout
+        assert stdout is not None
+        with stdout:  # closed at the end of the output: a run may start many clients
+            for line in stdout:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                self.events += 1
+                try:
+                    self.on_event(self, event)
+                except Exception:
+                    log.exception("%s: cannot record %r", self.name, event)
 
     @property
     def alive(self) -> bool:
