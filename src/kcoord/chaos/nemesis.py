@@ -20,6 +20,10 @@
 Targets such as "the active controller" and "the coordinator of group G" are looked up at
 fault time with the Kafka protocol (Metadata's controller id, FindCoordinator), from any node
 that answers, never assumed.
+
+The nemeses act through the ``Lab``: its ``processes`` (signals to local node processes, or
+docker commands on the compose cluster's containers, ``kcoord.chaos.compose``), its
+``firewall`` (iptables in the lab, or disabled Toxiproxy proxies on compose) and its ``links``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kcoord.chaos.lab import Firewall, grudge_of, symmetric
+from kcoord.chaos.lab import grudge_of, symmetric
 from kcoord.chaos.links import KINDS, Links
 from kcoord.node import launcher
 from kcoord.node.kafka.client import call_once
@@ -45,6 +49,50 @@ LOOKUP_TIMEOUT_S = 2.0
 NEMESES = ("kill", "pause", "partition", "clients", "latency", "reset")
 PROXIED = frozenset({"latency", "reset"})  # nemeses that need the fault proxy
 PARTITION_SHAPES = ("one", "controller", "coordinator", "halves", "ring", "bridge")
+
+
+class Processes(Protocol):
+    """How the nemeses kill, pause and resume nodes."""
+
+    def is_alive(self, node: launcher.NodeProcess) -> bool:
+        """Running (a paused node counts: it is alive, only stopped)."""
+        ...
+
+    def kill(self, node: launcher.NodeProcess) -> None: ...
+
+    def pause(self, node: launcher.NodeProcess) -> None: ...
+
+    def resume(self, node: launcher.NodeProcess) -> None:
+        """Undo ``pause``; does nothing to a node that is not paused or not running."""
+        ...
+
+
+class Partitioner(Protocol):
+    """Network partitions: ``apply`` replaces the cuts in force with ``pairs`` (sender,
+    receiver); ``heal`` removes them all."""
+
+    def apply(self, pairs: set[tuple[int, int]]) -> None: ...
+
+    def heal(self) -> None: ...
+
+
+class LocalProcesses:
+    """Node processes on this machine (the lab): SIGKILL, SIGSTOP and SIGCONT."""
+
+    def is_alive(self, node: launcher.NodeProcess) -> bool:
+        return launcher.is_alive(node.pid)
+
+    def kill(self, node: launcher.NodeProcess) -> None:
+        launcher.stop_node(node, kill=True)
+
+    def pause(self, node: launcher.NodeProcess) -> None:
+        assert node.pid is not None
+        os.kill(node.pid, signal.SIGSTOP)
+
+    def resume(self, node: launcher.NodeProcess) -> None:
+        if node.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node.pid, signal.SIGCONT)
 
 
 @dataclass
@@ -61,7 +109,8 @@ class Lab(Protocol):
     """What a nemesis needs from the runner."""
 
     rng: random.Random
-    firewall: Firewall
+    firewall: Partitioner
+    processes: Processes
     session_timeout_ms: int
 
     def nodes(self) -> list[launcher.NodeProcess]: ...
@@ -122,32 +171,34 @@ def alive(nodes: Sequence[launcher.NodeProcess]) -> list[launcher.NodeProcess]:
     return [n for n in nodes if launcher.is_alive(n.pid)]
 
 
+def alive_in(lab: Lab) -> list[launcher.NodeProcess]:
+    """The lab's running nodes, as its ``processes`` see them."""
+    return [n for n in lab.nodes() if lab.processes.is_alive(n)]
+
+
 # ---------------------------------------------------------------------------------------------
 # Faults.
 
 
 def kill(lab: Lab) -> Fault | None:
-    candidates = alive(lab.nodes())
+    candidates = alive_in(lab)
     if not candidates:
         return None
     node = lab.rng.choice(candidates)
-    launcher.stop_node(node, kill=True)
+    lab.processes.kill(node)
     return Fault("kill", [node.node_id], heal=lambda: lab.restart(node))
 
 
 def pause(lab: Lab) -> Fault | None:
-    candidates = alive(lab.nodes())
+    candidates = alive_in(lab)
     if not candidates:
         return None
     node = lab.rng.choice(candidates)
-    assert node.pid is not None
-    pid = node.pid
     longer = lab.rng.random() < 0.5
-    os.kill(pid, signal.SIGSTOP)
+    lab.processes.pause(node)
 
     def resume() -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+        lab.processes.resume(node)
 
     # The runner holds the fault for this long; a short pause stays under the session timeout.
     hold_s = lab.session_timeout_ms * (2.0 if longer else 0.5) / 1000
@@ -167,7 +218,7 @@ def partition_components(lab: Lab, shape: str) -> tuple[list[set[int]], list[int
     if shape == "one":
         target = rng.choice(ids)
     elif shape == "controller":
-        found = controller_id(alive(nodes))
+        found = controller_id(alive_in(lab))
         if found is None:
             return None
         target = found
@@ -175,7 +226,7 @@ def partition_components(lab: Lab, shape: str) -> tuple[list[set[int]], list[int
         groups = lab.groups()
         if not groups:
             return None
-        found = coordinator_id(alive(nodes), rng.choice(groups))
+        found = coordinator_id(alive_in(lab), rng.choice(groups))
         if found is None:
             return None
         target = found
@@ -256,7 +307,7 @@ def _toxic(
     node = lab.rng.choice(sorted(n.node_id for n in lab.nodes()))
     groups = lab.groups()
     if groups and lab.rng.random() < 0.5:
-        node = coordinator_id(alive(lab.nodes()), lab.rng.choice(groups)) or node
+        node = coordinator_id(alive_in(lab), lab.rng.choice(groups)) or node
         detail = {**detail, "target": "coordinator"}
     for kind in KINDS:
         for toxic in toxics:

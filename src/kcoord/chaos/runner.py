@@ -21,6 +21,9 @@ from one ``random.Random(seed)``; the cluster's own timing does not):
 6. **Verdict.** The checkers (``kcoord.chaos.checkers``) on the history; a table on stdout;
    ``history.jsonl``, ``results.json`` and ``timeline.html`` in the report directory. The exit
    code is 0 only when every checker passes.
+
+``--target compose`` skips steps 1 and 2: ``kcoord.chaos.compose`` runs ``drive`` and
+``conclude`` against the running docker-compose cluster, with a ``ChaosLab`` of its own.
 """
 
 from __future__ import annotations
@@ -147,9 +150,10 @@ class ChaosLab:
         self.state = state
         self.history = history
         self.rng = random.Random(options.seed)
-        self.firewall = lab.Firewall(
+        self.firewall: nemesis.Partitioner = lab.Firewall(
             {n.node_id: lab.LabNode(n.node_id, n.host, n.group or 0) for n in state.nodes}
         )
+        self.processes: nemesis.Processes = nemesis.LocalProcesses()
         self.session_timeout_ms = SESSION_TIMEOUT_MS
         self.workload: GroupsWorkload | None = None
         self._links = proxied
@@ -177,6 +181,9 @@ class ChaosLab:
         if self._links is not None:
             return links.bootstrap(self.state)
         return self.state.bootstrap_servers
+
+    def recovered(self) -> bool:
+        return cluster_recovered(self)
 
 
 def poll_until(what: str, condition: Callable[[], Any], deadline_s: float) -> Any:
@@ -218,7 +225,7 @@ def probe_commit(chaos: ChaosLab, deadline_s: float = PROBE_TIMEOUT_S) -> bool:
 
 
 def _probe_once(chaos: ChaosLab, attempt: int) -> str | None:
-    nodes = nemesis.alive(chaos.nodes())
+    nodes = nemesis.alive_in(chaos)
     coordinator = nemesis.coordinator_id(nodes, PROBE_GROUP)
     if coordinator is None:
         return "no coordinator"
@@ -372,13 +379,11 @@ def heal_and_recover(chaos: ChaosLab) -> None:
     history = chaos.history
     chaos.firewall.heal()
     for n in chaos.nodes():
-        if n.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(n.pid, signal.SIGCONT)
+        chaos.processes.resume(n)
         chaos.restart(n)
     history.add("nemesis", "info", "heal", {"fault": "all"})
     progress("healed everything; waiting for the cluster to recover")
-    poll_until("the cluster to recover", lambda: cluster_recovered(chaos), RECOVERY_TIMEOUT_S)
+    poll_until("the cluster to recover", chaos.recovered, RECOVERY_TIMEOUT_S)
     probe_commit(chaos, RECOVERY_TIMEOUT_S)
 
 
@@ -516,18 +521,16 @@ def _stop_nodes(state: launcher.ClusterState) -> None:
         launcher.stop_node(n, kill=True)
 
 
-def run_inside(options: Options) -> int:
+def prepare_run(options: Options) -> tuple[Path, History, float]:
+    """(work directory, history, start time) of a run, with SIGINT/SIGTERM interrupting it."""
     report_dir = Path(options.report_dir)
     work = report_dir / "work"
     shutil.rmtree(work, ignore_errors=True)
     (work / "clients").mkdir(parents=True)
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
     t0 = time.monotonic()
     history = History(clock=lambda: time.monotonic() - t0)
-    stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
         raise RunInterruptedError(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -538,44 +541,62 @@ def run_inside(options: Options) -> int:
     )
     if options.workload not in WORKLOADS:
         raise SystemExit(f"unknown workload {options.workload!r}")
-    started = time.monotonic()
-    verdict: dict[str, Any] = {}
-    error: str | None = None
+    return work, history, time.monotonic()
+
+
+def run_inside(options: Options) -> int:
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=False)
+    work, history, started = prepare_run(options)
     with cluster(options, work / "cluster") as (state, proxied):
-        chaos = ChaosLab(options, state, history, proxied)
-        workload = WORKLOADS[options.workload](
-            chaos.bootstrap,
-            history,
-            work / "clients",
-            chaos.rng,
-            rate=options.rate,
+        error = drive(ChaosLab(options, state, history, proxied), work / "clients")
+    return conclude(options, history, started, error)
+
+
+def drive(chaos: ChaosLab, clients_dir: Path, prefix: str = "chaos") -> str | None:
+    """The workload under faults, then the final phase, on a running cluster; the run's error
+    (None if it ran to the end). Topics and groups are named ``<prefix>-...``."""
+    options, history = chaos.options, chaos.history
+    error: str | None = None
+    workload = WORKLOADS[options.workload](
+        chaos.bootstrap,
+        history,
+        clients_dir,
+        chaos.rng,
+        prefix=prefix,
+        rate=options.rate,
+    )
+    chaos.workload = workload
+    try:
+        progress(f"cluster up ({chaos.bootstrap}); starting the workload")
+        workload.start()
+        history.add(
+            "checker",
+            "info",
+            "topic",
+            {"topic": workload.topic, "partitions": workload.partitions},
         )
-        chaos.workload = workload
-        try:
-            progress(f"cluster up ({chaos.bootstrap}); starting the workload")
-            workload.start()
-            history.add(
-                "checker",
-                "info",
-                "topic",
-                {"topic": workload.topic, "partitions": workload.partitions},
-            )
-            settle_groups(chaos, workload)
-            progress("groups settled; faults begin")
-            with reading_commits(chaos):
-                options.faults = run_faults(chaos, time.monotonic() + options.duration_s)
-            if isinstance(workload, QueueWorkload):
-                final_queue_phase(chaos, workload)
-            else:
-                final_phase(chaos, workload)
-        except RunInterruptedError as e:
-            error = f"interrupted ({e})"
-        except Exception as e:
-            log.exception("the run failed")
-            error = f"{type(e).__name__}: {e}"
-        finally:
-            chaos.firewall.heal()
-            workload.kill_all()
+        settle_groups(chaos, workload)
+        progress("groups settled; faults begin")
+        with reading_commits(chaos):
+            options.faults = run_faults(chaos, time.monotonic() + options.duration_s)
+        if isinstance(workload, QueueWorkload):
+            final_queue_phase(chaos, workload)
+        else:
+            final_phase(chaos, workload)
+    except RunInterruptedError as e:
+        error = f"interrupted ({e})"
+    except Exception as e:
+        log.exception("the run failed")
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        chaos.firewall.heal()
+        workload.kill_all()
+    return error
+
+
+def conclude(options: Options, history: History, started: float, error: str | None) -> int:
+    """The checkers' verdict: history.jsonl, results.json, timeline.html and the table."""
+    report_dir = Path(options.report_dir)
     history.to_jsonl(report_dir / "history.jsonl")
     results = checkers.check_all(history, options.workload)
     verdict = {name: r.as_dict() for name, r in results.items()}
@@ -695,6 +716,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="run a deliberately broken node build (the suite's own test)",
     )
+    run.add_argument(
+        "--target",
+        choices=["lab", "compose"],
+        default="lab",
+        help="lab: local nodes in a network namespace; compose: the running docker-compose "
+        "cluster (kcoord.chaos.compose)",
+    )
+    run.add_argument("--compose-file", default="docker-compose.yml", help="with --target compose")
     matrix = sub.add_parser(
         "matrix", help="every nemesis alone and all together, for each workload and seed"
     )
@@ -741,6 +770,14 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         inject_bug=args.inject_bug,
     )
+    if args.target == "compose":
+        from kcoord.chaos import compose
+
+        try:
+            return compose.run(options, Path(args.compose_file))
+        except compose.ComposeError as e:
+            print(f"kcoord chaos: {e}", file=sys.stderr)
+            return 2
     try:
         return run_outside(options)
     except lab.LabError as e:
