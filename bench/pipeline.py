@@ -66,7 +66,7 @@ def free_base_port() -> int:
 
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - 10 * NODES)
+        base = rng.randrange(10_000, 32_768 - 10 * NODES)  # below the ephemeral range
         try:
             for port in (base + 10 * i + k for i in range(NODES) for k in range(4)):
                 with socket.socket() as s:

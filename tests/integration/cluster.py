@@ -14,11 +14,26 @@ from kcoord.node import launcher
 DEADLINE_S = 60.0
 
 
+def ephemeral_port_floor() -> int:
+    """The lowest port the kernel hands out to outgoing connections (32768 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_base_port(nodes: int, rng: random.Random | None = None) -> int:
-    """A base port whose launcher block (4 ports per node, 10 apart) is free right now."""
+    """A base port whose launcher block (4 ports per node, 10 apart) is free right now.
+
+    Below the ephemeral range: a node restarted by a test must find its ports free again, and
+    a client's outgoing connection may take any ephemeral port while the node is down (one
+    did: EADDRINUSE on a restart in CI).
+    """
     rng = rng or random.Random()
+    top = min(ephemeral_port_floor(), 60000) - 10 * nodes
     for _ in range(200):
-        base = rng.randrange(20000, 60000 - 10 * nodes)
+        base = rng.randrange(10000, top)
         ports = [base + 10 * i + k for i in range(nodes) for k in range(4)]
         socks = []
         try:

@@ -481,7 +481,8 @@ def _commits_caught_up(history: History, workload: GroupsWorkload) -> bool:
 @contextlib.contextmanager
 def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterState, Links | None]]:
     """The nodes, behind the fault proxy when a proxied nemesis is selected."""
-    base_port = 20000 + random.Random(options.seed).randrange(0, 20000, 10)  # a fresh namespace
+    # A fresh namespace; below the ephemeral range, so restarted nodes find their ports free.
+    base_port = 10000 + random.Random(options.seed).randrange(0, 20000, 10)
     overrides: dict[str, Any] = {
         "group.initial.rebalance.delay.ms": 0,
         # KIP-848 members: sessions as short as the classic members' (Kafka's are 45 s / 5 s).
