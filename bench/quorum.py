@@ -114,8 +114,13 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-async def poll(check: Callable[[], Awaitable[T]], what: str, timeout_s: float) -> T:
-    """Call ``check`` every poll interval until it returns; ``NotYet`` and RPC failures retry."""
+async def poll(
+    check: Callable[[], Awaitable[T]],
+    what: str,
+    timeout_s: float,
+    interval_s: float = POLL_INTERVAL_S,
+) -> T:
+    """Call ``check`` every ``interval_s`` until it returns; ``NotYet`` and RPC failures retry."""
     deadline = time.monotonic() + timeout_s
     last = "nothing yet"
     while True:
@@ -127,7 +132,7 @@ async def poll(check: Callable[[], Awaitable[T]], what: str, timeout_s: float) -
             last = f"{type(e).__name__}: {e}"
         if time.monotonic() >= deadline:
             raise BenchError(f"no {what} within {timeout_s:.0f} s; last seen: {last}")
-        await asyncio.sleep(POLL_INTERVAL_S)  # the polling interval
+        await asyncio.sleep(interval_s)  # the polling interval
 
 
 def _nearest_rank(sorted_ms: list[float], q: float) -> float:
