@@ -68,6 +68,7 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
+REPLAY_STEP_BYTES = 512 * 1024
 
 
 class CoordinatorError(Exception):
@@ -346,6 +347,10 @@ class CoordinatorRuntime:
         if bug_ack_before_hw:
             log.warning("DELIBERATELY BROKEN: coordinator writes are answered before the HW")
         self.load_buffer_size = load_buffer_size
+        # Replay yields to the event loop after each read: 5 MiB (Kafka's buffer) is ~0.5 s of
+        # replay here, long enough to delay the node's broker heartbeats (a cold 1M-record load
+        # once got its node fenced a second early). 512 KiB keeps every step around 50 ms.
+        self.replay_chunk_bytes = min(load_buffer_size, REPLAY_STEP_BYTES)
         self.contexts: dict[int, ShardContext] = {}
         self.standbys: dict[int, Standby] = {}
         self._tokens = itertools.count(1)
@@ -426,7 +431,7 @@ class CoordinatorRuntime:
         size = 0
         while ctx.state is ShardState.LOADING and offset < lg.log_end_offset:
             offset, n, nbytes = _replay_chunk(
-                shard, decoder, lg, offset, max_offset=None, max_bytes=self.load_buffer_size
+                shard, decoder, lg, offset, max_offset=None, max_bytes=self.replay_chunk_bytes
             )
             if not nbytes:
                 break
@@ -511,7 +516,7 @@ class CoordinatorRuntime:
                     standby.log,
                     standby.next_offset,
                     max_offset=high_watermark,
-                    max_bytes=self.load_buffer_size,
+                    max_bytes=self.replay_chunk_bytes,
                 )
             except Exception:
                 log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
