@@ -39,8 +39,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kcoord.node import launcher, metrics
 from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.prometheus_run import running_prometheus
 from tests.integration.test_kafka_clients import run_client
-from tests.portpick import free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -514,54 +514,34 @@ def test_prometheus_scrapes_every_node(
         )
     config = tmp_path / "prometheus.yml"
     config.write_text(prometheus_config(cluster, TOKEN))
-    [port] = free_ports(1)
-    with open(tmp_path / "prometheus.log", "wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        wait_for(lambda: _ready(port), "prometheus ready", DEADLINE_S)
-
-        def all_up() -> list[dict[str, Any]] | None:
-            targets = prom_get(port, "/api/v1/targets")["data"]["activeTargets"]
-            up = [t for t in targets if t["health"] == "up"]
-            return targets if len(targets) == 3 and len(up) == 3 else None
-
-        targets = wait_for(all_up, "every kcoord target up", DEADLINE_S)
-        assert sorted(t["labels"]["node"] for t in targets) == ["1", "2", "3"]
-        for expression in KEY_EXPRESSIONS:
-            wait_for(
-                functools.partial(_query_result, port, expression),
-                f"data for {expression}",
-                DEADLINE_S,
-            )
-        total = prom_get(
-            port,
-            "/api/v1/query",
-            query=f'sum(kafka_consumergroup_current_offset_sum{{consumergroup="{LAG_GROUP}"}})',
-        )["data"]["result"]
-        assert float(total[0]["value"][1]) == sum(committed.values())
-        active = prom_get(port, "/api/v1/query", query="sum(kcoord_controller_active)")
-        assert float(active["data"]["result"][0]["value"][1]) == 1
-    except BaseException:
-        print((tmp_path / "prometheus.log").read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        proc.terminate()
+    with running_prometheus(binary, config, tmp_path) as port:
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            wait_for(lambda: _ready(port), "prometheus ready", DEADLINE_S)
+
+            def all_up() -> list[dict[str, Any]] | None:
+                targets = prom_get(port, "/api/v1/targets")["data"]["activeTargets"]
+                up = [t for t in targets if t["health"] == "up"]
+                return targets if len(targets) == 3 and len(up) == 3 else None
+
+            targets = wait_for(all_up, "every kcoord target up", DEADLINE_S)
+            assert sorted(t["labels"]["node"] for t in targets) == ["1", "2", "3"]
+            for expression in KEY_EXPRESSIONS:
+                wait_for(
+                    functools.partial(_query_result, port, expression),
+                    f"data for {expression}",
+                    DEADLINE_S,
+                )
+            total = prom_get(
+                port,
+                "/api/v1/query",
+                query=f'sum(kafka_consumergroup_current_offset_sum{{consumergroup="{LAG_GROUP}"}})',
+            )["data"]["result"]
+            assert float(total[0]["value"][1]) == sum(committed.values())
+            active = prom_get(port, "/api/v1/query", query="sum(kcoord_controller_active)")
+            assert float(active["data"]["result"][0]["value"][1]) == 1
+        except BaseException:
+            print((tmp_path / "prometheus.log").read_text(errors="replace")[-4000:])
+            raise
 
 
 def _query_result(port: int, expression: str) -> list[Any]:

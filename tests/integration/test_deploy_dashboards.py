@@ -34,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kcoord.node import launcher
 from tests import deploy_files as files
 from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.prometheus_run import running_prometheus
 from tests.integration.test_kafka_clients import run_client
 from tests.portpick import free_ports
 
@@ -196,52 +197,32 @@ def test_every_dashboard_expression_returns_data(
         )
     config = tmp_path / "prometheus.yml"
     config.write_text(prometheus_config(cluster))
-    [port] = free_ports(1)
     log = tmp_path / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    try:
-        wait_for(lambda: prom_targets(port), "every kcoord target up", DEADLINE_S)
-        empty: list[str] = []
-        for expression in files.expressions():
-            names = files.metric_names(expression.query)
-
-            def evaluated(query: str = expression.query) -> dict[str, Any] | None:
-                body = prom_query(port, query)
-                assert body["status"] == "success", f"{body.get('error')}: {query}"
-                return body if body["data"]["result"] else None
-
-            if names <= MAY_BE_EMPTY:
-                evaluated()  # must evaluate; may have no series yet
-                continue
-            try:
-                wait_for(evaluated, f"data for {expression}", DEADLINE_S / 3)
-            except AssertionError as e:
-                if "timed out" not in str(e):
-                    raise
-                empty.append(str(expression))
-        assert not empty, "expressions with no data:\n" + "\n".join(empty)
-    except BaseException:
-        print(log.read_text(errors="replace")[-4000:])
-        raise
-    finally:
-        proc.terminate()
+    with running_prometheus(binary, config, tmp_path) as port:
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            wait_for(lambda: prom_targets(port), "every kcoord target up", DEADLINE_S)
+            empty: list[str] = []
+            for expression in files.expressions():
+                names = files.metric_names(expression.query)
+
+                def evaluated(query: str = expression.query) -> dict[str, Any] | None:
+                    body = prom_query(port, query)
+                    assert body["status"] == "success", f"{body.get('error')}: {query}"
+                    return body if body["data"]["result"] else None
+
+                if names <= MAY_BE_EMPTY:
+                    evaluated()  # must evaluate; may have no series yet
+                    continue
+                try:
+                    wait_for(evaluated, f"data for {expression}", DEADLINE_S / 3)
+                except AssertionError as e:
+                    if "timed out" not in str(e):
+                        raise
+                    empty.append(str(expression))
+            assert not empty, "expressions with no data:\n" + "\n".join(empty)
+        except BaseException:
+            print(log.read_text(errors="replace")[-4000:])
+            raise
 
 
 # -- the image's healthcheck ----------------------------------------------------------------
