@@ -47,8 +47,7 @@ becomes a consumer group when its first member joins.
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Final
@@ -74,6 +73,8 @@ from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     TopicMetadata,
     TopicPartitions,
+    uuid_bytes,
+    uuid_str,
 )
 from kcoord.errors import Errors
 
@@ -92,14 +93,6 @@ class MemberState(IntEnum):
     UNREVOKED_PARTITIONS = 1
     UNRELEASED_PARTITIONS = 2
     UNKNOWN = 127
-
-
-def uuid_bytes(topic_id: TopicId) -> bytes:
-    return base64.urlsafe_b64decode(topic_id + "==")
-
-
-def uuid_str(raw: bytes) -> TopicId:
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
 def _partitions_of(items: tuple[TopicPartitions, ...]) -> Partitions:
@@ -486,8 +479,7 @@ def compute_targets(
         )
         for member_id, m in members.items()
     }
-    chosen = [m.server_assignor for m in members.values() if m.server_assignor in ASSIGNORS]
-    name = max(sorted(set(chosen)), key=chosen.count) if chosen else DEFAULT_ASSIGNOR
+    name = _preferred_assignor(members.values())
     counts = {topic_id: n for topic_id, (_, n) in topics.items()}
     assigned = ASSIGNORS[name].assign(subscriptions, counts)
     return {
@@ -497,7 +489,12 @@ def compute_targets(
 
 
 def assignor_name(group: ConsumerGroup) -> str:
-    chosen = [m.server_assignor for m in group.members.values() if m.server_assignor in ASSIGNORS]
+    return _preferred_assignor(group.members.values())
+
+
+def _preferred_assignor(members: Iterable[ConsumerGroupMember]) -> str:
+    """The server assignor most members ask for (ties: by name), else the default."""
+    chosen = [m.server_assignor for m in members if m.server_assignor in ASSIGNORS]
     return max(sorted(set(chosen)), key=chosen.count) if chosen else DEFAULT_ASSIGNOR
 
 

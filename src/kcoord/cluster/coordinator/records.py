@@ -1013,9 +1013,14 @@ def _offset_commit_value_v3(value: bytes) -> OffsetCommitValue | None:
 # kafka-dump-log.sh --offsets-decoder
 
 
-def _uuid_json(topic_id: bytes) -> str:
-    # Kafka's Uuid.toString(): URL-safe base64 without padding (22 characters).
+def uuid_str(topic_id: bytes) -> str:
+    """Kafka's ``Uuid.toString()``: URL-safe base64 without padding (22 characters)."""
     return base64.urlsafe_b64encode(topic_id).decode("ascii").rstrip("=")
+
+
+def uuid_bytes(topic_id: str) -> bytes:
+    """The 16 bytes of a Uuid in its string form (``uuid_str`` undone)."""
+    return base64.urlsafe_b64decode(topic_id + "==")
 
 
 def _bytes_json(data: bytes | None) -> str | None:
@@ -1024,7 +1029,7 @@ def _bytes_json(data: bytes | None) -> str | None:
 
 
 def _topic_partitions_json(items: tuple[TopicPartitions, ...]) -> list[dict[str, Any]]:
-    return [{"topicId": _uuid_json(i.topic_id), "partitions": list(i.partitions)} for i in items]
+    return [{"topicId": uuid_str(i.topic_id), "partitions": list(i.partitions)} for i in items]
 
 
 def _consumer_partitions_json(r: Reader, what: str) -> list[dict[str, Any]]:
@@ -1132,7 +1137,7 @@ def _value_json(value: CoordinatorValue, version: int) -> dict[str, Any]:
             return {
                 "topics": [
                     {
-                        "topicId": _uuid_json(t.topic_id),
+                        "topicId": uuid_str(t.topic_id),
                         "topicName": t.topic_name,
                         "numPartitions": t.num_partitions,
                         "partitionMetadata": [

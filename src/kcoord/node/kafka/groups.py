@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from kcoord.cluster.coordinator import types as t
-from kcoord.cluster.coordinator.consumer import uuid_bytes, uuid_str
+from kcoord.cluster.coordinator.records import uuid_bytes, uuid_str
 from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
 from kcoord.errors import Errors
 from kcoord.node.kafka.apis import Deferred, Request, Result
