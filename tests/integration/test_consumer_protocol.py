@@ -6,7 +6,8 @@ same epoch (the group's assignment epoch), disjoint partitions covering the topi
 - members join one by one and leave one by one, valid at every stable point;
 - a SIGKILLed member is fenced after the session timeout, not before, and its partitions move;
 - the coordinator's node is SIGKILLed while members reconcile: the group converges on the new
-  coordinator, no partition owned twice at any reported epoch, every message consumed once.
+  coordinator, no partition owned twice at any reported epoch, every message consumed once;
+- a subscription by regular expression gets every matching topic, and one created later.
 
 The cluster uses a 6 s consumer session timeout and 500 ms heartbeats (Kafka: 45 s, 5 s).
 """
@@ -157,3 +158,38 @@ def test_the_group_converges_after_its_coordinator_is_killed(
     assert not split_owners(spawn.started), split_owners(spawn.started)
     values = {v for _, _, v in consumed(members)}
     assert {v for _, _, v in acked + during + after} <= values
+
+
+def test_a_regex_subscription_gets_every_matching_topic_and_new_ones(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    """librdkafka sends the pattern (``SubscribedTopicRegex``); the coordinator resolves it,
+    and a matching topic created later is assigned without the member resubscribing."""
+    from confluent_kafka import Consumer
+
+    for topic in ("kip848-re-a", "kip848-re-b", "kip848-other"):
+        create_topic(CLIENT, spawn.bootstrap, topic)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": spawn.bootstrap,
+            "group.id": "kip848-regex",
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        consumer.subscribe(["^kip848-re-.*"])
+
+        def assigned() -> set[str]:
+            consumer.poll(0.2)
+            return {tp.topic for tp in consumer.assignment()}
+
+        wait_for(lambda: assigned() == {"kip848-re-a", "kip848-re-b"}, "both matching topics")
+        create_topic(CLIENT, spawn.bootstrap, "kip848-re-c")
+        wait_for(
+            lambda: assigned() == {"kip848-re-a", "kip848-re-b", "kip848-re-c"},
+            "the new matching topic",
+        )
+        assert len(consumer.assignment()) == 3 * PARTITIONS
+    finally:
+        consumer.close()

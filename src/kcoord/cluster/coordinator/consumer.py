@@ -39,14 +39,25 @@ Static members: a member leaving with epoch -2 keeps its place and assignment un
 times out; a member joining with its instance id takes both over (no rebalance); an instance id
 held by a live member is UNRELEASED_INSTANCE_ID.
 
-Not implemented yet (each answered as noted): subscription by regular expression
-(INVALID_REQUEST); conversion of a *non-empty* classic group and classic members inside a
-consumer group (GROUP_ID_NOT_FOUND). An empty classic group (or one with only committed offsets)
-becomes a consumer group when its first member joins.
+Subscriptions: by topic names, by a regular expression (KIP-848's ``SubscribedTopicRegex``),
+or both. The expression must match a whole topic name (Java's ``Matcher.matches``); internal
+topics never match. Kafka resolves expressions with RE2/J, asynchronously, and stores the result
+in a regular-expression record of a later version than DESIGN's schemas; kcoord resolves them
+in the heartbeat against the topics the caller passes, so the resolved topics reach the log in
+the ``ConsumerGroupPartitionMetadata`` record, and a topic created later that matches bumps the
+group epoch at the next heartbeat like a new partition does. Python's ``re`` stands in for RE2/J:
+the two agree on the usual syntax (classes, alternation, repetition, anchors); the constructs
+RE2 refuses (backreferences, lookaround) are refused here too (INVALID_REGULAR_EXPRESSION).
+
+Not implemented yet (each answered as noted): conversion of a *non-empty* classic group and
+classic members inside a consumer group (GROUP_ID_NOT_FOUND). An empty classic group (or one
+with only committed offsets) becomes a consumer group when its first member joins.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
@@ -461,6 +472,47 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
 # Target assignment (TargetAssignmentBuilder).
 
 
+# ---------------------------------------------------------------------------------------------
+# Subscriptions.
+
+# What RE2 (and so RE2/J, Kafka's regex engine) refuses and Python's ``re`` accepts: lookaround
+# ``(?=``, ``(?!``, ``(?<=``, ``(?<!``, atomic groups ``(?>`` and backreferences ``\1``..``\9``
+# / ``(?P=name)``.
+_NOT_RE2: Final = re.compile(r"\(\?(?:=|!|<=|<!|>|P=)|(?<!\\)(?:\\\\)*\\[1-9]")
+
+
+class InvalidRegexError(ValueError):
+    """A subscription's regular expression does not compile (INVALID_REGULAR_EXPRESSION)."""
+
+
+@functools.lru_cache(maxsize=256)
+def compile_subscription_regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as RE2/J would accept it, compiled; InvalidRegexError when it is not."""
+    if _NOT_RE2.search(pattern):
+        raise InvalidRegexError(
+            f"SubscribedTopicRegex `{pattern}` is not a valid regular expression: "
+            "lookaround, atomic groups and backreferences are not supported (RE2 syntax)."
+        )
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise InvalidRegexError(
+            f"SubscribedTopicRegex `{pattern}` is not a valid regular expression: {e}."
+        ) from e
+
+
+def subscribed_topics(member: ConsumerGroupMember, topic_names: Iterable[str]) -> frozenset[str]:
+    """The topics ``member`` subscribes to among ``topic_names``: its names, and the names its
+    regular expression matches as a whole (internal topics, ``__*``, never)."""
+    names = frozenset(member.subscribed_topic_names)
+    if not member.subscribed_topic_regex:
+        return names
+    regex = compile_subscription_regex(member.subscribed_topic_regex)
+    return names | {
+        t for t in topic_names if not t.startswith("__") and regex.fullmatch(t) is not None
+    }
+
+
 def compute_targets(
     members: Mapping[str, ConsumerGroupMember],
     current_targets: Mapping[str, Partitions],
@@ -472,7 +524,7 @@ def compute_targets(
     subscriptions = {
         member_id: MemberSubscription(
             subscribed_topic_ids=frozenset(
-                ids_by_name[n] for n in m.subscribed_topic_names if n in ids_by_name
+                ids_by_name[n] for n in subscribed_topics(m, ids_by_name) if n in ids_by_name
             ),
             current=current_targets.get(member_id, {}),
             rack_id=m.rack_id,

@@ -23,9 +23,11 @@ from kcoord.cluster.coordinator.consumer import (
     LEAVE_GROUP_STATIC_MEMBER_EPOCH,
     ConsumerGroup,
     ConsumerGroupMember,
+    InvalidRegexError,
     MemberState,
     Partitions,
     assignor_name,
+    compile_subscription_regex,
     compute_targets,
     current_assignment_record,
     group_epoch_record,
@@ -34,6 +36,7 @@ from kcoord.cluster.coordinator.consumer import (
     member_removal_records,
     partition_metadata_record,
     reconcile,
+    subscribed_topics,
     target_epoch_record,
     target_member_record,
     validate_member_epoch,
@@ -155,8 +158,12 @@ class ConsumerGroupHandlers:
                 return Errors.INVALID_REQUEST, (
                     "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
                 )
-        if request.subscribed_topic_regex is not None:
-            return Errors.INVALID_REQUEST, "SubscribedTopicRegex is not supported by kcoord yet."
+        if request.subscribed_topic_regex:
+            # throwIfRegularExpressionIsInvalid
+            try:
+                compile_subscription_regex(request.subscribed_topic_regex)
+            except InvalidRegexError as e:
+                return Errors.INVALID_REGULAR_EXPRESSION, str(e)
         if request.server_assignor is not None and request.server_assignor not in ASSIGNORS:
             return Errors.UNSUPPORTED_ASSIGNOR, (
                 f"ServerAssignor {request.server_assignor} is not supported. Supported "
@@ -348,6 +355,12 @@ class ConsumerGroupHandlers:
                 if request.subscribed_topic_names is not None
                 else member.subscribed_topic_names
             ),
+            # None: unchanged; "": no regular expression any more.
+            subscribed_topic_regex=(
+                request.subscribed_topic_regex or None
+                if request.subscribed_topic_regex is not None
+                else member.subscribed_topic_regex
+            ),
             rebalance_timeout_ms=(
                 request.rebalance_timeout_ms
                 if request.rebalance_timeout_ms >= 0
@@ -367,12 +380,13 @@ class ConsumerGroupHandlers:
             out.write(member_metadata_record(group_id, updated))
             if old is None or (
                 updated.subscribed_topic_names != old.subscribed_topic_names
+                or updated.subscribed_topic_regex != old.subscribed_topic_regex
                 or updated.server_assignor != old.server_assignor
             ):
                 bump = True
         members = dict(group.members)
         members[updated.member_id] = updated
-        subscribed = {name for m in members.values() for name in m.subscribed_topic_names}
+        subscribed = {name for m in members.values() for name in subscribed_topics(m, topics)}
         metadata = {
             topic_id: (name, n) for name, (topic_id, n) in topics.items() if name in subscribed
         }

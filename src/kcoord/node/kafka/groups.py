@@ -487,8 +487,8 @@ class GroupApi:
             subscribed_topic_names=(
                 None if body.subscribed_topic_names is None else tuple(body.subscribed_topic_names)
             ),
-            # librdkafka sends "" for no regex.
-            subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None) or None,
+            # null: unchanged; "": none (what librdkafka sends when it subscribes by names).
+            subscribed_topic_regex=getattr(body, "subscribed_topic_regex", None),
             server_assignor=body.server_assignor,
             topic_partitions=(
                 None

@@ -1,6 +1,7 @@
 """KIP-848 consumer groups on the pure shard: join, leave, revoke before assign, unreleased
 partitions, fencing by epoch, session and rebalance timeouts, failover by replay, commits with
-member epochs, ConsumerGroupDescribe, ListGroups and DeleteGroups.
+member epochs, ConsumerGroupDescribe, ListGroups and DeleteGroups, subscriptions by regular
+expression.
 
 The harness (``harness.ShardContext``) plays the runtime: records are appended and replayed at
 once, timers fire as the mock clock moves, ``failover()`` rebuilds a shard from the log.
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kcoord.cluster.coordinator.consumer import MemberState
+from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeRequest,
@@ -396,3 +398,97 @@ def test_a_static_member_that_does_not_come_back_is_removed_at_its_session_timeo
     static_hb(ctx, "s1", -2, "instance-1", parts(first))
     ctx.sleep(SESSION_MS + 1)
     assert "s1" not in ctx.shard.consumer_groups["g"].members
+
+
+def regex_hb(
+    ctx: ShardContext,
+    member: str,
+    epoch: int,
+    owned: Mapping[str, set[int]] | None,
+    topics: Mapping[str, tuple[str, int]],
+    *,
+    regex: str | None = None,
+    names: tuple[str, ...] | None = None,
+) -> ConsumerGroupHeartbeatResponse:
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id=member,
+        member_epoch=epoch,
+        rebalance_timeout_ms=REBALANCE_MS if epoch == 0 else -1,
+        subscribed_topic_names=names,
+        subscribed_topic_regex=regex,
+        topic_partitions=(
+            None
+            if owned is None
+            else tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items()) if ps)
+        ),
+        client_id=member,
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    return response
+
+
+def by_topic(response: ConsumerGroupHeartbeatResponse) -> dict[str, set[int]]:
+    return {topic_id: set(ps) for topic_id, ps in response.assignment or ()}
+
+
+# Topic ids as the records store them (16 bytes, in Kafka's string form).
+PAY_A, PAY_B, OTHER, INTERNAL = (uuid_str(bytes([i]) * 16) for i in (1, 2, 3, 4))
+
+
+def test_a_regex_subscription_takes_every_matching_topic_and_later_ones_too() -> None:
+    ctx = context()
+    topics = {
+        "pay-a": (PAY_A, 2),
+        "other": (OTHER, 2),
+        "__pay-internal": (INTERNAL, 2),  # internal topics never match
+    }
+    joined = regex_hb(ctx, "a", 0, None, topics, regex="(__)?pay-.*")
+    assert joined.error_code is Errors.NONE, joined
+    assert by_topic(joined) == {PAY_A: {0, 1}}
+    # The whole name must match (Java's Matcher.matches): "pay" alone matches nothing.
+    assert regex_hb(ctx, "b", 0, None, topics, regex="pay").error_code is Errors.NONE
+    assert ctx.shard.consumer_groups["g"].members["b"].subscribed_topic_regex == "pay"
+    ctx.failover()  # the regex is in the member's metadata record
+    assert ctx.shard.consumer_groups["g"].members["a"].subscribed_topic_regex == "(__)?pay-.*"
+
+    # A topic created later that matches bumps the group epoch at the next heartbeat.
+    grown = {**topics, "pay-b": (PAY_B, 1)}
+    epoch = ctx.shard.consumer_groups["g"].group_epoch
+    response = regex_hb(ctx, "a", joined.member_epoch, {PAY_A: {0, 1}}, grown)
+    assert response.error_code is Errors.NONE, response
+    assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
+    assert by_topic(response) == {PAY_A: {0, 1}, PAY_B: {0}}
+    assert set(ctx.shard.consumer_groups["g"].subscribed_topics) == {PAY_A, PAY_B}
+
+
+def test_names_and_a_regex_together_and_dropping_the_regex() -> None:
+    ctx = context()
+    topics = {"pay-a": (PAY_A, 2), "other": (OTHER, 2)}
+    joined = regex_hb(ctx, "a", 0, None, topics, regex="pay-.*", names=("other",))
+    assert by_topic(joined) == {PAY_A: {0, 1}, OTHER: {0, 1}}
+    # "" clears the regex (null would leave it as it is): the group epoch moves on and the
+    # member must revoke pay-a before it is stable again.
+    epoch = joined.member_epoch
+    response = regex_hb(ctx, "a", epoch, by_topic(joined), topics, regex="")
+    assert ctx.shard.consumer_groups["g"].members["a"].subscribed_topic_regex is None
+    assert by_topic(response) == {OTHER: {0, 1}}
+    response = regex_hb(ctx, "a", response.member_epoch, by_topic(response), topics)
+    assert response.error_code is Errors.NONE
+    assert response.member_epoch == epoch + 1
+    assert group_state(ctx) == "Stable"
+
+
+def test_an_invalid_regex_is_refused_with_invalid_regular_expression() -> None:
+    ctx = context()
+    topics = {"pay-a": (PAY_A, 2)}
+    for bad in ("pay-(", "(?=pay)p.*", r"(pay)\1", "(?>pay)"):  # RE2 refuses the last three
+        response = regex_hb(ctx, "a", 0, None, topics, regex=bad)
+        assert response.error_code is Errors.INVALID_REGULAR_EXPRESSION, bad
+        assert response.error_message and bad in response.error_message
+    assert "g" not in ctx.shard.consumer_groups
+    # An escaped backslash followed by a digit is no backreference.
+    assert regex_hb(ctx, "a", 0, None, topics, regex=r"pay\\1|pay-a").error_code is Errors.NONE
