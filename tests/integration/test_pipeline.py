@@ -376,7 +376,8 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
         timeout=QUERY_TIMEOUT_S + 120,
         check=False,
     )
-    assert restarted.returncode == 0, restarted.stdout[-3000:] + restarted.stderr[-3000:]
+    causes = [line for line in restarted.stderr.splitlines() if " failed: " in line]
+    assert restarted.returncode == 0, "\n".join([*causes, restarted.stderr[-3000:]])
     events = read_events(tmp_path / "events.jsonl")
     assert len(events) == result.valid
     assert current_totals(spark, tmp_path / "out") == {

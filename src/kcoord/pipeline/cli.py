@@ -40,6 +40,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _payments(args: argparse.Namespace) -> int:
+    from pyspark.errors import StreamingQueryException
+
     from kcoord.pipeline.payments import PaymentsConfig, start
     from kcoord.pipeline.session import build_session
 
@@ -69,17 +71,19 @@ def _payments(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        if args.available_now:
-            for q in queries:
-                q.awaitTermination()
-        else:
-            deadline_s = args.timeout
-            queries[0].awaitTermination(deadline_s) if deadline_s else queries[0].awaitTermination()
-            for q in queries:
-                q.stop()
+        try:
+            if args.available_now:
+                for q in queries:
+                    q.awaitTermination()
+            else:
+                queries[0].awaitTermination(args.timeout or None)
+        except StreamingQueryException:
+            pass  # reported below, query by query
+        for q in queries:
+            q.stop()
         failed = [q for q in queries if q.exception() is not None]
         for q in failed:
-            print(f"query {q.name} failed: {q.exception()}", file=sys.stderr)
+            print(f"query {q.name} failed: {_cause(q.exception())}", file=sys.stderr)
         print(
             json.dumps(
                 {q.name: q.lastProgress["batchId"] if q.lastProgress else None for q in queries}
@@ -89,6 +93,12 @@ def _payments(args: argparse.Namespace) -> int:
         return 1 if failed else 0
     finally:
         spark.stop()
+
+
+def _cause(error: object) -> str:
+    """A failed query's error without the plan Spark appends to it (which buries the cause)."""
+    text = str(error)
+    return text.split("=== Streaming Query ===", maxsplit=1)[0].strip()
 
 
 def _audit(args: argparse.Namespace) -> int:
