@@ -150,13 +150,35 @@ class Partition:
                 fut.set_result(None)
         return True
 
-    async def wait_for_high_watermark(self, offset: int) -> None:
-        """Return once the HW is at or above ``offset``; KafkaError if leadership is lost."""
-        if self.high_watermark >= offset:
-            return
+    def high_watermark_reached(self, offset: int) -> asyncio.Future[None]:
+        """A future done once the HW is at or above ``offset``, failed with
+        NOT_LEADER_OR_FOLLOWER if this replica stops leading first (Kafka's ``DelayedProduce``
+        asks ``checkEnoughReplicasReachOffset``, which answers the same for a follower).
+
+        Call it right after the append, with no await in between: it is registered at once,
+        so a role change that truncates the batch cannot slip between the append and the
+        wait. A follower's HW can pass the offset with *another* leader's records, so a
+        non-leader never waits. Cancel the future to give up (a timeout); it leaves the list.
+        """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((offset, fut))
-        await fut
+        if self.high_watermark >= offset:
+            fut.set_result(None)
+        elif not self.is_leader:
+            fut.set_exception(
+                KafkaError(
+                    Errors.NOT_LEADER_OR_FOLLOWER, f"{self.topic}-{self.partition}: not the leader"
+                )
+            )
+        else:
+            waiter = (offset, fut)
+            self._waiters.append(waiter)
+            fut.add_done_callback(lambda _: self._forget_waiter(waiter))
+        return fut
+
+    def _forget_waiter(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
+        # Already gone if set_high_watermark or fail_waiters took it off.
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
 
     def fail_waiters(self, code: Errors) -> None:
         waiters, self._waiters = self._waiters, []
@@ -404,10 +426,9 @@ class ReplicaManager:
         part = self.leader_partition(topic, partition)
         result = self.append_local(part, records, required_acks=acks)
         if acks == -1:
+            committed = part.high_watermark_reached(result.last_offset + 1)
             try:
-                await asyncio.wait_for(
-                    part.wait_for_high_watermark(result.last_offset + 1), timeout_ms / 1000
-                )
+                await asyncio.wait_for(committed, timeout_ms / 1000)
             except TimeoutError as e:
                 raise KafkaError(Errors.REQUEST_TIMED_OUT, "high watermark did not advance") from e
         return result

@@ -13,9 +13,10 @@ import asyncio
 from pathlib import Path
 from typing import Any, cast
 
+from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
-from kcoord.node.replica_manager import Partition, ReplicaManager
+from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
 from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
 from kcoord.storage.manager import LogManager
@@ -163,5 +164,41 @@ def test_a_returning_leader_keeps_what_the_new_leader_has_and_drops_the_rest(
         assert new.values() == expected
         assert old.values() == expected
         assert old.partition.log.epoch_cache.entries == [(0, 0), (1, 4)]
+
+    asyncio.run(scenario())
+
+
+def test_an_acks_all_wait_is_registered_at_the_append_and_failed_by_a_role_change(
+    tmp_path: Path,
+) -> None:
+    """The chaos suite's duplicate: a Produce for two partitions awaited the first one's HW
+    while the second lost its leadership (and its uncommitted tail); the second wait began
+    only afterwards, on a follower, and hung until the request timed out. The waits are now
+    futures made at the append, so the role change fails them, and a follower never waits."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        old, new = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
+        _start(cluster)
+        old.produce(b"uncommitted")
+        committed = old.partition.high_watermark_reached(1)  # nobody awaits it yet
+        assert not committed.done()
+
+        _fail_over_to(cluster, leader=new.node_id)  # the old leader will truncate its tail
+        assert committed.done()
+        error = committed.exception()
+        assert isinstance(error, KafkaError) and error.code is Errors.NOT_LEADER_OR_FOLLOWER
+        assert old.partition._waiters == []
+
+        # A follower's HW may pass the offset with the new leader's records: no waiting there.
+        late = old.partition.high_watermark_reached(1)
+        assert late.done() and isinstance(late.exception(), KafkaError)
+
+        # A wait given up (a timeout) leaves nothing behind.
+        pending = new.partition.high_watermark_reached(1)  # nothing at offset 0 yet
+        assert new.partition._waiters
+        pending.cancel()
+        await asyncio.sleep(0)  # the done callback runs on the next iteration
+        assert new.partition._waiters == []
 
     asyncio.run(scenario())

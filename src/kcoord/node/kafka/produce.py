@@ -115,7 +115,9 @@ class _PartitionResult:
     message: str | None = None
     base_offset: int = -1
     log_start_offset: int = -1
-    wait: tuple[Partition, int] | None = None  # (partition, offset the HW must reach)
+    partition: Partition | None = None
+    # acks=-1: done once the HW passes the batch (registered at the append, see _append).
+    committed: asyncio.Future[None] | None = None
     leader_hint: dict[str, int] = field(default_factory=dict)
 
 
@@ -154,7 +156,7 @@ class ProduceApi:
         failed = any(r.error is not Errors.NONE for _, _, rs in topics for r in rs)
         if acks == 0:
             return CLOSE_CONNECTION if failed else NO_RESPONSE
-        waits = [r for _, _, rs in topics for r in rs if r.wait is not None]
+        waits = [r for _, _, rs in topics for r in rs if r.committed is not None]
         if not waits:
             return self._response(request, topics)
         return Deferred(self._complete(request, topics, waits, timeout_ms))
@@ -204,7 +206,10 @@ class ProduceApi:
                 state.update(_stamped(headers, appended.base_offset, part.leader_epoch))
             result.log_start_offset = part.log.log_start_offset
             if acks == -1:
-                result.wait = (part, last_offset + 1)
+                # Now, before any await: a wait registered later could miss a role change
+                # that truncates the batch, and wait on a follower for somebody else's records.
+                result.partition = part
+                result.committed = part.high_watermark_reached(last_offset + 1)
         except KafkaError as e:
             result.error, result.message = e.code, e.message or None
             if e.code is Errors.NOT_LEADER_OR_FOLLOWER:
@@ -218,21 +223,22 @@ class ProduceApi:
         waits: list[_PartitionResult],
         timeout_ms: int,
     ) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
+        futures = [r.committed for r in waits if r.committed is not None]
+        await asyncio.wait(futures, timeout=timeout_ms / 1000)
         for result in waits:
-            assert result.wait is not None
-            part, offset = result.wait
-            try:
-                await asyncio.wait_for(
-                    part.wait_for_high_watermark(offset), max(deadline - loop.time(), 0)
-                )
-            except TimeoutError:
+            assert result.committed is not None and result.partition is not None
+            if not result.committed.done():
+                result.committed.cancel()
                 result.error = Errors.REQUEST_TIMED_OUT
                 result.message = "the high watermark did not reach the batch in time"
-            except KafkaError as e:
-                result.error, result.message = e.code, e.message or None
+                continue
+            error = result.committed.exception()
+            if isinstance(error, KafkaError):
+                part = result.partition
+                result.error, result.message = error.code, error.message or None
                 result.leader_hint = self.ctx.leader_hint(part.topic, part.partition)
+            elif error is not None:
+                raise error
         return self._response(request, topics)
 
     def _response(
