@@ -59,7 +59,9 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     at or a poll read; its *version order* is the sorted list of those offsets, so an offset
     nobody wrote or read (a gap Kafka may legally leave) is never "skipped". Polls are ``poll``
     and ``consume`` events (``ok``); ``final-poll`` events count as reads everywhere but are
-    exempt from the per-consumer order checks (they start again at offset 0).
+    exempt from the per-consumer order checks (they start again at offset 0). An ``ok`` send
+    without an offset (librdkafka's implicit ack: a later batch of the same idempotent producer
+    succeeded, so this one was written, offset unknown) is checked for ``unseen`` only.
 
     ``inconsistent-offsets``: one offset holds two different values. ``duplicate``: one value
     sits at two offsets of a partition (values are unique per key, and a key has one
@@ -760,7 +762,7 @@ def _check_final_ownership(
 class _Send:
     topic: str
     partition: int
-    offset: int
+    offset: int | None  # None: acknowledged without an offset (librdkafka's implicit ack)
     value: Any
     process: str
     order_at: _At  # the invoke's, else the completion's
@@ -791,7 +793,8 @@ def check_queue(history: History, *, require_final_poll: bool = True) -> CheckRe
     final_values: dict[_TopicPartition, set[Hashable]] = defaultdict(set)
     max_read: dict[_TopicPartition, int] = {}
     for send in sends:
-        log[(send.topic, send.partition)][send.offset][_freeze(send.value)] = send.value
+        if send.offset is not None:
+            log[(send.topic, send.partition)][send.offset][_freeze(send.value)] = send.value
     for read in reads:
         for partition, offset, value in read.records:
             tp = (read.topic, partition)
@@ -813,7 +816,11 @@ def check_queue(history: History, *, require_final_poll: bool = True) -> CheckRe
             "value": send.value,
             "send": send.event.index,
         }
-        if frozen not in read_values[tp] and send.offset <= max_read.get(tp, -1):
+        if (
+            frozen not in read_values[tp]
+            and send.offset is not None
+            and send.offset <= max_read.get(tp, -1)
+        ):
             findings.add("lost-write", {**example, "max_read_offset": max_read[tp]})
         if unseen_checked and frozen not in final_values[tp]:
             findings.add("unseen", example)
@@ -860,7 +867,7 @@ def _sends(
                     _Send(
                         topic=topic,
                         partition=int(value["partition"]),
-                        offset=int(value["offset"]),
+                        offset=None if value.get("offset") is None else int(value["offset"]),
                         value=record,
                         process=event.process,
                         order_at=invoke.at if invoke else done.at,
@@ -1005,10 +1012,12 @@ def _forget_listed(last: dict[_TopicPartition, tuple[int, int]], value: Mapping[
 def _check_send_order(sends: list[_Send], findings: _Findings) -> None:
     last: dict[tuple[str, _TopicPartition], _Send] = {}
     for send in sorted(sends, key=lambda s: s.order_at):
+        if send.offset is None:
+            continue
         key = (send.process, (send.topic, send.partition))
         previous = last.get(key)
         last[key] = send
-        if previous is not None and send.offset <= previous.offset:
+        if previous is not None and previous.offset is not None and send.offset <= previous.offset:
             findings.add(
                 "nonmonotonic-send",
                 {

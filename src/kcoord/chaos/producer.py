@@ -9,7 +9,8 @@ It reports one JSON object per line on stdout:
 
 - ``{"event": "send", "key": k, "value": v}`` before a value is handed to the client;
 - ``{"event": "sent", "key": k, "value": v, "partition": p, "offset": o}`` when the broker
-  acknowledged it;
+  acknowledged it (``o`` is null when librdkafka acknowledged it implicitly: a later batch of
+  this producer succeeded, so this one was written, at an offset the client never learnt);
 - ``{"event": "send_failed", "key": k, "value": v, "error": e}`` when the client gave up: the
   outcome is unknown (a timed-out write may still have been appended);
 - ``{"event": "closed"}`` after SIGTERM and a flush.

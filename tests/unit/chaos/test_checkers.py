@@ -132,12 +132,13 @@ def send(
     t: float,
     process: str,
     value: str,
-    where: tuple[int, int],
+    where: tuple[int, int | None],
     *,
     outcome: str = OK,
     topic: str = "q",
 ) -> None:
-    """A send of ``value``; ``where`` is the (partition, offset) an ``ok`` acknowledges."""
+    """A send of ``value``; ``where`` is the (partition, offset) an ``ok`` acknowledges (offset
+    None: acknowledged without one)."""
     partition, offset = where
     invoke = {"topic": topic, "key": partition, "value": value}
     h.add(process, INVOKE, "send", invoke, time=t)
@@ -717,6 +718,18 @@ def test_without_final_polls_unseen_is_checked_only_when_required() -> None:
     relaxed = check_queue(h, require_final_poll=False)
     assert relaxed.valid
     assert relaxed.stats["unseen_checked"] is False
+
+
+def test_a_send_acknowledged_without_an_offset_must_be_read_once() -> None:
+    # librdkafka's implicit ack: offset unknown, but the value must be in the log.
+    h = healthy_queue_history()
+    send(h, 7.0, "p1", "d", (0, None))
+    assert named(check_queue(h)) == {"unseen"}
+    final_poll(h, 11.0, [(0, 3, "d")])
+    result = check_queue(h)
+    assert result.valid, result.anomalies
+    final_poll(h, 12.0, [(0, 4, "d")])  # written twice after all
+    assert named(check_queue(h)) == {"duplicate"}
 
 
 def test_duplicate_value_at_two_offsets() -> None:
