@@ -22,6 +22,7 @@ from typing import Any
 
 POLL_TIMEOUT_S = 0.2
 FINAL_DEADLINE_S = 60.0
+WATERMARK_RETRY_S = 0.2
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -70,10 +71,7 @@ def main() -> None:
         emit("assign", partitions=partitions)
         if final:
             for p in partitions:
-                _, high = consumer.get_watermark_offsets(
-                    TopicPartition(cfg["topic"], p), timeout=30
-                )
-                ends[p] = high
+                ends[p] = _high_watermark(consumer, TopicPartition(cfg["topic"], p))
     else:
 
         def on_assign(c: Any, tps: list[Any]) -> None:
@@ -112,6 +110,23 @@ def main() -> None:
                 emit("error", error=f"commit: {e}")
     consumer.close()
     emit("closed", positions={str(p): o for p, o in positions.items()})
+
+
+def _high_watermark(consumer: Any, tp: Any) -> int:
+    """The partition's end, asked again while it fails (a leader that moved just after the
+    heal answers NOT_LEADER_FOR_PARTITION), until the final poll's deadline."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + FINAL_DEADLINE_S
+    while True:
+        try:
+            _, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return int(high)
+        except KafkaException as e:
+            if time.monotonic() > deadline:
+                raise
+            emit("error", error=f"watermarks of partition {tp.partition}: {e}")
+            time.sleep(WATERMARK_RETRY_S)  # backoff before asking again
 
 
 if __name__ == "__main__":

@@ -485,7 +485,12 @@ class QueueWorkload(GroupsWorkload):
             self._consumer_cfg("final", "assign", final=True),
         )
         try:
-            proc.proc.wait(timeout_s)
+            code = proc.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             log.warning("the final poll did not finish in %.0f s", timeout_s)
+        else:
+            if code != 0:
+                # Its stderr (work/clients/final-poll.stderr) says why; the queue checker
+                # then finds every acknowledged value unseen.
+                log.warning("the final poll failed (exit code %d): see final-poll.stderr", code)
         proc.kill()
