@@ -7,7 +7,9 @@ same epoch (the group's assignment epoch), disjoint partitions covering the topi
 - a SIGKILLed member is fenced after the session timeout, not before, and its partitions move;
 - the coordinator's node is SIGKILLed while members reconcile: the group converges on the new
   coordinator, no partition owned twice at any reported epoch, every message consumed once;
-- a subscription by regular expression gets every matching topic, and one created later.
+- a subscription by regular expression gets every matching topic, and one created later;
+- a classic member (kafka-python) and a consumer-protocol member share one group: the classic
+  group is upgraded when the consumer member joins and downgraded when it leaves.
 
 The cluster uses a 6 s consumer session timeout and 500 ms heartbeats (Kafka: 45 s, 5 s).
 """
@@ -193,3 +195,32 @@ def test_a_regex_subscription_gets_every_matching_topic_and_new_ones(
         assert len(consumer.assignment()) == 3 * PARTITIONS
     finally:
         consumer.close()
+
+
+def test_classic_and_consumer_protocol_members_share_a_group(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    """A kafka-python member (classic protocol, eager range assignor) forms a classic group; a
+    confluent-kafka member with ``group.protocol=consumer`` joins it (the group becomes a
+    consumer group, the classic member carries on inside it); when that member leaves, the
+    group is a classic group again and the classic member takes every partition."""
+    topic = group = "kip848-mixed"
+    create_topic(CLIENT, spawn.bootstrap, topic)
+    classic = spawn("kafka-python", group, topic, "classic")
+    alone = wait_settled(spawn, [classic])
+    acked = produce(CLIENT, spawn.bootstrap, topic, 60, "v")
+    wait_consumed(spawn, [classic], acked)
+
+    modern = member(spawn, group, topic, "modern")
+    both = wait_settled(spawn, [classic, modern], after=alone)
+    assert all(both.owned.values()), both
+    more = produce(CLIENT, spawn.bootstrap, topic, 60, "w")
+    wait_consumed(spawn, [classic, modern], more)
+
+    modern.stop()
+    again = wait_settled(spawn, [classic], after=both)
+    assert again.owned["classic"] == frozenset(range(PARTITIONS))
+    last = produce(CLIENT, spawn.bootstrap, topic, 60, "x")
+    wait_consumed(spawn, [classic], last)
+    check_exactly_once(acked + more + last, consumed([classic, modern]))
+    assert not split_owners(spawn.started), split_owners(spawn.started)

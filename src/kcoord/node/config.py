@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from kcoord.cluster.coordinator.consumer_classic import MIGRATION_POLICIES
+
 ENV_PREFIX: Final = "KCOORD_"
 
 _INT32_MAX: Final = 2**31 - 1
@@ -214,6 +216,7 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.consumer.session.timeout.ms", _Kind.INT, 45_000, 1, _INT32_MAX),
     _Spec("group.consumer.heartbeat.interval.ms", _Kind.INT, 5_000, 1, _INT32_MAX),
     _Spec("group.consumer.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
+    _Spec("group.consumer.migration.policy", _Kind.STR, "bidirectional"),
     # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
     _Spec("group.coordinator.hot.standby.enable", _Kind.BOOL, True),
     # For the chaos suite's own test only: a deliberately broken coordinator that answers
@@ -301,6 +304,7 @@ class NodeConfig:
     group_consumer_session_timeout_ms: int
     group_consumer_heartbeat_interval_ms: int
     group_consumer_max_size: int
+    group_consumer_migration_policy: str
     test_bug_ack_before_high_watermark: bool
     default_replication_factor: int
     num_partitions: int
@@ -574,10 +578,22 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         quorum_listener=Listener(quorum_bind, quorum_advertised),
         admin_listener=listener("admin.listener"),
         admin_api_token=get("admin.api.token"),
+        group_consumer_migration_policy=_migration_policy(get("group.consumer.migration.policy")),
         voters=voters,
         data_dir=_data_dir(get("data.dir"), get("log.dirs")),
     )
     return NodeConfig(**kwargs)
+
+
+def _migration_policy(text: str) -> str:
+    """Kafka's ``ConsumerGroupMigrationPolicy``, case-insensitive."""
+    policy = text.strip().lower()
+    if policy not in MIGRATION_POLICIES:
+        raise ConfigError(
+            "group.consumer.migration.policy",
+            f"must be one of {', '.join(MIGRATION_POLICIES)}, got {text!r}",
+        )
+    return policy
 
 
 def _kafka_listener(key: str, text: str) -> str:

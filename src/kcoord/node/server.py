@@ -187,6 +187,7 @@ class Node:
                 consumer_session_timeout_ms=cfg.group_consumer_session_timeout_ms,
                 consumer_heartbeat_interval_ms=cfg.group_consumer_heartbeat_interval_ms,
                 consumer_max_size=cfg.group_consumer_max_size,
+                consumer_migration_policy=cfg.group_consumer_migration_policy,
             ),
             self.clock.now_ms,
             num_partitions=self._offsets_partition_count,

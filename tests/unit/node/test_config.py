@@ -392,7 +392,14 @@ def test_flatten_toml() -> None:
 def test_every_plain_field_is_set_by_its_key() -> None:
     # A field added to NodeConfig without a key in the table fails here, not in production.
     cfg = parse_config(_minimal())
-    assembled = {"node_id", "cluster_id", "voters", "data_dir", "admin_api_token"}
+    assembled = {
+        "node_id",
+        "cluster_id",
+        "voters",
+        "data_dir",
+        "admin_api_token",
+        "group_consumer_migration_policy",
+    }
     for field in dataclasses.fields(NodeConfig):
         if field.name in assembled or field.name.endswith("_listener"):
             continue
@@ -403,6 +410,15 @@ def test_every_plain_field_is_set_by_its_key() -> None:
             new = value + 1 if value < 2**31 - 1 else value - 1
         changed = parse_config(_minimal(**{field.name.replace("_", "."): new}))
         assert getattr(changed, field.name) == new, field.name
+
+
+def test_consumer_group_migration_policy() -> None:
+    assert parse_config(_minimal()).group_consumer_migration_policy == "bidirectional"
+    for text, policy in (("UPGRADE", "upgrade"), ("disabled", "disabled")):
+        cfg = parse_config(_minimal(**{"group.consumer.migration.policy": text}))
+        assert cfg.group_consumer_migration_policy == policy
+    with pytest.raises(ConfigError, match=r"^group\.consumer\.migration\.policy: must be one of"):
+        parse_config(_minimal(**{"group.consumer.migration.policy": "sideways"}))
 
 
 def test_admin_api_token_and_metrics_switch() -> None:

@@ -49,9 +49,10 @@ group epoch at the next heartbeat like a new partition does. Python's ``re`` sta
 the two agree on the usual syntax (classes, alternation, repetition, anchors); the constructs
 RE2 refuses (backreferences, lookaround) are refused here too (INVALID_REGULAR_EXPRESSION).
 
-Not implemented yet (each answered as noted): conversion of a *non-empty* classic group and
-classic members inside a consumer group (GROUP_ID_NOT_FOUND). An empty classic group (or one
-with only committed offsets) becomes a consumer group when its first member joins.
+Classic members inside a consumer group (ClassicMemberMetadata in their metadata record) and
+the conversions between classic and consumer groups are in ``consumer_classic.py``. An empty
+classic group (or one with only committed offsets) just becomes a consumer group when its first
+member joins.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from kcoord.cluster.coordinator.assignors import (
     MemberSubscription,
 )
 from kcoord.cluster.coordinator.records import (
+    ClassicMemberMetadata,
     ConsumerGroupCurrentMemberAssignmentKey,
     ConsumerGroupCurrentMemberAssignmentValue,
     ConsumerGroupMemberMetadataKey,
@@ -131,6 +133,9 @@ class ConsumerGroupMember:
     subscribed_topic_regex: str | None = None
     rebalance_timeout_ms: int = -1
     server_assignor: str | None = None
+    # A member that speaks the classic protocol (JoinGroup/SyncGroup/Heartbeat): its session
+    # timeout and JoinGroup protocols (consumer_classic.py). None for a KIP-848 member.
+    classic: ClassicMemberMetadata | None = None
     member_epoch: int = 0
     previous_member_epoch: int = -1
     state: MemberState = MemberState.STABLE
@@ -147,6 +152,7 @@ class ConsumerGroupMember:
             subscribed_topic_regex=self.subscribed_topic_regex,
             rebalance_timeout_ms=self.rebalance_timeout_ms,
             server_assignor=self.server_assignor,
+            classic_member_metadata=self.classic,
         )
 
     def assignment_value(self) -> ConsumerGroupCurrentMemberAssignmentValue:
@@ -437,6 +443,7 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
                 subscribed_topic_regex=value.subscribed_topic_regex,
                 rebalance_timeout_ms=value.rebalance_timeout_ms,
                 server_assignor=value.server_assignor,
+                classic=value.classic_member_metadata,
             )
         else:
             group.members.pop(key.member_id, None)

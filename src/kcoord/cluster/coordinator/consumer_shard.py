@@ -41,6 +41,12 @@ from kcoord.cluster.coordinator.consumer import (
     target_member_record,
     validate_member_epoch,
 )
+from kcoord.cluster.coordinator.consumer_classic import (
+    ClassicMemberHandlers,
+    UnconvertibleGroupError,
+    classic_join_key,
+    classic_sync_key,
+)
 from kcoord.cluster.coordinator.records import CoordinatorRecord, GroupMetadataKey
 from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeRequest,
@@ -84,7 +90,7 @@ def _owned(raw: TopicIdPartitions | None) -> Partitions | None:
     return out
 
 
-class ConsumerGroupHandlers:
+class ConsumerGroupHandlers(ClassicMemberHandlers):
     """Mixed into ``GroupCoordinatorShard``; uses its timers, config, groups and offsets."""
 
     _config: GroupConfig
@@ -100,12 +106,6 @@ class ConsumerGroupHandlers:
     def _cancel_timer(self, key: str) -> None:
         raise NotImplementedError
 
-    def _classic_group_blocks(self, group_id: str) -> bool:
-        raise NotImplementedError
-
-    def _classic_group_conversion_records(self, group_id: str) -> list[CoordinatorRecord]:
-        raise NotImplementedError
-
     # -- ConsumerGroupHeartbeat (68) --------------------------------------------------------------
 
     def _consumer_group_heartbeat_into(
@@ -117,14 +117,23 @@ class ConsumerGroupHandlers:
         out: _Output,
     ) -> None:
         error, message = self._validate_heartbeat(request)
-        if error is Errors.NONE and self._classic_group_blocks(request.group_id):
-            error, message = (
-                Errors.GROUP_ID_NOT_FOUND,
-                (
-                    f"Group {request.group_id} is a classic group with members: converting it is "
-                    "not supported"
-                ),
-            )
+        group: ConsumerGroup | None = None
+        if error is Errors.NONE:
+            group = self._consumer_groups.get(request.group_id)
+            classic = self._groups.get(request.group_id) if group is None else None
+            if classic is not None and classic.num_members > 0:
+                # getOrMaybeCreateConsumerGroup: only a joining member converts the group.
+                try:
+                    if request.member_epoch != 0:
+                        raise UnconvertibleGroupError(
+                            f"Group {request.group_id} is not a consumer group."
+                        )
+                    group = self._convert_to_consumer_group(classic, topics, now_ms, out)
+                except UnconvertibleGroupError as e:
+                    error, message = Errors.GROUP_ID_NOT_FOUND, str(e)
+            elif classic is not None:
+                # An empty classic group (or one with only offsets) just goes.
+                out.write(classic_tombstone(request.group_id))
         if error is not Errors.NONE:
             out.respond(
                 token,
@@ -134,9 +143,16 @@ class ConsumerGroupHandlers:
             )
             return
         if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
-            self._consumer_leave(token, request, out)
+            self._consumer_leave(token, request, now_ms, out)
             return
-        self._consumer_heartbeat(token, request, now_ms, topics, out)
+        self._consumer_heartbeat(
+            token,
+            request,
+            group or ConsumerGroup(request.group_id),
+            now_ms,
+            topics=topics,
+            out=out,
+        )
 
     def _validate_heartbeat(self, request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
         """``throwIfConsumerGroupHeartbeatRequestIsInvalid``."""
@@ -172,7 +188,7 @@ class ConsumerGroupHandlers:
         return Errors.NONE, ""
 
     def _consumer_leave(
-        self, token: Token, request: ConsumerGroupHeartbeatRequest, out: _Output
+        self, token: Token, request: ConsumerGroupHeartbeatRequest, now_ms: int, out: _Output
     ) -> None:
         """``consumerGroupLeave``. A static member leaving with epoch -2 (it will be back, e.g.
         a rolling restart) keeps its assignment and its place until its session times out;
@@ -193,7 +209,7 @@ class ConsumerGroupHandlers:
             out.write(current_assignment_record(request.group_id, member.with_epoch(-2)))
             self._cancel_timer(rebalance_key(request.group_id, member.member_id))
         else:
-            self._fence_consumer_member(group, member.member_id, out)
+            self._remove_consumer_members(group, [member.member_id], now_ms, out)
         out.respond(
             token,
             ConsumerGroupHeartbeatResponse(
@@ -237,27 +253,54 @@ class ConsumerGroupHandlers:
         out.write(current_assignment_record(gid, replacement))
         return replacement
 
-    def _fence_consumer_member(self, group: ConsumerGroup, member_id: str, out: _Output) -> None:
-        """Fence or remove one member: its records' tombstones and a new group epoch."""
-        for record in member_removal_records(group.group_id, member_id):
-            out.write(record)
+    def _remove_consumer_members(
+        self, group: ConsumerGroup, member_ids: list[str], now_ms: int, out: _Output
+    ) -> None:
+        """``consumerGroupFenceMembers``: fence or remove members, their records' tombstones
+        and one new group epoch; or, when only classic members would remain, the group
+        becomes a classic group again (``convertToClassicGroup``)."""
+        if self._can_downgrade(group, member_ids):
+            self._convert_to_classic_group(group, member_ids, now_ms, out)
+            return
+        for member_id in member_ids:
+            for record in member_removal_records(group.group_id, member_id):
+                out.write(record)
+            self._cancel_member_timers(group.group_id, member_id)
         out.write(group_epoch_record(group.group_id, group.group_epoch + 1))
-        self._cancel_timer(session_key(group.group_id, member_id))
-        self._cancel_timer(rebalance_key(group.group_id, member_id))
+
+    def _cancel_member_timers(self, group_id: str, member_id: str) -> None:
+        """``cancelTimers``: session, rebalance, and a classic member's join and sync."""
+        self._cancel_timer(session_key(group_id, member_id))
+        self._cancel_timer(rebalance_key(group_id, member_id))
+        self._cancel_timer(classic_join_key(group_id, member_id))
+        self._cancel_timer(classic_sync_key(group_id, member_id))
+
+    def _schedule_session(self, group_id: str, member: ConsumerGroupMember, now_ms: int) -> None:
+        """A full session from now: a classic member's own timeout, else the group's."""
+        timeout_ms = (
+            member.classic.session_timeout_ms
+            if member.classic is not None
+            else self._config.consumer_session_timeout_ms
+        )
+        self._schedule_consumer_timer(
+            session_key(group_id, member.member_id),
+            now_ms + timeout_ms,
+            group_id,
+            member.member_id,
+            SESSION_KEY,
+        )
 
     def _consumer_heartbeat(
         self,
         token: Token,
         request: ConsumerGroupHeartbeatRequest,
+        group: ConsumerGroup,
         now_ms: int,
+        *,
         topics: TopicsView,
         out: _Output,
     ) -> None:
         group_id = request.group_id
-        group = self._consumer_groups.get(group_id)
-        if group is None:
-            out.records.extend(self._classic_group_conversion_records(group_id))
-            group = ConsumerGroup(group_id)
         owned = _owned(request.topic_partitions)
 
         # 1. The member: a new one (epoch 0), or a known one whose epoch must be valid.
@@ -371,11 +414,69 @@ class ConsumerGroupHandlers:
                 if request.server_assignor is not None
                 else member.server_assignor
             ),
+            classic=None,  # it speaks the consumer protocol now
         )
 
+        reconciled = self._update_and_reconcile(
+            group,
+            old,
+            updated,
+            rejoining=request.member_epoch == 0,
+            replaced=replaced is not None,
+            owned=owned,
+            topics=topics,
+            out=out,
+        )
+
+        # 5. Timers: the session; the rebalance timeout while a revocation is owed.
+        self._schedule_session(group_id, reconciled, now_ms)
+        if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
+            if (
+                old is None
+                or old.state is not MemberState.UNREVOKED_PARTITIONS
+                or (old.member_epoch != reconciled.member_epoch)
+            ):
+                self._schedule_consumer_timer(
+                    rebalance_key(group_id, reconciled.member_id),
+                    now_ms + max(reconciled.rebalance_timeout_ms, 0),
+                    group_id,
+                    reconciled.member_id,
+                    REBALANCE_KEY,
+                )
+        else:
+            self._cancel_timer(rebalance_key(group_id, reconciled.member_id))
+
+        out.respond(
+            token,
+            ConsumerGroupHeartbeatResponse(
+                member_id=reconciled.member_id,
+                member_epoch=reconciled.member_epoch,
+                heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+                # Always sent: a client applies the same assignment twice at no cost, and a
+                # lost answer never leaves it behind.
+                assignment=_as_wire(reconciled.assigned),
+            ),
+        )
+
+    def _update_and_reconcile(
+        self,
+        group: ConsumerGroup,
+        old: ConsumerGroupMember | None,
+        updated: ConsumerGroupMember,
+        *,
+        rejoining: bool,
+        replaced: bool,
+        owned: Partitions | None,
+        topics: TopicsView,
+        out: _Output,
+    ) -> ConsumerGroupMember:
+        """The heartbeat's middle steps, shared with a classic member's JoinGroup: the
+        member's metadata, the group epoch, the target assignment, and the member's next
+        assignment (records written to ``out``); returns the reconciled member."""
+        group_id = group.group_id
         # 2. Subscription and topic metadata: a change bumps the group epoch.
         group_epoch = group.group_epoch
-        bump = replaced is None and (old is None or request.member_epoch == 0)
+        bump = not replaced and (old is None or rejoining)
         if old is None or updated.metadata_value() != old.metadata_value():
             out.write(member_metadata_record(group_id, updated))
             if old is None or (
@@ -417,73 +518,31 @@ class ConsumerGroupHandlers:
             owned,
             lambda topic_id, p: owners.get((topic_id, p), -1),
         )
-        if (
-            old is None
-            or request.member_epoch == 0
-            or (reconciled.assignment_value() != old.assignment_value())
-        ):
+        if old is None or rejoining or reconciled.assignment_value() != old.assignment_value():
             out.write(current_assignment_record(group_id, reconciled))
-
-        # 5. Timers: the session; the rebalance timeout while a revocation is owed.
-        self._schedule_consumer_timer(
-            session_key(group_id, reconciled.member_id),
-            now_ms + self._config.consumer_session_timeout_ms,
-            group_id,
-            reconciled.member_id,
-            SESSION_KEY,
-        )
-        if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
-            if (
-                old is None
-                or old.state is not MemberState.UNREVOKED_PARTITIONS
-                or (old.member_epoch != reconciled.member_epoch)
-            ):
-                self._schedule_consumer_timer(
-                    rebalance_key(group_id, reconciled.member_id),
-                    now_ms + max(reconciled.rebalance_timeout_ms, 0),
-                    group_id,
-                    reconciled.member_id,
-                    REBALANCE_KEY,
-                )
-        else:
-            self._cancel_timer(rebalance_key(group_id, reconciled.member_id))
-
-        out.respond(
-            token,
-            ConsumerGroupHeartbeatResponse(
-                member_id=reconciled.member_id,
-                member_epoch=reconciled.member_epoch,
-                heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
-                # Always sent: a client applies the same assignment twice at no cost, and a
-                # lost answer never leaves it behind.
-                assignment=_as_wire(reconciled.assigned),
-            ),
-        )
+        return reconciled
 
     # -- timers ----------------------------------------------------------------------------------
 
-    def _on_consumer_timer(self, kind: str, group_id: str, member_id: str, out: _Output) -> None:
-        """Session timeout: fence the member. Rebalance timeout: fence it if it still owes a
-        revocation (``scheduleConsumerGroupRebalanceTimeout``)."""
+    def _on_consumer_timer(
+        self, kind: str, group_id: str, member_id: str, now_ms: int, out: _Output
+    ) -> None:
+        """Session timeout, a classic member's join or sync timeout: fence the member.
+        Rebalance timeout: fence it if it still owes a revocation
+        (``scheduleConsumerGroupRebalanceTimeout``)."""
         group = self._consumer_groups.get(group_id)
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
             return
         if kind == REBALANCE_KEY and member.state is not MemberState.UNREVOKED_PARTITIONS:
             return
-        self._fence_consumer_member(group, member_id, out)
+        self._remove_consumer_members(group, [member_id], now_ms, out)
 
     def _arm_consumer_timers(self, now_ms: int) -> None:
         """``onLoaded``: every member gets a full session from now."""
         for group in self._consumer_groups.values():
             for member in group.members.values():
-                self._schedule_consumer_timer(
-                    session_key(group.group_id, member.member_id),
-                    now_ms + self._config.consumer_session_timeout_ms,
-                    group.group_id,
-                    member.member_id,
-                    SESSION_KEY,
-                )
+                self._schedule_session(group.group_id, member, now_ms)
                 if member.state is MemberState.UNREVOKED_PARTITIONS:
                     self._schedule_consumer_timer(
                         rebalance_key(group.group_id, member.member_id),
@@ -554,7 +613,12 @@ class ConsumerGroupHandlers:
         if member is None:
             return Errors.UNKNOWN_MEMBER_ID
         if member_epoch != member.member_epoch:
-            return Errors.STALE_MEMBER_EPOCH
+            # A classic member's generation is its member epoch (validateMemberEpoch).
+            return (
+                Errors.ILLEGAL_GENERATION
+                if member.classic is not None
+                else Errors.STALE_MEMBER_EPOCH
+            )
         return Errors.NONE
 
     def _delete_consumer_group(self, group: ConsumerGroup, out: _Output) -> Errors:

@@ -129,12 +129,12 @@ from kcoord.cluster.coordinator.classic import (
 from kcoord.cluster.coordinator.consumer import (
     CONSUMER_PROTOCOL_TYPE,
     ConsumerGroup,
+    group_tombstones,
     replay_record,
 )
 from kcoord.cluster.coordinator.consumer_shard import (
     ConsumerGroupHandlers,
     TopicsView,
-    classic_tombstone,
 )
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
@@ -210,6 +210,7 @@ class GroupConfig:
     consumer_session_timeout_ms: int = 45_000
     consumer_heartbeat_interval_ms: int = 5_000
     consumer_max_size: int = (1 << 31) - 1
+    consumer_migration_policy: str = "bidirectional"  # group.consumer.migration.policy
 
     @property
     def offsets_retention_ms(self) -> int:
@@ -523,17 +524,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def _cancel_timer(self, key: str) -> None:
         self._cancel(key)
 
-    def _classic_group_blocks(self, group_id: str) -> bool:
-        """A classic group with members cannot become a consumer group (not implemented)."""
-        group = self._groups.get(group_id)
-        return group is not None and group.num_members > 0
-
-    def _classic_group_conversion_records(self, group_id: str) -> list[CoordinatorRecord]:
-        """An empty classic group (or a simple one) becomes a consumer group: its
-        GroupMetadata goes (``convertToConsumerGroup``); its offsets stay."""
-        if group_id in self._groups:
-            return [classic_tombstone(group_id)]
-        return []
+    def _has_timer(self, key: str) -> bool:
+        return key in self._timers
 
     def on_unloaded(self, now_ms: int | None = None) -> CoordinatorResult:
         """The partition is no longer ours: every group goes Dead and every parked JoinGroup and
@@ -590,7 +582,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             case _TimerKind.GROUP_EXPIRATION:
                 self._cleanup_group_metadata(out, now_ms)
             case _TimerKind.CONSUMER:
-                self._on_consumer_timer(task.consumer_kind, task.group_id, task.member_id, out)
+                self._on_consumer_timer(
+                    task.consumer_kind, task.group_id, task.member_id, now_ms, out
+                )
         return out.result()
 
     def _schedule(self, key: str, task: _TimerTask) -> None:
@@ -724,8 +718,14 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     # JoinGroup
 
     def handle_join_group(
-        self, token: Token, request: JoinGroupRequest, now_ms: int
+        self,
+        token: Token,
+        request: JoinGroupRequest,
+        now_ms: int,
+        topics: TopicsView | None = None,
     ) -> CoordinatorResult:
+        """``classicGroupJoin``. ``topics`` (the image's topics, as for a consumer-group
+        heartbeat) is needed when a classic member joins a consumer group."""
         out = _Output()
         if not request.group_id:
             out.respond(
@@ -745,6 +745,16 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 ),
             )
         else:
+            consumer_group = self._consumer_groups.get(request.group_id)
+            if consumer_group is not None and consumer_group.members:
+                self._classic_join_to_consumer_group(
+                    out, token, request, consumer_group, now_ms, topics=topics or {}
+                )
+                return out.result()
+            if consumer_group is not None:
+                # An empty consumer group gives way to a classic one (its offsets stay).
+                for record in group_tombstones(consumer_group):
+                    out.write(record)
             self._classic_group_join(out, token, request, now_ms)
         return out.result()
 
@@ -1338,8 +1348,11 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         """``classicGroupSync`` / ``classicGroupSyncToClassicGroup``."""
         out = _Output()
         group = self._groups.get(request.group_id)
+        consumer_group = self._consumer_groups.get(request.group_id)
         if not request.group_id:
             out.respond(token, SyncGroupResponse(error_code=Errors.INVALID_GROUP_ID))
+        elif consumer_group is not None and consumer_group.members:
+            self._classic_sync_to_consumer_group(out, token, request, consumer_group, now_ms)
         elif group is None or group.is_in_state(_S.EMPTY):
             out.respond(token, SyncGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID))
         else:
@@ -1437,6 +1450,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def _heartbeat(self, request: HeartbeatRequest, now_ms: int) -> Errors:
         if not request.group_id:
             return Errors.INVALID_GROUP_ID
+        consumer_group = self._consumer_groups.get(request.group_id)
+        if consumer_group is not None:
+            return self._classic_heartbeat_to_consumer_group(request, consumer_group, now_ms)
         group = self._groups.get(request.group_id)
         if group is None:
             return Errors.UNKNOWN_MEMBER_ID
@@ -1469,17 +1485,19 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         """``classicGroupLeaveToClassicGroup``."""
         out = _Output()
         group = self._groups.get(request.group_id)
+        consumer_group = self._consumer_groups.get(request.group_id)
+        identities = request.members or (MemberIdentity(member_id=request.member_id),)
         if not request.group_id:
             out.respond(token, LeaveGroupResponse(error_code=Errors.INVALID_GROUP_ID))
+        elif consumer_group is not None:
+            responses = self._classic_leave_consumer_group(consumer_group, identities, now_ms, out)
+            out.respond(token, LeaveGroupResponse(members=responses))
         elif group is None:
             out.respond(token, LeaveGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID))
         elif group.is_in_state(_S.DEAD):
             out.respond(token, LeaveGroupResponse(error_code=Errors.COORDINATOR_NOT_AVAILABLE))
         else:
-            responses = tuple(
-                self._leave_one(out, group, identity)
-                for identity in (request.members or (MemberIdentity(member_id=request.member_id),))
-            )
+            responses = tuple(self._leave_one(out, group, identity) for identity in identities)
             if any(r.error_code is Errors.NONE for r in responses):
                 if group.state in (_S.STABLE, _S.COMPLETING_REBALANCE):
                     self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)

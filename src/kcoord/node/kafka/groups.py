@@ -122,9 +122,11 @@ class GroupApi:
                 out["protocol_name"] = ""  # not nullable before v7
             return out
 
+        # A classic member joining a consumer group needs the topics (consumer_classic.py).
+        topics = self._topics_view()
         return self._submit(
             req.group_id,
-            lambda s, tok, now: s.handle_join_group(tok, req, now),
+            lambda s, tok, now: s.handle_join_group(tok, req, now, topics),
             lambda code: values(t.JoinGroupResponse(error_code=code, member_id=req.member_id)),
             convert,
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -274,7 +274,9 @@ class ShardContext:
         protocols: Iterable[tuple[str, bytes]] = (("range", b"s"),),
         require_known_member_id: bool = True,
         supports_skip_assignment: bool = True,
+        topics: Mapping[str, tuple[str, int]] | None = None,
     ) -> tuple[int, Step]:
+        """``topics``: the image's topics, for a classic member joining a consumer group."""
         token = self.new_token()
         request = JoinGroupRequest(
             group_id=group_id,
@@ -289,7 +291,7 @@ class ShardContext:
             require_known_member_id=require_known_member_id,
             supports_skip_assignment=supports_skip_assignment,
         )
-        return token, self._apply(self.shard.handle_join_group(token, request, self.now_ms))
+        return token, self._apply(self.shard.handle_join_group(token, request, self.now_ms, topics))
 
     def sync(
         self,

@@ -51,6 +51,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -318,7 +319,10 @@ class Interpreter:
 
     def config(self, _: list[str], a: dict[str, str]) -> list[str]:
         assert not self.ctx.log and not self.ctx.outstanding, "config must come first"
-        config = GroupConfig(**{name: int(value) for name, value in a.items()})
+        fields: dict[str, Any] = {
+            name: value if name.endswith("_policy") else int(value) for name, value in a.items()
+        }
+        config = GroupConfig(**fields)
         a.clear()
         self.ctx = ShardContext(config)
         return [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)]

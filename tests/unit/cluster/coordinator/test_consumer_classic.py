@@ -1,0 +1,352 @@
+"""Classic members inside KIP-848 consumer groups, and the online conversions between the two
+protocols, on the pure shard (``consumer_classic.py``): a classic member joins a consumer group
+and reconciles through JoinGroup, SyncGroup and Heartbeat; a consumer-protocol member upgrades
+a non-empty classic group; the last one leaving downgrades it back; Kafka's errors; and replay
+(failover) of every step. No partition is ever owned by two members at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kcoord.cluster.coordinator.classic import ClassicGroupState
+from kcoord.cluster.coordinator.consumer import MemberState
+from kcoord.cluster.coordinator.consumer_protocol import (
+    Subscription,
+    decode_assignment,
+    encode_assignment,
+    encode_subscription,
+)
+from kcoord.cluster.coordinator.records import uuid_str
+from kcoord.cluster.coordinator.shard import GroupConfig
+from kcoord.cluster.coordinator.types import (
+    ConsumerGroupHeartbeatRequest,
+    ConsumerGroupHeartbeatResponse,
+    HeartbeatResponse,
+    JoinGroupResponse,
+    LeaveGroupResponse,
+    OffsetCommitResponse,
+    SyncGroupResponse,
+)
+from kcoord.errors import Errors
+from tests.unit.cluster.coordinator.harness import ShardContext
+
+T = uuid_str(bytes([7]) * 16)
+TOPICS = {"orders": (T, 6)}
+SESSION_MS = 10_000
+CLASSIC_SESSION_MS = 8_000
+
+
+def context() -> ShardContext:
+    return ShardContext(
+        GroupConfig(
+            consumer_session_timeout_ms=SESSION_MS,
+            consumer_heartbeat_interval_ms=500,
+            initial_rebalance_delay_ms=0,
+        )
+    )
+
+
+def subscription(owned: frozenset[int] = frozenset(), version: int = 1) -> bytes:
+    owned_partitions = (("orders", tuple(sorted(owned))),) if owned else ()
+    return encode_subscription(Subscription(version, ("orders",), None, owned_partitions))
+
+
+class ConsumerMember:
+    """A KIP-848 member: heartbeats with what it owns; revokes before it reports."""
+
+    def __init__(self, ctx: ShardContext, name: str) -> None:
+        self.ctx, self.name = ctx, name
+        self.epoch = 0
+        self.owned: set[int] = set()
+
+    def beat(self, epoch: int | None = None) -> ConsumerGroupHeartbeatResponse:
+        epoch = self.epoch if epoch is None else epoch
+        request = ConsumerGroupHeartbeatRequest(
+            group_id="g",
+            member_id=self.name,
+            member_epoch=epoch,
+            rebalance_timeout_ms=5_000 if epoch == 0 else -1,
+            subscribed_topic_names=("orders",) if epoch == 0 else None,
+            topic_partitions=None if epoch == 0 else ((T, tuple(sorted(self.owned))),),
+            client_id=self.name,
+        )
+        token = self.ctx.new_token()
+        step = self.ctx._apply(
+            self.ctx.shard.handle_consumer_group_heartbeat(token, request, self.ctx.now_ms, TOPICS)
+        )
+        response = step.response(token)
+        assert isinstance(response, ConsumerGroupHeartbeatResponse)
+        if response.error_code is Errors.NONE and epoch >= 0:
+            self.epoch = response.member_epoch
+            self.owned = {p for t, ps in response.assignment or () if t == T for p in ps}
+        return response
+
+
+class ClassicMember:
+    """An eager classic consumer (kafka-python's range assignor): it revokes everything when
+    it rejoins, and owns what SyncGroup gives it."""
+
+    def __init__(self, ctx: ShardContext, name: str) -> None:
+        self.ctx, self.name = ctx, name
+        self.member_id = ""
+        self.generation = -1
+        self.owned: set[int] = set()
+
+    def join(self, protocol_type: str = "consumer") -> JoinGroupResponse:
+        self.owned = set()  # eager: revoke everything before rejoining
+        for _ in range(2):  # the first try of a new member gets MEMBER_ID_REQUIRED
+            token, step = self.ctx.join(
+                member_id=self.member_id,
+                client_id=self.name,
+                session_timeout_ms=CLASSIC_SESSION_MS,
+                rebalance_timeout_ms=6_000,
+                protocol_type=protocol_type,
+                protocols=(("range", subscription()),),
+                topics=TOPICS,
+            )
+            response = step.response(token)
+            assert isinstance(response, JoinGroupResponse)
+            if response.error_code is not Errors.MEMBER_ID_REQUIRED:
+                break
+            self.member_id = response.member_id
+        assert isinstance(response, JoinGroupResponse)
+        if response.error_code is Errors.NONE:
+            self.member_id, self.generation = response.member_id, response.generation_id
+        return response
+
+    def sync(self) -> SyncGroupResponse:
+        token, step = self.ctx.sync(member_id=self.member_id, generation_id=self.generation)
+        response = step.response(token)
+        assert isinstance(response, SyncGroupResponse)
+        if response.error_code is Errors.NONE:
+            assignment = decode_assignment(response.assignment)
+            self.owned = {p for t, ps in assignment.partitions if t == "orders" for p in ps}
+        return response
+
+    def heartbeat(self) -> Errors:
+        token, step = self.ctx.heartbeat(member_id=self.member_id, generation_id=self.generation)
+        response = step.response(token)
+        assert isinstance(response, HeartbeatResponse)
+        return response.error_code
+
+    def poll(self) -> None:
+        """What a classic client does each poll: heartbeat, and rejoin if told to."""
+        if self.heartbeat() is Errors.REBALANCE_IN_PROGRESS:
+            assert self.join().error_code is Errors.NONE
+            assert self.sync().error_code is Errors.NONE
+
+
+def check_single_owner(members: list[ConsumerMember | ClassicMember]) -> None:
+    seen: dict[int, str] = {}
+    for m in members:
+        for p in m.owned:
+            assert p not in seen, f"partition {p} owned by {seen[p]} and {m.name}"
+            seen[p] = m.name
+
+
+def converge(ctx: ShardContext, members: list[ConsumerMember | ClassicMember]) -> None:
+    for _ in range(8):
+        for m in members:
+            if isinstance(m, ConsumerMember):
+                assert m.beat().error_code is Errors.NONE
+            else:
+                m.poll()
+            check_single_owner(members)
+
+
+def owned_by(members: list[ConsumerMember | ClassicMember]) -> Mapping[str, set[int]]:
+    return {m.name: m.owned for m in members}
+
+
+def test_a_classic_member_joins_a_consumer_group_and_takes_its_share() -> None:
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    assert a.owned == set(range(6))
+    b = ClassicMember(ctx, "b")
+    joined = b.join()
+    assert joined.error_code is Errors.NONE
+    assert (joined.protocol_type, joined.protocol_name, joined.leader) == ("consumer", "range", "")
+    assert joined.generation_id == 2 and joined.members == ()  # no client-side assignment
+    member = ctx.shard.consumer_groups["g"].members[b.member_id]
+    assert member.classic is not None and member.classic.session_timeout_ms == CLASSIC_SESSION_MS
+    # Its partitions are still a's: SyncGroup gives nothing until a lets them go.
+    assert member.state is MemberState.UNRELEASED_PARTITIONS
+    assert b.sync().error_code is Errors.NONE and b.owned == set()
+    assert b.heartbeat() is Errors.NONE  # waiting, nothing to do yet
+    members: list[ConsumerMember | ClassicMember] = [a, b]
+    converge(ctx, members)
+    assert len(a.owned) == len(b.owned) == 3 and a.owned | b.owned == set(range(6))
+    assert ctx.shard.consumer_groups["g"].state == "Stable"
+
+    # Replay rebuilds the member with its classic metadata, and it carries on.
+    ctx = ctx.failover()
+    a.ctx = b.ctx = ctx
+    member = ctx.shard.consumer_groups["g"].members[b.member_id]
+    assert member.classic is not None and member.classic.supported_protocols[0].name == "range"
+    converge(ctx, members)
+    assert len(b.owned) == 3
+
+    # Offsets: the classic member commits with its generation; a stale one is refused.
+    token, step = ctx.commit([("orders", 0, 5)], member_id=b.member_id, generation_id=b.generation)
+    response = step.response(token)
+    assert isinstance(response, OffsetCommitResponse)
+    assert response.topics[0].partitions[0].error_code is Errors.NONE
+    token, step = ctx.commit(
+        [("orders", 0, 6)], member_id=b.member_id, generation_id=b.generation - 1
+    )
+    response = step.response(token)
+    assert isinstance(response, OffsetCommitResponse)
+    assert response.topics[0].partitions[0].error_code is Errors.ILLEGAL_GENERATION
+
+
+def test_a_classic_member_that_goes_silent_is_fenced_after_its_own_session_timeout() -> None:
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    b = ClassicMember(ctx, "b")
+    b.join()
+    b.sync()
+    epoch = ctx.shard.consumer_groups["g"].group_epoch
+    ctx.sleep(CLASSIC_SESSION_MS - 1)
+    a.beat()  # a stays
+    assert b.member_id in ctx.shard.consumer_groups["g"].members
+    ctx.sleep(2)
+    assert b.member_id not in ctx.shard.consumer_groups["g"].members
+    assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
+
+
+def classic_group_of_two(ctx: ShardContext) -> list[ClassicMember]:
+    """A classic group the old way: both join, the leader assigns with the range assignor."""
+    b, c = ClassicMember(ctx, "b"), ClassicMember(ctx, "c")
+    for m in (b, c):
+        for _ in range(2):  # MEMBER_ID_REQUIRED, then the join that parks until both are in
+            token, step = ctx.join(
+                member_id=m.member_id,
+                client_id=m.name,
+                session_timeout_ms=CLASSIC_SESSION_MS,
+                protocols=(("range", subscription()),),
+            )
+            if step.answered(token):
+                response = step.response(token)
+                assert isinstance(response, JoinGroupResponse)
+                m.member_id = response.member_id
+    ctx.sleep(0)
+    group = ctx.shard.groups["g"]
+    assert group.state is ClassicGroupState.COMPLETING_REBALANCE, group.state
+    for m in (b, c):
+        m.generation = group.generation_id
+    half = {b.member_id: {0, 1, 2}, c.member_id: {3, 4, 5}}
+    leader = b if group.leader_id == b.member_id else c
+    follower = c if leader is b else b
+    ctx.sync(member_id=follower.member_id, generation_id=follower.generation)
+    ctx.sync(
+        member_id=leader.member_id,
+        generation_id=leader.generation,
+        assignments=[
+            (mid, encode_assignment(0, {"orders": frozenset(ps)})) for mid, ps in half.items()
+        ],
+    )
+    for m in (b, c):
+        m.owned = half[m.member_id]
+    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
+    return [b, c]
+
+
+def test_a_consumer_member_upgrades_a_classic_group_and_the_last_one_out_downgrades_it() -> None:
+    ctx = context()
+    b, c = classic_group_of_two(ctx)
+    generation = b.generation
+
+    # Upgrade: the classic members keep what they own, at member epoch = generation.
+    a = ConsumerMember(ctx, "a")
+    joined = a.beat()
+    assert joined.error_code is Errors.NONE, joined
+    assert "g" not in ctx.shard.groups
+    group = ctx.shard.consumer_groups["g"]
+    assert group.members[b.member_id].member_epoch == generation
+    assert group.members[b.member_id].assigned == {T: frozenset(b.owned)}
+    assert group.group_epoch == generation + 1  # the new member bumped it
+    assert a.owned == set()  # everything is still held by b and c
+    members: list[ConsumerMember | ClassicMember] = [a, b, c]
+    assert b.heartbeat() is Errors.REBALANCE_IN_PROGRESS
+    converge(ctx, members)
+    assert sorted(len(m.owned) for m in members) == [2, 2, 2]
+    assert ctx.shard.consumer_groups["g"].state == "Stable"
+    ctx = ctx.failover()
+    for m in members:
+        m.ctx = ctx
+    converge(ctx, members)
+
+    # Downgrade: the consumer member leaves, only classic members remain.
+    epoch = ctx.shard.consumer_groups["g"].group_epoch
+    left = a.beat(epoch=-1)
+    assert left.error_code is Errors.NONE
+    a.owned = set()
+    assert "g" not in ctx.shard.consumer_groups
+    classic = ctx.shard.groups["g"]
+    assert classic.generation_id == epoch
+    assert classic.state is ClassicGroupState.PREPARING_REBALANCE
+    assert classic.protocol_name == "range"
+    # The members learn through their heartbeats and rejoin the classic way.
+    for m in (b, c):
+        assert m.heartbeat() is Errors.REBALANCE_IN_PROGRESS
+    for m in (b, c):
+        m.owned = set()
+        ctx.join(
+            member_id=m.member_id,
+            client_id=m.name,
+            session_timeout_ms=CLASSIC_SESSION_MS,
+            protocols=(("range", subscription()),),
+        )
+    assert ctx.shard.groups["g"].state is ClassicGroupState.COMPLETING_REBALANCE
+    assert ctx.shard.groups["g"].generation_id == epoch + 1
+    # The downgraded group is durable: a failover brings it back as a classic group.
+    replayed = ctx.failover()
+    assert "g" in replayed.shard.groups and "g" not in replayed.shard.consumer_groups
+
+
+def test_conversions_and_classic_requests_get_kafkas_errors() -> None:
+    ctx = context()
+    # A classic group of another protocol type is not upgraded.
+    ctx.join(client_id="x", protocol_type="connect", require_known_member_id=False)
+    ctx.sleep(0)
+    a = ConsumerMember(ctx, "a")
+    refused = a.beat()
+    assert refused.error_code is Errors.GROUP_ID_NOT_FOUND
+    assert refused.error_message and "not using the consumer protocol" in refused.error_message
+    assert "g" in ctx.shard.groups and "g" not in ctx.shard.consumer_groups
+
+    # With the policy off, a consumer-protocol group is not upgraded either.
+    ctx = ShardContext(
+        GroupConfig(initial_rebalance_delay_ms=0, consumer_migration_policy="disabled")
+    )
+    classic_group_of_two(ctx)
+    refused = ConsumerMember(ctx, "a").beat()
+    assert refused.error_code is Errors.GROUP_ID_NOT_FOUND
+
+    # Classic requests to a consumer group.
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    other = ClassicMember(ctx, "o")
+    assert other.join(protocol_type="connect").error_code is Errors.INCONSISTENT_GROUP_PROTOCOL
+    b = ClassicMember(ctx, "b")
+    b.join()
+    b.generation -= 1
+    assert b.sync().error_code is Errors.ILLEGAL_GENERATION
+    assert b.heartbeat() is Errors.ILLEGAL_GENERATION
+    # A consumer-protocol member is not a classic one.
+    token, step = ctx.heartbeat(member_id="a", generation_id=a.epoch)
+    response = step.response(token)
+    assert isinstance(response, HeartbeatResponse)
+    assert response.error_code is Errors.UNKNOWN_MEMBER_ID
+    # LeaveGroup removes the classic member (and bumps the group epoch).
+    epoch = ctx.shard.consumer_groups["g"].group_epoch
+    token, step = ctx.leave([(b.member_id, None), ("nobody", None)])
+    response = step.response(token)
+    assert isinstance(response, LeaveGroupResponse)
+    assert [m.error_code for m in response.members] == [Errors.NONE, Errors.UNKNOWN_MEMBER_ID]
+    assert b.member_id not in ctx.shard.consumer_groups["g"].members
+    assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
