@@ -40,7 +40,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from kcoord.node import launcher
 from kcoord.pipeline.generate import generate
-from kcoord.pipeline.payments import PaymentsConfig, start
+from kcoord.pipeline.payments import PaymentsConfig, run_available_now
 from kcoord.pipeline.session import build_session
 
 NODES = 3
@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         def payments() -> None:
-            for query in start(spark, config, available_now=True):
-                query.awaitTermination()
+            for query in run_available_now(spark, config):
                 if query.exception() is not None:
                     raise RuntimeError(str(query.exception()))
 

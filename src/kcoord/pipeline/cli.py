@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -41,8 +42,9 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _payments(args: argparse.Namespace) -> int:
     from pyspark.errors import StreamingQueryException
+    from pyspark.sql.streaming.query import StreamingQuery
 
-    from kcoord.pipeline.payments import PaymentsConfig, start
+    from kcoord.pipeline.payments import PaymentsConfig, run_available_now, start
     from kcoord.pipeline.session import build_session
 
     config = PaymentsConfig(
@@ -58,27 +60,30 @@ def _payments(args: argparse.Namespace) -> int:
         trigger_interval=args.trigger_interval,
     )
     spark = build_session("kcoord payments-totals", args.master)
-    queries = start(spark, config, available_now=args.available_now)
-    print(
-        json.dumps({"started": [q.name for q in queries], "checkpoint": str(args.checkpoint)}),
-        flush=True,
-    )
+    queries: list[StreamingQuery] = []
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        for q in queries:
+        for q in spark.streams.active:
             q.stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        try:
-            if args.available_now:
-                for q in queries:
-                    q.awaitTermination()
-            else:
+        if args.available_now:
+            print(
+                json.dumps({"available_now": True, "checkpoint": str(args.checkpoint)}), flush=True
+            )
+            queries = run_available_now(spark, config)
+        else:
+            queries = start(spark, config)
+            print(
+                json.dumps(
+                    {"started": [q.name for q in queries], "checkpoint": str(args.checkpoint)}
+                ),
+                flush=True,
+            )
+            with contextlib.suppress(StreamingQueryException):  # reported below, per query
                 queries[0].awaitTermination(args.timeout or None)
-        except StreamingQueryException:
-            pass  # reported below, query by query
         for q in queries:
             q.stop()
         failed = [q for q in queries if q.exception() is not None]
