@@ -55,12 +55,12 @@ import asyncio
 import hmac
 import logging
 import re
-import struct
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
+from kcoord.cluster.coordinator import consumer_protocol
 from kcoord.cluster.coordinator.consumer import ConsumerGroup
 from kcoord.cluster.coordinator.types import (
     DescribeGroupsRequest,
@@ -70,6 +70,7 @@ from kcoord.cluster.coordinator.types import (
     OffsetFetchRequest,
     OffsetFetchResponse,
 )
+from kcoord.cluster.coordinator.wire import WireFormatError
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.config import Endpoint
@@ -118,40 +119,13 @@ class ApiError(Exception):
 
 
 def parse_consumer_assignment(data: bytes) -> list[tuple[str, list[int]]] | None:
-    """The topic partitions of a ConsumerProtocolAssignment, or None if the bytes do not parse.
-
-    Read as version 0, the prefix of every version (Kafka's ``ConsumerProtocol``)::
-
-        version int16 | assigned_partitions [topic string (int16 length + UTF-8),
-        partitions [int32]] | user_data nullable bytes | later versions' fields
-    """
-    if not data:
-        return []
+    """The topic partitions of a ConsumerProtocolAssignment, or None if the bytes do not parse
+    (``consumer_protocol.decode_assignment``)."""
     try:
-        (version,) = struct.unpack_from(">h", data, 0)
-        if version < 0:
-            return None
-        (count,) = struct.unpack_from(">i", data, 2)
-        position = 6
-        if count < 0 or count > len(data):
-            return None
-        out: list[tuple[str, list[int]]] = []
-        for _ in range(count):
-            (length,) = struct.unpack_from(">h", data, position)
-            position += 2
-            if length < 0 or position + length > len(data):
-                return None
-            topic = data[position : position + length].decode("utf-8", "replace")
-            position += length
-            (n,) = struct.unpack_from(">i", data, position)
-            position += 4
-            if n < 0 or position + 4 * n > len(data):
-                return None
-            out.append((topic, list(struct.unpack_from(f">{n}i", data, position))))
-            position += 4 * n
-    except struct.error:
+        assignment = consumer_protocol.decode_assignment(data)
+    except WireFormatError:
         return None
-    return out
+    return [(topic, list(partitions)) for topic, partitions in assignment.partitions]
 
 
 def _rpc_address(endpoints: dict[str, str] | Any) -> tuple[str, int] | None:

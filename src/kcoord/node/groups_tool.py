@@ -50,7 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from kcoord.cluster.coordinator.wire import Reader, WireFormatError
+from kcoord.cluster.coordinator import consumer_protocol
+from kcoord.cluster.coordinator.wire import WireFormatError
 from kcoord.errors import Errors
 from kcoord.node.tool_client import (
     CONSUMER_GROUP_DESCRIBE,
@@ -141,28 +142,14 @@ class OffsetRow:
 
 
 def decode_assignment(data: bytes) -> tuple[TopicPartition, ...]:
-    """The partitions of a ConsumerProtocolAssignment (clients' ConsumerProtocolAssignment.json)::
-
-        version int16 | assigned_partitions [topic string, partitions [int32]]
-        | user_data nullable bytes
-
-    Every version (0-3) has exactly these fields; like ``ConsumerProtocol.deserializeAssignment``
-    a newer version is read as the newest known one, so bytes after them are ignored. Empty
-    bytes mean no assignment yet (a member between its JoinGroup and SyncGroup). Raises
-    ``WireFormatError`` for bytes that do not parse."""
-    if not data:
-        return ()
-    r = Reader(data)
-    version = r.int16("assignment version")
-    if version < 0:
-        raise WireFormatError(f"unsupported assignment version {version}")
-    partitions = []
-    for _ in range(r.array_length("assigned partitions")):
-        topic = r.string("topic")
-        for _ in range(r.array_length("partitions")):
-            partitions.append(TopicPartition(topic, r.int32("partition")))
-    r.nullable_bytes("user data")
-    return tuple(partitions)
+    """The partitions of a ConsumerProtocolAssignment (``consumer_protocol.decode_assignment``:
+    every version, empty bytes for none yet); raises ``WireFormatError`` for bytes that do not
+    parse."""
+    return tuple(
+        TopicPartition(topic, p)
+        for topic, partitions in consumer_protocol.decode_assignment(data).partitions
+        for p in partitions
+    )
 
 
 def assignment_string(assignment: Iterable[TopicPartition]) -> str:

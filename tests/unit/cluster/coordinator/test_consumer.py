@@ -42,6 +42,18 @@ def context() -> ShardContext:
     )
 
 
+def send_heartbeat(
+    ctx: ShardContext,
+    request: ConsumerGroupHeartbeatRequest,
+    topics: Mapping[str, tuple[str, int]],
+) -> ConsumerGroupHeartbeatResponse:
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    return response
+
+
 def hb(
     ctx: ShardContext,
     member: str,
@@ -61,11 +73,7 @@ def hb(
         topic_partitions=None if owned is None else ((T, tuple(sorted(owned))),),
         client_id=member,
     )
-    token = ctx.new_token()
-    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
-    response = step.response(token)
-    assert isinstance(response, ConsumerGroupHeartbeatResponse)
-    return response
+    return send_heartbeat(ctx, request, topics)
 
 
 def parts(response: ConsumerGroupHeartbeatResponse) -> set[int]:
@@ -424,11 +432,7 @@ def regex_hb(
         ),
         client_id=member,
     )
-    token = ctx.new_token()
-    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
-    response = step.response(token)
-    assert isinstance(response, ConsumerGroupHeartbeatResponse)
-    return response
+    return send_heartbeat(ctx, request, topics)
 
 
 def by_topic(response: ConsumerGroupHeartbeatResponse) -> dict[str, set[int]]:
