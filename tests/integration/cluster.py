@@ -23,8 +23,9 @@ def ephemeral_port_floor() -> int:
         return 32768
 
 
-def free_base_port(nodes: int, rng: random.Random | None = None) -> int:
-    """A base port whose launcher block (4 ports per node, 10 apart) is free right now.
+def free_base_port(nodes: int, rng: random.Random | None = None, *, ports_per_node: int = 4) -> int:
+    """A base port whose launcher block (``ports_per_node`` ports per node, nodes 10 apart) is
+    free right now.
 
     Below the ephemeral range: a node restarted by a test must find its ports free again, and
     a client's outgoing connection may take any ephemeral port while the node is down (one
@@ -34,7 +35,7 @@ def free_base_port(nodes: int, rng: random.Random | None = None) -> int:
     top = min(ephemeral_port_floor(), 60000) - 10 * nodes
     for _ in range(200):
         base = rng.randrange(10000, top)
-        ports = [base + 10 * i + k for i in range(nodes) for k in range(4)]
+        ports = [base + 10 * i + k for i in range(nodes) for k in range(ports_per_node)]
         socks = []
         try:
             for p in ports:

@@ -19,7 +19,6 @@ are unit-tested with a fake runner in tests/unit/chaos/test_compose.py).
 from __future__ import annotations
 
 import contextlib
-import random
 import socket
 import tomllib
 from collections.abc import Iterator, Sequence
@@ -35,7 +34,7 @@ from kcoord.chaos.history import History
 from kcoord.chaos.lab import grudge_of
 from kcoord.node import launcher
 from kcoord.node.config import env_var_name, flatten_toml
-from tests.integration.cluster import wait_for
+from tests.integration.cluster import free_base_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -61,23 +60,7 @@ class AllRunning:
 
 def free_block_base() -> int:
     """A base port whose node ports and proxy ports (10 per node) are all free now."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 60000 - 10 * NODES)
-        socks = []
-        try:
-            for port in range(base, base + 10 * NODES):
-                s = socket.socket()
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block found")
+    return free_base_port(NODES, ports_per_node=10)
 
 
 def compose_file_for(state: launcher.ClusterState, api: str, path: Path) -> Path:
