@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from kcoord.node import launcher
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from tests.integration.cluster import LocalCluster, wait_for
 
@@ -115,3 +116,37 @@ def test_node_failure_is_fenced_and_full_restart_keeps_metadata(tmp_path: Path) 
                 assert new_parts[i]["replicas"] == old["replicas"]
                 assert new_parts[i]["leader_epoch"] >= old["leader_epoch"]
                 assert new_parts[i]["partition_epoch"] >= old["partition_epoch"]
+
+
+def test_a_clean_stop_hands_over_its_leaderships_and_the_controller_before_exiting(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM: a controlled shutdown fences the node and moves every leadership it held to the
+    other ISR members, and the active controller hands its Raft leadership on, before the
+    process exits. The broker session timeout is two minutes here, so nothing but the node
+    itself could have fenced it within the deadline."""
+    with LocalCluster(tmp_path, overrides={"broker.session.timeout.ms": 120_000}) as cluster:
+        controller = wait_for(cluster.controller_id, "an active controller")
+        wait_for(
+            lambda: not any(b["fenced"] for b in cluster.describe(controller)["brokers"].values()),
+            "every broker unfenced",
+        )
+        before = partitions(cluster.describe(controller, topics=True))
+        led = {i for i, p in before.items() if p["leader"] == controller}
+        assert led
+
+        launcher.stop_node(cluster.node(controller))  # SIGTERM, waits for the exit
+        survivors = [n for n in (1, 2, 3) if n != controller]
+        successor = wait_for(lambda: cluster.controller_id(survivors), "a new controller", 30)
+        wait_for(
+            lambda: cluster.describe(successor)["brokers"][str(controller)]["fenced"],
+            "the stopped node fenced by its own controlled shutdown",
+            30,
+        )
+        after = partitions(cluster.describe(successor, topics=True))
+        for i in led:
+            assert after[i]["leader"] in survivors, (i, before[i], after[i])
+            assert after[i]["leader_epoch"] > before[i]["leader_epoch"]
+        stopped_log = cluster.node(controller).log_path.read_text()
+        assert "controlled shutdown done" in stopped_log
+        assert "controller leadership handed on" in stopped_log

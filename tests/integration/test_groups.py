@@ -395,7 +395,10 @@ def check_exactly_once(acked: Acked, records: list[tuple[int, int, str]]) -> Non
     where = {v: (p, o) for p, o, v in acked}
     counts = Counter(v for _, _, v in records)
     duplicated = sorted(v for v, n in counts.items() if n > 1)
-    assert not duplicated, f"{len(duplicated)} messages consumed twice: {duplicated[:5]}"
+    seen = {v: sorted((p, o) for p, o, w in records if w == v) for v in duplicated[:5]}
+    assert not duplicated, f"{len(duplicated)} messages consumed twice: " + ", ".join(
+        f"{v} acked at {where.get(v)} read at {at}" for v, at in seen.items()
+    )
     assert set(counts) == set(where), f"unexpected: {sorted(set(counts) - set(where))[:5]}"
     for p, o, v in records:
         assert where[v] == (p, o), f"{v} read at {(p, o)}, acknowledged at {where[v]}"

@@ -13,6 +13,7 @@ this registration) makes the node register again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -24,6 +25,10 @@ from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemo
 from kcoord.raft.quorum import MetadataQuorum
 
 log = logging.getLogger(__name__)
+
+# How often a broker in controlled shutdown asks again: the controller fences it on the first
+# heartbeat and grants the shutdown once this node has replayed the fencing records.
+_SHUTDOWN_POLL_S = 0.05
 
 
 class ControllerUnavailableError(Exception):
@@ -117,6 +122,27 @@ class BrokerLifecycle:
         self.is_caught_up = bool(reply["is_caught_up"])
         if reply.get("should_shut_down"):
             self.shut_down_granted.set()
+
+    async def controlled_shutdown(self, timeout_s: float) -> bool:
+        """Kafka's ``BrokerLifecycleManager.beginControlledShutdown``: heartbeat with
+        ``want_shut_down`` until the controller answers ``should_shut_down``, that is until it
+        has fenced this broker (moving its leaderships to the other ISR members) and this node
+        has replayed that far, so its partitions and coordinator shards have already moved
+        when the process exits. False when there is nothing to hand over (not registered,
+        fenced, no other live broker) or the controller did not answer in time."""
+        deadline = self.monotonic_ms() + int(timeout_s * 1000)
+        self.want_shut_down = True
+        while not self.shut_down_granted.is_set():
+            others = set(self.cache.image.unfenced_broker_ids()) - {self.node_id}
+            if self.broker_epoch is None or not others or self.monotonic_ms() >= deadline:
+                return False
+            try:
+                await self._step()
+            except ControllerUnavailableError as e:
+                log.debug("controlled shutdown: %s", e)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.shut_down_granted.wait(), _SHUTDOWN_POLL_S)
+        return True
 
     async def alter_partition(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Send an AlterPartition to the active controller (the ReplicaManager's ISR changes)."""

@@ -35,8 +35,10 @@ Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFall
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +47,7 @@ from typing import Any, Protocol
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
+from pysyncobj.utility import TcpUtility, UtilityException
 
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataApplyError, MetadataImage
@@ -187,6 +190,30 @@ class MetadataQuorum:
         )
         partners = [v.address for v in self.voters.values() if v.node_id != self.node_id]
         self._sync = _MetadataSyncObj(self, me.address, partners, conf)
+
+    def resign(self, timeout_s: float) -> bool:
+        """Hand the leadership to the most caught-up connected voter, for a clean stop: Kafka's
+        ``KafkaRaftClient`` sends EndQuorumEpoch when a leader shuts down (KIP-595) so that the
+        others elect at once rather than after an election timeout; pysyncobj's equivalent is
+        Raft's TimeoutNow, asked for through its utility command (which runs it on the Raft
+        thread). True once another voter leads or this one never led. Blocks: call it from a
+        worker thread."""
+        deadline = time.monotonic() + timeout_s
+        while (status := self.status()).is_leader:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not status.connected:
+                return False
+            with contextlib.suppress(UtilityException):
+                TcpUtility(timeout=min(remaining, 1.0)).executeCommand(
+                    self._utility_address(), ["transfer", ""]
+                )
+            time.sleep(0.05)  # polling pysyncobj's state for the new term
+        return True
+
+    def _utility_address(self) -> str:
+        me = self.voters[self.node_id]
+        host = self.bind_host if self.bind_host not in (None, "", "0.0.0.0", "::") else me.host
+        return f"{host}:{self.bind_port or me.port}"
 
     def stop(self) -> None:
         sync, self._sync = self._sync, None
