@@ -172,11 +172,11 @@ class Partition:
         else:
             waiter = (offset, fut)
             self._waiters.append(waiter)
-            fut.add_done_callback(lambda _: self._forget_waiter(waiter))
+            fut.add_done_callback(lambda f: self._forget_waiter(waiter) if f.cancelled() else None)
         return fut
 
     def _forget_waiter(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
-        # Already gone if set_high_watermark or fail_waiters took it off.
+        """A cancelled wait leaves the list (one that completed was taken off already)."""
         with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
 

@@ -226,6 +226,7 @@ def reconcile(
             current=current,
             target=target,
             target_epoch=target_epoch,
+            owned=owned,
             owner_epoch=owner_epoch,
         )
 
@@ -245,6 +246,15 @@ def reconcile(
     return step(target_epoch, {})
 
 
+def _owns_any(
+    owned: Mapping[TopicId, frozenset[int]] | None, partitions: Mapping[TopicId, frozenset[int]]
+) -> bool:
+    """``ownsRevokedPartitions``: unknown (None) counts as owning them."""
+    if owned is None:
+        return True
+    return any(owned.get(topic_id, frozenset()) & ps for topic_id, ps in partitions.items())
+
+
 def _next_assignment(
     member: ConsumerGroupMember,
     *,
@@ -252,9 +262,12 @@ def _next_assignment(
     current: Mapping[TopicId, frozenset[int]],
     target: Mapping[TopicId, frozenset[int]],
     target_epoch: int,
+    owned: Mapping[TopicId, frozenset[int]] | None,
     owner_epoch: Callable[[TopicId, int], int],
 ) -> ConsumerGroupMember:
-    """``CurrentAssignmentBuilder.computeNextAssignment``."""
+    """``CurrentAssignmentBuilder.computeNextAssignment``. A member that reported what it owns
+    and owns none of what it loses needs no revocation step (``ownsRevokedPartitions``): an
+    eager classic member rejoins owning nothing, for one."""
     unreleased = False
     new_assigned: dict[TopicId, frozenset[int]] = {}
     revoke: dict[TopicId, frozenset[int]] = {}
@@ -273,7 +286,7 @@ def _next_assignment(
             revoke[topic_id] = gone
         if free:
             to_assign[topic_id] = free
-    if revoke:
+    if revoke and _owns_any(owned, revoke):
         # Revoke first: the member stays at its epoch until it reports them gone.
         return replace(
             member.with_epoch(member_epoch),

@@ -106,6 +106,9 @@ if TYPE_CHECKING:
     from kcoord.cluster.coordinator.consumer_shard import TopicsView
     from kcoord.cluster.coordinator.shard import GroupConfig, _Output
 
+# Timer keys of consumer-group members: <kind>/<group>/<member>, quoted.
+SESSION_KEY: Final = "consumer-session"
+REBALANCE_KEY: Final = "consumer-rebalance"
 CLASSIC_JOIN_KEY: Final = "consumer-join"
 CLASSIC_SYNC_KEY: Final = "consumer-sync"
 
@@ -113,12 +116,24 @@ CLASSIC_SYNC_KEY: Final = "consumer-sync"
 MIGRATION_POLICIES: Final = ("bidirectional", "upgrade", "downgrade", "disabled")
 
 
+def _timer_key(kind: str, group_id: str, member_id: str) -> str:
+    return f"{kind}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
+
+
+def session_key(group_id: str, member_id: str) -> str:
+    return _timer_key(SESSION_KEY, group_id, member_id)
+
+
+def rebalance_key(group_id: str, member_id: str) -> str:
+    return _timer_key(REBALANCE_KEY, group_id, member_id)
+
+
 def classic_join_key(group_id: str, member_id: str) -> str:
-    return f"{CLASSIC_JOIN_KEY}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
+    return _timer_key(CLASSIC_JOIN_KEY, group_id, member_id)
 
 
 def classic_sync_key(group_id: str, member_id: str) -> str:
-    return f"{CLASSIC_SYNC_KEY}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
+    return _timer_key(CLASSIC_SYNC_KEY, group_id, member_id)
 
 
 class UnconvertibleGroupError(ValueError):

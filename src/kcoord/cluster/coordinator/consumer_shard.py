@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Final
-from urllib.parse import quote
+from typing import TYPE_CHECKING
 
 from kcoord.cluster.coordinator.assignors import ASSIGNORS
 from kcoord.cluster.coordinator.consumer import (
@@ -42,10 +41,14 @@ from kcoord.cluster.coordinator.consumer import (
     validate_member_epoch,
 )
 from kcoord.cluster.coordinator.consumer_classic import (
+    REBALANCE_KEY,
+    SESSION_KEY,
     ClassicMemberHandlers,
     UnconvertibleGroupError,
     classic_join_key,
     classic_sync_key,
+    rebalance_key,
+    session_key,
 )
 from kcoord.cluster.coordinator.records import CoordinatorRecord, GroupMetadataKey
 from kcoord.cluster.coordinator.types import (
@@ -64,17 +67,6 @@ if TYPE_CHECKING:
     from kcoord.cluster.coordinator.shard import GroupConfig, _Output
 
 TopicsView = Mapping[str, tuple[str, int]]  # topic name -> (topic id, partition count)
-
-SESSION_KEY: Final = "consumer-session"
-REBALANCE_KEY: Final = "consumer-rebalance"
-
-
-def session_key(group_id: str, member_id: str) -> str:
-    return f"{SESSION_KEY}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
-
-
-def rebalance_key(group_id: str, member_id: str) -> str:
-    return f"{REBALANCE_KEY}/{quote(group_id, safe='')}/{quote(member_id, safe='')}"
 
 
 def _as_wire(partitions: Mapping[str, frozenset[int]]) -> TopicIdPartitions:
@@ -121,13 +113,16 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         if error is Errors.NONE:
             group = self._consumer_groups.get(request.group_id)
             classic = self._groups.get(request.group_id) if group is None else None
-            if classic is not None and classic.num_members > 0:
-                # getOrMaybeCreateConsumerGroup: only a joining member converts the group.
+            if classic is not None and request.member_epoch != 0:
+                # getOrMaybeCreateConsumerGroup: only a joining member creates or converts.
+                error = Errors.GROUP_ID_NOT_FOUND
+                message = f"Group {request.group_id} is not a consumer group."
+            elif classic is not None and classic.num_members >= self._config.consumer_max_size:
+                # Checked before converting: a refused join leaves the classic group as it was.
+                error = Errors.GROUP_MAX_SIZE_REACHED
+                message = f"The group {request.group_id} has reached its maximum size."
+            elif classic is not None and classic.num_members > 0:
                 try:
-                    if request.member_epoch != 0:
-                        raise UnconvertibleGroupError(
-                            f"Group {request.group_id} is not a consumer group."
-                        )
                     group = self._convert_to_consumer_group(classic, topics, now_ms, out)
                 except UnconvertibleGroupError as e:
                     error, message = Errors.GROUP_ID_NOT_FOUND, str(e)
@@ -234,19 +229,21 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         )
         if existing is None or existing.member_id == request.member_id:
             return None
-        if existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+        if existing.classic is None and existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
             return Errors.UNRELEASED_INSTANCE_ID
         member_id = request.member_id or self._new_member_id(request.instance_id)
         gid = group.group_id
         target = group.targets.get(existing.member_id, {})
         for record in member_removal_records(gid, existing.member_id):
             out.write(record)
-        self._cancel_timer(session_key(gid, existing.member_id))
+        self._cancel_member_timers(gid, existing.member_id)
+        # A classic incarnation (never a -2 leave: classic members have no such thing) hands
+        # over at epoch 0 and reconciles from what it held (getOrMaybeSubscribeStatic...).
         replacement = replace(
             existing,
             member_id=member_id,
-            member_epoch=existing.previous_member_epoch,
-            previous_member_epoch=-1,
+            member_epoch=existing.previous_member_epoch if existing.classic is None else 0,
+            previous_member_epoch=-1 if existing.classic is None else 0,
         )
         out.write(member_metadata_record(gid, replacement))
         out.write(target_member_record(gid, member_id, dict(target)))
@@ -534,8 +531,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         member = group.members.get(member_id) if group is not None else None
         if group is None or member is None:
             return
-        if kind == REBALANCE_KEY and member.state is not MemberState.UNREVOKED_PARTITIONS:
-            return
+        if kind == REBALANCE_KEY and (
+            member.state is not MemberState.UNREVOKED_PARTITIONS or member.classic is not None
+        ):
+            return  # revoked in time; classic members have join and sync timeouts instead
         self._remove_consumer_members(group, [member_id], now_ms, out)
 
     def _arm_consumer_timers(self, now_ms: int) -> None:
@@ -543,7 +542,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         for group in self._consumer_groups.values():
             for member in group.members.values():
                 self._schedule_session(group.group_id, member, now_ms)
-                if member.state is MemberState.UNREVOKED_PARTITIONS:
+                if member.state is MemberState.UNREVOKED_PARTITIONS and member.classic is None:
                     self._schedule_consumer_timer(
                         rebalance_key(group.group_id, member.member_id),
                         now_ms + max(member.rebalance_timeout_ms, 0),

@@ -751,8 +751,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                     out, token, request, consumer_group, now_ms, topics=topics or {}
                 )
                 return out.result()
-            if consumer_group is not None:
-                # An empty consumer group gives way to a classic one (its offsets stay).
+            if consumer_group is not None and request.member_id == UNKNOWN_MEMBER_ID:
+                # An empty consumer group gives way to the classic group this join creates (its
+                # offsets stay); a known member id gets UNKNOWN_MEMBER_ID and changes nothing.
                 for record in group_tombstones(consumer_group):
                     out.write(record)
             self._classic_group_join(out, token, request, now_ms)

@@ -224,11 +224,19 @@ class ProduceApi:
         timeout_ms: int,
     ) -> dict[str, Any]:
         futures = [r.committed for r in waits if r.committed is not None]
-        await asyncio.wait(futures, timeout=timeout_ms / 1000)
+        try:
+            await asyncio.wait(futures, timeout=timeout_ms / 1000)
+        finally:
+            # Given up (a timeout, or the connection closed and cancelled us): no wait is left
+            # registered, and a failure nobody will read is still marked as read.
+            for fut in futures:
+                if not fut.done():
+                    fut.cancel()
+                elif not fut.cancelled():
+                    fut.exception()
         for result in waits:
             assert result.committed is not None and result.partition is not None
-            if not result.committed.done():
-                result.committed.cancel()
+            if result.committed.cancelled():
                 result.error = Errors.REQUEST_TIMED_OUT
                 result.message = "the high watermark did not reach the batch in time"
                 continue

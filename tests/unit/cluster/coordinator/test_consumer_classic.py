@@ -350,3 +350,78 @@ def test_conversions_and_classic_requests_get_kafkas_errors() -> None:
     assert [m.error_code for m in response.members] == [Errors.NONE, Errors.UNKNOWN_MEMBER_ID]
     assert b.member_id not in ctx.shard.consumer_groups["g"].members
     assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
+
+
+def test_a_static_classic_member_restarted_with_the_consumer_protocol_takes_its_place() -> None:
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    token, step = ctx.join(
+        instance_id="i-1",
+        client_id="old",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", subscription()),),
+        topics=TOPICS,
+    )
+    old = step.response(token)
+    assert isinstance(old, JoinGroupResponse) and old.error_code is Errors.NONE
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="new",
+        member_epoch=0,
+        instance_id="i-1",
+        rebalance_timeout_ms=5_000,
+        subscribed_topic_names=("orders",),
+        client_id="new",
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    assert response.error_code is Errors.NONE, response  # not UNRELEASED_INSTANCE_ID
+    members = ctx.shard.consumer_groups["g"].members
+    assert old.member_id not in members and members["new"].classic is None
+    assert not [k for k in ctx.shard.scheduled_timers if old.member_id in k]
+
+
+def test_refused_requests_leave_the_groups_as_they_were() -> None:
+    # A join refused for the group's size does not convert the classic group.
+    ctx = ShardContext(GroupConfig(initial_rebalance_delay_ms=0, consumer_max_size=2))
+    classic_group_of_two(ctx)
+    refused = ConsumerMember(ctx, "a").beat()
+    assert refused.error_code is Errors.GROUP_MAX_SIZE_REACHED
+    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
+    assert "g" not in ctx.shard.consumer_groups
+
+    # A consumer-protocol leave or heartbeat to a group that only has offsets deletes nothing.
+    ctx = context()
+    ctx.commit([("orders", 0, 5)])
+    for epoch in (-1, 3):
+        response = ConsumerMember(ctx, "a").beat(epoch=epoch)
+        assert response.error_code is Errors.GROUP_ID_NOT_FOUND, (epoch, response)
+    assert "g" in ctx.shard.groups and ctx.shard.offsets["g"]
+
+    # A classic JoinGroup with a member id for an empty consumer group changes nothing.
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    a.beat(epoch=-1)
+    assert not ctx.shard.consumer_groups["g"].members
+    stale = ClassicMember(ctx, "b")
+    stale.member_id = "gone"
+    assert stale.join().error_code is Errors.UNKNOWN_MEMBER_ID
+    assert "g" in ctx.shard.consumer_groups and "g" not in ctx.shard.groups
+
+
+def test_an_eager_member_that_owns_nothing_skips_the_revocation_step() -> None:
+    # ownsRevokedPartitions: b rejoins owning nothing, so it need not revoke before moving on.
+    ctx = context()
+    b, _ = classic_group_of_two(ctx)
+    a = ConsumerMember(ctx, "a")
+    a.beat()  # the upgrade: b and c keep 3 partitions each, a's share must come from them
+    assert b.heartbeat() is Errors.REBALANCE_IN_PROGRESS
+    assert b.join().error_code is Errors.NONE
+    member = ctx.shard.consumer_groups["g"].members[b.member_id]
+    assert member.state is MemberState.STABLE, member.state
+    assert member.member_epoch == ctx.shard.consumer_groups["g"].group_epoch
+    assert len(member.assigned[T]) == 2
