@@ -216,6 +216,8 @@ class ReplicaManager:
         self._checkpointed_hw = logs.read_high_watermarks()
         # Long-polling replica fetches wait on these; set on every append and HW move.
         self._fetch_wakeups: set[asyncio.Event] = set()
+        self._unfenced: frozenset[int] = frozenset()
+        self._unfenced_key: tuple[int, int] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
         # For the node's metrics: ISR changes of the partitions this node leads, as committed
         # (Kafka's IsrShrinksPerSec / IsrExpandsPerSec), and bytes appended to hosted logs as
@@ -442,11 +444,21 @@ class ReplicaManager:
             target = leader_log_end_offset  # not in the metadata image: hosted alone
         else:
             part.replication.maybe_advance_high_watermark(
-                leader_log_end_offset, self.now_ms(), self.cache.image.unfenced_broker_ids()
+                leader_log_end_offset, self.now_ms(), self._unfenced_brokers()
             )
             target = part.replication.high_watermark
         if part.set_high_watermark(target):
             self._notify_high_watermark(part)
+
+    def _unfenced_brokers(self) -> frozenset[int]:
+        """The image's unfenced brokers, recomputed only when the image has moved on (this
+        runs on every follower fetch)."""
+        image = self.cache.image
+        key = (id(image), image.last_offset)
+        if self._unfenced_key != key:
+            self._unfenced = frozenset(image.unfenced_broker_ids())
+            self._unfenced_key = key
+        return self._unfenced
 
     def _notify_high_watermark(self, part: Partition) -> None:
         assert part.high_watermark <= part.log.log_end_offset, (part.tp, part.high_watermark)

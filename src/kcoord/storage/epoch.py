@@ -24,10 +24,15 @@ class LeaderEpochCache:
         self.path = path
         self._entries: list[tuple[int, int]] = list(entries or [])
         self._dirty = False
+        # Whether the checkpoint file is known to exist (``flush`` writes it once even when
+        # nothing changed); not asked of the file system on every flush.
+        self._written = False
 
     @classmethod
     def load(cls, path: Path) -> LeaderEpochCache:
-        return cls(path, read_leader_epochs(path))
+        cache = cls(path, read_leader_epochs(path))
+        cache._written = path.exists()
+        return cache
 
     @property
     def entries(self) -> list[tuple[int, int]]:
@@ -100,6 +105,7 @@ class LeaderEpochCache:
             self._dirty = True
 
     def flush(self) -> None:
-        if self._dirty or not self.path.exists():
+        if self._dirty or not self._written:
             write_leader_epochs(self.path, self._entries)
             self._dirty = False
+            self._written = True

@@ -350,7 +350,7 @@ class Log:
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
                 self._maybe_flush(now_ms)
             return AppendInfo(base_offset, last_offset, max_timestamp, 1, size)
-        headers = self._validate(records)
+        headers = self._validate(records, keys=True)
         buf = bytearray(records)
         next_offset = self.log_end_offset
         final: list[tuple[int, fmt.BatchHeader]] = []
@@ -366,7 +366,7 @@ class Log:
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches replicated from the leader, keeping their offsets and epochs."""
-        headers = self._validate(records)
+        headers = self._validate(records, keys=False)
         expected = self.log_end_offset
         for _, header in headers:
             if header.base_offset < expected:
@@ -379,16 +379,20 @@ class Log:
             self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
         return self._append(bytearray(records), headers, now_ms)
 
-    def _validate(self, records: bytes) -> list[tuple[int, fmt.BatchHeader]]:
-        """Kafka's ``LogValidator`` subset: whole batches, magic 2, CRC, size, keys if compacted."""
+    def _validate(self, records: bytes, *, keys: bool) -> list[tuple[int, fmt.BatchHeader]]:
+        """Kafka's ``LogValidator`` subset: whole batches, magic 2, CRC, size, and with ``keys``
+        a key on every record of a compacted topic. Followers skip the keys: what the leader
+        accepted is replicated as it is (Kafka's ``appendAsFollower`` runs no LogValidator)."""
         headers = list(fmt.iter_headers(records))
         if not headers:
             raise InvalidRecordError("no record batch in the request")
         for pos, header in headers:
-            self._validate_batch(records, pos, header)
+            self._validate_batch(records, pos, header, keys=keys)
         return headers
 
-    def _validate_batch(self, records: bytes, pos: int, header: fmt.BatchHeader) -> None:
+    def _validate_batch(
+        self, records: bytes, pos: int, header: fmt.BatchHeader, *, keys: bool = True
+    ) -> None:
         size = header.batch_length + fmt.LOG_OVERHEAD
         if size > self.config.max_message_bytes:
             raise RecordTooLargeError(
@@ -400,7 +404,7 @@ class Log:
             raise fmt.CorruptRecordError(f"CRC mismatch in batch at position {pos}")
         if header.record_count == 0 and not header.is_control:
             raise InvalidRecordError(f"batch at position {pos} has no records")
-        if self.config.compact and not header.is_control:
+        if keys and self.config.compact and not header.is_control:
             self._raise_if_null_key(records, pos)
 
     @staticmethod

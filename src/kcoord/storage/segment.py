@@ -16,6 +16,7 @@ finishes or discards these.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,9 @@ DELETED_SUFFIX = ".deleted"
 # index.interval.bytes (4096) before the target, so one chunk usually suffices.
 _SCAN_CHUNK = 16 * 1024
 _RECOVER_CHUNK = 8 * 1024 * 1024
+# How many of the latest appended batches a segment remembers the offsets and positions of:
+# reads at the tail (followers, hot standbys, consumers that keep up) then need no header scan.
+_TAIL_BATCHES = 1024
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:
@@ -97,6 +101,13 @@ class LogSegment:
         self.max_timestamp = fmt.NO_TIMESTAMP
         self.offset_of_max_timestamp = base_offset
         self.first_batch_timestamp: int | None = None
+        # The batches appended since the segment was opened (or last truncated or recovered),
+        # oldest first, contiguous up to the end of the file: base offsets, last offsets,
+        # positions. Kafka reads its index and scans the file each time; in Python the scan
+        # is what costs.
+        self._tail_base: list[int] = []
+        self._tail_last: list[int] = []
+        self._tail_position: list[int] = []
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -143,6 +154,7 @@ class LogSegment:
         """
         self.offset_index.reset()
         self.time_index.reset()
+        self._forget_tail()  # a recovered segment reads through its rebuilt index
         self._bytes_since_index_entry = 0
         self.next_offset = self.base_offset
         self.max_timestamp = fmt.NO_TIMESTAMP
@@ -191,6 +203,7 @@ class LogSegment:
             raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
         self.size += len(data)
         for pos, header in headers:
+            self._remember(header.base_offset, header.last_offset, position + pos)
             self._index_batch(position + pos, header)
 
     def append_one(
@@ -212,6 +225,7 @@ class LogSegment:
         if written != size:
             raise OSError(f"short write to {self.log_path}: {written} of {size} bytes")
         self.size = position + size
+        self._remember(fmt.BATCH_PREFIX.unpack_from(prefix)[0], last_offset, position)
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
@@ -236,6 +250,28 @@ class LogSegment:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since_index_entry = 0
         self._bytes_since_index_entry += header.size
+
+    def _remember(self, base_offset: int, last_offset: int, position: int) -> None:
+        self._tail_base.append(base_offset)
+        self._tail_last.append(last_offset)
+        self._tail_position.append(position)
+        if len(self._tail_base) > 2 * _TAIL_BATCHES:
+            del self._tail_base[:_TAIL_BATCHES]
+            del self._tail_last[:_TAIL_BATCHES]
+            del self._tail_position[:_TAIL_BATCHES]
+
+    def _forget_tail(self) -> None:
+        self._tail_base.clear()
+        self._tail_last.clear()
+        self._tail_position.clear()
+
+    def _tail_index(self, offset: int) -> int | None:
+        """Where in the remembered tail the first batch ending at or after ``offset`` is;
+        None when that batch is older than the tail (or there is none)."""
+        if not self._tail_base or offset < self._tail_base[0]:
+            return None
+        i = bisect.bisect_left(self._tail_last, offset)
+        return i if i < len(self._tail_last) else None
 
     def _note_batch(self, header: fmt.BatchHeader) -> None:
         if header.max_timestamp > self.max_timestamp:
@@ -273,6 +309,9 @@ class LogSegment:
 
     def translate_offset(self, offset: int) -> BatchPosition | None:
         """The first batch whose last offset is at or above ``offset``, or None."""
+        i = self._tail_index(offset)
+        if i is not None:
+            return next(self.scan_headers(self._tail_position[i]), None)
         _, position = self.offset_index.lookup(offset)
         for bp in self.scan_headers(position):
             if bp.header.last_offset >= offset:
@@ -290,28 +329,49 @@ class LogSegment:
         has no batch at or after ``start_offset``; empty bytes when one exists but the limits
         exclude it.
         """
-        start = self.translate_offset(start_offset)
-        if start is None:
-            return None
-        end = start.position
-        for bp in self.scan_headers(start.position):
-            if max_offset is not None and bp.header.next_offset > max_offset:
-                break
-            if end + bp.header.size - start.position > max_bytes and not (
-                min_one and end == start.position
-            ):
-                break
-            end += bp.header.size
-        if end == start.position:
-            return b"", start.header.base_offset
-        data = self.read_at(start.position, end - start.position)
+        i = self._tail_index(start_offset)
+        if i is not None:
+            start_position, base_offset = self._tail_position[i], self._tail_base[i]
+            end = self._read_end_in_tail(i, max_bytes, max_offset=max_offset, min_one=min_one)
+        else:
+            start = self.translate_offset(start_offset)
+            if start is None:
+                return None
+            start_position, base_offset = start.position, start.header.base_offset
+            end = start_position
+            for bp in self.scan_headers(start_position):
+                if max_offset is not None and bp.header.next_offset > max_offset:
+                    break
+                if end + bp.header.size - start_position > max_bytes and not (
+                    min_one and end == start_position
+                ):
+                    break
+                end += bp.header.size
+        if end == start_position:
+            return b"", base_offset
+        data = self.read_at(start_position, end - start_position)
         for pos, header in fmt.iter_headers(data):
             if not fmt.is_crc_valid(data, pos, header):
                 raise LogCorruptError(
                     f"{self.log_path}: CRC mismatch in batch at offset {header.base_offset} "
-                    f"(position {start.position + pos})"
+                    f"(position {start_position + pos})"
                 )
-        return data, start.header.base_offset
+        return data, base_offset
+
+    def _read_end_in_tail(
+        self, first: int, max_bytes: int, *, max_offset: int | None, min_one: bool
+    ) -> int:
+        """``read``'s end position from the remembered tail, batch ``first`` onwards."""
+        positions, lasts = self._tail_position, self._tail_last
+        start = end = positions[first]
+        for j in range(first, len(positions)):
+            if max_offset is not None and lasts[j] + 1 > max_offset:
+                break
+            size = (positions[j + 1] if j + 1 < len(positions) else self.size) - positions[j]
+            if end + size - start > max_bytes and not (min_one and end == start):
+                break
+            end += size
+        return end
 
     def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp`` and ``start_offset``.
@@ -345,6 +405,7 @@ class LogSegment:
         bp = self.translate_offset(offset)
         if bp is None:
             return 0
+        self._forget_tail()
         position = bp.position
         dropped = self.size - position
         self.offset_index.truncate_to_position(position)

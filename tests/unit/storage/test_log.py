@@ -357,3 +357,56 @@ def test_interrupted_compaction_swap_is_completed(tmp_path: Path) -> None:
     assert not list(seg_dir.glob("*.swap")) and not list(seg_dir.glob("*.cleaned"))
     assert base.stat().st_size == last_pos
     assert again.log_end_offset == 30
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("one"), st.integers(1, 4), st.integers(0, 120)),
+            st.tuples(st.just("two"), st.integers(1, 3), st.integers(0, 120)),
+            st.tuples(st.just("truncate"), st.integers(0, 100), st.just(0)),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    limits=st.lists(
+        st.tuples(st.integers(1, 3_000), st.integers(0, 8), st.booleans()), min_size=1, max_size=5
+    ),
+)
+def test_reads_at_the_tail_match_reads_from_the_index(
+    tmp_path_factory: pytest.TempPathFactory,
+    ops: list[tuple[str, int, int]],
+    limits: list[tuple[int, int, bool]],
+) -> None:
+    """A segment remembers the positions of the batches it appended, so reads near the end skip
+    the header scan; whatever was appended, rolled or truncated, every read answers exactly
+    what the same read answers from a reopened log (index and scan only)."""
+    path = tmp_path_factory.mktemp("tail") / "t-0"
+    lg = open_log(path, SMALL)
+    for op, n, size in ops:
+        if op == "one":
+            lg.append_as_leader(batch(n, value=b"v" * size), leader_epoch=0, now_ms=0)
+        elif op == "two":  # two batches in one append: the general path
+            lg.append_as_leader(batch(n, value=b"w" * size) + batch(1), leader_epoch=0, now_ms=0)
+        elif lg.log_end_offset:
+            lg.truncate_to(n % (lg.log_end_offset + 1))
+
+    def reads(log_: Log) -> list[tuple[bytes, int | None]]:
+        out = []
+        for offset in range(log_.log_start_offset, log_.log_end_offset + 1):
+            for max_bytes, hw_back, min_one in limits:
+                max_offset = max(log_.log_end_offset - hw_back, 0)
+                data = log_.read(offset, max_bytes, max_offset=max_offset, min_one=min_one)
+                out.append((bytes(data.records), data.first_batch_offset))
+        return out
+
+    with_tail = reads(lg)
+    lg.close()
+    reopened = open_log(path, SMALL)
+    try:
+        assert reads(reopened) == with_tail
+    finally:
+        reopened.close()
