@@ -409,8 +409,9 @@ class Log:
 
     @staticmethod
     def _raise_if_null_key(records: bytes, pos: int = 0) -> None:
-        for record in fmt.decode_records(records, pos):
-            if record.key is None:
+        # decode_key_values: the replay's lean decoder, with the same checks as decode_records.
+        for _offset, key, _value in fmt.decode_key_values(records, pos):
+            if key is None:
                 raise InvalidRecordError("compacted topic cannot accept a null key")
 
     def _append(
