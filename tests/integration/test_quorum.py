@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -120,12 +121,21 @@ def test_three_voters_commit_and_a_restarted_voter_replays(tmp_path: Path) -> No
             q.stop()
 
 
+@contextlib.contextmanager
+def running_quorum(root: Path) -> Iterator[dict[int, MetadataQuorum]]:
+    """Three voters on free ports, each with its own recorder, stopped at the end."""
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorums = {v.node_id: start(voters, v.node_id, root, Recorder()) for v in voters}
+    try:
+        yield quorums
+    finally:
+        for q in quorums.values():
+            q.stop()
+
+
 @pytest.mark.integration
 def test_a_resigning_leader_hands_the_leadership_to_another_voter(tmp_path: Path) -> None:
-    ports = free_ports(3)
-    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(ports)]
-    quorums = {v.node_id: start(voters, v.node_id, tmp_path, Recorder()) for v in voters}
-    try:
+    with running_quorum(tmp_path) as quorums:
         wait_for(
             lambda: any(
                 q.status().is_leader and len(q.status().connected) == 2 for q in quorums.values()
@@ -151,9 +161,6 @@ def test_a_resigning_leader_hands_the_leadership_to_another_voter(tmp_path: Path
         assert propose_sync(successor, [rec.NoOp()]) > offset
         # A voter that does not lead has nothing to hand over.
         assert next(q for q in quorums.values() if not q.status().is_leader).resign(1.0)
-    finally:
-        for q in quorums.values():
-            q.stop()
 
 
 @pytest.mark.integration
