@@ -128,8 +128,9 @@ class BrokerLifecycle:
         ``want_shut_down`` until the controller answers ``should_shut_down``, that is until it
         has fenced this broker (moving its leaderships to the other ISR members) and this node
         has replayed that far, so its partitions and coordinator shards have already moved
-        when the process exits. False when there is nothing to hand over (not registered,
-        fenced, no other live broker) or the controller did not answer in time."""
+        when the process exits (a broker already fenced is granted at once). False when there
+        is nobody to hand over to (not registered, no other unfenced broker) or the controller
+        did not grant it in time."""
         deadline = self.monotonic_ms() + int(timeout_s * 1000)
         self.want_shut_down = True
         while not self.shut_down_granted.is_set():

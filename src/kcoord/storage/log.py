@@ -391,7 +391,7 @@ class Log:
         return headers
 
     def _validate_batch(
-        self, records: bytes, pos: int, header: fmt.BatchHeader, *, keys: bool = True
+        self, records: bytes, pos: int, header: fmt.BatchHeader, *, keys: bool
     ) -> None:
         size = header.batch_length + fmt.LOG_OVERHEAD
         if size > self.config.max_message_bytes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -330,23 +330,25 @@ class LogSegment:
         exclude it.
         """
         i = self._tail_index(start_offset)
+        batches: Iterable[tuple[int, int]]  # (next offset, size) from the first batch on
         if i is not None:
             start_position, base_offset = self._tail_position[i], self._tail_base[i]
-            end = self._read_end_in_tail(i, max_bytes, max_offset=max_offset, min_one=min_one)
+            batches = self._tail_batches(i)
         else:
             start = self.translate_offset(start_offset)
             if start is None:
                 return None
             start_position, base_offset = start.position, start.header.base_offset
-            end = start_position
-            for bp in self.scan_headers(start_position):
-                if max_offset is not None and bp.header.next_offset > max_offset:
-                    break
-                if end + bp.header.size - start_position > max_bytes and not (
-                    min_one and end == start_position
-                ):
-                    break
-                end += bp.header.size
+            batches = (
+                (bp.header.next_offset, bp.header.size) for bp in self.scan_headers(start_position)
+            )
+        end = start_position
+        for next_offset, size in batches:
+            if max_offset is not None and next_offset > max_offset:
+                break
+            if end + size - start_position > max_bytes and not (min_one and end == start_position):
+                break
+            end += size
         if end == start_position:
             return b"", base_offset
         data = self.read_at(start_position, end - start_position)
@@ -358,20 +360,12 @@ class LogSegment:
                 )
         return data, base_offset
 
-    def _read_end_in_tail(
-        self, first: int, max_bytes: int, *, max_offset: int | None, min_one: bool
-    ) -> int:
-        """``read``'s end position from the remembered tail, batch ``first`` onwards."""
+    def _tail_batches(self, first: int) -> Iterator[tuple[int, int]]:
+        """(next offset, size) of the remembered batches from ``first`` on, without reading."""
         positions, lasts = self._tail_position, self._tail_last
-        start = end = positions[first]
         for j in range(first, len(positions)):
-            if max_offset is not None and lasts[j] + 1 > max_offset:
-                break
-            size = (positions[j + 1] if j + 1 < len(positions) else self.size) - positions[j]
-            if end + size - start > max_bytes and not (min_one and end == start):
-                break
-            end += size
-        return end
+            end = positions[j + 1] if j + 1 < len(positions) else self.size
+            yield lasts[j] + 1, end - positions[j]
 
     def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp`` and ``start_offset``.

@@ -190,9 +190,18 @@ def test_bad_produce_input_is_refused_and_log_untouched(tmp_path: Path) -> None:
 
 
 def test_compacted_log_refuses_null_keys(tmp_path: Path) -> None:
-    lg = open_log(tmp_path / "t-0", LogConfig(cleanup_policy=frozenset({"compact"})))
+    compact = LogConfig(cleanup_policy=frozenset({"compact"}))
+    lg = open_log(tmp_path / "t-0", compact)
     with pytest.raises(InvalidRecordError, match="null key"):
         lg.append_as_leader(batch(1, key=None), leader_epoch=0, now_ms=0)
+    with pytest.raises(InvalidRecordError, match="null key"):  # several batches: the other path
+        lg.append_as_leader(batch(1) + batch(2, keys=[b"k", None]), leader_epoch=0, now_ms=0)
+    assert lg.log_end_offset == 0
+    # A follower replicates what its leader holds as it is (Kafka's appendAsFollower runs no
+    # LogValidator): keys are the leader's check.
+    follower = open_log(tmp_path / "f-0", compact)
+    follower.append_as_follower(batch(2, keys=[b"k", None]), now_ms=0)
+    assert [r.key for r in read_all(follower)] == [b"k", None]
 
 
 def test_retention_by_time_and_size_deletes_whole_old_segments(tmp_path: Path) -> None:
