@@ -363,16 +363,44 @@ def settle_groups(chaos: ChaosLab, workload: GroupsWorkload) -> None:
 
 
 def group_settled(history: History, workload: GroupsWorkload, group: str) -> bool:
+    return _settled_assignments(history, workload, group) is not None
+
+
+def _settled_assignments(
+    history: History, workload: GroupsWorkload, group: str
+) -> dict[str, dict[str, Any]] | None:
+    """Each live member's last reported assignment, when they share one generation and cover
+    the topic; else None."""
     live = {p.name for p in workload.members() if p.cfg.get("group") == group}
     last: dict[str, dict[str, Any]] = {}
     for event in history.ops("assignment"):
         if event.value.get("group") == group and event.process in live:
             last[event.process] = event.value
     if set(last) != live or not live:
-        return False
+        return None
     generations = {v["generation"] for v in last.values()}
     owned = [p for v in last.values() for p in v["partitions"]]
-    return len(generations) == 1 and sorted(owned) == list(range(workload.partitions))
+    if len(generations) == 1 and sorted(owned) == list(range(workload.partitions)):
+        return last
+    return None
+
+
+def _final_describe(chaos: ChaosLab, workload: GroupsWorkload, group: str) -> dict[str, Any] | None:
+    """The coordinator's Stable description of the group, when it is the state the members last
+    reported: the same member ids, and no member reported anything while it was asked for.
+
+    The members' reports can be older than the coordinator's state: a member whose session
+    ran out during a fault still shows its old assignment until it learns it was removed, while
+    the coordinator already has a Stable group without it. Describing only then would hand the
+    checkers a final state the members never reached."""
+    before = _settled_assignments(chaos.history, workload, group)
+    if before is None:
+        return None
+    described = _stable(chaos.bootstrap, group)
+    if described is None or _settled_assignments(chaos.history, workload, group) != before:
+        return None
+    reported = {str(v["member_id"]) for v in before.values()}
+    return described if set(described["members"]) == reported else None
 
 
 def heal_and_recover(chaos: ChaosLab) -> None:
@@ -407,9 +435,7 @@ def final_phase(chaos: ChaosLab, workload: GroupsWorkload) -> None:
             # described state is the final one the checkers judge.
             described = poll_until(
                 f"{group} Stable",
-                lambda g=group: (  # type: ignore[misc]
-                    group_settled(history, workload, g) and _stable(chaos.bootstrap, g)
-                ),
+                lambda g=group: _final_describe(chaos, workload, g),  # type: ignore[misc]
                 SETTLE_TIMEOUT_S,
             )
             history.add("checker", "ok", "describe", described)

@@ -1,0 +1,77 @@
+"""The runner's final describe: it is taken only when it is the state the members reported."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from kcoord.chaos import runner
+from kcoord.chaos.history import History
+from kcoord.chaos.runner import ChaosLab
+from kcoord.chaos.workload import GroupsWorkload
+
+GROUP = "g"
+
+
+def lab_and_workload(history: History) -> tuple[ChaosLab, GroupsWorkload]:
+    members = [SimpleNamespace(name=n, cfg={"group": GROUP}) for n in ("a", "b")]
+    workload = SimpleNamespace(members=lambda: members, partitions=4)
+    lab = SimpleNamespace(history=history, bootstrap="127.0.0.1:1")
+    return cast(ChaosLab, lab), cast(GroupsWorkload, workload)
+
+
+def report(history: History, process: str, generation: int, partitions: list[int]) -> None:
+    value = {"group": GROUP, "generation": generation, "member_id": f"{process}-id"}
+    history.add(process, "info", "assignment", {**value, "partitions": partitions}, time=0.0)
+
+
+def describing(monkeypatch: pytest.MonkeyPatch, members: list[str]) -> None:
+    described: dict[str, Any] = {"group": GROUP, "state": "Stable", "members": members}
+    monkeypatch.setattr(runner, "_stable", lambda bootstrap, group: described)
+
+
+def test_the_final_describe_is_taken_when_it_matches_the_members_reports(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    history = History()
+    report(history, "a", 3, [0, 1])
+    report(history, "b", 3, [2, 3])
+    describing(monkeypatch, ["a-id", "b-id"])
+    assert runner._final_describe(*lab_and_workload(history), GROUP) is not None
+
+
+def test_a_stable_group_without_a_member_that_still_reports_its_assignment_is_not_final(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # b's session ran out during a fault: the coordinator has a Stable group of a alone while
+    # both members' last reports still cover the topic in one generation.
+    history = History()
+    report(history, "a", 3, [0, 1])
+    report(history, "b", 3, [2, 3])
+    describing(monkeypatch, ["a-id"])
+    assert runner._final_describe(*lab_and_workload(history), GROUP) is None
+
+
+def test_a_group_whose_members_disagree_is_not_described(monkeypatch: pytest.MonkeyPatch) -> None:
+    history = History()
+    report(history, "a", 4, [0, 1, 2, 3])
+    report(history, "b", 3, [2, 3])
+    describing(monkeypatch, ["a-id", "b-id"])
+    assert runner._final_describe(*lab_and_workload(history), GROUP) is None
+
+
+def test_a_report_arriving_while_the_group_is_described_makes_it_not_final(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    history = History()
+    report(history, "a", 3, [0, 1])
+    report(history, "b", 3, [2, 3])
+
+    def stable_while_b_moves(bootstrap: str, group: str) -> dict[str, Any]:
+        report(history, "b", 3, [2])  # b reports mid-describe
+        return {"group": GROUP, "state": "Stable", "members": ["a-id", "b-id"]}
+
+    monkeypatch.setattr(runner, "_stable", stable_while_b_moves)
+    assert runner._final_describe(*lab_and_workload(history), GROUP) is None
