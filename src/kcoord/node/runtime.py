@@ -122,6 +122,8 @@ def _replay_chunk(
     data = lg.read(offset, max_bytes, max_offset=max_offset).records
     records = 0
     replay = shard.replay
+    replay_offset_commit = shard.replay_offset_commit
+    offset_commit = decoder.offset_commit
     for pos, header in fmt.iter_headers(data):
         offset = header.next_offset
         if header.is_control:
@@ -130,14 +132,20 @@ def _replay_chunk(
             if key is None:
                 continue
             try:
-                record = decoder.decode(key, value)
+                # The bulk of an offsets log is replayed from its fields, with no record objects.
+                fields = offset_commit(key, value)
+                record = decoder.decode(key, value) if fields is None else None
             except UnknownRecordTypeError as e:
                 log.warning("skipping unknown record type at offset %d: %s", record_offset, e)
                 continue
             except CoordinatorRecordError as e:
                 log.error("skipping corrupt record at offset %d: %s", record_offset, e)
                 continue
-            replay(record_offset, record)
+            if fields is not None:
+                replay_offset_commit(record_offset, fields)
+            else:
+                assert record is not None
+                replay(record_offset, record)
             records += 1
     return offset, records, len(data)
 

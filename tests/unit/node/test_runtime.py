@@ -9,13 +9,27 @@ from typing import Any
 import pytest
 
 from kcoord.cluster.coordinator import types as t
+from kcoord.cluster.coordinator.records import (
+    CoordinatorRecord,
+    GroupMetadataKey,
+    GroupMetadataValue,
+    OffsetCommitKey,
+    OffsetCommitValue,
+    RecordDecoder,
+    decode_record,
+    encode_record,
+)
 from kcoord.cluster.coordinator.shard import GroupConfig, GroupCoordinatorShard
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
-from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime, ShardState
+from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime, ShardState, _replay_chunk
 from kcoord.raft import records as rec
+from kcoord.storage import format as fmt
+from kcoord.storage.config import LogConfig
+from kcoord.storage.log import Log
 from kcoord.storage.manager import LogManager
+from tests.unit.cluster.coordinator.harness import MockTimer
 
 OFFSETS_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 ORDERS_ID = "BBBBBBBBBBBBBBBBBBBBBB"
@@ -368,3 +382,61 @@ def test_without_hot_standby_a_promotion_replays_the_whole_log(tmp_path: Path) -
             node.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_a_cold_replay_builds_the_state_record_by_record_replay_builds(tmp_path: Path) -> None:
+    """Log replay reads OffsetCommit records at version 3 from their fields alone; the shard it
+    builds equals one fed every record through ``GroupCoordinatorShard.replay``."""
+
+    def key(group: str, partition: int) -> OffsetCommitKey:
+        return OffsetCommitKey(group_id=group, topic="orders", partition=partition)
+
+    records = [
+        CoordinatorRecord(key("a", 0), OffsetCommitValue(offset=5, commit_timestamp_ms=1)),
+        CoordinatorRecord(key("a", 1), OffsetCommitValue(offset=7, commit_timestamp_ms=2)),
+        CoordinatorRecord(  # version 1: a commit with a retention time (KIP-211)
+            key("b", 0),
+            OffsetCommitValue(offset=3, commit_timestamp_ms=3, expire_timestamp_ms=99),
+        ),
+        CoordinatorRecord(key("a", 1), None),  # a tombstone deletes the offset
+        CoordinatorRecord(
+            GroupMetadataKey(group_id="c"),
+            GroupMetadataValue(
+                protocol_type="consumer",
+                generation=0,
+                protocol=None,
+                leader=None,
+                current_state_timestamp_ms=4,
+                members=(),
+            ),
+        ),
+        CoordinatorRecord(
+            key("c", 0), OffsetCommitValue(offset=9, metadata="m", commit_timestamp_ms=5)
+        ),
+        CoordinatorRecord(
+            key("a", 0), OffsetCommitValue(offset=6, leader_epoch=2, commit_timestamp_ms=6)
+        ),
+    ]
+    lg = Log.open(tmp_path / "log", LogConfig(cleanup_policy=frozenset({"compact"})))
+    encoded = [encode_record(r) for r in records]
+    for i in range(0, len(encoded), 3):
+        batch = [fmt.Record(j, 0, k, v) for j, (k, v) in enumerate(encoded[i : i + 3])]
+        lg.append_as_leader(fmt.build_batch(batch), leader_epoch=0, now_ms=0)
+
+    def new_shard() -> GroupCoordinatorShard:
+        return GroupCoordinatorShard(GroupConfig(), MockTimer(), lambda prefix: f"{prefix}-x")
+
+    replayed = new_shard()
+    offset, count, _ = _replay_chunk(
+        replayed, RecordDecoder(), lg, 0, max_offset=None, max_bytes=1 << 20
+    )
+    expected = new_shard()
+    for record_offset, (k, v) in enumerate(encoded):
+        expected.replay(record_offset, decode_record(k, v))
+    assert (offset, count) == (len(records), len(records))
+    assert replayed.offsets == expected.offsets
+    assert set(replayed.groups) == set(expected.groups) == {"a", "b", "c"}
+    assert replayed.offsets["a"]["orders"][0].leader_epoch == 2
+    assert replayed.offsets["b"]["orders"][0].expire_timestamp_ms == 99
+    assert 1 not in replayed.offsets["a"]["orders"]
+    lg.close()

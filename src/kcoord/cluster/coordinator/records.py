@@ -120,7 +120,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, Final, TypeAlias
+from typing import Any, ClassVar, Final, NamedTuple, TypeAlias
 
 from kcoord.cluster.coordinator.wire import UUID_SIZE, Reader, WireFormatError, Writer
 
@@ -954,14 +954,27 @@ def decode_record(
 
 _OFFSET_COMMIT_V3_HEAD: Final = struct.Struct(">hqih")  # version, offset, epoch, metadata len
 _INT64: Final = struct.Struct(">q")
+_INT32: Final = struct.Struct(">i")
+_INT16: Final = struct.Struct(">h")
+
+
+class OffsetCommitFields(NamedTuple):
+    """An OffsetCommit record with a value at version 3 (what Kafka writes), as its fields:
+    what log replay needs of the bulk of an offsets log, without building record objects."""
+
+    key: OffsetCommitKey
+    offset: int
+    leader_epoch: int
+    metadata: str
+    commit_timestamp_ms: int
 
 
 class RecordDecoder:
     """``decode_record`` for log replay, where it is the hot loop: decoded keys are cached
     by their bytes (a group's offsets are committed again and again under the same keys; keys
     are immutable), and OffsetCommit values at version 3, what Kafka writes, are read with one
-    ``struct`` call. Anything else, and anything the fast path does not accept, goes through
-    the schema-driven decoder, with its errors.
+    ``struct`` call (``offset_commit`` gives their fields alone). Anything else, and anything
+    the fast path does not accept, goes through the schema-driven decoder, with its errors.
     """
 
     MAX_CACHED_KEYS: Final = 1 << 18
@@ -969,27 +982,72 @@ class RecordDecoder:
     def __init__(self) -> None:
         self._keys: dict[bytes, tuple[CoordinatorKey, int]] = {}
 
-    def decode(self, key: bytes, value: bytes | None) -> CoordinatorRecord:
+    def _key(self, key: bytes) -> tuple[CoordinatorKey, int]:
         cached = self._keys.get(key)
         if cached is None:
-            cached = _decode_key(key)
+            cached = _offset_commit_key(key) or _decode_key(key)
             if len(self._keys) >= self.MAX_CACHED_KEYS:
                 self._keys.clear()
             self._keys[key] = cached
-        decoded_key, record_type = cached
+        return cached
+
+    def decode(self, key: bytes, value: bytes | None) -> CoordinatorRecord:
+        decoded_key, record_type = self._key(key)
         if value is None:
             return CoordinatorRecord(decoded_key, None)
         if record_type <= RecordType.OFFSET_COMMIT and value[:2] == b"\x00\x03":
-            fast = _offset_commit_value_v3(value)
-            if fast is not None:
+            fields = _offset_commit_v3(value)
+            if fields is not None:
+                offset, leader_epoch, metadata, commit_timestamp_ms = fields
+                fast = OffsetCommitValue(
+                    offset=offset,
+                    leader_epoch=leader_epoch,
+                    metadata=metadata,
+                    commit_timestamp_ms=commit_timestamp_ms,
+                )
                 return CoordinatorRecord(decoded_key, fast)
         decoded_value, _ = _decode_value(record_type, value)
         return CoordinatorRecord(decoded_key, decoded_value)
 
+    def offset_commit(self, key: bytes, value: bytes | None) -> OffsetCommitFields | None:
+        """The record's fields if it is an OffsetCommit with a version 3 value the fast path
+        reads, else None: ``decode`` it (it raises what is wrong with it, if anything)."""
+        if value is None or value[:2] != b"\x00\x03":
+            return None
+        decoded_key, record_type = self._key(key)
+        if record_type > RecordType.OFFSET_COMMIT:
+            return None
+        fields = _offset_commit_v3(value)
+        if fields is None:
+            return None
+        assert isinstance(decoded_key, OffsetCommitKey)
+        return OffsetCommitFields(decoded_key, *fields)
 
-def _offset_commit_value_v3(value: bytes) -> OffsetCommitValue | None:
-    """OffsetCommitValue v3 (not flexible: no tagged fields), or None if it does not parse
-    as one (the generic reader then says why)."""
+
+def _offset_commit_key(key: bytes) -> tuple[OffsetCommitKey, int] | None:
+    """An OffsetCommit key (type 0 or 1: group, topic, partition) read with ``struct``, or
+    None if it does not parse as one (the generic reader then says why)."""
+    if len(key) < 10 or key[0] != 0 or key[1] > RecordType.OFFSET_COMMIT:
+        return None
+    try:
+        (group_len,) = _INT16.unpack_from(key, 2)
+        group_end = 4 + group_len
+        (topic_len,) = _INT16.unpack_from(key, group_end)
+        topic_end = group_end + 2 + topic_len
+        if group_len < 0 or topic_len < 0 or len(key) != topic_end + 4:
+            return None
+        group_id = key[4:group_end].decode()
+        topic = key[group_end + 2 : topic_end].decode()
+    except (struct.error, UnicodeDecodeError):
+        return None
+    (partition,) = _INT32.unpack_from(key, topic_end)
+    return OffsetCommitKey(group_id=group_id, topic=topic, partition=partition), key[1]
+
+
+def _offset_commit_v3(value: bytes) -> tuple[int, int, str, int] | None:
+    """OffsetCommitValue v3 (not flexible: no tagged fields) as (offset, leader epoch,
+    metadata, commit timestamp), or None if it does not parse as one (the generic reader then
+    says why)."""
     head = _OFFSET_COMMIT_V3_HEAD.size
     if len(value) < head + _INT64.size:
         return None
@@ -1001,12 +1059,7 @@ def _offset_commit_value_v3(value: bytes) -> OffsetCommitValue | None:
     except UnicodeDecodeError:
         return None
     (commit_timestamp_ms,) = _INT64.unpack_from(value, head + n)
-    return OffsetCommitValue(
-        offset=offset,
-        leader_epoch=leader_epoch,
-        metadata=metadata,
-        commit_timestamp_ms=commit_timestamp_ms,
-    )
+    return offset, leader_epoch, metadata, commit_timestamp_ms
 
 
 # --------------------------------------------------------------------------------------------

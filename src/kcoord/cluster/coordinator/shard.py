@@ -140,6 +140,7 @@ from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     GroupMetadataKey,
     GroupMetadataValue,
+    OffsetCommitFields,
     OffsetCommitKey,
     OffsetCommitValue,
 )
@@ -418,27 +419,13 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def _replay_offset_commit(
         self, offset: int, key: OffsetCommitKey, value: OffsetCommitValue | None
     ) -> None:
-        group_id = key.group_id
         if value is not None:
-            if group_id not in self._groups and group_id not in self._consumer_groups:
-                # OffsetMetadataManager.replay: a consumer that commits without group
-                # membership gets a "simple" group, Empty and without a protocol type.
-                self._groups[group_id] = ClassicGroup(
-                    group_id=group_id,
-                    state=ClassicGroupState.EMPTY,
-                    current_state_timestamp_ms=None,
-                )
-            self._offsets.setdefault(group_id, {}).setdefault(key.topic, {})[key.partition] = (
-                OffsetAndMetadata(
-                    committed_offset=value.offset,
-                    leader_epoch=value.leader_epoch,
-                    metadata=value.metadata,
-                    commit_timestamp_ms=value.commit_timestamp_ms,
-                    expire_timestamp_ms=value.expire_timestamp_ms,
-                    record_offset=offset,
-                )
+            fields = OffsetCommitFields(
+                key, value.offset, value.leader_epoch, value.metadata, value.commit_timestamp_ms
             )
+            self.replay_offset_commit(offset, fields, value.expire_timestamp_ms)
             return
+        group_id = key.group_id
         topics = self._offsets.get(group_id)
         if topics is None or key.topic not in topics:
             return
@@ -448,6 +435,36 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             del topics[key.topic]
         if not topics:
             del self._offsets[group_id]
+
+    def replay_offset_commit(
+        self, offset: int, fields: OffsetCommitFields, expire_timestamp_ms: int | None = None
+    ) -> None:
+        """``replay`` of an OffsetCommit record with a value, given as its fields: log
+        replay's fast path (``RecordDecoder.offset_commit``), the bulk of an offsets log."""
+        key = fields.key
+        group_id = key.group_id
+        if group_id not in self._groups and group_id not in self._consumer_groups:
+            # OffsetMetadataManager.replay: a consumer that commits without group
+            # membership gets a "simple" group, Empty and without a protocol type.
+            self._groups[group_id] = ClassicGroup(
+                group_id=group_id,
+                state=ClassicGroupState.EMPTY,
+                current_state_timestamp_ms=None,
+            )
+        topics = self._offsets.get(group_id)
+        if topics is None:
+            topics = self._offsets[group_id] = {}
+        partitions = topics.get(key.topic)
+        if partitions is None:
+            partitions = topics[key.topic] = {}
+        partitions[key.partition] = OffsetAndMetadata(
+            committed_offset=fields.offset,
+            leader_epoch=fields.leader_epoch,
+            metadata=fields.metadata,
+            commit_timestamp_ms=fields.commit_timestamp_ms,
+            expire_timestamp_ms=expire_timestamp_ms,
+            record_offset=offset,
+        )
 
     def _replay_group_metadata(
         self, key: GroupMetadataKey, value: GroupMetadataValue | None
