@@ -15,7 +15,8 @@ round of a fetcher:
    epoch, until the logs agree; the leader knows no epoch at or below ours -> truncate to our
    HW. Only then does the partition fetch.
 2. ``ReplicaFetch`` with every ready partition (fetch offset = our LEO, our leader epoch and
-   last fetched epoch, our HW), long-polling up to ``replica.fetch.wait.max.ms``. Records are
+   last fetched epoch, our HW and log start), long-polling up to ``replica.fetch.wait.max.ms``;
+   the answer names only the partitions with something to apply. Records are
    appended with ``Log.append_as_follower``; the HW becomes min(leader HW, our LEO); the log
    start follows the leader's. ``OFFSET_OUT_OF_RANGE`` below the leader's log start restarts
    the log there (``truncate_fully_and_start_at``); a ``diverging_epoch`` truncates as above.
@@ -263,13 +264,21 @@ class ReplicaFetcherManager:
                         "leader_epoch": leader_epoch,
                         "last_fetched_epoch": lg.epoch_cache.latest_epoch,
                         "high_watermark": p.high_watermark,
+                        "log_start_offset": lg.log_start_offset,
                     }
                     for p, leader_epoch, lg, fetch_offset in sent
                 ],
             },
             self.max_wait_ms / 1000 + self.rpc_timeout_s,
         )
-        for (p, leader_epoch, lg, fetch_offset), r in zip(sent, reply["partitions"], strict=True):
+        # The answer names only the partitions with something to apply (we sent our HW and
+        # log start, so the leader knows what we have).
+        by_tp = {item[0].tp: item for item in sent}
+        for r in reply["partitions"]:
+            found = by_tp.get((str(r["topic"]), int(r["partition"])))
+            if found is None:
+                continue  # not asked for: a confused leader; nothing to apply
+            p, leader_epoch, lg, fetch_offset = found
             if not self._still_following(p, leader_epoch, lg) or lg.log_end_offset != fetch_offset:
                 continue
             try:

@@ -529,12 +529,14 @@ class ReplicaManager:
         """``ReplicaFetch``: a follower's long-poll (Kafka's Fetch from a replica).
 
         Payload: ``{replica_id, replica_epoch, max_wait_ms, max_bytes, partitions: [{topic,
-        partition, fetch_offset, leader_epoch, last_fetched_epoch, high_watermark}]}``. The
-        follower's ``high_watermark`` is a kcoord addition: the leader answers as soon as its HW
-        is above it, so followers learn the HW without waiting for new data (a new leader then
-        starts with an up-to-date HW). Answer: ``{partitions: [{topic, partition, error,
-        high_watermark, log_start_offset, log_end_offset, records, diverging_epoch}]}`` where
-        ``diverging_epoch`` is None or ``{epoch, end_offset}`` (KIP-320/KIP-595).
+        partition, fetch_offset, leader_epoch, last_fetched_epoch, high_watermark,
+        log_start_offset}]}``. The follower's ``high_watermark`` is a kcoord addition: the
+        leader answers as soon as its HW is above it, so followers learn the HW without waiting
+        for new data (a new leader then starts with an up-to-date HW). Answer: ``{partitions:
+        [{topic, partition, error, high_watermark, log_start_offset, log_end_offset, records,
+        diverging_epoch}]}`` where ``diverging_epoch`` is None or ``{epoch, end_offset}``
+        (KIP-320/KIP-595); with the follower's optional ``log_start_offset``, only the
+        partitions with something for it to apply.
         """
         replica_id = int(payload["replica_id"])
         replica_epoch = int(payload.get("replica_epoch", -1))
@@ -586,7 +588,8 @@ class ReplicaManager:
         part.replication.update_follower_fetch(
             replica_id, fetch_offset, part.log.log_end_offset, self.now_ms(), replica_epoch
         )
-        self._maybe_advance_high_watermark(part)
+        if part.high_watermark < part.log.log_end_offset:  # at the log end it cannot move
+            self._maybe_advance_high_watermark(part)
 
     def _diverging_epoch(self, part: Partition, item: Any) -> dict[str, int] | None:
         """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320): the follower's last
@@ -604,6 +607,11 @@ class ReplicaManager:
     def _read_for_follower(
         self, replica_id: int, items: list[Any], max_bytes: int
     ) -> tuple[list[dict[str, Any]], bool]:
+        """The answer's partitions, and whether it is worth sending now (something for the
+        follower to apply). A partition with nothing to apply (no records, error or
+        divergence; a HW and log start the follower has) is left out when the follower sent its
+        ``log_start_offset``: it then knows what it has (KIP-227's incremental fetch responses
+        leave such partitions out the same way)."""
         results: list[dict[str, Any]] = []
         ready = False
         budget = max_bytes
@@ -618,38 +626,54 @@ class ReplicaManager:
                 "records": b"",
                 "diverging_epoch": None,
             }
-            results.append(result)
             try:
                 part = self._follower_partition(replica_id, item)
             except KafkaError as e:
                 result["error"] = int(e.code)
+                results.append(result)
                 ready = True
                 continue
-            result["high_watermark"] = part.high_watermark
-            result["log_start_offset"] = part.log.log_start_offset
-            result["log_end_offset"] = part.log.log_end_offset
+            lg = part.log
+            log_end_offset = lg.log_end_offset
+            result["high_watermark"] = high_watermark = part.high_watermark
+            result["log_start_offset"] = lg.log_start_offset
+            result["log_end_offset"] = log_end_offset
             diverging = self._diverging_epoch(part, item)
             if diverging is not None:
                 result["diverging_epoch"] = diverging
+                results.append(result)
                 ready = True
                 continue
-            if part.high_watermark > int(item.get("high_watermark", -1)):
-                ready = True
-            try:
-                data = part.log.read(int(item["fetch_offset"]), budget, min_one=budget > 0)
-            except OffsetOutOfRangeError:
-                result["error"] = int(Errors.OFFSET_OUT_OF_RANGE)
-                ready = True
-                continue
-            except LogCorruptError as e:
-                log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
-                result["error"] = int(Errors.KAFKA_STORAGE_ERROR)
-                ready = True
-                continue
-            if data.records:
-                result["records"] = bytes(data.records)
-                budget = max(0, budget - len(data.records))
-                ready = True
+            fetch_offset = int(item["fetch_offset"])
+            follower_hw = int(item.get("high_watermark", -1))
+            news = high_watermark > follower_hw
+            if fetch_offset != log_end_offset:  # at the log end there is nothing to read
+                try:
+                    data = lg.read(fetch_offset, budget, min_one=budget > 0)
+                except OffsetOutOfRangeError:
+                    result["error"] = int(Errors.OFFSET_OUT_OF_RANGE)
+                    results.append(result)
+                    ready = True
+                    continue
+                except LogCorruptError as e:
+                    log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
+                    result["error"] = int(Errors.KAFKA_STORAGE_ERROR)
+                    results.append(result)
+                    ready = True
+                    continue
+                if data.records:
+                    result["records"] = bytes(data.records)
+                    budget = max(0, budget - len(data.records))
+                    news = True
+            ready = ready or news
+            follower_log_start = item.get("log_start_offset")
+            if (
+                follower_log_start is None
+                or result["records"]
+                or min(high_watermark, fetch_offset) > follower_hw
+                or lg.log_start_offset > int(follower_log_start)
+            ):
+                results.append(result)
         return results, ready
 
     async def handle_epoch_end_offset(self, payload: Any) -> dict[str, Any]:

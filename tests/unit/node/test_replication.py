@@ -202,3 +202,56 @@ def test_an_acks_all_wait_is_registered_at_the_append_and_failed_by_a_role_chang
         assert new.partition._waiters == []
 
     asyncio.run(scenario())
+
+
+def test_a_replica_fetch_answer_names_only_the_partitions_with_something_to_apply(
+    tmp_path: Path,
+) -> None:
+    """The follower sends its HW and log start; a partition it has caught up on, whose HW and
+    log start it has, is left out of the answer (a full answer without its log start)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
+        _start(cluster)
+        for value in (b"a", b"b"):
+            leader.produce(value)
+        for _ in range(3):  # records, then the HW they made, then the HW reaches the follower
+            await follower.fetch_once()
+        part = follower.partition
+        assert (part.log.log_end_offset, part.high_watermark) == (2, 2)
+        assert leader.partition.high_watermark == 2
+
+        def item(**overrides: Any) -> dict[str, Any]:
+            return {
+                "topic": TOPIC,
+                "partition": 0,
+                "fetch_offset": part.log.log_end_offset,
+                "leader_epoch": part.leader_epoch,
+                "last_fetched_epoch": part.log.epoch_cache.latest_epoch,
+                "high_watermark": part.high_watermark,
+                "log_start_offset": part.log.log_start_offset,
+                **overrides,
+            }
+
+        async def answer(**overrides: Any) -> list[dict[str, Any]]:
+            reply = await leader.replicas.handle_replica_fetch(
+                {"replica_id": 2, "max_wait_ms": 0, "partitions": [item(**overrides)]}
+            )
+            return cast(list[dict[str, Any]], reply["partitions"])
+
+        assert await answer() == []  # caught up: nothing to apply
+        (full,) = await answer(log_start_offset=None)
+        assert (full["high_watermark"], full["records"]) == (2, b"")
+        (behind,) = await answer(high_watermark=1)  # the leader's HW is news
+        assert (behind["high_watermark"], behind["records"]) == (2, b"")
+        (reading,) = await answer(fetch_offset=1, high_watermark=1)  # records are news
+        assert reading["records"]
+        (fenced,) = await answer(leader_epoch=part.leader_epoch - 1)  # errors always count
+        assert fenced["error"] == Errors.FENCED_LEADER_EPOCH
+
+        leader.produce(b"c")  # a new record: fetched and applied from the trimmed answers
+        await follower.fetch_once()
+        assert follower.values() == [b"a", b"b", b"c"]
+
+    asyncio.run(scenario())
