@@ -27,6 +27,14 @@ def report(history: History, process: str, generation: int, partitions: list[int
     history.add(process, "info", "assignment", {**value, "partitions": partitions}, time=0.0)
 
 
+def settled(*reports: tuple[str, int, list[int]]) -> History:
+    """A history where each (member, generation, partitions) was reported, in that order."""
+    history = History()
+    for process, generation, partitions in reports:
+        report(history, process, generation, partitions)
+    return history
+
+
 def describing(monkeypatch: pytest.MonkeyPatch, members: list[str]) -> None:
     described: dict[str, Any] = {"group": GROUP, "state": "Stable", "members": members}
     monkeypatch.setattr(runner, "_stable", lambda bootstrap, group: described)
@@ -35,9 +43,7 @@ def describing(monkeypatch: pytest.MonkeyPatch, members: list[str]) -> None:
 def test_the_final_describe_is_taken_when_it_matches_the_members_reports(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    history = History()
-    report(history, "a", 3, [0, 1])
-    report(history, "b", 3, [2, 3])
+    history = settled(("a", 3, [0, 1]), ("b", 3, [2, 3]))
     describing(monkeypatch, ["a-id", "b-id"])
     assert runner._final_describe(*lab_and_workload(history), GROUP) is not None
 
@@ -47,17 +53,13 @@ def test_a_stable_group_without_a_member_that_still_reports_its_assignment_is_no
 ) -> None:
     # b's session ran out during a fault: the coordinator has a Stable group of a alone while
     # both members' last reports still cover the topic in one generation.
-    history = History()
-    report(history, "a", 3, [0, 1])
-    report(history, "b", 3, [2, 3])
+    history = settled(("a", 3, [0, 1]), ("b", 3, [2, 3]))
     describing(monkeypatch, ["a-id"])
     assert runner._final_describe(*lab_and_workload(history), GROUP) is None
 
 
 def test_a_group_whose_members_disagree_is_not_described(monkeypatch: pytest.MonkeyPatch) -> None:
-    history = History()
-    report(history, "a", 4, [0, 1, 2, 3])
-    report(history, "b", 3, [2, 3])
+    history = settled(("a", 4, [0, 1, 2, 3]), ("b", 3, [2, 3]))
     describing(monkeypatch, ["a-id", "b-id"])
     assert runner._final_describe(*lab_and_workload(history), GROUP) is None
 
@@ -65,9 +67,7 @@ def test_a_group_whose_members_disagree_is_not_described(monkeypatch: pytest.Mon
 def test_a_report_arriving_while_the_group_is_described_makes_it_not_final(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    history = History()
-    report(history, "a", 3, [0, 1])
-    report(history, "b", 3, [2, 3])
+    history = settled(("a", 3, [0, 1]), ("b", 3, [2, 3]))
 
     def stable_while_b_moves(bootstrap: str, group: str) -> dict[str, Any]:
         report(history, "b", 3, [2])  # b reports mid-describe
