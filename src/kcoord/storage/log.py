@@ -32,6 +32,7 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
@@ -69,8 +70,9 @@ class UnexpectedAppendOffsetError(Exception):
     """A follower append that does not continue the log."""
 
 
-@dataclass(frozen=True, slots=True)
-class AppendInfo:
+class AppendInfo(NamedTuple):
+    """Where an append went (a tuple: one is built per produce request)."""
+
     first_offset: int
     last_offset: int
     max_timestamp: int
@@ -317,7 +319,8 @@ class Log:
                     f"batch of {size} bytes exceeds max.message.bytes "
                     f"{self.config.max_message_bytes}"
                 )
-            if fmt.crc32c(memoryview(records)[fmt.ATTRIBUTES_OFFSET :]) != crc:
+            view = memoryview(records)
+            if fmt.crc32c(view[fmt.ATTRIBUTES_OFFSET :]) != crc:
                 raise fmt.CorruptRecordError("CRC mismatch in batch at position 0")
             is_control = attributes & fmt.CONTROL_FLAG
             if record_count <= 0 and not is_control:
@@ -342,7 +345,8 @@ class Log:
                 seg = self._roll(base_offset)
             seg.append_one(
                 prefix,
-                memoryview(records)[16:],
+                view[16:],
+                base_offset=base_offset,
                 last_offset=last_offset,
                 max_timestamp=max_timestamp,
             )

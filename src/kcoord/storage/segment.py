@@ -211,10 +211,12 @@ class LogSegment:
         prefix: bytes | bytearray,
         rest: memoryview,
         *,
+        base_offset: int,
         last_offset: int,
         max_timestamp: int,
     ) -> None:
-        """Append one batch given as its rewritten 16-byte prefix and the rest, unchanged.
+        """Append one batch given as its rewritten 16-byte prefix (``base_offset`` is the one
+        written there) and the rest, unchanged.
 
         The produce fast path: one ``pwritev``, no copy of the batch, the same index updates
         as ``append`` (Kafka's ``LogSegment.append`` of a single batch).
@@ -225,7 +227,7 @@ class LogSegment:
         if written != size:
             raise OSError(f"short write to {self.log_path}: {written} of {size} bytes")
         self.size = position + size
-        self._remember(fmt.BATCH_PREFIX.unpack_from(prefix)[0], last_offset, position)
+        self._remember(base_offset, last_offset, position)
         if max_timestamp > self.max_timestamp:
             self.max_timestamp = max_timestamp
             self.offset_of_max_timestamp = last_offset
