@@ -5,13 +5,17 @@ everything in it: the nodes, bound to 127.0.0.1 .. 127.0.0.N, the client process
 runner itself. The host's network is never touched; deleting the namespace removes every rule.
 
 Network partitions are iptables rules in the namespace's ``OUTPUT`` chain. Each node runs with
-a group id of its own (``launcher.up(groups=...)``), and ``-m owner --gid-owner G -d 127.0.0.M
--j DROP`` drops what node G's process sends to node M. Source-address rules would not work:
-on loopback an unbound socket sends from 127.0.0.1 whatever its destination. Cutting a pair
-both ways (each side's packets to the other) breaks connections in both directions: a TCP
-connection cannot live on when one side's segments never arrive. Client processes run with the
-runner's group and are never cut off: an isolated node still hears clients, which is what
-shows that it cannot acknowledge anything on its own.
+a group id of its own (``launcher.up(groups=...)``), and ``-m owner --gid-owner G -m conntrack
+--ctorigdst 127.0.0.M -j DROP`` drops what node G's process sends on the connections it opened
+to node M. Address rules alone would not work: on loopback an unbound socket sends from
+127.0.0.1 whatever its destination, so every client and node connection comes *from*
+127.0.0.1, and a rule on the destination address (``-d 127.0.0.1``) also dropped node G's
+answers to everybody, turning "cut G from node 1" into "cut G from everything". The
+connection's original destination names the node it was opened to, whoever answers on it.
+Every shape cuts a pair both ways, which breaks the connections each side opens to the other:
+a TCP connection cannot live on when one side's segments never arrive. Client processes run
+with the runner's group and are never cut off: an isolated node still hears clients and answers
+them, which is what shows that it cannot acknowledge anything on its own.
 
 This kernel has no ``netem``: latency and connection resets come from the Toxiproxy-compatible
 proxy (``kcoord.chaos.proxy``), not from here.
@@ -154,7 +158,9 @@ class Firewall:
             "owner",
             "--gid-owner",
             str(self.nodes[sender].gid),
-            "-d",
+            "-m",
+            "conntrack",
+            "--ctorigdst",
             self.nodes[receiver].host,
             "-j",
             "DROP",

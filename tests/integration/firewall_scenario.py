@@ -1,0 +1,114 @@
+"""Run inside a lab network namespace: the lab's cuts drop exactly the links they name.
+
+Started by ``test_lab_firewall.py`` with ``ip netns exec``. Three servers stand in for the
+nodes, each bound to its 127.0.0.N and running with its own group id, as the chaos runner starts
+nodes; probes connect as node G (a process with G's group) or as a client (the runner's group).
+Every probe is a fresh TCP connection with a short timeout: it either gets the server's answer
+or it does not. Exits non-zero with the failing probes listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Iterator
+
+from kcoord.chaos.lab import Firewall, LabNode, grudge_of
+
+PORT = 29000
+PROBE_TIMEOUT_S = 1.0
+NODES = {n: LabNode(n, f"127.0.0.{n}", 43000 + n) for n in (1, 2, 3)}
+CLIENT = 0  # probes from the runner's own group: never cut
+
+
+def _serve(node: LabNode) -> int:
+    """A child process with the node's group (taken before its socket is made, as a node's
+    process has it from the start) answering every connection with the node's id."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(ready_w)
+        os.read(ready_r, 1)  # listening
+        os.close(ready_r)
+        return pid
+    os.setgid(node.gid)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((node.host, PORT))
+    listener.listen(16)
+    os.write(ready_w, b"!")
+    while True:
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(str(node.node_id).encode())
+
+
+@contextlib.contextmanager
+def servers() -> Iterator[None]:
+    pids = [_serve(node) for node in NODES.values()]
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+def probe(sender: int, receiver: int) -> bool:
+    """Whether a connection opened by ``sender`` (a node id, or CLIENT) to ``receiver`` gets
+    the receiver's answer. The probe runs in a child so it can take the sender's group."""
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        with contextlib.suppress(OSError):
+            if sender != CLIENT:
+                os.setgid(NODES[sender].gid)
+            with socket.create_connection((NODES[receiver].host, PORT), PROBE_TIMEOUT_S) as s:
+                s.settimeout(PROBE_TIMEOUT_S)
+                ok = s.recv(16) == str(receiver).encode()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def check(firewall: Firewall, cut: set[tuple[int, int]], label: str) -> list[str]:
+    """Apply ``cut`` and probe every (sender, receiver): only the cut pairs may fail."""
+    firewall.apply(cut)
+    failures = []
+    for sender in (CLIENT, *NODES):
+        for receiver in NODES:
+            if sender == receiver:
+                continue
+            expected = (sender, receiver) not in cut
+            if probe(sender, receiver) != expected:
+                who = "client" if sender == CLIENT else f"node {sender}"
+                failures.append(
+                    f"{label}: {who} -> node {receiver} "
+                    f"{'failed' if expected else 'got through'} (cut {sorted(cut)})"
+                )
+    return failures
+
+
+def main() -> None:
+    firewall = Firewall(dict(NODES))
+    failures: list[str] = []
+    with servers():
+        failures += check(firewall, set(), "no cut")
+        # Node 1 alone: the other nodes' answers to everybody else go to 127.0.0.1 too (an
+        # unbound socket on loopback sends from it), and must not be mistaken for node 1's.
+        failures += check(firewall, grudge_of([[1], [2, 3]]), "node 1 isolated")
+        failures += check(firewall, grudge_of([[3], [1, 2]]), "node 3 isolated")
+        failures += check(firewall, {(1, 2), (2, 1)}, "one link cut")
+        firewall.heal()
+        failures += check(firewall, set(), "healed")
+    firewall.heal()
+    if failures:
+        sys.exit("\n".join(failures))
+    print("every probe as expected")
+
+
+if __name__ == "__main__":
+    main()
