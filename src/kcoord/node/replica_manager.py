@@ -385,14 +385,12 @@ class ReplicaManager:
         except ValueError:
             return self.min_insync_replicas
 
-    def append_local(
-        self, part: Partition, records: bytes, *, required_acks: int = -1
-    ) -> AppendResult:
-        """Append as leader; raises KafkaError with the code Kafka answers for bad input.
-
-        ``required_acks`` -1 (every coordinator write) first checks the committed ISR against
-        ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``).
-        """
+    def check_leader_and_min_isr(self, part: Partition, required_acks: int) -> None:
+        """Refuse an append before anything looks at the records: NOT_LEADER_OR_FOLLOWER, or for
+        acks=-1 NOT_ENOUGH_REPLICAS while the committed ISR is below ``min.insync.replicas``
+        (Kafka's ``Partition.appendRecordsToLeader`` checks this before the log validates the
+        producer's sequence, so a batch behind a refused one is refused alike, not answered
+        OUT_OF_ORDER_SEQUENCE_NUMBER)."""
         if not part.is_leader:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{part.topic}-{part.partition}")
         if required_acks == -1 and part.replication is not None:
@@ -403,6 +401,16 @@ class ReplicaManager:
                     f"{part.topic}-{part.partition}: ISR {list(part.replication.isr)} is "
                     f"smaller than min.insync.replicas {min_isr}",
                 )
+
+    def append_local(
+        self, part: Partition, records: bytes, *, required_acks: int = -1
+    ) -> AppendResult:
+        """Append as leader; raises KafkaError with the code Kafka answers for bad input.
+
+        ``required_acks`` -1 (every coordinator write) first checks the committed ISR against
+        ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``).
+        """
+        self.check_leader_and_min_isr(part, required_acks)
         try:
             info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms())
         except RecordTooLargeError as e:

@@ -7,8 +7,12 @@ Produce (Kafka's ``KafkaApis.handleProduceRequest`` and ``ReplicaManager.appendR
    topic or partition that does not exist); clients may not write to ``__consumer_offsets``
    (``INVALID_TOPIC_EXCEPTION``), nor control batches (``INVALID_RECORD``) or transactional
    ones (``INVALID_TXN_STATE``: kcoord has no transaction coordinator); a partition's records
-   are exactly one batch of magic 2 (``INVALID_RECORD``, Kafka's ``validateRecords``). The
-   batch is then checked against the partition's idempotent-producer state
+   are exactly one batch of magic 2 (``INVALID_RECORD``, Kafka's ``validateRecords``). With
+   acks=-1 and the ISR below ``min.insync.replicas`` the batch is refused with
+   ``NOT_ENOUGH_REPLICAS`` before its sequence is looked at, as Kafka's
+   ``Partition.appendRecordsToLeader`` does (so a retry is refused alike, and the client retries
+   it later with the same sequence). The batch is then checked against the partition's
+   idempotent-producer state
    (``storage.producer_state``): a retried batch is answered with the offsets it got the first
    time and not appended; an out-of-order sequence or a stale producer epoch is refused.
    Otherwise the records are appended as leader (the log checks CRC, size and format:
@@ -22,8 +26,6 @@ Produce (Kafka's ``KafkaApis.handleProduceRequest`` and ``ReplicaManager.appendR
 
 Producer state lives per led partition and is rebuilt from the batch headers of the log the
 first time a produce reaches the partition after this node became its leader.
-``NOT_ENOUGH_REPLICAS`` is not produced yet: until followers replicate, the leader alone is the
-ISR (see ``replica_manager``).
 
 InitProducerId: an idempotent producer (no transactional id) gets a fresh producer id with
 epoch 0, always, as Kafka does (``TransactionCoordinator.handleInitProducerId``); ids come from
@@ -192,6 +194,11 @@ class ProduceApi:
                     raise KafkaError(
                         Errors.INVALID_TXN_STATE, "kcoord does not support transactions"
                     )
+            # Leadership and min.insync.replicas first, as Kafka: were a batch queued behind a
+            # refused one answered OUT_OF_ORDER_SEQUENCE_NUMBER instead, librdkafka would bump
+            # its epoch and resend, under new sequences, batches of other partitions that
+            # failed after they were appended (duplicates; librdkafka issue #4953).
+            self.ctx.replicas.check_leader_and_min_isr(part, acks)
             state = self.states.get(part, self.ctx.now_ms())
             verdict = state.validate(headers)
             if isinstance(verdict, Rejected):

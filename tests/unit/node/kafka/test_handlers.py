@@ -634,6 +634,43 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_below_min_insync_replicas_every_batch_is_refused_before_its_sequence(
+    tmp_path: Path,
+) -> None:
+    """Kafka's order: NOT_ENOUGH_REPLICAS for the batches queued behind a refused one and for
+    retries, not OUT_OF_ORDER_SEQUENCE_NUMBER (which makes librdkafka bump its epoch and
+    resend other partitions' possibly written batches under new sequences)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        init = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
+        )
+        pid, epoch = init.producer_id, init.producer_epoch
+
+        async def produce(seq: int, value: bytes, acks: int = -1) -> Any:
+            records = batch([value], producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+            return only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records, acks)))
+
+        assert (await produce(0, b"a")).base_offset == 0
+        h.replicas.min_insync_replicas = 2  # the ISR is this node alone
+        assert (await produce(1, b"b")).error_code == Errors.NOT_ENOUGH_REPLICAS
+        assert (await produce(2, b"c")).error_code == Errors.NOT_ENOUGH_REPLICAS  # not a gap
+        assert (await produce(0, b"a")).error_code == Errors.NOT_ENOUGH_REPLICAS  # a retry
+        one = await produce(1, b"b", acks=1)  # acks=1 does not need the ISR: sequences count
+        assert (one.error_code, one.base_offset) == (Errors.NONE, 1)
+        h.replicas.min_insync_replicas = 1
+        retry = await produce(1, b"b")
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 1)
+        gap = await produce(3, b"d")
+        assert gap.error_code == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert (await produce(2, b"c")).base_offset == 2
+        fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
+        assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c"]
+
+    run(tmp_path, test)
+
+
 # ------------------------------------------------------------------ ListOffsets
 
 
