@@ -48,6 +48,9 @@ def main() -> None:
             "linger.ms": 5,
             "message.timeout.ms": 30_000,
             "retry.backoff.ms": 100,
+            # The idempotence state machine (PID, epoch bumps, drains) on stderr, which the
+            # run keeps: why a value was written twice is in there.
+            "debug": "eos",
         }
     )
 
