@@ -48,7 +48,10 @@ and measures, in one run on this machine:
    and the committer's failures after the kill, in order.
 
 2. **Cold replay rate** (records/s): records / (end_ms - start_ms) of the cold loads of the
-   large partition (the failover loads of the hot-standby-off, large case).
+   large partition (the failover loads of the hot-standby-off, large case). A cold load reads
+   every record of the log and replays the latest of each key (``node.runtime.LatestRecords``:
+   with the default fill every key is committed ten times over, so a tenth of them);
+   ``applied`` in a trial's load says how many it replayed.
 
 3. **OffsetCommit throughput** of the 3-node cluster (hot standby on, replication factor 3:
    every commit waits for the ISR, acks=all) as a ratio to a 1-node cluster
@@ -629,6 +632,7 @@ async def trial(
         "load": {
             "hot": load["hot"],
             "records": load["records"],
+            "applied": load.get("applied"),
             "bytes": load["bytes"],
             "load_ms": load_ms,
             "start_after_kill_ms": load_start_ms,
@@ -674,7 +678,8 @@ async def run_case(cluster: quorum.Cluster, case: Case, args: argparse.Namespace
             f"    {case.key} trial {number}/{args.trials}: killed node {t['killed']}"
             f"{' (the active controller)' if t['killed_was_controller'] else ''}, node "
             f"{t['new_coordinator']} committed after {t['failover_ms']:.0f} ms "
-            f"({'hot' if load['hot'] else 'cold'} load of {load['records']:,} records in "
+            f"({'hot' if load['hot'] else 'cold'} load of {load['records']:,} records "
+            f"({load['applied']:,} replayed) in "
             f"{load['load_ms']} ms, started {load['start_after_kill_ms']:.0f} ms after the "
             f"kill; ready {t['ready_ms'] / 1000:.1f} s, rejoin {t['rejoin_ms'] / 1000:.1f} s)",
             flush=True,

@@ -7,7 +7,9 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
 
 - **Loading** (``become_leader``): the shard is created empty and the partition log is
   replayed into it from the log start offset, in chunks (yielding to the event loop between
-  them). While loading, requests get ``COORDINATOR_LOAD_IN_PROGRESS``. A load for an older
+  them): the latest record of each key, in log order, which is what replaying the log as
+  compaction leaves it builds (``LatestRecords``). While loading, requests get
+  ``COORDINATOR_LOAD_IN_PROGRESS``. A load for an older
   leader epoch than the context's is ignored, as Kafka's ``scheduleLoadOperation``.
 - **Writes**: a request runs the shard handler, which returns records and responses addressed
   to request tokens. The records go into one v2 batch appended to the partition as leader, and
@@ -43,6 +45,8 @@ import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from aiokafka.record.default_records import DefaultRecordBatch as _CRecordBatch
 
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
@@ -91,7 +95,8 @@ class LoadSummary:
     leader_epoch: int
     start_ms: int
     end_ms: int
-    records: int  # replayed by this load (the suffix above the standby when hot)
+    records: int  # read from the log by this load (the suffix above the standby when hot)
+    applied: int  # replayed into the shard: all of them when hot, the latest per key when cold
     bytes: int
     hot: bool  # promoted from a standby
 
@@ -102,6 +107,7 @@ class LoadSummary:
             "start_ms": self.start_ms,
             "end_ms": self.end_ms,
             "records": self.records,
+            "applied": self.applied,
             "bytes": self.bytes,
             "hot": self.hot,
         }
@@ -121,33 +127,99 @@ def _replay_chunk(
     offset as it was."""
     data = lg.read(offset, max_bytes, max_offset=max_offset).records
     records = 0
-    replay = shard.replay
-    replay_offset_commit = shard.replay_offset_commit
-    offset_commit = decoder.offset_commit
     for pos, header in fmt.iter_headers(data):
         offset = header.next_offset
         if header.is_control:
             continue
         for record_offset, key, value in fmt.decode_key_values(data, pos):
-            if key is None:
-                continue
-            try:
-                # The bulk of an offsets log is replayed from its fields, with no record objects.
-                fields = offset_commit(key, value)
-                record = decoder.decode(key, value) if fields is None else None
-            except UnknownRecordTypeError as e:
-                log.warning("skipping unknown record type at offset %d: %s", record_offset, e)
-                continue
-            except CoordinatorRecordError as e:
-                log.error("skipping corrupt record at offset %d: %s", record_offset, e)
-                continue
-            if fields is not None:
-                replay_offset_commit(record_offset, fields)
-            else:
-                assert record is not None
-                replay(record_offset, record)
-            records += 1
+            if key is not None and _replay_record(shard, decoder, record_offset, key, value):
+                records += 1
     return offset, records, len(data)
+
+
+def _replay_record(
+    shard: GroupCoordinatorShard,
+    decoder: RecordDecoder,
+    record_offset: int,
+    key: bytes,
+    value: bytes | None,
+) -> bool:
+    """Replay one record into ``shard``; False if it was skipped (unknown type, corrupt)."""
+    try:
+        # The bulk of an offsets log is replayed from its fields, with no record objects.
+        fields = decoder.offset_commit(key, value)
+        record = decoder.decode(key, value) if fields is None else None
+    except UnknownRecordTypeError as e:
+        log.warning("skipping unknown record type at offset %d: %s", record_offset, e)
+        return False
+    except CoordinatorRecordError as e:
+        log.error("skipping corrupt record at offset %d: %s", record_offset, e)
+        return False
+    if fields is not None:
+        shard.replay_offset_commit(record_offset, fields)
+    else:
+        assert record is not None
+        shard.replay(record_offset, record)
+    return True
+
+
+class LatestRecords:
+    """A cold load's view of the log as compaction leaves it: the latest record per key.
+
+    Every ``__consumer_offsets`` record is keyed so that the latest value per key is the state
+    (the topic is compacted; Kafka's loader replays whatever the cleaner left). A cold load
+    therefore scans the log for the latest (offset, value) of each key, which costs well under a
+    microsecond a record with aiokafka's C record reader, and replays only those, in log order:
+    the state a replay of the compacted log builds. A log committed over and over under the same
+    keys (the usual offsets log) loads several times faster than by replaying every record.
+
+    ``flush`` replays what was gathered and starts again: past ``MAX_KEYS`` keys the scan
+    flushes, which bounds its memory and replays a log compacted in stretches (equivalent too).
+    """
+
+    MAX_KEYS = 1 << 18
+
+    def __init__(self) -> None:
+        self.latest: dict[bytes, tuple[int, bytes | None]] = {}
+
+    def scan(self, lg: Log, offset: int, max_bytes: int) -> tuple[int, int, int]:
+        """Take in the batches of one read from ``offset``; returns (next offset, records
+        scanned, bytes read), as ``_replay_chunk``."""
+        data = lg.read(offset, max_bytes).records
+        latest = self.latest
+        records = 0
+        for pos, header in fmt.iter_headers(data):
+            offset = header.next_offset
+            if header.is_control:
+                continue
+            n = 0
+            if header.compression is fmt.Compression.NONE:
+                try:
+                    for r in _CRecordBatch(memoryview(data)[pos : pos + header.size]):
+                        key = r.key
+                        if key is not None:
+                            latest[key] = (r.offset, r.value)
+                            n += 1
+                    records += n
+                    continue
+                except Exception:  # the reader's own error: ours below says what is wrong
+                    n = 0  # what it took in, our decoder takes in again
+            for record_offset, key, value in fmt.decode_key_values(data, pos):
+                if key is not None:
+                    latest[key] = (record_offset, value)
+                    n += 1
+            records += n
+        return offset, records, len(data)
+
+    def flush(self, shard: GroupCoordinatorShard, decoder: RecordDecoder) -> int:
+        """Replay the latest record of every key gathered, in log order; returns how many."""
+        ordered = sorted(self.latest.items(), key=lambda item: item[1][0])
+        self.latest = {}
+        replayed = 0
+        for key, (record_offset, value) in ordered:
+            if _replay_record(shard, decoder, record_offset, key, value):
+                replayed += 1
+        return replayed
 
 
 class _ShardTimer:
@@ -436,11 +508,20 @@ class CoordinatorRuntime:
             offset = lg.log_start_offset
             decoder = RecordDecoder()
         records = 0
+        applied = 0
         size = 0
+        # Hot: the suffix record by record. Cold: the latest record per key (LatestRecords).
+        latest = LatestRecords() if standby is None else None
         while ctx.state is ShardState.LOADING and offset < lg.log_end_offset:
-            offset, n, nbytes = _replay_chunk(
-                shard, decoder, lg, offset, max_offset=None, max_bytes=self.replay_chunk_bytes
-            )
+            if latest is None:
+                offset, n, nbytes = _replay_chunk(
+                    shard, decoder, lg, offset, max_offset=None, max_bytes=self.replay_chunk_bytes
+                )
+                applied += n
+            else:
+                offset, n, nbytes = latest.scan(lg, offset, self.replay_chunk_bytes)
+                if len(latest.latest) >= latest.MAX_KEYS:
+                    applied += latest.flush(shard, decoder)
             if not nbytes:
                 break
             records += n
@@ -448,12 +529,21 @@ class CoordinatorRuntime:
             await asyncio.sleep(0)  # let other work run between chunks
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
+        if latest is not None:
+            applied += latest.flush(shard, decoder)
         ctx.shard = shard
         ctx.timer = timer
         ctx.last_written_offset = lg.log_end_offset
         ctx.state = ShardState.ACTIVE
         summary = LoadSummary(
-            ctx.index, ctx.leader_epoch, start, self.now_ms(), records, size, standby is not None
+            ctx.index,
+            ctx.leader_epoch,
+            start,
+            self.now_ms(),
+            records,
+            applied,
+            size,
+            standby is not None,
         )
         ctx.load_summary = summary
         self.loads.append(summary)
@@ -462,12 +552,13 @@ class CoordinatorRuntime:
         del self.loads[:-1000]  # the recent ones are enough
         ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0)
         log.info(
-            "loaded %s-%d (epoch %d, %s): %d records, %d bytes in %d ms",
+            "loaded %s-%d (epoch %d, %s): %d records (%d replayed), %d bytes in %d ms",
             OFFSETS_TOPIC,
             ctx.index,
             ctx.leader_epoch,
             "hot from the standby" if summary.hot else "cold",
             records,
+            applied,
             size,
             summary.end_ms - start,
         )

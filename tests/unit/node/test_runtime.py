@@ -7,9 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kcoord.cluster.coordinator import types as t
 from kcoord.cluster.coordinator.records import (
+    ConsumerGroupMetadataKey,
+    ConsumerGroupMetadataValue,
     CoordinatorRecord,
     GroupMetadataKey,
     GroupMetadataValue,
@@ -23,7 +27,13 @@ from kcoord.cluster.coordinator.shard import GroupConfig, GroupCoordinatorShard
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
-from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime, ShardState, _replay_chunk
+from kcoord.node.runtime import (
+    CoordinatorError,
+    CoordinatorRuntime,
+    LatestRecords,
+    ShardState,
+    _replay_chunk,
+)
 from kcoord.raft import records as rec
 from kcoord.storage import format as fmt
 from kcoord.storage.config import LogConfig
@@ -439,4 +449,155 @@ def test_a_cold_replay_builds_the_state_record_by_record_replay_builds(tmp_path:
     assert replayed.offsets["a"]["orders"][0].leader_epoch == 2
     assert replayed.offsets["b"]["orders"][0].expire_timestamp_ms == 99
     assert 1 not in replayed.offsets["a"]["orders"]
+    lg.close()
+
+
+def _offsets_key(group: str, partition: int) -> OffsetCommitKey:
+    return OffsetCommitKey(group_id=group, topic="orders", partition=partition)
+
+
+# Records over a few keys, so that keys repeat: commits and offset tombstones of classic,
+# simple and consumer groups, classic group metadata, consumer group epochs, and deletions as
+# Kafka writes them (DeleteGroups, expiry): the offsets' tombstones, then the group's.
+def _delete(group: str, group_key: Any) -> list[CoordinatorRecord]:
+    return [CoordinatorRecord(_offsets_key(group, p), None) for p in range(3)] + [
+        CoordinatorRecord(group_key, None)
+    ]
+
+
+_RECORDS = st.one_of(
+    st.builds(
+        lambda group, partition, offset: [
+            CoordinatorRecord(
+                _offsets_key(group, partition),
+                None if offset < 0 else OffsetCommitValue(offset=offset, commit_timestamp_ms=1),
+            )
+        ],
+        st.sampled_from(["a", "s", "cg"]),
+        st.integers(0, 2),
+        st.integers(-1, 50),
+    ),
+    st.builds(
+        lambda generation: [
+            CoordinatorRecord(
+                GroupMetadataKey(group_id="a"),
+                GroupMetadataValue(
+                    protocol_type="consumer",
+                    generation=generation,
+                    protocol=None,
+                    leader=None,
+                    current_state_timestamp_ms=generation,
+                    members=(),
+                ),
+            )
+        ],
+        st.integers(0, 5),
+    ),
+    st.builds(
+        lambda epoch: [
+            CoordinatorRecord(
+                ConsumerGroupMetadataKey(group_id="cg"), ConsumerGroupMetadataValue(epoch=epoch)
+            )
+        ],
+        st.integers(0, 5),
+    ),
+    st.just(_delete("a", GroupMetadataKey(group_id="a"))),
+    st.just(_delete("s", GroupMetadataKey(group_id="s"))),
+    st.just(_delete("cg", ConsumerGroupMetadataKey(group_id="cg"))),
+)
+
+
+def _new_shard() -> GroupCoordinatorShard:
+    return GroupCoordinatorShard(GroupConfig(), MockTimer(), lambda prefix: f"{prefix}-x")
+
+
+def _write(lg: Log, records: list[CoordinatorRecord], per_batch: int, compress_odd: bool) -> None:
+    encoded = [encode_record(r) for r in records]
+    for n, i in enumerate(range(0, len(encoded), per_batch)):
+        batch = [fmt.Record(j, 0, k, v) for j, (k, v) in enumerate(encoded[i : i + per_batch])]
+        codec = fmt.Compression.GZIP if compress_odd and n % 2 else fmt.Compression.NONE
+        lg.append_as_leader(fmt.build_batch(batch, compression=codec), leader_epoch=0, now_ms=0)
+
+
+def _state(shard: GroupCoordinatorShard) -> tuple[Any, ...]:
+    """What a load must rebuild. An empty simple group whose offsets were all deleted is left
+    out: replaying every record leaves one behind, the compacted log does not (as in Kafka; the
+    group expiry removes it)."""
+    groups = {
+        gid: group
+        for gid, group in shard.groups.items()
+        if group.protocol_type is not None or group.members or gid in shard.offsets
+    }
+    return dict(shard.offsets), groups, dict(shard.consumer_groups)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    steps=st.lists(_RECORDS, min_size=1, max_size=40),
+    per_batch=st.integers(1, 7),
+    compress_odd=st.booleans(),
+    max_keys=st.integers(1, 20),
+)
+def test_a_cold_load_of_the_latest_record_per_key_builds_what_replaying_every_record_builds(
+    tmp_path_factory: pytest.TempPathFactory,
+    steps: list[list[CoordinatorRecord]],
+    per_batch: int,
+    compress_odd: bool,
+    max_keys: int,
+) -> None:
+    """``LatestRecords`` (the cold load) against ``_replay_chunk`` over every record: the same
+    offsets, classic groups and consumer groups, also when the scan flushes in stretches
+    (``MAX_KEYS``) and with compressed batches (read by our decoder, not aiokafka's)."""
+    records = [record for step in steps for record in step]
+    lg = Log.open(tmp_path_factory.mktemp("log"), LogConfig(cleanup_policy=frozenset({"compact"})))
+    _write(lg, records, per_batch, compress_odd)
+    every = _new_shard()
+    offset, count, _ = _replay_chunk(
+        every, RecordDecoder(), lg, 0, max_offset=None, max_bytes=1 << 20
+    )
+    assert (offset, count) == (len(records), len(records))
+
+    latest_shard, decoder, latest = _new_shard(), RecordDecoder(), LatestRecords()
+    latest.MAX_KEYS = max_keys
+    offset, scanned = 0, 0
+    while offset < lg.log_end_offset:
+        offset, n, _ = latest.scan(lg, offset, 64)  # small reads: one batch at a time
+        scanned += n
+        if len(latest.latest) >= latest.MAX_KEYS:
+            latest.flush(latest_shard, decoder)
+    latest.flush(latest_shard, decoder)
+    assert scanned == len(records)
+    assert _state(latest_shard) == _state(every)
+    lg.close()
+
+
+def test_a_cold_load_replays_one_record_per_key_and_a_consumer_group_replaces_its_simple_group(
+    tmp_path: Path,
+) -> None:
+    """A consumer group whose epoch record comes after its offsets in the compacted log: the
+    commit replayed first makes a simple group, the group's record overrides it (Kafka's
+    ``getOrMaybeCreatePersistedConsumerGroup``), so ListGroups shows one group, not two."""
+    records = [
+        CoordinatorRecord(
+            ConsumerGroupMetadataKey(group_id="cg"), ConsumerGroupMetadataValue(epoch=1)
+        ),
+        *(
+            CoordinatorRecord(
+                _offsets_key("cg", 0), OffsetCommitValue(offset=i, commit_timestamp_ms=i)
+            )
+            for i in range(100)
+        ),
+        CoordinatorRecord(
+            ConsumerGroupMetadataKey(group_id="cg"), ConsumerGroupMetadataValue(epoch=2)
+        ),
+    ]
+    lg = Log.open(tmp_path / "log", LogConfig(cleanup_policy=frozenset({"compact"})))
+    _write(lg, records, 10, compress_odd=False)
+    shard, latest = _new_shard(), LatestRecords()
+    assert latest.scan(lg, 0, 1 << 20)[:2] == (102, 102)
+    assert latest.flush(shard, RecordDecoder()) == 2
+    assert shard.offsets["cg"]["orders"][0].committed_offset == 99
+    assert shard.offsets["cg"]["orders"][0].record_offset == 100
+    assert shard.consumer_groups["cg"].group_epoch == 2
+    assert "cg" not in shard.groups
     lg.close()

@@ -405,7 +405,20 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         KIP-848 records are skipped: this shard serves classic groups only.
         """
         if replay_record(self._consumer_groups, record):
-            return  # a KIP-848 record (consumer.py)
+            # A KIP-848 record (consumer.py). Kafka's getOrMaybeCreatePersistedConsumerGroup:
+            # the consumer group overrides a simple classic group of the same id, which an
+            # OffsetCommit replayed first made (in a compacted log the group's metadata record
+            # can come after its offsets).
+            group_id = getattr(record.key, "group_id", "")
+            simple = self._groups.get(group_id)
+            if (
+                simple is not None
+                and group_id in self._consumer_groups
+                and simple.protocol_type is None
+                and not simple.members
+            ):
+                del self._groups[group_id]
+            return
         key, value = record.key, record.value
         if isinstance(key, OffsetCommitKey) and (
             value is None or isinstance(value, OffsetCommitValue)
