@@ -529,7 +529,10 @@ def test_the_replay_decoders_offset_commit_fields_agree_with_decode(
         return
     assert fields is not None
     decoded = decode_record(key_bytes, data)
-    assert fields.key == decoded.key
+    assert (
+        OffsetCommitKey(group_id=fields.group_id, topic=fields.topic, partition=fields.partition)
+        == decoded.key
+    )
     assert decoded.value == OffsetCommitValue(
         offset=fields.offset,
         leader_epoch=fields.leader_epoch,

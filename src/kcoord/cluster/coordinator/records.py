@@ -962,7 +962,9 @@ class OffsetCommitFields(NamedTuple):
     """An OffsetCommit record with a value at version 3 (what Kafka writes), as its fields:
     what log replay needs of the bulk of an offsets log, without building record objects."""
 
-    key: OffsetCommitKey
+    group_id: str
+    topic: str
+    partition: int
     offset: int
     leader_epoch: int
     metadata: str
@@ -981,6 +983,9 @@ class RecordDecoder:
 
     def __init__(self) -> None:
         self._keys: dict[bytes, tuple[CoordinatorKey, int]] = {}
+        # OffsetCommit keys without their partition (the last 4 bytes) -> (group, topic): a
+        # group's keys share it, so ``offset_commit`` decodes no string twice.
+        self._names: dict[bytes, tuple[str, str]] = {}
 
     def _key(self, key: bytes) -> tuple[CoordinatorKey, int]:
         cached = self._keys.get(key)
@@ -1014,14 +1019,21 @@ class RecordDecoder:
         reads, else None: ``decode`` it (it raises what is wrong with it, if anything)."""
         if value is None or value[:2] != b"\x00\x03":
             return None
-        decoded_key, record_type = self._key(key)
-        if record_type > RecordType.OFFSET_COMMIT:
-            return None
+        names = self._names.get(key[:-4])
+        if names is None:
+            parsed = _offset_commit_key(key)
+            if parsed is None:
+                self._key(key)  # raises what is wrong with the key, if anything
+                return None  # another record type
+            names = (parsed[0].group_id, parsed[0].topic)
+            if len(self._names) >= self.MAX_CACHED_KEYS:
+                self._names.clear()
+            self._names[key[:-4]] = names
         fields = _offset_commit_v3(value)
         if fields is None:
             return None
-        assert isinstance(decoded_key, OffsetCommitKey)
-        return OffsetCommitFields(decoded_key, *fields)
+        (partition,) = _INT32.unpack_from(key, len(key) - 4)
+        return OffsetCommitFields(names[0], names[1], partition, *fields)
 
 
 def _offset_commit_key(key: bytes) -> tuple[OffsetCommitKey, int] | None:
