@@ -394,21 +394,26 @@ def test_without_hot_standby_a_promotion_replays_the_whole_log(tmp_path: Path) -
     asyncio.run(scenario())
 
 
+def _offsets_key(group: str, partition: int) -> OffsetCommitKey:
+    return OffsetCommitKey(group_id=group, topic="orders", partition=partition)
+
+
+def _new_shard() -> GroupCoordinatorShard:
+    return GroupCoordinatorShard(GroupConfig(), MockTimer(), lambda prefix: f"{prefix}-x")
+
+
 def test_a_cold_replay_builds_the_state_record_by_record_replay_builds(tmp_path: Path) -> None:
     """Log replay reads OffsetCommit records at version 3 from their fields alone; the shard it
     builds equals one fed every record through ``GroupCoordinatorShard.replay``."""
 
-    def key(group: str, partition: int) -> OffsetCommitKey:
-        return OffsetCommitKey(group_id=group, topic="orders", partition=partition)
-
     records = [
-        CoordinatorRecord(key("a", 0), OffsetCommitValue(offset=5, commit_timestamp_ms=1)),
-        CoordinatorRecord(key("a", 1), OffsetCommitValue(offset=7, commit_timestamp_ms=2)),
+        CoordinatorRecord(_offsets_key("a", 0), OffsetCommitValue(offset=5, commit_timestamp_ms=1)),
+        CoordinatorRecord(_offsets_key("a", 1), OffsetCommitValue(offset=7, commit_timestamp_ms=2)),
         CoordinatorRecord(  # version 1: a commit with a retention time (KIP-211)
-            key("b", 0),
+            _offsets_key("b", 0),
             OffsetCommitValue(offset=3, commit_timestamp_ms=3, expire_timestamp_ms=99),
         ),
-        CoordinatorRecord(key("a", 1), None),  # a tombstone deletes the offset
+        CoordinatorRecord(_offsets_key("a", 1), None),  # a tombstone deletes the offset
         CoordinatorRecord(
             GroupMetadataKey(group_id="c"),
             GroupMetadataValue(
@@ -421,10 +426,10 @@ def test_a_cold_replay_builds_the_state_record_by_record_replay_builds(tmp_path:
             ),
         ),
         CoordinatorRecord(
-            key("c", 0), OffsetCommitValue(offset=9, metadata="m", commit_timestamp_ms=5)
+            _offsets_key("c", 0), OffsetCommitValue(offset=9, metadata="m", commit_timestamp_ms=5)
         ),
         CoordinatorRecord(
-            key("a", 0), OffsetCommitValue(offset=6, leader_epoch=2, commit_timestamp_ms=6)
+            _offsets_key("a", 0), OffsetCommitValue(offset=6, leader_epoch=2, commit_timestamp_ms=6)
         ),
     ]
     lg = Log.open(tmp_path / "log", LogConfig(cleanup_policy=frozenset({"compact"})))
@@ -433,14 +438,11 @@ def test_a_cold_replay_builds_the_state_record_by_record_replay_builds(tmp_path:
         batch = [fmt.Record(j, 0, k, v) for j, (k, v) in enumerate(encoded[i : i + 3])]
         lg.append_as_leader(fmt.build_batch(batch), leader_epoch=0, now_ms=0)
 
-    def new_shard() -> GroupCoordinatorShard:
-        return GroupCoordinatorShard(GroupConfig(), MockTimer(), lambda prefix: f"{prefix}-x")
-
-    replayed = new_shard()
+    replayed = _new_shard()
     offset, count, _ = _replay_chunk(
         replayed, RecordDecoder(), lg, 0, max_offset=None, max_bytes=1 << 20
     )
-    expected = new_shard()
+    expected = _new_shard()
     for record_offset, (k, v) in enumerate(encoded):
         expected.replay(record_offset, decode_record(k, v))
     assert (offset, count) == (len(records), len(records))
@@ -450,10 +452,6 @@ def test_a_cold_replay_builds_the_state_record_by_record_replay_builds(tmp_path:
     assert replayed.offsets["b"]["orders"][0].expire_timestamp_ms == 99
     assert 1 not in replayed.offsets["a"]["orders"]
     lg.close()
-
-
-def _offsets_key(group: str, partition: int) -> OffsetCommitKey:
-    return OffsetCommitKey(group_id=group, topic="orders", partition=partition)
 
 
 # Records over a few keys, so that keys repeat: commits and offset tombstones of classic,
@@ -505,10 +503,6 @@ _RECORDS = st.one_of(
     st.just(_delete("s", GroupMetadataKey(group_id="s"))),
     st.just(_delete("cg", ConsumerGroupMetadataKey(group_id="cg"))),
 )
-
-
-def _new_shard() -> GroupCoordinatorShard:
-    return GroupCoordinatorShard(GroupConfig(), MockTimer(), lambda prefix: f"{prefix}-x")
 
 
 def _write(lg: Log, records: list[CoordinatorRecord], per_batch: int, compress_odd: bool) -> None:
