@@ -20,6 +20,9 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
     for the answer before the next one (generation -1: a "simple" group). One warm-up commit
     per client (coordinator lookup, connection) is not timed. ``--commit-seconds`` per case.
     On kcoord the groups hash to ``__consumer_offsets`` partitions led by all three nodes.
+    This process's CPU time over the case is recorded too: the clients share one event loop,
+    so near 1.0 core the client sets the pace, and the "client ceiling" (1e6 / its µs a
+    commit, against tansu) is the most any broker could show with this client here.
 (b) Time from start to a stable assignment for a group of N members (``--stable-sizes``) on a
     ``--partitions`` topic: N consumers in this process start at once (``start()`` of each,
     concurrently, is the start of the clock); stable is when every member has a non-empty
@@ -410,6 +413,7 @@ async def commit_case(broker: Broker, run: Run, clients: int, tag: str = "") -> 
             )
         )
         started = time.perf_counter()
+        cpu_started = time.process_time()
         stop_at = started + seconds
 
         async def loop(i: int) -> None:
@@ -428,6 +432,7 @@ async def commit_case(broker: Broker, run: Run, clients: int, tag: str = "") -> 
 
         await asyncio.gather(*(loop(i) for i in range(clients)))
         elapsed_s = time.perf_counter() - started
+        client_cpu_s = time.process_time() - cpu_started
         # What the last commit said is what the coordinator answers for it.
         committed = await consumers[0].committed(tps[0])
         if committed != counts[0]:
@@ -440,6 +445,10 @@ async def commit_case(broker: Broker, run: Run, clients: int, tag: str = "") -> 
         "commits": total,
         "seconds": elapsed_s,
         "commits_s": total / elapsed_s,
+        # This process (the clients, one event loop) is one core at most: at 1.0 the client,
+        # not the broker, sets the pace, and 1 / (CPU per commit) is what it could reach.
+        "client_cpu_cores": client_cpu_s / elapsed_s,
+        "client_cpu_us_per_commit": client_cpu_s / max(total, 1) * 1e6,
         "interval_s": COMMIT_INTERVAL_S,
         "commits_per_interval": per_interval,
         "per_client_commits": counts,
@@ -960,7 +969,9 @@ async def measure_commits(brokers: list[Broker], run: Run) -> None:
             run.record(f"commit_{clients}", broker.name, result)
             print(
                 f"  commits, {clients:2} client(s), {broker.name:6}: "
-                f"{result['commits_s']:8.0f}/s (median {result['latency']['median_ms']:.2f} ms)",
+                f"{result['commits_s']:8.0f}/s (median {result['latency']['median_ms']:.2f} ms; "
+                f"client CPU {result['client_cpu_cores']:.2f} cores, "
+                f"{result['client_cpu_us_per_commit']:.0f} us a commit)",
                 flush=True,
             )
 
@@ -1197,6 +1208,32 @@ def figures(raw: dict[str, Any], args: argparse.Namespace) -> list[Figure]:
         )
     )
     return out
+
+
+def client_ceiling(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    """What the commit client itself allows: this process's CPU per commit in the
+    ``--commit-clients`` case against tansu. The clients share one event loop, so about
+    1e6 / (µs a commit) commits/s is the most any broker could show this client."""
+    case = raw[f"commit_{args.commit_clients}"]["tansu"]
+    us = case["client_cpu_us_per_commit"]
+    ceiling = 1e6 / us
+    return {
+        "client_cpu_cores": case["client_cpu_cores"],
+        "client_cpu_us_per_commit": us,
+        "commits_s": ceiling,
+        "ratio_to_tansu": ceiling / case["commits_s"],
+        "required_ratio": COMMIT_SPEEDUP_TARGET,
+    }
+
+
+def print_client_ceiling(ceiling: dict[str, Any], args: argparse.Namespace) -> None:
+    print(
+        f"client ceiling: against tansu the {args.commit_clients} committing clients used "
+        f"{ceiling['client_cpu_cores']:.2f} cores ({ceiling['client_cpu_us_per_commit']:.0f} us "
+        f"a commit), so they can reach about {ceiling['commits_s']:.0f} commits/s: "
+        f"{ceiling['ratio_to_tansu']:.2f}x tansu's figure (the target asks "
+        f"{ceiling['required_ratio']:.1f}x)."
+    )
 
 
 def print_table(figs: list[Figure]) -> None:
@@ -1572,10 +1609,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measured in {time.perf_counter() - started:.0f} s")
     figs = figures(run.raw, args)
     print_table(figs)
+    ceiling = client_ceiling(run.raw, args)
+    print_client_ceiling(ceiling, args)
     extra = kcoord_figures(run.raw, args)
     targets = kcoord_targets(extra, args)
     print_kcoord_table(extra, targets, args)
     result = build_result(run, figs, extra=extra, targets=targets, tansu_bin=binary, seed=seed)
+    result["client_ceiling"] = ceiling
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\ntargets met: {result['targets_met']}")

@@ -123,6 +123,17 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
             assert sum(case["commits_per_interval"]) == case["commits"]
             assert_summary(case["latency"], case["commits"], with_samples=False)
             assert figures[f"commit_{clients}"][broker] == case["commits_s"]
+            # The clients' own CPU: one event loop, so at most about one core.
+            assert 0 < case["client_cpu_cores"] < 1.5
+            assert case["client_cpu_us_per_commit"] == pytest.approx(
+                case["client_cpu_cores"] * case["seconds"] / case["commits"] * 1e6
+            )
+    ceiling = result["client_ceiling"]
+    tansu_2 = raw["commit_2"]["tansu"]
+    assert ceiling["client_cpu_us_per_commit"] == tansu_2["client_cpu_us_per_commit"]
+    assert ceiling["commits_s"] == pytest.approx(1e6 / tansu_2["client_cpu_us_per_commit"])
+    assert ceiling["ratio_to_tansu"] == pytest.approx(ceiling["commits_s"] / tansu_2["commits_s"])
+    assert ceiling["required_ratio"] == 1.5
     for members in (1, 2):
         for broker in ("kcoord", "tansu"):
             assert_summary(raw[f"stable_{members}_delay_0"][broker], 1)
