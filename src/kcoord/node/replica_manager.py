@@ -25,7 +25,9 @@ The ISR is the metadata log's: the leader proposes shrinks (followers not caught
 this leader's epoch) to the active controller with AlterPartition (``maybe_propose_isr_changes``,
 run periodically), and the new ISR takes effect when the committed PartitionChange reaches this
 node's image (``on_metadata_delta``). An acks=all append is refused with NOT_ENOUGH_REPLICAS
-while the committed ISR is smaller than the topic's ``min.insync.replicas``.
+while the committed ISR is smaller than the topic's ``min.insync.replicas``; a Produce whose
+batch the HW passed only after the ISR shrank below it is answered
+NOT_ENOUGH_REPLICAS_AFTER_APPEND (``check_enough_replicas_after_append``).
 """
 
 from __future__ import annotations
@@ -402,6 +404,24 @@ class ReplicaManager:
                     f"smaller than min.insync.replicas {min_isr}",
                 )
 
+    def check_enough_replicas_after_append(self, part: Partition) -> None:
+        """An acks=all append the HW has passed: NOT_ENOUGH_REPLICAS_AFTER_APPEND if the ISR
+        shrank below ``min.insync.replicas`` while it waited (Kafka's
+        ``Partition.checkEnoughReplicasReachOffset``, over the maximal ISR). The records stay in
+        the log and are committed; the producer may retry (an idempotent one is answered the
+        first append's offsets). Coordinator writes do not ask: Kafka's ``CoordinatorRuntime``
+        completes them when the HW passes."""
+        if not part.is_leader or part.replication is None:
+            return  # committed before the leadership moved (or hosted alone): nothing to add
+        min_isr = self.min_insync_replicas_for(part)
+        maximal = part.replication.maximal_isr
+        if len(maximal) < min_isr:
+            raise KafkaError(
+                Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                f"{part.topic}-{part.partition}: appended, but the ISR {sorted(maximal)} is now "
+                f"smaller than min.insync.replicas {min_isr}",
+            )
+
     def append_local(
         self, part: Partition, records: bytes, *, required_acks: int = -1
     ) -> AppendResult:
@@ -441,6 +461,7 @@ class ReplicaManager:
                 await asyncio.wait_for(committed, timeout_ms / 1000)
             except TimeoutError as e:
                 raise KafkaError(Errors.REQUEST_TIMED_OUT, "high watermark did not advance") from e
+            self.check_enough_replicas_after_append(part)
         return result
 
     def _maybe_advance_high_watermark(self, part: Partition) -> None:

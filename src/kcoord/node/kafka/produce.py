@@ -247,11 +247,17 @@ class ProduceApi:
                 result.error = Errors.REQUEST_TIMED_OUT
                 result.message = "the high watermark did not reach the batch in time"
                 continue
+            part = result.partition
             error = result.committed.exception()
+            if error is None:
+                try:
+                    self.ctx.replicas.check_enough_replicas_after_append(part)
+                except KafkaError as e:
+                    error = e
             if isinstance(error, KafkaError):
-                part = result.partition
                 result.error, result.message = error.code, error.message or None
-                result.leader_hint = self.ctx.leader_hint(part.topic, part.partition)
+                if error.code is not Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+                    result.leader_hint = self.ctx.leader_hint(part.topic, part.partition)
             elif error is not None:
                 raise error
         return self._response(request, topics)

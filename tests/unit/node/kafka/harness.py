@@ -144,6 +144,7 @@ async def running(
     logs.open()
     replicas = ReplicaManager(NODE_ID, logs, cache, lambda: clock[0])
     cache.listener = replicas
+    cache.delta_listeners.append(replicas.on_metadata_delta)  # ISR changes, as server.py
     quorum = FakeQuorum(cache)
     controller = ControllerService(
         NODE_ID,

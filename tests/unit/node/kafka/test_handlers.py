@@ -19,6 +19,7 @@ from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.context import KafkaSettings
+from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import format as fmt
 from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running
@@ -667,6 +668,58 @@ def test_below_min_insync_replicas_every_batch_is_refused_before_its_sequence(
         assert (await produce(2, b"c")).base_offset == 2
         fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
         assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c"]
+
+    run(tmp_path, test)
+
+
+def test_an_isr_that_shrinks_below_min_insync_replicas_during_the_wait_is_reported(
+    tmp_path: Path,
+) -> None:
+    """Kafka's ``checkEnoughReplicasReachOffset``: an acks=all batch appended while the ISR was
+    big enough, whose HW then moved only because the ISR shrank below min.insync.replicas, is
+    answered NOT_ENOUGH_REPLICAS_AFTER_APPEND (the batch stays committed); the next one is
+    refused before the append."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 3)
+        index = h.led_partitions("t")[0]
+        part = h.replicas.get_partition("t", index)
+        assert part is not None and part.replication is not None
+        assert len(part.replication.isr) == 3  # brokers 2 and 3 never fetch here
+        h.replicas.min_insync_replicas = 2
+        correlation_id = await c.send(PRODUCE, 9, produce_values("t", index, batch([b"a"])))
+        deadline = time.monotonic() + 5
+        while part.log.log_end_offset < 1:
+            assert time.monotonic() < deadline, "the produce was not appended"
+            await asyncio.sleep(0.01)
+        assert part.high_watermark == 0  # waiting for brokers 2 and 3
+        # They fall behind for longer than replica.lag.time.max.ms, and leave the ISR.
+        h.clock[0] += part.replication.replica_lag_time_max_ms + 1
+        state = h.cache.image.partition(h.topic_id("t"), index)
+        assert state is not None
+        h.quorum.commit(
+            [
+                rec.PartitionChange(
+                    topic_id=state.topic_id,
+                    partition=index,
+                    expected_partition_epoch=state.partition_epoch,
+                    isr=(NODE_ID,),
+                )
+            ]
+        )
+        received_id, response = await c.receive(PRODUCE, 9)
+        assert received_id == correlation_id
+        after = only_partition(response)
+        assert after.error_code == Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        fetched = await c.call(FETCH, 12, fetch_values("t", index, 0))
+        assert records_of(only_partition(fetched).records) == [b"a"]  # appended and committed
+        refused = only_partition(
+            await c.call(PRODUCE, 9, produce_values("t", index, batch([b"b"])))
+        )
+        assert refused.error_code == Errors.NOT_ENOUGH_REPLICAS
+        h.replicas.min_insync_replicas = 1
+        ok = only_partition(await c.call(PRODUCE, 9, produce_values("t", index, batch([b"c"]))))
+        assert (ok.error_code, ok.base_offset) == (Errors.NONE, 1)
 
     run(tmp_path, test)
 
