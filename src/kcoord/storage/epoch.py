@@ -67,8 +67,10 @@ class LeaderEpochCache:
 
         Kafka's ``endOffsetFor``: the requested epoch's end is the start of the next higher
         epoch, and the epoch returned is the largest one not above the requested one; the
-        latest epoch ends at the log end. Unknown (below the first, or above the latest)
-        gives (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET).
+        latest epoch ends at the log end. An epoch below the first one known gives itself and
+        the first one's start (its records may be gone with the log start, and the asker must
+        still be able to replicate from there); above the latest, or with no epochs, gives
+        (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET).
         """
         if requested_epoch == UNDEFINED_EPOCH or not self._entries:
             return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -78,7 +80,7 @@ class LeaderEpochCache:
         for epoch, start in self._entries:
             if epoch > requested_epoch:
                 if floor is None:
-                    return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+                    return requested_epoch, start
                 return floor[0], start
             floor = (epoch, start)
         return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET

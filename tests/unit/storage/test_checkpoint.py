@@ -88,11 +88,15 @@ def test_leader_epoch_cache_semantics(tmp_path: Path) -> None:
     assert cache.end_offset_for(5, 30) == (5, 30)
     assert cache.end_offset_for(3, 30) == (3, 20)
     assert cache.end_offset_for(4, 30) == (3, 20)  # largest epoch not above the requested
-    assert cache.end_offset_for(0, 30) == (UNDEFINED_EPOCH, -1)
+    # Below the first known epoch: itself, ending where the first one starts (Kafka's
+    # endOffsetFor, whose earlier epochs may have gone with the log start).
+    assert cache.end_offset_for(0, 30) == (0, 0)
     assert cache.end_offset_for(9, 30) == (UNDEFINED_EPOCH, -1)
     cache.truncate_from_end(15)
     assert cache.entries == [(1, 0), (3, 10)]
     cache.truncate_from_start(12)
     assert cache.entries == [(3, 12)]
+    assert cache.end_offset_for(1, 30) == (1, 12)
+    assert cache.end_offset_for(UNDEFINED_EPOCH, 30) == (UNDEFINED_EPOCH, -1)
     cache.flush()
     assert LeaderEpochCache.load(cache.path).entries == [(3, 12)]
