@@ -283,6 +283,7 @@ class ClassicMemberHandlers:
 
         old: ConsumerGroupMember | None
         replaced = False
+        replaced_consumer_member = False
         if request.group_instance_id is not None:
             holder = next(
                 (m for m in group.members.values() if m.instance_id == request.group_instance_id),
@@ -302,6 +303,7 @@ class ClassicMemberHandlers:
                 group = self._replace_member(group, holder, member_id, out)
                 old = group.members[member_id]
                 replaced = True
+                replaced_consumer_member = holder.classic is None
             else:
                 old = None
         else:
@@ -335,6 +337,23 @@ class ClassicMemberHandlers:
             topics=topics,
             out=out,
         )
+        joined = JoinGroupResponse(
+            generation_id=reconciled.member_epoch,
+            protocol_type=CONSUMER_PROTOCOL_TYPE,
+            protocol_name=request.protocols[0].name,
+            leader="",  # nobody: the coordinator assigns
+            member_id=member_id,
+        )
+        if replaced_consumer_member:
+            # validateOnlineDowngradeWithReplacedMember: the static member this classic
+            # incarnation replaced was the group's last consumer-protocol member, so the group
+            # becomes a classic group now, Stable, the new incarnation holding what the old
+            # one was given; no rebalance (convertToClassicGroup with a joining member).
+            rejoined = replace(group, members={**group.members, member_id: reconciled})
+            if self._can_downgrade(rejoined, ()):
+                self._convert_to_classic_group(rejoined, (), now_ms, out, rebalance=False)
+                out.respond(token, joined)
+                return
         self._cancel_timer(classic_join_key(gid, member_id))
         self._schedule_session(gid, reconciled, now_ms)
         self._schedule_consumer_timer(
@@ -344,16 +363,7 @@ class ClassicMemberHandlers:
             member_id,
             CLASSIC_SYNC_KEY,
         )
-        out.respond(
-            token,
-            JoinGroupResponse(
-                generation_id=reconciled.member_epoch,
-                protocol_type=CONSUMER_PROTOCOL_TYPE,
-                protocol_name=request.protocols[0].name,
-                leader="",  # nobody: the coordinator assigns
-                member_id=member_id,
-            ),
-        )
+        out.respond(token, joined)
 
     def _supports_classic_protocols(self, group: ConsumerGroup, request: JoinGroupRequest) -> bool:
         """``throwIfClassicProtocolIsNotSupported``: protocol type ``consumer``, and a
@@ -654,11 +664,19 @@ class ClassicMemberHandlers:
         )
 
     def _convert_to_classic_group(
-        self, group: ConsumerGroup, leaving: Iterable[str], now_ms: int, out: _Output
+        self,
+        group: ConsumerGroup,
+        leaving: Iterable[str],
+        now_ms: int,
+        out: _Output,
+        *,
+        rebalance: bool = True,
     ) -> None:
         """``convertToClassicGroup`` and ``ClassicGroup.fromConsumerGroup``: the consumer
         group's tombstones, one GroupMetadata record, and a rebalance of the classic group
-        (made here, as Kafka does; replaying the record then only notes it committed)."""
+        (made here, as Kafka does; replaying the record then only notes it committed). No
+        rebalance when a static member's classic incarnation replaced the last consumer one
+        (Kafka's conversion with a joining member)."""
         gone = set(leaving)
         for member_id in group.members:
             self._cancel_member_timers(group.group_id, member_id)
@@ -710,7 +728,8 @@ class ClassicMemberHandlers:
         self._groups[group.group_id] = classic
         for cm in classic.members.values():
             self._reschedule_heartbeat(classic, cm, now_ms)
-        self._prepare_rebalance(out, classic, now_ms)
+        if rebalance:
+            self._prepare_rebalance(out, classic, now_ms)
 
 
 def _waits_on_unreleased(group: ConsumerGroup, member: ConsumerGroupMember) -> bool:

@@ -384,6 +384,67 @@ def test_a_static_classic_member_restarted_with_the_consumer_protocol_takes_its_
     assert not [k for k in ctx.shard.scheduled_timers if old.member_id in k]
 
 
+def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without_a_rebalance() -> (
+    None
+):
+    """Kafka's validateOnlineDowngradeWithReplacedMember: a static member of the consumer
+    protocol comes back as a classic client with the same instance id; it was the group's last
+    consumer-protocol member, so the group becomes a classic group at once, Stable, the new
+    incarnation holding what the old one was given, and the other members see no rebalance."""
+    ctx = context()
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=0,
+        instance_id="i-a",
+        rebalance_timeout_ms=5_000,
+        subscribed_topic_names=("orders",),
+        client_id="a",
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
+    first = step.response(token)
+    assert isinstance(first, ConsumerGroupHeartbeatResponse) and first.error_code is Errors.NONE
+    a = ConsumerMember(ctx, "a")
+    a.epoch = first.member_epoch
+    a.owned = {p for t, ps in first.assignment or () if t == T for p in ps}
+    b = ClassicMember(ctx, "b")
+    assert b.join().error_code is Errors.NONE
+    assert b.sync().error_code is Errors.NONE
+    members: list[ConsumerMember | ClassicMember] = [a, b]
+    converge(ctx, members)
+    assert sorted(len(m.owned) for m in members) == [3, 3]
+    a_target = set(a.owned)
+    epoch = ctx.shard.consumer_groups["g"].group_epoch
+
+    # a's process restarts as a classic client (static: no MEMBER_ID_REQUIRED round).
+    token, step = ctx.join(
+        instance_id="i-a",
+        client_id="a2",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", subscription()),),
+        topics=TOPICS,
+    )
+    joined = step.response(token)
+    assert isinstance(joined, JoinGroupResponse) and joined.error_code is Errors.NONE, joined
+    assert "g" not in ctx.shard.consumer_groups
+    classic = ctx.shard.groups["g"]
+    assert classic.state is ClassicGroupState.STABLE
+    assert classic.generation_id == epoch == joined.generation_id
+    assert set(classic.members) == {joined.member_id, b.member_id}
+    a2 = ClassicMember(ctx, "a2")
+    a2.member_id, a2.generation = joined.member_id, joined.generation_id
+    assert a2.sync().error_code is Errors.NONE
+    assert a2.owned == a_target
+    b.generation = classic.generation_id  # b's member epoch was the group epoch
+    assert b.heartbeat() is Errors.NONE  # no rebalance for b
+    check_single_owner([a2, b])
+    # Durable: a failover brings back the same classic group.
+    replayed = ctx.failover()
+    assert "g" not in replayed.shard.consumer_groups
+    assert set(replayed.shard.groups["g"].members) == {joined.member_id, b.member_id}
+
+
 def test_refused_requests_leave_the_groups_as_they_were() -> None:
     # A join refused for the group's size does not convert the classic group.
     ctx = ShardContext(GroupConfig(initial_rebalance_delay_ms=0, consumer_max_size=2))
