@@ -450,20 +450,6 @@ class ReplicaManager:
         self._wake_replica_fetches()
         return AppendResult(info.first_offset, info.last_offset, part.log.log_start_offset)
 
-    async def append(
-        self, topic: str, partition: int, records: bytes, *, acks: int, timeout_ms: int
-    ) -> AppendResult:
-        part = self.leader_partition(topic, partition)
-        result = self.append_local(part, records, required_acks=acks)
-        if acks == -1:
-            committed = part.high_watermark_reached(result.last_offset + 1)
-            try:
-                await asyncio.wait_for(committed, timeout_ms / 1000)
-            except TimeoutError as e:
-                raise KafkaError(Errors.REQUEST_TIMED_OUT, "high watermark did not advance") from e
-            self.check_enough_replicas_after_append(part)
-        return result
-
     def _maybe_advance_high_watermark(self, part: Partition) -> None:
         """Leader: HW = min LEO over the maximal ISR (KIP-497), via ``LeaderReplication``."""
         if not part.is_leader:
