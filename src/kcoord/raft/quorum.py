@@ -107,10 +107,6 @@ class QuorumStatus:
     connected: frozenset[int] = frozenset()
 
 
-class ProposeError(Exception):
-    """A proposal that was not committed: not leader, leader changed, queue full, ..."""
-
-
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     """SyncObj whose regular commands are our metadata batches, never pickled calls."""
 

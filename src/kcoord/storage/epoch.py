@@ -42,10 +42,6 @@ class LeaderEpochCache:
     def latest_epoch(self) -> int:
         return self._entries[-1][0] if self._entries else UNDEFINED_EPOCH
 
-    @property
-    def earliest_entry(self) -> tuple[int, int] | None:
-        return self._entries[0] if self._entries else None
-
     def assign(self, epoch: int, start_offset: int) -> None:
         """Record that ``epoch`` starts at ``start_offset``; an older or equal epoch is a no-op."""
         if epoch < 0:

@@ -74,7 +74,6 @@ HEADER = _HEADER  # for hot paths that unpack the header fields themselves
 _BASE_OFFSET = struct.Struct(">q")
 _INT32 = struct.Struct(">i")
 _UINT32 = struct.Struct(">I")
-_LENGTH_PREFIX = struct.Struct(">qi")
 # The first 16 bytes of a batch: base offset, batch length, partition leader epoch.
 BATCH_PREFIX = struct.Struct(">qii")
 assert _HEADER.size == HEADER_SIZE
@@ -205,14 +204,6 @@ def raise_if_invalid_header(header: BatchHeader, pos: int = 0) -> None:
         raise RecordFormatError(f"negative offset delta or record count at position {pos}")
     if header.base_offset < 0:
         raise RecordFormatError(f"negative base offset {header.base_offset} at position {pos}")
-
-
-def peek_batch_size(buf: bytes | bytearray | memoryview, pos: int = 0) -> int | None:
-    """Total size of the batch at ``pos`` from its length field, or None if fewer than 12 bytes."""
-    if len(buf) - pos < LOG_OVERHEAD:
-        return None
-    _, length = _LENGTH_PREFIX.unpack_from(buf, pos)
-    return int(length) + LOG_OVERHEAD
 
 
 crc32c = _crc32c.crc32c

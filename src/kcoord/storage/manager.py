@@ -166,11 +166,6 @@ class LogManager:
     # -----------------------------------------------------------------------------------------
     # Background duties, driven by the node's scheduler.
 
-    def flush_all(self, now_ms: int | None = None) -> None:
-        for lg in self.logs.values():
-            lg.flush(now_ms)
-        self.checkpoint_recovery_points()
-
     def run_retention(
         self, now_ms: int, high_watermarks: Mapping[TopicPartition, int] | None = None
     ) -> int:

@@ -401,9 +401,6 @@ class ClassicGroup:
     def clear_pending_sync_members(self) -> None:
         self.pending_sync_members.clear()
 
-    def has_static_member(self, group_instance_id: str) -> bool:
-        return group_instance_id in self.static_members
-
     def static_member_id(self, group_instance_id: str) -> str | None:
         return self.static_members.get(group_instance_id)
 
@@ -471,10 +468,6 @@ class ClassicGroup:
         if not self.is_in_state(ClassicGroupState.EMPTY):
             return Errors.NON_EMPTY_GROUP
         return Errors.NONE
-
-    def is_static_member_fenced(self, group_instance_id: str, member_id: str) -> bool:
-        existing = self.static_member_id(group_instance_id)
-        return existing is not None and existing != member_id
 
     # ----------------------------------------------------------------------------------------
     # Protocols and subscriptions
