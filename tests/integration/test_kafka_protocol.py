@@ -2,7 +2,7 @@
 Kafka's error answer), and the node stays up and serves everyone else.
 
 Ends with a seeded fuzz of 10,000 random and mutated frames (the seed is printed; set
-``KCOORD_FUZZ_SEED`` to replay one); afterwards the node must answer ApiVersions and Metadata,
+``FUZZ_SEED`` to replay one); afterwards the node must answer ApiVersions and Metadata,
 still be the same process, and have logged no traceback.
 """
 
@@ -404,8 +404,8 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def test_fuzzed_frames_never_take_the_node_down(node: LocalCluster) -> None:
-    seed = int(os.environ.get("KCOORD_FUZZ_SEED", random.randrange(2**32)))
-    print(f"fuzz seed {seed} (replay with KCOORD_FUZZ_SEED={seed})")
+    seed = int(os.environ.get("FUZZ_SEED", random.randrange(2**32)))
+    print(f"fuzz seed {seed} (replay with FUZZ_SEED={seed})")
     rng = random.Random(seed)
     seeds = seed_frames()
     with WireClient(*address(node)) as c:

@@ -20,8 +20,8 @@ KILLS = 24
 
 @pytest.mark.integration
 def test_sigkill_never_loses_an_acknowledged_batch(tmp_path: Path) -> None:
-    seed = int(os.environ.get("KCOORD_TEST_SEED", random.randrange(2**32)))
-    print(f"seed={seed}")
+    seed = int(os.environ.get("TEST_SEED", random.randrange(2**32)))
+    print(f"seed={seed} (replay with TEST_SEED={seed})")
     rng = random.Random(seed)
     acked: dict[int, tuple[int, int]] = {}  # first offset -> (last offset, crc)
     root = Path(__file__).resolve().parents[2]
