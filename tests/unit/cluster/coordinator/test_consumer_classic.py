@@ -55,8 +55,8 @@ def subscription(owned: frozenset[int] = frozenset(), version: int = 1) -> bytes
 class ConsumerMember:
     """A KIP-848 member: heartbeats with what it owns; revokes before it reports."""
 
-    def __init__(self, ctx: ShardContext, name: str) -> None:
-        self.ctx, self.name = ctx, name
+    def __init__(self, ctx: ShardContext, name: str, instance_id: str | None = None) -> None:
+        self.ctx, self.name, self.instance_id = ctx, name, instance_id
         self.epoch = 0
         self.owned: set[int] = set()
 
@@ -66,6 +66,7 @@ class ConsumerMember:
             group_id="g",
             member_id=self.name,
             member_epoch=epoch,
+            instance_id=self.instance_id,
             rebalance_timeout_ms=5_000 if epoch == 0 else -1,
             subscribed_topic_names=("orders",) if epoch == 0 else None,
             topic_partitions=None if epoch == 0 else ((T, tuple(sorted(self.owned))),),
@@ -352,32 +353,27 @@ def test_conversions_and_classic_requests_get_kafkas_errors() -> None:
     assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
 
 
-def test_a_static_classic_member_restarted_with_the_consumer_protocol_takes_its_place() -> None:
-    ctx = context()
-    a = ConsumerMember(ctx, "a")
-    a.beat()
+def static_classic_join(ctx: ShardContext, instance_id: str, client_id: str) -> JoinGroupResponse:
+    """A classic static member's JoinGroup (no MEMBER_ID_REQUIRED round for static members)."""
     token, step = ctx.join(
-        instance_id="i-1",
-        client_id="old",
+        instance_id=instance_id,
+        client_id=client_id,
         session_timeout_ms=CLASSIC_SESSION_MS,
         protocols=(("range", subscription()),),
         topics=TOPICS,
     )
-    old = step.response(token)
-    assert isinstance(old, JoinGroupResponse) and old.error_code is Errors.NONE
-    request = ConsumerGroupHeartbeatRequest(
-        group_id="g",
-        member_id="new",
-        member_epoch=0,
-        instance_id="i-1",
-        rebalance_timeout_ms=5_000,
-        subscribed_topic_names=("orders",),
-        client_id="new",
-    )
-    token = ctx.new_token()
-    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
     response = step.response(token)
-    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    assert isinstance(response, JoinGroupResponse)
+    return response
+
+
+def test_a_static_classic_member_restarted_with_the_consumer_protocol_takes_its_place() -> None:
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    old = static_classic_join(ctx, "i-1", "old")
+    assert old.error_code is Errors.NONE
+    response = ConsumerMember(ctx, "new", instance_id="i-1").beat()
     assert response.error_code is Errors.NONE, response  # not UNRELEASED_INSTANCE_ID
     members = ctx.shard.consumer_groups["g"].members
     assert old.member_id not in members and members["new"].classic is None
@@ -392,22 +388,8 @@ def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without
     consumer-protocol member, so the group becomes a classic group at once, Stable, the new
     incarnation holding what the old one was given, and the other members see no rebalance."""
     ctx = context()
-    request = ConsumerGroupHeartbeatRequest(
-        group_id="g",
-        member_id="a",
-        member_epoch=0,
-        instance_id="i-a",
-        rebalance_timeout_ms=5_000,
-        subscribed_topic_names=("orders",),
-        client_id="a",
-    )
-    token = ctx.new_token()
-    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
-    first = step.response(token)
-    assert isinstance(first, ConsumerGroupHeartbeatResponse) and first.error_code is Errors.NONE
-    a = ConsumerMember(ctx, "a")
-    a.epoch = first.member_epoch
-    a.owned = {p for t, ps in first.assignment or () if t == T for p in ps}
+    a = ConsumerMember(ctx, "a", instance_id="i-a")
+    assert a.beat().error_code is Errors.NONE
     b = ClassicMember(ctx, "b")
     assert b.join().error_code is Errors.NONE
     assert b.sync().error_code is Errors.NONE
@@ -418,15 +400,8 @@ def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without
     epoch = ctx.shard.consumer_groups["g"].group_epoch
 
     # a's process restarts as a classic client (static: no MEMBER_ID_REQUIRED round).
-    token, step = ctx.join(
-        instance_id="i-a",
-        client_id="a2",
-        session_timeout_ms=CLASSIC_SESSION_MS,
-        protocols=(("range", subscription()),),
-        topics=TOPICS,
-    )
-    joined = step.response(token)
-    assert isinstance(joined, JoinGroupResponse) and joined.error_code is Errors.NONE, joined
+    joined = static_classic_join(ctx, "i-a", "a2")
+    assert joined.error_code is Errors.NONE, joined
     assert "g" not in ctx.shard.consumer_groups
     classic = ctx.shard.groups["g"]
     assert classic.state is ClassicGroupState.STABLE
