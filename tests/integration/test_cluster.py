@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -10,11 +12,13 @@ import pytest
 
 from kcoord.node import launcher
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
-from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.cluster import LocalCluster, free_base_port, wait_for
+from tests.unit.node.kafka.wire import WireClient
 
 pytestmark = pytest.mark.integration
 
 SESSION_TIMEOUT_MS = 3000
+METADATA = 3
 
 
 def partitions(view: dict[str, Any], topic: str = OFFSETS_TOPIC_NAME) -> dict[int, dict[str, Any]]:
@@ -150,3 +154,50 @@ def test_a_clean_stop_hands_over_its_leaderships_and_the_controller_before_exiti
         stopped_log = cluster.node(controller).log_path.read_text()
         assert "controlled shutdown done" in stopped_log
         assert "controller leadership handed on" in stopped_log
+
+
+def first_metadata(node: launcher.NodeProcess, deadline_s: float) -> dict[int, int]:
+    """The first Metadata answer of the node's Kafka listener: broker id -> Kafka port."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            with WireClient(node.host, node.kafka_port, timeout_s=5.0) as c:
+                answer = c.call(METADATA, 12, {"topics": None, "allow_auto_topic_creation": False})
+            return {int(b.node_id): int(b.port) for b in answer.brokers}
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.005)  # the listener is not open yet: try again at once
+
+
+def test_a_node_restarted_on_new_ports_serves_clients_only_once_it_knows_its_new_address(
+    tmp_path: Path,
+) -> None:
+    """After a restart on new ports the metadata log still holds every broker's previous
+    registration, unfenced. A node opens its Kafka listener only once the controller says it
+    has replayed its new registration (Kafka's ``initialCatchUpFuture``), so its very first
+    Metadata answer names it at its new port; and once the launcher calls the cluster ready,
+    every node names every broker at its new port. Before, the listener opened at once and a
+    client bootstrapped there was told only of the previous run's ports."""
+    old = launcher.up(tmp_path, 3, free_base_port(3))
+    launcher.down(old, kill=True)
+    base = free_base_port(3)
+    while base == old.nodes[0].kafka_port:
+        base = free_base_port(3)
+    new = launcher.plan(tmp_path, 3, base)
+    ports = {n.node_id: n.kafka_port for n in new.nodes}
+    assert ports != {n.node_id: n.kafka_port for n in old.nodes}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        starting = pool.submit(launcher.up, tmp_path, 3, base)
+        try:
+            first = {n.node_id: first_metadata(n, 60.0) for n in new.nodes}
+            assert [n.kafka_port for n in starting.result().nodes] == list(ports.values())
+            wait_for(
+                lambda: all(first_metadata(n, 5.0) == ports for n in new.nodes),
+                "every node to name every broker at its new port",
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                launcher.down(starting.result(), kill=True)
+    for n in new.nodes:
+        assert first[n.node_id].get(n.node_id) == n.kafka_port, (n.node_id, first)

@@ -5,9 +5,10 @@ mode): the Raft leader's node id, then that node's ``rpc`` endpoint from its reg
 metadata image. The leader registers itself first, in-process, so its endpoint is always known
 to the others. Registration gives a broker epoch; heartbeats every
 ``broker.heartbeat.interval.ms`` carry the node's metadata offset, and the controller unfences
-the broker once that offset reaches its registration (it has caught up). A heartbeat answered
-with ``STALE_BROKER_EPOCH`` or ``BROKER_ID_NOT_REGISTERED`` (the controller lost or replaced
-this registration) makes the node register again.
+the broker once that offset reaches its registration (it has caught up; the first such answer
+sets ``initial_catch_up``, which the node waits for before it opens its Kafka listener). A
+heartbeat answered with ``STALE_BROKER_EPOCH`` or ``BROKER_ID_NOT_REGISTERED`` (the controller
+lost or replaced this registration) makes the node register again.
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class BrokerLifecycle:
         self.broker_epoch: int | None = None
         self.is_fenced = True
         self.is_caught_up = False
+        # Set once the controller first says this node has replayed its own registration
+        # (Kafka's ``BrokerLifecycleManager.initialCatchUpFuture``): the node opens its Kafka
+        # listener only then.
+        self.initial_catch_up = asyncio.Event()
         self.last_heartbeat_ok_ms: int | None = None
         self.want_shut_down = False
         self.shut_down_granted = asyncio.Event()
@@ -120,6 +125,8 @@ class BrokerLifecycle:
             )
         self.is_fenced = bool(reply["is_fenced"])
         self.is_caught_up = bool(reply["is_caught_up"])
+        if self.is_caught_up:
+            self.initial_catch_up.set()
         if reply.get("should_shut_down"):
             self.shut_down_granted.set()
 

@@ -238,8 +238,14 @@ def cluster_ready(state: ClusterState) -> tuple[bool, str]:
     brokers = view["brokers"]
     for n in state.nodes:
         b = brokers.get(str(n.node_id))
-        if b is None or b["fenced"]:
+        own = views[n.node_id]
+        assert own is not None
+        # The registration must be this run's (after a restart the metadata log still holds
+        # the previous one, unfenced), and the node must serve clients.
+        if b is None or b["fenced"] or b["epoch"] != own["broker_epoch"]:
             return False, f"node {n.node_id} not registered and unfenced yet"
+        if not own["serving"]:
+            return False, f"node {n.node_id} not serving clients yet"
     if not view.get("offsets_topic_created"):
         return False, "__consumer_offsets not created yet"
     return True, "ready"

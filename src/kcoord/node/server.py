@@ -15,7 +15,10 @@ Wires the parts together on one asyncio loop (uvloop when installed):
   this node follows partitions of), the group coordinator runtime (one shard per led
   ``__consumer_offsets`` partition, loaded and unloaded on the ReplicaManager's role changes)
   and the Kafka listener (``kafka.KafkaBroker`` with the group APIs of ``kafka.groups``)
-  serving clients from them.
+  serving clients from them. The Kafka listener opens last, once the controller says this
+  node has replayed the metadata log up to its own registration, as Kafka's broker enables
+  request processing only after its initial catch-up; the admin listener (/readyz says what
+  the node still waits for) opens before that wait.
 
 SIGTERM or SIGINT stops the node cleanly: first a controlled shutdown hands its partition
 leaderships (and so its groups) to the other replicas and, if it is the active controller, the
@@ -62,6 +65,8 @@ log = logging.getLogger(__name__)
 # shutdown up to 5 minutes; ours has no reason to wait longer than a few heartbeats.
 CONTROLLED_SHUTDOWN_TIMEOUT_S = 5.0
 RESIGN_TIMEOUT_S = 2.0
+# How often a node still waiting to catch up with the metadata log at start says so.
+CATCH_UP_LOG_S = 5.0
 
 
 class QuorumMonitor:
@@ -146,11 +151,13 @@ class Node:
         self.admin = AdminService(self)
         self.admin_server: AdminServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._logs_open = False
 
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
         self.logs.open()
+        self._logs_open = True
         # Hosted partitions follow the metadata log from its first record on.
         self.replicas = ReplicaManager(
             cfg.node_id,
@@ -285,10 +292,37 @@ class Node:
             ("hw-checkpoint", self.replicas.run_high_watermark_checkpoints()),
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
-        await self._start_kafka(quorum)
+        # The admin listener first: /healthz, /readyz (which says what the node waits for) and
+        # /metrics answer while the node catches up.
         self.admin_server = AdminServer(self.admin, self.metrics)
         await self.admin_server.start(cfg.admin_listener.bind.host, cfg.admin_listener.bind.port)
+        await self._wait_for_initial_catch_up()
+        await self._start_kafka(quorum)
         log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
+
+    async def _wait_for_initial_catch_up(self) -> None:
+        """Clients are served only once the controller says this node has replayed the metadata
+        log up to its own registration (Kafka's ``BrokerServer.startup`` waits for the
+        lifecycle manager's ``initialCatchUpFuture`` before ``enableRequestProcessing``).
+
+        Before that, a Metadata answer would come from a cache that may not hold this very
+        registration yet: after a restart with new addresses it named every broker, this one
+        included, at the addresses of the previous run, and a client bootstrapped from it found
+        no broker to talk to."""
+        assert self.lifecycle is not None
+        waited_s = 0.0
+        while True:
+            try:
+                await asyncio.wait_for(self.lifecycle.initial_catch_up.wait(), CATCH_UP_LOG_S)
+            except TimeoutError:
+                waited_s += CATCH_UP_LOG_S
+                log.info(
+                    "waiting for the controller to acknowledge that we are caught up (%.0f s)",
+                    waited_s,
+                )
+            else:
+                log.info("caught up with the metadata log at offset %d", self.cache.offset)
+                return
 
     async def _start_kafka(self, quorum: MetadataQuorum) -> None:
         """The Kafka listener (node/kafka), last: it serves what everything above provides."""
@@ -372,7 +406,8 @@ class Node:
             await asyncio.to_thread(self.quorum.stop)
         if self.replicas is not None:
             self.replicas.checkpoint_high_watermarks()
-        self.logs.shutdown()
+        if self._logs_open:  # a stop before start() opened them must not mark them clean
+            self.logs.shutdown()
         log.info("node %d stopped", self.config.node_id)
 
     # -----------------------------------------------------------------------------------------
@@ -451,6 +486,8 @@ class Node:
             "quorum_commit_index": status.commit_index,
             "broker_epoch": self.lifecycle.broker_epoch,
             "fenced": self.lifecycle.is_fenced,
+            # The Kafka listener opens once the node has caught up with its registration.
+            "serving": self.kafka is not None,
             "brokers": {
                 str(b.broker_id): {
                     "epoch": b.broker_epoch,
@@ -495,11 +532,21 @@ async def serve(config: NodeConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await node.start()
+    # start() may wait long (no controller to catch up with): a signal stops the node then too.
+    starting = asyncio.create_task(node.start(), name="start")
+    signalled = asyncio.create_task(stop.wait(), name="stop-signal")
+    await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
+    if starting.done() and starting.exception() is not None:
+        signalled.cancel()
+        starting.result()  # a failed start raises, as it always did: nothing to hand over
     try:
-        await stop.wait()
+        await signalled
     finally:
         log.info("node %d stopping", config.node_id)
+        if not starting.done():
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
         try:
             await node.hand_over()
         finally:
