@@ -296,8 +296,13 @@ class Node:
         # /metrics answer while the node catches up.
         self.admin_server = AdminServer(self.admin, self.metrics)
         await self.admin_server.start(cfg.admin_listener.bind.host, cfg.admin_listener.bind.port)
-        await self._wait_for_initial_catch_up()
-        await self._start_kafka(quorum)
+        kafka = self._kafka_broker(quorum)
+        # Loading the Kafka schemas (most of a second of imports) overlaps the wait.
+        await asyncio.gather(
+            asyncio.to_thread(kafka.registry.warm_up), self._wait_for_initial_catch_up()
+        )
+        await kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
+        self.kafka = kafka
         log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
 
     async def _wait_for_initial_catch_up(self) -> None:
@@ -324,11 +329,11 @@ class Node:
                 log.info("caught up with the metadata log at offset %d", self.cache.offset)
                 return
 
-    async def _start_kafka(self, quorum: MetadataQuorum) -> None:
+    def _kafka_broker(self, quorum: MetadataQuorum) -> KafkaBroker:
         """The Kafka listener (node/kafka), last: it serves what everything above provides."""
         cfg = self.config
         assert self.replicas is not None and self.controller is not None
-        self.kafka = KafkaBroker(
+        kafka = KafkaBroker(
             cfg.node_id,
             cfg.data_dir,
             self.cache,
@@ -350,9 +355,9 @@ class Node:
             request_stats=RequestStats() if cfg.metrics_enable else None,
         )
         assert self.coordinator is not None
-        GroupApi(self.kafka.ctx, self.coordinator).register(self.kafka.register)
-        self.kafka.register(DESCRIBE_QUORUM_KEY, QuorumApi(self.kafka.ctx).handle_describe_quorum)
-        await self.kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
+        GroupApi(kafka.ctx, self.coordinator).register(kafka.register)
+        kafka.register(DESCRIBE_QUORUM_KEY, QuorumApi(kafka.ctx).handle_describe_quorum)
+        return kafka
 
     def _broker_epoch(self) -> int | None:
         return None if self.lifecycle is None else self.lifecycle.broker_epoch
