@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
+import socket
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -201,3 +205,37 @@ def test_a_node_restarted_on_new_ports_serves_clients_only_once_it_knows_its_new
                 launcher.down(starting.result(), kill=True)
     for n in new.nodes:
         assert first[n.node_id].get(n.node_id) == n.kafka_port, (n.node_id, first)
+
+
+def readyz(node: launcher.NodeProcess) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"http://{node.host}:{node.admin_port}/readyz", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_a_node_that_cannot_catch_up_serves_no_client_says_why_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """One node of three restarted alone has no quorum, so no controller to register with: its
+    Kafka listener stays closed while /readyz names what it waits for, and a SIGTERM in that
+    wait still stops it cleanly."""
+    with LocalCluster(tmp_path) as cluster:
+        for n in (1, 2, 3):
+            cluster.kill(n)
+        cluster.start(1)
+        node = cluster.node(1)
+        status, body = wait_for(lambda: readyz(node), "node 1's admin listener")
+        assert status == 503, body
+        assert "not registered with the controller" in body["reasons"], body
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((node.host, node.kafka_port), timeout=5).close()
+        pid = node.pid
+        assert pid is not None
+        started = time.monotonic()
+        launcher.stop_node(node)  # SIGTERM; SIGKILL only after the launcher's grace
+        assert time.monotonic() - started < launcher.STOP_TIMEOUT_S, "SIGTERM did not stop it"
+        # The first run was SIGKILLed: this line is the waiting node's clean stop.
+        log = node.log_path.read_text()
+        assert "node 1 stopped" in log, log[-2000:]
