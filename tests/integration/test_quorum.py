@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import pickle
+import socket
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -208,3 +214,50 @@ def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> N
     finally:
         for q in quorums.values():
             q.stop()
+
+
+class _Mkdir:
+    """Unpickled, it would create ``path``: what a hostile frame to the quorum port may carry."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.mkdir, (str(self.path),))
+
+
+def quorum_frame(message: Any) -> bytes:
+    """A frame as pysyncobj's transport sends one: native int length, zlib'd pickle."""
+    data = zlib.compress(pickle.dumps(message, 2), 3)
+    return struct.pack("i", len(data)) + data
+
+
+@pytest.mark.integration
+def test_a_frame_naming_anything_but_plain_data_runs_nothing_and_the_quorum_goes_on(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj unpickles every frame that reaches the quorum port. A frame that would call
+    os.mkdir, sent first on a connection (where a voter's address belongs) or after the
+    address of a client that is no voter, is refused before anything runs and its connection
+    is closed; the voters still commit, including a batch over pysyncobj's 64 KiB entry size,
+    which travels as a pickled transmission in parts through the same restricted loader.
+    (Forged Raft messages of plain data, or a connection claiming a voter's address, are
+    another matter: the port is unauthenticated and must stay private.)"""
+    marker = tmp_path / "unpickled"
+    with running_quorum(tmp_path / "q") as quorums:
+        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
+        for q in quorums.values():
+            me = q.voters[q.node_id]
+            for frames in ([_Mkdir(marker)], ["127.0.0.1:1", _Mkdir(marker)]):
+                with socket.create_connection((me.host, me.port), timeout=5) as s:
+                    s.sendall(b"".join(quorum_frame(m) for m in frames))
+                    s.settimeout(5)
+                    assert s.recv(1) == b"", "the connection is closed"
+        assert not marker.exists()
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        offset = propose_sync(leader, [rec.ClusterId("c" * 70_000)])
+        wait_for(
+            lambda: all(q.status().commit_index >= offset for q in quorums.values()),
+            "every voter to commit after the hostile frames",
+        )
+        assert not marker.exists()

@@ -13,8 +13,14 @@ There is one kind of replicated command: a batch of metadata records, encoded by
 like a KRaft record batch, so a topic and its partitions appear together. We bypass pysyncobj's
 ``@replicated`` decorator because it pickles the call: commands reach the journal as our bytes,
 and ``_apply_command_bytes`` decodes them with our codec. pysyncobj's transport still pickles
-its own messages between voters, so the quorum port must only be reachable by the voters
-(bind it to a private address), as with any pysyncobj deployment.
+its own messages between voters, and unpickled whatever reached the quorum port: one frame from
+anyone who could connect ran code in the node. Its messages are plain data (dicts, lists,
+tuples, strings, numbers; at its pickle protocol 2, bytes come as ``_codecs.encode`` and sets as
+``builtins.set``), so ``_PlainDataPickle`` replaces the ``pickle`` its transport and its
+``SyncObj`` call: its own ``dumps``, and a ``loads`` that resolves no other global. A frame
+naming any other is refused (logged; pysyncobj closes that connection) before anything runs.
+The port is still unauthenticated, so it must only be reachable by the voters (bind it to a
+private address), as with any pysyncobj deployment.
 
 Applying never raises: a batch that does not decode or does not fit the image is logged and
 skipped, and since every voter applies the same bytes in the same order, every voter skips it
@@ -36,7 +42,9 @@ Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFall
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import pickle
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -45,6 +53,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pysyncobj.pickle
+import pysyncobj.syncobj
+import pysyncobj.tcp_connection
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
 from pysyncobj.utility import TcpUtility, UtilityException
@@ -57,6 +68,34 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 1
+
+
+# What pysyncobj's own messages need resolved at its pickle protocol 2 (see the docstring).
+_PLAIN_DATA_GLOBALS = frozenset(
+    {("_codecs", "encode"), ("builtins", "set"), ("builtins", "frozenset")}
+)
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _PLAIN_DATA_GLOBALS:
+            return super().find_class(module, name)
+        log.warning("quorum: refused a message that names %s.%s (not plain data)", module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+class _PlainDataPickle:
+    """The ``pickle`` pysyncobj's transport and SyncObj see (see the module docstring)."""
+
+    dumps = staticmethod(pysyncobj.pickle.dumps)
+
+    @staticmethod
+    def loads(data: bytes) -> Any:
+        return _PlainDataUnpickler(io.BytesIO(data)).load()
+
+
+pysyncobj.tcp_connection.pickle = _PlainDataPickle
+pysyncobj.syncobj.pickle = _PlainDataPickle
 
 
 class QuorumListener(Protocol):
