@@ -103,7 +103,9 @@ class LeaderEpochCache:
             self._dirty = True
 
     def flush(self) -> None:
-        if self._dirty or not self._written:
+        # A new log has no epochs and no file: nothing to write, since a missing file reads as
+        # no epochs (Kafka's CheckpointFile only creates an empty file then, unsynced).
+        if self._dirty or (not self._written and (self._entries or self.path.exists())):
             write_leader_epochs(self.path, self._entries)
             self._dirty = False
             self._written = True
