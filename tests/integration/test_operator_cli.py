@@ -460,6 +460,40 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
     assert twice.code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in twice.err
 
 
+def test_deleting_a_topic_deletes_the_offsets_committed_on_it(bootstrap: str) -> None:
+    """Kafka's ``GroupCoordinatorService.onPartitionsDeleted``: once a topic is deleted, the
+    coordinators write tombstones for every group's offsets on its partitions, so the group
+    shows none and a topic created again under the name starts without them."""
+    created = kcoord(
+        "topics", "create", "--topic", "short-lived", "--partitions", "2",
+        "--replication-factor", "3", "--bootstrap-server", bootstrap,
+    )  # fmt: skip
+    assert created.code == 0, created.err
+    wait_for(lambda: _leaders(bootstrap, "short-lived") == 2, "leaders of short-lived")
+    kafka_python(
+        "commit", bootstrap, group="outlives", topic="short-lived", offsets={"0": 0, "1": 0}
+    )
+    commit(bootstrap, "outlives", {0: 2})
+    assert {row[1] for row in describe(bootstrap, "outlives").rows()} == {"short-lived", TOPIC}
+
+    deleted = kcoord("topics", "delete", "--topic", "short-lived", "--bootstrap-server", bootstrap)
+    assert deleted.code == 0, deleted.err
+    wait_for(
+        lambda: [row[1:4] for row in describe(bootstrap, "outlives").rows()] == [[TOPIC, "0", "2"]],
+        "only the offsets of the topic still there",
+    )
+    again = kcoord(
+        "topics", "create", "--topic", "short-lived", "--partitions", "2",
+        "--replication-factor", "3", "--bootstrap-server", bootstrap,
+    )  # fmt: skip
+    assert again.code == 0, again.err
+    wait_for(lambda: _leaders(bootstrap, "short-lived") == 2, "leaders of short-lived again")
+    answer = kafka_python(
+        "committed", bootstrap, group="outlives", topic="short-lived", partitions=[0, 1]
+    )
+    assert answer == {"0": None, "1": None}
+
+
 # -- connecting --------------------------------------------------------------------------------
 
 

@@ -64,6 +64,7 @@ from kcoord.cluster.coordinator.shard import (
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.raft.image import MetadataDelta
 from kcoord.stats import DURATION_BUCKETS_S, LATENCY_BUCKETS_S, Histogram
 from kcoord.storage import format as fmt
 from kcoord.storage.log import Log
@@ -727,6 +728,24 @@ class CoordinatorRuntime:
             for ctx in list(self.contexts.values())
             if ctx.state is ShardState.ACTIVE
         ]
+
+    def on_metadata_delta(self, delta: MetadataDelta) -> None:
+        """Deleted topics: every active shard writes tombstones for the offsets committed on
+        their partitions (Kafka's ``BrokerMetadataPublisher`` calls
+        ``GroupCoordinatorService.onPartitionsDeleted``, a write on every shard). A shard still
+        loading misses them, as Kafka's does."""
+        deleted = [
+            (delta.topic_names[tp.topic_id], tp.partition)
+            for tp, change in delta.partitions.items()
+            if change.after is None
+            and (topic := delta.topics.get(tp.topic_id)) is not None
+            and topic.after is None
+        ]
+        if not deleted:
+            return
+        for ctx in list(self.contexts.values()):
+            if ctx.state is ShardState.ACTIVE:
+                ctx.run(lambda shard, _token: shard.on_partitions_deleted(deleted), 0)
 
     def close(self) -> None:
         for ctx in list(self.contexts.values()):

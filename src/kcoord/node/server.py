@@ -211,6 +211,7 @@ class Node:
             bug_ack_before_hw=cfg.test_bug_ack_before_high_watermark,
             measure_latency=cfg.metrics_enable,
         )
+        self.cache.delta_listeners.append(self.coordinator.on_metadata_delta)
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
         timing = QuorumTiming(
             raft_min_timeout_s=cfg.quorum_raft_min_timeout_ms / 1000,

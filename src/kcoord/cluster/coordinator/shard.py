@@ -2,13 +2,14 @@
 
 Kafka 4's ``GroupCoordinatorShard`` is the model: its ``GroupMetadataManager`` (the classic
 part: JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups, DeleteGroups) and
-its ``OffsetMetadataManager`` (OffsetCommit, OffsetFetch, OffsetDelete, offset expiry) in one
-object. Comments name the Kafka method each step follows.
+its ``OffsetMetadataManager`` (OffsetCommit, OffsetFetch, OffsetDelete, offset expiry, offsets
+of deleted topics) in one object. Comments name the Kafka method each step follows.
 
 Theory of operation
 -------------------
 Every input is a call: ``handle_<api>(token, request, now_ms)``, ``on_timer(key, now_ms)``,
-``on_loaded(now_ms)``, ``on_unloaded()``. Each returns a ``CoordinatorResult``: the records to
+``on_loaded(now_ms)``, ``on_unloaded()``, ``on_partitions_deleted(partitions)`` (a topic was
+deleted: its offsets go). Each returns a ``CoordinatorResult``: the records to
 append to the partition and the ``(token, response)`` answers. A token is the runtime's opaque id
 of one request. JoinGroup and SyncGroup are *parked* in the classic protocol: a call may answer
 nothing yet, and a later call (another member's request, a timer) may answer many earlier tokens
@@ -113,7 +114,7 @@ Deviations from Kafka (each also marked where it happens):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, NamedTuple, Protocol
@@ -1743,6 +1744,23 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                         )
             topics.append(OffsetDeleteResponseTopic(name=topic.name, partitions=partitions))
         out.respond(token, OffsetDeleteResponse(topics=tuple(topics)))
+        return out.result()
+
+    def on_partitions_deleted(self, partitions: Iterable[tuple[str, int]]) -> CoordinatorResult:
+        """``OffsetMetadataManager.onPartitionsDeleted``: the partitions' topic was deleted, so
+        every group's committed offsets on them get tombstones (a topic created again under the
+        name starts with none, as in Kafka)."""
+        deleted: dict[str, set[int]] = {}
+        for topic, partition in partitions:
+            deleted.setdefault(topic, set()).add(partition)
+        out = _Output()
+        for group_id, topics in self._offsets.items():
+            for topic, stored in topics.items():
+                gone = deleted.get(topic)
+                if gone:
+                    for partition in stored:
+                        if partition in gone:
+                            out.write(_offset_tombstone(group_id, topic, partition))
         return out.result()
 
     def _delete_all_offsets(self, out: _Output, group_id: str) -> None:

@@ -479,3 +479,26 @@ def test_the_group_created_by_a_join_is_written_even_if_the_join_fails() -> None
     assert step.responses[0][1] == JoinGroupResponse(
         member_id="", error_code=Errors.INCONSISTENT_GROUP_PROTOCOL
     )
+
+
+def test_deleted_partitions_get_a_tombstone_for_every_groups_offset_on_them() -> None:
+    """``OffsetMetadataManager.onPartitionsDeleted``: only offsets on the named partitions."""
+    ctx = ShardContext()
+    ctx.commit([("gone", 0, 5), ("gone", 1, 6), ("kept", 0, 7)], group_id="a")
+    ctx.commit([("gone", 1, 8)], group_id="b")
+    ctx.commit([("kept", 0, 9)], group_id="c")
+    step = ctx._apply(ctx.shard.on_partitions_deleted([("gone", 0), ("gone", 1), ("gone", 2)]))
+    assert sorted(
+        (r.key.group_id, r.key.topic, r.key.partition)
+        for _, r in step.records
+        if isinstance(r.key, OffsetCommitKey) and r.value is None
+    ) == [("a", "gone", 0), ("a", "gone", 1), ("b", "gone", 1)]
+    assert len(step.records) == 3 and not step.responses
+    left = {
+        (group, topic, partition, offset.committed_offset)
+        for group, topics in ctx.shard.offsets.items()
+        for topic, partitions in topics.items()
+        for partition, offset in partitions.items()
+    }
+    assert left == {("a", "kept", 0, 7), ("c", "kept", 0, 9)}
+    assert ctx._apply(ctx.shard.on_partitions_deleted([("other", 0)])).records == []
