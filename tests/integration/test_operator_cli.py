@@ -460,16 +460,20 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
     assert twice.code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in twice.err
 
 
-def test_deleting_a_topic_deletes_the_offsets_committed_on_it(bootstrap: str) -> None:
-    """Kafka's ``GroupCoordinatorService.onPartitionsDeleted``: once a topic is deleted, the
-    coordinators write tombstones for every group's offsets on its partitions, so the group
-    shows none and a topic created again under the name starts without them."""
+def create_short_lived(bootstrap: str) -> None:
     created = kcoord(
         "topics", "create", "--topic", "short-lived", "--partitions", "2",
         "--replication-factor", "3", "--bootstrap-server", bootstrap,
     )  # fmt: skip
     assert created.code == 0, created.err
     wait_for(lambda: _leaders(bootstrap, "short-lived") == 2, "leaders of short-lived")
+
+
+def test_deleting_a_topic_deletes_the_offsets_committed_on_it(bootstrap: str) -> None:
+    """Kafka's ``GroupCoordinatorService.onPartitionsDeleted``: once a topic is deleted, the
+    coordinators write tombstones for every group's offsets on its partitions, so the group
+    shows none and a topic created again under the name starts without them."""
+    create_short_lived(bootstrap)
     kafka_python(
         "commit", bootstrap, group="outlives", topic="short-lived", offsets={"0": 0, "1": 0}
     )
@@ -482,12 +486,7 @@ def test_deleting_a_topic_deletes_the_offsets_committed_on_it(bootstrap: str) ->
         lambda: [row[1:4] for row in describe(bootstrap, "outlives").rows()] == [[TOPIC, "0", "2"]],
         "only the offsets of the topic still there",
     )
-    again = kcoord(
-        "topics", "create", "--topic", "short-lived", "--partitions", "2",
-        "--replication-factor", "3", "--bootstrap-server", bootstrap,
-    )  # fmt: skip
-    assert again.code == 0, again.err
-    wait_for(lambda: _leaders(bootstrap, "short-lived") == 2, "leaders of short-lived again")
+    create_short_lived(bootstrap)  # again, under the same name
     answer = kafka_python(
         "committed", bootstrap, group="outlives", topic="short-lived", partitions=[0, 1]
     )
