@@ -100,3 +100,24 @@ def test_leader_epoch_cache_semantics(tmp_path: Path) -> None:
     assert cache.end_offset_for(UNDEFINED_EPOCH, 30) == (UNDEFINED_EPOCH, -1)
     cache.flush()
     assert LeaderEpochCache.load(cache.path).entries == [(3, 12)]
+
+
+def test_a_leader_epoch_cache_writes_its_file_only_once_it_has_something_to_say(
+    tmp_path: Path,
+) -> None:
+    """A new log's cache has no epochs and no file: flushing writes nothing (a missing file
+    reads as no epochs). Its first epoch is written; a garbage file is rewritten even when the
+    cache rebuilt from the log is empty, so the garbage is not read again."""
+    path = tmp_path / checkpoint.LEADER_EPOCH_CHECKPOINT
+    cache = LeaderEpochCache(path)
+    cache.flush()
+    assert not path.exists()
+    assert LeaderEpochCache.load(path).entries == []
+    cache.assign(2, 7)
+    cache.flush()
+    assert checkpoint.read_leader_epochs(path) == [(2, 7)]
+
+    path.write_text("garbage")
+    rebuilt = LeaderEpochCache(path)  # as Log.open does after a CheckpointError
+    rebuilt.flush()
+    assert checkpoint.read_leader_epochs(path) == []
