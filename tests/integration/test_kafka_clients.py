@@ -154,6 +154,107 @@ def test_client_round_trip(cluster: LocalCluster, client: str) -> None:
         check_offsets(client, bootstrap, topic, consumed)
 
 
+def test_topic_configs_through_every_client(cluster: LocalCluster) -> None:
+    """CreateTopics refuses an invalid config with INVALID_CONFIG; DescribeConfigs shows a
+    topic's own values and the defaults alike to every client; IncrementalAlterConfigs
+    (confluent-kafka) and AlterConfigs (kafka-python, aiokafka) change them, and every leader
+    applies a changed ``max.message.bytes`` to its log."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    topic = "configured"
+
+    def create(configs: dict[str, str], **extra: Any) -> Any:
+        return run_client(
+            "confluent-kafka",
+            {
+                "op": "create_topic",
+                "bootstrap": bootstrap,
+                "topic": topic,
+                "partitions": 3,
+                "replication_factor": 3,
+                "configs": configs,
+                **extra,
+            },
+        )
+
+    refused = create({"retention.ms": "soon"}, expect_error=True)
+    assert refused == {
+        "error": 40,  # INVALID_CONFIG
+        "message": "Invalid value soon for configuration retention.ms: Not a number of type LONG",
+    }
+    unknown = create({"retention.mss": "1"}, expect_error=True)
+    assert unknown == {"error": 40, "message": "Unknown topic config name: retention.mss"}
+    assert create({"cleanup.policy": "compact", "retention.ms": "3600000"}) == "created"
+
+    def described(client: str, kind: str = "topic", name: str = topic) -> dict[str, list[Any]]:
+        answer: dict[str, list[Any]] = run_client(
+            client,
+            {"op": "describe_configs", "bootstrap": bootstrap, "resource": kind, "name": name},
+        )
+        return answer
+
+    def own(client: str) -> dict[str, str]:
+        return {k: v for k, (v, source) in described(client).items() if source != "DEFAULT_CONFIG"}
+
+    for client in CLIENTS:
+        assert own(client) == {"cleanup.policy": "compact", "retention.ms": "3600000"}, client
+    every = described("confluent-kafka")
+    assert every["segment.bytes"] == [str(1024**3), "DEFAULT_CONFIG"]
+    assert every["min.insync.replicas"] == ["1", "DEFAULT_CONFIG"]
+
+    altered = run_client(
+        "confluent-kafka",
+        {
+            "op": "alter_configs",
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "ops": [
+                ["max.message.bytes", "SET", "2000"],
+                ["cleanup.policy", "APPEND", "delete"],
+                ["retention.ms", "DELETE", None],
+            ],
+        },
+    )
+    assert altered == {"error": 0}
+    wanted = {"cleanup.policy": "compact,delete", "max.message.bytes": "2000"}
+    for client in CLIENTS:
+        assert own(client) == wanted, client
+    # Every partition's leader (one per node) now refuses a record over 2000 bytes.
+    leaders = run_client("kafka-python", {"op": "leaders", "bootstrap": bootstrap, "topic": topic})
+    assert set(leaders.values()) == {1, 2, 3}, leaders
+    for partition in range(3):
+        for size, error in ((1500, 0), (5000, 10)):  # 10: MESSAGE_TOO_LARGE
+            cmd = {"bootstrap": bootstrap, "topic": topic, "partition": partition, "size": size}
+            assert run_client("confluent-kafka", {"op": "produce_one", **cmd}) == error
+
+    bad = run_client(
+        "confluent-kafka",
+        {
+            "op": "alter_configs",
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "ops": [["retention.ms", "APPEND", "5"]],
+        },
+    )
+    assert bad == {
+        "error": 40,
+        "message": "Can't APPEND to key retention.ms because its type is not LIST.",
+    }
+    # The legacy AlterConfigs replaces the whole set; kafka-python sends the topic's other own
+    # configs along (it read them first), aiokafka sends what it is given.
+    for client, retention, kept in (
+        ("kafka-python", "7200000", wanted),
+        ("aiokafka", "10800000", {}),
+    ):
+        cmd = {"bootstrap": bootstrap, "topic": topic, "configs": {"retention.ms": retention}}
+        assert run_client(client, {"op": "alter_configs", **cmd})["error"] == 0
+        assert own("confluent-kafka") == {**kept, "retention.ms": retention}, client
+
+    broker = described("aiokafka", "broker", "2")
+    assert broker["node.id"] == ["2", "STATIC_BROKER_CONFIG"]
+    assert broker["log.retention.ms"] == [str(7 * 24 * 3600 * 1000), "DEFAULT_CONFIG"]
+
+
 def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, overrides=OVERRIDES) as cluster:
         assert cluster.state is not None

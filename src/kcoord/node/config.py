@@ -656,3 +656,66 @@ def _convert(spec: _Spec, value: object, *, from_env: bool) -> int | bool | str:
     elif isinstance(value, str):
         return value
     raise ConfigError(spec.key, f"expected {spec.kind.value}, got {value!r}{where}")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One node config as DescribeConfigs shows a broker's: its value (None if unset or
+    sensitive), whether that is the default, its type and whether it is secret."""
+
+    key: str
+    value: str | None
+    is_default: bool
+    type_name: str  # Kafka's ConfigDef.Type name: INT, LONG, BOOLEAN, STRING
+    sensitive: bool
+
+
+_SENSITIVE_KEYS: Final = frozenset({"admin.api.token"})
+
+
+def config_entries(cfg: NodeConfig) -> list[ConfigEntry]:
+    """Every key this node understands, with its effective value (Kafka's broker configs)."""
+    assembled: dict[str, str | None] = {
+        "node.id": str(cfg.node_id),
+        "cluster.id": cfg.cluster_id,
+        "controller.quorum.voters": format_voters(cfg.voters),
+        "data.dir": str(cfg.data_dir),
+        "log.dirs": str(cfg.data_dir),
+        "admin.api.token": cfg.admin_api_token,
+    }
+    for attr, key in _LISTENER_KEYS:
+        listener: Listener = getattr(cfg, attr)
+        assembled[key] = str(listener.bind)
+        assembled["advertised." + key] = str(listener.advertised)
+    entries: list[ConfigEntry] = []
+    for spec in _SPECS:
+        if spec.key in assembled:
+            value = assembled[spec.key]
+        else:
+            raw = getattr(cfg, spec.key.replace(".", "_"))
+            value = str(raw).lower() if isinstance(raw, bool) else str(raw)
+        default = spec.default
+        default_text = (
+            None
+            if default is None
+            else str(default).lower()
+            if isinstance(default, bool)
+            else str(default)
+        )
+        sensitive = spec.key in _SENSITIVE_KEYS
+        if spec.kind is _Kind.BOOL:
+            type_name = "BOOLEAN"
+        elif spec.kind is _Kind.INT:
+            type_name = "LONG" if spec.maximum > _INT32_MAX else "INT"
+        else:
+            type_name = "STRING"
+        entries.append(
+            ConfigEntry(
+                spec.key,
+                None if sensitive else value,
+                value == default_text or (value is None and default is None),
+                type_name,
+                sensitive,
+            )
+        )
+    return entries

@@ -325,7 +325,10 @@ class ControllerService:
                     new_topic_id(),
                     num_partitions=int(t.get("num_partitions", -1)),
                     replication_factor=int(t.get("replication_factor", -1)),
-                    configs={str(k): str(v) for k, v in (t.get("configs") or {}).items()},
+                    configs={
+                        str(k): None if v is None else str(v)
+                        for k, v in (t.get("configs") or {}).items()
+                    },
                 )
                 if result.records and not payload.get("validate_only"):
                     await self._propose_or_not_controller(result.records)
@@ -378,6 +381,29 @@ class ControllerService:
                     await self._propose_or_not_controller(result.records)
             results.append({"name": name, "error": int(result.response)})
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
+
+    async def handle_alter_configs(self, payload: Any) -> dict[str, Any]:
+        """Alter configs resource by resource; per-resource errors as Kafka's AlterConfigs."""
+        results = []
+        for r in payload["resources"]:
+            async with self._lock:
+                controller = self._require_active()
+                result = controller.alter_configs(
+                    self.cache.image,
+                    int(r["resource_type"]),
+                    str(r["resource_name"]),
+                    [
+                        (str(key), int(op), None if value is None else str(value))
+                        for key, op, value in r["ops"]
+                    ],
+                    incremental=bool(payload["incremental"]),
+                )
+                if result.records and not payload.get("validate_only"):
+                    await self._propose_or_not_controller(result.records)
+            results.append(
+                {"error": int(result.response.error), "message": result.response.message}
+            )
+        return {"resources": results, "metadata_offset": self.cache.image.last_offset}
 
     async def _propose_or_not_controller(
         self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,16 +241,13 @@ class ReplicaManager:
     # -----------------------------------------------------------------------------------------
     # Roles, from the metadata log.
 
-    def log_config_for(self, topic_configs: dict[str, str]) -> LogConfig:
-        known = {
-            k: v
-            for k, v in topic_configs.items()
-            if k.replace(".", "_") in LogConfig.__dataclass_fields__
-        }
+    def log_config_for(self, topic_configs: Mapping[str, str]) -> LogConfig:
         try:
-            return self.default_log_config.with_topic_configs(known)
+            return self.default_log_config.with_topic_configs(topic_configs)
         except InvalidConfigError as e:
-            log.error("ignoring invalid topic configs %s: %s", known, e)
+            # The controller validates every topic config it commits; a metadata log written
+            # before it did may still hold one.
+            log.error("ignoring invalid topic configs %s: %s", dict(topic_configs), e)
             return self.default_log_config
 
     def on_role_changes(self, changes: Iterable[RoleChange]) -> None:
@@ -310,7 +307,17 @@ class ReplicaManager:
                         log.exception("role listener failed for %s-%d", tp[0], tp[1])
 
     def on_metadata_delta(self, delta: MetadataDelta) -> None:
-        """Pick up ISR changes (partition-epoch-only changes, no role change) from the image."""
+        """Pick up ISR changes (partition-epoch-only changes, no role change) and changed topic
+        configs (Kafka's ``LogManager.updateTopicConfig``) from the image."""
+        for topic_change in delta.topics.values():
+            old, new = topic_change.before, topic_change.after
+            if old is None or new is None or old.configs == new.configs:
+                continue
+            config = self.log_config_for(new.configs)
+            for (topic, _), hosted in self.partitions.items():
+                if topic == new.name:
+                    hosted.log.config = config
+            log.info("topic %s: configs are now %s", new.name, dict(new.configs))
         for tp_id, change in delta.partitions.items():
             after = change.after
             if after is None:

@@ -39,9 +39,10 @@ from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.node.admin import AdminServer, AdminService
 from kcoord.node.broker_lifecycle import BrokerLifecycle
 from kcoord.node.clock import SYSTEM_CLOCK, Clock
-from kcoord.node.config import NodeConfig
+from kcoord.node.config import NodeConfig, config_entries
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.kafka.broker import KafkaBroker
+from kcoord.node.kafka.configs import ConfigsApi
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.groups import GroupApi
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, QuorumApi
@@ -272,6 +273,7 @@ class Node:
                 "CreateTopics": self.controller.handle_create_topics,
                 "CreatePartitions": self.controller.handle_create_partitions,
                 "DeleteTopics": self.controller.handle_delete_topics,
+                "AlterConfigs": self.controller.handle_alter_configs,
                 "DescribeQuorum": self.describe_quorum,
                 "DescribeNode": self.describe_node,
                 "ReplicaFetch": self.replicas.handle_replica_fetch,
@@ -344,6 +346,7 @@ class Node:
                 "CreateTopics": self.controller.handle_create_topics,
                 "CreatePartitions": self.controller.handle_create_partitions,
                 "DeleteTopics": self.controller.handle_delete_topics,
+                "AlterConfigs": self.controller.handle_alter_configs,
                 "DescribeQuorum": self.describe_quorum,
             },
             self.rpc_pool,
@@ -357,6 +360,7 @@ class Node:
         )
         assert self.coordinator is not None
         GroupApi(kafka.ctx, self.coordinator).register(kafka.register)
+        ConfigsApi(kafka.ctx, config_entries(cfg)).register(kafka.register)
         kafka.register(DESCRIBE_QUORUM_KEY, QuorumApi(kafka.ctx).handle_describe_quorum)
         return kafka
 

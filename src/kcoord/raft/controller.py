@@ -81,6 +81,9 @@ Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
   cache survives it), so only a machine crash can make a restart unclean.
 - ``alter_partition`` validates an ISR change requested by a partition leader
   (``ReplicationControlManager.alterPartition``/``validateAlterPartitionData``).
+- ``alter_configs`` changes a topic's configs (IncrementalAlterConfigs and the legacy
+  AlterConfigs, ``ConfigurationControlManager``); topic configs are validated with
+  ``storage.config``'s definitions when a topic is created and whenever they change.
 - ``elect_preferred_leaders`` moves leadership back to the first replica where it is a live ISR
   member (Kafka's auto leader rebalance, ``maybeBalancePartitionLeaders``), e.g. after a fenced
   broker came back and rejoined the ISR.
@@ -92,7 +95,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import Enum, IntEnum
 from typing import Final, Generic, NamedTuple, TypeVar
 
 from kcoord.errors import Errors
@@ -108,6 +111,7 @@ from kcoord.raft.records import (
     NO_LEADER,
     NO_LEADER_CHANGE,
     ClusterId,
+    Config,
     ConfigResourceType,
     FenceBroker,
     MetadataRecord,
@@ -118,6 +122,7 @@ from kcoord.raft.records import (
     Topic,
     UnfenceBroker,
 )
+from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, topic_config_error
 
 T = TypeVar("T")
 
@@ -262,6 +267,26 @@ class CreateTopicResult:
     topic_id: str = ""
     num_partitions: int = -1
     replication_factor: int = -1
+
+
+class ConfigOp(IntEnum):
+    """IncrementalAlterConfigs' ``config_operation`` (Kafka's ``AlterConfigOp.OpType``)."""
+
+    SET = 0
+    DELETE = 1
+    APPEND = 2
+    SUBTRACT = 3
+
+
+_CONFIG_OPS: Final = frozenset(int(op) for op in ConfigOp)
+
+
+@dataclass(frozen=True, slots=True)
+class AlterConfigsResult:
+    """The outcome of altering one resource's configs (``AlterConfigsResourceResponse``)."""
+
+    error: Errors
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -916,7 +941,7 @@ class Controller:
         *,
         num_partitions: int = -1,
         replication_factor: int = -1,
-        configs: Mapping[str, str] | None = None,
+        configs: Mapping[str, str | None] | None = None,
     ) -> ControllerResult[CreateTopicResult]:
         """Create a topic with placed replicas (``ReplicationControlManager.createTopic``).
 
@@ -934,7 +959,7 @@ class Controller:
             return _create_topic_error(
                 Errors.INVALID_REQUEST, f"Topic id {topic_id!r} is empty or already in use."
             )
-        config_error = _topic_config_error(topic_configs)
+        config_error = topic_config_error(topic_configs)
         if config_error is not None:
             return _create_topic_error(Errors.INVALID_CONFIG, config_error)
         if num_partitions == -1:
@@ -945,7 +970,8 @@ class Controller:
             placements = _place_in(image, num_partitions, replication_factor)
         except PlacementError as e:
             return _create_topic_error(e.error, str(e))
-        records: list[MetadataRecord] = [Topic(name, topic_id, topic_configs)]
+        valid_configs = {k: v for k, v in topic_configs.items() if v is not None}
+        records: list[MetadataRecord] = [Topic(name, topic_id, valid_configs)]
         for partition, replicas in enumerate(placements):
             # The ISR is the live replicas; the leader (first replica) is always live.
             isr = tuple(r for r in replicas if not image.is_fenced(r))
@@ -1207,6 +1233,71 @@ class Controller:
 
     # ---------------------------------------------------------------- configs
 
+    def alter_configs(
+        self,
+        image: MetadataImage,
+        resource_type: int,
+        resource_name: str,
+        ops: Sequence[tuple[str, int, str | None]],
+        *,
+        incremental: bool,
+    ) -> ControllerResult[AlterConfigsResult]:
+        """Change one resource's configs (``ConfigurationControlManager``).
+
+        ``ops`` are ``(key, ConfigOp, value)``. ``incremental`` is IncrementalAlterConfigs: each
+        op changes one key, APPEND and SUBTRACT only LIST keys (starting from the default when
+        the key is not set). Otherwise it is the legacy AlterConfigs: the ops' SETs become the
+        whole set, every other key is deleted. The resulting set is validated as a whole, and
+        one ``Config`` record is written per changed key. kcoord alters topic configs only.
+        """
+        keys = [key for key, _, _ in ops]
+        if len(set(keys)) != len(keys):
+            return _alter_error(Errors.INVALID_REQUEST, "Error due to duplicate config keys")
+        for _, op, _ in ops:
+            if op not in _CONFIG_OPS:
+                return _alter_error(Errors.INVALID_REQUEST, f"Unknown operations type {op}")
+        if resource_type != ConfigResourceType.TOPIC:
+            return _alter_error(
+                Errors.INVALID_REQUEST,
+                f"kcoord alters topic configs only, not those of resource type {resource_type}",
+            )
+        topic = image.topic_by_name(resource_name)
+        if topic is None:
+            return _alter_error(
+                Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{resource_name}' does not exist."
+            )
+        current = dict(topic.configs)
+        updated: dict[str, str | None] = dict(current) if incremental else {}
+        for key, op, value in ops:
+            if op == ConfigOp.SET or not incremental:
+                updated[key] = value
+            elif op == ConfigOp.DELETE:
+                updated.pop(key, None)
+            else:
+                definition = TOPIC_CONFIGS.get(key)
+                if definition is None or definition.type is not ConfigType.LIST:
+                    return _alter_error(
+                        Errors.INVALID_CONFIG,
+                        f"Can't {ConfigOp(op).name} to key {key} because its type is not LIST.",
+                    )
+                old = current.get(key, definition.default)
+                items = [p for p in old.split(",") if p]
+                given = (value or "").split(",")
+                if op == ConfigOp.APPEND:
+                    items += [v for v in given if v not in items]
+                else:
+                    items = [p for p in items if p not in given]
+                updated[key] = ",".join(items)
+        config_error = topic_config_error(updated)
+        if config_error is not None:
+            return _alter_error(Errors.INVALID_CONFIG, config_error)
+        records: list[MetadataRecord] = [
+            Config(ConfigResourceType.TOPIC, resource_name, key, updated.get(key))
+            for key in sorted(set(current) | set(updated))
+            if current.get(key) != updated.get(key)
+        ]
+        return ControllerResult(tuple(records), AlterConfigsResult(Errors.NONE))
+
     def _config_value(self, image: MetadataImage, topic: TopicImage | None, key: str) -> str | None:
         # Topic config, else the cluster-wide dynamic default (broker resource "").
         if topic is not None and key in topic.configs:
@@ -1308,14 +1399,8 @@ def _topic_name_error(name: str) -> str | None:
     return None
 
 
-def _topic_config_error(configs: Mapping[str, str]) -> str | None:
-    raw = configs.get(MIN_INSYNC_REPLICAS_CONFIG)
-    if raw is not None and _parse_positive_int(raw) is None:
-        return f"{MIN_INSYNC_REPLICAS_CONFIG} must be a positive integer, not {raw!r}."
-    raw = configs.get(UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG)
-    if raw is not None and raw.lower() not in ("true", "false"):
-        return f"{UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG} must be true or false, not {raw!r}."
-    return None
+def _alter_error(error: Errors, message: str) -> ControllerResult[AlterConfigsResult]:
+    return ControllerResult((), AlterConfigsResult(error, message))
 
 
 def _parse_positive_int(raw: str | None) -> int | None:

@@ -1,9 +1,18 @@
-"""Per-log configuration with Kafka's topic-level names and defaults (``LogConfig`` in Kafka)."""
+"""Per-log configuration with Kafka's topic-level names and defaults (``LogConfig`` in Kafka).
+
+``TOPIC_CONFIGS`` defines every topic config kcoord knows (Kafka's ``LogConfig.configDef``):
+type, default, documentation, the broker config that sets the default, and whether kcoord
+implements it. ``parse_topic_config`` validates one as Kafka does; an unimplemented config takes
+only Kafka's default, so a topic never claims a behaviour its log does not have.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from enum import IntEnum
+from typing import Any, Final
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -38,29 +47,347 @@ class LogConfig:
         return "delete" in self.cleanup_policy
 
     def with_topic_configs(self, configs: Mapping[str, str]) -> LogConfig:
-        """Override with Kafka topic config names (``segment.bytes`` ...); unknown names fail."""
+        """Override with Kafka topic configs (``segment.bytes`` ...).
+
+        ``InvalidConfigError`` for an unknown name or an invalid value. Topic configs that are
+        not log settings (``min.insync.replicas`` ...) are checked and left to their owners.
+        """
         changes: dict[str, object] = {}
-        known = {f.name for f in fields(self)}
         for name, raw in configs.items():
-            attr = name.replace(".", "_")
-            if attr not in known:
-                raise InvalidConfigError(f"unknown topic config {name!r}")
-            if attr == "cleanup_policy":
-                policy = frozenset(p.strip() for p in raw.split(",") if p.strip())
-                if not policy or not policy <= {"delete", "compact"}:
-                    raise InvalidConfigError(
-                        f"cleanup.policy must be delete and/or compact: {raw!r}"
-                    )
-                changes[attr] = policy
+            value = parse_topic_config(name, raw)
+            attr = TOPIC_CONFIGS[name].log_field
+            if attr is None:
                 continue
-            try:
-                value = int(raw)
-            except ValueError as e:
-                raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from e
-            minimum = -1 if attr in ("retention_bytes", "retention_ms") else 0
-            if attr in ("segment_bytes", "segment_index_bytes"):
-                minimum = 14  # Kafka's LegacyRecord.RECORD_OVERHEAD_V0 lower bound
-            if value < minimum:
-                raise InvalidConfigError(f"{name} must be >= {minimum}, got {value}")
+            if attr == "cleanup_policy":
+                assert isinstance(value, tuple)
+                value = frozenset(value)
+            elif attr in ("flush_messages", "flush_ms") and value == LONG_MAX:
+                value = None  # never, as the field's None
             changes[attr] = value
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Topic configs: Kafka's names, types, defaults and validation (Kafka's ``LogConfig.configDef``
+# with ``TopicConfig``'s names; messages as Kafka's ``ConfigException`` and
+# ``ControllerConfigurationValidator`` word them). The controller validates with these before
+# it commits a topic's configs, so a log never meets a value it cannot take; DescribeConfigs
+# lists them with their types and documentation.
+
+LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
+
+
+class ConfigType(IntEnum):
+    """Kafka's ``ConfigDef.Type`` as DescribeConfigs (v3+) codes it."""
+
+    BOOLEAN = 1
+    STRING = 2
+    INT = 3
+    LONG = 5
+    DOUBLE = 6
+    LIST = 7
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfigDef:
+    name: str
+    type: ConfigType
+    default: str  # Kafka's default, written as DescribeConfigs shows it
+    doc: str
+    minimum: float | None = None
+    maximum: float | None = None
+    valid: tuple[str, ...] = ()  # the allowed values of a STRING, or of each LIST item
+    # The broker config that sets this config's default for every topic (Kafka's synonym).
+    broker_synonym: str | None = None
+    # False: kcoord does not implement the feature, so it takes only Kafka's default (a tool
+    # that writes defaults explicitly still works; any other value is refused, not ignored).
+    implemented: bool = True
+
+    @property
+    def log_field(self) -> str | None:
+        """The ``LogConfig`` field this config sets, if it is a log config."""
+        attr = self.name.replace(".", "_")
+        return attr if attr in _LOG_FIELDS else None
+
+
+def _def(name: str, type_: ConfigType, default: str, doc: str, **kw: Any) -> TopicConfigDef:
+    return TopicConfigDef(name, type_, default, doc, **kw)
+
+
+_L, _I, _B, _S = ConfigType.LONG, ConfigType.INT, ConfigType.BOOLEAN, ConfigType.STRING
+TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
+    d.name: d
+    for d in (
+        _def(
+            "cleanup.policy",
+            ConfigType.LIST,
+            "delete",
+            "delete: old segments are deleted by retention.ms / retention.bytes; compact: the "
+            "log keeps the last record of every key; both may be given.",
+            valid=("compact", "delete"),
+            broker_synonym="log.cleanup.policy",
+        ),
+        _def(
+            "compression.type",
+            _S,
+            "producer",
+            "Batches are stored as the producer compressed them (kcoord recompresses nothing).",
+            valid=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+            broker_synonym="compression.type",
+            implemented=False,
+        ),
+        _def(
+            "delete.retention.ms",
+            _L,
+            str(DAY_MS),
+            "How long a tombstone stays in a compacted log after the cleaner reached it.",
+            minimum=0,
+            broker_synonym="log.cleaner.delete.retention.ms",
+        ),
+        _def(
+            "file.delete.delay.ms",
+            _L,
+            "60000",
+            "How long a deleted segment's files are kept (kcoord removes them at once).",
+            minimum=0,
+            broker_synonym="log.segment.delete.delay.ms",
+            implemented=False,
+        ),
+        _def(
+            "flush.messages",
+            _L,
+            str(LONG_MAX),
+            "fsync the log after this many messages; the default relies on replication.",
+            minimum=1,
+            broker_synonym="log.flush.interval.messages",
+        ),
+        _def(
+            "flush.ms",
+            _L,
+            str(LONG_MAX),
+            "fsync the log when this long has passed since the last fsync.",
+            minimum=0,
+            broker_synonym="log.flush.interval.ms",
+        ),
+        _def(
+            "follower.replication.throttled.replicas",
+            ConfigType.LIST,
+            "",
+            "Replicas whose follower fetches are throttled (kcoord throttles none).",
+            implemented=False,
+        ),
+        _def(
+            "index.interval.bytes",
+            _I,
+            "4096",
+            "Bytes of log between two entries of the offset index.",
+            minimum=0,
+            maximum=INT_MAX,
+            broker_synonym="log.index.interval.bytes",
+        ),
+        _def(
+            "leader.replication.throttled.replicas",
+            ConfigType.LIST,
+            "",
+            "Replicas whose leader reads are throttled (kcoord throttles none).",
+            implemented=False,
+        ),
+        _def(
+            "max.compaction.lag.ms",
+            _L,
+            str(LONG_MAX),
+            "The longest a record may stay uncompacted (kcoord has no such deadline).",
+            minimum=1,
+            broker_synonym="log.cleaner.max.compaction.lag.ms",
+            implemented=False,
+        ),
+        _def(
+            "max.message.bytes",
+            _I,
+            str(1024 * 1024 + 12),
+            "The largest record batch the log accepts; larger ones get MESSAGE_TOO_LARGE.",
+            minimum=0,
+            maximum=INT_MAX,
+            broker_synonym="message.max.bytes",
+        ),
+        _def(
+            "message.timestamp.type",
+            _S,
+            "CreateTime",
+            "Records keep the producer's timestamps (kcoord does not rewrite them).",
+            valid=("CreateTime", "LogAppendTime"),
+            broker_synonym="log.message.timestamp.type",
+            implemented=False,
+        ),
+        _def(
+            "min.cleanable.dirty.ratio",
+            ConfigType.DOUBLE,
+            "0.5",
+            "The dirty share of a log that makes it cleanable (kcoord's cleaner ignores it).",
+            minimum=0,
+            maximum=1,
+            broker_synonym="log.cleaner.min.cleanable.ratio",
+            implemented=False,
+        ),
+        _def(
+            "min.compaction.lag.ms",
+            _L,
+            "0",
+            "The youngest a record may be and still be compacted away.",
+            minimum=0,
+            broker_synonym="log.cleaner.min.compaction.lag.ms",
+        ),
+        _def(
+            "min.insync.replicas",
+            _I,
+            "1",
+            "With acks=all, the fewest in-sync replicas a write needs; fewer get "
+            "NOT_ENOUGH_REPLICAS.",
+            minimum=1,
+            maximum=INT_MAX,
+            broker_synonym="min.insync.replicas",
+        ),
+        _def(
+            "preallocate",
+            _B,
+            "false",
+            "Preallocate a new segment's file (kcoord does not).",
+            broker_synonym="log.preallocate",
+            implemented=False,
+        ),
+        _def(
+            "retention.bytes",
+            _L,
+            "-1",
+            "Delete the oldest segments while the log is larger than this; -1: no limit.",
+            minimum=-1,
+            broker_synonym="log.retention.bytes",
+        ),
+        _def(
+            "retention.ms",
+            _L,
+            str(7 * DAY_MS),
+            "Delete segments whose newest record is older than this; -1: no limit.",
+            minimum=-1,
+            broker_synonym="log.retention.ms",
+        ),
+        _def(
+            "segment.bytes",
+            _I,
+            str(1024 * 1024 * 1024),
+            "Roll to a new segment when the active one would grow past this size.",
+            minimum=14,  # LegacyRecord.RECORD_OVERHEAD_V0
+            maximum=INT_MAX,
+            broker_synonym="log.segment.bytes",
+        ),
+        _def(
+            "segment.index.bytes",
+            _I,
+            str(10 * 1024 * 1024),
+            "The size of a new segment's preallocated offset index.",
+            minimum=14,
+            maximum=INT_MAX,
+            broker_synonym="log.index.size.max.bytes",
+        ),
+        _def(
+            "segment.jitter.ms",
+            _L,
+            "0",
+            "Random jitter subtracted from segment.ms (kcoord adds none).",
+            minimum=0,
+            broker_synonym="log.roll.jitter.ms",
+            implemented=False,
+        ),
+        _def(
+            "segment.ms",
+            _L,
+            str(7 * DAY_MS),
+            "Roll to a new segment when the active one's first record is this old.",
+            minimum=1,
+            broker_synonym="log.roll.ms",
+        ),
+        _def(
+            "unclean.leader.election.enable",
+            _B,
+            "false",
+            "Elect a replica outside the ISR when no in-sync one is left, losing data.",
+            broker_synonym="unclean.leader.election.enable",
+        ),
+    )
+}
+_LOG_FIELDS: Final = frozenset(f.name for f in fields(LogConfig))
+
+
+def parse_topic_config(name: str, raw: str | None) -> object:
+    """The value of topic config ``name``; ``InvalidConfigError`` with Kafka's message if not.
+
+    INT and LONG parse to ``int``, BOOLEAN to ``bool``, DOUBLE to ``float``, LIST to a tuple of
+    its items, STRING to itself.
+    """
+    definition = TOPIC_CONFIGS.get(name)
+    if definition is None:
+        raise InvalidConfigError(f"Unknown topic config name: {name}")
+    if raw is None:
+        raise InvalidConfigError(f"Null value not supported for topic configs: {name}")
+    value = _parse(definition, raw)
+    if not definition.implemented and value != _parse(definition, definition.default):
+        raise InvalidConfigError(
+            f"Invalid value {raw} for configuration {name}: kcoord does not implement "
+            f"{name}; it takes only the default, {definition.default or '(empty)'}"
+        )
+    return value
+
+
+def topic_config_error(configs: Mapping[str, str | None]) -> str | None:
+    """The message of the first config Kafka would refuse (INVALID_CONFIG), or None."""
+    for name, raw in configs.items():
+        try:
+            parse_topic_config(name, raw)
+        except InvalidConfigError as e:
+            return str(e)
+    return None
+
+
+def _parse(definition: TopicConfigDef, raw: str) -> object:
+    name, text = definition.name, raw.strip()
+
+    def invalid(reason: str) -> InvalidConfigError:
+        return InvalidConfigError(f"Invalid value {raw} for configuration {name}: {reason}")
+
+    match definition.type:
+        case ConfigType.BOOLEAN:
+            if text.lower() not in ("true", "false"):
+                raise invalid("Expected value to be either true or false")
+            return text.lower() == "true"
+        case ConfigType.STRING:
+            if definition.valid and text not in definition.valid:
+                raise invalid(f"String must be one of: {', '.join(definition.valid)}")
+            return text
+        case ConfigType.LIST:
+            items = tuple(p.strip() for p in text.split(",") if p.strip())
+            if definition.valid and not items:
+                raise invalid(f"List must name at least one of: {', '.join(definition.valid)}")
+            for item in items:
+                if definition.valid and item not in definition.valid:
+                    raise invalid(f"String must be one of: {', '.join(definition.valid)}")
+            return items
+        case ConfigType.DOUBLE:
+            try:
+                number: float = float(text)
+            except ValueError:
+                raise invalid("Not a number of type DOUBLE") from None
+        case _:
+            limit = LONG_MAX if definition.type is ConfigType.LONG else INT_MAX
+            if not re.fullmatch(r"[+-]?[0-9]+", text) or not -limit - 1 <= int(text) <= limit:
+                raise invalid(f"Not a number of type {definition.type.name}")
+            number = int(text)
+    if definition.minimum is not None and number < definition.minimum:
+        raise invalid(f"Value must be at least {_bound(definition.minimum)}")
+    if definition.maximum is not None and number > definition.maximum:
+        raise invalid(f"Value must be no more than {_bound(definition.maximum)}")
+    return number
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
 DEADLINE_S = 60.0
@@ -153,6 +154,38 @@ async def describe_group(cmd: dict[str, Any]) -> Any:
     return {"coordinator": coordinator, "state": state, "members": members}
 
 
+# DescribeConfigsResponse ConfigSource codes.
+SOURCES = {1: "DYNAMIC_TOPIC_CONFIG", 4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG"}
+
+
+async def describe_configs(cmd: dict[str, Any]) -> Any:
+    kind = ConfigResourceType.TOPIC if cmd["resource"] == "topic" else ConfigResourceType.BROKER
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        (response,) = await admin.describe_configs([ConfigResource(kind, cmd["name"])])
+    finally:
+        await admin.close()
+    ((error, message, _type, _name, entries),) = response.resources
+    if error:
+        raise RuntimeError(f"DescribeConfigs error {error}: {message}")
+    return {e[0]: [e[1], SOURCES.get(e[3], str(e[3]))] for e in entries}
+
+
+async def alter_configs(cmd: dict[str, Any]) -> Any:
+    """The legacy AlterConfigs: ``configs`` become the topic's whole set."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        (response,) = await admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, cmd["topic"], configs=cmd["configs"])]
+        )
+    finally:
+        await admin.close()
+    ((error, message, *_),) = response.resources
+    return {"error": error, "message": message}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -164,6 +197,8 @@ def main() -> None:
         "create_partitions": create_partitions,
         "committed": committed,
         "describe_group": describe_group,
+        "describe_configs": describe_configs,
+        "alter_configs": alter_configs,
     }
     print(json.dumps(asyncio.run(ops[cmd["op"]](cmd))), flush=True)
 

@@ -16,6 +16,15 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
+
+# The package re-exports these without declaring it; mypy --strict wants their own modules.
+from confluent_kafka.admin._config import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+)
+from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 DEADLINE_S = 60.0
@@ -24,12 +33,72 @@ DEADLINE_S = 60.0
 def create_topic(cmd: dict[str, Any]) -> Any:
     admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
     futures = admin.create_topics(
-        [NewTopic(cmd["topic"], cmd["partitions"], cmd["replication_factor"])],
+        [
+            NewTopic(
+                cmd["topic"],
+                cmd["partitions"],
+                cmd["replication_factor"],
+                config=cmd.get("configs") or {},
+            )
+        ],
         operation_timeout=30,
     )
     for future in futures.values():
-        future.result(timeout=DEADLINE_S)
+        try:
+            future.result(timeout=DEADLINE_S)
+        except KafkaException as e:
+            if not cmd.get("expect_error"):
+                raise
+            return {"error": e.args[0].code(), "message": e.args[0].str()}
     return "created"
+
+
+def describe_configs(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    kind = ResourceType.TOPIC if cmd["resource"] == "topic" else ResourceType.BROKER
+    resource = ConfigResource(kind, cmd["name"])
+    entries = admin.describe_configs([resource])[resource].result(timeout=DEADLINE_S)
+    return {name: [entry.value, _source_name(entry.source)] for name, entry in entries.items()}
+
+
+def _source_name(source: int) -> str:
+    return ConfigSource(source).name
+
+
+def alter_configs(cmd: dict[str, Any]) -> Any:
+    """IncrementalAlterConfigs with ``ops`` [[key, "SET"|"DELETE"|"APPEND"|"SUBTRACT", value]]."""
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        cmd["topic"],
+        incremental_configs=[
+            ConfigEntry(key, value, incremental_operation=AlterConfigOpType[op])
+            for key, op, value in cmd["ops"]
+        ],
+    )
+    for future in admin.incremental_alter_configs([resource]).values():
+        try:
+            future.result(timeout=DEADLINE_S)
+        except KafkaException as e:
+            return {"error": e.args[0].code(), "message": e.args[0].str()}
+    return {"error": 0}
+
+
+def produce_one(cmd: dict[str, Any]) -> Any:
+    """One keyed record of ``size`` bytes to ``partition``; the delivery error's code, or 0."""
+    producer = Producer({"bootstrap.servers": cmd["bootstrap"], "acks": "all"})
+    errors: list[Any] = []
+    producer.produce(
+        cmd["topic"],
+        key=b"k",
+        value=b"x" * cmd["size"],
+        partition=cmd["partition"],
+        on_delivery=lambda error, _: errors.append(error),
+    )
+    producer.flush(DEADLINE_S)
+    if not errors:
+        raise KafkaException("no delivery report")
+    return 0 if errors[0] is None else errors[0].code()
 
 
 def produce(cmd: dict[str, Any]) -> Any:
@@ -186,6 +255,9 @@ def main() -> None:
         "create_partitions": create_partitions,
         "committed": committed,
         "describe_group": describe_group,
+        "describe_configs": describe_configs,
+        "alter_configs": alter_configs,
+        "produce_one": produce_one,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

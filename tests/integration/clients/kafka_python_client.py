@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.admin import NewTopic
+from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 DEADLINE_S = 60.0
 
@@ -144,6 +144,32 @@ def describe_group(cmd: dict[str, Any]) -> Any:
     return {"coordinator": coordinator, "state": group["group_state"], "members": members}
 
 
+def describe_configs(cmd: dict[str, Any]) -> Any:
+    kind = ConfigResourceType.TOPIC if cmd["resource"] == "topic" else ConfigResourceType.BROKER
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        result = admin.describe_configs([ConfigResource(kind, cmd["name"])], config_filter="all")
+    finally:
+        admin.close()
+    (by_name,) = result.values()  # {"topic" or "broker": {name: {key: entry}}}
+    entries = by_name[cmd["name"]]
+    return {key: [e["value"], e["config_source"]] for key, e in entries.items()}
+
+
+def alter_configs(cmd: dict[str, Any]) -> Any:
+    """The legacy AlterConfigs, to which kafka-python adds the topic's other own configs."""
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        result = admin.alter_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, cmd["topic"], configs=cmd["configs"])],
+            incremental=False,
+        )
+    finally:
+        admin.close()
+    outcome = result["topic"][cmd["topic"]]
+    return {"error": 0} if outcome == "OK" else {"error": outcome}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -155,6 +181,8 @@ def main() -> None:
         "create_partitions": create_partitions,
         "committed": committed,
         "describe_group": describe_group,
+        "describe_configs": describe_configs,
+        "alter_configs": alter_configs,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

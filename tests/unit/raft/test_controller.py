@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from kcoord.errors import Errors
 from kcoord.raft.controller import (
     OFFSETS_TOPIC_NAME,
+    AlterConfigsResult,
     AlterPartitionItem,
     AlterPartitionRequest,
     AlterPartitionResponse,
@@ -27,6 +28,7 @@ from kcoord.raft.controller import (
     BrokerRegistrationReply,
     BrokerRegistrationRequest,
     BrokerState,
+    ConfigOp,
     Controller,
     ControllerConfig,
     ControllerResult,
@@ -830,12 +832,17 @@ def test_create_topic_places_replicas_and_leaders_evenly() -> None:
     cluster = three_brokers()
     result = cluster.decide(
         lambda image: cluster.controller.create_topic(
-            image, "orders", T1, num_partitions=3, replication_factor=2, configs={"a": "b"}
+            image,
+            "orders",
+            T1,
+            num_partitions=3,
+            replication_factor=2,
+            configs={"retention.ms": "1000"},
         )
     )
     assert result == ControllerResult(
         (
-            Topic("orders", T1, {"a": "b"}),
+            Topic("orders", T1, {"retention.ms": "1000"}),
             Partition(T1, 0, (1, 2), (1, 2), 1, 0, 0),
             Partition(T1, 1, (2, 3), (2, 3), 2, 0, 0),
             Partition(T1, 2, (3, 1), (3, 1), 3, 0, 0),
@@ -883,10 +890,20 @@ def test_create_topic_with_a_fenced_broker() -> None:
         ("u", T2, 1, 1, {"min.insync.replicas": "0"}, Errors.INVALID_CONFIG),
         ("u", T2, 1, 1, {"min.insync.replicas": "two"}, Errors.INVALID_CONFIG),
         ("u", T2, 1, 1, {"unclean.leader.election.enable": "yes"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"retention.ms": "soon"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"retention.mss": "1"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"retention.ms": None}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"compression.type": "gzip"}, Errors.INVALID_CONFIG),
     ],
 )
 def test_create_topic_refusals(
-    *, name: str, topic_id: str, partitions: int, rf: int, configs: dict[str, str], error: Errors
+    *,
+    name: str,
+    topic_id: str,
+    partitions: int,
+    rf: int,
+    configs: dict[str, str | None],
+    error: Errors,
 ) -> None:
     cluster = three_brokers()
     cluster.create_topic("t", T1, 1, 1)
@@ -898,6 +915,126 @@ def test_create_topic_refusals(
     assert result.records == ()
     assert result.response.error is error
     assert result.response.message
+
+
+# ------------------------------------------------------------------ configs
+
+TOPIC = ConfigResourceType.TOPIC
+
+
+def alter(
+    cluster: Cluster,
+    ops: list[tuple[str, ConfigOp, str | None]],
+    *,
+    incremental: bool = True,
+    name: str = "t",
+    resource_type: int = TOPIC,
+) -> ControllerResult[AlterConfigsResult]:
+    return cluster.decide(
+        lambda image: cluster.controller.alter_configs(
+            image,
+            resource_type,
+            name,
+            [(k, int(op), v) for k, op, v in ops],
+            incremental=incremental,
+        )
+    )
+
+
+def test_incremental_alter_configs_writes_one_record_per_changed_key() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 1, {"retention.ms": "1000", "cleanup.policy": "compact"})
+    result = alter(
+        cluster,
+        [
+            ("retention.ms", ConfigOp.DELETE, None),
+            ("max.message.bytes", ConfigOp.SET, "2000"),
+            ("cleanup.policy", ConfigOp.APPEND, "delete,compact"),
+            ("segment.ms", ConfigOp.DELETE, None),  # not set: nothing to write
+        ],
+    )
+    assert result.response == AlterConfigsResult(Errors.NONE)
+    assert set(result.records) == {
+        Config(TOPIC, "t", "retention.ms", None),
+        Config(TOPIC, "t", "max.message.bytes", "2000"),
+        Config(TOPIC, "t", "cleanup.policy", "compact,delete"),
+    }
+    cluster.commit(result.records)
+    topic = cluster.image.topic_by_name("t")
+    assert topic is not None
+    assert dict(topic.configs) == {"max.message.bytes": "2000", "cleanup.policy": "compact,delete"}
+    # SUBTRACT from the list; APPEND to an unset LIST key starts from its default ("delete").
+    result = alter(cluster, [("cleanup.policy", ConfigOp.SUBTRACT, "delete")])
+    assert result.records == (Config(TOPIC, "t", "cleanup.policy", "compact"),)
+    cluster.commit(result.records)
+    cluster.create_topic("u", T2, 1, 1)
+    result = alter(cluster, [("cleanup.policy", ConfigOp.APPEND, "compact")], name="u")
+    assert result.records == (Config(TOPIC, "u", "cleanup.policy", "delete,compact"),)
+    # Setting what is already there writes nothing.
+    assert alter(cluster, [("max.message.bytes", ConfigOp.SET, "2000")]).records == ()
+
+
+def test_legacy_alter_configs_replaces_the_whole_set() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 1, {"retention.ms": "1000", "cleanup.policy": "compact"})
+    result = alter(cluster, [("retention.ms", ConfigOp.SET, "2000")], incremental=False)
+    assert set(result.records) == {
+        Config(TOPIC, "t", "retention.ms", "2000"),
+        Config(TOPIC, "t", "cleanup.policy", None),
+    }
+
+
+@pytest.mark.parametrize(
+    ("ops", "resource", "error", "message"),
+    [
+        (
+            [("retention.ms", ConfigOp.SET, "1"), ("retention.ms", ConfigOp.DELETE, None)],
+            (TOPIC, "t"),
+            Errors.INVALID_REQUEST,
+            "Error due to duplicate config keys",
+        ),
+        ([("retention.ms", 7, "1")], (TOPIC, "t"), Errors.INVALID_REQUEST, "Unknown operations"),
+        (
+            [("retention.ms", ConfigOp.SET, "1")],
+            (ConfigResourceType.BROKER, "1"),
+            Errors.INVALID_REQUEST,
+            "topic configs only",
+        ),
+        (
+            [("retention.ms", ConfigOp.SET, "1")],
+            (TOPIC, "nope"),
+            Errors.UNKNOWN_TOPIC_OR_PARTITION,
+            "The topic 'nope' does not exist.",
+        ),
+        (
+            [("retention.ms", ConfigOp.APPEND, "1")],
+            (TOPIC, "t"),
+            Errors.INVALID_CONFIG,
+            "Can't APPEND to key retention.ms because its type is not LIST.",
+        ),
+        (
+            [("cleanup.policy", ConfigOp.SUBTRACT, "delete")],  # leaves an empty policy
+            (TOPIC, "t"),
+            Errors.INVALID_CONFIG,
+            "List must name at least one of",
+        ),
+        ([("retention.ms", ConfigOp.SET, "x")], (TOPIC, "t"), Errors.INVALID_CONFIG, "LONG"),
+        ([("retention.ms", ConfigOp.SET, None)], (TOPIC, "t"), Errors.INVALID_CONFIG, "Null"),
+        ([("nope", ConfigOp.SET, "1")], (TOPIC, "t"), Errors.INVALID_CONFIG, "Unknown topic"),
+    ],
+)
+def test_alter_configs_refusals_write_nothing(
+    ops: list[tuple[str, ConfigOp, str | None]],
+    resource: tuple[int, str],
+    error: Errors,
+    message: str,
+) -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 1)
+    result = alter(cluster, ops, resource_type=resource[0], name=resource[1])
+    assert result.records == ()
+    assert result.response.error is error
+    assert message in result.response.message
 
 
 def test_create_topic_when_all_brokers_are_fenced() -> None:

@@ -45,20 +45,26 @@ def _timeout_s(request_timeout: datetime.timedelta) -> float:
     return min(max(ms, _MIN_TIMEOUT_MS), _MAX_TIMEOUT_MS) / 1000
 
 
+async def forward(
+    ctx: BrokerContext, method: str, payload: dict[str, Any], timeout_s: float
+) -> Any:
+    """The controller's reply, or the one error to answer for every entry of the request."""
+    try:
+        return await ctx.controller.call(method, payload, timeout_s)
+    except ControllerUnavailableError as e:
+        log.warning("%s not answered: %s", method, e)
+        return Errors.REQUEST_TIMED_OUT
+    except RpcError as e:
+        log.error("%s failed at the controller: %s", method, e)
+        return Errors.UNKNOWN_SERVER_ERROR
+
+
 class AdminApi:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
 
     async def _forward(self, method: str, payload: dict[str, Any], timeout_s: float) -> Any:
-        """The controller's reply, or the one error to answer for every topic of it."""
-        try:
-            return await self.ctx.controller.call(method, payload, timeout_s)
-        except ControllerUnavailableError as e:
-            log.warning("%s not answered: %s", method, e)
-            return Errors.REQUEST_TIMED_OUT
-        except RpcError as e:
-            log.error("%s failed at the controller: %s", method, e)
-            return Errors.UNKNOWN_SERVER_ERROR
+        return await forward(self.ctx, method, payload, timeout_s)
 
     # -----------------------------------------------------------------------------------------
     # CreateTopics.
@@ -93,7 +99,8 @@ class AdminApi:
                     f"{MAX_PARTITIONS_PER_REQUEST}.",
                 )
             else:
-                configs = {c.name: c.value for c in t.configs if c.value is not None}
+                # A None value is the controller's to refuse (INVALID_CONFIG), as Kafka does.
+                configs = {c.name: c.value for c in t.configs}
                 configs_of[name] = [
                     {
                         "name": k,

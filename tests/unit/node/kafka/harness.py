@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from kcoord.node.config import config_entries, parse_config
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.kafka.broker import KafkaBroker
+from kcoord.node.kafka.configs import ConfigsApi
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import ReplicaManager
@@ -185,6 +187,7 @@ async def running(
             "CreateTopics": controller.handle_create_topics,
             "CreatePartitions": controller.handle_create_partitions,
             "DeleteTopics": controller.handle_delete_topics,
+            "AlterConfigs": controller.handle_alter_configs,
         },
         RpcClientPool(),
         lambda: clock[0],
@@ -192,6 +195,16 @@ async def running(
         idle_ms=idle_ms,
         max_request_bytes=max_request_bytes,
     )
+    node_config = parse_config(
+        {
+            "node.id": NODE_ID,
+            "data.dir": str(data_dir),
+            "controller.quorum.voters": f"{NODE_ID}@{HOST}:9094",
+            "log.retention.ms": 3_600_000,
+            "admin.api.token": "secret",
+        }
+    )
+    ConfigsApi(broker.ctx, config_entries(node_config)).register(broker.register)
     await broker.start(HOST, 0)
     try:
         yield Harness(cache, quorum, replicas, controller, broker, clock)

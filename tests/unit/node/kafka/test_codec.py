@@ -40,7 +40,10 @@ ADVERTISED = {
     20: range(1, 7),  # DeleteTopics
     22: range(7),  # InitProducerId
     23: range(2, 5),  # OffsetForLeaderEpoch
+    32: range(1, 5),  # DescribeConfigs
+    33: range(3),  # AlterConfigs
     37: range(4),  # CreatePartitions
+    44: range(2),  # IncrementalAlterConfigs
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
 
@@ -336,7 +339,42 @@ VALUES: dict[int, dict[str, Any]] = {
         "throttle_time": 0,
         "results": [{"name": "t", "error_code": Errors.INVALID_PARTITIONS, "error_message": "no"}],
     },
+    32: {
+        "throttle_time": 0,
+        "results": [
+            {
+                "error_code": Errors.NONE,
+                "error_message": None,
+                "resource_type": 2,
+                "resource_name": "t",
+                "configs": [
+                    {
+                        "name": "retention.ms",
+                        "value": "1000",
+                        "read_only": False,
+                        "config_source": 1,
+                        "is_sensitive": False,
+                        "synonyms": [{"name": "retention.ms", "value": "1000", "source": 1}],
+                        "config_type": 5,
+                        "documentation": "how long",
+                    }
+                ],
+            }
+        ],
+    },
+    33: {
+        "throttle_time": 0,
+        "responses": [
+            {
+                "error_code": Errors.INVALID_CONFIG,
+                "error_message": "no",
+                "resource_type": 2,
+                "resource_name": "t",
+            }
+        ],
+    },
 }
+VALUES[44] = VALUES[33]
 
 
 @pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)

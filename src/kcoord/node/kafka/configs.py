@@ -1,0 +1,237 @@
+"""DescribeConfigs (32), AlterConfigs (33) and IncrementalAlterConfigs (44).
+
+DescribeConfigs is answered by the node itself, as Kafka's ``ConfigHelper`` does:
+
+- a TOPIC lists every topic config of ``storage.config.TOPIC_CONFIGS`` (or the keys asked for;
+  unknown keys are left out): the topic's own value (source DYNAMIC_TOPIC_CONFIG), else this
+  node's broker config that sets the default (STATIC_BROKER_CONFIG, e.g. ``log.retention.ms``),
+  else Kafka's default (DEFAULT_CONFIG); with synonyms, the whole chain. An unknown topic is
+  UNKNOWN_TOPIC_OR_PARTITION.
+- a BROKER named by this node's id lists this node's configs, all read-only (kcoord has no
+  dynamic broker configs), a sensitive one without its value; the empty name (the cluster-wide
+  dynamic defaults) lists none; another broker's id is INVALID_REQUEST, as in Kafka (clients
+  send a broker's resource to that broker).
+
+The two alters are forwarded to the controller (``Controller.alter_configs``), which validates
+the resulting configs as a whole and commits one ``Config`` record per changed key; the
+answer waits until this node's image has them. kcoord alters topic configs only; a broker's
+static configs change with its config file.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from kcoord.errors import Errors
+from kcoord.node.config import ConfigEntry
+from kcoord.node.kafka.admin import forward
+from kcoord.node.kafka.apis import Request, Result
+from kcoord.node.kafka.context import BrokerContext
+from kcoord.raft.controller import ConfigOp
+from kcoord.raft.records import ConfigResourceType
+from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, TopicConfigDef
+
+log = logging.getLogger(__name__)
+
+DESCRIBE_CONFIGS_KEY: Final = 32
+ALTER_CONFIGS_KEY: Final = 33
+INCREMENTAL_ALTER_CONFIGS_KEY: Final = 44
+
+# DescribeConfigsResponse ConfigSource.
+DYNAMIC_TOPIC_CONFIG: Final = 1
+STATIC_BROKER_CONFIG: Final = 4
+DEFAULT_CONFIG: Final = 5
+_CONFIG_TYPE_CODES: Final = {t.name: int(t) for t in ConfigType}
+_TIMEOUT_S: Final = 30.0
+
+
+class ConfigsApi:
+    def __init__(self, ctx: BrokerContext, broker_configs: Sequence[ConfigEntry]) -> None:
+        self.ctx = ctx
+        self.broker_configs = {e.key: e for e in broker_configs}
+
+    def register(self, register: Callable[..., Any]) -> None:
+        register(DESCRIBE_CONFIGS_KEY, self.handle_describe_configs)
+        register(ALTER_CONFIGS_KEY, self.handle_alter_configs)
+        register(INCREMENTAL_ALTER_CONFIGS_KEY, self.handle_incremental_alter_configs)
+
+    # -----------------------------------------------------------------------------------------
+    # DescribeConfigs.
+
+    async def handle_describe_configs(self, request: Request) -> Result:
+        body = request.body
+        synonyms = bool(getattr(body, "include_synonyms", False))
+        docs = bool(getattr(body, "include_documentation", False))
+        results = [
+            self._describe(
+                int(r.resource_type),
+                r.resource_name,
+                None if r.configuration_keys is None else set(r.configuration_keys),
+                synonyms,
+                docs,
+            )
+            for r in body.resources
+        ]
+        return {"throttle_time": 0, "results": results}
+
+    def _describe(
+        self,
+        resource_type: int,
+        name: str,
+        keys: set[str] | None,
+        synonyms: bool,
+        docs: bool,
+    ) -> dict[str, Any]:
+        def result(
+            error: Errors, message: str | None, configs: list[dict[str, Any]]
+        ) -> dict[str, Any]:
+            return {
+                "error_code": error,
+                "error_message": message,
+                "resource_type": resource_type,
+                "resource_name": name,
+                "configs": configs,
+            }
+
+        if resource_type == ConfigResourceType.TOPIC:
+            topic = self.ctx.image.topic_by_name(name)
+            if topic is None:
+                return result(Errors.UNKNOWN_TOPIC_OR_PARTITION, None, [])
+            return result(
+                Errors.NONE,
+                None,
+                [
+                    self._topic_entry(d, topic.configs.get(d.name), synonyms, docs)
+                    for d in TOPIC_CONFIGS.values()
+                    if keys is None or d.name in keys
+                ],
+            )
+        if resource_type == ConfigResourceType.BROKER:
+            if name == "":
+                return result(Errors.NONE, None, [])  # no dynamic cluster-wide defaults
+            if name != str(self.ctx.node_id):
+                return result(
+                    Errors.INVALID_REQUEST,
+                    f"Unexpected broker id, expected {self.ctx.node_id} or empty string, but "
+                    f"received {name}",
+                    [],
+                )
+            return result(
+                Errors.NONE,
+                None,
+                [
+                    _broker_entry(e, synonyms)
+                    for e in self.broker_configs.values()
+                    if keys is None or e.key in keys
+                ],
+            )
+        return result(
+            Errors.INVALID_REQUEST,
+            f"kcoord describes topic and broker configs only, not resource type {resource_type}",
+            [],
+        )
+
+    def _topic_entry(
+        self, definition: TopicConfigDef, own: str | None, synonyms: bool, docs: bool
+    ) -> dict[str, Any]:
+        # The chain Kafka's DescribeConfigs shows with synonyms: the topic's own value, the
+        # broker config that sets the default, Kafka's default.
+        chain: list[dict[str, Any]] = []
+        if own is not None:
+            chain.append({"name": definition.name, "value": own, "source": DYNAMIC_TOPIC_CONFIG})
+        broker = self.broker_configs.get(definition.broker_synonym or "")
+        if broker is not None and not broker.is_default:
+            chain.append(
+                {"name": broker.key, "value": broker.value, "source": STATIC_BROKER_CONFIG}
+            )
+        chain.append(
+            {
+                "name": definition.broker_synonym or definition.name,
+                "value": definition.default,
+                "source": DEFAULT_CONFIG,
+            }
+        )
+        return {
+            "name": definition.name,
+            "value": chain[0]["value"],
+            "read_only": False,
+            "config_source": chain[0]["source"],
+            "is_sensitive": False,
+            "synonyms": chain if synonyms else [],
+            "config_type": int(definition.type),
+            "documentation": definition.doc if docs else None,
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # AlterConfigs and IncrementalAlterConfigs.
+
+    async def handle_alter_configs(self, request: Request) -> Result:
+        return await self._alter(request, incremental=False)
+
+    async def handle_incremental_alter_configs(self, request: Request) -> Result:
+        return await self._alter(request, incremental=True)
+
+    async def _alter(self, request: Request, *, incremental: bool) -> Result:
+        body = request.body
+        resources = [
+            {
+                "resource_type": int(r.resource_type),
+                "resource_name": r.resource_name,
+                "ops": [
+                    [
+                        c.name,
+                        int(c.config_operation) if incremental else int(ConfigOp.SET),
+                        c.value,
+                    ]
+                    for c in r.configs
+                ],
+            }
+            for r in body.resources
+        ]
+        reply: Any = Errors.NONE
+        if resources:
+            reply = await forward(
+                self.ctx,
+                "AlterConfigs",
+                {
+                    "resources": resources,
+                    "incremental": incremental,
+                    "validate_only": bool(body.validate_only),
+                },
+                # The request has no timeout field; clients wait 30 s by default.
+                _TIMEOUT_S,
+            )
+        responses = []
+        for i, r in enumerate(resources):
+            if isinstance(reply, Errors):
+                error, message = reply, None
+            else:
+                error = Errors(reply["resources"][i]["error"])
+                message = reply["resources"][i]["message"] or None
+            responses.append(
+                {
+                    "error_code": error,
+                    "error_message": message,
+                    "resource_type": r["resource_type"],
+                    "resource_name": r["resource_name"],
+                }
+            )
+        return {"throttle_time": 0, "responses": responses}
+
+
+def _broker_entry(entry: ConfigEntry, synonyms: bool) -> dict[str, Any]:
+    source = DEFAULT_CONFIG if entry.is_default else STATIC_BROKER_CONFIG
+    return {
+        "name": entry.key,
+        "value": entry.value,
+        "read_only": True,
+        "config_source": source,
+        "is_sensitive": entry.sensitive,
+        "synonyms": (
+            [{"name": entry.key, "value": entry.value, "source": source}] if synonyms else []
+        ),
+        "config_type": _CONFIG_TYPE_CODES.get(entry.type_name, 0),
+        "documentation": None,
+    }

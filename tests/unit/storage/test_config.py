@@ -1,0 +1,131 @@
+"""Topic configs: Kafka's validation and messages, and how they reach a ``LogConfig``."""
+
+from __future__ import annotations
+
+import pytest
+
+from kcoord.storage.config import (
+    LONG_MAX,
+    TOPIC_CONFIGS,
+    InvalidConfigError,
+    LogConfig,
+    parse_topic_config,
+    topic_config_error,
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "value"),
+    [
+        ("retention.ms", "-1", -1),
+        ("retention.ms", " 3600000 ", 3_600_000),
+        ("segment.bytes", "14", 14),
+        ("cleanup.policy", "compact, delete", ("compact", "delete")),
+        ("unclean.leader.election.enable", "TRUE", True),
+        ("min.insync.replicas", "2", 2),
+        ("flush.messages", str(LONG_MAX), LONG_MAX),
+        # Unimplemented configs take Kafka's default, however it is written.
+        ("compression.type", "producer", "producer"),
+        ("min.cleanable.dirty.ratio", "0.50", 0.5),
+        ("preallocate", "false", False),
+        ("leader.replication.throttled.replicas", "", ()),
+    ],
+)
+def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) -> None:
+    assert parse_topic_config(name, raw) == value
+    assert topic_config_error({name: raw}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        ("retention.mss", "1", "Unknown topic config name: retention.mss"),
+        ("retention.ms", None, "Null value not supported for topic configs: retention.ms"),
+        (
+            "retention.ms",
+            "soon",
+            "Invalid value soon for configuration retention.ms: Not a number of type LONG",
+        ),
+        (
+            "retention.ms",
+            str(LONG_MAX + 1),
+            f"Invalid value {LONG_MAX + 1} for configuration retention.ms: "
+            "Not a number of type LONG",
+        ),
+        (
+            "segment.bytes",
+            str(2**31),
+            f"Invalid value {2**31} for configuration segment.bytes: Not a number of type INT",
+        ),
+        (
+            "segment.bytes",
+            "13",
+            "Invalid value 13 for configuration segment.bytes: Value must be at least 14",
+        ),
+        (
+            "min.insync.replicas",
+            "0",
+            "Invalid value 0 for configuration min.insync.replicas: Value must be at least 1",
+        ),
+        (
+            "cleanup.policy",
+            "compact,bogus",
+            "Invalid value compact,bogus for configuration cleanup.policy: "
+            "String must be one of: compact, delete",
+        ),
+        (
+            "cleanup.policy",
+            " , ",
+            "Invalid value  ,  for configuration cleanup.policy: "
+            "List must name at least one of: compact, delete",
+        ),
+        (
+            "unclean.leader.election.enable",
+            "yes",
+            "Invalid value yes for configuration unclean.leader.election.enable: "
+            "Expected value to be either true or false",
+        ),
+        (
+            "compression.type",
+            "gzip",
+            "Invalid value gzip for configuration compression.type: kcoord does not implement "
+            "compression.type; it takes only the default, producer",
+        ),
+        (
+            "min.cleanable.dirty.ratio",
+            "1.5",
+            "Invalid value 1.5 for configuration min.cleanable.dirty.ratio: "
+            "Value must be no more than 1",
+        ),
+    ],
+)
+def test_invalid_values_are_refused_with_kafkas_message(
+    name: str, raw: str | None, message: str
+) -> None:
+    with pytest.raises(InvalidConfigError) as caught:
+        parse_topic_config(name, raw)
+    assert str(caught.value) == message
+    assert topic_config_error({"retention.ms": "1", name: raw}) == message
+
+
+def test_every_default_is_valid() -> None:
+    for name, definition in TOPIC_CONFIGS.items():
+        parse_topic_config(name, definition.default)
+
+
+def test_log_config_takes_the_log_settings_and_leaves_the_others() -> None:
+    config = LogConfig().with_topic_configs(
+        {
+            "cleanup.policy": "compact",
+            "retention.ms": "1000",
+            "flush.messages": str(LONG_MAX),
+            "flush.ms": "500",
+            "min.insync.replicas": "2",  # the controller's and the replica manager's
+            "compression.type": "producer",
+        }
+    )
+    assert config.cleanup_policy == frozenset({"compact"})
+    assert (config.retention_ms, config.flush_messages, config.flush_ms) == (1000, None, 500)
+    assert config.segment_bytes == LogConfig().segment_bytes
+    with pytest.raises(InvalidConfigError, match="Unknown topic config name: nope"):
+        LogConfig().with_topic_configs({"nope": "1"})
