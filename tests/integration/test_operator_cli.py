@@ -27,6 +27,7 @@ import pytest
 from kcoord.cli import main
 from kcoord.cluster.routing import partition_for
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.storage.config import TOPIC_CONFIGS
 from tests.integration.cluster import LocalCluster, free_base_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -458,6 +459,47 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
     )
     twice = kcoord("topics", "delete", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
     assert twice.code == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in twice.err
+
+
+def test_configs_describe_and_alter(bootstrap: str) -> None:
+    created = kcoord(
+        "topics", "create", "--topic", "tuned", "--config", "retention.ms=3600000",
+        "--bootstrap-server", bootstrap,
+    )  # fmt: skip
+    assert created.code == 0, created.err
+    topic = ("--entity-type", "topics", "--entity-name", "tuned", "--bootstrap-server", bootstrap)
+    described = kcoord("configs", "describe", *topic)
+    assert (described.code, described.out) == (
+        0,
+        "Dynamic configs for topic tuned are:\n"
+        "  retention.ms=3600000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms="
+        "3600000, DEFAULT_CONFIG:log.retention.ms=604800000}\n",
+    )
+    altered = kcoord(
+        "configs", "alter", *topic, "--add-config",
+        "cleanup.policy=[compact,delete],max.message.bytes=5000", "--delete-config", "retention.ms",
+    )  # fmt: skip
+    assert (altered.code, altered.out) == (0, "Completed updating config for topic tuned.\n")
+    shown = kcoord("topics", "describe", "--topic", "tuned", "--bootstrap-server", bootstrap)
+    assert shown.out.splitlines()[0].endswith(
+        "\tConfigs: cleanup.policy=compact,delete,max.message.bytes=5000"
+    )
+    every = kcoord("configs", "describe", *topic, "--all").out.splitlines()
+    assert every[0] == "All configs for topic tuned are:"
+    entries = {line.split("=", 1)[0].strip(): line for line in every[1:]}
+    assert set(entries) == set(TOPIC_CONFIGS)
+    assert entries["retention.ms"].startswith("  retention.ms=604800000 sensitive=false")
+    refused = kcoord("configs", "alter", *topic, "--add-config", "retention.ms=soon")
+    assert (refused.code, refused.err) == (
+        1,
+        "Error while executing config command : topic 'tuned': INVALID_CONFIG (Invalid value "
+        "soon for configuration retention.ms: Not a number of type LONG)\n",
+    )
+    broker = ("--entity-type", "brokers", "--entity-name", "2", "--bootstrap-server", bootstrap)
+    assert kcoord("configs", "describe", *broker).out == "Dynamic configs for broker 2 are:\n"
+    static = kcoord("configs", "describe", *broker, "--all").out.splitlines()
+    assert "  node.id=2 sensitive=false synonyms={STATIC_BROKER_CONFIG:node.id=2}" in static
+    assert kcoord("configs", "alter", *broker, "--add-config", "a=b").code == 1
 
 
 def create_short_lived(bootstrap: str) -> None:

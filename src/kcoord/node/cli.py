@@ -7,6 +7,7 @@ Subcommands:
   dump-log FILE... [--print-data-log] [--offsets-decoder]   like kafka-dump-log.sh
   groups list|describe|reset-offsets|delete   like kafka-consumer-groups.sh (groups_tool)
   topics list|describe|create|delete          like kafka-topics.sh (topics_tool)
+  configs describe|alter                      like kafka-configs.sh (configs_tool)
 
 (``kcoord chaos ...`` is dispatched before this by ``kcoord.cli``.)
 """
@@ -185,10 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dump.set_defaults(func=_dump_log)
 
-    from kcoord.node import groups_tool, topics_tool
+    from kcoord.node import configs_tool, groups_tool, topics_tool
 
     groups_tool.add_parser(sub, DEFAULT_CLUSTER_DIR)
     topics_tool.add_parser(sub, DEFAULT_CLUSTER_DIR)
+    configs_tool.add_parser(sub, DEFAULT_CLUSTER_DIR)
     return parser
 
 

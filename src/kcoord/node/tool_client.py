@@ -55,6 +55,7 @@ DELETE_TOPICS: Final = (20, 6)
 DELETE_GROUPS: Final = (42, 2)
 API_VERSIONS: Final = (18, 3)
 DESCRIBE_CONFIGS: Final = (32, 4)
+INCREMENTAL_ALTER_CONFIGS: Final = (44, 1)
 
 # ListOffsets timestamps with a meaning (ListOffsetsRequest.LATEST_TIMESTAMP, EARLIEST_...).
 LATEST_TIMESTAMP: Final = -1

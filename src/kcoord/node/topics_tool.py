@@ -14,8 +14,8 @@ v7, DeleteTopics v6. ``describe`` prints Kafka's ``TopicCommand`` lines::
   <TAB>Topic: T<TAB>Partition: 0<TAB>Leader: 1<TAB>Replicas: 1,2,3<TAB>Isr: 1,2,3
 
 (Kafka 3.9+ adds ELR columns from DescribeTopicPartitions, which this leaves out.) Configs lists
-the topic's non-default configs from DescribeConfigs v4 when the broker serves it (Apache Kafka
-does; kcoord does not yet, and then Configs is empty). A partition without a leader shows
+the topic's own (non-default) configs from DescribeConfigs v4 (empty if a broker does not
+serve it). A partition without a leader shows
 ``Leader: none``. ``create`` prints "Created topic T."; ``delete`` prints nothing, as Kafka's.
 Errors go to stderr as "Error while executing topic command : ..." and exit 1.
 """

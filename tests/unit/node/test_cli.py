@@ -6,6 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from kcoord.node.configs_tool import parse_add_config
+from kcoord.node.tool_client import ToolError
+
 
 def _kcoord(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -45,3 +50,14 @@ def test_cluster_commands_without_a_cluster_fail_clearly(tmp_path: Path) -> None
     result = _kcoord("cluster", "status", "--data-dir", str(tmp_path))
     assert result.returncode == 1
     assert "no cluster state" in result.stderr
+
+
+def test_add_config_takes_kafkas_syntax() -> None:
+    assert parse_add_config("a=1, cleanup.policy=[compact,delete] ,b=") == [
+        ("a", "1"),
+        ("cleanup.policy", "compact,delete"),
+        ("b", ""),
+    ]
+    for bad in ("a", "=1", "a=1,,b=2"):
+        with pytest.raises(ToolError, match="key=val"):
+            parse_add_config(bad)

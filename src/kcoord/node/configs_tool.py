@@ -1,0 +1,191 @@
+"""``kcoord configs``: topic and broker configs as ``kafka-configs.sh`` shows and changes them.
+
+::
+
+  configs describe --entity-type topics|brokers [--entity-name N] [--all]
+  configs alter --entity-type topics --entity-name T [--add-config K=V,...] [--delete-config K,...]
+
+Through the Kafka protocol (``tool_client``): DescribeConfigs v4 (a broker's resource goes to
+that broker, as Kafka's admin client sends it) and IncrementalAlterConfigs v1. ``describe``
+prints Kafka's ``ConfigCommand`` lines::
+
+  Dynamic configs for topic T are:
+    retention.ms=3600000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=3600000, ...}
+
+"Dynamic" lists what was set on the resource itself; ``--all`` ("All configs for ...") lists
+every config with its effective value. Without ``--entity-name`` every topic (or broker) is
+described. ``--add-config`` takes Kafka's syntax: comma-separated ``key=value`` pairs, a list
+value in square brackets (``cleanup.policy=[compact,delete]``). ``alter`` prints "Completed
+updating config for topic T."; kcoord has no dynamic broker configs, so only topics are
+altered. Errors go to stderr as "Error while executing config command : ..." and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Final
+
+from kcoord.errors import Errors
+from kcoord.node.tool_client import (
+    DESCRIBE_CONFIGS,
+    INCREMENTAL_ALTER_CONFIGS,
+    KafkaError,
+    RetriableError,
+    ToolClient,
+    ToolError,
+    add_connection_arguments,
+    error_name,
+    run_tool,
+)
+
+ERROR_PREFIX: Final = "Error while executing config command : "
+_RESOURCE_TYPES: Final = {"topics": 2, "brokers": 4}  # ConfigResource.Type
+_ENTITY_NAMES: Final = {"topics": "topic", "brokers": "broker"}
+_SOURCES: Final = {
+    1: "DYNAMIC_TOPIC_CONFIG",
+    2: "DYNAMIC_BROKER_CONFIG",
+    3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG",
+    5: "DEFAULT_CONFIG",
+}
+_DYNAMIC_SOURCES: Final = frozenset({1, 2, 3})
+_SET, _DELETE = 0, 1  # AlterConfigOp.OpType
+
+
+def parse_add_config(text: str) -> list[tuple[str, str]]:
+    """``k1=v1,k2=[a,b]`` (``ConfigCommand.parseConfigsToBeAdded``)."""
+    pairs: list[tuple[str, str]] = []
+    depth, start = 0, 0
+    pieces: list[str] = []
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            pieces.append(text[start:i])
+            start = i + 1
+    pieces.append(text[start:])
+    for piece in pieces:
+        key, equals, value = piece.partition("=")
+        if not equals or not key.strip():
+            raise ToolError(
+                "Invalid entity config: all configs to be added must be in the format "
+                '"key=val" or "key=[val1,val2]".'
+            )
+        value = value.strip()
+        if value.startswith("[") and value.endswith("]"):
+            value = value[1:-1]
+        pairs.append((key.strip(), value))
+    return pairs
+
+
+def _describe(client: ToolClient, args: argparse.Namespace) -> int:
+    kind = args.entity_type
+    if args.entity_name is not None:
+        names = [args.entity_name]
+    elif kind == "topics":
+        names = sorted(client.metadata(None).topics)
+    else:
+        names = [str(b) for b in sorted(client.metadata([]).brokers)]
+    for name in names:
+        result = _describe_one(client, kind, name)
+        shown = [c for c in result.configs if args.all or int(c.config_source) in _DYNAMIC_SOURCES]
+        label = f"{_ENTITY_NAMES[kind]} {name}"
+        print(f"{'All' if args.all else 'Dynamic'} configs for {label} are:")
+        for c in shown:
+            value = "null" if c.value is None else c.value
+            synonyms = ", ".join(
+                f"{_SOURCES.get(int(s.source), str(s.source))}:{s.name}="
+                f"{'null' if s.value is None else s.value}"
+                for s in c.synonyms
+            )
+            sensitive = "true" if c.is_sensitive else "false"
+            print(f"  {c.name}={value} sensitive={sensitive} synonyms={{{synonyms}}}")
+    return 0
+
+
+def _describe_one(client: ToolClient, kind: str, name: str) -> Any:
+    values = {
+        "resources": [
+            {
+                "resource_type": _RESOURCE_TYPES[kind],
+                "resource_name": name,
+                "configuration_keys": None,
+            }
+        ],
+        "include_synonyms": True,
+        "include_documentation": False,
+    }
+
+    def attempt() -> Any:
+        if kind == "brokers":
+            if not (name.isascii() and name.isdigit()):
+                raise ToolError(f"The entity name for brokers must be a broker id, not '{name}'")
+            body = client.send_to(int(name), DESCRIBE_CONFIGS, values)
+        else:
+            body = client.send_any(DESCRIBE_CONFIGS, values)
+        return body.results[0]
+
+    result = client.retrying(f"describing the configs of {name}", attempt)
+    code = int(result.error_code)
+    if code == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+        raise ToolError(f"The topic '{name}' does not exist.")
+    if code != Errors.NONE:
+        raise KafkaError(code, f"{_ENTITY_NAMES[kind]} '{name}'", result.error_message)
+    return result
+
+
+def _alter(client: ToolClient, args: argparse.Namespace) -> int:
+    if args.entity_type != "topics":
+        raise ToolError("kcoord has no dynamic broker configs; only topic configs are altered")
+    if args.entity_name is None:
+        raise ToolError("--entity-name must be specified with --alter of topics")
+    added = parse_add_config(args.add_config) if args.add_config else []
+    deleted = [k.strip() for k in args.delete_config.split(",")] if args.delete_config else []
+    if not added and not deleted:
+        raise ToolError("At least one of --add-config or --delete-config must be specified")
+    ops = [{"name": k, "config_operation": _SET, "value": v} for k, v in added]
+    ops += [{"name": k, "config_operation": _DELETE, "value": None} for k in deleted if k]
+    values = {
+        "resources": [
+            {"resource_type": _RESOURCE_TYPES["topics"], "resource_name": args.entity_name,
+             "configs": ops}
+        ],
+        "validate_only": False,
+    }  # fmt: skip
+
+    def attempt() -> Any:
+        response = client.send_any(INCREMENTAL_ALTER_CONFIGS, values).responses[0]
+        if int(response.error_code) in (Errors.NOT_CONTROLLER, Errors.REQUEST_TIMED_OUT):
+            raise RetriableError(error_name(int(response.error_code)))
+        return response
+
+    response = client.retrying(f"altering the configs of {args.entity_name}", attempt)
+    code = int(response.error_code)
+    if code != Errors.NONE:
+        raise KafkaError(code, f"topic '{args.entity_name}'", response.error_message)
+    print(f"Completed updating config for topic {args.entity_name}.")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    commands = {"describe": _describe, "alter": _alter}
+    return run_tool(commands[args.configs_command], args, error_prefix=ERROR_PREFIX)
+
+
+def add_parser(sub: Any, default_cluster_dir: Path) -> None:
+    """``kcoord configs ...`` under the top-level subparsers ``sub``."""
+    configs = sub.add_parser("configs", help="topic and broker configs, like kafka-configs.sh")
+    csub = configs.add_subparsers(dest="configs_command", required=True)
+    describe = csub.add_parser("describe", help="DescribeConfigs")
+    describe.add_argument("--all", action="store_true", help="every config, not just dynamic")
+    alter = csub.add_parser("alter", help="IncrementalAlterConfigs (topics)")
+    alter.add_argument("--add-config", metavar="K=V[,K=V]", help="set these keys")
+    alter.add_argument("--delete-config", metavar="K[,K]", help="remove these keys")
+    for p in (describe, alter):
+        p.add_argument("--entity-type", required=True, choices=sorted(_RESOURCE_TYPES))
+        p.add_argument("--entity-name", help="topic name or broker id")
+        add_connection_arguments(p, default_cluster_dir)
+    configs.set_defaults(func=_run)
