@@ -201,7 +201,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # The __consumer_offsets topic and the group coordinator.
     _Spec("offsets.topic.num.partitions", _Kind.INT, 50, 1, _INT32_MAX),
     _Spec("offsets.topic.replication.factor", _Kind.INT, 3, 1, _INT16_MAX),
-    _Spec("offsets.topic.segment.bytes", _Kind.INT, 100 * 1024 * 1024, 1, _INT32_MAX),
+    # 14: the least segment.bytes a topic takes (storage/config.py), so the topic can be made.
+    _Spec("offsets.topic.segment.bytes", _Kind.INT, 100 * 1024 * 1024, 14, _INT32_MAX),
     _Spec("offsets.load.buffer.size", _Kind.INT, 5 * 1024 * 1024, 1, _INT32_MAX),
     _Spec("offsets.commit.timeout.ms", _Kind.INT, 5000, 1, _INT32_MAX),
     _Spec("offsets.retention.minutes", _Kind.INT, 7 * 24 * 60, 1, _INT32_MAX),
