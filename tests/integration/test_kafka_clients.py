@@ -255,6 +255,78 @@ def test_topic_configs_through_every_client(cluster: LocalCluster) -> None:
     assert broker["log.retention.ms"] == [str(7 * 24 * 3600 * 1000), "DEFAULT_CONFIG"]
 
 
+def test_delete_records_through_every_client(cluster: LocalCluster) -> None:
+    """DeleteRecords moves each partition's log start offset: every client gets the low
+    watermark it asked for, ListOffsets earliest and a consumer from the beginning start there,
+    and after a SIGKILL of a partition's leader the new leader starts there too (the answer
+    waited for every live replica's log start)."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    topic = "trimmed"
+    create = {"bootstrap": bootstrap, "topic": topic, "partitions": 3, "replication_factor": 3}
+    run_client("confluent-kafka", {"op": "create_topic", **create})
+    acked = messages(
+        run_client(
+            "confluent-kafka",
+            {"op": "produce", "bootstrap": bootstrap, "topic": topic, "count": 90, "prefix": "d"},
+        )
+    )
+    ends = Counter(p for p, *_ in acked)
+    assert set(ends) == {0, 1, 2}
+    starts = {p: ends[p] // 2 for p in ends}
+    for partition, client in enumerate(CLIENTS):
+        cmd = {
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "offsets": {str(partition): starts[partition]},
+        }
+        answer = run_client(client, {"op": "delete_records", **cmd})
+        assert {int(p): w for p, w in answer.items()} == {partition: starts[partition]}, client
+
+    def earliest() -> dict[int, int]:
+        result = run_client(
+            "kafka-python",
+            {
+                "op": "offsets",
+                "bootstrap": bootstrap,
+                "topic": topic,
+                "partitions": [0, 1, 2],
+                "timestamps": {},
+            },
+        )
+        return {int(p): o for p, o in result["earliest"].items()}
+
+    assert earliest() == starts
+    kept = [m for m in acked if m[1] >= starts[m[0]]]
+    consumed = messages(
+        run_client(
+            "aiokafka",
+            {
+                "op": "consume",
+                "bootstrap": bootstrap,
+                "topic": topic,
+                "partitions": [0, 1, 2],
+                "expect": len(kept),
+            },
+        )
+    )
+    assert sorted(consumed) == sorted(kept)
+
+    def leader() -> int | None:
+        cmd = {"op": "leaders", "bootstrap": bootstrap, "topic": topic}
+        found = run_client("kafka-python", cmd).get("0")
+        return None if found is None or int(found) < 0 else int(found)
+
+    victim = leader()
+    assert victim is not None
+    cluster.kill(victim)
+    try:
+        wait_for(lambda: leader() not in (victim, None), "a new leader of partition 0")
+        assert earliest() == starts
+    finally:
+        cluster.start(victim)
+
+
 def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, overrides=OVERRIDES) as cluster:
         assert cluster.state is not None

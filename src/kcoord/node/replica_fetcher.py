@@ -325,7 +325,10 @@ class ReplicaFetcherManager:
             lg.append_as_follower(records, self.replicas.now_ms())
             lg.epoch_cache.flush()  # a no-op unless the records started a new epoch
             self.replicas.follower_bytes_appended += len(records)
-        lg.maybe_increment_log_start_offset(int(r["log_start_offset"]))
+        if lg.maybe_increment_log_start_offset(int(r["log_start_offset"])):
+            # At once, not on a timer: the leader's DeleteRecords answer counts this replica's
+            # log start once its next fetch reports it, so it must survive a crash by then.
+            self.replicas.checkpoint_log_start_offsets()
         self.replicas.maybe_advance_follower_high_watermark(part, int(r["high_watermark"]))
 
     # -----------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from kcoord.cluster.replication import LeaderReplication
 from kcoord.errors import Errors
@@ -64,6 +64,8 @@ from kcoord.storage.manager import LogManager
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
+
+DELETE_TO_HIGH_WATERMARK: Final = -1  # DeleteRecordsRequest.HIGH_WATERMARK
 
 TopicPartition = tuple[str, int]
 HighWatermarkListener = Callable[["Partition", int], None]
@@ -128,7 +130,10 @@ class Partition:
     isr_change_retry_ms: int = 0
     # Follower only: must reconcile with the leader (KIP-101/279) before fetching.
     truncation_pending: bool = False
+    # Leader only: the log start offset each follower last reported (for DeleteRecords).
+    follower_log_starts: dict[int, int] = field(default_factory=dict)
     _waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    _low_watermark_waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
     @property
     def tp(self) -> TopicPartition:
@@ -184,9 +189,43 @@ class Partition:
 
     def fail_waiters(self, code: Errors) -> None:
         waiters, self._waiters = self._waiters, []
+        waiters += self._low_watermark_waiters
+        self._low_watermark_waiters = []
         for _, fut in waiters:
             if not fut.done():
                 fut.set_exception(KafkaError(code, f"{self.topic}-{self.partition}"))
+
+    def low_watermark_reached(self, offset: int, low_watermark: int) -> asyncio.Future[None]:
+        """A future done once the low watermark (``ReplicaManager.low_watermark``) is at or
+        above ``offset``; failed with NOT_LEADER_OR_FOLLOWER if this replica stops leading
+        first (Kafka's ``DelayedDeleteRecords``). Cancel it to give up."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if low_watermark >= offset:
+            fut.set_result(None)
+        else:
+            waiter = (offset, fut)
+            self._low_watermark_waiters.append(waiter)
+            fut.add_done_callback(
+                lambda f: self._forget_low_watermark_waiter(waiter) if f.cancelled() else None
+            )
+        return fut
+
+    @property
+    def awaits_low_watermark(self) -> bool:
+        return bool(self._low_watermark_waiters)
+
+    def set_low_watermark(self, low_watermark: int) -> None:
+        ready = [f for o, f in self._low_watermark_waiters if o <= low_watermark]
+        self._low_watermark_waiters = [
+            (o, f) for o, f in self._low_watermark_waiters if o > low_watermark
+        ]
+        for fut in ready:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _forget_low_watermark_waiter(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
+        with contextlib.suppress(ValueError):
+            self._low_watermark_waiters.remove(waiter)
 
 
 class ReplicaManager:
@@ -279,6 +318,7 @@ class ReplicaManager:
                 part.leader_epoch = change.leader_epoch
                 part.truncation_pending = False
                 part.isr_change_retry_ms = 0
+                part.follower_log_starts = {}
                 # Kafka's makeLeader: follower states reset, the HW starts at ours, and a
                 # joining follower must reach the LEO this epoch starts at.
                 part.replication = LeaderReplication(
@@ -472,6 +512,55 @@ class ReplicaManager:
         if part.set_high_watermark(target):
             self._notify_high_watermark(part)
 
+    def delete_records(self, topic: str, partition: int, offset: int) -> tuple[Partition, int]:
+        """The leader's part of DeleteRecords (Kafka's ``Partition.deleteRecordsOnLeader``):
+        move the log start up to ``offset`` (-1: the high watermark), never past the HW.
+        Returns the partition and the offset the low watermark must reach; followers learn
+        the new log start from their next fetch answer, which this wakes."""
+        part = self.leader_partition(topic, partition)
+        name = f"{topic}-{partition}"
+        if not part.log.config.delete:
+            raise KafkaError(
+                Errors.POLICY_VIOLATION,
+                f"Records of partition {name} can not be deleted due to the configured policy",
+            )
+        target = part.high_watermark if offset == DELETE_TO_HIGH_WATERMARK else offset
+        if target < 0:
+            raise KafkaError(
+                Errors.OFFSET_OUT_OF_RANGE, f"The offset {target} for partition {name} is not valid"
+            )
+        if target > part.high_watermark:
+            raise KafkaError(
+                Errors.OFFSET_OUT_OF_RANGE,
+                f"Cannot increment the log start offset to {target} of partition {name} since "
+                f"it is larger than the high watermark {part.high_watermark}",
+            )
+        if part.log.maybe_increment_log_start_offset(target):
+            log.info("%s: log start offset moved to %d (DeleteRecords)", name, target)
+            self.checkpoint_log_start_offsets()
+            self._wake_replica_fetches()
+        return part, target
+
+    def checkpoint_log_start_offsets(self) -> None:
+        """Write ``log-start-offset-checkpoint`` now (Kafka does it on a timer, so a crash can
+        bring deleted records back; kcoord writes it whenever DeleteRecords moves a log start,
+        here and on the followers)."""
+        try:
+            self.logs.checkpoint_log_start_offsets()
+        except OSError as e:
+            log.error("cannot checkpoint log start offsets: %s", e)
+
+    def low_watermark(self, part: Partition) -> int:
+        """The least log start offset of the leader and of every follower on an unfenced broker
+        that reported one (Kafka's ``Partition.lowWatermarkIfLeader``)."""
+        alive = self._unfenced_brokers()
+        starts = [
+            start
+            for replica, start in part.follower_log_starts.items()
+            if replica in alive and replica in part.replicas
+        ]
+        return min([part.log.log_start_offset, *starts])
+
     def _unfenced_brokers(self) -> frozenset[int]:
         """The image's unfenced brokers, recomputed only when the image has moved on (this
         runs on every follower fetch)."""
@@ -602,6 +691,12 @@ class ReplicaManager:
         except KafkaError:
             return
         assert part.replication is not None
+        follower_log_start = item.get("log_start_offset")
+        if follower_log_start is not None:
+            before = part.follower_log_starts.get(replica_id)
+            part.follower_log_starts[replica_id] = int(follower_log_start)
+            if before != int(follower_log_start) and part.awaits_low_watermark:
+                part.set_low_watermark(self.low_watermark(part))
         fetch_offset = int(item["fetch_offset"])
         if not part.log.log_start_offset <= fetch_offset <= part.log.log_end_offset:
             return  # out of range: the follower truncates or restarts first
@@ -668,7 +763,10 @@ class ReplicaManager:
                 continue
             fetch_offset = int(item["fetch_offset"])
             follower_hw = int(item.get("high_watermark", -1))
-            news = high_watermark > follower_hw
+            follower_log_start = item.get("log_start_offset")
+            news = high_watermark > follower_hw or (
+                follower_log_start is not None and lg.log_start_offset > int(follower_log_start)
+            )
             if fetch_offset != log_end_offset:  # at the log end there is nothing to read
                 try:
                     data = lg.read(fetch_offset, budget, min_one=budget > 0)
@@ -688,7 +786,6 @@ class ReplicaManager:
                     budget = max(0, budget - len(data.records))
                     news = True
             ready = ready or news
-            follower_log_start = item.get("log_start_offset")
             if (
                 follower_log_start is None
                 or result["records"]

@@ -617,12 +617,16 @@ class Log:
     # -----------------------------------------------------------------------------------------
     # Retention.
 
-    def maybe_increment_log_start_offset(self, offset: int) -> None:
-        """Move the log start up (DeleteRecords, or a leader's log start seen by a follower)."""
-        if offset > self.log_start_offset:
-            self.log_start_offset = min(offset, self.log_end_offset)
-            self.epoch_cache.truncate_from_start(self.log_start_offset)
-            self.epoch_cache.flush()
+    def maybe_increment_log_start_offset(self, offset: int) -> bool:
+        """Move the log start up (DeleteRecords, or a leader's log start seen by a follower);
+        True if it moved."""
+        moved_to = min(offset, self.log_end_offset)
+        if moved_to <= self.log_start_offset:
+            return False
+        self.log_start_offset = moved_to
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.epoch_cache.flush()
+        return True
 
     def delete_old_segments(self, now_ms: int, *, high_watermark: int | None = None) -> int:
         """Delete whole segments past retention; return how many (Kafka's deleteOldSegments).

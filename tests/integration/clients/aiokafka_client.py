@@ -11,6 +11,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
 DEADLINE_S = 60.0
@@ -186,6 +187,22 @@ async def alter_configs(cmd: dict[str, Any]) -> Any:
     return {"error": error, "message": message}
 
 
+async def delete_records(cmd: dict[str, Any]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        result = await admin.delete_records(
+            {
+                TopicPartition(cmd["topic"], int(p)): RecordsToDelete(o)
+                for p, o in cmd["offsets"].items()
+            },
+            timeout_ms=30_000,
+        )
+    finally:
+        await admin.close()
+    return {tp.partition: low_watermark for tp, low_watermark in result.items()}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -199,6 +216,7 @@ def main() -> None:
         "describe_group": describe_group,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
+        "delete_records": delete_records,
     }
     print(json.dumps(asyncio.run(ops[cmd["op"]](cmd))), flush=True)
 

@@ -84,6 +84,18 @@ def alter_configs(cmd: dict[str, Any]) -> Any:
     return {"error": 0}
 
 
+def delete_records(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    futures = admin.delete_records(
+        [TopicPartition(cmd["topic"], int(p), o) for p, o in cmd["offsets"].items()],
+        operation_timeout=30,
+    )
+    return {
+        tp.partition: future.result(timeout=DEADLINE_S).low_watermark
+        for tp, future in futures.items()
+    }
+
+
 def produce_one(cmd: dict[str, Any]) -> Any:
     """One keyed record of ``size`` bytes to ``partition``; the delivery error's code, or 0."""
     producer = Producer({"bootstrap.servers": cmd["bootstrap"], "acks": "all"})
@@ -258,6 +270,7 @@ def main() -> None:
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "produce_one": produce_one,
+        "delete_records": delete_records,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

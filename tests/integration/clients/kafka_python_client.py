@@ -170,6 +170,18 @@ def alter_configs(cmd: dict[str, Any]) -> Any:
     return {"error": 0} if outcome == "OK" else {"error": outcome}
 
 
+def delete_records(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        result = admin.delete_records(
+            {TopicPartition(cmd["topic"], int(p)): o for p, o in cmd["offsets"].items()},
+            timeout_ms=30_000,
+        )
+    finally:
+        admin.close()
+    return {tp.partition: answer["low_watermark"] for tp, answer in result.items()}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -183,6 +195,7 @@ def main() -> None:
         "describe_group": describe_group,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
+        "delete_records": delete_records,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -10,6 +10,7 @@ and drops the rest of the old leader's tail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,6 +20,7 @@ from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
 from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
+from kcoord.storage import checkpoint
 from kcoord.storage.manager import LogManager
 from tests.unit.storage.helpers import batch, read_all
 
@@ -253,5 +255,39 @@ def test_a_replica_fetch_answer_names_only_the_partitions_with_something_to_appl
         leader.produce(b"c")  # a new record: fetched and applied from the trimmed answers
         await follower.fetch_once()
         assert follower.values() == [b"a", b"b", b"c"]
+
+    asyncio.run(scenario())
+
+
+def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) -> None:
+    """The leader's new log start wakes the follower's parked fetch; the follower takes it,
+    writes its log start checkpoint at once (a crash must not bring the records back), and its
+    next fetch reports it, which completes the leader's wait for the low watermark."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
+        _start(cluster)
+        for i in range(3):
+            leader.produce(b"r-%d" % i)
+        while leader.partition.high_watermark < 3 or follower.partition.high_watermark < 3:
+            await follower.fetch_once()
+        parked = asyncio.create_task(follower.fetch_once())
+        await _parked(leader.replicas)
+
+        part, target = leader.replicas.delete_records(TOPIC, 0, 2)
+        reached = part.low_watermark_reached(target, leader.replicas.low_watermark(part))
+        assert not reached.done()
+        await asyncio.wait_for(parked, 5)  # answered at once: the log start is news
+        assert follower.partition.log.log_start_offset == 2
+        path = follower.logs.data_dir / checkpoint.LOG_START_OFFSET_CHECKPOINT
+        assert checkpoint.read_offsets(path)[(TOPIC, 0)] == 2
+        assert not reached.done()
+        reporting = asyncio.create_task(follower.fetch_once())  # reports log start 2, parks
+        await asyncio.wait_for(reached, 5)
+        assert leader.replicas.low_watermark(part) == 2
+        reporting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reporting
 
     asyncio.run(scenario())

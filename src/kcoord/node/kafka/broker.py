@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kcoord.node.kafka import admin, fetch, metadata, produce
+from kcoord.node.kafka import admin, delete_records, fetch, metadata, produce
 from kcoord.node.kafka.apis import ApiRegistry, ApiSpec, Handler
 from kcoord.node.kafka.context import BrokerContext, KafkaSettings
 from kcoord.node.kafka.controller_channel import ControllerChannel
@@ -64,6 +64,7 @@ class KafkaBroker:
             self.ctx, self.producer_ids, produce.ProducerStates(replicas)
         )
         self.fetch = fetch.FetchApi(self.ctx, fetch.FetchWaiters(replicas))
+        self.delete_records = delete_records.DeleteRecordsApi(self.ctx)
         self.registry = ApiRegistry()
         # Produce v3+ and Fetch v4+ carry v2 record batches, the only format kcoord stores.
         self.register(produce.PRODUCE_KEY, self.produce.handle_produce, min_version=3)
@@ -76,6 +77,7 @@ class KafkaBroker:
         self.register(admin.DELETE_TOPICS_KEY, self.admin.handle_delete_topics)
         self.register(produce.INIT_PRODUCER_ID_KEY, self.produce.handle_init_producer_id)
         self.register(admin.CREATE_PARTITIONS_KEY, self.admin.handle_create_partitions)
+        self.register(delete_records.DELETE_RECORDS_KEY, self.delete_records.handle_delete_records)
         self.server = KafkaServer(
             self.registry, max_request_bytes=max_request_bytes, idle_ms=idle_ms, stats=request_stats
         )

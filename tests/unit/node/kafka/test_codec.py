@@ -38,6 +38,7 @@ ADVERTISED = {
     18: range(5),  # ApiVersions
     19: range(2, 8),  # CreateTopics
     20: range(1, 7),  # DeleteTopics
+    21: range(3),  # DeleteRecords
     22: range(7),  # InitProducerId
     23: range(2, 5),  # OffsetForLeaderEpoch
     32: range(1, 5),  # DescribeConfigs
@@ -375,6 +376,18 @@ VALUES: dict[int, dict[str, Any]] = {
     },
 }
 VALUES[44] = VALUES[33]
+VALUES[21] = {
+    "throttle_time": 0,
+    "topics": [
+        {
+            "name": "t",
+            "partitions": [
+                {"partition_index": 0, "low_watermark": 7, "error_code": Errors.NONE},
+                {"partition_index": 1, "low_watermark": -1, "error_code": Errors.POLICY_VIOLATION},
+            ],
+        }
+    ],
+}
 
 
 @pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)

@@ -1,0 +1,131 @@
+"""DeleteRecords on the wire against the harness node: the log start offset moves, the answer
+waits for the followers' log starts (the low watermark), and Kafka's refusals."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from kcoord.errors import Errors
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.storage import checkpoint
+from tests.unit.node.kafka.harness import Harness
+from tests.unit.node.kafka.test_handlers import (
+    FETCH,
+    PRODUCE,
+    batch,
+    fetch_values,
+    only_partition,
+    produce_values,
+    run,
+)
+from tests.unit.node.kafka.wire import AsyncWireClient
+
+DELETE_RECORDS = 21
+
+
+def delete_values(topic: str, partition: int, offset: int, timeout_ms: int = 5000) -> Any:
+    return {
+        "topics": [
+            {"name": topic, "partitions": [{"partition_index": partition, "offset": offset}]}
+        ],
+        "timeout": timeout_ms,
+    }
+
+
+async def delete(
+    c: AsyncWireClient, topic: str, partition: int, offset: int, timeout_ms: int = 5000
+) -> tuple[Errors, int]:
+    response = await c.call(DELETE_RECORDS, 2, delete_values(topic, partition, offset, timeout_ms))
+    (result,) = response.topics[0].partitions
+    return Errors(result.error_code), int(result.low_watermark)
+
+
+def test_delete_records_moves_the_log_start_and_refuses_what_kafka_refuses(
+    tmp_path: Path,
+) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        other = h.led_partitions("t", by=2)[0]
+        for _ in range(3):
+            await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"a", b"b"])))
+        assert await delete(c, "t", mine, 7) == (Errors.OFFSET_OUT_OF_RANGE, -1)  # HW is 6
+        assert await delete(c, "t", mine, -2) == (Errors.OFFSET_OUT_OF_RANGE, -1)
+        assert await delete(c, "t", mine, 3) == (Errors.NONE, 3)
+        # Written at once, so a crash does not bring the records back.
+        path = h.replicas.logs.data_dir / checkpoint.LOG_START_OFFSET_CHECKPOINT
+        assert checkpoint.read_offsets(path)[("t", mine)] == 3
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", mine, 0)))
+        assert fetched.error_code == Errors.OFFSET_OUT_OF_RANGE
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", mine, 4)))
+        assert (fetched.error_code, fetched.log_start_offset) == (Errors.NONE, 3)
+        assert await delete(c, "t", mine, 1) == (Errors.NONE, 3)  # never moves back
+        assert await delete(c, "t", mine, -1) == (Errors.NONE, 6)  # -1: the high watermark
+        assert await delete(c, "t", other, 0) == (Errors.NOT_LEADER_OR_FOLLOWER, -1)
+        assert await delete(c, "nope", 0, 0) == (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)
+        assert await delete(c, OFFSETS_TOPIC_NAME, 0, 0) == (Errors.INVALID_TOPIC_EXCEPTION, -1)
+        response = await c.call(
+            44,  # IncrementalAlterConfigs: cleanup.policy=compact
+            1,
+            {
+                "resources": [
+                    {
+                        "resource_type": 2,
+                        "resource_name": "t",
+                        "configs": [
+                            {"name": "cleanup.policy", "config_operation": 0, "value": "compact"}
+                        ],
+                    }
+                ],
+                "validate_only": False,
+            },
+        )
+        assert response.responses[0].error_code == Errors.NONE
+        assert await delete(c, "t", mine, 6) == (Errors.POLICY_VIOLATION, -1)
+
+    run(tmp_path, test)
+
+
+def test_the_answer_waits_for_the_followers_log_starts(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("r", 3, 3)  # brokers 2 and 3 follow every partition
+        mine = h.led_partitions("r")[0]
+        part = h.replicas.get_partition("r", mine)
+        assert part is not None
+        await c.call(PRODUCE, 9, produce_values("r", mine, batch([b"a", b"b", b"c"]), acks=1))
+
+        async def follower_fetch(replica: int, log_start: int) -> None:
+            await h.replicas.handle_replica_fetch(
+                {
+                    "replica_id": replica,
+                    "max_wait_ms": 0,
+                    "partitions": [
+                        {
+                            "topic": "r",
+                            "partition": mine,
+                            "fetch_offset": part.log.log_end_offset,
+                            "leader_epoch": part.leader_epoch,
+                            "log_start_offset": log_start,
+                        }
+                    ],
+                }
+            )
+
+        for replica in (2, 3):
+            await follower_fetch(replica, 0)
+        assert part.high_watermark == 3
+        # Follower 3 never reports a log start past 0: the wait times out.
+        assert await delete(c, "r", mine, 2, timeout_ms=200) == (Errors.REQUEST_TIMED_OUT, -1)
+        assert part.log.log_start_offset == 2  # the leader's moved all the same
+        waiting = asyncio.ensure_future(delete(c, "r", mine, 2))
+        async with asyncio.timeout(5):
+            while not part.awaits_low_watermark:
+                await asyncio.sleep(0.001)  # until the request reached the node
+        await follower_fetch(2, 2)
+        assert (h.replicas.low_watermark(part), part.awaits_low_watermark) == (0, True)
+        await follower_fetch(3, 2)
+        assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
