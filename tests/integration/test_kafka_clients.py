@@ -327,6 +327,42 @@ def test_delete_records_through_every_client(cluster: LocalCluster) -> None:
         cluster.start(victim)
 
 
+def test_elect_leaders_and_describe_log_dirs(cluster: LocalCluster) -> None:
+    """ElectLeaders answers ELECTION_NOT_NEEDED where the preferred replica leads (and
+    nothing for "every partition"); DescribeLogDirs shows every replica of a partition with
+    the same size once the producer's records are acknowledged by all of them."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    topic = "placed"
+    create = {"bootstrap": bootstrap, "topic": topic, "partitions": 3, "replication_factor": 3}
+    run_client("confluent-kafka", {"op": "create_topic", **create})
+    not_needed = dict.fromkeys(range(3), 84)  # ELECTION_NOT_NEEDED
+    # For "every partition" kafka-python names them all itself; librdkafka sends null, which
+    # the broker answers only where an election was needed.
+    for client, for_all in (("kafka-python", not_needed), ("confluent-kafka", {})):
+        cmd = {"bootstrap": bootstrap, "topic": topic}
+        for partitions, expected in (([0, 1, 2], not_needed), (None, for_all)):
+            answer = run_client(client, {"op": "elect_leaders", **cmd, "partitions": partitions})
+            assert {int(p): e for p, e in answer.items()} == expected, (client, partitions)
+    run_client(
+        "confluent-kafka",
+        {"op": "produce", "bootstrap": bootstrap, "topic": topic, "count": 60, "prefix": "s"},
+    )
+
+    def sizes() -> dict[int, dict[int, int]]:
+        answer = run_client("kafka-python", {"op": "describe_log_dirs", "bootstrap": bootstrap,
+                                             "topic": topic})  # fmt: skip
+        return {int(b): {int(p): s for p, s in parts.items()} for b, parts in answer.items()}
+
+    def replicas_agree() -> bool:
+        per_broker = sizes()
+        return set(per_broker) == {1, 2, 3} and all(per_broker[b] == per_broker[1] for b in (2, 3))
+
+    # The acks=all answer came once the followers had the records: their sizes are equal.
+    wait_for(replicas_agree, "every replica with the same bytes")
+    assert all(size > 0 for size in sizes()[1].values())
+
+
 def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, overrides=OVERRIDES) as cluster:
         assert cluster.state is not None

@@ -46,6 +46,7 @@ from kcoord.raft.controller import (
     BrokerState,
     Controller,
     ControllerConfig,
+    Election,
 )
 from kcoord.raft.quorum import MetadataQuorum
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
@@ -404,6 +405,24 @@ class ControllerService:
                 {"error": int(result.response.error), "message": result.response.message}
             )
         return {"resources": results, "metadata_offset": self.cache.image.last_offset}
+
+    async def handle_elect_leaders(self, payload: Any) -> dict[str, Any]:
+        """ElectLeaders as one decision: ``{election: "preferred"|"unclean", partitions:
+        [[topic, partition]] or None}`` -> ``{results: [[topic, partition, error]]}``."""
+        partitions = payload.get("partitions")
+        async with self._lock:
+            controller = self._require_active()
+            result = controller.elect_leaders(
+                self.cache.image,
+                Election(str(payload["election"])),
+                None if partitions is None else [(str(t), int(p)) for t, p in partitions],
+            )
+            if result.records:
+                await self._propose_or_not_controller(result.records)
+        return {
+            "results": [[r.topic, r.partition, int(r.error)] for r in result.response],
+            "metadata_offset": self.cache.image.last_offset,
+        }
 
     async def _propose_or_not_controller(
         self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]

@@ -84,6 +84,8 @@ Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
 - ``alter_configs`` changes a topic's configs (IncrementalAlterConfigs and the legacy
   AlterConfigs, ``ConfigurationControlManager``); topic configs are validated with
   ``storage.config``'s definitions when a topic is created and whenever they change.
+- ``elect_leaders`` is the ElectLeaders API (KIP-460): a preferred election, or an unclean
+  one for a partition without a leader.
 - ``elect_preferred_leaders`` moves leadership back to the first replica where it is a live ISR
   member (Kafka's auto leader rebalance, ``maybeBalancePartitionLeaders``), e.g. after a fenced
   broker came back and rejoined the ISR.
@@ -267,6 +269,15 @@ class CreateTopicResult:
     topic_id: str = ""
     num_partitions: int = -1
     replication_factor: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionResult:
+    """One partition's outcome of ElectLeaders (``ElectLeadersResponse.PartitionResult``)."""
+
+    topic: str
+    partition: int
+    error: Errors
 
 
 class ConfigOp(IntEnum):
@@ -1230,6 +1241,62 @@ class Controller:
             records.append(change)
             elected.append(state.tp)
         return ControllerResult(tuple(records), tuple(elected))
+
+    def elect_leaders(
+        self,
+        image: MetadataImage,
+        election: Election,
+        partitions: Sequence[tuple[str, int]] | None,
+    ) -> ControllerResult[tuple[ElectionResult, ...]]:
+        """The ElectLeaders API (KIP-460, ``ReplicationControlManager.electLeaders``):
+        PREFERRED moves leadership to the first replica, UNCLEAN elects a leader for a
+        partition without one, from any live replica. ``partitions`` None means every
+        partition, and then partitions that need no election are left out of the answer."""
+        assert election in (Election.PREFERRED, Election.UNCLEAN), election
+        every = partitions is None
+        if partitions is None:
+            partitions = [
+                (topic.name, state.partition)
+                for topic in sorted(image.topics.values(), key=lambda t: t.name)
+                for state in image.partitions_of(topic.topic_id)
+            ]
+        working = _Working(image)
+        records: list[MetadataRecord] = []
+        results: list[ElectionResult] = []
+        for name, index in partitions:
+            topic = image.topic_by_name(name)
+            state = None if topic is None else image.partition(topic.topic_id, index)
+            if state is None:
+                error = Errors.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                error, change = self._elect_one(image, working, election, state)
+                if change is not None:
+                    working.change(change)
+                    records.append(change)
+            if not (every and error is Errors.ELECTION_NOT_NEEDED):
+                results.append(ElectionResult(name, index, error))
+        return ControllerResult(tuple(records), tuple(results))
+
+    def _elect_one(
+        self, image: MetadataImage, working: _Working, election: Election, state: PartitionState
+    ) -> tuple[Errors, PartitionChange | None]:
+        state = working.partition(state.tp)
+        if (election is Election.PREFERRED and state.leader == state.preferred_leader) or (
+            election is Election.UNCLEAN and state.leader != NO_LEADER
+        ):
+            return Errors.ELECTION_NOT_NEEDED, None
+        change = build_partition_change(
+            state,
+            is_acceptable_leader=working.is_unfenced,
+            min_isr=self._min_isr(image, state),
+            elr_enabled=self.config.eligible_leader_replicas_enabled,
+            election=election,
+        )
+        if change is None or change.leader == NO_LEADER_CHANGE:
+            if election is Election.PREFERRED:
+                return Errors.PREFERRED_LEADER_NOT_AVAILABLE, None
+            return Errors.ELIGIBLE_LEADERS_NOT_AVAILABLE, None
+        return Errors.NONE, change
 
     # ---------------------------------------------------------------- configs
 

@@ -11,6 +11,7 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     ConsumerGroupTopicPartitions,
+    ElectionType,
     KafkaException,
     Producer,
     TopicPartition,
@@ -93,6 +94,21 @@ def delete_records(cmd: dict[str, Any]) -> Any:
     return {
         tp.partition: future.result(timeout=DEADLINE_S).low_watermark
         for tp, future in futures.items()
+    }
+
+
+def elect_leaders(cmd: dict[str, Any]) -> Any:
+    """A preferred election for ``partitions`` (null: every partition) -> {partition: error}."""
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    partitions = cmd["partitions"]
+    future = admin.elect_leaders(
+        ElectionType.PREFERRED,
+        None if partitions is None else [TopicPartition(cmd["topic"], p) for p in partitions],
+    )
+    return {
+        tp.partition: 0 if error is None else error.code()
+        for tp, error in future.result(timeout=DEADLINE_S).items()
+        if tp.topic == cmd["topic"]
     }
 
 
@@ -271,6 +287,7 @@ def main() -> None:
         "alter_configs": alter_configs,
         "produce_one": produce_one,
         "delete_records": delete_records,
+        "elect_leaders": elect_leaders,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

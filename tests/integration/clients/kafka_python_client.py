@@ -182,6 +182,43 @@ def delete_records(cmd: dict[str, Any]) -> Any:
     return {tp.partition: answer["low_watermark"] for tp, answer in result.items()}
 
 
+def elect_leaders(cmd: dict[str, Any]) -> Any:
+    """A preferred election for ``partitions`` (null: every partition) -> {partition: error}."""
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    partitions = cmd["partitions"]
+    try:
+        response = admin.elect_leaders(
+            0, None if partitions is None else {cmd["topic"]: partitions}, raise_errors=False
+        )
+    finally:
+        admin.close()
+    return {
+        p.partition_id: p.error_code
+        for r in response.replica_election_results
+        if r.topic == cmd["topic"]
+        for p in r.partition_result
+    }
+
+
+def describe_log_dirs(cmd: dict[str, Any]) -> Any:
+    """Every broker's log dirs -> {broker: {partition: size}} for ``topic``."""
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        answers = admin.describe_log_dirs()
+    finally:
+        admin.close()
+    return {
+        answer["broker"]: {
+            p["partition_index"]: p["partition_size"]
+            for d in answer["log_dirs"]
+            for t in d["topics"]
+            if t["name"] == cmd["topic"]
+            for p in t["partitions"]
+        }
+        for answer in answers
+    }
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -196,6 +233,8 @@ def main() -> None:
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "delete_records": delete_records,
+        "elect_leaders": elect_leaders,
+        "describe_log_dirs": describe_log_dirs,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

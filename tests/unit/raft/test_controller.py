@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -647,6 +647,59 @@ def test_preferred_leader_election_after_a_broker_returns() -> None:
     )
     cluster.commit(result.records)
     assert cluster.state(T1, 0).leader == 1
+
+
+def test_elect_leaders_preferred_as_kip_460() -> None:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 3, 3)
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    cluster.commit(cluster.heartbeat(1, 200).records)
+
+    def elect(partitions: list[tuple[str, int]] | None) -> ControllerResult[Any]:
+        return cluster.decide(
+            lambda image: cluster.controller.elect_leaders(image, Election.PREFERRED, partitions)
+        )
+
+    # Broker 1 is back but not in partition 0's ISR: its preferred leader is not available.
+    wanted = [("t", 0), ("t", 1), ("nope", 0), ("t", 9)]
+    result = elect(wanted)
+    assert result.records == ()
+    assert [(r.topic, r.partition, r.error) for r in result.response] == [
+        ("t", 0, Errors.PREFERRED_LEADER_NOT_AVAILABLE),
+        ("t", 1, Errors.ELECTION_NOT_NEEDED),
+        ("nope", 0, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+        ("t", 9, Errors.UNKNOWN_TOPIC_OR_PARTITION),
+    ]
+    current = cluster.state(T1, 0)
+    cluster.commit(cluster.alter(current.leader, T1, 0, (*current.isr, 1)).records)
+    # Every partition: only those needing an election are answered.
+    result = elect(None)
+    assert result.records == (PartitionChange(T1, 0, 2, leader=1),)
+    assert [(r.topic, r.partition, r.error) for r in result.response] == [("t", 0, Errors.NONE)]
+
+
+def test_elect_leaders_unclean_only_where_there_is_no_leader() -> None:
+    cluster = three_brokers(ControllerConfig(eligible_leader_replicas_enabled=False))
+    cluster.create_topic("t", T1, 2, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)  # partition 0: ISR {1}
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER
+
+    def elect() -> ControllerResult[Any]:
+        return cluster.decide(
+            lambda image: cluster.controller.elect_leaders(
+                image, Election.UNCLEAN, [("t", 0), ("t", 1)]
+            )
+        )
+
+    result = elect()
+    assert [r.error for r in result.response] == [Errors.NONE, Errors.ELECTION_NOT_NEEDED]
+    (change,) = result.records
+    assert isinstance(change, PartitionChange) and change.leader in (2, 3)
+    # With every replica fenced there is nobody to elect.
+    for broker in (2, 3):
+        cluster.commit(cluster.heartbeat(broker, 100, want_fence=True).records)
+    assert elect().response[0].error is Errors.ELIGIBLE_LEADERS_NOT_AVAILABLE
 
 
 def test_preferred_leader_election_is_bounded() -> None:

@@ -1,4 +1,5 @@
-"""CreateTopics (19), DeleteTopics (20) and CreatePartitions (37): forwarded to the controller.
+"""CreateTopics (19), DeleteTopics (20), CreatePartitions (37) and ElectLeaders (43):
+forwarded to the controller.
 
 As Kafka's ``ControllerApis`` and its broker-side forwarding: the node checks what it can
 locally (duplicate names in one request, requests kcoord does not support), forwards the rest
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 CREATE_TOPICS_KEY: Final = 19
 DELETE_TOPICS_KEY: Final = 20
 CREATE_PARTITIONS_KEY: Final = 37
+ELECT_LEADERS_KEY: Final = 43
+_ELECTIONS: Final = {0: "preferred", 1: "unclean"}  # ElectionType
 CLUSTER_METADATA_TOPIC: Final = "__cluster_metadata"
 DYNAMIC_TOPIC_CONFIG: Final = 1  # DescribeConfigsResponse.ConfigSource
 _MIN_TIMEOUT_MS: Final = 1000
@@ -250,6 +253,48 @@ class AdminApi:
                 r = next(r for r in reply["topics"] if r["name"] == name)
                 responses.append(_deleted(name, ids_of[name], Errors(r["error"]), None))
         return {"throttle_time": 0, "responses": responses}
+
+    # -----------------------------------------------------------------------------------------
+    # ElectLeaders (KIP-460; v0 has no election type: preferred).
+
+    async def handle_elect_leaders(self, request: Request) -> Result:
+        body = request.body
+        election = _ELECTIONS.get(int(getattr(body, "election_type", 0)))
+        if election is None:
+            return {"throttle_time": 0, "error_code": Errors.INVALID_REQUEST,
+                    "replica_election_results": []}  # fmt: skip
+        partitions = (
+            None
+            if body.topic_partitions is None
+            else [
+                [t.topic, int(p)]
+                for t in body.topic_partitions
+                for p in dict.fromkeys(t.partitions)
+            ]
+        )
+        reply = await self._forward(
+            "ElectLeaders",
+            {"election": election, "partitions": partitions},
+            _timeout_s(body.timeout),
+        )
+        if isinstance(reply, Errors):
+            results = [(t, p, int(reply)) for t, p in partitions or []]
+        else:
+            results = [(str(t), int(p), int(e)) for t, p, e in reply["results"]]
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        for topic, partition, error in results:
+            by_topic.setdefault(topic, []).append(
+                {"partition_id": partition, "error_code": Errors(error), "error_message": None}
+            )
+        return {
+            "throttle_time": 0,
+            "error_code": reply
+            if isinstance(reply, Errors) and partitions is None
+            else Errors.NONE,
+            "replica_election_results": [
+                {"topic": topic, "partition_result": parts} for topic, parts in by_topic.items()
+            ],
+        }
 
 
 def _create_error(name: str, error: Errors, message: str | None) -> dict[str, Any]:

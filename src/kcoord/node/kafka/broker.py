@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kcoord.node.kafka import admin, delete_records, fetch, metadata, produce
+from kcoord.node.kafka import admin, delete_records, fetch, log_dirs, metadata, produce
 from kcoord.node.kafka.apis import ApiRegistry, ApiSpec, Handler
 from kcoord.node.kafka.context import BrokerContext, KafkaSettings
 from kcoord.node.kafka.controller_channel import ControllerChannel
@@ -77,6 +77,12 @@ class KafkaBroker:
         self.register(admin.DELETE_TOPICS_KEY, self.admin.handle_delete_topics)
         self.register(produce.INIT_PRODUCER_ID_KEY, self.produce.handle_init_producer_id)
         self.register(admin.CREATE_PARTITIONS_KEY, self.admin.handle_create_partitions)
+        self.register(admin.ELECT_LEADERS_KEY, self.admin.handle_elect_leaders)
+        self.log_dirs = log_dirs.LogDirsApi(self.ctx)
+        # kio has DescribeLogDirs from v1 on.
+        self.register(
+            log_dirs.DESCRIBE_LOG_DIRS_KEY, self.log_dirs.handle_describe_log_dirs, min_version=1
+        )
         self.register(delete_records.DELETE_RECORDS_KEY, self.delete_records.handle_delete_records)
         self.server = KafkaServer(
             self.registry, max_request_bytes=max_request_bytes, idle_ms=idle_ms, stats=request_stats

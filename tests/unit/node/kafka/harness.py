@@ -188,6 +188,7 @@ async def running(
             "CreatePartitions": controller.handle_create_partitions,
             "DeleteTopics": controller.handle_delete_topics,
             "AlterConfigs": controller.handle_alter_configs,
+            "ElectLeaders": controller.handle_elect_leaders,
         },
         RpcClientPool(),
         lambda: clock[0],

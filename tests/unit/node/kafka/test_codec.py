@@ -43,7 +43,9 @@ ADVERTISED = {
     23: range(2, 5),  # OffsetForLeaderEpoch
     32: range(1, 5),  # DescribeConfigs
     33: range(3),  # AlterConfigs
+    35: range(1, 6),  # DescribeLogDirs
     37: range(4),  # CreatePartitions
+    43: range(3),  # ElectLeaders
     44: range(2),  # IncrementalAlterConfigs
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
@@ -376,6 +378,43 @@ VALUES: dict[int, dict[str, Any]] = {
     },
 }
 VALUES[44] = VALUES[33]
+VALUES[35] = {
+    "throttle_time": 0,
+    "error_code": Errors.NONE,
+    "results": [
+        {
+            "error_code": Errors.NONE,
+            "log_dir": "/data",
+            "topics": [
+                {
+                    "name": "t",
+                    "partitions": [
+                        {
+                            "partition_index": 0,
+                            "partition_size": 1234,
+                            "offset_lag": 0,
+                            "is_future_key": False,
+                        }
+                    ],
+                }
+            ],
+            "total_bytes": 10**12,
+            "usable_bytes": 10**11,
+        }
+    ],
+}
+VALUES[43] = {
+    "throttle_time": 0,
+    "error_code": Errors.NONE,
+    "replica_election_results": [
+        {
+            "topic": "t",
+            "partition_result": [
+                {"partition_id": 0, "error_code": Errors.ELECTION_NOT_NEEDED, "error_message": None}
+            ],
+        }
+    ],
+}
 VALUES[21] = {
     "throttle_time": 0,
     "topics": [
