@@ -300,7 +300,7 @@ class ReplicaManager:
                 topic = self.cache.image.topic(change.tp.topic_id)
                 config = self.log_config_for(dict(topic.configs) if topic else {})
                 try:
-                    lg = self.logs.get_or_create_log(tp, config, topic_id=change.tp.topic_id)
+                    lg = self._log_for(tp, config, change.tp.topic_id)
                 except (OSError, ValueError) as e:
                     log.error("cannot host %s-%d: %s", tp[0], tp[1], e)
                     continue
@@ -345,6 +345,36 @@ class ReplicaManager:
                         listener(part, part.is_leader)
                     except Exception:
                         log.exception("role listener failed for %s-%d", tp[0], tp[1])
+
+    def _log_for(self, tp: TopicPartition, config: LogConfig, topic_id: str) -> Log:
+        """The partition's log; a log left by an earlier topic of the same name (deleted while
+        this node was down, then created again) is a stray, deleted first (Kafka's
+        ``isStrayKraftReplica``: its topic id is not the image's)."""
+        existing = self.logs.get_log(tp)
+        if existing is not None and existing.topic_id not in (None, topic_id):
+            log.warning(
+                "%s-%d: deleting a stray log of topic id %s; the topic is now %s",
+                tp[0],
+                tp[1],
+                existing.topic_id,
+                topic_id,
+            )
+            self.logs.delete_log(tp)
+        return self.logs.get_or_create_log(tp, config, topic_id=topic_id)
+
+    def delete_stray_logs(self) -> list[TopicPartition]:
+        """Once the metadata image is caught up at start-up: delete every log this node hosts
+        no partition for (its topic was deleted while the node was down; Kafka's
+        ``isStrayKraftReplica``). Returns them."""
+        strays = [tp for tp, _ in self.logs if tp not in self.partitions]
+        for tp in strays:
+            log.warning(
+                "%s-%d: deleting a stray log: this node is no replica of it in the metadata",
+                tp[0],
+                tp[1],
+            )
+            self.logs.delete_log(tp)
+        return strays
 
     def on_metadata_delta(self, delta: MetadataDelta) -> None:
         """Pick up ISR changes (partition-epoch-only changes, no role change) and changed topic

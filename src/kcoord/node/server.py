@@ -331,6 +331,8 @@ class Node:
                 )
             else:
                 log.info("caught up with the metadata log at offset %d", self.cache.offset)
+                assert self.replicas is not None
+                self.replicas.delete_stray_logs()
                 return
 
     def _kafka_broker(self, quorum: MetadataQuorum) -> KafkaBroker:

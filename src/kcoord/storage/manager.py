@@ -108,6 +108,12 @@ class LogManager:
     ) -> Log:
         existing = self.logs.get(tp)
         if existing is not None:
+            if existing.topic_id is None and topic_id is not None:
+                # Its partition.metadata is missing or was unreadable: the caller knows the id.
+                checkpoint.write_partition_metadata(
+                    existing.directory / checkpoint.PARTITION_METADATA, topic_id
+                )
+                existing.topic_id = topic_id
             return existing
         if tp in self.offline:
             raise OSError(f"partition {tp[0]}-{tp[1]} is offline: {self.offline[tp]}")

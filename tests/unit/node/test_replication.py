@@ -291,3 +291,30 @@ def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) 
             await reporting
 
     asyncio.run(scenario())
+
+
+def test_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) -> None:
+    """A node that was down while its topics were deleted (and one created again under the
+    same name) finds their logs at start-up: the one whose topic id is not the image's is
+    replaced by an empty log, and ``delete_stray_logs`` removes those no partition claims
+    (Kafka's ``isStrayKraftReplica``)."""
+    old_id = "OOOOOOOOOOOOOOOOOOOOOO"
+    data_dir = tmp_path / "node-2"
+    left = LogManager(data_dir)
+    left.open()
+    for tp in ((TOPIC, 0), ("gone", 0)):
+        left.get_or_create_log(tp, topic_id=old_id).append_as_follower(batch(), now_ms=0)
+    left.shutdown()
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        Node(1, tmp_path / "node-1", cluster)
+        node = Node(2, data_dir, cluster)
+        _start(cluster)  # TOPIC again, with another id
+        assert node.partition.log.topic_id == TOPIC_ID
+        assert node.partition.log.log_end_offset == 0
+        assert node.replicas.delete_stray_logs() == [("gone", 0)]
+        assert not (data_dir / "gone-0").exists()
+        assert [tp for tp, _ in node.logs] == [(TOPIC, 0)]
+
+    asyncio.run(scenario())

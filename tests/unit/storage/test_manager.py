@@ -106,3 +106,20 @@ def test_retention_and_compaction_across_logs(tmp_path: Path) -> None:
     assert mgr.run_retention(now_ms=0) > 0
     assert deleting.log_start_offset > 0
     assert checkpoint.read_offsets(tmp_path / checkpoint.LOG_START_OFFSET_CHECKPOINT)[("t", 0)] > 0
+
+
+def test_a_log_without_partition_metadata_takes_the_callers_topic_id(tmp_path: Path) -> None:
+    mgr = _filled(tmp_path)
+    mgr.shutdown()
+    (tmp_path / "orders-0" / checkpoint.PARTITION_METADATA).unlink()
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    lg = again.get_or_create_log(("orders", 0), topic_id="BBBBBBBBBBBBBBBBBBBBBB")
+    assert lg.topic_id == "BBBBBBBBBBBBBBBBBBBBBB"
+    assert checkpoint.read_partition_metadata(
+        tmp_path / "orders-0" / checkpoint.PARTITION_METADATA
+    ) == ("BBBBBBBBBBBBBBBBBBBBBB")
+    # A log that has its id keeps it: a different one is the caller's to judge (a stray).
+    other = again.get_or_create_log(("orders", 1), topic_id="BBBBBBBBBBBBBBBBBBBBBB")
+    assert other.topic_id == "AAAAAAAAAAAAAAAAAAAAAA"
+    again.shutdown()
