@@ -296,7 +296,20 @@ def random_frame(rng: random.Random) -> bytes:
     return frame(body + rng.randbytes(rng.randrange(0, 128)))
 
 
-STRUCTURED_APIS = [PRODUCE, FETCH, LIST_OFFSETS, METADATA, FIND_COORDINATOR, INIT_PRODUCER_ID]
+STRUCTURED_APIS = [
+    PRODUCE,
+    FETCH,
+    LIST_OFFSETS,
+    METADATA,
+    FIND_COORDINATOR,
+    INIT_PRODUCER_ID,
+    21,  # DeleteRecords
+    32,  # DescribeConfigs
+    33,  # AlterConfigs
+    35,  # DescribeLogDirs
+    43,  # ElectLeaders
+    44,  # IncrementalAlterConfigs
+]
 _INT_BITS = {"int8": 8, "int16": 16, "int32": 32, "int64": 64}
 
 
