@@ -21,6 +21,7 @@ A handler answers with one of:
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -53,6 +54,20 @@ class Deferred:
 
     def __init__(self, awaitable: Awaitable[Mapping[str, Any]]) -> None:
         self.awaitable = awaitable
+
+
+async def wait_or_cancel(futures: list[asyncio.Future[None]], timeout_s: float) -> None:
+    """Wait for every future up to ``timeout_s``, then cancel the rest (so no wait stays
+    registered, also when the caller itself is cancelled: its connection closed) and mark a
+    failure nobody will read as read. A cancelled future afterwards means "timed out"."""
+    try:
+        await asyncio.wait(futures, timeout=timeout_s)
+    finally:
+        for fut in futures:
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()
 
 
 class _Marker:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kcoord.errors import Errors
-from kcoord.node.kafka.apis import Deferred, Request, Result
+from kcoord.node.kafka.apis import Deferred, Request, Result, wait_or_cancel
 from kcoord.node.kafka.context import BrokerContext, is_internal
 from kcoord.node.replica_manager import KafkaError, Partition
 
@@ -75,15 +75,7 @@ class DeleteRecordsApi:
         waits: list[_PartitionResult],
         timeout_s: float,
     ) -> dict[str, Any]:
-        futures = [r.reached for r in waits if r.reached is not None]
-        try:
-            await asyncio.wait(futures, timeout=timeout_s)
-        finally:
-            for fut in futures:
-                if not fut.done():
-                    fut.cancel()
-                elif not fut.cancelled():
-                    fut.exception()
+        await wait_or_cancel([r.reached for r in waits if r.reached is not None], timeout_s)
         for result in waits:
             assert result.reached is not None and result.partition is not None
             if result.reached.cancelled():

@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kcoord.errors import Errors
-from kcoord.node.kafka.apis import CLOSE_CONNECTION, NO_RESPONSE, Deferred, Request, Result
+from kcoord.node.kafka.apis import (
+    CLOSE_CONNECTION,
+    NO_RESPONSE,
+    Deferred,
+    Request,
+    Result,
+    wait_or_cancel,
+)
 from kcoord.node.kafka.context import BrokerContext, is_internal
 from kcoord.node.kafka.producer_ids import ProducerIdManager, ProducerIdsExhaustedError
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
@@ -230,17 +237,9 @@ class ProduceApi:
         waits: list[_PartitionResult],
         timeout_ms: int,
     ) -> dict[str, Any]:
-        futures = [r.committed for r in waits if r.committed is not None]
-        try:
-            await asyncio.wait(futures, timeout=timeout_ms / 1000)
-        finally:
-            # Given up (a timeout, or the connection closed and cancelled us): no wait is left
-            # registered, and a failure nobody will read is still marked as read.
-            for fut in futures:
-                if not fut.done():
-                    fut.cancel()
-                elif not fut.cancelled():
-                    fut.exception()
+        await wait_or_cancel(
+            [r.committed for r in waits if r.committed is not None], timeout_ms / 1000
+        )
         for result in waits:
             assert result.committed is not None and result.partition is not None
             if result.committed.cancelled():

@@ -3,14 +3,13 @@ node (its broker config sets ``log.retention.ms`` to one hour and a secret admin
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from kcoord.errors import Errors
 from kcoord.storage.config import TOPIC_CONFIGS
-from tests.unit.node.kafka.harness import NODE_ID, Harness, running
+from tests.unit.node.kafka.harness import NODE_ID, Harness
+from tests.unit.node.kafka.test_handlers import run
 from tests.unit.node.kafka.wire import AsyncWireClient
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
@@ -18,18 +17,6 @@ TOPIC, BROKER, GROUP = 2, 4, 32
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
 SET, DELETE, APPEND = 0, 1, 2
 HOUR_MS = "3600000"
-
-
-def run(tmp_path: Path, test: Callable[[Harness, AsyncWireClient], Awaitable[None]]) -> None:
-    async def main() -> None:
-        async with asyncio.timeout(20), running(tmp_path) as h:
-            client = await h.client()
-            try:
-                await test(h, client)
-            finally:
-                await client.close()
-
-    asyncio.run(main())
 
 
 def describe_values(*resources: tuple[int, str, list[str] | None], **flags: bool) -> Any:
