@@ -110,6 +110,50 @@ class FetchResult:
     last_stable_offset: int
 
 
+class OffsetWaiters:
+    """Futures waiting for a watermark to reach an offset (the high watermark for acks=all
+    appends, the low watermark for DeleteRecords). Cancel a future to give up: it leaves the
+    list."""
+
+    __slots__ = ("_waiting",)
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def wait(self, offset: int, watermark: int) -> asyncio.Future[None]:
+        """A future done once ``release`` is given a watermark at or above ``offset`` (at
+        once if ``watermark`` already is)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if watermark >= offset:
+            fut.set_result(None)
+        else:
+            waiter = (offset, fut)
+            self._waiting.append(waiter)
+            fut.add_done_callback(lambda f: self._forget(waiter) if f.cancelled() else None)
+        return fut
+
+    def release(self, watermark: int) -> None:
+        ready = [f for o, f in self._waiting if o <= watermark]
+        self._waiting = [(o, f) for o, f in self._waiting if o > watermark]
+        for fut in ready:
+            if not fut.done():
+                fut.set_result(None)
+
+    def fail(self, error: Exception) -> None:
+        waiting, self._waiting = self._waiting, []
+        for _, fut in waiting:
+            if not fut.done():
+                fut.set_exception(error)
+
+    def _forget(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
+        """A cancelled wait leaves the list (one that completed was taken off already)."""
+        with contextlib.suppress(ValueError):
+            self._waiting.remove(waiter)
+
+
 @dataclass(slots=True)
 class Partition:
     topic: str
@@ -132,8 +176,9 @@ class Partition:
     truncation_pending: bool = False
     # Leader only: the log start offset each follower last reported (for DeleteRecords).
     follower_log_starts: dict[int, int] = field(default_factory=dict)
-    _waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
-    _low_watermark_waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    hw_waiters: OffsetWaiters = field(default_factory=OffsetWaiters)
+    # Leader only: DeleteRecords answers waiting for the low watermark.
+    low_watermark_waiters: OffsetWaiters = field(default_factory=OffsetWaiters)
 
     @property
     def tp(self) -> TopicPartition:
@@ -150,11 +195,7 @@ class Partition:
         if high_watermark <= self.high_watermark:
             return False
         self.high_watermark = high_watermark
-        ready = [f for o, f in self._waiters if o <= high_watermark]
-        self._waiters = [(o, f) for o, f in self._waiters if o > high_watermark]
-        for fut in ready:
-            if not fut.done():
-                fut.set_result(None)
+        self.hw_waiters.release(high_watermark)
         return True
 
     def high_watermark_reached(self, offset: int) -> asyncio.Future[None]:
@@ -167,65 +208,21 @@ class Partition:
         wait. A follower's HW can pass the offset with *another* leader's records, so a
         non-leader never waits. Cancel the future to give up (a timeout); it leaves the list.
         """
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self.high_watermark >= offset:
-            fut.set_result(None)
-        elif not self.is_leader:
+        if not self.is_leader and self.high_watermark < offset:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             fut.set_exception(
                 KafkaError(
                     Errors.NOT_LEADER_OR_FOLLOWER, f"{self.topic}-{self.partition}: not the leader"
                 )
             )
-        else:
-            waiter = (offset, fut)
-            self._waiters.append(waiter)
-            fut.add_done_callback(lambda f: self._forget_waiter(waiter) if f.cancelled() else None)
-        return fut
-
-    def _forget_waiter(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
-        """A cancelled wait leaves the list (one that completed was taken off already)."""
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
+            return fut
+        return self.hw_waiters.wait(offset, self.high_watermark)
 
     def fail_waiters(self, code: Errors) -> None:
-        waiters, self._waiters = self._waiters, []
-        waiters += self._low_watermark_waiters
-        self._low_watermark_waiters = []
-        for _, fut in waiters:
-            if not fut.done():
-                fut.set_exception(KafkaError(code, f"{self.topic}-{self.partition}"))
-
-    def low_watermark_reached(self, offset: int, low_watermark: int) -> asyncio.Future[None]:
-        """A future done once the low watermark (``ReplicaManager.low_watermark``) is at or
-        above ``offset``; failed with NOT_LEADER_OR_FOLLOWER if this replica stops leading
-        first (Kafka's ``DelayedDeleteRecords``). Cancel it to give up."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if low_watermark >= offset:
-            fut.set_result(None)
-        else:
-            waiter = (offset, fut)
-            self._low_watermark_waiters.append(waiter)
-            fut.add_done_callback(
-                lambda f: self._forget_low_watermark_waiter(waiter) if f.cancelled() else None
-            )
-        return fut
-
-    @property
-    def awaits_low_watermark(self) -> bool:
-        return bool(self._low_watermark_waiters)
-
-    def set_low_watermark(self, low_watermark: int) -> None:
-        ready = [f for o, f in self._low_watermark_waiters if o <= low_watermark]
-        self._low_watermark_waiters = [
-            (o, f) for o, f in self._low_watermark_waiters if o > low_watermark
-        ]
-        for fut in ready:
-            if not fut.done():
-                fut.set_result(None)
-
-    def _forget_low_watermark_waiter(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
-        with contextlib.suppress(ValueError):
-            self._low_watermark_waiters.remove(waiter)
+        """Fail every wait (this replica stops leading): the HW and low watermark waits, the
+        latter as Kafka's ``DelayedDeleteRecords`` answers a replica that no longer leads."""
+        for waiters in (self.hw_waiters, self.low_watermark_waiters):
+            waiters.fail(KafkaError(code, f"{self.topic}-{self.partition}"))
 
 
 class ReplicaManager:
@@ -298,7 +295,7 @@ class ReplicaManager:
             part = self.partitions.get(tp)
             if part is None:
                 topic = self.cache.image.topic(change.tp.topic_id)
-                config = self.log_config_for(dict(topic.configs) if topic else {})
+                config = self.log_config_for(topic.configs if topic else {})
                 try:
                     lg = self._log_for(tp, config, change.tp.topic_id)
                 except (OSError, ValueError) as e:
@@ -725,8 +722,8 @@ class ReplicaManager:
         if follower_log_start is not None:
             before = part.follower_log_starts.get(replica_id)
             part.follower_log_starts[replica_id] = int(follower_log_start)
-            if before != int(follower_log_start) and part.awaits_low_watermark:
-                part.set_low_watermark(self.low_watermark(part))
+            if before != int(follower_log_start) and part.low_watermark_waiters:
+                part.low_watermark_waiters.release(self.low_watermark(part))
         fetch_offset = int(item["fetch_offset"])
         if not part.log.log_start_offset <= fetch_offset <= part.log.log_end_offset:
             return  # out of range: the follower truncates or restarts first

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from enum import IntEnum
-from typing import Any, Final
+from typing import Final
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -111,15 +111,11 @@ class TopicConfigDef:
         return attr if attr in _LOG_FIELDS else None
 
 
-def _def(name: str, type_: ConfigType, default: str, doc: str, **kw: Any) -> TopicConfigDef:
-    return TopicConfigDef(name, type_, default, doc, **kw)
-
-
 _L, _I, _B, _S = ConfigType.LONG, ConfigType.INT, ConfigType.BOOLEAN, ConfigType.STRING
 TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
     d.name: d
     for d in (
-        _def(
+        TopicConfigDef(
             "cleanup.policy",
             ConfigType.LIST,
             "delete",
@@ -128,7 +124,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             valid=("compact", "delete"),
             broker_synonym="log.cleanup.policy",
         ),
-        _def(
+        TopicConfigDef(
             "compression.type",
             _S,
             "producer",
@@ -137,7 +133,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="compression.type",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "delete.retention.ms",
             _L,
             str(DAY_MS),
@@ -145,7 +141,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=0,
             broker_synonym="log.cleaner.delete.retention.ms",
         ),
-        _def(
+        TopicConfigDef(
             "file.delete.delay.ms",
             _L,
             "60000",
@@ -154,7 +150,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="log.segment.delete.delay.ms",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "flush.messages",
             _L,
             str(LONG_MAX),
@@ -162,7 +158,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=1,
             broker_synonym="log.flush.interval.messages",
         ),
-        _def(
+        TopicConfigDef(
             "flush.ms",
             _L,
             str(LONG_MAX),
@@ -170,14 +166,14 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=0,
             broker_synonym="log.flush.interval.ms",
         ),
-        _def(
+        TopicConfigDef(
             "follower.replication.throttled.replicas",
             ConfigType.LIST,
             "",
             "Replicas whose follower fetches are throttled (kcoord throttles none).",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "index.interval.bytes",
             _I,
             "4096",
@@ -186,14 +182,14 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             maximum=INT_MAX,
             broker_synonym="log.index.interval.bytes",
         ),
-        _def(
+        TopicConfigDef(
             "leader.replication.throttled.replicas",
             ConfigType.LIST,
             "",
             "Replicas whose leader reads are throttled (kcoord throttles none).",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "max.compaction.lag.ms",
             _L,
             str(LONG_MAX),
@@ -202,7 +198,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="log.cleaner.max.compaction.lag.ms",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "max.message.bytes",
             _I,
             str(1024 * 1024 + 12),
@@ -211,7 +207,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             maximum=INT_MAX,
             broker_synonym="message.max.bytes",
         ),
-        _def(
+        TopicConfigDef(
             "message.timestamp.type",
             _S,
             "CreateTime",
@@ -220,7 +216,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="log.message.timestamp.type",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "min.cleanable.dirty.ratio",
             ConfigType.DOUBLE,
             "0.5",
@@ -230,7 +226,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="log.cleaner.min.cleanable.ratio",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "min.compaction.lag.ms",
             _L,
             "0",
@@ -238,7 +234,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=0,
             broker_synonym="log.cleaner.min.compaction.lag.ms",
         ),
-        _def(
+        TopicConfigDef(
             "min.insync.replicas",
             _I,
             "1",
@@ -248,7 +244,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             maximum=INT_MAX,
             broker_synonym="min.insync.replicas",
         ),
-        _def(
+        TopicConfigDef(
             "preallocate",
             _B,
             "false",
@@ -256,7 +252,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="log.preallocate",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "retention.bytes",
             _L,
             "-1",
@@ -264,7 +260,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=-1,
             broker_synonym="log.retention.bytes",
         ),
-        _def(
+        TopicConfigDef(
             "retention.ms",
             _L,
             str(7 * DAY_MS),
@@ -272,7 +268,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=-1,
             broker_synonym="log.retention.ms",
         ),
-        _def(
+        TopicConfigDef(
             "segment.bytes",
             _I,
             str(1024 * 1024 * 1024),
@@ -281,7 +277,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             maximum=INT_MAX,
             broker_synonym="log.segment.bytes",
         ),
-        _def(
+        TopicConfigDef(
             "segment.index.bytes",
             _I,
             str(10 * 1024 * 1024),
@@ -290,7 +286,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             maximum=INT_MAX,
             broker_synonym="log.index.size.max.bytes",
         ),
-        _def(
+        TopicConfigDef(
             "segment.jitter.ms",
             _L,
             "0",
@@ -299,7 +295,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="log.roll.jitter.ms",
             implemented=False,
         ),
-        _def(
+        TopicConfigDef(
             "segment.ms",
             _L,
             str(7 * DAY_MS),
@@ -307,7 +303,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             minimum=1,
             broker_synonym="log.roll.ms",
         ),
-        _def(
+        TopicConfigDef(
             "unclean.leader.election.enable",
             _B,
             "false",

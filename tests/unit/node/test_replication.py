@@ -190,7 +190,7 @@ def test_an_acks_all_wait_is_registered_at_the_append_and_failed_by_a_role_chang
         assert committed.done()
         error = committed.exception()
         assert isinstance(error, KafkaError) and error.code is Errors.NOT_LEADER_OR_FOLLOWER
-        assert old.partition._waiters == []
+        assert len(old.partition.hw_waiters) == 0
 
         # A follower's HW may pass the offset with the new leader's records: no waiting there.
         late = old.partition.high_watermark_reached(1)
@@ -198,10 +198,10 @@ def test_an_acks_all_wait_is_registered_at_the_append_and_failed_by_a_role_chang
 
         # A wait given up (a timeout) leaves nothing behind.
         pending = new.partition.high_watermark_reached(1)  # nothing at offset 0 yet
-        assert new.partition._waiters
+        assert len(new.partition.hw_waiters) > 0
         pending.cancel()
         await asyncio.sleep(0)  # the done callback runs on the next iteration
-        assert new.partition._waiters == []
+        assert len(new.partition.hw_waiters) == 0
 
     asyncio.run(scenario())
 
@@ -276,7 +276,7 @@ def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) 
         await _parked(leader.replicas)
 
         part, target = leader.replicas.delete_records(TOPIC, 0, 2)
-        reached = part.low_watermark_reached(target, leader.replicas.low_watermark(part))
+        reached = part.low_watermark_waiters.wait(target, leader.replicas.low_watermark(part))
         assert not reached.done()
         await asyncio.wait_for(parked, 5)  # answered at once: the log start is news
         assert follower.partition.log.log_start_offset == 2

@@ -66,7 +66,7 @@ class DeleteRecordsApi:
             result.error = e.code
             return result
         result.partition = part
-        result.reached = part.low_watermark_reached(target, replicas.low_watermark(part))
+        result.reached = part.low_watermark_waiters.wait(target, replicas.low_watermark(part))
         return result
 
     async def _complete(

@@ -121,10 +121,10 @@ def test_the_answer_waits_for_the_followers_log_starts(tmp_path: Path) -> None:
         assert part.log.log_start_offset == 2  # the leader's moved all the same
         waiting = asyncio.ensure_future(delete(c, "r", mine, 2))
         async with asyncio.timeout(5):
-            while not part.awaits_low_watermark:
+            while not part.low_watermark_waiters:
                 await asyncio.sleep(0.001)  # until the request reached the node
         await follower_fetch(2, 2)
-        assert (h.replicas.low_watermark(part), part.awaits_low_watermark) == (0, True)
+        assert (h.replicas.low_watermark(part), len(part.low_watermark_waiters)) == (0, 1)
         await follower_fetch(3, 2)
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
 
