@@ -216,6 +216,66 @@ def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> N
             q.stop()
 
 
+@pytest.mark.integration
+def test_a_voter_behind_the_leaders_log_start_installs_the_leaders_snapshot(
+    tmp_path: Path,
+) -> None:
+    """A voter that was down while the others snapshotted and dropped the entries it misses
+    catches up through the snapshot the leader sends it in parts (the last part is the empty
+    string, which the restricted loader must accept), then replays what follows."""
+    ports = free_ports(3)
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(ports)]
+    timing = QuorumTiming(log_compaction_min_entries=5, log_compaction_min_time_s=1)
+    recorders = {v.node_id: Recorder() for v in voters}
+
+    def start_with(node_id: int) -> MetadataQuorum:
+        q = MetadataQuorum(
+            node_id, voters, tmp_path / f"n{node_id}", recorders[node_id], timing=timing
+        )
+        q.start()
+        return q
+
+    quorums = {v.node_id: start_with(v.node_id) for v in voters}
+    try:
+        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        propose_sync(leader, [rec.ClusterId("snap")])
+        lagging = next(i for i, q in quorums.items() if q is not leader)
+        behind = quorums[lagging].status().last_applied
+        quorums[lagging].stop()
+        for i in range(40):
+            propose_sync(
+                leader,
+                [
+                    rec.RegisterBroker(
+                        broker_id=i,
+                        incarnation_id=f"inc-{i}-" + "x" * 2000,  # a snapshot of several parts
+                        broker_epoch=i + 1,
+                        endpoints={"rpc": f"h:{i}"},
+                    )
+                ],
+            )
+
+        def log_start() -> int:
+            status = leader.status()
+            return status.commit_index - status.log_size
+
+        wait_for(lambda: log_start() > behind + 1, "the leader to drop the entries it missed")
+        recorders[lagging] = Recorder()
+        quorums[lagging] = start_with(lagging)
+        wait_for(
+            lambda: any(o > behind + 1 for o in recorders[lagging].snapshots),
+            "the lagging voter to install the leader's snapshot",
+        )
+        last = propose_sync(leader, [rec.NoOp()])
+        wait_for(lambda: quorums[lagging].image.last_offset >= last, "the voter to follow on")
+        assert quorums[lagging].image == leader.image
+        assert len(quorums[lagging].image.brokers) == 40
+    finally:
+        for q in quorums.values():
+            q.stop()
+
+
 class _Mkdir:
     """Unpickled, it would create ``path``: what a hostile frame to the quorum port may carry."""
 

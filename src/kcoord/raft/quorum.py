@@ -15,10 +15,14 @@ like a KRaft record batch, so a topic and its partitions appear together. We byp
 and ``_apply_command_bytes`` decodes them with our codec. pysyncobj's transport still pickles
 its own messages between voters, and unpickled whatever reached the quorum port: one frame from
 anyone who could connect ran code in the node. Its messages are plain data (dicts, lists,
-tuples, strings, numbers; at its pickle protocol 2, bytes come as ``_codecs.encode`` and sets as
-``builtins.set``), so ``_PlainDataPickle`` replaces the ``pickle`` its transport and its
-``SyncObj`` call: its own ``dumps``, and a ``loads`` that resolves no other global. A frame
-naming any other is refused (logged; pysyncobj closes that connection) before anything runs.
+tuples, strings, numbers; at its pickle protocol 2, bytes come as ``_codecs.encode`` except the
+empty string, which is ``__builtin__.bytes`` called with nothing, and sets as ``__builtin__.set``),
+so ``_PlainDataPickle`` replaces the ``pickle`` its transport and its ``SyncObj`` call: its own
+``dumps``, and a ``loads`` that resolves no other global (and lets ``bytes`` make only the empty
+string: ``bytes(n)`` would allocate whatever a frame asked for). A frame naming any other is
+refused (logged; pysyncobj closes that connection) before anything runs. The empty string is
+not rare: it is the last part of every snapshot the leader sends to a voter that is behind its
+log start, so refusing it kept such a voter out of the quorum for good.
 The port is still unauthenticated, so it must only be reachable by the voters (bind it to a
 private address), as with any pysyncobj deployment.
 
@@ -41,6 +45,7 @@ Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFall
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import io
 import logging
@@ -54,6 +59,7 @@ from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pysyncobj.pickle
+import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
@@ -70,16 +76,26 @@ _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 1
 
 
+def _empty_bytes(*args: object) -> bytes:
+    if args:
+        raise pickle.UnpicklingError("bytes(...) with arguments is not plain data")
+    return b""
+
+
 # What pysyncobj's own messages need resolved at its pickle protocol 2 (see the docstring).
-_PLAIN_DATA_GLOBALS = frozenset(
-    {("_codecs", "encode"), ("builtins", "set"), ("builtins", "frozenset")}
-)
+# Protocol 2 names Python 2's module for builtins; find_class sees that name.
+_PLAIN_DATA_GLOBALS: dict[tuple[str, str], Any] = {
+    ("_codecs", "encode"): codecs.encode,
+    ("__builtin__", "set"): set,
+    ("__builtin__", "frozenset"): frozenset,
+    ("__builtin__", "bytes"): _empty_bytes,
+}
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in _PLAIN_DATA_GLOBALS:
-            return super().find_class(module, name)
+            return _PLAIN_DATA_GLOBALS[module, name]
         log.warning("quorum: refused a message that names %s.%s (not plain data)", module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
 
@@ -96,6 +112,23 @@ class _PlainDataPickle:
 
 pysyncobj.tcp_connection.pickle = _PlainDataPickle
 pysyncobj.syncobj.pickle = _PlainDataPickle
+
+
+class _ClosingSerializer(pysyncobj.serializer.Serializer):  # type: ignore[misc]
+    """pysyncobj 0.3.17 forgets, without closing it, the snapshot file it sent a voter once the
+    last part is out; this closes it then (the transmissions dict is name-mangled)."""
+
+    def getTransmissionData(self, transmission_id: Any) -> Any:  # noqa: N802 (pysyncobj's)
+        transmission = self._Serializer__transmissions.get(transmission_id)
+        data = super().getTransmissionData(transmission_id)
+        if transmission is not None and transmission_id not in self._Serializer__transmissions:
+            file = transmission.get("file")
+            if file is not None:
+                file.close()
+        return data
+
+
+pysyncobj.syncobj.Serializer = _ClosingSerializer
 
 
 class QuorumListener(Protocol):
@@ -117,7 +150,7 @@ class QuorumTiming:
     connection_retry_s: float = 1.0
     connection_timeout_s: float = 2.0
     log_compaction_min_entries: int = 5000
-    log_compaction_min_time_s: int = 300
+    log_compaction_min_time_s: float = 300
 
 
 @dataclass(frozen=True, slots=True)
