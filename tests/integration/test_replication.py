@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -59,7 +61,9 @@ def partition_view(c: LocalCluster, topic: str, partition: int, via: int) -> dic
     return view
 
 
-def create_topic(c: LocalCluster, name: str, configs: dict[str, str] | None = None) -> None:
+def create_topic(
+    c: LocalCluster, name: str, configs: dict[str, str] | None = None, *, isr: int = 3
+) -> None:
     async def go() -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(c), request_timeout_ms=30_000)
         await admin.start()
@@ -73,8 +77,8 @@ def create_topic(c: LocalCluster, name: str, configs: dict[str, str] | None = No
     asyncio.run(go())
     via = c.alive_ids()[0]
     wait_for(
-        lambda: all(len(partition_view(c, name, p, via)["isr"]) == 3 for p in range(PARTITIONS)),
-        f"{name} fully replicated",
+        lambda: all(len(partition_view(c, name, p, via)["isr"]) == isr for p in range(PARTITIONS)),
+        f"{name} with {isr} in-sync replicas",
     )
 
 
@@ -303,3 +307,93 @@ def test_below_min_insync_replicas_nothing_acknowledged_is_lost(cluster: LocalCl
     strict_read = consume(c, list(range(PARTITIONS)), topic="strict")
     check_exactly_once_in_order(strict_acked, strict_read)
     assert "refused-strict" not in [v for _, _, v in strict_read]
+
+
+def delete_topics(c: LocalCluster, names: list[str]) -> None:
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(c), request_timeout_ms=30_000)
+        await admin.start()
+        try:
+            await admin.delete_topics(names, timeout_ms=30_000)
+        finally:
+            await admin.close()
+
+    asyncio.run(go())
+
+
+def snapshot_offset(c: LocalCluster, node_id: int) -> int:
+    """The metadata offset of the node's latest snapshot (quorum.py's format), -1 if none."""
+    path = Path(c.node(node_id).directory) / "data" / "__cluster_metadata" / "snapshot"
+    try:
+        return int(msgpack.unpackb(path.read_bytes(), raw=False)["offset"])
+    except FileNotFoundError:
+        return -1
+
+
+def segment_bytes(c: LocalCluster, node_id: int, topic: str, partition: int) -> bytes:
+    directory = Path(c.node(node_id).directory) / "data" / f"{topic}-{partition}"
+    return b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+
+
+def test_a_node_brought_back_by_a_metadata_snapshot_drops_deleted_topics_logs(
+    tmp_path: Path,
+) -> None:
+    """Node 3 is down while one topic is deleted and created again under the same name and
+    another is deleted for good; the quorum then snapshots its metadata log and drops the
+    entries node 3 missed, so node 3 catches up by installing the leader's snapshot rather than
+    by replaying those entries. It must not take the old topic's log for the new one's (its
+    records would be served as the new topic's), and must not keep the deleted topic's log."""
+    with LocalCluster(tmp_path, 3, {"metadata.log.max.snapshot.interval.ms": 500}) as c:
+        wait_for(lambda: c.controller_id() is not None, "an active controller")
+        create_topic(c, "reborn")
+        create_topic(c, "gone")
+        _, failed = produce(c, [f"old-{i}" for i in range(30)], topic="reborn")
+        _, failed_gone = produce(c, [f"gone-{i}" for i in range(10)], topic="gone")
+        assert not failed and not failed_gone
+        old_id = c.describe(1, topics=True)["topics"]["reborn"]["topic_id"]
+        victim = 3
+        c.kill(victim)
+        wait_for(
+            lambda: all(
+                victim not in partition_view(c, "reborn", p, 1)["isr"] for p in range(PARTITIONS)
+            ),
+            f"node {victim} fenced and out of every ISR",
+        )
+        delete_topics(c, ["reborn", "gone"])
+        wait_for(
+            lambda: not {"reborn", "gone"} & set(c.describe(1, topics=True)["topics"]),
+            "both topics deleted",
+        )
+        # Replicas go to fenced brokers too (as followers, out of the ISR): node 3 is one.
+        create_topic(c, "reborn", isr=2)
+        new_id = c.describe(1, topics=True)["topics"]["reborn"]["topic_id"]
+        assert new_id != old_id
+        for p in range(PARTITIONS):
+            assert victim in partition_view(c, "reborn", p, 1)["replicas"]
+        acked, failed = produce(c, [f"new-{i}" for i in range(30)], topic="reborn")
+        assert not failed
+        recreated_offset = c.describe(1)["metadata_offset"]
+        wait_for(
+            lambda: all(snapshot_offset(c, n) >= recreated_offset for n in (1, 2)),
+            "nodes 1 and 2 to snapshot their metadata logs after the topic came back",
+        )
+
+        c.start(victim)
+        wait_for(
+            lambda: all(
+                victim in partition_view(c, "reborn", p, 1)["isr"] for p in range(PARTITIONS)
+            ),
+            f"node {victim} back in every ISR of the new topic",
+        )
+        log_text = c.node(victim).log_path.read_text(errors="replace")
+        loaded = [int(o) for o in re.findall(r"replaced by the snapshot at offset (\d+)", log_text)]
+        assert max(loaded) >= recreated_offset, "node 3 did not catch up by a leader's snapshot"
+        data = Path(c.node(victim).directory) / "data"
+        assert not list(data.glob("gone-*")), "the deleted topic's logs are still on node 3"
+        for p in range(PARTITIONS):
+            metadata = (data / f"reborn-{p}" / "partition.metadata").read_text()
+            assert new_id in metadata and old_id not in metadata
+            on_disk = segment_bytes(c, victim, "reborn", p)
+            assert b"old-" not in on_disk, f"node {victim} kept the old topic's records in {p}"
+        assert sum(segment_bytes(c, victim, "reborn", p).count(b"new-") for p in range(3)) >= 30
+        check_exactly_once_in_order(acked, consume(c, list(range(PARTITIONS)), topic="reborn"))

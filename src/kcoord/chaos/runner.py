@@ -514,6 +514,9 @@ def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterStat
         # KIP-848 members: sessions as short as the classic members' (Kafka's are 45 s / 5 s).
         "group.consumer.session.timeout.ms": 6_000,
         "group.consumer.heartbeat.interval.ms": 500,
+        # Snapshot the metadata log every 2 s (the default is 5 min) so that a node brought
+        # back after a fault often catches up by installing the leader's snapshot.
+        "metadata.log.max.snapshot.interval.ms": 2_000,
         **(BUGS[options.inject_bug] if options.inject_bug else {}),
     }
     planned = launcher.plan(root, NODES, base_port, hosts=HOSTS, groups=GIDS)

@@ -248,6 +248,13 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("quorum.connection.retry.ms", _Kind.INT, 1000, 1),
     _Spec("quorum.raft.min.timeout.ms", _Kind.INT, 400, 1),
     _Spec("quorum.raft.max.timeout.ms", _Kind.INT, 1400, 1),
+    # When the metadata log is snapshotted and its older entries dropped (pysyncobj's
+    # logCompactionMinTime / logCompactionMinEntries; either one triggers). Kafka's
+    # metadata.log.max.snapshot.interval.ms defaults to an hour; pysyncobj's five minutes
+    # stay the default here. pysyncobj counts entries where Kafka counts bytes
+    # (metadata.log.max.record.bytes.between.snapshots), hence a kcoord name for that one.
+    _Spec("metadata.log.max.snapshot.interval.ms", _Kind.INT, 300_000, 1),
+    _Spec("metadata.log.max.records.between.snapshots", _Kind.INT, 5000, 1),
 )
 _SPEC_BY_KEY: Final[Mapping[str, _Spec]] = {s.key: s for s in _SPECS}
 
@@ -322,6 +329,8 @@ class NodeConfig:
     quorum_connection_retry_ms: int
     quorum_raft_min_timeout_ms: int
     quorum_raft_max_timeout_ms: int
+    metadata_log_max_snapshot_interval_ms: int
+    metadata_log_max_records_between_snapshots: int
 
     def __post_init__(self) -> None:
         self._raise_if_out_of_range()

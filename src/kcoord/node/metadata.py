@@ -112,6 +112,7 @@ class MetadataCache:
         except MetadataApplyError as e:
             log.error("metadata snapshot at %d did not load: %s", offset, e)
             return
+        log.info("metadata image replaced by the snapshot at offset %d", offset)
         self._publish(delta)
 
     def _publish(self, delta: MetadataDelta) -> None:

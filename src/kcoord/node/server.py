@@ -219,6 +219,8 @@ class Node:
             raft_max_timeout_s=cfg.quorum_raft_max_timeout_ms / 1000,
             leader_fallback_timeout_s=cfg.quorum_leader_fallback_timeout_ms / 1000,
             connection_retry_s=cfg.quorum_connection_retry_ms / 1000,
+            log_compaction_min_entries=cfg.metadata_log_max_records_between_snapshots,
+            log_compaction_min_time_s=cfg.metadata_log_max_snapshot_interval_ms / 1000,
         )
         controller_config = ControllerConfig(
             broker_session_timeout_ms=cfg.broker_session_timeout_ms,
