@@ -242,6 +242,11 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("log.segment.bytes", _Kind.INT, 1024 * 1024 * 1024, 14, _INT32_MAX),
     _Spec("log.retention.ms", _Kind.INT, 7 * 24 * 60 * 60 * 1000, -1),
     _Spec("log.retention.bytes", _Kind.INT, -1, -1),
+    # The background log tasks (node/log_maintenance.py), with Kafka's defaults.
+    _Spec("log.retention.check.interval.ms", _Kind.INT, 300_000, 1),
+    _Spec("log.cleaner.enable", _Kind.BOOL, True),
+    _Spec("log.cleaner.backoff.ms", _Kind.INT, 15_000, 0),
+    _Spec("log.flush.offset.checkpoint.interval.ms", _Kind.INT, 60_000, 1),
     # pysyncobj's knobs (SyncConf: leaderFallbackTimeout, connectionRetryTime,
     # raftMinTimeout, raftMaxTimeout), in milliseconds here.
     _Spec("quorum.leader.fallback.timeout.ms", _Kind.INT, 1500, 1),
@@ -325,6 +330,10 @@ class NodeConfig:
     log_segment_bytes: int
     log_retention_ms: int
     log_retention_bytes: int
+    log_retention_check_interval_ms: int
+    log_cleaner_enable: bool
+    log_cleaner_backoff_ms: int
+    log_flush_offset_checkpoint_interval_ms: int
     quorum_leader_fallback_timeout_ms: int
     quorum_connection_retry_ms: int
     quorum_raft_min_timeout_ms: int

@@ -648,8 +648,12 @@ class ReplicaManager:
     # -----------------------------------------------------------------------------------------
     # Checkpoints.
 
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        """The HW of every partition this node hosts, leader or follower."""
+        return {tp: p.high_watermark for tp, p in self.partitions.items()}
+
     def checkpoint_high_watermarks(self) -> None:
-        self.logs.write_high_watermarks({tp: p.high_watermark for tp, p in self.partitions.items()})
+        self.logs.write_high_watermarks(self.high_watermarks())
 
     async def run_high_watermark_checkpoints(self, interval_ms: int = 5000) -> None:
         """Kafka's ``replica.high.watermark.checkpoint.interval.ms`` task."""

@@ -47,6 +47,7 @@ from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.groups import GroupApi
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, QuorumApi
 from kcoord.node.kafka.server import RequestStats
+from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, RoleListener
 from kcoord.node.metrics import NodeMetrics
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
@@ -176,6 +177,17 @@ class Node:
             broker_epoch=self._broker_epoch,
             alter_partition=self._alter_partition,
         )
+        self.log_maintenance = LogMaintenance(
+            self.logs,
+            self.replicas.high_watermarks,
+            self.clock.now_ms,
+            MaintenanceConfig(
+                retention_check_interval_ms=cfg.log_retention_check_interval_ms,
+                cleaner_enable=cfg.log_cleaner_enable,
+                cleaner_backoff_ms=cfg.log_cleaner_backoff_ms,
+                recovery_point_checkpoint_interval_ms=cfg.log_flush_offset_checkpoint_interval_ms,
+            ),
+        )
         self.fetchers = ReplicaFetcherManager(
             cfg.node_id,
             self.replicas,
@@ -296,6 +308,9 @@ class Node:
                 self.replicas.run_isr_maintenance(min(500, cfg.replica_lag_time_max_ms // 2 or 1)),
             ),
             ("hw-checkpoint", self.replicas.run_high_watermark_checkpoints()),
+            ("log-retention", self.log_maintenance.run_retention()),
+            ("log-cleaner", self.log_maintenance.run_cleaner()),
+            ("recovery-point-checkpoint", self.log_maintenance.run_recovery_point_checkpoints()),
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
         # The admin listener first: /healthz, /readyz (which says what the node waits for) and

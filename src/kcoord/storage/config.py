@@ -32,6 +32,7 @@ class LogConfig:
     cleanup_policy: frozenset[str] = frozenset({"delete"})
     delete_retention_ms: int = DAY_MS
     min_compaction_lag_ms: int = 0
+    min_cleanable_dirty_ratio: float = 0.5
     max_message_bytes: int = 1024 * 1024 + 12
     # None = never flush on count/time: rely on replication, fsync on roll and on close
     # (Kafka's default: flush.messages and flush.ms are Long.MAX_VALUE).
@@ -220,11 +221,11 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             "min.cleanable.dirty.ratio",
             ConfigType.DOUBLE,
             "0.5",
-            "The dirty share of a log that makes it cleanable (kcoord's cleaner ignores it).",
+            "The share of a compacted log's cleanable bytes written since its last cleaning "
+            "at which the cleaner takes it on.",
             minimum=0,
             maximum=1,
             broker_synonym="log.cleaner.min.cleanable.ratio",
-            implemented=False,
         ),
         TopicConfigDef(
             "min.compaction.lag.ms",

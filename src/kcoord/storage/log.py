@@ -101,6 +101,30 @@ class CleanerStats:
 
 
 @dataclass(slots=True)
+class CleanPlan:
+    """A cleaning pass as planned on the log's owner thread (``Log.plan_cleaning``)."""
+
+    segments: list[LogSegment]  # closed, below the high watermark and the compaction lag
+    generation: int
+    now_ms: int
+    dirty_ratio: float
+
+
+@dataclass(slots=True)
+class CleanResult:
+    """What ``Log.clean`` wrote: per planned segment its cleaned copy, None if unchanged."""
+
+    plan: CleanPlan
+    cleaned: list[LogSegment | None]
+    stats: CleanerStats
+    delete_horizon_ms: int | None = None  # the earliest horizon of a tombstone kept
+
+    def note_horizon(self, horizon_ms: int) -> None:
+        if self.delete_horizon_ms is None or horizon_ms < self.delete_horizon_ms:
+            self.delete_horizon_ms = horizon_ms
+
+
+@dataclass(slots=True)
 class RecoveryReport:
     segments_recovered: int = 0
     bytes_truncated: int = 0
@@ -144,6 +168,14 @@ class Log:
         # still holds.
         self.truncations = 0
         self.last_truncated_to = 0
+        # The cleaner's view (Kafka's cleaner-offset-checkpoint, kept in memory: after a
+        # restart the first pass treats the whole log as dirty). Below first_dirty_offset the
+        # log was cleaned; delete_horizon_ms is the earliest time a tombstone the last pass
+        # kept may go (None: it kept none). Every change to the closed segments other than an
+        # append bumps _generation, so a cleaning planned before it is abandoned.
+        self.first_dirty_offset = 0
+        self.delete_horizon_ms: int | None = None
+        self._generation = 0
 
     # -----------------------------------------------------------------------------------------
     # Opening and recovery.
@@ -594,6 +626,8 @@ class Log:
         log.info("%s: truncated to %d (%d bytes)", self.directory.name, offset, dropped)
         end = self.log_end_offset
         self.truncations += 1
+        self._generation += 1
+        self.first_dirty_offset = min(self.first_dirty_offset, end)
         self.last_truncated_to = end
         self.recovery_point = min(self.recovery_point, end)
         self.log_start_offset = min(self.log_start_offset, end)
@@ -610,6 +644,9 @@ class Log:
         self.log_start_offset = offset
         self.recovery_point = offset
         self.truncations += 1
+        self._generation += 1
+        self.first_dirty_offset = offset
+        self.delete_horizon_ms = None
         self.last_truncated_to = 0  # nothing below is kept
         self.epoch_cache.clear()
         self.epoch_cache.flush()
@@ -664,6 +701,7 @@ class Log:
             deleted += 1
             self.log_start_offset = max(self.log_start_offset, upper)
         if deleted:
+            self._generation += 1
             self.epoch_cache.truncate_from_start(self.log_start_offset)
             self.epoch_cache.flush()
             log.info(
@@ -678,7 +716,8 @@ class Log:
     # Compaction.
 
     def compact(self, now_ms: int, *, high_watermark: int | None = None) -> CleanerStats:
-        """Keep the last record per key in the closed segments (Kafka's ``LogCleaner``).
+        """Keep the last record per key in the closed segments (Kafka's ``LogCleaner``), in one
+        call: ``plan_cleaning``, ``clean`` and ``swap_cleaned`` on the caller's thread.
 
         The cleanable range ends at the active segment, at the high watermark, and at the first
         segment with records newer than ``min.compaction.lag.ms``. A key's last record within
@@ -689,9 +728,29 @@ class Log:
         segment is written as ``.cleaned``, renamed ``.swap``, then swapped in, so a crash
         leaves the old or the new segment, never half of one.
         """
-        stats = CleanerStats()
+        plan = self.plan_cleaning(now_ms, high_watermark=high_watermark)
+        if plan is None:
+            return CleanerStats()
+        stats = self.swap_cleaned(self.clean(plan))
+        assert stats is not None, "nothing changed the log between planning and swapping"
+        return stats
+
+    def plan_cleaning(
+        self,
+        now_ms: int,
+        *,
+        high_watermark: int | None = None,
+        min_dirty_ratio: float | None = None,
+    ) -> CleanPlan | None:
+        """What a cleaning pass would clean now, or None. On the log's owner thread.
+
+        With ``min_dirty_ratio`` (the background cleaner), only when the dirty share of the
+        cleanable bytes (those at or above ``first_dirty_offset``) reaches it, or when a
+        tombstone the last pass kept may now go; Kafka's ``LogCleanerManager`` picks logs the
+        same way (``min.cleanable.dirty.ratio``, KIP-534's delete horizon).
+        """
         if not self.config.compact:
-            return stats
+            return None
         hw = self.log_end_offset if high_watermark is None else high_watermark
         cleanable: list[LogSegment] = []
         for seg in self.segments[:-1]:
@@ -702,25 +761,88 @@ class Log:
                 break
             cleanable.append(seg)
         if not cleanable:
-            return stats
-        last_offset_of: dict[bytes, int] = {}
-        for seg in cleanable:
-            data = seg.read_at(0, seg.size)
-            for pos, header in fmt.iter_headers(data):
-                if not fmt.is_crc_valid(data, pos, header):
-                    raise LogCorruptError(f"{seg.log_path}: CRC mismatch at position {pos}")
-                if header.is_control:
-                    continue
-                for record in fmt.decode_records(data, pos):
-                    if record.key is not None:
-                        last_offset_of[record.key] = record.offset
-        for seg in cleanable:
-            self._clean_segment(seg, last_offset_of, now_ms, stats)
-        return stats
+            return None
+        total = sum(seg.size for seg in cleanable)
+        dirty = sum(seg.size for seg in cleanable if seg.next_offset > self.first_dirty_offset)
+        ratio = dirty / total if total else 0.0
+        if min_dirty_ratio is not None:
+            horizon_passed = self.delete_horizon_ms is not None and now_ms >= self.delete_horizon_ms
+            if dirty == 0 and not horizon_passed:
+                return None
+            if ratio < min_dirty_ratio and not horizon_passed:
+                return None
+        return CleanPlan(cleanable, self._generation, now_ms, ratio)
+
+    def clean(self, plan: CleanPlan) -> CleanResult:
+        """Write the cleaned copy of each planned segment that changes (``.cleaned`` files).
+
+        Safe on a worker thread while the owner thread appends and reads: it only reads the
+        planned segments, which are closed, and writes new files. Anything that could change
+        them (truncation, retention, closing) bumps the generation, and ``swap_cleaned`` then
+        throws the copies away. Raises (having deleted its copies) if a segment cannot be read.
+        """
+        result = CleanResult(plan, [], CleanerStats())
+        try:
+            last_offset_of: dict[bytes, int] = {}
+            for seg in plan.segments:
+                data = seg.read_at(0, seg.size)
+                for pos, header in fmt.iter_headers(data):
+                    if not fmt.is_crc_valid(data, pos, header):
+                        raise LogCorruptError(f"{seg.log_path}: CRC mismatch at position {pos}")
+                    if header.is_control:
+                        continue
+                    for record in fmt.decode_records(data, pos):
+                        if record.key is not None:
+                            last_offset_of[record.key] = record.offset
+            for seg in plan.segments:
+                result.cleaned.append(self._clean_segment(seg, last_offset_of, result))
+        except BaseException:
+            self._delete_cleaned(result)
+            raise
+        return result
+
+    def is_current(self, plan: CleanPlan) -> bool:
+        """Whether nothing but appends changed the log since ``plan`` was made."""
+        return plan.generation == self._generation
+
+    def swap_cleaned(self, result: CleanResult) -> CleanerStats | None:
+        """Swap the cleaned copies in (on the owner thread). None, with the copies deleted, if
+        the log changed since the pass was planned."""
+        plan = result.plan
+        if not self.is_current(plan):
+            self._delete_cleaned(result)
+            return None
+        self._generation += 1
+        for seg, cleaned in zip(plan.segments, result.cleaned, strict=True):
+            if cleaned is None:
+                continue
+            cleaned.rename_suffix(CLEANED_SUFFIX, SWAP_SUFFIX)
+            i = self.segments.index(seg)
+            seg.delete()
+            cleaned.rename_suffix(SWAP_SUFFIX, "")
+            if cleaned.size == 0 and i > 0:
+                cleaned.delete()
+                del self.segments[i]
+                del self._bases[i]
+            else:
+                # An emptied first segment stays so the log keeps its start offset on reopening.
+                cleaned.next_offset = max(cleaned.next_offset, seg.next_offset)
+                self.segments[i] = cleaned
+        self.first_dirty_offset = max(self.first_dirty_offset, plan.segments[-1].next_offset)
+        self.delete_horizon_ms = result.delete_horizon_ms
+        return result.stats
+
+    def _delete_cleaned(self, result: CleanResult) -> None:
+        for cleaned in result.cleaned:
+            if cleaned is not None:
+                cleaned.delete()
+        result.cleaned.clear()
 
     def _clean_segment(
-        self, seg: LogSegment, last_offset_of: dict[bytes, int], now_ms: int, stats: CleanerStats
-    ) -> None:
+        self, seg: LogSegment, last_offset_of: dict[bytes, int], result: CleanResult
+    ) -> LogSegment | None:
+        """The cleaned copy of ``seg`` (a ``.cleaned`` file), None if nothing in it goes."""
+        stats = result.stats
         data = seg.read_at(0, seg.size)
         stats.bytes_read += len(data)
         out = bytearray()
@@ -731,7 +853,7 @@ class Log:
             if header.is_control:
                 kept_raw: bytes | None = raw
             else:
-                kept_raw = self._clean_batch(raw, header, last_offset_of, now_ms, stats)
+                kept_raw = self._clean_batch(raw, header, last_offset_of, result)
             if kept_raw is not raw:
                 changed = True
             if kept_raw is None:
@@ -740,7 +862,7 @@ class Log:
             out += kept_raw
         stats.segments_cleaned += 1
         if not changed:
-            return
+            return None
         cleaned = LogSegment(
             self.directory,
             seg.base_offset,
@@ -749,31 +871,24 @@ class Log:
             suffix=CLEANED_SUFFIX,
             create=True,
         )
-        if out_headers:
-            cleaned.append(out, out_headers)
-        cleaned.on_roll()
-        cleaned.rename_suffix(CLEANED_SUFFIX, SWAP_SUFFIX)
-        i = self.segments.index(seg)
-        seg.delete()
-        cleaned.rename_suffix(SWAP_SUFFIX, "")
-        stats.bytes_written += cleaned.size
-        if cleaned.size == 0 and i > 0:
+        try:
+            if out_headers:
+                cleaned.append(out, out_headers)
+            cleaned.on_roll()
+        except BaseException:
             cleaned.delete()
-            del self.segments[i]
-            del self._bases[i]
-        else:
-            # An emptied first segment stays so the log keeps its start offset on reopening.
-            cleaned.next_offset = max(cleaned.next_offset, seg.next_offset)
-            self.segments[i] = cleaned
+            raise
+        stats.bytes_written += cleaned.size
+        return cleaned
 
     def _clean_batch(
         self,
         raw: bytes,
         header: fmt.BatchHeader,
         last_offset_of: dict[bytes, int],
-        now_ms: int,
-        stats: CleanerStats,
+        result: CleanResult,
     ) -> bytes | None:
+        now_ms, stats = result.plan.now_ms, result.stats
         records = fmt.decode_records(raw)
         stats.records_read += len(records)
         has_horizon = bool(header.attributes & fmt.DELETE_HORIZON_FLAG)
@@ -789,14 +904,17 @@ class Log:
         stats.records_kept += len(kept)
         if not kept:
             return None
-        needs_horizon = not has_horizon and any(r.value is None for r in kept)
-        if len(kept) == len(records) and not needs_horizon:
-            return raw
+        keeps_tombstone = any(r.value is None for r in kept)
+        needs_horizon = not has_horizon and keeps_tombstone
         delete_horizon_ms: int | None = None
         if needs_horizon:
             delete_horizon_ms = now_ms + self.config.delete_retention_ms
         elif has_horizon:
             delete_horizon_ms = header.base_timestamp
+        if keeps_tombstone and delete_horizon_ms is not None:
+            result.note_horizon(delete_horizon_ms)
+        if len(kept) == len(records) and not needs_horizon:
+            return raw
         return fmt.build_batch(
             kept,
             base_offset=header.base_offset,
@@ -816,12 +934,14 @@ class Log:
 
     def close(self) -> None:
         """fsync and close every segment; the log is then cleanly shut down."""
+        self._generation += 1
         self.flush()
         self.epoch_cache.flush()
         for seg in self.segments:
             seg.close()
 
     def delete(self) -> None:
+        self._generation += 1
         for seg in self.segments:
             seg.close()
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 
 from kcoord.storage import checkpoint
 from kcoord.storage.config import LogConfig
-from kcoord.storage.log import CleanerStats, Log, RecoveryReport, parse_partition_dir
+from kcoord.storage.log import CleanPlan, Log, RecoveryReport, parse_partition_dir
 
 log = logging.getLogger(__name__)
 
@@ -183,23 +183,27 @@ class LogManager:
             self.checkpoint_log_start_offsets()
         return deleted
 
-    def run_compaction(
-        self, now_ms: int, high_watermarks: Mapping[TopicPartition, int] | None = None
-    ) -> CleanerStats:
-        total = CleanerStats()
+    def filthiest(
+        self,
+        now_ms: int,
+        high_watermarks: Mapping[TopicPartition, int],
+        skip: Collection[TopicPartition] = (),
+    ) -> tuple[TopicPartition, Log, CleanPlan] | None:
+        """The compacted log most in need of cleaning, with its plan (Kafka's
+        ``LogCleanerManager.grabFilthiestCompactedLog``): among the logs in
+        ``high_watermarks`` and not in ``skip``, the one with the largest dirty share at or
+        above its ``min.cleanable.dirty.ratio`` (or with a tombstone past its horizon)."""
+        best: tuple[TopicPartition, Log, CleanPlan] | None = None
         for tp, lg in self.logs.items():
-            if not lg.config.compact:
+            hw = high_watermarks.get(tp)
+            if hw is None or tp in skip or not lg.config.compact:
                 continue
-            hw = None if high_watermarks is None else high_watermarks.get(tp, lg.log_start_offset)
-            try:
-                stats = lg.compact(now_ms, high_watermark=hw)
-            except (OSError, ValueError) as e:
-                # Kafka marks the partition uncleanable and keeps serving it (LogCleanerManager).
-                log.error("%s-%d: compaction failed, partition left as is: %s", tp[0], tp[1], e)
-                continue
-            for name in CleanerStats.__slots__:
-                setattr(total, name, getattr(total, name) + getattr(stats, name))
-        return total
+            plan = lg.plan_cleaning(
+                now_ms, high_watermark=hw, min_dirty_ratio=lg.config.min_cleanable_dirty_ratio
+            )
+            if plan is not None and (best is None or plan.dirty_ratio > best[2].dirty_ratio):
+                best = (tp, lg, plan)
+        return best
 
     # -----------------------------------------------------------------------------------------
     # Shutdown.

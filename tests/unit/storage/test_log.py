@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from pathlib import Path
 
@@ -419,3 +420,103 @@ def test_reads_at_the_tail_match_reads_from_the_index(
         assert reads(reopened) == with_tail
     finally:
         reopened.close()
+
+
+def _fill(lg: Log, count: int, keys: int, *, start: int = 0) -> None:
+    for i in range(start, start + count):
+        lg.append_as_leader(batch(1, key=f"k{i % keys}".encode(), value=f"v{i}".encode()), 0, 0)
+
+
+def test_the_background_cleaner_waits_for_enough_dirty_bytes(tmp_path: Path) -> None:
+    lg = _compacted(tmp_path)
+    _fill(lg, 60, 7)
+    lg.roll()
+    plan = lg.plan_cleaning(0, min_dirty_ratio=0.5)
+    assert plan is not None and plan.dirty_ratio == 1.0  # never cleaned: all dirty
+    assert lg.swap_cleaned(lg.clean(plan)) is not None
+    assert lg.first_dirty_offset == 60
+    # Cleaned and nothing new: no pass, whatever the ratio asked.
+    assert lg.plan_cleaning(0, min_dirty_ratio=0.0) is None
+    _fill(lg, 2, 7, start=60)
+    lg.roll()
+    # A little new data: under the ratio, no pass; the synchronous compact still cleans.
+    small = lg.plan_cleaning(0, min_dirty_ratio=0.5)
+    assert small is None
+    ratio_plan = lg.plan_cleaning(0, min_dirty_ratio=0.01)
+    assert ratio_plan is not None and 0 < ratio_plan.dirty_ratio < 0.5
+
+
+def test_a_kept_tombstone_makes_the_log_cleanable_once_its_horizon_passes(
+    tmp_path: Path,
+) -> None:
+    lg = _compacted(tmp_path)  # delete.retention.ms = 1000
+    _fill(lg, 20, 4)
+    lg.append_as_leader(batch(1, key=b"k0", value=None), 0, 0)
+    lg.roll()
+    plan = lg.plan_cleaning(100, min_dirty_ratio=0.5)
+    assert plan is not None
+    assert lg.swap_cleaned(lg.clean(plan)) is not None
+    assert lg.delete_horizon_ms == 1_100
+    assert lg.plan_cleaning(1_099, min_dirty_ratio=0.5) is None
+    late = lg.plan_cleaning(1_100, min_dirty_ratio=0.5)
+    assert late is not None
+    stats = lg.swap_cleaned(lg.clean(late))
+    assert stats is not None and stats.tombstones_dropped == 1
+    assert lg.delete_horizon_ms is None
+    assert b"k0" not in {r.key for r in read_all(lg)}
+
+
+@pytest.mark.parametrize("change", ["truncate", "retention", "close"])
+def test_a_cleaning_planned_before_the_log_changed_is_thrown_away(
+    tmp_path: Path, change: str
+) -> None:
+    lg = _compacted(tmp_path)
+    _fill(lg, 60, 7)
+    lg.roll()
+    _fill(lg, 3, 7, start=60)
+    plan = lg.plan_cleaning(0)
+    assert plan is not None
+    result = lg.clean(plan)
+    assert list(tmp_path.glob("c-0/*.cleaned"))
+    before = [(r.offset, r.value) for r in read_all(lg)]
+    if change == "truncate":
+        lg.truncate_to(50)
+        before = [(o, v) for o, v in before if o < 50]
+    elif change == "retention":
+        lg.maybe_increment_log_start_offset(lg.segments[1].base_offset)
+        assert lg.delete_old_segments(0) == 1
+        before = [(o, v) for o, v in before if o >= lg.log_start_offset]
+    else:
+        lg.close()
+    assert lg.swap_cleaned(result) is None
+    assert not list(tmp_path.glob("c-0/*.cleaned")) and not list(tmp_path.glob("c-0/*.swap"))
+    if change == "close":
+        lg = _compacted(tmp_path)
+    assert [(r.offset, r.value) for r in read_all(lg)] == before
+
+
+def test_cleaning_on_a_thread_while_the_log_takes_appends(tmp_path: Path) -> None:
+    """The copies are written off the owner thread while it appends and reads; the swap keeps
+    every appended record and drops only the superseded ones."""
+    lg = _compacted(tmp_path)
+    _fill(lg, 200, 5)
+    lg.roll()
+    plan = lg.plan_cleaning(0)
+    assert plan is not None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(lg.clean, plan)
+        i = 200
+        while not future.done() or i < 260:
+            _fill(lg, 1, 5, start=i)
+            assert read_all(lg)[-1].value == f"v{i}".encode()
+            i += 1
+        result = future.result()
+    assert lg.swap_cleaned(result) is not None
+    records = read_all(lg)
+    cleaned = [r for r in records if r.offset < 200]
+    assert sorted(r.key for r in cleaned if r.key is not None) == [
+        f"k{j}".encode() for j in range(5)
+    ]
+    assert [r.offset for r in records if r.offset >= 200] == list(range(200, i))
+    offsets = [r.offset for r in records]
+    assert offsets == sorted(offsets)

@@ -101,8 +101,17 @@ def test_retention_and_compaction_across_logs(tmp_path: Path) -> None:
     deleting = mgr.get_or_create_log(("t", 0), LogConfig(segment_bytes=500, retention_bytes=600))
     for _ in range(40):
         deleting.append_as_leader(batch(1, value=b"x" * 40), 0, now_ms=0)
-    stats = mgr.run_compaction(now_ms=0)
-    assert stats.records_kept < stats.records_read
+    deleting.roll()
+    hws = {("__consumer_offsets", 0): compacted.log_end_offset, ("t", 0): 40}
+    # The cleaner's choice: the compacted log (the other is no compacted log), not past its HW.
+    chosen = mgr.filthiest(0, hws)
+    assert chosen is not None and chosen[0] == ("__consumer_offsets", 0)
+    assert all(s.next_offset <= hws[chosen[0]] for s in chosen[2].segments)
+    assert mgr.filthiest(0, hws, skip={("__consumer_offsets", 0)}) is None
+    assert mgr.filthiest(0, {}) is None  # no hosted partition: left alone
+    stats = compacted.swap_cleaned(compacted.clean(chosen[2]))
+    assert stats is not None and stats.records_kept < stats.records_read
+    assert mgr.filthiest(0, hws) is None  # clean now
     assert mgr.run_retention(now_ms=0) > 0
     assert deleting.log_start_offset > 0
     assert checkpoint.read_offsets(tmp_path / checkpoint.LOG_START_OFFSET_CHECKPOINT)[("t", 0)] > 0

@@ -1,0 +1,172 @@
+"""The node's log housekeeping: Kafka's ``LogManager`` scheduled tasks and its ``LogCleaner``.
+
+Three tasks run over every log the node hosts, leader or follower (each replica keeps its own
+log tidy, as in Kafka):
+
+- **Retention** every ``log.retention.check.interval.ms`` (Kafka's ``cleanupLogs``): whole
+  segments past ``retention.ms`` / ``retention.bytes`` (``cleanup.policy`` with ``delete``), or
+  wholly below the log start offset (DeleteRecords), are deleted. Only segments below the
+  replica's high watermark go (``UnifiedLog.deleteOldSegments``). A moved log start is
+  checkpointed at once (``log-start-offset-checkpoint``).
+- **The cleaner** every ``log.cleaner.backoff.ms`` while ``log.cleaner.enable``: picks the
+  compacted log (``cleanup.policy`` with ``compact``, ``__consumer_offsets`` among them) with
+  the largest dirty share at or above its ``min.cleanable.dirty.ratio`` (Kafka's
+  ``LogCleanerManager.grabFilthiestCompactedLog``) and compacts it. Reading the segments and
+  writing the cleaned copies run in a worker thread, as on Kafka's cleaner thread; the swap is
+  on the event loop, and is abandoned (the copies deleted) if the log was truncated, trimmed
+  or closed meanwhile (``Log.swap_cleaned``). One log per pass, like Kafka's one cleaner
+  thread (``log.cleaner.threads`` = 1).
+- **Recovery points** every ``log.flush.offset.checkpoint.interval.ms`` (Kafka's
+  ``checkpointLogRecoveryOffsets``): after a crash each log recovers from its last checkpointed
+  recovery point instead of from the last clean shutdown's.
+
+``__consumer_offsets`` is why the cleaner matters here: a new coordinator replays its partition
+from the log start (DESIGN section 6), so without compaction failover takes longer the longer a
+group has been committing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from kcoord.storage.log import CleanerStats
+from kcoord.storage.manager import LogManager, TopicPartition
+from kcoord.storage.segment import LogCorruptError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceConfig:
+    retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
+    cleaner_enable: bool = True  # log.cleaner.enable
+    cleaner_backoff_ms: int = 15_000  # log.cleaner.backoff.ms
+    recovery_point_checkpoint_interval_ms: int = 60_000  # log.flush.offset.checkpoint.interval.ms
+
+
+@dataclass(slots=True)
+class MaintenanceStats:
+    """Totals since start, for the metrics."""
+
+    retention_runs: int = 0
+    segments_deleted: int = 0
+    cleaner_runs: int = 0
+    cleaner_aborted: int = 0
+    cleaner_failed: int = 0
+    cleaned: CleanerStats = field(default_factory=CleanerStats)
+
+
+class LogMaintenance:
+    def __init__(
+        self,
+        logs: LogManager,
+        high_watermarks: Callable[[], Mapping[TopicPartition, int]],
+        now_ms: Callable[[], int],
+        config: MaintenanceConfig,
+    ) -> None:
+        """``high_watermarks()`` maps each partition this node hosts to its HW; the cleaner
+        leaves any other log (a stray about to be deleted) alone, and retention deletes only
+        what lies below such a log's start."""
+        self.logs = logs
+        self.high_watermarks = high_watermarks
+        self.now_ms = now_ms
+        self.config = config
+        self.stats = MaintenanceStats()
+        self.uncleanable: set[TopicPartition] = set()
+
+    # -----------------------------------------------------------------------------------------
+    # Retention.
+
+    def enforce_retention(self) -> int:
+        """One retention pass; returns the number of segments deleted."""
+        try:
+            deleted = self.logs.run_retention(self.now_ms(), self.high_watermarks())
+        except OSError as e:
+            log.error("retention failed: %s", e)
+            deleted = 0
+        self.stats.retention_runs += 1
+        self.stats.segments_deleted += deleted
+        return deleted
+
+    async def run_retention(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.retention_check_interval_ms / 1000)  # the period
+            self.enforce_retention()
+
+    # -----------------------------------------------------------------------------------------
+    # The cleaner.
+
+    async def clean_filthiest(self) -> TopicPartition | None:
+        """Compact the dirtiest cleanable log, if any; returns it if it was cleaned (None:
+        nothing to clean, or the pass was abandoned)."""
+        best = self.logs.filthiest(self.now_ms(), self.high_watermarks(), self.uncleanable)
+        if best is None:
+            return None
+        tp, lg, plan = best
+        self.stats.cleaner_runs += 1
+        try:
+            result = await asyncio.to_thread(lg.clean, plan)
+        except LogCorruptError as e:
+            self.stats.cleaner_failed += 1
+            if not lg.is_current(plan):  # it read a segment closed meanwhile, not corruption
+                log.warning("%s-%d: cleaning abandoned: the log changed meanwhile", tp[0], tp[1])
+                return None
+            # Left for recovery and the read path to report; Kafka marks such a partition
+            # uncleanable (LogCleanerManager.markPartitionUncleanable) until it is reloaded.
+            self.uncleanable.add(tp)
+            log.error("%s-%d: not cleanable until the node restarts: %s", tp[0], tp[1], e)
+            return None
+        except (OSError, ValueError) as e:
+            # A segment deleted or closed under the thread (retention, truncation, a deleted
+            # topic) reads as an error; the copies were thrown away.
+            self.stats.cleaner_failed += 1
+            log.warning("%s-%d: cleaning abandoned: %s", tp[0], tp[1], e)
+            return None
+        stats = lg.swap_cleaned(result)
+        if stats is None:
+            self.stats.cleaner_aborted += 1
+            log.info("%s-%d: cleaning abandoned: the log changed meanwhile", tp[0], tp[1])
+            return None
+        total = self.stats.cleaned
+        for name in CleanerStats.__slots__:
+            setattr(total, name, getattr(total, name) + getattr(stats, name))
+        log.info(
+            "%s-%d: cleaned %d segments (%d bytes), %d of %d records kept, %d tombstones dropped",
+            tp[0],
+            tp[1],
+            stats.segments_cleaned,
+            stats.bytes_read,
+            stats.records_kept,
+            stats.records_read,
+            stats.tombstones_dropped,
+        )
+        return tp
+
+    async def run_cleaner(self) -> None:
+        if not self.config.cleaner_enable:
+            return
+        while True:
+            try:
+                cleaned = await self.clean_filthiest()
+            except Exception:  # the cleaner must not die with one bad log (Kafka's too)
+                log.exception("log cleaner pass failed")
+                cleaned = None
+            if cleaned is None:  # nothing (more) to clean: back off, as Kafka's cleaner does
+                await asyncio.sleep(self.config.cleaner_backoff_ms / 1000)
+
+    # -----------------------------------------------------------------------------------------
+    # Recovery points.
+
+    def checkpoint_recovery_points(self) -> None:
+        try:
+            self.logs.checkpoint_recovery_points()
+        except OSError as e:
+            log.error("cannot checkpoint recovery points: %s", e)
+
+    async def run_recovery_point_checkpoints(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.recovery_point_checkpoint_interval_ms / 1000)
+            self.checkpoint_recovery_points()

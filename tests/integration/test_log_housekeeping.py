@@ -1,0 +1,159 @@
+"""Log housekeeping on a real 3-node cluster (``node/log_maintenance.py``), with aiokafka:
+
+- the log cleaner compacts a group's ``__consumer_offsets`` partition on every replica, and
+  after its coordinator is SIGKILLed the new one, replaying the compacted log, answers the
+  latest committed offset and metadata;
+- retention deletes a topic's segments past ``retention.ms`` on every replica: the earliest
+  offset moves up and a consumer from the beginning starts there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from kcoord.cluster.routing import partition_for
+from tests.integration.cluster import LocalCluster, wait_for
+from tests.integration.test_replication import bootstrap, create_topic, partition_view, produce
+
+pytestmark = pytest.mark.integration
+
+OFFSETS_PARTITIONS = 5
+SEGMENT_BYTES = 4096
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    overrides = {
+        "offsets.topic.num.partitions": OFFSETS_PARTITIONS,
+        "offsets.topic.segment.bytes": SEGMENT_BYTES,
+        "log.cleaner.backoff.ms": 200,
+        "log.retention.check.interval.ms": 200,
+    }
+    with LocalCluster(tmp_path, 3, overrides) as c:
+        wait_for(lambda: c.controller_id() is not None, "an active controller")
+        yield c
+
+
+def log_bytes(c: LocalCluster, node_id: int, topic: str, partition: int) -> int:
+    directory = Path(c.node(node_id).directory) / "data" / f"{topic}-{partition}"
+    return sum(p.stat().st_size for p in directory.glob("*.log"))
+
+
+def first_base_offset(c: LocalCluster, node_id: int, topic: str, partition: int) -> int:
+    directory = Path(c.node(node_id).directory) / "data" / f"{topic}-{partition}"
+    return min(int(p.name.split(".")[0]) for p in directory.glob("*.log"))
+
+
+def commit_many(c: LocalCluster, group: str, commits: int) -> None:
+    """Offsets 1..commits for events-0, one OffsetCommit each (a manually assigned consumer)."""
+
+    async def go() -> None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap(c), group_id=group, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition("events", 0)
+            consumer.assign([tp])
+            for offset in range(1, commits + 1):
+                await consumer.commit({tp: OffsetAndMetadata(offset, f"m{offset}" + "x" * 100)})
+        finally:
+            await consumer.stop()
+
+    asyncio.run(go())
+
+
+def committed(c: LocalCluster, group: str) -> OffsetAndMetadata | None:
+    async def go() -> OffsetAndMetadata | None:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap(c), group_id=group, enable_auto_commit=False
+        )
+        await consumer.start()
+        try:
+            tp = TopicPartition("events", 0)
+            consumer.assign([tp])
+            offsets = await consumer._coordinator.fetch_committed_offsets([tp])
+            return offsets.get(tp)
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(go())
+
+
+def test_the_cleaner_compacts_consumer_offsets_and_a_new_coordinator_loads_it(
+    cluster: LocalCluster,
+) -> None:
+    c = cluster
+    create_topic(c, "events")
+    group = "compacted-group"
+    p = partition_for(group, OFFSETS_PARTITIONS)
+    commits = 1500  # about 250 KB of commit records: some sixty 4 KiB segments
+    commit_many(c, group, commits)
+    written = max(log_bytes(c, n, "__consumer_offsets", p) for n in (1, 2, 3))
+    wait_for(
+        lambda: all(
+            log_bytes(c, n, "__consumer_offsets", p) < 3 * SEGMENT_BYTES for n in (1, 2, 3)
+        ),
+        f"every replica of __consumer_offsets-{p} compacted (had up to {written} bytes)",
+    )
+    coordinator = partition_view(c, "__consumer_offsets", p, 1)["leader"]
+    c.kill(coordinator)
+    survivors = c.alive_ids()
+    wait_for(
+        lambda: partition_view(c, "__consumer_offsets", p, survivors[0])["leader"] in survivors,
+        f"a new leader for __consumer_offsets-{p}",
+    )
+    expected = (commits, f"m{commits}" + "x" * 100)
+    latest = committed(c, group)  # a hot standby took over (it followed the log as it came)
+    assert latest is not None and (latest.offset, latest.metadata) == expected
+    # The killed node comes back, takes its leadership back (preferred leader) and loads the
+    # group cold, by replaying its own compacted log from the start.
+    c.start(coordinator)
+    wait_for(
+        lambda: partition_view(c, "__consumer_offsets", p, survivors[0])["leader"] == coordinator,
+        f"node {coordinator} leading __consumer_offsets-{p} again",
+    )
+    latest = committed(c, group)
+    assert latest is not None and (latest.offset, latest.metadata) == expected
+
+
+def test_retention_deletes_old_segments_on_every_replica(cluster: LocalCluster) -> None:
+    c = cluster
+    create_topic(c, "expiring", {"retention.ms": "1000", "segment.bytes": "1024"})
+    acked, failed = produce(c, [f"r{i:03d}-" + "y" * 60 for i in range(90)], topic="expiring")
+    assert not failed
+    wait_for(
+        lambda: all(
+            first_base_offset(c, n, "expiring", p) > 0 for n in (1, 2, 3) for p in range(3)
+        ),
+        "every replica of every partition to drop its expired segments",
+    )
+
+    async def earliest_and_first_read() -> dict[int, tuple[int, int]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(c), auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            tps = [TopicPartition("expiring", p) for p in range(3)]
+            consumer.assign(tps)
+            starts = await consumer.beginning_offsets(tps)
+            firsts: dict[int, int] = {}
+            deadline = asyncio.get_running_loop().time() + 60
+            while len(firsts) < 3:
+                assert asyncio.get_running_loop().time() < deadline, f"read only {firsts}"
+                for tp, records in (await consumer.getmany(timeout_ms=1000)).items():
+                    firsts.setdefault(tp.partition, records[0].offset)
+            return {tp.partition: (starts[tp], firsts[tp.partition]) for tp in tps}
+        finally:
+            await consumer.stop()
+
+    seen = asyncio.run(earliest_and_first_read())
+    for p, (start, first) in seen.items():
+        assert start > 0 and first == start, (p, start, first)
+        # Retention removes whole segments: everything from the new start on is still there.
+        assert start <= max(o for q, o, _ in acked if q == p)

@@ -1,0 +1,101 @@
+"""The node's log housekeeping (``node/log_maintenance.py``) over a real ``LogManager``:
+retention below each hosted replica's high watermark, the cleaner on a worker thread picking
+the dirtiest compacted log, a corrupt log set aside, and recovery-point checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
+from kcoord.storage import checkpoint
+from kcoord.storage.config import LogConfig
+from kcoord.storage.manager import LogManager, TopicPartition
+from tests.unit.storage.helpers import batch, read_all
+
+COMPACTED = LogConfig(segment_bytes=600, cleanup_policy=frozenset({"compact"}))
+EXPIRING = LogConfig(segment_bytes=1_000, retention_ms=10_000)
+OFFSETS: TopicPartition = ("__consumer_offsets", 3)
+EVENTS: TopicPartition = ("events", 0)
+
+
+class Node:
+    """A LogManager with two hosted partitions, their HWs and a settable clock."""
+
+    def __init__(self, root: Path) -> None:
+        self.logs = LogManager(root, LogConfig())
+        self.logs.open()
+        self.offsets = self.logs.get_or_create_log(OFFSETS, COMPACTED)
+        self.events = self.logs.get_or_create_log(EVENTS, EXPIRING)
+        self.hws: dict[TopicPartition, int] = {}
+        self.now = 0
+        self.maintenance = LogMaintenance(
+            self.logs, lambda: self.hws, lambda: self.now, MaintenanceConfig()
+        )
+
+    def commit_offsets(self, count: int, groups: int) -> None:
+        for i in range(count):
+            key = f"group-{i % groups}".encode()
+            self.offsets.append_as_leader(batch(1, key=key, value=f"{i}".encode()), 0, 0)
+        self.hws[OFFSETS] = self.offsets.log_end_offset
+
+
+def test_retention_deletes_expired_segments_below_the_high_watermark(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    for i in range(20):
+        node.events.append_as_leader(batch(1, timestamp=i * 1_000, value=b"x" * 200), 0, 0)
+    node.now = 30_000  # every closed segment is past retention.ms
+    node.hws[EVENTS] = 0
+    assert node.maintenance.enforce_retention() == 0  # nothing below the HW yet
+    node.hws[EVENTS] = node.events.log_end_offset
+    assert node.maintenance.enforce_retention() > 0
+    assert len(node.events.segments) == 1
+    start = node.events.log_start_offset
+    assert start > 0
+    saved = checkpoint.read_offsets(tmp_path / checkpoint.LOG_START_OFFSET_CHECKPOINT)
+    assert saved[EVENTS] == start
+    assert node.maintenance.stats.segments_deleted > 0
+
+
+def test_the_cleaner_compacts_on_a_worker_thread_and_then_rests(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+
+    async def passes() -> tuple[TopicPartition | None, TopicPartition | None]:
+        return await node.maintenance.clean_filthiest(), await node.maintenance.clean_filthiest()
+
+    first, second = asyncio.run(passes())
+    assert first == OFFSETS
+    assert second is None  # nothing dirty is left
+    latest = {r.key: r.value for r in read_all(node.offsets)}
+    assert latest == {f"group-{i % 3}".encode(): f"{i}".encode() for i in range(97, 100)}
+    assert len(read_all(node.offsets)) == 3
+    assert node.maintenance.stats.cleaned.records_kept == 3
+
+
+def test_a_corrupt_compacted_log_is_set_aside_not_retried(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+    first = node.offsets.segments[0]
+    with open(first.log_path, "r+b") as f:
+        f.seek(first.size // 2)
+        byte = f.read(1)
+        f.seek(first.size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert asyncio.run(node.maintenance.clean_filthiest()) is None
+    assert node.maintenance.uncleanable == {OFFSETS}
+    assert node.logs.filthiest(0, node.hws, node.maintenance.uncleanable) is None
+    assert not list((tmp_path / "__consumer_offsets-3").glob("*.cleaned"))
+
+
+def test_recovery_points_are_checkpointed(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.commit_offsets(50, groups=2)
+    node.offsets.roll()  # a roll flushes: the recovery point moves
+    node.maintenance.checkpoint_recovery_points()
+    saved = checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT)
+    assert saved[OFFSETS] == node.offsets.recovery_point > 0
