@@ -10,12 +10,14 @@
 from __future__ import annotations
 
 import asyncio
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
+from prometheus_client.parser import text_string_to_metric_families
 
 from kcoord.cluster.routing import partition_for
 from tests.integration.cluster import LocalCluster, wait_for
@@ -48,6 +50,18 @@ def log_bytes(c: LocalCluster, node_id: int, topic: str, partition: int) -> int:
 def first_base_offset(c: LocalCluster, node_id: int, topic: str, partition: int) -> int:
     directory = Path(c.node(node_id).directory) / "data" / f"{topic}-{partition}"
     return min(int(p.name.split(".")[0]) for p in directory.glob("*.log"))
+
+
+def metric(c: LocalCluster, node_id: int, name: str, **labels: str) -> float:
+    n = c.node(node_id)
+    with urllib.request.urlopen(f"http://{n.host}:{n.admin_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def commit_many(c: LocalCluster, group: str, commits: int) -> None:
@@ -102,6 +116,9 @@ def test_the_cleaner_compacts_consumer_offsets_and_a_new_coordinator_loads_it(
         ),
         f"every replica of __consumer_offsets-{p} compacted (had up to {written} bytes)",
     )
+    for n in (1, 2, 3):
+        assert metric(c, n, "kcoord_log_cleaner_passes_total", result="cleaned") > 0
+        assert metric(c, n, "kcoord_log_cleaner_dropped_records_total", kind="superseded") > 0
     coordinator = partition_view(c, "__consumer_offsets", p, 1)["leader"]
     c.kill(coordinator)
     survivors = c.alive_ids()
@@ -134,6 +151,9 @@ def test_retention_deletes_old_segments_on_every_replica(cluster: LocalCluster) 
         ),
         "every replica of every partition to drop its expired segments",
     )
+
+    for n in (1, 2, 3):
+        assert metric(c, n, "kcoord_log_retention_deleted_segments_total") >= 3
 
     async def earliest_and_first_read() -> dict[int, tuple[int, int]]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(c), auto_offset_reset="earliest")

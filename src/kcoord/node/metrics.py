@@ -52,6 +52,10 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
                  G kcoord_replica_leader_partitions  G kcoord_replica_under_replicated_partitions
                  G kcoord_replica_under_min_isr_partitions  C kcoord_replica_isr_shrinks_total
                  C kcoord_replica_isr_expands_total  C kcoord_log_appended_bytes_total{role}
+    logs         C kcoord_log_retention_deleted_segments_total
+                 C kcoord_log_cleaner_passes_total{result}  C kcoord_log_cleaner_read_bytes_total
+                 C kcoord_log_cleaner_dropped_records_total{kind}
+                 G kcoord_log_uncleanable_partitions
     coordinator  G kcoord_coordinator_shards{state}
                  G kcoord_coordinator_groups{protocol,protocol_type,state}
                  G kcoord_coordinator_members  G kcoord_coordinator_committed_offsets
@@ -171,6 +175,7 @@ class NodeCollector(Collector):
         yield from self._raft()
         yield from self._controller()
         yield from self._replication()
+        yield from self._log_maintenance()
         yield from self._coordinator()
         yield from self._requests()
         yield from self._consumer_lag()
@@ -428,6 +433,52 @@ class NodeCollector(Collector):
         appended.add_metric(["leader"], replicas.leader_bytes_appended)
         appended.add_metric(["follower"], replicas.follower_bytes_appended)
         yield appended
+
+    def _log_maintenance(self) -> Iterator[Metric]:
+        maintenance = self.node.log_maintenance
+        if maintenance is None:
+            return
+        stats = maintenance.stats
+        yield _counter(
+            "kcoord_log_retention_deleted_segments_total",
+            "Segments deleted by retention (retention.ms, retention.bytes, log start).",
+            stats.segments_deleted,
+        )
+        passes = CounterMetricFamily(
+            "kcoord_log_cleaner_passes_total",
+            "Log cleaner passes: swapped in, abandoned because the log changed meanwhile, or "
+            "failed reading it.",
+            labels=["result"],
+        )
+        cleaned = stats.cleaner_runs - stats.cleaner_aborted - stats.cleaner_failed
+        passes.add_metric(["cleaned"], cleaned)
+        passes.add_metric(["abandoned"], stats.cleaner_aborted)
+        passes.add_metric(["failed"], stats.cleaner_failed)
+        yield passes
+        yield _counter(
+            "kcoord_log_cleaner_read_bytes_total",
+            "Bytes of segments the cleaner read.",
+            stats.cleaned.bytes_read,
+        )
+        dropped = CounterMetricFamily(
+            "kcoord_log_cleaner_dropped_records_total",
+            "Records the cleaner removed: superseded by a later record of the same key (or "
+            "keyless), or tombstones past delete.retention.ms.",
+            labels=["kind"],
+        )
+        dropped.add_metric(
+            ["superseded"],
+            stats.cleaned.records_read
+            - stats.cleaned.records_kept
+            - stats.cleaned.tombstones_dropped,
+        )
+        dropped.add_metric(["tombstone"], stats.cleaned.tombstones_dropped)
+        yield dropped
+        yield _gauge(
+            "kcoord_log_uncleanable_partitions",
+            "Compacted partitions the cleaner set aside after finding a corrupt batch.",
+            len(maintenance.uncleanable),
+        )
 
     # -----------------------------------------------------------------------------------------
     # Group coordinator.

@@ -145,6 +145,7 @@ class Node:
         self.monitor: QuorumMonitor | None = None
         self.rpc_server: RpcServer | None = None
         self.replicas: ReplicaManager | None = None
+        self.log_maintenance: LogMaintenance | None = None
         self.fetchers: ReplicaFetcherManager | None = None
         self.coordinator: CoordinatorRuntime | None = None
         self.kafka: KafkaBroker | None = None
@@ -310,7 +311,7 @@ class Node:
             ("hw-checkpoint", self.replicas.run_high_watermark_checkpoints()),
             ("log-retention", self.log_maintenance.run_retention()),
             ("log-cleaner", self.log_maintenance.run_cleaner()),
-            ("recovery-point-checkpoint", self.log_maintenance.run_recovery_point_checkpoints()),
+            ("recovery-points", self.log_maintenance.run_recovery_point_checkpoints()),
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
         # The admin listener first: /healthz, /readyz (which says what the node waits for) and

@@ -46,6 +46,7 @@ def node_view(node: Node, request_stats: RequestStats | None = None) -> ServerNo
             config=SimpleNamespace(node_id=1),
             cache=node.cache,
             replicas=node.replicas,
+            log_maintenance=None,
             coordinator=node.runtime,
             quorum=None,
             monitor=None,
