@@ -399,6 +399,8 @@ class ReplicaManager:
                 self.isr_expands += bool(after_isr - before_isr)
             part.replicas, part.isr = after.replicas, after.isr
             part.partition_epoch = after.partition_epoch
+            if part.low_watermark_waiters:  # a replica may have left the replica set
+                part.low_watermark_waiters.release(self.low_watermark(part))
             if part.is_leader and part.replication is not None:
                 if part.replication.pending_isr is not None:
                     part.isr_change_retry_ms = 0
@@ -724,10 +726,11 @@ class ReplicaManager:
         assert part.replication is not None
         follower_log_start = item.get("log_start_offset")
         if follower_log_start is not None:
-            before = part.follower_log_starts.get(replica_id)
             part.follower_log_starts[replica_id] = int(follower_log_start)
-            if before != int(follower_log_start) and part.low_watermark_waiters:
-                part.low_watermark_waiters.release(self.low_watermark(part))
+        if part.low_watermark_waiters:
+            # Recomputed on every follower fetch, as Kafka's Partition.updateFollowerFetchState
+            # does: a replica fenced since the last one no longer holds the low watermark back.
+            part.low_watermark_waiters.release(self.low_watermark(part))
         fetch_offset = int(item["fetch_offset"])
         if not part.log.log_start_offset <= fetch_offset <= part.log.log_end_offset:
             return  # out of range: the follower truncates or restarts first

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kcoord.errors import Errors
+from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import checkpoint
 from tests.unit.node.kafka.harness import Harness
@@ -126,6 +127,50 @@ def test_the_answer_waits_for_the_followers_log_starts(tmp_path: Path) -> None:
         await follower_fetch(2, 2)
         assert (h.replicas.low_watermark(part), len(part.low_watermark_waiters)) == (0, 1)
         await follower_fetch(3, 2)
+        assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
+def test_a_fenced_follower_no_longer_holds_the_answer_back(tmp_path: Path) -> None:
+    """Follower 3 never reports the new log start; once it is fenced, the next fetch of the
+    other follower completes the wait (Kafka's low watermark counts live replicas only)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("f", 3, 3)
+        mine = h.led_partitions("f")[0]
+        part = h.replicas.get_partition("f", mine)
+        assert part is not None
+        await c.call(PRODUCE, 9, produce_values("f", mine, batch([b"a", b"b", b"c"]), acks=1))
+
+        async def follower_fetch(replica: int, log_start: int) -> None:
+            await h.replicas.handle_replica_fetch(
+                {
+                    "replica_id": replica,
+                    "max_wait_ms": 0,
+                    "partitions": [
+                        {
+                            "topic": "f",
+                            "partition": mine,
+                            "fetch_offset": part.log.log_end_offset,
+                            "leader_epoch": part.leader_epoch,
+                            "log_start_offset": log_start,
+                        }
+                    ],
+                }
+            )
+
+        for replica in (2, 3):
+            await follower_fetch(replica, 0)
+        waiting = asyncio.ensure_future(delete(c, "f", mine, 2, timeout_ms=10_000))
+        async with asyncio.timeout(5):
+            while not part.low_watermark_waiters:
+                await asyncio.sleep(0.001)  # until the request reached the node
+        await follower_fetch(2, 2)
+        assert not waiting.done()
+        broker = h.cache.image.brokers[3]
+        h.quorum.commit([rec.FenceBroker(broker_id=3, broker_epoch=broker.broker_epoch)])
+        await follower_fetch(2, 2)  # the same log start as before: only the fencing changed
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
 
     run(tmp_path, test)
