@@ -12,7 +12,8 @@ log tidy, as in Kafka):
   compacted log (``cleanup.policy`` with ``compact``, ``__consumer_offsets`` among them) with
   the largest dirty share at or above its ``min.cleanable.dirty.ratio`` (Kafka's
   ``LogCleanerManager.grabFilthiestCompactedLog``) and compacts it. Reading the segments and
-  writing the cleaned copies run in a worker thread, as on Kafka's cleaner thread; the swap is
+  writing the cleaned copies run in a worker thread, as on Kafka's cleaner thread (handing
+  the GIL to the event loop after every batch, ``_hand_over_the_gil``); the swap is
   on the event loop, and is abandoned (the copies deleted) if the log was truncated, trimmed
   or closed meanwhile (``Log.swap_cleaned``). One log per pass, like Kafka's one cleaner
   thread (``log.cleaner.threads`` = 1).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -37,6 +39,15 @@ from kcoord.storage.manager import LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
+
+
+def _hand_over_the_gil() -> None:
+    """Called by the cleaner thread after every batch. Without it the event loop, woken by a
+    request, waits for the GIL until the interpreter's switch interval (5 ms) forces the
+    cleaner to drop it: cleaning a 105 MB log made the loop's wake-up lag p50 5.3 ms, p99
+    10 ms; with it p50 0.24 ms, p99 0.66 ms (idle: p99 0.2 ms), for a slower clean (10 MB/s
+    instead of 15)."""
+    time.sleep(0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +119,7 @@ class LogMaintenance:
         tp, lg, plan = best
         self.stats.cleaner_runs += 1
         try:
-            result = await asyncio.to_thread(lg.clean, plan)
+            result = await asyncio.to_thread(lg.clean, plan, _hand_over_the_gil)
         except LogCorruptError as e:
             self.stats.cleaner_failed += 1
             if not lg.is_current(plan):  # it read a segment closed meanwhile, not corruption

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import logging
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -98,6 +98,10 @@ class CleanerStats:
     records_read: int = 0
     records_kept: int = 0
     tombstones_dropped: int = 0
+
+
+def _no_pause() -> None:
+    pass
 
 
 @dataclass(slots=True)
@@ -773,13 +777,15 @@ class Log:
                 return None
         return CleanPlan(cleanable, self._generation, now_ms, ratio)
 
-    def clean(self, plan: CleanPlan) -> CleanResult:
+    def clean(self, plan: CleanPlan, pause: Callable[[], object] = _no_pause) -> CleanResult:
         """Write the cleaned copy of each planned segment that changes (``.cleaned`` files).
 
         Safe on a worker thread while the owner thread appends and reads: it only reads the
         planned segments, which are closed, and writes new files. Anything that could change
         them (truncation, retention, closing) bumps the generation, and ``swap_cleaned`` then
         throws the copies away. Raises (having deleted its copies) if a segment cannot be read.
+        ``pause`` is called after every batch: on a worker thread, ``time.sleep(0)`` hands the
+        GIL to a waiting event loop at once instead of after the interpreter's switch interval.
         """
         result = CleanResult(plan, [], CleanerStats())
         try:
@@ -787,6 +793,7 @@ class Log:
             for seg in plan.segments:
                 data = seg.read_at(0, seg.size)
                 for pos, header in fmt.iter_headers(data):
+                    pause()
                     if not fmt.is_crc_valid(data, pos, header):
                         raise LogCorruptError(f"{seg.log_path}: CRC mismatch at position {pos}")
                     if header.is_control:
@@ -795,7 +802,7 @@ class Log:
                         if record.key is not None:
                             last_offset_of[record.key] = record.offset
             for seg in plan.segments:
-                result.cleaned.append(self._clean_segment(seg, last_offset_of, result))
+                result.cleaned.append(self._clean_segment(seg, last_offset_of, result, pause))
         except BaseException:
             self._delete_cleaned(result)
             raise
@@ -839,7 +846,11 @@ class Log:
         result.cleaned.clear()
 
     def _clean_segment(
-        self, seg: LogSegment, last_offset_of: dict[bytes, int], result: CleanResult
+        self,
+        seg: LogSegment,
+        last_offset_of: dict[bytes, int],
+        result: CleanResult,
+        pause: Callable[[], object],
     ) -> LogSegment | None:
         """The cleaned copy of ``seg`` (a ``.cleaned`` file), None if nothing in it goes."""
         stats = result.stats
@@ -849,6 +860,7 @@ class Log:
         out_headers: list[tuple[int, fmt.BatchHeader]] = []
         changed = False
         for pos, header in fmt.iter_headers(data):
+            pause()
             raw = data[pos : pos + header.size]
             if header.is_control:
                 kept_raw: bytes | None = raw
