@@ -189,6 +189,7 @@ class Node:
                 recovery_point_checkpoint_interval_ms=cfg.log_flush_offset_checkpoint_interval_ms,
             ),
         )
+        self.logs.remove = self.log_maintenance.remove_later
         self.fetchers = ReplicaFetcherManager(
             cfg.node_id,
             self.replicas,
@@ -312,6 +313,7 @@ class Node:
             ("log-retention", self.log_maintenance.run_retention()),
             ("log-cleaner", self.log_maintenance.run_cleaner()),
             ("recovery-points", self.log_maintenance.run_recovery_point_checkpoints()),
+            ("file-removal", self.log_maintenance.run_file_removal()),
         ):
             self._tasks.append(asyncio.create_task(coro, name=name))
         # The admin listener first: /healthz, /readyz (which says what the node waits for) and

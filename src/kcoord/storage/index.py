@@ -101,13 +101,17 @@ class _IndexFile:
             os.close(self._fd)
             self._fd = -1
 
-    def delete(self) -> None:
+    def release(self) -> None:
+        """Close the map and the file, as they are (no trim): the file is about to go."""
         if self._map is not None:
             self._map.close()
             self._map = None
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def delete(self) -> None:
+        self.release()
         self.path.unlink(missing_ok=True)
 
     def rename(self, path: Path) -> None:
@@ -160,6 +164,9 @@ class _Index:
 
     def close(self) -> None:
         self._file.close()
+
+    def release(self) -> None:
+        self._file.release()
 
     def delete(self) -> None:
         self._file.delete()

@@ -104,6 +104,15 @@ def _no_pause() -> None:
     pass
 
 
+def remove_now(paths: Sequence[Path]) -> None:
+    """Remove files and directories at once (the default remover; see ``Log.remove_files``)."""
+    for path in paths:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
 @dataclass(slots=True)
 class CleanPlan:
     """A cleaning pass as planned on the log's owner thread (``Log.plan_cleaning``)."""
@@ -180,6 +189,9 @@ class Log:
         self.first_dirty_offset = 0
         self.delete_horizon_ms: int | None = None
         self._generation = 0
+        # Removes files of segments this log let go (retired as .deleted); the LogManager
+        # hands them to its own remover, which a node runs off the event loop.
+        self.remove_files: Callable[[Sequence[Path]], None] = remove_now
 
     # -----------------------------------------------------------------------------------------
     # Opening and recovery.
@@ -625,7 +637,7 @@ class Log:
         while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
             seg = self.segments.pop()
             self._bases.pop()
-            seg.delete()
+            self.remove_files(seg.retire())
         dropped = self.active_segment.truncate_to(offset)
         log.info("%s: truncated to %d (%d bytes)", self.directory.name, offset, dropped)
         end = self.log_end_offset
@@ -642,7 +654,7 @@ class Log:
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Delete all data; the log restarts empty at ``offset`` (a follower far behind)."""
         for seg in self.segments:
-            seg.delete()
+            self.remove_files(seg.retire())
         self.segments = [_new_segment(self.directory, self.config, offset)]
         self._bases = [offset]
         self.log_start_offset = offset
@@ -701,7 +713,7 @@ class Log:
             self.segments.pop(0)
             self._bases.pop(0)
             size -= seg.size
-            seg.delete()
+            self.remove_files(seg.retire())
             deleted += 1
             self.log_start_offset = max(self.log_start_offset, upper)
         if deleted:
@@ -825,7 +837,7 @@ class Log:
                 continue
             cleaned.rename_suffix(CLEANED_SUFFIX, SWAP_SUFFIX)
             i = self.segments.index(seg)
-            seg.delete()
+            self.remove_files(seg.retire())
             cleaned.rename_suffix(SWAP_SUFFIX, "")
             if cleaned.size == 0 and i > 0:
                 cleaned.delete()

@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from kcoord.storage import checkpoint
 from kcoord.storage.config import LogConfig
-from kcoord.storage.log import CleanPlan, Log, RecoveryReport, parse_partition_dir
+from kcoord.storage.log import CleanPlan, Log, RecoveryReport, parse_partition_dir, remove_now
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ class LogManager:
         self.recovery_reports: dict[TopicPartition, RecoveryReport] = {}
         self.had_clean_shutdown = False
         self._delete_counter = 0
+        # Removes what logs let go: retired segments, deleted partitions' directories. At once
+        # by default; a node replaces it to remove them off its event loop.
+        self.remove: Callable[[Sequence[Path]], None] = remove_now
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -72,7 +75,7 @@ class LogManager:
             config = (configs or {}).get(tp, self.default_config)
             report = RecoveryReport()
             try:
-                self.logs[tp] = Log.open(
+                opened = Log.open(
                     path,
                     config,
                     recovery_point=recovery_points.get(tp, 0),
@@ -84,6 +87,8 @@ class LogManager:
                 log.error("%s: partition is offline: %s", path, e)
                 self.offline[tp] = f"{type(e).__name__}: {e}"
                 continue
+            opened.remove_files = self._remove
+            self.logs[tp] = opened
             if report.segments_recovered or report.segments_deleted:
                 self.recovery_reports[tp] = report
         # The marker is consumed: a crash from here on must recover again.
@@ -126,6 +131,7 @@ class LogManager:
             clean_shutdown=True,
             topic_id=topic_id,
         )
+        created.remove_files = self._remove
         self.logs[tp] = created
         return created
 
@@ -141,7 +147,10 @@ class LogManager:
             f"{removed.directory.name}.{self._delete_counter}{DELETE_DIR_SUFFIX}"
         )
         os.replace(removed.directory, target)
-        shutil.rmtree(target, ignore_errors=True)
+        self.remove([target])
+
+    def _remove(self, paths: Sequence[Path]) -> None:
+        self.remove(paths)  # looked up at each call: a node may replace it after opening
 
     def __iter__(self) -> Iterator[tuple[TopicPartition, Log]]:
         return iter(sorted(self.logs.items()))

@@ -450,6 +450,25 @@ class LogSegment:
         self.time_index.delete()
         self.log_path.unlink(missing_ok=True)
 
+    def retire(self) -> list[Path]:
+        """Close the files and rename them ``.deleted``; returns the new paths for the caller
+        to remove, later and off the event loop if it likes (Kafka's ``asyncDeleteSegment``:
+        unlinking a 1 GiB segment takes ~170 ms on ext4). Recovery deletes any it finds."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self.offset_index.release()
+        self.time_index.release()
+        retired: list[Path] = []
+        for path in (self.log_path, self.offset_index.path, self.time_index.path):
+            target = path.with_name(path.name + DELETED_SUFFIX)
+            try:
+                os.replace(path, target)
+            except FileNotFoundError:
+                continue
+            retired.append(target)
+        return retired
+
     def rename_suffix(self, old: str, new: str) -> None:
         """Rename all three files from suffix ``old`` to ``new`` (e.g. .swap -> '')."""
         for f in (self.offset_index, self.time_index):

@@ -99,3 +99,30 @@ def test_recovery_points_are_checkpointed(tmp_path: Path) -> None:
     node.maintenance.checkpoint_recovery_points()
     saved = checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT)
     assert saved[OFFSETS] == node.offsets.recovery_point > 0
+
+
+def test_files_let_go_are_removed_off_the_event_loop(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.logs.remove = node.maintenance.remove_later
+    for i in range(20):
+        node.events.append_as_leader(batch(1, timestamp=i * 1_000, value=b"x" * 200), 0, 0)
+    node.hws[EVENTS] = node.events.log_end_offset
+    node.now = 30_000
+
+    async def go() -> None:
+        remover = asyncio.create_task(node.maintenance.run_file_removal())
+        try:
+            assert node.maintenance.enforce_retention() > 0
+            node.logs.delete_log(OFFSETS)
+            queued = list(node.maintenance._to_remove)
+            assert queued and all(p.exists() for p in queued)  # renamed, not yet removed
+            async with asyncio.timeout(10):
+                while any(p.exists() for p in queued):
+                    await asyncio.sleep(0.01)  # polling for the worker thread
+        finally:
+            remover.cancel()
+
+    asyncio.run(go())
+    assert not list(tmp_path.glob("events-0/*.deleted"))
+    assert not list(tmp_path.glob("*-delete"))
+    assert node.events.log_start_offset > 0

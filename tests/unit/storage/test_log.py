@@ -520,3 +520,22 @@ def test_cleaning_on_a_thread_while_the_log_takes_appends(tmp_path: Path) -> Non
     assert [r.offset for r in records if r.offset >= 200] == list(range(200, i))
     offsets = [r.offset for r in records]
     assert offsets == sorted(offsets)
+
+
+def test_segments_let_go_are_renamed_deleted_and_left_to_the_remover(tmp_path: Path) -> None:
+    config = LogConfig(segment_bytes=1_000, retention_ms=10_000)
+    lg = open_log(tmp_path / "t-0", config)
+    for i in range(20):
+        lg.append_as_leader(batch(1, timestamp=i * 1_000, value=b"x" * 200), 0, now_ms=0)
+    handed: list[Path] = []
+    lg.remove_files = handed.extend
+    assert lg.delete_old_segments(now_ms=15_000) > 0
+    assert handed and all(p.name.endswith(".deleted") and p.exists() for p in handed)
+    assert {p.name.split(".")[1] for p in handed} == {"log", "index", "timeindex"}
+    assert read_all(lg)[0].offset == lg.log_start_offset  # reads unaffected
+    start = lg.log_start_offset
+    lg.close()
+    # A crash before the remover ran: the next open removes what it left.
+    again = open_log(tmp_path / "t-0", config)
+    assert not list((tmp_path / "t-0").glob("*.deleted"))
+    assert read_all(again)[0].offset == start
