@@ -363,6 +363,31 @@ def test_elect_leaders_and_describe_log_dirs(cluster: LocalCluster) -> None:
     assert all(size > 0 for size in sizes()[1].values())
 
 
+def test_acl_calls_are_refused_as_by_a_broker_without_an_authorizer(
+    cluster: LocalCluster,
+) -> None:
+    """kcoord has no authorizer: DescribeAcls, CreateAcls and DeleteAcls answer
+    SECURITY_DISABLED with Kafka's message, which the clients raise as such."""
+    assert cluster.state is not None
+    cmd = {"op": "acls", "bootstrap": cluster.state.bootstrap_servers, "topic": "guarded"}
+    assert run_client("kafka-python", cmd) == {
+        "describe": [
+            "SecurityDisabledError",
+            "[Error 54] SecurityDisabledError: No Authorizer is configured.",
+        ],
+        "create": ["SecurityDisabledError"],
+        "delete": ["SecurityDisabledError"],
+    }
+    # librdkafka reads DescribeAcls' error code and drops it (rd_kafka_DescribeAclsResponse_
+    # parse): against Kafka without an authorizer too, the listing comes back empty.
+    refused = ["SECURITY_DISABLED", "No Authorizer is configured."]
+    assert run_client("confluent-kafka", cmd) == {
+        "describe": "NONE",
+        "create": refused,
+        "delete": refused,
+    }
+
+
 def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path) -> None:
     with LocalCluster(tmp_path, overrides=OVERRIDES) as cluster:
         assert cluster.state is not None

@@ -304,6 +304,9 @@ STRUCTURED_APIS = [
     FIND_COORDINATOR,
     INIT_PRODUCER_ID,
     21,  # DeleteRecords
+    29,  # DescribeAcls
+    30,  # CreateAcls
+    31,  # DeleteAcls
     32,  # DescribeConfigs
     33,  # AlterConfigs
     35,  # DescribeLogDirs

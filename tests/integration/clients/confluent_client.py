@@ -112,6 +112,50 @@ def elect_leaders(cmd: dict[str, Any]) -> Any:
     }
 
 
+def acls(cmd: dict[str, Any]) -> Any:
+    """Describe, create and delete an ACL -> the error name of each answer."""
+    from confluent_kafka.admin._acl import (
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+    )
+    from confluent_kafka.admin._resource import ResourcePatternType
+
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    binding = AclBinding(
+        ResourceType.TOPIC,
+        cmd["topic"],
+        ResourcePatternType.LITERAL,
+        "User:alice",
+        "*",
+        AclOperation.READ,
+        AclPermissionType.ALLOW,
+    )
+    match = AclBindingFilter(
+        ResourceType.TOPIC,
+        cmd["topic"],
+        ResourcePatternType.LITERAL,
+        "User:alice",
+        "*",
+        AclOperation.ANY,
+        AclPermissionType.ANY,
+    )
+
+    def error_of(future: Any) -> Any:
+        try:
+            future.result(timeout=30)
+        except KafkaException as e:
+            return [e.args[0].name(), e.args[0].str()]
+        return "NONE"
+
+    return {
+        "describe": error_of(admin.describe_acls(match)),
+        "create": error_of(admin.create_acls([binding])[binding]),
+        "delete": error_of(admin.delete_acls([match])[match]),
+    }
+
+
 def produce_one(cmd: dict[str, Any]) -> Any:
     """One keyed record of ``size`` bytes to ``partition``; the delivery error's code, or 0."""
     producer = Producer({"bootstrap.servers": cmd["bootstrap"], "acks": "all"})
@@ -288,6 +332,7 @@ def main() -> None:
         "produce_one": produce_one,
         "delete_records": delete_records,
         "elect_leaders": elect_leaders,
+        "acls": acls,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -219,6 +219,46 @@ def describe_log_dirs(cmd: dict[str, Any]) -> Any:
     }
 
 
+def acls(cmd: dict[str, Any]) -> Any:
+    """Describe, create and delete an ACL -> the error class name of each answer."""
+    from kafka.admin import (
+        ACL,
+        ACLFilter,
+        ACLOperation,
+        ACLPermissionType,
+        ACLResourcePatternType,
+        ResourcePattern,
+        ResourcePatternFilter,
+        ResourceType,
+    )
+    from kafka.errors import KafkaError
+
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    pattern = ResourcePattern(ResourceType.TOPIC, cmd["topic"], ACLResourcePatternType.LITERAL)
+    acl = ACL("User:alice", "*", ACLOperation.READ, ACLPermissionType.ALLOW, pattern)
+    match = ACLFilter(
+        "User:alice",
+        "*",
+        ACLOperation.ANY,
+        ACLPermissionType.ANY,
+        ResourcePatternFilter(ResourceType.TOPIC, cmd["topic"], ACLResourcePatternType.LITERAL),
+    )
+    answers: dict[str, Any] = {}
+    try:
+        try:
+            admin.describe_acls(match)
+            answers["describe"] = "NoError"
+        except KafkaError as e:
+            answers["describe"] = [type(e).__name__, str(e)]
+        created = admin.create_acls([acl])
+        answers["create"] = [error.__name__ for error in created["failed"]]  # error classes
+        deleted = admin.delete_acls([match])
+        answers["delete"] = [error.__name__ for _, _, error in deleted]
+    finally:
+        admin.close()
+    return answers
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -235,6 +275,7 @@ def main() -> None:
         "delete_records": delete_records,
         "elect_leaders": elect_leaders,
         "describe_log_dirs": describe_log_dirs,
+        "acls": acls,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kcoord.node.kafka import admin, delete_records, fetch, log_dirs, metadata, produce
+from kcoord.node.kafka import acls, admin, delete_records, fetch, log_dirs, metadata, produce
 from kcoord.node.kafka.apis import ApiRegistry, ApiSpec, Handler
 from kcoord.node.kafka.context import BrokerContext, KafkaSettings
 from kcoord.node.kafka.controller_channel import ControllerChannel
@@ -84,6 +84,11 @@ class KafkaBroker:
             log_dirs.DESCRIBE_LOG_DIRS_KEY, self.log_dirs.handle_describe_log_dirs, min_version=1
         )
         self.register(delete_records.DELETE_RECORDS_KEY, self.delete_records.handle_delete_records)
+        # No authorizer: refused as Kafka refuses them without one (SECURITY_DISABLED); kio
+        # has them from v1 on.
+        self.register(acls.DESCRIBE_ACLS_KEY, acls.handle_describe_acls, min_version=1)
+        self.register(acls.CREATE_ACLS_KEY, acls.handle_create_acls, min_version=1)
+        self.register(acls.DELETE_ACLS_KEY, acls.handle_delete_acls, min_version=1)
         self.server = KafkaServer(
             self.registry, max_request_bytes=max_request_bytes, idle_ms=idle_ms, stats=request_stats
         )

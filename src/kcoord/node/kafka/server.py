@@ -376,6 +376,11 @@ class _Connection:
             self._room.set()
             if slot is None:
                 continue
+            if self.writer.is_closing():
+                # The peer reset the connection while this answer was being made (uvloop
+                # refuses writes to a closed transport); nobody is left to answer.
+                self.close()
+                return
             if self.stats is not None:
                 self.stats.bytes_sent += len(slot)
             try:

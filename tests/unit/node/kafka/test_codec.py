@@ -41,6 +41,9 @@ ADVERTISED = {
     21: range(3),  # DeleteRecords
     22: range(7),  # InitProducerId
     23: range(2, 5),  # OffsetForLeaderEpoch
+    29: range(1, 4),  # DescribeAcls
+    30: range(1, 4),  # CreateAcls
+    31: range(1, 4),  # DeleteAcls
     32: range(1, 5),  # DescribeConfigs
     33: range(3),  # AlterConfigs
     35: range(1, 6),  # DescribeLogDirs
@@ -427,6 +430,11 @@ VALUES[21] = {
         }
     ],
 }
+
+_NO_AUTHORIZER = {"error_code": Errors.SECURITY_DISABLED, "error_message": "No Authorizer"}
+VALUES[29] = {"throttle_time": 0, **_NO_AUTHORIZER, "resources": []}
+VALUES[30] = {"throttle_time": 0, "results": [_NO_AUTHORIZER]}
+VALUES[31] = {"throttle_time": 0, "filter_results": [{**_NO_AUTHORIZER, "matching_acls": []}]}
 
 
 @pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)
