@@ -10,8 +10,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
         "offsets.topic.segment.bytes": SEGMENT_BYTES,
         "log.cleaner.backoff.ms": 200,
         "log.retention.check.interval.ms": 200,
+        "log.initial.task.delay.ms": 0,
     }
     with LocalCluster(tmp_path, 3, overrides) as c:
         wait_for(lambda: c.controller_id() is not None, "an active controller")
@@ -64,38 +66,40 @@ def metric(c: LocalCluster, node_id: int, name: str, **labels: str) -> float:
     )
 
 
+EVENTS_0 = TopicPartition("events", 0)
+
+
+@contextlib.asynccontextmanager
+async def assigned_consumer(c: LocalCluster, group: str) -> AsyncIterator[AIOKafkaConsumer]:
+    """A consumer of ``group`` assigned events-0 by hand (its commits carry no generation)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap(c), group_id=group, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        consumer.assign([EVENTS_0])
+        yield consumer
+    finally:
+        await consumer.stop()
+
+
 def commit_many(c: LocalCluster, group: str, commits: int) -> None:
-    """Offsets 1..commits for events-0, one OffsetCommit each (a manually assigned consumer)."""
+    """Offsets 1..commits for events-0, one OffsetCommit each."""
 
     async def go() -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap(c), group_id=group, enable_auto_commit=False
-        )
-        await consumer.start()
-        try:
-            tp = TopicPartition("events", 0)
-            consumer.assign([tp])
+        async with assigned_consumer(c, group) as consumer:
             for offset in range(1, commits + 1):
-                await consumer.commit({tp: OffsetAndMetadata(offset, f"m{offset}" + "x" * 100)})
-        finally:
-            await consumer.stop()
+                metadata = f"m{offset}" + "x" * 100
+                await consumer.commit({EVENTS_0: OffsetAndMetadata(offset, metadata)})
 
     asyncio.run(go())
 
 
 def committed(c: LocalCluster, group: str) -> OffsetAndMetadata | None:
     async def go() -> OffsetAndMetadata | None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap(c), group_id=group, enable_auto_commit=False
-        )
-        await consumer.start()
-        try:
-            tp = TopicPartition("events", 0)
-            consumer.assign([tp])
-            offsets = await consumer._coordinator.fetch_committed_offsets([tp])
-            return offsets.get(tp)
-        finally:
-            await consumer.stop()
+        async with assigned_consumer(c, group) as consumer:
+            offsets = await consumer._coordinator.fetch_committed_offsets([EVENTS_0])
+            return offsets.get(EVENTS_0)
 
     return asyncio.run(go())
 

@@ -169,51 +169,74 @@ def test_a_resigning_leader_hands_the_leadership_to_another_voter(tmp_path: Path
         assert next(q for q in quorums.values() if not q.status().is_leader).resign(1.0)
 
 
-@pytest.mark.integration
-def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> None:
-    ports = free_ports(3)
-    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(ports)]
-    timing = QuorumTiming(log_compaction_min_entries=5, log_compaction_min_time_s=1)
-    recorders = {v.node_id: Recorder() for v in voters}
+class SnapshottingVoters:
+    """Three voters that snapshot after 5 entries or 1 s; ``start`` (re)starts one with a
+    fresh recorder."""
 
-    def start_with(node_id: int) -> MetadataQuorum:
+    TIMING = QuorumTiming(log_compaction_min_entries=5, log_compaction_min_time_s=1)
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+        self.recorders: dict[int, Recorder] = {}
+        self.quorums: dict[int, MetadataQuorum] = {}
+
+    def start(self, node_id: int) -> MetadataQuorum:
+        self.recorders[node_id] = Recorder()
         q = MetadataQuorum(
-            node_id, voters, tmp_path / f"n{node_id}", recorders[node_id], timing=timing
+            node_id,
+            self.voters,
+            self.root / f"n{node_id}",
+            self.recorders[node_id],
+            timing=self.TIMING,
         )
         q.start()
+        self.quorums[node_id] = q
         return q
 
-    quorums = {v.node_id: start_with(v.node_id) for v in voters}
-    try:
-        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
-        leader = next(q for q in quorums.values() if q.status().is_leader)
-        propose_sync(leader, [rec.ClusterId("snap")])
-        for i in range(20):
-            propose_sync(
-                leader,
-                [
-                    rec.RegisterBroker(
-                        broker_id=i,
-                        incarnation_id=f"inc-{i}",
-                        broker_epoch=i + 1,
-                        endpoints={"rpc": f"h:{i}"},
-                    )
-                ],
+    def leader(self) -> MetadataQuorum:
+        wait_for(lambda: any(q.status().is_leader for q in self.quorums.values()), "a leader")
+        return next(q for q in self.quorums.values() if q.status().is_leader)
+
+    def register_brokers(self, leader: MetadataQuorum, count: int, padding: int = 0) -> None:
+        for i in range(count):
+            record = rec.RegisterBroker(
+                broker_id=i,
+                incarnation_id=f"inc-{i}-" + "x" * padding,
+                broker_epoch=i + 1,
+                endpoints={"rpc": f"h:{i}"},
             )
-        follower_id = next(i for i, q in quorums.items() if q is not leader)
+            propose_sync(leader, [record])
+
+
+@contextlib.contextmanager
+def snapshotting_voters(root: Path) -> Iterator[SnapshottingVoters]:
+    voters = SnapshottingVoters(root)
+    try:
+        for v in voters.voters:
+            voters.start(v.node_id)
+        yield voters
+    finally:
+        for q in voters.quorums.values():
+            q.stop()
+
+
+@pytest.mark.integration
+def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> None:
+    with snapshotting_voters(tmp_path) as v:
+        leader = v.leader()
+        propose_sync(leader, [rec.ClusterId("snap")])
+        v.register_brokers(leader, 20)
+        follower_id = next(i for i, q in v.quorums.items() if q is not leader)
         snapshot = tmp_path / f"n{follower_id}" / "__cluster_metadata" / "snapshot"
         wait_for(snapshot.exists, "the follower to write a snapshot")
         last = propose_sync(leader, [rec.NoOp()])
-        wait_for(lambda: quorums[follower_id].image.last_offset >= last, "the follower")
-        quorums[follower_id].stop()
-        recorders[follower_id] = Recorder()
-        quorums[follower_id] = start_with(follower_id)
-        wait_for(lambda: bool(recorders[follower_id].snapshots), "the snapshot to be loaded")
-        wait_for(lambda: quorums[follower_id].image == leader.image, "the same image")
-        assert len(quorums[follower_id].image.brokers) == 20
-    finally:
-        for q in quorums.values():
-            q.stop()
+        wait_for(lambda: v.quorums[follower_id].image.last_offset >= last, "the follower")
+        v.quorums[follower_id].stop()
+        follower = v.start(follower_id)
+        wait_for(lambda: bool(v.recorders[follower_id].snapshots), "the snapshot to be loaded")
+        wait_for(lambda: follower.image == leader.image, "the same image")
+        assert len(follower.image.brokers) == 20
 
 
 @pytest.mark.integration
@@ -223,57 +246,28 @@ def test_a_voter_behind_the_leaders_log_start_installs_the_leaders_snapshot(
     """A voter that was down while the others snapshotted and dropped the entries it misses
     catches up through the snapshot the leader sends it in parts (the last part is the empty
     string, which the restricted loader must accept), then replays what follows."""
-    ports = free_ports(3)
-    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(ports)]
-    timing = QuorumTiming(log_compaction_min_entries=5, log_compaction_min_time_s=1)
-    recorders = {v.node_id: Recorder() for v in voters}
-
-    def start_with(node_id: int) -> MetadataQuorum:
-        q = MetadataQuorum(
-            node_id, voters, tmp_path / f"n{node_id}", recorders[node_id], timing=timing
-        )
-        q.start()
-        return q
-
-    quorums = {v.node_id: start_with(v.node_id) for v in voters}
-    try:
-        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
-        leader = next(q for q in quorums.values() if q.status().is_leader)
+    with snapshotting_voters(tmp_path) as v:
+        leader = v.leader()
         propose_sync(leader, [rec.ClusterId("snap")])
-        lagging = next(i for i, q in quorums.items() if q is not leader)
-        behind = quorums[lagging].status().last_applied
-        quorums[lagging].stop()
-        for i in range(40):
-            propose_sync(
-                leader,
-                [
-                    rec.RegisterBroker(
-                        broker_id=i,
-                        incarnation_id=f"inc-{i}-" + "x" * 2000,  # a snapshot of several parts
-                        broker_epoch=i + 1,
-                        endpoints={"rpc": f"h:{i}"},
-                    )
-                ],
-            )
+        lagging = next(i for i, q in v.quorums.items() if q is not leader)
+        behind = v.quorums[lagging].status().last_applied
+        v.quorums[lagging].stop()
+        v.register_brokers(leader, 40, padding=2000)  # a snapshot of several parts
 
         def log_start() -> int:
             status = leader.status()
             return status.commit_index - status.log_size
 
         wait_for(lambda: log_start() > behind + 1, "the leader to drop the entries it missed")
-        recorders[lagging] = Recorder()
-        quorums[lagging] = start_with(lagging)
+        voter = v.start(lagging)
         wait_for(
-            lambda: any(o > behind + 1 for o in recorders[lagging].snapshots),
+            lambda: any(o > behind + 1 for o in v.recorders[lagging].snapshots),
             "the lagging voter to install the leader's snapshot",
         )
         last = propose_sync(leader, [rec.NoOp()])
-        wait_for(lambda: quorums[lagging].image.last_offset >= last, "the voter to follow on")
-        assert quorums[lagging].image == leader.image
-        assert len(quorums[lagging].image.brokers) == 40
-    finally:
-        for q in quorums.values():
-            q.stop()
+        wait_for(lambda: voter.image.last_offset >= last, "the voter to follow on")
+        assert voter.image == leader.image
+        assert len(voter.image.brokers) == 40
 
 
 class _Mkdir:

@@ -247,6 +247,7 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("log.cleaner.enable", _Kind.BOOL, True),
     _Spec("log.cleaner.backoff.ms", _Kind.INT, 15_000, 0),
     _Spec("log.flush.offset.checkpoint.interval.ms", _Kind.INT, 60_000, 1),
+    _Spec("log.initial.task.delay.ms", _Kind.INT, 30_000, 0),
     # pysyncobj's knobs (SyncConf: leaderFallbackTimeout, connectionRetryTime,
     # raftMinTimeout, raftMaxTimeout), in milliseconds here.
     _Spec("quorum.leader.fallback.timeout.ms", _Kind.INT, 1500, 1),
@@ -334,6 +335,7 @@ class NodeConfig:
     log_cleaner_enable: bool
     log_cleaner_backoff_ms: int
     log_flush_offset_checkpoint_interval_ms: int
+    log_initial_task_delay_ms: int
     quorum_leader_fallback_timeout_ms: int
     quorum_connection_retry_ms: int
     quorum_raft_min_timeout_ms: int

@@ -3,7 +3,8 @@
 Three tasks run over every log the node hosts, leader or follower (each replica keeps its own
 log tidy, as in Kafka):
 
-- **Retention** every ``log.retention.check.interval.ms`` (Kafka's ``cleanupLogs``): whole
+- **Retention** ``log.initial.task.delay.ms`` after start, then every
+  ``log.retention.check.interval.ms`` (Kafka's ``cleanupLogs``): whole
   segments past ``retention.ms`` / ``retention.bytes`` (``cleanup.policy`` with ``delete``), or
   wholly below the log start offset (DeleteRecords), are deleted. Only segments below the
   replica's high watermark go (``UnifiedLog.deleteOldSegments``). A moved log start is
@@ -62,6 +63,9 @@ class MaintenanceConfig:
     cleaner_enable: bool = True  # log.cleaner.enable
     cleaner_backoff_ms: int = 15_000  # log.cleaner.backoff.ms
     recovery_point_checkpoint_interval_ms: int = 60_000  # log.flush.offset.checkpoint.interval.ms
+    # log.initial.task.delay.ms: retention and the checkpoints first run this long after start,
+    # then every interval (Kafka's LogManager.startup schedules them so).
+    initial_task_delay_ms: int = 30_000
 
 
 @dataclass(slots=True)
@@ -111,9 +115,10 @@ class LogMaintenance:
         return deleted
 
     async def run_retention(self) -> None:
+        await asyncio.sleep(self.config.initial_task_delay_ms / 1000)  # Kafka's initial delay
         while True:
-            await asyncio.sleep(self.config.retention_check_interval_ms / 1000)  # the period
             self.enforce_retention()
+            await asyncio.sleep(self.config.retention_check_interval_ms / 1000)  # the period
 
     # -----------------------------------------------------------------------------------------
     # The cleaner.
@@ -204,6 +209,7 @@ class LogMaintenance:
             log.error("cannot checkpoint recovery points: %s", e)
 
     async def run_recovery_point_checkpoints(self) -> None:
+        await asyncio.sleep(self.config.initial_task_delay_ms / 1000)  # Kafka's initial delay
         while True:
-            await asyncio.sleep(self.config.recovery_point_checkpoint_interval_ms / 1000)
             self.checkpoint_recovery_points()
+            await asyncio.sleep(self.config.recovery_point_checkpoint_interval_ms / 1000)

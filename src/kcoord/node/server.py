@@ -187,6 +187,7 @@ class Node:
                 cleaner_enable=cfg.log_cleaner_enable,
                 cleaner_backoff_ms=cfg.log_cleaner_backoff_ms,
                 recovery_point_checkpoint_interval_ms=cfg.log_flush_offset_checkpoint_interval_ms,
+                initial_task_delay_ms=cfg.log_initial_task_delay_ms,
             ),
         )
         self.logs.remove = self.log_maintenance.remove_later

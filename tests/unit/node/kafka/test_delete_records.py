@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kcoord.errors import Errors
+from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import checkpoint
@@ -24,6 +25,25 @@ from tests.unit.node.kafka.test_handlers import (
 from tests.unit.node.kafka.wire import AsyncWireClient
 
 DELETE_RECORDS = 21
+
+
+async def fetch_as_follower(h: Harness, part: Partition, replica: int, log_start: int) -> None:
+    """A replica's fetch at the leader's log end, reporting ``log_start`` as its log start."""
+    await h.replicas.handle_replica_fetch(
+        {
+            "replica_id": replica,
+            "max_wait_ms": 0,
+            "partitions": [
+                {
+                    "topic": part.topic,
+                    "partition": part.partition,
+                    "fetch_offset": part.log.log_end_offset,
+                    "leader_epoch": part.leader_epoch,
+                    "log_start_offset": log_start,
+                }
+            ],
+        }
+    )
 
 
 def delete_values(topic: str, partition: int, offset: int, timeout_ms: int = 5000) -> Any:
@@ -97,25 +117,8 @@ def test_the_answer_waits_for_the_followers_log_starts(tmp_path: Path) -> None:
         assert part is not None
         await c.call(PRODUCE, 9, produce_values("r", mine, batch([b"a", b"b", b"c"]), acks=1))
 
-        async def follower_fetch(replica: int, log_start: int) -> None:
-            await h.replicas.handle_replica_fetch(
-                {
-                    "replica_id": replica,
-                    "max_wait_ms": 0,
-                    "partitions": [
-                        {
-                            "topic": "r",
-                            "partition": mine,
-                            "fetch_offset": part.log.log_end_offset,
-                            "leader_epoch": part.leader_epoch,
-                            "log_start_offset": log_start,
-                        }
-                    ],
-                }
-            )
-
         for replica in (2, 3):
-            await follower_fetch(replica, 0)
+            await fetch_as_follower(h, part, replica, 0)
         assert part.high_watermark == 3
         # Follower 3 never reports a log start past 0: the wait times out.
         assert await delete(c, "r", mine, 2, timeout_ms=200) == (Errors.REQUEST_TIMED_OUT, -1)
@@ -124,9 +127,9 @@ def test_the_answer_waits_for_the_followers_log_starts(tmp_path: Path) -> None:
         async with asyncio.timeout(5):
             while not part.low_watermark_waiters:
                 await asyncio.sleep(0.001)  # until the request reached the node
-        await follower_fetch(2, 2)
+        await fetch_as_follower(h, part, 2, 2)
         assert (h.replicas.low_watermark(part), len(part.low_watermark_waiters)) == (0, 1)
-        await follower_fetch(3, 2)
+        await fetch_as_follower(h, part, 3, 2)
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
 
     run(tmp_path, test)
@@ -143,34 +146,19 @@ def test_a_fenced_follower_no_longer_holds_the_answer_back(tmp_path: Path) -> No
         assert part is not None
         await c.call(PRODUCE, 9, produce_values("f", mine, batch([b"a", b"b", b"c"]), acks=1))
 
-        async def follower_fetch(replica: int, log_start: int) -> None:
-            await h.replicas.handle_replica_fetch(
-                {
-                    "replica_id": replica,
-                    "max_wait_ms": 0,
-                    "partitions": [
-                        {
-                            "topic": "f",
-                            "partition": mine,
-                            "fetch_offset": part.log.log_end_offset,
-                            "leader_epoch": part.leader_epoch,
-                            "log_start_offset": log_start,
-                        }
-                    ],
-                }
-            )
-
         for replica in (2, 3):
-            await follower_fetch(replica, 0)
+            await fetch_as_follower(h, part, replica, 0)
         waiting = asyncio.ensure_future(delete(c, "f", mine, 2, timeout_ms=10_000))
         async with asyncio.timeout(5):
             while not part.low_watermark_waiters:
                 await asyncio.sleep(0.001)  # until the request reached the node
-        await follower_fetch(2, 2)
+        await fetch_as_follower(h, part, 2, 2)
         assert not waiting.done()
         broker = h.cache.image.brokers[3]
         h.quorum.commit([rec.FenceBroker(broker_id=3, broker_epoch=broker.broker_epoch)])
-        await follower_fetch(2, 2)  # the same log start as before: only the fencing changed
+        await fetch_as_follower(
+            h, part, 2, 2
+        )  # the same log start as before: only the fencing changed
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
 
     run(tmp_path, test)
