@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The default suite: everything but the long suites (they have their own targets).
 PYTEST_ARGS ?= -m "not slow and not chaos"
 
-.PHONY: help venv lab check lint format typecheck imports test test-all up down bench \
+.PHONY: help venv lab check lint format typecheck imports test test-all up down bench soak \
 	bench-storage bench-quorum bench-coordinator bench-failover clean
 
 help:
@@ -16,6 +16,7 @@ help:
 	@echo "make check          ruff, ruff format --check, mypy --strict, import-linter"
 	@echo "make down           stop a cluster started with 'kcoord cluster up --detach'"
 	@echo "make chaos          the chaos matrix, 10 minutes (chaos/README.md); chaos-full: 5 seeds"
+	@echo "make soak           a loaded cluster with default settings for 8 minutes (SOAK_SECONDS)"
 	@echo "make bench-storage  storage engine benchmark (prints and writes bench/results/)"
 	@echo "make bench-quorum   metadata quorum benchmark on a real 3-node cluster"
 	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
@@ -85,6 +86,11 @@ chaos: $(STAMP) lab
 
 chaos-full: $(STAMP) lab
 	$(BIN)/kcoord chaos matrix --seeds 1,2,3,4,5 --duration 30 --interval 4
+
+# A 3-node cluster with default settings under load for SOAK_SECONDS (default 480): the
+# periodic tasks (metadata snapshots, retention) run, a node comes back by a snapshot.
+soak: $(STAMP)
+	SOAK_SECONDS=$${SOAK_SECONDS:-480} bash scripts/run-pytest.sh tests/soak -m slow -s
 
 bench: bench-storage bench-quorum bench-coordinator bench-failover
 
