@@ -46,6 +46,32 @@ async def fetch_as_follower(h: Harness, part: Partition, replica: int, log_start
     )
 
 
+async def three_records_followed_by_2_and_3(
+    h: Harness, c: AsyncWireClient, topic: str
+) -> Partition:
+    """A partition this node leads, brokers 2 and 3 following, holding three records that both
+    fetched (so the HW is 3) while reporting log start 0."""
+    await h.create_topic(topic, 3, 3)
+    mine = h.led_partitions(topic)[0]
+    part = h.replicas.get_partition(topic, mine)
+    assert part is not None
+    await c.call(PRODUCE, 9, produce_values(topic, mine, batch([b"a", b"b", b"c"]), acks=1))
+    for replica in (2, 3):
+        await fetch_as_follower(h, part, replica, 0)
+    return part
+
+
+async def parked_delete(
+    c: AsyncWireClient, part: Partition, offset: int, timeout_ms: int = 5000
+) -> asyncio.Future[tuple[Errors, int]]:
+    """A DeleteRecords sent and waiting at the node for the low watermark."""
+    waiting = asyncio.ensure_future(delete(c, part.topic, part.partition, offset, timeout_ms))
+    async with asyncio.timeout(5):
+        while not part.low_watermark_waiters:
+            await asyncio.sleep(0.001)  # until the request reached the node
+    return waiting
+
+
 def delete_values(topic: str, partition: int, offset: int, timeout_ms: int = 5000) -> Any:
     return {
         "topics": [
@@ -111,22 +137,13 @@ def test_delete_records_moves_the_log_start_and_refuses_what_kafka_refuses(
 
 def test_the_answer_waits_for_the_followers_log_starts(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("r", 3, 3)  # brokers 2 and 3 follow every partition
-        mine = h.led_partitions("r")[0]
-        part = h.replicas.get_partition("r", mine)
-        assert part is not None
-        await c.call(PRODUCE, 9, produce_values("r", mine, batch([b"a", b"b", b"c"]), acks=1))
-
-        for replica in (2, 3):
-            await fetch_as_follower(h, part, replica, 0)
+        part = await three_records_followed_by_2_and_3(h, c, "r")
+        mine = part.partition
         assert part.high_watermark == 3
         # Follower 3 never reports a log start past 0: the wait times out.
         assert await delete(c, "r", mine, 2, timeout_ms=200) == (Errors.REQUEST_TIMED_OUT, -1)
         assert part.log.log_start_offset == 2  # the leader's moved all the same
-        waiting = asyncio.ensure_future(delete(c, "r", mine, 2))
-        async with asyncio.timeout(5):
-            while not part.low_watermark_waiters:
-                await asyncio.sleep(0.001)  # until the request reached the node
+        waiting = await parked_delete(c, part, 2)
         await fetch_as_follower(h, part, 2, 2)
         assert (h.replicas.low_watermark(part), len(part.low_watermark_waiters)) == (0, 1)
         await fetch_as_follower(h, part, 3, 2)
@@ -140,18 +157,8 @@ def test_a_fenced_follower_no_longer_holds_the_answer_back(tmp_path: Path) -> No
     other follower completes the wait (Kafka's low watermark counts live replicas only)."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("f", 3, 3)
-        mine = h.led_partitions("f")[0]
-        part = h.replicas.get_partition("f", mine)
-        assert part is not None
-        await c.call(PRODUCE, 9, produce_values("f", mine, batch([b"a", b"b", b"c"]), acks=1))
-
-        for replica in (2, 3):
-            await fetch_as_follower(h, part, replica, 0)
-        waiting = asyncio.ensure_future(delete(c, "f", mine, 2, timeout_ms=10_000))
-        async with asyncio.timeout(5):
-            while not part.low_watermark_waiters:
-                await asyncio.sleep(0.001)  # until the request reached the node
+        part = await three_records_followed_by_2_and_3(h, c, "f")
+        waiting = await parked_delete(c, part, 2, timeout_ms=10_000)
         await fetch_as_follower(h, part, 2, 2)
         assert not waiting.done()
         broker = h.cache.image.brokers[3]
