@@ -46,11 +46,11 @@ def cluster(tmp_path: Path) -> Iterator[LocalCluster]:
 
 def log_bytes(c: LocalCluster, node_id: int, topic: str, partition: int) -> int:
     directory = Path(c.node(node_id).directory) / "data" / f"{topic}-{partition}"
-    total = 0
-    for path in directory.glob("*.log"):
-        with contextlib.suppress(FileNotFoundError):  # swapped out by the cleaner meanwhile
-            total += path.stat().st_size
-    return total
+    while True:
+        try:
+            return sum(p.stat().st_size for p in directory.glob("*.log"))
+        except FileNotFoundError:
+            continue  # the cleaner swapped a segment out between glob and stat: look again
 
 
 def first_base_offset(c: LocalCluster, node_id: int, topic: str, partition: int) -> int:

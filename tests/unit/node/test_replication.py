@@ -116,6 +116,22 @@ def _fail_over_to(cluster: dict[int, Node], leader: int) -> None:
         node.cache.apply(2, [change])
 
 
+async def _two_nodes_with_committed(
+    tmp_path: Path, template: bytes, count: int
+) -> tuple[dict[int, Node], Node, Node]:
+    """The cluster, its leader and its follower, after ``count`` records (``template % i``)
+    were produced and both replicas' HWs passed them."""
+    cluster: dict[int, Node] = {}
+    leader, follower = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
+    _start(cluster)
+    assert leader.partition.is_leader and not follower.partition.is_leader
+    for i in range(count):
+        leader.produce(template % i)
+    while leader.partition.high_watermark < count or follower.partition.high_watermark < count:
+        await follower.fetch_once()
+    return cluster, leader, follower
+
+
 async def _parked(leader: ReplicaManager) -> None:
     """Wait (bounded, no wall clock) until a replica fetch waits at the leader for news."""
     for _ in range(100):
@@ -129,14 +145,7 @@ def test_a_returning_leader_keeps_what_the_new_leader_has_and_drops_the_rest(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        old, new = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
-        _start(cluster)
-        assert old.partition.is_leader and not new.partition.is_leader
-        for i in range(3):
-            old.produce(b"committed-%d" % i)
-        while old.partition.high_watermark < 3 or new.partition.high_watermark < 3:
-            await new.fetch_once()
+        cluster, old, new = await _two_nodes_with_committed(tmp_path, b"committed-%d", 3)
 
         # The follower's next fetch parks at the leader; then the follower "stops" (it fetches
         # no more). The parked fetch is still answered with the first acks=1 write.
@@ -265,13 +274,7 @@ def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) 
     next fetch reports it, which completes the leader's wait for the low watermark."""
 
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        leader, follower = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
-        _start(cluster)
-        for i in range(3):
-            leader.produce(b"r-%d" % i)
-        while leader.partition.high_watermark < 3 or follower.partition.high_watermark < 3:
-            await follower.fetch_once()
+        _, leader, follower = await _two_nodes_with_committed(tmp_path, b"r-%d", 3)
         parked = asyncio.create_task(follower.fetch_once())
         await _parked(leader.replicas)
 
