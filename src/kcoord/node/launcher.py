@@ -156,6 +156,7 @@ def render_config(
 # Processes started by this launcher process, kept so they are reaped (not left as zombies or
 # garbage-collected while running); a later CLI invocation finds nodes by pid instead.
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+_EXIT_CODES: dict[int, int] = {}  # of children seen gone
 
 
 def start_node(node: NodeProcess) -> None:
@@ -178,8 +179,10 @@ def is_alive(pid: int | None) -> bool:
         return False
     child = _CHILDREN.get(pid)
     if child is not None:
-        if child.poll() is None:
+        code = child.poll()
+        if code is None:
             return True
+        _EXIT_CODES[pid] = code
         del _CHILDREN[pid]
         return False
     try:
@@ -195,6 +198,11 @@ def is_alive(pid: int | None) -> bool:
             return b"kcoord.node.cli" in f.read()
     except OSError:
         return False
+
+
+def exit_code(pid: int) -> int | None:
+    """The exit code of a node this process started, once ``is_alive`` saw it gone."""
+    return _EXIT_CODES.get(pid)
 
 
 def stop_node(node: NodeProcess, *, kill: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:

@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.storage.log import CleanerStats, remove_now
 from kcoord.storage.manager import LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
@@ -84,11 +85,15 @@ class LogMaintenance:
         high_watermarks: Callable[[], Mapping[TopicPartition, int]],
         now_ms: Callable[[], int],
         config: MaintenanceConfig,
+        log_dir_failure: LogDirFailureChannel | None = None,
     ) -> None:
         """``high_watermarks()`` maps each partition this node hosts to its HW; the cleaner
         leaves any other log (a stray about to be deleted) alone, and retention deletes only
-        what lies below such a log's start."""
+        what lies below such a log's start. A write to the data directory that fails halts the
+        node through ``log_dir_failure`` (Kafka's cleaner and scheduled tasks report to its
+        ``LogDirFailureChannel`` too)."""
         self.logs = logs
+        self.log_dir_failure = log_dir_failure or LogDirFailureChannel(logs.data_dir, halt=None)
         self.high_watermarks = high_watermarks
         self.now_ms = now_ms
         self.config = config
@@ -105,7 +110,7 @@ class LogMaintenance:
         try:
             deleted = self.logs.run_retention(self.now_ms(), self.high_watermarks())
         except OSError as e:
-            log.error("retention failed: %s", e)
+            self.log_dir_failure.fail("deleting segments past retention", e)
             deleted = 0
         self.stats.segments_deleted += deleted
         return deleted
@@ -140,9 +145,13 @@ class LogMaintenance:
             log.error("%s-%d: not cleanable until the node restarts: %s", tp[0], tp[1], e)
             return None
         except (OSError, ValueError) as e:
+            self.stats.cleaner_failed += 1
+            if isinstance(e, OSError) and lg.is_current(plan):
+                # Nothing closed the segments: reading or writing the directory failed.
+                self.log_dir_failure.fail(f"cleaning {tp[0]}-{tp[1]}", e)
+                return None
             # A segment deleted or closed under the thread (retention, truncation, a deleted
             # topic) reads as an error; the copies were thrown away.
-            self.stats.cleaner_failed += 1
             log.warning("%s-%d: cleaning abandoned: %s", tp[0], tp[1], e)
             return None
         stats = lg.swap_cleaned(result)
@@ -192,8 +201,8 @@ class LogMaintenance:
             batch, self._to_remove = self._to_remove, []
             try:
                 await asyncio.to_thread(remove_now, batch)
-            except OSError as e:  # left for the next start to remove
-                log.error("cannot remove %d deleted log files: %s", len(batch), e)
+            except OSError as e:
+                self.log_dir_failure.fail(f"removing {len(batch)} deleted log files", e)
 
     # -----------------------------------------------------------------------------------------
     # Recovery points.
@@ -202,7 +211,7 @@ class LogMaintenance:
         try:
             self.logs.checkpoint_recovery_points()
         except OSError as e:
-            log.error("cannot checkpoint recovery points: %s", e)
+            self.log_dir_failure.fail("checkpointing recovery points", e)
 
     async def run_recovery_point_checkpoints(self) -> None:
         await asyncio.sleep(self.config.initial_task_delay_ms / 1000)  # Kafka's initial delay

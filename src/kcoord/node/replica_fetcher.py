@@ -203,7 +203,14 @@ class ReplicaFetcherManager:
                     self._back_off(p, error)
                     parts = [q for q in parts if q is not p]
                     continue
-                if self._truncate_step(p, epoch, int(r["epoch"]), int(r["end_offset"])):
+                try:
+                    done = self._truncate_step(p, epoch, int(r["epoch"]), int(r["end_offset"]))
+                except OSError as e:
+                    self.replicas.log_dir_failure.fail(f"truncating {p.topic}-{p.partition}", e)
+                    self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
+                    parts = [q for q in parts if q is not p]
+                    continue
+                if done:
                     p.truncation_pending = False
 
     def _truncate_step(
@@ -283,12 +290,17 @@ class ReplicaFetcherManager:
                 continue
             try:
                 self._process(p, fetch_offset, r)
+            except OSError as e:
+                self.replicas.log_dir_failure.fail(
+                    f"appending fetched data to {p.topic}-{p.partition}", e
+                )
+                p.truncation_pending = True
+                self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
             except (
                 UnexpectedAppendOffsetError,
                 InvalidRecordError,
                 fmt.RecordFormatError,
                 LogCorruptError,
-                OSError,
             ) as e:
                 log.error("%s-%d: cannot append fetched data: %s", p.topic, p.partition, e)
                 p.truncation_pending = True

@@ -41,6 +41,7 @@ from typing import Any, Final
 
 from kcoord.cluster.replication import LeaderReplication
 from kcoord.errors import Errors
+from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.node.metadata import MetadataCache
 from kcoord.raft.image import (
     BecomeFollower,
@@ -238,9 +239,12 @@ class ReplicaManager:
         min_insync_replicas: int = 1,
         broker_epoch: Callable[[], int | None] = lambda: -1,
         alter_partition: AlterPartitionCall | None = None,
+        log_dir_failure: LogDirFailureChannel | None = None,
     ) -> None:
         self.node_id = node_id
         self.logs = logs
+        # A write to the data directory that fails halts the node (node/log_dir_failure.py).
+        self.log_dir_failure = log_dir_failure or LogDirFailureChannel(logs.data_dir, halt=None)
         self.cache = cache
         self.now_ms = now_ms
         self.default_log_config = default_log_config or LogConfig()
@@ -298,7 +302,10 @@ class ReplicaManager:
                 config = self.log_config_for(topic.configs if topic else {})
                 try:
                     lg = self._log_for(tp, config, change.tp.topic_id)
-                except (OSError, ValueError) as e:
+                except OSError as e:
+                    self.log_dir_failure.fail(f"creating the log of {tp[0]}-{tp[1]}", e)
+                    continue
+                except ValueError as e:
                     log.error("cannot host %s-%d: %s", tp[0], tp[1], e)
                     continue
                 part = Partition(tp[0], tp[1], change.tp.topic_id, lg)
@@ -425,7 +432,10 @@ class ReplicaManager:
             part.is_leader = False
             for listener in self._role_listeners:
                 listener(part, False)
-        self.logs.delete_log(tp)
+        try:
+            self.logs.delete_log(tp)
+        except OSError as e:
+            self.log_dir_failure.fail(f"deleting the log of {tp[0]}-{tp[1]}", e)
 
     # -----------------------------------------------------------------------------------------
     # Lookups.
@@ -518,7 +528,7 @@ class ReplicaManager:
         except fmt.RecordFormatError as e:
             raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
         except OSError as e:
-            log.error("append to %s-%d failed: %s", part.topic, part.partition, e)
+            self.log_dir_failure.fail(f"appending to {part.topic}-{part.partition}", e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
         self.leader_bytes_appended += len(records)
@@ -577,7 +587,7 @@ class ReplicaManager:
         try:
             self.logs.checkpoint_log_start_offsets()
         except OSError as e:
-            log.error("cannot checkpoint log start offsets: %s", e)
+            self.log_dir_failure.fail("checkpointing log start offsets", e)
 
     def low_watermark(self, part: Partition) -> int:
         """The least log start offset of the leader and of every follower on an unfenced broker
@@ -664,7 +674,7 @@ class ReplicaManager:
             try:
                 self.checkpoint_high_watermarks()
             except OSError as e:
-                log.error("cannot checkpoint high watermarks: %s", e)
+                self.log_dir_failure.fail("checkpointing high watermarks", e)
 
     # -----------------------------------------------------------------------------------------
     # Leader side of replication: the RPCs followers call.

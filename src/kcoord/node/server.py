@@ -47,6 +47,7 @@ from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.groups import GroupApi
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, QuorumApi
 from kcoord.node.kafka.server import RequestStats
+from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, RoleListener
 from kcoord.node.metrics import NodeMetrics
@@ -161,6 +162,7 @@ class Node:
         loop = asyncio.get_running_loop()
         self.logs.open()
         self._logs_open = True
+        failure = LogDirFailureChannel(cfg.data_dir)
         # Hosted partitions follow the metadata log from its first record on.
         self.replicas = ReplicaManager(
             cfg.node_id,
@@ -177,6 +179,7 @@ class Node:
             min_insync_replicas=cfg.min_insync_replicas,
             broker_epoch=self._broker_epoch,
             alter_partition=self._alter_partition,
+            log_dir_failure=failure,
         )
         self.log_maintenance = LogMaintenance(
             self.logs,
@@ -189,6 +192,7 @@ class Node:
                 recovery_point_checkpoint_interval_ms=cfg.log_flush_offset_checkpoint_interval_ms,
                 initial_task_delay_ms=cfg.log_initial_task_delay_ms,
             ),
+            failure,
         )
         self.logs.remove = self.log_maintenance.remove_later
         self.fetchers = ReplicaFetcherManager(

@@ -198,13 +198,23 @@ class LogSegment:
         first = headers[0][1]
         assert first.base_offset >= self.next_offset, (first.base_offset, self.next_offset)
         position = self.size
-        written = os.pwrite(self._fd, data, position)
-        if written != len(data):
-            raise OSError(f"short write to {self.log_path}: {written} of {len(data)} bytes")
+        self._write_fully(memoryview(data), position)
         self.size += len(data)
         for pos, header in headers:
             self._remember(header.base_offset, header.last_offset, position + pos)
             self._index_batch(position + pos, header)
+
+    def _write_fully(self, data: memoryview, position: int) -> None:
+        """Write all of ``data`` at ``position``: after a short write (a disk filling up)
+        the next write of the rest fails with the reason (ENOSPC, EIO, ...), raised as
+        ``OSError``. A failed append leaves ``size`` alone; the torn bytes past it are
+        overwritten by the next append, or cut off by recovery."""
+        done = 0
+        while done < len(data):
+            written = os.pwrite(self._fd, data[done:], position + done)
+            if written == 0:
+                raise OSError(f"no progress writing {self.log_path} at byte {position + done}")
+            done += written
 
     def append_one(
         self,
@@ -224,8 +234,9 @@ class LogSegment:
         position = self.size
         size = len(prefix) + len(rest)
         written = os.pwritev(self._fd, [prefix, rest], position)
-        if written != size:
-            raise OSError(f"short write to {self.log_path}: {written} of {size} bytes")
+        if written != size:  # the rest, from where the short write stopped
+            whole = memoryview(bytes(prefix) + bytes(rest))
+            self._write_fully(whole[written:], position + written)
         self.size = position + size
         self._remember(base_offset, last_offset, position)
         if max_timestamp > self.max_timestamp:
