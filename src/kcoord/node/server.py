@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import uuid
 from typing import Any
@@ -592,7 +593,27 @@ async def serve(config: NodeConfig) -> None:
             await node.stop()
 
 
+OPEN_FILES_CAP = 1 << 20
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise the soft limit on open files to the hard limit (at most ``OPEN_FILES_CAP``), as
+    the JVM does for a Kafka broker (HotSpot's ``MaxFDLimit``, on by default on Linux). Every
+    partition replica keeps three files open (``.log``, ``.index``, ``.timeindex``), so the
+    common soft limit of 1024 is ~300 replicas, and a failed open is a log directory failure
+    that halts the node. Returns the soft limit before and after."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = OPEN_FILES_CAP if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_CAP)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return soft, target
+    return soft, soft
+
+
 def run(config: NodeConfig) -> None:
+    before, after = raise_open_files_limit()
+    if after != before:
+        log.info("open files limit raised from %d to %d", before, after)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux

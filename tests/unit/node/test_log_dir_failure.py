@@ -11,6 +11,7 @@ import asyncio
 import errno
 import logging
 import os
+import resource
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from kcoord.errors import Errors
 from kcoord.node.log_dir_failure import EXIT_CODE, LogDirFailureChannel
 from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.node.replica_manager import KafkaError
+from kcoord.node.server import OPEN_FILES_CAP, raise_open_files_limit
 from kcoord.storage.manager import LogManager
 from tests.unit.node.test_replication import Node, _start
 from tests.unit.storage.helpers import read_all
@@ -150,3 +152,18 @@ def test_housekeeping_that_cannot_write_halts(
     assert maintenance.enforce_retention() == 0
     maintenance.checkpoint_recovery_points()
     assert halts.codes == [1, 1]
+
+
+def test_a_node_raises_its_open_files_limit_to_the_hard_limit() -> None:
+    """Three open files per partition replica: the usual soft limit of 1024 would halt a node
+    hosting a few hundred replicas (EMFILE is a log directory failure)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        before, after = raise_open_files_limit()
+        expected = OPEN_FILES_CAP if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES_CAP)
+        assert (before, after) == (256, expected)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (expected, hard)
+        assert raise_open_files_limit() == (expected, expected)  # nothing left to raise
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
