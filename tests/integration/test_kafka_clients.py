@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from kcoord.node.kafka.metadata import NO_TRANSACTIONS
 from tests.integration.cluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -386,6 +387,25 @@ def test_acl_calls_are_refused_as_by_a_broker_without_an_authorizer(
         "create": refused,
         "delete": refused,
     }
+
+
+def test_transactional_producers_are_refused_at_once(cluster: LocalCluster) -> None:
+    """kcoord has no transaction coordinator. A transactional producer's first step (finding
+    its coordinator) is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED, the one error every
+    client treats as fatal, so it fails with kcoord's message instead of retrying
+    COORDINATOR_NOT_AVAILABLE until its own timeout (a 30 s one here: none is reached)."""
+    assert cluster.state is not None
+    cmd = {
+        "op": "transactions",
+        "bootstrap": cluster.state.bootstrap_servers,
+        "transactional_id": "payments-tx",
+        "timeout_s": 30,
+    }
+    name, message, fatal = run_client("confluent-kafka", cmd)
+    assert (name, fatal) == ("TRANSACTIONAL_ID_AUTHORIZATION_FAILED", True)
+    assert message.endswith(f"Transactional Id authorization failed: {NO_TRANSACTIONS}")
+    assert run_client("kafka-python", cmd)[0] == "TransactionalIdAuthorizationFailedError"
+    assert run_client("aiokafka", cmd)[0] == "TransactionalIdAuthorizationFailed"
 
 
 def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path) -> None:

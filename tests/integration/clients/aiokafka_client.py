@@ -187,6 +187,23 @@ async def alter_configs(cmd: dict[str, Any]) -> Any:
     return {"error": error, "message": message}
 
 
+async def transactions(cmd: dict[str, Any]) -> Any:
+    """start() of a transactional producer (it finds its coordinator and gets a producer id)
+    -> [error class name, message]."""
+    from aiokafka.errors import KafkaError
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=cmd["bootstrap"], transactional_id=cmd["transactional_id"]
+    )
+    try:
+        await asyncio.wait_for(producer.start(), cmd["timeout_s"])
+    except KafkaError as e:
+        return [type(e).__name__, str(e)]
+    finally:
+        await producer.stop()
+    return "NONE"
+
+
 async def delete_records(cmd: dict[str, Any]) -> Any:
     admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     await admin.start()
@@ -217,6 +234,7 @@ def main() -> None:
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "delete_records": delete_records,
+        "transactions": transactions,
     }
     print(json.dumps(asyncio.run(ops[cmd["op"]](cmd))), flush=True)
 

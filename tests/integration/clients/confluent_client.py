@@ -156,6 +156,19 @@ def acls(cmd: dict[str, Any]) -> Any:
     }
 
 
+def transactions(cmd: dict[str, Any]) -> Any:
+    """init_transactions() of a transactional producer -> [error name, message, fatal]."""
+    producer = Producer(
+        {"bootstrap.servers": cmd["bootstrap"], "transactional.id": cmd["transactional_id"]}
+    )
+    try:
+        producer.init_transactions(cmd["timeout_s"])
+    except KafkaException as e:
+        error = e.args[0]
+        return [error.name(), error.str(), error.fatal()]
+    return "NONE"
+
+
 def produce_one(cmd: dict[str, Any]) -> Any:
     """One keyed record of ``size`` bytes to ``partition``; the delivery error's code, or 0."""
     producer = Producer({"bootstrap.servers": cmd["bootstrap"], "acks": "all"})
@@ -333,6 +346,7 @@ def main() -> None:
         "delete_records": delete_records,
         "elect_leaders": elect_leaders,
         "acls": acls,
+        "transactions": transactions,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -259,6 +259,24 @@ def acls(cmd: dict[str, Any]) -> Any:
     return answers
 
 
+def transactions(cmd: dict[str, Any]) -> Any:
+    """init_transactions() of a transactional producer -> [error class name, message]."""
+    from kafka.errors import KafkaError
+
+    producer = KafkaProducer(
+        bootstrap_servers=cmd["bootstrap"],
+        transactional_id=cmd["transactional_id"],
+        max_block_ms=int(cmd["timeout_s"] * 1000),
+    )
+    try:
+        producer.init_transactions()
+    except KafkaError as e:
+        return [type(e).__name__, str(e)]
+    finally:
+        producer.close(timeout=5)
+    return "NONE"
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -276,6 +294,7 @@ def main() -> None:
         "elect_leaders": elect_leaders,
         "describe_log_dirs": describe_log_dirs,
         "acls": acls,
+        "transactions": transactions,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -50,6 +50,9 @@ FIND_COORDINATOR_KEY: Final = 10
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
 COORDINATOR_KEY_GROUP: Final = 0
 COORDINATOR_KEY_TRANSACTION: Final = 1
+NO_TRANSACTIONS: Final = (
+    "kcoord has no transaction coordinator: transactional producers are refused"
+)
 
 
 class TopicCreator:
@@ -250,9 +253,11 @@ class MetadataApi:
 
     def _coordinator(self, key: str, key_type: int) -> dict[str, Any]:
         if key_type == COORDINATOR_KEY_TRANSACTION:
-            return _no_coordinator(
-                Errors.COORDINATOR_NOT_AVAILABLE, "kcoord has no transaction coordinator"
-            )
+            # No transaction coordinator: every transactional id is refused, with the answer of
+            # a Kafka whose authorizer denies it (KafkaApis.handleFindCoordinatorRequest). It is
+            # the one error all three clients treat as fatal; COORDINATOR_NOT_AVAILABLE made
+            # init_transactions() retry until its timeout.
+            return _no_coordinator(Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, NO_TRANSACTIONS)
         if key_type != COORDINATOR_KEY_GROUP:
             return _no_coordinator(Errors.INVALID_REQUEST, f"unknown key type {key_type}")
         image = self.ctx.image

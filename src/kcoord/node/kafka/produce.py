@@ -300,7 +300,13 @@ class ProduceApi:
 
     async def handle_init_producer_id(self, request: Request) -> Result:
         if request.body.transactional_id is not None:
-            return {"error_code": Errors.NOT_COORDINATOR, "producer_id": -1, "producer_epoch": -1}
+            # As FindCoordinator for a transactional id (kafka/metadata.py): refused, as by
+            # Kafka's authorizer (KafkaApis.handleInitProducerIdRequest).
+            return {
+                "error_code": Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
         try:
             producer_id = self.producer_ids.next_id()
         except (OSError, ProducerIdsExhaustedError) as e:

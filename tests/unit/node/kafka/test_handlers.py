@@ -19,6 +19,7 @@ from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.context import KafkaSettings
+from kcoord.node.kafka.metadata import NO_TRANSACTIONS
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import format as fmt
@@ -606,7 +607,7 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
         txn = await c.call(
             INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 1}
         )
-        assert txn.error_code == Errors.NOT_COORDINATOR
+        assert txn.error_code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
         def idem(seq: int, *values: bytes, e: int = epoch) -> bytes:
             return batch(list(values), producer_id=pid, producer_epoch=e, base_sequence=seq)
@@ -861,7 +862,9 @@ def test_find_coordinator(tmp_path: Path) -> None:
             (g, 0, expected(g)) for g in ("g1", "g2", "g3")
         ]
         txn = await c.call(FIND_COORDINATOR, 6, {"key_type": 1, "coordinator_keys": ["tx"]})
-        assert txn.coordinators[0].error_code == Errors.COORDINATOR_NOT_AVAILABLE
+        # No transaction coordinator: refused, fatally for every client (not retried).
+        assert txn.coordinators[0].error_code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert txn.coordinators[0].error_message == NO_TRANSACTIONS
         odd = await c.call(FIND_COORDINATOR, 2, {"key": "g", "key_type": 7})
         assert odd.error_code == Errors.INVALID_REQUEST
 
