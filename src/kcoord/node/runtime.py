@@ -32,7 +32,9 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   answered ``NOT_COORDINATOR`` (``on_unloaded``), every deferred response fails with
   ``NOT_COORDINATOR``, timers are cancelled and the context is dropped; it is never rolled
   back by hand. After a failed append the partition is reloaded from its log if this node still
-  leads it.
+  leads it. An OffsetCommit is the exception: its handler changes the shard only through the
+  records it returns, so when their append is refused (below ``min.insync.replicas``, too
+  large) only that request fails, with Kafka's error, and the shard stays (``replay_only``).
 """
 
 from __future__ import annotations
@@ -279,9 +281,18 @@ class ShardContext:
     # -- executing handlers ---------------------------------------------------------------------
 
     def run(
-        self, handler: Callable[[GroupCoordinatorShard, int], CoordinatorResult], token: int
+        self,
+        handler: Callable[[GroupCoordinatorShard, int], CoordinatorResult],
+        token: int,
+        *,
+        replay_only: bool = False,
     ) -> None:
-        """Run one handler (or timer) and deal with its records and responses."""
+        """Run one handler (or timer) and deal with its records and responses.
+
+        ``replay_only``: the handler changes the shard's state only through the records it
+        returns (OffsetCommit), so when their append is refused the shard is as it was and
+        only this call's answers fail; any other handler's refused write unloads the shard.
+        """
         assert self.shard is not None and self.state is ShardState.ACTIVE
         try:
             result = handler(self.shard, token)
@@ -295,7 +306,20 @@ class ShardContext:
             try:
                 self._append_and_replay(result.records)
             except KafkaError as e:
-                log.error(
+                # append_local refuses a batch whole (below min.insync.replicas, too large, no
+                # longer leader): nothing of it is in the log, and nothing was replayed.
+                if replay_only:
+                    # Kafka's runtime fails just this write's events (its timeline state
+                    # reverts to the last written offset); the shard was never changed.
+                    log.debug(
+                        "coordinator write to %s-%d refused (%s)",
+                        OFFSETS_TOPIC,
+                        self.index,
+                        e.code.name,
+                    )
+                    self._fail(result.responses, _write_error(e.code))
+                    return
+                log.warning(
                     "coordinator write to %s-%d failed (%s): unloading the shard",
                     OFFSETS_TOPIC,
                     self.index,
@@ -325,6 +349,12 @@ class ShardContext:
             self._deliver(responses)
         else:
             self.deferred.append(_Deferred(offset, responses))
+
+    def _fail(self, responses: Sequence[tuple[Hashable, Any]], code: Errors) -> None:
+        for token, _response in responses:
+            fut = self.futures.pop(token, None)
+            if fut is not None and not fut.done():
+                fut.set_exception(CoordinatorError(code))
 
     def _deliver(self, responses: Sequence[tuple[Hashable, Any]]) -> None:
         for token, response in responses:
@@ -393,7 +423,8 @@ def _bind_now(
 
 
 def _write_error(code: Errors) -> Errors:
-    """Kafka's mapping of storage errors for coordinator writes (KAFKA-FACTS 1.5)."""
+    """Kafka's mapping of storage errors for coordinator writes (KAFKA-FACTS 1.5,
+    ``CoordinatorOperationExceptionHelper.handleOperationException``)."""
     if code in (
         Errors.NOT_ENOUGH_REPLICAS,
         Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
@@ -401,6 +432,8 @@ def _write_error(code: Errors) -> Errors:
         Errors.UNKNOWN_TOPIC_OR_PARTITION,
     ):
         return Errors.COORDINATOR_NOT_AVAILABLE
+    if code in (Errors.MESSAGE_TOO_LARGE, Errors.RECORD_LIST_TOO_LARGE, Errors.INVALID_FETCH_SIZE):
+        return Errors.UNKNOWN_SERVER_ERROR  # retrying would be refused the same way
     return Errors.NOT_COORDINATOR
 
 
@@ -691,31 +724,42 @@ class CoordinatorRuntime:
         return ctx
 
     def submit(
-        self, group_id: str, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
+        self,
+        group_id: str,
+        handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
+        *,
+        replay_only: bool = False,
     ) -> asyncio.Future[Any]:
         """Run ``handler(shard, token, now_ms)`` on the group's shard now, in request order.
 
         Raises ``CoordinatorError`` at once when no active shard serves the group; otherwise
         the future completes with the response once what it depends on is committed.
+        ``replay_only``: see ``ShardContext.run``.
         """
         ctx = self.context_for(group_id)
-        return self._submit_to(ctx, handler)
+        return self._submit_to(ctx, handler, replay_only=replay_only)
 
     def _submit_to(
         self,
         ctx: ShardContext,
         handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
+        *,
+        replay_only: bool = False,
     ) -> asyncio.Future[Any]:
         token = next(self._tokens)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         ctx.futures[token] = fut
-        ctx.run(_bind_now(handler, self.now_ms()), token)
+        ctx.run(_bind_now(handler, self.now_ms()), token, replay_only=replay_only)
         return fut
 
     async def call(
-        self, group_id: str, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
+        self,
+        group_id: str,
+        handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
+        *,
+        replay_only: bool = False,
     ) -> Any:
-        return await self.submit(group_id, handler)
+        return await self.submit(group_id, handler, replay_only=replay_only)
 
     def submit_all(
         self, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]

@@ -193,6 +193,70 @@ def test_unload_fails_pending_answers_and_reload_replays_the_log(tmp_path: Path)
     asyncio.run(scenario())
 
 
+def offset_delete(group: str) -> Any:
+    req = t.OffsetDeleteRequest(
+        group_id=group,
+        topics=(
+            t.OffsetDeleteRequestTopic(
+                name="orders", partitions=(t.OffsetDeleteRequestPartition(partition_index=0),)
+            ),
+        ),
+    )
+    return lambda s, tok, now: s.handle_offset_delete(tok, req, now)
+
+
+def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(tmp_path: Path) -> None:
+    """Below min.insync.replicas an OffsetCommit's append is refused: that commit is answered
+    COORDINATOR_NOT_AVAILABLE (Kafka's mapping of NOT_ENOUGH_REPLICAS) and the shard, which
+    its handler changes only through records, stays loaded: reads go on, and once the ISR is
+    back commits do. Another handler's refused write still unloads the shard."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("g", commit("g", 7)), 5)
+        ctx = node.runtime.contexts[0]
+        end = part.log.log_end_offset
+
+        node.replicas.min_insync_replicas = 2  # the ISR is this node alone
+        refused = node.runtime.submit("g", commit("g", 8), replay_only=True)
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(refused, 5)
+        assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
+        assert part.log.log_end_offset == end
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 7
+
+        node.replicas.min_insync_replicas = 1
+        await asyncio.wait_for(node.runtime.call("g", commit("g", 9), replay_only=True), 5)
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 9
+
+        # Too large a commit is refused as in Kafka (UNKNOWN_SERVER_ERROR: a retry could
+        # only be refused again); the shard stays.
+        part.log.config = LogConfig(max_message_bytes=200)  # as an altered topic config does
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(
+                node.runtime.call("g", commit("g" * 300, 1), replay_only=True), 5
+            )
+        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
+        assert node.runtime.contexts[0] is ctx
+
+        node.replicas.min_insync_replicas = 2
+        deleting = node.runtime.submit("g", offset_delete("g"))
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(deleting, 5)
+        assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        assert node.runtime.contexts[0] is not ctx  # unloaded, and reloading from the log
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 # ---------------------------------------------------------------------------------------------
 # Hot standby: a follower replays committed records as it replicates; promotion replays only
 # the suffix above them.

@@ -1571,7 +1571,12 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def handle_offset_commit(
         self, token: Token, request: OffsetCommitRequest, now_ms: int
     ) -> CoordinatorResult:
-        """``OffsetMetadataManager.commitOffset``."""
+        """``OffsetMetadataManager.commitOffset``.
+
+        Changes the replayed state only through the records it returns (and moves a classic
+        member's heartbeat deadline): the runtime answers a commit whose append is refused
+        without unloading the shard (``replay_only`` in node/runtime.py).
+        """
         out = _Output()
         error = self._validate_offset_commit(request)
         if error is not Errors.NONE:

@@ -74,13 +74,15 @@ class GroupApi:
         call: ShardCall,
         on_error: Callable[[Errors], dict[str, Any]],
         convert: Callable[[Any], dict[str, Any]] = values,
+        *,
+        replay_only: bool = False,
     ) -> Result:
         if not group_id:
             # GroupCoordinatorService checks the group id before it routes the request to a
             # shard: every node answers INVALID_GROUP_ID, not only the one "" hashes to.
             return on_error(Errors.INVALID_GROUP_ID)
         try:
-            fut = self.runtime.submit(group_id, call)
+            fut = self.runtime.submit(group_id, call, replay_only=replay_only)
         except CoordinatorError as e:
             return on_error(e.code)
 
@@ -276,6 +278,7 @@ class GroupApi:
             lambda s, tok, now: s.handle_offset_commit(tok, req, now),
             on_error,
             convert,
+            replay_only=True,  # a refused commit leaves the shard as it was
         )
 
     # -- OffsetFetch (9) -----------------------------------------------------------------------
