@@ -829,6 +829,34 @@ def test_group_max_size_refuses_the_member_too_many(tmp_path: Path) -> None:
             assert [m.member_id for m in describe(a, group_id).members] == [joined.member_id]
 
 
+def test_a_commit_too_large_for_the_offsets_topic_is_refused_at_once(tmp_path: Path) -> None:
+    """A commit whose records exceed the offsets topic's max.message.bytes: UNKNOWN_SERVER_ERROR
+    for every partition (Kafka's mapping of MESSAGE_TOO_LARGE: a retry would be refused
+    alike), and the coordinator goes on serving the group. It used to unload and reload the
+    shard and answer NOT_COORDINATOR, which clients retry until their timeout."""
+    overrides = {"group.initial.rebalance.delay.ms": 0, "message.max.bytes": 8192}
+    with LocalCluster(tmp_path, nodes=1, overrides=overrides) as small:
+        _create_topic(small, TOPIC, PARTITIONS, 1)
+        group_id = "too-large"
+        with coordinator(small, group_id) as c:
+            big: dict[int, tuple[int, str | None]] = dict.fromkeys(
+                range(PARTITIONS), (5, "m" * 4096)
+            )
+            assert commit(c, group_id, -1, "", {TOPIC: big}) == {
+                (TOPIC, p): Errors.UNKNOWN_SERVER_ERROR for p in range(PARTITIONS)
+            }
+            assert commit(c, group_id, -1, "", {TOPIC: {0: (7, "small")}}) == {
+                (TOPIC, 0): Errors.NONE
+            }
+            _, offsets = fetch(c, group_id, {TOPIC: [0, 1]})
+            assert offsets == {
+                (TOPIC, 0): (7, "small", Errors.NONE),
+                (TOPIC, 1): (-1, "", Errors.NONE),
+            }
+        text = small.node(1).log_path.read_text()
+        assert "unloading the shard" not in text
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input on the group APIs.
 
