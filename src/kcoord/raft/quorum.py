@@ -197,6 +197,60 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return self._quorum._apply_command_bytes(offset, bytes(command[1:]))
         return SyncObj._SyncObj__doApplyCommand(self, command)
 
+    # Every message from another voter, on the Raft thread (the same mangling).
+    def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        if isinstance(message, dict) and message.get("type") == "append_entries":
+            message = self._without_entries_we_hold(message)
+        SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _without_entries_we_hold(self, message: dict[str, Any]) -> dict[str, Any]:
+        """An AppendEntries as Raft's receiver rule wants it handled.
+
+        pysyncobj's follower deletes every entry after ``prevLogIdx`` before it appends the
+        leader's, also entries equal to the leader's. A leader resending from an older index
+        (after a connection reset, or a stale reply) so made a voter drop entries it had
+        acknowledged, even applied ("truncating already-applied log entries ... state machine
+        may have diverged"); when the resend did not carry them all again, a committed entry
+        could be left on fewer voters than a majority. Raft deletes only from the first
+        *conflicting* entry (same index, another term). So the message is rewritten first:
+
+        - the leader's entries this log already holds (same index and term) are dropped and
+          ``prevLogIdx`` moves past them: pysyncobj then deletes only from a conflict on;
+        - when it holds them all, ``prevLogIdx`` moves on to this log's end or its commit
+          index, whichever is lower: committed entries are the leader's too (Raft's leader
+          completeness), so nothing committed is deleted, and only entries that are neither
+          the leader's nor committed still go (as Raft leaves them until a conflict; pysyncobj
+          computes the commit index from the log's end, so they must go).
+
+        A message whose ``prevLogIdx`` this log does not match is left alone (pysyncobj
+        refuses it), as are snapshots and split transmissions.
+        """
+        prev = message.get("prevLogIdx")
+        entries = message.get("entries")
+        if prev is None or entries is None or "transmission" in message:
+            return message
+        ours = self._SyncObj__getEntries(prev, 1)
+        if not ours or ours[0][2] != message.get("prevLogTerm"):
+            return message
+        held = 0
+        for entry in entries:
+            mine = self._SyncObj__getEntries(entry[1], 1)
+            if not mine or mine[0][2] != entry[2]:
+                break
+            held += 1
+        last_verified = entries[held - 1][1] if held else prev
+        if held == len(entries):
+            committed = min(self._SyncObj__getCurrentLogIndex(), self._SyncObj__raftCommitIndex)
+            last_verified = max(last_verified, committed)
+        if last_verified == prev:
+            return message
+        return {
+            **message,
+            "prevLogIdx": last_verified,
+            "prevLogTerm": self._SyncObj__getEntries(last_verified, 1)[0][2],
+            "entries": list(entries[held:]),
+        }
+
 
 class MetadataQuorum:
     def __init__(

@@ -1,0 +1,110 @@
+"""A voter keeps the log entries it holds when a leader resends from an older index.
+
+pysyncobj's follower deleted every entry after the AppendEntries' ``prevLogIdx`` before it
+appended the leader's, equal ones included: the chaos runs logged "truncating already-applied
+log entries" after connection resets. ``_MetadataSyncObj`` rewrites such a message so that only
+entries that conflict with the leader's (or are neither the leader's nor committed) go, as
+Raft's receiver rule says. The voter here is a real ``_MetadataSyncObj`` with its journal on
+disk, not ticking: each message is handed to it as its transport would, on this thread.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pysyncobj import SyncObjConf
+from pysyncobj.node import TCPNode
+
+from kcoord.raft import records as rec
+from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj
+
+VOTERS = [Voter(1, "127.0.0.1", 1), Voter(2, "127.0.0.1", 2), Voter(3, "127.0.0.1", 3)]
+LEADER = TCPNode(VOTERS[1].address)
+
+
+class _Quiet:
+    def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+        pass
+
+    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+        pass
+
+    def on_state_changed(self) -> None:
+        pass
+
+
+def follower(tmp_path: Path) -> _MetadataSyncObj:
+    quorum = MetadataQuorum(1, VOTERS, tmp_path, _Quiet())
+    conf = SyncObjConf(
+        autoTick=False,
+        journalFile=str(tmp_path / "journal"),
+        dynamicMembershipChange=False,
+        appendEntriesUseBatch=False,
+    )
+    partners = [v.address for v in VOTERS[1:]]
+    return _MetadataSyncObj(quorum, VOTERS[0].address, partners, conf)
+
+
+def entry(index: int, term: int) -> tuple[bytes, int, int]:
+    return (b"\x01" + f"{index}@{term}".encode(), index, term)  # pysyncobj's NO_OP type
+
+
+def append(
+    voter: _MetadataSyncObj,
+    term: int,
+    prev: tuple[int, int],
+    entries: list[tuple[bytes, int, int]],
+    commit: int,
+) -> None:
+    message: dict[str, Any] = {
+        "type": "append_entries",
+        "term": term,
+        "commit_index": commit,
+        "prevLogIdx": prev[0],
+        "prevLogTerm": prev[1],
+        "entries": entries,
+    }
+    voter._SyncObj__onMessageReceived(LEADER, message)
+
+
+def log_of(voter: _MetadataSyncObj) -> list[tuple[int, int]]:
+    return [(e[1], e[2]) for e in voter._SyncObj__getEntries(1)]
+
+
+def test_a_resend_of_held_entries_deletes_nothing_committed(tmp_path: Path) -> None:
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 6)], commit=5)
+        assert log_of(voter) == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
+        assert voter.raftCommitIndex == 5
+        # The leader resends from index 3, and this message carries only that entry (as a
+        # size-limited batch does): pysyncobj alone cut the log to 3, dropping two committed
+        # entries this voter had acknowledged.
+        append(voter, 1, (2, 1), [entry(3, 1)], commit=5)
+        assert log_of(voter) == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
+        assert voter.raftCommitIndex == 5
+        # New entries after held ones are appended.
+        append(voter, 1, (3, 1), [entry(i, 1) for i in range(4, 8)], commit=5)
+        assert log_of(voter)[-3:] == [(5, 1), (6, 1), (7, 1)]
+    finally:
+        voter.destroy()
+
+
+def test_conflicting_and_unverified_entries_still_go(tmp_path: Path) -> None:
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 8)], commit=4)
+        # A new leader (term 2) whose log differs from index 6 on: 6 and 7 were never
+        # committed, and go.
+        append(voter, 2, (5, 1), [entry(6, 2)], commit=4)
+        assert log_of(voter)[-3:] == [(4, 1), (5, 1), (6, 2)]
+        # It holds 5 and 6 already; nothing above 6 is the leader's or committed.
+        append(voter, 2, (4, 1), [entry(5, 1), entry(6, 2)], commit=6)
+        assert log_of(voter)[-2:] == [(5, 1), (6, 2)]
+        assert voter.raftCommitIndex == 6
+        # A message whose previous entry does not match is refused, as before.
+        append(voter, 2, (6, 1), [entry(7, 2)], commit=6)
+        assert log_of(voter)[-1] == (6, 2)
+    finally:
+        voter.destroy()
