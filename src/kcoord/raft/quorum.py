@@ -37,6 +37,12 @@ Files, in ``<data>/__cluster_metadata/``: ``journal`` (pysyncobj's file journal 
 bytes) and ``snapshot`` (written by ``_write_snapshot``: msgpack of the image as records plus the
 two Raft entries pysyncobj keeps with it), written to a temporary file and renamed by pysyncobj.
 
+A voter takes an AppendEntries as Raft's receiver rule says, deleting log entries only from
+the first one that conflicts with the leader's; pysyncobj's handler deletes every entry after
+``prevLogIdx``, equal ones too, so a leader's resend from an older index (after a connection
+reset) made voters drop entries they had acknowledged and applied.
+``_MetadataSyncObj._without_entries_we_hold`` rewrites the message before pysyncobj sees it.
+
 Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
 (default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
 3 s broker session timeout, so an isolated controller steps down before it could fence anyone.
@@ -244,6 +250,14 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             last_verified = max(last_verified, committed)
         if last_verified == prev:
             return message
+        applied = self._SyncObj__raftLastApplied
+        if prev < applied:  # pysyncobj alone: "truncating already-applied log entries"
+            log.info(
+                "kept entries %d-%d that the leader sent again (applied up to %d)",
+                prev + 1,
+                last_verified,
+                applied,
+            )
         return {
             **message,
             "prevLogIdx": last_verified,
