@@ -229,12 +229,16 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
           computes the commit index from the log's end, so they must go).
 
         A message whose ``prevLogIdx`` this log does not match is left alone (pysyncobj
-        refuses it), as are snapshots and split transmissions.
+        refuses it), as are a deposed leader's (an older term: pysyncobj ignores it),
+        snapshots and split transmissions.
         """
         prev = message.get("prevLogIdx")
         entries = message.get("entries")
         if prev is None or entries is None or "transmission" in message:
             return message
+        if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
+            return message  # a deposed leader's: pysyncobj ignores it
+
         ours = self._SyncObj__getEntries(prev, 1)
         if not ours or ours[0][2] != message.get("prevLogTerm"):
             return message

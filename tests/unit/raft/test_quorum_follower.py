@@ -106,5 +106,8 @@ def test_conflicting_and_unverified_entries_still_go(tmp_path: Path) -> None:
         # A message whose previous entry does not match is refused, as before.
         append(voter, 2, (6, 1), [entry(7, 2)], commit=6)
         assert log_of(voter)[-1] == (6, 2)
+        # A deposed leader's message (term 1) changes nothing.
+        append(voter, 1, (1, 0), [entry(2, 1)], commit=1)
+        assert log_of(voter)[-2:] == [(5, 1), (6, 2)]
     finally:
         voter.destroy()
