@@ -37,8 +37,8 @@ EXIT_CODE: Final = 1  # Kafka's Exit.halt(1)
 class LogDirFailureChannel:
     """Reports a failed data directory; see the module docstring.
 
-    ``halt`` is ``os._exit`` on a node. ``None`` (unit tests of the parts that report) records
-    the failure in ``failures`` and returns, so the caller goes on to answer its error.
+    ``halt`` is ``os._exit`` on a node. ``None`` (unit tests of the parts that report) only
+    logs and returns, so the caller goes on to answer its error.
     """
 
     def __init__(
@@ -46,11 +46,9 @@ class LogDirFailureChannel:
     ) -> None:
         self.log_dir = str(log_dir)
         self.halt = halt
-        self.failures: list[str] = []
 
     def fail(self, what: str, error: OSError) -> None:
         """``what`` failed with ``error``: halt (``LogManager.handleLogDirFailure``)."""
-        self.failures.append(f"{what}: {error}")
         log.warning("Stopping serving logs in dir %s (%s: %s)", self.log_dir, what, error)
         log.critical("Shutdown node because all log dirs in %s have failed", self.log_dir)
         if self.halt is None:

@@ -238,7 +238,6 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return message
         if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
             return message  # a deposed leader's: pysyncobj ignores it
-
         ours = self._SyncObj__getEntries(prev, 1)
         if not ours or ours[0][2] != message.get("prevLogTerm"):
             return message

@@ -79,7 +79,7 @@ def test_the_channel_logs_kafkas_lines_and_halts_with_exit_code_1(
 
 
 def test_a_leader_whose_disk_is_full_halts_and_recovery_cuts_the_torn_tail(
-    tmp_path: Path, disk: FullDisk
+    tmp_path: Path, disk: FullDisk, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The append that fails is answered KAFKA_STORAGE_ERROR (a node that halts answers
     nothing); what it tore off is not in the log, and a reopen without a clean shutdown (the
@@ -89,19 +89,22 @@ def test_a_leader_whose_disk_is_full_halts_and_recovery_cuts_the_torn_tail(
     leader = Node(1, tmp_path / "node-1", cluster)
     Node(2, tmp_path / "node-2", cluster)
     _start(cluster)
-    channel = leader.replicas.log_dir_failure = halts.channel(tmp_path / "node-1")
+    leader.replicas.log_dir_failure = halts.channel(tmp_path / "node-1")
     for i in range(3):
         leader.produce(b"kept-%d" % i)
     end = leader.partition.log.log_end_offset
 
     disk.full = True
-    for attempt in range(2):  # the short write, then ENOSPC
-        with pytest.raises(KafkaError) as raised:
-            leader.produce(b"torn-%d" % attempt)
-        assert raised.value.code is Errors.KAFKA_STORAGE_ERROR
+    with caplog.at_level(logging.WARNING, logger="kcoord.node.log_dir_failure"):
+        for attempt in range(2):  # the short write, then ENOSPC
+            with pytest.raises(KafkaError) as raised:
+                leader.produce(b"torn-%d" % attempt)
+            assert raised.value.code is Errors.KAFKA_STORAGE_ERROR
     assert halts.codes == [1, 1]
     # The short write is retried for the rest, which fails with the reason.
-    assert all("No space left on device" in failure for failure in channel.failures)
+    stopping = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(stopping) == 2
+    assert all("No space left on device" in message for message in stopping)
     assert leader.partition.log.log_end_offset == end
     segment = leader.partition.log.segments[-1]
     assert segment.log_path.stat().st_size > segment.size  # the torn tail is on disk

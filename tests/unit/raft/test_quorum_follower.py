@@ -18,9 +18,7 @@ from pysyncobj.node import TCPNode
 
 from kcoord.raft import records as rec
 from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj
-
-VOTERS = [Voter(1, "127.0.0.1", 1), Voter(2, "127.0.0.1", 2), Voter(3, "127.0.0.1", 3)]
-LEADER = TCPNode(VOTERS[1].address)
+from tests.portpick import free_ports
 
 
 class _Quiet:
@@ -35,15 +33,22 @@ class _Quiet:
 
 
 def follower(tmp_path: Path) -> _MetadataSyncObj:
-    quorum = MetadataQuorum(1, VOTERS, tmp_path, _Quiet())
+    """Voter 1 of three (it binds its own port; the others are never reached)."""
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
     conf = SyncObjConf(
         autoTick=False,
         journalFile=str(tmp_path / "journal"),
         dynamicMembershipChange=False,
         appendEntriesUseBatch=False,
     )
-    partners = [v.address for v in VOTERS[1:]]
-    return _MetadataSyncObj(quorum, VOTERS[0].address, partners, conf)
+    partners = [v.address for v in voters[1:]]
+    return _MetadataSyncObj(quorum, voters[0].address, partners, conf)
+
+
+def leader_of(voter: _MetadataSyncObj) -> TCPNode:
+    """One of the partners: the leader every message here comes from."""
+    return next(iter(sorted(voter.otherNodes, key=lambda n: n.address)))
 
 
 def entry(index: int, term: int) -> tuple[bytes, int, int]:
@@ -65,7 +70,7 @@ def append(
         "prevLogTerm": prev[1],
         "entries": entries,
     }
-    voter._SyncObj__onMessageReceived(LEADER, message)
+    voter._SyncObj__onMessageReceived(leader_of(voter), message)
 
 
 def log_of(voter: _MetadataSyncObj) -> list[tuple[int, int]]:
