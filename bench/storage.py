@@ -41,6 +41,9 @@ from kcoord.storage.config import LogConfig
 from kcoord.storage.log import Log
 
 MIB = 1024 * 1024
+# The records' base timestamp, and the clock every append is given: Kafka 4.0's default
+# message.timestamp.after.max.ms refuses records more than an hour ahead of the leader's clock.
+NOW_MS = 1_700_000_000_000
 SLICE_BYTES = 2 * MIB
 
 
@@ -48,7 +51,7 @@ def _records(n: int, size: int, rng: random.Random, keys: int | None = None) -> 
     return [
         fmt.Record(
             i,
-            1_700_000_000_000 + i,
+            NOW_MS + i,
             (f"key-{rng.randrange(keys)}".encode() if keys else None),
             rng.randbytes(size),
         )
@@ -91,7 +94,7 @@ def append_case(
             i += 1
         t2 = time.perf_counter()
         for _ in range(per_slice):
-            lg.append_as_leader(batches[i % 16], leader_epoch=0, now_ms=0)
+            lg.append_as_leader(batches[i % 16], leader_epoch=0, now_ms=NOW_MS)
             i += 1
         t3 = time.perf_counter()
         raw_s += t1 - t0
@@ -141,7 +144,7 @@ def build_log(directory: Path, total_bytes: int, rng: random.Random) -> Log:
     lg = Log.open(directory, LogConfig(segment_bytes=256 * MIB))
     i = 0
     while lg.size_bytes < total_bytes:
-        lg.append_as_leader(batches[i % 16], leader_epoch=0, now_ms=0)
+        lg.append_as_leader(batches[i % 16], leader_epoch=0, now_ms=NOW_MS)
         i += 1
     return lg
 
@@ -196,7 +199,7 @@ def compacted_log(directory: Path, total_bytes: int, rng: random.Random) -> Log:
     batches = [fmt.build_batch(_records(100, 100, rng, keys=20_000)) for _ in range(64)]
     i = 0
     while lg.size_bytes < total_bytes:
-        lg.append_as_leader(batches[i % 64], leader_epoch=0, now_ms=0)
+        lg.append_as_leader(batches[i % 64], leader_epoch=0, now_ms=NOW_MS)
         i += 1
     lg.roll()
     return lg

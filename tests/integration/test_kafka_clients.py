@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -387,6 +388,61 @@ def test_acl_calls_are_refused_as_by_a_broker_without_an_authorizer(
         "create": refused,
         "delete": refused,
     }
+
+
+def test_log_append_time_and_timestamp_bounds(cluster: LocalCluster) -> None:
+    """``message.timestamp.type=LogAppendTime``: the leader stamps each batch with its clock,
+    whatever the producer wrote, and every client reads the stamp as LogAppendTime, in its
+    acknowledgement too. CreateTime: a record more than ``message.timestamp.after.max.ms``
+    ahead of the leader's clock (Kafka 4.0's default: an hour) or more than
+    ``message.timestamp.before.max.ms`` behind it is refused with INVALID_TIMESTAMP, which no
+    client retries; the records around it are written."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    hour = 3_600_000
+    refused = {
+        "kafka-python": "InvalidTimestampError",
+        "aiokafka": "InvalidTimestampError",
+        "confluent-kafka": "INVALID_TIMESTAMP",
+    }
+
+    def create(topic: str, configs: dict[str, str]) -> None:
+        cmd = {
+            "op": "create_topic",
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "partitions": 1,
+            "replication_factor": 3,
+            "configs": configs,
+        }
+        assert run_client("confluent-kafka", cmd) == "created"
+
+    for client in CLIENTS:
+        appended, bounded = f"appended-{client}", f"bounded-{client}"
+        create(appended, {"message.timestamp.type": "LogAppendTime"})
+        create(bounded, {"message.timestamp.before.max.ms": str(hour)})
+
+        sent_after = time.time_ns() // 1_000_000
+        cmd = {"op": "timestamps", "bootstrap": bootstrap, "topic": appended}
+        result = run_client(client, {**cmd, "timestamps": [sent_after - 24 * hour, sent_after]})
+        acked_before = time.time_ns() // 1_000_000
+        assert [error for error, _ in result["produced"]] == [None, None], client
+        stamps = [ts for _, ts in result["produced"]]
+        assert sent_after <= stamps[0] <= stamps[1] <= acked_before, (client, stamps)
+        assert result["consumed"] == [
+            [0, "LogAppendTime", stamps[0]],
+            [1, "LogAppendTime", stamps[1]],
+        ], client
+
+        now = time.time_ns() // 1_000_000
+        cmd = {"op": "timestamps", "bootstrap": bootstrap, "topic": bounded}
+        result = run_client(client, {**cmd, "timestamps": [now - 2 * hour, now, now + 2 * hour]})
+        assert result["produced"] == [
+            [refused[client], None],
+            [None, now],
+            [refused[client], None],
+        ], client
+        assert result["consumed"] == [[0, "CreateTime", now]], client
 
 
 def test_transactional_producers_are_refused_at_once(cluster: LocalCluster) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kcoord.cluster.coordinator.consumer_classic import MIGRATION_POLICIES
+from kcoord.storage.config import TIMESTAMP_TYPES
 
 ENV_PREFIX: Final = "KCOORD_"
 
@@ -242,6 +243,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("log.segment.bytes", _Kind.INT, 1024 * 1024 * 1024, 14, _INT32_MAX),
     _Spec("log.retention.ms", _Kind.INT, 7 * 24 * 60 * 60 * 1000, -1),
     _Spec("log.retention.bytes", _Kind.INT, -1, -1),
+    _Spec("log.message.timestamp.type", _Kind.STR, "CreateTime"),
+    _Spec("log.message.timestamp.before.max.ms", _Kind.INT, _INT64_MAX, 0),
+    # Kafka 4.0's default (KIP-1030): a record more than an hour ahead is refused.
+    _Spec("log.message.timestamp.after.max.ms", _Kind.INT, 60 * 60 * 1000, 0),
     # The background log tasks (node/log_maintenance.py), with Kafka's defaults.
     _Spec("log.retention.check.interval.ms", _Kind.INT, 300_000, 1),
     _Spec("log.cleaner.enable", _Kind.BOOL, True),
@@ -331,6 +336,9 @@ class NodeConfig:
     log_segment_bytes: int
     log_retention_ms: int
     log_retention_bytes: int
+    log_message_timestamp_type: str
+    log_message_timestamp_before_max_ms: int
+    log_message_timestamp_after_max_ms: int
     log_retention_check_interval_ms: int
     log_cleaner_enable: bool
     log_cleaner_backoff_ms: int
@@ -600,6 +608,7 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         admin_listener=listener("admin.listener"),
         admin_api_token=get("admin.api.token"),
         group_consumer_migration_policy=_migration_policy(get("group.consumer.migration.policy")),
+        log_message_timestamp_type=_timestamp_type(get("log.message.timestamp.type")),
         voters=voters,
         data_dir=_data_dir(get("data.dir"), get("log.dirs")),
     )
@@ -615,6 +624,16 @@ def _migration_policy(text: str) -> str:
             f"must be one of {', '.join(MIGRATION_POLICIES)}, got {text!r}",
         )
     return policy
+
+
+def _timestamp_type(text: str) -> str:
+    """Kafka's ``TimestampType.forName``: exactly CreateTime or LogAppendTime."""
+    if text not in TIMESTAMP_TYPES:
+        raise ConfigError(
+            "log.message.timestamp.type",
+            f"must be one of {', '.join(TIMESTAMP_TYPES)}, got {text!r}",
+        )
+    return text
 
 
 def _kafka_listener(key: str, text: str) -> str:

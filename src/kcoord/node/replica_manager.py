@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -57,6 +57,7 @@ from kcoord.storage.config import InvalidConfigError, LogConfig
 from kcoord.storage.log import (
     FetchData,
     InvalidRecordError,
+    InvalidTimestampError,
     Log,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -88,10 +89,14 @@ ISR_CHANGE_METADATA_WAIT_MS = 5000
 class KafkaError(Exception):
     """An error with Kafka's code, answered to the client as is."""
 
-    def __init__(self, code: Errors, message: str = "") -> None:
+    def __init__(
+        self, code: Errors, message: str = "", record_errors: Sequence[tuple[int, str]] = ()
+    ) -> None:
         super().__init__(f"{code.name}: {message}" if message else code.name)
         self.code = code
         self.message = message
+        # Produce only: (index of the record in its batch, message) per refused record.
+        self.record_errors = tuple(record_errors)
 
 
 @dataclass(slots=True)
@@ -521,6 +526,8 @@ class ReplicaManager:
             info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms())
         except RecordTooLargeError as e:
             raise KafkaError(Errors.MESSAGE_TOO_LARGE, str(e)) from e
+        except InvalidTimestampError as e:
+            raise KafkaError(Errors.INVALID_TIMESTAMP, str(e), e.record_errors) from e
         except fmt.CorruptRecordError as e:
             raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
         except InvalidRecordError as e:
@@ -534,7 +541,9 @@ class ReplicaManager:
         self.leader_bytes_appended += len(records)
         self._maybe_advance_high_watermark(part)
         self._wake_replica_fetches()
-        return AppendResult(info.first_offset, info.last_offset, part.log.log_start_offset)
+        return AppendResult(
+            info.first_offset, info.last_offset, part.log.log_start_offset, info.log_append_time_ms
+        )
 
     def _maybe_advance_high_watermark(self, part: Partition) -> None:
         """Leader: HW = min LEO over the maximal ISR (KIP-497), via ``LeaderReplication``."""

@@ -15,6 +15,10 @@ from enum import IntEnum
 from typing import Final
 
 DAY_MS = 24 * 60 * 60 * 1000
+LONG_MAX = (1 << 63) - 1
+INT_MAX = (1 << 31) - 1
+# message.timestamp.type's values (Kafka's TimestampType names).
+TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
 
 
 class InvalidConfigError(ValueError):
@@ -34,10 +38,20 @@ class LogConfig:
     min_compaction_lag_ms: int = 0
     min_cleanable_dirty_ratio: float = 0.5
     max_message_bytes: int = 1024 * 1024 + 12
+    # CreateTime: records keep the producer's timestamps, which must lie within
+    # [now - before, now + after] (KIP-937; the 1-hour "after" default is Kafka 4.0's,
+    # KIP-1030). LogAppendTime: the leader stamps each batch with its own clock.
+    message_timestamp_type: str = "CreateTime"
+    message_timestamp_before_max_ms: int = LONG_MAX
+    message_timestamp_after_max_ms: int = 60 * 60 * 1000
     # None = never flush on count/time: rely on replication, fsync on roll and on close
     # (Kafka's default: flush.messages and flush.ms are Long.MAX_VALUE).
     flush_messages: int | None = None
     flush_ms: int | None = None
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
 
     @property
     def compact(self) -> bool:
@@ -74,9 +88,6 @@ class LogConfig:
 # ``ControllerConfigurationValidator`` word them). The controller validates with these before
 # it commits a topic's configs, so a log never meets a value it cannot take; DescribeConfigs
 # lists them with their types and documentation.
-
-LONG_MAX = (1 << 63) - 1
-INT_MAX = (1 << 31) - 1
 
 
 class ConfigType(IntEnum):
@@ -209,13 +220,31 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             broker_synonym="message.max.bytes",
         ),
         TopicConfigDef(
+            "message.timestamp.after.max.ms",
+            _L,
+            str(60 * 60 * 1000),
+            "With CreateTime, how far ahead of the leader's clock a record's timestamp may be; "
+            "a later one gets INVALID_TIMESTAMP.",
+            minimum=0,
+            broker_synonym="log.message.timestamp.after.max.ms",
+        ),
+        TopicConfigDef(
+            "message.timestamp.before.max.ms",
+            _L,
+            str(LONG_MAX),
+            "With CreateTime, how far behind the leader's clock a record's timestamp may be; "
+            "an earlier one gets INVALID_TIMESTAMP.",
+            minimum=0,
+            broker_synonym="log.message.timestamp.before.max.ms",
+        ),
+        TopicConfigDef(
             "message.timestamp.type",
             _S,
             "CreateTime",
-            "Records keep the producer's timestamps (kcoord does not rewrite them).",
-            valid=("CreateTime", "LogAppendTime"),
+            "CreateTime: records keep the producer's timestamps. LogAppendTime: the leader "
+            "stamps every batch with its clock when it appends it.",
+            valid=TIMESTAMP_TYPES,
             broker_synonym="log.message.timestamp.type",
-            implemented=False,
         ),
         TopicConfigDef(
             "min.cleanable.dirty.ratio",

@@ -62,6 +62,7 @@ HEADER_SIZE = 61
 LOG_OVERHEAD = 12
 CRC_OFFSET = 17
 ATTRIBUTES_OFFSET = 21
+MAX_TIMESTAMP_OFFSET = 35
 PARTITION_LEADER_EPOCH_OFFSET = 12
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
@@ -72,7 +73,9 @@ NO_TIMESTAMP = -1
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER = _HEADER  # for hot paths that unpack the header fields themselves
 _BASE_OFFSET = struct.Struct(">q")
+_INT16 = struct.Struct(">h")
 _INT32 = struct.Struct(">i")
+_INT64 = struct.Struct(">q")
 _UINT32 = struct.Struct(">I")
 # The first 16 bytes of a batch: base offset, batch length, partition leader epoch.
 BATCH_PREFIX = struct.Struct(">qii")
@@ -285,6 +288,17 @@ def set_base_offset(buf: bytearray, pos: int, base_offset: int) -> None:
 def set_partition_leader_epoch(buf: bytearray, pos: int, leader_epoch: int) -> None:
     """Rewrite a batch's partition leader epoch in place; outside the CRC as well."""
     _INT32.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
+
+
+def set_log_append_time(buf: bytearray, pos: int, timestamp: int) -> None:
+    """Mark the batch at ``pos`` LogAppendTime with ``timestamp`` as its max timestamp, and sign
+    it again: both are under the CRC (Kafka's ``DefaultRecordBatch.setMaxTimestamp``). Its
+    records then all read as ``timestamp``; their own deltas stay as the producer wrote them."""
+    attributes = _INT16.unpack_from(buf, pos + ATTRIBUTES_OFFSET)[0]
+    _INT16.pack_into(buf, pos + ATTRIBUTES_OFFSET, attributes | TIMESTAMP_TYPE_MASK)
+    _INT64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, timestamp)
+    size = _INT32.unpack_from(buf, pos + 8)[0] + LOG_OVERHEAD
+    _UINT32.pack_into(buf, pos + CRC_OFFSET, compute_crc(buf, pos, size))
 
 
 # ---------------------------------------------------------------------------------------------

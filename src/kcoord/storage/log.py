@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
-from kcoord.storage.config import LogConfig
+from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.epoch import LeaderEpochCache
 from kcoord.storage.segment import (
     CLEANED_SUFFIX,
@@ -66,6 +66,25 @@ class InvalidRecordError(fmt.RecordFormatError):
     """A batch the log refuses: keyless record in a compacted topic, no records (INVALID_RECORD)."""
 
 
+class InvalidTimestampError(Exception):
+    """Records whose timestamps the topic refuses (INVALID_TIMESTAMP; Kafka's
+    ``RecordValidationException`` around an ``InvalidTimestampException``).
+    ``record_errors`` holds (index of the record in its batch, message) per refused record,
+    as the produce response's ``record_errors`` carries them."""
+
+    def __init__(self, record_errors: list[tuple[int, str]]) -> None:
+        super().__init__("One or more records have been rejected due to invalid timestamp")
+        self.record_errors = record_errors
+
+
+def _log_append_time_from_producer(record_count: int) -> InvalidTimestampError:
+    message = (
+        "Invalid timestamp type in message. Producer should not set timestamp type to "
+        "LogAppendTime."
+    )
+    return InvalidTimestampError([(i, message) for i in range(record_count)])
+
+
 class UnexpectedAppendOffsetError(Exception):
     """A follower append that does not continue the log."""
 
@@ -78,6 +97,8 @@ class AppendInfo(NamedTuple):
     max_timestamp: int
     batch_count: int
     size_bytes: int
+    # The leader's stamp on a LogAppendTime topic; -1 (NO_TIMESTAMP) with CreateTime.
+    log_append_time_ms: int = fmt.NO_TIMESTAMP
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,7 +382,8 @@ class Log:
         if size == len(records) and magic == fmt.MAGIC_V2 and last_offset_delta >= 0:
             # One batch, the usual produce request: the checks of _validate_batch inline (this
             # is the hot path), then the batch goes out as sent behind a rewritten 16-byte
-            # prefix: base offset and leader epoch, both outside the CRC.
+            # prefix: base offset and leader epoch, both outside the CRC (on a LogAppendTime
+            # topic the leader's stamp is also written, see below).
             if size > self.config.max_message_bytes:
                 raise RecordTooLargeError(
                     f"batch of {size} bytes exceeds max.message.bytes "
@@ -375,6 +397,20 @@ class Log:
                 raise InvalidRecordError("batch at position 0 has no records")
             if self.config.compact and not is_control:
                 self._raise_if_null_key(records)
+            log_append_time = fmt.NO_TIMESTAMP
+            if not is_control:  # as _validate_timestamps
+                if attributes & fmt.TIMESTAMP_TYPE_MASK:
+                    raise _log_append_time_from_producer(record_count)
+                if self.config.log_append_time:
+                    # Stamped under the CRC: this batch is written from a copy.
+                    stamped = bytearray(records)
+                    fmt.set_log_append_time(stamped, 0, now_ms)
+                    view = memoryview(stamped)
+                    max_timestamp = log_append_time = now_ms
+                elif max_timestamp > now_ms + self.config.message_timestamp_after_max_ms or (
+                    self.config.message_timestamp_before_max_ms != LONG_MAX
+                ):
+                    self._raise_if_timestamps_out_of_range(records, 0, now_ms)
             seg = self.segments[-1]
             base_offset = seg.next_offset
             last_offset = base_offset + last_offset_delta
@@ -401,20 +437,27 @@ class Log:
             self._unflushed_messages += record_count
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
                 self._maybe_flush(now_ms)
-            return AppendInfo(base_offset, last_offset, max_timestamp, 1, size)
+            return AppendInfo(base_offset, last_offset, max_timestamp, 1, size, log_append_time)
         headers = self._validate(records, keys=True)
+        for pos, header in headers:
+            self._validate_timestamps(records, pos, header, now_ms)
         buf = bytearray(records)
         next_offset = self.log_end_offset
         final: list[tuple[int, fmt.BatchHeader]] = []
-        for pos, header in headers:
+        for pos, sent in headers:
             fmt.set_base_offset(buf, pos, next_offset)
             fmt.set_partition_leader_epoch(buf, pos, leader_epoch)
-            final.append(
-                (pos, header._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
-            )
+            header = sent._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
+            if self.config.log_append_time and not header.is_control:
+                fmt.set_log_append_time(buf, pos, now_ms)
+                header = fmt.parse_header(buf, pos)
+            final.append((pos, header))
             next_offset += header.last_offset_delta + 1
         self.epoch_cache.assign(leader_epoch, self.log_end_offset)
-        return self._append(buf, final, now_ms)
+        info = self._append(buf, final, now_ms)
+        if self.config.log_append_time:
+            return info._replace(log_append_time_ms=now_ms)
+        return info
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches replicated from the leader, keeping their offsets and epochs."""
@@ -458,6 +501,52 @@ class Log:
             raise InvalidRecordError(f"batch at position {pos} has no records")
         if keys and self.config.compact and not header.is_control:
             self._raise_if_null_key(records, pos)
+
+    def _validate_timestamps(
+        self, records: bytes, pos: int, header: fmt.BatchHeader, now_ms: int
+    ) -> None:
+        """Kafka's ``LogValidator.validateTimestamp`` for the batch at ``pos`` of a leader
+        append: a producer may not mark a batch LogAppendTime, and with CreateTime every record's
+        timestamp (but -1, none) lies within [now - before, now + after]."""
+        if header.is_control:
+            return
+        if header.timestamp_type is fmt.TimestampType.LOG_APPEND_TIME:
+            raise _log_append_time_from_producer(header.record_count)
+        if not self.config.log_append_time and (
+            header.max_timestamp > now_ms + self.config.message_timestamp_after_max_ms
+            or self.config.message_timestamp_before_max_ms != LONG_MAX
+        ):
+            self._raise_if_timestamps_out_of_range(records, pos, now_ms)
+
+    def _raise_if_timestamps_out_of_range(self, records: bytes, pos: int, now_ms: int) -> None:
+        # The batch's max timestamp settles the upper bound without decoding it (the default
+        # configs check only that); the lower bound, once set, needs every record's timestamp.
+        lower = now_ms - self.config.message_timestamp_before_max_ms
+        upper = now_ms + self.config.message_timestamp_after_max_ms
+        errors = [
+            (
+                index,
+                f"Timestamp {r.timestamp} of message with offset {r.offset} is out of range. "
+                f"The timestamp should be within [{lower}, {upper}]",
+            )
+            for index, r in enumerate(fmt.decode_records(records, pos))
+            if r.timestamp != fmt.NO_TIMESTAMP and not lower <= r.timestamp <= upper
+        ]
+        if errors:
+            raise InvalidTimestampError(errors)
+        header = fmt.parse_header(records, pos)
+        if header.max_timestamp > upper:
+            # A header whose max timestamp no record has: Kafka recomputes it from the records;
+            # kcoord keeps headers as sent, so it refuses the batch instead.
+            raise InvalidTimestampError(
+                [
+                    (
+                        0,
+                        f"Batch max timestamp {header.max_timestamp} is out of range. The "
+                        f"timestamp should be within [{lower}, {upper}]",
+                    )
+                ]
+            )
 
     @staticmethod
     def _raise_if_null_key(records: bytes, pos: int = 0) -> None:

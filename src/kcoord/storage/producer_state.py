@@ -88,6 +88,9 @@ class Duplicate:
 
     first_offset: int
     last_offset: int
+    # The appended batch's max timestamp, answered as the retry's log append time (Kafka's
+    # UnifiedLog does so for every duplicate).
+    timestamp_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,9 @@ class ProducerStateManager:
             if entry is not None:
                 duplicate = entry.find_duplicate(header)
                 if duplicate is not None:
-                    return Duplicate(duplicate.first_offset, duplicate.last_offset)
+                    return Duplicate(
+                        duplicate.first_offset, duplicate.last_offset, duplicate.timestamp_ms
+                    )
             if pid in pending:
                 current_epoch, last_seq = pending[pid]
             elif entry is not None:

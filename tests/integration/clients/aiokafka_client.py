@@ -15,6 +15,7 @@ from aiokafka.admin.records_to_delete import RecordsToDelete
 from aiokafka.coordinator.protocol import ConsumerProtocol
 
 DEADLINE_S = 60.0
+TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
 
 async def create_topic(cmd: dict[str, Any]) -> Any:
@@ -204,6 +205,44 @@ async def transactions(cmd: dict[str, Any]) -> Any:
     return "NONE"
 
 
+async def timestamps(cmd: dict[str, Any]) -> Any:
+    """One record per timestamp to partition 0, each awaited, then the partition read back
+    -> {"produced": [[error name or null, timestamp], ...], "consumed": [[offset, timestamp
+    type, timestamp], ...]}."""
+    from aiokafka.errors import KafkaError
+
+    producer = AIOKafkaProducer(bootstrap_servers=cmd["bootstrap"], acks="all")
+    await producer.start()
+    produced: list[Any] = []
+    try:
+        for ts in cmd["timestamps"]:
+            try:
+                md = await producer.send_and_wait(cmd["topic"], b"v", partition=0, timestamp_ms=ts)
+            except KafkaError as e:
+                produced.append([type(e).__name__, None])
+            else:
+                produced.append([None, md.timestamp])
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=cmd["bootstrap"], group_id=None)
+    await consumer.start()
+    try:
+        tp = TopicPartition(cmd["topic"], 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        consumed: list[Any] = []
+        expect = sum(1 for error, _ in produced if error is None)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(consumed) < expect and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500)).values():
+                consumed.extend(
+                    [r.offset, TIMESTAMP_TYPES[r.timestamp_type], r.timestamp] for r in records
+                )
+    finally:
+        await consumer.stop()
+    return {"produced": produced, "consumed": consumed}
+
+
 async def delete_records(cmd: dict[str, Any]) -> Any:
     admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     await admin.start()
@@ -235,6 +274,7 @@ def main() -> None:
         "alter_configs": alter_configs,
         "delete_records": delete_records,
         "transactions": transactions,
+        "timestamps": timestamps,
     }
     print(json.dumps(asyncio.run(ops[cmd["op"]](cmd))), flush=True)
 

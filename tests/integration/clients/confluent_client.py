@@ -9,6 +9,8 @@ from typing import Any
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     ConsumerGroupTopicPartitions,
     ElectionType,
@@ -29,6 +31,7 @@ from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewPartitions, NewTopic
 
 DEADLINE_S = 60.0
+TIMESTAMP_TYPES = {TIMESTAMP_CREATE_TIME: "CreateTime", TIMESTAMP_LOG_APPEND_TIME: "LogAppendTime"}
 
 
 def create_topic(cmd: dict[str, Any]) -> Any:
@@ -184,6 +187,35 @@ def produce_one(cmd: dict[str, Any]) -> Any:
     if not errors:
         raise KafkaException("no delivery report")
     return 0 if errors[0] is None else errors[0].code()
+
+
+def timestamps(cmd: dict[str, Any]) -> Any:
+    """As aiokafka_client.timestamps; errors by librdkafka's name."""
+    producer = Producer({"bootstrap.servers": cmd["bootstrap"], "acks": "all"})
+    produced: list[Any] = []
+
+    def delivered(error: Any, message: Any) -> None:
+        produced.append([error.name(), None] if error else [None, message.timestamp()[1]])
+
+    for ts in cmd["timestamps"]:
+        producer.produce(cmd["topic"], b"v", partition=0, timestamp=ts, on_delivery=delivered)
+        if producer.flush(DEADLINE_S):
+            raise KafkaException("a record was not delivered in time")
+    consumer = consumer_for(cmd)
+    try:
+        consumer.assign([TopicPartition(cmd["topic"], 0, OFFSET_BEGINNING)])
+        consumed: list[Any] = []
+        expect = sum(1 for error, _ in produced if error is None)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(consumed) < expect and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=500, timeout=0.5):
+                if message.error():
+                    raise KafkaException(message.error())
+                kind, ts = message.timestamp()
+                consumed.append([message.offset(), TIMESTAMP_TYPES[kind], ts])
+    finally:
+        consumer.close()
+    return {"produced": produced, "consumed": consumed}
 
 
 def produce(cmd: dict[str, Any]) -> Any:
@@ -347,6 +379,7 @@ def main() -> None:
         "elect_leaders": elect_leaders,
         "acls": acls,
         "transactions": transactions,
+        "timestamps": timestamps,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

@@ -11,6 +11,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, NewTopic
 
 DEADLINE_S = 60.0
+TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
 
 def create_topic(cmd: dict[str, Any]) -> Any:
@@ -259,6 +260,46 @@ def acls(cmd: dict[str, Any]) -> Any:
     return answers
 
 
+def timestamps(cmd: dict[str, Any]) -> Any:
+    """As aiokafka_client.timestamps. Without idempotence (the other two clients' default):
+    kafka-python 3.0's idempotent producer takes any batch refused for good as fatal and fails
+    every later send (``TransactionManager.classify_batch_error``), where Java's goes on."""
+    from kafka.errors import KafkaError
+
+    producer = KafkaProducer(
+        bootstrap_servers=cmd["bootstrap"], acks="all", enable_idempotence=False
+    )
+    produced: list[Any] = []
+    try:
+        for ts in cmd["timestamps"]:
+            try:
+                md = producer.send(cmd["topic"], b"v", partition=0, timestamp_ms=ts).get(
+                    timeout=DEADLINE_S
+                )
+            except KafkaError as e:
+                produced.append([type(e).__name__, None])
+            else:
+                produced.append([None, md.timestamp])
+    finally:
+        producer.close(timeout=10)
+    consumer = KafkaConsumer(bootstrap_servers=cmd["bootstrap"], group_id=None)
+    try:
+        tp = TopicPartition(cmd["topic"], 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        consumed: list[Any] = []
+        expect = sum(1 for error, _ in produced if error is None)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(consumed) < expect and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                consumed.extend(
+                    [r.offset, TIMESTAMP_TYPES[r.timestamp_type], r.timestamp] for r in records
+                )
+    finally:
+        consumer.close()
+    return {"produced": produced, "consumed": consumed}
+
+
 def transactions(cmd: dict[str, Any]) -> Any:
     """init_transactions() of a transactional producer -> [error class name, message]."""
     from kafka.errors import KafkaError
@@ -295,6 +336,7 @@ def main() -> None:
         "describe_log_dirs": describe_log_dirs,
         "acls": acls,
         "transactions": transactions,
+        "timestamps": timestamps,
     }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 

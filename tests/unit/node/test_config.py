@@ -399,6 +399,7 @@ def test_every_plain_field_is_set_by_its_key() -> None:
         "data_dir",
         "admin_api_token",
         "group_consumer_migration_policy",
+        "log_message_timestamp_type",
     }
     for field in dataclasses.fields(NodeConfig):
         if field.name in assembled or field.name.endswith("_listener"):
@@ -419,6 +420,19 @@ def test_consumer_group_migration_policy() -> None:
         assert cfg.group_consumer_migration_policy == policy
     with pytest.raises(ConfigError, match=r"^group\.consumer\.migration\.policy: must be one of"):
         parse_config(_minimal(**{"group.consumer.migration.policy": "sideways"}))
+
+
+def test_log_message_timestamp_configs() -> None:
+    """Kafka 4.0's defaults (KIP-1030: records at most an hour ahead); the type is one of
+    Kafka's two names, exactly as Kafka's TimestampType.forName takes them."""
+    cfg = parse_config(_minimal())
+    assert cfg.log_message_timestamp_type == "CreateTime"
+    assert cfg.log_message_timestamp_before_max_ms == 2**63 - 1
+    assert cfg.log_message_timestamp_after_max_ms == 3_600_000
+    cfg = parse_config(_minimal(**{"log.message.timestamp.type": "LogAppendTime"}))
+    assert cfg.log_message_timestamp_type == "LogAppendTime"
+    with pytest.raises(ConfigError, match=r"^log\.message\.timestamp\.type: must be one of"):
+        parse_config(_minimal(**{"log.message.timestamp.type": "logappendtime"}))
 
 
 def test_admin_api_token_and_metrics_switch() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import struct
 from pathlib import Path
 
 import pytest
@@ -11,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kcoord.storage import format as fmt
-from kcoord.storage.config import LogConfig
+from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.log import (
     InvalidRecordError,
+    InvalidTimestampError,
     Log,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -188,6 +190,124 @@ def test_bad_produce_input_is_refused_and_log_untouched(tmp_path: Path) -> None:
         lg.append_as_leader(batch(1, value=b"x" * 1000), leader_epoch=0, now_ms=0)
     assert lg.log_end_offset == 1
     assert [r.offset for r in read_all(lg)] == [0]
+
+
+HOUR_MS = 3_600_000
+LOG_APPEND_TIME = LogConfig(message_timestamp_type="LogAppendTime", index_interval_bytes=1)
+
+
+@pytest.mark.parametrize("batches", [1, 2], ids=["one-batch", "two-batches"])
+def test_log_append_time_stamps_every_batch_with_the_leaders_clock(
+    tmp_path: Path, batches: int
+) -> None:
+    """message.timestamp.type=LogAppendTime (Kafka's LogValidator with LOG_APPEND_TIME): each
+    batch's max timestamp becomes the append's now and its timestamp type LogAppendTime, under
+    a valid CRC; its records all read as that time, the time index and ListOffsets by time use
+    it, and it stays so after a reopen. One batch takes the produce fast path, two the other."""
+    lg = open_log(tmp_path / "t-0", LOG_APPEND_TIME)
+    sent = b"".join(batch(2, timestamp=5 + i) for i in range(batches))  # old CreateTimes
+    info = lg.append_as_leader(sent, leader_epoch=0, now_ms=7 * HOUR_MS)
+    later = lg.append_as_leader(batch(1, timestamp=10**13), leader_epoch=0, now_ms=8 * HOUR_MS)
+    assert (info.log_append_time_ms, info.max_timestamp) == (7 * HOUR_MS, 7 * HOUR_MS)
+    assert (later.log_append_time_ms, later.first_offset) == (8 * HOUR_MS, 2 * batches)
+
+    def check(log_: Log) -> None:
+        data = log_.read(0, 10_000).records
+        headers = [h for _, h in fmt.iter_headers(data)]
+        assert [h.timestamp_type for h in headers] == [fmt.TimestampType.LOG_APPEND_TIME] * (
+            batches + 1
+        )
+        assert all(fmt.is_crc_valid(data, pos, h) for pos, h in fmt.iter_headers(data))
+        stamps = [r.timestamp for r in read_all(log_)]
+        assert stamps == [7 * HOUR_MS] * (2 * batches) + [8 * HOUR_MS]
+        assert log_.offset_for_timestamp(7 * HOUR_MS + 1) == (2 * batches, 8 * HOUR_MS)
+        assert log_.offset_for_timestamp(0) == (0, 7 * HOUR_MS)
+
+    check(lg)
+    lg.close()
+    check(open_log(tmp_path / "t-0", LOG_APPEND_TIME))
+
+
+def test_create_time_bounds_refuse_records_too_far_from_the_leaders_clock(
+    tmp_path: Path,
+) -> None:
+    """CreateTime: a record later than now + message.timestamp.after.max.ms (an hour by
+    default, as Kafka 4.0) or earlier than now - message.timestamp.before.max.ms is refused
+    with one error per such record, naming its index in the batch; both bounds are inclusive,
+    a record without a timestamp (-1) is never refused, and nothing is appended."""
+    now = 10 * HOUR_MS
+    lg = open_log(tmp_path / "t-0", LogConfig(message_timestamp_before_max_ms=HOUR_MS))
+    at_the_bounds = fmt.build_batch(
+        [fmt.Record(0, now - HOUR_MS, b"k", b"v"), fmt.Record(1, now + HOUR_MS, b"k", b"v")]
+    )
+    assert lg.append_as_leader(at_the_bounds, leader_epoch=0, now_ms=now).last_offset == 1
+    untimed = fmt.build_batch([fmt.Record(0, fmt.NO_TIMESTAMP, b"k", b"v")])
+    assert lg.append_as_leader(untimed, leader_epoch=0, now_ms=now).last_offset == 2
+    out_of_range = [
+        [fmt.Record(0, now, b"k", b"v"), fmt.Record(1, now + HOUR_MS + 1, b"k", b"v")],
+        [fmt.Record(0, now - HOUR_MS - 1, b"k", b"v"), fmt.Record(1, now, b"k", b"v")],
+    ]
+    for records in out_of_range:
+        bad = next(i for i, r in enumerate(records) if r.timestamp != now)
+        for codec in (fmt.Compression.NONE, fmt.Compression.GZIP):
+            for sent in (
+                fmt.build_batch(records, compression=codec),
+                batch(1, timestamp=now) + fmt.build_batch(records, compression=codec),
+            ):
+                with pytest.raises(InvalidTimestampError) as refused:
+                    lg.append_as_leader(sent, leader_epoch=0, now_ms=now)
+                assert str(refused.value) == (
+                    "One or more records have been rejected due to invalid timestamp"
+                )
+                assert refused.value.record_errors == [
+                    (
+                        bad,
+                        f"Timestamp {records[bad].timestamp} of message with offset {bad} is "
+                        f"out of range. The timestamp should be within "
+                        f"[{now - HOUR_MS}, {now + HOUR_MS}]",
+                    )
+                ]
+    # The default has no lower bound: a day-old record is taken.
+    lg2 = open_log(tmp_path / "t-1")
+    assert lg2.append_as_leader(batch(1, timestamp=now - 24 * HOUR_MS), 0, now).last_offset == 0
+    assert lg.log_end_offset == 3
+    assert [r.timestamp for r in read_all(lg)] == [now - HOUR_MS, now + HOUR_MS, -1]
+
+
+def test_a_batch_the_producer_marked_log_append_time_is_refused(tmp_path: Path) -> None:
+    """Only the leader stamps LogAppendTime (Kafka's LogValidator.validateTimestamp); so is a
+    header whose max timestamp is past the bound though no record's is (kcoord keeps headers
+    as sent, where Kafka would recompute it)."""
+    lg = open_log(tmp_path / "t-0")
+    stamped = fmt.build_batch(
+        [fmt.Record(0, 1_000, b"k", b"v")], timestamp_type=fmt.TimestampType.LOG_APPEND_TIME
+    )
+    for config in (LogConfig(), LOG_APPEND_TIME):
+        lg.config = config
+        for sent in (stamped, batch(1) + stamped):
+            with pytest.raises(InvalidTimestampError) as refused:
+                lg.append_as_leader(sent, leader_epoch=0, now_ms=2_000)
+            assert refused.value.record_errors == [
+                (
+                    0,
+                    "Invalid timestamp type in message. Producer should not set timestamp "
+                    "type to LogAppendTime.",
+                )
+            ]
+    lg.config = LogConfig()
+    lying = bytearray(batch(1, timestamp=1_000))
+    struct.pack_into(">q", lying, fmt.MAX_TIMESTAMP_OFFSET, 10 * HOUR_MS)
+    struct.pack_into(">I", lying, fmt.CRC_OFFSET, fmt.compute_crc(lying, 0, len(lying)))
+    with pytest.raises(InvalidTimestampError) as refused:
+        lg.append_as_leader(bytes(lying), leader_epoch=0, now_ms=2_000)
+    assert refused.value.record_errors == [
+        (
+            0,
+            f"Batch max timestamp {10 * HOUR_MS} is out of range. The timestamp should be "
+            f"within [{2_000 - LONG_MAX}, {2_000 + HOUR_MS}]",
+        )
+    ]
+    assert lg.log_end_offset == 0
 
 
 def test_compacted_log_refuses_null_keys(tmp_path: Path) -> None:

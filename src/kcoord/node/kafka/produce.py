@@ -124,6 +124,8 @@ class _PartitionResult:
     message: str | None = None
     base_offset: int = -1
     log_start_offset: int = -1
+    log_append_time: int = -1
+    record_errors: tuple[tuple[int, str], ...] = ()
     partition: Partition | None = None
     # acks=-1: done once the HW passes the batch (registered at the append, see _append).
     committed: asyncio.Future[None] | None = None
@@ -212,12 +214,21 @@ class ProduceApi:
                 raise KafkaError(verdict.error, verdict.message)
             if isinstance(verdict, Duplicate):
                 result.base_offset = verdict.first_offset
+                result.log_append_time = verdict.timestamp_ms
                 last_offset = verdict.last_offset
             else:
                 appended = self.ctx.replicas.append_local(part, data, required_acks=acks)
                 result.base_offset = appended.base_offset
+                result.log_append_time = appended.log_append_time_ms
                 last_offset = appended.last_offset
-                state.update(_stamped(headers, appended.base_offset, part.leader_epoch))
+                state.update(
+                    _stamped(
+                        headers,
+                        appended.base_offset,
+                        part.leader_epoch,
+                        appended.log_append_time_ms,
+                    )
+                )
             result.log_start_offset = part.log.log_start_offset
             if acks == -1:
                 # Now, before any await: a wait registered later could miss a role change
@@ -226,6 +237,7 @@ class ProduceApi:
                 result.committed = part.high_watermark_reached(last_offset + 1)
         except KafkaError as e:
             result.error, result.message = e.code, e.message or None
+            result.record_errors = e.record_errors
             if e.code is Errors.NOT_LEADER_OR_FOLLOWER:
                 result.leader_hint = self.ctx.leader_hint(topic, index)
         return result
@@ -282,9 +294,12 @@ class ProduceApi:
                             "error_code": r.error,
                             "error_message": r.message if r.error is not Errors.NONE else None,
                             "base_offset": r.base_offset,
-                            "log_append_time": -1,
+                            "log_append_time": r.log_append_time,
                             "log_start_offset": r.log_start_offset,
-                            "record_errors": [],
+                            "record_errors": [
+                                {"batch_index": i, "batch_index_error_message": m}
+                                for i, m in r.record_errors
+                            ],
                             "current_leader": r.leader_hint or NO_LEADER_HINT,
                         }
                         for r in results
@@ -325,12 +340,16 @@ class ProduceApi:
 
 
 def _stamped(
-    headers: list[fmt.BatchHeader], base_offset: int, leader_epoch: int
+    headers: list[fmt.BatchHeader], base_offset: int, leader_epoch: int, log_append_time: int
 ) -> list[fmt.BatchHeader]:
-    """The headers as the log stored them: offsets from ``base_offset``, the leader's epoch."""
+    """The headers as the log stored them: offsets from ``base_offset``, the leader's epoch,
+    and on a LogAppendTime topic (``log_append_time`` not -1) the leader's stamp."""
     stamped = []
     next_offset = base_offset
-    for h in headers:
-        stamped.append(h._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch))
+    for sent in headers:
+        h = sent._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
+        if log_append_time != fmt.NO_TIMESTAMP:
+            h = h._replace(max_timestamp=log_append_time)
+        stamped.append(h)
         next_offset += h.last_offset_delta + 1
     return stamped

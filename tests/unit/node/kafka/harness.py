@@ -83,7 +83,11 @@ class Harness:
         return topic.topic_id
 
     async def create_topic(
-        self, name: str, partitions: int, replication_factor: int = 1
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int = 1,
+        configs: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         reply = await self.controller.handle_create_topics(
             {
@@ -92,6 +96,7 @@ class Harness:
                         "name": name,
                         "num_partitions": partitions,
                         "replication_factor": replication_factor,
+                        "configs": configs or {},
                     }
                 ]
             }

@@ -7,6 +7,7 @@ listener and checks the decoded response: the behaviour a Kafka client relies on
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -632,6 +633,58 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
         assert stale.error_code == Errors.INVALID_PRODUCER_EPOCH
         fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
         assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c", b"d"]
+
+    run(tmp_path, test)
+
+
+def test_produce_answers_log_append_time_and_invalid_timestamps(tmp_path: Path) -> None:
+    """A LogAppendTime topic's produce response carries the leader's stamp, and a retry the
+    first append's (Kafka's UnifiedLog answers a duplicate with its batch's timestamp); a
+    CreateTime record more than an hour ahead gets INVALID_TIMESTAMP with Kafka's message and
+    one record error naming its index in the batch."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("lat", 1, 1, {"message.timestamp.type": "LogAppendTime"})
+        await h.create_topic("ct", 1, 1)
+        for topic in ("lat", "ct"):
+            h.move_leader(topic, 0, NODE_ID)  # the harness spreads leaders over 3 brokers
+        init = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
+        )
+        pid = init.producer_id
+        first = batch([b"a", b"b"], timestamp=5, producer_id=pid, producer_epoch=0, base_sequence=0)
+
+        async def produce(topic: str, records: bytes) -> Any:
+            return only_partition(await c.call(PRODUCE, 9, produce_values(topic, 0, records)))
+
+        stamped_at = h.clock[0]
+        as_sent = dt.datetime.fromtimestamp(stamped_at / 1000, dt.UTC)  # kio's decoding
+        appended = await produce("lat", first)
+        assert (appended.error_code, appended.log_append_time) == (Errors.NONE, as_sent)
+        h.clock[0] += 1_000
+        retry = await produce("lat", first)
+        assert (retry.base_offset, retry.log_append_time) == (0, as_sent)
+        created = await produce("ct", batch([b"c"], timestamp=h.clock[0]))
+        assert (created.error_code, created.log_append_time) == (Errors.NONE, None)
+
+        now, hour = h.clock[0], 3_600_000
+        late = await produce("ct", batch([b"d", b"e"], timestamp=now + hour))
+        assert late.error_code == Errors.INVALID_TIMESTAMP
+        assert late.error_message == (
+            "One or more records have been rejected due to invalid timestamp"
+        )
+        assert [(e.batch_index, e.batch_index_error_message) for e in late.record_errors] == [
+            (
+                1,
+                f"Timestamp {now + hour + 1} of message with offset 1 is out of range. The "
+                f"timestamp should be within [{now - (2**63 - 1)}, {now + hour}]",
+            )
+        ]
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("lat", 0, 0)))
+        data = fetched.records or b""
+        assert [r.timestamp for r in fmt.decode_records(data)] == [stamped_at, stamped_at]
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("ct", 0, 0)))
+        assert records_of(fetched.records) == [b"c"]
 
     run(tmp_path, test)
 

@@ -80,8 +80,8 @@ def test_a_retry_of_a_recent_batch_gets_the_original_offsets() -> None:
     p = Partition()
     assert p.produce(header(7, 0, 0, 3)) is ACCEPTED
     assert p.produce(header(7, 0, 3, 2)) is ACCEPTED
-    assert p.produce(header(7, 0, 0, 3)) == Duplicate(0, 2)
-    assert p.produce(header(7, 0, 3, 2)) == Duplicate(3, 4)
+    assert p.produce(header(7, 0, 0, 3)) == Duplicate(0, 2, 1000)
+    assert p.produce(header(7, 0, 3, 2)) == Duplicate(3, 4, 1000)
     assert p.log_end_offset == 5
 
 
@@ -182,7 +182,7 @@ def test_model_producers(ops: list[Op], start_seq: int) -> None:
                 assert isinstance(verdict, Rejected)
                 assert verdict.error is Errors.INVALID_PRODUCER_EPOCH
             elif (epoch, first_seq, count, first, last) in recent:
-                assert verdict == Duplicate(first, last)
+                assert verdict == Duplicate(first, last, 1000)
             else:
                 assert isinstance(verdict, Rejected)
                 assert verdict.error is Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
