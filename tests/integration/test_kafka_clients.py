@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS
+from kcoord.storage import format as fmt
 from tests.integration.cluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -443,6 +444,44 @@ def test_log_append_time_and_timestamp_bounds(cluster: LocalCluster) -> None:
             [refused[client], None],
         ], client
         assert result["consumed"] == [[0, "CreateTime", now]], client
+
+
+def test_topic_compression_type_is_applied_by_the_leader(cluster: LocalCluster) -> None:
+    """``compression.type=zstd`` on a topic: every client's batches (none of them compresses by
+    default) are stored zstd on all three replicas, and every client reads them back."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    topic = "squeezed"
+    create = {
+        "op": "create_topic",
+        "bootstrap": bootstrap,
+        "topic": topic,
+        "partitions": 1,
+        "replication_factor": 3,
+        "configs": {"compression.type": "zstd"},
+    }
+    assert run_client("confluent-kafka", create) == "created"
+    acked: list[Message] = []
+    for client in CLIENTS:
+        produce = {"op": "produce", "bootstrap": bootstrap, "topic": topic, "count": 20}
+        acked += messages(run_client(client, {**produce, "prefix": client}))
+    for client in CLIENTS:
+        consume = {"op": "consume", "bootstrap": bootstrap, "topic": topic, "partitions": [0]}
+        consumed = messages(run_client(client, {**consume, "expect": len(acked)}))
+        assert sorted(consumed) == sorted(acked), client
+
+    def stored_codecs() -> set[fmt.Compression]:
+        codecs = set()
+        for node in cluster.state.nodes if cluster.state else []:
+            directory = Path(node.directory) / "data" / f"{topic}-0"
+            data = b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
+            headers = [h for _, h in fmt.iter_headers(data)]
+            if sum(h.record_count for h in headers) < len(acked):
+                return set()  # a follower still fetching
+            codecs |= {h.compression for h in headers}
+        return codecs
+
+    assert wait_for(stored_codecs, "every replica holds every record") == {fmt.Compression.ZSTD}
 
 
 def test_transactional_producers_are_refused_at_once(cluster: LocalCluster) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from kcoord.cluster.coordinator.consumer_classic import MIGRATION_POLICIES
-from kcoord.storage.config import TIMESTAMP_TYPES
+from kcoord.storage.config import COMPRESSION_TYPES, TIMESTAMP_TYPES
 
 ENV_PREFIX: Final = "KCOORD_"
 
@@ -243,6 +243,7 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("log.segment.bytes", _Kind.INT, 1024 * 1024 * 1024, 14, _INT32_MAX),
     _Spec("log.retention.ms", _Kind.INT, 7 * 24 * 60 * 60 * 1000, -1),
     _Spec("log.retention.bytes", _Kind.INT, -1, -1),
+    _Spec("compression.type", _Kind.STR, "producer"),
     _Spec("log.message.timestamp.type", _Kind.STR, "CreateTime"),
     _Spec("log.message.timestamp.before.max.ms", _Kind.INT, _INT64_MAX, 0),
     # Kafka 4.0's default (KIP-1030): a record more than an hour ahead is refused.
@@ -336,6 +337,7 @@ class NodeConfig:
     log_segment_bytes: int
     log_retention_ms: int
     log_retention_bytes: int
+    compression_type: str
     log_message_timestamp_type: str
     log_message_timestamp_before_max_ms: int
     log_message_timestamp_after_max_ms: int
@@ -608,7 +610,10 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         admin_listener=listener("admin.listener"),
         admin_api_token=get("admin.api.token"),
         group_consumer_migration_policy=_migration_policy(get("group.consumer.migration.policy")),
-        log_message_timestamp_type=_timestamp_type(get("log.message.timestamp.type")),
+        compression_type=_one_of("compression.type", COMPRESSION_TYPES, get("compression.type")),
+        log_message_timestamp_type=_one_of(
+            "log.message.timestamp.type", TIMESTAMP_TYPES, get("log.message.timestamp.type")
+        ),
         voters=voters,
         data_dir=_data_dir(get("data.dir"), get("log.dirs")),
     )
@@ -626,13 +631,11 @@ def _migration_policy(text: str) -> str:
     return policy
 
 
-def _timestamp_type(text: str) -> str:
-    """Kafka's ``TimestampType.forName``: exactly CreateTime or LogAppendTime."""
-    if text not in TIMESTAMP_TYPES:
-        raise ConfigError(
-            "log.message.timestamp.type",
-            f"must be one of {', '.join(TIMESTAMP_TYPES)}, got {text!r}",
-        )
+def _one_of(key: str, choices: Sequence[str], text: str) -> str:
+    """A string config with a fixed set of values, taken exactly as Kafka's ConfigDef
+    ValidString does."""
+    if text not in choices:
+        raise ConfigError(key, f"must be one of {', '.join(choices)}, got {text!r}")
     return text
 
 

@@ -175,6 +175,7 @@ class Node:
                 retention_ms=cfg.log_retention_ms,
                 retention_bytes=cfg.log_retention_bytes,
                 max_message_bytes=cfg.message_max_bytes,
+                compression_type=cfg.compression_type,
                 message_timestamp_type=cfg.log_message_timestamp_type,
                 message_timestamp_before_max_ms=cfg.log_message_timestamp_before_max_ms,
                 message_timestamp_after_max_ms=cfg.log_message_timestamp_after_max_ms,

@@ -17,6 +17,8 @@ from typing import Final
 DAY_MS = 24 * 60 * 60 * 1000
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
+# compression.type's values (Kafka's BrokerCompressionType names).
+COMPRESSION_TYPES: Final = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 # message.timestamp.type's values (Kafka's TimestampType names).
 TIMESTAMP_TYPES: Final = ("CreateTime", "LogAppendTime")
 
@@ -44,6 +46,10 @@ class LogConfig:
     message_timestamp_type: str = "CreateTime"
     message_timestamp_before_max_ms: int = LONG_MAX
     message_timestamp_after_max_ms: int = 60 * 60 * 1000
+    # producer: batches are stored as the producer compressed them; a codec name (or
+    # uncompressed): the leader recompresses every batch in another codec (Kafka's
+    # BrokerCompressionType).
+    compression_type: str = "producer"
     # None = never flush on count/time: rely on replication, fsync on roll and on close
     # (Kafka's default: flush.messages and flush.ms are Long.MAX_VALUE).
     flush_messages: int | None = None
@@ -140,10 +146,10 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             "compression.type",
             _S,
             "producer",
-            "Batches are stored as the producer compressed them (kcoord recompresses nothing).",
-            valid=("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"),
+            "producer: batches are stored as the producer compressed them; uncompressed, "
+            "gzip, snappy, lz4 or zstd: the leader recompresses a batch in any other codec.",
+            valid=COMPRESSION_TYPES,
             broker_synonym="compression.type",
-            implemented=False,
         ),
         TopicConfigDef(
             "delete.retention.ms",

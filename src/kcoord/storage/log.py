@@ -32,7 +32,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
@@ -52,6 +52,14 @@ from kcoord.storage.segment import (
 log = logging.getLogger(__name__)
 
 _MAX_RELATIVE_OFFSET = 2**31 - 1
+# compression.type's codecs (Kafka's BrokerCompressionType); "producer" keeps the batch's own.
+_CODECS: Final = {
+    "uncompressed": fmt.Compression.NONE,
+    "gzip": fmt.Compression.GZIP,
+    "snappy": fmt.Compression.SNAPPY,
+    "lz4": fmt.Compression.LZ4,
+    "zstd": fmt.Compression.ZSTD,
+}
 
 
 class OffsetOutOfRangeError(Exception):
@@ -363,6 +371,8 @@ class Log:
             if not records:
                 raise InvalidRecordError("no record batch in the request")
             fmt.parse_header(records)  # raises the precise error
+        if self.config.compression_type != "producer":
+            records = self._recompressed(records, _CODECS[self.config.compression_type])
         (
             _,
             batch_length,
@@ -501,6 +511,35 @@ class Log:
             raise InvalidRecordError(f"batch at position {pos} has no records")
         if keys and self.config.compact and not header.is_control:
             self._raise_if_null_key(records, pos)
+
+    def _recompressed(self, records: bytes, codec: fmt.Compression) -> bytes:
+        """The batches with every one in another codec rebuilt in ``codec`` (Kafka's
+        LogValidator when the topic's compression.type is not the producer's). A batch is
+        checked whole before it is decompressed; the rebuilt ones are checked again with the
+        rest, so one that grew past ``max.message.bytes`` is refused."""
+        out: list[bytes] = []
+        changed = False
+        for pos, header in fmt.iter_headers(records):
+            if header.compression is codec or header.is_control or header.record_count <= 0:
+                out.append(records[pos : pos + header.size])
+                continue
+            self._validate_batch(records, pos, header, keys=False)
+            out.append(
+                fmt.build_batch(
+                    fmt.decode_records(records, pos),
+                    base_offset=header.base_offset,
+                    last_offset_delta=header.last_offset_delta,
+                    compression=codec,
+                    timestamp_type=header.timestamp_type,
+                    partition_leader_epoch=header.partition_leader_epoch,
+                    producer_id=header.producer_id,
+                    producer_epoch=header.producer_epoch,
+                    base_sequence=header.base_sequence,
+                    is_transactional=header.is_transactional,
+                )
+            )
+            changed = True
+        return b"".join(out) if changed else records
 
     def _validate_timestamps(
         self, records: bytes, pos: int, header: fmt.BatchHeader, now_ms: int

@@ -400,6 +400,7 @@ def test_every_plain_field_is_set_by_its_key() -> None:
         "admin_api_token",
         "group_consumer_migration_policy",
         "log_message_timestamp_type",
+        "compression_type",
     }
     for field in dataclasses.fields(NodeConfig):
         if field.name in assembled or field.name.endswith("_listener"):
@@ -433,6 +434,13 @@ def test_log_message_timestamp_configs() -> None:
     assert cfg.log_message_timestamp_type == "LogAppendTime"
     with pytest.raises(ConfigError, match=r"^log\.message\.timestamp\.type: must be one of"):
         parse_config(_minimal(**{"log.message.timestamp.type": "logappendtime"}))
+
+
+def test_compression_type() -> None:
+    assert parse_config(_minimal()).compression_type == "producer"
+    assert parse_config(_minimal(**{"compression.type": "zstd"})).compression_type == "zstd"
+    with pytest.raises(ConfigError, match=r"^compression\.type: must be one of"):
+        parse_config(_minimal(**{"compression.type": "brotli"}))
 
 
 def test_admin_api_token_and_metrics_switch() -> None:

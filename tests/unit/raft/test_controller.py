@@ -946,7 +946,7 @@ def test_create_topic_with_a_fenced_broker() -> None:
         ("u", T2, 1, 1, {"retention.ms": "soon"}, Errors.INVALID_CONFIG),
         ("u", T2, 1, 1, {"retention.mss": "1"}, Errors.INVALID_CONFIG),
         ("u", T2, 1, 1, {"retention.ms": None}, Errors.INVALID_CONFIG),
-        ("u", T2, 1, 1, {"compression.type": "gzip"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"preallocate": "true"}, Errors.INVALID_CONFIG),
     ],
 )
 def test_create_topic_refusals(

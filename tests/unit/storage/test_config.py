@@ -86,10 +86,22 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
             "Expected value to be either true or false",
         ),
         (
+            "preallocate",
+            "true",
+            "Invalid value true for configuration preallocate: kcoord does not implement "
+            "preallocate; it takes only the default, false",
+        ),
+        (
             "compression.type",
-            "gzip",
-            "Invalid value gzip for configuration compression.type: kcoord does not implement "
-            "compression.type; it takes only the default, producer",
+            "brotli",
+            "Invalid value brotli for configuration compression.type: String must be one of: "
+            "uncompressed, zstd, lz4, snappy, gzip, producer",
+        ),
+        (
+            "message.timestamp.type",
+            "logappendtime",
+            "Invalid value logappendtime for configuration message.timestamp.type: String must "
+            "be one of: CreateTime, LogAppendTime",
         ),
         (
             "min.cleanable.dirty.ratio",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -307,6 +308,53 @@ def test_a_batch_the_producer_marked_log_append_time_is_refused(tmp_path: Path) 
             f"within [{2_000 - LONG_MAX}, {2_000 + HOUR_MS}]",
         )
     ]
+    assert lg.log_end_offset == 0
+
+
+def test_compression_type_recompresses_batches_in_another_codec(tmp_path: Path) -> None:
+    """compression.type=zstd (Kafka's LogValidator with a target codec): a batch sent
+    uncompressed or gzipped is stored zstd with the same records (offsets, timestamps, keys,
+    values, headers) and producer fields; a zstd batch is stored as sent; uncompressed undoes a
+    producer's codec. A corrupt batch is refused before it is decompressed, and one that grows
+    past max.message.bytes is refused after."""
+    records = [
+        fmt.Record(i, 1_000 + i, b"k%d" % i, b"v" * 50, (("h", b"x"), ("n", None)))
+        for i in range(5)
+    ]
+    sent = {
+        codec: fmt.build_batch(
+            records, compression=codec, producer_id=7, producer_epoch=2, base_sequence=40
+        )
+        for codec in (fmt.Compression.NONE, fmt.Compression.GZIP, fmt.Compression.ZSTD)
+    }
+    for target, codec in (("zstd", fmt.Compression.ZSTD), ("uncompressed", fmt.Compression.NONE)):
+        lg = open_log(tmp_path / target, LogConfig(compression_type=target))
+        for batch_ in sent.values():
+            lg.append_as_leader(batch_, leader_epoch=3, now_ms=2_000)
+        data = lg.read(0, 1 << 20).records
+        for n, (pos, header) in enumerate(fmt.iter_headers(data)):
+            assert header.compression is codec
+            assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 2, 40)
+            assert header.partition_leader_epoch == 3
+            assert fmt.is_crc_valid(data, pos, header)
+            decoded = fmt.decode_records(data, pos)
+            assert [replace(r, offset=r.offset - 5 * n) for r in decoded] == records
+    lg = open_log(tmp_path / "as-sent", LogConfig(compression_type="zstd"))
+    lg.append_as_leader(sent[fmt.Compression.ZSTD], leader_epoch=0, now_ms=2_000)
+    assert lg.read(0, 1 << 20).records[16:] == sent[fmt.Compression.ZSTD][16:]
+
+    corrupt = bytearray(sent[fmt.Compression.GZIP])
+    corrupt[-3] ^= 0xFF
+    with pytest.raises(fmt.CorruptRecordError):
+        lg.append_as_leader(bytes(corrupt), leader_epoch=0, now_ms=2_000)
+    compressible = fmt.build_batch(
+        [fmt.Record(0, 1_000, b"k", b"a" * 4_000)], compression=fmt.Compression.GZIP
+    )
+    lg = open_log(
+        tmp_path / "grows", LogConfig(compression_type="uncompressed", max_message_bytes=1_000)
+    )
+    with pytest.raises(RecordTooLargeError):
+        lg.append_as_leader(compressible, leader_epoch=0, now_ms=2_000)
     assert lg.log_end_offset == 0
 
 
