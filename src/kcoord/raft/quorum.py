@@ -192,7 +192,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
     ) -> None:
         self._quorum = quorum
+        self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
         super().__init__(self_node, partners, conf)
+        # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
+        self._SyncObj__recvTransmission = b""
 
     # pysyncobj calls ``self.__doApplyCommand`` for every committed entry; inside SyncObj the
     # name is mangled to ``_SyncObj__doApplyCommand``, so defining that name here overrides it.
@@ -206,8 +209,42 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     # Every message from another voter, on the Raft thread (the same mangling).
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         if isinstance(message, dict) and message.get("type") == "append_entries":
+            if "transmission" in message:
+                message = self._assembled(message)
             message = self._without_entries_we_hold(message)
         SyncObj._SyncObj__onMessageReceived(self, node, message)
+
+    def _assembled(self, message: dict[str, Any]) -> dict[str, Any]:
+        """One part of an entry sent in parts, as pysyncobj should have taken it.
+
+        pysyncobj's leader sends an entry of ``appendEntriesBatchSizeBytes`` or more (a topic
+        with thousands of partitions) in parts: "start", "process"..., "finish". It labels a
+        part "finish" by the length of the entry's command, not of the pickled entry it cuts,
+        so when the last cut falls in the pickle's own bytes the part before the last is
+        labelled "finish" as well. pysyncobj's follower then fails to load it: an
+        UnpicklingError ("pickle data was truncated") out of its tick, which skips the rest of
+        that tick; only the real last part completed the entry. The parts are put together
+        here instead: a "finish" whose data does not load yet counts as a "process", and the
+        one that completes the entry goes on as a plain AppendEntries of that entry (through
+        ``_without_entries_we_hold`` too). pysyncobj still answers "start" and "process" as
+        before, with its own buffer left empty.
+        """
+        kind = message["transmission"]
+        data = bytes(message.get("data") or b"")
+        if kind == "start":
+            self._parts = [data]
+        else:
+            self._parts.append(data)
+        if kind != "finish":
+            return {**message, "data": b""}
+        try:
+            entry = _PlainDataPickle.loads(b"".join(self._parts))
+        except (pickle.UnpicklingError, EOFError):
+            return {**message, "transmission": "process", "data": b""}
+        self._parts = []
+        self._SyncObj__recvTransmission = b""
+        plain = {k: v for k, v in message.items() if k not in ("transmission", "data")}
+        return {**plain, "entries": [entry]}
 
     def _without_entries_we_hold(self, message: dict[str, Any]) -> dict[str, Any]:
         """An AppendEntries as Raft's receiver rule wants it handled.
@@ -230,7 +267,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
 
         A message whose ``prevLogIdx`` this log does not match is left alone (pysyncobj
         refuses it), as are a deposed leader's (an older term: pysyncobj ignores it),
-        snapshots and split transmissions.
+        snapshots and the parts of an entry sent in parts (the assembled entry is not).
         """
         prev = message.get("prevLogIdx")
         entries = message.get("entries")

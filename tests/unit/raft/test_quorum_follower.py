@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pysyncobj.pickle
+import pytest
 from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
 
@@ -114,5 +116,69 @@ def test_conflicting_and_unverified_entries_still_go(tmp_path: Path) -> None:
         # A deposed leader's message (term 1) changes nothing.
         append(voter, 1, (1, 0), [entry(2, 1)], commit=1)
         assert log_of(voter)[-2:] == [(5, 1), (6, 2)]
+    finally:
+        voter.destroy()
+
+
+def parts_as_pysyncobj_sends_them(
+    big: tuple[bytes, int, int], batch_size: int
+) -> list[tuple[str, bytes]]:
+    """pysyncobj 0.3.17's leader (``__sendAppendEntries``): the pickled entry cut every
+    ``batch_size`` bytes, each part labelled by comparing with the *command's* length."""
+    pickled = pysyncobj.pickle.dumps(big)
+    parts = []
+    for pos in range(0, len(pickled), batch_size):
+        if pos == 0:
+            kind = "start"
+        elif pos + batch_size >= len(big[0]):
+            kind = "finish"
+        else:
+            kind = "process"
+        parts.append((kind, pickled[pos : pos + batch_size]))
+    return parts
+
+
+def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last cut falls in the pickle's own bytes: pysyncobj's leader labels the part
+    before the last "finish" too, and pysyncobj's follower raised "pickle data was truncated"
+    on it. Now the entry is appended from the real last part, with nothing raised."""
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
+        batch_size = 1000
+        big = (b"\x01" + b"x" * (3 * batch_size - 10), 3, 1)
+        parts = parts_as_pysyncobj_sends_them(big, batch_size)
+        assert [kind for kind, _ in parts] == ["start", "process", "finish", "finish"]
+        for kind, data in parts:
+            message = {
+                "type": "append_entries",
+                "transmission": kind,
+                "data": data,
+                "term": 1,
+                "commit_index": 2,
+                "prevLogIdx": 2,
+                "prevLogTerm": 1,
+            }
+            voter._SyncObj__onMessageReceived(leader_of(voter), message)
+        assert log_of(voter) == [(1, 0), (2, 1), (3, 1)]
+        assert voter._SyncObj__getEntries(3, 1)[0][0] == big[0]
+        # A later entry sent in parts, labelled right, is appended as well.
+        bigger = (b"\x01" + b"y" * (2 * batch_size), 4, 1)
+        for kind, data in parts_as_pysyncobj_sends_them(bigger, batch_size):
+            message = {
+                "type": "append_entries",
+                "transmission": kind,
+                "data": data,
+                "term": 1,
+                "commit_index": 3,
+                "prevLogIdx": 3,
+                "prevLogTerm": 1,
+            }
+            voter._SyncObj__onMessageReceived(leader_of(voter), message)
+        assert log_of(voter)[-1] == (4, 1)
+        assert voter.raftCommitIndex == 3
+        assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
     finally:
         voter.destroy()
