@@ -2,7 +2,7 @@
 
 - the log cleaner compacts a group's ``__consumer_offsets`` partition on every replica, and
   after its coordinator is SIGKILLed the new one, replaying the compacted log, answers the
-  latest committed offset and metadata;
+  latest committed offset and metadata; the restarted node goes on compacting it;
 - retention deletes a topic's segments past ``retention.ms`` on every replica: the earliest
   offset moves up and a consumer from the beginning starts there.
 """
@@ -146,6 +146,14 @@ def test_the_cleaner_compacts_consumer_offsets_and_a_new_coordinator_loads_it(
     )
     latest = committed(c, group)
     assert latest is not None and (latest.offset, latest.metadata) == expected
+    # The restarted node opened its log from disk before it read the metadata: it must still
+    # treat it as the compacted topic it is (it fell back to the defaults and stopped
+    # compacting it).
+    commit_many(c, group, 600)
+    wait_for(
+        lambda: log_bytes(c, coordinator, "__consumer_offsets", p) < 3 * SEGMENT_BYTES,
+        f"node {coordinator}'s __consumer_offsets-{p} compacted again after its restart",
+    )
 
 
 def test_retention_deletes_old_segments_on_every_replica(cluster: LocalCluster) -> None:

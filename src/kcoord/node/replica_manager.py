@@ -356,9 +356,15 @@ class ReplicaManager:
                         log.exception("role listener failed for %s-%d", tp[0], tp[1])
 
     def _log_for(self, tp: TopicPartition, config: LogConfig, topic_id: str) -> Log:
-        """The partition's log; a log left by an earlier topic of the same name (deleted while
-        this node was down, then created again) is a stray, deleted first (Kafka's
-        ``isStrayKraftReplica``: its topic id is not the image's)."""
+        """The partition's log, with its topic's configs; a log left by an earlier topic of the
+        same name (deleted while this node was down, then created again) is a stray, deleted
+        first (Kafka's ``isStrayKraftReplica``: its topic id is not the image's).
+
+        A log this node opened from disk at start-up has the node's defaults until now: the
+        topic configs are in the metadata image, not on disk (Kafka's ``LogManager.startup``
+        reads them from the image). They were never applied after a restart, so a compacted
+        topic (``__consumer_offsets`` too) was neither compacted nor kept from time retention,
+        and every other topic config fell back to its default."""
         existing = self.logs.get_log(tp)
         if existing is not None and existing.topic_id not in (None, topic_id):
             log.warning(
@@ -369,7 +375,9 @@ class ReplicaManager:
                 topic_id,
             )
             self.logs.delete_log(tp)
-        return self.logs.get_or_create_log(tp, config, topic_id=topic_id)
+        lg = self.logs.get_or_create_log(tp, config, topic_id=topic_id)
+        lg.config = config
+        return lg
 
     def delete_stray_logs(self) -> list[TopicPartition]:
         """Once the metadata image is caught up at start-up: delete every log this node hosts

@@ -321,3 +321,31 @@ def test_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) -> None:
         assert [tp for tp, _ in node.logs] == [(TOPIC, 0)]
 
     asyncio.run(scenario())
+
+
+def test_a_log_opened_at_start_up_takes_its_topics_configs(tmp_path: Path) -> None:
+    """The node opens the logs on its disk with its defaults before it reads the metadata
+    image; hosting the partition gives the log the topic's configs (they were lost on every
+    restart: a compacted topic went uncompacted and under time retention)."""
+    data_dir = tmp_path / "node-1"
+    left = LogManager(data_dir)
+    left.open()
+    left.get_or_create_log((TOPIC, 0), topic_id=TOPIC_ID).append_as_follower(batch(), now_ms=0)
+    left.shutdown()
+
+    node = Node(1, data_dir, {})
+    assert node.logs.get_log((TOPIC, 0)) is not None  # opened from disk, with the defaults
+    configs = {"cleanup.policy": "compact", "max.message.bytes": "2000"}
+    node.cache.apply(
+        1,
+        [
+            rec.RegisterBroker(
+                broker_id=1, incarnation_id="i1", broker_epoch=1, endpoints={}, fenced=False
+            ),
+            rec.Topic(TOPIC, TOPIC_ID, configs),
+            rec.Partition(TOPIC_ID, 0, (1,), (1,), leader=1, leader_epoch=0, partition_epoch=0),
+        ],
+    )
+    config = node.partition.log.config
+    assert (config.compact, config.delete, config.max_message_bytes) == (True, False, 2000)
+    assert node.partition.log.log_end_offset == 1
