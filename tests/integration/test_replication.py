@@ -397,3 +397,46 @@ def test_a_node_brought_back_by_a_metadata_snapshot_drops_deleted_topics_logs(
             assert b"old-" not in on_disk, f"node {victim} kept the old topic's records in {p}"
         assert sum(segment_bytes(c, victim, "reborn", p).count(b"new-") for p in range(3)) >= 30
         check_exactly_once_in_order(acked, consume(c, list(range(PARTITIONS)), topic="reborn"))
+
+
+def test_a_topic_of_thousands_of_partitions_disturbs_no_other_partition(tmp_path: Path) -> None:
+    """Creating 2000 partitions with replication factor 3 has every node create 2000 logs (a
+    directory, an fsynced partition.metadata and segment files each). Done on the event loop,
+    that froze each node for seconds, its broker heartbeats with it, and the controller fenced
+    every broker: every partition's leadership moved, and the CreateTopics that had succeeded
+    was answered with an error (the client's retry then got TOPIC_ALREADY_EXISTS). The logs
+    are now created off the loop, and a heartbeat counts from its arrival: the topic is created
+    at the first attempt, and no leader epoch of ``__consumer_offsets`` changes."""
+    offsets_partitions, wide = 6, 2000
+    with LocalCluster(tmp_path, 3, {"offsets.topic.num.partitions": offsets_partitions}) as c:
+
+        def offsets_epochs() -> dict[int, int]:
+            parts = c.describe(1, topics=True)["topics"]["__consumer_offsets"]["partitions"]
+            return {p["partition"]: p["leader_epoch"] for p in parts if len(p["isr"]) == 3}
+
+        wait_for(lambda: len(offsets_epochs()) == offsets_partitions, "__consumer_offsets")
+        before = offsets_epochs()
+
+        async def create() -> Any:
+            admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(c), request_timeout_ms=120_000)
+            await admin.start()
+            try:
+                return await admin.create_topics([NewTopic("wide", wide, 3)], timeout_ms=120_000)
+            finally:
+                await admin.close()
+
+        response = asyncio.run(create())
+        assert [(t[0], t[1]) for t in response.topic_errors] == [("wide", 0)]
+
+        def hosted_everywhere() -> bool:
+            return all(
+                f"created {wide} of {wide} new logs ahead" in c.node(n).log_path.read_text()
+                and len(c.describe(n, topics=True)["topics"]["wide"]["partitions"]) == wide
+                for n in (1, 2, 3)
+            )
+
+        wait_for(hosted_everywhere, f"every node hosting all {wide} partitions", deadline_s=120)
+        assert offsets_epochs() == before
+        for node_id in (1, 2, 3):
+            text = c.node(node_id).log_path.read_text()
+            assert "fencing brokers" not in text, f"node {node_id} fenced brokers"

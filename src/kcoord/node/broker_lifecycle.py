@@ -168,10 +168,18 @@ class BrokerLifecycle:
                 "BrokerHeartbeat": self.controller_service.handle_broker_heartbeat,
                 "AlterPartition": self.controller_service.handle_alter_partition,
             }
+            # As an RPC would: the caller gives up after rpc_timeout_s (and heartbeats again,
+            # which the controller notes as it arrives), the handler runs on (shielded).
+            handled = asyncio.ensure_future(handlers[method](payload))
+            handled.add_done_callback(_retrieve)
             try:
-                return await handlers[method](payload)
+                return await asyncio.wait_for(asyncio.shield(handled), self.rpc_timeout_s)
             except RpcError as e:
                 raise ControllerUnavailableError(str(e)) from e
+            except TimeoutError as e:
+                raise ControllerUnavailableError(
+                    f"{method} to this node's controller: no answer in {self.rpc_timeout_s} s"
+                ) from e
         broker = self.cache.image.broker(leader_id)
         rpc = broker.endpoints.get("rpc") if broker is not None else None
         if rpc is None:
@@ -185,3 +193,9 @@ class BrokerLifecycle:
         except (RpcConnectionError, RpcTimeout, RpcRemoteError) as e:
             raise ControllerUnavailableError(f"{method} to node {leader_id}: {e}") from e
         return result
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark an in-process controller call's failure as seen: its caller may have given up."""
+    if not task.cancelled():
+        task.exception()

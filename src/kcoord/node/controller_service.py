@@ -191,7 +191,11 @@ class ControllerService:
         except NotActiveError:
             self.proposal_failures += 1
             raise
-        await asyncio.wait_for(self.cache.wait_for_offset(offset), self.propose_timeout_s)
+        # Committed: this node applies every committed batch in order, so the wait ends. It is
+        # not bounded by the proposal's timeout: a batch creating thousands of partitions here
+        # waits for their logs (QuorumBridge), and a timeout would answer a CreateTopics that
+        # succeeded with an error (the client's retry then got TOPIC_ALREADY_EXISTS).
+        await self.cache.wait_for_offset(offset)
         self.commit_latency_s.observe(loop.time() - start)
         return offset
 
@@ -264,6 +268,10 @@ class ControllerService:
             want_fence=bool(payload.get("want_fence", False)),
             want_shut_down=bool(payload.get("want_shut_down", False)),
         )
+        if self.controller is not None:  # before the lock: see Controller.track_broker_heartbeat
+            self.controller.track_broker_heartbeat(
+                self.cache.image, request.broker_id, request.broker_epoch, self.monotonic_ms()
+            )
         async with self._lock:
             controller = self._require_active()
             result = controller.broker_heartbeat(self.cache.image, request, self.monotonic_ms())

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -142,24 +143,68 @@ class MetadataCache:
         await fut
 
 
+class LogPreparer(Protocol):
+    def logs_to_create(self, records: Sequence[rec.MetadataRecord]) -> Sequence[object]: ...
+
+    async def create_logs_ahead(self, records: Sequence[rec.MetadataRecord]) -> None: ...
+
+
+_Apply = Callable[[int, list[rec.MetadataRecord]], None]
+
+
 class QuorumBridge:
-    """A ``QuorumListener`` that moves every callback from the Raft thread onto the loop."""
+    """A ``QuorumListener`` that moves every callback from the Raft thread onto the loop.
+
+    Batches are applied in offset order. One that gives this node new partitions first has
+    ``prepare`` create their logs off the loop (``ReplicaManager.create_logs_ahead``); the
+    batches behind it wait their turn, the loop does not.
+    """
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         cache: MetadataCache,
         on_state_changed: Callable[[], None],
+        prepare: LogPreparer | None = None,
     ) -> None:
         self.loop = loop
         self.cache = cache
         self._on_state_changed = on_state_changed
+        self.prepare = prepare
+        self._pending: deque[tuple[_Apply, int, list[rec.MetadataRecord]]] = deque()
+        self._draining: asyncio.Task[None] | None = None
 
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
-        self.loop.call_soon_threadsafe(self.cache.apply, offset, records)
+        self.loop.call_soon_threadsafe(self._submit, self.cache.apply, offset, records)
 
     def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None:
-        self.loop.call_soon_threadsafe(self.cache.load_snapshot, offset, records)
+        self.loop.call_soon_threadsafe(self._submit, self.cache.load_snapshot, offset, records)
+
+    def _submit(self, apply: _Apply, offset: int, records: list[rec.MetadataRecord]) -> None:
+        if not self._pending and (self.prepare is None or not self.prepare.logs_to_create(records)):
+            apply(offset, records)  # the usual batch: applied at once, as it came
+            return
+        self._pending.append((apply, offset, records))
+        if self._draining is None:
+            self._draining = self.loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                apply, offset, records = self._pending[0]
+                if self.prepare is not None:
+                    try:
+                        await self.prepare.create_logs_ahead(records)
+                    except Exception:
+                        # The role changes create what is still missing, on the loop.
+                        log.exception("creating logs ahead of metadata offset %d failed", offset)
+                self._pending.popleft()
+                try:
+                    apply(offset, records)
+                except Exception:
+                    log.exception("metadata offset %d: applying it failed", offset)
+        finally:
+            self._draining = None
 
     def on_state_changed(self) -> None:
         self.loop.call_soon_threadsafe(self._on_state_changed)

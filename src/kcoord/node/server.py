@@ -259,7 +259,7 @@ class Node:
             cfg.node_id,
             voters,
             cfg.data_dir,
-            QuorumBridge(loop, self.cache, self._on_quorum_state_changed),
+            QuorumBridge(loop, self.cache, self._on_quorum_state_changed, self.replicas),
             bind_host=cfg.quorum_listener.bind.host,
             bind_port=cfg.quorum_listener.bind.port,
             timing=timing,

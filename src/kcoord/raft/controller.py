@@ -785,6 +785,18 @@ class Controller:
         self.heartbeats.touch(request.broker_id, broker_epoch, now_ms)
         return ControllerResult(tuple(records), BrokerRegistrationReply(Errors.NONE, broker_epoch))
 
+    def track_broker_heartbeat(
+        self, image: MetadataImage, broker_id: int, broker_epoch: int, now_ms: int
+    ) -> None:
+        """Note a heartbeat's contact time as it arrives, before it waits its turn behind other
+        controller work (Kafka's ``ClusterControlManager.trackBrokerHeartbeat``, which
+        ``QuorumController.processBrokerHeartbeat`` calls outside the controller thread): a
+        controller busy with, say, a CreateTopics waiting for its records then fences no broker
+        whose heartbeat is queued."""
+        registration = image.broker(broker_id)
+        if registration is not None and registration.broker_epoch == broker_epoch:
+            self.heartbeats.touch(broker_id, broker_epoch, now_ms)
+
     def broker_heartbeat(
         self, image: MetadataImage, request: BrokerHeartbeatRequest, now_ms: int
     ) -> ControllerResult[BrokerHeartbeatReply]:

@@ -135,6 +135,39 @@ class LogManager:
         self.logs[tp] = created
         return created
 
+    def create_unregistered(
+        self, specs: Sequence[tuple[TopicPartition, LogConfig, str]]
+    ) -> list[tuple[TopicPartition, Log]]:
+        """Create new, empty logs without registering them, for ``adopt`` (safe on a worker
+        thread: it touches only directories that do not exist yet, and no state of the manager).
+        A partition whose directory exists, or that cannot be created (the reason is logged),
+        is left out: ``get_or_create_log`` then deals with it as before."""
+        created: list[tuple[TopicPartition, Log]] = []
+        for tp, config, topic_id in specs:
+            topic, partition = tp
+            if not topic or "/" in topic or topic in (".", "..") or partition < 0:
+                continue
+            directory = self.data_dir / f"{topic}-{partition}"
+            if directory.exists():
+                continue
+            try:
+                lg = Log.open(directory, config, clean_shutdown=True, topic_id=topic_id)
+            except (OSError, ValueError) as e:
+                log.warning("%s: not created ahead: %s", directory.name, e)
+                continue
+            created.append((tp, lg))
+        return created
+
+    def adopt(self, tp: TopicPartition, lg: Log) -> None:
+        """Register a log from ``create_unregistered`` (on the manager's own thread); one this
+        manager has meanwhile is kept, and the adopted one closed."""
+        if tp in self.logs or tp in self.offline:
+            for seg in lg.segments:
+                seg.close()
+            return
+        lg.remove_files = self._remove
+        self.logs[tp] = lg
+
     def delete_log(self, tp: TopicPartition) -> None:
         """Rename the directory out of the way, then remove it (Kafka's async delete)."""
         removed = self.logs.pop(tp, None)

@@ -471,6 +471,19 @@ def test_a_broker_that_heartbeats_is_never_fenced() -> None:
     assert cluster.image.unfenced_broker_ids() == [1, 2]
 
 
+def test_a_heartbeat_counts_from_its_arrival_not_its_turn() -> None:
+    """A heartbeat waiting behind other controller work (a CreateTopics waiting for its
+    records) was counted only once handled: a busy controller fenced every broker. Its contact
+    time is now taken as it arrives (Kafka's trackBrokerHeartbeat); one from a stale broker
+    epoch is not taken."""
+    cluster = three_brokers()  # every broker heard from at 0
+    for b in (1, 2, 3):
+        cluster.controller.track_broker_heartbeat(cluster.image, b, cluster.epoch(b), 2_000)
+    cluster.controller.track_broker_heartbeat(cluster.image, 3, cluster.epoch(3) - 1, 4_000)
+    assert cluster.fence_stale(2_000 + SESSION_MS) == ControllerResult((), ())
+    assert cluster.fence_stale(2_001 + SESSION_MS).response == (1, 2, 3)
+
+
 def test_after_failover_the_session_timers_start_fresh() -> None:
     cluster = three_brokers()
     # A new active controller at t=10 s knows no heartbeat times.

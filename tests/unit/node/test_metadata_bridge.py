@@ -1,0 +1,107 @@
+"""``QuorumBridge``: committed batches reach the node's image in offset order, and one that
+gives this node new partitions first has their logs created off the loop.
+
+Creating thousands of logs on the loop (a directory, an fsynced partition.metadata and segment
+files each) froze a node for seconds: every client, and its broker heartbeats, so that the
+controller fenced every broker when a 2000-partition topic was created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from pathlib import Path
+
+from kcoord.node.metadata import MetadataCache, QuorumBridge
+from kcoord.node.replica_manager import ReplicaManager
+from kcoord.raft import records as rec
+from kcoord.storage.manager import LogManager
+
+NODE_ID = 1
+
+
+class _NoRoles:
+    def on_role_changes(self, changes: object) -> None:
+        pass
+
+
+def _broker(offset: int) -> list[rec.MetadataRecord]:
+    return [
+        rec.RegisterBroker(
+            broker_id=NODE_ID, incarnation_id="i", broker_epoch=offset, endpoints={}, fenced=False
+        )
+    ]
+
+
+def _topic(name: str, topic_id: str, partitions: int) -> list[rec.MetadataRecord]:
+    return [
+        rec.Topic(name, topic_id, {"cleanup.policy": "compact"}),
+        *(
+            rec.Partition(topic_id, p, (NODE_ID,), (NODE_ID,), NODE_ID, 0, 0)
+            for p in range(partitions)
+        ),
+    ]
+
+
+class _SlowPreparer:
+    """The ReplicaManager's preparer, with its thread's work held until ``release``."""
+
+    def __init__(self, replicas: ReplicaManager) -> None:
+        self.replicas = replicas
+        self.release = asyncio.Event()
+        self.seen: list[int] = []
+
+    def logs_to_create(self, records: Sequence[rec.MetadataRecord]) -> Sequence[object]:
+        return self.replicas.logs_to_create(records)
+
+    async def create_logs_ahead(self, records: Sequence[rec.MetadataRecord]) -> None:
+        self.seen.append(len(self.replicas.logs_to_create(records)))
+        await self.release.wait()
+        await self.replicas.create_logs_ahead(records)
+
+
+def test_batches_wait_in_order_behind_one_whose_logs_are_created_ahead(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        logs = LogManager(tmp_path)
+        logs.open()
+        cache = MetadataCache(NODE_ID, _NoRoles())
+        replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
+        cache.listener = replicas
+        preparer = _SlowPreparer(replicas)
+        bridge = QuorumBridge(loop, cache, lambda: None, preparer)
+
+        bridge._submit(cache.apply, 1, _broker(1))  # nothing to create: applied at once
+        assert cache.offset == 1
+        bridge._submit(cache.apply, 2, _topic("big", "B" * 22, 3))
+        bridge._submit(cache.apply, 3, _broker(3))  # behind it, though it creates nothing
+        await asyncio.sleep(0)
+        assert preparer.seen == [3] and cache.offset == 1  # the loop runs on meanwhile
+        preparer.release.set()
+        await asyncio.wait_for(cache.wait_for_offset(3), 10)
+        # The role changes found the logs created ahead, and gave them the topic's configs.
+        for p in range(3):
+            part = replicas.get_partition("big", p)
+            assert part is not None and part.is_leader and part.log.config.compact
+            assert logs.get_log(("big", p)) is part.log
+        assert preparer.seen == [3, 0]  # batch 3 wanted none
+        assert bridge._draining is None and not bridge._pending
+        assert (tmp_path / "big-2" / "partition.metadata").exists()
+
+    asyncio.run(scenario())
+
+
+def test_a_log_that_exists_is_not_created_ahead(tmp_path: Path) -> None:
+    logs = LogManager(tmp_path)
+    logs.open()
+    cache = MetadataCache(NODE_ID, _NoRoles())
+    replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
+    logs.get_or_create_log(("big", 0), topic_id="B" * 22)
+    wanted = replicas.logs_to_create(_topic("big", "B" * 22, 2))
+    assert [tp for tp, _, _ in wanted] == [("big", 1)]
+    (tmp_path / "big-1").mkdir()  # a directory not in the manager: left to the role change
+    assert logs.create_unregistered(wanted) == []
+    others = replicas.logs_to_create(
+        [rec.Partition("C" * 22, 0, (2, 3), (2, 3), 2, 0, 0)]  # not a replica here
+    )
+    assert others == []
