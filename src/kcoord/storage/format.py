@@ -629,6 +629,31 @@ def build_batch(
     return bytes(out)
 
 
+def rebuild_batch(
+    header: BatchHeader,
+    records: Sequence[Record],
+    *,
+    compression: Compression | None = None,
+    delete_horizon_ms: int | None = None,
+) -> bytes:
+    """The batch of ``header`` built again with ``records`` (some of its own, the cleaner's; or
+    all of them, recompressed): its offset range, leader epoch, producer fields, timestamp type
+    and transactional flag kept, in its own codec unless ``compression`` names another."""
+    return build_batch(
+        records,
+        base_offset=header.base_offset,
+        last_offset_delta=header.last_offset_delta,
+        compression=header.compression if compression is None else compression,
+        timestamp_type=header.timestamp_type,
+        partition_leader_epoch=header.partition_leader_epoch,
+        producer_id=header.producer_id,
+        producer_epoch=header.producer_epoch,
+        base_sequence=header.base_sequence,
+        is_transactional=header.is_transactional,
+        delete_horizon_ms=delete_horizon_ms,
+    )
+
+
 _CONTROL_KEY = struct.Struct(">hh")
 _CONTROL_VALUE = struct.Struct(">hi")
 

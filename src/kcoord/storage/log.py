@@ -524,20 +524,8 @@ class Log:
                 out.append(records[pos : pos + header.size])
                 continue
             self._validate_batch(records, pos, header, keys=False)
-            out.append(
-                fmt.build_batch(
-                    fmt.decode_records(records, pos),
-                    base_offset=header.base_offset,
-                    last_offset_delta=header.last_offset_delta,
-                    compression=codec,
-                    timestamp_type=header.timestamp_type,
-                    partition_leader_epoch=header.partition_leader_epoch,
-                    producer_id=header.producer_id,
-                    producer_epoch=header.producer_epoch,
-                    base_sequence=header.base_sequence,
-                    is_transactional=header.is_transactional,
-                )
-            )
+            decoded = fmt.decode_records(records, pos)
+            out.append(fmt.rebuild_batch(header, decoded, compression=codec))
             changed = True
         return b"".join(out) if changed else records
 
@@ -1067,19 +1055,7 @@ class Log:
             result.note_horizon(delete_horizon_ms)
         if len(kept) == len(records) and not needs_horizon:
             return raw
-        return fmt.build_batch(
-            kept,
-            base_offset=header.base_offset,
-            last_offset_delta=header.last_offset_delta,
-            compression=header.compression,
-            timestamp_type=header.timestamp_type,
-            partition_leader_epoch=header.partition_leader_epoch,
-            producer_id=header.producer_id,
-            producer_epoch=header.producer_epoch,
-            base_sequence=header.base_sequence,
-            is_transactional=header.is_transactional,
-            delete_horizon_ms=delete_horizon_ms,
-        )
+        return fmt.rebuild_batch(header, kept, delete_horizon_ms=delete_horizon_ms)
 
     # -----------------------------------------------------------------------------------------
     # Lifecycle.
