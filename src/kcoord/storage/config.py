@@ -38,6 +38,9 @@ class LogConfig:
     cleanup_policy: frozenset[str] = frozenset({"delete"})
     delete_retention_ms: int = DAY_MS
     min_compaction_lag_ms: int = 0
+    # KIP-354: a compacted log whose oldest dirty record is this old is cleaned whatever its
+    # dirty ratio, and its active segment rolls by then (``max_segment_ms``).
+    max_compaction_lag_ms: int = LONG_MAX
     min_cleanable_dirty_ratio: float = 0.5
     max_message_bytes: int = 1024 * 1024 + 12
     # CreateTime: records keep the producer's timestamps, which must lie within
@@ -54,6 +57,14 @@ class LogConfig:
     # (Kafka's default: flush.messages and flush.ms are Long.MAX_VALUE).
     flush_messages: int | None = None
     flush_ms: int | None = None
+
+    @property
+    def max_segment_ms(self) -> int:
+        """Kafka's ``LogConfig.maxSegmentMs``: a compacted log's active segment also rolls at
+        ``max.compaction.lag.ms``, so the records in it can be compacted in time."""
+        if self.compact:
+            return min(self.segment_ms, self.max_compaction_lag_ms)
+        return self.segment_ms
 
     @property
     def log_append_time(self) -> bool:
@@ -211,10 +222,11 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             "max.compaction.lag.ms",
             _L,
             str(LONG_MAX),
-            "The longest a record may stay uncompacted (kcoord has no such deadline).",
+            "The longest a record may stay uncompacted: a compacted log whose oldest dirty "
+            "record is older is cleaned whatever its dirty ratio, and its active segment rolls "
+            "by then.",
             minimum=1,
             broker_synonym="log.cleaner.max.compaction.lag.ms",
-            implemented=False,
         ),
         TopicConfigDef(
             "max.message.bytes",
@@ -373,11 +385,21 @@ def parse_topic_config(name: str, raw: str | None) -> object:
 
 def topic_config_error(configs: Mapping[str, str | None]) -> str | None:
     """The message of the first config Kafka would refuse (INVALID_CONFIG), or None."""
+    parsed: dict[str, object] = {}
     for name, raw in configs.items():
         try:
-            parse_topic_config(name, raw)
+            parsed[name] = parse_topic_config(name, raw)
         except InvalidConfigError as e:
             return str(e)
+    # LogConfig.validateValues: the two compaction lags must not contradict each other.
+    min_lag = parsed.get("min.compaction.lag.ms", 0)
+    max_lag = parsed.get("max.compaction.lag.ms", LONG_MAX)
+    assert isinstance(min_lag, int) and isinstance(max_lag, int)
+    if min_lag > max_lag:
+        return (
+            f"conflict topic config setting min.compaction.lag.ms ({min_lag}) > "
+            f"max.compaction.lag.ms ({max_lag})"
+        )
     return None
 
 

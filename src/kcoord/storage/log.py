@@ -433,7 +433,7 @@ class Log:
                 or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
                 or (
                     seg.first_batch_timestamp is not None
-                    and max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
+                    and max_timestamp - seg.first_batch_timestamp > self.config.max_segment_ms
                 )
             ):
                 seg = self._roll(base_offset)
@@ -640,7 +640,7 @@ class Log:
             seg.size + size > self.config.segment_bytes
             or (
                 seg.first_batch_timestamp is not None
-                and first.max_timestamp - seg.first_batch_timestamp > self.config.segment_ms
+                and first.max_timestamp - seg.first_batch_timestamp > self.config.max_segment_ms
             )
             or seg.index_full
             or first.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
@@ -895,13 +895,22 @@ class Log:
         if not cleanable:
             return None
         total = sum(seg.size for seg in cleanable)
-        dirty = sum(seg.size for seg in cleanable if seg.next_offset > self.first_dirty_offset)
+        dirty_segments = [seg for seg in cleanable if seg.next_offset > self.first_dirty_offset]
+        dirty = sum(seg.size for seg in dirty_segments)
         ratio = dirty / total if total else 0.0
         if min_dirty_ratio is not None:
             horizon_passed = self.delete_horizon_ms is not None and now_ms >= self.delete_horizon_ms
             if dirty == 0 and not horizon_passed:
                 return None
-            if ratio < min_dirty_ratio and not horizon_passed:
+            # KIP-354 (LogCleanerManager.maxCompactionDelay): dirty records older than
+            # max.compaction.lag.ms are cleaned now, whatever the ratio.
+            overdue = any(
+                seg.first_batch_timestamp is not None
+                and seg.first_batch_timestamp > 0
+                and seg.first_batch_timestamp < now_ms - self.config.max_compaction_lag_ms
+                for seg in dirty_segments
+            )
+            if ratio < min_dirty_ratio and not horizon_passed and not overdue:
                 return None
         return CleanPlan(cleanable, self._generation, now_ms, ratio)
 

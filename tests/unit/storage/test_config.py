@@ -24,9 +24,11 @@ from kcoord.storage.config import (
         ("unclean.leader.election.enable", "TRUE", True),
         ("min.insync.replicas", "2", 2),
         ("flush.messages", str(LONG_MAX), LONG_MAX),
-        # Unimplemented configs take Kafka's default, however it is written.
-        ("compression.type", "producer", "producer"),
+        ("compression.type", "zstd", "zstd"),
+        ("message.timestamp.type", "LogAppendTime", "LogAppendTime"),
+        ("max.compaction.lag.ms", "60000", 60_000),
         ("min.cleanable.dirty.ratio", "0.50", 0.5),
+        # Unimplemented configs take Kafka's default, however it is written.
         ("preallocate", "false", False),
         ("leader.replication.throttled.replicas", "", ()),
     ],
@@ -141,3 +143,20 @@ def test_log_config_takes_the_log_settings_and_leaves_the_others() -> None:
     assert config.segment_bytes == LogConfig().segment_bytes
     with pytest.raises(InvalidConfigError, match="Unknown topic config name: nope"):
         LogConfig().with_topic_configs({"nope": "1"})
+
+
+def test_the_compaction_lags_must_not_contradict_each_other() -> None:
+    # LogConfig.validateValues, over the topic's configs as they would be after the change.
+    assert topic_config_error({"min.compaction.lag.ms": "60000"}) is None
+    assert topic_config_error(
+        {"min.compaction.lag.ms": "60000", "max.compaction.lag.ms": "1000"}
+    ) == (
+        "conflict topic config setting min.compaction.lag.ms (60000) > max.compaction.lag.ms (1000)"
+    )
+    assert LogConfig().with_topic_configs({"max.compaction.lag.ms": "1000"}).max_segment_ms == (
+        7 * 24 * 3_600_000
+    )
+    compacted = LogConfig().with_topic_configs(
+        {"cleanup.policy": "compact", "max.compaction.lag.ms": "1000"}
+    )
+    assert compacted.max_segment_ms == 1000

@@ -614,6 +614,37 @@ def test_the_background_cleaner_waits_for_enough_dirty_bytes(tmp_path: Path) -> 
     assert ratio_plan is not None and 0 < ratio_plan.dirty_ratio < 0.5
 
 
+def test_max_compaction_lag_cleans_overdue_records_and_rolls_in_time(tmp_path: Path) -> None:
+    """max.compaction.lag.ms (KIP-354): dirty records older than the lag are cleaned whatever
+    the dirty ratio (LogCleanerManager.maxCompactionDelay), and a compacted log's active
+    segment rolls by then (LogConfig.maxSegmentMs), so its records can be cleaned in time."""
+    lag = 60_000
+    config = LogConfig(
+        cleanup_policy=frozenset({"compact"}), segment_bytes=600, max_compaction_lag_ms=lag
+    )
+    lg = open_log(tmp_path / "c-0", config)
+    _fill(lg, 60, 7)
+    lg.roll()
+    first = lg.plan_cleaning(0, min_dirty_ratio=0.5)
+    assert first is not None and lg.swap_cleaned(lg.clean(first)) is not None
+    _fill(lg, 2, 7, start=60)  # batches stamped 1000
+    lg.roll()
+    assert lg.plan_cleaning(1_000 + lag, min_dirty_ratio=0.5) is None  # not older yet
+    overdue = lg.plan_cleaning(1_001 + lag, min_dirty_ratio=0.5)
+    assert overdue is not None and overdue.dirty_ratio < 0.5
+
+    for policy, rolls in (("compact", True), ("delete", False)):
+        other = open_log(
+            tmp_path / f"{policy}-0",
+            LogConfig(cleanup_policy=frozenset({policy}), max_compaction_lag_ms=lag),
+        )
+        other.append_as_leader(batch(1, timestamp=5_000), 0, now_ms=5_000)
+        other.append_as_leader(batch(1, timestamp=5_000 + lag), 0, now_ms=5_000 + lag)
+        assert len(other.segments) == 1
+        other.append_as_leader(batch(1, timestamp=5_001 + lag), 0, now_ms=5_001 + lag)
+        assert len(other.segments) == (2 if rolls else 1), policy
+
+
 def test_a_kept_tombstone_makes_the_log_cleanable_once_its_horizon_passes(
     tmp_path: Path,
 ) -> None:
