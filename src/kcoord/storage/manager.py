@@ -234,7 +234,8 @@ class LogManager:
         """The compacted log most in need of cleaning, with its plan (Kafka's
         ``LogCleanerManager.grabFilthiestCompactedLog``): among the logs in
         ``high_watermarks`` and not in ``skip``, the one with the largest dirty share at or
-        above its ``min.cleanable.dirty.ratio`` (or with a tombstone past its horizon)."""
+        above its ``min.cleanable.dirty.ratio`` (or with a tombstone past its horizon, or
+        dirty records older than its ``max.compaction.lag.ms``)."""
         best: tuple[TopicPartition, Log, CleanPlan] | None = None
         for tp, lg in self.logs.items():
             hw = high_watermarks.get(tp)
