@@ -230,7 +230,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         before, with its own buffer left empty.
         """
         kind = message["transmission"]
-        data = bytes(message.get("data") or b"")
+        data = message.get("data")
+        if not isinstance(data, bytes | bytearray):
+            data = b""  # not a part pysyncobj sends (and bytes(n) would allocate n bytes)
+        data = bytes(data)
         if kind == "start":
             self._parts = [data]
         else:

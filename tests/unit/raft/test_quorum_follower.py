@@ -151,7 +151,8 @@ def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
         big = (b"\x01" + b"x" * (3 * batch_size - 10), 3, 1)
         parts = parts_as_pysyncobj_sends_them(big, batch_size)
         assert [kind for kind, _ in parts] == ["start", "process", "finish", "finish"]
-        for kind, data in parts:
+        hostile: list[tuple[str, Any]] = [("process", 10**12)]  # no bytes(10**12) is made
+        for kind, data in hostile + parts:
             message = {
                 "type": "append_entries",
                 "transmission": kind,
