@@ -122,18 +122,21 @@ class LogManager:
             return existing
         if tp in self.offline:
             raise OSError(f"partition {tp[0]}-{tp[1]} is offline: {self.offline[tp]}")
-        topic, partition = tp
-        if not topic or "/" in topic or topic in (".", "..") or partition < 0:
-            raise ValueError(f"invalid topic partition {tp!r}")
         created = Log.open(
-            self.data_dir / f"{topic}-{partition}",
+            self._new_log_dir(tp),
             config or self.default_config,
             clean_shutdown=True,
             topic_id=topic_id,
         )
-        created.remove_files = self._remove
-        self.logs[tp] = created
+        self.adopt(tp, created)
         return created
+
+    def _new_log_dir(self, tp: TopicPartition) -> Path:
+        """Where a new log of ``tp`` goes; ValueError for a name that is not one directory."""
+        topic, partition = tp
+        if not topic or "/" in topic or topic in (".", "..") or partition < 0:
+            raise ValueError(f"invalid topic partition {tp!r}")
+        return self.data_dir / f"{topic}-{partition}"
 
     def create_unregistered(
         self, specs: Sequence[tuple[TopicPartition, LogConfig, str]]
@@ -144,16 +147,13 @@ class LogManager:
         is left out: ``get_or_create_log`` then deals with it as before."""
         created: list[tuple[TopicPartition, Log]] = []
         for tp, config, topic_id in specs:
-            topic, partition = tp
-            if not topic or "/" in topic or topic in (".", "..") or partition < 0:
-                continue
-            directory = self.data_dir / f"{topic}-{partition}"
-            if directory.exists():
-                continue
             try:
+                directory = self._new_log_dir(tp)
+                if directory.exists():
+                    continue
                 lg = Log.open(directory, config, clean_shutdown=True, topic_id=topic_id)
             except (OSError, ValueError) as e:
-                log.warning("%s: not created ahead: %s", directory.name, e)
+                log.warning("%s-%d: not created ahead: %s", tp[0], tp[1], e)
                 continue
             created.append((tp, lg))
         return created
