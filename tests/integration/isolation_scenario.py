@@ -68,7 +68,12 @@ def main() -> None:
 
         old = poll("an active controller", agreed_controller)
         majority = [i for i in nodes if i != old]
-        before = led_epochs(describe(nodes[majority[0]], topics=True))
+        # launcher.up returns once every listener is up; the offsets topic's partitions may
+        # still be on their way into this node's image.
+        before = poll(
+            "the offsets topic in the majority's image",
+            lambda: led_epochs(describe(nodes[majority[0]], topics=True)),
+        )
 
         rule = ["OUTPUT", "-m", "owner", "--gid-owner", str(nodes[old].group), "-j", "DROP"]
         iptables("-A", *rule)

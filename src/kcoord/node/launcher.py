@@ -230,7 +230,8 @@ def describe_node(node: NodeProcess, timeout_s: float = 2.0) -> dict[str, Any] |
 
 
 def cluster_ready(state: ClusterState) -> tuple[bool, str]:
-    """Ready: a controller is active, and every node is registered and unfenced."""
+    """Ready: a controller is active, every node is registered and unfenced, and every node's
+    image holds ``__consumer_offsets``."""
     views = {n.node_id: describe_node(n) for n in state.nodes}
     missing = [i for i, v in views.items() if v is None]
     if missing:
@@ -254,8 +255,11 @@ def cluster_ready(state: ClusterState) -> tuple[bool, str]:
             return False, f"node {n.node_id} not registered and unfenced yet"
         if not own["serving"]:
             return False, f"node {n.node_id} not serving clients yet"
-    if not view.get("offsets_topic_created"):
-        return False, "__consumer_offsets not created yet"
+    # Every node's own image, not just the controller's: a node applies a batch that gives it
+    # new partitions only once their logs exist, so it can lag the controller by a moment.
+    behind = [i for i, v in views.items() if v is not None and not v.get("offsets_topic_created")]
+    if behind:
+        return False, f"__consumer_offsets not in the image of nodes {behind} yet"
     return True, "ready"
 
 
