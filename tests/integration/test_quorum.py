@@ -315,3 +315,50 @@ def test_a_frame_naming_anything_but_plain_data_runs_nothing_and_the_quorum_goes
             "every voter to commit after the hostile frames",
         )
         assert not marker.exists()
+
+
+@pytest.mark.integration
+def test_plain_data_of_the_wrong_shape_closes_its_connection_alone(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Frames of plain data that are no voter's handshake or that a voter would never send:
+    pysyncobj raised on them out of its tick ("unhashable type", KeyError) and skipped the rest
+    of that tick's Raft work, or took the connection as a non-voting replica. Each now closes
+    its own connection, nothing escapes a tick, and the voters go on committing."""
+    with running_quorum(tmp_path / "q") as quorums:
+        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        follower = next(q for q in quorums.values() if q is not leader)
+        for q in (leader, follower):
+            me = q.voters[q.node_id]
+            other = next(v.address for v in q.voters.values() if v.node_id != q.node_id)
+            sequences: list[list[Any]] = [
+                [{"type": "append_entries"}],  # a dict where an address belongs
+                [[["status"]]],  # a utility command that is not a string
+                [[]],
+                ["readonly"],  # a non-voting replica: this cluster runs none
+                [["add", "127.0.0.1:9"]],  # membership is fixed by config
+                [["set_version", 99]],
+                [other, "not a dict"],
+                [other, {"type": "request_vote"}],  # no term
+                [other, {"type": "append_entries", "term": "x"}],
+            ]
+            if q is leader:  # messages only a leader reads, without their fields
+                sequences += [
+                    [other, {"type": "next_node_idx", "term": 0}],
+                    [other, {"type": "apply_command", "term": 0}],
+                ]
+            for frames in sequences:
+                with socket.create_connection((me.host, me.port), timeout=5) as s:
+                    s.sendall(b"".join(quorum_frame(m) for m in frames))
+                    s.settimeout(5)
+                    assert s.recv(1) == b"", f"the connection that sent {frames} is closed"
+        offset = propose_sync(leader, [rec.ClusterId("after-the-garbage")])
+        wait_for(
+            lambda: all(q.status().commit_index >= offset for q in quorums.values()),
+            "every voter to commit after the garbage",
+        )
+    raised = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert raised == []
+    closed = [r.getMessage() for r in caplog.records if "quorum: closing" in r.getMessage()]
+    assert len(closed) >= 2 * 9 + 2, closed

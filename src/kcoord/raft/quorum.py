@@ -70,6 +70,7 @@ import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
 from pysyncobj.node import TCPNode
+from pysyncobj.transport import TCPTransport
 from pysyncobj.utility import TcpUtility, UtilityException
 
 from kcoord.raft import records as rec
@@ -185,6 +186,79 @@ class QuorumStatus:
     connected: frozenset[int] = frozenset()
 
 
+# The utility commands a connection may send instead of naming itself: ``transfer`` is how
+# ``MetadataQuorum.resign`` hands the leadership on, ``status`` is read-only. Membership and
+# code-version changes are not ours to take from a socket (membership is fixed by config).
+_UTILITY_COMMANDS = frozenset({"status", "transfer"})
+
+
+class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
+    """pysyncobj's transport, taking on its port only what a voter or our own tools send.
+
+    An incoming connection's first message must name a voter (its ``host:port``) or be one of
+    ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up in a dict, so a list or a dict
+    raised out of its tick ("unhashable type") and the rest of that tick's Raft work was
+    skipped; it also took ``readonly`` (a non-voting replica that receives the whole log and
+    whose messages are treated as a node's), which this cluster never runs. Anything else now
+    closes that connection alone, as Kafka's ``SocketServer`` closes one that sends garbage.
+    A voter's new connection closes the one it replaces, which pysyncobj left open.
+    """
+
+    def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
+        if self._syncObj.encryptor and not conn.sendRandKey:
+            super()._onIncomingMessageReceived(conn, message)
+            return
+        if isinstance(message, list):
+            command = message[0] if message else None
+            acceptable = isinstance(command, str) and command in _UTILITY_COMMANDS
+        else:
+            acceptable = isinstance(message, str) and message in self._nodeAddrToNode
+        if not acceptable:
+            log.warning(
+                "quorum: closing a connection whose first message is neither a voter nor a "
+                "utility command we take: %.80r",
+                message,
+            )
+            conn.disconnect()
+            self._unknownConnections.discard(conn)
+            return
+        node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
+        replaced = self._connections.get(node) if node is not None else None
+        super()._onIncomingMessageReceived(conn, message)
+        if replaced is not None and replaced is not conn:
+            # pysyncobj puts the new connection in the old one's place and forgets the old
+            # one open (a voter that reconnected after a half-open link, or a stranger that
+            # names it); the voter on the other end sees it close and reconnects.
+            replaced.disconnect()
+
+
+# The fields of pysyncobj 0.3.17's Raft messages that its handler reads as numbers.
+_NUMERIC_FIELDS = (
+    "term",
+    "last_log_term",
+    "last_log_index",
+    "commit_index",
+    "prevLogIdx",
+    "prevLogTerm",
+    "next_node_idx",
+)
+
+
+def _malformed(message: Any) -> str | None:
+    """Why pysyncobj's handler would raise on this Raft message, or None."""
+    if not isinstance(message, dict):
+        return f"a {type(message).__name__}, not a dict"
+    if not isinstance(message.get("type"), str):
+        return "no message type"
+    for name in _NUMERIC_FIELDS:
+        value = message.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"{name} is a {type(value).__name__}"
+    if "entries" in message and not isinstance(message["entries"], list):
+        return "entries is not a list"
+    return None
+
+
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     """SyncObj whose regular commands are our metadata batches, never pickled calls."""
 
@@ -193,7 +267,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     ) -> None:
         self._quorum = quorum
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
-        super().__init__(self_node, partners, conf)
+        super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
 
@@ -208,11 +282,24 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
 
     # Every message from another voter, on the Raft thread (the same mangling).
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        if isinstance(message, dict) and message.get("type") == "append_entries":
-            if "transmission" in message:
-                message = self._assembled(message)
-            message = self._without_entries_we_hold(message)
-        SyncObj._SyncObj__onMessageReceived(self, node, message)
+        why = _malformed(message)
+        if why is None:
+            try:
+                if message.get("type") == "append_entries":
+                    if "transmission" in message:
+                        message = self._assembled(message)
+                    message = self._without_entries_we_hold(message)
+                SyncObj._SyncObj__onMessageReceived(self, node, message)
+                return
+            except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
+                # A field missing or of another shape than pysyncobj's own messages have.
+                why = f"a {message.get('type')} it could not take ({e!r})"
+        # pysyncobj's handler would have raised out of its tick and skipped the rest of the
+        # tick's Raft work for every voter; only this connection goes (the voter reconnects).
+        log.warning("quorum: closing the connection of %s, which sent %s", node, why)
+        conn = self._SyncObj__transport._connections.get(node)
+        if conn is not None:
+            conn.disconnect()
 
     def _assembled(self, message: dict[str, Any]) -> dict[str, Any]:
         """One part of an entry sent in parts, as pysyncobj should have taken it.
