@@ -14,8 +14,12 @@ committed *and* applied to the local image, then answer. A node that only believ
 it proposes commits without a majority, so it never fences or elects anything.
 
 Periodic duties (``tick``, every ``tick_interval_ms``): write the cluster id once, create
-``__consumer_offsets`` once enough brokers are registered, fence brokers whose session expired,
-and move leadership back to preferred replicas (Kafka's auto leader rebalance).
+``__consumer_offsets`` once every expected broker is unfenced (or, after
+``OFFSETS_TOPIC_GRACE_MS`` as the active controller, once its replication factor's worth are:
+Kafka creates it on the first FindCoordinator, when a cluster's brokers are normally all up;
+created early, a node that starts late would host none of it and coordinate no group), fence
+brokers whose session expired, and move leadership back to preferred replicas (Kafka's auto
+leader rebalance).
 
 RPC methods served here (payloads are msgpack maps): ``BrokerRegistration``,
 ``BrokerHeartbeat``, ``AlterPartition``, ``CreateTopics``, ``CreatePartitions`` and
@@ -61,6 +65,12 @@ def new_topic_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
+# How long the active controller waits for every expected broker before it creates
+# ``__consumer_offsets`` on fewer (at least its replication factor): long enough for a
+# cluster's nodes started together to register, short for one that lost a node for good.
+OFFSETS_TOPIC_GRACE_MS = 10_000
+
+
 class NotActiveError(Exception):
     pass
 
@@ -92,6 +102,7 @@ class ControllerService:
         self.propose_timeout_s = propose_timeout_s
         self.controller: Controller | None = None
         self.active_epoch: int | None = None
+        self.activated_at_ms = 0
         self._activating_epoch: int | None = None
         self._lock = asyncio.Lock()
         self._last_preferred_election_ms = 0
@@ -154,7 +165,8 @@ class ControllerService:
             self._activating_epoch = None
         if not self.quorum.status().is_leader:
             return
-        self.controller = Controller(self.config, activated_at_ms=self.monotonic_ms())
+        self.activated_at_ms = self.monotonic_ms()
+        self.controller = Controller(self.config, activated_at_ms=self.activated_at_ms)
         self.active_epoch = status.epoch
         self.activations += 1
         log.info("node %d is the active controller in epoch %d", self.node_id, status.epoch)
@@ -229,8 +241,10 @@ class ControllerService:
                 await self._propose(fenced.records)
             image = self.cache.image
             if image.topic_by_name(OFFSETS_TOPIC_NAME) is None:
+                unfenced = len(image.unfenced_broker_ids())
                 wanted = min(self.config.offsets_topic_replication_factor, self.expected_brokers)
-                if len(image.unfenced_broker_ids()) >= wanted:
+                waited = now_ms - self.activated_at_ms >= OFFSETS_TOPIC_GRACE_MS
+                if unfenced >= self.expected_brokers or (waited and unfenced >= wanted):
                     created = controller.create_offsets_topic(image, new_topic_id())
                     if created.records:
                         log.info("creating %s: %s", OFFSETS_TOPIC_NAME, created.response)

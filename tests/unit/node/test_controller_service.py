@@ -1,0 +1,97 @@
+"""When the active controller creates ``__consumer_offsets`` (``ControllerService.tick``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any, cast
+
+from kcoord.node.controller_service import OFFSETS_TOPIC_GRACE_MS, ControllerService
+from kcoord.node.metadata import MetadataCache
+from kcoord.raft import records as rec
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
+from kcoord.raft.quorum import MetadataQuorum
+from tests.unit.node.kafka.harness import NODE_ID, FakeQuorum
+
+
+def register(quorum: FakeQuorum, *broker_ids: int) -> None:
+    """Registered unfenced; broker ``b``'s epoch is the offset of its registration."""
+    for b in broker_ids:
+        quorum.commit(
+            [
+                rec.RegisterBroker(
+                    broker_id=b,
+                    incarnation_id=f"inc-{b}",
+                    broker_epoch=quorum.offset + 1,
+                    endpoints={"kafka": f"127.0.0.{b}:9092", "rpc": f"127.0.0.{b}:9093"},
+                    rack=None,
+                    fenced=False,
+                )
+            ]
+        )
+
+
+def five_node_controller() -> tuple[ControllerService, FakeQuorum, MetadataCache, list[int]]:
+    clock = [1_000_000]
+    cache = MetadataCache(NODE_ID, cast(Any, None))
+    quorum = FakeQuorum(cache)
+    service = ControllerService(
+        NODE_ID,
+        cast(MetadataQuorum, quorum),
+        cache,
+        ControllerConfig(offsets_topic_num_partitions=50),
+        lambda: clock[0],
+        cluster_id="c",
+        expected_brokers=5,
+    )
+    quorum.commit([rec.ClusterId("c")])
+    return service, quorum, cache, clock
+
+
+async def heartbeats(service: ControllerService, cache: MetadataCache) -> None:
+    for b in cache.image.brokers.values():
+        reply = await service.handle_broker_heartbeat(
+            {"broker_id": b.broker_id, "broker_epoch": b.broker_epoch, "current_metadata_offset": 0}
+        )
+        assert reply["error"] == 0, reply
+
+
+def leaders(cache: MetadataCache) -> Counter[int]:
+    topic = cache.image.topic_by_name(OFFSETS_TOPIC_NAME)
+    assert topic is not None
+    return Counter(p.leader for p in cache.image.partitions_of(topic.topic_id))
+
+
+def test_the_offsets_topic_waits_for_every_expected_broker() -> None:
+    """Created as soon as three of five brokers were up, it left the two that started a
+    moment later without a single offsets partition: they coordinated no group, ever."""
+
+    async def scenario() -> None:
+        service, quorum, cache, clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        assert service.is_active
+        await service.tick()
+        assert cache.image.topic_by_name(OFFSETS_TOPIC_NAME) is None
+        clock[0] += 1_000
+        register(quorum, 4, 5)
+        await service.tick()
+        assert leaders(cache) == dict.fromkeys((1, 2, 3, 4, 5), 10)
+
+    asyncio.run(scenario())
+
+
+def test_the_offsets_topic_is_created_on_fewer_brokers_after_the_grace() -> None:
+    async def scenario() -> None:
+        service, quorum, cache, clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        clock[0] += OFFSETS_TOPIC_GRACE_MS - 1
+        await heartbeats(service, cache)
+        await service.tick()
+        assert cache.image.topic_by_name(OFFSETS_TOPIC_NAME) is None
+        clock[0] += 1
+        await service.tick()
+        assert set(leaders(cache)) == {1, 2, 3}
+
+    asyncio.run(scenario())
