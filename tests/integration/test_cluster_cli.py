@@ -1,4 +1,5 @@
-"""``kcoord cluster up`` in the foreground (what ``make up`` runs): ready, then Ctrl-C stops all."""
+"""``kcoord cluster up`` in the foreground (what ``make up`` runs): ready, then Ctrl-C stops all;
+and a kept cluster restarted with ``cluster up``."""
 
 from __future__ import annotations
 
@@ -26,6 +27,16 @@ def _kcoord_out(*args: str) -> str:
         timeout=60,
     )
     return result.stdout
+
+
+def _kcoord(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kcoord.node.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
 
 
 def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
@@ -112,3 +123,33 @@ def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
             assert not launcher.is_alive(pid), f"node process {pid} still running"
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_a_kept_cluster_restarts_as_it_was_and_keeps_its_voters(tmp_path: Path) -> None:
+    """``cluster up`` on a kept data dir takes its node count and ports; another node count is
+    refused (every node is a voter and the voters are fixed) instead of rewriting the voter
+    set of nodes whose metadata log another set wrote."""
+    base = free_base_port(1)
+    data = str(tmp_path / "c")
+    try:
+        first = _kcoord(
+            "cluster",
+            "up",
+            "--detach",
+            "--nodes",
+            "1",
+            "--base-port",
+            str(base),
+            "--data-dir",
+            data,
+        )
+        assert first.returncode == 0, first.stderr
+        assert _kcoord("cluster", "down", "--data-dir", data).returncode == 0
+        refused = _kcoord("cluster", "up", "--detach", "--nodes", "3", "--data-dir", data)
+        assert refused.returncode == 1
+        assert "holds a 1-node cluster; start it with --nodes 1" in refused.stderr
+        again = _kcoord("cluster", "up", "--detach", "--data-dir", data)
+        assert again.returncode == 0, again.stderr
+        assert f"bootstrap servers: 127.0.0.1:{base}\n" in again.stdout
+    finally:
+        _kcoord("cluster", "down", "--data-dir", data)

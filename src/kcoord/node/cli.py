@@ -81,8 +81,14 @@ def _cluster(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir)
     try:
         if args.cluster_command == "up":
-            print(f"kcoord: starting {args.nodes} nodes in {data_dir} ...", flush=True)
-            state = launcher.up(data_dir, args.nodes, args.base_port)
+            # A cluster kept in data_dir restarts as it was, unless told otherwise.
+            kept = None
+            if (data_dir / launcher.STATE_FILE).exists():
+                kept = launcher.ClusterState.load(data_dir)
+            nodes = args.nodes or (len(kept.nodes) if kept else 3)
+            base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
+            print(f"kcoord: starting {nodes} nodes in {data_dir} ...", flush=True)
+            state = launcher.up(data_dir, nodes, base_port)
             print(
                 f"kcoord: cluster ready; bootstrap servers: {state.bootstrap_servers}", flush=True
             )
@@ -147,8 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
     cluster = sub.add_parser("cluster", help="a local cluster of node processes")
     csub = cluster.add_subparsers(dest="cluster_command", required=True)
     up = csub.add_parser("up", help="write configs, start nodes, wait until ready")
-    up.add_argument("--nodes", type=int, default=3)
-    up.add_argument("--base-port", type=int, default=9092)
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="1, 3 or 5 (default: as the cluster kept in --data-dir, else 3)",
+    )
+    up.add_argument(
+        "--base-port",
+        type=int,
+        default=None,
+        help="node i listens on base+10(i-1) to base+10(i-1)+3 (default: as the cluster kept "
+        "in --data-dir, else 9092)",
+    )
     up.add_argument("--detach", action="store_true", help="return once ready")
     status = csub.add_parser("status", help="nodes, pids, roles, addresses")
     status.add_argument("--json", action="store_true")

@@ -307,6 +307,14 @@ def up(
         old = ClusterState.load(data_dir)
         if any(is_alive(n.pid) for n in old.nodes):
             raise LauncherError(f"a cluster is already running from {data_dir}; 'cluster down'")
+        if len(old.nodes) != nodes:
+            # Every node is a voter, and the voters are fixed by config (Kafka's static
+            # controller.quorum.voters): starting these nodes with another voter set would
+            # let a majority of the new set commit without a majority of the old one.
+            raise LauncherError(
+                f"{data_dir} holds a {len(old.nodes)}-node cluster; start it with "
+                f"--nodes {len(old.nodes)}, or remove the directory for a new cluster"
+            )
     state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
     for n in state.nodes:
         Path(n.directory).mkdir(parents=True, exist_ok=True)
