@@ -100,7 +100,7 @@ class ProducerStates:
     ) -> None:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self._states: dict[tuple[str, int], tuple[Partition, ProducerStateManager]] = {}
-        self._loading: dict[tuple[str, int], tuple[Partition, asyncio.Task[None]]] = {}
+        self._loading: dict[tuple[str, int], tuple[Partition, int, asyncio.Task[None]]] = {}
         replicas.add_role_listener(self.on_role_change)
 
     def on_role_change(self, part: Partition, is_leader: bool) -> None:
@@ -117,23 +117,25 @@ class ProducerStates:
         if self.loaded(part):
             return
         loading = self._loading.get(part.tp)
-        if loading is None or loading[0] is not part:
-            task = asyncio.ensure_future(self._load(part, now_ms))
-            loading = (part, task)
+        # A partition keeps its object across leaderships: a load begun in an earlier one (the
+        # node was follower in between, and its log changed) is not this leadership's.
+        if loading is None or loading[0] is not part or loading[1] != part.leader_epoch:
+            task = asyncio.ensure_future(self._load(part, part.leader_epoch, now_ms))
+            loading = (part, part.leader_epoch, task)
             self._loading[part.tp] = loading
             task.add_done_callback(functools.partial(self._loaded, part.tp, loading))
-        await asyncio.shield(loading[1])
+        await asyncio.shield(loading[2])
 
     def _loaded(
         self,
         tp: tuple[str, int],
-        loading: tuple[Partition, asyncio.Task[None]],
+        loading: tuple[Partition, int, asyncio.Task[None]],
         _task: asyncio.Task[None],
     ) -> None:
         if self._loading.get(tp) is loading:
             del self._loading[tp]
 
-    async def _load(self, part: Partition, now_ms: int) -> None:
+    async def _load(self, part: Partition, leader_epoch: int, now_ms: int) -> None:
         for _ in range(_LOAD_ATTEMPTS):
             state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
             slice_: list[fmt.BatchHeader] = []
@@ -147,9 +149,11 @@ class ProducerStates:
             except OSError:
                 continue  # a segment was let go while we read it: its batches are gone
             state.update(slice_)
-            self._store(part, state, now_ms)
+            if part.is_leader and part.leader_epoch == leader_epoch:
+                self._store(part, state, now_ms)
             return
-        self.get(part, now_ms)  # the log kept changing: one pass without yielding
+        if part.is_leader and part.leader_epoch == leader_epoch:
+            self.get(part, now_ms)  # the log kept changing: one pass without yielding
 
     def get(self, part: Partition, now_ms: int) -> ProducerStateManager:
         entry = self._states.get(part.tp)
@@ -163,8 +167,7 @@ class ProducerStates:
         self, part: Partition, state: ProducerStateManager, now_ms: int
     ) -> ProducerStateManager:
         state.remove_expired_producers(now_ms)
-        if part.is_leader:
-            self._states[part.tp] = (part, state)
+        self._states[part.tp] = (part, state)
         log.info(
             "%s-%d: producer state of %d producers loaded",
             part.topic,

@@ -685,6 +685,44 @@ def test_a_long_producer_state_loads_between_other_work_and_still_finds_retries(
     run(tmp_path, test)
 
 
+def test_a_producer_state_load_from_an_earlier_leadership_is_not_used(tmp_path: Path) -> None:
+    """A partition keeps its object across leaderships. A load still running when the node
+    became a follower and then leader again had read the log as it was: its state, missing a
+    batch the other leader appended meanwhile, must not serve the new leadership."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        init = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
+        )
+        pid = init.producer_id
+        part = h.replicas.leader_partition("t", 0)
+        count = 5 * LOAD_SLICE_HEADERS
+        for seq in range(count):
+            one = batch([b"v"], producer_id=pid, producer_epoch=0, base_sequence=seq)
+            h.replicas.append_local(part, one, required_acks=1)
+        h.move_leader("t", 0, 2)
+        h.move_leader("t", 0, NODE_ID)
+        states = h.broker.produce.states
+        following = batch([b"w"], producer_id=pid, producer_epoch=0, base_sequence=count)
+        sent = asyncio.create_task(c.call(PRODUCE, 9, produce_values("t", 0, following)))
+        while not states._loading:
+            await asyncio.sleep(0)
+        for _ in range(2):  # the load is under way: it has read the log's end
+            await asyncio.sleep(0)
+        assert states._loading, "the load ended before the leadership moved"
+        # Node 2 leads for a moment and appends the same batch (the producer's retry went
+        # there); it replicates here. Then this node leads again.
+        h.move_leader("t", 0, 2)
+        part.log.append_as_leader(following, part.leader_epoch, h.clock[0])
+        h.move_leader("t", 0, NODE_ID)
+        answer = only_partition(await sent)
+        assert (answer.error_code, answer.base_offset) == (Errors.NONE, count)
+        assert part.log.log_end_offset == count + 1, "the retried batch was appended twice"
+
+    run(tmp_path, test)
+
+
 def test_produce_answers_log_append_time_and_invalid_timestamps(tmp_path: Path) -> None:
     """A LogAppendTime topic's produce response carries the leader's stamp, and a retry the
     first append's (Kafka's UnifiedLog answers a duplicate with its batch's timestamp); a
