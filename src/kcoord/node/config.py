@@ -213,7 +213,9 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.min.session.timeout.ms", _Kind.INT, 6000, 0, _INT32_MAX),
     _Spec("group.max.session.timeout.ms", _Kind.INT, 1_800_000, 0, _INT32_MAX),
     _Spec("group.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
-    _Spec("group.coordinator.append.linger.ms", _Kind.INT, 10, 0, _INT32_MAX),
+    # -1 (adaptive: the batch goes out when the event loop's current pass ends) is Kafka's
+    # default since KAFKA-19826; it was 10 ms (KAFKA-16770), then 5 ms in Kafka 4.0.
+    _Spec("group.coordinator.append.linger.ms", _Kind.INT, -1, -1, _INT32_MAX),
     # KIP-848 consumer groups (GroupCoordinatorConfig's group.consumer.*).
     _Spec("group.consumer.session.timeout.ms", _Kind.INT, 45_000, 1, _INT32_MAX),
     _Spec("group.consumer.heartbeat.interval.ms", _Kind.INT, 5_000, 1, _INT32_MAX),

@@ -70,6 +70,8 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
                  C kcoord_coordinator_expirations_total{kind}
                  H kcoord_coordinator_shard_load_duration_seconds{kind}
                  C kcoord_coordinator_records_replayed_total{by}
+                 C kcoord_coordinator_batches_appended_total
+                 C kcoord_coordinator_records_appended_total
                  G kcoord_coordinator_standby_shards
                  G kcoord_coordinator_standby_lag_offsets{partition}
     requests     G kcoord_kafka_connections  C kcoord_kafka_connections_accepted_total
@@ -606,6 +608,17 @@ class NodeCollector(Collector):
         replayed.add_metric(["load"], runtime.load_records_replayed)
         replayed.add_metric(["standby"], runtime.standby_records_replayed)
         yield replayed
+        yield CounterMetricFamily(
+            "kcoord_coordinator_batches_appended_total",
+            "Batches of coordinator writes appended to __consumer_offsets (one per "
+            "group.coordinator.append.linger.ms window; Kafka's batch-flush-rate).",
+            value=runtime.batches_appended,
+        )
+        yield CounterMetricFamily(
+            "kcoord_coordinator_records_appended_total",
+            "Records in the batches of kcoord_coordinator_batches_appended_total.",
+            value=runtime.records_appended,
+        )
         yield _gauge(
             "kcoord_coordinator_standby_shards",
             "Hot standby shards (followed __consumer_offsets partitions).",

@@ -12,10 +12,20 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   ``COORDINATOR_LOAD_IN_PROGRESS``. A load for an older
   leader epoch than the context's is ignored, as Kafka's ``scheduleLoadOperation``.
 - **Writes**: a request runs the shard handler, which returns records and responses addressed
-  to request tokens. The records go into one v2 batch appended to the partition as leader, and
-  each is replayed into the shard at its offset right away, so the next request sees it. The
-  responses wait until the partition's high watermark passes the batch (Kafka's
-  ``DeferredEventQueue``): a response is never sent for state a failover could lose.
+  to request tokens. Each record is replayed into the shard right away at the offset it is to
+  get, so the next request sees it, and goes into the shard's open batch (Kafka's
+  ``CoordinatorRuntime`` batches, KAFKA-16770). ``group.coordinator.append.linger.ms`` says when
+  the batch is appended to the partition as leader: -1 (the default, KAFKA-19826's adaptive
+  linger) when the current pass of the event loop ends, so what the requests read in one pass
+  wrote goes out as one batch and one replication round; a positive value that many
+  milliseconds after the batch opened; 0 at once, a batch per handler call. A batch goes out
+  early when the next write would take it past the partition's ``max.message.bytes``. The
+  responses wait until the partition's high watermark passes their write (Kafka's
+  ``DeferredEventQueue``): a response is never sent for state a failover could lose. A batch
+  the log refuses (or appends anywhere but where its records were replayed) leaves the shard
+  ahead of its log, so the shard is unloaded and reloaded from the log, failing its pending
+  answers; Kafka reverts its timeline state to the last written offset instead, and a shard
+  here has no timeline.
 - **Reads and record-less handlers** (OffsetFetch, Heartbeat, ...): their responses wait until
   the high watermark reaches the last offset written so far, so nobody reads uncommitted state.
 - **Timers** the shard schedules run as ``loop.call_later`` callbacks that call
@@ -76,6 +86,9 @@ log = logging.getLogger(__name__)
 OFFSETS_TOPIC = "__consumer_offsets"
 LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
 REPLAY_STEP_BYTES = 512 * 1024
+# A v2 record's framing at its widest: length, attributes, timestamp and offset deltas, key and
+# value lengths (varints) and the header count. A batch's size is counted with it, never under.
+_RECORD_OVERHEAD_MAX = 5 + 1 + 10 + 5 + 5 + 5 + 5
 
 
 class CoordinatorError(Exception):
@@ -256,6 +269,16 @@ class _ShardTimer:
 
 
 @dataclass(slots=True)
+class _Batch:
+    """The records handlers wrote since the last append (Kafka's ``CoordinatorBatch``)."""
+
+    base_offset: int  # where the log is to put the first one
+    records: list[fmt.Record] = field(default_factory=list)
+    size: int = fmt.HEADER_SIZE  # an upper bound of the encoded batch's size
+    flush_handle: asyncio.Handle | None = None
+
+
+@dataclass(slots=True)
 class _Deferred:
     offset: int  # respond once the high watermark is at or above this
     responses: Sequence[tuple[Hashable, Any]]
@@ -273,6 +296,7 @@ class ShardContext:
     deferred: list[_Deferred] = field(default_factory=list)
     last_written_offset: int = 0
     load_summary: LoadSummary | None = None
+    batch: _Batch | None = None
 
     @property
     def index(self) -> int:
@@ -304,10 +328,13 @@ class ShardContext:
             return
         if result.records:
             try:
-                self._append_and_replay(result.records)
+                if self.runtime.append_linger_ms == 0:
+                    self._append_and_replay(result.records)
+                elif not self._write(result.records):
+                    return  # the open batch failed to go out: the shard is gone, these answers too
             except KafkaError as e:
-                # append_local refuses a batch whole (below min.insync.replicas, too large, no
-                # longer leader): nothing of it is in the log, and nothing was replayed.
+                # Refused before anything was replayed or appended (below min.insync.replicas,
+                # too large, no longer leader).
                 if replay_only:
                     # Kafka's runtime fails just this write's events (its timeline state
                     # reverts to the last written offset); the shard was never changed.
@@ -329,18 +356,109 @@ class ShardContext:
                 return
         self._defer(self.last_written_offset, result.responses)
 
-    def _append_and_replay(self, records: list[CoordinatorRecord]) -> None:
+    def _append_and_replay(
+        self,
+        records: list[CoordinatorRecord],
+        encoded: list[tuple[bytes, bytes | None]] | None = None,
+    ) -> None:
+        """Append one handler's records as their own batch, then replay them."""
         assert self.shard is not None
         now = self.runtime.now_ms()
-        batch_records = []
-        for i, record in enumerate(records):
-            key, value = encode_record(record)
-            batch_records.append(fmt.Record(i, now, key, value))
-        batch = fmt.build_batch(batch_records)
+        if encoded is None:
+            encoded = [encode_record(record) for record in records]
+        batch = fmt.build_batch(
+            [fmt.Record(i, now, key, value) for i, (key, value) in enumerate(encoded)]
+        )
         appended = self.runtime.replica_manager.append_local(self.partition, batch)
+        self.runtime.count_batch(len(records))
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
         self.last_written_offset = appended.last_offset + 1
+
+    def _write(self, records: list[CoordinatorRecord]) -> bool:
+        """Replay one handler's records and add them to the open batch (Kafka's
+        ``CoordinatorRuntime.appendRecords``), opening one if needed.
+
+        Raises ``KafkaError`` before anything changed when the partition would refuse them
+        now. Returns False when the open batch had to go out first and failed: the context is
+        closed and every pending answer failed.
+        """
+        assert self.shard is not None
+        encoded = [encode_record(record) for record in records]
+        size = sum(
+            len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
+            for key, value in encoded
+        )
+        max_bytes = self.partition.log.config.max_message_bytes
+        if self.batch is not None and self.batch.size + size > max_bytes and not self.flush():
+            return False
+        if fmt.HEADER_SIZE + size > max_bytes:
+            # May not fit a batch at all: appended alone, where the log takes or refuses it.
+            self._append_and_replay(records, encoded)
+            return True
+        self.runtime.replica_manager.check_leader_and_min_isr(self.partition, -1)
+        batch = self.batch
+        if batch is None:
+            batch = self.batch = _Batch(self.last_written_offset)
+            loop = asyncio.get_running_loop()
+            linger_ms = self.runtime.append_linger_ms
+            batch.flush_handle = (
+                loop.call_soon(self._flush_if_open, batch)
+                if linger_ms < 0
+                else loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
+            )
+        now = self.runtime.now_ms()
+        for record, (key, value) in zip(records, encoded, strict=True):
+            delta = len(batch.records)
+            batch.records.append(fmt.Record(delta, now, key, value))
+            self.shard.replay(batch.base_offset + delta, record)
+        batch.size += size
+        self.last_written_offset = batch.base_offset + len(batch.records)
+        return True
+
+    def _flush_if_open(self, batch: _Batch) -> None:
+        if self.batch is batch:
+            self.flush()
+
+    def flush(self) -> bool:
+        """Append the open batch (Kafka's ``flushCurrentBatch``); True if it is in the log.
+
+        Its records were replayed at the offsets they were to get, so a refused append, or one
+        at any other offset, unloads the shard, which reloads from the log.
+        """
+        batch, self.batch = self.batch, None
+        if batch is None:
+            return True
+        if batch.flush_handle is not None:
+            batch.flush_handle.cancel()
+        if self.state is not ShardState.ACTIVE:
+            return False
+        try:
+            appended = self.runtime.replica_manager.append_local(
+                self.partition, fmt.build_batch(batch.records)
+            )
+        except KafkaError as e:
+            log.warning(
+                "coordinator write to %s-%d failed (%s): unloading the shard",
+                OFFSETS_TOPIC,
+                self.index,
+                e.code.name,
+            )
+            self.runtime.fail_shard(self, _write_error(e.code))
+            return False
+        self.runtime.count_batch(len(batch.records))
+        if appended.base_offset != batch.base_offset:
+            # Kafka's runtime fails the same way ("...but the log appended at..."): a bug.
+            log.error(
+                "coordinator batch for %s-%d appended at offset %d, expected %d: reloading",
+                OFFSETS_TOPIC,
+                self.index,
+                appended.base_offset,
+                batch.base_offset,
+            )
+            self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
+            return False
+        return True
 
     def _defer(self, offset: int, responses: Sequence[tuple[Hashable, Any]]) -> None:
         if not responses:
@@ -449,9 +567,12 @@ class CoordinatorRuntime:
         load_buffer_size: int = LOAD_CHUNK_BYTES,
         bug_ack_before_hw: bool = False,
         measure_latency: bool = True,
+        append_linger_ms: int = -1,
     ) -> None:
-        """``measure_latency``: time OffsetCommit requests for the metrics (``metrics.enable``)."""
+        """``measure_latency``: time OffsetCommit requests for the metrics (``metrics.enable``).
+        ``append_linger_ms``: ``group.coordinator.append.linger.ms`` (see the module doc)."""
         self.replica_manager = replica_manager
+        self.append_linger_ms = append_linger_ms
         self.config = config
         self.now_ms = now_ms
         self.num_partitions = num_partitions
@@ -480,11 +601,18 @@ class CoordinatorRuntime:
         }
         self.load_records_replayed = 0
         self.standby_records_replayed = 0
+        # Coordinator writes appended: batches and their records (Kafka's batch-flush-rate).
+        self.batches_appended = 0
+        self.records_appended = 0
         self.offset_commit_latency_s: Histogram | None = (
             Histogram(LATENCY_BUCKETS_S) if measure_latency else None
         )
         replica_manager.add_role_listener(self._on_role)
         replica_manager.add_high_watermark_listener(self._on_high_watermark)
+
+    def count_batch(self, records: int) -> None:
+        self.batches_appended += 1
+        self.records_appended += records
 
     @staticmethod
     def new_member_id(client_id: str) -> str:
@@ -701,6 +829,10 @@ class CoordinatorRuntime:
             del self.contexts[ctx.index]
         was_active = ctx.state is ShardState.ACTIVE
         ctx.state = ShardState.CLOSED
+        if ctx.batch is not None:  # never appended: its answers fail below
+            if ctx.batch.flush_handle is not None:
+                ctx.batch.flush_handle.cancel()
+            ctx.batch = None
         if ctx.timer is not None:
             ctx.timer.cancel_all()
         if was_active and ctx.shard is not None:

@@ -235,6 +235,7 @@ class Node:
             load_buffer_size=cfg.offsets_load_buffer_size,
             bug_ack_before_hw=cfg.test_bug_ack_before_high_watermark,
             measure_latency=cfg.metrics_enable,
+            append_linger_ms=cfg.group_coordinator_append_linger_ms,
         )
         self.cache.delta_listeners.append(self.coordinator.on_metadata_delta)
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]

@@ -74,6 +74,7 @@ def test_consumer_lag_against_the_high_watermark(tmp_path: Path) -> None:
         produce(node, 10)
         offsets = node.offsets_partition
         fut = node.runtime.submit("g", commit("g", 3))
+        node.runtime.contexts[0].flush()  # the open batch, which the release commits
         node.replicas.release(offsets)
         await fut
         metrics = NodeMetrics(node_view(node))
@@ -103,6 +104,8 @@ def test_consumer_lag_against_the_high_watermark(tmp_path: Path) -> None:
         assert value(samples, "kcoord_partition_leader", topic="orders", partition="0") == 1
         assert value(samples, "kcoord_log_appended_bytes_total", role="leader") is not None
         assert value(samples, "kcoord_coordinator_offset_commits_total") == 1
+        assert value(samples, "kcoord_coordinator_batches_appended_total") == 1
+        assert value(samples, "kcoord_coordinator_records_appended_total") == 1
         assert value(samples, "kcoord_coordinator_offset_commit_latency_seconds_count") == 0
         assert value(samples, "kcoord_coordinator_shards", state="active") == 1
         assert (
@@ -121,6 +124,7 @@ def test_consumer_lag_against_the_high_watermark(tmp_path: Path) -> None:
 
         # A partition another node leads: no lag series until its leader's HW is known.
         fut = node.runtime.submit("g", commit_to("g", "elsewhere", 4))
+        node.runtime.contexts[0].flush()  # the open batch, which the release commits
         node.replicas.release(offsets)
         await fut
         assert metrics.collector.lag_partitions_led_elsewhere() == {("elsewhere", 0)}

@@ -61,7 +61,7 @@ class HeldReplicaManager(ReplicaManager):
 
 
 class Node:
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, append_linger_ms: int = -1) -> None:
         self.now = 1_000_000
         self.logs = LogManager(data_dir)
         self.logs.open()
@@ -69,7 +69,11 @@ class Node:
         self.replicas = HeldReplicaManager(1, self.logs, self.cache, lambda: self.now)
         self.cache.listener = self.replicas
         self.runtime = CoordinatorRuntime(
-            self.replicas, GroupConfig(), lambda: self.now, num_partitions=lambda: 1
+            self.replicas,
+            GroupConfig(),
+            lambda: self.now,
+            num_partitions=lambda: 1,
+            append_linger_ms=append_linger_ms,
         )
 
     def elect(self, leader_epoch: int = 0) -> None:
@@ -136,7 +140,8 @@ def test_load_in_progress_then_answers_wait_for_the_high_watermark(tmp_path: Pat
         await loaded(node)
         part = node.offsets_partition
         answer = node.runtime.submit("g", commit("g", 42))
-        assert part.log.log_end_offset > part.high_watermark  # written, not committed
+        written = node.runtime.contexts[0].last_written_offset
+        assert written > part.high_watermark  # written, not committed
         read = node.runtime.submit("g", fetch("g"))  # a read after a pending write waits too
         for _ in range(10):
             await asyncio.sleep(0)
@@ -151,9 +156,12 @@ def test_load_in_progress_then_answers_wait_for_the_high_watermark(tmp_path: Pat
     asyncio.run(scenario())
 
 
-def test_unload_fails_pending_answers_and_reload_replays_the_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize("append_linger_ms", [0, -1])
+def test_unload_fails_pending_answers_and_reload_replays_the_log(
+    tmp_path: Path, append_linger_ms: int
+) -> None:
     async def scenario() -> None:
-        node = Node(tmp_path)
+        node = Node(tmp_path, append_linger_ms=append_linger_ms)
         node.elect()
         await loaded(node)
         part = node.offsets_partition
@@ -185,9 +193,11 @@ def test_unload_fails_pending_answers_and_reload_replays_the_log(tmp_path: Path)
         assert shard is not None
         node.replicas.release(part)
         offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
-        # Both writes reached the log (the second was appended before the unload), so a
-        # replay sees 8: what is in the log is the truth, committed or not yet.
-        assert offsets.topics[0].partitions[0].committed_offset == 8
+        # What is in the log is the truth, committed or not yet. Without linger the second
+        # write was appended before the unload, so a replay sees 8; with it, the write was
+        # still in the open batch, which the unload dropped unwritten, so a replay sees 7.
+        expected = 8 if append_linger_ms == 0 else 7
+        assert offsets.topics[0].partitions[0].committed_offset == expected
         node.runtime.close()
 
     asyncio.run(scenario())
@@ -205,14 +215,17 @@ def offset_delete(group: str) -> Any:
     return lambda s, tok, now: s.handle_offset_delete(tok, req, now)
 
 
-def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(tmp_path: Path) -> None:
+@pytest.mark.parametrize("append_linger_ms", [0, -1])
+def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(
+    tmp_path: Path, append_linger_ms: int
+) -> None:
     """Below min.insync.replicas an OffsetCommit's append is refused: that commit is answered
     COORDINATOR_NOT_AVAILABLE (Kafka's mapping of NOT_ENOUGH_REPLICAS) and the shard, which
     its handler changes only through records, stays loaded: reads go on, and once the ISR is
     back commits do. Another handler's refused write still unloads the shard."""
 
     async def scenario() -> None:
-        node = Node(tmp_path)
+        node = Node(tmp_path, append_linger_ms=append_linger_ms)
         node.elect()
         await loaded(node)
         part = node.offsets_partition
@@ -252,6 +265,110 @@ def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(tmp_path: Path)
             await asyncio.wait_for(deleting, 5)
         assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
         assert node.runtime.contexts[0] is not ctx  # unloaded, and reloading from the log
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def _batches(lg: Log, start: int) -> list[int]:
+    """The record count of each batch in the log from ``start``."""
+    if start == lg.log_end_offset:
+        return []
+    return [h.record_count for _, h in fmt.iter_headers(lg.read(start, 1 << 30).records)]
+
+
+async def _until(condition: Any, what: str) -> None:
+    for _ in range(10_000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never: {what}")
+
+
+@pytest.mark.parametrize(("append_linger_ms", "batches"), [(0, [1, 1, 1]), (-1, [3]), (20, [3])])
+def test_writes_wait_for_the_append_linger_and_go_out_as_one_batch(
+    tmp_path: Path, append_linger_ms: int, batches: list[int]
+) -> None:
+    """``group.coordinator.append.linger.ms`` (Kafka's ``CoordinatorRuntime`` batches,
+    KAFKA-16770; -1 is KAFKA-19826's adaptive linger): 0 appends each handler's records at
+    once; -1 appends what handlers wrote in one pass of the event loop as one batch when the
+    pass ends; a positive value keeps the batch open that long. Each write is replayed at
+    once, so the next handler sees it, and answered only once its batch is committed."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=append_linger_ms)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        start = part.log.log_end_offset
+        appended = node.runtime.batches_appended
+        answers = [node.runtime.submit(f"g{i}", commit(f"g{i}", i)) for i in range(3)]
+        assert node.runtime.contexts[0].last_written_offset == start + 3
+        if append_linger_ms:
+            assert part.log.log_end_offset == start  # the batch is still open
+            await asyncio.sleep(0)
+            if append_linger_ms > 0:
+                assert part.log.log_end_offset == start  # open for the linger, not one pass
+        await _until(lambda: part.log.log_end_offset == start + 3, "the batch appended")
+        assert _batches(part.log, start) == batches
+        assert node.runtime.batches_appended == appended + len(batches)
+        assert not any(a.done() for a in answers)  # not committed yet
+        node.replicas.release(part)
+        for i, answer in enumerate(answers):
+            response = await asyncio.wait_for(answer, 5)
+            assert response.topics[0].partitions[0].error_code is Errors.NONE, i
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_is_flushed_before_it_would_exceed_max_message_bytes(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=10_000)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        part.log.config = LogConfig(max_message_bytes=400)  # about two commits' records
+        start = part.log.log_end_offset
+        answers = [node.runtime.submit(f"g{i}", commit(f"g{i}", i)) for i in range(5)]
+        # The full batches went out as the next write would not fit; the last one waits.
+        assert part.log.log_end_offset > start
+        node.runtime.contexts[0].flush()
+        counts = _batches(part.log, start)
+        assert sum(counts) == 5 and 1 < max(counts) < 5, counts
+        node.replicas.release(part)
+        for answer in answers:
+            await asyncio.wait_for(answer, 5)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) -> None:
+    """The batch's writes were replayed when written, so a refused append leaves the shard
+    ahead of its log: its answers fail and the shard is reloaded (Kafka reverts its timeline
+    to the last written offset instead; a shard here has no timeline)."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=-1)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("g", commit("g", 7)), 5)
+        ctx = node.runtime.contexts[0]
+        end = part.log.log_end_offset
+        pending = node.runtime.submit("g", commit("g", 8), replay_only=True)
+        node.replicas.min_insync_replicas = 2  # the ISR shrinks before the batch goes out
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(pending, 5)
+        assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        assert part.log.log_end_offset == end
+        assert node.runtime.contexts[0] is not ctx and ctx.state is ShardState.CLOSED
+        node.replicas.min_insync_replicas = 1
+        await loaded(node)
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 7
         node.runtime.close()
 
     asyncio.run(scenario())
