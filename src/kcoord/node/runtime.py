@@ -28,6 +28,10 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   here has no timeline.
 - **Reads and record-less handlers** (OffsetFetch, Heartbeat, ...): their responses wait until
   the high watermark reaches the last offset written so far, so nobody reads uncommitted state.
+- **Timeout**: a response that has waited ``offsets.commit.timeout.ms`` for the high watermark
+  fails with COORDINATOR_NOT_AVAILABLE (Kafka's runtime gives every write operation that
+  timeout and maps its REQUEST_TIMED_OUT so); the client looks the coordinator up again and
+  retries. What was written stays in the log and the shard stays loaded.
 - **Timers** the shard schedules run as ``loop.call_later`` callbacks that call
   ``shard.on_timer``, just another handler.
 - **Hot standby** (DESIGN section 8, beyond Kafka): on a follower of an offsets partition a
@@ -282,6 +286,7 @@ class _Batch:
 class _Deferred:
     offset: int  # respond once the high watermark is at or above this
     responses: Sequence[tuple[Hashable, Any]]
+    deadline: float  # the event loop's clock; fail with COORDINATOR_NOT_AVAILABLE after it
 
 
 @dataclass(eq=False)
@@ -297,6 +302,7 @@ class ShardContext:
     last_written_offset: int = 0
     load_summary: LoadSummary | None = None
     batch: _Batch | None = None
+    expiry: asyncio.TimerHandle | None = None  # for the oldest deferred response
 
     @property
     def index(self) -> int:
@@ -465,8 +471,38 @@ class ShardContext:
             return
         if self.partition.high_watermark >= offset or self.runtime.bug_ack_before_hw:
             self._deliver(responses)
-        else:
-            self.deferred.append(_Deferred(offset, responses))
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.runtime.write_timeout_ms / 1000
+        self.deferred.append(_Deferred(offset, responses, deadline))
+        if self.expiry is None:
+            self.expiry = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        """Fail the responses past their deadline; the deadlines grow in list order."""
+        self.expiry = None
+        now = asyncio.get_running_loop().time()
+        k = 0
+        while k < len(self.deferred) and self.deferred[k].deadline <= now:
+            k += 1
+        timed_out, self.deferred = self.deferred[:k], self.deferred[k:]
+        for d in timed_out:
+            self._fail(d.responses, _write_error(Errors.REQUEST_TIMED_OUT))
+        expired = sum(len(d.responses) for d in timed_out)
+        if expired:
+            log.info(
+                "%d coordinator answers on %s-%d timed out waiting for the high watermark "
+                "(at %d, written to %d)",
+                expired,
+                OFFSETS_TOPIC,
+                self.index,
+                self.partition.high_watermark,
+                self.last_written_offset,
+            )
+        if self.deferred:
+            self.expiry = asyncio.get_running_loop().call_at(
+                self.deferred[0].deadline, self._expire
+            )
 
     def _fail(self, responses: Sequence[tuple[Hashable, Any]], code: Errors) -> None:
         for token, _response in responses:
@@ -497,6 +533,9 @@ class ShardContext:
 
     def fail_all(self, code: Errors) -> None:
         self.deferred.clear()
+        if self.expiry is not None:
+            self.expiry.cancel()
+            self.expiry = None
         futures, self.futures = self.futures, {}
         for fut in futures.values():
             if not fut.done():
@@ -568,11 +607,14 @@ class CoordinatorRuntime:
         bug_ack_before_hw: bool = False,
         measure_latency: bool = True,
         append_linger_ms: int = -1,
+        write_timeout_ms: int = 5000,
     ) -> None:
         """``measure_latency``: time OffsetCommit requests for the metrics (``metrics.enable``).
-        ``append_linger_ms``: ``group.coordinator.append.linger.ms`` (see the module doc)."""
+        ``append_linger_ms``: ``group.coordinator.append.linger.ms``; ``write_timeout_ms``:
+        ``offsets.commit.timeout.ms`` (see the module doc)."""
         self.replica_manager = replica_manager
         self.append_linger_ms = append_linger_ms
+        self.write_timeout_ms = write_timeout_ms
         self.config = config
         self.now_ms = now_ms
         self.num_partitions = num_partitions

@@ -236,6 +236,7 @@ class Node:
             bug_ack_before_hw=cfg.test_bug_ack_before_high_watermark,
             measure_latency=cfg.metrics_enable,
             append_linger_ms=cfg.group_coordinator_append_linger_ms,
+            write_timeout_ms=cfg.offsets_commit_timeout_ms,
         )
         self.cache.delta_listeners.append(self.coordinator.on_metadata_delta)
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]

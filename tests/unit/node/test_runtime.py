@@ -61,7 +61,9 @@ class HeldReplicaManager(ReplicaManager):
 
 
 class Node:
-    def __init__(self, data_dir: Path, *, append_linger_ms: int = -1) -> None:
+    def __init__(
+        self, data_dir: Path, *, append_linger_ms: int = -1, write_timeout_ms: int = 5000
+    ) -> None:
         self.now = 1_000_000
         self.logs = LogManager(data_dir)
         self.logs.open()
@@ -74,6 +76,7 @@ class Node:
             lambda: self.now,
             num_partitions=lambda: 1,
             append_linger_ms=append_linger_ms,
+            write_timeout_ms=write_timeout_ms,
         )
 
     def elect(self, leader_epoch: int = 0) -> None:
@@ -369,6 +372,39 @@ def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) 
         await loaded(node)
         offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
         assert offsets.topics[0].partitions[0].committed_offset == 7
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_answers_waiting_longer_than_the_commit_timeout_fail_and_the_shard_stays(
+    tmp_path: Path,
+) -> None:
+    """``offsets.commit.timeout.ms``: Kafka's runtime fails a write whose records the HW has not
+    passed in that time with REQUEST_TIMED_OUT, answered COORDINATOR_NOT_AVAILABLE (the client
+    looks the coordinator up again and retries). The records stay in the log and the shard
+    stays loaded; reads waiting behind them time out alike."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=50)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        ctx = node.runtime.contexts[0]
+        started = asyncio.get_running_loop().time()
+        write = node.runtime.submit("g", commit("g", 5))
+        read = node.runtime.submit("g", fetch("g"))
+        for answer in (write, read):
+            with pytest.raises(CoordinatorError) as e:
+                await asyncio.wait_for(answer, 5)
+            assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        assert asyncio.get_running_loop().time() - started >= 0.05
+        assert not ctx.deferred and node.runtime.contexts[0] is ctx
+        assert ctx.state is ShardState.ACTIVE
+        node.replicas.release(part)  # the follower catches up
+        assert part.high_watermark == part.log.log_end_offset
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 5  # written all the same
         node.runtime.close()
 
     asyncio.run(scenario())
