@@ -352,15 +352,18 @@ class ShardContext:
                     )
                     self._fail(result.responses, _write_error(e.code))
                     return
-                log.warning(
-                    "coordinator write to %s-%d failed (%s): unloading the shard",
-                    OFFSETS_TOPIC,
-                    self.index,
-                    e.code.name,
-                )
-                self.runtime.fail_shard(self, _write_error(e.code))
+                self._unload_after_failed_write(e.code)
                 return
         self._defer(self.last_written_offset, result.responses)
+
+    def _unload_after_failed_write(self, code: Errors) -> None:
+        log.warning(
+            "coordinator write to %s-%d failed (%s): unloading the shard",
+            OFFSETS_TOPIC,
+            self.index,
+            code.name,
+        )
+        self.runtime.fail_shard(self, _write_error(code))
 
     def _append_and_replay(
         self,
@@ -444,13 +447,7 @@ class ShardContext:
                 self.partition, fmt.build_batch(batch.records)
             )
         except KafkaError as e:
-            log.warning(
-                "coordinator write to %s-%d failed (%s): unloading the shard",
-                OFFSETS_TOPIC,
-                self.index,
-                e.code.name,
-            )
-            self.runtime.fail_shard(self, _write_error(e.code))
+            self._unload_after_failed_write(e.code)
             return False
         self.runtime.count_batch(len(batch.records))
         if appended.base_offset != batch.base_offset:

@@ -31,6 +31,7 @@ from kcoord.node.runtime import (
     CoordinatorError,
     CoordinatorRuntime,
     LatestRecords,
+    ShardContext,
     ShardState,
     _replay_chunk,
 )
@@ -218,6 +219,17 @@ def offset_delete(group: str) -> Any:
     return lambda s, tok, now: s.handle_offset_delete(tok, req, now)
 
 
+async def committed_seven(node: Node) -> tuple[Partition, ShardContext, int]:
+    """Elect the node, load its shard and commit offset 7 for group g (the HW follows
+    appends from here on). Returns the partition, the shard's context and the log's end."""
+    node.elect()
+    await loaded(node)
+    part = node.offsets_partition
+    node.replicas.hold = False
+    await asyncio.wait_for(node.runtime.call("g", commit("g", 7)), 5)
+    return part, node.runtime.contexts[0], part.log.log_end_offset
+
+
 @pytest.mark.parametrize("append_linger_ms", [0, -1])
 def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(
     tmp_path: Path, append_linger_ms: int
@@ -229,13 +241,7 @@ def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(
 
     async def scenario() -> None:
         node = Node(tmp_path, append_linger_ms=append_linger_ms)
-        node.elect()
-        await loaded(node)
-        part = node.offsets_partition
-        node.replicas.hold = False
-        await asyncio.wait_for(node.runtime.call("g", commit("g", 7)), 5)
-        ctx = node.runtime.contexts[0]
-        end = part.log.log_end_offset
+        part, ctx, end = await committed_seven(node)
 
         node.replicas.min_insync_replicas = 2  # the ISR is this node alone
         refused = node.runtime.submit("g", commit("g", 8), replay_only=True)
@@ -354,13 +360,7 @@ def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) 
 
     async def scenario() -> None:
         node = Node(tmp_path, append_linger_ms=-1)
-        node.elect()
-        await loaded(node)
-        part = node.offsets_partition
-        node.replicas.hold = False
-        await asyncio.wait_for(node.runtime.call("g", commit("g", 7)), 5)
-        ctx = node.runtime.contexts[0]
-        end = part.log.log_end_offset
+        part, ctx, end = await committed_seven(node)
         pending = node.runtime.submit("g", commit("g", 8), replay_only=True)
         node.replicas.min_insync_replicas = 2  # the ISR shrinks before the batch goes out
         with pytest.raises(CoordinatorError) as e:

@@ -22,6 +22,7 @@ from kcoord.node.kafka import codec
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS
 from kcoord.node.kafka.produce import LOAD_SLICE_HEADERS
+from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import format as fmt
@@ -638,6 +639,25 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+async def _batches_then_a_new_leadership(
+    h: Harness, c: AsyncWireClient, count: int
+) -> tuple[int, Partition]:
+    """Topic t: one idempotent producer's ``count`` one-record batches, then the leadership
+    moves to node 2 and back, so this node loads the producer state again. Returns the
+    producer id and the partition."""
+    await h.create_topic("t", 1, 1)
+    init = await c.call(
+        INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
+    )
+    part = h.replicas.leader_partition("t", 0)
+    for seq in range(count):
+        one = batch([b"v"], producer_id=init.producer_id, producer_epoch=0, base_sequence=seq)
+        h.replicas.append_local(part, one, required_acks=1)
+    h.move_leader("t", 0, 2)
+    h.move_leader("t", 0, NODE_ID)
+    return int(init.producer_id), part
+
+
 def test_a_long_producer_state_loads_between_other_work_and_still_finds_retries(
     tmp_path: Path,
 ) -> None:
@@ -647,18 +667,8 @@ def test_a_long_producer_state_loads_between_other_work_and_still_finds_retries(
     slices = 5
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("t", 1, 1)
-        init = await c.call(
-            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
-        )
-        pid = init.producer_id
-        part = h.replicas.leader_partition("t", 0)
         count = slices * LOAD_SLICE_HEADERS + 7
-        for seq in range(count):
-            one = batch([b"v"], producer_id=pid, producer_epoch=0, base_sequence=seq)
-            h.replicas.append_local(part, one, required_acks=1)
-        h.move_leader("t", 0, 2)
-        h.move_leader("t", 0, NODE_ID)
+        pid, _part = await _batches_then_a_new_leadership(h, c, count)
         states = h.broker.produce.states
         seen_loading = 0
 
@@ -691,18 +701,8 @@ def test_a_producer_state_load_from_an_earlier_leadership_is_not_used(tmp_path: 
     batch the other leader appended meanwhile, must not serve the new leadership."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("t", 1, 1)
-        init = await c.call(
-            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
-        )
-        pid = init.producer_id
-        part = h.replicas.leader_partition("t", 0)
         count = 5 * LOAD_SLICE_HEADERS
-        for seq in range(count):
-            one = batch([b"v"], producer_id=pid, producer_epoch=0, base_sequence=seq)
-            h.replicas.append_local(part, one, required_acks=1)
-        h.move_leader("t", 0, 2)
-        h.move_leader("t", 0, NODE_ID)
+        pid, part = await _batches_then_a_new_leadership(h, c, count)
         states = h.broker.produce.states
         following = batch([b"w"], producer_id=pid, producer_epoch=0, base_sequence=count)
         sent = asyncio.create_task(c.call(PRODUCE, 9, produce_values("t", 0, following)))
