@@ -279,7 +279,6 @@ class _Batch:
     base_offset: int  # where the log is to put the first one
     records: list[fmt.Record] = field(default_factory=list)
     size: int = fmt.HEADER_SIZE  # an upper bound of the encoded batch's size
-    flush_handle: asyncio.Handle | None = None
 
 
 @dataclass(slots=True)
@@ -409,13 +408,13 @@ class ShardContext:
         batch = self.batch
         if batch is None:
             batch = self.batch = _Batch(self.last_written_offset)
+            # The callback finds the batch gone if it went out (or was dropped) before.
             loop = asyncio.get_running_loop()
             linger_ms = self.runtime.append_linger_ms
-            batch.flush_handle = (
+            if linger_ms < 0:
                 loop.call_soon(self._flush_if_open, batch)
-                if linger_ms < 0
-                else loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
-            )
+            else:
+                loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
         now = self.runtime.now_ms()
         for record, (key, value) in zip(records, encoded, strict=True):
             delta = len(batch.records)
@@ -438,8 +437,6 @@ class ShardContext:
         batch, self.batch = self.batch, None
         if batch is None:
             return True
-        if batch.flush_handle is not None:
-            batch.flush_handle.cancel()
         if self.state is not ShardState.ACTIVE:
             return False
         try:
@@ -478,7 +475,8 @@ class ShardContext:
     def _expire(self) -> None:
         """Fail the responses past their deadline; the deadlines grow in list order."""
         self.expiry = None
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         k = 0
         while k < len(self.deferred) and self.deferred[k].deadline <= now:
             k += 1
@@ -497,9 +495,7 @@ class ShardContext:
                 self.last_written_offset,
             )
         if self.deferred:
-            self.expiry = asyncio.get_running_loop().call_at(
-                self.deferred[0].deadline, self._expire
-            )
+            self.expiry = loop.call_at(self.deferred[0].deadline, self._expire)
 
     def _fail(self, responses: Sequence[tuple[Hashable, Any]], code: Errors) -> None:
         for token, _response in responses:
@@ -868,10 +864,7 @@ class CoordinatorRuntime:
             del self.contexts[ctx.index]
         was_active = ctx.state is ShardState.ACTIVE
         ctx.state = ShardState.CLOSED
-        if ctx.batch is not None:  # never appended: its answers fail below
-            if ctx.batch.flush_handle is not None:
-                ctx.batch.flush_handle.cancel()
-            ctx.batch = None
+        ctx.batch = None  # never appended: its answers fail below
         if ctx.timer is not None:
             ctx.timer.cancel_all()
         if was_active and ctx.shard is not None:
