@@ -1,7 +1,7 @@
 """Group coordinator benchmark, side by side with the tansu broker: ``make bench-coordinator``.
 
 Runs, in one run on this machine, the same aiokafka client code against two brokers (figures
-(a) to (c)), then two figures of kcoord alone ((d) and (e)):
+(a) to (c)), then three figures of kcoord alone ((d) to (f)):
 
 - **kcoord**: a 3-node local cluster (``kcoord.node.launcher.up`` on loopback ports found free
   at run time; ``__consumer_offsets`` with its defaults: 50 partitions, replication factor 3, so
@@ -67,6 +67,17 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
     everything: it has few unchanged members, and every one is revoked). The joiner then
     leaves and the group settles again. The rebalance callbacks of every member are recorded
     in the raw results (``revocations_ms``, from the joiner's subscribe()).
+(f) Write batching: case (a) with ``--batching-clients`` clients on two fresh 3-node clusters
+    that differ only in ``group.coordinator.append.linger.ms``: 0 (each request's records are
+    an append of their own) and -1 (the default, Kafka's adaptive linger of KAFKA-19826: the
+    writes a shard took in one pass of the event loop share one append and one replication
+    round). Both run throughout and are measured alternately, ``--batching-rounds`` rounds,
+    each with the groups in two layouts: "spread" (the groups of case (a), over the
+    partitions of ``__consumer_offsets`` and so over the nodes) and "one_partition" (group ids
+    picked to hash to one partition: one shard takes every write). The nodes'
+    ``kcoord_coordinator_batches_appended_total`` and ``..._records_appended_total``, read
+    from ``/metrics`` before and after each case, give the records an append carried. The
+    figure is the median commits/s of each linger and layout, and adaptive / 0; no target.
 
 Every figure is the median of its samples; the ratio is kcoord / tansu (for times, below 1 means
 kcoord is faster). Targets: every figure at least as good as tansu's; commit throughput with
@@ -75,12 +86,12 @@ on - 1 below ``METRICS_OVERHEAD_TARGET``; (e) with the consumer protocol, for ea
 unchanged member revoked (and some unchanged), and the joiner owns partitions within
 ``JOIN_OWNED_TARGET_HEARTBEATS`` heartbeat intervals (median of the rounds).
 
-Prints a side-by-side table, the tables of (d) and (e) and writes
-``bench/results/coordinator.json`` (raw samples, figures, targets, targets_met; (d) and (e)
-under ``metrics_cost`` and ``join_<N>[_<protocol>]``, the kcoord-only targets with a ``value``
-and a ``rule``). Every broker process, member process and member thread is stopped at the end,
-on failure too; on a failure the working directory (node logs, ``tansu.log``, member logs,
-``librdkafka.log``) is kept and named.
+Prints a side-by-side table, the tables of (d) to (f) and writes
+``bench/results/coordinator.json`` (raw samples, figures, targets, targets_met; (d) to (f)
+under ``metrics_cost``, ``join_<N>[_<protocol>]`` and ``batching_<layout>``, the kcoord-only
+targets with a ``value`` and a ``rule``). Every broker process, member process and member
+thread is stopped at the end, on failure too; on a failure the working directory (node logs,
+``tansu.log``, member logs, ``librdkafka.log``) is kept and named.
 """
 
 from __future__ import annotations
@@ -117,6 +128,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 from confluent_kafka import Consumer
 
+from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node import launcher
 from kcoord.node.kafka.client import call_once
@@ -144,6 +156,15 @@ JOIN_PROTOCOLS = ("consumer", "eager", "cooperative")
 JOIN_QUIET_HEARTBEATS = 3
 JOIN_OWNED_TARGET_HEARTBEATS = 2.0  # issue 9: the joiner owns partitions within 2 intervals
 JOIN_POLL_TIMEOUT_S = 0.1  # consume()'s timeout: how soon a member thread sees its stop
+# (f): group.coordinator.append.linger.ms of the two clusters (0: each request's records are
+# an append of their own; -1: Kafka's adaptive linger, KAFKA-19826), and where the groups are.
+LINGER_KEY = "group.coordinator.append.linger.ms"
+BATCH_LINGERS = {"linger_0": 0, "adaptive": -1}
+BATCH_LAYOUTS = ("spread", "one_partition")
+APPEND_COUNTERS = (
+    "kcoord_coordinator_batches_appended_total",
+    "kcoord_coordinator_records_appended_total",
+)
 
 
 class BenchError(Exception):
@@ -387,16 +408,22 @@ class Run:
 # (a) ----------------------------------------------------------------------------------------
 
 
-async def commit_case(broker: Broker, run: Run, clients: int, tag: str = "") -> dict[str, Any]:
-    """``clients`` consumers, each of its own group and partition, commit in a loop for
-    ``--commit-seconds``. The raw samples are the commits completed in each
-    ``COMMIT_INTERVAL_S`` of the run (the throughput over time) and per client. ``tag`` keeps
-    the group ids of two cases on one broker apart."""
+def commit_group_ids(run: Run, clients: int, tag: str) -> list[str]:
+    """One group per client; ``tag`` keeps the group ids of two cases on one broker apart."""
+    return [f"commit-{run.run_id}-{tag}{clients}-{i}" for i in range(clients)]
+
+
+async def commit_case(
+    broker: Broker, run: Run, clients: int, tag: str = "", group_ids: list[str] | None = None
+) -> dict[str, Any]:
+    """``clients`` consumers, each of its own group (``group_ids``, or ``commit_group_ids``)
+    and partition, commit in a loop for ``--commit-seconds``. The raw samples are the commits
+    completed in each ``COMMIT_INTERVAL_S`` of the run (the throughput over time) and per
+    client."""
     seconds, partitions = run.args.commit_seconds, run.args.commit_clients
-    consumers = [
-        run.settings.consumer(broker.bootstrap, f"commit-{run.run_id}-{tag}{clients}-{i}")
-        for i in range(clients)
-    ]
+    if group_ids is None:
+        group_ids = commit_group_ids(run, clients, tag)
+    consumers = [run.settings.consumer(broker.bootstrap, group_id) for group_id in group_ids]
     latencies_ms: list[float] = []
     counts = [0] * clients
     per_interval = [0] * math.ceil(seconds / COMMIT_INTERVAL_S)
@@ -952,6 +979,117 @@ def join_topic(size: int) -> str:
     return f"{JOIN_TOPIC_PREFIX}{size}"
 
 
+# (f) ----------------------------------------------------------------------------------------
+
+
+def one_partition_group_ids(run: Run, clients: int, tag: str, offsets_partitions: int) -> list[str]:
+    """``clients`` group ids that all hash to one ``__consumer_offsets`` partition (chosen by
+    the run id), so their commits are writes of one coordinator shard."""
+    target = partition_for(f"commit-{run.run_id}-{tag}", offsets_partitions)
+    ids = []
+    for i in range(clients):
+        k = 0
+        while (
+            partition_for(
+                group_id := f"commit-{run.run_id}-{tag}{clients}-{i}-{k}", offsets_partitions
+            )
+            != target
+        ):
+            k += 1
+        ids.append(group_id)
+    return ids
+
+
+def parse_counters(text: str, names: Sequence[str]) -> dict[str, float]:
+    """The unlabelled samples named ``names`` in a Prometheus text exposition."""
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in out:
+            out[name] = float(value)
+    return out
+
+
+async def appended_counts(urls: Sequence[str]) -> dict[str, float]:
+    """The coordinator's batches and records appended, summed over the nodes."""
+    timeout = aiohttp.ClientTimeout(total=10)
+    total = dict.fromkeys(APPEND_COUNTERS, 0.0)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for url in urls:
+            async with session.get(url) as response:
+                if response.status != 200:
+                    raise BenchError(f"{url} answered {response.status}")
+                counts = parse_counters(await response.text(), APPEND_COUNTERS)
+            for name, value in counts.items():
+                total[name] += value
+    return total
+
+
+async def batching_case(
+    broker: Broker, run: Run, layout: str, tag: str, offsets_partitions: int
+) -> dict[str, Any]:
+    """The ``--batching-clients`` commit case with the groups spread over the partitions of
+    ``__consumer_offsets`` or all on one; the nodes' append counters before and after say how
+    many records each append carried (the warm-up commits included)."""
+    clients = run.args.batching_clients
+    group_ids = (
+        one_partition_group_ids(run, clients, tag, offsets_partitions)
+        if layout == "one_partition"
+        else commit_group_ids(run, clients, tag)
+    )
+    before = await appended_counts(broker.metrics_urls)
+    result = await commit_case(broker, run, clients, group_ids=group_ids)
+    after = await appended_counts(broker.metrics_urls)
+    batches, records = (after[name] - before[name] for name in APPEND_COUNTERS)
+    return {
+        **result,
+        "layout": layout,
+        "offsets_partitions_used": len({partition_for(g, offsets_partitions) for g in group_ids}),
+        "batches_appended": batches,
+        "records_appended": records,
+        "records_per_batch": records / batches if batches else 0.0,
+    }
+
+
+async def measure_batching(clusters: dict[str, Broker], run: Run) -> None:
+    """Each round: each layout, on each linger's cluster in turn, so that a drift of the
+    machine's load hits both alike."""
+    first = next(iter(clusters.values()))
+    host, port = first.addresses[0]
+    offsets_partitions = await asyncio.to_thread(
+        metadata_partitions, host, port, "__consumer_offsets"
+    )
+    if offsets_partitions < 1:
+        raise BenchError("the Metadata of __consumer_offsets shows no partition")
+    cases: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in range(run.args.batching_rounds):
+        for layout in BATCH_LAYOUTS:
+            for linger, broker in clusters.items():
+                result = await batching_case(
+                    broker, run, layout, f"batching-{linger}-{layout}-{r}-", offsets_partitions
+                )
+                cases.setdefault((layout, linger), []).append(result)
+                print(
+                    f"  commits, {result['clients']} clients, groups {layout:13}, "
+                    f"linger {BATCH_LINGERS[linger]:2} ms, round {r + 1}: "
+                    f"{result['commits_s']:8.0f}/s, {result['records_per_batch']:.2f} records "
+                    "an append",
+                    flush=True,
+                )
+    for (layout, linger), results in cases.items():
+        run.record(
+            f"batching_{layout}",
+            linger,
+            {
+                "linger_ms": BATCH_LINGERS[linger],
+                "rounds": results,
+                **summary([x["commits_s"] for x in results], "commits_s"),
+                "records_per_batch": sum(x["records_appended"] for x in results)
+                / max(sum(x["batches_appended"] for x in results), 1),
+            },
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # The run.
 
@@ -1139,6 +1277,18 @@ async def run_all(run: Run, tansu: Broker) -> None:
             await measure_metrics(on, off, run)
         print("(e) one member joins a settled group: consumer protocol vs classic", flush=True)
         await measure_join(on, run)
+    # (f): both clusters run throughout, as in (d).
+    async with contextlib.AsyncExitStack() as stack:
+        clusters = {
+            linger: await stack.enter_async_context(
+                kcoord_cluster(run, linger, {LINGER_KEY: linger_ms})
+            )
+            for linger, linger_ms in BATCH_LINGERS.items()
+        }
+        for broker in clusters.values():
+            await create_topic(broker, COMMIT_TOPIC, commit_partitions, args.round_timeout_s)
+        print("(f) OffsetCommit round trips: write batching (linger 0 vs adaptive)", flush=True)
+        await measure_batching(clusters, run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1304,6 +1454,18 @@ def kcoord_figures(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, d
                 "unchanged_members": sum(case["unchanged_members"]),
                 "unchanged_revoked": sum(case["unchanged_revoked"]),
             }
+    for layout in BATCH_LAYOUTS:
+        case = raw[f"batching_{layout}"]
+        zero, adaptive = (case[x]["median_commits_s"] for x in BATCH_LINGERS)
+        out[f"batching_{layout}"] = {
+            "label": f"commits/s, {args.batching_clients} clients, groups {layout}",
+            "unit": "commits/s",
+            "higher_is_better": True,
+            "linger_0": zero,
+            "adaptive": adaptive,
+            "ratio": adaptive / zero,
+            "records_per_batch": {x: case[x]["records_per_batch"] for x in BATCH_LINGERS},
+        }
     return out
 
 
@@ -1388,6 +1550,22 @@ def print_kcoord_table(
         "partitions in revocation callbacks; unchanged: members neither gaining nor losing\n"
         "partitions (of every round), and how many of them had a revocation callback."
     )
+    title = (
+        f"(f) commits/s, {args.batching_clients} clients (median of {args.batching_rounds}; "
+        "records an append)"
+    )
+    print(f"\n{title:58}{'linger 0':>16}{'adaptive':>16}{'ratio':>8}")
+    for layout in BATCH_LAYOUTS:
+        f = extra[f"batching_{layout}"]
+        per = f["records_per_batch"]
+        zero = f"{f['linger_0']:.0f} ({per['linger_0']:.2f})"
+        adaptive = f"{f['adaptive']:.0f} ({per['adaptive']:.2f})"
+        print(f"{f'groups {layout}':58}{zero:>16}{adaptive:>16}{f['ratio']:8.2f}")
+    print(
+        "linger: group.coordinator.append.linger.ms, 0 or -1 (adaptive, the default); spread:\n"
+        "the groups hash over the __consumer_offsets partitions, so over the three nodes;\n"
+        "one_partition: every group hashes to one, so their writes can share an append."
+    )
     print(f"\n{'kcoord target':46}{'value':>12}  {'rule':44}{'met':>5}")
     for t in targets:
         print(f"{t.label:46}{t.shown:>12}  {t.rule:44}{'yes' if t.met else 'NO':>5}")
@@ -1425,6 +1603,7 @@ def build_result(
             "nodes": NODES,
             "initial_rebalance_delays_ms": args.initial_delays,
             "metrics_and_join_overrides": cluster_overrides(run, True),
+            "batching_lingers_ms": BATCH_LINGERS,
         },
         "tansu": {
             "binary": tansu_bin,
@@ -1448,6 +1627,8 @@ def build_result(
             "join_heartbeat_interval_ms": args.join_heartbeat_interval_ms,
             "join_session_timeout_ms": args.join_session_timeout_ms,
             "join_quiet_heartbeats": JOIN_QUIET_HEARTBEATS,
+            "batching_clients": args.batching_clients,
+            "batching_rounds": args.batching_rounds,
         },
         "raw": run.raw,
         "figures": {
@@ -1531,6 +1712,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=6000,
         help="(e): group.consumer.session.timeout.ms; the classic members' session timeout",
     )
+    parser.add_argument(
+        "--batching-clients", type=int, default=64, help="(f): concurrent committers"
+    )
+    parser.add_argument(
+        "--batching-rounds", type=int, default=2, help="(f): rounds of each linger and layout"
+    )
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=2000)
     parser.add_argument("--round-timeout-s", type=float, default=60.0, help="deadline per wait")
@@ -1548,6 +1735,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "metrics_rounds",
         "join_rounds",
         "join_partitions_per_member",
+        "batching_clients",
+        "batching_rounds",
     ):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")

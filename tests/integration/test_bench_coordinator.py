@@ -6,7 +6,9 @@ and no process the benchmark started (kcoord nodes, tansu, member processes) out
 kcoord-only figures: commits with metrics on (``/metrics`` scraped) and off; a member joining a
 group of 4 under the consumer protocol, classic eager and classic cooperative, where the group
 ends with a valid assignment, eager revokes every member and the other two revoke no member that
-keeps its partitions.
+keeps its partitions; commits with ``group.coordinator.append.linger.ms`` 0 and -1, groups spread
+and on one ``__consumer_offsets`` partition, where every commit is one record appended, each
+append alone with 0.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ RUN_TIMEOUT_S = 300.0
 SEED = 11
 JOIN_SIZE = 4
 JOIN_PROTOCOLS = ("consumer", "eager", "cooperative")
+BATCHING_CLIENTS = 4
+BATCHING_LAYOUTS = ("spread", "one_partition")
 
 
 def run_bench(args: list[str]) -> tuple[int, str]:
@@ -59,6 +63,8 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
             "--metrics-rounds", "1",
             "--join-sizes", str(JOIN_SIZE),
             "--join-rounds", "1",
+            "--batching-clients", str(BATCHING_CLIENTS),
+            "--batching-rounds", "1",
             "--seed", str(SEED),
             "--out", str(out),
             "--dir", str(tmp_path),
@@ -89,7 +95,11 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
         "stable_2_delay_3000",
         "failover",
     }
-    kcoord_only = {"metrics_cost", *(f"join_{JOIN_SIZE}_{p}" for p in JOIN_PROTOCOLS)}
+    kcoord_only = {
+        "metrics_cost",
+        *(f"join_{JOIN_SIZE}_{p}" for p in JOIN_PROTOCOLS),
+        *(f"batching_{layout}" for layout in BATCHING_LAYOUTS),
+    }
     kcoord_targets = {
         "metrics_cost",
         f"join_{JOIN_SIZE}_consumer_unchanged_not_revoked",
@@ -155,6 +165,7 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
     assert round_["recovered_ms"] >= client["session_timeout_ms"] - client["heartbeat_interval_ms"]
     assert_metrics_cost(result)
     assert_join(result)
+    assert_batching(result)
 
 
 def assert_metrics_cost(result: dict[str, Any]) -> None:
@@ -214,3 +225,31 @@ def assert_join(result: dict[str, Any]) -> None:
     unchanged = result["targets"][f"join_{JOIN_SIZE}_consumer_unchanged_not_revoked"]
     assert unchanged["value"] == 0
     assert result["targets_met"][f"join_{JOIN_SIZE}_consumer_unchanged_not_revoked"] is True
+
+
+def assert_batching(result: dict[str, Any]) -> None:
+    assert result["kcoord"]["batching_lingers_ms"] == {"linger_0": 0, "adaptive": -1}
+    for layout in BATCHING_LAYOUTS:
+        raw = result["raw"][f"batching_{layout}"]
+        for linger in ("linger_0", "adaptive"):
+            (case,) = raw[linger]["rounds"]
+            assert case["layout"] == layout
+            assert case["clients"] == BATCHING_CLIENTS
+            assert all(n > 0 for n in case["per_client_commits"]), case
+            assert raw[linger]["median_commits_s"] == case["commits_s"]
+            # Every commit, the untimed warm-up one of each client too, is one record, and
+            # nothing else was written meanwhile.
+            assert case["records_appended"] == case["commits"] + BATCHING_CLIENTS, case
+            if linger == "linger_0":
+                assert case["batches_appended"] == case["records_appended"], case
+            else:
+                assert 0 < case["batches_appended"] <= case["records_appended"], case
+            assert case["records_per_batch"] == pytest.approx(
+                case["records_appended"] / case["batches_appended"]
+            )
+            if layout == "one_partition":
+                assert case["offsets_partitions_used"] == 1
+        figure = result["figures"][f"batching_{layout}"]
+        assert figure["ratio"] == pytest.approx(figure["adaptive"] / figure["linger_0"])
+        assert figure["records_per_batch"]["linger_0"] == 1.0
+    assert result["params"]["batching_clients"] == BATCHING_CLIENTS
