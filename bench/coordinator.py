@@ -1716,7 +1716,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--batching-clients", type=int, default=64, help="(f): concurrent committers"
     )
     parser.add_argument(
-        "--batching-rounds", type=int, default=2, help="(f): rounds of each linger and layout"
+        "--batching-rounds", type=int, default=3, help="(f): rounds of each linger and layout"
     )
     parser.add_argument("--session-timeout-ms", type=int, default=6000)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=2000)
