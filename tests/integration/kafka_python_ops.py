@@ -9,6 +9,9 @@ Usage: ``python -m tests.integration.kafka_python_ops '<json>'``; ``op`` is one 
 - ``commit``: ``offsets`` {partition: offset} for ``group`` as a consumer without a
   subscription (generation -1); prints "null";
 - ``committed``: prints {partition: offset or null} of ``group`` for ``partitions``;
+- ``delete_offsets``: deletes ``group``'s committed offsets of ``partitions`` [[topic,
+  partition], ...] with the admin client's ``delete_group_offsets`` (OffsetDelete); prints
+  {"topic:partition": error class name} or, for a group error, {"error": its class name};
 - ``member``: subscribes to ``topic`` in ``group`` as ``client_id``, polls until it has
   ``partitions`` partitions, commits ``offsets`` as that member, prints "assigned", then keeps
   polling until its stdin closes, and closes the consumer (leaving the group).
@@ -24,7 +27,8 @@ import sys
 import time
 from typing import Any
 
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 DEADLINE_S = 30.0
@@ -79,6 +83,19 @@ def committed(cmd: dict[str, Any]) -> Any:
         consumer.close()
 
 
+def delete_offsets(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"])
+    try:
+        partitions = [TopicPartition(t, p) for t, p in cmd["partitions"]]
+        try:
+            results = admin.delete_group_offsets(cmd["group"], partitions)
+        except KafkaError as e:
+            return {"error": type(e).__name__}
+        return {f"{tp.topic}:{tp.partition}": error.__name__ for tp, error in results.items()}
+    finally:
+        admin.close()
+
+
 def member(cmd: dict[str, Any]) -> Any:
     consumer = KafkaConsumer(
         cmd["topic"],
@@ -107,7 +124,13 @@ def member(cmd: dict[str, Any]) -> Any:
 
 def main() -> None:
     cmd = json.loads(sys.argv[1])
-    ops = {"produce": produce, "commit": commit, "committed": committed, "member": member}
+    ops = {
+        "produce": produce,
+        "commit": commit,
+        "committed": committed,
+        "delete_offsets": delete_offsets,
+        "member": member,
+    }
     print(json.dumps(ops[cmd["op"]](cmd)), flush=True)
 
 

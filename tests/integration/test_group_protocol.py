@@ -39,6 +39,7 @@ pytestmark = pytest.mark.integration
 METADATA, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 3, 8, 9, 10
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 DESCRIBE_GROUPS, LIST_GROUPS, API_VERSIONS, CREATE_TOPICS, DELETE_GROUPS = 15, 16, 18, 19, 42
+OFFSET_DELETE = 47
 
 # The versions the tests speak unless a case is about a version: the last non-flexible
 # JoinGroup with group_instance_id, and the matching generation of the others.
@@ -685,6 +686,58 @@ def test_delete_groups_of_live_empty_and_unknown_groups(cluster: LocalCluster) -
         assert fetch(c, empty, {TOPIC: [1]})[1] == {(TOPIC, 1): (-1, "", Errors.NONE)}
     with coordinator(cluster, unknown) as c:
         assert delete_groups(c, unknown) == {unknown: Errors.GROUP_ID_NOT_FOUND}
+
+
+def offset_delete(
+    c: WireClient, group_id: str, topics: dict[str, list[int]]
+) -> tuple[Errors, list[tuple[str, list[tuple[int, Errors]]]]]:
+    """OffsetDelete v0: (group error, [(topic, [(partition, error)])] in the answer's order)."""
+    response = c.call(
+        OFFSET_DELETE,
+        0,
+        {
+            "group_id": group_id,
+            "topics": [
+                {"name": name, "partitions": [{"partition_index": p} for p in partitions]}
+                for name, partitions in topics.items()
+            ],
+        },
+    )
+    return Errors(response.error_code), [
+        (t.name, [(p.partition_index, Errors(p.error_code)) for p in t.partitions])
+        for t in response.topics
+    ]
+
+
+def test_offset_delete_answers_partitions_missing_from_the_metadata_itself(
+    cluster: LocalCluster,
+) -> None:
+    """As KafkaApis: partitions the metadata lacks get UNKNOWN_TOPIC_OR_PARTITION without the
+    coordinator; its answers for the rest follow under the same topic
+    (``OffsetDeleteResponse.Builder.merge``); a group error replaces every answer."""
+    group_id, unknown = "offset-delete", "offset-delete-unknown"
+    with coordinator(cluster, group_id) as c:
+        commit(c, group_id, -1, "", {TOPIC: {0: (5, None), 1: (6, None)}})
+        error, answers = offset_delete(c, group_id, {TOPIC: [0, PARTITIONS], "no-such-topic": [0]})
+        assert error == Errors.NONE
+        assert answers == [
+            (TOPIC, [(PARTITIONS, Errors.UNKNOWN_TOPIC_OR_PARTITION), (0, Errors.NONE)]),
+            ("no-such-topic", [(0, Errors.UNKNOWN_TOPIC_OR_PARTITION)]),
+        ]
+        assert fetch(c, group_id, {TOPIC: [0, 1]})[1] == {
+            (TOPIC, 0): (-1, "", Errors.NONE),
+            (TOPIC, 1): (6, "", Errors.NONE),
+        }
+        # Only partitions the metadata lacks: the group is still asked, and exists.
+        assert offset_delete(c, group_id, {"no-such-topic": [1]}) == (
+            Errors.NONE,
+            [("no-such-topic", [(1, Errors.UNKNOWN_TOPIC_OR_PARTITION)])],
+        )
+    with coordinator(cluster, unknown) as c:
+        assert offset_delete(c, unknown, {TOPIC: [0], "no-such-topic": [0]}) == (
+            Errors.GROUP_ID_NOT_FOUND,
+            [],
+        )
 
 
 def list_groups(cluster: LocalCluster, states: list[str]) -> dict[str, str]:

@@ -5,7 +5,8 @@ kafka-python producer; groups commit known offsets with kafka-python (each clien
 of its own, ``kafka_python_ops``). The tests check the exact
 columns of every view, the lag values, reset-offsets (dry run, execute, each scenario, clamping)
 as kafka-python then reads the committed offsets, the refusals while a kafka-python consumer is a
-live member, DeleteGroups' per-group results, the topic commands, and clear errors with non-zero
+live member, DeleteGroups' per-group results, OffsetDelete through the tool and kafka-python's
+admin client, the topic commands, and clear errors with non-zero
 exit codes. The commands run in-process through ``kcoord.cli.main`` (one test runs the console
 script itself).
 """
@@ -281,6 +282,18 @@ def test_a_live_member_shows_in_every_view_and_blocks_reset_and_delete(
             "Error: Deletion of some consumer groups failed:\n"
             "* Group 'live' could not be deleted due to: NON_EMPTY_GROUP\n"
         )
+        # Its topic's offsets stay while a member is subscribed to it (KIP-496).
+        refused = delete_offsets(bootstrap, "live", TOPIC)
+        assert refused.code == 1
+        assert refused.err == (
+            "Error: Encounter some partition level error, see the follow-up details:\n"
+        )
+        assert refused.rows() == [
+            [TOPIC, str(p), "Error:", "GROUP_SUBSCRIBED_TO_TOPIC"] for p in RECORDS
+        ]
+        assert kafka_python("delete_offsets", bootstrap, group="live", partitions=[[TOPIC, 0]]) == {
+            f"{TOPIC}:0": "GroupSubscribedToTopicError"
+        }
         assert committed(bootstrap, "live")[0] == 4
 
     # The member left: the group is Empty, and both go through.
@@ -374,6 +387,54 @@ def test_reset_offsets_errors_and_an_unknown_group(bootstrap: str) -> None:
 
 
 # -- list and delete ---------------------------------------------------------------------------
+
+
+def delete_offsets(servers: str, group: str, *topics: str) -> Run:
+    topic_args = [arg for topic in topics for arg in ("--topic", topic)]
+    return kcoord(
+        "groups", "delete-offsets", "--group", group, *topic_args, "--bootstrap-server", servers
+    )
+
+
+def test_delete_offsets_of_an_empty_group(bootstrap: str) -> None:
+    commit(bootstrap, "trim", {0: 3, 1: 4, 2: 5})
+    # kafka-python's admin client: partitions the metadata lacks are answered by the broker.
+    answer = kafka_python(
+        "delete_offsets",
+        bootstrap,
+        group="trim",
+        partitions=[[TOPIC, 0], [TOPIC, 9], ["no-such-topic", 0]],
+    )
+    assert answer == {
+        f"{TOPIC}:0": "NoError",
+        f"{TOPIC}:9": "UnknownTopicOrPartitionError",
+        "no-such-topic:0": "UnknownTopicOrPartitionError",
+    }
+    assert committed(bootstrap, "trim") == {0: None, 1: 4, 2: 5}
+
+    run = delete_offsets(bootstrap, "trim", f"{TOPIC}:1", "no-such-topic")
+    assert (run.code, run.err) == (1, "")
+    assert run.out == (
+        f"Request succeed for deleting offsets with topic {TOPIC}:1, no-such-topic group trim\n"
+        "\n"
+        "TOPIC                          PARTITION       STATUS\n"
+        "no-such-topic                  Not Provided    Error: UNKNOWN_TOPIC_OR_PARTITION\n"
+        f"{TOPIC:<30} 1               Successful\n"
+    )
+    assert committed(bootstrap, "trim") == {0: None, 1: None, 2: 5}
+    # A topic without partitions is all of them; deleting what is not there succeeds.
+    run = delete_offsets(bootstrap, "trim", TOPIC)
+    assert (run.code, run.err) == (0, "")
+    assert run.rows()[1:] == [[TOPIC, str(p), "Successful"] for p in RECORDS]
+    assert committed(bootstrap, "trim") == {0: None, 1: None, 2: None}
+
+    unknown = delete_offsets(bootstrap, "never-there", TOPIC)
+    assert unknown.code == 1
+    assert unknown.err == "Error: 'never-there' does not exist.\n"
+    assert unknown.rows() == [[TOPIC, str(p), "Error:", "GROUP_ID_NOT_FOUND"] for p in RECORDS]
+    assert kafka_python(
+        "delete_offsets", bootstrap, group="never-there", partitions=[[TOPIC, 0]]
+    ) == {"error": "GroupIdNotFoundError"}
 
 
 def test_list_and_delete_groups(bootstrap: str) -> None:

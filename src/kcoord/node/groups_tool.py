@@ -8,6 +8,7 @@
          (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --shift-by N)
          [--dry-run | --execute]
   groups delete --group G...
+  groups delete-offsets --group G --topic T[:P,P]...
 
 Everything goes through the Kafka protocol (``tool_client``), so the commands work against
 Apache Kafka too. Columns, widths (``%-15s`` at least, wider for longer values), "-" for a
@@ -38,6 +39,13 @@ touches a group whose state is Empty or Dead (an unknown group is Dead): with li
 commit would race them. ``--execute`` commits with OffsetCommit as a "simple" member
 (generation -1, empty member id), which a coordinator accepts only while the group is empty;
 without it (``--dry-run``, the default) nothing is written.
+
+``delete-offsets`` removes one group's committed offsets with OffsetDelete (KIP-496, the admin
+client's ``deleteConsumerGroupOffsets``), as ``ConsumerGroupCommand.deleteOffsets``: a topic
+named without partitions means all of its partitions (a topic that does not exist is a row
+with "Not Provided" for the partition); the coordinator refuses a topic a live member is
+subscribed to (GROUP_SUBSCRIBED_TO_TOPIC) and any partition of a group whose members do not
+use the consumer protocol type (NON_EMPTY_GROUP).
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ from kcoord.node.tool_client import (
     LATEST_TIMESTAMP,
     NO_OFFSET,
     OFFSET_COMMIT,
+    OFFSET_DELETE,
     OFFSET_FETCH,
     Broker,
     KafkaError,
@@ -349,6 +358,41 @@ def format_reset(plans: Mapping[str, Mapping[TopicPartition, int]]) -> list[str]
     ]
     widths = [_width(r[0] for r in rows), _width(r[1] for r in rows), 10]
     return _table(["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"], rows, widths)
+
+
+def format_offset_deletion(results: Mapping[TopicPartition, int]) -> list[str]:
+    """``deleteOffsets``' table: TOPIC PARTITION STATUS (the topic column at least 30 wide)."""
+    rows = [
+        [
+            tp.topic,
+            str(tp.partition) if tp.partition >= 0 else "Not Provided",
+            "Successful" if code == Errors.NONE else f"Error: {error_name(code)}",
+        ]
+        for tp, code in sorted(results.items())
+    ]
+    widths = [_width((r[0] for r in rows), 30), 15]
+    return _table(["TOPIC", "PARTITION", "STATUS"], rows, widths)
+
+
+def offset_deletion_message(group_id: str, topic_args: Sequence[str], code: int) -> str:
+    """What ``deleteOffsets`` says of the request as a whole."""
+    messages: dict[int, str] = {
+        Errors.NONE: f"Request succeed for deleting offsets with topic {', '.join(topic_args)} "
+        f"group {group_id}",
+        Errors.INVALID_GROUP_ID: f"Error: '{group_id}' is not valid.",
+        Errors.GROUP_ID_NOT_FOUND: f"Error: '{group_id}' does not exist.",
+        Errors.GROUP_AUTHORIZATION_FAILED: f"Error: Access to '{group_id}' is not authorized.",
+        Errors.NON_EMPTY_GROUP: f"Error: Deleting offsets of a consumer group '{group_id}' is "
+        "forbidden if the group is not empty.",
+    }
+    partition_level = (
+        Errors.GROUP_SUBSCRIBED_TO_TOPIC,
+        Errors.TOPIC_AUTHORIZATION_FAILED,
+        Errors.UNKNOWN_TOPIC_OR_PARTITION,
+    )
+    if code in partition_level:
+        return "Error: Encounter some partition level error, see the follow-up details:"
+    return messages.get(code, f"Error: Encounter some unknown error: {error_name(code)}")
 
 
 def parse_states(values: Sequence[str]) -> list[str]:
@@ -686,6 +730,37 @@ def commit_offsets(
         )
 
 
+def delete_offsets(
+    client: ToolClient, group_id: str, partitions: Sequence[TopicPartition]
+) -> tuple[int, dict[TopicPartition, int]]:
+    """OffsetDelete v0 at the group's coordinator, as the admin client's
+    ``deleteConsumerGroupOffsets`` reports it: (the request's error, each partition's). A group
+    error is every partition's; otherwise the request's error is the first partition error."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    values = {
+        "group_id": group_id,
+        "topics": [
+            {"name": topic, "partitions": [{"partition_index": p} for p in parts]}
+            for topic, parts in by_topic.items()
+        ],
+    }
+    _, body = client.group_request(group_id, OFFSET_DELETE, values, lambda b: int(b.error_code))
+    group_error = int(body.error_code)
+    if group_error != Errors.NONE:
+        return group_error, dict.fromkeys(partitions, group_error)
+    answered = {
+        TopicPartition(str(t.name), int(p.partition_index)): int(p.error_code)
+        for t in body.topics
+        for p in t.partitions
+    }
+    # The admin client fails a partition the answer left out.
+    results = {tp: answered.get(tp, Errors.UNKNOWN_SERVER_ERROR) for tp in partitions}
+    first = next((code for _, code in sorted(results.items()) if code != Errors.NONE), 0)
+    return first, results
+
+
 # ---------------------------------------------------------------------------------------------
 # Commands.
 
@@ -807,6 +882,32 @@ def _delete(client: ToolClient, args: argparse.Namespace) -> int:
     return 1
 
 
+def _delete_offsets(client: ToolClient, args: argparse.Namespace) -> int:
+    parsed = [parse_topic_arg(t) for t in args.topic]
+    partitions = {
+        TopicPartition(t, p) for t, wanted in parsed if wanted is not None for p in wanted
+    }
+    whole = sorted({t for t, wanted in parsed if wanted is None})
+    results: dict[TopicPartition, int] = {}
+    if whole:
+        # describeTopics: a topic that does not exist fails alone, as partition -1.
+        described = client.metadata(whole).topics
+        for name in whole:
+            topic = described.get(name)
+            if topic is None or topic.error_code != Errors.NONE:
+                code = Errors.UNKNOWN_TOPIC_OR_PARTITION if topic is None else topic.error_code
+                results[TopicPartition(name, -1)] = code
+            else:
+                partitions.update(TopicPartition(name, p.partition) for p in topic.partitions)
+    # Asked even with no partition: the group's own error still comes back.
+    code, answered = delete_offsets(client, args.group, sorted(partitions))
+    results.update(answered)
+    message = offset_deletion_message(args.group, args.topic, code)
+    print(message, file=sys.stderr if code != Errors.NONE else sys.stdout)
+    _print_lines(["", *format_offset_deletion(results)])
+    return 0 if all(c == Errors.NONE for c in results.values()) and code == Errors.NONE else 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The parser (wired into ``kcoord.node.cli``).
 
@@ -817,6 +918,7 @@ def _run(args: argparse.Namespace) -> int:
         "describe": _describe,
         "reset-offsets": _reset_offsets,
         "delete": _delete,
+        "delete-offsets": _delete_offsets,
     }
     return run_tool(commands[args.groups_command], args)
 
@@ -868,6 +970,18 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     delete = gsub.add_parser("delete", help="delete empty groups (DeleteGroups)")
     _group_selection(delete)
 
-    for p in (listing, describe, reset, delete):
+    delete_offsets = gsub.add_parser(
+        "delete-offsets", help="delete one group's committed offsets (OffsetDelete)"
+    )
+    delete_offsets.add_argument("--group", required=True, help="one group")
+    delete_offsets.add_argument(
+        "--topic",
+        action="append",
+        required=True,
+        metavar="TOPIC[:P,P]",
+        help="repeatable; without partitions, all of the topic's",
+    )
+
+    for p in (listing, describe, reset, delete, delete_offsets):
         add_connection_arguments(p, default_cluster_dir)
     groups.set_defaults(func=_run)

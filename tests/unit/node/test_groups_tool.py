@@ -28,9 +28,11 @@ from kcoord.node.groups_tool import (
     describe_group,
     format_list_with_state,
     format_members,
+    format_offset_deletion,
     format_offsets,
     format_reset,
     format_state,
+    offset_deletion_message,
     offset_rows,
     parse_datetime_ms,
     parse_states,
@@ -213,6 +215,36 @@ def test_list_with_state_and_reset_tables() -> None:
     ]
 
 
+def test_offset_deletion_table_and_messages() -> None:
+    results = {
+        TP("orders", 1): Errors.NONE,
+        TP("missing", -1): Errors.UNKNOWN_TOPIC_OR_PARTITION,
+        TP("orders", 0): Errors.GROUP_SUBSCRIBED_TO_TOPIC,
+    }
+    assert format_offset_deletion(results) == [
+        "TOPIC                          PARTITION       STATUS",
+        "missing                        Not Provided    Error: UNKNOWN_TOPIC_OR_PARTITION",
+        "orders                         0               Error: GROUP_SUBSCRIBED_TO_TOPIC",
+        "orders                         1               Successful",
+    ]
+    long_name = "t" * 40
+    assert format_offset_deletion({TP(long_name, 0): Errors.NONE})[1] == (
+        f"{long_name} 0               Successful"
+    )
+    assert offset_deletion_message("g", ["a", "b:1"], Errors.NONE) == (
+        "Request succeed for deleting offsets with topic a, b:1 group g"
+    )
+    assert offset_deletion_message("g", ["a"], Errors.NON_EMPTY_GROUP) == (
+        "Error: Deleting offsets of a consumer group 'g' is forbidden if the group is not empty."
+    )
+    assert offset_deletion_message("g", ["a"], Errors.GROUP_SUBSCRIBED_TO_TOPIC) == (
+        "Error: Encounter some partition level error, see the follow-up details:"
+    )
+    assert offset_deletion_message("g", ["a"], Errors.COORDINATOR_NOT_AVAILABLE) == (
+        "Error: Encounter some unknown error: COORDINATOR_NOT_AVAILABLE"
+    )
+
+
 # -- reset-offsets arithmetic and arguments ----------------------------------------------------
 
 
@@ -260,9 +292,15 @@ def test_parser_requires_one_scope_and_one_scenario() -> None:
         ["groups", "reset-offsets", "--group", "g", "--all-topics", "--to-latest", "--to-earliest"],
         ["groups", "reset-offsets", "--all-topics", "--to-latest"],
         ["groups", "describe", "--group", "g", "--members", "--state"],
+        ["groups", "delete-offsets", "--group", "g"],
+        ["groups", "delete-offsets", "--topic", "t"],
     ):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
+    deleting = parser.parse_args(
+        ["groups", "delete-offsets", "--group", "g", "--topic", "a", "--topic", "b:1"]
+    )
+    assert (deleting.group, deleting.topic) == ("g", ["a", "b:1"])
     listing = parser.parse_args(["groups", "list", "--state"])
     assert listing.state == []
     assert parser.parse_args(["groups", "list"]).state is None

@@ -194,29 +194,43 @@ class GroupApi:
 
     # -- OffsetCommit (8) ----------------------------------------------------------------------
 
-    async def handle_offset_commit(self, request: Request) -> Result:
-        body, version = request.body, request.version
+    def _in_metadata(self, topics: Any) -> tuple[list[tuple[str, list[Any]]], list[dict[str, Any]]]:
+        """KafkaApis answers the partitions missing from its metadata cache itself, with
+        UNKNOWN_TOPIC_OR_PARTITION, before the coordinator sees the request (OffsetCommit,
+        OffsetDelete): (topic name, the request's partitions that exist) of each topic with
+        some, and the answers of the others as response topics."""
         image = self.ctx.image
-        known: list[t.OffsetCommitRequestTopic] = []
+        known: list[tuple[str, list[Any]]] = []
         unknown: list[dict[str, Any]] = []
-        for topic in body.topics:
+        for topic in topics:
             topic_image = image.topic_by_name(topic.name)
-            ok: list[t.OffsetCommitRequestPartition] = []
+            ok: list[Any] = []
             bad: list[dict[str, Any]] = []
             for p in topic.partitions:
-                exists = topic_image is not None and (
+                if topic_image is not None and (
                     image.partition(topic_image.topic_id, p.partition_index) is not None
-                )
-                if not exists:
-                    # KafkaApis answers partitions missing from the metadata cache itself.
+                ):
+                    ok.append(p)
+                else:
                     bad.append(
                         {
                             "partition_index": p.partition_index,
                             "error_code": Errors.UNKNOWN_TOPIC_OR_PARTITION,
                         }
                     )
-                    continue
-                ok.append(
+            if ok:
+                known.append((topic.name, ok))
+            if bad:
+                unknown.append({"name": topic.name, "partitions": bad})
+        return known, unknown
+
+    async def handle_offset_commit(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        existing, unknown = self._in_metadata(body.topics)
+        known = [
+            t.OffsetCommitRequestTopic(
+                name=name,
+                partitions=tuple(
                     t.OffsetCommitRequestPartition(
                         partition_index=p.partition_index,
                         committed_offset=p.committed_offset,
@@ -224,11 +238,11 @@ class GroupApi:
                         commit_timestamp=_ms(getattr(p, "commit_timestamp", None)),
                         committed_metadata=p.committed_metadata,
                     )
-                )
-            if ok:
-                known.append(t.OffsetCommitRequestTopic(name=topic.name, partitions=tuple(ok)))
-            if bad:
-                unknown.append({"name": topic.name, "partitions": bad})
+                    for p in partitions
+                ),
+            )
+            for name, partitions in existing
+        ]
         req = t.OffsetCommitRequest(
             group_id=body.group_id,
             generation_id_or_member_epoch=getattr(body, "generation_id_or_member_epoch", -1),
@@ -448,24 +462,43 @@ class GroupApi:
     # -- OffsetDelete (47) ---------------------------------------------------------------------
 
     async def handle_offset_delete(self, request: Request) -> Result:
-        body = request.body
+        """The coordinator gets the partitions in the metadata (it is asked even when there
+        are none: a group error still comes back). Its answer is merged into KafkaApis' as
+        ``OffsetDeleteResponse.Builder.merge`` does: a group error replaces every partition's
+        answer; otherwise its partitions follow KafkaApis' own, under the same topic."""
+        existing, unknown = self._in_metadata(request.body.topics)
         req = t.OffsetDeleteRequest(
-            group_id=body.group_id,
+            group_id=request.body.group_id,
             topics=tuple(
                 t.OffsetDeleteRequestTopic(
-                    name=tp.name,
+                    name=name,
                     partitions=tuple(
                         t.OffsetDeleteRequestPartition(partition_index=p.partition_index)
-                        for p in tp.partitions
+                        for p in partitions
                     ),
                 )
-                for tp in body.topics
+                for name, partitions in existing
             ),
         )
+
+        def convert(resp: Any) -> dict[str, Any]:
+            out = values(resp)
+            if out["error_code"] != Errors.NONE:
+                return out
+            merged = {topic["name"]: topic for topic in unknown}
+            for topic in out["topics"]:
+                if topic["name"] in merged:
+                    merged[topic["name"]]["partitions"].extend(topic["partitions"])
+                else:
+                    merged[topic["name"]] = topic
+            out["topics"] = list(merged.values())
+            return out
+
         return self._submit(
             req.group_id,
             lambda s, tok, now: s.handle_offset_delete(tok, req, now),
             lambda code: {"error_code": code, "throttle_time": 0, "topics": []},
+            convert,
         )
 
     # -- ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69), KIP-848 -------------------
