@@ -709,6 +709,54 @@ def offset_delete(
     ]
 
 
+# Kafka 4.0's versions of the group APIs (KAFKA-FACTS: OffsetCommit v0-9, OffsetFetch v0-9, the
+# versions KIP-896 removed left out); a kio upgrade must not widen them unnoticed.
+GROUP_API_VERSIONS = {
+    OFFSET_COMMIT: (2, 9),
+    OFFSET_FETCH: (1, 9),
+    JOIN_GROUP: (0, 9),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 5),
+    SYNC_GROUP: (0, 5),
+    DESCRIBE_GROUPS: (0, 6),
+    LIST_GROUPS: (0, 5),
+    DELETE_GROUPS: (0, 2),
+    OFFSET_DELETE: (0, 0),
+    68: (0, 1),  # ConsumerGroupHeartbeat
+    69: (0, 1),  # ConsumerGroupDescribe
+}
+
+
+def test_group_api_versions_and_a_version_not_served(cluster: LocalCluster) -> None:
+    """ApiVersions shows the versions the handlers serve. A request of a version past them (an
+    OffsetCommit v10, which names topics by id) closes that connection alone."""
+    with client(cluster, 1) as c:
+        response = c.call(
+            API_VERSIONS, 3, {"client_software_name": "t", "client_software_version": "1"}
+        )
+        served = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
+    assert {key: served.get(key) for key in GROUP_API_VERSIONS} == GROUP_API_VERSIONS
+    group_id = "v10-commit"
+    with coordinator(cluster, group_id) as c:
+        frame = encode_request(
+            OFFSET_COMMIT,
+            10,
+            1,
+            {
+                "group_id": group_id,
+                "generation_id_or_member_epoch": -1,
+                "member_id": "",
+                "group_instance_id": None,
+                "topics": [],
+            },
+        )
+        c.send_raw(frame)
+        with pytest.raises(ConnectionError):
+            c.read_frame()
+    with coordinator(cluster, group_id) as c:
+        assert commit(c, group_id, -1, "", {TOPIC: {0: (1, None)}}) == {(TOPIC, 0): Errors.NONE}
+
+
 def test_offset_delete_answers_partitions_missing_from_the_metadata_itself(
     cluster: LocalCluster,
 ) -> None:

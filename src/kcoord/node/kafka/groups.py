@@ -648,8 +648,11 @@ class GroupApi:
     def register(self, register: Callable[..., Any]) -> None:
         register(CONSUMER_GROUP_HEARTBEAT_KEY, self.handle_consumer_group_heartbeat)
         register(CONSUMER_GROUP_DESCRIBE_KEY, self.handle_consumer_group_describe)
-        register(OFFSET_COMMIT_KEY, self.handle_offset_commit, min_version=2)
-        register(OFFSET_FETCH_KEY, self.handle_offset_fetch, min_version=1)
+        # Kafka 4.0's versions. v10 of both (Kafka 4.1+, KAFKA-14690 and KAFKA-14691) names
+        # topics by id only, and a committed offset then keeps its topic id (KAFKA-19154);
+        # kcoord keeps offsets by name, so it serves v9 at most and clients ask for v9.
+        register(OFFSET_COMMIT_KEY, self.handle_offset_commit, min_version=2, max_version=9)
+        register(OFFSET_FETCH_KEY, self.handle_offset_fetch, min_version=1, max_version=9)
         register(JOIN_GROUP_KEY, self.handle_join_group)
         register(HEARTBEAT_KEY, self.handle_heartbeat)
         register(LEAVE_GROUP_KEY, self.handle_leave_group)
