@@ -1,4 +1,5 @@
-"""The classic group APIs: the wire (kio, every version) to the pure shard's types and back.
+"""The group APIs: the wire (kio, the versions ``register`` serves) to the pure shard's types
+and back.
 
 Each handler reads the request fields its version has (older versions lack some: ``getattr``
 with Kafka's defaults), builds the version-free request of ``cluster.coordinator.types``, sets
@@ -7,7 +8,9 @@ SkipAssignment from v9, GROUP_ID_NOT_FOUND reporting from OffsetCommit v9 / Desc
 runs it on the group's shard through the ``CoordinatorRuntime``, and turns the response back
 into field values for ``codec.build_response``. A group this node does not coordinate gets
 ``NOT_COORDINATOR`` (or ``COORDINATOR_LOAD_IN_PROGRESS`` while its shard loads), as Kafka's
-``GroupCoordinatorService`` answers.
+``GroupCoordinatorService`` answers. As in ``KafkaApis``, OffsetCommit and OffsetDelete answer
+the partitions missing from the metadata themselves (UNKNOWN_TOPIC_OR_PARTITION) and pass only
+the others to the shard.
 """
 
 from __future__ import annotations
