@@ -318,6 +318,42 @@ def test_a_frame_naming_anything_but_plain_data_runs_nothing_and_the_quorum_goes
 
 
 @pytest.mark.integration
+def test_a_stranger_naming_a_voter_does_not_cut_that_voters_link(tmp_path: Path) -> None:
+    """Between two voters only the one with the greater address connects (pysyncobj's
+    ``_shouldConnect``), so a connection naming the other one at that voter is never the other
+    voter. pysyncobj put it in place of the voter's own outgoing connection and later
+    reconnected with it, without the voter's address as its first message: the peer closed
+    every such connection and the link stayed down for good (with both of a leader's links cut,
+    nothing committed). Each ordered pair is tried: every link comes back and commits go on."""
+    with running_quorum(tmp_path / "q") as quorums:
+        wait_for(
+            lambda: all(len(q.status().connected) == 2 for q in quorums.values()),
+            "every voter connected to both others",
+        )
+        for q in quorums.values():
+            me = q.voters[q.node_id]
+            for other in q.voters.values():
+                if other.node_id == q.node_id:
+                    continue
+                with socket.create_connection((me.host, me.port), timeout=5) as s:
+                    s.sendall(quorum_frame(other.address) + quorum_frame("not a dict"))
+                    s.settimeout(5)
+                    assert s.recv(1) == b"", f"the connection naming {other.address} is closed"
+        wait_for(
+            lambda: all(len(q.status().connected) == 2 for q in quorums.values()),
+            "every voter connected to both others again",
+        )
+        # The cut connections may have started an election.
+        wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        offset = propose_sync(leader, [rec.ClusterId("after-the-strangers")])
+        wait_for(
+            lambda: all(q.status().commit_index >= offset for q in quorums.values()),
+            "every voter to commit after the strangers",
+        )
+
+
+@pytest.mark.integration
 def test_plain_data_of_the_wrong_shape_closes_its_connection_alone(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

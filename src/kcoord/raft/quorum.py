@@ -195,7 +195,8 @@ _UTILITY_COMMANDS = frozenset({"status", "transfer"})
 class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's transport, taking on its port only what a voter or our own tools send.
 
-    An incoming connection's first message must name a voter (its ``host:port``) or be one of
+    An incoming connection's first message must name a voter that connects to this one (its
+    ``host:port``; of two voters, the one with the greater address connects) or be one of
     ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up in a dict, so a list or a dict
     raised out of its tick ("unhashable type") and the rest of that tick's Raft work was
     skipped; it also took ``readonly`` (a non-voting replica that receives the whole log and
@@ -212,11 +213,19 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             command = message[0] if message else None
             acceptable = isinstance(command, str) and command in _UTILITY_COMMANDS
         else:
-            acceptable = isinstance(message, str) and message in self._nodeAddrToNode
+            acceptable = (
+                isinstance(message, str)
+                and message in self._nodeAddrToNode
+                # Between two voters only the greater address connects (_shouldConnect): one
+                # naming a voter this node connects to itself is never that voter. pysyncobj
+                # put it in place of the outgoing connection and reconnected with it, without
+                # sending this node's address, so the voter closed every retry.
+                and not self._shouldConnect(self._nodeAddrToNode[message])
+            )
         if not acceptable:
             log.warning(
-                "quorum: closing a connection whose first message is neither a voter nor a "
-                "utility command we take: %.80r",
+                "quorum: closing a connection whose first message is neither a voter that "
+                "connects to this one nor a utility command we take: %.80r",
                 message,
             )
             conn.disconnect()
