@@ -127,6 +127,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import OffsetAndMetadata
 from confluent_kafka import Consumer
+from prometheus_client.parser import text_string_to_metric_families
 
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
@@ -1003,10 +1004,10 @@ def one_partition_group_ids(run: Run, clients: int, tag: str, offsets_partitions
 def parse_counters(text: str, names: Sequence[str]) -> dict[str, float]:
     """The unlabelled samples named ``names`` in a Prometheus text exposition."""
     out = dict.fromkeys(names, 0.0)
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in out:
-            out[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in out and not sample.labels:
+                out[sample.name] = sample.value
     return out
 
 

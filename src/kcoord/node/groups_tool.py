@@ -678,34 +678,34 @@ def plan_reset(
     }
 
 
+def _request_topics(partitions: Mapping[TopicPartition, Mapping[str, Any]]) -> list[Any]:
+    """A request's topics: each partition's fields, with its index, under its topic."""
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for tp, fields in sorted(partitions.items()):
+        by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, **fields})
+    return [{"name": topic, "partitions": parts} for topic, parts in by_topic.items()]
+
+
 def commit_offsets(
     client: ToolClient, group_id: str, offsets: Mapping[TopicPartition, int]
 ) -> None:
     """OffsetCommit v8 as a simple member: generation -1, no member id (the admin client's
     ``alterConsumerGroupOffsets``)."""
-    by_topic: dict[str, list[tuple[int, int]]] = {}
-    for tp, offset in sorted(offsets.items()):
-        by_topic.setdefault(tp.topic, []).append((tp.partition, offset))
     values = {
         "group_id": group_id,
         "generation_id_or_member_epoch": -1,
         "member_id": "",
         "group_instance_id": None,
-        "topics": [
+        "topics": _request_topics(
             {
-                "name": topic,
-                "partitions": [
-                    {
-                        "partition_index": p,
-                        "committed_offset": offset,
-                        "committed_leader_epoch": -1,
-                        "committed_metadata": "",
-                    }
-                    for p, offset in parts
-                ],
+                tp: {
+                    "committed_offset": offset,
+                    "committed_leader_epoch": -1,
+                    "committed_metadata": "",
+                }
+                for tp, offset in offsets.items()
             }
-            for topic, parts in by_topic.items()
-        ],
+        ),
     }
 
     def errors(body: Any) -> list[tuple[TopicPartition, int]]:
@@ -736,16 +736,7 @@ def delete_offsets(
     """OffsetDelete v0 at the group's coordinator, as the admin client's
     ``deleteConsumerGroupOffsets`` reports it: (the request's error, each partition's). A group
     error is every partition's; otherwise the request's error is the first partition error."""
-    by_topic: dict[str, list[int]] = {}
-    for tp in sorted(partitions):
-        by_topic.setdefault(tp.topic, []).append(tp.partition)
-    values = {
-        "group_id": group_id,
-        "topics": [
-            {"name": topic, "partitions": [{"partition_index": p} for p in parts]}
-            for topic, parts in by_topic.items()
-        ],
-    }
+    values = {"group_id": group_id, "topics": _request_topics({tp: {} for tp in partitions})}
     _, body = client.group_request(group_id, OFFSET_DELETE, values, lambda b: int(b.error_code))
     group_error = int(body.error_code)
     if group_error != Errors.NONE:
