@@ -48,7 +48,8 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
     the metrics-on cluster of (d) once the other is stopped. Its node config:
     ``group.consumer.heartbeat.interval.ms`` and ``group.consumer.session.timeout.ms`` from
     ``--join-heartbeat-interval-ms`` and ``--join-session-timeout-ms`` (500 and 6000 ms by
-    default; Kafka's are 5000 and 45000), ``group.initial.rebalance.delay.ms`` 0. The client
+    default; Kafka's are 5000 and 45000; the ``min`` bounds are set to them too),
+    ``group.initial.rebalance.delay.ms`` 0. The client
     is confluent-kafka (librdkafka) for the three protocols of ``JoinGroup``: the consumer
     protocol (the coordinator's uniform assignor), classic eager (``range``) and classic
     cooperative (``cooperative-sticky``); classic members heartbeat at the same interval and
@@ -1156,7 +1157,9 @@ def cluster_overrides(run: Run, metrics_on: bool) -> dict[str, Any]:
         "metrics.enable": metrics_on,
         "group.initial.rebalance.delay.ms": 0,
         "group.consumer.heartbeat.interval.ms": run.args.join_heartbeat_interval_ms,
+        "group.consumer.min.heartbeat.interval.ms": run.args.join_heartbeat_interval_ms,
         "group.consumer.session.timeout.ms": run.args.join_session_timeout_ms,
+        "group.consumer.min.session.timeout.ms": run.args.join_session_timeout_ms,
     }
 
 

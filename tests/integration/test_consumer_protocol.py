@@ -5,6 +5,8 @@ same epoch (the group's assignment epoch), disjoint partitions covering the topi
 
 - members join one by one and leave one by one, valid at every stable point;
 - a SIGKILLed member is fenced after the session timeout, not before, and its partitions move;
+- a group's own session timeout (KIP-848 group configs, set with the admin client) applies
+  instead of the cluster's;
 - the coordinator's node is SIGKILLed while members reconcile: the group converges on the new
   coordinator, no partition owned twice at any reported epoch, every message consumed once;
 - a subscription by regular expression gets every matching topic, and one created later;
@@ -41,18 +43,22 @@ from tests.integration.test_groups import (
     wait_settled,
     wait_until,
 )
+from tests.integration.test_kafka_clients import run_client
 
 pytestmark = pytest.mark.integration
 
 CLIENT = "confluent-kafka"
 SESSION_TIMEOUT_MS = 6_000
+GROUP_SESSION_TIMEOUT_MS = 15_000  # one group's own (KIP-848 group configs)
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     overrides = {
         "group.consumer.session.timeout.ms": SESSION_TIMEOUT_MS,
+        "group.consumer.min.session.timeout.ms": SESSION_TIMEOUT_MS,
         "group.consumer.heartbeat.interval.ms": 500,
+        "group.consumer.min.heartbeat.interval.ms": 500,
     }
     with LocalCluster(tmp_path_factory.mktemp("kip848"), overrides=overrides) as c:
         yield c
@@ -122,6 +128,52 @@ def test_a_killed_member_is_fenced_after_the_session_timeout(
     assert elapsed >= SESSION_TIMEOUT_MS / 1000 - 1.0, f"fenced after {elapsed:.1f} s"
     assert set().union(*after.owned.values()) == set(range(PARTITIONS))
     assert not split_owners(spawn.started), split_owners(spawn.started)
+
+
+def test_a_groups_own_session_timeout_fences_its_killed_member(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    """KIP-848 group configs through confluent-kafka's admin client (IncrementalAlterConfigs
+    and DescribeConfigs on a GROUP resource), set before the group exists at whichever node
+    the client picks: the group's coordinator fences a SIGKILLed member after the group's own
+    session timeout, not the cluster's."""
+    topic = group = "kip848-group-config"
+    create_topic(CLIENT, spawn.bootstrap, topic)
+    session = ["consumer.session.timeout.ms", "SET", str(GROUP_SESSION_TIMEOUT_MS)]
+    heartbeat = ["consumer.heartbeat.interval.ms", "SET", "1000"]
+    alter = {"op": "alter_configs", "bootstrap": spawn.bootstrap, "group": group}
+    assert run_client(CLIENT, {**alter, "ops": [session, heartbeat]}) == {"error": 0}
+    described = run_client(
+        CLIENT,
+        {
+            "op": "describe_configs",
+            "bootstrap": spawn.bootstrap,
+            "resource": "group",
+            "name": group,
+        },
+    )
+    assert described == {
+        "consumer.session.timeout.ms": [str(GROUP_SESSION_TIMEOUT_MS), "GROUP_CONFIG"],
+        "consumer.heartbeat.interval.ms": ["1000", "GROUP_CONFIG"],
+    }
+    refused = run_client(CLIENT, {**alter, "ops": [["consumer.session.timeout.ms", "SET", "10"]]})
+    assert refused == {
+        "error": 40,  # INVALID_CONFIG
+        "message": "consumer.session.timeout.ms must be greater than or equal to "
+        "group.consumer.min.session.timeout.ms",
+    }
+
+    members = [member(spawn, group, topic, f"m{i}") for i in range(2)]
+    before = wait_settled(spawn, members)
+    victim = members.pop()
+    victim.kill()
+    killed_at = time.monotonic()
+    after = wait_settled(
+        spawn, members, after=before, deadline_s=DEADLINE_S + GROUP_SESSION_TIMEOUT_MS / 1000
+    )
+    elapsed = time.monotonic() - killed_at
+    assert elapsed >= GROUP_SESSION_TIMEOUT_MS / 1000 - 1.0, f"fenced after {elapsed:.1f} s"
+    assert after.owned["m0"] == frozenset(range(PARTITIONS))
 
 
 def test_the_group_converges_after_its_coordinator_is_killed(

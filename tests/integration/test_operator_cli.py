@@ -562,6 +562,26 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     assert "  node.id=2 sensitive=false synonyms={STATIC_BROKER_CONFIG:node.id=2}" in static
     assert kcoord("configs", "alter", *broker, "--add-config", "a=b").code == 1
 
+    # A group's KIP-848 configs; the group need not exist.
+    group = ("--entity-type", "groups", "--entity-name", "tuned", "--bootstrap-server", bootstrap)
+    assert kcoord("configs", "describe", *group).out == "Dynamic configs for group tuned are:\n"
+    altered = kcoord(
+        "configs", "alter", *group, "--add-config", "consumer.heartbeat.interval.ms=6000"
+    )
+    assert (altered.code, altered.out) == (0, "Completed updating config for group tuned.\n")
+    assert kcoord("configs", "describe", *group).out == (
+        "Dynamic configs for group tuned are:\n"
+        "  consumer.heartbeat.interval.ms=6000 sensitive=false synonyms={DYNAMIC_GROUP_CONFIG:"
+        "consumer.heartbeat.interval.ms=6000, DEFAULT_CONFIG:group.consumer.heartbeat.interval.ms"
+        "=5000}\n"
+    )
+    refused = kcoord("configs", "alter", *group, "--add-config", "consumer.session.timeout.ms=1")
+    assert (refused.code, refused.err) == (
+        1,
+        "Error while executing config command : group 'tuned': INVALID_CONFIG (consumer.session."
+        "timeout.ms must be greater than or equal to group.consumer.min.session.timeout.ms)\n",
+    )
+
 
 def create_short_lived(bootstrap: str) -> None:
     created = kcoord(

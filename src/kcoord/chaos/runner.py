@@ -511,9 +511,12 @@ def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterStat
     base_port = 10000 + random.Random(options.seed).randrange(0, 20000, 10)
     overrides: dict[str, Any] = {
         "group.initial.rebalance.delay.ms": 0,
-        # KIP-848 members: sessions as short as the classic members' (Kafka's are 45 s / 5 s).
+        # KIP-848 members: sessions as short as the classic members' (Kafka's are 45 s / 5 s,
+        # and no less than 45 s / 5 s: the bounds come down with them).
         "group.consumer.session.timeout.ms": 6_000,
+        "group.consumer.min.session.timeout.ms": 6_000,
         "group.consumer.heartbeat.interval.ms": 500,
+        "group.consumer.min.heartbeat.interval.ms": 500,
         # Snapshot the metadata log every 2 s (the default is 5 min) so that a node brought
         # back after a fault often catches up by installing the leader's snapshot.
         "metadata.log.max.snapshot.interval.ms": 2_000,

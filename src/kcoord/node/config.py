@@ -219,6 +219,11 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # KIP-848 consumer groups (GroupCoordinatorConfig's group.consumer.*).
     _Spec("group.consumer.session.timeout.ms", _Kind.INT, 45_000, 1, _INT32_MAX),
     _Spec("group.consumer.heartbeat.interval.ms", _Kind.INT, 5_000, 1, _INT32_MAX),
+    # The bounds of the two above and of each group's own values (KIP-848 group configs).
+    _Spec("group.consumer.min.session.timeout.ms", _Kind.INT, 45_000, 1, _INT32_MAX),
+    _Spec("group.consumer.max.session.timeout.ms", _Kind.INT, 60_000, 1, _INT32_MAX),
+    _Spec("group.consumer.min.heartbeat.interval.ms", _Kind.INT, 5_000, 1, _INT32_MAX),
+    _Spec("group.consumer.max.heartbeat.interval.ms", _Kind.INT, 15_000, 1, _INT32_MAX),
     _Spec("group.consumer.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
     _Spec("group.consumer.migration.policy", _Kind.STR, "bidirectional"),
     # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
@@ -325,6 +330,10 @@ class NodeConfig:
     group_coordinator_hot_standby_enable: bool
     group_consumer_session_timeout_ms: int
     group_consumer_heartbeat_interval_ms: int
+    group_consumer_min_session_timeout_ms: int
+    group_consumer_max_session_timeout_ms: int
+    group_consumer_min_heartbeat_interval_ms: int
+    group_consumer_max_heartbeat_interval_ms: int
     group_consumer_max_size: int
     group_consumer_migration_policy: str
     test_bug_ack_before_high_watermark: bool
@@ -372,6 +381,7 @@ class NodeConfig:
                 f"must not exceed group.max.session.timeout.ms "
                 f"({self.group_max_session_timeout_ms}), got {self.group_min_session_timeout_ms}",
             )
+        self._raise_if_bad_consumer_group_timing()
         if self.quorum_raft_min_timeout_ms >= self.quorum_raft_max_timeout_ms:
             # pysyncobj draws each election timeout uniformly from [min, max); an empty range
             # gives every voter the same timeout and split votes forever.
@@ -388,6 +398,30 @@ class NodeConfig:
         ):
             # It travels in an HTTP header: "Authorization: Bearer <token>".
             raise ConfigError("admin.api.token", "must be printable, without spaces")
+
+    def _raise_if_bad_consumer_group_timing(self) -> None:
+        """Kafka's ``KafkaConfig.validateNewGroupCoordinatorConfigs``, in its order."""
+        heartbeat = "group.consumer.heartbeat.interval.ms"
+        session = "group.consumer.session.timeout.ms"
+        min_heartbeat = "group.consumer.min.heartbeat.interval.ms"
+        max_heartbeat = "group.consumer.max.heartbeat.interval.ms"
+        min_session = "group.consumer.min.session.timeout.ms"
+        max_session = "group.consumer.max.session.timeout.ms"
+        at_least, at_most, below = "greater than or equal to", "less than or equal to", "less than"
+        checks = (
+            (max_heartbeat, at_least, min_heartbeat),
+            (heartbeat, at_least, min_heartbeat),
+            (heartbeat, at_most, max_heartbeat),
+            (max_session, at_least, min_session),
+            (session, at_least, min_session),
+            (session, at_most, max_session),
+            (heartbeat, below, session),
+        )
+        for key, relation, other in checks:
+            value, bound = (getattr(self, k.replace(".", "_")) for k in (key, other))
+            holds = {at_least: value >= bound, at_most: value <= bound, below: value < bound}
+            if not holds[relation]:
+                raise ConfigError(key, f"must be {relation} {other} ({bound}), got {value}")
 
     def _raise_if_out_of_range(self) -> None:
         for spec in _SPECS:

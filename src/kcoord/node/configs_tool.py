@@ -1,9 +1,11 @@
-"""``kcoord configs``: topic and broker configs as ``kafka-configs.sh`` shows and changes them.
+"""``kcoord configs``: topic, broker and group configs as ``kafka-configs.sh`` shows and
+changes them.
 
 ::
 
-  configs describe --entity-type topics|brokers [--entity-name N] [--all]
-  configs alter --entity-type topics --entity-name T [--add-config K=V,...] [--delete-config K,...]
+  configs describe --entity-type topics|brokers|groups [--entity-name N] [--all]
+  configs alter --entity-type topics|groups --entity-name N [--add-config K=V,...]
+                [--delete-config K,...]
 
 Through the Kafka protocol (``tool_client``): DescribeConfigs v4 (a broker's resource goes to
 that broker, as Kafka's admin client sends it) and IncrementalAlterConfigs v1. ``describe``
@@ -13,11 +15,14 @@ prints Kafka's ``ConfigCommand`` lines::
     retention.ms=3600000 sensitive=false synonyms={DYNAMIC_TOPIC_CONFIG:retention.ms=3600000, ...}
 
 "Dynamic" lists what was set on the resource itself; ``--all`` ("All configs for ...") lists
-every config with its effective value. Without ``--entity-name`` every topic (or broker) is
-described. ``--add-config`` takes Kafka's syntax: comma-separated ``key=value`` pairs, a list
+every config with its effective value. Without ``--entity-name`` every topic (or broker, or
+group that ListGroups shows) is described. A group's configs are KIP-848's
+(``consumer.session.timeout.ms``, ``consumer.heartbeat.interval.ms``); the group need not
+exist. ``--add-config`` takes Kafka's syntax: comma-separated ``key=value`` pairs, a list
 value in square brackets (``cleanup.policy=[compact,delete]``). ``alter`` prints "Completed
-updating config for topic T."; kcoord has no dynamic broker configs, so only topics are
-altered. Errors go to stderr as "Error while executing config command : ..." and exit 1.
+updating config for topic T." (or "group G"); kcoord has no dynamic broker configs, so only
+topics and groups are altered. Errors go to stderr as "Error while executing config command :
+..." and exit 1.
 """
 
 from __future__ import annotations
@@ -40,16 +45,17 @@ from kcoord.node.tool_client import (
 )
 
 ERROR_PREFIX: Final = "Error while executing config command : "
-_RESOURCE_TYPES: Final = {"topics": 2, "brokers": 4}  # ConfigResource.Type
-_ENTITY_NAMES: Final = {"topics": "topic", "brokers": "broker"}
+_RESOURCE_TYPES: Final = {"topics": 2, "brokers": 4, "groups": 32}  # ConfigResource.Type
+_ENTITY_NAMES: Final = {"topics": "topic", "brokers": "broker", "groups": "group"}
 _SOURCES: Final = {
     1: "DYNAMIC_TOPIC_CONFIG",
     2: "DYNAMIC_BROKER_CONFIG",
     3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
     4: "STATIC_BROKER_CONFIG",
     5: "DEFAULT_CONFIG",
+    8: "DYNAMIC_GROUP_CONFIG",  # the admin client's name of GROUP_CONFIG
 }
-_DYNAMIC_SOURCES: Final = frozenset({1, 2, 3})
+_DYNAMIC_SOURCES: Final = frozenset({1, 2, 3, 8})
 _SET, _DELETE = 0, 1  # AlterConfigOp.OpType
 
 
@@ -87,6 +93,8 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
         names = [args.entity_name]
     elif kind == "topics":
         names = sorted(client.metadata(None).topics)
+    elif kind == "groups":
+        names = sorted({group for group, _, _ in client.list_groups(())})
     else:
         names = [str(b) for b in sorted(client.metadata([]).brokers)]
     for name in names:
@@ -138,10 +146,13 @@ def _describe_one(client: ToolClient, kind: str, name: str) -> Any:
 
 
 def _alter(client: ToolClient, args: argparse.Namespace) -> int:
-    if args.entity_type != "topics":
-        raise ToolError("kcoord has no dynamic broker configs; only topic configs are altered")
+    kind = args.entity_type
+    if kind == "brokers":
+        raise ToolError(
+            "kcoord has no dynamic broker configs; only topic and group configs are altered"
+        )
     if args.entity_name is None:
-        raise ToolError("--entity-name must be specified with --alter of topics")
+        raise ToolError(f"--entity-name must be specified with --alter of {kind}")
     added = parse_add_config(args.add_config) if args.add_config else []
     deleted = [k.strip() for k in args.delete_config.split(",")] if args.delete_config else []
     if not added and not deleted:
@@ -150,7 +161,7 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     ops += [{"name": k, "config_operation": _DELETE, "value": None} for k in deleted if k]
     values = {
         "resources": [
-            {"resource_type": _RESOURCE_TYPES["topics"], "resource_name": args.entity_name,
+            {"resource_type": _RESOURCE_TYPES[kind], "resource_name": args.entity_name,
              "configs": ops}
         ],
         "validate_only": False,
@@ -164,9 +175,12 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
 
     response = client.retrying(f"altering the configs of {args.entity_name}", attempt)
     code = int(response.error_code)
+    label = f"{_ENTITY_NAMES[kind]} {args.entity_name}"
     if code != Errors.NONE:
-        raise KafkaError(code, f"topic '{args.entity_name}'", response.error_message)
-    print(f"Completed updating config for topic {args.entity_name}.")
+        raise KafkaError(
+            code, f"{_ENTITY_NAMES[kind]} '{args.entity_name}'", response.error_message
+        )
+    print(f"Completed updating config for {label}.")
     return 0
 
 
@@ -177,15 +191,17 @@ def _run(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     """``kcoord configs ...`` under the top-level subparsers ``sub``."""
-    configs = sub.add_parser("configs", help="topic and broker configs, like kafka-configs.sh")
+    configs = sub.add_parser(
+        "configs", help="topic, broker and group configs, like kafka-configs.sh"
+    )
     csub = configs.add_subparsers(dest="configs_command", required=True)
     describe = csub.add_parser("describe", help="DescribeConfigs")
     describe.add_argument("--all", action="store_true", help="every config, not just dynamic")
-    alter = csub.add_parser("alter", help="IncrementalAlterConfigs (topics)")
+    alter = csub.add_parser("alter", help="IncrementalAlterConfigs (topics, groups)")
     alter.add_argument("--add-config", metavar="K=V[,K=V]", help="set these keys")
     alter.add_argument("--delete-config", metavar="K[,K]", help="remove these keys")
     for p in (describe, alter):
         p.add_argument("--entity-type", required=True, choices=sorted(_RESOURCE_TYPES))
-        p.add_argument("--entity-name", help="topic name or broker id")
+        p.add_argument("--entity-name", help="topic name, broker id or group id")
         add_connection_arguments(p, default_cluster_dir)
     configs.set_defaults(func=_run)

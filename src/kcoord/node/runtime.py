@@ -64,6 +64,7 @@ from typing import Any
 
 from aiokafka.record.default_records import DefaultRecordBatch as _CRecordBatch
 
+from kcoord.cluster.coordinator.group_config import GroupConfigLookup, no_group_configs
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     CoordinatorRecordError,
@@ -601,11 +602,14 @@ class CoordinatorRuntime:
         measure_latency: bool = True,
         append_linger_ms: int = -1,
         write_timeout_ms: int = 5000,
+        group_configs: GroupConfigLookup = no_group_configs,
     ) -> None:
         """``measure_latency``: time OffsetCommit requests for the metrics (``metrics.enable``).
         ``append_linger_ms``: ``group.coordinator.append.linger.ms``; ``write_timeout_ms``:
-        ``offsets.commit.timeout.ms`` (see the module doc)."""
+        ``offsets.commit.timeout.ms`` (see the module doc). ``group_configs(group_id)``: a
+        group's dynamic configs, from the metadata image (KIP-848's group configs)."""
         self.replica_manager = replica_manager
+        self.group_configs = group_configs
         self.append_linger_ms = append_linger_ms
         self.write_timeout_ms = write_timeout_ms
         self.config = config
@@ -701,7 +705,9 @@ class CoordinatorRuntime:
             timer.ctx = ctx
         else:
             timer = _ShardTimer(ctx)
-            shard = GroupCoordinatorShard(self.config, timer, self.new_member_id, self.stats)
+            shard = GroupCoordinatorShard(
+                self.config, timer, self.new_member_id, self.stats, self.group_configs
+            )
             offset = lg.log_start_offset
             decoder = RecordDecoder()
         records = 0
@@ -780,7 +786,9 @@ class CoordinatorRuntime:
         return Standby(
             part,
             lg,
-            GroupCoordinatorShard(self.config, timer, self.new_member_id, self.stats),
+            GroupCoordinatorShard(
+                self.config, timer, self.new_member_id, self.stats, self.group_configs
+            ),
             timer,
             lg.log_start_offset,
             lg.truncations,

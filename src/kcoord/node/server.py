@@ -34,8 +34,11 @@ import logging
 import resource
 import signal
 import uuid
+from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
+from kcoord.cluster.coordinator.group_config import GroupConfigBounds, group_config_error
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.node.admin import AdminServer, AdminService
 from kcoord.node.broker_lifecycle import BrokerLifecycle
@@ -57,8 +60,9 @@ from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool, RpcServer
 from kcoord.node.runtime import CoordinatorRuntime
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
-from kcoord.raft.image import RoleChange
+from kcoord.raft.image import ConfigResource, RoleChange
 from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter
+from kcoord.raft.records import ConfigResourceType
 from kcoord.storage.config import LogConfig
 from kcoord.storage.manager import LogManager
 
@@ -237,6 +241,7 @@ class Node:
             measure_latency=cfg.metrics_enable,
             append_linger_ms=cfg.group_coordinator_append_linger_ms,
             write_timeout_ms=cfg.offsets_commit_timeout_ms,
+            group_configs=self._group_configs,
         )
         self.cache.delta_listeners.append(self.coordinator.on_metadata_delta)
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
@@ -256,6 +261,15 @@ class Node:
             offsets_topic_num_partitions=cfg.offsets_topic_num_partitions,
             offsets_topic_replication_factor=cfg.offsets_topic_replication_factor,
             offsets_topic_segment_bytes=cfg.offsets_topic_segment_bytes,
+            group_config_error=partial(
+                group_config_error,
+                bounds=GroupConfigBounds(
+                    min_session_timeout_ms=cfg.group_consumer_min_session_timeout_ms,
+                    max_session_timeout_ms=cfg.group_consumer_max_session_timeout_ms,
+                    min_heartbeat_interval_ms=cfg.group_consumer_min_heartbeat_interval_ms,
+                    max_heartbeat_interval_ms=cfg.group_consumer_max_heartbeat_interval_ms,
+                ),
+            ),
         )
         quorum = MetadataQuorum(
             cfg.node_id,
@@ -410,6 +424,10 @@ class Node:
     def _offsets_partition_count(self) -> int | None:
         topic = self.cache.image.topic_by_name(OFFSETS_TOPIC_NAME)
         return None if topic is None else len(self.cache.image.partitions_of(topic.topic_id))
+
+    def _group_configs(self, group_id: str) -> Mapping[str, str]:
+        """A group's dynamic configs (KIP-848), as committed to the metadata log."""
+        return self.cache.image.resource_configs(ConfigResource(ConfigResourceType.GROUP, group_id))
 
     def _on_quorum_state_changed(self) -> None:
         if self.controller is not None:

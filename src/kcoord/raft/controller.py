@@ -160,6 +160,11 @@ class ControllerConfig:
     offsets_topic_num_partitions: int = 50
     offsets_topic_replication_factor: int = 3
     offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    # Why a group's configs (KIP-848 group configs: name -> value, the whole resulting set)
+    # would be refused, or None; the node passes the coordinator's check with its bounds, as
+    # Kafka's QuorumController is given its ConfigurationValidator. None: GROUP resources
+    # cannot be altered.
+    group_config_error: Callable[[Mapping[str, str | None]], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -1327,7 +1332,8 @@ class Controller:
         op changes one key, APPEND and SUBTRACT only LIST keys (starting from the default when
         the key is not set). Otherwise it is the legacy AlterConfigs: the ops' SETs become the
         whole set, every other key is deleted. The resulting set is validated as a whole, and
-        one ``Config`` record is written per changed key. kcoord alters topic configs only.
+        one ``Config`` record is written per changed key. kcoord alters topic configs and,
+        given ``ControllerConfig.group_config_error``, group configs.
         """
         keys = [key for key, _, _ in ops]
         if len(set(keys)) != len(keys):
@@ -1335,10 +1341,13 @@ class Controller:
         for _, op, _ in ops:
             if op not in _CONFIG_OPS:
                 return _alter_error(Errors.INVALID_REQUEST, f"Unknown operations type {op}")
+        if resource_type == ConfigResourceType.GROUP and self.config.group_config_error:
+            return self._alter_group_configs(image, resource_name, ops, incremental=incremental)
         if resource_type != ConfigResourceType.TOPIC:
             return _alter_error(
                 Errors.INVALID_REQUEST,
-                f"kcoord alters topic configs only, not those of resource type {resource_type}",
+                "kcoord alters topic and group configs only, not those of resource type "
+                f"{resource_type}",
             )
         topic = image.topic_by_name(resource_name)
         if topic is None:
@@ -1372,6 +1381,43 @@ class Controller:
             return _alter_error(Errors.INVALID_CONFIG, config_error)
         records: list[MetadataRecord] = [
             Config(ConfigResourceType.TOPIC, resource_name, key, updated.get(key))
+            for key in sorted(set(current) | set(updated))
+            if current.get(key) != updated.get(key)
+        ]
+        return ControllerResult(tuple(records), AlterConfigsResult(Errors.NONE))
+
+    def _alter_group_configs(
+        self,
+        image: MetadataImage,
+        group_id: str,
+        ops: Sequence[tuple[str, int, str | None]],
+        *,
+        incremental: bool,
+    ) -> ControllerResult[AlterConfigsResult]:
+        """A GROUP resource (KIP-848 group configs; ``ControllerConfigurationValidator``): the
+        group need not exist; every group config is an INT or a STRING, so APPEND and SUBTRACT
+        are refused as for a topic's non-LIST key."""
+        assert self.config.group_config_error is not None
+        if not group_id:
+            return _alter_error(Errors.INVALID_REQUEST, "Default group resources are not allowed.")
+        resource = ConfigResource(ConfigResourceType.GROUP, group_id)
+        current = dict(image.resource_configs(resource))
+        updated: dict[str, str | None] = dict(current) if incremental else {}
+        for key, op, value in ops:
+            if op == ConfigOp.SET or not incremental:
+                updated[key] = value
+            elif op == ConfigOp.DELETE:
+                updated.pop(key, None)
+            else:
+                return _alter_error(
+                    Errors.INVALID_CONFIG,
+                    f"Can't {ConfigOp(op).name} to key {key} because its type is not LIST.",
+                )
+        config_error = self.config.group_config_error(updated)
+        if config_error is not None:
+            return _alter_error(Errors.INVALID_CONFIG, config_error)
+        records: list[MetadataRecord] = [
+            Config(ConfigResourceType.GROUP, group_id, key, updated.get(key))
             for key in sorted(set(current) | set(updated))
             if current.get(key) != updated.get(key)
         ]

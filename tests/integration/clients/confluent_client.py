@@ -57,10 +57,17 @@ def create_topic(cmd: dict[str, Any]) -> Any:
     return "created"
 
 
+# librdkafka sends GROUP as Kafka's ConfigResource type 32 (KIP-848 group configs).
+_RESOURCE_TYPES = {
+    "topic": ResourceType.TOPIC,
+    "broker": ResourceType.BROKER,
+    "group": ResourceType.GROUP,
+}
+
+
 def describe_configs(cmd: dict[str, Any]) -> Any:
     admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
-    kind = ResourceType.TOPIC if cmd["resource"] == "topic" else ResourceType.BROKER
-    resource = ConfigResource(kind, cmd["name"])
+    resource = ConfigResource(_RESOURCE_TYPES[cmd["resource"]], cmd["name"])
     entries = admin.describe_configs([resource])[resource].result(timeout=DEADLINE_S)
     return {name: [entry.value, _source_name(entry.source)] for name, entry in entries.items()}
 
@@ -70,11 +77,13 @@ def _source_name(source: int) -> str:
 
 
 def alter_configs(cmd: dict[str, Any]) -> Any:
-    """IncrementalAlterConfigs with ``ops`` [[key, "SET"|"DELETE"|"APPEND"|"SUBTRACT", value]]."""
+    """IncrementalAlterConfigs with ``ops`` [[key, "SET"|"DELETE"|"APPEND"|"SUBTRACT", value]]
+    on ``topic``, or on ``group`` (its KIP-848 group configs)."""
     admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    kind = "group" if "group" in cmd else "topic"
     resource = ConfigResource(
-        ResourceType.TOPIC,
-        cmd["topic"],
+        _RESOURCE_TYPES[kind],
+        cmd[kind],
         incremental_configs=[
             ConfigEntry(key, value, incremental_operation=AlterConfigOpType[op])
             for key, op, value in cmd["ops"]

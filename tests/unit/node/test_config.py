@@ -280,6 +280,37 @@ def test_config_error_str_is_key_colon_message() -> None:
             "quorum.raft.min.timeout.ms",
             "must be less than quorum.raft.max.timeout.ms (1400)",
         ),
+        # KIP-848's bounds, in the order of Kafka's validateNewGroupCoordinatorConfigs.
+        (
+            {"group.consumer.session.timeout.ms": 6000},
+            "group.consumer.session.timeout.ms",
+            "must be greater than or equal to group.consumer.min.session.timeout.ms (45000), "
+            "got 6000",
+        ),
+        (
+            {"group.consumer.heartbeat.interval.ms": 20_000},
+            "group.consumer.heartbeat.interval.ms",
+            "must be less than or equal to group.consumer.max.heartbeat.interval.ms (15000)",
+        ),
+        (
+            {"group.consumer.min.heartbeat.interval.ms": 16_000},
+            "group.consumer.max.heartbeat.interval.ms",
+            "must be greater than or equal to group.consumer.min.heartbeat.interval.ms (16000)",
+        ),
+        (
+            {"group.consumer.max.session.timeout.ms": 40_000},
+            "group.consumer.max.session.timeout.ms",
+            "must be greater than or equal to group.consumer.min.session.timeout.ms (45000)",
+        ),
+        (
+            {
+                "group.consumer.heartbeat.interval.ms": 6000,
+                "group.consumer.session.timeout.ms": 6000,
+                "group.consumer.min.session.timeout.ms": 6000,
+            },
+            "group.consumer.heartbeat.interval.ms",
+            "must be less than group.consumer.session.timeout.ms (6000), got 6000",
+        ),
     ],
 )
 def test_invalid_values_name_the_key(overrides: dict[str, object], key: str, fragment: str) -> None:
@@ -409,7 +440,9 @@ def test_every_plain_field_is_set_by_its_key() -> None:
         if isinstance(value, bool):
             new: object = not value
         else:
-            new = value + 1 if value < 2**31 - 1 else value - 1
+            # Down, where up would break a bound the default sits on (group.consumer.min.*).
+            up = value < 2**31 - 1 and not field.name.startswith("group_consumer_min_")
+            new = value + 1 if up else value - 1
         changed = parse_config(_minimal(**{field.name.replace("_", "."): new}))
         assert getattr(changed, field.name) == new, field.name
 

@@ -1064,7 +1064,7 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             [("retention.ms", ConfigOp.SET, "1")],
             (ConfigResourceType.BROKER, "1"),
             Errors.INVALID_REQUEST,
-            "topic configs only",
+            "topic and group configs only",
         ),
         (
             [("retention.ms", ConfigOp.SET, "1")],

@@ -50,6 +50,12 @@ from kcoord.cluster.coordinator.consumer_classic import (
     rebalance_key,
     session_key,
 )
+from kcoord.cluster.coordinator.group_config import (
+    CONSUMER_HEARTBEAT_INTERVAL_MS,
+    CONSUMER_SESSION_TIMEOUT_MS,
+    GroupConfigLookup,
+    group_config_int,
+)
 from kcoord.cluster.coordinator.records import CoordinatorRecord, GroupMetadataKey
 from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeRequest,
@@ -86,6 +92,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     """Mixed into ``GroupCoordinatorShard``; uses its timers, config, groups and offsets."""
 
     _config: GroupConfig
+    _group_configs: GroupConfigLookup
     _consumer_groups: dict[str, ConsumerGroup]
     _new_member_id: Callable[[str], str]
 
@@ -272,12 +279,29 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         self._cancel_timer(classic_join_key(group_id, member_id))
         self._cancel_timer(classic_sync_key(group_id, member_id))
 
+    def _consumer_session_timeout_ms(self, group_id: str) -> int:
+        """The group's own ``consumer.session.timeout.ms``, else the broker's (Kafka's
+        ``GroupMetadataManager.consumerGroupSessionTimeoutMs``)."""
+        return group_config_int(
+            self._group_configs(group_id),
+            CONSUMER_SESSION_TIMEOUT_MS,
+            self._config.consumer_session_timeout_ms,
+        )
+
+    def _consumer_heartbeat_interval_ms(self, group_id: str) -> int:
+        """The group's own ``consumer.heartbeat.interval.ms``, else the broker's."""
+        return group_config_int(
+            self._group_configs(group_id),
+            CONSUMER_HEARTBEAT_INTERVAL_MS,
+            self._config.consumer_heartbeat_interval_ms,
+        )
+
     def _schedule_session(self, group_id: str, member: ConsumerGroupMember, now_ms: int) -> None:
         """A full session from now: a classic member's own timeout, else the group's."""
         timeout_ms = (
             member.classic.session_timeout_ms
             if member.classic is not None
-            else self._config.consumer_session_timeout_ms
+            else self._consumer_session_timeout_ms(group_id)
         )
         self._schedule_consumer_timer(
             session_key(group_id, member.member_id),
@@ -448,7 +472,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             ConsumerGroupHeartbeatResponse(
                 member_id=reconciled.member_id,
                 member_epoch=reconciled.member_epoch,
-                heartbeat_interval_ms=self._config.consumer_heartbeat_interval_ms,
+                heartbeat_interval_ms=self._consumer_heartbeat_interval_ms(group_id),
                 # Always sent: a client applies the same assignment twice at no cost, and a
                 # lost answer never leaves it behind.
                 assignment=_as_wire(reconciled.assigned),

@@ -137,6 +137,7 @@ from kcoord.cluster.coordinator.consumer_shard import (
     ConsumerGroupHandlers,
     TopicsView,
 )
+from kcoord.cluster.coordinator.group_config import GroupConfigLookup, no_group_configs
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     GroupMetadataKey,
@@ -355,12 +356,15 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         timer: Timer,
         new_member_id: Callable[[str], str],
         stats: CoordinatorStats | None = None,
+        group_configs: GroupConfigLookup = no_group_configs,
     ) -> None:
         """``new_member_id(prefix)`` returns a fresh member id; Kafka's is ``prefix + "-" +
         UUID``, the prefix being the group instance id of a static member, else the client id.
         ``stats``: the counters to add to (the runtime's, shared by its shards).
+        ``group_configs(group_id)``: the group's dynamic configs (``group_config.py``).
         """
         self._config = config
+        self._group_configs = group_configs
         self._timer = timer
         self._new_member_id = new_member_id
         self.stats = stats if stats is not None else CoordinatorStats()

@@ -11,11 +11,15 @@ DescribeConfigs is answered by the node itself, as Kafka's ``ConfigHelper`` does
   dynamic broker configs), a sensitive one without its value; the empty name (the cluster-wide
   dynamic defaults) lists none; another broker's id is INVALID_REQUEST, as in Kafka (clients
   send a broker's resource to that broker).
+- a GROUP (KIP-848 group configs, ``cluster/coordinator/group_config.py``; the group need not
+  exist) lists ``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms``: the
+  group's own value (GROUP_CONFIG), else this node's ``group.consumer.*`` config; the empty
+  name is INVALID_REQUEST.
 
 The two alters are forwarded to the controller (``Controller.alter_configs``), which validates
 the resulting configs as a whole and commits one ``Config`` record per changed key; the
-answer waits until this node's image has them. kcoord alters topic configs only; a broker's
-static configs change with its config file.
+answer waits until this node's image has them. kcoord alters topic and group configs; a
+broker's static configs change with its config file.
 """
 
 from __future__ import annotations
@@ -24,12 +28,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from kcoord.cluster.coordinator import group_config
 from kcoord.errors import Errors
 from kcoord.node.config import ConfigEntry
 from kcoord.node.kafka.admin import forward
 from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.raft.controller import ConfigOp
+from kcoord.raft.image import ConfigResource
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, TopicConfigDef
 
@@ -43,6 +49,7 @@ INCREMENTAL_ALTER_CONFIGS_KEY: Final = 44
 DYNAMIC_TOPIC_CONFIG: Final = 1
 STATIC_BROKER_CONFIG: Final = 4
 DEFAULT_CONFIG: Final = 5
+GROUP_CONFIG: Final = 8
 _CONFIG_TYPE_CODES: Final = {t.name: int(t) for t in ConfigType}
 _TIMEOUT_S: Final = 30.0
 
@@ -127,9 +134,23 @@ class ConfigsApi:
                     if keys is None or e.key in keys
                 ],
             )
+        if resource_type == ConfigResourceType.GROUP:
+            if not name:
+                return result(Errors.INVALID_REQUEST, "Group name must not be empty", [])
+            own = self.ctx.image.resource_configs(ConfigResource(ConfigResourceType.GROUP, name))
+            return result(
+                Errors.NONE,
+                None,
+                [
+                    self._group_entry(key, own.get(key), synonyms, docs)
+                    for key in group_config.DEFAULTS
+                    if keys is None or key in keys
+                ],
+            )
         return result(
             Errors.INVALID_REQUEST,
-            f"kcoord describes topic and broker configs only, not resource type {resource_type}",
+            "kcoord describes topic, broker and group configs only, not resource type "
+            f"{resource_type}",
             [],
         )
 
@@ -162,6 +183,32 @@ class ConfigsApi:
             "synonyms": chain if synonyms else [],
             "config_type": int(definition.type),
             "documentation": definition.doc if docs else None,
+        }
+
+    def _group_entry(self, key: str, own: str | None, synonyms: bool, docs: bool) -> dict[str, Any]:
+        # ConfigHelper.createGroupConfigEntry: the group's own value, then the broker config
+        # it overrides (group.consumer.*) as this node has it, then Kafka's default.
+        broker_key = group_config.BROKER_SYNONYMS[key]
+        chain: list[dict[str, Any]] = []
+        if own is not None:
+            chain.append({"name": key, "value": own, "source": GROUP_CONFIG})
+        broker = self.broker_configs.get(broker_key)
+        if broker is not None and not broker.is_default:
+            chain.append(
+                {"name": broker_key, "value": broker.value, "source": STATIC_BROKER_CONFIG}
+            )
+        chain.append(
+            {"name": broker_key, "value": str(group_config.DEFAULTS[key]), "source": DEFAULT_CONFIG}
+        )
+        return {
+            "name": key,
+            "value": chain[0]["value"],
+            "read_only": False,
+            "config_source": chain[0]["source"],
+            "is_sensitive": False,
+            "synonyms": chain if synonyms else [],
+            "config_type": int(ConfigType.INT),
+            "documentation": group_config.DOCS[key] if docs else None,
         }
 
     # -----------------------------------------------------------------------------------------

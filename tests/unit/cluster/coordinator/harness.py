@@ -176,15 +176,24 @@ class ShardContext:
         log: Iterable[CoordinatorRecord] = (),
         next_member_number: int = 1,
         next_token: int = 1,
+        group_configs: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
+        """``group_configs``: group id -> its dynamic configs, as the metadata image has them
+        (the test may change them as it goes)."""
         self.config = config if config is not None else GroupConfig()
+        self.group_configs = dict(group_configs or {})
         self.now_ms = now_ms
         self.timer = MockTimer()
         self.log: list[CoordinatorRecord] = []
         self.outstanding: set[Token] = set()
         self._next_member_number = next_member_number
         self._next_token = next_token
-        self.shard = GroupCoordinatorShard(self.config, self.timer, self._new_member_id)
+        self.shard = GroupCoordinatorShard(
+            self.config,
+            self.timer,
+            self._new_member_id,
+            group_configs=lambda group_id: self.group_configs.get(group_id, {}),
+        )
         for record in log:
             self.shard.replay(len(self.log), record)
             self.log.append(record)
@@ -255,6 +264,7 @@ class ShardContext:
             log=self.log,
             next_member_number=self._next_member_number,
             next_token=self._next_token,
+            group_configs=self.group_configs,
         )
 
     # ----------------------------------------------------------------------------------------

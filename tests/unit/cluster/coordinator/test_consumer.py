@@ -225,6 +225,28 @@ def test_a_silent_member_is_fenced_after_its_session_timeout() -> None:
     assert a.owned == set(range(6))
 
 
+def test_a_groups_own_configs_set_its_heartbeat_interval_and_session_timeout() -> None:
+    """KIP-848 group configs: the group's values where it has them, the broker's elsewhere;
+    a change reaches a member at its next heartbeat (GroupMetadataManager reads the group's
+    config at every heartbeat)."""
+    ctx = context()
+    ctx.group_configs["g"] = {"consumer.heartbeat.interval.ms": "700"}
+    a = Member(ctx, "a")
+    assert a.beat().heartbeat_interval_ms == 700
+    assert hb(ctx, "x", 0, group="other").heartbeat_interval_ms == 500
+    # The session: the broker's 10 s until the group's 30 s applies from the next heartbeat.
+    ctx.group_configs["g"] = {"consumer.session.timeout.ms": "30000"}
+    assert ctx.shard.scheduled_timers["consumer-session/g/a"] == ctx.now_ms + SESSION_MS
+    assert a.beat().heartbeat_interval_ms == 500
+    ctx.sleep(SESSION_MS + 1000)
+    assert "a" in ctx.shard.consumer_groups["g"].members
+    ctx.sleep(30_000 - SESSION_MS)
+    assert "a" not in ctx.shard.consumer_groups["g"].members
+    # A value that does not parse (the controller refuses those) falls back to the broker's.
+    ctx.group_configs["g"] = {"consumer.heartbeat.interval.ms": "soon"}
+    assert Member(ctx, "b").beat().heartbeat_interval_ms == 500
+
+
 def test_a_member_that_never_revokes_is_fenced_at_its_rebalance_timeout() -> None:
     ctx = context()
     a, b = Member(ctx, "a"), Member(ctx, "b")

@@ -12,9 +12,11 @@ import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, cast
 
+from kcoord.cluster.coordinator.group_config import GroupConfigBounds, group_config_error
 from kcoord.node.config import config_entries, parse_config
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.kafka.broker import KafkaBroker
@@ -157,7 +159,10 @@ async def running(
         NODE_ID,
         cast(MetadataQuorum, quorum),
         cache,
-        ControllerConfig(offsets_topic_num_partitions=OFFSETS_PARTITIONS),
+        ControllerConfig(
+            offsets_topic_num_partitions=OFFSETS_PARTITIONS,
+            group_config_error=partial(group_config_error, bounds=GroupConfigBounds()),
+        ),
         lambda: clock[0],
         expected_brokers=3,
     )

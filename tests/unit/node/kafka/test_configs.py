@@ -6,15 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kcoord.cluster.coordinator.group_config import GroupConfigBounds, group_config_error
 from kcoord.errors import Errors
+from kcoord.raft.image import ConfigResource
+from kcoord.raft.records import ConfigResourceType
 from kcoord.storage.config import TOPIC_CONFIGS
 from tests.unit.node.kafka.harness import NODE_ID, Harness
 from tests.unit.node.kafka.test_handlers import run
 from tests.unit.node.kafka.wire import AsyncWireClient
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
-TOPIC, BROKER, GROUP = 2, 4, 32
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5
+TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
+DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG, GROUP_CONFIG = 1, 4, 5, 8
 SET, DELETE, APPEND = 0, 1, 2
 HOUR_MS = "3600000"
 
@@ -30,12 +33,14 @@ def describe_values(*resources: tuple[int, str, list[str] | None], **flags: bool
     }
 
 
-def incremental_values(topic: str, *ops: tuple[str, int, str | None], dry: bool = False) -> Any:
+def incremental_values(
+    name: str, *ops: tuple[str, int, str | None], dry: bool = False, resource_type: int = TOPIC
+) -> Any:
     return {
         "resources": [
             {
-                "resource_type": TOPIC,
-                "resource_name": topic,
+                "resource_type": resource_type,
+                "resource_name": name,
                 "configs": [{"name": k, "config_operation": op, "value": v} for k, op, v in ops],
             }
         ],
@@ -96,10 +101,10 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
             4,
             describe_values(
                 (BROKER, str(NODE_ID), None), (BROKER, "2", None), (BROKER, "", None),
-                (GROUP, "g", None),
+                (BROKER_LOGGER, str(NODE_ID), None),
             ),
         )  # fmt: skip
-        mine, other, cluster_wide, group = response.results
+        mine, other, cluster_wide, logger = response.results
         assert mine.error_code == Errors.NONE
         configs = {e.name: e for e in mine.configs}
         assert (configs["node.id"].value, configs["node.id"].config_source) == ("1", 4)
@@ -116,7 +121,7 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
             "Unexpected broker id, expected 1 or empty string, but received 2"
         )
         assert (cluster_wide.error_code, cluster_wide.configs) == (Errors.NONE, ())
-        assert group.error_code == Errors.INVALID_REQUEST
+        assert logger.error_code == Errors.INVALID_REQUEST
 
     run(tmp_path, test)
 
@@ -181,5 +186,94 @@ def test_alters_reach_the_image_and_the_hosted_logs(tmp_path: Path) -> None:
         )
         assert deleted.responses[0].error_code == Errors.NONE
         assert own() == {}
+
+    run(tmp_path, test)
+
+
+def test_group_configs_are_altered_validated_and_described(tmp_path: Path) -> None:
+    """KIP-848 group configs: any group name (the group need not exist), the broker's value
+    until the group has its own, Kafka's checks and messages (GroupConfig.validate)."""
+
+    def group_ops(*ops: tuple[str, int, str | None], group: str = "g") -> Any:
+        return incremental_values(group, *ops, resource_type=GROUP)
+
+    async def describe(c: AsyncWireClient, group: str = "g") -> dict[str, Any]:
+        response = await c.call(
+            DESCRIBE_CONFIGS, 4, describe_values((GROUP, group, None), synonyms=True, docs=True)
+        )
+        (result,) = response.results
+        assert result.error_code == Errors.NONE, result
+        return {e.name: e for e in result.configs}
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        session, heartbeat = "consumer.session.timeout.ms", "consumer.heartbeat.interval.ms"
+        configs = await describe(c)
+        assert list(configs) == [session, heartbeat]
+        assert [(e.value, e.config_source, e.read_only) for e in configs.values()] == [
+            ("45000", DEFAULT_CONFIG, False),
+            ("5000", DEFAULT_CONFIG, False),
+        ]
+        assert [(s.name, s.source) for s in configs[session].synonyms] == [
+            ("group.consumer.session.timeout.ms", DEFAULT_CONFIG)
+        ]
+        assert all(e.config_type == 3 and e.documentation for e in configs.values())  # INT
+
+        response = await c.call(INCREMENTAL_ALTER_CONFIGS, 1, group_ops((session, SET, "50000")))
+        assert response.responses[0].error_code == Errors.NONE
+        resource = ConfigResource(int(ConfigResourceType.GROUP), "g")
+        assert dict(h.cache.image.resource_configs(resource)) == {session: "50000"}
+        own = (await describe(c))[session]
+        assert (own.value, own.config_source) == ("50000", GROUP_CONFIG)
+        assert [(s.name, s.value, s.source) for s in own.synonyms] == [
+            (session, "50000", GROUP_CONFIG),
+            ("group.consumer.session.timeout.ms", "45000", DEFAULT_CONFIG),
+        ]
+        # Asked keys only; another group is untouched.
+        response = await c.call(DESCRIBE_CONFIGS, 4, describe_values((GROUP, "g", [heartbeat])))
+        assert [e.name for e in response.results[0].configs] == [heartbeat]
+        assert (await describe(c, "other"))[session].value == "45000"
+
+        refused = {
+            ((session, SET, "x"),): "Invalid value x for configuration "
+            "consumer.session.timeout.ms: Not a number of type INT",
+            ((session, SET, "0"),): "Invalid value 0 for configuration "
+            "consumer.session.timeout.ms: Value must be at least 1",
+            ((session, SET, "44999"),): "consumer.session.timeout.ms must be greater than or "
+            "equal to group.consumer.min.session.timeout.ms",
+            ((session, SET, "60001"),): "consumer.session.timeout.ms must be less than or "
+            "equal to group.consumer.max.session.timeout.ms",
+            ((heartbeat, SET, "4999"),): "consumer.heartbeat.interval.ms must be greater than "
+            "or equal to group.consumer.min.heartbeat.interval.ms",
+            ((heartbeat, SET, "15001"),): "consumer.heartbeat.interval.ms must be less than "
+            "or equal to group.consumer.max.heartbeat.interval.ms",
+            (("share.session.timeout.ms", SET, "45000"),): "Unknown group config name: "
+            "share.session.timeout.ms",
+            ((heartbeat, APPEND, "6000"),): "Can't APPEND to key "
+            "consumer.heartbeat.interval.ms because its type is not LIST.",
+        }
+        for ops, message in refused.items():
+            response = await c.call(INCREMENTAL_ALTER_CONFIGS, 1, group_ops(*ops))
+            (r,) = response.responses
+            assert (r.error_code, r.error_message) == (Errors.INVALID_CONFIG, message), ops
+        # Validated as a set, an unset value being Kafka's default (not the broker's): the
+        # session timeout must stay above the heartbeat interval.
+        bounds = GroupConfigBounds(min_heartbeat_interval_ms=1, max_heartbeat_interval_ms=60_000)
+        assert group_config_error({heartbeat: "40000"}, bounds) is None
+        too_long = "consumer.session.timeout.ms must be greater than consumer.heartbeat.interval.ms"
+        assert group_config_error({heartbeat: "45000"}, bounds) == too_long
+        assert group_config_error({heartbeat: "50000", session: "50000"}, bounds) == too_long
+        assert group_config_error({heartbeat: "50000", session: "55000"}, bounds) is None
+        empty = await c.call(
+            INCREMENTAL_ALTER_CONFIGS, 1, group_ops((session, SET, "50000"), group="")
+        )
+        assert empty.responses[0].error_code == Errors.INVALID_REQUEST
+        described = await c.call(DESCRIBE_CONFIGS, 4, describe_values((GROUP, "", None)))
+        assert described.results[0].error_code == Errors.INVALID_REQUEST
+        assert dict(h.cache.image.resource_configs(resource)) == {session: "50000"}
+
+        deleted = await c.call(INCREMENTAL_ALTER_CONFIGS, 1, group_ops((session, DELETE, None)))
+        assert deleted.responses[0].error_code == Errors.NONE
+        assert dict(h.cache.image.resource_configs(resource)) == {}
+        assert (await describe(c))[session].config_source == DEFAULT_CONFIG
 
     run(tmp_path, test)
