@@ -7,6 +7,9 @@ same epoch (the group's assignment epoch), disjoint partitions covering the topi
 - a SIGKILLed member is fenced after the session timeout, not before, and its partitions move;
 - a group's own session timeout (KIP-848 group configs, set with the admin client) applies
   instead of the cluster's;
+- static members: one bounced (closed, restarted with its instance id) gets its partitions
+  back at the same epoch and nobody else moves; a second process with a live member's
+  instance id is refused (UNRELEASED_INSTANCE_ID);
 - the coordinator's node is SIGKILLed while members reconcile: the group converges on the new
   coordinator, no partition owned twice at any reported epoch, every message consumed once;
 - a subscription by regular expression gets every matching topic, and one created later;
@@ -19,7 +22,7 @@ The cluster uses a 6 s consumer session timeout and 500 ms heartbeats (Kafka: 45
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +40,7 @@ from tests.integration.test_groups import (
     create_topic,
     offsets_leader,
     produce,
+    rebalance_events,
     settled,
     wait_consumed,
     wait_restarted,
@@ -50,6 +54,7 @@ pytestmark = pytest.mark.integration
 CLIENT = "confluent-kafka"
 SESSION_TIMEOUT_MS = 6_000
 GROUP_SESSION_TIMEOUT_MS = 15_000  # one group's own (KIP-848 group configs)
+STATIC_SESSION_TIMEOUT_MS = 30_000  # the static members' groups' own
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +179,69 @@ def test_a_groups_own_session_timeout_fences_its_killed_member(
     elapsed = time.monotonic() - killed_at
     assert elapsed >= GROUP_SESSION_TIMEOUT_MS / 1000 - 1.0, f"fenced after {elapsed:.1f} s"
     assert after.owned["m0"] == frozenset(range(PARTITIONS))
+
+
+def static_group(spawn: Spawner, name: str) -> tuple[str, Callable[[str, str], Member]]:
+    """A topic and group for static members, whose session is the group's own 30 s (a group
+    config): room for a bounced member's process to start again on a loaded machine."""
+    topic = group = name
+    create_topic(CLIENT, spawn.bootstrap, topic)
+    session = ["consumer.session.timeout.ms", "SET", str(STATIC_SESSION_TIMEOUT_MS)]
+    alter = {"op": "alter_configs", "bootstrap": spawn.bootstrap, "group": group}
+    assert run_client(CLIENT, {**alter, "ops": [session]}) == {"error": 0}
+
+    def static(name: str, instance: str) -> Member:
+        return spawn(CLIENT, group, topic, name, instance_id=instance, group_protocol="consumer")
+
+    return topic, static
+
+
+def test_a_bounced_static_member_gets_its_assignment_back_at_the_same_epoch(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    """KIP-848 static membership: a static member's close leaves the group with epoch -2,
+    keeping its place; a new process with its instance id takes the place over with the same
+    member epoch and partitions; the group epoch does not move and the others see nothing."""
+    topic, static = static_group(spawn, "kip848-static-bounce")
+    a, b, c = (static(i, i) for i in "abc")
+    s = wait_settled(spawn, [a, b, c])
+    marks = {m.name: m.mark() for m in (b, c)}
+    a.stop()
+    a2 = static("a2", "a")
+    bounced = wait_settled(spawn, [a2, b, c])
+    assert bounced.generation == s.generation
+    assert bounced.owned["a2"] == s.owned["a"]
+    assert bounced.member_ids["a2"] != s.member_ids["a"]
+    acked = produce(CLIENT, spawn.bootstrap, topic, 60, "bounced")
+    wait_consumed(spawn, [a2, b, c], acked)
+    for m in (b, c):
+        assert not rebalance_events(m, marks[m.name]), (m.name, rebalance_events(m, 0))
+        report = m.assignment()
+        assert report is not None and report["generation"] == s.generation
+
+
+def test_a_second_process_with_a_live_members_instance_id_is_refused(
+    cluster: LocalCluster, spawn: Spawner
+) -> None:
+    """KIP-848, unlike the classic protocol's KIP-345: an instance id held by a live member is
+    UNRELEASED_INSTANCE_ID for the newcomer (librdkafka: a fatal error), and the live member
+    keeps its place without a rebalance."""
+    topic, static = static_group(spawn, "kip848-static-duplicate")
+    a, b = static("a", "a"), static("b", "b")
+    s = wait_settled(spawn, [a, b])
+    marks = {m.name: m.mark() for m in (a, b)}
+    dup = static("a-dup", "a")
+    wait_until(spawn, lambda: not dup.alive, "the duplicate to stop", [a, b])
+    errors = [e["error"] for e in dup.events("error")]
+    assert any(
+        "UNRELEASED_INSTANCE_ID" in e or "still used by another member" in e for e in errors
+    ), str(dup)
+    assert not dup.events("assigned")
+    acked = produce(CLIENT, spawn.bootstrap, topic, 60, "kept")
+    wait_consumed(spawn, [a, b], acked)
+    assert settled([a, b], PARTITIONS) == s
+    for m in (a, b):
+        assert not rebalance_events(m, marks[m.name]), (m.name, rebalance_events(m, 0))
 
 
 def test_the_group_converges_after_its_coordinator_is_killed(
