@@ -1354,37 +1354,15 @@ class Controller:
             return _alter_error(
                 Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{resource_name}' does not exist."
             )
-        current = dict(topic.configs)
-        updated: dict[str, str | None] = dict(current) if incremental else {}
-        for key, op, value in ops:
-            if op == ConfigOp.SET or not incremental:
-                updated[key] = value
-            elif op == ConfigOp.DELETE:
-                updated.pop(key, None)
-            else:
-                definition = TOPIC_CONFIGS.get(key)
-                if definition is None or definition.type is not ConfigType.LIST:
-                    return _alter_error(
-                        Errors.INVALID_CONFIG,
-                        f"Can't {ConfigOp(op).name} to key {key} because its type is not LIST.",
-                    )
-                old = current.get(key, definition.default)
-                items = [p for p in old.split(",") if p]
-                given = (value or "").split(",")
-                if op == ConfigOp.APPEND:
-                    items += [v for v in given if v not in items]
-                else:
-                    items = [p for p in items if p not in given]
-                updated[key] = ",".join(items)
-        config_error = topic_config_error(updated)
-        if config_error is not None:
-            return _alter_error(Errors.INVALID_CONFIG, config_error)
-        records: list[MetadataRecord] = [
-            Config(ConfigResourceType.TOPIC, resource_name, key, updated.get(key))
-            for key in sorted(set(current) | set(updated))
-            if current.get(key) != updated.get(key)
-        ]
-        return ControllerResult(tuple(records), AlterConfigsResult(Errors.NONE))
+        return _alter(
+            ConfigResourceType.TOPIC,
+            resource_name,
+            topic.configs,
+            ops,
+            incremental=incremental,
+            list_default=_topic_list_default,
+            config_error=topic_config_error,
+        )
 
     def _alter_group_configs(
         self,
@@ -1395,33 +1373,19 @@ class Controller:
         incremental: bool,
     ) -> ControllerResult[AlterConfigsResult]:
         """A GROUP resource (KIP-848 group configs; ``ControllerConfigurationValidator``): the
-        group need not exist; every group config is an INT or a STRING, so APPEND and SUBTRACT
-        are refused as for a topic's non-LIST key."""
+        group need not exist; no group config is a LIST, so APPEND and SUBTRACT are refused."""
         assert self.config.group_config_error is not None
         if not group_id:
             return _alter_error(Errors.INVALID_REQUEST, "Default group resources are not allowed.")
-        resource = ConfigResource(ConfigResourceType.GROUP, group_id)
-        current = dict(image.resource_configs(resource))
-        updated: dict[str, str | None] = dict(current) if incremental else {}
-        for key, op, value in ops:
-            if op == ConfigOp.SET or not incremental:
-                updated[key] = value
-            elif op == ConfigOp.DELETE:
-                updated.pop(key, None)
-            else:
-                return _alter_error(
-                    Errors.INVALID_CONFIG,
-                    f"Can't {ConfigOp(op).name} to key {key} because its type is not LIST.",
-                )
-        config_error = self.config.group_config_error(updated)
-        if config_error is not None:
-            return _alter_error(Errors.INVALID_CONFIG, config_error)
-        records: list[MetadataRecord] = [
-            Config(ConfigResourceType.GROUP, group_id, key, updated.get(key))
-            for key in sorted(set(current) | set(updated))
-            if current.get(key) != updated.get(key)
-        ]
-        return ControllerResult(tuple(records), AlterConfigsResult(Errors.NONE))
+        return _alter(
+            ConfigResourceType.GROUP,
+            group_id,
+            image.resource_configs(ConfigResource(ConfigResourceType.GROUP, group_id)),
+            ops,
+            incremental=incremental,
+            list_default=lambda key: None,
+            config_error=self.config.group_config_error,
+        )
 
     def _config_value(self, image: MetadataImage, topic: TopicImage | None, key: str) -> str | None:
         # Topic config, else the cluster-wide dynamic default (broker resource "").
@@ -1526,6 +1490,56 @@ def _topic_name_error(name: str) -> str | None:
 
 def _alter_error(error: Errors, message: str) -> ControllerResult[AlterConfigsResult]:
     return ControllerResult((), AlterConfigsResult(error, message))
+
+
+def _topic_list_default(key: str) -> str | None:
+    definition = TOPIC_CONFIGS.get(key)
+    return definition.default if definition and definition.type is ConfigType.LIST else None
+
+
+def _alter(
+    resource_type: ConfigResourceType,
+    name: str,
+    current: Mapping[str, str],
+    ops: Sequence[tuple[str, int, str | None]],
+    *,
+    incremental: bool,
+    list_default: Callable[[str], str | None],
+    config_error: Callable[[Mapping[str, str | None]], str | None],
+) -> ControllerResult[AlterConfigsResult]:
+    """One resource's ops applied to its ``current`` configs (see ``alter_configs``), the
+    result checked by ``config_error`` as a whole; a ``Config`` record per changed key.
+    ``list_default(key)`` is the default of a LIST key, None for a key of another type (which
+    APPEND and SUBTRACT refuse)."""
+    updated: dict[str, str | None] = dict(current) if incremental else {}
+    for key, op, value in ops:
+        if op == ConfigOp.SET or not incremental:
+            updated[key] = value
+        elif op == ConfigOp.DELETE:
+            updated.pop(key, None)
+        else:
+            default = list_default(key)
+            if default is None:
+                return _alter_error(
+                    Errors.INVALID_CONFIG,
+                    f"Can't {ConfigOp(op).name} to key {key} because its type is not LIST.",
+                )
+            items = [p for p in current.get(key, default).split(",") if p]
+            given = (value or "").split(",")
+            if op == ConfigOp.APPEND:
+                items += [v for v in given if v not in items]
+            else:
+                items = [p for p in items if p not in given]
+            updated[key] = ",".join(items)
+    error = config_error(updated)
+    if error is not None:
+        return _alter_error(Errors.INVALID_CONFIG, error)
+    records: list[MetadataRecord] = [
+        Config(resource_type, name, key, updated.get(key))
+        for key in sorted(set(current) | set(updated))
+        if current.get(key) != updated.get(key)
+    ]
+    return ControllerResult(tuple(records), AlterConfigsResult(Errors.NONE))
 
 
 def _parse_positive_int(raw: str | None) -> int | None:
