@@ -157,58 +157,62 @@ class ConfigsApi:
     def _topic_entry(
         self, definition: TopicConfigDef, own: str | None, synonyms: bool, docs: bool
     ) -> dict[str, Any]:
-        # The chain Kafka's DescribeConfigs shows with synonyms: the topic's own value, the
-        # broker config that sets the default, Kafka's default.
+        return self._entry(
+            definition.name,
+            own,
+            own_source=DYNAMIC_TOPIC_CONFIG,
+            broker_key=definition.broker_synonym,
+            default=definition.default,
+            config_type=definition.type,
+            documentation=definition.doc if docs else None,
+            synonyms=synonyms,
+        )
+
+    def _group_entry(self, key: str, own: str | None, synonyms: bool, docs: bool) -> dict[str, Any]:
+        # ConfigHelper.createGroupConfigEntry: as a topic's, with the group.consumer.* config.
+        return self._entry(
+            key,
+            own,
+            own_source=GROUP_CONFIG,
+            broker_key=group_config.BROKER_SYNONYMS[key],
+            default=str(group_config.DEFAULTS[key]),
+            config_type=ConfigType.INT,
+            documentation=group_config.DOCS[key] if docs else None,
+            synonyms=synonyms,
+        )
+
+    def _entry(
+        self,
+        name: str,
+        own: str | None,
+        *,
+        own_source: int,
+        broker_key: str | None,
+        default: str,
+        config_type: ConfigType,
+        documentation: str | None,
+        synonyms: bool,
+    ) -> dict[str, Any]:
+        # The chain Kafka's DescribeConfigs shows with synonyms: the resource's own value, the
+        # broker config that sets the default as this node has it, Kafka's default.
         chain: list[dict[str, Any]] = []
         if own is not None:
-            chain.append({"name": definition.name, "value": own, "source": DYNAMIC_TOPIC_CONFIG})
-        broker = self.broker_configs.get(definition.broker_synonym or "")
+            chain.append({"name": name, "value": own, "source": own_source})
+        broker = self.broker_configs.get(broker_key or "")
         if broker is not None and not broker.is_default:
             chain.append(
                 {"name": broker.key, "value": broker.value, "source": STATIC_BROKER_CONFIG}
             )
-        chain.append(
-            {
-                "name": definition.broker_synonym or definition.name,
-                "value": definition.default,
-                "source": DEFAULT_CONFIG,
-            }
-        )
+        chain.append({"name": broker_key or name, "value": default, "source": DEFAULT_CONFIG})
         return {
-            "name": definition.name,
+            "name": name,
             "value": chain[0]["value"],
             "read_only": False,
             "config_source": chain[0]["source"],
             "is_sensitive": False,
             "synonyms": chain if synonyms else [],
-            "config_type": int(definition.type),
-            "documentation": definition.doc if docs else None,
-        }
-
-    def _group_entry(self, key: str, own: str | None, synonyms: bool, docs: bool) -> dict[str, Any]:
-        # ConfigHelper.createGroupConfigEntry: the group's own value, then the broker config
-        # it overrides (group.consumer.*) as this node has it, then Kafka's default.
-        broker_key = group_config.BROKER_SYNONYMS[key]
-        chain: list[dict[str, Any]] = []
-        if own is not None:
-            chain.append({"name": key, "value": own, "source": GROUP_CONFIG})
-        broker = self.broker_configs.get(broker_key)
-        if broker is not None and not broker.is_default:
-            chain.append(
-                {"name": broker_key, "value": broker.value, "source": STATIC_BROKER_CONFIG}
-            )
-        chain.append(
-            {"name": broker_key, "value": str(group_config.DEFAULTS[key]), "source": DEFAULT_CONFIG}
-        )
-        return {
-            "name": key,
-            "value": chain[0]["value"],
-            "read_only": False,
-            "config_source": chain[0]["source"],
-            "is_sensitive": False,
-            "synonyms": chain if synonyms else [],
-            "config_type": int(ConfigType.INT),
-            "documentation": group_config.DOCS[key] if docs else None,
+            "config_type": int(config_type),
+            "documentation": documentation,
         }
 
     # -----------------------------------------------------------------------------------------
