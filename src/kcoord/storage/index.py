@@ -28,6 +28,12 @@ from pathlib import Path
 
 _OFFSET_ENTRY = struct.Struct(">II")
 _TIME_ENTRY = struct.Struct(">qI")
+# The mapped tail is written with zeros (pwrite) a chunk ahead of the entries. A store into a
+# hole of the sparse file faults, and the fault allocates the block on the spot: about 1.6 ms
+# per fresh file on ext4 here, where a 64 KiB pwrite costs about 25 us and leaves pages that
+# stores then reach at memory speed. Without it a new cluster's first commits stalled its
+# event loops for a second: each node indexes the first batches of ~65 fresh logs at once.
+_PREFILL = bytes(64 * 1024)
 
 
 class IndexCorruptError(ValueError):
@@ -48,6 +54,7 @@ class _IndexFile:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         self._map: mmap.mmap | None = None
         self._count = 0
+        self._filled = 0  # bytes of the file known to be written, not holes (see _PREFILL)
 
     def read_all(self) -> bytes:
         size = os.fstat(self._fd).st_size
@@ -65,16 +72,23 @@ class _IndexFile:
     def append(self, entry: struct.Struct, *values: int) -> None:
         """Pack ``values`` with ``entry`` straight into the mapped file."""
         m = self._map
+        size = self.max_entries * self.entry_size
         if m is None:
-            os.ftruncate(self._fd, self.max_entries * self.entry_size)
-            m = self._map = mmap.mmap(self._fd, self.max_entries * self.entry_size)
-        entry.pack_into(m, self._count * self.entry_size, *values)
+            os.ftruncate(self._fd, size)
+            m = self._map = mmap.mmap(self._fd, size)
+        position = self._count * self.entry_size
+        if position + self.entry_size > self._filled:
+            end = min(position + len(_PREFILL), size)
+            os.pwrite(self._fd, memoryview(_PREFILL)[: end - position], position)
+            self._filled = end
+        entry.pack_into(m, position, *values)
         self._count += 1
 
     def truncate_entries(self, count: int) -> None:
         self._count = count
         if self._map is None:
             os.ftruncate(self._fd, count * self.entry_size)
+            self._filled = min(self._filled, count * self.entry_size)
 
     def flush(self) -> None:
         if self._map is not None:
@@ -87,6 +101,7 @@ class _IndexFile:
             self._map.close()
             self._map = None
         os.ftruncate(self._fd, self._count * self.entry_size)
+        self._filled = min(self._filled, self._count * self.entry_size)
 
     def reset(self) -> None:
         self._count = 0
@@ -94,6 +109,7 @@ class _IndexFile:
             self._map.close()
             self._map = None
         os.ftruncate(self._fd, 0)
+        self._filled = 0
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kcoord.storage import format as fmt
 from kcoord.storage.config import LONG_MAX, LogConfig
+from kcoord.storage.index import OffsetIndex
 from kcoord.storage.log import (
     InvalidRecordError,
     InvalidTimestampError,
@@ -738,3 +739,33 @@ def test_segments_let_go_are_renamed_deleted_and_left_to_the_remover(tmp_path: P
     again = open_log(tmp_path / "t-0", config)
     assert not list((tmp_path / "t-0").glob("*.deleted"))
     assert read_all(again)[0].offset == start
+
+
+def test_index_entries_across_prefilled_chunks_survive_truncation_and_reopening(
+    tmp_path: Path,
+) -> None:
+    """The mapped index is written with zeros a chunk ahead of its entries (no store faults
+    on a hole of the sparse file); the entries themselves are never touched by it."""
+    path = tmp_path / "00000000000000000000.index"
+    index = OffsetIndex(path, 0, max_bytes=1024 * 1024)
+    entries = 20_000  # 160 KB: three chunks of 64 KiB
+    for i in range(entries):
+        index.append(i * 2, i * 100)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # Past the page of the last entry the file is still data, up to the end of its chunk
+        # (without the zeros, a hole would start at the next page).
+        assert os.lseek(fd, 0, os.SEEK_HOLE) > entries * 8 + 4096
+    finally:
+        os.close(fd)
+    index.truncate_to_position(15_000 * 100)  # keeps 15,000 entries
+    for i in range(15_000, 16_000):
+        index.append(i * 2 + 1, i * 100 + 50)
+    index.close()
+    again = OffsetIndex(path, 0, max_bytes=1024 * 1024)
+    again.load(log_size=10**9)
+    assert again.lookup(2 * 14_999) == (2 * 14_999, 14_999 * 100)
+    assert again.lookup(2 * 15_500 + 1) == (2 * 15_500 + 1, 15_500 * 100 + 50)
+    assert again.last_offset == 2 * 15_999 + 1
+    assert os.path.getsize(path) == 16_000 * 8
+    again.close()
