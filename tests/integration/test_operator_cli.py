@@ -579,7 +579,7 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     assert (refused.code, refused.err) == (
         1,
         "Error while executing config command : group 'tuned': INVALID_CONFIG (consumer.session."
-        "timeout.ms must be greater than or equal to group.consumer.min.session.timeout.ms)\n",
+        "timeout.ms must be in the range 45000 to 60000 inclusive.)\n",
     )
 
 

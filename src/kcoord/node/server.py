@@ -218,6 +218,14 @@ class Node:
         self.cache.delta_listeners.append(self.replicas.on_metadata_delta)
         # Registered on the ReplicaManager before the quorum replays anything, so every
         # __consumer_offsets leadership reaches it.
+        consumer_timing = GroupConfigBounds(
+            session_timeout_ms=cfg.group_consumer_session_timeout_ms,
+            heartbeat_interval_ms=cfg.group_consumer_heartbeat_interval_ms,
+            min_session_timeout_ms=cfg.group_consumer_min_session_timeout_ms,
+            max_session_timeout_ms=cfg.group_consumer_max_session_timeout_ms,
+            min_heartbeat_interval_ms=cfg.group_consumer_min_heartbeat_interval_ms,
+            max_heartbeat_interval_ms=cfg.group_consumer_max_heartbeat_interval_ms,
+        )
         self.coordinator = CoordinatorRuntime(
             self.replicas,
             GroupConfig(
@@ -228,8 +236,7 @@ class Node:
                 offset_metadata_max_bytes=cfg.offset_metadata_max_bytes,
                 offsets_retention_minutes=cfg.offsets_retention_minutes,
                 offsets_retention_check_interval_ms=cfg.offsets_retention_check_interval_ms,
-                consumer_session_timeout_ms=cfg.group_consumer_session_timeout_ms,
-                consumer_heartbeat_interval_ms=cfg.group_consumer_heartbeat_interval_ms,
+                consumer_timing=consumer_timing,
                 consumer_max_size=cfg.group_consumer_max_size,
                 consumer_migration_policy=cfg.group_consumer_migration_policy,
             ),
@@ -261,15 +268,7 @@ class Node:
             offsets_topic_num_partitions=cfg.offsets_topic_num_partitions,
             offsets_topic_replication_factor=cfg.offsets_topic_replication_factor,
             offsets_topic_segment_bytes=cfg.offsets_topic_segment_bytes,
-            group_config_error=partial(
-                group_config_error,
-                bounds=GroupConfigBounds(
-                    min_session_timeout_ms=cfg.group_consumer_min_session_timeout_ms,
-                    max_session_timeout_ms=cfg.group_consumer_max_session_timeout_ms,
-                    min_heartbeat_interval_ms=cfg.group_consumer_min_heartbeat_interval_ms,
-                    max_heartbeat_interval_ms=cfg.group_consumer_max_heartbeat_interval_ms,
-                ),
-            ),
+            group_config_error=partial(group_config_error, bounds=consumer_timing),
         )
         quorum = MetadataQuorum(
             cfg.node_id,

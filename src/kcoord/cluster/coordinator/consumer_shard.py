@@ -283,9 +283,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         """The group's own ``consumer.session.timeout.ms``, else the broker's (Kafka's
         ``GroupMetadataManager.consumerGroupSessionTimeoutMs``)."""
         return group_config_int(
-            self._group_configs(group_id),
-            CONSUMER_SESSION_TIMEOUT_MS,
-            self._config.consumer_session_timeout_ms,
+            self._group_configs(group_id), CONSUMER_SESSION_TIMEOUT_MS, self._config.consumer_timing
         )
 
     def _consumer_heartbeat_interval_ms(self, group_id: str) -> int:
@@ -293,7 +291,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         return group_config_int(
             self._group_configs(group_id),
             CONSUMER_HEARTBEAT_INTERVAL_MS,
-            self._config.consumer_heartbeat_interval_ms,
+            self._config.consumer_timing,
         )
 
     def _schedule_session(self, group_id: str, member: ConsumerGroupMember, now_ms: int) -> None:

@@ -4,9 +4,10 @@ and heartbeat interval, Kafka's ``GroupConfig``. Pure.
 An operator sets them with IncrementalAlterConfigs (or AlterConfigs) on a GROUP resource
 (``kafka-configs.sh --entity-type groups``); the group need not exist. The controller checks the
 group's resulting set with ``group_config_error`` and commits ``Config`` records; the
-coordinator reads the group's current set from the node's metadata image at every heartbeat,
-so a change reaches the members with their next heartbeat's answer (the interval) and the
-session timer that answer restarts (the timeout), as Kafka's ``GroupConfigManager`` does.
+coordinator reads the group's current set from the node's metadata image at every heartbeat
+(``group_config_int``: capped to the node's current range), so a change reaches the members
+with their next heartbeat's answer (the interval) and the session timer that answer restarts
+(the timeout), as Kafka's ``GroupConfigManager`` does.
 
 Kafka also has share-group configs (``share.*``) and, from 4.1, streams-group ones
 (``streams.*``). kcoord has neither kind of group, so those names are unknown here.
@@ -26,8 +27,8 @@ BROKER_SYNONYMS: Final[Mapping[str, str]] = {
     CONSUMER_SESSION_TIMEOUT_MS: "group.consumer.session.timeout.ms",
     CONSUMER_HEARTBEAT_INTERVAL_MS: "group.consumer.heartbeat.interval.ms",
 }
-# GroupConfig's ConfigDef defaults (GroupCoordinatorConfig's): the validation of a group's set
-# fills in these, not the broker's values, as Kafka's ``GroupConfig.validate`` does.
+# GroupConfig's ConfigDef defaults (GroupCoordinatorConfig's): what DescribeConfigs shows as
+# Kafka's default. A node's own group.consumer.* values are the defaults in effect.
 DEFAULTS: Final[Mapping[str, int]] = {
     CONSUMER_SESSION_TIMEOUT_MS: 45_000,
     CONSUMER_HEARTBEAT_INTERVAL_MS: 5_000,
@@ -48,28 +49,44 @@ def no_group_configs(group_id: str) -> Mapping[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class GroupConfigBounds:
-    """The broker configs a group's values must lie within (GroupCoordinatorConfig)."""
+    """The node's consumer group timing (GroupCoordinatorConfig): its defaults, and the range a
+    group's own values must lie in."""
 
+    session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
+    heartbeat_interval_ms: int = 5_000  # group.consumer.heartbeat.interval.ms
     min_session_timeout_ms: int = 45_000  # group.consumer.min.session.timeout.ms
     max_session_timeout_ms: int = 60_000  # group.consumer.max.session.timeout.ms
     min_heartbeat_interval_ms: int = 5_000  # group.consumer.min.heartbeat.interval.ms
     max_heartbeat_interval_ms: int = 15_000  # group.consumer.max.heartbeat.interval.ms
 
+    def range_of(self, name: str) -> tuple[int, int]:
+        if name == CONSUMER_SESSION_TIMEOUT_MS:
+            return self.min_session_timeout_ms, self.max_session_timeout_ms
+        return self.min_heartbeat_interval_ms, self.max_heartbeat_interval_ms
+
+    def default_of(self, name: str) -> int:
+        if name == CONSUMER_SESSION_TIMEOUT_MS:
+            return self.session_timeout_ms
+        return self.heartbeat_interval_ms
+
 
 def group_config_error(configs: Mapping[str, str | None], bounds: GroupConfigBounds) -> str | None:
     """Why Kafka would refuse this set of a group's configs (INVALID_CONFIG), or None.
 
-    The checks and messages of ``GroupConfig.validate``: the names, then each value's type and
-    lower bound (``ConfigDef.parse``), then the broker's bounds, then the session timeout
-    against the heartbeat interval. A name set to null is refused, as the controller's
-    ``ControllerConfigurationValidator`` does."""
+    The checks and messages of Kafka's ``GroupConfig.validate`` as of its trunk (the version
+    with ``GroupConfig.evaluate``): a null value (``ControllerConfigurationValidator``), the
+    names, each value's type and lower bound (``ConfigDef.parse``), each value set against the
+    node's range, then the session timeout against the heartbeat interval, the node's value
+    standing in for the one the group does not set. Kafka 4.0 filled in ``DEFAULTS`` there
+    instead, which let a group set a heartbeat interval longer than the node's own session
+    timeout."""
     nulls = sorted(name for name, value in configs.items() if value is None)
     if nulls:
         return f"Null value not supported for group configs: {','.join(nulls)}"
     for name in configs:
         if name not in DEFAULTS:
             return f"Unknown group config name: {name}"
-    values = dict(DEFAULTS)
+    values: dict[str, int] = {}
     for name, raw in configs.items():
         assert raw is not None
         try:
@@ -81,41 +98,27 @@ def group_config_error(configs: Mapping[str, str | None], bounds: GroupConfigBou
         if value < 1:
             return f"Invalid value {value} for configuration {name}: Value must be at least 1"
         values[name] = value
-    heartbeat = values[CONSUMER_HEARTBEAT_INTERVAL_MS]
-    session = values[CONSUMER_SESSION_TIMEOUT_MS]
-    checks = (
-        (
-            heartbeat < bounds.min_heartbeat_interval_ms,
-            f"{CONSUMER_HEARTBEAT_INTERVAL_MS} must be greater than or equal to "
-            "group.consumer.min.heartbeat.interval.ms",
-        ),
-        (
-            heartbeat > bounds.max_heartbeat_interval_ms,
-            f"{CONSUMER_HEARTBEAT_INTERVAL_MS} must be less than or equal to "
-            "group.consumer.max.heartbeat.interval.ms",
-        ),
-        (
-            session < bounds.min_session_timeout_ms,
-            f"{CONSUMER_SESSION_TIMEOUT_MS} must be greater than or equal to "
-            "group.consumer.min.session.timeout.ms",
-        ),
-        (
-            session > bounds.max_session_timeout_ms,
-            f"{CONSUMER_SESSION_TIMEOUT_MS} must be less than or equal to "
-            "group.consumer.max.session.timeout.ms",
-        ),
-        (
-            session <= heartbeat,
-            f"{CONSUMER_SESSION_TIMEOUT_MS} must be greater than {CONSUMER_HEARTBEAT_INTERVAL_MS}",
-        ),
-    )
-    return next((message for failed, message in checks if failed), None)
+    for name in (CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS):
+        low, high = bounds.range_of(name)
+        if name in values and not low <= values[name] <= high:
+            return f"{name} must be in the range {low} to {high} inclusive."
+    if values:
+        session = values.get(CONSUMER_SESSION_TIMEOUT_MS, bounds.session_timeout_ms)
+        heartbeat = values.get(CONSUMER_HEARTBEAT_INTERVAL_MS, bounds.heartbeat_interval_ms)
+        if session <= heartbeat:
+            return (
+                f"{CONSUMER_SESSION_TIMEOUT_MS} must be greater than "
+                f"{CONSUMER_HEARTBEAT_INTERVAL_MS}"
+            )
+    return None
 
 
-def group_config_int(configs: Mapping[str, str], name: str, default: int) -> int:
-    """A group's value of ``name``, else ``default`` (the broker's). The controller validated
-    the value; one that does not parse anyway (a record written by another version) falls back
-    to the default rather than failing the heartbeat."""
+def group_config_int(configs: Mapping[str, str], name: str, bounds: GroupConfigBounds) -> int:
+    """A group's effective value of ``name``: its own, capped to the node's range (the range
+    may have narrowed since the value was set; Kafka's ``GroupConfig.evaluate`` caps it the
+    same way), else the node's. A value that does not parse (the controller refuses those)
+    falls back to the node's rather than failing the heartbeat."""
+    default = bounds.default_of(name)
     raw = configs.get(name)
     if raw is None:
         return default
@@ -123,4 +126,5 @@ def group_config_int(configs: Mapping[str, str], name: str, default: int) -> int
         value = int(raw.strip())
     except ValueError:
         return default
-    return value if value >= 1 else default
+    low, high = bounds.range_of(name)
+    return min(max(value, low), high)

@@ -137,7 +137,11 @@ from kcoord.cluster.coordinator.consumer_shard import (
     ConsumerGroupHandlers,
     TopicsView,
 )
-from kcoord.cluster.coordinator.group_config import GroupConfigLookup, no_group_configs
+from kcoord.cluster.coordinator.group_config import (
+    GroupConfigBounds,
+    GroupConfigLookup,
+    no_group_configs,
+)
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     GroupMetadataKey,
@@ -209,9 +213,9 @@ class GroupConfig:
     offsets_retention_check_interval_ms: int = 600_000  # offsets.retention.check.interval.ms
     # CLASSIC_GROUP_NEW_MEMBER_JOIN_TIMEOUT_MS (KAFKA-7610), not configurable in Kafka.
     new_member_join_timeout_ms: int = 300_000
-    # KIP-848 consumer groups: group.consumer.session.timeout.ms, .heartbeat.interval.ms, .max.size
-    consumer_session_timeout_ms: int = 45_000
-    consumer_heartbeat_interval_ms: int = 5_000
+    # KIP-848 consumer groups: group.consumer.session.timeout.ms, .heartbeat.interval.ms and
+    # their min/max bounds (a group's own values lie within them), .max.size
+    consumer_timing: GroupConfigBounds = field(default_factory=GroupConfigBounds)
     consumer_max_size: int = (1 << 31) - 1
     consumer_migration_policy: str = "bidirectional"  # group.consumer.migration.policy
 

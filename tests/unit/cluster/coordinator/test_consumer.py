@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kcoord.cluster.coordinator.consumer import MemberState
+from kcoord.cluster.coordinator.group_config import GroupConfigBounds
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -38,7 +39,14 @@ REBALANCE_MS = 5_000
 
 def context() -> ShardContext:
     return ShardContext(
-        GroupConfig(consumer_session_timeout_ms=SESSION_MS, consumer_heartbeat_interval_ms=500)
+        GroupConfig(
+            consumer_timing=GroupConfigBounds(
+                session_timeout_ms=SESSION_MS,
+                heartbeat_interval_ms=500,
+                min_session_timeout_ms=SESSION_MS,
+                min_heartbeat_interval_ms=500,
+            )
+        )
     )
 
 
@@ -242,9 +250,12 @@ def test_a_groups_own_configs_set_its_heartbeat_interval_and_session_timeout() -
     assert "a" in ctx.shard.consumer_groups["g"].members
     ctx.sleep(30_000 - SESSION_MS)
     assert "a" not in ctx.shard.consumer_groups["g"].members
-    # A value that does not parse (the controller refuses those) falls back to the broker's.
+    # A value that does not parse (the controller refuses those) falls back to the broker's;
+    # one outside the node's range (which may have narrowed since) is capped to it.
     ctx.group_configs["g"] = {"consumer.heartbeat.interval.ms": "soon"}
     assert Member(ctx, "b").beat().heartbeat_interval_ms == 500
+    ctx.group_configs["g"] = {"consumer.heartbeat.interval.ms": "20000"}
+    assert Member(ctx, "c").beat().heartbeat_interval_ms == 15_000
 
 
 def test_a_member_that_never_revokes_is_fenced_at_its_rebalance_timeout() -> None:

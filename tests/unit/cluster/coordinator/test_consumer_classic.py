@@ -17,6 +17,7 @@ from kcoord.cluster.coordinator.consumer_protocol import (
     encode_assignment,
     encode_subscription,
 )
+from kcoord.cluster.coordinator.group_config import GroupConfigBounds
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -40,8 +41,12 @@ CLASSIC_SESSION_MS = 8_000
 def context() -> ShardContext:
     return ShardContext(
         GroupConfig(
-            consumer_session_timeout_ms=SESSION_MS,
-            consumer_heartbeat_interval_ms=500,
+            consumer_timing=GroupConfigBounds(
+                session_timeout_ms=SESSION_MS,
+                heartbeat_interval_ms=500,
+                min_session_timeout_ms=SESSION_MS,
+                min_heartbeat_interval_ms=500,
+            ),
             initial_rebalance_delay_ms=0,
         )
     )

@@ -238,14 +238,14 @@ def test_group_configs_are_altered_validated_and_described(tmp_path: Path) -> No
             "consumer.session.timeout.ms: Not a number of type INT",
             ((session, SET, "0"),): "Invalid value 0 for configuration "
             "consumer.session.timeout.ms: Value must be at least 1",
-            ((session, SET, "44999"),): "consumer.session.timeout.ms must be greater than or "
-            "equal to group.consumer.min.session.timeout.ms",
-            ((session, SET, "60001"),): "consumer.session.timeout.ms must be less than or "
-            "equal to group.consumer.max.session.timeout.ms",
-            ((heartbeat, SET, "4999"),): "consumer.heartbeat.interval.ms must be greater than "
-            "or equal to group.consumer.min.heartbeat.interval.ms",
-            ((heartbeat, SET, "15001"),): "consumer.heartbeat.interval.ms must be less than "
-            "or equal to group.consumer.max.heartbeat.interval.ms",
+            ((session, SET, "44999"),): "consumer.session.timeout.ms must be in the range "
+            "45000 to 60000 inclusive.",
+            ((session, SET, "60001"),): "consumer.session.timeout.ms must be in the range "
+            "45000 to 60000 inclusive.",
+            ((heartbeat, SET, "4999"),): "consumer.heartbeat.interval.ms must be in the range "
+            "5000 to 15000 inclusive.",
+            ((heartbeat, SET, "15001"),): "consumer.heartbeat.interval.ms must be in the range "
+            "5000 to 15000 inclusive.",
             (("share.session.timeout.ms", SET, "45000"),): "Unknown group config name: "
             "share.session.timeout.ms",
             ((heartbeat, APPEND, "6000"),): "Can't APPEND to key "
@@ -255,14 +255,17 @@ def test_group_configs_are_altered_validated_and_described(tmp_path: Path) -> No
             response = await c.call(INCREMENTAL_ALTER_CONFIGS, 1, group_ops(*ops))
             (r,) = response.responses
             assert (r.error_code, r.error_message) == (Errors.INVALID_CONFIG, message), ops
-        # Validated as a set, an unset value being Kafka's default (not the broker's): the
-        # session timeout must stay above the heartbeat interval.
+        # The session timeout must stay above the heartbeat interval, the node's own value
+        # standing in for the one the group does not set.
         bounds = GroupConfigBounds(min_heartbeat_interval_ms=1, max_heartbeat_interval_ms=60_000)
         assert group_config_error({heartbeat: "40000"}, bounds) is None
         too_long = "consumer.session.timeout.ms must be greater than consumer.heartbeat.interval.ms"
         assert group_config_error({heartbeat: "45000"}, bounds) == too_long
         assert group_config_error({heartbeat: "50000", session: "50000"}, bounds) == too_long
         assert group_config_error({heartbeat: "50000", session: "55000"}, bounds) is None
+        short = GroupConfigBounds(session_timeout_ms=6000, min_session_timeout_ms=6000)
+        assert group_config_error({heartbeat: "10000"}, short) == too_long
+        assert group_config_error({heartbeat: "10000", session: "20000"}, short) is None
         empty = await c.call(
             INCREMENTAL_ALTER_CONFIGS, 1, group_ops((session, SET, "50000"), group="")
         )
