@@ -30,6 +30,7 @@ from kcoord.cluster.coordinator.classic import (
     ClassicGroupState,
     parse_subscribed_topics,
 )
+from kcoord.cluster.coordinator.group_config import GroupConfigBounds
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
     GroupMetadataKey,
@@ -163,6 +164,18 @@ class Step:
 
     def answered(self, token: Token) -> bool:
         return any(t == token for t, _ in self.responses)
+
+
+def short_consumer_timing(
+    session_timeout_ms: int, heartbeat_interval_ms: int = 500
+) -> GroupConfigBounds:
+    """A node's KIP-848 timing shorter than Kafka's: these values, the min bounds down to them."""
+    return GroupConfigBounds(
+        session_timeout_ms=session_timeout_ms,
+        heartbeat_interval_ms=heartbeat_interval_ms,
+        min_session_timeout_ms=session_timeout_ms,
+        min_heartbeat_interval_ms=heartbeat_interval_ms,
+    )
 
 
 class ShardContext:

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from kcoord.cluster.coordinator.consumer import MemberState
-from kcoord.cluster.coordinator.group_config import GroupConfigBounds
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -29,7 +28,7 @@ from kcoord.cluster.coordinator.types import (
     TopicIdPartitions,
 )
 from kcoord.errors import Errors
-from tests.unit.cluster.coordinator.harness import ShardContext
+from tests.unit.cluster.coordinator.harness import ShardContext, short_consumer_timing
 
 T = "AAAAAAAAAAAAAAAAAAAAAA"  # topic "orders", 6 partitions
 TOPICS = {"orders": (T, 6)}
@@ -38,16 +37,7 @@ REBALANCE_MS = 5_000
 
 
 def context() -> ShardContext:
-    return ShardContext(
-        GroupConfig(
-            consumer_timing=GroupConfigBounds(
-                session_timeout_ms=SESSION_MS,
-                heartbeat_interval_ms=500,
-                min_session_timeout_ms=SESSION_MS,
-                min_heartbeat_interval_ms=500,
-            )
-        )
-    )
+    return ShardContext(GroupConfig(consumer_timing=short_consumer_timing(SESSION_MS)))
 
 
 def send_heartbeat(

@@ -17,7 +17,6 @@ from kcoord.cluster.coordinator.consumer_protocol import (
     encode_assignment,
     encode_subscription,
 )
-from kcoord.cluster.coordinator.group_config import GroupConfigBounds
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -30,7 +29,7 @@ from kcoord.cluster.coordinator.types import (
     SyncGroupResponse,
 )
 from kcoord.errors import Errors
-from tests.unit.cluster.coordinator.harness import ShardContext
+from tests.unit.cluster.coordinator.harness import ShardContext, short_consumer_timing
 
 T = uuid_str(bytes([7]) * 16)
 TOPICS = {"orders": (T, 6)}
@@ -41,12 +40,7 @@ CLASSIC_SESSION_MS = 8_000
 def context() -> ShardContext:
     return ShardContext(
         GroupConfig(
-            consumer_timing=GroupConfigBounds(
-                session_timeout_ms=SESSION_MS,
-                heartbeat_interval_ms=500,
-                min_session_timeout_ms=SESSION_MS,
-                min_heartbeat_interval_ms=500,
-            ),
+            consumer_timing=short_consumer_timing(SESSION_MS),
             initial_rebalance_delay_ms=0,
         )
     )
