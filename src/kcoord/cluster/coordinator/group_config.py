@@ -9,8 +9,8 @@ coordinator reads the group's current set from the node's metadata image at ever
 with their next heartbeat's answer (the interval) and the session timer that answer restarts
 (the timeout), as Kafka's ``GroupConfigManager`` does.
 
-Kafka also has share-group configs (``share.*``) and, from 4.1, streams-group ones
-(``streams.*``). kcoord has neither kind of group, so those names are unknown here.
+Kafka also has share-group configs (``share.*``, KIP-932) and streams-group ones
+(``streams.*``, KIP-1071). kcoord has neither kind of group, so those names are unknown here.
 """
 
 from __future__ import annotations
