@@ -216,8 +216,7 @@ class Node:
         # The fetchers last: they start on the partitions the ReplicaManager now follows.
         self.cache.listener = RoleFanOut(self.roles, self.replicas, self.fetchers)
         self.cache.delta_listeners.append(self.replicas.on_metadata_delta)
-        # Registered on the ReplicaManager before the quorum replays anything, so every
-        # __consumer_offsets leadership reaches it.
+        # KIP-848 timing: the coordinator's defaults and bounds, the controller's group checks.
         consumer_timing = GroupConfigBounds(
             session_timeout_ms=cfg.group_consumer_session_timeout_ms,
             heartbeat_interval_ms=cfg.group_consumer_heartbeat_interval_ms,
@@ -226,6 +225,8 @@ class Node:
             min_heartbeat_interval_ms=cfg.group_consumer_min_heartbeat_interval_ms,
             max_heartbeat_interval_ms=cfg.group_consumer_max_heartbeat_interval_ms,
         )
+        # Registered on the ReplicaManager before the quorum replays anything, so every
+        # __consumer_offsets leadership reaches it.
         self.coordinator = CoordinatorRuntime(
             self.replicas,
             GroupConfig(
