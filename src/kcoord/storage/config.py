@@ -120,6 +120,9 @@ class ConfigType(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class TopicConfigDef:
+    """One key of Kafka's ``ConfigDef``: a topic config here, and the KIP-848 group configs
+    (``cluster/coordinator/group_config.py``) use it too."""
+
     name: str
     type: ConfigType
     default: str  # Kafka's default, written as DescribeConfigs shows it
@@ -374,8 +377,8 @@ def parse_topic_config(name: str, raw: str | None) -> object:
         raise InvalidConfigError(f"Unknown topic config name: {name}")
     if raw is None:
         raise InvalidConfigError(f"Null value not supported for topic configs: {name}")
-    value = _parse(definition, raw)
-    if not definition.implemented and value != _parse(definition, definition.default):
+    value = parse_config_value(definition, raw)
+    if not definition.implemented and value != parse_config_value(definition, definition.default):
         raise InvalidConfigError(
             f"Invalid value {raw} for configuration {name}: kcoord does not implement "
             f"{name}; it takes only the default, {definition.default or '(empty)'}"
@@ -403,7 +406,9 @@ def topic_config_error(configs: Mapping[str, str | None]) -> str | None:
     return None
 
 
-def _parse(definition: TopicConfigDef, raw: str) -> object:
+def parse_config_value(definition: TopicConfigDef, raw: str) -> object:
+    """``raw`` parsed and checked as Kafka's ``ConfigDef.parse`` does (type, bounds, valid
+    strings); ``InvalidConfigError`` with Kafka's message if it may not be."""
     name, text = definition.name, raw.strip()
 
     def invalid(reason: str) -> InvalidConfigError:

@@ -19,24 +19,38 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from kcoord.storage.config import (
+    ConfigType,
+    InvalidConfigError,
+    TopicConfigDef,
+    parse_config_value,
+)
+
 CONSUMER_SESSION_TIMEOUT_MS: Final = "consumer.session.timeout.ms"
 CONSUMER_HEARTBEAT_INTERVAL_MS: Final = "consumer.heartbeat.interval.ms"
 
-# The broker config that sets each one's default (GroupCoordinatorConfig.GROUP_PREFIX + name).
-BROKER_SYNONYMS: Final[Mapping[str, str]] = {
-    CONSUMER_SESSION_TIMEOUT_MS: "group.consumer.session.timeout.ms",
-    CONSUMER_HEARTBEAT_INTERVAL_MS: "group.consumer.heartbeat.interval.ms",
-}
-# GroupConfig's ConfigDef defaults (GroupCoordinatorConfig's): what DescribeConfigs shows as
-# Kafka's default. A node's own group.consumer.* values are the defaults in effect.
-DEFAULTS: Final[Mapping[str, int]] = {
-    CONSUMER_SESSION_TIMEOUT_MS: 45_000,
-    CONSUMER_HEARTBEAT_INTERVAL_MS: 5_000,
-}
-DOCS: Final[Mapping[str, str]] = {
-    CONSUMER_SESSION_TIMEOUT_MS: "The timeout to detect client failures when using the "
-    "consumer group protocol.",
-    CONSUMER_HEARTBEAT_INTERVAL_MS: "The heartbeat interval given to the members.",
+# GroupConfig's ConfigDef: Kafka's defaults (what DescribeConfigs shows as the default) and the
+# broker configs that set the defaults in effect (GroupCoordinatorConfig.GROUP_PREFIX + name).
+GROUP_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
+    d.name: d
+    for d in (
+        TopicConfigDef(
+            CONSUMER_SESSION_TIMEOUT_MS,
+            ConfigType.INT,
+            "45000",
+            "The timeout to detect client failures when using the consumer group protocol.",
+            minimum=1,
+            broker_synonym="group.consumer.session.timeout.ms",
+        ),
+        TopicConfigDef(
+            CONSUMER_HEARTBEAT_INTERVAL_MS,
+            ConfigType.INT,
+            "5000",
+            "The heartbeat interval given to the members.",
+            minimum=1,
+            broker_synonym="group.consumer.heartbeat.interval.ms",
+        ),
+    )
 }
 
 # A group's configs as the metadata image holds them: name -> value.
@@ -77,26 +91,23 @@ def group_config_error(configs: Mapping[str, str | None], bounds: GroupConfigBou
     with ``GroupConfig.evaluate``): a null value (``ControllerConfigurationValidator``), the
     names, each value's type and lower bound (``ConfigDef.parse``), each value set against the
     node's range, then the session timeout against the heartbeat interval, the node's value
-    standing in for the one the group does not set. Kafka 4.0 filled in ``DEFAULTS`` there
+    standing in for the one the group does not set. Kafka 4.0 filled in Kafka's defaults there
     instead, which let a group set a heartbeat interval longer than the node's own session
     timeout."""
     nulls = sorted(name for name, value in configs.items() if value is None)
     if nulls:
         return f"Null value not supported for group configs: {','.join(nulls)}"
     for name in configs:
-        if name not in DEFAULTS:
+        if name not in GROUP_CONFIGS:
             return f"Unknown group config name: {name}"
     values: dict[str, int] = {}
     for name, raw in configs.items():
         assert raw is not None
         try:
-            value = int(raw.strip())
-        except ValueError:
-            return f"Invalid value {raw} for configuration {name}: Not a number of type INT"
-        if not -(1 << 31) <= value < 1 << 31:
-            return f"Invalid value {raw} for configuration {name}: Not a number of type INT"
-        if value < 1:
-            return f"Invalid value {value} for configuration {name}: Value must be at least 1"
+            value = parse_config_value(GROUP_CONFIGS[name], raw)
+        except InvalidConfigError as e:
+            return str(e)
+        assert isinstance(value, int)
         values[name] = value
     for name in (CONSUMER_HEARTBEAT_INTERVAL_MS, CONSUMER_SESSION_TIMEOUT_MS):
         low, high = bounds.range_of(name)
@@ -123,8 +134,9 @@ def group_config_int(configs: Mapping[str, str], name: str, bounds: GroupConfigB
     if raw is None:
         return default
     try:
-        value = int(raw.strip())
-    except ValueError:
+        value = parse_config_value(GROUP_CONFIGS[name], raw)
+    except InvalidConfigError:
         return default
+    assert isinstance(value, int)
     low, high = bounds.range_of(name)
     return min(max(value, low), high)

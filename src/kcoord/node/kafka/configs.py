@@ -28,7 +28,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from kcoord.cluster.coordinator import group_config
+from kcoord.cluster.coordinator.group_config import GROUP_CONFIGS
 from kcoord.errors import Errors
 from kcoord.node.config import ConfigEntry
 from kcoord.node.kafka.admin import forward
@@ -110,7 +110,7 @@ class ConfigsApi:
                 Errors.NONE,
                 None,
                 [
-                    self._topic_entry(d, topic.configs.get(d.name), synonyms, docs)
+                    self._entry(d, topic.configs.get(d.name), DYNAMIC_TOPIC_CONFIG, synonyms, docs)
                     for d in TOPIC_CONFIGS.values()
                     if keys is None or d.name in keys
                 ],
@@ -142,9 +142,9 @@ class ConfigsApi:
                 Errors.NONE,
                 None,
                 [
-                    self._group_entry(key, own.get(key), synonyms, docs)
-                    for key in group_config.DEFAULTS
-                    if keys is None or key in keys
+                    self._entry(d, own.get(d.name), GROUP_CONFIG, synonyms, docs)
+                    for d in GROUP_CONFIGS.values()
+                    if keys is None or d.name in keys
                 ],
             )
         return result(
@@ -154,45 +154,17 @@ class ConfigsApi:
             [],
         )
 
-    def _topic_entry(
-        self, definition: TopicConfigDef, own: str | None, synonyms: bool, docs: bool
-    ) -> dict[str, Any]:
-        return self._entry(
-            definition.name,
-            own,
-            own_source=DYNAMIC_TOPIC_CONFIG,
-            broker_key=definition.broker_synonym,
-            default=definition.default,
-            config_type=definition.type,
-            documentation=definition.doc if docs else None,
-            synonyms=synonyms,
-        )
-
-    def _group_entry(self, key: str, own: str | None, synonyms: bool, docs: bool) -> dict[str, Any]:
-        # ConfigHelper.createGroupConfigEntry: as a topic's, with the group.consumer.* config.
-        return self._entry(
-            key,
-            own,
-            own_source=GROUP_CONFIG,
-            broker_key=group_config.BROKER_SYNONYMS[key],
-            default=str(group_config.DEFAULTS[key]),
-            config_type=ConfigType.INT,
-            documentation=group_config.DOCS[key] if docs else None,
-            synonyms=synonyms,
-        )
-
     def _entry(
         self,
-        name: str,
+        definition: TopicConfigDef,
         own: str | None,
-        *,
         own_source: int,
-        broker_key: str | None,
-        default: str,
-        config_type: ConfigType,
-        documentation: str | None,
         synonyms: bool,
+        docs: bool,
     ) -> dict[str, Any]:
+        """A topic's or a group's config (ConfigHelper's ``createTopicConfigEntry`` and
+        ``createGroupConfigEntry``)."""
+        name, broker_key = definition.name, definition.broker_synonym
         # The chain Kafka's DescribeConfigs shows with synonyms: the resource's own value, the
         # broker config that sets the default as this node has it, Kafka's default.
         chain: list[dict[str, Any]] = []
@@ -203,7 +175,9 @@ class ConfigsApi:
             chain.append(
                 {"name": broker.key, "value": broker.value, "source": STATIC_BROKER_CONFIG}
             )
-        chain.append({"name": broker_key or name, "value": default, "source": DEFAULT_CONFIG})
+        chain.append(
+            {"name": broker_key or name, "value": definition.default, "source": DEFAULT_CONFIG}
+        )
         return {
             "name": name,
             "value": chain[0]["value"],
@@ -211,8 +185,8 @@ class ConfigsApi:
             "config_source": chain[0]["source"],
             "is_sensitive": False,
             "synonyms": chain if synonyms else [],
-            "config_type": int(config_type),
-            "documentation": documentation,
+            "config_type": int(definition.type),
+            "documentation": definition.doc if docs else None,
         }
 
     # -----------------------------------------------------------------------------------------

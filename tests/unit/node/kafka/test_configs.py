@@ -238,6 +238,9 @@ def test_group_configs_are_altered_validated_and_described(tmp_path: Path) -> No
             "consumer.session.timeout.ms: Not a number of type INT",
             ((session, SET, "0"),): "Invalid value 0 for configuration "
             "consumer.session.timeout.ms: Value must be at least 1",
+            # Java's Integer.parseInt refuses what Python's int() would take.
+            ((session, SET, "50_000"),): "Invalid value 50_000 for configuration "
+            "consumer.session.timeout.ms: Not a number of type INT",
             ((session, SET, "44999"),): "consumer.session.timeout.ms must be in the range "
             "45000 to 60000 inclusive.",
             ((session, SET, "60001"),): "consumer.session.timeout.ms must be in the range "
