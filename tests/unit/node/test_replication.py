@@ -17,7 +17,12 @@ from typing import Any, cast
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
-from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.node.replica_manager import (
+    HIGH_WATERMARK_LINGER_MS,
+    KafkaError,
+    Partition,
+    ReplicaManager,
+)
 from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
 from kcoord.storage import checkpoint
@@ -58,12 +63,25 @@ class _Fetchers(ReplicaFetcherManager):
 
 
 class Node:
-    def __init__(self, node_id: int, data_dir: Path, cluster: dict[int, Node]) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        data_dir: Path,
+        cluster: dict[int, Node],
+        *,
+        high_watermark_linger_ms: int = HIGH_WATERMARK_LINGER_MS,
+    ) -> None:
         self.node_id = node_id
         self.logs = LogManager(data_dir)
         self.logs.open()
         self.cache = MetadataCache(node_id, listener=_NoRoles())
-        self.replicas = ReplicaManager(node_id, self.logs, self.cache, lambda: 1_000_000)
+        self.replicas = ReplicaManager(
+            node_id,
+            self.logs,
+            self.cache,
+            lambda: 1_000_000,
+            high_watermark_linger_ms=high_watermark_linger_ms,
+        )
         self.cache.listener = self.replicas
         self.fetchers = _Fetchers(self, cluster)
         cluster[node_id] = self
@@ -227,7 +245,7 @@ def test_a_replica_fetch_answer_names_only_the_partitions_with_something_to_appl
         _start(cluster)
         for value in (b"a", b"b"):
             leader.produce(value)
-        for _ in range(3):  # records, then the HW they made, then the HW reaches the follower
+        for _ in range(2):  # the records, then the HW that fetch moved
             await follower.fetch_once()
         part = follower.partition
         assert (part.log.log_end_offset, part.high_watermark) == (2, 2)
@@ -266,6 +284,48 @@ def test_a_replica_fetch_answer_names_only_the_partitions_with_something_to_appl
         assert follower.values() == [b"a", b"b", b"c"]
 
     asyncio.run(scenario())
+
+
+def test_a_high_watermark_alone_waits_its_linger_for_records_to_go_with_it(
+    tmp_path: Path,
+) -> None:
+    """The follower's fetch after it appended makes the leader's HW pass the record; the
+    answer, which would carry only that HW, waits for the next record and brings both. With
+    no linger the HW goes out alone at once (KIP-1166)."""
+
+    async def scenario(linger_ms: int) -> tuple[Node, Node, asyncio.Task[None]]:
+        cluster: dict[int, Node] = {}
+        leader, follower = (
+            Node(
+                n, tmp_path / f"linger{linger_ms}-{n}", cluster, high_watermark_linger_ms=linger_ms
+            )
+            for n in NODES
+        )
+        _start(cluster)
+        leader.produce(b"a")
+        await follower.fetch_once()  # the record; the follower's HW is still 0
+        assert (follower.partition.log.log_end_offset, follower.partition.high_watermark) == (1, 0)
+        # The next fetch moves the leader's HW to 1.
+        return leader, follower, asyncio.create_task(follower.fetch_once())
+
+    async def lingering() -> None:
+        leader, follower, parked = await scenario(linger_ms=60_000)
+        await _parked(leader.replicas)
+        assert leader.partition.high_watermark == 1
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not parked.done() and follower.partition.high_watermark == 0
+        leader.produce(b"b")
+        await asyncio.wait_for(parked, 5)
+        assert follower.values() == [b"a", b"b"] and follower.partition.high_watermark == 1
+
+    async def at_once() -> None:
+        _, follower, parked = await scenario(linger_ms=0)
+        await asyncio.wait_for(parked, 4)  # the fetcher waits up to 5 s for records
+        assert follower.values() == [b"a"] and follower.partition.high_watermark == 1
+
+    asyncio.run(lingering())
+    asyncio.run(at_once())
 
 
 def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) -> None:
