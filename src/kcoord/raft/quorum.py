@@ -42,6 +42,10 @@ the first one that conflicts with the leader's; pysyncobj's handler deletes ever
 ``prevLogIdx``, equal ones too, so a leader's resend from an older index (after a connection
 reset) made voters drop entries they had acknowledged and applied.
 ``_MetadataSyncObj._without_entries_we_hold`` rewrites the message before pysyncobj sees it.
+pysyncobj's follower also set its commit index to min(leader's commit index, its log end) on
+the parts of a snapshot, which verify nothing of its log: a deposed leader so applied entries
+it had appended but never committed. Those parts carry no higher commit index than the
+voter's now (``_snapshot_part_committing_nothing``).
 
 Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
 (default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
@@ -271,6 +275,8 @@ def _malformed(message: Any) -> str | None:
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     """SyncObj whose regular commands are our metadata batches, never pickled calls."""
 
+    _SyncObj__raftCommitIndex: int  # pysyncobj's (the name its ``__raftCommitIndex`` gets)
+
     def __init__(
         self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
     ) -> None:
@@ -298,7 +304,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                     if "transmission" in message:
                         message = self._assembled(message)
                     message = self._without_entries_we_hold(message)
+                    message = self._snapshot_part_committing_nothing(message)
                 SyncObj._SyncObj__onMessageReceived(self, node, message)
+                self._committed_up_to_the_snapshot()
                 return
             except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
                 # A field missing or of another shape than pysyncobj's own messages have.
@@ -403,6 +411,38 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             "prevLogTerm": self._SyncObj__getEntries(last_verified, 1)[0][2],
             "entries": list(entries[held:]),
         }
+
+    def _snapshot_part_committing_nothing(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A part of the leader's snapshot (an AppendEntries without ``prevLogIdx``: its
+        ``serialized`` is a part or None while the leader has none ready), its commit index no
+        higher than ours.
+
+        pysyncobj's follower sets its commit index to min(leader's commit index, its own log
+        end) after every AppendEntries, also after these, which say nothing about whether its
+        log matches the leader's: a voter holding entries a deposed leader appended but never
+        committed (its own, when it was that leader) so counted them committed and applied
+        them. A chaos run (seed 30, queue workload, all nemeses) caught it: node 1, leader
+        cut off from node 2, proposed fencing 2 and shrinking ISRs to [1, 3]; node 2 was
+        elected meanwhile, led chaos-queue-4 and node 3 truncated to it; when node 1 took the
+        new leader's snapshot, the first part made it apply its own ISR [1, 3], and as leader
+        of chaos-queue-4 it acknowledged six acks=all records that node 3 had already
+        dropped. Raft lets a follower commit only entries it verified against the leader's
+        log; a snapshot commits what it holds once installed (``_committed_up_to_the_snapshot``).
+        """
+        if "prevLogIdx" in message:
+            return message
+        ours = self._SyncObj__raftCommitIndex
+        if message.get("commit_index", -1) <= ours:
+            return message
+        return {**message, "commit_index": ours}
+
+    def _committed_up_to_the_snapshot(self) -> None:
+        """An installed snapshot is committed state: the commit index is at least what was
+        applied (``_snapshot_part_committing_nothing`` kept it where it was)."""
+        applied = int(self._SyncObj__raftLastApplied)
+        if int(self._SyncObj__raftCommitIndex) < applied:
+            self._SyncObj__raftCommitIndex = applied
+            self._SyncObj__raftLog.setRaftCommitIndex(applied)
 
 
 class MetadataQuorum:

@@ -183,3 +183,32 @@ def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
         assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
     finally:
         voter.destroy()
+
+
+def snapshot_part(voter: _MetadataSyncObj, term: int, part: Any, commit: int) -> None:
+    """What pysyncobj's leader sends a voter behind its log start: ``serialized`` is a part of
+    its snapshot file ``(data, is_first, is_last)``, or None while it has none to send."""
+    message = {"type": "append_entries", "term": term, "commit_index": commit, "serialized": part}
+    voter._SyncObj__onMessageReceived(leader_of(voter), message)
+
+
+def test_a_snapshot_in_transfer_commits_none_of_the_entries_a_deposed_leader_left(
+    tmp_path: Path,
+) -> None:
+    """Entries 3-5 came from a leader of term 1 that was deposed before they were committed.
+    The new leader (term 2), whose log starts past this voter's, sends its snapshot: its
+    parts carry the leader's commit index, 9, and pysyncobj took min(9, our log end) = 5 as
+    committed, applying 3-5 (chaos seed 30). They stay uncommitted now."""
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 6)], commit=2)
+        assert voter.raftCommitIndex == 2
+        snapshot_part(voter, 2, None, commit=9)  # no snapshot ready yet
+        snapshot_part(voter, 2, (b"part of the snapshot", True, False), commit=9)
+        assert voter.raftCommitIndex == 2
+        assert log_of(voter) == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1)]
+        # A regular AppendEntries that verifies the log commits as before.
+        append(voter, 2, (2, 1), [entry(3, 2)], commit=3)
+        assert log_of(voter)[-1] == (3, 2) and voter.raftCommitIndex == 3
+    finally:
+        voter.destroy()
