@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 
 from kcoord.raft import records as rec
@@ -63,7 +64,7 @@ def propose_sync(q: MetadataQuorum, records: list[rec.MetadataRecord]) -> int:
         result.append((offset, error))
         done.set()
 
-    q.propose(records, on_done)
+    q.propose(records, on_done, epoch=q.status().epoch)
     assert done.wait(DEADLINE_S), "proposal never completed"
     offset, error = result[0]
     assert error is None and offset is not None, error
@@ -72,8 +73,11 @@ def propose_sync(q: MetadataQuorum, records: list[rec.MetadataRecord]) -> int:
 
 def test_batch_codec_refuses_garbage() -> None:
     batch: list[rec.MetadataRecord] = [rec.ClusterId("abc"), rec.NoOp()]
-    assert decode_batch(encode_batch(batch)) == batch
-    for garbage in (b"", b"\xc1", encode_batch(batch)[:-1], b"\x92\x02\x90"):
+    assert decode_batch(encode_batch(batch, 7)) == (7, batch)
+    version_1 = msgpack.packb([1, [rec.encode(r) for r in batch]], use_bin_type=True)
+    assert decode_batch(version_1) == (None, batch)  # journals written before the epoch
+    garbage_batches = (b"", b"\xc1", encode_batch(batch, 7)[:-1], b"\x92\x02\x90")
+    for garbage in (*garbage_batches, msgpack.packb([2, "7", []]), msgpack.packb([2, 7])):
         with pytest.raises(rec.MetadataRecordError):
             decode_batch(garbage)
 
@@ -102,7 +106,7 @@ def test_three_voters_commit_and_a_restarted_voter_replays(tmp_path: Path) -> No
             propose_refused.append(error)
             done.set()
 
-        leader.propose(bad, on_refused)
+        leader.propose(bad, on_refused, epoch=leader.status().epoch)
         assert done.wait(DEADLINE_S)
         assert propose_refused[0] is not None
         second = propose_sync(leader, [rec.NoOp()])
@@ -125,6 +129,50 @@ def test_three_voters_commit_and_a_restarted_voter_replays(tmp_path: Path) -> No
     finally:
         for q in quorums.values():
             q.stop()
+
+
+@pytest.mark.integration
+def test_a_deposed_controllers_batch_handed_to_the_leader_is_skipped_everywhere(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj hands a command proposed on a voter that does not lead to the leader, which
+    appends it in its own term. A controller deposed before it noticed so had its fencing
+    committed by its successor (chaos seed 31, groups workload, partitions). A batch names the
+    epoch it was decided in and applies only if appended in that term."""
+    with running_quorum(tmp_path) as quorums:
+        wait_for(
+            lambda: any(
+                q.status().is_leader and len(q.status().connected) == 2 for q in quorums.values()
+            ),
+            "a leader connected to both followers",
+        )
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        propose_sync(leader, [rec.ClusterId("quorum")])
+        follower = next(q for q in quorums.values() if not q.status().is_leader)
+        wait_for(lambda: follower.status().leader_id is not None, "the follower to know the leader")
+        done = threading.Event()
+        outcome: list[tuple[int | None, str | None]] = []
+
+        def on_done(offset: int | None, error: str | None) -> None:
+            outcome.append((offset, error))
+            done.set()
+
+        stale: list[rec.MetadataRecord] = [
+            rec.RegisterBroker(broker_id=7, incarnation_id="i7", broker_epoch=1, endpoints={})
+        ]
+        follower.propose(stale, on_done, epoch=leader.status().epoch - 1)
+        assert done.wait(DEADLINE_S), "the handed-on batch never completed"
+        assert outcome[0][0] is None and outcome[0][1] is not None
+        last = propose_sync(leader, [rec.NoOp()])
+        wait_for(
+            lambda: all(q.image.last_offset >= last for q in quorums.values()),
+            "every voter past the next batch",
+        )
+        assert all(7 not in q.image.brokers for q in quorums.values())
+        assert all(q.skipped_batches == 1 for q in quorums.values())
+        # The same record from the leader, in its epoch, applies.
+        propose_sync(leader, stale)
+        wait_for(lambda: all(7 in q.image.brokers for q in quorums.values()), "broker 7")
 
 
 @contextlib.contextmanager

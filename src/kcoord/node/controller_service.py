@@ -11,7 +11,9 @@ Decisions come from the pure ``raft.controller.Controller`` and are made one at 
 ``asyncio.Lock``), each on the committed image: propose the records, wait until they are
 committed *and* applied to the local image, then answer. A node that only believes it leads
 (isolated, before pysyncobj's leader fallback timeout steps it down) can propose, but nothing
-it proposes commits without a majority, so it never fences or elects anything.
+it proposes commits without a majority; and once a successor leads, pysyncobj hands what it
+proposes to that leader, whose log takes it in the new term, where a batch of an older
+controller epoch is skipped. So it never fences or elects anything.
 
 Periodic duties (``tick``, every ``tick_interval_ms``): write the cluster id once, create
 ``__consumer_offsets`` once every expected broker is unfenced (or, after
@@ -157,7 +159,7 @@ class ControllerService:
         self._activating_epoch = status.epoch
         try:
             # Commit a batch in this term before deciding anything (KRaft's LeaderChange).
-            await self._propose([rec.NoOp()])
+            await self._propose([rec.NoOp()], epoch=status.epoch)
         except NotActiveError as e:
             log.info("activation in epoch %d failed: %s", status.epoch, e)
             return
@@ -175,9 +177,19 @@ class ControllerService:
     # Proposing.
 
     async def _propose(
-        self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]
+        self,
+        records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord],
+        *,
+        epoch: int | None = None,
     ) -> int:
-        """Propose a batch; return its offset once it is applied to the local image."""
+        """Propose a batch decided in ``epoch`` (default: the epoch this controller is active
+        in); return its offset once it is applied to the local image. The batch applies only
+        if the leader of that epoch appended it (``MetadataQuorum.propose``): a controller
+        deposed before it noticed proposes in vain."""
+        if epoch is None:
+            epoch = self.active_epoch
+        if epoch is None:
+            raise NotActiveError(f"node {self.node_id} is not the active controller")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[int] = loop.create_future()
 
@@ -194,7 +206,7 @@ class ControllerService:
 
         start = loop.time()
         self.proposals += 1
-        self.quorum.propose(list(records), on_done)
+        self.quorum.propose(list(records), on_done, epoch=epoch)
         try:
             offset = await asyncio.wait_for(fut, self.propose_timeout_s)
         except TimeoutError as e:

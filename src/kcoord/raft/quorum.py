@@ -8,23 +8,29 @@ pysyncobj runs Raft in its own thread (``autoTick``). Every voter listed in
 **metadata offset**.
 
 There is one kind of replicated command: a batch of metadata records, encoded by us as
-``b"\\x00" + msgpack([FORMAT_VERSION, [record bytes, ...]])`` (record bytes from
-``records.encode``). The records of one batch apply atomically (``MetadataImage.apply_batch``),
-like a KRaft record batch, so a topic and its partitions appear together. We bypass pysyncobj's
-``@replicated`` decorator because it pickles the call: commands reach the journal as our bytes,
-and ``_apply_command_bytes`` decodes them with our codec. pysyncobj's transport still pickles
-its own messages between voters, and unpickled whatever reached the quorum port: one frame from
-anyone who could connect ran code in the node. Its messages are plain data (dicts, lists,
-tuples, strings, numbers; at its pickle protocol 2, bytes come as ``_codecs.encode`` except the
-empty string, which is ``__builtin__.bytes`` called with nothing, and sets as ``__builtin__.set``),
-so ``_PlainDataPickle`` replaces the ``pickle`` its transport and its ``SyncObj`` call: its own
-``dumps``, and a ``loads`` that resolves no other global (and lets ``bytes`` make only the empty
-string: ``bytes(n)`` would allocate whatever a frame asked for). A frame naming any other is
-refused (logged; pysyncobj closes that connection) before anything runs. The empty string is
-not rare: it is the last part of every snapshot the leader sends to a voter that is behind its
-log start, so refusing it kept such a voter out of the quorum for good.
-The port is still unauthenticated, so it must only be reachable by the voters (bind it to a
-private address), as with any pysyncobj deployment.
+``b"\\x00" + msgpack([FORMAT_VERSION, controller epoch, [record bytes, ...]])`` (record bytes
+from ``records.encode``). The records of one batch apply atomically
+(``MetadataImage.apply_batch``), like a KRaft record batch, so a topic and its partitions
+appear together. A batch applies only in the Raft term it names: pysyncobj hands a command
+proposed on a voter that is not the leader to the leader, which appends it in its own term, so
+a deposed controller that has not noticed yet (its duties run on the image it last had) would
+have its decisions committed by its successor; KRaft's leader appends only its own records, in
+its epoch. Such a batch is skipped on every voter alike (``_apply_command_bytes``).
+
+We bypass pysyncobj's ``@replicated`` decorator because it pickles the call: commands reach the
+journal as our bytes, and ``_apply_command_bytes`` decodes them with our codec. pysyncobj's
+transport still pickles its own messages between voters, and unpickled whatever reached the
+quorum port: one frame from anyone who could connect ran code in the node. Its messages are
+plain data (dicts, lists, tuples, strings, numbers; at its pickle protocol 2, bytes come as
+``_codecs.encode`` except the empty string, which is ``__builtin__.bytes`` called with nothing,
+and sets as ``__builtin__.set``), so ``_PlainDataPickle`` replaces the ``pickle`` its transport
+and its ``SyncObj`` call: its own ``dumps``, and a ``loads`` that resolves no other global (and
+lets ``bytes`` make only the empty string: ``bytes(n)`` would allocate whatever a frame asked
+for). A frame naming any other is refused (logged; pysyncobj closes that connection) before
+anything runs. The empty string is not rare: it is the last part of every snapshot the leader
+sends to a voter that is behind its log start, so refusing it kept such a voter out of the
+quorum for good. The port is still unauthenticated, so it must only be reachable by the voters
+(bind it to a private address), as with any pysyncobj deployment.
 
 Applying never raises: a batch that does not decode or does not fit the image is logged and
 skipped, and since every voter applies the same bytes in the same order, every voter skips it
@@ -82,7 +88,7 @@ from kcoord.raft.image import MetadataApplyError, MetadataImage
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: [1, [record bytes...]], without the epoch (still read)
 _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 1
 
@@ -292,7 +298,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if command[:1] == _REGULAR:
             # raftLastApplied is incremented after the apply: this entry is the next one.
             offset = int(self.raftLastApplied) + 1
-            return self._quorum._apply_command_bytes(offset, bytes(command[1:]))
+            term = int(self._SyncObj__getEntries(offset, 1)[0][2])
+            return self._quorum._apply_command_bytes(offset, bytes(command[1:]), term)
         return SyncObj._SyncObj__doApplyCommand(self, command)
 
     # Every message from another voter, on the Raft thread (the same mangling).
@@ -542,20 +549,24 @@ class MetadataQuorum:
         self,
         records: Sequence[rec.MetadataRecord],
         on_done: Callable[[int | None, str | None], None],
+        *,
+        epoch: int,
     ) -> None:
-        """Enqueue a batch; ``on_done(offset, None)`` or ``on_done(None, reason)`` from the
-        Raft thread once committed or refused. Never blocks."""
+        """Enqueue a batch decided by the controller of ``epoch`` (the Raft term it leads in);
+        ``on_done(offset, None)`` or ``on_done(None, reason)`` from the Raft thread once
+        committed or refused (also when committed in another term, and so skipped). Never
+        blocks."""
         sync = self._sync
         if sync is None:
             on_done(None, "quorum is stopped")
             return
-        payload = _REGULAR + encode_batch(records)
+        payload = _REGULAR + encode_batch(records, epoch)
 
         def callback(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS and isinstance(result, int) and result >= 0:
                 on_done(result, None)
             elif error == FAIL_REASON.SUCCESS:
-                on_done(None, "batch was committed but refused by the image")
+                on_done(None, "batch was committed but skipped (see the node log)")
             else:
                 on_done(None, _FAIL_REASONS.get(error, f"pysyncobj error {error}"))
 
@@ -564,13 +575,24 @@ class MetadataQuorum:
     # -----------------------------------------------------------------------------------------
     # Applying (Raft thread).
 
-    def _apply_command_bytes(self, offset: int, payload: bytes) -> int:
-        """Apply one committed batch; never raises. Returns the offset, or -1 if skipped."""
+    def _apply_command_bytes(self, offset: int, payload: bytes, term: int) -> int:
+        """Apply one committed batch, appended in Raft term ``term``; never raises. Returns
+        the offset, or -1 if skipped."""
         try:
-            records = decode_batch(payload)
+            epoch, records = decode_batch(payload)
         except rec.MetadataRecordError as e:
             self.skipped_batches += 1
             log.error("metadata offset %d: undecodable batch skipped: %s", offset, e)
+            return -1
+        if epoch is not None and epoch != term:
+            self.skipped_batches += 1
+            log.warning(
+                "metadata offset %d: a batch of controller epoch %d, appended in epoch %d (a "
+                "deposed controller's, handed on to the leader), skipped",
+                offset,
+                epoch,
+                term,
+            )
             return -1
         try:
             self.image.apply_batch(offset, records)
@@ -655,24 +677,31 @@ _FAIL_REASONS = {
 }
 
 
-def encode_batch(records: Sequence[rec.MetadataRecord]) -> bytes:
+def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:
     packed: bytes = msgpack.packb(
-        [FORMAT_VERSION, [rec.encode(r) for r in records]], use_bin_type=True
+        [FORMAT_VERSION, epoch, [rec.encode(r) for r in records]], use_bin_type=True
     )
     return packed
 
 
-def decode_batch(payload: bytes) -> list[rec.MetadataRecord]:
+def decode_batch(payload: bytes) -> tuple[int | None, list[rec.MetadataRecord]]:
+    """The controller epoch (None in a version 1 batch) and the records of a batch."""
     try:
         body = msgpack.unpackb(payload, raw=False)
     except Exception as e:
         raise rec.MetadataRecordError(f"metadata batch is not msgpack: {e}") from e
-    if (
-        not isinstance(body, list)
-        or len(body) != 2
-        or body[0] != FORMAT_VERSION
-        or not isinstance(body[1], list)
-        or not all(isinstance(b, bytes) for b in body[1])
-    ):
-        raise rec.MetadataRecordError("metadata batch is not [version 1, [record bytes...]]")
-    return [rec.decode(b) for b in body[1]]
+    epoch: int | None = None
+    if isinstance(body, list) and len(body) == 3 and body[0] == FORMAT_VERSION:
+        epoch, items = body[1], body[2]
+        if not isinstance(epoch, int) or isinstance(epoch, bool):
+            raise rec.MetadataRecordError("metadata batch epoch is not an integer")
+    elif isinstance(body, list) and len(body) == 2 and body[0] == 1:
+        items = body[1]
+    else:
+        raise rec.MetadataRecordError(
+            "metadata batch is not [version 2, epoch, [record bytes...]] "
+            "or [version 1, [record bytes...]]"
+        )
+    if not isinstance(items, list) or not all(isinstance(b, bytes) for b in items):
+        raise rec.MetadataRecordError("metadata batch records are not a list of bytes")
+    return epoch, [rec.decode(b) for b in items]

@@ -58,8 +58,13 @@ class FakeQuorum:
         self,
         records: Sequence[rec.MetadataRecord],
         on_done: Callable[[int | None, str | None], None],
+        *,
+        epoch: int,
     ) -> None:
         loop = asyncio.get_running_loop()
+        if epoch != self.status().epoch:
+            loop.call_soon(lambda: on_done(None, f"proposed in epoch {epoch}"))
+            return
         loop.call_soon(lambda: on_done(self.commit(records), None))
 
 
