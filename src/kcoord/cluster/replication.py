@@ -12,10 +12,11 @@ every fetch reports the follower's log end offset (its fetch offset) and is reco
   fetch*, or else the time of the previous fetch if this one reaches the leader's LEO as it
   was at the previous fetch (the follower had caught up to what existed then).
 
-The high watermark (``maybe_advance_high_watermark``, Kafka's ``maybeIncrementLeaderHW``) is
-the minimum LEO over the leader and the *maximal ISR* (KIP-497): the committed ISR plus the
-replicas an in-flight AlterPartition adds, and for a shrink still the members it removes, so
-the HW never relies on an ISR the controller has not committed. A caught-up replica that is
+The high watermark (``maybe_advance_high_watermark``, Kafka's ``maybeIncrementLeaderHW``) is the
+minimum LEO over the leader and the *maximal ISR* (KIP-497): the committed ISR plus the replicas
+an in-flight AlterPartition adds, and for a shrink still the members it removes, so the HW never
+relies on an ISR the controller has not committed. It does not move while the committed ISR is
+smaller than ``min.insync.replicas`` (KIP-966's strict min ISR). A caught-up replica that is
 eligible to join the ISR also holds the HW back, so that it can join (Kafka's
 ``shouldWaitForReplicaToJoinIsr``). The HW only moves up and never passes the leader's LEO.
 
@@ -126,10 +127,21 @@ class LeaderReplication:
         return frozenset(self.isr) | frozenset(self.pending_isr)
 
     def maybe_advance_high_watermark(
-        self, leader_log_end_offset: int, now_ms: int, eligible: Collection[int] = ()
+        self,
+        leader_log_end_offset: int,
+        now_ms: int,
+        eligible: Collection[int] = (),
+        min_insync_replicas: int = 1,
     ) -> bool:
         """Move the HW to the min LEO over the maximal ISR (and caught-up eligible replicas);
-        True if it moved. ``eligible``: replicas that may join the ISR (unfenced brokers)."""
+        True if it moved. ``eligible``: replicas that may join the ISR (unfenced brokers).
+
+        KIP-966's strict min ISR (Kafka's ``maybeIncrementLeaderHW``, KAFKA-15583): the HW
+        stays while the committed ISR is smaller than ``min_insync_replicas``. The controller
+        counts the replicas that leave an ISR already below it as eligible leaders (ELR):
+        they must hold every committed record, so nothing may commit without them."""
+        if self.is_under_min_isr(min_insync_replicas):
+            return False
         candidate = leader_log_end_offset
         maximal = self.maximal_isr
         for state in self.followers.values():

@@ -27,9 +27,11 @@ The ISR is the metadata log's: the leader proposes shrinks (followers not caught
 this leader's epoch) to the active controller with AlterPartition (``maybe_propose_isr_changes``,
 run periodically), and the new ISR takes effect when the committed PartitionChange reaches this
 node's image (``on_metadata_delta``). An acks=all append is refused with NOT_ENOUGH_REPLICAS
-while the committed ISR is smaller than the topic's ``min.insync.replicas``; a Produce whose
-batch the HW passed only after the ISR shrank below it is answered
-NOT_ENOUGH_REPLICAS_AFTER_APPEND (``check_enough_replicas_after_append``).
+while the committed ISR is smaller than the topic's ``min.insync.replicas``, and the HW does not
+move then (KIP-966's strict min ISR): a write appended before the ISR shrank below it waits,
+and times out, instead of being committed by fewer replicas than the controller's ELR
+election counts on. A Produce whose batch the HW passed while the maximal ISR was too small
+is answered NOT_ENOUGH_REPLICAS_AFTER_APPEND (``check_enough_replicas_after_append``).
 """
 
 from __future__ import annotations
@@ -351,7 +353,7 @@ class ReplicaManager:
                     self.now_ms(),
                     self.replica_lag_time_max_ms,
                 )
-                self._maybe_advance_high_watermark(part)
+                self.maybe_advance_high_watermark(part)
             elif isinstance(change, BecomeFollower):
                 part.is_leader = False
                 part.leader_id = change.leader
@@ -454,6 +456,7 @@ class ReplicaManager:
             for (topic, _), hosted in self.partitions.items():
                 if topic == new.name:
                     hosted.log.config = config
+                    self.maybe_advance_high_watermark(hosted)  # min.insync.replicas may be lower
             log.info("topic %s: configs are now %s", new.name, dict(new.configs))
         for tp_id, change in delta.partitions.items():
             after = change.after
@@ -475,7 +478,7 @@ class ReplicaManager:
                 if part.replication.pending_isr is not None:
                     part.isr_change_retry_ms = 0
                 part.replication.update_isr(after.isr, after.partition_epoch)
-                self._maybe_advance_high_watermark(part)
+                self.maybe_advance_high_watermark(part)
                 if not isr_changed:
                     continue
                 log.info(
@@ -597,14 +600,15 @@ class ReplicaManager:
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
         self.leader_bytes_appended += len(records)
-        self._maybe_advance_high_watermark(part)
+        self.maybe_advance_high_watermark(part)
         self._wake_replica_fetches()
         return AppendResult(
             info.first_offset, info.last_offset, part.log.log_start_offset, info.log_append_time_ms
         )
 
-    def _maybe_advance_high_watermark(self, part: Partition) -> None:
-        """Leader: HW = min LEO over the maximal ISR (KIP-497), via ``LeaderReplication``."""
+    def maybe_advance_high_watermark(self, part: Partition) -> None:
+        """Leader: HW = min LEO over the maximal ISR (KIP-497), via ``LeaderReplication``; it
+        stays while the committed ISR is below ``min.insync.replicas`` (KIP-966)."""
         if not part.is_leader:
             return
         leader_log_end_offset = part.log.log_end_offset
@@ -612,7 +616,10 @@ class ReplicaManager:
             target = leader_log_end_offset  # not in the metadata image: hosted alone
         else:
             part.replication.maybe_advance_high_watermark(
-                leader_log_end_offset, self.now_ms(), self._unfenced_brokers()
+                leader_log_end_offset,
+                self.now_ms(),
+                self._unfenced_brokers(),
+                self.min_insync_replicas_for(part),
             )
             target = part.replication.high_watermark
         if part.set_high_watermark(target):
@@ -826,7 +833,7 @@ class ReplicaManager:
             replica_id, fetch_offset, part.log.log_end_offset, self.now_ms(), replica_epoch
         )
         if part.high_watermark < part.log.log_end_offset:  # at the log end it cannot move
-            self._maybe_advance_high_watermark(part)
+            self.maybe_advance_high_watermark(part)
 
     def _diverging_epoch(self, part: Partition, item: Any) -> dict[str, int] | None:
         """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320): the follower's last
@@ -1066,7 +1073,7 @@ class ReplicaManager:
                 )
                 repl.end_isr_change()
                 part.isr_change_retry_ms = now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
-            self._maybe_advance_high_watermark(part)
+            self.maybe_advance_high_watermark(part)
 
     def close(self) -> None:
         for task in self._isr_tasks:

@@ -128,6 +128,26 @@ def test_min_isr_is_checked_on_the_committed_isr() -> None:
     assert not r.is_under_min_isr(2)
 
 
+def test_the_hw_stays_while_the_committed_isr_is_below_min_isr() -> None:
+    """KIP-966's strict min ISR: with the ISR at [1] and min.insync.replicas 2, the leader
+    alone commits nothing (the replicas that left hold every committed record and may be
+    elected from the ELR). Chaos seed 31 lost offset commits a lone leader had answered."""
+    r = leader(isr=(1, 2))
+    r.update_follower_fetch(2, 10, 10, T0)
+    assert r.maybe_advance_high_watermark(10, T0, min_insync_replicas=2)
+    r.update_isr((1,), 6)  # 2 shrank out, below min ISR
+    assert not r.maybe_advance_high_watermark(12, T0, min_insync_replicas=2)
+    assert r.high_watermark == 10
+    assert r.maybe_advance_high_watermark(12, T0, min_insync_replicas=1)  # a lower min ISR
+    assert r.high_watermark == 12
+    r.begin_isr_change((1, 2))  # pending expansion: the committed ISR still counts
+    r.update_follower_fetch(2, 14, 14, T0)
+    assert not r.maybe_advance_high_watermark(14, T0, min_insync_replicas=2)
+    r.update_isr((1, 2), 7)
+    assert r.maybe_advance_high_watermark(14, T0, min_insync_replicas=2)
+    assert r.high_watermark == 14
+
+
 _step = st.one_of(
     st.tuples(st.just("append"), st.integers(1, 5)),
     st.tuples(st.just("fetch"), st.sampled_from([2, 3]), st.integers(0, 100)),

@@ -51,13 +51,13 @@ class HeldReplicaManager(ReplicaManager):
 
     hold = True
 
-    def _maybe_advance_high_watermark(self, part: Partition) -> None:
+    def maybe_advance_high_watermark(self, part: Partition) -> None:
         if not self.hold:
-            super()._maybe_advance_high_watermark(part)
+            super().maybe_advance_high_watermark(part)
 
     def release(self, part: Partition) -> None:
         self.hold = False
-        super()._maybe_advance_high_watermark(part)
+        super().maybe_advance_high_watermark(part)
         self.hold = True
 
 

@@ -303,6 +303,9 @@ class ProduceApi:
                 result.base_offset = verdict.first_offset
                 result.log_append_time = verdict.timestamp_ms
                 last_offset = verdict.last_offset
+                # Kafka's appendRecordsToLeader looks at the HW after a duplicate as well: it
+                # may have been held back (KIP-966) when the original was appended.
+                self.ctx.replicas.maybe_advance_high_watermark(part)
             else:
                 appended = self.ctx.replicas.append_local(part, data, required_acks=acks)
                 result.base_offset = appended.base_offset

@@ -812,13 +812,13 @@ def test_below_min_insync_replicas_every_batch_is_refused_before_its_sequence(
     run(tmp_path, test)
 
 
-def test_an_isr_that_shrinks_below_min_insync_replicas_during_the_wait_is_reported(
-    tmp_path: Path,
-) -> None:
-    """Kafka's ``checkEnoughReplicasReachOffset``: an acks=all batch appended while the ISR was
-    big enough, whose HW then moved only because the ISR shrank below min.insync.replicas, is
-    answered NOT_ENOUGH_REPLICAS_AFTER_APPEND (the batch stays committed); the next one is
-    refused before the append."""
+def test_an_isr_that_shrinks_below_min_insync_replicas_holds_the_hw(tmp_path: Path) -> None:
+    """KIP-966's strict min ISR (Kafka 4's ``maybeIncrementLeaderHW``): an acks=all batch
+    appended while the ISR was big enough, whose ISR then shrank below min.insync.replicas,
+    is not committed by the leader alone: the HW stays, consumers do not see it, and the
+    produce times out (REQUEST_TIMED_OUT; before, the HW moved and it was answered
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND). The next batch is refused before the append. With the
+    ISR big enough again (here: min.insync.replicas lowered), both are committed."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 3, 3)
@@ -827,7 +827,8 @@ def test_an_isr_that_shrinks_below_min_insync_replicas_during_the_wait_is_report
         assert part is not None and part.replication is not None
         assert len(part.replication.isr) == 3  # brokers 2 and 3 never fetch here
         h.replicas.min_insync_replicas = 2
-        correlation_id = await c.send(PRODUCE, 9, produce_values("t", index, batch([b"a"])))
+        values = {**produce_values("t", index, batch([b"a"])), "timeout": 300}
+        correlation_id = await c.send(PRODUCE, 9, values)
         deadline = time.monotonic() + 5
         while part.log.log_end_offset < 1:
             assert time.monotonic() < deadline, "the produce was not appended"
@@ -849,10 +850,10 @@ def test_an_isr_that_shrinks_below_min_insync_replicas_during_the_wait_is_report
         )
         received_id, response = await c.receive(PRODUCE, 9)
         assert received_id == correlation_id
-        after = only_partition(response)
-        assert after.error_code == Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+        assert only_partition(response).error_code == Errors.REQUEST_TIMED_OUT
+        assert part.high_watermark == 0
         fetched = await c.call(FETCH, 12, fetch_values("t", index, 0))
-        assert records_of(only_partition(fetched).records) == [b"a"]  # appended and committed
+        assert records_of(only_partition(fetched).records) == []  # not committed
         refused = only_partition(
             await c.call(PRODUCE, 9, produce_values("t", index, batch([b"b"])))
         )
@@ -860,6 +861,8 @@ def test_an_isr_that_shrinks_below_min_insync_replicas_during_the_wait_is_report
         h.replicas.min_insync_replicas = 1
         ok = only_partition(await c.call(PRODUCE, 9, produce_values("t", index, batch([b"c"]))))
         assert (ok.error_code, ok.base_offset) == (Errors.NONE, 1)
+        fetched = await c.call(FETCH, 12, fetch_values("t", index, 0))
+        assert records_of(only_partition(fetched).records) == [b"a", b"c"]
 
     run(tmp_path, test)
 
