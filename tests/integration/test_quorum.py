@@ -71,6 +71,17 @@ def propose_sync(q: MetadataQuorum, records: list[rec.MetadataRecord]) -> int:
     return offset
 
 
+def connected_leader(quorums: dict[int, MetadataQuorum]) -> MetadataQuorum:
+    """The leader, once it is connected to both followers."""
+    wait_for(
+        lambda: any(
+            q.status().is_leader and len(q.status().connected) == 2 for q in quorums.values()
+        ),
+        "a leader connected to both followers",
+    )
+    return next(q for q in quorums.values() if q.status().is_leader)
+
+
 def test_batch_codec_refuses_garbage() -> None:
     batch: list[rec.MetadataRecord] = [rec.ClusterId("abc"), rec.NoOp()]
     assert decode_batch(encode_batch(batch, 7)) == (7, batch)
@@ -140,13 +151,7 @@ def test_a_deposed_controllers_batch_handed_to_the_leader_is_skipped_everywhere(
     committed by its successor (chaos seed 31, groups workload, partitions). A batch names the
     epoch it was decided in and applies only if appended in that term."""
     with running_quorum(tmp_path) as quorums:
-        wait_for(
-            lambda: any(
-                q.status().is_leader and len(q.status().connected) == 2 for q in quorums.values()
-            ),
-            "a leader connected to both followers",
-        )
-        leader = next(q for q in quorums.values() if q.status().is_leader)
+        leader = connected_leader(quorums)
         propose_sync(leader, [rec.ClusterId("quorum")])
         follower = next(q for q in quorums.values() if not q.status().is_leader)
         wait_for(lambda: follower.status().leader_id is not None, "the follower to know the leader")
@@ -190,13 +195,7 @@ def running_quorum(root: Path) -> Iterator[dict[int, MetadataQuorum]]:
 @pytest.mark.integration
 def test_a_resigning_leader_hands_the_leadership_to_another_voter(tmp_path: Path) -> None:
     with running_quorum(tmp_path) as quorums:
-        wait_for(
-            lambda: any(
-                q.status().is_leader and len(q.status().connected) == 2 for q in quorums.values()
-            ),
-            "a leader connected to both followers",
-        )
-        leader = next(q for q in quorums.values() if q.status().is_leader)
+        leader = connected_leader(quorums)
         offset = propose_sync(leader, [rec.ClusterId("resign")])
         wait_for(
             lambda: all(q.status().commit_index >= offset for q in quorums.values()),
