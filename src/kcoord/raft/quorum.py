@@ -281,8 +281,6 @@ def _malformed(message: Any) -> str | None:
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     """SyncObj whose regular commands are our metadata batches, never pickled calls."""
 
-    _SyncObj__raftCommitIndex: int  # pysyncobj's (the name its ``__raftCommitIndex`` gets)
-
     def __init__(
         self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
     ) -> None:
@@ -313,7 +311,6 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                     message = self._without_entries_we_hold(message)
                     message = self._snapshot_part_committing_nothing(message)
                 SyncObj._SyncObj__onMessageReceived(self, node, message)
-                self._committed_up_to_the_snapshot()
                 return
             except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
                 # A field missing or of another shape than pysyncobj's own messages have.
@@ -434,7 +431,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         new leader's snapshot, the first part made it apply its own ISR [1, 3], and as leader
         of chaos-queue-4 it acknowledged six acks=all records that node 3 had already
         dropped. Raft lets a follower commit only entries it verified against the leader's
-        log; a snapshot commits what it holds once installed (``_committed_up_to_the_snapshot``).
+        log. Once the snapshot is installed the commit index may trail what it applied until
+        the leader's next AppendEntries, which verifies the log and raises it.
         """
         if "prevLogIdx" in message:
             return message
@@ -442,14 +440,6 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if message.get("commit_index", -1) <= ours:
             return message
         return {**message, "commit_index": ours}
-
-    def _committed_up_to_the_snapshot(self) -> None:
-        """An installed snapshot is committed state: the commit index is at least what was
-        applied (``_snapshot_part_committing_nothing`` kept it where it was)."""
-        applied = int(self._SyncObj__raftLastApplied)
-        if int(self._SyncObj__raftCommitIndex) < applied:
-            self._SyncObj__raftCommitIndex = applied
-            self._SyncObj__raftLog.setRaftCommitIndex(applied)
 
 
 class MetadataQuorum:
