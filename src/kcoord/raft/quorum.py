@@ -51,7 +51,9 @@ reset) made voters drop entries they had acknowledged and applied.
 pysyncobj's follower also set its commit index to min(leader's commit index, its log end) on
 the parts of a snapshot, which verify nothing of its log: a deposed leader so applied entries
 it had appended but never committed. Those parts carry no higher commit index than the
-voter's now (``_snapshot_part_committing_nothing``).
+voter's now (``_snapshot_part_committing_nothing``). And it installed a snapshot that ended
+before its own commit index (sent after a stale reply), forgetting committed entries; such a
+snapshot is ignored (``_stale_snapshot_ignored``), as etcd's raft does.
 
 Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
 (default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
@@ -143,6 +145,16 @@ class _ClosingSerializer(pysyncobj.serializer.Serializer):  # type: ignore[misc]
             if file is not None:
                 file.close()
         return data
+
+    def drop_incoming(self) -> None:
+        """Forget the snapshot a voter is receiving (its parts so far, in a temporary file)."""
+        file: io.BufferedWriter | None
+        file = self._Serializer__incomingTransmissionFile  # type: ignore[has-type]
+        self._Serializer__incomingTransmissionFile = None
+        if file is not None:
+            file.close()
+            with contextlib.suppress(OSError):
+                Path(file.name).unlink()
 
 
 pysyncobj.syncobj.Serializer = _ClosingSerializer
@@ -286,6 +298,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     ) -> None:
         self._quorum = quorum
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
+        self._snapshot_parts: list[bytes] | None = None  # see _stale_snapshot_ignored
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
@@ -309,6 +322,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                     if "transmission" in message:
                         message = self._assembled(message)
                     message = self._without_entries_we_hold(message)
+                    message = self._stale_snapshot_ignored(message)
                     message = self._snapshot_part_committing_nothing(message)
                 SyncObj._SyncObj__onMessageReceived(self, node, message)
                 return
@@ -415,6 +429,49 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             "prevLogTerm": self._SyncObj__getEntries(last_verified, 1)[0][2],
             "entries": list(entries[held:]),
         }
+
+    def _stale_snapshot_ignored(self, message: dict[str, Any]) -> dict[str, Any]:
+        """A part of the leader's snapshot, or nothing of it when the whole snapshot ends at an
+        entry this voter has committed already.
+
+        pysyncobj's leader sends its snapshot to a voter whose next index is at or below its
+        log start, which a stale reply can make so while the voter is already past the
+        snapshot (its replies are pipelined: a "reset" from when it was behind arrives after
+        the leader compacted). pysyncobj's follower installs whatever snapshot it gets: it
+        drops its journal and steps its state back to the snapshot (a chaos run logged
+        "raftCommitIndex (21) exceeds journal end (20)"), so it forgot committed entries until
+        the leader sent them again, and could meanwhile have voted for a candidate lacking
+        them; the node's image stepped back a batch, its roles with it. Raft keeps the entries
+        after a snapshot's last one when it holds that entry, and etcd's raft ignores a
+        snapshot at or below its commit index (``raft.restore``); so does this. The leader
+        already moved this voter's next index past the snapshot when it sent the last part,
+        and its next AppendEntries goes on from there.
+        """
+        part = message.get("serialized")
+        if "prevLogIdx" in message or not isinstance(part, list | tuple) or len(part) != 3:
+            return message
+        data, is_first, is_last = part
+        if not isinstance(data, bytes | bytearray):
+            return message
+        if is_first:
+            self._snapshot_parts = []
+        elif self._snapshot_parts is None:
+            return message  # the start was missed; pysyncobj ignores this part too
+        self._snapshot_parts.append(bytes(data))
+        if not is_last:
+            return message
+        snapshot, self._snapshot_parts = b"".join(self._snapshot_parts), None
+        last = _snapshot_last_entry(snapshot)
+        committed = self._SyncObj__raftCommitIndex
+        if last is None or last[0] > committed:
+            return message
+        log.info(
+            "quorum: ignored the leader's snapshot ending at entry %d: committed up to %d here",
+            last[0],
+            committed,
+        )
+        self._SyncObj__serializer.drop_incoming()
+        return {k: v for k, v in message.items() if k != "serialized"}
 
     def _snapshot_part_committing_nothing(self, message: dict[str, Any]) -> dict[str, Any]:
         """A part of the leader's snapshot (an AppendEntries without ``prevLogIdx``: its
@@ -665,6 +722,19 @@ _FAIL_REASONS = {
     FAIL_REASON.LEADER_CHANGED: "leader changed",
     FAIL_REASON.REQUEST_DENIED: "request denied",
 }
+
+
+def _snapshot_last_entry(snapshot: bytes) -> tuple[int, int] | None:
+    """(index, term) of the last entry a snapshot written by ``_write_snapshot`` covers, or
+    None if it is not one."""
+    try:
+        body = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
+        index, term = body["entries"][0][1:3]
+    except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
+        return None
+    if not isinstance(index, int) or not isinstance(term, int):
+        return None
+    return index, term
 
 
 def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:

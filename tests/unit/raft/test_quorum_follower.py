@@ -19,6 +19,7 @@ from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
 
 from kcoord.raft import records as rec
+from kcoord.raft.image import MetadataImage
 from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj
 from tests.portpick import free_ports
 
@@ -34,15 +35,24 @@ class _Quiet:
         pass
 
 
-def follower(tmp_path: Path) -> _MetadataSyncObj:
-    """Voter 1 of three (it binds its own port; the others are never reached)."""
+def follower(tmp_path: Path, *, snapshots: bool = False) -> _MetadataSyncObj:
+    """Voter 1 of three (it binds its own port; the others are never reached); with
+    ``snapshots``, it keeps its snapshot in a file as ``MetadataQuorum.start`` has it."""
     voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
     quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
+    files: dict[str, Any] = {}
+    if snapshots:
+        files = {
+            "fullDumpFile": str(tmp_path / "snapshot"),
+            "serializer": quorum._write_snapshot,
+            "deserializer": quorum._read_snapshot,
+        }
     conf = SyncObjConf(
         autoTick=False,
         journalFile=str(tmp_path / "journal"),
         dynamicMembershipChange=False,
         appendEntriesUseBatch=False,
+        **files,
     )
     partners = [v.address for v in voters[1:]]
     return _MetadataSyncObj(quorum, voters[0].address, partners, conf)
@@ -210,5 +220,48 @@ def test_a_snapshot_in_transfer_commits_none_of_the_entries_a_deposed_leader_lef
         # A regular AppendEntries that verifies the log commits as before.
         append(voter, 2, (2, 1), [entry(3, 2)], commit=3)
         assert log_of(voter)[-1] == (3, 2) and voter.raftCommitIndex == 3
+    finally:
+        voter.destroy()
+
+
+def snapshot_bytes(tmp_path: Path, index: int, term: int) -> bytes:
+    """A leader's snapshot covering the entries up to ``index`` (of ``term``)."""
+    leader = MetadataQuorum(
+        2, [Voter(1, "127.0.0.1", 1), Voter(2, "127.0.0.1", 2)], tmp_path, _Quiet()
+    )
+    leader.image = MetadataImage.from_records(index, [rec.ClusterId("kcoord-test")])
+    path = tmp_path / f"leader-snapshot-{index}"
+    leader._write_snapshot(str(path), (entry(index, term), entry(index - 1, term), set()))
+    return path.read_bytes()
+
+
+def send_snapshot(voter: _MetadataSyncObj, snapshot: bytes, term: int, commit: int) -> None:
+    cut = len(snapshot) // 2
+    snapshot_part(voter, term, (snapshot[:cut], True, False), commit=commit)
+    snapshot_part(voter, term, (snapshot[cut:], False, True), commit=commit)
+
+
+def test_a_snapshot_this_voter_is_past_is_ignored_and_a_newer_one_installed(
+    tmp_path: Path,
+) -> None:
+    """A stale reply made the leader send its snapshot at entry 4 to a voter that had
+    committed up to 6: pysyncobj installed it, dropped the journal and stepped back to 4
+    ("raftCommitIndex (6) exceeds journal end (4)"). The voter keeps its log now; a snapshot
+    past its commit index is installed as before."""
+    (tmp_path / "voter").mkdir()
+    voter = follower(tmp_path / "voter", snapshots=True)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 7)], commit=6)
+        assert voter.raftCommitIndex == 6
+        send_snapshot(voter, snapshot_bytes(tmp_path, 4, 1), term=1, commit=6)
+        assert log_of(voter) == [(1, 0), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)]
+        assert voter.raftCommitIndex == 6
+        assert not list((tmp_path / "voter").glob("*.tmp"))
+        # The leader goes on after the snapshot; the voter holds those entries already.
+        append(voter, 1, (4, 1), [entry(5, 1), entry(6, 1), entry(7, 1)], commit=7)
+        assert log_of(voter)[-1] == (7, 1) and voter.raftCommitIndex == 7
+        send_snapshot(voter, snapshot_bytes(tmp_path, 12, 1), term=1, commit=12)
+        assert [(e[1], e[2]) for e in voter._SyncObj__getEntries(11)] == [(11, 1), (12, 1)]
+        assert voter.raftLastApplied == 12
     finally:
         voter.destroy()
