@@ -243,13 +243,19 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
     try:
         while not stopping.is_set():
             batches = await consumer.getmany(timeout_ms=int(POLL_TIMEOUT_S * 1000))
-            # The assignment is None from the start of a rebalance until its SyncGroup answer;
-            # once set, it belongs to the coordinator's current generation.
+            # aiokafka takes the new generation from the JoinGroup answer but keeps the previous
+            # assignment until the SyncGroup answer replaces it (its subscription only marks a
+            # reassignment in progress, from the join's start to that answer); read both only
+            # outside that window, or the old partitions are reported under the new generation
+            # (chaos seed 37, groups, partitions: a SyncGroup delayed 8 s by a cut showed
+            # "generation 4: [3, 4, 5]" beside the real generation 4's [4, 5], a split-ownership
+            # the coordinator's log does not have).
             subscription = consumer._subscription.subscription
             coordinator = consumer._coordinator
             if (
                 subscription is not None
                 and subscription.assignment is not None
+                and not consumer._subscription.reassignment_in_progress
                 and coordinator.generation > 0
             ):
                 reporter.maybe_report(
