@@ -461,13 +461,13 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if not is_last:
             return message
         snapshot, self._snapshot_parts = b"".join(self._snapshot_parts), None
-        last = _snapshot_last_entry(snapshot)
+        last = _snapshot_last_index(snapshot)
         committed = self._SyncObj__raftCommitIndex
-        if last is None or last[0] > committed:
+        if last is None or last > committed:
             return message
         log.info(
             "quorum: ignored the leader's snapshot ending at entry %d: committed up to %d here",
-            last[0],
+            last,
             committed,
         )
         self._SyncObj__serializer.drop_incoming()
@@ -724,17 +724,15 @@ _FAIL_REASONS = {
 }
 
 
-def _snapshot_last_entry(snapshot: bytes) -> tuple[int, int] | None:
-    """(index, term) of the last entry a snapshot written by ``_write_snapshot`` covers, or
+def _snapshot_last_index(snapshot: bytes) -> int | None:
+    """The Raft index of the last entry a snapshot written by ``_write_snapshot`` covers, or
     None if it is not one."""
     try:
         body = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
-        index, term = body["entries"][0][1:3]
+        index = body["entries"][0][1]
     except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
         return None
-    if not isinstance(index, int) or not isinstance(term, int):
-        return None
-    return index, term
+    return index if isinstance(index, int) else None
 
 
 def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:
