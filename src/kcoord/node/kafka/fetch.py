@@ -27,10 +27,16 @@ Fetch (Kafka's ``KafkaApis.handleFetchRequest``, ``ReplicaManager.fetchMessages`
 ListOffsets (``KafkaApis.handleListOffsetRequest``, ``Partition.fetchOffsetForTimestamp``), on
 the leader: ``-2`` (earliest) the log start offset; ``-1`` (latest) the high watermark (the
 last stable offset under read_committed: the same here); ``-3`` (max timestamp, KIP-734) the
-first record with the largest timestamp below the high watermark; ``-4`` (earliest local,
-KIP-405) as ``-2`` and ``-5`` (latest tiered) as "none" (no tiered storage); a timestamp, the
-first offset whose record timestamp is at or after it, through the time index, or ``-1`` if
-none below the high watermark.
+first record with the largest timestamp in the log, "none" if it is not below the high
+watermark (``UnifiedLog.fetchOffsetByTimestamp`` looks over the whole log); ``-4`` (earliest
+local, KIP-405) as ``-2`` and ``-5`` (latest tiered) as "none" (no tiered storage); a
+timestamp, the first offset whose record timestamp is at or after it, through the time index,
+or ``-1`` if none below the high watermark. A consumer's request (``replica_id`` -1) to a
+leader whose high watermark is still below the log end offset its epoch began at (a new
+leader whose followers have not fetched yet) gets ``OFFSET_NOT_AVAILABLE`` for ``-1`` and for
+a lookup that lands at or past the high watermark, ``LEADER_NOT_AVAILABLE`` below v5 (Kafka's
+``Partition.fetchOffsetForTimestamp`` and ``ReplicaManager.fetchOffset``): the older high
+watermark would let a consumer's "latest" step back. Both are retriable in the three clients.
 
 OffsetForLeaderEpoch (``KafkaApis.handleOffsetForLeaderEpochRequest``,
 ``Partition.lastOffsetForLeaderEpoch``), on the leader: the end offset of the requested leader
@@ -69,6 +75,9 @@ LATEST_TIMESTAMP: Final = -1
 MAX_TIMESTAMP: Final = -3
 EARLIEST_LOCAL_TIMESTAMP: Final = -4
 LATEST_TIERED_TIMESTAMP: Final = -5
+# ListOffsetsRequest.CONSUMER_REPLICA_ID; OFFSET_NOT_AVAILABLE is answered from v5, as Kafka does.
+CONSUMER_REPLICA_ID: Final = -1
+OFFSET_NOT_AVAILABLE_MIN_VERSION: Final = 5
 # FetchMetadata.INITIAL_EPOCH and FINAL_EPOCH: the epochs of a sessionless (full) fetch.
 _FULL_FETCH_EPOCHS: Final = (0, -1)
 
@@ -279,6 +288,14 @@ class FetchApi:
 
     async def handle_list_offsets(self, request: Request) -> Result:
         body = request.body
+        # The error a client's request gets from a leader whose HW lags its epoch's start.
+        lagging_error: Errors | None = None
+        if body.replica_id == CONSUMER_REPLICA_ID:
+            lagging_error = (
+                Errors.OFFSET_NOT_AVAILABLE
+                if request.version >= OFFSET_NOT_AVAILABLE_MIN_VERSION
+                else Errors.LEADER_NOT_AVAILABLE
+            )
         topics = []
         for topic in body.topics:
             partitions = []
@@ -289,18 +306,24 @@ class FetchApi:
                         p.partition_index,
                         p.timestamp,
                         getattr(p, "current_leader_epoch", -1),
+                        lagging_error,
                     )
                 )
             topics.append({"name": topic.name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
 
     def _list_offset(
-        self, topic: str, partition: int, timestamp: int, current_leader_epoch: int
+        self,
+        topic: str,
+        partition: int,
+        timestamp: int,
+        current_leader_epoch: int,
+        lagging_error: Errors | None,
     ) -> dict[str, Any]:
         try:
             part = self.ctx.replicas.leader_partition(topic, partition)
             _raise_if_epoch_mismatch(part, current_leader_epoch)
-            found = _offset_for(part, timestamp)
+            found = _offset_for(part, timestamp, lagging_error)
         except KafkaError as e:
             return {
                 "partition_index": partition,
@@ -378,28 +401,54 @@ def _raise_if_epoch_mismatch(part: Partition, current_leader_epoch: int) -> None
     raise KafkaError(Errors.UNKNOWN_LEADER_EPOCH, f"{part.topic}-{part.partition}")
 
 
-def _offset_for(part: Partition, timestamp: int) -> tuple[int, int]:
-    """(timestamp, offset) answered for one ListOffsets partition; (-1, -1) if none."""
+def _offset_for(
+    part: Partition, timestamp: int, lagging_error: Errors | None = None
+) -> tuple[int, int]:
+    """(timestamp, offset) answered for one ListOffsets partition; (-1, -1) if none.
+
+    ``lagging_error`` is raised, while this leader's HW is below the start of its epoch, for
+    "latest" and for a lookup whose answer is at or past the HW (Kafka's
+    ``Partition.fetchOffsetForTimestamp``): the records between may be committed already."""
     log_ = part.log
     high_watermark = part.high_watermark
+    lagging = (
+        lagging_error is not None
+        and part.replication is not None
+        and part.replication.leader_epoch_start_offset > high_watermark
+    )
+
+    def beyond_high_watermark() -> tuple[int, int]:
+        if lagging:
+            assert lagging_error is not None
+            raise KafkaError(
+                lagging_error,
+                f"{part.topic}-{part.partition}: the high watermark ({high_watermark}) is "
+                f"below the start of leader epoch {part.leader_epoch}",
+            )
+        return -1, -1
+
     if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
         return -1, log_.log_start_offset
     if timestamp == LATEST_TIMESTAMP:
-        return -1, high_watermark
+        return beyond_high_watermark() if lagging else (-1, high_watermark)
     if timestamp == LATEST_TIERED_TIMESTAMP:
         return -1, -1
     if timestamp == MAX_TIMESTAMP:
         best = (-1, -1)
         for seg in log_.segments:
-            if seg.max_timestamp > best[0] and seg.offset_of_max_timestamp < high_watermark:
+            if seg.max_timestamp > best[0]:
                 best = (seg.max_timestamp, seg.offset_of_max_timestamp)
+        if best[1] >= high_watermark:
+            return beyond_high_watermark()
         return best
     if timestamp < 0:
         raise KafkaError(Errors.INVALID_REQUEST, f"unknown special timestamp {timestamp}")
     found = log_.offset_for_timestamp(timestamp)
-    if found is None or found[0] >= high_watermark:
+    if found is None:
         return -1, -1
     offset, found_timestamp = found
+    if offset >= high_watermark:
+        return beyond_high_watermark()
     return found_timestamp, offset
 
 

@@ -133,6 +133,38 @@ class Harness:
             ]
         )
 
+    def change_partition(self, topic: str, partition: int, **changes: Any) -> None:
+        """Commit a PartitionChange (leader, isr, ...) on the partition's current epoch."""
+        state = self.cache.image.partition(self.topic_id(topic), partition)
+        assert state is not None
+        self.quorum.commit(
+            [
+                rec.PartitionChange(
+                    topic_id=state.topic_id,
+                    partition=partition,
+                    expected_partition_epoch=state.partition_epoch,
+                    **changes,
+                )
+            ]
+        )
+
+    def advertise_listener(self) -> None:
+        """Register this node again with the port its listener took, so that real clients,
+        which connect to the endpoints Metadata names, reach it (brokers 2 and 3 stay
+        unreachable)."""
+        self.quorum.commit(
+            [
+                rec.RegisterBroker(
+                    broker_id=NODE_ID,
+                    incarnation_id=f"inc-{next(_incarnations)}",
+                    broker_epoch=self.quorum.offset + 1,
+                    endpoints={"kafka": f"{HOST}:{self.port}", "rpc": "x:1"},
+                    rack=None,
+                    fenced=False,
+                )
+            ]
+        )
+
     def led_partitions(self, topic: str, by: int = NODE_ID) -> list[int]:
         return [
             s.partition

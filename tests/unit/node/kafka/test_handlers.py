@@ -915,6 +915,96 @@ def test_list_offsets(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def list_offsets_values(
+    topic: str, partition: int, timestamp: int, replica_id: int = -1
+) -> dict[str, Any]:
+    return {
+        "replica_id": replica_id,
+        "isolation_level": 0,
+        "timeout": 1000,
+        "topics": [
+            {
+                "name": topic,
+                "partitions": [
+                    {
+                        "partition_index": partition,
+                        "timestamp": timestamp,
+                        "current_leader_epoch": -1,
+                    }
+                ],
+            }
+        ],
+    }
+
+
+async def lead_with_a_lagging_hw(h: Harness, c: AsyncWireClient, topic: str) -> Partition:
+    """A partition of ``topic`` (3 replicas) whose leader, this node, holds records a and b
+    (timestamps 100 and 101) above its HW 0 from an earlier epoch: the followers never fetched,
+    and leadership went to broker 2 and came back with the ISR whole. Its epoch begins at 2."""
+    await h.create_topic(topic, 3, 3)
+    mine = h.led_partitions(topic)[0]
+    part = h.replicas.get_partition(topic, mine)
+    assert part is not None
+    produced = await c.call(
+        PRODUCE, 9, produce_values(topic, mine, batch([b"a", b"b"], timestamp=100), acks=1)
+    )
+    assert only_partition(produced).error_code == Errors.NONE
+    for leader in (2, NODE_ID):
+        h.change_partition(topic, mine, leader=leader)
+    assert part.is_leader and part.replication is not None
+    assert part.replication.leader_epoch_start_offset == 2
+    assert (part.log.log_end_offset, part.high_watermark) == (2, 0)
+    return part
+
+
+def catch_up_alone(h: Harness, part: Partition) -> None:
+    """The followers fall behind for longer than replica.lag.time.max.ms and leave the ISR:
+    the leader alone moves the HW to its log end, past the start of its epoch."""
+    assert part.replication is not None
+    h.replicas.min_insync_replicas = 1
+    h.clock[0] += part.replication.replica_lag_time_max_ms + 1
+    h.change_partition(part.topic, part.partition, isr=(NODE_ID,))
+    assert part.high_watermark == 2
+
+
+def test_list_offsets_of_a_new_leader_whose_hw_lags_its_epoch(tmp_path: Path) -> None:
+    """Kafka's ``Partition.fetchOffsetForTimestamp``: a leader whose HW is still below the log
+    end its epoch began at (its followers have not fetched since) answers a consumer's
+    "latest", and a lookup landing at or past the HW, with OFFSET_NOT_AVAILABLE (v5+) or
+    LEADER_NOT_AVAILABLE (older versions), not with the older HW, which could step a
+    consumer's position back. A HW behind the log end within one epoch is answered."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("same", 3, 3)
+        same = h.led_partitions("same")[0]
+        await c.call(PRODUCE, 9, produce_values("same", same, batch([b"x"]), acks=1))
+        response = await c.call(LIST_OFFSETS, 7, list_offsets_values("same", same, -1))
+        answer = response.topics[0].partitions[0]
+        # This epoch began at 0: HW 0 is this leader's own, below its log end 1.
+        assert (answer.error_code, answer.offset) == (Errors.NONE, 0)
+
+        part = await lead_with_a_lagging_hw(h, c, "t")
+
+        async def ask(timestamp: int, version: int = 7, replica_id: int = -1) -> tuple[int, int]:
+            values = list_offsets_values("t", part.partition, timestamp, replica_id)
+            answer = (await c.call(LIST_OFFSETS, version, values)).topics[0].partitions[0]
+            return answer.error_code, answer.offset
+
+        unavailable = Errors.OFFSET_NOT_AVAILABLE
+        assert await ask(-1) == (unavailable, -1)
+        assert await ask(-1, version=4) == (Errors.LEADER_NOT_AVAILABLE, -1)
+        assert await ask(100) == (unavailable, -1)  # offset 0, not below the HW
+        assert await ask(-3) == (unavailable, -1)
+        assert await ask(-2) == (Errors.NONE, 0)
+        assert await ask(-1, replica_id=2) == (Errors.NONE, 0)  # not a consumer's request
+        catch_up_alone(h, part)
+        assert await ask(-1) == (Errors.NONE, 2)
+        assert await ask(100) == (Errors.NONE, 0)
+        assert await ask(-3) == (Errors.NONE, 1)  # records a and b: timestamps 100 and 101
+
+    run(tmp_path, test)
+
+
 # ------------------------------------------------------------------ OffsetForLeaderEpoch
 
 
