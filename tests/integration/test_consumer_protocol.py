@@ -31,6 +31,7 @@ from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from tests.integration.cluster import LocalCluster, wait_for
 from tests.integration.test_groups import (
     DEADLINE_S,
+    GROUP_OPERATIONS,
     PARTITIONS,
     Member,
     Spawner,
@@ -100,8 +101,18 @@ def test_members_join_and_leave_one_by_one(cluster: LocalCluster, spawn: Spawner
     epochs = []
     for i in range(3):
         members.append(member(spawn, group, topic, f"m{i}"))
-        epochs.append(wait_settled(spawn, members, after=None).generation)
+        now = wait_settled(spawn, members, after=None)
+        epochs.append(now.generation)
     assert epochs == sorted(epochs) and len(set(epochs)) == 3, epochs
+    # ConsumerGroupDescribe (librdkafka asks it for a consumer-protocol group), with the
+    # group's authorized operations: all of them, there is no authorizer.
+    described = run_client(
+        CLIENT,
+        {"op": "describe_group", "bootstrap": spawn.bootstrap, "group": group, "topic": topic},
+    )
+    assert described["state"].lower() == "stable", described
+    assert sorted(m["member_id"] for m in described["members"]) == sorted(now.member_ids.values())
+    assert described["operations"] == GROUP_OPERATIONS
     acked = produce(CLIENT, spawn.bootstrap, topic, 120, "v")
     wait_consumed(spawn, members, acked)
     while len(members) > 1:

@@ -842,6 +842,12 @@ def test_describe_a_stable_group_shows_members_and_protocol(cluster: LocalCluste
             assert m.member_metadata == subscription(TOPIC)
             assert m.member_assignment == plan[member_id]
             assert m.group_instance_id is None
+        # No authorizer: asked for, every group operation (READ, DELETE, DESCRIBE and the
+        # configs'); not asked for, Integer.MIN_VALUE.
+        assert described.authorized_operations == -(2**31)
+        values = {"groups": [group_id], "include_authorized_operations": True}
+        asked = a.call(DESCRIBE_GROUPS, DESCRIBE_V, values).groups[0]
+        assert asked.authorized_operations == sum(1 << op for op in (3, 6, 8, 10, 11))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ EAGER = ("range", "roundrobin")
 MEMBER_MODULE = "kcoord.chaos.member"
 
 PARTITIONS = 6
+GROUP_OPERATIONS = ["ALTER_CONFIGS", "DELETE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"]
 SESSION_TIMEOUT_MS = 6_000  # group.min.session.timeout.ms: the shortest a member may ask for
 STATIC_SESSION_TIMEOUT_MS = 60_000  # long enough that a bounce never expires the member
 HEARTBEAT_INTERVAL_MS = 500
@@ -410,6 +411,10 @@ def coordinator_agrees(client: str, bootstrap: str, group: str, members: list[Me
     described = run_client(
         client, {"op": "describe_group", "bootstrap": bootstrap, "group": group, "topic": group}
     )
+    # No authorizer: every group operation (AclEntry.supportedOperations of Kafka 4); aiokafka
+    # cannot read them (see its client script).
+    if client != "aiokafka":
+        assert described["operations"] == GROUP_OPERATIONS, described["operations"]
     return (
         now is not None
         and described["state"].lower() == "stable"

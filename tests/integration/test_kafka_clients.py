@@ -590,3 +590,25 @@ def test_acknowledged_messages_survive_a_sigkill_of_their_leader(tmp_path: Path)
             # Three producers wrote the topic: order is per producer, offsets are shared.
             assert Counter(v for *_, v in consumed) == Counter(v for *_, v in acked), client
             assert {(p, o) for p, o, _, _ in consumed} == {(p, o) for p, o, _, _ in acked}
+
+
+def test_describe_cluster_through_every_client(cluster: LocalCluster) -> None:
+    """DescribeCluster (KIP-700; confluent-kafka and kafka-python) or Metadata (aiokafka): the
+    same cluster id, every node with its Kafka endpoint, a node as controller; asked for, the
+    cluster's authorized operations are all of them (no authorizer)."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    nodes = sorted([n.node_id, n.host, n.kafka_port] for n in cluster.state.nodes)
+    answers = {
+        client: run_client(client, {"op": "describe_cluster", "bootstrap": bootstrap})
+        for client in CLIENTS
+    }
+    for client, answer in answers.items():
+        assert answer["brokers"] == nodes, client
+        assert answer["controller"] in {n[0] for n in nodes}, client
+    every = ["ALTER", "ALTER_CONFIGS", "CLUSTER_ACTION", "CREATE", "DESCRIBE", "DESCRIBE_CONFIGS"]
+    every.append("IDEMPOTENT_WRITE")
+    assert answers["confluent-kafka"]["operations"] == every
+    assert answers["kafka-python"]["operations"] == every
+    cluster_ids = {answer["cluster_id"] for answer in answers.values()}
+    assert len(cluster_ids) == 1 and all(cluster_ids), cluster_ids

@@ -153,7 +153,24 @@ async def describe_group(cmd: dict[str, Any]) -> Any:
         members.append(
             {"member_id": member_id, "instance_id": instance_id, "partitions": sorted(partitions)}
         )
-    return {"coordinator": coordinator, "state": state, "members": members}
+    # aiokafka 0.14 reads its DescribeGroups v3 answer with the v2 schema (its v3 request names
+    # DescribeGroupsResponse_v2), which drops the authorized operations: none to report.
+    return {"coordinator": coordinator, "state": state, "members": members, "operations": None}
+
+
+async def describe_cluster(cmd: dict[str, Any]) -> Any:
+    admin = AIOKafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        described = await admin.describe_cluster()
+    finally:
+        await admin.close()
+    return {
+        "cluster_id": described["cluster_id"],
+        "controller": described["controller_id"],
+        "brokers": sorted([b["node_id"], b["host"], b["port"]] for b in described["brokers"]),
+        "operations": None,  # aiokafka asks Metadata, without them
+    }
 
 
 # DescribeConfigsResponse ConfigSource codes.
@@ -270,6 +287,7 @@ def main() -> None:
         "create_partitions": create_partitions,
         "committed": committed,
         "describe_group": describe_group,
+        "describe_cluster": describe_cluster,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "delete_records": delete_records,

@@ -353,7 +353,8 @@ def committed(cmd: dict[str, Any]) -> Any:
 
 def describe_group(cmd: dict[str, Any]) -> Any:
     admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
-    group = admin.describe_consumer_groups([cmd["group"]])[cmd["group"]].result(timeout=DEADLINE_S)
+    described = admin.describe_consumer_groups([cmd["group"]], include_authorized_operations=True)
+    group = described[cmd["group"]].result(timeout=DEADLINE_S)
     members = [
         {
             "member_id": m.member_id,
@@ -367,7 +368,27 @@ def describe_group(cmd: dict[str, Any]) -> Any:
         for m in group.members
     ]
     state = group.state.name if hasattr(group.state, "name") else str(group.state)
-    return {"coordinator": group.coordinator.id, "state": state, "members": members}
+    operations = sorted(op.name for op in group.authorized_operations or ())
+    return {
+        "coordinator": group.coordinator.id,
+        "state": state,
+        "members": members,
+        "operations": operations,
+    }
+
+
+def describe_cluster(cmd: dict[str, Any]) -> Any:
+    admin = AdminClient({"bootstrap.servers": cmd["bootstrap"]})
+    described = admin.describe_cluster(include_authorized_operations=True).result(
+        timeout=DEADLINE_S
+    )
+    operations = described.authorized_operations
+    return {
+        "cluster_id": described.cluster_id,
+        "controller": described.controller.id if described.controller else None,
+        "brokers": sorted([n.id, n.host, n.port] for n in described.nodes),
+        "operations": None if operations is None else sorted(op.name for op in operations),
+    }
 
 
 def main() -> None:
@@ -381,6 +402,7 @@ def main() -> None:
         "create_partitions": create_partitions,
         "committed": committed,
         "describe_group": describe_group,
+        "describe_cluster": describe_cluster,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "produce_one": produce_one,

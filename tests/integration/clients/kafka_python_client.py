@@ -122,7 +122,9 @@ def describe_group(cmd: dict[str, Any]) -> Any:
     admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     try:
         coordinator = admin._manager.run(admin._find_coordinator_id, cmd["group"])
-        group = admin.describe_groups([cmd["group"]], group_coordinator_id=coordinator)
+        group = admin.describe_groups(
+            [cmd["group"]], group_coordinator_id=coordinator, include_authorized_operations=True
+        )
         group = group[cmd["group"]]
     finally:
         admin.close()
@@ -142,7 +144,12 @@ def describe_group(cmd: dict[str, Any]) -> Any:
                 "partitions": sorted(partitions),
             }
         )
-    return {"coordinator": coordinator, "state": group["group_state"], "members": members}
+    return {
+        "coordinator": coordinator,
+        "state": group["group_state"],
+        "members": members,
+        "operations": sorted(group["authorized_operations"]),
+    }
 
 
 def describe_configs(cmd: dict[str, Any]) -> Any:
@@ -318,6 +325,21 @@ def transactions(cmd: dict[str, Any]) -> Any:
     return "NONE"
 
 
+def describe_cluster(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        described = admin.describe_cluster()
+    finally:
+        admin.close()
+    operations = described.get("authorized_operations")  # names, from DescribeCluster
+    return {
+        "cluster_id": described["cluster_id"],
+        "controller": described["controller_id"],
+        "brokers": sorted([b["broker_id"], b["host"], b["port"]] for b in described["brokers"]),
+        "operations": None if operations is None else sorted(operations),
+    }
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -329,6 +351,7 @@ def main() -> None:
         "create_partitions": create_partitions,
         "committed": committed,
         "describe_group": describe_group,
+        "describe_cluster": describe_cluster,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "delete_records": delete_records,

@@ -75,6 +75,20 @@ class BrokerContext:
             )
         return alive
 
+    def registered_brokers(self) -> list[tuple[BrokerEndpoint, bool]]:
+        """Every registered broker with a Kafka endpoint, by id, and whether it is fenced."""
+        found = []
+        for broker in sorted(self.image.brokers.values(), key=lambda b: b.broker_id):
+            endpoint = _parse_endpoint(broker.endpoints.get("kafka", ""))
+            if endpoint is not None:
+                found.append(
+                    (
+                        BrokerEndpoint(broker.broker_id, endpoint.host, endpoint.port, broker.rack),
+                        broker.fenced,
+                    )
+                )
+        return found
+
     def leader_hint(self, topic: str, partition: int) -> dict[str, int]:
         """Kafka's ``LeaderIdAndEpoch`` for a client sent to the wrong node (KIP-951)."""
         topic_image = self.image.topic_by_name(topic)

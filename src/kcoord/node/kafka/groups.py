@@ -26,6 +26,11 @@ from kcoord.cluster.coordinator import types as t
 from kcoord.cluster.coordinator.records import uuid_bytes, uuid_str
 from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
 from kcoord.errors import Errors
+from kcoord.node.kafka.acls import (
+    AUTHORIZED_OPERATIONS_OMITTED,
+    GROUP_OPERATIONS,
+    authorized_operations,
+)
 from kcoord.node.kafka.apis import Deferred, Request, Result
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
@@ -390,6 +395,7 @@ class GroupApi:
             groups: list[Any] = []
             for p in parts:
                 groups.extend((await _settle(p))["groups"])
+            _set_authorized_operations(groups, include_ops)
             return {"throttle_time": 0, "groups": groups}
 
         return Deferred(gather())
@@ -621,7 +627,7 @@ class GroupApi:
                     }
                     for m in g.members
                 ],
-                "authorized_operations": -2147483648,
+                "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
             }
 
         def one(group_id: str) -> Result:
@@ -644,6 +650,7 @@ class GroupApi:
 
         async def gather() -> dict[str, Any]:
             groups = [await _settle(one(g)) for g in group_ids]
+            _set_authorized_operations(groups, request.body.include_authorized_operations)
             return {"throttle_time": 0, "groups": groups}
 
         return Deferred(gather())
@@ -672,3 +679,12 @@ async def _settle(result: Result) -> dict[str, Any]:
         return dict(await result.awaitable)
     assert isinstance(result, dict)
     return result
+
+
+def _set_authorized_operations(groups: list[dict[str, Any]], asked: bool) -> None:
+    """KafkaApis' describe handlers: the operations on each group described without error, when
+    asked for (see ``acls``)."""
+    if asked:
+        for group in groups:
+            if group["error_code"] == Errors.NONE:
+                group["authorized_operations"] = authorized_operations(GROUP_OPERATIONS, asked)

@@ -18,6 +18,18 @@ Metadata (Kafka's ``KafkaApis.handleTopicMetadataRequest`` over ``KRaftMetadataC
 - partitions: leader (``-1`` with ``LEADER_NOT_AVAILABLE`` when it is not an alive broker),
   leader epoch, replicas, ISR, and offline replicas (those not alive).
 
+- authorized operations (see ``acls``): the topics' (v8+) and the cluster's (v8-v10; KIP-700
+  moved it to DescribeCluster) when the request asks for them.
+
+DescribeCluster (apiKey 60, KIP-700; ``KafkaApis.handleDescribeCluster``): the cluster id, the
+controller id as Metadata answers it, and the registered brokers with their Kafka endpoint, the
+fenced ones too when v2's ``include_fenced_brokers`` asks (``is_fenced``). kcoord's nodes are
+brokers: a request for the controller endpoint type answers ``MISMATCHED_ENDPOINT_TYPE``, an
+unknown type ``UNSUPPORTED_ENDPOINT_TYPE`` (``INVALID_REQUEST`` in v0, which has no such field
+to be wrong), as ``AuthHelper.computeDescribeClusterResponse``. Kafka's brokers answer a random
+alive broker as the controller, since a KRaft controller is not reachable on their listener;
+every kcoord node is both, so both APIs name the quorum's leader.
+
 FindCoordinator (``KafkaApis.handleFindCoordinatorRequest``): a group's coordinator is the
 leader of ``__consumer_offsets`` partition ``partition_for(group id, partition count)``;
 ``COORDINATOR_NOT_AVAILABLE`` while that topic or its leader is missing. Transaction
@@ -34,6 +46,12 @@ from typing import Any, Final
 
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
+from kcoord.node.kafka.acls import (
+    AUTHORIZED_OPERATIONS_OMITTED,
+    CLUSTER_OPERATIONS,
+    TOPIC_OPERATIONS,
+    authorized_operations,
+)
 from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext, BrokerEndpoint, is_internal
 from kcoord.node.kafka.controller_channel import ControllerUnavailableError
@@ -46,8 +64,12 @@ log = logging.getLogger(__name__)
 
 METADATA_KEY: Final = 3
 FIND_COORDINATOR_KEY: Final = 10
-# MetadataResponse.AUTHORIZED_OPERATIONS_OMITTED
-AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
+DESCRIBE_CLUSTER_KEY: Final = 60
+# EndpointType (KIP-919): DescribeCluster asks for the brokers' or the controllers' endpoints.
+BROKER_ENDPOINT: Final = 1
+CONTROLLER_ENDPOINT: Final = 2
+# Metadata versions that carry the cluster's authorized operations (v11 dropped it, KIP-700).
+CLUSTER_OPERATIONS_VERSIONS: Final = range(8, 11)
 COORDINATOR_KEY_GROUP: Final = 0
 COORDINATOR_KEY_TRANSACTION: Final = 1
 NO_TRANSACTIONS: Final = (
@@ -145,6 +167,14 @@ class MetadataApi:
             topics = [self._describe(image.topic_by_name(n), alive) for n in names]
         else:
             topics = await self._describe_requested(request, requested)
+        if getattr(body, "include_topic_authorized_operations", False):
+            for topic in topics:
+                topic["topic_authorized_operations"] = authorized_operations(
+                    TOPIC_OPERATIONS, asked=True
+                )
+        asked_cluster = version in CLUSTER_OPERATIONS_VERSIONS and bool(
+            getattr(body, "include_cluster_authorized_operations", False)
+        )
         alive = ctx.alive_brokers()
         controller_id = ctx.controller_id()
         return {
@@ -156,8 +186,58 @@ class MetadataApi:
             "cluster_id": ctx.image.cluster_id,
             "controller_id": -1 if controller_id is None else controller_id,
             "topics": topics,
-            "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            "cluster_authorized_operations": authorized_operations(
+                CLUSTER_OPERATIONS, asked_cluster
+            ),
             "error_code": Errors.NONE,
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # DescribeCluster.
+
+    async def handle_describe_cluster(self, request: Request) -> Result:
+        body, version = request.body, request.version
+        endpoint_type = int(getattr(body, "endpoint_type", BROKER_ENDPOINT))
+        if endpoint_type != BROKER_ENDPOINT:
+            if version == 0:
+                error = Errors.INVALID_REQUEST
+            elif endpoint_type == CONTROLLER_ENDPOINT:
+                error = Errors.MISMATCHED_ENDPOINT_TYPE
+            else:
+                error = Errors.UNSUPPORTED_ENDPOINT_TYPE
+            return {
+                "throttle_time": 0,
+                "error_code": error,
+                "error_message": f"this node serves endpoint type {BROKER_ENDPOINT} (broker), "
+                f"not {endpoint_type}",
+                "cluster_id": "",
+                "controller_id": -1,
+                "brokers": [],
+                "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+            }
+        include_fenced = bool(getattr(body, "include_fenced_brokers", False))
+        controller_id = self.ctx.controller_id()
+        return {
+            "throttle_time": 0,
+            "error_code": Errors.NONE,
+            "error_message": None,
+            "endpoint_type": BROKER_ENDPOINT,
+            "cluster_id": self.ctx.image.cluster_id,
+            "controller_id": -1 if controller_id is None else controller_id,
+            "brokers": [
+                {
+                    "broker_id": b.node_id,
+                    "host": b.host,
+                    "port": b.port,
+                    "rack": b.rack,
+                    "is_fenced": fenced,
+                }
+                for b, fenced in self.ctx.registered_brokers()
+                if include_fenced or not fenced
+            ],
+            "cluster_authorized_operations": authorized_operations(
+                CLUSTER_OPERATIONS, bool(body.include_cluster_authorized_operations)
+            ),
         }
 
     async def _describe_requested(self, request: Request, requested: Any) -> list[dict[str, Any]]:

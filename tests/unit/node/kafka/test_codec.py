@@ -50,6 +50,7 @@ ADVERTISED = {
     37: range(4),  # CreatePartitions
     43: range(3),  # ElectLeaders
     44: range(2),  # IncrementalAlterConfigs
+    60: range(3),  # DescribeCluster
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
 
@@ -435,6 +436,19 @@ _NO_AUTHORIZER = {"error_code": Errors.SECURITY_DISABLED, "error_message": "No A
 VALUES[29] = {"throttle_time": 0, **_NO_AUTHORIZER, "resources": []}
 VALUES[30] = {"throttle_time": 0, "results": [_NO_AUTHORIZER]}
 VALUES[31] = {"throttle_time": 0, "filter_results": [{**_NO_AUTHORIZER, "matching_acls": []}]}
+VALUES[60] = {
+    "throttle_time": 0,
+    "error_code": Errors.NONE,
+    "error_message": None,
+    "endpoint_type": 1,
+    "cluster_id": "c",
+    "controller_id": 2,
+    "brokers": [
+        {"broker_id": 2, "host": "h", "port": 9092, "rack": None, "is_fenced": False},
+        {"broker_id": 3, "host": "h", "port": 9093, "rack": "r", "is_fenced": True},
+    ],
+    "cluster_authorized_operations": -(2**31),
+}
 
 
 @pytest.mark.parametrize(("api_key", "version"), ALL_VERSIONS)

@@ -33,6 +33,7 @@ from tests.unit.node.kafka.wire import AsyncWireClient
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
 INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, CREATE_PARTITIONS = 22, 23, 37
+DESCRIBE_CLUSTER = 60
 TEST_TIMEOUT_S = 20.0
 
 
@@ -284,6 +285,83 @@ def test_metadata_of_a_partition_whose_leader_is_fenced(tmp_path: Path) -> None:
             assert p.offline_replicas == (2,)
             if p.partition_index in led_by_2:
                 assert (p.error_code, p.leader_id) == (Errors.LEADER_NOT_AVAILABLE, -1)
+
+    run(tmp_path, test)
+
+
+# Every operation of AclEntry.supportedOperations, as bits: no authorizer allows them all.
+CLUSTER_OPERATION_BITS = sum(1 << op for op in (5, 7, 8, 9, 10, 11, 12))
+TOPIC_OPERATION_BITS = sum(1 << op for op in (3, 4, 5, 6, 7, 8, 10, 11))
+GROUP_OPERATION_BITS = sum(1 << op for op in (3, 6, 8, 10, 11))
+OMITTED = -(2**31)
+
+
+@pytest.mark.parametrize("version", [8, 10, 11, 12])
+def test_metadata_authorized_operations_when_asked(tmp_path: Path, version: int) -> None:
+    """KafkaApis.handleTopicMetadataRequest: the topics' operations (v8+) and the cluster's
+    (v8-v10) when asked for, Integer.MIN_VALUE when not."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        for asked in (False, True):
+            values = {
+                **metadata_values("t", "nope", auto_create=False),
+                "include_cluster_authorized_operations": asked,
+                "include_topic_authorized_operations": asked,
+            }
+            response = await c.call(METADATA, version, values)
+            operations = {t.name: t.topic_authorized_operations for t in response.topics}
+            bits = TOPIC_OPERATION_BITS if asked else OMITTED
+            assert operations == {"t": bits, "nope": bits}
+            if version <= 10:
+                cluster_bits = CLUSTER_OPERATION_BITS if asked else OMITTED
+                assert response.cluster_authorized_operations == cluster_bits
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ DescribeCluster
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_describe_cluster(tmp_path: Path, version: int) -> None:
+    """KIP-700's DescribeCluster: the brokers (v2: the fenced ones too when asked), the cluster
+    id, the controller and, when asked, the cluster's authorized operations; a node is a
+    broker endpoint only (KIP-919)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        registration = h.cache.image.broker(2)
+        assert registration is not None
+        h.quorum.commit([rec.FenceBroker(2, registration.broker_epoch)])
+
+        async def describe(**values: Any) -> Any:
+            body = {"include_cluster_authorized_operations": False, **values}
+            return await c.call(DESCRIBE_CLUSTER, version, body)
+
+        response = await describe()
+        assert (response.error_code, response.cluster_id) == (Errors.NONE, "harness-cluster")
+        assert response.controller_id == NODE_ID
+        assert response.cluster_authorized_operations == OMITTED
+        assert [(b.broker_id, b.host, b.port) for b in response.brokers] == [
+            (1, "127.0.0.1", 9001),
+            (3, "127.0.0.3", 9003),
+        ]
+        asked = await describe(include_cluster_authorized_operations=True)
+        assert asked.cluster_authorized_operations == CLUSTER_OPERATION_BITS
+        if version >= 2:
+            fenced = await describe(include_fenced_brokers=True)
+            assert [(b.broker_id, b.is_fenced) for b in fenced.brokers] == [
+                (1, False),
+                (2, True),
+                (3, False),
+            ]
+        if version >= 1:
+            assert response.endpoint_type == 1
+            controller = await describe(endpoint_type=2)
+            assert controller.error_code == Errors.MISMATCHED_ENDPOINT_TYPE
+            assert controller.brokers == ()
+            unknown = await describe(endpoint_type=7)
+            assert unknown.error_code == Errors.UNSUPPORTED_ENDPOINT_TYPE
 
     run(tmp_path, test)
 
