@@ -976,7 +976,7 @@ class Controller:
         -1 for ``num_partitions`` or ``replication_factor`` takes the configured default.
         """
         topic_configs = dict(configs or {})
-        name_error = _topic_name_error(name)
+        name_error = topic_name_error(name)
         if name_error is not None:
             return _create_topic_error(Errors.INVALID_TOPIC_EXCEPTION, name_error)
         if image.topic_by_name(name) is not None:
@@ -1470,7 +1470,7 @@ def _manual_assignment_error(
     return None
 
 
-def _topic_name_error(name: str) -> str | None:
+def topic_name_error(name: str) -> str | None:
     # Kafka's Topic.validate.
     if not name:
         return "Topic name is illegal, it can't be empty."

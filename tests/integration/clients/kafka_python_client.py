@@ -340,6 +340,37 @@ def describe_cluster(cmd: dict[str, Any]) -> Any:
     }
 
 
+def describe_topic_partitions(cmd: dict[str, Any]) -> Any:
+    """Every partition of the topic, a page of ``limit`` partitions at a time (KIP-966)."""
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    partitions: list[list[Any]] = []
+    pages = 0
+    cursor = None
+    try:
+        while True:
+            page = admin.describe_topic_partitions(
+                [cmd["topic"]], response_partition_limit=cmd["limit"], cursor=cursor
+            )
+            pages += 1
+            for topic in page["topics"]:
+                assert topic["error_code"] == 0, topic
+                for p in topic["partitions"]:
+                    partitions.append(
+                        [
+                            p["partition_index"],
+                            p["leader_id"],
+                            sorted(p["isr_nodes"]),
+                            p["eligible_leader_replicas"],
+                        ]
+                    )
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+    finally:
+        admin.close()
+    return {"pages": pages, "partitions": partitions}
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -352,6 +383,7 @@ def main() -> None:
         "committed": committed,
         "describe_group": describe_group,
         "describe_cluster": describe_cluster,
+        "describe_topic_partitions": describe_topic_partitions,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,
         "delete_records": delete_records,

@@ -74,6 +74,9 @@ class KafkaBroker:
         self.register(metadata.METADATA_KEY, self.metadata.handle_metadata)
         self.register(metadata.FIND_COORDINATOR_KEY, self.metadata.handle_find_coordinator)
         self.register(metadata.DESCRIBE_CLUSTER_KEY, self.metadata.handle_describe_cluster)
+        self.register(
+            metadata.DESCRIBE_TOPIC_PARTITIONS_KEY, self.metadata.handle_describe_topic_partitions
+        )
         self.register(admin.CREATE_TOPICS_KEY, self.admin.handle_create_topics)
         self.register(admin.DELETE_TOPICS_KEY, self.admin.handle_delete_topics)
         self.register(produce.INIT_PRODUCER_ID_KEY, self.produce.handle_init_producer_id)

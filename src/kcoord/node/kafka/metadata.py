@@ -30,6 +30,18 @@ to be wrong), as ``AuthHelper.computeDescribeClusterResponse``. Kafka's brokers 
 alive broker as the controller, since a KRaft controller is not reachable on their listener;
 every kcoord node is both, so both APIs name the quorum's leader.
 
+DescribeTopicPartitions (apiKey 75, KIP-966; ``DescribeTopicPartitionsRequestHandler`` and
+``KRaftMetadataCache.getTopicMetadataForDescribeTopicResponse``): Metadata's partitions plus
+each one's eligible leader replicas (ELR) and last known ELR, paged. The requested topics (all
+of them when none are named), sorted by name, from the cursor's topic and partition on, at
+most ``response_partition_limit`` partitions (and never more than Kafka's
+``max.request.partition.size.limit``, 2000); ``next_cursor`` names the first partition left
+out. A named topic that does not exist answers ``UNKNOWN_TOPIC_OR_PARTITION``
+(``INVALID_TOPIC_EXCEPTION`` for an illegal name); a cursor topic missing from the named
+topics makes the request ``INVALID_REQUEST`` for every topic. As in Kafka, a leader is named
+while it is registered with a Kafka endpoint, fenced or not, and the topics' authorized
+operations are always given.
+
 FindCoordinator (``KafkaApis.handleFindCoordinatorRequest``): a group's coordinator is the
 leader of ``__consumer_offsets`` partition ``partition_for(group id, partition count)``;
 ``COORDINATOR_NOT_AVAILABLE`` while that topic or its leader is missing. Transaction
@@ -56,7 +68,7 @@ from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext, BrokerEndpoint, is_internal
 from kcoord.node.kafka.controller_channel import ControllerUnavailableError
 from kcoord.node.rpc import RpcError
-from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME, topic_name_error
 from kcoord.raft.image import TopicImage
 from kcoord.raft.records import NO_LEADER
 
@@ -65,6 +77,9 @@ log = logging.getLogger(__name__)
 METADATA_KEY: Final = 3
 FIND_COORDINATOR_KEY: Final = 10
 DESCRIBE_CLUSTER_KEY: Final = 60
+DESCRIBE_TOPIC_PARTITIONS_KEY: Final = 75
+# KafkaConfig max.request.partition.size.limit: the most partitions one answer describes.
+MAX_REQUEST_PARTITION_SIZE_LIMIT: Final = 2000
 # EndpointType (KIP-919): DescribeCluster asks for the brokers' or the controllers' endpoints.
 BROKER_ENDPOINT: Final = 1
 CONTROLLER_ENDPOINT: Final = 2
@@ -314,6 +329,91 @@ class MetadataApi:
             "partitions": partitions,
             "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
         }
+
+    # -----------------------------------------------------------------------------------------
+    # DescribeTopicPartitions.
+
+    async def handle_describe_topic_partitions(self, request: Request) -> Result:
+        body = request.body
+        image = self.ctx.image
+        cursor = body.cursor
+        cursor_topic = "" if cursor is None else str(cursor.topic_name)
+        named = [str(t.name) for t in body.topics]
+        everything = not named
+        candidates = sorted(t.name for t in image.topics.values()) if everything else named
+        wanted = sorted({n for n in candidates if n >= cursor_topic})
+        if not everything and cursor is not None and cursor_topic not in wanted:
+            return {
+                "throttle_time": 0,
+                "topics": [
+                    {
+                        **_topic_error(Errors.INVALID_REQUEST, name, None),
+                        "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    }
+                    for name in named
+                ],
+                "next_cursor": None,
+            }
+        registered = {b.node_id for b, _ in self.ctx.registered_brokers()}
+        alive = self.ctx.alive_brokers()
+        remaining = min(MAX_REQUEST_PARTITION_SIZE_LIMIT, int(body.response_partition_limit))
+        topics: list[dict[str, Any]] = []
+        next_cursor: dict[str, Any] | None = None
+        for name in wanted:
+            if remaining < 0:
+                break  # a negative limit: nothing, and no cursor (as Kafka's loop)
+            if remaining == 0:
+                next_cursor = {"topic_name": name, "partition_index": 0}
+                break
+            topic = image.topic_by_name(name)
+            operations = authorized_operations(TOPIC_OPERATIONS, asked=True)
+            if topic is None:
+                if not everything:
+                    error = (
+                        Errors.INVALID_TOPIC_EXCEPTION
+                        if topic_name_error(name)
+                        else Errors.UNKNOWN_TOPIC_OR_PARTITION
+                    )
+                    topics.append(
+                        {
+                            **_topic_error(error, name, None),
+                            "topic_authorized_operations": operations,
+                        }
+                    )
+                continue
+            states = image.partitions_of(topic.topic_id)
+            start = cursor.partition_index if cursor is not None and name == cursor_topic else 0
+            upper = min(len(states), start + remaining)
+            partitions = [
+                {
+                    "error_code": Errors.NONE,
+                    "partition_index": state.partition,
+                    "leader_id": state.leader if state.leader in registered else -1,
+                    "leader_epoch": state.leader_epoch,
+                    "replica_nodes": list(state.replicas),
+                    "isr_nodes": list(state.isr),
+                    "eligible_leader_replicas": list(state.elr),
+                    "last_known_elr": list(state.last_known_elr),
+                    "offline_replicas": [r for r in state.replicas if r not in alive],
+                }
+                for state in states
+                if start <= state.partition < upper
+            ]
+            topics.append(
+                {
+                    "error_code": Errors.NONE,
+                    "name": name,
+                    "topic_id": topic.topic_id,
+                    "is_internal": is_internal(name),
+                    "partitions": partitions,
+                    "topic_authorized_operations": operations,
+                }
+            )
+            if upper < len(states):
+                next_cursor = {"topic_name": name, "partition_index": upper}
+                break
+            remaining -= len(partitions)
+        return {"throttle_time": 0, "topics": topics, "next_cursor": next_cursor}
 
     # -----------------------------------------------------------------------------------------
     # FindCoordinator.

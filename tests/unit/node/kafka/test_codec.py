@@ -51,6 +51,7 @@ ADVERTISED = {
     43: range(3),  # ElectLeaders
     44: range(2),  # IncrementalAlterConfigs
     60: range(3),  # DescribeCluster
+    75: range(1),  # DescribeTopicPartitions
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
 
@@ -436,6 +437,32 @@ _NO_AUTHORIZER = {"error_code": Errors.SECURITY_DISABLED, "error_message": "No A
 VALUES[29] = {"throttle_time": 0, **_NO_AUTHORIZER, "resources": []}
 VALUES[30] = {"throttle_time": 0, "results": [_NO_AUTHORIZER]}
 VALUES[31] = {"throttle_time": 0, "filter_results": [{**_NO_AUTHORIZER, "matching_acls": []}]}
+VALUES[75] = {
+    "throttle_time": 0,
+    "topics": [
+        {
+            "error_code": Errors.NONE,
+            "name": "t",
+            "topic_id": TOPIC_ID,
+            "is_internal": False,
+            "partitions": [
+                {
+                    "error_code": Errors.NONE,
+                    "partition_index": 0,
+                    "leader_id": 1,
+                    "leader_epoch": 4,
+                    "replica_nodes": [1, 2, 3],
+                    "isr_nodes": [1],
+                    "eligible_leader_replicas": [2],
+                    "last_known_elr": [],
+                    "offline_replicas": [3],
+                }
+            ],
+            "topic_authorized_operations": 3576,
+        }
+    ],
+    "next_cursor": {"topic_name": "t", "partition_index": 1},
+}
 VALUES[60] = {
     "throttle_time": 0,
     "error_code": Errors.NONE,

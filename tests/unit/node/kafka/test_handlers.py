@@ -33,7 +33,7 @@ from tests.unit.node.kafka.wire import AsyncWireClient
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
 INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, CREATE_PARTITIONS = 22, 23, 37
-DESCRIBE_CLUSTER = 60
+DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 60, 75
 TEST_TIMEOUT_S = 20.0
 
 
@@ -362,6 +362,78 @@ def test_describe_cluster(tmp_path: Path, version: int) -> None:
             assert controller.brokers == ()
             unknown = await describe(endpoint_type=7)
             assert unknown.error_code == Errors.UNSUPPORTED_ENDPOINT_TYPE
+
+    run(tmp_path, test)
+
+
+# ------------------------------------------------------------------ DescribeTopicPartitions
+
+
+def describe_partitions_values(
+    *names: str, limit: int = 2000, cursor: tuple[str, int] | None = None
+) -> dict[str, Any]:
+    return {
+        "topics": [{"name": n} for n in names],
+        "response_partition_limit": limit,
+        "cursor": None
+        if cursor is None
+        else {"topic_name": cursor[0], "partition_index": cursor[1]},
+    }
+
+
+def test_describe_topic_partitions_pages_with_a_cursor(tmp_path: Path) -> None:
+    """KIP-966's DescribeTopicPartitions: topics by name from the cursor on, at most the limit
+    of partitions an answer, and the cursor of the first partition left out."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("b", 2, 1)
+        await h.create_topic("a", 3, 1)
+
+        async def page(*names: str, **values: Any) -> tuple[list[tuple[str, int]], Any]:
+            body = describe_partitions_values(*names, **values)
+            response = await c.call(DESCRIBE_TOPIC_PARTITIONS, 0, body)
+            seen = [(t.name, p.partition_index) for t in response.topics for p in t.partitions]
+            cursor = response.next_cursor
+            return seen, None if cursor is None else (cursor.topic_name, cursor.partition_index)
+
+        everything = [("a", 0), ("a", 1), ("a", 2)]
+        assert await page("b", "a", limit=3) == (everything, ("b", 0))
+        assert await page("b", "a", limit=4) == ([*everything, ("b", 0)], ("b", 1))
+        assert await page("b", "a", limit=4, cursor=("b", 1)) == ([("b", 1)], None)
+        assert await page("a", limit=2, cursor=("a", 1)) == ([("a", 1), ("a", 2)], None)
+        # No topics named: every topic, the internal one too ("_" sorts before "a").
+        offsets = [(OFFSETS_TOPIC_NAME, i) for i in range(OFFSETS_PARTITIONS)]
+        last = OFFSETS_PARTITIONS - 1
+        assert await page(limit=last) == (offsets[:last], (OFFSETS_TOPIC_NAME, last))
+        rest = [offsets[last], *everything, ("b", 0), ("b", 1)]
+        assert await page(cursor=(OFFSETS_TOPIC_NAME, last)) == (rest, None)
+        assert await page("a", "b", limit=-1) == ([], None)
+
+    run(tmp_path, test)
+
+
+def test_describe_topic_partitions_answers_elr_and_kafka_errors(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 3)
+        h.change_partition("t", 0, isr=(NODE_ID,), elr=(2,), last_known_elr=(3,))
+        response = await c.call(
+            DESCRIBE_TOPIC_PARTITIONS, 0, describe_partitions_values("t", "nope", "bad/name")
+        )
+        topics = {t.name: t for t in response.topics}
+        assert [t.name for t in response.topics] == ["bad/name", "nope", "t"]  # sorted
+        assert topics["nope"].error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        assert topics["bad/name"].error_code == Errors.INVALID_TOPIC_EXCEPTION
+        t = topics["t"]
+        assert (t.error_code, t.topic_id) == (Errors.NONE, codec.topic_id_to_uuid(h.topic_id("t")))
+        assert t.topic_authorized_operations == TOPIC_OPERATION_BITS
+        (p,) = t.partitions
+        assert (p.isr_nodes, p.eligible_leader_replicas, p.last_known_elr) == ((1,), (2,), (3,))
+        assert p.replica_nodes == (1, 2, 3) and p.offline_replicas == ()
+        # The cursor's topic must be one of the named ones.
+        refused = await c.call(
+            DESCRIBE_TOPIC_PARTITIONS, 0, describe_partitions_values("t", cursor=("other", 0))
+        )
+        assert [(t.name, t.error_code) for t in refused.topics] == [("t", Errors.INVALID_REQUEST)]
 
     run(tmp_path, test)
 
