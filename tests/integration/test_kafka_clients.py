@@ -630,3 +630,26 @@ def test_describe_topic_partitions_pages_through_a_topic(cluster: LocalCluster) 
     assert {str(p[0]): p[1] for p in answer["partitions"]} == leaders
     for _, _, isr, elr in answer["partitions"]:
         assert isr == [1, 2, 3] and elr is None  # kafka-python turns an empty ELR into None
+
+
+def test_describe_producers_shows_the_idempotent_producer(cluster: LocalCluster) -> None:
+    """KIP-664's DescribeProducers through kafka-python's admin client, after an idempotent
+    confluent-kafka producer wrote to every partition: one producer on each, the same id,
+    its last sequence the count of its records there less one."""
+    assert cluster.state is not None
+    bootstrap = cluster.state.bootstrap_servers
+    topic = "producers"
+    create = {"bootstrap": bootstrap, "topic": topic, "partitions": 3, "replication_factor": 3}
+    run_client("confluent-kafka", {"op": "create_topic", **create})
+    cmd = {"op": "produce", "bootstrap": bootstrap, "topic": topic, "count": 60, "prefix": "p"}
+    acked = messages(run_client("confluent-kafka", cmd))
+    per_partition = {p: sum(1 for m in acked if m[0] == p) for p in range(3)}
+    assert all(per_partition.values()), per_partition
+    cmd = {"op": "describe_producers", "bootstrap": bootstrap, "topic": topic}
+    described = run_client("kafka-python", {**cmd, "partitions": [0, 1, 2]})
+    producer_ids = set()
+    for p, count in per_partition.items():
+        ((producer_id, epoch, last_sequence),) = described[str(p)]
+        assert (epoch, last_sequence) == (0, count - 1), (p, described)
+        producer_ids.add(producer_id)
+    assert len(producer_ids) == 1 and producer_ids.pop() >= 0

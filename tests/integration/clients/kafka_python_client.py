@@ -371,6 +371,23 @@ def describe_topic_partitions(cmd: dict[str, Any]) -> Any:
     return {"pages": pages, "partitions": partitions}
 
 
+def describe_producers(cmd: dict[str, Any]) -> Any:
+    """``{partition: [[producer id, epoch, last sequence], ...]}`` at each partition's leader."""
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        states = admin.describe_producers(
+            [TopicPartition(cmd["topic"], p) for p in cmd["partitions"]]
+        )
+    finally:
+        admin.close()
+    return {
+        str(tp.partition): [
+            [p.producer_id, p.producer_epoch, p.last_sequence] for p in state.active_producers
+        ]
+        for tp, state in states.items()
+    }
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -383,6 +400,7 @@ def main() -> None:
         "committed": committed,
         "describe_group": describe_group,
         "describe_cluster": describe_cluster,
+        "describe_producers": describe_producers,
         "describe_topic_partitions": describe_topic_partitions,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,

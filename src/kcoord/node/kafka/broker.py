@@ -80,6 +80,7 @@ class KafkaBroker:
         self.register(admin.CREATE_TOPICS_KEY, self.admin.handle_create_topics)
         self.register(admin.DELETE_TOPICS_KEY, self.admin.handle_delete_topics)
         self.register(produce.INIT_PRODUCER_ID_KEY, self.produce.handle_init_producer_id)
+        self.register(produce.DESCRIBE_PRODUCERS_KEY, self.produce.handle_describe_producers)
         self.register(admin.CREATE_PARTITIONS_KEY, self.admin.handle_create_partitions)
         self.register(admin.ELECT_LEADERS_KEY, self.admin.handle_elect_leaders)
         self.log_dirs = log_dirs.LogDirsApi(self.ctx)

@@ -29,6 +29,14 @@ first time a produce reaches the partition after this node became its leader, a 
 time between which the loop serves other clients (``ProducerStates``); the produce waits for it
 before step 1's synchronous part, so the no-await rule above still holds.
 
+DescribeProducers (apiKey 61, KIP-664; ``ReplicaManager.activeProducerState``): the producers
+a led partition's state holds, each with its epoch, last sequence and last timestamp (no
+coordinator epoch and no open transaction: -1), after the state has loaded as for a produce.
+Errors: ``UNKNOWN_TOPIC_OR_PARTITION``, and ``NOT_LEADER_OR_FOLLOWER`` from a follower (a Kafka
+follower answers with the state it keeps as it replicates; kcoord keeps it on the leader only,
+and the admin clients ask the leader). ``__consumer_offsets`` has no idempotent producers: it
+answers none.
+
 InitProducerId: an idempotent producer (no transactional id) gets a fresh producer id with
 epoch 0, always, as Kafka does (``TransactionCoordinator.handleInitProducerId``); ids come from
 ``ProducerIdManager``. A transactional id answers ``NOT_COORDINATOR``: kcoord has no
@@ -69,6 +77,7 @@ log = logging.getLogger(__name__)
 
 PRODUCE_KEY: Final = 0
 INIT_PRODUCER_ID_KEY: Final = 22
+DESCRIBE_PRODUCERS_KEY: Final = 61
 NO_LEADER_HINT: Final = {"leader_id": -1, "leader_epoch": -1}
 _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
 
@@ -398,6 +407,59 @@ class ProduceApi:
                 for topic_id, name, results in topics
             ],
             "node_endpoints": self.ctx.node_endpoints(leaders) if request.version >= 10 else [],
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # DescribeProducers.
+
+    async def handle_describe_producers(self, request: Request) -> Result:
+        topics = []
+        for topic in request.body.topics:
+            name = str(topic.name)
+            partitions = [
+                await self._active_producers(name, int(index)) for index in topic.partition_indexes
+            ]
+            topics.append({"name": name, "partitions": partitions})
+        return {"throttle_time": 0, "topics": topics}
+
+    async def _active_producers(self, topic: str, index: int) -> dict[str, Any]:
+        try:
+            part = self.ctx.replicas.leader_partition(topic, index)
+        except KafkaError as e:
+            return {
+                "partition_index": index,
+                "error_code": e.code,
+                "error_message": e.message or None,
+                "active_producers": [],
+            }
+        producers: list[dict[str, Any]] = []
+        if not is_internal(topic):
+            await self.states.ready(part, self.ctx.now_ms())
+            if part.is_leader:  # not deposed while the state loaded
+                state = self.states.get(part, self.ctx.now_ms())
+                producers = [
+                    {
+                        "producer_id": entry.producer_id,
+                        "producer_epoch": entry.producer_epoch,
+                        "last_sequence": entry.last_seq,
+                        "last_timestamp": entry.last_timestamp_ms,
+                        "coordinator_epoch": -1,
+                        "current_txn_start_offset": -1,
+                    }
+                    for _, entry in sorted(state.producers.items())
+                ]
+        if not part.is_leader:
+            return {
+                "partition_index": index,
+                "error_code": Errors.NOT_LEADER_OR_FOLLOWER,
+                "error_message": None,
+                "active_producers": [],
+            }
+        return {
+            "partition_index": index,
+            "error_code": Errors.NONE,
+            "error_message": None,
+            "active_producers": producers,
         }
 
     # -----------------------------------------------------------------------------------------

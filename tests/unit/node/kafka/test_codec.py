@@ -51,6 +51,7 @@ ADVERTISED = {
     43: range(3),  # ElectLeaders
     44: range(2),  # IncrementalAlterConfigs
     60: range(3),  # DescribeCluster
+    61: range(1),  # DescribeProducers
     75: range(1),  # DescribeTopicPartitions
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
@@ -437,6 +438,37 @@ _NO_AUTHORIZER = {"error_code": Errors.SECURITY_DISABLED, "error_message": "No A
 VALUES[29] = {"throttle_time": 0, **_NO_AUTHORIZER, "resources": []}
 VALUES[30] = {"throttle_time": 0, "results": [_NO_AUTHORIZER]}
 VALUES[31] = {"throttle_time": 0, "filter_results": [{**_NO_AUTHORIZER, "matching_acls": []}]}
+VALUES[61] = {
+    "throttle_time": 0,
+    "topics": [
+        {
+            "name": "t",
+            "partitions": [
+                {
+                    "partition_index": 0,
+                    "error_code": Errors.NONE,
+                    "error_message": None,
+                    "active_producers": [
+                        {
+                            "producer_id": 1 << 40,
+                            "producer_epoch": 3,
+                            "last_sequence": 9,
+                            "last_timestamp": 1_700_000_000_000,
+                            "coordinator_epoch": -1,
+                            "current_txn_start_offset": -1,
+                        }
+                    ],
+                },
+                {
+                    "partition_index": 1,
+                    "error_code": Errors.NOT_LEADER_OR_FOLLOWER,
+                    "error_message": None,
+                    "active_producers": [],
+                },
+            ],
+        }
+    ],
+}
 VALUES[75] = {
     "throttle_time": 0,
     "topics": [

@@ -33,7 +33,7 @@ from tests.unit.node.kafka.wire import AsyncWireClient
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
 INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, CREATE_PARTITIONS = 22, 23, 37
-DESCRIBE_CLUSTER, DESCRIBE_TOPIC_PARTITIONS = 60, 75
+DESCRIBE_CLUSTER, DESCRIBE_PRODUCERS, DESCRIBE_TOPIC_PARTITIONS = 60, 61, 75
 TEST_TIMEOUT_S = 20.0
 
 
@@ -785,6 +785,62 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
         assert stale.error_code == Errors.INVALID_PRODUCER_EPOCH
         fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
         assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c", b"d"]
+
+    run(tmp_path, test)
+
+
+def test_describe_producers_lists_a_partitions_idempotent_producers(tmp_path: Path) -> None:
+    """KIP-664's DescribeProducers on the leader: each producer's epoch, last sequence and last
+    timestamp, from the state a produce would use (rebuilt after a leader change too)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        t0 = h.clock[0]  # recent: no producer has expired
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        other = h.led_partitions("t", by=2)[0]
+        for pid, epoch, seq, values, ts in (
+            (7, 1, 0, [b"a", b"b"], t0),
+            (5, 0, 0, [b"c"], t0 + 1000),
+        ):
+            records = batch(
+                values, timestamp=ts, producer_id=pid, producer_epoch=epoch, base_sequence=seq
+            )
+            produced = await c.call(PRODUCE, 9, produce_values("t", mine, records))
+            assert only_partition(produced).error_code == Errors.NONE
+        plain = await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"d"])))
+        assert only_partition(plain).error_code == Errors.NONE  # no producer id: not listed
+
+        async def describe(topic: str, *partitions: int) -> list[Any]:
+            body = {"topics": [{"name": topic, "partition_indexes": list(partitions)}]}
+            response = await c.call(DESCRIBE_PRODUCERS, 0, body)
+            return list(response.topics[0].partitions)
+
+        # By producer id, with the timestamp of the producer's last record.
+        expected = [(5, 0, 0, t0 + 1000), (7, 1, 1, t0 + 1)]
+
+        def listed(answer: Any) -> list[tuple[int, int, int, int]]:
+            return [
+                (p.producer_id, p.producer_epoch, p.last_sequence, p.last_timestamp)
+                for p in answer.active_producers
+            ]
+
+        (answer,) = await describe("t", mine)
+        assert (answer.partition_index, answer.error_code) == (mine, Errors.NONE)
+        assert listed(answer) == expected
+        assert {
+            (p.coordinator_epoch, p.current_txn_start_offset) for p in answer.active_producers
+        } == {(-1, -1)}
+        h.move_leader("t", mine, 2)
+        h.move_leader("t", mine, NODE_ID)
+        (rebuilt,) = await describe("t", mine)
+        assert listed(rebuilt) == expected
+        (elsewhere,) = await describe("t", other)
+        assert elsewhere.error_code == Errors.NOT_LEADER_OR_FOLLOWER
+        (missing,) = await describe("nope", 0)
+        assert missing.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        offsets = h.led_partitions(OFFSETS_TOPIC_NAME)[0]
+        (internal,) = await describe(OFFSETS_TOPIC_NAME, offsets)
+        assert (internal.error_code, internal.active_producers) == (Errors.NONE, ())
 
     run(tmp_path, test)
 
