@@ -39,6 +39,7 @@ pytestmark = pytest.mark.integration
 
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, INIT_PRODUCER_ID = 10, 18, 22
+DESCRIBE_CLUSTER, DESCRIBE_PRODUCERS, DESCRIBE_TOPIC_PARTITIONS = 60, 61, 75
 FUZZ_FRAMES = 10_000
 SILENCE_S = 0.05  # how long the fuzz waits for an answer before moving to a new connection
 SIZE = struct.Struct(">i")
@@ -251,6 +252,28 @@ def seed_frames() -> list[bytes]:
                 },
             )
             for v in (3, 9, 12)
+        ),
+        *(
+            encode_request(
+                DESCRIBE_CLUSTER,
+                v,
+                8,
+                {"include_cluster_authorized_operations": True, "include_fenced_brokers": True},
+            )
+            for v in (0, 1, 2)
+        ),
+        encode_request(
+            DESCRIBE_PRODUCERS, 0, 9, {"topics": [{"name": "t", "partition_indexes": [0, 1]}]}
+        ),
+        encode_request(
+            DESCRIBE_TOPIC_PARTITIONS,
+            0,
+            10,
+            {
+                "topics": [{"name": "t"}, {"name": "__consumer_offsets"}],
+                "response_partition_limit": 3,
+                "cursor": {"topic_name": "t", "partition_index": 1},
+            },
         ),
     ]
 
