@@ -653,3 +653,13 @@ def test_describe_producers_shows_the_idempotent_producer(cluster: LocalCluster)
         assert (epoch, last_sequence) == (0, count - 1), (p, described)
         producer_ids.add(producer_id)
     assert len(producer_ids) == 1 and producer_ids.pop() >= 0
+
+
+def test_no_node_lists_a_transaction(cluster: LocalCluster) -> None:
+    """kcoord has no transaction coordinator: ListTransactions at every node lists none, and
+    kafka-python's hanging-transaction search (ListTransactions, then DescribeProducers where
+    a transaction would be open) finds none."""
+    assert cluster.state is not None
+    cmd = {"op": "list_transactions", "bootstrap": cluster.state.bootstrap_servers}
+    nodes: dict[str, list[str]] = {str(n.node_id): [] for n in cluster.state.nodes}
+    assert run_client("kafka-python", cmd) == {"listed": nodes, "hanging": []}

@@ -388,6 +388,20 @@ def describe_producers(cmd: dict[str, Any]) -> Any:
     }
 
 
+def list_transactions(cmd: dict[str, Any]) -> Any:
+    """ListTransactions at every broker, and kafka-transactions.sh's --find-hanging."""
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        listed = admin.list_transactions()
+        hanging = admin.find_hanging_transactions()
+    finally:
+        admin.close()
+    return {
+        "listed": {str(node): [str(t) for t in found] for node, found in listed.items()},
+        "hanging": [str(t) for t in hanging],
+    }
+
+
 def main() -> None:
     cmd = json.loads(sys.argv[1])
     ops = {
@@ -401,6 +415,7 @@ def main() -> None:
         "describe_group": describe_group,
         "describe_cluster": describe_cluster,
         "describe_producers": describe_producers,
+        "list_transactions": list_transactions,
         "describe_topic_partitions": describe_topic_partitions,
         "describe_configs": describe_configs,
         "alter_configs": alter_configs,

@@ -11,7 +11,16 @@ import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from kcoord.node.kafka import acls, admin, delete_records, fetch, log_dirs, metadata, produce
+from kcoord.node.kafka import (
+    acls,
+    admin,
+    delete_records,
+    fetch,
+    log_dirs,
+    metadata,
+    produce,
+    transactions,
+)
 from kcoord.node.kafka.apis import ApiRegistry, ApiSpec, Handler
 from kcoord.node.kafka.context import BrokerContext, KafkaSettings
 from kcoord.node.kafka.controller_channel import ControllerChannel
@@ -81,6 +90,7 @@ class KafkaBroker:
         self.register(admin.DELETE_TOPICS_KEY, self.admin.handle_delete_topics)
         self.register(produce.INIT_PRODUCER_ID_KEY, self.produce.handle_init_producer_id)
         self.register(produce.DESCRIBE_PRODUCERS_KEY, self.produce.handle_describe_producers)
+        self.register(transactions.LIST_TRANSACTIONS_KEY, transactions.handle_list_transactions)
         self.register(admin.CREATE_PARTITIONS_KEY, self.admin.handle_create_partitions)
         self.register(admin.ELECT_LEADERS_KEY, self.admin.handle_elect_leaders)
         self.log_dirs = log_dirs.LogDirsApi(self.ctx)

@@ -52,6 +52,7 @@ ADVERTISED = {
     44: range(2),  # IncrementalAlterConfigs
     60: range(3),  # DescribeCluster
     61: range(1),  # DescribeProducers
+    66: range(3),  # ListTransactions
     75: range(1),  # DescribeTopicPartitions
 }
 ALL_VERSIONS = [(key, v) for key, r in ADVERTISED.items() for v in r]
@@ -468,6 +469,12 @@ VALUES[61] = {
             ],
         }
     ],
+}
+VALUES[66] = {
+    "throttle_time": 0,
+    "error_code": Errors.NONE,
+    "unknown_state_filters": ["Bogus"],
+    "transaction_states": [],
 }
 VALUES[75] = {
     "throttle_time": 0,

@@ -34,6 +34,7 @@ PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
 INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, CREATE_PARTITIONS = 22, 23, 37
 DESCRIBE_CLUSTER, DESCRIBE_PRODUCERS, DESCRIBE_TOPIC_PARTITIONS = 60, 61, 75
+LIST_TRANSACTIONS = 66
 TEST_TIMEOUT_S = 20.0
 
 
@@ -841,6 +842,25 @@ def test_describe_producers_lists_a_partitions_idempotent_producers(tmp_path: Pa
         offsets = h.led_partitions(OFFSETS_TOPIC_NAME)[0]
         (internal,) = await describe(OFFSETS_TOPIC_NAME, offsets)
         assert (internal.error_code, internal.active_producers) == (Errors.NONE, ())
+
+    run(tmp_path, test)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_list_transactions_lists_none(tmp_path: Path, version: int) -> None:
+    """No transaction coordinator, so no transactions; filters naming no transaction state
+    come back as unknown, as Kafka's TransactionStateManager answers them."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        values = {
+            "state_filters": ["Ongoing", "Bogus"],
+            "producer_id_filters": [5],
+            "duration_filter": 1000,
+            "transactional_id_pattern": "tx-.*",
+        }
+        response = await c.call(LIST_TRANSACTIONS, version, values)
+        assert response.error_code == Errors.NONE
+        assert (response.unknown_state_filters, response.transaction_states) == (("Bogus",), ())
 
     run(tmp_path, test)
 
