@@ -40,6 +40,7 @@ pytestmark = pytest.mark.integration
 PRODUCE, FETCH, LIST_OFFSETS, METADATA = 0, 1, 2, 3
 FIND_COORDINATOR, API_VERSIONS, INIT_PRODUCER_ID = 10, 18, 22
 DESCRIBE_CLUSTER, DESCRIBE_PRODUCERS, DESCRIBE_TOPIC_PARTITIONS = 60, 61, 75
+LIST_TRANSACTIONS = 66
 FUZZ_FRAMES = 10_000
 SILENCE_S = 0.05  # how long the fuzz waits for an answer before moving to a new connection
 SIZE = struct.Struct(">i")
@@ -264,6 +265,19 @@ def seed_frames() -> list[bytes]:
         ),
         encode_request(
             DESCRIBE_PRODUCERS, 0, 9, {"topics": [{"name": "t", "partition_indexes": [0, 1]}]}
+        ),
+        *(
+            encode_request(
+                LIST_TRANSACTIONS,
+                v,
+                11,
+                {
+                    "state_filters": ["Ongoing", "x"],
+                    "producer_id_filters": [1],
+                    "duration_filter": 5,
+                },
+            )
+            for v in (0, 1, 2)
         ),
         encode_request(
             DESCRIBE_TOPIC_PARTITIONS,
