@@ -118,20 +118,8 @@ class Harness:
         here)."""
         state = self.cache.image.partition(self.topic_id(topic), partition)
         assert state is not None
-        isr = (leader,)
         replicas = tuple(dict.fromkeys((*state.replicas, leader)))
-        self.quorum.commit(
-            [
-                rec.PartitionChange(
-                    topic_id=state.topic_id,
-                    partition=partition,
-                    expected_partition_epoch=state.partition_epoch,
-                    leader=leader,
-                    isr=isr,
-                    replicas=replicas,
-                )
-            ]
-        )
+        self.change_partition(topic, partition, leader=leader, isr=(leader,), replicas=replicas)
 
     def change_partition(self, topic: str, partition: int, **changes: Any) -> None:
         """Commit a PartitionChange (leader, isr, ...) on the partition's current epoch."""

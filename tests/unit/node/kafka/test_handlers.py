@@ -1062,18 +1062,7 @@ def test_an_isr_that_shrinks_below_min_insync_replicas_holds_the_hw(tmp_path: Pa
         assert part.high_watermark == 0  # waiting for brokers 2 and 3
         # They fall behind for longer than replica.lag.time.max.ms, and leave the ISR.
         h.clock[0] += part.replication.replica_lag_time_max_ms + 1
-        state = h.cache.image.partition(h.topic_id("t"), index)
-        assert state is not None
-        h.quorum.commit(
-            [
-                rec.PartitionChange(
-                    topic_id=state.topic_id,
-                    partition=index,
-                    expected_partition_epoch=state.partition_epoch,
-                    isr=(NODE_ID,),
-                )
-            ]
-        )
+        h.change_partition("t", index, isr=(NODE_ID,))
         received_id, response = await c.receive(PRODUCE, 9)
         assert received_id == correlation_id
         assert only_partition(response).error_code == Errors.REQUEST_TIMED_OUT
