@@ -11,6 +11,7 @@ evaluates ``kcoord.pipeline.audit``'s rules.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from kcoord.pipeline.audit import (
     build_report,
     latest_commits,
 )
+from kcoord.pipeline.retries import retrying
 
 OFFSETS_TOPIC = "__consumer_offsets"
 LIST_OFFSETS_TIMEOUT_S = 30.0
@@ -122,11 +124,17 @@ def end_offsets(
         for _, topic, partition in windows:
             if (topic, partition) in now:
                 continue
+            ask_end = functools.partial(
+                consumer.get_watermark_offsets,
+                ClientTopicPartition(topic, partition),
+                timeout=LIST_OFFSETS_TIMEOUT_S,
+                cached=False,
+            )
             try:
-                _, high = consumer.get_watermark_offsets(
-                    ClientTopicPartition(topic, partition),
-                    timeout=LIST_OFFSETS_TIMEOUT_S,
-                    cached=False,
+                _, high = retrying(
+                    ask_end,
+                    f"end offset of {topic}-{partition}",
+                    LIST_OFFSETS_TIMEOUT_S,
                 )
             except Exception:  # the topic is gone: its lags are unknown
                 continue
@@ -139,8 +147,15 @@ def end_offsets(
             for ts in wanted:
                 if (topic, partition, ts) in at:
                     continue
-                (found,) = consumer.offsets_for_times(
-                    [ClientTopicPartition(topic, partition, ts)], timeout=LIST_OFFSETS_TIMEOUT_S
+                ask_at = functools.partial(
+                    consumer.offsets_for_times,
+                    [ClientTopicPartition(topic, partition, ts)],
+                    timeout=LIST_OFFSETS_TIMEOUT_S,
+                )
+                (found,) = retrying(
+                    ask_at,
+                    f"offset of {topic}-{partition} at {ts}",
+                    LIST_OFFSETS_TIMEOUT_S,
                 )
                 at[(topic, partition, ts)] = (
                     now[(topic, partition)] if found.offset < 0 else found.offset

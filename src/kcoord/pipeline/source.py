@@ -11,12 +11,13 @@ does every decision that needs no I/O. Rows have Spark's Kafka source schema:
   timestampType int (0 CreateTime, 1 LogAppendTime), headers array<struct<key, value>>
 
 Planning runs on the driver: a Metadata request lists the topics' partitions, ListOffsets
-(the admin client's ``list_offsets``) gives each partition's log start offset and high
-watermark, and each partition with records to read becomes one Spark input partition, an
-``OffsetRange`` ``[from, until)``. A task reads its range with a confluent-kafka consumer
-assigned to that one partition at ``from`` (no group membership, nothing committed) and
-stops at ``until`` or at the end of the partition (a compacted topic may have no record at
-``until - 1``). Records come back as Arrow record batches.
+(the admin client's ``list_offsets``, asked again on a leader's retriable answer: see
+``retries``) gives each partition's log start offset and high watermark, and each partition
+with records to read becomes one Spark input partition, an ``OffsetRange`` ``[from, until)``.
+A task reads its range with a confluent-kafka consumer assigned to that one partition at
+``from`` (no group membership, nothing committed) and stops at ``until`` or at the end of the
+partition (a compacted topic may have no record at ``until - 1``). Records come back as
+Arrow record batches.
 
 Streaming: offsets are Spark's JSON form ``{"topic": {"0": next offset}}``. ``latestOffset``
 asks ListOffsets for the high watermarks and applies ``maxOffsetsPerTrigger`` (or, under
@@ -90,6 +91,7 @@ from kcoord.pipeline.options import (
     resolve,
     to_json_offsets,
 )
+from kcoord.pipeline.retries import retrying
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +195,15 @@ class Cluster:
         return earliest, latest
 
     def _list_offsets(
+        self, partitions: Sequence[TopicPartition], spec: Any
+    ) -> dict[TopicPartition, int]:
+        """One ListOffsets per leader, asked again while a leader answers a retriable error
+        (see ``retries``: librdkafka's admin client gives those straight back)."""
+        return retrying(
+            lambda: self._list_offsets_once(partitions, spec), "ListOffsets", METADATA_TIMEOUT_S
+        )
+
+    def _list_offsets_once(
         self, partitions: Sequence[TopicPartition], spec: Any
     ) -> dict[TopicPartition, int]:
         request = {ClientTopicPartition(t, p): spec for t, p in partitions}

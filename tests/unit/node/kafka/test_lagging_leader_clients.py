@@ -6,6 +6,9 @@ ListOffsets v4 and gets LEADER_NOT_AVAILABLE, kafka-python and librdkafka newer 
 OFFSET_NOT_AVAILABLE); it must retry, not fail and not settle on the older HW. Once the leader
 has caught up, a new record is produced: the client's first record must be that one, at
 offset 2. Had it taken HW 0 for "latest", it would read a and b first.
+
+librdkafka's admin ``list_offsets`` does not retry: the Spark source's planning
+(``pipeline.source.Cluster``) asks again itself (``pipeline.retries``), and is checked here too.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import pytest
 from kcoord.errors import Errors
 from kcoord.node.kafka import fetch
 from kcoord.node.replica_manager import KafkaError, Partition
+from kcoord.pipeline.options import parse_source_options
+from kcoord.pipeline.source import Cluster
 from tests.unit.node.kafka.harness import HOST, running
 from tests.unit.node.kafka.test_handlers import (
     PRODUCE,
@@ -169,6 +174,39 @@ def test_a_client_seeking_to_the_end_waits_for_the_leader_to_catch_up(
                 produced = only_partition(await c.call(PRODUCE, 9, values))
                 assert (produced.error_code, produced.base_offset) == (Errors.NONE, 2)
                 assert await reader == (2, b"c")
+            finally:
+                await c.close()
+
+    asyncio.run(main())
+
+
+def test_the_spark_source_plans_from_the_caught_up_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline's driver asks the partitions' offsets through librdkafka's admin client,
+    which hands OFFSET_NOT_AVAILABLE straight back: the source asks again until the leader
+    has caught up, and plans up to the new end, 2."""
+    asked = ListOffsetsLog(monkeypatch)
+
+    async def main() -> None:
+        async with asyncio.timeout(TEST_TIMEOUT_S), running(tmp_path) as h:
+            h.advertise_listener()
+            c = await h.client()
+            try:
+                part = await lead_with_a_lagging_hw(h, c, "t")
+                options = parse_source_options(
+                    {"kafka.bootstrap.servers": f"{HOST}:{h.port}", "subscribe": "t"},
+                    streaming=False,
+                )
+                tp = ("t", part.partition)
+                planned = asyncio.ensure_future(
+                    asyncio.to_thread(lambda: Cluster(options).offsets([tp]))
+                )
+                await asked.wait(lambda: bool(asked.refused), planned)
+                assert set(asked.refused) == {Errors.OFFSET_NOT_AVAILABLE}
+                catch_up_alone(h, part)
+                earliest, latest = await planned
+                assert (earliest, latest) == ({tp: 0}, {tp: 2})
             finally:
                 await c.close()
 

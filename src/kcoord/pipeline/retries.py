@@ -1,0 +1,51 @@
+"""Retrying the offset lookups librdkafka hands back at the first retriable answer.
+
+The admin client's ``list_offsets`` and a consumer's ``get_watermark_offsets`` and
+``offsets_for_times`` raise a partition leader's retriable errors at once: OFFSET_NOT_AVAILABLE,
+which a Kafka broker (kcoord too) answers while a new leader's high watermark is below the
+start of its epoch, and LEADER_NOT_AVAILABLE / NOT_LEADER_FOR_PARTITION around a leader change.
+Kafka's Java client retries them (its ``OffsetFetcher`` and the admin client's
+``ListOffsetsHandler`` treat them as retriable); ``retrying`` does the same, every
+``retry.backoff.ms`` (100, Kafka's default) until a deadline, and raises anything else at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RETRIABLE_CODES: Final = frozenset(
+    {
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+    }
+)
+RETRY_BACKOFF_S: Final = 0.1
+
+
+def is_retriable(e: KafkaException) -> bool:
+    error = e.args[0] if e.args else None
+    return isinstance(error, KafkaError) and error.code() in RETRIABLE_CODES
+
+
+def retrying(call: Callable[[], T], what: str, deadline_s: float) -> T:
+    """``call()``, again after each retriable KafkaException until ``deadline_s`` have passed
+    (then the last one is raised)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return call()
+        except KafkaException as e:
+            if not is_retriable(e) or time.monotonic() + RETRY_BACKOFF_S > deadline:
+                raise
+            log.info("%s: %s; asking again", what, e)
+        time.sleep(RETRY_BACKOFF_S)  # retry.backoff.ms before asking again
