@@ -39,8 +39,8 @@ answers none.
 
 InitProducerId: an idempotent producer (no transactional id) gets a fresh producer id with
 epoch 0, always, as Kafka does (``TransactionCoordinator.handleInitProducerId``); ids come from
-``ProducerIdManager``. A transactional id answers ``NOT_COORDINATOR``: kcoord has no
-transaction coordinator.
+``ProducerIdManager``. A transactional id answers ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, as
+FindCoordinator does for it: kcoord has no transaction coordinator.
 """
 
 from __future__ import annotations
