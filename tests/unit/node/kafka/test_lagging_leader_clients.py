@@ -14,8 +14,9 @@ librdkafka's admin ``list_offsets`` does not retry: the Spark source's planning
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from kcoord.node.kafka import fetch
 from kcoord.node.replica_manager import KafkaError, Partition
 from kcoord.pipeline.options import parse_source_options
 from kcoord.pipeline.source import Cluster
-from tests.unit.node.kafka.harness import HOST, running
+from tests.unit.node.kafka.harness import HOST, Harness, running
 from tests.unit.node.kafka.test_handlers import (
     PRODUCE,
     TEST_TIMEOUT_S,
@@ -39,6 +40,7 @@ from tests.unit.node.kafka.test_handlers import (
     only_partition,
     produce_values,
 )
+from tests.unit.node.kafka.wire import AsyncWireClient
 
 CLIENT_DEADLINE_S = 15.0
 LAGGING_ERRORS = (Errors.OFFSET_NOT_AVAILABLE, Errors.LEADER_NOT_AVAILABLE)
@@ -142,6 +144,21 @@ THREADED: dict[str, Callable[[str, str, int], tuple[int, bytes]]] = {
 }
 
 
+@contextlib.asynccontextmanager
+async def lagging_leader(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[Harness, AsyncWireClient, Partition]]:
+    """The in-process node, reachable by real clients, leading topic "t" with its HW lagging
+    the start of its epoch (``lead_with_a_lagging_hw``), and a wire client to it."""
+    async with asyncio.timeout(TEST_TIMEOUT_S), running(tmp_path) as h:
+        h.advertise_listener()
+        c = await h.client()
+        try:
+            yield h, c, await lead_with_a_lagging_hw(h, c, "t")
+        finally:
+            await c.close()
+
+
 @pytest.mark.parametrize("client", ["aiokafka", "kafka-python", "confluent-kafka"])
 def test_a_client_seeking_to_the_end_waits_for_the_leader_to_catch_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: str
@@ -149,33 +166,27 @@ def test_a_client_seeking_to_the_end_waits_for_the_leader_to_catch_up(
     asked = ListOffsetsLog(monkeypatch)
 
     async def main() -> None:
-        async with asyncio.timeout(TEST_TIMEOUT_S), running(tmp_path) as h:
-            h.advertise_listener()
-            c = await h.client()
-            try:
-                part = await lead_with_a_lagging_hw(h, c, "t")
-                bootstrap = f"{HOST}:{h.port}"
-                if client == "aiokafka":
-                    reader = asyncio.ensure_future(
-                        first_record_aiokafka(bootstrap, "t", part.partition)
-                    )
-                else:
-                    reader = asyncio.ensure_future(
-                        asyncio.to_thread(THREADED[client], bootstrap, "t", part.partition)
-                    )
-                await asked.wait(lambda: bool(asked.refused), reader)
-                assert asked.answered == [], asked.answered
-                assert set(asked.refused) == {EXPECTED_REFUSAL[client]}
-                catch_up_alone(h, part)
-                # The client's retry gets the new end; only then does a record follow it.
-                await asked.wait(lambda: bool(asked.answered), reader)
-                assert asked.answered == [2]
-                values = produce_values("t", part.partition, batch([b"c"]), acks=1)
-                produced = only_partition(await c.call(PRODUCE, 9, values))
-                assert (produced.error_code, produced.base_offset) == (Errors.NONE, 2)
-                assert await reader == (2, b"c")
-            finally:
-                await c.close()
+        async with lagging_leader(tmp_path) as (h, c, part):
+            bootstrap = f"{HOST}:{h.port}"
+            if client == "aiokafka":
+                reader = asyncio.ensure_future(
+                    first_record_aiokafka(bootstrap, "t", part.partition)
+                )
+            else:
+                reader = asyncio.ensure_future(
+                    asyncio.to_thread(THREADED[client], bootstrap, "t", part.partition)
+                )
+            await asked.wait(lambda: bool(asked.refused), reader)
+            assert asked.answered == [], asked.answered
+            assert set(asked.refused) == {EXPECTED_REFUSAL[client]}
+            catch_up_alone(h, part)
+            # The client's retry gets the new end; only then does a record follow it.
+            await asked.wait(lambda: bool(asked.answered), reader)
+            assert asked.answered == [2]
+            values = produce_values("t", part.partition, batch([b"c"]), acks=1)
+            produced = only_partition(await c.call(PRODUCE, 9, values))
+            assert (produced.error_code, produced.base_offset) == (Errors.NONE, 2)
+            assert await reader == (2, b"c")
 
     asyncio.run(main())
 
@@ -189,25 +200,19 @@ def test_the_spark_source_plans_from_the_caught_up_end(
     asked = ListOffsetsLog(monkeypatch)
 
     async def main() -> None:
-        async with asyncio.timeout(TEST_TIMEOUT_S), running(tmp_path) as h:
-            h.advertise_listener()
-            c = await h.client()
-            try:
-                part = await lead_with_a_lagging_hw(h, c, "t")
-                options = parse_source_options(
-                    {"kafka.bootstrap.servers": f"{HOST}:{h.port}", "subscribe": "t"},
-                    streaming=False,
-                )
-                tp = ("t", part.partition)
-                planned = asyncio.ensure_future(
-                    asyncio.to_thread(lambda: Cluster(options).offsets([tp]))
-                )
-                await asked.wait(lambda: bool(asked.refused), planned)
-                assert set(asked.refused) == {Errors.OFFSET_NOT_AVAILABLE}
-                catch_up_alone(h, part)
-                earliest, latest = await planned
-                assert (earliest, latest) == ({tp: 0}, {tp: 2})
-            finally:
-                await c.close()
+        async with lagging_leader(tmp_path) as (h, _, part):
+            options = parse_source_options(
+                {"kafka.bootstrap.servers": f"{HOST}:{h.port}", "subscribe": "t"},
+                streaming=False,
+            )
+            tp = ("t", part.partition)
+            planned = asyncio.ensure_future(
+                asyncio.to_thread(lambda: Cluster(options).offsets([tp]))
+            )
+            await asked.wait(lambda: bool(asked.refused), planned)
+            assert set(asked.refused) == {Errors.OFFSET_NOT_AVAILABLE}
+            catch_up_alone(h, part)
+            earliest, latest = await planned
+            assert (earliest, latest) == ({tp: 0}, {tp: 2})
 
     asyncio.run(main())
