@@ -63,17 +63,7 @@ class BrokerContext:
 
     def alive_brokers(self) -> dict[int, BrokerEndpoint]:
         """Unfenced brokers with a Kafka endpoint: the ones clients may be sent to."""
-        alive: dict[int, BrokerEndpoint] = {}
-        for broker in self.image.brokers.values():
-            if broker.fenced:
-                continue
-            endpoint = _parse_endpoint(broker.endpoints.get("kafka", ""))
-            if endpoint is None:
-                continue
-            alive[broker.broker_id] = BrokerEndpoint(
-                broker.broker_id, endpoint.host, endpoint.port, broker.rack
-            )
-        return alive
+        return {b.node_id: b for b, fenced in self.registered_brokers() if not fenced}
 
     def registered_brokers(self) -> list[tuple[BrokerEndpoint, bool]]:
         """Every registered broker with a Kafka endpoint, by id, and whether it is fenced."""

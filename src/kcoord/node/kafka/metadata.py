@@ -354,8 +354,9 @@ class MetadataApi:
                 ],
                 "next_cursor": None,
             }
-        registered = {b.node_id for b, _ in self.ctx.registered_brokers()}
-        alive = self.ctx.alive_brokers()
+        brokers = self.ctx.registered_brokers()
+        registered = {b.node_id for b, _ in brokers}
+        alive = {b.node_id for b, fenced in brokers if not fenced}
         remaining = min(MAX_REQUEST_PARTITION_SIZE_LIMIT, int(body.response_partition_limit))
         topics: list[dict[str, Any]] = []
         next_cursor: dict[str, Any] | None = None
