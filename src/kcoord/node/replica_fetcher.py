@@ -16,7 +16,9 @@ round of a fetcher:
    HW. Only then does the partition fetch.
 2. ``ReplicaFetch`` with every ready partition (fetch offset = our LEO, our leader epoch and
    last fetched epoch, our HW and log start), long-polling up to ``replica.fetch.wait.max.ms``;
-   the answer names only the partitions with something to apply. Records are
+   in a fetch session (KIP-227, cluster/fetch_session.py; one per leader) the request names
+   only the partitions whose fetch state changed since the previous one, and the answer names
+   only the partitions with something to apply. Records are
    appended with ``Log.append_as_follower``; the HW becomes min(leader HW, our LEO); the log
    start follows the leader's. ``OFFSET_OUT_OF_RANGE`` below the leader's log start restarts
    the log there (``truncate_fully_and_start_at``); a ``diverging_epoch`` truncates as above.
@@ -34,6 +36,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from kcoord.cluster.fetch_session import FetchItem, FetchSessionHandler
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
@@ -80,6 +83,8 @@ class ReplicaFetcherManager:
         self.backoff_ms = backoff_ms
         self.rpc_timeout_s = rpc_timeout_s
         self._fetchers: dict[int, asyncio.Task[None]] = {}
+        # One fetch session per leader (KIP-227): a request names only what changed.
+        self._sessions: dict[int, FetchSessionHandler] = {}
         # (topic, partition) -> loop time before which it is not fetched (after an error).
         self._backoff_until: dict[tuple[str, int], float] = {}
         self._closed = False
@@ -160,7 +165,7 @@ class ReplicaFetcherManager:
         if not ready:
             await asyncio.sleep(self.backoff_ms / 1000)  # every partition is backing off
             return
-        await self._fetch(client, ready)
+        await self._fetch(leader_id, client, ready)
 
     # -----------------------------------------------------------------------------------------
     # Truncation (KIP-101/279).
@@ -254,30 +259,39 @@ class ReplicaFetcherManager:
     # -----------------------------------------------------------------------------------------
     # Fetching.
 
-    async def _fetch(self, client: RpcClient, parts: list[Partition]) -> None:
+    async def _fetch(self, leader_id: int, client: RpcClient, parts: list[Partition]) -> None:
         sent = [(p, p.leader_epoch, p.log, p.log.log_end_offset) for p in parts]
-        reply = await client.call(
-            "ReplicaFetch",
-            {
-                "replica_id": self.node_id,
-                "replica_epoch": self.broker_epoch() or -1,
-                "max_wait_ms": self.max_wait_ms,
-                "max_bytes": self.max_bytes,
-                "partitions": [
-                    {
-                        "topic": p.topic,
-                        "partition": p.partition,
-                        "fetch_offset": fetch_offset,
-                        "leader_epoch": leader_epoch,
-                        "last_fetched_epoch": lg.epoch_cache.latest_epoch,
-                        "high_watermark": p.high_watermark,
-                        "log_start_offset": lg.log_start_offset,
-                    }
-                    for p, leader_epoch, lg, fetch_offset in sent
-                ],
-            },
-            self.max_wait_ms / 1000 + self.rpc_timeout_s,
-        )
+        session = self._sessions.setdefault(leader_id, FetchSessionHandler())
+        request = {
+            "replica_id": self.node_id,
+            "replica_epoch": self.broker_epoch() or -1,
+            "max_wait_ms": self.max_wait_ms,
+            "max_bytes": self.max_bytes,
+            **session.request(
+                FetchItem(
+                    p.topic,
+                    p.partition,
+                    fetch_offset,
+                    leader_epoch,
+                    lg.epoch_cache.latest_epoch,
+                    p.high_watermark,
+                    lg.log_start_offset,
+                )
+                for p, leader_epoch, lg, fetch_offset in sent
+            ),
+        }
+        try:
+            reply = await client.call(
+                "ReplicaFetch", request, self.max_wait_ms / 1000 + self.rpc_timeout_s
+            )
+        except BaseException:
+            session.reset()  # the leader may or may not have taken this request
+            raise
+        error = session.handle_response(reply)
+        if error is not Errors.NONE:
+            # The leader lost the session (it restarted, say): the next request is full.
+            log.info("fetch session with leader %d ended: %s", leader_id, error.name)
+            return
         # The answer names only the partitions with something to apply (we sent our HW and
         # log start, so the leader knows what we have).
         by_tp = {item[0].tp: item for item in sent}

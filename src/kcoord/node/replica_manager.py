@@ -39,10 +39,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from kcoord.cluster.fetch_session import FetchItem, FetchSessions
 from kcoord.cluster.replication import LeaderReplication
 from kcoord.errors import Errors
 from kcoord.node.log_dir_failure import LogDirFailureChannel
@@ -108,6 +110,28 @@ class KafkaError(Exception):
         self.message = message
         # Produce only: (index of the record in its batch, message) per refused record.
         self.record_errors = tuple(record_errors)
+
+
+def _fetch_result(
+    item: FetchItem,
+    part: Partition | None = None,
+    *,
+    error: Errors = Errors.NONE,
+    records: bytes = b"",
+    diverging_epoch: dict[str, int] | None = None,
+) -> dict[str, Any]:
+    """One partition of a ``ReplicaFetch`` answer; the leader's offsets when ``part`` is given."""
+    lg = part.log if part is not None else None
+    return {
+        "topic": item.topic,
+        "partition": item.partition,
+        "error": int(error),
+        "high_watermark": part.high_watermark if part is not None else -1,
+        "log_start_offset": lg.log_start_offset if lg is not None else -1,
+        "log_end_offset": lg.log_end_offset if lg is not None else -1,
+        "records": records,
+        "diverging_epoch": diverging_epoch,
+    }
 
 
 @dataclass(slots=True)
@@ -276,6 +300,8 @@ class ReplicaManager:
         self._checkpointed_hw = logs.read_high_watermarks()
         # Long-polling replica fetches wait on these; set on every append and HW move.
         self._fetch_wakeups: set[asyncio.Event] = set()
+        # The followers' fetch sessions (KIP-227): a fetch names only what changed.
+        self.fetch_sessions = FetchSessions(lambda: random.randrange(1, 2**31))
         self._unfenced: frozenset[int] = frozenset()
         self._unfenced_key: tuple[int, int] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
@@ -756,22 +782,27 @@ class ReplicaManager:
     async def handle_replica_fetch(self, payload: Any) -> dict[str, Any]:
         """``ReplicaFetch``: a follower's long-poll (Kafka's Fetch from a replica).
 
-        Payload: ``{replica_id, replica_epoch, max_wait_ms, max_bytes, partitions: [{topic,
-        partition, fetch_offset, leader_epoch, last_fetched_epoch, high_watermark,
-        log_start_offset}]}``. The follower's ``high_watermark`` (KIP-1166's field of the Fetch
-        request) lets the leader answer when its HW is above the follower's, so followers learn
-        the HW without waiting for new data. A HW alone waits ``high_watermark_linger_ms`` for
-        records to go with it (see ``HIGH_WATERMARK_LINGER_MS``). Answer: ``{partitions:
-        [{topic, partition, error, high_watermark, log_start_offset, log_end_offset, records,
-        diverging_epoch}]}`` where ``diverging_epoch`` is None or ``{epoch, end_offset}``
-        (KIP-320/KIP-595); with the follower's optional ``log_start_offset``, only the
-        partitions with something for it to apply.
+        Payload: ``{replica_id, replica_epoch, max_wait_ms, max_bytes, session_id,
+        session_epoch, forgotten: [[topic, partition]], partitions: [{topic, partition,
+        fetch_offset, leader_epoch, last_fetched_epoch, high_watermark, log_start_offset}]}``;
+        the session fields (KIP-227, cluster/fetch_session.py) are optional, and with them
+        ``partitions`` names only what changed since the session's previous request. The
+        follower's ``high_watermark`` (KIP-1166's field of the Fetch request) lets the leader
+        answer when its HW is above the follower's, so followers learn the HW without waiting
+        for new data. A HW alone waits ``high_watermark_linger_ms`` for records to go with it
+        (see ``HIGH_WATERMARK_LINGER_MS``). Answer: ``{error, session_id, partitions: [{topic,
+        partition, error, high_watermark, log_start_offset, log_end_offset, records,
+        diverging_epoch}]}`` where ``error`` is a session's error, ``diverging_epoch`` is None
+        or ``{epoch, end_offset}`` (KIP-320/KIP-595); with the follower's optional
+        ``log_start_offset``, only the partitions with something for it to apply.
         """
         replica_id = int(payload["replica_id"])
         replica_epoch = int(payload.get("replica_epoch", -1))
         max_wait_ms = int(payload.get("max_wait_ms", 0))
         max_bytes = int(payload.get("max_bytes", 1024 * 1024))
-        items = list(payload["partitions"])
+        error, session_id, items = self.fetch_sessions.resolve(replica_id, payload)
+        if error is not Errors.NONE:
+            return {"error": int(error), "session_id": session_id, "partitions": []}
         deadline = asyncio.get_running_loop().time() + max_wait_ms / 1000
         # The follower's position counts once, when the request arrives (its LEO then).
         for item in items:
@@ -791,18 +822,23 @@ class ReplicaManager:
                     answer_by = min(deadline, now + self.high_watermark_linger_ms / 1000)
                     lingering = True
                 if ready or now >= answer_by:
-                    return {"partitions": results}
+                    return {
+                        "error": int(Errors.NONE),
+                        "session_id": session_id,
+                        "partitions": results,
+                    }
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(answer_by - now):
                         await event.wait()
         finally:
             self._fetch_wakeups.discard(event)
 
-    def _follower_partition(self, replica_id: int, item: Any) -> Partition:
-        part = self.partitions.get((str(item["topic"]), int(item["partition"])))
+    def _follower_partition(
+        self, replica_id: int, tp: TopicPartition, leader_epoch: int
+    ) -> Partition:
+        part = self.partitions.get(tp)
         if part is None or not part.is_leader or part.replication is None:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)
-        leader_epoch = int(item["leader_epoch"])
         if leader_epoch < part.leader_epoch:
             raise KafkaError(Errors.FENCED_LEADER_EPOCH)
         if leader_epoch > part.leader_epoch:
@@ -811,45 +847,46 @@ class ReplicaManager:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{replica_id} is no replica")
         return part
 
-    def _record_follower_fetch(self, replica_id: int, replica_epoch: int, item: Any) -> None:
+    def _record_follower_fetch(self, replica_id: int, replica_epoch: int, item: FetchItem) -> None:
         try:
-            part = self._follower_partition(replica_id, item)
+            part = self._follower_partition(replica_id, item.tp, item.leader_epoch)
         except KafkaError:
             return
         assert part.replication is not None
-        follower_log_start = item.get("log_start_offset")
-        if follower_log_start is not None:
-            part.follower_log_starts[replica_id] = int(follower_log_start)
+        if item.log_start_offset is not None:
+            part.follower_log_starts[replica_id] = item.log_start_offset
         if part.low_watermark_waiters:
             # Recomputed on every follower fetch, as Kafka's Partition.updateFollowerFetchState
             # does: a replica fenced since the last one no longer holds the low watermark back.
             part.low_watermark_waiters.release(self.low_watermark(part))
-        fetch_offset = int(item["fetch_offset"])
-        if not part.log.log_start_offset <= fetch_offset <= part.log.log_end_offset:
+        fetch_offset = item.fetch_offset
+        lg = part.log
+        if not lg.log_start_offset <= fetch_offset <= lg.log_end_offset:
             return  # out of range: the follower truncates or restarts first
         if self._diverging_epoch(part, item) is not None:
             return
         part.replication.update_follower_fetch(
-            replica_id, fetch_offset, part.log.log_end_offset, self.now_ms(), replica_epoch
+            replica_id, fetch_offset, lg.log_end_offset, self.now_ms(), replica_epoch
         )
-        if part.high_watermark < part.log.log_end_offset:  # at the log end it cannot move
+        if part.high_watermark < lg.log_end_offset:  # at the log end it cannot move
             self.maybe_advance_high_watermark(part)
 
-    def _diverging_epoch(self, part: Partition, item: Any) -> dict[str, int] | None:
+    @staticmethod
+    def _diverging_epoch(part: Partition, item: FetchItem) -> dict[str, int] | None:
         """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320): the follower's last
         fetched epoch ends earlier here, or is unknown here."""
-        last_fetched_epoch = int(item.get("last_fetched_epoch", -1))
+        last_fetched_epoch = item.last_fetched_epoch
         if last_fetched_epoch < 0:
             return None
         epoch, end_offset = part.log.epoch_cache.end_offset_for(
             last_fetched_epoch, part.log.log_end_offset
         )
-        if epoch < last_fetched_epoch or end_offset < int(item["fetch_offset"]):
+        if epoch < last_fetched_epoch or end_offset < item.fetch_offset:
             return {"epoch": epoch, "end_offset": end_offset}
         return None
 
     def _read_for_follower(
-        self, replica_id: int, items: list[Any], max_bytes: int
+        self, replica_id: int, items: list[FetchItem], max_bytes: int
     ) -> tuple[list[dict[str, Any]], bool, bool]:
         """The answer's partitions; whether it is worth sending now (something for the
         follower to apply: records, an error, a divergence, a log start it lacks); and whether
@@ -861,65 +898,49 @@ class ReplicaManager:
         ready = high_watermark_news = False
         budget = max_bytes
         for item in items:
-            result: dict[str, Any] = {
-                "topic": item["topic"],
-                "partition": item["partition"],
-                "error": int(Errors.NONE),
-                "high_watermark": -1,
-                "log_start_offset": -1,
-                "log_end_offset": -1,
-                "records": b"",
-                "diverging_epoch": None,
-            }
             try:
-                part = self._follower_partition(replica_id, item)
+                part = self._follower_partition(replica_id, item.tp, item.leader_epoch)
             except KafkaError as e:
-                result["error"] = int(e.code)
-                results.append(result)
+                results.append(_fetch_result(item, error=e.code))
                 ready = True
                 continue
             lg = part.log
-            log_end_offset = lg.log_end_offset
-            result["high_watermark"] = high_watermark = part.high_watermark
-            result["log_start_offset"] = lg.log_start_offset
-            result["log_end_offset"] = log_end_offset
+            log_end_offset, log_start_offset = lg.log_end_offset, lg.log_start_offset
+            high_watermark = part.high_watermark
             diverging = self._diverging_epoch(part, item)
             if diverging is not None:
-                result["diverging_epoch"] = diverging
-                results.append(result)
+                results.append(_fetch_result(item, part, diverging_epoch=diverging))
                 ready = True
                 continue
-            fetch_offset = int(item["fetch_offset"])
-            follower_hw = int(item.get("high_watermark", -1))
-            follower_log_start = item.get("log_start_offset")
+            fetch_offset, follower_hw = item.fetch_offset, item.high_watermark
+            follower_log_start = item.log_start_offset
             high_watermark_news = high_watermark_news or high_watermark > follower_hw
-            news = follower_log_start is not None and lg.log_start_offset > int(follower_log_start)
+            news = follower_log_start is not None and log_start_offset > follower_log_start
+            records = b""
             if fetch_offset != log_end_offset:  # at the log end there is nothing to read
                 try:
                     data = lg.read(fetch_offset, budget, min_one=budget > 0)
                 except OffsetOutOfRangeError:
-                    result["error"] = int(Errors.OFFSET_OUT_OF_RANGE)
-                    results.append(result)
+                    results.append(_fetch_result(item, part, error=Errors.OFFSET_OUT_OF_RANGE))
                     ready = True
                     continue
                 except LogCorruptError as e:
                     log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
-                    result["error"] = int(Errors.KAFKA_STORAGE_ERROR)
-                    results.append(result)
+                    results.append(_fetch_result(item, part, error=Errors.KAFKA_STORAGE_ERROR))
                     ready = True
                     continue
                 if data.records:
-                    result["records"] = bytes(data.records)
-                    budget = max(0, budget - len(data.records))
+                    records = bytes(data.records)
+                    budget = max(0, budget - len(records))
                     news = True
             ready = ready or news
             if (
                 follower_log_start is None
-                or result["records"]
+                or records
+                or news
                 or min(high_watermark, fetch_offset) > follower_hw
-                or lg.log_start_offset > int(follower_log_start)
             ):
-                results.append(result)
+                results.append(_fetch_result(item, part, records=records))
         return results, ready, high_watermark_news
 
     async def handle_epoch_end_offset(self, payload: Any) -> dict[str, Any]:
@@ -940,7 +961,11 @@ class ReplicaManager:
                 "end_offset": -1,
             }
             try:
-                part = self._follower_partition(replica_id, item)
+                part = self._follower_partition(
+                    replica_id,
+                    (str(item["topic"]), int(item["partition"])),
+                    int(item["leader_epoch"]),
+                )
             except KafkaError as e:
                 result["error"] = int(e.code)
             else:

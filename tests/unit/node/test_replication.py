@@ -409,3 +409,49 @@ def test_a_log_opened_at_start_up_takes_its_topics_configs(tmp_path: Path) -> No
     config = node.partition.log.config
     assert (config.compact, config.delete, config.max_message_bytes) == (True, False, 2000)
     assert node.partition.log.log_end_offset == 1
+
+
+def test_a_fetch_session_names_only_the_partitions_that_moved(tmp_path: Path) -> None:
+    """KIP-227 between the fetcher and the leader: after the full first request, a request
+    names only the partitions whose fetch state changed, and the leader still serves both.
+    A leader that lost the session (a restart) refuses the next request; the follower starts
+    a new session with a full request and replication goes on."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
+        _start(cluster)
+        second = rec.Partition(
+            TOPIC_ID, 1, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0
+        )
+        for node in cluster.values():
+            node.cache.apply(2, [second])
+        parts = [follower.replicas.get_partition(TOPIC, p) for p in (0, 1)]
+        assert all(p is not None for p in parts)
+
+        async def fetch() -> dict[str, Any]:
+            await follower.fetchers._step(1, cast(list[Partition], parts))
+            method, payload = follower.fetchers.sent[-1]
+            assert method == "ReplicaFetch"
+            return cast(dict[str, Any], payload)
+
+        def named(payload: dict[str, Any]) -> list[int]:
+            return [int(p["partition"]) for p in payload["partitions"]]
+
+        leader.produce(b"a")  # partition 0 only
+        full = await fetch()
+        assert (full["session_epoch"], named(full)) == (0, [0, 1])
+        assert follower.values() == [b"a"]
+        moved = await fetch()  # partition 0's fetch offset moved (and with it the HW)
+        assert (moved["session_epoch"], named(moved)) == (1, [0])
+        assert leader.partition.high_watermark == 1
+
+        leader.replicas.fetch_sessions = type(leader.replicas.fetch_sessions)()  # restarted
+        leader.produce(b"b")
+        refused = await fetch()
+        assert refused["session_epoch"] == 2 and follower.values() == [b"a"]
+        again = await fetch()
+        assert (again["session_epoch"], named(again)) == (0, [0, 1])
+        assert follower.values() == [b"a", b"b"]
+
+    asyncio.run(scenario())
