@@ -62,10 +62,36 @@ def _ms(value: Any, default: int = -1) -> int:
 
 def values(response: Any) -> dict[str, Any]:
     """A pure response as field values for ``codec.build_response``."""
-    out = dataclasses.asdict(response)
+    out: dict[str, Any] = _plain(response)
     if "throttle_time_ms" in out:
         out["throttle_time"] = out.pop("throttle_time_ms")
     return out
+
+
+# Per type: its dataclass field names, or None for every other type.
+_FIELD_NAMES: dict[type, tuple[str, ...] | None] = {}
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` without its deep copies of leaf values (it showed in profiles of
+    the commit path): dataclasses become dicts, lists, tuples and dicts are rebuilt, the rest
+    is shared (the pure responses hold ints, strings and bytes)."""
+    cls = type(value)
+    if cls is list or cls is tuple:
+        return cls(_plain(v) for v in value)
+    if cls is dict:
+        return {k: _plain(v) for k, v in value.items()}
+    try:
+        names = _FIELD_NAMES[cls]
+    except KeyError:
+        names = _FIELD_NAMES[cls] = (
+            tuple(f.name for f in dataclasses.fields(value))
+            if dataclasses.is_dataclass(value)
+            else None
+        )
+    if names is None:
+        return value
+    return {name: _plain(getattr(value, name)) for name in names}
 
 
 class GroupApi:
