@@ -15,6 +15,7 @@ must agree on this, so both halves are reproduced bit for bit:
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 _INT32_MIN: Final = -(1 << 31)
@@ -23,6 +24,23 @@ _UINT32_MASK: Final = 0xFFFFFFFF
 
 def java_string_hash(s: str) -> int:
     """Java's ``String.hashCode()``: a signed 32-bit int."""
+    # Every group request routes its group id, and a busy node sees the same ids over and over
+    # (Java caches the hash in the String). Only short ids are kept: bounded memory whatever
+    # the clients send.
+    if len(s) <= _CACHED_MAX_CHARS:
+        return _cached_hash(s)
+    return _hash(s)
+
+
+_CACHED_MAX_CHARS: Final = 255
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_hash(s: str) -> int:
+    return _hash(s)
+
+
+def _hash(s: str) -> int:
     # "surrogatepass" lets a lone surrogate (possible in a Python str, as in a Java String)
     # count as the one code unit it is.
     units = s.encode("utf-16-be", "surrogatepass")
