@@ -37,6 +37,9 @@ leader whose followers have not fetched yet) gets ``OFFSET_NOT_AVAILABLE`` for `
 a lookup that lands at or past the high watermark, ``LEADER_NOT_AVAILABLE`` below v5 (Kafka's
 ``Partition.fetchOffsetForTimestamp`` and ``ReplicaManager.fetchOffset``): the older high
 watermark would let a consumer's "latest" step back. Both are retriable in the three clients.
+A request from anything but a client (``replica_id`` a broker's id, or -2 for debugging) sees
+up to the log end instead of the HW, and -2 may ask a follower (``KafkaApis``'
+``isClientRequest`` and ``fetchOnlyFromLeader``).
 
 OffsetForLeaderEpoch (``KafkaApis.handleOffsetForLeaderEpochRequest``,
 ``Partition.lastOffsetForLeaderEpoch``), on the leader: the end offset of the requested leader
@@ -77,6 +80,8 @@ EARLIEST_LOCAL_TIMESTAMP: Final = -4
 LATEST_TIERED_TIMESTAMP: Final = -5
 # ListOffsetsRequest.CONSUMER_REPLICA_ID; OFFSET_NOT_AVAILABLE is answered from v5, as Kafka does.
 CONSUMER_REPLICA_ID: Final = -1
+# ListOffsetsRequest.DEBUGGING_REPLICA_ID: may be answered by a follower (fetchOnlyFromLeader).
+DEBUGGING_REPLICA_ID: Final = -2
 OFFSET_NOT_AVAILABLE_MIN_VERSION: Final = 5
 # FetchMetadata.INITIAL_EPOCH and FINAL_EPOCH: the epochs of a sessionless (full) fetch.
 _FULL_FETCH_EPOCHS: Final = (0, -1)
@@ -288,9 +293,14 @@ class FetchApi:
 
     async def handle_list_offsets(self, request: Request) -> Result:
         body = request.body
+        # KafkaApis.handleListOffsetRequest: a client's request (replica id -1) sees up to the
+        # HW; any other (a broker's id, or -2 for debugging) up to the log end, and -2 may be
+        # answered by a follower.
+        client = body.replica_id == CONSUMER_REPLICA_ID
+        leader_only = body.replica_id != DEBUGGING_REPLICA_ID
         # The error a client's request gets from a leader whose HW lags its epoch's start.
         lagging_error: Errors | None = None
-        if body.replica_id == CONSUMER_REPLICA_ID:
+        if client:
             lagging_error = (
                 Errors.OFFSET_NOT_AVAILABLE
                 if request.version >= OFFSET_NOT_AVAILABLE_MIN_VERSION
@@ -307,6 +317,8 @@ class FetchApi:
                         p.timestamp,
                         getattr(p, "current_leader_epoch", -1),
                         lagging_error,
+                        client=client,
+                        leader_only=leader_only,
                     )
                 )
             topics.append({"name": topic.name, "partitions": partitions})
@@ -319,11 +331,16 @@ class FetchApi:
         timestamp: int,
         current_leader_epoch: int,
         lagging_error: Errors | None,
+        *,
+        client: bool = True,
+        leader_only: bool = True,
     ) -> dict[str, Any]:
         try:
-            part = self.ctx.replicas.leader_partition(topic, partition)
+            replicas = self.ctx.replicas
+            hosted = None if leader_only else replicas.get_partition(topic, partition)
+            part = hosted or replicas.leader_partition(topic, partition)
             _raise_if_epoch_mismatch(part, current_leader_epoch)
-            found = _offset_for(part, timestamp, lagging_error)
+            found = _offset_for(part, timestamp, lagging_error, client=client)
         except KafkaError as e:
             return {
                 "partition_index": partition,
@@ -402,27 +419,29 @@ def _raise_if_epoch_mismatch(part: Partition, current_leader_epoch: int) -> None
 
 
 def _offset_for(
-    part: Partition, timestamp: int, lagging_error: Errors | None = None
+    part: Partition, timestamp: int, lagging_error: Errors | None = None, *, client: bool = True
 ) -> tuple[int, int]:
     """(timestamp, offset) answered for one ListOffsets partition; (-1, -1) if none.
 
-    ``lagging_error`` is raised, while this leader's HW is below the start of its epoch, for
-    "latest" and for a lookup whose answer is at or past the HW (Kafka's
-    ``Partition.fetchOffsetForTimestamp``): the records between may be committed already."""
+    A ``client``'s answers stop at the HW, any other's at the log end (Kafka's
+    ``Partition.fetchOffsetForTimestamp``: its ``lastFetchableOffset`` with no isolation
+    level). ``lagging_error`` is raised, while this leader's HW is below the start of its
+    epoch, for "latest" and for a lookup whose answer is at or past the HW: the records
+    between may be committed already."""
     log_ = part.log
-    high_watermark = part.high_watermark
+    last_fetchable = part.high_watermark if client else log_.log_end_offset
     lagging = (
         lagging_error is not None
         and part.replication is not None
-        and part.replication.leader_epoch_start_offset > high_watermark
+        and part.replication.leader_epoch_start_offset > last_fetchable
     )
 
-    def beyond_high_watermark() -> tuple[int, int]:
+    def beyond_last_fetchable() -> tuple[int, int]:
         if lagging:
             assert lagging_error is not None
             raise KafkaError(
                 lagging_error,
-                f"{part.topic}-{part.partition}: the high watermark ({high_watermark}) is "
+                f"{part.topic}-{part.partition}: the high watermark ({last_fetchable}) is "
                 f"below the start of leader epoch {part.leader_epoch}",
             )
         return -1, -1
@@ -430,7 +449,7 @@ def _offset_for(
     if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
         return -1, log_.log_start_offset
     if timestamp == LATEST_TIMESTAMP:
-        return beyond_high_watermark() if lagging else (-1, high_watermark)
+        return beyond_last_fetchable() if lagging else (-1, last_fetchable)
     if timestamp == LATEST_TIERED_TIMESTAMP:
         return -1, -1
     if timestamp == MAX_TIMESTAMP:
@@ -438,8 +457,8 @@ def _offset_for(
         for seg in log_.segments:
             if seg.max_timestamp > best[0]:
                 best = (seg.max_timestamp, seg.offset_of_max_timestamp)
-        if best[1] >= high_watermark:
-            return beyond_high_watermark()
+        if best[1] >= last_fetchable:
+            return beyond_last_fetchable()
         return best
     if timestamp < 0:
         raise KafkaError(Errors.INVALID_REQUEST, f"unknown special timestamp {timestamp}")
@@ -447,8 +466,8 @@ def _offset_for(
     if found is None:
         return -1, -1
     offset, found_timestamp = found
-    if offset >= high_watermark:
-        return beyond_high_watermark()
+    if offset >= last_fetchable:
+        return beyond_last_fetchable()
     return found_timestamp, offset
 
 

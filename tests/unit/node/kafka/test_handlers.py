@@ -1211,11 +1211,42 @@ def test_list_offsets_of_a_new_leader_whose_hw_lags_its_epoch(tmp_path: Path) ->
         assert await ask(100) == (unavailable, -1)  # offset 0, not below the HW
         assert await ask(-3) == (unavailable, -1)
         assert await ask(-2) == (Errors.NONE, 0)
-        assert await ask(-1, replica_id=2) == (Errors.NONE, 0)  # not a consumer's request
+        # Not a client's request: up to the log end (Kafka's lastFetchableOffset with no
+        # isolation level), and no lagging error.
+        assert await ask(-1, replica_id=2) == (Errors.NONE, 2)
+        assert await ask(100, replica_id=2) == (Errors.NONE, 0)
+        assert await ask(-3, replica_id=-2) == (Errors.NONE, 1)
         catch_up_alone(h, part)
         assert await ask(-1) == (Errors.NONE, 2)
         assert await ask(100) == (Errors.NONE, 0)
         assert await ask(-3) == (Errors.NONE, 1)  # records a and b: timestamps 100 and 101
+
+    run(tmp_path, test)
+
+
+def test_list_offsets_for_debugging_may_ask_a_follower(tmp_path: Path) -> None:
+    """``KafkaApis``' fetchOnlyFromLeader: replica id -2 (debugging) is answered by a follower
+    from its own log, up to its log end; a client's or a broker's request gets
+    NOT_LEADER_OR_FOLLOWER there."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 3)
+        followed = h.led_partitions("t", by=2)[0]
+        part = h.replicas.get_partition("t", followed)
+        assert part is not None and not part.is_leader
+
+        async def ask(replica_id: int, timestamp: int = -1) -> tuple[int, int]:
+            values = list_offsets_values("t", followed, timestamp, replica_id)
+            answer = (await c.call(LIST_OFFSETS, 7, values)).topics[0].partitions[0]
+            return answer.error_code, answer.offset
+
+        assert await ask(-2) == (Errors.NONE, 0)
+        assert await ask(-2, timestamp=-2) == (Errors.NONE, 0)
+        assert await ask(-1) == (Errors.NOT_LEADER_OR_FOLLOWER, -1)
+        assert await ask(3) == (Errors.NOT_LEADER_OR_FOLLOWER, -1)
+        unknown = list_offsets_values("t", 99, -1, -2)
+        answer = (await c.call(LIST_OFFSETS, 7, unknown)).topics[0].partitions[0]
+        assert answer.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
 
     run(tmp_path, test)
 

@@ -60,9 +60,15 @@ class ListOffsetsLog:
         self.answered: list[int] = []
         offset_for = fetch._offset_for
 
-        def recording(part: Partition, timestamp: int, lagging_error: Errors | None = None) -> Any:
+        def recording(
+            part: Partition,
+            timestamp: int,
+            lagging_error: Errors | None = None,
+            *,
+            client: bool = True,
+        ) -> Any:
             try:
-                found = offset_for(part, timestamp, lagging_error)
+                found = offset_for(part, timestamp, lagging_error, client=client)
             except KafkaError as e:
                 if e.code in LAGGING_ERRORS:
                     self.refused.append(e.code)
