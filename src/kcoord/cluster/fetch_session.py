@@ -97,12 +97,16 @@ class FetchSessions:
     def __len__(self) -> int:
         return len(self._by_replica)
 
-    def resolve(self, replica_id: int, payload: Any) -> tuple[Errors, int, list[FetchItem]]:
-        """(error, the session id to answer, the partitions to serve) for a request.
+    def resolve(
+        self, replica_id: int, payload: Any, *, may_open: bool = True
+    ) -> tuple[Errors, int, list[FetchItem]]:
+        """(error, the session id to answer, the partitions to serve) for a request. A full
+        request opens a session only if ``may_open`` (the node opens them for the brokers it
+        knows, so what it keeps is bounded; otherwise the request is served sessionless).
         ``KeyError`` / ``TypeError`` / ``ValueError`` if the payload is malformed."""
         changed = [FetchItem.parse(item) for item in payload["partitions"]]
         epoch = int(payload.get("session_epoch", SESSIONLESS_EPOCH))
-        if epoch == SESSIONLESS_EPOCH:
+        if epoch == SESSIONLESS_EPOCH or (epoch == FULL_EPOCH and not may_open):
             return Errors.NONE, NO_SESSION, changed
         if epoch == FULL_EPOCH:
             session_id = self._new_session_id()

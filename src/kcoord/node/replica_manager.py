@@ -800,7 +800,9 @@ class ReplicaManager:
         replica_epoch = int(payload.get("replica_epoch", -1))
         max_wait_ms = int(payload.get("max_wait_ms", 0))
         max_bytes = int(payload.get("max_bytes", 1024 * 1024))
-        error, session_id, items = self.fetch_sessions.resolve(replica_id, payload)
+        error, session_id, items = self.fetch_sessions.resolve(
+            replica_id, payload, may_open=self.cache.image.broker(replica_id) is not None
+        )
         if error is not Errors.NONE:
             return {"error": int(error), "session_id": session_id, "partitions": []}
         deadline = asyncio.get_running_loop().time() + max_wait_ms / 1000

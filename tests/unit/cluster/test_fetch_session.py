@@ -113,6 +113,17 @@ def test_sessionless_requests_keep_nothing_and_a_leader_without_sessions_gets_fu
         handler.handle_response({"partitions": []})
 
 
+def test_a_full_request_that_may_not_open_a_session_is_served_sessionless() -> None:
+    """The node opens sessions only for brokers it knows: what it keeps stays bounded."""
+    handler, sessions = FetchSessionHandler(), FetchSessions()
+    request = handler.request([item(0)])
+    payload = {"replica_id": 99, **request}
+    assert sessions.resolve(99, payload, may_open=False) == (Errors.NONE, NO_SESSION, [item(0)])
+    assert len(sessions) == 0
+    handler.handle_response({"error": 0, "session_id": NO_SESSION, "partitions": []})
+    assert handler.request([item(0)])["session_epoch"] == FULL_EPOCH
+
+
 def test_a_malformed_item_is_refused() -> None:
     sessions = FetchSessions()
     for bad in ({"topic": "t"}, {"topic": "t", "partition": "x", "fetch_offset": 0}):
