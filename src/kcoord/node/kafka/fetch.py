@@ -337,8 +337,9 @@ class FetchApi:
     ) -> dict[str, Any]:
         try:
             replicas = self.ctx.replicas
-            hosted = None if leader_only else replicas.get_partition(topic, partition)
-            part = hosted or replicas.leader_partition(topic, partition)
+            part = None if leader_only else replicas.get_partition(topic, partition)
+            if part is None:
+                part = replicas.leader_partition(topic, partition)
             _raise_if_epoch_mismatch(part, current_leader_epoch)
             found = _offset_for(part, timestamp, lagging_error, client=client)
         except KafkaError as e:
