@@ -93,6 +93,9 @@ class FetchSessions:
         random, as Kafka's ``FetchSessionCache.newSessionId`` does; a count by default)."""
         self._new_session_id = new_session_id or itertools.count(1).__next__
         self._by_replica: dict[int, _Session] = {}
+        # Sessions opened (full requests that opened one): a follower's first fetch, or one
+        # after it or this leader lost the session. A steady cluster opens few.
+        self.opened = 0
 
     def __len__(self) -> int:
         return len(self._by_replica)
@@ -112,6 +115,7 @@ class FetchSessions:
             session_id = self._new_session_id()
             assert session_id != NO_SESSION
             self._by_replica[replica_id] = _Session(session_id, {i.tp: i for i in changed})
+            self.opened += 1
             return Errors.NONE, session_id, changed
         session = self._by_replica.get(replica_id)
         if session is None or session.session_id != int(payload.get("session_id", NO_SESSION)):

@@ -52,6 +52,7 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
                  G kcoord_replica_leader_partitions  G kcoord_replica_under_replicated_partitions
                  G kcoord_replica_under_min_isr_partitions  C kcoord_replica_isr_shrinks_total
                  C kcoord_replica_isr_expands_total  C kcoord_log_appended_bytes_total{role}
+                 G kcoord_replica_fetch_sessions  C kcoord_replica_fetch_sessions_opened_total
     logs         C kcoord_log_retention_deleted_segments_total
                  C kcoord_log_cleaner_passes_total{result}  C kcoord_log_cleaner_read_bytes_total
                  C kcoord_log_cleaner_dropped_records_total{kind}
@@ -435,6 +436,17 @@ class NodeCollector(Collector):
         appended.add_metric(["leader"], replicas.leader_bytes_appended)
         appended.add_metric(["follower"], replicas.follower_bytes_appended)
         yield appended
+        # Kafka's NumIncrementalFetchSessions; opened counts full requests that opened one.
+        yield _gauge(
+            "kcoord_replica_fetch_sessions",
+            "Followers' fetch sessions (KIP-227) held here as leader.",
+            len(replicas.fetch_sessions),
+        )
+        yield _counter(
+            "kcoord_replica_fetch_sessions_opened_total",
+            "Fetch sessions opened here: a follower's first fetch, or one after a lost session.",
+            replicas.fetch_sessions.opened,
+        )
 
     def _log_maintenance(self) -> Iterator[Metric]:
         maintenance = self.node.log_maintenance

@@ -98,6 +98,7 @@ def test_a_failed_request_resets_the_follower_and_a_new_full_request_replaces_th
     assert error is Errors.NONE and served == [item(0, fetch_offset=1), item(1)]
     assert handler.session_id not in (NO_SESSION, old_id)
     assert len(sessions) == 1  # one session per follower
+    assert sessions.opened == 2
 
 
 def test_sessionless_requests_keep_nothing_and_a_leader_without_sessions_gets_full_ones() -> None:
@@ -119,7 +120,7 @@ def test_a_full_request_that_may_not_open_a_session_is_served_sessionless() -> N
     request = handler.request([item(0)])
     payload = {"replica_id": 99, **request}
     assert sessions.resolve(99, payload, may_open=False) == (Errors.NONE, NO_SESSION, [item(0)])
-    assert len(sessions) == 0
+    assert len(sessions) == 0 and sessions.opened == 0
     handler.handle_response({"error": 0, "session_id": NO_SESSION, "partitions": []})
     assert handler.request([item(0)])["session_epoch"] == FULL_EPOCH
 

@@ -452,6 +452,10 @@ def test_a_fetch_session_names_only_the_partitions_that_moved(tmp_path: Path) ->
         assert refused["session_epoch"] == 2 and follower.values() == [b"a"]
         again = await fetch()
         assert (again["session_epoch"], named(again)) == (0, [0, 1])
+        assert (len(leader.replicas.fetch_sessions), leader.replicas.fetch_sessions.opened) == (
+            1,
+            1,
+        )
         assert follower.values() == [b"a", b"b"]
 
     asyncio.run(scenario())
