@@ -614,6 +614,20 @@ def test_describe_cluster_through_every_client(cluster: LocalCluster) -> None:
     assert len(cluster_ids) == 1 and all(cluster_ids), cluster_ids
 
 
+def test_describe_features_through_kafka_python(cluster: LocalCluster) -> None:
+    """KIP-584 through kafka-python's admin client (ApiVersions v3+): group.version and
+    eligible.leader.replicas.version finalized at 1 (KIP-848, KIP-966), nothing else; their
+    supported ranges (0 to 1) only if it asked v4 (Kafka leaves zero minimums out below)."""
+    assert cluster.state is not None
+    answer = run_client(
+        "kafka-python", {"op": "describe_features", "bootstrap": cluster.state.bootstrap_servers}
+    )
+    assert set(answer) == {"group.version", "eligible.leader.replicas.version"}
+    for name, feature in answer.items():
+        assert (feature["finalized"], feature["finalized_epoch"]) == ([1, 1], 0), name
+        assert feature.get("supported", [0, 1]) == [0, 1], name
+
+
 def test_describe_topic_partitions_pages_through_a_topic(cluster: LocalCluster) -> None:
     """KIP-966's DescribeTopicPartitions through kafka-python's admin client: a 5-partition
     topic read two partitions a page, following the cursor, agrees with Metadata's leaders."""

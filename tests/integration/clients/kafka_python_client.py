@@ -340,6 +340,14 @@ def describe_cluster(cmd: dict[str, Any]) -> Any:
     }
 
 
+def describe_features(cmd: dict[str, Any]) -> Any:
+    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
+    try:
+        return admin.describe_features()
+    finally:
+        admin.close()
+
+
 def describe_topic_partitions(cmd: dict[str, Any]) -> Any:
     """Every partition of the topic, a page of ``limit`` partitions at a time (KIP-966)."""
     admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
@@ -414,6 +422,7 @@ def main() -> None:
         "committed": committed,
         "describe_group": describe_group,
         "describe_cluster": describe_cluster,
+        "describe_features": describe_features,
         "describe_producers": describe_producers,
         "list_transactions": list_transactions,
         "describe_topic_partitions": describe_topic_partitions,

@@ -34,6 +34,22 @@ from kcoord.node.kafka.codec import API_VERSIONS_KEY, RequestHeader
 # KIP-511: client software names and versions (ApiVersionsRequest.isValid).
 _SOFTWARE_PATTERN: Final = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
+# KIP-584 feature flags in ApiVersions v3+ (Kafka's BrokerFeatures and the finalized levels of
+# its metadata log): name -> (min supported, max supported, finalized level). kcoord's levels
+# are fixed by its code, always on: group.version 1 is KIP-848's consumer protocol,
+# eligible.leader.replicas.version 1 is KIP-966's ELR. Kafka's metadata.version and
+# kraft.version name the format of its own metadata log and quorum, which kcoord's are not, so
+# they are left out; so is transaction.version (no transactions here).
+FEATURES: Final = {
+    "eligible.leader.replicas.version": (0, 1, 1),
+    "group.version": (0, 1, 1),
+}
+# Kafka's epoch is the metadata offset of the last feature change; kcoord's never change.
+FINALIZED_FEATURES_EPOCH: Final = 0
+# ApiVersionsResponse: below v4 a supported feature whose minimum is 0 is left out, as older
+# clients refuse such a range (KAFKA-17011, KAFKA-17492).
+_ZERO_MIN_FEATURES_MIN_VERSION: Final = 4
+
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -142,7 +158,22 @@ class ApiRegistry:
             _SOFTWARE_PATTERN.fullmatch(name) and _SOFTWARE_PATTERN.fullmatch(version or "")
         ):
             return {"error_code": Errors.INVALID_REQUEST, "api_keys": []}
-        return {"error_code": Errors.NONE, "api_keys": self.api_keys(), "throttle_time": 0}
+        zero_min_too = request.version >= _ZERO_MIN_FEATURES_MIN_VERSION
+        return {
+            "error_code": Errors.NONE,
+            "api_keys": self.api_keys(),
+            "throttle_time": 0,
+            "supported_features": [
+                {"name": name, "min_version": low, "max_version": high}
+                for name, (low, high, _) in FEATURES.items()
+                if low > 0 or zero_min_too
+            ],
+            "finalized_features_epoch": FINALIZED_FEATURES_EPOCH,
+            "finalized_features": [
+                {"name": name, "min_version_level": level, "max_version_level": level}
+                for name, (_, _, level) in FEATURES.items()
+            ],
+        }
 
     def unsupported_api_versions(self, correlation_id: int) -> bytes:
         """Kafka's answer to an ApiVersions version it does not know: v0 with

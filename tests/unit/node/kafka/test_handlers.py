@@ -165,6 +165,33 @@ def test_api_versions_advertise_what_is_served(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_api_versions_features(tmp_path: Path) -> None:
+    """KIP-584: the finalized group.version and eligible.leader.replicas.version (1: KIP-848,
+    KIP-966) from v3; a supported range starting at 0 only from v4, as Kafka leaves it out
+    below (KAFKA-17492: older clients refuse a zero minimum)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        names = {"group.version", "eligible.leader.replicas.version"}
+        for version in (3, 4):
+            response = await c.call(
+                API_VERSIONS,
+                version,
+                {"client_software_name": "kcoord-tests", "client_software_version": "1.0"},
+            )
+            finalized = {
+                f.name: (f.min_version_level, f.max_version_level)
+                for f in response.finalized_features
+            }
+            assert finalized == dict.fromkeys(names, (1, 1))
+            assert response.finalized_features_epoch == 0
+            supported = {
+                f.name: (f.min_version, f.max_version) for f in response.supported_features
+            }
+            assert supported == ({} if version == 3 else dict.fromkeys(names, (0, 1)))
+
+    run(tmp_path, test)
+
+
 def test_api_versions_unknown_version_and_bad_software_name(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         # A version from the future: v0 answer with UNSUPPORTED_VERSION and the real list.
