@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
@@ -14,15 +16,22 @@ DEADLINE_S = 60.0
 TIMESTAMP_TYPES = {0: "CreateTime", 1: "LogAppendTime"}
 
 
-def create_topic(cmd: dict[str, Any]) -> Any:
+@contextmanager
+def _admin(cmd: dict[str, Any]) -> Iterator[KafkaAdminClient]:
+    """An admin client of ``cmd``'s cluster, closed after the block."""
     admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def create_topic(cmd: dict[str, Any]) -> Any:
+    with _admin(cmd) as admin:
         admin.create_topics(
             [NewTopic(cmd["topic"], cmd["partitions"], cmd["replication_factor"])],
             timeout_ms=30_000,
         )
-    finally:
-        admin.close()
     return "created"
 
 
@@ -101,33 +110,24 @@ def leaders(cmd: dict[str, Any]) -> Any:
 
 
 def create_partitions(cmd: dict[str, Any]) -> Any:
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         admin.create_partitions({cmd["topic"]: cmd["partitions"]}, timeout_ms=30_000)
-    finally:
-        admin.close()
     return "created"
 
 
 def committed(cmd: dict[str, Any]) -> Any:
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         offsets = admin.list_group_offsets({cmd["group"]: None})[cmd["group"]]
-    finally:
-        admin.close()
     return {tp.partition: om.offset for tp, om in offsets.items() if tp.topic == cmd["topic"]}
 
 
 def describe_group(cmd: dict[str, Any]) -> Any:
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         coordinator = admin._manager.run(admin._find_coordinator_id, cmd["group"])
         group = admin.describe_groups(
             [cmd["group"]], group_coordinator_id=coordinator, include_authorized_operations=True
         )
         group = group[cmd["group"]]
-    finally:
-        admin.close()
     members = []
     for m in group["members"]:
         assignment = m["member_assignment"] or {"assigned_partitions": []}
@@ -154,11 +154,8 @@ def describe_group(cmd: dict[str, Any]) -> Any:
 
 def describe_configs(cmd: dict[str, Any]) -> Any:
     kind = ConfigResourceType.TOPIC if cmd["resource"] == "topic" else ConfigResourceType.BROKER
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         result = admin.describe_configs([ConfigResource(kind, cmd["name"])], config_filter="all")
-    finally:
-        admin.close()
     (by_name,) = result.values()  # {"topic" or "broker": {name: {key: entry}}}
     entries = by_name[cmd["name"]]
     return {key: [e["value"], e["config_source"]] for key, e in entries.items()}
@@ -166,40 +163,31 @@ def describe_configs(cmd: dict[str, Any]) -> Any:
 
 def alter_configs(cmd: dict[str, Any]) -> Any:
     """The legacy AlterConfigs, to which kafka-python adds the topic's other own configs."""
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         result = admin.alter_configs(
             [ConfigResource(ConfigResourceType.TOPIC, cmd["topic"], configs=cmd["configs"])],
             incremental=False,
         )
-    finally:
-        admin.close()
     outcome = result["topic"][cmd["topic"]]
     return {"error": 0} if outcome == "OK" else {"error": outcome}
 
 
 def delete_records(cmd: dict[str, Any]) -> Any:
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         result = admin.delete_records(
             {TopicPartition(cmd["topic"], int(p)): o for p, o in cmd["offsets"].items()},
             timeout_ms=30_000,
         )
-    finally:
-        admin.close()
     return {tp.partition: answer["low_watermark"] for tp, answer in result.items()}
 
 
 def elect_leaders(cmd: dict[str, Any]) -> Any:
     """A preferred election for ``partitions`` (null: every partition) -> {partition: error}."""
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     partitions = cmd["partitions"]
-    try:
+    with _admin(cmd) as admin:
         response = admin.elect_leaders(
             0, None if partitions is None else {cmd["topic"]: partitions}, raise_errors=False
         )
-    finally:
-        admin.close()
     return {
         p.partition_id: p.error_code
         for r in response.replica_election_results
@@ -210,11 +198,8 @@ def elect_leaders(cmd: dict[str, Any]) -> Any:
 
 def describe_log_dirs(cmd: dict[str, Any]) -> Any:
     """Every broker's log dirs -> {broker: {partition: size}} for ``topic``."""
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         answers = admin.describe_log_dirs()
-    finally:
-        admin.close()
     return {
         answer["broker"]: {
             p["partition_index"]: p["partition_size"]
@@ -241,7 +226,6 @@ def acls(cmd: dict[str, Any]) -> Any:
     )
     from kafka.errors import KafkaError
 
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     pattern = ResourcePattern(ResourceType.TOPIC, cmd["topic"], ACLResourcePatternType.LITERAL)
     acl = ACL("User:alice", "*", ACLOperation.READ, ACLPermissionType.ALLOW, pattern)
     match = ACLFilter(
@@ -252,7 +236,7 @@ def acls(cmd: dict[str, Any]) -> Any:
         ResourcePatternFilter(ResourceType.TOPIC, cmd["topic"], ACLResourcePatternType.LITERAL),
     )
     answers: dict[str, Any] = {}
-    try:
+    with _admin(cmd) as admin:
         try:
             admin.describe_acls(match)
             answers["describe"] = "NoError"
@@ -262,8 +246,6 @@ def acls(cmd: dict[str, Any]) -> Any:
         answers["create"] = [error.__name__ for error in created["failed"]]  # error classes
         deleted = admin.delete_acls([match])
         answers["delete"] = [error.__name__ for _, _, error in deleted]
-    finally:
-        admin.close()
     return answers
 
 
@@ -326,11 +308,8 @@ def transactions(cmd: dict[str, Any]) -> Any:
 
 
 def describe_cluster(cmd: dict[str, Any]) -> Any:
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         described = admin.describe_cluster()
-    finally:
-        admin.close()
     operations = described.get("authorized_operations")  # names, from DescribeCluster
     return {
         "cluster_id": described["cluster_id"],
@@ -341,20 +320,16 @@ def describe_cluster(cmd: dict[str, Any]) -> Any:
 
 
 def describe_features(cmd: dict[str, Any]) -> Any:
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         return admin.describe_features()
-    finally:
-        admin.close()
 
 
 def describe_topic_partitions(cmd: dict[str, Any]) -> Any:
     """Every partition of the topic, a page of ``limit`` partitions at a time (KIP-966)."""
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
     partitions: list[list[Any]] = []
     pages = 0
     cursor = None
-    try:
+    with _admin(cmd) as admin:
         while True:
             page = admin.describe_topic_partitions(
                 [cmd["topic"]], response_partition_limit=cmd["limit"], cursor=cursor
@@ -374,20 +349,15 @@ def describe_topic_partitions(cmd: dict[str, Any]) -> Any:
             cursor = page["next_cursor"]
             if cursor is None:
                 break
-    finally:
-        admin.close()
     return {"pages": pages, "partitions": partitions}
 
 
 def describe_producers(cmd: dict[str, Any]) -> Any:
     """``{partition: [[producer id, epoch, last sequence], ...]}`` at each partition's leader."""
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         states = admin.describe_producers(
             [TopicPartition(cmd["topic"], p) for p in cmd["partitions"]]
         )
-    finally:
-        admin.close()
     return {
         str(tp.partition): [
             [p.producer_id, p.producer_epoch, p.last_sequence] for p in state.active_producers
@@ -398,12 +368,9 @@ def describe_producers(cmd: dict[str, Any]) -> Any:
 
 def list_transactions(cmd: dict[str, Any]) -> Any:
     """ListTransactions at every broker, and kafka-transactions.sh's --find-hanging."""
-    admin = KafkaAdminClient(bootstrap_servers=cmd["bootstrap"], request_timeout_ms=30_000)
-    try:
+    with _admin(cmd) as admin:
         listed = admin.list_transactions()
         hanging = admin.find_hanging_transactions()
-    finally:
-        admin.close()
     return {
         "listed": {str(node): [str(t) for t in found] for node, found in listed.items()},
         "hanging": [str(t) for t in hanging],
