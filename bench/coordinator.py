@@ -79,6 +79,10 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
     ``kcoord_coordinator_batches_appended_total`` and ``..._records_appended_total``, read
     from ``/metrics`` before and after each case, give the records an append carried. The
     figure is the median commits/s of each linger and layout, and adaptive / 0; no target.
+(g) Case (a) on one kcoord node with ``offsets.topic.replication.factor`` 1, as tansu runs
+    (one broker, nothing replicated): a commit is answered once appended, with no follower
+    round trip. Beside (a) it splits kcoord's figure into what replication costs and what the
+    rest of the commit path costs; the ratio is to tansu's (a) figure; no target.
 
 Every figure is the median of its samples; the ratio is kcoord / tansu (for times, below 1 means
 kcoord is faster). Targets: every figure at least as good as tansu's; commit throughput with
@@ -87,9 +91,10 @@ on - 1 below ``METRICS_OVERHEAD_TARGET``; (e) with the consumer protocol, for ea
 unchanged member revoked (and some unchanged), and the joiner owns partitions within
 ``JOIN_OWNED_TARGET_HEARTBEATS`` heartbeat intervals (median of the rounds).
 
-Prints a side-by-side table, the tables of (d) to (f) and writes
-``bench/results/coordinator.json`` (raw samples, figures, targets, targets_met; (d) to (f)
-under ``metrics_cost``, ``join_<N>[_<protocol>]`` and ``batching_<layout>``, the kcoord-only
+Prints a side-by-side table, the tables of (d) to (g) and writes
+``bench/results/coordinator.json`` (raw samples, figures, targets, targets_met; (d) to (g)
+under ``metrics_cost``, ``join_<N>[_<protocol>]``, ``batching_<layout>`` and
+``single_node_commit_<clients>``, the kcoord-only
 targets with a ``value`` and a ``rule``). Every broker process, member process and member
 thread is stopped at the end, on failure too; on a failure the working directory (node logs,
 ``tansu.log``, member logs, ``librdkafka.log``) is kept and named.
@@ -137,6 +142,8 @@ from kcoord.node.kafka.client import call_once
 from kcoord.node.rpc_sync import call_sync
 
 NODES = 3
+# (g): one node holds every __consumer_offsets replica there is.
+SINGLE_NODE_OVERRIDES: dict[str, Any] = {"offsets.topic.replication.factor": 1}
 POLL_INTERVAL_S = 0.01
 COMMIT_SPEEDUP_TARGET = 1.5
 COMMIT_INTERVAL_S = 0.5  # the commit cases' throughput samples: commits per interval
@@ -1116,6 +1123,18 @@ async def measure_commits(brokers: list[Broker], run: Run) -> None:
             )
 
 
+async def measure_single_node(single: Broker, run: Run) -> None:
+    """(g): case (a) on one node, recorded as ``single_node_commit_<clients>``."""
+    for clients in (1, run.args.commit_clients):
+        result = await commit_case(single, run, clients, tag="single-")
+        run.record(f"single_node_commit_{clients}", "kcoord", result)
+        print(
+            f"  commits, {clients:2} client(s), 1 node: {result['commits_s']:8.0f}/s "
+            f"(median {result['latency']['median_ms']:.2f} ms)",
+            flush=True,
+        )
+
+
 async def measure_stable(brokers: list[Broker], run: Run, label: str) -> None:
     for members in run.args.stable_sizes:
         for broker in brokers:
@@ -1218,12 +1237,14 @@ async def measure_join(broker: Broker, run: Run) -> None:
             )
 
 
-def start_kcoord(run: Run, name: str, overrides: dict[str, Any]) -> launcher.ClusterState:
+def start_kcoord(
+    run: Run, name: str, overrides: dict[str, Any], nodes: int = NODES
+) -> launcher.ClusterState:
     root = run.work_dir / f"kcoord-{name}"
-    base = free_ports(run.rng, NODES, PORT_STRIDE)
+    base = free_ports(run.rng, nodes, PORT_STRIDE)
     shown = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    print(f"starting {NODES} kcoord nodes ({shown}) in {root}", flush=True)
-    state = launcher.up(root, NODES, base, overrides=overrides)
+    print(f"starting {nodes} kcoord node(s) ({shown}) in {root}", flush=True)
+    state = launcher.up(root, nodes, base, overrides=overrides)
     _poll_sync(
         lambda: offsets_on_preferred_leaders(state),
         "__consumer_offsets on its preferred leaders",
@@ -1242,9 +1263,11 @@ def kcoord_broker(state: launcher.ClusterState) -> Broker:
 
 
 @contextlib.asynccontextmanager
-async def kcoord_cluster(run: Run, name: str, overrides: dict[str, Any]) -> AsyncIterator[Broker]:
+async def kcoord_cluster(
+    run: Run, name: str, overrides: dict[str, Any], nodes: int = NODES
+) -> AsyncIterator[Broker]:
     # The launcher and the RPC helper are blocking (they run event loops of their own).
-    state = await asyncio.to_thread(start_kcoord, run, name, overrides)
+    state = await asyncio.to_thread(start_kcoord, run, name, overrides, nodes)
     try:
         yield kcoord_broker(state)
     finally:
@@ -1293,6 +1316,10 @@ async def run_all(run: Run, tansu: Broker) -> None:
             await create_topic(broker, COMMIT_TOPIC, commit_partitions, args.round_timeout_s)
         print("(f) OffsetCommit round trips: write batching (linger 0 vs adaptive)", flush=True)
         await measure_batching(clusters, run)
+    async with kcoord_cluster(run, "single-node", SINGLE_NODE_OVERRIDES, nodes=1) as single:
+        await prepare(single, run)
+        print("(g) OffsetCommit round trips, one kcoord node (replication factor 1)", flush=True)
+        await measure_single_node(single, run)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1470,6 +1497,18 @@ def kcoord_figures(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, d
             "ratio": adaptive / zero,
             "records_per_batch": {x: case[x]["records_per_batch"] for x in BATCH_LINGERS},
         }
+    for clients in (1, args.commit_clients):
+        single = raw[f"single_node_commit_{clients}"]["kcoord"]["commits_s"]
+        tansu = raw[f"commit_{clients}"]["tansu"]["commits_s"]
+        out[f"single_node_commit_{clients}"] = {
+            "label": f"commits/s, {clients} client(s), one node vs three and tansu",
+            "unit": "commits/s",
+            "higher_is_better": True,
+            "one_node": single,
+            "three_nodes": raw[f"commit_{clients}"]["kcoord"]["commits_s"],
+            "tansu": tansu,
+            "ratio_to_tansu": single / tansu,
+        }
     return out
 
 
@@ -1569,6 +1608,20 @@ def print_kcoord_table(
         "linger: group.coordinator.append.linger.ms, 0 or -1 (adaptive, the default); spread:\n"
         "the groups hash over the __consumer_offsets partitions, so over the three nodes;\n"
         "one_partition: every group hashes to one, so their writes can share an append."
+    )
+    print(
+        f"\n{'(g) commits/s (one run each)':38}{'1 node':>10}{'3 nodes':>10}{'tansu':>10}"
+        f"{'1 node/tansu':>14}"
+    )
+    for clients in (1, args.commit_clients):
+        f = extra[f"single_node_commit_{clients}"]
+        print(
+            f"{f'{clients} client(s)':38}{f['one_node']:10.0f}{f['three_nodes']:10.0f}"
+            f"{f['tansu']:10.0f}{f['ratio_to_tansu']:14.2f}"
+        )
+    print(
+        "1 node: offsets.topic.replication.factor 1, as tansu (one broker, nothing replicated);\n"
+        "3 nodes: case (a), replication factor 3 (a commit waits for the followers)."
     )
     print(f"\n{'kcoord target':46}{'value':>12}  {'rule':44}{'met':>5}")
     for t in targets:

@@ -8,7 +8,7 @@ group of 4 under the consumer protocol, classic eager and classic cooperative, w
 ends with a valid assignment, eager revokes every member and the other two revoke no member that
 keeps its partitions; commits with ``group.coordinator.append.linger.ms`` 0 and -1, groups spread
 and on one ``__consumer_offsets`` partition, where every commit is one record appended, each
-append alone with 0.
+append alone with 0; commits on one node with replication factor 1.
 """
 
 from __future__ import annotations
@@ -99,6 +99,8 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
         "metrics_cost",
         *(f"join_{JOIN_SIZE}_{p}" for p in JOIN_PROTOCOLS),
         *(f"batching_{layout}" for layout in BATCHING_LAYOUTS),
+        "single_node_commit_1",
+        "single_node_commit_2",
     }
     kcoord_targets = {
         "metrics_cost",
@@ -166,6 +168,21 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
     assert_metrics_cost(result)
     assert_join(result)
     assert_batching(result)
+    assert_single_node(result)
+
+
+def assert_single_node(result: dict[str, Any]) -> None:
+    """(g): case (a) on one node (replication factor 1), beside (a)'s figures."""
+    raw, figures = result["raw"], result["figures"]
+    for clients in (1, 2):
+        case = raw[f"single_node_commit_{clients}"]["kcoord"]
+        assert case["clients"] == clients
+        assert all(n > 0 for n in case["per_client_commits"])
+        figure = figures[f"single_node_commit_{clients}"]
+        assert figure["one_node"] == case["commits_s"]
+        assert figure["three_nodes"] == raw[f"commit_{clients}"]["kcoord"]["commits_s"]
+        assert figure["tansu"] == raw[f"commit_{clients}"]["tansu"]["commits_s"]
+        assert figure["ratio_to_tansu"] == pytest.approx(figure["one_node"] / figure["tansu"])
 
 
 def assert_metrics_cost(result: dict[str, Any]) -> None:
