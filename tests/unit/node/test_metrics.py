@@ -1,19 +1,30 @@
 """node/metrics.py over a real ReplicaManager and CoordinatorRuntime (no processes): the
-kafka_exporter lag families, partition offsets, coordinator counters; and the request stats."""
+kafka_exporter lag families, partition offsets, coordinator counters; the request stats; and
+the text exposition, read back by Prometheus' parser as prometheus_client's own."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 
 from kcoord.cluster.coordinator import types as t
 from kcoord.errors import Errors
 from kcoord.node.kafka.server import RequestStats
-from kcoord.node.metrics import NodeMetrics
+from kcoord.node.metrics import NodeMetrics, exposition
 from kcoord.storage import format as fmt
 from tests.unit.node.test_runtime import Node, commit, loaded
 
@@ -189,4 +200,71 @@ def test_request_stats_families(tmp_path: Path) -> None:
     samples = scrape(NodeMetrics(node_view(node, None)))
     assert value(samples, "kcoord_kafka_requests_total", api="OffsetCommit") is None
     assert value(samples, "kcoord_kafka_connections") == 2
+    node.logs.close()
+
+
+class Families(Collector):
+    """Families of every kind the exposition handles, with values and texts to escape."""
+
+    def collect(self) -> list[Metric]:
+        counter = CounterMetricFamily(
+            "demo_requests", 'Requests.\nWith a \\ and a "quote".', labels=["api", "note"]
+        )
+        counter.add_metric(["Fetch", 'a "quoted"\nline \\ here'], 3)
+        counter.add_metric(["Produce", "plain"], 2.5, created=1_700_000_000.25)
+        gauge = GaugeMetricFamily("demo_level", "Levels.", labels=["partition", "topic"])
+        for partition, level in enumerate((0, -7, 1e21, 1.5e-7, float("inf"), float("-inf"))):
+            gauge.add_metric([str(partition), "orders"], level)
+        gauge.add_metric(["9", "nan"], float("nan"))
+        stamped = GaugeMetricFamily("demo_stamped", "Timestamped.")
+        stamped.add_metric([], 1, timestamp=1_700_000_000.5)
+        histogram = HistogramMetricFamily("demo_latency_seconds", "Latency.", labels=["api"])
+        histogram.add_metric(["Fetch"], [("0.005", 1), ("0.1", 4), ("+Inf", 5)], sum_value=0.3)
+        info = InfoMetricFamily("demo_build", "Build.", value={"version": "1.2", "commit": "c0"})
+        return [counter, gauge, stamped, histogram, info]
+
+
+def parsed(text: str) -> list[tuple[str, str, str, list[tuple[str, Any, Any, Any]]]]:
+    """Every family as Prometheus' parser reads it; NaN as a string, since NaN != NaN."""
+    return [
+        (
+            f.name,
+            f.type,
+            f.documentation,
+            [
+                (s.name, s.labels, "NaN" if math.isnan(s.value) else s.value, s.timestamp)
+                for s in f.samples
+            ],
+        )
+        for f in text_string_to_metric_families(text)
+    ]
+
+
+def test_exposition_reads_back_as_prometheus_clients_own() -> None:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families())
+    ours = exposition(registry.collect()).decode()
+    assert parsed(ours) == parsed(generate_latest(registry).decode())
+    # The escapes of the text format, in HELP and in a label value.
+    assert '# HELP demo_requests_total Requests.\\nWith a \\\\ and a "quote".\n' in ours
+    assert 'note="a \\"quoted\\"\\nline \\\\ here"' in ours
+    # A counter's created time goes in a gauge family of its own after the counter's.
+    assert "# TYPE demo_requests_created gauge\n" in ours
+    assert "demo_stamped 1 1700000000500\n" in ours
+
+
+def test_exposition_of_a_node_reads_back_as_prometheus_clients_own(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    stats = RequestStats()
+    stats.record(8, 0.003, {"error_code": Errors.NONE})
+    metrics = NodeMetrics(node_view(node, stats))
+    families = list(metrics.registry.collect())
+
+    class Fixed(Collector):
+        def collect(self) -> list[Metric]:
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed())
+    assert parsed(exposition(families).decode()) == parsed(generate_latest(registry).decode())
     node.logs.close()
