@@ -335,6 +335,12 @@ class ReplicaManager:
             return self.default_log_config
 
     def on_role_changes(self, changes: Iterable[RoleChange]) -> None:
+        self._apply_role_changes(changes)
+        # Replica fetches waiting here answer at once for a partition this node no longer
+        # leads (Kafka's makeFollowers and stopReplicas complete its delayed fetches).
+        self._wake_replica_fetches()
+
+    def _apply_role_changes(self, changes: Iterable[RoleChange]) -> None:
         for change in changes:
             tp = (change.topic_name, change.tp.partition)
             if isinstance(change, StopReplica):
@@ -717,7 +723,11 @@ class ReplicaManager:
                 listener(part, part.high_watermark)
             except Exception:
                 log.exception("high watermark listener failed")
-        self._wake_replica_fetches()
+        if part.is_leader:
+            # Replica fetches to this node are for partitions it leads: a follower's HW (which
+            # moves on every replicated append) completes none of them. Kafka's DelayedFetch
+            # is likewise watched by partition.
+            self._wake_replica_fetches()
 
     def _wake_replica_fetches(self) -> None:
         for event in self._fetch_wakeups:

@@ -328,6 +328,27 @@ def test_a_high_watermark_alone_waits_its_linger_for_records_to_go_with_it(
     asyncio.run(at_once())
 
 
+def test_a_parked_replica_fetch_is_answered_when_its_leader_steps_down(tmp_path: Path) -> None:
+    """A follower's fetch waits at the leader for news (up to the fetcher's 5 s); the leader's
+    role change answers it at once (Kafka's makeFollowers completes delayed fetches), so the
+    follower turns to the new leader without waiting the long poll out."""
+
+    async def scenario() -> None:
+        cluster, leader, follower = await _two_nodes_with_committed(tmp_path, b"v%d", 1)
+        parked = asyncio.create_task(follower.fetch_once())
+        await _parked(leader.replicas)
+        _fail_over_to(cluster, leader=follower.node_id)
+        for _ in range(100):  # a few loop iterations, no wall clock
+            if parked.done():
+                break
+            await asyncio.sleep(0)
+        assert parked.done(), "the parked fetch still waits"
+        await parked
+        assert not leader.replicas._fetch_wakeups
+
+    asyncio.run(scenario())
+
+
 def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) -> None:
     """The leader's new log start wakes the follower's parked fetch; the follower takes it,
     writes its log start checkpoint at once (a crash must not bring the records back), and its
