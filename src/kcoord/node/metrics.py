@@ -873,11 +873,10 @@ def exposition(families: Iterable[Metric]) -> bytes:
     """The families in Prometheus' text format 0.0.4, as ``generate_latest`` writes them.
 
     ``generate_latest`` checks every sample's metric and label names against the legacy name
-    rules and escapes them; at ~1,300 samples a node (a partition's gauges, each API's
-    latency buckets, each group's lag) that was about 9 us a sample, 12-16 ms of a node's
-    event loop a scrape. Here the names are not checked: they are this module's constants and
-    those of prometheus_client's own collectors. Label values are escaped; label names are
-    sorted, as there.
+    rules and escapes them: for the ~950 samples of a node (a partition's gauges, each API's
+    latency buckets, each group's lag) 3.6 ms of the event loop, against 1.3 ms here. Here the
+    names are not checked: they are this module's constants and those of prometheus_client's
+    own collectors. Label values are escaped; label names are sorted, as there.
     """
     out: list[str] = []
     label_orders: dict[tuple[str, ...], tuple[str, ...]] = {}
