@@ -335,10 +335,12 @@ class ReplicaManager:
             return self.default_log_config
 
     def on_role_changes(self, changes: Iterable[RoleChange]) -> None:
+        changes = list(changes)
         self._apply_role_changes(changes)
-        # Replica fetches waiting here answer at once for a partition this node no longer
-        # leads (Kafka's makeFollowers and stopReplicas complete its delayed fetches).
-        self._wake_replica_fetches()
+        if changes:
+            # Replica fetches waiting here answer at once for a partition this node no longer
+            # leads (Kafka's makeFollowers and stopReplicas complete its delayed fetches).
+            self._wake_replica_fetches()
 
     def _apply_role_changes(self, changes: Iterable[RoleChange]) -> None:
         for change in changes:
