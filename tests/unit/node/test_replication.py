@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -150,13 +151,18 @@ async def _two_nodes_with_committed(
     return cluster, leader, follower
 
 
-async def _parked(leader: ReplicaManager) -> None:
-    """Wait (bounded, no wall clock) until a replica fetch waits at the leader for news."""
+async def _within_iterations(check: Callable[[], bool], what: str) -> None:
+    """Wait (bounded, no wall clock) a few event loop iterations for ``check``."""
     for _ in range(100):
-        if leader._fetch_wakeups:
+        if check():
             return
         await asyncio.sleep(0)  # one loop iteration
-    raise AssertionError("no replica fetch parked at the leader")
+    raise AssertionError(what)
+
+
+async def _parked(leader: ReplicaManager) -> None:
+    """Wait until a replica fetch waits at the leader for news."""
+    await _within_iterations(lambda: bool(leader._fetch_wakeups), "no fetch parked at the leader")
 
 
 def test_a_returning_leader_keeps_what_the_new_leader_has_and_drops_the_rest(
@@ -338,13 +344,40 @@ def test_a_parked_replica_fetch_is_answered_when_its_leader_steps_down(tmp_path:
         parked = asyncio.create_task(follower.fetch_once())
         await _parked(leader.replicas)
         _fail_over_to(cluster, leader=follower.node_id)
-        for _ in range(100):  # a few loop iterations, no wall clock
-            if parked.done():
-                break
-            await asyncio.sleep(0)
-        assert parked.done(), "the parked fetch still waits"
+        await _within_iterations(parked.done, "the parked fetch still waits")
         await parked
         assert not leader.replicas._fetch_wakeups
+
+    asyncio.run(scenario())
+
+
+def test_a_followers_high_watermark_wakes_no_parked_replica_fetch(tmp_path: Path) -> None:
+    """A replica fetch to a node is about partitions it leads: the HW of a partition it
+    follows (which moves on every replicated append) leaves the parked fetch waiting; an
+    append to the partition it leads answers it."""
+
+    async def scenario() -> None:
+        cluster, leader, follower = await _two_nodes_with_committed(tmp_path, b"v%d", 1)
+        followed = rec.Partition(
+            TOPIC_ID, 1, NODES, NODES, leader=follower.node_id, leader_epoch=0, partition_epoch=0
+        )
+        for node in cluster.values():
+            node.cache.apply(2, [followed])
+        part = leader.replicas.get_partition(TOPIC, 1)
+        assert part is not None and not part.is_leader
+        parked = asyncio.create_task(follower.fetch_once())  # partition 0, led by node 1
+        await _parked(leader.replicas)
+        (wakeup,) = leader.replicas._fetch_wakeups
+
+        part.log.append_as_follower(batch(value=b"followed"), leader.replicas.now_ms())
+        leader.replicas.maybe_advance_follower_high_watermark(part, 1)
+        assert part.high_watermark == 1
+        assert not wakeup.is_set() and not parked.done()
+
+        leader.produce(b"led")
+        await _within_iterations(parked.done, "the append left the fetch parked")
+        await parked
+        assert follower.values() == [b"v0", b"led"]
 
     asyncio.run(scenario())
 
