@@ -27,6 +27,13 @@ round of a fetcher:
 
 An answer is applied to a partition only if it is still a follower of the same leader epoch
 and log as when the request left; everything else about it is dropped.
+
+A fetcher does not rebuild the fetch state of every partition it follows for every request:
+what moves a follower's fetch state is its own doing (an answer applied, a truncation) or a
+role change, so it rebuilds only the partitions of the previous answer, and all of them when
+the partitions it fetches change (a role change, a truncation, a back-off) and every
+``FULL_REBUILD_INTERVAL_S`` (a log start moved by retention). Its session handler then looks
+only at those (``FetchSessionHandler.request_changes``).
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Final, NamedTuple
 
-from kcoord.cluster.fetch_session import FetchItem, FetchSessionHandler
+from kcoord.cluster.fetch_session import FetchItem, FetchSessionHandler, TopicPartition
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
@@ -44,7 +52,7 @@ from kcoord.node.rpc import RpcClient, RpcClientError, RpcClientPool
 from kcoord.raft.image import RoleChange
 from kcoord.storage import format as fmt
 from kcoord.storage.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
-from kcoord.storage.log import InvalidRecordError, UnexpectedAppendOffsetError
+from kcoord.storage.log import InvalidRecordError, Log, UnexpectedAppendOffsetError
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
@@ -57,6 +65,56 @@ _BACKOFF_ERRORS = frozenset(
         Errors.KAFKA_STORAGE_ERROR,
     }
 )
+
+
+# How often a fetcher rebuilds the fetch state of every partition it fetches (module docstring).
+FULL_REBUILD_INTERVAL_S: Final = 1.0
+
+
+class _Fetched(NamedTuple):
+    """A partition as a request left: the answer is applied only to the same epoch and log."""
+
+    part: Partition
+    leader_epoch: int
+    log: Log
+    item: FetchItem
+
+    @classmethod
+    def of(cls, part: Partition) -> _Fetched:
+        lg, leader_epoch = part.log, part.leader_epoch
+        item = FetchItem(
+            part.topic,
+            part.partition,
+            lg.log_end_offset,
+            leader_epoch,
+            lg.epoch_cache.latest_epoch,
+            part.high_watermark,
+            lg.log_start_offset,
+        )
+        return cls(part, leader_epoch, lg, item)
+
+
+@dataclass
+class _FetchState:
+    """A fetcher's partitions as its latest request left (``items``: their fetch states),
+    and those to rebuild."""
+
+    parts: list[Partition]
+    fetched: dict[TopicPartition, _Fetched]
+    rebuild_all_at: float
+    items: dict[TopicPartition, FetchItem] = field(init=False)
+    dirty: set[TopicPartition] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.items = {tp: f.item for tp, f in self.fetched.items()}
+
+    def rebuild_dirty(self) -> None:
+        fetched, items = self.fetched, self.items
+        for tp in self.dirty:
+            found = fetched.get(tp)
+            if found is not None:
+                fetched[tp] = again = _Fetched.of(found.part)
+                items[tp] = again.item
 
 
 class ReplicaFetcherManager:
@@ -88,11 +146,16 @@ class ReplicaFetcherManager:
         # (topic, partition) -> loop time before which it is not fetched (after an error).
         self._backoff_until: dict[tuple[str, int], float] = {}
         self._closed = False
+        # Per leader: the partitions followed there, as of ``_roles_version``.
+        self._roles_version = 0
+        self._followed_by_leader: dict[int, tuple[int, list[Partition]]] = {}
+        self._fetch_states: dict[int, _FetchState] = {}
 
     # -----------------------------------------------------------------------------------------
     # Fetchers per leader.
 
     def on_role_changes(self, changes: list[RoleChange]) -> None:
+        self._roles_version += 1
         self.maybe_start_fetchers()
 
     def maybe_start_fetchers(self) -> None:
@@ -130,10 +193,19 @@ class ReplicaFetcherManager:
         host, _, port = rpc.rpartition(":")
         return self.rpc_pool.get(host, int(port))
 
+    def _followed_from(self, leader_id: int) -> list[Partition]:
+        """``_followed(leader_id)``, the same list until the roles change."""
+        cached = self._followed_by_leader.get(leader_id)
+        if cached is not None and cached[0] == self._roles_version:
+            return cached[1]
+        parts = self._followed(leader_id)
+        self._followed_by_leader[leader_id] = (self._roles_version, parts)
+        return parts
+
     async def _run(self, leader_id: int) -> None:
         log.info("replica fetcher for leader %d started", leader_id)
         while True:
-            parts = self._followed(leader_id)
+            parts = self._followed_from(leader_id)
             if not parts:
                 log.info("replica fetcher for leader %d stopped: nothing to follow", leader_id)
                 return
@@ -157,11 +229,16 @@ class ReplicaFetcherManager:
         if truncating:
             await self._truncate(client, truncating)
         now = asyncio.get_running_loop().time()
-        ready = [
-            p
-            for p in parts
-            if not p.truncation_pending and self._backoff_until.get(p.tp, 0.0) <= now
-        ]
+        if self._backoff_until:  # a back-off over is forgotten, so a quiet partition's too
+            self._backoff_until = {tp: t for tp, t in self._backoff_until.items() if t > now}
+        if truncating or self._backoff_until:
+            ready = [
+                p
+                for p in parts
+                if not p.truncation_pending and self._backoff_until.get(p.tp, 0.0) <= now
+            ]
+        else:
+            ready = parts  # the same list: the fetch state need not be rebuilt in full
         if not ready:
             await asyncio.sleep(self.backoff_ms / 1000)  # every partition is backing off
             return
@@ -259,26 +336,34 @@ class ReplicaFetcherManager:
     # -----------------------------------------------------------------------------------------
     # Fetching.
 
+    def _fetch_state(self, leader_id: int, parts: list[Partition]) -> tuple[_FetchState, bool]:
+        """The fetch state for a request to ``parts``, and whether it was rebuilt in full."""
+        now = asyncio.get_running_loop().time()
+        state = self._fetch_states.get(leader_id)
+        if state is None or state.parts is not parts or now >= state.rebuild_all_at:
+            state = _FetchState(
+                parts, {p.tp: _Fetched.of(p) for p in parts}, now + FULL_REBUILD_INTERVAL_S
+            )
+            self._fetch_states[leader_id] = state
+            return state, True
+        state.rebuild_dirty()
+        return state, False
+
     async def _fetch(self, leader_id: int, client: RpcClient, parts: list[Partition]) -> None:
-        sent = [(p, p.leader_epoch, p.log, p.log.log_end_offset) for p in parts]
+        state, rebuilt = self._fetch_state(leader_id, parts)
+        fetched = state.fetched
         session = self._sessions.setdefault(leader_id, FetchSessionHandler())
+        if rebuilt:
+            fields = session.request(state.items.values())
+        else:
+            fields = session.request_changes(state.items, state.dirty)
+        state.dirty = set()
         request = {
             "replica_id": self.node_id,
             "replica_epoch": self.broker_epoch() or -1,
             "max_wait_ms": self.max_wait_ms,
             "max_bytes": self.max_bytes,
-            **session.request(
-                FetchItem(
-                    p.topic,
-                    p.partition,
-                    fetch_offset,
-                    leader_epoch,
-                    lg.epoch_cache.latest_epoch,
-                    p.high_watermark,
-                    lg.log_start_offset,
-                )
-                for p, leader_epoch, lg, fetch_offset in sent
-            ),
+            **fields,
         }
         try:
             reply = await client.call(
@@ -294,12 +379,14 @@ class ReplicaFetcherManager:
             return
         # The answer names only the partitions with something to apply (we sent our HW and
         # log start, so the leader knows what we have).
-        by_tp = {item[0].tp: item for item in sent}
         for r in reply["partitions"]:
-            found = by_tp.get((str(r["topic"]), int(r["partition"])))
+            tp = (str(r["topic"]), int(r["partition"]))
+            found = fetched.get(tp)
             if found is None:
                 continue  # not asked for: a confused leader; nothing to apply
-            p, leader_epoch, lg, fetch_offset = found
+            state.dirty.add(tp)  # whatever happens to it next, its fetch state is rebuilt
+            p, leader_epoch, lg, item = found
+            fetch_offset = item.fetch_offset
             if not self._still_following(p, leader_epoch, lg) or lg.log_end_offset != fetch_offset:
                 continue
             try:

@@ -20,7 +20,10 @@ fetch tells the leader the follower's log end offset, recorded in the partition'
 (maximal, KIP-497) ISR. Before fetching from a new leader epoch a follower truncates its log to
 where it agrees with the leader (``handle_epoch_end_offset``, KIP-101/279). A fetch also tells
 the leader the follower's HW, so the leader answers when it has a newer one (KIP-1166), after
-``HIGH_WATERMARK_LINGER_MS`` unless records come first.
+``HIGH_WATERMARK_LINGER_MS`` unless records come first. In a fetch session (KIP-227) the
+leader looks only at the partitions the request names and those marked since (appends, HW and
+log start moves, role changes; cluster/fetch_session.py), and records a skipped follower
+position when the partition next gets records (``_record_skipped_fetches``).
 
 The ISR is the metadata log's: the leader proposes shrinks (followers not caught up for
 ``replica.lag.time.max.ms``) and expansions (followers caught up to the HW and to the start of
@@ -340,6 +343,7 @@ class ReplicaManager:
         if changes:
             # Replica fetches waiting here answer at once for a partition this node no longer
             # leads (Kafka's makeFollowers and stopReplicas complete its delayed fetches).
+            self.fetch_sessions.mark_all()
             self._wake_replica_fetches()
 
     def _apply_role_changes(self, changes: Iterable[RoleChange]) -> None:
@@ -506,6 +510,7 @@ class ReplicaManager:
                 self.isr_expands += bool(after_isr - before_isr)
             part.replicas, part.isr = after.replicas, after.isr
             part.partition_epoch = after.partition_epoch
+            self.fetch_sessions.mark(part.tp)  # a follower may have left the replica set
             if part.low_watermark_waiters:  # a replica may have left the replica set
                 part.low_watermark_waiters.release(self.low_watermark(part))
             if part.is_leader and part.replication is not None:
@@ -617,6 +622,7 @@ class ReplicaManager:
         ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``).
         """
         self.check_leader_and_min_isr(part, required_acks)
+        self._record_skipped_fetches(part)
         try:
             info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms())
         except RecordTooLargeError as e:
@@ -635,6 +641,7 @@ class ReplicaManager:
         part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
         self.leader_bytes_appended += len(records)
         self.maybe_advance_high_watermark(part)
+        self.fetch_sessions.mark(part.tp)
         self._wake_replica_fetches()
         return AppendResult(
             info.first_offset, info.last_offset, part.log.log_start_offset, info.log_append_time_ms
@@ -685,6 +692,7 @@ class ReplicaManager:
         if part.log.maybe_increment_log_start_offset(target):
             log.info("%s: log start offset moved to %d (DeleteRecords)", name, target)
             self.checkpoint_log_start_offsets()
+            self.fetch_sessions.mark(part.tp)
             self._wake_replica_fetches()
         return part, target
 
@@ -729,6 +737,7 @@ class ReplicaManager:
             # Replica fetches to this node are for partitions it leads: a follower's HW (which
             # moves on every replicated append) completes none of them. Kafka's DelayedFetch
             # is likewise watched by partition.
+            self.fetch_sessions.mark(part.tp)
             self._wake_replica_fetches()
 
     def _wake_replica_fetches(self) -> None:
@@ -812,15 +821,20 @@ class ReplicaManager:
         replica_epoch = int(payload.get("replica_epoch", -1))
         max_wait_ms = int(payload.get("max_wait_ms", 0))
         max_bytes = int(payload.get("max_bytes", 1024 * 1024))
-        error, session_id, items = self.fetch_sessions.resolve(
-            replica_id, payload, may_open=self.cache.image.broker(replica_id) is not None
+        error, session_id, serve, session = self.fetch_sessions.resolve(
+            replica_id,
+            payload,
+            may_open=self.cache.image.broker(replica_id) is not None,
+            now_ms=self.now_ms(),
         )
         if error is not Errors.NONE:
             return {"error": int(error), "session_id": session_id, "partitions": []}
         deadline = asyncio.get_running_loop().time() + max_wait_ms / 1000
-        # The follower's position counts once, when the request arrives (its LEO then).
-        for item in items:
+        # The follower's position counts once, when the request arrives (its LEO then). A
+        # session's partitions left out of ``serve`` did not move (cluster/fetch_session.py).
+        for item in serve:
             self._record_follower_fetch(replica_id, replica_epoch, item)
+        working = {item.tp: item for item in serve}
         event = asyncio.Event()
         self._fetch_wakeups.add(event)
         loop = asyncio.get_running_loop()
@@ -828,19 +842,25 @@ class ReplicaManager:
         try:
             while True:
                 event.clear()
-                results, ready, high_watermark_news = self._read_for_follower(
-                    replica_id, items, max_bytes
+                if session is not None:
+                    working.update(session.take_dirty())
+                results, ready, high_watermark_news, pending = self._read_for_follower(
+                    replica_id, working.values(), max_bytes
                 )
                 now = loop.time()
                 if high_watermark_news and not lingering:
                     answer_by = min(deadline, now + self.high_watermark_linger_ms / 1000)
                     lingering = True
                 if ready or now >= answer_by:
+                    if session is not None:
+                        session.keep_dirty(pending)
                     return {
                         "error": int(Errors.NONE),
                         "session_id": session_id,
                         "partitions": results,
                     }
+                if session is not None:
+                    working = {tp: working[tp] for tp in pending}
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(answer_by - now):
                         await event.wait()
@@ -885,6 +905,27 @@ class ReplicaManager:
         if part.high_watermark < lg.log_end_offset:  # at the log end it cannot move
             self.maybe_advance_high_watermark(part)
 
+    def _record_skipped_fetches(self, part: Partition) -> None:
+        """Before the leader's LEO moves: a follower at the log end whose latest fetches of the
+        partition were skipped (its position did not move, the partition did not change:
+        cluster/fetch_session.py) is recorded as at its latest fetch, as Kafka would have
+        recorded it then. So ``last_caught_up_ms`` is what Kafka's would be when the follower
+        falls behind; at the log end the ISR does not look at it."""
+        replication = part.replication
+        if replication is None:
+            return
+        log_end_offset = part.log.log_end_offset
+        for replica_id, state in replication.followers.items():
+            if state.log_end_offset != log_end_offset:
+                continue
+            fetched_ms = self.fetch_sessions.fetched_at(
+                replica_id, part.tp, log_end_offset, part.leader_epoch
+            )
+            if fetched_ms > state.last_fetch_ms:
+                replication.update_follower_fetch(
+                    replica_id, log_end_offset, log_end_offset, fetched_ms, state.broker_epoch
+                )
+
     @staticmethod
     def _diverging_epoch(part: Partition, item: FetchItem) -> dict[str, int] | None:
         """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320): the follower's last
@@ -900,15 +941,18 @@ class ReplicaManager:
         return None
 
     def _read_for_follower(
-        self, replica_id: int, items: list[FetchItem], max_bytes: int
-    ) -> tuple[list[dict[str, Any]], bool, bool]:
+        self, replica_id: int, items: Iterable[FetchItem], max_bytes: int
+    ) -> tuple[list[dict[str, Any]], bool, bool, list[TopicPartition]]:
         """The answer's partitions; whether it is worth sending now (something for the
-        follower to apply: records, an error, a divergence, a log start it lacks); and whether
-        it has a HW the follower lacks (worth sending, but not alone at once). A partition with
-        nothing to apply (no records, error or divergence; a HW and log start the follower has)
-        is left out when the follower sent its ``log_start_offset``: it then knows what it has
-        (KIP-227's incremental fetch responses leave such partitions out the same way)."""
+        follower to apply: records, an error, a divergence, a log start it lacks); whether
+        it has a HW the follower lacks (worth sending, but not alone at once); and the
+        partitions still pending: answered, or behind the log end (records that did not fit).
+        A partition with nothing to apply (no records, error or divergence; a HW and log start
+        the follower has) is left out when the follower sent its ``log_start_offset``: it then
+        knows what it has (KIP-227's incremental fetch responses leave such partitions out the
+        same way)."""
         results: list[dict[str, Any]] = []
+        pending: list[TopicPartition] = []
         ready = high_watermark_news = False
         budget = max_bytes
         for item in items:
@@ -916,6 +960,7 @@ class ReplicaManager:
                 part = self._follower_partition(replica_id, item.tp, item.leader_epoch)
             except KafkaError as e:
                 results.append(_fetch_result(item, error=e.code))
+                pending.append(item.tp)
                 ready = True
                 continue
             lg = part.log
@@ -924,6 +969,7 @@ class ReplicaManager:
             diverging = self._diverging_epoch(part, item)
             if diverging is not None:
                 results.append(_fetch_result(item, part, diverging_epoch=diverging))
+                pending.append(item.tp)
                 ready = True
                 continue
             fetch_offset, follower_hw = item.fetch_offset, item.high_watermark
@@ -936,11 +982,13 @@ class ReplicaManager:
                     data = lg.read(fetch_offset, budget, min_one=budget > 0)
                 except OffsetOutOfRangeError:
                     results.append(_fetch_result(item, part, error=Errors.OFFSET_OUT_OF_RANGE))
+                    pending.append(item.tp)
                     ready = True
                     continue
                 except LogCorruptError as e:
                     log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
                     results.append(_fetch_result(item, part, error=Errors.KAFKA_STORAGE_ERROR))
+                    pending.append(item.tp)
                     ready = True
                     continue
                 if data.records:
@@ -955,7 +1003,10 @@ class ReplicaManager:
                 or min(high_watermark, fetch_offset) > follower_hw
             ):
                 results.append(_fetch_result(item, part, records=records))
-        return results, ready, high_watermark_news
+                pending.append(item.tp)
+            elif fetch_offset != log_end_offset:
+                pending.append(item.tp)
+        return results, ready, high_watermark_news, pending
 
     async def handle_epoch_end_offset(self, payload: Any) -> dict[str, Any]:
         """``EpochEndOffset``: Kafka's OffsetsForLeaderEpoch (apiKey 23) from a follower.

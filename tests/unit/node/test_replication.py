@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from kcoord.cluster.fetch_session import FULL_PASS_INTERVAL_MS
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
@@ -71,6 +72,7 @@ class Node:
         cluster: dict[int, Node],
         *,
         high_watermark_linger_ms: int = HIGH_WATERMARK_LINGER_MS,
+        clock: Callable[[], int] = lambda: 1_000_000,
     ) -> None:
         self.node_id = node_id
         self.logs = LogManager(data_dir)
@@ -80,7 +82,7 @@ class Node:
             node_id,
             self.logs,
             self.cache,
-            lambda: 1_000_000,
+            clock,
             high_watermark_linger_ms=high_watermark_linger_ms,
         )
         self.cache.listener = self.replicas
@@ -511,5 +513,87 @@ def test_a_fetch_session_names_only_the_partitions_that_moved(tmp_path: Path) ->
             1,
         )
         assert follower.values() == [b"a", b"b"]
+
+    asyncio.run(scenario())
+
+
+def test_a_skipped_fetch_counts_for_the_isr_when_the_partition_next_moves(tmp_path: Path) -> None:
+    """The leader skips a session's partitions that neither moved nor changed; a follower at
+    the log end is then recorded as at its latest fetch when the partition next gets records,
+    so falling behind after a long idle spell is not mistaken for lagging all along (Kafka
+    records every partition on every fetch; fails without ``_record_skipped_fetches``)."""
+
+    async def scenario() -> None:
+        now = [1_000_000]
+        cluster: dict[int, Node] = {}
+        leader, follower = (
+            Node(n, tmp_path / f"node{n}", cluster, clock=lambda: now[0]) for n in NODES
+        )
+        leader.replicas.fetch_sessions.full_pass_interval_ms = 10**9  # no full pass here
+        follower.fetchers.max_wait_ms = 0  # answered at once: nothing parks
+        _start(cluster)
+        parts = [follower.partition]
+        leader.produce(b"a")
+        for _ in range(3):  # the record, the HW that fetch moved, the follower's new HW
+            await follower.fetchers._step(1, parts)
+        replication = leader.partition.replication
+        assert replication is not None
+        state = replication.followers[2]
+        assert (state.log_end_offset, state.last_fetch_ms) == (1, 1_000_000)
+
+        lag_ms = leader.replicas.replica_lag_time_max_ms
+        now[0] += 2 * lag_ms
+        await follower.fetchers._step(1, parts)
+        assert follower.fetchers.sent[-1][1]["partitions"] == []  # it names nothing
+        assert state.last_fetch_ms == 1_000_000  # and the leader looked at nothing
+
+        leader.produce(b"b")
+        assert (state.last_fetch_ms, state.last_caught_up_ms) == (now[0], now[0])
+        assert replication.shrink_candidates(2, now[0]) == set()
+        assert replication.shrink_candidates(2, now[0] + lag_ms + 1) == {2}  # it fetches no more
+
+    asyncio.run(scenario())
+
+
+def test_a_log_start_nothing_marked_reaches_the_follower_at_the_next_full_pass(
+    tmp_path: Path,
+) -> None:
+    """A leader's log start moved by retention marks no session; the next request that comes
+    ``FULL_PASS_INTERVAL_MS`` after the session's previous full pass looks at every partition
+    and tells the follower. Likewise a follower's own retention: its fetcher rebuilds every
+    partition's fetch state every ``FULL_REBUILD_INTERVAL_S`` and the leader learns it."""
+
+    async def scenario() -> None:
+        now = [1_000_000]
+        cluster: dict[int, Node] = {}
+        leader, follower = (
+            Node(n, tmp_path / f"node{n}", cluster, clock=lambda: now[0]) for n in NODES
+        )
+        follower.fetchers.max_wait_ms = 0
+        _start(cluster)
+        parts = [follower.partition]
+        for value in (b"a", b"b", b"c"):
+            leader.produce(value)
+        for _ in range(3):  # the records, the HW that fetch moved, the follower's new HW
+            await follower.fetchers._step(1, parts)
+        assert follower.partition.high_watermark == 3
+
+        assert leader.partition.log.maybe_increment_log_start_offset(1)  # retention, say
+        await follower.fetchers._step(1, parts)
+        assert follower.partition.log.log_start_offset == 0  # not looked at yet
+        now[0] += FULL_PASS_INTERVAL_MS
+        await follower.fetchers._step(1, parts)
+        assert follower.partition.log.log_start_offset == 1
+        await follower.fetchers._step(1, parts)  # which the follower reports
+        assert leader.partition.follower_log_starts[2] == 1
+
+        assert follower.partition.log.maybe_increment_log_start_offset(2)  # its own retention
+        await follower.fetchers._step(1, parts)
+        assert follower.fetchers.sent[-1][1]["partitions"] == []
+        follower.fetchers._fetch_states[1].rebuild_all_at = 0.0  # FULL_REBUILD_INTERVAL_S on
+        await follower.fetchers._step(1, parts)
+        named = follower.fetchers.sent[-1][1]["partitions"]
+        assert [p["log_start_offset"] for p in named] == [2]
+        assert leader.partition.follower_log_starts[2] == 2
 
     asyncio.run(scenario())
