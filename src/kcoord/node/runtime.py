@@ -834,7 +834,8 @@ class CoordinatorRuntime:
             standby.next_offset = offset
             standby.records += n
             self.standby_records_replayed += n
-            await asyncio.sleep(0)  # let other work run between chunks
+            if offset < high_watermark:
+                await asyncio.sleep(0)  # let other work run between chunks
 
     def _take_standby(self, part: Partition) -> Standby | None:
         """Promotion: the standby's shard if it is still the log's prefix, else None (cold)."""
