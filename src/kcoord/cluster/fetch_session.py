@@ -16,8 +16,9 @@ follower sends only what changed:
 - each later request carries that ``session_id`` and the next ``session_epoch`` (1, 2, ...),
   names only the partitions whose fetch state is new or changed, and lists in ``forgotten`` the
   partitions no longer fetched. The leader merges them into the session and serves the session's
-  partitions exactly as it would serve a full request naming them all, so the follower's
-  position still counts on every fetch (``LeaderReplication.update_follower_fetch``);
+  partitions as it would serve a full request naming them all, and the follower's position
+  still counts as of every fetch (``LeaderReplication.update_follower_fetch``; how without
+  looking at every partition: "What the leader looks at" below);
 - a request for a session the leader does not hold (it restarted, or a newer full request
   replaced it) is answered FETCH_SESSION_ID_NOT_FOUND, one whose epoch is not the next
   INVALID_FETCH_SESSION_EPOCH (Kafka's ``FetchSessionCache`` / ``FetchManager.newContext``).
