@@ -96,8 +96,9 @@ class _Fetched(NamedTuple):
 
 @dataclass
 class _FetchState:
-    """A fetcher's partitions as its latest request left (``items``: their fetch states),
-    and those to rebuild."""
+    """A fetcher's partitions as its latest request left, and those to rebuild. ``items``
+    holds each ``fetched`` entry's item, kept alongside so that a request does not build a
+    dict of every partition to hand the session handler."""
 
     parts: list[Partition]
     fetched: dict[TopicPartition, _Fetched]

@@ -597,3 +597,36 @@ def test_a_log_start_nothing_marked_reaches_the_follower_at_the_next_full_pass(
         assert leader.partition.follower_log_starts[2] == 2
 
     asyncio.run(scenario())
+
+
+def test_records_that_did_not_fit_an_answer_come_with_the_next_one(tmp_path: Path) -> None:
+    """A partition the leader read nothing of because the answer was full stays pending: the
+    follower's next request names only the partition it applied, nothing is appended in
+    between, and still the other partition's records come (fails if the leader does not keep
+    such a partition dirty)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
+        _start(cluster)
+        second = rec.Partition(
+            TOPIC_ID, 1, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0
+        )
+        for node in cluster.values():
+            node.cache.apply(2, [second])
+        found = [follower.replicas.get_partition(TOPIC, p) for p in (0, 1)]
+        parts = [p for p in found if p is not None]
+        assert len(parts) == 2
+        follower.fetchers.max_bytes = 1  # one batch an answer (the first one, whole)
+        for p in (0, 1):
+            leader.replicas.append_local(
+                leader.replicas.partitions[(TOPIC, p)], batch(value=b"v%d" % p), required_acks=1
+            )
+        ends: list[tuple[int, int]] = []
+        for _ in range(2):
+            await follower.fetchers._step(1, parts)
+            ends.append((parts[0].log.log_end_offset, parts[1].log.log_end_offset))
+        assert ends == [(1, 0), (1, 1)]
+        assert [int(p["partition"]) for p in follower.fetchers.sent[-1][1]["partitions"]] == [0]
+
+    asyncio.run(scenario())
