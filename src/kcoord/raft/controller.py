@@ -802,6 +802,25 @@ class Controller:
         if registration is not None and registration.broker_epoch == broker_epoch:
             self.heartbeats.touch(broker_id, broker_epoch, now_ms)
 
+    def steady_broker_heartbeat(
+        self, image: MetadataImage, request: BrokerHeartbeatRequest, now_ms: int
+    ) -> BrokerHeartbeatReply | None:
+        """The answer to a heartbeat that can write nothing: a registered broker, unfenced or
+        not yet caught up, that wants neither fencing nor shutdown. Exactly what
+        ``broker_heartbeat`` answers it, without its turn behind other decisions; None for
+        every other heartbeat (it may write or decide: ``broker_heartbeat``)."""
+        if request.want_fence or request.want_shut_down:
+            return None
+        registration = image.broker(request.broker_id)
+        if registration is None or registration.broker_epoch != request.broker_epoch:
+            return None
+        offset = request.current_metadata_offset
+        caught_up = offset >= registration.broker_epoch
+        if registration.fenced and caught_up:
+            return None  # due to be unfenced
+        self.heartbeats.touch(registration.broker_id, registration.broker_epoch, now_ms, offset)
+        return BrokerHeartbeatReply(Errors.NONE, caught_up, registration.fenced)
+
     def broker_heartbeat(
         self, image: MetadataImage, request: BrokerHeartbeatRequest, now_ms: int
     ) -> ControllerResult[BrokerHeartbeatReply]:

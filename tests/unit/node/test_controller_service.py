@@ -95,3 +95,41 @@ def test_the_offsets_topic_is_created_on_fewer_brokers_after_the_grace() -> None
         assert set(leaders(cache)) == {1, 2, 3}
 
     asyncio.run(scenario())
+
+
+def test_steady_heartbeats_are_answered_while_a_decision_holds_the_controller() -> None:
+    """A CreateTopics of 2000 partitions held the controller until this node had created
+    their logs, 12 s on a loaded machine; the brokers' heartbeats waited behind it, no broker
+    sent another, and the controller then fenced every one of them. A heartbeat that writes
+    nothing is answered at once; one that may write (here a shutdown) still waits its turn."""
+
+    async def scenario() -> None:
+        service, quorum, cache, clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        controller = service.controller
+        assert controller is not None
+        session_ms = controller.config.broker_session_timeout_ms
+        await heartbeats(service, cache)
+        async with service._lock:  # a decision waiting for its batch to be applied
+            for _ in range(4):
+                clock[0] += session_ms // 2
+                await asyncio.wait_for(heartbeats(service, cache), 10)
+            shutdown = asyncio.ensure_future(
+                service.handle_broker_heartbeat(
+                    {
+                        "broker_id": 3,
+                        "broker_epoch": cache.image.brokers[3].broker_epoch,
+                        "current_metadata_offset": cache.image.last_offset,
+                        "want_shut_down": True,
+                    }
+                )
+            )
+            for _ in range(10):
+                await asyncio.sleep(0)
+            assert not shutdown.done()
+        assert (await asyncio.wait_for(shutdown, 10))["is_fenced"]
+        await service.tick()
+        assert [b for b in (1, 2) if cache.image.brokers[b].fenced] == []
+
+    asyncio.run(scenario())

@@ -484,6 +484,40 @@ def test_a_heartbeat_counts_from_its_arrival_not_its_turn() -> None:
     assert cluster.fence_stale(2_001 + SESSION_MS).response == (1, 2, 3)
 
 
+@pytest.mark.parametrize("fenced", [False, True])
+@pytest.mark.parametrize("caught_up", [False, True])
+@pytest.mark.parametrize("want", ["", "fence", "shut_down", "stale_epoch"])
+def test_a_steady_heartbeat_gets_what_its_turn_would_give(
+    fenced: bool, caught_up: bool, want: str
+) -> None:
+    """``steady_broker_heartbeat`` answers without the controller's turn only heartbeats that
+    write nothing, and answers them exactly as ``broker_heartbeat`` does."""
+
+    def setup() -> tuple[Cluster, BrokerHeartbeatRequest]:
+        cluster = three_brokers()
+        registered = cluster.register(4, 0)
+        cluster.commit(registered.records)
+        broker = 4 if fenced else 1
+        epoch = cluster.epoch(broker)
+        request = BrokerHeartbeatRequest(
+            broker,
+            epoch - 1 if want == "stale_epoch" else epoch,
+            cluster.image.last_offset if caught_up else epoch - 1,
+            want_fence=want == "fence",
+            want_shut_down=want == "shut_down",
+        )
+        return cluster, request
+
+    steady_cluster, request = setup()
+    steady = steady_cluster.controller.steady_broker_heartbeat(steady_cluster.image, request, 5)
+    turn_cluster, request = setup()
+    turn = turn_cluster.controller.broker_heartbeat(turn_cluster.image, request, 5)
+    if steady is not None:
+        assert turn == ControllerResult((), steady)
+    else:
+        assert want or (fenced and caught_up)  # a writing or deciding one
+
+
 def test_after_failover_the_session_timers_start_fresh() -> None:
     cluster = three_brokers()
     # A new active controller at t=10 s knows no heartbeat times.
