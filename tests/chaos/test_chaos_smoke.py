@@ -75,9 +75,10 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
     assert summary["valid"] and summary["faults"] >= 2, summary
     for name in ("history.jsonl", "results.json", "timeline.html"):
         assert (tmp_path / "report" / name).stat().st_size > 0
+    # Its own lab namespace is gone (other tests may have theirs up at the same time).
     listed = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
-    namespaces = listed.stdout
-    assert "kcoord-lab-" not in namespaces, namespaces
+    namespaces = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
+    assert f"kcoord-lab-{seed}" not in namespaces, namespaces
 
 
 @pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
