@@ -9,7 +9,10 @@ everything committed before this term, so decisions are made on the whole commit
 
 Decisions come from the pure ``raft.controller.Controller`` and are made one at a time (one
 ``asyncio.Lock``), each on the committed image: propose the records, wait until they are
-committed *and* applied to the local image, then answer. A node that only believes it leads
+committed *and* applied to the local image, then answer. A heartbeat that can write nothing
+does not wait its turn: it is answered at once from the applied image
+(``Controller.steady_broker_heartbeat``), so a long decision (a CreateTopics waiting for
+thousands of logs) leaves the brokers' heartbeats flowing. A node that only believes it leads
 (isolated, before pysyncobj's leader fallback timeout steps it down) can propose, but nothing
 it proposes commits without a majority; and once a successor leads, pysyncobj hands what it
 proposes to that leader, whose log takes it in the new term, where a batch of an older
