@@ -228,6 +228,7 @@ def live_member(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stdin.close()  # a no-op after the close above; not left to the GC on a failure
         proc.stdout.close()
 
 
