@@ -22,6 +22,7 @@ Every answer is one JSON line on stdout; errors go to stderr with a non-zero exi
 from __future__ import annotations
 
 import json
+import logging
 import select
 import sys
 import time
@@ -97,6 +98,11 @@ def delete_offsets(cmd: dict[str, Any]) -> Any:
 
 
 def member(cmd: dict[str, Any]) -> Any:
+    # The client's own account of its joins and coordinator look-ups, for the test's failure
+    # message (a member once got no assignment in 30 s with two test workers running).
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
     consumer = KafkaConsumer(
         cmd["topic"],
         bootstrap_servers=cmd["bootstrap"],
