@@ -297,20 +297,19 @@ class ControllerService:
             want_fence=bool(payload.get("want_fence", False)),
             want_shut_down=bool(payload.get("want_shut_down", False)),
         )
+        reply = None
         if self.controller is not None:  # before the lock: see Controller.track_broker_heartbeat
             self.controller.track_broker_heartbeat(
                 self.cache.image, request.broker_id, request.broker_epoch, self.monotonic_ms()
             )
-        reply = None
-        if self.controller is not None and self._lock.locked():
             # Kafka answers a heartbeat in its turn on the controller's event queue, where no
             # event waits for brokers. Here a decision holds the lock until its batch is
             # applied: for a CreateTopics of thousands of partitions, until this node has
             # created their logs (QuorumBridge), 12 s on a loaded machine. Its brokers, each
             # waiting for its heartbeat's answer, sent no other, and once the lock was free
             # the controller fenced every one of them (and itself). A heartbeat that writes
-            # nothing is answered at once from the applied image; one that may write or
-            # decide (unfence, fence, shut down) waits its turn below.
+            # nothing needs no turn: it is answered at once from the applied image; one that
+            # may write or decide (unfence, fence, shut down) waits its turn below.
             reply = self.controller.steady_broker_heartbeat(
                 self.cache.image, request, self.monotonic_ms()
             )

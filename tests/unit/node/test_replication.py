@@ -128,6 +128,21 @@ def _start(cluster: dict[int, Node]) -> None:
         node.cache.apply(1, records)
 
 
+def _two_partitions(tmp_path: Path) -> tuple[Node, Node, list[Partition]]:
+    """Leader 1 and follower 2 started, with a second partition led by 1; the follower's
+    two partitions."""
+    cluster: dict[int, Node] = {}
+    leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
+    _start(cluster)
+    second = rec.Partition(TOPIC_ID, 1, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0)
+    for node in cluster.values():
+        node.cache.apply(2, [second])
+    found = [follower.replicas.get_partition(TOPIC, p) for p in (0, 1)]
+    parts = [p for p in found if p is not None]
+    assert len(parts) == 2
+    return leader, follower, parts
+
+
 def _fail_over_to(cluster: dict[int, Node], leader: int) -> None:
     """The controller fences the old leader: ``leader`` leads alone in a new leader epoch."""
     change = rec.PartitionChange(
@@ -474,19 +489,10 @@ def test_a_fetch_session_names_only_the_partitions_that_moved(tmp_path: Path) ->
     a new session with a full request and replication goes on."""
 
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
-        _start(cluster)
-        second = rec.Partition(
-            TOPIC_ID, 1, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0
-        )
-        for node in cluster.values():
-            node.cache.apply(2, [second])
-        parts = [follower.replicas.get_partition(TOPIC, p) for p in (0, 1)]
-        assert all(p is not None for p in parts)
+        leader, follower, parts = _two_partitions(tmp_path)
 
         async def fetch() -> dict[str, Any]:
-            await follower.fetchers._step(1, cast(list[Partition], parts))
+            await follower.fetchers._step(1, parts)
             method, payload = follower.fetchers.sent[-1]
             assert method == "ReplicaFetch"
             return cast(dict[str, Any], payload)
@@ -606,17 +612,7 @@ def test_records_that_did_not_fit_an_answer_come_with_the_next_one(tmp_path: Pat
     such a partition dirty)."""
 
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
-        _start(cluster)
-        second = rec.Partition(
-            TOPIC_ID, 1, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0
-        )
-        for node in cluster.values():
-            node.cache.apply(2, [second])
-        found = [follower.replicas.get_partition(TOPIC, p) for p in (0, 1)]
-        parts = [p for p in found if p is not None]
-        assert len(parts) == 2
+        leader, follower, parts = _two_partitions(tmp_path)
         follower.fetchers.max_bytes = 1  # one batch an answer (the first one, whole)
         for p in (0, 1):
             leader.replicas.append_local(
