@@ -66,6 +66,10 @@ PARTITIONS = 6
 GROUP_OPERATIONS = ["ALTER_CONFIGS", "DELETE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"]
 SESSION_TIMEOUT_MS = 6_000  # group.min.session.timeout.ms: the shortest a member may ask for
 STATIC_SESSION_TIMEOUT_MS = 60_000  # long enough that a bounce never expires the member
+# For members while their coordinator moves: librdkafka leaves the group by itself after a
+# session timeout without a successful heartbeat, and on a loaded machine (two test workers)
+# a move has taken 6 s. Kafka's default session.timeout.ms is 45 s (KIP-735).
+FAILOVER_SESSION_TIMEOUT_MS = 30_000
 HEARTBEAT_INTERVAL_MS = 500
 MAX_POLL_INTERVAL_MS = 30_000  # the classic protocol's rebalance timeout
 METADATA_MAX_AGE_MS = 5_000
@@ -810,7 +814,10 @@ def test_committed_offsets_survive_the_loss_and_restart_of_the_coordinator(
     bootstrap = bootstrap_of(cluster)
     topic = group = f"coordinator-{client}"
     create_topic(client, bootstrap, topic)
-    members = [spawn(client, group, topic, f"m{i}") for i in range(3)]
+    members = [
+        spawn(client, group, topic, f"m{i}", session_timeout_ms=FAILOVER_SESSION_TIMEOUT_MS)
+        for i in range(3)
+    ]
     wait_settled(spawn, members)
     coordinator = coordinator_of(cluster, client, group, topic)
     # Clients with static membership (KIP-345) also run a static group on the same node.
@@ -921,7 +928,10 @@ def test_a_rolling_restart_loses_no_commit_and_causes_no_rebalance(
     bootstrap = bootstrap_of(cluster)
     topic = group = "rolling-restart"
     create_topic(client, bootstrap, topic)
-    members = [spawn(client, group, topic, f"m{i}") for i in range(3)]
+    members = [
+        spawn(client, group, topic, f"m{i}", session_timeout_ms=FAILOVER_SESSION_TIMEOUT_MS)
+        for i in range(3)
+    ]
     wait_settled(spawn, members)
     acked = produce(client, bootstrap, topic, 60, "start")
     wait_consumed(spawn, members, acked)

@@ -340,6 +340,14 @@ def pipeline_cmd(cluster: LocalCluster, tmp_path: Path, *extra: str) -> list[str
     ]
 
 
+def jvm_temp_in(path: Path) -> dict[str, str]:
+    """The environment for a Spark job whose JVM keeps its temporary files (block manager,
+    spark-*, artifacts-*, native libraries) under ``path``: a SIGKILLed JVM cannot remove them,
+    and they would pile up in /tmp."""
+    path.mkdir()
+    return {**os.environ, "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={path}"}
+
+
 def test_payments_job_killed_and_restarted_gives_the_same_totals(
     cluster: LocalCluster, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -362,6 +370,7 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=jvm_temp_in(tmp_path / "first-tmp"),
     )
     try:
         # Killed mid-stream: once two micro-batches are written, more than 300 records are
