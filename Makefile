@@ -5,12 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The default suite: everything but the long suites (they have their own targets).
-# TEST_WORKERS=N runs it on N pytest-xdist workers, a test file per worker at a time (a file's
-# tests share its module-scoped cluster). On 2 cores two workers took the pytest run from
-# 1,229-1,255 s to 914-953 s, but each of three such runs failed one timing-bound test (a
-# member not assigned in 30 s; duplicates after a rolling restart; before a controller fix,
-# brokers fenced): serial stays the default until those tests hold under the extra load.
-TEST_WORKERS ?= 0
+# It runs on TEST_WORKERS pytest-xdist workers, a test file per worker at a time (a file's
+# tests share its module-scoped cluster); TEST_WORKERS=0 runs it in this process, serially.
+# On 2 cores two workers took the pytest run from 1,218-1,274 s to about 800 s.
+TEST_WORKERS ?= 2
 PYTEST_ARGS ?= -m "not slow and not chaos" -n $(TEST_WORKERS) --dist loadfile
 
 .PHONY: help venv lab check lint format typecheck imports test test-all up down bench soak \
