@@ -22,7 +22,9 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
     On kcoord the groups hash to ``__consumer_offsets`` partitions led by all three nodes.
     This process's CPU time over the case is recorded too: the clients share one event loop,
     so near 1.0 core the client sets the pace, and the "client ceiling" (1e6 / its µs a
-    commit, against tansu) is the most any broker could show with this client here.
+    commit, against tansu) is the most any broker could show with this client here. So is
+    the broker's (``/proc``: kcoord's three nodes together, or tansu's one process): its CPU
+    time a commit is its own cost, apart from the client's and from waiting.
 (b) Time from start to a stable assignment for a group of N members (``--stable-sizes``) on a
     ``--partitions`` topic: N consumers in this process start at once (``start()`` of each,
     concurrently, is the start of the clock); stable is when every member has a non-empty
@@ -39,11 +41,14 @@ Figures (the client library is aiokafka for both; consumers use ``--session-time
 
 (d) The cost of metrics (issue 7): case (a) with ``--commit-clients`` clients on two fresh
     3-node clusters that differ only in ``metrics.enable`` (true, false), both running
-    throughout, measured alternately (on, off, on, off: ``--metrics-rounds`` of each, so a
-    drift of the machine's load hits both alike). While metrics are on, every node's
+    throughout, measured alternately (on, off, off, on, on, ...: ``--metrics-rounds`` of each,
+    so a drift of the machine's load hits both alike). While metrics are on, every node's
     ``/metrics`` (the admin listener) is fetched every ``METRICS_SCRAPE_INTERVAL_S``, as a busy
     Prometheus would; ``/metrics`` is checked to answer 200 on one cluster and 404 on the
-    other. The figure is the median commits/s of each; the overhead is off / on - 1.
+    other. The figure is the median commits/s of each; the overhead is off / on - 1. Rounds
+    of one cluster differ by 10-20% on this machine, so two rounds of each once gave +15% and
+    once -4%; six give a median steadier than the 5% the target asks to resolve. Beside it,
+    the nodes' CPU time a commit (``/proc``), the cost itself rather than its effect.
 (e) KIP-848 vs classic (issue 9): one member joins a settled group of N (``--join-sizes``), on
     the metrics-on cluster of (d) once the other is stopped. Its node config:
     ``group.consumer.heartbeat.interval.ms`` and ``group.consumer.session.timeout.ms`` from
@@ -258,6 +263,7 @@ class Broker:
     name: str
     bootstrap: str
     addresses: list[tuple[str, int]]  # every Kafka listener
+    pids: list[int]  # its processes: kcoord's nodes, or tansu
     metrics_urls: list[str] = field(default_factory=list)  # kcoord: every node's /metrics
 
 
@@ -422,6 +428,16 @@ def commit_group_ids(run: Run, clients: int, tag: str) -> list[str]:
     return [f"commit-{run.run_id}-{tag}{clients}-{i}" for i in range(clients)]
 
 
+def processes_cpu_s(pids: list[int]) -> float:
+    """The CPU time (user and system) the processes have used, from ``/proc/PID/stat``."""
+    total_ticks = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total_ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total_ticks / os.sysconf("SC_CLK_TCK")
+
+
 async def commit_case(
     broker: Broker, run: Run, clients: int, tag: str = "", group_ids: list[str] | None = None
 ) -> dict[str, Any]:
@@ -450,6 +466,7 @@ async def commit_case(
         )
         started = time.perf_counter()
         cpu_started = time.process_time()
+        node_cpu_started = processes_cpu_s(broker.pids)
         stop_at = started + seconds
 
         async def loop(i: int) -> None:
@@ -469,6 +486,7 @@ async def commit_case(
         await asyncio.gather(*(loop(i) for i in range(clients)))
         elapsed_s = time.perf_counter() - started
         client_cpu_s = time.process_time() - cpu_started
+        node_cpu_s = processes_cpu_s(broker.pids) - node_cpu_started
         # What the last commit said is what the coordinator answers for it.
         committed = await consumers[0].committed(tps[0])
         if committed != counts[0]:
@@ -485,6 +503,9 @@ async def commit_case(
         # not the broker, sets the pace, and 1 / (CPU per commit) is what it could reach.
         "client_cpu_cores": client_cpu_s / elapsed_s,
         "client_cpu_us_per_commit": client_cpu_s / max(total, 1) * 1e6,
+        # The broker's processes (every node of a cluster), over the same window.
+        "node_cpu_cores": node_cpu_s / elapsed_s,
+        "node_cpu_us_per_commit": node_cpu_s / max(total, 1) * 1e6,
         "interval_s": COMMIT_INTERVAL_S,
         "commits_per_interval": per_interval,
         "per_client_commits": counts,
@@ -1118,7 +1139,9 @@ async def measure_commits(brokers: list[Broker], run: Run) -> None:
                 f"  commits, {clients:2} client(s), {broker.name:6}: "
                 f"{result['commits_s']:8.0f}/s (median {result['latency']['median_ms']:.2f} ms; "
                 f"client CPU {result['client_cpu_cores']:.2f} cores, "
-                f"{result['client_cpu_us_per_commit']:.0f} us a commit)",
+                f"{result['client_cpu_us_per_commit']:.0f} us a commit; broker CPU "
+                f"{result['node_cpu_cores']:.2f} cores, "
+                f"{result['node_cpu_us_per_commit']:.0f} us a commit)",
                 flush=True,
             )
 
@@ -1183,24 +1206,32 @@ def cluster_overrides(run: Run, metrics_on: bool) -> dict[str, Any]:
 
 
 async def measure_metrics(on: Broker, off: Broker, run: Run) -> None:
-    """Alternating on, off, on, off...: a slow drift of the machine's load hits both alike."""
+    """Alternating on, off, off, on, on, off...: a drift of the machine's load hits both alike,
+    and neither is always the one measured first."""
     clients = run.args.commit_clients
     cases: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     for r in range(run.args.metrics_rounds):
-        for label, broker in (("on", on), ("off", off)):
+        pair = (("on", on), ("off", off))
+        for label, broker in pair if r % 2 == 0 else pair[::-1]:
             result = await metrics_case(broker, run, label == "on", f"metrics-{label}-{r}-")
             cases[label].append(result)
             scrapes = result["scrapes"]["count"]
             print(
                 f"  commits, {clients} clients, metrics {label:3}, round {r + 1}: "
-                f"{result['commits_s']:8.0f}/s" + (f" ({scrapes} scrapes)" if scrapes else ""),
+                f"{result['commits_s']:8.0f}/s, node CPU "
+                f"{result['node_cpu_us_per_commit']:5.0f} us a commit"
+                + (f" ({scrapes} scrapes)" if scrapes else ""),
                 flush=True,
             )
     for label, results in cases.items():
         run.record(
             "metrics_cost",
             label,
-            {"rounds": results, **summary([x["commits_s"] for x in results], "commits_s")},
+            {
+                "rounds": results,
+                **summary([x["commits_s"] for x in results], "commits_s"),
+                **summary([x["node_cpu_us_per_commit"] for x in results], "node_cpu_us_per_commit"),
+            },
         )
 
 
@@ -1258,6 +1289,7 @@ def kcoord_broker(state: launcher.ClusterState) -> Broker:
         "kcoord",
         state.bootstrap_servers,
         [(n.host, n.kafka_port) for n in state.nodes],
+        [n.pid for n in state.nodes if n.pid is not None],
         [f"http://{n.host}:{n.admin_port}/metrics" for n in state.nodes],
     )
 
@@ -1454,7 +1486,9 @@ def kcoord_figures(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, d
     """The figures of (d) and (e), as ``build_result`` writes them: medians of the rounds
     (partitions moved and revoked, members revoked) and sums over the rounds (unchanged
     members, of which revoked)."""
-    on, off = (raw["metrics_cost"][x]["median_commits_s"] for x in ("on", "off"))
+    cost = raw["metrics_cost"]
+    on, off = (cost[x]["median_commits_s"] for x in ("on", "off"))
+    cpu_on, cpu_off = (cost[x]["median_node_cpu_us_per_commit"] for x in ("on", "off"))
     out: dict[str, dict[str, Any]] = {
         "metrics_cost": {
             "label": f"commits/s, {args.commit_clients} clients, metrics on vs off",
@@ -1463,6 +1497,8 @@ def kcoord_figures(raw: dict[str, Any], args: argparse.Namespace) -> dict[str, d
             "on": on,
             "off": off,
             "overhead": off / on - 1,
+            "node_cpu_us_per_commit": {"on": cpu_on, "off": cpu_off},
+            "node_cpu_overhead": cpu_on / cpu_off - 1,
         }
     }
     hb_ms = args.join_heartbeat_interval_ms
@@ -1564,10 +1600,15 @@ def print_kcoord_table(
 ) -> None:
     cost = extra["metrics_cost"]
     title = f"(d) commits/s, {args.commit_clients} clients (median of {args.metrics_rounds})"
+    cpu = cost["node_cpu_us_per_commit"]
     print(f"\n{title:44}{'metrics on':>12}{'metrics off':>13}{'off/on - 1':>12}")
     print(
         f"{'kcoord, /metrics scraped every 1 s when on':44}"
         f"{cost['on']:12.0f}{cost['off']:13.0f}{cost['overhead']:12.1%}"
+    )
+    print(
+        f"{'node CPU us a commit (3 nodes; on/off - 1)':44}"
+        f"{cpu['on']:12.0f}{cpu['off']:13.0f}{cost['node_cpu_overhead']:12.1%}"
     )
     hb_ms = args.join_heartbeat_interval_ms
     print(
@@ -1748,7 +1789,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--failover-members", type=int, default=4, help="member processes")
     parser.add_argument("--failover-rounds", type=int, default=2, help="SIGKILL rounds")
     parser.add_argument(
-        "--metrics-rounds", type=int, default=2, help="(d): rounds of metrics on, then off"
+        "--metrics-rounds", type=int, default=6, help="(d): rounds of metrics on and off"
     )
     parser.add_argument(
         "--join-sizes", type=_int_list, default=[16, 64], help="(e): group sizes, e.g. 4"
@@ -1839,7 +1880,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"starting tansu ({binary}) on 127.0.0.1:{port}", flush=True)
         tansu = start_tansu(binary, port, work_dir / "tansu.log")
         wait_kafka_listener("127.0.0.1", port, args.round_timeout_s)
-        tansu_broker = Broker("tansu", f"127.0.0.1:{port}", [("127.0.0.1", port)])
+        tansu_broker = Broker("tansu", f"127.0.0.1:{port}", [("127.0.0.1", port)], [tansu.pid])
         asyncio.run(run_all(run, tansu_broker))
         succeeded = True
     except (BenchError, launcher.LauncherError) as e:

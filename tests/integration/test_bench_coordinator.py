@@ -14,6 +14,7 @@ append alone with 0; commits on one node with replication factor 1.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -140,6 +141,12 @@ def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path
             assert case["client_cpu_us_per_commit"] == pytest.approx(
                 case["client_cpu_cores"] * case["seconds"] / case["commits"] * 1e6
             )
+            # The broker's processes (kcoord's three nodes, or tansu) over the same window:
+            # busy, and within the machine's cores (give or take a clock tick a process).
+            assert 0 < case["node_cpu_cores"] < (os.cpu_count() or 1) + 0.1
+            assert case["node_cpu_us_per_commit"] == pytest.approx(
+                case["node_cpu_cores"] * case["seconds"] / case["commits"] * 1e6
+            )
     ceiling = result["client_ceiling"]
     tansu_2 = raw["commit_2"]["tansu"]
     assert ceiling["client_cpu_us_per_commit"] == tansu_2["client_cpu_us_per_commit"]
@@ -192,6 +199,7 @@ def assert_metrics_cost(result: dict[str, Any]) -> None:
         assert case["metrics_enable"] == (label == "on")
         assert case["clients"] == 2 and all(n > 0 for n in case["per_client_commits"])
         assert raw[label]["median_commits_s"] == case["commits_s"]
+        assert raw[label]["median_node_cpu_us_per_commit"] == case["node_cpu_us_per_commit"]
         scrapes = case["scrapes"]
         if status is None:
             assert scrapes["count"] == 0  # nothing to scrape: /metrics answers 404
@@ -201,6 +209,9 @@ def assert_metrics_cost(result: dict[str, Any]) -> None:
             assert scrapes["median_bytes"] > 0
     cost = result["figures"]["metrics_cost"]
     assert cost["overhead"] == pytest.approx(cost["off"] / cost["on"] - 1)
+    cpu = cost["node_cpu_us_per_commit"]
+    assert cpu == {label: raw[label]["median_node_cpu_us_per_commit"] for label in ("on", "off")}
+    assert cost["node_cpu_overhead"] == pytest.approx(cpu["on"] / cpu["off"] - 1)
     target = result["targets"]["metrics_cost"]
     assert target["rule"] == "off/on - 1 < 0.05"
     assert result["targets_met"]["metrics_cost"] == (cost["overhead"] < 0.05)
