@@ -33,6 +33,7 @@ JOIN_SIZE = 4
 JOIN_PROTOCOLS = ("consumer", "eager", "cooperative")
 BATCHING_CLIENTS = 4
 BATCHING_LAYOUTS = ("spread", "one_partition")
+SCRAPE_COST_ROUNDS = 30  # bench/coordinator.py's
 
 
 def run_bench(args: list[str]) -> tuple[int, str]:
@@ -212,6 +213,13 @@ def assert_metrics_cost(result: dict[str, Any]) -> None:
     cpu = cost["node_cpu_us_per_commit"]
     assert cpu == {label: raw[label]["median_node_cpu_us_per_commit"] for label in ("on", "off")}
     assert cost["node_cpu_overhead"] == pytest.approx(cpu["on"] / cpu["off"] - 1)
+    scrape = raw["scrape"]
+    assert scrape["rounds"] == SCRAPE_COST_ROUNDS and scrape["nodes"] == 3
+    assert scrape["cpu_s_per_round"] > 0  # three renders of a few hundred series each
+    assert cost["scrape_cpu_ms_per_round"] == pytest.approx(scrape["cpu_s_per_round"] * 1000)
+    assert cost["scrape_cpu_share"] == pytest.approx(
+        scrape["cpu_s_per_round"] / raw["on"]["median_node_cpu_cores"]
+    )
     target = result["targets"]["metrics_cost"]
     assert target["rule"] == "off/on - 1 < 0.05"
     assert result["targets_met"]["metrics_cost"] == (cost["overhead"] < 0.05)
