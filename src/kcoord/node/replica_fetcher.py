@@ -316,7 +316,9 @@ class ReplicaFetcherManager:
                 target, done = min(own_end, log_end_offset), False
             else:
                 target, done = min(own_end, leader_end_offset, log_end_offset), True
-        if target < log_end_offset:
+        if target >= log_end_offset:
+            lg.truncate_to(target)  # no records go; epochs of ours starting at the end do
+        else:
             new_end = lg.truncate_to(max(target, 0))
             part.reset_high_watermark_to_log_end()
             log.info(

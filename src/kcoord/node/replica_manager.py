@@ -379,6 +379,13 @@ class ReplicaManager:
                 part.truncation_pending = False
                 part.isr_change_retry_ms = 0
                 part.follower_log_starts = {}
+                # Kafka's makeLeader (maybeAssignEpochStartOffset): the new epoch starts at our
+                # log end now, not at our first append, so a follower whose log holds a later
+                # epoch than any of ours (fast successive elections) is told where its epochs
+                # end here rather than "unknown", which would cut it back to its HW. Not
+                # flushed: an epoch with no records is dropped on recovery anyway, and the
+                # first append of the epoch writes the checkpoint.
+                part.log.epoch_cache.assign(change.leader_epoch, part.log.log_end_offset)
                 # Kafka's makeLeader: follower states reset, the HW starts at ours, and a
                 # joining follower must reach the LEO this epoch starts at.
                 part.replication = LeaderReplication(
@@ -565,18 +572,22 @@ class ReplicaManager:
     # Writes and reads.
 
     def min_insync_replicas_for(self, part: Partition) -> int:
-        """The topic's ``min.insync.replicas``, else the cluster's dynamic default, else this
-        node's (Kafka's LogConfig resolution; like Kafka, not capped at the replica count)."""
+        """The effective ``min.insync.replicas``: the topic's, else the cluster's dynamic
+        default, else this node's (Kafka's LogConfig resolution), never above the replication
+        factor (Kafka's ``Partition.effectiveMinIsr``, KAFKA-15583): a one-replica partition
+        under ``min.insync.replicas=2`` takes writes and moves its HW, as the controller's
+        ``_min_isr`` already assumes, instead of refusing acks=all and freezing the HW."""
         image = self.cache.image
         topic = image.topic(part.topic_id)
         raw = topic.configs.get(MIN_INSYNC_REPLICAS_CONFIG) if topic is not None else None
         if raw is None:
             cluster = image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
             raw = cluster.get(MIN_INSYNC_REPLICAS_CONFIG)
-        try:
-            return max(1, int(raw)) if raw is not None else self.min_insync_replicas
-        except ValueError:
-            return self.min_insync_replicas
+        configured = self.min_insync_replicas
+        if raw is not None:
+            with contextlib.suppress(ValueError):
+                configured = max(1, int(raw))
+        return min(configured, len(part.replicas or (self.node_id,)))  # as LeaderReplication's
 
     def check_leader_and_min_isr(self, part: Partition, required_acks: int) -> None:
         """Refuse an append before anything looks at the records: NOT_LEADER_OR_FOLLOWER, or for

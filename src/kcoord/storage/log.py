@@ -743,9 +743,14 @@ class Log:
         """Remove every batch at or above ``offset``; return the new log end offset.
 
         Used when a follower reconciles with a new leader (KIP-101/279). A batch straddling
-        ``offset`` is removed whole, so the log ends at a batch boundary at or below it.
+        ``offset`` is removed whole, so the log ends at a batch boundary at or below it. At or
+        above the log end nothing is removed but the leader-epoch entries starting there: a
+        node that led an epoch and appended nothing in it keeps that epoch's entry at its log
+        end, which the new leader does not know (Kafka's ``UnifiedLog.truncateTo`` does the same).
         """
         if offset >= self.log_end_offset:
+            self.epoch_cache.truncate_from_end(self.log_end_offset)
+            self.epoch_cache.flush()
             return self.log_end_offset
         if offset <= self.segments[0].base_offset:
             self.truncate_fully_and_start_at(offset if offset >= 0 else 0)

@@ -626,3 +626,103 @@ def test_records_that_did_not_fit_an_answer_come_with_the_next_one(tmp_path: Pat
         assert [int(p["partition"]) for p in follower.fetchers.sent[-1][1]["partitions"]] == [0]
 
     asyncio.run(scenario())
+
+
+def _elect(
+    cluster: dict[int, Node], offset: int, expected_partition_epoch: int, leader: int
+) -> None:
+    """A clean election: ``leader`` (in the ISR of both nodes) leads the next leader epoch."""
+    change = rec.PartitionChange(
+        TOPIC_ID, 0, expected_partition_epoch=expected_partition_epoch, leader=leader, isr=NODES
+    )
+    for node in cluster.values():
+        node.cache.apply(offset, [change])
+
+
+def test_a_new_leader_knows_its_epoch_before_its_first_append(tmp_path: Path) -> None:
+    """Fast successive elections: node 2 led epoch 1 and wrote a record node 1 never saw; node
+    1 leads epoch 2 and has appended nothing yet. Asked where epoch 1 ends, it answers with
+    epoch 0 ending at its log end (Kafka's makeLeader assigns the epoch's start offset at
+    once), so node 2 cuts only its epoch-1 record, not back to its HW (0 here), which would
+    throw away records both nodes hold."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        n1, n2 = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
+        _start(cluster)
+        for i in range(3):
+            n1.produce(b"r%d" % i)
+        await n2.fetch_once()
+        assert n2.partition.log.log_end_offset == 3 and n2.partition.high_watermark == 0
+        _elect(cluster, 2, 0, leader=2)
+        n2.produce(b"x")  # offset 3, epoch 1
+        _elect(cluster, 3, 1, leader=1)
+        assert n1.partition.leader_epoch == 2
+        assert n1.partition.log.epoch_cache.entries == [(0, 0), (2, 3)]
+
+        await n2.fetch_once()
+        assert [m for m, _ in n2.fetchers.sent[-2:]] == ["EpochEndOffset", "ReplicaFetch"]
+        fetch = n2.fetchers.sent[-1][1]["partitions"][0]
+        assert (fetch["fetch_offset"], fetch["last_fetched_epoch"]) == (3, 0)
+        assert n2.values() == [b"r0", b"r1", b"r2"]
+        n1.produce(b"y")
+        await n2.fetch_once()
+        assert n2.values() == [b"r0", b"r1", b"r2", b"y"]
+        assert n2.partition.log.epoch_cache.entries == [(0, 0), (2, 3)]
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_that_appended_nothing_drops_its_epoch_when_it_follows(tmp_path: Path) -> None:
+    """Node 2 led epoch 1 and appended nothing: its epoch cache says epoch 1 starts at its log
+    end. Following node 1 in epoch 2, it truncates nothing but that entry (Kafka's
+    ``UnifiedLog.truncateTo`` at the log end), then fetches from epoch 0's end; kept, the entry
+    would make every fetch diverge."""
+
+    async def scenario() -> None:
+        cluster, n1, n2 = await _two_nodes_with_committed(tmp_path, b"r%d", 3)
+        _elect(cluster, 2, 0, leader=2)
+        assert n2.partition.log.epoch_cache.entries == [(0, 0), (1, 3)]
+        _elect(cluster, 3, 1, leader=1)
+        n1.produce(b"y")
+
+        await n2.fetch_once()
+        assert not n2.partition.truncation_pending
+        fetch = n2.fetchers.sent[-1][1]["partitions"][0]
+        assert (fetch["fetch_offset"], fetch["last_fetched_epoch"]) == (3, 0)
+        assert n2.values() == [b"r0", b"r1", b"r2", b"y"]
+        assert n2.partition.log.epoch_cache.entries == [(0, 0), (2, 3)]
+
+    asyncio.run(scenario())
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_capped(tmp_path: Path) -> None:
+    """``min.insync.replicas=2`` on a one-replica partition (say ``__consumer_offsets`` made
+    while one broker was up): Kafka's ``Partition.effectiveMinIsr`` caps it at the
+    replication factor, so the HW moves and acks=all is taken, not refused forever."""
+
+    async def scenario() -> None:
+        logs = LogManager(tmp_path / "node-1")
+        logs.open()
+        cache = MetadataCache(1, listener=_NoRoles())
+        replicas = ReplicaManager(1, logs, cache, lambda: 1_000_000, min_insync_replicas=2)
+        cache.listener = replicas
+        cache.apply(
+            1,
+            [
+                rec.RegisterBroker(
+                    broker_id=1, incarnation_id="i1", broker_epoch=1, endpoints={}, fenced=False
+                ),
+                rec.Topic(TOPIC, TOPIC_ID, {}),
+                rec.Partition(TOPIC_ID, 0, (1,), (1,), leader=1, leader_epoch=0, partition_epoch=0),
+            ],
+        )
+        part = replicas.get_partition(TOPIC, 0)
+        assert part is not None
+        assert replicas.min_insync_replicas_for(part) == 1
+        replicas.append_local(part, batch(value=b"v"), required_acks=1)
+        assert part.high_watermark == part.log.log_end_offset == 1
+        replicas.append_local(part, batch(value=b"w"), required_acks=-1)
+        assert part.high_watermark == 2
+
+    asyncio.run(scenario())

@@ -90,7 +90,9 @@ class Node:
                 fenced=False,
             ),
             rec.Topic("__consumer_offsets", OFFSETS_ID, {"cleanup.policy": "compact"}),
-            rec.Partition(OFFSETS_ID, 0, (1,), (1,), 1, leader_epoch, 0),
+            # Replicated to node 2, which never fetches: the ISR is this node alone, so
+            # ``min.insync.replicas=2`` refuses writes (it is capped at the replication factor).
+            rec.Partition(OFFSETS_ID, 0, (1, 2), (1,), 1, leader_epoch, 0),
             rec.Topic("orders", ORDERS_ID, {}),
             rec.Partition(ORDERS_ID, 0, (1,), (1,), 1, 0, 0),
         ]

@@ -152,6 +152,19 @@ def test_truncate_to_removes_suffix_and_epochs(tmp_path: Path) -> None:
     assert again.epoch_cache.entries == [(0, 0), (1, 20), (2, 40), (7, 44)]
 
 
+def test_truncate_to_the_log_end_drops_only_epochs_starting_there(tmp_path: Path) -> None:
+    """A leader that appended nothing in its epoch has the epoch's entry at its log end; as a
+    follower it truncates to its log end: no record goes, the entry does, on disk too."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    lg.append_as_leader(batch(2), leader_epoch=0, now_ms=0)
+    lg.epoch_cache.assign(1, lg.log_end_offset)
+    assert lg.truncate_to(5) == 2
+    assert lg.epoch_cache.entries == [(0, 0)]
+    assert [r.offset for r in read_all(lg)] == [0, 1]
+    lg.close()
+    assert open_log(tmp_path / "t-0", SMALL).epoch_cache.entries == [(0, 0)]
+
+
 def test_truncate_fully(tmp_path: Path) -> None:
     lg = open_log(tmp_path / "t-0", SMALL)
     for _ in range(20):

@@ -1036,7 +1036,13 @@ def test_below_min_insync_replicas_every_batch_is_refused_before_its_sequence(
     resend other partitions' possibly written batches under new sequences)."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("t", 1, 1)
+        await h.create_topic("t", 3, 3)
+        index = h.led_partitions("t")[0]
+        part = h.replicas.get_partition("t", index)
+        assert part is not None and part.replication is not None
+        # Brokers 2 and 3 never fetch here: they fall behind and leave the ISR.
+        h.clock[0] += part.replication.replica_lag_time_max_ms + 1
+        h.change_partition("t", index, isr=(NODE_ID,))
         init = await c.call(
             INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
         )
@@ -1044,7 +1050,9 @@ def test_below_min_insync_replicas_every_batch_is_refused_before_its_sequence(
 
         async def produce(seq: int, value: bytes, acks: int = -1) -> Any:
             records = batch([value], producer_id=pid, producer_epoch=epoch, base_sequence=seq)
-            return only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records, acks)))
+            return only_partition(
+                await c.call(PRODUCE, 9, produce_values("t", index, records, acks))
+            )
 
         assert (await produce(0, b"a")).base_offset == 0
         h.replicas.min_insync_replicas = 2  # the ISR is this node alone
@@ -1059,7 +1067,7 @@ def test_below_min_insync_replicas_every_batch_is_refused_before_its_sequence(
         gap = await produce(3, b"d")
         assert gap.error_code == Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
         assert (await produce(2, b"c")).base_offset == 2
-        fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
+        fetched = await c.call(FETCH, 12, fetch_values("t", index, 0))
         assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c"]
 
     run(tmp_path, test)
