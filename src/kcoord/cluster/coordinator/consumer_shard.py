@@ -626,10 +626,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     def _validate_consumer_offset_commit(
         self, group: ConsumerGroup, member_id: str, member_epoch: int
     ) -> Errors:
-        """``ConsumerGroup.validateOffsetCommit``: admin commits (epoch -1, no member id) only
-        to an empty group; members must commit with their current epoch."""
-        if member_epoch < 0 and not member_id:
-            return Errors.NONE if not group.members else Errors.UNKNOWN_MEMBER_ID
+        """``ConsumerGroup.validateOffsetCommit``: a commit with epoch -1 (the admin client, or
+        a consumer not using the group's assignment) is taken by an empty group whatever
+        member id it names; members must commit with their current epoch."""
+        if member_epoch < 0 and not group.members:
+            return Errors.NONE
         member = group.members.get(member_id)
         if member is None:
             return Errors.UNKNOWN_MEMBER_ID
@@ -648,6 +649,13 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         for record in group_tombstones(group):
             out.write(record)
         return Errors.NONE
+
+    @staticmethod
+    def _consumer_subscribed_to_topic(group: ConsumerGroup, topic: str) -> bool:
+        """``ConsumerGroup.isSubscribedToTopic``: a member subscribes to ``topic`` by name or
+        by its regular expression (an empty group to none). Its offsets are then neither
+        deleted by OffsetDelete nor expired."""
+        return any(topic in subscribed_topics(m, (topic,)) for m in group.members.values())
 
 
 def classic_tombstone(group_id: str) -> CoordinatorRecord:

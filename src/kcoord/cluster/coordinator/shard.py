@@ -114,6 +114,7 @@ Deviations from Kafka (each also marked where it happens):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -1721,23 +1722,31 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def handle_offset_delete(
         self, token: Token, request: OffsetDeleteRequest, now_ms: int
     ) -> CoordinatorResult:
-        """``OffsetMetadataManager.deleteOffsets``."""
+        """``OffsetMetadataManager.deleteOffsets``. A consumer group's offsets may be deleted
+        in any state (``ConsumerGroup.validateOffsetDelete`` accepts), those of the topics its
+        members subscribe to excepted, as a classic group's."""
         out = _Output()
         group = self._groups.get(request.group_id)
+        consumer_group = self._consumer_groups.get(request.group_id)
+        subscribed: Callable[[str], bool] | None = None
         if not request.group_id:
             error = Errors.INVALID_GROUP_ID
+        elif consumer_group is not None:
+            error = Errors.NONE
+            subscribed = functools.partial(self._consumer_subscribed_to_topic, consumer_group)
         elif group is None:
             error = Errors.GROUP_ID_NOT_FOUND
         else:
             error = group.validate_offset_delete()
-        if group is None or error is not Errors.NONE:
+            subscribed = group.is_subscribed_to_topic
+        if subscribed is None or error is not Errors.NONE:
             out.respond(token, OffsetDeleteResponse(error_code=error))
             return out.result()
 
         stored = self._offsets.get(request.group_id, {})
         topics = []
         for topic in request.topics:
-            if group.is_subscribed_to_topic(topic.name):
+            if subscribed(topic.name):
                 partitions = tuple(
                     OffsetDeleteResponsePartition(
                         partition_index=p.partition_index,
@@ -1787,28 +1796,37 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
 
     def _cleanup_group_metadata(self, out: _Output, now_ms: int) -> None:
         """``GroupCoordinatorShard.cleanupGroupMetadata``: expire offsets; delete the groups
-        left Empty without any.
+        left Empty without any. Classic and consumer groups alike (``groupIds()``).
         """
-        for group_id in list(self._groups):
+        for group_id in [*self._groups, *self._consumer_groups]:
             if self._cleanup_expired_offsets(out, group_id, now_ms):
                 self._maybe_delete_group(out, group_id)
         self._schedule_group_expiration(now_ms)
 
     def _cleanup_expired_offsets(self, out: _Output, group_id: str, now_ms: int) -> bool:
         """``OffsetMetadataManager.cleanupExpiredOffsets``: True if the group has no offsets
-        left afterwards.
+        left afterwards. A consumer group's offsets expire by commit time once no member
+        subscribes to their topic (``ConsumerGroup.offsetExpirationCondition``).
         """
         stored = self._offsets.get(group_id)
         if not stored:
             return True
-        group = self._groups[group_id]
-        base_of = group.offset_expiration_base()
+        consumer_group = self._consumer_groups.get(group_id)
+        base_of: Callable[[int], int] | None
+        subscribed: Callable[[str], bool]
+        if consumer_group is not None:
+            base_of = _commit_time
+            subscribed = functools.partial(self._consumer_subscribed_to_topic, consumer_group)
+        else:
+            group = self._groups[group_id]
+            base_of = group.offset_expiration_base()
+            subscribed = group.is_subscribed_to_topic
         if base_of is None:
             return False
         all_expired = True
         retention_ms = self._config.offsets_retention_ms
         for topic, partitions in stored.items():
-            if group.is_subscribed_to_topic(topic):
+            if subscribed(topic):
                 all_expired = False
                 continue
             for partition, offset in partitions.items():
@@ -1821,6 +1839,12 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
 
     def _maybe_delete_group(self, out: _Output, group_id: str) -> None:
         """``GroupMetadataManager.maybeDeleteGroup``: only an Empty group goes."""
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None:
+            if not consumer_group.members:
+                self.stats.groups_expired += 1
+                self._delete_consumer_group(consumer_group, out)
+            return
         group = self._groups.get(group_id)
         if group is not None and group.is_in_state(_S.EMPTY):
             self.stats.groups_expired += 1
@@ -1944,6 +1968,11 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             results.append(DeletableGroupResult(group_id=group_id, error_code=error))
         out.respond(token, DeleteGroupsResponse(results=tuple(results)))
         return out.result()
+
+
+def _commit_time(commit_timestamp_ms: int) -> int:
+    """An offset's retention counts from its commit."""
+    return commit_timestamp_ms
 
 
 def _offset_tombstone(group_id: str, topic: str, partition: int) -> CoordinatorRecord:

@@ -282,14 +282,14 @@ def test_failover_rebuilds_the_group_and_members_carry_on() -> None:
     assert new.shard.consumer_groups["g"].group_epoch == before.group_epoch
 
 
-def commit(ctx: ShardContext, member: str, epoch: int) -> Errors:
+def commit(ctx: ShardContext, member: str, epoch: int, topic: str = "orders") -> Errors:
     request = OffsetCommitRequest(
         group_id="g",
         generation_id_or_member_epoch=epoch,
         member_id=member,
         topics=(
             OffsetCommitRequestTopic(
-                name="orders",
+                name=topic,
                 partitions=(OffsetCommitRequestPartition(partition_index=0, committed_offset=5),),
             ),
         ),
@@ -311,6 +311,71 @@ def test_commits_need_the_current_member_epoch() -> None:
     assert commit(ctx, "", -1) is Errors.UNKNOWN_MEMBER_ID  # admin commit: group not empty
     a.leave()
     assert commit(ctx, "", -1) is Errors.NONE
+    # Epoch -1 to an empty group is taken whatever member id it names (a consumer that
+    # assigns itself, or a stale id): ConsumerGroup.validateOffsetCommit.
+    assert commit(ctx, "stale-id", -1) is Errors.NONE
+
+
+def committed(ctx: ShardContext) -> dict[str, list[int]]:
+    return {topic: sorted(ps) for topic, ps in ctx.shard.offsets.get("g", {}).items()}
+
+
+def test_offset_delete_on_a_consumer_group_spares_the_subscribed_topics_only() -> None:
+    """OffsetDelete to a consumer group with members (``ConsumerGroup.validateOffsetDelete``
+    accepts in any state): offsets of a topic no member subscribes to go; those of a
+    subscribed topic get GROUP_SUBSCRIBED_TO_TOPIC."""
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    assert commit(ctx, "a", a.epoch, "orders") is Errors.NONE
+    assert commit(ctx, "a", a.epoch, "other") is Errors.NONE
+    token, step = ctx.delete_offsets([("other", 0), ("orders", 0)])
+    response: Any = step.response(token)
+    assert response.error_code is Errors.NONE
+    errors = {t.name: [p.error_code for p in t.partitions] for t in response.topics}
+    assert errors == {"other": [Errors.NONE], "orders": [Errors.GROUP_SUBSCRIBED_TO_TOPIC]}
+    assert committed(ctx) == {"orders": [0]}
+    assert committed(ctx.failover()) == {"orders": [0]}
+
+
+def test_a_consumer_groups_unsubscribed_offsets_expire_by_commit_time() -> None:
+    """Offsets retention (``ConsumerGroup.offsetExpirationCondition``: from the commit): a
+    topic no member subscribes to loses its offsets while the group is live; the subscribed
+    topic's offsets stay."""
+    ctx = ShardContext(
+        GroupConfig(
+            consumer_timing=short_consumer_timing(SESSION_MS),
+            offsets_retention_minutes=1,
+            offsets_retention_check_interval_ms=10_000,
+        )
+    )
+    a = Member(ctx, "a")
+    a.beat()
+    assert commit(ctx, "a", a.epoch, "orders") is Errors.NONE
+    assert commit(ctx, "a", a.epoch, "other") is Errors.NONE
+    for _ in range(30):  # 150 s of heartbeats: past the minute's retention and a check
+        ctx.sleep(5_000)
+        a.beat()
+    assert committed(ctx) == {"orders": [0]}
+    assert group_state(ctx) == "Stable"
+
+
+def test_an_empty_consumer_group_loses_its_offsets_and_then_itself() -> None:
+    """Kafka's cleanupGroupMetadata covers consumer groups: once the last member is gone and
+    the retention has passed, the offsets get tombstones and the empty group its own, so
+    neither is served again, nor rebuilt by a new coordinator."""
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    assert commit(ctx, "a", a.epoch, "orders") is Errors.NONE
+    a.leave()
+    ctx.sleep(GroupConfig().offsets_retention_ms - 1)
+    assert committed(ctx) == {"orders": [0]}
+    ctx.sleep(GroupConfig().offsets_retention_check_interval_ms + 1)
+    assert committed(ctx) == {}
+    assert "g" not in ctx.shard.consumer_groups
+    again = ctx.failover()
+    assert committed(again) == {} and "g" not in again.shard.consumer_groups
 
 
 def test_describe_list_and_delete() -> None:
