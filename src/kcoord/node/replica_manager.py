@@ -503,6 +503,14 @@ class ReplicaManager:
                     hosted.log.config = config
                     self.maybe_advance_high_watermark(hosted)  # min.insync.replicas may be lower
             log.info("topic %s: configs are now %s", new.name, dict(new.configs))
+        cluster_wide = delta.configs.get(ConfigResource(ConfigResourceType.BROKER, ""))
+        if cluster_wide is not None and (cluster_wide.before or {}).get(
+            MIN_INSYNC_REPLICAS_CONFIG
+        ) != (cluster_wide.after or {}).get(MIN_INSYNC_REPLICAS_CONFIG):
+            # The cluster's dynamic min.insync.replicas (a default for every topic): a lower
+            # one may let a held HW move (Kafka's DynamicConfig reconfigures every log).
+            for hosted in self.partitions.values():
+                self.maybe_advance_high_watermark(hosted)
         for tp_id, change in delta.partitions.items():
             after = change.after
             if after is None:

@@ -27,6 +27,7 @@ from kcoord.node.replica_manager import (
 )
 from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
+from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import checkpoint
 from kcoord.storage.manager import LogManager
 from tests.unit.storage.helpers import batch, read_all
@@ -86,6 +87,7 @@ class Node:
             high_watermark_linger_ms=high_watermark_linger_ms,
         )
         self.cache.listener = self.replicas
+        self.cache.delta_listeners.append(self.replicas.on_metadata_delta)  # as the server does
         self.fetchers = _Fetchers(self, cluster)
         cluster[node_id] = self
 
@@ -724,5 +726,37 @@ def test_min_insync_replicas_above_the_replication_factor_is_capped(tmp_path: Pa
         assert part.high_watermark == part.log.log_end_offset == 1
         replicas.append_local(part, batch(value=b"w"), required_acks=-1)
         assert part.high_watermark == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_lower_cluster_wide_min_insync_replicas_lets_a_held_hw_move(tmp_path: Path) -> None:
+    """The cluster's dynamic ``min.insync.replicas`` (``kafka-configs --entity-default``):
+    while the ISR (node 1 alone) is below it the HW stays; lowered, the HW moves at once, not
+    at the partition's next append."""
+    now = [1_000_000]
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        n1, _ = (Node(n, tmp_path / f"node-{n}", cluster, clock=lambda: now[0]) for n in NODES)
+        _start(cluster)
+        part = n1.partition
+        assert part.replication is not None
+
+        def cluster_min_isr(offset: int, value: str) -> None:
+            config = rec.Config(int(ConfigResourceType.BROKER), "", "min.insync.replicas", value)
+            for node in cluster.values():
+                node.cache.apply(offset, [config])
+
+        cluster_min_isr(2, "2")
+        now[0] += part.replication.replica_lag_time_max_ms + 1  # node 2 never fetched
+        shrink = rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=0, isr=(1,))
+        for node in cluster.values():
+            node.cache.apply(3, [shrink])
+        assert part.isr == (1,) and part.leader_epoch == 0
+        n1.produce(b"a")
+        assert part.high_watermark == 0
+        cluster_min_isr(4, "1")
+        assert part.high_watermark == 1
 
     asyncio.run(scenario())
