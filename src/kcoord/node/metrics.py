@@ -71,6 +71,7 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
                  C kcoord_coordinator_expirations_total{kind}
                  H kcoord_coordinator_shard_load_duration_seconds{kind}
                  C kcoord_coordinator_records_replayed_total{by}
+                 C kcoord_coordinator_shard_load_failures_total
                  C kcoord_coordinator_batches_appended_total
                  C kcoord_coordinator_records_appended_total
                  G kcoord_coordinator_standby_shards
@@ -620,6 +621,12 @@ class NodeCollector(Collector):
         replayed.add_metric(["load"], runtime.load_records_replayed)
         replayed.add_metric(["standby"], runtime.standby_records_replayed)
         yield replayed
+        yield CounterMetricFamily(
+            "kcoord_coordinator_shard_load_failures_total",
+            "Shard loads that failed: the partition is not served (NOT_COORDINATOR) until its "
+            "leadership changes.",
+            value=runtime.load_failures,
+        )
         yield CounterMetricFamily(
             "kcoord_coordinator_batches_appended_total",
             "Batches of coordinator writes appended to __consumer_offsets (one per "

@@ -548,10 +548,14 @@ class ReplicaManager:
         if part is None:
             return
         part.fail_waiters(Errors.NOT_LEADER_OR_FOLLOWER)
-        if part.is_leader:
-            part.is_leader = False
-            for listener in self._role_listeners:
+        part.is_leader = False
+        # Followers too, as a BecomeFollower does: the coordinator runtime drops a follower's
+        # hot standby once the partition is no longer hosted here.
+        for listener in self._role_listeners:
+            try:
                 listener(part, False)
+            except Exception:
+                log.exception("role listener failed for %s-%d", tp[0], tp[1])
         try:
             self.logs.delete_log(tp)
         except OSError as e:

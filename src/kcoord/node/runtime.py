@@ -333,11 +333,13 @@ class ShardContext:
             self.runtime.fail_shard(self, Errors.UNKNOWN_SERVER_ERROR)
             return
         if result.records:
+            parts = [result.records] if result.atomic else self._batches_of(result.records)
             try:
-                if self.runtime.append_linger_ms == 0:
-                    self._append_and_replay(result.records)
-                elif not self._write(result.records):
-                    return  # the open batch failed to go out: the shard is gone, these answers too
+                for records in parts:
+                    if self.runtime.append_linger_ms == 0:
+                        self._append_and_replay(records)
+                    elif not self._write(records):
+                        return  # the open batch failed to go out: the shard is gone, answers too
             except KafkaError as e:
                 # Refused before anything was replayed or appended (below min.insync.replicas,
                 # too large, no longer leader).
@@ -355,6 +357,26 @@ class ShardContext:
                 self._unload_after_failed_write(e.code)
                 return
         self._defer(self.last_written_offset, result.responses)
+
+    def _batches_of(self, records: list[CoordinatorRecord]) -> list[list[CoordinatorRecord]]:
+        """A non-atomic result's records in runs that each fit ``max.message.bytes`` (Kafka's
+        ``CoordinatorRuntime.append`` splits such results over batches), so a pass expiring
+        thousands of offsets is not refused whole, over and over."""
+        max_bytes = self.partition.log.config.max_message_bytes
+        out: list[list[CoordinatorRecord]] = []
+        run: list[CoordinatorRecord] = []
+        size = fmt.HEADER_SIZE
+        for record in records:
+            key, value = encode_record(record)
+            grows = len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
+            if run and size + grows > max_bytes:
+                out.append(run)
+                run, size = [], fmt.HEADER_SIZE
+            run.append(record)
+            size += grows
+        if run:
+            out.append(run)
+        return out
 
     def _unload_after_failed_write(self, code: Errors) -> None:
         log.warning(
@@ -640,6 +662,7 @@ class CoordinatorRuntime:
         }
         self.load_records_replayed = 0
         self.standby_records_replayed = 0
+        self.load_failures = 0
         # Coordinator writes appended: batches and their records (Kafka's batch-flush-rate).
         self.batches_appended = 0
         self.records_appended = 0
@@ -696,6 +719,26 @@ class CoordinatorRuntime:
         )
 
     async def _load(self, ctx: ShardContext, standby: Standby | None = None) -> None:
+        """Load the shard; a load that fails (an I/O error, a batch that does not decode, the
+        log start moving past the replay) leaves the partition unserved, as Kafka's
+        ``CoordinatorContext`` goes FAILED and unloads: requests get NOT_COORDINATOR and
+        ListGroups skips it, rather than COORDINATOR_LOAD_IN_PROGRESS for ever. The next
+        leadership change loads it again."""
+        try:
+            await self._replay_log(ctx, standby)
+        except Exception:
+            if self.contexts.get(ctx.index) is not ctx:
+                return  # unloaded meanwhile: nothing to serve either way
+            log.exception(
+                "loading %s-%d (epoch %d) failed: the shard is not served",
+                OFFSETS_TOPIC,
+                ctx.index,
+                ctx.leader_epoch,
+            )
+            self.load_failures += 1
+            self._close(ctx, Errors.NOT_COORDINATOR)
+
+    async def _replay_log(self, ctx: ShardContext, standby: Standby | None) -> None:
         """Replay the log into a shard, from the log start or (hot) from the standby's end."""
         start = self.now_ms()
         lg = ctx.partition.log

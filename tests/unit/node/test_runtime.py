@@ -379,6 +379,88 @@ def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) 
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("append_linger_ms", [0, -1])
+def test_a_deleted_topics_tombstones_go_out_in_batches_that_fit(
+    tmp_path: Path, append_linger_ms: int
+) -> None:
+    """A topic deletion writes a tombstone for every group's offsets on it: more than one
+    batch may hold. They are split over batches that fit ``max.message.bytes`` (Kafka's
+    non-atomic ``CoordinatorResult``), not refused whole, which unloaded the shard, failed an
+    unrelated commit already in the log, and never deleted the offsets."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=append_linger_ms)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        for i in range(40):
+            await asyncio.wait_for(node.runtime.call(f"g{i}", commit(f"g{i}", i)), 5)
+        node.replicas.hold = True
+        part.log.config = LogConfig(max_message_bytes=600)  # some 15 tombstones a batch
+        ctx = node.runtime.contexts[0]
+        pending = node.runtime.submit("other", commit("other", 1), replay_only=True)
+        start = part.log.log_end_offset if append_linger_ms == 0 else ctx.last_written_offset
+        ctx.run(lambda shard, _token: shard.on_partitions_deleted([("orders", 0)]), 0)
+        ctx.flush()
+        assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
+        batches = _batches(part.log, start)
+        assert sum(batches) == 41 and len(batches) > 1, batches  # "other" committed too
+        node.replicas.release(part)
+        await asyncio.wait_for(pending, 5)  # answered: its commit is in the log
+        for group in ("g3", "other"):
+            got = await asyncio.wait_for(node.runtime.call(group, fetch(group)), 5)
+            assert got.topics == (), (group, got)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_that_fails_leaves_the_partition_unserved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error in the middle of a load: the context goes (Kafka's FAILED state), so
+    requests get NOT_COORDINATOR and ListGroups the other shards, not
+    COORDINATOR_LOAD_IN_PROGRESS for ever; the next leadership loads it again."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        for i in range(30):
+            await asyncio.wait_for(node.runtime.call(f"g{i}", commit(f"g{i}", i)), 5)
+        node.runtime.unload(0, part.leader_epoch)
+        node.runtime.replay_chunk_bytes = 100  # a few batches a step
+        real_read = part.log.read
+        reads = 0
+
+        def failing_read(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            if reads == 2:
+                raise OSError("EIO")
+            return real_read(*args, **kwargs)
+
+        monkeypatch.setattr(part.log, "read", failing_read)
+        node.runtime.schedule_load(part)
+        await _until(lambda: 0 not in node.runtime.contexts, "the failed load's context went")
+        assert node.runtime.load_failures == 1
+        with pytest.raises(CoordinatorError) as e:
+            node.runtime.submit("g1", fetch("g1"))
+        assert e.value.code is Errors.NOT_COORDINATOR
+        assert node.runtime.submit_all(lambda s, tok, now: s.on_loaded(now)) == []
+        monkeypatch.setattr(part.log, "read", real_read)
+        node.runtime.schedule_load(part)
+        await loaded(node)
+        got = await asyncio.wait_for(node.runtime.call("g1", fetch("g1")), 5)
+        assert got.topics[0].partitions[0].committed_offset == 1
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_answers_waiting_longer_than_the_commit_timeout_fail_and_the_shard_stays(
     tmp_path: Path,
 ) -> None:
@@ -814,3 +896,26 @@ def test_a_cold_load_replays_one_record_per_key_and_a_consumer_group_replaces_it
     assert shard.consumer_groups["cg"].group_epoch == 2
     assert "cg" not in shard.groups
     lg.close()
+
+
+def test_a_follower_no_longer_hosting_the_partition_drops_its_standby(tmp_path: Path) -> None:
+    """StopReplica of a follower (its topic deleted, or moved off this node): the hot standby
+    that followed it is closed and forgotten, not left waiting with the whole shard."""
+
+    async def scenario() -> None:
+        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
+        for node in (leader, follower):
+            node.elect(leader=1, leader_epoch=0)
+        await active(leader.runtime)
+        await commit_on(leader, "g", 1)
+        follower.replicate_from(leader)
+        await standby_at(follower.runtime, follower.part.high_watermark)
+        standby = follower.runtime.standbys[0]
+        follower.metadata_offset += 1
+        follower.cache.apply(follower.metadata_offset, [rec.RemoveTopic(OFFSETS_ID)])
+        assert follower.replicas.get_partition("__consumer_offsets", 0) is None
+        assert 0 not in follower.runtime.standbys and standby.closed
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())

@@ -235,10 +235,16 @@ class Timer(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class CoordinatorResult:
-    """Records to append (then replay), and answers to release once they commit."""
+    """Records to append (then replay), and answers to release once they commit.
+
+    ``atomic``: the records must go out in one batch (a request's). Housekeeping that writes
+    one independent tombstone per offset or group (offset expiry, a deleted topic's offsets)
+    is not: the runtime may split it over as many batches as ``max.message.bytes`` needs
+    (Kafka's ``new CoordinatorResult<>(records, false)``)."""
 
     records: list[CoordinatorRecord] = field(default_factory=list)
     responses: list[tuple[Token, Response]] = field(default_factory=list)
+    atomic: bool = True
 
 
 class OffsetAndMetadata(NamedTuple):
@@ -332,11 +338,12 @@ def _java_string_length(s: str) -> int:
 class _Output:
     """What one call produces, in order."""
 
-    __slots__ = ("records", "responses")
+    __slots__ = ("atomic", "records", "responses")
 
     def __init__(self) -> None:
         self.records: list[CoordinatorRecord] = []
         self.responses: list[tuple[Token, Response]] = []
+        self.atomic = True
 
     def write(self, record: CoordinatorRecord) -> None:
         self.records.append(record)
@@ -345,7 +352,7 @@ class _Output:
         self.responses.append((token, response))
 
     def result(self) -> CoordinatorResult:
-        return CoordinatorResult(self.records, self.responses)
+        return CoordinatorResult(self.records, self.responses, self.atomic)
 
 
 def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> CoordinatorRecord:
@@ -621,6 +628,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             case _TimerKind.SYNC:
                 self._expire_pending_sync(out, task.group_id, task.generation_id, now_ms)
             case _TimerKind.GROUP_EXPIRATION:
+                out.atomic = False  # GroupCoordinatorShard.cleanupGroupMetadata
                 self._cleanup_group_metadata(out, now_ms)
             case _TimerKind.CONSUMER:
                 self._on_consumer_timer(
@@ -1776,6 +1784,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         for topic, partition in partitions:
             deleted.setdefault(topic, set()).add(partition)
         out = _Output()
+        out.atomic = False  # GroupCoordinatorShard.onTopicsDeleted
         for group_id, topics in self._offsets.items():
             for topic, stored in topics.items():
                 gone = deleted.get(topic)
