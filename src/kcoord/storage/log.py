@@ -405,6 +405,8 @@ class Log:
             is_control = attributes & fmt.CONTROL_FLAG
             if record_count <= 0 and not is_control:
                 raise InvalidRecordError("batch at position 0 has no records")
+            if record_count != last_offset_delta + 1:
+                _raise_if_count_disagrees(record_count, last_offset_delta, 0)
             if self.config.compact and not is_control:
                 self._raise_if_null_key(records)
             log_append_time = fmt.NO_TIMESTAMP
@@ -448,7 +450,7 @@ class Log:
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
                 self._maybe_flush(now_ms)
             return AppendInfo(base_offset, last_offset, max_timestamp, 1, size, log_append_time)
-        headers = self._validate(records, keys=True)
+        headers = self._validate(records, leader=True)
         for pos, header in headers:
             self._validate_timestamps(records, pos, header, now_ms)
         buf = bytearray(records)
@@ -471,7 +473,7 @@ class Log:
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches replicated from the leader, keeping their offsets and epochs."""
-        headers = self._validate(records, keys=False)
+        headers = self._validate(records, leader=False)
         expected = self.log_end_offset
         for _, header in headers:
             if header.base_offset < expected:
@@ -484,19 +486,21 @@ class Log:
             self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
         return self._append(bytearray(records), headers, now_ms)
 
-    def _validate(self, records: bytes, *, keys: bool) -> list[tuple[int, fmt.BatchHeader]]:
-        """Kafka's ``LogValidator`` subset: whole batches, magic 2, CRC, size, and with ``keys``
-        a key on every record of a compacted topic. Followers skip the keys: what the leader
-        accepted is replicated as it is (Kafka's ``appendAsFollower`` runs no LogValidator)."""
+    def _validate(self, records: bytes, *, leader: bool) -> list[tuple[int, fmt.BatchHeader]]:
+        """Kafka's ``LogValidator`` subset: whole batches, magic 2, CRC, size, and for a
+        ``leader`` append a record count that matches the batch's offset range and a key on
+        every record of a compacted topic. Followers skip those: what the leader accepted is
+        replicated as it is, compacted batches included (Kafka's ``appendAsFollower`` runs no
+        LogValidator)."""
         headers = list(fmt.iter_headers(records))
         if not headers:
             raise InvalidRecordError("no record batch in the request")
         for pos, header in headers:
-            self._validate_batch(records, pos, header, keys=keys)
+            self._validate_batch(records, pos, header, leader=leader)
         return headers
 
     def _validate_batch(
-        self, records: bytes, pos: int, header: fmt.BatchHeader, *, keys: bool
+        self, records: bytes, pos: int, header: fmt.BatchHeader, *, leader: bool
     ) -> None:
         size = header.batch_length + fmt.LOG_OVERHEAD
         if size > self.config.max_message_bytes:
@@ -509,8 +513,10 @@ class Log:
             raise fmt.CorruptRecordError(f"CRC mismatch in batch at position {pos}")
         if header.record_count == 0 and not header.is_control:
             raise InvalidRecordError(f"batch at position {pos} has no records")
-        if keys and self.config.compact and not header.is_control:
-            self._raise_if_null_key(records, pos)
+        if leader:
+            _raise_if_count_disagrees(header.record_count, header.last_offset_delta, pos)
+            if self.config.compact and not header.is_control:
+                self._raise_if_null_key(records, pos)
 
     def _recompressed(self, records: bytes, codec: fmt.Compression) -> bytes:
         """The batches with every one in another codec rebuilt in ``codec`` (Kafka's
@@ -523,7 +529,7 @@ class Log:
             if header.compression is codec or header.is_control or header.record_count <= 0:
                 out.append(records[pos : pos + header.size])
                 continue
-            self._validate_batch(records, pos, header, keys=False)
+            self._validate_batch(records, pos, header, leader=False)
             decoded = fmt.decode_records(records, pos)
             out.append(fmt.rebuild_batch(header, decoded, compression=codec))
             changed = True
@@ -821,8 +827,7 @@ class Log:
             expired = (
                 self.config.delete
                 and self.config.retention_ms >= 0
-                and seg.max_timestamp >= 0
-                and now_ms - seg.max_timestamp > self.config.retention_ms
+                and now_ms - seg.largest_timestamp_ms() > self.config.retention_ms
             )
             too_big = (
                 self.config.delete
@@ -1082,11 +1087,27 @@ class Log:
         for seg in self.segments:
             seg.close()
 
-    def delete(self) -> None:
+    def abandon(self) -> None:
+        """Close every segment without flushing (the log is being deleted); a cleaning pass
+        planned before is thrown away at its swap."""
         self._generation += 1
         for seg in self.segments:
             seg.close()
+
+    def delete(self) -> None:
+        self.abandon()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _raise_if_count_disagrees(record_count: int, last_offset_delta: int, pos: int) -> None:
+    """Kafka's ``LogValidator.validateBatch``: a producer's batch holds one record per offset
+    of its range; else offsets would be served twice, or skipped. (An empty control batch,
+    which no producer sends, is let through as before.)"""
+    if record_count != last_offset_delta + 1 and record_count != 0:
+        raise InvalidRecordError(
+            f"batch at position {pos}: inconsistent offset range [0, {last_offset_delta}] and "
+            f"count of records {record_count}"
+        )
 
 
 def _new_segment(directory: Path, config: LogConfig, base_offset: int) -> LogSegment:

@@ -46,6 +46,9 @@ class LogManager:
         self.recovery_reports: dict[TopicPartition, RecoveryReport] = {}
         self.had_clean_shutdown = False
         self._delete_counter = 0
+        # The partitions each offsets checkpoint on disk names (as last read or written): a
+        # log created where a deleted one was must not inherit its entries (see ``adopt``).
+        self._checkpointed: dict[str, set[TopicPartition]] = {}
         # Removes what logs let go: retired segments, deleted partitions' directories. At once
         # by default; a node replaces it to remove them off its event loop.
         self.remove: Callable[[Sequence[Path]], None] = remove_now
@@ -60,6 +63,8 @@ class LogManager:
         self.had_clean_shutdown = marker.exists()
         recovery_points = self._read_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(checkpoint.LOG_START_OFFSET_CHECKPOINT)
+        self._checkpointed[checkpoint.RECOVERY_POINT_CHECKPOINT] = set(recovery_points)
+        self._checkpointed[checkpoint.LOG_START_OFFSET_CHECKPOINT] = set(start_offsets)
         for path in sorted(self.data_dir.iterdir()):
             if not path.is_dir():
                 continue
@@ -167,14 +172,24 @@ class LogManager:
             return
         lg.remove_files = self._remove
         self.logs[tp] = lg
+        # A topic deleted and created again: the checkpoints may still hold the old log's
+        # recovery point and log start, which the next start-up would apply to this one
+        # (hiding its records below them, skipping their recovery). Kafka rewrites both when
+        # it deletes a log (LogManager.asyncDelete); here when a log takes the place, so
+        # deleting a topic of many partitions writes nothing.
+        if tp in self._checkpointed.get(checkpoint.RECOVERY_POINT_CHECKPOINT, ()):
+            self.checkpoint_recovery_points()
+        if tp in self._checkpointed.get(checkpoint.LOG_START_OFFSET_CHECKPOINT, ()):
+            self.checkpoint_log_start_offsets()
 
     def delete_log(self, tp: TopicPartition) -> None:
-        """Rename the directory out of the way, then remove it (Kafka's async delete)."""
+        """Rename the directory out of the way, then remove it (Kafka's async delete). A
+        cleaning pass in flight on it is abandoned (Kafka's ``abortCleaning``): its swap must
+        not land in a directory a new log of the same name may hold by then."""
         removed = self.logs.pop(tp, None)
         if removed is None:
             return
-        for seg in removed.segments:
-            seg.close()
+        removed.abandon()
         self._delete_counter += 1
         target = removed.directory.with_name(
             f"{removed.directory.name}.{self._delete_counter}{DELETE_DIR_SUFFIX}"
@@ -192,16 +207,20 @@ class LogManager:
     # Checkpoints.
 
     def checkpoint_recovery_points(self) -> None:
-        checkpoint.write_offsets(
-            self.data_dir / checkpoint.RECOVERY_POINT_CHECKPOINT,
+        self._write_checkpoint(
+            checkpoint.RECOVERY_POINT_CHECKPOINT,
             {tp: lg.recovery_point for tp, lg in self.logs.items()},
         )
 
     def checkpoint_log_start_offsets(self) -> None:
-        checkpoint.write_offsets(
-            self.data_dir / checkpoint.LOG_START_OFFSET_CHECKPOINT,
+        self._write_checkpoint(
+            checkpoint.LOG_START_OFFSET_CHECKPOINT,
             {tp: lg.log_start_offset for tp, lg in self.logs.items()},
         )
+
+    def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
+        checkpoint.write_offsets(self.data_dir / name, offsets)
+        self._checkpointed[name] = set(offsets)
 
     def write_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
         checkpoint.write_offsets(

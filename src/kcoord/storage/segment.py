@@ -461,6 +461,14 @@ class LogSegment:
         self.time_index.delete()
         self.log_path.unlink(missing_ok=True)
 
+    def largest_timestamp_ms(self) -> int:
+        """Kafka's ``LogSegment.largestTimestamp``: the largest record timestamp, or for a
+        segment without any (emptied by compaction, or all timestamps -1) the file's last
+        modification time, so time retention still passes it."""
+        if self.max_timestamp >= 0:
+            return self.max_timestamp
+        return os.fstat(self._fd).st_mtime_ns // 1_000_000
+
     def retire(self) -> list[Path]:
         """Close the files and rename them ``.deleted``; returns the new paths for the caller
         to remove, later and off the event loop if it likes (Kafka's ``asyncDeleteSegment``:

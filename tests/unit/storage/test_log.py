@@ -782,3 +782,42 @@ def test_index_entries_across_prefilled_chunks_survive_truncation_and_reopening(
     assert again.last_offset == 2 * 15_999 + 1
     assert os.path.getsize(path) == 16_000 * 8
     again.close()
+
+
+def test_a_batch_whose_count_disagrees_with_its_offset_range_is_refused(tmp_path: Path) -> None:
+    """Kafka's ``LogValidator.validateBatch``: three records under a header whose last offset
+    delta says one would have the next batch serve offsets 1 and 2 again."""
+    records = [fmt.Record(i, 1000, b"k%d" % i, b"v") for i in range(3)]
+    bad = bytearray(fmt.build_batch(records))
+    struct.pack_into(">i", bad, 23, 0)  # lastOffsetDelta, under the CRC
+    struct.pack_into(">I", bad, 17, fmt.compute_crc(bad, 0, len(bad)))
+    lg = open_log(tmp_path / "t-0", SMALL)
+    with pytest.raises(InvalidRecordError, match="inconsistent offset range"):
+        lg.append_as_leader(bytes(bad), 0, now_ms=1000)
+    with pytest.raises(InvalidRecordError, match="inconsistent offset range"):
+        lg.append_as_leader(batch(1) + bytes(bad), 0, now_ms=1000)  # the many-batch path
+    assert lg.log_end_offset == 0
+    lg.append_as_leader(batch(3), 0, now_ms=1000)
+    assert [r.offset for r in read_all(lg)] == [0, 1, 2]
+
+
+def test_time_retention_passes_a_segment_compaction_emptied(tmp_path: Path) -> None:
+    """A compact,delete log whose first segment compaction emptied: with no timestamp left it
+    expires by its file's age (Kafka's ``LogSegment.largestTimestamp``), not never, which
+    stopped time retention of every later segment."""
+    hour = 3_600_000
+    config = LogConfig(
+        cleanup_policy=frozenset({"compact", "delete"}), segment_bytes=200, retention_ms=hour
+    )
+    lg = open_log(tmp_path / "t-0", config)
+    t0 = 10 * hour
+    for i in range(8):  # one key over and over: two batches a segment
+        record = fmt.Record(0, t0 + i, b"K", b"v%d" % i)
+        lg.append_as_leader(fmt.build_batch([record]), 0, now_ms=t0 + i)
+    lg.compact(t0 + 100)
+    assert lg.segments[0].max_timestamp < 0  # emptied
+    closed = len(lg.segments) - 1
+    assert closed > 1
+    later = lg.segments[0].largest_timestamp_ms() + 100 * hour  # the file's age
+    assert lg.delete_old_segments(later) == closed
+    assert len(lg.segments) == 1  # the active segment only

@@ -132,3 +132,46 @@ def test_a_log_without_partition_metadata_takes_the_callers_topic_id(tmp_path: P
     other = again.get_or_create_log(("orders", 1), topic_id="BBBBBBBBBBBBBBBBBBBBBB")
     assert other.topic_id == "AAAAAAAAAAAAAAAAAAAAAA"
     again.shutdown()
+
+
+def test_a_topic_created_again_does_not_inherit_the_deleted_ones_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """The deleted log's log start (40) and recovery point stay in the checkpoints until they
+    are next written; a log created in its place rewrites them, so a crash after it takes
+    records does not hide them below the old log start (Kafka rewrites them on deletion)."""
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    old = mgr.get_or_create_log(("t", 0))
+    for _ in range(50):
+        old.append_as_leader(batch(1), 0, now_ms=0)
+    assert old.maybe_increment_log_start_offset(40)
+    mgr.checkpoint_log_start_offsets()
+    mgr.checkpoint_recovery_points()
+    mgr.delete_log(("t", 0))
+    new = mgr.get_or_create_log(("t", 0))
+    for _ in range(30):
+        new.append_as_leader(batch(1), 0, now_ms=0)
+    # No shutdown: the process "died".
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    reopened = again.logs[("t", 0)]
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 30)
+    assert [r.offset for r in read_all(reopened)] == list(range(30))
+
+
+def test_deleting_a_log_abandons_a_cleaning_pass_in_flight(tmp_path: Path) -> None:
+    """The cleaner thread's pass on a log deleted meanwhile is not swapped in: the directory
+    may hold a new log of the same name by then (Kafka's ``abortCleaning`` on delete)."""
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    compacted = mgr.get_or_create_log(
+        ("c", 0), LogConfig(segment_bytes=300, cleanup_policy=frozenset({"compact"}))
+    )
+    for i in range(30):
+        compacted.append_as_leader(batch(1, key=f"k{i % 2}".encode()), 0, now_ms=0)
+    chosen = mgr.filthiest(0, {("c", 0): compacted.log_end_offset})
+    assert chosen is not None
+    result = compacted.clean(chosen[2])
+    mgr.delete_log(("c", 0))
+    assert compacted.swap_cleaned(result) is None
