@@ -69,6 +69,10 @@ class _IndexFile:
     def is_full(self) -> bool:
         return self._count >= self.max_entries
 
+    @property
+    def room(self) -> int:
+        return self.max_entries - self._count
+
     def append(self, entry: struct.Struct, *values: int) -> None:
         """Pack ``values`` with ``entry`` straight into the mapped file."""
         m = self._map
@@ -158,6 +162,11 @@ class _Index:
     @property
     def is_full(self) -> bool:
         return self._file.is_full
+
+    @property
+    def room(self) -> int:
+        """How many more entries the index takes."""
+        return self._file.room
 
     def _set_entries(self, a: array[int], b: array[int]) -> None:
         self._a, self._b = a, b

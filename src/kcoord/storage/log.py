@@ -613,13 +613,24 @@ class Log:
             first_base = headers[start][1].base_offset
             if self._should_roll(seg, headers[start][1], headers[start][1].size):
                 seg = self._roll(first_base)
+            # The segment indexes the run's batches as it appends them: the run stops where
+            # the next one would take an entry neither index has room for (a follower's
+            # fetch of many small batches may fill a small segment.index.bytes mid-run).
+            index_room = seg.index_room
+            since_entry = seg.bytes_since_index_entry
             while end < len(headers):
                 h = headers[end][1]
+                takes_entry = since_entry > seg.index_interval_bytes
                 if end > start and (
                     seg.size + run_bytes + h.size > self.config.segment_bytes
                     or h.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                    or (takes_entry and index_room <= 0)
                 ):
                     break
+                if takes_entry:
+                    index_room -= 1
+                    since_entry = 0
+                since_entry += h.size
                 run_bytes += h.size
                 end += 1
             p0 = headers[start][0]

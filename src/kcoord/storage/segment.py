@@ -259,8 +259,13 @@ class LogSegment:
         # As Kafka's LogSegment.append: index this batch when the bytes appended since the last
         # entry exceed the interval, counting only the batches before it.
         if self._bytes_since_index_entry > self.index_interval_bytes:
-            self.offset_index.append(header.last_offset, position)
-            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            # A rebuild (recovery) of a segment written under a larger segment.index.bytes
+            # may find the index full: the index stays sparser there (a lookup scans on from
+            # its last entry), rather than the segment failing to load.
+            if not self.offset_index.is_full:
+                self.offset_index.append(header.last_offset, position)
+            if not self.time_index.is_full:
+                self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._bytes_since_index_entry = 0
         self._bytes_since_index_entry += header.size
 
@@ -499,6 +504,17 @@ class LogSegment:
         target = self.log_path.with_name(name[: len(name) - len(old)] + new)
         os.replace(self.log_path, target)
         self.log_path = target
+
+    @property
+    def bytes_since_index_entry(self) -> int:
+        """Bytes appended since the last index entry: the next batch gets one when this is
+        above ``index_interval_bytes`` (see ``append``)."""
+        return self._bytes_since_index_entry
+
+    @property
+    def index_room(self) -> int:
+        """Entries both indexes still take (the time index adds at most one per offset one)."""
+        return min(self.offset_index.room, self.time_index.room)
 
     @property
     def index_full(self) -> bool:

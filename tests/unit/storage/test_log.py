@@ -821,3 +821,42 @@ def test_time_retention_passes_a_segment_compaction_emptied(tmp_path: Path) -> N
     later = lg.segments[0].largest_timestamp_ms() + 100 * hour  # the file's age
     assert lg.delete_old_segments(later) == closed
     assert len(lg.segments) == 1  # the active segment only
+
+
+@pytest.mark.parametrize("interval", [0, 100])
+def test_a_follower_append_of_many_batches_rolls_before_an_index_fills(
+    tmp_path: Path, interval: int
+) -> None:
+    """One follower append of many small batches under a small ``segment.index.bytes`` (room
+    for three offset and two time entries): the run stops and the log rolls where the next
+    batch would take an entry no index has room for, instead of failing half-written (its
+    retry then overlapped offsets, which recovery cut off with every later segment)."""
+    config = LogConfig(segment_index_bytes=24, index_interval_bytes=interval)
+    lg = open_log(tmp_path / "t-0", config)
+    for start in (0, 40):
+        data = b"".join(
+            fmt.build_batch([fmt.Record(i, 1000 + i, b"k", b"v" * 30)], base_offset=i)
+            for i in range(start, start + 40)
+        )
+        lg.append_as_follower(data, now_ms=0)
+    assert lg.log_end_offset == 80 and len(lg.segments) > 1
+    assert all(s.index_room >= 0 for s in lg.segments)
+    lg.close()
+    again = open_log(tmp_path / "t-0", config)
+    assert again.log_end_offset == 80
+    assert [r.offset for r in read_all(again)] == list(range(80))
+
+
+def test_a_segment_whose_index_no_longer_fits_the_config_recovers(tmp_path: Path) -> None:
+    """``segment.index.bytes`` lowered under an existing log, then a crash: recovery rebuilds
+    the indexes under the new size, leaving them sparser where they fill, and every record
+    is still found (the lookup scans on from the last entry)."""
+    lg = open_log(tmp_path / "t-0", LogConfig(index_interval_bytes=0))
+    for _ in range(40):
+        lg.append_as_leader(batch(1, value=b"v" * 30), 0, now_ms=0)
+    for suffix in (".index", ".timeindex"):
+        (tmp_path / "t-0" / f"00000000000000000000{suffix}").unlink()  # rebuilt on open
+    small = LogConfig(segment_index_bytes=24, index_interval_bytes=0)
+    again = open_log(tmp_path / "t-0", small)
+    assert again.log_end_offset == 40
+    assert [r.offset for r in read_all(again, 37)] == [37, 38, 39]
