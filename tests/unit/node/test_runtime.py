@@ -379,6 +379,17 @@ def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) 
     asyncio.run(scenario())
 
 
+async def groups_committed(node: Node, count: int) -> Partition:
+    """Elect the node and load its shard; groups g0, g1, ... commit offsets 0, 1, ... (the
+    HW follows appends from here on). Returns the offsets partition."""
+    node.elect()
+    await loaded(node)
+    node.replicas.hold = False
+    for i in range(count):
+        await asyncio.wait_for(node.runtime.call(f"g{i}", commit(f"g{i}", i)), 5)
+    return node.offsets_partition
+
+
 @pytest.mark.parametrize("append_linger_ms", [0, -1])
 def test_a_deleted_topics_tombstones_go_out_in_batches_that_fit(
     tmp_path: Path, append_linger_ms: int
@@ -390,12 +401,7 @@ def test_a_deleted_topics_tombstones_go_out_in_batches_that_fit(
 
     async def scenario() -> None:
         node = Node(tmp_path, append_linger_ms=append_linger_ms)
-        node.elect()
-        await loaded(node)
-        part = node.offsets_partition
-        node.replicas.hold = False
-        for i in range(40):
-            await asyncio.wait_for(node.runtime.call(f"g{i}", commit(f"g{i}", i)), 5)
+        part = await groups_committed(node, 40)
         node.replicas.hold = True
         part.log.config = LogConfig(max_message_bytes=600)  # some 15 tombstones a batch
         ctx = node.runtime.contexts[0]
@@ -425,12 +431,7 @@ def test_a_load_that_fails_leaves_the_partition_unserved(
 
     async def scenario() -> None:
         node = Node(tmp_path)
-        node.elect()
-        await loaded(node)
-        part = node.offsets_partition
-        node.replicas.hold = False
-        for i in range(30):
-            await asyncio.wait_for(node.runtime.call(f"g{i}", commit(f"g{i}", i)), 5)
+        part = await groups_committed(node, 30)
         node.runtime.unload(0, part.leader_epoch)
         node.runtime.replay_chunk_bytes = 100  # a few batches a step
         real_read = part.log.read
