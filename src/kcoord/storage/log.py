@@ -237,8 +237,39 @@ class Log:
         topic_id: str | None = None,
         report: RecoveryReport | None = None,
     ) -> Log:
+        """Open (and recover) the log in ``directory``. If that fails, the segments it opened
+        are closed again: a partition that goes offline holds no file descriptors."""
+        opened: list[LogSegment] = []
+        try:
+            return cls._open(
+                directory,
+                config,
+                opened,
+                recovery_point=recovery_point,
+                log_start_offset=log_start_offset,
+                clean_shutdown=clean_shutdown,
+                topic_id=topic_id,
+                report=report if report is not None else RecoveryReport(),
+            )
+        except BaseException:
+            for seg in opened:
+                seg.close()
+            raise
+
+    @classmethod
+    def _open(
+        cls,
+        directory: Path,
+        config: LogConfig,
+        opened: list[LogSegment],
+        *,
+        recovery_point: int,
+        log_start_offset: int,
+        clean_shutdown: bool,
+        topic_id: str | None,
+        report: RecoveryReport,
+    ) -> Log:
         directory.mkdir(parents=True, exist_ok=True)
-        report = report if report is not None else RecoveryReport()
         _finish_interrupted_swaps(directory)
         bases = _segment_bases(directory)
         segments: list[LogSegment] = []
@@ -256,6 +287,7 @@ class Log:
                 index_interval_bytes=config.index_interval_bytes,
                 index_max_bytes=config.segment_index_bytes,
             )
+            opened.append(seg)
             below_recovery_point = next_base is not None and next_base <= recovery_point
             if (clean_shutdown or below_recovery_point) and (had_index or seg.size == 0):
                 try:
@@ -297,6 +329,7 @@ class Log:
             )
         if not segments:
             segments.append(_new_segment(directory, config, log_start_offset))
+            opened.append(segments[-1])
         for seg in segments[:-1]:
             seg.offset_index.trim()  # recovery preallocated them; closed segments are trimmed
             seg.time_index.trim()

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from kcoord.storage import checkpoint
+from kcoord.storage import format as fmt
 from kcoord.storage.config import LogConfig
 from kcoord.storage.manager import CLEAN_SHUTDOWN_FILE, LogManager
 from tests.unit.storage.helpers import batch, read_all
@@ -175,3 +176,26 @@ def test_deleting_a_log_abandons_a_cleaning_pass_in_flight(tmp_path: Path) -> No
     result = compacted.clean(chosen[2])
     mgr.delete_log(("c", 0))
     assert compacted.swap_cleaned(result) is None
+
+
+def test_a_partition_that_fails_to_open_holds_no_file_descriptors(tmp_path: Path) -> None:
+    """A flushed segment with a corrupt batch and an unreadable epoch checkpoint: rebuilding
+    the epochs meets the corruption and the partition goes offline; the segments opened by
+    then are closed again."""
+    mgr = LogManager(tmp_path, LogConfig(segment_bytes=4000, index_interval_bytes=100))
+    mgr.open()
+    lg = mgr.get_or_create_log(("t", 0))
+    for _ in range(100):
+        lg.append_as_leader(batch(1, value=b"v" * 20), 0, now_ms=1000)
+    mgr.shutdown()
+    first = tmp_path / "t-0" / "00000000000000000000.log"
+    data = bytearray(first.read_bytes())
+    position = [pos for pos, _ in fmt.iter_headers(bytes(data))][5]
+    data[position + 16] = 7  # the sixth batch's magic byte
+    first.write_bytes(data)
+    (tmp_path / "t-0" / checkpoint.LEADER_EPOCH_CHECKPOINT).write_text("garbage\n")
+    before = len(os.listdir("/proc/self/fd"))
+    again = LogManager(tmp_path, LogConfig(segment_bytes=4000, index_interval_bytes=100))
+    again.open()
+    assert ("t", 0) in again.offline
+    assert len(os.listdir("/proc/self/fd")) == before
