@@ -39,6 +39,15 @@ DELETED_SUFFIX = ".deleted"
 # index.interval.bytes (4096) before the target, so one chunk usually suffices.
 _SCAN_CHUNK = 16 * 1024
 _RECOVER_CHUNK = 8 * 1024 * 1024
+
+
+def _claimed_batch_end(data: bytes) -> int | None:
+    """Where the batch at the start of ``data`` says it ends (its length field), if known."""
+    if len(data) < fmt.LOG_OVERHEAD:
+        return None
+    return int.from_bytes(data[8 : fmt.LOG_OVERHEAD], "big", signed=True) + fmt.LOG_OVERHEAD
+
+
 # How many of the latest appended batches a segment remembers the offsets and positions of:
 # reads at the tail (followers, hot standbys, consumers that keep up) then need no header scan.
 _TAIL_BATCHES = 1024
@@ -164,8 +173,10 @@ class LogSegment:
         error: str | None = None
         carry = b""
         expect = self.base_offset
+        want = _RECOVER_CHUNK
         while position + len(carry) < self.size:
-            chunk = carry + os.pread(self._fd, _RECOVER_CHUNK, position + len(carry))
+            chunk = carry + os.pread(self._fd, want, position + len(carry))
+            want = _RECOVER_CHUNK
             result = fmt.scan_valid_prefix(chunk, expect_next_offset=expect)
             for pos, header in result.headers:
                 self._index_batch(position + pos, header)
@@ -178,7 +189,14 @@ class LogSegment:
                 continue
             torn = result.error.startswith(("torn", "truncated batch header"))
             if torn and not at_end:
-                continue  # the batch spans the chunk boundary: read on
+                # The batch spans the chunk boundary: read the rest of it at once, unless its
+                # length runs past the end of the file (a torn tail, or a corrupt length,
+                # which would otherwise be read on chunk by chunk to the end).
+                end = _claimed_batch_end(carry)
+                if end is None or position + end <= self.size:
+                    want = max(_RECOVER_CHUNK, (end or 0) - len(carry))
+                    continue
+                result = result._replace(error=f"batch at {position} runs past the segment end")
             error = result.error
             break
         truncated = self.size - position

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kcoord.storage import format as fmt
+from kcoord.storage import segment as segment_module
 from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.index import OffsetIndex
 from kcoord.storage.log import (
@@ -21,6 +22,7 @@ from kcoord.storage.log import (
     Log,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    RecoveryReport,
     UnexpectedAppendOffsetError,
 )
 from kcoord.storage.segment import LogCorruptError
@@ -860,3 +862,41 @@ def test_a_segment_whose_index_no_longer_fits_the_config_recovers(tmp_path: Path
     again = open_log(tmp_path / "t-0", small)
     assert again.log_end_offset == 40
     assert [r.offset for r in read_all(again, 37)] == [37, 38, 39]
+
+
+def test_recovery_stops_at_a_batch_whose_length_runs_past_the_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A corrupt length field in the first batch: recovery truncates there after one read,
+    instead of reading (and copying) the rest of the segment chunk by chunk; a batch larger
+    than a chunk is still read whole."""
+    lg = open_log(tmp_path / "t-0", LogConfig())
+    lg.append_as_leader(batch(1, value=b"b" * 200_000), 0, now_ms=0)  # larger than a chunk
+    for _ in range(100):
+        lg.append_as_leader(batch(1, value=b"v" * 400), 0, now_ms=0)
+    for seg in lg.segments:
+        seg.close()
+    monkeypatch.setattr(segment_module, "_RECOVER_CHUNK", 64 * 1024)
+    report = RecoveryReport()
+    again = Log.open(tmp_path / "t-0", LogConfig(), report=report)  # no clean shutdown
+    assert again.log_end_offset == 101 and report.bytes_truncated == 0
+    for seg in again.segments:
+        seg.close()
+
+    path = tmp_path / "t-0" / "00000000000000000000.log"
+    data = bytearray(path.read_bytes())
+    struct.pack_into(">i", data, 8, 2**31 - 1)  # the first batch's length
+    path.write_bytes(data)
+    reads: list[int] = []
+    real_pread = os.pread
+
+    def counting_pread(fd: int, size: int, offset: int) -> bytes:
+        reads.append(size)
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", counting_pread)
+    report = RecoveryReport()
+    broken = Log.open(tmp_path / "t-0", LogConfig(), report=report)
+    monkeypatch.undo()
+    assert broken.log_end_offset == 0 and report.bytes_truncated == len(data)
+    assert len(reads) <= 2, reads
