@@ -49,6 +49,9 @@ class LogManager:
         # The partitions each offsets checkpoint on disk names (as last read or written): a
         # log created where a deleted one was must not inherit its entries (see ``adopt``).
         self._checkpointed: dict[str, set[TopicPartition]] = {}
+        # What the checkpoints said of partitions that are offline: written back with the
+        # live logs' values, so a partition repaired and opened again keeps its log start.
+        self._offline_offsets: dict[str, dict[TopicPartition, int]] = {}
         # Removes what logs let go: retired segments, deleted partitions' directories. At once
         # by default; a node replaces it to remove them off its event loop.
         self.remove: Callable[[Sequence[Path]], None] = remove_now
@@ -91,6 +94,12 @@ class LogManager:
             except (OSError, ValueError) as e:
                 log.error("%s: partition is offline: %s", path, e)
                 self.offline[tp] = f"{type(e).__name__}: {e}"
+                for name, offsets in (
+                    (checkpoint.RECOVERY_POINT_CHECKPOINT, recovery_points),
+                    (checkpoint.LOG_START_OFFSET_CHECKPOINT, start_offsets),
+                ):
+                    if tp in offsets:
+                        self._offline_offsets.setdefault(name, {})[tp] = offsets[tp]
                 continue
             opened.remove_files = self._remove
             self.logs[tp] = opened
@@ -219,6 +228,7 @@ class LogManager:
         )
 
     def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
+        offsets = {**self._offline_offsets.get(name, {}), **offsets}
         checkpoint.write_offsets(self.data_dir / name, offsets)
         self._checkpointed[name] = set(offsets)
 

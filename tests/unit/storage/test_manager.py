@@ -199,3 +199,25 @@ def test_a_partition_that_fails_to_open_holds_no_file_descriptors(tmp_path: Path
     again.open()
     assert ("t", 0) in again.offline
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_an_offline_partition_keeps_its_checkpointed_offsets(tmp_path: Path) -> None:
+    """Checkpoints written while a partition is offline keep what they said of it: repaired
+    and opened again, it still starts at its log start, not at records deleted before."""
+    mgr = _filled(tmp_path)
+    assert mgr.logs[("orders", 1)].maybe_increment_log_start_offset(5)
+    mgr.checkpoint_log_start_offsets()
+    mgr.shutdown()
+    broken = tmp_path / "orders-1" / "00000000000000000000.log"
+    os.rename(broken, broken.with_name(broken.name + ".bak"))
+    broken.mkdir()  # a directory where a segment should be
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert ("orders", 1) in again.offline
+    again.checkpoint_log_start_offsets()
+    again.checkpoint_recovery_points()
+    broken.rmdir()
+    os.rename(broken.with_name(broken.name + ".bak"), broken)
+    repaired = LogManager(tmp_path, CONFIG)
+    repaired.open()
+    assert repaired.logs[("orders", 1)].log_start_offset == 5
