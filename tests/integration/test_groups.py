@@ -167,6 +167,32 @@ class Member:
             self.kill()
         assert rc == 0 and self.events("closed"), f"{self.name} did not stop cleanly\n{self}"
 
+    def stacks(self, deadline_s: float = 3.0) -> str:
+        """Every thread's stack of a live member (``kcoord.chaos.member`` dumps them to
+        stderr on SIGUSR1), for the report of a member stuck without an assignment."""
+        if not self.alive:
+            return ""
+        start = self.stderr_path.stat().st_size
+        os.kill(self.proc.pid, signal.SIGUSR1)
+
+        seen = [-1]
+
+        def dumped() -> str | None:
+            # faulthandler writes the current thread last; done once the file stops growing.
+            with open(self.stderr_path, "rb") as f:
+                f.seek(start)
+                text = f.read().decode(errors="replace")
+            done = "Current thread 0x" in text and len(text) == seen[0]
+            seen[0] = len(text)
+            return text if done else None
+
+        try:
+            found: str = wait_for(dumped, f"{self.name}'s stacks", deadline_s)
+        except AssertionError:
+            return f"--- {self.name}: no stacks within {deadline_s:.0f} s"
+        threads = [line for line in found.splitlines() if line.strip()]
+        return "\n".join([f"--- {self.name} threads:", *threads])
+
     def __str__(self) -> str:
         state = "alive" if self.alive else f"exit {self.proc.returncode}"
         shown = [
@@ -225,7 +251,8 @@ class Spawner:
         return member
 
     def report(self) -> str:
-        return "\n".join(str(m) for m in self.started)
+        members = [str(m) for m in self.started]
+        return "\n".join([*members, *(m.stacks() for m in self.started if m.alive)])
 
     def close(self) -> None:
         for member in self.started:

@@ -43,6 +43,7 @@ Everything it sees goes to stdout, one JSON object per line, in the order it hap
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import logging
 import signal
@@ -426,6 +427,9 @@ def run_confluent(cfg: dict[str, Any]) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    # SIGUSR1 writes every thread's stack to stderr: what a test that finds a member stuck
+    # (alive, but neither heartbeating nor reporting) asks for before it gives up.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The client's own log goes to stderr, which the tests keep for a failure's report.
     logging.basicConfig(
         stream=sys.stderr,
