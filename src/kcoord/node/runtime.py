@@ -96,6 +96,11 @@ REPLAY_STEP_BYTES = 512 * 1024
 _RECORD_OVERHEAD_MAX = 5 + 1 + 10 + 5 + 5 + 5 + 5
 
 
+def _record_size_max(key: bytes, value: bytes | None) -> int:
+    """The most bytes an encoded record takes in a batch."""
+    return len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
+
+
 class CoordinatorError(Exception):
     """The request cannot reach a shard: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, ..."""
 
@@ -368,7 +373,7 @@ class ShardContext:
         size = fmt.HEADER_SIZE
         for record in records:
             key, value = encode_record(record)
-            grows = len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
+            grows = _record_size_max(key, value)
             if run and size + grows > max_bytes:
                 out.append(run)
                 run, size = [], fmt.HEADER_SIZE
@@ -416,10 +421,7 @@ class ShardContext:
         """
         assert self.shard is not None
         encoded = [encode_record(record) for record in records]
-        size = sum(
-            len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
-            for key, value in encoded
-        )
+        size = sum(_record_size_max(key, value) for key, value in encoded)
         max_bytes = self.partition.log.config.max_message_bytes
         if self.batch is not None and self.batch.size + size > max_bytes and not self.flush():
             return False
