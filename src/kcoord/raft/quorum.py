@@ -225,7 +225,17 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     whose messages are treated as a node's), which this cluster never runs. Anything else now
     closes that connection alone, as Kafka's ``SocketServer`` closes one that sends garbage.
     A voter's new connection closes the one it replaces, which pysyncobj left open.
+    A failed bind closes its socket: pysyncobj's ``TcpServer.bind`` kept it and made a new one
+    on the next try (every ``bindRetryTime``), leaving one open socket per try to the garbage
+    collector while the port stayed taken.
     """
+
+    def _maybeBind(self) -> None:  # noqa: N802
+        try:
+            super()._maybeBind()
+        finally:
+            if not self._ready and self._server is not None:
+                self._server.unbind()
 
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
         if self._syncObj.encryptor and not conn.sendRandKey:

@@ -10,6 +10,9 @@ disk, not ticking: each message is handed to it as its transport would, on this 
 
 from __future__ import annotations
 
+import gc
+import socket
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pysyncobj.pickle
 import pytest
 from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
+from pysyncobj.syncobj import SyncObjException
 
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataImage
@@ -49,6 +53,9 @@ def follower(tmp_path: Path, *, snapshots: bool = False) -> _MetadataSyncObj:
         }
     conf = SyncObjConf(
         autoTick=False,
+        # Its port is never reached: the OS picks one, so the constructor's bind cannot wait
+        # on a port another test process took since free_ports released it.
+        bindAddress="127.0.0.1:0",
         journalFile=str(tmp_path / "journal"),
         dynamicMembershipChange=False,
         appendEntriesUseBatch=False,
@@ -265,3 +272,37 @@ def test_a_snapshot_this_voter_is_past_is_ignored_and_a_newer_one_installed(
         assert voter.raftLastApplied == 12
     finally:
         voter.destroy()
+
+
+def test_a_failed_bind_leaves_no_socket_open(tmp_path: Path) -> None:
+    """pysyncobj's server kept the socket of each failed bind and made a new one on the next
+    try; a voter whose port stayed taken left one per ``bindRetryTime`` for the garbage
+    collector (a CI run failed on 191 "unclosed socket" warnings)."""
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        voters = [Voter(1, "127.0.0.1", port), Voter(2, "127.0.0.1", 1), Voter(3, "127.0.0.1", 2)]
+        quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
+        conf = SyncObjConf(
+            autoTick=False,
+            bindAddress=f"127.0.0.1:{port}",
+            bindRetryTime=0.001,
+            maxBindRetries=5,
+            dynamicMembershipChange=False,
+        )
+        partners = [v.address for v in voters[1:]]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                _MetadataSyncObj(quorum, voters[0].address, partners, conf)
+            except SyncObjException:
+                pass
+            else:
+                pytest.fail("the voter bound a port another socket listens on")
+            gc.collect()
+        left = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+        assert not left
+    finally:
+        taken.close()
