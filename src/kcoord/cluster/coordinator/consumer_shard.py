@@ -624,16 +624,24 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     # -- what the other APIs do with consumer groups --------------------------------------------
 
     def _validate_consumer_offset_commit(
-        self, group: ConsumerGroup, member_id: str, member_epoch: int
+        self,
+        group: ConsumerGroup,
+        member_id: str,
+        member_epoch: int,
+        *,
+        member_epoch_version: bool,
     ) -> Errors:
         """``ConsumerGroup.validateOffsetCommit``: a commit with epoch -1 (the admin client, or
         a consumer not using the group's assignment) is taken by an empty group whatever
-        member id it names; members must commit with their current epoch."""
+        member id it names; members must commit with their current epoch, and a member of
+        the consumer protocol with OffsetCommit v9 or later (UNSUPPORTED_VERSION below)."""
         if member_epoch < 0 and not group.members:
             return Errors.NONE
         member = group.members.get(member_id)
         if member is None:
             return Errors.UNKNOWN_MEMBER_ID
+        if member.classic is None and not member_epoch_version:
+            return Errors.UNSUPPORTED_VERSION
         if member_epoch != member.member_epoch:
             # A classic member's generation is its member epoch (validateMemberEpoch).
             return (

@@ -1663,7 +1663,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         consumer_group = self._consumer_groups.get(request.group_id)
         if consumer_group is not None:
             return self._validate_consumer_offset_commit(
-                consumer_group, request.member_id, request.generation_id_or_member_epoch
+                consumer_group,
+                request.member_id,
+                request.generation_id_or_member_epoch,
+                member_epoch_version=request.member_epoch_version,
             )
         group = self._groups.get(request.group_id)
         if group is None:

@@ -8,6 +8,8 @@ behaviour depends on the version, the translator sets an explicit flag instead:
     JoinGroupRequest.require_known_member_id      v4+   KIP-394 MEMBER_ID_REQUIRED
     JoinGroupRequest.supports_skip_assignment     v9+   KIP-814 SkipAssignment
     OffsetCommitRequest.report_group_id_not_found v9+   GROUP_ID_NOT_FOUND, else ILLEGAL_GENERATION
+    OffsetCommitRequest.member_epoch_version      v9+   a KIP-848 member may commit, else
+                                                        UNSUPPORTED_VERSION
     DescribeGroupsRequest.report_group_id_not_found v6+ GROUP_ID_NOT_FOUND for an unknown group
 
 and fills fields an old version lacks (JoinGroup v0's ``rebalance_timeout_ms`` is its session
@@ -196,6 +198,7 @@ class OffsetCommitRequest:
     retention_time_ms: int = DEFAULT_RETENTION_TIME  # v2-4, KIP-211
     topics: tuple[OffsetCommitRequestTopic, ...] = ()
     report_group_id_not_found: bool = False  # v9+
+    member_epoch_version: bool = False  # v9+
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -285,6 +285,7 @@ class GroupApi:
             retention_time_ms=_ms(getattr(body, "retention_time", None)),
             topics=tuple(known),
             report_group_id_not_found=version >= 9,
+            member_epoch_version=version >= 9,
         )
         # Metrics: errors by code (the shard counts its own) and the latency to the answer.
         stats = self.runtime.stats

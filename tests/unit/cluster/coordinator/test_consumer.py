@@ -282,11 +282,15 @@ def test_failover_rebuilds_the_group_and_members_carry_on() -> None:
     assert new.shard.consumer_groups["g"].group_epoch == before.group_epoch
 
 
-def commit(ctx: ShardContext, member: str, epoch: int, topic: str = "orders") -> Errors:
+def commit(
+    ctx: ShardContext, member: str, epoch: int, topic: str = "orders", *, version: int = 9
+) -> Errors:
     request = OffsetCommitRequest(
         group_id="g",
         generation_id_or_member_epoch=epoch,
         member_id=member,
+        report_group_id_not_found=version >= 9,
+        member_epoch_version=version >= 9,
         topics=(
             OffsetCommitRequestTopic(
                 name=topic,
@@ -308,6 +312,8 @@ def test_commits_need_the_current_member_epoch() -> None:
     assert commit(ctx, "a", a.epoch) is Errors.NONE
     assert commit(ctx, "a", a.epoch - 1) is Errors.STALE_MEMBER_EPOCH
     assert commit(ctx, "b", 1) is Errors.UNKNOWN_MEMBER_ID
+    # A member of the consumer protocol commits with v9 or later (validateOffsetCommit).
+    assert commit(ctx, "a", a.epoch, version=8) is Errors.UNSUPPORTED_VERSION
     assert commit(ctx, "", -1) is Errors.UNKNOWN_MEMBER_ID  # admin commit: group not empty
     a.leave()
     assert commit(ctx, "", -1) is Errors.NONE
