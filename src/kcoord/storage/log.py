@@ -701,6 +701,9 @@ class Log:
         old = self.active_segment
         assert base_offset >= old.next_offset, (base_offset, old.next_offset)
         old.on_roll()  # trims the indexes and fsyncs: everything below is durable
+        if old.base_offset >= self.recovery_point:
+            # Created since the last flush: its directory entry is made durable too.
+            checkpoint.fsync_dir(self.directory)
         self.recovery_point = max(self.recovery_point, old.next_offset)
         seg = _new_segment(self.directory, self.config, base_offset)
         self.segments.append(seg)
@@ -732,9 +735,15 @@ class Log:
     def flush(self, now_ms: int | None = None) -> None:
         """fsync every segment at or above the recovery point; advance it to the LEO."""
         end = self.log_end_offset
+        created = False
         for seg in self.segments:
             if seg.next_offset > self.recovery_point or seg is self.active_segment:
                 seg.flush()
+                created = created or seg.base_offset >= self.recovery_point
+        if created:
+            # Kafka's LocalLog.flush: a segment created since the last flush needs its
+            # directory entry fsynced as well, or a power loss can lose the whole file.
+            checkpoint.fsync_dir(self.directory)
         self.recovery_point = end
         self._unflushed_messages = 0
         if now_ms is not None:
@@ -1026,6 +1035,9 @@ class Log:
                 # An emptied first segment stays so the log keeps its start offset on reopening.
                 cleaned.next_offset = max(cleaned.next_offset, seg.next_offset)
                 self.segments[i] = cleaned
+        # The renames reach the disk before the cleaned segments are relied on (Kafka's
+        # LocalLog.replaceSegments flushes the directory after them).
+        checkpoint.fsync_dir(self.directory)
         self.first_dirty_offset = max(self.first_dirty_offset, plan.segments[-1].next_offset)
         self.delete_horizon_ms = result.delete_horizon_ms
         return result.stats

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
 from kcoord.storage import segment as segment_module
 from kcoord.storage.config import LONG_MAX, LogConfig
@@ -900,3 +901,42 @@ def test_recovery_stops_at_a_batch_whose_length_runs_past_the_segment(
     monkeypatch.undo()
     assert broken.log_end_offset == 0 and report.bytes_truncated == len(data)
     assert len(reads) <= 2, reads
+
+
+def test_new_segments_and_swapped_ones_reach_the_directory_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment file's data is fsynced on roll, and its directory entry with it (Kafka's
+    ``LocalLog.flush`` flushes the parent directory when a segment created since the last
+    flush is flushed; ``replaceSegments`` after the compaction renames): without it a power
+    loss could lose whole segments whose records were below the recovery point."""
+    synced: list[Path] = []
+    real = checkpoint.fsync_dir
+
+    def recording(path: Path) -> None:
+        synced.append(Path(path))
+        real(path)
+
+    monkeypatch.setattr(checkpoint, "fsync_dir", recording)
+    lg = open_log(tmp_path / "t-0", LogConfig(segment_bytes=1_000))
+    synced.clear()
+    for _ in range(3):  # the first segment fills: the roll fsyncs it and the directory
+        lg.append_as_leader(batch(1, value=b"x" * 400), leader_epoch=0, now_ms=0)
+    assert len(lg.segments) == 2 and synced == [tmp_path / "t-0"]
+    synced.clear()
+    lg.flush()  # the segment the roll created is flushed for the first time
+    assert synced == [tmp_path / "t-0"]
+    synced.clear()
+    lg.append_as_leader(batch(1, value=b"x" * 10), leader_epoch=0, now_ms=0)
+    lg.flush()  # nothing new in the directory
+    assert synced == []
+    lg.close()
+
+    compacted = _compacted(tmp_path / "c")
+    for i in range(20):
+        compacted.append_as_leader(batch(1, key=b"k", value=f"{i}".encode()), 0, now_ms=0)
+    compacted.roll()
+    synced.clear()
+    compacted.compact(now_ms=0)
+    assert synced == [tmp_path / "c" / "c-0"]
+    compacted.close()
