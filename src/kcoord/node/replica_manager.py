@@ -29,7 +29,8 @@ The ISR is the metadata log's: the leader proposes shrinks (followers not caught
 ``replica.lag.time.max.ms``) and expansions (followers caught up to the HW and to the start of
 this leader's epoch) to the active controller with AlterPartition (``maybe_propose_isr_changes``,
 run periodically), and the new ISR takes effect when the committed PartitionChange reaches this
-node's image (``on_metadata_delta``). An acks=all append is refused with NOT_ENOUGH_REPLICAS
+node's image (``on_metadata_delta``). A change stays in flight until then, or until the
+controller says it did not apply it; one whose outcome is unknown is sent again as it was. An acks=all append is refused with NOT_ENOUGH_REPLICAS
 while the committed ISR is smaller than the topic's ``min.insync.replicas``, and the HW does not
 move then (KIP-966's strict min ISR): a write appended before the ISR shrank below it waits,
 and times out, instead of being committed by fewer replicas than the controller's ELR
@@ -88,11 +89,11 @@ RoleListener = Callable[["Partition", bool], None]
 AlterPartitionCall = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 MIN_INSYNC_REPLICAS_CONFIG = "min.insync.replicas"
-# Backoff before proposing an ISR change again after one failed (Kafka retries AlterPartition
-# with a backoff too).
+# Backoff before an ISR change is sent again when no answer came, or proposed afresh after the
+# controller refused it (Kafka retries AlterPartition with a backoff too).
 ISR_CHANGE_RETRY_BACKOFF_MS = 500
-# How long a refused change (stale partition or leader epoch) waits for the metadata update
-# that should follow before the leader proposes again anyway.
+# How long an answered change (applied, or refused for stale epochs) waits for the metadata
+# update that should follow before it is sent again.
 ISR_CHANGE_METADATA_WAIT_MS = 5000
 # A follower's fetch whose answer would carry only a HW it lacks waits this long for records to
 # go with it. KIP-1166 answers such a fetch at once; with commits in a row that doubled the
@@ -214,8 +215,10 @@ class Partition:
     partition_epoch: int = -1
     # Leader only: the followers' state, the HW and the in-flight ISR change.
     replication: LeaderReplication | None = None
-    # No ISR change is proposed before this time (after a failure or a refusal).
+    # No ISR change is proposed, or the in-flight one sent again, before this time.
     isr_change_retry_ms: int = 0
+    # Leader only: the AlterPartition item of the in-flight ISR change (``pending_isr``).
+    isr_proposal: dict[str, Any] | None = None
     # Follower only: must reconcile with the leader (KIP-101/279) before fetching.
     truncation_pending: bool = False
     # Leader only: the log start offset each follower last reported (for DeleteRecords).
@@ -267,6 +270,15 @@ class Partition:
         latter as Kafka's ``DelayedDeleteRecords`` answers a replica that no longer leads."""
         for waiters in (self.hw_waiters, self.low_watermark_waiters):
             waiters.fail(KafkaError(code, f"{self.topic}-{self.partition}"))
+
+
+def _isr_change_of(part: Partition) -> tuple[int, int, tuple[int, ...]] | None:
+    """Which ISR change ``part`` has in flight: its leader and partition epochs and the ISR
+    (an answer about another one, sent before a metadata update, says nothing of it)."""
+    item = part.isr_proposal
+    if item is None:
+        return None
+    return (item["leader_epoch"], item["partition_epoch"], tuple(r for r, _ in item["new_isr"]))
 
 
 class ReplicaManager:
@@ -378,6 +390,7 @@ class ReplicaManager:
                 part.leader_epoch = change.leader_epoch
                 part.truncation_pending = False
                 part.isr_change_retry_ms = 0
+                part.isr_proposal = None
                 part.follower_log_starts = {}
                 # Kafka's makeLeader (maybeAssignEpochStartOffset): the new epoch starts at our
                 # log end now, not at our first append, so a follower whose log holds a later
@@ -532,6 +545,8 @@ class ReplicaManager:
                 if part.replication.pending_isr is not None:
                     part.isr_change_retry_ms = 0
                 part.replication.update_isr(after.isr, after.partition_epoch)
+                if part.replication.pending_isr is None:
+                    part.isr_proposal = None
                 self.maybe_advance_high_watermark(part)
                 if not isr_changed:
                     continue
@@ -1089,10 +1104,11 @@ class ReplicaManager:
             repl = part.replication
             if not part.is_leader or repl is None:
                 continue
-            if repl.pending_isr is not None and now_ms < part.isr_change_retry_ms:
-                continue
             if repl.pending_isr is not None:
-                repl.end_isr_change()  # no metadata update came: propose afresh
+                if now_ms >= part.isr_change_retry_ms and part.isr_proposal is not None:
+                    items.append(self._resend_isr_change(part, broker_epoch, now_ms))
+                    proposed.append(part)
+                continue
             if now_ms < part.isr_change_retry_ms:
                 continue
             out = repl.shrink_candidates(part.log.log_end_offset, now_ms)
@@ -1113,21 +1129,17 @@ class ReplicaManager:
             )
             repl.begin_isr_change(new_isr)
             part.isr_change_retry_ms = now_ms + ISR_CHANGE_METADATA_WAIT_MS
-            items.append(
-                {
-                    "topic_id": part.topic_id,
-                    "partition": part.partition,
-                    "leader_epoch": part.leader_epoch,
-                    "partition_epoch": repl.partition_epoch,
-                    "new_isr": [
-                        [
-                            r,
-                            broker_epoch if r == self.node_id else repl.followers[r].broker_epoch,
-                        ]
-                        for r in new_isr
-                    ],
-                }
-            )
+            part.isr_proposal = {
+                "topic_id": part.topic_id,
+                "partition": part.partition,
+                "leader_epoch": part.leader_epoch,
+                "partition_epoch": repl.partition_epoch,
+                "new_isr": [
+                    [r, broker_epoch if r == self.node_id else repl.followers[r].broker_epoch]
+                    for r in new_isr
+                ],
+            }
+            items.append(part.isr_proposal)
             proposed.append(part)
         if not items:
             return
@@ -1136,15 +1148,33 @@ class ReplicaManager:
         self._isr_tasks.add(task)
         task.add_done_callback(self._isr_tasks.discard)
 
+    def _resend_isr_change(self, part: Partition, broker_epoch: int, now_ms: int) -> dict[str, Any]:
+        """The in-flight change again, as it was (this broker's epoch refreshed).
+
+        Its outcome is unknown (no answer, or no metadata update after one): the controller
+        may have committed it, so it stays in flight, its maximal ISR counting for the HW
+        (KIP-497), as Kafka's ``AlterPartitionManager`` resends it. Only the metadata update,
+        or the controller's word that it was not applied, ends it: a resend of a change that
+        was applied gets INVALID_UPDATE_VERSION, the epochs being checked first.
+        """
+        assert part.isr_proposal is not None
+        item = dict(part.isr_proposal)
+        item["new_isr"] = [
+            [r, broker_epoch if r == self.node_id else e] for r, e in item["new_isr"]
+        ]
+        part.isr_proposal = item
+        part.isr_change_retry_ms = now_ms + ISR_CHANGE_METADATA_WAIT_MS
+        return item
+
     async def _send_alter_partition(
         self, request: dict[str, Any], proposed: list[Partition]
     ) -> None:
         assert self.alter_partition is not None
-        epochs = {id(p): p.leader_epoch for p in proposed}
+        changes = {id(p): _isr_change_of(p) for p in proposed}
         try:
             reply = await self.alter_partition(request)
         except Exception as e:  # the controller is unreachable or answered an RPC error
-            log.info("AlterPartition failed, retrying later: %s", e)
+            log.info("AlterPartition's outcome is unknown, sending it again later: %s", e)
             reply = {"error": int(Errors.REQUEST_TIMED_OUT), "partitions": []}
         now_ms = self.now_ms()
         errors: dict[tuple[str, int], Errors] = {
@@ -1154,8 +1184,12 @@ class ReplicaManager:
         top = Errors(reply["error"])
         for part in proposed:
             repl = part.replication
-            if repl is None or part.leader_epoch != epochs[id(part)] or repl.pending_isr is None:
-                continue  # leadership changed, or the metadata update already came
+            if (
+                repl is None
+                or repl.pending_isr is None
+                or _isr_change_of(part) != changes[id(part)]
+            ):
+                continue  # leadership changed, or the metadata update came (maybe a new change)
             error = (
                 top
                 if top is not Errors.NONE
@@ -1171,20 +1205,41 @@ class ReplicaManager:
                 )
                 if int(result["partition_epoch"]) <= repl.partition_epoch:
                     repl.end_isr_change()
+                    part.isr_proposal = None
                     part.isr_change_retry_ms = 0
+            elif error in (Errors.INELIGIBLE_REPLICA, Errors.INVALID_REQUEST):
+                # The controller checked our epochs, found them current, and did not apply
+                # the change (Partition.handleAlterPartitionError): the committed ISR stands.
+                log.info(
+                    "%s-%d: AlterPartition %s, proposing afresh",
+                    part.topic,
+                    part.partition,
+                    error.name,
+                )
+                repl.end_isr_change()
+                part.isr_proposal = None
+                part.isr_change_retry_ms = now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
             elif error in (
                 Errors.INVALID_UPDATE_VERSION,
                 Errors.FENCED_LEADER_EPOCH,
                 Errors.NEW_LEADER_ELECTED,
+                Errors.NOT_LEADER_OR_FOLLOWER,
+                Errors.UNKNOWN_TOPIC_OR_PARTITION,
+                Errors.UNKNOWN_TOPIC_ID,
             ):
-                # Our image is behind: the metadata update that follows decides (Kafka waits
-                # for it too); isr_change_retry_ms bounds the wait.
+                # Our image is behind (or an earlier send of this change was applied): the
+                # metadata update that follows decides, as in Kafka; until it comes the change
+                # stays in flight and goes again after isr_change_retry_ms.
                 log.info("%s-%d: AlterPartition %s", part.topic, part.partition, error.name)
             else:
+                # No answer, or the controller could not take it (NOT_CONTROLLER, a stale
+                # broker epoch, ...): sent again after the backoff, still in flight.
                 log.info(
-                    "%s-%d: AlterPartition %s, retrying", part.topic, part.partition, error.name
+                    "%s-%d: AlterPartition %s, sending it again",
+                    part.topic,
+                    part.partition,
+                    error.name,
                 )
-                repl.end_isr_change()
                 part.isr_change_retry_ms = now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
             self.maybe_advance_high_watermark(part)
 

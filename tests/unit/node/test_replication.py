@@ -21,6 +21,9 @@ from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import (
     HIGH_WATERMARK_LINGER_MS,
+    ISR_CHANGE_METADATA_WAIT_MS,
+    ISR_CHANGE_RETRY_BACKOFF_MS,
+    AlterPartitionCall,
     KafkaError,
     Partition,
     ReplicaManager,
@@ -74,6 +77,7 @@ class Node:
         *,
         high_watermark_linger_ms: int = HIGH_WATERMARK_LINGER_MS,
         clock: Callable[[], int] = lambda: 1_000_000,
+        alter_partition: AlterPartitionCall | None = None,
     ) -> None:
         self.node_id = node_id
         self.logs = LogManager(data_dir)
@@ -85,6 +89,8 @@ class Node:
             self.cache,
             clock,
             high_watermark_linger_ms=high_watermark_linger_ms,
+            broker_epoch=lambda: 1,
+            alter_partition=alter_partition,
         )
         self.cache.listener = self.replicas
         self.cache.delta_listeners.append(self.replicas.on_metadata_delta)  # as the server does
@@ -758,5 +764,78 @@ def test_a_lower_cluster_wide_min_insync_replicas_lets_a_held_hw_move(tmp_path: 
         assert part.high_watermark == 0
         cluster_min_isr(4, "1")
         assert part.high_watermark == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_isr_change_whose_outcome_is_unknown_stays_in_flight_until_the_metadata_says(
+    tmp_path: Path,
+) -> None:
+    """Node 1 proposes adding node 2 to the ISR and gets no answer: the controller may have
+    committed it, and node 2 may then be elected. The change stays in flight (its maximal ISR
+    holds the HW to node 2's log, KIP-497) and is sent again as it was, as Kafka's
+    AlterPartitionManager does; the answer to the resend (the partition epoch moved: it was
+    applied) and then the metadata update end it. Dropped, as before, the HW would have moved
+    on node 1's log alone while the controller counted node 2 in the ISR."""
+
+    async def scenario() -> None:
+        now = [1_000_000]
+        sent: list[dict[str, Any]] = []
+        outcomes: list[dict[str, Any] | Exception] = []
+
+        async def alter_partition(payload: dict[str, Any]) -> dict[str, Any]:
+            sent.append(payload)
+            outcome = outcomes.pop(0)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        async def propose() -> None:
+            n1.replicas.maybe_propose_isr_changes()
+            await asyncio.gather(*n1.replicas._isr_tasks)
+
+        cluster: dict[int, Node] = {}
+        n1 = Node(
+            1, tmp_path / "n1", cluster, clock=lambda: now[0], alter_partition=alter_partition
+        )
+        n2 = Node(2, tmp_path / "n2", cluster, clock=lambda: now[0])
+        records: list[rec.MetadataRecord] = [
+            rec.RegisterBroker(
+                broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={}, fenced=False
+            )
+            for n in NODES
+        ]
+        records += [
+            rec.Topic(TOPIC, TOPIC_ID, {}),
+            rec.Partition(TOPIC_ID, 0, NODES, (1,), leader=1, leader_epoch=0, partition_epoch=0),
+        ]
+        for node in cluster.values():
+            node.cache.apply(1, records)
+        n1.produce(b"a")
+        await n2.fetch_once()
+        await n2.fetch_once()  # node 2 has caught up
+        repl = n1.partition.replication
+        assert repl is not None and repl.isr == (1,)
+
+        outcomes.append(ConnectionError("the controller's connection was reset"))
+        await propose()
+        assert [p["new_isr"] for p in sent[0]["partitions"]] == [[[1, 1], [2, 1]]]
+        assert repl.pending_isr == (1, 2)
+        assert repl.maximal_isr == frozenset(NODES)
+
+        now[0] += ISR_CHANGE_RETRY_BACKOFF_MS
+        stale = {"topic_id": TOPIC_ID, "partition": 0, "error": int(Errors.INVALID_UPDATE_VERSION)}
+        outcomes.append({"error": 0, "partitions": [stale]})
+        await propose()
+        assert len(sent) == 2 and sent[1]["partitions"] == sent[0]["partitions"]
+        assert repl.pending_isr == (1, 2)
+
+        change = rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=0, isr=NODES)
+        for node in cluster.values():
+            node.cache.apply(2, [change])
+        assert repl.pending_isr is None and repl.isr == NODES
+        now[0] += 2 * ISR_CHANGE_METADATA_WAIT_MS
+        await propose()
+        assert len(sent) == 2
 
     asyncio.run(scenario())
