@@ -30,12 +30,13 @@ The ISR is the metadata log's: the leader proposes shrinks (followers not caught
 this leader's epoch) to the active controller with AlterPartition (``maybe_propose_isr_changes``,
 run periodically), and the new ISR takes effect when the committed PartitionChange reaches this
 node's image (``on_metadata_delta``). A change stays in flight until then, or until the
-controller says it did not apply it; one whose outcome is unknown is sent again as it was. An acks=all append is refused with NOT_ENOUGH_REPLICAS
-while the committed ISR is smaller than the topic's ``min.insync.replicas``, and the HW does not
-move then (KIP-966's strict min ISR): a write appended before the ISR shrank below it waits,
-and times out, instead of being committed by fewer replicas than the controller's ELR
-election counts on. A Produce whose batch the HW passed while the maximal ISR was too small
-is answered NOT_ENOUGH_REPLICAS_AFTER_APPEND (``check_enough_replicas_after_append``).
+controller says it did not apply it; one whose outcome is unknown is sent again as it was.
+An acks=all append is refused with NOT_ENOUGH_REPLICAS while the committed ISR is smaller
+than the topic's ``min.insync.replicas``, and the HW does not move then (KIP-966's strict min
+ISR): a write appended before the ISR shrank below it waits, and times out, instead of being
+committed by fewer replicas than the controller's ELR election counts on. A Produce whose
+batch the HW passed while the maximal ISR was too small is answered
+NOT_ENOUGH_REPLICAS_AFTER_APPEND (``check_enough_replicas_after_append``).
 """
 
 from __future__ import annotations

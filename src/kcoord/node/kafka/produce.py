@@ -88,6 +88,8 @@ _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
 LOAD_SLICE_HEADERS: Final = 1000
 # A load restarts when a segment it was reading was let go meanwhile (retention, cleaner).
 _LOAD_ATTEMPTS: Final = 3
+# producer.id.expiration.check.interval.ms: how often a leader forgets idle producers.
+PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
 
 
 class ProducerStates:
@@ -109,12 +111,16 @@ class ProducerStates:
     ) -> None:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self._states: dict[tuple[str, int], tuple[Partition, ProducerStateManager]] = {}
+        # When each partition's idle producers are next forgotten (Kafka's UnifiedLog runs
+        # removeExpiredProducers on a timer; here the first produce after the interval does).
+        self._next_expiry_ms: dict[tuple[str, int], int] = {}
         self._loading: dict[tuple[str, int], tuple[Partition, int, asyncio.Task[None]]] = {}
         replicas.add_role_listener(self.on_role_change)
 
     def on_role_change(self, part: Partition, is_leader: bool) -> None:
         # Rebuilt for each leadership: another leader may have appended meanwhile.
         self._states.pop(part.tp, None)
+        self._next_expiry_ms.pop(part.tp, None)
 
     def loaded(self, part: Partition) -> bool:
         entry = self._states.get(part.tp)
@@ -167,6 +173,9 @@ class ProducerStates:
     def get(self, part: Partition, now_ms: int) -> ProducerStateManager:
         entry = self._states.get(part.tp)
         if entry is not None and entry[0] is part:
+            if now_ms >= self._next_expiry_ms.get(part.tp, 0):
+                entry[1].remove_expired_producers(now_ms)
+                self._next_expiry_ms[part.tp] = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
             return entry[1]
         state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
         state.load(self._producer_batches(part, now_ms))
@@ -177,6 +186,7 @@ class ProducerStates:
     ) -> ProducerStateManager:
         state.remove_expired_producers(now_ms)
         self._states[part.tp] = (part, state)
+        self._next_expiry_ms[part.tp] = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
         log.info(
             "%s-%d: producer state of %d producers loaded",
             part.topic,
@@ -187,9 +197,14 @@ class ProducerStates:
 
     def _producer_batches(self, part: Partition, now_ms: int) -> Iterator[fmt.BatchHeader]:
         horizon_ms = now_ms - self.producer_id_expiration_ms
+        leading = True
         for seg in list(part.log.segments):
-            if 0 <= seg.max_timestamp < horizon_ms:
-                continue  # every producer in it expired (Kafka skips them the same way)
+            if leading and 0 <= seg.max_timestamp < horizon_ms:
+                # Every producer whose last batch is here has expired. Only a leading run is
+                # skipped: a producer may have written later batches with old timestamps
+                # (event time) after recent ones, and its state must come from its last ones.
+                continue
+            leading = False
             try:
                 for bp in seg.scan_headers():
                     if bp.header.producer_id != fmt.NO_PRODUCER_ID:
@@ -295,6 +310,13 @@ class ProduceApi:
             for h in headers:
                 if h.is_control:
                     raise KafkaError(Errors.INVALID_RECORD, "clients may not write control records")
+                if h.producer_id != fmt.NO_PRODUCER_ID and h.base_sequence < 0:
+                    # LogValidator.validateBatch: an idempotent batch needs a sequence.
+                    raise KafkaError(
+                        Errors.INVALID_RECORD,
+                        f"Invalid sequence number {h.base_sequence} in record batch with "
+                        f"producerId {h.producer_id}",
+                    )
                 if h.is_transactional:
                     raise KafkaError(
                         Errors.INVALID_TXN_STATE, "kcoord does not support transactions"

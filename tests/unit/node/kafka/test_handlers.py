@@ -21,7 +21,7 @@ from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS
-from kcoord.node.kafka.produce import LOAD_SLICE_HEADERS
+from kcoord.node.kafka.produce import LOAD_SLICE_HEADERS, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
 from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
@@ -811,6 +811,11 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
         assert (await produce(idem(3, b"d"))).base_offset == 3
         stale = await produce(idem(4, b"e", e=epoch - 1))
         assert stale.error_code == Errors.INVALID_PRODUCER_EPOCH
+        # A producer id without a sequence (LogValidator.validateBatch): refused, never taken
+        # for a duplicate of another such batch and answered with its offsets.
+        for values in ([b"x"], [b"y"]):
+            unsequenced = await produce(idem(-1, *values))
+            assert unsequenced.error_code == Errors.INVALID_RECORD
         fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
         assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c", b"d"]
 
@@ -972,6 +977,66 @@ def test_a_producer_state_load_from_an_earlier_leadership_is_not_used(tmp_path: 
         answer = only_partition(await sent)
         assert (answer.error_code, answer.base_offset) == (Errors.NONE, count)
         assert part.log.log_end_offset == count + 1, "the retried batch was appended twice"
+
+    run(tmp_path, test)
+
+
+def test_a_producers_state_comes_from_its_last_batches_whatever_their_timestamps(
+    tmp_path: Path,
+) -> None:
+    """A producer wrote a recent batch, then a segment of batches stamped two days back (event
+    time). Rebuilt after a leader change, its state came from the recent batch alone (a whole
+    segment older than producer.id.expiration.ms was skipped mid-log), so its next batch got
+    OUT_OF_ORDER_SEQUENCE_NUMBER. Only a leading run of such segments is skipped now: the
+    producer's last batch is old, so it has expired, as Kafka's per-producer rule has it."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        now, day = h.clock[0], 24 * 3_600_000
+        pid = 11
+        recent = batch([b"a"], timestamp=now, producer_id=pid, producer_epoch=0, base_sequence=0)
+        h.replicas.append_local(part, recent, required_acks=1)
+        part.log.roll()
+        old = batch(
+            [b"b"], timestamp=now - 2 * day, producer_id=pid, producer_epoch=0, base_sequence=1
+        )
+        h.replicas.append_local(part, old, required_acks=1)
+        part.log.roll()
+        h.move_leader("t", 0, 2)
+        h.move_leader("t", 0, NODE_ID)
+        following = batch([b"c"], timestamp=now, producer_id=pid, producer_epoch=0, base_sequence=2)
+        answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, following)))
+        assert (answer.error_code, answer.base_offset) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
+def test_a_stable_leader_forgets_idle_producers(tmp_path: Path) -> None:
+    """Kafka's removeExpiredProducers runs every producer.id.expiration.check.interval.ms on
+    a leader; here a state was only ever trimmed when a leadership loaded it, so a long-lived
+    leader kept every producer that ever wrote (about 1 KiB each)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        states = h.broker.produce.states
+        day = 24 * 3_600_000
+
+        async def produce(pid: int) -> None:
+            records = batch(
+                [b"v"], timestamp=h.clock[0], producer_id=pid, producer_epoch=0, base_sequence=0
+            )
+            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+            assert answer.error_code == Errors.NONE
+
+        await produce(1)
+        part = h.replicas.leader_partition("t", 0)
+        assert set(states.get(part, h.clock[0]).producers) == {1}
+        h.clock[0] += day + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS + 1
+        await produce(2)
+        assert set(states.get(part, h.clock[0]).producers) == {2}
 
     run(tmp_path, test)
 
