@@ -65,7 +65,7 @@ from kcoord.raft.image import (
 )
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import format as fmt
-from kcoord.storage.config import InvalidConfigError, LogConfig
+from kcoord.storage.config import InvalidConfigError, LogConfig, parse_min_insync_replicas
 from kcoord.storage.log import (
     FetchData,
     InvalidRecordError,
@@ -611,10 +611,8 @@ class ReplicaManager:
         if raw is None:
             cluster = image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
             raw = cluster.get(MIN_INSYNC_REPLICAS_CONFIG)
-        configured = self.min_insync_replicas
-        if raw is not None:
-            with contextlib.suppress(ValueError):
-                configured = max(1, int(raw))
+        parsed = None if raw is None else parse_min_insync_replicas(raw)
+        configured = self.min_insync_replicas if parsed is None else parsed
         return min(configured, len(part.replicas or (self.node_id,)))  # as LeaderReplication's
 
     def check_leader_and_min_isr(self, part: Partition, required_acks: int) -> None:

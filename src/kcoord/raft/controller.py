@@ -124,7 +124,12 @@ from kcoord.raft.records import (
     Topic,
     UnfenceBroker,
 )
-from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, topic_config_error
+from kcoord.storage.config import (
+    TOPIC_CONFIGS,
+    ConfigType,
+    parse_min_insync_replicas,
+    topic_config_error,
+)
 
 T = TypeVar("T")
 
@@ -1373,7 +1378,7 @@ class Controller:
             return _alter_error(
                 Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{resource_name}' does not exist."
             )
-        return _alter(
+        result = _alter(
             ConfigResourceType.TOPIC,
             resource_name,
             topic.configs,
@@ -1382,6 +1387,25 @@ class Controller:
             list_default=_topic_list_default,
             config_error=topic_config_error,
         )
+        if self.config.eligible_leader_replicas_enabled and any(
+            isinstance(r, Config) and r.key == MIN_INSYNC_REPLICAS_CONFIG for r in result.records
+        ):
+            # ConfigurationControlManager.createClearElrRecordsAsNeeded (KAFKA-16540): the ELR
+            # was kept under the old min ISR; under a lower one the leader commits with fewer
+            # replicas than it holds, and an ELR member elected later would lack those records.
+            clear_elr = [
+                PartitionChange(
+                    state.topic_id,
+                    state.partition,
+                    expected_partition_epoch=state.partition_epoch,
+                    elr=(),
+                    last_known_elr=(),
+                )
+                for state in image.partitions_of(topic.topic_id)
+                if state.elr or state.last_known_elr
+            ]
+            result = ControllerResult((*result.records, *clear_elr), result.response)
+        return result
 
     def _alter_group_configs(
         self,
@@ -1416,7 +1440,7 @@ class Controller:
     def _min_isr(self, image: MetadataImage, state: PartitionState) -> int:
         # ReplicationControlManager.getTopicEffectiveMinIsr: never above the replication factor.
         raw = self._config_value(image, image.topic(state.topic_id), MIN_INSYNC_REPLICAS_CONFIG)
-        value = _parse_positive_int(raw)
+        value = None if raw is None else parse_min_insync_replicas(raw)
         min_isr = self.config.min_insync_replicas if value is None else value
         return max(1, min(min_isr, len(state.replicas)))
 
@@ -1559,10 +1583,3 @@ def _alter(
         if current.get(key) != updated.get(key)
     ]
     return ControllerResult(tuple(records), AlterConfigsResult(Errors.NONE))
-
-
-def _parse_positive_int(raw: str | None) -> int | None:
-    if raw is None or not raw.isascii() or not raw.isdigit():
-        return None
-    value = int(raw)
-    return value if value >= 1 else None

@@ -448,5 +448,18 @@ def parse_config_value(definition: TopicConfigDef, raw: str) -> object:
     return number
 
 
+def parse_min_insync_replicas(raw: str) -> int | None:
+    """A ``min.insync.replicas`` value as the controller and every leader read it, parsed as
+    Kafka's ``ConfigDef`` does (``" 2"`` and ``"+2"`` are 2); None when it does not parse, and
+    the default applies. One parser: a controller and a leader that disagree on it break
+    KIP-966's ELR (the leader commits with fewer replicas than the controller's ELR holds)."""
+    try:
+        value = parse_config_value(TOPIC_CONFIGS["min.insync.replicas"], raw)
+    except InvalidConfigError:
+        return None
+    assert isinstance(value, int)
+    return value
+
+
 def _bound(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)

@@ -925,6 +925,39 @@ def test_isr_shrink_below_min_isr_fills_the_elr() -> None:
     assert result.records == (PartitionChange(T1, 0, 1, isr=(1, 3), elr=()),)
 
 
+def test_a_change_of_min_isr_clears_the_elr() -> None:
+    """ISR (1), ELR (2, 3) under min.insync.replicas=2. Lowered to 1, leader 1 commits alone;
+    an ELR kept from before would let 2 or 3 be elected without those records
+    (ConfigurationControlManager.createClearElrRecordsAsNeeded, KAFKA-16540)."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 2, 3, {"min.insync.replicas": "2"})
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    state = cluster.image.partition(T1, 0)
+    assert state is not None and set(state.elr) == {2, 3}
+    result = alter(cluster, [("min.insync.replicas", ConfigOp.SET, "1")])
+    assert result.records == (
+        Config(TOPIC, "t", "min.insync.replicas", "1"),
+        PartitionChange(T1, 0, 1, elr=(), last_known_elr=()),  # partition 1 had no ELR
+    )
+    cluster.commit(result.records)
+    state = cluster.image.partition(T1, 0)
+    assert state is not None and (state.isr, state.elr) == ((1,), ())
+    # Another key leaves the ELR alone.
+    assert alter(cluster, [("retention.ms", ConfigOp.SET, "5")]).records == (
+        Config(TOPIC, "t", "retention.ms", "5"),
+    )
+
+
+@pytest.mark.parametrize("raw", ["+2", " 2", "2 "])
+def test_min_isr_is_read_as_every_leader_reads_it(raw: str) -> None:
+    """Kafka's ConfigDef trims and takes a sign; the controller read only bare digits, so with
+    "+2" it used its default (1) while leaders used 2, and the two disagreed on the ELR."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3, {"min.insync.replicas": raw})
+    result = cluster.alter(1, T1, 0, (1,))
+    assert result.records == (PartitionChange(T1, 0, 0, isr=(1,), elr=(2, 3)),)
+
+
 # ------------------------------------------------------------------ topic creation
 
 
