@@ -670,7 +670,10 @@ class ReplicaManager:
             raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
         except InvalidRecordError as e:
             raise KafkaError(Errors.INVALID_RECORD, str(e)) from e
-        except fmt.RecordFormatError as e:
+        except (fmt.RecordFormatError, ValueError) as e:
+            # A batch whose CRC holds but whose contents do not parse (an unknown codec,
+            # offsets that go back): this partition's error, as Kafka's appendToLocalLog
+            # answers any failure of one partition, not the whole request's.
             raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
         except OSError as e:
             self.log_dir_failure.fail(f"appending to {part.topic}-{part.partition}", e)

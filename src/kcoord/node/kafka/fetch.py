@@ -183,6 +183,12 @@ class FetchApi:
         tps = [(w.topic, w.partition) for w in wanted if w.topic is not None]
         event = self.waiters.watch(tps)
         try:
+            # Records or a HW move may have come between the first read and the watch (a
+            # produce pipelined behind this fetch): read again now that they would wake us, as
+            # Kafka's DelayedFetch does (tryCompleteElseWatch).
+            responses, size, failed = self._read(wanted, max_bytes, request.version)
+            if size >= min_bytes or failed:
+                return self._response(request, responses)
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -454,13 +460,23 @@ def _offset_for(
     if timestamp == LATEST_TIERED_TIMESTAMP:
         return -1, -1
     if timestamp == MAX_TIMESTAMP:
-        best = (-1, -1)
+        # UnifiedLog.fetchOffsetByTimestamp: the first segment holding the largest timestamp,
+        # and in it the first record with it (RecordBatch.offsetOfMaxTimestamp, KAFKA-16310),
+        # not the last offset of its batch: a consumer seeking there would skip the others.
+        newest = None
         for seg in log_.segments:
-            if seg.max_timestamp > best[0]:
-                best = (seg.max_timestamp, seg.offset_of_max_timestamp)
-        if best[1] >= last_fetchable:
+            if seg.max_timestamp >= 0 and (
+                newest is None or seg.max_timestamp > newest.max_timestamp
+            ):
+                newest = seg
+        if newest is None:
+            return -1, -1
+        at = newest.find_offset_by_timestamp(newest.max_timestamp, log_.log_start_offset)
+        if at is None:
+            return -1, -1
+        if at[0] >= last_fetchable:
             return beyond_last_fetchable()
-        return best
+        return at[1], at[0]
     if timestamp < 0:
         raise KafkaError(Errors.INVALID_REQUEST, f"unknown special timestamp {timestamp}")
     found = log_.offset_for_timestamp(timestamp)

@@ -298,6 +298,10 @@ class MetadataApi:
                 error = created[name]
                 if error is not Errors.INVALID_TOPIC_EXCEPTION:
                     error = Errors.LEADER_NOT_AVAILABLE  # created but not visible yet, or failed
+            elif topic_name_error(name):
+                # KafkaApis.getTopicMetadata validates the name whether or not it would create:
+                # a producer told the name is illegal fails at once instead of waiting.
+                error = Errors.INVALID_TOPIC_EXCEPTION
             else:
                 error = Errors.UNKNOWN_TOPIC_OR_PARTITION
             topics.append(_topic_error(error, name, None))

@@ -19,6 +19,7 @@ import pytest
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
+from kcoord.node.kafka.apis import Deferred, Request
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS
 from kcoord.node.kafka.produce import LOAD_SLICE_HEADERS, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
@@ -249,9 +250,12 @@ def test_metadata_lists_brokers_topics_and_partitions(tmp_path: Path, version: i
 
 def test_metadata_unknown_topics_and_auto_creation(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        response = await c.call(METADATA, 12, metadata_values("nope", auto_create=False))
+        response = await c.call(
+            METADATA, 12, metadata_values("nope", "bad/name", auto_create=False)
+        )
         assert [(t.name, t.error_code) for t in response.topics] == [
-            ("nope", Errors.UNKNOWN_TOPIC_OR_PARTITION)
+            ("nope", Errors.UNKNOWN_TOPIC_OR_PARTITION),
+            ("bad/name", Errors.INVALID_TOPIC_EXCEPTION),  # with or without creation
         ]
         assert h.cache.image.topic_by_name("nope") is None
         # Allowed: created with num.partitions, and this very answer describes it.
@@ -1226,6 +1230,73 @@ def test_list_offsets(tmp_path: Path) -> None:
         assert ((await list_offset(-3)).offset, (await list_offset(-3)).timestamp) == (2, 500)
         assert (await list_offset(-1, version=1)).offset == 4
         assert (await list_offset(-1, other)).error_code == Errors.NOT_LEADER_OR_FOLLOWER
+        # Three records of one batch share the largest timestamp: the first of them, not the
+        # batch's last offset (RecordBatch.offsetOfMaxTimestamp, KAFKA-16310).
+        same_ms = fmt.build_batch([fmt.Record(i, 900, None, b"e%d" % i) for i in range(3)])
+        await c.call(PRODUCE, 9, produce_values("t", mine, same_ms))
+        assert ((await list_offset(-3)).offset, (await list_offset(-3)).timestamp) == (4, 900)
+
+    run(tmp_path, test)
+
+
+def test_a_fetch_sees_records_appended_before_its_long_poll_began(tmp_path: Path) -> None:
+    """A fetch found nothing and went to wait; a produce (pipelined behind it, or another
+    client's) was appended before the wait was registered. The wait then slept its whole
+    max_wait (500 ms by the clients' default) though the records were there; it reads again
+    once registered now, as Kafka's DelayedFetch does (tryCompleteElseWatch)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        body = codec.build_request(FETCH, 12, fetch_values("t", 0, 0) | {"max_wait": 60_000})
+        request = Request(codec.RequestHeader(FETCH, 12, 1, "c"), body)
+        waiting = await h.broker.fetch.handle_fetch(request)
+        assert isinstance(waiting, Deferred)
+        answer = asyncio.ensure_future(waiting.awaitable)
+        h.replicas.append_local(part, batch([b"a"]), required_acks=1)
+        response = await asyncio.wait_for(answer, 30)
+        fetched = response["responses"][0]["partitions"][0]
+        assert records_of(fetched["records"]) == [b"a"]
+
+    run(tmp_path, test)
+
+
+def test_a_produce_whose_batch_does_not_parse_fails_that_partition_alone(
+    tmp_path: Path,
+) -> None:
+    """A CRC-valid batch naming codec 6 on a topic the broker recompresses: the error escaped
+    the partition, no answer went out and the connection closed, after another partition of
+    the same request had been appended (a retry would write it twice)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("v", 2, 1, {"compression.type": "gzip"})
+        for p in (0, 1):
+            h.move_leader("v", p, NODE_ID)
+        good = batch([b"a"])
+        bad = bytearray(good)
+        attributes = int.from_bytes(bad[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2])
+        bad[fmt.ATTRIBUTES_OFFSET : fmt.ATTRIBUTES_OFFSET + 2] = (attributes | 6).to_bytes(2)
+        bad[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(bad, 0, len(bad)).to_bytes(4)
+        values = {
+            "acks": 1,
+            "timeout": 5000,
+            "topic_data": [
+                {
+                    "name": "v",
+                    "partition_data": [
+                        {"index": 0, "records": good},
+                        {"index": 1, "records": bytes(bad)},
+                    ],
+                }
+            ],
+        }
+        response = await c.call(PRODUCE, 9, values)
+        errors = [p.error_code for p in response.responses[0].partition_responses]
+        assert errors == [Errors.NONE, Errors.CORRUPT_MESSAGE]
+        # The connection still serves.
+        again = only_partition(await c.call(PRODUCE, 9, produce_values("v", 1, good, acks=1)))
+        assert again.error_code == Errors.NONE
 
     run(tmp_path, test)
 
