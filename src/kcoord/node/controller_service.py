@@ -214,6 +214,18 @@ class ControllerService:
             offset = await asyncio.wait_for(fut, self.propose_timeout_s)
         except TimeoutError as e:
             self.proposal_failures += 1
+            if self.controller is not None and epoch == self.active_epoch:
+                # The batch may still commit, and the next decision would be made on an image
+                # without it (a fenced incarnation put back in an ISR). Kafka's controller
+                # renounces on a failed write; this one activates again, behind a batch of its
+                # own that commits only after this one is committed or lost.
+                log.warning(
+                    "a proposal of epoch %d timed out: deciding again once the log catches up",
+                    epoch,
+                )
+                self.controller = None
+                self.active_epoch = None
+                self._wake.set()
             raise NotActiveError("proposal timed out") from e
         except NotActiveError:
             self.proposal_failures += 1

@@ -6,8 +6,11 @@ import asyncio
 from collections import Counter
 from typing import Any, cast
 
+import pytest
+
 from kcoord.node.controller_service import OFFSETS_TOPIC_GRACE_MS, ControllerService
 from kcoord.node.metadata import MetadataCache
+from kcoord.node.rpc import RpcError
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
 from kcoord.raft.quorum import MetadataQuorum
@@ -131,5 +134,45 @@ def test_steady_heartbeats_are_answered_while_a_decision_holds_the_controller() 
         assert (await asyncio.wait_for(shutdown, 10))["is_fenced"]
         await service.tick()
         assert [b for b in (1, 2) if cache.image.brokers[b].fenced] == []
+
+    asyncio.run(scenario())
+
+
+def test_a_timed_out_proposal_stops_decisions_until_the_log_catches_up() -> None:
+    """A batch whose commit timed out may still commit. The controller decided the next
+    request on an image without it (a broker re-registered with a new incarnation, then an
+    ISR change made for its old one put that in the ISR). Now it decides nothing until a batch
+    of its own proposed after the lost one has committed and been applied."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        assert service.is_active
+        service.propose_timeout_s = 0.01
+        held: list[tuple[list[rec.MetadataRecord], Any]] = []
+        real_propose = quorum.propose
+
+        def hold(records: Any, on_done: Any, *, epoch: int) -> None:
+            held.append((list(records), on_done))  # committed late, after the timeout
+
+        quorum.propose = hold  # type: ignore[method-assign]
+        with pytest.raises(RpcError):  # NOT_CONTROLLER: the broker retries
+            await service.handle_broker_heartbeat(
+                {
+                    "broker_id": 2,
+                    "broker_epoch": cache.image.brokers[2].broker_epoch,
+                    "current_metadata_offset": 0,
+                    "want_shut_down": True,
+                }
+            )
+        assert held
+        assert not service.is_active
+        quorum.propose = real_propose
+        for records, on_done in held:  # the lost batch commits after all
+            on_done(quorum.commit(records), None)
+        await service._maybe_activate()
+        assert service.is_active and service.activations == 2
+        assert cache.image.last_offset == quorum.offset
 
     asyncio.run(scenario())
