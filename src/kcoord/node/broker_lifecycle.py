@@ -50,8 +50,12 @@ class BrokerLifecycle:
         *,
         heartbeat_interval_ms: int = 500,
         rpc_timeout_s: float = 2.0,
+        storage_lost: bool = False,
     ) -> None:
         self.node_id = node_id
+        # This process found its data directory empty: if the controller knows this broker,
+        # what it held is gone (a new or wiped disk), and the registration says so.
+        self.storage_lost = storage_lost
         self.incarnation_id = incarnation_id
         self.endpoints = dict(endpoints)
         self.quorum = quorum
@@ -93,6 +97,7 @@ class BrokerLifecycle:
                     "incarnation_id": self.incarnation_id,
                     "endpoints": self.endpoints,
                     "cluster_id": self.cache.image.cluster_id,
+                    "storage_lost": self.storage_lost,
                 },
             )
             error = Errors(reply["error"])

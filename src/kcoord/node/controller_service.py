@@ -292,6 +292,7 @@ class ControllerService:
             endpoints={str(k): str(v) for k, v in payload["endpoints"].items()},
             rack=payload.get("rack"),
             cluster_id=payload.get("cluster_id"),
+            storage_lost=bool(payload.get("storage_lost", False)),
         )
         async with self._lock:
             controller = self._require_active()

@@ -305,6 +305,7 @@ class Node:
             self.rpc_pool,
             self.clock.monotonic_ms,
             heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
+            storage_lost=self.logs.storage_was_empty,
         )
         self.monitor = QuorumMonitor(quorum, self.clock)
         self.rpc_server = RpcServer(

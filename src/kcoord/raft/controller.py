@@ -78,7 +78,9 @@ Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
   unclean leader election is enabled. Removing a restarted broker from the ELR on an unclean
   shutdown (KIP-966 ``PreviousBrokerEpoch``) is off unless
   ``unclean_shutdown_detection_enabled``: a SIGKILLed process loses no written data (the page
-  cache survives it), so only a machine crash can make a restart unclean.
+  cache survives it), so only a machine crash can make a restart unclean. A broker that
+  registers from an empty data directory (``storage_lost``: a new or wiped disk) is removed
+  from the ISR and ELR whatever that setting: its replicas hold nothing.
 - ``alter_partition`` validates an ISR change requested by a partition leader
   (``ReplicationControlManager.alterPartition``/``validateAlterPartitionData``).
 - ``alter_configs`` changes a topic's configs (IncrementalAlterConfigs and the legacy
@@ -188,7 +190,9 @@ class BrokerRegistrationRequest:
     """Kafka's ``BrokerRegistrationRequest`` (apiKey 62), as kcoord needs it.
 
     ``cluster_id`` None skips the cluster id check. ``previous_broker_epoch`` is the epoch the
-    broker held when it last shut down cleanly, or -1 (KIP-966).
+    broker held when it last shut down cleanly, or -1 (KIP-966). ``storage_lost``: the broker
+    started on an empty data directory (kcoord's; a new or wiped disk), so a restart of a known
+    broker is unclean whether or not unclean shutdowns are otherwise detected.
     """
 
     broker_id: int
@@ -197,6 +201,7 @@ class BrokerRegistrationRequest:
     rack: str | None = None
     cluster_id: str | None = None
     previous_broker_epoch: int = -1
+    storage_lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -781,7 +786,13 @@ class Controller:
         records: list[MetadataRecord] = []
         if existing is not None:
             clean = request.previous_broker_epoch == existing.broker_epoch
-            self._handle_broker_shutdown(_Working(image), existing.broker_id, clean, records)
+            self._handle_broker_shutdown(
+                _Working(image),
+                existing.broker_id,
+                clean,
+                records,
+                storage_lost=request.storage_lost,
+            )
         records.append(
             RegisterBroker(
                 broker_id=request.broker_id,
@@ -919,13 +930,17 @@ class Controller:
         self._generate_leader_and_isr_updates(working, leaderless, records, broker_to_add=broker_id)
 
     def _handle_broker_shutdown(
-        self, working: _Working, broker_id: int, clean: bool, records: list[MetadataRecord]
+        self,
+        working: _Working,
+        broker_id: int,
+        clean: bool,
+        records: list[MetadataRecord],
+        *,
+        storage_lost: bool = False,
     ) -> None:
         # ReplicationControlManager.handleBrokerShutdown, run when a new incarnation registers.
-        if (
-            self.config.eligible_leader_replicas_enabled
-            and self.config.unclean_shutdown_detection_enabled
-            and not clean
+        if self.config.eligible_leader_replicas_enabled and (
+            storage_lost or (self.config.unclean_shutdown_detection_enabled and not clean)
         ):
             # The old incarnation may have lost its unflushed tail: not eligible any more.
             in_isr_or_elr = working.partitions_where(

@@ -45,6 +45,9 @@ class LogManager:
         self.offline: dict[TopicPartition, str] = {}
         self.recovery_reports: dict[TopicPartition, RecoveryReport] = {}
         self.had_clean_shutdown = False
+        # The data directory was missing or empty when opened: a first start, or a node whose
+        # disk was replaced or wiped (its registration then says its replicas hold nothing).
+        self.storage_was_empty = False
         self._delete_counter = 0
         # The partitions each offsets checkpoint on disk names (as last read or written): a
         # log created where a deleted one was must not inherit its entries (see ``adopt``).
@@ -61,6 +64,7 @@ class LogManager:
 
     def open(self, configs: Mapping[TopicPartition, LogConfig] | None = None) -> None:
         """Load (or recover) every partition directory under the data directory."""
+        self.storage_was_empty = not self.data_dir.is_dir() or not any(self.data_dir.iterdir())
         self.data_dir.mkdir(parents=True, exist_ok=True)
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.had_clean_shutdown = marker.exists()

@@ -176,3 +176,32 @@ def test_a_timed_out_proposal_stops_decisions_until_the_log_catches_up() -> None
         assert cache.image.last_offset == quorum.offset
 
     asyncio.run(scenario())
+
+
+def test_a_registration_from_an_empty_data_directory_takes_the_broker_out_of_the_elr() -> None:
+    """The broker's registration carries ``storage_lost`` (its data directory was empty when
+    it started): the controller removes it from every ELR it was in."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        quorum.commit(
+            [
+                rec.Topic("t", "TTTTTTTTTTTTTTTTTTTTTT", {"min.insync.replicas": "3"}),
+                rec.Partition("TTTTTTTTTTTTTTTTTTTTTT", 0, (1, 2, 3), (1, 2), 1, 0, 0, elr=(3,)),
+            ]
+        )
+        reply = await service.handle_broker_registration(
+            {
+                "broker_id": 3,
+                "incarnation_id": "after-a-new-disk",
+                "endpoints": {},
+                "storage_lost": True,
+            }
+        )
+        assert reply["error"] == 0
+        state = cache.image.partition("TTTTTTTTTTTTTTTTTTTTTT", 0)
+        assert state is not None and state.elr == ()
+
+    asyncio.run(scenario())

@@ -106,6 +106,8 @@ class Cluster:
         now_ms: int = 0,
         incarnation: str | None = None,
         previous_broker_epoch: int = -1,
+        *,
+        storage_lost: bool = False,
     ) -> ControllerResult[BrokerRegistrationReply]:
         request = BrokerRegistrationRequest(
             broker_id,
@@ -113,6 +115,7 @@ class Cluster:
             endpoints(broker_id),
             cluster_id="cluster-1",
             previous_broker_epoch=previous_broker_epoch,
+            storage_lost=storage_lost,
         )
         return self.decide(lambda image: self.controller.register_broker(image, request, now_ms))
 
@@ -348,6 +351,22 @@ def test_unclean_restart_leaves_the_elr_when_detection_is_on() -> None:
     # ... an unclean one does not.
     unclean = cluster.register(3, SESSION_MS + 1, "inc-3b")
     assert unclean.records[0] == PartitionChange(T1, 0, 1, elr=())
+
+
+def test_a_broker_back_with_an_empty_disk_leaves_the_isr_and_elr() -> None:
+    """Detection of unclean shutdowns is off by default (a SIGKILL keeps the page cache), but
+    a broker whose data directory was empty when it started (a new or wiped disk) holds
+    nothing: kept in the ELR, it was elected once the others were fenced and the leader that
+    came back truncated to its empty log."""
+    cluster = three_brokers(ControllerConfig(min_insync_replicas=3))
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1, 2)).records)
+    assert cluster.state(T1, 0).elr == (3,)
+    lost = cluster.register(3, SESSION_MS + 1, "inc-3b", storage_lost=True)
+    assert lost.records[0] == PartitionChange(T1, 0, 1, elr=())
+    # Without it the restart is taken as clean, as before.
+    kept = cluster.register(3, SESSION_MS + 1, "inc-3c")
+    assert [r for r in kept.records if isinstance(r, PartitionChange)] == []
 
 
 # ------------------------------------------------------------------ heartbeats

@@ -52,6 +52,25 @@ def test_clean_shutdown_and_reopen(tmp_path: Path) -> None:
     assert lg is not None and lg.topic_id == "AAAAAAAAAAAAAAAAAAAAAA"
 
 
+def test_a_manager_says_when_its_data_directory_was_empty(tmp_path: Path) -> None:
+    """What a broker's registration reports as lost storage: a missing or empty directory (a
+    new or wiped disk), never one a process wrote into before."""
+    data_dir = tmp_path / "data"
+    first = _filled(data_dir)
+    assert first.storage_was_empty
+    first.shutdown()
+    again = LogManager(data_dir, CONFIG)
+    again.open()
+    assert not again.storage_was_empty
+    again.shutdown()
+    for path in sorted(data_dir.rglob("*"), reverse=True):
+        path.rmdir() if path.is_dir() else path.unlink()
+    wiped = LogManager(data_dir, CONFIG)
+    wiped.open()
+    assert wiped.storage_was_empty
+    wiped.shutdown()
+
+
 def test_unclean_restart_recovers_from_recovery_points(tmp_path: Path) -> None:
     mgr = _filled(tmp_path)
     mgr.checkpoint_recovery_points()
