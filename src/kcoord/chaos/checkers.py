@@ -81,19 +81,30 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     lists none). Jepsen keeps the expectation across ``assign`` for partitions still assigned;
     clients differ there (kafka-python drops positions on assign), so this checker does not.
     ``nonmonotonic-send``: one process's ``ok`` sends to a partition, in invoke order, get
-    offsets that do not increase.
+    offsets that do not increase. A send's completion is matched to its invoke by value: a
+    producer has many in flight, and its delivery reports come in any order.
+
+    The groups workload's members read the producers' records too: its ``records`` result is
+    this checker without the final poll, so an acknowledged record that the members read past
+    and never saw is a ``lost-write`` there as well.
 
 ``check_liveness`` (both workloads)
     ``no-commit-after-heal``: after a ``heal``, no ``ok`` ``commit`` or ``probe-commit``
     within ``commit_within_s``. A history that ends before the bound therefore fails only if
     nothing was acknowledged after the heal at all. Proves the cluster recovers, not only that
     it stays safe while refusing everything.
+
+``check_progress`` (both workloads): the run did something to check
+    ``no-acknowledged-send``: no ``ok`` send at all. ``no-member-commit`` (groups): no ``ok``
+    ``commit`` of a member (the runner's own probe does not count). ``unrecorded-report``: a
+    client's report that could not be recorded (an acknowledgement may be missing). Without
+    these, a run whose producer died at once, or whose members never committed, passed.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -123,6 +134,8 @@ QUEUE_ANOMALIES: Final = (
     "aborted-read",
 )
 LIVENESS_ANOMALIES: Final = ("no-commit-after-heal",)
+PROGRESS_ANOMALIES: Final = ("no-acknowledged-send", "no-member-commit", "unrecorded-report")
+UNRECORDED_REPORT_F: Final = "unrecorded-report"
 WORKLOADS: Final = ("groups", "queue")
 
 # Events that read records, and those that reset a consumer's expected next offset.
@@ -850,8 +863,7 @@ def _sends(
     history: History, findings: _Findings
 ) -> tuple[list[_Send], dict[tuple[str, Hashable], list[str]]]:
     """ok sends, and (topic, value) -> outcome of every attempt to send it."""
-    operations: list[tuple[Event | None, Event | None]] = list(history.pairs("send"))
-    operations += [(None, done) for done in _lone_completions(history, "send")]
+    operations = _send_operations(history)
     sends: list[_Send] = []
     attempts: dict[tuple[str, Hashable], list[str]] = defaultdict(list)
     for invoke, done in operations:
@@ -877,6 +889,27 @@ def _sends(
         except _PARSE_ERRORS as error:
             findings.malformed(event, error)
     return sends, attempts
+
+
+def _send_operations(history: History) -> list[tuple[Event | None, Event | None]]:
+    """Each send's invoke and completion, matched by (process, topic, value). A producer has
+    many sends in flight and its delivery reports come in any order: ``History.pairs`` matches
+    by order, and joined half of a real run's sends to another record's invoke."""
+    waiting: dict[tuple[str, Hashable], deque[Event]] = defaultdict(deque)
+    operations: list[tuple[Event | None, Event | None]] = []
+    for event in history.ops("send"):
+        try:
+            key = (event.process, _freeze((event.value["topic"], event.value["value"])))
+        except _PARSE_ERRORS:
+            operations.append((event, None) if event.type == INVOKE else (None, event))
+            continue
+        if event.type == INVOKE:
+            waiting[key].append(event)
+            continue
+        invokes = waiting.get(key)
+        operations.append((invokes.popleft() if invokes else None, event))
+    operations += [(invoke, None) for invokes in waiting.values() for invoke in invokes]
+    return operations
 
 
 def _reads(ordered: Iterable[Event], findings: _Findings) -> list[_Read]:
@@ -1075,6 +1108,22 @@ def check_liveness(
 # Everything
 
 
+def check_progress(history: History, workload: str) -> CheckResult:
+    """no-acknowledged-send, no-member-commit, unrecorded-report."""
+    findings = _Findings("progress")
+    sends = [e for e in history.ops("send") if e.type == OK]
+    commits = [e for e in history.ops("commit") if e.type == OK]
+    if not sends:
+        findings.add("no-acknowledged-send", {})
+    if workload == "groups" and not commits:
+        findings.add("no-member-commit", {})
+    for event in history.ops(UNRECORDED_REPORT_F):
+        findings.add(
+            "unrecorded-report", {"event": event.index, "process": event.process, **event.value}
+        )
+    return findings.result({"acknowledged_sends": len(sends), "member_commits": len(commits)})
+
+
 def check_all(
     history: History,
     workload: str,
@@ -1084,7 +1133,10 @@ def check_all(
     partitions_by_topic: Mapping[str, int] | None = None,
 ) -> dict[str, CheckResult]:
     """Every checker that applies to ``workload`` ("groups" or "queue"), by name."""
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
     liveness = check_liveness(history, commit_within_s=commit_within_s)
+    progress = check_progress(history, workload)
     if workload == "groups":
         return {
             "offsets": check_offsets(history),
@@ -1093,11 +1145,11 @@ def check_all(
                 stable_within_s=stable_within_s,
                 partitions_by_topic=partitions_by_topic,
             ),
+            "records": check_queue(history, require_final_poll=False),
             "liveness": liveness,
+            "progress": progress,
         }
-    if workload == "queue":
-        return {"queue": check_queue(history), "liveness": liveness}
-    raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
+    return {"queue": check_queue(history), "liveness": liveness, "progress": progress}
 
 
 def all_valid(results: Mapping[str, CheckResult]) -> bool:

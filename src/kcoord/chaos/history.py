@@ -110,6 +110,8 @@ FAIL: Final = "fail"
 INFO: Final = "info"
 EVENT_TYPES: Final = frozenset({INVOKE, OK, FAIL, INFO})
 COMPLETION_TYPES: Final = frozenset({OK, FAIL, INFO})
+# A client process was SIGKILLed: what it had in flight is never answered (see ``pairs``).
+PROCESS_KILL_F: Final = "process-kill"
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,14 @@ class History:
         # Incremental: events are append-only, so pairing resumes where it stopped.
         for event in self._events[self._paired_up_to :]:
             key = (event.process, event.f)
+            if event.f == PROCESS_KILL_F:
+                # What the killed process had in flight stays unanswered (may have happened):
+                # a static member restarts under the same name, and its replacement's first
+                # completion must not answer the dead one's invoke.
+                for (process, _), in_flight in self._open_invokes.items():
+                    if process == event.process:
+                        in_flight.clear()
+                continue
             if event.type == INVOKE:
                 self._open_invokes.setdefault(key, deque()).append(event.index)
             else:

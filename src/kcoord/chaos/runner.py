@@ -640,6 +640,10 @@ def conclude(options: Options, history: History, started: float, error: str | No
         "workload": options.workload,
         "nemeses": options.nemeses,
         "duration_s": options.duration_s,
+        # With the seed, what a rerun needs to draw the same schedule.
+        "interval_s": options.interval_s,
+        "shapes": options.shapes,
+        "rate": options.rate,
         "faults": options.faults,
         "elapsed_s": round(time.monotonic() - started, 1),
         "events": len(history),

@@ -49,7 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcoord.chaos.history import History
+from kcoord.chaos.checkers import UNRECORDED_REPORT_F
+from kcoord.chaos.history import PROCESS_KILL_F, History
 from kcoord.node.kafka.client import call_once
 
 log = logging.getLogger(__name__)
@@ -72,11 +73,14 @@ class ClientProcess:
         cfg: dict[str, Any],
         log_dir: Path,
         on_event: Callable[[ClientProcess, dict[str, Any]], None],
+        *,
+        history: History,
     ) -> None:
         self.name = name
         self.module = module
         self.cfg = cfg
         self.on_event = on_event
+        self.history = history
         self.stderr_path = log_dir / f"{name}.stderr"
         self.events = 0
         with open(self.stderr_path, "ab") as err:
@@ -102,8 +106,13 @@ class ClientProcess:
                 self.events += 1
                 try:
                     self.on_event(self, event)
-                except Exception:
+                except Exception as e:
                     log.exception("%s: cannot record %r", self.name, event)
+                    # Said in the history: a lost acknowledgement must fail the run, not
+                    # turn into an unknown outcome (check_progress).
+                    self.history.add(
+                        self.name, "info", UNRECORDED_REPORT_F, {"error": repr(e)[:200]}
+                    )
 
     @property
     def alive(self) -> bool:
@@ -176,7 +185,7 @@ class GroupsWorkload:
         }
 
     def _spawn(self, name: str, module: str, cfg: dict[str, Any]) -> ClientProcess:
-        proc = ClientProcess(name, module, cfg, self.log_dir, self._on_event)
+        proc = ClientProcess(name, module, cfg, self.log_dir, self._on_event, history=self.history)
         self.processes[name] = proc
         self.history.add(name, "info", "process-start", {"module": module, "cfg": cfg})
         return proc
@@ -209,7 +218,7 @@ class GroupsWorkload:
         name = self.rng.choice(members)
         proc = self.processes[name]
         proc.kill()
-        self.history.add(name, "info", "process-kill", {})
+        self.history.add(name, "info", PROCESS_KILL_F, {})
         cfg = dict(proc.cfg)
         if cfg.get("instance_id"):
             replacement = name  # the same static member, back under its instance id

@@ -17,16 +17,18 @@ import pytest
 from kcoord.chaos.checkers import (
     MALFORMED,
     MAX_EXAMPLES,
+    UNRECORDED_REPORT_F,
     CheckResult,
     all_valid,
     check_all,
     check_groups,
     check_liveness,
     check_offsets,
+    check_progress,
     check_queue,
     results_as_dict,
 )
-from kcoord.chaos.history import FAIL, INFO, INVOKE, OK, Event, History
+from kcoord.chaos.history import FAIL, INFO, INVOKE, OK, PROCESS_KILL_F, Event, History
 
 # ---------------------------------------------------------------------------------------------
 # Builders: one line per operation, so a history reads like the run it stands for.
@@ -959,10 +961,11 @@ def test_check_all_groups_is_json_serialisable() -> None:
     for event in healthy_groups_history():
         h.add(event.process, event.type, event.f, event.value, time=event.time + 1.0)
     probe(h, 9.0, OK)
+    send(h, 0.5, "producer-0", "v0", (0, 0), topic="t")
 
     results = check_all(h, "groups")
 
-    assert set(results) == {"offsets", "groups", "liveness"}
+    assert set(results) == {"offsets", "groups", "records", "liveness", "progress"}
     assert all_valid(results), {n: r.anomalies for n, r in results.items()}
     document = json.loads(json.dumps(results_as_dict(results)))
     assert document["valid"] is True
@@ -976,7 +979,7 @@ def test_check_all_queue_names_the_failing_checker() -> None:
 
     results = check_all(h, "queue")
 
-    assert set(results) == {"queue", "liveness"}
+    assert set(results) == {"queue", "liveness", "progress"}
     assert not all_valid(results)
     document = json.loads(json.dumps(results_as_dict(results)))
     assert document["checkers"]["queue"]["stats"]["anomaly_counts"] == {"nonmonotonic-poll": 1}
@@ -986,3 +989,56 @@ def test_check_all_queue_names_the_failing_checker() -> None:
 def test_check_all_rejects_an_unknown_workload() -> None:
     with pytest.raises(ValueError, match="workload"):
         check_all(History(), "bank")
+
+
+def test_a_run_that_did_nothing_does_not_pass() -> None:
+    """A groups run whose producer died at once and whose members never committed passed:
+    every checker had nothing to object to. So did a run whose client reports could not be
+    recorded (the acknowledgements in them became unknown outcomes)."""
+    h = History()
+    heal(h, 1.0)
+    probe(h, 2.0, OK)
+    result = check_progress(h, "groups")
+    assert named(result) == {"no-acknowledged-send", "no-member-commit"}
+    assert named(check_progress(h, "queue")) == {"no-acknowledged-send"}
+    send(h, 3.0, "p1", "a", (0, 0))
+    commit(h, 3.5, "m1", {0: 1})
+    assert check_progress(h, "groups").valid
+    h.add("m1", INFO, UNRECORDED_REPORT_F, {"error": "ValueError()"}, time=4.0)
+    assert named(check_progress(h, "groups")) == {"unrecorded-report"}
+
+
+def test_the_groups_workload_checks_the_records_its_members_read() -> None:
+    """An acknowledged record at offset 0 and a member that read something else there (and
+    past it): the groups workload's verdict did not look at sends at all."""
+    h = History()
+    send(h, 1.0, "producer-0", "p0-0", (0, 0))
+    poll(h, 2.0, "m1", [(0, 0, "OTHER"), (0, 1, "p0-1")])
+    results = check_all(h, "groups")
+    assert {"lost-write", "inconsistent-offsets"} <= named(results["records"])
+
+
+def test_sends_are_matched_to_their_invokes_by_value() -> None:
+    """A producer invokes a then b; the broker puts a at 10 and b at 5, and b's report comes
+    first. Matched by order, b's completion took a's invoke time and the reordering was not
+    seen."""
+    h = History()
+    for t, value in ((1.0, "a"), (1.1, "b")):
+        h.add("p1", INVOKE, "send", {"topic": "q", "key": 0, "value": value}, time=t)
+    for t, value, offset in ((2.0, "b", 5), (2.1, "a", 10)):
+        done = {"topic": "q", "key": 0, "value": value, "partition": 0, "offset": offset}
+        h.add("p1", OK, "send", done, time=t)
+    assert "nonmonotonic-send" in named(check_queue(h, require_final_poll=False))
+
+
+def test_a_killed_process_leaves_its_invoke_unanswered() -> None:
+    """A static member killed during a commit restarts under the same name: its new
+    process's first commit answered the dead one's invoke, and every later pair of that
+    member was shifted by one."""
+    h = History()
+    h.add("static-0", INVOKE, "commit", {"group": "g", "offsets": {"0": 5}}, time=1.0)
+    h.add("static-0", INFO, PROCESS_KILL_F, {}, time=2.0)
+    again = h.add("static-0", INVOKE, "commit", {"group": "g", "offsets": {"0": 7}}, time=3.0)
+    done = h.add("static-0", OK, "commit", {"group": "g", "offsets": {"0": 7}}, time=3.5)
+    assert h.completion(again) == done
+    assert [d for _, d in h.pairs("commit")] == [None, done]
