@@ -170,12 +170,16 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     Errors.INVALID_REQUEST,
                     "RebalanceTimeoutMs must be provided in first request.",
                 )
-            if request.topic_partitions:
+            if request.topic_partitions is None or request.topic_partitions:
                 return Errors.INVALID_REQUEST, "TopicPartitions must be empty when (re-)joining."
             if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
                 return Errors.INVALID_REQUEST, (
                     "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
                 )
+        elif (
+            request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and request.instance_id is None
+        ):
+            return Errors.INVALID_REQUEST, "InstanceId can't be null."
         if request.subscribed_topic_regex:
             # throwIfRegularExpressionIsInvalid
             try:
@@ -208,7 +212,13 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             )
             return
         if request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and member.instance_id:
-            out.write(current_assignment_record(request.group_id, member.with_epoch(-2)))
+            # consumerGroupStaticMemberGroupLeave: what it was revoking is released (it closed,
+            # having revoked), so the member waiting for those partitions gets them at once
+            # rather than after the session timeout; its previous epoch is kept.
+            leaving = replace(
+                member, member_epoch=LEAVE_GROUP_STATIC_MEMBER_EPOCH, pending_revocation={}
+            )
+            out.write(current_assignment_record(request.group_id, leaving))
             self._cancel_timer(rebalance_key(request.group_id, member.member_id))
         else:
             self._remove_consumer_members(group, [member.member_id], now_ms, out)

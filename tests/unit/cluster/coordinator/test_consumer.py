@@ -68,7 +68,9 @@ def hb(
         member_epoch=epoch,
         rebalance_timeout_ms=REBALANCE_MS if epoch == 0 else -1,
         subscribed_topic_names=subscribe if epoch == 0 else None,
-        topic_partitions=None if owned is None else ((T, tuple(sorted(owned))),),
+        topic_partitions=(
+            (() if epoch == 0 else None) if owned is None else ((T, tuple(sorted(owned))),)
+        ),
         client_id=member,
     )
     return send_heartbeat(ctx, request, topics)
@@ -201,6 +203,7 @@ def test_invalid_requests_get_kafkas_errors() -> None:
         member_epoch=0,
         rebalance_timeout_ms=1000,
         subscribed_topic_names=("orders",),
+        topic_partitions=(),
         server_assignor="nope",
     )
     token = ctx.new_token()
@@ -209,6 +212,18 @@ def test_invalid_requests_get_kafkas_errors() -> None:
     assert isinstance(response, ConsumerGroupHeartbeatResponse)
     assert response.error_code is Errors.UNSUPPORTED_ASSIGNOR
     assert "g" not in ctx.shard.consumer_groups
+    # Kafka's throwIfConsumerGroupHeartbeatRequestIsInvalid: a join states it owns nothing
+    # (null is refused), and a static leave (epoch -2) names its instance.
+    for fields in (
+        {"member_epoch": 0, "rebalance_timeout_ms": 1000, "subscribed_topic_names": ("orders",)},
+        {"member_epoch": -2},
+    ):
+        request = ConsumerGroupHeartbeatRequest(group_id="g", member_id="a", **fields)
+        token = ctx.new_token()
+        step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, 0, TOPICS))
+        response = step.response(token)
+        assert isinstance(response, ConsumerGroupHeartbeatResponse)
+        assert response.error_code is Errors.INVALID_REQUEST, fields
 
 
 def test_a_silent_member_is_fenced_after_its_session_timeout() -> None:
@@ -448,7 +463,9 @@ def static_hb(
         instance_id=instance,
         rebalance_timeout_ms=REBALANCE_MS if epoch == 0 else -1,
         subscribed_topic_names=("orders",) if epoch == 0 else None,
-        topic_partitions=None if owned is None else ((T, tuple(sorted(owned))),),
+        topic_partitions=(
+            (() if epoch == 0 else None) if owned is None else ((T, tuple(sorted(owned))),)
+        ),
     )
     token = ctx.new_token()
     step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
@@ -520,7 +537,7 @@ def regex_hb(
         subscribed_topic_names=names,
         subscribed_topic_regex=regex,
         topic_partitions=(
-            None
+            (() if epoch == 0 else None)
             if owned is None
             else tuple((t, tuple(sorted(ps))) for t, ps in sorted(owned.items()) if ps)
         ),
@@ -590,3 +607,24 @@ def test_an_invalid_regex_is_refused_with_invalid_regular_expression() -> None:
     assert "g" not in ctx.shard.consumer_groups
     # An escaped backslash followed by a digit is no backreference.
     assert regex_hb(ctx, "a", 0, None, topics, regex=r"pay\\1|pay-a").error_code is Errors.NONE
+
+
+def test_a_static_member_leaving_mid_revocation_releases_what_it_was_revoking() -> None:
+    """s1 was revoking 3-5 for b when it left with epoch -2 (a rolling restart, having
+    revoked everything). Those partitions stayed pending until its session timed out, so b
+    waited 45 s by default; Kafka's consumerGroupStaticMemberGroupLeave clears them."""
+    ctx = context()
+    joined = static_hb(ctx, "s1", 0, "i1")
+    b = Member(ctx, "b")
+    b.beat()
+    static_hb(ctx, "s1", joined.member_epoch, "i1", parts(joined))  # told to revoke 3-5
+    s1 = ctx.shard.consumer_groups["g"].members["s1"]
+    assert s1.pending_revocation
+    static_hb(ctx, "s1", -2, "i1", set())
+    left = ctx.shard.consumer_groups["g"].members["s1"]
+    assert (left.member_epoch, left.pending_revocation) == (-2, {})
+    assert left.previous_member_epoch == s1.previous_member_epoch
+    ctx.sleep(1000)
+    b.beat()
+    b.beat()
+    assert b.owned == {3, 4, 5}

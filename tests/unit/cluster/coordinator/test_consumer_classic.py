@@ -68,7 +68,7 @@ class ConsumerMember:
             instance_id=self.instance_id,
             rebalance_timeout_ms=5_000 if epoch == 0 else -1,
             subscribed_topic_names=("orders",) if epoch == 0 else None,
-            topic_partitions=None if epoch == 0 else ((T, tuple(sorted(self.owned))),),
+            topic_partitions=() if epoch == 0 else ((T, tuple(sorted(self.owned))),),
             client_id=self.name,
         )
         token = self.ctx.new_token()
