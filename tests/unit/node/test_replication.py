@@ -121,7 +121,7 @@ class _NoRoles:
         pass
 
 
-def _start(cluster: dict[int, Node]) -> None:
+def _start(cluster: dict[int, Node], isr: tuple[int, ...] = NODES) -> None:
     records: list[rec.MetadataRecord] = [
         rec.RegisterBroker(
             broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={}, fenced=False
@@ -130,7 +130,7 @@ def _start(cluster: dict[int, Node]) -> None:
     ]
     records += [
         rec.Topic(TOPIC, TOPIC_ID, {}),
-        rec.Partition(TOPIC_ID, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
+        rec.Partition(TOPIC_ID, 0, NODES, isr, leader=1, leader_epoch=0, partition_epoch=0),
     ]
     for node in cluster.values():
         node.cache.apply(1, records)
@@ -799,18 +799,7 @@ def test_an_isr_change_whose_outcome_is_unknown_stays_in_flight_until_the_metada
             1, tmp_path / "n1", cluster, clock=lambda: now[0], alter_partition=alter_partition
         )
         n2 = Node(2, tmp_path / "n2", cluster, clock=lambda: now[0])
-        records: list[rec.MetadataRecord] = [
-            rec.RegisterBroker(
-                broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={}, fenced=False
-            )
-            for n in NODES
-        ]
-        records += [
-            rec.Topic(TOPIC, TOPIC_ID, {}),
-            rec.Partition(TOPIC_ID, 0, NODES, (1,), leader=1, leader_epoch=0, partition_epoch=0),
-        ]
-        for node in cluster.values():
-            node.cache.apply(1, records)
+        _start(cluster, isr=(1,))
         n1.produce(b"a")
         await n2.fetch_once()
         await n2.fetch_once()  # node 2 has caught up
