@@ -8,6 +8,7 @@ a non-empty classic group; the last one leaving downgrades it back; Kafka's erro
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from kcoord.cluster.coordinator.classic import ClassicGroupState
 from kcoord.cluster.coordinator.consumer import MemberState
@@ -460,3 +461,41 @@ def test_an_eager_member_that_owns_nothing_skips_the_revocation_step() -> None:
     assert member.state is MemberState.STABLE, member.state
     assert member.member_epoch == ctx.shard.consumer_groups["g"].group_epoch
     assert len(member.assigned[T]) == 2
+
+
+def test_an_upgrade_mid_rebalance_leaves_a_cooperative_members_partitions_to_it() -> None:
+    """A cooperative classic member owns 0-5 and rejoins still owning them; the other joiner
+    leaves, the group goes back to PreparingRebalance and the stored assignments are cleared.
+    A consumer-protocol member converting the group then: the classic member was taken to own
+    nothing, and the newcomer was given 3-5 while it still consumed them. What its last join
+    said it owns now counts as held."""
+    ctx = context()
+
+    def join(member_id: str, owned: frozenset[int]) -> tuple[Any, Any]:
+        return ctx.join(
+            member_id=member_id,
+            client_id="c",
+            session_timeout_ms=CLASSIC_SESSION_MS,
+            rebalance_timeout_ms=6_000,
+            protocols=(("cooperative-sticky", subscription(owned)),),
+            topics=TOPICS,
+        )
+
+    token, step = join("", frozenset())
+    c1 = step.response(token).member_id
+    join(c1, frozenset())
+    ctx.sleep(1)  # the join completes: generation 1
+    everything = frozenset(range(6))
+    assignment = encode_assignment(1, {"orders": everything})
+    token, step = ctx.sync(member_id=c1, generation_id=1, assignments=((c1, assignment),))
+    assert step.response(token).error_code is Errors.NONE
+    token, step = join("", frozenset())
+    c2 = step.response(token).member_id
+    join(c2, frozenset())
+    join(c1, everything)  # cooperative: it keeps consuming 0-5 meanwhile
+    ctx.leave(((c2, None),))
+    k = ConsumerMember(ctx, "k")
+    k.beat()
+    for _ in range(3):
+        k.beat()
+        assert not k.owned & everything, k.owned
