@@ -488,7 +488,8 @@ def test_an_upgrade_mid_rebalance_leaves_a_cooperative_members_partitions_to_it(
     everything = frozenset(range(6))
     assignment = encode_assignment(1, {"orders": everything})
     token, step = ctx.sync(member_id=c1, generation_id=1, assignments=((c1, assignment),))
-    assert step.response(token).error_code is Errors.NONE
+    synced = step.response(token)
+    assert isinstance(synced, SyncGroupResponse) and synced.error_code is Errors.NONE
     token, step = join("", frozenset())
     c2 = step.response(token).member_id
     join(c2, frozenset())
