@@ -396,9 +396,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
           ``prevLogIdx`` moves past them: pysyncobj then deletes only from a conflict on;
         - when it holds them all, ``prevLogIdx`` moves on to this log's end or its commit
           index, whichever is lower: committed entries are the leader's too (Raft's leader
-          completeness), so nothing committed is deleted, and only entries that are neither
-          the leader's nor committed still go (as Raft leaves them until a conflict; pysyncobj
-          computes the commit index from the log's end, so they must go).
+          completeness), so nothing committed is deleted; then on past the entries of the
+          leader's own term that follow (only it wrote entries of its term), and only entries
+          known to be neither the leader's nor committed still go (as Raft leaves them until a
+          conflict; pysyncobj computes the commit index from the log's end, so they must go).
 
         A message whose ``prevLogIdx`` this log does not match is left alone (pysyncobj
         refuses it), as are a deposed leader's (an older term: pysyncobj ignores it),
@@ -421,8 +422,18 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             held += 1
         last_verified = entries[held - 1][1] if held else prev
         if held == len(entries):
-            committed = min(self._SyncObj__getCurrentLogIndex(), self._SyncObj__raftCommitIndex)
-            last_verified = max(last_verified, committed)
+            end = self._SyncObj__getCurrentLogIndex()
+            last_verified = max(last_verified, min(end, self._SyncObj__raftCommitIndex))
+            # Entries of the sender's own term that follow are its too (one leader a term,
+            # and the Log Matching property): a resend that carries fewer entries than this
+            # voter acknowledged (a stale reply moved the leader back, a message is capped in
+            # size) deleted the rest, which the leader still counted on this voter.
+            term = message.get("term")
+            while last_verified < end:
+                following = self._SyncObj__getEntries(last_verified + 1, 1)
+                if not following or following[0][2] != term:
+                    break
+                last_verified += 1
         if last_verified == prev:
             return message
         applied = self._SyncObj__raftLastApplied
@@ -439,6 +450,37 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             "prevLogTerm": self._SyncObj__getEntries(last_verified, 1)[0][2],
             "entries": list(entries[held:]),
         }
+
+    def _SyncObj__loadDumpFile(self, clearJournal: bool) -> None:  # noqa: N802, N803
+        """Load the snapshot at start-up with the journal trimmed to it first.
+
+        pysyncobj renames a new snapshot into place in one tick and trims the journal to it
+        in a later one. A voter killed in between found at start-up a journal that did not
+        begin at the snapshot's entries, and cleared it all: the entries after the snapshot,
+        acknowledged to the leader, were gone. When the journal holds the snapshot's last two
+        entries, the trim the voter missed is done now, and pysyncobj keeps the rest.
+        """
+        if not clearJournal:
+            self._trim_journal_to_snapshot()
+        super()._SyncObj__loadDumpFile(clearJournal)
+
+    def _trim_journal_to_snapshot(self) -> None:
+        try:
+            with open(self._SyncObj__conf.fullDumpFile, "rb") as f:
+                body = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
+            last, before = (tuple(e) for e in body["entries"])
+            before_index = int(before[1])
+        except (OSError, ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
+            return  # pysyncobj's own load reports it
+        journal = self._SyncObj__raftLog
+        if len(journal) < 2:
+            return
+        at = before_index - journal[0][1]
+        if at <= 0 or at + 1 >= len(journal):
+            return
+        if tuple(journal[at]) == before and tuple(journal[at + 1]) == last:
+            log.info("quorum: trimmed the journal to the snapshot ending at entry %d", last[1])
+            journal.deleteEntriesTo(at)
 
     def _stale_snapshot_ignored(self, message: dict[str, Any]) -> dict[str, Any]:
         """A part of the leader's snapshot, or nothing of it when the whole snapshot ends at an
@@ -472,7 +514,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return message
         snapshot, self._snapshot_parts = b"".join(self._snapshot_parts), None
         last = _snapshot_last_index(snapshot)
-        committed = self._SyncObj__raftCommitIndex
+        # The applied index too: after a snapshot is installed it is past the commit index
+        # (see _snapshot_part_committing_nothing), and an older snapshot stepped it back.
+        committed = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
         if last is None or last > committed:
             return message
         log.info(

@@ -115,6 +115,22 @@ def test_a_resend_of_held_entries_deletes_nothing_committed(tmp_path: Path) -> N
         voter.destroy()
 
 
+def test_a_short_resend_keeps_the_leaders_later_entries(tmp_path: Path) -> None:
+    """The voter acknowledged 2-7 with the commit index at 3; a stale reply moved the leader
+    back to 4 and its resend carried entry 4 alone (messages are capped in size). Entries 5-7
+    were deleted though the leader counted them on this voter: were the rest of the resend
+    lost and the leader gone, a voter without them could be elected. They are the leader's
+    own (its term), and stay."""
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 8)], commit=3)
+        append(voter, 1, (3, 1), [entry(4, 1)], commit=3)
+        assert log_of(voter) == [(1, 0)] + [(i, 1) for i in range(2, 8)]
+        assert voter.raftCommitIndex == 3
+    finally:
+        voter.destroy()
+
+
 def test_conflicting_and_unverified_entries_still_go(tmp_path: Path) -> None:
     voter = follower(tmp_path)
     try:
@@ -306,3 +322,26 @@ def test_a_failed_bind_leaves_no_socket_open(tmp_path: Path) -> None:
         assert not left
     finally:
         taken.close()
+
+
+def test_a_voter_killed_between_snapshot_and_journal_trim_keeps_its_later_entries(
+    tmp_path: Path,
+) -> None:
+    """pysyncobj renames a new snapshot into place in one tick and trims the journal in the
+    next. Restarted in between, the voter found a journal not starting at the snapshot and
+    cleared it: entries 6 and 7, acknowledged, were gone. The trim is done at start-up now."""
+    voter = follower(tmp_path, snapshots=True)
+    append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 8)], commit=5)
+    voter.doTick(0)  # applies up to 5
+    voter.forceLogCompaction()
+    voter.doTick(0)  # the snapshot (entries 4-5) is written; the trim would come next tick
+    assert (tmp_path / "snapshot").exists() and len(log_of(voter)) == 7
+    # Killed here: a new process on the same files (the journal's pages survive a SIGKILL).
+    again = follower(tmp_path, snapshots=True)
+    try:
+        again.doTick(0)
+        assert [(e[1], e[2]) for e in again._SyncObj__raftLog] == [(i, 1) for i in range(4, 8)]
+        assert again.raftLastApplied == 5
+    finally:
+        again.destroy()
+        voter.destroy()
