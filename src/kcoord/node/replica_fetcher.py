@@ -438,6 +438,15 @@ class ReplicaFetcherManager:
             return
         records = r["records"]
         if records:
+            first = fmt.parse_header(records)
+            end = lg.log_end_offset
+            if first.base_offset < end <= first.last_offset and end == lg.log_start_offset:
+                # An empty log restarted at the leader's log start, which DeleteRecords put
+                # inside a batch: the batch comes whole, from below it. Kafka's
+                # Partition.appendRecordsToFollowerOrFutureReplica starts the log at the
+                # batch instead (the leader's log start is applied below); refused, the
+                # follower fetched the same batch for ever.
+                lg.truncate_fully_and_start_at(first.base_offset)
             lg.append_as_follower(records, self.replicas.now_ms())
             lg.epoch_cache.flush()  # a no-op unless the records started a new epoch
             self.replicas.follower_bytes_appended += len(records)

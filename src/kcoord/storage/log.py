@@ -536,7 +536,10 @@ class Log:
         self, records: bytes, pos: int, header: fmt.BatchHeader, *, leader: bool
     ) -> None:
         size = header.batch_length + fmt.LOG_OVERHEAD
-        if size > self.config.max_message_bytes:
+        if leader and size > self.config.max_message_bytes:
+            # Not on a follower: the leader took it, maybe under another limit
+            # (UnifiedLog.appendAsFollower's ignoreRecordSize); refused, it stopped the
+            # follower's fetching of every partition of that leader for good.
             raise RecordTooLargeError(
                 f"batch of {size} bytes exceeds max.message.bytes {self.config.max_message_bytes}"
             )

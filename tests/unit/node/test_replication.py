@@ -828,3 +828,46 @@ def test_an_isr_change_whose_outcome_is_unknown_stays_in_flight_until_the_metada
         assert len(sent) == 2
 
     asyncio.run(scenario())
+
+
+def test_a_follower_restarted_inside_a_batch_takes_the_batch_whole(tmp_path: Path) -> None:
+    """DeleteRecords put the leader's log start at 1, inside its batch 0-2. A follower that
+    must restart its log there fetches that batch whole, from 0: refused as below its log
+    end, it fetched it again every 200 ms for ever. The log now starts at the batch, and the
+    leader's log start applies after the append (Kafka's appendRecordsToFollowerOrFutureReplica)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster, isr=(1,))  # the follower is out of the ISR: the HW is the leader's LEO
+        leader.replicas.append_local(leader.partition, batch(3), required_acks=1)
+        leader.replicas.delete_records(TOPIC, 0, 1)
+        assert leader.partition.log.log_start_offset == 1
+        for _ in range(3):
+            await follower.fetch_once()
+            follower.fetchers._backoff_until.clear()
+        log = follower.partition.log
+        assert (log.log_start_offset, log.log_end_offset) == (1, 3)
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_takes_a_batch_larger_than_its_own_limit(tmp_path: Path) -> None:
+    """The leader took a 5 KB batch; then the topic's max.message.bytes went down to 1000. The
+    follower refused the batch on every fetch, and every partition after it in the same answer
+    waited with it; a follower takes what its leader accepted (UnifiedLog.appendAsFollower's
+    ignoreRecordSize)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster)
+        leader.produce(b"x" * 5000)
+        lowered = rec.Config(ConfigResourceType.TOPIC, TOPIC, "max.message.bytes", "1000")
+        for node in cluster.values():
+            node.cache.apply(2, [lowered])
+        assert follower.partition.log.config.max_message_bytes == 1000
+        await follower.fetch_once()
+        assert follower.partition.log.log_end_offset == 1
+
+    asyncio.run(scenario())
