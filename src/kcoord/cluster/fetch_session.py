@@ -75,6 +75,9 @@ class FetchItem(NamedTuple):
     last_fetched_epoch: int
     high_watermark: int
     log_start_offset: int | None
+    # The follower's topic id (KIP-516): a leader whose partition is another topic's by now
+    # (deleted and created again under the name) answers INCONSISTENT_TOPIC_ID.
+    topic_id: str | None = None
 
     @property
     def tp(self) -> TopicPartition:
@@ -92,6 +95,7 @@ class FetchItem(NamedTuple):
             int(item.get("last_fetched_epoch", -1)),
             int(item.get("high_watermark", -1)),
             None if log_start is None else int(log_start),
+            None if item.get("topic_id") is None else str(item["topic_id"]),
         )
 
     def to_wire(self) -> dict[str, Any]:

@@ -63,6 +63,7 @@ _BACKOFF_ERRORS = frozenset(
         Errors.UNKNOWN_LEADER_EPOCH,
         Errors.NOT_LEADER_OR_FOLLOWER,
         Errors.KAFKA_STORAGE_ERROR,
+        Errors.INCONSISTENT_TOPIC_ID,  # until the deletion reaches this node's metadata
     }
 )
 
@@ -90,6 +91,7 @@ class _Fetched(NamedTuple):
             lg.epoch_cache.latest_epoch,
             part.high_watermark,
             lg.log_start_offset,
+            part.topic_id,
         )
         return cls(part, leader_epoch, lg, item)
 
@@ -269,6 +271,7 @@ class ReplicaFetcherManager:
                     "partitions": [
                         {
                             "topic": p.topic,
+                            "topic_id": p.topic_id,
                             "partition": p.partition,
                             "leader_epoch": leader_epoch,
                             "epoch": epoch,

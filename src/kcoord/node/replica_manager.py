@@ -908,11 +908,21 @@ class ReplicaManager:
             self._fetch_wakeups.discard(event)
 
     def _follower_partition(
-        self, replica_id: int, tp: TopicPartition, leader_epoch: int
+        self,
+        replica_id: int,
+        tp: TopicPartition,
+        leader_epoch: int,
+        topic_id: str | None = None,
     ) -> Partition:
         part = self.partitions.get(tp)
         if part is None or not part.is_leader or part.replication is None:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)
+        if topic_id is not None and topic_id != part.topic_id:
+            # ReplicaManager.readFromLocalLog's hasConsistentTopicId (KIP-516): a follower that
+            # has not seen the topic deleted and created again fetches for the old log, and
+            # its position there must not count for the new one (a new topic starts at leader
+            # epoch 0 too, which the old one may still be at).
+            raise KafkaError(Errors.INCONSISTENT_TOPIC_ID)
         if leader_epoch < part.leader_epoch:
             raise KafkaError(Errors.FENCED_LEADER_EPOCH)
         if leader_epoch > part.leader_epoch:
@@ -923,7 +933,7 @@ class ReplicaManager:
 
     def _record_follower_fetch(self, replica_id: int, replica_epoch: int, item: FetchItem) -> None:
         try:
-            part = self._follower_partition(replica_id, item.tp, item.leader_epoch)
+            part = self._follower_partition(replica_id, item.tp, item.leader_epoch, item.topic_id)
         except KafkaError:
             return
         assert part.replication is not None
@@ -997,7 +1007,9 @@ class ReplicaManager:
         budget = max_bytes
         for item in items:
             try:
-                part = self._follower_partition(replica_id, item.tp, item.leader_epoch)
+                part = self._follower_partition(
+                    replica_id, item.tp, item.leader_epoch, item.topic_id
+                )
             except KafkaError as e:
                 results.append(_fetch_result(item, error=e.code))
                 pending.append(item.tp)
@@ -1070,6 +1082,7 @@ class ReplicaManager:
                     replica_id,
                     (str(item["topic"]), int(item["partition"])),
                     int(item["leader_epoch"]),
+                    None if item.get("topic_id") is None else str(item["topic_id"]),
                 )
             except KafkaError as e:
                 result["error"] = int(e.code)

@@ -871,3 +871,41 @@ def test_a_follower_takes_a_batch_larger_than_its_own_limit(tmp_path: Path) -> N
         assert follower.partition.log.log_end_offset == 1
 
     asyncio.run(scenario())
+
+
+def test_a_follower_of_a_deleted_topic_does_not_count_for_its_successor(tmp_path: Path) -> None:
+    """The leader has seen the topic deleted and created again under its name (leader epoch
+    0, like the old one); the follower has not, and fetches for its old log at offset 2. Its
+    position counted for the new topic: two acks=all writes were answered that only the
+    leader held, and the follower's new log was empty once it caught up (KIP-516's topic id
+    check, INCONSISTENT_TOPIC_ID, as Kafka's readFromLocalLog)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster)
+        for value in (b"old-0", b"old-1"):
+            leader.produce(value)
+        while follower.partition.high_watermark < 2:
+            await follower.fetch_once()
+        new_id = "DDDDDDDDDDDDDDDDDDDDDD"
+        recreated: list[rec.MetadataRecord] = [
+            rec.RemoveTopic(TOPIC_ID),
+            rec.Topic(TOPIC, new_id, {}),
+            rec.Partition(new_id, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
+        ]
+        leader.cache.apply(2, recreated)
+        part = leader.partition
+        acked = []
+        for value in (b"new-0", b"new-1", b"new-2"):
+            appended = leader.replicas.append_local(part, batch(value=value), required_acks=-1)
+            acked.append(part.high_watermark_reached(appended.last_offset + 1))
+        await follower.fetch_once()
+        assert part.high_watermark == 0 and not any(f.done() for f in acked)
+        assert follower.values() == [b"old-0", b"old-1"]  # nothing of the new topic's went in
+        follower.cache.apply(2, recreated)
+        follower.fetchers._backoff_until.clear()
+        await follower.fetch_once()
+        assert follower.values() == [b"new-0", b"new-1", b"new-2"]
+
+    asyncio.run(scenario())
