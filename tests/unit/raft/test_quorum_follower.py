@@ -345,3 +345,19 @@ def test_a_voter_killed_between_snapshot_and_journal_trim_keeps_its_later_entrie
     finally:
         again.destroy()
         voter.destroy()
+
+
+def test_a_snapshot_older_than_one_installed_is_ignored(tmp_path: Path) -> None:
+    """A snapshot at 6 was installed while the commit index stayed at 3 (its parts commit
+    nothing: see the test above); a second one at 5 passed the check against the commit
+    index, and the applied state stepped back from 6 to 5, the node's image with it."""
+    (tmp_path / "voter").mkdir()
+    voter = follower(tmp_path / "voter", snapshots=True)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 10)], commit=3)
+        send_snapshot(voter, snapshot_bytes(tmp_path, 6, 1), term=1, commit=9)
+        assert voter.raftLastApplied == 6
+        send_snapshot(voter, snapshot_bytes(tmp_path, 5, 1), term=1, commit=9)
+        assert voter.raftLastApplied == 6
+    finally:
+        voter.destroy()
