@@ -817,11 +817,19 @@ class Log:
         if offset <= self.segments[0].base_offset:
             self.truncate_fully_and_start_at(offset if offset >= 0 else 0)
             return self.log_end_offset
-        while len(self.segments) > 1 and self.segments[-1].base_offset >= offset:
+        # Kafka's LocalLog.truncateTo: segments starting above ``offset`` go; one starting at
+        # it stays, emptied. Popped too, the log ended where the segment before it ends on
+        # disk, which compaction may have left below ``offset`` (and below the HW).
+        while len(self.segments) > 1 and self.segments[-1].base_offset > offset:
             seg = self.segments.pop()
             self._bases.pop()
             self.remove_files(seg.retire())
         dropped = self.active_segment.truncate_to(offset)
+        if not dropped:
+            # Nothing of the active segment was at or above ``offset``: compaction left a gap
+            # there, and the log ends at ``offset`` (updateLogEndOffset). A batch straddling
+            # ``offset`` went whole instead, and the log ends at that batch's start.
+            self.active_segment.next_offset = offset
         log.info("%s: truncated to %d (%d bytes)", self.directory.name, offset, dropped)
         end = self.log_end_offset
         self.truncations += 1

@@ -940,3 +940,32 @@ def test_new_segments_and_swapped_ones_reach_the_directory_on_disk(
     compacted.compact(now_ms=0)
     assert synced == [tmp_path / "c" / "c-0"]
     compacted.close()
+
+
+def test_truncation_to_a_segment_boundary_keeps_the_log_end_there(tmp_path: Path) -> None:
+    """Segment 10-19 held only tombstones, which compaction removed with their segment; 20-24
+    were not committed yet. Truncated to 20, the log ended at 10, below its committed offsets
+    (and at 0 after a restart): the segment starting at the boundary went too. Kafka's
+    LocalLog.truncateTo keeps it, emptied, and sets the log end."""
+    config = LogConfig(cleanup_policy=frozenset({"compact"}), delete_retention_ms=1_000)
+    lg = open_log(tmp_path / "c-0", config)
+
+    def append(key: bytes, value: bytes | None) -> None:
+        lg.append_as_leader(batch(1, key=key, value=value, timestamp=1_000), 0, now_ms=1_000)
+
+    for i in range(10):
+        append(b"keep%d" % i, b"v")
+    lg.roll()
+    for i in range(10):
+        append(b"gone%d" % i, None)
+    lg.roll()
+    for i in range(5):
+        append(b"new%d" % i, b"v")
+    lg.compact(now_ms=2_000, high_watermark=20)
+    lg.compact(now_ms=4_000, high_watermark=20)
+    assert lg.truncate_to(20) == 20 and lg.log_end_offset == 20
+    lg.close()
+    again = open_log(tmp_path / "c-0", config)
+    assert again.log_end_offset == 20
+    # Below the boundary, in the gap compaction left: the log end is the offset asked for.
+    assert again.truncate_to(15) == 15 and again.log_end_offset == 15
