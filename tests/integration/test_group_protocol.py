@@ -485,6 +485,20 @@ def test_heartbeat_from_an_unknown_member(cluster: LocalCluster) -> None:
         assert heartbeat(c, "heartbeat-no-group", 1, "nobody") == Errors.UNKNOWN_MEMBER_ID
 
 
+def test_leave_group_errors_by_version(cluster: LocalCluster) -> None:
+    """LeaveGroup v0-2 carry no member list: a member's error is the answer's (it answered
+    NONE for an unknown member). v3+ name each member's error, an unknown group's too
+    (GroupCoordinatorService.leaveGroup; it was the request's error)."""
+    group_id = "leave-errors"
+    with coordinator(cluster, group_id) as c:
+        stable_single_member_group(c, group_id)
+        for version in (0, 1, 2):
+            response = c.call(LEAVE_GROUP, version, {"group_id": group_id, "member_id": "bogus"})
+            assert response.error_code == Errors.UNKNOWN_MEMBER_ID, (version, response)
+    with coordinator(cluster, "leave-no-group") as c:
+        assert leave(c, "leave-no-group", "nobody") == Errors.UNKNOWN_MEMBER_ID
+
+
 def test_rebalance_heartbeats_and_commits_of_old_generations(cluster: LocalCluster) -> None:
     """A second member joins a Stable group: the first one's heartbeat says REBALANCE_IN_PROGRESS,
     its commit of the current generation is still taken; once both rejoin and sync at generation

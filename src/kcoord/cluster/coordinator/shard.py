@@ -1543,7 +1543,22 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             responses = self._classic_leave_consumer_group(consumer_group, identities, now_ms, out)
             out.respond(token, LeaveGroupResponse(members=responses))
         elif group is None:
-            out.respond(token, LeaveGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID))
+            # GroupCoordinatorService.leaveGroup: an unknown group is every member's
+            # UNKNOWN_MEMBER_ID, not the request's error (the admin client's
+            # removeMembersFromConsumerGroup reads them per member).
+            out.respond(
+                token,
+                LeaveGroupResponse(
+                    members=tuple(
+                        MemberResponse(
+                            member_id=identity.member_id,
+                            group_instance_id=identity.group_instance_id,
+                            error_code=Errors.UNKNOWN_MEMBER_ID,
+                        )
+                        for identity in identities
+                    )
+                ),
+            )
         elif group.is_in_state(_S.DEAD):
             out.respond(token, LeaveGroupResponse(error_code=Errors.COORDINATOR_NOT_AVAILABLE))
         else:

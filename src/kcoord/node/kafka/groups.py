@@ -94,6 +94,14 @@ def _plain(value: Any) -> Any:
     return {name: _plain(getattr(value, name)) for name in names}
 
 
+def _leave_of_one_member(response: t.LeaveGroupResponse) -> dict[str, Any]:
+    """LeaveGroup v0-2 have no member list: the one member's error is the answer's
+    (``LeaveGroupResponse(data, version)`` below v3)."""
+    if response.error_code is Errors.NONE and len(response.members) == 1:
+        response = dataclasses.replace(response, error_code=response.members[0].error_code)
+    return values(response)
+
+
 class GroupApi:
     """The group APIs. Each handler runs its shard call at once, in request order, and
     returns a ``Deferred`` for the answer: a JoinGroup may wait for a whole rebalance."""
@@ -202,7 +210,13 @@ class GroupApi:
         return self._submit(
             req.group_id,
             lambda s, tok, now: s.handle_heartbeat(tok, req, now),
-            lambda code: values(t.HeartbeatResponse(error_code=code)),
+            # GroupCoordinatorService.heartbeat: "the group is still loading, so blindly
+            # respond" (the Java client has no branch for COORDINATOR_LOAD_IN_PROGRESS here).
+            lambda code: values(
+                t.HeartbeatResponse(
+                    error_code=Errors.NONE if code is Errors.COORDINATOR_LOAD_IN_PROGRESS else code
+                )
+            ),
         )
 
     # -- LeaveGroup (13) -----------------------------------------------------------------------
@@ -224,6 +238,7 @@ class GroupApi:
             req.group_id,
             lambda s, tok, now: s.handle_leave_group(tok, req, now),
             lambda code: values(t.LeaveGroupResponse(error_code=code)),
+            values if request.version >= 3 else _leave_of_one_member,
         )
 
     # -- OffsetCommit (8) ----------------------------------------------------------------------
@@ -463,8 +478,13 @@ class GroupApi:
             for fut in futures:
                 try:
                     resp = await fut
-                except CoordinatorError:
-                    continue  # unloaded meanwhile: Kafka skips NOT_COORDINATOR partitions
+                except CoordinatorError as e:
+                    if e.code is Errors.NOT_COORDINATOR:
+                        continue  # unloaded meanwhile: Kafka skips NOT_COORDINATOR partitions
+                    # GroupCoordinatorService.listGroups: any other failure is the answer's
+                    # (COORDINATOR_NOT_AVAILABLE for a timeout, which clients retry), not a
+                    # silently shorter list.
+                    return {"throttle_time": 0, "error_code": e.code, "groups": []}
                 groups.extend(values(resp)["groups"])
                 if resp.error_code is not Errors.NONE:
                     error = resp.error_code

@@ -357,7 +357,10 @@ def test_requests_to_an_empty_or_unknown_group() -> None:
     _, step = ctx.heartbeat(member_id="m", generation_id=1)
     assert step.responses[0][1] == HeartbeatResponse(error_code=Errors.UNKNOWN_MEMBER_ID)
     _, step = ctx.leave([("m", None)])
-    assert step.responses[0][1] == LeaveGroupResponse(error_code=Errors.UNKNOWN_MEMBER_ID)
+    # GroupCoordinatorService.leaveGroup: each member's error, not the request's.
+    assert step.responses[0][1] == LeaveGroupResponse(
+        members=(MemberResponse(member_id="m", error_code=Errors.UNKNOWN_MEMBER_ID),)
+    )
     _, step = ctx.join(member_id="m")  # a member id for a group that does not exist
     assert step.responses[0][1] == JoinGroupResponse(
         member_id="m", error_code=Errors.UNKNOWN_MEMBER_ID
