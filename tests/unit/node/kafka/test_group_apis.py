@@ -1,0 +1,82 @@
+"""The group APIs' answers when the coordinator runtime cannot serve a shard (no cluster: a
+runtime stand-in raises what the real one raises)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from kcoord.errors import Errors
+from kcoord.node.kafka import codec
+from kcoord.node.kafka.apis import Deferred, Request
+from kcoord.node.kafka.context import BrokerContext
+from kcoord.node.kafka.groups import HEARTBEAT_KEY, LIST_GROUPS_KEY, GroupApi
+from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
+
+
+class _Runtime:
+    """Every shard of this node is loading; ``submit_all`` answers from ``shards``."""
+
+    def __init__(self, shards: list[Any]) -> None:
+        self.shards = shards
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
+
+    def submit_all(self, call: Any) -> list[asyncio.Future[Any]]:
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[Any]] = []
+        for shard in self.shards:
+            future: asyncio.Future[Any] = loop.create_future()
+            if isinstance(shard, Exception):
+                future.set_exception(shard)
+            else:
+                future.set_result(shard)
+            futures.append(future)
+        return futures
+
+
+def _api(runtime: _Runtime) -> GroupApi:
+    return GroupApi(cast(BrokerContext, None), cast(CoordinatorRuntime, runtime))
+
+
+def _request(api_key: int, version: int, values: dict[str, Any]) -> Request:
+    body = codec.build_request(api_key, version, values)
+    return Request(codec.RequestHeader(api_key, version, 1, "c"), body)
+
+
+async def _answer(result: Any) -> Any:
+    return await result.awaitable if isinstance(result, Deferred) else result
+
+
+def test_a_heartbeat_to_a_loading_shard_is_answered_none() -> None:
+    """GroupCoordinatorService.heartbeat: "the group is still loading, so blindly respond";
+    the Java client has no branch for COORDINATOR_LOAD_IN_PROGRESS in a heartbeat answer."""
+
+    async def scenario() -> None:
+        request = _request(
+            HEARTBEAT_KEY,
+            4,
+            {"group_id": "g", "generation_id": 1, "member_id": "m", "group_instance_id": None},
+        )
+        answer = await _answer(await _api(_Runtime([])).handle_heartbeat(request))
+        assert answer["error_code"] is Errors.NONE
+
+    asyncio.run(scenario())
+
+
+def test_list_groups_answers_a_shards_failure_instead_of_leaving_its_groups_out() -> None:
+    """A shard that timed out (COORDINATOR_NOT_AVAILABLE) made its groups vanish from the list
+    with no error; only one that moved away (NOT_COORDINATOR) is skipped, as in Kafka's
+    GroupCoordinatorService.listGroups."""
+
+    async def scenario() -> None:
+        request = _request(LIST_GROUPS_KEY, 4, {"states_filter": []})
+        moved = CoordinatorError(Errors.NOT_COORDINATOR)
+        answer = await _answer(await _api(_Runtime([moved])).handle_list_groups(request))
+        assert (answer["error_code"], answer["groups"]) == (Errors.NONE, [])
+        failed = CoordinatorError(Errors.COORDINATOR_NOT_AVAILABLE)
+        answer = await _answer(await _api(_Runtime([moved, failed])).handle_list_groups(request))
+        assert answer["error_code"] is Errors.COORDINATOR_NOT_AVAILABLE
+
+    asyncio.run(scenario())
