@@ -154,7 +154,15 @@ class LogMaintenance:
             # topic) reads as an error; the copies were thrown away.
             log.warning("%s-%d: cleaning abandoned: %s", tp[0], tp[1], e)
             return None
-        stats = lg.swap_cleaned(result)
+        try:
+            stats = lg.swap_cleaned(result)
+        except OSError as e:
+            # Renaming or syncing the directory failed half-way: the log may point at closed
+            # segments. Kafka's CleanerThread hands any IOException, the swap's included, to
+            # the LogDirFailureChannel; the .swap files are completed on the next start.
+            self.stats.cleaner_failed += 1
+            self.log_dir_failure.fail(f"swapping cleaned segments of {tp[0]}-{tp[1]}", e)
+            return None
         if stats is None:
             self.stats.cleaner_aborted += 1
             log.info("%s-%d: cleaning abandoned: the log changed meanwhile", tp[0], tp[1])

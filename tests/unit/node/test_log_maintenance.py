@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
+from kcoord.node.log_dir_failure import EXIT_CODE, LogDirFailureChannel
 from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.storage import checkpoint
 from kcoord.storage.config import LogConfig
@@ -126,3 +129,24 @@ def test_files_let_go_are_removed_off_the_event_loop(tmp_path: Path) -> None:
     assert not list(tmp_path.glob("events-0/*.deleted"))
     assert not list(tmp_path.glob("*-delete"))
     assert node.events.log_start_offset > 0
+
+
+def test_a_swap_that_fails_on_disk_halts_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rename or directory sync failing half-way through the swap left the log pointing at
+    closed segments, and the node went on until the next pass read them; Kafka's cleaner hands
+    the swap's IOException to the LogDirFailureChannel too."""
+    node = Node(tmp_path)
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+    halted: list[int] = []
+    node.maintenance.log_dir_failure = LogDirFailureChannel(tmp_path, halt=halted.append)
+
+    def failing(path: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(checkpoint, "fsync_dir", failing)
+    assert asyncio.run(node.maintenance.clean_filthiest()) is None
+    assert halted == [EXIT_CODE]
