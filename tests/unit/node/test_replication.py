@@ -881,13 +881,7 @@ def test_a_follower_of_a_deleted_topic_does_not_count_for_its_successor(tmp_path
     check, INCONSISTENT_TOPIC_ID, as Kafka's readFromLocalLog)."""
 
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
-        _start(cluster)
-        for value in (b"old-0", b"old-1"):
-            leader.produce(value)
-        while follower.partition.high_watermark < 2:
-            await follower.fetch_once()
+        _cluster, leader, follower = await _two_nodes_with_committed(tmp_path, b"old-%d", 2)
         new_id = "DDDDDDDDDDDDDDDDDDDDDD"
         recreated: list[rec.MetadataRecord] = [
             rec.RemoveTopic(TOPIC_ID),
