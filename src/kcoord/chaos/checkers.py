@@ -109,7 +109,15 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kcoord.chaos.history import FAIL, INFO, INVOKE, OK, Event, History
+from kcoord.chaos.history import (
+    FAIL,
+    INFO,
+    INVOKE,
+    OK,
+    UNRECORDED_REPORT_F,
+    Event,
+    History,
+)
 
 MAX_EXAMPLES: Final = 10
 DEFAULT_COMMIT_WITHIN_S: Final = 30.0
@@ -135,7 +143,6 @@ QUEUE_ANOMALIES: Final = (
 )
 LIVENESS_ANOMALIES: Final = ("no-commit-after-heal",)
 PROGRESS_ANOMALIES: Final = ("no-acknowledged-send", "no-member-commit", "unrecorded-report")
-UNRECORDED_REPORT_F: Final = "unrecorded-report"
 WORKLOADS: Final = ("groups", "queue")
 
 # Events that read records, and those that reset a consumer's expected next offset.

@@ -79,6 +79,7 @@ Client processes (recorded by the runner, process = the client's name):
 
 - ``process-start`` info ``{module, cfg}`` / ``process-kill`` info ``{}``: a client process was
   (re)started or killed; a restarted consumer resumes from committed offsets.
+- ``unrecorded-report`` info ``{error}``: a report of the client that could not be recorded.
 
 Run metadata (process ``"runner"`` or ``"checker"``):
 
@@ -112,6 +113,8 @@ EVENT_TYPES: Final = frozenset({INVOKE, OK, FAIL, INFO})
 COMPLETION_TYPES: Final = frozenset({OK, FAIL, INFO})
 # A client process was SIGKILLed: what it had in flight is never answered (see ``pairs``).
 PROCESS_KILL_F: Final = "process-kill"
+# A client's report the runner could not record (an acknowledgement may be missing).
+UNRECORDED_REPORT_F: Final = "unrecorded-report"
 
 
 @dataclass(frozen=True)

@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcoord.chaos.checkers import UNRECORDED_REPORT_F
-from kcoord.chaos.history import PROCESS_KILL_F, History
+from kcoord.chaos.history import PROCESS_KILL_F, UNRECORDED_REPORT_F, History
 from kcoord.node.kafka.client import call_once
 
 log = logging.getLogger(__name__)

@@ -467,11 +467,13 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     def _trim_journal_to_snapshot(self) -> None:
         try:
             with open(self._SyncObj__conf.fullDumpFile, "rb") as f:
-                body = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
-            last, before = (tuple(e) for e in body["entries"])
-            before_index = int(before[1])
-        except (OSError, ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
+                entries = _snapshot_entries(f.read())
+        except OSError:
             return  # pysyncobj's own load reports it
+        if entries is None:
+            return
+        last, before = entries
+        before_index = before[1]
         journal = self._SyncObj__raftLog
         if len(journal) < 2:
             return
@@ -778,15 +780,22 @@ _FAIL_REASONS = {
 }
 
 
-def _snapshot_last_index(snapshot: bytes) -> int | None:
-    """The Raft index of the last entry a snapshot written by ``_write_snapshot`` covers, or
-    None if it is not one."""
+def _snapshot_entries(snapshot: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """The last two Raft entries (last, the one before) a snapshot written by
+    ``_write_snapshot`` covers, as pysyncobj's journal holds them, or None if it is not one."""
     try:
         body = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
-        index = body["entries"][0][1]
+        last, before = (tuple(e) for e in body["entries"])
+        indexes_are_ints = isinstance(last[1], int) and isinstance(before[1], int)
     except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
         return None
-    return index if isinstance(index, int) else None
+    return (last, before) if indexes_are_ints else None
+
+
+def _snapshot_last_index(snapshot: bytes) -> int | None:
+    """The Raft index of the last entry a snapshot covers, or None if it is not one."""
+    entries = _snapshot_entries(snapshot)
+    return None if entries is None else int(entries[0][1])
 
 
 def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:

@@ -17,7 +17,6 @@ import pytest
 from kcoord.chaos.checkers import (
     MALFORMED,
     MAX_EXAMPLES,
-    UNRECORDED_REPORT_F,
     CheckResult,
     all_valid,
     check_all,
@@ -28,7 +27,16 @@ from kcoord.chaos.checkers import (
     check_queue,
     results_as_dict,
 )
-from kcoord.chaos.history import FAIL, INFO, INVOKE, OK, PROCESS_KILL_F, Event, History
+from kcoord.chaos.history import (
+    FAIL,
+    INFO,
+    INVOKE,
+    OK,
+    PROCESS_KILL_F,
+    UNRECORDED_REPORT_F,
+    Event,
+    History,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Builders: one line per operation, so a history reads like the run it stands for.

@@ -607,12 +607,9 @@ class ClassicMemberHandlers:
             # join said it owns (a cooperative member keeps its partitions through a rebalance;
             # leaving CompletingRebalance cleared its stored assignment, and a consumer member
             # converted in then was given them while it still consumed them).
-            assignment_ids = _names_to_ids(assignment.partitions, topics)
-            owned_ids = _names_to_ids(subscription.owned_partitions, topics)
-            assigned = {
-                t: assignment_ids.get(t, frozenset()) | owned_ids.get(t, frozenset())
-                for t in assignment_ids.keys() | owned_ids.keys()
-            }
+            assigned = _names_to_ids(
+                (*assignment.partitions, *subscription.owned_partitions), topics
+            )
             member = ConsumerGroupMember(
                 member_id=cm.member_id,
                 instance_id=cm.group_instance_id,
