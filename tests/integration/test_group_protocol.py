@@ -439,7 +439,7 @@ def test_a_member_with_disjoint_protocols_is_inconsistent(cluster: LocalCluster)
         assert refused.error_code == Errors.INCONSISTENT_GROUP_PROTOCOL
 
 
-def test_an_empty_group_id_is_invalid_at_every_node(cluster: LocalCluster) -> None:
+def test_an_empty_group_id_is_invalid_at_every_node_for_membership(cluster: LocalCluster) -> None:
     """Kafka's GroupCoordinatorService checks the group id before it routes the request to a
     shard, so every node answers INVALID_GROUP_ID, not only the one "" hashes to."""
     for node_id in cluster.alive_ids():
@@ -447,11 +447,18 @@ def test_an_empty_group_id_is_invalid_at_every_node(cluster: LocalCluster) -> No
             assert join(c, "").error_code == Errors.INVALID_GROUP_ID
             assert heartbeat(c, "", 1, "m") == Errors.INVALID_GROUP_ID
             assert sync(c, "", 1, "m").error_code == Errors.INVALID_GROUP_ID
-            assert commit(c, "", 1, "m", {TOPIC: {0: (1, None)}}) == {
-                (TOPIC, 0): Errors.INVALID_GROUP_ID
-            }
-            assert describe(c, "").error_code == Errors.INVALID_GROUP_ID
-            assert delete_groups(c, "") == {"": Errors.INVALID_GROUP_ID}
+
+
+def test_an_empty_group_id_commits_fetches_describes_and_deletes(cluster: LocalCluster) -> None:
+    """OffsetCommit, OffsetFetch, DescribeGroups and DeleteGroups take "" "for backwards
+    compatibility" (GroupCoordinatorService): its coordinator treats it as any simple group."""
+    with coordinator(cluster, "") as c:
+        assert commit(c, "", -1, "", {TOPIC: {0: (5, "m")}}) == {(TOPIC, 0): Errors.NONE}
+        assert fetch(c, "", {TOPIC: [0]}) == (Errors.NONE, {(TOPIC, 0): (5, "m", Errors.NONE)})
+        described = describe(c, "")
+        assert (described.error_code, described.group_state) == (Errors.NONE, "Empty")
+        assert delete_groups(c, "") == {"": Errors.NONE}
+        assert fetch(c, "", {TOPIC: [0]}) == (Errors.NONE, {(TOPIC, 0): (-1, "", Errors.NONE)})
 
 
 # ---------------------------------------------------------------------------------------------

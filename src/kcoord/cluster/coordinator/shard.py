@@ -1672,9 +1672,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         return out.result()
 
     def _validate_offset_commit(self, request: OffsetCommitRequest) -> Errors:
-        """``OffsetMetadataManager.validateOffsetCommit``."""
-        if not request.group_id:
-            return Errors.INVALID_GROUP_ID
+        """``OffsetMetadataManager.validateOffsetCommit``. The empty group id is an ordinary
+        group here, as in Kafka ("for backwards compatibility")."""
         consumer_group = self._consumer_groups.get(request.group_id)
         if consumer_group is not None:
             return self._validate_consumer_offset_commit(
@@ -1707,12 +1706,6 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         ``require_stable`` changes nothing: there are no pending transactional offsets.
         """
         out = _Output()
-        if not request.group_id:
-            out.respond(
-                token,
-                OffsetFetchResponse(group_id=request.group_id, error_code=Errors.INVALID_GROUP_ID),
-            )
-            return out.result()
         group = self._groups.get(request.group_id)
         known = (
             group is not None and not group.is_in_state(_S.DEAD)
@@ -1894,8 +1887,6 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         return out.result()
 
     def _describe_group(self, group_id: str, report_group_id_not_found: bool) -> DescribedGroup:
-        if not group_id:
-            return DescribedGroup(group_id=group_id, error_code=Errors.INVALID_GROUP_ID)
         consumer_group = self._consumer_groups.get(group_id)
         if consumer_group is not None:
             # The classic API sees a consumer group's state and type, not its members (Kafka
@@ -1982,9 +1973,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                     self._delete_all_offsets(out, group_id)
                 results.append(DeletableGroupResult(group_id=group_id, error_code=error))
                 continue
-            if not group_id:
-                error = Errors.INVALID_GROUP_ID
-            elif group is None:
+            if group is None:
                 error = Errors.GROUP_ID_NOT_FOUND
             else:
                 error = group.validate_delete_group()

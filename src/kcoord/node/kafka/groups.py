@@ -118,10 +118,13 @@ class GroupApi:
         convert: Callable[[Any], dict[str, Any]] = values,
         *,
         replay_only: bool = False,
+        empty_id_ok: bool = False,
     ) -> Result:
-        if not group_id:
+        if not group_id and not empty_id_ok:
             # GroupCoordinatorService checks the group id before it routes the request to a
             # shard: every node answers INVALID_GROUP_ID, not only the one "" hashes to.
+            # OffsetCommit, OffsetFetch, DescribeGroups and DeleteGroups take "" "for backwards
+            # compatibility": it is an ordinary group there, led by the shard "" hashes to.
             return on_error(Errors.INVALID_GROUP_ID)
         try:
             fut = self.runtime.submit(group_id, call, replay_only=replay_only)
@@ -343,6 +346,7 @@ class GroupApi:
             on_error,
             convert,
             replay_only=True,  # a refused commit leaves the shard as it was
+            empty_id_ok=True,
         )
 
     # -- OffsetFetch (9) -----------------------------------------------------------------------
@@ -391,7 +395,10 @@ class GroupApi:
             }
 
         return self._submit(
-            group_id, lambda s, tok, now: s.handle_offset_fetch(tok, req, now), on_error
+            group_id,
+            lambda s, tok, now: s.handle_offset_fetch(tok, req, now),
+            on_error,
+            empty_id_ok=True,
         )
 
     async def handle_offset_fetch(self, request: Request) -> Result:
@@ -454,7 +461,10 @@ class GroupApi:
             return {"groups": [dataclasses.asdict(failed)]}
 
         return self._submit(
-            group_id, lambda s, tok, now: s.handle_describe_groups(tok, req, now), on_error
+            group_id,
+            lambda s, tok, now: s.handle_describe_groups(tok, req, now),
+            on_error,
+            empty_id_ok=True,
         )
 
     # -- ListGroups (16) -----------------------------------------------------------------------
@@ -512,7 +522,10 @@ class GroupApi:
             return {"results": [{"group_id": group_id, "error_code": code}]}
 
         return self._submit(
-            group_id, lambda s, tok, now: s.handle_delete_groups(tok, req, now), on_error
+            group_id,
+            lambda s, tok, now: s.handle_delete_groups(tok, req, now),
+            on_error,
+            empty_id_ok=True,
         )
 
     # -- OffsetDelete (47) ---------------------------------------------------------------------

@@ -26,9 +26,7 @@ from kcoord.cluster.coordinator.shard import (
     sync_key,
 )
 from kcoord.cluster.coordinator.types import (
-    DeleteGroupsRequest,
     DeleteGroupsResponse,
-    DescribeGroupsRequest,
     DescribeGroupsResponse,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -42,7 +40,6 @@ from kcoord.cluster.coordinator.types import (
     OffsetCommitResponse,
     OffsetDeleteRequest,
     OffsetDeleteResponse,
-    OffsetFetchRequest,
     OffsetFetchResponse,
     SyncGroupRequest,
     SyncGroupResponse,
@@ -295,7 +292,7 @@ def test_a_new_member_expires_after_the_new_member_join_timeout() -> None:
 # Request edge cases
 
 
-def test_empty_group_id_is_invalid_for_every_api() -> None:
+def test_empty_group_id_is_invalid_for_the_membership_apis() -> None:
     ctx = ShardContext()
     shard = ctx.shard
     results = [
@@ -304,42 +301,46 @@ def test_empty_group_id_is_invalid_for_every_api() -> None:
         ),
         shard.handle_heartbeat(2, HeartbeatRequest(group_id="", generation_id=1, member_id="m"), 0),
         shard.handle_leave_group(3, LeaveGroupRequest(group_id="", member_id="m"), 0),
-        shard.handle_offset_fetch(4, OffsetFetchRequest(group_id=""), 0),
         shard.handle_offset_delete(5, OffsetDeleteRequest(group_id=""), 0),
     ]
     assert [r.responses[0][1] for r in results] == [
         SyncGroupResponse(error_code=Errors.INVALID_GROUP_ID),
         HeartbeatResponse(error_code=Errors.INVALID_GROUP_ID),
         LeaveGroupResponse(error_code=Errors.INVALID_GROUP_ID),
-        OffsetFetchResponse(group_id="", error_code=Errors.INVALID_GROUP_ID),
         OffsetDeleteResponse(error_code=Errors.INVALID_GROUP_ID),
     ]
-    commit = shard.handle_offset_commit(
-        6,
-        OffsetCommitRequest(
-            group_id="",
-            topics=(
-                OffsetCommitRequestTopic(
-                    name="t",
-                    partitions=(
-                        OffsetCommitRequestPartition(partition_index=0, committed_offset=1),
-                    ),
-                ),
-            ),
-        ),
-        0,
-    )
-    assert commit.records == []
-    commit_response = commit.responses[0][1]
-    assert isinstance(commit_response, OffsetCommitResponse)
-    assert commit_response.topics[0].partitions[0].error_code is Errors.INVALID_GROUP_ID
-    describe = shard.handle_describe_groups(7, DescribeGroupsRequest(groups=("",)), 0)
-    assert isinstance(describe.responses[0][1], DescribeGroupsResponse)
-    assert describe.responses[0][1].groups[0].error_code is Errors.INVALID_GROUP_ID
-    delete = shard.handle_delete_groups(8, DeleteGroupsRequest(groups_names=("",)), 0)
-    assert isinstance(delete.responses[0][1], DeleteGroupsResponse)
-    assert delete.responses[0][1].results[0].error_code is Errors.INVALID_GROUP_ID
+    assert all(r.records == [] for r in results)
     assert shard.groups == {}
+
+
+def test_empty_group_id_is_an_ordinary_group_for_offsets_describe_and_delete() -> None:
+    """Kafka takes "" for OffsetCommit, OffsetFetch, DescribeGroups and DeleteGroups "for
+    backwards compatibility" (GroupCoordinatorService): a simple group like any other."""
+    ctx = ShardContext()
+    _, committed = ctx.commit([("t", 0, 7)], group_id="")
+    assert [r for _, r in committed.records] == [
+        CoordinatorRecord(
+            OffsetCommitKey(group_id="", topic="t", partition=0),
+            OffsetCommitValue(offset=7, commit_timestamp_ms=ctx.now_ms),
+        )
+    ]
+    _, fetched = ctx.fetch([("t", 0)], group_id="")
+    response = fetched.responses[0][1]
+    assert isinstance(response, OffsetFetchResponse)
+    assert response.error_code is Errors.NONE
+    assert response.topics[0].partitions[0].committed_offset == 7
+    _, described = ctx.describe([""])
+    described_response = described.responses[0][1]
+    assert isinstance(described_response, DescribeGroupsResponse)
+    assert described_response.groups[0].error_code is Errors.NONE
+    assert described_response.groups[0].group_state == "Empty"
+    _, deleted = ctx.delete_groups([""])
+    deleted_response = deleted.responses[0][1]
+    assert isinstance(deleted_response, DeleteGroupsResponse)
+    assert deleted_response.results[0].error_code is Errors.NONE
+    assert CoordinatorRecord(OffsetCommitKey(group_id="", topic="t", partition=0), None) in [
+        r for _, r in deleted.records
+    ]
 
 
 def test_leave_group_v0_reads_the_single_member_id() -> None:
