@@ -124,6 +124,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 # getOrMaybeCreateConsumerGroup: only a joining member creates or converts.
                 error = Errors.GROUP_ID_NOT_FOUND
                 message = f"Group {request.group_id} is not a consumer group."
+            elif group is None and classic is None and request.member_epoch != 0:
+                # A heartbeat or leave of a member to a group that does not exist (deleted, or
+                # its empty shell expired): getOrMaybeCreateConsumerGroup / consumerGroup.
+                error = Errors.GROUP_ID_NOT_FOUND
+                message = f"Consumer group {request.group_id} not found."
             elif classic is not None and classic.num_members >= self._config.consumer_max_size:
                 # Checked before converting: a refused join leaves the classic group as it was.
                 error = Errors.GROUP_MAX_SIZE_REACHED
@@ -199,18 +204,13 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         """``consumerGroupLeave``. A static member leaving with epoch -2 (it will be back, e.g.
         a rolling restart) keeps its assignment and its place until its session times out;
         a member with its instance id takes them over without a rebalance (KIP-345 for 848)."""
-        group = self._consumer_groups.get(request.group_id)
-        member = group.members.get(request.member_id) if group is not None else None
-        if group is None or member is None:
-            out.respond(
-                token,
-                ConsumerGroupHeartbeatResponse(
-                    error_code=Errors.UNKNOWN_MEMBER_ID,
-                    error_message=f"Member {request.member_id} is not a member of the group.",
-                    member_id=request.member_id,
-                ),
-            )
+        group = self._consumer_groups[request.group_id]  # checked by the caller
+        member = group.members.get(request.member_id)
+        unknown_or_fenced = self._unknown_or_fenced_member(group, request, member)
+        if unknown_or_fenced is not None:
+            out.respond(token, unknown_or_fenced)
             return
+        assert member is not None
         if request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and member.instance_id:
             # consumerGroupStaticMemberGroupLeave: what it was revoking is released (it closed,
             # having revoked), so the member waiting for those partitions gets them at once
@@ -227,6 +227,40 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             ConsumerGroupHeartbeatResponse(
                 member_id=member.member_id, member_epoch=request.member_epoch
             ),
+        )
+
+    @staticmethod
+    def _unknown_or_fenced_member(
+        group: ConsumerGroup,
+        request: ConsumerGroupHeartbeatRequest,
+        old: ConsumerGroupMember | None,
+    ) -> ConsumerGroupHeartbeatResponse | None:
+        """The refusal of a heartbeat (epoch > 0) from a member the group does not know. A
+        static member is found by its instance id: one held by another member id means it was
+        replaced, FENCED_INSTANCE_ID (``getOrMaybeSubscribeStaticConsumerGroupMember``:
+        ``throwIfStaticMemberIsUnknown``, ``throwIfInstanceIdIsFenced``)."""
+        if request.instance_id is not None:
+            static = next(
+                (m for m in group.members.values() if m.instance_id == request.instance_id), None
+            )
+            if static is None:
+                error = Errors.UNKNOWN_MEMBER_ID
+                message = f"Instance id {request.instance_id} is unknown."
+            elif static.member_id != request.member_id:
+                error = Errors.FENCED_INSTANCE_ID
+                message = (
+                    f"Static member {request.member_id} with instance id {request.instance_id} "
+                    f"was fenced by member {static.member_id}."
+                )
+            else:
+                return None
+        elif old is None:
+            error = Errors.UNKNOWN_MEMBER_ID
+            message = f"Member {request.member_id} is not a member of the group."
+        else:
+            return None
+        return ConsumerGroupHeartbeatResponse(
+            error_code=error, error_message=message, member_id=request.member_id
         )
 
     def _replace_static_member(
@@ -388,16 +422,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     pending_revocation={},
                 )
         else:
-            if old is None:
-                out.respond(
-                    token,
-                    ConsumerGroupHeartbeatResponse(
-                        error_code=Errors.UNKNOWN_MEMBER_ID,
-                        error_message=f"Member {request.member_id} is not a member of the group.",
-                        member_id=request.member_id,
-                    ),
-                )
+            unknown_or_fenced = self._unknown_or_fenced_member(group, request, old)
+            if unknown_or_fenced is not None:
+                out.respond(token, unknown_or_fenced)
                 return
+            assert old is not None
             error = validate_member_epoch(old, request.member_epoch, owned)
             if error is not Errors.NONE:
                 out.respond(

@@ -187,6 +187,10 @@ def test_epoch_validation_fences_bad_epochs_and_accepts_a_retried_heartbeat() ->
     assert hb(ctx, "a", 5, a.owned).error_code is Errors.FENCED_MEMBER_EPOCH
     assert hb(ctx, "a", 0 + 1, set(range(6))).error_code is Errors.FENCED_MEMBER_EPOCH
     assert hb(ctx, "nobody", 3, set()).error_code is Errors.UNKNOWN_MEMBER_ID
+    # A group that does not exist: only a join (epoch 0) creates one.
+    assert hb(ctx, "a", 2, a.owned, group="gone").error_code is Errors.GROUP_ID_NOT_FOUND
+    assert hb(ctx, "a", -1, group="gone").error_code is Errors.GROUP_ID_NOT_FOUND
+    assert "gone" not in ctx.shard.consumer_groups
 
 
 def test_invalid_requests_get_kafkas_errors() -> None:
@@ -508,6 +512,14 @@ def test_a_static_member_bounced_with_epoch_minus_two_comes_back_without_a_rebal
     group = ctx.shard.consumer_groups["g"]
     assert group.group_epoch == group_epoch and set(group.members) == {"a", "s2"}
     assert group_state(ctx) == "Stable"
+    # The replaced process is fenced by its instance id (throwIfInstanceIdIsFenced), whether
+    # it heartbeats or leaves; an instance id nobody holds is unknown.
+    assert static_hb(ctx, "s1", s_epoch, "instance-1", owned).error_code is (
+        Errors.FENCED_INSTANCE_ID
+    )
+    assert static_hb(ctx, "s1", -1, "instance-1").error_code is Errors.FENCED_INSTANCE_ID
+    assert static_hb(ctx, "s3", 1, "instance-3", set()).error_code is Errors.UNKNOWN_MEMBER_ID
+    assert set(ctx.shard.consumer_groups["g"].members) == {"a", "s2"}
     assert ctx.failover().shard.consumer_groups["g"].members.keys() == {"a", "s2"}
 
 
