@@ -273,6 +273,15 @@ class Partition:
             waiters.fail(KafkaError(code, f"{self.topic}-{self.partition}"))
 
 
+def check_current_leader_epoch(part: Partition, current_leader_epoch: int) -> None:
+    """``Partition.checkCurrentLeaderEpoch`` (KIP-320); -1 skips the check."""
+    if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
+        return
+    if current_leader_epoch < part.leader_epoch:
+        raise KafkaError(Errors.FENCED_LEADER_EPOCH, f"{part.topic}-{part.partition}")
+    raise KafkaError(Errors.UNKNOWN_LEADER_EPOCH, f"{part.topic}-{part.partition}")
+
+
 def _isr_change_of(part: Partition) -> tuple[int, int, tuple[int, ...]] | None:
     """Which ISR change ``part`` has in flight: its leader and partition epochs and the ISR
     (an answer about another one, sent before a metadata update, says nothing of it)."""
@@ -583,11 +592,18 @@ class ReplicaManager:
     def get_partition(self, topic: str, partition: int) -> Partition | None:
         return self.partitions.get((topic, partition))
 
-    def leader_partition(self, topic: str, partition: int) -> Partition:
-        """The partition if this node leads it, else Kafka's error for the client."""
+    def leader_partition(
+        self, topic: str, partition: int, current_leader_epoch: int = -1
+    ) -> Partition:
+        """The partition if this node leads it, else Kafka's error for the client. A replica
+        checks the client's ``current_leader_epoch`` before whether it leads, as
+        ``Partition.getLocalLog`` does: a follower tells a client with a stale epoch
+        FENCED_LEADER_EPOCH, one ahead of it UNKNOWN_LEADER_EPOCH."""
         part = self.partitions.get((topic, partition))
-        if part is not None and part.is_leader:
-            return part
+        if part is not None:
+            check_current_leader_epoch(part, current_leader_epoch)
+            if part.is_leader:
+                return part
         topic_image = self.cache.image.topic_by_name(topic)
         if (
             topic_image is None

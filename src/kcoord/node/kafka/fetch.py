@@ -63,7 +63,12 @@ from typing import Any, Final
 from kcoord.errors import Errors
 from kcoord.node.kafka.apis import Deferred, Request, Result
 from kcoord.node.kafka.context import BrokerContext
-from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.node.replica_manager import (
+    KafkaError,
+    Partition,
+    ReplicaManager,
+    check_current_leader_epoch,
+)
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
@@ -217,8 +222,7 @@ class FetchApi:
             try:
                 if w.topic is None:
                     raise KafkaError(Errors.UNKNOWN_TOPIC_ID)
-                part = self.ctx.replicas.leader_partition(w.topic, w.partition)
-                _raise_if_epoch_mismatch(part, w.current_leader_epoch)
+                self.ctx.replicas.leader_partition(w.topic, w.partition, w.current_leader_epoch)
                 limit = min(w.max_bytes, max_bytes - size)
                 first = size == 0
                 if limit <= 0 and not first:
@@ -345,8 +349,9 @@ class FetchApi:
             replicas = self.ctx.replicas
             part = None if leader_only else replicas.get_partition(topic, partition)
             if part is None:
-                part = replicas.leader_partition(topic, partition)
-            _raise_if_epoch_mismatch(part, current_leader_epoch)
+                part = replicas.leader_partition(topic, partition, current_leader_epoch)
+            else:
+                check_current_leader_epoch(part, current_leader_epoch)
             found = _offset_for(part, timestamp, lagging_error, client=client)
         except KafkaError as e:
             return {
@@ -401,8 +406,7 @@ class FetchApi:
     ) -> dict[str, Any]:
         try:
             # Consumers and followers alike ask the leader (fetchOnlyFromLeader).
-            part = self.ctx.replicas.leader_partition(topic, partition)
-            _raise_if_epoch_mismatch(part, current_leader_epoch)
+            part = self.ctx.replicas.leader_partition(topic, partition, current_leader_epoch)
         except KafkaError as e:
             return {"error_code": e.code, "partition": partition}
         epoch, end_offset = part.log.epoch_cache.end_offset_for(
@@ -414,15 +418,6 @@ class FetchApi:
             "leader_epoch": epoch,
             "end_offset": end_offset,
         }
-
-
-def _raise_if_epoch_mismatch(part: Partition, current_leader_epoch: int) -> None:
-    # Partition.getLocalLog / checkCurrentLeaderEpoch (KIP-320); -1 skips the check.
-    if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
-        return
-    if current_leader_epoch < part.leader_epoch:
-        raise KafkaError(Errors.FENCED_LEADER_EPOCH, f"{part.topic}-{part.partition}")
-    raise KafkaError(Errors.UNKNOWN_LEADER_EPOCH, f"{part.topic}-{part.partition}")
 
 
 def _offset_for(
@@ -489,8 +484,9 @@ def _offset_for(
 
 
 def _epoch_for_offset(part: Partition, offset: int) -> int:
+    """``LeaderEpochFileCache.epochForOffset``: -1 for an offset below the first entry."""
     epoch = -1
     for entry_epoch, start_offset in part.log.epoch_cache.entries:
         if start_offset <= offset:
             epoch = entry_epoch
-    return epoch if epoch >= 0 else part.leader_epoch
+    return epoch

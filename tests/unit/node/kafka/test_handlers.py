@@ -1302,7 +1302,7 @@ def test_a_produce_whose_batch_does_not_parse_fails_that_partition_alone(
 
 
 def list_offsets_values(
-    topic: str, partition: int, timestamp: int, replica_id: int = -1
+    topic: str, partition: int, timestamp: int, replica_id: int = -1, current_leader_epoch: int = -1
 ) -> dict[str, Any]:
     return {
         "replica_id": replica_id,
@@ -1315,7 +1315,7 @@ def list_offsets_values(
                     {
                         "partition_index": partition,
                         "timestamp": timestamp,
-                        "current_leader_epoch": -1,
+                        "current_leader_epoch": current_leader_epoch,
                     }
                 ],
             }
@@ -1418,6 +1418,39 @@ def test_list_offsets_for_debugging_may_ask_a_follower(tmp_path: Path) -> None:
         unknown = list_offsets_values("t", 99, -1, -2)
         answer = (await c.call(LIST_OFFSETS, 7, unknown)).topics[0].partitions[0]
         assert answer.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+
+    run(tmp_path, test)
+
+
+def test_a_follower_checks_a_clients_leader_epoch_before_it_says_it_does_not_lead(
+    tmp_path: Path,
+) -> None:
+    """``Partition.getLocalLog``: the epoch check comes first, on any replica. A client with a
+    stale epoch learns it is fenced (FENCED_LEADER_EPOCH), one ahead of this replica that it
+    must wait (UNKNOWN_LEADER_EPOCH); with the replica's epoch, or none, it is not the leader."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 3)
+        followed = h.led_partitions("t", by=2)[0]
+        h.move_leader("t", followed, 3)  # epoch 1: a stale epoch 0 is then something to say
+        part = h.replicas.get_partition("t", followed)
+        assert part is not None and not part.is_leader
+        epoch = leader_epoch(h, "t", followed)
+        assert part.leader_epoch == epoch == 1
+        refusals = {
+            epoch - 1: Errors.FENCED_LEADER_EPOCH,
+            epoch + 1: Errors.UNKNOWN_LEADER_EPOCH,
+            epoch: Errors.NOT_LEADER_OR_FOLLOWER,
+            -1: Errors.NOT_LEADER_OR_FOLLOWER,
+        }
+        for current, error in refusals.items():
+            fetched = await c.call(
+                FETCH, 12, fetch_values("t", followed, 0, current_leader_epoch=current)
+            )
+            assert only_partition(fetched).error_code == error, current
+            values = list_offsets_values("t", followed, -1, current_leader_epoch=current)
+            answer = (await c.call(LIST_OFFSETS, 7, values)).topics[0].partitions[0]
+            assert answer.error_code == error, current
 
     run(tmp_path, test)
 
