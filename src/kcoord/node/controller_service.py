@@ -93,6 +93,7 @@ class ControllerService:
         expected_brokers: int = 1,
         tick_interval_ms: int = 100,
         preferred_election_interval_ms: int = 5000,
+        unclean_election_interval_ms: int = 300_000,
         propose_timeout_s: float = 10.0,
     ) -> None:
         self.node_id = node_id
@@ -104,6 +105,8 @@ class ControllerService:
         self.expected_brokers = expected_brokers
         self.tick_interval_ms = tick_interval_ms
         self.preferred_election_interval_ms = preferred_election_interval_ms
+        # Kafka's internal unclean.leader.election.interval.ms (5 minutes).
+        self.unclean_election_interval_ms = unclean_election_interval_ms
         self.propose_timeout_s = propose_timeout_s
         self.controller: Controller | None = None
         self.active_epoch: int | None = None
@@ -111,6 +114,7 @@ class ControllerService:
         self._activating_epoch: int | None = None
         self._lock = asyncio.Lock()
         self._last_preferred_election_ms = 0
+        self._last_unclean_election_ms = 0
         self.activations = 0
         self.fenced_by_me: list[int] = []
         # For the node's metrics: proposals made (and failed), and the time from proposing a
@@ -280,6 +284,12 @@ class ControllerService:
                 self._last_preferred_election_ms = now_ms
                 elected = controller.elect_preferred_leaders(self.cache.image)
                 if elected.records:
+                    await self._propose(elected.records)
+            if now_ms - self._last_unclean_election_ms >= self.unclean_election_interval_ms:
+                self._last_unclean_election_ms = now_ms
+                elected = controller.elect_unclean_leaders(self.cache.image)
+                if elected.records:
+                    log.warning("unclean leader election for %s", list(elected.response))
                     await self._propose(elected.records)
 
     # -----------------------------------------------------------------------------------------

@@ -88,6 +88,8 @@ Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
   ``storage.config``'s definitions when a topic is created and whenever they change.
 - ``elect_leaders`` is the ElectLeaders API (KIP-460): a preferred election, or an unclean
   one for a partition without a leader.
+- ``elect_unclean_leaders`` (periodic) elects a leader for leaderless partitions whose topic
+  allows unclean election, so turning the config on takes effect without a broker change.
 - ``elect_preferred_leaders`` moves leadership back to the first replica where it is a live ISR
   member (Kafka's auto leader rebalance, ``maybeBalancePartitionLeaders``), e.g. after a fenced
   broker came back and rejoined the ISR.
@@ -1296,6 +1298,30 @@ class Controller:
             working.change(change)
             records.append(change)
             elected.append(state.tp)
+        return ControllerResult(tuple(records), tuple(elected))
+
+    def elect_unclean_leaders(
+        self, image: MetadataImage, max_elections: int = 1000
+    ) -> ControllerResult[tuple[TopicIdPartition, ...]]:
+        """Elect a leader, from any live replica, for each leaderless partition of a topic
+        that allows unclean election (Kafka's periodic ``maybeElectUncleanLeaders``). A
+        partition left leaderless while the config was off gets a leader once it is turned
+        on; an election happens otherwise only when a broker's state changes."""
+        working = _Working(image)
+        records: list[MetadataRecord] = []
+        elected: list[TopicIdPartition] = []
+        for state in sorted(image.all_partitions(), key=lambda s: s.tp):
+            if len(elected) >= max_elections:
+                break
+            if state.leader != NO_LEADER:
+                continue
+            if self._online_election(image, state.topic_id) is not Election.UNCLEAN:
+                continue
+            error, change = self._elect_one(image, working, Election.UNCLEAN, state)
+            if error is Errors.NONE and change is not None:
+                working.change(change)
+                records.append(change)
+                elected.append(state.tp)
         return ControllerResult(tuple(records), tuple(elected))
 
     def elect_leaders(

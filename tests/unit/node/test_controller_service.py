@@ -16,6 +16,8 @@ from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
 from kcoord.raft.quorum import MetadataQuorum
 from tests.unit.node.kafka.harness import NODE_ID, FakeQuorum
 
+UNCLEAN = "unclean.leader.election.enable"
+
 
 def register(quorum: FakeQuorum, *broker_ids: int) -> None:
     """Registered unfenced; broker ``b``'s epoch is the offset of its registration."""
@@ -203,5 +205,38 @@ def test_a_registration_from_an_empty_data_directory_takes_the_broker_out_of_the
         assert reply["error"] == 0
         state = cache.image.partition("TTTTTTTTTTTTTTTTTTTTTT", 0)
         assert state is not None and state.elr == ()
+
+    asyncio.run(scenario())
+
+
+def test_the_active_controller_elects_unclean_leaders_at_its_interval() -> None:
+    """A partition left leaderless while unclean election was off gets a leader at the next
+    periodic unclean election after the config is turned on (``maybeElectUncleanLeaders``)."""
+    topic_id = "UUUUUUUUUUUUUUUUUUUUUU"
+
+    async def scenario() -> None:
+        service, quorum, cache, clock = five_node_controller()
+        service.unclean_election_interval_ms = 60_000
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        quorum.commit(
+            [
+                rec.Topic("t", topic_id),
+                rec.Partition(topic_id, 0, (4, 2, 3), (4,), -1, 3, 5),
+            ]
+        )
+        await service.tick()
+        state = cache.image.partition(topic_id, 0)
+        assert state is not None and state.leader == -1
+        quorum.commit([rec.Config(rec.ConfigResourceType.TOPIC, "t", UNCLEAN, "true")])
+        clock[0] += 59_999
+        await heartbeats(service, cache)
+        await service.tick()
+        state = cache.image.partition(topic_id, 0)
+        assert state is not None and state.leader == -1
+        clock[0] += 1
+        await service.tick()
+        state = cache.image.partition(topic_id, 0)
+        assert state is not None and state.leader in (2, 3) and state.isr == (state.leader,)
 
     asyncio.run(scenario())

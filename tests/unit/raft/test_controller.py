@@ -768,6 +768,33 @@ def test_elect_leaders_unclean_only_where_there_is_no_leader() -> None:
     assert elect().response[0].error is Errors.ELIGIBLE_LEADERS_NOT_AVAILABLE
 
 
+@pytest.mark.parametrize("where", ["topic", "cluster"])
+def test_turning_unclean_election_on_elects_leaderless_partitions(where: str) -> None:
+    """Kafka's periodic ``maybeElectUncleanLeaders``: a partition left without a leader while
+    unclean election was off gets one once the config allows it, with no broker change."""
+    cluster = three_brokers(ControllerConfig(eligible_leader_replicas_enabled=False))
+    cluster.create_topic("t", T1, 2, 3)
+    cluster.create_topic("u", T2, 3, 3)  # stays clean: keeps waiting for its ISR
+    (u,) = [p for p in range(3) if cluster.state(T2, p).leader == 1]
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    cluster.commit(cluster.alter(1, T2, u, (1,)).records)
+    cluster.commit(cluster.heartbeat(1, 100, want_fence=True).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER == cluster.state(T2, u).leader
+    assert cluster.run(cluster.controller.elect_unclean_leaders) == ()
+    if where == "topic":
+        on = Config(ConfigResourceType.TOPIC, "t", "unclean.leader.election.enable", "true")
+        cluster.commit((on,))
+    else:
+        on = Config(ConfigResourceType.BROKER, "", "unclean.leader.election.enable", "true")
+        off = Config(ConfigResourceType.TOPIC, "u", "unclean.leader.election.enable", "false")
+        cluster.commit((on, off))
+    assert cluster.run(cluster.controller.elect_unclean_leaders) == (TopicIdPartition(T1, 0),)
+    assert cluster.state(T1, 0).leader in (2, 3)
+    assert cluster.state(T1, 0).isr == (cluster.state(T1, 0).leader,)
+    assert cluster.state(T2, u).leader == NO_LEADER
+    assert cluster.run(cluster.controller.elect_unclean_leaders) == ()
+
+
 def test_preferred_leader_election_is_bounded() -> None:
     cluster = three_brokers()
     cluster.create_topic("t", T1, 6, 3)
