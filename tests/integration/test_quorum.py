@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pysyncobj.transport
 import pytest
 
+from kcoord.raft import quorum as quorum_module
 from kcoord.raft import records as rec
 from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter, decode_batch, encode_batch
 from tests.portpick import free_ports
@@ -214,6 +216,74 @@ def test_a_resigning_leader_hands_the_leadership_to_another_voter(tmp_path: Path
         assert propose_sync(successor, [rec.NoOp()]) > offset
         # A voter that does not lead has nothing to hand over.
         assert next(q for q in quorums.values() if not q.status().is_leader).resign(1.0)
+
+
+@pytest.mark.integration
+def test_nothing_leaves_a_voter_before_its_journal_is_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vote, an AppendEntries or its reply is sent only once the journal entries it speaks
+    of are synced: pysyncobj never synced its journal, so a power loss could take an entry a
+    majority had acknowledged, committed, from a voter that counted towards it."""
+    sent: list[str] = []
+    unsynced: list[str] = []
+    send = pysyncobj.transport.TCPTransport.send
+
+    def recording_send(transport: Any, node: Any, message: Any) -> Any:
+        if isinstance(message, dict):
+            sent.append(str(message.get("type")))
+            if transport._syncObj._SyncObj__raftLog._dirty:
+                unsynced.append(str(message.get("type")))
+        return send(transport, node, message)
+
+    monkeypatch.setattr(pysyncobj.transport.TCPTransport, "send", recording_send)
+    with running_quorum(tmp_path) as quorums:
+        leader = connected_leader(quorums)
+        offsets = [propose_sync(leader, [rec.NoOp()]) for _ in range(5)]
+        wait_for(
+            lambda: all(q.status().commit_index >= offsets[-1] for q in quorums.values()),
+            "every voter to have the batches",
+        )
+    assert {"request_vote", "append_entries", "next_node_idx"} <= set(sent)
+    assert unsynced == []
+
+
+def test_the_journal_syncs_its_changes_and_its_snapshot_before_a_trim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    journal = quorum_module._create_journal(str(tmp_path / "journal"))
+    journal.sync()
+    assert synced == ["journal"]
+    journal.add(b"\x00a", 1, 1)
+    journal.add(b"\x00b", 2, 1)
+    synced.clear()
+    journal.sync()
+    journal.sync()  # nothing new: no second fsync
+    assert synced == ["journal"]
+    # The term and vote are on disk when setCurrentTerm returns.
+    synced.clear()
+    journal.setCurrentTerm(3, "127.0.0.1:1")
+    assert synced == ["journal.meta.tmp", tmp_path.name]
+    # A trim (after a snapshot is renamed into place) syncs the snapshot and its directory
+    # before it touches the journal.
+    (tmp_path / "snapshot").write_bytes(b"snapshot")
+    synced.clear()
+    journal.deleteEntriesTo(1)
+    assert synced == ["snapshot", tmp_path.name]
+    journal.sync()
+    journal._destroy()
+    reopened = quorum_module._create_journal(str(tmp_path / "journal"))
+    assert [tuple(e) for e in reopened] == [(b"\x00b", 2, 1)]
+    assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (3, "127.0.0.1:1")
+    reopened._destroy()
 
 
 class SnapshottingVoters:

@@ -67,6 +67,7 @@ import codecs
 import contextlib
 import io
 import logging
+import os
 import pickle
 import threading
 import time
@@ -76,6 +77,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pysyncobj.journal
 import pysyncobj.pickle
 import pysyncobj.serializer
 import pysyncobj.syncobj
@@ -93,6 +95,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 2  # 1: [1, [record bytes...]], without the epoch (still read)
 _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 1
+SNAPSHOT_FILE = "snapshot"
 
 
 def _empty_bytes(*args: object) -> bytes:
@@ -214,6 +217,92 @@ class QuorumStatus:
 _UTILITY_COMMANDS = frozenset({"status", "transfer"})
 
 
+def _fsync_path(path: str, *, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
+    """pysyncobj's store of the current term and vote, made durable before it returns.
+
+    pysyncobj writes them to a temporary file and renames it, with no fsync: a voter that
+    lost power after granting a vote could come back without it and vote again in the same
+    term, electing two leaders (Raft's persistent state; Kafka's ``FileQuorumStateStore``
+    syncs its ``quorum-state`` file)."""
+
+    def storeMeta(self, meta: Any) -> None:  # noqa: N802 (pysyncobj's)
+        path = self.getPath()
+        with open(path + ".tmp", "wb") as f:
+            f.write(pysyncobj.journal.dumps(meta))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        _fsync_path(os.path.dirname(path) or ".", directory=True)
+
+
+class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
+    """pysyncobj's file journal, durable before anything it holds is relied on.
+
+    pysyncobj writes its journal through a memory map and never syncs it, so an entry a voter
+    acknowledged (and the leader counted towards a commit) could be lost with the machine's
+    power; a committed entry could end up on a minority. KRaft flushes its log before a
+    follower acknowledges or the leader counts its own entries. Here every message a voter
+    sends waits for the journal to be synced (``_MetadataSyncObj`` calls ``sync`` from the
+    transport): an AppendEntries reply, a vote or the leader's own AppendEntries only
+    leaves once the entries it speaks of are on disk, and a leader counts a follower only
+    after its own entries went out, so after they were synced. Heartbeats that change
+    nothing cost nothing.
+
+    pysyncobj trims the journal (``clear``) only after renaming a snapshot into place, its
+    own or one the leader sent; that snapshot is synced first, so the trim can never be on
+    disk without it.
+    """
+
+    def __init__(self, journal_file: str, snapshot_file: str) -> None:
+        self._snapshot_file = snapshot_file
+        self._dirty = True  # a new file, or one pysyncobj may have written unsynced
+        super().__init__(journal_file)
+        self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
+        self._path = journal_file
+
+    def add(self, command: bytes, idx: int, term: int) -> None:
+        super().add(command, idx, term)
+        self._dirty = True
+
+    def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 (pysyncobj's)
+        super().deleteEntriesFrom(entryFrom)
+        self._dirty = True
+
+    def clear(self) -> None:
+        if os.path.exists(self._snapshot_file):
+            _fsync_path(self._snapshot_file)
+            _fsync_path(os.path.dirname(self._snapshot_file) or ".", directory=True)
+        super().clear()
+        self._dirty = True
+
+    def sync(self) -> None:
+        """Make every change so far durable (the map's pages, then the file's size)."""
+        if not self._dirty:
+            return
+        self.flush()
+        _fsync_path(self._path)
+        self._dirty = False
+
+
+def _create_journal(journal_file: str | None) -> Any:
+    # pysyncobj's SyncObj makes its journal with the module's createJournal (replaced below).
+    if journal_file is None:
+        return pysyncobj.journal.MemoryJournal()
+    snapshot_file = os.path.join(os.path.dirname(journal_file), SNAPSHOT_FILE)
+    return _DurableJournal(journal_file, snapshot_file)
+
+
+pysyncobj.syncobj.createJournal = _create_journal
+
+
 class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's transport, taking on its port only what a voter or our own tools send.
 
@@ -229,6 +318,11 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     on the next try (every ``bindRetryTime``), leaving one open socket per try to the garbage
     collector while the port stayed taken.
     """
+
+    def send(self, node: Any, message: Any) -> bool:
+        # Nothing leaves before the journal entries it may speak of are durable.
+        self._syncObj.sync_journal()
+        return bool(super().send(node, message))
 
     def _maybeBind(self) -> None:  # noqa: N802
         try:
@@ -313,9 +407,16 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
 
+    def sync_journal(self) -> None:
+        journal = self._SyncObj__raftLog
+        if isinstance(journal, _DurableJournal):
+            journal.sync()
+
     # pysyncobj calls ``self.__doApplyCommand`` for every committed entry; inside SyncObj the
     # name is mangled to ``_SyncObj__doApplyCommand``, so defining that name here overrides it.
     def _SyncObj__doApplyCommand(self, command: bytes) -> Any:  # noqa: N802
+        # A lone voter commits what it appended without sending anything: durable first.
+        self.sync_journal()
         if command[:1] == _REGULAR:
             # raftLastApplied is incremented after the apply: this entry is the next one.
             offset = int(self.raftLastApplied) + 1
@@ -606,7 +707,7 @@ class MetadataQuorum:
             logCompactionMinEntries=t.log_compaction_min_entries,
             logCompactionMinTime=t.log_compaction_min_time_s,
             journalFile=str(self.directory / "journal"),
-            fullDumpFile=str(self.directory / "snapshot"),
+            fullDumpFile=str(self.directory / SNAPSHOT_FILE),
             serializer=self._write_snapshot,
             deserializer=self._read_snapshot,
             onStateChanged=lambda _old, _new: self.listener.on_state_changed(),
