@@ -42,6 +42,9 @@ The event loop never blocks on Raft: ``propose`` only enqueues.
 Files, in ``<data>/__cluster_metadata/``: ``journal`` (pysyncobj's file journal of raw command
 bytes) and ``snapshot`` (written by ``_write_snapshot``: msgpack of the image as records plus the
 two Raft entries pysyncobj keeps with it), written to a temporary file and renamed by pysyncobj.
+pysyncobj synced none of them; ``_DurableJournal`` syncs the journal before a voter sends any
+message (so before it acknowledges an entry or votes), the term and vote before they are used,
+and a snapshot before the journal is trimmed to it, as KRaft flushes its log.
 
 A voter takes an AppendEntries as Raft's receiver rule says, deleting log entries only from
 the first one that conflicts with the leader's; pysyncobj's handler deletes every entry after
@@ -52,8 +55,9 @@ pysyncobj's follower also set its commit index to min(leader's commit index, its
 the parts of a snapshot, which verify nothing of its log: a deposed leader so applied entries
 it had appended but never committed. Those parts carry no higher commit index than the
 voter's now (``_snapshot_part_committing_nothing``). And it installed a snapshot that ended
-before its own commit index (sent after a stale reply), forgetting committed entries; such a
-snapshot is ignored (``_stale_snapshot_ignored``), as etcd's raft does.
+before its own commit index (sent after a stale reply), forgetting committed entries, or at an
+entry it held, dropping the acknowledged entries after it; such a snapshot is ignored
+(``_stale_snapshot_ignored``), as etcd's raft and Raft's InstallSnapshot rule do.
 
 Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
 (default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
@@ -402,7 +406,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     ) -> None:
         self._quorum = quorum
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
+        self._parts_sender: tuple[Any, Any] | None = None  # (node, term) of those parts
         self._snapshot_parts: list[bytes] | None = None  # see _stale_snapshot_ignored
+        self._snapshot_sender: tuple[Any, Any] | None = None
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
@@ -431,9 +437,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             try:
                 if message.get("type") == "append_entries":
                     if "transmission" in message:
-                        message = self._assembled(message)
+                        message = self._assembled(node, message)
                     message = self._without_entries_we_hold(message)
-                    message = self._stale_snapshot_ignored(message)
+                    message = self._stale_snapshot_ignored(node, message)
                     message = self._snapshot_part_committing_nothing(message)
                 SyncObj._SyncObj__onMessageReceived(self, node, message)
                 return
@@ -447,7 +453,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if conn is not None:
             conn.disconnect()
 
-    def _assembled(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _assembled(self, node: Any, message: dict[str, Any]) -> dict[str, Any]:
         """One part of an entry sent in parts, as pysyncobj should have taken it.
 
         pysyncobj's leader sends an entry of ``appendEntriesBatchSizeBytes`` or more (a topic
@@ -460,15 +466,24 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         here instead: a "finish" whose data does not load yet counts as a "process", and the
         one that completes the entry goes on as a plain AppendEntries of that entry (through
         ``_without_entries_we_hold`` too). pysyncobj still answers "start" and "process" as
-        before, with its own buffer left empty.
+        before, with its own buffer left empty. The parts are those of one sender in one
+        term: a part from anyone else completes nothing.
         """
+        if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
+            return message  # a deposed leader's: pysyncobj ignores it
         kind = message["transmission"]
         data = message.get("data")
         if not isinstance(data, bytes | bytearray):
             data = b""  # not a part pysyncobj sends (and bytes(n) would allocate n bytes)
         data = bytes(data)
+        sender = (node, message.get("term"))
         if kind == "start":
             self._parts = [data]
+            self._parts_sender = sender
+        elif sender != self._parts_sender:
+            # Not a part of the entry being put together (another voter led in between):
+            # it completes nothing.
+            return {**message, "transmission": "process", "data": b""}
         else:
             self._parts.append(data)
         if kind != "finish":
@@ -585,9 +600,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             log.info("quorum: trimmed the journal to the snapshot ending at entry %d", last[1])
             journal.deleteEntriesTo(at)
 
-    def _stale_snapshot_ignored(self, message: dict[str, Any]) -> dict[str, Any]:
+    def _stale_snapshot_ignored(self, node: Any, message: dict[str, Any]) -> dict[str, Any]:
         """A part of the leader's snapshot, or nothing of it when the whole snapshot ends at an
-        entry this voter has committed already.
+        entry this voter has committed already, or holds (same index and term).
 
         pysyncobj's leader sends its snapshot to a voter whose next index is at or below its
         log start, which a stale reply can make so while the voter is already past the
@@ -601,32 +616,52 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         snapshot at or below its commit index (``raft.restore``); so does this. The leader
         already moved this voter's next index past the snapshot when it sent the last part,
         and its next AppendEntries goes on from there.
+
+        A snapshot ending at an entry this log holds, past its commit index (the voter has
+        not heard of the commit yet), is ignored too, as Raft's InstallSnapshot says ("if an
+        existing log entry has the same index and term as the snapshot's last included entry,
+        retain log entries following it"): pysyncobj dropped the entries after it, which the
+        voter had acknowledged and the leader may have counted towards a commit. By Log
+        Matching the log agrees with the leader's up to there; the leader's next
+        AppendEntries starts right after the snapshot, and the commit index it carries lets
+        the voter apply from its own log. The parts are gathered per sender and term: a part
+        of another leader's snapshot, or one whose start was missed, is dropped.
         """
         part = message.get("serialized")
         if "prevLogIdx" in message or not isinstance(part, list | tuple) or len(part) != 3:
             return message
+        if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
+            return message  # a deposed leader's: pysyncobj ignores it
         data, is_first, is_last = part
         if not isinstance(data, bytes | bytearray):
             return message
+        sender = (node, message.get("term"))
         if is_first:
             self._snapshot_parts = []
-        elif self._snapshot_parts is None:
-            return message  # the start was missed; pysyncobj ignores this part too
+            self._snapshot_sender = sender
+        elif self._snapshot_parts is None or sender != self._snapshot_sender:
+            # The start was missed, or it is another leader's: pysyncobj, which joins
+            # whatever comes, would append it to the snapshot it is putting together.
+            return {k: v for k, v in message.items() if k != "serialized"}
         self._snapshot_parts.append(bytes(data))
         if not is_last:
             return message
         snapshot, self._snapshot_parts = b"".join(self._snapshot_parts), None
-        last = _snapshot_last_index(snapshot)
+        entries = _snapshot_entries(snapshot)
+        if entries is None:
+            return message
+        _, last, last_term = entries[0]
         # The applied index too: after a snapshot is installed it is past the commit index
         # (see _snapshot_part_committing_nothing), and an older snapshot stepped it back.
         committed = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
-        if last is None or last > committed:
-            return message
-        log.info(
-            "quorum: ignored the leader's snapshot ending at entry %d: committed up to %d here",
-            last,
-            committed,
-        )
+        if last <= committed:
+            why = f"committed up to {committed} here"
+        else:
+            ours = self._SyncObj__getEntries(last, 1)
+            if not ours or ours[0][2] != last_term:
+                return message
+            why = "this log holds that entry"
+        log.info("quorum: ignored the leader's snapshot ending at entry %d: %s", last, why)
         self._SyncObj__serializer.drop_incoming()
         return {k: v for k, v in message.items() if k != "serialized"}
 
@@ -891,12 +926,6 @@ def _snapshot_entries(snapshot: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...]
     except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
         return None
     return (last, before) if indexes_are_ints else None
-
-
-def _snapshot_last_index(snapshot: bytes) -> int | None:
-    """The Raft index of the last entry a snapshot covers, or None if it is not one."""
-    entries = _snapshot_entries(snapshot)
-    return None if entries is None else int(entries[0][1])
 
 
 def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:

@@ -11,6 +11,7 @@ disk, not ticking: each message is handed to it as its transport would, on this 
 from __future__ import annotations
 
 import gc
+import logging
 import socket
 import warnings
 from pathlib import Path
@@ -354,10 +355,64 @@ def test_a_snapshot_older_than_one_installed_is_ignored(tmp_path: Path) -> None:
     (tmp_path / "voter").mkdir()
     voter = follower(tmp_path / "voter", snapshots=True)
     try:
+        # Entries 4-9 of a deposed leader of term 1; the snapshots are of term 2's leader.
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 10)], commit=3)
+        send_snapshot(voter, snapshot_bytes(tmp_path, 6, 2), term=2, commit=9)
+        assert voter.raftLastApplied == 6
+        send_snapshot(voter, snapshot_bytes(tmp_path, 5, 2), term=2, commit=9)
+        assert voter.raftLastApplied == 6
+    finally:
+        voter.destroy()
+
+
+def test_a_snapshot_ending_at_an_entry_this_log_holds_keeps_the_entries_after_it(
+    tmp_path: Path,
+) -> None:
+    """Raft's InstallSnapshot: "if an existing log entry has the same index and term as the
+    snapshot's last included entry, retain log entries following it". The voter acknowledged
+    entries 2-9 but has heard of commits up to 3 only when the leader, moved back by a stale
+    reply, sends its snapshot at 6; pysyncobj dropped 7-9, which the leader may have counted
+    towards a commit. They stay, and the leader's next AppendEntries commits them."""
+    (tmp_path / "voter").mkdir()
+    voter = follower(tmp_path / "voter", snapshots=True)
+    try:
         append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 10)], commit=3)
         send_snapshot(voter, snapshot_bytes(tmp_path, 6, 1), term=1, commit=9)
-        assert voter.raftLastApplied == 6
-        send_snapshot(voter, snapshot_bytes(tmp_path, 5, 1), term=1, commit=9)
-        assert voter.raftLastApplied == 6
+        assert log_of(voter) == [(1, 0)] + [(i, 1) for i in range(2, 10)]
+        assert voter.raftCommitIndex == 3
+        append(voter, 1, (6, 1), [], commit=9)
+        assert voter.raftCommitIndex == 9 and log_of(voter)[-1] == (9, 1)
+    finally:
+        voter.destroy()
+
+
+def test_snapshot_parts_from_another_sender_or_an_old_term_are_not_put_together(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parts of one snapshot come from one leader in one term. A part of a deposed
+    leader's snapshot, arriving between the new leader's, is not joined to them: the
+    snapshot judged (here: ending at an entry this log holds, so ignored) is the leader's."""
+    (tmp_path / "voter").mkdir()
+    voter = follower(tmp_path / "voter", snapshots=True)
+    try:
+        append(voter, 2, (1, 0), [entry(i, 2) for i in range(2, 10)], commit=3)
+        snapshot = snapshot_bytes(tmp_path, 6, 2)
+        cut = len(snapshot) // 2
+        snapshot_part(voter, 2, (snapshot[:cut], True, False), commit=9)
+        stale = {
+            "type": "append_entries",
+            "term": 1,
+            "commit_index": 9,
+            "serialized": (b"garbage of term 1", False, False),
+        }
+        voter._SyncObj__onMessageReceived(leader_of(voter), stale)
+        other = sorted(voter.otherNodes, key=lambda n: n.address)[1]
+        from_other = {**stale, "term": 2, "serialized": (b"garbage", False, False)}
+        voter._SyncObj__onMessageReceived(other, from_other)
+        with caplog.at_level(logging.INFO, logger="kcoord.raft.quorum"):
+            snapshot_part(voter, 2, (snapshot[cut:], False, True), commit=9)
+        assert "ignored the leader's snapshot ending at entry 6" in caplog.text
+        assert log_of(voter) == [(1, 0)] + [(i, 2) for i in range(2, 10)]
+        assert voter.raftCommitIndex == 3
     finally:
         voter.destroy()
