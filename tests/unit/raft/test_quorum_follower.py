@@ -219,6 +219,38 @@ def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
         voter.destroy()
 
 
+def test_a_part_from_another_sender_is_not_joined_to_an_entry_sent_in_parts(
+    tmp_path: Path,
+) -> None:
+    """A part another voter sent (a deposed leader's, still draining) between the leader's
+    parts of one entry was joined to them, and the entry never loaded."""
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
+        batch_size = 1000
+        big = (b"\x01" + b"z" * (2 * batch_size), 3, 1)
+        other = sorted(voter.otherNodes, key=lambda n: n.address)[1]
+        parts = parts_as_pysyncobj_sends_them(big, batch_size)
+        for i, (kind, data) in enumerate(parts):
+            message = {
+                "type": "append_entries",
+                "transmission": kind,
+                "data": data,
+                "term": 1,
+                "commit_index": 2,
+                "prevLogIdx": 2,
+                "prevLogTerm": 1,
+            }
+            voter._SyncObj__onMessageReceived(leader_of(voter), message)
+            if i == 0:
+                stray = {**message, "transmission": "process", "data": b"stray"}
+                voter._SyncObj__onMessageReceived(other, stray)
+        assert log_of(voter)[-1] == (3, 1)
+        assert voter._SyncObj__getEntries(3, 1)[0][0] == big[0]
+    finally:
+        voter.destroy()
+
+
 def snapshot_part(voter: _MetadataSyncObj, term: int, part: Any, commit: int) -> None:
     """What pysyncobj's leader sends a voter behind its log start: ``serialized`` is a part of
     its snapshot file ``(data, is_first, is_last)``, or None while it has none to send."""
