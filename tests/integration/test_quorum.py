@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
+import pysyncobj.journal
 import pysyncobj.transport
 import pytest
 
@@ -248,42 +249,127 @@ def test_nothing_leaves_a_voter_before_its_journal_is_on_disk(
     assert unsynced == []
 
 
-def test_the_journal_syncs_its_changes_and_its_snapshot_before_a_trim(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def recording_syncs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of each file fsynced, and "msync" for each sync of a journal's memory map."""
     synced: list[str] = []
     fsync = os.fsync
+    msync = pysyncobj.journal.ResizableFile.flush
 
     def recording_fsync(fd: int) -> None:
         synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
         fsync(fd)
 
+    def recording_msync(file: Any) -> None:
+        synced.append("msync")
+        msync(file)
+
     monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(pysyncobj.journal.ResizableFile, "flush", recording_msync)
+    return synced
+
+
+def test_the_journal_syncs_its_changes_and_its_snapshot_before_a_trim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = recording_syncs(monkeypatch)
     journal = quorum_module._create_journal(str(tmp_path / "journal"))
     journal.sync()
-    assert synced == ["journal"]
+    assert synced == ["msync"]
     journal.add(b"\x00a", 1, 1)
     journal.add(b"\x00b", 2, 1)
+    journal.add(b"\x00c", 3, 2)
     synced.clear()
     journal.sync()
-    journal.sync()  # nothing new: no second fsync
-    assert synced == ["journal"]
+    journal.sync()  # nothing new: no second sync
+    assert synced == ["msync"]
     # The term and vote are on disk when setCurrentTerm returns.
     synced.clear()
     journal.setCurrentTerm(3, "127.0.0.1:1")
     assert synced == ["journal.meta.tmp", tmp_path.name]
-    # A trim (after a snapshot is renamed into place) syncs the snapshot and its directory
-    # before it touches the journal.
+    # A trim (after a snapshot is renamed into place) syncs the snapshot and its directory,
+    # then replaces the journal by a synced copy of what it keeps, in one rename.
     (tmp_path / "snapshot").write_bytes(b"snapshot")
     synced.clear()
     journal.deleteEntriesTo(1)
-    assert synced == ["snapshot", tmp_path.name]
+    assert synced == ["snapshot", tmp_path.name, "journal.tmp", tmp_path.name]
+    journal.sync()  # the trim left nothing to sync
+    assert synced == ["snapshot", tmp_path.name, "journal.tmp", tmp_path.name]
+    journal.add(b"\x00d", 4, 2)
     journal.sync()
     journal._destroy()
     reopened = quorum_module._create_journal(str(tmp_path / "journal"))
-    assert [tuple(e) for e in reopened] == [(b"\x00b", 2, 1)]
+    assert [tuple(e) for e in reopened] == [(b"\x00b", 2, 1), (b"\x00c", 3, 2), (b"\x00d", 4, 2)]
     assert (reopened.getCurrentTerm(), reopened.getVotedForNodeId()) == (3, "127.0.0.1:1")
     reopened._destroy()
+
+
+@pytest.mark.parametrize("tear", ["zeros", "old-pages"])
+def test_a_journal_torn_by_a_power_loss_loads_its_good_entries(
+    tmp_path: Path, tear: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The header's end offset reached the disk before the records (zeros), or a trim's new
+    first page did and the old later pages stayed (entries out of order): pysyncobj loaded
+    garbage or failed to start. The entries up to the first that does not follow are kept
+    (the rest were never acknowledged), and the file is rewritten to them."""
+    path = str(tmp_path / "journal")
+    journal = quorum_module._create_journal(path)
+    for i, term in ((1, 1), (2, 1), (3, 1), (4, 2)):
+        journal.add(b"\x00" + bytes([i]) * 100, i, term)
+    journal.sync()
+    journal._destroy()
+    raw = bytearray(Path(path).read_bytes())
+    end = struct.unpack_from("<I", raw, 36)[0]
+    record = 4 + 16 + 101 + 4
+    if tear == "zeros":
+        # A fifth record's space, claimed by the header but never written.
+        raw[end : end + record] = bytes(record)
+        struct.pack_into("<I", raw, 36, end + record)
+    else:
+        # Entry 4's place holds a copy of entry 2 (an older page): out of order.
+        raw[end - record : end] = raw[40 + record : 40 + 2 * record]
+    Path(path).write_bytes(bytes(raw))
+    reopened = quorum_module._create_journal(path)
+    kept = [(e[1], e[2]) for e in reopened]
+    assert kept == (
+        [(1, 1), (2, 1), (3, 1), (4, 2)] if tear == "zeros" else [(1, 1), (2, 1), (3, 1)]
+    )
+    assert "dropped the torn tail" in caplog.text
+    reopened.add(b"\x00next", kept[-1][0] + 1, 2)
+    reopened.sync()
+    reopened._destroy()
+    again = quorum_module._create_journal(path)
+    assert [(e[1], e[2]) for e in again] == [*kept, (kept[-1][0] + 1, 2)]
+    again._destroy()
+
+
+def test_a_failed_sync_halts_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a failed fsync the kernel may have dropped the pages and report the error once:
+    a retry would "succeed" without the data. The node halts instead."""
+    halts: list[str] = []
+
+    class HaltedError(Exception):
+        pass
+
+    def halt(what: str, error: OSError) -> None:
+        halts.append(what)
+        raise HaltedError
+
+    monkeypatch.setattr(quorum_module, "_halt_on_storage_error", halt)
+    journal = quorum_module._create_journal(str(tmp_path / "journal"))
+
+    def failing(*args: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    monkeypatch.setattr(pysyncobj.journal.ResizableFile, "flush", failing)
+    journal.add(b"\x00a", 2, 1)
+    with pytest.raises(HaltedError):
+        journal.sync()
+    with pytest.raises(HaltedError):
+        journal.setCurrentTerm(2, None)
+    assert halts == ["syncing the metadata journal", "storing the term and vote"]
+    monkeypatch.undo()
+    journal._destroy()
 
 
 class SnapshottingVoters:

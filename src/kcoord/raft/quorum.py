@@ -73,12 +73,13 @@ import io
 import logging
 import os
 import pickle
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pysyncobj.journal
@@ -100,6 +101,7 @@ FORMAT_VERSION = 2  # 1: [1, [record bytes...]], without the epoch (still read)
 _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 1
 SNAPSHOT_FILE = "snapshot"
+HALT_EXIT_CODE = 1
 
 
 def _empty_bytes(*args: object) -> bytes:
@@ -152,6 +154,28 @@ class _ClosingSerializer(pysyncobj.serializer.Serializer):  # type: ignore[misc]
             if file is not None:
                 file.close()
         return data
+
+    def setTransmissionData(self, data: Any) -> bool:  # noqa: N802 (pysyncobj's)
+        """A part of the snapshot the leader sends; the last one's file is synced before
+        pysyncobj renames it over the snapshot (which it did unsynced: a power loss could
+        leave an empty snapshot behind a journal already trimmed to it)."""
+        if (
+            self._Serializer__fileName is None
+            or not isinstance(data, list | tuple)
+            or len(data) != 3
+            or not data[2]
+        ):
+            return bool(super().setTransmissionData(data))
+        part, is_first, _ = data
+        if not super().setTransmissionData((part, is_first, False)):
+            file = self._Serializer__incomingTransmissionFile
+            if file is not None:
+                try:
+                    file.flush()
+                    os.fsync(file.fileno())
+                except OSError as e:
+                    _halt_on_storage_error("syncing a snapshot from the leader", e)
+        return bool(super().setTransmissionData((b"", False, True)))
 
     def drop_incoming(self) -> None:
         """Forget the snapshot a voter is receiving (its parts so far, in a temporary file)."""
@@ -221,12 +245,28 @@ class QuorumStatus:
 _UTILITY_COMMANDS = frozenset({"status", "transfer"})
 
 
+def _halt_on_storage_error(what: str, error: OSError) -> NoReturn:
+    """A sync of the metadata log failed: halt. After a failed fsync the kernel may have
+    dropped the dirty pages and reports the error once, so a retry "succeeds" without the
+    data; a voter going on would acknowledge entries it does not hold (Kafka halts when its
+    metadata log directory fails)."""
+    log.critical("quorum: %s failed (%s): halting", what, error)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(HALT_EXIT_CODE)
+
+
 def _fsync_path(path: str, *, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_file_and_directory(path: str) -> None:
+    _fsync_path(path)
+    _fsync_path(os.path.dirname(path) or ".", directory=True)
 
 
 class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
@@ -239,38 +279,89 @@ class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
 
     def storeMeta(self, meta: Any) -> None:  # noqa: N802 (pysyncobj's)
         path = self.getPath()
-        with open(path + ".tmp", "wb") as f:
-            f.write(pysyncobj.journal.dumps(meta))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
-        _fsync_path(os.path.dirname(path) or ".", directory=True)
+        try:
+            with open(path + ".tmp", "wb") as f:
+                f.write(pysyncobj.journal.dumps(meta))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+            _fsync_path(os.path.dirname(path) or ".", directory=True)
+        except OSError as e:
+            _halt_on_storage_error("storing the term and vote", e)
+
+
+_RECORD_HEAD = struct.Struct("<I")
+_RECORD_IDS = struct.Struct("<QQ")
 
 
 class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
-    """pysyncobj's file journal, durable before anything it holds is relied on.
+    """pysyncobj's file journal (same file format), durable before anything it holds is
+    relied on, and never torn.
 
-    pysyncobj writes its journal through a memory map and never syncs it, so an entry a voter
-    acknowledged (and the leader counted towards a commit) could be lost with the machine's
-    power; a committed entry could end up on a minority. KRaft flushes its log before a
-    follower acknowledges or the leader counts its own entries. Here every message a voter
-    sends waits for the journal to be synced (``_MetadataSyncObj`` calls ``sync`` from the
-    transport): an AppendEntries reply, a vote or the leader's own AppendEntries only
-    leaves once the entries it speaks of are on disk, and a leader counts a follower only
-    after its own entries went out, so after they were synced. Heartbeats that change
-    nothing cost nothing.
+    - **Synced before it is relied on.** pysyncobj writes its journal through a memory map
+      and never syncs it, so an entry a voter acknowledged (and the leader counted towards a
+      commit) could be lost with the machine's power: a committed entry could end up on a
+      minority. KRaft flushes its log before a follower acknowledges or the leader counts
+      its own entries. Here every message a voter sends waits for the journal to be synced
+      (``_VotersOnlyTransport.send``): an AppendEntries reply, a vote or the leader's own
+      AppendEntries leaves only once the entries it speaks of are on disk, and a leader
+      counts a follower only after its own entries went out, so after they were synced.
+      Heartbeats that change nothing cost nothing.
+    - **Trimmed by replacing the file.** pysyncobj trims by rewriting the kept entries over
+      the old ones in place; a power loss in the middle left a journal of old and new pages
+      that loads entries out of order. A trim (``clear``, ``deleteEntriesTo``) writes the kept
+      entries to a new file, syncs it and renames it over the journal, and only after the
+      snapshot it trims to is synced, so the trim is never on disk without its snapshot.
+    - **Loaded with checks.** An append torn by a power loss (the header's end offset on disk
+      before the records) is dropped at load, from the first record whose sizes, index or
+      term do not follow: it was never acknowledged (nothing is sent before a sync).
 
-    pysyncobj trims the journal (``clear``) only after renaming a snapshot into place, its
-    own or one the leader sent; that snapshot is synced first, so the trim can never be on
-    disk without it.
+    Any I/O error while syncing halts the node (``_halt_on_storage_error``).
     """
 
     def __init__(self, journal_file: str, snapshot_file: str) -> None:
-        self._snapshot_file = snapshot_file
-        self._dirty = True  # a new file, or one pysyncobj may have written unsynced
-        super().__init__(journal_file)
-        self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
+        # FileJournal.__init__, with its loading loop replaced by _load's checks.
         self._path = journal_file
+        self._snapshot_file = snapshot_file
+        self._dirty = True  # pysyncobj may have written it unsynced before a crash
+        self._FileJournal__journalFile = pysyncobj.journal.ResizableFile(
+            journal_file, defaultContent=self._FileJournal__getDefaultHeader()
+        )
+        self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
+        self._FileJournal__meta = self._FileJournal__metaStorer.getMeta()
+        self._FileJournal__metaSaved = True
+        self._FileJournal__journal, self._FileJournal__currentOffset = self._load()
+
+    def _load(self) -> tuple[list[tuple[bytes, int, int]], int]:
+        pj = pysyncobj.journal
+        file = self._FileJournal__journalFile
+        end = _RECORD_HEAD.unpack(file.read(pj.LAST_RECORD_OFFSET_OFFSET, 4))[0]
+        entries: list[tuple[bytes, int, int]] = []
+        offset = pj.FIRST_RECORD_OFFSET
+        while offset < end:
+            if offset + 4 > end:
+                break
+            size = _RECORD_HEAD.unpack(file.read(offset, 4))[0]
+            if size < _RECORD_IDS.size or offset + size + 8 > end:
+                break
+            data = file.read(offset + 4, size)
+            if _RECORD_HEAD.unpack(file.read(offset + 4 + size, 4))[0] != size:
+                break
+            index, term = _RECORD_IDS.unpack(data[: _RECORD_IDS.size])
+            if entries and (index != entries[-1][1] + 1 or term < entries[-1][2]):
+                break
+            entries.append((data[_RECORD_IDS.size :], index, term))
+            offset += size + 8
+        if offset != end:
+            log.warning(
+                "quorum: the journal's records end at byte %d, its header says %d: dropped "
+                "the torn tail after entry %s (never acknowledged: nothing is sent unsynced)",
+                offset,
+                end,
+                entries[-1][1] if entries else None,
+            )
+            self._rewrite(entries)
+        return entries, offset
 
     def add(self, command: bytes, idx: int, term: int) -> None:
         super().add(command, idx, term)
@@ -281,18 +372,55 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._dirty = True
 
     def clear(self) -> None:
+        self._trim_to([])
+
+    def deleteEntriesTo(self, entryTo: int) -> None:  # noqa: N802, N803 (pysyncobj's)
+        self._trim_to(self._FileJournal__journal[entryTo:])
+
+    def _trim_to(self, kept: list[tuple[bytes, int, int]]) -> None:
+        # pysyncobj trims only after renaming a snapshot into place: that one first.
         if os.path.exists(self._snapshot_file):
-            _fsync_path(self._snapshot_file)
-            _fsync_path(os.path.dirname(self._snapshot_file) or ".", directory=True)
-        super().clear()
-        self._dirty = True
+            try:
+                _fsync_file_and_directory(self._snapshot_file)
+            except OSError as e:
+                _halt_on_storage_error("syncing the metadata snapshot", e)
+        self._rewrite(kept)
+        self._FileJournal__journal = list(kept)
+
+    def _rewrite(self, entries: list[tuple[bytes, int, int]]) -> None:
+        """Replace the journal file by one holding ``entries``, synced, in one rename."""
+        pj = pysyncobj.journal
+        records = bytearray()
+        for command, index, term in entries:
+            body = _RECORD_IDS.pack(index, term) + pj.to_bytes(command)
+            size = _RECORD_HEAD.pack(len(body))
+            records += size + body + size
+        end = pj.FIRST_RECORD_OFFSET + len(records)
+        header = bytearray(self._FileJournal__getDefaultHeader())
+        _RECORD_HEAD.pack_into(header, pj.LAST_RECORD_OFFSET_OFFSET, end)
+        tmp = self._path + ".tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(header + records)
+                f.flush()
+                os.fsync(f.fileno())
+            self._FileJournal__journalFile._destroy()
+            os.replace(tmp, self._path)
+            _fsync_path(os.path.dirname(self._path) or ".", directory=True)
+            self._FileJournal__journalFile = pj.ResizableFile(self._path)
+        except OSError as e:
+            _halt_on_storage_error("rewriting the metadata journal", e)
+        self._FileJournal__currentOffset = end
+        self._dirty = False
 
     def sync(self) -> None:
-        """Make every change so far durable (the map's pages, then the file's size)."""
+        """Make every change so far durable (the map's pages, through msync)."""
         if not self._dirty:
             return
-        self.flush()
-        _fsync_path(self._path)
+        try:
+            self.flush()
+        except OSError as e:
+            _halt_on_storage_error("syncing the metadata journal", e)
         self._dirty = False
 
 
@@ -476,11 +604,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if not isinstance(data, bytes | bytearray):
             data = b""  # not a part pysyncobj sends (and bytes(n) would allocate n bytes)
         data = bytes(data)
-        sender = (node, message.get("term"))
         if kind == "start":
             self._parts = [data]
-            self._parts_sender = sender
-        elif sender != self._parts_sender:
+            self._parts_sender = (node, message.get("term"))
+        elif not self._same_sender(self._parts_sender, node, message):
             # Not a part of the entry being put together (another voter led in between):
             # it completes nothing.
             return {**message, "transmission": "process", "data": b""}
@@ -496,6 +623,17 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._SyncObj__recvTransmission = b""
         plain = {k: v for k, v in message.items() if k not in ("transmission", "data")}
         return {**plain, "entries": [entry]}
+
+    @staticmethod
+    def _same_sender(started: tuple[Any, Any] | None, node: Any, message: dict[str, Any]) -> bool:
+        """Whether a part continues what ``started`` (the node and term of the first part)
+        began: the same voter (pysyncobj's nodes compare by address), in that term or a
+        later one (re-elected, it goes on with the same transfer)."""
+        if started is None:
+            return False
+        first_node, first_term = started
+        term = message.get("term")
+        return bool(first_node == node and isinstance(term, int) and term >= first_term)
 
     def _without_entries_we_hold(self, message: dict[str, Any]) -> dict[str, Any]:
         """An AppendEntries as Raft's receiver rule wants it handled.
@@ -635,11 +773,12 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         data, is_first, is_last = part
         if not isinstance(data, bytes | bytearray):
             return message
-        sender = (node, message.get("term"))
         if is_first:
             self._snapshot_parts = []
-            self._snapshot_sender = sender
-        elif self._snapshot_parts is None or sender != self._snapshot_sender:
+            self._snapshot_sender = (node, message.get("term"))
+        elif self._snapshot_parts is None or not self._same_sender(
+            self._snapshot_sender, node, message
+        ):
             # The start was missed, or it is another leader's: pysyncobj, which joins
             # whatever comes, would append it to the snapshot it is putting together.
             return {k: v for k, v in message.items() if k != "serialized"}
@@ -648,8 +787,14 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return message
         snapshot, self._snapshot_parts = b"".join(self._snapshot_parts), None
         entries = _snapshot_entries(snapshot)
-        if entries is None:
-            return message
+        unreadable = _unreadable_snapshot(snapshot)
+        if entries is None or unreadable is not None:
+            # pysyncobj would rename it over the snapshot, fail to load it (logging that
+            # alone), and still answer success with its own log end, which the leader would
+            # take for a match.
+            log.warning("quorum: refused the leader's snapshot: %s", unreadable or "no entries")
+            self._SyncObj__serializer.drop_incoming()
+            return {k: v for k, v in message.items() if k != "serialized"}
         _, last, last_term = entries[0]
         # The applied index too: after a snapshot is installed it is past the commit index
         # (see _snapshot_part_committing_nothing), and an older snapshot stepped it back.
@@ -856,6 +1001,9 @@ class MetadataQuorum:
         }
         with open(filename, "wb") as f:
             f.write(msgpack.packb(body, use_bin_type=True))
+            # Synced before pysyncobj renames it into place, and trims the journal to it.
+            f.flush()
+            os.fsync(f.fileno())
 
     def _read_snapshot(self, filename: str) -> tuple[Any, Any, Any]:
         with open(filename, "rb") as f:
@@ -926,6 +1074,29 @@ def _snapshot_entries(snapshot: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...]
     except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
         return None
     return (last, before) if indexes_are_ints else None
+
+
+def _unreadable_snapshot(snapshot: bytes) -> str | None:
+    """Why ``_read_snapshot`` would fail on these bytes, or None: read without loading."""
+    try:
+        body = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
+        if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
+            return "not a kcoord metadata snapshot of this version"
+        offset = int(body["offset"])
+        MetadataImage.from_records(offset, [rec.decode(r) for r in body["records"]])
+        [tuple(e) for e in body["entries"]]
+        [TCPNode(address) for address in body["cluster"]]
+    except (
+        ValueError,
+        TypeError,
+        KeyError,
+        IndexError,
+        msgpack.UnpackException,
+        rec.MetadataRecordError,
+        MetadataApplyError,
+    ) as e:
+        return f"it does not load ({e!r})"
+    return None
 
 
 def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import socket
 import warnings
 from pathlib import Path
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pysyncobj.pickle
 import pytest
 from pysyncobj import SyncObjConf
@@ -447,4 +449,58 @@ def test_snapshot_parts_from_another_sender_or_an_old_term_are_not_put_together(
         assert log_of(voter) == [(1, 0)] + [(i, 2) for i in range(2, 10)]
         assert voter.raftCommitIndex == 3
     finally:
+        voter.destroy()
+
+
+def test_a_snapshot_that_does_not_load_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pysyncobj renamed a snapshot it could not load over the voter's, logged the failure,
+    and answered success with the voter's own log end, which the leader took for a match."""
+    (tmp_path / "voter").mkdir()
+    voter = follower(tmp_path / "voter", snapshots=True)
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 6)], commit=2)
+        good = msgpack.unpackb(snapshot_bytes(tmp_path, 9, 2), raw=False)
+        bad = msgpack.packb({**good, "version": 99}, use_bin_type=True)
+        send_snapshot(voter, bad, term=2, commit=9)
+        assert "refused the leader's snapshot" in caplog.text
+        assert not (tmp_path / "voter" / "snapshot").exists()
+        assert log_of(voter) == [(1, 0)] + [(i, 1) for i in range(2, 6)]
+        assert voter.raftCommitIndex == 2
+    finally:
+        voter.destroy()
+
+
+def test_a_snapshot_from_the_leader_is_synced_before_it_replaces_ours(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader re-elected in a later term goes on with the same transfer; the last part's
+    file is synced before pysyncobj renames it into place, and the snapshot again before
+    the journal is trimmed to it."""
+    (tmp_path / "voter").mkdir()
+    voter = follower(tmp_path / "voter", snapshots=True)
+    synced: list[str] = []
+    fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        fsync(fd)
+
+    try:
+        append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 4)], commit=2)
+        snapshot = snapshot_bytes(tmp_path, 12, 1)
+        cut = len(snapshot) // 2
+        monkeypatch.setattr(os, "fsync", recording_fsync)
+        snapshot_part(voter, 1, (snapshot[:cut], True, False), commit=12)
+        snapshot_part(voter, 2, (snapshot[cut:], False, True), commit=12)
+        assert voter.raftLastApplied == 12
+        # The new term and vote first, then the snapshot, then the trimmed journal.
+        assert synced == [
+            *("journal.meta.tmp", "voter"),
+            *("snapshot.1.tmp", "snapshot", "voter"),
+            *("journal.tmp", "voter"),
+        ]
+    finally:
+        monkeypatch.undo()
         voter.destroy()
