@@ -61,6 +61,10 @@ SESSIONLESS_EPOCH: Final = -1  # Kafka's FetchMetadata.FINAL_EPOCH: full, and no
 NO_SESSION: Final = 0  # Kafka's INVALID_SESSION_ID
 # How often a session's request is served by a look at all of its partitions (see above).
 FULL_PASS_INTERVAL_MS: Final = 1000
+# A session unused this long goes (Kafka's min.incremental.fetch.session.eviction.ms): a
+# follower fetches all the time, so only a broker gone for good (or following elsewhere)
+# leaves one behind.
+SESSION_EVICTION_MS: Final = 120_000
 
 TopicPartition = tuple[str, int]
 
@@ -153,6 +157,8 @@ class FetchSessions:
         # Sessions opened (full requests that opened one): a follower's first fetch, or one
         # after it or this leader lost the session. A steady cluster opens few.
         self.opened = 0
+        self.eviction_ms = SESSION_EVICTION_MS
+        self._next_eviction_ms = 0
 
     def __len__(self) -> int:
         return len(self._by_replica)
@@ -167,6 +173,8 @@ class FetchSessions:
         ``KeyError`` / ``TypeError`` / ``ValueError`` if the payload is malformed."""
         changed = [FetchItem.parse(item) for item in payload["partitions"]]
         epoch = int(payload.get("session_epoch", SESSIONLESS_EPOCH))
+        if now_ms >= self._next_eviction_ms:
+            self._evict_idle(now_ms)
         if epoch == SESSIONLESS_EPOCH or (epoch == FULL_EPOCH and not may_open):
             return Resolved(Errors.NONE, NO_SESSION, changed)
         if epoch == FULL_EPOCH:
@@ -198,6 +206,15 @@ class FetchSessions:
             session.next_full_pass_ms = now_ms + self.full_pass_interval_ms
             return Resolved(Errors.NONE, session.session_id, list(items.values()), session)
         return Resolved(Errors.NONE, session.session_id, list(serve.values()), session)
+
+    def _evict_idle(self, now_ms: int) -> None:
+        """Drop the sessions unused for ``eviction_ms`` (``FetchSessionCache``'s eviction of
+        stale sessions); looked for every half of it."""
+        self._next_eviction_ms = now_ms + self.eviction_ms // 2
+        horizon = now_ms - self.eviction_ms
+        for replica_id, session in list(self._by_replica.items()):
+            if session.last_request_ms < horizon:
+                del self._by_replica[replica_id]
 
     def mark(self, tp: TopicPartition) -> None:
         """Something a follower of ``tp`` would be answered changed (see the docstring)."""

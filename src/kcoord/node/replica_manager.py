@@ -311,6 +311,8 @@ class ReplicaManager:
         self.logs = logs
         # A write to the data directory that fails halts the node (node/log_dir_failure.py).
         self.log_dir_failure = log_dir_failure or LogDirFailureChannel(logs.data_dir, halt=None)
+        # Per follower: its partitions that got no records in its last fetch for want of room.
+        self._starved_by_replica: dict[int, set[TopicPartition]] = {}
         self.cache = cache
         self.now_ms = now_ms
         self.default_log_config = default_log_config or LogConfig()
@@ -826,6 +828,10 @@ class ReplicaManager:
         except LogCorruptError as e:
             log.error("corrupt data in %s-%d: %s", topic, partition, e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
+        except OSError as e:
+            # LocalLog.read's maybeHandleIOException: the log directory failed.
+            self.log_dir_failure.fail(f"reading {topic}-{partition}", e)
+            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         return FetchResult(
             data.records,
             part.high_watermark,
@@ -1021,6 +1027,14 @@ class ReplicaManager:
         pending: list[TopicPartition] = []
         ready = high_watermark_news = False
         budget = max_bytes
+        # Partitions left without records last time for want of room go first: the order
+        # of a session's partitions never changes, and those late in it got nothing while the
+        # first ones had more, until they fell out of the ISR (Kafka moves a partition that
+        # returned records to the end of the session: IncrementalFetchContext).
+        starved_before = self._starved_by_replica.get(replica_id)
+        if starved_before:
+            items = sorted(items, key=lambda i: i.tp not in starved_before)
+        starved: set[TopicPartition] = set()
         for item in items:
             try:
                 part = self._follower_partition(
@@ -1053,8 +1067,11 @@ class ReplicaManager:
                     pending.append(item.tp)
                     ready = True
                     continue
-                except LogCorruptError as e:
-                    log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
+                except (LogCorruptError, OSError) as e:
+                    if isinstance(e, OSError):
+                        self.log_dir_failure.fail(f"reading {part.topic}-{part.partition}", e)
+                    else:
+                        log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
                     results.append(_fetch_result(item, part, error=Errors.KAFKA_STORAGE_ERROR))
                     pending.append(item.tp)
                     ready = True
@@ -1063,6 +1080,8 @@ class ReplicaManager:
                     records = bytes(data.records)
                     budget = max(0, budget - len(records))
                     news = True
+                elif budget == 0:
+                    starved.add(item.tp)
             ready = ready or news
             if (
                 follower_log_start is None
@@ -1074,6 +1093,10 @@ class ReplicaManager:
                 pending.append(item.tp)
             elif fetch_offset != log_end_offset:
                 pending.append(item.tp)
+        if starved:
+            self._starved_by_replica[replica_id] = starved
+        else:
+            self._starved_by_replica.pop(replica_id, None)
         return results, ready, high_watermark_news, pending
 
     async def handle_epoch_end_offset(self, payload: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from kcoord.cluster.fetch_session import (
     FULL_EPOCH,
     FULL_PASS_INTERVAL_MS,
     NO_SESSION,
+    SESSION_EVICTION_MS,
     FetchItem,
     FetchSessionHandler,
     FetchSessions,
@@ -215,3 +216,24 @@ def test_a_follower_that_knows_what_changed_names_only_that() -> None:
     assert error is Errors.NONE and served == [b2]
     handler.handle_response({"error": 0, "session_id": 1, "partitions": []})
     assert handler.request(current.values())["partitions"] == []  # the two agree
+
+
+def test_a_session_unused_for_the_eviction_time_goes() -> None:
+    """A broker gone for good (decommissioned, or now following elsewhere) left its session,
+    and every append kept marking it (Kafka's FetchSessionCache evicts stale sessions)."""
+    sessions = FetchSessions(itertools.count(1).__next__)
+    gone, staying = FetchSessionHandler(), FetchSessionHandler()
+    exchange(gone, sessions, [item(0)], now_ms=0)
+    request = staying.request([item(1)])
+    sessions.resolve(7, {"replica_id": 7, **request}, now_ms=0)
+    assert len(sessions) == 2
+    # The other follower keeps fetching; the first never comes back.
+    for now_ms in range(0, 2 * SESSION_EVICTION_MS, SESSION_EVICTION_MS // 4):
+        request = staying.request([item(1)])
+        error, session_id, _, _ = sessions.resolve(7, {"replica_id": 7, **request}, now_ms=now_ms)
+        staying.handle_response({"error": int(error), "session_id": session_id})
+        assert error is Errors.NONE
+    assert len(sessions) == 1
+    # Coming back after all, it is told to start over, as after a leader restart.
+    _, error, _ = exchange(gone, sessions, [item(0)], now_ms=2 * SESSION_EVICTION_MS)
+    assert error is Errors.FETCH_SESSION_ID_NOT_FOUND

@@ -636,6 +636,28 @@ def test_records_that_did_not_fit_an_answer_come_with_the_next_one(tmp_path: Pat
     asyncio.run(scenario())
 
 
+def test_under_sustained_load_every_partition_gets_its_turn_at_a_full_answer(
+    tmp_path: Path,
+) -> None:
+    """Each round both partitions get a batch and an answer holds one: the partition first in
+    the session's (fixed) order took every answer and the other none, until it fell out of
+    the ISR. A partition left out for want of room goes first next time (Kafka moves a
+    partition that returned records to the end of the session)."""
+
+    async def scenario() -> None:
+        leader, follower, parts = _two_partitions(tmp_path)
+        follower.fetchers.max_bytes = 1  # one batch an answer (the first one, whole)
+        lead = [leader.replicas.partitions[(TOPIC, p)] for p in (0, 1)]
+        for _ in range(20):
+            for part in lead:
+                leader.replicas.append_local(part, batch(value=b"v"), required_acks=1)
+            await follower.fetchers._step(1, parts)
+        ends = [p.log.log_end_offset for p in parts]
+        assert min(ends) >= 9, ends
+
+    asyncio.run(scenario())
+
+
 def _elect(
     cluster: dict[int, Node], offset: int, expected_partition_epoch: int, leader: int
 ) -> None:

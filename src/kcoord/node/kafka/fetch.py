@@ -214,10 +214,17 @@ class FetchApi:
     def _read(
         self, wanted: list[_FetchPartition], max_bytes: int, version: int
     ) -> tuple[list[dict[str, Any]], int, bool]:
-        """(partition responses, bytes of records, whether a partition failed)."""
+        """(partition responses, bytes of records, whether to answer at once for an error).
+
+        A partition this node has no metadata of (UNKNOWN_TOPIC_OR_PARTITION, an unknown
+        topic id) does not cut a long poll short, unless no partition is left to wait for:
+        ``KafkaApis.handleFetchRequest`` sets those aside before ``fetchMessages``, and only
+        errors found reading the others end a ``DelayedFetch`` early. A consumer still holding
+        a deleted topic's partition would otherwise fetch in a hot loop."""
         responses = []
         size = 0
         failed = False
+        unknown = 0
         for w in wanted:
             try:
                 if w.topic is None:
@@ -249,9 +256,12 @@ class FetchApi:
                     }
                 )
             except KafkaError as e:
-                failed = True
+                if e.code in _SET_ASIDE:
+                    unknown += 1
+                else:
+                    failed = True
                 responses.append(self._error(w, e.code, version))
-        return responses, size, failed
+        return responses, size, failed or (unknown > 0 and unknown == len(wanted))
 
     def _error(self, w: _FetchPartition, error: Errors, version: int) -> dict[str, Any]:
         response: dict[str, Any] = {
@@ -481,6 +491,10 @@ def _offset_for(
     if offset >= last_fetchable:
         return beyond_last_fetchable()
     return found_timestamp, offset
+
+
+# Errors KafkaApis finds before the read (set aside from the fetch, not ending its wait).
+_SET_ASIDE: Final = frozenset({Errors.UNKNOWN_TOPIC_OR_PARTITION, Errors.UNKNOWN_TOPIC_ID})
 
 
 def _epoch_for_offset(part: Partition, offset: int) -> int:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import errno
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -27,6 +29,7 @@ from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import format as fmt
+from kcoord.storage.segment import LogSegment
 from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running
 from tests.unit.node.kafka.test_codec import ADVERTISED
 from tests.unit.node.kafka.wire import AsyncWireClient
@@ -751,6 +754,67 @@ def test_fetch_long_poll_wakes_on_produce_and_times_out(tmp_path: Path) -> None:
         assert records_of(only_partition(fetched).records) == [b"wake"]
         correlation_id, _ = await c.receive(METADATA, 9)
         assert correlation_id == metadata_id
+
+    run(tmp_path, test)
+
+
+def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path) -> None:
+    """A consumer still assigned a deleted topic's partition: the fetch came back at once for
+    it, and the consumer fetched in a hot loop. It waits for the partitions there are, as
+    KafkaApis sets unknown partitions aside; alone, the unknown one is answered at once."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        values = fetch_values("t", 0, 0, max_wait_ms=10_000)
+        gone = fetch_values("gone", 0, 0)["topics"][0]
+        values["topics"].append(gone)
+        fetch_id = await c.send(FETCH, 12, values)
+        producer = await h.client()
+        await producer.call(PRODUCE, 9, produce_values("t", 0, batch([b"wake"])))
+        await producer.close()
+        correlation_id, fetched = await c.receive(FETCH, 12)
+        assert correlation_id == fetch_id
+        known, unknown = (t.partitions[0] for t in fetched.responses)
+        assert records_of(known.records) == [b"wake"]
+        assert unknown.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        alone = fetch_values("gone", 0, 0, max_wait_ms=10_000)
+        answered = only_partition(await asyncio.wait_for(c.call(FETCH, 12, alone), 5))
+        assert answered.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+
+    run(tmp_path, test)
+
+
+def test_a_read_error_fails_its_partition_alone_and_the_log_directory(tmp_path: Path) -> None:
+    """An I/O error reading one partition escaped the Fetch: the connection closed and the
+    healthy partition asked with it was never answered, again at every retry. It is
+    KAFKA_STORAGE_ERROR for that partition, and the log directory is reported failed
+    (LocalLog.read's maybeHandleIOException; a node halts then)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 6, 1)
+        healthy, broken = h.led_partitions("t")[:2]
+        for p in (healthy, broken):
+            await c.call(PRODUCE, 9, produce_values("t", p, batch([b"x"])))
+        segments = {id(s) for s in h.replicas.partitions[("t", broken)].log.segments}
+        read_at = LogSegment.read_at
+
+        def failing_read_at(segment: LogSegment, position: int, size: int) -> Any:
+            if id(segment) in segments:
+                raise OSError(errno.EIO, "Input/output error")
+            return read_at(segment, position, size)
+
+        failures: list[str] = []
+        h.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+        with mock.patch.object(LogSegment, "read_at", failing_read_at):
+            values = fetch_values("t", healthy, 0)
+            values["topics"][0]["partitions"].append(
+                dict(values["topics"][0]["partitions"][0], partition=broken)
+            )
+            fetched = await c.call(FETCH, 12, values)
+        answers = {p.partition_index: p for p in fetched.responses[0].partitions}
+        assert records_of(answers[healthy].records) == [b"x"]
+        assert answers[broken].error_code == Errors.KAFKA_STORAGE_ERROR
+        assert failures == [f"reading t-{broken}"]
 
     run(tmp_path, test)
 
