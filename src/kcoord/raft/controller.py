@@ -1024,6 +1024,15 @@ class Controller:
             return _create_topic_error(
                 Errors.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists."
             )
+        if "." in name or "_" in name:
+            # Topic.hasCollision: '.' and '_' name the same metric (validateNewTopicNames).
+            unified = _collision_key(name)
+            for other in image.topics.values():
+                if _collision_key(other.name) == unified:
+                    return _create_topic_error(
+                        Errors.INVALID_TOPIC_EXCEPTION,
+                        f"Topic '{name}' collides with existing topic: {other.name}",
+                    )
         if not topic_id or image.topic(topic_id) is not None:
             return _create_topic_error(
                 Errors.INVALID_REQUEST, f"Topic id {topic_id!r} is empty or already in use."
@@ -1490,7 +1499,9 @@ class Controller:
             image, image.topic(topic_id), UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG
         )
         unclean = (
-            self.config.unclean_leader_election_enable if raw is None else raw.lower() == "true"
+            self.config.unclean_leader_election_enable
+            if raw is None
+            else raw.strip().lower() == "true"  # ConfigDef.parseType trims
         )
         return Election.UNCLEAN if unclean else Election.ONLINE
 
@@ -1552,6 +1563,10 @@ def _manual_assignment_error(
             f"{replication_factor} replica(s)."
         )
     return None
+
+
+def _collision_key(name: str) -> str:
+    return name.replace(".", "_")
 
 
 def topic_name_error(name: str) -> str | None:

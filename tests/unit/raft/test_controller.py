@@ -620,7 +620,8 @@ def test_no_unclean_election_by_default(elr: bool) -> None:
 def test_unclean_election_when_configured(where: str) -> None:
     config = ControllerConfig(unclean_leader_election_enable=where == "controller-config")
     cluster = three_brokers(config)
-    topic_configs = {"unclean.leader.election.enable": "true"} if where == "topic" else {}
+    # A value with blanks around it, as validation accepts it (ConfigDef trims booleans).
+    topic_configs = {"unclean.leader.election.enable": " true "} if where == "topic" else {}
     cluster.create_topic("t", T1, 1, 3, topic_configs)
     if where == "cluster-config-record":
         cluster.commit(
@@ -1094,6 +1095,18 @@ def test_create_topic_refusals(
     assert result.records == ()
     assert result.response.error is error
     assert result.response.message
+
+
+def test_a_topic_name_colliding_with_an_existing_one_is_refused() -> None:
+    """Topic.hasCollision: '.' and '_' give the same metric names (validateNewTopicNames)."""
+    cluster = three_brokers()
+    cluster.create_topic("a.b", T1, 1, 1)
+    result = cluster.decide(lambda image: cluster.controller.create_topic(image, "a_b", T2))
+    assert result.records == ()
+    assert result.response.error is Errors.INVALID_TOPIC_EXCEPTION
+    assert result.response.message == "Topic 'a_b' collides with existing topic: a.b"
+    created = cluster.decide(lambda image: cluster.controller.create_topic(image, "a-b", T2))
+    assert created.response.error is Errors.NONE
 
 
 # ------------------------------------------------------------------ configs

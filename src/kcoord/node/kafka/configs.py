@@ -34,7 +34,7 @@ from kcoord.node.config import ConfigEntry
 from kcoord.node.kafka.admin import forward
 from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext
-from kcoord.raft.controller import ConfigOp
+from kcoord.raft.controller import ConfigOp, topic_name_error
 from kcoord.raft.image import ConfigResource
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, TopicConfigDef
@@ -75,7 +75,8 @@ class ConfigsApi:
             self._describe(
                 int(r.resource_type),
                 r.resource_name,
-                None if r.configuration_keys is None else set(r.configuration_keys),
+                # Null or empty: every config (ConfigHelperUtils.buildConfigEntries).
+                set(r.configuration_keys) or None if r.configuration_keys is not None else None,
                 synonyms,
                 docs,
             )
@@ -103,6 +104,9 @@ class ConfigsApi:
             }
 
         if resource_type == ConfigResourceType.TOPIC:
+            name_error = topic_name_error(name)
+            if name_error is not None:  # ConfigHelper: Topic.validate first
+                return result(Errors.INVALID_TOPIC_EXCEPTION, name_error, [])
             topic = self.ctx.image.topic_by_name(name)
             if topic is None:
                 return result(Errors.UNKNOWN_TOPIC_OR_PARTITION, None, [])
@@ -215,13 +219,23 @@ class ConfigsApi:
             }
             for r in body.resources
         ]
+        # ConfigAdminManager.preprocess: a resource named twice is INVALID_REQUEST, and is
+        # left out of what the controller applies.
+        seen: dict[tuple[int, str], int] = {}
+        for r in resources:
+            key = (r["resource_type"], r["resource_name"])
+            seen[key] = seen.get(key, 0) + 1
+        duplicated = {key for key, count in seen.items() if count > 1}
+        applied = [
+            r for r in resources if (r["resource_type"], r["resource_name"]) not in duplicated
+        ]
         reply: Any = Errors.NONE
-        if resources:
+        if applied:
             reply = await forward(
                 self.ctx,
                 "AlterConfigs",
                 {
-                    "resources": resources,
+                    "resources": applied,
                     "incremental": incremental,
                     "validate_only": bool(body.validate_only),
                 },
@@ -229,12 +243,16 @@ class ConfigsApi:
                 _TIMEOUT_S,
             )
         responses = []
-        for i, r in enumerate(resources):
-            if isinstance(reply, Errors):
+        answers = iter(() if isinstance(reply, Errors) else reply["resources"])
+        for r in resources:
+            if (r["resource_type"], r["resource_name"]) in duplicated:
+                error, message = Errors.INVALID_REQUEST, "Duplicate resource."
+            elif isinstance(reply, Errors):
                 error, message = reply, None
             else:
-                error = Errors(reply["resources"][i]["error"])
-                message = reply["resources"][i]["message"] or None
+                answer = next(answers)
+                error = Errors(answer["error"])
+                message = answer["message"] or None
             responses.append(
                 {
                     "error_code": error,

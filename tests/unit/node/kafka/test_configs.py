@@ -90,6 +90,39 @@ def test_describe_a_topic_lists_every_config_with_its_source(tmp_path: Path) -> 
         assert entry.synonyms == ()
         missing = await c.call(DESCRIBE_CONFIGS, 4, describe_values((TOPIC, "nope", None)))
         assert missing.results[0].error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        # An empty key list is every config, as null is (kafka-python sends []).
+        every = await c.call(DESCRIBE_CONFIGS, 1, describe_values((TOPIC, "t", [])))
+        assert [e.name for e in every.results[0].configs] == list(TOPIC_CONFIGS)
+        # An illegal name is checked first (ConfigHelper: Topic.validate).
+        illegal = await c.call(DESCRIBE_CONFIGS, 4, describe_values((TOPIC, "bad name!", None)))
+        assert illegal.results[0].error_code == Errors.INVALID_TOPIC_EXCEPTION
+
+    run(tmp_path, test)
+
+
+def test_a_resource_named_twice_in_one_alter_is_refused_alone(tmp_path: Path) -> None:
+    """ConfigAdminManager.preprocess: INVALID_REQUEST for a duplicated resource, which is not
+    applied (the second entry silently won); the other resources are."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1)
+        await h.create_topic("u", 1)
+        values = incremental_values("t", ("retention.ms", SET, "1000"))
+        values["resources"] += [
+            dict(
+                values["resources"][0],
+                configs=[dict(values["resources"][0]["configs"][0], value="2000")],
+            ),
+            incremental_values("u", ("retention.ms", SET, "3000"))["resources"][0],
+        ]
+        response = await c.call(INCREMENTAL_ALTER_CONFIGS, 1, values)
+        assert [(r.resource_name, r.error_code) for r in response.responses] == [
+            ("t", Errors.INVALID_REQUEST),
+            ("t", Errors.INVALID_REQUEST),
+            ("u", Errors.NONE),
+        ]
+        topics = {t.name: t.configs for t in h.cache.image.topics.values()}
+        assert "retention.ms" not in topics["t"] and topics["u"]["retention.ms"] == "3000"
 
     run(tmp_path, test)
 
