@@ -335,7 +335,7 @@ class ShardContext:
             # A bug in the shard: its state may be half-changed. Kafka marks the context
             # FAILED and reloads it; so do we, and the caller gets an error, not a hang.
             log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
-            self.runtime.fail_shard(self, Errors.UNKNOWN_SERVER_ERROR)
+            self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
             return
         if result.records:
             parts = [result.records] if result.atomic else self._batches_of(result.records)
@@ -359,7 +359,12 @@ class ShardContext:
                     )
                     self._fail(result.responses, _write_error(e.code))
                     return
-                self._unload_after_failed_write(e.code)
+                self._unload_after_failed_write(e.code, result.responses)
+                return
+            except Exception:
+                # Encoding or replaying records failed after the handler changed the shard.
+                log.exception("coordinator write failed on %s-%d", OFFSETS_TOPIC, self.index)
+                self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
                 return
         self._defer(self.last_written_offset, result.responses)
 
@@ -383,14 +388,26 @@ class ShardContext:
             out.append(run)
         return out
 
-    def _unload_after_failed_write(self, code: Errors) -> None:
+    def _unload_after_failed_write(
+        self, code: Errors, failing: Sequence[tuple[Hashable, Any]]
+    ) -> None:
         log.warning(
             "coordinator write to %s-%d failed (%s): unloading the shard",
             OFFSETS_TOPIC,
             self.index,
             code.name,
         )
-        self.runtime.fail_shard(self, _write_error(code))
+        self._fail_and_reload(failing, _write_error(code))
+
+    def _fail_and_reload(self, failing: Sequence[tuple[Hashable, Any]], code: Errors) -> None:
+        """The requests of a failed write (or handler) get ``code``, as Kafka fails just that
+        batch's events; the shard, changed in memory by what was not written, reloads from
+        the log. Every other request waiting on the partition (records appended before, which
+        the log keeps, or no records at all) gets NOT_COORDINATOR, which clients retry: a
+        refused write of one group failed the others' commits with its own error, which no
+        client retries."""
+        self._fail(failing, code)
+        self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
 
     def _append_and_replay(
         self,
@@ -469,7 +486,10 @@ class ShardContext:
                 self.partition, fmt.build_batch(batch.records)
             )
         except KafkaError as e:
-            self._unload_after_failed_write(e.code)
+            # The requests whose records were in this batch (or that wait on them).
+            base = batch.base_offset
+            failing = [r for d in self.deferred if d.offset > base for r in d.responses]
+            self._unload_after_failed_write(e.code, failing)
             return False
         self.runtime.count_batch(len(batch.records))
         if appended.base_offset != batch.base_offset:

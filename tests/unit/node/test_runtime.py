@@ -281,6 +281,68 @@ def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("append_linger_ms", [0, -1])
+def test_a_refused_write_fails_its_own_requests_and_others_may_retry(
+    tmp_path: Path, append_linger_ms: int
+) -> None:
+    """A write too large for the log unloads the shard. Another group's commit, appended
+    before and waiting for the HW, was failed with the refused write's own error
+    (UNKNOWN_SERVER_ERROR), which no client retries, though the log kept it. It gets
+    NOT_COORDINATOR now, and its commit is there after the reload."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=append_linger_ms)
+        part, ctx, _ = await committed_seven(node)
+        node.replicas.hold = True  # a lagging follower: the HW stays where it is
+        bystander = node.runtime.submit("other", commit("other", 5), replay_only=True)
+        if append_linger_ms < 0:
+            await _until(lambda: ctx.batch is None, "the bystander's batch to go out")
+        part.log.config = LogConfig(max_message_bytes=200)  # as an altered topic config does
+        too_large = node.runtime.submit("g" * 300, commit("g" * 300, 1))  # may change the shard
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(too_large, 5)
+        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(bystander, 5)
+        assert e.value.code is Errors.NOT_COORDINATOR
+        assert node.runtime.contexts[0] is not ctx
+        node.replicas.release(part)
+        node.replicas.hold = False
+        await loaded(node)
+        offsets = await asyncio.wait_for(node.runtime.call("other", fetch("other")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 5
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_handler_that_raises_fails_its_request_and_others_may_retry(tmp_path: Path) -> None:
+    """A bug in one shard call: its request gets UNKNOWN_SERVER_ERROR, the others waiting on
+    the partition NOT_COORDINATOR (they were all given UNKNOWN_SERVER_ERROR)."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=0)
+        part, ctx, _ = await committed_seven(node)
+        node.replicas.hold = True
+        waiting = node.runtime.submit("other", commit("other", 5), replay_only=True)
+
+        def broken(shard: Any, token: int, now_ms: int) -> Any:
+            raise RuntimeError("a bug")
+
+        failing = node.runtime.submit("g", broken)
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(failing, 5)
+        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(waiting, 5)
+        assert e.value.code is Errors.NOT_COORDINATOR
+        assert node.runtime.contexts[0] is not ctx
+        node.replicas.release(part)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def _batches(lg: Log, start: int) -> list[int]:
     """The record count of each batch in the log from ``start``."""
     if start == lg.log_end_offset:
