@@ -1074,6 +1074,7 @@ def test_create_topic_with_a_fenced_broker() -> None:
         ("u", T2, 1, 1, {"retention.mss": "1"}, Errors.INVALID_CONFIG),
         ("u", T2, 1, 1, {"retention.ms": None}, Errors.INVALID_CONFIG),
         ("u", T2, 1, 1, {"preallocate": "true"}, Errors.INVALID_CONFIG),
+        ("u", T2, 1, 1, {"remote.storage.enable": "true"}, Errors.INVALID_CONFIG),
     ],
 )
 def test_create_topic_refusals(
@@ -1095,6 +1096,26 @@ def test_create_topic_refusals(
     assert result.records == ()
     assert result.response.error is error
     assert result.response.message
+
+
+def test_kafka_4_configs_of_features_kcoord_lacks_take_their_defaults() -> None:
+    """A tool writing every default explicitly (tiered storage off, the codecs' levels) got
+    INVALID_CONFIG "unknown config" for keys Kafka 4.0 has."""
+    cluster = three_brokers()
+    defaults = {
+        "remote.storage.enable": "false",
+        "local.retention.ms": "-2",
+        "local.retention.bytes": "-2",
+        "remote.log.copy.disable": "false",
+        "remote.log.delete.on.disable": "false",
+        "compression.gzip.level": "-1",
+        "compression.lz4.level": "9",
+        "compression.zstd.level": "3",
+    }
+    result = cluster.decide(
+        lambda image: cluster.controller.create_topic(image, "u", T2, configs=defaults)
+    )
+    assert result.response.error is Errors.NONE, result.response.message
 
 
 def test_a_topic_name_colliding_with_an_existing_one_is_refused() -> None:
