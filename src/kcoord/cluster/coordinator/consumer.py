@@ -92,6 +92,11 @@ from kcoord.cluster.coordinator.records import (
 from kcoord.errors import Errors
 
 CONSUMER_PROTOCOL_TYPE: Final = "consumer"
+# Kafka's Topic.INTERNAL_TOPICS: what a regular expression never matches. Any other name,
+# "__" or not, is a user's topic (Kafka refuses no such name).
+INTERNAL_TOPICS: Final = frozenset(
+    {"__consumer_offsets", "__transaction_state", "__share_group_state"}
+)
 LEAVE_GROUP_MEMBER_EPOCH: Final = -1
 LEAVE_GROUP_STATIC_MEMBER_EPOCH: Final = -2
 
@@ -523,13 +528,13 @@ def compile_subscription_regex(pattern: str) -> re.Pattern[str]:
 
 def subscribed_topics(member: ConsumerGroupMember, topic_names: Iterable[str]) -> frozenset[str]:
     """The topics ``member`` subscribes to among ``topic_names``: its names, and the names its
-    regular expression matches as a whole (internal topics, ``__*``, never)."""
+    regular expression matches as a whole (internal topics never)."""
     names = frozenset(member.subscribed_topic_names)
     if not member.subscribed_topic_regex:
         return names
     regex = compile_subscription_regex(member.subscribed_topic_regex)
     return names | {
-        t for t in topic_names if not t.startswith("__") and regex.fullmatch(t) is not None
+        t for t in topic_names if t not in INTERNAL_TOPICS and regex.fullmatch(t) is not None
     }
 
 

@@ -573,12 +573,13 @@ class GroupApi:
     # -- ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69), KIP-848 -------------------
 
     def _topics_view(self) -> dict[str, tuple[str, int]]:
-        """The image's topics as the shard's assignor sees them: name -> (id, partitions)."""
+        """The image's topics as the shard's assignor sees them: name -> (id, partitions).
+        Every topic: one subscribed to by name is assigned, internal or not, as in Kafka
+        (a regular expression never matches an internal one)."""
         image = self.ctx.image
         return {
             topic.name: (topic.topic_id, len(image.partitions_of(topic.topic_id)))
             for topic in image.topics.values()
-            if not topic.name.startswith("__")
         }
 
     async def handle_consumer_group_heartbeat(self, request: Request) -> Result:

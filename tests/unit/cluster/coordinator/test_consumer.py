@@ -563,7 +563,7 @@ def by_topic(response: ConsumerGroupHeartbeatResponse) -> dict[str, set[int]]:
 
 
 # Topic ids as the records store them (16 bytes, in Kafka's string form).
-PAY_A, PAY_B, OTHER, INTERNAL = (uuid_str(bytes([i]) * 16) for i in (1, 2, 3, 4))
+PAY_A, PAY_B, OTHER, INTERNAL, UNDERSCORED = (uuid_str(bytes([i]) * 16) for i in (1, 2, 3, 4, 5))
 
 
 def test_a_regex_subscription_takes_every_matching_topic_and_later_ones_too() -> None:
@@ -571,25 +571,31 @@ def test_a_regex_subscription_takes_every_matching_topic_and_later_ones_too() ->
     topics = {
         "pay-a": (PAY_A, 2),
         "other": (OTHER, 2),
-        "__pay-internal": (INTERNAL, 2),  # internal topics never match
+        "__consumer_offsets": (INTERNAL, 2),  # internal topics never match (Topic.isInternal)
+        "__pay-mine": (UNDERSCORED, 1),  # a user's topic, "__" or not
     }
-    joined = regex_hb(ctx, "a", 0, None, topics, regex="(__)?pay-.*")
+    joined = regex_hb(ctx, "a", 0, None, topics, regex="(__)?pay-.*|__consumer_offsets")
     assert joined.error_code is Errors.NONE, joined
-    assert by_topic(joined) == {PAY_A: {0, 1}}
+    assert by_topic(joined) == {PAY_A: {0, 1}, UNDERSCORED: {0}}
     # The whole name must match (Java's Matcher.matches): "pay" alone matches nothing.
     assert regex_hb(ctx, "b", 0, None, topics, regex="pay").error_code is Errors.NONE
     assert ctx.shard.consumer_groups["g"].members["b"].subscribed_topic_regex == "pay"
     ctx.failover()  # the regex is in the member's metadata record
-    assert ctx.shard.consumer_groups["g"].members["a"].subscribed_topic_regex == "(__)?pay-.*"
+    member = ctx.shard.consumer_groups["g"].members["a"]
+    assert member.subscribed_topic_regex == "(__)?pay-.*|__consumer_offsets"
 
     # A topic created later that matches bumps the group epoch at the next heartbeat.
     grown = {**topics, "pay-b": (PAY_B, 1)}
     epoch = ctx.shard.consumer_groups["g"].group_epoch
-    response = regex_hb(ctx, "a", joined.member_epoch, {PAY_A: {0, 1}}, grown)
+    owned = {PAY_A: {0, 1}, UNDERSCORED: {0}}
+    response = regex_hb(ctx, "a", joined.member_epoch, owned, grown)
     assert response.error_code is Errors.NONE, response
     assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
-    assert by_topic(response) == {PAY_A: {0, 1}, PAY_B: {0}}
-    assert set(ctx.shard.consumer_groups["g"].subscribed_topics) == {PAY_A, PAY_B}
+    assert by_topic(response) == {PAY_A: {0, 1}, PAY_B: {0}, UNDERSCORED: {0}}
+    assert set(ctx.shard.consumer_groups["g"].subscribed_topics) == {PAY_A, PAY_B, UNDERSCORED}
+    # By name, an internal topic is assigned too, as in Kafka.
+    named = regex_hb(ctx, "c", 0, None, topics, names=("__consumer_offsets",))
+    assert named.error_code is Errors.NONE, named
 
 
 def test_names_and_a_regex_together_and_dropping_the_regex() -> None:
