@@ -248,7 +248,7 @@ def latest_totals_in_topic(
     latest: dict[Any, tuple[int, Any]] = {}
     for r in rows:
         v = json.loads(r.value)
-        assert r.key.decode() == f"{v['account']}|{v['window_start']}"
+        assert r.key.decode() == f"{v['account']}|{v['currency']}|{v['window_start']}"
         if r.key not in latest or v["batch_id"] >= latest[r.key][0]:
             latest[r.key] = (v["batch_id"], (v["total"], v["payments"]))
     return {k.decode(): value for k, (_, value) in latest.items()}
@@ -258,9 +258,9 @@ def reference_by_topic_key(events: list[Payment]) -> dict[str, tuple[str, int]]:
     from datetime import UTC, datetime
 
     out = {}
-    for (account, _currency, start_ms), total in reference_totals(events, WINDOW_MS).items():
+    for (account, currency, start_ms), total in reference_totals(events, WINDOW_MS).items():
         start = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
-        out[f"{account}|{start}"] = (f"{total.total:.2f}", total.payments)
+        out[f"{account}|{currency}|{start}"] = (f"{total.total:.2f}", total.payments)
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import signal
 import sys
 from pathlib import Path
@@ -68,12 +69,13 @@ def _payments(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    timeout_s = math.ceil(args.timeout) if args.timeout else None  # Spark's: whole seconds
     try:
         if args.available_now:
             print(
                 json.dumps({"available_now": True, "checkpoint": str(args.checkpoint)}), flush=True
             )
-            queries = run_available_now(spark, config)
+            queries = run_available_now(spark, config, timeout_s)
         else:
             queries = start(spark, config)
             print(
@@ -82,11 +84,16 @@ def _payments(args: argparse.Namespace) -> int:
                 ),
                 flush=True,
             )
+            # Any query ending (a failure of the dead-letter one too) ends the run: waiting on
+            # the first alone left the others' failures unseen while the process ran on.
             with contextlib.suppress(StreamingQueryException):  # reported below, per query
-                queries[0].awaitTermination(args.timeout or None)
+                spark.streams.awaitAnyTermination(timeout_s)
+        unfinished = [q.name for q in queries if q.isActive] if args.available_now else []
         for q in queries:
             q.stop()
         failed = [q for q in queries if q.exception() is not None]
+        for name in unfinished:
+            print(f"query {name} did not finish within --timeout", file=sys.stderr)
         for q in failed:
             print(f"query {q.name} failed: {_cause(q.exception())}", file=sys.stderr)
         print(
@@ -95,7 +102,7 @@ def _payments(args: argparse.Namespace) -> int:
             ),
             flush=True,
         )
-        return 1 if failed else 0
+        return 1 if failed or unfinished else 0
     finally:
         spark.stop()
 

@@ -19,12 +19,16 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from typing import Final
 
 FIELDS = ("id", "account", "amount", "currency", "timestamp")
 CURRENCIES = ("EUR", "USD", "GBP")
 # Spark's decimal(18, 2): the job sums amounts in that type.
 AMOUNT_PRECISION = 18
 AMOUNT_SCALE = 2
+# Spark keeps timestamps in microseconds (an int64): a larger one failed the whole batch, and
+# every restart replayed it, instead of going to the dead-letter topic.
+MAX_TIMESTAMP_MS: Final = (2**63 - 1) // 1000
 MAX_AMOUNT = Decimal(10) ** (AMOUNT_PRECISION - AMOUNT_SCALE - 4)  # room for sums
 
 
@@ -76,7 +80,11 @@ def parse_payment(value: bytes | None) -> Payment | str:
     ):
         return "field 'currency' must be a 3-letter ISO 4217 code"
     ts = obj["timestamp"]
-    if not isinstance(ts, Decimal) or ts != ts.to_integral_value() or not 0 <= ts < 2**63:
+    if (
+        not isinstance(ts, Decimal)
+        or ts != ts.to_integral_value()
+        or not 0 <= ts <= MAX_TIMESTAMP_MS
+    ):
         return "field 'timestamp' must be epoch milliseconds"
     return Payment(
         id=obj["id"],

@@ -9,7 +9,7 @@ Two structured streaming queries over the ``payments`` topic, each with its chec
   ``--watermark`` on the event time (events later than that are dropped by Spark). The output
   mode is *update*: each micro-batch emits the windows it changed, with their running totals,
   and ``foreachBatch`` writes them to the ``payments-totals`` topic (key
-  ``account|window start``, a JSON value with the batch id) and to Parquet under
+  ``account|currency|window start``, a JSON value with the batch id) and to Parquet under
   ``--output/batch_id=N/``. A batch re-run after a crash overwrites its Parquet directory and
   re-sends the same records, so the current total of a window is its row (or record) with the
   highest batch id.
@@ -176,7 +176,9 @@ def _write_totals(config: PaymentsConfig, batch: DataFrame, batch_id: int) -> No
         window_start = sf.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
         (
             batch.select(
-                sf.concat_ws("|", "account", window_start).alias("key"),
+                # One record per (account, currency, window): an account paying in two
+                # currencies in one window had two totals under one key.
+                sf.concat_ws("|", "account", "currency", window_start).alias("key"),
                 sf.to_json(
                     sf.struct(
                         "account",

@@ -460,19 +460,30 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # comes later, when the *next* batch is planned, so an idle query or the last batch
         # of an AvailableNow run would never be committed; committing ``start`` here does.
         self._maybe_commit(begin)
+        behind: Offsets = {}
         if self._target is not None:
             latest = dict(self._target)
         else:
             _, _, latest = self._latest()
-        # Never plan backwards: a partition whose high watermark fell below where the query
-        # is (truncation) is data loss, found by ``partitions``.
+            # A partition whose log end fell below where the query is (truncated, or deleted
+            # and created again) is data loss. Its end is planned there, below the start, so
+            # that ``partitions`` sees it (and fails, or starts it over from its earliest
+            # offset); clamped to the start, it planned nothing and then read on from the old
+            # position once the new log passed it, skipping the new records before it.
+            behind = {tp: latest[tp] for tp, at in begin.items() if latest.get(tp, at) < at}
         latest.update({tp: offset for tp, offset in begin.items() if tp not in latest})
-        begin_known = {tp: offset for tp, offset in begin.items() if tp in latest}
+        begin_known = {
+            tp: offset for tp, offset in begin.items() if tp in latest and tp not in behind
+        }
         if isinstance(limit, ReadMaxRows):
-            end = rate_limit(begin_known, latest, limit.max_rows)
+            end = rate_limit(
+                begin_known, {tp: latest[tp] for tp in latest if tp not in behind}, limit.max_rows
+            )
         else:
-            end = dict(latest)
+            end = {tp: offset for tp, offset in latest.items() if tp not in behind}
+        # Otherwise never plan backwards (a stale AvailableNow target, a rate limit).
         end = {tp: max(offset, begin.get(tp, offset)) for tp, offset in end.items()}
+        end.update(behind)
         return to_json_offsets(end)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
