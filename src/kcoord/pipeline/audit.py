@@ -57,6 +57,18 @@ class Commit:
 
 
 @dataclass(frozen=True, slots=True)
+class Deleted:
+    """An OffsetCommit tombstone: the key's offset was deleted (OffsetDelete, DeleteGroups)
+    or expired."""
+
+    group: str
+    topic: str
+    partition: int
+    log_partition: int
+    log_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class Sample:
     offset: int
     timestamp_ms: int
@@ -103,6 +115,20 @@ def partition_status(
     if len(known) == len(lags) and all(b > a for a, b in itertools.pairwise(known)):
         return Status.WARN
     return Status.OK
+
+
+def without_deleted(rows: Iterable[Commit | Deleted]) -> list[Commit]:
+    """The commits no later tombstone deleted (an offset deleted or expired, a group deleted:
+    its records stay in the log until compaction removes them). Log order within an offsets
+    partition is the order they were written; a key lives in one offsets partition."""
+    by_key: dict[tuple[str, str, int], list[Commit]] = defaultdict(list)
+    for row in sorted(rows, key=lambda r: (r.log_partition, r.log_offset)):
+        key = (row.group, row.topic, row.partition)
+        if isinstance(row, Deleted):
+            by_key.pop(key, None)
+        else:
+            by_key[key].append(row)
+    return [c for commits in by_key.values() for c in commits]
 
 
 def latest_commits(

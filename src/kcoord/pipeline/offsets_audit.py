@@ -3,10 +3,11 @@
 Reads the whole topic through the ``kcoord`` source (one Spark task per offsets partition
 with records), decodes each record with Kafka's schemas
 (``kcoord.cluster.coordinator.records.decode_record``) in a ``mapInArrow`` and keeps the
-OffsetCommit records (group metadata, tombstones and record types this build does not know
-are skipped). The driver then asks the cluster for the log end offsets the rules need
-(ListOffsets by timestamp for each sample's commit time, and the high watermarks now) and
-evaluates ``kcoord.pipeline.audit``'s rules.
+OffsetCommit records and their tombstones (group metadata and record types this build does
+not know are skipped); a tombstone deletes its key's earlier commits. The driver then asks
+the cluster for the log end offsets the rules need (ListOffsets by timestamp for each
+sample's commit time, and the high watermarks now) and evaluates ``kcoord.pipeline.audit``'s
+rules.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ from kcoord.cluster.coordinator.records import (
 from kcoord.pipeline.audit import (
     DEFAULT_MAX_SAMPLES,
     Commit,
+    Deleted,
     GroupReport,
     build_report,
     latest_commits,
+    without_deleted,
 )
 from kcoord.pipeline.retries import retrying
 
@@ -64,26 +67,29 @@ _ARROW_COMMIT = pa.schema(
 
 
 def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """``mapInArrow`` body: ``__consumer_offsets`` rows in, OffsetCommit records out."""
+    """``mapInArrow`` body: ``__consumer_offsets`` rows in, OffsetCommit records out, and their
+    tombstones (an offset deleted or expired) with a null offset."""
     for batch in batches:
         out: list[dict[str, Any]] = []
         for row in batch.select(["key", "value", "partition", "offset"]).to_pylist():
-            if row["key"] is None or row["value"] is None:
-                continue  # a tombstone: an offset deleted or expired
+            if row["key"] is None:
+                continue
             try:
                 record = decode_record(row["key"], row["value"])
             except CoordinatorRecordError:
                 continue  # a record type this build does not know
             key, value = record.key, record.value
-            if not isinstance(key, OffsetCommitKey) or not isinstance(value, OffsetCommitValue):
+            if not isinstance(key, OffsetCommitKey):
+                continue
+            if value is not None and not isinstance(value, OffsetCommitValue):
                 continue
             out.append(
                 {
                     "group": key.group_id,
                     "topic": key.topic,
                     "partition": key.partition,
-                    "offset": value.offset,
-                    "commit_timestamp_ms": value.commit_timestamp_ms,
+                    "offset": None if value is None else value.offset,
+                    "commit_timestamp_ms": None if value is None else value.commit_timestamp_ms,
                     "log_partition": row["partition"],
                     "log_offset": row["offset"],
                 }
@@ -101,7 +107,17 @@ def read_commits(spark: SparkSession, bootstrap_servers: str) -> list[Commit]:
         .mapInArrow(decode_batches, COMMIT_SCHEMA)
         .collect()
     )
-    return [Commit(**row.asDict()) for row in rows]
+    records: list[Commit | Deleted] = []
+    for row in rows:
+        fields = row.asDict()
+        if fields["offset"] is None:
+            del fields["offset"], fields["commit_timestamp_ms"]
+            records.append(Deleted(**fields))
+        else:
+            records.append(Commit(**fields))
+    # A deleted group's or offset's commits stay in the log until compaction: without the
+    # tombstones, a group deleted with lag was reported as stopped for good.
+    return without_deleted(records)
 
 
 def end_offsets(

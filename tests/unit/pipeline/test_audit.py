@@ -3,16 +3,26 @@ rules' order, the commit rate and a group's worst status."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
+from kcoord.cluster.coordinator.records import (
+    CoordinatorRecord,
+    OffsetCommitKey,
+    OffsetCommitValue,
+    encode_record,
+)
 from kcoord.pipeline.audit import (
     Commit,
+    Deleted,
     Sample,
     Status,
     build_report,
     latest_commits,
     partition_status,
+    without_deleted,
 )
+from kcoord.pipeline.offsets_audit import decode_batches
 
 NOW_MS = 1_000_000
 STOP_AFTER_MS = 60_000
@@ -64,6 +74,32 @@ def test_window_is_the_last_commits_in_log_order() -> None:
     commits.reverse()
     window = latest_commits(commits, max_samples=4)[("g", "t", 0)]
     assert [c.offset for c in window] == [11, 12, 13, 14]
+
+
+def test_a_tombstone_deletes_the_commits_before_it() -> None:
+    """A deleted group's (or expired offset's) commits stay in the log until compaction: the
+    audit reported a group deleted with lag as STOP indefinitely."""
+    deleted = Deleted("g", "t", 0, log_partition=3, log_offset=9)  # between offsets 4 and 5
+    rows: list[Commit | Deleted] = [commit("g", 0, o, 100 + o, log_offset=2 * o) for o in range(8)]
+    rows += [commit("g", 1, 7, 107, log_offset=20), deleted]
+    kept = without_deleted(reversed(rows))
+    assert sorted((c.partition, c.offset) for c in kept) == [(0, 5), (0, 6), (0, 7), (1, 7)]
+
+
+def test_decoded_offsets_records_keep_tombstones_with_a_null_offset() -> None:
+    commit_record = CoordinatorRecord(
+        OffsetCommitKey(group_id="g", topic="t", partition=0),
+        OffsetCommitValue(offset=5, commit_timestamp_ms=9),
+    )
+    key, value = encode_record(commit_record)
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {"key": key, "value": value, "partition": 3, "offset": 0},
+            {"key": key, "value": None, "partition": 3, "offset": 1},
+        ]
+    )
+    (out,) = decode_batches(iter([batch]))
+    assert [(r["offset"], r["log_offset"]) for r in out.to_pylist()] == [(5, 0), (None, 1)]
 
 
 def test_report_rates_lags_and_worst_status() -> None:
