@@ -6,6 +6,7 @@ import concurrent.futures
 import contextlib
 import json
 import socket
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -219,8 +220,8 @@ def test_a_node_that_cannot_catch_up_serves_no_client_says_why_and_stops_on_sigt
     tmp_path: Path,
 ) -> None:
     """One node of three restarted alone has no quorum, so no controller to register with: its
-    Kafka listener stays closed while /readyz names what it waits for, and a SIGTERM in that
-    wait still stops it cleanly."""
+    Kafka port is bound but serves no request while /readyz names what it waits for, and a
+    SIGTERM in that wait still stops it cleanly."""
     with LocalCluster(tmp_path) as cluster:
         for n in (1, 2, 3):
             cluster.kill(n)
@@ -229,13 +230,58 @@ def test_a_node_that_cannot_catch_up_serves_no_client_says_why_and_stops_on_sigt
         status, body = wait_for(lambda: readyz(node), "node 1's admin listener")
         assert status == 503, body
         assert "not registered with the controller" in body["reasons"], body
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection((node.host, node.kafka_port), timeout=5).close()
+        # A request sent now is never answered: the connection waits in the listen queue and
+        # is reset when the node stops.
+        waiting = socket.create_connection((node.host, node.kafka_port), timeout=30)
+        waiting.sendall(api_versions_request())
         pid = node.pid
         assert pid is not None
         started = time.monotonic()
         launcher.stop_node(node)  # SIGTERM; SIGKILL only after the launcher's grace
         assert time.monotonic() - started < launcher.STOP_TIMEOUT_S, "SIGTERM did not stop it"
+        with waiting, contextlib.suppress(ConnectionResetError):
+            assert waiting.recv(4096) == b"", "a node that had not caught up answered"
         # The first run was SIGKILLed: this line is the waiting node's clean stop.
         log = node.log_path.read_text()
         assert "node 1 stopped" in log, log[-2000:]
+
+
+def api_versions_request() -> bytes:
+    """ApiVersions v0 (header v1: api key 18, version 0, correlation id 1, client id "t")."""
+    body = struct.pack(">hhih", 18, 0, 1, 1) + b"t"
+    return struct.pack(">i", len(body)) + body
+
+
+def test_a_node_whose_kafka_port_is_taken_fails_before_it_registers_and_stops(
+    tmp_path: Path,
+) -> None:
+    """The Kafka port was bound last, after the broker had registered and been unfenced (and
+    made a leader): a taken port then ended the process like a crash, skipping the hand-over
+    and the stop. It is bound before the broker registers now, and a failed start stops."""
+    with LocalCluster(tmp_path) as cluster:
+        wait_for(lambda: cluster.controller_id() is not None, "an active controller")
+        cluster.kill(3)
+        node = cluster.node(3)
+
+        def fenced_epoch() -> int | None:
+            controller = cluster.controller_id([1, 2])
+            if controller is None:
+                return None
+            broker = cluster.describe(controller)["brokers"].get("3")
+            return None if broker is None or not broker["fenced"] else int(broker["epoch"])
+
+        epoch = wait_for(fenced_epoch, "node 3 fenced")
+        with socket.create_server((node.host, node.kafka_port)):
+            cluster.start(3)
+            wait_for(lambda: not launcher.is_alive(node.pid), "node 3 to give up")
+        log = node.log_path.read_text()
+        assert "failed to start" in log and "node 3 stopped" in log, log[-3000:]
+        # It never registered again: the controller still has its old, fenced incarnation.
+        assert fenced_epoch() == epoch
+        cluster.start(3)  # the port free again, it starts
+        wait_for(
+            lambda: (
+                cluster.describe(cluster.controller_id() or 1)["brokers"]["3"]["fenced"] is False
+            ),
+            "node 3 back and unfenced",
+        )

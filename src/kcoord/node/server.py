@@ -33,6 +33,7 @@ import contextlib
 import logging
 import resource
 import signal
+import socket
 import uuid
 from collections.abc import Mapping
 from functools import partial
@@ -161,6 +162,7 @@ class Node:
         self.admin_server: AdminServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._logs_open = False
+        self._kafka_socket: socket.socket | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -325,6 +327,13 @@ class Node:
                 **self.admin.rpc_handlers(),
             }
         )
+        # The Kafka port is bound before this broker registers (Kafka's BrokerServer binds its
+        # acceptors first and enables request processing last): a port taken fails the start
+        # here, not after the controller has unfenced the broker and made it a leader; and
+        # clients told of it find it listening (their requests wait until it serves).
+        self._kafka_socket = await _bind_listener(
+            cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port
+        )
         await self.rpc_server.start(cfg.rpc_listener.bind.host, cfg.rpc_listener.bind.port)
         quorum.start()
         for name, coro in (
@@ -352,7 +361,8 @@ class Node:
         await asyncio.gather(
             asyncio.to_thread(kafka.registry.warm_up), self._wait_for_initial_catch_up()
         )
-        await kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
+        sock, self._kafka_socket = self._kafka_socket, None
+        await kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port, sock=sock)
         self.kafka = kafka
         log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
 
@@ -453,6 +463,9 @@ class Node:
             await self.admin_server.stop()
         if self.kafka is not None:
             await self.kafka.stop()
+        if self._kafka_socket is not None:  # bound, never served: the start did not get there
+            self._kafka_socket.close()
+            self._kafka_socket = None
         if self.coordinator is not None:
             self.coordinator.close()
         if self.fetchers is not None:
@@ -591,6 +604,18 @@ class Node:
         }
 
 
+async def _bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (resolved as asyncio.start_server does)."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    family, _, _, _, address = infos[0]
+    sock = socket.create_server(address[:2], family=family)
+    sock.setblocking(False)
+    return sock
+
+
 async def serve(config: NodeConfig) -> None:
     node = Node(config)
     stop = asyncio.Event()
@@ -602,8 +627,15 @@ async def serve(config: NodeConfig) -> None:
     signalled = asyncio.create_task(stop.wait(), name="stop-signal")
     await asyncio.wait({starting, signalled}, return_when=asyncio.FIRST_COMPLETED)
     if starting.done() and starting.exception() is not None:
+        # A failed start still hands over what it took on and stops what it started (Kafka's
+        # BrokerServer.startup calls shutdown on an error); then it raises, as it always did.
         signalled.cancel()
-        starting.result()  # a failed start raises, as it always did: nothing to hand over
+        log.error("node %d failed to start: %r", config.node_id, starting.exception())
+        try:
+            await node.hand_over()
+        finally:
+            await node.stop()
+        starting.result()
     try:
         await signalled
     finally:

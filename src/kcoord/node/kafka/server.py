@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final
 
@@ -123,12 +124,16 @@ class KafkaServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
+        """Serve on ``host:port``, or on ``sock``, a listening socket bound beforehand."""
         assert self._server is None, "already started"
         loaded = self.registry.warm_up()
         log.info("kafka: %d request/response schemas loaded", loaded)
         self._stopping = False
-        self._server = await asyncio.start_server(self._serve, host, port)
+        if sock is not None:
+            self._server = await asyncio.start_server(self._serve, sock=sock)
+        else:
+            self._server = await asyncio.start_server(self._serve, host, port)
         log.info("kafka listener on %s:%d", host, self.port)
 
     async def stop(self) -> None:
