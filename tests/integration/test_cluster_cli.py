@@ -3,11 +3,13 @@ and a kept cluster restarted with ``cluster up``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,46 @@ def test_a_kept_cluster_restarts_as_it_was_and_keeps_its_voters(tmp_path: Path) 
         assert f"bootstrap servers: 127.0.0.1:{base}\n" in again.stdout
     finally:
         _kcoord("cluster", "down", "--data-dir", data)
+
+
+def test_a_sigterm_while_cluster_up_waits_for_readiness_stops_the_nodes(tmp_path: Path) -> None:
+    """The signal handlers were installed only once the cluster was ready: a SIGTERM in the
+    wait killed the launcher alone, and its nodes, in sessions of their own, ran on."""
+    base = free_base_port(3)
+    state_file = tmp_path / launcher.STATE_FILE
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kcoord.node.cli",
+            "cluster",
+            "up",
+            "--nodes",
+            "3",
+            "--base-port",
+            str(base),
+            "--data-dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        deadline = time.monotonic() + 60
+        pids: list[int] = []
+        while not pids and time.monotonic() < deadline:
+            if state_file.exists():
+                with contextlib.suppress(ValueError):  # caught mid-write
+                    pids = [n["pid"] for n in json.loads(state_file.read_text())["nodes"]]
+            time.sleep(0.01)  # polling for the launcher to have started its nodes
+        assert pids, "the launcher never saved its nodes"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+    # Interrupted in the wait (130), or just ready and stopped as after Ctrl-C (0): either
+    # way no node is left running.
+    left = [p for p in pids if launcher.is_alive(p)]
+    for pid in left:  # stopped here so that a failure leaves nothing running
+        os.kill(pid, signal.SIGKILL)
+    assert proc.returncode in (0, 130), output
+    print(f"cluster up exited {proc.returncode}: {output[-300:]}")
+    assert not left, output

@@ -88,7 +88,19 @@ def _cluster(args: argparse.Namespace) -> int:
             nodes = args.nodes or (len(kept.nodes) if kept else 3)
             base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
             print(f"kcoord: starting {nodes} nodes in {data_dir} ...", flush=True)
+            # A signal from here on stops the nodes: one during the wait for the cluster to be
+            # ready killed the launcher alone, leaving its nodes running unmanaged.
+            stop = {"now": False, "ready": False}
+
+            def on_signal(_sig: int, _frame: Any) -> None:
+                if not stop["ready"]:
+                    raise KeyboardInterrupt  # up() stops the nodes it started
+                stop["now"] = True
+
+            signal.signal(signal.SIGINT, on_signal)
+            signal.signal(signal.SIGTERM, on_signal)
             state = launcher.up(data_dir, nodes, base_port)
+            stop["ready"] = True
             print(
                 f"kcoord: cluster ready; bootstrap servers: {state.bootstrap_servers}", flush=True
             )
@@ -96,13 +108,6 @@ def _cluster(args: argparse.Namespace) -> int:
             if args.detach:
                 return 0
             print("kcoord: running in the foreground; Ctrl-C stops every node", flush=True)
-            stop = {"now": False}
-
-            def on_signal(_sig: int, _frame: Any) -> None:
-                stop["now"] = True
-
-            signal.signal(signal.SIGINT, on_signal)
-            signal.signal(signal.SIGTERM, on_signal)
             while not stop["now"]:
                 time.sleep(0.2)  # waiting for a signal
             print("kcoord: stopping the cluster ...", flush=True)
@@ -131,6 +136,9 @@ def _cluster(args: argparse.Namespace) -> int:
     except launcher.LauncherError as e:
         print(f"kcoord: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("kcoord: interrupted; the nodes it had started are stopped", file=sys.stderr)
+        return 130
     return 0
 
 

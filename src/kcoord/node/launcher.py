@@ -174,7 +174,9 @@ def start_node(node: NodeProcess) -> None:
     _CHILDREN[proc.pid] = proc
 
 
-def is_alive(pid: int | None) -> bool:
+def is_alive(pid: int | None, config_path: Path | None = None) -> bool:
+    """Whether ``pid`` is a running kcoord node (the one of ``config_path``, if given: a pid
+    reused by another cluster's node is not it)."""
     if pid is None:
         return False
     child = _CHILDREN.get(pid)
@@ -195,9 +197,12 @@ def is_alive(pid: int | None) -> bool:
             if f.read().split(") ")[-1].startswith("Z"):
                 return False
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"kcoord.node.cli" in f.read()
+            cmdline = f.read()
     except OSError:
         return False
+    if b"kcoord.node.cli" not in cmdline:
+        return False
+    return config_path is None or os.fsencode(str(config_path)) in cmdline.split(b"\0")
 
 
 def exit_code(pid: int) -> int | None:
@@ -206,17 +211,17 @@ def exit_code(pid: int) -> int | None:
 
 
 def stop_node(node: NodeProcess, *, kill: bool = False, timeout_s: float = STOP_TIMEOUT_S) -> None:
-    if not is_alive(node.pid):
+    if not is_alive(node.pid, node.config_path):
         node.pid = None
         return
     assert node.pid is not None
     os.kill(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
-    while is_alive(node.pid) and time.monotonic() < deadline:
+    while is_alive(node.pid, node.config_path) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the process table
-    if is_alive(node.pid):
+    if is_alive(node.pid, node.config_path):
         os.kill(node.pid, signal.SIGKILL)
-        while is_alive(node.pid):
+        while is_alive(node.pid, node.config_path):
             time.sleep(0.02)
     node.pid = None
 
@@ -268,7 +273,7 @@ def wait_ready(state: ClusterState, timeout_s: float = READY_TIMEOUT_S) -> None:
     why = ""
     while time.monotonic() < deadline:
         for n in state.nodes:
-            if not is_alive(n.pid):
+            if not is_alive(n.pid, n.config_path):
                 raise LauncherError(f"node {n.node_id} exited; see {n.log_path}")
         ok, why = cluster_ready(state)
         if ok:
@@ -284,6 +289,7 @@ def _stop_on_failure(state: ClusterState) -> Iterator[None]:
     except BaseException:
         for n in state.nodes:
             stop_node(n, kill=True)
+        state.save()  # no pid of a stopped node left behind for another process to take
         raise
 
 
@@ -305,7 +311,7 @@ def up(
     data_dir.mkdir(parents=True, exist_ok=True)
     if (data_dir / STATE_FILE).exists():
         old = ClusterState.load(data_dir)
-        if any(is_alive(n.pid) for n in old.nodes):
+        if any(is_alive(n.pid, n.config_path) for n in old.nodes):
             raise LauncherError(f"a cluster is already running from {data_dir}; 'cluster down'")
         if len(old.nodes) != nodes:
             # Every node is a voter, and the voters are fixed by config (Kafka's static
@@ -338,7 +344,7 @@ def down(state: ClusterState, *, kill: bool = False) -> None:
 def status(state: ClusterState) -> dict[str, Any]:
     rows = []
     for n in state.nodes:
-        alive = is_alive(n.pid)
+        alive = is_alive(n.pid, n.config_path)
         view = describe_node(n) if alive else None
         role = "down"
         if view is not None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,3 +45,51 @@ def test_ready_waits_for_the_offsets_topic_in_every_nodes_image(
 
     images[1] = True
     assert launcher.cluster_ready(_state()) == (True, "ready")
+
+
+def test_a_pid_is_this_nodes_only_if_it_runs_this_nodes_config(tmp_path: Path) -> None:
+    """A dead node's pid reused by another cluster's node (the chaos lab, parallel tests) was
+    taken for it: ``cluster down`` stopped the other cluster's node."""
+    mine, other = tmp_path / "a" / "node.toml", tmp_path / "b" / "node.toml"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.stdin.read()",  # a stand-in: lives until its stdin closes
+            "-m",
+            "kcoord.node.cli",
+            "node",
+            "--config",
+            str(other),
+        ],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        assert launcher.is_alive(proc.pid)
+        assert launcher.is_alive(proc.pid, other)
+        assert not launcher.is_alive(proc.pid, mine)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+
+def test_a_failed_up_leaves_no_pid_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pids were saved before the wait for readiness; when it failed the nodes were
+    stopped, but the saved state still named them, for a later process to reuse."""
+    started: list[int] = []
+
+    def fake_start(node: launcher.NodeProcess) -> None:
+        node.pid = 10_000_000 + node.node_id  # no such process
+        started.append(node.node_id)
+
+    def not_ready(state: launcher.ClusterState, timeout_s: float) -> None:
+        raise launcher.LauncherError("cluster not ready")
+
+    monkeypatch.setattr(launcher, "start_node", fake_start)
+    monkeypatch.setattr(launcher, "wait_ready", not_ready)
+    with pytest.raises(launcher.LauncherError):
+        launcher.up(tmp_path, 3, 30_000)
+    assert started == [1, 2, 3]
+    saved = launcher.ClusterState.load(tmp_path)
+    assert [n.pid for n in saved.nodes] == [None, None, None]
