@@ -377,6 +377,12 @@ class ReplicaManager:
                 self._stop_replica(tp)
                 continue
             part = self.partitions.get(tp)
+            if part is None and tp in self.logs.offline:
+                # Its log could not be opened at start-up (LogManager.open): it stays offline
+                # here and every other partition is served. Creating its log failed the log
+                # directory, halting the node, on every start once it had registered.
+                log.error("not hosting %s-%d: %s", tp[0], tp[1], self.logs.offline[tp])
+                continue
             if part is None:
                 topic = self.cache.image.topic(change.tp.topic_id)
                 config = self.log_config_for(topic.configs if topic else {})

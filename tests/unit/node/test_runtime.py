@@ -982,3 +982,22 @@ def test_a_follower_no_longer_hosting_the_partition_drops_its_standby(tmp_path: 
             node.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_a_partition_offline_at_start_up_is_not_hosted_and_fails_no_log_directory(
+    tmp_path: Path,
+) -> None:
+    """A partition whose log could not be opened is offline (LogManager.open) and the others
+    are served. Its role change then tried to create its log, which failed the log directory:
+    a node halted on every start, once it had registered."""
+    broken = tmp_path / "orders-0"
+    broken.mkdir(parents=True)
+    (broken / "00000000000000000000.log").mkdir()  # a directory where a segment should be
+    node = Node(tmp_path)
+    assert ("orders", 0) in node.logs.offline
+    failures: list[str] = []
+    node.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+    node.elect()
+    assert failures == []
+    assert ("orders", 0) not in node.replicas.partitions
+    assert node.replicas.get_partition("__consumer_offsets", 0) is not None
