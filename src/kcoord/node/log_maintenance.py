@@ -35,6 +35,7 @@ group has been committing.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -101,6 +102,9 @@ class LogMaintenance:
         self.uncleanable: set[TopicPartition] = set()
         self._to_remove: list[Path] = []
         self._removals_queued = asyncio.Event()
+        # The cleaner's own thread (Kafka's CleanerThread): a stop waits for its pass to end
+        # before the logs it reads are closed.
+        self._cleaner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cleaner")
 
     # -----------------------------------------------------------------------------------------
     # Retention.
@@ -121,6 +125,12 @@ class LogMaintenance:
             self.enforce_retention()
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)  # the period
 
+    async def close(self) -> None:
+        """Wait for a cleaning pass in its thread to end (LogManager.shutdown joins the cleaner
+        threads before it closes a log): cancelling the task that awaits it does not stop
+        it, and it went on reading segments the stop then closed."""
+        await asyncio.to_thread(self._cleaner.shutdown, True)
+
     # -----------------------------------------------------------------------------------------
     # The cleaner.
 
@@ -133,7 +143,9 @@ class LogMaintenance:
         tp, lg, plan = best
         self.stats.cleaner_runs += 1
         try:
-            result = await asyncio.to_thread(lg.clean, plan, hand_over_the_gil)
+            result = await asyncio.get_running_loop().run_in_executor(
+                self._cleaner, lg.clean, plan, hand_over_the_gil
+            )
         except LogCorruptError as e:
             self.stats.cleaner_failed += 1
             if not lg.is_current(plan):  # it read a segment closed meanwhile, not corruption

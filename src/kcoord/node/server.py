@@ -477,6 +477,8 @@ class Node:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.log_maintenance is not None:
+            await self.log_maintenance.close()
         if self.rpc_server is not None:
             await self.rpc_server.stop()
         await self.rpc_pool.close_all()

@@ -5,7 +5,9 @@ the dirtiest compacted log, a corrupt log set aside, and recovery-point checkpoi
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,3 +152,36 @@ def test_a_swap_that_fails_on_disk_halts_the_node(
     monkeypatch.setattr(checkpoint, "fsync_dir", failing)
     assert asyncio.run(node.maintenance.clean_filthiest()) is None
     assert halted == [EXIT_CODE]
+
+
+def test_closing_waits_for_a_cleaning_pass_in_its_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling the cleaner task does not stop its thread: the stop then closed segments the
+    pass was still reading. ``close`` waits for the pass (Kafka joins its cleaner threads)."""
+    node = Node(tmp_path)
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+    entered, release = threading.Event(), threading.Event()
+    clean = type(node.offsets).clean
+
+    def slow_clean(lg: Any, plan: Any, pause: Any = None) -> Any:
+        entered.set()
+        release.wait(30)
+        return clean(lg, plan)
+
+    monkeypatch.setattr(type(node.offsets), "clean", slow_clean)
+
+    async def scenario() -> None:
+        cleaning = asyncio.create_task(node.maintenance.clean_filthiest())
+        await asyncio.to_thread(entered.wait, 30)
+        cleaning.cancel()
+        closing = asyncio.create_task(node.maintenance.close())
+        await asyncio.sleep(0.05)  # give close a chance to return early (it must not)
+        assert not closing.done()
+        release.set()
+        await asyncio.wait_for(closing, 30)
+
+    asyncio.run(scenario())
+    node.logs.shutdown()
