@@ -428,12 +428,12 @@ def parse_datetime_ms(text: str) -> int:
     return (value - epoch) // datetime.timedelta(milliseconds=1)
 
 
-def clamp_offset(requested: int, log_start: int | None, log_end: int | None) -> int:
+def clamp_offset(requested: int, log_start: int, log_end: int) -> int:
     """``GroupOffsetsResetter.checkOffsetsRange``: above the log end becomes the log end,
     below the log start the log start."""
-    if log_end is not None and requested > log_end:
+    if requested > log_end:
         return log_end
-    if log_start is not None and requested < log_start:
+    if requested < log_start:
         return log_start
     return requested
 
@@ -670,11 +670,12 @@ def plan_reset(
                     "committed offset"
                 )
             requested[tp] = current.offset + int(args.shift_by)
-    log_start = client.list_offsets(partitions, EARLIEST_TIMESTAMP)
-    log_end = client.list_offsets(partitions, LATEST_TIMESTAMP)
+    # A partition whose range is unknown (leaderless while asked) fails the reset, as Kafka's
+    # listOffsets does: it let the requested offset through unclamped (10^12, or negative).
+    log_start = _offsets_or_raise(client, partitions, EARLIEST_TIMESTAMP, "starting")
+    log_end = _offsets_or_raise(client, partitions, LATEST_TIMESTAMP, "ending")
     return {
-        tp: clamp_offset(offset, log_start.get(tp), log_end.get(tp))
-        for tp, offset in requested.items()
+        tp: clamp_offset(offset, log_start[tp], log_end[tp]) for tp, offset in requested.items()
     }
 
 
@@ -815,6 +816,13 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
 
 
 def _reset_offsets(client: ToolClient, args: argparse.Namespace) -> int:
+    if not args.execute and not args.dry_run:
+        # ConsumerGroupCommand's warning: without it a forgotten --execute looked like a reset.
+        print(
+            "WARN: No action will be performed as the --execute option is missing. "
+            "Add --dry-run to say so explicitly.",
+            file=sys.stderr,
+        )
     group_ids = consumer_group_ids(client) if args.all_groups else list(dict.fromkeys(args.group))
     plans: dict[str, dict[TopicPartition, int]] = {}
     status = 0

@@ -74,7 +74,8 @@ class MaintenanceStats:
 
     segments_deleted: int = 0
     cleaner_runs: int = 0
-    cleaner_aborted: int = 0
+    cleaner_cleaned: int = 0  # swapped in
+    cleaner_aborted: int = 0  # the log changed meanwhile
     cleaner_failed: int = 0
     cleaned: CleanerStats = field(default_factory=CleanerStats)
 
@@ -147,23 +148,25 @@ class LogMaintenance:
                 self._cleaner, lg.clean, plan, hand_over_the_gil
             )
         except LogCorruptError as e:
-            self.stats.cleaner_failed += 1
             if not lg.is_current(plan):  # it read a segment closed meanwhile, not corruption
+                self.stats.cleaner_aborted += 1
                 log.warning("%s-%d: cleaning abandoned: the log changed meanwhile", tp[0], tp[1])
                 return None
+            self.stats.cleaner_failed += 1
             # Left for recovery and the read path to report; Kafka marks such a partition
             # uncleanable (LogCleanerManager.markPartitionUncleanable) until it is reloaded.
             self.uncleanable.add(tp)
             log.error("%s-%d: not cleanable until the node restarts: %s", tp[0], tp[1], e)
             return None
         except (OSError, ValueError) as e:
-            self.stats.cleaner_failed += 1
             if isinstance(e, OSError) and lg.is_current(plan):
                 # Nothing closed the segments: reading or writing the directory failed.
+                self.stats.cleaner_failed += 1
                 self.log_dir_failure.fail(f"cleaning {tp[0]}-{tp[1]}", e)
                 return None
             # A segment deleted or closed under the thread (retention, truncation, a deleted
             # topic) reads as an error; the copies were thrown away.
+            self.stats.cleaner_aborted += 1
             log.warning("%s-%d: cleaning abandoned: %s", tp[0], tp[1], e)
             return None
         try:
@@ -179,6 +182,7 @@ class LogMaintenance:
             self.stats.cleaner_aborted += 1
             log.info("%s-%d: cleaning abandoned: the log changed meanwhile", tp[0], tp[1])
             return None
+        self.stats.cleaner_cleaned += 1
         total = self.stats.cleaned
         for name in CleanerStats.__slots__:
             setattr(total, name, getattr(total, name) + getattr(stats, name))

@@ -465,8 +465,9 @@ class NodeCollector(Collector):
             "failed reading it.",
             labels=["result"],
         )
-        cleaned = stats.cleaner_runs - stats.cleaner_aborted - stats.cleaner_failed
-        passes.add_metric(["cleaned"], cleaned)
+        # Counted when each pass ends: a scrape during a pass that then failed saw it cleaned,
+        # and the series went down (a counter reset to rate()).
+        passes.add_metric(["cleaned"], stats.cleaner_cleaned)
         passes.add_metric(["abandoned"], stats.cleaner_aborted)
         passes.add_metric(["failed"], stats.cleaner_failed)
         yield passes

@@ -6,6 +6,7 @@ against a live node's /metrics and evaluates every expression in a real Promethe
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -132,3 +133,19 @@ def test_grafana_variables_are_substituted() -> None:
     assert files.substitute('rate(x{g=~"$consumergroup"}[$__rate_interval])') == (
         'rate(x{g=~".*"}[1m])'
     )
+
+
+def test_rate_and_increase_take_counters_only() -> None:
+    """rate() reads any drop as a counter reset: over a gauge of offsets (a reset-offsets or a
+    truncation moves it back) it drew a false spike. Gauges take deriv() or delta()."""
+    counter_like = ("_total", "_bucket", "_count")
+    wrong = []
+    for name, board in files.dashboards().items():
+        for panel in files.panels(board):
+            for target in panel.get("targets", []):
+                expr = target.get("expr", "")
+                for match in re.finditer(r"\b(?:rate|irate|increase)\(\s*([a-zA-Z_:][\w:]*)", expr):
+                    metric = match.group(1)
+                    if not metric.endswith(counter_like):
+                        wrong.append((name, panel["title"], metric))
+    assert wrong == []

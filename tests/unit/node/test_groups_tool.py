@@ -37,6 +37,7 @@ from kcoord.node.groups_tool import (
     parse_datetime_ms,
     parse_states,
     parse_topic_arg,
+    plan_reset,
 )
 from kcoord.node.tool_client import (
     API_VERSIONS,
@@ -252,7 +253,20 @@ def test_clamp_to_the_log_start_and_end() -> None:
     assert clamp_offset(15, 0, 10) == 10
     assert clamp_offset(-3, 2, 10) == 2
     assert clamp_offset(4, 2, 10) == 4
-    assert clamp_offset(4, None, None) == 4
+
+
+@pytest.mark.parametrize("scenario", [["--to-offset", "1000000000000"], ["--shift-by", "-9"]])
+def test_a_reset_to_a_partition_whose_range_is_unknown_fails(scenario: list[str]) -> None:
+    """A partition leaderless while its log start and end were asked for had no range, and the
+    requested offset went through unclamped (10^12, or negative); Kafka's listOffsets fails."""
+    args = build_parser().parse_args(
+        ["groups", "reset-offsets", "--group", "g", "--topic", "t", *scenario, "--execute"]
+    )
+    tp = TopicPartition("t", 0)
+    leaderless = SimpleNamespace(list_offsets=lambda partitions, timestamp: {})
+    committed = {tp: Committed(5, -1)}
+    with pytest.raises(ToolError, match="offset of topic partition"):
+        plan_reset(leaderless, args, [tp], committed)  # type: ignore[arg-type]
 
 
 def test_datetimes_with_a_zone_and_in_local_time() -> None:

@@ -24,11 +24,13 @@ from prometheus_client.registry import Collector
 from kcoord.cluster.coordinator import types as t
 from kcoord.errors import Errors
 from kcoord.node.kafka.server import RequestStats
+from kcoord.node.log_maintenance import MaintenanceStats
 from kcoord.node.metrics import NodeMetrics, exposition
 from kcoord.storage import format as fmt
 from tests.unit.node.test_runtime import Node, commit, loaded
 
 if TYPE_CHECKING:
+    from kcoord.node.log_maintenance import LogMaintenance
     from kcoord.node.server import Node as ServerNode
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -268,3 +270,22 @@ def test_exposition_of_a_node_reads_back_as_prometheus_clients_own(tmp_path: Pat
     registry.register(Fixed())
     assert parsed(exposition(families).decode()) == parsed(generate_latest(registry).decode())
     node.logs.close()
+
+
+def test_cleaner_passes_count_as_cleaned_only_once_swapped_in(tmp_path: Path) -> None:
+    """ "cleaned" was runs - abandoned - failed: a scrape during a pass counted it, and when it
+    then failed the counter went down, which rate() reads as a reset."""
+    node = Node(tmp_path)
+    view = node_view(node)
+    stats = MaintenanceStats(cleaner_runs=1)  # a pass under way
+    view.log_maintenance = cast("LogMaintenance", SimpleNamespace(stats=stats, uncleanable=set()))
+    metrics = NodeMetrics(view)
+
+    def passes(result: str) -> float | None:
+        return value(scrape(metrics), "kcoord_log_cleaner_passes_total", result=result)
+
+    assert passes("cleaned") == 0
+    stats.cleaner_failed = 1  # it failed
+    assert (passes("cleaned"), passes("failed")) == (0, 1)
+    stats.cleaner_runs, stats.cleaner_cleaned = 2, 1
+    assert passes("cleaned") == 1
