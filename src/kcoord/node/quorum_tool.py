@@ -6,9 +6,9 @@ forwards it to the active controller: only the leader knows how far each voter h
 
 from __future__ import annotations
 
+import sys
 from typing import Any, TextIO
 
-from kcoord.node.clock import SYSTEM_CLOCK
 from kcoord.node.config import Endpoint
 from kcoord.node.kafka.client import call_once
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, METADATA_TOPIC
@@ -49,28 +49,29 @@ def fetch(bootstrap: str) -> dict[str, Any]:
     }
 
 
-def describe(bootstrap: str, *, replication: bool, out: TextIO) -> int:
+def describe(bootstrap: str, *, replication: bool, out: TextIO, err: TextIO = sys.stderr) -> int:
     try:
         q = fetch(bootstrap)
+        cluster = None if replication else cluster_id(bootstrap)
     except Exception as e:
-        out.write(f"kcoord: cannot describe the quorum through {bootstrap}: {e}\n")
+        err.write(f"kcoord: cannot describe the quorum through {bootstrap}: {e}\n")
         return 1
     if not q["is_leader"]:
-        out.write("kcoord: no leader could be reached; the quorum may have no leader\n")
+        err.write("kcoord: no leader could be reached; the quorum may have no leader\n")
         return 1
     hw = q["high_watermark"]
-    now_ms = SYSTEM_CLOCK.now_ms()
     voters = q["voters"]
-    followers = [v for v in voters if v["node_id"] != q["leader_id"]]
-    max_lag = max((hw - v["log_end_offset"] for v in followers), default=0)
-    max_lag_ms = max(
-        (
-            now_ms - v["last_caught_up_timestamp"]
-            for v in followers
-            if v["last_caught_up_timestamp"] >= 0
-        ),
-        default=0,
-    )
+    leader = next(v for v in voters if v["node_id"] == q["leader_id"])
+    # MetadataQuorumCommand: the lag of the voter furthest behind the leader's log end, and
+    # how long before the leader's last catch-up it last caught up (-1 if either never did).
+    furthest = min(voters, key=lambda v: v["log_end_offset"])
+    max_lag = leader["log_end_offset"] - furthest["log_end_offset"]
+    if furthest is leader:
+        max_lag_ms = 0
+    elif leader["last_caught_up_timestamp"] >= 0 and furthest["last_caught_up_timestamp"] >= 0:
+        max_lag_ms = leader["last_caught_up_timestamp"] - furthest["last_caught_up_timestamp"]
+    else:
+        max_lag_ms = -1
     if replication:
         header = (
             "NodeId",
@@ -86,7 +87,7 @@ def describe(bootstrap: str, *, replication: bool, out: TextIO) -> int:
                 (
                     str(v["node_id"]),
                     str(v["log_end_offset"]),
-                    str(max(0, hw - v["log_end_offset"])),
+                    str(leader["log_end_offset"] - v["log_end_offset"]),
                     str(v["last_fetch_timestamp"]),
                     str(v["last_caught_up_timestamp"]),
                     "Leader" if v["node_id"] == q["leader_id"] else "Follower",
@@ -99,7 +100,7 @@ def describe(bootstrap: str, *, replication: bool, out: TextIO) -> int:
             )
         return 0
     fields = [
-        ("ClusterId", cluster_id(bootstrap)),
+        ("ClusterId", cluster),
         ("LeaderId", q["leader_id"]),
         ("LeaderEpoch", q["leader_epoch"]),
         ("HighWatermark", hw),

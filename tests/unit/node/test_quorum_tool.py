@@ -1,0 +1,58 @@
+"""``kcoord quorum describe``'s figures, as kafka-metadata-quorum.sh computes them."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pytest
+
+from kcoord.node import quorum_tool
+
+
+def described(monkeypatch: pytest.MonkeyPatch, *voters: tuple[int, int, int]) -> dict[str, str]:
+    """The summary for voters ``(node id, log end offset, last caught-up ms)``; 1 leads."""
+    view: dict[str, Any] = {
+        "is_leader": True,
+        "leader_id": 1,
+        "leader_epoch": 4,
+        "high_watermark": 95,
+        "voters": [
+            {
+                "node_id": node_id,
+                "log_end_offset": end,
+                "last_fetch_timestamp": caught_up,
+                "last_caught_up_timestamp": caught_up,
+            }
+            for node_id, end, caught_up in voters
+        ],
+    }
+    monkeypatch.setattr(quorum_tool, "fetch", lambda bootstrap: view)
+    monkeypatch.setattr(quorum_tool, "cluster_id", lambda bootstrap: "c")
+    out = io.StringIO()
+    assert quorum_tool.describe("b:1", replication=False, out=out) == 0
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in out.getvalue().splitlines())}
+
+
+def test_the_lag_is_the_furthest_voters_behind_the_leaders_log_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """MetadataQuorumCommand: leader LEO minus the lowest LEO, and the leader's last catch-up
+    minus that voter's (not the tool's own clock against the HW)."""
+    summary = described(monkeypatch, (1, 100, 5000), (2, 90, 4000), (3, 100, 4900))
+    assert (summary["MaxFollowerLag"], summary["MaxFollowerLagTimeMs"]) == ("10", "1000")
+    # A voter that never caught up (down since the election) is -1, not a healthy 0.
+    summary = described(monkeypatch, (1, 100, 5000), (2, 90, -1), (3, 100, 4900))
+    assert (summary["MaxFollowerLag"], summary["MaxFollowerLagTimeMs"]) == ("10", "-1")
+    summary = described(monkeypatch, (1, 100, 5000), (2, 100, 5000), (3, 100, 5000))
+    assert (summary["MaxFollowerLag"], summary["MaxFollowerLagTimeMs"]) == ("0", "0")
+
+
+def test_errors_go_to_stderr_with_exit_code_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(bootstrap: str) -> Any:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(quorum_tool, "fetch", unreachable)
+    out, err = io.StringIO(), io.StringIO()
+    assert quorum_tool.describe("b:1", replication=False, out=out, err=err) == 1
+    assert out.getvalue() == "" and "connection refused" in err.getvalue()
