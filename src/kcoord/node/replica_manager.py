@@ -702,7 +702,15 @@ class ReplicaManager:
         except OSError as e:
             self.log_dir_failure.fail(f"appending to {part.topic}-{part.partition}", e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
-        part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
+        try:
+            part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
+        except OSError as e:
+            # The leader-epoch checkpoint, as Kafka's CheckpointFile: the directory failed. It
+            # escaped as a bare OSError, which closed the connection and left the node leading.
+            self.log_dir_failure.fail(
+                f"checkpointing the epochs of {part.topic}-{part.partition}", e
+            )
+            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         self.leader_bytes_appended += len(records)
         self.maybe_advance_high_watermark(part)
         self.fetch_sessions.mark(part.tp)

@@ -819,6 +819,29 @@ def test_a_read_error_fails_its_partition_alone_and_the_log_directory(tmp_path: 
     run(tmp_path, test)
 
 
+def test_a_failed_leader_epoch_checkpoint_fails_the_partition_and_the_log_directory(
+    tmp_path: Path,
+) -> None:
+    """The first append of an epoch writes the leader-epoch checkpoint; an I/O error there
+    escaped the produce as a bare OSError: the connection closed and the node kept leading."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)  # a new epoch: its first append writes the checkpoint
+        failures: list[str] = []
+        h.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+
+        def failing_write(*args: Any) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        with mock.patch("kcoord.storage.epoch.write_leader_epochs", failing_write):
+            response = await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"x"]), acks=1))
+        assert only_partition(response).error_code == Errors.KAFKA_STORAGE_ERROR
+        assert failures == ["checkpointing the epochs of t-0"]
+
+    run(tmp_path, test)
+
+
 def test_acks_zero_answers_nothing_and_closes_on_failure(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 1, 1)
