@@ -226,6 +226,8 @@ class _PartitionResult:
     partition: Partition | None = None
     # acks=-1: done once the HW passes the batch (registered at the append, see _append).
     committed: asyncio.Future[None] | None = None
+    # NOT_ENOUGH_REPLICAS_AFTER_APPEND, decided when ``committed`` completed.
+    after_append: KafkaError | None = None
     leader_hint: dict[str, int] = field(default_factory=dict)
 
 
@@ -356,6 +358,15 @@ class ProduceApi:
                 # that truncates the batch, and wait on a follower for somebody else's records.
                 result.partition = part
                 result.committed = part.high_watermark_reached(last_offset + 1)
+                # The min-ISR check is made when the HW passes the batch, as Kafka's
+                # DelayedProduce settles a partition once (acksPending): made when the whole
+                # request was done, an ISR shrink meanwhile failed a batch committed at min ISR.
+                if result.committed.done():
+                    self._check_after_append(result, result.committed)
+                else:
+                    result.committed.add_done_callback(
+                        functools.partial(self._check_after_append, result)
+                    )
         except KafkaError as e:
             result.error, result.message = e.code, e.message or None
             result.record_errors = e.record_errors
@@ -380,12 +391,7 @@ class ProduceApi:
                 result.message = "the high watermark did not reach the batch in time"
                 continue
             part = result.partition
-            error = result.committed.exception()
-            if error is None:
-                try:
-                    self.ctx.replicas.check_enough_replicas_after_append(part)
-                except KafkaError as e:
-                    error = e
+            error = result.committed.exception() or result.after_append
             if isinstance(error, KafkaError):
                 result.error, result.message = error.code, error.message or None
                 if error.code is not Errors.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
@@ -393,6 +399,17 @@ class ProduceApi:
             elif error is not None:
                 raise error
         return self._response(request, topics)
+
+    def _check_after_append(
+        self, result: _PartitionResult, committed: asyncio.Future[None]
+    ) -> None:
+        if committed.cancelled() or committed.exception() is not None:
+            return
+        assert result.partition is not None
+        try:
+            self.ctx.replicas.check_enough_replicas_after_append(result.partition)
+        except KafkaError as e:
+            result.after_append = e
 
     def _response(
         self, request: Request, topics: list[tuple[Any, str | None, list[_PartitionResult]]]

@@ -842,6 +842,64 @@ def test_a_failed_leader_epoch_checkpoint_fails_the_partition_and_the_log_direct
     run(tmp_path, test)
 
 
+def test_a_partition_committed_at_min_isr_is_settled_then_not_when_the_request_ends(
+    tmp_path: Path,
+) -> None:
+    """acks=-1 for A and B, min.insync.replicas 2: A's HW passes its batch on two replicas,
+    then A's ISR shrinks while the request still waits for B. A was answered
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND (checked when the whole request ended), and a producer
+    without idempotence wrote it twice; Kafka's DelayedProduce settles A when its HW passes."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 6, 3)
+        a, b = h.led_partitions("t")[:2]
+        pa = h.replicas.get_partition("t", a)
+        assert pa is not None and pa.replication is not None
+        h.replicas.min_insync_replicas = 2
+        follower = next(r for r in pa.replicas if r != NODE_ID)
+        h.change_partition("t", a, isr=(NODE_ID, follower))
+        h.clock[0] += pa.replication.replica_lag_time_max_ms + 1  # the third one is not joining
+        values = {
+            "acks": -1,
+            "timeout": 400,
+            "topic_data": [
+                {
+                    "name": "t",
+                    "partition_data": [
+                        {"index": a, "records": batch([b"a"])},
+                        {"index": b, "records": batch([b"b"])},
+                    ],
+                }
+            ],
+        }
+        await c.send(PRODUCE, 9, values)
+        for _ in range(10_000):
+            if pa.log.log_end_offset >= 1:
+                break
+            await asyncio.sleep(0)  # the request's append runs on the loop
+        fetch = {
+            "topic": "t",
+            "partition": a,
+            "fetch_offset": 1,
+            "leader_epoch": pa.leader_epoch,
+            "last_fetched_epoch": pa.leader_epoch,
+            "high_watermark": 0,
+            "log_start_offset": 0,
+            "topic_id": pa.topic_id,
+        }
+        await h.replicas.handle_replica_fetch(
+            {"replica_id": follower, "max_wait_ms": 0, "partitions": [fetch]}
+        )
+        assert pa.high_watermark == 1
+        await asyncio.sleep(0)  # A's completion is handled
+        h.change_partition("t", a, isr=(NODE_ID,))
+        _, response = await c.receive(PRODUCE, 9)
+        codes = {p.index: p.error_code for t in response.responses for p in t.partition_responses}
+        assert (codes[a], codes[b]) == (Errors.NONE, Errors.REQUEST_TIMED_OUT)
+
+    run(tmp_path, test)
+
+
 def test_acks_zero_answers_nothing_and_closes_on_failure(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 1, 1)
