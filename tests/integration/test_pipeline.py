@@ -17,6 +17,8 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from kcoord.node.clock import SYSTEM_CLOCK  # noqa: E402
 from kcoord.pipeline.audit import Status  # noqa: E402
 from kcoord.pipeline.events import (  # noqa: E402
     MALFORMED,
+    MAX_AMOUNT,
     Payment,
     parse_payment,
     reference_totals,
@@ -43,6 +46,7 @@ from kcoord.pipeline.options import parse_source_options  # noqa: E402
 from kcoord.pipeline.payments import (  # noqa: E402
     PaymentsConfig,
     current_totals,
+    totals_frame,
 )
 from kcoord.pipeline.payments import run_available_now as run_payments  # noqa: E402
 from kcoord.pipeline.session import build_session  # noqa: E402
@@ -255,8 +259,6 @@ def latest_totals_in_topic(
 
 
 def reference_by_topic_key(events: list[Payment]) -> dict[str, tuple[str, int]]:
-    from datetime import UTC, datetime
-
     out = {}
     for (account, currency, start_ms), total in reference_totals(events, WINDOW_MS).items():
         start = datetime.fromtimestamp(start_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
@@ -467,3 +469,24 @@ def produce_to_partition(cluster: LocalCluster, topic: str, partition: int, coun
     for i in range(count):
         producer.produce(topic, value=f"more-{i}".encode(), partition=partition)
     assert producer.flush(60) == 0
+
+
+def test_a_window_total_past_an_amounts_precision_is_kept(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """A window's total was cast back to an amount's decimal(18, 2): 10^4 near-maximum
+    payments in one window overflowed it, which Spark 4's ANSI mode fails, at every replay."""
+    amount = MAX_AMOUNT - Decimal("0.01")
+    count = 10_001
+    rows = [
+        (f"p-{i}", "acct", amount, "EUR", datetime(2026, 1, 1, tzinfo=UTC), None)
+        for i in range(count)
+    ]
+    parsed = spark.createDataFrame(
+        rows,
+        "id string, account string, amount decimal(18,2), currency string, "
+        "event_time timestamp, reason string",
+    )
+    config = PaymentsConfig(bootstrap_servers="unused:1", checkpoint=tmp_path, output=tmp_path)
+    (total,) = totals_frame(parsed, config).collect()
+    assert (total["total"], total["payments"]) == (amount * count, count)

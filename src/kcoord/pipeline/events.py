@@ -23,9 +23,12 @@ from typing import Final
 
 FIELDS = ("id", "account", "amount", "currency", "timestamp")
 CURRENCIES = ("EUR", "USD", "GBP")
-# Spark's decimal(18, 2): the job sums amounts in that type.
+# Spark's decimal(18, 2) for an amount; a window's total is Spark's sum of them, decimal(28, 2):
+# cast back to (18, 2), about 10^4 near-maximum payments in one window overflowed it, which
+# Spark 4's ANSI mode fails (the batch, at every replay).
 AMOUNT_PRECISION = 18
 AMOUNT_SCALE = 2
+TOTAL_PRECISION = AMOUNT_PRECISION + 10
 # Spark keeps timestamps in microseconds (an int64): a larger one failed the whole batch, and
 # every restart replayed it, instead of going to the dead-letter topic.
 MAX_TIMESTAMP_MS: Final = (2**63 - 1) // 1000

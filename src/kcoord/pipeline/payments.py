@@ -45,7 +45,13 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from kcoord.pipeline.events import AMOUNT_PRECISION, AMOUNT_SCALE, Payment, parse_payment
+from kcoord.pipeline.events import (
+    AMOUNT_PRECISION,
+    AMOUNT_SCALE,
+    TOTAL_PRECISION,
+    Payment,
+    parse_payment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +151,7 @@ def totals_frame(parsed: DataFrame, config: PaymentsConfig) -> DataFrame:
             sf.col("window.start").alias("window_start"),
             sf.col("window.end").alias("window_end"),
             sf.unix_millis(sf.col("window.start")).alias("window_start_ms"),
-            sf.col("total").cast(DecimalType(AMOUNT_PRECISION, AMOUNT_SCALE)).alias("total"),
+            sf.col("total").cast(DecimalType(TOTAL_PRECISION, AMOUNT_SCALE)).alias("total"),
             "payments",
         )
     )
