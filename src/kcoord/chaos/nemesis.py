@@ -80,7 +80,7 @@ class LocalProcesses:
     """Node processes on this machine (the lab): SIGKILL, SIGSTOP and SIGCONT."""
 
     def is_alive(self, node: launcher.NodeProcess) -> bool:
-        return launcher.is_alive(node.pid)
+        return launcher.is_alive(node.pid, node.config_path)
 
     def kill(self, node: launcher.NodeProcess) -> None:
         launcher.stop_node(node, kill=True)
@@ -168,7 +168,7 @@ def coordinator_id(nodes: Sequence[launcher.NodeProcess], group: str) -> int | N
 
 
 def alive(nodes: Sequence[launcher.NodeProcess]) -> list[launcher.NodeProcess]:
-    return [n for n in nodes if launcher.is_alive(n.pid)]
+    return [n for n in nodes if launcher.is_alive(n.pid, n.config_path)]
 
 
 def alive_in(lab: Lab) -> list[launcher.NodeProcess]:

@@ -166,7 +166,7 @@ class ChaosLab:
         return list(self.state.nodes)
 
     def restart(self, node: launcher.NodeProcess) -> None:
-        if not launcher.is_alive(node.pid):
+        if not launcher.is_alive(node.pid, node.config_path):
             launcher.start_node(node)
             self.state.save()
 
@@ -267,7 +267,7 @@ def _probe_once(chaos: ChaosLab, attempt: int) -> str | None:
 def cluster_recovered(chaos: ChaosLab) -> bool:
     """Every node alive, registered and unfenced, every partition led with its full ISR."""
     nodes = chaos.nodes()
-    if not all(launcher.is_alive(n.pid) for n in nodes):
+    if not all(launcher.is_alive(n.pid, n.config_path) for n in nodes):
         return False
     views = [call_sync(n.host, n.rpc_port, "DescribeNode", {"topics": True}, 2.0) for n in nodes]
     controllers = {v["controller_id"] for v in views}

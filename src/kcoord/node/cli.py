@@ -79,6 +79,7 @@ def _cluster(args: argparse.Namespace) -> int:
     from kcoord.node import launcher
 
     data_dir = Path(args.data_dir)
+    started: launcher.ClusterState | None = None  # a cluster up() returned
     try:
         if args.cluster_command == "up":
             # A cluster kept in data_dir restarts as it was, unless told otherwise.
@@ -99,7 +100,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
             signal.signal(signal.SIGINT, on_signal)
             signal.signal(signal.SIGTERM, on_signal)
-            state = launcher.up(data_dir, nodes, base_port)
+            state = started = launcher.up(data_dir, nodes, base_port)
             stop["ready"] = True
             print(
                 f"kcoord: cluster ready; bootstrap servers: {state.bootstrap_servers}", flush=True
@@ -126,7 +127,7 @@ def _cluster(args: argparse.Namespace) -> int:
             state.save()
         elif args.cluster_command == "start-node":
             node = state.node(args.id)
-            if launcher.is_alive(node.pid):
+            if launcher.is_alive(node.pid, node.config_path):
                 raise launcher.LauncherError(f"node {args.id} is already running")
             launcher.start_node(node)
             state.save()
@@ -137,6 +138,8 @@ def _cluster(args: argparse.Namespace) -> int:
         print(f"kcoord: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if started is not None:  # the signal came as up() returned, before the handlers knew
+            launcher.down(started)
         print("kcoord: interrupted; the nodes it had started are stopped", file=sys.stderr)
         return 130
     return 0

@@ -497,6 +497,12 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions, earliest, latest = self._latest()
         # A partition that appeared since ``start`` is read from its earliest offset.
         begin.update({tp: earliest[tp] for tp in until if tp not in begin and tp in earliest})
+        # ``latestOffset`` planned below the start a partition whose log end had fallen below
+        # it: data loss, even if the new log has grown past the start by now.
+        latest = {
+            tp: min(offset, until[tp]) if tp in until and until[tp] < begin.get(tp, 0) else offset
+            for tp, offset in latest.items()
+        }
         begin, lost = check_data_loss(
             begin, partitions, earliest, latest, fail_on_data_loss=self.options.fail_on_data_loss
         )

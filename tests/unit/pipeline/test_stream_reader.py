@@ -46,3 +46,16 @@ def test_a_partition_whose_log_end_fell_below_the_query_is_data_loss(log_end: in
         for p in planned
         if isinstance(p, RangePartition)
     ] == ([(0, log_end)] if log_end else [])
+
+
+def test_a_log_grown_back_past_the_query_between_planning_and_reading_is_still_data_loss() -> None:
+    """``latestOffset`` saw the log end at 40, below the query at 100; by ``partitions`` the
+    new log had passed 100 again, and the range was dropped (its end below its start) and
+    the next batch started at 40, skipping nothing it should have reported."""
+    start = {"t": {"0": 100}}
+    stream = reader(True, 0, 40)
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 40}}
+    stream._latest = lambda: ([TP], {TP: 0}, {TP: 150})  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="past the log end offset"):
+        stream.partitions(start, end)

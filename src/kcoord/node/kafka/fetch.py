@@ -380,7 +380,9 @@ class FetchApi:
             }
         found_timestamp, offset = found
         epoch = -1
-        if offset >= 0:
+        if timestamp == LATEST_TIMESTAMP and offset >= 0:
+            epoch = part.leader_epoch  # Partition.fetchOffsetForTimestamp: the leader's epoch
+        elif offset >= 0:
             epoch = _epoch_for_offset(part, offset)
         return {
             "partition_index": partition,

@@ -1567,6 +1567,29 @@ def test_list_offsets_for_debugging_may_ask_a_follower(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_list_offsets_latest_answers_the_leaders_epoch(tmp_path: Path) -> None:
+    """Partition.fetchOffsetForTimestamp: LATEST carries the leader's epoch, whatever the epoch
+    cache holds (an earliest or by-time answer takes the epoch of its offset, -1 below the
+    cache)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.get_partition("t", 0)
+        assert part is not None and part.leader_epoch == 1
+        part.log.epoch_cache._entries.clear()  # a log whose cache knows no epoch
+
+        async def ask(timestamp: int) -> tuple[int, int]:
+            answer = await c.call(LIST_OFFSETS, 7, list_offsets_values("t", 0, timestamp))
+            p = answer.topics[0].partitions[0]
+            return p.offset, p.leader_epoch
+
+        assert await ask(-1) == (0, 1)
+        assert await ask(-2) == (0, -1)
+
+    run(tmp_path, test)
+
+
 def test_a_follower_checks_a_clients_leader_epoch_before_it_says_it_does_not_lead(
     tmp_path: Path,
 ) -> None:
