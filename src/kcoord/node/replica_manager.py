@@ -311,8 +311,11 @@ class ReplicaManager:
         self.logs = logs
         # A write to the data directory that fails halts the node (node/log_dir_failure.py).
         self.log_dir_failure = log_dir_failure or LogDirFailureChannel(logs.data_dir, halt=None)
-        # Per follower: its partitions that got no records in its last fetch for want of room.
-        self._starved_by_replica: dict[int, set[TopicPartition]] = {}
+        # Per follower: when each partition last had records in an answer (a count of reads),
+        # and the followers whose last answer left a partition out for want of room.
+        self._served_by_replica: dict[int, dict[TopicPartition, int]] = {}
+        self._starved_replicas: set[int] = set()
+        self._fetch_rounds = 0
         self.cache = cache
         self.now_ms = now_ms
         self.default_log_config = default_log_config or LogConfig()
@@ -1041,14 +1044,15 @@ class ReplicaManager:
         pending: list[TopicPartition] = []
         ready = high_watermark_news = False
         budget = max_bytes
-        # Partitions left without records last time for want of room go first: the order
-        # of a session's partitions never changes, and those late in it got nothing while the
-        # first ones had more, until they fell out of the ISR (Kafka moves a partition that
-        # returned records to the end of the session: IncrementalFetchContext).
-        starved_before = self._starved_by_replica.get(replica_id)
-        if starved_before:
-            items = sorted(items, key=lambda i: i.tp not in starved_before)
-        starved: set[TopicPartition] = set()
+        # Once an answer ran out of room, partitions are served least recently served first:
+        # the order of a session's partitions never changes, and those late in it got nothing
+        # while the first ones had more, until they fell out of the ISR (Kafka moves a
+        # partition that returned records to the end of the session: IncrementalFetchContext).
+        served = self._served_by_replica.setdefault(replica_id, {})
+        if replica_id in self._starved_replicas:
+            items = sorted(items, key=lambda i: served.get(i.tp, -1))
+        self._fetch_rounds += 1
+        starved = False
         for item in items:
             try:
                 part = self._follower_partition(
@@ -1094,8 +1098,9 @@ class ReplicaManager:
                     records = bytes(data.records)
                     budget = max(0, budget - len(records))
                     news = True
+                    served[item.tp] = self._fetch_rounds
                 elif budget == 0:
-                    starved.add(item.tp)
+                    starved = True
             ready = ready or news
             if (
                 follower_log_start is None
@@ -1108,9 +1113,9 @@ class ReplicaManager:
             elif fetch_offset != log_end_offset:
                 pending.append(item.tp)
         if starved:
-            self._starved_by_replica[replica_id] = starved
+            self._starved_replicas.add(replica_id)
         else:
-            self._starved_by_replica.pop(replica_id, None)
+            self._starved_replicas.discard(replica_id)
         return results, ready, high_watermark_news, pending
 
     async def handle_epoch_end_offset(self, payload: Any) -> dict[str, Any]:
