@@ -33,7 +33,6 @@ import contextlib
 import logging
 import resource
 import signal
-import socket
 import uuid
 from collections.abc import Mapping
 from functools import partial
@@ -162,7 +161,8 @@ class Node:
         self.admin_server: AdminServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._logs_open = False
-        self._kafka_socket: socket.socket | None = None
+        # The Kafka listener once bound, until it serves (then it is ``kafka``).
+        self._kafka_bound: KafkaBroker | None = None
 
     async def start(self) -> None:
         cfg = self.config
@@ -329,11 +329,9 @@ class Node:
         )
         # The Kafka port is bound before this broker registers (Kafka's BrokerServer binds its
         # acceptors first and enables request processing last): a port taken fails the start
-        # here, not after the controller has unfenced the broker and made it a leader; and
-        # clients told of it find it listening (their requests wait until it serves).
-        self._kafka_socket = await _bind_listener(
-            cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port
-        )
+        # here, not after the controller has unfenced the broker and made it a leader.
+        self._kafka_bound = self._kafka_broker(quorum)
+        await self._kafka_bound.bind(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
         await self.rpc_server.start(cfg.rpc_listener.bind.host, cfg.rpc_listener.bind.port)
         quorum.start()
         for name, coro in (
@@ -356,14 +354,13 @@ class Node:
         # /metrics answer while the node catches up.
         self.admin_server = AdminServer(self.admin, self.metrics)
         await self.admin_server.start(cfg.admin_listener.bind.host, cfg.admin_listener.bind.port)
-        kafka = self._kafka_broker(quorum)
+        kafka = self._kafka_bound
         # Loading the Kafka schemas (most of a second of imports) overlaps the wait.
         await asyncio.gather(
             asyncio.to_thread(kafka.registry.warm_up), self._wait_for_initial_catch_up()
         )
-        sock, self._kafka_socket = self._kafka_socket, None
-        await kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port, sock=sock)
-        self.kafka = kafka
+        await kafka.start(cfg.kafka_listener.bind.host, cfg.kafka_listener.bind.port)
+        self.kafka, self._kafka_bound = kafka, None
         log.info("node %d started (incarnation %s)", cfg.node_id, self.incarnation_id)
 
     async def _wait_for_initial_catch_up(self) -> None:
@@ -463,9 +460,9 @@ class Node:
             await self.admin_server.stop()
         if self.kafka is not None:
             await self.kafka.stop()
-        if self._kafka_socket is not None:  # bound, never served: the start did not get there
-            self._kafka_socket.close()
-            self._kafka_socket = None
+        if self._kafka_bound is not None:  # bound, never served: the start did not get there
+            await self._kafka_bound.stop()
+            self._kafka_bound = None
         if self.coordinator is not None:
             self.coordinator.close()
         if self.fetchers is not None:
@@ -604,18 +601,6 @@ class Node:
             },
             "loads": [summary.as_dict() for summary in runtime.loads[-200:]],
         }
-
-
-async def _bind_listener(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (resolved as asyncio.start_server does)."""
-    loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )
-    family, _, _, _, address = infos[0]
-    sock = socket.create_server(address[:2], family=family)
-    sock.setblocking(False)
-    return sock
 
 
 async def serve(config: NodeConfig) -> None:

@@ -8,7 +8,6 @@ ones the handlers implement; kio's schemas bound them further (``ApiRegistry.reg
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -126,8 +125,11 @@ class KafkaBroker:
     def port(self) -> int:
         return self.server.port
 
-    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
-        await self.server.start(host, port, sock=sock)
+    async def bind(self, host: str, port: int) -> None:
+        await self.server.bind(host, port)
+
+    async def start(self, host: str, port: int) -> None:
+        await self.server.start(host, port)
         advertised = ", ".join(
             f"{key}:{r.start}-{r.stop - 1}" for key, r in self.registry.versions.items()
         )

@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final
 
@@ -124,16 +123,22 @@ class KafkaServer:
     def connection_count(self) -> int:
         return len(self._connections)
 
-    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
-        """Serve on ``host:port``, or on ``sock``, a listening socket bound beforehand."""
-        assert self._server is None, "already started"
+    async def bind(self, host: str, port: int) -> None:
+        """Bind (every address of) ``host:port`` without serving yet, so that a port another
+        process listens on fails the start here; connections are refused until ``start``
+        listens (Kafka binds its acceptors before it enables request processing)."""
+        assert self._server is None, "already bound"
+        self._stopping = False
+        self._server = await asyncio.start_server(self._serve, host, port, start_serving=False)
+
+    async def start(self, host: str, port: int) -> None:
+        """Serve on ``host:port`` (bound now, unless ``bind`` was called)."""
         loaded = self.registry.warm_up()
         log.info("kafka: %d request/response schemas loaded", loaded)
-        self._stopping = False
-        if sock is not None:
-            self._server = await asyncio.start_server(self._serve, sock=sock)
-        else:
-            self._server = await asyncio.start_server(self._serve, host, port)
+        if self._server is None:
+            await self.bind(host, port)
+        assert self._server is not None
+        await self._server.start_serving()
         log.info("kafka listener on %s:%d", host, self.port)
 
     async def stop(self) -> None:
