@@ -303,14 +303,17 @@ def test_the_journal_syncs_its_changes_and_its_snapshot_before_a_trim(
     reopened._destroy()
 
 
-@pytest.mark.parametrize("tear", ["zeros", "old-pages"])
+@pytest.mark.parametrize("tear", ["zeros", "old-pages", "mixed-body", "short-file"])
 def test_a_journal_torn_by_a_power_loss_loads_its_good_entries(
     tmp_path: Path, tear: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The header's end offset reached the disk before the records (zeros), or a trim's new
-    first page did and the old later pages stayed (entries out of order): pysyncobj loaded
-    garbage or failed to start. The entries up to the first that does not follow are kept
-    (the rest were never acknowledged), and the file is rewritten to them."""
+    """What a power loss leaves of unsynced writes: the header's end offset on disk before the
+    records (zeros), or before the file grew (short-file: pysyncobj's load raised and the
+    node could not start); a trim's new first page with the old later pages (entries out of
+    order); a record rewritten in place whose pages only partly reached the disk (mixed-body:
+    its sizes, index and term all fine, only its checksum tells). The entries up to the first
+    that does not check out are kept (the rest were never acknowledged), and the file is
+    rewritten to them."""
     path = str(tmp_path / "journal")
     journal = quorum_module._create_journal(path)
     for i, term in ((1, 1), (2, 1), (3, 1), (4, 2)):
@@ -319,26 +322,50 @@ def test_a_journal_torn_by_a_power_loss_loads_its_good_entries(
     journal._destroy()
     raw = bytearray(Path(path).read_bytes())
     end = struct.unpack_from("<I", raw, 36)[0]
-    record = 4 + 16 + 101 + 4
+    record = 4 + 16 + 101 + 4 + 4  # size, index and term, command, checksum, size
+    assert end == 40 + 4 * record
     if tear == "zeros":
         # A fifth record's space, claimed by the header but never written.
         raw[end : end + record] = bytes(record)
         struct.pack_into("<I", raw, 36, end + record)
-    else:
+    elif tear == "short-file":
+        struct.pack_into("<I", raw, 36, end + 5000)  # the end reached the disk, the growth not
+    elif tear == "old-pages":
         # Entry 4's place holds a copy of entry 2 (an older page): out of order.
         raw[end - record : end] = raw[40 + record : 40 + 2 * record]
+    else:
+        raw[end - record + 60] ^= 0xFF  # in entry 4's command
     Path(path).write_bytes(bytes(raw))
     reopened = quorum_module._create_journal(path)
     kept = [(e[1], e[2]) for e in reopened]
-    assert kept == (
-        [(1, 1), (2, 1), (3, 1), (4, 2)] if tear == "zeros" else [(1, 1), (2, 1), (3, 1)]
-    )
+    whole = tear in ("zeros", "short-file")
+    assert kept == ([(1, 1), (2, 1), (3, 1), (4, 2)] if whole else [(1, 1), (2, 1), (3, 1)])
     assert "dropped the torn tail" in caplog.text
     reopened.add(b"\x00next", kept[-1][0] + 1, 2)
     reopened.sync()
     reopened._destroy()
     again = quorum_module._create_journal(path)
     assert [(e[1], e[2]) for e in again] == [*kept, (kept[-1][0] + 1, 2)]
+    again._destroy()
+
+
+def test_a_journal_of_pysyncobjs_own_format_is_read_and_rewritten_with_checksums(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "journal")
+    legacy = pysyncobj.journal.FileJournal(path)
+    for i in (1, 2, 3):
+        legacy.add(b"\x00" + bytes([i]), i, 1)
+    legacy._destroy()
+    journal = quorum_module._create_journal(path)
+    assert [(e[1], e[2]) for e in journal] == [(1, 1), (2, 1), (3, 1)]
+    journal.add(b"\x00d", 4, 1)
+    journal.sync()
+    journal._destroy()
+    header = Path(path).read_bytes()[:40]
+    assert struct.unpack_from("<I", header, 32)[0] == quorum_module.JOURNAL_FORMAT_VERSION
+    again = quorum_module._create_journal(path)
+    assert [(e[1], e[2]) for e in again] == [(1, 1), (2, 1), (3, 1), (4, 1)]
     again._destroy()
 
 

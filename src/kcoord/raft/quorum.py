@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
+import crc32c
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pysyncobj.journal
 import pysyncobj.pickle
@@ -292,11 +293,34 @@ class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
 
 _RECORD_HEAD = struct.Struct("<I")
 _RECORD_IDS = struct.Struct("<QQ")
+_RECORD_CRC = struct.Struct("<I")
+# pysyncobj's journal header: name (24 bytes), version (8), format version (4), end (4).
+_FORMAT_VERSION_OFFSET = pysyncobj.journal.NAME_SIZE + pysyncobj.journal.VERSION_SIZE
+# pysyncobj's format is 1; 2 is its records each followed by a CRC-32C, without which a record
+# torn by a power loss (some of its pages on disk) could load as a valid one and be applied.
+JOURNAL_FORMAT_VERSION = 2
+
+
+def _journal_header(end: int | None) -> bytes:
+    """pysyncobj's header with this format's version, and ``end`` (None: no record)."""
+    pj = pysyncobj.journal
+    name = pj.APP_NAME + b"\0" * (pj.NAME_SIZE - len(pj.APP_NAME))
+    version = pj.APP_VERSION + b"\0" * (pj.VERSION_SIZE - len(pj.APP_VERSION))
+    last = pj.FIRST_RECORD_OFFSET if end is None else end
+    header: bytes = name + version + struct.pack("<II", JOURNAL_FORMAT_VERSION, last)
+    return header
+
+
+def _record(command: bytes, index: int, term: int) -> bytes:
+    body: bytes = _RECORD_IDS.pack(index, term) + pysyncobj.journal.to_bytes(command)
+    data = body + _RECORD_CRC.pack(crc32c.crc32c(body))
+    size = _RECORD_HEAD.pack(len(data))
+    return size + data + size
 
 
 class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
-    """pysyncobj's file journal (same file format), durable before anything it holds is
-    relied on, and never torn.
+    """pysyncobj's file journal (its layout, with a CRC-32C after each record: format 2),
+    durable before anything it holds is relied on, and never loaded torn.
 
     - **Synced before it is relied on.** pysyncobj writes its journal through a memory map
       and never syncs it, so an entry a voter acknowledged (and the leader counted towards a
@@ -313,8 +337,9 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
       entries to a new file, syncs it and renames it over the journal, and only after the
       snapshot it trims to is synced, so the trim is never on disk without its snapshot.
     - **Loaded with checks.** An append torn by a power loss (the header's end offset on disk
-      before the records) is dropped at load, from the first record whose sizes, index or
-      term do not follow: it was never acknowledged (nothing is sent before a sync).
+      before the records or the file's growth, a record partly on disk) is dropped at load,
+      from the first record whose sizes, checksum, index or term do not check out: it was
+      never acknowledged (nothing is sent before a sync).
 
     Any I/O error while syncing halts the node (``_halt_on_storage_error``).
     """
@@ -325,7 +350,7 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._snapshot_file = snapshot_file
         self._dirty = True  # pysyncobj may have written it unsynced before a crash
         self._FileJournal__journalFile = pysyncobj.journal.ResizableFile(
-            journal_file, defaultContent=self._FileJournal__getDefaultHeader()
+            journal_file, defaultContent=_journal_header(None)
         )
         self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
         self._FileJournal__meta = self._FileJournal__metaStorer.getMeta()
@@ -333,38 +358,58 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._FileJournal__journal, self._FileJournal__currentOffset = self._load()
 
     def _load(self) -> tuple[list[tuple[bytes, int, int]], int]:
+        """The journal's entries, up to the first record that does not check out: its sizes
+        (within the file as it is, not only as the header says), its checksum, its index and
+        term following the one before. Those after it were never acknowledged (nothing is
+        sent before a sync). A journal of pysyncobj's own format (no checksums) is read as
+        it is, then rewritten in this one."""
         pj = pysyncobj.journal
         file = self._FileJournal__journalFile
-        end = _RECORD_HEAD.unpack(file.read(pj.LAST_RECORD_OFFSET_OFFSET, 4))[0]
+        version = _RECORD_HEAD.unpack(file.read(_FORMAT_VERSION_OFFSET, 4))[0]
+        checked = version == JOURNAL_FORMAT_VERSION
+        file_size = os.path.getsize(self._path)
+        end = min(_RECORD_HEAD.unpack(file.read(pj.LAST_RECORD_OFFSET_OFFSET, 4))[0], file_size)
         entries: list[tuple[bytes, int, int]] = []
         offset = pj.FIRST_RECORD_OFFSET
-        while offset < end:
-            if offset + 4 > end:
-                break
+        overhead = _RECORD_IDS.size + (_RECORD_CRC.size if checked else 0)
+        while offset + 4 <= end:
             size = _RECORD_HEAD.unpack(file.read(offset, 4))[0]
-            if size < _RECORD_IDS.size or offset + size + 8 > end:
+            if size < overhead or offset + size + 8 > end:
                 break
-            data = file.read(offset + 4, size)
+            data = bytes(file.read(offset + 4, size))
             if _RECORD_HEAD.unpack(file.read(offset + 4 + size, 4))[0] != size:
                 break
+            if checked:
+                data, crc = data[: -_RECORD_CRC.size], data[-_RECORD_CRC.size :]
+                if _RECORD_CRC.unpack(crc)[0] != crc32c.crc32c(data):
+                    break
             index, term = _RECORD_IDS.unpack(data[: _RECORD_IDS.size])
             if entries and (index != entries[-1][1] + 1 or term < entries[-1][2]):
                 break
             entries.append((data[_RECORD_IDS.size :], index, term))
             offset += size + 8
-        if offset != end:
+        declared = _RECORD_HEAD.unpack(file.read(pj.LAST_RECORD_OFFSET_OFFSET, 4))[0]
+        if offset != declared:
             log.warning(
-                "quorum: the journal's records end at byte %d, its header says %d: dropped "
-                "the torn tail after entry %s (never acknowledged: nothing is sent unsynced)",
+                "quorum: the journal's records check out up to byte %d, its header says %d: "
+                "dropped the torn tail after entry %s (never acknowledged: nothing is sent "
+                "unsynced)",
                 offset,
-                end,
+                declared,
                 entries[-1][1] if entries else None,
             )
+        if offset != declared or not checked:
             self._rewrite(entries)
+            offset = self._FileJournal__currentOffset
         return entries, offset
 
     def add(self, command: bytes, idx: int, term: int) -> None:
-        super().add(command, idx, term)
+        # FileJournal.add, each record with a CRC-32C of its index, term and command.
+        self._FileJournal__journal.append((command, idx, term))
+        record = _record(command, idx, term)
+        self._FileJournal__journalFile.write(self._FileJournal__currentOffset, record)
+        self._FileJournal__currentOffset += len(record)
+        self._FileJournal__setLastRecordOffset(self._FileJournal__currentOffset)
         self._dirty = True
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 (pysyncobj's)
@@ -390,14 +435,9 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
     def _rewrite(self, entries: list[tuple[bytes, int, int]]) -> None:
         """Replace the journal file by one holding ``entries``, synced, in one rename."""
         pj = pysyncobj.journal
-        records = bytearray()
-        for command, index, term in entries:
-            body = _RECORD_IDS.pack(index, term) + pj.to_bytes(command)
-            size = _RECORD_HEAD.pack(len(body))
-            records += size + body + size
+        records = b"".join(_record(command, index, term) for command, index, term in entries)
         end = pj.FIRST_RECORD_OFFSET + len(records)
-        header = bytearray(self._FileJournal__getDefaultHeader())
-        _RECORD_HEAD.pack_into(header, pj.LAST_RECORD_OFFSET_OFFSET, end)
+        header = _journal_header(end)
         tmp = self._path + ".tmp"
         try:
             with open(tmp, "wb") as f:
