@@ -57,6 +57,10 @@ def hand_over_the_gil() -> None:
     time.sleep(0)
 
 
+class _CleaningAbortedError(Exception):
+    """Raised in the cleaner thread when the node stops: the pass drops its copies."""
+
+
 @dataclass(frozen=True, slots=True)
 class MaintenanceConfig:
     retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
@@ -106,6 +110,7 @@ class LogMaintenance:
         # The cleaner's own thread (Kafka's CleanerThread): a stop waits for its pass to end
         # before the logs it reads are closed.
         self._cleaner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cleaner")
+        self._closing = False
 
     # -----------------------------------------------------------------------------------------
     # Retention.
@@ -127,10 +132,18 @@ class LogMaintenance:
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)  # the period
 
     async def close(self) -> None:
-        """Wait for a cleaning pass in its thread to end (LogManager.shutdown joins the cleaner
-        threads before it closes a log): cancelling the task that awaits it does not stop
-        it, and it went on reading segments the stop then closed."""
+        """End a cleaning pass in its thread and wait for it (LogManager.shutdown joins the
+        cleaner threads before it closes a log, and its ``checkDone`` aborts the pass first):
+        cancelling the task that awaits it does not stop it, and it went on reading segments
+        the stop then closed, or held the stop past the launcher's grace."""
+        self._closing = True
         await asyncio.to_thread(self._cleaner.shutdown, True)
+
+    def _pause_or_abort(self) -> None:
+        """The cleaner thread's call after every batch: hand the GIL over, or give up."""
+        if self._closing:
+            raise _CleaningAbortedError
+        hand_over_the_gil()
 
     # -----------------------------------------------------------------------------------------
     # The cleaner.
@@ -145,8 +158,12 @@ class LogMaintenance:
         self.stats.cleaner_runs += 1
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self._cleaner, lg.clean, plan, hand_over_the_gil
+                self._cleaner, lg.clean, plan, self._pause_or_abort
             )
+        except _CleaningAbortedError:
+            self.stats.cleaner_aborted += 1
+            log.info("%s-%d: cleaning abandoned: the node is stopping", tp[0], tp[1])
+            return None
         except LogCorruptError as e:
             if not lg.is_current(plan):  # it read a segment closed meanwhile, not corruption
                 self.stats.cleaner_aborted += 1

@@ -185,3 +185,23 @@ def test_closing_waits_for_a_cleaning_pass_in_its_thread(
 
     asyncio.run(scenario())
     node.logs.shutdown()
+
+
+def test_a_pass_under_way_gives_up_when_the_node_stops(tmp_path: Path) -> None:
+    """A long pass held a stop past the launcher's grace (then SIGKILL): once ``close`` is
+    called the pass ends at its next batch and drops its copies (Kafka's checkDone)."""
+    node = Node(tmp_path)
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+
+    async def scenario() -> TopicPartition | None:
+        node.maintenance._closing = True  # as close() sets it while a pass runs
+        return await node.maintenance.clean_filthiest()
+
+    assert asyncio.run(scenario()) is None
+    assert node.maintenance.stats.cleaner_aborted == 1
+    assert not list(tmp_path.glob("*/*.cleaned"))
+    assert len(read_all(node.offsets)) == 100  # untouched
+    asyncio.run(node.maintenance.close())
+    node.logs.shutdown()
