@@ -761,12 +761,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     def _trim_journal_to_snapshot(self) -> None:
         try:
             with open(self._SyncObj__conf.fullDumpFile, "rb") as f:
-                entries = _snapshot_entries(f.read())
-        except OSError:
+                snapshot = _parse_snapshot(f.read())
+        except (OSError, *_SNAPSHOT_ERRORS):
             return  # pysyncobj's own load reports it
-        if entries is None:
-            return
-        last, before = entries
+        last, before = snapshot.last, snapshot.before
         before_index = before[1]
         journal = self._SyncObj__raftLog
         if len(journal) < 2:
@@ -825,17 +823,17 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._snapshot_parts.append(bytes(data))
         if not is_last:
             return message
-        snapshot, self._snapshot_parts = b"".join(self._snapshot_parts), None
-        entries = _snapshot_entries(snapshot)
-        unreadable = _unreadable_snapshot(snapshot)
-        if entries is None or unreadable is not None:
+        data, self._snapshot_parts = b"".join(self._snapshot_parts), None
+        try:
+            snapshot = _parse_snapshot(data)
+        except _SNAPSHOT_ERRORS as e:
             # pysyncobj would rename it over the snapshot, fail to load it (logging that
             # alone), and still answer success with its own log end, which the leader would
             # take for a match.
-            log.warning("quorum: refused the leader's snapshot: %s", unreadable or "no entries")
+            log.warning("quorum: refused the leader's snapshot: it does not load (%r)", e)
             self._SyncObj__serializer.drop_incoming()
             return {k: v for k, v in message.items() if k != "serialized"}
-        _, last, last_term = entries[0]
+        _, last, last_term = snapshot.last
         # The applied index too: after a snapshot is installed it is past the commit index
         # (see _snapshot_part_committing_nothing), and an older snapshot stepped it back.
         committed = max(self._SyncObj__raftCommitIndex, self._SyncObj__raftLastApplied)
@@ -1047,19 +1045,16 @@ class MetadataQuorum:
 
     def _read_snapshot(self, filename: str) -> tuple[Any, Any, Any]:
         with open(filename, "rb") as f:
-            body = msgpack.unpackb(f.read(), raw=False, strict_map_key=False)
-        if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"{filename}: not a kcoord metadata snapshot")
-        offset = int(body["offset"])
-        records = [rec.decode(r) for r in body["records"]]
-        self.image = MetadataImage.from_records(offset, records)
-        entry1, entry0 = (tuple(e) for e in body["entries"])
-        cluster = {TCPNode(address) for address in body["cluster"]}
+            try:
+                snapshot = _parse_snapshot(f.read())
+            except _SNAPSHOT_ERRORS as e:
+                raise ValueError(f"{filename}: {e}") from e
+        self.image = snapshot.image
         try:
-            self.listener.on_snapshot_loaded(offset, records)
+            self.listener.on_snapshot_loaded(snapshot.offset, snapshot.records)
         except Exception:
-            log.exception("metadata listener failed loading the snapshot at %d", offset)
-        return entry1, entry0, cluster
+            log.exception("metadata listener failed loading the snapshot at %d", snapshot.offset)
+        return snapshot.last, snapshot.before, snapshot.cluster
 
     # -----------------------------------------------------------------------------------------
     # Status (any thread: plain reads of values pysyncobj replaces atomically).
@@ -1104,39 +1099,48 @@ _FAIL_REASONS = {
 }
 
 
-def _snapshot_entries(snapshot: bytes) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
-    """The last two Raft entries (last, the one before) a snapshot written by
-    ``_write_snapshot`` covers, as pysyncobj's journal holds them, or None if it is not one."""
-    try:
-        body = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
-        last, before = (tuple(e) for e in body["entries"])
-        indexes_are_ints = isinstance(last[1], int) and isinstance(before[1], int)
-    except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException):
-        return None
-    return (last, before) if indexes_are_ints else None
+@dataclass(frozen=True)
+class _Snapshot:
+    """A snapshot written by ``_write_snapshot``, parsed."""
+
+    offset: int
+    records: list[rec.MetadataRecord]
+    image: MetadataImage
+    last: tuple[Any, ...]  # the last Raft entry it covers, as pysyncobj's journal holds it
+    before: tuple[Any, ...]  # the one before
+    cluster: set[TCPNode]
 
 
-def _unreadable_snapshot(snapshot: bytes) -> str | None:
-    """Why ``_read_snapshot`` would fail on these bytes, or None: read without loading."""
-    try:
-        body = msgpack.unpackb(snapshot, raw=False, strict_map_key=False)
-        if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
-            return "not a kcoord metadata snapshot of this version"
-        offset = int(body["offset"])
-        MetadataImage.from_records(offset, [rec.decode(r) for r in body["records"]])
-        [tuple(e) for e in body["entries"]]
-        [TCPNode(address) for address in body["cluster"]]
-    except (
-        ValueError,
-        TypeError,
-        KeyError,
-        IndexError,
-        msgpack.UnpackException,
-        rec.MetadataRecordError,
-        MetadataApplyError,
-    ) as e:
-        return f"it does not load ({e!r})"
-    return None
+_SNAPSHOT_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    msgpack.UnpackException,
+    rec.MetadataRecordError,
+    MetadataApplyError,
+)
+
+
+def _parse_snapshot(data: bytes) -> _Snapshot:
+    """The one reader of a snapshot's bytes; raises one of ``_SNAPSHOT_ERRORS`` if they are
+    not one this build can load."""
+    body = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
+        raise ValueError("not a kcoord metadata snapshot of this version")
+    offset = int(body["offset"])
+    records = [rec.decode(r) for r in body["records"]]
+    last, before = (tuple(e) for e in body["entries"])
+    if not (isinstance(last[1], int) and isinstance(before[1], int)):
+        raise ValueError("its Raft entries have no integer indexes")
+    return _Snapshot(
+        offset,
+        records,
+        MetadataImage.from_records(offset, records),
+        last,
+        before,
+        {TCPNode(address) for address in body["cluster"]},
+    )
 
 
 def encode_batch(records: Sequence[rec.MetadataRecord], epoch: int) -> bytes:
