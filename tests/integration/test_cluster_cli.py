@@ -41,9 +41,9 @@ def _kcoord(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
-    base = free_base_port(3)
-    with subprocess.Popen(
+def _cluster_up(base: int, data_dir: Path) -> subprocess.Popen[str]:
+    """``kcoord cluster up`` of three nodes in the foreground, its output piped."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -55,12 +55,17 @@ def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
             "--base-port",
             str(base),
             "--data-dir",
-            str(tmp_path),
+            str(data_dir),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-    ) as proc:
+    )
+
+
+def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
+    base = free_base_port(3)
+    with _cluster_up(base, tmp_path) as proc:
         assert proc.stdout is not None
         lines = []
         try:
@@ -162,24 +167,7 @@ def test_a_sigterm_while_cluster_up_waits_for_readiness_stops_the_nodes(tmp_path
     wait killed the launcher alone, and its nodes, in sessions of their own, ran on."""
     base = free_base_port(3)
     state_file = tmp_path / launcher.STATE_FILE
-    with subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kcoord.node.cli",
-            "cluster",
-            "up",
-            "--nodes",
-            "3",
-            "--base-port",
-            str(base),
-            "--data-dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as proc:
+    with _cluster_up(base, tmp_path) as proc:
         deadline = time.monotonic() + 60
         pids: list[int] = []
         while not pids and time.monotonic() < deadline:

@@ -1285,17 +1285,13 @@ class Controller:
     ) -> ControllerResult[tuple[TopicIdPartition, ...]]:
         """Move leadership to the preferred (first) replica wherever it is a live ISR member
         (Kafka's ``maybeBalancePartitionLeaders``, at most ``max_elections`` per batch)."""
-        working = _Working(image)
-        records: list[MetadataRecord] = []
-        elected: list[TopicIdPartition] = []
-        for state in sorted(image.all_partitions(), key=lambda s: s.tp):
-            if len(elected) >= max_elections:
-                break
+
+        def elect(state: PartitionState, working: _Working) -> PartitionChange | None:
             preferred = state.preferred_leader
             if state.leader == preferred or preferred not in state.isr:
-                continue
+                return None
             if not working.is_unfenced(preferred):
-                continue
+                return None
             change = build_partition_change(
                 state,
                 is_acceptable_leader=working.is_unfenced,
@@ -1304,10 +1300,9 @@ class Controller:
                 election=Election.PREFERRED,
             )
             assert change is not None and change.leader == preferred, (state, change)
-            working.change(change)
-            records.append(change)
-            elected.append(state.tp)
-        return ControllerResult(tuple(records), tuple(elected))
+            return change
+
+        return self._elect_each(image, max_elections, elect)
 
     def elect_unclean_leaders(
         self, image: MetadataImage, max_elections: int = 1000
@@ -1316,18 +1311,33 @@ class Controller:
         that allows unclean election (Kafka's periodic ``maybeElectUncleanLeaders``). A
         partition left leaderless while the config was off gets a leader once it is turned
         on; an election happens otherwise only when a broker's state changes."""
+
+        def elect(state: PartitionState, working: _Working) -> PartitionChange | None:
+            if state.leader != NO_LEADER:
+                return None
+            if self._online_election(image, state.topic_id) is not Election.UNCLEAN:
+                return None
+            error, change = self._elect_one(image, working, Election.UNCLEAN, state)
+            return change if error is Errors.NONE else None
+
+        return self._elect_each(image, max_elections, elect)
+
+    @staticmethod
+    def _elect_each(
+        image: MetadataImage,
+        max_elections: int,
+        elect: Callable[[PartitionState, _Working], PartitionChange | None],
+    ) -> ControllerResult[tuple[TopicIdPartition, ...]]:
+        """A periodic election's pass: ``elect`` each partition in order, at most
+        ``max_elections`` changes a batch (Kafka's ``maxElectionsPerImbalance``)."""
         working = _Working(image)
         records: list[MetadataRecord] = []
         elected: list[TopicIdPartition] = []
         for state in sorted(image.all_partitions(), key=lambda s: s.tp):
             if len(elected) >= max_elections:
                 break
-            if state.leader != NO_LEADER:
-                continue
-            if self._online_election(image, state.topic_id) is not Election.UNCLEAN:
-                continue
-            error, change = self._elect_one(image, working, Election.UNCLEAN, state)
-            if error is Errors.NONE and change is not None:
+            change = elect(state, working)
+            if change is not None:
                 working.change(change)
                 records.append(change)
                 elected.append(state.tp)

@@ -281,6 +281,13 @@ def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(
     asyncio.run(scenario())
 
 
+async def refused(answer: asyncio.Future[Any]) -> Errors:
+    """The error an answer fails with (within 5 s)."""
+    with pytest.raises(CoordinatorError) as e:
+        await asyncio.wait_for(answer, 5)
+    return e.value.code
+
+
 @pytest.mark.parametrize("append_linger_ms", [0, -1])
 def test_a_refused_write_fails_its_own_requests_and_others_may_retry(
     tmp_path: Path, append_linger_ms: int
@@ -299,12 +306,8 @@ def test_a_refused_write_fails_its_own_requests_and_others_may_retry(
             await _until(lambda: ctx.batch is None, "the bystander's batch to go out")
         part.log.config = LogConfig(max_message_bytes=200)  # as an altered topic config does
         too_large = node.runtime.submit("g" * 300, commit("g" * 300, 1))  # may change the shard
-        with pytest.raises(CoordinatorError) as e:
-            await asyncio.wait_for(too_large, 5)
-        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
-        with pytest.raises(CoordinatorError) as e:
-            await asyncio.wait_for(bystander, 5)
-        assert e.value.code is Errors.NOT_COORDINATOR
+        assert await refused(too_large) is Errors.UNKNOWN_SERVER_ERROR
+        assert await refused(bystander) is Errors.NOT_COORDINATOR
         assert node.runtime.contexts[0] is not ctx
         node.replicas.release(part)
         node.replicas.hold = False
@@ -330,12 +333,8 @@ def test_a_handler_that_raises_fails_its_request_and_others_may_retry(tmp_path: 
             raise RuntimeError("a bug")
 
         failing = node.runtime.submit("g", broken)
-        with pytest.raises(CoordinatorError) as e:
-            await asyncio.wait_for(failing, 5)
-        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
-        with pytest.raises(CoordinatorError) as e:
-            await asyncio.wait_for(waiting, 5)
-        assert e.value.code is Errors.NOT_COORDINATOR
+        assert await refused(failing) is Errors.UNKNOWN_SERVER_ERROR
+        assert await refused(waiting) is Errors.NOT_COORDINATOR
         assert node.runtime.contexts[0] is not ctx
         node.replicas.release(part)
         node.runtime.close()

@@ -174,6 +174,19 @@ def parts_as_pysyncobj_sends_them(
     return parts
 
 
+def entry_part(kind: str, data: Any, *, commit: int, prev: int) -> dict[str, Any]:
+    """A part of an entry sent in parts by the leader of term 1, after entry ``prev``."""
+    return {
+        "type": "append_entries",
+        "transmission": kind,
+        "data": data,
+        "term": 1,
+        "commit_index": commit,
+        "prevLogIdx": prev,
+        "prevLogTerm": 1,
+    }
+
+
 def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -189,30 +202,14 @@ def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
         assert [kind for kind, _ in parts] == ["start", "process", "finish", "finish"]
         hostile: list[tuple[str, Any]] = [("process", 10**12)]  # no bytes(10**12) is made
         for kind, data in hostile + parts:
-            message = {
-                "type": "append_entries",
-                "transmission": kind,
-                "data": data,
-                "term": 1,
-                "commit_index": 2,
-                "prevLogIdx": 2,
-                "prevLogTerm": 1,
-            }
+            message = entry_part(kind, data, commit=2, prev=2)
             voter._SyncObj__onMessageReceived(leader_of(voter), message)
         assert log_of(voter) == [(1, 0), (2, 1), (3, 1)]
         assert voter._SyncObj__getEntries(3, 1)[0][0] == big[0]
         # A later entry sent in parts, labelled right, is appended as well.
         bigger = (b"\x01" + b"y" * (2 * batch_size), 4, 1)
         for kind, data in parts_as_pysyncobj_sends_them(bigger, batch_size):
-            message = {
-                "type": "append_entries",
-                "transmission": kind,
-                "data": data,
-                "term": 1,
-                "commit_index": 3,
-                "prevLogIdx": 3,
-                "prevLogTerm": 1,
-            }
+            message = entry_part(kind, data, commit=3, prev=3)
             voter._SyncObj__onMessageReceived(leader_of(voter), message)
         assert log_of(voter)[-1] == (4, 1)
         assert voter.raftCommitIndex == 3
@@ -234,15 +231,7 @@ def test_a_part_from_another_sender_is_not_joined_to_an_entry_sent_in_parts(
         other = sorted(voter.otherNodes, key=lambda n: n.address)[1]
         parts = parts_as_pysyncobj_sends_them(big, batch_size)
         for i, (kind, data) in enumerate(parts):
-            message = {
-                "type": "append_entries",
-                "transmission": kind,
-                "data": data,
-                "term": 1,
-                "commit_index": 2,
-                "prevLogIdx": 2,
-                "prevLogTerm": 1,
-            }
+            message = entry_part(kind, data, commit=2, prev=2)
             voter._SyncObj__onMessageReceived(leader_of(voter), message)
             if i == 0:
                 stray = {**message, "transmission": "process", "data": b"stray"}
