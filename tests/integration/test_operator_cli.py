@@ -341,7 +341,10 @@ def test_reset_offsets_dry_run_then_execute(bootstrap: str) -> None:
     # record is older, so it falls back to the log end.
     at = reset(bootstrap, "resettable", "--topic", TOPIC, "--to-datetime", "2023-11-14T22:13:25Z")
     assert [row[2:] for row in at.rows()] == [["0", "5"], ["1", "5"], ["2", "5"]]
+    # Neither --dry-run nor --execute: Kafka's warning that nothing is done.
     assert at.err == (
+        "WARN: No action will be performed as the --execute option is missing. Add --dry-run "
+        "to say so explicitly.\n"
         "Warn: Partition 2 from topic orders is empty. Falling back to latest known offset.\n"
     )
     assert committed(bootstrap, "resettable") == before  # nothing written by a dry run

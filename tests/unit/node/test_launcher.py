@@ -55,7 +55,9 @@ def test_a_pid_is_this_nodes_only_if_it_runs_this_nodes_config(tmp_path: Path) -
         [
             sys.executable,
             "-c",
-            "import sys; sys.stdin.read()",  # a stand-in: lives until its stdin closes
+            # A stand-in that says when it runs (its command line is its own only after the
+            # exec) and lives until its stdin closes.
+            "import sys; print('up', flush=True); sys.stdin.read()",
             "-m",
             "kcoord.node.cli",
             "node",
@@ -63,15 +65,18 @@ def test_a_pid_is_this_nodes_only_if_it_runs_this_nodes_config(tmp_path: Path) -
             str(other),
         ],
         stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
     )
     try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
         assert launcher.is_alive(proc.pid)
         assert launcher.is_alive(proc.pid, other)
         assert not launcher.is_alive(proc.pid, mine)
     finally:
-        assert proc.stdin is not None
+        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         proc.wait(timeout=30)
+        proc.stdout.close()
 
 
 def test_a_failed_up_leaves_no_pid_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
