@@ -241,9 +241,6 @@ class FetchSessions:
             return -1
         return session.last_request_ms
 
-    def remove(self, replica_id: int) -> None:
-        self._by_replica.pop(replica_id, None)
-
 
 class FetchSessionHandler:
     """The follower's side of one session with one leader (Kafka's ``FetchSessionHandler``)."""

@@ -95,6 +95,7 @@ from pysyncobj.utility import TcpUtility, UtilityException
 
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataApplyError, MetadataImage
+from kcoord.storage import checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -257,17 +258,10 @@ def _halt_on_storage_error(what: str, error: OSError) -> NoReturn:
     os._exit(HALT_EXIT_CODE)
 
 
-def _fsync_path(path: str, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_file_and_directory(path: str) -> None:
-    _fsync_path(path)
-    _fsync_path(os.path.dirname(path) or ".", directory=True)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+    checkpoint.fsync_dir(Path(path).parent)
 
 
 class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
@@ -279,14 +273,8 @@ class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
     syncs its ``quorum-state`` file)."""
 
     def storeMeta(self, meta: Any) -> None:  # noqa: N802 (pysyncobj's)
-        path = self.getPath()
         try:
-            with open(path + ".tmp", "wb") as f:
-                f.write(pysyncobj.journal.dumps(meta))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
-            _fsync_path(os.path.dirname(path) or ".", directory=True)
+            checkpoint.write_bytes_atomically(Path(self.getPath()), pysyncobj.journal.dumps(meta))
         except OSError as e:
             _halt_on_storage_error("storing the term and vote", e)
 
@@ -438,15 +426,9 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         records = b"".join(_record(command, index, term) for command, index, term in entries)
         end = pj.FIRST_RECORD_OFFSET + len(records)
         header = _journal_header(end)
-        tmp = self._path + ".tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(header + records)
-                f.flush()
-                os.fsync(f.fileno())
-            self._FileJournal__journalFile._destroy()
-            os.replace(tmp, self._path)
-            _fsync_path(os.path.dirname(self._path) or ".", directory=True)
+            checkpoint.write_bytes_atomically(Path(self._path), header + records)
+            self._FileJournal__journalFile._destroy()  # the old file's map
             self._FileJournal__journalFile = pj.ResizableFile(self._path)
         except OSError as e:
             _halt_on_storage_error("rewriting the metadata journal", e)

@@ -59,9 +59,14 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomically(path: Path, text: str) -> None:
+    write_bytes_atomically(path, text.encode("utf-8"))
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """Write a temporary file, fsync it, rename it over ``path``, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
