@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import select
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
 from tests.integration.cluster import wait_for
 from tests.portpick import free_ports
+from tests.unit.node.kafka.wire import readable
 
 pytestmark = pytest.mark.integration
 
@@ -108,7 +108,7 @@ class ProxyProcess:
             text=True,
         )
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], DEADLINE_S)
+        ready = readable([self.proc.stdout], DEADLINE_S)
         self.address = self.proc.stdout.readline().strip() if ready else ""
         if not self.address:
             self.stop()

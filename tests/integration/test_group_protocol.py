@@ -32,7 +32,7 @@ from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node import launcher
 from tests.integration.cluster import LocalCluster, wait_for
-from tests.unit.node.kafka.wire import WireClient, decode_response, encode_request
+from tests.unit.node.kafka.wire import WireClient, decode_response, encode_request, readable
 
 pytestmark = pytest.mark.integration
 
@@ -1206,11 +1206,9 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
 def _exchange(sock: socket.socket, data: bytes) -> bool:
     """Send one frame and read the node's reaction; False when the connection is done with
     (closed by the node, or silent: a parked JoinGroup, a frame still waiting for bytes)."""
-    import select
-
     try:
         sock.sendall(data)
-        if not select.select([sock], [], [], SILENCE_S)[0]:
+        if not readable([sock], SILENCE_S):
             return False
         prefix = sock.recv(SIZE.size, socket.MSG_WAITALL)
         if len(prefix) < SIZE.size:
@@ -1422,7 +1420,6 @@ def test_random_group_traffic_gets_kafka_answers_and_every_request_one(
     """Actors (dynamic and static members of three groups on one coordinator) send random group
     requests with stale ids and generations; every request is answered, once, with an error its
     API may give; afterwards the groups are in valid states and the log has no traceback."""
-    import select
 
     seed = int(os.environ.get("FUZZ_SEED", random.randrange(2**32)))
     print(f"traffic seed {seed} (replay with FUZZ_SEED={seed})")
@@ -1465,7 +1462,7 @@ def test_random_group_traffic_gets_kafka_answers_and_every_request_one(
         end = time.monotonic() + TRAFFIC_SECONDS
         while time.monotonic() < end:
             busy = [a for a in actors if a.in_flight is not None]
-            ready, _, _ = select.select([a.c.sock for a in busy], [], [], 0.005)
+            ready = readable([a.c.sock for a in busy], 0.005)
             for actor in busy:
                 if actor.c.sock in ready:
                     receive_one(actor)
@@ -1480,7 +1477,7 @@ def test_random_group_traffic_gets_kafka_answers_and_every_request_one(
         drain_end = time.monotonic() + DRAIN_DEADLINE_S
         while any(a.in_flight for a in actors) and time.monotonic() < drain_end:
             busy = [a for a in actors if a.in_flight is not None]
-            ready, _, _ = select.select([a.c.sock for a in busy], [], [], 0.1)
+            ready = readable([a.c.sock for a in busy], 0.1)
             for actor in busy:
                 if actor.c.sock in ready:
                     receive_one(actor)

@@ -13,7 +13,6 @@ import datetime
 import io
 import os
 import random
-import select
 import socket
 import struct
 import time
@@ -33,7 +32,7 @@ from kcoord.node import launcher
 from kcoord.node.kafka import codec
 from kcoord.storage import format as fmt
 from tests.integration.cluster import LocalCluster
-from tests.unit.node.kafka.wire import WireClient, encode_request
+from tests.unit.node.kafka.wire import WireClient, encode_request, readable
 
 pytestmark = pytest.mark.integration
 
@@ -435,7 +434,7 @@ def exchange(sock: socket.socket, data: bytes) -> bool:
     a long poll), and the next frame should start on a fresh connection."""
     try:
         sock.sendall(data)
-        if not select.select([sock], [], [], SILENCE_S)[0]:
+        if not readable([sock], SILENCE_S):
             return False
         prefix = _read_exactly(sock, SIZE.size)
         (size,) = SIZE.unpack(prefix)

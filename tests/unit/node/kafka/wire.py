@@ -6,16 +6,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import selectors
 import socket
 import struct
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import IO, Any, TypeVar
 
 from kcoord.node.kafka.client import decode_response, encode_request
 
 SIZE = struct.Struct(">i")
-__all__ = ["AsyncWireClient", "WireClient", "decode_response", "encode_request"]
+_Readable = TypeVar("_Readable", socket.socket, IO[str])
+__all__ = ["AsyncWireClient", "WireClient", "decode_response", "encode_request", "readable"]
+
+
+def readable(sources: Sequence[_Readable], timeout_s: float) -> list[_Readable]:
+    """Which of ``sources`` have bytes to read (or were closed), waiting up to ``timeout_s``.
+    Through epoll, not ``select.select``: a test worker may hold descriptors past select's
+    limit of 1024 (FD_SETSIZE), and select then refuses every descriptor above it."""
+    if not sources:
+        return []
+    with selectors.DefaultSelector() as selector:
+        for source in sources:
+            selector.register(source, selectors.EVENT_READ)
+        ready = {key.fd for key, _ in selector.select(timeout_s)}
+    return [source for source in sources if source.fileno() in ready]
 
 
 class WireClient:
