@@ -654,6 +654,35 @@ def rebuild_batch(
     )
 
 
+def empty_batch(header: BatchHeader) -> bytes:
+    """The batch of ``header`` with no records left: its offset range, max timestamp, leader
+    epoch and producer fields kept, uncompressed, no base timestamp. The cleaner keeps one in
+    place of an active producer's last batch when compaction removes all of its records, so
+    the producer's state can still be rebuilt from the log (Kafka's
+    ``BatchRetention.RETAIN_EMPTY`` and ``DefaultRecordBatch.writeEmptyHeader``)."""
+    attributes = header.attributes & (TIMESTAMP_TYPE_MASK | TRANSACTIONAL_FLAG | CONTROL_FLAG)
+    out = bytearray(HEADER_SIZE)
+    _HEADER.pack_into(
+        out,
+        0,
+        header.base_offset,
+        HEADER_SIZE - LOG_OVERHEAD,
+        header.partition_leader_epoch,
+        MAGIC_V2,
+        0,
+        attributes,
+        header.last_offset_delta,
+        NO_TIMESTAMP,
+        header.max_timestamp,
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+        0,
+    )
+    _UINT32.pack_into(out, CRC_OFFSET, compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
 _CONTROL_KEY = struct.Struct(">hh")
 _CONTROL_VALUE = struct.Struct(">hi")
 

@@ -38,6 +38,7 @@ from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
 from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.epoch import LeaderEpochCache
+from kcoord.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 from kcoord.storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -547,9 +548,9 @@ class Log:
             raise fmt.RecordFormatError(f"truncated batch at position {pos}")
         if fmt.compute_crc(records, pos, size) != header.crc:
             raise fmt.CorruptRecordError(f"CRC mismatch in batch at position {pos}")
-        if header.record_count == 0 and not header.is_control:
-            raise InvalidRecordError(f"batch at position {pos} has no records")
         if leader:
+            if header.record_count == 0 and not header.is_control:
+                raise InvalidRecordError(f"batch at position {pos} has no records")
             _raise_if_count_disagrees(header.record_count, header.last_offset_delta, pos)
             if self.config.compact and not header.is_control:
                 self._raise_if_null_key(records, pos)
@@ -1001,6 +1002,8 @@ class Log:
         result = CleanResult(plan, [], CleanerStats())
         try:
             last_offset_of: dict[bytes, int] = {}
+            # Each producer's last batch in the planned segments, by its last offset.
+            last_batch_of: dict[int, fmt.BatchHeader] = {}
             for seg in plan.segments:
                 data = seg.read_at(0, seg.size)
                 for pos, header in fmt.iter_headers(data):
@@ -1009,11 +1012,29 @@ class Log:
                         raise LogCorruptError(f"{seg.log_path}: CRC mismatch at position {pos}")
                     if header.is_control:
                         continue
+                    if header.producer_id != fmt.NO_PRODUCER_ID:
+                        last_batch_of[header.producer_id] = header
                     for record in fmt.decode_records(data, pos):
                         if record.key is not None:
                             last_offset_of[record.key] = record.offset
+            # Kafka's Cleaner keeps an active producer's last batch, emptied if need be
+            # (BatchRetention.RETAIN_EMPTY), so a leader rebuilding producer state from this
+            # log still knows the producer's last sequence: without it, the producer's next
+            # batch is OUT_OF_ORDER_SEQUENCE_NUMBER, or a retry of its last one is appended
+            # again. Kafka asks its producer state which producers are active and where their
+            # last batch is; here a producer counts as active until its last batch in these
+            # segments is older than producer.id.expiration.ms (then a rebuild forgets it
+            # anyway), and a later batch in a segment not cleaned only makes keeping it
+            # unnecessary, never wrong.
+            producers_last = {
+                header.last_offset
+                for header in last_batch_of.values()
+                if plan.now_ms - header.max_timestamp <= DEFAULT_PRODUCER_ID_EXPIRATION_MS
+            }
             for seg in plan.segments:
-                result.cleaned.append(self._clean_segment(seg, last_offset_of, result, pause))
+                result.cleaned.append(
+                    self._clean_segment(seg, last_offset_of, producers_last, result, pause)
+                )
         except BaseException:
             self._delete_cleaned(result)
             raise
@@ -1063,6 +1084,7 @@ class Log:
         self,
         seg: LogSegment,
         last_offset_of: dict[bytes, int],
+        producers_last: set[int],
         result: CleanResult,
         pause: Callable[[], object],
     ) -> LogSegment | None:
@@ -1080,6 +1102,8 @@ class Log:
                 kept_raw: bytes | None = raw
             else:
                 kept_raw = self._clean_batch(raw, header, last_offset_of, result)
+                if kept_raw is None and header.last_offset in producers_last:
+                    kept_raw = raw if header.record_count == 0 else fmt.empty_batch(header)
             if kept_raw is not raw:
                 changed = True
             if kept_raw is None:

@@ -26,6 +26,11 @@ from kcoord.storage.log import (
     RecoveryReport,
     UnexpectedAppendOffsetError,
 )
+from kcoord.storage.producer_state import (
+    DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+    Duplicate,
+    ProducerStateManager,
+)
 from kcoord.storage.segment import LogCorruptError
 from tests.unit.storage.helpers import batch, open_log, read_all
 
@@ -453,6 +458,74 @@ def test_compaction_keeps_last_value_per_key_and_expires_tombstones(tmp_path: Pa
     again = _compacted(tmp_path)
     assert [(r.offset, r.key, r.value) for r in read_all(again)] == kept
     assert again.log_end_offset == before
+
+
+def _produced(lg: Log, producer_id: int, seq: int, key: bytes, ts: int) -> None:
+    records = [fmt.Record(0, ts, key, b"v%d" % seq)]
+    lg.append_as_leader(
+        fmt.build_batch(records, producer_id=producer_id, producer_epoch=0, base_sequence=seq),
+        0,
+        now_ms=ts,
+    )
+
+
+def _producer_state(lg: Log) -> ProducerStateManager:
+    """The state a new leader rebuilds from the log's batch headers, as the node's does."""
+    state = ProducerStateManager()
+    state.load(
+        bp.header
+        for seg in lg.segments
+        for bp in seg.scan_headers()
+        if bp.header.producer_id != fmt.NO_PRODUCER_ID
+    )
+    return state
+
+
+def test_compaction_keeps_an_active_producers_last_batch_emptied(tmp_path: Path) -> None:
+    """Kafka's BatchRetention.RETAIN_EMPTY: when every record of a producer's last batch is
+    compacted away, the batch stays with no records, so a leader rebuilding producer state
+    from the log still takes the producer's next sequence and answers a retry of its last
+    batch as a duplicate."""
+    lg = _compacted(tmp_path)
+    now = 1_000_000
+    _produced(lg, 7, 0, b"a", now)  # P's first batch: a later one of P follows, so it may go
+    _produced(lg, 7, 1, b"b", now)  # P's last batch
+    _produced(lg, 8, 0, b"c", now)  # R's only batch
+    for key in (b"b", b"c"):  # another writer overwrites both keys
+        lg.append_as_leader(batch(1, key=key, value=b"new"), 0, now_ms=now)
+    lg.roll()
+    before = _producer_state(lg)
+    lg.compact(now_ms=now)
+    headers = [bp.header for seg in lg.segments for bp in seg.scan_headers()]
+    empty = [h for h in headers if h.record_count == 0]
+    assert [(h.producer_id, h.base_sequence, h.base_offset, h.last_offset) for h in empty] == [
+        (7, 1, 1, 1),
+        (8, 0, 2, 2),
+    ]
+    assert all(h.max_timestamp == now for h in empty)
+    assert {r.key: r.value for r in read_all(lg)} == {b"a": b"v0", b"b": b"new", b"c": b"new"}
+    after = _producer_state(lg)
+    assert {pid: e.last_seq for pid, e in after.producers.items()} == {7: 1, 8: 0}
+    assert {pid: e.last_seq for pid, e in before.producers.items()} == {7: 1, 8: 0}
+    retry = fmt.parse_header(
+        fmt.build_batch(
+            [fmt.Record(0, now, b"c", b"v0")], producer_id=8, producer_epoch=0, base_sequence=0
+        )
+    )
+    assert after.validate([retry]) == Duplicate(2, 2, now)
+    # Cleaned again, the empty batches stay as they are.
+    lg.compact(now_ms=now)
+    assert [bp.header for seg in lg.segments for bp in seg.scan_headers()] == headers
+    # A follower replicating the cleaned log takes the empty batches.
+    follower = open_log(tmp_path / "follower-0", lg.config)
+    follower.append_as_follower(lg.read(0, 1 << 20).records, now_ms=now)
+    assert follower.log_end_offset == lg.log_end_offset
+    # Once a producer's last batch is older than producer.id.expiration.ms, a rebuild would
+    # forget the producer anyway: the empty batch goes.
+    lg.compact(now_ms=now + DEFAULT_PRODUCER_ID_EXPIRATION_MS + 1)
+    assert not [
+        h for seg in lg.segments for bp in seg.scan_headers() if (h := bp.header).record_count == 0
+    ]
 
 
 def test_compaction_never_touches_the_active_segment(tmp_path: Path) -> None:
