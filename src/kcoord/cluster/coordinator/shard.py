@@ -1703,9 +1703,27 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         """``OffsetMetadataManager.fetchOffsets`` / ``fetchAllOffsets``.
 
         An unknown (or Dead) group answers -1 offsets, not an error, for classic groups.
-        ``require_stable`` changes nothing: there are no pending transactional offsets.
+        ``require_stable`` changes nothing: there are no pending transactional offsets. A
+        consumer group checks the member id and epoch a KIP-848 consumer sends (v9+) as
+        ``ConsumerGroup.validateOffsetFetch``: a fenced member or a stale epoch learns so
+        before it reads positions, and rejoins.
         """
         out = _Output()
+        consumer_group = self._consumer_groups.get(request.group_id)
+        if consumer_group is not None and (
+            request.member_id is not None or request.member_epoch >= 0
+        ):
+            member = consumer_group.members.get(request.member_id or "")
+            error = (
+                Errors.UNKNOWN_MEMBER_ID
+                if member is None or request.member_id is None
+                else Errors.STALE_MEMBER_EPOCH
+                if request.member_epoch != member.member_epoch
+                else Errors.NONE
+            )
+            if error:
+                out.respond(token, OffsetFetchResponse(group_id=request.group_id, error_code=error))
+                return out.result()
         group = self._groups.get(request.group_id)
         known = (
             group is not None and not group.is_in_state(_S.DEAD)

@@ -25,6 +25,8 @@ from kcoord.cluster.coordinator.types import (
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
     OffsetCommitRequestTopic,
+    OffsetFetchRequest,
+    OffsetFetchRequestTopic,
     TopicIdPartitions,
 )
 from kcoord.errors import Errors
@@ -339,6 +341,37 @@ def test_commits_need_the_current_member_epoch() -> None:
     # Epoch -1 to an empty group is taken whatever member id it names (a consumer that
     # assigns itself, or a stale id): ConsumerGroup.validateOffsetCommit.
     assert commit(ctx, "stale-id", -1) is Errors.NONE
+
+
+def fetch(ctx: ShardContext, member: str | None, epoch: int) -> tuple[Errors, list[int]]:
+    """OffsetFetch v9 of ``g``'s "orders"-0 as ``member`` at ``epoch``: the group's error and
+    the offsets answered."""
+    request = OffsetFetchRequest(
+        group_id="g",
+        member_id=member,
+        member_epoch=epoch,
+        topics=(OffsetFetchRequestTopic(name="orders", partition_indexes=(0,)),),
+    )
+    token = ctx.new_token()
+    response: Any = ctx._apply(ctx.shard.handle_offset_fetch(token, request, ctx.now_ms)).response(
+        token
+    )
+    return response.error_code, [p.committed_offset for t in response.topics for p in t.partitions]
+
+
+def test_offset_fetches_of_a_member_need_its_current_epoch() -> None:
+    """``ConsumerGroup.validateOffsetFetch``: a fetch naming a member id or an epoch is checked
+    like a commit, so a fenced consumer rejoins before it reads positions; one naming neither
+    (the admin client, a consumer outside the group) is answered."""
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    assert commit(ctx, "a", a.epoch) is Errors.NONE
+    assert fetch(ctx, "a", a.epoch) == (Errors.NONE, [5])
+    assert fetch(ctx, None, -1) == (Errors.NONE, [5])
+    assert fetch(ctx, "a", a.epoch + 5) == (Errors.STALE_MEMBER_EPOCH, [])
+    assert fetch(ctx, "nobody", a.epoch) == (Errors.UNKNOWN_MEMBER_ID, [])
+    assert fetch(ctx, None, a.epoch) == (Errors.UNKNOWN_MEMBER_ID, [])
 
 
 def committed(ctx: ShardContext) -> dict[str, list[int]]:
