@@ -55,8 +55,12 @@ from kcoord.raft.controller import (
     BrokerState,
     Controller,
     ControllerConfig,
+    ControllerResult,
     Election,
+    NewTopic,
+    atomic_of,
 )
+from kcoord.raft.image import MetadataImage
 from kcoord.raft.quorum import MetadataQuorum
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 
@@ -388,72 +392,84 @@ class ControllerService:
         }
 
     async def handle_create_topics(self, payload: Any) -> dict[str, Any]:
-        """Create topics one decision at a time; per-topic errors as Kafka's CreateTopics."""
-        results = []
-        for t in payload["topics"]:
-            async with self._lock:
-                controller = self._require_active()
-                result = controller.create_topic(
-                    self.cache.image,
-                    str(t["name"]),
-                    new_topic_id(),
-                    num_partitions=int(t.get("num_partitions", -1)),
-                    replication_factor=int(t.get("replication_factor", -1)),
-                    configs={
-                        str(k): None if v is None else str(v)
-                        for k, v in (t.get("configs") or {}).items()
-                    },
-                )
-                if result.records and not payload.get("validate_only"):
-                    await self._propose_or_not_controller(result.records)
-            r = result.response
-            results.append(
-                {
-                    "name": t["name"],
-                    "error": int(r.error),
-                    "message": r.message,
-                    "topic_id": r.topic_id,
-                    "num_partitions": r.num_partitions,
-                    "replication_factor": r.replication_factor,
-                }
+        """Create the topics in one decision (one atomic batch); per-topic errors as Kafka's
+        CreateTopics."""
+        topics = [
+            NewTopic(
+                str(t["name"]),
+                new_topic_id(),
+                num_partitions=int(t.get("num_partitions", -1)),
+                replication_factor=int(t.get("replication_factor", -1)),
+                configs={
+                    str(k): None if v is None else str(v)
+                    for k, v in (t.get("configs") or {}).items()
+                },
             )
+            for t in payload["topics"]
+        ]
+        async with self._lock:
+            result = self._require_active().create_topics(self.cache.image, topics)
+            if result.records and not payload.get("validate_only"):
+                await self._propose_or_not_controller(result.records)
+        results = [
+            {
+                "name": t.name,
+                "error": int(r.error),
+                "message": r.message,
+                "topic_id": r.topic_id,
+                "num_partitions": r.num_partitions,
+                "replication_factor": r.replication_factor,
+            }
+            for t, r in zip(topics, result.response, strict=True)
+        ]
         # The offset the caller's image must reach to see every result (kafka/ waits for it).
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_create_partitions(self, payload: Any) -> dict[str, Any]:
-        """Add partitions topic by topic; per-topic errors as Kafka's CreatePartitions."""
-        results = []
-        for t in payload["topics"]:
-            assignments = t.get("assignments")
-            async with self._lock:
-                controller = self._require_active()
-                result = controller.create_partitions(
-                    self.cache.image,
+        """Add partitions to the topics in one decision (one atomic batch); per-topic errors
+        as Kafka's CreatePartitions."""
+        topics = payload["topics"]
+        async with self._lock:
+            controller = self._require_active()
+            result = atomic_of(
+                self.cache.image,
+                topics,
+                lambda image, t: controller.create_partitions(
+                    image,
                     str(t["name"]),
                     int(t["count"]),
                     None
-                    if assignments is None
-                    else [[int(b) for b in replicas] for replicas in assignments],
-                )
-                if result.records and not payload.get("validate_only"):
-                    await self._propose_or_not_controller(result.records)
-            r = result.response
-            results.append({"name": t["name"], "error": int(r.error), "message": r.message})
+                    if t.get("assignments") is None
+                    else [[int(b) for b in replicas] for replicas in t["assignments"]],
+                ),
+            )
+            if result.records and not payload.get("validate_only"):
+                await self._propose_or_not_controller(result.records)
+        results = [
+            {"name": t["name"], "error": int(r.error), "message": r.message}
+            for t, r in zip(topics, result.response, strict=True)
+        ]
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_delete_topics(self, payload: Any) -> dict[str, Any]:
-        results = []
-        for name in payload["names"]:
-            async with self._lock:
-                controller = self._require_active()
-                topic = self.cache.image.topic_by_name(str(name))
+        """Delete the topics in one decision (one atomic batch)."""
+        names = [str(name) for name in payload["names"]]
+        async with self._lock:
+            controller = self._require_active()
+
+            def delete(image: MetadataImage, name: str) -> ControllerResult[Errors]:
+                topic = image.topic_by_name(name)
                 if topic is None:
-                    results.append({"name": name, "error": int(Errors.UNKNOWN_TOPIC_OR_PARTITION)})
-                    continue
-                result = controller.delete_topic(self.cache.image, topic.topic_id)
-                if result.records:
-                    await self._propose_or_not_controller(result.records)
-            results.append({"name": name, "error": int(result.response)})
+                    return ControllerResult((), Errors.UNKNOWN_TOPIC_OR_PARTITION)
+                return controller.delete_topic(image, topic.topic_id)
+
+            result = atomic_of(self.cache.image, names, delete)
+            if result.records:
+                await self._propose_or_not_controller(result.records)
+        results = [
+            {"name": name, "error": int(error)}
+            for name, error in zip(names, result.response, strict=True)
+        ]
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_alter_configs(self, payload: Any) -> dict[str, Any]:

@@ -136,6 +136,7 @@ from kcoord.storage.config import (
 )
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 OFFSETS_TOPIC_NAME: Final = "__consumer_offsets"
 # Kafka's QuorumController.MAX_RECORDS_PER_USER_OP: partitions one request may add.
@@ -286,6 +287,17 @@ class CreateTopicResult:
     topic_id: str = ""
     num_partitions: int = -1
     replication_factor: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """One topic of a CreateTopics request (``CreatableTopic``); -1 takes the default."""
+
+    name: str
+    topic_id: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    configs: Mapping[str, str | None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1002,6 +1014,35 @@ class Controller:
 
     # ---------------------------------------------------------------- topics
 
+    def create_topics(
+        self, image: MetadataImage, topics: Sequence[NewTopic]
+    ) -> ControllerResult[tuple[CreateTopicResult, ...]]:
+        """``ReplicationControlManager.createTopics``: every topic as ``create_topic``, in
+        one atomic batch (``atomic_of``). The request's partitions together (-1 counting
+        the default) may not exceed ``MAX_PARTITIONS_PER_REQUEST``, or every topic is
+        refused (``validateTotalNumberOfPartitions``)."""
+        total = sum(
+            self.config.num_partitions if t.num_partitions == -1 else max(t.num_partitions, 0)
+            for t in topics
+        )
+        if total > MAX_PARTITIONS_PER_REQUEST:
+            refused = CreateTopicResult(
+                Errors.POLICY_VIOLATION, "Excessively large number of partitions per request."
+            )
+            return ControllerResult((), tuple(refused for _ in topics))
+        return atomic_of(
+            image,
+            topics,
+            lambda scratch, t: self.create_topic(
+                scratch,
+                t.name,
+                t.topic_id,
+                num_partitions=t.num_partitions,
+                replication_factor=t.replication_factor,
+                configs=t.configs,
+            ),
+        )
+
     def create_topic(
         self,
         image: MetadataImage,
@@ -1514,6 +1555,27 @@ class Controller:
             else raw.strip().lower() == "true"  # ConfigDef.parseType trims
         )
         return Election.UNCLEAN if unclean else Election.ONLINE
+
+
+def atomic_of(
+    image: MetadataImage,
+    items: Sequence[Item],
+    decide: Callable[[MetadataImage, Item], ControllerResult[T]],
+) -> ControllerResult[tuple[T, ...]]:
+    """The decisions of one request (``ControllerResult.atomicOf``): each item is decided on
+    the image as the earlier items left it, and their records form one batch, committed whole
+    or not at all. Proposed item by item, a lost leadership left the first items committed,
+    and the client's retry of the request was told they already existed (or did not)."""
+    scratch = image.copy() if len(items) > 1 else image
+    records: list[MetadataRecord] = []
+    responses: list[T] = []
+    for i, item in enumerate(items):
+        result = decide(scratch, item)
+        if result.records and i < len(items) - 1:
+            scratch.apply_batch(scratch.last_offset + 1, result.records)
+        records.extend(result.records)
+        responses.append(result.response)
+    return ControllerResult(tuple(records), tuple(responses))
 
 
 def _create_topic_error(error: Errors, message: str) -> ControllerResult[CreateTopicResult]:

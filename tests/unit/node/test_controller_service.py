@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import pytest
 
+from kcoord.errors import Errors
 from kcoord.node.controller_service import OFFSETS_TOPIC_GRACE_MS, ControllerService
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcError
@@ -238,5 +239,79 @@ def test_the_active_controller_elects_unclean_leaders_at_its_interval() -> None:
         await service.tick()
         state = cache.image.partition(topic_id, 0)
         assert state is not None and state.leader in (2, 3) and state.isr == (state.leader,)
+
+    asyncio.run(scenario())
+
+
+def test_a_create_topics_request_is_one_batch_committed_whole_or_not_at_all() -> None:
+    """``ControllerResult.atomicOf``: the topics of one CreateTopics (and of DeleteTopics)
+    are one proposal. Proposed topic by topic, a leadership lost after the first left it
+    created, and the client's retry was told TOPIC_ALREADY_EXISTS for its own topic."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        real_propose = quorum.propose
+        proposals: list[list[rec.MetadataRecord]] = []
+
+        def lost(records: Any, on_done: Any, *, epoch: int) -> None:
+            proposals.append(list(records))
+            asyncio.get_running_loop().call_soon(on_done, None, "leadership lost")
+
+        quorum.propose = lost  # type: ignore[method-assign]
+        topics = [{"name": n, "num_partitions": 2, "replication_factor": 3} for n in "abc"]
+        with pytest.raises(RpcError):  # NOT_CONTROLLER: the broker retries the request
+            await service.handle_create_topics({"topics": topics})
+        assert len(proposals) == 1
+        assert [r.name for r in proposals[0] if isinstance(r, rec.Topic)] == ["a", "b", "c"]
+        assert all(cache.image.topic_by_name(n) is None for n in "abc")
+        quorum.propose = real_propose  # type: ignore[method-assign]
+        await service._maybe_activate()
+        # The retry; a name colliding with one earlier in the request is refused, as it
+        # would be after the earlier one was created.
+        reply = await service.handle_create_topics(
+            {"topics": [*topics, {"name": "a.b", "num_partitions": 1}, {"name": "a_b"}]}
+        )
+        assert [(t["name"], t["error"]) for t in reply["topics"]] == [
+            ("a", 0),
+            ("b", 0),
+            ("c", 0),
+            ("a.b", 0),
+            ("a_b", int(Errors.INVALID_TOPIC_EXCEPTION)),
+        ]
+        assert all(cache.image.topic_by_name(n) is not None for n in ("a", "b", "c", "a.b"))
+        reply = await service.handle_delete_topics({"names": ["a", "missing", "b"]})
+        assert [(t["name"], t["error"]) for t in reply["topics"]] == [
+            ("a", 0),
+            ("missing", int(Errors.UNKNOWN_TOPIC_OR_PARTITION)),
+            ("b", 0),
+        ]
+        assert cache.image.topic_by_name("a") is None and cache.image.topic_by_name("b") is None
+
+    asyncio.run(scenario())
+
+
+def test_a_create_topics_request_of_too_many_partitions_is_refused_whole() -> None:
+    """``validateTotalNumberOfPartitions``: the request's partitions together (-1 counting the
+    default) above 10,000 refuse every topic with POLICY_VIOLATION."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        reply = await service.handle_create_topics(
+            {
+                "topics": [
+                    {"name": "big", "num_partitions": 6_000, "replication_factor": 1},
+                    {"name": "also", "num_partitions": 4_000, "replication_factor": 1},
+                    {"name": "small", "num_partitions": -1, "replication_factor": 1},
+                ]
+            }
+        )
+        assert {(t["error"], t["message"]) for t in reply["topics"]} == {
+            (int(Errors.POLICY_VIOLATION), "Excessively large number of partitions per request.")
+        }
+        assert cache.image.topic_by_name("small") is None
 
     asyncio.run(scenario())

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import datetime
 import logging
+import uuid
 from collections import Counter
 from typing import Any, Final
 
 from kcoord.errors import Errors
 from kcoord.node.kafka.apis import Request, Result
+from kcoord.node.kafka.codec import topic_id_to_uuid
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.controller_channel import ControllerUnavailableError
 from kcoord.node.rpc import RpcError
-from kcoord.raft.controller import MAX_PARTITIONS_PER_REQUEST, OFFSETS_TOPIC_NAME
+from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 
 log = logging.getLogger(__name__)
 
@@ -93,13 +95,6 @@ class AdminApi:
                     name,
                     Errors.INVALID_REPLICA_ASSIGNMENT,
                     "kcoord places replicas itself; manual assignments are not supported.",
-                )
-            elif t.num_partitions > MAX_PARTITIONS_PER_REQUEST:
-                results[name] = _create_error(
-                    name,
-                    Errors.INVALID_PARTITIONS,
-                    f"Cannot create {t.num_partitions} partitions in one request; the limit is "
-                    f"{MAX_PARTITIONS_PER_REQUEST}.",
                 )
             else:
                 # A None value is the controller's to refuse (INVALID_CONFIG), as Kafka does.
@@ -194,7 +189,20 @@ class AdminApi:
             entries = [(t.name, t.topic_id) for t in body.topics]
         else:
             entries = [(name, None) for name in body.topic_names]
-        resolved: list[str] = []
+        # ControllerApis.deleteTopics: a name or an id given twice is refused (and not
+        # deleted), as is a name and an id of the same topic (the first entry is deleted).
+        provided_names: dict[str, None] = {}
+        duplicate_names: dict[str, None] = {}
+        provided_ids: dict[uuid.UUID, None] = {}
+        duplicate_ids: dict[uuid.UUID, None] = {}
+
+        def provide(key: Any, provided: dict[Any, None], duplicates: dict[Any, None]) -> None:
+            if key in duplicates or key in provided:
+                duplicates[key] = None
+                provided.pop(key, None)
+            else:
+                provided[key] = None
+
         for name, topic_id in entries:
             has_id = topic_id is not None and topic_id.int != 0
             if name is not None and has_id:
@@ -216,23 +224,45 @@ class AdminApi:
                     )
                 )
             elif name is None:
-                topic = self.ctx.topic_by_uuid(topic_id)
-                if topic is None:
-                    responses.append(_deleted(None, topic_id, Errors.UNKNOWN_TOPIC_ID, None))
-                else:
-                    resolved.append(topic.name)
-                    ids_of[topic.name] = topic_id
+                provide(topic_id, provided_ids, duplicate_ids)
             else:
-                resolved.append(name)
-        counts = Counter(resolved)
-        for name in counts:
+                provide(name, provided_names, duplicate_names)
+        for name in duplicate_names:
+            responses.append(_deleted(name, None, Errors.INVALID_REQUEST, "Duplicate topic name."))
+        for topic_id in duplicate_ids:
+            responses.append(
+                _deleted(None, topic_id, Errors.INVALID_REQUEST, "Duplicate topic id.")
+            )
+        for name in provided_names:
             topic = image.topic_by_name(name)
-            topic_id = ids_of.get(name, None if topic is None else topic.topic_id)
-            if counts[name] > 1:
+            if topic is not None and topic_id_to_uuid(topic.topic_id) in provided_ids:
                 responses.append(
-                    _deleted(name, topic_id, Errors.INVALID_REQUEST, "Duplicate topic name.")
+                    _deleted(
+                        name,
+                        topic.topic_id,
+                        Errors.INVALID_REQUEST,
+                        "The provided topic name maps to an ID that was already supplied.",
+                    )
                 )
-            elif name == OFFSETS_TOPIC_NAME:
+            else:  # an unknown name is the controller's to answer
+                ids_of[name] = None if topic is None else topic.topic_id
+        for topic_id in provided_ids:
+            topic = self.ctx.topic_by_uuid(topic_id)
+            if topic is None:
+                responses.append(_deleted(None, topic_id, Errors.UNKNOWN_TOPIC_ID, None))
+            elif topic.name in duplicate_names:
+                responses.append(
+                    _deleted(
+                        topic.name,
+                        topic_id,
+                        Errors.INVALID_REQUEST,
+                        "The provided topic ID maps to a name that was already supplied.",
+                    )
+                )
+            else:
+                ids_of[topic.name] = topic_id
+        for name, topic_id in ids_of.items():
+            if name == OFFSETS_TOPIC_NAME:
                 responses.append(
                     _deleted(
                         name,
@@ -243,7 +273,6 @@ class AdminApi:
                 )
             else:
                 names.append(name)
-                ids_of[name] = topic_id
         if names:
             reply = await self._forward("DeleteTopics", {"names": names}, _timeout_s(body.timeout))
             for name in names:

@@ -54,6 +54,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+from collections.abc import Mapping
 from typing import Any, Final
 
 from kcoord.cluster.routing import partition_for
@@ -191,7 +193,7 @@ class MetadataApi:
             getattr(body, "include_cluster_authorized_operations", False)
         )
         alive = ctx.alive_brokers()
-        controller_id = ctx.controller_id()
+        controller_id = _listed_controller_id(ctx, alive)
         return {
             "throttle_time": 0,
             "brokers": [
@@ -231,7 +233,7 @@ class MetadataApi:
                 "cluster_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
             }
         include_fenced = bool(getattr(body, "include_fenced_brokers", False))
-        controller_id = self.ctx.controller_id()
+        controller_id = _listed_controller_id(self.ctx, self.ctx.alive_brokers())
         return {
             "throttle_time": 0,
             "error_code": Errors.NONE,
@@ -268,8 +270,10 @@ class MetadataApi:
             for name, topic_id in wanted
             if name is not None and ctx.image.topic_by_name(name) is None
         ]
+        # AutoTopicCreationManager.filterCreatableTopics: an illegal name is answered here,
+        # not sent to the controller (which may be away: the producer would wait for it).
         creatable = (
-            [n for n in dict.fromkeys(missing) if not is_internal(n)]
+            [n for n in dict.fromkeys(missing) if not is_internal(n) and not topic_name_error(n)]
             if allow_auto and ctx.settings.auto_create_topics_enable
             else []
         )
@@ -485,3 +489,15 @@ def _topic_error(error: Errors, name: str | None, topic_id: Any) -> dict[str, An
 
 def _no_coordinator(error: Errors, message: str) -> dict[str, Any]:
     return {"error_code": error, "error_message": message, "node_id": -1, "host": "", "port": -1}
+
+
+def _listed_controller_id(ctx: BrokerContext, alive: Mapping[int, BrokerEndpoint]) -> int | None:
+    """The controller id a client is told: the active controller while its broker is alive,
+    else a random alive broker (a KRaft broker always answers one, KafkaApis'
+    ``getRandomAliveBrokerId``, and forwards admin requests): kafka-python's admin client
+    connects to the id it is given, which must be in the brokers list (the active
+    controller's broker may still be fenced just after a restart)."""
+    controller_id = ctx.controller_id()
+    if controller_id in alive:
+        return controller_id
+    return random.choice(list(alive)) if alive else None

@@ -517,8 +517,13 @@ class ProduceApi:
             producer_id = self.producer_ids.next_id()
         except (OSError, ProducerIdsExhaustedError) as e:
             log.error("cannot allocate a producer id: %s", e)
+            # A block of ids that cannot be written down may be next time: retriable, as
+            # Kafka's ProducerIdManager while it has no block (the Java producer gives up on
+            # UNKNOWN_SERVER_ERROR). An exhausted counter is for good.
             return {
-                "error_code": Errors.UNKNOWN_SERVER_ERROR,
+                "error_code": Errors.UNKNOWN_SERVER_ERROR
+                if isinstance(e, ProducerIdsExhaustedError)
+                else Errors.COORDINATOR_LOAD_IN_PROGRESS,
                 "producer_id": -1,
                 "producer_epoch": -1,
             }

@@ -23,11 +23,12 @@ from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.apis import Deferred, Request
 from kcoord.node.kafka.context import KafkaSettings
-from kcoord.node.kafka.metadata import NO_TRANSACTIONS
+from kcoord.node.kafka.metadata import NO_TRANSACTIONS, TopicCreator
 from kcoord.node.kafka.produce import LOAD_SLICE_HEADERS, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
 from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
 from kcoord.storage.segment import LogSegment
 from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running
@@ -252,6 +253,13 @@ def test_metadata_lists_brokers_topics_and_partitions(tmp_path: Path, version: i
 
 
 def test_metadata_unknown_topics_and_auto_creation(tmp_path: Path) -> None:
+    asked: list[str] = []
+    create = TopicCreator.create
+
+    async def recorded(self: TopicCreator, names: list[str]) -> dict[str, Errors]:
+        asked.extend(names)
+        return await create(self, names)
+
     async def test(h: Harness, c: AsyncWireClient) -> None:
         response = await c.call(
             METADATA, 12, metadata_values("nope", "bad/name", auto_create=False)
@@ -267,6 +275,9 @@ def test_metadata_unknown_topics_and_auto_creation(tmp_path: Path) -> None:
         assert (fresh.name, fresh.error_code, len(fresh.partitions)) == ("fresh", 0, 3)
         assert all(p.leader_id in (1, 2, 3) for p in fresh.partitions)
         assert (bad.name, bad.error_code) == ("bad/name", Errors.INVALID_TOPIC_EXCEPTION)
+        # AutoTopicCreationManager.filterCreatableTopics: the illegal name is answered
+        # without the controller (which may be away, and the producer would wait for it).
+        assert asked == ["fresh"]
         # v3 always allows; by topic id (v12) an unknown id is UNKNOWN_TOPIC_ID.
         response = await c.call(METADATA, 3, {"topics": [{"name": "old"}]})
         assert response.topics[0].error_code == Errors.NONE
@@ -293,7 +304,8 @@ def test_metadata_unknown_topics_and_auto_creation(tmp_path: Path) -> None:
         )
         assert response.topics[0].name == "fresh"
 
-    run(tmp_path, test)
+    with mock.patch.object(TopicCreator, "create", recorded):
+        run(tmp_path, test)
 
 
 def test_metadata_without_auto_create_config(tmp_path: Path) -> None:
@@ -397,6 +409,13 @@ def test_describe_cluster(tmp_path: Path, version: int) -> None:
             assert controller.brokers == ()
             unknown = await describe(endpoint_type=7)
             assert unknown.error_code == Errors.UNSUPPORTED_ENDPOINT_TYPE
+        # The active controller's broker fenced (just after a restart): clients are given an
+        # alive broker, one they can connect to (KafkaApis' getRandomAliveBrokerId).
+        own = h.cache.image.broker(NODE_ID)
+        assert own is not None
+        h.quorum.commit([rec.FenceBroker(NODE_ID, own.broker_epoch)])
+        assert (await describe()).controller_id == 3
+        assert (await c.call(METADATA, 12, metadata_values())).controller_id == 3
 
     run(tmp_path, test)
 
@@ -498,14 +517,19 @@ def test_create_topics_is_visible_at_once_with_kafka_errors(tmp_path: Path) -> N
         response = await c.call(
             CREATE_TOPICS,
             7,
-            create_values(("a", 2, 1), ("b", 1, 4), ("c", 0, 1), ("d", 20_000, 1), ("a", 1, 1)),
+            create_values(("a", 2, 1), ("b", 1, 4), ("c", 0, 1), ("a", 1, 1)),
         )
         results = {t.name: t for t in response.topics}
         assert results["a"].error_code == Errors.INVALID_REQUEST  # named twice
         assert results["b"].error_code == Errors.INVALID_REPLICATION_FACTOR
         assert results["c"].error_code == Errors.INVALID_PARTITIONS
-        assert results["d"].error_code == Errors.INVALID_PARTITIONS
         assert all(r.error_message for r in results.values())
+        # Over 10,000 partitions in one request: every topic is refused.
+        response = await c.call(CREATE_TOPICS, 7, create_values(("d", 20_000, 1), ("g", 1, 1)))
+        assert {(t.name, t.error_code) for t in response.topics} == {
+            ("d", Errors.POLICY_VIOLATION),
+            ("g", Errors.POLICY_VIOLATION),
+        }
         response = await c.call(CREATE_TOPICS, 7, create_values(("e", 2, 2)))
         (e,) = response.topics
         assert (e.error_code, e.num_partitions, e.replication_factor) == (0, 2, 2)
@@ -585,6 +609,44 @@ def test_create_partitions_and_delete_topics(tmp_path: Path) -> None:
         ]
         assert h.cache.image.topic_by_name("grow") is None
         assert h.cache.image.topic_by_name("gone") is None
+        # Entries named twice (ControllerApis.deleteTopics): the same id twice is refused
+        # once and not deleted; a topic named by id and by name is deleted by its id and the
+        # name refused; the same name twice is refused and not deleted.
+        await h.create_topic("twice", 1, 1)
+        await h.create_topic("both", 1, 1)
+        twice_id = codec.topic_id_to_uuid(h.topic_id("twice"))
+        both_id = codec.topic_id_to_uuid(h.topic_id("both"))
+        response = await c.call(
+            DELETE_TOPICS,
+            6,
+            {
+                "topics": [
+                    {"name": None, "topic_id": twice_id},
+                    {"name": None, "topic_id": twice_id},
+                    {"name": None, "topic_id": both_id},
+                    {"name": "both", "topic_id": uuid.UUID(int=0)},
+                    {"name": "missing", "topic_id": uuid.UUID(int=0)},
+                    {"name": "missing", "topic_id": uuid.UUID(int=0)},
+                ],
+                "timeout": 5000,
+            },
+        )
+        assert sorted(
+            (r.name or "", r.topic_id == twice_id, r.error_code, r.error_message or "")
+            for r in response.responses
+        ) == [
+            ("", True, Errors.INVALID_REQUEST, "Duplicate topic id."),
+            ("both", False, Errors.NONE, ""),
+            (
+                "both",
+                False,
+                Errors.INVALID_REQUEST,
+                "The provided topic name maps to an ID that was already supplied.",
+            ),
+            ("missing", False, Errors.INVALID_REQUEST, "Duplicate topic name."),
+        ]
+        assert h.cache.image.topic_by_name("twice") is not None
+        assert h.cache.image.topic_by_name("both") is None
 
     run(tmp_path, test)
 
@@ -938,6 +1000,21 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
             INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 1}
         )
         assert txn.error_code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        # The next block of ids cannot be written down: a retriable error, as Kafka's
+        # ProducerIdManager answers while no block is at hand (UNKNOWN_SERVER_ERROR is fatal
+        # to the Java producer).
+        ids = h.broker.producer_ids
+        ids._block_end = ids._next
+        full = OSError(errno.ENOSPC, "No space left on device")
+        with mock.patch.object(checkpoint, "write_atomically", side_effect=full):
+            refused = await c.call(
+                INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 1}
+            )
+        assert refused.error_code == Errors.COORDINATOR_LOAD_IN_PROGRESS
+        again = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 1}
+        )
+        assert again.error_code == Errors.NONE and again.producer_id not in (pid, -1)
 
         def idem(seq: int, *values: bytes, e: int = epoch) -> bytes:
             return batch(list(values), producer_id=pid, producer_epoch=e, base_sequence=seq)
