@@ -34,6 +34,13 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     the at-least-once chain from producer to committed offset has no hole.
     ``no-final-committed``: acknowledged commits for a (group, topic) but no ``ok`` final
     ``committed`` read: durability cannot be shown, so it is not assumed.
+    ``phantom-commit``: a final committed offset above every offset any commit of that
+    (group, topic, partition) attempted (``ok``, ``info``, ``fail`` or unanswered): the
+    coordinator answered a position nobody sent.
+    ``no-member-commit-after-heal``: a group that had acknowledged commits, none of them
+    after the last ``heal``. The members consume and commit what was produced before the
+    final heal, so a group whose commits all fail after a fault (while the runner's probe, of
+    another group, succeeds) is caught.
 
 ``check_groups`` (groups workload): group membership and ownership
     ``split-ownership``: two members (different ``member_id`` and different ``member``) report
@@ -69,8 +76,11 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     offset at or below the highest offset read in its partition: someone read past it, so it
     should have been read. ``unseen``: an ``ok`` send whose value no final poll read; when
     ``require_final_poll`` is False and the history has no final polls, this is not checked
-    (``stats["unseen_checked"]``). ``aborted-read``: a value was read whose every send attempt
-    ``fail``-ed (Jepsen's aborted read; a workload must record ambiguous errors as ``info``).
+    (``stats["unseen_checked"]``). ``lost-read``: under the same condition, a value a poll
+    read that no final poll read and no ``ok`` send reported (a send whose outcome was
+    unknown counts as written once it was read, as in Jepsen). ``aborted-read``: a value
+    was read whose every send attempt ``fail``-ed (Jepsen's aborted read; a workload must
+    record ambiguous errors as ``info``).
     ``poll-skip`` / ``nonmonotonic-poll``: within one consumer process, a partition's
     consecutive records (in one poll or across polls) are more than one step apart in the
     version order, or not ahead of the previous one. Rebalances and restarts reset the
@@ -87,6 +97,14 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     The groups workload's members read the producers' records too: its ``records`` result is
     this checker without the final poll, so an acknowledged record that the members read past
     and never saw is a ``lost-write`` there as well.
+
+``check_consumed`` (groups workload): every group reads everything
+    ``unconsumed``: an ``ok`` send whose value some group never consumed. Every group of the
+    workload subscribes to the whole topic, and the runner stops the producers and waits for
+    the members to consume what was acknowledged before it stops them; a group is one that
+    consumed anything or that the final phase described. This is what shows that a group
+    did not skip records (a member starting past its committed offset) or lose them in a
+    failover, which the other groups' reads would hide in ``records``.
 
 ``check_liveness`` (both workloads)
     ``no-commit-after-heal``: after a ``heal``, no ``ok`` ``commit`` or ``probe-commit``
@@ -325,13 +343,17 @@ def _commits(history: History, findings: _Findings) -> list[_Commit]:
 
 
 def check_offsets(history: History) -> CheckResult:
-    """lost-commit, regressed-commit, commit-beyond-consumed, no-final-committed."""
+    """lost-commit, regressed-commit, commit-beyond-consumed, no-final-committed,
+    phantom-commit, no-member-commit-after-heal."""
     findings = _Findings("offsets")
     ordered = _in_time_order(history)
     commits = _commits(history, findings)
     acked = [c for c in commits if c.type == OK]
 
-    _check_lost_commits(ordered, acked, findings)
+    final = _final_committed(ordered, findings)
+    _check_lost_commits(final, acked, findings)
+    _check_final_committed(final, commits, findings)
+    _check_member_commits_after_heal(history, acked, findings)
     _check_reads_see_acknowledged_commits(history, acked, findings)
     _check_regressed_commits(acked, findings)
     _check_commits_beyond_consumed(ordered, commits, acked, findings)
@@ -347,8 +369,12 @@ def check_offsets(history: History) -> CheckResult:
     )
 
 
-def _check_lost_commits(ordered: list[Event], acked: list[_Commit], findings: _Findings) -> None:
-    final: dict[tuple[str, str | None], tuple[Event, dict[int, int]]] = {}
+_FinalCommitted = dict[tuple[str, str | None], tuple[Event, dict[int, int]]]
+
+
+def _final_committed(ordered: list[Event], findings: _Findings) -> _FinalCommitted:
+    """(group, topic) -> the last ``ok`` ``committed`` read and its offsets."""
+    final: _FinalCommitted = {}
     for event in ordered:  # the last ok read wins
         if event.f == "committed" and event.type == OK:
             try:
@@ -358,7 +384,51 @@ def _check_lost_commits(ordered: list[Event], acked: list[_Commit], findings: _F
                 )
             except _PARSE_ERRORS as error:
                 findings.malformed(event, error)
+    return final
 
+
+def _check_final_committed(
+    final: _FinalCommitted, commits: list[_Commit], findings: _Findings
+) -> None:
+    """``phantom-commit``: a final committed offset above every offset a commit of that
+    (group, topic, partition) attempted: the coordinator answered one nobody sent."""
+    attempted: dict[_GroupPartition, int] = {}
+    for commit in commits:
+        attempted[commit.key] = max(attempted.get(commit.key, -1), commit.offset)
+    for (group, topic), (read_event, offsets) in sorted(final.items(), key=lambda kv: str(kv[0])):
+        for partition, committed in sorted(offsets.items()):
+            if committed >= 0 and committed > attempted.get((group, topic, partition), -1):
+                findings.add(
+                    "phantom-commit",
+                    {
+                        "group": group,
+                        "topic": topic,
+                        "partition": partition,
+                        "final_committed": committed,
+                        "attempted": attempted.get((group, topic, partition)),
+                        "final_read_event": read_event.index,
+                    },
+                )
+
+
+def _check_member_commits_after_heal(
+    history: History, acked: list[_Commit], findings: _Findings
+) -> None:
+    """``no-member-commit-after-heal``: a group none of whose members' commits was
+    acknowledged after the last ``heal``. The runner's probe commits (another group) show
+    the coordinators answer; this shows the workload's groups commit again, which the
+    members keep doing while they consume what was produced before the final heal."""
+    heals = [e.at for e in history.ops("heal")]
+    if not heals:
+        return
+    last_heal = max(heals)
+    groups = {c.group for c in acked}
+    after = {c.group for c in acked if c.done_at is not None and c.done_at > last_heal}
+    for group in sorted(groups - after):
+        findings.add("no-member-commit-after-heal", {"group": group})
+
+
+def _check_lost_commits(final: _FinalCommitted, acked: list[_Commit], findings: _Findings) -> None:
     highest: dict[_GroupPartition, _Commit] = {}
     for commit in acked:
         best = highest.get(commit.key)
@@ -844,6 +914,27 @@ def check_queue(history: History, *, require_final_poll: bool = True) -> CheckRe
             findings.add("lost-write", {**example, "max_read_offset": max_read[tp]})
         if unseen_checked and frozen not in final_values[tp]:
             findings.add("unseen", example)
+    if unseen_checked:
+        # Jepsen counts a send whose outcome is unknown as written once a poll read it: a
+        # record a consumer saw is committed, and must still be there at the end.
+        reported = {(send.topic, send.partition, _freeze(send.value)) for send in sends}
+        for read in reads:
+            if read.final:
+                continue
+            for partition, offset, value in read.records:
+                tp, frozen = (read.topic, partition), _freeze(value)
+                if frozen not in final_values[tp] and (*tp, frozen) not in reported:
+                    reported.add((*tp, frozen))
+                    findings.add(
+                        "lost-read",
+                        {
+                            "topic": read.topic,
+                            "partition": partition,
+                            "offset": offset,
+                            "value": value,
+                            "read": read.event.index,
+                        },
+                    )
     _check_aborted_reads(reads, attempts, findings)
     version_order = {
         tp: {o: i for i, o in enumerate(sorted(offsets))} for tp, offsets in log.items()
@@ -1074,6 +1165,41 @@ def _check_send_order(sends: list[_Send], findings: _Findings) -> None:
 # Liveness
 
 
+def check_consumed(history: History) -> CheckResult:
+    """unconsumed (groups workload)."""
+    findings = _Findings("consumed")
+    sends, _ = _sends(history, findings)
+    consumed: dict[tuple[str, str], set[Hashable]] = defaultdict(set)
+    for event in history.ops("consume"):
+        if event.type != OK:
+            continue
+        try:
+            group, topic = _required(event.value, "group"), _required(event.value, "topic")
+            consumed[(group, topic)].update(_freeze(v) for _p, _o, v in _records(event.value))
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+    groups = {str(e.value.get("group")) for e in history.ops("describe") if e.process == "checker"}
+    groups.update(group for group, _topic_name in consumed)
+    topics = {send.topic for send in sends}
+    for group in sorted(groups):
+        for send in sends:
+            if _freeze(send.value) not in consumed[(group, send.topic)]:
+                findings.add(
+                    "unconsumed",
+                    {
+                        "group": group,
+                        "topic": send.topic,
+                        "partition": send.partition,
+                        "offset": send.offset,
+                        "value": send.value,
+                        "send": send.event.index,
+                    },
+                )
+    return findings.result(
+        {"groups": len(groups), "topics": len(topics), "acknowledged_sends": len(sends)}
+    )
+
+
 def check_liveness(
     history: History, *, commit_within_s: float = DEFAULT_COMMIT_WITHIN_S
 ) -> CheckResult:
@@ -1153,6 +1279,7 @@ def check_all(
                 partitions_by_topic=partitions_by_topic,
             ),
             "records": check_queue(history, require_final_poll=False),
+            "consumed": check_consumed(history),
             "liveness": liveness,
             "progress": progress,
         }

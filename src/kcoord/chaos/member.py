@@ -51,7 +51,7 @@ import struct
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 POLL_TIMEOUT_S = 0.2
 # kafka-python 3.0.12 can wedge a member for good when poll() times out just as its SyncGroup
@@ -292,13 +292,15 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
 # -- confluent-kafka -------------------------------------------------------------------------
 
 
+CGMD_MAGIC: Final = b"CGMDv2:"
+
+
 def cgmd_generation(cgmd: bytes) -> int:
     """The generation in librdkafka's serialized consumer group metadata
     (``rd_kafka_consumer_group_metadata_write``: ``"CGMDv2:"``, then the generation id as a
     native int32, then the NUL-terminated group id, member id, ...)."""
-    magic = b"CGMDv2:"
-    assert cgmd.startswith(magic), cgmd[:16]
-    (generation,) = struct.unpack_from("=i", cgmd, len(magic))
+    assert cgmd.startswith(CGMD_MAGIC), cgmd[:16]
+    (generation,) = struct.unpack_from("=i", cgmd, len(CGMD_MAGIC))
     return int(generation)
 
 

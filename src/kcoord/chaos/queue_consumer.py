@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Any
 
+from kcoord.chaos.member import CGMD_MAGIC, cgmd_generation
+
 POLL_TIMEOUT_S = 0.2
 FINAL_DEADLINE_S = 60.0
 WATERMARK_RETRY_S = 0.2
@@ -31,15 +33,10 @@ def emit(event: str, **fields: Any) -> None:
 
 
 def _generation(consumer: Any) -> int:
-    import struct
-
-    # The serialized group metadata starts with its version (int16), then the generation.
+    """The generation of the consumer's group metadata, -1 outside a group."""
     raw = consumer.consumer_group_metadata()
     data = raw if isinstance(raw, bytes) else bytes(raw)
-    try:
-        return int(struct.unpack_from(">i", data, 2)[0])
-    except struct.error:
-        return -1
+    return cgmd_generation(data) if data.startswith(CGMD_MAGIC) else -1
 
 
 def main() -> None:

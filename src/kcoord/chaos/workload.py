@@ -303,6 +303,10 @@ class GroupsWorkload:
             )
         elif kind == "error":
             add(proc.name, "info", "client-error", {**who, "error": event.get("error")})
+        elif kind not in ("started", "closed"):
+            # Recorded as an unrecorded report by _read: a misspelt acknowledgement must fail
+            # the run, not vanish.
+            raise ValueError(f"unknown event {kind!r}")
 
 
 def _send(cfg: dict[str, Any], event: dict[str, Any]) -> dict[str, Any]:

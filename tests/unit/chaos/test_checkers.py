@@ -20,6 +20,7 @@ from kcoord.chaos.checkers import (
     CheckResult,
     all_valid,
     check_all,
+    check_consumed,
     check_groups,
     check_liveness,
     check_offsets,
@@ -306,6 +307,29 @@ def test_offsets_valid_history() -> None:
     result = check_offsets(healthy_groups_history())
     assert result.valid, result.anomalies
     assert result.stats["commits"][OK] == 2
+
+
+def test_phantom_commit_when_the_final_offset_is_one_nobody_committed() -> None:
+    h = healthy_groups_history()
+    committed(h, 11.0, {0: 50})  # the last read wins; the highest commit attempted was 8
+
+    result = check_offsets(h)
+
+    assert named(result) == {"phantom-commit"}
+    example = result.anomalies["phantom-commit"][0]
+    assert (example["final_committed"], example["attempted"]) == (50, 8)
+
+
+def test_no_member_commit_after_heal_when_only_earlier_commits_were_acknowledged() -> None:
+    """The probe commits of the runner say nothing of the members: a group whose members stop
+    committing after a fault (a stale epoch, say) while the coordinator answers the probe."""
+    h = healthy_groups_history()
+    heal(h, 5.0)
+    commit(h, 6.0, "m1", {0: 8}, outcome=INFO)  # attempted, never acknowledged
+
+    assert named(check_offsets(h)) == {"no-member-commit-after-heal"}
+    commit(h, 7.0, "m1", {0: 8})
+    assert check_offsets(h).valid
 
 
 def test_lost_commit_when_the_final_read_is_below_an_acknowledged_commit() -> None:
@@ -692,6 +716,22 @@ def test_an_info_send_may_appear() -> None:
     assert result.valid, result.anomalies
 
 
+def test_lost_read_when_a_record_a_consumer_read_is_gone_at_the_end() -> None:
+    """A send whose outcome is unknown counts as written once a poll read it (Jepsen): the
+    consumer saw it below the high watermark, so it must survive."""
+    h = healthy_queue_history()
+    poll(h, 7.0, "c1", [(1, 1, "maybe")])
+
+    result = check_queue(h)
+
+    assert named(result) == {"lost-read"}
+    assert result.anomalies["lost-read"] == [
+        {"topic": "q", "partition": 1, "offset": 1, "value": "maybe", "read": 17}
+    ]
+    final_poll(h, 11.0, [(1, 1, "maybe")])
+    assert check_queue(h).valid
+
+
 def test_lost_write_when_a_later_offset_was_read() -> None:
     h = History()
     send(h, 1.0, "p1", "a", (0, 0))
@@ -970,10 +1010,11 @@ def test_check_all_groups_is_json_serialisable() -> None:
         h.add(event.process, event.type, event.f, event.value, time=event.time + 1.0)
     probe(h, 9.0, OK)
     send(h, 0.5, "producer-0", "v0", (0, 0), topic="t")
+    commit(h, 9.5, "m1", {0: 8})  # the members commit again after the heal
 
     results = check_all(h, "groups")
 
-    assert set(results) == {"offsets", "groups", "records", "liveness", "progress"}
+    assert set(results) == {"offsets", "groups", "records", "consumed", "liveness", "progress"}
     assert all_valid(results), {n: r.anomalies for n, r in results.items()}
     document = json.loads(json.dumps(results_as_dict(results)))
     assert document["valid"] is True
@@ -1050,3 +1091,32 @@ def test_a_killed_process_leaves_its_invoke_unanswered() -> None:
     done = h.add("static-0", OK, "commit", {"group": "g", "offsets": {"0": 7}}, time=3.5)
     assert h.completion(again) == done
     assert [d for _, d in h.pairs("commit")] == [None, done]
+
+
+def test_unconsumed_when_a_group_never_read_an_acknowledged_record() -> None:
+    """Every group reads the whole topic: a record acknowledged to the producer that one group
+    never consumed (lost, or skipped over by a member that started past it) fails the run,
+    though another group read it."""
+    h = History()
+    for offset in range(3):
+        send(h, 1.0 + offset, "producer-0", f"v{offset}", (0, offset), topic="t")
+    send(h, 1.5, "producer-0", "implicit", (0, None), topic="t")  # acknowledged, no offset
+    consume(h, 5.0, "m1", 0, [0, 2], group="g")  # v1 skipped
+    consume(h, 5.0, "n1", 0, [0, 1, 2], group="other")
+    h.add(
+        "n1",
+        OK,
+        "consume",
+        {"group": "other", "topic": "t", "records": [[0, 3, "implicit"]]},
+        time=6.0,
+    )
+    h.add("checker", OK, "describe", {"group": "quiet", "state": "Stable"}, time=9.0)
+
+    result = check_consumed(h)
+
+    assert {(x["group"], x["value"]) for x in result.anomalies["unconsumed"]} == {
+        ("g", "v1"),
+        ("g", "implicit"),
+        *(("quiet", v) for v in ("v0", "v1", "v2", "implicit")),
+    }
+    assert result.stats["groups"] == 3

@@ -1,0 +1,52 @@
+"""The chaos clients' reports as the runner records them."""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kcoord.chaos.history import UNRECORDED_REPORT_F, History
+from kcoord.chaos.queue_consumer import _generation
+from kcoord.chaos.workload import GroupsWorkload
+
+
+class _Metadata:
+    def __init__(self, raw: bytes) -> None:
+        self.raw = raw
+
+    def consumer_group_metadata(self) -> Any:
+        return self.raw
+
+
+def test_the_queue_consumer_reads_the_generation_of_librdkafkas_group_metadata() -> None:
+    """``"CGMDv2:"``, then the generation as a native int32 (the checker resets a consumer's
+    expected offsets when it changes; read at the wrong place it never did)."""
+    for generation in (1, 7):
+        raw = b"CGMDv2:" + struct.pack("=i", generation) + b"group\0member\0"
+        assert _generation(_Metadata(raw)) == generation
+    assert _generation(_Metadata(b"")) == -1
+
+
+def test_a_client_report_of_an_unknown_kind_is_an_unrecorded_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt acknowledgement must fail the run (check_progress), not vanish."""
+    (tmp_path / "fake_client.py").write_text(
+        'print(\'{"event": "started"}\')\nprint(\'{"event": "comitted", "offsets": {"0": 5}}\')\n'
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    history = History(clock=time.monotonic)
+    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
+    client = workload._spawn("m1", "fake_client", {"group": "g", "topic": "t"})
+    client.proc.wait(timeout=30)
+    client._reader.join(timeout=30)
+    assert client.events == 2
+    assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
+        {"error": "ValueError(\"unknown event 'comitted'\")"}
+    ]
