@@ -857,6 +857,20 @@ class ReplicaManager:
             part.high_watermark,
         )
 
+    def fetchable_bytes(self, topic: str, partition: int, fetch_offset: int) -> int:
+        """How many bytes a consumer's fetch from ``fetch_offset`` would read, below the high
+        watermark, from batch positions alone (``DelayedFetch.tryComplete``). Raises as
+        ``fetch`` would not: an error is found by the read that answers."""
+        part = self.leader_partition(topic, partition)
+        lg = part.log
+        if not lg.log_start_offset <= fetch_offset <= lg.log_end_offset:
+            raise KafkaError(Errors.OFFSET_OUT_OF_RANGE)  # truncated, or retention moved on
+        try:
+            return lg.bytes_between(fetch_offset, part.high_watermark)
+        except OSError as e:
+            self.log_dir_failure.fail(f"reading {topic}-{partition}", e)
+            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
+
     # -----------------------------------------------------------------------------------------
     # Checkpoints.
 

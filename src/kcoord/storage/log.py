@@ -789,6 +789,26 @@ class Log:
             return FetchData(data, base_offset if data else None)
         return FetchData(b"", None)
 
+    def bytes_between(self, start_offset: int, end_offset: int) -> int:
+        """The bytes of the batches from the one holding ``start_offset`` up to ``end_offset``
+        (a batch boundary: a log end offset or a high watermark), from positions alone:
+        Kafka's ``LogOffsetMetadata.positionDiff``, which ``DelayedFetch`` sums to decide
+        whether a waiting fetch has its ``min_bytes`` without reading any record."""
+        end_offset = min(end_offset, self.log_end_offset)
+        if start_offset >= end_offset:
+            return 0
+        first = self._segment_index_for(start_offset)
+        last = self._segment_index_for(end_offset)
+        total = 0
+        for i in range(first, last + 1):
+            seg = self.segments[i]
+            start = seg.translate_offset(start_offset) if i == first else None
+            end = seg.translate_offset(end_offset) if i == last else None
+            total += (seg.size if end is None else end.position) - (
+                0 if start is None else start.position
+            )
+        return total
+
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with a timestamp at or after ``timestamp``."""
         for seg in self.segments:

@@ -140,6 +140,26 @@ def test_offset_and_time_lookups_match_a_linear_scan(
         assert lg.offset_for_timestamp(target_ts) == expected
 
 
+def test_bytes_between_batch_boundaries_is_the_size_of_the_batches(tmp_path: Path) -> None:
+    """What a waiting fetch adds up (DelayedFetch): positions only, across segments."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for n in range(1, 40):
+        lg.append_as_leader(batch(n % 4 + 1, value=b"y" * 40), leader_epoch=0, now_ms=0)
+    assert len(lg.segments) > 3
+    headers = [bp.header for seg in lg.segments for bp in seg.scan_headers()]
+    for first in headers[::3]:
+        for end in headers[::5]:
+            expected = sum(
+                h.size
+                for h in headers
+                if h.base_offset >= first.base_offset and h.next_offset <= end.next_offset
+            )
+            for start in (first.base_offset, first.last_offset):
+                assert lg.bytes_between(start, end.next_offset) == expected, (start, end)
+    assert lg.bytes_between(0, lg.log_end_offset) == sum(seg.size for seg in lg.segments)
+    assert lg.bytes_between(5, 5) == 0
+
+
 def test_truncate_to_removes_suffix_and_epochs(tmp_path: Path) -> None:
     lg = open_log(tmp_path / "t-0", SMALL)
     for epoch in range(4):

@@ -203,6 +203,11 @@ class FetchApi:
                 except TimeoutError:
                     break
                 event.clear()
+                # Read again only once the bytes waiting reach min_bytes, by their positions
+                # (DelayedFetch.tryComplete): reading them at every wake re-read and
+                # CRC-checked everything waiting each time, on the event loop.
+                if not self._ready(wanted, min_bytes):
+                    continue
                 responses, size, failed = self._read(wanted, max_bytes, request.version)
                 if size >= min_bytes or failed:
                     return self._response(request, responses)
@@ -210,6 +215,24 @@ class FetchApi:
             self.waiters.unwatch(tps, event)
         responses, _, _ = self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
+
+    def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
+        """Whether a read would answer: the partitions' bytes below their high watermarks,
+        each at most its max bytes, reach ``min_bytes`` (as ``DelayedFetch`` adds them up),
+        or a partition is in error (the read answers it at once)."""
+        total = 0
+        for w in wanted:
+            if w.topic is None:
+                continue
+            try:
+                self.ctx.replicas.leader_partition(w.topic, w.partition, w.current_leader_epoch)
+                available = self.ctx.replicas.fetchable_bytes(w.topic, w.partition, w.fetch_offset)
+            except KafkaError as e:
+                if e.code in _SET_ASIDE:
+                    continue
+                return True
+            total += min(available, w.max_bytes)
+        return total >= min_bytes
 
     def _read(
         self, wanted: list[_FetchPartition], max_bytes: int, version: int

@@ -820,6 +820,31 @@ def test_fetch_long_poll_wakes_on_produce_and_times_out(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_a_long_poll_reads_the_log_only_once_min_bytes_are_waiting(tmp_path: Path) -> None:
+    """DelayedFetch.tryComplete: a fetch waiting for ``min_bytes`` adds up the bytes below
+    the high watermark from their positions at each wake, and reads them once they are
+    enough. It read (and CRC-checked) everything waiting at every produce."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        one = batch([b"x" * 1000])
+        fetch_id = await c.send(
+            FETCH, 12, fetch_values("t", 0, 0, max_wait_ms=10_000, min_bytes=20 * len(one))
+        )
+        producer = await h.client()
+        reads = mock.patch.object(h.broker.ctx.replicas, "fetch", wraps=h.broker.ctx.replicas.fetch)
+        with reads as counted:
+            for _ in range(25):
+                await producer.call(PRODUCE, 9, produce_values("t", 0, one))
+            correlation_id, fetched = await c.receive(FETCH, 12)
+        await producer.close()
+        assert correlation_id == fetch_id
+        assert len(records_of(only_partition(fetched).records)) >= 20
+        assert counted.call_count <= 2, counted.call_count
+
+    run(tmp_path, test)
+
+
 def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path) -> None:
     """A consumer still assigned a deleted topic's partition: the fetch came back at once for
     it, and the consumer fetched in a hot loop. It waits for the partitions there are, as
