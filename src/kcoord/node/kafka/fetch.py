@@ -85,6 +85,7 @@ EARLIEST_LOCAL_TIMESTAMP: Final = -4
 LATEST_TIERED_TIMESTAMP: Final = -5
 # ListOffsetsRequest.CONSUMER_REPLICA_ID; OFFSET_NOT_AVAILABLE is answered from v5, as Kafka does.
 CONSUMER_REPLICA_ID: Final = -1
+FETCH_MAX_BYTES: Final = 55 * 1024 * 1024  # Kafka's fetch.max.bytes default
 # ListOffsetsRequest.DEBUGGING_REPLICA_ID: may be answered by a follower (fetchOnlyFromLeader).
 DEBUGGING_REPLICA_ID: Final = -2
 OFFSET_NOT_AVAILABLE_MIN_VERSION: Final = 5
@@ -169,7 +170,9 @@ class FetchApi:
                 for p in topic.partitions
             )
         max_wait_ms = max(0, round(body.max_wait.total_seconds() * 1000))
-        min_bytes, max_bytes = int(body.min_bytes), int(body.max_bytes)
+        # KafkaApis caps the client's max_bytes at the broker's fetch.max.bytes: a client
+        # asking for more had a whole backlog read and encoded in memory, on the event loop.
+        min_bytes, max_bytes = int(body.min_bytes), min(int(body.max_bytes), FETCH_MAX_BYTES)
         responses, size, failed = self._read(wanted, max_bytes, version)
         if size >= min_bytes or failed or max_wait_ms == 0 or not wanted:
             return self._response(request, responses)

@@ -21,6 +21,7 @@ import pytest
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
+from kcoord.node.kafka import fetch as fetch_module
 from kcoord.node.kafka.apis import Deferred, Request
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS, TopicCreator
@@ -841,6 +842,20 @@ def test_a_long_poll_reads_the_log_only_once_min_bytes_are_waiting(tmp_path: Pat
         assert correlation_id == fetch_id
         assert len(records_of(only_partition(fetched).records)) >= 20
         assert counted.call_count <= 2, counted.call_count
+
+    run(tmp_path, test)
+
+
+def test_a_fetch_asks_for_at_most_the_brokers_fetch_max_bytes(tmp_path: Path) -> None:
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        one = batch([b"x" * 1000])
+        for _ in range(10):
+            await c.call(PRODUCE, 9, produce_values("t", 0, one))
+        values = fetch_values("t", 0, 0, max_bytes=2**31 - 1, partition_max_bytes=2**31 - 1)
+        with mock.patch.object(fetch_module, "FETCH_MAX_BYTES", 3 * len(one)):
+            fetched = await c.call(FETCH, 12, values)
+        assert len(records_of(only_partition(fetched).records)) == 3
 
     run(tmp_path, test)
 
