@@ -237,6 +237,19 @@ class Partition:
         ``UnifiedLog.truncateTo``)."""
         self.high_watermark = min(self.high_watermark, self.log.log_end_offset)
 
+    def diverging_epoch(self, fetch_offset: int, last_fetched_epoch: int) -> dict[str, int] | None:
+        """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320), for followers and
+        consumers alike: the fetcher's last fetched epoch ends before its fetch offset here,
+        or is unknown here. None when it does not diverge (or sent no epoch)."""
+        if last_fetched_epoch < 0:
+            return None
+        epoch, end_offset = self.log.epoch_cache.end_offset_for(
+            last_fetched_epoch, self.log.log_end_offset
+        )
+        if epoch < last_fetched_epoch or end_offset < fetch_offset:
+            return {"epoch": epoch, "end_offset": end_offset}
+        return None
+
     def set_high_watermark(self, high_watermark: int) -> bool:
         """Move the HW up (never down, never past the log end); True if it moved."""
         high_watermark = min(high_watermark, self.log.log_end_offset)
@@ -1000,7 +1013,7 @@ class ReplicaManager:
         lg = part.log
         if not lg.log_start_offset <= fetch_offset <= lg.log_end_offset:
             return  # out of range: the follower truncates or restarts first
-        if self._diverging_epoch(part, item) is not None:
+        if part.diverging_epoch(item.fetch_offset, item.last_fetched_epoch) is not None:
             return
         part.replication.update_follower_fetch(
             replica_id, fetch_offset, lg.log_end_offset, self.now_ms(), replica_epoch
@@ -1028,20 +1041,6 @@ class ReplicaManager:
                 replication.update_follower_fetch(
                     replica_id, log_end_offset, log_end_offset, fetched_ms, state.broker_epoch
                 )
-
-    @staticmethod
-    def _diverging_epoch(part: Partition, item: FetchItem) -> dict[str, int] | None:
-        """Kafka's ``Partition.fetchRecords`` divergence check (KIP-320): the follower's last
-        fetched epoch ends earlier here, or is unknown here."""
-        last_fetched_epoch = item.last_fetched_epoch
-        if last_fetched_epoch < 0:
-            return None
-        epoch, end_offset = part.log.epoch_cache.end_offset_for(
-            last_fetched_epoch, part.log.log_end_offset
-        )
-        if epoch < last_fetched_epoch or end_offset < item.fetch_offset:
-            return {"epoch": epoch, "end_offset": end_offset}
-        return None
 
     def _read_for_follower(
         self, replica_id: int, items: Iterable[FetchItem], max_bytes: int
@@ -1080,7 +1079,7 @@ class ReplicaManager:
             lg = part.log
             log_end_offset, log_start_offset = lg.log_end_offset, lg.log_start_offset
             high_watermark = part.high_watermark
-            diverging = self._diverging_epoch(part, item)
+            diverging = part.diverging_epoch(item.fetch_offset, item.last_fetched_epoch)
             if diverging is not None:
                 results.append(_fetch_result(item, part, diverging_epoch=diverging))
                 pending.append(item.tp)

@@ -130,6 +130,7 @@ class _FetchPartition:
     fetch_offset: int
     max_bytes: int
     current_leader_epoch: int
+    last_fetched_epoch: int = -1  # v12+ (KIP-320)
 
 
 class FetchApi:
@@ -166,6 +167,7 @@ class FetchApi:
                     p.fetch_offset,
                     p.partition_max_bytes,
                     getattr(p, "current_leader_epoch", -1),
+                    getattr(p, "last_fetched_epoch", -1),
                 )
                 for p in topic.partitions
             )
@@ -228,7 +230,11 @@ class FetchApi:
             if w.topic is None:
                 continue
             try:
-                self.ctx.replicas.leader_partition(w.topic, w.partition, w.current_leader_epoch)
+                part = self.ctx.replicas.leader_partition(
+                    w.topic, w.partition, w.current_leader_epoch
+                )
+                if part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch) is not None:
+                    return True
                 available = self.ctx.replicas.fetchable_bytes(w.topic, w.partition, w.fetch_offset)
             except KafkaError as e:
                 if e.code in _SET_ASIDE:
@@ -255,7 +261,29 @@ class FetchApi:
             try:
                 if w.topic is None:
                     raise KafkaError(Errors.UNKNOWN_TOPIC_ID)
-                self.ctx.replicas.leader_partition(w.topic, w.partition, w.current_leader_epoch)
+                part = self.ctx.replicas.leader_partition(
+                    w.topic, w.partition, w.current_leader_epoch
+                )
+                diverging = part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch)
+                if diverging is not None:
+                    # Partition.fetchRecords (KIP-320): the consumer's last fetched epoch ends
+                    # before its position here (an unclean election truncated what it read):
+                    # no records, the epoch and end offset to truncate to, answered at once.
+                    failed = True
+                    responses.append(
+                        {
+                            "partition_index": w.partition,
+                            "error_code": Errors.NONE,
+                            "high_watermark": part.high_watermark,
+                            "last_stable_offset": part.high_watermark,
+                            "log_start_offset": part.log.log_start_offset,
+                            "diverging_epoch": diverging,
+                            "aborted_transactions": [],
+                            "preferred_read_replica": -1,
+                            "records": b"",
+                        }
+                    )
+                    continue
                 limit = min(w.max_bytes, max_bytes - size)
                 first = size == 0
                 if limit <= 0 and not first:

@@ -860,6 +860,42 @@ def test_a_fetch_asks_for_at_most_the_brokers_fetch_max_bytes(tmp_path: Path) ->
     run(tmp_path, test)
 
 
+def test_a_consumer_whose_last_fetched_epoch_diverges_is_told_where_it_ends(
+    tmp_path: Path,
+) -> None:
+    """KIP-320, Partition.fetchRecords: a consumer (Fetch v12+) sends the epoch of its last
+    fetched records; when that epoch ends here before its position (an unclean election
+    truncated what it read), it gets no records but the epoch and end offset to truncate to,
+    at once, even from a long poll."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        for _ in range(3):
+            await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"old"])))
+        h.move_leader("t", 0, 2)
+        h.move_leader("t", 0, NODE_ID)
+        epoch = h.cache.image.partitions_of(h.topic_id("t"))[0].leader_epoch
+        for _ in range(2):
+            await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"new"])))
+
+        def at(offset: int, last_fetched_epoch: int) -> dict[str, Any]:
+            values = fetch_values("t", 0, offset, max_wait_ms=10_000, min_bytes=1 << 20)
+            values["topics"][0]["partitions"][0]["last_fetched_epoch"] = last_fetched_epoch
+            return values
+
+        diverged = only_partition(await c.call(FETCH, 12, at(5, 0)))
+        assert (diverged.diverging_epoch.epoch, diverged.diverging_epoch.end_offset) == (0, 3)
+        assert diverged.records in (None, b"") and diverged.error_code == Errors.NONE
+        # Its position within the epoch, or a current epoch: records as usual.
+        fine = only_partition(await c.call(FETCH, 12, at(3, 0) | {"max_wait": 0}))
+        assert records_of(fine.records) == [b"new", b"new"]
+        assert fine.diverging_epoch.epoch == -1
+        current = only_partition(await c.call(FETCH, 12, at(4, epoch) | {"max_wait": 0}))
+        assert records_of(current.records) == [b"new"]
+
+    run(tmp_path, test)
+
+
 def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path) -> None:
     """A consumer still assigned a deleted topic's partition: the fetch came back at once for
     it, and the consumer fetched in a hot loop. It waits for the partitions there are, as
