@@ -131,3 +131,17 @@ class LocalCluster:
 
     def start(self, node_id: int) -> None:
         launcher.start_node(self.node(node_id))
+
+    def revive(self) -> None:
+        """Start every node that is down and wait for a controller all of them agree on: a
+        test that stopped a node and failed before starting it again left a module's cluster
+        without a quorum majority for the next tests, each then failing for it."""
+        assert self.state is not None
+        down = [n.node_id for n in self.state.nodes if not launcher.is_alive(n.pid)]
+        for node_id in down:
+            self.start(node_id)
+        if down:
+            wait_for(
+                lambda: len(self.alive_ids()) == self.size and self.controller_id() is not None,
+                "every node back, with a controller",
+            )

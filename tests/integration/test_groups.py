@@ -470,6 +470,15 @@ def default_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalC
         yield c
 
 
+@pytest.fixture(autouse=True)
+def _nodes_back_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A node a failed test left down is started again before the next test."""
+    yield
+    for name in ("cluster", "default_cluster"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).revive()
+
+
 def bootstrap_of(cluster: LocalCluster) -> str:
     assert cluster.state is not None
     return cluster.state.bootstrap_servers

@@ -106,6 +106,7 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
     from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
     from kafka.coordinator.assignors.range import RangePartitionAssignor
     from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+    from kafka.errors import KafkaConnectionError
     from kafka.structs import MemberState, OffsetAndMetadata
 
     assignors = {
@@ -150,7 +151,14 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
     emit("started")
     try:
         while not stopping.is_set():
-            batches = consumer.poll(timeout_ms=int(KAFKA_PYTHON_POLL_TIMEOUT_S * 1000))
+            try:
+                batches = consumer.poll(timeout_ms=int(KAFKA_PYTHON_POLL_TIMEOUT_S * 1000))
+            except KafkaConnectionError as e:
+                # kafka-python 3.0.12 can raise a failed connection to a node just killed
+                # (its FindCoordinator to that node) out of poll(); retriable, as any client
+                # application would take it: poll again.
+                emit("error", error=f"{type(e).__name__}: {e}", fatal=False)
+                continue
             # The join runs on the client's IO thread: read the assignment between two equal
             # Stable snapshots of the membership so that both belong to one generation.
             md = consumer.group_metadata()
