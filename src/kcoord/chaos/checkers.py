@@ -102,9 +102,9 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     ``unconsumed``: an ``ok`` send whose value some group never consumed. Every group of the
     workload subscribes to the whole topic, and the runner stops the producers and waits for
     the members to consume what was acknowledged before it stops them; a group is one that
-    consumed anything or that the final phase described. This is what shows that a group
-    did not skip records (a member starting past its committed offset) or lose them in a
-    failover, which the other groups' reads would hide in ``records``.
+    consumed anything or that the final phase described with members. This is what shows
+    that a group did not skip records (a member starting past its committed offset) or lose
+    them in a failover, which the other groups' reads would hide in ``records``.
 
 ``check_liveness`` (both workloads)
     ``no-commit-after-heal``: after a ``heal``, no ``ok`` ``commit`` or ``probe-commit``
@@ -1178,7 +1178,11 @@ def check_consumed(history: History) -> CheckResult:
             consumed[(group, topic)].update(_freeze(v) for _p, _o, v in _records(event.value))
         except _PARSE_ERRORS as error:
             findings.malformed(event, error)
-    groups = {str(e.value.get("group")) for e in history.ops("describe") if e.process == "checker"}
+    groups = {
+        str(e.value.get("group"))
+        for e in history.ops("describe", OK)
+        if e.process == "checker" and e.value.get("members")
+    }
     groups.update(group for group, _topic_name in consumed)
     topics = {send.topic for send in sends}
     for group in sorted(groups):

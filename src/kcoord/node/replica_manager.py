@@ -880,6 +880,9 @@ class ReplicaManager:
             raise KafkaError(Errors.OFFSET_OUT_OF_RANGE)  # truncated, or retention moved on
         try:
             return lg.bytes_between(fetch_offset, part.high_watermark)
+        except LogCorruptError as e:
+            log.error("corrupt data in %s-%d: %s", topic, partition, e)
+            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         except OSError as e:
             self.log_dir_failure.fail(f"reading {topic}-{partition}", e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e

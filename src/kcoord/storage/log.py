@@ -802,11 +802,14 @@ class Log:
         total = 0
         for i in range(first, last + 1):
             seg = self.segments[i]
-            start = seg.translate_offset(start_offset) if i == first else None
+            start_position = 0
+            if i == first:
+                start = seg.translate_offset(start_offset)
+                if start is None:
+                    continue  # compaction left no batch here at or after start_offset
+                start_position = start.position
             end = seg.translate_offset(end_offset) if i == last else None
-            total += (seg.size if end is None else end.position) - (
-                0 if start is None else start.position
-            )
+            total += (seg.size if end is None else end.position) - start_position
         return total
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

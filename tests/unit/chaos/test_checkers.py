@@ -1110,7 +1110,12 @@ def test_unconsumed_when_a_group_never_read_an_acknowledged_record() -> None:
         {"group": "other", "topic": "t", "records": [[0, 3, "implicit"]]},
         time=6.0,
     )
-    h.add("checker", OK, "describe", {"group": "quiet", "state": "Stable"}, time=9.0)
+    h.add(
+        "checker", OK, "describe", {"group": "quiet", "state": "Stable", "members": ["q"]}, time=9.0
+    )
+    # A group described without members (no client of its kind ran) is not one that reads.
+    h.add("checker", FAIL, "describe", {"group": "absent", "error": "not Stable"}, time=9.0)
+    h.add("checker", OK, "describe", {"group": "empty", "state": "Empty", "members": []}, time=9.0)
 
     result = check_consumed(h)
 

@@ -160,6 +160,25 @@ def test_bytes_between_batch_boundaries_is_the_size_of_the_batches(tmp_path: Pat
     assert lg.bytes_between(5, 5) == 0
 
 
+def test_bytes_between_skips_a_gap_compaction_left_at_a_segments_end(tmp_path: Path) -> None:
+    lg = _compacted(tmp_path)
+    for i in range(40):
+        # Runs of unique keys, then of one key written again and again: the runs of the
+        # latter are compacted away, some at a segment's end.
+        lg.append_as_leader(batch(1, key=b"u%d" % i if i % 8 < 4 else b"r"), 0, now_ms=0)
+    lg.roll()
+    lg.compact(now_ms=0)
+    # An offset in a segment's range past its last batch.
+    ends = [
+        (i, max(bp.header.next_offset for bp in seg.scan_headers()))
+        for i, seg in enumerate(lg.segments[:-1])
+        if seg.size
+    ]
+    i, gap = next((i, end) for i, end in ends if end < lg.segments[i + 1].base_offset)
+    later = [bp.header for seg in lg.segments[i + 1 :] for bp in seg.scan_headers()]
+    assert lg.bytes_between(gap, lg.log_end_offset) == sum(h.size for h in later)
+
+
 def test_truncate_to_removes_suffix_and_epochs(tmp_path: Path) -> None:
     lg = open_log(tmp_path / "t-0", SMALL)
     for epoch in range(4):

@@ -1714,13 +1714,16 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             request.member_id is not None or request.member_epoch >= 0
         ):
             member = consumer_group.members.get(request.member_id or "")
-            error = (
-                Errors.UNKNOWN_MEMBER_ID
-                if member is None or request.member_id is None
-                else Errors.STALE_MEMBER_EPOCH
-                if request.member_epoch != member.member_epoch
-                else Errors.NONE
-            )
+            error = Errors.NONE
+            if member is None or request.member_id is None:
+                error = Errors.UNKNOWN_MEMBER_ID
+            elif request.member_epoch != member.member_epoch:
+                # validateMemberEpoch: a classic member's epoch is its generation.
+                error = (
+                    Errors.ILLEGAL_GENERATION
+                    if member.classic is not None
+                    else Errors.STALE_MEMBER_EPOCH
+                )
             if error:
                 out.respond(token, OffsetFetchResponse(group_id=request.group_id, error_code=error))
                 return out.result()

@@ -174,7 +174,8 @@ class FetchApi:
         max_wait_ms = max(0, round(body.max_wait.total_seconds() * 1000))
         # KafkaApis caps the client's max_bytes at the broker's fetch.max.bytes: a client
         # asking for more had a whole backlog read and encoded in memory, on the event loop.
-        min_bytes, max_bytes = int(body.min_bytes), min(int(body.max_bytes), FETCH_MAX_BYTES)
+        max_bytes = min(int(body.max_bytes), FETCH_MAX_BYTES)
+        min_bytes = min(int(body.min_bytes), max_bytes)
         responses, size, failed = self._read(wanted, max_bytes, version)
         if size >= min_bytes or failed or max_wait_ms == 0 or not wanted:
             return self._response(request, responses)
@@ -211,23 +212,25 @@ class FetchApi:
                 # Read again only once the bytes waiting reach min_bytes, by their positions
                 # (DelayedFetch.tryComplete): reading them at every wake re-read and
                 # CRC-checked everything waiting each time, on the event loop.
-                if not self._ready(wanted, min_bytes):
-                    continue
-                responses, size, failed = self._read(wanted, max_bytes, request.version)
-                if size >= min_bytes or failed:
-                    return self._response(request, responses)
+                if self._ready(wanted, min_bytes):
+                    # DelayedFetch.onComplete: answered with what the read finds, even if a
+                    # batch too large for its partition's limit makes it less than estimated.
+                    break
         finally:
             self.waiters.unwatch(tps, event)
         responses, _, _ = self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
 
     def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
-        """Whether a read would answer: the partitions' bytes below their high watermarks,
-        each at most its max bytes, reach ``min_bytes`` (as ``DelayedFetch`` adds them up),
-        or a partition is in error (the read answers it at once)."""
+        """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
+        partitions' bytes below their high watermarks, each at most its max bytes, reach
+        ``min_bytes``; or a partition is in error or diverges (answered at once); or no
+        partition is known here any more (its topic was deleted: ``_read``'s rule)."""
         total = 0
+        unknown = 0
         for w in wanted:
             if w.topic is None:
+                unknown += 1
                 continue
             try:
                 part = self.ctx.replicas.leader_partition(
@@ -238,10 +241,11 @@ class FetchApi:
                 available = self.ctx.replicas.fetchable_bytes(w.topic, w.partition, w.fetch_offset)
             except KafkaError as e:
                 if e.code in _SET_ASIDE:
+                    unknown += 1
                     continue
                 return True
             total += min(available, w.max_bytes)
-        return total >= min_bytes
+        return total >= min_bytes or unknown == len(wanted)
 
     def _read(
         self, wanted: list[_FetchPartition], max_bytes: int, version: int

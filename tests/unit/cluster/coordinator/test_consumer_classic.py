@@ -27,6 +27,7 @@ from kcoord.cluster.coordinator.types import (
     JoinGroupResponse,
     LeaveGroupResponse,
     OffsetCommitResponse,
+    OffsetFetchRequest,
     SyncGroupResponse,
 )
 from kcoord.errors import Errors
@@ -200,6 +201,18 @@ def test_a_classic_member_joins_a_consumer_group_and_takes_its_share() -> None:
     response = step.response(token)
     assert isinstance(response, OffsetCommitResponse)
     assert response.topics[0].partitions[0].error_code is Errors.ILLEGAL_GENERATION
+    # An OffsetFetch naming it with a stale generation: ILLEGAL_GENERATION as well
+    # (validateMemberEpoch for a member of the classic protocol), not STALE_MEMBER_EPOCH.
+    for generation, error in (
+        (b.generation, Errors.NONE),
+        (b.generation - 1, Errors.ILLEGAL_GENERATION),
+    ):
+        fetch = OffsetFetchRequest(group_id="g", member_id=b.member_id, member_epoch=generation)
+        token = ctx.new_token()
+        fetched: Any = ctx._apply(ctx.shard.handle_offset_fetch(token, fetch, ctx.now_ms)).response(
+            token
+        )
+        assert fetched.error_code is error
 
 
 def test_a_classic_member_that_goes_silent_is_fenced_after_its_own_session_timeout() -> None:

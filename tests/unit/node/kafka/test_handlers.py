@@ -855,7 +855,11 @@ def test_a_fetch_asks_for_at_most_the_brokers_fetch_max_bytes(tmp_path: Path) ->
         values = fetch_values("t", 0, 0, max_bytes=2**31 - 1, partition_max_bytes=2**31 - 1)
         with mock.patch.object(fetch_module, "FETCH_MAX_BYTES", 3 * len(one)):
             fetched = await c.call(FETCH, 12, values)
-        assert len(records_of(only_partition(fetched).records)) == 3
+            assert len(records_of(only_partition(fetched).records)) == 3
+            # min_bytes is capped with it (KafkaApis): answered at once, not after max_wait.
+            values = fetch_values("t", 0, 0, max_wait_ms=10_000, min_bytes=5 * len(one))
+            fetched = await asyncio.wait_for(c.call(FETCH, 12, values), 5)
+            assert len(records_of(only_partition(fetched).records)) == 3
 
     run(tmp_path, test)
 
@@ -918,6 +922,13 @@ def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path)
         alone = fetch_values("gone", 0, 0, max_wait_ms=10_000)
         answered = only_partition(await asyncio.wait_for(c.call(FETCH, 12, alone), 5))
         assert answered.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        # A topic deleted while a fetch waits on it alone (DelayedFetch's case B).
+        await h.create_topic("doomed", 1, 1)
+        waiting = await c.send(FETCH, 12, fetch_values("doomed", 0, 0, max_wait_ms=10_000))
+        h.quorum.commit([rec.RemoveTopic(h.topic_id("doomed"))])
+        correlation_id, fetched = await asyncio.wait_for(c.receive(FETCH, 12), 5)
+        assert correlation_id == waiting
+        assert only_partition(fetched).error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
 
     run(tmp_path, test)
 
