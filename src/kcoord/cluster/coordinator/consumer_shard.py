@@ -129,8 +129,17 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 # its empty shell expired): getOrMaybeCreateConsumerGroup / consumerGroup.
                 error = Errors.GROUP_ID_NOT_FOUND
                 message = f"Consumer group {request.group_id} not found."
-            elif classic is not None and classic.num_members >= self._config.consumer_max_size:
-                # Checked before converting: a refused join leaves the classic group as it was.
+            elif classic is not None and classic.num_members > self._config.consumer_max_size:
+                # validateOnlineUpgrade: a classic group larger than a consumer group may be
+                # is not converted (a refused join leaves it as it was).
+                error = Errors.GROUP_ID_NOT_FOUND
+                message = (
+                    f"Cannot upgrade classic group {request.group_id} to consumer group because "
+                    f"its size exceeds the maximum ({self._config.consumer_max_size})."
+                )
+            elif classic is not None and classic.num_members == self._config.consumer_max_size:
+                # Kafka converts it, then refuses the joining member (throwIfConsumerGroupIsFull)
+                # and the failed write leaves the classic group as it was.
                 error = Errors.GROUP_MAX_SIZE_REACHED
                 message = f"The group {request.group_id} has reached its maximum size."
             elif classic is not None and classic.num_members > 0:
@@ -655,6 +664,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     subscribed_topic_regex=m.subscribed_topic_regex,
                     assignment=_as_wire(m.assigned),
                     target_assignment=_as_wire(group.targets.get(m.member_id, {})),
+                    uses_classic_protocol=m.classic is not None,
                 )
                 for m in group.members.values()
             ),

@@ -437,6 +437,7 @@ class DescribedConsumerGroupMember:
     subscribed_topic_regex: str | None
     assignment: TopicIdPartitions
     target_assignment: TopicIdPartitions
+    uses_classic_protocol: bool = False  # a classic member of a consumer group (KIP-848)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -47,7 +47,8 @@ DELETE_GROUPS_KEY: Final = 42
 OFFSET_DELETE_KEY: Final = 47
 CONSUMER_GROUP_HEARTBEAT_KEY: Final = 68
 CONSUMER_GROUP_DESCRIBE_KEY: Final = 69
-MEMBER_TYPE_CONSUMER: Final = 1  # ConsumerGroupDescribe v1 MemberType
+MEMBER_TYPE_CLASSIC: Final = 0  # ConsumerGroupDescribe v1 MemberType
+MEMBER_TYPE_CONSUMER: Final = 1
 
 ShardCall = Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
 
@@ -684,7 +685,9 @@ class GroupApi:
                         "subscribed_topic_regex": m.subscribed_topic_regex,
                         "assignment": assignment(m.assignment),
                         "target_assignment": assignment(m.target_assignment),
-                        "member_type": MEMBER_TYPE_CONSUMER,
+                        "member_type": MEMBER_TYPE_CLASSIC
+                        if m.uses_classic_protocol
+                        else MEMBER_TYPE_CONSUMER,
                     }
                     for m in g.members
                 ],

@@ -21,6 +21,7 @@ from kcoord.cluster.coordinator.consumer_protocol import (
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
+    ConsumerGroupDescribeRequest,
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
     HeartbeatResponse,
@@ -181,6 +182,14 @@ def test_a_classic_member_joins_a_consumer_group_and_takes_its_share() -> None:
     converge(ctx, members)
     assert len(a.owned) == len(b.owned) == 3 and a.owned | b.owned == set(range(6))
     assert ctx.shard.consumer_groups["g"].state == "Stable"
+    # ConsumerGroupDescribe tells the classic member apart (MemberType, KIP-848 upgrades).
+    token = ctx.new_token()
+    request = ConsumerGroupDescribeRequest(group_ids=("g",))
+    described: Any = ctx._apply(ctx.shard.handle_consumer_group_describe(token, request, 0))
+    types = {
+        m.member_id: m.uses_classic_protocol for m in described.response(token).groups[0].members
+    }
+    assert types == {a.name: False, b.member_id: True}
 
     # Replay rebuilds the member with its classic metadata, and it carries on.
     ctx = ctx.failover()
@@ -439,6 +448,13 @@ def test_refused_requests_leave_the_groups_as_they_were() -> None:
     classic_group_of_two(ctx)
     refused = ConsumerMember(ctx, "a").beat()
     assert refused.error_code is Errors.GROUP_MAX_SIZE_REACHED
+    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
+    assert "g" not in ctx.shard.consumer_groups
+    # Larger than a consumer group may be: not converted (validateOnlineUpgrade).
+    ctx = ShardContext(GroupConfig(initial_rebalance_delay_ms=0, consumer_max_size=1))
+    classic_group_of_two(ctx)
+    refused = ConsumerMember(ctx, "a").beat()
+    assert refused.error_code is Errors.GROUP_ID_NOT_FOUND
     assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
     assert "g" not in ctx.shard.consumer_groups
 
