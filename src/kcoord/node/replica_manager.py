@@ -411,7 +411,11 @@ class ReplicaManager:
                     log.error("cannot host %s-%d: %s", tp[0], tp[1], e)
                     continue
                 part = Partition(tp[0], tp[1], change.tp.topic_id, lg)
-                part.high_watermark = min(self._checkpointed_hw.get(tp, 0), lg.log_end_offset)
+                # Bounded by the log start too (UnifiedLog.updateHighWatermark): a log start
+                # checkpointed after the last HW checkpoint (DeleteRecords) is above it.
+                part.high_watermark = max(
+                    lg.log_start_offset, min(self._checkpointed_hw.get(tp, 0), lg.log_end_offset)
+                )
                 self.partitions[tp] = part
             was_leader = part.is_leader
             state = self.cache.image.partition(change.tp.topic_id, change.tp.partition)

@@ -902,13 +902,20 @@ class Log:
         A segment goes when it lies wholly below the log start offset, and, with
         ``cleanup.policy=delete``, when its newest record is older than ``retention.ms`` or
         the log is bigger than ``retention.bytes`` without it. Only whole segments strictly
-        below the high watermark go, and never the active segment.
+        below the high watermark go. The active segment goes too once it qualifies and the
+        high watermark is at the log end, after a roll (``UnifiedLog.deletableSegments`` and
+        ``deleteSegments``): an idle partition's last records expire like the others, and
+        the log starts again, empty, at its log end offset.
         """
         hw = self.log_end_offset if high_watermark is None else high_watermark
         size = self.size_bytes
         deleted = 0
-        while len(self.segments) > 1:
-            seg, upper = self.segments[0], self.segments[1].base_offset
+        while self.segments:
+            seg = self.segments[0]
+            last = len(self.segments) == 1
+            if last and seg.size == 0:
+                break
+            upper = self.log_end_offset if last else self.segments[1].base_offset
             if upper > hw:
                 break
             below_start = upper <= self.log_start_offset
@@ -924,6 +931,8 @@ class Log:
             )
             if not (below_start or expired or too_big):
                 break
+            if last:
+                self._roll(self.log_end_offset)  # the log keeps an (empty) active segment
             self.segments.pop(0)
             self._bases.pop(0)
             size -= seg.size

@@ -761,6 +761,48 @@ def test_min_insync_replicas_above_the_replication_factor_is_capped(tmp_path: Pa
     asyncio.run(scenario())
 
 
+def test_a_high_watermark_checkpointed_below_the_log_start_is_raised_to_it(
+    tmp_path: Path,
+) -> None:
+    """The log start reaches its checkpoint at once (DeleteRecords), the HW every few
+    seconds: after a crash between the two, the HW loaded is below the log start. Kafka's
+    updateHighWatermark bounds it by the log start (else answers show a HW below the log
+    start, and a follower truncating to it threw its whole log away)."""
+
+    async def scenario() -> None:
+        logs = LogManager(tmp_path / "node-1")
+        logs.open()
+        lg = logs.get_or_create_log((TOPIC, 0), topic_id=TOPIC_ID)
+        for _ in range(10):
+            lg.append_as_leader(batch(value=b"v"), leader_epoch=0, now_ms=0)
+        assert lg.maybe_increment_log_start_offset(8)
+        logs.checkpoint_log_start_offsets()
+        logs.write_high_watermarks({(TOPIC, 0): 3})
+        logs.checkpoint_recovery_points()  # and the process dies
+        again = LogManager(tmp_path / "node-1")
+        again.open()
+        cache = MetadataCache(1, listener=_NoRoles())
+        replicas = ReplicaManager(1, again, cache, lambda: 1_000_000)
+        cache.listener = replicas
+        cache.apply(
+            1,
+            [
+                rec.RegisterBroker(
+                    broker_id=1, incarnation_id="i1", broker_epoch=1, endpoints={}, fenced=False
+                ),
+                rec.Topic(TOPIC, TOPIC_ID, {}),
+                rec.Partition(
+                    TOPIC_ID, 0, (1, 2), (1, 2), leader=1, leader_epoch=1, partition_epoch=0
+                ),
+            ],
+        )
+        part = replicas.get_partition(TOPIC, 0)
+        assert part is not None and part.log.log_start_offset == 8
+        assert part.high_watermark == 8
+
+    asyncio.run(scenario())
+
+
 def test_a_lower_cluster_wide_min_insync_replicas_lets_a_held_hw_move(tmp_path: Path) -> None:
     """The cluster's dynamic ``min.insync.replicas`` (``kafka-configs --entity-default``):
     while the ISR (node 1 alone) is below it the HW stays; lowered, the HW moves at once, not

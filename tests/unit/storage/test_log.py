@@ -934,8 +934,32 @@ def test_time_retention_passes_a_segment_compaction_emptied(tmp_path: Path) -> N
     closed = len(lg.segments) - 1
     assert closed > 1
     later = lg.segments[0].largest_timestamp_ms() + 100 * hour  # the file's age
-    assert lg.delete_old_segments(later) == closed
-    assert len(lg.segments) == 1  # the active segment only
+    assert lg.delete_old_segments(later) == closed + 1  # the active one expired too
+    assert len(lg.segments) == 1 and lg.segments[0].size == 0
+    assert lg.log_start_offset == lg.log_end_offset == 8
+
+
+def test_retention_expires_an_idle_partitions_active_segment(tmp_path: Path) -> None:
+    """UnifiedLog.deletableSegments: the active segment qualifies like the others once the
+    high watermark reaches the log end, and goes after a roll; a partition that stopped
+    receiving records kept them past retention.ms and retention.bytes for ever."""
+    lg = open_log(tmp_path / "t-0", LogConfig(retention_ms=60_000))
+    for i in range(5):
+        lg.append_as_leader(batch(1, timestamp=1_000 + i), 0, now_ms=1_000 + i)
+    assert lg.delete_old_segments(30_000) == 0  # not yet
+    assert lg.delete_old_segments(10 * 3_600_000, high_watermark=4) == 0  # not replicated
+    assert lg.delete_old_segments(10 * 3_600_000, high_watermark=5) == 1
+    assert (lg.log_start_offset, lg.log_end_offset, lg.size_bytes) == (5, 5, 0)
+    assert lg.read(5, 1 << 20).records == b""
+    assert lg.delete_old_segments(20 * 3_600_000) == 0  # an empty active segment stays
+    lg.append_as_leader(batch(1, timestamp=20 * 3_600_000), 0, now_ms=20 * 3_600_000)
+    assert [r.offset for r in read_all(lg)] == [5]
+    lg.close()
+    again = open_log(tmp_path / "t-0", LogConfig(retention_ms=60_000))
+    assert (again.log_start_offset, again.log_end_offset) == (5, 6)
+    by_size = open_log(tmp_path / "s-0", LogConfig(retention_bytes=0))
+    by_size.append_as_leader(batch(3), 0, now_ms=0)
+    assert by_size.delete_old_segments(0) == 1 and by_size.log_start_offset == 3
 
 
 @pytest.mark.parametrize("interval", [0, 100])
