@@ -33,7 +33,6 @@ integer additions per request; without one (``metrics.enable=false``) nothing is
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Mapping
 from typing import Any, Final
@@ -53,7 +52,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024  # socket.request.max.bytes
 DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
-DEFAULT_MAX_IN_FLIGHT: Final = 100
+# Requests of one connection handled at once. Kafka handles one (it mutes a connection until
+# its response is sent); clients pipeline up to max.in.flight.requests.per.connection, 5 by
+# default (and at most 5 for an idempotent producer). Each may hold a response of up to
+# fetch.max.bytes, so this bounds what one connection can make the node hold.
+DEFAULT_MAX_IN_FLIGHT: Final = 5
+# No further request is read while this many response bytes wait to be sent (a client not
+# reading its answers): the reader stops as Kafka's muted channel does.
+MAX_UNSENT_BYTES: Final = 16 * 1024 * 1024
+# How long a closed connection may take to hand its last responses to a peer that does not
+# read them before the socket is aborted (Kafka closes a channel at once).
+CLOSE_GRACE_S: Final = 1.0
 
 
 class RequestStats:
@@ -185,6 +194,8 @@ class _Connection:
         self.client_host = "/" + str(self.peer[0]) if self.peer else ""
         self.slots: asyncio.Queue[Slot] = asyncio.Queue()
         self.in_flight = 0  # requests read whose slot the writer has not finished
+        self.unsent_bytes = 0  # responses encoded and not yet drained to the socket
+        self._draining = False  # the writer waits for the peer to read
         self.closing = False
         self._room = asyncio.Event()  # set whenever in_flight may have dropped
         self._loop = asyncio.get_running_loop()
@@ -212,8 +223,17 @@ class _Connection:
             for task in self._tasks:
                 if not task.cancelled() and task.exception() is not None:
                     log.error("kafka: connection task failed", exc_info=task.exception())
-            with contextlib.suppress(OSError):
-                await self.writer.wait_closed()
+            try:
+                await asyncio.wait_for(self.writer.wait_closed(), CLOSE_GRACE_S)
+            except TimeoutError:
+                # A peer that does not read what is left: closing would wait for it for ever
+                # (and with it the node's stop).
+                log.info(
+                    "kafka: aborting the connection from %s: its peer does not read", self.peer
+                )
+                self.writer.transport.abort()
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Stop reading and writing now (idle timeout, server stop, a close slot, a lost peer)."""
@@ -245,9 +265,11 @@ class _Connection:
 
     def _on_idle(self) -> None:
         self._idle_timer = None
-        if self.in_flight:
+        if self.in_flight and not self._draining:
             self._touch()  # a long poll in progress is not idleness
             return
+        # Nothing asked, or answers the peer has not read for the whole idle time (Kafka
+        # expires a channel by its last socket activity).
         log.info("kafka: closing idle connection from %s", self.peer)
         self.close()
 
@@ -265,7 +287,9 @@ class _Connection:
     async def _read_requests(self) -> _Close:
         max_bytes = self.server.max_request_bytes
         while True:
-            while self.in_flight >= self.server.max_in_flight:
+            while (
+                self.in_flight >= self.server.max_in_flight or self.unsent_bytes >= MAX_UNSENT_BYTES
+            ):
                 self._room.clear()
                 await self._room.wait()
             try:
@@ -359,7 +383,9 @@ class _Connection:
         header = request.header
         try:
             body = codec.build_response(header.api_key, header.api_version, values)
-            return codec.encode_response(header.correlation_id, body)
+            encoded = codec.encode_response(header.correlation_id, body)
+            self.unsent_bytes += len(encoded)
+            return encoded
         except Exception:
             log.exception(
                 "kafka: cannot encode the response of api key %d v%d",
@@ -383,8 +409,8 @@ class _Connection:
                     self.close()
                 return
             self.in_flight -= 1
-            self._room.set()
             if slot is None:
+                self._room.set()
                 continue
             if self.writer.is_closing():
                 # The peer reset the connection while this answer was being made (uvloop
@@ -395,9 +421,14 @@ class _Connection:
                 self.stats.bytes_sent += len(slot)
             try:
                 self.writer.write(slot)
+                self._draining = True
                 await self.writer.drain()
             except OSError as e:
                 log.info("kafka: cannot write to %s: %s", self.peer, e)
                 self.close()
                 return
+            finally:
+                self._draining = False
+            self.unsent_bytes -= len(slot)
+            self._room.set()
             self._touch()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -242,3 +243,101 @@ def test_stop_closes_connections_with_requests_in_flight() -> None:
             await c.close()
 
     asyncio.run(main())
+
+
+# ------------------------------------------------------------------ peers that do not read
+
+FETCH = 1
+BIG = 4 * 1024 * 1024
+
+
+def big_answers(server: KafkaServer) -> list[int]:
+    """Make Fetch (v12) answer ``BIG`` bytes of records; returns the count of calls."""
+    calls: list[int] = []
+
+    async def fetch(request: Request) -> Result:
+        calls.append(request.header.correlation_id)
+        partition = {"partition_index": 0, "records": b"x" * BIG}
+        return {"responses": [{"topic": "t", "partitions": [partition]}]}
+
+    server.registry.register(FETCH, fetch, min_version=12, max_version=12)
+    return calls
+
+
+async def deaf_peer(server: KafkaServer, requests: int) -> asyncio.StreamWriter:
+    """A connection that sends ``requests`` Fetch requests and never reads an answer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (HOST, server.port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    values = {
+        "replica_id": -1,
+        "max_wait": 0,
+        "min_bytes": 1,
+        "max_bytes": 1 << 30,
+        "isolation_level": 0,
+        "session_id": 0,
+        "session_epoch": -1,
+        "topics": [],
+        "forgotten_topics_data": [],
+        "rack_id": "",
+    }
+    for i in range(requests):
+        writer.write(encode_request(FETCH, 12, i + 1, values))
+    await writer.drain()
+    return writer
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # polling interval
+
+
+def draining(server: KafkaServer) -> bool:
+    """Whether an answer waits in a connection's socket buffer for its peer to read it."""
+    return any(
+        conn.writer.transport.get_write_buffer_size() > 0 for conn in server._connections.values()
+    )
+
+
+def test_a_peer_that_reads_nothing_neither_stalls_stop_nor_fills_memory() -> None:
+    """Kafka reads a connection's next request only once its answer is sent. Here the reader
+    stops once MAX_UNSENT_BYTES wait to be sent; the node's stop aborts the socket after a
+    grace (a polite close waited for the peer for ever, and the node never stopped)."""
+
+    async def main() -> None:
+        server = KafkaServer(registry(), max_in_flight=100)
+        calls = big_answers(server)
+        await server.start(HOST, 0)
+        writer = await deaf_peer(server, 40)
+        try:
+            await until(lambda: draining(server) and len(calls) >= 4, "answers the peer leaves")
+            await asyncio.sleep(0.2)  # what else the reader would read meanwhile (none)
+            assert len(calls) <= 6, len(calls)
+            stopping = asyncio.ensure_future(server.stop())
+            done, _ = await asyncio.wait([stopping], timeout=3)
+            assert stopping in done, "the node's stop waits for a peer that does not read"
+        finally:
+            writer.transport.abort()
+            await server.stop()
+
+    asyncio.run(main())
+
+
+def test_a_peer_that_stops_reading_is_closed_when_idle() -> None:
+    """connections.max.idle.ms counts from the last socket activity: answers the peer has
+    not read for that long do not keep the connection (nor its buffers) alive."""
+
+    async def test(server: KafkaServer) -> None:
+        big_answers(server)
+        writer = await deaf_peer(server, 3)
+        try:
+            await until(lambda: draining(server), "the writer to wait for the peer")
+            await until(lambda: server.connection_count == 0, "the connection to be closed")
+        finally:
+            writer.transport.abort()
+
+    run(test, idle_ms=300)
