@@ -45,7 +45,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -854,18 +854,12 @@ class ReplicaManager:
         part = self.leader_partition(topic, partition)
         bound = part.high_watermark if committed_only else None
         try:
-            data: FetchData = part.log.read(
-                fetch_offset, max_bytes, max_offset=bound, min_one=min_one
-            )
+            with self._reading(topic, partition):
+                data: FetchData = part.log.read(
+                    fetch_offset, max_bytes, max_offset=bound, min_one=min_one
+                )
         except OffsetOutOfRangeError as e:
             raise KafkaError(Errors.OFFSET_OUT_OF_RANGE, str(e)) from e
-        except LogCorruptError as e:
-            log.error("corrupt data in %s-%d: %s", topic, partition, e)
-            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
-        except OSError as e:
-            # LocalLog.read's maybeHandleIOException: the log directory failed.
-            self.log_dir_failure.fail(f"reading {topic}-{partition}", e)
-            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         return FetchResult(
             data.records,
             part.high_watermark,
@@ -876,14 +870,21 @@ class ReplicaManager:
 
     def fetchable_bytes(self, topic: str, partition: int, fetch_offset: int) -> int:
         """How many bytes a consumer's fetch from ``fetch_offset`` would read, below the high
-        watermark, from batch positions alone (``DelayedFetch.tryComplete``). Raises as
-        ``fetch`` would not: an error is found by the read that answers."""
+        watermark, from batch positions alone (``DelayedFetch.tryComplete``). Raises the
+        ``KafkaError`` ``fetch`` would."""
         part = self.leader_partition(topic, partition)
         lg = part.log
         if not lg.log_start_offset <= fetch_offset <= lg.log_end_offset:
             raise KafkaError(Errors.OFFSET_OUT_OF_RANGE)  # truncated, or retention moved on
-        try:
+        with self._reading(topic, partition):
             return lg.bytes_between(fetch_offset, part.high_watermark)
+
+    @contextlib.contextmanager
+    def _reading(self, topic: str, partition: int) -> Iterator[None]:
+        """A read of a partition's log: corrupt data is KAFKA_STORAGE_ERROR for it alone; an
+        I/O error also fails the log directory (LocalLog.read's maybeHandleIOException)."""
+        try:
+            yield
         except LogCorruptError as e:
             log.error("corrupt data in %s-%d: %s", topic, partition, e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e

@@ -443,20 +443,14 @@ def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without
 
 
 def test_refused_requests_leave_the_groups_as_they_were() -> None:
-    # A join refused for the group's size does not convert the classic group.
-    ctx = ShardContext(GroupConfig(initial_rebalance_delay_ms=0, consumer_max_size=2))
-    classic_group_of_two(ctx)
-    refused = ConsumerMember(ctx, "a").beat()
-    assert refused.error_code is Errors.GROUP_MAX_SIZE_REACHED
-    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
-    assert "g" not in ctx.shard.consumer_groups
-    # Larger than a consumer group may be: not converted (validateOnlineUpgrade).
-    ctx = ShardContext(GroupConfig(initial_rebalance_delay_ms=0, consumer_max_size=1))
-    classic_group_of_two(ctx)
-    refused = ConsumerMember(ctx, "a").beat()
-    assert refused.error_code is Errors.GROUP_ID_NOT_FOUND
-    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
-    assert "g" not in ctx.shard.consumer_groups
+    # A join refused for the group's size does not convert the classic group: full at the
+    # maximum; larger than a consumer group may be, not converted (validateOnlineUpgrade).
+    for max_size, error in ((2, Errors.GROUP_MAX_SIZE_REACHED), (1, Errors.GROUP_ID_NOT_FOUND)):
+        ctx = ShardContext(GroupConfig(initial_rebalance_delay_ms=0, consumer_max_size=max_size))
+        classic_group_of_two(ctx)
+        assert ConsumerMember(ctx, "a").beat().error_code is error
+        assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
+        assert "g" not in ctx.shard.consumer_groups
 
     # A consumer-protocol leave or heartbeat to a group that only has offsets deletes nothing.
     ctx = context()
