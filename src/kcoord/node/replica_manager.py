@@ -1100,18 +1100,11 @@ class ReplicaManager:
             records = b""
             if fetch_offset != log_end_offset:  # at the log end there is nothing to read
                 try:
-                    data = lg.read(fetch_offset, budget, min_one=budget > 0)
-                except OffsetOutOfRangeError:
-                    results.append(_fetch_result(item, part, error=Errors.OFFSET_OUT_OF_RANGE))
-                    pending.append(item.tp)
-                    ready = True
-                    continue
-                except (LogCorruptError, OSError) as e:
-                    if isinstance(e, OSError):
-                        self.log_dir_failure.fail(f"reading {part.topic}-{part.partition}", e)
-                    else:
-                        log.error("corrupt data in %s-%d: %s", part.topic, part.partition, e)
-                    results.append(_fetch_result(item, part, error=Errors.KAFKA_STORAGE_ERROR))
+                    with self._reading(part.topic, part.partition):
+                        data = lg.read(fetch_offset, budget, min_one=budget > 0)
+                except (OffsetOutOfRangeError, KafkaError) as e:
+                    error = e.code if isinstance(e, KafkaError) else Errors.OFFSET_OUT_OF_RANGE
+                    results.append(_fetch_result(item, part, error=error))
                     pending.append(item.tp)
                     ready = True
                     continue

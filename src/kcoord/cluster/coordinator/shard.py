@@ -1713,9 +1713,11 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         if consumer_group is not None and (
             request.member_id is not None or request.member_epoch >= 0
         ):
-            member = consumer_group.members.get(request.member_id or "")
+            member = (
+                None if request.member_id is None else consumer_group.members.get(request.member_id)
+            )
             error = Errors.NONE
-            if member is None or request.member_id is None:
+            if member is None:
                 error = Errors.UNKNOWN_MEMBER_ID
             elif request.member_epoch != member.member_epoch:
                 # validateMemberEpoch: a classic member's epoch is its generation.

@@ -25,6 +25,7 @@ broker's static configs change with its config file.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -76,7 +77,7 @@ class ConfigsApi:
                 int(r.resource_type),
                 r.resource_name,
                 # Null or empty: every config (ConfigHelperUtils.buildConfigEntries).
-                set(r.configuration_keys) or None if r.configuration_keys is not None else None,
+                set(r.configuration_keys or ()) or None,
                 synonyms,
                 docs,
             )
@@ -221,10 +222,7 @@ class ConfigsApi:
         ]
         # ConfigAdminManager.preprocess: a resource named twice is INVALID_REQUEST, and is
         # left out of what the controller applies.
-        seen: dict[tuple[int, str], int] = {}
-        for r in resources:
-            key = (r["resource_type"], r["resource_name"])
-            seen[key] = seen.get(key, 0) + 1
+        seen = Counter((r["resource_type"], r["resource_name"]) for r in resources)
         duplicated = {key for key, count in seen.items() if count > 1}
         applied = [
             r for r in resources if (r["resource_type"], r["resource_name"]) not in duplicated
