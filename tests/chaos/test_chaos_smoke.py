@@ -24,6 +24,8 @@ import pytest
 pytestmark = pytest.mark.integration
 
 RUN_TIMEOUT_S = 420
+# librdkafka's eos debug lines that show an epoch bump or a new producer id, and why.
+BUMP_FACILITIES = ("IDEMPSTATE", "NEWPID", "ERRSEQ", "FATAL")
 
 
 def _lab_unavailable() -> str | None:
@@ -54,6 +56,30 @@ def anomalies(summary: dict[str, Any]) -> set[str]:
     }
 
 
+def why_it_failed(report: Path, summary: dict[str, Any], output: str) -> str:
+    """The run's output, its anomalies' examples and its producers' epoch bumps: CI keeps only
+    what a failed test prints, not the report directory."""
+    found = {
+        name: result.get("anomalies")
+        for name, result in summary.get("checkers", {}).items()
+        if not result.get("valid", True)
+    }
+    bumps = [
+        f"{path.name}: {line}"
+        for path in sorted((report / "work" / "clients").glob("producer-*.stderr"))
+        for line in path.read_text(errors="replace").splitlines()
+        if any(f"|{facility}|" in line for facility in BUMP_FACILITIES) or "bump" in line.lower()
+    ]
+    return "\n".join(
+        [
+            output[-4000:],
+            "anomalies: " + json.dumps(found)[:6000],
+            "producer epoch bumps:",
+            *bumps[-30:],
+        ]
+    )
+
+
 @pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
 @pytest.mark.parametrize(("workload", "seed"), [("groups", 11), ("queue", 12)])
 def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, seed: int) -> None:
@@ -71,7 +97,7 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
         "--seed",
         str(seed),
     )
-    assert code == 0, output[-4000:]
+    assert code == 0, why_it_failed(tmp_path / "report", summary, output)
     assert summary["valid"] and summary["faults"] >= 2, summary
     for name in ("history.jsonl", "results.json", "timeline.html"):
         assert (tmp_path / "report" / name).stat().st_size > 0

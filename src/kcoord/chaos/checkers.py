@@ -72,9 +72,16 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
 
     ``inconsistent-offsets``: one offset holds two different values. ``duplicate``: one value
     sits at two offsets of a partition (values are unique per key, and a key has one
-    partition). ``lost-write``: an ``ok`` send whose value no poll or final poll read, at an
-    offset at or below the highest offset read in its partition: someone read past it, so it
-    should have been read. ``unseen``: an ``ok`` send whose value no final poll read; when
+    partition), unless the run's ``log-copies`` events (``chaos.copies``: the nodes' logs,
+    read after the run) show each copy written by a newer producer session (producer id,
+    epoch) than the one before it: the broker deduplicates within one session only, and a
+    client that resent the value under a new epoch (librdkafka issue #4953) wrote it twice
+    itself. Those are counted in ``stats["client_resends"]`` with examples, not as anomalies;
+    copies of one session, or an older session's copy after a newer one's (a fenced producer
+    written), stay ``duplicate``.
+    ``lost-write``: an ``ok`` send whose value no poll or final poll read, at an offset at or
+    below the highest offset read in its partition: someone read past it, so it should have
+    been read. ``unseen``: an ``ok`` send whose value no final poll read; when
     ``require_final_poll`` is False and the history has no final polls, this is not checked
     (``stats["unseen_checked"]``). ``lost-read``: under the same condition, a value a poll
     read that no final poll read and no ``ok`` send reported (a send whose outcome was
@@ -125,12 +132,14 @@ from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, Final
 
 from kcoord.chaos.history import (
     FAIL,
     INFO,
     INVOKE,
+    LOG_COPIES_F,
     OK,
     UNRECORDED_REPORT_F,
     Event,
@@ -894,7 +903,7 @@ def check_queue(history: History, *, require_final_poll: bool = True) -> CheckRe
                 final_values[tp].add(_freeze(value))
             max_read[tp] = max(max_read.get(tp, offset), offset)
 
-    _check_log(log, findings)
+    resends = _check_log(log, _log_copies(history, findings), findings)
     has_final = any(read.final for read in reads)
     unseen_checked = has_final or require_final_poll
     for send in sends:
@@ -953,6 +962,8 @@ def check_queue(history: History, *, require_final_poll: bool = True) -> CheckRe
             "records_read": sum(len(read.records) for read in reads),
             "partitions": len(log),
             "unseen_checked": unseen_checked,
+            "client_resends": len(resends),
+            "client_resend_examples": resends[:MAX_EXAMPLES],
         }
     )
 
@@ -1024,9 +1035,41 @@ def _reads(ordered: Iterable[Event], findings: _Findings) -> list[_Read]:
     return reads
 
 
+def _log_copies(
+    history: History, findings: _Findings
+) -> dict[tuple[str, int, Hashable], dict[int, tuple[int, int]]]:
+    """(topic, partition, value) -> offset -> (producer id, epoch) of that copy."""
+    copies: dict[tuple[str, int, Hashable], dict[int, tuple[int, int]]] = {}
+    for event in history.ops(LOG_COPIES_F):
+        try:
+            value = event.value
+            copies[(str(value["topic"]), int(value["partition"]), _freeze(value["value"]))] = {
+                int(c["offset"]): (int(c["producer_id"]), int(c["producer_epoch"]))
+                for c in value["copies"]
+            }
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+    return copies
+
+
+def _resent(at_offsets: list[int], sessions: Mapping[int, tuple[int, int]] | None) -> bool:
+    """Each copy, in offset order, written by a newer producer session than the one before.
+
+    Producer ids only grow (``ProducerIdManager``) and an epoch bump keeps the id: a newer
+    session compares greater. A non-idempotent producer (id -1) never qualifies."""
+    if sessions is None or any(o not in sessions for o in at_offsets):
+        return False
+    ordered = [sessions[o] for o in sorted(at_offsets)]
+    return ordered[0][0] >= 0 and all(a < b for a, b in pairwise(ordered))
+
+
 def _check_log(
-    log: Mapping[_TopicPartition, Mapping[int, Mapping[Hashable, Any]]], findings: _Findings
-) -> None:
+    log: Mapping[_TopicPartition, Mapping[int, Mapping[Hashable, Any]]],
+    copies: Mapping[tuple[str, int, Hashable], Mapping[int, tuple[int, int]]],
+    findings: _Findings,
+) -> list[dict[str, Any]]:
+    """inconsistent-offsets and duplicate; the duplicates a client resent (``_resent``)."""
+    resends: list[dict[str, Any]] = []
     for (topic, partition), offsets in sorted(log.items()):
         where: dict[Hashable, list[int]] = defaultdict(list)
         for offset, values in sorted(offsets.items()):
@@ -1044,15 +1087,19 @@ def _check_log(
                 where[frozen].append(offset)
         for frozen, at_offsets in where.items():
             if len(at_offsets) > 1:
-                findings.add(
-                    "duplicate",
-                    {
-                        "topic": topic,
-                        "partition": partition,
-                        "value": offsets[at_offsets[0]][frozen],
-                        "offsets": at_offsets,
-                    },
-                )
+                sessions = copies.get((topic, partition, frozen))
+                example = {
+                    "topic": topic,
+                    "partition": partition,
+                    "value": offsets[at_offsets[0]][frozen],
+                    "offsets": at_offsets,
+                    "sessions": None if sessions is None else [sessions.get(o) for o in at_offsets],
+                }
+                if _resent(at_offsets, sessions):
+                    resends.append(example)
+                else:
+                    findings.add("duplicate", example)
+    return resends
 
 
 def _check_aborted_reads(

@@ -32,6 +32,7 @@ from kcoord.chaos.history import (
     FAIL,
     INFO,
     INVOKE,
+    LOG_COPIES_F,
     OK,
     PROCESS_KILL_F,
     UNRECORDED_REPORT_F,
@@ -790,6 +791,62 @@ def test_duplicate_value_at_two_offsets() -> None:
 
     assert "duplicate" in named(result)
     assert result.anomalies["duplicate"][0]["offsets"] == [0, 3]
+
+
+def log_copies(h: History, value: str, sessions: dict[int, tuple[int, int]]) -> None:
+    """What the runner reads from the nodes' logs: who wrote each copy of ``value``."""
+    copies = [
+        {"offset": o, "producer_id": pid, "producer_epoch": epoch, "sequence": 0}
+        for o, (pid, epoch) in sorted(sessions.items())
+    ]
+    h.add(
+        "checker",
+        INFO,
+        LOG_COPIES_F,
+        {"topic": "q", "partition": 0, "value": value, "copies": copies},
+        time=20.0,
+    )
+
+
+def test_a_value_resent_under_a_newer_producer_epoch_is_the_clients_not_a_duplicate() -> None:
+    # librdkafka #4953: the second copy was written under epoch 1 of the same producer id.
+    h = healthy_queue_history()
+    final_poll(h, 11.0, [(0, 3, "a")])
+    log_copies(h, "a", {0: (7, 0), 3: (7, 1)})
+
+    result = check_queue(h)
+
+    assert result.valid, result.anomalies
+    assert result.stats["client_resends"] == 1
+    assert result.stats["client_resend_examples"][0]["sessions"] == [(7, 0), (7, 1)]
+
+
+@pytest.mark.parametrize(
+    "sessions",
+    [
+        {0: (7, 1), 3: (7, 1)},  # one session wrote it twice: the broker's duplicate
+        {0: (7, 1), 3: (7, 0)},  # the older epoch's copy after the newer one's: not fenced
+        {0: (-1, -1), 3: (-1, -1)},  # no idempotent producer
+        {0: (7, 0)},  # the log does not hold the copy at offset 3
+    ],
+)
+def test_a_duplicate_stays_one_unless_each_copy_is_a_newer_session(
+    sessions: dict[int, tuple[int, int]],
+) -> None:
+    h = healthy_queue_history()
+    final_poll(h, 11.0, [(0, 3, "a")])
+    log_copies(h, "a", sessions)
+
+    result = check_queue(h)
+
+    assert named(result) == {"duplicate"}
+    assert result.stats["client_resends"] == 0
+
+
+def test_a_malformed_log_copies_event_fails_the_check() -> None:
+    h = healthy_queue_history()
+    h.add("checker", INFO, LOG_COPIES_F, {"topic": "q", "value": "a"}, time=20.0)
+    assert named(check_queue(h)) == {MALFORMED}
 
 
 def test_inconsistent_offsets_two_values_at_one_offset() -> None:
