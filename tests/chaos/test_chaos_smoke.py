@@ -6,7 +6,9 @@ Part of the default test run (marked ``integration``, not ``chaos``: the long ma
 
 - both workloads pass under every nemesis together;
 - a deliberately broken node (``--inject-bug ack-before-hw``: coordinator writes answered before
-  the high watermark) fails the run, and the checkers name the anomaly: lost commits.
+  the high watermark) fails the run, and the checkers name the anomaly: lost commits;
+- so does one that appends every batch twice (``--inject-bug append-twice``): duplicates, whose
+  copies the nodes' logs show under one producer session, so not a client's resends.
 """
 
 from __future__ import annotations
@@ -131,3 +133,37 @@ def test_a_broken_build_fails_with_lost_commits(tmp_path: Path) -> None:
     assert code == 1, output[-4000:]
     assert summary["inject_bug"] == "ack-before-hw" and not summary["error"], summary
     assert "lost-commit" in anomalies(summary), summary["checkers"]
+
+
+@pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
+def test_a_broken_build_fails_with_duplicates_not_taken_for_a_clients_resends(
+    tmp_path: Path,
+) -> None:
+    # Nodes that append every batch twice: both copies under one producer session, which the
+    # runner reads from the logs; the checker must not count them as librdkafka's resends.
+    seed = 4
+    print(f"seed {seed}")
+    code, summary, output = chaos_run(
+        tmp_path / "report",
+        "--workload",
+        "queue",
+        "--nemesis",
+        "kill",
+        "--duration",
+        "10",
+        "--interval",
+        "2",
+        "--seed",
+        str(seed),
+        "--inject-bug",
+        "append-twice",
+    )
+    assert code == 1, output[-4000:]
+    assert summary["inject_bug"] == "append-twice" and not summary["error"], summary
+    queue = summary["checkers"]["queue"]
+    assert queue["stats"]["anomaly_counts"].get("duplicate", 0) > 0, queue
+    assert queue["stats"]["client_resends"] == 0, queue
+    for example in queue["anomalies"]["duplicate"]:
+        first, *others = example["sessions"]
+        assert first is not None and all(s == first for s in others), example
+    assert f"duplicate ({queue['stats']['anomaly_counts']['duplicate']})" in output

@@ -76,6 +76,7 @@ FIND_COORDINATOR, OFFSET_COMMIT = 10, 8
 # Deliberate bugs the suite must catch: a node config that breaks one guarantee.
 BUGS: dict[str, dict[str, Any]] = {
     "ack-before-hw": {"test.bug.ack.before.high.watermark": True},
+    "append-twice": {"test.bug.append.twice": True},
 }
 WORKLOADS: dict[str, type[GroupsWorkload]] = {"groups": GroupsWorkload, "queue": QueueWorkload}
 
@@ -674,8 +675,10 @@ def print_verdict(summary: dict[str, Any]) -> None:
     print()
     print(f"{'checker':<12} {'valid':<6} anomalies")
     for name, result in sorted(summary["checkers"].items()):
+        # Every one counted; ``anomalies`` keeps only the first examples of each.
+        counts = result["stats"].get("anomaly_counts", {})
         anomalies = ", ".join(
-            f"{k} ({len(v)})" for k, v in sorted(result["anomalies"].items()) if v
+            f"{k} ({counts.get(k, len(v))})" for k, v in sorted(result["anomalies"].items()) if v
         )
         print(f"{name:<12} {'yes' if result['valid'] else 'NO':<6} {anomalies or '-'}")
     for name, result in sorted(summary["checkers"].items()):

@@ -231,6 +231,9 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # For the chaos suite's own test only: a deliberately broken coordinator that answers
     # writes before the high watermark covers them, so the checkers can be seen to catch it.
     _Spec("test.bug.ack.before.high.watermark", _Kind.BOOL, False),
+    # Likewise: a broker that appends every accepted batch twice (one producer session's
+    # duplicates), so the chaos suite can be seen to tell the broker's from a client's resends.
+    _Spec("test.bug.append.twice", _Kind.BOOL, False),
     # Data topics and replication.
     _Spec("default.replication.factor", _Kind.INT, 1, 1, _INT16_MAX),
     _Spec("num.partitions", _Kind.INT, 1, 1, _INT32_MAX),
@@ -337,6 +340,7 @@ class NodeConfig:
     group_consumer_max_size: int
     group_consumer_migration_policy: str
     test_bug_ack_before_high_watermark: bool
+    test_bug_append_twice: bool
     default_replication_factor: int
     num_partitions: int
     min_insync_replicas: int

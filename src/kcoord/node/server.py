@@ -413,6 +413,7 @@ class Node:
                 auto_create_topics_enable=cfg.auto_create_topics_enable,
                 num_partitions=cfg.num_partitions,
                 default_replication_factor=cfg.default_replication_factor,
+                bug_append_twice=cfg.test_bug_append_twice,
             ),
             request_stats=RequestStats() if cfg.metrics_enable else None,
         )

@@ -30,6 +30,8 @@ class KafkaSettings:
     default_replication_factor: int = 1
     # How long a Metadata request waits for a topic it auto-creates.
     auto_create_timeout_ms: int = 10_000
+    # test.bug.append.twice: every accepted batch appended a second time (chaos suite's test).
+    bug_append_twice: bool = False
 
 
 class BrokerEndpoint(NamedTuple):

@@ -352,6 +352,8 @@ class ProduceApi:
                         appended.log_append_time_ms,
                     )
                 )
+                if self.ctx.settings.bug_append_twice:
+                    self.ctx.replicas.append_local(part, data, required_acks=acks)
             result.log_start_offset = part.log.log_start_offset
             if acks == -1:
                 # Now, before any await: a wait registered later could miss a role change
