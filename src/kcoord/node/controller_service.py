@@ -57,6 +57,7 @@ from kcoord.raft.controller import (
     ControllerConfig,
     ControllerResult,
     Election,
+    NewPartitions,
     NewTopic,
     atomic_of,
 )
@@ -431,17 +432,18 @@ class ControllerService:
         topics = payload["topics"]
         async with self._lock:
             controller = self._require_active()
-            result = atomic_of(
+            result = controller.create_partitions_of(
                 self.cache.image,
-                topics,
-                lambda image, t: controller.create_partitions(
-                    image,
-                    str(t["name"]),
-                    int(t["count"]),
-                    None
-                    if t.get("assignments") is None
-                    else [[int(b) for b in replicas] for replicas in t["assignments"]],
-                ),
+                [
+                    NewPartitions(
+                        str(t["name"]),
+                        int(t["count"]),
+                        None
+                        if t.get("assignments") is None
+                        else [[int(b) for b in replicas] for replicas in t["assignments"]],
+                    )
+                    for t in topics
+                ],
             )
             if result.records and not payload.get("validate_only"):
                 await self._propose_or_not_controller(result.records)

@@ -337,6 +337,15 @@ class CreatePartitionsResult:
     message: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class NewPartitions:
+    """One topic of a CreatePartitions request (``CreatePartitionsTopic``)."""
+
+    name: str
+    count: int
+    assignments: Sequence[Sequence[int]] | None = None
+
+
 # ------------------------------------------------------------------------ soft state
 
 
@@ -1135,6 +1144,31 @@ class Controller:
             configs=configs,
         )
 
+    def create_partitions_of(
+        self, image: MetadataImage, topics: Sequence[NewPartitions]
+    ) -> ControllerResult[tuple[CreatePartitionsResult, ...]]:
+        """Every topic as ``create_partitions``, in one atomic batch (``atomic_of``). The
+        partitions the request adds together may not exceed ``MAX_PARTITIONS_PER_REQUEST``, or
+        every topic is refused: Kafka bounds the records of one request (a ``BoundedList``;
+        ``EventHandlerExceptionInfo`` makes its overflow a POLICY_VIOLATION for the whole
+        request). Counted before anything is placed, over the topics that exist and grow; Kafka
+        counts the records of those that pass every check."""
+        adding = 0
+        for t in topics:
+            topic = image.topic_by_name(t.name)
+            if topic is not None and t.name != OFFSETS_TOPIC_NAME:
+                adding += max(t.count - len(image.partitions_of(topic.topic_id)), 0)
+        if adding > MAX_PARTITIONS_PER_REQUEST:
+            refused = CreatePartitionsResult(
+                Errors.POLICY_VIOLATION, "Unable to perform excessively large batch operation."
+            )
+            return ControllerResult((), tuple(refused for _ in topics))
+        return atomic_of(
+            image,
+            topics,
+            lambda scratch, t: self.create_partitions(scratch, t.name, t.count, t.assignments),
+        )
+
     def create_partitions(
         self,
         image: MetadataImage,
@@ -1173,11 +1207,9 @@ class Controller:
                 "an increase.",
             )
         additional = count - current
-        if additional > MAX_PARTITIONS_PER_REQUEST:
+        if additional > MAX_PARTITIONS_PER_REQUEST:  # create_partitions_of refuses the request
             return _create_partitions_error(
-                Errors.INVALID_PARTITIONS,
-                f"Cannot add {additional} partitions in one request; the limit is "
-                f"{MAX_PARTITIONS_PER_REQUEST}.",
+                Errors.POLICY_VIOLATION, "Unable to perform excessively large batch operation."
             )
         if assignments is not None and len(assignments) != additional:
             return _create_partitions_error(

@@ -8,6 +8,7 @@ only Kafka's default, so a topic never claims a behaviour its log does not have.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -514,6 +515,7 @@ def parse_config_value(definition: TopicConfigDef, raw: str) -> object:
     return number
 
 
+@functools.lru_cache(maxsize=64)  # read by every acks=all append and HW advance
 def parse_min_insync_replicas(raw: str) -> int | None:
     """A ``min.insync.replicas`` value as the controller and every leader read it, parsed as
     Kafka's ``ConfigDef`` does (``" 2"`` and ``"+2"`` are 2); None when it does not parse, and

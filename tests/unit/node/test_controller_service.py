@@ -315,3 +315,37 @@ def test_a_create_topics_request_of_too_many_partitions_is_refused_whole() -> No
         assert cache.image.topic_by_name("small") is None
 
     asyncio.run(scenario())
+
+
+def test_a_create_partitions_request_adding_too_many_partitions_is_refused_whole() -> None:
+    """Kafka bounds one request's records at 10,000 (a ``BoundedList``; its overflow is a
+    POLICY_VIOLATION for every topic): two topics growing by 6,000 and 4,001 are refused
+    together, though each alone is within the bound; 6,000 and 4,000 pass."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        topics = [{"name": n, "num_partitions": 1, "replication_factor": 1} for n in "ab"]
+        await service.handle_create_topics({"topics": topics})
+
+        def counts() -> list[int]:
+            return [
+                len(cache.image.partitions_of(cache.image.topic_by_name(n).topic_id))  # type: ignore[union-attr]
+                for n in "ab"
+            ]
+
+        reply = await service.handle_create_partitions(
+            {"topics": [{"name": "a", "count": 6_001}, {"name": "b", "count": 4_002}]}
+        )
+        assert {(t["error"], t["message"]) for t in reply["topics"]} == {
+            (int(Errors.POLICY_VIOLATION), "Unable to perform excessively large batch operation.")
+        }
+        assert counts() == [1, 1]
+        reply = await service.handle_create_partitions(
+            {"topics": [{"name": "a", "count": 6_001}, {"name": "b", "count": 4_001}]}
+        )
+        assert [t["error"] for t in reply["topics"]] == [0, 0]
+        assert counts() == [6_001, 4_001]
+
+    asyncio.run(scenario())

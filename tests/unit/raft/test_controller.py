@@ -1357,7 +1357,7 @@ def test_create_partitions_with_a_manual_assignment() -> None:
             Errors.INVALID_PARTITIONS,
             "The topic t currently has 2 partition(s); 1 would not be an increase.",
         ),
-        ("t", 20_003, None, Errors.INVALID_PARTITIONS, "Cannot add 20001 partitions"),
+        ("t", 20_003, None, Errors.POLICY_VIOLATION, "excessively large batch operation"),
         (
             "t",
             4,
