@@ -101,6 +101,16 @@ class ClientProcess:
                 try:
                     event = json.loads(line)
                 except ValueError:
+                    if not line.endswith(b"\n"):
+                        continue  # the last line, cut by a kill: the report was never made
+                    # A whole line that is not a report may have been one (an acknowledgement
+                    # lost): said in the history, as below.
+                    self.history.add(
+                        self.name,
+                        "info",
+                        UNRECORDED_REPORT_F,
+                        {"error": f"not JSON: {line[:200]!r}"},
+                    )
                     continue
                 self.events += 1
                 try:

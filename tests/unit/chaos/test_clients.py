@@ -50,3 +50,26 @@ def test_a_client_report_of_an_unknown_kind_is_an_unrecorded_report(
     assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
         {"error": "ValueError(\"unknown event 'comitted'\")"}
     ]
+
+
+def test_a_whole_line_that_is_not_json_is_an_unrecorded_report_a_cut_last_line_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stray output may stand where an acknowledgement was (fail the run); a last line cut
+    by a kill was never a report (nothing to say)."""
+    (tmp_path / "stray_client.py").write_text(
+        "import sys\n"
+        'print(\'{"event": "started"}\')\n'
+        "print('connecting...')\n"
+        'sys.stdout.write(\'{"event": "comm\')\n'
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    history = History(clock=time.monotonic)
+    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
+    client = workload._spawn("m1", "stray_client", {"group": "g", "topic": "t"})
+    client.proc.wait(timeout=30)
+    client._reader.join(timeout=30)
+    assert client.events == 1
+    assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
+        {"error": "not JSON: b'connecting...\\n'"}
+    ]
