@@ -275,6 +275,9 @@ class Log:
         bases = _segment_bases(directory)
         segments: list[LogSegment] = []
         corrupt_at: int | None = None
+        # Where the recovered segments' leader epochs start: their batches may have been
+        # written without the epoch checkpoint that names them (a crash between the two).
+        recovered_epochs: list[tuple[int, int]] = []
         for i, base in enumerate(bases):
             if corrupt_at is not None:
                 _delete_segment_files(directory, base)
@@ -290,12 +293,14 @@ class Log:
             )
             opened.append(seg)
             below_recovery_point = next_base is not None and next_base <= recovery_point
+            seg_epochs: tuple[tuple[int, int], ...] = ()
             if (clean_shutdown or below_recovery_point) and (had_index or seg.size == 0):
                 try:
                     seg.load()
                 except LogCorruptError as e:
                     log.warning("%s: recovering segment %d: %s", directory, base, e)
                     result = seg.recover()
+                    seg_epochs = result.epochs
                     report.segments_recovered += 1
                     if result.truncated_bytes:
                         corrupt_at = base
@@ -303,6 +308,7 @@ class Log:
                         report.errors.append(f"segment {base}: {result.error}")
             else:
                 result = seg.recover()
+                seg_epochs = result.epochs
                 report.segments_recovered += 1
                 if result.truncated_bytes:
                     log.warning(
@@ -324,6 +330,7 @@ class Log:
                 corrupt_at = base
                 continue
             segments.append(seg)
+            recovered_epochs += seg_epochs
         if report.segments_deleted:
             log.warning(
                 "%s: deleted segments after corruption: %s", directory, report.segments_deleted
@@ -358,6 +365,10 @@ class Log:
             for seg in segments:
                 for bp in seg.scan_headers():
                     epoch_cache.assign(bp.header.partition_leader_epoch, bp.header.base_offset)
+        # Kafka's LogSegment.recover assigns each recovered batch's epoch above the latest one
+        # (``assign`` ignores the others); only segments kept give theirs.
+        for epoch, start_offset in recovered_epochs:
+            epoch_cache.assign(epoch, start_offset)
         epoch_cache.truncate_from_end(log_end_offset)
         epoch_cache.truncate_from_start(log_start_offset)
         epoch_cache.flush()

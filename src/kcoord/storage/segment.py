@@ -73,6 +73,9 @@ class RecoveryResult:
     truncated_bytes: int
     next_offset: int
     error: str | None
+    # (leader epoch, base offset) of each kept batch whose epoch differs from the one before:
+    # the log gives them back to the leader epoch cache (Kafka's LogSegment.recover).
+    epochs: tuple[tuple[int, int], ...] = ()
 
 
 class LogSegment:
@@ -159,7 +162,8 @@ class LogSegment:
         """Rebuild the indexes by scanning every batch; truncate at the first invalid one.
 
         Kafka's ``LogSegment.recover``: CRC-check each batch, rebuild the offset and time
-        indexes, and cut a torn or corrupt tail. Returns what was kept and why the rest was not.
+        indexes, and cut a torn or corrupt tail. Returns what was kept and why the rest was not,
+        and where each leader epoch of the kept batches starts.
         """
         self.offset_index.reset()
         self.time_index.reset()
@@ -174,12 +178,16 @@ class LogSegment:
         carry = b""
         expect = self.base_offset
         want = _RECOVER_CHUNK
+        epochs: list[tuple[int, int]] = []
         while position + len(carry) < self.size:
             chunk = carry + os.pread(self._fd, want, position + len(carry))
             want = _RECOVER_CHUNK
             result = fmt.scan_valid_prefix(chunk, expect_next_offset=expect)
             for pos, header in result.headers:
                 self._index_batch(position + pos, header)
+                epoch = header.partition_leader_epoch
+                if epoch >= 0 and (not epochs or epochs[-1][0] != epoch):
+                    epochs.append((epoch, header.base_offset))
             if result.headers:
                 expect = result.headers[-1][1].next_offset
             position += result.valid_bytes
@@ -203,7 +211,7 @@ class LogSegment:
         if truncated:
             os.ftruncate(self._fd, position)
             self.size = position
-        return RecoveryResult(position, truncated, self.next_offset, error)
+        return RecoveryResult(position, truncated, self.next_offset, error, tuple(epochs))
 
     # -----------------------------------------------------------------------------------------
     # Appending.

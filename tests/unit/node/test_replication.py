@@ -970,3 +970,91 @@ def test_a_follower_of_a_deleted_topic_does_not_count_for_its_successor(tmp_path
         assert follower.values() == [b"new-0", b"new-1", b"new-2"]
 
     asyncio.run(scenario())
+
+
+def _three_nodes(tmp_path: Path) -> tuple[dict[int, Node], list[rec.MetadataRecord]]:
+    cluster: dict[int, Node] = {}
+    for n in (1, 2, 3):
+        Node(n, tmp_path / f"n{n}", cluster)
+    records: list[rec.MetadataRecord] = [
+        rec.RegisterBroker(
+            broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={}, fenced=False
+        )
+        for n in (1, 2, 3)
+    ]
+    records += [
+        rec.Topic(TOPIC, TOPIC_ID, {}),
+        rec.Partition(
+            TOPIC_ID, 0, (1, 2, 3), (1, 2, 3), leader=1, leader_epoch=0, partition_epoch=0
+        ),
+    ]
+    for node in cluster.values():
+        node.cache.apply(1, records)
+    return cluster, records
+
+
+def test_a_follower_killed_before_its_epoch_checkpoint_still_truncates_a_divergent_record(
+    tmp_path: Path,
+) -> None:
+    """A follower appended a batch of epoch 1 and was killed before its leader-epoch
+    checkpoint named epoch 1. Restarted, its log recovery gives the batch's epoch back to the
+    cache (Kafka's LogSegment.recover): without it, the follower asked where epoch 0 ends,
+    kept its epoch-1 record where the leader had committed another, and counted as in sync."""
+
+    async def scenario() -> None:
+        cluster, records = _three_nodes(tmp_path)
+        n1, n2, n3 = cluster[1], cluster[2], cluster[3]
+        n1.produce(b"r0")
+        n1.produce(b"r1")
+        await n2.fetch_once()
+        await n3.fetch_once()
+        n1.produce(b"a0")  # offset 2, epoch 0: node 3 takes it, node 2 does not
+        await n3.fetch_once()
+        to_2 = rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=0, leader=2)
+        for node in cluster.values():
+            node.cache.apply(2, [to_2])
+        n2.produce(b"m0")  # offset 2, epoch 1, never committed
+        await n3.fetch_once()  # node 3 truncates a0 and takes m0
+        assert n3.values() == [b"r0", b"r1", b"m0"]
+        assert n3.partition.log.epoch_cache.entries == [(0, 0), (1, 2)]
+        # Node 3 is killed after the segment write, before the checkpoint write.
+        checkpoint.write_leader_epochs(n3.partition.log.epoch_cache.path, [(0, 0)])
+        del cluster[3]
+        del cluster[2]  # node 2 dies too: node 1 leads epoch 2 alone, and commits a0
+        to_1 = rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=1, leader=1, isr=(1,))
+        n1.cache.apply(3, [to_1])
+        n1.replicas.append_local(n1.partition, batch(value=b"n0"), required_acks=-1)
+        assert n1.values() == [b"r0", b"r1", b"a0", b"n0"]
+        assert n1.partition.high_watermark == 4
+
+        restarted = Node(3, tmp_path / "n3", cluster)  # no clean shutdown: recovery runs
+        restarted.cache.apply(1, records)
+        restarted.cache.apply(2, [to_2])
+        restarted.cache.apply(3, [to_1])
+        assert restarted.partition.log.epoch_cache.entries == [(0, 0), (1, 2)]
+        await restarted.fetch_once()  # truncation, then a fetch from offset 2
+        assert restarted.values() == [b"r0", b"r1", b"a0", b"n0"]
+
+    asyncio.run(scenario())
+
+
+def test_a_follower_whose_log_has_no_epoch_truncates_to_its_high_watermark(
+    tmp_path: Path,
+) -> None:
+    """Records above the HW with no leader epoch to ask the leader about may not be the
+    leader's: they go, and the follower fetches from its HW (Kafka's
+    ReplicaManager.initialFetchOffset)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster)
+        leader.produce(b"leader-0")
+        # Records from nowhere on the follower: batches without a partition leader epoch.
+        follower.partition.log.append_as_follower(batch(2, value=b"stray"), 0)
+        assert follower.partition.log.epoch_cache.latest_epoch == -1
+        assert follower.partition.high_watermark == 0
+        await follower.fetch_once()
+        assert follower.values() == [b"leader-0"]
+
+    asyncio.run(scenario())

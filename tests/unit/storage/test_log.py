@@ -199,6 +199,28 @@ def test_truncate_to_removes_suffix_and_epochs(tmp_path: Path) -> None:
     assert again.epoch_cache.entries == [(0, 0), (1, 20), (2, 40), (7, 44)]
 
 
+def test_recovery_gives_back_the_epochs_of_batches_written_before_their_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A crash between a batch's write and the leader-epoch checkpoint naming its epoch: the
+    recovered batches' epochs go back into the cache (Kafka's LogSegment.recover assigns
+    every epoch above the latest), so truncation by epoch still sees them."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for epoch in (0, 0, 2, 2, 3):
+        lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=epoch, now_ms=0)
+    assert lg.epoch_cache.entries == [(0, 0), (2, 4), (3, 8)]
+    path = lg.epoch_cache.path
+    lg.close()
+    checkpoint.write_leader_epochs(path, [(0, 0)])  # as the crash left it
+    clean = open_log(tmp_path / "t-0", SMALL, clean_shutdown=True, recovery_point=10)
+    assert clean.epoch_cache.entries == [(0, 0)]  # no recovery: the checkpoint is believed
+    clean.close()
+    checkpoint.write_leader_epochs(path, [(0, 0)])
+    recovered = open_log(tmp_path / "t-0", SMALL, clean_shutdown=False, recovery_point=0)
+    assert recovered.epoch_cache.entries == [(0, 0), (2, 4), (3, 8)]
+    assert checkpoint.read_leader_epochs(path) == [(0, 0), (2, 4), (3, 8)]
+
+
 def test_truncate_to_the_log_end_drops_only_epochs_starting_there(tmp_path: Path) -> None:
     """A leader that appended nothing in its epoch has the epoch's entry at its log end; as a
     follower it truncates to its log end: no record goes, the entry does, on disk too."""
