@@ -41,8 +41,8 @@ def _kcoord(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _cluster_up(base: int, data_dir: Path) -> subprocess.Popen[str]:
-    """``kcoord cluster up`` of three nodes in the foreground, its output piped."""
+def _cluster_up(base: int, data_dir: Path, nodes: int = 3) -> subprocess.Popen[str]:
+    """``kcoord cluster up`` of ``nodes`` nodes in the foreground, its output piped."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -51,7 +51,7 @@ def _cluster_up(base: int, data_dir: Path) -> subprocess.Popen[str]:
             "cluster",
             "up",
             "--nodes",
-            "3",
+            str(nodes),
             "--base-port",
             str(base),
             "--data-dir",
@@ -130,6 +130,30 @@ def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
             assert not launcher.is_alive(pid), f"node process {pid} still running"
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_a_foreground_cluster_up_ends_when_cluster_down_stops_it_from_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """``make up`` in one shell, ``make down`` in another: the first one returns."""
+    base = free_base_port(1)
+    with _cluster_up(base, tmp_path, nodes=1) as proc:
+        assert proc.stdout is not None
+        try:
+            lines = []
+            for line in proc.stdout:
+                lines.append(line)
+                if "running in the foreground" in line:
+                    break
+            else:
+                pytest.fail("cluster up ended before it was ready:\n" + "".join(lines))
+            _kcoord_out("cluster", "down", "--data-dir", str(tmp_path))
+            rest, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 0, rest
+        assert "every node has stopped" in rest
 
 
 def test_a_kept_cluster_restarts_as_it_was_and_keeps_its_voters(tmp_path: Path) -> None:

@@ -61,6 +61,18 @@ def _node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _any_node_alive(data_dir: Path) -> bool:
+    """Whether a node of the cluster kept in ``data_dir`` runs, by its state file as saved (a
+    node restarted from another shell has a pid this process never saw)."""
+    from kcoord.node import launcher
+
+    try:
+        state = launcher.ClusterState.load(data_dir)
+    except (OSError, ValueError, launcher.LauncherError):
+        return True  # being rewritten, or unreadable: not a reason to stop
+    return any(launcher.is_alive(n.pid, n.config_path) for n in state.nodes)
+
+
 def _print_status(report: dict[str, Any]) -> None:
     print(f"data dir: {report['data_dir']}")
     print(f"bootstrap servers: {report['bootstrap_servers']}")
@@ -109,8 +121,15 @@ def _cluster(args: argparse.Namespace) -> int:
             if args.detach:
                 return 0
             print("kcoord: running in the foreground; Ctrl-C stops every node", flush=True)
+            checked = time.monotonic()
             while not stop["now"]:
                 time.sleep(0.2)  # waiting for a signal
+                if time.monotonic() - checked >= 1.0:
+                    checked = time.monotonic()
+                    if not _any_node_alive(data_dir):
+                        # ``cluster down`` (``make down``) from elsewhere: nothing left to run.
+                        print("kcoord: every node has stopped; exiting", flush=True)
+                        return 0
             print("kcoord: stopping the cluster ...", flush=True)
             launcher.down(state)
             print("kcoord: stopped", flush=True)
