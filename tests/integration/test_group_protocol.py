@@ -480,6 +480,22 @@ def test_sync_with_a_wrong_generation_is_illegal(cluster: LocalCluster) -> None:
         assert describe(c, group_id).group_state == "Stable"
 
 
+def test_sync_v5_without_its_protocol_type_or_name_is_inconsistent(cluster: LocalCluster) -> None:
+    """Both are mandatory from v5 (KafkaApis.handleSyncGroupRequest); v4 has neither."""
+    group_id = "sync-v5-protocol"
+    with coordinator(cluster, group_id) as c:
+        joined = join_new(c, group_id)
+        member_id = joined.member_id
+        values = sync_values(group_id, joined.generation_id, member_id)
+        for missing in ({"protocol_type": None}, {"protocol_name": None}):
+            named = {"protocol_type": "consumer", "protocol_name": "range", **missing}
+            answer = c.call(SYNC_GROUP, 5, {**values, **named})
+            assert answer.error_code == Errors.INCONSISTENT_GROUP_PROTOCOL
+        named = {"protocol_type": "consumer", "protocol_name": "range"}
+        assert c.call(SYNC_GROUP, 5, {**values, **named}).error_code == Errors.NONE
+        assert c.call(SYNC_GROUP, 4, values).error_code == Errors.NONE
+
+
 def test_heartbeat_from_an_unknown_member(cluster: LocalCluster) -> None:
     group_id = "heartbeat-unknown"
     with coordinator(cluster, group_id) as c:

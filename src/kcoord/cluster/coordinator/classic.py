@@ -63,6 +63,7 @@ from kcoord.cluster.coordinator.types import (
     JoinGroupResponseMember,
     Token,
 )
+from kcoord.cluster.routing import java_string_hash
 from kcoord.errors import Errors
 
 CONSUMER_PROTOCOL_TYPE: Final = "consumer"  # ConsumerProtocol.PROTOCOL_TYPE
@@ -498,9 +499,10 @@ class ClassicGroup:
     def select_protocol(self) -> str:
         """Each member votes for its preferred candidate; the most votes wins.
 
-        Kafka's ``selectProtocol`` takes the max over a ``HashMap`` of votes, so its tie-break
-        is arbitrary; here a tie goes to the protocol that got its first vote first (member
-        order), which is deterministic.
+        Kafka's ``selectProtocol`` takes the first maximum in the iteration order of a
+        ``java.util.HashMap`` of the votes, so a tie goes by the protocol names' hashes, never
+        by member order: a static member's restart (which moves it to the end of the members)
+        must not change the protocol, and rebalance the group, when the votes are even.
         """
         assert self.members, f"cannot select a protocol for empty group {self.group_id}"
         candidates = self.candidate_protocols()
@@ -509,7 +511,7 @@ class ClassicGroup:
             choice = member.vote(candidates)
             votes[choice] = votes.get(choice, 0) + 1
         best = max(votes.values())
-        return next(name for name, count in votes.items() if count == best)
+        return next(name for name in java_hash_map_order(votes) if votes[name] == best)
 
     def compute_subscribed_topics(self) -> frozenset[str] | None:
         """Kafka's ``computeSubscribedTopics``: known only for "consumer" groups that parse."""
@@ -678,3 +680,20 @@ class ClassicGroup:
                 group.leader_id = next(iter(group.members))
         group.subscribed_topics = group.compute_subscribed_topics()
         return group
+
+
+def java_hash_map_order(keys: Iterable[str]) -> list[str]:
+    """The iteration order of a ``java.util.HashMap`` of string keys put in this order (default
+    capacity 16, load factor 0.75; few keys, so no tree bins): by bucket, the key's
+    ``hashCode`` spread (``h ^ (h >>> 16)``) masked by the table size, then by insertion (a
+    resize keeps each bucket's order)."""
+    ordered = list(keys)
+    capacity = 16
+    while len(ordered) > capacity * 3 // 4:
+        capacity *= 2
+
+    def bucket(key: str) -> int:
+        h = java_string_hash(key) & 0xFFFFFFFF
+        return (h ^ (h >> 16)) & (capacity - 1)
+
+    return sorted(ordered, key=bucket)  # stable: insertion order within a bucket

@@ -195,6 +195,10 @@ class GroupApi:
                 for a in body.assignments
             ),
         )
+        if request.version >= 5 and (req.protocol_type is None or req.protocol_name is None):
+            # KafkaApis.handleSyncGroupRequest: both are mandatory from v5
+            # (SyncGroupRequest.areMandatoryProtocolTypeAndNamePresent).
+            return values(t.SyncGroupResponse(error_code=Errors.INCONSISTENT_GROUP_PROTOCOL))
         return self._submit(
             req.group_id,
             lambda s, tok, now: s.handle_sync_group(tok, req, now),

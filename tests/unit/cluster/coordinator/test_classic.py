@@ -14,6 +14,7 @@ from kcoord.cluster.coordinator.classic import (
     ClassicGroup,
     ClassicGroupMember,
     ClassicGroupState,
+    java_hash_map_order,
     parse_subscribed_topics,
 )
 from kcoord.cluster.coordinator.records import GroupMetadataValue, MemberMetadata
@@ -137,11 +138,41 @@ def test_select_protocol_never_picks_a_protocol_some_member_lacks() -> None:
     assert group.select_protocol() == "roundrobin"
 
 
-def test_select_protocol_breaks_ties_by_first_vote() -> None:
-    group = group_in(S.PREPARING_REBALANCE, member("a", "x", "y"), member("b", "y", "x"))
-    assert group.select_protocol() == "x"
-    group = group_in(S.PREPARING_REBALANCE, member("b", "y", "x"), member("a", "x", "y"))
-    assert group.select_protocol() == "y"
+@pytest.mark.parametrize(
+    ("first", "second", "winner"),
+    [
+        # String.hashCode puts "range" in bucket 9 of a 16-bucket HashMap, "cooperative-sticky"
+        # in 15, "roundrobin" in 10: Kafka's first maximum is the lower bucket.
+        ("range", "cooperative-sticky", "range"),
+        ("roundrobin", "range", "range"),
+        ("cooperative-sticky", "roundrobin", "roundrobin"),
+    ],
+)
+def test_select_protocol_breaks_a_tie_as_kafkas_hash_map_does_whatever_the_member_order(
+    first: str, second: str, winner: str
+) -> None:
+    for a, b in ((first, second), (second, first)):
+        group = group_in(S.PREPARING_REBALANCE, member("a", a, b), member("b", b, a))
+        assert group.select_protocol() == winner
+        group = group_in(S.PREPARING_REBALANCE, member("b", b, a), member("a", a, b))
+        assert group.select_protocol() == winner
+
+
+def test_java_hash_map_order_goes_by_bucket_then_insertion() -> None:
+    assert java_hash_map_order(["cooperative-sticky", "roundrobin", "range"]) == [
+        "range",
+        "roundrobin",
+        "cooperative-sticky",
+    ]
+    # Two keys of one bucket keep their insertion order ("Aa" and "BB": one hashCode).
+    assert java_hash_map_order(["BB", "Aa"]) == ["BB", "Aa"]
+    assert java_hash_map_order(["Aa", "BB"]) == ["Aa", "BB"]
+    # 13 keys outgrow the 16-bucket table (threshold 12): 32 buckets, and "a" (97) moves from
+    # bucket 1 to bucket 1 of 32, "q" (113) from 1 to 17.
+    keys = ["q", "a", *(f"k{i}" for i in range(11))]
+    order = java_hash_map_order(keys)
+    assert order.index("a") < order.index("q")
+    assert java_hash_map_order(["q", "a"]) == ["q", "a"]  # both in bucket 1 of 16
 
 
 def test_select_protocol_of_an_empty_group_asserts() -> None:
