@@ -105,9 +105,14 @@ class LeaderReplication:
         leader_log_end_offset: int,
         now_ms: int,
         broker_epoch: int = -1,
-    ) -> None:
-        """Record a follower fetch at ``fetch_offset`` (Kafka's ``Replica.updateFetchState``)."""
+    ) -> bool:
+        """Record a follower fetch at ``fetch_offset`` (Kafka's ``Replica.updateFetchState``);
+        False, recording nothing, for a fetch of an older incarnation of the follower than one
+        already recorded (``updateFetchStateOrThrow``, KIP-903: a delayed fetch of a process
+        that has since restarted, its log possibly lost, must not count for the HW)."""
         state = self.followers[replica_id]
+        if broker_epoch != -1 and broker_epoch < state.broker_epoch:
+            return False
         if fetch_offset >= leader_log_end_offset:
             state.last_caught_up_ms = max(state.last_caught_up_ms, now_ms)
         elif fetch_offset >= state.last_fetch_leader_log_end_offset >= 0:
@@ -116,6 +121,7 @@ class LeaderReplication:
         state.broker_epoch = broker_epoch
         state.last_fetch_leader_log_end_offset = leader_log_end_offset
         state.last_fetch_ms = now_ms
+        return True
 
     # ------------------------------------------------------------------------ high watermark
 

@@ -1023,9 +1023,17 @@ class ReplicaManager:
             return  # out of range: the follower truncates or restarts first
         if part.diverging_epoch(item.fetch_offset, item.last_fetched_epoch) is not None:
             return
-        part.replication.update_follower_fetch(
+        if not part.replication.update_follower_fetch(
             replica_id, fetch_offset, lg.log_end_offset, self.now_ms(), replica_epoch
-        )
+        ):
+            log.info(
+                "%s-%d: ignored a fetch of broker %d's old incarnation (broker epoch %d)",
+                part.topic,
+                part.partition,
+                replica_id,
+                replica_epoch,
+            )
+            return
         if part.high_watermark < lg.log_end_offset:  # at the log end it cannot move
             self.maybe_advance_high_watermark(part)
 

@@ -198,3 +198,19 @@ def test_hw_never_passes_an_isr_leo_never_drops_never_passes_the_leader(
         if step[0] == "expand" and r.pending_isr is not None:
             epoch += 1
             r.update_isr(r.pending_isr, epoch)
+
+
+def test_a_fetch_of_an_older_incarnation_of_a_follower_is_not_recorded() -> None:
+    """KIP-903 (Replica.updateFetchStateOrThrow): a delayed fetch of the process a follower
+    was before it restarted (lower broker epoch) must not move its LEO, nor the HW; an
+    unknown broker epoch (-1) is taken."""
+    r = leader()
+    assert r.update_follower_fetch(2, 10, 10, T0, broker_epoch=7)
+    assert r.update_follower_fetch(3, 10, 10, T0, broker_epoch=9)
+    assert r.maybe_advance_high_watermark(10, T0)
+    assert not r.update_follower_fetch(3, 12, 12, T0 + 1, broker_epoch=8)
+    assert r.follower_log_end_offset(3) == 10
+    assert r.update_follower_fetch(2, 12, 12, T0 + 1, broker_epoch=7)
+    assert not r.maybe_advance_high_watermark(12, T0 + 1)
+    assert r.update_follower_fetch(3, 12, 12, T0 + 2, broker_epoch=-1)
+    assert r.maybe_advance_high_watermark(12, T0 + 2) and r.high_watermark == 12
