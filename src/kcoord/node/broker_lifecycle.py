@@ -51,11 +51,14 @@ class BrokerLifecycle:
         heartbeat_interval_ms: int = 500,
         rpc_timeout_s: float = 2.0,
         storage_lost: bool = False,
+        on_storage_loss_registered: Callable[[], None] = lambda: None,
     ) -> None:
         self.node_id = node_id
-        # This process found its data directory empty: if the controller knows this broker,
-        # what it held is gone (a new or wiped disk), and the registration says so.
+        # The data directory was found empty (by this process, or by one that died before it
+        # registered): if the controller knows this broker, what it held is gone (a new or
+        # wiped disk), and the registration says so, until one is accepted.
         self.storage_lost = storage_lost
+        self.on_storage_loss_registered = on_storage_loss_registered
         self.incarnation_id = incarnation_id
         self.endpoints = dict(endpoints)
         self.quorum = quorum
@@ -106,6 +109,9 @@ class BrokerLifecycle:
                 return
             self.broker_epoch = int(reply["broker_epoch"])
             log.info("registered as broker %d with epoch %d", self.node_id, self.broker_epoch)
+            if self.storage_lost:
+                self.on_storage_loss_registered()
+                self.storage_lost = False
         reply = await self.call_controller(
             "BrokerHeartbeat",
             {

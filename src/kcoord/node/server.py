@@ -308,6 +308,7 @@ class Node:
             self.clock.monotonic_ms,
             heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
             storage_lost=self.logs.storage_was_empty,
+            on_storage_loss_registered=self.logs.storage_loss_registered,
         )
         self.monitor = QuorumMonitor(quorum, self.clock)
         self.rpc_server = RpcServer(

@@ -32,6 +32,10 @@ from kcoord.storage.log import CleanPlan, Log, RecoveryReport, parse_partition_d
 log = logging.getLogger(__name__)
 
 CLEAN_SHUTDOWN_FILE = ".kcoord_cleanshutdown"
+# Left in a data directory found empty until the controller has registered the broker with
+# ``storage_lost``: a node that dies before that must say so again at its next start, though
+# its directory is no longer empty (the Raft journal, logs fetched meanwhile).
+STORAGE_LOST_FILE = ".kcoord_storage_lost"
 DELETE_DIR_SUFFIX = "-delete"
 
 TopicPartition = tuple[str, int]
@@ -64,8 +68,13 @@ class LogManager:
 
     def open(self, configs: Mapping[TopicPartition, LogConfig] | None = None) -> None:
         """Load (or recover) every partition directory under the data directory."""
-        self.storage_was_empty = not self.data_dir.is_dir() or not any(self.data_dir.iterdir())
+        was_empty = not self.data_dir.is_dir() or not any(self.data_dir.iterdir())
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        lost_marker = self.data_dir / STORAGE_LOST_FILE
+        if was_empty:
+            lost_marker.write_text("")
+            checkpoint.fsync_dir(self.data_dir)
+        self.storage_was_empty = was_empty or lost_marker.exists()
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         self.had_clean_shutdown = marker.exists()
         recovery_points = self._read_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT)
@@ -112,6 +121,13 @@ class LogManager:
         # The marker is consumed: a crash from here on must recover again.
         marker.unlink(missing_ok=True)
         checkpoint.fsync_dir(self.data_dir)
+
+    def storage_loss_registered(self) -> None:
+        """The controller has registered this broker as having lost its storage: later starts
+        are ordinary restarts."""
+        (self.data_dir / STORAGE_LOST_FILE).unlink(missing_ok=True)
+        checkpoint.fsync_dir(self.data_dir)
+        self.storage_was_empty = False
 
     def _read_checkpoint(self, name: str) -> dict[TopicPartition, int]:
         try:

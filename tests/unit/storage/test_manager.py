@@ -54,11 +54,18 @@ def test_clean_shutdown_and_reopen(tmp_path: Path) -> None:
 
 def test_a_manager_says_when_its_data_directory_was_empty(tmp_path: Path) -> None:
     """What a broker's registration reports as lost storage: a missing or empty directory (a
-    new or wiped disk), never one a process wrote into before."""
+    new or wiped disk), and still after restarts until a registration said so (a process
+    that wrote into it and died first), never after that."""
     data_dir = tmp_path / "data"
     first = _filled(data_dir)
     assert first.storage_was_empty
     first.shutdown()
+    unregistered = LogManager(data_dir, CONFIG)
+    unregistered.open()
+    assert unregistered.storage_was_empty  # not empty now, but never registered as lost
+    unregistered.storage_loss_registered()
+    assert not unregistered.storage_was_empty
+    unregistered.shutdown()
     again = LogManager(data_dir, CONFIG)
     again.open()
     assert not again.storage_was_empty

@@ -1,0 +1,52 @@
+"""The broker side of registration (node/broker_lifecycle.py), against a scripted controller."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from kcoord.errors import Errors
+from kcoord.node.broker_lifecycle import BrokerLifecycle
+
+
+class _Scripted(BrokerLifecycle):
+    """Answers the controller calls from a script and notes what was sent."""
+
+    def __init__(self, answers: list[dict[str, Any]], **kw: Any) -> None:
+        cache = type("Cache", (), {"image": type("Image", (), {"cluster_id": "c"})(), "offset": 0})
+        super().__init__(
+            1, "inc", {}, cast(Any, None), cast(Any, cache()), cast(Any, None), cast(Any, None),
+            lambda: 0, **kw,
+        )  # fmt: skip
+        self.answers = answers
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+
+    async def call_controller(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self.sent.append((method, payload))
+        return self.answers.pop(0)
+
+
+def test_storage_lost_is_said_until_a_registration_is_accepted_then_never_again() -> None:
+    registered: list[bool] = []
+    heartbeat = {"error": 0, "is_fenced": False, "is_caught_up": True}
+    lifecycle = _Scripted(
+        [
+            {"error": int(Errors.DUPLICATE_BROKER_REGISTRATION)},  # the old session lives on
+            {"error": 0, "broker_epoch": 7},
+            {"error": int(Errors.STALE_BROKER_EPOCH)},  # a heartbeat: register again
+            {"error": 0, "broker_epoch": 9},
+            heartbeat,
+        ],
+        storage_lost=True,
+        on_storage_loss_registered=lambda: registered.append(True),
+    )
+
+    async def steps() -> None:
+        for _ in range(3):  # refused; accepted, heartbeat refused; accepted, heartbeat
+            await lifecycle._step()
+
+    asyncio.run(steps())
+    registrations = [p["storage_lost"] for m, p in lifecycle.sent if m == "BrokerRegistration"]
+    assert registrations == [True, True, False]
+    assert registered == [True]
+    assert lifecycle.broker_epoch == 9
