@@ -99,6 +99,7 @@ Pure: no I/O, no clock, no randomness (ids and time are arguments).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, IntEnum
@@ -421,6 +422,19 @@ class BrokerHeartbeatManager:
         if session is None or session.broker_epoch != broker_epoch:
             return None
         return session.controlled_shutdown_offset
+
+    def lowest_active_offset(self, image: MetadataImage) -> float:
+        """The least metadata offset the unfenced brokers not shutting down last reported
+        (Kafka's ``BrokerHeartbeatManager.lowestActiveOffset``; those not heard from since this
+        controller's activation are not counted); infinite when there are none."""
+        lowest = math.inf
+        for broker_id in image.unfenced_broker_ids():
+            session = self._sessions.get(broker_id)
+            if session is None or session.broker_epoch != image.brokers[broker_id].broker_epoch:
+                continue
+            if session.controlled_shutdown_offset is None:
+                lowest = min(lowest, session.metadata_offset)
+        return lowest
 
     def set_controlled_shutdown_offset(
         self, broker_id: int, broker_epoch: int, offset: int
@@ -874,10 +888,16 @@ class Controller:
         backoff_ms = self.config.fencing_proposal_backoff_ms
         if registration.fenced:
             if request.want_shut_down:
+                # Kafka's calculateNextBrokerState: once every active broker has replayed the
+                # records that moved its leaderships away, so that the new leaders serve
+                # before the old one goes.
                 shutdown_offset = self.heartbeats.controlled_shutdown_offset(
                     broker_id, broker_epoch
                 )
-                may_shut_down = shutdown_offset is None or offset >= shutdown_offset
+                may_shut_down = (
+                    shutdown_offset is None
+                    or self.heartbeats.lowest_active_offset(image) >= shutdown_offset
+                )
                 return ControllerResult(
                     (), BrokerHeartbeatReply(Errors.NONE, caught_up, True, may_shut_down)
                 )
@@ -898,7 +918,8 @@ class Controller:
                 self._handle_broker_fenced(_Working(image), broker_id, records)
                 self.heartbeats.note_proposed(broker_id, broker_epoch, True, now_ms)
             if request.want_shut_down:
-                # The broker may go once it has replayed past the records fencing it.
+                # The broker may go once the active brokers have replayed past the records
+                # fencing it.
                 self.heartbeats.set_controlled_shutdown_offset(
                     broker_id, broker_epoch, image.last_offset + 1
                 )

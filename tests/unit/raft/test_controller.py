@@ -431,7 +431,10 @@ def test_want_fence() -> None:
     )
 
 
-def test_controlled_shutdown_waits_for_the_broker_to_replay_its_fencing() -> None:
+def test_controlled_shutdown_waits_for_the_active_brokers_to_replay_its_fencing() -> None:
+    """Kafka's BrokerHeartbeatManager: the broker may go once every active broker (unfenced,
+    not shutting down) has reported a metadata offset past the records that moved its
+    leaderships, so the new leaders serve first; its own offset does not matter."""
     cluster = three_brokers()
     cluster.create_topic("t", T1, 1, 3)
     threshold = cluster.image.last_offset + 1
@@ -441,10 +444,23 @@ def test_controlled_shutdown_waits_for_the_broker_to_replay_its_fencing() -> Non
         BrokerHeartbeatReply(Errors.NONE, True, True, False),
     )
     cluster.commit(result.records)
-    early = cluster.heartbeat(1, 200, offset=threshold - 1, want_shut_down=True)
+    early = cluster.heartbeat(1, 200, offset=threshold + 5, want_shut_down=True)
     assert early.response == BrokerHeartbeatReply(Errors.NONE, True, True, False)
-    done = cluster.heartbeat(1, 300, offset=threshold, want_shut_down=True)
+    cluster.heartbeat(2, 210, offset=threshold)  # the new leader has replayed its election
+    waiting = cluster.heartbeat(1, 220, offset=threshold, want_shut_down=True)
+    assert not waiting.response.should_shut_down  # broker 3 has not
+    cluster.heartbeat(3, 230, offset=threshold)
+    done = cluster.heartbeat(1, 300, offset=threshold - 1, want_shut_down=True)
     assert done == ControllerResult((), BrokerHeartbeatReply(Errors.NONE, True, True, True))
+
+
+def test_the_last_active_broker_shuts_down_at_once() -> None:
+    cluster = three_brokers()
+    for broker_id, now_ms in ((2, 100), (3, 110)):
+        cluster.commit(cluster.heartbeat(broker_id, now_ms, want_shut_down=True).records)
+    cluster.commit(cluster.heartbeat(1, 120, want_shut_down=True).records)
+    granted = cluster.heartbeat(1, 130, offset=0, want_shut_down=True)
+    assert granted.response.should_shut_down  # no active broker left to wait for
 
 
 def test_a_fenced_broker_may_shut_down_at_once() -> None:
