@@ -284,7 +284,12 @@ class Log:
                 report.segments_deleted.append(base)
                 continue
             next_base = bases[i + 1] if i + 1 < len(bases) else None
-            had_index = (directory / f"{base:020d}{INDEX_SUFFIX}").exists()
+            # Both indexes, or recovery rebuilds them (Kafka recovers a segment whose index
+            # files are missing, too).
+            had_index = all(
+                (directory / f"{base:020d}{suffix}").exists()
+                for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+            )
             seg = LogSegment(
                 directory,
                 base,
@@ -474,16 +479,16 @@ class Log:
             prefix = fmt.BATCH_PREFIX.pack(base_offset, batch_length, leader_epoch)
             if leader_epoch > self.epoch_cache.latest_epoch:
                 self.epoch_cache.assign(leader_epoch, base_offset)
+            if seg.created_ms is None:
+                seg.created_ms = now_ms
             if seg.size and (
                 seg.size + size > self.config.segment_bytes
                 or seg.index_full
                 or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
-                or (
-                    seg.first_batch_timestamp is not None
-                    and max_timestamp - seg.first_batch_timestamp > self.config.max_segment_ms
-                )
+                or self._time_to_roll(seg, max_timestamp, now_ms)
             ):
                 seg = self._roll(base_offset)
+                seg.created_ms = now_ms
             seg.append_one(
                 prefix,
                 view[16:],
@@ -643,8 +648,9 @@ class Log:
             # One batch, the usual produce request: no run splitting.
             header = headers[0][1]
             seg = self.active_segment
-            if self._should_roll(seg, header, len(buf)):
+            if self._should_roll(seg, header, len(buf), now_ms):
                 seg = self._roll(header.base_offset)
+                seg.created_ms = now_ms
             seg.append(buf, headers)
             self._unflushed_messages += header.record_count
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
@@ -659,8 +665,9 @@ class Log:
             run_bytes = 0
             seg = self.active_segment
             first_base = headers[start][1].base_offset
-            if self._should_roll(seg, headers[start][1], headers[start][1].size):
+            if self._should_roll(seg, headers[start][1], headers[start][1].size, now_ms):
                 seg = self._roll(first_base)
+                seg.created_ms = now_ms
             # The segment indexes the run's batches as it appends them: the run stops where
             # the next one would take an entry neither index has room for (a follower's
             # fetch of many small batches may fill a small segment.index.bytes mid-run).
@@ -696,20 +703,27 @@ class Log:
             size_bytes=len(buf),
         )
 
-    def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int) -> bool:
+    def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int, now_ms: int) -> bool:
+        if seg.created_ms is None:
+            seg.created_ms = now_ms
         if seg.size == 0:
             return False
-        # segment.ms: Kafka's LogSegment.timeWaitedForRoll compares the incoming batch's
-        # timestamp with the segment's first batch's, not the wall clock.
         return (
             seg.size + size > self.config.segment_bytes
-            or (
-                seg.first_batch_timestamp is not None
-                and first.max_timestamp - seg.first_batch_timestamp > self.config.max_segment_ms
-            )
+            or self._time_to_roll(seg, first.max_timestamp, now_ms)
             or seg.index_full
             or first.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
         )
+
+    def _time_to_roll(self, seg: LogSegment, max_timestamp: int, now_ms: int) -> bool:
+        """segment.ms, as Kafka's ``LogSegment.timeWaitedForRoll``: the incoming batch's
+        timestamp against the segment's first batch's; when that one has none (-1), the clock
+        against the segment's creation (here: the first append this process made to it)."""
+        assert seg.created_ms is not None
+        first = seg.first_batch_timestamp
+        if first is not None and first >= 0:
+            return max_timestamp - first > self.config.max_segment_ms
+        return now_ms - seg.created_ms > self.config.max_segment_ms
 
     def _roll(self, base_offset: int) -> LogSegment:
         """Close the active segment for appends and start a new one at ``base_offset``."""

@@ -113,6 +113,9 @@ class LogSegment:
         self.max_timestamp = fmt.NO_TIMESTAMP
         self.offset_of_max_timestamp = base_offset
         self.first_batch_timestamp: int | None = None
+        # When the log first appended to it in this process (segment.ms for segments whose
+        # first batch has no timestamp: Kafka's ``created``, the time the segment was opened).
+        self.created_ms: int | None = None
         # The batches appended since the segment was opened (or last truncated or recovered),
         # oldest first, contiguous up to the end of the file: base offsets, last offsets,
         # positions. Kafka reads its index and scans the file each time; in Python the scan
@@ -139,7 +142,7 @@ class LogSegment:
             return
         _, position = self.offset_index.lookup(2**62)
         last: BatchPosition | None = None
-        for bp in self.scan_headers(position):
+        for bp in self.scan_headers(self._largest_timestamp_scan_start(position)):
             last = bp
             self._note_batch(bp.header)
         if last is not None:
@@ -317,6 +320,23 @@ class LogSegment:
         i = bisect.bisect_left(self._tail_last, offset)
         return i if i < len(self._tail_last) else None
 
+    def _largest_timestamp_scan_start(self, position: int) -> int:
+        """Where to scan from for the largest timestamp the time index does not hold.
+
+        Both indexes take their entries together, the time index the largest timestamp so
+        far, so it holds the largest one up to the offset index's last entry (``position``),
+        and the scan starts there. Not when it stopped taking entries: a time index that filled
+        first (a rebuild under a smaller ``segment.index.bytes``: its entries are larger), or
+        one with none; then the scan starts at its last entry, as Kafka's
+        ``readLargestTimestamp`` always does, so that a larger timestamp is not hidden from
+        lookups, ListOffsets and retention."""
+        entry = self.time_index.last_entry
+        if entry is None:
+            return 0
+        if not self.time_index.is_full:
+            return position
+        return min(position, self.offset_index.lookup(entry[1])[1])
+
     def _note_batch(self, header: fmt.BatchHeader) -> None:
         if header.max_timestamp > self.max_timestamp:
             self.max_timestamp = header.max_timestamp
@@ -458,7 +478,7 @@ class LogSegment:
         entry = self.time_index.last_entry
         if entry is not None:
             self.max_timestamp, self.offset_of_max_timestamp = entry
-        for scanned in self.scan_headers(0 if self.max_timestamp < 0 else index_position):
+        for scanned in self.scan_headers(self._largest_timestamp_scan_start(index_position)):
             self._note_batch(scanned.header)
             self.next_offset = scanned.header.next_offset
         if self.size == 0:

@@ -1127,3 +1127,77 @@ def test_truncation_to_a_segment_boundary_keeps_the_log_end_there(tmp_path: Path
     assert again.log_end_offset == 20
     # Below the boundary, in the gap compaction left: the log end is the offset asked for.
     assert again.truncate_to(15) == 15 and again.log_end_offset == 15
+
+
+def _timestamped(ts: int) -> bytes:
+    return fmt.build_batch([fmt.Record(0, ts, b"k", b"v" * 60)])
+
+
+# Timestamps far in the past and future are accepted as they are.
+_ANY_TIMESTAMP = LogConfig(index_interval_bytes=150, message_timestamp_after_max_ms=2**62)
+
+
+def test_a_segment_reopened_with_a_time_index_sparser_than_its_offset_index_keeps_its_max(
+    tmp_path: Path,
+) -> None:
+    """A recovery under a smaller segment.index.bytes fills the time index (12-byte entries)
+    before the offset index (8): the largest timestamp sits after the time index's last entry
+    and before the offset index's. The reopened segment must still know it (Kafka's
+    readLargestTimestamp scans from the time index's last entry): it hid the segment from
+    lookups by timestamp, ListOffsets -3 and retention."""
+    big = replace(_ANY_TIMESTAMP, segment_index_bytes=4096)
+    small = replace(big, segment_index_bytes=24)  # 3 offset entries, 2 time entries
+    lg = open_log(tmp_path / "t-0", big)
+    for ts in (100, 200, 300, 400, 500, 5000, 600, 700, 800, 900, 1000, 1100):
+        lg.append_as_leader(_timestamped(ts), leader_epoch=0, now_ms=0)
+    lg.roll()
+    lg.append_as_leader(_timestamped(50), leader_epoch=0, now_ms=0)
+    lg.flush()
+    lg.abandon()
+    lg = open_log(tmp_path / "t-0", small, recovery_point=0, clean_shutdown=False)
+    segment = lg.segments[0]
+    assert segment.time_index.entries()[-1][1] < segment.offset_index.entries()[-1][0]
+    recovery_point = lg.recovery_point
+    lg.close()
+    lg = open_log(tmp_path / "t-0", small, recovery_point=recovery_point, clean_shutdown=True)
+    assert lg.segments[0].max_timestamp == 5000
+    assert lg.offset_for_timestamp(4000) == (5, 5000)
+
+
+def test_a_segment_without_its_time_index_is_rebuilt(tmp_path: Path) -> None:
+    lg = open_log(tmp_path / "t-0", _ANY_TIMESTAMP)
+    for ts in (100, 5000, 200, 300, 400, 500, 600):
+        lg.append_as_leader(_timestamped(ts), leader_epoch=0, now_ms=0)
+    lg.roll()
+    lg.append_as_leader(_timestamped(50), leader_epoch=0, now_ms=0)
+    recovery_point = lg.recovery_point
+    lg.close()
+    (tmp_path / "t-0" / "00000000000000000000.timeindex").unlink()
+    lg = open_log(
+        tmp_path / "t-0", _ANY_TIMESTAMP, recovery_point=recovery_point, clean_shutdown=True
+    )
+    assert lg.segments[0].max_timestamp == 5000
+    assert lg.segments[0].time_index.entries()
+    assert lg.offset_for_timestamp(1000) == (1, 5000)
+
+
+def test_segment_ms_rolls_by_the_clock_when_the_first_batch_has_no_timestamp(
+    tmp_path: Path,
+) -> None:
+    """Kafka's timeWaitedForRoll: the first batch's timestamp when it has one, else the time
+    since the segment was created. Batches without timestamps (-1) never rolled; the first
+    timestamped batch after them always did."""
+    lg = open_log(tmp_path / "t-0", LogConfig(segment_ms=60_000))
+    now = 1_700_000_000_000
+    lg.append_as_leader(_timestamped(-1), leader_epoch=0, now_ms=now)
+    lg.append_as_leader(_timestamped(-1), leader_epoch=0, now_ms=now + 60_000)
+    assert [s.base_offset for s in lg.segments] == [0]
+    lg.append_as_leader(_timestamped(-1), leader_epoch=0, now_ms=now + 60_001)
+    assert [s.base_offset for s in lg.segments] == [0, 2]
+    lg.append_as_leader(_timestamped(now), leader_epoch=0, now_ms=now + 60_002)
+    assert [s.base_offset for s in lg.segments] == [0, 2]  # 1 ms after the segment began
+    follower = open_log(tmp_path / "f-0", LogConfig(segment_ms=60_000))
+    for i, at in enumerate((now, now + 60_001)):
+        record = fmt.Record(i, -1, b"k", b"v")
+        follower.append_as_follower(fmt.build_batch([record], partition_leader_epoch=0), at)
+    assert [s.base_offset for s in follower.segments] == [0, 1]
