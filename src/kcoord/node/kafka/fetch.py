@@ -534,11 +534,13 @@ def _offset_for(
                 newest is None or seg.max_timestamp > newest.max_timestamp
             ):
                 newest = seg
+        # No record found answers as one past the HW does (ReplicaManager.fetchOffset's
+        # "empty offset response scenario" raises the lagging error too).
         if newest is None:
-            return -1, -1
+            return beyond_last_fetchable()
         at = newest.find_offset_by_timestamp(newest.max_timestamp, log_.log_start_offset)
         if at is None:
-            return -1, -1
+            return beyond_last_fetchable()
         if at[0] >= last_fetchable:
             return beyond_last_fetchable()
         return at[1], at[0]
@@ -546,7 +548,7 @@ def _offset_for(
         raise KafkaError(Errors.INVALID_REQUEST, f"unknown special timestamp {timestamp}")
     found = log_.offset_for_timestamp(timestamp)
     if found is None:
-        return -1, -1
+        return beyond_last_fetchable()
     offset, found_timestamp = found
     if offset >= last_fetchable:
         return beyond_last_fetchable()

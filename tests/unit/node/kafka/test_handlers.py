@@ -1690,6 +1690,9 @@ def test_list_offsets_of_a_new_leader_whose_hw_lags_its_epoch(tmp_path: Path) ->
         assert await ask(-1, version=4) == (Errors.LEADER_NOT_AVAILABLE, -1)
         assert await ask(100) == (unavailable, -1)  # offset 0, not below the HW
         assert await ask(-3) == (unavailable, -1)
+        # No record that late: the lagging error too (ReplicaManager.fetchOffset's "empty
+        # offset response scenario").
+        assert await ask(10**12) == (unavailable, -1)
         assert await ask(-2) == (Errors.NONE, 0)
         # Not a client's request: up to the log end (Kafka's lastFetchableOffset with no
         # isolation level), and no lagging error.
@@ -1700,6 +1703,7 @@ def test_list_offsets_of_a_new_leader_whose_hw_lags_its_epoch(tmp_path: Path) ->
         assert await ask(-1) == (Errors.NONE, 2)
         assert await ask(100) == (Errors.NONE, 0)
         assert await ask(-3) == (Errors.NONE, 1)  # records a and b: timestamps 100 and 101
+        assert await ask(10**12) == (Errors.NONE, -1)
 
     run(tmp_path, test)
 
