@@ -174,13 +174,14 @@ def test_batch_read_equals_what_was_produced(cluster: LocalCluster, spark: Spark
     assert df.rdd.getNumPartitions() == PARTITIONS  # one input partition per partition
     assert sorted(rows_of(df)) == sorted(acked)
     assert {r.topic for r in df.select("topic").distinct().collect()} == {"batch"}
-    # A JSON range: partition 1 from offset 10 up to 20, the others from the start to the end.
+    # A JSON range: partition 1 from offset 10 up to 20, partition 2 from its earliest (-2)
+    # to its latest (-1) offset; as in Spark, every partition read is named.
     ranged = (
         spark.read.format("kcoord")
         .option("kafka.bootstrap.servers", bootstrap(cluster))
         .option("assign", json.dumps({"batch": [1, 2]}))
-        .option("startingOffsets", json.dumps({"batch": {"1": 10}}))
-        .option("endingOffsets", json.dumps({"batch": {"1": 20}}))
+        .option("startingOffsets", json.dumps({"batch": {"1": 10, "2": -2}}))
+        .option("endingOffsets", json.dumps({"batch": {"1": 20, "2": -1}}))
         .load()
     )
     expected = [a for a in acked if (a[0] == 1 and 10 <= a[1] < 20) or a[0] == 2]

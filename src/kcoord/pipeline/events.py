@@ -30,8 +30,15 @@ AMOUNT_PRECISION = 18
 AMOUNT_SCALE = 2
 TOTAL_PRECISION = AMOUNT_PRECISION + 10
 # Spark keeps timestamps in microseconds (an int64): a larger one failed the whole batch, and
-# every restart replayed it, instead of going to the dead-letter topic.
-MAX_TIMESTAMP_MS: Final = (2**63 - 1) // 1000
+# every restart replayed it, instead of going to the dead-letter topic. A window's end is its
+# start plus its length, so a year of room is left below the limit (Spark 4's ANSI mode failed
+# the window of an event near it, at every replay, too).
+MAX_TIMESTAMP_MS: Final = (2**63 - 1) // 1000 - 366 * 24 * 60 * 60 * 1000
+# How far an event's time may run ahead of its record's own timestamp (the producer's clock,
+# or the broker's for LogAppendTime): Kafka's message.timestamp.after.max.ms default (KIP-937).
+# One later event moved the job's watermark past every real event for good: all their windows
+# were then dropped as late, and nothing said so.
+MAX_AHEAD_OF_RECORD_MS: Final = 60 * 60 * 1000
 MAX_AMOUNT = Decimal(10) ** (AMOUNT_PRECISION - AMOUNT_SCALE - 4)  # room for sums
 
 
@@ -44,8 +51,10 @@ class Payment:
     timestamp_ms: int
 
 
-def parse_payment(value: bytes | None) -> Payment | str:
-    """The payment in ``value``, or the reason it is malformed (for the dead-letter queue)."""
+def parse_payment(value: bytes | None, record_timestamp_ms: int | None = None) -> Payment | str:
+    """The payment in ``value``, or the reason it is malformed (for the dead-letter queue).
+    With the record's own timestamp, an event time more than ``MAX_AHEAD_OF_RECORD_MS`` after
+    it is malformed too."""
     if value is None:
         return "no value (null record)"
     try:
@@ -89,6 +98,15 @@ def parse_payment(value: bytes | None) -> Payment | str:
         or not 0 <= ts <= MAX_TIMESTAMP_MS
     ):
         return "field 'timestamp' must be epoch milliseconds"
+    if (
+        record_timestamp_ms is not None
+        and record_timestamp_ms >= 0
+        and ts > record_timestamp_ms + MAX_AHEAD_OF_RECORD_MS
+    ):
+        return (
+            f"field 'timestamp' is more than {MAX_AHEAD_OF_RECORD_MS // 60_000} minutes after "
+            f"the record's own ({record_timestamp_ms})"
+        )
     return Payment(
         id=obj["id"],
         account=obj["account"],

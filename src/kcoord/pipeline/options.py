@@ -14,10 +14,19 @@ for ``format("kafka")`` runs with ``format("kcoord")`` after changing the format
   maxOffsetsPerTrigger      streaming only: at most this many offsets per micro-batch
   failOnDataLoss            ``true`` (default): fail when planned offsets are gone (retention,
                             a deleted partition, offsets gone backwards); ``false``: warn and
-                            go on from what is there
+                            go on from what is there (a task too: from the log start, if
+                            records of its range went while it read)
   groupId                   streaming: the consumer group the query commits its progress to
   topic                     writer: the topic for rows without a ``topic`` column
   kafkaConsumer.pollTimeoutMs   how long a task waits for a fetch to make progress (120000)
+
+JSON ``startingOffsets`` / ``endingOffsets`` must name every partition the query reads, as in
+Spark. The timestamp options (``startingOffsetsByTimestamp``, ``startingTimestamp``,
+``endingOffsetsByTimestamp``, ``endingTimestamp``) are refused: ignored, a query would read
+from somewhere else than asked. Spark's tuning hints ``minPartitions``,
+``minOffsetsPerTrigger`` and ``maxTriggerDelay`` are accepted and ignored (one input partition
+per topic-partition; a micro-batch takes what there is), and ``headers`` are always in the
+schema (Spark's ``includeHeaders=true``).
 
 Offsets are Spark's JSON form everywhere: ``{"topic": {"partition": next offset}}``. A
 partition range is ``[from_offset, until_offset)``; ``until`` is the next offset to read after
@@ -37,6 +46,14 @@ EARLIEST = -2
 LATEST = -1
 
 DEFAULT_POLL_TIMEOUT_MS = 120_000
+# Spark's Kafka source options that change what is read, which this source does not implement.
+UNSUPPORTED_OPTIONS = (
+    "startingOffsetsByTimestamp",
+    "startingTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingOffsetsByTimestamp",
+    "endingTimestamp",
+)
 
 TopicPartition = tuple[str, int]
 Offsets = dict[TopicPartition, int]
@@ -218,6 +235,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     bootstrap = _get(options, "kafka.bootstrap.servers")
     if not bootstrap:
         raise OptionError("option 'kafka.bootstrap.servers' must be given")
+    for name in UNSUPPORTED_OPTIONS:
+        if _get(options, name) is not None:
+            raise OptionError(
+                f"option {name!r} is not supported by the kcoord source; use startingOffsets "
+                "or endingOffsets with offsets"
+            )
     subscription = parse_subscription(options)
     starting = parse_offset_spec(
         "startingOffsets", _get(options, "startingOffsets"), "latest" if streaming else "earliest"
@@ -302,13 +325,23 @@ def resolve(
 def raise_if_unknown_partitions(
     name: str, spec: OffsetSpec, partitions: Iterable[TopicPartition]
 ) -> None:
-    """Spark fails a query whose JSON offsets name a partition it does not read."""
-    known = set(partitions)
-    unknown = sorted(set(spec.as_dict()) - known)
+    """Spark fails a query whose JSON offsets do not name exactly the partitions it reads
+    (``fetchSpecificOffsets``: "you must specify all TopicPartitions"; -2 and -1 stand for
+    earliest and latest)."""
+    if spec.kind != "specific":
+        return
+    known, named = set(partitions), set(spec.as_dict())
+    unknown = sorted(named - known)
     if unknown:
         raise OptionError(
             f"option {name!r} names partitions the query does not read: "
             + ", ".join(f"{t}-{p}" for t, p in unknown)
+        )
+    missing = sorted(known - named)
+    if missing:
+        raise OptionError(
+            f"option {name!r} must name every partition the query reads (-2 earliest, "
+            "-1 latest); missing: " + ", ".join(f"{t}-{p}" for t, p in missing)
         )
 
 

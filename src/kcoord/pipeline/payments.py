@@ -110,8 +110,11 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
     a malformed one)."""
     for batch in batches:
         columns: dict[str, list[object]] = {f.name: [] for f in _ARROW_PARSED}
-        for row in batch.select(["key", "value", "topic", "partition", "offset"]).to_pylist():
-            parsed = parse_payment(row["value"])
+        # The records' own timestamps (microseconds), against which event times are checked.
+        record_us = batch.column("timestamp").cast(pa.int64()).to_pylist()
+        rows = batch.select(["key", "value", "topic", "partition", "offset"]).to_pylist()
+        for row, at_us in zip(rows, record_us, strict=True):
+            parsed = parse_payment(row["value"], None if at_us is None else at_us // 1000)
             payment = parsed if isinstance(parsed, Payment) else None
             columns["id"].append(payment.id if payment else None)
             columns["account"].append(payment.account if payment else None)

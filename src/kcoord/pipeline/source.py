@@ -77,6 +77,7 @@ from pyspark.sql.types import (
 
 from kcoord.pipeline.options import (
     LATEST,
+    DataLossError,
     OffsetRange,
     Offsets,
     OptionError,
@@ -251,6 +252,42 @@ class OffsetCommitter:
         self._consumer.close()
 
 
+def _skip_lost(
+    consumer: Consumer, offset_range: OffsetRange, offset: int, timeout_s: float, error: Any
+) -> int:
+    """With failOnDataLoss=false, where a range goes on after its next offset went out of
+    range: from the log start if that is still inside the range (retention or DeleteRecords
+    took what was below it), else nowhere (Spark's ``KafkaDataConsumer.get`` and
+    ``getEarliestAvailableOffsetBetween``). Ending the range there dropped the records of the
+    range that were still in the log."""
+    topic, partition, until = offset_range.topic, offset_range.partition, offset_range.until_offset
+    low, high = consumer.get_watermark_offsets(
+        ClientTopicPartition(topic, partition), timeout=timeout_s, cached=False
+    )
+    if offset < low < until:
+        log.warning(
+            "%s-%d: offsets %d..%d are gone (%s); reading on from the log start %d",
+            topic,
+            partition,
+            offset,
+            low - 1,
+            error,
+            low,
+        )
+        consumer.assign([ClientTopicPartition(topic, partition, low)])
+        return int(low)
+    log.warning(
+        "%s-%d: offset %d is out of range [%d, %d) (%s); the range ends here",
+        topic,
+        partition,
+        offset,
+        low,
+        high,
+        error,
+    )
+    return until
+
+
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
     """The records of one range as Arrow record batches, in offset order."""
     config = _client_config(options)
@@ -285,8 +322,7 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
                         continue
                     if options.fail_on_data_loss or error.code() != KafkaError._AUTO_OFFSET_RESET:
                         raise KafkaException(error)
-                    log.warning("%s-%d: %s; the range ends here", topic, partition, error)
-                    next_offset = until
+                    next_offset = _skip_lost(consumer, offset_range, next_offset, timeout_s, error)
                     break
                 offset = m.offset()
                 assert offset is not None, m
@@ -455,29 +491,40 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = from_json_offsets(start)
+        current, earliest, now_latest = self._latest()
         # Spark asks for the latest offset only once the previous micro-batch (which ended
         # at ``start``) is done, results and commit log written. Spark's own ``commit(end)``
         # comes later, when the *next* batch is planned, so an idle query or the last batch
         # of an AvailableNow run would never be committed; committing ``start`` here does.
-        self._maybe_commit(begin)
+        # Not a partition that is gone (its topic deleted): its commit is refused
+        # (UNKNOWN_TOPIC_OR_PARTITION), and the query failed after the committer's retries.
+        existing = set(current)
+        self._maybe_commit({tp: offset for tp, offset in begin.items() if tp in existing})
         behind: Offsets = {}
         if self._target is not None:
             latest = dict(self._target)
         else:
-            _, _, latest = self._latest()
+            latest = dict(now_latest)
             # A partition whose log end fell below where the query is (truncated, or deleted
             # and created again) is data loss. Its end is planned there, below the start, so
             # that ``partitions`` sees it (and fails, or starts it over from its earliest
             # offset); clamped to the start, it planned nothing and then read on from the old
             # position once the new log passed it, skipping the new records before it.
             behind = {tp: latest[tp] for tp, at in begin.items() if latest.get(tp, at) < at}
-        latest.update({tp: offset for tp, offset in begin.items() if tp not in latest})
+        # A partition of ``start`` that is gone has no end: ``partitions`` reports it as data
+        # loss, and the next batch forgets it (Spark's "are gone"). Carried on in every end,
+        # it was committed, and refused, for ever.
         begin_known = {
             tp: offset for tp, offset in begin.items() if tp in latest and tp not in behind
         }
         if isinstance(limit, ReadMaxRows):
+            # A partition that appeared since ``start`` counts from its earliest offset, as in
+            # Spark's rateLimit: it took its whole backlog in one batch, past the limit.
+            new = {tp: earliest.get(tp, 0) for tp in latest if tp not in begin}
             end = rate_limit(
-                begin_known, {tp: latest[tp] for tp in latest if tp not in behind}, limit.max_rows
+                {**new, **begin_known},
+                {tp: latest[tp] for tp in latest if tp not in behind},
+                limit.max_rows,
             )
         else:
             end = {tp: offset for tp, offset in latest.items() if tp not in behind}
@@ -495,8 +542,23 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin == until:
             return []
         partitions, earliest, latest = self._latest()
-        # A partition that appeared since ``start`` is read from its earliest offset.
-        begin.update({tp: earliest[tp] for tp in until if tp not in begin and tp in earliest})
+        # A partition that appeared since ``start`` is read from its earliest offset; one that
+        # does not start at 0 lost records before the query saw it (Spark's "Added partition
+        # starts from X instead of 0").
+        added = {tp: earliest[tp] for tp in until if tp not in begin and tp in earliest}
+        missed = [
+            f"{tp[0]}-{tp[1]} was added and starts at offset {offset}, not 0: records before "
+            "it were missed"
+            for tp, offset in sorted(added.items())
+            if offset != 0
+        ]
+        if missed and self.options.fail_on_data_loss:
+            raise DataLossError(
+                "; ".join(missed) + ". Set failOnDataLoss=false to go on from the earliest offsets."
+            )
+        for message in missed:
+            log.warning("data loss: %s", message)
+        begin.update(added)
         # ``latestOffset`` planned below the start a partition whose log end had fallen below
         # it: data loss, even if the new log has grown past the start by now.
         latest = {

@@ -10,6 +10,8 @@ import pytest
 
 from kcoord.pipeline.events import (
     MALFORMED,
+    MAX_AHEAD_OF_RECORD_MS,
+    MAX_TIMESTAMP_MS,
     Payment,
     encode_payment,
     make_payment,
@@ -67,6 +69,32 @@ def test_malformed_events_say_why(value: bytes | None, reason: str) -> None:
     result = parse_payment(value)
     assert isinstance(result, str)
     assert reason in result
+
+
+def _event(timestamp_ms: int) -> bytes:
+    return encode_payment(Payment("a", "x", Decimal("1.00"), "EUR", timestamp_ms))
+
+
+def test_an_event_time_whose_window_would_overflow_is_malformed() -> None:
+    """A window's end is its start plus its length, in Spark's int64 microseconds: an event
+    near the limit failed the batch (ARITHMETIC_OVERFLOW) at every replay."""
+    assert isinstance(parse_payment(_event(MAX_TIMESTAMP_MS)), Payment)
+    assert isinstance(parse_payment(_event(9_223_372_036_800_000)), str)
+    assert (MAX_TIMESTAMP_MS + 366 * 24 * 3600 * 1000) * 1000 <= 2**63 - 1
+
+
+def test_an_event_time_far_ahead_of_its_record_is_malformed() -> None:
+    """One event from the far future (microseconds sent as milliseconds) moved the job's
+    watermark past every real event for good; checked against the record's own timestamp,
+    with Kafka's message.timestamp.after.max.ms tolerance."""
+    record_ms = 1_767_225_600_000
+    ahead = record_ms + MAX_AHEAD_OF_RECORD_MS
+    assert isinstance(parse_payment(_event(ahead), record_ms), Payment)
+    reason = parse_payment(_event(ahead + 1), record_ms)
+    assert isinstance(reason, str) and "after the record's own" in reason
+    assert isinstance(parse_payment(_event(1_767_225_600_123_000), record_ms), str)
+    assert isinstance(parse_payment(_event(ahead + 1)), Payment)  # no record time: not checked
+    assert isinstance(parse_payment(_event(ahead + 1), -1), Payment)
 
 
 def test_every_generator_malformed_kind_is_rejected() -> None:

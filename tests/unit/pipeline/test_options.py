@@ -186,3 +186,31 @@ def test_json_offsets_round_trip_in_sparks_form() -> None:
     assert json.dumps(as_json, sort_keys=True) == '{"t": {"0": 3, "10": 4}, "u": {"1": 0}}'
     assert from_json_offsets(as_json) == offsets
     assert LATEST == -1
+
+
+def test_json_offsets_must_name_every_partition_read() -> None:
+    """Spark's fetchSpecificOffsets: "you must specify all TopicPartitions" (-2 earliest,
+    -1 latest); a partition left out was read from its earliest offset here."""
+    parts = [("t", 0), ("t", 1)]
+    partial = parse_source_options(
+        opts(subscribe="t", startingOffsets='{"t": {"0": 5}}'), streaming=True
+    ).starting
+    with pytest.raises(OptionError, match=r"must name every partition.*t-1"):
+        raise_if_unknown_partitions("startingOffsets", partial, parts)
+    whole = parse_source_options(
+        opts(subscribe="t", startingOffsets='{"t": {"0": 5, "1": -2}}'), streaming=True
+    ).starting
+    raise_if_unknown_partitions("startingOffsets", whole, parts)
+    latest = parse_source_options(opts(subscribe="t"), streaming=True).starting
+    raise_if_unknown_partitions("startingOffsets", latest, parts)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["startingOffsetsByTimestamp", "startingTimestamp", "endingTimestamp", "STARTINGTIMESTAMP"],
+)
+def test_timestamp_options_are_refused_not_ignored(name: str) -> None:
+    """Ignored, a job asking to start at a time started at latest, skipping the backlog."""
+    with pytest.raises(OptionError, match="not supported"):
+        parse_source_options(opts(subscribe="t", **{name: "1700000000000"}), streaming=True)
+    parse_source_options(opts(subscribe="t", minPartitions="8"), streaming=True)  # a hint

@@ -4,9 +4,17 @@ and ``partitions`` make of the offsets the cluster reports (``_latest`` stands i
 from __future__ import annotations
 
 import pytest
-from pyspark.sql.streaming.datasource import ReadAllAvailable
+from confluent_kafka import KafkaError
+from confluent_kafka import TopicPartition as ClientTopicPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from kcoord.pipeline.options import DataLossError, parse_source_options
+from kcoord.pipeline import source
+from kcoord.pipeline.options import (
+    DataLossError,
+    OffsetRange,
+    from_json_offsets,
+    parse_source_options,
+)
 from kcoord.pipeline.source import KcoordStreamReader, RangePartition
 
 TP = ("t", 0)
@@ -59,3 +67,146 @@ def test_a_log_grown_back_past_the_query_between_planning_and_reading_is_still_d
     stream._latest = lambda: ([TP], {TP: 0}, {TP: 150})  # type: ignore[method-assign]
     with pytest.raises(DataLossError, match="past the log end offset"):
         stream.partitions(start, end)
+
+
+def _stream(**options: str) -> KcoordStreamReader:
+    return KcoordStreamReader(
+        parse_source_options(
+            {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t,u", **options},
+            streaming=True,
+        )
+    )
+
+
+def test_a_partition_of_a_deleted_topic_is_dropped_not_committed_for_ever() -> None:
+    """Topic u was deleted while the query was at u-0 offset 50. Its end was carried on from
+    the start in every batch and committed each time; the broker refuses a commit of an
+    unknown partition, and after the committer's retries the query failed, at every restart
+    too. Spark forgets it ("are gone"), reporting data loss."""
+    commits: list[dict[tuple[str, int], int]] = []
+    stream = _stream(failOnDataLoss="false", groupId="g")
+    stream._maybe_commit = lambda offsets: commits.append(dict(offsets))  # type: ignore[method-assign]
+    stream._latest = lambda: ([TP], {TP: 0}, {TP: 30})  # type: ignore[method-assign]
+    start = {"t": {"0": 10}, "u": {"0": 50}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 30}}
+    assert commits == [{TP: 10}]
+    planned = stream.partitions(start, end)
+    assert [p.offset_range for p in planned if isinstance(p, RangePartition)] == [
+        OffsetRange("t", 0, 10, 30)
+    ]
+    failing = _stream()
+    failing._latest = stream._latest  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="u-0 is gone"):
+        failing.partitions(start, failing.latestOffset(start, ReadAllAvailable()))
+
+
+def test_max_offsets_per_trigger_counts_a_new_partitions_backlog_from_its_earliest() -> None:
+    stream = _stream(maxOffsetsPerTrigger="10")
+    new = ("t", 1)
+    stream._latest = lambda: (  # type: ignore[method-assign]
+        [TP, new],
+        {TP: 0, new: 0},
+        {TP: 100, new: 1_000_000},
+    )
+    end = from_json_offsets(stream.latestOffset({"t": {"0": 0}}, ReadMaxRows(10)))
+    assert sum(end.values()) == 10 and end[new] <= 10
+
+
+def test_a_partition_added_after_the_start_that_does_not_begin_at_zero_is_data_loss() -> None:
+    start = {"t": {"0": 5}}
+    end = {"t": {"0": 10, "1": 40}}
+    latest = lambda: ([TP, ("t", 1)], {TP: 0, ("t", 1): 7}, {TP: 10, ("t", 1): 40})  # noqa: E731
+    failing = _stream()
+    failing._latest = latest  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="t-1 was added and starts at offset 7"):
+        failing.partitions(start, end)
+    going_on = _stream(failOnDataLoss="false")
+    going_on._latest = latest  # type: ignore[method-assign]
+    ranges = [
+        p.offset_range for p in going_on.partitions(start, end) if isinstance(p, RangePartition)
+    ]
+    assert ranges == [OffsetRange("t", 0, 5, 10), OffsetRange("t", 1, 7, 40)]
+
+
+class _Message:
+    def __init__(self, offset: int, error: object = None) -> None:
+        self._offset, self._error = offset, error
+
+    def error(self) -> object:
+        return self._error
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, 0)
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"v"
+
+    def headers(self) -> None:
+        return None
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 0
+
+
+class _OutOfRange:
+    def code(self) -> int:
+        return KafkaError._AUTO_OFFSET_RESET
+
+    def __str__(self) -> str:
+        return "offset out of range"
+
+
+class _RetentionMidRange:
+    """Offsets 100..119 read, then the log start moves to 150 (retention): the fetch of 120
+    is out of range; 150..199 are still in the log."""
+
+    def __init__(self, _config: object) -> None:
+        self.position = 100
+        self.assigned: list[int] = []
+
+    def assign(self, partitions: list[ClientTopicPartition]) -> None:
+        self.assigned.append(partitions[0].offset)
+        self.position = partitions[0].offset
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        if self.position < 120:
+            self.position = 120
+            return [_Message(o) for o in range(100, 120)]
+        if self.position == 120:
+            return [_Message(120, _OutOfRange())]
+        messages = [_Message(o) for o in range(self.position, 200)]
+        self.position = 200
+        return messages
+
+    def get_watermark_offsets(
+        self, _tp: ClientTopicPartition, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        return 150, 200
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_task_whose_range_lost_records_mid_read_goes_on_from_the_log_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """failOnDataLoss=false: Spark's KafkaDataConsumer goes on from the earliest offset still
+    in the range; ending the range there dropped 150..199, still in the log."""
+    monkeypatch.setattr(source, "Consumer", _RetentionMidRange)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "failOnDataLoss": "false"},
+        streaming=True,
+    )
+    batches = source.read_range(options, OffsetRange("t", 0, 100, 200))
+    offsets = [o for b in batches for o in b.column("offset").to_pylist()]
+    assert offsets == [*range(100, 120), *range(150, 200)]
