@@ -14,6 +14,8 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 from kcoord.chaos.lab import Firewall, LabNode, grudge_of
@@ -42,8 +44,26 @@ def _serve(node: LabNode) -> int:
     os.write(ready_w, b"!")
     while True:
         conn, _ = listener.accept()
-        with conn:
-            conn.sendall(str(node.node_id).encode())
+        threading.Thread(target=_answer, args=(node, conn), daemon=True).start()
+
+
+def _answer(node: LabNode, conn: socket.socket) -> None:
+    """The node's id; then, on a kept connection, a byte every 50 ms after b"push" and
+    b"pong" for every b"ping" (a probe closes the connection after the id)."""
+    with contextlib.suppress(OSError), conn:
+        conn.sendall(str(node.node_id).encode())
+        while data := conn.recv(16):
+            if b"push" in data:
+                threading.Thread(target=_push, args=(conn,), daemon=True).start()
+            if b"ping" in data:
+                conn.sendall(b"pong")
+
+
+def _push(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while True:
+            conn.sendall(b".")
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
@@ -74,6 +94,49 @@ def probe(sender: int, receiver: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
+def check_kept_connection(firewall: Firewall) -> list[str]:
+    """A connection node 3 opened to node 2 before any cut, with traffic, must be cut too.
+
+    The kernel tracked no connection until the lab's first rule used conntrack; then an old
+    connection was picked up from whichever packet came first. Node 2's push came first, the
+    entry read it backwards (original destination 127.0.0.1, where node 3's unbound socket
+    sends from) and neither side's rule matched: the cut link carried on."""
+    to_child_r, to_child_w = os.pipe()
+    to_parent_r, to_parent_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        answered = True
+        with contextlib.suppress(OSError):
+            os.setgid(NODES[3].gid)
+            with socket.create_connection((NODES[2].host, PORT), PROBE_TIMEOUT_S) as s:
+                s.settimeout(PROBE_TIMEOUT_S)
+                s.recv(16)  # the id
+                s.sendall(b"push")
+                s.recv(16)  # pushes flow
+                os.write(to_parent_w, b"!")
+                os.read(to_child_r, 1)  # cut now
+                time.sleep(0.3)  # node 2 pushes on, first
+                s.settimeout(0.05)
+                with contextlib.suppress(OSError):
+                    while s.recv(4096):  # what arrived before the cut took
+                        pass
+                s.settimeout(PROBE_TIMEOUT_S)
+                s.sendall(b"ping")
+                deadline = time.monotonic() + PROBE_TIMEOUT_S
+                answered = False
+                while time.monotonic() < deadline and not answered:
+                    answered = b"pong" in s.recv(4096)
+        os._exit(1 if answered else 0)
+    os.read(to_parent_r, 1)
+    firewall.apply({(2, 3), (3, 2)})
+    os.write(to_child_w, b"!")
+    _, status = os.waitpid(pid, 0)
+    firewall.heal()
+    if os.waitstatus_to_exitcode(status) != 0:
+        return ["kept connection: node 3 -> node 2, opened before the cut, still answered"]
+    return []
+
+
 def check(firewall: Firewall, cut: set[tuple[int, int]], label: str) -> list[str]:
     """Apply ``cut`` and probe every (sender, receiver): only the cut pairs may fail."""
     firewall.apply(cut)
@@ -96,6 +159,8 @@ def main() -> None:
     firewall = Firewall(dict(NODES))
     failures: list[str] = []
     with servers():
+        # First, before any rule: an old connection must be cut as a new one is.
+        failures += check_kept_connection(firewall)
         failures += check(firewall, set(), "no cut")
         # Node 1 alone: the other nodes' answers to everybody else go to 127.0.0.1 too (an
         # unbound socket on loopback sends from it), and must not be mistaken for node 1's.

@@ -13,7 +13,9 @@ to node M. Address rules alone would not work: on loopback an unbound socket sen
 answers to everybody, turning "cut G from node 1" into "cut G from everything". The
 connection's original destination names the node it was opened to, whoever answers on it.
 Every shape cuts a pair both ways, which breaks the connections each side opens to the other:
-a TCP connection cannot live on when one side's segments never arrive. Client processes run
+a TCP connection cannot live on when one side's segments never arrive. Connection tracking is
+on from the namespace's creation, so that a connection opened before a cut has its original
+direction on record (``Namespace.create``). Client processes run
 with the runner's group and are never cut off: an isolated node still hears clients and answers
 them, which is what shows that it cannot acknowledge anything on its own.
 
@@ -69,6 +71,25 @@ class Namespace:
     def create(self) -> None:
         _run("ip", "netns", "add", self.name)
         _run("ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up")
+        # Connection tracking from the start (any rule using conntrack turns it on in the
+        # namespace; this one changes nothing, and ``heal`` flushes only OUTPUT). Started by
+        # the first cut instead, it picked up the connections already open from whichever
+        # packet came first, and one read backwards matched no rule: the cut link carried on.
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            self.name,
+            "iptables",
+            "-A",
+            "INPUT",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-j",
+            "ACCEPT",
+        )
 
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]
