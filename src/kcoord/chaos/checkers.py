@@ -117,7 +117,9 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     ``no-commit-after-heal``: after a ``heal``, no ``ok`` ``commit`` or ``probe-commit``
     within ``commit_within_s``. A history that ends before the bound therefore fails only if
     nothing was acknowledged after the heal at all. Proves the cluster recovers, not only that
-    it stays safe while refusing everything.
+    it stays safe while refusing everything. ``no-send-after-heal``: the same for ``ok``
+    sends, in a history with sends: the runner's probe commits alone kept a run whose
+    producers had died or hung before the faults passing.
 
 ``check_progress`` (both workloads): the run did something to check
     ``no-acknowledged-send``: no ``ok`` send at all. ``no-member-commit`` (groups): no ``ok``
@@ -168,7 +170,7 @@ QUEUE_ANOMALIES: Final = (
     "nonmonotonic-send",
     "aborted-read",
 )
-LIVENESS_ANOMALIES: Final = ("no-commit-after-heal",)
+LIVENESS_ANOMALIES: Final = ("no-commit-after-heal", "no-send-after-heal")
 PROGRESS_ANOMALIES: Final = ("no-acknowledged-send", "no-member-commit", "unrecorded-report")
 WORKLOADS: Final = ("groups", "queue")
 
@@ -1254,38 +1256,72 @@ def check_consumed(history: History) -> CheckResult:
 def check_liveness(
     history: History, *, commit_within_s: float = DEFAULT_COMMIT_WITHIN_S
 ) -> CheckResult:
-    """no-commit-after-heal."""
+    """no-commit-after-heal, no-send-after-heal."""
     findings = _Findings("liveness")
     ordered = _in_time_order(history)
     heals = [e for e in ordered if e.f == "heal"]
-    acks = [e for e in ordered if e.f in COMMIT_FS and e.type == OK]
+    commits = [e for e in ordered if e.f in COMMIT_FS and e.type == OK]
+    sends = [e for e in ordered if e.f == "send" and e.type == OK]
+    recovery_s = _after_each_heal(
+        "no-commit-after-heal", heals, commits, ordered, within_s=commit_within_s, findings=findings
+    )
+    # Only when the run has producers: a run whose producers died (or hung) before the faults
+    # passed on the runner's own probe commits alone.
+    send_recovery_s = (
+        _after_each_heal(
+            "no-send-after-heal",
+            heals,
+            sends,
+            ordered,
+            within_s=commit_within_s,
+            findings=findings,
+        )
+        if history.ops("send")
+        else []
+    )
+    return findings.result(
+        {
+            "heals": len(heals),
+            "acknowledged_commits": len(commits),
+            "acknowledged_sends": len(sends),
+            "recovery_s": recovery_s,
+            "max_recovery_s": max(recovery_s, default=None),
+            "max_send_recovery_s": max(send_recovery_s, default=None),
+        }
+    )
+
+
+def _after_each_heal(
+    anomaly: str,
+    heals: list[Event],
+    acks: list[Event],
+    ordered: list[Event],
+    *,
+    within_s: float,
+    findings: _Findings,
+) -> list[float]:
+    """Seconds from each heal to the first of ``acks`` after it; ``anomaly`` for a heal with
+    none within ``within_s``."""
     ack_ats = [e.at for e in acks]
     end_time = ordered[-1].time if ordered else 0.0
     recovery_s: list[float] = []
     for heal in heals:
         i = bisect_right(ack_ats, heal.at)
         first = acks[i] if i < len(acks) else None
-        if first is not None and first.time - heal.time <= commit_within_s:
+        if first is not None and first.time - heal.time <= within_s:
             recovery_s.append(round(first.time - heal.time, 3))
             continue
         findings.add(
-            "no-commit-after-heal",
+            anomaly,
             {
                 "heal": heal.index,
                 "heal_time": heal.time,
                 "first_ack_after_s": None if first is None else round(first.time - heal.time, 3),
                 "history_ends_after_s": round(end_time - heal.time, 3),
-                "bound_s": commit_within_s,
+                "bound_s": within_s,
             },
         )
-    return findings.result(
-        {
-            "heals": len(heals),
-            "acknowledged_commits": len(acks),
-            "recovery_s": recovery_s,
-            "max_recovery_s": max(recovery_s, default=None),
-        }
-    )
+    return recovery_s
 
 
 # ---------------------------------------------------------------------------------------------

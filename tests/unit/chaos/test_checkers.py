@@ -1057,6 +1057,24 @@ def test_a_history_ending_before_the_bound_fails_only_without_any_ack() -> None:
     assert result.anomalies["no-commit-after-heal"][0]["history_ends_after_s"] == 3.0
 
 
+def test_no_send_after_heal_when_the_run_has_producers() -> None:
+    """The runner's probe commits kept a run whose producers died before the faults passing."""
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))  # before the heal: does not count
+    heal(h, 10.0)
+    probe(h, 11.0, OK)
+    result = check_liveness(h, commit_within_s=30.0)
+    assert named(result) == {"no-send-after-heal"}
+    send(h, 12.0, "p1", "b", (0, 1))
+    result = check_liveness(h, commit_within_s=30.0)
+    assert result.valid, result.anomalies
+    assert result.stats["max_send_recovery_s"] == 2.1
+    without_producers = History()
+    heal(without_producers, 10.0)
+    probe(without_producers, 11.0, OK)
+    assert check_liveness(without_producers).valid
+
+
 # ---------------------------------------------------------------------------------------------
 # Everything
 
@@ -1066,7 +1084,7 @@ def test_check_all_groups_is_json_serialisable() -> None:
     for event in healthy_groups_history():
         h.add(event.process, event.type, event.f, event.value, time=event.time + 1.0)
     probe(h, 9.0, OK)
-    send(h, 0.5, "producer-0", "v0", (0, 0), topic="t")
+    send(h, 9.2, "producer-0", "v0", (0, 0), topic="t")  # after the heal
     commit(h, 9.5, "m1", {0: 8})  # the members commit again after the heal
 
     results = check_all(h, "groups")
@@ -1089,7 +1107,10 @@ def test_check_all_queue_names_the_failing_checker() -> None:
     assert not all_valid(results)
     document = json.loads(json.dumps(results_as_dict(results)))
     assert document["checkers"]["queue"]["stats"]["anomaly_counts"] == {"nonmonotonic-poll": 1}
-    assert set(document["checkers"]["liveness"]["anomalies"]) == {"no-commit-after-heal"}
+    assert set(document["checkers"]["liveness"]["anomalies"]) == {
+        "no-commit-after-heal",
+        "no-send-after-heal",
+    }
 
 
 def test_check_all_rejects_an_unknown_workload() -> None:
