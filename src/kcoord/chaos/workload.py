@@ -275,9 +275,11 @@ class GroupsWorkload:
             add(proc.name, "ok", "commit", {**who, "offsets": _offsets(event["offsets"])})
         elif kind == "commit_failed":
             offsets = _offsets(event.get("offsets") or {})
+            # A refusal the coordinator made before writing is a failure; any other error
+            # leaves the outcome unknown (Jepsen's :fail and :info).
             add(
                 proc.name,
-                "info",
+                "fail" if event.get("definite") is True else "info",
                 "commit",
                 {**who, "offsets": offsets, "error": event.get("error")},
             )
