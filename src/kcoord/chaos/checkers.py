@@ -36,10 +36,7 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     ``committed`` read: durability cannot be shown, so it is not assumed.
     ``phantom-commit``: a final committed offset above every offset any commit of that
     (group, topic, partition) attempted (``ok``, ``info``, ``fail`` or unanswered): the
-    coordinator answered a position nobody sent. ``aborted-commit``: a final committed offset
-    whose every commit was refused (``fail``: the members record as failures only the
-    answers a coordinator gives before it writes, ILLEGAL_GENERATION and the like; other
-    errors are ``info``, outcome unknown): it wrote a commit it said it did not.
+    coordinator answered a position nobody sent.
     ``no-member-commit-after-heal``: a group that had acknowledged commits, none of them
     after the last ``heal``. The members consume and commit what was produced before the
     final heal, so a group whose commits all fail after a fault (while the runner's probe, of
@@ -158,7 +155,6 @@ DEFAULT_STABLE_WITHIN_S: Final = 60.0
 MALFORMED: Final = "malformed-event"
 OFFSETS_ANOMALIES: Final = (
     "lost-commit",
-    "aborted-commit",
     "regressed-commit",
     "commit-beyond-consumed",
     "no-final-committed",
@@ -359,7 +355,7 @@ def _commits(history: History, findings: _Findings) -> list[_Commit]:
 
 def check_offsets(history: History) -> CheckResult:
     """lost-commit, regressed-commit, commit-beyond-consumed, no-final-committed,
-    phantom-commit, aborted-commit, no-member-commit-after-heal."""
+    phantom-commit, no-member-commit-after-heal."""
     findings = _Findings("offsets")
     ordered = _in_time_order(history)
     commits = _commits(history, findings)
@@ -406,29 +402,12 @@ def _check_final_committed(
     final: _FinalCommitted, commits: list[_Commit], findings: _Findings
 ) -> None:
     """``phantom-commit``: a final committed offset above every offset a commit of that
-    (group, topic, partition) attempted: the coordinator answered one nobody sent.
-    ``aborted-commit``: a final committed offset every commit of which the coordinator
-    refused (``fail``): it wrote what it said it did not."""
+    (group, topic, partition) attempted: the coordinator answered one nobody sent."""
     attempted: dict[_GroupPartition, int] = {}
-    outcomes: dict[tuple[_GroupPartition, int], list[_Commit]] = defaultdict(list)
     for commit in commits:
         attempted[commit.key] = max(attempted.get(commit.key, -1), commit.offset)
-        outcomes[(commit.key, commit.offset)].append(commit)
     for (group, topic), (read_event, offsets) in sorted(final.items(), key=lambda kv: str(kv[0])):
         for partition, committed in sorted(offsets.items()):
-            tried = outcomes.get(((group, topic, partition), committed), [])
-            if tried and all(c.type == FAIL for c in tried):
-                findings.add(
-                    "aborted-commit",
-                    {
-                        "group": group,
-                        "topic": topic,
-                        "partition": partition,
-                        "final_committed": committed,
-                        "refused": [c.example() for c in tried[:3]],
-                        "final_read_event": read_event.index,
-                    },
-                )
             if committed >= 0 and committed > attempted.get((group, topic, partition), -1):
                 findings.add(
                     "phantom-commit",

@@ -34,9 +34,8 @@ Everything it sees goes to stdout, one JSON object per line, in the order it hap
   does;
 - ``{"event": "committing", "offsets": {partition: next offset}, "generation": g,
   "member_id": m}`` as the commit is sent, then ``{"event": "committed", ...}`` (same fields)
-  once it is acknowledged, or ``{"event": "commit_failed", "error": ..., "definite": d, ...}``
-  if it is not: ``d`` says the coordinator refused it before writing anything
-  (``DEFINITE_COMMIT_ERRORS``); otherwise its outcome is unknown (it may have been written);
+  once it is acknowledged, or ``{"event": "commit_failed", "error": ..., ...}`` if it is not
+  (the outcome of a failed commit is unknown: it may have been written);
 - ``{"event": "error", "error": ..., "fatal": bool}``: a fatal one ends the process;
 - ``{"event": "closed"}`` after a clean stop.
 """
@@ -63,43 +62,6 @@ KAFKA_PYTHON_POLL_TIMEOUT_S = 1.0
 CLOSE_TIMEOUT_S = 10.0
 
 _emit_lock = threading.Lock()
-
-# OffsetCommit answers the coordinator gives before it writes anything (its validation of the
-# member, generation and request): such a commit did not happen. kafka-python and aiokafka
-# raise CommitFailedError for the first three, or when the member has no generation to commit
-# with (nothing is sent). Any other failure (a timeout, NOT_COORDINATOR: a coordinator that lost
-# its partition while the write waited) leaves the outcome unknown.
-DEFINITE_COMMIT_ERRORS = frozenset(
-    {
-        "ILLEGAL_GENERATION",
-        "UNKNOWN_MEMBER_ID",
-        "REBALANCE_IN_PROGRESS",
-        "FENCED_INSTANCE_ID",
-        "STALE_MEMBER_EPOCH",
-        "OFFSET_METADATA_TOO_LARGE",
-        "INVALID_COMMIT_OFFSET_SIZE",
-    }
-)
-DEFINITE_COMMIT_EXCEPTIONS = frozenset(
-    {
-        "CommitFailedError",
-        "IllegalGenerationError",
-        "UnknownMemberIdError",
-        "RebalanceInProgressError",
-        "FencedInstanceIdError",
-    }
-)
-
-
-def definite_failure(error: object) -> bool:
-    """Whether a commit failure says the commit was not written: a Python client's exception
-    class, or librdkafka's ``KafkaError`` (raised in a ``KafkaException``, or per partition)."""
-    if type(error).__name__ in DEFINITE_COMMIT_EXCEPTIONS:
-        return True
-    if type(error).__name__ == "KafkaException" and getattr(error, "args", None):
-        error = error.args[0]  # type: ignore[attr-defined]
-    name = getattr(error, "name", None)
-    return callable(name) and name() in DEFINITE_COMMIT_ERRORS
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -229,13 +191,7 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
             try:
                 consumer.commit(offsets)
             except Exception as e:
-                emit(
-                    "commit_failed",
-                    error=f"{type(e).__name__}: {e}",
-                    definite=definite_failure(e),
-                    offsets=plain,
-                    **who,
-                )
+                emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
                 if type(e).__name__ == "FencedInstanceIdError":
                     raise
             else:
@@ -330,13 +286,7 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
             try:
                 await consumer.commit(offsets)
             except Exception as e:
-                emit(
-                    "commit_failed",
-                    error=f"{type(e).__name__}: {e}",
-                    definite=definite_failure(e),
-                    offsets=plain,
-                    **who,
-                )
+                emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
             else:
                 emit("committed", offsets=plain, **who)
     except Exception as e:
@@ -468,25 +418,11 @@ def run_confluent(cfg: dict[str, Any]) -> None:
             try:
                 result = consumer.commit(offsets=offsets, asynchronous=False)
             except Exception as e:
-                emit(
-                    "commit_failed",
-                    error=f"{type(e).__name__}: {e}",
-                    definite=definite_failure(e),
-                    offsets=plain,
-                    **who,
-                )
+                emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
                 continue
             failed = [tp for tp in result if tp.error is not None]
             if failed:
-                emit(
-                    "commit_failed",
-                    error=str(failed[0].error),
-                    # One request: definite only if every partition's answer is.
-                    definite=all(definite_failure(tp.error) for tp in failed)
-                    and len(failed) == len(result),
-                    offsets=plain,
-                    **who,
-                )
+                emit("commit_failed", error=str(failed[0].error), offsets=plain, **who)
             else:
                 emit("committed", offsets={tp.partition: tp.offset for tp in result}, **who)
     except Exception as e:

@@ -321,22 +321,6 @@ def test_phantom_commit_when_the_final_offset_is_one_nobody_committed() -> None:
     assert (example["final_committed"], example["attempted"]) == (50, 8)
 
 
-def test_aborted_commit_when_the_final_offset_is_one_every_commit_of_was_refused() -> None:
-    """A member's commit refused before anything was written (ILLEGAL_GENERATION: recorded
-    as ``fail``) must not be the offset the group ends with."""
-    h = healthy_groups_history()
-    consume(h, 11.0, "m1", 0, range(8, 12))
-    commit(h, 12.0, "m1", {0: 12}, outcome=FAIL)
-    committed(h, 13.0, {0: 12})
-
-    result = check_offsets(h)
-
-    assert named(result) == {"aborted-commit"}
-    assert result.anomalies["aborted-commit"][0]["final_committed"] == 12
-    commit(h, 12.5, "m2", {0: 12}, outcome=INFO)  # another attempt, outcome unknown
-    assert check_offsets(h).valid
-
-
 def test_no_member_commit_after_heal_when_only_earlier_commits_were_acknowledged() -> None:
     """The probe commits of the runner say nothing of the members: a group whose members stop
     committing after a fault (a stale epoch, say) while the coordinator answers the probe."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import struct
@@ -13,7 +12,6 @@ from typing import Any
 import pytest
 
 from kcoord.chaos.history import UNRECORDED_REPORT_F, History
-from kcoord.chaos.member import definite_failure
 from kcoord.chaos.queue_consumer import _generation
 from kcoord.chaos.workload import GroupsWorkload
 
@@ -75,56 +73,3 @@ def test_a_whole_line_that_is_not_json_is_an_unrecorded_report_a_cut_last_line_i
     assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
         {"error": "not JSON: b'connecting...\\n'"}
     ]
-
-
-class _LibrdkafkaError:
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def name(self) -> str:
-        return self._name
-
-
-class CommitFailedError(Exception):
-    pass
-
-
-class KafkaConnectionError(Exception):
-    pass
-
-
-class KafkaException(Exception):  # noqa: N818 - librdkafka's own name, which is what is checked
-    pass
-
-
-def test_only_refusals_made_before_a_write_are_definite_commit_failures() -> None:
-    """A timeout or NOT_COORDINATOR may come after the write: unknown (``info``); the
-    coordinator's validation errors come before it: the commit did not happen (``fail``)."""
-    assert definite_failure(CommitFailedError("rebalanced"))
-    assert not definite_failure(KafkaConnectionError("reset"))
-    assert definite_failure(_LibrdkafkaError("ILLEGAL_GENERATION"))
-    assert not definite_failure(_LibrdkafkaError("NOT_COORDINATOR"))
-    assert not definite_failure(_LibrdkafkaError("REQUEST_TIMED_OUT"))
-    assert definite_failure(KafkaException(_LibrdkafkaError("UNKNOWN_MEMBER_ID")))
-    assert not definite_failure(KafkaException(_LibrdkafkaError("_TIMED_OUT")))
-
-
-def test_a_definite_commit_failure_is_recorded_as_a_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    lines = [
-        {"event": "committing", "offsets": {"0": 5}, "generation": 3, "member_id": "m"},
-        {"event": "commit_failed", "offsets": {"0": 5}, "error": "x", "definite": True},
-        {"event": "committing", "offsets": {"0": 6}, "generation": 3, "member_id": "m"},
-        {"event": "commit_failed", "offsets": {"0": 6}, "error": "y", "definite": False},
-    ]
-    (tmp_path / "failing_client.py").write_text(
-        "".join(f"print({json.dumps(json.dumps(line))})\n" for line in lines)
-    )
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    history = History(clock=time.monotonic)
-    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
-    client = workload._spawn("m1", "failing_client", {"group": "g", "topic": "t"})
-    client.proc.wait(timeout=30)
-    client._reader.join(timeout=30)
-    assert [e.type for e in history.ops("commit")] == ["invoke", "fail", "invoke", "info"]
