@@ -63,19 +63,22 @@ def _cluster_up(base: int, data_dir: Path, nodes: int = 3) -> subprocess.Popen[s
     )
 
 
+def _until_running(proc: subprocess.Popen[str]) -> str:
+    """The output of a foreground ``cluster up`` until it says it runs."""
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "running in the foreground" in line:
+            return "".join(lines)
+    pytest.fail("cluster up ended before it was ready:\n" + "".join(lines))
+
+
 def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
     base = free_base_port(3)
     with _cluster_up(base, tmp_path) as proc:
-        assert proc.stdout is not None
-        lines = []
         try:
-            for line in proc.stdout:
-                lines.append(line)
-                if "running in the foreground" in line:
-                    break
-            else:
-                pytest.fail("cluster up ended before it was ready:\n" + "".join(lines))
-            output = "".join(lines)
+            output = _until_running(proc)
             assert f"bootstrap servers: 127.0.0.1:{base},127.0.0.1:{base + 10}" in output
             state = json.loads((tmp_path / launcher.STATE_FILE).read_text())
             pids = [n["pid"] for n in state["nodes"]]
@@ -138,15 +141,8 @@ def test_a_foreground_cluster_up_ends_when_cluster_down_stops_it_from_elsewhere(
     """``make up`` in one shell, ``make down`` in another: the first one returns."""
     base = free_base_port(1)
     with _cluster_up(base, tmp_path, nodes=1) as proc:
-        assert proc.stdout is not None
         try:
-            lines = []
-            for line in proc.stdout:
-                lines.append(line)
-                if "running in the foreground" in line:
-                    break
-            else:
-                pytest.fail("cluster up ended before it was ready:\n" + "".join(lines))
+            _until_running(proc)
             _kcoord_out("cluster", "down", "--data-dir", str(tmp_path))
             rest, _ = proc.communicate(timeout=60)
         finally:

@@ -33,20 +33,30 @@ def test_the_queue_consumer_reads_the_generation_of_librdkafkas_group_metadata()
     assert _generation(_Metadata(b"")) == -1
 
 
-def test_a_client_report_of_an_unknown_kind_is_an_unrecorded_report(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A misspelt acknowledgement must fail the run (check_progress), not vanish."""
-    (tmp_path / "fake_client.py").write_text(
-        'print(\'{"event": "started"}\')\nprint(\'{"event": "comitted", "offsets": {"0": 5}}\')\n'
-    )
+def _run_fake_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
+) -> tuple[History, int]:
+    """Run ``source`` as a workload client to its end: the history, and the reports read."""
+    (tmp_path / "fake_client.py").write_text(source)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     history = History(clock=time.monotonic)
     workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
     client = workload._spawn("m1", "fake_client", {"group": "g", "topic": "t"})
     client.proc.wait(timeout=30)
     client._reader.join(timeout=30)
-    assert client.events == 2
+    return history, client.events
+
+
+def test_a_client_report_of_an_unknown_kind_is_an_unrecorded_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A misspelt acknowledgement must fail the run (check_progress), not vanish."""
+    history, events = _run_fake_client(
+        tmp_path,
+        monkeypatch,
+        'print(\'{"event": "started"}\')\nprint(\'{"event": "comitted", "offsets": {"0": 5}}\')\n',
+    )
+    assert events == 2
     assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
         {"error": "ValueError(\"unknown event 'comitted'\")"}
     ]
@@ -57,19 +67,15 @@ def test_a_whole_line_that_is_not_json_is_an_unrecorded_report_a_cut_last_line_i
 ) -> None:
     """Stray output may stand where an acknowledgement was (fail the run); a last line cut
     by a kill was never a report (nothing to say)."""
-    (tmp_path / "stray_client.py").write_text(
+    history, events = _run_fake_client(
+        tmp_path,
+        monkeypatch,
         "import sys\n"
         'print(\'{"event": "started"}\')\n'
         "print('connecting...')\n"
-        'sys.stdout.write(\'{"event": "comm\')\n'
+        'sys.stdout.write(\'{"event": "comm\')\n',
     )
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    history = History(clock=time.monotonic)
-    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
-    client = workload._spawn("m1", "stray_client", {"group": "g", "topic": "t"})
-    client.proc.wait(timeout=30)
-    client._reader.join(timeout=30)
-    assert client.events == 1
+    assert events == 1
     assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
         {"error": "not JSON: b'connecting...\\n'"}
     ]
