@@ -109,12 +109,24 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
     assert f"kcoord-lab-{seed}" not in namespaces, namespaces
 
 
-@pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
-def test_a_broken_build_fails_with_lost_commits(tmp_path: Path) -> None:
-    seed = 3
+def broken_build_run(tmp_path: Path, bug: str, seed: int, *args: str) -> tuple[dict[str, Any], str]:
+    """A run of nodes built with ``bug`` (``--inject-bug``): it must fail, on its checkers'
+    verdict, not on an error of its own. Its summary and output."""
     print(f"seed {seed}")
     code, summary, output = chaos_run(
-        tmp_path / "report",
+        tmp_path / "report", *args, "--seed", str(seed), "--inject-bug", bug
+    )
+    assert code == 1, output[-4000:]
+    assert summary["inject_bug"] == bug and not summary["error"], summary
+    return summary, output
+
+
+@pytest.mark.skipif(_lab_unavailable() is not None, reason=str(_lab_unavailable()))
+def test_a_broken_build_fails_with_lost_commits(tmp_path: Path) -> None:
+    summary, _ = broken_build_run(
+        tmp_path,
+        "ack-before-hw",
+        3,
         "--workload",
         "groups",
         "--nemesis",
@@ -125,13 +137,7 @@ def test_a_broken_build_fails_with_lost_commits(tmp_path: Path) -> None:
         "25",
         "--interval",
         "2",
-        "--seed",
-        str(seed),
-        "--inject-bug",
-        "ack-before-hw",
     )
-    assert code == 1, output[-4000:]
-    assert summary["inject_bug"] == "ack-before-hw" and not summary["error"], summary
     assert "lost-commit" in anomalies(summary), summary["checkers"]
 
 
@@ -141,10 +147,10 @@ def test_a_broken_build_fails_with_duplicates_not_taken_for_a_clients_resends(
 ) -> None:
     # Nodes that append every batch twice: both copies under one producer session, which the
     # runner reads from the logs; the checker must not count them as librdkafka's resends.
-    seed = 4
-    print(f"seed {seed}")
-    code, summary, output = chaos_run(
-        tmp_path / "report",
+    summary, output = broken_build_run(
+        tmp_path,
+        "append-twice",
+        4,
         "--workload",
         "queue",
         "--nemesis",
@@ -153,13 +159,7 @@ def test_a_broken_build_fails_with_duplicates_not_taken_for_a_clients_resends(
         "10",
         "--interval",
         "2",
-        "--seed",
-        str(seed),
-        "--inject-bug",
-        "append-twice",
     )
-    assert code == 1, output[-4000:]
-    assert summary["inject_bug"] == "append-twice" and not summary["error"], summary
     queue = summary["checkers"]["queue"]
     assert queue["stats"]["anomaly_counts"].get("duplicate", 0) > 0, queue
     assert queue["stats"]["client_resends"] == 0, queue

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from kcoord.storage import format as fmt
+from kcoord.storage.log import parse_partition_dir
+from kcoord.storage.segment import LOG_SUFFIX
 
 log = logging.getLogger(__name__)
-
-LOG_SUFFIX = ".log"
 
 
 def copies_in_logs(data_dirs: Iterable[Path], topics: Iterable[str]) -> list[dict[str, Any]]:
@@ -61,9 +61,9 @@ def _partition_dirs(data_dir: Path, topics: set[str]) -> Iterator[tuple[str, int
     if not data_dir.is_dir():
         return
     for directory in sorted(data_dir.iterdir()):
-        topic, _, index = directory.name.rpartition("-")
-        if topic in topics and index.isdigit() and directory.is_dir():
-            yield topic, int(index), directory
+        tp = parse_partition_dir(directory.name)
+        if tp is not None and tp[0] in topics and directory.is_dir():
+            yield tp[0], tp[1], directory
 
 
 def _records(directory: Path) -> Iterator[tuple[int, str, dict[str, int]]]:

@@ -260,9 +260,12 @@ class ReplicaFetcherManager:
                 if epoch == UNDEFINED_EPOCH:
                     # Nothing in our log carries an epoch: nothing to ask the leader about.
                     # What lies above our HW may not be the leader's, so it goes (Kafka's
-                    # ReplicaManager.initialFetchOffset: such a log is fetched from its HW).
+                    # ReplicaManager.initialFetchOffset: such a log is fetched from its HW),
+                    # as when the leader knows no epoch of ours.
                     try:
-                        self._truncate_to_high_watermark(p)
+                        self._truncate_step(
+                            p, UNDEFINED_EPOCH, UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+                        )
                     except OSError as e:
                         self.replicas.log_dir_failure.fail(f"truncating {p.topic}-{p.partition}", e)
                         self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
@@ -307,22 +310,6 @@ class ReplicaFetcherManager:
                     continue
                 if done:
                     p.truncation_pending = False
-
-    @staticmethod
-    def _truncate_to_high_watermark(part: Partition) -> None:
-        lg = part.log
-        log_end_offset = lg.log_end_offset
-        if log_end_offset <= part.high_watermark:
-            return
-        new_end = lg.truncate_to(part.high_watermark)
-        part.reset_high_watermark_to_log_end()
-        log.info(
-            "%s-%d: truncated from %d to its high watermark %d: no leader epoch to ask about",
-            part.topic,
-            part.partition,
-            log_end_offset,
-            new_end,
-        )
 
     def _truncate_step(
         self, part: Partition, requested_epoch: int, leader_epoch: int, leader_end_offset: int

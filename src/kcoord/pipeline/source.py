@@ -77,7 +77,6 @@ from pyspark.sql.types import (
 
 from kcoord.pipeline.options import (
     LATEST,
-    DataLossError,
     OffsetRange,
     Offsets,
     OptionError,
@@ -542,23 +541,10 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin == until:
             return []
         partitions, earliest, latest = self._latest()
-        # A partition that appeared since ``start`` is read from its earliest offset; one that
-        # does not start at 0 lost records before the query saw it (Spark's "Added partition
-        # starts from X instead of 0").
-        added = {tp: earliest[tp] for tp in until if tp not in begin and tp in earliest}
-        missed = [
-            f"{tp[0]}-{tp[1]} was added and starts at offset {offset}, not 0: records before "
-            "it were missed"
-            for tp, offset in sorted(added.items())
-            if offset != 0
-        ]
-        if missed and self.options.fail_on_data_loss:
-            raise DataLossError(
-                "; ".join(missed) + ". Set failOnDataLoss=false to go on from the earliest offsets."
-            )
-        for message in missed:
-            log.warning("data loss: %s", message)
-        begin.update(added)
+        # A partition that appeared since ``start`` is read from offset 0; one whose log starts
+        # later lost records before the query saw it, which ``check_data_loss`` reports (Spark's
+        # "Added partition starts from X instead of 0"), moving it to its earliest offset.
+        begin.update({tp: 0 for tp in until if tp not in begin and tp in earliest})
         # ``latestOffset`` planned below the start a partition whose log end had fallen below
         # it: data loss, even if the new log has grown past the start by now.
         latest = {

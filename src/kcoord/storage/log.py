@@ -487,8 +487,7 @@ class Log:
                 or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
                 or self._time_to_roll(seg, max_timestamp, now_ms)
             ):
-                seg = self._roll(base_offset)
-                seg.created_ms = now_ms
+                seg = self._roll(base_offset, now_ms)
             seg.append_one(
                 prefix,
                 view[16:],
@@ -649,8 +648,7 @@ class Log:
             header = headers[0][1]
             seg = self.active_segment
             if self._should_roll(seg, header, len(buf), now_ms):
-                seg = self._roll(header.base_offset)
-                seg.created_ms = now_ms
+                seg = self._roll(header.base_offset, now_ms)
             seg.append(buf, headers)
             self._unflushed_messages += header.record_count
             if self.config.flush_messages is not None or self.config.flush_ms is not None:
@@ -666,8 +664,7 @@ class Log:
             seg = self.active_segment
             first_base = headers[start][1].base_offset
             if self._should_roll(seg, headers[start][1], headers[start][1].size, now_ms):
-                seg = self._roll(first_base)
-                seg.created_ms = now_ms
+                seg = self._roll(first_base, now_ms)
             # The segment indexes the run's batches as it appends them: the run stops where
             # the next one would take an entry neither index has room for (a follower's
             # fetch of many small batches may fill a small segment.index.bytes mid-run).
@@ -725,8 +722,9 @@ class Log:
             return max_timestamp - first > self.config.max_segment_ms
         return now_ms - seg.created_ms > self.config.max_segment_ms
 
-    def _roll(self, base_offset: int) -> LogSegment:
-        """Close the active segment for appends and start a new one at ``base_offset``."""
+    def _roll(self, base_offset: int, now_ms: int | None = None) -> LogSegment:
+        """Close the active segment for appends and start a new one at ``base_offset``,
+        created at ``now_ms`` if an append rolls it (else at the next append)."""
         old = self.active_segment
         assert base_offset >= old.next_offset, (base_offset, old.next_offset)
         old.on_roll()  # trims the indexes and fsyncs: everything below is durable
@@ -735,6 +733,7 @@ class Log:
             checkpoint.fsync_dir(self.directory)
         self.recovery_point = max(self.recovery_point, old.next_offset)
         seg = _new_segment(self.directory, self.config, base_offset)
+        seg.created_ms = now_ms
         self.segments.append(seg)
         self._bases.append(base_offset)
         return seg

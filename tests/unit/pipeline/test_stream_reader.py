@@ -119,7 +119,7 @@ def test_a_partition_added_after_the_start_that_does_not_begin_at_zero_is_data_l
     latest = lambda: ([TP, ("t", 1)], {TP: 0, ("t", 1): 7}, {TP: 10, ("t", 1): 40})  # noqa: E731
     failing = _stream()
     failing._latest = latest  # type: ignore[method-assign]
-    with pytest.raises(DataLossError, match="t-1 was added and starts at offset 7"):
+    with pytest.raises(DataLossError, match=r"t-1: offsets 0\.\.6 are gone \(log start offset 7\)"):
         failing.partitions(start, end)
     going_on = _stream(failOnDataLoss="false")
     going_on._latest = latest  # type: ignore[method-assign]
