@@ -79,6 +79,17 @@ def _as_wire(partitions: Mapping[str, frozenset[int]]) -> TopicIdPartitions:
     return tuple((t, tuple(sorted(ps))) for t, ps in sorted(partitions.items()) if ps)
 
 
+def _is_full_request(request: ConsumerGroupHeartbeatRequest) -> bool:
+    """A heartbeat carrying every field a join carries (consumerGroupHeartbeat's
+    ``isFullRequest``): a client sends one after an error or a lost answer."""
+    subscribed = (
+        request.subscribed_topic_names is not None or request.subscribed_topic_regex is not None
+    )
+    return (
+        request.rebalance_timeout_ms != -1 and subscribed and request.topic_partitions is not None
+    )
+
+
 def _owned(raw: TopicIdPartitions | None) -> Partitions | None:
     if raw is None:
         return None
@@ -418,18 +429,15 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     ),
                 )
                 return
-            member_id = request.member_id or self._new_member_id(request.client_id)
-            # A (re)join starts from nothing: the member holds no partitions at epoch 0.
-            member = ConsumerGroupMember(member_id=member_id)
             if old is not None:
-                member = replace(
-                    old,
-                    member_epoch=0,
-                    previous_member_epoch=-1,
-                    state=MemberState.STABLE,
-                    assigned={},
-                    pending_revocation={},
-                )
+                # A member the group still knows rejoins (it was fenced, or lost its state):
+                # it keeps its place, epoch and assignment, and reconciles from owning
+                # nothing; no new group epoch unless its subscription changed (KAFKA-19233:
+                # throwIfConsumerGroupMemberEpochIsInvalid accepts epoch 0).
+                member = old
+            else:
+                member_id = request.member_id or self._new_member_id(request.client_id)
+                member = ConsumerGroupMember(member_id=member_id)
         else:
             unknown_or_fenced = self._unknown_or_fenced_member(group, request, old)
             if unknown_or_fenced is not None:
@@ -488,7 +496,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             group,
             old,
             updated,
-            rejoining=request.member_epoch == 0,
             replaced=replaced is not None,
             owned=owned,
             topics=topics,
@@ -519,9 +526,17 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 member_id=reconciled.member_id,
                 member_epoch=reconciled.member_epoch,
                 heartbeat_interval_ms=self._consumer_heartbeat_interval_ms(group_id),
-                # Always sent: a client applies the same assignment twice at no cost, and a
-                # lost answer never leaves it behind.
-                assignment=_as_wire(reconciled.assigned),
+                # Only to a (re)joining member, a full request (what a client sends after an
+                # error, a lost answer included), or when what it is assigned changed:
+                # consumerGroupHeartbeat's response. Null means "unchanged".
+                assignment=(
+                    _as_wire(reconciled.assigned)
+                    if request.member_epoch == 0
+                    or _is_full_request(request)
+                    or old is None
+                    or reconciled.assigned != old.assigned
+                    else None
+                ),
             ),
         )
 
@@ -531,7 +546,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         old: ConsumerGroupMember | None,
         updated: ConsumerGroupMember,
         *,
-        rejoining: bool,
         replaced: bool,
         owned: Partitions | None,
         topics: TopicsView,
@@ -543,7 +557,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         group_id = group.group_id
         # 2. Subscription and topic metadata: a change bumps the group epoch.
         group_epoch = group.group_epoch
-        bump = not replaced and (old is None or rejoining)
+        bump = not replaced and old is None
         if old is None or updated.metadata_value() != old.metadata_value():
             out.write(member_metadata_record(group_id, updated))
             if old is None or (
@@ -585,7 +599,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             owned,
             lambda topic_id, p: owners.get((topic_id, p), -1),
         )
-        if old is None or rejoining or reconciled.assignment_value() != old.assignment_value():
+        if old is None or reconciled.assignment_value() != old.assignment_value():
             out.write(current_assignment_record(group_id, reconciled))
         return reconciled
 

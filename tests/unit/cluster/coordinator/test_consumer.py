@@ -78,8 +78,12 @@ def hb(
     return send_heartbeat(ctx, request, topics)
 
 
-def parts(response: ConsumerGroupHeartbeatResponse) -> set[int]:
-    assignment: TopicIdPartitions = response.assignment or ()
+def parts(response: ConsumerGroupHeartbeatResponse, owned: set[int] | None = None) -> set[int]:
+    """The partitions a response assigns; no assignment in it means "unchanged"."""
+    if response.assignment is None:
+        assert owned is not None, "no assignment in an answer that must carry one"
+        return owned
+    assignment: TopicIdPartitions = response.assignment
     return {p for topic_id, ps in assignment if topic_id == T for p in ps}
 
 
@@ -96,7 +100,7 @@ class Member:
         response = hb(self.ctx, self.name, self.epoch, None if self.epoch == 0 else self.owned)
         assert response.error_code is Errors.NONE, response
         self.epoch = response.member_epoch
-        self.owned = parts(response)  # revoke what is gone, take what is new
+        self.owned = parts(response, self.owned)  # revoke what is gone, take what is new
         return response
 
     def leave(self) -> ConsumerGroupHeartbeatResponse:
@@ -523,7 +527,7 @@ def test_a_static_member_bounced_with_epoch_minus_two_comes_back_without_a_rebal
         assert isinstance(owned, set)
         r = static_hb(ctx, "s1", epoch, "instance-1", None if epoch == 0 else owned)
         assert r.error_code is Errors.NONE, r
-        state["epoch"], state["owned"] = r.member_epoch, parts(r)
+        state["epoch"], state["owned"] = r.member_epoch, parts(r, None if epoch == 0 else owned)
 
     for _ in range(4):
         beat_static()
@@ -679,3 +683,60 @@ def test_a_static_member_leaving_mid_revocation_releases_what_it_was_revoking() 
     b.beat()
     b.beat()
     assert b.owned == {3, 4, 5}
+
+
+def test_a_known_member_rejoining_with_epoch_zero_keeps_its_place_without_a_rebalance() -> None:
+    """KAFKA-19233: epoch 0 from a member the group knows (a fenced client rejoins with its
+    member id) is a rejoin, not a new member: its epoch and assignment stay, the group epoch
+    does not move, and the others keep what they own."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    converge(ctx, [a, b])
+    group_epoch = ctx.shard.consumer_groups["g"].group_epoch
+    b_before = (b.epoch, b.owned)
+    response = hb(ctx, "a", 0)
+    assert response.error_code is Errors.NONE
+    assert (response.member_epoch, parts(response)) == (a.epoch, a.owned)
+    assert ctx.shard.consumer_groups["g"].group_epoch == group_epoch
+    converge(ctx, [a, b])
+    assert (b.epoch, b.owned) == b_before
+    assert group_state(ctx) == "Stable"
+
+
+def test_a_member_rejoining_mid_revocation_owning_nothing_moves_on() -> None:
+    """A rejoin at epoch 0 reports owning nothing, so a member that owed a revocation has
+    revoked: it moves to the target epoch and the partitions it gave up go to the other."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    b.beat()
+    kept = parts(hb(ctx, "a", a.epoch, a.owned))  # told to revoke half
+    assert ctx.shard.consumer_groups["g"].members["a"].state is MemberState.UNREVOKED_PARTITIONS
+    response = hb(ctx, "a", 0)
+    assert (response.member_epoch, parts(response)) == (2, kept)
+    b.beat()
+    assert b.owned == set(range(6)) - kept
+    assert group_state(ctx) == "Stable"
+
+
+def test_the_assignment_is_sent_only_when_it_changed_or_the_request_was_full() -> None:
+    """consumerGroupHeartbeat: an assignment goes to a joining member, in answer to a full
+    request (what a client sends after an error), and when it changed; otherwise it is left
+    out, which the client reads as "unchanged"."""
+    ctx = context()
+    a = Member(ctx, "a")
+    assert a.beat().assignment is not None  # joining
+    assert a.beat().assignment is None  # nothing changed
+    full = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=a.epoch,
+        rebalance_timeout_ms=REBALANCE_MS,
+        subscribed_topic_names=("orders",),
+        topic_partitions=((T, tuple(sorted(a.owned))),),
+    )
+    assert parts(send_heartbeat(ctx, full, TOPICS)) == set(range(6))
+    b = Member(ctx, "b")
+    b.beat()
+    shrunk = a.beat()  # half of it goes to b
+    assert shrunk.assignment is not None and len(parts(shrunk)) == 3

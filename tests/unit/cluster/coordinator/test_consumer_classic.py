@@ -82,7 +82,8 @@ class ConsumerMember:
         assert isinstance(response, ConsumerGroupHeartbeatResponse)
         if response.error_code is Errors.NONE and epoch >= 0:
             self.epoch = response.member_epoch
-            self.owned = {p for t, ps in response.assignment or () if t == T for p in ps}
+            if response.assignment is not None:  # None: unchanged
+                self.owned = {p for t, ps in response.assignment if t == T for p in ps}
         return response
 
 
