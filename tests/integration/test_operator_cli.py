@@ -361,6 +361,52 @@ def test_reset_offsets_dry_run_then_execute(bootstrap: str) -> None:
     ]
 
 
+def test_reset_offsets_to_current_by_duration_and_through_a_file(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    commit(bootstrap, "replanned", {0: 3, 1: 20})
+
+    def plan(*args: str) -> list[list[str]]:
+        run = reset(bootstrap, "replanned", *args, "--dry-run")
+        assert run.code == 0, run.err
+        return [row[2:] for row in run.rows()]
+
+    # The committed offsets, and the log end where there is none.
+    assert plan("--topic", TOPIC, "--to-current") == [["0", "3"], ["1", "20"], ["2", "5"]]
+    # Every record is older than a day ago: nothing at or after it, so the log end.
+    day = reset(
+        bootstrap, "replanned", "--topic", f"{TOPIC}:0", "--by-duration", "P1D", "--dry-run"
+    )
+    assert [row[2:] for row in day.rows()] == [["0", "10"]]
+    assert "Partition 0 from topic orders is empty. Falling back" in day.err
+    # Back far enough, every record is newer: the log start.
+    assert plan("--all-topics", "--by-duration", "P3650D") == [["0", "0"], ["1", "0"]]
+
+    # --export prints the plan as CSV; --from-file reads it back (clamped like --to-offset).
+    exported = reset(bootstrap, "replanned", "--topic", TOPIC, "--to-offset", "4", "--export")
+    assert (exported.code, exported.out) == (0, f"{TOPIC},0,4\n{TOPIC},1,4\n{TOPIC},2,4\n")
+    csv = tmp_path / "plan.csv"
+    csv.write_text(exported.out.replace(f"{TOPIC},1,4", f"{TOPIC},1,99"))
+    run = reset(bootstrap, "replanned", "--from-file", str(csv), "--execute")
+    assert (run.code, [row[2:] for row in run.rows()]) == (
+        0,
+        [["0", "4"], ["1", "20"], ["2", "4"]],
+    )
+    assert committed(bootstrap, "replanned") == {0: 4, 1: 20, 2: 4}
+
+    # A file without the group; no scope at all: clear errors, nothing written.
+    other = tmp_path / "other.csv"
+    other.write_text(f"someone-else,{TOPIC},0,1\n")
+    run = reset(bootstrap, "replanned", "--from-file", str(other), "--execute")
+    assert (run.code, run.err) == (1, "Error: No reset plan for group replanned found\n")
+    run = reset(bootstrap, "replanned", "--to-earliest", "--execute")
+    assert (run.code, run.err) == (
+        1,
+        "Error: One of the reset scopes should be defined: --all-topics, --topic.\n",
+    )
+    assert committed(bootstrap, "replanned") == {0: 4, 1: 20, 2: 4}
+
+
 def test_reset_offsets_errors_and_an_unknown_group(bootstrap: str) -> None:
     commit(bootstrap, "reset-errors", {0: 1})
     cases = {

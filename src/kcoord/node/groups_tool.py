@@ -5,8 +5,9 @@
   groups list [--state [STATE,...]]
   groups describe (--group G... | --all-groups) [--offsets | --members | --state] [--verbose]
   groups reset-offsets (--group G... | --all-groups) (--topic T[:P,P]... | --all-topics)
-         (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --shift-by N)
-         [--dry-run | --execute]
+         (--to-earliest | --to-latest | --to-offset N | --to-datetime ISO | --by-duration D
+          | --shift-by N | --to-current | --from-file CSV)
+         [--dry-run | --execute] [--export]
   groups delete --group G...
   groups delete-offsets --group G --topic T[:P,P]...
 
@@ -32,9 +33,13 @@ The views of ``describe``:
 - ``--state``: the coordinator as ``host:port  (id)``, the assignment strategy (the group's
   protocol), the state and the member count.
 
-``reset-offsets`` computes new offsets like ``GroupOffsetsResetter``: ``--to-offset`` and
-``--shift-by`` are clamped to [log start, log end]; ``--to-datetime`` asks ListOffsets for the
-first offset at or after the time and falls back to the log end when there is none. It only
+``reset-offsets`` computes new offsets like ``GroupOffsetsResetter``: ``--to-offset``,
+``--shift-by`` and ``--from-file`` are clamped to [log start, log end]; ``--to-datetime`` and
+``--by-duration`` (an ISO 8601 duration back from now, ``PT1H``, ``P1DT12H``) ask ListOffsets
+for the first offset at or after the time and fall back to the log end when there is none;
+``--to-current`` keeps the committed offset and gives a partition without one the log end.
+``--from-file`` reads the CSV that ``--export`` writes: ``topic,partition,offset`` lines for one
+``--group``, ``group,topic,partition,offset`` otherwise, and needs no ``--topic``. It only
 touches a group whose state is Empty or Dead (an unknown group is Dead): with live members the
 commit would race them. ``--execute`` commits with OffsetCommit as a "simple" member
 (generation -1, empty member id), which a coordinator accepts only while the group is empty;
@@ -52,7 +57,9 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -428,6 +435,72 @@ def parse_datetime_ms(text: str) -> int:
     return (value - epoch) // datetime.timedelta(milliseconds=1)
 
 
+_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?"
+    r"(?:T(?=[-+]?\d)(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration_ms(text: str) -> int:
+    """``--by-duration``: an ISO 8601 duration as Java's ``Duration.parse`` reads it
+    (``PnDTnHnMn.nS``: days of 24 hours, no years or months), in milliseconds."""
+    match = _DURATION.fullmatch(text)
+    if match is None or not any(match.group(i) for i in (2, 3, 4, 5)):
+        raise ToolError(f"invalid --by-duration {text!r}: expected an ISO 8601 duration like PT1H")
+    sign, days, hours, minutes, seconds, fraction = match.groups()
+    ms = (
+        int(days or 0) * 86_400_000
+        + int(hours or 0) * 3_600_000
+        + int(minutes or 0) * 60_000
+        + int(seconds or 0) * 1000
+    )
+    if fraction:
+        part = int((fraction + "000")[:3])
+        ms += -part if (seconds or "").startswith("-") else part
+    return -ms if sign == "-" else ms
+
+
+def parse_reset_plan(text: str, single_group: str | None) -> dict[str, dict[TopicPartition, int]]:
+    """``--from-file``: ``topic,partition,offset`` lines when one ``--group`` is named and the
+    first line has three fields (the file ``--export`` writes for one group), else
+    ``group,topic,partition,offset`` lines (``parseResetPlan``). Blank lines are skipped."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    no_group = single_group is not None and bool(lines) and len(lines[0].split(",")) == 3
+    plan: dict[str, dict[TopicPartition, int]] = {}
+    for number, line in enumerate(lines, 1):
+        fields = [f.strip() for f in line.split(",")]
+        expected = 3 if no_group else 4
+        try:
+            if len(fields) != expected:
+                raise ValueError
+            group = single_group if no_group and single_group is not None else fields[0]
+            topic, partition, offset = fields[-3], int(fields[-2]), int(fields[-1])
+            if not topic:
+                raise ValueError
+        except ValueError:
+            shape = "topic,partition,offset" if no_group else "group,topic,partition,offset"
+            raise ToolError(
+                f"invalid reset plan line {number}: {line!r}, expected {shape}"
+            ) from None
+        plan.setdefault(group, {})[TopicPartition(topic, partition)] = offset
+    return plan
+
+
+def format_reset_csv(
+    plans: Mapping[str, Mapping[TopicPartition, int]], *, single_group: bool
+) -> list[str]:
+    """``--export``: the plan as ``exportOffsetsToCsv`` writes it, which ``--from-file``
+    reads back; with the group column unless exactly one ``--group`` was named."""
+    return [
+        f"{tp.topic},{tp.partition},{offset}"
+        if single_group
+        else f"{group},{tp.topic},{tp.partition},{offset}"
+        for group in sorted(plans)
+        for tp, offset in sorted(plans[group].items())
+    ]
+
+
 def clamp_offset(requested: int, log_start: int, log_end: int) -> int:
     """``GroupOffsetsResetter.checkOffsetsRange``: above the log end becomes the log end,
     below the log start the log start."""
@@ -638,14 +711,24 @@ def plan_reset(
     args: argparse.Namespace,
     partitions: Sequence[TopicPartition],
     committed: Mapping[TopicPartition, Committed],
+    from_file: Mapping[TopicPartition, int] | None = None,
 ) -> dict[TopicPartition, int]:
-    """The new offset of each partition for the chosen scenario (``prepareOffsetsToReset``)."""
+    """The new offset of each partition for the chosen scenario (``prepareOffsetsToReset``);
+    ``from_file`` is this group's part of the ``--from-file`` plan."""
     if args.to_earliest:
         return _offsets_or_raise(client, partitions, EARLIEST_TIMESTAMP, "starting")
     if args.to_latest:
         return _offsets_or_raise(client, partitions, LATEST_TIMESTAMP, "ending")
-    if args.to_datetime is not None:
-        timestamp_ms = parse_datetime_ms(args.to_datetime)
+    if args.to_current:
+        # resetToCurrent: the committed offset; a partition without one gets the log end.
+        without = [tp for tp in partitions if tp not in committed]
+        ends = _offsets_or_raise(client, without, LATEST_TIMESTAMP, "ending") if without else {}
+        return {tp: committed[tp].offset if tp in committed else ends[tp] for tp in partitions}
+    if args.to_datetime is not None or args.by_duration is not None:
+        if args.to_datetime is not None:
+            timestamp_ms = parse_datetime_ms(args.to_datetime)
+        else:
+            timestamp_ms = time.time_ns() // 1_000_000 - parse_duration_ms(args.by_duration)
         by_time = _offsets_or_raise(client, partitions, timestamp_ms, "timestamp")
         empty = [tp for tp in partitions if by_time[tp] == NO_OFFSET]
         if empty:
@@ -657,7 +740,9 @@ def plan_reset(
                 )
             by_time.update(_offsets_or_raise(client, empty, LATEST_TIMESTAMP, "ending"))
         return {tp: by_time[tp] for tp in partitions}
-    if args.to_offset is not None:
+    if from_file is not None:
+        requested = {tp: from_file[tp] for tp in partitions}
+    elif args.to_offset is not None:
         requested = {tp: int(args.to_offset) for tp in partitions}
     else:
         assert args.shift_by is not None
@@ -823,6 +908,14 @@ def _reset_offsets(client: ToolClient, args: argparse.Namespace) -> int:
             "Add --dry-run to say so explicitly.",
             file=sys.stderr,
         )
+    if not (args.all_topics or args.topic or args.from_file):
+        raise ToolError("One of the reset scopes should be defined: --all-topics, --topic.")
+    single_group = args.group is not None and len(args.group) == 1
+    file_plan = (
+        _read_reset_plan(args.from_file, args.group[0] if single_group else None)
+        if args.from_file is not None
+        else None
+    )
     group_ids = consumer_group_ids(client) if args.all_groups else list(dict.fromkeys(args.group))
     plans: dict[str, dict[TopicPartition, int]] = {}
     status = 0
@@ -837,19 +930,39 @@ def _reset_offsets(client: ToolClient, args: argparse.Namespace) -> int:
             status = 1
             continue
         committed = committed_offsets(client, group_id)
-        if args.all_topics:
+        group_file_plan = None
+        if file_plan is not None:
+            group_file_plan = file_plan.get(group_id)
+            if group_file_plan is None:
+                print(f"Error: No reset plan for group {group_id} found", file=sys.stderr)
+                status = 1
+                continue
+            partitions = sorted(group_file_plan)
+        elif args.all_topics:
             partitions = sorted(committed)
         else:
             partitions = _partitions_to_reset(client, args.topic)
         if partitions:
             _raise_if_invalid(client, partitions)
-        plan = plan_reset(client, args, partitions, committed) if partitions else {}
+        plan = (
+            plan_reset(client, args, partitions, committed, group_file_plan) if partitions else {}
+        )
         if args.execute and plan:
             commit_offsets(client, group_id, plan)
         plans[group_id] = plan
-    if plans:
+    if args.export:
+        _print_lines(format_reset_csv(plans, single_group=single_group))
+    elif plans:
         _print_lines(["", *format_reset(plans)])
     return status
+
+
+def _read_reset_plan(path: str, single_group: str | None) -> dict[str, dict[TopicPartition, int]]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ToolError(f"cannot read the reset plan {path}: {e}") from None
+    return parse_reset_plan(text, single_group)
 
 
 def _delete(client: ToolClient, args: argparse.Namespace) -> int:
@@ -953,7 +1066,8 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
 
     reset = gsub.add_parser("reset-offsets", help="move an inactive group's committed offsets")
     _group_selection(reset)
-    scope = reset.add_mutually_exclusive_group(required=True)
+    # Not required: --from-file names its own partitions (checked in _reset_offsets).
+    scope = reset.add_mutually_exclusive_group()
     scope.add_argument("--topic", action="append", metavar="TOPIC[:P,P]", help="repeatable")
     scope.add_argument("--all-topics", action="store_true", help="every committed partition")
     scenario = reset.add_mutually_exclusive_group(required=True)
@@ -961,10 +1075,22 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     scenario.add_argument("--to-latest", action="store_true")
     scenario.add_argument("--to-offset", type=int, metavar="N")
     scenario.add_argument("--to-datetime", metavar="ISO", help="e.g. 2024-05-01T12:00:00.000Z")
+    scenario.add_argument(
+        "--by-duration", metavar="DURATION", help="back from now, ISO 8601: PT1H, P1DT12H"
+    )
     scenario.add_argument("--shift-by", type=int, metavar="N", help="N may be negative")
+    scenario.add_argument(
+        "--to-current", action="store_true", help="the committed offset (else the log end)"
+    )
+    scenario.add_argument(
+        "--from-file", metavar="CSV", help="the plan --export printed (topic,partition,offset)"
+    )
     mode = reset.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="only print the plan (default)")
     mode.add_argument("--execute", action="store_true", help="commit the new offsets")
+    reset.add_argument(
+        "--export", action="store_true", help="print the plan as CSV, for --from-file"
+    )
 
     delete = gsub.add_parser("delete", help="delete empty groups (DeleteGroups)")
     _group_selection(delete)

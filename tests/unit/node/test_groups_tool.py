@@ -31,10 +31,13 @@ from kcoord.node.groups_tool import (
     format_offset_deletion,
     format_offsets,
     format_reset,
+    format_reset_csv,
     format_state,
     offset_deletion_message,
     offset_rows,
     parse_datetime_ms,
+    parse_duration_ms,
+    parse_reset_plan,
     parse_states,
     parse_topic_arg,
     plan_reset,
@@ -278,6 +281,52 @@ def test_datetimes_with_a_zone_and_in_local_time() -> None:
         parse_datetime_ms("yesterday")
 
 
+def test_durations_as_javas_duration_parse_reads_them() -> None:
+    assert parse_duration_ms("PT1H") == 3_600_000
+    assert parse_duration_ms("P1DT12H30M") == 86_400_000 + 12 * 3_600_000 + 30 * 60_000
+    assert parse_duration_ms("pt0.25s") == 250
+    assert parse_duration_ms("PT-1.5S") == -1500
+    assert parse_duration_ms("-PT2M") == -120_000
+    for bad in ("P", "PT", "1H", "P1H", "PT1D", "P1Y", "yesterday", ""):
+        with pytest.raises(ToolError, match="ISO 8601 duration"):
+            parse_duration_ms(bad)
+
+
+def test_reset_plans_from_a_file_with_and_without_the_group_column() -> None:
+    one = "orders,0,5\norders,1,7\n\n"
+    assert parse_reset_plan(one, "g") == {"g": {TP("orders", 0): 5, TP("orders", 1): 7}}
+    many = "g,orders,0,5\nh,orders,2,1\n"
+    assert parse_reset_plan(many, None) == {"g": {TP("orders", 0): 5}, "h": {TP("orders", 2): 1}}
+    # One group named, but the file has the group column: it is read with it.
+    assert parse_reset_plan(many, "g") == parse_reset_plan(many, None)
+    for bad, single in (("orders,x,5", "g"), ("orders,0,5", None), ("g,,0,5", None)):
+        with pytest.raises(ToolError, match="invalid reset plan line 1"):
+            parse_reset_plan(bad, single)
+    # What --export writes, --from-file reads.
+    plans = {"g": {TP("orders", 1): 7, TP("orders", 0): 5}}
+    assert format_reset_csv(plans, single_group=True) == ["orders,0,5", "orders,1,7"]
+    exported = "\n".join(format_reset_csv(plans, single_group=False))
+    assert exported == "g,orders,0,5\ng,orders,1,7"
+    assert parse_reset_plan(exported, None) == plans
+
+
+def test_to_current_keeps_committed_offsets_and_gives_the_others_the_log_end() -> None:
+    args = build_parser().parse_args(
+        ["groups", "reset-offsets", "--group", "g", "--topic", "t", "--to-current"]
+    )
+    asked: list[tuple[list[TopicPartition], int]] = []
+
+    def list_offsets(partitions: list[TopicPartition], timestamp: int) -> dict[Any, int]:
+        asked.append((list(partitions), timestamp))
+        return dict.fromkeys(partitions, 42)
+
+    client = SimpleNamespace(list_offsets=list_offsets)
+    a, b = TP("t", 0), TP("t", 1)
+    plan = plan_reset(client, args, [a, b], {a: Committed(5, -1)})  # type: ignore[arg-type]
+    assert plan == {a: 5, b: 42}
+    assert asked == [([b], -1)]
+
+
 def test_topic_arguments() -> None:
     assert parse_topic_arg("orders") == ("orders", None)
     assert parse_topic_arg("orders:0,2") == ("orders", [0, 2])
@@ -300,9 +349,14 @@ def test_parser_requires_one_scope_and_one_scenario() -> None:
         ["groups", "reset-offsets", "--group", "g", "--all-topics", "--shift-by", "-2"]
     )
     assert args.shift_by == -2 and not args.execute
+    # --from-file names its own partitions: no scope needed (checked when it runs).
+    from_file = parser.parse_args(
+        ["groups", "reset-offsets", "--group", "g", "--from-file", "plan.csv", "--export"]
+    )
+    assert (from_file.from_file, from_file.export, from_file.topic) == ("plan.csv", True, None)
     for bad in (
         ["groups", "reset-offsets", "--group", "g", "--all-topics"],
-        ["groups", "reset-offsets", "--group", "g", "--to-latest"],
+        ["groups", "reset-offsets", "--group", "g", "--all-topics", "--to-current", "--to-latest"],
         ["groups", "reset-offsets", "--group", "g", "--all-topics", "--to-latest", "--to-earliest"],
         ["groups", "reset-offsets", "--all-topics", "--to-latest"],
         ["groups", "describe", "--group", "g", "--members", "--state"],
