@@ -72,6 +72,7 @@ from kcoord.storage.log import (
     InvalidTimestampError,
     Log,
     OffsetOutOfRangeError,
+    RecordListTooLargeError,
     RecordTooLargeError,
 )
 from kcoord.storage.manager import LogManager
@@ -713,7 +714,9 @@ class ReplicaManager:
         except fmt.CorruptRecordError as e:
             raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
         except InvalidRecordError as e:
-            raise KafkaError(Errors.INVALID_RECORD, str(e)) from e
+            raise KafkaError(Errors.INVALID_RECORD, str(e), e.record_errors) from e
+        except RecordListTooLargeError as e:
+            raise KafkaError(Errors.RECORD_LIST_TOO_LARGE, str(e)) from e
         except (fmt.RecordFormatError, ValueError) as e:
             # A batch whose CRC holds but whose contents do not parse (an unknown codec,
             # offsets that go back): this partition's error, as Kafka's appendToLocalLog

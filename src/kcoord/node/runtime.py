@@ -368,11 +368,18 @@ class ShardContext:
                 return
         self._defer(self.last_written_offset, result.responses)
 
+    def _max_batch_bytes(self) -> int:
+        """``max.message.bytes``, and no more than one segment: the log refuses a larger
+        append (``UnifiedLog.append``, RECORD_LIST_TOO_LARGE), which only a tiny
+        ``offsets.topic.segment.bytes`` makes possible."""
+        config = self.partition.log.config
+        return min(config.max_message_bytes, config.segment_bytes)
+
     def _batches_of(self, records: list[CoordinatorRecord]) -> list[list[CoordinatorRecord]]:
         """A non-atomic result's records in runs that each fit ``max.message.bytes`` (Kafka's
         ``CoordinatorRuntime.append`` splits such results over batches), so a pass expiring
         thousands of offsets is not refused whole, over and over."""
-        max_bytes = self.partition.log.config.max_message_bytes
+        max_bytes = self._max_batch_bytes()
         out: list[list[CoordinatorRecord]] = []
         run: list[CoordinatorRecord] = []
         size = fmt.HEADER_SIZE
@@ -439,7 +446,7 @@ class ShardContext:
         assert self.shard is not None
         encoded = [encode_record(record) for record in records]
         size = sum(_record_size_max(key, value) for key, value in encoded)
-        max_bytes = self.partition.log.config.max_message_bytes
+        max_bytes = self._max_batch_bytes()
         if self.batch is not None and self.batch.size + size > max_bytes and not self.flush():
             return False
         if fmt.HEADER_SIZE + size > max_bytes:

@@ -71,8 +71,18 @@ class RecordTooLargeError(Exception):
     """A batch above ``max.message.bytes`` (MESSAGE_TOO_LARGE)."""
 
 
+class RecordListTooLargeError(Exception):
+    """Produced batches larger than a whole segment (RECORD_LIST_TOO_LARGE)."""
+
+
 class InvalidRecordError(fmt.RecordFormatError):
-    """A batch the log refuses: keyless record in a compacted topic, no records (INVALID_RECORD)."""
+    """A batch the log refuses: keyless record in a compacted topic, no records (INVALID_RECORD).
+    ``record_errors``: (index of the record in its batch, message) per refused record, when
+    the refusal is of records rather than of the batch."""
+
+    def __init__(self, message: str, record_errors: Sequence[tuple[int, str]] = ()) -> None:
+        super().__init__(message)
+        self.record_errors = list(record_errors)
 
 
 class InvalidTimestampError(Exception):
@@ -423,6 +433,14 @@ class Log:
             fmt.parse_header(records)  # raises the precise error
         if self.config.compression_type != "producer":
             records = self._recompressed(records, _CODECS[self.config.compression_type])
+        if len(records) > self.config.segment_bytes:
+            # UnifiedLog.append: what cannot fit in one segment is refused, whatever
+            # max.message.bytes says (else it became a segment larger than segment.bytes).
+            raise RecordListTooLargeError(
+                f"Message batch size is {len(records)} bytes in append to partition "
+                f"{self.directory.name} which exceeds the maximum configured segment size of "
+                f"{self.config.segment_bytes}."
+            )
         (
             _,
             batch_length,
@@ -633,12 +651,26 @@ class Log:
                 ]
             )
 
-    @staticmethod
-    def _raise_if_null_key(records: bytes, pos: int = 0) -> None:
+    def _raise_if_null_key(self, records: bytes, pos: int = 0) -> None:
+        """LogValidator.validateKey: every keyless record is a record error of its own, and
+        the message is processRecordErrors' (at most three shown)."""
         # decode_key_values: the replay's lean decoder, with the same checks as decode_records.
-        for _offset, key, _value in fmt.decode_key_values(records, pos):
-            if key is None:
-                raise InvalidRecordError("compacted topic cannot accept a null key")
+        errors = [
+            (
+                index,
+                "Compacted topic cannot accept message without key in topic partition "
+                f"{self.directory.name}.",
+            )
+            for index, (_offset, key, _value) in enumerate(fmt.decode_key_values(records, pos))
+            if key is None
+        ]
+        if errors:
+            shown = ", ".join(f"RecordError(batchIndex={i}, message='{m}')" for i, m in errors[:3])
+            raise InvalidRecordError(
+                f"One or more records have been rejected due to {len(errors)} record errors in "
+                f"total, and only showing the first three errors at most: [{shown}]",
+                errors,
+            )
 
     def _append(
         self, buf: bytearray, headers: Sequence[tuple[int, fmt.BatchHeader]], now_ms: int

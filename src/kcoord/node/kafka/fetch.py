@@ -269,6 +269,15 @@ class FetchApi:
                     w.topic, w.partition, w.current_leader_epoch
                 )
                 diverging = part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch)
+                if diverging is not None and diverging["epoch"] < 0:
+                    # Partition.readRecords: an epoch this log cannot place has no end offset
+                    # to truncate to (-1 on the wire reads as "no divergence"): the consumer
+                    # resets its position instead.
+                    raise KafkaError(
+                        Errors.OFFSET_OUT_OF_RANGE,
+                        "Could not determine the end offset of the last fetched epoch "
+                        f"{w.last_fetched_epoch} from the request",
+                    )
                 if diverging is not None:
                     # Partition.fetchRecords (KIP-320): the consumer's last fetched epoch ends
                     # before its position here (an unclean election truncated what it read):

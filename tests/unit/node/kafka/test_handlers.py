@@ -896,6 +896,10 @@ def test_a_consumer_whose_last_fetched_epoch_diverges_is_told_where_it_ends(
         assert fine.diverging_epoch.epoch == -1
         current = only_partition(await c.call(FETCH, 12, at(4, epoch) | {"max_wait": 0}))
         assert records_of(current.records) == [b"new"]
+        # An epoch this log cannot place (above its latest): no end offset to truncate to, so
+        # OFFSET_OUT_OF_RANGE and the consumer resets (Partition.readRecords), at once.
+        unknown = only_partition(await asyncio.wait_for(c.call(FETCH, 12, at(4, epoch + 5)), 5))
+        assert unknown.error_code == Errors.OFFSET_OUT_OF_RANGE
 
     run(tmp_path, test)
 
@@ -1905,5 +1909,47 @@ def test_handlers_never_return_before_a_slower_earlier_request(tmp_path: Path) -
             )
             got.append(correlation_id)
         assert got == ids
+
+    run(tmp_path, test)
+
+
+def test_keyless_records_of_a_compacted_topic_and_a_batch_larger_than_a_segment(
+    tmp_path: Path,
+) -> None:
+    """LogValidator.validateKey: each keyless record of a compacted topic is a record error of
+    its own (the Java producer fails those records with it); UnifiedLog.append: produced data
+    larger than segment.bytes is RECORD_LIST_TOO_LARGE, whatever max.message.bytes allows."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("compacted", 1, 1, {"cleanup.policy": "compact"})
+        small = {"segment.bytes": "2048", "max.message.bytes": "100000"}
+        await h.create_topic("small", 1, 1, small)
+        for topic in ("compacted", "small"):
+            h.move_leader(topic, 0, NODE_ID)
+        records = [
+            fmt.Record(0, 1_700_000_000_000, b"k", b"v"),
+            fmt.Record(1, 1_700_000_000_000, None, b"no key"),
+            fmt.Record(2, 1_700_000_000_000, None, b"nor here"),
+        ]
+        response = await c.call(
+            PRODUCE, 9, produce_values("compacted", 0, fmt.build_batch(records))
+        )
+        refused = only_partition(response)
+        assert refused.error_code == Errors.INVALID_RECORD
+        message = (
+            "Compacted topic cannot accept message without key in topic partition compacted-0."
+        )
+        assert [(e.batch_index, e.batch_index_error_message) for e in refused.record_errors] == [
+            (1, message),
+            (2, message),
+        ]
+        assert refused.error_message.startswith(
+            "One or more records have been rejected due to 2 record errors in total"
+        )
+        big = batch([b"x" * 3000])
+        too_big = only_partition(await c.call(PRODUCE, 9, produce_values("small", 0, big)))
+        assert too_big.error_code == Errors.RECORD_LIST_TOO_LARGE
+        fine = only_partition(await c.call(PRODUCE, 9, produce_values("small", 0, batch([b"y"]))))
+        assert (fine.error_code, fine.base_offset) == (Errors.NONE, 0)
 
     run(tmp_path, test)
