@@ -139,6 +139,10 @@ class LoadSummary:
         }
 
 
+class UndecodableRecordError(Exception):
+    """A record of a known type in the offsets log that this build cannot decode."""
+
+
 def _replay_chunk(
     shard: GroupCoordinatorShard,
     decoder: RecordDecoder,
@@ -170,7 +174,10 @@ def _replay_record(
     key: bytes,
     value: bytes | None,
 ) -> bool:
-    """Replay one record into ``shard``; False if it was skipped (unknown type, corrupt)."""
+    """Replay one record into ``shard``; False if it was skipped (a record type this build
+    does not know, as Kafka's ``CoordinatorLoaderImpl`` skips one). A record of a known type
+    that does not decode fails the replay (``UndecodableRecordError``), as it fails Kafka's
+    load: skipped, it left a committed offset at an older value, or gone."""
     try:
         # The bulk of an offsets log is replayed from its fields, with no record objects.
         fields = decoder.offset_commit(key, value)
@@ -179,8 +186,9 @@ def _replay_record(
         log.warning("skipping unknown record type at offset %d: %s", record_offset, e)
         return False
     except CoordinatorRecordError as e:
-        log.error("skipping corrupt record at offset %d: %s", record_offset, e)
-        return False
+        raise UndecodableRecordError(
+            f"record at offset {record_offset} does not decode: {e}"
+        ) from e
     if fields is not None:
         shard.replay_offset_commit(record_offset, fields)
     else:
@@ -265,7 +273,7 @@ class _ShardTimer:
         self.cancel(key)
         delay_s = max(0.0, (deadline_ms - ctx.runtime.now_ms()) / 1000)
         loop = asyncio.get_running_loop()
-        self.handles[key] = loop.call_later(delay_s, ctx.fire_timer, key)
+        self.handles[key] = loop.call_later(delay_s, ctx.fire_timer, key, deadline_ms)
 
     def cancel(self, key: str) -> None:
         handle = self.handles.pop(key, None)
@@ -569,11 +577,14 @@ class ShardContext:
         for d in ready:
             self._deliver(d.responses)
 
-    def fire_timer(self, key: str) -> None:
+    def fire_timer(self, key: str, deadline_ms: int) -> None:
         if self.state is not ShardState.ACTIVE or self.timer is None:
             return
         self.timer.handles.pop(key, None)
-        now = self.runtime.now_ms()
+        # Its delay has passed on the loop's monotonic clock, which is when a timer fires
+        # (Kafka's CoordinatorTimerImpl): a wall clock stepped back (NTP, a resumed VM) must
+        # not hold it, and every session and rebalance timeout, for the size of the step.
+        now = max(self.runtime.now_ms(), deadline_ms)
         self.run(lambda shard, _token: shard.on_timer(key, now), 0)
 
     def fail_all(self, code: Errors) -> None:
@@ -894,6 +905,12 @@ class CoordinatorRuntime:
                     max_offset=high_watermark,
                     max_bytes=self.replay_chunk_bytes,
                 )
+            except UndecodableRecordError as e:
+                # Replaying again would meet it again: no standby; a promotion loads cold and
+                # fails the same way, leaving the shard unserved (NOT_COORDINATOR).
+                log.error("%s-%d: standby stopped: %s", OFFSETS_TOPIC, part.partition, e)
+                self._drop_standby(part.partition)
+                return
             except Exception:
                 log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
                 standby.truncations = -1  # invalid: start again from the log start

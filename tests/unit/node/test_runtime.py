@@ -33,6 +33,7 @@ from kcoord.node.runtime import (
     LatestRecords,
     ShardContext,
     ShardState,
+    UndecodableRecordError,
     _replay_chunk,
 )
 from kcoord.raft import records as rec
@@ -63,7 +64,12 @@ class HeldReplicaManager(ReplicaManager):
 
 class Node:
     def __init__(
-        self, data_dir: Path, *, append_linger_ms: int = -1, write_timeout_ms: int = 5000
+        self,
+        data_dir: Path,
+        *,
+        append_linger_ms: int = -1,
+        write_timeout_ms: int = 5000,
+        config: GroupConfig | None = None,
     ) -> None:
         self.now = 1_000_000
         self.logs = LogManager(data_dir)
@@ -73,7 +79,7 @@ class Node:
         self.cache.listener = self.replicas
         self.runtime = CoordinatorRuntime(
             self.replicas,
-            GroupConfig(),
+            config or GroupConfig(),
             lambda: self.now,
             num_partitions=lambda: 1,
             append_linger_ms=append_linger_ms,
@@ -1000,3 +1006,70 @@ def test_a_partition_offline_at_start_up_is_not_hosted_and_fails_no_log_director
     assert failures == []
     assert ("orders", 0) not in node.replicas.partitions
     assert node.replicas.get_partition("__consumer_offsets", 0) is not None
+
+
+def test_a_record_that_does_not_decode_fails_the_load(tmp_path: Path) -> None:
+    """CoordinatorLoaderImpl: only an unknown record type is skipped; a known one that does
+    not decode (a value version from a newer build) fails the load, which leaves the shard
+    unserved, rather than serving the offset before it or none."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        part = await groups_committed(node, 1)
+        key = OffsetCommitKey(group_id="g0", topic="orders", partition=0)
+        k, v = encode_record(
+            CoordinatorRecord(key, OffsetCommitValue(offset=9, commit_timestamp_ms=1))
+        )
+        assert v is not None
+        future = b"\x00\x07" + v[2:]  # a value version this build does not read
+        node.replicas.append_local(part, fmt.build_batch([fmt.Record(0, node.now, k, future)]))
+        with pytest.raises(UndecodableRecordError, match="does not decode"):
+            _replay_chunk(
+                _new_shard(), RecordDecoder(), part.log, 0, max_offset=None, max_bytes=1 << 20
+            )
+        node.runtime.unload(0, part.leader_epoch)
+        node.runtime.schedule_load(part)
+        await _until(lambda: 0 not in node.runtime.contexts, "the failed load's context went")
+        assert node.runtime.load_failures == 1
+        with pytest.raises(CoordinatorError) as e:
+            node.runtime.submit("g0", fetch("g0"))
+        assert e.value.code is Errors.NOT_COORDINATOR
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_timers_fire_after_their_delay_whatever_the_wall_clock_says(tmp_path: Path) -> None:
+    """CoordinatorTimerImpl: a timer fires when its delay has passed on a monotonic clock. The
+    node's clock here stands still, as a wall clock stepped back does for the size of the
+    step: the dead member must still go at its session timeout, not the step later."""
+
+    async def scenario() -> None:
+        config = GroupConfig(min_session_timeout_ms=50, initial_rebalance_delay_ms=0)
+        node = Node(tmp_path, config=config)
+        node.elect()
+        await loaded(node)
+        node.replicas.hold = False
+        join = t.JoinGroupRequest(
+            group_id="g",
+            session_timeout_ms=50,
+            rebalance_timeout_ms=50,
+            protocol_type="consumer",
+            protocols=(t.JoinGroupRequestProtocol(name="range", metadata=b""),),
+            require_known_member_id=False,
+        )
+        joined = await asyncio.wait_for(
+            node.runtime.call("g", lambda s, tok, now: s.handle_join_group(tok, join, now)), 5
+        )
+        shard = node.runtime.contexts[0].shard
+        assert shard is not None
+        group = shard.group("g")
+        assert group is not None and joined.member_id in group.members
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10  # the timer is due 50 ms after the join
+        while group.members and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert not group.members, "the session timer never fired"
+        node.runtime.close()
+
+    asyncio.run(scenario())
