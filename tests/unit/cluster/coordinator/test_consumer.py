@@ -664,6 +664,23 @@ def test_an_invalid_regex_is_refused_with_invalid_regular_expression() -> None:
     assert regex_hb(ctx, "a", 0, None, topics, regex=r"pay\\1|pay-a").error_code is Errors.NONE
 
 
+def test_regexes_are_read_as_re2_reads_them() -> None:
+    """RE2/J's syntax, which Python's re refused or misread: Java's Pattern.quote (\\Q...\\E),
+    \\z, Unicode classes, POSIX classes, ungreedy mode."""
+    topics = {"pay.v1-a": (PAY_A, 2), "42-events": (T, 6), "orders": (PAY_B, 1)}
+    for regex, matched in [
+        (r"\Qpay.v1\E-.*", {"pay.v1-a"}),
+        (r"[[:digit:]]+-events", {"42-events"}),
+        (r"\pL+\z", {"orders"}),
+        (r"(?U)o.*s", {"orders"}),
+    ]:
+        ctx = context()
+        response = regex_hb(ctx, "a", 0, None, topics, regex=regex)
+        assert response.error_code is Errors.NONE, (regex, response.error_message)
+        subscribed = ctx.shard.consumer_groups["g"].subscribed_topics
+        assert {name for name, _ in subscribed.values()} == matched, regex
+
+
 def test_a_static_member_leaving_mid_revocation_releases_what_it_was_revoking() -> None:
     """s1 was revoking 3-5 for b when it left with epoch -2 (a rolling restart, having
     revoked everything). Those partitions stayed pending until its session timed out, so b
