@@ -334,6 +334,16 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             for record in member_removal_records(group.group_id, member_id):
                 out.write(record)
             self._cancel_member_timers(group.group_id, member_id)
+        # The subscription metadata without them, with the one new epoch: a topic only they
+        # subscribed to would otherwise bump the epoch again at the next heartbeat.
+        remaining = [m for m in group.members.values() if m.member_id not in member_ids]
+        metadata = {
+            topic_id: (name, partitions)
+            for topic_id, (name, partitions) in group.subscribed_topics.items()
+            if any(name in subscribed_topics(m, (name,)) for m in remaining)
+        }
+        if metadata != group.subscribed_topics:
+            out.write(partition_metadata_record(group.group_id, metadata))
         out.write(group_epoch_record(group.group_id, group.group_epoch + 1))
 
     def _cancel_member_timers(self, group_id: str, member_id: str) -> None:

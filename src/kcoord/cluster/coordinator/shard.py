@@ -426,11 +426,14 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             # A KIP-848 record (consumer.py). Kafka's getOrMaybeCreatePersistedConsumerGroup:
             # the consumer group overrides a simple classic group of the same id, which an
             # OffsetCommit replayed first made (in a compacted log the group's metadata record
-            # can come after its offsets).
+            # can come after its offsets). Not a tombstone: an empty consumer group's
+            # tombstones, written by the classic join that replaces it, must leave the classic
+            # group that join just made (Kafka removes the consumer group in the handler).
             group_id = getattr(record.key, "group_id", "")
             simple = self._groups.get(group_id)
             if (
-                simple is not None
+                record.value is not None
+                and simple is not None
                 and group_id in self._consumer_groups
                 and simple.protocol_type is None
                 and not simple.members
@@ -1910,24 +1913,22 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         return out.result()
 
     def _describe_group(self, group_id: str, report_group_id_not_found: bool) -> DescribedGroup:
-        consumer_group = self._consumer_groups.get(group_id)
-        if consumer_group is not None:
-            # The classic API sees a consumer group's state and type, not its members (Kafka
-            # answers them through ConsumerGroupDescribe).
-            return DescribedGroup(
-                group_id=group_id,
-                group_state=consumer_group.state,
-                protocol_type=CONSUMER_PROTOCOL_TYPE,
-            )
         group = self._groups.get(group_id)
         if group is None:
-            # An unknown group reads as Dead; DescribeGroups v6+ also says why.
+            # An unknown group reads as Dead, and so does a consumer group, which only
+            # ConsumerGroupDescribe describes (describeGroups: classicGroup() throws);
+            # DescribeGroups v6+ also says why.
             if report_group_id_not_found:
+                reason = (
+                    f"Group {group_id} is not a classic group."
+                    if group_id in self._consumer_groups
+                    else f"Group {group_id} not found."
+                )
                 return DescribedGroup(
                     group_id=group_id,
                     group_state=str(_S.DEAD),
                     error_code=Errors.GROUP_ID_NOT_FOUND,
-                    error_message=f"Group {group_id} not found.",
+                    error_message=reason,
                 )
             return DescribedGroup(group_id=group_id, group_state=str(_S.DEAD))
         stable = group.is_in_state(_S.STABLE)

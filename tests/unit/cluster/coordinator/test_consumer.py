@@ -21,6 +21,7 @@ from kcoord.cluster.coordinator.types import (
     ConsumerGroupHeartbeatRequest,
     ConsumerGroupHeartbeatResponse,
     DeleteGroupsRequest,
+    DescribeGroupsRequest,
     ListGroupsRequest,
     OffsetCommitRequest,
     OffsetCommitRequestPartition,
@@ -462,6 +463,16 @@ def test_describe_list_and_delete() -> None:
     assert [m.member_id for m in g.members] == ["a"]
     assert g.members[0].assignment == ((T, (0, 1, 2, 3, 4, 5)),)
     assert missing.error_code is Errors.GROUP_ID_NOT_FOUND
+    # DescribeGroups is for classic groups: a consumer group reads as Dead (describeGroups).
+    for v6 in (True, False):
+        token = ctx.new_token()
+        request = DescribeGroupsRequest(groups=("g",), report_group_id_not_found=v6)
+        old_api: Any = ctx._apply(ctx.shard.handle_describe_groups(token, request, 0)).response(
+            token
+        )
+        (dead,) = old_api.groups
+        assert (dead.group_state, dead.members) == ("Dead", ())
+        assert dead.error_code is (Errors.GROUP_ID_NOT_FOUND if v6 else Errors.NONE)
     token = ctx.new_token()
     listed: Any = ctx._apply(
         ctx.shard.handle_list_groups(token, ListGroupsRequest(types_filter=("consumer",)), 0)
@@ -757,3 +768,26 @@ def test_the_assignment_is_sent_only_when_it_changed_or_the_request_was_full() -
     b.beat()
     shrunk = a.beat()  # half of it goes to b
     assert shrunk.assignment is not None and len(parts(shrunk)) == 3
+
+
+def test_the_last_subscriber_of_a_topic_leaving_bumps_the_group_epoch_once() -> None:
+    """consumerGroupFenceMembers writes the subscription metadata without the leaving member
+    with its one new epoch; else the next heartbeat found the metadata stale and bumped again."""
+    payments = uuid_str(b"\x09" * 16)
+    topics = {"orders": (T, 6), "payments": (payments, 4)}
+    ctx = context()
+    a = hb(ctx, "a", 0, topics=topics)
+    owned = parts(a)
+    hb(ctx, "b", 0, topics=topics, subscribe=("payments",))
+    a = hb(ctx, "a", a.member_epoch, owned, topics=topics)
+    owned = parts(a, owned)
+    group = ctx.shard.consumer_groups["g"]
+    assert {name for name, _ in group.subscribed_topics.values()} == {"orders", "payments"}
+    before = group.group_epoch
+    hb(ctx, "b", -1, set(), topics=topics)
+    group = ctx.shard.consumer_groups["g"]
+    assert group.group_epoch == before + 1
+    assert {name for name, _ in group.subscribed_topics.values()} == {"orders"}
+    hb(ctx, "a", a.member_epoch, owned, topics=topics)
+    assert ctx.shard.consumer_groups["g"].group_epoch == before + 1
+    assert ctx.failover().shard.consumer_groups["g"].subscribed_topics == group.subscribed_topics

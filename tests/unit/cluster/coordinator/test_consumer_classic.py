@@ -524,3 +524,35 @@ def test_an_upgrade_mid_rebalance_leaves_a_cooperative_members_partitions_to_it(
     for _ in range(3):
         k.beat()
         assert not k.owned & everything, k.owned
+
+
+def test_a_classic_join_replacing_an_empty_consumer_group_keeps_its_pending_member() -> None:
+    """The consumer group is empty, so the first classic JoinGroup (KIP-394: MEMBER_ID_REQUIRED)
+    replaces it: replaying the consumer group's tombstones must not take the classic group
+    the join made with it, or the join with the given member id is UNKNOWN_MEMBER_ID."""
+    ctx = context()
+    c = ConsumerMember(ctx, "c")
+    c.beat()
+    c.beat()
+    leave = ConsumerGroupHeartbeatRequest(
+        group_id="g", member_id="c", member_epoch=-1, topic_partitions=()
+    )
+    ctx._apply(
+        ctx.shard.handle_consumer_group_heartbeat(ctx.new_token(), leave, ctx.now_ms, TOPICS)
+    )
+    assert not ctx.shard.consumer_groups["g"].members
+    protocols = (("range", subscription()),)
+    token, step = ctx.join(member_id="", client_id="k", protocols=protocols, topics=TOPICS)
+    first = step.response(token)
+    assert isinstance(first, JoinGroupResponse)
+    assert first.error_code is Errors.MEMBER_ID_REQUIRED
+    assert "g" not in ctx.shard.consumer_groups
+    token, step = ctx.join(
+        member_id=first.member_id, client_id="k", protocols=protocols, topics=TOPICS
+    )
+    assert not step.answered(token)  # parked for the join phase, as in a fresh group
+    answers = [s.response(token) for _, _, s in ctx.sleep(1) if s.answered(token)]
+    assert len(answers) == 1, answers
+    joined = answers[0]
+    assert isinstance(joined, JoinGroupResponse)
+    assert (joined.error_code, joined.member_id) == (Errors.NONE, first.member_id)
