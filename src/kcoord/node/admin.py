@@ -56,12 +56,13 @@ import hmac
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 
 from kcoord.cluster.coordinator import consumer_protocol
-from kcoord.cluster.coordinator.consumer import ConsumerGroup
+from kcoord.cluster.coordinator.consumer import CONSUMER_PROTOCOL_TYPE, ConsumerGroup
 from kcoord.cluster.coordinator.types import (
     DescribeGroupsRequest,
     DescribeGroupsResponse,
@@ -431,10 +432,19 @@ class AdminService:
         assert isinstance(described, DescribeGroupsResponse)
         assert isinstance(fetched, OffsetFetchResponse)
         group = described.groups[0]
-        if group.error_code is not Errors.NONE:
-            raise RpcError(int(group.error_code), group.error_message or group.error_code.name)
         live = ctx.shard.group(group_id) if ctx.shard is not None else None
         consumer_group = ctx.shard.consumer_groups.get(group_id) if ctx.shard is not None else None
+        if consumer_group is not None:
+            # DescribeGroups reads a KIP-848 group as Dead (Kafka's describeGroups): its state
+            # and type come from the group itself, as ConsumerGroupDescribe gives them.
+            group = replace(
+                group,
+                error_code=Errors.NONE,
+                group_state=consumer_group.state,
+                protocol_type=CONSUMER_PROTOCOL_TYPE,
+            )
+        if group.error_code is not Errors.NONE:
+            raise RpcError(int(group.error_code), group.error_message or group.error_code.name)
         members = [] if consumer_group is None else self._consumer_group_members(consumer_group)
         for m in group.members:
             assignment = (
