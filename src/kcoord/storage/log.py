@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import logging
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NamedTuple
@@ -844,6 +844,20 @@ class Log:
             data, base_offset = result
             return FetchData(data, base_offset if data else None)
         return FetchData(b"", None)
+
+    def batch_headers_from(self, offset: int) -> Iterator[fmt.BatchHeader]:
+        """The headers of the batches from the one holding ``offset`` on, oldest first, CRC
+        unchecked (what a producer state reads to catch up with the log). Consume it before
+        the log changes: it reads the segments as they are."""
+        for i, seg in enumerate(self.segments[self._segment_index_for(offset) :]):
+            position = 0
+            if i == 0:
+                found = seg.translate_offset(offset)
+                if found is None:
+                    continue  # nothing at or after ``offset`` here (compaction left a gap)
+                position = found.position
+            for found in seg.scan_headers(position):
+                yield found.header
 
     def bytes_between(self, start_offset: int, end_offset: int) -> int:
         """The bytes of the batches from the one holding ``start_offset`` up to ``end_offset``

@@ -21,8 +21,9 @@ State`` and ``ProducerAppendInfo`` do:
 - ``ACCEPTED`` otherwise. Batches of one request are validated in order, each against the state
   as the earlier ones would leave it; duplicates are looked up in the stored state only.
 
-After the append, ``update`` records the batches with their final offsets. ``load`` rebuilds
-the state from the batch headers of a log (oldest first) when a node becomes leader: Kafka
+After the append, ``update`` records the batches with their final offsets; it also takes in
+batch headers read from a log (oldest first), which is how a node builds the state of a
+partition it starts to host and keeps a follower's up to date (node/kafka/produce.py): Kafka
 rebuilds from its ``.snapshot`` files plus the log tail, kcoord from the log alone (batch
 headers are 61 bytes each, so this is a cheap scan). Batches without a producer id and control
 batches carry no sequence state and are skipped. ``remove_expired_producers`` forgets producers

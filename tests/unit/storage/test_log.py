@@ -1201,3 +1201,16 @@ def test_segment_ms_rolls_by_the_clock_when_the_first_batch_has_no_timestamp(
         record = fmt.Record(i, -1, b"k", b"v")
         follower.append_as_follower(fmt.build_batch([record], partition_leader_epoch=0), at)
     assert [s.base_offset for s in follower.segments] == [0, 1]
+
+
+def test_batch_headers_from_an_offset_match_a_scan_of_every_segment(tmp_path: Path) -> None:
+    """What a producer state reads to catch up: every batch from the one holding the offset
+    on, across segments, as a scan of the whole log finds them."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for i in range(60):
+        lg.append_as_leader(batch(1 + i % 3), leader_epoch=0, now_ms=0)
+    assert len(lg.segments) >= 3
+    every = [bp.header for seg in lg.segments for bp in seg.scan_headers()]
+    for offset in range(lg.log_end_offset + 1):
+        expected = [h for h in every if h.last_offset >= offset]
+        assert list(lg.batch_headers_from(offset)) == expected, offset

@@ -24,17 +24,19 @@ Produce (Kafka's ``KafkaApis.handleProduceRequest`` and ``ReplicaManager.appendR
    and if a partition failed the connection is closed so the producer refreshes its metadata
    (as Kafka does). Other acks values: ``INVALID_REQUIRED_ACKS``.
 
-Producer state lives per led partition and is rebuilt from the batch headers of the log the
-first time a produce reaches the partition after this node became its leader, a slice at a
-time between which the loop serves other clients (``ProducerStates``); the produce waits for it
-before step 1's synchronous part, so the no-await rule above still holds.
+Producer state lives per hosted data partition, leader or follower (``ProducerStates``): built
+from the batch headers of the log when the node starts to host it, a slice at a time between
+which the loop serves other clients, then kept up with the log across leaderships. A produce
+waits for it to reach the log end before step 1's synchronous part, so the no-await rule above
+still holds.
 
 DescribeProducers (apiKey 61, KIP-664; ``ReplicaManager.activeProducerState``): the producers
 a led partition's state holds, each with its epoch, last sequence and last timestamp (no
 coordinator epoch and no open transaction: -1), after the state has loaded as for a produce.
 Errors: ``UNKNOWN_TOPIC_OR_PARTITION``, and ``NOT_LEADER_OR_FOLLOWER`` from a follower (a Kafka
-follower answers with the state it keeps as it replicates; kcoord keeps it on the leader only,
-and the admin clients ask the leader). ``__consumer_offsets`` has no idempotent producers: it
+follower answers with the state it keeps as it replicates; a kcoord follower's state may be
+up to ``FOLLOWER_CATCH_UP_INTERVAL_MS`` behind, so only the leader answers, and the admin
+clients ask the leader). ``__consumer_offsets`` has no idempotent producers: it
 answers none.
 
 InitProducerId: an idempotent producer (no transactional id) gets a fresh producer id with
@@ -48,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -65,6 +66,7 @@ from kcoord.node.kafka.context import BrokerContext, is_internal
 from kcoord.node.kafka.producer_ids import ProducerIdManager, ProducerIdsExhaustedError
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
 from kcoord.storage import format as fmt
+from kcoord.storage.log import Log
 from kcoord.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     Duplicate,
@@ -82,25 +84,65 @@ NO_LEADER_HINT: Final = {"leader_id": -1, "leader_epoch": -1}
 _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
 
 
-# Batch headers parsed between two yields to the event loop while a producer state loads:
-# 3 ms of work alone on this machine, about 10 ms with three nodes and their clients on its two
-# cores, so other clients of the node wait no longer than that.
+# Batch headers parsed between two yields to the event loop while a producer state reads its
+# log: 3 ms of work alone on this machine, about 10 ms with three nodes and their clients on its
+# two cores, so other clients of the node wait no longer than that.
 LOAD_SLICE_HEADERS: Final = 1000
-# A load restarts when a segment it was reading was let go meanwhile (retention, cleaner).
+# A read starts over when a segment it was reading was let go meanwhile (retention, cleaner).
 _LOAD_ATTEMPTS: Final = 3
-# producer.id.expiration.check.interval.ms: how often a leader forgets idle producers.
+# producer.id.expiration.check.interval.ms: how often idle producers are forgotten.
 PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
+# How often a follower's state reads what it replicated since (at most): on promotion only
+# that much is left to read before the first produce.
+FOLLOWER_CATCH_UP_INTERVAL_MS: Final = 1000
+
+
+@dataclass(eq=False)
+class _Tracked:
+    """One partition's producer state and how far into its log it has read."""
+
+    part: Partition
+    log: Log
+    state: ProducerStateManager
+    end_offset: int  # the batches below it are in ``state``
+    truncations: int  # the log's truncation count ``end_offset`` is valid for
+    next_expiry_ms: int
+    next_catch_up_ms: int = 0
+
+    def still_valid(self) -> bool:
+        """Whether what was read is still the log's prefix and nothing unread is gone: no
+        truncation below ``end_offset``, no log start moved past it (the runtime's
+        ``Standby.still_valid``)."""
+        lg = self.log
+        if self.part.log is not lg or self.end_offset < lg.log_start_offset:
+            return False
+        if lg.truncations != self.truncations:
+            if lg.truncations != self.truncations + 1 or lg.last_truncated_to < self.end_offset:
+                return False
+            self.truncations = lg.truncations
+        return self.end_offset <= lg.log_end_offset
+
+    @property
+    def caught_up(self) -> bool:
+        return self.end_offset == self.log.log_end_offset
 
 
 class ProducerStates:
-    """The ``ProducerStateManager`` of every partition this node leads.
+    """The ``ProducerStateManager`` of every data partition this node hosts, leader or
+    follower, each kept up with its log.
 
-    A state is rebuilt from the log's batch headers the first time a produce reaches the
-    partition in a leadership (``ready``). A long log has millions of them: parsed in one go
-    that stalled every client of the node (300,000 one-record batches took 1.05 s, during which
-    an ApiVersions waited as long), so the scan yields to the loop every
-    ``LOAD_SLICE_HEADERS`` headers. Produces to that partition wait for it; Kafka avoids most of
-    the scan with producer snapshots and state kept on followers.
+    A state is built from the log's batch headers when the node starts to host the partition
+    (in the background) and then reads on from where it stopped: a leader's produces record
+    their batches at once; a follower reads what it replicated at most every
+    ``FOLLOWER_CATCH_UP_INTERVAL_MS``, so a promotion has little left to read before the first
+    produce, as Kafka's followers keep their producer state up to date as they replicate. A
+    state stays across leaderships and log start moves (Kafka's ``onLogStartOffsetIncremented``
+    keeps producers); a truncation below what it read, or unread batches gone with the log
+    start, make it start over. A long log has millions of headers: read in one go that stalled
+    every client of the node (300,000 one-record batches took 1.05 s), so the background read
+    yields to the loop every ``LOAD_SLICE_HEADERS`` headers; produces to the partition wait
+    for it (``ready``). Kafka also avoids the first read with producer snapshot files; kcoord
+    reads the last ``producer.id.expiration.ms`` of log after a restart.
     """
 
     def __init__(
@@ -109,109 +151,204 @@ class ProducerStates:
         *,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ) -> None:
+        self.replicas = replicas
         self.producer_id_expiration_ms = producer_id_expiration_ms
-        self._states: dict[tuple[str, int], tuple[Partition, ProducerStateManager]] = {}
-        # When each partition's idle producers are next forgotten (Kafka's UnifiedLog runs
-        # removeExpiredProducers on a timer; here the first produce after the interval does).
-        self._next_expiry_ms: dict[tuple[str, int], int] = {}
-        self._loading: dict[tuple[str, int], tuple[Partition, int, asyncio.Task[None]]] = {}
+        self._tracked: dict[tuple[str, int], _Tracked] = {}
+        self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         replicas.add_role_listener(self.on_role_change)
+        replicas.add_high_watermark_listener(self.on_high_watermark)
+
+    # -- keeping up ---------------------------------------------------------------------------
 
     def on_role_change(self, part: Partition, is_leader: bool) -> None:
-        # Rebuilt for each leadership: another leader may have appended meanwhile.
-        self._states.pop(part.tp, None)
-        self._next_expiry_ms.pop(part.tp, None)
+        if is_internal(part.topic):
+            return
+        if self.replicas.get_partition(part.topic, part.partition) is not part:
+            self._forget(part.tp)  # no longer hosted here
+            return
+        self._catch_up_later(self._track(part, self.replicas.now_ms()))
+
+    def on_high_watermark(self, part: Partition, _high_watermark: int) -> None:
+        """A follower's replicated batches, read at most every catch-up interval."""
+        if part.is_leader or is_internal(part.topic):
+            return
+        t = self._tracked.get(part.tp)
+        if t is None or t.part is not part:
+            return
+        now_ms = self.replicas.now_ms()
+        if now_ms >= t.next_catch_up_ms:
+            t.next_catch_up_ms = now_ms + FOLLOWER_CATCH_UP_INTERVAL_MS
+            self._catch_up_later(t)
+
+    def on_appended(
+        self,
+        part: Partition,
+        headers: list[fmt.BatchHeader],
+        first_offset: int,
+        next_offset: int,
+    ) -> None:
+        """A leader's produce appended ``headers`` (final offsets) at ``first_offset``."""
+        t = self._tracked.get(part.tp)
+        if t is not None and t.part is part and t.end_offset == first_offset:
+            t.state.update(headers)
+            t.end_offset = next_offset
+        # Otherwise the state reads them from the log when it catches up.
+
+    # -- what produces use --------------------------------------------------------------------
 
     def loaded(self, part: Partition) -> bool:
-        entry = self._states.get(part.tp)
-        return entry is not None and entry[0] is part
+        t = self._tracked.get(part.tp)
+        return t is not None and t.part is part and t.still_valid() and t.caught_up
 
     async def ready(self, part: Partition, now_ms: int) -> None:
-        """Load ``part``'s state for this leadership unless it is loaded, without blocking the
-        loop for long; every produce that reaches it meanwhile waits for the same load."""
+        """Bring ``part``'s state up to the log end, yielding to the loop as it reads; every
+        produce that reaches it meanwhile waits for the same read."""
         if self.loaded(part):
             return
-        loading = self._loading.get(part.tp)
-        # A partition keeps its object across leaderships: a load begun in an earlier one (the
-        # node was follower in between, and its log changed) is not this leadership's.
-        if loading is None or loading[0] is not part or loading[1] != part.leader_epoch:
-            task = asyncio.ensure_future(self._load(part, part.leader_epoch, now_ms))
-            loading = (part, part.leader_epoch, task)
-            self._loading[part.tp] = loading
-            task.add_done_callback(functools.partial(self._loaded, part.tp, loading))
-        await asyncio.shield(loading[2])
-
-    def _loaded(
-        self,
-        tp: tuple[str, int],
-        loading: tuple[Partition, int, asyncio.Task[None]],
-        _task: asyncio.Task[None],
-    ) -> None:
-        if self._loading.get(tp) is loading:
-            del self._loading[tp]
-
-    async def _load(self, part: Partition, leader_epoch: int, now_ms: int) -> None:
-        for _ in range(_LOAD_ATTEMPTS):
-            state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
-            slice_: list[fmt.BatchHeader] = []
-            try:
-                for header in self._producer_batches(part, now_ms):
-                    slice_.append(header)
-                    if len(slice_) >= LOAD_SLICE_HEADERS:
-                        state.update(slice_)
-                        slice_ = []
-                        await asyncio.sleep(0)  # let the node's other clients in
-            except OSError:
-                continue  # a segment was let go while we read it: its batches are gone
-            state.update(slice_)
-            if part.is_leader and part.leader_epoch == leader_epoch:
-                self._store(part, state, now_ms)
-            return
-        if part.is_leader and part.leader_epoch == leader_epoch:
-            self.get(part, now_ms)  # the log kept changing: one pass without yielding
+        t = self._track(part, now_ms)
+        task = self._catch_up_later(t)
+        if task is not None:
+            await asyncio.shield(task)
 
     def get(self, part: Partition, now_ms: int) -> ProducerStateManager:
-        entry = self._states.get(part.tp)
-        if entry is not None and entry[0] is part:
-            if now_ms >= self._next_expiry_ms.get(part.tp, 0):
-                entry[1].remove_expired_producers(now_ms)
-                self._next_expiry_ms[part.tp] = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
-            return entry[1]
-        state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
-        state.load(self._producer_batches(part, now_ms))
-        return self._store(part, state, now_ms)
-
-    def _store(
-        self, part: Partition, state: ProducerStateManager, now_ms: int
-    ) -> ProducerStateManager:
-        state.remove_expired_producers(now_ms)
-        self._states[part.tp] = (part, state)
-        self._next_expiry_ms[part.tp] = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
-        log.info(
-            "%s-%d: producer state of %d producers loaded",
-            part.topic,
-            part.partition,
-            len(state.producers),
-        )
-        return state
-
-    def _producer_batches(self, part: Partition, now_ms: int) -> Iterator[fmt.BatchHeader]:
-        horizon_ms = now_ms - self.producer_id_expiration_ms
-        leading = True
-        for seg in list(part.log.segments):
-            if leading and 0 <= seg.max_timestamp < horizon_ms:
-                # Every producer whose last batch is here has expired. Only a leading run is
-                # skipped: a producer may have written later batches with old timestamps
-                # (event time) after recent ones, and its state must come from its last ones.
-                continue
-            leading = False
+        """``part``'s state, read to the log end now (what ``ready`` left is a few batches)."""
+        t = self._track(part, now_ms)
+        for _ in range(_LOAD_ATTEMPTS):
             try:
-                for bp in seg.scan_headers():
-                    if bp.header.producer_id != fmt.NO_PRODUCER_ID:
-                        yield bp.header
-            except LogCorruptError as e:
-                log.error("%s-%d: producer state scan stopped: %s", part.topic, part.partition, e)
-                return
+                if not t.still_valid():
+                    self._restart(t, now_ms)
+                self._read(t, None)
+                break
+            except OSError:
+                self._restart(t, now_ms)  # a segment was let go while we read it
+        self._maybe_expire(t, now_ms)
+        return t.state
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _track(self, part: Partition, now_ms: int) -> _Tracked:
+        t = self._tracked.get(part.tp)
+        if t is None or t.part is not part:
+            self._forget(part.tp)
+            t = _Tracked(
+                part,
+                part.log,
+                ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms),
+                end_offset=0,
+                truncations=0,
+                next_expiry_ms=0,
+            )
+            self._restart(t, now_ms)
+            self._tracked[part.tp] = t
+        return t
+
+    def _forget(self, tp: tuple[str, int]) -> None:
+        self._tracked.pop(tp, None)
+        task = self._tasks.pop(tp, None)
+        if task is not None:
+            task.cancel()
+
+    def _restart(self, t: _Tracked, now_ms: int) -> None:
+        """Start ``t`` over, empty, from the first segment whose batches may still hold a
+        live producer: a leading run of segments older than ``producer.id.expiration.ms`` is
+        skipped, not one in the middle (a producer may write batches with old timestamps,
+        event time, after recent ones, and its state must come from its last ones)."""
+        lg = t.part.log
+        horizon_ms = now_ms - self.producer_id_expiration_ms
+        start = lg.log_end_offset
+        for seg in lg.segments:
+            if not 0 <= seg.max_timestamp < horizon_ms:
+                start = seg.base_offset
+                break
+        t.log = lg
+        t.state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
+        t.end_offset = max(start, lg.log_start_offset)
+        t.truncations = lg.truncations
+        t.next_expiry_ms = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
+
+    def _read(self, t: _Tracked, limit: int | None) -> bool:
+        """Read up to ``limit`` batch headers past ``t.end_offset`` (all without one); True
+        once ``t`` has read to the log end."""
+        lg = t.log
+        end = lg.log_end_offset
+        offset = t.end_offset
+        if offset >= end:
+            return True
+        headers: list[fmt.BatchHeader] = []
+        count = 0
+        done = True
+        try:
+            for header in lg.batch_headers_from(offset):
+                if header.base_offset >= end:
+                    break
+                if header.last_offset < offset:
+                    continue
+                if header.producer_id != fmt.NO_PRODUCER_ID:
+                    headers.append(header)
+                offset = header.last_offset + 1
+                count += 1
+                if limit is not None and count >= limit:
+                    done = False
+                    break
+        except LogCorruptError as e:
+            log.error("%s: producer state read stopped: %s", lg.directory.name, e)
+        if done:
+            offset = max(offset, end)  # nothing more, or a gap compaction left at the end
+        t.state.update(headers)
+        t.end_offset = offset
+        return done
+
+    def _catch_up_later(self, t: _Tracked) -> asyncio.Task[None] | None:
+        """The read of ``t`` to the log end, in the background; the running one if any."""
+        task = self._tasks.get(t.part.tp)
+        if task is not None and not task.done():
+            return task
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None  # no loop (a test building a node): ``get`` reads when asked
+        task = loop.create_task(self._catch_up(t), name=f"producer-state-{t.part.tp}")
+        self._tasks[t.part.tp] = task
+        task.add_done_callback(functools.partial(self._done, t.part.tp))
+        return task
+
+    def _done(self, tp: tuple[str, int], task: asyncio.Task[None]) -> None:
+        if self._tasks.get(tp) is task:
+            del self._tasks[tp]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("producer state of %s-%d: %r", tp[0], tp[1], task.exception())
+
+    async def _catch_up(self, t: _Tracked) -> None:
+        for _ in range(_LOAD_ATTEMPTS):
+            try:
+                while True:
+                    if self._tracked.get(t.part.tp) is not t:
+                        return  # forgotten meanwhile
+                    if not t.still_valid():
+                        self._restart(t, self.replicas.now_ms())
+                    if self._read(t, LOAD_SLICE_HEADERS):
+                        break
+                    await asyncio.sleep(0)  # let the node's other clients in
+            except OSError:
+                self._restart(t, self.replicas.now_ms())  # a segment went while we read it
+                continue
+            self._maybe_expire(t, self.replicas.now_ms())
+            log.debug(
+                "%s-%d: producer state of %d producers read to %d",
+                t.part.topic,
+                t.part.partition,
+                len(t.state.producers),
+                t.end_offset,
+            )
+            return
+        # The log kept changing under the reads: ``get`` reads it in one go when asked.
+
+    @staticmethod
+    def _maybe_expire(t: _Tracked, now_ms: int) -> None:
+        """Kafka's removeExpiredProducers, every producer.id.expiration.check.interval.ms."""
+        if now_ms >= t.next_expiry_ms:
+            t.state.remove_expired_producers(now_ms)
+            t.next_expiry_ms = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
 
 
 @dataclass(slots=True)
@@ -344,13 +481,16 @@ class ProduceApi:
                 result.base_offset = appended.base_offset
                 result.log_append_time = appended.log_append_time_ms
                 last_offset = appended.last_offset
-                state.update(
+                self.states.on_appended(
+                    part,
                     _stamped(
                         headers,
                         appended.base_offset,
                         part.leader_epoch,
                         appended.log_append_time_ms,
-                    )
+                    ),
+                    appended.base_offset,
+                    appended.last_offset + 1,
                 )
                 if self.ctx.settings.bug_append_twice:
                     self.ctx.replicas.append_local(part, data, required_acks=acks)

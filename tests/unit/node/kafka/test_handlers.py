@@ -1250,7 +1250,7 @@ def test_a_long_producer_state_loads_between_other_work_and_still_finds_retries(
         async def other_client() -> None:
             nonlocal seen_loading
             while True:
-                if states._loading:
+                if states._tasks:
                     seen_loading += 1
                 await asyncio.sleep(0)
 
@@ -1262,7 +1262,7 @@ def test_a_long_producer_state_loads_between_other_work_and_still_finds_retries(
             ticker.cancel()
         assert (retry.error_code, retry.base_offset) == (Errors.NONE, count - 1)
         assert seen_loading >= slices, f"the load let the loop run other work {seen_loading} times"
-        assert not states._loading
+        assert not states._tasks
         following = batch([b"w"], producer_id=pid, producer_epoch=0, base_sequence=count)
         answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, following)))
         assert (answer.error_code, answer.base_offset) == (Errors.NONE, count)
@@ -1270,10 +1270,12 @@ def test_a_long_producer_state_loads_between_other_work_and_still_finds_retries(
     run(tmp_path, test)
 
 
-def test_a_producer_state_load_from_an_earlier_leadership_is_not_used(tmp_path: Path) -> None:
-    """A partition keeps its object across leaderships. A load still running when the node
-    became a follower and then leader again had read the log as it was: its state, missing a
-    batch the other leader appended meanwhile, must not serve the new leadership."""
+def test_a_producer_state_read_across_leaderships_takes_in_what_another_leader_wrote(
+    tmp_path: Path,
+) -> None:
+    """A read still running when the node became a follower and then leader again goes on to
+    the log's new end: the batch the other leader appended meanwhile (replicated here) is in
+    the state, so the producer's retry of it here is a duplicate, not appended twice."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         count = 5 * LOAD_SLICE_HEADERS
@@ -1281,11 +1283,11 @@ def test_a_producer_state_load_from_an_earlier_leadership_is_not_used(tmp_path: 
         states = h.broker.produce.states
         following = batch([b"w"], producer_id=pid, producer_epoch=0, base_sequence=count)
         sent = asyncio.create_task(c.call(PRODUCE, 9, produce_values("t", 0, following)))
-        while not states._loading:
+        while not states._tasks:
             await asyncio.sleep(0)
         for _ in range(2):  # the load is under way: it has read the log's end
             await asyncio.sleep(0)
-        assert states._loading, "the load ended before the leadership moved"
+        assert states._tasks, "the load ended before the leadership moved"
         # Node 2 leads for a moment and appends the same batch (the producer's retry went
         # there); it replicates here. Then this node leads again.
         h.move_leader("t", 0, 2)
@@ -1294,6 +1296,75 @@ def test_a_producer_state_load_from_an_earlier_leadership_is_not_used(tmp_path: 
         answer = only_partition(await sent)
         assert (answer.error_code, answer.base_offset) == (Errors.NONE, count)
         assert part.log.log_end_offset == count + 1, "the retried batch was appended twice"
+
+    run(tmp_path, test)
+
+
+def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
+    tmp_path: Path,
+) -> None:
+    """The review's scenario: a batch appended (its answer lost), then DeleteRecords and
+    retention take its segment, then a leadership change. The state rebuilt from the log had
+    no trace of the producer and appended its retry again; kept across leaderships (as
+    Kafka's producer state survives log start moves), it answers the retry as a duplicate."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        states = h.broker.produce.states
+        first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
+        appended = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (appended.error_code, appended.base_offset) == (Errors.NONE, 0)
+        part.log.roll()
+        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+        assert (
+            only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, other))).error_code == 0
+        )
+        h.replicas.delete_records("t", 0, 1)
+        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
+        assert part.log.segments[0].base_offset == 1, "the first batch's segment is gone"
+        state = states.get(part, h.clock[0])
+        h.move_leader("t", 0, 2)
+        h.move_leader("t", 0, NODE_ID)
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        assert part.log.log_end_offset == 2, "the retry was appended again"
+        assert states.get(part, h.clock[0]) is state, "the state was rebuilt, not kept"
+
+    run(tmp_path, test)
+
+
+def test_a_producer_state_starts_over_after_a_truncation_below_what_it_read(
+    tmp_path: Path,
+) -> None:
+    """As a follower the log lost batches 1-2 of a producer to a truncation and took the new
+    leader's batch 1 instead: the state, which had read the lost ones, starts over, so the
+    producer's sequence 2 here again is appended, not answered as a duplicate of a batch the
+    log no longer has."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        pid = 9
+
+        def seq(n: int, value: bytes) -> bytes:
+            return batch([value], producer_id=pid, producer_epoch=0, base_sequence=n)
+
+        for n in range(3):
+            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, seq(n, b"x"))))
+            assert (answer.error_code, answer.base_offset) == (Errors.NONE, n)
+        h.move_leader("t", 0, 2)
+        part.log.truncate_to(1)
+        replicated = bytearray(seq(1, b"y"))
+        fmt.set_base_offset(replicated, 0, 1)
+        part.log.append_as_follower(bytes(replicated), h.clock[0])
+        h.move_leader("t", 0, NODE_ID)
+        again = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, seq(2, b"z"))))
+        assert (again.error_code, again.base_offset) == (Errors.NONE, 2)
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", 0, 0)))
+        assert records_of(fetched.records) == [b"x", b"y", b"z"]
 
     run(tmp_path, test)
 
