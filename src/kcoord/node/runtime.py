@@ -313,6 +313,10 @@ class ShardContext:
     futures: dict[Hashable, asyncio.Future[Any]] = field(default_factory=dict)
     deferred: list[_Deferred] = field(default_factory=list)
     last_written_offset: int = 0
+    # Where each group's last record ends, and where the last record of no one group (and the
+    # load) ends: a read of one group waits for what was written for it only.
+    group_written: dict[str, int] = field(default_factory=dict)
+    all_written: int = 0
     load_summary: LoadSummary | None = None
     batch: _Batch | None = None
     expiry: asyncio.TimerHandle | None = None  # for the oldest deferred response
@@ -329,12 +333,16 @@ class ShardContext:
         token: int,
         *,
         replay_only: bool = False,
+        read_group: str | None = None,
     ) -> None:
         """Run one handler (or timer) and deal with its records and responses.
 
         ``replay_only``: the handler changes the shard's state only through the records it
         returns (OffsetCommit), so when their append is refused the shard is as it was and
         only this call's answers fail; any other handler's refused write unloads the shard.
+        ``read_group``: the handler reads that group alone (OffsetFetch, DescribeGroups): its
+        answer waits for that group's written records to commit, not for every group's, as
+        Kafka's read operations see the last committed state at once.
         """
         assert self.shard is not None and self.state is ShardState.ACTIVE
         try:
@@ -374,7 +382,19 @@ class ShardContext:
                 log.exception("coordinator write failed on %s-%d", OFFSETS_TOPIC, self.index)
                 self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
                 return
-        self._defer(self.last_written_offset, result.responses)
+        offset = self.last_written_offset
+        if read_group is not None and not result.records:
+            offset = max(self.group_written.get(read_group, 0), self.all_written)
+        self._defer(offset, result.responses)
+
+    def _note_written(self, records: Sequence[CoordinatorRecord]) -> None:
+        end = self.last_written_offset
+        for record in records:
+            group_id = getattr(record.key, "group_id", None)
+            if isinstance(group_id, str):
+                self.group_written[group_id] = end
+            else:
+                self.all_written = end
 
     def _max_batch_bytes(self) -> int:
         """``max.message.bytes``, and no more than one segment: the log refuses a larger
@@ -442,6 +462,7 @@ class ShardContext:
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
         self.last_written_offset = appended.last_offset + 1
+        self._note_written(records)
 
     def _write(self, records: list[CoordinatorRecord]) -> bool:
         """Replay one handler's records and add them to the open batch (Kafka's
@@ -479,6 +500,7 @@ class ShardContext:
             self.shard.replay(batch.base_offset + delta, record)
         batch.size += size
         self.last_written_offset = batch.base_offset + len(batch.records)
+        self._note_written(records)
         return True
 
     def _flush_if_open(self, batch: _Batch) -> None:
@@ -819,7 +841,7 @@ class CoordinatorRuntime:
             applied += latest.flush(shard, decoder)
         ctx.shard = shard
         ctx.timer = timer
-        ctx.last_written_offset = lg.log_end_offset
+        ctx.last_written_offset = ctx.all_written = lg.log_end_offset
         ctx.state = ShardState.ACTIVE
         summary = LoadSummary(
             ctx.index,
@@ -991,15 +1013,19 @@ class CoordinatorRuntime:
         handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
         *,
         replay_only: bool = False,
+        read_only: bool = False,
     ) -> asyncio.Future[Any]:
         """Run ``handler(shard, token, now_ms)`` on the group's shard now, in request order.
 
         Raises ``CoordinatorError`` at once when no active shard serves the group; otherwise
         the future completes with the response once what it depends on is committed.
-        ``replay_only``: see ``ShardContext.run``.
+        ``replay_only``: see ``ShardContext.run``; ``read_only``: the handler reads this group
+        and no other (``read_group`` there).
         """
         ctx = self.context_for(group_id)
-        return self._submit_to(ctx, handler, replay_only=replay_only)
+        return self._submit_to(
+            ctx, handler, replay_only=replay_only, read_group=group_id if read_only else None
+        )
 
     def _submit_to(
         self,
@@ -1007,11 +1033,17 @@ class CoordinatorRuntime:
         handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
         *,
         replay_only: bool = False,
+        read_group: str | None = None,
     ) -> asyncio.Future[Any]:
         token = next(self._tokens)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         ctx.futures[token] = fut
-        ctx.run(_bind_now(handler, self.now_ms()), token, replay_only=replay_only)
+        ctx.run(
+            _bind_now(handler, self.now_ms()),
+            token,
+            replay_only=replay_only,
+            read_group=read_group,
+        )
         return fut
 
     async def call(
@@ -1020,8 +1052,9 @@ class CoordinatorRuntime:
         handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
         *,
         replay_only: bool = False,
+        read_only: bool = False,
     ) -> Any:
-        return await self.submit(group_id, handler, replay_only=replay_only)
+        return await self.submit(group_id, handler, replay_only=replay_only, read_only=read_only)
 
     def submit_all(
         self, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]

@@ -1073,3 +1073,43 @@ def test_timers_fire_after_their_delay_whatever_the_wall_clock_says(tmp_path: Pa
         node.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -> None:
+    """Kafka's read operations answer from the last committed state at once: a group's
+    OffsetFetch or DescribeGroups behind another group's commit stuck on a lagging follower
+    waited for it, and failed with it after the commit timeout. It waits for its own group's
+    pending writes only; ListGroups, which reads every group, still waits for all."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("B", commit("B", 10)), 5)
+        node.replicas.hold = True  # a follower lags from here on
+        stuck = node.runtime.submit("A", commit("A", 1))
+        describe = t.DescribeGroupsRequest(groups=("B",))
+        other = node.runtime.submit("B", fetch("B"), read_only=True)
+        described = node.runtime.submit(
+            "B", lambda s, tok, now: s.handle_describe_groups(tok, describe, now), read_only=True
+        )
+        own = node.runtime.submit("A", fetch("A"), read_only=True)
+        listed = node.runtime.submit_all(
+            lambda s, tok, now: s.handle_list_groups(tok, t.ListGroupsRequest(), now)
+        )[0]
+        offsets = await asyncio.wait_for(other, 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 10
+        assert (await asyncio.wait_for(described, 5)).groups[0].group_id == "B"
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert not own.done() and not listed.done() and not stuck.done()
+        node.replicas.release(part)
+        await asyncio.wait_for(stuck, 5)
+        fetched = await asyncio.wait_for(own, 5)
+        assert fetched.topics[0].partitions[0].committed_offset == 1
+        await asyncio.wait_for(listed, 5)
+        node.runtime.close()
+
+    asyncio.run(scenario())

@@ -119,6 +119,7 @@ class GroupApi:
         convert: Callable[[Any], dict[str, Any]] = values,
         *,
         replay_only: bool = False,
+        read_only: bool = False,
         empty_id_ok: bool = False,
     ) -> Result:
         if not group_id and not empty_id_ok:
@@ -128,7 +129,7 @@ class GroupApi:
             # compatibility": it is an ordinary group there, led by the shard "" hashes to.
             return on_error(Errors.INVALID_GROUP_ID)
         try:
-            fut = self.runtime.submit(group_id, call, replay_only=replay_only)
+            fut = self.runtime.submit(group_id, call, replay_only=replay_only, read_only=read_only)
         except CoordinatorError as e:
             return on_error(e.code)
 
@@ -403,6 +404,7 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_offset_fetch(tok, req, now),
             on_error,
+            read_only=True,
             empty_id_ok=True,
         )
 
@@ -469,6 +471,7 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_describe_groups(tok, req, now),
             on_error,
+            read_only=True,
             empty_id_ok=True,
         )
 
@@ -714,6 +717,7 @@ class GroupApi:
                 lambda s, tok, now: s.handle_consumer_group_describe(tok, req, now),
                 on_error,
                 convert,
+                read_only=True,
             )
 
         async def gather() -> dict[str, Any]:

@@ -20,7 +20,9 @@ class _Runtime:
     def __init__(self, shards: list[Any]) -> None:
         self.shards = shards
 
-    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+    def submit(
+        self, group_id: str, call: Any, *, replay_only: bool = False, read_only: bool = False
+    ) -> Any:
         raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
 
     def submit_all(self, call: Any) -> list[asyncio.Future[Any]]:
