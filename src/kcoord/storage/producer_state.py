@@ -205,11 +205,12 @@ class ProducerStateManager:
         self.update(headers)
 
     def remove_expired_producers(self, now_ms: int) -> list[int]:
-        """Forget producers idle for longer than the expiration; return their ids."""
+        """Forget producers idle for the expiration or longer (``isProducerExpired``); return
+        their ids."""
         expired = [
             pid
             for pid, entry in self.producers.items()
-            if now_ms - entry.last_timestamp_ms > self.producer_id_expiration_ms
+            if now_ms - entry.last_timestamp_ms >= self.producer_id_expiration_ms
         ]
         for pid in expired:
             del self.producers[pid]

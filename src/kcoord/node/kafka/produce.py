@@ -95,6 +95,7 @@ PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
 # How often a follower's state reads what it replicated since (at most): on promotion only
 # that much is left to read before the first produce.
 FOLLOWER_CATCH_UP_INTERVAL_MS: Final = 1000
+BACKGROUND_READS: Final = 2
 
 
 @dataclass(eq=False)
@@ -111,10 +112,13 @@ class _Tracked:
 
     def still_valid(self) -> bool:
         """Whether what was read is still the log's prefix and nothing unread is gone: no
-        truncation below ``end_offset``, no log start moved past it (the runtime's
+        truncation below ``end_offset``, no segment deleted past it (the runtime's
         ``Standby.still_valid``)."""
         lg = self.log
-        if self.part.log is not lg or self.end_offset < lg.log_start_offset:
+        # The segments' start, not the log start: DeleteRecords moves the log start over
+        # batches that stay readable, and a state may read them (Kafka keeps producers
+        # across log start moves, onLogStartOffsetIncremented).
+        if self.part.log is not lg or self.end_offset < lg.segments[0].base_offset:
             return False
         if lg.truncations != self.truncations:
             if lg.truncations != self.truncations + 1 or lg.last_truncated_to < self.end_offset:
@@ -137,12 +141,14 @@ class ProducerStates:
     ``FOLLOWER_CATCH_UP_INTERVAL_MS``, so a promotion has little left to read before the first
     produce, as Kafka's followers keep their producer state up to date as they replicate. A
     state stays across leaderships and log start moves (Kafka's ``onLogStartOffsetIncremented``
-    keeps producers); a truncation below what it read, or unread batches gone with the log
-    start, make it start over. A long log has millions of headers: read in one go that stalled
-    every client of the node (300,000 one-record batches took 1.05 s), so the background read
-    yields to the loop every ``LOAD_SLICE_HEADERS`` headers; produces to the partition wait
-    for it (``ready``). Kafka also avoids the first read with producer snapshot files; kcoord
-    reads the last ``producer.id.expiration.ms`` of log after a restart.
+    keeps producers; a state reads from the first segment, log start or not); a truncation
+    below what it read, or unread batches gone with their segment, make it start over. A long
+    log has millions of headers: read in one go that stalled every client of the node
+    (300,000 one-record batches took 1.05 s), so reads yield to the loop every
+    ``LOAD_SLICE_HEADERS`` headers, ``BACKGROUND_READS`` at a time; a produce to a partition
+    whose state is behind reads it itself (``ready``). Kafka also avoids the first read with
+    producer snapshot files; kcoord reads the last ``producer.id.expiration.ms`` of log after
+    a restart.
     """
 
     def __init__(
@@ -155,6 +161,8 @@ class ProducerStates:
         self.producer_id_expiration_ms = producer_id_expiration_ms
         self._tracked: dict[tuple[str, int], _Tracked] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
+        # Background reads at once (start-up starts one per hosted partition).
+        self._background_reads = asyncio.Semaphore(BACKGROUND_READS)
         replicas.add_role_listener(self.on_role_change)
         replicas.add_high_watermark_listener(self.on_high_watermark)
 
@@ -201,14 +209,13 @@ class ProducerStates:
         return t is not None and t.part is part and t.still_valid() and t.caught_up
 
     async def ready(self, part: Partition, now_ms: int) -> None:
-        """Bring ``part``'s state up to the log end, yielding to the loop as it reads; every
-        produce that reaches it meanwhile waits for the same read."""
+        """Bring ``part``'s state up to the log end, yielding to the loop between slices.
+        The waiting produce reads itself, beside the background read if one runs (they share
+        the state and take turns by slice), so it does not queue behind every other
+        partition's background read at start-up."""
         if self.loaded(part):
             return
-        t = self._track(part, now_ms)
-        task = self._catch_up_later(t)
-        if task is not None:
-            await asyncio.shield(task)
+        await self._read_to_end(self._track(part, now_ms))
 
     def get(self, part: Partition, now_ms: int) -> ProducerStateManager:
         """``part``'s state, read to the log end now (what ``ready`` left is a few batches)."""
@@ -243,10 +250,10 @@ class ProducerStates:
         return t
 
     def _forget(self, tp: tuple[str, int]) -> None:
+        # Its read, and a produce reading with it, stop at their next slice. Not cancelled:
+        # a cancellation reached the produce waiting on it and ended its connection.
         self._tracked.pop(tp, None)
-        task = self._tasks.pop(tp, None)
-        if task is not None:
-            task.cancel()
+        self._tasks.pop(tp, None)
 
     def _restart(self, t: _Tracked, now_ms: int) -> None:
         """Start ``t`` over, empty, from the first segment whose batches may still hold a
@@ -262,9 +269,9 @@ class ProducerStates:
                 break
         t.log = lg
         t.state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
-        t.end_offset = max(start, lg.log_start_offset)
+        t.end_offset = start
         t.truncations = lg.truncations
-        t.next_expiry_ms = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
+        t.next_expiry_ms = 0  # the first check once read: producers idle too long go at once
 
     def _read(self, t: _Tracked, limit: int | None) -> bool:
         """Read up to ``limit`` batch headers past ``t.end_offset`` (all without one); True
@@ -319,11 +326,15 @@ class ProducerStates:
             log.error("producer state of %s-%d: %r", tp[0], tp[1], task.exception())
 
     async def _catch_up(self, t: _Tracked) -> None:
+        async with self._background_reads:
+            await self._read_to_end(t)
+
+    async def _read_to_end(self, t: _Tracked) -> None:
         for _ in range(_LOAD_ATTEMPTS):
             try:
                 while True:
                     if self._tracked.get(t.part.tp) is not t:
-                        return  # forgotten meanwhile
+                        return  # forgotten meanwhile: the produce is refused as not led
                     if not t.still_valid():
                         self._restart(t, self.replicas.now_ms())
                     if self._read(t, LOAD_SLICE_HEADERS):
@@ -333,13 +344,6 @@ class ProducerStates:
                 self._restart(t, self.replicas.now_ms())  # a segment went while we read it
                 continue
             self._maybe_expire(t, self.replicas.now_ms())
-            log.debug(
-                "%s-%d: producer state of %d producers read to %d",
-                t.part.topic,
-                t.part.partition,
-                len(t.state.producers),
-                t.end_offset,
-            )
             return
         # The log kept changing under the reads: ``get`` reads it in one go when asked.
 

@@ -129,7 +129,9 @@ def test_batches_without_producer_id_and_control_batches_are_ignored() -> None:
 def test_expired_producers_are_forgotten() -> None:
     state = ProducerStateManager(producer_id_expiration_ms=1000)
     state.update([header(1, 0, 0, 1, ts=5000), header(2, 0, 0, 1, ts=9000)])
-    assert state.remove_expired_producers(now_ms=6001) == [1]
+    assert state.remove_expired_producers(now_ms=5999) == []
+    # isProducerExpired: idle for the expiration or longer.
+    assert state.remove_expired_producers(now_ms=6000) == [1]
     assert set(state.producers) == {2}
 
 
