@@ -346,10 +346,16 @@ class ClassicMemberHandlers:
             # validateOnlineDowngradeWithReplacedMember: the static member this classic
             # incarnation replaced was the group's last consumer-protocol member, so the group
             # becomes a classic group now, Stable, the new incarnation holding what the old
-            # one was given; no rebalance (convertToClassicGroup with a joining member).
+            # one was given; a rebalance only if it subscribes to other topics than the old
+            # one did (convertToClassicGroup's hasSubscriptionChanged).
+            assert holder is not None
             rejoined = replace(group, members={**group.members, member_id: reconciled})
+            changed = (
+                updated.subscribed_topic_names != holder.subscribed_topic_names
+                or holder.subscribed_topic_regex is not None
+            )
             if self._can_downgrade(rejoined, ()):
-                self._convert_to_classic_group(rejoined, (), now_ms, out, rebalance=False)
+                self._convert_to_classic_group(rejoined, (), now_ms, out, rebalance=changed)
                 out.respond(token, joined)
                 return
         self._cancel_timer(classic_join_key(gid, member_id))

@@ -556,3 +556,34 @@ def test_a_classic_join_replacing_an_empty_consumer_group_keeps_its_pending_memb
     joined = answers[0]
     assert isinstance(joined, JoinGroupResponse)
     assert (joined.error_code, joined.member_id) == (Errors.NONE, first.member_id)
+
+
+def test_a_static_member_restarted_as_classic_with_other_topics_downgrades_with_a_rebalance() -> (
+    None
+):
+    """convertToClassicGroup(hasSubscriptionChanged): the classic incarnation subscribes to
+    more than the member it replaces, so the downgraded group rebalances for the others to
+    learn it; a stable classic group at the old generation left the new subscription unused
+    until the member happened to rejoin."""
+    ctx = context()
+    a = ConsumerMember(ctx, "a", instance_id="i-a")
+    assert a.beat().error_code is Errors.NONE
+    b = ClassicMember(ctx, "b")
+    assert b.join().error_code is Errors.NONE
+    assert b.sync().error_code is Errors.NONE
+    converge(ctx, [a, b])
+    payments = uuid_str(bytes([8]) * 16)
+    topics = {**TOPICS, "payments": (payments, 4)}
+    more = encode_subscription(Subscription(1, ("orders", "payments"), None, ()))
+    token, step = ctx.join(
+        instance_id="i-a",
+        client_id="a2",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", more),),
+        topics=topics,
+    )
+    joined = step.response(token)
+    assert isinstance(joined, JoinGroupResponse) and joined.error_code is Errors.NONE
+    assert "g" not in ctx.shard.consumer_groups
+    assert ctx.shard.groups["g"].state is ClassicGroupState.PREPARING_REBALANCE
+    assert b.heartbeat() is Errors.REBALANCE_IN_PROGRESS
