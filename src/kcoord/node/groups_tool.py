@@ -422,7 +422,7 @@ def parse_states(values: Sequence[str]) -> list[str]:
 
 def parse_datetime_ms(text: str) -> int:
     """``--to-datetime``: ISO 8601 (``2024-05-01T12:00:00.000``, with ``Z`` or ``+02:00``);
-    without a zone the local time zone, as Kafka's ``Utils.getDateTime``."""
+    without a zone UTC, as Kafka's ``Utils.getDateTime`` appends a ``Z``."""
     try:
         value = datetime.datetime.fromisoformat(text)
     except ValueError:
@@ -430,7 +430,7 @@ def parse_datetime_ms(text: str) -> int:
             f"invalid --to-datetime {text!r}: expected ISO 8601 like 2024-05-01T12:00:00.000"
         ) from None
     if value.tzinfo is None:
-        value = value.astimezone()  # the local zone
+        value = value.replace(tzinfo=datetime.UTC)
     epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
     return (value - epoch) // datetime.timedelta(milliseconds=1)
 

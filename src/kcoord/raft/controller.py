@@ -1519,6 +1519,12 @@ class Controller:
         for _, op, _ in ops:
             if op not in _CONFIG_OPS:
                 return _alter_error(Errors.INVALID_REQUEST, f"Unknown operations type {op}")
+        # ConfigAdminManager.preprocess, before the resource is looked at.
+        nulls = [key for key, op, value in ops if op != ConfigOp.DELETE and value is None]
+        if nulls:
+            return _alter_error(
+                Errors.INVALID_REQUEST, f"Null value not supported for : {', '.join(nulls)}"
+            )
         if resource_type == ConfigResourceType.GROUP and self.config.group_config_error:
             return self._alter_group_configs(image, resource_name, ops, incremental=incremental)
         if resource_type != ConfigResourceType.TOPIC:
@@ -1527,6 +1533,12 @@ class Controller:
                 "kcoord alters topic and group configs only, not those of resource type "
                 f"{resource_type}",
             )
+        # ControllerConfigurationValidator: the name first, then whether the topic exists.
+        if not resource_name:
+            return _alter_error(Errors.INVALID_REQUEST, "Default topic resources are not allowed.")
+        name_error = topic_name_error(resource_name)
+        if name_error is not None:
+            return _alter_error(Errors.INVALID_TOPIC_EXCEPTION, name_error)
         topic = image.topic_by_name(resource_name)
         if topic is None:
             return _alter_error(

@@ -4,8 +4,8 @@ tests/integration/test_operator_cli.py)."""
 
 from __future__ import annotations
 
-import datetime
 import struct
+import time
 from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
@@ -272,11 +272,17 @@ def test_a_reset_to_a_partition_whose_range_is_unknown_fails(scenario: list[str]
         plan_reset(leaderless, args, [tp], committed)  # type: ignore[arg-type]
 
 
-def test_datetimes_with_a_zone_and_in_local_time() -> None:
+def test_datetimes_with_a_zone_and_without_one_in_utc(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_datetime_ms("2023-11-14T22:13:25Z") == 1_700_000_005_000
     assert parse_datetime_ms("2023-11-14T23:13:25.250+01:00") == 1_700_000_005_250
-    local = datetime.datetime(2023, 11, 14, 22, 13, 25).astimezone()
-    assert parse_datetime_ms("2023-11-14T22:13:25") == int(local.timestamp() * 1000)
+    # Utils.getDateTime appends "Z" to a time without a zone, whatever the host's zone.
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        assert parse_datetime_ms("2023-11-14T22:13:25") == 1_700_000_005_000
+    finally:
+        monkeypatch.undo()
+        time.tzset()
     with pytest.raises(ToolError, match="ISO 8601"):
         parse_datetime_ms("yesterday")
 

@@ -1248,7 +1248,24 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             "List must name at least one of",
         ),
         ([("retention.ms", ConfigOp.SET, "x")], (TOPIC, "t"), Errors.INVALID_CONFIG, "LONG"),
-        ([("retention.ms", ConfigOp.SET, None)], (TOPIC, "t"), Errors.INVALID_CONFIG, "Null"),
+        (
+            [("retention.ms", ConfigOp.SET, None), ("cleanup.policy", ConfigOp.APPEND, None)],
+            (TOPIC, "t"),
+            Errors.INVALID_REQUEST,
+            "Null value not supported for : retention.ms, cleanup.policy",
+        ),
+        (
+            [("retention.ms", ConfigOp.SET, "1")],
+            (TOPIC, ""),
+            Errors.INVALID_REQUEST,
+            "Default topic resources are not allowed.",
+        ),
+        (
+            [("retention.ms", ConfigOp.SET, "1")],
+            (TOPIC, "bad name!"),
+            Errors.INVALID_TOPIC_EXCEPTION,
+            "illegal",
+        ),
         ([("nope", ConfigOp.SET, "1")], (TOPIC, "t"), Errors.INVALID_CONFIG, "Unknown topic"),
     ],
 )
