@@ -491,13 +491,15 @@ def parse_config_value(definition: TopicConfigDef, raw: str) -> object:
                 raise invalid(f"String must be one of: {', '.join(definition.valid)}")
             return text
         case ConfigType.LIST:
-            items = tuple(p.strip() for p in text.split(",") if p.strip())
-            if definition.valid and not items:
+            # ConfigDef's LIST: "" is the empty list; otherwise every comma-separated item
+            # counts, an empty one too ("delete," has two), which ValidList refuses.
+            parts = [p.strip() for p in text.split(",")] if text.strip() else []
+            if definition.valid and not parts:
                 raise invalid(f"List must name at least one of: {', '.join(definition.valid)}")
-            for item in items:
+            for item in parts:
                 if definition.valid and item not in definition.valid:
                     raise invalid(f"String must be one of: {', '.join(definition.valid)}")
-            return items
+            return tuple(p for p in parts if p)
         case ConfigType.DOUBLE:
             try:
                 number: float = float(text)

@@ -77,9 +77,15 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
         ),
         (
             "cleanup.policy",
-            " , ",
-            "Invalid value  ,  for configuration cleanup.policy: "
+            " ",
+            "Invalid value   for configuration cleanup.policy: "
             "List must name at least one of: compact, delete",
+        ),
+        (  # ConfigDef splits with its empty items, which are not valid policies
+            "cleanup.policy",
+            "delete,",
+            "Invalid value delete, for configuration cleanup.policy: "
+            "String must be one of: compact, delete",
         ),
         (
             "unclean.leader.election.enable",
