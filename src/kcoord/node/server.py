@@ -420,7 +420,9 @@ class Node:
         )
         assert self.coordinator is not None
         GroupApi(kafka.ctx, self.coordinator).register(kafka.register)
-        ConfigsApi(kafka.ctx, config_entries(cfg)).register(kafka.register)
+        configs = ConfigsApi(kafka.ctx, config_entries(cfg))
+        configs.register(kafka.register)
+        kafka.admin.effective_topic_configs = configs.effective_topic_configs
         kafka.register(DESCRIBE_QUORUM_KEY, QuorumApi(kafka.ctx).handle_describe_quorum)
         return kafka
 

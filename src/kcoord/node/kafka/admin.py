@@ -22,6 +22,7 @@ import datetime
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from kcoord.errors import Errors
@@ -67,6 +68,12 @@ async def forward(
 class AdminApi:
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
+        # A created topic's every config with its source (KIP-525), from the node's
+        # DescribeConfigs (``ConfigsApi.effective_topic_configs``); without it, the configs
+        # the request named.
+        self.effective_topic_configs: (
+            Callable[[Mapping[str, str | None]], list[dict[str, Any]]] | None
+        ) = None
 
     async def _forward(self, method: str, payload: dict[str, Any], timeout_s: float) -> Any:
         return await forward(self.ctx, method, payload, timeout_s)
@@ -141,7 +148,9 @@ class AdminApi:
                     "topic_id": None if validate_only else r["topic_id"],
                     "num_partitions": r["num_partitions"],
                     "replication_factor": r["replication_factor"],
-                    "configs": configs_of[name],
+                    "configs": configs_of[name]
+                    if self.effective_topic_configs is None
+                    else self.effective_topic_configs(t["configs"]),
                 }
         return {"throttle_time": 0, "topics": [results[name] for name in counts]}
 

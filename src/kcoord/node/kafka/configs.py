@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from kcoord.cluster.coordinator.group_config import GROUP_CONFIGS
@@ -158,6 +158,18 @@ class ConfigsApi:
             f"{resource_type}",
             [],
         )
+
+    def effective_topic_configs(self, own: Mapping[str, str | None]) -> list[dict[str, Any]]:
+        """Every config of a topic with these overrides and its source, as CreateTopics v5+
+        answers them (KIP-525, ``computeEffectiveTopicConfigs``)."""
+        fields = ("name", "value", "read_only", "config_source", "is_sensitive")
+        return [
+            {k: entry[k] for k in fields}
+            for entry in (
+                self._entry(d, own.get(d.name), DYNAMIC_TOPIC_CONFIG, False, False)
+                for d in TOPIC_CONFIGS.values()
+            )
+        ]
 
     def _entry(
         self,

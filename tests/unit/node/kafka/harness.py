@@ -240,7 +240,9 @@ async def running(
             "admin.api.token": "secret",
         }
     )
-    ConfigsApi(broker.ctx, config_entries(node_config)).register(broker.register)
+    configs = ConfigsApi(broker.ctx, config_entries(node_config))
+    configs.register(broker.register)
+    broker.admin.effective_topic_configs = configs.effective_topic_configs
     await broker.start(HOST, 0)
     try:
         yield Harness(cache, quorum, replicas, controller, broker, clock)

@@ -16,6 +16,7 @@ from tests.unit.node.kafka.test_handlers import run
 from tests.unit.node.kafka.wire import AsyncWireClient
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
+CREATE_TOPICS = 19
 TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG, GROUP_CONFIG = 1, 4, 5, 8
 SET, DELETE, APPEND = 0, 1, 2
@@ -314,5 +315,36 @@ def test_group_configs_are_altered_validated_and_described(tmp_path: Path) -> No
         assert deleted.responses[0].error_code == Errors.NONE
         assert dict(h.cache.image.resource_configs(resource)) == {}
         assert (await describe(c))[session].config_source == DEFAULT_CONFIG
+
+    run(tmp_path, test)
+
+
+def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
+    tmp_path: Path,
+) -> None:
+    """KIP-525 (CreateTopics v5+): the answer carries every config of the topic as created,
+    with its source, as DescribeConfigs would show it, not only the ones the request named."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        values = {
+            "topics": [
+                {
+                    "name": "made",
+                    "num_partitions": 1,
+                    "replication_factor": 1,
+                    "assignments": [],
+                    "configs": [{"name": "segment.ms", "value": "60000"}],
+                }
+            ],
+            "timeout": 5000,
+            "validate_only": False,
+        }
+        (created,) = (await c.call(CREATE_TOPICS, 5, values)).topics
+        assert created.error_code == Errors.NONE
+        configs = {e.name: (e.value, e.config_source) for e in created.configs}
+        assert list(configs) == list(TOPIC_CONFIGS)
+        assert configs["segment.ms"] == ("60000", DYNAMIC_TOPIC_CONFIG)
+        assert configs["retention.ms"] == (HOUR_MS, STATIC_BROKER_CONFIG)
+        assert configs["cleanup.policy"] == ("delete", DEFAULT_CONFIG)
 
     run(tmp_path, test)
