@@ -600,6 +600,12 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     entries = {line.split("=", 1)[0].strip(): line for line in every[1:]}
     assert set(entries) == set(TOPIC_CONFIGS)
     assert entries["retention.ms"].startswith("  retention.ms=604800000 sensitive=false")
+    # ConfigCommand: a key to delete must be one of the topic's configs.
+    unknown = kcoord("configs", "alter", *topic, "--delete-config", "segment.ms,nosuchkey")
+    assert (unknown.code, unknown.err) == (
+        1,
+        "Error while executing config command : Invalid config(s): nosuchkey\n",
+    )
     refused = kcoord("configs", "alter", *topic, "--add-config", "retention.ms=soon")
     assert (refused.code, refused.err) == (
         1,

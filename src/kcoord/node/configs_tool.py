@@ -157,8 +157,16 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     deleted = [k.strip() for k in args.delete_config.split(",")] if args.delete_config else []
     if not added and not deleted:
         raise ToolError("At least one of --add-config or --delete-config must be specified")
+    deleted = [k for k in deleted if k]
+    if deleted:
+        # ConfigCommand.alterConfig: a key to delete must be one the resource has (set or
+        # not); the broker's DELETE of an unknown key changes nothing and says nothing.
+        known = {str(c.name) for c in _describe_one(client, kind, args.entity_name).configs}
+        invalid = [k for k in deleted if k not in known]
+        if invalid:
+            raise ToolError(f"Invalid config(s): {','.join(invalid)}")
     ops = [{"name": k, "config_operation": _SET, "value": v} for k, v in added]
-    ops += [{"name": k, "config_operation": _DELETE, "value": None} for k in deleted if k]
+    ops += [{"name": k, "config_operation": _DELETE, "value": None} for k in deleted]
     values = {
         "resources": [
             {"resource_type": _RESOURCE_TYPES[kind], "resource_name": args.entity_name,
