@@ -13,7 +13,8 @@ Wires the parts together on one asyncio loop (uvloop when installed):
   ``EpochEndOffset``, proposes ISR changes through the ``BrokerLifecycle``'s controller
   channel, checkpoints HWs) and the ``ReplicaFetcherManager`` (one fetcher per leader node
   this node follows partitions of), the group coordinator runtime (one shard per led
-  ``__consumer_offsets`` partition, loaded and unloaded on the ReplicaManager's role changes)
+  ``__consumer_offsets`` partition, loaded and unloaded on the ReplicaManager's role changes,
+  the first loads held until the node has caught up with the metadata log)
   and the Kafka listener (``kafka.KafkaBroker`` with the group APIs of ``kafka.groups``)
   serving clients from them. The Kafka listener opens last, once the controller says this
   node has replayed the metadata log up to its own registration, as Kafka's broker enables
@@ -252,6 +253,7 @@ class Node:
             append_linger_ms=cfg.group_coordinator_append_linger_ms,
             write_timeout_ms=cfg.offsets_commit_timeout_ms,
             group_configs=self._group_configs,
+            load_on_election=False,  # released by _wait_for_initial_catch_up
         )
         self.cache.delta_listeners.append(self.coordinator.on_metadata_delta)
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
@@ -386,8 +388,9 @@ class Node:
                 )
             else:
                 log.info("caught up with the metadata log at offset %d", self.cache.offset)
-                assert self.replicas is not None
+                assert self.replicas is not None and self.coordinator is not None
                 self.replicas.delete_stray_logs()
+                self.coordinator.release_loads()
                 return
 
     def _kafka_broker(self, quorum: MetadataQuorum) -> KafkaBroker:

@@ -70,6 +70,7 @@ class Node:
         append_linger_ms: int = -1,
         write_timeout_ms: int = 5000,
         config: GroupConfig | None = None,
+        load_on_election: bool = True,
     ) -> None:
         self.now = 1_000_000
         self.logs = LogManager(data_dir)
@@ -84,6 +85,7 @@ class Node:
             num_partitions=lambda: 1,
             append_linger_ms=append_linger_ms,
             write_timeout_ms=write_timeout_ms,
+            load_on_election=load_on_election,
         )
 
     def elect(self, leader_epoch: int = 0) -> None:
@@ -1111,5 +1113,30 @@ def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -
         assert fetched.topics[0].partitions[0].committed_offset == 1
         await asyncio.wait_for(listed, 5)
         node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_starting_node_loads_no_shard_until_it_has_caught_up(tmp_path: Path) -> None:
+    """Leaderships a restarting node replays from its own metadata log may be over (another
+    leader elected while it was down): loaded at once, a stale shard wrote at an old epoch.
+    They wait for ``release_loads`` (the node caught up), which loads those still led."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, load_on_election=False)
+        node.elect()
+        assert node.runtime.contexts == {} and list(node.runtime.held) == [0]
+        node.runtime.release_loads()
+        await loaded(node)
+        assert node.runtime.contexts[0].state is ShardState.ACTIVE
+        node.runtime.close()
+
+        moved = Node(tmp_path / "moved", load_on_election=False)
+        moved.elect()
+        part = moved.offsets_partition
+        moved.runtime._on_role(part, False)  # the caught-up log says another node leads it
+        moved.runtime.release_loads()
+        assert moved.runtime.contexts == {} and moved.runtime.held == {}
+        moved.runtime.close()
 
     asyncio.run(scenario())
