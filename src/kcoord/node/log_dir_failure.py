@@ -18,7 +18,8 @@ torn batch the halt leaves at a log's end is cut off by recovery when the node i
 again, once the disk has room.
 
 Reads that fail answer ``KAFKA_STORAGE_ERROR`` and do not halt the node (Kafka halts on those
-too); a corrupt batch is never a directory failure.
+too), except the replay that loads a group coordinator shard: its groups are served by no one
+until the node halts and another replica leads; a corrupt batch is never a directory failure.
 """
 
 from __future__ import annotations

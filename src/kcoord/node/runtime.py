@@ -805,10 +805,13 @@ class CoordinatorRuntime:
         log start moving past the replay) leaves the partition unserved, as Kafka's
         ``CoordinatorContext`` goes FAILED and unloads: requests get NOT_COORDINATOR and
         ListGroups skips it, rather than COORDINATOR_LOAD_IN_PROGRESS for ever. The next
-        leadership change loads it again."""
+        leadership change loads it again. An I/O error fails the data directory, which halts
+        the node, as Kafka's ``UnifiedLog.read`` hands it to the ``LogDirFailureChannel``:
+        left as it was, the node stayed the partition's leader and nothing moved its groups
+        to a replica that can serve them."""
         try:
             await self._replay_log(ctx, standby)
-        except Exception:
+        except Exception as e:
             if self.contexts.get(ctx.index) is not ctx:
                 return  # unloaded meanwhile: nothing to serve either way
             log.exception(
@@ -819,6 +822,8 @@ class CoordinatorRuntime:
             )
             self.load_failures += 1
             self._close(ctx, Errors.NOT_COORDINATOR)
+            if isinstance(e, OSError):
+                self.replica_manager.log_dir_failure.fail(f"loading {OFFSETS_TOPIC}-{ctx.index}", e)
 
     async def _replay_log(self, ctx: ShardContext, standby: Standby | None) -> None:
         """Replay the log into a shard, from the log start or (hot) from the standby's end."""

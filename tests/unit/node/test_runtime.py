@@ -514,9 +514,15 @@ def test_a_load_that_fails_leaves_the_partition_unserved(
             return real_read(*args, **kwargs)
 
         monkeypatch.setattr(part.log, "read", failing_read)
+        failed: list[str] = []
+        monkeypatch.setattr(
+            node.replicas.log_dir_failure, "fail", lambda what, error: failed.append(what)
+        )
         node.runtime.schedule_load(part)
         await _until(lambda: 0 not in node.runtime.contexts, "the failed load's context went")
         assert node.runtime.load_failures == 1
+        # An I/O error fails the data directory (a node halts), so the groups fail over.
+        assert failed == ["loading __consumer_offsets-0"]
         with pytest.raises(CoordinatorError) as e:
             node.runtime.submit("g1", fetch("g1"))
         assert e.value.code is Errors.NOT_COORDINATOR
