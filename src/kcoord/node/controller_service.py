@@ -223,19 +223,14 @@ class ControllerService:
             offset = await asyncio.wait_for(fut, self.propose_timeout_s)
         except TimeoutError as e:
             self.proposal_failures += 1
-            if self.controller is not None and epoch == self.active_epoch:
-                # The batch may still commit, and the next decision would be made on an image
-                # without it (a fenced incarnation put back in an ISR). Kafka's controller
-                # renounces on a failed write; this one activates again, behind a batch of its
-                # own that commits only after this one is committed or lost.
-                log.warning(
-                    "a proposal of epoch %d timed out: deciding again once the log catches up",
-                    epoch,
-                )
-                self.controller = None
-                self.active_epoch = None
-                self._wake.set()
+            self._decide_again_later(epoch, "timed out")
             raise NotActiveError("proposal timed out") from e
+        except asyncio.CancelledError:
+            # The caller went (its connection closed) and frees the decision lock: the batch
+            # may still commit, exactly as after a timeout.
+            self.proposal_failures += 1
+            self._decide_again_later(epoch, "was abandoned")
+            raise
         except NotActiveError:
             self.proposal_failures += 1
             raise
@@ -243,9 +238,26 @@ class ControllerService:
         # not bounded by the proposal's timeout: a batch creating thousands of partitions here
         # waits for their logs (QuorumBridge), and a timeout would answer a CreateTopics that
         # succeeded with an error (the client's retry then got TOPIC_ALREADY_EXISTS).
-        await self.cache.wait_for_offset(offset)
+        try:
+            await self.cache.wait_for_offset(offset)
+        except asyncio.CancelledError:
+            self._decide_again_later(epoch, "was abandoned before this node applied it")
+            raise
         self.commit_latency_s.observe(loop.time() - start)
         return offset
+
+    def _decide_again_later(self, epoch: int, what: str) -> None:
+        """A batch of ``epoch`` may commit after the decision lock is free, and the next
+        decision would be made on an image without it (a fenced incarnation put back in an
+        ISR). Kafka's controller renounces on a failed write; this one activates again, behind
+        a batch of its own that commits only after this one is committed or lost."""
+        if self.controller is not None and epoch == self.active_epoch:
+            log.warning(
+                "a proposal of epoch %d %s: deciding again once the log catches up", epoch, what
+            )
+            self.controller = None
+            self.active_epoch = None
+            self._wake.set()
 
     def _require_active(self) -> Controller:
         if self.controller is None:

@@ -181,6 +181,49 @@ def test_a_timed_out_proposal_stops_decisions_until_the_log_catches_up() -> None
     asyncio.run(scenario())
 
 
+def test_an_abandoned_proposal_stops_decisions_until_the_log_catches_up() -> None:
+    """The review's race: broker 3's controlled-shutdown heartbeat proposed its fence, then its
+    connection closed and the handler was cancelled, freeing the decision lock while the batch
+    was in flight. An AlterPartition adding 3 to an ISR was decided on the image without the
+    fence and both committed. A cancelled proposal now stops decisions as a timed-out one."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        assert service.is_active
+        held: list[tuple[list[rec.MetadataRecord], Any]] = []
+        real_propose = quorum.propose
+
+        def hold(records: Any, on_done: Any, *, epoch: int) -> None:
+            held.append((list(records), on_done))
+
+        quorum.propose = hold  # type: ignore[method-assign]
+        heartbeat = asyncio.ensure_future(
+            service.handle_broker_heartbeat(
+                {
+                    "broker_id": 3,
+                    "broker_epoch": cache.image.brokers[3].broker_epoch,
+                    "current_metadata_offset": 0,
+                    "want_shut_down": True,
+                }
+            )
+        )
+        while not held:
+            await asyncio.sleep(0)
+        heartbeat.cancel()  # the broker's connection closed
+        with pytest.raises(asyncio.CancelledError):
+            await heartbeat
+        assert not service.is_active, "decisions went on without the batch in flight"
+        quorum.propose = real_propose
+        for records, on_done in held:  # the abandoned batch commits after all
+            on_done(quorum.commit(records), None)
+        await service._maybe_activate()
+        assert service.is_active and service.activations == 2
+
+    asyncio.run(scenario())
+
+
 def test_a_registration_from_an_empty_data_directory_takes_the_broker_out_of_the_elr() -> None:
     """The broker's registration carries ``storage_lost`` (its data directory was empty when
     it started): the controller removes it from every ELR it was in."""
