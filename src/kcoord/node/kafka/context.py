@@ -9,12 +9,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from kcoord.cluster.coordinator.consumer import INTERNAL_TOPICS
 from kcoord.node.config import Endpoint
 from kcoord.node.kafka.codec import topic_id_to_uuid, uuid_to_topic_id
 from kcoord.node.kafka.controller_channel import ControllerChannel
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import ReplicaManager
-from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.raft.image import MetadataImage, TopicImage
 from kcoord.raft.records import NO_LEADER
 
@@ -113,4 +113,6 @@ class BrokerContext:
 
 
 def is_internal(topic: str) -> bool:
-    return topic == OFFSETS_TOPIC_NAME
+    """Kafka's ``Topic.isInternal``: never auto-created by a Metadata request, written only by
+    their coordinators (kcoord has the group coordinator's only)."""
+    return topic in INTERNAL_TOPICS

@@ -9,9 +9,12 @@ Metadata (Kafka's ``KafkaApis.handleTopicMetadataRequest`` over ``KRaftMetadataC
 - a requested topic that does not exist is auto-created when both the broker
   (``auto.create.topics.enable``) and the request (v4+ ``allow_auto_topic_creation``) allow it
   and it is not internal: the node forwards CreateTopics (``num.partitions``,
-  ``default.replication.factor``) to the active controller and, unlike Kafka, waits (at most
-  ``auto_create_timeout_ms``) until its own image has the topic, so the client gets the
-  partitions in this answer instead of ``LEADER_NOT_AVAILABLE`` and a retry. An invalid name
+  ``default.replication.factor``) to the active controller and, unlike Kafka, waits a little
+  (``AUTO_CREATE_ANSWER_WAIT_MS``) for its own image to have the topic, so the client
+  usually gets the partitions in this answer instead of ``LEADER_NOT_AVAILABLE`` and a retry;
+  the creation goes on meanwhile (for up to ``auto_create_timeout_ms``), and a controller
+  that is away holds the connection (every later request on it) no longer than that wait,
+  as Kafka's ``AutoTopicCreationManager`` holds it not at all. An invalid name
   answers ``INVALID_TOPIC_EXCEPTION``; a creation that fails otherwise or is not visible in
   time answers ``LEADER_NOT_AVAILABLE`` (retriable), as Kafka does; without auto-creation,
   ``UNKNOWN_TOPIC_OR_PARTITION``.
@@ -94,6 +97,10 @@ NO_TRANSACTIONS: Final = (
 )
 
 
+# How long a Metadata answer waits for the topics it auto-creates (see the module docstring).
+AUTO_CREATE_ANSWER_WAIT_MS: Final = 500
+
+
 class TopicCreator:
     """Auto-creation of topics (Kafka's ``AutoTopicCreationManager``), one request per name in
     flight however many clients ask for it."""
@@ -111,8 +118,8 @@ class TopicCreator:
                 self._in_flight[name] = task
             task.add_done_callback(lambda done: self._forget(new, done))
         tasks = {name: self._in_flight[name] for name in names}
-        timeout_s = self.ctx.settings.auto_create_timeout_ms / 1000
-        await asyncio.wait(set(tasks.values()), timeout=timeout_s)
+        wait_ms = min(self.ctx.settings.auto_create_timeout_ms, AUTO_CREATE_ANSWER_WAIT_MS)
+        await asyncio.wait(set(tasks.values()), timeout=wait_ms / 1000)
         results: dict[str, Errors] = {}
         for name, task in tasks.items():
             done = task.done() and not task.cancelled()
@@ -265,6 +272,8 @@ class MetadataApi:
         wanted: list[tuple[str | None, Any]] = []
         for t in requested:
             wanted.append((t.name, getattr(t, "topic_id", None)))
+        # handleTopicMetadataRequest answers a set of topics: one answer for a name asked twice.
+        wanted = list(dict.fromkeys(wanted))
         missing = [
             name
             for name, topic_id in wanted

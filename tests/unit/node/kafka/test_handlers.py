@@ -770,6 +770,34 @@ def test_produce_and_fetch_by_topic_id(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_metadata_names_once_no_internal_creation_and_a_bounded_wait(tmp_path: Path) -> None:
+    """handleTopicMetadataRequest answers a set of topics (a name asked twice, once);
+    Topic.isInternal names are not auto-created (kcoord has no transaction coordinator to make
+    __transaction_state); a controller that does not answer holds the connection for the
+    answer's short wait only (Kafka's AutoTopicCreationManager does not hold it at all), not
+    for the creation's whole timeout."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        twice = await c.call(METADATA, 12, metadata_values("t", "t"))
+        assert [t.name for t in twice.topics] == ["t"]
+        internal = await c.call(METADATA, 12, metadata_values("__transaction_state"))
+        assert internal.topics[0].error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        assert h.cache.image.topic_by_name("__transaction_state") is None
+
+        async def away(*_args: Any, **_kwargs: Any) -> Any:
+            await asyncio.Event().wait()  # the controller never answers
+
+        h.broker.ctx.controller.call = away  # type: ignore[method-assign]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        slow = await asyncio.wait_for(c.call(METADATA, 12, metadata_values("later")), 5)
+        assert slow.topics[0].error_code == Errors.LEADER_NOT_AVAILABLE
+        assert loop.time() - start < 3, "the answer waited for the whole creation timeout"
+
+    run(tmp_path, test)
+
+
 def test_concurrent_metadata_requests_create_a_topic_once(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         clients = [await h.client() for _ in range(5)]
