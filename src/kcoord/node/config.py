@@ -239,6 +239,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("num.partitions", _Kind.INT, 1, 1, _INT32_MAX),
     _Spec("min.insync.replicas", _Kind.INT, 1, 1, _INT32_MAX),
     _Spec("auto.create.topics.enable", _Kind.BOOL, True),
+    # The Kafka listener (SocketServer): the largest request frame, and how long an idle
+    # connection stays open.
+    _Spec("socket.request.max.bytes", _Kind.INT, 100 * 1024 * 1024, 1, _INT32_MAX),
+    _Spec("connections.max.idle.ms", _Kind.INT, 600_000, 1),
     # Kafka's default is 30000; ours is 4000 to match our faster failure detection. It stays
     # above broker.session.timeout.ms (3000), so a dead node is taken out of every ISR by its
     # fencing first (which also moves its leaderships) and the lag rule only catches live but
@@ -345,6 +349,8 @@ class NodeConfig:
     num_partitions: int
     min_insync_replicas: int
     auto_create_topics_enable: bool
+    socket_request_max_bytes: int
+    connections_max_idle_ms: int
     replica_lag_time_max_ms: int
     replica_fetch_wait_max_ms: int
     replica_fetch_max_bytes: int

@@ -420,6 +420,8 @@ class Node:
                 bug_append_twice=cfg.test_bug_append_twice,
             ),
             request_stats=RequestStats() if cfg.metrics_enable else None,
+            max_request_bytes=cfg.socket_request_max_bytes,
+            idle_ms=cfg.connections_max_idle_ms,
         )
         assert self.coordinator is not None
         GroupApi(kafka.ctx, self.coordinator).register(kafka.register)

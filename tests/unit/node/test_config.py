@@ -69,6 +69,7 @@ def test_defaults() -> None:
     assert cfg.group_max_size == 2**31 - 1
     assert cfg.offsets_retention_minutes == 10080
     assert cfg.auto_create_topics_enable is True
+    assert (cfg.socket_request_max_bytes, cfg.connections_max_idle_ms) == (100 * 2**20, 600_000)
     assert cfg.quorum_leader_fallback_timeout_ms == 1500
     assert cfg.quorum_connection_retry_ms == 1000
     assert cfg.quorum_raft_min_timeout_ms == 400
@@ -126,6 +127,7 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         "KCOORD_BROKER_SESSION_TIMEOUT_MS": "9000",
         "KCOORD_DATA_DIR": "/from-env",
         "KCOORD_AUTO_CREATE_TOPICS_ENABLE": "FALSE",
+        "KCOORD_SOCKET_REQUEST_MAX_BYTES": "1048576",
         "KCOORD_CLUSTER_ID": "MkU3OEVBNTcwNTJENDM2Qk",
         "HOME": "/root",  # not ours: ignored
     }
@@ -133,6 +135,7 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
     assert cfg.broker_session_timeout_ms == 9000
     assert cfg.data_dir == Path("/from-env")
     assert cfg.auto_create_topics_enable is False
+    assert cfg.socket_request_max_bytes == 1_048_576
     assert cfg.cluster_id == "MkU3OEVBNTcwNTJENDM2Qk"
     assert cfg.num_partitions == 3  # from the file, not overridden
 
