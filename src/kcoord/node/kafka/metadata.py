@@ -48,7 +48,9 @@ operations are always given.
 FindCoordinator (``KafkaApis.handleFindCoordinatorRequest``): a group's coordinator is the
 leader of ``__consumer_offsets`` partition ``partition_for(group id, partition count)``;
 ``COORDINATOR_NOT_AVAILABLE`` while that topic or its leader is missing. Transaction
-coordinators do not exist in kcoord: ``COORDINATOR_NOT_AVAILABLE`` too. Other key types:
+coordinators do not exist in kcoord: ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, as an
+authorizer refusing every transactional id answers (clients give up rather than retry for
+ever). Other key types:
 ``INVALID_REQUEST``. v4+ batches keys with one result each.
 """
 
