@@ -641,10 +641,10 @@ class Standby:
         lg = self.log
         if self.partition.log is not lg or self.next_offset < lg.log_start_offset:
             return False
-        if lg.truncations != self.truncations:
-            if lg.truncations != self.truncations + 1 or lg.last_truncated_to < self.next_offset:
-                return False
-            self.truncations = lg.truncations
+        truncations = lg.prefix_kept(self.next_offset, self.truncations)
+        if truncations is None:
+            return False
+        self.truncations = truncations
         return self.next_offset <= lg.log_end_offset
 
 

@@ -845,6 +845,16 @@ class Log:
             return FetchData(data, base_offset if data else None)
         return FetchData(b"", None)
 
+    def prefix_kept(self, offset: int, truncations: int) -> int | None:
+        """For a reader that read this log below ``offset`` when its truncation count was
+        ``truncations``: the count to remember now if no truncation went below ``offset``
+        since (one at or above it keeps what was read), else None."""
+        if self.truncations == truncations:
+            return truncations
+        if self.truncations == truncations + 1 and self.last_truncated_to >= offset:
+            return self.truncations
+        return None
+
     def batch_headers_from(self, offset: int) -> Iterator[fmt.BatchHeader]:
         """The headers of the batches from the one holding ``offset`` on, oldest first, CRC
         unchecked (what a producer state reads to catch up with the log). Consume it before

@@ -120,10 +120,10 @@ class _Tracked:
         # across log start moves, onLogStartOffsetIncremented).
         if self.part.log is not lg or self.end_offset < lg.segments[0].base_offset:
             return False
-        if lg.truncations != self.truncations:
-            if lg.truncations != self.truncations + 1 or lg.last_truncated_to < self.end_offset:
-                return False
-            self.truncations = lg.truncations
+        truncations = lg.prefix_kept(self.end_offset, self.truncations)
+        if truncations is None:
+            return False
+        self.truncations = truncations
         return self.end_offset <= lg.log_end_offset
 
     @property

@@ -403,6 +403,19 @@ def test_a_static_classic_member_restarted_with_the_consumer_protocol_takes_its_
     assert not [k for k in ctx.shard.scheduled_timers if old.member_id in k]
 
 
+def static_consumer_and_classic_member() -> tuple[ShardContext, ConsumerMember, ClassicMember]:
+    """A group of static consumer-protocol member a (instance i-a) and classic member b,
+    converged."""
+    ctx = context()
+    a = ConsumerMember(ctx, "a", instance_id="i-a")
+    assert a.beat().error_code is Errors.NONE
+    b = ClassicMember(ctx, "b")
+    assert b.join().error_code is Errors.NONE
+    assert b.sync().error_code is Errors.NONE
+    converge(ctx, [a, b])
+    return ctx, a, b
+
+
 def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without_a_rebalance() -> (
     None
 ):
@@ -410,14 +423,8 @@ def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without
     protocol comes back as a classic client with the same instance id; it was the group's last
     consumer-protocol member, so the group becomes a classic group at once, Stable, the new
     incarnation holding what the old one was given, and the other members see no rebalance."""
-    ctx = context()
-    a = ConsumerMember(ctx, "a", instance_id="i-a")
-    assert a.beat().error_code is Errors.NONE
-    b = ClassicMember(ctx, "b")
-    assert b.join().error_code is Errors.NONE
-    assert b.sync().error_code is Errors.NONE
+    ctx, a, b = static_consumer_and_classic_member()
     members: list[ConsumerMember | ClassicMember] = [a, b]
-    converge(ctx, members)
     assert sorted(len(m.owned) for m in members) == [3, 3]
     a_target = set(a.owned)
     epoch = ctx.shard.consumer_groups["g"].group_epoch
@@ -565,13 +572,7 @@ def test_a_static_member_restarted_as_classic_with_other_topics_downgrades_with_
     more than the member it replaces, so the downgraded group rebalances for the others to
     learn it; a stable classic group at the old generation left the new subscription unused
     until the member happened to rejoin."""
-    ctx = context()
-    a = ConsumerMember(ctx, "a", instance_id="i-a")
-    assert a.beat().error_code is Errors.NONE
-    b = ClassicMember(ctx, "b")
-    assert b.join().error_code is Errors.NONE
-    assert b.sync().error_code is Errors.NONE
-    converge(ctx, [a, b])
+    ctx, _a, b = static_consumer_and_classic_member()
     payments = uuid_str(bytes([8]) * 16)
     topics = {**TOPICS, "payments": (payments, 4)}
     more = encode_subscription(Subscription(1, ("orders", "payments"), None, ()))
