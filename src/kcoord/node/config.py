@@ -253,10 +253,11 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("replica.fetch.max.bytes", _Kind.INT, 1024 * 1024, 0, _INT32_MAX),
     _Spec("message.max.bytes", _Kind.INT, 1024 * 1024 + 12, 0, _INT32_MAX),
     # Broker-wide log defaults (topic configs override them; storage/config.py LogConfig).
-    # 14 is Kafka's lower bound for segment.bytes (LegacyRecord.RECORD_OVERHEAD_V0).
-    _Spec("log.segment.bytes", _Kind.INT, 1024 * 1024 * 1024, 14, _INT32_MAX),
+    # 1 MiB: Kafka 4.0's lower bound for the broker-wide default (KIP-1030, KAFKA-16368); a
+    # topic's own segment.bytes may still go down to 14 in 4.0 (storage/config.py).
+    _Spec("log.segment.bytes", _Kind.INT, 1024 * 1024 * 1024, 1024 * 1024, _INT32_MAX),
     _Spec("log.retention.ms", _Kind.INT, 7 * 24 * 60 * 60 * 1000, -1),
-    _Spec("log.retention.bytes", _Kind.INT, -1, -1),
+    _Spec("log.retention.bytes", _Kind.INT, -1, -_INT64_MAX - 1),  # negative: no limit
     _Spec("compression.type", _Kind.STR, "producer"),
     _Spec("log.message.timestamp.type", _Kind.STR, "CreateTime"),
     _Spec("log.message.timestamp.before.max.ms", _Kind.INT, _INT64_MAX, 0),

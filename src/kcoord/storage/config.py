@@ -310,7 +310,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
                 _L,
                 "-1",
                 "Delete the oldest segments while the log is larger than this; -1: no limit.",
-                minimum=-1,
+                # No lower bound, as in Kafka's LogConfig: any negative value is no limit.
                 broker_synonym="log.retention.bytes",
             ),
             TopicConfigDef(

@@ -211,7 +211,7 @@ def test_config_error_str_is_key_colon_message() -> None:
         ({"offsets.topic.num.partitions": 0}, "offsets.topic.num.partitions", "got 0"),
         ({"offsets.topic.replication.factor": 40000}, "offsets.topic.replication.factor", "40000"),
         ({"min.insync.replicas": 0}, "min.insync.replicas", "must be in 1.."),
-        ({"log.segment.bytes": 13}, "log.segment.bytes", "must be in 14.."),
+        ({"log.segment.bytes": 1048575}, "log.segment.bytes", "must be in 1048576.."),
         ({"log.retention.ms": -2}, "log.retention.ms", "got -2"),
         ({"listeners": "localhost"}, "listeners", "expected HOST:PORT, got 'localhost'"),
         ({"listeners": "localhost:0"}, "listeners", "port must be in 1..65535, got 0"),

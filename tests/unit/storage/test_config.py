@@ -19,6 +19,7 @@ from kcoord.storage.config import (
     [
         ("retention.ms", "-1", -1),
         ("retention.ms", " 3600000 ", 3_600_000),
+        ("retention.bytes", "-2", -2),  # LogConfig has no lower bound: no limit
         ("segment.bytes", "14", 14),
         ("cleanup.policy", "compact, delete", ("compact", "delete")),
         ("unclean.leader.election.enable", "TRUE", True),
