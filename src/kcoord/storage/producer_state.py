@@ -199,11 +199,6 @@ class ProducerStateManager:
             entry.last_timestamp_ms = max(entry.last_timestamp_ms, header.max_timestamp)
             assert len(entry.batches) <= NUM_BATCHES_TO_RETAIN
 
-    def load(self, headers: Iterable[BatchHeader]) -> None:
-        """Rebuild from the batch headers of a log, oldest first (replacing any state)."""
-        self.producers.clear()
-        self.update(headers)
-
     def remove_expired_producers(self, now_ms: int) -> list[int]:
         """Forget producers idle for the expiration or longer (``isProducerExpired``); return
         their ids."""

@@ -533,7 +533,7 @@ def _produced(lg: Log, producer_id: int, seq: int, key: bytes, ts: int) -> None:
 def _producer_state(lg: Log) -> ProducerStateManager:
     """The state a new leader rebuilds from the log's batch headers, as the node's does."""
     state = ProducerStateManager()
-    state.load(
+    state.update(
         bp.header
         for seg in lg.segments
         for bp in seg.scan_headers()

@@ -188,18 +188,12 @@ class ProducerStates:
             t.next_catch_up_ms = now_ms + FOLLOWER_CATCH_UP_INTERVAL_MS
             self._catch_up_later(t)
 
-    def on_appended(
-        self,
-        part: Partition,
-        headers: list[fmt.BatchHeader],
-        first_offset: int,
-        next_offset: int,
-    ) -> None:
-        """A leader's produce appended ``headers`` (final offsets) at ``first_offset``."""
+    def on_appended(self, part: Partition, headers: list[fmt.BatchHeader]) -> None:
+        """A leader's produce appended the batches of ``headers`` (final offsets)."""
         t = self._tracked.get(part.tp)
-        if t is not None and t.part is part and t.end_offset == first_offset:
+        if t is not None and t.part is part and t.end_offset == headers[0].base_offset:
             t.state.update(headers)
-            t.end_offset = next_offset
+            t.end_offset = headers[-1].last_offset + 1
         # Otherwise the state reads them from the log when it catches up.
 
     # -- what produces use --------------------------------------------------------------------
@@ -493,8 +487,6 @@ class ProduceApi:
                         part.leader_epoch,
                         appended.log_append_time_ms,
                     ),
-                    appended.base_offset,
-                    appended.last_offset + 1,
                 )
                 if self.ctx.settings.bug_append_twice:
                     self.ctx.replicas.append_local(part, data, required_acks=acks)

@@ -59,7 +59,7 @@ class Partition:
     def produce(self, *batches: fmt.BatchHeader) -> Validation:
         verdict = self.state.validate(batches)
         rebuilt = ProducerStateManager()
-        rebuilt.load(self.log)
+        rebuilt.update(self.log)
         assert rebuilt.validate(batches) == verdict, "a rebuilt state must agree"
         if verdict is ACCEPTED:
             stamped = []
