@@ -17,6 +17,7 @@ of Kafka 4, where groups have configs), as a bit field with bit ``code`` set for
 
 from __future__ import annotations
 
+import functools
 from typing import Final
 
 from kcoord.errors import Errors
@@ -43,6 +44,7 @@ CLUSTER_OPERATIONS: Final = frozenset(
 AUTHORIZED_OPERATIONS_OMITTED: Final = -(2**31)
 
 
+@functools.cache  # once per resource type: a DescribeTopicPartitions may name 100,000 topics
 def authorized_operations(supported: frozenset[int], asked: bool) -> int:
     """What a client may do with a resource of the type ``supported`` belongs to: everything
     (no authorizer), as ``Utils.to32BitField``; omitted unless ``asked``."""

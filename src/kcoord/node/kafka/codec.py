@@ -60,6 +60,7 @@ from kio.serial import entity_writer
 from kio.serial import readers as kr
 from kio.serial.errors import SerialError
 
+PRODUCE_KEY: Final = 0
 API_VERSIONS_KEY: Final = 18
 FRAME_SIZE: Final = struct.Struct(">i")
 _REQUEST_PREFIX: Final = struct.Struct(">hhi")

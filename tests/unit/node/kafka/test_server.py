@@ -7,11 +7,15 @@ import asyncio
 import contextlib
 import socket
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from kcoord.errors import Errors
+from kcoord.node.kafka import codec
 from kcoord.node.kafka.apis import (
     CLOSE_CONNECTION,
     NO_RESPONSE,
@@ -20,7 +24,12 @@ from kcoord.node.kafka.apis import (
     Request,
     Result,
 )
-from kcoord.node.kafka.server import KafkaServer
+from kcoord.node.kafka.server import (
+    OFF_LOOP_REQUEST_BYTES,
+    OFF_LOOP_RESPONSE_ENTRIES,
+    KafkaServer,
+    response_entries,
+)
 from tests.unit.node.kafka.wire import AsyncWireClient, encode_request
 
 HOST = "127.0.0.1"
@@ -341,3 +350,72 @@ def test_a_peer_that_stops_reading_is_closed_when_idle() -> None:
             writer.transport.abort()
 
     run(test, idle_ms=300)
+
+
+def test_large_requests_and_answers_are_decoded_and_encoded_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A request of OFF_LOOP_REQUEST_BYTES or more is decoded, and an answer of
+    OFF_LOOP_RESPONSE_ENTRIES entries or more built and encoded, on the codec threads, not on
+    the event loop's; in request order with the small ones pipelined behind it, and equal to
+    what the loop would have made."""
+    threads: dict[str, set[str]] = {"decode": set(), "build": set()}
+    real_decode, real_build = codec.decode_request, codec.build_response
+
+    def decode(frame: bytes) -> Any:
+        threads["decode"].add(threading.current_thread().name)
+        return real_decode(frame)
+
+    def build(api_key: int, version: int, values: Any) -> Any:
+        threads["build"].add(threading.current_thread().name)
+        return real_build(api_key, version, values)
+
+    monkeypatch.setattr(codec, "decode_request", decode)
+    monkeypatch.setattr(codec, "build_response", build)
+    names = ["0", *(f"topic-{i:05d}" for i in range(1, OFF_LOOP_RESPONSE_ENTRIES + 1000))]
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        big = await c.send(METADATA, 9, {"topics": [{"name": n} for n in names]})
+        small = await c.send(METADATA, 9, {"topics": [{"name": "0"}]})
+        correlation_id, body = await c.receive(METADATA, 9)
+        assert correlation_id == big and [t.name for t in body.topics] == names
+        assert (
+            threads["decode"]
+            == threads["build"]
+            == {threading.current_thread().name}
+            | {n for n in threads["build"] if n.startswith("kafka-codec")}
+        )
+        assert any(n.startswith("kafka-codec") for n in threads["decode"])
+        assert any(n.startswith("kafka-codec") for n in threads["build"])
+        threads["decode"].clear()
+        threads["build"].clear()
+        correlation_id, body = await c.receive(METADATA, 9)
+        assert correlation_id == small and [t.name for t in body.topics] == ["0"]
+        # A small request and its answer stay on the loop.
+        assert await c.call(METADATA, 9, {"topics": [{"name": "0"}]})
+        assert threads["decode"] == threads["build"] == {threading.current_thread().name}
+        await c.close()
+
+    run(test)
+
+
+def test_a_large_garbage_request_closes_its_connection_only() -> None:
+    async def test(server: KafkaServer) -> None:
+        header = struct.pack(">hhih", METADATA, 1, 5, -1)
+        body = struct.pack(">i", 3) + b"\xff" * OFF_LOOP_REQUEST_BYTES  # names of -1 bytes
+        await assert_closed_for(server, struct.pack(">i", len(header + body)) + header + body)
+
+    run(test)
+
+
+def test_response_entries_counts_lists_two_levels_deep_up_to_the_limit() -> None:
+    values = {
+        "error_code": 0,
+        "topics": [{"name": "a", "partitions": [{}, {}, {}]}, {"name": "b", "partitions": []}],
+        "brokers": ({"node_id": 1},),
+        "records": b"x" * 100_000,
+    }
+    assert response_entries(values, 1000) == 2 + 3 + 1
+    assert response_entries({"topics": [{"partitions": [{}] * 50}] * 100}, 120) == 150
+    assert response_entries({"throttle_time": 0}, 10) == 0
