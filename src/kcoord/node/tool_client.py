@@ -9,7 +9,10 @@ client does what Kafka's ``KafkaAdminClient`` does for these commands, synchrono
 - **Bootstrap.** Metadata (and any request that may go to any broker) is sent to the bootstrap
   servers in order; the first that answers wins. If none accepts a connection the command fails
   at once ("cannot connect to any bootstrap server ...") rather than retrying until the
-  deadline: every address refusing means the cluster is down or the address is wrong.
+  deadline: every address refusing means the cluster is down or the address is wrong. A server
+  that took the request and did not answer in time is not passed over for the next one: it may
+  have carried the request out, and the deadline has passed anyway (the request's timeout is
+  the command's, plus a grace).
 - **Brokers** are known by id from the last Metadata answer (their advertised host and port).
 - **Group requests** go to the group's coordinator (FindCoordinator at any broker). An answer
   of NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS or COORDINATOR_NOT_AVAILABLE, or a dead
@@ -285,10 +288,17 @@ class ToolClient:
 
     def send_any(self, api: tuple[int, int], values: Mapping[str, Any]) -> Any:
         """To the first bootstrap server that answers."""
+        from kcoord.node.kafka.client import NoAnswerError
+
         failures = []
         for endpoint in self.bootstrap:
             try:
                 return self.send(endpoint, api, values)
+            except NoAnswerError:
+                raise ToolError(
+                    f"bootstrap server {endpoint} took the request and did not answer within "
+                    f"{self.timeout_ms} ms; it may have been carried out"
+                ) from None
             except OSError as e:
                 failures.append(f"{endpoint} ({_describe_os_error(e)})")
         raise ToolError("cannot connect to any bootstrap server: " + ", ".join(failures))

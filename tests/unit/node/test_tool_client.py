@@ -14,6 +14,7 @@ import pytest
 
 from kcoord.errors import Errors
 from kcoord.node.config import Endpoint
+from kcoord.node.kafka.client import NoAnswerError
 from kcoord.node.tool_client import (
     DESCRIBE_GROUPS,
     FIND_COORDINATOR,
@@ -163,6 +164,25 @@ def test_no_bootstrap_server_answering_fails_at_once() -> None:
         "127.0.0.1:9102 (Connection refused)"
     )
     assert client.clock.ms == 0
+
+
+def test_a_bootstrap_server_that_took_the_request_and_did_not_answer_is_not_passed_over() -> None:
+    """It may have carried the request out: a CreateTopics sent on to the next server would
+    then report TOPIC_ALREADY_EXISTS for the topic the first one made."""
+    sent: list[int] = []
+
+    def silent(endpoint: Endpoint, values: Mapping[str, Any]) -> Any:
+        sent.append(endpoint.port)
+        raise NoAnswerError(f"no answer from {endpoint} within 2 s")
+
+    client = ScriptedClient({METADATA: [silent]})
+    with pytest.raises(ToolError) as e:
+        client.metadata(None)
+    assert str(e.value) == (
+        "bootstrap server 127.0.0.1:9092 took the request and did not answer within 1000 ms; "
+        "it may have been carried out"
+    )
+    assert sent == [9092]
 
 
 def test_the_next_bootstrap_server_answers_when_the_first_is_down() -> None:

@@ -19,6 +19,11 @@ from kcoord.node.kafka import codec
 SIZE = struct.Struct(">i")
 
 
+class NoAnswerError(TimeoutError):
+    """The request was sent and its answer did not come in time: the server may have carried
+    it out (a retry of a CreateTopics could then find the topic it made)."""
+
+
 def encode_request(
     api_key: int,
     version: int,
@@ -64,11 +69,16 @@ def _read_exactly(sock: socket.socket, n: int) -> bytes:
 def call_once(
     host: str, port: int, api_key: int, version: int, values: Mapping[str, Any], *, timeout_s: float
 ) -> Any:
-    """Send one request and return the kio response body."""
+    """Send one request and return the kio response body; ``NoAnswerError`` if it was sent and
+    no answer came within ``timeout_s``."""
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
-        sock.sendall(encode_request(api_key, version, 1, values))
-        (size,) = SIZE.unpack(_read_exactly(sock, SIZE.size))
-        correlation_id, body = decode_response(api_key, version, _read_exactly(sock, size))
+        try:
+            sock.sendall(encode_request(api_key, version, 1, values))
+            (size,) = SIZE.unpack(_read_exactly(sock, SIZE.size))
+            frame = _read_exactly(sock, size)
+        except TimeoutError as e:
+            raise NoAnswerError(f"no answer from {host}:{port} within {timeout_s:g} s") from e
+        correlation_id, body = decode_response(api_key, version, frame)
     if correlation_id != 1:
         raise ConnectionError(f"response to correlation id {correlation_id}, expected 1")
     return body

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import random
+import socket
 import struct
 import uuid
 from typing import Any
@@ -22,7 +23,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records
 
 from kcoord.errors import Errors
-from kcoord.node.kafka import codec
+from kcoord.node.kafka import client, codec
 from kcoord.node.kafka.codec import DecodeError
 from tests.unit.node.kafka.wire import decode_response, encode_request
 
@@ -560,3 +561,14 @@ def test_topic_ids_are_kafka_uuid_strings(value: uuid.UUID) -> None:
 def test_a_topic_id_that_is_not_base64_gets_a_stable_uuid() -> None:
     assert codec.topic_id_to_uuid("T1-aaaa") == codec.topic_id_to_uuid("T1-aaaa")
     assert codec.topic_id_to_uuid("T1-aaaa") != codec.topic_id_to_uuid("T2-aaaa")
+
+
+def test_call_once_tells_a_request_left_unanswered_from_a_refused_connection() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with pytest.raises(client.NoAnswerError, match=f"no answer from 127.0.0.1:{port} within"):
+            client.call_once("127.0.0.1", port, 18, 3, {}, timeout_s=0.2)  # accepted, unread
+    with socket.socket() as bound:  # bound, not listening: the port stays ours, and refuses
+        bound.bind(("127.0.0.1", 0))
+        with pytest.raises(ConnectionRefusedError):
+            client.call_once("127.0.0.1", bound.getsockname()[1], 18, 3, {}, timeout_s=0.2)
