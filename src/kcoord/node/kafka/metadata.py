@@ -361,7 +361,12 @@ class MetadataApi:
         everything = not named
         candidates = sorted(t.name for t in image.topics.values()) if everything else named
         wanted = sorted({n for n in candidates if n >= cursor_topic})
-        if not everything and cursor is not None and cursor_topic not in wanted:
+        # The cursor's topic must be one of those named, and its partition not negative
+        # (DescribeTopicPartitionsRequestHandler's InvalidRequestException; the check of the
+        # partition came after Kafka 4.0, which started a negative one at its first partition).
+        if cursor is not None and (
+            int(cursor.partition_index) < 0 or (not everything and cursor_topic not in wanted)
+        ):
             return {
                 "throttle_time": 0,
                 "topics": [
@@ -376,12 +381,15 @@ class MetadataApi:
         brokers = self.ctx.registered_brokers()
         registered = {b.node_id for b, _ in brokers}
         alive = {b.node_id for b, fenced in brokers if not fenced}
-        remaining = min(MAX_REQUEST_PARTITION_SIZE_LIMIT, int(body.response_partition_limit))
+        # At least one partition an answer, as Kafka after 4.0 has it: with a limit of 0, 4.0
+        # answered nothing but a cursor to where it started, and a client paging on would ask
+        # again for ever (a negative limit answered nothing and no cursor).
+        remaining = max(
+            1, min(MAX_REQUEST_PARTITION_SIZE_LIMIT, int(body.response_partition_limit))
+        )
         topics: list[dict[str, Any]] = []
         next_cursor: dict[str, Any] | None = None
         for name in wanted:
-            if remaining < 0:
-                break  # a negative limit: nothing, and no cursor (as Kafka's loop)
             if remaining == 0:
                 next_cursor = {"topic_name": name, "partition_index": 0}
                 break

@@ -462,7 +462,9 @@ def test_describe_topic_partitions_pages_with_a_cursor(tmp_path: Path) -> None:
         assert await page(limit=last) == (offsets[:last], (OFFSETS_TOPIC_NAME, last))
         rest = [offsets[last], *everything, ("b", 0), ("b", 1)]
         assert await page(cursor=(OFFSETS_TOPIC_NAME, last)) == (rest, None)
-        assert await page("a", "b", limit=-1) == ([], None)
+        # At least one partition an answer, so that paging always gets on.
+        assert await page("a", "b", limit=0) == ([("a", 0)], ("a", 1))
+        assert await page("a", "b", limit=-1, cursor=("a", 2)) == ([("a", 2)], ("b", 0))
 
     run(tmp_path, test)
 
@@ -487,6 +489,11 @@ def test_describe_topic_partitions_answers_elr_and_kafka_errors(tmp_path: Path) 
         # The cursor's topic must be one of the named ones.
         refused = await c.call(
             DESCRIBE_TOPIC_PARTITIONS, 0, describe_partitions_values("t", cursor=("other", 0))
+        )
+        assert [(t.name, t.error_code) for t in refused.topics] == [("t", Errors.INVALID_REQUEST)]
+        # And the cursor's partition must not be negative.
+        refused = await c.call(
+            DESCRIBE_TOPIC_PARTITIONS, 0, describe_partitions_values("t", cursor=("t", -1))
         )
         assert [(t.name, t.error_code) for t in refused.topics] == [("t", Errors.INVALID_REQUEST)]
 
