@@ -87,7 +87,9 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     read that no final poll read and no ``ok`` send reported (a send whose outcome was
     unknown counts as written once it was read, as in Jepsen). ``aborted-read``: a value
     was read whose every send attempt ``fail``-ed (Jepsen's aborted read; a workload must
-    record ambiguous errors as ``info``).
+    record ambiguous errors as ``info``). ``unexpected``: a value was read that no send
+    attempted (Jepsen's unexpected read: the producers report each value before they send
+    it, so it is a record nobody wrote, or one corrupted on the way).
     ``poll-skip`` / ``nonmonotonic-poll``: within one consumer process, a partition's
     consecutive records (in one poll or across polls) are more than one step apart in the
     version order, or not ahead of the previous one. Rebalances and restarts reset the
@@ -122,10 +124,15 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     producers had died or hung before the faults passing.
 
 ``check_progress`` (both workloads): the run did something to check
-    ``no-acknowledged-send``: no ``ok`` send at all. ``no-member-commit`` (groups): no ``ok``
-    ``commit`` of a member (the runner's own probe does not count). ``unrecorded-report``: a
-    client's report that could not be recorded (an acknowledgement may be missing). Without
-    these, a run whose producer died at once, or whose members never committed, passed.
+    ``no-acknowledged-send``: no ``ok`` send at all. ``no-member-commit`` (groups): a group
+    whose members started (``process-start``) and none of whose ``commit`` was ``ok`` (the
+    runner's own probe does not count): a group whose every commit was refused had nothing
+    for ``lost-commit`` to look at. ``unrecorded-report``: a client's report that could not be
+    recorded (an acknowledgement may be missing). ``client-exited``: a client process ended
+    that neither the nemesis nor the runner stopped (``process-exit``: a fatal client error,
+    a crash); the final checks look at the members still alive, and the group rebalanced
+    without it. Without these, a run whose producer died at once, whose members never
+    committed, or whose members gave up on a wrong answer, passed.
 """
 
 from __future__ import annotations
@@ -143,6 +150,7 @@ from kcoord.chaos.history import (
     INVOKE,
     LOG_COPIES_F,
     OK,
+    PROCESS_EXIT_F,
     UNRECORDED_REPORT_F,
     Event,
     History,
@@ -169,9 +177,15 @@ QUEUE_ANOMALIES: Final = (
     "nonmonotonic-poll",
     "nonmonotonic-send",
     "aborted-read",
+    "unexpected",
 )
 LIVENESS_ANOMALIES: Final = ("no-commit-after-heal", "no-send-after-heal")
-PROGRESS_ANOMALIES: Final = ("no-acknowledged-send", "no-member-commit", "unrecorded-report")
+PROGRESS_ANOMALIES: Final = (
+    "no-acknowledged-send",
+    "no-member-commit",
+    "unrecorded-report",
+    "client-exited",
+)
 WORKLOADS: Final = ("groups", "queue")
 
 # Events that read records, and those that reset a consumer's expected next offset.
@@ -182,6 +196,7 @@ REBALANCE_ALL_FS: Final = frozenset(
 )
 REBALANCE_LISTED_FS: Final = frozenset({"assigned", "revoked", "lost"})
 COMMIT_FS: Final = frozenset({"commit", "probe-commit"})
+MEMBER_MODULE: Final = "kcoord.chaos.member"  # the groups workload's members (process-start)
 
 _At = tuple[float, int]
 _GroupPartition = tuple[str, str | None, int]  # (group, topic, partition)
@@ -1112,7 +1127,21 @@ def _check_aborted_reads(
         for partition, offset, value in read.records:
             key = (read.topic, _freeze(value))
             outcomes = attempts.get(key)
-            if outcomes and all(t == FAIL for t in outcomes) and key not in reported:
+            if key in reported:
+                continue
+            if not outcomes:
+                reported.add(key)
+                findings.add(
+                    "unexpected",
+                    {
+                        "topic": read.topic,
+                        "partition": partition,
+                        "offset": offset,
+                        "value": value,
+                        "read": read.event.index,
+                    },
+                )
+            elif all(t == FAIL for t in outcomes):
                 reported.add(key)
                 findings.add(
                     "aborted-read",
@@ -1329,17 +1358,30 @@ def _after_each_heal(
 
 
 def check_progress(history: History, workload: str) -> CheckResult:
-    """no-acknowledged-send, no-member-commit, unrecorded-report."""
+    """no-acknowledged-send, no-member-commit, unrecorded-report, client-exited."""
     findings = _Findings("progress")
     sends = [e for e in history.ops("send") if e.type == OK]
     commits = [e for e in history.ops("commit") if e.type == OK]
     if not sends:
         findings.add("no-acknowledged-send", {})
-    if workload == "groups" and not commits:
-        findings.add("no-member-commit", {})
+    if workload == "groups":
+        committed_groups = {e.value.get("group") for e in commits if isinstance(e.value, dict)}
+        member_groups = {
+            e.value["cfg"]["group"]
+            for e in history.ops("process-start")
+            if e.value.get("module") == MEMBER_MODULE and e.value.get("cfg", {}).get("group")
+        }
+        if not commits:
+            findings.add("no-member-commit", {})
+        for group in sorted(member_groups - committed_groups):
+            findings.add("no-member-commit", {"group": group})
     for event in history.ops(UNRECORDED_REPORT_F):
         findings.add(
             "unrecorded-report", {"event": event.index, "process": event.process, **event.value}
+        )
+    for event in history.ops(PROCESS_EXIT_F):
+        findings.add(
+            "client-exited", {"event": event.index, "process": event.process, **event.value}
         )
     return findings.result({"acknowledged_sends": len(sends), "member_commits": len(commits)})
 

@@ -115,6 +115,8 @@ COMPLETION_TYPES: Final = frozenset({OK, FAIL, INFO})
 PROCESS_KILL_F: Final = "process-kill"
 # A client's report the runner could not record (an acknowledgement may be missing).
 UNRECORDED_REPORT_F: Final = "unrecorded-report"
+# A client process ended that neither the nemesis nor the runner stopped (its exit code).
+PROCESS_EXIT_F: Final = "process-exit"
 # After the run: who wrote each copy of a value a replica holds twice (``chaos.copies``).
 LOG_COPIES_F: Final = "log-copies"
 

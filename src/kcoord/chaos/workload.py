@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kcoord.chaos.history import PROCESS_KILL_F, UNRECORDED_REPORT_F, History
+from kcoord.chaos.history import PROCESS_EXIT_F, PROCESS_KILL_F, UNRECORDED_REPORT_F, History
 from kcoord.node.kafka.client import call_once
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class ClientProcess:
         self.history = history
         self.stderr_path = log_dir / f"{name}.stderr"
         self.events = 0
+        self.ending = False  # the runner or the nemesis stops it: its exit is no finding
         with open(self.stderr_path, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", module, json.dumps(cfg)],
@@ -122,12 +123,19 @@ class ClientProcess:
                     self.history.add(
                         self.name, "info", UNRECORDED_REPORT_F, {"error": repr(e)[:200]}
                     )
+        # The end of its output: it exited, or is about to. A member that gave up (a fatal
+        # client error, a crash) would otherwise go unnoticed: the final checks look at the
+        # members still alive, and the group rebalances without it.
+        returncode = self.proc.wait()
+        if not self.ending:
+            self.history.add(self.name, "info", PROCESS_EXIT_F, {"returncode": returncode})
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def kill(self) -> None:
+        self.ending = True
         if self.alive:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -136,6 +144,7 @@ class ClientProcess:
 
     def stop(self) -> None:
         """SIGTERM and wait for a clean close; SIGKILL after the timeout."""
+        self.ending = True
         if self.alive:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -312,7 +321,12 @@ class GroupsWorkload:
                 {"member": proc.name, "partitions": event.get("partitions")},
             )
         elif kind == "error":
-            add(proc.name, "info", "client-error", {**who, "error": event.get("error")})
+            add(
+                proc.name,
+                "info",
+                "client-error",
+                {**who, "error": event.get("error"), "fatal": bool(event.get("fatal"))},
+            )
         elif kind not in ("started", "closed"):
             # Recorded as an unrecorded report by _read: a misspelt acknowledgement must fail
             # the run, not vanish.
@@ -506,6 +520,7 @@ class QueueWorkload(GroupsWorkload):
             "kcoord.chaos.queue_consumer",
             self._consumer_cfg("final", "assign", final=True),
         )
+        proc.ending = True  # it ends by itself once it has read everything
         try:
             code = proc.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:

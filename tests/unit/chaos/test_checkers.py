@@ -17,6 +17,7 @@ import pytest
 from kcoord.chaos.checkers import (
     MALFORMED,
     MAX_EXAMPLES,
+    MEMBER_MODULE,
     CheckResult,
     all_valid,
     check_all,
@@ -34,6 +35,7 @@ from kcoord.chaos.history import (
     INVOKE,
     LOG_COPIES_F,
     OK,
+    PROCESS_EXIT_F,
     PROCESS_KILL_F,
     UNRECORDED_REPORT_F,
     Event,
@@ -869,8 +871,9 @@ def test_a_write_overwritten_at_the_highest_offset_read_is_lost() -> None:
 
     result = check_queue(h)
 
-    assert named(result) == {"lost-write", "unseen", "inconsistent-offsets"}
+    assert named(result) == {"lost-write", "unseen", "inconsistent-offsets", "unexpected"}
     assert result.anomalies["lost-write"][0]["value"] == "b"
+    assert result.anomalies["unexpected"][0]["value"] == "x"
 
 
 def test_poll_skip_within_one_consumer() -> None:
@@ -1084,6 +1087,8 @@ def test_check_all_groups_is_json_serialisable() -> None:
     for event in healthy_groups_history():
         h.add(event.process, event.type, event.f, event.value, time=event.time + 1.0)
     probe(h, 9.0, OK)
+    for offset in range(1, 8):  # what the members read, sent before
+        send(h, 0.5, "producer-1", f"v{offset}", (0, offset), topic="t")
     send(h, 9.2, "producer-0", "v0", (0, 0), topic="t")  # after the heal
     commit(h, 9.5, "m1", {0: 8})  # the members commit again after the heal
 
@@ -1133,6 +1138,42 @@ def test_a_run_that_did_nothing_does_not_pass() -> None:
     assert check_progress(h, "groups").valid
     h.add("m1", INFO, UNRECORDED_REPORT_F, {"error": "ValueError()"}, time=4.0)
     assert named(check_progress(h, "groups")) == {"unrecorded-report"}
+
+
+def test_every_group_with_members_must_have_a_commit_acknowledged() -> None:
+    """One group committing kept a run passing whose other group had every commit refused
+    (lost-commit then had nothing to look at)."""
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    for member, group in (("m1", "g"), ("m2", "other")):
+        cfg = {"group": group, "topic": "t"}
+        h.add(member, INFO, "process-start", {"module": MEMBER_MODULE, "cfg": cfg}, time=0.5)
+    commit(h, 3.0, "m1", {0: 1})
+    commit(h, 3.0, "m2", {0: 1}, group="other", outcome=INFO)
+    result = check_progress(h, "groups")
+    assert result.anomalies == {"no-member-commit": [{"group": "other"}]}
+    commit(h, 4.0, "m2", {0: 1}, group="other")
+    assert check_progress(h, "groups").valid
+
+
+def test_a_client_that_exited_by_itself_fails_the_run() -> None:
+    h = History()
+    send(h, 1.0, "p1", "a", (0, 0))
+    h.add("m1", INFO, PROCESS_EXIT_F, {"returncode": 1}, time=2.0)
+    result = check_progress(h, "queue")
+    assert named(result) == {"client-exited"}
+    assert result.anomalies["client-exited"][0]["returncode"] == 1
+
+
+def test_a_value_nobody_sent_is_an_unexpected_read() -> None:
+    h = healthy_queue_history()
+    poll(h, 7.0, "c2", [(1, 99, "garbage")])  # an offset past the others, read once
+    final_poll(h, 20.0, [(1, 99, "garbage")])
+
+    result = check_queue(h)
+
+    assert "unexpected" in named(result)
+    assert result.anomalies["unexpected"][0]["value"] == "garbage"
 
 
 def test_the_groups_workload_checks_the_records_its_members_read() -> None:

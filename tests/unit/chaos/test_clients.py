@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from kcoord.chaos.history import UNRECORDED_REPORT_F, History
+from kcoord.chaos.history import PROCESS_EXIT_F, UNRECORDED_REPORT_F, History
 from kcoord.chaos.queue_consumer import _generation
 from kcoord.chaos.workload import GroupsWorkload
 
@@ -79,3 +79,30 @@ def test_a_whole_line_that_is_not_json_is_an_unrecorded_report_a_cut_last_line_i
     assert [e.value for e in history.ops(UNRECORDED_REPORT_F)] == [
         {"error": "not JSON: b'connecting...\\n'"}
     ]
+
+
+def test_a_client_that_exits_by_itself_is_recorded_one_stopped_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member that gave up (a fatal error such as FENCED_INSTANCE_ID, a crash) went
+    unnoticed: the final checks look at the members still alive. Its exit is in the history
+    (``client-exited``); a kill by the nemesis or a stop by the runner is not."""
+    history, _ = _run_fake_client(
+        tmp_path,
+        monkeypatch,
+        'print(\'{"event": "error", "error": "FENCED_INSTANCE_ID", "fatal": true}\')\n'
+        "raise SystemExit(3)\n",
+    )
+    (error,) = history.ops("client-error")
+    assert error.value["fatal"] is True
+    assert [(e.process, e.value) for e in history.ops(PROCESS_EXIT_F)] == [
+        ("m1", {"returncode": 3})
+    ]
+
+    (tmp_path / "sleeping_client.py").write_text("import time\ntime.sleep(60)\n")
+    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
+    for name in ("killed", "stopped"):
+        client = workload._spawn(name, "sleeping_client", {})
+        client.kill() if name == "killed" else client.stop()
+        client._reader.join(timeout=30)
+    assert [e.process for e in history.ops(PROCESS_EXIT_F)] == ["m1"]
