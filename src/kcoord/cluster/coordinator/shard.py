@@ -1539,7 +1539,13 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         out = _Output()
         group = self._groups.get(request.group_id)
         consumer_group = self._consumer_groups.get(request.group_id)
-        identities = request.members or (MemberIdentity(member_id=request.member_id),)
+        # LeaveGroupRequest.members(): v0-2's one member, or v3+'s list (an empty one is
+        # answered with no members and no error).
+        identities = (
+            request.members
+            if request.member_id is None
+            else (MemberIdentity(member_id=request.member_id),)
+        )
         if not request.group_id:
             out.respond(token, LeaveGroupResponse(error_code=Errors.INVALID_GROUP_ID))
         elif consumer_group is not None:

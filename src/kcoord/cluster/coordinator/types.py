@@ -152,7 +152,9 @@ class MemberIdentity:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeaveGroupRequest:
     group_id: str
-    member_id: str = ""  # v0-2 only; read as members=(MemberIdentity(member_id),) when set
+    # v0-2: the one member leaving, read as members=(MemberIdentity(member_id),) (even "");
+    # None in v3+, where ``members`` names them all, and may name none.
+    member_id: str | None = None
     members: tuple[MemberIdentity, ...] = ()  # v3+
 
 

@@ -241,7 +241,9 @@ class GroupApi:
             for m in getattr(body, "members", ())
         )
         req = t.LeaveGroupRequest(
-            group_id=body.group_id, member_id=getattr(body, "member_id", ""), members=members
+            group_id=body.group_id,
+            member_id=str(body.member_id) if request.version < 3 else None,
+            members=members,
         )
         return self._submit(
             req.group_id,

@@ -353,6 +353,18 @@ def test_leave_group_v0_reads_the_single_member_id() -> None:
     assert list(ctx.shard.groups["g"].members) == [a]
 
 
+def test_leave_group_v3_naming_no_member_answers_none() -> None:
+    """LeaveGroupRequest.members() of a v3+ request is its list, empty or not: kcoord
+    answered an empty one with a member "" and UNKNOWN_MEMBER_ID, known group or not."""
+    ctx = ShardContext()
+    a, b = stable_group(ctx, "a", "b")
+    for group_id in ("g", "unknown"):
+        result = ctx.shard.handle_leave_group(99, LeaveGroupRequest(group_id=group_id), ctx.now_ms)
+        assert result.responses == [(99, LeaveGroupResponse(members=()))]
+        assert result.records == []
+    assert sorted(ctx.shard.groups["g"].members) == sorted([a, b])
+
+
 def test_requests_to_an_empty_or_unknown_group() -> None:
     ctx = ShardContext()
     _, step = ctx.heartbeat(member_id="m", generation_id=1)
