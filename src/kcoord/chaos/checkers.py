@@ -61,6 +61,15 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     A topic's partition count comes from ``partitions_by_topic``, else from a ``topic`` event,
     else from every partition the history mentions for it (assignments, sends, commits).
 
+    ``early-handover`` (KIP-848 members, ``group_protocol`` ``consumer`` in their
+    ``process-start``): a member's ``assigned`` callback names a partition another member
+    held then and gave up later with a ``revoked`` callback, by the members' own clocks (the
+    ``at`` of those events: one host, so one wall clock). The coordinator may hand a
+    partition on only once its owner has acknowledged the revocation, which it does after its
+    callback; this is what split-ownership cannot see there, as each member's generation is
+    its own epoch. A holding that ends otherwise (``lost``: the member was fenced, its
+    session timed out; killed; still held at the end) proves nothing and is not compared.
+
 ``check_queue`` (queue workload, Jepsen's Kafka test): the data plane
     Per (topic, partition), the *log* is every (offset, value) an ``ok`` send was acknowledged
     at or a poll read; its *version order* is the sorted list of those offsets, so an offset
@@ -151,6 +160,7 @@ from kcoord.chaos.history import (
     LOG_COPIES_F,
     OK,
     PROCESS_EXIT_F,
+    PROCESS_KILL_F,
     UNRECORDED_REPORT_F,
     Event,
     History,
@@ -167,7 +177,12 @@ OFFSETS_ANOMALIES: Final = (
     "commit-beyond-consumed",
     "no-final-committed",
 )
-GROUPS_ANOMALIES: Final = ("split-ownership", "unowned-after-heal", "not-stable-after-heal")
+GROUPS_ANOMALIES: Final = (
+    "split-ownership",
+    "unowned-after-heal",
+    "not-stable-after-heal",
+    "early-handover",
+)
 QUEUE_ANOMALIES: Final = (
     "lost-write",
     "unseen",
@@ -704,11 +719,12 @@ def check_groups(
     stable_within_s: float = DEFAULT_STABLE_WITHIN_S,
     partitions_by_topic: Mapping[str, int] | None = None,
 ) -> CheckResult:
-    """split-ownership, unowned-after-heal, not-stable-after-heal."""
+    """split-ownership, unowned-after-heal, not-stable-after-heal, early-handover."""
     findings = _Findings("groups")
     ordered = _in_time_order(history)
     assignments = _assignments(ordered, findings)
     _check_split_ownership(assignments, findings)
+    _check_handover_after_revocation(ordered, findings)
 
     heals = [e for e in ordered if e.f == "heal"]
     last_heal = heals[-1] if heals else None
@@ -868,6 +884,81 @@ def _check_final_ownership(
                     "generations": generations,
                 },
             )
+
+
+_HANDOVER_FS: Final = frozenset({"assigned", "revoked", "lost", PROCESS_KILL_F, PROCESS_EXIT_F})
+# Two readings of one wall clock, rounded in JSON: closer than this is not "before".
+_CLOCK_SLACK_S: Final = 0.001
+
+
+@dataclass(frozen=True)
+class _Holding:
+    member: str
+    since: float  # the member's clock at its assigned callback
+    event: int
+
+
+def _check_handover_after_revocation(ordered: list[Event], findings: _Findings) -> None:
+    """``early-handover`` (see the module docstring)."""
+    members = {
+        e.process
+        for e in ordered
+        if e.f == "process-start"
+        and isinstance(e.value.get("cfg"), dict)
+        and e.value["cfg"].get("group_protocol") == "consumer"
+    }
+    held: dict[tuple[str, _GroupPartition], _Holding] = {}  # (member, partition) -> since
+    taken: dict[_GroupPartition, list[_Holding]] = defaultdict(list)  # assigned callbacks
+    given_up: list[tuple[_GroupPartition, _Holding, float, int]] = []  # revoked holdings
+    for event in ordered:
+        if event.process not in members or event.f not in _HANDOVER_FS:
+            continue
+        if event.f in (PROCESS_KILL_F, PROCESS_EXIT_F):
+            for gone in [k for k in held if k[0] == event.process]:
+                del held[gone]
+            continue
+        try:
+            at = event.value.get("at")
+            if at is None:
+                continue  # a history from before members stamped their reports
+            at = float(at)
+            group, topic = _required(event.value, "group"), _topic(event.value)
+            partitions = [int(p) for p in event.value.get("partitions") or []]
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+            continue
+        if event.f == "assigned":
+            for partition in partitions:
+                holding = _Holding(event.process, at, event.index)
+                held[(event.process, (group, topic, partition))] = holding
+                taken[(group, topic, partition)].append(holding)
+            continue
+        mine = [k for k in held if k[0] == event.process and k[1][:2] == (group, topic)]
+        ending = mine if not partitions else [k for k in mine if k[1][2] in partitions]
+        for member_partition in ending:
+            holding = held.pop(member_partition)
+            if event.f == "revoked":
+                given_up.append((member_partition[1], holding, at, event.index))
+    for key, holding, revoked_at, revoked_event in given_up:
+        for other in taken.get(key, ()):
+            if other.member == holding.member:
+                continue
+            if holding.since < other.since < revoked_at - _CLOCK_SLACK_S:
+                group, topic, partition = key
+                findings.add(
+                    "early-handover",
+                    {
+                        "group": group,
+                        "topic": topic,
+                        "partition": partition,
+                        "holder": holding.member,
+                        "held_since_event": holding.event,
+                        "revoked_event": revoked_event,
+                        "taker": other.member,
+                        "taken_event": other.event,
+                        "taken_before_revoked_s": round(revoked_at - other.since, 6),
+                    },
+                )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,7 +19,10 @@ committed one, and commits synchronously after it has processed (reported) each 
 stops it cleanly (the client's close: a dynamic member leaves the group, a static one does not);
 the tests SIGKILL it to simulate a crash.
 
-Everything it sees goes to stdout, one JSON object per line, in the order it happened:
+Everything it sees goes to stdout, one JSON object per line, in the order it happened, each
+with ``"at"``: this host's wall clock (``time.time()``) when it was emitted, which orders the
+reports of different members (the runner reads each member's output on a thread of its own,
+so the times it records them at do not):
 
 - ``{"event": "started"}`` once the consumer is subscribed;
 - ``{"event": "assigned" | "revoked" | "lost", "partitions": [...], "generation": g,
@@ -50,6 +53,7 @@ import signal
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -66,7 +70,7 @@ _emit_lock = threading.Lock()
 
 def emit(event: str, **fields: Any) -> None:
     with _emit_lock:
-        sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+        sys.stdout.write(json.dumps({"event": event, "at": time.time(), **fields}) + "\n")
         sys.stdout.flush()
 
 

@@ -293,7 +293,8 @@ class GroupsWorkload:
         elif kind == "assignment":
             add(proc.name, "info", "assignment", {**who, "partitions": event["partitions"]})
         elif kind in ("assigned", "revoked", "lost"):
-            add(proc.name, "info", kind, {**who, "partitions": event["partitions"]})
+            value = {**who, "partitions": event["partitions"], "at": event.get("at")}
+            add(proc.name, "info", kind, value)
         elif kind == "send":
             add(proc.name, "invoke", "send", _send(cfg, event))
         elif kind == "sent":

@@ -1244,3 +1244,61 @@ def test_unconsumed_when_a_group_never_read_an_acknowledged_record() -> None:
         *(("quiet", v) for v in ("v0", "v1", "v2", "implicit")),
     }
     assert result.stats["groups"] == 3
+
+
+def callback(
+    h: History, t: float, member: str, f: str, partitions: list[int], *, at: float
+) -> None:
+    """A rebalance callback of ``member``, recorded at ``t``, made at ``at`` by its clock."""
+    value = {"group": "g", "topic": "t", "member": member, "partitions": partitions, "at": at}
+    h.add(member, INFO, f, value, time=t)
+
+
+def kip848_members(*members: str, protocol: str | None = "consumer") -> History:
+    h = History()
+    for member in members:
+        cfg = {"group": "g", "topic": "t", "group_protocol": protocol}
+        h.add(member, INFO, "process-start", {"module": MEMBER_MODULE, "cfg": cfg}, time=0.0)
+    return h
+
+
+def test_a_partition_handed_over_before_its_owner_revoked_it_is_an_early_handover() -> None:
+    """KIP-848: the coordinator may give a partition to another member only once its owner
+    acknowledged the revocation, after its callback. Each member's epoch is its own, so
+    split-ownership never compared the two. The members' clocks order the callbacks: here
+    the runner read a's revocation first, though b's assignment came before it."""
+    h = kip848_members("a", "b")
+    callback(h, 1.0, "a", "assigned", [0, 1], at=100.0)
+    callback(h, 2.0, "a", "revoked", [1], at=102.0)
+    callback(h, 3.0, "b", "assigned", [1], at=101.5)
+
+    result = check_groups(h, partitions_by_topic={"t": 2})
+
+    assert "early-handover" in named(result)
+    example = result.anomalies["early-handover"][0]
+    assert (example["partition"], example["holder"], example["taker"]) == (1, "a", "b")
+    assert example["taken_before_revoked_s"] == 0.5
+
+
+def test_a_handover_after_the_revocation_or_from_a_fenced_or_killed_owner_is_not() -> None:
+    h = kip848_members("a", "b", "c")
+    callback(h, 1.0, "a", "assigned", [0, 1, 2], at=100.0)
+    callback(h, 2.0, "a", "revoked", [0], at=101.0)
+    callback(h, 2.5, "b", "assigned", [0], at=101.2)  # after a's revocation
+    callback(h, 3.0, "c", "assigned", [1], at=102.0)
+    callback(h, 4.0, "a", "lost", [1], at=103.0)  # a was fenced: c took it legitimately
+    callback(h, 4.5, "c", "assigned", [2], at=104.0)
+    h.add("a", INFO, PROCESS_KILL_F, {}, time=5.0)  # a held 2 until it was killed
+    callback(h, 6.0, "b", "revoked", [], at=106.0)  # every partition b holds
+    callback(h, 7.0, "a.1", "assigned", [0], at=107.0)
+    assert "early-handover" not in named(check_groups(h, partitions_by_topic={"t": 3}))
+
+
+def test_classic_members_are_not_checked_for_early_handover() -> None:
+    """An eager or kafka-python member whose session timed out still reports its partitions
+    as revoked (no lost callback), after another member took them: not a finding."""
+    h = kip848_members("a", "b", protocol=None)
+    callback(h, 1.0, "a", "assigned", [0], at=100.0)
+    callback(h, 2.0, "b", "assigned", [0], at=101.0)
+    callback(h, 3.0, "a", "revoked", [0], at=102.0)
+    assert "early-handover" not in named(check_groups(h, partitions_by_topic={"t": 1}))
