@@ -382,9 +382,18 @@ class Node:
                 await asyncio.wait_for(self.lifecycle.initial_catch_up.wait(), CATCH_UP_LOG_S)
             except TimeoutError:
                 waited_s += CATCH_UP_LOG_S
+                # What the quorum looks like from here says why (no leader: the voters do not
+                # reach each other; a leader: the controller does not answer).
+                assert self.quorum is not None  # started before the lifecycle
+                status = self.quorum.status()
                 log.info(
-                    "waiting for the controller to acknowledge that we are caught up (%.0f s)",
+                    "waiting for the controller to acknowledge that we are caught up (%.0f s; "
+                    "quorum: leader %s, epoch %d, connected to voters %s, commit index %d)",
                     waited_s,
+                    status.leader_id,
+                    status.epoch,
+                    sorted(status.connected),
+                    status.commit_index,
                 )
             else:
                 log.info("caught up with the metadata log at offset %d", self.cache.offset)
