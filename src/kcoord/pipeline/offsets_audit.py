@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import TopicPartition as ClientTopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
@@ -37,7 +37,7 @@ from kcoord.pipeline.audit import (
     latest_commits,
     without_deleted,
 )
-from kcoord.pipeline.retries import retrying
+from kcoord.pipeline.retries import is_gone, retrying
 
 OFFSETS_TOPIC = "__consumer_offsets"
 LIST_OFFSETS_TIMEOUT_S = 30.0
@@ -152,7 +152,12 @@ def end_offsets(
                     f"end offset of {topic}-{partition}",
                     LIST_OFFSETS_TIMEOUT_S,
                 )
-            except Exception:  # the topic is gone: its lags are unknown
+            except KafkaException as e:
+                # The topic is gone: its lags are unknown. Anything else (a timeout, a leader
+                # that never came) fails the audit: read as unknown, a group that stopped an
+                # hour ago was reported OK.
+                if not is_gone(e):
+                    raise
                 continue
             now[(topic, partition)] = high
         at: dict[tuple[str, int, int], int] = {}
@@ -173,6 +178,8 @@ def end_offsets(
                     f"offset of {topic}-{partition} at {ts}",
                     LIST_OFFSETS_TIMEOUT_S,
                 )
+                if found.error is not None:
+                    raise KafkaException(found.error)
                 at[(topic, partition, ts)] = (
                     now[(topic, partition)] if found.offset < 0 else found.offset
                 )

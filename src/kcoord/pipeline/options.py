@@ -19,6 +19,9 @@ for ``format("kafka")`` runs with ``format("kcoord")`` after changing the format
   groupId                   streaming: the consumer group the query commits its progress to
   topic                     writer: the topic for rows without a ``topic`` column
   kafkaConsumer.pollTimeoutMs   how long a task waits for a fetch to make progress (120000)
+  fetchOffset.numRetries    streaming: how often the driver asks for the log end offsets when
+                            one is below where the query is, before that is data loss (3)
+  fetchOffset.retryIntervalMs   and how long it waits between two asks (1000)
 
 JSON ``startingOffsets`` / ``endingOffsets`` must name every partition the query reads, as in
 Spark. The timestamp options (``startingOffsetsByTimestamp``, ``startingTimestamp``,
@@ -46,6 +49,9 @@ EARLIEST = -2
 LATEST = -1
 
 DEFAULT_POLL_TIMEOUT_MS = 120_000
+# Spark's fetchOffset.numRetries and fetchOffset.retryIntervalMs (KafkaSourceProvider).
+DEFAULT_FETCH_OFFSET_ATTEMPTS = 3
+DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS = 1000
 # Spark's Kafka source options that change what is read, which this source does not implement.
 UNSUPPORTED_OPTIONS = (
     "startingOffsetsByTimestamp",
@@ -114,6 +120,8 @@ class SourceOptions:
     group_id: str | None
     poll_timeout_ms: int
     client_config: tuple[tuple[str, str], ...]
+    fetch_offset_attempts: int = DEFAULT_FETCH_OFFSET_ATTEMPTS
+    fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +278,18 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         if poll_raw is None
         else _parse_positive_int("kafkaConsumer.pollTimeoutMs", poll_raw)
     )
+    attempts_raw = _get(options, "fetchOffset.numRetries")
+    fetch_offset_attempts = (
+        DEFAULT_FETCH_OFFSET_ATTEMPTS
+        if attempts_raw is None
+        else _parse_positive_int("fetchOffset.numRetries", attempts_raw)
+    )
+    interval_raw = _get(options, "fetchOffset.retryIntervalMs")
+    fetch_offset_retry_interval_ms = (
+        DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
+        if interval_raw is None
+        else _parse_positive_int("fetchOffset.retryIntervalMs", interval_raw)
+    )
     group_id = _get(options, "groupId") or None
     # Spark forbids the client settings it owns; so do we (the source assigns partitions
     # itself and commits only what the query has processed).
@@ -291,6 +311,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         group_id=group_id,
         poll_timeout_ms=poll_timeout_ms,
         client_config=tuple(sorted(client)),
+        fetch_offset_attempts=fetch_offset_attempts,
+        fetch_offset_retry_interval_ms=fetch_offset_retry_interval_ms,
     )
 
 

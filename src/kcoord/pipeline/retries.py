@@ -30,11 +30,21 @@ RETRIABLE_CODES: Final = frozenset(
     }
 )
 RETRY_BACKOFF_S: Final = 0.1
+# The answers that say a partition is not there (its topic deleted): the broker's, or
+# librdkafka's own when its metadata no longer has it.
+GONE_CODES: Final = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+)
 
 
 def is_retriable(e: KafkaException) -> bool:
     error = e.args[0] if e.args else None
     return isinstance(error, KafkaError) and error.code() in RETRIABLE_CODES
+
+
+def is_gone(e: KafkaException) -> bool:
+    error = e.args[0] if e.args else None
+    return isinstance(error, KafkaError) and error.code() in GONE_CODES
 
 
 def retrying(call: Callable[[], T], what: str, deadline_s: float) -> T:

@@ -25,7 +25,8 @@ asks ListOffsets for the high watermarks and applies ``maxOffsetsPerTrigger`` (o
 runs after Spark has written the micro-batch's results and its commit log, and sends an
 OffsetCommit of ``end`` for ``groupId``, so the query's progress and lag show as any consumer
 group's do. The checkpoint stays the source of truth for a restart (as with Spark's Kafka
-source); the committed offsets are what the query has finished, never ahead of it.
+source); the committed offsets are what the query has finished, never ahead of it, and a
+commit that fails is logged, not fatal (``OffsetCommitter``).
 
 Writing: each task produces its rows with an idempotent producer (acks=all), flushes, and
 fails the task if any record was not acknowledged. Spark retries a failed task, so a record
@@ -77,6 +78,7 @@ from pyspark.sql.types import (
 
 from kcoord.pipeline.options import (
     LATEST,
+    DataLossError,
     OffsetRange,
     Offsets,
     OptionError,
@@ -91,15 +93,18 @@ from kcoord.pipeline.options import (
     resolve,
     to_json_offsets,
 )
-from kcoord.pipeline.retries import retrying
+from kcoord.pipeline.retries import GONE_CODES, retrying
 
 log = logging.getLogger(__name__)
 
 NAME = "kcoord"
 METADATA_TIMEOUT_S = 30.0
-COMMIT_TIMEOUT_S = 30.0
+COMMIT_TIMEOUT_S = 10.0
 FLUSH_TIMEOUT_S = 120.0
 ARROW_BATCH_ROWS = 8192
+# How long the log may end inside a range being read before its end is asked for: a new
+# leader's high watermark catches up within a replication round.
+TRUNCATION_GRACE_S = 5.0
 # The reader of a range assigns through librdkafka, which insists on a group id; it never
 # joins, fetches offsets of or commits to this group.
 READER_GROUP_ID = "kcoord-spark-reader"
@@ -216,7 +221,12 @@ class Cluster:
 
 class OffsetCommitter:
     """Commits a streaming query's progress for its group (OffsetCommit from a consumer that
-    never joins: generation -1, as a "simple consumer" in Kafka commits)."""
+    never joins: generation -1, as a "simple consumer" in Kafka commits).
+
+    For monitoring only: the checkpoint is what a restart reads. So a commit that still fails
+    after ``COMMIT_TIMEOUT_S`` of retries is logged and left to the next batch's, and never
+    stops the query (Spark's own Kafka source commits nothing); a partition whose topic is gone
+    (UNKNOWN_TOPIC_OR_PARTITION) is left out, as the broker will never take it."""
 
     def __init__(self, options: SourceOptions, group_id: str):
         config = _client_config(options)
@@ -224,28 +234,43 @@ class OffsetCommitter:
         self._consumer = Consumer(config)
         self.group_id = group_id
 
-    def commit(self, offsets: Mapping[TopicPartition, int]) -> None:
-        request = [ClientTopicPartition(t, p, o) for (t, p), o in sorted(offsets.items())]
-        if not request:
-            return
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
+        """Whether every partition still there was committed."""
+        pending = dict(offsets)
         deadline = time.monotonic() + COMMIT_TIMEOUT_S
-        while True:
+        while pending:
+            request = [ClientTopicPartition(t, p, o) for (t, p), o in sorted(pending.items())]
             try:
                 result = self._consumer.commit(offsets=request, asynchronous=False)
             except KafkaException as e:
                 error: Any = e
             else:
-                failed = [tp for tp in result or [] if tp.error is not None]
-                if not failed:
-                    return
-                error = failed[0].error
+                error = None
+                for tp in result or []:
+                    key = (tp.topic, tp.partition)
+                    if tp.error is None:
+                        pending.pop(key, None)
+                    elif tp.error.code() in GONE_CODES:
+                        log.warning(
+                            "not committing %s-%d for group %r: it is gone", *key, self.group_id
+                        )
+                        pending.pop(key, None)
+                    else:
+                        error = tp.error
+                if not pending:
+                    return True
             # A coordinator that moved (NOT_COORDINATOR, a dead node) is found again by the
-            # client; retry until the deadline, then fail the query: progress must not be
-            # silently left behind.
+            # client: retry until the deadline.
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"OffsetCommit for group {self.group_id!r} failed: {error}")
+                log.warning(
+                    "OffsetCommit for group %r failed (%s); the next batch commits again",
+                    self.group_id,
+                    error,
+                )
+                return False
             log.warning("OffsetCommit for group %r failed (%s); retrying", self.group_id, error)
             time.sleep(0.2)  # back off before the client's next coordinator lookup
+        return True
 
     def close(self) -> None:
         self._consumer.close()
@@ -287,6 +312,30 @@ def _skip_lost(
     return until
 
 
+def _end_if_truncated(
+    consumer: Consumer, options: SourceOptions, offset_range: OffsetRange, offset: int
+) -> int:
+    """Where a range goes on after its log ended inside it for ``TRUNCATION_GRACE_S``: the
+    log end offset below the range's end is data loss (an unclean election truncated the log,
+    or the topic was made again); the range was planned below the high watermark, which
+    never goes back otherwise. Spark's ``KafkaDataConsumer`` sees an offset past the latest
+    one the same way. A new leader's high watermark can lag for a moment, hence the grace."""
+    topic, partition, until = offset_range.topic, offset_range.partition, offset_range.until_offset
+    _, high = consumer.get_watermark_offsets(
+        ClientTopicPartition(topic, partition), timeout=options.poll_timeout_ms / 1000, cached=False
+    )
+    if high >= until:
+        return offset  # it grew back meanwhile: read on
+    message = (
+        f"{topic}-{partition}: the log ends at offset {high}, inside the range "
+        f"[{offset_range.from_offset}, {until}) being read (truncated or recreated)"
+    )
+    if options.fail_on_data_loss:
+        raise DataLossError(message + ". Set failOnDataLoss=false to go on.")
+    log.warning("data loss: %s; the range ends here", message)
+    return until
+
+
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
     """The records of one range as Arrow record batches, in offset order."""
     config = _client_config(options)
@@ -309,6 +358,7 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
         consumer.assign([ClientTopicPartition(topic, partition, offset_range.from_offset)])
         last_progress = time.monotonic()
         timeout_s = options.poll_timeout_ms / 1000
+        eof_inside_since: float | None = None  # the log ended inside the range from then on
         while next_offset < until:
             messages = consumer.consume(num_messages=1000, timeout=0.5)
             for m in messages:
@@ -318,6 +368,8 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
                         # The end of the log: records up to ``until`` were compacted away.
                         if (m.offset() or 0) >= until:
                             next_offset = until
+                        elif eof_inside_since is None:
+                            eof_inside_since = time.monotonic()
                         continue
                     if options.fail_on_data_loss or error.code() != KafkaError._AUTO_OFFSET_RESET:
                         raise KafkaException(error)
@@ -330,8 +382,16 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
                     break
                 columns.append(m)
                 next_offset = offset + 1
+                eof_inside_since = None
                 if len(columns) >= ARROW_BATCH_ROWS:
                     yield columns.flush()
+            if (
+                next_offset < until
+                and eof_inside_since is not None
+                and time.monotonic() - eof_inside_since >= TRUNCATION_GRACE_S
+            ):
+                eof_inside_since = None
+                next_offset = _end_if_truncated(consumer, options, offset_range, next_offset)
             if messages:
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > timeout_s:
@@ -488,9 +548,28 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadAllAvailable()
         return ReadMaxRows(self.options.max_offsets_per_trigger)
 
+    def _latest_not_behind(
+        self, begin: Offsets
+    ) -> tuple[list[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """``_latest``, asked again (``fetchOffset.numRetries`` times in all) while a log end
+        is below where the query is: one stale answer (a deposed leader's) is not data loss
+        (Spark's ``fetchLatestOffsets`` with known offsets, KAFKA-7703)."""
+        attempts = self.options.fetch_offset_attempts
+        for attempt in range(1, attempts + 1):
+            current, earliest, latest = self._latest()
+            behind = sorted(tp for tp, at in begin.items() if latest.get(tp, at) < at)
+            if not behind or attempt == attempts:
+                return current, earliest, latest
+            log.warning(
+                "log end offsets below the query's (%s); asking again",
+                ", ".join(f"{t}-{p} at {latest[(t, p)]} < {begin[(t, p)]}" for t, p in behind),
+            )
+            time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
+        raise AssertionError("unreachable")
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = from_json_offsets(start)
-        current, earliest, now_latest = self._latest()
+        current, earliest, now_latest = self._latest_not_behind(begin)
         # Spark asks for the latest offset only once the previous micro-batch (which ended
         # at ``start``) is done, results and commit log written. Spark's own ``commit(end)``
         # comes later, when the *next* batch is planned, so an idle query or the last batch
@@ -499,17 +578,14 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # (UNKNOWN_TOPIC_OR_PARTITION), and the query failed after the committer's retries.
         existing = set(current)
         self._maybe_commit({tp: offset for tp, offset in begin.items() if tp in existing})
-        behind: Offsets = {}
-        if self._target is not None:
-            latest = dict(self._target)
-        else:
-            latest = dict(now_latest)
-            # A partition whose log end fell below where the query is (truncated, or deleted
-            # and created again) is data loss. Its end is planned there, below the start, so
-            # that ``partitions`` sees it (and fails, or starts it over from its earliest
-            # offset); clamped to the start, it planned nothing and then read on from the old
-            # position once the new log passed it, skipping the new records before it.
-            behind = {tp: latest[tp] for tp, at in begin.items() if latest.get(tp, at) < at}
+        latest = dict(self._target) if self._target is not None else dict(now_latest)
+        # A partition whose log end fell below where the query is (truncated, or deleted and
+        # created again) is data loss. Its end is planned there, below the start, so that
+        # ``partitions`` sees it (and fails, or starts it over from its earliest offset);
+        # clamped to the start, it planned nothing and then read on from the old position
+        # once the new log passed it, skipping the new records before it. Under AvailableNow
+        # too: the target recorded at the start is no log end now.
+        behind = {tp: now_latest[tp] for tp, at in begin.items() if now_latest.get(tp, at) < at}
         # A partition of ``start`` that is gone has no end: ``partitions`` reports it as data
         # loss, and the next batch forgets it (Spark's "are gone"). Carried on in every end,
         # it was committed, and refused, for ever.
@@ -551,8 +627,12 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             tp: min(offset, until[tp]) if tp in until and until[tp] < begin.get(tp, 0) else offset
             for tp, offset in latest.items()
         }
+        # A partition of ``start`` that ``end`` lacks is gone (Spark: the start's partitions
+        # less the end's), whatever the metadata says now: back by now, it was forgotten
+        # unreported, and read again from 0 as a new partition.
+        current = [tp for tp in partitions if tp in until]
         begin, lost = check_data_loss(
-            begin, partitions, earliest, latest, fail_on_data_loss=self.options.fail_on_data_loss
+            begin, current, earliest, latest, fail_on_data_loss=self.options.fail_on_data_loss
         )
         for message in lost:
             log.warning("data loss: %s", message)
@@ -572,8 +652,8 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         if self._committer is None:
             self._committer = OffsetCommitter(self.options, self.options.group_id)
-        self._committer.commit(offsets)
-        self._committed = dict(offsets)
+        if self._committer.commit(offsets):
+            self._committed = dict(offsets)
 
     def stop(self) -> None:
         if self._committer is not None:

@@ -3,8 +3,13 @@ rules' order, the commit rate and a group's worst status."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pyarrow as pa
 import pytest
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TopicPartition as ClientTopicPartition
 
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
@@ -12,6 +17,7 @@ from kcoord.cluster.coordinator.records import (
     OffsetCommitValue,
     encode_record,
 )
+from kcoord.pipeline import offsets_audit
 from kcoord.pipeline.audit import (
     Commit,
     Deleted,
@@ -130,3 +136,41 @@ def test_report_rates_lags_and_worst_status() -> None:
     assert g.commit_rate_per_s == pytest.approx(0.4)
     old = by_group["old"]
     assert (old.commits_in_window, old.status) == (0, Status.STOP)  # lag 9, silent for 500 s
+
+
+class _Lookups:
+    """A consumer whose end-offset lookups fail with ``error`` for topic "bad"."""
+
+    error = KafkaError.UNKNOWN_TOPIC_OR_PART
+
+    def __init__(self, _config: object) -> None:
+        pass
+
+    def get_watermark_offsets(
+        self, tp: ClientTopicPartition, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        if tp.topic == "bad":
+            raise KafkaException(KafkaError(self.error))
+        return 0, 100
+
+    def offsets_for_times(self, tps: list[ClientTopicPartition], timeout: float) -> list[Any]:
+        return [SimpleNamespace(offset=50, error=None) for _ in tps]
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_end_offset_lookup_that_fails_fails_the_audit_unless_the_topic_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Any failure read as 'the topic is gone': lags unknown, and a group that had stopped an
+    hour before was reported OK."""
+    monkeypatch.setattr(offsets_audit, "Consumer", _Lookups)
+    commits = [
+        Commit(g, t, 0, 10, NOW_MS, 0, i) for i, (g, t) in enumerate([("g", "bad"), ("g", "ok")])
+    ]
+    at, now = offsets_audit.end_offsets("127.0.0.1:1", commits, 5)
+    assert now == {("ok", 0): 100} and at == {("ok", 0, NOW_MS): 50}
+    monkeypatch.setattr(_Lookups, "error", KafkaError._TIMED_OUT)
+    with pytest.raises(KafkaException):
+        offsets_audit.end_offsets("127.0.0.1:1", commits, 5)

@@ -3,8 +3,12 @@ and ``partitions`` make of the offsets the cluster reports (``_latest`` stands i
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka import TopicPartition as ClientTopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -26,6 +30,7 @@ def reader(fail_on_data_loss: bool, log_start: int, log_end: int) -> KcoordStrea
             "kafka.bootstrap.servers": "127.0.0.1:1",
             "subscribe": "t",
             "failOnDataLoss": str(fail_on_data_loss).lower(),
+            "fetchOffset.retryIntervalMs": "1",
         },
         streaming=True,
     )
@@ -72,7 +77,12 @@ def test_a_log_grown_back_past_the_query_between_planning_and_reading_is_still_d
 def _stream(**options: str) -> KcoordStreamReader:
     return KcoordStreamReader(
         parse_source_options(
-            {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t,u", **options},
+            {
+                "kafka.bootstrap.servers": "127.0.0.1:1",
+                "subscribe": "t,u",
+                "fetchOffset.retryIntervalMs": "1",
+                **options,
+            },
             streaming=True,
         )
     )
@@ -210,3 +220,154 @@ def test_a_task_whose_range_lost_records_mid_read_goes_on_from_the_log_start(
     batches = source.read_range(options, OffsetRange("t", 0, 100, 200))
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == [*range(100, 120), *range(150, 200)]
+
+
+def test_available_now_reports_a_log_end_fallen_below_the_query() -> None:
+    """Trigger.AvailableNow planned to the high watermarks recorded when it started, and so
+    never saw that the topic had been made again below the query: the run ended cleanly, and
+    a later one read on from the old position, skipping the new log's first records."""
+    stream = reader(True, 0, 40)
+    stream._target = {TP: 150}
+    start = {"t": {"0": 100}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 40}}
+    with pytest.raises(DataLossError, match="past the log end offset"):
+        stream.partitions(start, end)
+
+
+def test_a_log_end_below_the_query_is_asked_for_again_before_it_is_data_loss() -> None:
+    """One stale answer (a deposed leader's high watermark) was data loss at once: the query
+    failed for good (the bad end is in its offset log), or re-read what it had processed."""
+    answers = iter([40, 40, 150])
+    asked: list[int] = []
+
+    def latest() -> tuple[list[tuple[str, int]], dict[tuple[str, int], int], dict[Any, int]]:
+        asked.append(1)
+        return [TP], {TP: 0}, {TP: next(answers)}
+
+    stream = reader(True, 0, 0)
+    stream._latest = latest  # type: ignore[method-assign]
+    start = {"t": {"0": 100}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 150}} and len(asked) == 3
+    # fetchOffset.numRetries asks in all: then it is what the log says.
+    answers = iter([40, 40, 40])
+    assert stream.latestOffset(start, ReadAllAvailable()) == {"t": {"0": 40}}
+
+
+def test_a_partition_the_end_lacks_is_gone_even_if_the_metadata_has_it_again() -> None:
+    """Spark's deleted partitions are the start's less the end's. Read from the metadata,
+    u-0 (gone when the end was planned, back by the time the batch was) was forgotten
+    unreported, then read again from 0 as a new partition."""
+    u = ("u", 0)
+    latest = lambda: ([TP, u], {TP: 0, u: 0}, {TP: 30, u: 60})  # noqa: E731
+    start, end = {"t": {"0": 10}, "u": {"0": 50}}, {"t": {"0": 30}}
+    failing = _stream()
+    failing._latest = latest  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="u-0 is gone"):
+        failing.partitions(start, end)
+
+
+class _TruncatedMidRange:
+    """Offsets 100..109 read, then the log ends at 110 for good: an unclean election cut it
+    below the range's end, 200."""
+
+    def __init__(self, _config: object) -> None:
+        self.position = 100
+
+    def assign(self, partitions: list[ClientTopicPartition]) -> None:
+        self.position = partitions[0].offset
+
+    def consume(self, num_messages: int, timeout: float) -> list[_Message]:
+        if self.position < 110:
+            self.position = 110
+            return [_Message(o) for o in range(100, 110)]
+        return [_Message(110, _Eof())]
+
+    def get_watermark_offsets(
+        self, _tp: ClientTopicPartition, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        return 0, 110
+
+    def close(self) -> None:
+        pass
+
+
+class _Eof:
+    def code(self) -> int:
+        return KafkaError._PARTITION_EOF
+
+
+def test_a_log_truncated_inside_the_range_being_read_is_data_loss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It was a TimeoutError after kafkaConsumer.pollTimeoutMs (120 s), failOnDataLoss=false
+    or not."""
+    monkeypatch.setattr(source, "Consumer", _TruncatedMidRange)
+    monkeypatch.setattr(source, "TRUNCATION_GRACE_S", 0.0)
+
+    def read(fail_on_data_loss: bool) -> list[int]:
+        options = parse_source_options(
+            {
+                "kafka.bootstrap.servers": "127.0.0.1:1",
+                "subscribe": "t",
+                "failOnDataLoss": str(fail_on_data_loss).lower(),
+            },
+            streaming=True,
+        )
+        batches = source.read_range(options, OffsetRange("t", 0, 100, 200))
+        return [o for b in batches for o in b.column("offset").to_pylist()]
+
+    with pytest.raises(DataLossError, match=r"the log ends at offset 110, inside the range"):
+        read(True)
+    assert read(False) == list(range(100, 110))
+
+
+class _Committing:
+    """A consumer whose commits answer per partition from ``errors`` (None: committed)."""
+
+    errors: ClassVar[dict[tuple[str, int], int | None]] = {}
+    raised: ClassVar[KafkaException | None] = None
+
+    def __init__(self, _config: object) -> None:
+        self.requests: list[list[tuple[str, int]]] = []
+
+    def commit(self, offsets: list[ClientTopicPartition], asynchronous: bool) -> list[Any]:
+        self.requests.append([(tp.topic, tp.partition) for tp in offsets])
+        if self.raised is not None:
+            raise self.raised
+        out = []
+        for tp in offsets:
+            code = self.errors.get((tp.topic, tp.partition))
+            out.append(
+                SimpleNamespace(
+                    topic=tp.topic, partition=tp.partition, error=code and KafkaError(code)
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_commit_of_a_gone_partition_leaves_it_out_and_a_failing_commit_is_not_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Committing the end of a batch that read a topic deleted since failed the query after
+    30 s of retries (Spark's own source commits nothing: the group's offsets are for
+    monitoring; the checkpoint is what a restart reads)."""
+    monkeypatch.setattr(source, "Consumer", _Committing)
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
+    )
+    _Committing.errors = {("u", 0): KafkaError.UNKNOWN_TOPIC_OR_PART}
+    committer = source.OffsetCommitter(options, "g")
+    assert committer.commit({TP: 10, ("u", 0): 50}) is True
+    consumer = committer._consumer
+    assert isinstance(consumer, _Committing) and consumer.requests == [[TP, ("u", 0)]]  # once
+
+    _Committing.raised = KafkaException(KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE))
+    monkeypatch.setattr(source, "COMMIT_TIMEOUT_S", 0.0)
+    assert source.OffsetCommitter(options, "g").commit({TP: 10}) is False
+    _Committing.raised = None
