@@ -260,8 +260,8 @@ class ReplicaFetcherManager:
                 if epoch == UNDEFINED_EPOCH:
                     # Nothing in our log carries an epoch: nothing to ask the leader about.
                     # What lies above our HW may not be the leader's, so it goes (Kafka's
-                    # ReplicaManager.initialFetchOffset: such a log is fetched from its HW),
-                    # as when the leader knows no epoch of ours.
+                    # ReplicaManager.initialFetchOffset: such a log is fetched from its HW):
+                    # the step taken when the leader knows no epoch of ours.
                     try:
                         self._truncate_step(
                             p, UNDEFINED_EPOCH, UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -318,8 +318,12 @@ class ReplicaFetcherManager:
         lg = part.log
         log_end_offset = lg.log_end_offset
         if leader_end_offset == UNDEFINED_EPOCH_OFFSET:
-            # The leader knows no epoch at or below ours: fall back to our HW (pre-KIP-101).
-            target, done = part.high_watermark, True
+            # The leader knows no epoch at or below ours: truncate to the initial fetch offset
+            # (AbstractFetcherThread.getOffsetTruncationState), which is the log end for a log
+            # with epochs and the HW for one without (initialFetchOffset). Cutting a log with
+            # epochs to its HW dropped records the leader had committed above it.
+            has_epochs = lg.epoch_cache.latest_epoch != UNDEFINED_EPOCH
+            target, done = (log_end_offset if has_epochs else part.high_watermark), True
         elif leader_epoch == requested_epoch:
             target, done = min(leader_end_offset, log_end_offset), True
         else:

@@ -1026,7 +1026,16 @@ class ReplicaManager:
             return  # out of range: the follower truncates or restarts first
         if part.diverging_epoch(item.fetch_offset, item.last_fetched_epoch) is not None:
             return
-        if not part.replication.update_follower_fetch(
+        # A fetch of an incarnation older than the registered one (Replica.
+        # updateFetchStateOrThrow against the metadata's broker epoch, KIP-903), or than one
+        # this leader recorded: a delayed fetch of a process since restarted must not count,
+        # on a leader state made after the restart too.
+        registered = self.cache.image.broker(replica_id)
+        if (
+            replica_epoch != -1
+            and registered is not None
+            and registered.broker_epoch > replica_epoch
+        ) or not part.replication.update_follower_fetch(
             replica_id, fetch_offset, lg.log_end_offset, self.now_ms(), replica_epoch
         ):
             log.info(

@@ -32,6 +32,7 @@ from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import checkpoint
+from kcoord.storage.epoch import UNDEFINED_EPOCH_OFFSET
 from kcoord.storage.manager import LogManager
 from tests.unit.storage.helpers import batch, read_all
 
@@ -1056,5 +1057,74 @@ def test_a_follower_whose_log_has_no_epoch_truncates_to_its_high_watermark(
         assert follower.partition.high_watermark == 0
         await follower.fetch_once()
         assert follower.values() == [b"leader-0"]
+
+    asyncio.run(scenario())
+
+
+def test_a_fetch_of_a_followers_old_incarnation_does_not_count_on_a_new_leader_state(
+    tmp_path: Path,
+) -> None:
+    """KIP-903 (Replica.updateFetchStateOrThrow): the leader checks a fetch's broker epoch
+    against the one registered. Checked only against the last one it recorded, a delayed
+    fetch of the process broker 2 was before it restarted counted on a leader state made
+    since (which had recorded none), and moved the HW over records only the old log held."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, _ = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
+        _start(cluster)
+        leader.produce(b"a")
+        restarted = rec.RegisterBroker(
+            broker_id=2, incarnation_id="i2-again", broker_epoch=5, endpoints={}, fenced=False
+        )
+        leader.cache.apply(2, [restarted])
+        part = leader.partition
+
+        async def fetch(replica_epoch: int) -> None:
+            item = {
+                "topic": TOPIC,
+                "partition": 0,
+                "fetch_offset": 1,
+                "leader_epoch": part.leader_epoch,
+                "last_fetched_epoch": part.log.epoch_cache.latest_epoch,
+                "high_watermark": 0,
+                "log_start_offset": 0,
+            }
+            await leader.replicas.handle_replica_fetch(
+                {
+                    "replica_id": 2,
+                    "replica_epoch": replica_epoch,
+                    "max_wait_ms": 0,
+                    "partitions": [item],
+                }
+            )
+
+        await fetch(1)  # the old process, epoch 1
+        assert part.high_watermark == 0
+        await fetch(5)  # the registered one
+        assert part.high_watermark == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_that_cannot_place_a_followers_epoch_leaves_a_log_with_epochs_whole(
+    tmp_path: Path,
+) -> None:
+    """Kafka's getOffsetTruncationState truncates to the initial fetch offset when the leader
+    answers an unknown end offset: the log end for a log with epochs. Cut to its HW, the
+    follower dropped records the leader had committed above it (its HW lags the leader's)."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster)
+        for value in (b"a", b"b"):
+            leader.produce(value)
+        await follower.fetch_once()  # the records; the follower's HW is still 0
+        part = follower.partition
+        assert (part.log.log_end_offset, part.high_watermark) == (2, 0)
+        epoch = part.log.epoch_cache.latest_epoch
+        assert follower.fetchers._truncate_step(part, epoch, -1, UNDEFINED_EPOCH_OFFSET)
+        assert follower.values() == [b"a", b"b"]
 
     asyncio.run(scenario())
