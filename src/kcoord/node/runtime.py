@@ -639,13 +639,11 @@ class Standby:
         """Whether what was replayed is still the log's prefix (no truncation below it, no
         log start moved past it); a single truncation at or above ``next_offset`` is fine."""
         lg = self.log
-        if self.partition.log is not lg or self.next_offset < lg.log_start_offset:
+        kept = lg.prefix_kept(self.next_offset, self.truncations, floor=lg.log_start_offset)
+        if self.partition.log is not lg or kept is None:
             return False
-        truncations = lg.prefix_kept(self.next_offset, self.truncations)
-        if truncations is None:
-            return False
-        self.truncations = truncations
-        return self.next_offset <= lg.log_end_offset
+        self.truncations = kept
+        return True
 
 
 def _bind_now(

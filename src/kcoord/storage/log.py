@@ -845,10 +845,13 @@ class Log:
             return FetchData(data, base_offset if data else None)
         return FetchData(b"", None)
 
-    def prefix_kept(self, offset: int, truncations: int) -> int | None:
+    def prefix_kept(self, offset: int, truncations: int, *, floor: int) -> int | None:
         """For a reader that read this log below ``offset`` when its truncation count was
-        ``truncations``: the count to remember now if no truncation went below ``offset``
-        since (one at or above it keeps what was read), else None."""
+        ``truncations``, and reads on from there: the count to remember now if no truncation
+        went below ``offset`` since (one at or above it keeps what was read) and ``offset`` is
+        still in ``[floor, log end]`` (what it has not read is still there), else None."""
+        if not floor <= offset <= self.log_end_offset:
+            return None
         if self.truncations == truncations:
             return truncations
         if self.truncations == truncations + 1 and self.last_truncated_to >= offset:

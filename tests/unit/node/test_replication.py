@@ -194,6 +194,21 @@ async def _parked(leader: ReplicaManager) -> None:
     await _within_iterations(lambda: bool(leader._fetch_wakeups), "no fetch parked at the leader")
 
 
+def fetch_item(part: Partition, **overrides: Any) -> dict[str, Any]:
+    """A ReplicaFetch partition entry of a replica at ``part``'s position (its log end, HW,
+    log start and epochs), with ``overrides``."""
+    return {
+        "topic": TOPIC,
+        "partition": 0,
+        "fetch_offset": part.log.log_end_offset,
+        "leader_epoch": part.leader_epoch,
+        "last_fetched_epoch": part.log.epoch_cache.latest_epoch,
+        "high_watermark": part.high_watermark,
+        "log_start_offset": part.log.log_start_offset,
+        **overrides,
+    }
+
+
 def test_a_returning_leader_keeps_what_the_new_leader_has_and_drops_the_rest(
     tmp_path: Path,
 ) -> None:
@@ -286,21 +301,9 @@ def test_a_replica_fetch_answer_names_only_the_partitions_with_something_to_appl
         assert (part.log.log_end_offset, part.high_watermark) == (2, 2)
         assert leader.partition.high_watermark == 2
 
-        def item(**overrides: Any) -> dict[str, Any]:
-            return {
-                "topic": TOPIC,
-                "partition": 0,
-                "fetch_offset": part.log.log_end_offset,
-                "leader_epoch": part.leader_epoch,
-                "last_fetched_epoch": part.log.epoch_cache.latest_epoch,
-                "high_watermark": part.high_watermark,
-                "log_start_offset": part.log.log_start_offset,
-                **overrides,
-            }
-
         async def answer(**overrides: Any) -> list[dict[str, Any]]:
             reply = await leader.replicas.handle_replica_fetch(
-                {"replica_id": 2, "max_wait_ms": 0, "partitions": [item(**overrides)]}
+                {"replica_id": 2, "max_wait_ms": 0, "partitions": [fetch_item(part, **overrides)]}
             )
             return cast(list[dict[str, Any]], reply["partitions"])
 
@@ -1081,21 +1084,13 @@ def test_a_fetch_of_a_followers_old_incarnation_does_not_count_on_a_new_leader_s
         part = leader.partition
 
         async def fetch(replica_epoch: int) -> None:
-            item = {
-                "topic": TOPIC,
-                "partition": 0,
-                "fetch_offset": 1,
-                "leader_epoch": part.leader_epoch,
-                "last_fetched_epoch": part.log.epoch_cache.latest_epoch,
-                "high_watermark": 0,
-                "log_start_offset": 0,
-            }
+            # At the leader's log end, so at 1: broker 2 has the record.
             await leader.replicas.handle_replica_fetch(
                 {
                     "replica_id": 2,
                     "replica_epoch": replica_epoch,
                     "max_wait_ms": 0,
-                    "partitions": [item],
+                    "partitions": [fetch_item(part)],
                 }
             )
 

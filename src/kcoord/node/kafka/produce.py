@@ -118,13 +118,11 @@ class _Tracked:
         # The segments' start, not the log start: DeleteRecords moves the log start over
         # batches that stay readable, and a state may read them (Kafka keeps producers
         # across log start moves, onLogStartOffsetIncremented).
-        if self.part.log is not lg or self.end_offset < lg.segments[0].base_offset:
+        kept = lg.prefix_kept(self.end_offset, self.truncations, floor=lg.segments[0].base_offset)
+        if self.part.log is not lg or kept is None:
             return False
-        truncations = lg.prefix_kept(self.end_offset, self.truncations)
-        if truncations is None:
-            return False
-        self.truncations = truncations
-        return self.end_offset <= lg.log_end_offset
+        self.truncations = kept
+        return True
 
     @property
     def caught_up(self) -> bool:
