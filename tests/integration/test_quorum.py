@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import socket
@@ -191,6 +192,30 @@ def running_quorum(root: Path) -> Iterator[dict[int, MetadataQuorum]]:
     try:
         yield quorums
     finally:
+        for q in quorums.values():
+            q.stop()
+
+
+@pytest.mark.integration
+def test_a_voter_that_cannot_listen_says_why_and_joins_once_its_port_is_free(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    taken = socket.create_server(("127.0.0.1", voters[0].port))
+    quorums: dict[int, MetadataQuorum] = {}
+    try:
+        with caplog.at_level(logging.WARNING, logger="kcoord.raft.quorum"):
+            quorums = {v.node_id: start(voters, v.node_id, tmp_path, Recorder()) for v in voters}
+            wait_for(
+                lambda: any("quorum: cannot listen on" in r.getMessage() for r in caplog.records),
+                "the voter without its port to say so",
+            )
+        said = next(r.getMessage() for r in caplog.records if "cannot listen" in r.getMessage())
+        assert f"127.0.0.1:{voters[0].port}" in said and "(try 1)" in said
+        taken.close()
+        assert propose_sync(connected_leader(quorums), [rec.ClusterId("bound")]) >= 1
+    finally:
+        taken.close()
         for q in quorums.values():
             q.stop()
 

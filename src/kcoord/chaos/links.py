@@ -91,6 +91,9 @@ def running_proxy(state: launcher.ClusterState, seed: int, log_path: Path) -> It
                 "127.0.0.1:0",
                 "--seed",
                 str(seed),
+                # Its listeners and the upstreams it cannot reach, for a run that goes wrong.
+                "--log-level",
+                "INFO",
             ],
             stdout=subprocess.PIPE,
             stderr=err,

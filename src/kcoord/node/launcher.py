@@ -243,7 +243,13 @@ def cluster_ready(state: ClusterState) -> tuple[bool, str]:
         return False, f"nodes {missing} not answering yet"
     controllers = {v["controller_id"] for v in views.values() if v is not None}
     if None in controllers or len(controllers) != 1:
-        return False, f"no agreed active controller yet ({controllers})"
+        seen = "; ".join(
+            f"node {i}: leader {v['controller_id']}, epoch {v['controller_epoch']}, "
+            f"connected to voters {v.get('quorum_connected')}"
+            for i, v in views.items()
+            if v is not None
+        )
+        return False, f"no agreed active controller yet ({seen})"
     active = next(iter(controllers))
     view = views[active]
     assert view is not None

@@ -579,6 +579,7 @@ class Node:
             "controller_epoch": status.epoch,
             "metadata_offset": image.last_offset,
             "quorum_commit_index": status.commit_index,
+            "quorum_connected": sorted(status.connected),
             "broker_epoch": self.lifecycle.broker_epoch,
             "fenced": self.lifecycle.is_fenced,
             # The Kafka listener opens once the node has caught up with its registration.

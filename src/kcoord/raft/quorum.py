@@ -457,6 +457,10 @@ def _create_journal(journal_file: str | None) -> Any:
 pysyncobj.syncobj.createJournal = _create_journal
 
 
+# A quorum port that cannot be bound is reported on the first try and then every this many.
+BIND_REPORT_EVERY = 30
+
+
 class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's transport, taking on its port only what a voter or our own tools send.
 
@@ -477,6 +481,29 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
         # Nothing leaves before the journal entries it may speak of are durable.
         self._syncObj.sync_journal()
         return bool(super().send(node, message))
+
+    def _createServer(self) -> None:  # noqa: N802
+        super()._createServer()
+        bind = self._server.bind
+
+        def bind_or_say_why() -> None:
+            # pysyncobj retries a failed bind every bindRetryTime without a word, and a voter
+            # without its port never stands for election: say why, on the first failure and
+            # then every BIND_REPORT_EVERY tries (Kafka fails its start on a port it cannot bind).
+            try:
+                bind()
+            except OSError as e:
+                if self._bindAttempts % BIND_REPORT_EVERY == 0:
+                    log.warning(
+                        "quorum: cannot listen on %s (try %d): %s; trying again every %.0f s",
+                        self._syncObj.conf.bindAddress or self._selfNode.address,
+                        self._bindAttempts + 1,
+                        e,
+                        self._syncObj.conf.bindRetryTime,
+                    )
+                raise
+
+        self._server.bind = bind_or_say_why
 
     def _maybeBind(self) -> None:  # noqa: N802
         try:

@@ -47,6 +47,24 @@ def test_ready_waits_for_the_offsets_topic_in_every_nodes_image(
     assert launcher.cluster_ready(_state()) == (True, "ready")
 
 
+def test_without_a_controller_readiness_says_what_each_voter_sees(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def leaderless(node: launcher.NodeProcess, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        linked = {1: [2], 2: [1], 3: []}[node.node_id]
+        view = _view(node.node_id, True)
+        return {**view, "controller_id": None, "controller_epoch": 4, "quorum_connected": linked}
+
+    monkeypatch.setattr(launcher, "describe_node", leaderless)
+    ok, why = launcher.cluster_ready(_state())
+    assert not ok
+    assert why == (
+        "no agreed active controller yet (node 1: leader None, epoch 4, connected to voters "
+        "[2]; node 2: leader None, epoch 4, connected to voters [1]; node 3: leader None, "
+        "epoch 4, connected to voters [])"
+    )
+
+
 def test_a_pid_is_this_nodes_only_if_it_runs_this_nodes_config(tmp_path: Path) -> None:
     """A dead node's pid reused by another cluster's node (the chaos lab, parallel tests) was
     taken for it: ``cluster down`` stopped the other cluster's node."""
