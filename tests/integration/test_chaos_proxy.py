@@ -98,11 +98,14 @@ class EchoServer:
 class ProxyProcess:
     """``python -m kcoord.chaos.proxy --api 127.0.0.1:0`` until stop()."""
 
-    def __init__(self, seed: int, api: str = "127.0.0.1:0") -> None:
+    def __init__(self, seed: int, api: str = "127.0.0.1:0", log_level: str = "WARNING") -> None:
         # Closed by close(): the file outlives __init__.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kcoord.chaos.proxy", "--api", api, "--seed", str(seed)],
+            [
+                *(sys.executable, "-m", "kcoord.chaos.proxy", "--api", api, "--seed", str(seed)),
+                *("--log-level", log_level),
+            ],
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             text=True,
@@ -299,6 +302,27 @@ def test_unreachable_upstream_closes_the_client(toxiproxy: Any) -> None:
     proxy = toxiproxy.create(upstream=f"127.0.0.1:{dead_port}", name="dead")
     with connect(proxy.listen) as sock:
         assert read_until_closed(sock)[0] == b""
+
+
+def test_an_unreachable_upstream_is_logged_once_per_outage() -> None:
+    (port,) = free_ports(1)
+    server = ProxyProcess(SEED, log_level="INFO")
+    try:
+        proxy = client_for(server).create(upstream=f"127.0.0.1:{port}", name="outage")
+        for _ in range(3):
+            with connect(proxy.listen) as sock:
+                assert read_until_closed(sock)[0] == b""
+        with socket.create_server(("127.0.0.1", port)) as upstream, connect(proxy.listen) as sock:
+            upstream.settimeout(DEADLINE_S)
+            accepted, _ = upstream.accept()
+            with accepted:
+                sock.sendall(b"x")  # forwarded: the proxy is past its upstream dial
+                assert recv_exactly(accepted, 1) == b"x"
+    finally:
+        code, log = server.close()
+    assert code == 0, log
+    assert log.count("cannot reach upstream") == 1, log
+    assert "reached again (3 connections dropped meanwhile)" in log, log
 
 
 def test_update_upstream_and_listen(server: ProxyProcess, toxiproxy: Any, echo: EchoServer) -> None:

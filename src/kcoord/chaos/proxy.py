@@ -698,6 +698,7 @@ class Proxy:
         self.connections: set[_Connection] = set()
         self._listener: asyncio.Server | None = None
         self._generation = 0  # bumped by stop(): a connection still dialling upstream then quits
+        self._refused = 0  # connections dropped since the upstream last answered
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -745,9 +746,20 @@ class Proxy:
             host, port = _parse_address(self.upstream)
             upstream = await asyncio.open_connection(host, port)
         except (OSError, ApiError) as e:
-            log.info("proxy %s: cannot reach upstream %s: %s", self.name, self.upstream, e)
+            # Said once per outage: clients retry a stopped node many times a second.
+            if not self._refused:
+                log.info("proxy %s: cannot reach upstream %s: %s", self.name, self.upstream, e)
+            self._refused += 1
             writer.close()
             return
+        if self._refused:
+            log.info(
+                "proxy %s: upstream %s reached again (%d connections dropped meanwhile)",
+                self.name,
+                self.upstream,
+                self._refused,
+            )
+            self._refused = 0
         if generation != self._generation:  # stopped meanwhile
             writer.close()
             upstream[1].close()
