@@ -27,7 +27,10 @@ it, it stays at its epoch in ``UNREVOKED_PARTITIONS``; once it reports them gone
 Partitions of its target still owned (assigned or pending revocation) by another member are
 *unreleased*: it moves to the target epoch in ``UNRELEASED_PARTITIONS`` and gets them on a later
 heartbeat, once their owner has let them go. A partition is therefore never handed to a member
-before its previous owner released it.
+before its previous owner released it. The assignment follows the subscription (KAFKA-19431):
+a topic the member no longer subscribes to, or that no longer exists, has an empty target, and
+when the member changes its subscription while it owes a revocation, such topics' partitions
+leave its assignment at once for pending revocation (the member must still report them gone).
 
 Timers: a session timeout per member (fenced when it stops heartbeating) and a rebalance timeout
 while it owes a revocation (fenced when it does not revoke in time). Keys::
@@ -58,7 +61,7 @@ member joins.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Final, Protocol
@@ -222,8 +225,13 @@ def reconcile(
     target_epoch: int,
     owned: Mapping[TopicId, frozenset[int]] | None,
     owner_epoch: Callable[[TopicId, int], int],
+    *,
+    subscribed: Collection[TopicId],
+    subscription_changed: bool,
 ) -> ConsumerGroupMember:
-    """``CurrentAssignmentBuilder.build``: the member's next state, or itself."""
+    """``CurrentAssignmentBuilder.build``: the member's next state, or itself. ``subscribed``:
+    the ids of the existing topics the member subscribes to (``subscribedTopicIds``);
+    ``subscription_changed``: this request changed its topic names or regular expression."""
 
     def step(epoch: int, current: Mapping[TopicId, frozenset[int]]) -> ConsumerGroupMember:
         return _next_assignment(
@@ -232,6 +240,7 @@ def reconcile(
             current=current,
             target=target,
             target_epoch=target_epoch,
+            subscribed=subscribed,
             owned=owned,
             owner_epoch=owner_epoch,
         )
@@ -239,14 +248,19 @@ def reconcile(
     if member.state is MemberState.STABLE:
         if member.member_epoch != target_epoch:
             return step(member.member_epoch, member.assigned)
+        if subscription_changed:
+            return _drop_unsubscribed(member, subscribed, owned)
         return member
     if member.state is MemberState.UNREVOKED_PARTITIONS:
-        if owned is None:
-            return member  # it did not report its partitions: wait
-        for topic_id, partitions in owned.items():
-            if partitions & member.pending_revocation.get(topic_id, frozenset()):
-                return member  # still owns something it must revoke
-        return step(member.member_epoch + 1, member.assigned)
+        if _owns_any(owned, member.pending_revocation):
+            # It still owns something it must revoke: it waits, but a topic it has just
+            # unsubscribed from leaves its assignment now (KAFKA-19431).
+            if subscription_changed:
+                return _drop_unsubscribed(member, subscribed, owned)
+            return member
+        # Not past the target's epoch: a member that entered this state for a subscription
+        # change may be revoking before the target that follows the change exists.
+        return step(min(member.member_epoch + 1, target_epoch), member.assigned)
     if member.state is MemberState.UNRELEASED_PARTITIONS:
         return step(member.member_epoch, member.assigned)
     return step(target_epoch, {})
@@ -261,6 +275,35 @@ def _owns_any(
     return any(owned.get(topic_id, frozenset()) & ps for topic_id, ps in partitions.items())
 
 
+def _drop_unsubscribed(
+    member: ConsumerGroupMember,
+    subscribed: Collection[TopicId],
+    owned: Mapping[TopicId, frozenset[int]] | None,
+) -> ConsumerGroupMember:
+    """``CurrentAssignmentBuilder.updateCurrentAssignment`` (KAFKA-19431): the partitions of
+    topics outside ``subscribed`` (unsubscribed, or deleted) move from the assignment to pending
+    revocation; the member revokes them as usual if it still reports owning any of them, else
+    only its assignment shrinks. Kafka 4.0 left them assigned until the member's pending
+    revocation was done, so its answers still carried topics it had unsubscribed from."""
+    dropped = {t: ps for t, ps in member.assigned.items() if t not in subscribed}
+    if not dropped:
+        return member
+    assigned = {t: ps for t, ps in member.assigned.items() if t in subscribed}
+    pending = dict(member.pending_revocation)
+    for topic_id, partitions in dropped.items():
+        pending[topic_id] = pending.get(topic_id, frozenset()) | partitions
+    # Its epochs stay as they are: a retry of its last heartbeat (at the previous epoch) still
+    # counts, as it does in Kafka, which does not touch them here.
+    if _owns_any(owned, pending):
+        return replace(
+            member,
+            state=MemberState.UNREVOKED_PARTITIONS,
+            assigned=assigned,
+            pending_revocation=pending,
+        )
+    return replace(member, assigned=assigned)
+
+
 def _next_assignment(
     member: ConsumerGroupMember,
     *,
@@ -268,18 +311,20 @@ def _next_assignment(
     current: Mapping[TopicId, frozenset[int]],
     target: Mapping[TopicId, frozenset[int]],
     target_epoch: int,
+    subscribed: Collection[TopicId],
     owned: Mapping[TopicId, frozenset[int]] | None,
     owner_epoch: Callable[[TopicId, int], int],
 ) -> ConsumerGroupMember:
     """``CurrentAssignmentBuilder.computeNextAssignment``. A member that reported what it owns
     and owns none of what it loses needs no revocation step (``ownsRevokedPartitions``): an
-    eager classic member rejoins owning nothing, for one."""
+    eager classic member rejoins owning nothing, for one. A topic outside ``subscribed`` has an
+    empty target, whatever the target assignment says (KAFKA-19431)."""
     unreleased = False
     new_assigned: dict[TopicId, frozenset[int]] = {}
     revoke: dict[TopicId, frozenset[int]] = {}
     to_assign: dict[TopicId, frozenset[int]] = {}
     for topic_id in sorted(set(target) | set(current)):
-        want = target.get(topic_id, frozenset())
+        want = target.get(topic_id, frozenset()) if topic_id in subscribed else frozenset()
         have = current.get(topic_id, frozenset())
         kept = have & want
         gone = have - kept

@@ -568,11 +568,15 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         # 2. Subscription and topic metadata: a change bumps the group epoch.
         group_epoch = group.group_epoch
         bump = not replaced and old is None
+        subscription_changed = old is not None and (
+            updated.subscribed_topic_names != old.subscribed_topic_names
+            or updated.subscribed_topic_regex != old.subscribed_topic_regex
+        )
         if old is None or updated.metadata_value() != old.metadata_value():
             out.write(member_metadata_record(group_id, updated))
-            if old is None or (
-                updated.subscribed_topic_names != old.subscribed_topic_names
-                or updated.subscribed_topic_regex != old.subscribed_topic_regex
+            if (
+                old is None
+                or subscription_changed
                 or updated.server_assignor != old.server_assignor
             ):
                 bump = True
@@ -600,7 +604,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             out.write(target_epoch_record(group_id, group_epoch))
             targets, assignment_epoch = new_targets, group_epoch
 
-        # 4. Reconcile this member towards its target (CurrentAssignmentBuilder).
+        # 4. Reconcile this member towards its target (CurrentAssignmentBuilder), keeping its
+        # assignment to the existing topics it subscribes to (KAFKA-19431: subscribedTopicIds
+        # resolves the names against the metadata image, so a deleted topic is not among them;
+        # GroupMetadataManager forces the check when the subscription changed).
         owners = group.partition_owners(excluding=updated.member_id)
         reconciled = reconcile(
             updated,
@@ -608,6 +615,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             assignment_epoch,
             owned,
             lambda topic_id, p: owners.get((topic_id, p), -1),
+            subscribed=frozenset(
+                topics[name][0] for name in subscribed_topics(updated, topics) if name in topics
+            ),
+            subscription_changed=subscription_changed,
         )
         if old is None or reconciled.assignment_value() != old.assignment_value():
             out.write(current_assignment_record(group_id, reconciled))

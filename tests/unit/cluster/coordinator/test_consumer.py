@@ -1,7 +1,7 @@
 """KIP-848 consumer groups on the pure shard: join, leave, revoke before assign, unreleased
 partitions, fencing by epoch, session and rebalance timeouts, failover by replay, commits with
 member epochs, ConsumerGroupDescribe, ListGroups and DeleteGroups, subscriptions by regular
-expression.
+expression, an assignment kept to the subscribed topics (KAFKA-19431).
 
 The harness (``harness.ShardContext``) plays the runtime: records are appended and replayed at
 once, timers fire as the mock clock moves, ``failover()`` rebuilds a shard from the log.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kcoord.cluster.coordinator.consumer import MemberState
+from kcoord.cluster.coordinator.consumer import ConsumerGroupMember, MemberState, reconcile
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -791,3 +791,162 @@ def test_the_last_subscriber_of_a_topic_leaving_bumps_the_group_epoch_once() -> 
     hb(ctx, "a", a.member_epoch, owned, topics=topics)
     assert ctx.shard.consumer_groups["g"].group_epoch == before + 1
     assert ctx.failover().shard.consumer_groups["g"].subscribed_topics == group.subscribed_topics
+
+
+def unrevoked_member_a(
+    ctx: ShardContext, topics: Mapping[str, tuple[str, int]]
+) -> tuple[ConsumerGroupHeartbeatResponse, dict[str, set[int]]]:
+    """a joins subscribed to every topic in ``topics`` and gets everything; b joins subscribed
+    to "orders", so a is told to revoke half of it and, not having done so yet, is in
+    UNREVOKED_PARTITIONS with its other topics still assigned. Returns a's last answer and
+    everything a owns."""
+    joined = regex_hb(ctx, "a", 0, None, topics, names=tuple(topics))
+    owned = by_topic(joined)
+    regex_hb(ctx, "b", 0, None, topics, names=("orders",))
+    response = regex_hb(ctx, "a", joined.member_epoch, owned, topics)
+    a = ctx.shard.consumer_groups["g"].members["a"]
+    assert (a.state, response.member_epoch) == (MemberState.UNREVOKED_PARTITIONS, 1)
+    assert {t: set(ps) for t, ps in a.assigned.items() if t != T} == {
+        t: ps for t, ps in owned.items() if t != T
+    }
+    return response, owned
+
+
+def test_an_unsubscribed_topic_leaves_the_assignment_of_a_member_owing_a_revocation() -> None:
+    """KAFKA-19431 (CurrentAssignmentBuilder.updateCurrentAssignment): a member that changes its
+    subscription while it still owns partitions it must revoke has the unsubscribed topic's
+    partitions moved to pending revocation at once; Kafka 4.0 kept them in its assignment (and
+    its answers) until it had revoked the others."""
+    topics = {"orders": (T, 6), "payments": (PAY_A, 4)}
+    ctx = context()
+    response, owned = unrevoked_member_a(ctx, topics)
+    orders_kept = by_topic(response)[T]
+    # Still owning everything, a drops "payments" from its subscription.
+    shrunk = regex_hb(ctx, "a", 1, owned, topics, names=("orders",))
+    assert shrunk.error_code is Errors.NONE, shrunk
+    assert shrunk.assignment is not None, "the assignment changed: it must be sent"
+    assert by_topic(shrunk) == {T: orders_kept}
+    a = ctx.shard.consumer_groups["g"].members["a"]
+    assert (a.state, a.member_epoch) == (MemberState.UNREVOKED_PARTITIONS, 1)
+    assert a.pending_revocation[PAY_A] == frozenset(owned[PAY_A])
+    # It revokes as usual: once it reports only what it keeps, it moves on. The group settles
+    # with "orders" split and "payments" owned by nobody, never owned twice on the way.
+    b_epoch = ctx.shard.consumer_groups["g"].members["b"].member_epoch
+    state: dict[str, tuple[int, dict[str, set[int]]]] = {
+        "a": (1, {T: orders_kept}),
+        "b": (b_epoch, {}),
+    }
+    for _ in range(3):
+        for name in ("a", "b"):
+            epoch, owned_now = state[name]
+            answer = regex_hb(ctx, name, epoch, owned_now, topics)
+            assert answer.error_code is Errors.NONE, answer
+            state[name] = (
+                answer.member_epoch,
+                owned_now if answer.assignment is None else by_topic(answer),
+            )
+            a_orders, b_orders = (state[m][1].get(T, set()) for m in ("a", "b"))
+            assert not a_orders & b_orders, (a_orders, b_orders)
+    assert group_state(ctx) == "Stable"
+    assert {t for _, held in state.values() for t in held} == {T}
+    assert state["a"][1][T] | state["b"][1][T] == set(range(6))
+
+
+def test_a_deleted_topic_is_not_subscribed_when_the_subscription_changes() -> None:
+    """KAFKA-19431: subscribedTopicIds resolves the member's topic names against the metadata
+    image, so a topic deleted since, though still named, leaves the assignment together with the
+    topic it just unsubscribed from."""
+    topics = {"orders": (T, 6), "payments": (PAY_A, 4), "audit": (OTHER, 2)}
+    ctx = context()
+    response, owned = unrevoked_member_a(ctx, topics)
+    orders_kept = {T: by_topic(response)[T]} if T in by_topic(response) else {}
+    del topics["payments"]
+    shrunk = regex_hb(ctx, "a", 1, owned, topics, names=("orders", "payments"))
+    assert shrunk.error_code is Errors.NONE, shrunk
+    assert shrunk.assignment is not None and by_topic(shrunk) == orders_kept
+    a = ctx.shard.consumer_groups["g"].members["a"]
+    assert a.state is MemberState.UNREVOKED_PARTITIONS
+    assert {t: set(ps) for t, ps in a.pending_revocation.items() if t != T} == {
+        PAY_A: owned[PAY_A],
+        OTHER: owned[OTHER],
+    }
+
+
+def test_a_deleted_topic_is_revoked_like_any_other_partition() -> None:
+    """Kafka never drops a deleted topic's partitions without the member's word, before or
+    after KAFKA-19431: they leave its assignment for pending revocation, and it stays at its
+    epoch until it reports them gone (ownsRevokedPartitions)."""
+    topics = {"orders": (T, 6), "payments": (PAY_A, 4)}
+    ctx = context()
+    joined = regex_hb(ctx, "a", 0, None, topics, names=tuple(topics))
+    owned = by_topic(joined)
+    del topics["payments"]
+    response = regex_hb(ctx, "a", joined.member_epoch, owned, topics)
+    assert (response.member_epoch, by_topic(response)) == (joined.member_epoch, {T: owned[T]})
+    a = ctx.shard.consumer_groups["g"].members["a"]
+    assert (a.state, dict(a.pending_revocation)) == (
+        MemberState.UNREVOKED_PARTITIONS,
+        {PAY_A: frozenset(range(4))},
+    )
+    response = regex_hb(ctx, "a", joined.member_epoch, {T: owned[T]}, topics)
+    assert response.member_epoch == joined.member_epoch + 1
+    assert group_state(ctx) == "Stable"
+
+
+def test_reconcile_keeps_the_assignment_to_the_subscribed_topics() -> None:
+    """KAFKA-19431 in CurrentAssignmentBuilder, on the pure function: a STABLE member at the
+    target epoch whose subscription changed, and a target that still names an unsubscribed
+    topic. Kafka meets both while a new target assignment is not computed yet; the shard always
+    computes it in the heartbeat that changed the subscription or saw the topic go."""
+    member = ConsumerGroupMember(
+        member_id="a",
+        member_epoch=3,
+        previous_member_epoch=2,
+        assigned={T: frozenset({0, 1}), PAY_A: frozenset({0})},
+    )
+    target = {T: frozenset({0, 1}), PAY_A: frozenset({0})}
+    owned = {T: frozenset({0, 1}), PAY_A: frozenset({0})}
+
+    def free(topic_id: str, partition: int) -> int:
+        return -1
+
+    after = reconcile(member, target, 3, owned, free, subscribed={T}, subscription_changed=True)
+    assert (after.state, after.member_epoch, after.previous_member_epoch) == (
+        MemberState.UNREVOKED_PARTITIONS,
+        3,
+        2,
+    )
+    assert (dict(after.assigned), dict(after.pending_revocation)) == (
+        {T: frozenset({0, 1})},
+        {PAY_A: frozenset({0})},
+    )
+    # Having revoked them, it reconciles towards the target, but not past the target's epoch
+    # while the target that follows its new subscription does not exist yet (Kafka's
+    # Math.min(memberEpoch + 1, targetAssignmentEpoch)): here the old target still takes
+    # partition 1 from it, a revocation at its own epoch 3, not 4.
+    revoking = reconcile(
+        after,
+        {T: frozenset({0})},
+        3,
+        {T: frozenset({0, 1})},
+        free,
+        subscribed={T},
+        subscription_changed=False,
+    )
+    assert (revoking.state, revoking.member_epoch) == (MemberState.UNREVOKED_PARTITIONS, 3)
+    assert dict(revoking.pending_revocation) == {T: frozenset({1})}
+    # Already revoked by the member: only the assignment shrinks.
+    revoked = reconcile(
+        member, target, 3, {T: frozenset({0, 1})}, free, subscribed={T}, subscription_changed=True
+    )
+    assert (revoked.state, dict(revoked.assigned)) == (MemberState.STABLE, {T: frozenset({0, 1})})
+    # computeNextAssignment: a target that still names the topic (computed before the member
+    # unsubscribed, or before the topic was deleted) does not bring it back.
+    moved_on = reconcile(member, target, 4, owned, free, subscribed={T}, subscription_changed=False)
+    assert (moved_on.member_epoch, moved_on.state) == (3, MemberState.UNREVOKED_PARTITIONS)
+    assert dict(moved_on.pending_revocation) == {PAY_A: frozenset({0})}
+    # An unchanged subscription leaves a stable member alone.
+    assert (
+        reconcile(member, target, 3, owned, free, subscribed={T}, subscription_changed=False)
+        is member
+    )
