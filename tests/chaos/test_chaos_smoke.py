@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from kcoord.chaos import lab
+
 pytestmark = pytest.mark.integration
 
 RUN_TIMEOUT_S = 420
@@ -39,10 +41,19 @@ def _lab_unavailable() -> str | None:
     return None
 
 
-def chaos_run(report: Path, *args: str) -> tuple[int, dict[str, Any], str]:
-    cmd = [sys.executable, "-m", "kcoord.cli", "chaos", "run", "--report", str(report), *args]
+def chaos_run(report: Path, seed: int, *args: str) -> tuple[int, dict[str, Any], str]:
+    cmd = [sys.executable, "-m", "kcoord.cli", "chaos", "run", "--report", str(report)]
+    cmd += [*args, "--seed", str(seed)]
     print("running:", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False
+        )
+    except BaseException:
+        # A timeout kills ``chaos run`` alone: its lab namespace, with the nodes and clients in
+        # it, would outlive the test. (A run that ends removes it itself; the first test checks.)
+        lab.Namespace(f"{lab.NAMESPACE_PREFIX}{seed}").delete()  # nothing to do if it is gone
+        raise
     output = proc.stdout + proc.stderr
     results = report / "results.json"
     summary = json.loads(results.read_text()) if results.exists() else {}
@@ -88,6 +99,7 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
     print(f"seed {seed}")
     code, summary, output = chaos_run(
         tmp_path / "report",
+        seed,
         "--workload",
         workload,
         "--nemesis",
@@ -96,8 +108,6 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
         "30",
         "--interval",
         "3",
-        "--seed",
-        str(seed),
     )
     assert code == 0, why_it_failed(tmp_path / "report", summary, output)
     assert summary["valid"] and summary["faults"] >= 2, summary
@@ -113,9 +123,7 @@ def broken_build_run(tmp_path: Path, bug: str, seed: int, *args: str) -> tuple[d
     """A run of nodes built with ``bug`` (``--inject-bug``): it must fail, on its checkers'
     verdict, not on an error of its own. Its summary and output."""
     print(f"seed {seed}")
-    code, summary, output = chaos_run(
-        tmp_path / "report", *args, "--seed", str(seed), "--inject-bug", bug
-    )
+    code, summary, output = chaos_run(tmp_path / "report", seed, *args, "--inject-bug", bug)
     assert code == 1, output[-4000:]
     assert summary["inject_bug"] == bug and not summary["error"], summary
     return summary, output

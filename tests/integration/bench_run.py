@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -48,4 +50,14 @@ def processes_matching(*needles: str) -> list[tuple[int, str]]:
             continue  # exited meanwhile
         if not state.startswith("Z") and all(n in cmdline for n in needles):
             found.append((int(proc.name), cmdline))
+    return found
+
+
+def kill_matching(*needles: str) -> list[tuple[int, str]]:
+    """SIGKILL the processes ``processes_matching(*needles)`` finds, and say which: called in a
+    ``finally``, a failed or timed-out run leaves nothing running either."""
+    found = processes_matching(*needles)
+    for pid, _ in found:
+        with contextlib.suppress(ProcessLookupError):  # exited meanwhile
+            os.kill(pid, signal.SIGKILL)
     return found

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.integration import bench_run
-from tests.integration.bench_run import processes_matching
+from tests.integration.bench_run import kill_matching
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -52,33 +52,40 @@ def assert_summary(summary: dict[str, Any], count: int, *, with_samples: bool = 
 
 def test_bench_coordinator_reports_every_figure_and_stops_its_processes(tmp_path: Path) -> None:
     out = tmp_path / "coordinator.json"
-    code, output = run_bench(
-        [
-            "--commit-clients", "2",
-            "--commit-seconds", "1",
-            "--partitions", "4",
-            "--stable-sizes", "1,2",
-            "--stable-rounds", "1",
-            "--initial-delays", "0,3000",
-            "--failover-members", "2",
-            "--failover-rounds", "1",
-            "--metrics-rounds", "1",
-            "--join-sizes", str(JOIN_SIZE),
-            "--join-rounds", "1",
-            "--batching-clients", str(BATCHING_CLIENTS),
-            "--batching-rounds", "1",
-            "--seed", str(SEED),
-            "--out", str(out),
-            "--dir", str(tmp_path),
+    output = ""
+    try:
+        code, output = run_bench(
+            [
+                "--commit-clients", "2",
+                "--commit-seconds", "1",
+                "--partitions", "4",
+                "--stable-sizes", "1,2",
+                "--stable-rounds", "1",
+                "--initial-delays", "0,3000",
+                "--failover-members", "2",
+                "--failover-rounds", "1",
+                "--metrics-rounds", "1",
+                "--join-sizes", str(JOIN_SIZE),
+                "--join-rounds", "1",
+                "--batching-clients", str(BATCHING_CLIENTS),
+                "--batching-rounds", "1",
+                "--seed", str(SEED),
+                "--out", str(out),
+                "--dir", str(tmp_path),
+            ]
+        )  # fmt: skip
+        assert code == 0, output
+    finally:
+        # tansu is found by its port, which only the output says: after a timeout (output
+        # unknown here) only the bench's own SIGTERM handling stopped it.
+        port = re.search(r"starting tansu \(.*\) on 127\.0\.0\.1:(\d+)", output)
+        leftovers = [
+            *kill_matching("kcoord.node.cli", str(tmp_path.resolve())),
+            *kill_matching("coordinator.py", "member", f"failover-{SEED:x}-"),
+            *(kill_matching("tansu", f"tcp://127.0.0.1:{port.group(1)}") if port else []),
         ]
-    )  # fmt: skip
-    assert code == 0, output
-
-    port = re.search(r"starting tansu \(.*\) on 127\.0\.0\.1:(\d+)", output)
     assert port is not None, output
-    assert processes_matching("kcoord.node.cli", str(tmp_path.resolve())) == []
-    assert processes_matching("tansu", f"tcp://127.0.0.1:{port.group(1)}") == []
-    assert processes_matching("coordinator.py", "member", f"failover-{SEED:x}-") == []
+    assert leftovers == [], "processes outlived the bench"
 
     result = json.loads(out.read_text())
     assert result["benchmark"] == "coordinator"

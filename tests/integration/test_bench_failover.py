@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.integration import bench_run
-from tests.integration.bench_run import processes_matching
+from tests.integration.bench_run import kill_matching
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -45,22 +45,25 @@ def assert_summary(summary: dict[str, Any], count: int) -> None:
 
 def test_bench_failover_reports_every_figure_and_stops_its_nodes(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
-    code, output = run_bench(
-        [
-            "--trials", "1",
-            "--small-records", str(SMALL_RECORDS),
-            "--large-records", str(LARGE_RECORDS),
-            "--fill-partitions", "500",
-            "--fill-groups", "5",
-            "--throughput-clients", str(CLIENTS),
-            "--throughput-seconds", "2",
-            "--seed", str(SEED),
-            "--out", str(out),
-            "--dir", str(tmp_path),
-        ]
-    )  # fmt: skip
-    assert code == 0, output
-    assert processes_matching("kcoord.node.cli", str(tmp_path.resolve())) == []
+    try:
+        code, output = run_bench(
+            [
+                "--trials", "1",
+                "--small-records", str(SMALL_RECORDS),
+                "--large-records", str(LARGE_RECORDS),
+                "--fill-partitions", "500",
+                "--fill-groups", "5",
+                "--throughput-clients", str(CLIENTS),
+                "--throughput-seconds", "2",
+                "--seed", str(SEED),
+                "--out", str(out),
+                "--dir", str(tmp_path),
+            ]
+        )  # fmt: skip
+        assert code == 0, output
+    finally:
+        leftovers = kill_matching("kcoord.node.cli", str(tmp_path.resolve()))
+    assert leftovers == [], "node processes outlived the bench"
 
     result = json.loads(out.read_text())
     assert result["benchmark"] == "failover"

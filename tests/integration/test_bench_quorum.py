@@ -14,16 +14,11 @@ from typing import Any
 import pytest
 
 from tests.integration import bench_run
-from tests.integration.bench_run import processes_matching
+from tests.integration.bench_run import kill_matching
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 RUN_TIMEOUT_S = 240.0
-
-
-def node_processes_under(directory: Path) -> list[int]:
-    """Pids of running kcoord node processes whose command line names a path in ``directory``."""
-    return [pid for pid, _ in processes_matching("kcoord.node.cli", str(directory))]
 
 
 def run_bench(args: list[str]) -> tuple[int, str]:
@@ -40,20 +35,23 @@ def assert_summary(summary: dict[str, Any], count: int) -> None:
 
 def test_bench_quorum_reports_every_figure_and_stops_its_nodes(tmp_path: Path) -> None:
     out = tmp_path / "quorum.json"
-    code, output = run_bench(
-        [
-            "--commits", "20",
-            "--concurrent-commits", "20",
-            "--concurrency", "4",
-            "--failovers", "1",
-            "--fencings", "1",
-            "--seed", "7",
-            "--out", str(out),
-            "--dir", str(tmp_path),
-        ]
-    )  # fmt: skip
-    assert code == 0, output
-    assert node_processes_under(tmp_path.resolve()) == [], "node processes outlived the bench"
+    try:
+        code, output = run_bench(
+            [
+                "--commits", "20",
+                "--concurrent-commits", "20",
+                "--concurrency", "4",
+                "--failovers", "1",
+                "--fencings", "1",
+                "--seed", "7",
+                "--out", str(out),
+                "--dir", str(tmp_path),
+            ]
+        )  # fmt: skip
+        assert code == 0, output
+    finally:
+        leftovers = kill_matching("kcoord.node.cli", str(tmp_path.resolve()))
+    assert leftovers == [], "node processes outlived the bench"
     result = json.loads(out.read_text())
 
     assert result["benchmark"] == "quorum"

@@ -74,6 +74,14 @@ def _until_running(proc: subprocess.Popen[str]) -> str:
     pytest.fail("cluster up ended before it was ready:\n" + "".join(lines))
 
 
+def _kill_cluster_up(proc: subprocess.Popen[str], data_dir: Path) -> None:
+    """Kill a foreground ``cluster up`` a failure left running, and its nodes: they run in
+    sessions of their own and outlive it."""
+    if proc.poll() is None:
+        proc.kill()
+        _kcoord("cluster", "down", "--kill", "--data-dir", str(data_dir))
+
+
 def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
     base = free_base_port(3)
     with _cluster_up(base, tmp_path) as proc:
@@ -125,8 +133,7 @@ def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
             proc.send_signal(signal.SIGINT)
             rest, _ = proc.communicate(timeout=60)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            _kill_cluster_up(proc, tmp_path)
         assert proc.returncode == 0, rest
         assert "stopped" in rest
         for pid in pids:
@@ -146,8 +153,7 @@ def test_a_foreground_cluster_up_ends_when_cluster_down_stops_it_from_elsewhere(
             _kcoord_out("cluster", "down", "--data-dir", str(tmp_path))
             rest, _ = proc.communicate(timeout=60)
         finally:
-            if proc.poll() is None:
-                proc.kill()
+            _kill_cluster_up(proc, tmp_path)
         assert proc.returncode == 0, rest
         assert "every node has stopped" in rest
 
@@ -188,16 +194,19 @@ def test_a_sigterm_while_cluster_up_waits_for_readiness_stops_the_nodes(tmp_path
     base = free_base_port(3)
     state_file = tmp_path / launcher.STATE_FILE
     with _cluster_up(base, tmp_path) as proc:
-        deadline = time.monotonic() + 60
-        pids: list[int] = []
-        while not pids and time.monotonic() < deadline:
-            if state_file.exists():
-                with contextlib.suppress(ValueError):  # caught mid-write
-                    pids = [n["pid"] for n in json.loads(state_file.read_text())["nodes"]]
-            time.sleep(0.01)  # polling for the launcher to have started its nodes
-        assert pids, "the launcher never saved its nodes"
-        proc.send_signal(signal.SIGTERM)
-        output, _ = proc.communicate(timeout=60)
+        try:
+            deadline = time.monotonic() + 60
+            pids: list[int] = []
+            while not pids and time.monotonic() < deadline:
+                if state_file.exists():
+                    with contextlib.suppress(ValueError):  # caught mid-write
+                        pids = [n["pid"] for n in json.loads(state_file.read_text())["nodes"]]
+                time.sleep(0.01)  # polling for the launcher to have started its nodes
+            assert pids, "the launcher never saved its nodes"
+            proc.send_signal(signal.SIGTERM)
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            _kill_cluster_up(proc, tmp_path)
     # Interrupted in the wait (130), or just ready and stopped as after Ctrl-C (0): either
     # way no node is left running.
     left = [p for p in pids if launcher.is_alive(p)]

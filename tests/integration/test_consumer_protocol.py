@@ -270,17 +270,19 @@ def test_the_group_converges_after_its_coordinator_is_killed(
     # A third member joins (the group starts reconciling) and the coordinator dies meanwhile.
     members.append(member(spawn, group, topic, "m2"))
     cluster.kill(coordinator)
-    survivors = [n for n in alive if n != coordinator]
-    wait_for(
-        lambda: offsets_leader(cluster, group, survivors) in survivors,
-        "a new coordinator",
-        DEADLINE_S,
-    )
-    final = wait_settled(spawn, members, deadline_s=DEADLINE_S * 2)
-    assert len(final.owned) == 3
-    during = produce(CLIENT, spawn.bootstrap, topic, 100, "during")
-    wait_consumed(spawn, members, during)
-    cluster.start(coordinator)
+    try:
+        survivors = [n for n in alive if n != coordinator]
+        wait_for(
+            lambda: offsets_leader(cluster, group, survivors) in survivors,
+            "a new coordinator",
+            DEADLINE_S,
+        )
+        final = wait_settled(spawn, members, deadline_s=DEADLINE_S * 2)
+        assert len(final.owned) == 3
+        during = produce(CLIENT, spawn.bootstrap, topic, 100, "during")
+        wait_consumed(spawn, members, during)
+    finally:
+        cluster.start(coordinator)
     wait_restarted(cluster, coordinator, epoch, [topic, OFFSETS_TOPIC_NAME])
     after = produce(CLIENT, spawn.bootstrap, topic, 50, "after")
     wait_consumed(spawn, members, after)

@@ -1261,7 +1261,7 @@ def test_fuzzed_group_frames_never_take_the_node_down(cluster: LocalCluster) -> 
     print(f"{FUZZ_FRAMES} frames over {connections} connections, {answered} answered")
     # Both kinds happened: answers (the handlers saw odd values) and closed connections.
     assert 0 < answered < FUZZ_FRAMES
-    assert node.pid == pid
+    assert node.pid == pid and launcher.is_alive(pid)
     serves(cluster, node_id)
     with open(node.log_path, "rb") as f:
         f.seek(log_size_before)

@@ -255,8 +255,15 @@ class Spawner:
         return "\n".join([*members, *(m.stacks() for m in self.started if m.alive)])
 
     def close(self) -> None:
+        """Kill every member: one that cannot be killed leaves the others killed all the same."""
+        first_error: Exception | None = None
         for member in self.started:
-            member.kill()
+            try:
+                member.kill()
+            except Exception as e:  # a TimeoutExpired of one member's wait
+                first_error = first_error or e
+        if first_error is not None:
+            raise first_error
 
 
 @dataclass(frozen=True)

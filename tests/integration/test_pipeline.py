@@ -209,8 +209,11 @@ def run_available_now(
         .trigger(availableNow=True)
         .start()
     )
-    assert query.awaitTermination(QUERY_TIMEOUT_S), "the AvailableNow query did not end"
-    assert query.exception() is None
+    try:
+        assert query.awaitTermination(QUERY_TIMEOUT_S), "the AvailableNow query did not end"
+        assert query.exception() is None
+    finally:
+        query.stop()  # nothing to do once it ended; else it would run on in the module's session
     return seen
 
 

@@ -23,7 +23,7 @@ import pytest
 from kcoord.raft import quorum as quorum_module
 from kcoord.raft import records as rec
 from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter, decode_batch, encode_batch
-from tests.portpick import free_ports
+from tests.portpick import free_ports, restartable_ports
 
 DEADLINE_S = 30.0
 
@@ -99,11 +99,13 @@ def test_batch_codec_refuses_garbage() -> None:
 
 @pytest.mark.integration
 def test_three_voters_commit_and_a_restarted_voter_replays(tmp_path: Path) -> None:
-    ports = free_ports(3)
-    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(ports)]
+    # A follower restarts on its port: below the ephemeral range, no connection takes it.
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(restartable_ports(3))]
     recorders = {v.node_id: Recorder() for v in voters}
-    quorums = {v.node_id: start(voters, v.node_id, tmp_path, recorders[v.node_id]) for v in voters}
+    quorums: dict[int, MetadataQuorum] = {}
     try:
+        for v in voters:  # in the try: voters started before one that fails are stopped
+            quorums[v.node_id] = start(voters, v.node_id, tmp_path, recorders[v.node_id])
         wait_for(lambda: any(q.status().is_leader for q in quorums.values()), "a leader")
         leader = next(q for q in quorums.values() if q.status().is_leader)
         offset = propose_sync(leader, [rec.ClusterId("test-cluster")])
@@ -188,8 +190,10 @@ def test_a_deposed_controllers_batch_handed_to_the_leader_is_skipped_everywhere(
 def running_quorum(root: Path) -> Iterator[dict[int, MetadataQuorum]]:
     """Three voters on free ports, each with its own recorder, stopped at the end."""
     voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
-    quorums = {v.node_id: start(voters, v.node_id, root, Recorder()) for v in voters}
+    quorums: dict[int, MetadataQuorum] = {}
     try:
+        for v in voters:  # in the try: voters started before one that fails are stopped
+            quorums[v.node_id] = start(voters, v.node_id, root, Recorder())
         yield quorums
     finally:
         for q in quorums.values():
@@ -205,7 +209,8 @@ def test_a_voter_that_cannot_listen_says_why_and_joins_once_its_port_is_free(
     quorums: dict[int, MetadataQuorum] = {}
     try:
         with caplog.at_level(logging.WARNING, logger="kcoord.raft.quorum"):
-            quorums = {v.node_id: start(voters, v.node_id, tmp_path, Recorder()) for v in voters}
+            for v in voters:  # one by one: those started before one that fails are stopped
+                quorums[v.node_id] = start(voters, v.node_id, tmp_path, Recorder())
             wait_for(
                 lambda: any("quorum: cannot listen on" in r.getMessage() for r in caplog.records),
                 "the voter without its port to say so",
@@ -426,13 +431,15 @@ def test_a_failed_sync_halts_the_node(tmp_path: Path, monkeypatch: pytest.Monkey
 
 class SnapshottingVoters:
     """Three voters that snapshot after 5 entries or 1 s; ``start`` (re)starts one with a
-    fresh recorder."""
+    fresh recorder, on its port (below the ephemeral range, so that no connection takes it)."""
 
     TIMING = QuorumTiming(log_compaction_min_entries=5, log_compaction_min_time_s=1)
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+        self.voters = [
+            Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(restartable_ports(3))
+        ]
         self.recorders: dict[int, Recorder] = {}
         self.quorums: dict[int, MetadataQuorum] = {}
 

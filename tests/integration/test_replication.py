@@ -222,16 +222,21 @@ def test_a_returning_leader_truncates_its_uncommitted_tail(cluster: LocalCluster
     # ReplicaFetch parked at the leader (replica.fetch.wait.max.ms) before its SIGSTOP is still
     # answered with the first of them: the answer waits in the stopped follower's socket and is
     # appended on SIGCONT. The rest of the tail only the old leader has.
+    stopped: list[int] = []
     for f in followers:
-        os.kill(c.node(f).pid or 0, signal.SIGSTOP)
+        pid = c.node(f).pid
+        assert pid is not None, f"follower {f} is not running"  # kill(0) stops pytest's group
+        stopped.append(pid)
+    for pid in stopped:
+        os.kill(pid, signal.SIGSTOP)
     try:
         tail, _ = produce(
             c, [f"uncommitted-{i}" for i in range(10)], partition=0, acks=1, timeout_ms=5000
         )
     finally:
         c.kill(old_leader)
-        for f in followers:
-            os.kill(c.node(f).pid or 0, signal.SIGCONT)
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
     assert tail, "the stopped followers' leader took no acks=1 write"
     wait_for(
         lambda: partition_view(c, TOPIC, 0, followers[0])["leader"] in followers,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -42,8 +43,13 @@ def _run_fake_client(
     history = History(clock=time.monotonic)
     workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
     client = workload._spawn("m1", "fake_client", {"group": "g", "topic": "t"})
-    client.proc.wait(timeout=30)
+    try:
+        client.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        client.kill()  # its process group, so that nothing outlives the test
+        raise
     client._reader.join(timeout=30)
+    assert not client._reader.is_alive(), "the client's reports were never all read"
     return history, client.events
 
 
@@ -105,4 +111,5 @@ def test_a_client_that_exits_by_itself_is_recorded_one_stopped_is_not(
         client = workload._spawn(name, "sleeping_client", {})
         client.kill() if name == "killed" else client.stop()
         client._reader.join(timeout=30)
+        assert not client._reader.is_alive(), f"the {name} client's reports were never all read"
     assert [e.process for e in history.ops(PROCESS_EXIT_F)] == ["m1"]

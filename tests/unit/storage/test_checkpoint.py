@@ -14,7 +14,8 @@ from kcoord.storage.epoch import UNDEFINED_EPOCH, LeaderEpochCache
 topics = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-0123456789", min_size=1, max_size=20)
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+# No deadline: every example fsyncs a file and its directory, slow on a busy disk.
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.dictionaries(st.tuples(topics, st.integers(0, 10_000)), st.integers(0, 2**62)))
 def test_offsets_round_trip(tmp_path: Path, offsets: dict[tuple[str, int], int]) -> None:
     path = tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT
