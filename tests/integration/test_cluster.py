@@ -180,9 +180,12 @@ def test_a_node_restarted_on_new_ports_serves_clients_only_once_it_knows_its_new
     """After a restart on new ports the metadata log still holds every broker's previous
     registration, unfenced. A node opens its Kafka listener only once the controller says it
     has replayed its new registration (Kafka's ``initialCatchUpFuture``), so its very first
-    Metadata answer names it at its new port; and once the launcher calls the cluster ready,
-    every node names every broker at its new port. Before, the listener opened at once and a
-    client bootstrapped there was told only of the previous run's ports."""
+    Metadata answer names it at its new port, or not at all while its image still has it
+    fenced (the controller unfences it after that answer, and Metadata lists unfenced brokers
+    only, as Kafka's ``getAliveBrokerNodes``), never at the previous run's port; and once the
+    launcher calls the cluster ready, every node names every broker at its new port. Before,
+    the listener opened at once and a client bootstrapped there was told only of the previous
+    run's ports."""
     old = launcher.up(tmp_path, 3, free_base_port(3))
     launcher.down(old, kill=True)
     base = free_base_port(3)
@@ -204,7 +207,7 @@ def test_a_node_restarted_on_new_ports_serves_clients_only_once_it_knows_its_new
             with contextlib.suppress(Exception):
                 launcher.down(starting.result(), kill=True)
     for n in new.nodes:
-        assert first[n.node_id].get(n.node_id) == n.kafka_port, (n.node_id, first)
+        assert first[n.node_id].get(n.node_id, n.kafka_port) == n.kafka_port, (n.node_id, first)
 
 
 def readyz(node: launcher.NodeProcess) -> tuple[int, Any]:
