@@ -64,8 +64,18 @@ POLL_TIMEOUT_S = 0.2
 # makes that race rare: a join then almost always completes within one poll.
 KAFKA_PYTHON_POLL_TIMEOUT_S = 1.0
 CLOSE_TIMEOUT_S = 10.0
+# A loop that has not come round for this long writes every thread's stack to stderr (once per
+# stall): a member stuck inside its client (a poll that never returns) shows where, while it
+# is stuck. A slow but legitimate call (a commit waiting out its request timeout) writes one
+# stack and goes on.
+STALL_DUMP_S = 30.0
 
 _emit_lock = threading.Lock()
+
+
+def loop_came_round() -> None:
+    """Called once per turn of a member's loop: re-arms the stall dump (``STALL_DUMP_S``)."""
+    faulthandler.dump_traceback_later(STALL_DUMP_S, exit=False)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -155,6 +165,7 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
     emit("started")
     try:
         while not stopping.is_set():
+            loop_came_round()
             try:
                 batches = consumer.poll(timeout_ms=int(KAFKA_PYTHON_POLL_TIMEOUT_S * 1000))
             except KafkaConnectionError as e:
@@ -255,6 +266,7 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
     emit("started")
     try:
         while not stopping.is_set():
+            loop_came_round()
             batches = await consumer.getmany(timeout_ms=int(POLL_TIMEOUT_S * 1000))
             # aiokafka takes the new generation from the JoinGroup answer but keeps the previous
             # assignment until the SyncGroup answer replaces it (its subscription only marks a
@@ -350,6 +362,10 @@ def run_confluent(cfg: dict[str, Any]) -> None:
     if consumer_protocol:
         # KIP-848: the broker assigns and times sessions; these are broker configs there.
         conf["group.protocol"] = "consumer"
+        # librdkafka's own trace of the group protocol (heartbeats, reconciliation: a few
+        # lines a heartbeat), as the other clients' group traces are always kept: a KIP-848
+        # member stuck inside librdkafka left no word of what it was waiting for.
+        conf["debug"] = "cgrp"
         for key in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
             conf.pop(key)
     consumer = Consumer(conf)
@@ -379,6 +395,7 @@ def run_confluent(cfg: dict[str, Any]) -> None:
     emit("started")
     try:
         while not stopping.is_set() and not fatal:
+            loop_came_round()
             messages = consumer.consume(num_messages=500, timeout=POLL_TIMEOUT_S)
             if consumer_protocol:
                 # The member epoch is the "generation"; the group is settled when every

@@ -18,6 +18,7 @@ It reports one JSON object per line on stdout:
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import sys
@@ -37,6 +38,9 @@ def main() -> None:
     from confluent_kafka import Producer
 
     cfg = json.loads(sys.argv[1])
+    # SIGUSR1 writes every thread's stack to stderr: what the runner asks a client that does
+    # not stop for, before it kills it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     producer = Producer(

@@ -13,6 +13,7 @@ when its partitions change (for a subscriber, at each rebalance, with its genera
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import signal
 import sys
@@ -43,6 +44,9 @@ def main() -> None:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     cfg = json.loads(sys.argv[1])
+    # SIGUSR1 writes every thread's stack to stderr: what the runner asks a client that does
+    # not stop for, before it kills it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     mode = cfg.get("mode", "assign")

@@ -55,6 +55,8 @@ from kcoord.node.kafka.client import call_once
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 20.0
+# After SIGUSR1, how long a stuck client gets to write its stacks before SIGKILL.
+STACK_DUMP_WAIT_S = 1.0
 SESSION_TIMEOUT_MS = 6_000
 STATIC_SESSION_TIMEOUT_MS = 30_000
 HEARTBEAT_INTERVAL_MS = 500
@@ -150,7 +152,18 @@ class ClientProcess:
             try:
                 self.proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                log.warning("%s did not stop in %.0f s: killing it", self.name, STOP_TIMEOUT_S)
+                log.warning(
+                    "%s did not stop in %.0f s: killing it (its threads' stacks: %s)",
+                    self.name,
+                    STOP_TIMEOUT_S,
+                    self.stderr_path,
+                )
+                # Every client writes its threads' stacks to stderr on SIGUSR1 (faulthandler):
+                # where it is stuck, for the report.
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.send_signal(signal.SIGUSR1)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(STACK_DUMP_WAIT_S)
         self.kill()
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kcoord.chaos import workload as workload_module
 from kcoord.chaos.history import PROCESS_EXIT_F, UNRECORDED_REPORT_F, History
 from kcoord.chaos.queue_consumer import _generation
 from kcoord.chaos.workload import GroupsWorkload
@@ -113,3 +114,38 @@ def test_a_client_that_exits_by_itself_is_recorded_one_stopped_is_not(
         client._reader.join(timeout=30)
         assert not client._reader.is_alive(), f"the {name} client's reports were never all read"
     assert [e.process for e in history.ops(PROCESS_EXIT_F)] == ["m1"]
+
+
+def test_a_client_that_does_not_stop_leaves_its_stacks_before_it_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client stuck past the stop timeout is asked for its threads' stacks (SIGUSR1, which
+    every chaos client hands to faulthandler) before the SIGKILL: the report says where it
+    was stuck, not only that it was."""
+    (tmp_path / "stuck_client.py").write_text(
+        "import faulthandler, json, signal, sys, time\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "print(json.dumps({'event': 'started'}), flush=True)\n"
+        "def stuck_in_the_client():\n"
+        "    while True:\n"
+        "        time.sleep(1)  # stands for a client call that never returns\n"
+        "stuck_in_the_client()\n"
+    )
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.setattr(workload_module, "STOP_TIMEOUT_S", 0.5)
+    workload = GroupsWorkload(
+        "127.0.0.1:1", History(clock=time.monotonic), tmp_path, random.Random(0)
+    )
+    client = workload._spawn("m1", "stuck_client", {"group": "g", "topic": "t"})
+    try:
+        deadline = time.monotonic() + 30
+        while client.events == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling for its first report: its handlers are in place
+        assert client.events == 1, "the client never started"
+        client.stop()
+    finally:
+        client.kill()
+    assert not client.alive
+    stacks = client.stderr_path.read_text()
+    assert "stuck_in_the_client" in stacks, stacks
