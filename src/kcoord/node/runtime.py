@@ -348,8 +348,11 @@ class ShardContext:
         try:
             result = handler(self.shard, token)
         except Exception:
-            # A bug in the shard: its state may be half-changed. Kafka marks the context
-            # FAILED and reloads it; so do we, and the caller gets an error, not a hang.
+            # A bug in the shard: its state may be half-changed. Kafka's runtime fails just
+            # this event (CoordinatorWriteEvent.run), its handlers having changed nothing but
+            # through records they never returned; a handler here may have changed a group in
+            # memory before it raised, so the shard reloads from its log, and the caller gets
+            # an error, not a hang.
             log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
             self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
             return

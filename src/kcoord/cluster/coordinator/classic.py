@@ -278,11 +278,18 @@ class ClassicGroup:
         return sum(1 for m in self.members.values() if m.is_awaiting_join)
 
     def supported_protocol_counts(self) -> dict[str, int]:
-        """Protocol name -> how many members support it (Kafka's ``supportedProtocols``)."""
+        """Protocol name -> how many members support it (Kafka's ``supportedProtocols``).
+
+        A member counts once per name. Kafka's ``ClassicGroup.incrementSupportedProtocols``
+        counts every entry, so a JoinGroup naming a protocol twice (nothing refuses it) leaves
+        no candidate and ``ClassicGroupMember.vote`` throws at every join completion: the
+        group is stuck. Counting names, as the map's javadoc ("the number of members that
+        support them") means, lets such a member vote for its first choice instead.
+        """
         counts: dict[str, int] = {}
         for member in self.members.values():
-            for protocol in member.supported_protocols:
-                counts[protocol.name] = counts.get(protocol.name, 0) + 1
+            for name in dict.fromkeys(protocol.name for protocol in member.supported_protocols):
+                counts[name] = counts.get(name, 0) + 1
         return counts
 
     def add(self, member: ClassicGroupMember, awaiting_join: Token | None = None) -> None:
@@ -414,8 +421,9 @@ class ClassicGroup:
         )
 
     def rebalance_timeout_ms(self) -> int:
-        """The largest rebalance timeout of the members (0 without members)."""
-        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        """The largest rebalance timeout of the members, at least 0 (Kafka's
+        ``ClassicGroup.rebalanceTimeoutMs`` starts its max at 0; JoinGroup takes any value)."""
+        return max([0, *(m.rebalance_timeout_ms for m in self.members.values())])
 
     # ----------------------------------------------------------------------------------------
     # Validation (each returns the error Kafka's method throws, or NONE)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from kcoord.cluster.coordinator.assignors import ASSIGNORS
 from kcoord.cluster.coordinator.consumer import (
@@ -88,6 +88,18 @@ def _is_full_request(request: ConsumerGroupHeartbeatRequest) -> bool:
     return (
         request.rebalance_timeout_ms != -1 and subscribed and request.topic_partitions is not None
     )
+
+
+# GroupCoordinatorService.CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION
+CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION: Final = 1
+# What Java's String.trim() strips from both ends: every character up to U+0020.
+_JAVA_TRIMMED: Final = "".join(map(chr, range(0x21)))
+
+
+def _is_empty_string(value: str | None) -> bool:
+    """The condition of Kafka's ``Utils.throwIfEmptyString``: not null, and empty once
+    trimmed (a string of spaces is empty)."""
+    return value is not None and not value.strip(_JAVA_TRIMMED)
 
 
 def _owned(raw: TopicIdPartitions | None) -> Partitions | None:
@@ -182,13 +194,23 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         )
 
     def _validate_heartbeat(self, request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
-        """``throwIfConsumerGroupHeartbeatRequestIsInvalid``."""
-        if not request.group_id:
-            return Errors.INVALID_REQUEST, "GroupId can't be empty."
+        """``GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid``, in its
+        order: only v0 lets a joining member leave its id to the coordinator."""
+        if (
+            request.api_version >= CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION
+            or request.member_epoch > 0
+            or request.member_epoch == LEAVE_GROUP_MEMBER_EPOCH
+        ) and _is_empty_string(request.member_id):
+            return Errors.INVALID_REQUEST, "MemberId can't be empty."
+        for value, name in (
+            (request.group_id, "GroupId"),
+            (request.instance_id, "InstanceId"),
+            (request.rack_id, "RackId"),
+        ):
+            if _is_empty_string(value):
+                return Errors.INVALID_REQUEST, f"{name} can't be empty."
         if request.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
             return Errors.INVALID_REQUEST, f"MemberEpoch {request.member_epoch} is invalid."
-        if request.member_epoch != 0 and not request.member_id:
-            return Errors.INVALID_REQUEST, "MemberId can't be empty."
         if request.member_epoch == 0:
             if request.rebalance_timeout_ms < 0:
                 return (

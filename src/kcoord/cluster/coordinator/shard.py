@@ -1283,8 +1283,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             return
         if not group.maybe_elect_new_joined_leader() and group.members:
             # Nobody rejoined but static members remain: wait another rebalance timeout, until
-            # their session timeouts remove them.
-            self._schedule_join(group, now_ms + group.rebalance_timeout_ms())
+            # their session timeouts remove them (GroupMetadataManager.completeClassicGroupJoin).
+            # Kafka re-arms even a 0 ms timeout, firing again at once until a session expires;
+            # at least 1 ms lets the clock move between two firings.
+            self._schedule_join(group, now_ms + max(group.rebalance_timeout_ms(), 1))
             return
 
         group.init_next_generation(now_ms)

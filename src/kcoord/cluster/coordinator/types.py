@@ -409,6 +409,8 @@ class ConsumerGroupHeartbeatRequest:
     topic_partitions: TopicIdPartitions | None = None  # None: unchanged (not reported)
     client_id: str = ""
     client_host: str = ""
+    # From v1 the client generates its member id, even on its first heartbeat (KIP-1082).
+    api_version: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -619,6 +619,7 @@ class GroupApi:
             ),
             client_id=request.header.client_id or "",
             client_host=request.client_host,
+            api_version=request.version,
         )
         topics = self._topics_view()
 

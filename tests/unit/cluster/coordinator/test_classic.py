@@ -175,6 +175,29 @@ def test_java_hash_map_order_goes_by_bucket_then_insertion() -> None:
     assert java_hash_map_order(["q", "a"]) == ["q", "a"]  # both in bucket 1 of 16
 
 
+def test_a_protocol_named_twice_by_a_member_counts_once() -> None:
+    # Nothing refuses a JoinGroup naming "range" twice; counted twice it was no candidate at
+    # all, and the vote raised at every join completion.
+    group = group_in(
+        S.PREPARING_REBALANCE,
+        member("a", "range", "range"),
+        member("b", "roundrobin", "range"),
+    )
+    assert group.supported_protocol_counts() == {"range": 2, "roundrobin": 1}
+    assert group.select_protocol() == "range"
+    assert group_in(S.PREPARING_REBALANCE, member("a", "rr", "rr")).select_protocol() == "rr"
+
+
+def test_the_group_rebalance_timeout_is_the_largest_and_never_negative() -> None:
+    # ClassicGroup.rebalanceTimeoutMs starts its max at 0; JoinGroup validates no timeout.
+    a, b = member("a"), member("b")
+    a.rebalance_timeout_ms, b.rebalance_timeout_ms = -5, -1
+    assert group_in(S.STABLE, a, b).rebalance_timeout_ms() == 0
+    b.rebalance_timeout_ms = 7
+    assert group_in(S.STABLE, a, b).rebalance_timeout_ms() == 7
+    assert group_in(S.EMPTY).rebalance_timeout_ms() == 0
+
+
 def test_select_protocol_of_an_empty_group_asserts() -> None:
     with pytest.raises(AssertionError):
         group_in(S.PREPARING_REBALANCE).select_protocol()

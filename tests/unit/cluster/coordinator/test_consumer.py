@@ -237,6 +237,45 @@ def test_invalid_requests_get_kafkas_errors() -> None:
         assert response.error_code is Errors.INVALID_REQUEST, fields
 
 
+def test_empty_or_blank_ids_and_a_v1_join_without_member_id_are_invalid() -> None:
+    # GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid: Utils.
+    # throwIfEmptyString trims (Java's String.trim: characters up to U+0020), and from v1
+    # (KIP-1082) the member id is the client's, even on its first heartbeat.
+    ctx = context()
+    join = {
+        "group_id": "g",
+        "member_id": "a",
+        "member_epoch": 0,
+        "rebalance_timeout_ms": 1000,
+        "subscribed_topic_names": ("orders",),
+        "topic_partitions": (),
+    }
+    for fields, message in (
+        ({"instance_id": ""}, "InstanceId can't be empty."),
+        ({"rack_id": ""}, "RackId can't be empty."),
+        ({"rack_id": " \t"}, "RackId can't be empty."),
+        ({"group_id": "  "}, "GroupId can't be empty."),
+        ({"member_id": ""}, "MemberId can't be empty."),
+        ({"member_id": "", "group_id": ""}, "MemberId can't be empty."),  # checked first
+        ({"member_id": " ", "member_epoch": 3, "topic_partitions": ()}, "MemberId can't be empty."),
+        ({"member_id": "\n", "member_epoch": -1}, "MemberId can't be empty."),
+    ):
+        request = ConsumerGroupHeartbeatRequest(**{**join, **fields})  # type: ignore[arg-type]
+        response = send_heartbeat(ctx, request, TOPICS)
+        assert (response.error_code, response.error_message) == (
+            Errors.INVALID_REQUEST,
+            message,
+        ), fields
+    assert not ctx.shard.consumer_groups
+    # v0: the coordinator names a member that joins without an id.
+    v0 = ConsumerGroupHeartbeatRequest(**{**join, "member_id": "", "api_version": 0})  # type: ignore[arg-type]
+    response = send_heartbeat(ctx, v0, TOPICS)
+    assert response.error_code is Errors.NONE and response.member_id
+    # Java's trim leaves a no-break space: an id of its own.
+    nbsp = ConsumerGroupHeartbeatRequest(**{**join, "member_id": "\u00a0"})  # type: ignore[arg-type]
+    assert send_heartbeat(ctx, nbsp, TOPICS).member_id == "\u00a0"
+
+
 def test_a_silent_member_is_fenced_after_its_session_timeout() -> None:
     ctx = context()
     a, b = Member(ctx, "a"), Member(ctx, "b")

@@ -288,6 +288,61 @@ def test_a_new_member_expires_after_the_new_member_join_timeout() -> None:
     assert list(ctx.shard.groups["g"].members) == [old]
 
 
+def test_a_join_naming_its_protocol_twice_completes_the_rebalance() -> None:
+    ctx = ShardContext()
+    both = (("range", b"a"), ("range", b"b"))
+    token, step = ctx.join(protocols=both)
+    required = step.response(token)
+    assert isinstance(required, JoinGroupResponse)
+    token, _ = ctx.join(member_id=required.member_id, protocols=both)
+    fired = ctx.sleep(ctx.config.initial_rebalance_delay_ms)
+    assert [key for key, _, _ in fired] == [join_key("g")]
+    answer = fired[0][2].response(token)
+    assert isinstance(answer, JoinGroupResponse)
+    assert (answer.error_code, answer.protocol_name, answer.generation_id) == (
+        Errors.NONE,
+        "range",
+        1,
+    )
+    # The leader sees the metadata of the member's first "range".
+    assert [m.metadata for m in answer.members] == [b"a"]
+    assert state_of(ctx) is S.COMPLETING_REBALANCE
+
+
+def test_a_join_phase_nobody_rejoins_rechecks_no_sooner_than_a_millisecond_later() -> None:
+    # completeClassicGroupJoin re-arms the join timer after the rebalance timeout while static
+    # members that did not rejoin wait for their sessions to expire. A timeout of 0 (or less,
+    # which ClassicGroup.rebalanceTimeoutMs counts as 0) fired again at the same instant, for
+    # ever on a clock that does not move between two firings.
+    ctx = ShardContext()
+    for instance_id, rebalance_timeout_ms in (("a", 0), ("b", -5)):
+        ctx.join(
+            instance_id=instance_id,
+            rebalance_timeout_ms=rebalance_timeout_ms,
+            session_timeout_ms=10_000,
+        )
+    ctx.now_ms += ctx.config.initial_rebalance_delay_ms
+    assert ctx.timer.pop_due(ctx.now_ms) == (join_key("g"), ctx.now_ms)
+    ctx._apply(ctx.shard.on_timer(join_key("g"), ctx.now_ms))
+    group = ctx.shard.groups["g"]
+    a, b = group.members
+    ctx.sync(member_id=a, generation_id=1, instance_id="a", assignments=[(a, b"A"), (b, b"B")])
+    ctx.sync(member_id=b, generation_id=1, instance_id="b")
+    ctx.leave([(a, "a")])  # b does not rejoin
+    assert state_of(ctx) is S.PREPARING_REBALANCE
+
+    fired: list[tuple[str, int]] = []
+    while len(fired) < 10 and (due := ctx.timer.pop_due(ctx.now_ms)) is not None:
+        ctx._apply(ctx.shard.on_timer(due[0], ctx.now_ms))
+        fired.append(due)
+    assert fired == [(join_key("g"), ctx.now_ms)]
+    assert ctx.timer.deadlines[join_key("g")][0] == ctx.now_ms + 1
+    # b's session expiry ends the wait.
+    ctx.sleep(10_000)
+    assert state_of(ctx) is S.EMPTY
+    assert join_key("g") not in ctx.timer.deadlines
+
+
 # --------------------------------------------------------------------------------------------
 # Request edge cases
 
