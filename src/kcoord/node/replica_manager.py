@@ -288,8 +288,12 @@ class Partition:
 
 
 def check_current_leader_epoch(part: Partition, current_leader_epoch: int) -> None:
-    """``Partition.checkCurrentLeaderEpoch`` (KIP-320); -1 skips the check."""
-    if current_leader_epoch < 0 or current_leader_epoch == part.leader_epoch:
+    """``Partition.checkCurrentLeaderEpoch`` (KIP-320). Only -1 skips the check, as
+    ``ReplicaManager.lastOffsetForLeaderEpoch`` (RecordBatch.NO_PARTITION_LEADER_EPOCH) and
+    ``fetchOffset`` (ListOffsetsResponse.UNKNOWN_EPOCH) read it; any other negative epoch is
+    an old one (FENCED_LEADER_EPOCH). Fetch maps every negative epoch to -1 first
+    (``FetchRequest.optionalEpoch``)."""
+    if current_leader_epoch in (fmt.NO_PARTITION_LEADER_EPOCH, part.leader_epoch):
         return
     if current_leader_epoch < part.leader_epoch:
         raise KafkaError(Errors.FENCED_LEADER_EPOCH, f"{part.topic}-{part.partition}")

@@ -66,6 +66,8 @@ FRAME_SIZE: Final = struct.Struct(">i")
 _REQUEST_PREFIX: Final = struct.Struct(">hhi")
 _UTC: Final = datetime.UTC
 ZERO_UUID: Final = uuid.UUID(int=0)
+# Kafka's limit on a string field's encoded length (Short.MAX_VALUE), in every version.
+MAX_STRING_BYTES: Final = 0x7FFF
 
 # kio's reader convention: (buffer, offset) -> (value, bytes read).
 Reader = Callable[[Any, int], tuple[Any, int]]
@@ -223,7 +225,10 @@ def _primitive_reader(kafka_type: str, flexible: bool, optional: bool) -> Reader
             return kr.read_nullable_datetime_i64 if optional else kr.read_datetime_i64
         case "string":
             if flexible:
-                return kr.read_compact_string_nullable if optional else kr.read_compact_string
+                return _bounded_compact_string(
+                    kr.read_compact_string_nullable if optional else kr.read_compact_string
+                )
+            # An int16 length cannot exceed MAX_STRING_BYTES.
             return kr.read_nullable_legacy_string if optional else kr.read_legacy_string
         case "bytes" | "records":
             if flexible:
@@ -234,6 +239,21 @@ def _primitive_reader(kafka_type: str, flexible: bool, optional: bool) -> Reader
                 )
             return kr.read_nullable_legacy_bytes if optional else kr.read_legacy_bytes
     raise AssertionError(f"no reader for kafka type {kafka_type!r}")
+
+
+def _bounded_compact_string(read: Reader) -> Reader:
+    """``read``, refusing a compact string over ``MAX_STRING_BYTES`` before reading it, as
+    Kafka's generated readers do ("string field X had invalid length"): a coordinator record
+    or any legacy-string field could not carry it, so only this request fails, not a write.
+    """
+
+    def read_bounded(buf: memoryview, pos: int) -> tuple[Any, int]:
+        length_plus_one, _ = kr.read_unsigned_varint(buf, pos)
+        if length_plus_one - 1 > MAX_STRING_BYTES:
+            raise DecodeError(f"string of {length_plus_one - 1} bytes (at most {MAX_STRING_BYTES})")
+        return read(buf, pos)
+
+    return read_bounded
 
 
 def _read_array_length(buf: memoryview, pos: int, flexible: bool) -> tuple[int | None, int]:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -83,6 +84,17 @@ LATEST_TIMESTAMP: Final = -1
 MAX_TIMESTAMP: Final = -3
 EARLIEST_LOCAL_TIMESTAMP: Final = -4
 LATEST_TIERED_TIMESTAMP: Final = -5
+EARLIEST_PENDING_UPLOAD_TIMESTAMP: Final = -6  # KIP-1023
+# ReplicaManager.timestampMinSupportedVersion: the ListOffsets version each special
+# timestamp needs; any other negative one is unsupported (isListOffsetsTimestampUnsupported).
+_TIMESTAMP_MIN_VERSION: Final = {
+    EARLIEST_TIMESTAMP: 1,
+    LATEST_TIMESTAMP: 1,
+    MAX_TIMESTAMP: 7,
+    EARLIEST_LOCAL_TIMESTAMP: 8,
+    LATEST_TIERED_TIMESTAMP: 9,
+    EARLIEST_PENDING_UPLOAD_TIMESTAMP: 11,
+}
 # ListOffsetsRequest.CONSUMER_REPLICA_ID; OFFSET_NOT_AVAILABLE is answered from v5, as Kafka does.
 CONSUMER_REPLICA_ID: Final = -1
 FETCH_MAX_BYTES: Final = 55 * 1024 * 1024  # Kafka's fetch.max.bytes default
@@ -166,7 +178,8 @@ class FetchApi:
                     p.partition,
                     p.fetch_offset,
                     p.partition_max_bytes,
-                    getattr(p, "current_leader_epoch", -1),
+                    # FetchRequest.optionalEpoch: any negative epoch is none.
+                    max(getattr(p, "current_leader_epoch", -1), -1),
                     getattr(p, "last_fetched_epoch", -1),
                 )
                 for p in topic.partitions
@@ -393,12 +406,19 @@ class FetchApi:
                 if request.version >= OFFSET_NOT_AVAILABLE_MIN_VERSION
                 else Errors.LEADER_NOT_AVAILABLE
             )
-        topics = []
+        # ListOffsetsRequest.duplicatePartitions, then ReplicaManager.fetchOffset: its answers
+        # are a map by partition, so a partition named twice is answered once, INVALID_REQUEST.
+        named = [(topic.name, p.partition_index) for topic in body.topics for p in topic.partitions]
+        duplicates = {tp for tp, count in Counter(named).items() if count > 1}
+        answers: dict[str, dict[int, dict[str, Any]]] = {}
         for topic in body.topics:
-            partitions = []
             for p in topic.partitions:
-                partitions.append(
-                    self._list_offset(
+                if (topic.name, p.partition_index) in duplicates:
+                    answer = _list_offsets_error(p.partition_index, Errors.INVALID_REQUEST)
+                elif _is_timestamp_unsupported(p.timestamp, request.version):
+                    answer = _list_offsets_error(p.partition_index, Errors.UNSUPPORTED_VERSION)
+                else:
+                    answer = self._list_offset(
                         topic.name,
                         p.partition_index,
                         p.timestamp,
@@ -407,8 +427,8 @@ class FetchApi:
                         client=client,
                         leader_only=leader_only,
                     )
-                )
-            topics.append({"name": topic.name, "partitions": partitions})
+                answers.setdefault(topic.name, {})[p.partition_index] = answer
+        topics = [{"name": name, "partitions": list(ps.values())} for name, ps in answers.items()]
         return {"throttle_time": 0, "topics": topics}
 
     def _list_offset(
@@ -431,20 +451,10 @@ class FetchApi:
                 check_current_leader_epoch(part, current_leader_epoch)
             found = _offset_for(part, timestamp, lagging_error, client=client)
         except KafkaError as e:
-            return {
-                "partition_index": partition,
-                "error_code": e.code,
-                "timestamp": -1,
-                "offset": -1,
-            }
+            return _list_offsets_error(partition, e.code)
         except (LogCorruptError, OSError) as e:
             log.error("ListOffsets on %s-%d failed: %s", topic, partition, e)
-            return {
-                "partition_index": partition,
-                "error_code": Errors.KAFKA_STORAGE_ERROR,
-                "timestamp": -1,
-                "offset": -1,
-            }
+            return _list_offsets_error(partition, Errors.KAFKA_STORAGE_ERROR)
         found_timestamp, offset = found
         epoch = -1
         if timestamp == LATEST_TIMESTAMP and offset >= 0:
@@ -499,6 +509,19 @@ class FetchApi:
         }
 
 
+def _is_timestamp_unsupported(timestamp: int, version: int) -> bool:
+    """``ReplicaManager.isListOffsetsTimestampUnsupported``: a negative timestamp must be one
+    of the special ones, and one the request's version knows."""
+    return timestamp < 0 and (
+        timestamp not in _TIMESTAMP_MIN_VERSION or version < _TIMESTAMP_MIN_VERSION[timestamp]
+    )
+
+
+def _list_offsets_error(partition: int, code: Errors) -> dict[str, Any]:
+    """ListOffsets' answer for a partition in error (KafkaApis' ``buildErrorResponse``)."""
+    return {"partition_index": partition, "error_code": code, "timestamp": -1, "offset": -1}
+
+
 def _offset_for(
     part: Partition, timestamp: int, lagging_error: Errors | None = None, *, client: bool = True
 ) -> tuple[int, int]:
@@ -531,8 +554,8 @@ def _offset_for(
         return -1, log_.log_start_offset
     if timestamp == LATEST_TIMESTAMP:
         return beyond_last_fetchable() if lagging else (-1, last_fetchable)
-    if timestamp == LATEST_TIERED_TIMESTAMP:
-        return -1, -1
+    if timestamp in (LATEST_TIERED_TIMESTAMP, EARLIEST_PENDING_UPLOAD_TIMESTAMP):
+        return -1, -1  # UnifiedLog.fetchOffsetByTimestamp without remote storage
     if timestamp == MAX_TIMESTAMP:
         # UnifiedLog.fetchOffsetByTimestamp: the first segment holding the largest timestamp,
         # and in it the first record with it (RecordBatch.offsetOfMaxTimestamp, KAFKA-16310),
@@ -553,8 +576,7 @@ def _offset_for(
         if at[0] >= last_fetchable:
             return beyond_last_fetchable()
         return at[1], at[0]
-    if timestamp < 0:
-        raise KafkaError(Errors.INVALID_REQUEST, f"unknown special timestamp {timestamp}")
+    assert timestamp >= 0, f"unsupported special timestamp {timestamp}"  # refused before
     found = log_.offset_for_timestamp(timestamp)
     if found is None:
         return beyond_last_fetchable()

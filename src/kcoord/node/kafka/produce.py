@@ -379,15 +379,23 @@ class ProduceApi:
         body = request.body
         acks = int(body.acks)
         timeout_ms = max(0, round(body.timeout.total_seconds() * 1000))
-        topics: list[tuple[Any, str | None, list[_PartitionResult]]] = []
+        # KafkaApis.handleProduceRequest collects the partitions into a map: a partition named
+        # twice (in one topic entry or two) is appended once, with its last entry's records,
+        # and answered once.
+        entries: dict[tuple[Any, str | None], dict[int, Any]] = {}
         for topic_data in body.topic_data:
             name = getattr(topic_data, "name", None)
             topic_id = getattr(topic_data, "topic_id", None)
             if request.version >= 13:
                 resolved = self.ctx.topic_by_uuid(topic_id)
                 name = None if resolved is None else resolved.name
-            results = []
+            partitions = entries.setdefault((topic_id, name), {})
             for data in topic_data.partition_data:
+                partitions[data.index] = data
+        topics: list[tuple[Any, str | None, list[_PartitionResult]]] = []
+        for (topic_id, name), partitions in entries.items():
+            results = []
+            for data in partitions.values():
                 if name is not None and acks in (-1, 0, 1):
                     await self._producer_state_ready(name, data.index)
                 if acks not in (-1, 0, 1):

@@ -135,6 +135,27 @@ def test_a_huge_array_length_is_refused_not_allocated() -> None:
         codec.decode_request(flexible + b"\xff\xff\xff\xff\x07")
 
 
+def test_a_string_over_32767_bytes_is_refused_even_where_its_length_is_a_varint() -> None:
+    """Kafka's generated readers: "string field groupId had invalid length 40000". A compact
+    string's varint can say more than Short.MAX_VALUE; the coordinator's records cannot
+    carry it, and refusing that write reloaded every group of the partition."""
+    commit = {"generation_id_or_member_epoch": -1, "member_id": "", "topics": []}
+    longest = "é" * (0x7FFF // 2) + "g"  # 32767 bytes: counted in bytes, not characters
+    for field in ("group_id", "group_instance_id"):  # non-nullable, nullable
+        values = {"group_id": "g", "group_instance_id": None, **commit, field: longest}
+        _, body = codec.decode_request(encode_request(8, 8, 1, values)[4:])  # OffsetCommit v8
+        assert getattr(body, field) == longest
+        values[field] = longest + "g"
+        with pytest.raises(DecodeError, match="string of 32768 bytes"):
+            codec.decode_request(encode_request(8, 8, 1, values)[4:])
+    # A tagged one too: Fetch v12's cluster_id (tag 0).
+    base = encode_request(1, 12, 5, {"max_wait": 1, "min_bytes": 1, "topics": []})[4:]
+    cluster = b"\x81\x80\x02" + b"c" * 0x8000  # varint 32769: 32768 bytes
+    tags = b"\x01\x00" + b"\x83\x80\x02" + cluster
+    with pytest.raises(DecodeError, match="string of 32768 bytes"):
+        codec.decode_request(base[:-1] + tags)
+
+
 def test_null_is_refused_where_the_schema_says_not_nullable() -> None:
     # FindCoordinator v4: coordinator_keys is a non-nullable array; compact length 0 is null.
     find = struct.pack(">hhih", 10, 4, 1, -1) + b"\x00" + b"\x00"  # key type 0

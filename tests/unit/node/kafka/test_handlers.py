@@ -732,6 +732,34 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_a_partition_named_twice_in_a_produce_is_appended_once_with_its_last_batch(
+    tmp_path: Path,
+) -> None:
+    """KafkaApis.handleProduceRequest keys the partitions by topic partition (a map): the
+    last entry's records are the ones appended, and the partition is answered once."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        values = produce_values("t", 0, batch([b"a"]))
+        values["topic_data"] = [
+            {"name": "t", "partition_data": [{"index": 0, "records": batch([b"a"])}]},
+            {
+                "name": "t",
+                "partition_data": [
+                    {"index": 0, "records": batch([b"b"])},
+                    {"index": 0, "records": batch([b"c", b"d"])},
+                ],
+            },
+        ]
+        part = only_partition(await c.call(PRODUCE, 9, values))
+        assert (part.error_code, part.base_offset) == (Errors.NONE, 0)
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", 0, 0)))
+        assert (fetched.high_watermark, records_of(fetched.records)) == (2, [b"c", b"d"])
+
+    run(tmp_path, test)
+
+
 def test_produce_and_fetch_by_topic_id(tmp_path: Path) -> None:
     """Produce v13 and Fetch v13+ name topics by id only (KIP-516)."""
 
@@ -1962,6 +1990,53 @@ def test_a_follower_checks_a_clients_leader_epoch_before_it_says_it_does_not_lea
             values = list_offsets_values("t", followed, -1, current_leader_epoch=current)
             answer = (await c.call(LIST_OFFSETS, 7, values)).topics[0].partitions[0]
             assert answer.error_code == error, current
+        # Another negative epoch: none to Fetch (FetchRequest.optionalEpoch), an old one to
+        # ListOffsets (only ListOffsetsResponse.UNKNOWN_EPOCH, -1, is none).
+        fetched = await c.call(FETCH, 12, fetch_values("t", followed, 0, current_leader_epoch=-5))
+        assert only_partition(fetched).error_code == Errors.NOT_LEADER_OR_FOLLOWER
+        values = list_offsets_values("t", followed, -1, current_leader_epoch=-5)
+        answer = (await c.call(LIST_OFFSETS, 7, values)).topics[0].partitions[0]
+        assert answer.error_code == Errors.FENCED_LEADER_EPOCH
+
+    run(tmp_path, test)
+
+
+def test_list_offsets_answers_a_duplicate_and_a_timestamp_its_version_lacks_with_errors(
+    tmp_path: Path,
+) -> None:
+    """ReplicaManager.fetchOffset: a partition named twice (ListOffsetsRequest.
+    duplicatePartitions) is answered once, INVALID_REQUEST; a negative timestamp that is not
+    one the request's version knows is UNSUPPORTED_VERSION (isListOffsetsTimestampUnsupported),
+    and -6 (EARLIEST_PENDING_UPLOAD, v11) finds nothing without remote storage."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        other = h.led_partitions("t", by=2)[0]
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"a"], timestamp=100)))
+        values = list_offsets_values("t", mine, -1)
+        first = values["topics"][0]["partitions"][0]
+        values["topics"] = [
+            {"name": "t", "partitions": [first, first | {"partition_index": other}]},
+            {"name": "t", "partitions": [first | {"timestamp": -2}]},
+        ]
+        (topic,) = (await c.call(LIST_OFFSETS, 7, values)).topics
+        answers = {p.partition_index: p.error_code for p in topic.partitions}
+        assert len(topic.partitions) == 2
+        assert answers == {mine: Errors.INVALID_REQUEST, other: Errors.NOT_LEADER_OR_FOLLOWER}
+
+        for timestamp, version, expected in [
+            (-3, 6, (Errors.UNSUPPORTED_VERSION, -1)),
+            (-3, 7, (Errors.NONE, 0)),
+            (-5, 8, (Errors.UNSUPPORTED_VERSION, -1)),
+            (-5, 9, (Errors.NONE, -1)),
+            (-6, 10, (Errors.UNSUPPORTED_VERSION, -1)),
+            (-6, 11, (Errors.NONE, -1)),
+            (-7, 11, (Errors.UNSUPPORTED_VERSION, -1)),
+        ]:
+            values = list_offsets_values("t", mine, timestamp)
+            answer = (await c.call(LIST_OFFSETS, version, values)).topics[0].partitions[0]
+            assert (answer.error_code, answer.offset) == expected, (timestamp, version)
 
     run(tmp_path, test)
 
@@ -2020,6 +2095,8 @@ def test_offset_for_leader_epoch_answers_the_end_of_each_epoch(
         assert await ask(first, current=latest) == (none, first, 2)
         assert (await ask(first, current=latest - 1))[0] == Errors.FENCED_LEADER_EPOCH
         assert (await ask(first, current=latest + 1))[0] == Errors.UNKNOWN_LEADER_EPOCH
+        # Only -1 (NO_PARTITION_LEADER_EPOCH) is no epoch: -2 is an old one.
+        assert (await ask(first, current=-2))[0] == Errors.FENCED_LEADER_EPOCH
         assert (await ask(0, partition=other))[0] == Errors.NOT_LEADER_OR_FOLLOWER
         assert (await ask(0, topic="nope"))[0] == Errors.UNKNOWN_TOPIC_OR_PARTITION
 
