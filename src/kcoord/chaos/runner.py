@@ -71,6 +71,8 @@ SESSION_TIMEOUT_MS = 3_000  # the node default (broker.session.timeout.ms)
 PROBE_GROUP = "chaos-probe"
 PROBE_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 90.0
+# The final descriptions: as long as a settle and a describe each had before.
+FINAL_DESCRIBE_TIMEOUT_S = 2 * SETTLE_TIMEOUT_S
 RECOVERY_TIMEOUT_S = 120.0
 FIND_COORDINATOR, OFFSET_COMMIT = 10, 8
 # Deliberate bugs the suite must catch: a node config that breaks one guarantee.
@@ -366,6 +368,42 @@ def settle_groups(chaos: ChaosLab, workload: GroupsWorkload) -> None:
     poll_until("the groups to settle", settled, SETTLE_TIMEOUT_S)
 
 
+def describe_groups_once_settled(chaos: ChaosLab, workload: GroupsWorkload) -> None:
+    """Each group's final ``describe``, taken as soon as that group is Stable at the coordinator
+    *and* every live member has reported that assignment (``_final_describe``): the described
+    state is the final one the checkers judge, and its time is when the group settled
+    (``not-stable-after-heal`` bounds it). The groups are watched together: one that never
+    settles no longer holds the others' descriptions back until it times out (one stuck member
+    of one group made every group "late")."""
+    history = chaos.history
+    pending = list(workload.groups())
+
+    def all_described() -> bool:
+        for group in list(pending):
+            try:
+                described = _final_describe(chaos, workload, group)
+            except Exception:  # the coordinator did not answer: not yet
+                continue
+            if described is not None:
+                history.add("checker", "ok", "describe", described)
+                pending.remove(group)
+        return not pending
+
+    with contextlib.suppress(TimeoutError):
+        poll_until("every group Stable", all_described, FINAL_DESCRIBE_TIMEOUT_S)
+    for group in pending:
+        history.add(
+            "checker",
+            "fail",
+            "describe",
+            {
+                "group": group,
+                "error": f"not Stable with its members' assignment after "
+                f"{FINAL_DESCRIBE_TIMEOUT_S:.0f} s",
+            },
+        )
+
+
 def group_settled(history: History, workload: GroupsWorkload, group: str) -> bool:
     return _settled_assignments(history, workload, group) is not None
 
@@ -431,20 +469,7 @@ def final_phase(chaos: ChaosLab, workload: GroupsWorkload) -> None:
     history = chaos.history
     heal_and_recover(chaos)
     progress("cluster recovered; waiting for the groups to settle")
-    with contextlib.suppress(TimeoutError):
-        settle_groups(chaos, workload)
-    for group in workload.groups():
-        try:
-            # Stable at the coordinator *and* every member has reported that assignment: the
-            # described state is the final one the checkers judge.
-            described = poll_until(
-                f"{group} Stable",
-                lambda g=group: _final_describe(chaos, workload, g),  # type: ignore[misc]
-                SETTLE_TIMEOUT_S,
-            )
-            history.add("checker", "ok", "describe", described)
-        except TimeoutError as e:
-            history.add("checker", "fail", "describe", {"group": group, "error": str(e)})
+    describe_groups_once_settled(chaos, workload)
     workload.stop_producers()
     acked = {e.value["value"] for e in history.ops("send") if e.type == "ok"}
     for group in workload.groups():

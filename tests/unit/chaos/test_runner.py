@@ -75,3 +75,25 @@ def test_a_report_arriving_while_the_group_is_described_makes_it_not_final(
 
     monkeypatch.setattr(runner, "_stable", stable_while_b_moves)
     assert runner._final_describe(*lab_and_workload(history), GROUP) is None
+
+
+def test_a_group_that_never_settles_does_not_hold_back_the_others_describe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each group is described once it is settled; a stuck one is described as failed at the
+    deadline. Before, every group waited for all of them to settle, and one stuck member made
+    every group's description late (``not-stable-after-heal``)."""
+    history = History(clock=lambda: 0.0)
+    workload = SimpleNamespace(groups=lambda: ["stuck", "fine"])
+    lab = cast(ChaosLab, SimpleNamespace(history=history))
+
+    def final_describe(chaos: Any, wl: Any, group: str) -> dict[str, Any] | None:
+        if group == "stuck":
+            raise OSError("its coordinator does not answer")
+        return {"group": group, "state": "Stable", "members": ["a-id"]}
+
+    monkeypatch.setattr(runner, "_final_describe", final_describe)
+    monkeypatch.setattr(runner, "FINAL_DESCRIBE_TIMEOUT_S", 0.5)
+    runner.describe_groups_once_settled(lab, cast(GroupsWorkload, workload))
+    described = [(e.type, e.value["group"]) for e in history.ops("describe")]
+    assert described == [("ok", "fine"), ("fail", "stuck")]
