@@ -377,12 +377,14 @@ def describe_groups_once_settled(chaos: ChaosLab, workload: GroupsWorkload) -> N
     of one group made every group "late")."""
     history = chaos.history
     pending = list(workload.groups())
+    last_error: dict[str, str] = {}
 
     def all_described() -> bool:
         for group in list(pending):
             try:
                 described = _final_describe(chaos, workload, group)
-            except Exception:  # the coordinator did not answer: not yet
+            except Exception as e:  # the coordinator did not answer: not yet
+                last_error[group] = repr(e)[:300]
                 continue
             if described is not None:
                 history.add("checker", "ok", "describe", described)
@@ -399,7 +401,7 @@ def describe_groups_once_settled(chaos: ChaosLab, workload: GroupsWorkload) -> N
             {
                 "group": group,
                 "error": f"not Stable with its members' assignment after "
-                f"{FINAL_DESCRIBE_TIMEOUT_S:.0f} s",
+                f"{FINAL_DESCRIBE_TIMEOUT_S:.0f} s; last error: {last_error.get(group)}",
             },
         )
 

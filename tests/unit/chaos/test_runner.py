@@ -97,3 +97,5 @@ def test_a_group_that_never_settles_does_not_hold_back_the_others_describe(
     runner.describe_groups_once_settled(lab, cast(GroupsWorkload, workload))
     described = [(e.type, e.value["group"]) for e in history.ops("describe")]
     assert described == [("ok", "fine"), ("fail", "stuck")]
+    failed = next(e for e in history.ops("describe") if e.type == "fail")
+    assert "its coordinator does not answer" in failed.value["error"]

@@ -292,8 +292,7 @@ def _drop_unsubscribed(
     pending = dict(member.pending_revocation)
     for topic_id, partitions in dropped.items():
         pending[topic_id] = pending.get(topic_id, frozenset()) | partitions
-    # Its epochs stay as they are: a retry of its last heartbeat (at the previous epoch) still
-    # counts, as it does in Kafka, which does not touch them here.
+    # Its epochs stay as they are, as Kafka leaves them here (no updateMemberEpoch).
     if _owns_any(owned, pending):
         return replace(
             member,

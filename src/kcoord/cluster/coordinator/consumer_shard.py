@@ -194,8 +194,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         )
 
     def _validate_heartbeat(self, request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
-        """``GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid``, in its
-        order: only v0 lets a joining member leave its id to the coordinator."""
+        """``GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid``: its id
+        checks in its order (the member id first; only v0 lets a joining member leave its id
+        to the coordinator), then the checks of the shard's own (a negative rebalance
+        timeout on a join, where Kafka refuses -1 only; the regular expression, which Kafka
+        checks later, when the group first sees it)."""
         if (
             request.api_version >= CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION
             or request.member_epoch > 0
@@ -537,11 +540,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         # 5. Timers: the session; the rebalance timeout while a revocation is owed.
         self._schedule_session(group_id, reconciled, now_ms)
         if reconciled.state is MemberState.UNREVOKED_PARTITIONS:
-            if (
-                old is None
-                or old.state is not MemberState.UNREVOKED_PARTITIONS
-                or (old.member_epoch != reconciled.member_epoch)
-            ):
+            # Restarted whenever reconciling changed the member (GroupMetadataManager.
+            # maybeReconcile): entering the state, and also more partitions to revoke at the
+            # same epoch (a subscription changed while it was revoking, KAFKA-19431).
+            if reconciled != updated:
                 self._schedule_consumer_timer(
                     rebalance_key(group_id, reconciled.member_id),
                     now_ms + max(reconciled.rebalance_timeout_ms, 0),

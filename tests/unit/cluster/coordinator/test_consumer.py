@@ -989,3 +989,23 @@ def test_reconcile_keeps_the_assignment_to_the_subscribed_topics() -> None:
         reconcile(member, target, 3, owned, free, subscribed={T}, subscription_changed=False)
         is member
     )
+
+
+def test_more_to_revoke_after_a_subscription_change_restarts_the_rebalance_timeout() -> None:
+    """GroupMetadataManager.maybeReconcile restarts the rebalance timeout whenever reconciling
+    changes a member still revoking: a member that drops a topic late in its revocation has a
+    whole timeout for the partitions it must now give up too, not what was left of the first."""
+    topics = {"orders": (T, 6), "payments": (PAY_A, 4)}
+    ctx = context()
+    _, owned = unrevoked_member_a(ctx, topics)
+    step = REBALANCE_MS // 4
+    for _ in range(3):  # a keeps everything; b is in good standing
+        ctx.sleep(step)
+        regex_hb(ctx, "a", 1, owned, topics)
+        b = ctx.shard.consumer_groups["g"].members["b"]
+        regex_hb(ctx, "b", b.member_epoch, {}, topics)
+    regex_hb(ctx, "a", 1, owned, topics, names=("orders",))  # payments to revoke as well
+    ctx.sleep(step + 1)  # past the first revocation's deadline
+    assert "a" in ctx.shard.consumer_groups["g"].members
+    ctx.sleep(REBALANCE_MS)  # past the new one: fenced, as ever
+    assert "a" not in ctx.shard.consumer_groups["g"].members
