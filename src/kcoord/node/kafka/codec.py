@@ -242,16 +242,20 @@ def _primitive_reader(kafka_type: str, flexible: bool, optional: bool) -> Reader
 
 
 def _bounded_compact_string(read: Reader) -> Reader:
-    """``read``, refusing a compact string over ``MAX_STRING_BYTES`` before reading it, as
-    Kafka's generated readers do ("string field X had invalid length"): a coordinator record
-    or any legacy-string field could not carry it, so only this request fails, not a write.
-    """
+    """``read``, refusing a compact string over ``MAX_STRING_BYTES`` as Kafka's generated
+    readers do ("string field X had invalid length"): a coordinator record or any legacy-string
+    field could not carry it, so only this request fails, not a write. The length is read
+    again only for a string that took more bytes than that: every request decodes strings."""
 
     def read_bounded(buf: memoryview, pos: int) -> tuple[Any, int]:
-        length_plus_one, _ = kr.read_unsigned_varint(buf, pos)
-        if length_plus_one - 1 > MAX_STRING_BYTES:
-            raise DecodeError(f"string of {length_plus_one - 1} bytes (at most {MAX_STRING_BYTES})")
-        return read(buf, pos)
+        value, size = read(buf, pos)
+        if size > MAX_STRING_BYTES:  # only then can it be too long: its length read again
+            length_plus_one, _ = kr.read_unsigned_varint(buf, pos)
+            if length_plus_one - 1 > MAX_STRING_BYTES:
+                raise DecodeError(
+                    f"string of {length_plus_one - 1} bytes (at most {MAX_STRING_BYTES})"
+                )
+        return value, size
 
     return read_bounded
 
