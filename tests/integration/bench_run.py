@@ -37,6 +37,19 @@ def run_bench(script: str, args: list[str], run_timeout_s: float) -> tuple[int, 
     return proc.returncode, output
 
 
+def run_bench_in(directory: Path, script: str, args: list[str], run_timeout_s: float) -> str:
+    """``run_bench`` of a benchmark whose nodes run under ``directory``: it must succeed and
+    leave no node process running; any it leaves is SIGKILLed, failed run or not."""
+    output = ""
+    try:
+        code, output = run_bench(script, args, run_timeout_s)
+        assert code == 0, output
+    finally:
+        leftovers = kill_matching("kcoord.node.cli", str(directory.resolve()))
+    assert leftovers == [], f"node processes outlived the bench:\n{output}"
+    return output
+
+
 def processes_matching(*needles: str) -> list[tuple[int, str]]:
     """Running (not zombie) processes whose command line contains every needle."""
     found = []

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from tests.integration import bench_run
-from tests.integration.bench_run import kill_matching
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -32,8 +31,11 @@ CLIENTS = 2
 HEARTBEAT_INTERVAL_MS = 500
 
 
-def run_bench(args: list[str]) -> tuple[int, str]:
-    return bench_run.run_bench("failover.py", args, RUN_TIMEOUT_S)
+def run_bench(tmp_path: Path, args: list[str]) -> str:
+    """The bench's output; it succeeded and stopped its nodes."""
+    return bench_run.run_bench_in(
+        tmp_path, "failover.py", [*args, "--dir", str(tmp_path)], RUN_TIMEOUT_S
+    )
 
 
 def assert_summary(summary: dict[str, Any], count: int) -> None:
@@ -45,25 +47,20 @@ def assert_summary(summary: dict[str, Any], count: int) -> None:
 
 def test_bench_failover_reports_every_figure_and_stops_its_nodes(tmp_path: Path) -> None:
     out = tmp_path / "failover.json"
-    try:
-        code, output = run_bench(
-            [
-                "--trials", "1",
-                "--small-records", str(SMALL_RECORDS),
-                "--large-records", str(LARGE_RECORDS),
-                "--fill-partitions", "500",
-                "--fill-groups", "5",
-                "--throughput-clients", str(CLIENTS),
-                "--throughput-seconds", "2",
-                "--seed", str(SEED),
-                "--out", str(out),
-                "--dir", str(tmp_path),
-            ]
-        )  # fmt: skip
-        assert code == 0, output
-    finally:
-        leftovers = kill_matching("kcoord.node.cli", str(tmp_path.resolve()))
-    assert leftovers == [], "node processes outlived the bench"
+    run_bench(
+        tmp_path,
+        [
+            "--trials", "1",
+            "--small-records", str(SMALL_RECORDS),
+            "--large-records", str(LARGE_RECORDS),
+            "--fill-partitions", "500",
+            "--fill-groups", "5",
+            "--throughput-clients", str(CLIENTS),
+            "--throughput-seconds", "2",
+            "--seed", str(SEED),
+            "--out", str(out),
+        ]
+    )  # fmt: skip
 
     result = json.loads(out.read_text())
     assert result["benchmark"] == "failover"

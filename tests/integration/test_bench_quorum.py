@@ -14,15 +14,17 @@ from typing import Any
 import pytest
 
 from tests.integration import bench_run
-from tests.integration.bench_run import kill_matching
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 RUN_TIMEOUT_S = 240.0
 
 
-def run_bench(args: list[str]) -> tuple[int, str]:
-    return bench_run.run_bench("quorum.py", args, RUN_TIMEOUT_S)
+def run_bench(tmp_path: Path, args: list[str]) -> str:
+    """The bench's output; it succeeded and stopped its nodes."""
+    return bench_run.run_bench_in(
+        tmp_path, "quorum.py", [*args, "--dir", str(tmp_path)], RUN_TIMEOUT_S
+    )
 
 
 def assert_summary(summary: dict[str, Any], count: int) -> None:
@@ -35,23 +37,18 @@ def assert_summary(summary: dict[str, Any], count: int) -> None:
 
 def test_bench_quorum_reports_every_figure_and_stops_its_nodes(tmp_path: Path) -> None:
     out = tmp_path / "quorum.json"
-    try:
-        code, output = run_bench(
-            [
-                "--commits", "20",
-                "--concurrent-commits", "20",
-                "--concurrency", "4",
-                "--failovers", "1",
-                "--fencings", "1",
-                "--seed", "7",
-                "--out", str(out),
-                "--dir", str(tmp_path),
-            ]
-        )  # fmt: skip
-        assert code == 0, output
-    finally:
-        leftovers = kill_matching("kcoord.node.cli", str(tmp_path.resolve()))
-    assert leftovers == [], "node processes outlived the bench"
+    run_bench(
+        tmp_path,
+        [
+            "--commits", "20",
+            "--concurrent-commits", "20",
+            "--concurrency", "4",
+            "--failovers", "1",
+            "--fencings", "1",
+            "--seed", "7",
+            "--out", str(out),
+        ]
+    )  # fmt: skip
     result = json.loads(out.read_text())
 
     assert result["benchmark"] == "quorum"
