@@ -57,6 +57,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from kcoord.chaos import client_signals
+
 POLL_TIMEOUT_S = 0.2
 # kafka-python 3.0.12 can wedge a member for good when poll() times out just as its SyncGroup
 # answer arrives: the member has the answer (DEBUG "Received SyncGroup response") but never
@@ -105,12 +107,6 @@ class Reporter:
             )
 
 
-def install_stop_handler() -> threading.Event:
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    return stopping
-
-
 # -- kafka-python ----------------------------------------------------------------------------
 
 
@@ -128,7 +124,7 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
         "roundrobin": RoundRobinPartitionAssignor,
         "cooperative-sticky": CooperativeStickyAssignor,
     }
-    stopping = install_stop_handler()
+    stopping = client_signals.install()
     consumer = KafkaConsumer(
         bootstrap_servers=cfg["bootstrap"],
         client_id=cfg["name"],
@@ -331,7 +327,7 @@ def cgmd_generation(cgmd: bytes) -> int:
 def run_confluent(cfg: dict[str, Any]) -> None:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    stopping = install_stop_handler()
+    stopping = client_signals.install()
     fatal: list[Any] = []
 
     def on_error(error: Any) -> None:

@@ -18,13 +18,12 @@ It reports one JSON object per line on stdout:
 
 from __future__ import annotations
 
-import faulthandler
 import json
-import signal
 import sys
-import threading
 import time
 from typing import Any
+
+from kcoord.chaos import client_signals
 
 FLUSH_TIMEOUT_S = 30.0
 
@@ -38,11 +37,7 @@ def main() -> None:
     from confluent_kafka import Producer
 
     cfg = json.loads(sys.argv[1])
-    # SIGUSR1 writes every thread's stack to stderr: what the runner asks a client that does
-    # not stop for, before it kills it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    stopping = client_signals.install()
     producer = Producer(
         {
             "bootstrap.servers": cfg["bootstrap"],

@@ -13,14 +13,12 @@ when its partitions change (for a subscriber, at each rebalance, with its genera
 
 from __future__ import annotations
 
-import faulthandler
 import json
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
+from kcoord.chaos import client_signals
 from kcoord.chaos.member import CGMD_MAGIC, cgmd_generation
 
 POLL_TIMEOUT_S = 0.2
@@ -44,11 +42,7 @@ def main() -> None:
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     cfg = json.loads(sys.argv[1])
-    # SIGUSR1 writes every thread's stack to stderr: what the runner asks a client that does
-    # not stop for, before it kills it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    stopping = client_signals.install()
     mode = cfg.get("mode", "assign")
     final = bool(cfg.get("final"))
     consumer = Consumer(

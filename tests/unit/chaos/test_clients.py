@@ -6,6 +6,7 @@ import os
 import random
 import struct
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,23 @@ def test_a_client_that_does_not_stop_leaves_its_stacks_before_it_is_killed(
     assert not client.alive
     stacks = client.stderr_path.read_text()
     assert "stuck_in_the_client" in stacks, stacks
+
+
+def test_a_sigterm_while_the_client_waits_on_its_stop_event_does_not_deadlock() -> None:
+    """The SIGTERM handler runs in the main thread, which may hold the stop event's lock at
+    that moment (inside ``Event.wait``). A handler that called ``Event.set`` itself waited for
+    that lock forever; one that hands the set to another thread returns, and the event is set
+    once the lock is free. Run in a process of its own, as a hang would hang the test."""
+    script = (
+        "import signal\n"
+        "from kcoord.chaos import client_signals\n"
+        "stopping = client_signals.install()\n"
+        "with stopping._cond:  # the main thread interrupted inside stopping.wait()\n"
+        "    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)\n"
+        "    print('handler returned', flush=True)\n"
+        "print('stopping' if stopping.wait(10) else 'never set', flush=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert proc.stdout.split("\n")[:2] == ["handler returned", "stopping"], proc
