@@ -17,9 +17,14 @@ import threading
 from types import FrameType
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """SIGUSR1 alone (a client with its own SIGTERM handling: aiokafka's, on its loop)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def install() -> threading.Event:
     """Install both handlers; the event SIGTERM sets."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    dump_stacks_on_sigusr1()
     stopping = threading.Event()
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:

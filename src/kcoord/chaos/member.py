@@ -228,7 +228,8 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
         emit("error", error="aiokafka has no cooperative rebalancing", fatal=True)
         sys.exit(2)
     assignors = {"range": RangePartitionAssignor, "roundrobin": RoundRobinPartitionAssignor}
-    stopping = asyncio.Event()
+    client_signals.dump_stacks_on_sigusr1()
+    stopping = asyncio.Event()  # set on the loop, not in a signal handler: no lock to wait for
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     consumer = AIOKafkaConsumer(
         bootstrap_servers=cfg["bootstrap"],
@@ -454,9 +455,6 @@ def run_confluent(cfg: dict[str, Any]) -> None:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    # SIGUSR1 writes every thread's stack to stderr: what a test that finds a member stuck
-    # (alive, but neither heartbeating nor reporting) asks for before it gives up.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     # The client's own log goes to stderr, which the tests keep for a failure's report.
     logging.basicConfig(
         stream=sys.stderr,
