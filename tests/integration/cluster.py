@@ -96,16 +96,20 @@ class LocalCluster:
     def start(self, node_id: int) -> None:
         launcher.start_node(self.node(node_id))
 
-    def revive(self) -> None:
-        """Start every node that is down and wait for a controller all of them agree on: a
-        test that stopped a node and failed before starting it again left a module's cluster
-        without a quorum majority for the next tests, each then failing for it."""
+    def wait_ready(self) -> None:
+        """Wait until the cluster is as ``up`` left it: a controller, and every node registered
+        with this run's epoch, unfenced and serving clients."""
         assert self.state is not None
-        down = [n.node_id for n in self.state.nodes if not launcher.is_alive(n.pid)]
-        for node_id in down:
-            self.start(node_id)
-        if down:
-            wait_for(
-                lambda: len(self.alive_ids()) == self.size and self.controller_id() is not None,
-                "every node back, with a controller",
-            )
+        launcher.wait_ready(self.state, DEADLINE_S)
+
+    def revive(self) -> None:
+        """Start every node that is down and wait until the cluster is ready again: a test that
+        stopped a node and failed before starting it again left a module's cluster without a
+        quorum majority for the next tests, and one that started it again without waiting left
+        a node refusing connections to the next test's client (kafka-python's admin client gives
+        up on the first refused connection)."""
+        assert self.state is not None
+        for n in self.state.nodes:
+            if not launcher.is_alive(n.pid):
+                self.start(n.node_id)
+        self.wait_ready()

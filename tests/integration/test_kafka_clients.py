@@ -108,6 +108,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
+@pytest.fixture(autouse=True)
+def _cluster_ready_after_each_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A node a test restarted (or left down) is serving again before the next test."""
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").revive()
+
+
 @pytest.mark.parametrize("client", list(CLIENTS))
 def test_client_round_trip(cluster: LocalCluster, client: str) -> None:
     assert cluster.state is not None
