@@ -5,8 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 
 from kcoord.storage.segment import LogSegment
+
+# No per-example deadline (hypothesis's default is 200 ms): tests check behaviour, not timing,
+# and on two cores shared with integration clusters an example of a few milliseconds can take
+# longer than that.
+settings.register_profile("kcoord", deadline=None)
+settings.load_profile("kcoord")
 
 
 @pytest.fixture(autouse=True)
