@@ -205,13 +205,19 @@ def test_topic_configs_through_every_client(cluster: LocalCluster) -> None:
         return answer
 
     def own(client: str) -> dict[str, str]:
-        return {k: v for k, (v, source) in described(client).items() if source != "DEFAULT_CONFIG"}
+        return {
+            k: v for k, (v, source) in described(client).items() if source == "DYNAMIC_TOPIC_CONFIG"
+        }
 
     for client in CLIENTS:
         assert own(client) == {"cleanup.policy": "compact", "retention.ms": "3600000"}, client
     every = described("confluent-kafka")
     assert every["segment.bytes"] == [str(1024**3), "DEFAULT_CONFIG"]
-    assert every["min.insync.replicas"] == ["1", "DEFAULT_CONFIG"]
+    # The cluster-level value the first active controller wrote (KIP-966).
+    assert every["min.insync.replicas"] == ["1", "DYNAMIC_DEFAULT_BROKER_CONFIG"]
+    # On a broker too (none of the three clients describes the cluster resource "").
+    broker_min_isr = described("confluent-kafka", "broker", "1")["min.insync.replicas"]
+    assert broker_min_isr == ["1", "DYNAMIC_DEFAULT_BROKER_CONFIG"]
 
     altered = run_client(
         "confluent-kafka",

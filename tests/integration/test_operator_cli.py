@@ -534,7 +534,9 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
     assert fields[0] == "Topic: cli-topic"
     assert fields[1].startswith("TopicId: ") and len(fields[1]) == len("TopicId: ") + 22
     assert fields[2:4] == ["PartitionCount: 4", "ReplicationFactor: 2"]
-    assert fields[4] == "Configs: retention.ms=3600000"  # DescribeConfigs: the topic's own
+    # DescribeConfigs: every config not at Kafka's default (TopicCommand's !isDefault): the
+    # topic's own, and the cluster-level min.insync.replicas the controller wrote (KIP-966).
+    assert fields[4] == "Configs: min.insync.replicas=1,retention.ms=3600000"
     assert len(partitions) == 4
     for index, line in enumerate(partitions):
         cells = dict(cell.split(": ", 1) for cell in line.strip("\t").split("\t"))
@@ -593,7 +595,7 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     assert (altered.code, altered.out) == (0, "Completed updating config for topic tuned.\n")
     shown = kcoord("topics", "describe", "--topic", "tuned", "--bootstrap-server", bootstrap)
     assert shown.out.splitlines()[0].endswith(
-        "\tConfigs: cleanup.policy=compact,delete,max.message.bytes=5000"
+        "\tConfigs: cleanup.policy=compact,delete,max.message.bytes=5000,min.insync.replicas=1"
     )
     every = kcoord("configs", "describe", *topic, "--all").out.splitlines()
     assert every[0] == "All configs for topic tuned are:"
@@ -617,6 +619,26 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     static = kcoord("configs", "describe", *broker, "--all").out.splitlines()
     assert "  node.id=2 sensitive=false synonyms={STATIC_BROKER_CONFIG:node.id=2}" in static
     assert kcoord("configs", "alter", *broker, "--add-config", "a=b").code == 1
+    # The one cluster-level default (KIP-966: the first active controller wrote its own value).
+    default = ("--entity-type", "brokers", "--entity-default", "--bootstrap-server", bootstrap)
+    min_isr = "min.insync.replicas={v} sensitive=false synonyms={{DYNAMIC_DEFAULT_BROKER_CONFIG:"
+    min_isr += "min.insync.replicas={v}}}"
+    header = "Default configs for brokers in the cluster are:\n"
+    assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=1)}\n"
+    altered = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=2")
+    assert (altered.code, altered.out) == (
+        0,
+        "Completed updating default config for brokers in the cluster.\n",
+    )
+    assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=2)}\n"
+    removed = kcoord("configs", "alter", *default, "--delete-config", "min.insync.replicas")
+    assert (removed.code, removed.err) == (
+        1,
+        "Error while executing config command : the brokers' defaults: INVALID_CONFIG "
+        "(Cluster-level min.insync.replicas cannot be removed while ELR is enabled.)\n",
+    )
+    restored = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=1")
+    assert restored.code == 0, restored.err
 
     # A group's KIP-848 configs; the group need not exist.
     group = ("--entity-type", "groups", "--entity-name", "tuned", "--bootstrap-server", bootstrap)

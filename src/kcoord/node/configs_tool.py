@@ -4,8 +4,10 @@ changes them.
 ::
 
   configs describe --entity-type topics|brokers|groups [--entity-name N] [--all]
+  configs describe --entity-type brokers --entity-default
   configs alter --entity-type topics|groups --entity-name N [--add-config K=V,...]
                 [--delete-config K,...]
+  configs alter --entity-type brokers --entity-default --add-config min.insync.replicas=N
 
 Through the Kafka protocol (``tool_client``): DescribeConfigs v4 (a broker's resource goes to
 that broker, as Kafka's admin client sends it) and IncrementalAlterConfigs v1. ``describe``
@@ -20,9 +22,11 @@ group that ListGroups shows) is described. A group's configs are KIP-848's
 (``consumer.session.timeout.ms``, ``consumer.heartbeat.interval.ms``); the group need not
 exist. ``--add-config`` takes Kafka's syntax: comma-separated ``key=value`` pairs, a list
 value in square brackets (``cleanup.policy=[compact,delete]``). ``alter`` prints "Completed
-updating config for topic T." (or "group G"); kcoord has no dynamic broker configs, so only
-topics and groups are altered. Errors go to stderr as "Error while executing config command :
-..." and exit 1.
+updating config for topic T." (or "group G"). kcoord has no dynamic per-broker configs; its one
+cluster-level dynamic default, ``min.insync.replicas`` (which the first active controller
+writes from its own config, KIP-966), is shown and changed with ``--entity-default``, as
+Kafka's "Default configs for brokers in the cluster". Errors go to stderr as "Error while
+executing config command : ..." and exit 1.
 """
 
 from __future__ import annotations
@@ -55,7 +59,9 @@ _SOURCES: Final = {
     5: "DEFAULT_CONFIG",
     8: "DYNAMIC_GROUP_CONFIG",  # the admin client's name of GROUP_CONFIG
 }
-_DYNAMIC_SOURCES: Final = frozenset({1, 2, 3, 8})
+# What "Dynamic configs" shows (ConfigCommand's source filter): what was set on the resource.
+_DYNAMIC_SOURCE: Final = {"topics": 1, "brokers": 2, "groups": 8}
+_DYNAMIC_DEFAULT_SOURCE: Final = 3  # of the brokers' cluster-level defaults
 _SET, _DELETE = 0, 1  # AlterConfigOp.OpType
 
 
@@ -87,9 +93,23 @@ def parse_add_config(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+def _label(kind: str, name: str) -> str:
+    return "brokers in the cluster" if name == "" else f"{_ENTITY_NAMES[kind]} {name}"
+
+
+def _check_entity_default(args: argparse.Namespace) -> None:
+    if args.entity_default and args.entity_type != "brokers":
+        raise ToolError("--entity-default is only for --entity-type brokers in kcoord")
+    if args.entity_default and args.entity_name is not None:
+        raise ToolError("--entity-name and --entity-default cannot both be given")
+
+
 def _describe(client: ToolClient, args: argparse.Namespace) -> int:
+    _check_entity_default(args)
     kind = args.entity_type
-    if args.entity_name is not None:
+    if args.entity_default:
+        names = [""]
+    elif args.entity_name is not None:
         names = [args.entity_name]
     elif kind == "topics":
         names = sorted(client.metadata(None).topics)
@@ -99,9 +119,10 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
         names = [str(b) for b in sorted(client.metadata([]).brokers)]
     for name in names:
         result = _describe_one(client, kind, name)
-        shown = [c for c in result.configs if args.all or int(c.config_source) in _DYNAMIC_SOURCES]
-        label = f"{_ENTITY_NAMES[kind]} {name}"
-        print(f"{'All' if args.all else 'Dynamic'} configs for {label} are:")
+        dynamic = _DYNAMIC_DEFAULT_SOURCE if name == "" else _DYNAMIC_SOURCE[kind]
+        shown = [c for c in result.configs if args.all or int(c.config_source) == dynamic]
+        scope = "Default" if name == "" else "All" if args.all else "Dynamic"
+        print(f"{scope} configs for {_label(kind, name)} are:")
         for c in shown:
             value = "null" if c.value is None else c.value
             synonyms = ", ".join(
@@ -128,7 +149,7 @@ def _describe_one(client: ToolClient, kind: str, name: str) -> Any:
     }
 
     def attempt() -> Any:
-        if kind == "brokers":
+        if kind == "brokers" and name != "":
             if not (name.isascii() and name.isdigit()):
                 raise ToolError(f"The entity name for brokers must be a broker id, not '{name}'")
             body = client.send_to(int(name), DESCRIBE_CONFIGS, values)
@@ -146,12 +167,15 @@ def _describe_one(client: ToolClient, kind: str, name: str) -> Any:
 
 
 def _alter(client: ToolClient, args: argparse.Namespace) -> int:
+    _check_entity_default(args)
     kind = args.entity_type
-    if kind == "brokers":
+    if kind == "brokers" and not args.entity_default:
         raise ToolError(
-            "kcoord has no dynamic broker configs; only topic and group configs are altered"
+            "kcoord has no dynamic per-broker configs; alter topic and group configs, or the "
+            "cluster-level min.insync.replicas with --entity-default"
         )
-    if args.entity_name is None:
+    name = "" if args.entity_default else args.entity_name
+    if name is None:
         raise ToolError(f"--entity-name must be specified with --alter of {kind}")
     added = parse_add_config(args.add_config) if args.add_config else []
     deleted = [k.strip() for k in args.delete_config.split(",")] if args.delete_config else []
@@ -161,7 +185,7 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     if deleted:
         # ConfigCommand.alterConfig: a key to delete must be one the resource has (set or
         # not); the broker's DELETE of an unknown key changes nothing and says nothing.
-        known = {str(c.name) for c in _describe_one(client, kind, args.entity_name).configs}
+        known = {str(c.name) for c in _describe_one(client, kind, name).configs}
         invalid = [k for k in deleted if k not in known]
         if invalid:
             raise ToolError(f"Invalid config(s): {','.join(invalid)}")
@@ -169,8 +193,7 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     ops += [{"name": k, "config_operation": _DELETE, "value": None} for k in deleted]
     values = {
         "resources": [
-            {"resource_type": _RESOURCE_TYPES[kind], "resource_name": args.entity_name,
-             "configs": ops}
+            {"resource_type": _RESOURCE_TYPES[kind], "resource_name": name, "configs": ops}
         ],
         "validate_only": False,
     }  # fmt: skip
@@ -181,14 +204,13 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
             raise RetriableError(error_name(int(response.error_code)))
         return response
 
-    response = client.retrying(f"altering the configs of {args.entity_name}", attempt)
+    response = client.retrying(f"altering the configs of {_label(kind, name)}", attempt)
     code = int(response.error_code)
-    label = f"{_ENTITY_NAMES[kind]} {args.entity_name}"
     if code != Errors.NONE:
-        raise KafkaError(
-            code, f"{_ENTITY_NAMES[kind]} '{args.entity_name}'", response.error_message
-        )
-    print(f"Completed updating config for {label}.")
+        what = "the brokers' defaults" if name == "" else f"{_ENTITY_NAMES[kind]} '{name}'"
+        raise KafkaError(code, what, response.error_message)
+    default = "default " if name == "" else ""
+    print(f"Completed updating {default}config for {_label(kind, name)}.")
     return 0
 
 
@@ -205,11 +227,18 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     csub = configs.add_subparsers(dest="configs_command", required=True)
     describe = csub.add_parser("describe", help="DescribeConfigs")
     describe.add_argument("--all", action="store_true", help="every config, not just dynamic")
-    alter = csub.add_parser("alter", help="IncrementalAlterConfigs (topics, groups)")
+    alter = csub.add_parser(
+        "alter", help="IncrementalAlterConfigs (topics, groups, the brokers' cluster default)"
+    )
     alter.add_argument("--add-config", metavar="K=V[,K=V]", help="set these keys")
     alter.add_argument("--delete-config", metavar="K[,K]", help="remove these keys")
     for p in (describe, alter):
         p.add_argument("--entity-type", required=True, choices=sorted(_RESOURCE_TYPES))
         p.add_argument("--entity-name", help="topic name, broker id or group id")
+        p.add_argument(
+            "--entity-default",
+            action="store_true",
+            help="the cluster-level default configs of brokers (with --entity-type brokers)",
+        )
         add_connection_arguments(p, default_cluster_dir)
     configs.set_defaults(func=_run)

@@ -47,6 +47,8 @@ from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcError
 from kcoord.raft import records as rec
 from kcoord.raft.controller import (
+    CLUSTER_CONFIGS,
+    MIN_INSYNC_REPLICAS_CONFIG,
     OFFSETS_TOPIC_NAME,
     AlterPartitionItem,
     AlterPartitionRequest,
@@ -64,6 +66,7 @@ from kcoord.raft.controller import (
 from kcoord.raft.image import MetadataImage
 from kcoord.raft.quorum import MetadataQuorum
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
+from kcoord.storage.config import parse_min_insync_replicas
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +187,18 @@ class ControllerService:
         self.active_epoch = status.epoch
         self.activations += 1
         log.info("node %d is the active controller in epoch %d", self.node_id, status.epoch)
+        cluster = self.cache.image.resource_configs(CLUSTER_CONFIGS)
+        pinned = cluster.get(MIN_INSYNC_REPLICAS_CONFIG)
+        if (
+            pinned is not None
+            and parse_min_insync_replicas(pinned) != self.config.min_insync_replicas
+        ):
+            log.warning(
+                "min.insync.replicas is %d in this node's config but %s at the cluster level, "
+                "which applies: change it with kafka-configs --entity-default",
+                self.config.min_insync_replicas,
+                pinned,
+            )
 
     # -----------------------------------------------------------------------------------------
     # Proposing.
@@ -278,6 +293,14 @@ class ControllerService:
                 if result.records:
                     await self._propose(result.records)
                     return
+            pinned = controller.elr_safety_records(image)
+            if pinned.records:
+                log.info(
+                    "writing the cluster-level min.insync.replicas, %s, into the metadata log "
+                    "(KIP-966): leaders and controllers read it before their own config",
+                    pinned.response,
+                )
+                await self._propose(pinned.records)
             now_ms = self.monotonic_ms()
             fenced = controller.maybe_fence_stale_brokers(self.cache.image, now_ms)
             if fenced.records:

@@ -143,6 +143,8 @@ OFFSETS_TOPIC_NAME: Final = "__consumer_offsets"
 # Kafka's QuorumController.MAX_RECORDS_PER_USER_OP: partitions one request may add.
 MAX_PARTITIONS_PER_REQUEST: Final = 10_000
 MIN_INSYNC_REPLICAS_CONFIG: Final = "min.insync.replicas"
+# The cluster-level dynamic defaults (Kafka's default broker resource, ``--entity-default``).
+CLUSTER_CONFIGS: Final = ConfigResource(ConfigResourceType.BROKER, "")
 UNCLEAN_LEADER_ELECTION_ENABLE_CONFIG: Final = "unclean.leader.election.enable"
 # Kafka's Topic.MAX_NAME_LENGTH and legal characters (Topic.validate).
 _TOPIC_NAME_MAX_LENGTH: Final = 249
@@ -1527,11 +1529,14 @@ class Controller:
             )
         if resource_type == ConfigResourceType.GROUP and self.config.group_config_error:
             return self._alter_group_configs(image, resource_name, ops, incremental=incremental)
+        if resource_type == ConfigResourceType.BROKER and resource_name == "":
+            return self._alter_cluster_configs(image, ops, incremental=incremental)
         if resource_type != ConfigResourceType.TOPIC:
             return _alter_error(
                 Errors.INVALID_REQUEST,
-                "kcoord alters topic and group configs only, not those of resource type "
-                f"{resource_type}",
+                "kcoord alters topic configs, group configs and the cluster-level "
+                f"{MIN_INSYNC_REPLICAS_CONFIG}, not configs of resource type {resource_type}"
+                + (f" named {resource_name!r}" if resource_name else ""),
             )
         # ControllerConfigurationValidator: the name first, then whether the topic exists.
         if not resource_name:
@@ -1553,25 +1558,75 @@ class Controller:
             list_default=_topic_list_default,
             config_error=topic_config_error,
         )
-        if self.config.eligible_leader_replicas_enabled and any(
-            isinstance(r, Config) and r.key == MIN_INSYNC_REPLICAS_CONFIG for r in result.records
-        ):
+        if self.config.eligible_leader_replicas_enabled and _changes_min_isr(result.records):
             # ConfigurationControlManager.createClearElrRecordsAsNeeded (KAFKA-16540): the ELR
             # was kept under the old min ISR; under a lower one the leader commits with fewer
             # replicas than it holds, and an ELR member elected later would lack those records.
-            clear_elr = [
-                PartitionChange(
-                    state.topic_id,
-                    state.partition,
-                    expected_partition_epoch=state.partition_epoch,
-                    elr=(),
-                    last_known_elr=(),
-                )
-                for state in image.partitions_of(topic.topic_id)
-                if state.elr or state.last_known_elr
-            ]
+            clear_elr = _clear_elr(image.partitions_of(topic.topic_id))
             result = ControllerResult((*result.records, *clear_elr), result.response)
         return result
+
+    def _alter_cluster_configs(
+        self,
+        image: MetadataImage,
+        ops: Sequence[tuple[str, int, str | None]],
+        *,
+        incremental: bool,
+    ) -> ControllerResult[AlterConfigsResult]:
+        """The cluster-level dynamic defaults (BROKER resource "", ``kafka-configs
+        --entity-default``): kcoord has one, ``min.insync.replicas``, the one every leader and
+        the controller read after a topic's own. While ELR is on it may be changed but not
+        removed, and any change clears every partition's ELR (ConfigurationControlManager's
+        ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and ``createClearElrRecordsAsNeeded``,
+        KAFKA-16540): without the record each node would fall back to its own config file."""
+        others = sorted({key for key, _, _ in ops} - {MIN_INSYNC_REPLICAS_CONFIG})
+        if others:
+            return _alter_error(
+                Errors.INVALID_REQUEST,
+                f"kcoord has no cluster-level dynamic config {', '.join(others)}; only "
+                f"{MIN_INSYNC_REPLICAS_CONFIG} can be altered at the cluster level",
+            )
+        current = image.resource_configs(CLUSTER_CONFIGS)
+        result = _alter(
+            ConfigResourceType.BROKER,
+            "",
+            current,
+            ops,
+            incremental=incremental,
+            list_default=lambda key: None,
+            config_error=topic_config_error,
+        )
+        if not self.config.eligible_leader_replicas_enabled or not _changes_min_isr(result.records):
+            return result
+        if any(
+            isinstance(r, Config) and r.key == MIN_INSYNC_REPLICAS_CONFIG and r.value is None
+            for r in result.records
+        ):
+            return _alter_error(
+                Errors.INVALID_CONFIG,
+                f"Cluster-level {MIN_INSYNC_REPLICAS_CONFIG} cannot be removed while ELR is "
+                "enabled.",
+            )
+        clear_elr = _clear_elr(image.all_partitions())
+        return ControllerResult((*result.records, *clear_elr), result.response)
+
+    def elr_safety_records(self, image: MetadataImage) -> ControllerResult[int | None]:
+        """Pin this controller's ``min.insync.replicas`` as the cluster-level config when the
+        log has none (KIP-966, ``ConfigurationControlManager.maybeGenerateElrSafetyRecords``);
+        the reply is the value pinned, or None. Every leader and every controller reads the
+        cluster-level value before its own file's, so the ELR a controller keeps and the ISR
+        a leader commits with are judged by one min ISR: with each falling back to its own
+        file, a controller whose file said 2 kept an ELR that a leader whose file said 1 had
+        committed without, and elected it cleanly after the leader died. Written before
+        anything else a new controller decides; it clears every ELR kept until then, as any
+        change of the cluster-level value does."""
+        if not self.config.eligible_leader_replicas_enabled:
+            return ControllerResult((), None)
+        if MIN_INSYNC_REPLICAS_CONFIG in image.resource_configs(CLUSTER_CONFIGS):
+            return ControllerResult((), None)
+        value = self.config.min_insync_replicas
+        pin = Config(ConfigResourceType.BROKER, "", MIN_INSYNC_REPLICAS_CONFIG, str(value))
+        return ControllerResult((pin, *_clear_elr(image.all_partitions())), value)
 
     def _alter_group_configs(
         self,
@@ -1600,8 +1655,7 @@ class Controller:
         # Topic config, else the cluster-wide dynamic default (broker resource "").
         if topic is not None and key in topic.configs:
             return topic.configs[key]
-        cluster = image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
-        return cluster.get(key)
+        return image.resource_configs(CLUSTER_CONFIGS).get(key)
 
     def _min_isr(self, image: MetadataImage, state: PartitionState) -> int:
         # ReplicationControlManager.getTopicEffectiveMinIsr: never above the replication factor.
@@ -1731,6 +1785,25 @@ def _alter_error(error: Errors, message: str) -> ControllerResult[AlterConfigsRe
 def _topic_list_default(key: str) -> str | None:
     definition = TOPIC_CONFIGS.get(key)
     return definition.default if definition and definition.type is ConfigType.LIST else None
+
+
+def _changes_min_isr(records: Iterable[MetadataRecord]) -> bool:
+    return any(isinstance(r, Config) and r.key == MIN_INSYNC_REPLICAS_CONFIG for r in records)
+
+
+def _clear_elr(states: Iterable[PartitionState]) -> list[PartitionChange]:
+    """Records emptying the ELR and last known ELR of those of ``states`` that have one."""
+    return [
+        PartitionChange(
+            state.topic_id,
+            state.partition,
+            expected_partition_epoch=state.partition_epoch,
+            elr=(),
+            last_known_elr=(),
+        )
+        for state in states
+        if state.elr or state.last_known_elr
+    ]
 
 
 def _alter(

@@ -174,7 +174,12 @@ async def describe_cluster(cmd: dict[str, Any]) -> Any:
 
 
 # DescribeConfigsResponse ConfigSource codes.
-SOURCES = {1: "DYNAMIC_TOPIC_CONFIG", 4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG"}
+SOURCES = {
+    1: "DYNAMIC_TOPIC_CONFIG",
+    3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
+    4: "STATIC_BROKER_CONFIG",
+    5: "DEFAULT_CONFIG",
+}
 
 
 async def describe_configs(cmd: dict[str, Any]) -> Any:

@@ -13,7 +13,12 @@ from kcoord.node.controller_service import OFFSETS_TOPIC_GRACE_MS, ControllerSer
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcError
 from kcoord.raft import records as rec
-from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
+from kcoord.raft.controller import (
+    CLUSTER_CONFIGS,
+    MIN_INSYNC_REPLICAS_CONFIG,
+    OFFSETS_TOPIC_NAME,
+    ControllerConfig,
+)
 from kcoord.raft.quorum import MetadataQuorum
 from tests.unit.node.kafka.harness import NODE_ID, FakeQuorum
 
@@ -83,6 +88,38 @@ def test_the_offsets_topic_waits_for_every_expected_broker() -> None:
         register(quorum, 4, 5)
         await service.tick()
         assert leaders(cache) == dict.fromkeys((1, 2, 3, 4, 5), 10)
+
+    asyncio.run(scenario())
+
+
+def test_the_active_controller_pins_the_cluster_level_min_isr_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Written by the first tick of the first controller, before ``__consumer_offsets``, so a
+    node whose image has that topic has it too; a later controller with another value in its
+    own config keeps it and says so."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _ = five_node_controller()
+        register(quorum, 1, 2, 3, 4, 5)
+        await service._maybe_activate()
+        await service.tick()
+        assert cache.image.resource_configs(CLUSTER_CONFIGS) == {MIN_INSYNC_REPLICAS_CONFIG: "1"}
+        assert cache.image.topic_by_name(OFFSETS_TOPIC_NAME) is not None
+        offset = quorum.offset
+        other = ControllerService(
+            2,
+            cast(MetadataQuorum, quorum),
+            cache,
+            ControllerConfig(min_insync_replicas=2),
+            lambda: 1_000_000,
+            cluster_id="c",
+        )
+        await other._maybe_activate()
+        await other.tick()
+        assert cache.image.resource_configs(CLUSTER_CONFIGS) == {MIN_INSYNC_REPLICAS_CONFIG: "1"}
+        assert quorum.offset == offset + 1  # its activation's NoOp only
+        assert "2 in this node's config but 1 at the cluster level" in caplog.text
 
     asyncio.run(scenario())
 

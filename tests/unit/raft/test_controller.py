@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from kcoord.errors import Errors
 from kcoord.raft.controller import (
+    CLUSTER_CONFIGS,
     OFFSETS_TOPIC_NAME,
     AlterConfigsResult,
     AlterPartitionItem,
@@ -1011,6 +1012,61 @@ def test_a_change_of_min_isr_clears_the_elr() -> None:
     )
 
 
+def test_a_new_controller_pins_its_min_isr_at_the_cluster_level() -> None:
+    """Each node fell back to its own file's min.insync.replicas: a controller whose file said
+    2 kept an ELR that a leader whose file said 1 committed without, then elected it cleanly
+    (ConfigurationControlManager.maybeGenerateElrSafetyRecords writes the cluster-level value
+    once; any change of it clears every ELR, KAFKA-16540)."""
+    cluster = three_brokers(ControllerConfig(min_insync_replicas=2))
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    state = cluster.image.partition(T1, 0)
+    assert state is not None and set(state.elr) == {2, 3}
+    pinned = cluster.decide(cluster.controller.elr_safety_records)
+    assert pinned.response == 2
+    assert pinned.records == (
+        Config(ConfigResourceType.BROKER, "", "min.insync.replicas", "2"),
+        PartitionChange(T1, 0, 1, elr=(), last_known_elr=()),
+    )
+    cluster.commit(pinned.records)
+    assert cluster.decide(cluster.controller.elr_safety_records).records == ()
+    # A controller with another value in its file keeps the pinned one, and so does a leader.
+    other = Controller(ControllerConfig(min_insync_replicas=1), activated_at_ms=0)
+    assert other.elr_safety_records(cluster.image).records == ()
+    assert cluster.image.resource_configs(CLUSTER_CONFIGS) == {"min.insync.replicas": "2"}
+
+
+def test_the_cluster_level_min_isr_changes_but_is_not_removed() -> None:
+    cluster = three_brokers(ControllerConfig(min_insync_replicas=2))
+    cluster.commit(cluster.decide(cluster.controller.elr_safety_records).records)
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
+    changed = alter(
+        cluster,
+        [("min.insync.replicas", ConfigOp.SET, "1")],
+        resource_type=ConfigResourceType.BROKER,
+        name="",
+    )
+    assert changed.response.error is Errors.NONE
+    assert changed.records == (
+        Config(ConfigResourceType.BROKER, "", "min.insync.replicas", "1"),
+        PartitionChange(T1, 0, 1, elr=(), last_known_elr=()),
+    )
+    cluster.commit(changed.records)
+    delete: list[tuple[str, ConfigOp, str | None]] = [
+        ("min.insync.replicas", ConfigOp.DELETE, None)
+    ]
+    for ops, incremental in ((delete, True), ([], False)):
+        removed = alter(
+            cluster, ops, incremental=incremental, resource_type=ConfigResourceType.BROKER, name=""
+        )
+        assert removed.records == ()
+        assert removed.response == AlterConfigsResult(
+            Errors.INVALID_CONFIG,
+            "Cluster-level min.insync.replicas cannot be removed while ELR is enabled.",
+        )
+
+
 @pytest.mark.parametrize("raw", ["+2", " 2", "2 "])
 def test_min_isr_is_read_as_every_leader_reads_it(raw: str) -> None:
     """Kafka's ConfigDef trims and takes a sign; the controller read only bare digits, so with
@@ -1227,7 +1283,19 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             [("retention.ms", ConfigOp.SET, "1")],
             (ConfigResourceType.BROKER, "1"),
             Errors.INVALID_REQUEST,
-            "topic and group configs only",
+            "not configs of resource type 4 named '1'",
+        ),
+        (
+            [("log.retention.ms", ConfigOp.SET, "1")],
+            (ConfigResourceType.BROKER, ""),
+            Errors.INVALID_REQUEST,
+            "no cluster-level dynamic config log.retention.ms",
+        ),
+        (
+            [("min.insync.replicas", ConfigOp.SET, "0")],
+            (ConfigResourceType.BROKER, ""),
+            Errors.INVALID_CONFIG,
+            "min.insync.replicas",
         ),
         (
             [("retention.ms", ConfigOp.SET, "1")],

@@ -3,14 +3,17 @@
 DescribeConfigs is answered by the node itself, as Kafka's ``ConfigHelper`` does:
 
 - a TOPIC lists every topic config of ``storage.config.TOPIC_CONFIGS`` (or the keys asked for;
-  unknown keys are left out): the topic's own value (source DYNAMIC_TOPIC_CONFIG), else this
-  node's broker config that sets the default (STATIC_BROKER_CONFIG, e.g. ``log.retention.ms``),
-  else Kafka's default (DEFAULT_CONFIG); with synonyms, the whole chain. An unknown topic is
+  unknown keys are left out): the topic's own value (source DYNAMIC_TOPIC_CONFIG), else the
+  cluster-level dynamic default (DYNAMIC_DEFAULT_BROKER_CONFIG), else this node's broker config
+  that sets the default (STATIC_BROKER_CONFIG, e.g. ``log.retention.ms``), else Kafka's
+  default (DEFAULT_CONFIG); with synonyms, the whole chain. An unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION.
-- a BROKER named by this node's id lists this node's configs, all read-only (kcoord has no
-  dynamic broker configs), a sensitive one without its value; the empty name (the cluster-wide
-  dynamic defaults) lists none; another broker's id is INVALID_REQUEST, as in Kafka (clients
-  send a broker's resource to that broker).
+- a BROKER named by this node's id lists this node's configs, a sensitive one without its
+  value; all are read-only but one a cluster-level dynamic default sets; the empty name lists
+  the cluster-level dynamic defaults: kcoord has one, ``min.insync.replicas``, which the
+  active controller writes into the metadata log from its own config when the log has none
+  (KIP-966). Another broker's id is INVALID_REQUEST, as in Kafka (clients send a broker's
+  resource to that broker).
 - a GROUP (KIP-848 group configs, ``cluster/coordinator/group_config.py``; the group need not
   exist) lists ``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms``: the
   group's own value (GROUP_CONFIG), else this node's ``group.consumer.*`` config; the empty
@@ -18,8 +21,8 @@ DescribeConfigs is answered by the node itself, as Kafka's ``ConfigHelper`` does
 
 The two alters are forwarded to the controller (``Controller.alter_configs``), which validates
 the resulting configs as a whole and commits one ``Config`` record per changed key; the
-answer waits until this node's image has them. kcoord alters topic and group configs; a
-broker's static configs change with its config file.
+answer waits until this node's image has them. kcoord alters topic and group configs and the
+cluster-level ``min.insync.replicas``; a broker's static configs change with its config file.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from kcoord.node.config import ConfigEntry
 from kcoord.node.kafka.admin import forward
 from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext
-from kcoord.raft.controller import ConfigOp, topic_name_error
+from kcoord.raft.controller import CLUSTER_CONFIGS, ConfigOp, topic_name_error
 from kcoord.raft.image import ConfigResource
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, TopicConfigDef
@@ -48,6 +51,7 @@ INCREMENTAL_ALTER_CONFIGS_KEY: Final = 44
 
 # DescribeConfigsResponse ConfigSource.
 DYNAMIC_TOPIC_CONFIG: Final = 1
+DYNAMIC_DEFAULT_BROKER_CONFIG: Final = 3
 STATIC_BROKER_CONFIG: Final = 4
 DEFAULT_CONFIG: Final = 5
 GROUP_CONFIG: Final = 8
@@ -121,8 +125,17 @@ class ConfigsApi:
                 ],
             )
         if resource_type == ConfigResourceType.BROKER:
+            cluster = self.ctx.image.resource_configs(CLUSTER_CONFIGS)
             if name == "":
-                return result(Errors.NONE, None, [])  # no dynamic cluster-wide defaults
+                return result(
+                    Errors.NONE,
+                    None,
+                    [
+                        _cluster_entry(key, value, synonyms, docs)
+                        for key, value in sorted(cluster.items())
+                        if keys is None or key in keys
+                    ],
+                )
             if name != str(self.ctx.node_id):
                 return result(
                     Errors.INVALID_REQUEST,
@@ -134,7 +147,7 @@ class ConfigsApi:
                 Errors.NONE,
                 None,
                 [
-                    _broker_entry(e, synonyms)
+                    _broker_entry(e, synonyms, cluster.get(e.key))
                     for e in self.broker_configs.values()
                     if keys is None or e.key in keys
                 ],
@@ -187,6 +200,11 @@ class ConfigsApi:
         chain: list[dict[str, Any]] = []
         if own is not None:
             chain.append({"name": name, "value": own, "source": own_source})
+        cluster = self.ctx.image.resource_configs(CLUSTER_CONFIGS).get(broker_key or "")
+        if cluster is not None:
+            chain.append(
+                {"name": broker_key, "value": cluster, "source": DYNAMIC_DEFAULT_BROKER_CONFIG}
+            )
         broker = self.broker_configs.get(broker_key or "")
         if broker is not None and not broker.is_default:
             chain.append(
@@ -274,17 +292,41 @@ class ConfigsApi:
         return {"throttle_time": 0, "responses": responses}
 
 
-def _broker_entry(entry: ConfigEntry, synonyms: bool) -> dict[str, Any]:
+def _broker_entry(entry: ConfigEntry, synonyms: bool, cluster: str | None) -> dict[str, Any]:
+    """One of this node's configs; ``cluster`` is the cluster-level dynamic default of its key,
+    which comes first (``DynamicBrokerConfig``'s order)."""
     source = DEFAULT_CONFIG if entry.is_default else STATIC_BROKER_CONFIG
+    chain = [{"name": entry.key, "value": entry.value, "source": source}]
+    if cluster is not None:
+        chain.insert(
+            0, {"name": entry.key, "value": cluster, "source": DYNAMIC_DEFAULT_BROKER_CONFIG}
+        )
     return {
         "name": entry.key,
-        "value": entry.value,
-        "read_only": True,
-        "config_source": source,
+        "value": chain[0]["value"],
+        "read_only": cluster is None,
+        "config_source": chain[0]["source"],
         "is_sensitive": entry.sensitive,
-        "synonyms": (
-            [{"name": entry.key, "value": entry.value, "source": source}] if synonyms else []
-        ),
+        "synonyms": chain if synonyms else [],
         "config_type": _CONFIG_TYPE_CODES.get(entry.type_name, 0),
         "documentation": None,
+    }
+
+
+def _cluster_entry(key: str, value: str, synonyms: bool, docs: bool) -> dict[str, Any]:
+    """A cluster-level dynamic default (DescribeConfigs of the BROKER resource "")."""
+    definition = TOPIC_CONFIGS.get(key)
+    return {
+        "name": key,
+        "value": value,
+        "read_only": False,
+        "config_source": DYNAMIC_DEFAULT_BROKER_CONFIG,
+        "is_sensitive": False,
+        "synonyms": (
+            [{"name": key, "value": value, "source": DYNAMIC_DEFAULT_BROKER_CONFIG}]
+            if synonyms
+            else []
+        ),
+        "config_type": int(definition.type) if definition is not None else 0,
+        "documentation": definition.doc if docs and definition is not None else None,
     }

@@ -348,3 +348,54 @@ def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
         assert configs["cleanup.policy"] == ("delete", DEFAULT_CONFIG)
 
     run(tmp_path, test)
+
+
+def test_the_cluster_level_min_isr_is_altered_and_described(tmp_path: Path) -> None:
+    """``kafka-configs --entity-default --alter --add-config min.insync.replicas=2``: the one
+    cluster-level dynamic default kcoord has (the active controller writes its own value when
+    the log has none, KIP-966). Topics and this node's config show it as
+    DYNAMIC_DEFAULT_BROKER_CONFIG, ahead of the static and default values; it may not be
+    removed while ELR is on, and no other key is accepted."""
+    dynamic_default = 3
+    min_isr = "min.insync.replicas"
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1)
+        cluster_ops = incremental_values("", (min_isr, SET, "2"), resource_type=BROKER)
+        response = await c.call(INCREMENTAL_ALTER_CONFIGS, 1, cluster_ops)
+        assert response.responses[0].error_code == Errors.NONE
+        response = await c.call(
+            DESCRIBE_CONFIGS,
+            4,
+            describe_values(
+                (BROKER, "", None), (BROKER, str(NODE_ID), [min_isr]), (TOPIC, "t", [min_isr]),
+                synonyms=True,
+            ),
+        )  # fmt: skip
+        cluster_wide, mine, topic = response.results
+        ((entry,),) = [cluster_wide.configs]
+        assert (entry.name, entry.value, entry.config_source, entry.read_only) == (
+            min_isr,
+            "2",
+            dynamic_default,
+            False,
+        )
+        for described in (mine, topic):
+            (e,) = described.configs
+            assert (e.value, e.config_source) == ("2", dynamic_default), described
+            assert [(s.value, s.source) for s in e.synonyms][:1] == [("2", dynamic_default)]
+            assert e.synonyms[-1].source == DEFAULT_CONFIG
+        for op, expected in (
+            ((min_isr, DELETE, None), Errors.INVALID_CONFIG),
+            (("log.retention.ms", SET, "1"), Errors.INVALID_REQUEST),
+        ):
+            refused = await c.call(
+                INCREMENTAL_ALTER_CONFIGS, 1, incremental_values("", op, resource_type=BROKER)
+            )
+            (r,) = refused.responses
+            assert r.error_code == expected, r
+        assert h.cache.image.resource_configs(ConfigResource(ConfigResourceType.BROKER, "")) == {
+            min_isr: "2"
+        }
+
+    run(tmp_path, test)
