@@ -247,9 +247,14 @@ class ValidPrefix(NamedTuple):
 
 
 def scan_valid_prefix(
-    buf: bytes | bytearray | memoryview, *, expect_next_offset: int | None = None
+    buf: bytes | bytearray | memoryview,
+    *,
+    expect_next_offset: int | None = None,
+    max_next_offset: int | None = None,
 ) -> ValidPrefix:
-    """The longest prefix of whole batches with valid headers, CRCs and increasing offsets.
+    """The longest prefix of whole batches with valid headers, CRCs and increasing offsets,
+    none ending past ``max_next_offset`` (the segment's range: the base offset is outside the
+    CRC, and one flipped bit sent a batch past the next segment or the index's reach).
 
     Used by recovery (``LogSegment.recover``): the first batch that is torn, corrupt or out of
     order ends the valid prefix, and ``error`` says why.
@@ -271,6 +276,13 @@ def scan_valid_prefix(
                 headers,
                 f"batch at position {pos} has base offset {header.base_offset} "
                 f"below the expected {next_offset}",
+            )
+        if max_next_offset is not None and header.next_offset > max_next_offset:
+            return ValidPrefix(
+                pos,
+                headers,
+                f"batch at position {pos} ends at offset {header.last_offset}, past the "
+                f"segment's last possible offset {max_next_offset - 1}",
             )
         if not is_crc_valid(buf, pos, header):
             return ValidPrefix(pos, headers, f"CRC mismatch in batch at position {pos}")

@@ -44,6 +44,7 @@ from kcoord.storage.segment import (
     DELETED_SUFFIX,
     INDEX_SUFFIX,
     LOG_SUFFIX,
+    MAX_RELATIVE_OFFSET,
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
     LogCorruptError,
@@ -52,7 +53,6 @@ from kcoord.storage.segment import (
 
 log = logging.getLogger(__name__)
 
-_MAX_RELATIVE_OFFSET = 2**31 - 1
 # compression.type's codecs (Kafka's BrokerCompressionType); "producer" keeps the batch's own.
 _CODECS: Final = {
     "uncompressed": fmt.Compression.NONE,
@@ -309,20 +309,26 @@ class Log:
             opened.append(seg)
             below_recovery_point = next_base is not None and next_base <= recovery_point
             seg_epochs: tuple[tuple[int, int], ...] = ()
+            limit = seg.offset_limit(next_base)
             if (clean_shutdown or below_recovery_point) and (had_index or seg.size == 0):
                 try:
-                    seg.load()
+                    seg.load(limit)
                 except LogCorruptError as e:
+                    # Flushed before the crash (or at a clean shutdown), so corrupted since: that
+                    # segment alone is cut at its first bad batch, and the segments after it,
+                    # flushed and acknowledged too, stay (Kafka's LogLoader.loadSegmentFiles
+                    # recovers such a segment alone; only recoverLog, above the recovery point,
+                    # deletes what follows a truncation). Its lost offsets are a gap, as
+                    # compaction leaves.
                     log.warning("%s: recovering segment %d: %s", directory, base, e)
-                    result = seg.recover()
+                    result = seg.recover(limit)
                     seg_epochs = result.epochs
                     report.segments_recovered += 1
                     if result.truncated_bytes:
-                        corrupt_at = base
                         report.bytes_truncated += result.truncated_bytes
                         report.errors.append(f"segment {base}: {result.error}")
             else:
-                result = seg.recover()
+                result = seg.recover(limit)
                 seg_epochs = result.epochs
                 report.segments_recovered += 1
                 if result.truncated_bytes:
@@ -334,7 +340,8 @@ class Log:
                         result.next_offset,
                         result.error,
                     )
-                    corrupt_at = base
+                    if not (clean_shutdown or below_recovery_point):
+                        corrupt_at = base  # unflushed: what follows was written after it
                     report.bytes_truncated += result.truncated_bytes
                     report.errors.append(f"segment {base}: {result.error}")
             if segments and segments[-1].next_offset > seg.base_offset:
@@ -502,7 +509,7 @@ class Log:
             if seg.size and (
                 seg.size + size > self.config.segment_bytes
                 or seg.index_full
-                or last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                or last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
                 or self._time_to_roll(seg, max_timestamp, now_ms)
             ):
                 seg = self._roll(base_offset, now_ms)
@@ -707,7 +714,7 @@ class Log:
                 takes_entry = since_entry > seg.index_interval_bytes
                 if end > start and (
                     seg.size + run_bytes + h.size > self.config.segment_bytes
-                    or h.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+                    or h.last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
                     or (takes_entry and index_room <= 0)
                 ):
                     break
@@ -741,7 +748,7 @@ class Log:
             seg.size + size > self.config.segment_bytes
             or self._time_to_roll(seg, first.max_timestamp, now_ms)
             or seg.index_full
-            or first.last_offset - seg.base_offset > _MAX_RELATIVE_OFFSET
+            or first.last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
         )
 
     def _time_to_roll(self, seg: LogSegment, max_timestamp: int, now_ms: int) -> bool:

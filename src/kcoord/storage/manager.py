@@ -104,8 +104,12 @@ class LogManager:
                     clean_shutdown=self.had_clean_shutdown,
                     report=report,
                 )
-            except (OSError, ValueError) as e:
-                log.error("%s: partition is offline: %s", path, e)
+            except Exception as e:
+                # Any failure, a bug included (an assertion on a corrupt file the checks let
+                # through), takes this partition offline, never the manager and the node with
+                # it: the node starts and serves its other partitions.
+                unexpected = not isinstance(e, (OSError, ValueError))
+                log.error("%s: partition is offline: %s", path, e, exc_info=unexpected)
                 self.offline[tp] = f"{type(e).__name__}: {e}"
                 for name, offsets in (
                     (checkpoint.RECOVERY_POINT_CHECKPOINT, recovery_points),

@@ -39,6 +39,9 @@ DELETED_SUFFIX = ".deleted"
 # index.interval.bytes (4096) before the target, so one chunk usually suffices.
 _SCAN_CHUNK = 16 * 1024
 _RECOVER_CHUNK = 8 * 1024 * 1024
+# The largest offset a segment holds is its base plus this (Kafka's
+# LogSegment.ensureOffsetInRange, an int): its indexes store offsets relative to the base.
+MAX_RELATIVE_OFFSET = 2**31 - 1
 
 
 def _claimed_batch_end(data: bytes) -> int | None:
@@ -127,28 +130,51 @@ class LogSegment:
     # -----------------------------------------------------------------------------------------
     # Opening.
 
-    def load(self) -> None:
+    def offset_limit(self, next_base: int | None) -> int:
+        """The most this segment's next offset can be: the next segment's base, and what its
+        indexes can hold."""
+        limit = self.base_offset + MAX_RELATIVE_OFFSET + 1
+        return limit if next_base is None else min(limit, next_base)
+
+    def load(self, max_next_offset: int | None = None) -> None:
         """Open a segment that was closed cleanly: load its indexes, derive its end.
 
         Rebuilds the indexes (logging why) when they do not match the log; a log whose tail is
-        not whole batches raises ``LogCorruptError`` so the caller can recover.
+        not whole batches, or ends past ``max_next_offset`` (``offset_limit``), raises
+        ``LogCorruptError`` so the caller can recover.
         """
         try:
             self.offset_index.load(self.size)
             self.time_index.load(2**62)
         except IndexCorruptError as e:
             log.warning("rebuilding indexes of %s: %s", self.log_path, e)
-            self.recover()
+            self.recover(max_next_offset)
             return
-        _, position = self.offset_index.lookup(2**62)
+        indexed, position = self.offset_index.lookup(2**62)
         last: BatchPosition | None = None
         for bp in self.scan_headers(self._largest_timestamp_scan_start(position)):
+            # Offsets go up and the indexed batch ends where its entry says (the base offset is
+            # outside the CRC): a flipped bit that sent one back made the segment end there,
+            # and readers looped.
+            floor = self.base_offset if last is None else last.header.next_offset
+            if bp.header.base_offset < floor or (
+                bp.position == position and position and bp.header.last_offset != indexed
+            ):
+                raise LogCorruptError(
+                    f"{self.log_path}: batch at position {bp.position} has base offset "
+                    f"{bp.header.base_offset}, out of order"
+                )
             last = bp
             self._note_batch(bp.header)
         if last is not None:
             end = last.position + last.header.size
             if end != self.size:
                 raise LogCorruptError(f"{self.log_path}: {self.size - end} bytes after last batch")
+            if max_next_offset is not None and last.header.next_offset > max_next_offset:
+                raise LogCorruptError(
+                    f"{self.log_path}: its last batch ends at offset {last.header.last_offset}, "
+                    f"past the segment's last possible offset {max_next_offset - 1}"
+                )
             self.next_offset = last.header.next_offset
         elif self.size:
             raise LogCorruptError(f"{self.log_path}: no batch at indexed position {position}")
@@ -161,13 +187,17 @@ class LogSegment:
             self.max_timestamp, self.offset_of_max_timestamp = entry
         self._bytes_since_index_entry = self.size - position
 
-    def recover(self) -> RecoveryResult:
+    def recover(self, max_next_offset: int | None = None) -> RecoveryResult:
         """Rebuild the indexes by scanning every batch; truncate at the first invalid one.
 
         Kafka's ``LogSegment.recover``: CRC-check each batch, rebuild the offset and time
-        indexes, and cut a torn or corrupt tail. Returns what was kept and why the rest was not,
-        and where each leader epoch of the kept batches starts.
+        indexes, and cut a torn or corrupt tail. A batch ending past ``max_next_offset``
+        (``offset_limit``) is corrupt too: its base offset, outside the CRC, is wrong (Kafka's
+        ``ensureOffsetInRange``). Returns what was kept and why the rest was not, and where
+        each leader epoch of the kept batches starts.
         """
+        if max_next_offset is None:
+            max_next_offset = self.offset_limit(None)
         self.offset_index.reset()
         self.time_index.reset()
         self._forget_tail()  # a recovered segment reads through its rebuilt index
@@ -185,7 +215,9 @@ class LogSegment:
         while position + len(carry) < self.size:
             chunk = carry + os.pread(self._fd, want, position + len(carry))
             want = _RECOVER_CHUNK
-            result = fmt.scan_valid_prefix(chunk, expect_next_offset=expect)
+            result = fmt.scan_valid_prefix(
+                chunk, expect_next_offset=expect, max_next_offset=max_next_offset
+            )
             for pos, header in result.headers:
                 self._index_batch(position + pos, header)
                 epoch = header.partition_leader_epoch

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
 from kcoord.storage.config import LogConfig
+from kcoord.storage.log import Log
 from kcoord.storage.manager import CLEAN_SHUTDOWN_FILE, LogManager
 from tests.unit.storage.helpers import batch, read_all
 
@@ -102,6 +106,27 @@ def test_bad_partition_is_offline_and_others_serve(tmp_path: Path) -> None:
     again.open()
     assert ("orders", 1) in again.offline
     assert [r.offset for r in read_all(again.logs[("orders", 0)])] == list(range(20))
+    assert [r.offset for r in read_all(again.logs[("orders", 2)])] == list(range(60))
+
+
+def test_a_partition_whose_opening_fails_on_a_bug_is_offline_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only OSError and ValueError took a partition offline: an assertion a corrupt file set
+    off (a base offset past the index's reach) escaped and the node could not start."""
+    mgr = _filled(tmp_path)
+    mgr.shutdown()
+    real_open = Log.open
+
+    def failing_open(path: Path, *args: Any, **kwargs: Any) -> Log:
+        if path.name == "orders-1":
+            raise AssertionError(4294967312)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(Log, "open", failing_open)
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert again.offline == {("orders", 1): "AssertionError: 4294967312"}
     assert [r.offset for r in read_all(again.logs[("orders", 2)])] == list(range(60))
 
 
