@@ -87,11 +87,12 @@ def dump_log_file(path: Path, out: TextIO, *, print_data: bool, offsets_decoder:
                 continue
             for i, r in enumerate(records):
                 sequence = h.base_sequence + i if h.base_sequence >= 0 else -1
+                header_keys = ",".join(_printable(k) for k, _ in r.headers)
                 line = (
                     f"| offset: {r.offset} {ts_name}: {r.timestamp} "
                     f"keySize: {-1 if r.key is None else len(r.key)} "
                     f"valueSize: {-1 if r.value is None else len(r.value)} "
-                    f"sequence: {sequence} headerKeys: [{','.join(k for k, _ in r.headers)}]"
+                    f"sequence: {sequence} headerKeys: [{header_keys}]"
                 )
                 if h.is_control:
                     try:
@@ -176,3 +177,8 @@ def dump_files(paths: list[Path], out: TextIO, *, print_data: bool, offsets_deco
             out.write(f"Cannot read {path}: {e}\n")
             problems += 1
     return 0 if problems == 0 else 1
+
+
+def _printable(key: str) -> str:
+    """A header key as Kafka prints one that is not UTF-8: its bad bytes replaced."""
+    return key.encode(errors="surrogateescape").decode(errors="replace")

@@ -175,16 +175,25 @@ class LogMaintenance:
             self.uncleanable.add(tp)
             log.error("%s-%d: not cleanable until the node restarts: %s", tp[0], tp[1], e)
             return None
-        except (OSError, ValueError) as e:
-            if isinstance(e, OSError) and lg.is_current(plan):
+        except Exception as e:
+            if not lg.is_current(plan):
+                # A segment deleted or closed under the thread (retention, truncation, a deleted
+                # topic) reads as an error; the copies were thrown away.
+                self.stats.cleaner_aborted += 1
+                log.warning("%s-%d: cleaning abandoned: %s", tp[0], tp[1], e)
+                return None
+            self.stats.cleaner_failed += 1
+            if isinstance(e, OSError):
                 # Nothing closed the segments: reading or writing the directory failed.
-                self.stats.cleaner_failed += 1
                 self.log_dir_failure.fail(f"cleaning {tp[0]}-{tp[1]}", e)
                 return None
-            # A segment deleted or closed under the thread (retention, truncation, a deleted
-            # topic) reads as an error; the copies were thrown away.
-            self.stats.cleaner_aborted += 1
-            log.warning("%s-%d: cleaning abandoned: %s", tp[0], tp[1], e)
+            # The log did not change: the cleaner cannot deal with what it holds. That log
+            # alone is left uncleanable (Kafka's CleanerThread wraps any such error in a
+            # LogCleaningException and calls markPartitionUncleanable); picked again on every
+            # pass, it kept every other compacted log, __consumer_offsets included, from ever
+            # being cleaned again.
+            self.uncleanable.add(tp)
+            log.exception("%s-%d: not cleanable until the node restarts", tp[0], tp[1])
             return None
         try:
             stats = lg.swap_cleaned(result)

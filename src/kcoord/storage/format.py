@@ -449,10 +449,10 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0) -> list[Re
             if hkey is None:
                 raise RecordFormatError("null header key")
             hval, p = _read_nullable_bytes(data, p, end)
-            try:
-                headers.append((hkey.decode(), hval))
-            except UnicodeDecodeError as e:
-                raise RecordFormatError("header key is not UTF-8") from e
+            # Kafka reads a header key leniently (``Utils.utf8``): one that is not UTF-8 is
+            # kept, its bytes as surrogate escapes, which ``encode_record`` writes back as
+            # they were (the cleaner failed on such a record, for good).
+            headers.append((hkey.decode(errors="surrogateescape"), hval))
         if p != end:
             raise RecordFormatError(f"record body is {end - p} bytes longer than its fields")
         timestamp = header.base_timestamp + ts_delta
@@ -470,7 +470,9 @@ def decode_key_values(
     buf: bytes | bytearray | memoryview, pos: int = 0
 ) -> list[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of every record of the batch at ``pos``: ``decode_records`` for
-    readers that need nothing else (the coordinator's log replay), with the same checks.
+    readers that need nothing else (the coordinator's log replay), with the same checks, and
+    offsets that increase record by record (the cleaner cannot rebuild a batch where they do
+    not, so a leader of a compacted topic, which checks keys with this, refuses it).
 
     One-byte varints (every length under 64) are read inline: replay is bound by this loop.
     """
@@ -488,6 +490,7 @@ def decode_key_values(
     out: list[tuple[int, bytes | None, bytes | None]] = []
     append = out.append
     p = 0
+    last_delta = -1
     for _ in range(header.record_count):
         length, p = read_varint(data, p)
         end = p + length
@@ -505,6 +508,9 @@ def decode_key_values(
             p += 1
         else:
             off_delta, p = read_varint(data, p)
+        if off_delta <= last_delta:
+            raise RecordFormatError(f"record offset delta {off_delta} after {last_delta}")
+        last_delta = off_delta
         fields: list[bytes | None] = []
         for _field in range(2):
             b = data[p] if p < end else 0x80
@@ -526,7 +532,10 @@ def decode_key_values(
             n_headers, p = read_varint(data, p)
             if n_headers < 0:
                 raise RecordFormatError("negative header count")
-            for _h in range(2 * n_headers):
+            for _h in range(n_headers):
+                hkey, p = _read_nullable_bytes(data, p, end)
+                if hkey is None:
+                    raise RecordFormatError("null header key")
                 _, p = _read_nullable_bytes(data, p, end)
         if p != end:
             raise RecordFormatError(f"record body is {end - p} bytes longer than its fields")
@@ -561,7 +570,7 @@ def encode_record(out: bytearray, offset_delta: int, timestamp_delta: int, recor
     _write_nullable_bytes(body, record.value)
     write_varint(body, len(record.headers))
     for hkey, hval in record.headers:
-        _write_nullable_bytes(body, hkey.encode())
+        _write_nullable_bytes(body, hkey.encode(errors="surrogateescape"))
         _write_nullable_bytes(body, hval)
     write_varint(out, len(body))
     out += body

@@ -482,6 +482,8 @@ class Log:
                 raise InvalidRecordError("batch at position 0 has no records")
             if record_count != last_offset_delta + 1:
                 _raise_if_count_disagrees(record_count, last_offset_delta, 0)
+            if record_count * _MIN_RECORD_BYTES > size - fmt.HEADER_SIZE:
+                _raise_if_body_too_small(records, 0, fmt.parse_header(records, 0))
             if self.config.compact and not is_control:
                 self._raise_if_null_key(records)
             log_append_time = fmt.NO_TIMESTAMP
@@ -592,6 +594,7 @@ class Log:
             if header.record_count == 0 and not header.is_control:
                 raise InvalidRecordError(f"batch at position {pos} has no records")
             _raise_if_count_disagrees(header.record_count, header.last_offset_delta, pos)
+            _raise_if_body_too_small(records, pos, header)
             if self.config.compact and not header.is_control:
                 self._raise_if_null_key(records, pos)
 
@@ -1320,6 +1323,29 @@ def _raise_if_count_disagrees(record_count: int, last_offset_delta: int, pos: in
         raise InvalidRecordError(
             f"batch at position {pos}: inconsistent offset range [0, {last_offset_delta}] and "
             f"count of records {record_count}"
+        )
+
+
+# The smallest record: its length, attributes, timestamp delta, offset delta, key length, value
+# length and header count, a byte each.
+_MIN_RECORD_BYTES = 7
+
+
+def _raise_if_body_too_small(records: bytes, pos: int, header: fmt.BatchHeader) -> None:
+    """An uncompressed batch claiming more records than its body can hold: its offset range
+    would be taken (a 70-byte batch claimed a million offsets) and no reader could decode it.
+    Kafka's ``LogValidator`` reads every record and refuses it (``DefaultRecordBatch``'s
+    "Incorrect declared batch size"); reading every record here would cost more than the
+    append itself, so this bound is what the leader checks without the records' own checks
+    (a compacted topic's leader reads every record, see ``_raise_if_null_key``)."""
+    body = header.size - fmt.HEADER_SIZE
+    if (
+        header.compression is fmt.Compression.NONE
+        and header.record_count * _MIN_RECORD_BYTES > body
+    ):
+        raise InvalidRecordError(
+            f"batch at position {pos}: Incorrect declared batch size, premature EOF reached: "
+            f"{header.record_count} records in {body} bytes"
         )
 
 

@@ -205,3 +205,41 @@ def test_a_pass_under_way_gives_up_when_the_node_stops(tmp_path: Path) -> None:
     assert len(read_all(node.offsets)) == 100  # untouched
     asyncio.run(node.maintenance.close())
     node.logs.shutdown()
+
+
+def test_a_log_the_cleaner_fails_on_is_set_aside_and_the_others_are_cleaned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cleaning error other than corruption (a record the cleaner cannot rebuild) was taken
+    for "the log changed meanwhile": never set aside, the log stayed the dirtiest, was picked
+    on every pass, and no other compacted log, ``__consumer_offsets`` included, was cleaned
+    again (LogCleaner's markPartitionUncleanable sets aside that log alone)."""
+    node = Node(tmp_path)
+    poisoned: TopicPartition = ("compacted-data", 0)
+    data = node.logs.get_or_create_log(poisoned, COMPACTED)
+    for i in range(200):
+        data.append_as_leader(batch(1, key=f"k{i % 2}".encode(), value=b"x" * 40), 0, 0)
+    data.roll()
+    node.hws[poisoned] = data.log_end_offset
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+    clean = type(data).clean
+
+    def failing_clean(lg: Any, *args: Any) -> Any:
+        if lg is data:
+            raise ValueError("record offsets must increase: 0 after 0")
+        return clean(lg, *args)
+
+    monkeypatch.setattr(type(data), "clean", failing_clean)
+
+    async def passes() -> list[TopicPartition | None]:
+        return [await node.maintenance.clean_filthiest() for _ in range(3)]
+
+    assert sorted(map(str, asyncio.run(passes()))) == sorted(map(str, [None, None, OFFSETS]))
+    assert node.maintenance.uncleanable == {poisoned}
+    assert node.maintenance.stats.cleaner_failed == 1
+    node.commit_offsets(100, groups=3)  # dirty again: cleaned on the next pass
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+    assert asyncio.run(node.maintenance.clean_filthiest()) == OFFSETS

@@ -1265,3 +1265,73 @@ def test_batch_headers_from_an_offset_match_a_scan_of_every_segment(tmp_path: Pa
     for offset in range(lg.log_end_offset + 1):
         expected = [h for h in every if h.last_offset >= offset]
         assert list(lg.batch_headers_from(offset)) == expected, offset
+
+
+def _raw_record(offset_delta: int, key: bytes, headers: bytes = b"\x00") -> bytes:
+    """One v2 record by hand: attributes, timestamp delta 0, the offset delta, key, value
+    "v", then ``headers`` (their count and fields, already encoded)."""
+    body = bytearray(b"\x00")
+    fmt.write_varint(body, 0)
+    fmt.write_varint(body, offset_delta)
+    for field in (key, b"v"):
+        fmt.write_varint(body, len(field))
+        body += field
+    body += headers
+    out = bytearray()
+    fmt.write_varint(out, len(body))
+    return bytes(out + body)
+
+
+def _raw_batch(records: list[bytes], last_offset_delta: int) -> bytes:
+    out = bytearray(fmt.HEADER_SIZE) + b"".join(records)
+    fmt.HEADER.pack_into(
+        out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, 2, 0, 0, last_offset_delta,
+        1000, 1000, -1, -1, -1, len(records),
+    )  # fmt: skip
+    struct.pack_into(">I", out, 17, fmt.compute_crc(out, 0, len(out)))
+    return bytes(out)
+
+
+def test_a_compacted_log_takes_only_batches_its_cleaner_can_rebuild(tmp_path: Path) -> None:
+    """The leader took, on a compacted topic, batches its cleaner then failed on at every
+    pass: two records at one offset, and a header key that is not UTF-8. The first is refused
+    now; the second is kept byte for byte, as Kafka reads header keys leniently."""
+    lg = open_log(tmp_path / "t-0", replace(SMALL, cleanup_policy=frozenset({"compact"})))
+    same_offset = _raw_batch([_raw_record(0, b"a"), _raw_record(0, b"b")], 1)
+    with pytest.raises(fmt.RecordFormatError, match="offset delta 0 after 0"):
+        lg.append_as_leader(same_offset, 0, now_ms=1000)
+    null_header_key = _raw_batch([_raw_record(0, b"a", b"\x02\x01\x00")], 0)
+    with pytest.raises(fmt.RecordFormatError, match="null header key"):
+        lg.append_as_leader(null_header_key, 0, now_ms=1000)
+    latin = _raw_batch([_raw_record(0, b"a", b"\x02\x04\xff\xfe\x02x")], 0)
+    lg.append_as_leader(latin, 0, now_ms=1000)
+    lg.append_as_leader(batch(1, key=b"a"), 0, now_ms=1000)  # supersedes it
+    lg.append_as_leader(batch(1, key=b"b"), 0, now_ms=1000)
+    lg.roll()
+    assert lg.compact(lg.log_end_offset) is not None
+    assert [(r.offset, r.key) for r in read_all(lg)] == [(1, b"a"), (2, b"b")]
+    (record,) = fmt.decode_records(latin)
+    rebuilt = fmt.decode_records(fmt.build_batch([record]))
+    assert rebuilt[0].headers == record.headers
+    assert record.headers[0][0].encode(errors="surrogateescape") == b"\xff\xfe"
+
+
+def test_a_batch_claiming_more_records_than_it_holds_is_refused(tmp_path: Path) -> None:
+    """A 70-byte batch claiming a million records (offset range and count agreeing, CRC
+    valid) moved the log end by a million and no reader could decode it."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    inflated = _raw_batch([_raw_record(0, b"a")], 999_999)
+    data = bytearray(inflated)
+    struct.pack_into(">i", data, fmt.HEADER_SIZE - 4, 1_000_000)  # the record count
+    struct.pack_into(">I", data, 17, fmt.compute_crc(data, 0, len(data)))
+    # Alone (the produce fast path), and followed by another batch (checked batch by batch).
+    for records in (bytes(data), bytes(data) + batch(1)):
+        with pytest.raises(InvalidRecordError, match="Incorrect declared batch size"):
+            lg.append_as_leader(records, 0, now_ms=1000)
+    assert lg.log_end_offset == 0
+    # Many records compress into fewer bytes than that bound: a compressed batch is let be.
+    many = [fmt.Record(i, 1000, b"k", b"v" * 1_000) for i in range(200)]
+    packed = fmt.build_batch(many, compression=fmt.Compression.GZIP)
+    assert len(packed) < 200 * 7
+    lg.append_as_leader(packed, 0, now_ms=1000)
+    assert lg.log_end_offset == 200
