@@ -590,6 +590,7 @@ class ClassicMemberHandlers:
             group_epoch=classic.generation_id,
             assignment_epoch=classic.generation_id,
         )
+        decoded = []
         for cm in classic.members.values():
             try:
                 subscription = decode_subscription(cm.metadata(classic.protocol_name))
@@ -607,13 +608,21 @@ class ClassicMemberHandlers:
                     "an unsupported custom assignor is in use. Please refer to the documentation "
                     "or switch to a default assignor before re-attempting the upgrade."
                 )
-            # What the member may still hold: its last SyncGroup assignment, and what its last
-            # join said it owns (a cooperative member keeps its partitions through a rebalance;
-            # leaving CompletingRebalance cleared its stored assignment, and a consumer member
-            # converted in then was given them while it still consumed them).
-            assigned = _names_to_ids(
-                (*assignment.partitions, *subscription.owned_partitions), topics
-            )
+            decoded.append((cm, subscription, _names_to_ids(assignment.partitions, topics)))
+        # What a member may still hold: its last SyncGroup assignment, and what its last join
+        # said it owns (a cooperative member keeps its partitions through a rebalance; leaving
+        # CompletingRebalance cleared its stored assignment, and a consumer member converted in
+        # then was given them while it still consumed them). A claimed partition that another
+        # member's assignment holds, or an earlier member claimed, is not added: two members
+        # holding one partition broke the group's one-owner rule (Kafka's addPartitionEpochs
+        # refuses it) after a downgrade whose assignments came from the targets.
+        taken = {(t, p) for _, _, assigned in decoded for t, ps in assigned.items() for p in ps}
+        for cm, subscription, assigned in decoded:
+            owned = _names_to_ids(subscription.owned_partitions, topics)
+            extra = {(t, p) for t, ps in owned.items() for p in ps} - taken
+            taken |= extra
+            for t, p in extra:
+                assigned[t] = assigned.get(t, frozenset()) | {p}
             member = ConsumerGroupMember(
                 member_id=cm.member_id,
                 instance_id=cm.group_instance_id,

@@ -588,3 +588,101 @@ def test_a_static_member_restarted_as_classic_with_other_topics_downgrades_with_
     assert "g" not in ctx.shard.consumer_groups
     assert ctx.shard.groups["g"].state is ClassicGroupState.PREPARING_REBALANCE
     assert b.heartbeat() is Errors.REBALANCE_IN_PROGRESS
+
+
+def test_a_classic_group_replaced_while_empty_takes_its_join_timer_with_it() -> None:
+    """A classic group whose only member left during its initial rebalance is empty but
+    still PreparingRebalance, its delayed join armed. A consumer member replaced it without
+    cancelling that timer, which later fired into a new classic group of the same id and
+    raised out of on_timer (the runtime then reloads the whole shard)."""
+    ctx = ShardContext(
+        GroupConfig(
+            consumer_timing=short_consumer_timing(SESSION_MS), initial_rebalance_delay_ms=3_000
+        )
+    )
+    token, step = ctx.join(
+        member_id="",
+        client_id="a",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", subscription()),),
+        require_known_member_id=False,
+        topics=TOPICS,
+    )
+    (a,) = ctx.shard.groups["g"].members
+    ctx.leave([(a, None)])
+    assert ctx.shard.groups["g"].state is ClassicGroupState.PREPARING_REBALANCE
+    c = ConsumerMember(ctx, "c")
+    assert c.beat().error_code is Errors.NONE
+    assert "g" not in ctx.shard.groups
+    assert not [k for k in ctx.shard.scheduled_timers if k.startswith("join/")]
+    assert c.beat(-1).error_code is Errors.NONE
+    token, step = ctx.join(
+        member_id="", client_id="k", protocols=(("range", subscription()),), topics=TOPICS
+    )
+    response = step.response(token)
+    assert isinstance(response, JoinGroupResponse)
+    assert response.error_code is Errors.MEMBER_ID_REQUIRED
+    ctx.sleep(3_000)  # the old join timer's time: nothing of it is left to fire
+    replaced = ctx.shard.groups["g"]  # a new group, Empty with its pending member
+    assert replaced.state is ClassicGroupState.EMPTY
+
+
+def _cooperative_join(ctx: ShardContext, member_id: str, name: str, owned: set[int]) -> Any:
+    protocols = (("cooperative-sticky", subscription(frozenset(owned))),)
+    for _ in range(2):
+        token, step = ctx.join(
+            member_id=member_id,
+            client_id=name,
+            session_timeout_ms=CLASSIC_SESSION_MS,
+            rebalance_timeout_ms=6_000,
+            protocols=protocols,
+            topics=TOPICS,
+        )
+        response = step.response(token)
+        assert isinstance(response, JoinGroupResponse)
+        if response.error_code is not Errors.MEMBER_ID_REQUIRED:
+            return response
+        member_id = response.member_id
+    raise AssertionError("no member id")
+
+
+def _sync(ctx: ShardContext, member_id: str, generation: int) -> set[int]:
+    token, step = ctx.sync(member_id=member_id, generation_id=generation)
+    response = step.response(token)
+    assert isinstance(response, SyncGroupResponse) and response.error_code is Errors.NONE
+    return {p for _, ps in decode_assignment(response.assignment).partitions for p in ps}
+
+
+def test_an_upgrade_right_after_a_downgrade_gives_each_partition_one_owner() -> None:
+    """X (cooperative classic) rejoins owing Y a partition; before its SyncGroup the last
+    consumer member leaves (a downgrade: Y's classic assignment is its target, with that
+    partition) and another joins (an upgrade). X's join still claimed the partition, and
+    the upgrade added the claims to the SyncGroup assignments: X and Y both held it."""
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    x = _cooperative_join(ctx, "", "x", set())
+    x_id, x_generation = x.member_id, x.generation_id
+    x_owned = _sync(ctx, x_id, x_generation)
+    for _ in range(4):  # converge: three partitions each
+        a.beat()
+        token, step = ctx.heartbeat(member_id=x_id, generation_id=x_generation)
+        heartbeat = step.response(token)
+        assert isinstance(heartbeat, HeartbeatResponse)
+        if heartbeat.error_code is Errors.REBALANCE_IN_PROGRESS:
+            x_generation = _cooperative_join(ctx, x_id, "x", x_owned).generation_id
+            x_owned = _sync(ctx, x_id, x_generation)
+    assert len(x_owned) == 3
+    y = _cooperative_join(ctx, "", "y", set())
+    _sync(ctx, y.member_id, y.generation_id)
+    _cooperative_join(ctx, x_id, "x", x_owned)  # still owns its three; no SyncGroup yet
+    a.beat(-1)  # the last consumer member leaves: downgraded
+    assert "g" in ctx.shard.groups
+    ConsumerMember(ctx, "d").beat()  # upgraded again
+    group = ctx.shard.consumer_groups["g"]
+    holders: dict[int, list[str]] = {}
+    for member in group.members.values():
+        for held in (member.assigned, member.pending_revocation):
+            for p in held.get(T, ()):
+                holders.setdefault(p, []).append(member.member_id)
+    assert all(len(owners) == 1 for owners in holders.values()), holders
