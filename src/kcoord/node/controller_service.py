@@ -120,6 +120,9 @@ class ControllerService:
         self.active_epoch: int | None = None
         self.activated_at_ms = 0
         self._activating_epoch: int | None = None
+        # The controller set aside by _decide_again_later, with its epoch: activated again in
+        # that epoch, it goes on with the brokers' sessions as they were.
+        self._set_aside: tuple[int, Controller] | None = None
         self._lock = asyncio.Lock()
         self._last_preferred_election_ms = 0
         self._last_unclean_election_ms = 0
@@ -182,8 +185,16 @@ class ControllerService:
             self._activating_epoch = None
         if not self.quorum.status().is_leader:
             return
-        self.activated_at_ms = self.monotonic_ms()
-        self.controller = Controller(self.config, activated_at_ms=self.activated_at_ms)
+        set_aside, self._set_aside = self._set_aside, None
+        if set_aside is not None and set_aside[0] == status.epoch:
+            # Deciding again after an abandoned proposal, in the same term: Kafka's active
+            # controller keeps its BrokerHeartbeatManager (a new one only comes with a new
+            # active controller). A new one here restarted every broker's session, and a broker
+            # that had died just before was fenced a whole session timeout late.
+            self.controller = set_aside[1]
+        else:
+            self.activated_at_ms = self.monotonic_ms()
+            self.controller = Controller(self.config, activated_at_ms=self.activated_at_ms)
         self.active_epoch = status.epoch
         self.activations += 1
         log.info("node %d is the active controller in epoch %d", self.node_id, status.epoch)
@@ -270,6 +281,7 @@ class ControllerService:
             log.warning(
                 "a proposal of epoch %d %s: deciding again once the log catches up", epoch, what
             )
+            self._set_aside = (epoch, self.controller)
             self.controller = None
             self.active_epoch = None
             self._wake.set()

@@ -429,3 +429,67 @@ def test_a_create_partitions_request_adding_too_many_partitions_is_refused_whole
         assert counts() == [6_001, 4_001]
 
     asyncio.run(scenario())
+
+
+def test_deciding_again_in_the_same_term_keeps_the_brokers_sessions() -> None:
+    """A heartbeat's proposal abandoned by its caller (its connection closed) made the
+    controller activate again with new broker sessions, all counted from then: a broker dead
+    since t0 was fenced at t0+6000 ms, not t0+3500 (a new BrokerHeartbeatManager only comes
+    with a new active controller in Kafka)."""
+
+    async def scenario() -> None:
+        clock = [1_000_000]
+        cache = MetadataCache(NODE_ID, cast(Any, None))
+        quorum = FakeQuorum(cache)
+        service = ControllerService(
+            NODE_ID,
+            cast(MetadataQuorum, quorum),
+            cache,
+            ControllerConfig(),
+            lambda: clock[0],
+            cluster_id="c",
+            expected_brokers=3,
+        )
+        quorum.commit([rec.ClusterId("c")])
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+
+        async def beat(b: int, **extra: Any) -> Any:
+            return await service.handle_broker_heartbeat(
+                {
+                    "broker_id": b,
+                    "broker_epoch": cache.image.brokers[b].broker_epoch,
+                    "current_metadata_offset": cache.image.last_offset,
+                    **extra,
+                }
+            )
+
+        t0 = clock[0]
+        for b in (1, 2, 3):
+            await beat(b)
+        for step in range(1, 6):  # broker 3 is dead from t0
+            clock[0] = t0 + 500 * step
+            await beat(1)
+            await beat(2)
+            await service.tick()
+        clock[0] = t0 + 2_900
+        held: list[tuple[Any, Any]] = []
+        real = quorum.propose
+        quorum.propose = lambda records, on_done, *, epoch: held.append((records, on_done))  # type: ignore[method-assign]
+        task = asyncio.ensure_future(beat(2, want_fence=True))
+        while not held:
+            await asyncio.sleep(0)
+        task.cancel()  # the caller's connection closed
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        quorum.propose = real  # type: ignore[method-assign]
+        for records, on_done in held:
+            on_done(quorum.commit(records), None)
+        await service._maybe_activate()
+        assert service.is_active and service.activations == 2
+        clock[0] = t0 + 3_500
+        await beat(1)
+        await service.tick()
+        assert cache.image.brokers[3].fenced
+
+    asyncio.run(scenario())
