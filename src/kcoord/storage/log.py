@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -1250,6 +1251,11 @@ class Log:
             if out_headers:
                 cleaned.append(out, out_headers)
             cleaned.on_roll()
+            # The original's modification time (Cleaner.cleanSegments): a segment left without
+            # timestamps ages by it, and a fresh one held back time retention of every expired
+            # segment behind an emptied first one for another retention.ms.
+            original = os.stat(seg.log_path)
+            os.utime(cleaned.log_path, ns=(original.st_atime_ns, original.st_mtime_ns))
         except BaseException:
             cleaned.delete()
             raise

@@ -1335,3 +1335,26 @@ def test_a_batch_claiming_more_records_than_it_holds_is_refused(tmp_path: Path) 
     assert len(packed) < 200 * 7
     lg.append_as_leader(packed, 0, now_ms=1000)
     assert lg.log_end_offset == 200
+
+
+def test_a_cleaned_segment_keeps_the_original_modification_time(tmp_path: Path) -> None:
+    """A segment compaction empties has no timestamps left, so it ages by its file's
+    modification time: a fresh one on the cleaned copy kept it (and every expired segment
+    behind it) from time retention for another retention.ms (Cleaner.cleanSegments)."""
+    config = LogConfig(
+        segment_bytes=400, cleanup_policy=frozenset({"compact", "delete"}), retention_ms=3_600_000
+    )
+    lg = open_log(tmp_path / "t-0", config)
+    now = 10 * 3_600_000
+    old = now - 2 * 3_600_000
+    for _ in range(6):  # key A, superseded by each next one
+        lg.append_as_leader(batch(1, key=b"A", value=b"x" * 100, timestamp=old), 0, now_ms=old)
+    lg.roll()
+    lg.append_as_leader(batch(1, key=b"B", value=b"y", timestamp=now), 0, now_ms=now)
+    for seg in lg.segments[:-1]:
+        os.utime(seg.log_path, ns=(old * 1_000_000, old * 1_000_000))
+    assert lg.compact(now) is not None
+    emptied = lg.segments[0]
+    assert emptied.max_timestamp == fmt.NO_TIMESTAMP
+    assert emptied.largest_timestamp_ms() == old
+    assert lg.delete_old_segments(now) >= 1
