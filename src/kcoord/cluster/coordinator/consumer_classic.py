@@ -77,6 +77,7 @@ from kcoord.cluster.coordinator.consumer import (
     target_member_record,
 )
 from kcoord.cluster.coordinator.consumer_protocol import (
+    Subscription,
     decode_assignment,
     decode_subscription,
     encode_assignment,
@@ -311,7 +312,10 @@ class ClassicMemberHandlers:
         base = old or ConsumerGroupMember(member_id=member_id)
         updated = replace(
             base,
-            instance_id=request.group_instance_id,
+            # maybeUpdateInstanceId: a join without one leaves a static member's as it was.
+            instance_id=(
+                base.instance_id if request.group_instance_id is None else request.group_instance_id
+            ),
             rack_id=subscription.rack_id or base.rack_id,
             client_id=request.client_id or base.client_id,
             client_host=request.client_host or base.client_host,
@@ -564,11 +568,11 @@ class ClassicMemberHandlers:
 
     # -- Upgrade: classic -> consumer ---------------------------------------------------------
 
-    def _convert_to_consumer_group(
-        self, classic: ClassicGroup, topics: TopicsView, now_ms: int, out: _Output
-    ) -> ConsumerGroup:
-        """``convertToConsumerGroup``: the records of the new group, and the group as they
-        will make it (the caller carries on with it before they are replayed). Raises
+    def _decode_for_upgrade(
+        self, classic: ClassicGroup, topics: TopicsView
+    ) -> list[tuple[ClassicGroupMember, Subscription, Partitions]]:
+        """``validateOnlineUpgrade`` and the decoding of ``convertToConsumerGroup``, with no
+        side effect: each member, its subscription and its SyncGroup assignment. Raises
         UnconvertibleGroupError."""
         if self._config.consumer_migration_policy not in ("bidirectional", "upgrade"):
             raise UnconvertibleGroupError(
@@ -585,11 +589,6 @@ class ClassicMemberHandlers:
                 f"Cannot upgrade classic group {classic.group_id} to consumer group because "
                 "its size exceeds the consumer group maximum size."
             )
-        group = ConsumerGroup(
-            classic.group_id,
-            group_epoch=classic.generation_id,
-            assignment_epoch=classic.generation_id,
-        )
         decoded = []
         for cm in classic.members.values():
             try:
@@ -609,6 +608,20 @@ class ClassicMemberHandlers:
                     "or switch to a default assignor before re-attempting the upgrade."
                 )
             decoded.append((cm, subscription, _names_to_ids(assignment.partitions, topics)))
+        return decoded
+
+    def _convert_to_consumer_group(
+        self, classic: ClassicGroup, topics: TopicsView, now_ms: int, out: _Output
+    ) -> ConsumerGroup:
+        """``convertToConsumerGroup``: the records of the new group, and the group as they
+        will make it (the caller carries on with it before they are replayed). Raises
+        UnconvertibleGroupError."""
+        decoded = self._decode_for_upgrade(classic, topics)
+        group = ConsumerGroup(
+            classic.group_id,
+            group_epoch=classic.generation_id,
+            assignment_epoch=classic.generation_id,
+        )
         # What a member may still hold: its last SyncGroup assignment, and what its last join
         # said it owns (a cooperative member keeps its partitions through a rebalance; leaving
         # CompletingRebalance cleared its stored assignment, and a consumer member converted in

@@ -162,9 +162,15 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 )
             elif classic is not None and classic.num_members == self._config.consumer_max_size:
                 # Kafka converts it, then refuses the joining member (throwIfConsumerGroupIsFull)
-                # and the failed write leaves the classic group as it was.
-                error = Errors.GROUP_MAX_SIZE_REACHED
-                message = f"The group {request.group_id} has reached its maximum size."
+                # and the failed write leaves the classic group as it was; a group it would not
+                # convert is refused for that first (GROUP_ID_NOT_FOUND).
+                try:
+                    self._decode_for_upgrade(classic, topics)
+                except UnconvertibleGroupError as e:
+                    error, message = Errors.GROUP_ID_NOT_FOUND, str(e)
+                else:
+                    error = Errors.GROUP_MAX_SIZE_REACHED
+                    message = f"The group {request.group_id} has reached its maximum size."
             elif classic is not None and classic.num_members > 0:
                 try:
                     group = self._convert_to_consumer_group(classic, topics, now_ms, out)
@@ -602,11 +608,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         )
         if old is None or updated.metadata_value() != old.metadata_value():
             out.write(member_metadata_record(group_id, updated))
-            if (
-                old is None
-                or subscription_changed
-                or updated.server_assignor != old.server_assignor
-            ):
+            # hasMemberSubscriptionChanged: topic names or regex, not the server assignor,
+            # which the next assignment reads (computePreferredServerAssignor).
+            if old is None or subscription_changed:
                 bump = True
         members = dict(group.members)
         members[updated.member_id] = updated

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
+
 from kcoord.cluster.coordinator.classic import ClassicGroupState
 from kcoord.cluster.coordinator.consumer import MemberState
 from kcoord.cluster.coordinator.consumer_protocol import (
@@ -686,3 +688,74 @@ def test_an_upgrade_right_after_a_downgrade_gives_each_partition_one_owner() -> 
             for p in held.get(T, ()):
                 holders.setdefault(p, []).append(member.member_id)
     assert all(len(owners) == 1 for owners in holders.values()), holders
+
+
+@pytest.mark.parametrize(
+    ("policy", "error"),
+    [("disabled", Errors.GROUP_ID_NOT_FOUND), ("bidirectional", Errors.GROUP_MAX_SIZE_REACHED)],
+)
+def test_a_full_classic_group_is_refused_for_why_it_is_not_converted_first(
+    policy: str, error: Errors
+) -> None:
+    """validateOnlineUpgrade comes before throwIfConsumerGroupIsFull: a group of exactly the
+    consumer maximum that would not be converted anyway got GROUP_MAX_SIZE_REACHED."""
+    ctx = ShardContext(
+        GroupConfig(
+            consumer_timing=short_consumer_timing(SESSION_MS),
+            initial_rebalance_delay_ms=0,
+            consumer_max_size=2,
+            consumer_migration_policy=policy,
+        )
+    )
+    classic_group_of_two(ctx)
+    assert ConsumerMember(ctx, "a").beat().error_code is error
+    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE  # left as it was
+
+
+def test_a_classic_join_without_an_instance_id_keeps_the_members_own() -> None:
+    """maybeUpdateInstanceId: a static classic member's JoinGroup without group.instance.id
+    made it dynamic, and its next restart added a second member instead of replacing it."""
+    ctx = context()
+    ConsumerMember(ctx, "a").beat()
+    protocols = (("range", subscription()),)
+    token, step = ctx.join(
+        instance_id="i-s",
+        client_id="s",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=protocols,
+        topics=TOPICS,
+    )
+    joined = step.response(token)
+    assert isinstance(joined, JoinGroupResponse)
+    token, step = ctx.join(
+        member_id=joined.member_id,
+        client_id="s",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=protocols,
+        topics=TOPICS,
+    )
+    again = step.response(token)
+    assert isinstance(again, JoinGroupResponse) and again.error_code is Errors.NONE
+    assert ctx.shard.consumer_groups["g"].members[joined.member_id].instance_id == "i-s"
+
+
+def test_changing_only_the_server_assignor_does_not_rebalance_the_group() -> None:
+    """hasMemberSubscriptionChanged bumps the group epoch for topic names and regex only."""
+    ctx = context()
+    a = ConsumerMember(ctx, "a")
+    a.beat()
+    epoch = ctx.shard.consumer_groups["g"].group_epoch
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=a.epoch,
+        server_assignor="range",
+        topic_partitions=None,
+    )
+    step = ctx._apply(
+        ctx.shard.handle_consumer_group_heartbeat(ctx.new_token(), request, ctx.now_ms, TOPICS)
+    )
+    assert step is not None
+    group = ctx.shard.consumer_groups["g"]
+    assert group.group_epoch == epoch
+    assert group.members["a"].server_assignor == "range"
