@@ -1131,11 +1131,11 @@ class Log:
             # Each producer's last batch in the planned segments, by its last offset.
             last_batch_of: dict[int, fmt.BatchHeader] = {}
             for seg in plan.segments:
-                data = seg.read_at(0, seg.size)
-                for pos, header in fmt.iter_headers(data):
+                for data, pos, header in _batches_in_runs(seg):
                     pause()
                     if not fmt.is_crc_valid(data, pos, header):
-                        raise LogCorruptError(f"{seg.log_path}: CRC mismatch at position {pos}")
+                        where = f"batch at offset {header.base_offset}"
+                        raise LogCorruptError(f"{seg.log_path}: CRC mismatch in {where}")
                     if header.is_control:
                         continue
                     if header.producer_id != fmt.NO_PRODUCER_ID:
@@ -1214,42 +1214,61 @@ class Log:
         result: CleanResult,
         pause: Callable[[], object],
     ) -> LogSegment | None:
-        """The cleaned copy of ``seg`` (a ``.cleaned`` file), None if nothing in it goes."""
+        """The cleaned copy of ``seg`` (a ``.cleaned`` file), None if nothing in it goes.
+
+        Read and written in runs of batches of about ``_CLEAN_IO_BYTES`` (Kafka's cleaner
+        I/O buffers): the segment was read whole, and its copy built whole, about three times
+        a segment's size in memory at once."""
         stats = result.stats
-        data = seg.read_at(0, seg.size)
-        stats.bytes_read += len(data)
         out = bytearray()
         out_headers: list[tuple[int, fmt.BatchHeader]] = []
         changed = False
-        for pos, header in fmt.iter_headers(data):
-            pause()
-            raw = data[pos : pos + header.size]
-            if header.is_control:
-                kept_raw: bytes | None = raw
-            else:
-                kept_raw = self._clean_batch(raw, header, last_offset_of, result)
-                if kept_raw is None and header.last_offset in producers_last:
-                    kept_raw = raw if header.record_count == 0 else fmt.empty_batch(header)
-            if kept_raw is not raw:
-                changed = True
-            if kept_raw is None:
-                continue
-            out_headers.append((len(out), fmt.parse_header(kept_raw)))
-            out += kept_raw
-        stats.segments_cleaned += 1
-        if not changed:
-            return None
-        cleaned = LogSegment(
-            self.directory,
-            seg.base_offset,
-            index_interval_bytes=self.config.index_interval_bytes,
-            index_max_bytes=self.config.segment_index_bytes,
-            suffix=CLEANED_SUFFIX,
-            create=True,
-        )
-        try:
+        cleaned: LogSegment | None = None
+
+        def flush() -> LogSegment:
+            # The copy exists once its first run is written, whether or not anything changed
+            # yet: it is deleted at the end if nothing did.
+            nonlocal cleaned
+            if cleaned is None:
+                cleaned = LogSegment(
+                    self.directory,
+                    seg.base_offset,
+                    index_interval_bytes=self.config.index_interval_bytes,
+                    index_max_bytes=self.config.segment_index_bytes,
+                    suffix=CLEANED_SUFFIX,
+                    create=True,
+                )
             if out_headers:
                 cleaned.append(out, out_headers)
+            out.clear()
+            out_headers.clear()
+            return cleaned
+
+        try:
+            for data, pos, header in _batches_in_runs(seg):
+                pause()
+                stats.bytes_read += header.size
+                raw = bytes(data[pos : pos + header.size])
+                if header.is_control:
+                    kept_raw: bytes | None = raw
+                else:
+                    kept_raw = self._clean_batch(raw, header, last_offset_of, result)
+                    if kept_raw is None and header.last_offset in producers_last:
+                        kept_raw = raw if header.record_count == 0 else fmt.empty_batch(header)
+                if kept_raw is not raw:
+                    changed = True
+                if kept_raw is None:
+                    continue
+                out_headers.append((len(out), fmt.parse_header(kept_raw)))
+                out += kept_raw
+                if len(out) >= _CLEAN_IO_BYTES:
+                    flush()
+            stats.segments_cleaned += 1
+            if not changed:
+                if cleaned is not None:
+                    cleaned.delete()
+                return None
+            cleaned = flush()
             cleaned.on_roll()
             # The original's modification time (Cleaner.cleanSegments): a segment left without
             # timestamps ages by it, and a fresh one held back time retention of every expired
@@ -1257,7 +1276,8 @@ class Log:
             original = os.stat(seg.log_path)
             os.utime(cleaned.log_path, ns=(original.st_atime_ns, original.st_mtime_ns))
         except BaseException:
-            cleaned.delete()
+            if cleaned is not None:
+                cleaned.delete()
             raise
         stats.bytes_written += cleaned.size
         return cleaned
@@ -1330,6 +1350,36 @@ def _raise_if_count_disagrees(record_count: int, last_offset_delta: int, pos: in
             f"batch at position {pos}: inconsistent offset range [0, {last_offset_delta}] and "
             f"count of records {record_count}"
         )
+
+
+# How much the cleaner reads, and builds of a cleaned copy, at a time (Kafka's
+# log.cleaner.io.buffer.size is 512 KiB, grown for a larger batch).
+_CLEAN_IO_BYTES = 1024 * 1024
+
+
+def _batches_in_runs(seg: LogSegment) -> Iterator[tuple[bytes, int, fmt.BatchHeader]]:
+    """Every batch of ``seg`` as (run, position in the run, header), read a run of whole
+    batches of about ``_CLEAN_IO_BYTES`` at a time (a larger batch alone), not the segment
+    whole."""
+    run_bytes = _CLEAN_IO_BYTES
+    run: list[tuple[int, fmt.BatchHeader]] = []
+    start = end = 0
+
+    def read() -> Iterator[tuple[bytes, int, fmt.BatchHeader]]:
+        data = seg.read_at(start, end - start)
+        for position, header in run:
+            yield data, position - start, header
+
+    for bp in seg.scan_headers():
+        if run and bp.position + bp.header.size - start > run_bytes:
+            yield from read()
+            run = []
+        if not run:
+            start = bp.position
+        run.append((bp.position, bp.header))
+        end = bp.position + bp.header.size
+    if run:
+        yield from read()
 
 
 # The smallest record: its length, attributes, timestamp delta, offset delta, key length, value

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
+from kcoord.storage import log as log_module
 from kcoord.storage import segment as segment_module
 from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.index import OffsetIndex
@@ -1358,3 +1359,50 @@ def test_a_cleaned_segment_keeps_the_original_modification_time(tmp_path: Path) 
     assert emptied.max_timestamp == fmt.NO_TIMESTAMP
     assert emptied.largest_timestamp_ms() == old
     assert lg.delete_old_segments(now) >= 1
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    io_bytes=st.sampled_from([1, 150, 700, 4_000]),
+)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_the_cleaner_reads_and_writes_in_runs_with_the_same_result(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, io_bytes: int
+) -> None:
+    """The cleaner read each segment whole and built its copy whole (about three times a
+    segment in memory); in runs of batches of any size it cleans to the same log."""
+    import random
+
+    rng = random.Random(seed)
+    print("seed", seed)
+    config = LogConfig(
+        segment_bytes=1_500, index_interval_bytes=100, cleanup_policy=frozenset({"compact"})
+    )
+    appends = [
+        [(rng.choice([b"a", b"b", b"c", b"d"]), rng.choice([b"v" * rng.randint(0, 80), None]))
+         for _ in range(rng.randint(1, 4))]
+        for _ in range(60)
+    ]  # fmt: skip
+    results = []
+    for run_bytes in (io_bytes, 10**9):
+        root = tmp_path_factory.mktemp("runs")
+        lg = open_log(root / "t-0", config)
+        for records in appends:
+            keys: list[bytes | None] = [k for k, _ in records]
+            values = [v for _, v in records]
+            lg.append_as_leader(batch(len(records), keys=keys, values=values), 0, now_ms=1_000)
+        lg.roll()
+        original = log_module._CLEAN_IO_BYTES
+        log_module._CLEAN_IO_BYTES = run_bytes
+        try:
+            lg.compact(1_000)
+        finally:
+            log_module._CLEAN_IO_BYTES = original
+        results.append(
+            (
+                [(r.offset, r.key, r.value) for r in read_all(lg)],
+                [(seg.base_offset, seg.next_offset, seg.size) for seg in lg.segments],
+            )
+        )
+        lg.close()
+    assert results[0] == results[1]
