@@ -120,9 +120,10 @@ class ControllerService:
         self.active_epoch: int | None = None
         self.activated_at_ms = 0
         self._activating_epoch: int | None = None
-        # The controller set aside by _decide_again_later, with its epoch: activated again in
-        # that epoch, it goes on with the brokers' sessions as they were.
-        self._set_aside: tuple[int, Controller] | None = None
+        # The controller set aside by _decide_again_later, with its epoch and when: activated
+        # again in that epoch, it goes on with the brokers' sessions, which the heartbeats
+        # refused meanwhile still renew.
+        self._set_aside: tuple[int, Controller, int] | None = None
         self._lock = asyncio.Lock()
         self._last_preferred_election_ms = 0
         self._last_unclean_election_ms = 0
@@ -186,11 +187,17 @@ class ControllerService:
         if not self.quorum.status().is_leader:
             return
         set_aside, self._set_aside = self._set_aside, None
-        if set_aside is not None and set_aside[0] == status.epoch:
+        if (
+            set_aside is not None
+            and set_aside[0] == status.epoch
+            and self.monotonic_ms() - set_aside[2] < self.config.broker_session_timeout_ms
+        ):
             # Deciding again after an abandoned proposal, in the same term: Kafka's active
             # controller keeps its BrokerHeartbeatManager (a new one only comes with a new
             # active controller). A new one here restarted every broker's session, and a broker
-            # that had died just before was fenced a whole session timeout late.
+            # that had died just before was fenced a whole session timeout late. Not after a
+            # longer pause: a broker that stopped sending heartbeats to a node answering
+            # NOT_CONTROLLER is not to be fenced for it.
             self.controller = set_aside[1]
         else:
             self.activated_at_ms = self.monotonic_ms()
@@ -281,7 +288,7 @@ class ControllerService:
             log.warning(
                 "a proposal of epoch %d %s: deciding again once the log catches up", epoch, what
             )
-            self._set_aside = (epoch, self.controller)
+            self._set_aside = (epoch, self.controller, self.monotonic_ms())
             self.controller = None
             self.active_epoch = None
             self._wake.set()
@@ -373,6 +380,12 @@ class ControllerService:
             want_shut_down=bool(payload.get("want_shut_down", False)),
         )
         reply = None
+        if self.controller is None and self._set_aside is not None:
+            # Refused below (NOT_CONTROLLER), but the broker is alive: its session in the
+            # controller set aside goes on.
+            self._set_aside[1].track_broker_heartbeat(
+                self.cache.image, request.broker_id, request.broker_epoch, self.monotonic_ms()
+            )
         if self.controller is not None:  # before the lock: see Controller.track_broker_heartbeat
             self.controller.track_broker_heartbeat(
                 self.cache.image, request.broker_id, request.broker_epoch, self.monotonic_ms()

@@ -1512,8 +1512,9 @@ class Controller:
         op changes one key, APPEND and SUBTRACT only LIST keys (starting from the default when
         the key is not set). Otherwise it is the legacy AlterConfigs: the ops' SETs become the
         whole set, every other key is deleted. The resulting set is validated as a whole, and
-        one ``Config`` record is written per changed key. kcoord alters topic configs and,
-        given ``ControllerConfig.group_config_error``, group configs.
+        one ``Config`` record is written per changed key. kcoord alters topic configs, the
+        cluster-level ``min.insync.replicas`` (BROKER resource "", ``_alter_cluster_configs``)
+        and, given ``ControllerConfig.group_config_error``, group configs.
         """
         keys = [key for key, _, _ in ops]
         if len(set(keys)) != len(keys):

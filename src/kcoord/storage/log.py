@@ -20,8 +20,12 @@ in the index's 32-bit relative offsets.
 Opening (``Log.open``) finishes or discards interrupted compaction swaps, then either loads the
 segments (after a clean shutdown) or recovers every segment from the recovery point on: CRCs are
 checked, indexes rebuilt, a torn or corrupt tail truncated and every later segment deleted, and
-what was dropped is logged. A flipped byte in a closed segment below the recovery point is found
-on read (every served batch is CRC-checked) and is never served.
+what was dropped is logged. A segment found corrupt below the recovery point (or after a clean
+shutdown), which was flushed, is cut at its first bad batch alone: the segments after it stay,
+and the records lost leave a gap in the offsets, as Kafka's ``LogLoader`` does. A base offset,
+outside the CRC, that goes back or past the segment's range marks a batch corrupt. A flipped
+byte in a closed segment that no load looks at is found on read (every served batch is
+CRC-checked) and is never served.
 """
 
 from __future__ import annotations
@@ -665,7 +669,8 @@ class Log:
     def _raise_if_null_key(self, records: bytes, pos: int = 0) -> None:
         """LogValidator.validateKey: every keyless record is a record error of its own, and
         the message is processRecordErrors' (at most three shown)."""
-        # decode_key_values: the replay's lean decoder, with the same checks as decode_records.
+        # decode_key_values: the replay's lean decoder, with decode_records' checks and
+        # increasing offsets (what the cleaner needs to rebuild a batch).
         errors = [
             (
                 index,

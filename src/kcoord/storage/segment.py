@@ -162,7 +162,8 @@ class LogSegment:
             ):
                 raise LogCorruptError(
                     f"{self.log_path}: batch at position {bp.position} has base offset "
-                    f"{bp.header.base_offset}, out of order"
+                    f"{bp.header.base_offset}: below the previous batch's end, or not the "
+                    "batch its index entry names"
                 )
             last = bp
             self._note_batch(bp.header)

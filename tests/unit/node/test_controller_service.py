@@ -474,11 +474,16 @@ def test_deciding_again_in_the_same_term_keeps_the_brokers_sessions() -> None:
             await service.tick()
         clock[0] = t0 + 2_900
         held: list[tuple[Any, Any]] = []
+        proposed = asyncio.Event()
+
+        def hold(records: Any, on_done: Any, *, epoch: int) -> None:
+            held.append((records, on_done))
+            proposed.set()
+
         real = quorum.propose
-        quorum.propose = lambda records, on_done, *, epoch: held.append((records, on_done))  # type: ignore[method-assign]
+        quorum.propose = hold  # type: ignore[method-assign]
         task = asyncio.ensure_future(beat(2, want_fence=True))
-        while not held:
-            await asyncio.sleep(0)
+        await asyncio.wait_for(proposed.wait(), 10)
         task.cancel()  # the caller's connection closed
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -491,5 +496,67 @@ def test_deciding_again_in_the_same_term_keeps_the_brokers_sessions() -> None:
         await beat(1)
         await service.tick()
         assert cache.image.brokers[3].fenced
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("stall_ms", [2_900, 4_000])
+def test_heartbeats_refused_while_set_aside_keep_the_brokers_alive(stall_ms: int) -> None:
+    """Its proposals held (a commit stall in the same term), the controller is set aside and
+    answers NOT_CONTROLLER; the brokers heartbeat on. Reused afterwards with the sessions as
+    they were before the stall, it fenced every live broker on its first tick (review probe).
+    The refused heartbeats renew the sessions, and after a stall longer than a session the
+    controller starts afresh."""
+
+    async def scenario() -> None:
+        clock = [1_000_000]
+        cache = MetadataCache(NODE_ID, cast(Any, None))
+        quorum = FakeQuorum(cache)
+        service = ControllerService(
+            NODE_ID,
+            cast(MetadataQuorum, quorum),
+            cache,
+            ControllerConfig(),
+            lambda: clock[0],
+            cluster_id="c",
+            expected_brokers=3,
+            propose_timeout_s=0.01,
+        )
+        quorum.commit([rec.ClusterId("c")])
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+
+        async def beat(b: int, **extra: Any) -> Any:
+            return await service.handle_broker_heartbeat(
+                {
+                    "broker_id": b,
+                    "broker_epoch": cache.image.brokers[b].broker_epoch,
+                    "current_metadata_offset": cache.image.last_offset,
+                    **extra,
+                }
+            )
+
+        for b in (1, 2, 3):
+            await beat(b)
+        await service.tick()
+        held: list[tuple[Any, Any]] = []
+        real = quorum.propose
+        quorum.propose = lambda records, on_done, *, epoch: held.append((records, on_done))  # type: ignore[method-assign]
+        with pytest.raises(RpcError):
+            await beat(3, want_fence=True)  # its proposal times out: set aside
+        assert not service.is_active
+        for _ in range(stall_ms // 100):
+            clock[0] += 100
+            for b in (1, 2, 3):
+                with pytest.raises(RpcError):  # NOT_CONTROLLER
+                    await beat(b)
+        quorum.propose = real  # type: ignore[method-assign]
+        for records, on_done in held:
+            on_done(quorum.commit(records), None)
+        await service._maybe_activate()
+        assert service.is_active
+        clock[0] += 200  # a tick before the brokers' next heartbeat
+        await service.tick()
+        assert [b for b in (1, 2) if cache.image.brokers[b].fenced] == []
 
     asyncio.run(scenario())

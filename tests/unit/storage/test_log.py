@@ -628,50 +628,60 @@ def _last_batch_position(lg: Log, index: int) -> int:
     return [bp.position for bp in seg.scan_headers()][-1]
 
 
+@pytest.mark.parametrize("index_interval", [200, 10_000])  # the batch indexed, or not
+@pytest.mark.parametrize("opening", ["clean shutdown", "below the recovery point", "no index"])
 @pytest.mark.parametrize(
     ("field", "flip"),
     [
         (8, 1 << 12),  # the batch length: the segment no longer ends on a batch
-        (0, 1 << 4),  # the base offset (outside the CRC): it ends past the next segment's base
-        (0, 1 << 32),  # the base offset again: past what the segment's indexes can hold
+        (0, 1 << 4),  # the base offset (outside the CRC), 20 -> 4: it goes back
+        (0, 1 << 5),  # 20 -> 52: it ends past the next segment's base
+        (0, 1 << 32),  # past what the segment's indexes can hold
     ],
 )
 def test_a_corrupt_flushed_segment_loses_only_its_own_bad_batches(
-    tmp_path: Path, field: int, flip: int
+    tmp_path: Path, field: int, flip: int, opening: str, index_interval: int
 ) -> None:
     """One flipped bit in the last batch of a flushed, closed segment: recovery cut that
     segment there and deleted every segment after it, flushed and acknowledged (50 records in
     the review's probe), or, for a base offset, kept the batch at its wrong offsets; a jump
     past 2**32 crashed the log's opening on an index assertion. Now only that batch goes
-    (Kafka's LogLoader recovers a segment below the recovery point alone)."""
-    lg = open_log(tmp_path / "t-0", SMALL)
+    (Kafka's LogLoader recovers a segment below the recovery point alone), whether the
+    segment is loaded (a clean shutdown, or below the recovery point) or, its index files
+    gone, recovered."""
+    config = replace(SMALL, index_interval_bytes=index_interval)
+    lg = open_log(tmp_path / "t-0", config)
     for _ in range(40):
         lg.append_as_leader(batch(2, value=b"q" * 50), leader_epoch=0, now_ms=0)
     assert len(lg.segments) >= 4
     ends = [(seg.base_offset, seg.next_offset) for seg in lg.segments]
+    assert ends[0] == (0, 22)  # the last batch of segment 0 is at offset 20
     position = _last_batch_position(lg, 0)
-    path = lg.segments[0].log_path
+    first_segment = lg.segments[0]
+    path = first_segment.log_path
+    indexes = (first_segment.offset_index.path, first_segment.time_index.path)
     lg.close()
     data = bytearray(path.read_bytes())
     size = ">q" if field == 0 else ">i"
     (value,) = struct.unpack_from(size, data, position + field)
     struct.pack_into(size, data, position + field, value ^ flip)
     path.write_bytes(data)
-    for clean_shutdown in (True, False):
-        report = RecoveryReport()
-        again = open_log(
-            tmp_path / "t-0",
-            SMALL,
-            clean_shutdown=clean_shutdown,
-            recovery_point=ends[-1][1],
-            report=report,
-        )
-        first, *rest = [(seg.base_offset, seg.next_offset) for seg in again.segments]
-        assert rest == ends[1:], report
-        assert first[1] < ends[0][1] and report.segments_deleted == []
-        served = [r.offset for r in read_all(again)]
-        assert served == list(range(first[1])) + list(range(ends[1][0], ends[-1][1]))
-        again.close()
+    if opening == "no index":
+        for index in indexes:
+            index.unlink()
+    report = RecoveryReport()
+    again = open_log(
+        tmp_path / "t-0",
+        config,
+        clean_shutdown=opening == "clean shutdown",
+        recovery_point=ends[-1][1],
+        report=report,
+    )
+    first, *rest = [(seg.base_offset, seg.next_offset) for seg in again.segments]
+    assert rest == ends[1:], report
+    assert first == (0, 20) and report.segments_deleted == [] and report.bytes_truncated
+    served = [r.offset for r in read_all(again)]
+    assert served == list(range(20)) + list(range(ends[1][0], ends[-1][1]))
 
 
 def test_reopen_after_clean_close_needs_no_recovery(tmp_path: Path) -> None:
