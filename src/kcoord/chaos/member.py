@@ -39,6 +39,14 @@ so the times it records them at do not):
   "member_id": m}`` as the commit is sent, then ``{"event": "committed", ...}`` (same fields)
   once it is acknowledged, or ``{"event": "commit_failed", "error": ..., ...}`` if it is not
   (the outcome of a failed commit is unknown: it may have been written);
+- ``{"event": "reading_committed", "partitions": [...], "generation": g, "member_id": m}``
+  and then ``{"event": "read_committed", "offsets": {partition: committed}, ...}`` (or
+  ``read_committed_failed``): a kafka-python member reads the group's committed offsets of
+  its partitions (OffsetFetch) before its first commit of each generation. kafka-python
+  3.0.12 keeps a partition's position through an eager rebalance when it gets the partition
+  back (``SubscriptionState.assign_from_subscribed``), even after another member consumed and
+  committed past it meanwhile, and then commits below that member's commit; the read shows
+  whether the coordinator still had the higher offset (the checkers tell the two apart);
 - ``{"event": "error", "error": ..., "fatal": bool}``: a fatal one ends the process;
 - ``{"event": "closed"}`` after a clean stop.
 """
@@ -156,9 +164,23 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
         def on_partitions_lost(self, lost: Any) -> None:
             emit("lost", partitions=names(lost), **ident())
 
+    def read_committed(who: dict[str, Any]) -> None:
+        """The group's committed offsets of this member's partitions, as the coordinator has
+        them (see the module docstring: ``read_committed``)."""
+        tps = sorted(consumer.assignment(), key=lambda tp: tp.partition)
+        emit("reading_committed", partitions=names(tps), **who)
+        try:
+            offsets = {tp.partition: consumer.committed(tp) for tp in tps}
+        except Exception as e:
+            emit("read_committed_failed", error=f"{type(e).__name__}: {e}", **who)
+            return
+        found = {p: o for p, o in offsets.items() if o is not None}
+        emit("read_committed", partitions=names(tps), offsets=found, **who)
+
     reporter = Reporter()
     consumer.subscribe([cfg["topic"]], listener=Listener())
     emit("started")
+    read_in_generation = -1
     try:
         while not stopping.is_set():
             loop_came_round()
@@ -192,6 +214,9 @@ def run_kafka_python(cfg: dict[str, Any]) -> None:
             ]
             who = ident()
             emit("records", records=records, **who)
+            if who["generation"] != read_in_generation:
+                read_in_generation = who["generation"]
+                read_committed(who)
             # With the leader epoch of the last record, as the Java consumer commits (KIP-320).
             offsets = {
                 tp: OffsetAndMetadata(rs[-1].offset + 1, "", rs[-1].leader_epoch)

@@ -303,6 +303,13 @@ class GroupsWorkload:
                 "commit",
                 {**who, "offsets": offsets, "error": event.get("error")},
             )
+        elif kind == "reading_committed":
+            add(proc.name, "invoke", "committed", {**who, "partitions": event["partitions"]})
+        elif kind == "read_committed":
+            value = {**who, "partitions": event["partitions"], "offsets": event["offsets"]}
+            add(proc.name, "ok", "committed", value)
+        elif kind == "read_committed_failed":
+            add(proc.name, "fail", "committed", {**who, "error": event.get("error")})
         elif kind == "assignment":
             add(proc.name, "info", "assignment", {**who, "partitions": event["partitions"]})
         elif kind in ("assigned", "revoked", "lost"):

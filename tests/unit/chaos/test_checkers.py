@@ -411,6 +411,53 @@ def test_regressed_commit_when_a_later_commit_goes_back() -> None:
     assert (example["earlier"]["offset"], example["later"]["offset"]) == (5, 3)
 
 
+def member_read(
+    h: History, t: float, member: str, offsets: dict[int, int], generation: int
+) -> None:
+    """A member's read of its partitions' committed offsets (``read_committed``)."""
+    value = {"group": "g", "topic": "t", "member": member, "generation": generation}
+    h.add(member, INVOKE, "committed", {**value, "partitions": sorted(offsets)}, time=t)
+    h.add(member, OK, "committed", {**value, "partitions": sorted(offsets), "offsets": offsets},
+          time=t + 0.1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("read", "stale"),
+    [
+        (5, True),  # the coordinator had kept 5: m2 went back from its own position
+        (3, False),  # it served less than was acknowledged: still an anomaly
+    ],
+)
+def test_a_member_going_back_from_its_own_position_is_not_a_regressed_commit(
+    read: int, stale: bool
+) -> None:
+    """kafka-python keeps a partition's position through an eager rebalance and commits
+    below what another member committed meanwhile (chaos seed 3406); a read of the committed
+    offset it made first, in that generation, shows whether the coordinator had kept it."""
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    consume(h, 3.0, "m2", 0, range(3))
+    member_read(h, 3.5, "m2", {0: read}, generation=2)
+    commit(h, 4.0, "m2", {0: 3}, generation=2)
+    committed(h, 10.0, {0: 5})
+
+    result = check_offsets(h)
+
+    assert named(result) == (set() if stale else {"regressed-commit"})
+    assert result.stats["stale_position_commits"] == (1 if stale else 0)
+    # A read in another generation, or after the commit, proves nothing.
+    h2 = History()
+    consume(h2, 1.0, "m1", 0, range(5))
+    commit(h2, 2.0, "m1", {0: 5})
+    consume(h2, 3.0, "m2", 0, range(3))
+    member_read(h2, 3.5, "m2", {0: 5}, generation=1)
+    commit(h2, 4.0, "m2", {0: 3}, generation=2)
+    member_read(h2, 5.0, "m2", {0: 5}, generation=2)
+    committed(h2, 10.0, {0: 5})
+    assert named(check_offsets(h2)) == {"regressed-commit"}
+
+
 def test_concurrent_commits_may_land_in_either_order() -> None:
     h = History()
     consume(h, 1.0, "m1", 0, range(5))
