@@ -431,6 +431,37 @@ def test_a_create_partitions_request_adding_too_many_partitions_is_refused_whole
     asyncio.run(scenario())
 
 
+class ThreeBrokers:
+    """An active controller over three registered brokers, on a settable clock."""
+
+    def __init__(self, propose_timeout_s: float = 10.0) -> None:
+        self.clock = [1_000_000]
+        self.cache = MetadataCache(NODE_ID, cast(Any, None))
+        self.quorum = FakeQuorum(self.cache)
+        self.service = ControllerService(
+            NODE_ID,
+            cast(MetadataQuorum, self.quorum),
+            self.cache,
+            ControllerConfig(),
+            lambda: self.clock[0],
+            cluster_id="c",
+            expected_brokers=3,
+            propose_timeout_s=propose_timeout_s,
+        )
+        self.quorum.commit([rec.ClusterId("c")])
+        register(self.quorum, 1, 2, 3)
+
+    async def beat(self, b: int, **extra: Any) -> Any:
+        return await self.service.handle_broker_heartbeat(
+            {
+                "broker_id": b,
+                "broker_epoch": self.cache.image.brokers[b].broker_epoch,
+                "current_metadata_offset": self.cache.image.last_offset,
+                **extra,
+            }
+        )
+
+
 def test_deciding_again_in_the_same_term_keeps_the_brokers_sessions() -> None:
     """A heartbeat's proposal abandoned by its caller (its connection closed) made the
     controller activate again with new broker sessions, all counted from then: a broker dead
@@ -438,31 +469,9 @@ def test_deciding_again_in_the_same_term_keeps_the_brokers_sessions() -> None:
     with a new active controller in Kafka)."""
 
     async def scenario() -> None:
-        clock = [1_000_000]
-        cache = MetadataCache(NODE_ID, cast(Any, None))
-        quorum = FakeQuorum(cache)
-        service = ControllerService(
-            NODE_ID,
-            cast(MetadataQuorum, quorum),
-            cache,
-            ControllerConfig(),
-            lambda: clock[0],
-            cluster_id="c",
-            expected_brokers=3,
-        )
-        quorum.commit([rec.ClusterId("c")])
-        register(quorum, 1, 2, 3)
+        c = ThreeBrokers()
+        clock, cache, quorum, service, beat = c.clock, c.cache, c.quorum, c.service, c.beat
         await service._maybe_activate()
-
-        async def beat(b: int, **extra: Any) -> Any:
-            return await service.handle_broker_heartbeat(
-                {
-                    "broker_id": b,
-                    "broker_epoch": cache.image.brokers[b].broker_epoch,
-                    "current_metadata_offset": cache.image.last_offset,
-                    **extra,
-                }
-            )
 
         t0 = clock[0]
         for b in (1, 2, 3):
@@ -509,32 +518,9 @@ def test_heartbeats_refused_while_set_aside_keep_the_brokers_alive(stall_ms: int
     controller starts afresh."""
 
     async def scenario() -> None:
-        clock = [1_000_000]
-        cache = MetadataCache(NODE_ID, cast(Any, None))
-        quorum = FakeQuorum(cache)
-        service = ControllerService(
-            NODE_ID,
-            cast(MetadataQuorum, quorum),
-            cache,
-            ControllerConfig(),
-            lambda: clock[0],
-            cluster_id="c",
-            expected_brokers=3,
-            propose_timeout_s=0.01,
-        )
-        quorum.commit([rec.ClusterId("c")])
-        register(quorum, 1, 2, 3)
+        c = ThreeBrokers(propose_timeout_s=0.01)
+        clock, cache, quorum, service, beat = c.clock, c.cache, c.quorum, c.service, c.beat
         await service._maybe_activate()
-
-        async def beat(b: int, **extra: Any) -> Any:
-            return await service.handle_broker_heartbeat(
-                {
-                    "broker_id": b,
-                    "broker_epoch": cache.image.brokers[b].broker_epoch,
-                    "current_metadata_offset": cache.image.last_offset,
-                    **extra,
-                }
-            )
 
         for b in (1, 2, 3):
             await beat(b)
