@@ -168,6 +168,7 @@ class ControllerService:
             if self.controller is not None:
                 log.info("node %d is no longer the active controller", self.node_id)
             self.controller = None
+            self._set_aside = None  # its term is over: it is never reused
             self.active_epoch = None
             return
         if self.controller is not None and self.active_epoch == status.epoch:
@@ -213,7 +214,8 @@ class ControllerService:
         ):
             log.warning(
                 "min.insync.replicas is %d in this node's config but %s at the cluster level, "
-                "which applies: change it with kafka-configs --entity-default",
+                "which applies: change it with kcoord configs alter --entity-type brokers "
+                "--entity-default",
                 self.config.min_insync_replicas,
                 pinned,
             )

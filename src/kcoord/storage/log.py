@@ -488,7 +488,7 @@ class Log:
             if record_count != last_offset_delta + 1:
                 _raise_if_count_disagrees(record_count, last_offset_delta, 0)
             if record_count * _MIN_RECORD_BYTES > size - fmt.HEADER_SIZE:
-                _raise_if_body_too_small(records, 0, fmt.parse_header(records, 0))
+                _raise_if_body_too_small(fmt.parse_header(records, 0), 0)
             if self.config.compact and not is_control:
                 self._raise_if_null_key(records)
             log_append_time = fmt.NO_TIMESTAMP
@@ -599,7 +599,7 @@ class Log:
             if header.record_count == 0 and not header.is_control:
                 raise InvalidRecordError(f"batch at position {pos} has no records")
             _raise_if_count_disagrees(header.record_count, header.last_offset_delta, pos)
-            _raise_if_body_too_small(records, pos, header)
+            _raise_if_body_too_small(header, pos)
             if self.config.compact and not header.is_control:
                 self._raise_if_null_key(records, pos)
 
@@ -1253,7 +1253,7 @@ class Log:
             for data, pos, header in _batches_in_runs(seg):
                 pause()
                 stats.bytes_read += header.size
-                raw = bytes(data[pos : pos + header.size])
+                raw = data[pos : pos + header.size]
                 if header.is_control:
                     kept_raw: bytes | None = raw
                 else:
@@ -1392,7 +1392,7 @@ def _batches_in_runs(seg: LogSegment) -> Iterator[tuple[bytes, int, fmt.BatchHea
 _MIN_RECORD_BYTES = 7
 
 
-def _raise_if_body_too_small(records: bytes, pos: int, header: fmt.BatchHeader) -> None:
+def _raise_if_body_too_small(header: fmt.BatchHeader, pos: int) -> None:
     """An uncompressed batch claiming more records than its body can hold: its offset range
     would be taken (a 70-byte batch claimed a million offsets) and no reader could decode it.
     Kafka's ``LogValidator`` reads every record and refuses it (``DefaultRecordBatch``'s
