@@ -267,6 +267,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("log.retention.check.interval.ms", _Kind.INT, 300_000, 1),
     _Spec("log.cleaner.enable", _Kind.BOOL, True),
     _Spec("log.cleaner.backoff.ms", _Kind.INT, 15_000, 0),
+    # The cleaner's key map (storage/log.py offset_map_capacity): keys per pass.
+    _Spec("log.cleaner.dedupe.buffer.size", _Kind.INT, 128 * 1024 * 1024, 1),
     _Spec("log.flush.offset.checkpoint.interval.ms", _Kind.INT, 60_000, 1),
     _Spec("log.initial.task.delay.ms", _Kind.INT, 30_000, 0),
     # pysyncobj's knobs (SyncConf: leaderFallbackTimeout, connectionRetryTime,
@@ -366,6 +368,7 @@ class NodeConfig:
     log_retention_check_interval_ms: int
     log_cleaner_enable: bool
     log_cleaner_backoff_ms: int
+    log_cleaner_dedupe_buffer_size: int
     log_flush_offset_checkpoint_interval_ms: int
     log_initial_task_delay_ms: int
     quorum_leader_fallback_timeout_ms: int

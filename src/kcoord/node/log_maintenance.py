@@ -14,7 +14,8 @@ log tidy, as in Kafka):
   the largest dirty share at or above its ``min.cleanable.dirty.ratio`` (Kafka's
   ``LogCleanerManager.grabFilthiestCompactedLog``) and compacts it. Reading the segments and
   writing the cleaned copies run in a worker thread, as on Kafka's cleaner thread (handing
-  the GIL to the event loop after every batch, ``hand_over_the_gil``); the swap is
+  the GIL to the event loop after every batch, ``hand_over_the_gil``), with a key map of at
+  most the keys ``log.cleaner.dedupe.buffer.size`` holds in Kafka (``Log.clean``); the swap is
   on the event loop, and is abandoned (the copies deleted) if the log was truncated, trimmed
   or closed meanwhile (``Log.swap_cleaned``). One log per pass, like Kafka's one cleaner
   thread (``log.cleaner.threads`` = 1).
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kcoord.node.log_dir_failure import LogDirFailureChannel
-from kcoord.storage.log import CleanerStats, remove_now
+from kcoord.storage.log import DEFAULT_OFFSET_MAP_CAPACITY, CleanerStats, remove_now
 from kcoord.storage.manager import LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
 
@@ -66,6 +68,8 @@ class MaintenanceConfig:
     retention_check_interval_ms: int = 300_000  # log.retention.check.interval.ms
     cleaner_enable: bool = True  # log.cleaner.enable
     cleaner_backoff_ms: int = 15_000  # log.cleaner.backoff.ms
+    # Keys the cleaner maps in one pass, from log.cleaner.dedupe.buffer.size.
+    cleaner_map_capacity: int = DEFAULT_OFFSET_MAP_CAPACITY
     recovery_point_checkpoint_interval_ms: int = 60_000  # log.flush.offset.checkpoint.interval.ms
     # log.initial.task.delay.ms: retention and the checkpoints first run this long after start,
     # then every interval (Kafka's LogManager.startup schedules them so).
@@ -158,7 +162,13 @@ class LogMaintenance:
         self.stats.cleaner_runs += 1
         try:
             result = await asyncio.get_running_loop().run_in_executor(
-                self._cleaner, lg.clean, plan, self._pause_or_abort
+                self._cleaner,
+                functools.partial(
+                    lg.clean,
+                    plan,
+                    self._pause_or_abort,
+                    map_capacity=self.config.cleaner_map_capacity,
+                ),
             )
         except _CleaningAbortedError:
             self.stats.cleaner_aborted += 1

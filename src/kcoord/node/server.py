@@ -65,6 +65,7 @@ from kcoord.raft.image import ConfigResource, RoleChange
 from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage.config import LogConfig
+from kcoord.storage.log import offset_map_capacity
 from kcoord.storage.manager import LogManager
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,7 @@ class Node:
                 retention_check_interval_ms=cfg.log_retention_check_interval_ms,
                 cleaner_enable=cfg.log_cleaner_enable,
                 cleaner_backoff_ms=cfg.log_cleaner_backoff_ms,
+                cleaner_map_capacity=offset_map_capacity(cfg.log_cleaner_dedupe_buffer_size),
                 recovery_point_checkpoint_interval_ms=cfg.log_flush_offset_checkpoint_interval_ms,
                 initial_task_delay_ms=cfg.log_initial_task_delay_ms,
             ),

@@ -149,6 +149,27 @@ def _no_pause() -> None:
     pass
 
 
+# The cleaner's key map is bounded as Kafka's is (LogCleaner's SkimpyOffsetMap): the memory of
+# log.cleaner.dedupe.buffer.size (for its one cleaner thread, at most 2^31 - 1 bytes) counted in
+# slots of 24 bytes (a key's MD5 and an offset), filled to log.cleaner.io.buffer.load.factor.
+# kcoord keeps each key itself in a dict, so a slot costs more memory here than in Kafka, but a
+# log holds as many keys at a time as on a Kafka broker configured alike.
+DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024
+OFFSET_MAP_SLOT_BYTES: Final = 24
+OFFSET_MAP_LOAD_FACTOR: Final = 0.9
+_INT32_MAX: Final = 2**31 - 1
+
+
+def offset_map_capacity(dedupe_buffer_bytes: int) -> int:
+    """How many keys the cleaner maps in one pass with this ``log.cleaner.dedupe.buffer.size``
+    (Kafka's ``maxDesiredMapSize``; at least one)."""
+    slots = min(dedupe_buffer_bytes, _INT32_MAX) // OFFSET_MAP_SLOT_BYTES
+    return max(1, int(slots * OFFSET_MAP_LOAD_FACTOR))
+
+
+DEFAULT_OFFSET_MAP_CAPACITY: Final = offset_map_capacity(DEFAULT_DEDUPE_BUFFER_BYTES)
+
+
 def remove_now(paths: Sequence[Path]) -> None:
     """Remove files and directories at once (the default remover; see ``Log.remove_files``)."""
     for path in paths:
@@ -166,15 +187,20 @@ class CleanPlan:
     generation: int
     now_ms: int
     dirty_ratio: float
+    first_dirty_offset: int  # the log's when planned: the keys mapped start there
 
 
 @dataclass(slots=True)
 class CleanResult:
-    """What ``Log.clean`` wrote: per planned segment its cleaned copy, None if unchanged."""
+    """What ``Log.clean`` wrote: per planned segment its cleaned copy, None if unchanged (or
+    above ``end_offset``)."""
 
     plan: CleanPlan
     cleaned: list[LogSegment | None]
     stats: CleanerStats
+    # Where the pass ended: below it every key's earlier records went; the log's first dirty
+    # offset once swapped in. The planned segments' end, or less when the key map filled up.
+    end_offset: int = 0
     delete_horizon_ms: int | None = None  # the earliest horizon of a tombstone kept
 
     def note_horizon(self, horizon_ms: int) -> None:
@@ -1053,7 +1079,13 @@ class Log:
     # -----------------------------------------------------------------------------------------
     # Compaction.
 
-    def compact(self, now_ms: int, *, high_watermark: int | None = None) -> CleanerStats:
+    def compact(
+        self,
+        now_ms: int,
+        *,
+        high_watermark: int | None = None,
+        map_capacity: int = DEFAULT_OFFSET_MAP_CAPACITY,
+    ) -> CleanerStats:
         """Keep the last record per key in the closed segments (Kafka's ``LogCleaner``), in one
         call: ``plan_cleaning``, ``clean`` and ``swap_cleaned`` on the caller's thread.
 
@@ -1064,12 +1096,13 @@ class Log:
         batch is stamped with a delete horizon (KIP-534) and a later run past it drops the
         tombstone. Batches keep their base and last offsets; empty ones go. Each cleaned
         segment is written as ``.cleaned``, renamed ``.swap``, then swapped in, so a crash
-        leaves the old or the new segment, never half of one.
+        leaves the old or the new segment, never half of one. A pass whose key map fills up
+        (``map_capacity`` keys) cleans only up to where it stopped; the next goes on from there.
         """
         plan = self.plan_cleaning(now_ms, high_watermark=high_watermark)
         if plan is None:
             return CleanerStats()
-        stats = self.swap_cleaned(self.clean(plan))
+        stats = self.swap_cleaned(self.clean(plan, map_capacity=map_capacity))
         assert stats is not None, "nothing changed the log between planning and swapping"
         return stats
 
@@ -1118,9 +1151,15 @@ class Log:
             )
             if ratio < min_dirty_ratio and not horizon_passed and not overdue:
                 return None
-        return CleanPlan(cleanable, self._generation, now_ms, ratio)
+        return CleanPlan(cleanable, self._generation, now_ms, ratio, self.first_dirty_offset)
 
-    def clean(self, plan: CleanPlan, pause: Callable[[], object] = _no_pause) -> CleanResult:
+    def clean(
+        self,
+        plan: CleanPlan,
+        pause: Callable[[], object] = _no_pause,
+        *,
+        map_capacity: int = DEFAULT_OFFSET_MAP_CAPACITY,
+    ) -> CleanResult:
         """Write the cleaned copy of each planned segment that changes (``.cleaned`` files).
 
         Safe on a worker thread while the owner thread appends and reads: it only reads the
@@ -1129,47 +1168,97 @@ class Log:
         throws the copies away. Raises (having deleted its copies) if a segment cannot be read.
         ``pause`` is called after every batch: on a worker thread, ``time.sleep(0)`` hands the
         GIL to a waiting event loop at once instead of after the interpreter's switch interval.
+
+        The keys come from the dirty part only, at most ``map_capacity`` of them: when the map
+        fills up, the pass cleans the segments below where it stopped (``_build_offset_map``).
         """
-        result = CleanResult(plan, [], CleanerStats())
+        result = CleanResult(plan, [], CleanerStats(), end_offset=plan.segments[-1].next_offset)
         try:
-            last_offset_of: dict[bytes, int] = {}
-            # Each producer's last batch in the planned segments, by its last offset.
-            last_batch_of: dict[int, fmt.BatchHeader] = {}
+            last_offset_of = self._build_offset_map(plan, map_capacity, result, pause)
+            producers_last = self._last_batches_of_producers(plan, result.end_offset)
             for seg in plan.segments:
-                for data, pos, header in _batches_in_runs(seg):
-                    pause()
-                    if not fmt.is_crc_valid(data, pos, header):
-                        where = f"batch at offset {header.base_offset}"
-                        raise LogCorruptError(f"{seg.log_path}: CRC mismatch in {where}")
-                    if header.is_control:
-                        continue
-                    if header.producer_id != fmt.NO_PRODUCER_ID:
-                        last_batch_of[header.producer_id] = header
-                    for record in fmt.decode_records(data, pos):
-                        if record.key is not None:
-                            last_offset_of[record.key] = record.offset
-            # Kafka's Cleaner keeps an active producer's last batch, emptied if need be
-            # (BatchRetention.RETAIN_EMPTY), so a leader rebuilding producer state from this
-            # log still knows the producer's last sequence: without it, the producer's next
-            # batch is OUT_OF_ORDER_SEQUENCE_NUMBER, or a retry of its last one is appended
-            # again. Kafka asks its producer state which producers are active and where their
-            # last batch is; here a producer counts as active until its last batch in these
-            # segments is older than producer.id.expiration.ms (then a rebuild forgets it
-            # anyway), and a later batch in a segment not cleaned only makes keeping it
-            # unnecessary, never wrong.
-            producers_last = {
-                header.last_offset
-                for header in last_batch_of.values()
-                if plan.now_ms - header.max_timestamp <= DEFAULT_PRODUCER_ID_EXPIRATION_MS
-            }
-            for seg in plan.segments:
-                result.cleaned.append(
-                    self._clean_segment(seg, last_offset_of, producers_last, result, pause)
-                )
+                cleaned = None
+                if seg.base_offset < result.end_offset:
+                    cleaned = self._clean_segment(
+                        seg, last_offset_of, producers_last, result, pause
+                    )
+                result.cleaned.append(cleaned)
         except BaseException:
             self._delete_cleaned(result)
             raise
         return result
+
+    def _build_offset_map(
+        self,
+        plan: CleanPlan,
+        capacity: int,
+        result: CleanResult,
+        pause: Callable[[], object],
+    ) -> dict[bytes, int]:
+        """Each key's last offset in the planned segments from the first dirty offset on
+        (Kafka's ``Cleaner.buildOffsetMap``): below it a pass already left one record per key,
+        which stays unless the dirty part has a later one.
+
+        Once the map holds ``capacity`` keys it stops before the next batch with a key it
+        lacks, and the pass ends there (``result.end_offset``); the next pass goes on from it.
+        Kafka stops at the next record once full, within a batch, and ends after the last
+        batch it mapped whole; here a later record of a key already mapped still counts, and
+        stopping between batches lets the map exceed its capacity by at most one batch's keys.
+        """
+        last_offset_of: dict[bytes, int] = {}
+        start = plan.first_dirty_offset
+        for seg in plan.segments:
+            if seg.next_offset <= start:
+                continue
+            for data, pos, header in _batches_in_runs(seg):
+                if header.last_offset < start:
+                    continue
+                pause()
+                _raise_if_crc_invalid(seg, data, pos, header)
+                if header.is_control:
+                    continue
+                records = fmt.decode_records(data, pos)
+                if len(last_offset_of) >= capacity and any(
+                    r.key is not None and r.key not in last_offset_of for r in records
+                ):
+                    result.end_offset = header.base_offset
+                    log.info(
+                        "%s: the cleaner's key map is full (%d keys): this pass cleans below %d",
+                        self.directory.name,
+                        len(last_offset_of),
+                        header.base_offset,
+                    )
+                    return last_offset_of
+                for record in records:
+                    if record.key is not None:
+                        last_offset_of[record.key] = record.offset
+        return last_offset_of
+
+    def _last_batches_of_producers(self, plan: CleanPlan, end_offset: int) -> set[int]:
+        """The last offsets of the producers' last batches in the segments cleaned.
+
+        Kafka's Cleaner keeps an active producer's last batch, emptied if need be
+        (BatchRetention.RETAIN_EMPTY), so a leader rebuilding producer state from this log
+        still knows the producer's last sequence: without it, the producer's next batch is
+        OUT_OF_ORDER_SEQUENCE_NUMBER, or a retry of its last one is appended again. Kafka asks
+        its producer state which producers are active and where their last batch is; here a
+        producer counts as active until its last batch in these segments is older than
+        producer.id.expiration.ms (then a rebuild forgets it anyway), and a later batch in a
+        segment not cleaned only makes keeping it unnecessary, never wrong.
+        """
+        last_batch_of: dict[int, fmt.BatchHeader] = {}
+        for seg in plan.segments:
+            if seg.base_offset >= end_offset:
+                break
+            for bp in seg.scan_headers():
+                header = bp.header
+                if not header.is_control and header.producer_id != fmt.NO_PRODUCER_ID:
+                    last_batch_of[header.producer_id] = header
+        return {
+            header.last_offset
+            for header in last_batch_of.values()
+            if plan.now_ms - header.max_timestamp <= DEFAULT_PRODUCER_ID_EXPIRATION_MS
+        }
 
     def is_current(self, plan: CleanPlan) -> bool:
         """Whether nothing but appends changed the log since ``plan`` was made."""
@@ -1201,7 +1290,7 @@ class Log:
         # The renames reach the disk before the cleaned segments are relied on (Kafka's
         # LocalLog.replaceSegments flushes the directory after them).
         checkpoint.fsync_dir(self.directory)
-        self.first_dirty_offset = max(self.first_dirty_offset, plan.segments[-1].next_offset)
+        self.first_dirty_offset = max(self.first_dirty_offset, result.end_offset)
         self.delete_horizon_ms = result.delete_horizon_ms
         return result.stats
 
@@ -1252,9 +1341,14 @@ class Log:
         try:
             for data, pos, header in _batches_in_runs(seg):
                 pause()
+                # The dirty part was checked while mapping its keys; the rest is read first here.
+                _raise_if_crc_invalid(seg, data, pos, header)
                 stats.bytes_read += header.size
                 raw = data[pos : pos + header.size]
-                if header.is_control:
+                if header.is_control or header.base_offset >= result.end_offset:
+                    # Above where a full key map stopped nothing is cleaned yet: a tombstone
+                    # there may still have older values below it that this pass kept (Kafka's
+                    # Cleaner.shouldRetainRecord keeps a record past the map's latest offset).
                     kept_raw: bytes | None = raw
                 else:
                     kept_raw = self._clean_batch(raw, header, last_offset_of, result)
@@ -1301,7 +1395,9 @@ class Log:
         horizon_passed = has_horizon and now_ms >= header.base_timestamp
         kept: list[fmt.Record] = []
         for r in records:
-            if r.key is None or last_offset_of.get(r.key) != r.offset:
+            # A key the map lacks (its records all lie below the dirty part, or above where
+            # a full map stopped) keeps its record (Kafka's Cleaner.shouldRetainRecord).
+            if r.key is None or last_offset_of.get(r.key, -1) > r.offset:
                 continue
             if r.value is None and horizon_passed:
                 stats.tombstones_dropped += 1
@@ -1344,6 +1440,12 @@ class Log:
     def delete(self) -> None:
         self.abandon()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _raise_if_crc_invalid(seg: LogSegment, data: bytes, pos: int, header: fmt.BatchHeader) -> None:
+    if not fmt.is_crc_valid(data, pos, header):
+        where = f"batch at offset {header.base_offset}"
+        raise LogCorruptError(f"{seg.log_path}: CRC mismatch in {where}")
 
 
 def _raise_if_count_disagrees(record_count: int, last_offset_delta: int, pos: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,34 @@ def test_the_cleaner_compacts_on_a_worker_thread_and_then_rests(tmp_path: Path) 
     assert latest == {f"group-{i % 3}".encode(): f"{i}".encode() for i in range(97, 100)}
     assert len(read_all(node.offsets)) == 3
     assert node.maintenance.stats.cleaned.records_kept == 3
+
+
+def test_the_cleaner_maps_at_most_its_capacity_of_keys_a_pass(tmp_path: Path) -> None:
+    """``log.cleaner.dedupe.buffer.size`` bounds the keys a pass maps: with room for two of
+    three groups, each pass cleans below where the third turned up, and passes in a row get
+    the log to one record per group."""
+    node = Node(tmp_path)
+    node.maintenance = LogMaintenance(
+        node.logs, lambda: node.hws, lambda: node.now, MaintenanceConfig(cleaner_map_capacity=2)
+    )
+    # Every pass that has anything dirty left, whatever its share.
+    node.offsets.config = replace(COMPACTED, min_cleanable_dirty_ratio=0.0)
+    node.commit_offsets(30, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+
+    async def passes() -> list[int]:
+        dirty_from = []
+        while await node.maintenance.clean_filthiest() == OFFSETS:
+            dirty_from.append(node.offsets.first_dirty_offset)
+        return dirty_from
+
+    dirty_from = asyncio.run(passes())
+    assert dirty_from[0] == 2  # group-0 and group-1 mapped; group-2's commit is the third key
+    assert dirty_from == sorted(dirty_from) and dirty_from[-1] == 30
+    assert [(r.key, r.value) for r in read_all(node.offsets)] == [
+        (f"group-{i % 3}".encode(), f"{i}".encode()) for i in range(27, 30)
+    ]
 
 
 def test_a_corrupt_compacted_log_is_set_aside_not_retried(tmp_path: Path) -> None:
@@ -166,10 +195,10 @@ def test_closing_waits_for_a_cleaning_pass_in_its_thread(
     entered, release = threading.Event(), threading.Event()
     clean = type(node.offsets).clean
 
-    def slow_clean(lg: Any, plan: Any, pause: Any = None) -> Any:
+    def slow_clean(lg: Any, plan: Any, pause: Any = None, **kwargs: Any) -> Any:
         entered.set()
         release.wait(30)
-        return clean(lg, plan)
+        return clean(lg, plan, **kwargs)
 
     monkeypatch.setattr(type(node.offsets), "clean", slow_clean)
 
@@ -226,10 +255,10 @@ def test_a_log_the_cleaner_fails_on_is_set_aside_and_the_others_are_cleaned(
     node.hws[OFFSETS] = node.offsets.log_end_offset
     clean = type(data).clean
 
-    def failing_clean(lg: Any, *args: Any) -> Any:
+    def failing_clean(lg: Any, *args: Any, **kwargs: Any) -> Any:
         if lg is data:
             raise ValueError("record offsets must increase: 0 after 0")
-        return clean(lg, *args)
+        return clean(lg, *args, **kwargs)
 
     monkeypatch.setattr(type(data), "clean", failing_clean)
 

@@ -1416,3 +1416,120 @@ def test_the_cleaner_reads_and_writes_in_runs_with_the_same_result(
         )
         lg.close()
     assert results[0] == results[1]
+
+
+def test_the_offset_map_holds_as_many_keys_as_kafkas_dedupe_buffer() -> None:
+    """Kafka's SkimpyOffsetMap: 24-byte slots of log.cleaner.dedupe.buffer.size, filled to
+    0.9 (its default 128 MiB maps 5,033,164 keys a pass)."""
+    assert log_module.DEFAULT_OFFSET_MAP_CAPACITY == 5_033_164
+    assert log_module.offset_map_capacity(2**40) == int((2**31 - 1) // 24 * 0.9)
+    assert log_module.offset_map_capacity(1) == 1
+
+
+def _keyed(lg: Log, pairs: list[tuple[bytes, bytes | None]], now_ms: int = 0) -> None:
+    for key, value in pairs:
+        lg.append_as_leader(batch(1, key=key, value=value), 0, now_ms=now_ms)
+
+
+def test_a_full_key_map_cleans_up_to_where_it_stopped(tmp_path: Path) -> None:
+    """The key map was unbounded: a log with more keys than memory could not be cleaned. A
+    pass now maps at most ``map_capacity`` keys and cleans below where it stopped; the next
+    goes on from there."""
+    lg = _compacted(tmp_path)
+    _keyed(lg, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2"), (b"c", b"1"), (b"b", b"2")])
+    lg.roll()
+    plan = lg.plan_cleaning(0)
+    assert plan is not None
+    result = lg.clean(plan, map_capacity=2)
+    # a and b at offsets 0 and 1, then a again (already mapped); c would be a third key.
+    assert result.end_offset == 3
+    assert lg.swap_cleaned(result) is not None
+    assert lg.first_dirty_offset == 3
+    assert [(r.offset, r.key, r.value) for r in read_all(lg)] == [
+        (1, b"b", b"1"),  # b's later record lies above where the map stopped
+        (2, b"a", b"2"),
+        (3, b"c", b"1"),
+        (4, b"b", b"2"),
+    ]
+    lg.compact(now_ms=0, map_capacity=2)
+    assert lg.first_dirty_offset == 5
+    assert [(r.offset, r.key, r.value) for r in read_all(lg)] == [
+        (2, b"a", b"2"),
+        (3, b"c", b"1"),
+        (4, b"b", b"2"),
+    ]
+
+
+def test_a_tombstone_above_a_full_map_waits_for_its_older_values(tmp_path: Path) -> None:
+    """A tombstone above where a full map stopped was stamped and, a pass later, dropped as
+    if it were its key's last record while an older value, mapped in that pass, stayed: the
+    deleted key came back (found by a compaction fuzzer with a small map)."""
+    lg = open_log(
+        tmp_path / "c-0",
+        LogConfig(cleanup_policy=frozenset({"compact"}), delete_retention_ms=0),
+    )
+    _keyed(lg, [(b"a", b"1"), (b"b", b"1"), (b"d", b"old"), (b"c", b"1"), (b"d", None)])
+    lg.roll()
+    seen_d: list[list[tuple[int, bytes | None]]] = []
+    for now in range(10):
+        lg.compact(now_ms=now, map_capacity=1)
+        records = read_all(lg)
+        d = [(r.offset, r.value) for r in records if r.key == b"d"]
+        seen_d.append(d)
+        # The old value never outlives the tombstone.
+        assert d in ([(2, b"old"), (4, None)], [(4, None)], []), (now, d)
+    assert seen_d[-1] == []
+    assert [(r.key, r.value) for r in read_all(lg)] == [(b"a", b"1"), (b"b", b"1"), (b"c", b"1")]
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    capacity=st.integers(1, 6),
+)
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_passes_with_a_small_key_map_end_where_one_unbounded_pass_does(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, capacity: int
+) -> None:
+    """Whatever the map's size, passes repeated until nothing is dirty leave each key's last
+    record (tombstones past their horizon gone), and no deleted key's older value ever shows
+    in between."""
+    import random
+
+    rng = random.Random(seed)
+    print("seed", seed, "capacity", capacity)
+    config = LogConfig(
+        segment_bytes=400, cleanup_policy=frozenset({"compact"}), delete_retention_ms=5
+    )
+    appends = [
+        [(rng.choice([b"a", b"b", b"c", b"d", b"e", b"f", b"g"]), rng.choice([b"v%d" % i, None]))
+         for _ in range(rng.randint(1, 3))]
+        for i in range(50)
+    ]  # fmt: skip
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
+    results = []
+    for map_capacity in (capacity, log_module.DEFAULT_OFFSET_MAP_CAPACITY):
+        lg = open_log(tmp_path_factory.mktemp("map") / "t-0", config)
+        for records in appends:
+            keys: list[bytes | None] = [k for k, _ in records]
+            values = [v for _, v in records]
+            info = lg.append_as_leader(batch(len(records), keys=keys, values=values), 0, 0)
+            for i, (k, v) in enumerate(records):
+                latest[k] = (info.first_offset + i, v)
+        lg.roll()
+        # Until every key was mapped once, then twice more past every tombstone's horizon.
+        times = [*range(0, 10 * len(appends) * 3, 10), 10_000, 10_010]
+        passes = 0
+        for now in times:
+            if now < 10_000 and lg.first_dirty_offset == lg.log_end_offset:
+                continue
+            passes += 1
+            lg.compact(now_ms=now, map_capacity=map_capacity)
+            last_seen = {r.key: (r.offset, r.value) for r in read_all(lg)}
+            for key, (offset, value) in latest.items():
+                # A key's last record in the log is its latest (or, deleted, it is gone).
+                assert last_seen.get(key) in ((offset, value), *([None] if value is None else []))
+        assert lg.first_dirty_offset == lg.log_end_offset, passes
+        results.append([(r.offset, r.key, r.value) for r in read_all(lg)])
+        lg.close()
+    assert results[0] == results[1]
+    assert results[0] == sorted((o, k, v) for k, (o, v) in latest.items() if v is not None)
