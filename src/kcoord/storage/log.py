@@ -516,7 +516,9 @@ class Log:
             if record_count * _MIN_RECORD_BYTES > size - fmt.HEADER_SIZE:
                 _raise_if_body_too_small(fmt.parse_header(records, 0), 0)
             if self.config.compact and not is_control:
-                self._raise_if_null_key(records)
+                self._raise_if_null_key(records)  # reads every record
+            elif attributes & fmt.COMPRESSION_MASK and not is_control:
+                _raise_if_compressed_count_disagrees(records, 0, record_count)
             log_append_time = fmt.NO_TIMESTAMP
             if not is_control:  # as _validate_timestamps
                 if attributes & fmt.TIMESTAMP_TYPE_MASK:
@@ -627,7 +629,9 @@ class Log:
             _raise_if_count_disagrees(header.record_count, header.last_offset_delta, pos)
             _raise_if_body_too_small(header, pos)
             if self.config.compact and not header.is_control:
-                self._raise_if_null_key(records, pos)
+                self._raise_if_null_key(records, pos)  # reads every record
+            elif header.compression is not fmt.Compression.NONE and not header.is_control:
+                _raise_if_compressed_count_disagrees(records, pos, header.record_count)
 
     def _recompressed(self, records: bytes, codec: fmt.Compression) -> bytes:
         """The batches with every one in another codec rebuilt in ``codec`` (Kafka's
@@ -1509,6 +1513,19 @@ def _raise_if_body_too_small(header: fmt.BatchHeader, pos: int) -> None:
         raise InvalidRecordError(
             f"batch at position {pos}: Incorrect declared batch size, premature EOF reached: "
             f"{header.record_count} records in {body} bytes"
+        )
+
+
+def _raise_if_compressed_count_disagrees(records: bytes, pos: int, record_count: int) -> None:
+    """A compressed batch whose records are not as many as it claims: as the uncompressed
+    check above, but its body says nothing until decompressed. Kafka's ``LogValidator``
+    decompresses every compressed batch a producer sends and reads each record; here the
+    records' lengths are walked (their fields are not read)."""
+    held = fmt.count_records(records, pos)
+    if held != record_count:
+        raise InvalidRecordError(
+            f"batch at position {pos}: Incorrect declared batch size: {record_count} records "
+            f"declared, {held} held"
         )
 
 

@@ -1348,6 +1348,41 @@ def test_a_batch_claiming_more_records_than_it_holds_is_refused(tmp_path: Path) 
     assert lg.log_end_offset == 200
 
 
+def _recount(batch_bytes: bytes, count: int) -> bytes:
+    """The batch claiming ``count`` records (offset range agreeing), its CRC made valid."""
+    data = bytearray(batch_bytes)
+    struct.pack_into(">i", data, 23, count - 1)  # last offset delta
+    struct.pack_into(">i", data, fmt.HEADER_SIZE - 4, count)
+    struct.pack_into(">I", data, 17, fmt.compute_crc(data, 0, len(data)))
+    return bytes(data)
+
+
+@pytest.mark.parametrize("codec", [fmt.Compression.GZIP, fmt.Compression.LZ4])
+def test_a_compressed_batch_must_hold_the_records_it_claims(
+    tmp_path: Path, codec: fmt.Compression
+) -> None:
+    """A compressed batch claiming more (or fewer) records than it holds took that offset
+    range: its body says nothing until decompressed, and the leader did not decompress it
+    (Kafka's LogValidator does, and refuses it). A body that does not decompress is refused
+    too (CORRUPT_MESSAGE)."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    packed = fmt.build_batch(
+        [fmt.Record(i, 1000, b"k", b"v" * 100) for i in range(20)], compression=codec
+    )
+    for claimed in (1_000_000, 21, 19):
+        for records in (_recount(packed, claimed), _recount(packed, claimed) + batch(1)):
+            with pytest.raises(InvalidRecordError, match="Incorrect declared batch size"):
+                lg.append_as_leader(records, 0, now_ms=1000)
+    garbage = bytearray(packed)
+    garbage[fmt.HEADER_SIZE :] = b"\x00" * (len(packed) - fmt.HEADER_SIZE)
+    struct.pack_into(">I", garbage, 17, fmt.compute_crc(garbage, 0, len(garbage)))
+    with pytest.raises(fmt.RecordFormatError) as refused:
+        lg.append_as_leader(bytes(garbage), 0, now_ms=1000)
+    assert not isinstance(refused.value, InvalidRecordError)  # the node answers CORRUPT_MESSAGE
+    assert lg.log_end_offset == 0
+    assert lg.append_as_leader(packed, 0, now_ms=1000).last_offset == 19
+
+
 def test_a_cleaned_segment_keeps_the_original_modification_time(tmp_path: Path) -> None:
     """A segment compaction empties has no timestamps left, so it ages by its file's
     modification time: a fresh one on the cleaned copy kept it (and every expired segment

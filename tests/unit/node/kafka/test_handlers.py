@@ -76,6 +76,23 @@ def batch(
     )
 
 
+def compressed_claiming(count: int, *, garbage: bool = False) -> bytes:
+    """A gzip batch of three records claiming ``count`` (offset range agreeing), or with a body
+    that does not decompress; its CRC valid."""
+    data = bytearray(
+        fmt.build_batch(
+            [fmt.Record(i, 1_700_000_000_000, None, b"v") for i in range(3)],
+            compression=fmt.Compression.GZIP,
+        )
+    )
+    data[23:27] = (count - 1).to_bytes(4, "big", signed=True)  # last offset delta
+    data[fmt.HEADER_SIZE - 4 : fmt.HEADER_SIZE] = count.to_bytes(4, "big", signed=True)
+    if garbage:
+        data[fmt.HEADER_SIZE :] = bytes(len(data) - fmt.HEADER_SIZE)
+    data[17:21] = fmt.compute_crc(data, 0, len(data)).to_bytes(4, "big")
+    return bytes(data)
+
+
 def produce_values(topic: str, partition: int, records: bytes, acks: int = -1) -> dict[str, Any]:
     return {
         "acks": acks,
@@ -717,6 +734,8 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
                 Errors.INVALID_RECORD,
             ),
             ("t", mine, batch([b"x"]), 2, Errors.INVALID_REQUIRED_ACKS),
+            ("t", mine, compressed_claiming(1_000), 1, Errors.INVALID_RECORD),
+            ("t", mine, compressed_claiming(3, garbage=True), 1, Errors.CORRUPT_MESSAGE),
         ]:
             response = await c.call(PRODUCE, 9, produce_values(topic, partition, records, acks))
             assert only_partition(response).error_code == error, (topic, partition, acks)
