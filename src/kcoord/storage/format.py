@@ -363,12 +363,35 @@ def _cramjam() -> Any:
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
-def decompress(codec: Compression, data: bytes | memoryview) -> bytes:
+# The most a batch may decompress to. Kafka reads a compressed batch as a stream and sets no
+# such limit; here a batch is decompressed whole, and a few KiB of zstd can claim gigabytes (a
+# 1 MiB batch of zeros decompresses to 32 GiB), so what a batch would take is bounded from its
+# frames' headers before anything is decompressed (``decompressed_size_bound``). 64 times
+# Kafka's default max.message.bytes: ratios that high are what compressing zeros gives, not
+# records.
+MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+
+
+def decompress(
+    codec: Compression, data: bytes | memoryview, max_bytes: int = MAX_DECOMPRESSED_BYTES
+) -> bytes:
+    """``data`` decompressed; ``RecordFormatError`` if it does not decompress, or could take
+    more than ``max_bytes``."""
     try:
         if codec is Compression.NONE:
             return bytes(data)
         if codec is Compression.GZIP:
-            return zlib.decompress(data, wbits=47)  # 32 + 15: accept gzip or zlib headers
+            # 32 + 15: accept gzip or zlib headers. A stream, so bounded as it goes.
+            inflater = zlib.decompressobj(wbits=47)
+            inflated = inflater.decompress(data, max_bytes + 1)
+            if len(inflated) > max_bytes:
+                raise RecordFormatError(_too_large(codec, max_bytes))
+            if not inflater.eof:
+                raise RecordFormatError("incomplete or truncated gzip stream")
+            return inflated
+        bound = decompressed_size_bound(codec, data)
+        if bound > max_bytes:
+            raise RecordFormatError(_too_large(codec, max_bytes, bound))
         cramjam = _cramjam()
         if codec is Compression.SNAPPY:
             raw = bytes(data)
@@ -393,6 +416,162 @@ def decompress(codec: Compression, data: bytes | memoryview) -> bytes:
     except Exception as e:
         raise RecordFormatError(f"cannot decompress {codec.name} records: {e}") from e
     raise UnsupportedCompressionError(f"unknown compression codec {int(codec)}")
+
+
+def _too_large(codec: Compression, max_bytes: int, bound: int | None = None) -> str:
+    found = "" if bound is None else f" (its frames allow {bound})"
+    return f"{codec.name} records decompress to more than {max_bytes} bytes{found}"
+
+
+_ZSTD_MAGIC = 0xFD2FB528
+_LZ4_MAGIC = 0x184D2204
+_SKIPPABLE_MAGIC_MASK = 0xFFFFFFF0
+_SKIPPABLE_MAGIC = 0x184D2A50  # zstd and lz4 frames alike
+_ZSTD_MAX_BLOCK = 128 * 1024  # Block_Maximum_Size (RFC 8878)
+_LZ4_BLOCK_SIZES = {4: 64 * 1024, 5: 256 * 1024, 6: 1024 * 1024, 7: 4 * 1024 * 1024}
+_UINT32_LE = struct.Struct("<I")
+
+
+def decompressed_size_bound(codec: Compression, data: bytes | memoryview) -> int:
+    """At most how many bytes ``data`` decompresses to, from its framing alone (block headers
+    and declared sizes; nothing is decompressed). Snappy and lz4 and zstd declare enough for
+    that; gzip does not (``decompress`` inflates it as a stream, bounded as it goes).
+    Raises ``RecordFormatError`` when the framing itself is broken."""
+    view = memoryview(data)
+    if codec is Compression.NONE:
+        return len(view)
+    if codec is Compression.SNAPPY:
+        return _snappy_bound(view)
+    if codec is Compression.LZ4:
+        return _frames_bound(view, _LZ4_MAGIC, _lz4_frame_bound, "lz4")
+    if codec is Compression.ZSTD:
+        return _frames_bound(view, _ZSTD_MAGIC, _zstd_frame_bound, "zstd")
+    raise RecordFormatError(f"no size bound for {codec.name}")
+
+
+def _uvarint(data: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 35:
+            raise RecordFormatError("snappy: bad length varint")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _snappy_bound(data: memoryview) -> int:
+    if bytes(data[: len(_XERIAL_MAGIC)]) != _XERIAL_MAGIC:
+        return _uvarint(data, 0)[0]  # a raw snappy block starts with its length
+    total, pos = 0, 16
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise RecordFormatError("snappy: truncated xerial block length")
+        (n,) = _INT32.unpack_from(data, pos)
+        pos += 4
+        if n < 0 or pos + n > len(data):
+            raise RecordFormatError("snappy: xerial block runs past the data")
+        total += _uvarint(data, pos)[0]
+        pos += n
+    return total
+
+
+def _frames_bound(data: memoryview, magic: int, frame_bound: Any, name: str) -> int:
+    """Frames one after another (zstd and lz4 allow concatenation), skippable ones skipped."""
+    total = pos = 0
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise RecordFormatError(f"{name}: truncated frame magic")
+        (found,) = _UINT32_LE.unpack_from(data, pos)
+        if found & _SKIPPABLE_MAGIC_MASK == _SKIPPABLE_MAGIC:
+            if pos + 8 > len(data):
+                raise RecordFormatError(f"{name}: truncated skippable frame")
+            pos += 8 + _UINT32_LE.unpack_from(data, pos + 4)[0]
+            continue
+        if found != magic:
+            raise RecordFormatError(f"{name}: bad frame magic {found:#x}")
+        size, pos = frame_bound(data, pos + 4)
+        total += size
+    return total
+
+
+def _need(data: memoryview, pos: int, n: int, name: str) -> None:
+    if pos + n > len(data):
+        raise RecordFormatError(f"{name}: frame runs past the data")
+
+
+def _zstd_frame_bound(data: memoryview, pos: int) -> tuple[int, int]:
+    """RFC 8878 section 3.1.1: the frame header, then blocks of 3-byte headers. A raw or RLE
+    block's size is what it regenerates; a compressed one regenerates at most 128 KiB."""
+    _need(data, pos, 1, "zstd")
+    descriptor = data[pos]
+    pos += 1
+    fcs_flag, single_segment = descriptor >> 6, descriptor >> 5 & 1
+    has_checksum, dict_flag = descriptor >> 2 & 1, descriptor & 3
+    pos += (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    fcs_bytes = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    _need(data, pos, fcs_bytes, "zstd")
+    declared = int.from_bytes(data[pos : pos + fcs_bytes], "little") if fcs_bytes else 0
+    if fcs_bytes == 2:
+        declared += 256
+    pos += fcs_bytes
+    total = 0
+    while True:
+        _need(data, pos, 3, "zstd")
+        block = int.from_bytes(data[pos : pos + 3], "little")
+        pos += 3
+        last, kind, size = block & 1, block >> 1 & 3, block >> 3
+        if kind == 0:  # raw
+            total, pos = total + size, pos + size
+        elif kind == 1:  # RLE: one byte, repeated size times
+            total, pos = total + size, pos + 1
+        elif kind == 2:
+            total, pos = total + _ZSTD_MAX_BLOCK, pos + size
+        else:
+            raise RecordFormatError("zstd: reserved block type")
+        _need(data, pos, 0, "zstd")
+        if last:
+            break
+    pos += 4 if has_checksum else 0
+    _need(data, pos, 0, "zstd")
+    return max(total, declared), pos
+
+
+def _lz4_frame_bound(data: memoryview, pos: int) -> tuple[int, int]:
+    """The LZ4 frame format: FLG and BD bytes, optional content size and dictionary id, a
+    header checksum, then blocks of a 4-byte size (the high bit: stored uncompressed) up to
+    an end mark; a compressed block regenerates at most the frame's block maximum."""
+    _need(data, pos, 2, "lz4")
+    flags, block_descriptor = data[pos], data[pos + 1]
+    pos += 2
+    block_max = _LZ4_BLOCK_SIZES.get(block_descriptor >> 4 & 7)
+    if flags >> 6 != 1 or block_max is None:
+        raise RecordFormatError("lz4: unsupported frame version or block size")
+    block_checksum, has_size = flags >> 4 & 1, flags >> 3 & 1
+    content_checksum, has_dict = flags >> 2 & 1, flags & 1
+    declared = 0
+    if has_size:
+        _need(data, pos, 8, "lz4")
+        declared = int.from_bytes(data[pos : pos + 8], "little")
+        pos += 8
+    pos += (4 if has_dict else 0) + 1  # the dictionary id, the header checksum
+    total = 0
+    while True:
+        _need(data, pos, 4, "lz4")
+        (word,) = _UINT32_LE.unpack_from(data, pos)
+        pos += 4
+        if word == 0:  # the end mark
+            break
+        size = word & 0x7FFFFFFF
+        # LZ4 gives at most 255 bytes for one (a match length byte), whatever the block size.
+        total += size if word & 0x80000000 else min(block_max, 255 * size)
+        pos += size + (4 if block_checksum else 0)
+        _need(data, pos, 0, "lz4")
+    pos += 4 if content_checksum else 0
+    _need(data, pos, 0, "lz4")
+    return max(total, declared), pos
 
 
 def compress(codec: Compression, data: bytes) -> bytes:

@@ -31,6 +31,7 @@ CRC-checked) and is never served.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import logging
 import os
 import shutil
@@ -152,8 +153,9 @@ def _no_pause() -> None:
 # The cleaner's key map is bounded as Kafka's is (LogCleaner's SkimpyOffsetMap): the memory of
 # log.cleaner.dedupe.buffer.size (for its one cleaner thread, at most 2^31 - 1 bytes) counted in
 # slots of 24 bytes (a key's MD5 and an offset), filled to log.cleaner.io.buffer.load.factor.
-# kcoord keeps each key itself in a dict, so a slot costs more memory here than in Kafka, but a
-# log holds as many keys at a time as on a Kafka broker configured alike.
+# kcoord's map is a dict of keys (their MD5 when longer, ``_map_key``) to offsets: an entry
+# takes about 130-150 bytes instead of 24 (so about 700 MB at the default), but a pass maps as
+# many keys as a Kafka broker configured alike.
 DEFAULT_DEDUPE_BUFFER_BYTES: Final = 128 * 1024 * 1024
 OFFSET_MAP_SLOT_BYTES: Final = 24
 OFFSET_MAP_LOAD_FACTOR: Final = 0.9
@@ -1179,12 +1181,18 @@ class Log:
         result = CleanResult(plan, [], CleanerStats(), end_offset=plan.segments[-1].next_offset)
         try:
             last_offset_of = self._build_offset_map(plan, map_capacity, result, pause)
-            producers_last = self._last_batches_of_producers(plan, result.end_offset)
+            producers_last = self._last_batches_of_producers(plan, result)
+            kept_producers: set[int] = set()
             for seg in plan.segments:
                 cleaned = None
                 if seg.base_offset < result.end_offset:
                     cleaned = self._clean_segment(
-                        seg, last_offset_of, producers_last, result, pause
+                        seg,
+                        last_offset_of,
+                        producers_last=producers_last,
+                        kept_producers=kept_producers,
+                        result=result,
+                        pause=pause,
                     )
                 result.cleaned.append(cleaned)
         except BaseException:
@@ -1221,9 +1229,13 @@ class Log:
                 _raise_if_crc_invalid(seg, data, pos, header)
                 if header.is_control:
                     continue
-                records = fmt.decode_records(data, pos)
+                keyed = [
+                    (_map_key(r.key), r.offset)
+                    for r in fmt.decode_records(data, pos)
+                    if r.key is not None
+                ]
                 if len(last_offset_of) >= capacity and any(
-                    r.key is not None and r.key not in last_offset_of for r in records
+                    key not in last_offset_of for key, _ in keyed
                 ):
                     result.end_offset = header.base_offset
                     log.info(
@@ -1233,13 +1245,15 @@ class Log:
                         header.base_offset,
                     )
                     return last_offset_of
-                for record in records:
-                    if record.key is not None:
-                        last_offset_of[record.key] = record.offset
+                last_offset_of.update(keyed)
         return last_offset_of
 
-    def _last_batches_of_producers(self, plan: CleanPlan, end_offset: int) -> set[int]:
-        """The last offsets of the producers' last batches in the segments cleaned.
+    def _last_batches_of_producers(self, plan: CleanPlan, result: CleanResult) -> dict[int, bool]:
+        """The last offset of each producer's last batch in the segments cleaned, and whether
+        the producer is still active. Above where a full key map stopped, the delete horizons
+        already stamped are noted too: the log's earliest one is what tells the background
+        cleaner that tombstones may go (after a restart, a pass that stopped below them made
+        it forget them).
 
         Kafka's Cleaner keeps an active producer's last batch, emptied if need be
         (BatchRetention.RETAIN_EMPTY), so a leader rebuilding producer state from this log
@@ -1247,21 +1261,24 @@ class Log:
         OUT_OF_ORDER_SEQUENCE_NUMBER, or a retry of its last one is appended again. Kafka asks
         its producer state which producers are active and where their last batch is; here a
         producer counts as active until its last batch in these segments is older than
-        producer.id.expiration.ms (then a rebuild forgets it anyway), and a later batch in a
-        segment not cleaned only makes keeping it unnecessary, never wrong.
+        producer.id.expiration.ms, the rule of the producer state itself (its last batch's
+        timestamp, as Kafka's ProducerStateEntry), and a later batch in a segment not cleaned
+        only makes keeping it unnecessary, never wrong.
         """
         last_batch_of: dict[int, fmt.BatchHeader] = {}
+        end_offset = result.end_offset
         for seg in plan.segments:
-            if seg.base_offset >= end_offset:
-                break
             for bp in seg.scan_headers():
                 header = bp.header
-                if not header.is_control and header.producer_id != fmt.NO_PRODUCER_ID:
+                if header.base_offset >= end_offset:
+                    if header.attributes & fmt.DELETE_HORIZON_FLAG:
+                        result.note_horizon(header.base_timestamp)
+                elif not header.is_control and header.producer_id != fmt.NO_PRODUCER_ID:
                     last_batch_of[header.producer_id] = header
         return {
-            header.last_offset
+            header.last_offset: plan.now_ms - header.max_timestamp
+            < DEFAULT_PRODUCER_ID_EXPIRATION_MS
             for header in last_batch_of.values()
-            if plan.now_ms - header.max_timestamp <= DEFAULT_PRODUCER_ID_EXPIRATION_MS
         }
 
     def is_current(self, plan: CleanPlan) -> bool:
@@ -1308,7 +1325,9 @@ class Log:
         self,
         seg: LogSegment,
         last_offset_of: dict[bytes, int],
-        producers_last: set[int],
+        *,
+        producers_last: dict[int, bool],
+        kept_producers: set[int],
         result: CleanResult,
         pause: Callable[[], object],
     ) -> LogSegment | None:
@@ -1345,7 +1364,7 @@ class Log:
         try:
             for data, pos, header in _batches_in_runs(seg):
                 pause()
-                # The dirty part was checked while mapping its keys; the rest is read first here.
+                # The clean part is read first here (the dirty part, mapped, is checked again).
                 _raise_if_crc_invalid(seg, data, pos, header)
                 stats.bytes_read += header.size
                 raw = data[pos : pos + header.size]
@@ -1356,8 +1375,20 @@ class Log:
                     kept_raw: bytes | None = raw
                 else:
                     kept_raw = self._clean_batch(raw, header, last_offset_of, result)
-                    if kept_raw is None and header.last_offset in producers_last:
+                    # An expired producer's last batch goes, unless an earlier batch of it
+                    # stays: a state rebuilt from this log would take that one for the last
+                    # and the producer for active, at an old sequence (beyond Kafka, whose
+                    # producer snapshots keep a rebuild from starting below them).
+                    if kept_raw is None and (
+                        producers_last.get(header.last_offset)
+                        or (
+                            header.last_offset in producers_last
+                            and header.producer_id in kept_producers
+                        )
+                    ):
                         kept_raw = raw if header.record_count == 0 else fmt.empty_batch(header)
+                    if kept_raw is not None and header.producer_id != fmt.NO_PRODUCER_ID:
+                        kept_producers.add(header.producer_id)
                 if kept_raw is not raw:
                     changed = True
                 if kept_raw is None:
@@ -1401,7 +1432,7 @@ class Log:
         for r in records:
             # A key the map lacks (its records all lie below the dirty part, or above where
             # a full map stopped) keeps its record (Kafka's Cleaner.shouldRetainRecord).
-            if r.key is None or last_offset_of.get(r.key, -1) > r.offset:
+            if r.key is None or last_offset_of.get(_map_key(r.key), -1) > r.offset:
                 continue
             if r.value is None and horizon_passed:
                 stats.tombstones_dropped += 1
@@ -1444,6 +1475,18 @@ class Log:
     def delete(self) -> None:
         self.abandon()
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _map_key(key: bytes) -> bytes:
+    """A key as the cleaner's map holds it: itself up to 16 bytes, else its MD5 behind a zero
+    byte (17 bytes, so never a key held as itself). Kafka's SkimpyOffsetMap holds the MD5 of
+    every key: a map entry costs the same whatever the key's length."""
+    if len(key) <= _MD5_BYTES:
+        return key
+    return b"\x00" + hashlib.md5(key, usedforsecurity=False).digest()
+
+
+_MD5_BYTES = 16
 
 
 def _raise_if_crc_invalid(seg: LogSegment, data: bytes, pos: int, header: fmt.BatchHeader) -> None:

@@ -196,7 +196,12 @@ class ProducerStateManager:
                     header.max_timestamp,
                 )
             )
-            entry.last_timestamp_ms = max(entry.last_timestamp_ms, header.max_timestamp)
+            # The last batch's, not the largest seen (Kafka's ProducerStateEntry.addBatch): the
+            # cleaner judges a producer active by its last batch alone, so with the largest a
+            # producer whose last batch is stamped in the past (event time) was kept here and
+            # its last batch dropped there, and a state rebuilt from the cleaned log then
+            # refused its next sequence.
+            entry.last_timestamp_ms = header.max_timestamp
             assert len(entry.batches) <= NUM_BATCHES_TO_RETAIN
 
     def remove_expired_producers(self, now_ms: int) -> list[int]:

@@ -226,3 +226,81 @@ def test_varint_round_trip(n: int) -> None:
     out = bytearray()
     fmt.write_varint(out, n)
     assert fmt.read_varint(out, 0) == (n, len(out))
+
+
+def _compressed_by_the_clients(data: bytes) -> dict[str, tuple[fmt.Compression, bytes]]:
+    """``data`` compressed as the clients' libraries frame it (kafka-python, aiokafka and
+    librdkafka's framings: xerial or raw snappy, lz4 frames of 64 KiB blocks, zstd frames with
+    or without a declared size), and as kcoord does."""
+    import cramjam
+    import lz4.frame
+    import snappy
+    import zstandard
+    from kafka.codec import snappy_encode
+
+    stream = zstandard.ZstdCompressor(write_checksum=True).compressobj()
+    return {
+        "gzip": (fmt.Compression.GZIP, fmt.compress(fmt.Compression.GZIP, data)),
+        "snappy raw": (fmt.Compression.SNAPPY, snappy.compress(data)),
+        "snappy xerial": (
+            fmt.Compression.SNAPPY,
+            snappy_encode(data, xerial_compatible=True, xerial_blocksize=32 * 1024),
+        ),
+        "lz4 linked, checksums": (
+            fmt.Compression.LZ4,
+            lz4.frame.compress(data, block_linked=True, block_checksum=True, content_checksum=True),
+        ),
+        "lz4 sized": (fmt.Compression.LZ4, lz4.frame.compress(data, store_size=True)),
+        "lz4 kcoord": (fmt.Compression.LZ4, fmt.compress(fmt.Compression.LZ4, data)),
+        "zstd sized": (fmt.Compression.ZSTD, bytes(cramjam.zstd.compress(data))),
+        "zstd streamed": (fmt.Compression.ZSTD, stream.compress(data) + stream.flush()),
+        "zstd unsized": (
+            fmt.Compression.ZSTD,
+            zstandard.ZstdCompressor(write_content_size=False).compress(data),
+        ),
+    }
+
+
+@pytest.mark.parametrize("size", [0, 1, 1_000, 300_000, 3_000_000])
+def test_every_framing_decompresses_within_its_bound(size: int) -> None:
+    data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+    for name, (codec, packed) in _compressed_by_the_clients(data).items():
+        assert fmt.decompress(codec, packed) == data, name
+        if codec is not fmt.Compression.GZIP:
+            assert fmt.decompressed_size_bound(codec, packed) >= size, name
+
+
+def test_a_decompression_bomb_is_refused_before_it_is_inflated() -> None:
+    """A few KiB of zstd decompressed to hundreds of MiB, and a leader decompresses every
+    compressed batch produced (to count its records): one request could take a node's
+    memory. What the framing allows is bounded before anything is inflated (gzip, which
+    declares nothing, is inflated as a stream and stopped at the limit)."""
+    limit = 1024 * 1024
+    zeros = bytes(limit + 1)
+    for name, (codec, packed) in _compressed_by_the_clients(zeros).items():
+        with pytest.raises(fmt.RecordFormatError, match="decompress to more than"):
+            fmt.decompress(codec, packed, max_bytes=limit)
+        assert fmt.decompress(codec, packed, max_bytes=limit + 1) == zeros, name
+    # The default limit, on a batch: 8 KiB of zstd claiming 256 MiB.
+    import cramjam
+
+    body = bytes(cramjam.zstd.compress(bytes(256 * 1024 * 1024)))
+    assert len(body) < 16 * 1024
+    header = fmt.build_batch([fmt.Record(0, 0, None, b"v")], compression=fmt.Compression.ZSTD)
+    bomb = bytearray(header[: fmt.HEADER_SIZE] + body)
+    bomb[8:12] = (len(bomb) - 12).to_bytes(4, "big")  # the batch length
+    with pytest.raises(fmt.RecordFormatError, match="decompress to more than"):
+        fmt.count_records(bomb)
+
+
+def test_broken_framing_is_a_format_error() -> None:
+    for codec, packed in [
+        (fmt.Compression.ZSTD, b"\x28\xb5\x2f\xfd\x00"),  # a header, no block
+        (fmt.Compression.ZSTD, b"\x28\xb5\x2f\xfd\x20\x05\x07\x00\x00"),  # reserved block type
+        (fmt.Compression.LZ4, b"\x04\x22\x4d\x18\x00\x40"),  # version 0
+        (fmt.Compression.LZ4, b"\x04\x22\x4d\x18\x60\x40\x82\x10\x00\x00\x00"),  # cut block
+        (fmt.Compression.SNAPPY, b"\xff\xff\xff\xff\xff\xff"),
+        (fmt.Compression.ZSTD, b"nope"),
+    ]:
+        with pytest.raises(fmt.RecordFormatError):
+            fmt.decompress(codec, packed)

@@ -76,6 +76,21 @@ def batch(
     )
 
 
+def zstd_bomb() -> bytes:
+    """A batch of one record whose 8 KiB zstd body decompresses to 256 MiB, its CRC valid."""
+    import cramjam
+
+    data = bytearray(
+        fmt.build_batch(
+            [fmt.Record(0, 1_700_000_000_000, None, b"v")], compression=fmt.Compression.ZSTD
+        )[: fmt.HEADER_SIZE]
+    )
+    data += bytes(cramjam.zstd.compress(bytes(256 * 1024 * 1024)))
+    data[8:12] = (len(data) - 12).to_bytes(4, "big")  # the batch length
+    data[17:21] = fmt.compute_crc(data, 0, len(data)).to_bytes(4, "big")
+    return bytes(data)
+
+
 def compressed_claiming(count: int, *, garbage: bool = False) -> bytes:
     """A gzip batch of three records claiming ``count`` (offset range agreeing), or with a body
     that does not decompress; its CRC valid."""
@@ -736,6 +751,7 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
             ("t", mine, batch([b"x"]), 2, Errors.INVALID_REQUIRED_ACKS),
             ("t", mine, compressed_claiming(1_000), 1, Errors.INVALID_RECORD),
             ("t", mine, compressed_claiming(3, garbage=True), 1, Errors.CORRUPT_MESSAGE),
+            ("t", mine, zstd_bomb(), 1, Errors.CORRUPT_MESSAGE),
         ]:
             response = await c.call(PRODUCE, 9, produce_values(topic, partition, records, acks))
             assert only_partition(response).error_code == error, (topic, partition, acks)
