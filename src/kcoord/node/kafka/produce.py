@@ -220,6 +220,13 @@ class ProducerStates:
                 break
             except OSError:
                 self._restart(t, now_ms)  # a segment was let go while we read it
+        else:
+            # Never validate against a state read part way: the produce is refused (a
+            # retriable error) rather than a retry appended again.
+            raise KafkaError(
+                Errors.KAFKA_STORAGE_ERROR,
+                f"the producer state of {part.topic}-{part.partition} could not be read",
+            )
         self._maybe_expire(t, now_ms)
         return t.state
 
@@ -276,21 +283,36 @@ class ProducerStates:
         headers: list[fmt.BatchHeader] = []
         count = 0
         done = True
-        try:
-            for header in lg.batch_headers_from(offset):
-                if header.base_offset >= end:
-                    break
-                if header.last_offset < offset:
+        while True:
+            try:
+                for header in lg.batch_headers_from(offset):
+                    if header.base_offset >= end:
+                        break
+                    if header.last_offset < offset:
+                        continue
+                    if header.producer_id != fmt.NO_PRODUCER_ID:
+                        headers.append(header)
+                    offset = header.last_offset + 1
+                    count += 1
+                    if limit is not None and count >= limit:
+                        done = False
+                        break
+            except LogCorruptError as e:
+                # The rest of that segment is lost to the state, not the later segments: a
+                # producer's last batches there must still be found (they were all skipped,
+                # and its next sequence refused). Kafka's load fails on such a read instead.
+                later = [s.base_offset for s in lg.segments if offset < s.base_offset < end]
+                log.error(
+                    "%s: producer state read skipped a corrupt batch at or after %d%s: %s",
+                    lg.directory.name,
+                    offset,
+                    f", going on at {later[0]}" if later else "",
+                    e,
+                )
+                if later:
+                    offset = later[0]
                     continue
-                if header.producer_id != fmt.NO_PRODUCER_ID:
-                    headers.append(header)
-                offset = header.last_offset + 1
-                count += 1
-                if limit is not None and count >= limit:
-                    done = False
-                    break
-        except LogCorruptError as e:
-            log.error("%s: producer state read stopped: %s", lg.directory.name, e)
+            break
         if done:
             offset = max(offset, end)  # nothing more, or a gap compaction left at the end
         t.state.update(headers)
@@ -619,7 +641,15 @@ class ProduceApi:
         if not is_internal(topic):
             await self.states.ready(part, self.ctx.now_ms())
             if part.is_leader:  # not deposed while the state loaded
-                state = self.states.get(part, self.ctx.now_ms())
+                try:
+                    state = self.states.get(part, self.ctx.now_ms())
+                except KafkaError as e:
+                    return {
+                        "partition_index": index,
+                        "error_code": e.code,
+                        "error_message": e.message or None,
+                        "active_producers": [],
+                    }
                 producers = [
                     {
                         "producer_id": entry.producer_id,

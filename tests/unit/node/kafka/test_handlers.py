@@ -1532,6 +1532,59 @@ def test_a_producer_state_starts_over_after_a_truncation_below_what_it_read(
     run(tmp_path, test)
 
 
+def test_a_corrupt_batch_costs_the_producer_state_only_its_own_segment(tmp_path: Path) -> None:
+    """A batch header that no longer parses in a middle segment (below the recovery point, so
+    no restart scans it) ended the state's read there, and the state counted itself read to
+    the log end: a producer whose last batch lay in a later segment had its next sequence
+    refused, and a retry of that batch appended again."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        for pid, n in [(7, 0), (8, 0), (7, 1)]:
+            idem = batch([b"x"], producer_id=pid, producer_epoch=0, base_sequence=n)
+            h.replicas.append_local(part, idem, required_acks=1)
+            part.log.roll()
+        with open(part.log.segments[1].log_path, "r+b") as f:
+            f.seek(16)  # the magic byte of producer 8's batch
+            f.write(b"\x07")
+        h.move_leader("t", 0, 2)
+        h.move_leader("t", 0, NODE_ID)  # the state is read from the log again
+        retry = batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=1)
+        answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, retry)))
+        assert (answer.error_code, answer.base_offset) == (Errors.NONE, 2)  # a duplicate
+        following = batch([b"y"], producer_id=7, producer_epoch=0, base_sequence=2)
+        answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, following)))
+        assert (answer.error_code, answer.base_offset) == (Errors.NONE, 3)
+
+    run(tmp_path, test)
+
+
+def test_a_producer_state_that_cannot_be_read_refuses_the_batch(tmp_path: Path) -> None:
+    """A state whose every read attempt failed (its segments let go under it each time) was
+    used as read: an empty state takes any sequence, a retry included. The batch is refused
+    now, with an error the producer retries."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        first = batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=0)
+        answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert answer.error_code == Errors.NONE
+        h.move_leader("t", 0, 2)
+        h.move_leader("t", 0, NODE_ID)
+
+        def unreadable(*_: Any) -> bool:
+            raise FileNotFoundError("a segment went")
+
+        with mock.patch.object(type(h.broker.produce.states), "_read", unreadable):
+            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert answer.error_code == Errors.KAFKA_STORAGE_ERROR
+
+    run(tmp_path, test)
+
+
 def test_a_producers_state_comes_from_its_last_batches_whatever_their_timestamps(
     tmp_path: Path,
 ) -> None:
