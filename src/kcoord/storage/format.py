@@ -645,26 +645,6 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0) -> list[Re
     return records
 
 
-def count_records(buf: bytes | bytearray | memoryview, pos: int = 0) -> int:
-    """How many records the batch at ``pos`` holds, decompressed, by their lengths alone (the
-    fields inside a record are not read). Raises ``RecordFormatError`` when the records do not
-    fill the batch exactly: one runs past its end, or bytes trail the last one."""
-    header = parse_header(buf, pos)
-    if len(buf) - pos < header.size:
-        raise RecordFormatError(f"truncated batch at position {pos}")
-    body = memoryview(buf)[pos + HEADER_SIZE : pos + header.size]
-    data = body if header.compression is Compression.NONE else decompress(header.compression, body)
-    size = len(data)
-    count = p = 0
-    while p < size:
-        length, p = read_varint(data, p)
-        if length <= 0 or p + length > size:
-            raise RecordFormatError(f"record length {length} runs past the batch")
-        p += length
-        count += 1
-    return count
-
-
 def decode_key_values(
     buf: bytes | bytearray | memoryview, pos: int = 0
 ) -> list[tuple[int, bytes | None, bytes | None]]:

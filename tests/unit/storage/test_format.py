@@ -290,7 +290,7 @@ def test_a_decompression_bomb_is_refused_before_it_is_inflated() -> None:
     bomb = bytearray(header[: fmt.HEADER_SIZE] + body)
     bomb[8:12] = (len(bomb) - 12).to_bytes(4, "big")  # the batch length
     with pytest.raises(fmt.RecordFormatError, match="decompress to more than"):
-        fmt.count_records(bomb)
+        fmt.decode_records(bomb)
 
 
 def test_broken_framing_is_a_format_error() -> None:
