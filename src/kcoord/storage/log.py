@@ -923,6 +923,12 @@ class Log:
             for found in seg.scan_headers(position):
                 yield found.header
 
+    def on_older_segment(self, offset: int, other: int) -> bool:
+        """Whether ``offset`` lies in a segment before the one holding ``other`` (Kafka's
+        ``LogOffsetMetadata.onOlderSegment``): a read from ``offset`` stops at its segment's
+        end, short of ``other``."""
+        return offset < other and self._segment_index_for(offset) < self._segment_index_for(other)
+
     def bytes_between(self, start_offset: int, end_offset: int) -> int:
         """The bytes of the batches from the one holding ``start_offset`` up to ``end_offset``
         (a batch boundary: a log end offset or a high watermark), from positions alone:

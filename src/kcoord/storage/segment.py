@@ -464,6 +464,28 @@ class LogSegment:
             end = positions[j + 1] if j + 1 < len(positions) else self.size
             yield lasts[j] + 1, end - positions[j]
 
+    def max_timestamp_from(self, start_offset: int) -> int:
+        """The largest timestamp of the records at or after ``start_offset`` (-1: none); the
+        segment's own maximum when they are all of them."""
+        if start_offset <= self.base_offset:
+            return self.max_timestamp
+        start = self.translate_offset(start_offset)
+        if start is None:
+            return -1
+        newest = -1
+        for bp in self.scan_headers(start.position):
+            header = bp.header
+            if header.base_offset >= start_offset:
+                newest = max(newest, header.max_timestamp)
+                continue
+            data = self.read_at(bp.position, header.size)  # the batch holding start_offset
+            if not fmt.is_crc_valid(data, 0, header):
+                raise LogCorruptError(f"{self.log_path}: CRC mismatch at {bp.position}")
+            for record in fmt.decode_records(data):
+                if record.offset >= start_offset:
+                    newest = max(newest, record.timestamp)
+        return newest
+
     def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp`` and ``start_offset``.
 

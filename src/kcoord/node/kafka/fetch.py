@@ -190,7 +190,13 @@ class FetchApi:
         max_bytes = min(int(body.max_bytes), FETCH_MAX_BYTES)
         min_bytes = min(int(body.min_bytes), max_bytes)
         responses, size, failed = self._read(wanted, max_bytes, version)
-        if size >= min_bytes or failed or max_wait_ms == 0 or not wanted:
+        if (
+            size >= min_bytes
+            or failed
+            or max_wait_ms == 0
+            or not wanted
+            or self._reads_older_segment(wanted)
+        ):
             return self._response(request, responses)
         return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
 
@@ -211,7 +217,7 @@ class FetchApi:
             # produce pipelined behind this fetch): read again now that they would wake us, as
             # Kafka's DelayedFetch does (tryCompleteElseWatch).
             responses, size, failed = self._read(wanted, max_bytes, request.version)
-            if size >= min_bytes or failed:
+            if size >= min_bytes or failed or self._reads_older_segment(wanted):
                 return self._response(request, responses)
             while True:
                 remaining = deadline - loop.time()
@@ -234,6 +240,21 @@ class FetchApi:
         responses, _, _ = self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
 
+    def _reads_older_segment(self, wanted: list[_FetchPartition]) -> bool:
+        """Whether a partition's read stopped at the end of a segment older than its high
+        watermark's: no wait adds to it (DelayedFetch.tryComplete answers at once). A consumer
+        with fetch.min.bytes above a small segment's size, replaying a backlog, waited
+        fetch.max.wait.ms at every segment."""
+        for w in wanted:
+            if w.topic is None:
+                continue
+            try:
+                if self.ctx.replicas.fetch_on_older_segment(w.topic, w.partition, w.fetch_offset):
+                    return True
+            except KafkaError:
+                continue
+        return False
+
     def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
         partitions' bytes below their high watermarks, each at most its max bytes, reach
@@ -250,6 +271,8 @@ class FetchApi:
                     w.topic, w.partition, w.current_leader_epoch
                 )
                 if part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch) is not None:
+                    return True
+                if part.log.on_older_segment(w.fetch_offset, part.high_watermark):
                     return True
                 available = self.ctx.replicas.fetchable_bytes(w.topic, w.partition, w.fetch_offset)
             except KafkaError as e:
@@ -560,17 +583,22 @@ def _offset_for(
         # UnifiedLog.fetchOffsetByTimestamp: the first segment holding the largest timestamp,
         # and in it the first record with it (RecordBatch.offsetOfMaxTimestamp, KAFKA-16310),
         # not the last offset of its batch: a consumer seeking there would skip the others.
-        newest = None
+        # Only records at or after the log start count: once DeleteRecords moved it past the
+        # newest record, Kafka answers that record's offset (which a consumer cannot fetch)
+        # and kcoord answered none, with records left.
+        start = log_.log_start_offset
+        newest, newest_timestamp = None, -1
         for seg in log_.segments:
-            if seg.max_timestamp >= 0 and (
-                newest is None or seg.max_timestamp > newest.max_timestamp
-            ):
-                newest = seg
+            if seg.next_offset <= start:
+                continue
+            seg_newest = seg.max_timestamp_from(start)
+            if seg_newest >= 0 and (newest is None or seg_newest > newest_timestamp):
+                newest, newest_timestamp = seg, seg_newest
         # No record found answers as one past the HW does (ReplicaManager.fetchOffset's
         # "empty offset response scenario" raises the lagging error too).
         if newest is None:
             return beyond_last_fetchable()
-        at = newest.find_offset_by_timestamp(newest.max_timestamp, log_.log_start_offset)
+        at = newest.find_offset_by_timestamp(newest_timestamp, start)
         if at is None:
             return beyond_last_fetchable()
         if at[0] >= last_fetchable:

@@ -2289,3 +2289,51 @@ def test_keyless_records_of_a_compacted_topic_and_a_batch_larger_than_a_segment(
         assert (fine.error_code, fine.base_offset) == (Errors.NONE, 0)
 
     run(tmp_path, test)
+
+
+def test_a_fetch_reading_an_older_segment_than_the_high_watermark_is_answered_at_once(
+    tmp_path: Path,
+) -> None:
+    """A read stops at its segment's end: with fetch.min.bytes above what a small segment
+    holds, a consumer replaying a backlog waited fetch.max.wait.ms at every segment. Kafka's
+    DelayedFetch.tryComplete answers such a fetch at once ("fetching older segments")."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        one = fmt.build_batch([fmt.Record(0, 1_700_000_000_000, None, b"x" * 500)])
+        await h.create_topic("t", 1, 1, {"segment.bytes": str(len(one) + 10)})
+        h.move_leader("t", 0, NODE_ID)
+        for _ in range(3):
+            await c.call(PRODUCE, 9, produce_values("t", 0, one))
+        part = h.replicas.leader_partition("t", 0)
+        assert len(part.log.segments) >= 3 and part.high_watermark == 3
+        for offset in (0, 1):  # each in a segment before the high watermark's
+            values = fetch_values("t", 0, offset, min_bytes=2 * len(one), max_wait_ms=60_000)
+            # Answered, not held for max_wait (60 s).
+            answer = only_partition(await asyncio.wait_for(c.call(FETCH, 12, values), 30))
+            assert [h.base_offset for _, h in fmt.iter_headers(answer.records)] == [offset]
+
+    run(tmp_path, test)
+
+
+def test_max_timestamp_counts_only_records_at_or_after_the_log_start(tmp_path: Path) -> None:
+    """ListOffsets -3 looked for the largest timestamp of the whole segment: once DeleteRecords
+    moved the log start past that record, it answered none with records left (Kafka answers
+    the deleted record's offset, which no consumer can fetch)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        for ts in (5_000, 1_000, 3_000, 2_000):
+            one = fmt.build_batch([fmt.Record(0, ts, None, b"v")])
+            await c.call(PRODUCE, 9, produce_values("t", 0, one))
+
+        async def newest() -> tuple[int, int]:
+            answer = await c.call(LIST_OFFSETS, 7, list_offsets_values("t", 0, -3))
+            p = answer.topics[0].partitions[0]
+            return p.offset, p.timestamp
+
+        assert await newest() == (0, 5_000)
+        h.replicas.delete_records("t", 0, 1)
+        assert await newest() == (2, 3_000)
+
+    run(tmp_path, test)
