@@ -355,6 +355,10 @@ class _Output:
         return CoordinatorResult(self.records, self.responses, self.atomic)
 
 
+def _protocol_inconsistent(requested: str | None, chosen: str | None) -> bool:
+    return requested is not None and chosen is not None and requested != chosen
+
+
 def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> CoordinatorRecord:
     return CoordinatorRecord(GroupMetadataKey(group_id=group_id), value)
 
@@ -1148,6 +1152,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 # If the protocol of the next generation would not change, persist the new
                 # member id and answer with the current assignment, without a rebalance.
                 if (group.protocol_name or "") == group.select_protocol():
+                    # The member's topics may have changed: as replay computes them from the
+                    # record, else the live group and a reloaded one disagreed (an
+                    # OffsetDelete of a newly subscribed topic went through here only).
+                    group.subscribed_topics = group.compute_subscribed_topics()
                     assignments = {m.member_id: m.assignment for m in group.members.values()}
                     out.write(
                         _group_metadata_record(
@@ -1476,9 +1484,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             return error
         if request.generation_id != group.generation_id:
             return Errors.ILLEGAL_GENERATION
-        # SyncGroup v5 names the protocol type and name the member believes in.
-        if (request.protocol_type is not None and request.protocol_type != group.protocol_type) or (
-            request.protocol_name is not None and request.protocol_name != group.protocol_name
+        # SyncGroup v5 names the protocol type and name the member believes in; a group with
+        # none chosen yet is consistent with any (ClassicGroup.isProtocolInconsistent).
+        if _protocol_inconsistent(request.protocol_type, group.protocol_type) or (
+            _protocol_inconsistent(request.protocol_name, group.protocol_name)
         ):
             return Errors.INCONSISTENT_GROUP_PROTOCOL
         return Errors.NONE
