@@ -459,12 +459,16 @@ class ReplicaFetcherManager:
         if records:
             first = fmt.parse_header(records)
             end = lg.log_end_offset
-            if first.base_offset < end <= first.last_offset and end == lg.log_start_offset:
-                # An empty log restarted at the leader's log start, which DeleteRecords put
-                # inside a batch: the batch comes whole, from below it. Kafka's
-                # Partition.appendRecordsToFollowerOrFutureReplica starts the log at the
+            if first.base_offset < end <= first.last_offset and (
+                end == lg.log_start_offset or end <= int(r["log_start_offset"])
+            ):
+                # The fetch offset is the leader's log start, which DeleteRecords put inside a
+                # batch: the batch comes whole, from below it. Kafka's
+                # Partition.appendRecordsToFollowerOrFutureReplica starts an empty log at the
                 # batch instead (the leader's log start is applied below); refused, the
-                # follower fetched the same batch for ever.
+                # follower fetched the same batch for ever. So does a log holding records
+                # below that start (a replica back from being down; Kafka's fetcher fails the
+                # partition): the leader has none of them any more, and the log restarts too.
                 lg.truncate_fully_and_start_at(first.base_offset)
             lg.append_as_follower(records, self.replicas.now_ms())
             lg.epoch_cache.flush()  # a no-op unless the records started a new epoch

@@ -923,6 +923,34 @@ def test_a_follower_restarted_inside_a_batch_takes_the_batch_whole(tmp_path: Pat
     asyncio.run(scenario())
 
 
+def test_a_follower_holding_records_below_the_leaders_log_start_takes_the_batch_too(
+    tmp_path: Path,
+) -> None:
+    """As above, but the follower's log is not empty: it holds a record the new leader never
+    had, below the leader's log start, and its log end is that start. Truncation left it
+    (the leader's first epoch starts there), the batch from below was refused, and the
+    follower asked again for ever (a read-only review's randomized simulator found it in 1-2%
+    of its runs with DeleteRecords). Nothing the follower holds is on the leader any more:
+    its log restarts at the batch."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        old_leader, new_leader = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster)
+        old_leader.produce(b"never replicated")  # acks=1 on node 1, epoch 0
+        _fail_over_to(cluster, leader=2)
+        new_leader.replicas.append_local(new_leader.partition, batch(3), required_acks=1)
+        new_leader.replicas.delete_records(TOPIC, 0, 1)  # inside its batch 0-2
+        for _ in range(3):
+            await old_leader.fetch_once()
+            old_leader.fetchers._backoff_until.clear()
+        log = old_leader.partition.log
+        assert (log.log_start_offset, log.log_end_offset) == (1, 3)
+        assert [r.value for r in read_all(log)] == [b"v", b"v"]
+
+    asyncio.run(scenario())
+
+
 def test_a_follower_takes_a_batch_larger_than_its_own_limit(tmp_path: Path) -> None:
     """The leader took a 5 KB batch; then the topic's max.message.bytes went down to 1000. The
     follower refused the batch on every fetch, and every partition after it in the same answer
