@@ -140,6 +140,7 @@ T = TypeVar("T")
 Item = TypeVar("Item")
 
 OFFSETS_TOPIC_NAME: Final = "__consumer_offsets"
+CLUSTER_METADATA_TOPIC_NAME: Final = "__cluster_metadata"  # the quorum's own log
 # Kafka's QuorumController.MAX_RECORDS_PER_USER_OP: partitions one request may add.
 MAX_PARTITIONS_PER_REQUEST: Final = 10_000
 MIN_INSYNC_REPLICAS_CONFIG: Final = "min.insync.replicas"
@@ -1093,6 +1094,13 @@ class Controller:
         name_error = topic_name_error(name)
         if name_error is not None:
             return _create_topic_error(Errors.INVALID_TOPIC_EXCEPTION, name_error)
+        if name == CLUSTER_METADATA_TOPIC_NAME:
+            # ControllerApis.createTopics. Here, not only in the CreateTopics handler: a
+            # Metadata request's auto-creation comes straight to the controller.
+            return _create_topic_error(
+                Errors.INVALID_REQUEST,
+                f"Creation of internal topic {CLUSTER_METADATA_TOPIC_NAME} is prohibited.",
+            )
         if image.topic_by_name(name) is not None:
             return _create_topic_error(
                 Errors.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists."

@@ -37,6 +37,20 @@ CLEAN_SHUTDOWN_FILE = ".kcoord_cleanshutdown"
 # its directory is no longer empty (the Raft journal, logs fetched meanwhile).
 STORAGE_LOST_FILE = ".kcoord_storage_lost"
 DELETE_DIR_SUFFIX = "-delete"
+# The metadata quorum's own directory in the data directory (raft/quorum.py); a topic whose
+# name merely starts so is a topic like any other.
+METADATA_DIR_NAME = "__cluster_metadata"
+# The longest file name most file systems take (ext4, xfs): a topic name may be 249 long.
+_MAX_FILE_NAME = 255
+
+
+def _delete_dir_name(tp: TopicPartition, unique: int) -> str:
+    """``<topic>-<partition>.<n>-delete``, the topic cut short to fit a file name (Kafka's
+    ``LocalLog.logDirNameWithSuffixCappedLength``): a topic of 249 characters could not be
+    deleted, and the node halted on the failed rename, then again at every start."""
+    suffix = f"-{tp[1]}.{unique}{DELETE_DIR_SUFFIX}"
+    return tp[0][: _MAX_FILE_NAME - len(suffix)] + suffix
+
 
 TopicPartition = tuple[str, int]
 
@@ -87,7 +101,7 @@ class LogManager:
             if path.name.endswith(DELETE_DIR_SUFFIX):
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            if path.name.startswith("__cluster_metadata"):
+            if path.name == METADATA_DIR_NAME:
                 continue  # the Raft journal lives here but is not a partition log
             tp = parse_partition_dir(path.name)
             if tp is None:
@@ -224,9 +238,7 @@ class LogManager:
             return
         removed.abandon()
         self._delete_counter += 1
-        target = removed.directory.with_name(
-            f"{removed.directory.name}.{self._delete_counter}{DELETE_DIR_SUFFIX}"
-        )
+        target = removed.directory.with_name(_delete_dir_name(tp, self._delete_counter))
         os.replace(removed.directory, target)
         self.remove([target])
 

@@ -1136,6 +1136,9 @@ def test_create_topic_with_a_fenced_broker() -> None:
         ("..", T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
         ("a/b", T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
         ("x" * 250, T2, 1, 1, {}, Errors.INVALID_TOPIC_EXCEPTION),
+        # The quorum's own log: the CreateTopics handler refused it, a Metadata request's
+        # auto-creation (which comes here directly) created it.
+        ("__cluster_metadata", T2, 1, 1, {}, Errors.INVALID_REQUEST),
         ("u", T2, 0, 1, {}, Errors.INVALID_PARTITIONS),
         ("u", T2, 1, 0, {}, Errors.INVALID_REPLICATION_FACTOR),
         ("u", T2, 1, 4, {}, Errors.INVALID_REPLICATION_FACTOR),

@@ -141,6 +141,41 @@ def test_delete_log_removes_directory(tmp_path: Path) -> None:
     assert ("orders", 0) not in again.logs
 
 
+def test_a_topic_of_the_longest_name_is_deleted(tmp_path: Path) -> None:
+    """A topic name may be 249 characters; ``<topic>-<p>.<n>-delete`` was longer than a file
+    name may be, the rename failed, and the node halted (its log directory failed), then
+    again at every start. The topic part is cut short, as Kafka's
+    LocalLog.logDirNameWithSuffixCappedLength does."""
+    name = "t" * 249
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    mgr.get_or_create_log((name, 12345)).append_as_leader(batch(1), 0, 0)
+    renamed: list[Path] = []
+    mgr.remove = renamed.extend
+    mgr.delete_log((name, 12345))
+    assert len(renamed) == 1 and renamed[0].name.endswith("-12345.1-delete")
+    assert len(renamed[0].name) <= 255 and renamed[0].exists()
+    mgr.shutdown()
+    again = LogManager(tmp_path, CONFIG)
+    again.open()  # what a crash left to remove is removed at the next start
+    assert list(tmp_path.glob("*-delete")) == [] and (name, 12345) not in again.logs
+
+
+def test_only_the_quorums_own_directory_is_skipped_at_start_up(tmp_path: Path) -> None:
+    """Every directory whose name started with ``__cluster_metadata`` was skipped as the
+    metadata quorum's: a topic so named (``__cluster_metadata_audit``) was not loaded at
+    start-up, not recovered, and never found stray."""
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    mgr.get_or_create_log(("__cluster_metadata_audit", 0)).append_as_leader(batch(1), 0, 0)
+    mgr.shutdown()
+    (tmp_path / "__cluster_metadata").mkdir()  # the quorum's journal directory
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    assert list(again.logs) == [("__cluster_metadata_audit", 0)]
+    assert again.logs[("__cluster_metadata_audit", 0)].log_end_offset == 1
+
+
 def test_retention_and_compaction_across_logs(tmp_path: Path) -> None:
     mgr = LogManager(tmp_path, CONFIG)
     mgr.open()
