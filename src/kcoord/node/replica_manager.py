@@ -704,8 +704,9 @@ class ReplicaManager:
     ) -> AppendResult:
         """Append as leader; raises KafkaError with the code Kafka answers for bad input.
 
-        ``required_acks`` -1 (every coordinator write) first checks the committed ISR against
-        ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``).
+        ``required_acks`` -1 (a producer's acks=all) first checks the committed ISR against
+        ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``); coordinator
+        writes append with 1 (node/runtime.py ``COORDINATOR_ACKS``).
         """
         self.check_leader_and_min_isr(part, required_acks)
         self._record_skipped_fetches(part)

@@ -25,7 +25,8 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   the log refuses (or appends anywhere but where its records were replayed) leaves the shard
   ahead of its log, so the shard is unloaded and reloaded from the log, failing its pending
   answers; Kafka reverts its timeline state to the last written offset instead, and a shard
-  here has no timeline.
+  here has no timeline. A short ISR refuses nothing: the append is an acks=1 one
+  (``COORDINATOR_ACKS``), and the answers wait for the high watermark as any others.
 - **Reads and record-less handlers** (OffsetFetch, Heartbeat, ...): their responses wait until
   the high watermark reaches the last offset written so far, so nobody reads uncommitted state.
 - **Timeout**: a response that has waited ``offsets.commit.timeout.ms`` for the high watermark
@@ -47,8 +48,8 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   ``NOT_COORDINATOR``, timers are cancelled and the context is dropped; it is never rolled
   back by hand. After a failed append the partition is reloaded from its log if this node still
   leads it. An OffsetCommit is the exception: its handler changes the shard only through the
-  records it returns, so when their append is refused (below ``min.insync.replicas``, too
-  large) only that request fails, with Kafka's error, and the shard stays (``replay_only``).
+  records it returns, so when their append is refused (too large) only that request fails,
+  with Kafka's error, and the shard stays (``replay_only``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ from kcoord.storage.log import Log
 log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
+# Coordinator writes go to the log as an acks=1 produce would (Kafka's
+# CoordinatorPartitionWriter.append): never refused for a short ISR. Their answers wait for
+# the high watermark, which stays still while the ISR is below min.insync.replicas (strict
+# min ISR, KIP-966), and time out after offsets.commit.timeout.ms. Refused up front (acks=-1),
+# every write but a commit unloaded and reloaded the shard, for as long as the ISR was short.
+COORDINATOR_ACKS = 1
 LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
 REPLAY_STEP_BYTES = 512 * 1024
 # A v2 record's framing at its widest: length, attributes, timestamp and offset deltas, key and
@@ -365,8 +372,8 @@ class ShardContext:
                     elif not self._write(records):
                         return  # the open batch failed to go out: the shard is gone, answers too
             except KafkaError as e:
-                # Refused before anything was replayed or appended (below min.insync.replicas,
-                # too large, no longer leader).
+                # Refused before anything was replayed or appended (too large, no longer
+                # leader).
                 if replay_only:
                     # Kafka's runtime fails just this write's events (its timeline state
                     # reverts to the last written offset); the shard was never changed.
@@ -460,7 +467,9 @@ class ShardContext:
         batch = fmt.build_batch(
             [fmt.Record(i, now, key, value) for i, (key, value) in enumerate(encoded)]
         )
-        appended = self.runtime.replica_manager.append_local(self.partition, batch)
+        appended = self.runtime.replica_manager.append_local(
+            self.partition, batch, required_acks=COORDINATOR_ACKS
+        )
         self.runtime.count_batch(len(records))
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
@@ -485,7 +494,7 @@ class ShardContext:
             # May not fit a batch at all: appended alone, where the log takes or refuses it.
             self._append_and_replay(records, encoded)
             return True
-        self.runtime.replica_manager.check_leader_and_min_isr(self.partition, -1)
+        self.runtime.replica_manager.check_leader_and_min_isr(self.partition, COORDINATOR_ACKS)
         batch = self.batch
         if batch is None:
             batch = self.batch = _Batch(self.last_written_offset)
@@ -523,7 +532,7 @@ class ShardContext:
             return False
         try:
             appended = self.runtime.replica_manager.append_local(
-                self.partition, fmt.build_batch(batch.records)
+                self.partition, fmt.build_batch(batch.records), required_acks=COORDINATOR_ACKS
             )
         except KafkaError as e:
             # The requests whose records were in this batch (or that wait on them).

@@ -241,49 +241,48 @@ async def committed_seven(node: Node) -> tuple[Partition, ShardContext, int]:
 
 
 @pytest.mark.parametrize("append_linger_ms", [0, -1])
-def test_a_refused_offset_commit_fails_alone_and_the_shard_stays(
+def test_below_min_insync_replicas_writes_wait_for_the_high_watermark_and_the_shard_stays(
     tmp_path: Path, append_linger_ms: int
 ) -> None:
-    """Below min.insync.replicas an OffsetCommit's append is refused: that commit is answered
-    COORDINATOR_NOT_AVAILABLE (Kafka's mapping of NOT_ENOUGH_REPLICAS) and the shard, which
-    its handler changes only through records, stays loaded: reads go on, and once the ISR is
-    back commits do. Another handler's refused write still unloads the shard."""
+    """Below min.insync.replicas a coordinator write was refused up front: a commit failed
+    alone, but any other write (a join, a sync, an OffsetDelete, a timer's) unloaded the shard
+    and reloaded it from the log, and every group of the partition answered
+    COORDINATOR_LOAD_IN_PROGRESS, again at each retry, for as long as the ISR was short. As
+    Kafka's CoordinatorPartitionWriter (acks=1), a write now goes to the log; its answer waits
+    for the high watermark, which strict min ISR holds, and times out
+    (COORDINATOR_NOT_AVAILABLE). The shard stays loaded, other groups' reads go on, and once
+    the ISR is back the writes commit."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, append_linger_ms=append_linger_ms)
+        node = Node(tmp_path, append_linger_ms=append_linger_ms, write_timeout_ms=200)
         part, ctx, end = await committed_seven(node)
-
         node.replicas.min_insync_replicas = 2  # the ISR is this node alone
-        refused = node.runtime.submit("g", commit("g", 8), replay_only=True)
-        with pytest.raises(CoordinatorError) as e:
-            await asyncio.wait_for(refused, 5)
-        assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        waiting = node.runtime.submit("g", commit("g", 8), replay_only=True)
+        deleting = node.runtime.submit("h", offset_delete("h"))
+        for answer in (waiting, deleting):
+            with pytest.raises(CoordinatorError) as e:
+                await asyncio.wait_for(answer, 30)
+            assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
         assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
-        assert part.log.log_end_offset == end
-        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
-        assert offsets.topics[0].partitions[0].committed_offset == 7
+        assert part.log.log_end_offset > end and part.high_watermark == end
+        other = await asyncio.wait_for(node.runtime.call("x", fetch("x"), read_only=True), 30)
+        assert other.topics == ()
 
         node.replicas.min_insync_replicas = 1
-        await asyncio.wait_for(node.runtime.call("g", commit("g", 9), replay_only=True), 5)
-        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        await asyncio.wait_for(node.runtime.call("g", commit("g", 9), replay_only=True), 30)
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 30)
         assert offsets.topics[0].partitions[0].committed_offset == 9
+        assert node.runtime.contexts[0] is ctx
 
         # Too large a commit is refused as in Kafka (UNKNOWN_SERVER_ERROR: a retry could
         # only be refused again); the shard stays.
         part.log.config = LogConfig(max_message_bytes=200)  # as an altered topic config does
         with pytest.raises(CoordinatorError) as e:
             await asyncio.wait_for(
-                node.runtime.call("g", commit("g" * 300, 1), replay_only=True), 5
+                node.runtime.call("g", commit("g" * 300, 1), replay_only=True), 30
             )
         assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
         assert node.runtime.contexts[0] is ctx
-
-        node.replicas.min_insync_replicas = 2
-        deleting = node.runtime.submit("g", offset_delete("g"))
-        with pytest.raises(CoordinatorError) as e:
-            await asyncio.wait_for(deleting, 5)
-        assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
-        assert node.runtime.contexts[0] is not ctx  # unloaded, and reloading from the log
         node.runtime.close()
 
     asyncio.run(scenario())
@@ -433,13 +432,14 @@ def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) 
         node = Node(tmp_path, append_linger_ms=-1)
         part, ctx, end = await committed_seven(node)
         pending = node.runtime.submit("g", commit("g", 8), replay_only=True)
-        node.replicas.min_insync_replicas = 2  # the ISR shrinks before the batch goes out
+        # The partition's max.message.bytes shrinks before the batch goes out.
+        part.log.config = LogConfig(max_message_bytes=fmt.HEADER_SIZE)
         with pytest.raises(CoordinatorError) as e:
             await asyncio.wait_for(pending, 5)
-        assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
         assert part.log.log_end_offset == end
         assert node.runtime.contexts[0] is not ctx and ctx.state is ShardState.CLOSED
-        node.replicas.min_insync_replicas = 1
+        part.log.config = LogConfig()
         await loaded(node)
         offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
         assert offsets.topics[0].partitions[0].committed_offset == 7
