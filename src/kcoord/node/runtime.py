@@ -934,6 +934,13 @@ class CoordinatorRuntime:
             lg.truncations,
         )
 
+    def _start_standby_over(self, standby: Standby, part: Partition) -> None:
+        """``standby`` replays again from the log start, into a new shard."""
+        fresh = self._new_standby(part)
+        standby.shard, standby.timer = fresh.shard, fresh.timer
+        standby.log, standby.next_offset = fresh.log, fresh.next_offset
+        standby.truncations, standby.records = fresh.truncations, 0
+
     async def _follow(self, standby: Standby) -> None:
         """Replay committed records into the standby as the follower's HW moves."""
         part = standby.partition
@@ -944,10 +951,7 @@ class CoordinatorRuntime:
                     OFFSETS_TOPIC,
                     part.partition,
                 )
-                fresh = self._new_standby(part)
-                standby.shard, standby.timer = fresh.shard, fresh.timer
-                standby.log, standby.next_offset = fresh.log, fresh.next_offset
-                standby.truncations, standby.records = fresh.truncations, 0
+                self._start_standby_over(standby, part)
             high_watermark = min(part.high_watermark, standby.log.log_end_offset)
             if standby.next_offset >= high_watermark:
                 standby.wakeup.clear()
@@ -970,7 +974,10 @@ class CoordinatorRuntime:
                 return
             except Exception:
                 log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
-                standby.truncations = -1  # invalid: start again from the log start
+                # Its shard took part of a chunk: start again from the log start, at once (a
+                # truncation count of -1 meant that, but read as valid on a log never
+                # truncated, and a promotion took the half-replayed shard).
+                self._start_standby_over(standby, part)
                 await asyncio.sleep(1.0)  # an I/O error: do not spin on it
                 continue
             if not nbytes:
@@ -1023,8 +1030,13 @@ class CoordinatorRuntime:
         if ctx.timer is not None:
             ctx.timer.cancel_all()
         if was_active and ctx.shard is not None:
-            result = ctx.shard.on_unloaded(self.now_ms())
-            ctx._deliver(result.responses)  # NOT_COORDINATOR answers to pending joins/syncs
+            try:
+                result = ctx.shard.on_unloaded(self.now_ms())
+                ctx._deliver(result.responses)  # NOT_COORDINATOR answers to pending joins/syncs
+            except Exception:
+                # Kafka's runtime logs a failed onUnloaded and unloads all the same: what the
+                # shard did not answer is failed below, not left waiting.
+                log.exception("unloading %s-%d failed", OFFSETS_TOPIC, ctx.index)
         ctx.fail_all(code)
 
     # -- requests -----------------------------------------------------------------------------

@@ -217,6 +217,32 @@ def test_unload_fails_pending_answers_and_reload_replays_the_log(
     asyncio.run(scenario())
 
 
+def test_an_unload_whose_shard_fails_to_unload_still_fails_the_pending_answers(
+    tmp_path: Path,
+) -> None:
+    """``on_unloaded`` raising (a bug in the shard) skipped failing the pending answers, which
+    then waited for ever, and the error went up into the role change that unloaded it."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        part, ctx, _ = await committed_seven(node)
+        node.replicas.hold = True
+        pending = node.runtime.submit("g", commit("g", 8))
+
+        def broken(now_ms: int) -> Any:
+            raise RuntimeError("on_unloaded failed")
+
+        assert ctx.shard is not None
+        ctx.shard.on_unloaded = broken  # type: ignore[method-assign,assignment]
+        node.runtime.unload(0, part.leader_epoch)
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(pending, 5)
+        assert e.value.code is Errors.NOT_COORDINATOR
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def offset_delete(group: str) -> Any:
     req = t.OffsetDeleteRequest(
         group_id=group,
@@ -744,6 +770,44 @@ def test_a_truncation_below_the_standby_makes_it_replay_again(tmp_path: Path) ->
         follower.replicas.release(part)
         offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
         assert offsets.topics[0].partitions[0].committed_offset == 5
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_whose_replay_failed_starts_again_at_once(tmp_path: Path) -> None:
+    """A replay that failed part way through a chunk marked the standby invalid with a
+    truncation count of -1, which a log never truncated read as valid: the half-replayed
+    shard was kept (replayed into again from where it was, and promoted as it was). It is
+    replaced by a new one from the log start at once."""
+
+    async def scenario() -> None:
+        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
+        for node in (leader, follower):
+            node.elect(leader=1, leader_epoch=0)
+        await active(leader.runtime)
+        for i in range(6):
+            await commit_on(leader, "g", i)  # one record per batch
+        standby = follower.runtime.standbys[0]
+        broken = standby.shard
+        real = type(broken).replay_offset_commit
+
+        def replay(offset: int, fields: Any) -> Any:
+            if offset == 3:
+                raise RuntimeError("replaying offset 3 failed")
+            return real(broken, offset, fields)
+
+        broken.replay_offset_commit = replay  # type: ignore[method-assign,assignment]
+        follower.replicate_from(leader)  # six records and the HW in one fetch
+        await _until(lambda: standby.shard is not broken, "a new standby shard")
+        assert standby.next_offset == 0 and standby.records == 0
+        # After its back-off (1 s) it replays the log into the new shard.
+        deadline = asyncio.get_running_loop().time() + 30
+        while standby.next_offset < 6:
+            assert asyncio.get_running_loop().time() < deadline, standby.next_offset
+            await asyncio.sleep(0.01)  # polling the standby, with a deadline
+        assert standby.records == 6
         for node in (leader, follower):
             node.runtime.close()
 
