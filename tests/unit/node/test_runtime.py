@@ -695,14 +695,20 @@ async def standby_at(runtime: CoordinatorRuntime, offset: int) -> None:
     raise AssertionError(f"standby at {standby and standby.next_offset}, expected {offset}")
 
 
+async def leader_and_follower(tmp_path: Path) -> tuple[Replica, Replica]:
+    """Node 1 leading the offsets partition with its shard active, node 2 following it."""
+    leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
+    for node in (leader, follower):
+        node.elect(leader=1, leader_epoch=0)
+    await active(leader.runtime)
+    return leader, follower
+
+
 def test_a_promoted_standby_replays_only_the_suffix_above_its_high_watermark(
     tmp_path: Path,
 ) -> None:
     async def scenario() -> None:
-        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
-        for node in (leader, follower):
-            node.elect(leader=1, leader_epoch=0)
-        await active(leader.runtime)
+        leader, follower = await leader_and_follower(tmp_path)
         for i in range(20):
             await commit_on(leader, f"g{i % 3}", i)
         assert 0 not in follower.runtime.contexts
@@ -740,10 +746,7 @@ def test_a_promoted_standby_replays_only_the_suffix_above_its_high_watermark(
 
 def test_a_truncation_below_the_standby_makes_it_replay_again(tmp_path: Path) -> None:
     async def scenario() -> None:
-        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
-        for node in (leader, follower):
-            node.elect(leader=1, leader_epoch=0)
-        await active(leader.runtime)
+        leader, follower = await leader_and_follower(tmp_path)
         for i in range(6):
             await commit_on(leader, "g", i)  # one record per batch
         follower.replicate_from(leader, advance_high_watermark=False)
@@ -783,10 +786,7 @@ def test_a_standby_whose_replay_failed_starts_again_at_once(tmp_path: Path) -> N
     replaced by a new one from the log start at once."""
 
     async def scenario() -> None:
-        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
-        for node in (leader, follower):
-            node.elect(leader=1, leader_epoch=0)
-        await active(leader.runtime)
+        leader, follower = await leader_and_follower(tmp_path)
         for i in range(6):
             await commit_on(leader, "g", i)  # one record per batch
         standby = follower.runtime.standbys[0]
@@ -1043,10 +1043,7 @@ def test_a_follower_no_longer_hosting_the_partition_drops_its_standby(tmp_path: 
     that followed it is closed and forgotten, not left waiting with the whole shard."""
 
     async def scenario() -> None:
-        leader, follower = Replica(tmp_path / "a", 1), Replica(tmp_path / "b", 2)
-        for node in (leader, follower):
-            node.elect(leader=1, leader_epoch=0)
-        await active(leader.runtime)
+        leader, follower = await leader_and_follower(tmp_path)
         await commit_on(leader, "g", 1)
         follower.replicate_from(leader)
         await standby_at(follower.runtime, follower.part.high_watermark)

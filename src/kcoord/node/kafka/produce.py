@@ -630,42 +630,14 @@ class ProduceApi:
     async def _active_producers(self, topic: str, index: int) -> dict[str, Any]:
         try:
             part = self.ctx.replicas.leader_partition(topic, index)
+            producers = await self._producers_of(topic, part)
+            if not part.is_leader:  # deposed while the state loaded
+                raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)
         except KafkaError as e:
             return {
                 "partition_index": index,
                 "error_code": e.code,
                 "error_message": e.message or None,
-                "active_producers": [],
-            }
-        producers: list[dict[str, Any]] = []
-        if not is_internal(topic):
-            await self.states.ready(part, self.ctx.now_ms())
-            if part.is_leader:  # not deposed while the state loaded
-                try:
-                    state = self.states.get(part, self.ctx.now_ms())
-                except KafkaError as e:
-                    return {
-                        "partition_index": index,
-                        "error_code": e.code,
-                        "error_message": e.message or None,
-                        "active_producers": [],
-                    }
-                producers = [
-                    {
-                        "producer_id": entry.producer_id,
-                        "producer_epoch": entry.producer_epoch,
-                        "last_sequence": entry.last_seq,
-                        "last_timestamp": entry.last_timestamp_ms,
-                        "coordinator_epoch": -1,
-                        "current_txn_start_offset": -1,
-                    }
-                    for _, entry in sorted(state.producers.items())
-                ]
-        if not part.is_leader:
-            return {
-                "partition_index": index,
-                "error_code": Errors.NOT_LEADER_OR_FOLLOWER,
-                "error_message": None,
                 "active_producers": [],
             }
         return {
@@ -674,6 +646,25 @@ class ProduceApi:
             "error_message": None,
             "active_producers": producers,
         }
+
+    async def _producers_of(self, topic: str, part: Partition) -> list[dict[str, Any]]:
+        if is_internal(topic):
+            return []
+        await self.states.ready(part, self.ctx.now_ms())
+        if not part.is_leader:
+            return []
+        state = self.states.get(part, self.ctx.now_ms())
+        return [
+            {
+                "producer_id": entry.producer_id,
+                "producer_epoch": entry.producer_epoch,
+                "last_sequence": entry.last_seq,
+                "last_timestamp": entry.last_timestamp_ms,
+                "coordinator_epoch": -1,
+                "current_txn_start_offset": -1,
+            }
+            for _, entry in sorted(state.producers.items())
+        ]
 
     # -----------------------------------------------------------------------------------------
     # InitProducerId.
