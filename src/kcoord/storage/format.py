@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -478,7 +478,12 @@ def _snappy_bound(data: memoryview) -> int:
     return total
 
 
-def _frames_bound(data: memoryview, magic: int, frame_bound: Any, name: str) -> int:
+def _frames_bound(
+    data: memoryview,
+    magic: int,
+    frame_bound: Callable[[memoryview, int], tuple[int, int]],
+    name: str,
+) -> int:
     """Frames one after another (zstd and lz4 allow concatenation), skippable ones skipped."""
     total = pos = 0
     while pos < len(data):

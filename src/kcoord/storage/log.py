@@ -1486,6 +1486,9 @@ class Log:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+_MD5_BYTES = 16
+
+
 def _map_key(key: bytes) -> bytes:
     """A key as the cleaner's map holds it: itself up to 16 bytes, else its MD5 behind a zero
     byte (17 bytes, so never a key held as itself). Kafka's SkimpyOffsetMap holds the MD5 of
@@ -1493,9 +1496,6 @@ def _map_key(key: bytes) -> bytes:
     if len(key) <= _MD5_BYTES:
         return key
     return b"\x00" + hashlib.md5(key, usedforsecurity=False).digest()
-
-
-_MD5_BYTES = 16
 
 
 def _raise_if_crc_invalid(seg: LogSegment, data: bytes, pos: int, header: fmt.BatchHeader) -> None:
