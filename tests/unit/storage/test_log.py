@@ -627,6 +627,34 @@ def test_the_cleaner_and_the_producer_state_agree_on_which_producers_are_active(
     }
 
 
+def test_a_producer_whose_last_batch_is_old_has_expired_live_as_after_cleaning(
+    tmp_path: Path,
+) -> None:
+    """With the largest timestamp, the live state kept a producer whose last batch was stamped
+    in the past for as long as an earlier, recent batch of it had been appended; once the
+    cleaner had dropped that earlier batch and then the last one, a rebuilt state had no such
+    producer: a retry of its last batch, answered as a duplicate live, was appended again
+    after a failover. The last batch's timestamp decides, on both sides."""
+    lg = open_log(
+        tmp_path / "c-0",
+        LogConfig(cleanup_policy=frozenset({"compact"}), message_timestamp_after_max_ms=LONG_MAX),
+    )
+    now, day = 1_700_000_000_000, 24 * 3_600_000
+    _produced(lg, 7, 0, b"a", now)
+    _produced(lg, 7, 1, b"b", now - 2 * day)  # its last batch, in event time
+    live = _producer_state(lg)
+    lg.append_as_leader(batch(1, key=b"a", value=b"new"), 0, now_ms=now)
+    lg.roll()
+    lg.compact(now_ms=now)  # the first batch goes
+    lg.append_as_leader(batch(1, key=b"b", value=b"new"), 0, now_ms=now)
+    lg.roll()
+    lg.compact(now_ms=now)  # the last one too: nothing of producer 7 is left
+    rebuilt = _producer_state(lg)
+    for state in (live, rebuilt):
+        state.remove_expired_producers(now)
+    assert set(live.producers) == set(rebuilt.producers) == set()
+
+
 def test_compaction_never_touches_the_active_segment(tmp_path: Path) -> None:
     lg = _compacted(tmp_path)
     for i in range(5):
@@ -1631,3 +1659,25 @@ def test_passes_with_a_small_key_map_end_where_one_unbounded_pass_does(
         lg.close()
     assert results[0] == results[1]
     assert results[0] == sorted((o, k, v) for k, (o, v) in latest.items() if v is not None)
+
+
+def test_a_corrupt_batch_below_the_first_dirty_offset_fails_the_pass(tmp_path: Path) -> None:
+    """The key map is built from the dirty part only, so the batches below it are read first
+    when copied: a flipped byte there must fail the pass, not be copied into the cleaned
+    segment (the map pass had checked every batch's CRC)."""
+    lg = _compacted(tmp_path)
+    _fill(lg, 30, 7)
+    lg.roll()
+    lg.compact(now_ms=0)
+    clean_part = next(seg for seg in lg.segments if seg.size)
+    assert lg.first_dirty_offset >= clean_part.next_offset
+    _fill(lg, 30, 7, start=30)
+    lg.roll()
+    with open(clean_part.log_path, "r+b") as f:
+        f.seek(fmt.HEADER_SIZE + 2)  # inside the first batch's records, under its CRC
+        byte = f.read(1)
+        f.seek(fmt.HEADER_SIZE + 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(LogCorruptError):
+        lg.compact(now_ms=0)
+    assert not list((tmp_path / "c-0").glob("*.cleaned"))
