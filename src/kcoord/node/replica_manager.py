@@ -887,14 +887,6 @@ class ReplicaManager:
         with self._reading(topic, partition):
             return lg.bytes_between(fetch_offset, part.high_watermark)
 
-    def fetch_on_older_segment(self, topic: str, partition: int, fetch_offset: int) -> bool:
-        """Whether a consumer's fetch from ``fetch_offset`` reads a segment older than the one
-        holding the high watermark: its read stops at that segment's end, so waiting for
-        ``min_bytes`` would only wait (``DelayedFetch.tryComplete`` answers such a fetch at
-        once, "fetching older segments")."""
-        part = self.leader_partition(topic, partition)
-        return part.log.on_older_segment(fetch_offset, part.high_watermark)
-
     @contextlib.contextmanager
     def _reading(self, topic: str, partition: int) -> Iterator[None]:
         """A read of a partition's log: corrupt data is KAFKA_STORAGE_ERROR for it alone; an

@@ -594,6 +594,21 @@ def test_compaction_keeps_an_active_producers_last_batch_emptied(tmp_path: Path)
     ] == [(7, 1)]
 
 
+NOW = 1_700_000_000_000
+
+
+def _event_time_producer(tmp_path: Path, now: int) -> Log:
+    """A compacted log where producer 7 wrote key a at ``now``, then its last batch, key b,
+    stamped two days back (event time)."""
+    lg = open_log(
+        tmp_path / "c-0",
+        LogConfig(cleanup_policy=frozenset({"compact"}), message_timestamp_after_max_ms=LONG_MAX),
+    )
+    _produced(lg, 7, 0, b"a", now)
+    _produced(lg, 7, 1, b"b", now - 2 * 24 * 3_600_000)
+    return lg
+
+
 def test_the_cleaner_and_the_producer_state_agree_on_which_producers_are_active(
     tmp_path: Path,
 ) -> None:
@@ -602,13 +617,8 @@ def test_the_cleaner_and_the_producer_state_agree_on_which_producers_are_active(
     by its last batch, found it expired and dropped that batch. A leader rebuilding from the
     cleaned log refused the producer's next sequence, which the live leader took. Both now
     judge by the last batch, as Kafka's ProducerStateEntry does."""
-    lg = open_log(
-        tmp_path / "c-0",
-        LogConfig(cleanup_policy=frozenset({"compact"}), message_timestamp_after_max_ms=LONG_MAX),
-    )
-    now, day = 1_700_000_000_000, 24 * 3_600_000
-    _produced(lg, 7, 0, b"a", now)
-    _produced(lg, 7, 1, b"b", now - 2 * day)  # its last batch, in event time
+    now = NOW
+    lg = _event_time_producer(tmp_path, now)
     _produced(lg, 8, 0, b"b", now)  # overwrites b
     lg.roll()
     live = _producer_state(lg)
@@ -635,13 +645,8 @@ def test_a_producer_whose_last_batch_is_old_has_expired_live_as_after_cleaning(
     cleaner had dropped that earlier batch and then the last one, a rebuilt state had no such
     producer: a retry of its last batch, answered as a duplicate live, was appended again
     after a failover. The last batch's timestamp decides, on both sides."""
-    lg = open_log(
-        tmp_path / "c-0",
-        LogConfig(cleanup_policy=frozenset({"compact"}), message_timestamp_after_max_ms=LONG_MAX),
-    )
-    now, day = 1_700_000_000_000, 24 * 3_600_000
-    _produced(lg, 7, 0, b"a", now)
-    _produced(lg, 7, 1, b"b", now - 2 * day)  # its last batch, in event time
+    now = NOW
+    lg = _event_time_producer(tmp_path, now)
     live = _producer_state(lg)
     lg.append_as_leader(batch(1, key=b"a", value=b"new"), 0, now_ms=now)
     lg.roll()

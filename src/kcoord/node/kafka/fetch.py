@@ -195,7 +195,7 @@ class FetchApi:
             or failed
             or max_wait_ms == 0
             or not wanted
-            or self._reads_older_segment(wanted)
+            or self._ready(wanted, min_bytes)
         ):
             return self._response(request, responses)
         return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
@@ -217,7 +217,7 @@ class FetchApi:
             # produce pipelined behind this fetch): read again now that they would wake us, as
             # Kafka's DelayedFetch does (tryCompleteElseWatch).
             responses, size, failed = self._read(wanted, max_bytes, request.version)
-            if size >= min_bytes or failed or self._reads_older_segment(wanted):
+            if size >= min_bytes or failed or self._ready(wanted, min_bytes):
                 return self._response(request, responses)
             while True:
                 remaining = deadline - loop.time()
@@ -240,26 +240,15 @@ class FetchApi:
         responses, _, _ = self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
 
-    def _reads_older_segment(self, wanted: list[_FetchPartition]) -> bool:
-        """Whether a partition's read stopped at the end of a segment older than its high
-        watermark's: no wait adds to it (DelayedFetch.tryComplete answers at once). A consumer
-        with fetch.min.bytes above a small segment's size, replaying a backlog, waited
-        fetch.max.wait.ms at every segment."""
-        for w in wanted:
-            if w.topic is None:
-                continue
-            try:
-                if self.ctx.replicas.fetch_on_older_segment(w.topic, w.partition, w.fetch_offset):
-                    return True
-            except KafkaError:
-                continue
-        return False
-
     def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
         partitions' bytes below their high watermarks, each at most its max bytes, reach
-        ``min_bytes``; or a partition is in error or diverges (answered at once); or no
-        partition is known here any more (its topic was deleted: ``_read``'s rule)."""
+        ``min_bytes``; or a partition is in error or diverges (answered at once); or a
+        partition's read stopped at the end of a segment older than its high watermark's,
+        which no wait adds to (a consumer with fetch.min.bytes above a small segment's size,
+        replaying a backlog, waited fetch.max.wait.ms at every segment); or no partition is
+        known here any more (its topic was deleted: ``_read``'s rule). Also asked before the
+        first wait, as ``DelayedFetch.tryCompleteElseWatch`` does."""
         total = 0
         unknown = 0
         for w in wanted:
