@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import itertools
 import logging
 import uuid
@@ -72,6 +73,7 @@ from kcoord.cluster.coordinator.records import (
     RecordDecoder,
     UnknownRecordTypeError,
     encode_record,
+    record_size_bound,
 )
 from kcoord.cluster.coordinator.shard import (
     CoordinatorResult,
@@ -98,14 +100,14 @@ OFFSETS_TOPIC = "__consumer_offsets"
 COORDINATOR_ACKS = 1
 LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
 REPLAY_STEP_BYTES = 512 * 1024
-# A v2 record's framing at its widest: length, attributes, timestamp and offset deltas, key and
-# value lengths (varints) and the header count. A batch's size is counted with it, never under.
-_RECORD_OVERHEAD_MAX = 5 + 1 + 10 + 5 + 5 + 5 + 5
 
 
-def _record_size_max(key: bytes, value: bytes | None) -> int:
-    """The most bytes an encoded record takes in a batch."""
-    return len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
+def _max_batch_bytes(part: Partition) -> int:
+    """``max.message.bytes``, and no more than one segment: the log refuses a larger append
+    (``UnifiedLog.append``, RECORD_LIST_TOO_LARGE), which only a tiny
+    ``offsets.topic.segment.bytes`` makes possible."""
+    config = part.log.config
+    return min(config.max_message_bytes, config.segment_bytes)
 
 
 class CoordinatorError(Exception):
@@ -406,24 +408,17 @@ class ShardContext:
             else:
                 self.all_written = end
 
-    def _max_batch_bytes(self) -> int:
-        """``max.message.bytes``, and no more than one segment: the log refuses a larger
-        append (``UnifiedLog.append``, RECORD_LIST_TOO_LARGE), which only a tiny
-        ``offsets.topic.segment.bytes`` makes possible."""
-        config = self.partition.log.config
-        return min(config.max_message_bytes, config.segment_bytes)
-
     def _batches_of(self, records: list[CoordinatorRecord]) -> list[list[CoordinatorRecord]]:
         """A non-atomic result's records in runs that each fit ``max.message.bytes`` (Kafka's
         ``CoordinatorRuntime.append`` splits such results over batches), so a pass expiring
         thousands of offsets is not refused whole, over and over."""
-        max_bytes = self._max_batch_bytes()
+        max_bytes = _max_batch_bytes(self.partition)
         out: list[list[CoordinatorRecord]] = []
         run: list[CoordinatorRecord] = []
         size = fmt.HEADER_SIZE
         for record in records:
             key, value = encode_record(record)
-            grows = _record_size_max(key, value)
+            grows = record_size_bound(key, value)
             if run and size + grows > max_bytes:
                 out.append(run)
                 run, size = [], fmt.HEADER_SIZE
@@ -486,8 +481,8 @@ class ShardContext:
         """
         assert self.shard is not None
         encoded = [encode_record(record) for record in records]
-        size = sum(_record_size_max(key, value) for key, value in encoded)
-        max_bytes = self._max_batch_bytes()
+        size = sum(record_size_bound(key, value) for key, value in encoded)
+        max_bytes = _max_batch_bytes(self.partition)
         if self.batch is not None and self.batch.size + size > max_bytes and not self.flush():
             return False
         if fmt.HEADER_SIZE + size > max_bytes:
@@ -845,9 +840,7 @@ class CoordinatorRuntime:
             timer.ctx = ctx
         else:
             timer = _ShardTimer(ctx)
-            shard = GroupCoordinatorShard(
-                self.config, timer, self.new_member_id, self.stats, self.group_configs
-            )
+            shard = self._new_shard(ctx.partition, timer)
             offset = lg.log_start_offset
             decoder = RecordDecoder()
         records = 0
@@ -920,15 +913,23 @@ class CoordinatorRuntime:
             self._follow(standby), name=f"standby-{part.partition}"
         )
 
+    def _new_shard(self, part: Partition, timer: _ShardTimer) -> GroupCoordinatorShard:
+        return GroupCoordinatorShard(
+            self.config,
+            timer,
+            self.new_member_id,
+            self.stats,
+            self.group_configs,
+            max_batch_bytes=functools.partial(_max_batch_bytes, part),
+        )
+
     def _new_standby(self, part: Partition) -> Standby:
         timer = _ShardTimer(None)
         lg = part.log
         return Standby(
             part,
             lg,
-            GroupCoordinatorShard(
-                self.config, timer, self.new_member_id, self.stats, self.group_configs
-            ),
+            self._new_shard(part, timer),
             timer,
             lg.log_start_offset,
             lg.truncations,

@@ -352,6 +352,45 @@ def test_a_refused_write_fails_its_own_requests_and_others_may_retry(
     asyncio.run(scenario())
 
 
+def test_a_leaders_assignment_too_large_for_the_log_fails_its_group_alone(tmp_path: Path) -> None:
+    """The shard learns the partition's max.message.bytes: a leader's SyncGroup whose record
+    the log would refuse fails with UNKNOWN_SERVER_ERROR (Kafka's append callback) and the
+    shard stays, where the refused append unloaded it, failing every group of the partition."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, config=GroupConfig(initial_rebalance_delay_ms=0))
+        part, ctx, _ = await committed_seven(node)
+        part.log.config = LogConfig(max_message_bytes=400)  # as an altered topic config does
+        join = t.JoinGroupRequest(
+            group_id="g",
+            session_timeout_ms=10_000,
+            rebalance_timeout_ms=10_000,
+            protocol_type="consumer",
+            protocols=(t.JoinGroupRequestProtocol(name="range", metadata=b""),),
+            require_known_member_id=False,
+        )
+        joined = await asyncio.wait_for(
+            node.runtime.call("g", lambda s, tok, now: s.handle_join_group(tok, join, now)), 5
+        )
+        sync = t.SyncGroupRequest(
+            group_id="g",
+            generation_id=joined.generation_id,
+            member_id=joined.member_id,
+            assignments=(
+                t.SyncGroupRequestAssignment(member_id=joined.member_id, assignment=b"x" * 400),
+            ),
+        )
+        synced = await asyncio.wait_for(
+            node.runtime.call("g", lambda s, tok, now: s.handle_sync_group(tok, sync, now)), 5
+        )
+        assert synced.error_code is Errors.UNKNOWN_SERVER_ERROR
+        assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
+        await asyncio.wait_for(node.runtime.call("other", commit("other", 5)), 5)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_handler_that_raises_fails_its_request_and_others_may_retry(tmp_path: Path) -> None:
     """A bug in one shard call: its request gets UNKNOWN_SERVER_ERROR, the others waiting on
     the partition NOT_COORDINATOR (they were all given UNKNOWN_SERVER_ERROR)."""

@@ -885,6 +885,16 @@ def encode_record(record: CoordinatorRecord) -> tuple[bytes, bytes | None]:
     return encode_key(record.key), value
 
 
+# A v2 record's framing at its widest: length, attributes, timestamp and offset deltas, key and
+# value lengths (varints) and the header count. A batch's size is counted with it, never under.
+_RECORD_OVERHEAD_MAX = 5 + 1 + 10 + 5 + 5 + 5 + 5
+
+
+def record_size_bound(key: bytes, value: bytes | None) -> int:
+    """The most bytes an encoded record takes in a record batch (not counting its header)."""
+    return len(key) + (len(value) if value is not None else 0) + _RECORD_OVERHEAD_MAX
+
+
 def _decode_key(key: bytes | bytearray | memoryview) -> tuple[CoordinatorKey, int]:
     r = Reader(key)
     try:

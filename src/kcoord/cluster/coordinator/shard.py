@@ -110,6 +110,9 @@ Deviations from Kafka (each also marked where it happens):
   when its first record is replayed (Kafka creates it in the handler too, so a commit whose
   partitions were all rejected still leaves an empty group behind).
 * Heartbeat timers of removed members are cancelled (Kafka lets them fire into a no-op).
+* A GroupMetadata record too large for the partition's batches (a leader's assignment, a
+  static member's new metadata) is caught before it is written (``_fits_a_batch``), and the
+  group takes the path Kafka's append callback takes when the append fails.
 """
 
 from __future__ import annotations
@@ -150,6 +153,8 @@ from kcoord.cluster.coordinator.records import (
     OffsetCommitFields,
     OffsetCommitKey,
     OffsetCommitValue,
+    encode_record,
+    record_size_bound,
 )
 from kcoord.cluster.coordinator.types import (
     DEFAULT_RETENTION_TIME,
@@ -194,6 +199,7 @@ from kcoord.cluster.coordinator.types import (
 )
 from kcoord.errors import Errors
 from kcoord.stats import DURATION_BUCKETS_S, Histogram
+from kcoord.storage import format as fmt
 
 _S = ClassicGroupState
 
@@ -373,13 +379,19 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         new_member_id: Callable[[str], str],
         stats: CoordinatorStats | None = None,
         group_configs: GroupConfigLookup = no_group_configs,
+        *,
+        max_batch_bytes: Callable[[], int] | None = None,
     ) -> None:
         """``new_member_id(prefix)`` returns a fresh member id; Kafka's is ``prefix + "-" +
         UUID``, the prefix being the group instance id of a static member, else the client id.
         ``stats``: the counters to add to (the runtime's, shared by its shards).
         ``group_configs(group_id)``: the group's dynamic configs (``group_config.py``).
+        ``max_batch_bytes()``: the largest batch the partition takes now (its
+        ``max.message.bytes``); a classic GroupMetadata record that cannot fit one fails as
+        Kafka's refused append does (``_fits_a_batch``). None: no bound.
         """
         self._config = config
+        self._max_batch_bytes = max_batch_bytes
         self._group_configs = group_configs
         self._timer = timer
         self._new_member_id = new_member_id
@@ -650,6 +662,20 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def _cancel(self, key: str) -> None:
         if self._timers.pop(key, None) is not None:
             self._timer.cancel(key)
+
+    def _fits_a_batch(self, record: CoordinatorRecord) -> bool:
+        """Whether ``record`` alone fits a batch the partition takes.
+
+        Kafka finds out from its append callback, and reverts the group there; the runtime
+        here, told of a refused write after the handler changed the group, reloads the whole
+        partition's shard, every group of it, and a leader whose assignment is too large
+        sends it again at every rebalance. So the two GroupMetadata writes that grow with the
+        members' metadata ask first, and take Kafka's failure path when it would not fit.
+        """
+        if self._max_batch_bytes is None:
+            return True
+        key, value = encode_record(record)
+        return fmt.HEADER_SIZE + record_size_bound(key, value) <= self._max_batch_bytes()
 
     def _reschedule_heartbeat(
         self,
@@ -1136,6 +1162,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             ),
         )
         new_member = group.replace_static_member(instance_id, old_member_id, new_member_id)
+        old_protocols = new_member.supported_protocols
+        old_rebalance_timeout_ms = new_member.rebalance_timeout_ms
+        old_session_timeout_ms = new_member.session_timeout_ms
         self._cancel(heartbeat_key(group.group_id, old_member_id))
         # The old member's session timeout until the update below, as in Kafka.
         self._reschedule_heartbeat(group, new_member, now_ms)
@@ -1157,11 +1186,40 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                     # OffsetDelete of a newly subscribed topic went through here only).
                     group.subscribed_topics = group.compute_subscribed_topics()
                     assignments = {m.member_id: m.assignment for m in group.members.values()}
-                    out.write(
-                        _group_metadata_record(
-                            group.group_id, group.to_group_metadata_value(assignments)
-                        )
+                    record = _group_metadata_record(
+                        group.group_id, group.to_group_metadata_value(assignments)
                     )
+                    if not self._fits_a_batch(record):
+                        # The append callback's failure path: the old member id is back,
+                        # and the joiner is told so (it was fenced above all the same).
+                        group.update_member(
+                            new_member,
+                            old_protocols,
+                            old_rebalance_timeout_ms,
+                            old_session_timeout_ms,
+                            None,
+                        )
+                        old_member = group.replace_static_member(
+                            instance_id, new_member_id, old_member_id
+                        )
+                        group.subscribed_topics = group.compute_subscribed_topics()
+                        self._cancel(heartbeat_key(group.group_id, new_member_id))
+                        self._reschedule_heartbeat(group, old_member, now_ms)
+                        out.respond(
+                            token,
+                            JoinGroupResponse(
+                                members=(),
+                                member_id="",
+                                generation_id=group.generation_id,
+                                protocol_name=group.protocol_name,
+                                protocol_type=group.protocol_type,
+                                leader=current_leader or "",
+                                skip_assignment=False,
+                                error_code=Errors.UNKNOWN_SERVER_ERROR,
+                            ),
+                        )
+                        return
+                    out.write(record)
                     # Kafka answers once the record is written; the runtime holds our answer
                     # until it commits.
                     if request.supports_skip_assignment:
@@ -1453,11 +1511,18 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                         assignments[item.member_id] = item.assignment
                     for other_id in group.members:
                         assignments.setdefault(other_id, EMPTY_ASSIGNMENT)
-                    out.write(
-                        _group_metadata_record(
-                            group.group_id, group.to_group_metadata_value(assignments)
-                        )
+                    record = _group_metadata_record(
+                        group.group_id, group.to_group_metadata_value(assignments)
                     )
+                    if not self._fits_a_batch(record):
+                        # The append callback's failure path (RECORD_LIST_TOO_LARGE maps to
+                        # UNKNOWN_SERVER_ERROR, appendGroupMetadataErrorToResponseError).
+                        self._reset_and_propagate_assignment_with_error(
+                            out, group, Errors.UNKNOWN_SERVER_ERROR, now_ms
+                        )
+                        self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+                        return
+                    out.write(record)
                     # Kafka does the rest in the append callback (module docstring).
                     self._set_and_propagate_assignment(out, group, assignments, now_ms)
                     group.transition_to(_S.STABLE, now_ms)

@@ -190,9 +190,12 @@ class ShardContext:
         next_member_number: int = 1,
         next_token: int = 1,
         group_configs: Mapping[str, Mapping[str, str]] | None = None,
+        max_batch_bytes: int | None = None,
     ) -> None:
         """``group_configs``: group id -> its dynamic configs, as the metadata image has them
-        (the test may change them as it goes)."""
+        (the test may change them as it goes). ``max_batch_bytes``: the partition's
+        ``max.message.bytes`` (None: no bound; the test may change it as it goes)."""
+        self.max_batch_bytes = max_batch_bytes
         self.config = config if config is not None else GroupConfig()
         self.group_configs = dict(group_configs or {})
         self.now_ms = now_ms
@@ -206,6 +209,7 @@ class ShardContext:
             self.timer,
             self._new_member_id,
             group_configs=lambda group_id: self.group_configs.get(group_id, {}),
+            max_batch_bytes=self._max_batch_bytes,
         )
         for record in log:
             self.shard.replay(len(self.log), record)
@@ -215,6 +219,9 @@ class ShardContext:
 
     # ----------------------------------------------------------------------------------------
     # Runtime
+
+    def _max_batch_bytes(self) -> int:
+        return self.max_batch_bytes if self.max_batch_bytes is not None else 1 << 31
 
     def _new_member_id(self, prefix: str) -> str:
         member_id = f"{prefix}-{self._next_member_number}"

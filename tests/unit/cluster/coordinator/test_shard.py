@@ -573,3 +573,73 @@ def test_deleted_partitions_get_a_tombstone_for_every_groups_offset_on_them() ->
     }
     assert left == {("a", "kept", 0, 7), ("c", "kept", 0, 9)}
     assert ctx._apply(ctx.shard.on_partitions_deleted([("other", 0)])).records == []
+
+
+def test_a_leaders_assignment_too_large_for_a_batch_fails_the_sync_and_rebalances() -> None:
+    """GroupMetadataManager's append callback: a GroupMetadata record the partition refuses
+    (RECORD_LIST_TOO_LARGE) answers every parked SyncGroup UNKNOWN_SERVER_ERROR and
+    rebalances the group alone. Written regardless, the refused append unloaded the shard:
+    every group of its partition reloaded, at every rebalance of this one."""
+    ctx = ShardContext(max_batch_bytes=1_000)
+    for client in ("a", "b"):
+        ctx.join(client_id=client, require_known_member_id=False)
+    ctx.sleep(6_000)
+    follower, _ = ctx.sync(member_id="b-2", generation_id=1)
+    leader, step = ctx.sync(
+        member_id="a-1", generation_id=1, assignments=[("a-1", b"x" * 600), ("b-2", b"y" * 600)]
+    )
+    assert step.records == []
+    failed = SyncGroupResponse(error_code=Errors.UNKNOWN_SERVER_ERROR)
+    assert sorted(step.responses) == [(follower, failed), (leader, failed)]
+    assert state_of(ctx) is S.PREPARING_REBALANCE
+    # The members rejoin; a leader's assignment that fits completes the rebalance.
+    ctx.join(member_id="a-1")
+    _, step = ctx.join(member_id="b-2")
+    assert [r.generation_id for _, r in step.responses] == [2, 2]  # type: ignore[union-attr]
+    _, step = ctx.sync(member_id="a-1", generation_id=2, assignments=[("a-1", b"x")])
+    assert [offset for offset, _ in step.records] == [1]
+    assert state_of(ctx) is S.STABLE
+
+
+def test_a_static_rejoin_too_large_for_a_batch_keeps_the_old_member_id() -> None:
+    """updateStaticMemberThenRebalanceOrCompleteJoin's append callback: the new member id
+    could not be written, so the old one comes back, with its protocols and timeouts, and the
+    joiner gets UNKNOWN_SERVER_ERROR; the group stays Stable."""
+    ctx = ShardContext(max_batch_bytes=1_000)
+    for client in ("a", "b"):
+        ctx.join(client_id=client, instance_id=f"i{client}")
+    ctx.sleep(6_000)
+    ctx.sync(member_id="ia-1", generation_id=1, instance_id="ia", assignments=[("ia-1", b"A")])
+    ctx.sync(member_id="ib-2", generation_id=1, instance_id="ib")
+    assert state_of(ctx) is S.STABLE
+    written = len(ctx.log)
+    token, step = ctx.join(
+        instance_id="ib", session_timeout_ms=30_000, protocols=(("range", b"s" * 1_000),)
+    )
+    assert step.responses == [
+        (
+            token,
+            JoinGroupResponse(
+                member_id="",
+                generation_id=1,
+                protocol_name="range",
+                protocol_type="consumer",
+                leader="ia-1",
+                error_code=Errors.UNKNOWN_SERVER_ERROR,
+            ),
+        )
+    ]
+    assert len(ctx.log) == written
+    group = ctx.shard.groups["g"]
+    assert group.state is S.STABLE
+    assert group.static_member_id("ib") == "ib-2"
+    member = group.member("ib-2")
+    assert member.session_timeout_ms == 10_000
+    assert member.metadata("range") == b"s"
+    _, step = ctx.heartbeat(member_id="ib-2", generation_id=1, instance_id="ib")
+    assert step.responses[0][1] == HeartbeatResponse()
+    # With the room, the same rejoin goes through without a rebalance.
+    ctx.max_batch_bytes = None
+    token, step = ctx.join(instance_id="ib", protocols=(("range", b"s" * 1_000),))
+    assert step.responses[0][1].error_code is Errors.NONE  # type: ignore[union-attr]
+    assert len(ctx.log) == written + 1
