@@ -39,11 +39,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from kcoord.cluster.coordinator.consumer_classic import MIGRATION_POLICIES
+from kcoord.node.kafka.producer_ids import NODE_BITS
 from kcoord.storage.config import COMPRESSION_TYPES, TIMESTAMP_TYPES
 
 ENV_PREFIX: Final = "KCOORD_"
 
 _INT32_MAX: Final = 2**31 - 1
+_PRODUCER_ID_NODES: Final = 1 << NODE_BITS
 _INT64_MAX: Final = 2**63 - 1
 _INT16_MAX: Final = 2**15 - 1
 _WILDCARD_HOSTS: Final = frozenset({"0.0.0.0", "::"})
@@ -461,6 +463,23 @@ class NodeConfig:
         for voter in self.voters:
             if voter.node_id in seen_ids:
                 raise ConfigError(key, f"duplicate voter id {voter.node_id} in {text!r}")
+            twin = next(
+                (
+                    i
+                    for i in seen_ids
+                    if i % _PRODUCER_ID_NODES == voter.node_id % _PRODUCER_ID_NODES
+                ),
+                None,
+            )
+            if twin is not None:
+                # Each node allocates producer ids under its id modulo 2^15 (producer_ids.py):
+                # two such nodes would hand out the same ids, and a second producer's first
+                # batch would be taken for the first one's retry and dropped.
+                raise ConfigError(
+                    key,
+                    f"voter ids {twin} and {voter.node_id} are equal modulo {_PRODUCER_ID_NODES}"
+                    " (the nodes would hand out the same producer ids)",
+                )
             if voter.endpoint in seen_endpoints:
                 raise ConfigError(key, f"duplicate voter address {voter.endpoint} in {text!r}")
             if voter.endpoint.is_wildcard:

@@ -237,6 +237,11 @@ def test_config_error_str_is_key_colon_message() -> None:
             "duplicate voter id 1",
         ),
         (
+            {"controller.quorum.voters": "1@a:1,32769@b:1,3@c:1"},
+            "controller.quorum.voters",
+            "voter ids 1 and 32769 are equal modulo 32768",
+        ),
+        (
             {"controller.quorum.voters": "1@a:1,2@a:1,3@c:1"},
             "controller.quorum.voters",
             "duplicate voter address a:1",

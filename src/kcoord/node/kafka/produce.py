@@ -670,7 +670,15 @@ class ProduceApi:
     # InitProducerId.
 
     async def handle_init_producer_id(self, request: Request) -> Result:
-        if request.body.transactional_id is not None:
+        body = request.body
+        if (getattr(body, "producer_id", -1) == -1) != (getattr(body, "producer_epoch", -1) == -1):
+            # KIP-360 (KafkaApis.handleInitProducerIdRequest): an id without its epoch, or an
+            # epoch without its id, names no producer.
+            return {"error_code": Errors.INVALID_REQUEST, "producer_id": -1, "producer_epoch": -1}
+        if body.transactional_id == "":
+            # TransactionCoordinator.handleInitProducerId.
+            return {"error_code": Errors.INVALID_REQUEST, "producer_id": -1, "producer_epoch": -1}
+        if body.transactional_id is not None:
             # As FindCoordinator for a transactional id (kafka/metadata.py): refused, as by
             # Kafka's authorizer (KafkaApis.handleInitProducerIdRequest).
             return {

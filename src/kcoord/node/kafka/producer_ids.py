@@ -6,8 +6,8 @@ different nodes never collide by construction::
 
     producer id = node bits << 48 | counter        (a non-negative int64)
 
-- node bits: the node id, 15 bits (node ids 0..32767; a larger id is taken modulo 2^15 and
-  logged, and only collides with a node whose id is equal modulo 2^15).
+- node bits: the node id, 15 bits (node ids 0..32767; a larger id is taken modulo 2^15, and
+  the node config refuses voters whose ids are equal modulo 2^15, every node being a voter).
 - counter: 48 bits, never reused by the node. It is reserved in blocks of ``block_size``: the
   end of the current block is written to ``<data dir>/producer-id-block`` (atomically, fsynced)
   before any id of the block is handed out, and a restarted node continues after it, so a crash

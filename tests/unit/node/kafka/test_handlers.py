@@ -1190,6 +1190,16 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
             INIT_PRODUCER_ID, 4, {"transactional_id": "tx", "transaction_timeout": 1}
         )
         assert txn.error_code == Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        # An empty transactional id, an id without its epoch or an epoch without its id
+        # (KIP-360's fields, v3+): INVALID_REQUEST, as KafkaApis and TransactionCoordinator.
+        inconsistent: list[dict[str, Any]] = [
+            {"transactional_id": ""},
+            {"transactional_id": None, "producer_id": pid, "producer_epoch": -1},
+            {"transactional_id": None, "producer_id": -1, "producer_epoch": 0},
+        ]
+        for fields in inconsistent:
+            bad = await c.call(INIT_PRODUCER_ID, 4, {"transaction_timeout": 1, **fields})
+            assert (bad.error_code, bad.producer_id) == (Errors.INVALID_REQUEST, -1), fields
         # The next block of ids cannot be written down: a retriable error, as Kafka's
         # ProducerIdManager answers while no block is at hand (UNKNOWN_SERVER_ERROR is fatal
         # to the Java producer).
