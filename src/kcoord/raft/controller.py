@@ -1289,9 +1289,16 @@ class Controller:
         return ControllerResult(tuple(records), CreatePartitionsResult(Errors.NONE))
 
     def delete_topic(self, image: MetadataImage, topic_id: str) -> ControllerResult[Errors]:
-        """Delete a topic (``ReplicationControlManager.deleteTopic``)."""
-        if image.topic(topic_id) is None:
+        """Delete a topic (``ReplicationControlManager.deleteTopic``).
+
+        Never ``__consumer_offsets`` (ControllerApis.deleteTopics refuses internal topics):
+        refused here, not only by the Kafka listener's handler, since a peer's DeleteTopics
+        RPC reaches the controller directly."""
+        topic = image.topic(topic_id)
+        if topic is None:
             return ControllerResult((), Errors.UNKNOWN_TOPIC_ID)
+        if topic.name == OFFSETS_TOPIC_NAME:
+            return ControllerResult((), Errors.INVALID_REQUEST)
         return ControllerResult((RemoveTopic(topic_id),), Errors.NONE)
 
     # ---------------------------------------------------------------- ISR changes, elections

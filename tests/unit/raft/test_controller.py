@@ -1407,6 +1407,11 @@ def test_delete_topic() -> None:
     assert cluster.decide(lambda image: cluster.controller.delete_topic(image, T2)) == (
         ControllerResult((), Errors.UNKNOWN_TOPIC_ID)
     )
+    # Whoever asks (a peer's RPC skips the Kafka handler's check), never the offsets topic.
+    cluster.run(lambda image: cluster.controller.create_offsets_topic(image, OFFSETS_ID))
+    assert cluster.decide(lambda image: cluster.controller.delete_topic(image, OFFSETS_ID)) == (
+        ControllerResult((), Errors.INVALID_REQUEST)
+    )
 
 
 def test_create_partitions_adds_balanced_partitions_with_the_same_replication_factor() -> None:

@@ -177,8 +177,10 @@ class ApiRegistry:
 
     def unsupported_api_versions(self, correlation_id: int) -> bytes:
         """Kafka's answer to an ApiVersions version it does not know: v0 with
-        UNSUPPORTED_VERSION and the supported versions, so the client retries with one."""
-        values = {"error_code": Errors.UNSUPPORTED_VERSION, "api_keys": self.api_keys()}
+        UNSUPPORTED_VERSION and ApiVersions' own versions alone, so the client retries with
+        one (KIP-511, ``ApiVersionsRequest.getErrorResponse``)."""
+        own = [k for k in self.api_keys() if k["api_key"] == API_VERSIONS_KEY]
+        values = {"error_code": Errors.UNSUPPORTED_VERSION, "api_keys": own}
         return codec.encode_response(
             correlation_id, codec.build_response(API_VERSIONS_KEY, 0, values)
         )

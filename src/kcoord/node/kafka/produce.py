@@ -82,6 +82,7 @@ INIT_PRODUCER_ID_KEY: Final = 22
 DESCRIBE_PRODUCERS_KEY: Final = 61
 NO_LEADER_HINT: Final = {"leader_id": -1, "leader_epoch": -1}
 _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
+PARTITIONS_PER_SLICE: Final = 512  # a Produce's partitions handled between two yields
 
 
 # Batch headers parsed between two yields to the event loop while a producer state reads its
@@ -415,9 +416,15 @@ class ProduceApi:
             for data in topic_data.partition_data:
                 partitions[data.index] = data
         topics: list[tuple[Any, str | None, list[_PartitionResult]]] = []
+        walked = 0
         for (topic_id, name), partitions in entries.items():
             results = []
             for data in partitions.values():
+                walked += 1
+                if walked % PARTITIONS_PER_SLICE == 0:
+                    # The other connections' turn (server.py's docstring): a request naming
+                    # 200,000 partitions held the loop for seconds.
+                    await asyncio.sleep(0)
                 if name is not None and acks in (-1, 0, 1):
                     await self._producer_state_ready(name, data.index)
                 if acks not in (-1, 0, 1):

@@ -25,7 +25,11 @@ from kcoord.node.kafka import fetch as fetch_module
 from kcoord.node.kafka.apis import Deferred, Request
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS, TopicCreator
-from kcoord.node.kafka.produce import LOAD_SLICE_HEADERS, PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
+from kcoord.node.kafka.produce import (
+    LOAD_SLICE_HEADERS,
+    PARTITIONS_PER_SLICE,
+    PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS,
+)
 from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
@@ -232,7 +236,8 @@ def test_api_versions_features(tmp_path: Path) -> None:
 
 def test_api_versions_unknown_version_and_bad_software_name(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        # A version from the future: v0 answer with UNSUPPORTED_VERSION and the real list.
+        # A version from the future: v0 answer with UNSUPPORTED_VERSION and ApiVersions' own
+        # versions (KIP-511).
         frame = bytearray(codec.FRAME_SIZE.size) + bytearray(
             codec._REQUEST_PREFIX.pack(API_VERSIONS, 99, 7)
         )
@@ -242,7 +247,7 @@ def test_api_versions_unknown_version_and_bad_software_name(tmp_path: Path) -> N
         correlation_id, response = await c.receive(API_VERSIONS, 0)
         assert correlation_id == 7
         assert response.error_code == Errors.UNSUPPORTED_VERSION
-        assert {k.api_key for k in response.api_keys} == set(h.broker.registry.versions)
+        assert [k.api_key for k in response.api_keys] == [API_VERSIONS]
         bad = await c.call(
             API_VERSIONS, 3, {"client_software_name": "-bad", "client_software_version": "1"}
         )
@@ -1172,6 +1177,39 @@ def test_acks_zero_answers_nothing_and_closes_on_failure(tmp_path: Path) -> None
 
 
 # ------------------------------------------------------------------ idempotence
+
+
+def test_a_produce_naming_many_partitions_lets_the_loop_run_as_it_goes(tmp_path: Path) -> None:
+    """Its handler yields to the loop between slices of partitions (and a large one is decoded
+    on a codec thread): one naming 200,000 partitions held every connection for 3 s."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        ticks = 0
+        seen: list[int] = []  # the ticks at each partition's append
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        api = h.broker.produce
+        append = api._append
+
+        def counted(*args: Any) -> Any:
+            seen.append(ticks)
+            return append(*args)
+
+        api._append = counted  # type: ignore[method-assign,assignment]
+        task = asyncio.create_task(ticker())
+        partitions = [{"index": i, "records": None} for i in range(5_000)]
+        topic_data = [{"name": "t", "partition_data": partitions}]
+        answer = await c.call(PRODUCE, 9, {"acks": 1, "timeout": 5000, "topic_data": topic_data})
+        task.cancel()
+        assert len(answer.responses[0].partition_responses) == 5_000
+        assert seen[-1] - seen[0] >= 5_000 // PARTITIONS_PER_SLICE
+
+    run(tmp_path, test)
 
 
 def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
