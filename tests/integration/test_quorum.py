@@ -508,6 +508,48 @@ def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> N
 
 
 @pytest.mark.integration
+def test_a_voter_whose_snapshot_does_not_load_halts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged snapshot (or one of a newer build) was logged by pysyncobj and the voter went
+    on applying nothing, ever, though it could lead the quorum. It halts now; the snapshot's
+    CRC-32C catches a flipped byte, which loaded as another image."""
+    halts: list[BaseException] = []
+    monkeypatch.setattr(quorum_module, "_halt_on_snapshot_error", halts.append)
+    with snapshotting_voters(tmp_path) as v:
+        leader = v.leader()
+        propose_sync(leader, [rec.ClusterId("snap")])
+        v.register_brokers(leader, 20)
+        follower_id = next(i for i, q in v.quorums.items() if q is not leader)
+        snapshot = tmp_path / f"n{follower_id}" / "__cluster_metadata" / "snapshot"
+        wait_for(snapshot.exists, "the follower to write a snapshot")
+        v.quorums[follower_id].stop()
+        damaged = bytearray(snapshot.read_bytes())
+        damaged[len(damaged) // 2] ^= 0x01
+        snapshot.write_bytes(bytes(damaged))
+        v.start(follower_id)
+        wait_for(lambda: bool(halts), "the voter to halt")
+        assert "CRC-32C" in str(halts[0])
+        assert not v.recorders[follower_id].snapshots
+
+
+def test_a_version_1_snapshot_without_its_crc_is_still_read() -> None:
+    records: list[rec.MetadataRecord] = [rec.ClusterId("c"), rec.NoOp()]
+    body: dict[str, Any] = {
+        "version": 1,
+        "offset": 7,
+        "records": [rec.encode(r) for r in records],
+        "entries": [[b"", 9, 2], [b"", 8, 2]],
+        "cluster": ["127.0.0.1:1"],
+    }
+    snapshot = quorum_module._parse_snapshot(msgpack.packb(body, use_bin_type=True))
+    assert (snapshot.offset, snapshot.records, snapshot.last[1]) == (7, records, 9)
+    body["version"] = 3
+    with pytest.raises(ValueError, match="version"):
+        quorum_module._parse_snapshot(msgpack.packb(body, use_bin_type=True))
+
+
+@pytest.mark.integration
 def test_a_voter_behind_the_leaders_log_start_installs_the_leaders_snapshot(
     tmp_path: Path,
 ) -> None:

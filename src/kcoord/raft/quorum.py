@@ -41,7 +41,10 @@ The event loop never blocks on Raft: ``propose`` only enqueues.
 
 Files, in ``<data>/__cluster_metadata/``: ``journal`` (pysyncobj's file journal of raw command
 bytes) and ``snapshot`` (written by ``_write_snapshot``: msgpack of the image as records plus the
-two Raft entries pysyncobj keeps with it), written to a temporary file and renamed by pysyncobj.
+two Raft entries pysyncobj keeps with it, under a CRC-32C since version 2), written to a
+temporary file and renamed by pysyncobj. A snapshot that does not load (damaged, or written by a
+newer build) halts the node, as a Kafka controller's fatal fault handler does: pysyncobj only
+logged it, and the voter then applied nothing, ever, though it could lead the quorum.
 pysyncobj synced none of them; ``_DurableJournal`` syncs the journal before a voter sends any
 message (so before it acknowledges an entry or votes), the term and vote before they are used,
 and a snapshot before the journal is trimmed to it, as KRaft flushes its log.
@@ -101,7 +104,7 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 1: [1, [record bytes...]], without the epoch (still read)
 _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2  # 1: the body alone, without the CRC-32C (still read)
 SNAPSHOT_FILE = "snapshot"
 HALT_EXIT_CODE = 1
 
@@ -253,6 +256,17 @@ def _halt_on_storage_error(what: str, error: OSError) -> NoReturn:
     data; a voter going on would acknowledge entries it does not hold (Kafka halts when its
     metadata log directory fails)."""
     log.critical("quorum: %s failed (%s): halting", what, error)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(HALT_EXIT_CODE)
+
+
+def _halt_on_snapshot_error(error: BaseException) -> NoReturn:
+    """A metadata snapshot did not load: halt (Kafka's controller stops on its fatal fault
+    handler when it cannot load a snapshot). pysyncobj logs the error and goes on with a
+    state that applies nothing: the voter's image stays empty, its broker stays fenced, and
+    as the quorum's leader it never activates a controller."""
+    log.critical("quorum: the metadata snapshot cannot be loaded (%s): halting", error)
     for handler in logging.getLogger().handlers:
         handler.flush()
     os._exit(HALT_EXIT_CODE)
@@ -765,7 +779,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         """
         if not clearJournal:
             self._trim_journal_to_snapshot()
+        self._quorum.snapshot_error = None
         super()._SyncObj__loadDumpFile(clearJournal)
+        if self._quorum.snapshot_error is not None:
+            _halt_on_snapshot_error(self._quorum.snapshot_error)
 
     def _trim_journal_to_snapshot(self) -> None:
         try:
@@ -909,6 +926,8 @@ class MetadataQuorum:
         self.image = MetadataImage()
         self.skipped_batches = 0
         self._sync: _MetadataSyncObj | None = None
+        # Why the last snapshot load failed (set by _read_snapshot; pysyncobj swallows it).
+        self.snapshot_error: BaseException | None = None
         self._lock = threading.Lock()
 
     # -----------------------------------------------------------------------------------------
@@ -1046,18 +1065,21 @@ class MetadataQuorum:
             "entries": [list(entry1), list(entry0)],
             "cluster": sorted(node.address for node in cluster),
         }
+        packed = msgpack.packb(body, use_bin_type=True)
         with open(filename, "wb") as f:
-            f.write(msgpack.packb(body, use_bin_type=True))
+            f.write(msgpack.packb({"crc32c": crc32c.crc32c(packed), "body": packed}))
             # Synced before pysyncobj renames it into place, and trims the journal to it.
             f.flush()
             os.fsync(f.fileno())
 
     def _read_snapshot(self, filename: str) -> tuple[Any, Any, Any]:
-        with open(filename, "rb") as f:
-            try:
+        try:
+            with open(filename, "rb") as f:
                 snapshot = _parse_snapshot(f.read())
-            except _SNAPSHOT_ERRORS as e:
-                raise ValueError(f"{filename}: {e}") from e
+        except (OSError, *_SNAPSHOT_ERRORS) as e:
+            # For _SyncObj__loadDumpFile, which halts the node: pysyncobj swallows it.
+            self.snapshot_error = e
+            raise ValueError(f"{filename}: {e}") from e
         self.image = snapshot.image
         try:
             self.listener.on_snapshot_loaded(snapshot.offset, snapshot.records)
@@ -1135,8 +1157,15 @@ def _parse_snapshot(data: bytes) -> _Snapshot:
     """The one reader of a snapshot's bytes; raises one of ``_SNAPSHOT_ERRORS`` if they are
     not one this build can load."""
     body = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
-        raise ValueError("not a kcoord metadata snapshot of this version")
+    if isinstance(body, dict) and set(body) == {"crc32c", "body"}:
+        packed = body["body"]
+        if not isinstance(packed, bytes) or crc32c.crc32c(packed) != body["crc32c"]:
+            raise ValueError("its CRC-32C does not match: the file is damaged")
+        body = msgpack.unpackb(packed, raw=False, strict_map_key=False)
+        if not isinstance(body, dict) or body.get("version") != SNAPSHOT_VERSION:
+            raise ValueError("not a kcoord metadata snapshot of a version this build reads")
+    elif not isinstance(body, dict) or body.get("version") != 1:
+        raise ValueError("not a kcoord metadata snapshot of a version this build reads")
     offset = int(body["offset"])
     records = [rec.decode(r) for r in body["records"]]
     last, before = (tuple(e) for e in body["entries"])
