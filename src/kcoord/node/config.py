@@ -32,6 +32,7 @@ The key table (``_SPECS``) is the single source of names, types, defaults and ra
 from __future__ import annotations
 
 import enum
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -391,6 +392,14 @@ class NodeConfig:
                 f"must be less than broker.session.timeout.ms "
                 f"({self.broker_session_timeout_ms}), got {self.broker_heartbeat_interval_ms}",
             )
+        if self.replica_fetch_wait_max_ms > self.replica_lag_time_max_ms:
+            # KafkaConfig.validateValues: a follower parked longer than the lag time would
+            # fall out of the ISR while it waits for data.
+            raise ConfigError(
+                "replica.fetch.wait.max.ms",
+                f"must not exceed replica.lag.time.max.ms ({self.replica_lag_time_max_ms}), "
+                f"got {self.replica_fetch_wait_max_ms}",
+            )
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ConfigError(
                 "group.min.session.timeout.ms",
@@ -749,10 +758,9 @@ def _convert(spec: _Spec, value: object, *, from_env: bool) -> int | bool | str:
         assert isinstance(value, str), value
         text = value.strip()
         if spec.kind is _Kind.INT:
-            try:
+            # Integer.parseInt's digits: ASCII only (Python's int also takes "1_000" and "٣").
+            if re.fullmatch(r"[+-]?[0-9]+", text):
                 return int(text, 10)
-            except ValueError:
-                pass
         elif spec.kind is _Kind.BOOL:
             # Kafka's ConfigDef accepts exactly true/false, case-insensitively.
             if text.lower() in ("true", "false"):

@@ -36,6 +36,7 @@ not the active controller answers ``NOT_CONTROLLER``; the caller retries at the 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import uuid
@@ -82,6 +83,7 @@ def new_topic_id() -> str:
 # ``__consumer_offsets`` on fewer (at least its replication factor): long enough for a
 # cluster's nodes started together to register, short for one that lost a node for good.
 OFFSETS_TOPIC_GRACE_MS = 10_000
+RECENT_FENCINGS = 100  # fenced_by_me keeps the latest this many
 
 
 class NotActiveError(Exception):
@@ -128,7 +130,10 @@ class ControllerService:
         self._last_preferred_election_ms = 0
         self._last_unclean_election_ms = 0
         self.activations = 0
-        self.fenced_by_me: list[int] = []
+        # The brokers this node's controller fenced for missing heartbeats: how many, and the
+        # latest (the admin API's; bounded, the count is not).
+        self.fencings = 0
+        self.fenced_by_me: collections.deque[int] = collections.deque(maxlen=RECENT_FENCINGS)
         # For the node's metrics: proposals made (and failed), and the time from proposing a
         # batch to having it in this node's image (Raft commit plus apply).
         self.proposals = 0
@@ -330,6 +335,7 @@ class ControllerService:
                     list(fenced.response),
                 )
                 self.fenced_by_me.extend(fenced.response)
+                self.fencings += len(fenced.response)
                 await self._propose(fenced.records)
             image = self.cache.image
             if image.topic_by_name(OFFSETS_TOPIC_NAME) is None:

@@ -310,7 +310,7 @@ class NodeCollector(Collector):
         yield _counter(
             "kcoord_controller_broker_fencings_total",
             "Brokers this node's controller fenced for missing heartbeats.",
-            len(controller.fenced_by_me),
+            controller.fencings,
         )
         image = self.node.cache.image
         brokers = list(image.brokers.values())

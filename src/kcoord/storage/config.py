@@ -18,6 +18,11 @@ from typing import Final
 DAY_MS = 24 * 60 * 60 * 1000
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
+# What Java's Double.parseDouble reads, but its hexadecimal form: NaN and Infinity as Java
+# spells them, digits with a point and an exponent, and a float or double suffix.
+_JAVA_DOUBLE: Final = re.compile(
+    r"[+-]?(?:NaN|Infinity|(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?)"
+)
 # compression.type's values (Kafka's BrokerCompressionType names).
 COMPRESSION_TYPES: Final = ("uncompressed", "zstd", "lz4", "snappy", "gzip", "producer")
 # message.timestamp.type's values (Kafka's TimestampType names).
@@ -501,10 +506,10 @@ def parse_config_value(definition: TopicConfigDef, raw: str) -> object:
                     raise invalid(f"String must be one of: {', '.join(definition.valid)}")
             return tuple(p for p in parts if p)
         case ConfigType.DOUBLE:
-            try:
-                number: float = float(text)
-            except ValueError:
-                raise invalid("Not a number of type DOUBLE") from None
+            # Double.parseDouble's decimal forms (Python's float also takes "0.0_5", "inf").
+            if not _JAVA_DOUBLE.fullmatch(text):
+                raise invalid("Not a number of type DOUBLE")
+            number: float = float(text.rstrip("dDfF"))
         case _:
             limit = LONG_MAX if definition.type is ConfigType.LONG else INT_MAX
             if not re.fullmatch(r"[+-]?[0-9]+", text) or not -limit - 1 <= int(text) <= limit:

@@ -1131,7 +1131,8 @@ class Log:
         """What a cleaning pass would clean now, or None. On the log's owner thread.
 
         With ``min_dirty_ratio`` (the background cleaner), only when the dirty share of the
-        cleanable bytes (those at or above ``first_dirty_offset``) reaches it, or when a
+        cleanable bytes (those at or above ``first_dirty_offset``) exceeds it (never for a
+        NaN ratio, which Kafka's config accepts), or when a
         tombstone the last pass kept may now go; Kafka's ``LogCleanerManager`` picks logs the
         same way (``min.cleanable.dirty.ratio``, KIP-534's delete horizon).
         """
@@ -1164,7 +1165,7 @@ class Log:
                 and seg.first_batch_timestamp < now_ms - self.config.max_compaction_lag_ms
                 for seg in dirty_segments
             )
-            if ratio < min_dirty_ratio and not horizon_passed and not overdue:
+            if not ratio > min_dirty_ratio and not horizon_passed and not overdue:
                 return None
         return CleanPlan(cleanable, self._generation, now_ms, ratio, self.first_dirty_offset)
 

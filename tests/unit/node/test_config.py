@@ -279,6 +279,11 @@ def test_config_error_str_is_key_colon_message() -> None:
             "must be less than broker.session.timeout.ms (3000), got 3000",
         ),
         (
+            {"replica.fetch.wait.max.ms": 5000},
+            "replica.fetch.wait.max.ms",
+            "must not exceed replica.lag.time.max.ms (4000), got 5000",
+        ),
+        (
             {"group.min.session.timeout.ms": 2_000_000},
             "group.min.session.timeout.ms",
             "must not exceed group.max.session.timeout.ms",
@@ -338,6 +343,8 @@ def test_invalid_values_name_the_key(overrides: dict[str, object], key: str, fra
             "node.id",
             "expected an integer, got 'one' (from KCOORD_NODE_ID)",
         ),
+        ("KCOORD_NODE_ID", "1_0", "node.id", "expected an integer, got '1_0'"),
+        ("KCOORD_NODE_ID", "\u0663", "node.id", "expected an integer"),  # Arabic-Indic 3
         ("KCOORD_AUTO_CREATE_TOPICS_ENABLE", "yes", "auto.create.topics.enable", "got 'yes'"),
         ("KCOORD_NUM_PARTITIONS", "0", "num.partitions", "must be in 1.."),
         ("KCOORD_NODEID", "1", "KCOORD_NODEID", "unknown config key (environment variable)"),

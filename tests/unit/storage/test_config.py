@@ -29,6 +29,7 @@ from kcoord.storage.config import (
         ("message.timestamp.type", "LogAppendTime", "LogAppendTime"),
         ("max.compaction.lag.ms", "60000", 60_000),
         ("min.cleanable.dirty.ratio", "0.50", 0.5),
+        ("min.cleanable.dirty.ratio", ".5e0d", 0.5),  # Double.parseDouble's forms
         # Unimplemented configs take Kafka's default, however it is written.
         ("preallocate", "false", False),
         ("leader.replication.throttled.replicas", "", ()),
@@ -111,6 +112,18 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
             "logappendtime",
             "Invalid value logappendtime for configuration message.timestamp.type: String must "
             "be one of: CreateTime, LogAppendTime",
+        ),
+        (
+            "min.cleanable.dirty.ratio",
+            "0.0_5",
+            "Invalid value 0.0_5 for configuration min.cleanable.dirty.ratio: "
+            "Not a number of type DOUBLE",
+        ),
+        (
+            "min.cleanable.dirty.ratio",
+            "nan",
+            "Invalid value nan for configuration min.cleanable.dirty.ratio: "
+            "Not a number of type DOUBLE",
         ),
         (
             "min.cleanable.dirty.ratio",

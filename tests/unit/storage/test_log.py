@@ -895,6 +895,11 @@ def test_the_background_cleaner_waits_for_enough_dirty_bytes(tmp_path: Path) -> 
     assert small is None
     ratio_plan = lg.plan_cleaning(0, min_dirty_ratio=0.01)
     assert ratio_plan is not None and 0 < ratio_plan.dirty_ratio < 0.5
+    # A ratio that does not exceed the minimum is no pass (LogCleanerManager's
+    # cleanableRatio > minCleanableRatio): neither at the minimum nor for a NaN one, which
+    # Kafka's config accepts (it was cleaned at every pass).
+    assert lg.plan_cleaning(0, min_dirty_ratio=ratio_plan.dirty_ratio) is None
+    assert lg.plan_cleaning(0, min_dirty_ratio=float("nan")) is None
 
 
 def test_max_compaction_lag_cleans_overdue_records_and_rolls_in_time(tmp_path: Path) -> None:
