@@ -61,6 +61,9 @@ from kcoord.node.clock import SYSTEM_CLOCK, Clock
 log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+MAX_IN_FLIGHT: Final = 128  # requests of one connection handled or answered at once
+IDLE_MS: Final = 600_000  # connections.max.idle.ms
+CLIENT_IDLE_MS: Final = 540_000  # a client's (Kafka's clients: 9 min, under the server's 10)
 UNKNOWN_METHOD: Final = "UNKNOWN_METHOD"
 INTERNAL: Final = "INTERNAL"
 
@@ -188,14 +191,28 @@ class RpcServer:
     Each request runs in its own task, so a slow handler (a long-polling replica fetch) holds
     up no other request on the same connection. When a connection closes, its unanswered
     requests' tasks are cancelled.
+
+    As the Kafka listener (``kafka/server.py``): at most ``max_in_flight`` requests of a
+    connection are being handled or answered at once, beyond which the server stops reading
+    it and TCP pushes back (a peer pipelining requests and reading no answer grew the node's
+    memory without bound); and a connection with nothing in flight that sends no whole frame
+    for ``idle_ms`` is closed (``connections.max.idle.ms``; a client reconnects on its next
+    call).
     """
 
     def __init__(
-        self, handlers: Mapping[str, Handler], *, max_frame_bytes: int = MAX_FRAME_BYTES
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        idle_ms: int = IDLE_MS,
     ) -> None:
-        assert max_frame_bytes > 0, max_frame_bytes
+        assert max_frame_bytes > 0 and max_in_flight > 0 and idle_ms > 0
         self._handlers = dict(handlers)
         self._max_frame_bytes = max_frame_bytes
+        self._max_in_flight = max_in_flight
+        self._idle_s = idle_ms / 1000
         self._server: asyncio.Server | None = None
         self._stopping = False
         # Connection task -> its writer, so stop() can close the socket and wait for the task.
@@ -240,15 +257,35 @@ class RpcServer:
         assert task is not None
         peer = writer.get_extra_info("peername")
         requests: set[asyncio.Task[None]] = set()
+        room = asyncio.Semaphore(self._max_in_flight)
+        loop = asyncio.get_running_loop()
+        reading: asyncio.Timeout | None = None  # the idle deadline of the read under way
+
+        def answered(request: asyncio.Task[None]) -> None:
+            requests.discard(request)
+            room.release()
+            if not requests and reading is not None and not reading.expired():
+                reading.reschedule(loop.time() + self._idle_s)
+
         if not self._stopping:
             self._connections[task] = writer
         try:
             while not self._stopping:
-                body = await read_frame(reader, self._max_frame_bytes)
+                await room.acquire()
+                try:
+                    async with asyncio.timeout(None) as reading:
+                        if not requests:
+                            reading.reschedule(loop.time() + self._idle_s)
+                        body = await read_frame(reader, self._max_frame_bytes)
+                except TimeoutError:
+                    log.info("rpc: closing idle connection from %s", peer)
+                    break
+                finally:
+                    reading = None
                 request_id, method, payload = _parse_request(body)
                 request = asyncio.create_task(self._answer(writer, request_id, method, payload))
                 requests.add(request)
-                request.add_done_callback(requests.discard)
+                request.add_done_callback(answered)
         except asyncio.IncompleteReadError as e:
             if e.partial and not self._stopping:
                 log.warning("rpc: connection from %s closed in the middle of a frame", peer)
@@ -356,6 +393,11 @@ class _Connection:
         finally:
             self._shut(reason)
 
+    @property
+    def busy(self) -> bool:
+        """Whether calls wait for their answers on it."""
+        return bool(self._pending)
+
     def _shut(self, reason: str) -> None:
         if self.closed:
             return
@@ -386,6 +428,7 @@ class RpcClient:
         reconnect_backoff_ms: int = 50,
         reconnect_backoff_max_ms: int = 1000,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_ms: int = CLIENT_IDLE_MS,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
@@ -406,6 +449,8 @@ class RpcClient:
         self._last_attempt_ms: int | None = None
         self._failed_attempts = 0
         self._closed = False
+        self._idle_ms = idle_ms
+        self._last_used_ms: int | None = None
         self.connects = 0
         """Connections made so far (a reconnect counts)."""
 
@@ -424,12 +469,27 @@ class RpcClient:
             raise RpcConnectionError(f"{self._address}: client closed")
         request_id = next(self._request_ids)
         frame = encode_frame([request_id, method, payload], self._max_frame_bytes)
+        now = self._clock.monotonic_ms()
+        connection = self._connection
+        if (
+            connection is not None
+            and not connection.busy
+            and self._last_used_ms is not None
+            and now - self._last_used_ms >= self._idle_ms
+        ):
+            # As Kafka's clients (connections.max.idle.ms 9 min against the server's 10): a
+            # call sent just as the server closed its idle connection would fail.
+            self._connection = None
+            await connection.close()
+        self._last_used_ms = now
         try:
             async with asyncio.timeout(timeout_s):
                 connection = await self._connected()
                 return await connection.request(request_id, frame)
         except TimeoutError:
             raise RpcTimeout(f"{method} to {self._address}: no answer in {timeout_s}s") from None
+        finally:
+            self._last_used_ms = self._clock.monotonic_ms()
 
     async def close(self) -> None:
         """Close the connection; calls in flight fail with ``RpcConnectionError``."""
@@ -506,6 +566,7 @@ class RpcClientPool:
         reconnect_backoff_ms: int = 50,
         reconnect_backoff_max_ms: int = 1000,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_ms: int = CLIENT_IDLE_MS,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
@@ -515,6 +576,7 @@ class RpcClientPool:
             reconnect_backoff_ms=reconnect_backoff_ms,
             reconnect_backoff_max_ms=reconnect_backoff_max_ms,
             max_frame_bytes=max_frame_bytes,
+            idle_ms=idle_ms,
             clock=clock,
             sleep=sleep,
         )

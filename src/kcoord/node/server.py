@@ -146,7 +146,9 @@ class Node:
         self.logs = LogManager(config.data_dir)
         self.roles = ReplicaRoles(config.node_id)
         self.cache = MetadataCache(config.node_id, self.roles)
-        self.rpc_pool = RpcClientPool()
+        # Its connections close when idle for 9/10 of the peers' idle time (same config),
+        # before their servers close them under a call.
+        self.rpc_pool = RpcClientPool(idle_ms=max(1, config.connections_max_idle_ms * 9 // 10))
         self.quorum: MetadataQuorum | None = None
         self.controller: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None
@@ -330,7 +332,8 @@ class Node:
                 "ReplicaFetch": self.replicas.handle_replica_fetch,
                 "EpochEndOffset": self.replicas.handle_epoch_end_offset,
                 **self.admin.rpc_handlers(),
-            }
+            },
+            idle_ms=cfg.connections_max_idle_ms,
         )
         # The Kafka port is bound before this broker registers (Kafka's BrokerServer binds its
         # acceptors first and enables request processing last): a port taken fails the start

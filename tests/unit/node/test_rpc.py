@@ -32,6 +32,7 @@ from kcoord.node.rpc import (
     RpcTimeout,
     decode_body,
     encode_frame,
+    read_frame,
 )
 
 HOST = "127.0.0.1"
@@ -63,9 +64,13 @@ async def echo(payload: Any) -> Any:
 
 @contextlib.asynccontextmanager
 async def serving(
-    handlers: Mapping[str, Handler], *, port: int = 0, max_frame_bytes: int = 1 << 20
+    handlers: Mapping[str, Handler],
+    *,
+    port: int = 0,
+    max_frame_bytes: int = 1 << 20,
+    **options: Any,
 ) -> AsyncIterator[RpcServer]:
-    server = RpcServer(handlers, max_frame_bytes=max_frame_bytes)
+    server = RpcServer(handlers, max_frame_bytes=max_frame_bytes, **options)
     await server.start(HOST, port)
     try:
         yield server
@@ -336,6 +341,57 @@ def test_malformed_frame_closes_only_that_connection(
     assert [r.getMessage() for r in caplog.records if "closing connection from" in r.getMessage()]
 
 
+def test_a_connection_has_at_most_max_in_flight_requests_handled_at_once(run: Run) -> None:
+    """Past the limit the server stops reading the connection: a peer pipelining requests and
+    reading no answer grew the node's memory without bound."""
+    gates = Gates()
+
+    async def main() -> None:
+        async with serving({"gate": gates.handler}, max_in_flight=3) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            for i in range(6):
+                writer.write(encode_frame([i, "gate", i]))
+            await writer.drain()
+            for i in range(3):
+                await gates.wait_entered(i)
+            for _ in range(20):
+                await asyncio.sleep(0)  # what the server would do with the rest
+            assert set(gates.entered) == {0, 1, 2}
+            gates.open(0)
+            await gates.wait_entered(3)
+            assert set(gates.entered) == {0, 1, 2, 3}
+            for i in range(1, 6):
+                gates.open(i)
+            answered = {(await read_frame(reader, 1 << 20))[0] for _ in range(6)}
+            assert answered == set(range(6))
+            writer.close()
+
+    run(main())
+
+
+def test_an_idle_connection_is_closed_but_not_while_a_request_is_handled(run: Run) -> None:
+    gates = Gates()
+
+    async def main() -> None:
+        async with serving({"gate": gates.handler}, idle_ms=200) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(encode_frame([1, "gate", "slow"]))
+            await gates.wait_entered("slow")
+            loop = asyncio.get_running_loop()
+            held = loop.time() + 0.5
+            while loop.time() < held:
+                await asyncio.sleep(0.05)  # the handler takes longer than the idle time
+            gates.open("slow")
+            assert (await read_frame(reader, 1 << 20))[0] == 1
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # then idle: closed
+            writer.close()
+            gates.open("again")
+            async with client_of(server.port) as client:
+                assert await client.call("gate", "again", 5.0) == "again"
+
+    run(main())
+
+
 def test_server_restart_client_reconnects_on_next_call(run: Run) -> None:
     async def main() -> None:
         async with serving({"echo": echo}) as server:
@@ -480,6 +536,28 @@ def test_reconnect_backoff_doubles_and_never_sleeps_when_not_needed(run: Run) ->
                 await poll_until(lambda: not client.is_connected)
             time.ms += 20  # a disconnect soon after connecting waits the base backoff only
             assert client.reconnect_delay_ms() == 30
+
+    run(main())
+
+
+def test_a_client_reconnects_after_idling_longer_than_its_idle_time(run: Run) -> None:
+    """Before the server's idle timer (which is longer) can close the connection under a call
+    sent at that moment, as Kafka's clients do."""
+
+    async def main() -> None:
+        time = FakeTime()
+        async with (
+            serving({"echo": echo}) as server,
+            client_of(server.port, idle_ms=1000, clock=time) as client,
+        ):
+            assert await client.call("echo", 1, 5.0) == 1
+            time.ms += 999
+            assert await client.call("echo", 2, 5.0) == 2
+            assert client.connects == 1
+            time.ms += 1000
+            assert await client.call("echo", 3, 5.0) == 3
+            assert client.connects == 2
+            await poll_until(lambda: server.connection_count == 1)
 
     run(main())
 
