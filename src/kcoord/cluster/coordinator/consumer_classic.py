@@ -360,7 +360,10 @@ class ClassicMemberHandlers:
             )
             if self._can_downgrade(rejoined, ()):
                 self._convert_to_classic_group(rejoined, (), now_ms, out, rebalance=changed)
-                out.respond(token, joined)
+                # The classic group's generation, not the epoch this join's records bumped (the
+                # conversion drops them): else its SyncGroup was ILLEGAL_GENERATION, and that
+                # generation handed out again later.
+                out.respond(token, replace(joined, generation_id=rejoined.group_epoch))
                 return
         self._cancel_timer(classic_join_key(gid, member_id))
         self._schedule_session(gid, reconciled, now_ms)

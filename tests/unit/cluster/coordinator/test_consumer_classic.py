@@ -588,8 +588,18 @@ def test_a_static_member_restarted_as_classic_with_other_topics_downgrades_with_
     joined = step.response(token)
     assert isinstance(joined, JoinGroupResponse) and joined.error_code is Errors.NONE
     assert "g" not in ctx.shard.consumer_groups
-    assert ctx.shard.groups["g"].state is ClassicGroupState.PREPARING_REBALANCE
+    classic = ctx.shard.groups["g"]
+    assert classic.state is ClassicGroupState.PREPARING_REBALANCE
     assert b.heartbeat() is Errors.REBALANCE_IN_PROGRESS
+    # The answer names the classic group's generation, not the epoch the join's records
+    # bumped before the conversion dropped them: a SyncGroup at it was ILLEGAL_GENERATION.
+    assert joined.generation_id == classic.generation_id
+    token, step = ctx.sync(
+        member_id=joined.member_id, generation_id=joined.generation_id, instance_id="i-a"
+    )
+    synced = step.response(token)
+    assert isinstance(synced, SyncGroupResponse)
+    assert synced.error_code is Errors.REBALANCE_IN_PROGRESS
 
 
 def test_a_classic_group_replaced_while_empty_takes_its_join_timer_with_it() -> None:
