@@ -48,8 +48,8 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   ``NOT_COORDINATOR``, timers are cancelled and the context is dropped; it is never rolled
   back by hand. After a failed append the partition is reloaded from its log if this node still
   leads it. An OffsetCommit is the exception: its handler changes the shard only through the
-  records it returns, so when their append is refused (too large) only that request fails,
-  with Kafka's error, and the shard stays (``replay_only``).
+  records it returns, so when their append is refused (too large), or the handler raises, only
+  that request fails, with Kafka's error, and the shard stays (``replay_only``).
 """
 
 from __future__ import annotations
@@ -361,9 +361,14 @@ class ShardContext:
             # this event (CoordinatorWriteEvent.run), its handlers having changed nothing but
             # through records they never returned; a handler here may have changed a group in
             # memory before it raised, so the shard reloads from its log, and the caller gets
-            # an error, not a hang.
+            # an error, not a hang. A replay_only handler (OffsetCommit) changes nothing but
+            # through its records, as Kafka's: only its request fails, and a client retrying
+            # one that always raises does not reload every group of the partition each time.
             log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
-            self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
+            if replay_only:
+                self._fail([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
+            else:
+                self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
             return
         if result.records:
             parts = [result.records] if result.atomic else self._batches_of(result.records)

@@ -393,7 +393,8 @@ def test_a_leaders_assignment_too_large_for_the_log_fails_its_group_alone(tmp_pa
 
 def test_a_handler_that_raises_fails_its_request_and_others_may_retry(tmp_path: Path) -> None:
     """A bug in one shard call: its request gets UNKNOWN_SERVER_ERROR, the others waiting on
-    the partition NOT_COORDINATOR (they were all given UNKNOWN_SERVER_ERROR)."""
+    the partition NOT_COORDINATOR (they were all given UNKNOWN_SERVER_ERROR); a commit's
+    handler raising reloaded the shard too, at every retry of its client."""
 
     async def scenario() -> None:
         node = Node(tmp_path, append_linger_ms=0)
@@ -404,6 +405,11 @@ def test_a_handler_that_raises_fails_its_request_and_others_may_retry(tmp_path: 
         def broken(shard: Any, token: int, now_ms: int) -> Any:
             raise RuntimeError("a bug")
 
+        # A replay_only one (a commit) changed nothing: it fails alone and the shard stays.
+        failing = node.runtime.submit("g", broken, replay_only=True)
+        assert await refused(failing) is Errors.UNKNOWN_SERVER_ERROR
+        assert node.runtime.contexts[0] is ctx and not waiting.done()
+        # Any other may have changed a group before it raised: the shard reloads.
         failing = node.runtime.submit("g", broken)
         assert await refused(failing) is Errors.UNKNOWN_SERVER_ERROR
         assert await refused(waiting) is Errors.NOT_COORDINATOR
