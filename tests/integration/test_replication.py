@@ -25,7 +25,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -34,6 +33,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError as KafkaPythonError
 from kafka.errors import NotEnoughReplicasError
 
+from kcoord.raft import quorum as quorum_module
 from tests.integration.cluster import LocalCluster, wait_for
 
 pytestmark = pytest.mark.integration
@@ -341,7 +341,7 @@ def snapshot_offset(c: LocalCluster, node_id: int) -> int:
     """The metadata offset of the node's latest snapshot (quorum.py's format), -1 if none."""
     path = Path(c.node(node_id).directory) / "data" / "__cluster_metadata" / "snapshot"
     try:
-        return int(msgpack.unpackb(path.read_bytes(), raw=False)["offset"])
+        return quorum_module._parse_snapshot(path.read_bytes()).offset
     except FileNotFoundError:
         return -1
 
