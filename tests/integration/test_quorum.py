@@ -489,15 +489,22 @@ def snapshotting_voters(root: Path) -> Iterator[SnapshottingVoters]:
             q.stop()
 
 
+def a_follower_snapshots(v: SnapshottingVoters, root: Path) -> tuple[MetadataQuorum, int, Path]:
+    """Commit enough for a follower to write a snapshot; the leader, the follower and the
+    follower's snapshot file."""
+    leader = v.leader()
+    propose_sync(leader, [rec.ClusterId("snap")])
+    v.register_brokers(leader, 20)
+    follower_id = next(i for i, q in v.quorums.items() if q is not leader)
+    snapshot = root / f"n{follower_id}" / "__cluster_metadata" / "snapshot"
+    wait_for(snapshot.exists, "the follower to write a snapshot")
+    return leader, follower_id, snapshot
+
+
 @pytest.mark.integration
 def test_snapshot_is_written_and_a_restarted_voter_loads_it(tmp_path: Path) -> None:
     with snapshotting_voters(tmp_path) as v:
-        leader = v.leader()
-        propose_sync(leader, [rec.ClusterId("snap")])
-        v.register_brokers(leader, 20)
-        follower_id = next(i for i, q in v.quorums.items() if q is not leader)
-        snapshot = tmp_path / f"n{follower_id}" / "__cluster_metadata" / "snapshot"
-        wait_for(snapshot.exists, "the follower to write a snapshot")
+        leader, follower_id, _ = a_follower_snapshots(v, tmp_path)
         last = propose_sync(leader, [rec.NoOp()])
         wait_for(lambda: v.quorums[follower_id].image.last_offset >= last, "the follower")
         v.quorums[follower_id].stop()
@@ -517,12 +524,7 @@ def test_a_voter_whose_snapshot_does_not_load_halts(
     halts: list[BaseException] = []
     monkeypatch.setattr(quorum_module, "_halt_on_snapshot_error", halts.append)
     with snapshotting_voters(tmp_path) as v:
-        leader = v.leader()
-        propose_sync(leader, [rec.ClusterId("snap")])
-        v.register_brokers(leader, 20)
-        follower_id = next(i for i, q in v.quorums.items() if q is not leader)
-        snapshot = tmp_path / f"n{follower_id}" / "__cluster_metadata" / "snapshot"
-        wait_for(snapshot.exists, "the follower to write a snapshot")
+        _, follower_id, snapshot = a_follower_snapshots(v, tmp_path)
         v.quorums[follower_id].stop()
         damaged = bytearray(snapshot.read_bytes())
         damaged[len(damaged) // 2] ^= 0x01

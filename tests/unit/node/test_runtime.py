@@ -314,6 +314,22 @@ def test_below_min_insync_replicas_writes_wait_for_the_high_watermark_and_the_sh
     asyncio.run(scenario())
 
 
+async def join_g(node: Node, timeout_ms: int) -> Any:
+    """A member joins group g (no member id required) with these session and rebalance
+    timeouts; returns the JoinGroup answer."""
+    join = t.JoinGroupRequest(
+        group_id="g",
+        session_timeout_ms=timeout_ms,
+        rebalance_timeout_ms=timeout_ms,
+        protocol_type="consumer",
+        protocols=(t.JoinGroupRequestProtocol(name="range", metadata=b""),),
+        require_known_member_id=False,
+    )
+    return await asyncio.wait_for(
+        node.runtime.call("g", lambda s, tok, now: s.handle_join_group(tok, join, now)), 5
+    )
+
+
 async def refused(answer: asyncio.Future[Any]) -> Errors:
     """The error an answer fails with (within 5 s)."""
     with pytest.raises(CoordinatorError) as e:
@@ -361,17 +377,7 @@ def test_a_leaders_assignment_too_large_for_the_log_fails_its_group_alone(tmp_pa
         node = Node(tmp_path, config=GroupConfig(initial_rebalance_delay_ms=0))
         part, ctx, _ = await committed_seven(node)
         part.log.config = LogConfig(max_message_bytes=400)  # as an altered topic config does
-        join = t.JoinGroupRequest(
-            group_id="g",
-            session_timeout_ms=10_000,
-            rebalance_timeout_ms=10_000,
-            protocol_type="consumer",
-            protocols=(t.JoinGroupRequestProtocol(name="range", metadata=b""),),
-            require_known_member_id=False,
-        )
-        joined = await asyncio.wait_for(
-            node.runtime.call("g", lambda s, tok, now: s.handle_join_group(tok, join, now)), 5
-        )
+        joined = await join_g(node, 10_000)
         sync = t.SyncGroupRequest(
             group_id="g",
             generation_id=joined.generation_id,
@@ -1164,17 +1170,7 @@ def test_timers_fire_after_their_delay_whatever_the_wall_clock_says(tmp_path: Pa
         node.elect()
         await loaded(node)
         node.replicas.hold = False
-        join = t.JoinGroupRequest(
-            group_id="g",
-            session_timeout_ms=50,
-            rebalance_timeout_ms=50,
-            protocol_type="consumer",
-            protocols=(t.JoinGroupRequestProtocol(name="range", metadata=b""),),
-            require_known_member_id=False,
-        )
-        joined = await asyncio.wait_for(
-            node.runtime.call("g", lambda s, tok, now: s.handle_join_group(tok, join, now)), 5
-        )
+        joined = await join_g(node, 50)
         shard = node.runtime.contexts[0].shard
         assert shard is not None
         group = shard.group("g")
