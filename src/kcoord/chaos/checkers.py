@@ -397,10 +397,10 @@ def check_offsets(history: History) -> CheckResult:
     acked = [c for c in commits if c.type == OK]
 
     final = _final_committed(ordered, findings)
-    _check_lost_commits(final, acked, findings)
+    _check_lost_commits(final, commits, findings)
     _check_final_committed(final, commits, findings)
     _check_member_commits_after_heal(history, acked, findings)
-    _check_reads_see_acknowledged_commits(history, acked, findings)
+    _check_reads_see_acknowledged_commits(history, commits, findings)
     stale = _check_regressed_commits(acked, _member_reads(history, findings), findings)
     _check_commits_beyond_consumed(ordered, commits, acked, findings)
 
@@ -479,15 +479,51 @@ def _check_member_commits_after_heal(
         findings.add("no-member-commit-after-heal", {"group": group})
 
 
-def _check_lost_commits(final: _FinalCommitted, acked: list[_Commit], findings: _Findings) -> None:
-    highest: dict[_GroupPartition, _Commit] = {}
-    for commit in acked:
-        best = highest.get(commit.key)
-        if best is None or commit.offset > best.offset:
-            highest[commit.key] = commit
+def _least_a_read_may_see(commits: list[_Commit], sent_at: _At, answered_at: _At) -> _Commit | None:
+    """The commit whose offset is the least a read of one partition's committed offset, sent
+    at ``sent_at`` and answered at ``answered_at``, may return without an acknowledged commit
+    having been lost; None when none was acknowledged before the read was sent.
 
+    The coordinator keeps the last commit it applied, a lower offset included (Kafka's last
+    writer wins: a member with a stale position commits below what another committed). Of the
+    commits acknowledged before the read was sent, one acknowledged before another of them was
+    sent was overwritten; any of the others, or of the commits still in flight (sent before
+    the answer, not failed), may be the last applied. Requiring the highest acknowledged
+    offset flagged a stale member's acknowledged lower commit as a lost one.
+    """
+    acked = [c for c in commits if c.type == OK and c.done_at is not None and c.done_at < sent_at]
+    if not acked:
+        return None
+    sends = [c.invoke_at for c in acked if c.invoke_at is not None]
+    last_send = max(sends) if sends else None
+    possible = [
+        c for c in acked if last_send is None or (c.done_at is not None and c.done_at >= last_send)
+    ]
+    possible += [
+        c
+        for c in commits
+        if c.type != FAIL
+        and (c.done_at is None or c.done_at >= sent_at)
+        and (c.invoke_at is None or c.invoke_at < answered_at)
+    ]
+    return min(possible, key=lambda c: c.offset)
+
+
+def _commits_by_key(commits: list[_Commit]) -> dict[_GroupPartition, list[_Commit]]:
+    by_key: dict[_GroupPartition, list[_Commit]] = defaultdict(list)
+    for commit in commits:
+        by_key[commit.key].append(commit)
+    return by_key
+
+
+def _check_lost_commits(
+    final: _FinalCommitted, commits: list[_Commit], findings: _Findings
+) -> None:
     missing_reads: set[tuple[str, str | None]] = set()
-    for (group, topic, partition), commit in sorted(highest.items(), key=lambda kv: str(kv[0])):
+    by_key = _commits_by_key(commits)
+    for (group, topic, partition), key_commits in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        if not any(c.type == OK for c in key_commits):
+            continue
         read = final.get((group, topic))
         if read is None:
             if (group, topic) not in missing_reads:
@@ -495,15 +531,18 @@ def _check_lost_commits(final: _FinalCommitted, acked: list[_Commit], findings: 
                 findings.add("no-final-committed", {"group": group, "topic": topic})
             continue
         read_event, offsets = read
+        least = _least_a_read_may_see(key_commits, read_event.at, read_event.at)
+        if least is None:
+            continue
         committed = offsets.get(partition)
-        if committed is None or committed < commit.offset:
+        if committed is None or committed < least.offset:
             findings.add(
                 "lost-commit",
                 {
                     "group": group,
                     "topic": topic,
                     "partition": partition,
-                    "acknowledged": commit.example(),
+                    "acknowledged": least.example(),
                     "final_committed": committed,
                     "final_read_event": read_event.index,
                 },
@@ -511,20 +550,16 @@ def _check_lost_commits(final: _FinalCommitted, acked: list[_Commit], findings: 
 
 
 def _check_reads_see_acknowledged_commits(
-    history: History, acked: list[_Commit], findings: _Findings
+    history: History, commits: list[_Commit], findings: _Findings
 ) -> None:
     """Every ``committed`` read with an invoke (the runner reads while faults are on) must
-    return, for each partition, at least the highest offset acknowledged before it was sent."""
-    by_key: dict[_GroupPartition, list[_Commit]] = defaultdict(list)
-    for commit in acked:
-        if commit.done_at is not None:
-            by_key[commit.key].append(commit)
+    return, for each partition, at least what ``_least_a_read_may_see`` says."""
+    by_key = _commits_by_key(commits)
     for invoke, done in history.pairs("committed"):
         if done is None or done.type != OK:
             continue
         if "partitions" in done.value:
-            # A member's read (``_stale_position``): a lower commit a stale member made, which
-            # Kafka takes too, may come between an acknowledgement and such a read.
+            # A member's read (``_stale_position``), checked by the regressed-commit rule.
             continue
         try:
             group, topic = _required(done.value, "group"), _topic(done.value)
@@ -532,22 +567,21 @@ def _check_reads_see_acknowledged_commits(
         except _PARSE_ERRORS as error:
             findings.malformed(done, error)
             continue
-        for (g, t, partition), commits in by_key.items():
+        for (g, t, partition), key_commits in by_key.items():
             if (g, t) != (group, topic):
                 continue
-            before = [c for c in commits if c.done_at is not None and c.done_at < invoke.at]
-            if not before:
+            least = _least_a_read_may_see(key_commits, invoke.at, done.at)
+            if least is None:
                 continue
-            best = max(before, key=lambda c: c.offset)
             seen = offsets.get(partition)
-            if seen is None or seen < best.offset:
+            if seen is None or seen < least.offset:
                 findings.add(
                     "lost-commit",
                     {
                         "group": group,
                         "topic": topic,
                         "partition": partition,
-                        "acknowledged": best.example(),
+                        "acknowledged": least.example(),
                         "read": seen,
                         "read_event": done.index,
                         "reason": "a read sent after the acknowledgement does not see it",

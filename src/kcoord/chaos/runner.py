@@ -671,6 +671,10 @@ def drive(chaos: ChaosLab, clients_dir: Path, prefix: str = "chaos") -> str | No
 def conclude(options: Options, history: History, started: float, error: str | None) -> int:
     """The checkers' verdict: history.jsonl, results.json, timeline.html and the table."""
     report_dir = Path(options.report_dir)
+    if error is None and options.nemeses and options.faults == 0:
+        # A run whose schedule ended before its first fault, or whose nemeses found no
+        # target, tested nothing: it passed vacuously.
+        error = "no fault was injected (a longer --duration, or nemeses with targets)"
     history.to_jsonl(report_dir / "history.jsonl")
     results = checkers.check_all(history, options.workload)
     verdict = {name: r.as_dict() for name, r in results.items()}

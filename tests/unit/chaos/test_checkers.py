@@ -373,6 +373,30 @@ def test_a_read_during_faults_must_see_every_commit_acknowledged_before_it() -> 
     assert (lost["read"], lost["acknowledged"]["offset"], lost["read_event"]) == (3, 5, 6)
 
 
+def test_a_lower_commit_acknowledged_later_is_what_a_read_may_see() -> None:
+    """Kafka's last writer wins: a member with a stale position commits 3 after another's 5
+    was acknowledged (excused as stale by its own read), and the coordinator holds 3. A read
+    (during faults, or the final one) seeing 3 lost nothing; it was flagged as lost-commit
+    for not seeing the highest acknowledged offset. An older value than both still is."""
+
+    def history(read: int, final: int) -> History:
+        h = History()
+        consume(h, 1.0, "m1", 0, range(5))
+        commit(h, 2.0, "m1", {0: 5})
+        consume(h, 3.0, "m2", 0, range(3))
+        member_read(h, 3.5, "m2", {0: 5}, generation=2)
+        commit(h, 4.0, "m2", {0: 3}, generation=2)
+        read_committed(h, 4.5, 4.6, {0: read})
+        committed(h, 10.0, {0: final})
+        return h
+
+    fine = check_offsets(history(3, 3))
+    assert fine.valid and fine.stats["stale_position_commits"] == 1
+    lost = check_offsets(history(2, 2))
+    assert named(lost) == {"lost-commit"}
+    assert {x["acknowledged"]["offset"] for x in lost.anomalies["lost-commit"]} == {3}
+
+
 def test_an_unacknowledged_commit_may_be_lost_or_kept() -> None:
     h = healthy_groups_history()
     consume(h, 5.0, "m1", 0, range(8, 12))

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from kcoord.chaos import runner
+from kcoord.chaos import checkers, runner
+from kcoord.chaos import report as chaos_report
 from kcoord.chaos.history import History
 from kcoord.chaos.runner import ChaosLab
 from kcoord.chaos.workload import GroupsWorkload
@@ -99,3 +101,20 @@ def test_a_group_that_never_settles_does_not_hold_back_the_others_describe(
     assert described == [("ok", "fine"), ("fail", "stuck")]
     failed = next(e for e in history.ops("describe") if e.type == "fail")
     assert "its coordinator does not answer" in failed.value["error"]
+
+
+def test_a_run_that_injected_no_fault_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its schedule ended before the first fault, or its nemeses found no target: it tested
+    nothing, and passed."""
+    monkeypatch.setattr(chaos_report, "write_timeline", lambda *args, **kwargs: None)
+    verdicts: list[dict[str, Any]] = []
+    monkeypatch.setattr(runner, "print_verdict", verdicts.append)
+    valid = SimpleNamespace(valid=True, as_dict=lambda: {"valid": True})
+    monkeypatch.setattr(checkers, "check_all", lambda history, workload: {"x": valid})
+    options = runner.Options(nemeses=["kill"], report_dir=str(tmp_path))
+    assert runner.conclude(options, History(), 0.0, None) == 1
+    assert "no fault was injected" in verdicts[0]["error"]
+    options.faults = 2
+    assert runner.conclude(options, History(), 0.0, None) == 0
