@@ -519,7 +519,11 @@ class ReplicaManager:
         topic (``__consumer_offsets`` too) was neither compacted nor kept from time retention,
         and every other topic config fell back to its default."""
         existing = self.logs.get_log(tp)
-        if existing is not None and existing.topic_id not in (None, topic_id):
+        if existing is not None and existing.topic_id != topic_id:
+            # A log without a topic id is one too (isStrayKraftReplica): partition.metadata is
+            # written, fsynced, when a log is created, before any append, so a log without it
+            # holds nothing of this topic; taken for it, an old topic's records were served
+            # as the new one's.
             log.warning(
                 "%s-%d: deleting a stray log of topic id %s; the topic is now %s",
                 tp[0],

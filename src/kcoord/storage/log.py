@@ -176,12 +176,19 @@ DEFAULT_OFFSET_MAP_CAPACITY: Final = offset_map_capacity(DEFAULT_DEDUPE_BUFFER_B
 
 
 def remove_now(paths: Sequence[Path]) -> None:
-    """Remove files and directories at once (the default remover; see ``Log.remove_files``)."""
+    """Remove files and directories at once (the default remover; see ``Log.remove_files``).
+    What cannot be removed is logged and left (a delete directory is removed again at the
+    next start); it was left without a word, and delete directories could pile up."""
     for path in paths:
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("cannot remove %s: %s", path, e)
 
 
 @dataclass(slots=True)

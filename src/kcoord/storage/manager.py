@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
+import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -44,10 +44,13 @@ METADATA_DIR_NAME = "__cluster_metadata"
 _MAX_FILE_NAME = 255
 
 
-def _delete_dir_name(tp: TopicPartition, unique: int) -> str:
-    """``<topic>-<partition>.<n>-delete``, the topic cut short to fit a file name (Kafka's
+def _delete_dir_name(tp: TopicPartition, unique: str) -> str:
+    """``<topic>-<partition>.<unique>-delete``, the topic cut short to fit a file name (Kafka's
     ``LocalLog.logDirNameWithSuffixCappedLength``): a topic of 249 characters could not be
-    deleted, and the node halted on the failed rename, then again at every start."""
+    deleted, and the node halted on the failed rename, then again at every start. ``unique``
+    is a random UUID's hex, as Kafka's ``logDeleteDirName``: a counter started again at 1
+    with each run, and deleting a partition whose earlier delete directory was left behind
+    renamed onto it, failed (ENOTEMPTY) and halted the node, at every start."""
     suffix = f"-{tp[1]}.{unique}{DELETE_DIR_SUFFIX}"
     return tp[0][: _MAX_FILE_NAME - len(suffix)] + suffix
 
@@ -66,7 +69,6 @@ class LogManager:
         # The data directory was missing or empty when opened: a first start, or a node whose
         # disk was replaced or wiped (its registration then says its replicas hold nothing).
         self.storage_was_empty = False
-        self._delete_counter = 0
         # The partitions each offsets checkpoint on disk names (as last read or written): a
         # log created where a deleted one was must not inherit its entries (see ``adopt``).
         self._checkpointed: dict[str, set[TopicPartition]] = {}
@@ -99,7 +101,7 @@ class LogManager:
             if not path.is_dir():
                 continue
             if path.name.endswith(DELETE_DIR_SUFFIX):
-                shutil.rmtree(path, ignore_errors=True)
+                remove_now([path])
                 continue
             if path.name == METADATA_DIR_NAME:
                 continue  # the Raft journal lives here but is not a partition log
@@ -237,8 +239,7 @@ class LogManager:
         if removed is None:
             return
         removed.abandon()
-        self._delete_counter += 1
-        target = removed.directory.with_name(_delete_dir_name(tp, self._delete_counter))
+        target = removed.directory.with_name(_delete_dir_name(tp, uuid.uuid4().hex))
         os.replace(removed.directory, target)
         self.remove([target])
 
@@ -324,12 +325,23 @@ class LogManager:
         self.logs.clear()
 
     def shutdown(self) -> None:
-        """Flush and close every log, checkpoint, then leave the clean-shutdown marker."""
+        """Flush and close every log, checkpoint, then leave the clean-shutdown marker, unless
+        a partition is offline: it was never opened, so never recovered, and the marker would
+        vouch for it at the next start, which then loads a torn tail unchecked (Kafka marks a
+        log directory clean only when all of it was loaded)."""
         for lg in self.logs.values():
             lg.close()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
-        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
-        marker.write_text("")
-        checkpoint.fsync_dir(self.data_dir)
+        if self.offline:
+            log.warning(
+                "not marking a clean shutdown: %d partitions are offline and were never "
+                "recovered (%s); the next start recovers every log",
+                len(self.offline),
+                ", ".join(f"{t}-{p}" for t, p in sorted(self.offline)[:5]),
+            )
+        else:
+            marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+            marker.write_text("")
+            checkpoint.fsync_dir(self.data_dir)
         self.logs.clear()

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from kcoord.cluster.fetch_session import FULL_PASS_INTERVAL_MS
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
@@ -442,7 +444,10 @@ def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) 
     asyncio.run(scenario())
 
 
-def test_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) -> None:
+@pytest.mark.parametrize("without_topic_id", [False, True])
+def test_logs_of_deleted_topics_are_deleted_as_strays(
+    tmp_path: Path, without_topic_id: bool
+) -> None:
     """A node that was down while its topics were deleted (and one created again under the
     same name) finds their logs at start-up: the one whose topic id is not the image's is
     replaced by an empty log, and ``delete_stray_logs`` removes those no partition claims
@@ -454,6 +459,10 @@ def test_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) -> None:
     for tp in ((TOPIC, 0), ("gone", 0)):
         left.get_or_create_log(tp, topic_id=old_id).append_as_follower(batch(), now_ms=0)
     left.shutdown()
+    if without_topic_id:
+        # A log whose partition.metadata is gone was taken for the new topic's, its records
+        # served as the new topic's (isStrayKraftReplica: a stray too).
+        (data_dir / f"{TOPIC}-0" / checkpoint.PARTITION_METADATA).unlink()
 
     async def scenario() -> None:
         cluster: dict[int, Node] = {}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -153,12 +155,59 @@ def test_a_topic_of_the_longest_name_is_deleted(tmp_path: Path) -> None:
     renamed: list[Path] = []
     mgr.remove = renamed.extend
     mgr.delete_log((name, 12345))
-    assert len(renamed) == 1 and renamed[0].name.endswith("-12345.1-delete")
+    assert len(renamed) == 1 and re.fullmatch(r"t+-12345\.[0-9a-f]{32}-delete", renamed[0].name)
     assert len(renamed[0].name) <= 255 and renamed[0].exists()
     mgr.shutdown()
     again = LogManager(tmp_path, CONFIG)
     again.open()  # what a crash left to remove is removed at the next start
     assert list(tmp_path.glob("*-delete")) == [] and (name, 12345) not in again.logs
+
+
+def test_a_partition_deleted_again_after_a_restart_beside_its_leftover_delete_directory(
+    tmp_path: Path,
+) -> None:
+    """Delete directories were numbered from 1 in each run: deleting a partition whose
+    earlier delete directory a failed removal had left renamed onto it (ENOTEMPTY), and the
+    node halted, at every start. They take a random UUID, as Kafka's."""
+    for run in range(2):
+        mgr = LogManager(tmp_path, CONFIG)
+        with pytest.MonkeyPatch.context() as patch:
+            # The start's removal of what the last run left fails too.
+            patch.setattr(shutil, "rmtree", lambda *args, **kwargs: None)
+            mgr.open()
+        mgr.get_or_create_log(("orders", 0)).append_as_leader(batch(1), 0, 0)
+        kept: list[Path] = []
+        mgr.remove = kept.extend  # a removal that failed: the directory stays
+        mgr.delete_log(("orders", 0))
+        assert len(kept) == 1 and kept[0].exists(), run
+        mgr.close()
+    assert len(list(tmp_path.glob("orders-0.*-delete"))) == 2
+
+
+def test_no_clean_shutdown_is_marked_over_an_offline_partition(tmp_path: Path) -> None:
+    """It was never opened, so never recovered: the marker let the next start load its torn
+    tail unchecked (the log end past a corrupt batch, reads failing for good)."""
+    mgr = _filled(tmp_path)
+    mgr.close()  # a crash
+    broken = LogManager(tmp_path, CONFIG)
+    real_open = Log.open
+
+    def failing_open(path: Path, *args: Any, **kwargs: Any) -> Log:
+        if path.name == "orders-1":
+            raise OSError(5, "Input/output error")
+        return real_open(path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Log, "open", failing_open)
+        broken.open()
+    assert ("orders", 1) in broken.offline
+    broken.shutdown()
+    assert not (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
+    healthy = LogManager(tmp_path, CONFIG)
+    healthy.open()
+    assert not healthy.had_clean_shutdown and not healthy.offline
+    healthy.shutdown()
+    assert (tmp_path / CLEAN_SHUTDOWN_FILE).exists()
 
 
 def test_only_the_quorums_own_directory_is_skipped_at_start_up(tmp_path: Path) -> None:
