@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kcoord.node.log_dir_failure import LogDirFailureChannel
-from kcoord.storage.log import DEFAULT_OFFSET_MAP_CAPACITY, CleanerStats, remove_now
+from kcoord.storage.log import DEFAULT_OFFSET_MAP_CAPACITY, CleanerStats, Log, remove_now
 from kcoord.storage.manager import LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
 
@@ -109,6 +109,7 @@ class LogMaintenance:
         self.config = config
         self.stats = MaintenanceStats()
         self.uncleanable: set[TopicPartition] = set()
+        self._uncleanable_logs: dict[TopicPartition, Log] = {}  # the log each was set aside in
         self._to_remove: list[Path] = []
         self._removals_queued = asyncio.Event()
         # The cleaner's own thread (Kafka's CleanerThread): a stop waits for its pass to end
@@ -152,9 +153,21 @@ class LogMaintenance:
     # -----------------------------------------------------------------------------------------
     # The cleaner.
 
+    def _set_aside(self, tp: TopicPartition, lg: Log) -> None:
+        self.uncleanable.add(tp)
+        self._uncleanable_logs[tp] = lg
+
     async def clean_filthiest(self) -> TopicPartition | None:
         """Compact the dirtiest cleanable log, if any; returns it if it was cleaned (None:
         nothing to clean, or the pass was abandoned)."""
+        # LogCleanerManager.maintainUncleanablePartitions: a partition set aside for its log
+        # is cleanable again once that log is gone (deleted, moved away and back, its topic
+        # created again); it stayed set aside until the node restarted.
+        for tp in [
+            tp for tp, lg in self._uncleanable_logs.items() if self.logs.get_log(tp) is not lg
+        ]:
+            del self._uncleanable_logs[tp]
+            self.uncleanable.discard(tp)
         best = self.logs.filthiest(self.now_ms(), self.high_watermarks(), self.uncleanable)
         if best is None:
             return None
@@ -182,7 +195,7 @@ class LogMaintenance:
             self.stats.cleaner_failed += 1
             # Left for recovery and the read path to report; Kafka marks such a partition
             # uncleanable (LogCleanerManager.markPartitionUncleanable) until it is reloaded.
-            self.uncleanable.add(tp)
+            self._set_aside(tp, lg)
             log.error("%s-%d: not cleanable until the node restarts: %s", tp[0], tp[1], e)
             return None
         except Exception as e:
@@ -202,7 +215,7 @@ class LogMaintenance:
             # LogCleaningException and calls markPartitionUncleanable); picked again on every
             # pass, it kept every other compacted log, __consumer_offsets included, from ever
             # being cleaned again.
-            self.uncleanable.add(tp)
+            self._set_aside(tp, lg)
             log.exception("%s-%d: not cleanable until the node restarts", tp[0], tp[1])
             return None
         try:

@@ -124,6 +124,16 @@ def test_a_corrupt_compacted_log_is_set_aside_not_retried(tmp_path: Path) -> Non
     assert node.maintenance.uncleanable == {OFFSETS}
     assert node.logs.filthiest(0, node.hws, node.maintenance.uncleanable) is None
     assert not list((tmp_path / "__consumer_offsets-3").glob("*.cleaned"))
+    # Its log gone and a new one in its place (moved away and back, its topic created again):
+    # cleanable again (LogCleanerManager.maintainUncleanablePartitions); it stayed set aside.
+    node.logs.delete_log(OFFSETS)
+    fresh = node.logs.get_or_create_log(OFFSETS, node.offsets.config)
+    for i in range(30):
+        fresh.append_as_leader(batch(1, key=b"k", value=f"{i}".encode()), 0, 0)
+    fresh.roll()
+    node.hws[OFFSETS] = fresh.log_end_offset
+    assert asyncio.run(node.maintenance.clean_filthiest()) == OFFSETS
+    assert node.maintenance.uncleanable == set()
 
 
 def test_recovery_points_are_checkpointed(tmp_path: Path) -> None:
