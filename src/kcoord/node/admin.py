@@ -675,7 +675,8 @@ class AdminServer:
         self.app.router.add_get("/api/v1/topics", self._topics)
         self.app.router.add_get("/api/v1/topics/{name}", self._topic)
         self.app.router.add_get("/api/v1/groups", self._groups)
-        self.app.router.add_get("/api/v1/groups/{group_id:.+}", self._group)
+        # Any character, a newline included (a group id may hold one).
+        self.app.router.add_get("/api/v1/groups/{group_id:[\\s\\S]+}", self._group)
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
 
@@ -727,9 +728,10 @@ class AdminServer:
     ) -> web.StreamResponse:
         if self.token is not None and request.path not in _OPEN_PATHS:
             scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(
-                credentials.strip().encode(), self.token.encode()
-            ):
+            # Header bytes that are not UTF-8 arrive as surrogates, which encode() refuses:
+            # a 500 and a traceback in the node's log for any client.
+            offered = credentials.strip().encode(errors="surrogateescape")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(offered, self.token.encode()):
                 raise ApiError(401, "missing or wrong bearer token (admin.api.token)")
         return await handler(request)
 

@@ -61,7 +61,10 @@ def describe(bootstrap: str, *, replication: bool, out: TextIO, err: TextIO = sy
         return 1
     hw = q["high_watermark"]
     voters = q["voters"]
-    leader = next(v for v in voters if v["node_id"] == q["leader_id"])
+    leader = next((v for v in voters if v["node_id"] == q["leader_id"]), None)
+    if leader is None:
+        err.write(f"kcoord: the leader, node {q['leader_id']}, is not among the voters\n")
+        return 1
     # MetadataQuorumCommand: the lag of the voter furthest behind the leader's log end, and
     # how long before the leader's last catch-up it last caught up (-1 if either never did).
     furthest = min(voters, key=lambda v: v["log_end_offset"])

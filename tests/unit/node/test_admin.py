@@ -87,13 +87,31 @@ async def get(
         return response.status, await response.text()
 
 
+async def raw_status(base: str, path: str, authorization: bytes) -> int:
+    """The status of a GET whose Authorization header is these bytes (a client's encoder
+    would make them UTF-8)."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: " + authorization + b"\r\n\r\n"
+    )
+    status_line = await reader.readline()
+    writer.close()
+    await writer.wait_closed()
+    return int(status_line.split()[1])
+
+
 def test_the_token_guards_everything_but_the_probes() -> None:
+    """A header byte that is not UTF-8 got a 500 (and a traceback in the node's log)."""
+
     async def scenario(session: ClientSession, base: str, service: StubService) -> None:
         for path in ("/api/v1/cluster", "/api/v1/topics", "/api/v1/groups", "/metrics"):
             status, body = await get(session, base + path)
             assert status == 401, path
             assert "token" in body["error"]["message"]
             assert (await get(session, base + path, "wrong"))[0] == 401
+            assert await raw_status(base, path, b"Bearer " + TOKEN.encode() + b"\xff") == 401
             assert (await get(session, base + path, TOKEN))[0] == 200
         assert (await get(session, base + "/healthz"))[0] == 200
         assert (await get(session, base + "/readyz"))[0] == 200
@@ -117,6 +135,8 @@ def test_errors_are_json_and_the_server_stays_up() -> None:
         assert (status, body["state"]) == (200, "Stable")
         status, body = await get(session, base + "/api/v1/groups/a/b")  # slashes in group ids
         assert status == 500  # reached the (failing) group handler, not a 404
+        status, body = await get(session, base + "/api/v1/groups/a%0Ab")  # and a newline
+        assert status == 500
 
     serve(scenario)
 

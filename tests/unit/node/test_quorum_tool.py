@@ -56,3 +56,11 @@ def test_errors_go_to_stderr_with_exit_code_1(monkeypatch: pytest.MonkeyPatch) -
     out, err = io.StringIO(), io.StringIO()
     assert quorum_tool.describe("b:1", replication=False, out=out, err=err) == 1
     assert out.getvalue() == "" and "connection refused" in err.getvalue()
+    # A leader the voters do not name (a node answering from another quorum's view): an
+    # error, not a StopIteration traceback.
+    view = {"is_leader": True, "leader_id": 9, "high_watermark": 0, "voters": []}
+    monkeypatch.setattr(quorum_tool, "fetch", lambda bootstrap: view)
+    monkeypatch.setattr(quorum_tool, "cluster_id", lambda bootstrap: "c")
+    err = io.StringIO()
+    assert quorum_tool.describe("b:1", replication=False, out=out, err=err) == 1
+    assert "node 9, is not among the voters" in err.getvalue()
