@@ -912,7 +912,17 @@ class ReplicaManager:
         return {tp: p.high_watermark for tp, p in self.partitions.items()}
 
     def checkpoint_high_watermarks(self) -> None:
-        self.logs.write_high_watermarks(self.high_watermarks())
+        """The hosted partitions' HWs, and what the file said of partitions whose log is on
+        disk but not hosted (yet, before the metadata catch-up at start-up; or offline): the
+        file was written with those left out, and a crash then started them from their log
+        start (Kafka writes nothing for a log directory without online partitions)."""
+        high_watermarks = self.high_watermarks()
+        for tp, hw in self._checkpointed_hw.items():
+            if tp not in high_watermarks and (
+                self.logs.get_log(tp) is not None or tp in self.logs.offline
+            ):
+                high_watermarks[tp] = hw
+        self.logs.write_high_watermarks(high_watermarks)
 
     async def run_high_watermark_checkpoints(self, interval_ms: int = 5000) -> None:
         """Kafka's ``replica.high.watermark.checkpoint.interval.ms`` task."""

@@ -478,6 +478,19 @@ def test_logs_of_deleted_topics_are_deleted_as_strays(
     asyncio.run(scenario())
 
 
+def test_high_watermarks_of_logs_not_hosted_yet_stay_checkpointed(tmp_path: Path) -> None:
+    """The periodic checkpoint before the metadata catch-up wrote an empty file: a crash then
+    started every partition's HW from its log start."""
+    left = LogManager(tmp_path)
+    left.open()
+    left.get_or_create_log((TOPIC, 0), topic_id=TOPIC_ID).append_as_follower(batch(), 0)
+    left.write_high_watermarks({(TOPIC, 0): 1, ("gone", 0): 7})
+    left.shutdown()
+    node = Node(2, tmp_path, {})
+    node.replicas.checkpoint_high_watermarks()  # nothing hosted yet
+    assert node.logs.read_high_watermarks() == {(TOPIC, 0): 1}  # no log of "gone" is left
+
+
 def test_a_log_opened_at_start_up_takes_its_topics_configs(tmp_path: Path) -> None:
     """The node opens the logs on its disk with its defaults before it reads the metadata
     image; hosting the partition gives the log the topic's configs (they were lost on every
