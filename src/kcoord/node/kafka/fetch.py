@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from kcoord.errors import Errors
-from kcoord.node.kafka.apis import Deferred, Request, Result
+from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request, Result
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.replica_manager import (
     KafkaError,
@@ -189,7 +189,7 @@ class FetchApi:
         # asking for more had a whole backlog read and encoded in memory, on the event loop.
         max_bytes = min(int(body.max_bytes), FETCH_MAX_BYTES)
         min_bytes = min(int(body.min_bytes), max_bytes)
-        responses, size, failed = self._read(wanted, max_bytes, version)
+        responses, size, failed = await self._read(wanted, max_bytes, version)
         if (
             size >= min_bytes
             or failed
@@ -216,7 +216,7 @@ class FetchApi:
             # Records or a HW move may have come between the first read and the watch (a
             # produce pipelined behind this fetch): read again now that they would wake us, as
             # Kafka's DelayedFetch does (tryCompleteElseWatch).
-            responses, size, failed = self._read(wanted, max_bytes, request.version)
+            responses, size, failed = await self._read(wanted, max_bytes, request.version)
             if size >= min_bytes or failed or self._ready(wanted, min_bytes):
                 return self._response(request, responses)
             while True:
@@ -237,7 +237,7 @@ class FetchApi:
                     break
         finally:
             self.waiters.unwatch(tps, event)
-        responses, _, _ = self._read(wanted, max_bytes, request.version)
+        responses, _, _ = await self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
 
     def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
@@ -272,7 +272,7 @@ class FetchApi:
             total += min(available, w.max_bytes)
         return total >= min_bytes or unknown == len(wanted)
 
-    def _read(
+    async def _read(
         self, wanted: list[_FetchPartition], max_bytes: int, version: int
     ) -> tuple[list[dict[str, Any]], int, bool]:
         """(partition responses, bytes of records, whether to answer at once for an error).
@@ -281,12 +281,15 @@ class FetchApi:
         topic id) does not cut a long poll short, unless no partition is left to wait for:
         ``KafkaApis.handleFetchRequest`` sets those aside before ``fetchMessages``, and only
         errors found reading the others end a ``DelayedFetch`` early. A consumer still holding
-        a deleted topic's partition would otherwise fetch in a hot loop."""
+        a deleted topic's partition would otherwise fetch in a hot loop. Yields to the loop
+        between slices of partitions, as a Produce's handler does."""
         responses = []
         size = 0
         failed = False
         unknown = 0
-        for w in wanted:
+        for i, w in enumerate(wanted, 1):
+            if i % PARTITIONS_PER_SLICE == 0:
+                await asyncio.sleep(0)  # the other connections' turn
             try:
                 if w.topic is None:
                     raise KafkaError(Errors.UNKNOWN_TOPIC_ID)

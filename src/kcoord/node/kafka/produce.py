@@ -57,6 +57,7 @@ from kcoord.errors import Errors
 from kcoord.node.kafka.apis import (
     CLOSE_CONNECTION,
     NO_RESPONSE,
+    PARTITIONS_PER_SLICE,
     Deferred,
     Request,
     Result,
@@ -82,7 +83,6 @@ INIT_PRODUCER_ID_KEY: Final = 22
 DESCRIBE_PRODUCERS_KEY: Final = 61
 NO_LEADER_HINT: Final = {"leader_id": -1, "leader_epoch": -1}
 _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
-PARTITIONS_PER_SLICE: Final = 512  # a Produce's partitions handled between two yields
 
 
 # Batch headers parsed between two yields to the event loop while a producer state reads its
@@ -422,9 +422,7 @@ class ProduceApi:
             for data in partitions.values():
                 walked += 1
                 if walked % PARTITIONS_PER_SLICE == 0:
-                    # The other connections' turn (server.py's docstring): a request naming
-                    # 200,000 partitions held the loop for seconds.
-                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)  # the other connections' turn
                 if name is not None and acks in (-1, 0, 1):
                     await self._producer_state_ready(name, data.index)
                 if acks not in (-1, 0, 1):

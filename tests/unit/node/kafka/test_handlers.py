@@ -22,12 +22,11 @@ from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka import fetch as fetch_module
-from kcoord.node.kafka.apis import Deferred, Request
+from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request
 from kcoord.node.kafka.context import KafkaSettings
 from kcoord.node.kafka.metadata import NO_TRANSACTIONS, TopicCreator
 from kcoord.node.kafka.produce import (
     LOAD_SLICE_HEADERS,
-    PARTITIONS_PER_SLICE,
     PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS,
 )
 from kcoord.node.replica_manager import Partition
@@ -1179,13 +1178,17 @@ def test_acks_zero_answers_nothing_and_closes_on_failure(tmp_path: Path) -> None
 # ------------------------------------------------------------------ idempotence
 
 
-def test_a_produce_naming_many_partitions_lets_the_loop_run_as_it_goes(tmp_path: Path) -> None:
-    """Its handler yields to the loop between slices of partitions (and a large one is decoded
-    on a codec thread): one naming 200,000 partitions held every connection for 3 s."""
+@pytest.mark.parametrize("api", [PRODUCE, FETCH])
+def test_a_request_naming_many_partitions_lets_the_loop_run_as_it_goes(
+    tmp_path: Path, api: int
+) -> None:
+    """Produce's and Fetch's handlers yield to the loop between slices of partitions (and a
+    large request is decoded on a codec thread): one naming 200,000 partitions held every
+    other connection for 3 s."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         ticks = 0
-        seen: list[int] = []  # the ticks at each partition's append
+        seen: list[int] = []  # the ticks at each partition's lookup
 
         async def ticker() -> None:
             nonlocal ticks
@@ -1193,21 +1196,30 @@ def test_a_produce_naming_many_partitions_lets_the_loop_run_as_it_goes(tmp_path:
                 ticks += 1
                 await asyncio.sleep(0)
 
-        api = h.broker.produce
-        append = api._append
+        lookup = h.replicas.leader_partition
 
         def counted(*args: Any) -> Any:
             seen.append(ticks)
-            return append(*args)
+            return lookup(*args)
 
-        api._append = counted  # type: ignore[method-assign,assignment]
+        h.replicas.leader_partition = counted  # type: ignore[method-assign,assignment]
         task = asyncio.create_task(ticker())
-        partitions = [{"index": i, "records": None} for i in range(5_000)]
-        topic_data = [{"name": "t", "partition_data": partitions}]
-        answer = await c.call(PRODUCE, 9, {"acks": 1, "timeout": 5000, "topic_data": topic_data})
+        count = 5_000
+        values: dict[str, Any]
+        if api == PRODUCE:
+            partitions = [{"index": i, "records": None} for i in range(count)]
+            topic_data = [{"name": "t", "partition_data": partitions}]
+            values = {"acks": 1, "timeout": 5000, "topic_data": topic_data}
+            answer = await c.call(PRODUCE, 9, values)
+            assert len(answer.responses[0].partition_responses) == count
+        else:
+            values = fetch_values("t", 0, 0)
+            one = values["topics"][0]["partitions"][0]
+            values["topics"][0]["partitions"] = [{**one, "partition": i} for i in range(count)]
+            answer = await c.call(FETCH, 12, values)
+            assert len(answer.responses[0].partitions) == count
         task.cancel()
-        assert len(answer.responses[0].partition_responses) == 5_000
-        assert seen[-1] - seen[0] >= 5_000 // PARTITIONS_PER_SLICE
+        assert seen[-1] - seen[0] >= count // PARTITIONS_PER_SLICE
 
     run(tmp_path, test)
 
