@@ -64,6 +64,7 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
                  G kcoord_coordinator_responses_waiting_for_high_watermark
                  C kcoord_coordinator_rebalances_started_total
                  C kcoord_coordinator_rebalances_completed_total
+                 C kcoord_coordinator_consumer_group_rebalances_total
                  H kcoord_coordinator_rebalance_duration_seconds
                  C kcoord_coordinator_offset_commits_total
                  C kcoord_coordinator_offset_commit_errors_total{error}
@@ -567,6 +568,11 @@ class NodeCollector(Collector):
             "kcoord_coordinator_rebalances_completed_total",
             "Group rebalances completed (a group reaching Stable or Empty).",
             stats.rebalances_completed,
+        )
+        yield _counter(
+            "kcoord_coordinator_consumer_group_rebalances_total",
+            "KIP-848 consumer group rebalances (a new target assignment computed).",
+            stats.consumer_group_rebalances,
         )
         duration = HistogramMetricFamily(
             "kcoord_coordinator_rebalance_duration_seconds",

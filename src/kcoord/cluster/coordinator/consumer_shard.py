@@ -70,7 +70,7 @@ from kcoord.cluster.coordinator.types import (
 from kcoord.errors import Errors
 
 if TYPE_CHECKING:
-    from kcoord.cluster.coordinator.shard import GroupConfig, _Output
+    from kcoord.cluster.coordinator.shard import CoordinatorStats, GroupConfig, _Output
 
 TopicsView = Mapping[str, tuple[str, int]]  # topic name -> (topic id, partition count)
 
@@ -115,6 +115,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     """Mixed into ``GroupCoordinatorShard``; uses its timers, config, groups and offsets."""
 
     _config: GroupConfig
+    stats: CoordinatorStats
     _group_configs: GroupConfigLookup
     _consumer_groups: dict[str, ConsumerGroup]
     _new_member_id: Callable[[str], str]
@@ -635,6 +636,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     out.write(target_member_record(group_id, member_id, partitions))
             out.write(target_epoch_record(group_id, group_epoch))
             targets, assignment_epoch = new_targets, group_epoch
+            self.stats.consumer_group_rebalances += 1
 
         # 4. Reconcile this member towards its target (CurrentAssignmentBuilder), keeping its
         # assignment to the existing topics it subscribes to (KAFKA-19431: subscribedTopicIds
@@ -672,6 +674,8 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             member.state is not MemberState.UNREVOKED_PARTITIONS or member.classic is not None
         ):
             return  # revoked in time; classic members have join and sync timeouts instead
+        if kind == SESSION_KEY:
+            self.stats.members_expired += 1
         self._remove_consumer_members(group, [member_id], now_ms, out)
 
     def _arm_consumer_timers(self, now_ms: int) -> None:

@@ -287,6 +287,10 @@ class CoordinatorStats:
 
     rebalances_started: int = 0
     rebalances_completed: int = 0
+    # KIP-848 consumer groups: a new target assignment computed (Kafka's
+    # consumer-group-rebalance-count, recorded in updateTargetAssignment); they have no
+    # rebalance that starts and completes.
+    consumer_group_rebalances: int = 0
     rebalance_duration_s: Histogram = field(default_factory=lambda: Histogram(DURATION_BUCKETS_S))
     # OffsetCommit: partitions written, and errors by code (a request-level error counts once;
     # the node adds the routing errors: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, ...).

@@ -8,6 +8,7 @@ from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import JoinGroupResponse
 from kcoord.errors import Errors
 from tests.unit.cluster.coordinator.harness import ShardContext
+from tests.unit.cluster.coordinator.test_consumer_classic import ConsumerMember, context
 
 
 def _join_and_sync(ctx: ShardContext, delay_ms: int, think_ms: int) -> str:
@@ -77,3 +78,19 @@ def test_expired_offsets_and_the_group_they_leave_empty() -> None:
     ctx.sleep(2_000)
     assert (stats.offsets_expired, stats.groups_expired) == (2, 1)
     assert ctx.shard.group("g") is None
+
+
+def test_consumer_group_rebalances_and_expired_members_count() -> None:
+    """KIP-848 groups counted nothing: the dashboard's rebalance and expiration panels read 0
+    for them. A new target assignment counts a rebalance (Kafka's
+    consumer-group-rebalance-count); a session timeout an expired member."""
+    ctx = context()
+    stats = ctx.shard.stats
+    a, b = ConsumerMember(ctx, "a"), ConsumerMember(ctx, "b")
+    a.beat()
+    b.beat()
+    assert stats.consumer_group_rebalances == 2  # each join a new target
+    assert stats.members_expired == 0
+    ctx.sleep(60_000)  # neither heartbeats again
+    assert stats.members_expired == 2
+    assert (stats.rebalances_started, stats.rebalances_completed) == (0, 0)
