@@ -60,6 +60,7 @@ from kcoord.raft.image import (
     BecomeLeader,
     ConfigResource,
     MetadataDelta,
+    MetadataImage,
     RoleChange,
     StopReplica,
 )
@@ -399,6 +400,23 @@ class ReplicaManager:
                 continue
             part = self.partitions.get(tp)
             if part is None and tp in self.logs.offline:
+                offline_id = self.logs.offline_topic_id(tp)
+                if offline_id is not None and offline_id != change.tp.topic_id:
+                    # A stray of an earlier topic of this name (isStrayKraftReplica): gone,
+                    # and the new topic's log takes its place.
+                    log.warning(
+                        "%s-%d: deleting an offline stray log of topic id %s; the topic is now %s",
+                        tp[0],
+                        tp[1],
+                        offline_id,
+                        change.tp.topic_id,
+                    )
+                    try:
+                        self.logs.delete_offline(tp)
+                    except OSError as e:
+                        self.log_dir_failure.fail(f"deleting the log of {tp[0]}-{tp[1]}", e)
+                        continue
+            if part is None and tp in self.logs.offline:
                 # Its log could not be opened at start-up (LogManager.open): it stays offline
                 # here and every other partition is served. Creating its log failed the log
                 # directory, halting the node, on every start once it had registered.
@@ -548,7 +566,23 @@ class ReplicaManager:
                 tp[1],
             )
             self.logs.delete_log(tp)
-        return strays
+        # Offline ones too (never hosted, so judged by the image): their directories were
+        # left for ever.
+        image = self.cache.image
+        offline = [tp for tp in self.logs.offline if not self._is_replica_in(image, tp)]
+        for tp in offline:
+            log.warning(
+                "%s-%d: deleting an offline stray log: this node is no replica of it",
+                tp[0],
+                tp[1],
+            )
+            self.logs.delete_offline(tp)
+        return strays + offline
+
+    def _is_replica_in(self, image: MetadataImage, tp: TopicPartition) -> bool:
+        topic = image.topic_by_name(tp[0])
+        state = None if topic is None else image.partition(topic.topic_id, tp[1])
+        return state is not None and self.node_id in state.replicas
 
     def on_metadata_delta(self, delta: MetadataDelta) -> None:
         """Pick up ISR changes (partition-epoch-only changes, no role change) and changed topic

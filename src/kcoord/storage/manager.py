@@ -243,6 +243,28 @@ class LogManager:
         os.replace(removed.directory, target)
         self.remove([target])
 
+    def offline_topic_id(self, tp: TopicPartition) -> str | None:
+        """The topic id an offline partition's ``partition.metadata`` names, if it reads."""
+        try:
+            return checkpoint.read_partition_metadata(
+                self._new_log_dir(tp) / checkpoint.PARTITION_METADATA
+            )
+        except (checkpoint.CheckpointError, OSError, ValueError):
+            return None
+
+    def delete_offline(self, tp: TopicPartition) -> None:
+        """Remove an offline partition (its topic was deleted, or it is a stray of an earlier
+        topic of the same name): its directory, and what the checkpoints kept of it. It was
+        left for ever, and took the place of a topic created again under its name."""
+        if self.offline.pop(tp, None) is None:
+            return
+        for offsets in self._offline_offsets.values():
+            offsets.pop(tp, None)
+        directory = self._new_log_dir(tp)
+        target = directory.with_name(_delete_dir_name(tp, uuid.uuid4().hex))
+        os.replace(directory, target)
+        self.remove([target])
+
     def _remove(self, paths: Sequence[Path]) -> None:
         self.remove(paths)  # looked up at each call: a node may replace it after opening
 

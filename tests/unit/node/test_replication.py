@@ -478,6 +478,36 @@ def test_logs_of_deleted_topics_are_deleted_as_strays(
     asyncio.run(scenario())
 
 
+def test_offline_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) -> None:
+    """Logs that failed to open at start-up were never judged: a deleted topic's stayed on
+    disk for ever, and one of an earlier topic of a name created again kept the new topic's
+    partition unhosted here for good."""
+    old_id = "OOOOOOOOOOOOOOOOOOOOOO"
+    data_dir = tmp_path / "node-2"
+    left = LogManager(data_dir)
+    left.open()
+    for tp in ((TOPIC, 0), ("gone", 0)):
+        left.get_or_create_log(tp, topic_id=old_id).append_as_follower(batch(), now_ms=0)
+    left.shutdown()
+    for name in (f"{TOPIC}-0", "gone-0"):  # a directory where a segment should be
+        segment = data_dir / name / "00000000000000000000.log"
+        segment.unlink()
+        segment.mkdir()
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        Node(1, tmp_path / "node-1", cluster)
+        node = Node(2, data_dir, cluster)
+        assert set(node.logs.offline) == {(TOPIC, 0), ("gone", 0)}
+        _start(cluster)  # TOPIC again, with another id
+        assert node.partition.log.topic_id == TOPIC_ID
+        assert node.replicas.delete_stray_logs() == [("gone", 0)]
+        assert not (data_dir / "gone-0").exists() and not node.logs.offline
+        assert [tp for tp, _ in node.logs] == [(TOPIC, 0)]
+
+    asyncio.run(scenario())
+
+
 def test_high_watermarks_of_logs_not_hosted_yet_stay_checkpointed(tmp_path: Path) -> None:
     """The periodic checkpoint before the metadata catch-up wrote an empty file: a crash then
     started every partition's HW from its log start."""
