@@ -17,9 +17,11 @@ producer_state``) keeps a retry of a batch that did replicate from being appende
 torn batch the halt leaves at a log's end is cut off by recovery when the node is started
 again, once the disk has room.
 
-Reads that fail answer ``KAFKA_STORAGE_ERROR`` and do not halt the node (Kafka halts on those
-too), except the replay that loads a group coordinator shard: its groups are served by no one
-until the node halts and another replica leads; a corrupt batch is never a directory failure.
+A read of a partition's log that raises ``OSError`` halts the node too (``LocalLog.read``'s
+``maybeHandleIOException``; ``ReplicaManager._reading``), as does the replay that loads a group
+coordinator shard, whose groups are otherwise served by no one until another replica leads.
+A corrupt batch is never a directory failure: it answers ``KAFKA_STORAGE_ERROR`` for its
+partition alone.
 """
 
 from __future__ import annotations
