@@ -27,6 +27,14 @@ RETRIABLE_CODES: Final = frozenset(
         KafkaError.OFFSET_NOT_AVAILABLE,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.REQUEST_TIMED_OUT,
+        # librdkafka's own while a leader is down or moving: no leader in its metadata yet
+        # ("No leaders found"), a connection lost or timed out. A query failed on the first
+        # of them (Spark's source asks again, fetchOffset.numRetries).
+        KafkaError._NOENT,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
     }
 )
 RETRY_BACKOFF_S: Final = 0.1

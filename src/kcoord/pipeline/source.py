@@ -566,6 +566,25 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
         return self._latest()  # the last ask: what it says goes
 
+    def _seeing(
+        self,
+        wanted: Sequence[TopicPartition],
+        answer: tuple[list[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, int]],
+    ) -> tuple[list[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """``answer`` (a ``_latest``), asked again (``fetchOffset.numRetries`` times in all)
+        while its metadata lacks partitions of ``wanted`` that an earlier answer showed."""
+        for _ in range(self.options.fetch_offset_attempts - 1):
+            missing = [tp for tp in wanted if tp not in answer[1]]
+            if not missing:
+                break
+            log.warning(
+                "the metadata lacks %s, which it showed before; asking again",
+                ", ".join(f"{t}-{p}" for t, p in missing),
+            )
+            time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
+            answer = self._latest()
+        return answer
+
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         begin = from_json_offsets(start)
         current, earliest, now_latest = self._latest_not_behind(begin)
@@ -615,11 +634,17 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, until = from_json_offsets(start), from_json_offsets(end)
         if begin == until:
             return []
-        partitions, earliest, latest = self._latest()
+        partitions, earliest, latest = self._seeing(
+            [tp for tp in until if tp not in begin], self._latest()
+        )
         # A partition that appeared since ``start`` is read from offset 0; one whose log starts
         # later lost records before the query saw it, which ``check_data_loss`` reports (Spark's
-        # "Added partition starts from X instead of 0"), moving it to its earliest offset.
-        begin.update({tp: 0 for tp in until if tp not in begin and tp in earliest})
+        # "Added partition starts from X instead of 0"), moving it to its earliest offset. One
+        # this metadata does not show (a node's that is behind the one ``latestOffset`` asked)
+        # was left out without a word, and its records below ``end`` were never read: it
+        # counts from 0 too, and ``check_data_loss`` reports it gone (Spark: "Cannot find
+        # earliest offsets of ... Some data may have been missed").
+        begin.update({tp: 0 for tp in until if tp not in begin})
         # ``latestOffset`` planned below the start a partition whose log end had fallen below
         # it: data loss, even if the new log has grown past the start by now.
         latest = {

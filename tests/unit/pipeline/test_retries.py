@@ -26,6 +26,9 @@ def test_retriable_answers_are_asked_again() -> None:
     codes.append(KafkaError.NOT_LEADER_FOR_PARTITION)
     assert retrying(call_after(codes), "test", 5.0) == "done"
     assert codes == []
+    # librdkafka's own while a leader is down or moving (the query ended on the first).
+    codes = [KafkaError._NOENT, KafkaError._TRANSPORT, KafkaError._TIMED_OUT]
+    assert retrying(call_after(codes), "test", 5.0) == "done"
 
 
 def test_other_errors_and_the_deadline_raise() -> None:

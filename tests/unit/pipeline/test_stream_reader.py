@@ -139,6 +139,28 @@ def test_a_partition_added_after_the_start_that_does_not_begin_at_zero_is_data_l
     assert ranges == [OffsetRange("t", 0, 5, 10), OffsetRange("t", 1, 7, 40)]
 
 
+def test_a_new_partition_the_metadata_does_not_show_yet_is_asked_for_then_reported() -> None:
+    """``latestOffset`` saw t-1 (40 records); ``partitions`` asked a node whose metadata
+    lagged and had no t-1: it was left out unreported, and the next batch read it from 40.
+    It is asked for again, then reported as data loss (Spark: "Cannot find earliest offsets")."""
+    start = {"t": {"0": 5}}
+    end = {"t": {"0": 10, "1": 40}}
+    answers = [
+        ([TP], {TP: 0}, {TP: 10}),  # lagging metadata
+        ([TP, ("t", 1)], {TP: 0, ("t", 1): 0}, {TP: 10, ("t", 1): 40}),
+    ]
+    seeing = _stream()
+    seeing._latest = lambda: answers.pop(0) if len(answers) > 1 else answers[0]  # type: ignore[method-assign]
+    ranges = [
+        p.offset_range for p in seeing.partitions(start, end) if isinstance(p, RangePartition)
+    ]
+    assert ranges == [OffsetRange("t", 0, 5, 10), OffsetRange("t", 1, 0, 40)]
+    blind = _stream()
+    blind._latest = lambda: ([TP], {TP: 0}, {TP: 10})  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="t-1 is gone"):
+        blind.partitions(start, end)
+
+
 class _Message:
     def __init__(self, offset: int, error: object = None) -> None:
         self._offset, self._error = offset, error
