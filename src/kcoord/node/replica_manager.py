@@ -559,24 +559,21 @@ class ReplicaManager:
         no partition for (its topic was deleted while the node was down; Kafka's
         ``isStrayKraftReplica``). Returns them."""
         strays = [tp for tp, _ in self.logs if tp not in self.partitions]
-        for tp in strays:
-            log.warning(
-                "%s-%d: deleting a stray log: this node is no replica of it in the metadata",
-                tp[0],
-                tp[1],
-            )
-            self.logs.delete_log(tp)
         # Offline ones too (never hosted, so judged by the image): their directories were
         # left for ever.
         image = self.cache.image
         offline = [tp for tp in self.logs.offline if not self._is_replica_in(image, tp)]
-        for tp in offline:
+        for tp in strays + offline:
             log.warning(
-                "%s-%d: deleting an offline stray log: this node is no replica of it",
+                "%s-%d: deleting a stray%s log: this node is no replica of it in the metadata",
                 tp[0],
                 tp[1],
+                " offline" if tp in self.logs.offline else "",
             )
-            self.logs.delete_offline(tp)
+            if tp in self.logs.offline:
+                self.logs.delete_offline(tp)
+            else:
+                self.logs.delete_log(tp)
         return strays + offline
 
     def _is_replica_in(self, image: MetadataImage, tp: TopicPartition) -> bool:

@@ -373,30 +373,6 @@ def test_a_read_during_faults_must_see_every_commit_acknowledged_before_it() -> 
     assert (lost["read"], lost["acknowledged"]["offset"], lost["read_event"]) == (3, 5, 6)
 
 
-def test_a_lower_commit_acknowledged_later_is_what_a_read_may_see() -> None:
-    """Kafka's last writer wins: a member with a stale position commits 3 after another's 5
-    was acknowledged (excused as stale by its own read), and the coordinator holds 3. A read
-    (during faults, or the final one) seeing 3 lost nothing; it was flagged as lost-commit
-    for not seeing the highest acknowledged offset. An older value than both still is."""
-
-    def history(read: int, final: int) -> History:
-        h = History()
-        consume(h, 1.0, "m1", 0, range(5))
-        commit(h, 2.0, "m1", {0: 5})
-        consume(h, 3.0, "m2", 0, range(3))
-        member_read(h, 3.5, "m2", {0: 5}, generation=2)
-        commit(h, 4.0, "m2", {0: 3}, generation=2)
-        read_committed(h, 4.5, 4.6, {0: read})
-        committed(h, 10.0, {0: final})
-        return h
-
-    fine = check_offsets(history(3, 3))
-    assert fine.valid and fine.stats["stale_position_commits"] == 1
-    lost = check_offsets(history(2, 2))
-    assert named(lost) == {"lost-commit"}
-    assert {x["acknowledged"]["offset"] for x in lost.anomalies["lost-commit"]} == {3}
-
-
 def test_an_unacknowledged_commit_may_be_lost_or_kept() -> None:
     h = healthy_groups_history()
     consume(h, 5.0, "m1", 0, range(8, 12))
@@ -445,6 +421,21 @@ def member_read(
           time=t + 0.1)  # fmt: skip
 
 
+def stale_member_commit(member_saw: int, final: int, *, runner_saw: int | None = None) -> History:
+    """m1 commits 5; m2, at a stale position of 3, reads its committed offset (``member_saw``)
+    and commits 3; the runner reads ``runner_saw`` meanwhile, if given, and ``final`` last."""
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    consume(h, 3.0, "m2", 0, range(3))
+    member_read(h, 3.5, "m2", {0: member_saw}, generation=2)
+    commit(h, 4.0, "m2", {0: 3}, generation=2)
+    if runner_saw is not None:
+        read_committed(h, 4.5, 4.6, {0: runner_saw})
+    committed(h, 10.0, {0: final})
+    return h
+
+
 @pytest.mark.parametrize(
     ("read", "stale"),
     [
@@ -458,15 +449,7 @@ def test_a_member_going_back_from_its_own_position_is_not_a_regressed_commit(
     """kafka-python keeps a partition's position through an eager rebalance and commits
     below what another member committed meanwhile (chaos seed 3406); a read of the committed
     offset it made first, in that generation, shows whether the coordinator had kept it."""
-    h = History()
-    consume(h, 1.0, "m1", 0, range(5))
-    commit(h, 2.0, "m1", {0: 5})
-    consume(h, 3.0, "m2", 0, range(3))
-    member_read(h, 3.5, "m2", {0: read}, generation=2)
-    commit(h, 4.0, "m2", {0: 3}, generation=2)
-    committed(h, 10.0, {0: 5})
-
-    result = check_offsets(h)
+    result = check_offsets(stale_member_commit(read, 5))
 
     assert named(result) == (set() if stale else {"regressed-commit"})
     assert result.stats["stale_position_commits"] == (1 if stale else 0)
@@ -480,6 +463,19 @@ def test_a_member_going_back_from_its_own_position_is_not_a_regressed_commit(
     member_read(h2, 5.0, "m2", {0: 5}, generation=2)
     committed(h2, 10.0, {0: 5})
     assert named(check_offsets(h2)) == {"regressed-commit"}
+
+
+def test_a_lower_commit_acknowledged_later_is_what_a_read_may_see() -> None:
+    """Kafka's last writer wins: a member with a stale position commits 3 after another's 5
+    was acknowledged (excused as stale by its own read), and the coordinator holds 3. A read
+    (during faults, or the final one) seeing 3 lost nothing; it was flagged as lost-commit
+    for not seeing the highest acknowledged offset. An older value than both still is."""
+
+    fine = check_offsets(stale_member_commit(5, 3, runner_saw=3))
+    assert fine.valid and fine.stats["stale_position_commits"] == 1
+    lost = check_offsets(stale_member_commit(5, 2, runner_saw=2))
+    assert named(lost) == {"lost-commit"}
+    assert {x["acknowledged"]["offset"] for x in lost.anomalies["lost-commit"]} == {3}
 
 
 def test_concurrent_commits_may_land_in_either_order() -> None:

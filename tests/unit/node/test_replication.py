@@ -444,6 +444,19 @@ def test_delete_records_reaches_the_follower_and_its_checkpoint(tmp_path: Path) 
     asyncio.run(scenario())
 
 
+def logs_of_an_earlier_topic(data_dir: Path) -> Path:
+    """A data directory left with a record in TOPIC-0 and gone-0, both of an earlier topic id
+    (the node was down while they were deleted, and TOPIC created again)."""
+    left = LogManager(data_dir)
+    left.open()
+    for tp in ((TOPIC, 0), ("gone", 0)):
+        left.get_or_create_log(tp, topic_id="OOOOOOOOOOOOOOOOOOOOOO").append_as_follower(
+            batch(), now_ms=0
+        )
+    left.shutdown()
+    return data_dir
+
+
 @pytest.mark.parametrize("without_topic_id", [False, True])
 def test_logs_of_deleted_topics_are_deleted_as_strays(
     tmp_path: Path, without_topic_id: bool
@@ -452,13 +465,7 @@ def test_logs_of_deleted_topics_are_deleted_as_strays(
     same name) finds their logs at start-up: the one whose topic id is not the image's is
     replaced by an empty log, and ``delete_stray_logs`` removes those no partition claims
     (Kafka's ``isStrayKraftReplica``)."""
-    old_id = "OOOOOOOOOOOOOOOOOOOOOO"
-    data_dir = tmp_path / "node-2"
-    left = LogManager(data_dir)
-    left.open()
-    for tp in ((TOPIC, 0), ("gone", 0)):
-        left.get_or_create_log(tp, topic_id=old_id).append_as_follower(batch(), now_ms=0)
-    left.shutdown()
+    data_dir = logs_of_an_earlier_topic(tmp_path / "node-2")
     if without_topic_id:
         # A log whose partition.metadata is gone was taken for the new topic's, its records
         # served as the new topic's (isStrayKraftReplica: a stray too).
@@ -482,13 +489,7 @@ def test_offline_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) ->
     """Logs that failed to open at start-up were never judged: a deleted topic's stayed on
     disk for ever, and one of an earlier topic of a name created again kept the new topic's
     partition unhosted here for good."""
-    old_id = "OOOOOOOOOOOOOOOOOOOOOO"
-    data_dir = tmp_path / "node-2"
-    left = LogManager(data_dir)
-    left.open()
-    for tp in ((TOPIC, 0), ("gone", 0)):
-        left.get_or_create_log(tp, topic_id=old_id).append_as_follower(batch(), now_ms=0)
-    left.shutdown()
+    data_dir = logs_of_an_earlier_topic(tmp_path / "node-2")
     for name in (f"{TOPIC}-0", "gone-0"):  # a directory where a segment should be
         segment = data_dir / name / "00000000000000000000.log"
         segment.unlink()
