@@ -399,24 +399,11 @@ class ReplicaManager:
                 self._stop_replica(tp)
                 continue
             part = self.partitions.get(tp)
-            if part is None and tp in self.logs.offline:
-                offline_id = self.logs.offline_topic_id(tp)
-                if offline_id is not None and offline_id != change.tp.topic_id:
-                    # A stray of an earlier topic of this name (isStrayKraftReplica): gone,
-                    # and the new topic's log takes its place.
-                    log.warning(
-                        "%s-%d: deleting an offline stray log of topic id %s; the topic is now %s",
-                        tp[0],
-                        tp[1],
-                        offline_id,
-                        change.tp.topic_id,
-                    )
-                    try:
-                        self.logs.delete_offline(tp)
-                    except OSError as e:
-                        self.log_dir_failure.fail(f"deleting the log of {tp[0]}-{tp[1]}", e)
-                        continue
-            if part is None and tp in self.logs.offline:
+            if (
+                part is None
+                and tp in self.logs.offline
+                and not self._drop_offline_stray(tp, change.tp.topic_id)
+            ):
                 # Its log could not be opened at start-up (LogManager.open): it stays offline
                 # here and every other partition is served. Creating its log failed the log
                 # directory, halting the node, on every start once it had registered.
@@ -525,6 +512,26 @@ class ReplicaManager:
             len(wanted),
             (loop.time() - started) * 1000,
         )
+
+    def _drop_offline_stray(self, tp: TopicPartition, topic_id: str) -> bool:
+        """Delete an offline log of an earlier topic of this name (isStrayKraftReplica), so
+        that the new topic's log takes its place; True if it is gone."""
+        offline_id = self.logs.offline_topic_id(tp)
+        if offline_id is None or offline_id == topic_id:
+            return False
+        log.warning(
+            "%s-%d: deleting an offline stray log of topic id %s; the topic is now %s",
+            tp[0],
+            tp[1],
+            offline_id,
+            topic_id,
+        )
+        try:
+            self.logs.delete_offline(tp)
+        except OSError as e:
+            self.log_dir_failure.fail(f"deleting the log of {tp[0]}-{tp[1]}", e)
+            return False
+        return True
 
     def _log_for(self, tp: TopicPartition, config: LogConfig, topic_id: str) -> Log:
         """The partition's log, with its topic's configs; a log left by an earlier topic of the

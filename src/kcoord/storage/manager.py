@@ -239,8 +239,12 @@ class LogManager:
         if removed is None:
             return
         removed.abandon()
-        target = removed.directory.with_name(_delete_dir_name(tp, uuid.uuid4().hex))
-        os.replace(removed.directory, target)
+        self._delete_dir(tp, removed.directory)
+
+    def _delete_dir(self, tp: TopicPartition, directory: Path) -> None:
+        """Rename a partition's directory out of the way, then remove it."""
+        target = directory.with_name(_delete_dir_name(tp, uuid.uuid4().hex))
+        os.replace(directory, target)
         self.remove([target])
 
     def offline_topic_id(self, tp: TopicPartition) -> str | None:
@@ -260,10 +264,7 @@ class LogManager:
             return
         for offsets in self._offline_offsets.values():
             offsets.pop(tp, None)
-        directory = self._new_log_dir(tp)
-        target = directory.with_name(_delete_dir_name(tp, uuid.uuid4().hex))
-        os.replace(directory, target)
-        self.remove([target])
+        self._delete_dir(tp, self._new_log_dir(tp))
 
     def _remove(self, paths: Sequence[Path]) -> None:
         self.remove(paths)  # looked up at each call: a node may replace it after opening

@@ -195,7 +195,7 @@ class FetchApi:
             or failed
             or max_wait_ms == 0
             or not wanted
-            or self._ready(wanted, min_bytes)
+            or await self._ready(wanted, min_bytes)
         ):
             return self._response(request, responses)
         return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
@@ -217,7 +217,7 @@ class FetchApi:
             # produce pipelined behind this fetch): read again now that they would wake us, as
             # Kafka's DelayedFetch does (tryCompleteElseWatch).
             responses, size, failed = await self._read(wanted, max_bytes, request.version)
-            if size >= min_bytes or failed or self._ready(wanted, min_bytes):
+            if size >= min_bytes or failed or await self._ready(wanted, min_bytes):
                 return self._response(request, responses)
             while True:
                 remaining = deadline - loop.time()
@@ -231,7 +231,7 @@ class FetchApi:
                 # Read again only once the bytes waiting reach min_bytes, by their positions
                 # (DelayedFetch.tryComplete): reading them at every wake re-read and
                 # CRC-checked everything waiting each time, on the event loop.
-                if self._ready(wanted, min_bytes):
+                if await self._ready(wanted, min_bytes):
                     # DelayedFetch.onComplete: answered with what the read finds, even if a
                     # batch too large for its partition's limit makes it less than estimated.
                     break
@@ -240,7 +240,7 @@ class FetchApi:
         responses, _, _ = await self._read(wanted, max_bytes, request.version)
         return self._response(request, responses)
 
-    def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
+    async def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
         partitions' bytes below their high watermarks, each at most its max bytes, reach
         ``min_bytes``; or a partition is in error or diverges (answered at once); or a
@@ -248,10 +248,13 @@ class FetchApi:
         which no wait adds to (a consumer with fetch.min.bytes above a small segment's size,
         replaying a backlog, waited fetch.max.wait.ms at every segment); or no partition is
         known here any more (its topic was deleted: ``_read``'s rule). Also asked before the
-        first wait, as ``DelayedFetch.tryCompleteElseWatch`` does."""
+        first wait, as ``DelayedFetch.tryCompleteElseWatch`` does. Yields to the loop between
+        slices of partitions, as ``_read`` does."""
         total = 0
         unknown = 0
-        for w in wanted:
+        for i, w in enumerate(wanted, 1):
+            if i % PARTITIONS_PER_SLICE == 0:
+                await asyncio.sleep(0)  # the other connections' turn
             if w.topic is None:
                 unknown += 1
                 continue
