@@ -248,6 +248,7 @@ def test_group_offsets_and_lag(
         assert {p: r["log_end_offset"] for p, r in rows.items()} == produced
         assert {p: r["lag"] for p, r in rows.items()} == expected_lag
         assert group["lag"] == sum(expected_lag.values())
+        assert group["lag_unknown_partitions"] == 0
         assert all(r["member_id"] is None for r in rows.values())
     listed = ok(nodes(cluster)[0], "/api/v1/groups")
     entry = next(g for g in listed["groups"] if g["group_id"] == LAG_GROUP)

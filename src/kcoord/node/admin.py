@@ -18,7 +18,10 @@ Endpoints
                                  ``?state=Stable`` filters (case-insensitive)
     GET /api/v1/groups/{id}      state, protocol type and name, generation, leader, members
                                  (client id, host, assignment) and, per partition, committed
-                                 offset, log end offset, lag and the member that owns it
+                                 offset, log end offset, lag and the member that owns it;
+                                 ``lag`` sums the partitions' known lags and
+                                 ``lag_unknown_partitions`` counts the others (no commit yet,
+                                 or no leader to ask), so a partial sum is not read as whole
 
 Answers are JSON; errors are ``{"error": {"status": ..., "message": ...}}`` with a 4xx for bad
 input (400 a malformed name or filter, 404 an unknown topic, group or path, 405 a method other
@@ -587,7 +590,7 @@ class AdminService:
                 },
             )
         ends = await self.partition_offsets(rows)
-        total_lag = 0
+        total_lag = unknown = 0
         for key, row in rows.items():
             end = ends.get(key)
             row["log_end_offset"] = None if end is None else end["high_watermark"]
@@ -595,7 +598,10 @@ class AdminService:
             row["lag"] = (
                 None if end is None or committed is None else end["high_watermark"] - committed
             )
-            total_lag += row["lag"] or 0
+            if row["lag"] is None:
+                unknown += 1
+            else:
+                total_lag += row["lag"]
             owner = owners.get(key)
             row["member_id"] = owner["member_id"] if owner else None
             row["client_id"] = owner["client_id"] if owner else None
@@ -604,6 +610,7 @@ class AdminService:
             **described,
             "offsets": [rows[k] for k in sorted(rows)],
             "lag": total_lag,
+            "lag_unknown_partitions": unknown,
         }
 
     # -----------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ committed offset. The rules, in order (Burrow's evaluator, ``burrow/core/interna
 simplified to what these samples show):
 
   REWIND  the committed offset went backwards between two samples of the window;
+  AHEAD   the committed offset is past the partition's high watermark now: the log was
+          truncated, deleted or recreated below it, and a consumer starting from it gets
+          OFFSET_OUT_OF_RANGE and resets (``auto.offset.reset``); the lag shown is negative,
+          as ``kafka-consumer-groups.sh`` shows it;
   STOP    the partition has a lag now and the last commit is older than ``stop_after_ms``
           (the consumer stopped committing);
   OK      some sample, or now, has lag 0 (the consumer caught up within the window);
@@ -16,7 +20,9 @@ simplified to what these samples show):
   WARN    at least two samples and the lag grew at every step (the consumer falls behind);
   OK      otherwise.
 
-A group's status is its worst partition's (OK < WARN < STALL < REWIND < STOP). The commit
+A group's status is its worst partition's (OK < WARN < STALL < REWIND < AHEAD < STOP). A
+sample's lag, an estimate from two clocks (the producers' record timestamps against the
+coordinator's commit time), is never below 0; the lag now is exact (the high watermark). The commit
 rate is the number of OffsetCommit records with a commit timestamp in the last ``window_ms``,
 per second.
 """
@@ -40,7 +46,8 @@ class Status(IntEnum):
     WARN = 1
     STALL = 2
     REWIND = 3
-    STOP = 4
+    AHEAD = 4
+    STOP = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,8 @@ def partition_status(
     offsets = [s.offset for s in samples]
     if any(b < a for a, b in itertools.pairwise(offsets)):
         return Status.REWIND
+    if lag_now is not None and lag_now < 0:
+        return Status.AHEAD
     if lag_now is not None and lag_now > 0 and now_ms - samples[-1].timestamp_ms > stop_after_ms:
         return Status.STOP
     lags = [s.lag for s in samples]
@@ -172,7 +181,7 @@ def build_report(
                 )
             )
         end_now = end_offsets_now.get((topic, partition))
-        lag_now = None if end_now is None else max(0, end_now - items[-1].offset)
+        lag_now = None if end_now is None else end_now - items[-1].offset
         partitions[group].append(
             PartitionReport(
                 topic=topic,

@@ -114,7 +114,7 @@ def _cause(error: object) -> str:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from kcoord.pipeline.audit import report_json, report_text
+    from kcoord.pipeline.audit import Status, report_json, report_text
     from kcoord.pipeline.offsets_audit import run_audit
     from kcoord.pipeline.session import build_session
 
@@ -130,7 +130,8 @@ def _audit(args: argparse.Namespace) -> int:
     finally:
         spark.stop()
     print(json.dumps(report_json(reports), indent=2) if args.json else report_text(reports))
-    return 0
+    # A check's exit status: 1 when some group is worse than OK, for scripts and cron.
+    return 1 if any(r.status != Status.OK for r in reports) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -175,3 +175,31 @@ def test_parse_consumer_assignment() -> None:
     assert parse_consumer_assignment(b"") == []
     assert parse_consumer_assignment(data[:9]) is None
     assert parse_consumer_assignment(b"\xff\xff\x00\x00\x00\x00") is None
+
+
+def test_a_group_lag_counts_the_partitions_whose_lag_is_unknown() -> None:
+    """The total sums the known lags; a partition owned but never committed, or whose leader
+    did not answer, is counted apart (a partial sum read as whole hid its lag)."""
+    service = AdminService.__new__(AdminService)
+
+    async def partition_offsets(rows: dict[tuple[str, int], Any]) -> dict[Any, Any]:
+        return {("t", 0): {"high_watermark": 30}, ("t", 1): {"high_watermark": 9}}
+
+    cast(Any, service).partition_offsets = partition_offsets
+    committed = [
+        {"topic": "t", "partition": p, "committed_offset": o, "leader_epoch": -1, "metadata": ""}
+        for p, o in [(0, 10), (2, 4)]  # partition 2's leader does not answer
+    ]
+    member = {
+        "member_id": "m",
+        "client_id": "c",
+        "client_host": "/h",
+        "assignment": [{"topic": "t", "partitions": [0, 1]}],  # 1: owned, never committed
+    }
+    described = asyncio.run(service._with_lag({"members": [member], "offsets": committed}))
+    assert [(r["partition"], r["lag"]) for r in described["offsets"]] == [
+        (0, 20),
+        (1, None),
+        (2, None),
+    ]
+    assert (described["lag"], described["lag_unknown_partitions"]) == (20, 2)

@@ -3,6 +3,7 @@ rules' order, the commit rate and a group's worst status."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,6 +22,7 @@ from kcoord.pipeline import offsets_audit
 from kcoord.pipeline.audit import (
     Commit,
     Deleted,
+    GroupReport,
     Sample,
     Status,
     build_report,
@@ -52,6 +54,7 @@ def samples(*rows: tuple[int, int | None]) -> list[Sample]:
         ([(10, 5), (10, None)], None, Status.STALL),  # lags unknown, offsets not moving
         ([(10, 5), (12, None), (14, 9)], 9, Status.OK),  # an unknown lag breaks the WARN rule
         ([(10, 5), (8, 7), (9, 6)], 6, Status.REWIND),
+        ([(10, 5), (12, 0)], -12, Status.AHEAD),  # the log is now below the commit
         ([(10, 5)], 5, Status.OK),  # one sample: nothing to compare
     ],
 )
@@ -136,6 +139,40 @@ def test_report_rates_lags_and_worst_status() -> None:
     assert g.commit_rate_per_s == pytest.approx(0.4)
     old = by_group["old"]
     assert (old.commits_in_window, old.status) == (0, Status.STOP)  # lag 9, silent for 500 s
+
+
+def test_a_commit_past_the_log_end_is_ahead_with_a_negative_lag() -> None:
+    """A topic recreated (or its log truncated) below a group's commit: the consumer will
+    get OFFSET_OUT_OF_RANGE and reset. Clamped to 0, it read as caught up: OK."""
+    commits = [commit("g", 0, 40, NOW_MS - 2000, 0), commit("g", 0, 50, NOW_MS - 1000, 1)]
+    (report,) = build_report(
+        commits,
+        end_offsets_at={("t", 0, NOW_MS - 2000): 45, ("t", 0, NOW_MS - 1000): 48},
+        end_offsets_now={("t", 0): 3},
+        now_ms=NOW_MS,
+        window_ms=10_000,
+    )
+    (partition,) = report.partitions
+    assert (report.status, partition.lag) == (Status.AHEAD, -47)
+    # A sample's lag is an estimate across two clocks: never below 0.
+    assert [s.lag for s in partition.samples] == [5, 0]
+
+
+@pytest.mark.parametrize(("status", "code"), [(Status.OK, 0), (Status.WARN, 1), (Status.AHEAD, 1)])
+def test_the_audit_command_exits_1_when_a_group_is_not_ok(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], status: Status, code: int
+) -> None:
+    from kcoord.pipeline import cli, session
+
+    stopped: list[bool] = []
+    monkeypatch.setattr(
+        session, "build_session", lambda *_: SimpleNamespace(stop=lambda: stopped.append(True))
+    )
+    reports = [GroupReport("fine", Status.OK, 0, 0.0), GroupReport("g", status, 0, 0.0)]
+    monkeypatch.setattr(offsets_audit, "run_audit", lambda *_, **__: reports)
+    assert cli.main(["run", "offsets-audit", "--json"]) == code
+    assert stopped == [True]
+    assert [g["status"] for g in json.loads(capsys.readouterr().out)] == ["OK", status.name]
 
 
 class _Lookups:
