@@ -220,7 +220,7 @@ def _primitive_reader(kafka_type: str, flexible: bool, optional: bool) -> Reader
         case "timedelta_i32":
             return kr.read_timedelta_i32
         case "timedelta_i64":
-            return kr.read_timedelta_i64
+            return _read_timedelta_i64
         case "datetime_i64":
             return kr.read_nullable_datetime_i64 if optional else kr.read_datetime_i64
         case "string":
@@ -239,6 +239,18 @@ def _primitive_reader(kafka_type: str, flexible: bool, optional: bool) -> Reader
                 )
             return kr.read_nullable_legacy_bytes if optional else kr.read_legacy_bytes
     raise AssertionError(f"no reader for kafka type {kafka_type!r}")
+
+
+_TIMEDELTA_MIN_MS: Final = datetime.timedelta.min // datetime.timedelta(milliseconds=1)
+_TIMEDELTA_MAX_MS: Final = datetime.timedelta.max // datetime.timedelta(milliseconds=1)
+
+
+def _read_timedelta_i64(buf: memoryview, pos: int) -> tuple[datetime.timedelta, int]:
+    """An int64 of milliseconds as a ``timedelta``, saturated at its range (about 2.7 million
+    years either way): Kafka takes any long (OffsetCommit v2-v4 ``retention_time_ms``), and a
+    larger one failed the decoding, closing the connection."""
+    ms, size = kr.read_int64(buf, pos)
+    return datetime.timedelta(milliseconds=max(_TIMEDELTA_MIN_MS, min(ms, _TIMEDELTA_MAX_MS))), size
 
 
 def _bounded_compact_string(read: Reader) -> Reader:

@@ -143,6 +143,7 @@ class _FetchPartition:
     max_bytes: int
     current_leader_epoch: int
     last_fetched_epoch: int = -1  # v12+ (KIP-320)
+    sent_topic: str | None = None  # the request's topic name (v0-v12)
 
 
 class FetchApi:
@@ -163,16 +164,18 @@ class FetchApi:
                 "session_id": 0,
                 "responses": [],
             }
-        wanted: list[_FetchPartition] = []
+        # FetchRequest.fetchData: a LinkedHashMap by partition, so a partition named twice is
+        # read and answered once, with its last entry's fields, where it was first named.
+        by_partition: dict[tuple[Any, int], _FetchPartition] = {}
         for topic in body.topics:
             topic_id = getattr(topic, "topic_id", None)
             if version >= 13:
                 resolved = self.ctx.topic_by_uuid(topic_id)
-                name = None if resolved is None else resolved.name
+                name, sent_name = (None if resolved is None else resolved.name), None
             else:
-                name = topic.topic
-            wanted.extend(
-                _FetchPartition(
+                name = sent_name = topic.topic
+            for p in topic.partitions:
+                by_partition[(topic_id if version >= 13 else name, p.partition)] = _FetchPartition(
                     name,
                     topic_id,
                     p.partition,
@@ -181,9 +184,9 @@ class FetchApi:
                     # FetchRequest.optionalEpoch: any negative epoch is none.
                     max(getattr(p, "current_leader_epoch", -1), -1),
                     getattr(p, "last_fetched_epoch", -1),
+                    sent_name,
                 )
-                for p in topic.partitions
-            )
+        wanted = list(by_partition.values())
         max_wait_ms = max(0, round(body.max_wait.total_seconds() * 1000))
         # KafkaApis caps the client's max_bytes at the broker's fetch.max.bytes: a client
         # asking for more had a whole backlog read and encoded in memory, on the event loop.
@@ -197,7 +200,7 @@ class FetchApi:
             or not wanted
             or await self._ready(wanted, min_bytes)
         ):
-            return self._response(request, responses)
+            return self._response(wanted, responses)
         return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
 
     async def _long_poll(
@@ -218,7 +221,7 @@ class FetchApi:
             # Kafka's DelayedFetch does (tryCompleteElseWatch).
             responses, size, failed = await self._read(wanted, max_bytes, request.version)
             if size >= min_bytes or failed or await self._ready(wanted, min_bytes):
-                return self._response(request, responses)
+                return self._response(wanted, responses)
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -238,7 +241,7 @@ class FetchApi:
         finally:
             self.waiters.unwatch(tps, event)
         responses, _, _ = await self._read(wanted, max_bytes, request.version)
-        return self._response(request, responses)
+        return self._response(wanted, responses)
 
     async def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
@@ -380,19 +383,19 @@ class FetchApi:
             response["current_leader"] = self.ctx.leader_hint(w.topic, w.partition)
         return response
 
-    def _response(self, request: Request, partitions: list[dict[str, Any]]) -> dict[str, Any]:
-        # Group the partition responses back under their topics, in request order.
+    def _response(
+        self, wanted: list[_FetchPartition], partitions: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        # The partition responses under their topics, in request order (FetchResponse.of: a
+        # topic whose partitions were named apart is listed again where it comes next).
         topics: list[dict[str, Any]] = []
-        wanted = [
-            (getattr(t, "topic", None), getattr(t, "topic_id", None), len(t.partitions))
-            for t in request.body.topics
-        ]
-        i = 0
-        for name, topic_id, count in wanted:
-            topics.append(
-                {"topic": name or "", "topic_id": topic_id, "partitions": partitions[i : i + count]}
-            )
-            i += count
+        last: tuple[str | None, Any] | None = None
+        for w, partition in zip(wanted, partitions, strict=True):
+            if (w.sent_topic, w.topic_id) != last:
+                last = (w.sent_topic, w.topic_id)
+                shown = {"topic": w.sent_topic or "", "topic_id": w.topic_id, "partitions": []}
+                topics.append(shown)
+            topics[-1]["partitions"].append(partition)
         leaders = [
             p["current_leader"]["leader_id"]
             for p in partitions

@@ -57,7 +57,7 @@ def _ms(value: Any, default: int = -1) -> int:
     if value is None:
         return default
     if isinstance(value, datetime.timedelta):
-        return int(value / datetime.timedelta(milliseconds=1))
+        return value // datetime.timedelta(milliseconds=1)
     return int(value)
 
 

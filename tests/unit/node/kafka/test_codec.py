@@ -9,6 +9,7 @@ dropped and missing ones defaulted.
 
 from __future__ import annotations
 
+import datetime
 import io
 import random
 import socket
@@ -154,6 +155,33 @@ def test_a_string_over_32767_bytes_is_refused_even_where_its_length_is_a_varint(
     tags = b"\x01\x00" + b"\x83\x80\x02" + cluster
     with pytest.raises(DecodeError, match="string of 32768 bytes"):
         codec.decode_request(base[:-1] + tags)
+
+
+def test_a_retention_time_past_a_timedelta_saturates_instead_of_failing_the_request() -> None:
+    """OffsetCommit v2-v4's retention_time_ms is any long to Kafka; above about 9.2e15 ms
+    ``timedelta`` overflowed and the connection was closed."""
+
+    def offset_commit_v2(retention_ms: int) -> bytes:
+        group = struct.pack(">h", 1) + b"g"
+        return (
+            struct.pack(">hhih", 8, 2, 1, -1)
+            + group
+            + struct.pack(">ih", -1, 0)  # generation, member id ""
+            + struct.pack(">q", retention_ms)
+            + struct.pack(">i", 0)  # no topics
+        )
+
+    day = datetime.timedelta(days=1)
+    for sent, read in [
+        (2**63 - 1, datetime.timedelta.max),
+        (-(2**63), datetime.timedelta.min),
+        (-1, datetime.timedelta(milliseconds=-1)),
+        (7 * 86_400_000, 7 * day),
+    ]:
+        _, body = codec.decode_request(offset_commit_v2(sent))
+        assert body.retention_time // datetime.timedelta(milliseconds=1) == (
+            read // datetime.timedelta(milliseconds=1)
+        )
 
 
 def test_null_is_refused_where_the_schema_says_not_nullable() -> None:

@@ -901,6 +901,33 @@ def test_fetch_respects_max_bytes_but_returns_a_whole_first_batch(tmp_path: Path
     run(tmp_path, test)
 
 
+def test_a_partition_named_twice_in_a_fetch_is_answered_once(tmp_path: Path) -> None:
+    """FetchRequest.fetchData is a map by partition: the last entry's offset, at the first
+    entry's place; a topic named apart again is listed again (FetchResponse.of). Read twice,
+    the same records came back twice in one response."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        await h.create_topic("u", 3, 1)
+        mine_t, mine_u = h.led_partitions("t")[0], h.led_partitions("u")[0]
+        for value in (b"a", b"b"):
+            await c.call(PRODUCE, 9, produce_values("t", mine_t, batch([value])))
+        await c.call(PRODUCE, 9, produce_values("u", mine_u, batch([b"c"])))
+        values = fetch_values("t", mine_t, 0)
+        (t,) = values["topics"]
+        u = fetch_values("u", mine_u, 0)["topics"][0]
+        later = {**t, "partitions": [{**t["partitions"][0], "fetch_offset": 1}]}
+        values["topics"] = [t, u, later, u]
+        fetched = await c.call(FETCH, 12, values)
+        shown = [
+            (topic.topic, [(p.partition_index, records_of(p.records)) for p in topic.partitions])
+            for topic in fetched.responses
+        ]
+        assert shown == [("t", [(mine_t, [b"b"])]), ("u", [(mine_u, [b"c"])])]
+
+    run(tmp_path, test)
+
+
 def test_fetch_long_poll_wakes_on_produce_and_times_out(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 1, 1)
