@@ -117,6 +117,7 @@ def main() -> None:
         # their PartitionChange records), so the view that shows it fenced shows them moved.
         view = poll("the isolated node to be fenced", old_fenced, deadline_s=30.0)
         moved = [p for p, (leader, _) in led_epochs(view).items() if before[p][0] == old]
+        assert moved, f"the isolated node {old} led no partition to move: {before}"
         assert all(led_epochs(view)[p][0] in majority for p in moved)
 
         iptables("-D", *rule)
@@ -130,7 +131,11 @@ def main() -> None:
                 and describe(nodes[old])
             ),
         )
-        assert not healed["is_active_controller"] or healed["controller_id"] == old
+        # The healed node follows the majority's controller, and believes itself active
+        # only if it is that controller.
+        majority_view = describe(nodes[new])
+        assert healed["controller_id"] == majority_view["controller_id"], (healed, majority_view)
+        assert healed["is_active_controller"] == (healed["controller_id"] == old), healed
         assert healed["fenced_by_me"] == [], f"isolated node proposed fencing {healed}"
         print(json.dumps({"old_controller": old, "new_controller": new, "samples": watched}))
     finally:

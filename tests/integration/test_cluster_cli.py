@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -74,66 +75,73 @@ def _until_running(proc: subprocess.Popen[str]) -> str:
     pytest.fail("cluster up ended before it was ready:\n" + "".join(lines))
 
 
-def _kill_cluster_up(proc: subprocess.Popen[str], data_dir: Path) -> None:
-    """Kill a foreground ``cluster up`` a failure left running, and its nodes: they run in
-    sessions of their own and outlive it."""
-    if proc.poll() is None:
-        proc.kill()
+@contextlib.contextmanager
+def _leaving_nothing_running(proc: subprocess.Popen[str], data_dir: Path) -> Iterator[list[int]]:
+    """Yields a list for the node pids the test saw; on the way out, after the test's own
+    checks, the launcher if still running, the nodes its state file names and those pids are
+    killed: the nodes run in sessions of their own and outlive the launcher, so a launcher
+    that exits without stopping them (the failure these tests look for) left them running."""
+    pids: list[int] = []
+    try:
+        yield pids
+    finally:
+        if proc.poll() is None:
+            proc.kill()
         _kcoord("cluster", "down", "--kill", "--data-dir", str(data_dir))
+        for pid in pids:
+            if launcher.is_alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
     base = free_base_port(3)
-    with _cluster_up(base, tmp_path) as proc:
-        try:
-            output = _until_running(proc)
-            assert f"bootstrap servers: 127.0.0.1:{base},127.0.0.1:{base + 10}" in output
-            state = json.loads((tmp_path / launcher.STATE_FILE).read_text())
-            pids = [n["pid"] for n in state["nodes"]]
-            assert all(launcher.is_alive(p) for p in pids)
-            status = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "kcoord.node.cli",
-                    "cluster",
-                    "status",
-                    "--json",
-                    "--data-dir",
-                    str(tmp_path),
-                ],
-                capture_output=True,
-                text=True,
-                check=True,
-            )
-            report = json.loads(status.stdout)
-            roles = sorted(n["role"] for n in report["nodes"])
-            assert roles == ["broker", "broker", "controller"], report
-            controller = next(n["node_id"] for n in report["nodes"] if n["role"] == "controller")
-            # kafka-metadata-quorum.sh's views, through a follower's Kafka listener.
-            follower = next(n for n in report["nodes"] if n["role"] == "broker")
-            summary = _kcoord_out("quorum", "describe", "--bootstrap-server", follower["kafka"])
-            fields = dict(line.split(":", 1) for line in summary.splitlines())
-            assert int(fields["LeaderId"]) == controller
-            assert fields["CurrentVoters"].strip() == "[1,2,3]"
-            assert int(fields["HighWatermark"]) > 0
-            rows = _kcoord_out(
-                "quorum", "describe", "--bootstrap-server", follower["kafka"], "--replication"
-            ).splitlines()
-            assert rows[0].split() == [
-                "NodeId",
-                "LogEndOffset",
-                "Lag",
-                "LastFetchTimestamp",
-                "LastCaughtUpTimestamp",
-                "Status",
-            ]
-            statuses = {int(r.split()[0]): r.split()[-1] for r in rows[1:]}
-            assert statuses == {n: "Leader" if n == controller else "Follower" for n in (1, 2, 3)}
-            proc.send_signal(signal.SIGINT)
-            rest, _ = proc.communicate(timeout=60)
-        finally:
-            _kill_cluster_up(proc, tmp_path)
+    with _cluster_up(base, tmp_path) as proc, _leaving_nothing_running(proc, tmp_path) as pids:
+        output = _until_running(proc)
+        assert f"bootstrap servers: 127.0.0.1:{base},127.0.0.1:{base + 10}" in output
+        state = json.loads((tmp_path / launcher.STATE_FILE).read_text())
+        pids.extend(n["pid"] for n in state["nodes"])
+        assert all(launcher.is_alive(p) for p in pids)
+        status = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "kcoord.node.cli",
+                "cluster",
+                "status",
+                "--json",
+                "--data-dir",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        report = json.loads(status.stdout)
+        roles = sorted(n["role"] for n in report["nodes"])
+        assert roles == ["broker", "broker", "controller"], report
+        controller = next(n["node_id"] for n in report["nodes"] if n["role"] == "controller")
+        # kafka-metadata-quorum.sh's views, through a follower's Kafka listener.
+        follower = next(n for n in report["nodes"] if n["role"] == "broker")
+        summary = _kcoord_out("quorum", "describe", "--bootstrap-server", follower["kafka"])
+        fields = dict(line.split(":", 1) for line in summary.splitlines())
+        assert int(fields["LeaderId"]) == controller
+        assert fields["CurrentVoters"].strip() == "[1,2,3]"
+        assert int(fields["HighWatermark"]) > 0
+        rows = _kcoord_out(
+            "quorum", "describe", "--bootstrap-server", follower["kafka"], "--replication"
+        ).splitlines()
+        assert rows[0].split() == [
+            "NodeId",
+            "LogEndOffset",
+            "Lag",
+            "LastFetchTimestamp",
+            "LastCaughtUpTimestamp",
+            "Status",
+        ]
+        statuses = {int(r.split()[0]): r.split()[-1] for r in rows[1:]}
+        assert statuses == {n: "Leader" if n == controller else "Follower" for n in (1, 2, 3)}
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest
         assert "stopped" in rest
         for pid in pids:
@@ -147,13 +155,13 @@ def test_a_foreground_cluster_up_ends_when_cluster_down_stops_it_from_elsewhere(
 ) -> None:
     """``make up`` in one shell, ``make down`` in another: the first one returns."""
     base = free_base_port(1)
-    with _cluster_up(base, tmp_path, nodes=1) as proc:
-        try:
-            _until_running(proc)
-            _kcoord_out("cluster", "down", "--data-dir", str(tmp_path))
-            rest, _ = proc.communicate(timeout=60)
-        finally:
-            _kill_cluster_up(proc, tmp_path)
+    with (
+        _cluster_up(base, tmp_path, nodes=1) as proc,
+        _leaving_nothing_running(proc, tmp_path),
+    ):
+        _until_running(proc)
+        _kcoord_out("cluster", "down", "--data-dir", str(tmp_path))
+        rest, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, rest
         assert "every node has stopped" in rest
 
@@ -193,25 +201,19 @@ def test_a_sigterm_while_cluster_up_waits_for_readiness_stops_the_nodes(tmp_path
     wait killed the launcher alone, and its nodes, in sessions of their own, ran on."""
     base = free_base_port(3)
     state_file = tmp_path / launcher.STATE_FILE
-    with _cluster_up(base, tmp_path) as proc:
-        try:
-            deadline = time.monotonic() + 60
-            pids: list[int] = []
-            while not pids and time.monotonic() < deadline:
-                if state_file.exists():
-                    with contextlib.suppress(ValueError):  # caught mid-write
-                        pids = [n["pid"] for n in json.loads(state_file.read_text())["nodes"]]
-                time.sleep(0.01)  # polling for the launcher to have started its nodes
-            assert pids, "the launcher never saved its nodes"
-            proc.send_signal(signal.SIGTERM)
-            output, _ = proc.communicate(timeout=60)
-        finally:
-            _kill_cluster_up(proc, tmp_path)
-    # Interrupted in the wait (130), or just ready and stopped as after Ctrl-C (0): either
-    # way no node is left running.
-    left = [p for p in pids if launcher.is_alive(p)]
-    for pid in left:  # stopped here so that a failure leaves nothing running
-        os.kill(pid, signal.SIGKILL)
-    assert proc.returncode in (0, 130), output
-    print(f"cluster up exited {proc.returncode}: {output[-300:]}")
-    assert not left, output
+    with _cluster_up(base, tmp_path) as proc, _leaving_nothing_running(proc, tmp_path) as pids:
+        deadline = time.monotonic() + 60
+        while not pids and time.monotonic() < deadline:
+            if state_file.exists():
+                with contextlib.suppress(ValueError):  # caught mid-write
+                    pids.extend(n["pid"] for n in json.loads(state_file.read_text())["nodes"])
+            time.sleep(0.01)  # polling for the launcher to have started its nodes
+        assert pids, "the launcher never saved its nodes"
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=60)
+        # Interrupted in the wait (130), or just ready and stopped as after Ctrl-C (0):
+        # either way no node is left running.
+        left = [p for p in pids if launcher.is_alive(p)]
+        assert proc.returncode in (0, 130), output
+        print(f"cluster up exited {proc.returncode}: {output[-300:]}")
+        assert not left, output

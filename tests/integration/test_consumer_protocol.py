@@ -110,7 +110,7 @@ def test_members_join_and_leave_one_by_one(cluster: LocalCluster, spawn: Spawner
         CLIENT,
         {"op": "describe_group", "bootstrap": spawn.bootstrap, "group": group, "topic": topic},
     )
-    assert described["state"].lower() == "stable", described
+    assert (described["type"], described["state"].lower()) == ("CONSUMER", "stable"), described
     assert sorted(m["member_id"] for m in described["members"]) == sorted(now.member_ids.values())
     assert described["operations"] == GROUP_OPERATIONS
     acked = produce(CLIENT, spawn.bootstrap, topic, 120, "v")
@@ -329,6 +329,16 @@ def test_a_regex_subscription_gets_every_matching_topic_and_new_ones(
         consumer.close()
 
 
+def group_type(spawn: Spawner, group: str) -> str:
+    """The group's type as the admin client reads it: librdkafka asks ConsumerGroupDescribe,
+    which answers GROUP_ID_NOT_FOUND for a classic group, and then DescribeGroups."""
+    described = run_client(
+        CLIENT, {"op": "describe_group", "bootstrap": spawn.bootstrap, "group": group, "topic": ""}
+    )
+    kind: str = described["type"]
+    return kind
+
+
 def test_classic_and_consumer_protocol_members_share_a_group(
     cluster: LocalCluster, spawn: Spawner
 ) -> None:
@@ -343,15 +353,18 @@ def test_classic_and_consumer_protocol_members_share_a_group(
     acked = produce(CLIENT, spawn.bootstrap, topic, 60, "v")
     wait_consumed(spawn, [classic], acked)
 
+    assert group_type(spawn, group) == "CLASSIC"
     modern = member(spawn, group, topic, "modern")
     both = wait_settled(spawn, [classic, modern], after=alone)
     assert all(both.owned.values()), both
+    assert group_type(spawn, group) == "CONSUMER"  # converted (KIP-848 online upgrade)
     more = produce(CLIENT, spawn.bootstrap, topic, 60, "w")
     wait_consumed(spawn, [classic, modern], more)
 
     modern.stop()
     again = wait_settled(spawn, [classic], after=both)
     assert again.owned["classic"] == frozenset(range(PARTITIONS))
+    assert group_type(spawn, group) == "CLASSIC"  # converted back with its last member
     last = produce(CLIENT, spawn.bootstrap, topic, 60, "x")
     wait_consumed(spawn, [classic], last)
     check_exactly_once(acked + more + last, consumed([classic, modern]))

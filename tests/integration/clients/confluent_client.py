@@ -371,6 +371,7 @@ def describe_group(cmd: dict[str, Any]) -> Any:
     operations = sorted(op.name for op in group.authorized_operations or ())
     return {
         "coordinator": group.coordinator.id,
+        "type": group.type.name,  # CONSUMER from ConsumerGroupDescribe, CLASSIC otherwise
         "state": state,
         "members": members,
         "operations": operations,

@@ -1116,13 +1116,16 @@ def test_create_topic_uses_the_defaults() -> None:
 def test_create_topic_with_a_fenced_broker() -> None:
     cluster = three_brokers()
     cluster.commit(cluster.heartbeat(3, 100, want_fence=True).records)
-    cluster.create_topic("t", T1, 4, 3)
+    # A fenced broker still takes replicas (Kafka places them, out of the ISR).
+    assert cluster.create_topic("t", T1, 4, 3).error is Errors.NONE
+    assert len(cluster.image.partitions_of(T1)) == 4
     for state in cluster.image.partitions_of(T1):
         assert state.leader in (1, 2)
         assert state.replicas[0] == state.leader
         assert state.isr == tuple(r for r in state.replicas if r != 3)
-    cluster.create_topic("u", T2, 4, 2)
+    assert cluster.create_topic("u", T2, 4, 2).error is Errors.NONE
     # Followers go to unfenced brokers first.
+    assert len(cluster.image.partitions_of(T2)) == 4
     assert all(3 not in s.replicas for s in cluster.image.partitions_of(T2))
 
 
