@@ -27,7 +27,7 @@ help:
 	@echo "make bench-pipeline  records/s through the Spark source and the payments job"
 	@echo "make bench-failover  coordinator failover times, hot standby on and off, replay rate"
 
-# The pipeline extra (pyspark, pyarrow: ~660 MB installed, ~50 s) is part of the setup: mypy
+# The pipeline extra (pyspark, pyarrow, pandas: ~780 MB installed, ~75 s) is part of the setup: mypy
 # checks src/kcoord/pipeline and the pipeline tests run Spark (README, "Pipeline").
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "kcoord needs Python 3.11+")'
@@ -46,6 +46,11 @@ lab:
 .PHONY: prometheus
 prometheus:
 	bash scripts/setup-prometheus.sh
+
+# A Java 17+ runtime for PySpark, which the pipeline tests start (they skip without it).
+.PHONY: java
+java:
+	bash scripts/setup-java.sh
 
 # Debian's docker-compose, for `docker-compose config` in tests/unit/deploy (it skips without it).
 .PHONY: deploy-tools
@@ -68,10 +73,10 @@ imports: $(STAMP)
 
 check: lint typecheck imports
 
-test: check lab prometheus deploy-tools
+test: check lab prometheus deploy-tools java
 	bash scripts/run-pytest.sh $(PYTEST_ARGS)
 
-test-all: check lab prometheus deploy-tools
+test-all: check lab prometheus deploy-tools java
 	bash scripts/run-pytest.sh
 
 # A 3-node cluster on 127.0.0.1 in the foreground (Ctrl-C stops it); data in .kcoord/cluster.

@@ -171,7 +171,13 @@ def _quorum(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kcoord", description="kcoord command line")
+    parser = argparse.ArgumentParser(
+        prog="kcoord",
+        description="kcoord command line",
+        # Dispatched before this parser by kcoord.cli (this layer may not import them).
+        epilog="also: kcoord chaos {run,matrix,clean} ... (the chaos suite) and kcoord pipeline "
+        "{generate,run} ... (the Spark pipeline); each takes --help",
+    )
     parser.add_argument("--version", action="version", version=f"kcoord {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

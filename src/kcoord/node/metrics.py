@@ -12,20 +12,25 @@ node/admin.py, which serves it) imports ``prometheus_client``; pure code exposes
 
 Conventions: one ``kcoord_`` prefix, base units (``_seconds``, ``_bytes``), counters end in
 ``_total``, and labels stay bounded: API names, Kafka error names, group states, topics and
-partitions of the cluster. Counters are per process: they start at zero when a node restarts
-(Prometheus' ``rate`` handles the reset). Gauges that describe the whole cluster rather than
+partitions of the cluster; the exception is the kafka_exporter families' ``consumergroup``,
+one value per group with committed offsets (as kafka_exporter's), which a client creates by
+committing and which lasts until ``offsets.retention.minutes`` expires its offsets. Counters
+are per process: they start at zero when a node restarts (Prometheus' ``rate`` handles the
+reset). Gauges that describe the whole cluster rather than
 this node (brokers, offline partitions, topic and partition counts) are reported by the active
 controller only and are 0 elsewhere, as Kafka's controller metrics are; sum them over nodes.
 
 Consumer lag, compatible with kafka_exporter (its names and labels: ``consumergroup``,
 ``topic``, ``partition``), so existing dashboards work: each node exports the groups it
-coordinates (its active shards), read from the shards' in-memory state. The log end offset a
+coordinates (its active shards): the committed offsets, those the partition's high watermark
+has passed (``_committed_offsets``), as OffsetFetch reads them. The log end offset a
 lag is measured against is the partition's high watermark, what ``ListOffsets(latest)`` answers
 and what kafka_exporter reads. A partition this node leads is read locally; for the others the
 ``/metrics`` handler first asks their leaders over the inter-node RPC (``PartitionOffsets``, one
 call per leader node, bounded by a short timeout) and hands the answers over with
 ``set_remote_end_offsets``; a partition whose leader did not answer has no lag series in that
-scrape (kafka_exporter also skips what it cannot read) rather than a wrong one.
+scrape (kafka_exporter also skips what it cannot read) rather than a wrong one, and its topic
+no ``kafka_consumergroup_lag_sum`` (a sum over the others would read as the lag dropping).
 ``kafka_topic_partition_current_offset`` comes from the partitions this node leads (internal
 topics excluded), so every partition is exported once across the cluster.
 
@@ -126,6 +131,7 @@ if TYPE_CHECKING:
     from kcoord.node.server import Node
 
 CONTENT_TYPE: str = CONTENT_TYPE_LATEST
+_OffsetKey = tuple[str, str, int]  # group, topic, partition
 PartitionKey = tuple[str, int]
 
 # Group protocol types a label may carry; any other (client-chosen) one reads "other".
@@ -171,19 +177,59 @@ class NodeCollector(Collector):
         # Partition -> high watermark, from the leaders of partitions this node does not lead
         # (see the module docstring); replaced before each scrape by the /metrics handler.
         self.remote_end_offsets: Mapping[PartitionKey, int] = {}
+        # Per offsets partition: (leader epoch, (group, topic, partition) -> committed offset)
+        # as last seen committed (see _committed_offsets).
+        self._committed: dict[int, tuple[int, dict[_OffsetKey, int]]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # registered without describing: a scrape is the only time we read
 
     def collect(self) -> Iterator[Metric]:
+        offsets = self._committed_offsets()
         yield from self._node()
         yield from self._raft()
         yield from self._controller()
         yield from self._replication()
         yield from self._log_maintenance()
-        yield from self._coordinator()
+        yield from self._coordinator(offsets)
         yield from self._requests()
-        yield from self._consumer_lag()
+        yield from self._consumer_lag(offsets)
+
+    def _committed_offsets(self) -> dict[str, dict[str, dict[int, int]]]:
+        """group -> topic -> partition -> committed offset, as reads see them: a shard replays
+        its records as it writes them, before they commit (runtime.py), and a value the high
+        watermark has not passed yet may still be lost, so it is not shown: until it commits
+        the last committed value seen by an earlier scrape is (or none), as Kafka's metrics read
+        its timeline state at the committed offset. An offset deleted (a tombstone not yet
+        committed) stays shown until its group's records commit."""
+        runtime = self.node.coordinator
+        before_all, self._committed = self._committed, {}
+        out: dict[str, dict[str, dict[int, int]]] = {}
+        if runtime is None:
+            return out
+        for ctx in list(runtime.contexts.values()):
+            if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
+                continue
+            hw = ctx.partition.high_watermark
+            epoch, before = before_all.get(ctx.index, (ctx.leader_epoch, {}))
+            if epoch != ctx.leader_epoch:
+                before = {}  # reloaded: everything below the HW is committed
+            now: dict[_OffsetKey, int] = {}
+            for group_id, topics in ctx.shard.offsets.items():
+                for topic, parts in topics.items():
+                    for partition, entry in parts.items():
+                        key = (group_id, topic, partition)
+                        if entry.record_offset < hw:
+                            now[key] = entry.committed_offset
+                        elif key in before:
+                            now[key] = before[key]
+            for key, value in before.items():
+                if key not in now and ctx.group_written.get(key[0], 0) > hw:
+                    now[key] = value
+            self._committed[ctx.index] = (ctx.leader_epoch, now)
+            for (group_id, topic, partition), value in now.items():
+                out.setdefault(group_id, {}).setdefault(topic, {})[partition] = value
+        return out
 
     # -----------------------------------------------------------------------------------------
     # Node, Raft and controller.
@@ -500,13 +546,13 @@ class NodeCollector(Collector):
     # -----------------------------------------------------------------------------------------
     # Group coordinator.
 
-    def _coordinator(self) -> Iterator[Metric]:
+    def _coordinator(self, committed: dict[str, dict[str, dict[int, int]]]) -> Iterator[Metric]:
         runtime = self.node.coordinator
         if runtime is None:
             return
         shard_states: Counter[str] = Counter()
         groups: Counter[tuple[str, str, str]] = Counter()
-        members = offsets = pending = waiting = 0
+        members = pending = waiting = 0
         for ctx in runtime.contexts.values():
             shard_states[ctx.state.value] += 1
             pending += len(ctx.futures)
@@ -521,9 +567,7 @@ class NodeCollector(Collector):
             for consumer_group in ctx.shard.consumer_groups.values():  # KIP-848
                 groups[("consumer", "consumer", consumer_group.state)] += 1
                 members += len(consumer_group.members)
-            offsets += sum(
-                len(parts) for topics in ctx.shard.offsets.values() for parts in topics.values()
-            )
+        offsets = sum(len(parts) for topics in committed.values() for parts in topics.values())
         family = GaugeMetricFamily(
             "kcoord_coordinator_shards",
             "Coordinator shards (led __consumer_offsets partitions) by state.",
@@ -758,7 +802,7 @@ class NodeCollector(Collector):
             return part.high_watermark
         return self.remote_end_offsets.get((topic, partition))
 
-    def _consumer_lag(self) -> Iterator[Metric]:
+    def _consumer_lag(self, committed: dict[str, dict[str, dict[int, int]]]) -> Iterator[Metric]:
         node = self.node
         image = node.cache.image
         yield _gauge(
@@ -812,24 +856,23 @@ class NodeCollector(Collector):
                 members.add_metric([group_id], group.num_members)
             for group_id, consumer_group in shard.consumer_groups.items():
                 members.add_metric([group_id], len(consumer_group.members))
-            for group_id, topics in shard.offsets.items():
-                for topic, parts in topics.items():
-                    offset_total = lag_total = 0
-                    lag_known = False
-                    for partition, committed in sorted(parts.items()):
-                        key = [group_id, topic, str(partition)]
-                        offset = committed.committed_offset
-                        current.add_metric(key, offset)
-                        offset_total += offset
-                        end = self._end_offset(topic, partition)
-                        if end is None:
-                            continue
-                        lag.add_metric(key, end - offset)
-                        lag_total += end - offset
-                        lag_known = True
-                    current_sum.add_metric([group_id, topic], offset_total)
-                    if lag_known:
-                        lag_sum.add_metric([group_id, topic], lag_total)
+        for group_id, topics in committed.items():
+            for topic, parts in topics.items():
+                offset_total = lag_total = 0
+                lag_known = True
+                for partition, offset in sorted(parts.items()):
+                    key = [group_id, topic, str(partition)]
+                    current.add_metric(key, offset)
+                    offset_total += offset
+                    end = self._end_offset(topic, partition)
+                    if end is None:
+                        lag_known = False
+                        continue
+                    lag.add_metric(key, end - offset)
+                    lag_total += end - offset
+                current_sum.add_metric([group_id, topic], offset_total)
+                if lag_known:  # a sum over some partitions only would read as a lag drop
+                    lag_sum.add_metric([group_id, topic], lag_total)
         yield from (current, current_sum, lag, lag_sum, members)
 
 
