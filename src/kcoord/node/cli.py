@@ -56,8 +56,13 @@ def _node(args: argparse.Namespace) -> int:
         format=f"%(asctime)s node-{config.node_id} %(levelname)s %(name)s: %(message)s",
     )
     from kcoord.node.server import run
+    from kcoord.storage.meta_properties import DataDirError
 
-    run(config)
+    try:
+        run(config)
+    except DataDirError as e:  # another process's or another node's directory
+        print(f"kcoord: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from kcoord.node.config import render_toml
+from kcoord.node.controller_service import new_topic_id
 from kcoord.node.rpc_sync import call_sync
+from kcoord.storage.meta_properties import DataDirError, read_meta_properties
 
 STATE_FILE = "cluster.json"
 READY_TIMEOUT_S = 60.0
@@ -73,6 +75,9 @@ class NodeProcess:
 class ClusterState:
     data_dir: str
     nodes: list[NodeProcess]
+    # Every node's cluster.id (Kafka's `kafka-storage.sh format --cluster-id`): chosen when
+    # the cluster is created; None for a cluster an older kcoord created without one.
+    cluster_id: str | None = None
 
     @property
     def bootstrap_servers(self) -> str:
@@ -89,7 +94,12 @@ class ClusterState:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
             json.dumps(
-                {"data_dir": self.data_dir, "nodes": [asdict(n) for n in self.nodes]}, indent=2
+                {
+                    "data_dir": self.data_dir,
+                    "cluster_id": self.cluster_id,
+                    "nodes": [asdict(n) for n in self.nodes],
+                },
+                indent=2,
             )
         )
         os.replace(tmp, path)
@@ -100,7 +110,7 @@ class ClusterState:
         if not path.exists():
             raise LauncherError(f"no cluster state in {data_dir} (start one with 'cluster up')")
         raw = json.loads(path.read_text())
-        return cls(raw["data_dir"], [NodeProcess(**n) for n in raw["nodes"]])
+        return cls(raw["data_dir"], [NodeProcess(**n) for n in raw["nodes"]], raw.get("cluster_id"))
 
 
 def plan(
@@ -147,6 +157,7 @@ def render_config(
         "admin.listener": f"{node.host}:{node.admin_port}",
         "controller.quorum.voters": voters,
         "data.dir": str(Path(node.directory) / "data"),
+        **({"cluster.id": state.cluster_id} if state.cluster_id is not None else {}),
         **overrides,
         **(node_overrides or {}),
     }
@@ -315,6 +326,7 @@ def up(
     ``node_overrides`` adds keys for single nodes (the chaos lab's advertised proxy addresses).
     """
     data_dir.mkdir(parents=True, exist_ok=True)
+    old: ClusterState | None = None
     if (data_dir / STATE_FILE).exists():
         old = ClusterState.load(data_dir)
         if any(is_alive(n.pid, n.config_path) for n in old.nodes):
@@ -328,6 +340,7 @@ def up(
                 f"--nodes {len(old.nodes)}, or remove the directory for a new cluster"
             )
     state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
+    state.cluster_id = old.cluster_id if old is not None else _cluster_id_of(state)
     for n in state.nodes:
         Path(n.directory).mkdir(parents=True, exist_ok=True)
         n.config_path.write_text(
@@ -339,6 +352,22 @@ def up(
         state.save()
         wait_ready(state, ready_timeout_s)
     return state
+
+
+def _cluster_id_of(state: ClusterState) -> str | None:
+    """A cluster without a state file: the id its nodes recorded, none if their directories
+    hold data but no id (an older kcoord's: the image's own id stays), else a new one."""
+    data_dirs = [Path(n.directory) / "data" for n in state.nodes]
+    for data in data_dirs:
+        try:
+            props = read_meta_properties(data) if data.is_dir() else None
+        except DataDirError as e:
+            raise LauncherError(str(e)) from e
+        if props is not None and "cluster.id" in props:
+            return props["cluster.id"]
+    if any(data.is_dir() and any(data.iterdir()) for data in data_dirs):
+        return None
+    return new_topic_id()
 
 
 def down(state: ClusterState, *, kill: bool = False) -> None:

@@ -61,12 +61,14 @@ from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import RpcClientPool, RpcServer
 from kcoord.node.runtime import CoordinatorRuntime
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
-from kcoord.raft.image import ConfigResource, RoleChange
+from kcoord.raft.image import ConfigResource, MetadataDelta, RoleChange
 from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter
 from kcoord.raft.records import ConfigResourceType
+from kcoord.storage import meta_properties
 from kcoord.storage.config import LogConfig
 from kcoord.storage.log import offset_map_capacity
 from kcoord.storage.manager import LogManager
+from kcoord.storage.meta_properties import DataDirLock
 
 log = logging.getLogger(__name__)
 
@@ -165,15 +167,21 @@ class Node:
         self.admin_server: AdminServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._logs_open = False
+        self._data_lock: DataDirLock | None = None
         # The Kafka listener once bound, until it serves (then it is ``kafka``).
         self._kafka_bound: KafkaBroker | None = None
 
     async def start(self) -> None:
         cfg = self.config
         loop = asyncio.get_running_loop()
+        # The directory is this process's (.lock) and this node's of this cluster
+        # (meta.properties) before anything in it is read or written.
+        self._data_lock = DataDirLock.acquire(cfg.data_dir)
+        meta_properties.claim(cfg.data_dir, cfg.node_id, cfg.cluster_id)
         self.logs.open()
         self._logs_open = True
         failure = LogDirFailureChannel(cfg.data_dir)
+        self.cache.delta_listeners.append(partial(self._on_cluster_id, failure))
         # Hosted partitions follow the metadata log from its first record on.
         self.replicas = ReplicaManager(
             cfg.node_id,
@@ -508,7 +516,28 @@ class Node:
             self.replicas.checkpoint_high_watermarks()
         if self._logs_open:  # a stop before start() opened them must not mark them clean
             self.logs.shutdown()
+        if self._data_lock is not None:
+            self._data_lock.release()
+            self._data_lock = None
         log.info("node %d stopped", self.config.node_id)
+
+    def _on_cluster_id(self, failure: LogDirFailureChannel, delta: MetadataDelta) -> None:
+        """The cluster id the metadata image names, once known: recorded in meta.properties,
+        or the node halts if it is not the configured one or the one recorded (a voter of
+        another cluster, or a data directory from another cluster whose journal got here
+        before meta.properties could tell: one written by an older kcoord)."""
+        change = delta.cluster_id
+        if change is None or change.after is None:
+            return
+        try:
+            meta_properties.check_learned_cluster_id(
+                self.config.data_dir, change.after, self.config.cluster_id
+            )
+        except meta_properties.DataDirError as e:
+            log.critical("%s", e)
+            failure.fail("checking the cluster id", OSError(str(e)))
+        except OSError as e:
+            failure.fail(f"writing {meta_properties.META_PROPERTIES_FILE}", e)
 
     # -----------------------------------------------------------------------------------------
     # Describe RPCs.

@@ -23,8 +23,9 @@ ClusterId          29        the cluster id, written once by the first active co
 =================  ========  ===========================================================
 
 The type ids are Kafka's ``apiKey`` of the same record (``ClusterIdRecord`` is apiKey 29 in
-Kafka's ``metadata`` module); kcoord uses this record instead of Kafka's ``meta.properties`` so
-that the cluster id is part of the replicated image and of every snapshot.
+Kafka's ``metadata`` module); the cluster id is part of the replicated image and of every
+snapshot, and each node also records it in its data directory's ``meta.properties``
+(``storage/meta_properties.py``) to refuse another cluster's directory at start.
 
 Deviations from Kafka, on purpose:
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from kcoord.storage import checkpoint
 from kcoord.storage.config import LogConfig
 from kcoord.storage.log import CleanPlan, Log, RecoveryReport, parse_partition_dir, remove_now
+from kcoord.storage.meta_properties import IDENTITY_FILES
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,10 @@ class LogManager:
 
     def open(self, configs: Mapping[TopicPartition, LogConfig] | None = None) -> None:
         """Load (or recover) every partition directory under the data directory."""
-        was_empty = not self.data_dir.is_dir() or not any(self.data_dir.iterdir())
+        # The lock and meta.properties (meta_properties.py, written first) are not data.
+        was_empty = not self.data_dir.is_dir() or all(
+            p.name in IDENTITY_FILES for p in self.data_dir.iterdir()
+        )
         self.data_dir.mkdir(parents=True, exist_ok=True)
         lost_marker = self.data_dir / STORAGE_LOST_FILE
         if was_empty:

@@ -1,0 +1,88 @@
+"""A node's data directory is its own (Kafka's ``.lock`` and ``meta.properties``), checked on
+real node processes: a second process on a running node's directory, a restart under another
+node id, and one configured for another cluster, all exit 1 with Kafka's message and leave
+the directory as it was; the node then restarts on it as before."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kcoord.node import launcher
+from kcoord.node.config import render_toml
+from kcoord.storage.meta_properties import read_meta_properties
+from tests.integration.cluster import DEADLINE_S, LocalCluster, free_base_port
+
+pytestmark = pytest.mark.integration
+
+
+def _run_node(
+    tmp_path: Path, name: str, values: dict[str, Any]
+) -> subprocess.CompletedProcess[str]:
+    """``kcoord node`` with this config, run to its exit (these starts fail before serving)."""
+    config = tmp_path / f"{name}.toml"
+    config.write_text(render_toml(values))
+    return subprocess.run(
+        [sys.executable, "-m", "kcoord.node.cli", "node", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+
+
+def _contents(data: Path) -> list[str]:
+    return sorted(p.name for p in data.iterdir() if p.is_dir())
+
+
+def test_another_process_node_id_or_cluster_is_refused(tmp_path: Path) -> None:
+    with LocalCluster(tmp_path / "cluster", nodes=1) as cluster:
+        node = cluster.node(1)
+        data = Path(node.directory) / "data"
+        assert cluster.state is not None and cluster.state.cluster_id
+        cluster_id = cluster.state.cluster_id
+        meta = read_meta_properties(data)
+        assert meta == {"version": "1", "node.id": "1", "cluster.id": cluster_id}
+        assert cluster.describe(1)["cluster_id"] == cluster_id
+        base = free_base_port(1)
+        values: dict[str, Any] = {
+            "node.id": 1,
+            "listeners": f"127.0.0.1:{base}",
+            "rpc.listener": f"127.0.0.1:{base + 1}",
+            "quorum.listener": f"127.0.0.1:{base + 2}",
+            "admin.listener": f"127.0.0.1:{base + 3}",
+            "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
+            "data.dir": str(data),
+        }
+        # A second process given the running node's directory (a copied config).
+        second = _run_node(tmp_path, "second", values)
+        assert second.returncode == 1, second.stderr
+        assert f"kcoord: Failed to acquire lock on file .lock in {data}." in second.stderr
+        assert cluster.describe(1)["node_id"] == 1  # the first one serves on
+        before = _contents(data)
+        assert "__consumer_offsets-0" in before
+        launcher.stop_node(node)
+
+        # Restarted under another node id: every log would have been a stray, deleted.
+        renamed = _run_node(
+            tmp_path,
+            "renamed",
+            {**values, "node.id": 2, "controller.quorum.voters": f"2@127.0.0.1:{base + 2}"},
+        )
+        assert renamed.returncode == 1, renamed.stderr
+        assert "Stored node id 1 doesn't match previous node id 2" in renamed.stderr
+        # Configured for another cluster: its journal would take over that cluster's quorum.
+        other = _run_node(tmp_path, "other", {**values, "cluster.id": "another-cluster"})
+        assert other.returncode == 1, other.stderr
+        assert f"Expected another-cluster, but read {cluster_id}" in other.stderr
+        assert _contents(data) == before
+        assert read_meta_properties(data) == meta
+
+        # The node itself starts again on it, as it was.
+        cluster.start(1)
+        cluster.wait_ready()
+        assert cluster.describe(1)["cluster_id"] == cluster_id
