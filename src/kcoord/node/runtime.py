@@ -55,6 +55,7 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import functools
 import itertools
@@ -62,7 +63,7 @@ import logging
 import uuid
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from aiokafka.record.default_records import DefaultRecordBatch as _CRecordBatch
 
@@ -174,6 +175,47 @@ def _replay_chunk(
             if key is not None and _replay_record(shard, decoder, record_offset, key, value):
                 records += 1
     return offset, records, len(data)
+
+
+# Past this many bytes of uncommitted suffix after a load, its records are not read again to
+# find their groups: every read waits for the whole suffix instead (see _written_above).
+SUFFIX_SCAN_MAX_BYTES: Final = 1 << 20
+
+
+def _written_above(
+    decoder: RecordDecoder, lg: Log, start: int, end: int
+) -> tuple[dict[str, int], int]:
+    """After a load, the records in ``[start, end)`` (above the high watermark: not yet
+    committed): where each group's last one ends, and where the last one that names no group
+    (or does not decode) ends, else ``start``. A read of one group then waits for its own
+    uncommitted records only, as after writes, not for every group's: reads of the groups
+    with nothing above the HW are answered at once (Kafka reads at the last committed
+    offset). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every read waits for it."""
+    groups: dict[str, int] = {}
+    others = start
+    offset = start
+    read = 0
+    while offset < end:
+        data = lg.read(offset, 1 << 20, max_offset=end).records
+        if not data:
+            break
+        read += len(data)
+        if read > SUFFIX_SCAN_MAX_BYTES:
+            return {}, end
+        for pos, header in fmt.iter_headers(data):
+            offset = header.next_offset
+            if header.is_control:
+                continue
+            for record_offset, key, value in fmt.decode_key_values(data, pos):
+                group_id = None
+                if key is not None:
+                    with contextlib.suppress(CoordinatorRecordError):  # counted as no group
+                        group_id = getattr(decoder.decode(key, value).key, "group_id", None)
+                if isinstance(group_id, str):
+                    groups[group_id] = record_offset + 1
+                else:
+                    others = record_offset + 1
+    return groups, others
 
 
 def _replay_record(
@@ -874,7 +916,10 @@ class CoordinatorRuntime:
             applied += latest.flush(shard, decoder)
         ctx.shard = shard
         ctx.timer = timer
-        ctx.last_written_offset = ctx.all_written = lg.log_end_offset
+        end = lg.log_end_offset
+        committed = min(ctx.partition.high_watermark, end)
+        ctx.group_written, ctx.all_written = _written_above(decoder, lg, committed, end)
+        ctx.last_written_offset = end
         ctx.state = ShardState.ACTIVE
         summary = LoadSummary(
             ctx.index,

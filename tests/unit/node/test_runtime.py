@@ -1248,3 +1248,36 @@ def test_a_starting_node_loads_no_shard_until_it_has_caught_up(tmp_path: Path) -
         moved.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_after_a_load_a_read_waits_only_for_its_own_groups_uncommitted_records(
+    tmp_path: Path,
+) -> None:
+    """A load leaves the log's uncommitted suffix replayed (here: a commit of y the high
+    watermark has not passed). Reads of x, which has nothing there, are answered at once
+    (Kafka reads at the last committed offset); they waited for the whole suffix, and timed
+    out COORDINATOR_NOT_AVAILABLE while the HW was held (an ISR below min ISR). Reads of y
+    still wait for y's record to commit."""
+
+    async def scenario() -> None:
+        a = Replica(tmp_path / "a", 1)
+        a.runtime.write_timeout_ms = 300
+        a.elect(leader=1, leader_epoch=0)
+        await active(a.runtime)
+        a.replicas.hold = False
+        await a.runtime.call("x", commit("x", 11))
+        a.replicas.hold = True  # the HW stops here
+        with pytest.raises(CoordinatorError):
+            await a.runtime.call("y", commit("y", 5))
+        assert a.part.high_watermark < a.part.log.log_end_offset
+        a.elect(leader=2, leader_epoch=1)
+        a.elect(leader=1, leader_epoch=2)  # back: the shard is loaded again
+        await active(a.runtime)
+        read = await a.runtime.call("x", fetch("x"), read_only=True)
+        assert read.topics[0].partitions[0].committed_offset == 11
+        with pytest.raises(CoordinatorError) as waited:
+            await a.runtime.call("y", fetch("y"), read_only=True)
+        assert waited.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        a.runtime.close()
+
+    asyncio.run(scenario())
