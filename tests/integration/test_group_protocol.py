@@ -279,6 +279,10 @@ def commit(
             ],
         },
     )
+    # One entry per topic, its partitions known to the metadata or not together
+    # (OffsetCommitResponse.Builder.merge).
+    names = [t.name for t in response.topics]
+    assert len(names) == len(set(names)), names
     return {
         (t.name, p.partition_index): Errors(p.error_code)
         for t in response.topics

@@ -134,6 +134,10 @@ class FetchWaiters:
                     del self._waiters[tp]
 
 
+# Fetch v10 (Kafka 2.1, KIP-110) is the first that may carry zstd batches; Produce v7 likewise.
+ZSTD_MIN_FETCH_VERSION: Final = 10
+
+
 @dataclass(slots=True)
 class _FetchPartition:
     topic: str | None  # None: an unknown topic id
@@ -302,6 +306,12 @@ class FetchApi:
                 part = self.ctx.replicas.leader_partition(
                     w.topic, w.partition, w.current_leader_epoch
                 )
+                if version < ZSTD_MIN_FETCH_VERSION and part.log.config.compression_type == "zstd":
+                    # KafkaApis.maybeConvertFetchedData: a client this old cannot read zstd.
+                    raise KafkaError(
+                        Errors.UNSUPPORTED_COMPRESSION_TYPE,
+                        f"Fetch v{version} cannot carry the zstd batches of {w.topic}",
+                    )
                 diverging = part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch)
                 if diverging is not None and diverging["epoch"] < 0:
                     # Partition.readRecords: an epoch this log cannot place has no end offset
@@ -365,6 +375,10 @@ class FetchApi:
         return responses, size, failed or (unknown > 0 and unknown == len(wanted))
 
     def _error(self, w: _FetchPartition, error: Errors, version: int) -> dict[str, Any]:
+        if error is Errors.KAFKA_STORAGE_ERROR and version <= 5:
+            # KafkaApis.maybeDownConvertStorageError: older clients take 56 for fatal; as
+            # NOT_LEADER_OR_FOLLOWER they refresh their metadata and retry.
+            error = Errors.NOT_LEADER_OR_FOLLOWER
         response: dict[str, Any] = {
             "partition_index": w.partition,
             "error_code": error,

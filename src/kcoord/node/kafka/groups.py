@@ -61,6 +61,20 @@ def _ms(value: Any, default: int = -1) -> int:
     return int(value)
 
 
+def _merged_topics(topics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per topic name, its partitions together, where the name came first
+    (``OffsetCommitResponse.Builder.merge``): a topic with partitions both known and unknown
+    to the metadata was listed twice."""
+    by_name: dict[str, dict[str, Any]] = {}
+    for topic in topics:
+        entry = by_name.get(topic["name"])
+        if entry is None:
+            by_name[topic["name"]] = {**topic, "partitions": list(topic["partitions"])}
+        else:
+            entry["partitions"].extend(topic["partitions"])
+    return list(by_name.values())
+
+
 def values(response: Any) -> dict[str, Any]:
     """A pure response as field values for ``codec.build_response``."""
     out: dict[str, Any] = _plain(response)
@@ -339,13 +353,13 @@ class GroupApi:
                 }
                 for tp in known
             ]
-            return {"throttle_time": 0, "topics": failed + unknown}
+            return {"throttle_time": 0, "topics": _merged_topics(failed + unknown)}
 
         def convert(resp: Any) -> dict[str, Any]:
             if latency is not None:
                 latency.observe(loop.time() - start)
             out = values(resp)
-            out["topics"] = list(out["topics"]) + unknown
+            out["topics"] = _merged_topics(list(out["topics"]) + unknown)
             return out
 
         return self._submit(

@@ -5,9 +5,12 @@ Produce (Kafka's ``KafkaApis.handleProduceRequest`` and ``ReplicaManager.appendR
 1. In request order, for each partition: the node must lead it (``NOT_LEADER_OR_FOLLOWER``
    with the leader's id and epoch as a hint, KIP-951; ``UNKNOWN_TOPIC_OR_PARTITION`` for a
    topic or partition that does not exist); clients may not write to ``__consumer_offsets``
-   (``INVALID_TOPIC_EXCEPTION``), nor control batches (``INVALID_RECORD``) or transactional
-   ones (``INVALID_TXN_STATE``: kcoord has no transaction coordinator); a partition's records
-   are exactly one batch of magic 2 (``INVALID_RECORD``, Kafka's ``validateRecords``). With
+   (``INVALID_TOPIC_EXCEPTION``), nor control batches (``INVALID_RECORD``); a partition's
+   records are exactly one batch of magic 2 (``INVALID_RECORD``, Kafka's ``validateRecords``),
+   zstd-compressed only from Produce v7 (``UNSUPPORTED_COMPRESSION_TYPE``). A request with a
+   transactional batch fails whole with ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, as Kafka
+   fails it for a transactional id its authorizer refuses: kcoord has no transaction
+   coordinator and refuses every transactional id. With
    acks=-1 and the ISR below ``min.insync.replicas`` the batch is refused with
    ``NOT_ENOUGH_REPLICAS`` before its sequence is looked at, as Kafka's
    ``Partition.appendRecordsToLeader`` does (so a retry is refused alike, and the client retries
@@ -97,6 +100,18 @@ PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
 # that much is left to read before the first produce.
 FOLLOWER_CATCH_UP_INTERVAL_MS: Final = 1000
 BACKGROUND_READS: Final = 2
+
+
+# Produce v7 (Kafka 2.1, KIP-110) is the first that may carry zstd batches.
+ZSTD_MIN_PRODUCE_VERSION: Final = 7
+
+
+def _is_transactional(records: bytes | None) -> bool:
+    """Whether the first batch is transactional (Kafka's ``RequestUtils.hasTransactionalRecords``
+    looks at the first batch of each partition too)."""
+    if records is None or len(records) < fmt.ATTRIBUTES_OFFSET + 2:
+        return False
+    return bool(records[fmt.ATTRIBUTES_OFFSET + 1] & fmt.TRANSACTIONAL_FLAG)
 
 
 @dataclass(eq=False)
@@ -415,6 +430,14 @@ class ProduceApi:
             partitions = entries.setdefault((topic_id, name), {})
             for data in topic_data.partition_data:
                 partitions[data.index] = data
+        # KafkaApis.handleProduceRequest: transactional records with a transactional id the
+        # authorizer refuses fail the whole request; kcoord refuses every transactional id
+        # (InitProducerId, FindCoordinator), as an authorizer would.
+        transactional = any(
+            _is_transactional(data.records)
+            for partitions in entries.values()
+            for data in partitions.values()
+        )
         topics: list[tuple[Any, str | None, list[_PartitionResult]]] = []
         walked = 0
         for (topic_id, name), partitions in entries.items():
@@ -429,8 +452,12 @@ class ProduceApi:
                     result = _PartitionResult(data.index, Errors.INVALID_REQUIRED_ACKS)
                 elif name is None:
                     result = _PartitionResult(data.index, Errors.UNKNOWN_TOPIC_ID)
+                elif transactional:
+                    result = _PartitionResult(
+                        data.index, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                    )
                 else:
-                    result = self._append(name, data.index, data.records, acks)
+                    result = self._append(name, data.index, data.records, acks, request.version)
                 results.append(result)
             topics.append((topic_id, name, results))
         failed = any(r.error is not Errors.NONE for _, _, rs in topics for r in rs)
@@ -453,7 +480,9 @@ class ProduceApi:
         if not self.states.loaded(part):
             await self.states.ready(part, self.ctx.now_ms())
 
-    def _append(self, topic: str, index: int, records: bytes | None, acks: int) -> _PartitionResult:
+    def _append(
+        self, topic: str, index: int, records: bytes | None, acks: int, version: int
+    ) -> _PartitionResult:
         result = _PartitionResult(index)
         try:
             if is_internal(topic):
@@ -487,9 +516,14 @@ class ProduceApi:
                         f"Invalid sequence number {h.base_sequence} in record batch with "
                         f"producerId {h.producer_id}",
                     )
-                if h.is_transactional:
+                if version < ZSTD_MIN_PRODUCE_VERSION and (
+                    h.attributes & fmt.COMPRESSION_MASK == fmt.Compression.ZSTD
+                ):
+                    # ProduceRequest.validateRecords: zstd needs Produce v7 (KIP-110).
                     raise KafkaError(
-                        Errors.INVALID_TXN_STATE, "kcoord does not support transactions"
+                        Errors.UNSUPPORTED_COMPRESSION_TYPE,
+                        f"Produce requests with version {version} are not allowed to use "
+                        "ZStandard compression",
                     )
             # Leadership and min.insync.replicas first, as Kafka: were a batch queued behind a
             # refused one answered OUT_OF_ORDER_SEQUENCE_NUMBER instead, librdkafka would bump

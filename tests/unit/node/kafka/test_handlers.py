@@ -30,7 +30,7 @@ from kcoord.node.kafka.produce import (
     LOAD_SLICE_HEADERS,
     PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS,
 )
-from kcoord.node.replica_manager import Partition
+from kcoord.node.replica_manager import KafkaError, Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import checkpoint
@@ -2431,5 +2431,86 @@ def test_max_timestamp_counts_only_records_at_or_after_the_log_start(tmp_path: P
         assert await newest() == (0, 5_000)
         h.replicas.delete_records("t", 0, 1)
         assert await newest() == (2, 3_000)
+
+    run(tmp_path, test)
+
+
+def test_zstd_needs_produce_v7_and_fetch_v10(tmp_path: Path) -> None:
+    """KIP-110: ProduceRequest.validateRecords refuses a zstd batch below v7, and
+    KafkaApis.maybeConvertFetchedData a zstd topic's partitions below Fetch v10, with
+    UNSUPPORTED_COMPRESSION_TYPE (an older client cannot read them)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        zstd = fmt.build_batch(
+            [fmt.Record(0, 1_700_000_000_000, None, b"z")], compression=fmt.Compression.ZSTD
+        )
+        for version in (3, 6):
+            old = only_partition(await c.call(PRODUCE, version, produce_values("t", 0, zstd)))
+            assert old.error_code == Errors.UNSUPPORTED_COMPRESSION_TYPE, version
+        answer = only_partition(await c.call(PRODUCE, 7, produce_values("t", 0, zstd)))
+        assert (answer.error_code, answer.base_offset) == (Errors.NONE, 0)
+        await h.create_topic("z", 1, 1, configs={"compression.type": "zstd"})
+        h.move_leader("z", 0, NODE_ID)
+        await c.call(PRODUCE, 9, produce_values("z", 0, batch([b"a"])))
+        old_fetch = only_partition(await c.call(FETCH, 9, fetch_values("z", 0, 0)))
+        assert old_fetch.error_code == Errors.UNSUPPORTED_COMPRESSION_TYPE
+        assert not old_fetch.records
+        fetched = only_partition(await c.call(FETCH, 10, fetch_values("z", 0, 0)))
+        assert fetched.error_code == Errors.NONE and records_of(fetched.records) == [b"a"]
+
+    run(tmp_path, test)
+
+
+def test_a_storage_error_reads_as_not_leader_to_fetch_v5_and_older(tmp_path: Path) -> None:
+    """KafkaApis.maybeDownConvertStorageError: Fetch v5 and older clients take
+    KAFKA_STORAGE_ERROR for fatal; NOT_LEADER_OR_FOLLOWER makes them refresh and retry."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+
+        def broken(*_: Any, **__: Any) -> Any:
+            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, "the segment is unreadable")
+
+        with mock.patch.object(h.replicas, "fetch", broken):
+            for version, code in [
+                (4, Errors.NOT_LEADER_OR_FOLLOWER),
+                (5, Errors.NOT_LEADER_OR_FOLLOWER),
+                (6, Errors.KAFKA_STORAGE_ERROR),
+                (12, Errors.KAFKA_STORAGE_ERROR),
+            ]:
+                answer = only_partition(await c.call(FETCH, version, fetch_values("t", 0, 0)))
+                assert answer.error_code == code, version
+
+    run(tmp_path, test)
+
+
+def test_a_transactional_batch_fails_the_whole_produce(tmp_path: Path) -> None:
+    """KafkaApis.handleProduceRequest: transactional records whose transactional id the
+    authorizer refuses fail every partition of the request with
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED (kcoord refuses every transactional id), and
+    nothing is appended, the other partitions' batches included."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 2, 1)
+        for p in (0, 1):
+            h.move_leader("t", p, NODE_ID)
+        txn = fmt.build_batch(
+            [fmt.Record(0, 1_700_000_000_000, None, b"t")],
+            producer_id=9,
+            producer_epoch=0,
+            base_sequence=0,
+            is_transactional=True,
+        )
+        values = produce_values("t", 0, txn)
+        values["topic_data"][0]["partition_data"].append({"index": 1, "records": batch([b"x"])})
+        response = await c.call(PRODUCE, 9, values)
+        codes = [p.error_code for t in response.responses for p in t.partition_responses]
+        assert codes == [Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED] * 2
+        for p in (0, 1):
+            fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", p, 0)))
+            assert fetched.high_watermark == 0
 
     run(tmp_path, test)
