@@ -577,10 +577,13 @@ class ReplicaManager:
                 tp[1],
                 " offline" if tp in self.logs.offline else "",
             )
-            if tp in self.logs.offline:
-                self.logs.delete_offline(tp)
-            else:
-                self.logs.delete_log(tp)
+            try:
+                if tp in self.logs.offline:
+                    self.logs.delete_offline(tp)
+                else:
+                    self.logs.delete_log(tp)
+            except OSError as e:  # the rename, or a checkpoint written with it
+                self.log_dir_failure.fail(f"deleting the stray log {tp[0]}-{tp[1]}", e)
         return strays + offline
 
     def _is_replica_in(self, image: MetadataImage, tp: TopicPartition) -> bool:
@@ -831,7 +834,12 @@ class ReplicaManager:
                 f"Cannot increment the log start offset to {target} of partition {name} since "
                 f"it is larger than the high watermark {part.high_watermark}",
             )
-        if part.log.maybe_increment_log_start_offset(target):
+        try:
+            moved = part.log.maybe_increment_log_start_offset(target)
+        except OSError as e:  # the leader-epoch checkpoint, segments let go
+            self.log_dir_failure.fail(f"moving the log start of {name}", e)
+            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
+        if moved:
             log.info("%s: log start offset moved to %d (DeleteRecords)", name, target)
             self.checkpoint_log_start_offsets()
             self.fetch_sessions.mark(part.tp)

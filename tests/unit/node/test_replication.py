@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
+from unittest import mock
 
 import pytest
 
@@ -1202,5 +1204,52 @@ def test_a_leader_that_cannot_place_a_followers_epoch_leaves_a_log_with_epochs_w
         epoch = part.log.epoch_cache.latest_epoch
         assert follower.fetchers._truncate_step(part, epoch, -1, UNDEFINED_EPOCH_OFFSET)
         assert follower.values() == [b"a", b"b"]
+
+    asyncio.run(scenario())
+
+
+def test_an_io_error_moving_a_log_start_fails_the_log_directory(tmp_path: Path) -> None:
+    """DeleteRecords' leader-epoch checkpoint (or a segment let go) failing with ENOSPC
+    escaped as a bare OSError: the connection closed, the node kept leading with a log start
+    it never saved. It is a log directory failure (the node halts), and the request gets
+    KAFKA_STORAGE_ERROR."""
+
+    async def scenario() -> None:
+        _, leader, _ = await _two_nodes_with_committed(tmp_path, b"r-%d", 3)
+        failures: list[str] = []
+        leader.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+
+        def full(*_: object) -> bool:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        lg = leader.partition.log
+        with (
+            mock.patch.object(lg, "maybe_increment_log_start_offset", full),
+            pytest.raises(KafkaError) as refused,
+        ):
+            leader.replicas.delete_records(TOPIC, 0, 2)
+        assert refused.value.code is Errors.KAFKA_STORAGE_ERROR
+        assert failures == [f"moving the log start of {TOPIC}-0"]
+
+    asyncio.run(scenario())
+
+
+def test_an_io_error_deleting_a_stray_log_fails_the_log_directory(tmp_path: Path) -> None:
+    data_dir = logs_of_an_earlier_topic(tmp_path / "node-2")
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        Node(1, tmp_path / "node-1", cluster)
+        node = Node(2, data_dir, cluster)
+        _start(cluster)
+        failures: list[str] = []
+        node.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+
+        def read_only(*_: object) -> None:
+            raise OSError(errno.EROFS, "Read-only file system")
+
+        with mock.patch.object(node.logs, "delete_log", read_only):
+            node.replicas.delete_stray_logs()
+        assert failures == ["deleting the stray log gone-0"]
 
     asyncio.run(scenario())
