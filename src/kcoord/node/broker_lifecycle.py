@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kcoord.errors import Errors
@@ -52,8 +52,12 @@ class BrokerLifecycle:
         rpc_timeout_s: float = 2.0,
         storage_lost: bool = False,
         on_storage_loss_registered: Callable[[], None] = lambda: None,
+        offline_replicas: Callable[[], Sequence[tuple[str, int]]] = tuple,
     ) -> None:
         self.node_id = node_id
+        # The partitions whose logs failed to load (LogManager.offline), sent with every
+        # heartbeat (see raft/controller.py's _handle_offline_replicas).
+        self.offline_replicas = offline_replicas
         # The data directory was found empty (by this process, or by one that died before it
         # registered): if the controller knows this broker, what it held is gone (a new or
         # wiped disk), and the registration says so, until one is accepted.
@@ -112,15 +116,16 @@ class BrokerLifecycle:
             if self.storage_lost:
                 self.on_storage_loss_registered()
                 self.storage_lost = False
-        reply = await self.call_controller(
-            "BrokerHeartbeat",
-            {
-                "broker_id": self.node_id,
-                "broker_epoch": self.broker_epoch,
-                "current_metadata_offset": self.cache.offset,
-                "want_shut_down": self.want_shut_down,
-            },
-        )
+        heartbeat: dict[str, Any] = {
+            "broker_id": self.node_id,
+            "broker_epoch": self.broker_epoch,
+            "current_metadata_offset": self.cache.offset,
+            "want_shut_down": self.want_shut_down,
+        }
+        offline = self.offline_replicas()
+        if offline:  # logs that failed to load: the controller moves their leadership away
+            heartbeat["offline_replicas"] = [list(tp) for tp in offline]
+        reply = await self.call_controller("BrokerHeartbeat", heartbeat)
         error = Errors(reply["error"])
         if error in (Errors.STALE_BROKER_EPOCH, Errors.BROKER_ID_NOT_REGISTERED):
             log.warning("heartbeat answered %s: registering again", error.name)

@@ -386,6 +386,9 @@ class ControllerService:
             current_metadata_offset=int(payload["current_metadata_offset"]),
             want_fence=bool(payload.get("want_fence", False)),
             want_shut_down=bool(payload.get("want_shut_down", False)),
+            offline_replicas=tuple(
+                (str(topic), int(index)) for topic, index in payload.get("offline_replicas", ())
+            ),
         )
         reply = None
         if self.controller is None and self._set_aside is not None:

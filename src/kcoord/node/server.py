@@ -323,6 +323,7 @@ class Node:
             heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
             storage_lost=self.logs.storage_was_empty,
             on_storage_loss_registered=self.logs.storage_loss_registered,
+            offline_replicas=self._offline_replicas,
         )
         self.monitor = QuorumMonitor(quorum, self.clock)
         self.rpc_server = RpcServer(
@@ -520,6 +521,18 @@ class Node:
             self._data_lock.release()
             self._data_lock = None
         log.info("node %d stopped", self.config.node_id)
+
+    def _offline_replicas(self) -> list[tuple[str, int]]:
+        """The partitions of the image's topics whose logs here failed to load, for the
+        heartbeat; an offline log of an earlier topic of the same name (a stray, deleted once
+        the metadata has caught up) is not reported against the new topic."""
+        image = self.cache.image
+        out = []
+        for tp in sorted(self.logs.offline):
+            topic = image.topic_by_name(tp[0])
+            if topic is not None and self.logs.offline_topic_id(tp) == topic.topic_id:
+                out.append(tp)
+        return out
 
     def _on_cluster_id(self, failure: LogDirFailureChannel, delta: MetadataDelta) -> None:
         """The cluster id the metadata image names, once known: recorded in meta.properties,

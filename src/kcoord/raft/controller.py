@@ -226,6 +226,10 @@ class BrokerHeartbeatRequest:
     current_metadata_offset: int
     want_fence: bool = False
     want_shut_down: bool = False
+    # The replicas whose logs the broker cannot serve (they failed to load: a corrupt file).
+    # Kafka's broker reports whole offline log directories (KIP-858 ``OfflineLogDirs``); a
+    # kcoord node has one directory and keeps serving its other partitions, so it names them.
+    offline_replicas: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -767,6 +771,19 @@ class _Working:
         return sorted(tp for tp in tps if predicate(self.partition(tp)))
 
 
+def _offline_in_isr(
+    image: MetadataImage, request: BrokerHeartbeatRequest
+) -> list[TopicIdPartition]:
+    """The partitions the heartbeat reports offline whose ISR still has its broker."""
+    in_isr = set()
+    for name, index in request.offline_replicas:
+        topic = image.topic_by_name(name)
+        state = None if topic is None else image.partition(topic.topic_id, index)
+        if state is not None and request.broker_id in state.isr:
+            in_isr.add(state.tp)
+    return sorted(in_isr)
+
+
 # ------------------------------------------------------------------------ the controller
 
 
@@ -874,6 +891,8 @@ class Controller:
         caught_up = offset >= registration.broker_epoch
         if registration.fenced and caught_up:
             return None  # due to be unfenced
+        if not registration.fenced and _offline_in_isr(image, request):
+            return None  # to leave those ISRs
         self.heartbeats.touch(registration.broker_id, registration.broker_epoch, now_ms, offset)
         return BrokerHeartbeatReply(Errors.NONE, caught_up, registration.fenced)
 
@@ -929,7 +948,22 @@ class Controller:
             return ControllerResult(
                 tuple(records), BrokerHeartbeatReply(Errors.NONE, caught_up, True, False)
             )
-        return ControllerResult((), BrokerHeartbeatReply(Errors.NONE, caught_up, False))
+        records = []
+        self._handle_offline_replicas(_Working(image), request, records)
+        return ControllerResult(tuple(records), BrokerHeartbeatReply(Errors.NONE, caught_up, False))
+
+    def _handle_offline_replicas(
+        self, working: _Working, request: BrokerHeartbeatRequest, records: list[MetadataRecord]
+    ) -> None:
+        """The broker leaves the ISR (and leadership) of the partitions whose logs it reports
+        offline, as ``ReplicationControlManager.handleDirectoriesOffline`` does for the
+        replicas of an offline log directory: a new leader is elected from the rest of the
+        ISR. Those it is no ISR member of are left alone, so a report repeated at every
+        heartbeat proposes nothing more once that change is applied."""
+        in_isr = _offline_in_isr(working.image, request)
+        self._generate_leader_and_isr_updates(
+            working, in_isr, records, broker_to_remove=request.broker_id
+        )
 
     def maybe_fence_stale_brokers(
         self, image: MetadataImage, now_ms: int

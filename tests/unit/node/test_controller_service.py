@@ -546,3 +546,34 @@ def test_heartbeats_refused_while_set_aside_keep_the_brokers_alive(stall_ms: int
         assert [b for b in (1, 2) if cache.image.brokers[b].fenced] == []
 
     asyncio.run(scenario())
+
+
+def test_a_heartbeat_naming_offline_replicas_moves_their_leadership() -> None:
+    """The BrokerHeartbeat RPC carries the partitions whose logs failed to load on the node;
+    the active controller elects other leaders for those it led."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _ = five_node_controller()
+        register(quorum, 1, 2, 3, 4, 5)
+        await service._maybe_activate()
+        await service.tick()
+        topic = cache.image.topic_by_name(OFFSETS_TOPIC_NAME)
+        assert topic is not None
+        led = [p.partition for p in cache.image.partitions_of(topic.topic_id) if p.leader == 1]
+        assert led
+        epoch = cache.image.brokers[1].broker_epoch
+        reply = await service.handle_broker_heartbeat(
+            {
+                "broker_id": 1,
+                "broker_epoch": epoch,
+                "current_metadata_offset": quorum.offset,
+                "offline_replicas": [[OFFSETS_TOPIC_NAME, led[0]]],
+            }
+        )
+        assert reply["error"] == 0 and not reply["is_fenced"], reply
+        state = cache.image.partition(topic.topic_id, led[0])
+        assert state is not None and state.leader not in (1, -1) and 1 not in state.isr
+        still = [p.partition for p in cache.image.partitions_of(topic.topic_id) if p.leader == 1]
+        assert still == led[1:]
+
+    asyncio.run(scenario())

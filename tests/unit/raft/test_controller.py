@@ -128,6 +128,7 @@ class Cluster:
         offset: int | None = None,
         want_fence: bool = False,
         want_shut_down: bool = False,
+        offline: tuple[tuple[str, int], ...] = (),
     ) -> ControllerResult[BrokerHeartbeatReply]:
         request = BrokerHeartbeatRequest(
             broker_id,
@@ -135,6 +136,7 @@ class Cluster:
             self.image.last_offset if offset is None else offset,
             want_fence=want_fence,
             want_shut_down=want_shut_down,
+            offline_replicas=offline,
         )
         return self.decide(lambda image: self.controller.broker_heartbeat(image, request, now_ms))
 
@@ -589,6 +591,25 @@ def test_fencing_moves_leaderships_and_leaves_the_isr() -> None:
     cluster.commit(result.records)
     assert cluster.image.partitions_led_by(1) == []
     assert cluster.image.partitions_with_isr_member(1) == []
+
+
+def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
+    """A partition whose log failed to load on its leader stayed led there, unavailable:
+    the heartbeat names it, and the controller elects another ISR member
+    (ReplicationControlManager.handleDirectoriesOffline, per replica here). Once applied, the
+    same report proposes nothing; a report for an unknown partition is ignored."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 3, 2)
+    assert [s.replicas for s in cluster.image.partitions_of(T1)] == [(1, 2), (2, 3), (3, 1)]
+    offline = (("t", 0), ("t", 2), ("t", 7), ("gone", 0))
+    result = cluster.heartbeat(1, 100, offline=offline)
+    assert result == ControllerResult(
+        (PartitionChange(T1, 0, 0, leader=2, isr=(2,)), PartitionChange(T1, 2, 0, isr=(3,))),
+        BrokerHeartbeatReply(Errors.NONE, True, False, False),
+    )
+    cluster.commit(result.records)
+    assert cluster.heartbeat(1, 600, offline=offline).records == ()
+    assert not cluster.image.is_fenced(1)  # its other partitions it serves on
 
 
 # ------------------------------------------------------------------ elections
