@@ -52,7 +52,9 @@ def chaos_run(report: Path, seed: int, *args: str) -> tuple[int, dict[str, Any],
     except BaseException:
         # A timeout kills ``chaos run`` alone: its lab namespace, with the nodes and clients in
         # it, would outlive the test. (A run that ends removes it itself; the first test checks.)
-        lab.Namespace(f"{lab.NAMESPACE_PREFIX}{seed}").delete()  # nothing to do if it is gone
+        # Its owner is dead now: it is stale, as any other left by a killed run.
+        for name in lab.stale_namespaces():
+            lab.Namespace(name).delete()
         raise
     output = proc.stdout + proc.stderr
     results = report / "results.json"
@@ -116,7 +118,8 @@ def test_a_short_run_under_every_nemesis_passes(tmp_path: Path, workload: str, s
     # Its own lab namespace is gone (other tests may have theirs up at the same time).
     listed = subprocess.run(["ip", "netns", "list"], check=True, capture_output=True, text=True)
     namespaces = [line.split()[0] for line in listed.stdout.splitlines() if line.strip()]
-    assert f"kcoord-lab-{seed}" not in namespaces, namespaces
+    ours = f"{lab.NAMESPACE_PREFIX}{seed}-p"  # lab.namespace_name: the run's pid follows
+    assert not [n for n in namespaces if n.startswith(ours)], namespaces
 
 
 def broken_build_run(tmp_path: Path, bug: str, seed: int, *args: str) -> tuple[dict[str, Any], str]:

@@ -95,17 +95,20 @@ def probe(sender: int, receiver: int) -> bool:
 
 
 def check_kept_connection(firewall: Firewall) -> list[str]:
-    """A connection node 3 opened to node 2 before any cut, with traffic, must be cut too.
+    """A connection node 3 opened to node 2 before any cut, with traffic, must be cut too,
+    both ways.
 
     The kernel tracked no connection until the lab's first rule used conntrack; then an old
     connection was picked up from whichever packet came first. Node 2's push came first, the
     entry read it backwards (original destination 127.0.0.1, where node 3's unbound socket
-    sends from) and neither side's rule matched: the cut link carried on."""
+    sends from) and neither side's rule matched: the cut link carried on. And node 2's pushes
+    on node 3's connection matched no rule at all (its original destination is node 2's own
+    address) until the connection mark of the node that opened it was used too."""
     to_child_r, to_child_w = os.pipe()
     to_parent_r, to_parent_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        answered = True
+        answered = pushed = True
         with contextlib.suppress(OSError):
             os.setgid(NODES[3].gid)
             with socket.create_connection((NODES[2].host, PORT), PROBE_TIMEOUT_S) as s:
@@ -119,24 +122,29 @@ def check_kept_connection(firewall: Firewall) -> list[str]:
                 with contextlib.suppress(OSError):
                     while s.recv(4096):  # what arrived before the cut took
                         pass
-                # Node 2 pushes on, first: a push sent after the cut arrives before node 3
-                # sends anything. (No rule drops it: its conntrack entry's original
-                # destination is node 2's own address.)
-                s.settimeout(PROBE_TIMEOUT_S)
-                s.recv(16)
+                # Node 2 pushes every 50 ms: none may arrive once the cut is in place.
+                s.settimeout(0.5)
+                pushed = False
+                with contextlib.suppress(OSError):
+                    pushed = bool(s.recv(16))
                 s.sendall(b"ping")
+                s.settimeout(PROBE_TIMEOUT_S)
                 deadline = time.monotonic() + PROBE_TIMEOUT_S
                 answered = False
-                while time.monotonic() < deadline and not answered:
-                    answered = b"pong" in s.recv(4096)
-        os._exit(1 if answered else 0)
+                with contextlib.suppress(OSError):
+                    while time.monotonic() < deadline and not answered:
+                        answered = b"pong" in s.recv(4096)
+        os._exit(1 if answered else 2 if pushed else 0)
     os.read(to_parent_r, 1)
     firewall.apply({(2, 3), (3, 2)})
     os.write(to_child_w, b"!")
     _, status = os.waitpid(pid, 0)
     firewall.heal()
-    if os.waitstatus_to_exitcode(status) != 0:
+    code = os.waitstatus_to_exitcode(status)
+    if code == 1:
         return ["kept connection: node 3 -> node 2, opened before the cut, still answered"]
+    if code == 2:
+        return ["kept connection: node 2's pushes on node 3's connection crossed the cut"]
     return []
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kcoord.chaos.lab import NAMESPACE_PREFIX, LabError, check_lab, namespace
+from kcoord.chaos.lab import LabError, check_lab, namespace, namespace_name
+from tests.integration.firewall_scenario import NODES
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +22,7 @@ def test_a_cut_drops_only_the_named_links_and_clients_still_reach_every_node() -
         pytest.fail(str(e))  # make test installs the lab tools; missing ones are a failure
     seed = random.randrange(2**31)
     print(f"seed={seed}")
-    with namespace(f"{NAMESPACE_PREFIX}fw-{seed}") as ns:
+    with namespace(namespace_name(f"fw-{seed}"), [n.gid for n in NODES.values()]) as ns:
         result = subprocess.run(
             ns.exec_argv([sys.executable, "-m", "tests.integration.firewall_scenario"]),
             cwd=Path(__file__).resolve().parents[2],

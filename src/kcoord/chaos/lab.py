@@ -68,9 +68,36 @@ class Namespace:
 
     name: str
 
-    def create(self) -> None:
+    def create(self, dialer_gids: Iterable[int] = ()) -> None:
+        """Create it, with loopback up and connection tracking on; every connection a process
+        of one of ``dialer_gids`` opens is marked with that group (``Firewall``'s cuts drop
+        the other side's packets on it by that mark)."""
         _run("ip", "netns", "add", self.name)
         _run("ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up")
+        for gid in dialer_gids:
+            _run(
+                *self.exec_argv(
+                    [
+                        "iptables",
+                        "-t",
+                        "mangle",
+                        "-A",
+                        "OUTPUT",
+                        "-m",
+                        "owner",
+                        "--gid-owner",
+                        str(gid),
+                        "-m",
+                        "conntrack",
+                        "--ctstate",
+                        "NEW",
+                        "-j",
+                        "CONNMARK",
+                        "--set-mark",
+                        str(gid),
+                    ]
+                )
+            )
         # Connection tracking from the start (any rule using conntrack turns it on in the
         # namespace; this one changes nothing, and ``heal`` flushes only OUTPUT). Started by
         # the first cut instead, it picked up the connections already open from whichever
@@ -106,25 +133,56 @@ class Namespace:
         _run("ip", "netns", "delete", self.name, check=False)
 
 
+def namespace_name(tag: str) -> str:
+    """A lab namespace's name: the prefix, ``tag`` (a run's seed) and the pid of the process
+    that owns it, so two runs of one seed never take each other's namespace, and ``clean``
+    tells a live run's from a killed one's."""
+    return f"{NAMESPACE_PREFIX}{tag}-p{os.getpid()}"
+
+
+def owner_of(name: str) -> int | None:
+    """The pid a ``namespace_name`` carries (None for another name)."""
+    _, sep, pid = name.rpartition("-p")
+    return int(pid) if sep and pid.isdigit() else None
+
+
 @contextlib.contextmanager
-def namespace(name: str) -> Iterator[Namespace]:
-    """A fresh namespace for the block, removed afterwards whatever happens (a leftover one
-    of the same name, from a run that was killed, is removed first)."""
+def namespace(name: str, dialer_gids: Iterable[int] = ()) -> Iterator[Namespace]:
+    """A fresh namespace for the block, removed afterwards whatever happens (see
+    ``Namespace.create`` for ``dialer_gids``)."""
     check_lab()
     ns = Namespace(name)
-    if name in _run("ip", "netns", "list", check=False).stdout.split():
-        ns.delete()
-    ns.create()
     try:
+        ns.create(dialer_gids)
         yield ns
     finally:
         ns.delete()
 
 
 def stale_namespaces() -> list[str]:
-    """Lab namespaces left behind by killed runs (``kcoord chaos clean`` removes them)."""
+    """Lab namespaces left behind by killed runs (``kcoord chaos clean`` removes them): those
+    whose owner (``namespace_name``) is gone, and those of an older naming."""
     out = _run("ip", "netns", "list", check=False).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(NAMESPACE_PREFIX)]
+    stale = []
+    for line in out.splitlines():
+        name = line.split()[0]
+        if not name.startswith(NAMESPACE_PREFIX):
+            continue
+        owner = owner_of(name)
+        if owner is not None and _is_alive(owner):
+            continue
+        stale.append(name)
+    return stale
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,35 +212,39 @@ def symmetric(links: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
 
 @dataclass
 class Firewall:
-    """iptables in the current namespace: the runner calls it from inside the lab."""
+    """iptables in the current namespace: the runner calls it from inside the lab (it
+    refuses to run anywhere else: a flush of the host's OUTPUT chain must never happen).
+
+    A cut pair (sender, receiver) drops every packet the sender's process sends to the
+    receiver: on the connections the sender opened (their original destination is the
+    receiver's address) and on those the receiver opened (marked with the receiver's group
+    when it opened them, ``Namespace.create``). Without the second rule the accepting side
+    went on sending on a connection the other had opened, until its unacknowledged window
+    filled: a Raft leader's appends reached a follower cut from it for several heartbeats."""
 
     nodes: dict[int, LabNode]
     cut: set[tuple[int, int]] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        here = _run("ip", "netns", "identify", str(os.getpid()), check=False).stdout.strip()
+        if not here.startswith(NAMESPACE_PREFIX):
+            raise LabError(f"the lab's firewall runs inside a lab namespace only (here: {here!r})")
+
     def apply(self, pairs: set[tuple[int, int]]) -> None:
         """Replace the current cuts with ``pairs`` (sender, receiver)."""
         self.heal()
+        self.cut = set(pairs)  # before the rules: one that fails leaves the others to heal
         for sender, receiver in sorted(pairs):
-            rule = self._rule(sender, receiver)
-            _run("iptables", "-A", *rule)
-        self.cut = set(pairs)
+            for rule in self._rules(sender, receiver):
+                _run("iptables", "-A", *rule)
 
     def heal(self) -> None:
-        if self.cut:
-            _run("iptables", "-F", "OUTPUT")
-            self.cut = set()
+        _run("iptables", "-F", "OUTPUT")
+        self.cut = set()
 
-    def _rule(self, sender: int, receiver: int) -> list[str]:
+    def _rules(self, sender: int, receiver: int) -> list[list[str]]:
+        owner = ["OUTPUT", "-m", "owner", "--gid-owner", str(self.nodes[sender].gid)]
         return [
-            "OUTPUT",
-            "-m",
-            "owner",
-            "--gid-owner",
-            str(self.nodes[sender].gid),
-            "-m",
-            "conntrack",
-            "--ctorigdst",
-            self.nodes[receiver].host,
-            "-j",
-            "DROP",
+            [*owner, "-m", "conntrack", "--ctorigdst", self.nodes[receiver].host, "-j", "DROP"],
+            [*owner, "-m", "connmark", "--mark", str(self.nodes[receiver].gid), "-j", "DROP"],
         ]

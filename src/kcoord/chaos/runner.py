@@ -109,10 +109,10 @@ class Options:
 
 def run_outside(options: Options) -> int:
     """Create the namespace, run the inner runner in it, always clean up."""
-    name = f"{lab.NAMESPACE_PREFIX}{options.seed}"
+    name = lab.namespace_name(str(options.seed))
     report_dir = Path(options.report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    with lab.namespace(name) as ns:
+    with lab.namespace(name, GIDS) as ns:
         argv = ns.exec_argv(
             [sys.executable, "-m", "kcoord.chaos.runner", "inner", json.dumps(asdict(options))]
         )
@@ -156,6 +156,9 @@ class ChaosLab:
         self.state = state
         self.history = history
         self.rng = random.Random(options.seed)
+        groups = {n.node_id: n.group for n in state.nodes}
+        if None in groups.values():  # group 0 would cut the runner, the clients and the proxy
+            raise lab.LabError(f"a lab node runs without a group of its own: {groups}")
         self.firewall: nemesis.Partitioner = lab.Firewall(
             {n.node_id: lab.LabNode(n.node_id, n.host, n.group or 0) for n in state.nodes}
         )
