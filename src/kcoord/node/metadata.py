@@ -173,6 +173,15 @@ class QuorumBridge:
         self.prepare = prepare
         self._pending: deque[tuple[_Apply, int, list[rec.MetadataRecord]]] = deque()
         self._draining: asyncio.Task[None] | None = None
+        self.closed = False
+
+    def close(self) -> None:
+        """Apply nothing more: the node is stopping, and the parts a batch reaches (the
+        coordinator, fetchers, replica manager) are closing; a batch the Raft thread still
+        hands over (a controlled shutdown's leaderships moving away) would start shard loads
+        and standby replays on them."""
+        self.closed = True
+        self._pending.clear()
 
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
         self.loop.call_soon_threadsafe(self._submit, self.cache.apply, offset, records)
@@ -181,6 +190,8 @@ class QuorumBridge:
         self.loop.call_soon_threadsafe(self._submit, self.cache.load_snapshot, offset, records)
 
     def _submit(self, apply: _Apply, offset: int, records: list[rec.MetadataRecord]) -> None:
+        if self.closed:
+            return
         if not self._pending and (self.prepare is None or not self.prepare.logs_to_create(records)):
             apply(offset, records)  # the usual batch: applied at once, as it came
             return
@@ -198,6 +209,8 @@ class QuorumBridge:
                     except Exception:
                         # The role changes create what is still missing, on the loop.
                         log.exception("creating logs ahead of metadata offset %d failed", offset)
+                if self.closed:
+                    return
                 self._pending.popleft()
                 try:
                     apply(offset, records)

@@ -101,7 +101,12 @@ class QuorumMonitor:
 
     async def run(self, interval_s: float = 0.1) -> None:
         while True:
-            self.sample()
+            try:
+                self.sample()
+            except Exception:
+                # pysyncobj's getStatus iterates dicts its thread may grow (at its first
+                # election): one failed sample, not the end of sampling.
+                log.exception("sampling the quorum's status failed")
             await asyncio.sleep(interval_s)  # the sampling period
 
     def sample(self) -> None:
@@ -168,6 +173,7 @@ class Node:
         self._tasks: list[asyncio.Task[None]] = []
         self._logs_open = False
         self._data_lock: DataDirLock | None = None
+        self._bridge: QuorumBridge | None = None
         # The Kafka listener once bound, until it serves (then it is ``kafka``).
         self._kafka_bound: KafkaBroker | None = None
 
@@ -287,11 +293,12 @@ class Node:
             offsets_topic_segment_bytes=cfg.offsets_topic_segment_bytes,
             group_config_error=partial(group_config_error, bounds=consumer_timing),
         )
+        self._bridge = QuorumBridge(loop, self.cache, self._on_quorum_state_changed, self.replicas)
         quorum = MetadataQuorum(
             cfg.node_id,
             voters,
             cfg.data_dir,
-            QuorumBridge(loop, self.cache, self._on_quorum_state_changed, self.replicas),
+            self._bridge,
             bind_host=cfg.quorum_listener.bind.host,
             bind_port=cfg.quorum_listener.bind.port,
             timing=timing,
@@ -488,6 +495,8 @@ class Node:
             log.info("controller leadership %s", "handed on" if resigned else "kept")
 
     async def stop(self) -> None:
+        if self._bridge is not None:
+            self._bridge.close()  # the parts it feeds close below
         if self.admin_server is not None:
             await self.admin_server.stop()
         if self.kafka is not None:
@@ -504,8 +513,14 @@ class Node:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # A background task that had died: said now, and the stop goes on (it skipped
+                # flushing the logs, the clean-shutdown marker and the lock's release).
+                log.exception("background task %s had failed", task.get_name())
         if self.log_maintenance is not None:
             await self.log_maintenance.close()
         if self.rpc_server is not None:

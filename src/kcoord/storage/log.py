@@ -153,6 +153,11 @@ def _no_pause() -> None:
     pass
 
 
+# The cleaner's header-only scan pauses (hands the GIL over, or aborts) every this many batch
+# headers: once per header would double its cost, never would hold a stop for seconds.
+_HEADERS_PER_PAUSE = 64
+
+
 # The cleaner's key map is bounded as Kafka's is (LogCleaner's SkimpyOffsetMap): the memory of
 # log.cleaner.dedupe.buffer.size (for its one cleaner thread, at most 2^31 - 1 bytes) counted in
 # slots of 24 bytes (a key's MD5 and an offset), filled to log.cleaner.io.buffer.load.factor.
@@ -1198,7 +1203,7 @@ class Log:
         result = CleanResult(plan, [], CleanerStats(), end_offset=plan.segments[-1].next_offset)
         try:
             last_offset_of = self._build_offset_map(plan, map_capacity, result, pause)
-            producers_last = self._last_batches_of_producers(plan, result)
+            producers_last = self._last_batches_of_producers(plan, result, pause)
             kept_producers: set[int] = set()
             for seg in plan.segments:
                 cleaned = None
@@ -1240,9 +1245,9 @@ class Log:
             if seg.next_offset <= start:
                 continue
             for data, pos, header in _batches_in_runs(seg):
+                pause()  # the batches already clean too: up to a segment of them
                 if header.last_offset < start:
                     continue
-                pause()
                 _raise_if_crc_invalid(seg, data, pos, header)
                 if header.is_control:
                     continue
@@ -1265,7 +1270,9 @@ class Log:
                 last_offset_of.update(keyed)
         return last_offset_of
 
-    def _last_batches_of_producers(self, plan: CleanPlan, result: CleanResult) -> dict[int, bool]:
+    def _last_batches_of_producers(
+        self, plan: CleanPlan, result: CleanResult, pause: Callable[[], object] = _no_pause
+    ) -> dict[int, bool]:
         """The last offset of each producer's last batch in the segments cleaned, and whether
         the producer is still active. Above where a full key map stopped, the delete horizons
         already stamped are noted too: the log's earliest one is what tells the background
@@ -1285,7 +1292,9 @@ class Log:
         last_batch_of: dict[int, fmt.BatchHeader] = {}
         end_offset = result.end_offset
         for seg in plan.segments:
-            for bp in seg.scan_headers():
+            for i, bp in enumerate(seg.scan_headers()):
+                if i % _HEADERS_PER_PAUSE == 0:
+                    pause()  # a stop must not wait for a scan of every header planned
                 header = bp.header
                 if header.base_offset >= end_offset:
                     if header.attributes & fmt.DELETE_HORIZON_FLAG:

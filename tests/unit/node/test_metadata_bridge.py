@@ -105,3 +105,33 @@ def test_a_log_that_exists_is_not_created_ahead(tmp_path: Path) -> None:
         [rec.Partition("C" * 22, 0, (2, 3), (2, 3), 2, 0, 0)]  # not a replica here
     )
     assert others == []
+
+
+def test_a_closed_bridge_applies_nothing_more(tmp_path: Path) -> None:
+    """A stopping node closes its bridge before the parts a batch reaches: the Raft thread
+    still handed over batches (a controlled shutdown's leaderships moving away), and they
+    started shard loads and standby replays on a coordinator being closed."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        logs = LogManager(tmp_path)
+        logs.open()
+        cache = MetadataCache(NODE_ID, _NoRoles())
+        replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
+        cache.listener = replicas
+        preparer = _SlowPreparer(replicas)
+        bridge = QuorumBridge(loop, cache, lambda: None, preparer)
+        bridge._submit(cache.apply, 1, _broker(1))
+        bridge._submit(cache.apply, 2, _topic("big", "B" * 22, 1))  # waits for its logs
+        await asyncio.sleep(0)
+        draining = bridge._draining
+        assert draining is not None
+        bridge.close()
+        preparer.release.set()
+        await draining  # ends without applying what it held
+        bridge.on_committed(3, _broker(3))  # from the Raft thread, after the close
+        await asyncio.sleep(0)  # the callback's turn
+        assert cache.offset == 1 and replicas.get_partition("big", 0) is None
+        logs.shutdown()
+
+    asyncio.run(scenario())

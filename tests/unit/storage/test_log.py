@@ -19,6 +19,8 @@ from kcoord.storage import segment as segment_module
 from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.index import OffsetIndex
 from kcoord.storage.log import (
+    CleanerStats,
+    CleanResult,
     InvalidRecordError,
     InvalidTimestampError,
     Log,
@@ -1691,3 +1693,34 @@ def test_a_corrupt_batch_below_the_first_dirty_offset_fails_the_pass(tmp_path: P
     with pytest.raises(LogCorruptError):
         lg.compact(now_ms=0)
     assert not list((tmp_path / "c-0").glob("*.cleaned"))
+
+
+def test_a_cleaning_pass_pauses_through_every_scan_so_a_stop_ends_it(tmp_path: Path) -> None:
+    """The cleaner thread learns of a stop only when it calls ``pause``: the scan of every
+    planned batch header for the producers' last batches, and the batches a pass skips as
+    already clean, called it never, and a stop waited for them (seconds on a large
+    ``__consumer_offsets``, past the launcher's grace)."""
+    lg = _compacted(tmp_path)
+    _fill(lg, 300, 7)
+    lg.roll()
+    plan = lg.plan_cleaning(0, min_dirty_ratio=0.0)
+    assert plan is not None
+    calls: list[str] = []
+
+    def pause() -> None:
+        calls.append("pause")
+
+    result = CleanResult(plan, [], CleanerStats(), end_offset=plan.segments[-1].next_offset)
+    lg._last_batches_of_producers(plan, result, pause)
+    batches = sum(1 for seg in plan.segments for _ in seg.scan_headers())
+    assert len(calls) >= batches // 64
+
+    class StopError(Exception):
+        pass
+
+    def stop() -> None:
+        raise StopError
+
+    with pytest.raises(StopError):
+        lg._last_batches_of_producers(plan, result, stop)
+    lg.close()

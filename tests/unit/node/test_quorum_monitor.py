@@ -1,0 +1,42 @@
+"""node/server.py's QuorumMonitor: a sample that fails (pysyncobj's getStatus iterating dicts
+its thread grows at its first election) is logged, and sampling goes on."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from kcoord.node.clock import SYSTEM_CLOCK
+from kcoord.node.server import QuorumMonitor
+
+
+class _Quorum:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def status(self) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return SimpleNamespace(leader_id=2, is_leader=False)
+
+
+def test_a_failed_sample_does_not_end_the_sampling(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> None:
+        quorum = _Quorum()
+        monitor = QuorumMonitor(cast(Any, quorum), SYSTEM_CLOCK)
+        task = asyncio.create_task(monitor.run(interval_s=0.001))
+        deadline = asyncio.get_running_loop().time() + 10
+        while quorum.calls < 3 and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.001)  # polling the sampler's progress
+        assert not task.done(), task
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert quorum.calls >= 3 and monitor.leader_changes == 1
+
+    asyncio.run(scenario())
+    assert "sampling the quorum's status failed" in caplog.text
