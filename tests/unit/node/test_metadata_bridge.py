@@ -60,16 +60,24 @@ class _SlowPreparer:
         await self.replicas.create_logs_ahead(records)
 
 
+def _bridge(
+    data_dir: Path,
+) -> tuple[LogManager, MetadataCache, ReplicaManager, _SlowPreparer, QuorumBridge]:
+    """A node's image, replica manager and bridge on the running loop, logs created ahead
+    by a preparer held until released."""
+    logs = LogManager(data_dir)
+    logs.open()
+    cache = MetadataCache(NODE_ID, _NoRoles())
+    replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
+    cache.listener = replicas
+    preparer = _SlowPreparer(replicas)
+    bridge = QuorumBridge(asyncio.get_running_loop(), cache, lambda: None, preparer)
+    return logs, cache, replicas, preparer, bridge
+
+
 def test_batches_wait_in_order_behind_one_whose_logs_are_created_ahead(tmp_path: Path) -> None:
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        logs = LogManager(tmp_path)
-        logs.open()
-        cache = MetadataCache(NODE_ID, _NoRoles())
-        replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
-        cache.listener = replicas
-        preparer = _SlowPreparer(replicas)
-        bridge = QuorumBridge(loop, cache, lambda: None, preparer)
+        logs, cache, replicas, preparer, bridge = _bridge(tmp_path)
 
         bridge._submit(cache.apply, 1, _broker(1))  # nothing to create: applied at once
         assert cache.offset == 1
@@ -113,14 +121,7 @@ def test_a_closed_bridge_applies_nothing_more(tmp_path: Path) -> None:
     started shard loads and standby replays on a coordinator being closed."""
 
     async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-        logs = LogManager(tmp_path)
-        logs.open()
-        cache = MetadataCache(NODE_ID, _NoRoles())
-        replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
-        cache.listener = replicas
-        preparer = _SlowPreparer(replicas)
-        bridge = QuorumBridge(loop, cache, lambda: None, preparer)
+        logs, cache, replicas, preparer, bridge = _bridge(tmp_path)
         bridge._submit(cache.apply, 1, _broker(1))
         bridge._submit(cache.apply, 2, _topic("big", "B" * 22, 1))  # waits for its logs
         await asyncio.sleep(0)

@@ -95,6 +95,15 @@ def commit_many(group: str, offsets: dict[int, int], topic: str = "orders") -> A
     return lambda s, tok, now: s.handle_offset_commit(tok, req, now)
 
 
+async def led_with_records(tmp_path: Path) -> tuple[Node, Any]:
+    """A node leading its shard, with 10 records in orders-0; and its offsets partition."""
+    node = Node(tmp_path)
+    node.elect()
+    await loaded(node)
+    produce(node, 10)
+    return node, node.offsets_partition
+
+
 def test_offsets_are_shown_once_committed_and_a_partial_lag_sum_not_at_all(
     tmp_path: Path,
 ) -> None:
@@ -104,11 +113,7 @@ def test_offsets_are_shown_once_committed_and_a_partial_lag_sum_not_at_all(
     dropping whenever a leader does not answer: it is left out, as that partition's lag is."""
 
     async def scenario() -> None:
-        node = Node(tmp_path)
-        node.elect()
-        await loaded(node)
-        produce(node, 10)
-        offsets = node.offsets_partition
+        node, offsets = await led_with_records(tmp_path)
         metrics = NodeMetrics(node_view(node))
         key = {"consumergroup": "g", "topic": "orders", "partition": "0"}
         first = node.runtime.submit("g", commit_many("g", {0: 3}))
@@ -141,11 +146,7 @@ def test_offsets_are_shown_once_committed_and_a_partial_lag_sum_not_at_all(
 
 def test_consumer_lag_against_the_high_watermark(tmp_path: Path) -> None:
     async def scenario() -> None:
-        node = Node(tmp_path)
-        node.elect()
-        await loaded(node)
-        produce(node, 10)
-        offsets = node.offsets_partition
+        node, offsets = await led_with_records(tmp_path)
         fut = node.runtime.submit("g", commit("g", 3))
         node.runtime.contexts[0].flush()  # the open batch, which the release commits
         node.replicas.release(offsets)
