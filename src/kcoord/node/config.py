@@ -246,6 +246,9 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # connection stays open.
     _Spec("socket.request.max.bytes", _Kind.INT, 100 * 1024 * 1024, 1, _INT32_MAX),
     _Spec("connections.max.idle.ms", _Kind.INT, 600_000, 1),
+    # Client connections at once (Kafka's max.connections); the node also keeps half of its
+    # open-files limit for the data directory whatever this says (node/server.py).
+    _Spec("max.connections", _Kind.INT, _INT32_MAX, 0, _INT32_MAX),
     # Kafka's default is 30000; ours is 4000 to match our faster failure detection. It stays
     # above broker.session.timeout.ms (3000), so a dead node is taken out of every ISR by its
     # fencing first (which also moves its leaderships) and the lag rule only catches live but
@@ -357,6 +360,7 @@ class NodeConfig:
     auto_create_topics_enable: bool
     socket_request_max_bytes: int
     connections_max_idle_ms: int
+    max_connections: int
     replica_lag_time_max_ms: int
     replica_fetch_wait_max_ms: int
     replica_fetch_max_bytes: int

@@ -83,7 +83,8 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
                  G kcoord_coordinator_standby_shards
                  G kcoord_coordinator_standby_lag_offsets{partition}
     requests     G kcoord_kafka_connections  C kcoord_kafka_connections_accepted_total
-                 C kcoord_kafka_connections_closed_for_errors_total  G kcoord_rpc_connections
+                 C kcoord_kafka_connections_closed_for_errors_total
+                 C kcoord_kafka_connections_refused_total  G kcoord_rpc_connections
                  C kcoord_kafka_received_bytes_total  C kcoord_kafka_sent_bytes_total
                  C kcoord_kafka_requests_total{api}  H kcoord_kafka_request_duration_seconds{api}
                  C kcoord_kafka_request_errors_total{api,error}
@@ -720,6 +721,12 @@ class NodeCollector(Collector):
             "kcoord_kafka_connections_closed_for_errors_total",
             "Client connections closed for a protocol error.",
             server.connections_closed_for_errors,
+        )
+        yield _counter(
+            "kcoord_kafka_connections_refused_total",
+            "Client connections closed at once: max.connections (or half the open-files "
+            "limit) were open.",
+            server.connections_refused,
         )
         if self.node.rpc_server is not None:
             yield _gauge(

@@ -452,6 +452,7 @@ class Node:
             request_stats=RequestStats() if cfg.metrics_enable else None,
             max_request_bytes=cfg.socket_request_max_bytes,
             idle_ms=cfg.connections_max_idle_ms,
+            max_connections=client_connection_limit(cfg.max_connections),
         )
         assert self.coordinator is not None
         GroupApi(kafka.ctx, self.coordinator).register(kafka.register)
@@ -733,6 +734,17 @@ def raise_open_files_limit() -> tuple[int, int]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
         return soft, target
     return soft, soft
+
+
+def client_connection_limit(max_connections: int) -> int:
+    """``max.connections``, but at most half of the open-files limit: the other half stays for
+    the data directory (a segment's file each) and the inter-node connections. Clients that
+    took every descriptor failed a checkpoint write with EMFILE, a log directory failure that
+    halts the node (Kafka leaves this to max.connections and the operator's limits)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft // 2))
 
 
 def run(config: NodeConfig) -> None:

@@ -45,22 +45,33 @@ class _IndexFile:
 
     While the segment is active the file is ``max_bytes`` long and mapped: an append is a
     memory store, no system call. ``trim`` unmaps it and cuts the file to its entries.
+
+    No file descriptor is kept: the file is opened for each system call that needs one (the
+    mapping holds its own while the segment is active; Python's ``mmap`` duplicates it). As
+    Kafka closes an index's file once mapped, a node's open files are one per segment, not
+    three: a topic of thousands of partitions ran a node out of them (EMFILE is a log
+    directory failure, which halts it), and kept it from starting again.
     """
 
     def __init__(self, path: Path, entry_size: int, max_bytes: int) -> None:
         self.path = path
         self.entry_size = entry_size
         self.max_entries = max(1, max_bytes // entry_size)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
         self._map: mmap.mmap | None = None
         self._count = 0
         self._filled = 0  # bytes of the file known to be written, not holes (see _PREFILL)
+        self._closed = False
 
     def read_all(self) -> bytes:
-        size = os.fstat(self._fd).st_size
-        if size % self.entry_size:
-            raise IndexCorruptError(f"{self.path}: size {size} is not a multiple of entries")
-        return os.pread(self._fd, size, 0)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size % self.entry_size:
+                raise IndexCorruptError(f"{self.path}: size {size} is not a multiple of entries")
+            return os.pread(fd, size, 0)
+        finally:
+            os.close(fd)
 
     def set_count(self, count: int) -> None:
         self._count = count
@@ -77,34 +88,43 @@ class _IndexFile:
         """Pack ``values`` with ``entry`` straight into the mapped file."""
         m = self._map
         size = self.max_entries * self.entry_size
-        if m is None:
-            os.ftruncate(self._fd, size)
-            m = self._map = mmap.mmap(self._fd, size)
         position = self._count * self.entry_size
-        if position + self.entry_size > self._filled:
-            end = min(position + len(_PREFILL), size)
-            os.pwrite(self._fd, memoryview(_PREFILL)[: end - position], position)
-            self._filled = end
+        if m is None or position + self.entry_size > self._filled:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                if m is None:
+                    os.ftruncate(fd, size)
+                    m = self._map = mmap.mmap(fd, size)
+                if position + self.entry_size > self._filled:
+                    end = min(position + len(_PREFILL), size)
+                    os.pwrite(fd, memoryview(_PREFILL)[: end - position], position)
+                    self._filled = end
+            finally:
+                os.close(fd)
         entry.pack_into(m, position, *values)
         self._count += 1
 
     def truncate_entries(self, count: int) -> None:
         self._count = count
         if self._map is None:
-            os.ftruncate(self._fd, count * self.entry_size)
+            os.truncate(self.path, count * self.entry_size)
             self._filled = min(self._filled, count * self.entry_size)
 
     def flush(self) -> None:
         if self._map is not None:
             self._map.flush()
-        os.fsync(self._fd)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def trim(self) -> None:
         """Unmap and cut the preallocated tail so the file size is the entries' size."""
         if self._map is not None:
             self._map.close()
             self._map = None
-        os.ftruncate(self._fd, self._count * self.entry_size)
+        os.truncate(self.path, self._count * self.entry_size)
         self._filled = min(self._filled, self._count * self.entry_size)
 
     def reset(self) -> None:
@@ -112,23 +132,20 @@ class _IndexFile:
         if self._map is not None:
             self._map.close()
             self._map = None
-        os.ftruncate(self._fd, 0)
+        os.truncate(self.path, 0)
         self._filled = 0
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if not self._closed:
             self.trim()
-            os.close(self._fd)
-            self._fd = -1
+            self._closed = True
 
     def release(self) -> None:
-        """Close the map and the file, as they are (no trim): the file is about to go."""
+        """Close the map, the file as it is (no trim): the file is about to go."""
         if self._map is not None:
             self._map.close()
             self._map = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._closed = True
 
     def delete(self) -> None:
         self.release()

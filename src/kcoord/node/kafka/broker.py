@@ -54,6 +54,7 @@ class KafkaBroker:
         settings: KafkaSettings | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_ms: int = DEFAULT_IDLE_MS,
+        max_connections: int = 2**31 - 1,
         request_stats: RequestStats | None = None,
     ) -> None:
         channel = ControllerChannel(node_id, quorum_leader_id, cache, controller_handlers, rpc_pool)
@@ -105,7 +106,11 @@ class KafkaBroker:
         self.register(acls.CREATE_ACLS_KEY, acls.handle_create_acls, min_version=1)
         self.register(acls.DELETE_ACLS_KEY, acls.handle_delete_acls, min_version=1)
         self.server = KafkaServer(
-            self.registry, max_request_bytes=max_request_bytes, idle_ms=idle_ms, stats=request_stats
+            self.registry,
+            max_request_bytes=max_request_bytes,
+            idle_ms=idle_ms,
+            max_connections=max_connections,
+            stats=request_stats,
         )
 
     def register(

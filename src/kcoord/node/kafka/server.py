@@ -154,11 +154,17 @@ class KafkaServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_ms: int = DEFAULT_IDLE_MS,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_connections: int = 2**31 - 1,
         stats: RequestStats | None = None,
     ) -> None:
         assert max_request_bytes > 0 and idle_ms > 0 and max_in_flight > 0
         self.registry = registry
         self.stats = stats
+        # Kafka's max.connections: past it a new connection is closed at once (Kafka's
+        # acceptor waits instead; a client sees the same, its connection not served).
+        self.max_connections = max_connections
+        self.connections_refused = 0
+        self._refusal_logged_at = -1.0
         self.max_request_bytes = max_request_bytes
         self.idle_ms = idle_ms
         self.max_in_flight = max_in_flight
@@ -227,6 +233,18 @@ class KafkaServer:
         assert task is not None
         if self._stopping:
             writer.close()
+            return
+        if len(self._connections) >= self.max_connections:
+            writer.close()
+            self.connections_refused += 1
+            now = asyncio.get_running_loop().time()
+            if now - self._refusal_logged_at >= 10 or self._refusal_logged_at < 0:
+                self._refusal_logged_at = now
+                log.warning(
+                    "kafka: %d connections open (max.connections): refusing new ones (%d so far)",
+                    len(self._connections),
+                    self.connections_refused,
+                )
             return
         conn = _Connection(self, reader, writer)
         self._connections[task] = conn

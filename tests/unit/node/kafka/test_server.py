@@ -243,6 +243,31 @@ def test_idle_connections_are_closed_but_not_while_a_request_waits() -> None:
     run(test, idle_ms=300)
 
 
+def test_connections_past_max_connections_are_closed_at_once() -> None:
+    """Kafka's max.connections: a client past it is not served, the others are, and once one
+    goes a new connection is served again (clients that took every descriptor made the node
+    fail a checkpoint write, and halt)."""
+
+    async def test(server: KafkaServer) -> None:
+        first, second = await connect(server), await connect(server)
+        for c in (first, second):  # both served: counted
+            await c.call(LIST_OFFSETS, 5, list_offsets(0))
+        third = await connect(server)
+        assert await asyncio.wait_for(third.closed_by_server(), 5)
+        assert server.connections_refused >= 1
+        await first.call(LIST_OFFSETS, 5, list_offsets(0))  # the others are served
+        await first.close()
+        deadline = time.monotonic() + 5
+        while server.connection_count > 1 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the server task ends after the socket closes
+        again = await connect(server)
+        await again.call(LIST_OFFSETS, 5, list_offsets(0))
+        for c in (second, third, again):
+            await c.close()
+
+    run(test, max_connections=2)
+
+
 def test_many_pipelined_requests_beyond_the_in_flight_limit() -> None:
     async def test(server: KafkaServer) -> None:
         c = await connect(server)

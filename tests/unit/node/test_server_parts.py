@@ -1,16 +1,18 @@
-"""node/server.py's QuorumMonitor: a sample that fails (pysyncobj's getStatus iterating dicts
-its thread grows at its first election) is logged, and sampling goes on."""
+"""Parts of node/server.py: the QuorumMonitor, whose failed sample (pysyncobj's getStatus
+iterating dicts its thread grows at its first election) is logged and sampling goes on; and
+the client connection limit, which keeps half of the open-files limit for the data directory."""
 
 from __future__ import annotations
 
 import asyncio
+import resource
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from kcoord.node.clock import SYSTEM_CLOCK
-from kcoord.node.server import QuorumMonitor
+from kcoord.node.server import QuorumMonitor, client_connection_limit
 
 
 class _Quorum:
@@ -40,3 +42,13 @@ def test_a_failed_sample_does_not_end_the_sampling(caplog: pytest.LogCaptureFixt
 
     asyncio.run(scenario())
     assert "sampling the quorum's status failed" in caplog.text
+
+
+def test_clients_get_at_most_half_of_the_open_files_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (20_000, 20_000))
+    assert client_connection_limit(2**31 - 1) == 10_000  # Kafka's default: unlimited
+    assert client_connection_limit(500) == 500
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY,) * 2)
+    assert client_connection_limit(2**31 - 1) == 2**31 - 1
