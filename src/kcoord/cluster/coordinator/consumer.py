@@ -576,16 +576,50 @@ def compile_subscription_regex(pattern: str) -> SubscriptionRegex:
     return compiled
 
 
+class TopicsSnapshot(dict[str, tuple[str, int]]):
+    """The topics of one metadata image (name -> (topic id, partition count)), with what each
+    regular expression matches among them, found once: matching every member's expression
+    against every topic at every heartbeat held the event loop for seconds at each with a
+    long pattern. Kafka resolves a group's expressions off the coordinator's thread and keeps
+    the result until the metadata changes. ``version`` names the image."""
+
+    __slots__ = ("_matches", "version")
+
+    def __init__(self, topics: Mapping[str, tuple[str, int]], version: int) -> None:
+        super().__init__(topics)
+        self.version = version
+        self._matches: dict[str, frozenset[str]] = {}
+
+    def matching(self, pattern: str) -> frozenset[str]:
+        matched = self._matches.get(pattern)
+        if matched is None:
+            matched = self._matches[pattern] = _matching(pattern, self)
+        return matched
+
+
+def _matching(pattern: str, topic_names: Iterable[str]) -> frozenset[str]:
+    return frozenset(
+        t for t in topic_names if t not in INTERNAL_TOPICS and _fully_matches(pattern, t)
+    )
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _fully_matches(pattern: str, name: str) -> bool:
+    """One match, kept: the checks of one topic against every member's expression (offsets
+    expiry, OffsetDelete, a member leaving) ask the same pairs again and again."""
+    return compile_subscription_regex(pattern).fullmatch(name) is not None
+
+
 def subscribed_topics(member: ConsumerGroupMember, topic_names: Iterable[str]) -> frozenset[str]:
     """The topics ``member`` subscribes to among ``topic_names``: its names, and the names its
     regular expression matches as a whole (internal topics never)."""
     names = frozenset(member.subscribed_topic_names)
-    if not member.subscribed_topic_regex:
+    pattern = member.subscribed_topic_regex
+    if not pattern:
         return names
-    regex = compile_subscription_regex(member.subscribed_topic_regex)
-    return names | {
-        t for t in topic_names if t not in INTERNAL_TOPICS and regex.fullmatch(t) is not None
-    }
+    if isinstance(topic_names, TopicsSnapshot):
+        return names | topic_names.matching(pattern)
+    return names | _matching(pattern, topic_names)
 
 
 def compute_targets(

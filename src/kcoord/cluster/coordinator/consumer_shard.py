@@ -129,6 +129,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     def _cancel_timer(self, key: str) -> None:
         raise NotImplementedError
 
+    def _fits_a_batch(self, record: CoordinatorRecord) -> bool:
+        raise NotImplementedError
+
     # -- ConsumerGroupHeartbeat (68) --------------------------------------------------------------
 
     def _consumer_group_heartbeat_into(
@@ -431,6 +434,22 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     ) -> None:
         group_id = request.group_id
         owned = _owned(request.topic_partitions)
+        if not self._fits_a_batch(member_metadata_record(group_id, _as_written(request))):
+            # Its member record could not be written (a subscription of 150,000 names): the
+            # refused write reloaded the whole partition's shard. Kafka's runtime fails the
+            # write alone, and answers UNKNOWN_SERVER_ERROR for a record too large
+            # (GroupCoordinatorService.handleOperationException).
+            out.respond(
+                token,
+                ConsumerGroupHeartbeatResponse(
+                    error_code=Errors.UNKNOWN_SERVER_ERROR,
+                    error_message=(
+                        "The member's subscription is too large for a record of __consumer_offsets."
+                    ),
+                    member_id=request.member_id or None,
+                ),
+            )
+            return
 
         # 1. The member: a new one (epoch 0), or a known one whose epoch must be valid.
         old = group.members.get(request.member_id) if request.member_id else None
@@ -784,6 +803,22 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         by its regular expression (an empty group to none). Its offsets are then neither
         deleted by OffsetDelete nor expired."""
         return any(topic in subscribed_topics(m, (topic,)) for m in group.members.values())
+
+
+def _as_written(request: ConsumerGroupHeartbeatRequest) -> ConsumerGroupMember:
+    """The member as its record would carry what this heartbeat sends (a new member's id
+    has the length of the ids the shard makes), to size the record before anything changes."""
+    return ConsumerGroupMember(
+        member_id=request.member_id or "M" * 22,
+        instance_id=request.instance_id,
+        rack_id=request.rack_id,
+        client_id=request.client_id,
+        client_host=request.client_host,
+        subscribed_topic_names=tuple(sorted(set(request.subscribed_topic_names or ()))),
+        subscribed_topic_regex=request.subscribed_topic_regex or None,
+        rebalance_timeout_ms=max(request.rebalance_timeout_ms, 0),
+        server_assignor=request.server_assignor,
+    )
 
 
 def classic_tombstone(group_id: str) -> CoordinatorRecord:

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from kcoord.cluster.coordinator import types as t
+from kcoord.cluster.coordinator.consumer import TopicsSnapshot
 from kcoord.cluster.coordinator.records import uuid_bytes, uuid_str
 from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
 from kcoord.errors import Errors
@@ -124,6 +125,7 @@ class GroupApi:
     def __init__(self, ctx: BrokerContext, runtime: CoordinatorRuntime) -> None:
         self.ctx = ctx
         self.runtime = runtime
+        self._topics: TopicsSnapshot | None = None
 
     def _submit(
         self,
@@ -596,15 +598,22 @@ class GroupApi:
 
     # -- ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69), KIP-848 -------------------
 
-    def _topics_view(self) -> dict[str, tuple[str, int]]:
+    def _topics_view(self) -> TopicsSnapshot:
         """The image's topics as the shard's assignor sees them: name -> (id, partitions).
         Every topic: one subscribed to by name is assigned, internal or not, as in Kafka
-        (a regular expression never matches an internal one)."""
+        (a regular expression never matches an internal one). Built once per image, not at
+        every heartbeat (it walked every partition of the cluster)."""
         image = self.ctx.image
-        return {
-            topic.name: (topic.topic_id, len(image.partitions_of(topic.topic_id)))
-            for topic in image.topics.values()
-        }
+        view = self._topics
+        if view is None or view.version != image.last_offset:
+            view = self._topics = TopicsSnapshot(
+                {
+                    topic.name: (topic.topic_id, len(image.partitions_of(topic.topic_id)))
+                    for topic in image.topics.values()
+                },
+                image.last_offset,
+            )
+        return view
 
     async def handle_consumer_group_heartbeat(self, request: Request) -> Result:
         body = request.body

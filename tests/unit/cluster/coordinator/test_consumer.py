@@ -12,7 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kcoord.cluster.coordinator.consumer import ConsumerGroupMember, MemberState, reconcile
+import pytest
+
+from kcoord.cluster.coordinator import consumer
+from kcoord.cluster.coordinator.consumer import (
+    ConsumerGroupMember,
+    MemberState,
+    TopicsSnapshot,
+    reconcile,
+)
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -683,6 +691,68 @@ def test_a_regex_subscription_takes_every_matching_topic_and_later_ones_too() ->
     # By name, an internal topic is assigned too, as in Kafka.
     named = regex_hb(ctx, "c", 0, None, topics, names=("__consumer_offsets",))
     assert named.error_code is Errors.NONE, named
+
+
+def test_a_regex_is_matched_once_per_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every heartbeat matched every member's regex against every topic: a long pattern
+    held the event loop for seconds at each. A pattern is matched against a topic name
+    once; a new topic is matched when it appears."""
+    matched: list[str] = []
+    compile_regex = consumer.compile_subscription_regex
+
+    class Counting:
+        def __init__(self, pattern: str) -> None:
+            self.regex = compile_regex(pattern)
+
+        def fullmatch(self, name: str) -> object:
+            matched.append(name)
+            return self.regex.fullmatch(name)
+
+    monkeypatch.setattr(consumer, "compile_subscription_regex", Counting)
+    consumer._fully_matches.cache_clear()
+    ctx = context()
+    topics = TopicsSnapshot({"pay-a": (PAY_A, 2), "other": (OTHER, 2)}, version=7)
+    joined = regex_hb(ctx, "a", 0, None, topics, regex="pay-.*")
+    response = joined
+    for _ in range(3):
+        response = regex_hb(ctx, "a", response.member_epoch, by_topic(response), topics)
+        assert response.error_code is Errors.NONE, response
+    other = regex_hb(ctx, "b", 0, None, topics, regex="pay-.*")
+    assert by_topic(joined) == {PAY_A: {0, 1}} and other.error_code is Errors.NONE
+    assert sorted(matched) == ["other", "pay-a"]
+    grown = TopicsSnapshot({**topics, "pay-b": (PAY_B, 1)}, version=8)
+    regex_hb(ctx, "a", response.member_epoch, by_topic(response), grown)
+    assert sorted(matched) == ["other", "pay-a", "pay-b"]
+    assert set(ctx.shard.consumer_groups["g"].subscribed_topics) == {PAY_A, PAY_B}
+    consumer._fully_matches.cache_clear()  # its entries hold the counting regexes
+
+
+def test_a_subscription_too_large_for_its_record_fails_that_heartbeat_alone() -> None:
+    """A member whose record would not fit a batch of its partition was written anyway: the
+    refused append reloaded the partition's shard, every group of it (a client could do it
+    to every partition). It is answered UNKNOWN_SERVER_ERROR, as Kafka answers a record too
+    large, and nothing changes."""
+    ctx = context()
+    topics = {"pay-a": (PAY_A, 2), "other": (OTHER, 2)}
+    joined = regex_hb(ctx, "a", 0, None, topics, names=("pay-a",))
+    group = ctx.shard.consumer_groups["g"]
+    ctx.max_batch_bytes = 4096
+    huge = tuple(f"topic-{i:05d}" for i in range(1000))  # 11 KB of names
+    token = ctx.new_token()
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=joined.member_epoch,
+        subscribed_topic_names=huge,
+        topic_partitions=tuple((t, tuple(sorted(ps))) for t, ps in by_topic(joined).items()),
+    )
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
+    refused = step.response(token)
+    assert isinstance(refused, ConsumerGroupHeartbeatResponse)
+    assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR and step.records == []
+    assert ctx.shard.consumer_groups["g"] is group  # as it was
+    ok = regex_hb(ctx, "a", joined.member_epoch, by_topic(joined), topics)
+    assert ok.error_code is Errors.NONE, ok
 
 
 def test_names_and_a_regex_together_and_dropping_the_regex() -> None:
