@@ -355,12 +355,17 @@ class ComposeLab(runner.ChaosLab):
                 for n in topology.nodes
             ],
         )
-        super().__init__(options, state, history, links)
+        super().__init__(
+            options,
+            state,
+            history,
+            links,
+            ProxyFirewall(links, [n.node_id for n in topology.nodes]),
+        )
         self.topology = topology
         # The nemeses see the Processes protocol; restart and recovered need the containers.
         self.compose_processes = processes
         self.processes = processes
-        self.firewall = ProxyFirewall(links, [n.node_id for n in topology.nodes])
 
     @property
     def bootstrap(self) -> str:

@@ -142,6 +142,15 @@ class RunInterruptedError(Exception):
     """SIGINT or SIGTERM: the run stops, heals, and still writes its report."""
 
 
+def _lab_firewall(state: launcher.ClusterState) -> lab.Firewall:
+    groups = {n.node_id: n.group for n in state.nodes}
+    if None in groups.values():  # group 0 would cut the runner, the clients and the proxy
+        raise lab.LabError(f"a lab node runs without a group of its own: {groups}")
+    return lab.Firewall(
+        {n.node_id: lab.LabNode(n.node_id, n.host, n.group or 0) for n in state.nodes}
+    )
+
+
 class ChaosLab:
     """The running cluster and workload, as the nemeses see them (``nemesis.Lab``)."""
 
@@ -151,16 +160,16 @@ class ChaosLab:
         state: launcher.ClusterState,
         history: History,
         proxied: Links | None = None,
+        firewall: nemesis.Partitioner | None = None,
     ) -> None:
+        """``firewall``: the lab's iptables one (the default, inside the lab namespace), or
+        another target's (compose: its proxies)."""
         self.options = options
         self.state = state
         self.history = history
         self.rng = random.Random(options.seed)
-        groups = {n.node_id: n.group for n in state.nodes}
-        if None in groups.values():  # group 0 would cut the runner, the clients and the proxy
-            raise lab.LabError(f"a lab node runs without a group of its own: {groups}")
-        self.firewall: nemesis.Partitioner = lab.Firewall(
-            {n.node_id: lab.LabNode(n.node_id, n.host, n.group or 0) for n in state.nodes}
+        self.firewall: nemesis.Partitioner = (
+            firewall if firewall is not None else _lab_firewall(state)
         )
         self.processes: nemesis.Processes = nemesis.LocalProcesses()
         self.session_timeout_ms = SESSION_TIMEOUT_MS
