@@ -153,24 +153,30 @@ class TopicCreator:
                 "CreateTopics", payload, settings.auto_create_timeout_ms / 1000
             )
         except (ControllerUnavailableError, RpcError) as e:
-            log.warning("auto-creating topics %s failed: %s", names, e)
+            log.warning("auto-creating %d topics (%s) failed: %s", len(names), _some(names), e)
             return dict.fromkeys(names, Errors.LEADER_NOT_AVAILABLE)
         results = {}
+        refused: list[str] = []
         for topic in reply["topics"]:
             error = Errors(topic["error"])
             if error not in (Errors.NONE, Errors.TOPIC_ALREADY_EXISTS):
-                log.warning(
-                    "auto-creating topic %s: %s %s",
-                    topic["name"],
-                    error.name,
-                    topic.get("message", ""),
-                )
+                refused.append(f"{topic['name']}: {error.name} {topic.get('message', '')}")
             results[str(topic["name"])] = error
+        if refused:
+            # One line per request: a Metadata request naming 100,000 bad names wrote
+            # 16 MB of log, one line each.
+            log.warning("auto-creating %d topics refused: %s", len(refused), _some(refused))
         return results
 
     def close(self) -> None:
         for task in set(self._in_flight.values()):
             task.cancel()
+
+
+def _some(items: list[str], shown: int = 3) -> str:
+    """The first few of ``items`` for a log line, and how many more."""
+    more = len(items) - shown
+    return "; ".join(items[:shown]) + (f"; and {more} more" if more > 0 else "")
 
 
 class MetadataApi:

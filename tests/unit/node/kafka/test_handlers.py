@@ -2514,3 +2514,22 @@ def test_a_transactional_batch_fails_the_whole_produce(tmp_path: Path) -> None:
             assert fetched.high_watermark == 0
 
     run(tmp_path, test)
+
+
+def test_auto_creations_the_controller_refuses_are_logged_once_per_request(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A line per refused topic: a Metadata request naming 100,000 wrote 16 MB of log."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await c.call(METADATA, 12, metadata_values(*(f"c.{i}" for i in range(5))))
+        caplog.clear()
+        # Each collides with one that exists (Topic.hasCollision): refused by the controller.
+        response = await c.call(METADATA, 12, metadata_values(*(f"c_{i}" for i in range(5))))
+        assert {t.error_code for t in response.topics} == {Errors.INVALID_TOPIC_EXCEPTION}
+        lines = [r.getMessage() for r in caplog.records if "auto-creating" in r.getMessage()]
+        assert len(lines) == 1, lines
+        assert lines[0].startswith("auto-creating 5 topics refused: c_0: INVALID_TOPIC")
+        assert lines[0].endswith("; and 2 more")
+
+    run(tmp_path, test)
