@@ -96,8 +96,9 @@ class _Marker:
         return self.name
 
 
-# A handler walking a request's partitions (Produce, Fetch) yields to the event loop after this
-# many: one naming 200,000 held every other connection for seconds (server.py's docstring).
+# A handler walking a request's partitions (Produce, Fetch) or groups (DescribeGroups,
+# OffsetFetch v8+) yields to the event loop after this many: one naming 200,000 held every
+# other connection for seconds (server.py's docstring).
 PARTITIONS_PER_SLICE: Final = 512
 NO_RESPONSE: Final = _Marker("NO_RESPONSE")
 CLOSE_CONNECTION: Final = _Marker("CLOSE_CONNECTION")

@@ -4,13 +4,22 @@ runtime stand-in raises what the real one raises)."""
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any, cast
+
+import pytest
 
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
-from kcoord.node.kafka.apis import Deferred, Request
+from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request
 from kcoord.node.kafka.context import BrokerContext
-from kcoord.node.kafka.groups import HEARTBEAT_KEY, LIST_GROUPS_KEY, GroupApi
+from kcoord.node.kafka.groups import (
+    DESCRIBE_GROUPS_KEY,
+    HEARTBEAT_KEY,
+    LIST_GROUPS_KEY,
+    OFFSET_FETCH_KEY,
+    GroupApi,
+)
 from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
 
 
@@ -82,3 +91,54 @@ def test_list_groups_answers_a_shards_failure_instead_of_leaving_its_groups_out(
         assert answer["error_code"] is Errors.COORDINATOR_NOT_AVAILABLE
 
     asyncio.run(scenario())
+
+
+class _CountingRuntime(_Runtime):
+    """Every shard is loading; each submit notes the loop's tick it came at."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.ticks = 0
+        self.seen: list[int] = []
+
+    def submit(
+        self, group_id: str, call: Any, *, replay_only: bool = False, read_only: bool = False
+    ) -> Any:
+        self.seen.append(self.ticks)
+        return super().submit(group_id, call, replay_only=replay_only, read_only=read_only)
+
+
+@pytest.mark.parametrize("api_key", [DESCRIBE_GROUPS_KEY, OFFSET_FETCH_KEY])
+def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(api_key: int) -> None:
+    """DescribeGroups and OffsetFetch v8+ call the coordinator a slice of groups at a time: a
+    DescribeGroups of 300,000 group ids held the loop for 21 s (the node missed its
+    heartbeats). Every group is still answered, in request order."""
+    count = 3 * PARTITIONS_PER_SLICE + 7
+    ids = [f"g{i}" for i in range(count)]
+
+    async def scenario() -> None:
+        runtime = _CountingRuntime()
+
+        async def ticker() -> None:
+            while True:
+                runtime.ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        if api_key == DESCRIBE_GROUPS_KEY:
+            request = _request(api_key, 5, {"groups": ids, "include_authorized_operations": False})
+        else:
+            groups = [
+                {"group_id": g, "member_id": None, "member_epoch": -1, "topics": None} for g in ids
+            ]
+            request = _request(api_key, 9, {"groups": groups, "require_stable": False})
+        answer = await _answer(await getattr(_api(runtime), _HANDLERS[api_key])(request))
+        task.cancel()
+        assert [g["group_id"] for g in answer["groups"]] == ids
+        assert max(Counter(runtime.seen).values()) <= PARTITIONS_PER_SLICE
+        assert len(runtime.seen) == count
+
+    asyncio.run(scenario())
+
+
+_HANDLERS = {DESCRIBE_GROUPS_KEY: "handle_describe_groups", OFFSET_FETCH_KEY: "handle_offset_fetch"}
