@@ -51,7 +51,10 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
 def node_view(node: Node, request_stats: RequestStats | None = None) -> ServerNode:
     """The parts of a server Node the collector reads; the quorum and controller are absent."""
     server = SimpleNamespace(
-        stats=request_stats, connection_count=2, connections_closed_for_errors=1
+        stats=request_stats,
+        connection_count=2,
+        connections_closed_for_errors=1,
+        connections_refused=3,
     )
     return cast(
         "ServerNode",
@@ -244,6 +247,7 @@ def test_request_stats_families(tmp_path: Path) -> None:
     assert value(samples, "kcoord_kafka_received_bytes_total") == 100
     assert value(samples, "kcoord_kafka_sent_bytes_total") == 40
     assert value(samples, "kcoord_kafka_connections") == 2
+    assert value(samples, "kcoord_kafka_connections_refused_total") == 3
     # metrics.enable=false: the listener counts nothing and the families are absent.
     samples = scrape(NodeMetrics(node_view(node, None)))
     assert value(samples, "kcoord_kafka_requests_total", api="OffsetCommit") is None
