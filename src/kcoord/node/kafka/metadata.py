@@ -279,7 +279,12 @@ class MetadataApi:
         # (name or None, topic id or None) in request order.
         wanted: list[tuple[str | None, Any]] = []
         for t in requested:
-            wanted.append((t.name, getattr(t, "topic_id", None)))
+            topic_id = getattr(t, "topic_id", None)
+            wanted.append((t.name, None if topic_id is None or topic_id.int == 0 else topic_id))
+        if version >= 12 and any(topic_id is not None for _, topic_id in wanted):
+            # KafkaApis.handleTopicMetadataRequest: once a topic id is asked for, the request
+            # is by ids; names are not looked at (nor topics named without an id).
+            wanted = [(None, topic_id) for _, topic_id in wanted if topic_id is not None]
         # handleTopicMetadataRequest answers a set of topics: one answer for a name asked twice.
         wanted = list(dict.fromkeys(wanted))
         missing = [
@@ -299,10 +304,10 @@ class MetadataApi:
         image = ctx.image
         topics: list[dict[str, Any]] = []
         for name, topic_id in wanted:
-            if name is None and version < 12:
-                # Topic ids in requests came with v12 (KIP-516); a null name before that is
-                # invalid (and the response of these versions cannot even say null).
-                topics.append(_topic_error(Errors.INVALID_REQUEST, "", None))
+            if version < 12 and (name is None or topic_id is not None):
+                # Topic ids in requests came with v12 (KIP-516); a null name or a topic id
+                # before that is invalid (and these versions' response cannot say null).
+                topics.append(_topic_error(Errors.INVALID_REQUEST, name or "", None))
                 continue
             if name is None:
                 topic = ctx.topic_by_uuid(topic_id)
