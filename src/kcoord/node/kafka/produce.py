@@ -107,11 +107,14 @@ ZSTD_MIN_PRODUCE_VERSION: Final = 7
 
 
 def _is_transactional(records: bytes | None) -> bool:
-    """Whether the first batch is transactional (Kafka's ``RequestUtils.hasTransactionalRecords``
-    looks at the first batch of each partition too)."""
+    """Whether the first batch is a transactional one of magic 2 (Kafka's
+    ``RequestUtils.hasTransactionalRecords`` looks at the first batch of each partition too;
+    a batch of another magic is ``_append``'s to refuse, with INVALID_RECORD)."""
     if records is None or len(records) < fmt.ATTRIBUTES_OFFSET + 2:
         return False
-    return bool(records[fmt.ATTRIBUTES_OFFSET + 1] & fmt.TRANSACTIONAL_FLAG)
+    return records[_MAGIC_OFFSET] == fmt.MAGIC_V2 and bool(
+        records[fmt.ATTRIBUTES_OFFSET + 1] & fmt.TRANSACTIONAL_FLAG
+    )
 
 
 @dataclass(eq=False)

@@ -2540,6 +2540,13 @@ def test_a_transactional_batch_fails_the_whole_produce(tmp_path: Path) -> None:
         for p in (0, 1):
             fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", p, 0)))
             assert fetched.high_watermark == 0
+        # Not a batch of magic 2: refused as such, whatever its attribute bits say.
+        other_magic = bytearray(txn)
+        other_magic[16] = 1
+        answer = only_partition(
+            await c.call(PRODUCE, 9, produce_values("t", 0, bytes(other_magic)))
+        )
+        assert answer.error_code == Errors.INVALID_RECORD
 
     run(tmp_path, test)
 
