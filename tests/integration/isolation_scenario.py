@@ -16,10 +16,10 @@ from typing import Any
 
 from kcoord.node import launcher
 from kcoord.node.rpc_sync import call_sync
+from tests.portpick import free_base_port
 
 GROUPS = [42001, 42002, 42003]
 HOSTS = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
-BASE_PORT = 30000
 SESSION_TIMEOUT_S = 3.0
 
 
@@ -56,7 +56,10 @@ def led_epochs(view: dict[str, Any]) -> dict[int, tuple[int, int]]:
 
 def main() -> None:
     root = Path(sys.argv[1])
-    state = launcher.up(root, 3, BASE_PORT, hosts=HOSTS, groups=GROUPS)
+    # Chosen at run time, though the namespace is fresh: its loopback has nothing bound yet.
+    base_port = free_base_port(3)
+    print(f"base port {base_port}")
+    state = launcher.up(root, 3, base_port, hosts=HOSTS, groups=GROUPS)
     rule = None
     try:
         nodes = {n.node_id: n for n in state.nodes}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kcoord.chaos.lab import namespace_name
+
 pytestmark = pytest.mark.integration
 
 
@@ -29,7 +31,7 @@ def test_isolated_controller_never_fences_or_elects() -> None:
     if missing is not None:
         pytest.fail(missing)  # make test installs the lab tools; missing ones are a failure
     seed = random.randrange(2**31)
-    namespace = f"kcoord-lab-{seed}"
+    namespace = namespace_name(f"iso-{seed}")  # its owner is this process: not stale
     print(f"seed={seed} namespace={namespace}")
     root = Path(tempfile.mkdtemp(prefix="kcoord-lab-"))
     subprocess.run(["ip", "netns", "add", namespace], check=True)
