@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kcoord import __version__
+from kcoord.node import log_file
 
 DEFAULT_CLUSTER_DIR = Path(".kcoord/cluster")
 
@@ -51,10 +52,18 @@ def _node(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"kcoord: cannot read config: {e}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format=f"%(asctime)s node-{config.node_id} %(levelname)s %(name)s: %(message)s",
-    )
+    level = getattr(logging, args.log_level.upper())
+    fmt = f"%(asctime)s node-{config.node_id} %(levelname)s %(name)s: %(message)s"
+    if args.log_file:
+        try:
+            log_file.configure(
+                Path(args.log_file), level, fmt, args.log_file_max_bytes, args.log_file_backups
+            )
+        except (OSError, ValueError) as e:
+            print(f"kcoord: cannot log to {args.log_file}: {e}", file=sys.stderr)
+            return 2
+    else:
+        logging.basicConfig(level=level, format=fmt)
     from kcoord.node.server import run
     from kcoord.storage.meta_properties import DataDirError
 
@@ -189,6 +198,25 @@ def build_parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="run one node")
     node.add_argument("--config", help="TOML file; KCOORD_* environment variables override it")
     node.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    node.add_argument(
+        "--log-file",
+        metavar="PATH",
+        help="log to this file, rolled by size, instead of standard error (which follows it)",
+    )
+    node.add_argument(
+        "--log-file-max-bytes",
+        type=int,
+        default=log_file.DEFAULT_MAX_BYTES,
+        metavar="N",
+        help="roll the --log-file once it passes N bytes (default: %(default)s)",
+    )
+    node.add_argument(
+        "--log-file-backups",
+        type=int,
+        default=log_file.DEFAULT_BACKUPS,
+        metavar="K",
+        help="rolled files kept: PATH.1 (newest) to PATH.K (default: %(default)s)",
+    )
     node.set_defaults(func=_node)
 
     cluster = sub.add_parser("cluster", help="a local cluster of node processes")

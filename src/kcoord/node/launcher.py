@@ -174,7 +174,18 @@ def start_node(node: NodeProcess) -> None:
     Path(node.directory).mkdir(parents=True, exist_ok=True)
     with open(node.log_path, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kcoord.node.cli", "node", "--config", str(node.config_path)],
+            [
+                sys.executable,
+                "-m",
+                "kcoord.node.cli",
+                "node",
+                "--config",
+                str(node.config_path),
+                # Rolled by the node; what it prints before it has set up logging lands here
+                # through the redirect below.
+                "--log-file",
+                str(node.log_path),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
