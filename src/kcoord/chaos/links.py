@@ -8,6 +8,18 @@ node's real listener. The nodes advertise the proxy addresses (``advertised.list
 its own ``quorum.listener``), so clients and the other nodes reach a node only through its
 proxies: a toxic on them slows or resets everything that node hears and says.
 
+Raft links are proxied per pair of voters. pysyncobj keeps one connection per pair, dialled by
+the voter with the greater address (``_shouldConnect``): through ``quorum-N`` alone, a toxic
+on the node with the greatest address touched none of its Raft traffic (it dials every other
+voter), and one on the middle node only its link to that node. When the nodes have distinct
+hosts (the lab's 127.0.0.N), the dialler D of each pair reaches M through a proxy of its own,
+``quorum-M-from-D`` (an ephemeral port on M's host), named in D's own view of
+``controller.quorum.voters``; every voter still knows every other by its ``quorum-N`` address,
+the name a voter gives of itself when it dials. A toxic on a node's Raft links then goes on the
+pair proxies of every pair it is in. On one host (the compose target's stand-in) the dial
+direction would depend on ports not known before the proxies exist, and ``quorum-N`` is used as
+before.
+
 The proxies are driven with ``toxiproxy-python``, the client that also drives the real
 Toxiproxy of the docker-compose cluster; the proxies live on the node's own 127.0.0.N, so the
 lab's iptables partitions still cut them.
@@ -38,13 +50,31 @@ class Links:
     client: Toxiproxy
     proxies: dict[tuple[int, str], Any] = field(default_factory=dict)
     toxics: list[tuple[Any, str]] = field(default_factory=list)
+    # (dialler, dialled) -> the proxy of that Raft link (module docstring); empty on one host.
+    quorum_pairs: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def add_toxic(self, node_id: int, kind: str, **toxic: Any) -> None:
-        """Add a toxic (Toxiproxy's fields: type, stream, toxicity, attributes) to one link."""
-        proxy = self.proxies[(node_id, kind)]
-        name = f"{toxic['type']}-{toxic.get('stream', 'downstream')}-{len(self.toxics)}"
-        proxy.add_toxic(name=name, **toxic)
-        self.toxics.append((proxy, name))
+        """Add a toxic (Toxiproxy's fields: type, stream, toxicity, attributes) to the links
+        to a node: its ``kind`` proxy, or for Raft the proxies of every pair it is in."""
+        if kind == "quorum" and self.quorum_pairs:
+            targets = [p for pair, p in sorted(self.quorum_pairs.items()) if node_id in pair]
+        else:
+            targets = [self.proxies[(node_id, kind)]]
+        for proxy in targets:
+            name = f"{toxic['type']}-{toxic.get('stream', 'downstream')}-{len(self.toxics)}"
+            proxy.add_toxic(name=name, **toxic)
+            self.toxics.append((proxy, name))
+
+    def voters_seen_by(self, state: launcher.ClusterState, node_id: int) -> str:
+        """``controller.quorum.voters`` as ``node_id`` dials them (module docstring)."""
+        entries = []
+        for n in state.nodes:
+            pair = self.quorum_pairs.get((node_id, n.node_id))
+            if pair is not None:
+                entries.append(f"{n.node_id}@{pair.listen}")
+            else:
+                entries.append(f"{n.node_id}@{n.host}:{proxy_port(n, 'quorum')}")
+        return ",".join(entries)
 
     def heal(self) -> None:
         toxics, self.toxics = self.toxics, []
@@ -59,11 +89,12 @@ def proxy_port(node: launcher.NodeProcess, kind: str) -> int:
 
 
 def node_overrides(
-    state: launcher.ClusterState,
+    state: launcher.ClusterState, links: Links | None = None
 ) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-    """(overrides for every node, overrides per node) that route all traffic via the proxies."""
+    """(overrides for every node, overrides per node) that route all traffic via the proxies
+    (``links``' Raft pair proxies too, when it has them)."""
     voters = ",".join(f"{n.node_id}@{n.host}:{proxy_port(n, 'quorum')}" for n in state.nodes)
-    per_node = {
+    per_node: dict[int, dict[str, Any]] = {
         n.node_id: {
             "advertised.listeners": f"{n.host}:{proxy_port(n, 'kafka')}",
             "advertised.rpc.listener": f"{n.host}:{proxy_port(n, 'rpc')}",
@@ -71,7 +102,18 @@ def node_overrides(
         }
         for n in state.nodes
     }
-    return {"controller.quorum.voters": voters}, per_node
+    if links is None or not links.quorum_pairs:
+        return {"controller.quorum.voters": voters}, per_node
+    for n in state.nodes:
+        per_node[n.node_id]["controller.quorum.voters"] = links.voters_seen_by(state, n.node_id)
+    return {}, per_node
+
+
+def dials(dialler: launcher.NodeProcess, dialled: launcher.NodeProcess) -> bool:
+    """Whether pysyncobj's ``dialler`` opens the connection to ``dialled`` (``_shouldConnect``:
+    the greater ``host:port`` string dials). With distinct hosts the hosts decide, whatever the
+    ports: the strings differ at the latest at the host's end, where one has ``:``."""
+    return f"{dialler.host}:" > f"{dialled.host}:"
 
 
 def bootstrap(state: launcher.ClusterState) -> str:
@@ -117,6 +159,17 @@ def running_proxy(state: launcher.ClusterState, seed: int, log_path: Path) -> It
                     listen=f"{n.host}:{proxy_port(n, kind)}",
                     enabled=True,
                 )
+        if len({n.host for n in state.nodes}) == len(state.nodes):
+            for dialler in state.nodes:
+                for dialled in state.nodes:
+                    if dialled is dialler or not dials(dialler, dialled):
+                        continue
+                    links.quorum_pairs[(dialler.node_id, dialled.node_id)] = client.create(
+                        upstream=f"{dialled.host}:{dialled.quorum_port}",
+                        name=f"quorum-{dialled.node_id}-from-{dialler.node_id}",
+                        listen=f"{dialled.host}:0",  # the proxy reports the port it bound
+                        enabled=True,
+                    )
         yield links
     finally:
         proc.terminate()

@@ -574,7 +574,7 @@ def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterStat
             proxied = stack.enter_context(
                 links.running_proxy(planned, options.seed, root / "proxy.log")
             )
-            common, per_node = links.node_overrides(planned)
+            common, per_node = links.node_overrides(planned, proxied)
             overrides.update(common)
         state = launcher.up(
             root,
