@@ -51,13 +51,21 @@ def render_timeline(events: list[Event], *, title: str = "") -> str:
             'stroke="#eee"/>'
         )
     open_faults: dict[str, Event] = {}
+    invoked: dict[str, Event] = {}  # fault name -> its start's invoke, not yet in force
     for e in events:
         y = row[e.process] * ROW_H + 30
         tip = html.escape(f"{e.time:.2f}s {e.type} {e.f} {json.dumps(e.value)[:300]}")
         if e.process == "nemesis":
             key = json.dumps([e.value.get("fault"), e.value.get("targets")])
+            if e.type == "invoke":
+                if e.f == "start":
+                    invoked[str(e.value.get("fault"))] = e
+                continue
             if e.f == "start":
-                open_faults[key] = e
+                # The window opens when the fault was invoked: it may be in force from then on.
+                start = invoked.pop(str(e.value.get("fault")), e)
+                if not e.value.get("skipped"):
+                    open_faults[key] = start
             elif e.f == "stop" and key in open_faults:
                 start = open_faults.pop(key)
                 colour = FAULT_COLOURS.get(str(e.value.get("fault")), "#333")

@@ -347,8 +347,12 @@ def run_faults(chaos: ChaosLab, stop_at: float) -> int:
             break
         time.sleep(quiet)  # the schedule's quiet time
         kind = rng.choice(options.nemeses)
+        # Jepsen's nemesis operations: the invoke before the fault is put in place, the info
+        # once it is in force (what it did), so the fault's window is known to lie between.
+        history.add("nemesis", "invoke", "start", {"fault": kind})
         fault = nemesis.start_fault(chaos, kind, options.shapes)
         if fault is None:
+            history.add("nemesis", "info", "start", {"fault": kind, "skipped": "no target"})
             progress(f"{kind}: no target now, skipped")
             continue
         count += 1
@@ -359,6 +363,7 @@ def run_faults(chaos: ChaosLab, stop_at: float) -> int:
         history.add("nemesis", "info", "start", info)
         progress(f"fault {count}: {fault.name} {fault.targets} {fault.detail} for {hold:.1f} s")
         time.sleep(hold)  # the fault's duration
+        history.add("nemesis", "invoke", "stop", {"fault": fault.name})
         fault.heal()
         history.add("nemesis", "info", "stop", info)
         history.add("nemesis", "info", "heal", {"fault": fault.name})

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from kcoord.chaos import checkers, runner
+from kcoord.chaos import checkers, nemesis, runner
 from kcoord.chaos import report as chaos_report
 from kcoord.chaos.history import History
 from kcoord.chaos.runner import ChaosLab
@@ -118,3 +120,63 @@ def test_a_run_that_injected_no_fault_fails(
     assert "no fault was injected" in verdicts[0]["error"]
     options.faults = 2
     assert runner.conclude(options, History(), 0.0, None) == 0
+
+
+def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jepsen's nemesis operations: the start's invoke comes before the fault is put in place,
+    its info after; the stop's invoke before the heal, its info after. The timeline's window
+    opens at the invoke."""
+    now = [0.0]
+    history = History(clock=lambda: now[0])
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=sleep, strftime=time.strftime)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(runner, "probe_commit", lambda chaos: True)
+    started: list[int] = []
+
+    def start_fault(chaos: Any, kind: str, shapes: Any) -> Any:
+        if started:
+            return None  # the second fault finds no target
+        now[0] += 0.5  # putting it in place takes time
+        history.add("runner", "info", "in-force", {})
+        started.append(1)
+
+        def heal() -> None:
+            now[0] += 0.25
+            history.add("runner", "info", "healed", {})
+
+        return nemesis.Fault("kill", [2], {"hold_s": 3.0}, heal)
+
+    monkeypatch.setattr(nemesis, "start_fault", start_fault)
+    options = runner.Options(nemeses=["kill"], interval_s=1.0, seed=3)
+    chaos = cast(
+        ChaosLab,
+        SimpleNamespace(options=options, rng=random.Random(3), history=history),
+    )
+    assert runner.run_faults(chaos, stop_at=6.0) == 1
+
+    order = [(e.process, e.type, e.f) for e in history]
+    first = [
+        ("nemesis", "invoke", "start"),
+        ("runner", "info", "in-force"),
+        ("nemesis", "info", "start"),
+        ("nemesis", "invoke", "stop"),
+        ("runner", "info", "healed"),
+        ("nemesis", "info", "stop"),
+        ("nemesis", "info", "heal"),
+    ]
+    assert order[: len(first)] == first
+    # A start that found no target is an invoke answered as skipped: no window.
+    skipped = [e for e in history if e.f == "start" and e.value.get("skipped")]
+    assert all(e.type == "info" and e.value["fault"] == "kill" for e in skipped)
+
+    invoked = next(e for e in history if e.type == "invoke" and e.f == "start")
+    svg = chaos_report.render_timeline(list(history))
+    scale = (chaos_report.WIDTH - chaos_report.LEFT - 20) / max(e.time for e in history)
+    assert f'<rect x="{chaos_report.LEFT + invoked.time * scale:.1f}"' in svg
+    assert svg.count("<rect") == 1
