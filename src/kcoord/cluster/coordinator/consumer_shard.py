@@ -799,10 +799,23 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
 
     @staticmethod
     def _consumer_subscribed_to_topic(group: ConsumerGroup, topic: str) -> bool:
-        """``ConsumerGroup.isSubscribedToTopic``: a member subscribes to ``topic`` by name or
-        by its regular expression (an empty group to none). Its offsets are then neither
-        deleted by OffsetDelete nor expired."""
-        return any(topic in subscribed_topics(m, (topic,)) for m in group.members.values())
+        """``ConsumerGroup.isSubscribedToTopic``: a member subscribes to ``topic`` by name, or
+        by its regular expression once the group resolved the expression to it (an empty group
+        to none). Its offsets are then neither deleted by OffsetDelete nor expired. Kafka
+        counts the topics a regex resolved to in the metadata image
+        (``resolvedRegularExpressions``): a name it matches that is no topic (one deleted, or
+        never created) is not subscribed to, so its offsets expire. Here the group's
+        subscription metadata, resolved at a heartbeat and kept in its records, is that list."""
+        resolved: set[str] | None = None
+        for member in group.members.values():
+            if topic in member.subscribed_topic_names:
+                return True
+            if member.subscribed_topic_regex:
+                if resolved is None:
+                    resolved = {name for name, _ in group.subscribed_topics.values()}
+                if topic in resolved and topic in subscribed_topics(member, (topic,)):
+                    return True
+        return False
 
 
 def _as_written(request: ConsumerGroupHeartbeatRequest) -> ConsumerGroupMember:

@@ -1079,3 +1079,33 @@ def test_more_to_revoke_after_a_subscription_change_restarts_the_rebalance_timeo
     assert "a" in ctx.shard.consumer_groups["g"].members
     ctx.sleep(REBALANCE_MS)  # past the new one: fenced, as ever
     assert "a" not in ctx.shard.consumer_groups["g"].members
+
+
+def test_a_regex_subscribes_to_the_topics_it_resolved_to_not_to_every_name_it_matches() -> None:
+    """``ConsumerGroup.isSubscribedToTopic`` counts the topics a regex resolved to in the
+    image: offsets of a name the regex matches that is no topic (deleted while the shard was
+    loading, so no tombstones came; or never created) expire and may be deleted, while those
+    of a resolved topic stay."""
+    ctx = ShardContext(
+        GroupConfig(
+            consumer_timing=short_consumer_timing(SESSION_MS),
+            offsets_retention_minutes=1,
+            offsets_retention_check_interval_ms=10_000,
+        )
+    )
+    topics = {"pay-a": (PAY_A, 1)}
+    joined = regex_hb(ctx, "a", 0, None, topics, regex="pay-.*")
+    assert joined.error_code is Errors.NONE, joined
+    epoch, owned = joined.member_epoch, {PAY_A: {0}}
+    for topic in ("pay-a", "pay-gone"):
+        assert commit(ctx, "a", epoch, topic) is Errors.NONE
+    token, step = ctx.delete_offsets([("pay-gone", 0), ("pay-a", 0)])
+    response: Any = step.response(token)
+    errors = {t.name: [p.error_code for p in t.partitions] for t in response.topics}
+    assert errors == {"pay-gone": [Errors.NONE], "pay-a": [Errors.GROUP_SUBSCRIBED_TO_TOPIC]}
+    assert commit(ctx, "a", epoch, "pay-gone") is Errors.NONE
+    for _ in range(30):  # 150 s of heartbeats: past the minute's retention and a check
+        ctx.sleep(5_000)
+        beat = regex_hb(ctx, "a", epoch, owned, topics)
+        assert beat.error_code is Errors.NONE, beat
+    assert committed(ctx) == {"pay-a": [0]}
