@@ -1037,14 +1037,16 @@ def test_index_entries_across_prefilled_chunks_survive_truncation_and_reopening(
     on a hole of the sparse file); the entries themselves are never touched by it."""
     path = tmp_path / "00000000000000000000.index"
     index = OffsetIndex(path, 0, max_bytes=1024 * 1024)
-    entries = 20_000  # 160 KB: three chunks of 64 KiB
+    entries = 20_000  # 160 KB: many chunks
     for i in range(entries):
         index.append(i * 2, i * 100)
     fd = os.open(path, os.O_RDONLY)
     try:
-        # Past the page of the last entry the file is still data, up to the end of its chunk
-        # (without the zeros, a hole would start at the next page).
-        assert os.lseek(fd, 0, os.SEEK_HOLE) > entries * 8 + 4096
+        # Every entry is on data, the zeros reach at most a chunk (a page) past the last one,
+        # and the rest of the preallocated file is a hole.
+        data_end = os.lseek(fd, 0, os.SEEK_HOLE)
+        assert entries * 8 <= data_end <= entries * 8 + 2 * 4096
+        assert os.fstat(fd).st_blocks * 512 <= data_end + 4096
     finally:
         os.close(fd)
     index.truncate_to_position(15_000 * 100)  # keeps 15,000 entries
@@ -1749,3 +1751,18 @@ def test_a_segment_keeps_one_file_open_its_indexes_none(tmp_path: Path) -> None:
     assert len(read_all(reopened)) == 200
     assert _open_files() - before <= segments + 2
     reopened.close()
+
+
+def test_a_small_partitions_indexes_take_a_page_of_disk_each(tmp_path: Path) -> None:
+    """The active segment's indexes are preallocated sparse (10 MiB each by default) and only
+    the chunk written ahead of their entries is real disk: a page each, not 64 KiB each (1,000
+    small partitions took 146 MB)."""
+    lg = open_log(tmp_path / "t-0")
+    for i in range(20):  # 100 KB: an entry in each index every 4 KiB of log
+        lg.append_as_leader(batch(10, value=b"x" * 500, timestamp=1_000 + i), 0, 0)
+    indexes = sorted((tmp_path / "t-0").glob("*index"))
+    assert [p.suffix for p in indexes] == [".index", ".timeindex"]
+    for index in indexes:
+        assert index.stat().st_size > 10 * 1024 * 1024 - 12  # preallocated: segment.index.bytes
+        assert 0 < index.stat().st_blocks * 512 <= 2 * 4096
+    lg.close()
