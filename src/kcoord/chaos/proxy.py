@@ -107,7 +107,9 @@ Differences from Toxiproxy (2.x, Go)
   connection when the toxic is removed). Its clock starts when the toxic starts on the
   connection, not after the last chunk.
 - ``reset_peer`` always resets both sockets, even when the toxic is added to an open connection
-  (Toxiproxy sets ``SO_LINGER`` only on connections that opened with the toxic in place).
+  (Toxiproxy sets ``SO_LINGER`` only on connections that opened with the toxic in place). Once
+  it has dropped data, removing or updating it resets the connection at once; Toxiproxy's
+  removal waits for the timeout, then the reset.
 - The end of one direction is passed on as a half-close (``shutdown(SHUT_WR)``) and the other
   direction keeps flowing; Toxiproxy closes the destination socket outright.
 - Toxicity is drawn once per connection and toxic (and again on update); Toxiproxy draws again
@@ -332,6 +334,9 @@ class _Stage:
         self.bytes_passed = 0  # limit_data's count; kept across updates, as Toxiproxy's state
         self.task: asyncio.Task[None] | None = None
         self.finished = False  # the pipe returned: it passed on or made the end of the stream
+        # reset_peer dropped data and waits to reset: the stream has a hole, so an interrupt
+        # (the toxic removed or updated) resets the connection at once (see _reset_peer).
+        self.reset_due = False
 
     def start(self) -> None:
         # After interrupt() the old task is cancelled but may not have run its cancellation.
@@ -357,6 +362,10 @@ class _Stage:
         """Stop the task now and flush the item it holds (synchronously: see the docstring)."""
         if self.task is not None:
             self.task.cancel()
+        if self.reset_due:
+            # Ahead of anything forwarded after this: no byte behind the hole is written.
+            self.reset_due = False
+            self.end_connection(_EndKind.RESET)
         if self.pending is not None:
             self.output.put_nowait(self.pending)
             self.pending = None
@@ -464,7 +473,12 @@ async def _timeout(stage: _Stage, attributes: Mapping[str, int]) -> None:
 async def _reset_peer(stage: _Stage, attributes: Mapping[str, int]) -> None:
     await stage.recv()
     stage.pending = None  # dropped, as Toxiproxy drops it
+    # Toxiproxy's wait cannot be interrupted: the connection is reset even if the toxic is
+    # removed meanwhile. Here the removal resets it at once (``_Stage.interrupt``), not at
+    # the timeout; either way nothing after the dropped bytes reaches the peer.
+    stage.reset_due = True
     await asyncio.sleep(attributes["timeout"] / 1000)
+    stage.reset_due = False
     stage.end_connection(_EndKind.RESET)
 
 
@@ -739,6 +753,12 @@ class Proxy:
         log.info("proxy %s stopped", self.name)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.enabled:
+            # Accepted by the listener before stop() closed it, handed over after: a disabled
+            # proxy passes nothing (its generation is the current one, so the check below
+            # would not catch it).
+            writer.close()
+            return
         generation = self._generation
         # Drawn before the first await, so connections accepted in order draw in order.
         rng = _child_rng(self.server.rng)
