@@ -14,7 +14,9 @@ the host. ``ComposeLab`` is the second implementation of what the nemeses need
 - **links**: the Toxiproxy container's proxies (``kafka-N``, ``rpc-N``, ``quorum-N``, from
   deploy/toxiproxy/toxiproxy.json; the nodes advertise them), driven with toxiproxy-python
   through the API port compose publishes: the ``latency`` and ``reset`` nemeses work as in the
-  lab.
+  lab, but for Raft: there is one ``quorum-N`` proxy per node, not one per pair of voters, so
+  a toxic reaches only the Raft links dialled to that node (pysyncobj's greater address dials:
+  node 3's own, none; chaos/links.py).
 - **partitions** (``ProxyFirewall``): disabling a node's ``rpc-N`` and ``quorum-N`` proxies
   (Toxiproxy closes their connections and stops listening). A proxy sits in front of a node,
   not on a link, so this cuts every connection *to* the node, from all peers at once, while

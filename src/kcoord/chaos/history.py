@@ -88,8 +88,10 @@ Run metadata (process ``"runner"`` or ``"checker"``):
 
 Nemesis (process ``"nemesis"``):
 
-- ``start`` / ``stop`` info ``{fault: "kill"|"pause"|"partition"|"latency"|"reset"|"clients",
-  targets: [...], detail: {...}}``; for ``clients`` the targets are process names.
+- ``start`` / ``stop``: an invoke before the fault is put in place (``{fault}``) or healed, and
+  an info once it is in force or healed ``{fault: "kill"|"pause"|"partition"|"latency"|"reset"|
+  "clients", targets: [...], detail: {...}}``; for ``clients`` the targets are process names.
+  A start that found no target is answered by an info ``{fault, skipped}``.
 - ``heal`` info ``{fault?}``: a fault (or, with ``fault: "all"``, every fault) is healed.
 - ``probe-commit`` invoke/ok/fail/info ``{group, ...}``: a liveness probe's OffsetCommit
   (any process; the checkers look only at ``f`` and ``type``).

@@ -10,6 +10,8 @@ already rolled away, and nothing is written past the bound but those lines.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import logging.handlers
 import os
@@ -27,23 +29,27 @@ class _RollingFile(logging.handlers.RotatingFileHandler):
     """A size-rolled file that standard output and error follow (see the module docstring)."""
 
     def __init__(self, path: Path, max_bytes: int, backups: int) -> None:
-        super().__init__(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
-        self._point_std_streams()
+        # backslashreplace, as standard error writes them: a name decoded with surrogateescape
+        # (a record header key, a file name of the data directory) must not lose its line.
+        super().__init__(
+            path,
+            maxBytes=max_bytes,
+            backupCount=backups,
+            encoding="utf-8",
+            errors="backslashreplace",
+        )
 
-    def doRollover(self) -> None:  # noqa: N802 (logging's name)
-        super().doRollover()
-        self._point_std_streams()
-
-    def _point_std_streams(self) -> None:
-        stream = self.stream
-        if stream is None:
-            return
+    def _open(self) -> io.TextIOWrapper:
+        # Every (re)open, in the constructor, a roll, or an emit after a failed roll.
+        stream = super()._open()
         for std in (sys.stdout, sys.stderr):
             if std is not None:
-                std.flush()
+                with contextlib.suppress(OSError, ValueError):
+                    std.flush()
         fd = stream.fileno()
         os.dup2(fd, 1)
         os.dup2(fd, 2)
+        return stream
 
 
 def configure(path: Path, level: int, fmt: str, max_bytes: int, backups: int) -> None:

@@ -172,8 +172,12 @@ def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
     ]
     assert order[: len(first)] == first
     # A start that found no target is an invoke answered as skipped: no window.
-    skipped = [e for e in history if e.f == "start" and e.value.get("skipped")]
-    assert all(e.type == "info" and e.value["fault"] == "kill" for e in skipped)
+    events = list(history)
+    skipped = [i for i, e in enumerate(events) if e.f == "start" and e.value.get("skipped")]
+    assert skipped
+    for i in skipped:
+        assert (events[i].type, events[i].value["fault"]) == ("info", "kill")
+        assert (events[i - 1].type, events[i - 1].f) == ("invoke", "start")
 
     invoked = next(e for e in history if e.type == "invoke" and e.f == "start")
     svg = chaos_report.render_timeline(list(history))
