@@ -422,14 +422,12 @@ class AdminService:
                     DescribeGroupsRequest(groups=(group_id,), report_group_id_not_found=True),
                     now,
                 ),
-                read_only=True,
             )
             fetched = await runtime.call(
                 group_id,
                 lambda s, tok, now: s.handle_offset_fetch(
                     tok, OffsetFetchRequest(group_id=group_id), now
                 ),
-                read_only=True,
             )
             ctx = runtime.context_for(group_id)
         except CoordinatorError as e:

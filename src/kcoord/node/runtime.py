@@ -391,9 +391,12 @@ class ShardContext:
         ``replay_only``: the handler changes the shard's state only through the records it
         returns (OffsetCommit), so when their append is refused the shard is as it was and
         only this call's answers fail; any other handler's refused write unloads the shard.
-        ``read_group``: the handler reads that group alone (OffsetFetch, DescribeGroups): its
-        answer waits for that group's written records to commit, not for every group's, as
-        Kafka's read operations see the last committed state at once.
+        ``read_group``: the handler touches that group alone (every request naming a group):
+        when it writes nothing (a read, a heartbeat), its answer waits for that group's written
+        records to commit, not for every group's. Kafka's reads see the last committed state at
+        once, and a write with no records waits only for that coordinator's pending writes (so
+        after a load, none): a heartbeat of one group must not wait for another group's records
+        a previous leader left above the high watermark, nor time out with them.
         """
         assert self.shard is not None and self.state is ShardState.ACTIVE
         try:
@@ -1111,19 +1114,16 @@ class CoordinatorRuntime:
         handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
         *,
         replay_only: bool = False,
-        read_only: bool = False,
     ) -> asyncio.Future[Any]:
         """Run ``handler(shard, token, now_ms)`` on the group's shard now, in request order.
 
         Raises ``CoordinatorError`` at once when no active shard serves the group; otherwise
-        the future completes with the response once what it depends on is committed.
-        ``replay_only``: see ``ShardContext.run``; ``read_only``: the handler reads this group
-        and no other (``read_group`` there).
+        the future completes with the response once what it depends on is committed: its own
+        records, or when it writes none, this group's (``read_group`` of ``ShardContext.run``).
+        ``replay_only``: see ``ShardContext.run``.
         """
         ctx = self.context_for(group_id)
-        return self._submit_to(
-            ctx, handler, replay_only=replay_only, read_group=group_id if read_only else None
-        )
+        return self._submit_to(ctx, handler, replay_only=replay_only, read_group=group_id)
 
     def _submit_to(
         self,
@@ -1150,9 +1150,8 @@ class CoordinatorRuntime:
         handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult],
         *,
         replay_only: bool = False,
-        read_only: bool = False,
     ) -> Any:
-        return await self.submit(group_id, handler, replay_only=replay_only, read_only=read_only)
+        return await self.submit(group_id, handler, replay_only=replay_only)
 
     def submit_all(
         self, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]

@@ -138,6 +138,12 @@ def fetch(group: str) -> Any:
     return lambda s, tok, now: s.handle_offset_fetch(tok, req, now)
 
 
+def heartbeat(group: str) -> Any:
+    """A classic Heartbeat of an unknown member: answered UNKNOWN_MEMBER_ID, nothing written."""
+    req = t.HeartbeatRequest(group_id=group, generation_id=1, member_id="m")
+    return lambda s, tok, now: s.handle_heartbeat(tok, req, now)
+
+
 async def loaded(node: Node) -> None:
     ctx = node.runtime.contexts[0]
     while ctx.state is ShardState.LOADING:
@@ -284,14 +290,17 @@ def test_below_min_insync_replicas_writes_wait_for_the_high_watermark_and_the_sh
         part, ctx, end = await committed_seven(node)
         node.replicas.min_insync_replicas = 2  # the ISR is this node alone
         waiting = node.runtime.submit("g", commit("g", 8), replay_only=True)
-        deleting = node.runtime.submit("h", offset_delete("h"))
+        deleting = node.runtime.submit("g", offset_delete("g"))
+        # A group with nothing pending, whose request writes nothing, is answered at once.
+        unknown = await asyncio.wait_for(node.runtime.submit("h", offset_delete("h")), 30)
+        assert unknown.error_code is Errors.GROUP_ID_NOT_FOUND
         for answer in (waiting, deleting):
             with pytest.raises(CoordinatorError) as e:
                 await asyncio.wait_for(answer, 30)
             assert e.value.code is Errors.COORDINATOR_NOT_AVAILABLE
         assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
         assert part.log.log_end_offset > end and part.high_watermark == end
-        other = await asyncio.wait_for(node.runtime.call("x", fetch("x"), read_only=True), 30)
+        other = await asyncio.wait_for(node.runtime.call("x", fetch("x")), 30)
         assert other.topics == ()
 
         node.replicas.min_insync_replicas = 1
@@ -1201,11 +1210,11 @@ def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -
         node.replicas.hold = True  # a follower lags from here on
         stuck = node.runtime.submit("A", commit("A", 1))
         describe = t.DescribeGroupsRequest(groups=("B",))
-        other = node.runtime.submit("B", fetch("B"), read_only=True)
+        other = node.runtime.submit("B", fetch("B"))
         described = node.runtime.submit(
-            "B", lambda s, tok, now: s.handle_describe_groups(tok, describe, now), read_only=True
+            "B", lambda s, tok, now: s.handle_describe_groups(tok, describe, now)
         )
-        own = node.runtime.submit("A", fetch("A"), read_only=True)
+        own = node.runtime.submit("A", fetch("A"))
         listed = node.runtime.submit_all(
             lambda s, tok, now: s.handle_list_groups(tok, t.ListGroupsRequest(), now)
         )[0]
@@ -1273,10 +1282,17 @@ def test_after_a_load_a_read_waits_only_for_its_own_groups_uncommitted_records(
         a.elect(leader=2, leader_epoch=1)
         a.elect(leader=1, leader_epoch=2)  # back: the shard is loaded again
         await active(a.runtime)
-        read = await a.runtime.call("x", fetch("x"), read_only=True)
+        read = await a.runtime.call("x", fetch("x"))
         assert read.topics[0].partitions[0].committed_offset == 11
+        # A write with nothing to write (a heartbeat) is answered as a read is: Kafka's
+        # runtime waits only for its own pending writes, and after a load it has none.
+        beat = await a.runtime.call("x", heartbeat("x"))
+        assert beat.error_code is Errors.UNKNOWN_MEMBER_ID
         with pytest.raises(CoordinatorError) as waited:
-            await a.runtime.call("y", fetch("y"), read_only=True)
+            await a.runtime.call("y", fetch("y"))
+        assert waited.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        with pytest.raises(CoordinatorError) as waited:
+            await a.runtime.call("y", heartbeat("y"))
         assert waited.value.code is Errors.COORDINATOR_NOT_AVAILABLE
         a.runtime.close()
 

@@ -135,7 +135,6 @@ class GroupApi:
         convert: Callable[[Any], dict[str, Any]] = values,
         *,
         replay_only: bool = False,
-        read_only: bool = False,
         empty_id_ok: bool = False,
     ) -> Result:
         if not group_id and not empty_id_ok:
@@ -145,7 +144,7 @@ class GroupApi:
             # compatibility": it is an ordinary group there, led by the shard "" hashes to.
             return on_error(Errors.INVALID_GROUP_ID)
         try:
-            fut = self.runtime.submit(group_id, call, replay_only=replay_only, read_only=read_only)
+            fut = self.runtime.submit(group_id, call, replay_only=replay_only)
         except CoordinatorError as e:
             return on_error(e.code)
 
@@ -422,7 +421,6 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_offset_fetch(tok, req, now),
             on_error,
-            read_only=True,
             empty_id_ok=True,
         )
 
@@ -488,7 +486,6 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_describe_groups(tok, req, now),
             on_error,
-            read_only=True,
             empty_id_ok=True,
         )
 
@@ -742,7 +739,6 @@ class GroupApi:
                 lambda s, tok, now: s.handle_consumer_group_describe(tok, req, now),
                 on_error,
                 convert,
-                read_only=True,
             )
 
         async def gather() -> dict[str, Any]:

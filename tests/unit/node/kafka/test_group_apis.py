@@ -29,9 +29,7 @@ class _Runtime:
     def __init__(self, shards: list[Any]) -> None:
         self.shards = shards
 
-    def submit(
-        self, group_id: str, call: Any, *, replay_only: bool = False, read_only: bool = False
-    ) -> Any:
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
         raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
 
     def submit_all(self, call: Any) -> list[asyncio.Future[Any]]:
@@ -101,11 +99,9 @@ class _CountingRuntime(_Runtime):
         self.ticks = 0
         self.seen: list[int] = []
 
-    def submit(
-        self, group_id: str, call: Any, *, replay_only: bool = False, read_only: bool = False
-    ) -> Any:
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
         self.seen.append(self.ticks)
-        return super().submit(group_id, call, replay_only=replay_only, read_only=read_only)
+        return super().submit(group_id, call, replay_only=replay_only)
 
 
 @pytest.mark.parametrize("api_key", [DESCRIBE_GROUPS_KEY, OFFSET_FETCH_KEY])
