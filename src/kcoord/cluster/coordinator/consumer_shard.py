@@ -453,6 +453,17 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
 
         # 1. The member: a new one (epoch 0), or a known one whose epoch must be valid.
         old = group.members.get(request.member_id) if request.member_id else None
+        if old is None and len(group.members) >= self._config.consumer_max_size:
+            # throwIfConsumerGroupIsFull, before anything else about the member: a static
+            # member rejoining under a new member id is refused too.
+            out.respond(
+                token,
+                ConsumerGroupHeartbeatResponse(
+                    error_code=Errors.GROUP_MAX_SIZE_REACHED,
+                    error_message=f"The group {group_id} has reached its maximum size.",
+                ),
+            )
+            return
         replaced: ConsumerGroupMember | None = None
         if request.member_epoch == 0:
             found = self._replace_static_member(group, request, out)
@@ -485,15 +496,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             group = replace(group, members=members, targets=targets)
             old = member = replaced
         elif request.member_epoch == 0:
-            if old is None and len(group.members) >= self._config.consumer_max_size:
-                out.respond(
-                    token,
-                    ConsumerGroupHeartbeatResponse(
-                        error_code=Errors.GROUP_MAX_SIZE_REACHED,
-                        error_message=f"The group {group_id} has reached its maximum size.",
-                    ),
-                )
-                return
             if old is not None:
                 # A member the group still knows rejoins (it was fenced, or lost its state):
                 # it keeps its place, epoch and assignment, and reconciles from owning

@@ -1109,3 +1109,19 @@ def test_a_regex_subscribes_to_the_topics_it_resolved_to_not_to_every_name_it_ma
         beat = regex_hb(ctx, "a", epoch, owned, topics)
         assert beat.error_code is Errors.NONE, beat
     assert committed(ctx) == {"pay-a": [0]}
+
+
+def test_a_full_group_refuses_any_member_it_does_not_hold_a_static_one_rejoining_too() -> None:
+    """``throwIfConsumerGroupIsFull`` comes before anything else about the member: at
+    ``group.consumer.max.size`` a new member id is refused GROUP_MAX_SIZE_REACHED, also when
+    it is a static member coming back under a new id (the old one, left with epoch -2, still
+    counts), while the members the group holds carry on."""
+    ctx = ShardContext(
+        GroupConfig(consumer_timing=short_consumer_timing(SESSION_MS), consumer_max_size=1)
+    )
+    joined = static_hb(ctx, "m1", 0, "i1")
+    assert joined.error_code is Errors.NONE
+    assert static_hb(ctx, "m1", -2, "i1").error_code is Errors.NONE  # a static leave
+    assert static_hb(ctx, "m2", 0, "i1").error_code is Errors.GROUP_MAX_SIZE_REACHED
+    assert static_hb(ctx, "other", 0, "i2").error_code is Errors.GROUP_MAX_SIZE_REACHED
+    assert list(ctx.shard.consumer_groups["g"].members) == ["m1"]
