@@ -208,54 +208,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         )
 
     def _validate_heartbeat(self, request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
-        """``GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid``: its id
-        checks in its order (the member id first; only v0 lets a joining member leave its id
-        to the coordinator), then the checks of the shard's own (a negative rebalance
-        timeout on a join, where Kafka refuses -1 only; the regular expression, which Kafka
-        checks later, when the group first sees it)."""
-        if (
-            request.api_version >= CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION
-            or request.member_epoch > 0
-            or request.member_epoch == LEAVE_GROUP_MEMBER_EPOCH
-        ) and _is_empty_string(request.member_id):
-            return Errors.INVALID_REQUEST, "MemberId can't be empty."
-        for value, name in (
-            (request.group_id, "GroupId"),
-            (request.instance_id, "InstanceId"),
-            (request.rack_id, "RackId"),
-        ):
-            if _is_empty_string(value):
-                return Errors.INVALID_REQUEST, f"{name} can't be empty."
-        if request.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
-            return Errors.INVALID_REQUEST, f"MemberEpoch {request.member_epoch} is invalid."
-        if request.member_epoch == 0:
-            if request.rebalance_timeout_ms < 0:
-                return (
-                    Errors.INVALID_REQUEST,
-                    "RebalanceTimeoutMs must be provided in first request.",
-                )
-            if request.topic_partitions is None or request.topic_partitions:
-                return Errors.INVALID_REQUEST, "TopicPartitions must be empty when (re-)joining."
-            if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
-                return Errors.INVALID_REQUEST, (
-                    "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
-                )
-        elif (
-            request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and request.instance_id is None
-        ):
-            return Errors.INVALID_REQUEST, "InstanceId can't be null."
-        if request.subscribed_topic_regex:
-            # throwIfRegularExpressionIsInvalid
-            try:
-                compile_subscription_regex(request.subscribed_topic_regex)
-            except InvalidRegexError as e:
-                return Errors.INVALID_REGULAR_EXPRESSION, str(e)
-        if request.server_assignor is not None and request.server_assignor not in ASSIGNORS:
-            return Errors.UNSUPPORTED_ASSIGNOR, (
-                f"ServerAssignor {request.server_assignor} is not supported. Supported "
-                f"assignors: {', '.join(sorted(ASSIGNORS))}."
-            )
-        return Errors.NONE, ""
+        return validate_heartbeat_request(request)
 
     def _consumer_leave(
         self, token: Token, request: ConsumerGroupHeartbeatRequest, now_ms: int, out: _Output
@@ -818,6 +771,55 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 if topic in resolved and topic in subscribed_topics(member, (topic,)):
                     return True
         return False
+
+
+def validate_heartbeat_request(request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
+    """``GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid``, which runs
+    before the request is routed (node/kafka/groups.py: any node answers these; the shard
+    checks again). Its id checks in its order (the member id first; only v0 lets a joining
+    member leave its id to the coordinator), then the rest: a negative rebalance timeout on a
+    join (Kafka refuses -1 only), the regular expression and the assignor."""
+    if (
+        request.api_version >= CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION
+        or request.member_epoch > 0
+        or request.member_epoch == LEAVE_GROUP_MEMBER_EPOCH
+    ) and _is_empty_string(request.member_id):
+        return Errors.INVALID_REQUEST, "MemberId can't be empty."
+    for value, name in (
+        (request.group_id, "GroupId"),
+        (request.instance_id, "InstanceId"),
+        (request.rack_id, "RackId"),
+    ):
+        if _is_empty_string(value):
+            return Errors.INVALID_REQUEST, f"{name} can't be empty."
+    if request.member_epoch < LEAVE_GROUP_STATIC_MEMBER_EPOCH:
+        return Errors.INVALID_REQUEST, f"MemberEpoch {request.member_epoch} is invalid."
+    if request.member_epoch == 0:
+        if request.rebalance_timeout_ms < 0:
+            return (
+                Errors.INVALID_REQUEST,
+                "RebalanceTimeoutMs must be provided in first request.",
+            )
+        if request.topic_partitions is None or request.topic_partitions:
+            return Errors.INVALID_REQUEST, "TopicPartitions must be empty when (re-)joining."
+        if request.subscribed_topic_names is None and request.subscribed_topic_regex is None:
+            return Errors.INVALID_REQUEST, (
+                "SubscribedTopicNames or SubscribedTopicRegex must be set in first request."
+            )
+    elif request.member_epoch == LEAVE_GROUP_STATIC_MEMBER_EPOCH and request.instance_id is None:
+        return Errors.INVALID_REQUEST, "InstanceId can't be null."
+    if request.subscribed_topic_regex:
+        # throwIfRegularExpressionIsInvalid
+        try:
+            compile_subscription_regex(request.subscribed_topic_regex)
+        except InvalidRegexError as e:
+            return Errors.INVALID_REGULAR_EXPRESSION, str(e)
+    if request.server_assignor is not None and request.server_assignor not in ASSIGNORS:
+        return Errors.UNSUPPORTED_ASSIGNOR, (
+            f"ServerAssignor {request.server_assignor} is not supported. Supported "
+            f"assignors: {', '.join(sorted(ASSIGNORS))}."
+        )
+    return Errors.NONE, ""
 
 
 def _as_written(request: ConsumerGroupHeartbeatRequest) -> ConsumerGroupMember:

@@ -823,7 +823,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             <= request.session_timeout_ms
             <= self._config.max_session_timeout_ms
         ):
-            # GroupCoordinatorService.joinGroup checks this before the shard.
+            # GroupCoordinatorService.joinGroup checks this before routing (node/kafka/groups.py
+            # does too); a caller of the shard alone gets the same answer.
             out.respond(
                 token,
                 JoinGroupResponse(

@@ -24,6 +24,7 @@ from typing import Any, Final
 
 from kcoord.cluster.coordinator import types as t
 from kcoord.cluster.coordinator.consumer import TopicsSnapshot
+from kcoord.cluster.coordinator.consumer_shard import validate_heartbeat_request
 from kcoord.cluster.coordinator.records import uuid_bytes, uuid_str
 from kcoord.cluster.coordinator.shard import CoordinatorResult, GroupCoordinatorShard
 from kcoord.errors import Errors
@@ -186,6 +187,17 @@ class GroupApi:
                 out["protocol_name"] = ""  # not nullable before v7
             return out
 
+        config = self.runtime.config
+        if req.group_id and not (
+            config.min_session_timeout_ms <= session_timeout_ms <= config.max_session_timeout_ms
+        ):
+            # GroupCoordinatorService.joinGroup checks it before routing: any node answers it,
+            # not only the coordinator, and not COORDINATOR_LOAD_IN_PROGRESS first.
+            return convert(
+                t.JoinGroupResponse(
+                    error_code=Errors.INVALID_SESSION_TIMEOUT, member_id=req.member_id
+                )
+            )
         # A classic member joining a consumer group needs the topics (consumer_classic.py).
         topics = self._topics_view()
         return self._submit(
@@ -640,7 +652,6 @@ class GroupApi:
             client_host=request.client_host,
             api_version=request.version,
         )
-        topics = self._topics_view()
 
         def convert(resp: Any) -> dict[str, Any]:
             assignment = resp.assignment
@@ -664,12 +675,15 @@ class GroupApi:
         def on_error(code: Errors) -> dict[str, Any]:
             return convert(t.ConsumerGroupHeartbeatResponse(error_code=code))
 
-        if not req.group_id:
+        error, message = validate_heartbeat_request(req)
+        if error is not Errors.NONE:
+            # GroupCoordinatorService checks the request before routing it: any node answers.
             return convert(
                 t.ConsumerGroupHeartbeatResponse(
-                    error_code=Errors.INVALID_REQUEST, error_message="GroupId can't be empty."
+                    error_code=error, error_message=message, member_id=req.member_id or None
                 )
             )
+        topics = self._topics_view()
         return self._submit(
             req.group_id,
             lambda s, tok, now: s.handle_consumer_group_heartbeat(tok, req, now, topics),

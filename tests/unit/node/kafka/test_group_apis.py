@@ -9,13 +9,16 @@ from typing import Any, cast
 
 import pytest
 
+from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.groups import (
+    CONSUMER_GROUP_HEARTBEAT_KEY,
     DESCRIBE_GROUPS_KEY,
     HEARTBEAT_KEY,
+    JOIN_GROUP_KEY,
     LIST_GROUPS_KEY,
     OFFSET_FETCH_KEY,
     GroupApi,
@@ -28,6 +31,7 @@ class _Runtime:
 
     def __init__(self, shards: list[Any]) -> None:
         self.shards = shards
+        self.config = GroupConfig()
 
     def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
         raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
@@ -138,3 +142,48 @@ def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(api_key: int)
 
 
 _HANDLERS = {DESCRIBE_GROUPS_KEY: "handle_describe_groups", OFFSET_FETCH_KEY: "handle_offset_fetch"}
+
+
+def test_bad_join_and_consumer_heartbeat_requests_are_answered_before_routing() -> None:
+    """GroupCoordinatorService checks a JoinGroup's session timeout and a
+    ConsumerGroupHeartbeat's fields before it routes the request: every node answers the
+    error, also one whose shard is loading (which answered COORDINATOR_LOAD_IN_PROGRESS, the
+    real error only once loaded)."""
+
+    async def scenario() -> None:
+        api = _api(_Runtime([]))
+        join = _request(
+            JOIN_GROUP_KEY,
+            5,
+            {
+                "group_id": "g",
+                "session_timeout": 1,  # below group.min.session.timeout.ms
+                "rebalance_timeout": 1000,
+                "member_id": "",
+                "group_instance_id": None,
+                "protocol_type": "consumer",
+                "protocols": [],
+            },
+        )
+        answer = await _answer(await api.handle_join_group(join))
+        assert answer["error_code"] is Errors.INVALID_SESSION_TIMEOUT
+        heartbeat = _request(
+            CONSUMER_GROUP_HEARTBEAT_KEY,
+            0,
+            {
+                "group_id": "g",
+                "member_id": "m",
+                "member_epoch": -3,
+                "instance_id": None,
+                "rack_id": None,
+                "rebalance_timeout": -1,
+                "subscribed_topic_names": None,
+                "server_assignor": None,
+                "topic_partitions": None,
+            },
+        )
+        answer = await _answer(await api.handle_consumer_group_heartbeat(heartbeat))
+        assert answer["error_code"] is Errors.INVALID_REQUEST
+        assert answer["error_message"] == "MemberEpoch -3 is invalid."
+
+    asyncio.run(scenario())
