@@ -33,7 +33,7 @@ from kcoord.chaos import compose, links, runner
 from kcoord.chaos.history import History
 from kcoord.chaos.lab import grudge_of
 from kcoord.node import launcher
-from kcoord.node.config import env_var_name, flatten_toml
+from kcoord.node.config import Endpoint, env_var_name, flatten_toml
 from tests.integration.cluster import free_base_port, wait_for
 
 pytestmark = pytest.mark.integration
@@ -94,9 +94,12 @@ def proxied_cluster(
     base = free_block_base()
     planned = launcher.plan(root / "cluster", NODES, base)
     (root / "cluster").mkdir()
-    with links.running_proxy(planned, 7, root / "proxy.log"):
+    with links.running_proxy(planned, 7, root / "proxy.log") as proxies:
         api = f"{APIConsumer.host}:{APIConsumer.port}"
-        common, per_node = links.node_overrides(planned)
+        # On one host, as docker-compose.yml's nodes on theirs: Raft pair proxies in the
+        # dialled node's port block, named in each dialler's own voters.
+        assert sorted(proxies.quorum_pairs) == [(2, 1), (3, 1), (3, 2)]
+        common, per_node = links.node_overrides(planned, proxies)
         state = launcher.up(
             root / "cluster",
             NODES,
@@ -147,13 +150,21 @@ def test_health_and_partitions_through_the_proxies(
     node3 = state.node(3)
     rpc3, quorum3, kafka3 = (links.proxy_port(node3, k) for k in ("rpc", "quorum", "kafka"))
     assert accepts(rpc3) and accepts(quorum3) and accepts(kafka3)
+    pairs = {
+        pair: Endpoint.parse(proxy.listen).port
+        for pair, proxy in links_of(lab).quorum_pairs.items()
+    }
+    assert sorted(pairs) == [(2, 1), (3, 1), (3, 2)]  # read back from Toxiproxy by name
+    assert all(accepts(port) for port in pairs.values())
     lab.firewall.apply(grudge_of([{3}, {1, 2}]))
     assert not accepts(rpc3) and not accepts(quorum3), "node 3's peers cannot reach it"
+    assert not accepts(pairs[(3, 1)]) and not accepts(pairs[(3, 2)]), "nor it them, by Raft"
     assert accepts(kafka3), "its clients still can"
+    assert accepts(pairs[(2, 1)])
     for node in (state.node(1), state.node(2)):
         assert all(accepts(links.proxy_port(node, k)) for k in links.KINDS)
     lab.firewall.heal()
-    assert accepts(rpc3) and accepts(quorum3)
+    assert accepts(rpc3) and accepts(quorum3) and all(accepts(p) for p in pairs.values())
     wait_for(lab.recovered, "a healthy cluster after the heal", 60)
 
     fake.paused.add("c-kcoord-2")
@@ -181,3 +192,9 @@ def test_a_short_compose_run_with_the_network_nemeses(
     summary = yaml.safe_load((tmp_path / "report" / "results.json").read_text())
     assert code == 0, summary
     assert summary["valid"] and summary["faults"] >= 1, summary
+
+
+def links_of(lab: compose.ComposeLab) -> links.Links:
+    found = lab.links
+    assert found is not None
+    return found

@@ -11,23 +11,22 @@ the host. ``ComposeLab`` is the second implementation of what the nemeses need
   ``docker unpause``. The docker commands go through ``Docker`` and one ``CommandRunner``
   (tests give it a fake one); containers are found with ``docker compose ps`` (the v2 plugin)
   or ``docker-compose ps`` (v1), whichever is installed.
-- **links**: the Toxiproxy container's proxies (``kafka-N``, ``rpc-N``, ``quorum-N``, from
-  deploy/toxiproxy/toxiproxy.json; the nodes advertise them), driven with toxiproxy-python
-  through the API port compose publishes: the ``latency`` and ``reset`` nemeses work as in the
-  lab, but for Raft: there is one ``quorum-N`` proxy per node, not one per pair of voters, so
-  a toxic reaches only the Raft links dialled to that node (pysyncobj's greater address dials:
-  node 3's own, none; chaos/links.py).
+- **links**: the Toxiproxy container's proxies (``kafka-N``, ``rpc-N``, ``quorum-N``, and a
+  ``quorum-M-from-D`` per pair of voters, from deploy/toxiproxy/toxiproxy.json; the nodes
+  advertise them, and each node's ``controller.quorum.voters`` names the pair proxies it dials,
+  as in the lab: chaos/links.py), driven with toxiproxy-python through the API port compose
+  publishes: the ``latency`` and ``reset`` nemeses work as in the lab.
 - **partitions** (``ProxyFirewall``): disabling a node's ``rpc-N`` and ``quorum-N`` proxies
-  (Toxiproxy closes their connections and stops listening). A proxy sits in front of a node,
-  not on a link, so this cuts every connection *to* the node, from all peers at once, while
-  connections the node opens itself (to the other nodes' proxies) still work: its heartbeats
-  still reach the controller, its replica fetches its leaders, and Raft connections that it
-  dials stay up (pysyncobj keeps one connection per pair of voters, dialled by one side). The
-  lab's iptables rules drop each direction of each pair, so an isolated node neither hears nor
-  is heard. Only cuts that isolate whole components (shapes ``one``, ``controller``,
-  ``coordinator``, ``halves``) can be expressed, by disabling the proxies of every component
-  but the largest; ``ring`` and ``bridge`` cut single links and are left out on this target.
-  As in the lab, the Kafka proxies stay up: clients still reach an isolated node.
+  and the Raft pair proxies it is in (Toxiproxy closes their connections and stops
+  listening). The RPC proxy sits in front of a node, not on a link, so this cuts every RPC
+  connection *to* the node, from all peers at once, while those the node opens itself (to the
+  other nodes' proxies) still work: its heartbeats still reach the controller and its replica
+  fetches its leaders. Its Raft links are all cut, both ways. The lab's iptables rules drop
+  each direction of each pair, so an isolated node neither hears nor is heard. Only cuts that
+  isolate whole components (shapes ``one``, ``controller``, ``coordinator``, ``halves``) can be
+  expressed, by disabling the proxies of every component but the largest; ``ring`` and
+  ``bridge`` cut single links and are left out on this target. As in the lab, the Kafka
+  proxies stay up: clients still reach an isolated node.
 
 The run checks that every node container is running and that Toxiproxy answers, resets
 Toxiproxy (every proxy enabled, no toxic), waits until the cluster is healthy (every broker
@@ -312,10 +311,13 @@ class ProxyFirewall:
     def apply(self, pairs: set[tuple[int, int]]) -> None:
         self.heal()
         for node_id in sorted(isolated_nodes(self.node_ids, pairs)):
-            for kind in CUT_KINDS:
-                proxy = self.links.proxies[(node_id, kind)]
-                proxy.disable()
-                self.disabled.append(proxy)
+            cut = [self.links.proxies[(node_id, kind)] for kind in CUT_KINDS]
+            # Its Raft links, whichever side dials them (chaos/links.py's pair proxies).
+            cut += [p for pair, p in sorted(self.links.quorum_pairs.items()) if node_id in pair]
+            for proxy in cut:
+                if proxy not in self.disabled:
+                    proxy.disable()
+                    self.disabled.append(proxy)
 
     def heal(self) -> None:
         disabled, self.disabled = self.disabled, []
@@ -438,6 +440,12 @@ def connect_links(topology: Topology) -> Links:
             if name not in proxies:
                 raise ComposeError(f"Toxiproxy has no proxy {name} (see toxiproxy.json)")
             links.proxies[(node.node_id, kind)] = proxies[name]
+    ids = [n.node_id for n in topology.nodes]
+    for dialler in ids:
+        for dialled in ids:
+            pair = proxies.get(f"quorum-{dialled}-from-{dialler}")
+            if pair is not None:
+                links.quorum_pairs[(dialler, dialled)] = pair
     return links
 
 

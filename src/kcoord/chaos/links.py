@@ -16,9 +16,10 @@ hosts (the lab's 127.0.0.N), the dialler D of each pair reaches M through a prox
 ``quorum-M-from-D`` (an ephemeral port on M's host), named in D's own view of
 ``controller.quorum.voters``; every voter still knows every other by its ``quorum-N`` address,
 the name a voter gives of itself when it dials. A toxic on a node's Raft links then goes on the
-pair proxies of every pair it is in. On one host (the compose target's stand-in) the dial
-direction would depend on ports not known before the proxies exist, and ``quorum-N`` is used as
-before.
+pair proxies of every pair it is in. On one host (the compose target's stand-in, as
+docker-compose.yml on its ``toxiproxy`` host) the ports decide the dial direction, so a pair
+proxy takes a free port of M's block (``PAIR_PORT_OFFSETS``), below every port of D's: D, the
+greater, still dials.
 
 The proxies are driven with ``toxiproxy-python``, the client that also drives the real
 Toxiproxy of the docker-compose cluster; the proxies live on the node's own 127.0.0.N, so the
@@ -41,6 +42,9 @@ from kcoord.node import launcher
 
 PROXY_PORT_OFFSET = 5
 KINDS = ("kafka", "rpc", "quorum")
+# On one host, the ports of node M's block (base + 10 (M - 1) + offset) a Raft pair proxy to M
+# may take: the launcher uses 0-3, the proxies 5-7. So a node may be dialled by three peers.
+PAIR_PORT_OFFSETS = (4, 8, 9)
 
 
 @dataclass
@@ -112,8 +116,28 @@ def node_overrides(
 def dials(dialler: launcher.NodeProcess, dialled: launcher.NodeProcess) -> bool:
     """Whether pysyncobj's ``dialler`` opens the connection to ``dialled`` (``_shouldConnect``:
     the greater ``host:port`` string dials). With distinct hosts the hosts decide, whatever the
-    ports: the strings differ at the latest at the host's end, where one has ``:``."""
-    return f"{dialler.host}:" > f"{dialled.host}:"
+    ports: the strings differ at the latest at the host's end, where one has ``:``. On one
+    host, the Raft proxies' ports do (``quorum-N``, each voter's identity)."""
+    if dialler.host != dialled.host:
+        return f"{dialler.host}:" > f"{dialled.host}:"
+    return f"{proxy_port(dialler, 'quorum')}" > f"{proxy_port(dialled, 'quorum')}"
+
+
+def _pair_listen(
+    state: launcher.ClusterState, dialler: launcher.NodeProcess, dialled: launcher.NodeProcess
+) -> str | None:
+    """Where ``quorum-M-from-D`` listens: an ephemeral port on distinct hosts; on one host a
+    free port of M's block whose ``host:port`` string is below D's identity (so D, and not M,
+    still dials), or None when there is none (then the pair goes through ``quorum-M``)."""
+    if len({n.host for n in state.nodes}) == len(state.nodes):
+        return f"{dialled.host}:0"
+    diallers = [n for n in state.nodes if n is not dialled and dials(n, dialled)]
+    slot = diallers.index(dialler)
+    if slot >= len(PAIR_PORT_OFFSETS):
+        return None
+    port = dialled.kafka_port + PAIR_PORT_OFFSETS[slot]  # the block's base is its Kafka port
+    own = f"{dialler.host}:{proxy_port(dialler, 'quorum')}"
+    return f"{dialled.host}:{port}" if f"{dialled.host}:{port}" < own else None
 
 
 def bootstrap(state: launcher.ClusterState) -> str:
@@ -159,17 +183,20 @@ def running_proxy(state: launcher.ClusterState, seed: int, log_path: Path) -> It
                     listen=f"{n.host}:{proxy_port(n, kind)}",
                     enabled=True,
                 )
-        if len({n.host for n in state.nodes}) == len(state.nodes):
-            for dialler in state.nodes:
-                for dialled in state.nodes:
-                    if dialled is dialler or not dials(dialler, dialled):
-                        continue
-                    links.quorum_pairs[(dialler.node_id, dialled.node_id)] = client.create(
-                        upstream=f"{dialled.host}:{dialled.quorum_port}",
-                        name=f"quorum-{dialled.node_id}-from-{dialler.node_id}",
-                        listen=f"{dialled.host}:0",  # the proxy reports the port it bound
-                        enabled=True,
-                    )
+        pairs = [
+            (dialler, dialled, _pair_listen(state, dialler, dialled))
+            for dialler in state.nodes
+            for dialled in state.nodes
+            if dialled is not dialler and dials(dialler, dialled)
+        ]
+        if all(listen is not None for _, _, listen in pairs):
+            for dialler, dialled, listen in pairs:
+                links.quorum_pairs[(dialler.node_id, dialled.node_id)] = client.create(
+                    upstream=f"{dialled.host}:{dialled.quorum_port}",
+                    name=f"quorum-{dialled.node_id}-from-{dialler.node_id}",
+                    listen=listen,  # port 0: the proxy reports the port it bound
+                    enabled=True,
+                )
         yield links
     finally:
         proc.terminate()

@@ -14,8 +14,8 @@
 - ``latency``: through the fault proxy (``kcoord.chaos.links``), every link *to* a node (a
   random one, or half of the time a group's coordinator) gets a latency toxic both ways
   (50-500 ms, 10% jitter): whatever clients and peers ask of that node is slow; its Raft
-  links, too, whichever side dials them (the lab proxies them per pair of voters; the compose
-  target does not, chaos/compose.py).
+  links, too, whichever side dials them (Raft links are proxied per pair of voters,
+  chaos/links.py).
 - ``reset``: every link to such a node resets its connections (Toxiproxy's ``reset_peer``) as
   soon as data flows, until healed: clients and peers must reconnect over and over.
 

@@ -165,9 +165,11 @@ def test_every_node_environment_is_a_valid_config(
         config = configs[name]
         assert name == f"kcoord-{config.node_id}"
         assert config.data_dir == Path("/var/lib/kcoord/data")
-        # Combined roles: every node is a voter, and all of them agree on the voters.
+        # Combined roles: every node is a voter, and all of them agree on who the voters are;
+        # where each dials the others may differ (the Raft pair proxies, checked below).
         assert {v.node_id for v in config.voters} == {1, 2, 3}
-    assert len({c.voters for c in configs.values()}) == 1
+    identities = {c.node_id: c.self_voter.endpoint for c in configs.values()}
+    assert len(set(identities.values())) == 3
 
 
 def test_an_unknown_variable_is_refused() -> None:
@@ -207,6 +209,28 @@ def test_toxiproxy_is_in_front_of_every_client_and_inter_node_port(
         quorum = proxy("quorum", config.quorum_listener.bind)
         assert config.self_voter.endpoint == Endpoint("toxiproxy", quorum.port)
         assert "toxiproxy" in compose["services"][service]["depends_on"], service
+    # Raft: pysyncobj keeps one connection per pair of voters, dialled by the greater
+    # "host:port" in the dialler's own view. Each pair has one dialler, which reaches the other
+    # through a pair proxy of its own; the other knows the dialler by its quorum-N identity.
+    identity = {c.node_id: str(c.self_voter.endpoint) for c in configs.values()}
+    by_id = {c.node_id: (service, c) for service, c in configs.items()}
+    for dialler_id, (_, dialler) in by_id.items():
+        for voter in dialler.voters:
+            dialled_id = voter.node_id
+            if dialled_id == dialler_id:
+                continue
+            seen = str(voter.endpoint)
+            dials = identity[dialler_id] > seen
+            other_dials = identity[dialled_id] > identity[dialler_id]
+            assert dials != other_dials, f"{dialler_id} and {dialled_id}: one dialler"
+            if dials:
+                name = f"quorum-{dialled_id}-from-{dialler_id}"
+                used.add(name)
+                service, dialled = by_id[dialled_id]
+                assert proxies[name]["upstream"] == f"{service}:{dialled.quorum_listener.bind.port}"
+                assert seen == f"toxiproxy:{Endpoint.parse(proxies[name]['listen']).port}", name
+            else:
+                assert seen == identity[dialled_id], f"{dialler_id} knows {dialled_id} by its id"
     assert used == set(proxies), f"proxies for no node port: {set(proxies) - used}"
     # Every listen port is distinct within the one Toxiproxy container.
     ports = [Endpoint.parse(p["listen"]).port for p in proxies.values()]
