@@ -54,7 +54,8 @@ class Links:
     client: Toxiproxy
     proxies: dict[tuple[int, str], Any] = field(default_factory=dict)
     toxics: list[tuple[Any, str]] = field(default_factory=list)
-    # (dialler, dialled) -> the proxy of that Raft link (module docstring); empty on one host.
+    # (dialler, dialled) -> the proxy of that Raft link (module docstring); empty when the
+    # pairs could not be given ports (more diallers than PAIR_PORT_OFFSETS on one host).
     quorum_pairs: dict[tuple[int, int], Any] = field(default_factory=dict)
 
     def add_toxic(self, node_id: int, kind: str, **toxic: Any) -> None:

@@ -187,10 +187,11 @@ def _written_above(
 ) -> tuple[dict[str, int], int]:
     """After a load, the records in ``[start, end)`` (above the high watermark: not yet
     committed): where each group's last one ends, and where the last one that names no group
-    (or does not decode) ends, else ``start``. A read of one group then waits for its own
-    uncommitted records only, as after writes, not for every group's: reads of the groups
-    with nothing above the HW are answered at once (Kafka reads at the last committed
-    offset). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every read waits for it."""
+    (or does not decode) ends, else ``start``. A request of one group that writes nothing (a
+    read, a heartbeat) then waits for its own uncommitted records only, as after writes, not
+    for every group's: those of the groups with nothing above the HW are answered at once
+    (Kafka reads at the last committed offset, and its runtime has no pending write after a
+    load). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
     groups: dict[str, int] = {}
     others = start
     offset = start

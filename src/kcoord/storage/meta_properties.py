@@ -107,14 +107,7 @@ def write_meta_properties(data_dir: Path, props: Mapping[str, str]) -> None:
     """Write atomically: a temporary file, fsync, rename, fsync of the directory."""
     lines = ["#", "# Written by kcoord: this directory's node and cluster (do not edit)."]
     lines += [f"{key}={value}" for key, value in sorted(props.items())]
-    path = data_dir / META_PROPERTIES_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    checkpoint.fsync_dir(data_dir)
+    checkpoint.write_atomically(data_dir / META_PROPERTIES_FILE, "\n".join(lines) + "\n")
 
 
 def claim(data_dir: Path, node_id: int, cluster_id: str | None) -> str | None:

@@ -142,7 +142,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         topics: TopicsView,
         out: _Output,
     ) -> None:
-        error, message = self._validate_heartbeat(request)
+        error, message = validate_heartbeat_request(request)
         group: ConsumerGroup | None = None
         if error is Errors.NONE:
             group = self._consumer_groups.get(request.group_id)
@@ -206,9 +206,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             topics=topics,
             out=out,
         )
-
-    def _validate_heartbeat(self, request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
-        return validate_heartbeat_request(request)
 
     def _consumer_leave(
         self, token: Token, request: ConsumerGroupHeartbeatRequest, now_ms: int, out: _Output
