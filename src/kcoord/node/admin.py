@@ -343,9 +343,7 @@ class AdminService:
         if runtime is None:
             return {"groups": [], "error": int(Errors.COORDINATOR_NOT_AVAILABLE)}
         try:
-            futures = runtime.submit_all(
-                lambda s, tok, now: s.handle_list_groups(tok, ListGroupsRequest(), now)
-            )
+            futures = runtime.list_groups(ListGroupsRequest())
         except CoordinatorError as e:
             return {"groups": [], "error": int(e.code)}
         groups: list[dict[str, Any]] = []

@@ -28,7 +28,11 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   here has no timeline. A short ISR refuses nothing: the append is an acks=1 one
   (``COORDINATOR_ACKS``), and the answers wait for the high watermark as any others.
 - **Reads and record-less handlers** (OffsetFetch, Heartbeat, ...): their responses wait until
-  the high watermark reaches the last offset written so far, so nobody reads uncommitted state.
+  the high watermark passes the last record written for their group (``group_written``), so
+  nobody reads uncommitted state and nobody waits for another group's writes. ListGroups, which
+  reads every group, is answered at once from each group's entry as of the high watermark
+  (``committed_listing``, kept for the groups with records above it), as Kafka reads its
+  timeline state at the last committed offset.
 - **Timeout**: a response that has waited ``offsets.commit.timeout.ms`` for the high watermark
   fails with COORDINATOR_NOT_AVAILABLE (Kafka's runtime gives every write operation that
   timeout and maps its REQUEST_TIMED_OUT so); the client looks the coordinator up again and
@@ -61,7 +65,7 @@ import functools
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -82,6 +86,7 @@ from kcoord.cluster.coordinator.shard import (
     GroupConfig,
     GroupCoordinatorShard,
 )
+from kcoord.cluster.coordinator.types import ListedGroup, ListGroupsRequest
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
@@ -268,10 +273,12 @@ class LatestRecords:
     def __init__(self) -> None:
         self.latest: dict[bytes, tuple[int, bytes | None]] = {}
 
-    def scan(self, lg: Log, offset: int, max_bytes: int) -> tuple[int, int, int]:
-        """Take in the batches of one read from ``offset``; returns (next offset, records
-        scanned, bytes read), as ``_replay_chunk``."""
-        data = lg.read(offset, max_bytes).records
+    def scan(
+        self, lg: Log, offset: int, max_bytes: int, max_offset: int | None = None
+    ) -> tuple[int, int, int]:
+        """Take in the batches of one read from ``offset`` (below ``max_offset``, if given);
+        returns (next offset, records scanned, bytes read), as ``_replay_chunk``."""
+        data = lg.read(offset, max_bytes, max_offset=max_offset).records
         latest = self.latest
         records = 0
         for pos, header in fmt.iter_headers(data):
@@ -369,6 +376,11 @@ class ShardContext:
     # load) ends: a read of one group waits for what was written for it only.
     group_written: dict[str, int] = field(default_factory=dict)
     all_written: int = 0
+    # The ListGroups entries, as of the high watermark, of the groups with records above it
+    # (None: no such group then); a group is here exactly while it has such records. Kafka's
+    # ListGroups reads its timeline state at the last committed offset: this is what it reads
+    # of the groups whose state here is ahead of it.
+    committed_listing: dict[str, ListedGroup | None] = field(default_factory=dict)
     load_summary: LoadSummary | None = None
     batch: _Batch | None = None
     expiry: asyncio.TimerHandle | None = None  # for the oldest deferred response
@@ -386,12 +398,16 @@ class ShardContext:
         *,
         replay_only: bool = False,
         read_group: str | None = None,
+        committed_read: bool = False,
     ) -> None:
         """Run one handler (or timer) and deal with its records and responses.
 
         ``replay_only``: the handler changes the shard's state only through the records it
         returns (OffsetCommit), so when their append is refused the shard is as it was and
         only this call's answers fail; any other handler's refused write unloads the shard.
+        ``committed_read``: the handler reads every group and writes nothing (ListGroups): it
+        is given ``committed_listing`` and answered at once, as Kafka reads at the committed
+        offset, unless records of no one group are pending (see ``_written_above``).
         ``read_group``: the handler touches that group alone (every request naming a group):
         when it writes nothing (a read, a heartbeat), its answer waits for that group's written
         records to commit, not for every group's. Kafka's reads see the last committed state at
@@ -446,9 +462,22 @@ class ShardContext:
                 self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
                 return
         offset = self.last_written_offset
-        if read_group is not None and not result.records:
+        if committed_read:
+            assert not result.records, "a committed read writes nothing"
+            offset = self.all_written
+        elif read_group is not None and not result.records:
             offset = max(self.group_written.get(read_group, 0), self.all_written)
         self._defer(offset, result.responses)
+
+    def _keep_committed_listing(self, records: Sequence[CoordinatorRecord]) -> None:
+        """Before records are replayed: the ListGroups entry of each group they name that has
+        nothing above the high watermark yet, which is its entry as of the high watermark."""
+        assert self.shard is not None
+        kept = self.committed_listing
+        for record in records:
+            group_id = getattr(record.key, "group_id", None)
+            if isinstance(group_id, str) and group_id not in kept:
+                kept[group_id] = self.shard.listed_group(group_id)
 
     def _note_written(self, records: Sequence[CoordinatorRecord]) -> None:
         end = self.last_written_offset
@@ -517,6 +546,7 @@ class ShardContext:
             self.partition, batch, required_acks=COORDINATOR_ACKS
         )
         self.runtime.count_batch(len(records))
+        self._keep_committed_listing(records)
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
         self.last_written_offset = appended.last_offset + 1
@@ -552,6 +582,7 @@ class ShardContext:
             else:
                 loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
         now = self.runtime.now_ms()
+        self._keep_committed_listing(records)
         for record, (key, value) in zip(records, encoded, strict=True):
             delta = len(batch.records)
             batch.records.append(fmt.Record(delta, now, key, value))
@@ -650,12 +681,20 @@ class ShardContext:
                 fut.set_result(response)
 
     def complete_up_to(self, high_watermark: int) -> None:
+        if self.committed_listing:
+            self.forget_committed_listing(high_watermark)
         ready = [d for d in self.deferred if d.offset <= high_watermark]
         if not ready:
             return
         self.deferred = [d for d in self.deferred if d.offset > high_watermark]
         for d in ready:
             self._deliver(d.responses)
+
+    def forget_committed_listing(self, high_watermark: int) -> None:
+        """Drop the kept entries of the groups whose records are all committed now."""
+        written = self.group_written
+        for group_id in [g for g in self.committed_listing if written.get(g, 0) <= high_watermark]:
+            del self.committed_listing[group_id]
 
     def fire_timer(self, key: str, deadline_ms: int) -> None:
         if self.state is not ShardState.ACTIVE or self.timer is None:
@@ -711,6 +750,17 @@ def _bind_now(
         return handler(shard, token, now_ms)
 
     return bound
+
+
+def _list_groups(
+    shard: GroupCoordinatorShard,
+    token: int,
+    now_ms: int,
+    *,
+    request: ListGroupsRequest,
+    committed: Mapping[str, ListedGroup | None],
+) -> CoordinatorResult:
+    return shard.handle_list_groups(token, request, now_ms, committed)
 
 
 def _write_error(code: Errors) -> Errors:
@@ -899,21 +949,37 @@ class CoordinatorRuntime:
         size = 0
         # Hot: the suffix record by record. Cold: the latest record per key (LatestRecords).
         latest = LatestRecords() if standby is None else None
-        while ctx.state is ShardState.LOADING and offset < lg.log_end_offset:
-            if latest is None:
-                offset, n, nbytes = _replay_chunk(
-                    shard, decoder, lg, offset, max_offset=None, max_bytes=self.replay_chunk_bytes
-                )
-                applied += n
-            else:
-                offset, n, nbytes = latest.scan(lg, offset, self.replay_chunk_bytes)
-                if len(latest.latest) >= latest.MAX_KEYS:
+        # First up to the high watermark, where the ListGroups entries of the groups with
+        # records above it are kept (ShardContext.committed_listing), then the rest.
+        split = min(ctx.partition.high_watermark, lg.log_end_offset)
+        for stop in (split, None):
+            while ctx.state is ShardState.LOADING and offset < (
+                lg.log_end_offset if stop is None else stop
+            ):
+                if latest is None:
+                    offset, n, nbytes = _replay_chunk(
+                        shard,
+                        decoder,
+                        lg,
+                        offset,
+                        max_offset=stop,
+                        max_bytes=self.replay_chunk_bytes,
+                    )
+                    applied += n
+                else:
+                    offset, n, nbytes = latest.scan(lg, offset, self.replay_chunk_bytes, stop)
+                    if len(latest.latest) >= latest.MAX_KEYS:
+                        applied += latest.flush(shard, decoder)
+                if not nbytes:
+                    break
+                records += n
+                size += nbytes
+                await asyncio.sleep(0)  # let other work run between chunks
+            if stop is not None and ctx.state is ShardState.LOADING:
+                if latest is not None:
                     applied += latest.flush(shard, decoder)
-            if not nbytes:
-                break
-            records += n
-            size += nbytes
-            await asyncio.sleep(0)  # let other work run between chunks
+                above, _ = _written_above(decoder, lg, offset, lg.log_end_offset)
+                ctx.committed_listing = {g: shard.listed_group(g) for g in above}
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
         if latest is not None:
@@ -923,6 +989,7 @@ class CoordinatorRuntime:
         end = lg.log_end_offset
         committed = min(ctx.partition.high_watermark, end)
         ctx.group_written, ctx.all_written = _written_above(decoder, lg, committed, end)
+        ctx.forget_committed_listing(committed)
         ctx.last_written_offset = end
         ctx.state = ShardState.ACTIVE
         summary = LoadSummary(
@@ -1133,6 +1200,7 @@ class CoordinatorRuntime:
         *,
         replay_only: bool = False,
         read_group: str | None = None,
+        committed_read: bool = False,
     ) -> asyncio.Future[Any]:
         token = next(self._tokens)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -1142,6 +1210,7 @@ class CoordinatorRuntime:
             token,
             replay_only=replay_only,
             read_group=read_group,
+            committed_read=committed_read,
         )
         return fut
 
@@ -1154,14 +1223,19 @@ class CoordinatorRuntime:
     ) -> Any:
         return await self.submit(group_id, handler, replay_only=replay_only)
 
-    def submit_all(
-        self, handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult]
-    ) -> list[asyncio.Future[Any]]:
-        """Run a handler on every active shard (ListGroups); a loading shard raises at once."""
+    def list_groups(self, request: ListGroupsRequest) -> list[asyncio.Future[Any]]:
+        """ListGroups on every active shard, each answering from its committed state (see
+        ``ShardContext.committed_listing``) at once; a loading shard raises at once."""
         if any(ctx.state is ShardState.LOADING for ctx in self.contexts.values()):
             raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
         return [
-            self._submit_to(ctx, handler)
+            self._submit_to(
+                ctx,
+                functools.partial(
+                    _list_groups, request=request, committed=dict(ctx.committed_listing)
+                ),
+                committed_read=True,
+            )
             for ctx in list(self.contexts.values())
             if ctx.state is ShardState.ACTIVE
         ]

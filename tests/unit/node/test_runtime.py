@@ -144,6 +144,17 @@ def heartbeat(group: str) -> Any:
     return lambda s, tok, now: s.handle_heartbeat(tok, req, now)
 
 
+def delete_groups(*groups: str) -> Any:
+    req = t.DeleteGroupsRequest(groups_names=groups)
+    return lambda s, tok, now: s.handle_delete_groups(tok, req, now)
+
+
+async def listed_ids(runtime: CoordinatorRuntime) -> list[str]:
+    """ListGroups on every shard, answered within 5 s: the group ids."""
+    answers = await asyncio.wait_for(asyncio.gather(*runtime.list_groups(t.ListGroupsRequest())), 5)
+    return sorted(g.group_id for answer in answers for g in answer.groups)
+
+
 async def loaded(node: Node) -> None:
     ctx = node.runtime.contexts[0]
     while ctx.state is ShardState.LOADING:
@@ -612,7 +623,7 @@ def test_a_load_that_fails_leaves_the_partition_unserved(
         with pytest.raises(CoordinatorError) as e:
             node.runtime.submit("g1", fetch("g1"))
         assert e.value.code is Errors.NOT_COORDINATOR
-        assert node.runtime.submit_all(lambda s, tok, now: s.on_loaded(now)) == []
+        assert node.runtime.list_groups(t.ListGroupsRequest()) == []
         monkeypatch.setattr(part.log, "read", real_read)
         node.runtime.schedule_load(part)
         await loaded(node)
@@ -1198,7 +1209,7 @@ def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -
     """Kafka's read operations answer from the last committed state at once: a group's
     OffsetFetch or DescribeGroups behind another group's commit stuck on a lagging follower
     waited for it, and failed with it after the commit timeout. It waits for its own group's
-    pending writes only; ListGroups, which reads every group, still waits for all."""
+    pending writes only (ListGroups: see the committed-listing tests)."""
 
     async def scenario() -> None:
         node = Node(tmp_path, write_timeout_ms=60_000)
@@ -1215,20 +1226,16 @@ def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -
             "B", lambda s, tok, now: s.handle_describe_groups(tok, describe, now)
         )
         own = node.runtime.submit("A", fetch("A"))
-        listed = node.runtime.submit_all(
-            lambda s, tok, now: s.handle_list_groups(tok, t.ListGroupsRequest(), now)
-        )[0]
         offsets = await asyncio.wait_for(other, 5)
         assert offsets.topics[0].partitions[0].committed_offset == 10
         assert (await asyncio.wait_for(described, 5)).groups[0].group_id == "B"
         for _ in range(10):
             await asyncio.sleep(0)
-        assert not own.done() and not listed.done() and not stuck.done()
+        assert not own.done() and not stuck.done()
         node.replicas.release(part)
         await asyncio.wait_for(stuck, 5)
         fetched = await asyncio.wait_for(own, 5)
         assert fetched.topics[0].partitions[0].committed_offset == 1
-        await asyncio.wait_for(listed, 5)
         node.runtime.close()
 
     asyncio.run(scenario())
@@ -1259,25 +1266,29 @@ def test_a_starting_node_loads_no_shard_until_it_has_caught_up(tmp_path: Path) -
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("hot_standby", [True, False], ids=["hot", "cold"])
 def test_after_a_load_a_read_waits_only_for_its_own_groups_uncommitted_records(
-    tmp_path: Path,
+    tmp_path: Path, hot_standby: bool
 ) -> None:
-    """A load leaves the log's uncommitted suffix replayed (here: a commit of y the high
-    watermark has not passed). Reads of x, which has nothing there, are answered at once
-    (Kafka reads at the last committed offset); they waited for the whole suffix, and timed
-    out COORDINATOR_NOT_AVAILABLE while the HW was held (an ISR below min ISR). Reads of y
-    still wait for y's record to commit."""
+    """A load leaves the log's uncommitted suffix replayed (here: a commit of y and the
+    deletion of z, which the high watermark has not passed). Reads of x, which has nothing
+    there, are answered at once (Kafka reads at the last committed offset); they waited for
+    the whole suffix, and timed out COORDINATOR_NOT_AVAILABLE while the HW was held (an ISR
+    below min ISR). Reads of y still wait for y's record to commit; ListGroups does not."""
 
     async def scenario() -> None:
-        a = Replica(tmp_path / "a", 1)
+        a = Replica(tmp_path / "a", 1, hot_standby=hot_standby)
         a.runtime.write_timeout_ms = 300
         a.elect(leader=1, leader_epoch=0)
         await active(a.runtime)
         a.replicas.hold = False
         await a.runtime.call("x", commit("x", 11))
+        await a.runtime.call("z", commit("z", 7))
         a.replicas.hold = True  # the HW stops here
         with pytest.raises(CoordinatorError):
             await a.runtime.call("y", commit("y", 5))
+        with pytest.raises(CoordinatorError):
+            await a.runtime.call("z", delete_groups("z"))
         assert a.part.high_watermark < a.part.log.log_end_offset
         a.elect(leader=2, leader_epoch=1)
         a.elect(leader=1, leader_epoch=2)  # back: the shard is loaded again
@@ -1294,6 +1305,76 @@ def test_after_a_load_a_read_waits_only_for_its_own_groups_uncommitted_records(
         with pytest.raises(CoordinatorError) as waited:
             await a.runtime.call("y", heartbeat("y"))
         assert waited.value.code is Errors.COORDINATOR_NOT_AVAILABLE
+        # ListGroups reads the committed state at once: y, made by its uncommitted commit
+        # alone, is not there yet, and z, deleted by uncommitted tombstones, still is (the
+        # load keeps its entry as of the HW). It waited for their records, and timed out.
+        assert await listed_ids(a.runtime) == ["x", "z"]
+        a.replicas.release(a.part)
+        assert await listed_ids(a.runtime) == ["x", "y"]
         a.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_list_groups_answers_at_once_from_the_committed_state(tmp_path: Path) -> None:
+    """Kafka's ListGroups reads its timeline maps at the last committed offset, at once. It
+    waited for every group's pending records, and timed out with the high watermark held. A
+    group made by records above the HW is not listed yet; a group deleted by records above it
+    still is; both show as written once the HW passes them."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("B", commit("B", 10)), 5)
+        node.replicas.hold = True  # a follower lags from here on
+        stuck = node.runtime.submit("A", commit("A", 1))
+        deleted = node.runtime.submit("B", delete_groups("B"))
+        assert node.runtime.contexts[0].shard is not None
+        assert node.runtime.contexts[0].shard.group("B") is None  # gone in memory
+        assert await listed_ids(node.runtime) == ["B"]
+        assert not stuck.done() and not deleted.done()
+        node.replicas.release(part)
+        await asyncio.wait_for(asyncio.gather(stuck, deleted), 5)
+        assert await listed_ids(node.runtime) == ["A"]
+        assert node.runtime.contexts[0].committed_listing == {}
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_list_groups_shows_a_classic_groups_state_now_and_committed_existence(
+    tmp_path: Path,
+) -> None:
+    """Kafka keeps a classic group's existence in its timeline, not its state: a classic
+    group with records above the HW is listed with its state now."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("B", commit("B", 10)), 5)
+        node.replicas.hold = True
+        ctx = node.runtime.contexts[0]
+        assert ctx.shard is not None
+        kept = ctx.shard.listed_group("B")
+        assert kept is not None and kept.group_state == "Empty"
+        ctx.committed_listing["B"] = t.ListedGroup(
+            group_id="B", protocol_type="consumer", group_state="Stable", group_type="classic"
+        )
+        ctx.committed_listing["C"] = t.ListedGroup(
+            group_id="C", protocol_type="consumer", group_state="Stable", group_type="consumer"
+        )
+        (answer,) = await asyncio.wait_for(
+            asyncio.gather(*node.runtime.list_groups(t.ListGroupsRequest())), 5
+        )
+        assert {(g.group_id, g.group_state) for g in answer.groups} == {
+            ("B", "Empty"),
+            ("C", "Stable"),
+        }
+        node.runtime.close()
 
     asyncio.run(scenario())

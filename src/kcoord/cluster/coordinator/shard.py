@@ -2038,33 +2038,62 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             ),
         )
 
+    def listed_group(self, group_id: str) -> ListedGroup | None:
+        """The group's ListGroups entry now, or None if no such group: what the runtime keeps
+        of a group as it was at the high watermark while it has records above it."""
+        consumer_group = self._consumer_groups.get(group_id)
+        if consumer_group is not None:
+            return ListedGroup(
+                group_id=group_id,
+                protocol_type=CONSUMER_PROTOCOL_TYPE,
+                group_state=consumer_group.state,
+                group_type=CONSUMER_PROTOCOL_TYPE,
+            )
+        group = self._groups.get(group_id)
+        if group is None:
+            return None
+        return ListedGroup(
+            group_id=group_id,
+            protocol_type=group.protocol_type or "",
+            group_state=str(group.state),
+            group_type=CLASSIC_GROUP_TYPE,
+        )
+
     def handle_list_groups(
-        self, token: Token, request: ListGroupsRequest, now_ms: int
+        self,
+        token: Token,
+        request: ListGroupsRequest,
+        now_ms: int,
+        committed: Mapping[str, ListedGroup | None] | None = None,
     ) -> CoordinatorResult:
-        """``GroupMetadataManager.listGroups``: filters are case-insensitive."""
+        """``GroupMetadataManager.listGroups``: filters are case-insensitive.
+
+        Kafka lists the groups of the last committed offset (its timeline maps read at that
+        offset). Here the shard holds what was written, committed or not, and ``committed``
+        holds the entries, as of the high watermark, of the groups with records above it
+        (None: the group did not exist then). Such a group is listed as it was then, except
+        that a classic group still here shows its state now: Kafka's ``ClassicGroup`` state
+        is not kept in the timeline, only whether the group exists."""
         out = _Output()
         states = {s.strip().lower() for s in request.states_filter}
         types = {t.strip().lower() for t in request.types_filter}
+        entries: dict[str, ListedGroup] = {}
+        for group_id in [*self._groups, *self._consumer_groups]:
+            if group_id not in entries:
+                entry = self.listed_group(group_id)
+                assert entry is not None
+                entries[group_id] = entry
+        for group_id, then in (committed or {}).items():
+            now = entries.get(group_id)
+            if then is None:
+                entries.pop(group_id, None)
+            elif not (now is not None and now.group_type == then.group_type == CLASSIC_GROUP_TYPE):
+                entries[group_id] = then
         listed = tuple(
-            ListedGroup(
-                group_id=group.group_id,
-                protocol_type=group.protocol_type or "",
-                group_state=str(group.state),
-                group_type=CLASSIC_GROUP_TYPE,
-            )
-            for group in self._groups.values()
-            if (not states or str(group.state).lower() in states)
-            and (not types or CLASSIC_GROUP_TYPE in types)
-        ) + tuple(
-            ListedGroup(
-                group_id=group.group_id,
-                protocol_type=CONSUMER_PROTOCOL_TYPE,
-                group_state=group.state,
-                group_type=CONSUMER_PROTOCOL_TYPE,
-            )
-            for group in self._consumer_groups.values()
-            if (not states or group.state.lower() in states)
-            and (not types or CONSUMER_PROTOCOL_TYPE in types)
+            entry
+            for entry in entries.values()
+            if (not states or entry.group_state.lower() in states)
+            and (not types or entry.group_type in types)
         )
         out.respond(token, ListGroupsResponse(groups=listed))
         return out.result()

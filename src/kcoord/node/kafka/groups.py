@@ -510,9 +510,7 @@ class GroupApi:
             types_filter=tuple(getattr(body, "types_filter", ())),
         )
         try:
-            futures = self.runtime.submit_all(
-                lambda s, tok, now: s.handle_list_groups(tok, req, now)
-            )
+            futures = self.runtime.list_groups(req)
         except CoordinatorError as e:
             return {"throttle_time": 0, "error_code": e.code, "groups": []}
 

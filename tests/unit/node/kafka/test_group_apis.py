@@ -28,7 +28,7 @@ from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
 
 
 class _Runtime:
-    """Every shard of this node is loading; ``submit_all`` answers from ``shards``."""
+    """Every shard of this node is loading; ``list_groups`` answers from ``shards``."""
 
     def __init__(self, shards: list[Any]) -> None:
         self.shards = shards
@@ -37,7 +37,7 @@ class _Runtime:
     def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
         raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
 
-    def submit_all(self, call: Any) -> list[asyncio.Future[Any]]:
+    def list_groups(self, request: Any) -> list[asyncio.Future[Any]]:
         loop = asyncio.get_running_loop()
         futures: list[asyncio.Future[Any]] = []
         for shard in self.shards:
