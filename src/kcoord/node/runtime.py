@@ -897,6 +897,26 @@ class CoordinatorRuntime:
         old = self.contexts.get(part.partition)
         if old is not None and old.leader_epoch >= part.leader_epoch:
             return  # stale or duplicate election
+        if (
+            old is not None
+            and old.partition is part
+            and old.state in (ShardState.LOADING, ShardState.ACTIVE)
+        ):
+            # A new leader epoch with this node leading throughout (it never saw itself a
+            # follower: it would have unloaded). Kafka's CoordinatorRuntime.
+            # scheduleLoadOperation takes the new epoch and keeps a loading or active
+            # coordinator as it is: the log it replayed is still the leader's. Reloaded, every
+            # pending answer failed NOT_COORDINATOR and every member in a rebalance rejoined.
+            log.info(
+                "%s-%d: leader epoch %d -> %d, still led here: the shard stays %s",
+                OFFSETS_TOPIC,
+                part.partition,
+                old.leader_epoch,
+                part.leader_epoch,
+                old.state.name.lower(),
+            )
+            old.leader_epoch = part.leader_epoch
+            return
         if old is not None:
             self._close(old, Errors.NOT_COORDINATOR)
         standby = self._take_standby(part)

@@ -26,8 +26,9 @@ from kcoord.errors import Errors
 from kcoord.node.kafka.server import RequestStats
 from kcoord.node.log_maintenance import MaintenanceStats
 from kcoord.node.metrics import NodeMetrics, exposition
+from kcoord.raft import records as rec
 from kcoord.storage import format as fmt
-from tests.unit.node.test_runtime import Node, commit, loaded
+from tests.unit.node.test_runtime import OFFSETS_ID, Node, commit, loaded
 
 if TYPE_CHECKING:
     from kcoord.node.log_maintenance import LogMaintenance
@@ -143,6 +144,38 @@ def test_offsets_are_shown_once_committed_and_a_partial_lag_sum_not_at_all(
             value(samples, "kafka_consumergroup_lag_sum", consumergroup="g", topic="orders") is None
         )
         assert value(samples, "kcoord_coordinator_committed_offsets") == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_committed_offset_stays_shown_across_a_new_leader_epoch_of_the_same_shard(
+    tmp_path: Path,
+) -> None:
+    """A new leader epoch with this node still leading keeps the shard (runtime.py): the last
+    committed value of an offset whose newer commit is pending stays shown. The scrape took
+    any epoch change for a reload and showed nothing until the newer commit committed."""
+
+    async def scenario() -> None:
+        node, offsets = await led_with_records(tmp_path)
+        metrics = NodeMetrics(node_view(node))
+        key = {"consumergroup": "g", "topic": "orders", "partition": "0"}
+        first = node.runtime.submit("g", commit_many("g", {0: 3}))
+        node.runtime.contexts[0].flush()
+        node.replicas.release(offsets)
+        await first
+        assert value(scrape(metrics), "kafka_consumergroup_current_offset", **key) == 3
+        second = node.runtime.submit("g", commit_many("g", {0: 6}))
+        node.runtime.contexts[0].flush()
+        ctx = node.runtime.contexts[0]
+        state = node.cache.image.partition(OFFSETS_ID, 0)
+        assert state is not None
+        # The same leader, a new leader epoch (as a node that missed its leaderless stretch).
+        node.cache.apply(2, [rec.PartitionChange(OFFSETS_ID, 0, state.partition_epoch, leader=1)])
+        assert node.runtime.contexts[0] is ctx and ctx.leader_epoch == 1
+        assert value(scrape(metrics), "kafka_consumergroup_current_offset", **key) == 3
+        node.replicas.release(offsets)
+        await second
+        assert value(scrape(metrics), "kafka_consumergroup_current_offset", **key) == 6
 
     asyncio.run(scenario())
 

@@ -211,15 +211,16 @@ def test_unload_fails_pending_answers_and_reload_replays_the_log(
         # Leading again: the shard is rebuilt by replaying the log.
         node.runtime.schedule_load(part)
         await loaded(node)
-        # A repeated election for the same epoch is stale and changes nothing; a newer
-        # epoch replaces the context (Kafka's scheduleLoadOperation).
+        # A repeated election for the same epoch is stale and changes nothing; a newer epoch
+        # of the partition still led here only moves the context's epoch (Kafka's
+        # scheduleLoadOperation).
         first = node.runtime.contexts[0]
         node.runtime.schedule_load(part)
         assert node.runtime.contexts[0] is first
         part.leader_epoch += 1
         node.runtime.schedule_load(part)
-        assert node.runtime.contexts[0] is not first and first.state is ShardState.CLOSED
-        await loaded(node)
+        assert node.runtime.contexts[0] is first and first.state is ShardState.ACTIVE
+        assert first.leader_epoch == part.leader_epoch
         shard: GroupCoordinatorShard | None = node.runtime.contexts[0].shard
         assert shard is not None
         node.replicas.release(part)
@@ -1376,5 +1377,42 @@ def test_list_groups_shows_a_classic_groups_state_now_and_committed_existence(
             ("C", "Stable"),
         }
         node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_new_leader_epoch_of_a_shard_still_led_here_keeps_it(tmp_path: Path) -> None:
+    """Kafka's CoordinatorRuntime.scheduleLoadOperation takes a newer epoch of a coordinator
+    it has loaded and keeps it (a node that missed its own leaderless stretch sees the same
+    leader at a later epoch). The shard was closed and loaded cold again: its pending answers
+    failed NOT_COORDINATOR and requests got COORDINATOR_LOAD_IN_PROGRESS meanwhile."""
+
+    async def scenario() -> None:
+        a = Replica(tmp_path / "a", 1)
+        a.elect(leader=1, leader_epoch=0)
+        await active(a.runtime)
+        ctx = a.runtime.contexts[0]
+        a.replicas.hold = False
+        await a.runtime.call("x", commit("x", 11))
+        a.replicas.hold = True
+        pending = a.runtime.submit("x", commit("x", 12))
+        end = a.part.log.log_end_offset
+        await _until(lambda: a.part.log.log_end_offset > end, "the commit appended")
+        a.elect(leader=1, leader_epoch=1)
+        assert a.runtime.contexts[0] is ctx
+        assert (ctx.state, ctx.leader_epoch) == (ShardState.ACTIVE, 1)
+        assert not pending.done()
+        a.replicas.release(a.part)
+        answer = await asyncio.wait_for(pending, 5)
+        assert answer.topics[0].partitions[0].error_code is Errors.NONE
+        read = await asyncio.wait_for(a.runtime.call("x", fetch("x")), 5)
+        assert read.topics[0].partitions[0].committed_offset == 12
+        # Led by another node, then here again: unloaded, then loaded anew.
+        a.elect(leader=2, leader_epoch=2)
+        assert 0 not in a.runtime.contexts
+        a.elect(leader=1, leader_epoch=3)
+        assert a.runtime.contexts[0] is not ctx
+        await active(a.runtime)
+        a.runtime.close()
 
     asyncio.run(scenario())
