@@ -104,6 +104,7 @@ scrape (plain integer additions on rebalances, commits and appends).
 from __future__ import annotations
 
 import math
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
@@ -178,9 +179,10 @@ class NodeCollector(Collector):
         # Partition -> high watermark, from the leaders of partitions this node does not lead
         # (see the module docstring); replaced before each scrape by the /metrics handler.
         self.remote_end_offsets: Mapping[PartitionKey, int] = {}
-        # Per offsets partition: (its shard context, (group, topic, partition) -> committed
-        # offset) as last seen committed (see _committed_offsets).
-        self._committed: dict[int, tuple[ShardContext, dict[_OffsetKey, int]]] = {}
+        # Per offsets partition: (its shard context, weakly: an unloaded shard is let go;
+        # (group, topic, partition) -> committed offset) as last seen committed (see
+        # _committed_offsets).
+        self._committed: dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # registered without describing: a scrape is the only time we read
@@ -212,8 +214,8 @@ class NodeCollector(Collector):
             if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
                 continue
             hw = ctx.partition.high_watermark
-            seen, before = before_all.get(ctx.index, (ctx, {}))
-            if seen is not ctx:
+            seen, before = before_all.get(ctx.index, (weakref.ref(ctx), {}))
+            if seen() is not ctx:
                 before = {}  # reloaded: everything below the HW is committed
             now: dict[_OffsetKey, int] = {}
             for group_id, topics in ctx.shard.offsets.items():
@@ -227,7 +229,7 @@ class NodeCollector(Collector):
             for key, value in before.items():
                 if key not in now and ctx.group_written.get(key[0], 0) > hw:
                     now[key] = value
-            self._committed[ctx.index] = (ctx, now)
+            self._committed[ctx.index] = (weakref.ref(ctx), now)
             for (group_id, topic, partition), value in now.items():
                 out.setdefault(group_id, {}).setdefault(topic, {})[partition] = value
         return out

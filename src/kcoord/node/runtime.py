@@ -187,16 +187,23 @@ def _replay_chunk(
 SUFFIX_SCAN_MAX_BYTES: Final = 1 << 20
 
 
-def _written_above(
-    decoder: RecordDecoder, lg: Log, start: int, end: int
-) -> tuple[dict[str, int], int]:
-    """After a load, the records in ``[start, end)`` (above the high watermark: not yet
-    committed): where each group's last one ends, and where the last one that names no group
-    (or does not decode) ends, else ``start``. A request of one group that writes nothing (a
-    read, a heartbeat) then waits for its own uncommitted records only, as after writes, not
-    for every group's: those of the groups with nothing above the HW are answered at once
-    (Kafka reads at the last committed offset, and its runtime has no pending write after a
-    load). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
+@dataclass
+class _Suffix:
+    """What ``_written_above`` finds in a log's uncommitted suffix."""
+
+    first: dict[str, int]  # group -> the offset of its first record there
+    ends: dict[str, int]  # group -> where its last record there ends
+    others: int  # where the last record of no one group (or not decoded) ends, else the start
+
+
+def _written_above(decoder: RecordDecoder, lg: Log, start: int, end: int) -> _Suffix:
+    """During a load, the records in ``[start, end)`` (above the high watermark: not yet
+    committed), by group. A request of one group that writes nothing (a read, a heartbeat) then
+    waits for its own uncommitted records only, as after writes, not for every group's: those
+    of the groups with nothing above the HW are answered at once (Kafka reads at the last
+    committed offset, and its runtime has no pending write after a load). A suffix over
+    ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
+    first: dict[str, int] = {}
     groups: dict[str, int] = {}
     others = start
     offset = start
@@ -207,7 +214,7 @@ def _written_above(
             break
         read += len(data)
         if read > SUFFIX_SCAN_MAX_BYTES:
-            return {}, end
+            return _Suffix({}, {}, end)
         for pos, header in fmt.iter_headers(data):
             offset = header.next_offset
             if header.is_control:
@@ -218,10 +225,11 @@ def _written_above(
                     with contextlib.suppress(CoordinatorRecordError):  # counted as no group
                         group_id = getattr(decoder.decode(key, value).key, "group_id", None)
                 if isinstance(group_id, str):
+                    first.setdefault(group_id, record_offset)
                     groups[group_id] = record_offset + 1
                 else:
                     others = record_offset + 1
-    return groups, others
+    return _Suffix(first, groups, others)
 
 
 def _replay_record(
@@ -376,11 +384,19 @@ class ShardContext:
     # load) ends: a read of one group waits for what was written for it only.
     group_written: dict[str, int] = field(default_factory=dict)
     all_written: int = 0
-    # The ListGroups entries, as of the high watermark, of the groups with records above it
-    # (None: no such group then); a group is here exactly while it has such records. Kafka's
-    # ListGroups reads its timeline state at the last committed offset: this is what it reads
-    # of the groups whose state here is ahead of it.
-    committed_listing: dict[str, ListedGroup | None] = field(default_factory=dict)
+    # For each group with records above the high watermark, its ListGroups entry (None: no
+    # such group) just before each of its writes there, as (offset of the write, end of the
+    # writes it stands for, entry) in log order: the first write at or above the HW gives the
+    # entry as of the HW. Kafka's ListGroups reads its timeline state at the last committed
+    # offset; this is what it reads of the groups whose state here is ahead of it. A load
+    # keeps only the entry before the group's first write in the uncommitted suffix, standing
+    # for all of them there: older than the HW once it passes some, but committed.
+    committed_listing: dict[str, list[tuple[int, int, ListedGroup | None]]] = field(
+        default_factory=dict
+    )
+    # The entry of the group a running handler names, taken before it ran: a handler may change
+    # a classic group in memory before its records are replayed (a JoinGroup makes the group).
+    _before_handler: tuple[str, ListedGroup | None] | None = None
     load_summary: LoadSummary | None = None
     batch: _Batch | None = None
     expiry: asyncio.TimerHandle | None = None  # for the oldest deferred response
@@ -416,6 +432,12 @@ class ShardContext:
         a previous leader left above the high watermark, nor time out with them.
         """
         assert self.shard is not None and self.state is ShardState.ACTIVE
+        # OffsetCommit (replay_only) changes nothing before its records are replayed.
+        self._before_handler = (
+            None
+            if read_group is None or replay_only
+            else (read_group, self.shard.listed_group(read_group))
+        )
         try:
             result = handler(self.shard, token)
         except Exception:
@@ -469,15 +491,31 @@ class ShardContext:
             offset = max(self.group_written.get(read_group, 0), self.all_written)
         self._defer(offset, result.responses)
 
-    def _keep_committed_listing(self, records: Sequence[CoordinatorRecord]) -> None:
-        """Before records are replayed: the ListGroups entry of each group they name that has
-        nothing above the high watermark yet, which is its entry as of the high watermark."""
+    def _keep_committed_listing(
+        self, base_offset: int, records: Sequence[CoordinatorRecord]
+    ) -> None:
+        """Before records written from ``base_offset`` are replayed: the ListGroups entry of
+        each group they name, as it is before this write (see ``committed_listing``)."""
         assert self.shard is not None
         kept = self.committed_listing
-        for record in records:
+        before, self._before_handler = self._before_handler, None
+        seen: set[str] = set()
+        for i, record in enumerate(records):
             group_id = getattr(record.key, "group_id", None)
-            if isinstance(group_id, str) and group_id not in kept:
-                kept[group_id] = self.shard.listed_group(group_id)
+            if not isinstance(group_id, str) or group_id in seen:
+                continue
+            seen.add(group_id)
+            if before is not None and before[0] == group_id:
+                entry = before[1]
+            else:
+                entry = self.shard.listed_group(group_id)
+            offset = base_offset + i
+            kept.setdefault(group_id, []).append((offset, offset + 1, entry))
+
+    def committed_listing_at(self, high_watermark: int) -> dict[str, ListedGroup | None]:
+        """The entries as of ``high_watermark`` of the groups with records above it."""
+        self.forget_committed_listing(high_watermark)
+        return {group_id: chain[0][2] for group_id, chain in self.committed_listing.items()}
 
     def _note_written(self, records: Sequence[CoordinatorRecord]) -> None:
         end = self.last_written_offset
@@ -546,7 +584,7 @@ class ShardContext:
             self.partition, batch, required_acks=COORDINATOR_ACKS
         )
         self.runtime.count_batch(len(records))
-        self._keep_committed_listing(records)
+        self._keep_committed_listing(appended.base_offset, records)
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
         self.last_written_offset = appended.last_offset + 1
@@ -582,7 +620,7 @@ class ShardContext:
             else:
                 loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
         now = self.runtime.now_ms()
-        self._keep_committed_listing(records)
+        self._keep_committed_listing(batch.base_offset + len(batch.records), records)
         for record, (key, value) in zip(records, encoded, strict=True):
             delta = len(batch.records)
             batch.records.append(fmt.Record(delta, now, key, value))
@@ -691,9 +729,18 @@ class ShardContext:
             self._deliver(d.responses)
 
     def forget_committed_listing(self, high_watermark: int) -> None:
-        """Drop the kept entries of the groups whose records are all committed now."""
+        """Drop the entries before writes the high watermark has passed, as long as a later
+        one (or, with none, the group's state now) is as of it."""
         written = self.group_written
-        for group_id in [g for g in self.committed_listing if written.get(g, 0) <= high_watermark]:
+        done = []
+        for group_id, chain in self.committed_listing.items():
+            while chain and chain[0][1] <= high_watermark:
+                if len(chain) == 1 and written.get(group_id, 0) > high_watermark:
+                    break  # the rest of its last write is above the HW: keep what is known
+                del chain[0]
+            if not chain:
+                done.append(group_id)
+        for group_id in done:
             del self.committed_listing[group_id]
 
     def fire_timer(self, key: str, deadline_ms: int) -> None:
@@ -998,8 +1045,13 @@ class CoordinatorRuntime:
             if stop is not None and ctx.state is ShardState.LOADING:
                 if latest is not None:
                     applied += latest.flush(shard, decoder)
-                above, _ = _written_above(decoder, lg, offset, lg.log_end_offset)
-                ctx.committed_listing = {g: shard.listed_group(g) for g in above}
+                # Set now: a HW that moves during the rest of the load drops entries by them.
+                suffix = _written_above(decoder, lg, min(offset, split), lg.log_end_offset)
+                ctx.group_written, ctx.all_written = suffix.ends, suffix.others
+                ctx.committed_listing = {
+                    g: [(first, suffix.ends[g], shard.listed_group(g))]
+                    for g, first in suffix.first.items()
+                }
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
         if latest is not None:
@@ -1007,9 +1059,7 @@ class CoordinatorRuntime:
         ctx.shard = shard
         ctx.timer = timer
         end = lg.log_end_offset
-        committed = min(ctx.partition.high_watermark, end)
-        ctx.group_written, ctx.all_written = _written_above(decoder, lg, committed, end)
-        ctx.forget_committed_listing(committed)
+        ctx.forget_committed_listing(min(ctx.partition.high_watermark, end))
         ctx.last_written_offset = end
         ctx.state = ShardState.ACTIVE
         summary = LoadSummary(
@@ -1252,7 +1302,9 @@ class CoordinatorRuntime:
             self._submit_to(
                 ctx,
                 functools.partial(
-                    _list_groups, request=request, committed=dict(ctx.committed_listing)
+                    _list_groups,
+                    request=request,
+                    committed=ctx.committed_listing_at(ctx.partition.high_watermark),
                 ),
                 committed_read=True,
             )

@@ -25,6 +25,7 @@ from kcoord.cluster.coordinator.records import (
 )
 from kcoord.cluster.coordinator.shard import GroupConfig, GroupCoordinatorShard
 from kcoord.errors import Errors
+from kcoord.node import runtime as rt
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
 from kcoord.node.runtime import (
@@ -1349,34 +1350,135 @@ def test_list_groups_answers_at_once_from_the_committed_state(tmp_path: Path) ->
 def test_list_groups_shows_a_classic_groups_state_now_and_committed_existence(
     tmp_path: Path,
 ) -> None:
-    """Kafka keeps a classic group's existence in its timeline, not its state: a classic
-    group with records above the HW is listed with its state now."""
+    """The shard's merge: Kafka keeps a classic group's existence in its timeline, not its
+    state, so a classic group with records above the HW is listed with its state now; a
+    consumer group with its state as of the HW; a group that did not exist then not at all."""
 
     async def scenario() -> None:
         node = Node(tmp_path, write_timeout_ms=60_000)
         node.elect()
         await loaded(node)
         node.replicas.hold = False
-        await asyncio.wait_for(node.runtime.call("B", commit("B", 10)), 5)
-        node.replicas.hold = True
-        ctx = node.runtime.contexts[0]
-        assert ctx.shard is not None
-        kept = ctx.shard.listed_group("B")
-        assert kept is not None and kept.group_state == "Empty"
-        ctx.committed_listing["B"] = t.ListedGroup(
-            group_id="B", protocol_type="consumer", group_state="Stable", group_type="classic"
-        )
-        ctx.committed_listing["C"] = t.ListedGroup(
-            group_id="C", protocol_type="consumer", group_state="Stable", group_type="consumer"
-        )
-        (answer,) = await asyncio.wait_for(
-            asyncio.gather(*node.runtime.list_groups(t.ListGroupsRequest())), 5
-        )
-        assert {(g.group_id, g.group_state) for g in answer.groups} == {
+        for group in ("B", "D"):
+            await asyncio.wait_for(node.runtime.call(group, commit(group, 10)), 5)
+        shard = node.runtime.contexts[0].shard
+        assert shard is not None
+        now = shard.listed_group("B")
+        assert now is not None and now.group_state == "Empty"
+        committed: dict[str, t.ListedGroup | None] = {
+            "B": t.ListedGroup(
+                group_id="B", protocol_type="consumer", group_state="Stable", group_type="classic"
+            ),
+            "C": t.ListedGroup(
+                group_id="C", protocol_type="consumer", group_state="Stable", group_type="consumer"
+            ),
+            "D": None,
+        }
+        answer = shard.handle_list_groups(0, t.ListGroupsRequest(), node.now, committed)
+        ((_, listed),) = answer.responses
+        assert isinstance(listed, t.ListGroupsResponse)
+        assert {(g.group_id, g.group_state) for g in listed.groups} == {
             ("B", "Empty"),
             ("C", "Stable"),
         }
         node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_list_groups_leaves_out_a_group_a_join_made_until_its_records_commit(
+    tmp_path: Path,
+) -> None:
+    """A JoinGroup makes its classic group in memory before its records are replayed: the
+    entry kept for ListGroups is the one from before the handler ran (no group). It was taken
+    after, and the group was listed before anything of it had committed."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        join = t.JoinGroupRequest(
+            group_id="J",
+            session_timeout_ms=10_000,
+            rebalance_timeout_ms=10_000,
+            protocol_type="consumer",
+            protocols=(t.JoinGroupRequestProtocol(name="range", metadata=b""),),
+        )
+        node.runtime.submit("J", lambda s, tok, now: s.handle_join_group(tok, join, now))
+        part = node.offsets_partition
+        await _until(lambda: part.log.log_end_offset > part.high_watermark, "the join's write")
+        assert await listed_ids(node.runtime) == []
+        node.replicas.release(part)
+        assert await listed_ids(node.runtime) == ["J"]
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_list_groups_shows_what_the_high_watermark_passed_of_a_group_still_writing(
+    tmp_path: Path,
+) -> None:
+    """A group with writes both below and above the HW is listed as of the HW: the commit
+    that made group A committed, a later one of A not yet. Only one entry per group was kept,
+    the one from before its first pending write, so A stayed hidden for as long as it kept
+    writing faster than the HW moved."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        ctx = node.runtime.contexts[0]
+        first = node.runtime.submit("A", commit("A", 1))
+        ctx.flush()
+        second = node.runtime.submit("A", commit("A", 2))  # in the open batch
+        node.replicas.release(part)  # the HW passes A's first commit only
+        await asyncio.wait_for(first, 5)
+        assert not second.done()
+        assert await listed_ids(node.runtime) == ["A"]
+        node.replicas.release(part)
+        await asyncio.wait_for(second, 5)
+        assert ctx.committed_listing == {}
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_high_watermark_moving_during_a_load_keeps_the_committed_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A HW notice during the second part of a load (followers fetching from the new leader)
+    dropped every kept entry, the groups' written offsets not being set yet: ListGroups then
+    showed y, made by an uncommitted commit, and hid z, whose deletion is uncommitted."""
+
+    async def scenario() -> None:
+        a = Replica(tmp_path / "a", 1, hot_standby=False)
+        a.runtime.write_timeout_ms = 300
+        a.elect(leader=1, leader_epoch=0)
+        await active(a.runtime)
+        a.replicas.hold = False
+        await a.runtime.call("x", commit("x", 11))
+        await a.runtime.call("z", commit("z", 7))
+        a.replicas.hold = True
+        with pytest.raises(CoordinatorError):
+            await a.runtime.call("y", commit("y", 5))
+        with pytest.raises(CoordinatorError):
+            await a.runtime.call("z", delete_groups("z"))
+        a.elect(leader=2, leader_epoch=1)
+        real = rt._written_above
+
+        def then_a_high_watermark_notice(*args: Any) -> Any:
+            asyncio.get_running_loop().call_soon(
+                a.runtime._on_high_watermark, a.part, a.part.high_watermark
+            )
+            return real(*args)
+
+        monkeypatch.setattr(rt, "_written_above", then_a_high_watermark_notice)
+        a.runtime.replay_chunk_bytes = 1  # the rest of the load yields at least once
+        a.elect(leader=1, leader_epoch=2)
+        await active(a.runtime)
+        assert await listed_ids(a.runtime) == ["x", "z"]
+        a.runtime.close()
 
     asyncio.run(scenario())
 
