@@ -1381,6 +1381,15 @@ def test_list_groups_shows_a_classic_groups_state_now_and_committed_existence(
             ("B", "Empty"),
             ("C", "Stable"),
         }
+        for request, expected in [
+            (t.ListGroupsRequest(states_filter=("STABLE",)), {"C"}),
+            (t.ListGroupsRequest(types_filter=("classic",)), {"B"}),
+            (t.ListGroupsRequest(types_filter=("consumer",), states_filter=("empty",)), set()),
+        ]:
+            answer = shard.handle_list_groups(0, request, node.now, committed)
+            ((_, listed),) = answer.responses
+            assert isinstance(listed, t.ListGroupsResponse)
+            assert {g.group_id for g in listed.groups} == expected, request
         node.runtime.close()
 
     asyncio.run(scenario())

@@ -2077,25 +2077,38 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         out = _Output()
         states = {s.strip().lower() for s in request.states_filter}
         types = {t.strip().lower() for t in request.types_filter}
-        entries: dict[str, ListedGroup] = {}
-        for group_id in [*self._groups, *self._consumer_groups]:
-            if group_id not in entries:
+        kept = committed or {}
+
+        def wanted(group_type: str, state: str) -> bool:
+            return (not types or group_type in types) and (not states or state.lower() in states)
+
+        listed: list[ListedGroup] = []
+        if not types or CLASSIC_GROUP_TYPE in types:
+            for group in self._groups.values():
+                group_id = group.group_id
+                if group_id in kept or group_id in self._consumer_groups:
+                    continue  # below: as of the HW; or the consumer group that replaces it
+                if wanted(CLASSIC_GROUP_TYPE, str(group.state)):
+                    entry = self.listed_group(group_id)
+                    assert entry is not None
+                    listed.append(entry)
+        for consumer_group in self._consumer_groups.values():
+            group_id = consumer_group.group_id
+            if group_id not in kept and wanted(CONSUMER_PROTOCOL_TYPE, consumer_group.state):
                 entry = self.listed_group(group_id)
                 assert entry is not None
-                entries[group_id] = entry
-        for group_id, then in (committed or {}).items():
-            now = entries.get(group_id)
+                listed.append(entry)
+        for then in kept.values():
             if then is None:
-                entries.pop(group_id, None)
-            elif not (now is not None and now.group_type == then.group_type == CLASSIC_GROUP_TYPE):
-                entries[group_id] = then
-        listed = tuple(
-            entry
-            for entry in entries.values()
-            if (not states or entry.group_state.lower() in states)
-            and (not types or entry.group_type in types)
-        )
-        out.respond(token, ListGroupsResponse(groups=listed))
+                continue
+            now = self.listed_group(then.group_id)
+            classic_now = (
+                now is not None and now.group_type == then.group_type == CLASSIC_GROUP_TYPE
+            )
+            entry = now if classic_now and now is not None else then
+            if wanted(entry.group_type, entry.group_state):
+                listed.append(entry)
+        out.respond(token, ListGroupsResponse(groups=tuple(listed)))
         return out.result()
 
     def handle_delete_groups(
