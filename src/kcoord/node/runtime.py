@@ -432,10 +432,11 @@ class ShardContext:
         a previous leader left above the high watermark, nor time out with them.
         """
         assert self.shard is not None and self.state is ShardState.ACTIVE
-        # OffsetCommit (replay_only) changes nothing before its records are replayed.
+        # OffsetCommit (replay_only) changes nothing before its records are replayed, nor does
+        # any handler a consumer group (whose entry costs a walk over its members).
         self._before_handler = (
             None
-            if read_group is None or replay_only
+            if read_group is None or replay_only or self.shard.is_consumer_group(read_group)
             else (read_group, self.shard.listed_group(read_group))
         )
         try:
@@ -483,6 +484,7 @@ class ShardContext:
                 log.exception("coordinator write failed on %s-%d", OFFSETS_TOPIC, self.index)
                 self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
                 return
+        self._before_handler = None
         offset = self.last_written_offset
         if committed_read:
             assert not result.records, "a committed read writes nothing"
@@ -498,7 +500,7 @@ class ShardContext:
         each group they name, as it is before this write (see ``committed_listing``)."""
         assert self.shard is not None
         kept = self.committed_listing
-        before, self._before_handler = self._before_handler, None
+        before = self._before_handler
         seen: set[str] = set()
         for i, record in enumerate(records):
             group_id = getattr(record.key, "group_id", None)
@@ -507,10 +509,16 @@ class ShardContext:
             seen.add(group_id)
             if before is not None and before[0] == group_id:
                 entry = before[1]
+                self._before_handler = None  # later parts of the result: as replayed so far
             else:
                 entry = self.shard.listed_group(group_id)
             offset = base_offset + i
-            kept.setdefault(group_id, []).append((offset, offset + 1, entry))
+            chain = kept.setdefault(group_id, [])
+            if chain and chain[-1][2] == entry:
+                # The previous write left the entry as it was: one item stands for both.
+                chain[-1] = (chain[-1][0], offset + 1, entry)
+            else:
+                chain.append((offset, offset + 1, entry))
 
     def committed_listing_at(self, high_watermark: int) -> dict[str, ListedGroup | None]:
         """The entries as of ``high_watermark`` of the groups with records above it."""

@@ -156,6 +156,19 @@ async def listed_ids(runtime: CoordinatorRuntime) -> list[str]:
     return sorted(g.group_id for answer in answers for g in answer.groups)
 
 
+async def held_after_commits(tmp_path: Path, *groups: str) -> Node:
+    """A node leading its loaded shard, each of ``groups`` with offset 10 committed, and its
+    high watermark held from then on (a follower lags); writes wait up to 60 s."""
+    node = Node(tmp_path, write_timeout_ms=60_000)
+    node.elect()
+    await loaded(node)
+    node.replicas.hold = False
+    for group in groups:
+        await asyncio.wait_for(node.runtime.call(group, commit(group, 10)), 5)
+    node.replicas.hold = True
+    return node
+
+
 async def loaded(node: Node) -> None:
     ctx = node.runtime.contexts[0]
     while ctx.state is ShardState.LOADING:
@@ -1214,13 +1227,8 @@ def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -
     pending writes only (ListGroups: see the committed-listing tests)."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
+        node = await held_after_commits(tmp_path, "B")
         part = node.offsets_partition
-        node.replicas.hold = False
-        await asyncio.wait_for(node.runtime.call("B", commit("B", 10)), 5)
-        node.replicas.hold = True  # a follower lags from here on
         stuck = node.runtime.submit("A", commit("A", 1))
         describe = t.DescribeGroupsRequest(groups=("B",))
         other = node.runtime.submit("B", fetch("B"))
@@ -1268,6 +1276,27 @@ def test_a_starting_node_loads_no_shard_until_it_has_caught_up(tmp_path: Path) -
     asyncio.run(scenario())
 
 
+async def deposed_with_an_uncommitted_suffix(tmp_path: Path, *, hot_standby: bool) -> Replica:
+    """Node 1 led __consumer_offsets-0 and committed x (offset 11) and z (7); then, with its
+    HW held, wrote a commit of y and the deletion of z, which never committed (300 ms write
+    timeout); then node 2 took the lead (epoch 1)."""
+    a = Replica(tmp_path / "a", 1, hot_standby=hot_standby)
+    a.runtime.write_timeout_ms = 300
+    a.elect(leader=1, leader_epoch=0)
+    await active(a.runtime)
+    a.replicas.hold = False
+    await a.runtime.call("x", commit("x", 11))
+    await a.runtime.call("z", commit("z", 7))
+    a.replicas.hold = True  # the HW stops here
+    with pytest.raises(CoordinatorError):
+        await a.runtime.call("y", commit("y", 5))
+    with pytest.raises(CoordinatorError):
+        await a.runtime.call("z", delete_groups("z"))
+    assert a.part.high_watermark < a.part.log.log_end_offset
+    a.elect(leader=2, leader_epoch=1)
+    return a
+
+
 @pytest.mark.parametrize("hot_standby", [True, False], ids=["hot", "cold"])
 def test_after_a_load_a_read_waits_only_for_its_own_groups_uncommitted_records(
     tmp_path: Path, hot_standby: bool
@@ -1279,20 +1308,7 @@ def test_after_a_load_a_read_waits_only_for_its_own_groups_uncommitted_records(
     below min ISR). Reads of y still wait for y's record to commit; ListGroups does not."""
 
     async def scenario() -> None:
-        a = Replica(tmp_path / "a", 1, hot_standby=hot_standby)
-        a.runtime.write_timeout_ms = 300
-        a.elect(leader=1, leader_epoch=0)
-        await active(a.runtime)
-        a.replicas.hold = False
-        await a.runtime.call("x", commit("x", 11))
-        await a.runtime.call("z", commit("z", 7))
-        a.replicas.hold = True  # the HW stops here
-        with pytest.raises(CoordinatorError):
-            await a.runtime.call("y", commit("y", 5))
-        with pytest.raises(CoordinatorError):
-            await a.runtime.call("z", delete_groups("z"))
-        assert a.part.high_watermark < a.part.log.log_end_offset
-        a.elect(leader=2, leader_epoch=1)
+        a = await deposed_with_an_uncommitted_suffix(tmp_path, hot_standby=hot_standby)
         a.elect(leader=1, leader_epoch=2)  # back: the shard is loaded again
         await active(a.runtime)
         read = await a.runtime.call("x", fetch("x"))
@@ -1325,13 +1341,8 @@ def test_list_groups_answers_at_once_from_the_committed_state(tmp_path: Path) ->
     still is; both show as written once the HW passes them."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
+        node = await held_after_commits(tmp_path, "B")
         part = node.offsets_partition
-        node.replicas.hold = False
-        await asyncio.wait_for(node.runtime.call("B", commit("B", 10)), 5)
-        node.replicas.hold = True  # a follower lags from here on
         stuck = node.runtime.submit("A", commit("A", 1))
         deleted = node.runtime.submit("B", delete_groups("B"))
         assert node.runtime.contexts[0].shard is not None
@@ -1355,12 +1366,7 @@ def test_list_groups_shows_a_classic_groups_state_now_and_committed_existence(
     consumer group with its state as of the HW; a group that did not exist then not at all."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
-        node.replicas.hold = False
-        for group in ("B", "D"):
-            await asyncio.wait_for(node.runtime.call(group, commit(group, 10)), 5)
+        node = await held_after_commits(tmp_path, "B", "D")
         shard = node.runtime.contexts[0].shard
         assert shard is not None
         now = shard.listed_group("B")
@@ -1385,6 +1391,9 @@ def test_list_groups_shows_a_classic_groups_state_now_and_committed_existence(
             (t.ListGroupsRequest(states_filter=("STABLE",)), {"C"}),
             (t.ListGroupsRequest(types_filter=("classic",)), {"B"}),
             (t.ListGroupsRequest(types_filter=("consumer",), states_filter=("empty",)), set()),
+            # Kafka trims the state filters, not the type filters (GroupType.parse).
+            (t.ListGroupsRequest(states_filter=(" stable ",)), {"C"}),
+            (t.ListGroupsRequest(types_filter=(" classic",)), set()),
         ]:
             answer = shard.handle_list_groups(0, request, node.now, committed)
             ((_, listed),) = answer.responses
@@ -1403,9 +1412,7 @@ def test_list_groups_leaves_out_a_group_a_join_made_until_its_records_commit(
     after, and the group was listed before anything of it had committed."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
+        node = await held_after_commits(tmp_path)
         join = t.JoinGroupRequest(
             group_id="J",
             session_timeout_ms=10_000,
@@ -1433,20 +1440,27 @@ def test_list_groups_shows_what_the_high_watermark_passed_of_a_group_still_writi
     writing faster than the HW moved."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
+        node = await held_after_commits(tmp_path)
         part = node.offsets_partition
         ctx = node.runtime.contexts[0]
         first = node.runtime.submit("A", commit("A", 1))
         ctx.flush()
         second = node.runtime.submit("A", commit("A", 2))  # in the open batch
+        third = node.runtime.submit("A", commit("A", 3))
+        # One entry before A's first write (no group), one for the two after it (group A):
+        # writes that leave the entry as it was share one.
+        assert [entry for _, _, entry in ctx.committed_listing["A"]] == [
+            None,
+            t.ListedGroup(
+                group_id="A", protocol_type="", group_state="Empty", group_type="classic"
+            ),
+        ]
         node.replicas.release(part)  # the HW passes A's first commit only
         await asyncio.wait_for(first, 5)
-        assert not second.done()
+        assert not second.done() and not third.done()
         assert await listed_ids(node.runtime) == ["A"]
         node.replicas.release(part)
-        await asyncio.wait_for(second, 5)
+        await asyncio.wait_for(asyncio.gather(second, third), 5)
         assert ctx.committed_listing == {}
         node.runtime.close()
 
@@ -1461,19 +1475,7 @@ def test_a_high_watermark_moving_during_a_load_keeps_the_committed_listing(
     showed y, made by an uncommitted commit, and hid z, whose deletion is uncommitted."""
 
     async def scenario() -> None:
-        a = Replica(tmp_path / "a", 1, hot_standby=False)
-        a.runtime.write_timeout_ms = 300
-        a.elect(leader=1, leader_epoch=0)
-        await active(a.runtime)
-        a.replicas.hold = False
-        await a.runtime.call("x", commit("x", 11))
-        await a.runtime.call("z", commit("z", 7))
-        a.replicas.hold = True
-        with pytest.raises(CoordinatorError):
-            await a.runtime.call("y", commit("y", 5))
-        with pytest.raises(CoordinatorError):
-            await a.runtime.call("z", delete_groups("z"))
-        a.elect(leader=2, leader_epoch=1)
+        a = await deposed_with_an_uncommitted_suffix(tmp_path, hot_standby=False)
         real = rt._written_above
 
         def then_a_high_watermark_notice(*args: Any) -> Any:

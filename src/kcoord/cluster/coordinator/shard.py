@@ -373,6 +373,24 @@ def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> Coordina
     return CoordinatorRecord(GroupMetadataKey(group_id=group_id), value)
 
 
+def _listed_consumer(group_id: str, state: str) -> ListedGroup:
+    return ListedGroup(
+        group_id=group_id,
+        protocol_type=CONSUMER_PROTOCOL_TYPE,
+        group_state=state,
+        group_type=CONSUMER_PROTOCOL_TYPE,
+    )
+
+
+def _listed_classic(group: ClassicGroup) -> ListedGroup:
+    return ListedGroup(
+        group_id=group.group_id,
+        protocol_type=group.protocol_type or "",
+        group_state=str(group.state),
+        group_type=CLASSIC_GROUP_TYPE,
+    )
+
+
 class GroupCoordinatorShard(ConsumerGroupHandlers):
     """The classic group coordinator of one ``__consumer_offsets`` partition."""
 
@@ -2038,26 +2056,17 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             ),
         )
 
+    def is_consumer_group(self, group_id: str) -> bool:
+        return group_id in self._consumer_groups
+
     def listed_group(self, group_id: str) -> ListedGroup | None:
         """The group's ListGroups entry now, or None if no such group: what the runtime keeps
         of a group as it was at the high watermark while it has records above it."""
         consumer_group = self._consumer_groups.get(group_id)
         if consumer_group is not None:
-            return ListedGroup(
-                group_id=group_id,
-                protocol_type=CONSUMER_PROTOCOL_TYPE,
-                group_state=consumer_group.state,
-                group_type=CONSUMER_PROTOCOL_TYPE,
-            )
+            return _listed_consumer(group_id, consumer_group.state)
         group = self._groups.get(group_id)
-        if group is None:
-            return None
-        return ListedGroup(
-            group_id=group_id,
-            protocol_type=group.protocol_type or "",
-            group_state=str(group.state),
-            group_type=CLASSIC_GROUP_TYPE,
-        )
+        return None if group is None else _listed_classic(group)
 
     def handle_list_groups(
         self,
@@ -2076,7 +2085,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         is not kept in the timeline, only whether the group exists."""
         out = _Output()
         states = {s.strip().lower() for s in request.states_filter}
-        types = {t.strip().lower() for t in request.types_filter}
+        types = {t.lower() for t in request.types_filter}  # GroupType.parse: no trim
         kept = committed or {}
 
         def wanted(group_type: str, state: str) -> bool:
@@ -2089,23 +2098,21 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 if group_id in kept or group_id in self._consumer_groups:
                     continue  # below: as of the HW; or the consumer group that replaces it
                 if wanted(CLASSIC_GROUP_TYPE, str(group.state)):
-                    entry = self.listed_group(group_id)
-                    assert entry is not None
-                    listed.append(entry)
+                    listed.append(_listed_classic(group))
         for consumer_group in self._consumer_groups.values():
-            group_id = consumer_group.group_id
-            if group_id not in kept and wanted(CONSUMER_PROTOCOL_TYPE, consumer_group.state):
-                entry = self.listed_group(group_id)
-                assert entry is not None
-                listed.append(entry)
+            if consumer_group.group_id in kept:
+                continue
+            state = consumer_group.state  # a walk over its members
+            if wanted(CONSUMER_PROTOCOL_TYPE, state):
+                listed.append(_listed_consumer(consumer_group.group_id, state))
         for then in kept.values():
             if then is None:
                 continue
-            now = self.listed_group(then.group_id)
-            classic_now = (
-                now is not None and now.group_type == then.group_type == CLASSIC_GROUP_TYPE
-            )
-            entry = now if classic_now and now is not None else then
+            entry = then
+            if then.group_type == CLASSIC_GROUP_TYPE and then.group_id not in self._consumer_groups:
+                now = self._groups.get(then.group_id)
+                if now is not None:
+                    entry = _listed_classic(now)
             if wanted(entry.group_type, entry.group_state):
                 listed.append(entry)
         out.respond(token, ListGroupsResponse(groups=tuple(listed)))
