@@ -420,12 +420,14 @@ class AdminService:
                     DescribeGroupsRequest(groups=(group_id,), report_group_id_not_found=True),
                     now,
                 ),
+                replay_only=True,  # a read: if it raises, it fails alone
             )
             fetched = await runtime.call(
                 group_id,
                 lambda s, tok, now: s.handle_offset_fetch(
                     tok, OffsetFetchRequest(group_id=group_id), now
                 ),
+                replay_only=True,
             )
             ctx = runtime.context_for(group_id)
         except CoordinatorError as e:

@@ -53,7 +53,9 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   back by hand. After a failed append the partition is reloaded from its log if this node still
   leads it. An OffsetCommit is the exception: its handler changes the shard only through the
   records it returns, so when their append is refused (too large), or the handler raises, only
-  that request fails, with Kafka's error, and the shard stays (``replay_only``).
+  that request fails, with Kafka's error, and the shard stays (``replay_only``). So do the
+  reads (OffsetFetch, DescribeGroups, ConsumerGroupDescribe, ListGroups), which change nothing:
+  Kafka's read operations fail alone.
 """
 
 from __future__ import annotations
@@ -419,8 +421,9 @@ class ShardContext:
         """Run one handler (or timer) and deal with its records and responses.
 
         ``replay_only``: the handler changes the shard's state only through the records it
-        returns (OffsetCommit), so when their append is refused the shard is as it was and
-        only this call's answers fail; any other handler's refused write unloads the shard.
+        returns (OffsetCommit) or not at all (the reads), so when their append is refused, or
+        it raises, the shard is as it was and only this call's answers fail; any other
+        handler's refused write unloads the shard.
         ``committed_read``: the handler reads every group and writes nothing (ListGroups): it
         is given ``committed_listing`` and answered at once, as Kafka reads at the committed
         offset, unless records of no one group are pending (see ``_written_above``).
@@ -432,8 +435,8 @@ class ShardContext:
         a previous leader left above the high watermark, nor time out with them.
         """
         assert self.shard is not None and self.state is ShardState.ACTIVE
-        # OffsetCommit (replay_only) changes nothing before its records are replayed, nor does
-        # any handler a consumer group (whose entry costs a walk over its members).
+        # OffsetCommit and the reads (replay_only) change nothing before their records are
+        # replayed, nor does any handler a consumer group (its entry walks its members).
         self._before_handler = (
             None
             if read_group is None or replay_only or self.shard.is_consumer_group(read_group)
@@ -446,8 +449,8 @@ class ShardContext:
             # this event (CoordinatorWriteEvent.run), its handlers having changed nothing but
             # through records they never returned; a handler here may have changed a group in
             # memory before it raised, so the shard reloads from its log, and the caller gets
-            # an error, not a hang. A replay_only handler (OffsetCommit) changes nothing but
-            # through its records, as Kafka's: only its request fails, and a client retrying
+            # an error, not a hang. A replay_only handler (OffsetCommit, a read) changes nothing
+            # but through its records, as Kafka's: only its request fails, and a client retrying
             # one that always raises does not reload every group of the partition each time.
             log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
             if replay_only:
@@ -1314,6 +1317,7 @@ class CoordinatorRuntime:
                     request=request,
                     committed=ctx.committed_listing_at(ctx.partition.high_watermark),
                 ),
+                replay_only=True,  # a read: if it raises, it fails alone
                 committed_read=True,
             )
             for ctx in list(self.contexts.values())

@@ -1529,3 +1529,31 @@ def test_a_new_leader_epoch_of_a_shard_still_led_here_keeps_it(tmp_path: Path) -
         a.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_a_list_groups_that_raises_fails_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListGroups changes nothing (a Kafka read operation): if the shard's call raises, it
+    fails alone and the shard stays loaded. It reloaded every group of the partition."""
+
+    async def scenario() -> None:
+        node = await held_after_commits(tmp_path, "B")
+        ctx = node.runtime.contexts[0]
+        waiting = node.runtime.submit("A", commit("A", 1), replay_only=True)
+
+        def broken(*args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        assert ctx.shard is not None
+        monkeypatch.setattr(ctx.shard, "handle_list_groups", broken)
+        (listed,) = node.runtime.list_groups(t.ListGroupsRequest())
+        assert await refused(listed) is Errors.UNKNOWN_SERVER_ERROR
+        assert node.runtime.contexts[0] is ctx and not waiting.done()
+        monkeypatch.undo()
+        assert await listed_ids(node.runtime) == ["B"]
+        node.replicas.release(node.offsets_partition)
+        await asyncio.wait_for(waiting, 5)
+        node.runtime.close()
+
+    asyncio.run(scenario())

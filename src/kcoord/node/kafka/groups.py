@@ -138,6 +138,10 @@ class GroupApi:
         replay_only: bool = False,
         empty_id_ok: bool = False,
     ) -> Result:
+        """Run ``call`` on the group's shard. ``replay_only``: the call changes the shard only
+        through the records it returns (OffsetCommit) or not at all (the reads: OffsetFetch,
+        DescribeGroups, ConsumerGroupDescribe, Kafka's read operations), so if it raises,
+        only its own request fails and the shard stays loaded (``ShardContext.run``)."""
         if not group_id and not empty_id_ok:
             # GroupCoordinatorService checks the group id before it routes the request to a
             # shard: every node answers INVALID_GROUP_ID, not only the one "" hashes to.
@@ -433,6 +437,7 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_offset_fetch(tok, req, now),
             on_error,
+            replay_only=True,  # a read: see _submit
             empty_id_ok=True,
         )
 
@@ -498,6 +503,7 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_describe_groups(tok, req, now),
             on_error,
+            replay_only=True,  # a read: see _submit
             empty_id_ok=True,
         )
 
@@ -751,6 +757,7 @@ class GroupApi:
                 lambda s, tok, now: s.handle_consumer_group_describe(tok, req, now),
                 on_error,
                 convert,
+                replay_only=True,  # a read: see _submit
             )
 
         async def gather() -> dict[str, Any]:

@@ -16,6 +16,7 @@ from kcoord.node.kafka import codec
 from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.groups import (
+    CONSUMER_GROUP_DESCRIBE_KEY,
     CONSUMER_GROUP_HEARTBEAT_KEY,
     DESCRIBE_GROUPS_KEY,
     HEARTBEAT_KEY,
@@ -188,5 +189,59 @@ def test_bad_join_and_consumer_heartbeat_requests_are_answered_before_routing() 
         answer = await _answer(await api.handle_consumer_group_heartbeat(heartbeat))
         assert answer["error_code"] is Errors.INVALID_REQUEST
         assert answer["error_message"] == "MemberEpoch -3 is invalid."
+
+    asyncio.run(scenario())
+
+
+class _FlagsRuntime(_Runtime):
+    """Every shard is loading; each submit notes its ``replay_only``."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.flags: list[bool] = []
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        self.flags.append(replay_only)
+        return super().submit(group_id, call, replay_only=replay_only)
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version", "values", "read"),
+    [
+        (OFFSET_FETCH_KEY, 5, {"group_id": "g", "topics": None, "require_stable": False}, True),
+        (DESCRIBE_GROUPS_KEY, 5, {"groups": ["g"], "include_authorized_operations": False}, True),
+        (
+            CONSUMER_GROUP_DESCRIBE_KEY,
+            0,
+            {"group_ids": ["g"], "include_authorized_operations": False},
+            True,
+        ),
+        (
+            HEARTBEAT_KEY,
+            3,
+            {"group_id": "g", "generation_id": 1, "member_id": "m", "group_instance_id": None},
+            False,
+        ),
+    ],
+)
+def test_reads_fail_alone_when_their_shard_call_raises(
+    api_key: int, version: int, values: dict[str, Any], read: bool
+) -> None:
+    """Kafka's read operations (OffsetFetch, DescribeGroups, ConsumerGroupDescribe) change
+    nothing: one that raises fails alone. They went to the shard as calls that may have changed
+    a group, and a raising one reloaded every group of the partition, at each retry."""
+
+    async def scenario() -> None:
+        runtime = _FlagsRuntime()
+        api = _api(runtime)
+        api._topics_view = lambda: TopicsSnapshot({}, 0)  # type: ignore[method-assign]
+        handler = {
+            OFFSET_FETCH_KEY: api.handle_offset_fetch,
+            DESCRIBE_GROUPS_KEY: api.handle_describe_groups,
+            CONSUMER_GROUP_DESCRIBE_KEY: api.handle_consumer_group_describe,
+            HEARTBEAT_KEY: api.handle_heartbeat,
+        }[api_key]
+        await _answer(await handler(_request(api_key, version, values)))
+        assert runtime.flags == [read]
 
     asyncio.run(scenario())
