@@ -189,23 +189,16 @@ def _replay_chunk(
 SUFFIX_SCAN_MAX_BYTES: Final = 1 << 20
 
 
-@dataclass
-class _Suffix:
-    """What ``_written_above`` finds in a log's uncommitted suffix."""
-
-    first: dict[str, int]  # group -> the offset of its first record there
-    ends: dict[str, int]  # group -> where its last record there ends
-    others: int  # where the last record of no one group (or not decoded) ends, else the start
-
-
-def _written_above(decoder: RecordDecoder, lg: Log, start: int, end: int) -> _Suffix:
+def _written_above(
+    decoder: RecordDecoder, lg: Log, start: int, end: int
+) -> tuple[dict[str, int], int]:
     """During a load, the records in ``[start, end)`` (above the high watermark: not yet
-    committed), by group. A request of one group that writes nothing (a read, a heartbeat) then
-    waits for its own uncommitted records only, as after writes, not for every group's: those
-    of the groups with nothing above the HW are answered at once (Kafka reads at the last
-    committed offset, and its runtime has no pending write after a load). A suffix over
-    ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
-    first: dict[str, int] = {}
+    committed): where each group's last one ends, and where the last one that names no group
+    (or does not decode) ends, else ``start``. A request of one group that writes nothing (a
+    read, a heartbeat) then waits for its own uncommitted records only, as after writes, not
+    for every group's: those of the groups with nothing above the HW are answered at once
+    (Kafka reads at the last committed offset, and its runtime has no pending write after a
+    load). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
     groups: dict[str, int] = {}
     others = start
     offset = start
@@ -216,7 +209,7 @@ def _written_above(decoder: RecordDecoder, lg: Log, start: int, end: int) -> _Su
             break
         read += len(data)
         if read > SUFFIX_SCAN_MAX_BYTES:
-            return _Suffix({}, {}, end)
+            return {}, end
         for pos, header in fmt.iter_headers(data):
             offset = header.next_offset
             if header.is_control:
@@ -227,11 +220,10 @@ def _written_above(decoder: RecordDecoder, lg: Log, start: int, end: int) -> _Su
                     with contextlib.suppress(CoordinatorRecordError):  # counted as no group
                         group_id = getattr(decoder.decode(key, value).key, "group_id", None)
                 if isinstance(group_id, str):
-                    first.setdefault(group_id, record_offset)
                     groups[group_id] = record_offset + 1
                 else:
                     others = record_offset + 1
-    return _Suffix(first, groups, others)
+    return groups, others
 
 
 def _replay_record(
@@ -387,15 +379,13 @@ class ShardContext:
     group_written: dict[str, int] = field(default_factory=dict)
     all_written: int = 0
     # For each group with records above the high watermark, its ListGroups entry (None: no
-    # such group) just before each of its writes there, as (offset of the write, end of the
-    # writes it stands for, entry) in log order: the first write at or above the HW gives the
-    # entry as of the HW. Kafka's ListGroups reads its timeline state at the last committed
-    # offset; this is what it reads of the groups whose state here is ahead of it. A load
-    # keeps only the entry before the group's first write in the uncommitted suffix, standing
-    # for all of them there: older than the HW once it passes some, but committed.
-    committed_listing: dict[str, list[tuple[int, int, ListedGroup | None]]] = field(
-        default_factory=dict
-    )
+    # such group) just before each of its writes there, as (end of the writes it stands for,
+    # entry) in log order: the first one not yet passed by the HW is the entry as of the HW.
+    # Kafka's ListGroups reads its timeline state at the last committed offset; this is what it
+    # reads of the groups whose state here is ahead of it. A load keeps only the entry before
+    # the group's first write in the uncommitted suffix, standing for all of them there: older
+    # than the HW once it passes some, but committed.
+    committed_listing: dict[str, list[tuple[int, ListedGroup | None]]] = field(default_factory=dict)
     # The entry of the group a running handler names, taken before it ran: a handler may change
     # a classic group in memory before its records are replayed (a JoinGroup makes the group).
     _before_handler: tuple[str, ListedGroup | None] | None = None
@@ -439,7 +429,7 @@ class ShardContext:
         # replayed, nor does any handler a consumer group (its entry walks its members).
         self._before_handler = (
             None
-            if read_group is None or replay_only or self.shard.is_consumer_group(read_group)
+            if read_group is None or replay_only or read_group in self.shard.consumer_groups
             else (read_group, self.shard.listed_group(read_group))
         )
         try:
@@ -515,18 +505,15 @@ class ShardContext:
                 self._before_handler = None  # later parts of the result: as replayed so far
             else:
                 entry = self.shard.listed_group(group_id)
-            offset = base_offset + i
             chain = kept.setdefault(group_id, [])
-            if chain and chain[-1][2] == entry:
-                # The previous write left the entry as it was: one item stands for both.
-                chain[-1] = (chain[-1][0], offset + 1, entry)
-            else:
-                chain.append((offset, offset + 1, entry))
+            if chain and chain[-1][1] == entry:
+                chain.pop()  # the previous write left the entry as it was: one stands for both
+            chain.append((base_offset + i + 1, entry))
 
     def committed_listing_at(self, high_watermark: int) -> dict[str, ListedGroup | None]:
         """The entries as of ``high_watermark`` of the groups with records above it."""
         self.forget_committed_listing(high_watermark)
-        return {group_id: chain[0][2] for group_id, chain in self.committed_listing.items()}
+        return {group_id: chain[0][1] for group_id, chain in self.committed_listing.items()}
 
     def _note_written(self, records: Sequence[CoordinatorRecord]) -> None:
         end = self.last_written_offset
@@ -745,7 +732,7 @@ class ShardContext:
         written = self.group_written
         done = []
         for group_id, chain in self.committed_listing.items():
-            while chain and chain[0][1] <= high_watermark:
+            while chain and chain[0][0] <= high_watermark:
                 if len(chain) == 1 and written.get(group_id, 0) > high_watermark:
                     break  # the rest of its last write is above the HW: keep what is known
                 del chain[0]
@@ -1057,11 +1044,11 @@ class CoordinatorRuntime:
                 if latest is not None:
                     applied += latest.flush(shard, decoder)
                 # Set now: a HW that moves during the rest of the load drops entries by them.
-                suffix = _written_above(decoder, lg, min(offset, split), lg.log_end_offset)
-                ctx.group_written, ctx.all_written = suffix.ends, suffix.others
+                ctx.group_written, ctx.all_written = _written_above(
+                    decoder, lg, min(offset, split), lg.log_end_offset
+                )
                 ctx.committed_listing = {
-                    g: [(first, suffix.ends[g], shard.listed_group(g))]
-                    for g, first in suffix.first.items()
+                    g: [(end, shard.listed_group(g))] for g, end in ctx.group_written.items()
                 }
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile

@@ -1449,7 +1449,7 @@ def test_list_groups_shows_what_the_high_watermark_passed_of_a_group_still_writi
         third = node.runtime.submit("A", commit("A", 3))
         # One entry before A's first write (no group), one for the two after it (group A):
         # writes that leave the entry as it was share one.
-        assert [entry for _, _, entry in ctx.committed_listing["A"]] == [
+        assert [entry for _, entry in ctx.committed_listing["A"]] == [
             None,
             t.ListedGroup(
                 group_id="A", protocol_type="", group_state="Empty", group_type="classic"

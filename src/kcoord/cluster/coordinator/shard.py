@@ -2056,9 +2056,6 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             ),
         )
 
-    def is_consumer_group(self, group_id: str) -> bool:
-        return group_id in self._consumer_groups
-
     def listed_group(self, group_id: str) -> ListedGroup | None:
         """The group's ListGroups entry now, or None if no such group: what the runtime keeps
         of a group as it was at the high watermark while it has records above it."""
