@@ -1,7 +1,10 @@
 """The chaos runner: ``kcoord chaos run --nemesis ... --workload ... --duration S --seed N``.
 
-A run, reproducible from its seed (the fault schedule, targets and workload choices all come
-from one ``random.Random(seed)``; the cluster's own timing does not):
+A run, reproducible from its seed; the cluster's own timing is not. The schedule (each quiet
+interval, nemesis and hold time) is one ``random.Random(seed)`` stream that draws the same
+values at every step whatever the fault found, and each fault's targets come from a stream of
+their own seeded from it: a fault skipped for want of a target, or a target lookup that drew
+more or less, leaves every later step of the schedule as it was:
 
 1. **Lab.** The outer process creates the network namespace ``kcoord-lab-<seed>`` and runs the
    rest of the run inside it (``ip netns exec``), then kills whatever is left in it and deletes
@@ -167,6 +170,9 @@ class ChaosLab:
         self.options = options
         self.state = state
         self.history = history
+        self.schedule = random.Random(options.seed)
+        # The current fault's targets (the Lab protocol's rng): run_faults seeds a new one from
+        # the schedule before each fault.
         self.rng = random.Random(options.seed)
         self.firewall: nemesis.Partitioner = (
             firewall if firewall is not None else _lab_firewall(state)
@@ -192,7 +198,7 @@ class ChaosLab:
         return self.workload.groups() if self.workload else []
 
     def kill_client(self) -> str | None:
-        return self.workload.kill_client() if self.workload else None
+        return self.workload.kill_client(self.rng) if self.workload else None
 
     @property
     def bootstrap(self) -> str:
@@ -338,15 +344,18 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
 
 def run_faults(chaos: ChaosLab, stop_at: float) -> int:
     options = chaos.options
-    rng = chaos.rng
+    schedule = chaos.schedule
     history = chaos.history
     count = 0
     while True:
-        quiet = rng.expovariate(1.0 / options.interval_s) if options.interval_s > 0 else 0.0
+        # Every step draws the same four values, whatever its fault finds (see the docstring).
+        quiet = schedule.expovariate(1.0 / options.interval_s) if options.interval_s > 0 else 0.0
+        kind = schedule.choice(options.nemeses)
+        drawn_hold = schedule.uniform(options.fault_min_s, options.fault_max_s)
+        chaos.rng = random.Random(schedule.getrandbits(64))
         if time.monotonic() + quiet >= stop_at:
             break
         time.sleep(quiet)  # the schedule's quiet time
-        kind = rng.choice(options.nemeses)
         # Jepsen's nemesis operations: the invoke before the fault is put in place, the info
         # once it is in force (what it did), so the fault's window is known to lie between.
         history.add("nemesis", "invoke", "start", {"fault": kind})
@@ -356,9 +365,7 @@ def run_faults(chaos: ChaosLab, stop_at: float) -> int:
             progress(f"{kind}: no target now, skipped")
             continue
         count += 1
-        hold = float(
-            fault.detail.get("hold_s") or rng.uniform(options.fault_min_s, options.fault_max_s)
-        )
+        hold = float(fault.detail.get("hold_s") or drawn_hold)
         info = {"fault": fault.name, "targets": fault.targets, "detail": fault.detail}
         history.add("nemesis", "info", "start", info)
         progress(f"fault {count}: {fault.name} {fault.targets} {fault.detail} for {hold:.1f} s")
@@ -652,7 +659,6 @@ def drive(chaos: ChaosLab, clients_dir: Path, prefix: str = "chaos") -> str | No
         chaos.bootstrap,
         history,
         clients_dir,
-        chaos.rng,
         prefix=prefix,
         rate=options.rate,
     )

@@ -178,7 +178,6 @@ class GroupsWorkload:
     bootstrap: str
     history: History
     log_dir: Path
-    rng: random.Random
     prefix: str = "chaos"
     partitions: int = 6
     rate: int = 40
@@ -241,12 +240,12 @@ class GroupsWorkload:
                 cfg = self._member_cfg(kip848, "confluent-kafka", name, False, "consumer")
                 self._spawn(name, "kcoord.chaos.member", cfg)
 
-    def kill_client(self) -> str | None:
-        """The ``clients`` nemesis: SIGKILL a random member and start its replacement."""
+    def kill_client(self, rng: random.Random) -> str | None:
+        """The ``clients`` nemesis: SIGKILL a member ``rng`` picks and start its replacement."""
         members = sorted(n for n, p in self.processes.items() if p.alive and "producer" not in n)
         if not members:
             return None
-        name = self.rng.choice(members)
+        name = rng.choice(members)
         proc = self.processes[name]
         proc.kill()
         self.history.add(name, "info", PROCESS_KILL_F, {})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import struct
 import subprocess
 import sys
@@ -43,7 +42,7 @@ def _run_fake_client(
     (tmp_path / "fake_client.py").write_text(source)
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     history = History(clock=time.monotonic)
-    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
+    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path)
     client = workload._spawn("m1", "fake_client", {"group": "g", "topic": "t"})
     try:
         client.proc.wait(timeout=30)
@@ -108,7 +107,7 @@ def test_a_client_that_exits_by_itself_is_recorded_one_stopped_is_not(
     ]
 
     (tmp_path / "sleeping_client.py").write_text("import time\ntime.sleep(60)\n")
-    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path, random.Random(0))
+    workload = GroupsWorkload("127.0.0.1:1", history, tmp_path)
     for name in ("killed", "stopped"):
         client = workload._spawn(name, "sleeping_client", {})
         client.kill() if name == "killed" else client.stop()
@@ -135,9 +134,7 @@ def test_a_client_that_does_not_stop_leaves_its_stacks_before_it_is_killed(
     )
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.setattr(workload_module, "STOP_TIMEOUT_S", 0.5)
-    workload = GroupsWorkload(
-        "127.0.0.1:1", History(clock=time.monotonic), tmp_path, random.Random(0)
-    )
+    workload = GroupsWorkload("127.0.0.1:1", History(clock=time.monotonic), tmp_path)
     client = workload._spawn("m1", "stuck_client", {"group": "g", "topic": "t"})
     try:
         deadline = time.monotonic() + 30

@@ -156,7 +156,7 @@ def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
     options = runner.Options(nemeses=["kill"], interval_s=1.0, seed=3)
     chaos = cast(
         ChaosLab,
-        SimpleNamespace(options=options, rng=random.Random(3), history=history),
+        SimpleNamespace(options=options, schedule=random.Random(3), history=history),
     )
     assert runner.run_faults(chaos, stop_at=6.0) == 1
 
@@ -184,3 +184,64 @@ def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
     scale = (chaos_report.WIDTH - chaos_report.LEFT - 20) / max(e.time for e in history)
     assert f'<rect x="{chaos_report.LEFT + invoked.time * scale:.1f}"' in svg
     assert svg.count("<rect") == 1
+
+
+Step = tuple[float, str, float, float | None]  # quiet, nemesis, first target draw, hold
+
+
+def schedule_of(monkeypatch: pytest.MonkeyPatch, skipping: bool) -> list[Step]:
+    """Each step of a 120 s schedule as ``run_faults`` drew it. ``skipping``: the faults of the
+    odd steps find no target, and each lookup draws a different number of target choices, as
+    a cluster in another state would make them."""
+    now = [0.0]
+    log: list[tuple[Any, ...]] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+        log.append(("sleep", seconds))
+
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=sleep, strftime=time.strftime)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(runner, "probe_commit", lambda chaos: True)
+
+    def start_fault(chaos: Any, kind: str, shapes: Any) -> nemesis.Fault | None:
+        step = sum(1 for e in log if e[0] == "start")
+        draws = [chaos.rng.random() for _ in range(1 + (step % 3 if skipping else 0))]
+        in_force = not (skipping and step % 2)
+        log.append(("start", kind, draws[0], in_force))
+        return nemesis.Fault(kind, [1]) if in_force else None
+
+    monkeypatch.setattr(nemesis, "start_fault", start_fault)
+    options = runner.Options(nemeses=["kill", "pause", "partition"], interval_s=2.0, seed=7)
+    lab = SimpleNamespace(
+        options=options,
+        schedule=random.Random(7),
+        rng=random.Random(7),
+        history=History(clock=lambda: now[0]),
+    )
+    runner.run_faults(cast(ChaosLab, lab), stop_at=120.0)
+
+    steps: list[Step] = []
+    quiet = 0.0
+    for i, entry in enumerate(log):
+        if entry[0] == "start":
+            _, kind, draw, in_force = entry
+            steps.append((quiet, kind, draw, log[i + 1][1] if in_force else None))
+        elif i == 0 or log[i - 1][0] == "sleep" or not log[i - 1][3]:
+            quiet = entry[1]  # a sleep after a hold, or after a skipped start: a quiet time
+    return steps
+
+
+def test_a_skipped_fault_leaves_the_rest_of_the_schedule_as_the_seed_drew_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rerun of a seed draws the same quiet times, nemeses, holds and target streams at every
+    step, whatever the faults before found: targets come from a stream of their own."""
+    every = schedule_of(monkeypatch, skipping=False)
+    some = schedule_of(monkeypatch, skipping=True)
+    assert len(every) > 10 and len(some) >= len(every)
+    assert {kind for _, kind, _, _ in every} == {"kill", "pause", "partition"}
+    for drawn, rerun in zip(every, some, strict=False):
+        quiet, kind, draw, hold = rerun
+        assert (quiet, kind, draw) == drawn[:3]
+        assert hold is None or hold == drawn[3]
