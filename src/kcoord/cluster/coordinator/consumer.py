@@ -669,10 +669,12 @@ def validate_member_epoch(
         return Errors.FENCED_MEMBER_EPOCH
     if received < member.member_epoch:
         # A retried heartbeat whose answer was lost: the previous epoch, if it owns no more
-        # than it was assigned.
+        # than it was assigned (isSubset: a topic it was not assigned fails, even with no
+        # partitions listed).
         if received != member.previous_member_epoch or owned is None:
             return Errors.FENCED_MEMBER_EPOCH
         for topic_id, partitions in owned.items():
-            if not partitions <= member.assigned.get(topic_id, frozenset()):
+            assigned = member.assigned.get(topic_id)
+            if assigned is None or not partitions <= assigned:
                 return Errors.FENCED_MEMBER_EPOCH
     return Errors.NONE

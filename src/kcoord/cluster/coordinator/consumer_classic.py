@@ -227,7 +227,6 @@ class ClassicMemberHandlers:
         old: ConsumerGroupMember | None,
         updated: ConsumerGroupMember,
         *,
-        replaced: bool,
         owned: Partitions | None,
         topics: TopicsView,
         out: _Output,
@@ -282,7 +281,6 @@ class ClassicMemberHandlers:
             return
 
         old: ConsumerGroupMember | None
-        replaced = False
         replaced_consumer_member = False
         if request.group_instance_id is not None:
             holder = next(
@@ -302,7 +300,6 @@ class ClassicMemberHandlers:
                 # the old one at once, with its epoch and target assignment.
                 group = self._replace_member(group, holder, member_id, out)
                 old = group.members[member_id]
-                replaced = True
                 replaced_consumer_member = holder.classic is None
             else:
                 old = None
@@ -334,7 +331,6 @@ class ClassicMemberHandlers:
             group,
             old,
             updated,
-            replaced=replaced,
             owned=owned,
             topics=topics,
             out=out,

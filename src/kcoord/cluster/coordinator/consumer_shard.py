@@ -288,6 +288,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             (m for m in group.members.values() if m.instance_id == request.instance_id), None
         )
         if existing is None or existing.member_id == request.member_id:
+            # The static member itself, back with its own member id (its join's answer was
+            # lost, or it was told FENCED_MEMBER_EPOCH): a rejoin, as a dynamic member's.
+            # Released Kafka answers UNRELEASED_INSTANCE_ID, fatal for the Java client; open
+            # apache/kafka#23542 makes it a rejoin too.
             return None
         if existing.classic is None and existing.member_epoch != LEAVE_GROUP_STATIC_MEMBER_EPOCH:
             return Errors.UNRELEASED_INSTANCE_ID
@@ -513,7 +517,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             group,
             old,
             updated,
-            replaced=replaced is not None,
             owned=owned,
             topics=topics,
             out=out,
@@ -562,7 +565,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         old: ConsumerGroupMember | None,
         updated: ConsumerGroupMember,
         *,
-        replaced: bool,
         owned: Partitions | None,
         topics: TopicsView,
         out: _Output,
@@ -571,18 +573,24 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         member's metadata, the group epoch, the target assignment, and the member's next
         assignment (records written to ``out``); returns the reconciled member."""
         group_id = group.group_id
-        # 2. Subscription and topic metadata: a change bumps the group epoch.
+        # 2. Subscription and topic metadata: a change bumps the group epoch
+        # (consumerGroupHeartbeat). A new group moves away from epoch 0; a new member is
+        # compared with a member that subscribes to nothing, so one joining with no topics
+        # (a pattern subscriber whose pattern matches nothing yet) starts no rebalance.
         group_epoch = group.group_epoch
-        bump = not replaced and old is None
-        subscription_changed = old is not None and (
-            updated.subscribed_topic_names != old.subscribed_topic_names
-            or updated.subscribed_topic_regex != old.subscribed_topic_regex
+        bump = group_epoch == 0
+        before = old if old is not None else ConsumerGroupMember(member_id=updated.member_id)
+        subscription_changed = (
+            updated.subscribed_topic_names != before.subscribed_topic_names
+            or updated.subscribed_topic_regex != before.subscribed_topic_regex
         )
         if old is None or updated.metadata_value() != old.metadata_value():
             out.write(member_metadata_record(group_id, updated))
             # hasMemberSubscriptionChanged: topic names or regex, not the server assignor,
-            # which the next assignment reads (computePreferredServerAssignor).
-            if old is None or subscription_changed:
+            # which the next assignment reads (computePreferredServerAssignor). A regex is
+            # resolved here at once, so a new one bumps as Kafka's already resolved one does
+            # (maybeUpdateRegularExpressions).
+            if subscription_changed:
                 bump = True
         members = dict(group.members)
         members[updated.member_id] = updated
@@ -623,7 +631,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             subscribed=frozenset(
                 topics[name][0] for name in subscribed_topics(updated, topics) if name in topics
             ),
-            subscription_changed=subscription_changed,
+            subscription_changed=old is not None and subscription_changed,
         )
         if old is None or reconciled.assignment_value() != old.assignment_value():
             out.write(current_assignment_record(group_id, reconciled))

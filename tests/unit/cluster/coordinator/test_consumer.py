@@ -199,6 +199,12 @@ def test_epoch_validation_fences_bad_epochs_and_accepts_a_retried_heartbeat() ->
     assert a.epoch == 2
     # A retry of the last request with the previous epoch, owning a subset, is accepted.
     assert hb(ctx, "a", 1, a.owned).error_code is Errors.NONE
+    # Not when it lists a topic it was never assigned, even with no partitions (isSubset).
+    other = ((T, tuple(sorted(a.owned))), ("BBBBBBBBBBBBBBBBBBBBBB", ()))
+    retried = ConsumerGroupHeartbeatRequest(
+        group_id="g", member_id="a", member_epoch=1, topic_partitions=other
+    )
+    assert send_heartbeat(ctx, retried, TOPICS).error_code is Errors.FENCED_MEMBER_EPOCH
     assert hb(ctx, "a", 5, a.owned).error_code is Errors.FENCED_MEMBER_EPOCH
     assert hb(ctx, "a", 0 + 1, set(range(6))).error_code is Errors.FENCED_MEMBER_EPOCH
     assert hb(ctx, "nobody", 3, set()).error_code is Errors.UNKNOWN_MEMBER_ID
@@ -838,6 +844,32 @@ def test_a_known_member_rejoining_with_epoch_zero_keeps_its_place_without_a_reba
     converge(ctx, [a, b])
     assert (b.epoch, b.owned) == b_before
     assert group_state(ctx) == "Stable"
+
+
+def test_a_member_joining_with_no_topics_starts_no_rebalance() -> None:
+    """consumerGroupHeartbeat compares a new member with one that subscribes to nothing: a
+    member joining with no topics (a pattern subscriber whose pattern matches nothing yet)
+    leaves the group epoch as it is and gets the group's epoch with nothing assigned; the
+    others carry on at theirs. Subscribing to a topic later is a change, and bumps it. A new
+    group still moves away from epoch 0, whatever its first member subscribes to."""
+    ctx = context()
+    a = Member(ctx, "a")
+    converge(ctx, [a])
+    group_epoch = ctx.shard.consumer_groups["g"].group_epoch
+    joined = hb(ctx, "e", 0, subscribe=())
+    assert joined.error_code is Errors.NONE
+    assert (joined.member_epoch, parts(joined)) == (group_epoch, set())
+    assert ctx.shard.consumer_groups["g"].group_epoch == group_epoch
+    assert a.beat().member_epoch == group_epoch and a.owned == set(range(6))
+
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g", member_id="e", member_epoch=group_epoch, subscribed_topic_names=("orders",)
+    )
+    assert send_heartbeat(ctx, request, TOPICS).error_code is Errors.NONE
+    assert ctx.shard.consumer_groups["g"].group_epoch == group_epoch + 1
+
+    first = hb(ctx, "z", 0, subscribe=(), group="other")
+    assert (first.error_code, first.member_epoch) == (Errors.NONE, 1)
 
 
 def test_a_member_rejoining_mid_revocation_owning_nothing_moves_on() -> None:
