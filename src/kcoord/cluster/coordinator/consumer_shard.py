@@ -611,7 +611,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         if group_epoch > assignment_epoch:
             new_targets = compute_targets(members, targets, metadata)
             for member_id, partitions in sorted(new_targets.items()):
-                if partitions != targets.get(member_id, {}):
+                # TargetAssignmentBuilder: a member without a target yet always gets a record,
+                # an empty one included.
+                if member_id not in targets or partitions != targets[member_id]:
                     out.write(target_member_record(group_id, member_id, partitions))
             out.write(target_epoch_record(group_id, group_epoch))
             targets, assignment_epoch = new_targets, group_epoch

@@ -21,7 +21,11 @@ from kcoord.cluster.coordinator.consumer import (
     TopicsSnapshot,
     reconcile,
 )
-from kcoord.cluster.coordinator.records import uuid_str
+from kcoord.cluster.coordinator.records import (
+    ConsumerGroupTargetAssignmentMemberKey,
+    ConsumerGroupTargetAssignmentMemberValue,
+    uuid_str,
+)
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeRequest,
@@ -870,6 +874,21 @@ def test_a_member_joining_with_no_topics_starts_no_rebalance() -> None:
 
     first = hb(ctx, "z", 0, subscribe=(), group="other")
     assert (first.error_code, first.member_epoch) == (Errors.NONE, 1)
+
+
+def test_a_member_given_no_partitions_still_gets_its_target_assignment_record() -> None:
+    """TargetAssignmentBuilder writes a record for every member that had no target yet, an
+    empty one too: b subscribes to a topic that does not exist and is assigned nothing."""
+    ctx = context()
+    converge(ctx, [Member(ctx, "a")])
+    written = len(ctx.log)
+    assert hb(ctx, "b", 0, subscribe=("missing",)).error_code is Errors.NONE
+    targets = [
+        r.value
+        for r in ctx.log[written:]
+        if isinstance(r.key, ConsumerGroupTargetAssignmentMemberKey) and r.key.member_id == "b"
+    ]
+    assert targets == [ConsumerGroupTargetAssignmentMemberValue(topic_partitions=())]
 
 
 def test_a_member_rejoining_mid_revocation_owning_nothing_moves_on() -> None:
