@@ -442,6 +442,13 @@ def test_compression_type_recompresses_batches_in_another_codec(tmp_path: Path) 
     with pytest.raises(RecordTooLargeError):
         lg.append_as_leader(compressible, leader_epoch=0, now_ms=2_000)
     assert lg.log_end_offset == 0
+    # A batch past max.message.bytes as sent is refused before it is recompressed, however
+    # small the topic's codec would make it (UnifiedLog.analyzeAndValidateRecords).
+    lg = open_log(tmp_path / "shrinks", LogConfig(compression_type="gzip", max_message_bytes=1_000))
+    plain = fmt.build_batch([fmt.Record(0, 1_000, b"k", b"a" * 4_000)])
+    with pytest.raises(RecordTooLargeError):
+        lg.append_as_leader(plain, leader_epoch=0, now_ms=2_000)
+    assert lg.log_end_offset == 0
 
 
 def test_compacted_log_refuses_null_keys(tmp_path: Path) -> None:
@@ -1460,6 +1467,38 @@ def test_a_compressed_batch_must_hold_the_records_it_claims(
     assert not isinstance(refused.value, InvalidRecordError)  # the node answers CORRUPT_MESSAGE
     assert lg.log_end_offset == 0
     assert lg.append_as_leader(packed, 0, now_ms=1000).last_offset == 19
+
+
+def test_an_uncompressed_batch_must_hold_exactly_the_records_it_claims(tmp_path: Path) -> None:
+    """A batch declaring one record more or less than it holds, or with a record cut short
+    inside it (count, offset range and CRC agreeing) was stored as sent, and then no reader
+    could decode it: every consumer of the partition stopped at its offset. Kafka's
+    LogValidator reads every record and refuses it, alone or followed by another batch."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    sent = fmt.build_batch([fmt.Record(i, 1000, b"k", b"v" * 10) for i in range(3)])
+    cut = bytearray(sent)
+    cut[fmt.HEADER_SIZE] = 2  # the first record's length varint: 1, shorter than it is
+    struct.pack_into(">I", cut, 17, fmt.compute_crc(cut, 0, len(cut)))
+    for bad in (_recount(sent, 4), _recount(sent, 2), bytes(cut)):
+        for records in (bad, bad + batch(1)):
+            with pytest.raises(InvalidRecordError, match="Incorrect declared batch size"):
+                lg.append_as_leader(records, 0, now_ms=1000)
+    assert lg.log_end_offset == 0
+    assert lg.append_as_leader(sent, 0, now_ms=1000).last_offset == 2
+    assert [r.value for r in read_all(lg)] == [b"v" * 10] * 3
+
+
+def test_a_producers_batch_must_start_at_offset_zero(tmp_path: Path) -> None:
+    """UnifiedLog.analyzeAndValidateRecords: the leader assigns the offsets, so a batch a
+    producer sends starts at 0, alone or among others."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    later = bytearray(batch(2))
+    fmt.set_base_offset(later, 0, 7)
+    for records in (bytes(later), batch(1) + bytes(later)):
+        with pytest.raises(InvalidRecordError, match="should be 0, but it is 7"):
+            lg.append_as_leader(records, 0, now_ms=1000)
+    assert lg.log_end_offset == 0
+    assert lg.append_as_leader(batch(2), 0, now_ms=1000).last_offset == 1
 
 
 def test_a_cleaned_segment_keeps_the_original_modification_time(tmp_path: Path) -> None:
