@@ -322,6 +322,15 @@ class FetchApi:
                         "Could not determine the end offset of the last fetched epoch "
                         f"{w.last_fetched_epoch} from the request",
                     )
+                if diverging is not None and w.fetch_offset < part.log.log_start_offset:
+                    # Partition.readRecords: below the log start the consumer cannot read
+                    # from its position whether or not the epochs diverge: it resets.
+                    raise KafkaError(
+                        Errors.OFFSET_OUT_OF_RANGE,
+                        f"Received request for offset {w.fetch_offset} for partition "
+                        f"{w.topic}-{w.partition}, but we only have log segments in the range "
+                        f"{part.log.log_start_offset} to {part.log.log_end_offset}.",
+                    )
                 if diverging is not None:
                     # Partition.fetchRecords (KIP-320): the consumer's last fetched epoch ends
                     # before its position here (an unclean election truncated what it read):

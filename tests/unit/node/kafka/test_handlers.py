@@ -1059,6 +1059,11 @@ def test_a_consumer_whose_last_fetched_epoch_diverges_is_told_where_it_ends(
         # OFFSET_OUT_OF_RANGE and the consumer resets (Partition.readRecords), at once.
         unknown = only_partition(await asyncio.wait_for(c.call(FETCH, 12, at(4, epoch + 5)), 5))
         assert unknown.error_code == Errors.OFFSET_OUT_OF_RANGE
+        # A diverging position below the log start: OFFSET_OUT_OF_RANGE, whatever the epochs
+        # say (Partition.readRecords): the consumer resets, as it could not read from there.
+        assert h.replicas.leader_partition("t", 0).log.maybe_increment_log_start_offset(2)
+        below = only_partition(await asyncio.wait_for(c.call(FETCH, 12, at(1, epoch - 1)), 5))
+        assert below.error_code == Errors.OFFSET_OUT_OF_RANGE
 
     run(tmp_path, test)
 
