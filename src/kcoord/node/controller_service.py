@@ -476,6 +476,10 @@ class ControllerService:
                     str(k): None if v is None else str(v)
                     for k, v in (t.get("configs") or {}).items()
                 },
+                assignments=[
+                    (int(index), [int(b) for b in replicas])
+                    for index, replicas in t.get("assignments") or ()
+                ],
             )
             for t in payload["topics"]
         ]

@@ -306,6 +306,8 @@ class NewTopic:
     num_partitions: int = -1
     replication_factor: int = -1
     configs: Mapping[str, str | None] | None = None
+    # (partition index, replicas) of a manual assignment (``CreatableReplicaAssignment``).
+    assignments: Sequence[tuple[int, Sequence[int]]] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -1089,7 +1091,11 @@ class Controller:
         the default) may not exceed ``MAX_PARTITIONS_PER_REQUEST``, or every topic is
         refused (``validateTotalNumberOfPartitions``)."""
         total = sum(
-            self.config.num_partitions if t.num_partitions == -1 else max(t.num_partitions, 0)
+            len(t.assignments)
+            if t.assignments
+            else self.config.num_partitions
+            if t.num_partitions == -1
+            else max(t.num_partitions, 0)
             for t in topics
         )
         if total > MAX_PARTITIONS_PER_REQUEST:
@@ -1107,6 +1113,7 @@ class Controller:
                 num_partitions=t.num_partitions,
                 replication_factor=t.replication_factor,
                 configs=t.configs,
+                assignments=t.assignments,
             ),
         )
 
@@ -1119,10 +1126,13 @@ class Controller:
         num_partitions: int = -1,
         replication_factor: int = -1,
         configs: Mapping[str, str | None] | None = None,
+        assignments: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> ControllerResult[CreateTopicResult]:
         """Create a topic with placed replicas (``ReplicationControlManager.createTopic``).
 
         -1 for ``num_partitions`` or ``replication_factor`` takes the configured default.
+        ``assignments`` (partition index, replicas) places them by hand instead: both must
+        then be -1, and each partition's leader is its first live replica.
         """
         topic_configs = dict(configs or {})
         name_error = topic_name_error(name)
@@ -1155,27 +1165,36 @@ class Controller:
         config_error = topic_config_error(topic_configs)
         if config_error is not None:
             return _create_topic_error(Errors.INVALID_CONFIG, config_error)
-        if num_partitions == -1:
-            num_partitions = self.config.num_partitions
-        if replication_factor == -1:
-            replication_factor = self.config.default_replication_factor
-        try:
-            placements = _place_in(image, num_partitions, replication_factor)
-        except PlacementError as e:
-            return _create_topic_error(e.error, str(e))
+        placements: Sequence[tuple[int, ...]]
+        if assignments:
+            manual = _manual_placements(image, num_partitions, replication_factor, assignments)
+            if isinstance(manual, tuple):
+                return _create_topic_error(*manual)
+            placements = manual
+            num_partitions, replication_factor = len(placements), len(placements[0])
+        else:
+            if num_partitions == -1:
+                num_partitions = self.config.num_partitions
+            if replication_factor == -1:
+                replication_factor = self.config.default_replication_factor
+            try:
+                placements = _place_in(image, num_partitions, replication_factor)
+            except PlacementError as e:
+                return _create_topic_error(e.error, str(e))
         valid_configs = {k: v for k, v in topic_configs.items() if v is not None}
         records: list[MetadataRecord] = [Topic(name, topic_id, valid_configs)]
         for partition, replicas in enumerate(placements):
-            # The ISR is the live replicas; the leader (first replica) is always live.
+            # The ISR is the live replicas, the leader the first of them (placement puts a
+            # live one first; a manual assignment has one at least).
             isr = tuple(r for r in replicas if not image.is_fenced(r))
-            assert isr and isr[0] == replicas[0], (replicas, isr)
+            assert isr, (replicas, isr)
             records.append(
                 Partition(
                     topic_id=topic_id,
                     partition=partition,
                     replicas=replicas,
                     isr=isr,
-                    leader=replicas[0],
+                    leader=isr[0],
                     leader_epoch=0,
                     partition_epoch=0,
                 )
@@ -1325,9 +1344,10 @@ class Controller:
     def delete_topic(self, image: MetadataImage, topic_id: str) -> ControllerResult[Errors]:
         """Delete a topic (``ReplicationControlManager.deleteTopic``).
 
-        Never ``__consumer_offsets`` (ControllerApis.deleteTopics refuses internal topics):
-        refused here, not only by the Kafka listener's handler, since a peer's DeleteTopics
-        RPC reaches the controller directly."""
+        Never ``__consumer_offsets``, which holds every group's state and coordinator routing
+        (a deviation: KRaft Kafka's ControllerApis.deleteTopics would delete it): refused
+        here, not only by the Kafka listener's handler, since a peer's DeleteTopics RPC
+        reaches the controller directly."""
         topic = image.topic(topic_id)
         if topic is None:
             return ControllerResult((), Errors.UNKNOWN_TOPIC_ID)
@@ -1777,6 +1797,52 @@ def _place_in(
         replica_counts=replica_counts,
         successor_counts=successor_counts,
     )
+
+
+def _manual_placements(
+    image: MetadataImage,
+    num_partitions: int,
+    replication_factor: int,
+    assignments: Sequence[tuple[int, Sequence[int]]],
+) -> list[tuple[int, ...]] | tuple[Errors, str]:
+    """A CreateTopics manual assignment's replicas by partition, or its error
+    (``ReplicationControlManager.createTopic``)."""
+    if replication_factor != -1:
+        return (
+            Errors.INVALID_REQUEST,
+            "A manual partition assignment was specified, but replication factor was not set "
+            "to -1.",
+        )
+    if num_partitions != -1:
+        return (
+            Errors.INVALID_REQUEST,
+            "A manual partition assignment was specified, but numPartitions was not set to -1.",
+        )
+    by_index: dict[int, tuple[int, ...]] = {}
+    for index, replicas in assignments:
+        if index in by_index:
+            return (
+                Errors.INVALID_REPLICA_ASSIGNMENT,
+                f"Found multiple manual partition assignments for partition {index}",
+            )
+        first = next(iter(by_index.values()), None)
+        error = _manual_assignment_error(
+            image, replicas, len(replicas) if first is None else len(first)
+        )
+        if error is None and all(image.is_fenced(r) for r in replicas):
+            error = (
+                "All brokers specified in the manual partition assignment for partition "
+                f"{index} are fenced or in controlled shutdown."
+            )
+        if error is not None:
+            return Errors.INVALID_REPLICA_ASSIGNMENT, error
+        by_index[index] = tuple(replicas)
+    if sorted(by_index) != list(range(len(by_index))):
+        return (
+            Errors.INVALID_REPLICA_ASSIGNMENT,
+            "partitions should be a consecutive 0-based integer sequence",
+        )
+    return [by_index[i] for i in range(len(by_index))]
 
 
 def _manual_assignment_error(

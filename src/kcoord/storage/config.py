@@ -497,10 +497,10 @@ def parse_config_value(definition: TopicConfigDef, raw: str) -> object:
             return text
         case ConfigType.LIST:
             # ConfigDef's LIST: "" is the empty list; otherwise every comma-separated item
-            # counts, an empty one too ("delete," has two), which ValidList refuses.
+            # counts, an empty one too ("delete," has two), which ValidList refuses. The empty
+            # list is valid (ValidList.in allows it): cleanup.policy="" neither deletes nor
+            # compacts.
             parts = [p.strip() for p in text.split(",")] if text.strip() else []
-            if definition.valid and not parts:
-                raise invalid(f"List must name at least one of: {', '.join(definition.valid)}")
             for item in parts:
                 if definition.valid and item not in definition.valid:
                     raise invalid(f"String must be one of: {', '.join(definition.valid)}")

@@ -1282,6 +1282,11 @@ def test_incremental_alter_configs_writes_one_record_per_changed_key() -> None:
     cluster.create_topic("u", T2, 1, 1)
     result = alter(cluster, [("cleanup.policy", ConfigOp.APPEND, "compact")], name="u")
     assert result.records == (Config(TOPIC, "u", "cleanup.policy", "delete,compact"),)
+    cluster.commit(result.records)
+    # SUBTRACT down to the empty list: a valid policy (ValidList.in), neither delete nor compact.
+    result = alter(cluster, [("cleanup.policy", ConfigOp.SUBTRACT, "delete,compact")], name="u")
+    assert result.response == AlterConfigsResult(Errors.NONE)
+    assert result.records == (Config(TOPIC, "u", "cleanup.policy", ""),)
     # Setting what is already there writes nothing.
     assert alter(cluster, [("max.message.bytes", ConfigOp.SET, "2000")]).records == ()
 
@@ -1335,12 +1340,6 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             (TOPIC, "t"),
             Errors.INVALID_CONFIG,
             "Can't APPEND to key retention.ms because its type is not LIST.",
-        ),
-        (
-            [("cleanup.policy", ConfigOp.SUBTRACT, "delete")],  # leaves an empty policy
-            (TOPIC, "t"),
-            Errors.INVALID_CONFIG,
-            "List must name at least one of",
         ),
         ([("retention.ms", ConfigOp.SET, "x")], (TOPIC, "t"), Errors.INVALID_CONFIG, "LONG"),
         (
@@ -1539,6 +1538,67 @@ def test_create_partitions_when_the_replication_factor_cannot_be_met() -> None:
     )
     assert manual.response.error is Errors.INVALID_REPLICA_ASSIGNMENT
     assert "are fenced" in manual.response.message
+
+
+def test_create_topic_with_a_manual_assignment() -> None:
+    """ReplicationControlManager.createTopic's manual branch: the replicas as given, the ISR
+    their live brokers, the leader the first of those; the partition count and replication
+    factor come from the assignment."""
+    cluster = three_brokers()
+    cluster.commit(cluster.heartbeat(3, 10_000, want_fence=True).records)
+    manual = [(1, [3, 1]), (0, [2, 3])]
+    result = cluster.run(
+        lambda image: cluster.controller.create_topic(image, "t", T1, assignments=manual)
+    )
+    assert (result.error, result.num_partitions, result.replication_factor) == (Errors.NONE, 2, 2)
+    by_partition = {p: cluster.state(T1, p) for p in (0, 1)}
+    assert [(s.replicas, s.isr, s.leader) for s in by_partition.values()] == [
+        ((2, 3), (2,), 2),
+        ((3, 1), (1,), 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("num_partitions", "replication_factor", "assignments", "error", "message"),
+    [
+        (-1, 2, [(0, [1, 2])], Errors.INVALID_REQUEST, "replication factor was not set to -1"),
+        (1, -1, [(0, [1, 2])], Errors.INVALID_REQUEST, "numPartitions was not set to -1"),
+        (-1, -1, [(0, [1]), (0, [2])], Errors.INVALID_REPLICA_ASSIGNMENT, "multiple manual"),
+        (-1, -1, [(0, [])], Errors.INVALID_REPLICA_ASSIGNMENT, "an empty replica list"),
+        (-1, -1, [(0, [1, 9])], Errors.INVALID_REPLICA_ASSIGNMENT, "broker 9, but no such"),
+        (-1, -1, [(0, [1, 2]), (1, [3])], Errors.INVALID_REPLICA_ASSIGNMENT, "have 2 replica"),
+        (-1, -1, [(0, [1]), (2, [2])], Errors.INVALID_REPLICA_ASSIGNMENT, "consecutive 0-based"),
+        (-1, -1, [(0, [3])], Errors.INVALID_REPLICA_ASSIGNMENT, "partition 0 are fenced"),
+    ],
+)
+def test_create_topic_manual_assignment_refusals(
+    *,
+    num_partitions: int,
+    replication_factor: int,
+    assignments: list[tuple[int, list[int]]],
+    error: Errors,
+    message: str,
+) -> None:
+    cluster = three_brokers()
+    cluster.commit(cluster.heartbeat(3, 10_000, want_fence=True).records)
+    result = cluster.decide(
+        lambda image: cluster.controller.create_topic(
+            image,
+            "t",
+            T1,
+            num_partitions=num_partitions,
+            replication_factor=replication_factor,
+            assignments=assignments,
+        )
+    )
+    assert result.records == ()
+    assert (result.response.error, message in result.response.message) == (error, True)
+    # The name and existence are checked first: an existing topic is TOPIC_ALREADY_EXISTS.
+    cluster.create_topic("u", T2, 1, 1)
+    again = cluster.decide(
+        lambda image: cluster.controller.create_topic(image, "u", T1, assignments=assignments)
+    )
+    assert again.response.error is Errors.TOPIC_ALREADY_EXISTS
 
 
 # ------------------------------------------------------------------ placement properties

@@ -22,6 +22,7 @@ from kcoord.storage.config import (
         ("retention.bytes", "-2", -2),  # LogConfig has no lower bound: no limit
         ("segment.bytes", "14", 14),
         ("cleanup.policy", "compact, delete", ("compact", "delete")),
+        ("cleanup.policy", " ", ()),  # the empty list: ValidList.in allows it
         ("unclean.leader.election.enable", "TRUE", True),
         ("min.insync.replicas", "2", 2),
         ("flush.messages", str(LONG_MAX), LONG_MAX),
@@ -76,12 +77,6 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
             "compact,bogus",
             "Invalid value compact,bogus for configuration cleanup.policy: "
             "String must be one of: compact, delete",
-        ),
-        (
-            "cleanup.policy",
-            " ",
-            "Invalid value   for configuration cleanup.policy: "
-            "List must name at least one of: compact, delete",
         ),
         (  # ConfigDef splits with its empty items, which are not valid policies
             "cleanup.policy",
@@ -163,6 +158,8 @@ def test_log_config_takes_the_log_settings_and_leaves_the_others() -> None:
     assert config.segment_bytes == LogConfig().segment_bytes
     with pytest.raises(InvalidConfigError, match="Unknown topic config name: nope"):
         LogConfig().with_topic_configs({"nope": "1"})
+    neither = LogConfig().with_topic_configs({"cleanup.policy": ""})
+    assert (neither.cleanup_policy, neither.delete, neither.compact) == (frozenset(), False, False)
 
 
 def test_the_compaction_lags_must_not_contradict_each_other() -> None:

@@ -10,10 +10,9 @@ written only once this node's metadata image holds the result, so the client's n
 request, to this node, already sees the change. A controller that cannot be reached before the
 request's timeout answers ``REQUEST_TIMED_OUT`` for every topic it had to decide.
 
-Deviations from Kafka: manual replica assignments are refused when creating a topic
-(``INVALID_REPLICA_ASSIGNMENT``; CreatePartitions takes them), ``__consumer_offsets`` cannot
-be deleted (``INVALID_REQUEST``: it holds every group's state and coordinator routing), and
-the returned topic configs are the ones the request set, not every effective config.
+Deviations from Kafka: ``__consumer_offsets`` cannot be deleted (``INVALID_REQUEST``: it
+holds every group's state and coordinator routing), and the returned topic configs are the ones
+the request set, not every effective config.
 """
 
 from __future__ import annotations
@@ -97,12 +96,6 @@ class AdminApi:
                     Errors.INVALID_REQUEST,
                     f"Creation of internal topic {CLUSTER_METADATA_TOPIC} is prohibited.",
                 )
-            elif t.assignments:
-                results[name] = _create_error(
-                    name,
-                    Errors.INVALID_REPLICA_ASSIGNMENT,
-                    "kcoord places replicas itself; manual assignments are not supported.",
-                )
             else:
                 # A None value is the controller's to refuse (INVALID_CONFIG), as Kafka does.
                 configs = {c.name: c.value for c in t.configs}
@@ -122,6 +115,9 @@ class AdminApi:
                         "num_partitions": t.num_partitions,
                         "replication_factor": t.replication_factor,
                         "configs": configs,
+                        "assignments": [
+                            [a.partition_index, list(a.broker_ids)] for a in t.assignments or ()
+                        ],
                     }
                 )
         if forward:

@@ -616,6 +616,18 @@ def test_create_topics_is_visible_at_once_with_kafka_errors(tmp_path: Path) -> N
         dry = await c.call(CREATE_TOPICS, 5, create_values(("f", 2, 1), validate_only=True))
         assert dry.topics[0].error_code == Errors.NONE
         assert h.cache.image.topic_by_name("f") is None
+        # A manual assignment (kafka-topics --replica-assignment): the replicas as given.
+        manual = create_values(("m", -1, -1))
+        manual["topics"][0]["assignments"] = [
+            {"partition_index": 1, "broker_ids": [NODE_ID]},
+            {"partition_index": 0, "broker_ids": [NODE_ID]},
+        ]
+        (m,) = (await c.call(CREATE_TOPICS, 7, manual)).topics
+        assert (m.error_code, m.num_partitions, m.replication_factor) == (0, 2, 1)
+        placed = h.cache.image.partitions_of(h.topic_id("m"))
+        assert [(p.replicas, p.leader) for p in placed] == [((NODE_ID,), NODE_ID)] * 2
+        (again_m,) = (await c.call(CREATE_TOPICS, 7, manual)).topics
+        assert again_m.error_code == Errors.TOPIC_ALREADY_EXISTS
 
     run(tmp_path, test)
 
