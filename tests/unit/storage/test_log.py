@@ -1486,6 +1486,15 @@ def test_an_uncompressed_batch_must_hold_exactly_the_records_it_claims(tmp_path:
     assert lg.log_end_offset == 0
     assert lg.append_as_leader(sent, 0, now_ms=1000).last_offset == 2
     assert [r.value for r in read_all(lg)] == [b"v" * 10] * 3
+    # A header key that is not UTF-8 is no reason to refuse a batch (Kafka reads header keys
+    # leniently), compressed or not; the count is still checked.
+    latin = fmt.Record(0, 1000, b"k", b"v", (("\udcff\udcfe", b"x"),))
+    for codec in (fmt.Compression.NONE, fmt.Compression.GZIP):
+        lenient = fmt.build_batch([latin, replace(latin, offset=1)], compression=codec)
+        assert lg.append_as_leader(lenient, 0, now_ms=1000).last_offset == lg.log_end_offset - 1
+        with pytest.raises(InvalidRecordError, match="Incorrect declared batch size"):
+            lg.append_as_leader(_recount(lenient, 3), 0, now_ms=1000)
+    assert [r.headers for r in read_all(lg)][-1] == latin.headers
 
 
 def test_a_producers_batch_must_start_at_offset_zero(tmp_path: Path) -> None:
