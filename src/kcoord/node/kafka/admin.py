@@ -195,7 +195,8 @@ class AdminApi:
         else:
             entries = [(name, None) for name in body.topic_names]
         # ControllerApis.deleteTopics: a name or an id given twice is refused (and not
-        # deleted), as is a name and an id of the same topic (the first entry is deleted).
+        # deleted), and so is a topic given by its name and by its id: the name is answered
+        # INVALID_REQUEST, the id not at all, and the topic stays.
         provided_names: dict[str, None] = {}
         duplicate_names: dict[str, None] = {}
         provided_ids: dict[uuid.UUID, None] = {}
@@ -238,9 +239,11 @@ class AdminApi:
             responses.append(
                 _deleted(None, topic_id, Errors.INVALID_REQUEST, "Duplicate topic id.")
             )
+        named_twice: set[uuid.UUID] = set()
         for name in provided_names:
             topic = image.topic_by_name(name)
             if topic is not None and topic_id_to_uuid(topic.topic_id) in provided_ids:
+                named_twice.add(topic_id_to_uuid(topic.topic_id))
                 responses.append(
                     _deleted(
                         name,
@@ -253,6 +256,8 @@ class AdminApi:
                 ids_of[name] = None if topic is None else topic.topic_id
         for topic_id in provided_ids:
             topic = self.ctx.topic_by_uuid(topic_id)
+            if topic_id in named_twice:
+                continue
             if topic is None:
                 responses.append(_deleted(None, topic_id, Errors.UNKNOWN_TOPIC_ID, None))
             elif topic.name in duplicate_names:
