@@ -10,9 +10,9 @@ written only once this node's metadata image holds the result, so the client's n
 request, to this node, already sees the change. A controller that cannot be reached before the
 request's timeout answers ``REQUEST_TIMED_OUT`` for every topic it had to decide.
 
-Deviations from Kafka: ``__consumer_offsets`` cannot be deleted (``INVALID_REQUEST``: it
-holds every group's state and coordinator routing), and the returned topic configs are the ones
-the request set, not every effective config.
+A created topic's answer (v5+) carries every effective config with its source (KIP-525).
+Deviation from Kafka: ``__consumer_offsets`` cannot be deleted (``INVALID_REQUEST``: it holds
+every group's state and coordinator routing).
 """
 
 from __future__ import annotations
