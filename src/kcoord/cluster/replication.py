@@ -27,7 +27,14 @@ ISR changes are proposed by the leader and take effect only when committed in th
   is not the leader's and that has not been caught up for ``replica.lag.time.max.ms``;
 - expand (``expand_candidates``, Kafka's ``isFollowerInSync``): a replica outside the ISR
   whose LEO is at or above the HW and at or above the start offset of the leader's epoch, so
-  it has every record this leader wrote in its own epoch (KIP-101).
+  it has every record this leader wrote in its own epoch (KIP-101). Kafka decides this on a
+  follower's fetch (``maybeExpandIsr`` in ``updateFollowerFetchState``), with the broker epoch
+  that fetch carried matching the registered one (``isReplicaIsrEligible``, KIP-903); here
+  the leader decides it periodically, so a replica that left the ISR is a candidate only once
+  it has fetched since, and only with its registered broker epoch. Its last LEO alone, kept
+  from before it left, made a silent follower rejoin whenever the HW stood still (a frozen
+  HW under min ISR equals it), and a restarted one was proposed with its old epoch, refused
+  (INELIGIBLE_REPLICA) for ever.
 
 ``begin_isr_change``/``end_isr_change`` bracket the in-flight AlterPartition; only one is in
 flight at a time, like Kafka's ``PendingExpandIsr``/``PendingShrinkIsr`` states.
@@ -37,7 +44,7 @@ Pure: no I/O, no clock; time comes as ``now_ms``.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 UNKNOWN_OFFSET = -1
@@ -54,6 +61,8 @@ class FollowerState:
     last_fetch_ms: int = 0
     # The leader's LEO when the previous fetch arrived (Kafka's lastFetchLeaderLogEndOffset).
     last_fetch_leader_log_end_offset: int = UNKNOWN_OFFSET
+    # It left the committed ISR and has not fetched since: not a candidate to rejoin.
+    left_isr_unfetched: bool = False
 
     def is_caught_up(self, leader_log_end_offset: int, now_ms: int, lag_ms: int) -> bool:
         """Kafka's ``ReplicaState.isCaughtUp``."""
@@ -121,6 +130,7 @@ class LeaderReplication:
         state.broker_epoch = broker_epoch
         state.last_fetch_leader_log_end_offset = leader_log_end_offset
         state.last_fetch_ms = now_ms
+        state.left_isr_unfetched = False
         return True
 
     # ------------------------------------------------------------------------ high watermark
@@ -177,14 +187,18 @@ class LeaderReplication:
             )
         }
 
-    def expand_candidates(self, eligible: Collection[int]) -> set[int]:
-        """Eligible replicas outside the ISR that hold every committed record and every record
-        of this leader's epoch (Kafka's ``isFollowerInSync``)."""
+    def expand_candidates(self, eligible: Mapping[int, int]) -> set[int]:
+        """Replicas outside the ISR that hold every committed record and every record of this
+        leader's epoch (Kafka's ``isFollowerInSync``), as their latest fetch since they left
+        the ISR showed. ``eligible``: the unfenced brokers and their registered epochs; a
+        replica's fetches must carry that epoch (-1: a fetch that carried none)."""
         return {
             r
             for r, state in self.followers.items()
             if r not in self.isr
             and r in eligible
+            and state.broker_epoch in (-1, eligible[r])
+            and not state.left_isr_unfetched
             and state.log_end_offset >= self.high_watermark
             and state.log_end_offset >= self.leader_epoch_start_offset
         }
@@ -204,6 +218,9 @@ class LeaderReplication:
         """A committed partition change: its ISR replaces ours, any pending change is over."""
         if partition_epoch < self.partition_epoch:
             return
+        for r in set(self.isr).difference(isr):
+            if r in self.followers:
+                self.followers[r].left_isr_unfetched = True
         self.isr = tuple(isr)
         self.partition_epoch = partition_epoch
         self.pending_isr = None

@@ -1269,7 +1269,7 @@ class ReplicaManager:
         if self.alter_partition is None or broker_epoch is None:
             return
         now_ms = self.now_ms()
-        eligible = set(self.cache.image.unfenced_broker_ids())
+        eligible = {b: r.broker_epoch for b, r in self.cache.image.brokers.items() if not r.fenced}
         items: list[dict[str, Any]] = []
         proposed: list[Partition] = []
         for part in self.partitions.values():
@@ -1283,8 +1283,10 @@ class ReplicaManager:
                 continue
             if now_ms < part.isr_change_retry_ms:
                 continue
+            # A shrink goes alone, as Kafka's PendingShrinkIsr: were it sent with an expansion
+            # the controller refuses (INELIGIBLE_REPLICA), it would be refused with it.
             out = repl.shrink_candidates(part.log.log_end_offset, now_ms)
-            into = repl.expand_candidates(eligible)
+            into = set() if out else repl.expand_candidates(eligible)
             if not out and not into:
                 continue
             new_isr = [r for r in part.replicas if (r in repl.isr and r not in out) or r in into]

@@ -11,6 +11,8 @@ from kcoord.cluster.replication import UNKNOWN_OFFSET, LeaderReplication
 
 LAG_MS = 4000
 T0 = 1_000_000
+# Every broker unfenced, registered with epoch 7; fetches that carry no epoch (-1) match any.
+ANY_EPOCH = {1: 7, 2: 7, 3: 7}
 
 
 def leader(
@@ -113,10 +115,29 @@ def test_shrink_candidates_after_the_lag_time() -> None:
 def test_expand_needs_hw_and_the_leader_epoch_start_offset() -> None:
     r = leader(isr=(1, 2), hw=5, epoch_start=8)
     r.update_follower_fetch(3, 6, 10, T0)
-    assert r.expand_candidates({1, 2, 3}) == set()  # above the HW, below the epoch start
+    assert r.expand_candidates(ANY_EPOCH) == set()  # above the HW, below the epoch start
     r.update_follower_fetch(3, 8, 10, T0)
-    assert r.expand_candidates({1, 2, 3}) == {3}
-    assert r.expand_candidates({1, 2}) == set()  # fenced or unregistered: not eligible
+    assert r.expand_candidates(ANY_EPOCH) == {3}
+    assert r.expand_candidates({1: 1, 2: 1}) == set()  # fenced or unregistered: not eligible
+
+
+def test_a_replica_that_left_the_isr_rejoins_only_after_a_fetch_with_its_epoch() -> None:
+    """Kafka expands the ISR on a follower's fetch (maybeExpandIsr), with the broker epoch that
+    fetch carried matching the registered one (KIP-903). A silent follower whose last LEO, from
+    before it left, still equals a HW that stands still was proposed back every round, and a
+    restarted one with its old epoch, refused for ever (a shrink sent with it too)."""
+    r = leader(hw=10)
+    r.update_follower_fetch(2, 10, 10, T0, broker_epoch=7)
+    r.update_follower_fetch(3, 10, 10, T0, broker_epoch=7)
+    r.update_isr((1, 2), 6)  # 3 is shrunk out; its last LEO is still the HW
+    assert r.expand_candidates(ANY_EPOCH) == set()
+    r.update_follower_fetch(3, 10, 10, T0 + 1, broker_epoch=7)
+    assert r.expand_candidates(ANY_EPOCH) == {3}
+    # Restarted under a new epoch, it is a candidate once a fetch of the new process came.
+    restarted = {**ANY_EPOCH, 3: 8}
+    assert r.expand_candidates(restarted) == set()
+    r.update_follower_fetch(3, 10, 10, T0 + 2, broker_epoch=8)
+    assert r.expand_candidates(restarted) == {3}
 
 
 def test_min_isr_is_checked_on_the_committed_isr() -> None:
@@ -167,7 +188,7 @@ def test_hw_never_passes_an_isr_leo_never_drops_never_passes_the_leader(
     fleo = {2: 0, 3: 0}
     now = T0
     epoch = 5
-    eligible = {1, 2, 3}
+    eligible = ANY_EPOCH
     for step in steps:
         hw_before = r.high_watermark
         if step[0] == "append":

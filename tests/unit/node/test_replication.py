@@ -34,6 +34,13 @@ from kcoord.node.replica_manager import (
 )
 from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
+from kcoord.raft.controller import (
+    AlterPartitionItem,
+    AlterPartitionRequest,
+    BrokerState,
+    Controller,
+    ControllerConfig,
+)
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import checkpoint
 from kcoord.storage.epoch import UNDEFINED_EPOCH_OFFSET
@@ -1251,5 +1258,110 @@ def test_an_io_error_deleting_a_stray_log_fails_the_log_directory(tmp_path: Path
         with mock.patch.object(node.logs, "delete_log", read_only):
             node.replicas.delete_stray_logs()
         assert failures == ["deleting the stray log gone-0"]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("restarted", [True, False])
+def test_a_silent_replica_is_not_proposed_back_into_the_isr(
+    tmp_path: Path, *, restarted: bool
+) -> None:
+    """Three replicas, a real controller deciding AlterPartition. Replica 3 leaves the ISR and
+    comes back unfenced without fetching again (restarted: under a new broker epoch); then
+    replica 2 stops fetching, alive, while records are written. Kafka adds a follower back only
+    on its own fetch, with its registered epoch (maybeExpandIsr, KIP-903), and shrinks alone.
+    The leader proposed 3 back from its last LEO, which a HW standing still equals:
+    - restarted, with its old epoch, each time refused (INELIGIBLE_REPLICA), and the shrink
+      of 2 proposed with it refused too: the ISR stayed (1, 2), the HW stuck, for ever;
+    - under min.insync.replicas=2, accepted, the ISR flapping (1) -> (1, 2, 3) -> (1) ...
+      every round, a metadata record a second for as long as they stayed silent."""
+
+    async def scenario() -> None:
+        now = [1_000_000]
+        cluster: dict[int, Node] = {}
+        controller = Controller(ControllerConfig(), 0)
+        offset = [10]
+        proposed: list[list[list[int]]] = []
+
+        def apply(records: list[rec.MetadataRecord]) -> None:
+            offset[0] += 1
+            for node in cluster.values():
+                node.cache.apply(offset[0], records)
+
+        async def alter(payload: dict[str, Any]) -> dict[str, Any]:
+            items = tuple(
+                AlterPartitionItem(
+                    p["topic_id"],
+                    p["partition"],
+                    p["leader_epoch"],
+                    p["partition_epoch"],
+                    tuple(BrokerState(b, e) for b, e in p["new_isr"]),
+                )
+                for p in payload["partitions"]
+            )
+            proposed.extend(p["new_isr"] for p in payload["partitions"])
+            request = AlterPartitionRequest(payload["broker_id"], payload["broker_epoch"], items)
+            result = controller.alter_partition(cluster[1].cache.image, request)
+            if result.records:
+                apply(list(result.records))
+            return {
+                "error": int(result.response.error),
+                "partitions": [
+                    {
+                        "topic_id": r.topic_id,
+                        "partition": r.partition,
+                        "error": int(r.error),
+                        "partition_epoch": r.partition_epoch,
+                    }
+                    for r in result.response.partitions
+                ],
+            }
+
+        nodes = [
+            Node(n, tmp_path / f"n{n}", cluster, clock=lambda: now[0], alter_partition=alter)
+            for n in (1, 2, 3)
+        ]
+        leader, follower, silent = nodes
+        registered: list[rec.MetadataRecord] = [
+            rec.RegisterBroker(
+                broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={}, fenced=False
+            )
+            for n in (1, 2, 3)
+        ]
+        configs = {} if restarted else {"min.insync.replicas": "2"}
+        apply(
+            [
+                *registered,
+                rec.Topic(TOPIC, TOPIC_ID, configs),
+                rec.Partition(TOPIC_ID, 0, (1, 2, 3), (1, 2, 3), 1, 0, 0),
+            ]
+        )
+        for value in (b"a", b"b", b"c"):
+            leader.produce(value)
+        for _ in range(2):  # the records, then the HW that fetch moved
+            await asyncio.gather(follower.fetch_once(), silent.fetch_once())
+        assert leader.partition.high_watermark == 3
+        gone = (
+            rec.RegisterBroker(
+                broker_id=3, incarnation_id="i3b", broker_epoch=20, endpoints={}, fenced=True
+            )
+            if restarted
+            else rec.FenceBroker(3, 1)
+        )
+        apply([gone, rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=0, isr=(1, 2))])
+        apply([rec.UnfenceBroker(3, 20 if restarted else 1)])
+        for value in (b"d", b"e", b"f"):  # node 2 has stopped fetching
+            leader.produce(value)
+        part = leader.partition
+        for _ in range(8):
+            now[0] += 6_000
+            leader.replicas.maybe_propose_isr_changes()
+            await asyncio.gather(*leader.replicas._isr_tasks)
+        assert part.isr == (1,)
+        assert proposed == [[[1, 1]]], "only the shrink, once"
+        if restarted:
+            assert part.high_watermark == part.log.log_end_offset == 6
+        for node in nodes:
+            node.replicas.close()
 
     asyncio.run(scenario())
