@@ -661,11 +661,15 @@ class ProduceApi:
 
     async def handle_describe_producers(self, request: Request) -> Result:
         topics = []
+        done = 0
         for topic in request.body.topics:
             name = str(topic.name)
-            partitions = [
-                await self._active_producers(name, int(index)) for index in topic.partition_indexes
-            ]
+            partitions = []
+            for index in topic.partition_indexes:
+                done += 1
+                if done % PARTITIONS_PER_SLICE == 0:
+                    await asyncio.sleep(0)  # the other connections' turn, as in a Produce
+                partitions.append(await self._active_producers(name, int(index)))
             topics.append({"name": name, "partitions": partitions})
         return {"throttle_time": 0, "topics": topics}
 

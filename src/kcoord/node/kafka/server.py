@@ -133,6 +133,31 @@ async def _ready(values: Mapping[str, Any]) -> Mapping[str, Any]:
     return values
 
 
+# A Kafka string is at most 32,767 bytes (its int16 length); a longer error message is cut to
+# this many characters (at most four bytes each in UTF-8).
+MESSAGE_CHARS_KEPT: Final = 4_096
+
+
+def _with_short_messages(values: Any) -> Any:
+    """``values`` with every ``*message`` string too long for a Kafka string cut short; None
+    when there was none."""
+    found = False
+
+    def walk(value: Any, key: str = "") -> Any:
+        nonlocal found
+        if isinstance(value, str) and key.endswith("message") and len(value) > MESSAGE_CHARS_KEPT:
+            found = True
+            return value[:MESSAGE_CHARS_KEPT] + "..."
+        if isinstance(value, Mapping):
+            return {k: walk(v, str(k)) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [walk(v) for v in value]
+        return value
+
+    shortened = walk(values)
+    return shortened if found else None
+
+
 class _Close:
     """A slot that closes the connection when the writer reaches it."""
 
@@ -486,6 +511,12 @@ class _Connection:
             body = codec.build_response(header.api_key, header.api_version, values)
             return codec.encode_response(header.correlation_id, body)
         except Exception:
+            shortened = _with_short_messages(values)
+            if shortened is not None:
+                # An error message echoing a long name the request carried (a config name of
+                # 32,767 characters) is past a Kafka string's 32,767 bytes: the answer goes out
+                # with its messages cut short, not as a closed connection.
+                return _Connection._encode(request, shortened)
             log.exception(
                 "kafka: cannot encode the response of api key %d v%d",
                 header.api_key,
