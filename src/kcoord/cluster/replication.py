@@ -133,6 +133,20 @@ class LeaderReplication:
         state.left_isr_unfetched = False
         return True
 
+    def note_fetching(self, replica_id: int, fetch_offset: int, broker_epoch: int = -1) -> None:
+        """A follower's request waiting at the leader holds this partition at ``fetch_offset``
+        (a fetch session's partition, marked while it waits): the follower is fetching it, at
+        the position already recorded, as Kafka reads every partition of a session on each
+        request. A replica that left the ISR counts as having fetched since; nothing else of
+        its state changes (its caught-up time counts from its requests' arrivals)."""
+        state = self.followers.get(replica_id)
+        if (
+            state is not None
+            and state.log_end_offset == fetch_offset
+            and broker_epoch in (-1, state.broker_epoch)
+        ):
+            state.left_isr_unfetched = False
+
     # ------------------------------------------------------------------------ high watermark
 
     @property

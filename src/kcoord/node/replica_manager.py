@@ -1025,7 +1025,9 @@ class ReplicaManager:
             while True:
                 event.clear()
                 if session is not None:
-                    working.update(session.take_dirty())
+                    taken = session.take_dirty()
+                    self._note_fetching(replica_id, replica_epoch, taken.values())
+                    working.update(taken)
                 results, ready, high_watermark_news, pending = self._read_for_follower(
                     replica_id, working.values(), max_bytes
                 )
@@ -1072,6 +1074,23 @@ class ReplicaManager:
         if replica_id not in part.replication.followers:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{replica_id} is no replica")
         return part
+
+    def _note_fetching(
+        self, replica_id: int, replica_epoch: int, items: Iterable[FetchItem]
+    ) -> None:
+        """A parked request's session partitions marked while it waits: the follower is
+        fetching them (``LeaderReplication.note_fetching``). Without this, a replica shrunk out
+        of the ISR while its request waited, its position unchanged since, was never named
+        again, and never rejoined."""
+        for item in items:
+            try:
+                part = self._follower_partition(
+                    replica_id, item.tp, item.leader_epoch, item.topic_id
+                )
+            except KafkaError:
+                continue
+            assert part.replication is not None
+            part.replication.note_fetching(replica_id, item.fetch_offset, replica_epoch)
 
     def _record_follower_fetch(self, replica_id: int, replica_epoch: int, item: FetchItem) -> None:
         try:

@@ -133,6 +133,16 @@ def test_a_replica_that_left_the_isr_rejoins_only_after_a_fetch_with_its_epoch()
     assert r.expand_candidates(ANY_EPOCH) == set()
     r.update_follower_fetch(3, 10, 10, T0 + 1, broker_epoch=7)
     assert r.expand_candidates(ANY_EPOCH) == {3}
+    # Shrunk out while its request waited at the leader (a session's partition marked then):
+    # that request fetching it at the same position counts too; another position does not.
+    r.update_isr((1, 2), 7)
+    r.update_isr((1, 2, 3), 8)
+    r.update_isr((1, 2), 9)
+    assert r.expand_candidates(ANY_EPOCH) == set()
+    r.note_fetching(3, 9, broker_epoch=7)
+    assert r.expand_candidates(ANY_EPOCH) == set()
+    r.note_fetching(3, 10, broker_epoch=7)
+    assert r.expand_candidates(ANY_EPOCH) == {3}
     # Restarted under a new epoch, it is a candidate once a fetch of the new process came.
     restarted = {**ANY_EPOCH, 3: 8}
     assert r.expand_candidates(restarted) == set()
