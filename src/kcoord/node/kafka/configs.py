@@ -50,9 +50,10 @@ DESCRIBE_CONFIGS_KEY: Final = 32
 ALTER_CONFIGS_KEY: Final = 33
 INCREMENTAL_ALTER_CONFIGS_KEY: Final = 44
 
-# DescribeConfigsResponse ConfigSource.
 # Distinct resources DescribeConfigs describes between two turns of the other connections.
 DESCRIBES_PER_SLICE: Final = 32
+
+# DescribeConfigsResponse ConfigSource.
 DYNAMIC_TOPIC_CONFIG: Final = 1
 DYNAMIC_DEFAULT_BROKER_CONFIG: Final = 3
 STATIC_BROKER_CONFIG: Final = 4
