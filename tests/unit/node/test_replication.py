@@ -1365,3 +1365,42 @@ def test_a_silent_replica_is_not_proposed_back_into_the_isr(
             node.replicas.close()
 
     asyncio.run(scenario())
+
+
+def test_a_replica_shrunk_out_while_its_fetch_waits_counts_as_fetching(tmp_path: Path) -> None:
+    """The follower's request waits at the leader in a fetch session when the ISR change
+    that removed it commits; the change marks the partition, and the waiting request takes
+    the mark when an append elsewhere wakes it. Kafka reads every partition of a session on
+    each request, so the follower counts as fetching it at its position: it is proposed back
+    at the next ISR round. Before, nothing recorded that fetch until the session's next full
+    pass (every second): the follower's position did not move, and it never named the
+    partition again."""
+
+    async def scenario() -> None:
+        leader, follower, parts = _two_partitions(tmp_path)
+        sent: list[dict[str, Any]] = []
+
+        async def alter_partition(payload: dict[str, Any]) -> dict[str, Any]:
+            sent.append(payload)
+            return {"error": int(Errors.REQUEST_TIMED_OUT), "partitions": []}
+
+        leader.replicas.alter_partition = alter_partition
+        leader.produce(b"a")
+        for _ in range(2):  # the record, then the HW that fetch moved
+            await follower.fetchers._step(1, parts)
+        assert leader.partition.high_watermark == 1
+        waiting = asyncio.create_task(follower.fetchers._step(1, parts))
+        await _parked(leader.replicas)
+        shrink = rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=0, isr=(1,))
+        for node in (leader, follower):
+            node.cache.apply(3, [shrink])
+        other = leader.replicas.get_partition(TOPIC, 1)
+        assert other is not None
+        leader.replicas.append_local(other, batch(value=b"b"), required_acks=1)
+        await asyncio.wait_for(waiting, 5)
+        leader.replicas.maybe_propose_isr_changes()
+        await asyncio.gather(*leader.replicas._isr_tasks)
+        proposed = [(p["partition"], p["new_isr"]) for r in sent for p in r["partitions"]]
+        assert proposed == [(0, [[1, 1], [2, 1]])]
+
+    asyncio.run(scenario())
