@@ -53,6 +53,7 @@ from kcoord.raft.controller import (
     OFFSETS_TOPIC_NAME,
     AlterPartitionItem,
     AlterPartitionRequest,
+    AlterPartitionResponse,
     BrokerHeartbeatRequest,
     BrokerRegistrationRequest,
     BrokerState,
@@ -427,41 +428,13 @@ class ControllerService:
         }
 
     async def handle_alter_partition(self, payload: Any) -> dict[str, Any]:
-        request = AlterPartitionRequest(
-            broker_id=int(payload["broker_id"]),
-            broker_epoch=int(payload["broker_epoch"]),
-            partitions=tuple(
-                AlterPartitionItem(
-                    topic_id=str(p["topic_id"]),
-                    partition=int(p["partition"]),
-                    leader_epoch=int(p["leader_epoch"]),
-                    partition_epoch=int(p["partition_epoch"]),
-                    new_isr=tuple(BrokerState(int(b), int(e)) for b, e in p["new_isr"]),
-                )
-                for p in payload["partitions"]
-            ),
-        )
+        request = alter_partition_request(payload)
         async with self._lock:
             controller = self._require_active()
             result = controller.alter_partition(self.cache.image, request)
             if result.records:
                 await self._propose_or_not_controller(result.records)
-        reply = result.response
-        return {
-            "error": int(reply.error),
-            "partitions": [
-                {
-                    "topic_id": r.topic_id,
-                    "partition": r.partition,
-                    "error": int(r.error),
-                    "leader": r.leader,
-                    "leader_epoch": r.leader_epoch,
-                    "partition_epoch": r.partition_epoch,
-                    "isr": list(r.isr),
-                }
-                for r in reply.partitions
-            ],
-        }
+        return alter_partition_reply(result.response)
 
     async def handle_create_topics(self, payload: Any) -> dict[str, Any]:
         """Create the topics in one decision (one atomic batch); per-topic errors as Kafka's
@@ -598,3 +571,41 @@ class ControllerService:
             return await self._propose(records)
         except NotActiveError as e:
             raise RpcError(int(Errors.NOT_CONTROLLER), f"not committed: {e}") from e
+
+
+def alter_partition_request(payload: Any) -> AlterPartitionRequest:
+    """An AlterPartition RPC's payload as the controller takes it (``KeyError`` / ``TypeError``
+    / ``ValueError`` if it is malformed)."""
+    return AlterPartitionRequest(
+        broker_id=int(payload["broker_id"]),
+        broker_epoch=int(payload["broker_epoch"]),
+        partitions=tuple(
+            AlterPartitionItem(
+                topic_id=str(p["topic_id"]),
+                partition=int(p["partition"]),
+                leader_epoch=int(p["leader_epoch"]),
+                partition_epoch=int(p["partition_epoch"]),
+                new_isr=tuple(BrokerState(int(b), int(e)) for b, e in p["new_isr"]),
+            )
+            for p in payload["partitions"]
+        ),
+    )
+
+
+def alter_partition_reply(reply: AlterPartitionResponse) -> dict[str, Any]:
+    """The controller's AlterPartition answer as the RPC carries it."""
+    return {
+        "error": int(reply.error),
+        "partitions": [
+            {
+                "topic_id": r.topic_id,
+                "partition": r.partition,
+                "error": int(r.error),
+                "leader": r.leader,
+                "leader_epoch": r.leader_epoch,
+                "partition_epoch": r.partition_epoch,
+                "isr": list(r.isr),
+            }
+            for r in reply.partitions
+        ],
+    }

@@ -21,6 +21,7 @@ import pytest
 
 from kcoord.cluster.fetch_session import FULL_PASS_INTERVAL_MS
 from kcoord.errors import Errors
+from kcoord.node.controller_service import alter_partition_reply, alter_partition_request
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import (
@@ -34,13 +35,7 @@ from kcoord.node.replica_manager import (
 )
 from kcoord.node.rpc import RpcClient, RpcClientPool
 from kcoord.raft import records as rec
-from kcoord.raft.controller import (
-    AlterPartitionItem,
-    AlterPartitionRequest,
-    BrokerState,
-    Controller,
-    ControllerConfig,
-)
+from kcoord.raft.controller import Controller, ControllerConfig
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import checkpoint
 from kcoord.storage.epoch import UNDEFINED_EPOCH_OFFSET
@@ -1289,33 +1284,12 @@ def test_a_silent_replica_is_not_proposed_back_into_the_isr(
                 node.cache.apply(offset[0], records)
 
         async def alter(payload: dict[str, Any]) -> dict[str, Any]:
-            items = tuple(
-                AlterPartitionItem(
-                    p["topic_id"],
-                    p["partition"],
-                    p["leader_epoch"],
-                    p["partition_epoch"],
-                    tuple(BrokerState(b, e) for b, e in p["new_isr"]),
-                )
-                for p in payload["partitions"]
-            )
             proposed.extend(p["new_isr"] for p in payload["partitions"])
-            request = AlterPartitionRequest(payload["broker_id"], payload["broker_epoch"], items)
+            request = alter_partition_request(payload)
             result = controller.alter_partition(cluster[1].cache.image, request)
             if result.records:
                 apply(list(result.records))
-            return {
-                "error": int(result.response.error),
-                "partitions": [
-                    {
-                        "topic_id": r.topic_id,
-                        "partition": r.partition,
-                        "error": int(r.error),
-                        "partition_epoch": r.partition_epoch,
-                    }
-                    for r in result.response.partitions
-                ],
-            }
+            return alter_partition_reply(result.response)
 
         nodes = [
             Node(n, tmp_path / f"n{n}", cluster, clock=lambda: now[0], alter_partition=alter)
