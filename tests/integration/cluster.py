@@ -52,14 +52,21 @@ class LocalCluster:
             self.dump_logs()
 
     def dump_logs(self, lines: int = 40) -> None:
+        print(self.log_tails(lines))
+
+    def log_tails(self, lines: int = 40) -> str:
+        """The last ``lines`` of every node's log, for a failure message: pytest keeps only the
+        last three runs' temporary directories, so a CI failure's logs are soon gone."""
         assert self.state is not None
+        parts = []
         for n in self.state.nodes:
             try:
                 tail = n.log_path.read_text(errors="replace").splitlines()[-lines:]
             except OSError:
                 continue
-            print(f"----- node {n.node_id} log tail -----")
-            print("\n".join(tail))
+            parts.append(f"----- node {n.node_id} log tail -----")
+            parts.extend(tail)
+        return "\n".join(parts)
 
     def node(self, node_id: int) -> launcher.NodeProcess:
         assert self.state is not None

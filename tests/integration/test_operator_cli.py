@@ -79,9 +79,12 @@ def bootstrap(cluster: LocalCluster) -> str:
     """The cluster, with ``orders`` created by ``kcoord topics create`` and produced to."""
     assert cluster.state is not None
     servers = cluster.state.bootstrap_servers
+    # The records' timestamps are years old: under the default retention.ms (7 days) the first
+    # retention pass (log.initial.task.delay.ms, 30 s after start) deletes them, as Kafka's
+    # would, and every offset read after it moves to the log end. Time retention is off here.
     run = kcoord(
         "topics", "create", "--topic", TOPIC, "--partitions", "3", "--replication-factor", "3",
-        "--bootstrap-server", servers,
+        "--config", "retention.ms=-1", "--bootstrap-server", servers,
     )  # fmt: skip
     assert (run.code, run.out) == (0, f"Created topic {TOPIC}.\n"), run.err
     wait_for(lambda: _leaders(servers, TOPIC) == 3, "leaders of every orders partition")
@@ -193,10 +196,13 @@ def test_describe_a_group_that_does_not_exist(bootstrap: str) -> None:
 
 @contextlib.contextmanager
 def live_member(
-    servers: str, group: str, client_id: str, offsets: dict[int, int], log: Path
+    cluster: LocalCluster, group: str, client_id: str, offsets: dict[int, int], log: Path
 ) -> Iterator[None]:
     """A kafka-python consumer in the group, assigned every partition, that has committed
-    ``offsets``; it leaves the group on exit."""
+    ``offsets``; it leaves the group on exit. Its failure message has the client's log and the
+    nodes' (a member once got no answer to its SyncGroup for 30 s in a CI run)."""
+    assert cluster.state is not None
+    servers = cluster.state.bootstrap_servers
     cmd = _ops_command(
         "member",
         servers,
@@ -220,7 +226,9 @@ def live_member(
     try:
         # The member gives up (and exits, closing stdout) after its own deadline.
         line = proc.stdout.readline()
-        assert json.loads(line or "null") == "assigned", log.read_text()[-4000:]
+        assert json.loads(line or "null") == "assigned", (
+            f"{log.read_text()[-4000:]}\n{cluster.log_tails(80)}"
+        )
         yield
         proc.stdin.close()
         assert proc.wait(timeout=OPS_TIMEOUT_S) == 0, log.read_text()[-4000:]
@@ -233,9 +241,9 @@ def live_member(
 
 
 def test_a_live_member_shows_in_every_view_and_blocks_reset_and_delete(
-    bootstrap: str, tmp_path: Path
+    cluster: LocalCluster, bootstrap: str, tmp_path: Path
 ) -> None:
-    with live_member(bootstrap, "live", "live-member", {0: 4}, tmp_path / "member.stderr"):
+    with live_member(cluster, "live", "live-member", {0: 4}, tmp_path / "member.stderr"):
         run = describe(bootstrap, "live")
         assert (run.code, run.err) == (0, "")
         rows = run.rows()
