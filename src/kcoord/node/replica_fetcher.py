@@ -434,14 +434,22 @@ class ReplicaFetcherManager:
         lg = part.log
         if error is Errors.OFFSET_OUT_OF_RANGE:
             leader_end, leader_start = int(r["log_end_offset"]), int(r["log_start_offset"])
+            # Kafka's fetchOffsetAndTruncate: cut to the leader's log end when ours is past it;
+            # restart the log at the leader's log start only when that is past our log end.
             if leader_end >= 0 and fetch_offset > leader_end:
-                lg.truncate_to(leader_end)  # Kafka's handleOutOfRangeError, LEO above leader's
+                lg.truncate_to(leader_end)
                 part.reset_high_watermark_to_log_end()
+            elif leader_start > fetch_offset:
+                log.info(
+                    "%s-%d: restarting the log at %d", part.topic, part.partition, leader_start
+                )
+                lg.truncate_fully_and_start_at(leader_start)
+                part.high_watermark = leader_start
             else:
-                start = max(leader_start, 0)
-                log.info("%s-%d: restarting the log at %d", part.topic, part.partition, start)
-                lg.truncate_fully_and_start_at(start)
-                part.high_watermark = start
+                # The leader holds our position and still refused it (it cannot place our last
+                # epoch): Kafka keeps the log and asks again; the log of a replica perhaps in
+                # the ISR is not thrown away for it. Asked again after the back-off.
+                self._back_off(part, error)
             return
         if error is not Errors.NONE:
             self._back_off(part, error)

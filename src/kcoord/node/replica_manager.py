@@ -252,6 +252,32 @@ class Partition:
             return {"epoch": epoch, "end_offset": end_offset}
         return None
 
+    def fetch_divergence(self, fetch_offset: int, last_fetched_epoch: int) -> dict[str, int] | None:
+        """Kafka's ``Partition.readRecords`` for a fetch that sent its last fetched epoch, from a
+        follower or a consumer alike: OFFSET_OUT_OF_RANGE when this log cannot place the epoch
+        (no end offset to truncate to; -1 on the wire reads as "no divergence", and the fetcher
+        asked again for ever) or when the fetch offset is below the log start, diverging or not
+        (the fetcher resets, or restarts its log at the log start); else the diverging epoch, or
+        None."""
+        diverging = self.diverging_epoch(fetch_offset, last_fetched_epoch)
+        if diverging is None:
+            return None
+        lg = self.log
+        if diverging["epoch"] < 0:
+            raise KafkaError(
+                Errors.OFFSET_OUT_OF_RANGE,
+                "Could not determine the end offset of the last fetched epoch "
+                f"{last_fetched_epoch} from the request",
+            )
+        if fetch_offset < lg.log_start_offset:
+            raise KafkaError(
+                Errors.OFFSET_OUT_OF_RANGE,
+                f"Received request for offset {fetch_offset} for partition {self.topic}-"
+                f"{self.partition}, but we only have log segments in the range "
+                f"{lg.log_start_offset} to {lg.log_end_offset}.",
+            )
+        return diverging
+
     def set_high_watermark(self, high_watermark: int) -> bool:
         """Move the HW up (never down, never past the log end); True if it moved."""
         high_watermark = min(high_watermark, self.log.log_end_offset)
@@ -1191,7 +1217,13 @@ class ReplicaManager:
             lg = part.log
             log_end_offset, log_start_offset = lg.log_end_offset, lg.log_start_offset
             high_watermark = part.high_watermark
-            diverging = part.diverging_epoch(item.fetch_offset, item.last_fetched_epoch)
+            try:
+                diverging = part.fetch_divergence(item.fetch_offset, item.last_fetched_epoch)
+            except KafkaError as e:
+                results.append(_fetch_result(item, part, error=e.code))
+                pending.append(item.tp)
+                ready = True
+                continue
             if diverging is not None:
                 results.append(_fetch_result(item, part, diverging_epoch=diverging))
                 pending.append(item.tp)

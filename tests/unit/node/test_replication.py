@@ -330,6 +330,48 @@ def test_a_replica_fetch_answer_names_only_the_partitions_with_something_to_appl
     asyncio.run(scenario())
 
 
+def test_a_replica_fetch_with_an_epoch_the_leader_cannot_place_is_out_of_range(
+    tmp_path: Path,
+) -> None:
+    """Partition.readRecords, for a follower as for a consumer: a last fetched epoch the
+    leader cannot place has no end offset to truncate to, so the answer is OFFSET_OUT_OF_RANGE
+    (it was a diverging epoch of -1, which a fetcher reads as "no divergence"). The follower,
+    whose position the leader holds, keeps its log, as Kafka's fetchOffsetAndTruncate does; it
+    threw the log away and started again at the leader's log start."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"node{n}", cluster) for n in NODES)
+        _start(cluster)
+        for value in (b"a", b"b", b"c"):
+            leader.produce(value)
+        for _ in range(2):
+            await follower.fetch_once()
+        part = follower.partition
+        assert follower.values() == [b"a", b"b", b"c"]
+
+        reply = await leader.replicas.handle_replica_fetch(
+            {
+                "replica_id": 2,
+                "max_wait_ms": 0,
+                "partitions": [fetch_item(part, last_fetched_epoch=5)],
+            }
+        )
+        (unplaced,) = reply["partitions"]
+        assert (unplaced["error"], unplaced["diverging_epoch"]) == (
+            Errors.OFFSET_OUT_OF_RANGE,
+            None,
+        )
+        assert (unplaced["log_start_offset"], unplaced["log_end_offset"]) == (0, 3)
+
+        part.log.epoch_cache.assign(5, 3)  # the follower's log claims an epoch the leader lacks
+        await follower.fetch_once()
+        assert follower.values() == [b"a", b"b", b"c"]
+        assert (part.log.log_start_offset, part.log.log_end_offset) == (0, 3)
+
+    asyncio.run(scenario())
+
+
 def test_a_high_watermark_alone_waits_its_linger_for_records_to_go_with_it(
     tmp_path: Path,
 ) -> None:

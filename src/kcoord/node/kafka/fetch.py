@@ -312,25 +312,9 @@ class FetchApi:
                         Errors.UNSUPPORTED_COMPRESSION_TYPE,
                         f"Fetch v{version} cannot carry the zstd batches of {w.topic}",
                     )
-                diverging = part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch)
-                if diverging is not None and diverging["epoch"] < 0:
-                    # Partition.readRecords: an epoch this log cannot place has no end offset
-                    # to truncate to (-1 on the wire reads as "no divergence"): the consumer
-                    # resets its position instead.
-                    raise KafkaError(
-                        Errors.OFFSET_OUT_OF_RANGE,
-                        "Could not determine the end offset of the last fetched epoch "
-                        f"{w.last_fetched_epoch} from the request",
-                    )
-                if diverging is not None and w.fetch_offset < part.log.log_start_offset:
-                    # Partition.readRecords: below the log start the consumer cannot read
-                    # from its position whether or not the epochs diverge: it resets.
-                    raise KafkaError(
-                        Errors.OFFSET_OUT_OF_RANGE,
-                        f"Received request for offset {w.fetch_offset} for partition "
-                        f"{w.topic}-{w.partition}, but we only have log segments in the range "
-                        f"{part.log.log_start_offset} to {part.log.log_end_offset}.",
-                    )
+                # Partition.readRecords: OFFSET_OUT_OF_RANGE for an epoch this log cannot place,
+                # or a position below the log start: the consumer resets.
+                diverging = part.fetch_divergence(w.fetch_offset, w.last_fetched_epoch)
                 if diverging is not None:
                     # Partition.fetchRecords (KIP-320): the consumer's last fetched epoch ends
                     # before its position here (an unclean election truncated what it read):
