@@ -773,17 +773,17 @@ class _Working:
         return sorted(tp for tp in tps if predicate(self.partition(tp)))
 
 
-def _offline_in_isr(
+def _offline_but_eligible(
     image: MetadataImage, request: BrokerHeartbeatRequest
 ) -> list[TopicIdPartition]:
-    """The partitions the heartbeat reports offline whose ISR still has its broker."""
-    in_isr = set()
+    """The partitions the heartbeat reports offline whose ISR or ELR still has its broker."""
+    eligible = set()
     for name, index in request.offline_replicas:
         topic = image.topic_by_name(name)
         state = None if topic is None else image.partition(topic.topic_id, index)
-        if state is not None and request.broker_id in state.isr:
-            in_isr.add(state.tp)
-    return sorted(in_isr)
+        if state is not None and (request.broker_id in state.isr or request.broker_id in state.elr):
+            eligible.add(state.tp)
+    return sorted(eligible)
 
 
 # ------------------------------------------------------------------------ the controller
@@ -893,8 +893,8 @@ class Controller:
         caught_up = offset >= registration.broker_epoch
         if registration.fenced and caught_up:
             return None  # due to be unfenced
-        if not registration.fenced and _offline_in_isr(image, request):
-            return None  # to leave those ISRs
+        if not registration.fenced and _offline_but_eligible(image, request):
+            return None  # to leave those ISRs and ELRs
         self.heartbeats.touch(registration.broker_id, registration.broker_epoch, now_ms, offset)
         return BrokerHeartbeatReply(Errors.NONE, caught_up, registration.fenced)
 
@@ -960,11 +960,15 @@ class Controller:
         """The broker leaves the ISR (and leadership) of the partitions whose logs it reports
         offline, as ``ReplicationControlManager.handleDirectoriesOffline`` does for the
         replicas of an offline log directory: a new leader is elected from the rest of the
-        ISR. Those it is no ISR member of are left alone, so a report repeated at every
-        heartbeat proposes nothing more once that change is applied."""
-        in_isr = _offline_in_isr(working.image, request)
+        ISR. It leaves their ELR too: Kafka keeps such a replica there but never elects it
+        (its ``LeaderAcceptor`` asks ``hasOnlineDir``); the image here does not record offline
+        logs, and an ELR member is elected once the ISR empties, by a broker that would refuse
+        to host the log (a log that failed to load may also come back shorter). Those it is
+        in neither of are left alone, so a report repeated at every heartbeat proposes nothing
+        more once that change is applied."""
+        eligible = _offline_but_eligible(working.image, request)
         self._generate_leader_and_isr_updates(
-            working, in_isr, records, broker_to_remove=request.broker_id
+            working, eligible, records, broker_with_unclean_shutdown=request.broker_id
         )
 
     def maybe_fence_stale_brokers(

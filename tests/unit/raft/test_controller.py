@@ -612,6 +612,38 @@ def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
     assert not cluster.image.is_fenced(1)  # its other partitions it serves on
 
 
+def test_a_replica_reported_offline_leaves_the_elr_and_is_not_elected() -> None:
+    """Below min ISR a replica leaving the ISR joins the ELR; one whose log is offline joined
+    it too, and was elected once the ISR emptied, on a broker that refuses to host the log.
+    Kafka never elects it (LeaderAcceptor's hasOnlineDir); here it leaves the ELR, and a
+    replica already in the ELR when it reports its log offline leaves it as well."""
+    cluster = three_brokers(ControllerConfig(min_insync_replicas=2))
+    cluster.create_topic("t", T1, 1, 2)
+    assert cluster.state(T1, 0).replicas == (1, 2)
+    result = cluster.heartbeat(2, 100, offline=(("t", 0),))
+    assert result.records == (PartitionChange(T1, 0, 0, isr=(1,)),)
+    cluster.commit(result.records)
+    fenced = cluster.heartbeat(1, 200, want_fence=True)
+    cluster.commit(fenced.records)
+    state = cluster.state(T1, 0)
+    assert (state.leader, state.isr, state.elr) == (NO_LEADER, (), (1,))
+    assert cluster.heartbeat(2, 300, offline=(("t", 0),)).records == ()
+
+    # In the ELR first (the ISR shrank below min ISR), then reported offline.
+    cluster.create_topic("u", T2, 1, 3)
+    cluster.commit(
+        cluster.alter(cluster.state(T2, 0).leader, T2, 0, (cluster.state(T2, 0).leader,)).records
+    )
+    state = cluster.state(T2, 0)
+    member = state.elr[0]
+    result = cluster.heartbeat(member, 400, offline=(("u", 0),))
+    assert result.records == (
+        PartitionChange(
+            T2, 0, state.partition_epoch, elr=tuple(r for r in state.elr if r != member)
+        ),
+    )
+
+
 # ------------------------------------------------------------------ elections
 
 
