@@ -236,7 +236,7 @@ class RecoveryReport:
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
     """``orders-3`` -> ("orders", 3); None for names that are not partition directories."""
     topic, sep, partition = name.rpartition("-")
-    if not sep or not topic or not partition.isdigit():
+    if not sep or not topic or not (partition.isascii() and partition.isdigit()):
         return None
     return topic, int(partition)
 
@@ -373,6 +373,14 @@ class Log:
                     seg_epochs = result.epochs
                     report.segments_recovered += 1
                     if result.truncated_bytes:
+                        log.warning(
+                            "%s: truncated %d bytes of segment %d at offset %d: %s",
+                            directory,
+                            result.truncated_bytes,
+                            base,
+                            result.next_offset,
+                            result.error,
+                        )
                         report.bytes_truncated += result.truncated_bytes
                         report.errors.append(f"segment {base}: {result.error}")
             else:
@@ -1653,13 +1661,20 @@ def _new_segment(directory: Path, config: LogConfig, base_offset: int) -> LogSeg
     )
 
 
+def _is_offset_name(stem: str) -> bool:
+    """A segment file's name: 20 ASCII digits. ``str.isdigit`` alone takes other scripts'
+    digits too (``int`` reads Arabic-Indic zeros as 0): a stray file so named was a second
+    segment 0, which cut the real one to nothing on load."""
+    return len(stem) == 20 and stem.isascii() and stem.isdigit()
+
+
 def _segment_bases(directory: Path) -> list[int]:
     bases: list[int] = []
     for path in directory.iterdir():
         name = path.name
         if name.endswith(LOG_SUFFIX):
             stem = name[: -len(LOG_SUFFIX)]
-            if len(stem) == 20 and stem.isdigit():
+            if _is_offset_name(stem):
                 bases.append(int(stem))
             else:
                 log.warning("%s: ignoring file with a non-offset name %s", directory, name)
@@ -1668,7 +1683,7 @@ def _segment_bases(directory: Path) -> list[int]:
     for path in directory.iterdir():
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             stem = path.name[: -len(suffix)]
-            if path.name.endswith(suffix) and stem.isdigit() and int(stem) not in bases:
+            if path.name.endswith(suffix) and _is_offset_name(stem) and int(stem) not in bases:
                 path.unlink(missing_ok=True)
     return bases
 

@@ -139,17 +139,18 @@ class LogSegment:
     def load(self, max_next_offset: int | None = None) -> None:
         """Open a segment that was closed cleanly: load its indexes, derive its end.
 
-        Rebuilds the indexes (logging why) when they do not match the log; a log whose tail is
-        not whole batches, or ends past ``max_next_offset`` (``offset_limit``), raises
-        ``LogCorruptError`` so the caller can recover.
+        Indexes that do not match the log, a log whose tail is not whole batches, or one that
+        ends past ``max_next_offset`` (``offset_limit``) raise ``LogCorruptError``: the caller
+        recovers the segment (which rebuilds its indexes) and reports what that cut.
         """
         try:
             self.offset_index.load(self.size)
             self.time_index.load(2**62)
         except IndexCorruptError as e:
-            log.warning("rebuilding indexes of %s: %s", self.log_path, e)
-            self.recover(max_next_offset)
-            return
+            # Recovered by the caller, which reports what the rebuild's scan cuts (Kafka's
+            # LogLoader recovers a segment on CorruptIndexException): recovered here, a corrupt
+            # batch found by that scan was cut with no word of the records lost.
+            raise LogCorruptError(f"{self.log_path}: its indexes must be rebuilt: {e}") from e
         indexed, position = self.offset_index.lookup(2**62)
         last: BatchPosition | None = None
         for bp in self.scan_headers(self._largest_timestamp_scan_start(position)):

@@ -28,6 +28,7 @@ from kcoord.storage.log import (
     RecordTooLargeError,
     RecoveryReport,
     UnexpectedAppendOffsetError,
+    parse_partition_dir,
 )
 from kcoord.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
@@ -791,6 +792,51 @@ def test_missing_or_garbage_index_is_rebuilt(tmp_path: Path) -> None:
     again = open_log(tmp_path / "t-0", SMALL, clean_shutdown=True, recovery_point=100)
     assert [r.offset for r in read_all(again)] == list(range(100))
     assert len(again.segments[0].offset_index) > 0
+
+
+def test_a_corrupt_batch_found_while_rebuilding_an_index_is_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A closed segment whose index is garbage and whose log has a flipped byte: the index
+    rebuild's scan cuts the segment at the bad batch. The cut went unreported (no warning, an
+    empty recovery report); it is reported as any other recovery's (LogSegment.recover's
+    "Found invalid messages")."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(50):
+        lg.append_as_leader(batch(2, value=b"w" * 40), leader_epoch=0, now_ms=0)
+    lg.close()
+    first = lg.segments[0]
+    end = first.next_offset
+    with open(first.offset_index.path, "ab") as f:
+        f.write(b"\x01\x02\x03")  # not whole entries
+    data = bytearray(first.log_path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    first.log_path.write_bytes(bytes(data))
+    report = RecoveryReport()
+    again = open_log(
+        tmp_path / "t-0", SMALL, clean_shutdown=True, recovery_point=100, report=report
+    )
+    assert again.segments[0].next_offset < end
+    assert report.segments_recovered == 1 and report.bytes_truncated > 0
+    assert report.errors and report.errors[0].startswith("segment 0: ")
+    assert any("truncated" in r.getMessage() for r in caplog.records)
+    assert again.log_end_offset == 100  # the segments after it stay
+
+
+def test_a_file_named_with_other_scripts_digits_is_not_a_segment(tmp_path: Path) -> None:
+    """``str.isdigit`` takes Arabic-Indic digits, and ``int`` reads them: a stray file named
+    with twenty of those zeros was a second segment 0, which cut the real one to nothing."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    for _ in range(50):
+        lg.append_as_leader(batch(2, value=b"w" * 40), leader_epoch=0, now_ms=0)
+    lg.close()
+    size = lg.segments[0].log_path.stat().st_size
+    (tmp_path / "t-0" / ("\u0660" * 20 + ".log")).write_bytes(b"")
+    (tmp_path / "t-0" / ("\u00b2" * 20 + ".log")).write_bytes(b"")  # isdigit, int() refuses
+    again = open_log(tmp_path / "t-0", SMALL, clean_shutdown=True, recovery_point=100)
+    assert [r.offset for r in read_all(again)] == list(range(100))
+    assert again.segments[0].log_path.stat().st_size == size
+    assert parse_partition_dir("t-\u0663") is None
 
 
 def test_torn_tail_is_truncated_at_the_last_whole_batch(tmp_path: Path) -> None:
