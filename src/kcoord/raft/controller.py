@@ -434,14 +434,17 @@ class BrokerHeartbeatManager:
 
     def lowest_active_offset(self, image: MetadataImage) -> float:
         """The least metadata offset the unfenced brokers not shutting down last reported
-        (Kafka's ``BrokerHeartbeatManager.lowestActiveOffset``; those not heard from since this
-        controller's activation are not counted); infinite when there are none."""
+        (Kafka's ``BrokerHeartbeatManager.lowestActiveOffset``); infinite when there are none.
+        One not heard from since this controller's activation counts as -1: Kafka registers
+        every broker at activation with offset -1 (``BrokerHeartbeatManager.register``), so a
+        controlled shutdown asked right after a failover waits for the others to report past
+        its fencing, as it would have before (it was granted at once)."""
         lowest = math.inf
         for broker_id in image.unfenced_broker_ids():
             session = self._sessions.get(broker_id)
             if session is None or session.broker_epoch != image.brokers[broker_id].broker_epoch:
-                continue
-            if session.controlled_shutdown_offset is None:
+                lowest = min(lowest, -1)
+            elif session.controlled_shutdown_offset is None:
                 lowest = min(lowest, session.metadata_offset)
         return lowest
 

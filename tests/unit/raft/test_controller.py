@@ -457,6 +457,23 @@ def test_controlled_shutdown_waits_for_the_active_brokers_to_replay_its_fencing(
     assert done == ControllerResult((), BrokerHeartbeatReply(Errors.NONE, True, True, True))
 
 
+def test_after_failover_a_controlled_shutdown_waits_for_brokers_not_heard_from_yet() -> None:
+    """A new active controller has no heartbeat of the other brokers yet: Kafka counts them at
+    offset -1 (BrokerHeartbeatManager.register at activation), so the shutdown waits until
+    they report past its fencing; it was granted at the next heartbeat."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    cluster.controller = Controller(cluster.config, activated_at_ms=10_000)
+    result = cluster.heartbeat(1, 10_100, want_shut_down=True)
+    cluster.commit(result.records)
+    threshold = cluster.image.last_offset
+    waiting = cluster.heartbeat(1, 10_150, want_shut_down=True)
+    assert not waiting.response.should_shut_down
+    for broker_id in (2, 3):
+        cluster.heartbeat(broker_id, 10_200, offset=threshold)
+    assert cluster.heartbeat(1, 10_250, want_shut_down=True).response.should_shut_down
+
+
 def test_the_last_active_broker_shuts_down_at_once() -> None:
     cluster = three_brokers()
     for broker_id, now_ms in ((2, 100), (3, 110)):
