@@ -19,9 +19,16 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
 ``check_offsets`` (groups workload): OffsetCommit durability and sanity
     ``lost-commit``: the final OffsetFetch (``committed``) for (group, topic, partition) is
     below the highest offset an ``ok`` commit acknowledged, or the partition is missing from it;
-    or a ``committed`` read made while faults are on (it has an invoke) returns less than the
-    highest offset acknowledged before the read was sent.
+    or a ``committed`` read made while faults are on (it has an invoke: the runner's, or a
+    member's own read of its partitions) returns less than the highest offset acknowledged
+    before the read was sent.
     Proves no acknowledged commit is lost across crashes, failovers and partitions.
+    ``regressed-read``: two ``ok`` ``committed`` reads of one (group, topic, partition), A's
+    answer preceding B's invoke, B's offset below A's, and no commit of B's offset (``ok``,
+    ``info`` or unanswered) that may have been applied after A's invoke and before B's answer.
+    Proves a committed offset once read stays until something commits over it: a read of a
+    state later undone (an uncommitted write served, a log truncated under it) is caught even
+    when the commit it saw was never acknowledged.
     ``regressed-commit``: two ``ok`` commits of one (group, topic, partition), A's ``ok``
     preceding B's invoke, and B's offset below A's. Proves the committed offset a client can
     observe never goes back (a stale generation or a truncated log would make it). Not when
@@ -389,8 +396,8 @@ def _commits(history: History, findings: _Findings) -> list[_Commit]:
 
 
 def check_offsets(history: History) -> CheckResult:
-    """lost-commit, regressed-commit, commit-beyond-consumed, no-final-committed,
-    phantom-commit, no-member-commit-after-heal."""
+    """lost-commit, regressed-commit, regressed-read, commit-beyond-consumed,
+    no-final-committed, phantom-commit, no-member-commit-after-heal."""
     findings = _Findings("offsets")
     ordered = _in_time_order(history)
     commits = _commits(history, findings)
@@ -401,6 +408,7 @@ def check_offsets(history: History) -> CheckResult:
     _check_final_committed(final, commits, findings)
     _check_member_commits_after_heal(history, acked, findings)
     _check_reads_see_acknowledged_commits(history, commits, findings)
+    _check_regressed_reads(ordered, history, commits, findings)
     stale = _check_regressed_commits(acked, _member_reads(history, findings), findings)
     _check_commits_beyond_consumed(ordered, commits, acked, findings)
 
@@ -487,9 +495,11 @@ def _least_a_read_may_see(commits: list[_Commit], sent_at: _At, answered_at: _At
     The coordinator keeps the last commit it applied, a lower offset included (Kafka's last
     writer wins: a member with a stale position commits below what another committed). Of the
     commits acknowledged before the read was sent, one acknowledged before another of them was
-    sent was overwritten; any of the others, or of the commits still in flight (sent before
-    the answer, not failed), may be the last applied. Requiring the highest acknowledged
-    offset flagged a stale member's acknowledged lower commit as a lost one.
+    sent was overwritten; any of the others, or of the commits that may still land (sent
+    before the answer and not failed: acknowledged after the read was sent, or never answered,
+    or ``info``: a client that gave up has not stopped the coordinator from applying it later),
+    may be the last applied. Requiring the highest acknowledged offset flagged a stale
+    member's acknowledged lower commit as a lost one.
     """
     acked = [c for c in commits if c.type == OK and c.done_at is not None and c.done_at < sent_at]
     if not acked:
@@ -502,11 +512,17 @@ def _least_a_read_may_see(commits: list[_Commit], sent_at: _At, answered_at: _At
     possible += [
         c
         for c in commits
-        if c.type != FAIL
-        and (c.done_at is None or c.done_at >= sent_at)
-        and (c.invoke_at is None or c.invoke_at < answered_at)
+        if _may_land_after(c, sent_at) and (c.invoke_at is None or c.invoke_at < answered_at)
     ]
     return min(possible, key=lambda c: c.offset)
+
+
+def _may_land_after(commit: _Commit, at: _At) -> bool:
+    """Whether ``commit`` may have been applied after ``at``: not failed, and acknowledged
+    after it, or never answered, or ``info``."""
+    if commit.type == FAIL:
+        return False
+    return commit.type == INFO or commit.done_at is None or commit.done_at >= at
 
 
 def _commits_by_key(commits: list[_Commit]) -> dict[_GroupPartition, list[_Commit]]:
@@ -552,23 +568,24 @@ def _check_lost_commits(
 def _check_reads_see_acknowledged_commits(
     history: History, commits: list[_Commit], findings: _Findings
 ) -> None:
-    """Every ``committed`` read with an invoke (the runner reads while faults are on) must
-    return, for each partition, at least what ``_least_a_read_may_see`` says."""
+    """Every ``committed`` read with an invoke (the runner reads while faults are on; a
+    member reads its partitions' at each new generation) must return, for each partition it
+    reads, at least what ``_least_a_read_may_see`` says. A member's read comes at a rebalance,
+    where a failover that lost a commit shows first; a partition it names without an offset
+    has none committed."""
     by_key = _commits_by_key(commits)
     for invoke, done in history.pairs("committed"):
         if done is None or done.type != OK:
             continue
-        if "partitions" in done.value:
-            # A member's read (``_stale_position``), checked by the regressed-commit rule.
-            continue
         try:
             group, topic = _required(done.value, "group"), _topic(done.value)
             offsets = _offsets(done.value)
+            named = _partitions(done.value) if "partitions" in done.value else None
         except _PARSE_ERRORS as error:
             findings.malformed(done, error)
             continue
         for (g, t, partition), key_commits in by_key.items():
-            if (g, t) != (group, topic):
+            if (g, t) != (group, topic) or (named is not None and partition not in named):
                 continue
             least = _least_a_read_may_see(key_commits, invoke.at, done.at)
             if least is None:
@@ -587,6 +604,92 @@ def _check_reads_see_acknowledged_commits(
                         "reason": "a read sent after the acknowledgement does not see it",
                     },
                 )
+
+
+@dataclass(frozen=True)
+class _OffsetRead:
+    """An ``ok`` ``committed`` read of one (group, topic, partition); ``offset`` -1 when it
+    found none committed. ``invoke_at`` None: recorded as a completion alone."""
+
+    key: _GroupPartition
+    offset: int
+    invoke_at: _At | None
+    done_at: _At
+    event: Event
+
+
+def _committed_reads(
+    ordered: list[Event], history: History, findings: _Findings
+) -> list[_OffsetRead]:
+    invoked = {done.index: invoke.at for invoke, done in history.pairs("committed") if done}
+    reads: list[_OffsetRead] = []
+    for event in ordered:
+        if event.f != "committed" or event.type != OK:
+            continue
+        try:
+            group, topic = _required(event.value, "group"), _topic(event.value)
+            offsets = _offsets(event.value)
+            named = _partitions(event.value) if "partitions" in event.value else offsets.keys()
+        except _PARSE_ERRORS as error:
+            findings.malformed(event, error)
+            continue
+        for partition in sorted(named):
+            reads.append(
+                _OffsetRead(
+                    (group, topic, partition),
+                    offsets.get(partition, -1),
+                    invoked.get(event.index),
+                    event.at,
+                    event,
+                )
+            )
+    return reads
+
+
+def _check_regressed_reads(
+    ordered: list[Event], history: History, commits: list[_Commit], findings: _Findings
+) -> None:
+    """``regressed-read`` (see the module docstring). B's offset needs a commit of it that may
+    have landed after the invoke of the latest-sent earlier read that saw more (the state B
+    saw came after what that read saw), and was sent before B was answered."""
+    by_key: dict[_GroupPartition, list[_OffsetRead]] = defaultdict(list)
+    for read in _committed_reads(ordered, history, findings):
+        by_key[read.key].append(read)
+    commits_by_key = _commits_by_key(commits)
+    for key, key_reads in sorted(by_key.items(), key=lambda kv: str(kv[0])):
+        by_offset: dict[int, list[_Commit]] = defaultdict(list)
+        for commit in commits_by_key.get(key, []):
+            by_offset[commit.offset].append(commit)
+        for later in key_reads:
+            if later.invoke_at is None:
+                continue  # sent at an unknown time: any earlier read may have followed it
+            higher = [
+                r for r in key_reads if r.done_at < later.invoke_at and r.offset > later.offset
+            ]
+            if not higher:
+                continue
+            bound = max(higher, key=lambda r: r.invoke_at or _NEVER)
+            since = bound.invoke_at or _NEVER
+            if any(
+                _may_land_after(c, since) and (c.invoke_at is None or c.invoke_at < later.done_at)
+                for c in by_offset.get(later.offset, [])
+            ):
+                continue
+            findings.add(
+                "regressed-read",
+                {
+                    "group": key[0],
+                    "topic": key[1],
+                    "partition": key[2],
+                    "earlier_read_event": bound.event.index,
+                    "earlier_offset": bound.offset,
+                    "read_event": later.event.index,
+                    "offset": later.offset,
+                },
+            )
+
+
+_NEVER: Final[_At] = (float("-inf"), -1)  # before every event
 
 
 @dataclass(frozen=True)

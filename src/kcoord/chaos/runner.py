@@ -512,6 +512,8 @@ def final_phase(chaos: ChaosLab, workload: GroupsWorkload) -> None:
         poll_until("the last commits", lambda: _commits_caught_up(history, workload), 30.0)
     workload.stop()
     for group in workload.groups():
+        # With its invoke: regressed-read compares it with every earlier read.
+        history.add("checker", "invoke", "committed", {"group": group, "topic": workload.topic})
         offsets = poll_until(
             f"OffsetFetch of {group}",
             lambda g=group: (  # type: ignore[misc]

@@ -451,7 +451,8 @@ def test_a_member_going_back_from_its_own_position_is_not_a_regressed_commit(
     offset it made first, in that generation, shows whether the coordinator had kept it."""
     result = check_offsets(stale_member_commit(read, 5))
 
-    assert named(result) == (set() if stale else {"regressed-commit"})
+    # A member's read of 3 after 5 was acknowledged lost it, too.
+    assert named(result) == (set() if stale else {"regressed-commit", "lost-commit"})
     assert result.stats["stale_position_commits"] == (1 if stale else 0)
     # A read in another generation, or after the commit, proves nothing.
     h2 = History()
@@ -474,8 +475,73 @@ def test_a_lower_commit_acknowledged_later_is_what_a_read_may_see() -> None:
     fine = check_offsets(stale_member_commit(5, 3, runner_saw=3))
     assert fine.valid and fine.stats["stale_position_commits"] == 1
     lost = check_offsets(stale_member_commit(5, 2, runner_saw=2))
-    assert named(lost) == {"lost-commit"}
+    # ... and 2 after the member's read of 5, with no commit of 2 at all: a read went back.
+    assert named(lost) == {"lost-commit", "regressed-read"}
     assert {x["acknowledged"]["offset"] for x in lost.anomalies["lost-commit"]} == {3}
+
+
+def test_a_members_own_read_must_see_every_commit_acknowledged_before_it() -> None:
+    """A kafka-python member reads its partitions' committed offsets at each new generation:
+    right at a rebalance, where a failover that lost a commit shows first. Its read was used
+    only to excuse a stale position; a read of less than what was acknowledged before it was
+    sent passed when later commits hid the loss from the final read. A partition it names
+    without an offset has none committed."""
+    h = History()
+    consume(h, 1.0, "m1", 0, range(50))
+    commit(h, 1.1, "m1", {0: 50})  # ok at 1.2
+    member_read(h, 5.0, "m2", {0: 10}, generation=2)
+    consume(h, 5.2, "m2", 0, range(10, 60))
+    commit(h, 5.3, "m2", {0: 60}, generation=2)
+    committed(h, 60.0, {0: 60})
+    result = check_offsets(h)
+    assert named(result) == {"lost-commit"}
+    assert result.anomalies["lost-commit"][0]["read"] == 10
+
+    h2 = History()
+    consume(h2, 1.0, "m1", 0, range(50))
+    commit(h2, 1.1, "m1", {0: 50})
+    value = {"group": "g", "topic": "t", "member": "m2", "generation": 2, "partitions": [0]}
+    h2.add("m2", INVOKE, "committed", value, time=5.0)
+    h2.add("m2", OK, "committed", {**value, "offsets": {}}, time=5.1)  # none: lost as well
+    committed(h2, 60.0, {0: 50})
+    assert named(check_offsets(h2)) == {"lost-commit"}
+
+
+def test_a_committed_offset_read_does_not_go_back_without_a_commit_of_it() -> None:
+    """A commit of 60 times out (``info``), yet a read sees it: it took effect. A later read
+    seeing 40 again, with no commit of 40 that could land after the first read, means the
+    state that read saw was undone (an uncommitted write served, a log truncated under it);
+    no acknowledged commit was lost, so nothing else caught it."""
+    h = History()
+    consume(h, 1.0, "m1", 0, range(60))
+    commit(h, 1.1, "m1", {0: 40})
+    commit(h, 2.0, "m1", {0: 60}, outcome=INFO, done_t=7.0)
+    read_committed(h, 5.0, 5.1, {0: 60})
+    read_committed(h, 9.0, 9.1, {0: 40})
+    committed(h, 60.0, {0: 40})
+    result = check_offsets(h)
+    assert named(result) == {"regressed-read"}
+    example = result.anomalies["regressed-read"][0]
+    assert (example["earlier_offset"], example["offset"]) == (60, 40)
+
+    # A commit of 40 sent after the first read was sent (a stale member's, say): fine.
+    commit(h, 8.0, "m2", {0: 40})
+    assert check_offsets(h).valid
+
+
+def test_a_commit_the_client_gave_up_on_may_still_land_later() -> None:
+    """``info``: the client stopped waiting (a timeout, a dropped connection), not the
+    coordinator, which may apply the commit after another member's acknowledged one. A read
+    seeing it then lost nothing; it was flagged as lost-commit, where the same commit left
+    unanswered was not."""
+    h = History()
+    consume(h, 0.5, "m1", 0, range(10))
+    consume(h, 0.6, "m2", 0, range(50))
+    commit(h, 1.0, "m1", {0: 10}, outcome=INFO, done_t=6.0)
+    commit(h, 2.0, "m2", {0: 50})  # ok at 2.1
+    read_committed(h, 7.0, 7.1, {0: 10})
+    committed(h, 60.0, {0: 10})
+    assert check_offsets(h).valid
 
 
 def test_concurrent_commits_may_land_in_either_order() -> None:
