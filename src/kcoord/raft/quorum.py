@@ -272,6 +272,18 @@ def _halt_on_snapshot_error(error: BaseException) -> NoReturn:
     os._exit(HALT_EXIT_CODE)
 
 
+def _halt_on_apply_error(offset: int, error: BaseException) -> NoReturn:
+    """A committed batch raised something other than the refusals the image reports (a replay
+    bug): halt, as Kafka's raft IO thread and controller replay go to their fatal fault
+    handler. Raised out of pysyncobj's tick, the same entry was retried every tick and the
+    rest of the tick skipped (no proposals, no AppendEntries, no socket polling): every voter
+    applies the same entry, so the whole quorum wedged with its processes up."""
+    log.critical("quorum: applying metadata offset %d failed: halting", offset, exc_info=error)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os._exit(HALT_EXIT_CODE)
+
+
 def _fsync_file_and_directory(path: str) -> None:
     with open(path, "rb") as f:
         os.fsync(f.fileno())
@@ -600,6 +612,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._parts_sender: tuple[Any, Any] | None = None  # (node, term) of those parts
         self._snapshot_parts: list[bytes] | None = None  # see _stale_snapshot_ignored
         self._snapshot_sender: tuple[Any, Any] | None = None
+        # (term, index): this log holds that term's leader's entries up to the index, as it
+        # acknowledged to it (see _without_entries_we_hold).
+        self._leader_prefix: tuple[int, int] = (-1, 0)
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
@@ -620,6 +635,17 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             term = int(self._SyncObj__getEntries(offset, 1)[0][2])
             return self._quorum._apply_command_bytes(offset, bytes(command[1:]), term)
         return SyncObj._SyncObj__doApplyCommand(self, command)
+
+    def _SyncObj__applyLogEntries(self) -> None:  # noqa: N802
+        """Apply nothing before the snapshot is loaded. pysyncobj applies the journal on every
+        tick while its port is not bound yet, and loads the snapshot only at its first tick
+        with the port bound: a voter restarted with a journal not yet trimmed to its snapshot
+        (killed between the two) and its port briefly taken applied entries from the start,
+        then the older snapshot over them, then the entries after it again: the image and
+        the roles derived from it went back and forth, and batches were applied twice."""
+        if self._SyncObj__needLoadDumpFile:
+            return
+        SyncObj._SyncObj__applyLogEntries(self)
 
     # Every message from another voter, on the Raft thread (the same mangling).
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
@@ -716,7 +742,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
           completeness), so nothing committed is deleted; then on past the entries of the
           leader's own term that follow (only it wrote entries of its term), and only entries
           known to be neither the leader's nor committed still go (as Raft leaves them until a
-          conflict; pysyncobj computes the commit index from the log's end, so they must go).
+          conflict; pysyncobj computes the commit index from the log's end, so they must go);
+          and on past every entry this voter acknowledged to the same leader before (a
+          leader never changes an entry of its log, and it counts this voter for them: a
+          short resend after entries of an older term deleted the leader's own later ones).
 
         A message whose ``prevLogIdx`` this log does not match is left alone (pysyncobj
         refuses it), as are a deposed leader's (an older term: pysyncobj ignores it),
@@ -731,6 +760,11 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         ours = self._SyncObj__getEntries(prev, 1)
         if not ours or ours[0][2] != message.get("prevLogTerm"):
             return message
+        term = int(message["term"])  # present: an older or missing one returned above
+        known_term, known_index = self._leader_prefix
+        acknowledged = known_index if known_term == term else 0
+        # Once pysyncobj has taken it, this log holds the leader's entries up to the last sent.
+        self._leader_prefix = (term, max(acknowledged, entries[-1][1] if entries else prev))
         held = 0
         for entry in entries:
             mine = self._SyncObj__getEntries(entry[1], 1)
@@ -740,12 +774,13 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         last_verified = entries[held - 1][1] if held else prev
         if held == len(entries):
             end = self._SyncObj__getCurrentLogIndex()
-            last_verified = max(last_verified, min(end, self._SyncObj__raftCommitIndex))
+            last_verified = max(
+                last_verified, min(end, self._SyncObj__raftCommitIndex), min(end, acknowledged)
+            )
             # Entries of the sender's own term that follow are its too (one leader a term,
             # and the Log Matching property): a resend that carries fewer entries than this
             # voter acknowledged (a stale reply moved the leader back, a message is capped in
             # size) deleted the rest, which the leader still counted on this voter.
-            term = message.get("term")
             while last_verified < end:
                 following = self._SyncObj__getEntries(last_verified + 1, 1)
                 if not following or following[0][2] != term:
@@ -1026,8 +1061,14 @@ class MetadataQuorum:
     # Applying (Raft thread).
 
     def _apply_command_bytes(self, offset: int, payload: bytes, term: int) -> int:
-        """Apply one committed batch, appended in Raft term ``term``; never raises. Returns
-        the offset, or -1 if skipped."""
+        """Apply one committed batch, appended in Raft term ``term``; never raises (it halts
+        on an error no node could skip alike). Returns the offset, or -1 if skipped."""
+        try:
+            return self._apply_batch(offset, payload, term)
+        except Exception as e:
+            _halt_on_apply_error(offset, e)
+
+    def _apply_batch(self, offset: int, payload: bytes, term: int) -> int:
         try:
             epoch, records = decode_batch(payload)
         except rec.MetadataRecordError as e:

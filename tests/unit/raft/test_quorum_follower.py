@@ -16,7 +16,7 @@ import os
 import socket
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 import pysyncobj.pickle
@@ -25,9 +25,10 @@ from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
 from pysyncobj.syncobj import SyncObjException
 
+from kcoord.raft import quorum as quorum_module
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataImage
-from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj
+from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj, encode_batch
 from tests.portpick import free_ports
 
 
@@ -130,6 +131,34 @@ def test_a_short_resend_keeps_the_leaders_later_entries(tmp_path: Path) -> None:
         append(voter, 1, (3, 1), [entry(4, 1)], commit=3)
         assert log_of(voter) == [(1, 0)] + [(i, 1) for i in range(2, 8)]
         assert voter.raftCommitIndex == 3
+    finally:
+        voter.destroy()
+
+
+@pytest.mark.parametrize("how", ["one message", "older term first"])
+def test_a_short_resend_keeps_what_the_voter_acknowledged_to_that_leader(
+    tmp_path: Path, how: str
+) -> None:
+    """A term-2 leader's log holds entries of term 1 (2-4) before its own (5-6); the voter
+    acknowledged all of them with the commit index at 1. A size-capped resend of entry 2
+    alone kept only the leader's own-term entries that directly follow: the first term-1
+    entry stopped it, and 3-6 were deleted, though the leader, which never lowers a voter's
+    match index, still counted them on this voter (it could commit 6 on a minority)."""
+    voter = follower(tmp_path)
+    try:
+        if how == "one message":
+            tail = [entry(2, 1), entry(3, 1), entry(4, 1), entry(5, 2), entry(6, 2)]
+            append(voter, 2, (1, 0), tail, commit=1)
+        else:
+            append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 5)], commit=1)
+            append(voter, 2, (4, 1), [entry(5, 2), entry(6, 2)], commit=1)
+        held = [(1, 0), (2, 1), (3, 1), (4, 1), (5, 2), (6, 2)]
+        assert log_of(voter) == held
+        append(voter, 2, (1, 0), [entry(2, 1)], commit=1)
+        assert log_of(voter) == held
+        # What it acknowledged to the term-2 leader counts for nothing to a later one.
+        append(voter, 3, (1, 0), [entry(2, 1)], commit=1)
+        assert log_of(voter) == [(1, 0), (2, 1)]
     finally:
         voter.destroy()
 
@@ -492,4 +521,48 @@ def test_a_snapshot_from_the_leader_is_synced_before_it_replaces_ours(
         ]
     finally:
         monkeypatch.undo()
+        voter.destroy()
+
+
+def test_an_unexpected_error_applying_a_batch_halts_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the refusals every node makes alike are skipped; anything else raised out of
+    pysyncobj's tick, which retried the entry every tick and skipped the rest of it: every
+    voter wedged, processes up. It halts, as Kafka's raft IO thread does on a fatal fault."""
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
+
+    def broken(image: MetadataImage, offset: int, records: Any) -> None:
+        raise KeyError("a replay bug")
+
+    class HaltedError(Exception):
+        pass
+
+    def halt(offset: int, error: BaseException) -> NoReturn:
+        raise HaltedError(offset, error)
+
+    monkeypatch.setattr(MetadataImage, "apply_batch", broken)
+    monkeypatch.setattr(quorum_module, "_halt_on_apply_error", halt)
+    with pytest.raises(HaltedError) as halted:
+        quorum._apply_command_bytes(7, encode_batch([rec.FenceBroker(1, 1)], 1), 1)
+    assert halted.value.args[0] == 7 and isinstance(halted.value.args[1], KeyError)
+
+
+def test_nothing_is_applied_before_the_snapshot_is_loaded(tmp_path: Path) -> None:
+    """pysyncobj applies the journal on every tick while its port is not bound, and loads the
+    snapshot at its first tick with the port bound: a voter restarted with its journal not
+    yet trimmed to the snapshot applied entries, then the older snapshot, then the entries
+    after it again (a review's probe: committed 3-6, snapshot 4, committed 5-6)."""
+    voter = follower(tmp_path)
+    try:
+        append(voter, 1, (1, 0), [entry(2, 1), entry(3, 1)], commit=3)
+        assert voter._SyncObj__needLoadDumpFile  # no tick with the port bound yet
+        applied = voter.raftLastApplied
+        voter._SyncObj__applyLogEntries()
+        assert voter.raftLastApplied == applied
+        voter._SyncObj__needLoadDumpFile = False  # as the first ready tick leaves it
+        voter._SyncObj__applyLogEntries()
+        assert voter.raftLastApplied == 3
+    finally:
         voter.destroy()
