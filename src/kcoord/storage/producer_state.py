@@ -204,6 +204,23 @@ class ProducerStateManager:
             entry.last_timestamp_ms = header.max_timestamp
             assert len(entry.batches) <= NUM_BATCHES_TO_RETAIN
 
+    def keep_batches_below(self, other: ProducerStateManager, offset: int) -> None:
+        """Take ``other``'s batches that end below ``offset``, for producers this state does
+        not know yet: a state read again from a log whose segments below ``offset`` are gone
+        (retention, DeleteRecords) would forget them, and a retry of such a producer's last
+        batch was appended twice. Kafka's ``truncateAndReload`` starts from a producer
+        snapshot taken at a roll, which still has them."""
+        for producer_id, entry in other.producers.items():
+            kept = [b for b in entry.batches if b.last_offset < offset]
+            if not kept or producer_id in self.producers:
+                continue
+            self.producers[producer_id] = ProducerStateEntry(
+                producer_id,
+                entry.producer_epoch,
+                deque(kept, maxlen=NUM_BATCHES_TO_RETAIN),
+                kept[-1].timestamp_ms,
+            )
+
     def remove_expired_producers(self, now_ms: int) -> list[int]:
         """Forget producers idle for the expiration or longer (``isProducerExpired``); return
         their ids."""

@@ -274,10 +274,11 @@ class ProducerStates:
         self._tasks.pop(tp, None)
 
     def _restart(self, t: _Tracked, now_ms: int) -> None:
-        """Start ``t`` over, empty, from the first segment whose batches may still hold a
-        live producer: a leading run of segments older than ``producer.id.expiration.ms`` is
+        """Start ``t`` over from the first segment whose batches may still hold a live
+        producer: a leading run of segments older than ``producer.id.expiration.ms`` is
         skipped, not one in the middle (a producer may write batches with old timestamps,
-        event time, after recent ones, and its state must come from its last ones)."""
+        event time, after recent ones, and its state must come from its last ones). It starts
+        empty but for what it knew from segments since deleted (see below)."""
         lg = t.part.log
         horizon_ms = now_ms - self.producer_id_expiration_ms
         start = lg.log_end_offset
@@ -285,8 +286,18 @@ class ProducerStates:
             if not 0 <= seg.max_timestamp < horizon_ms:
                 start = seg.base_offset
                 break
+        state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
+        base = lg.segments[0].base_offset
+        if t.log is lg and start == base <= min(t.end_offset, lg.last_truncated_to):
+            # A truncation, not below the first segment, of a log this state had read past
+            # that segment's start, read again from it: the producers it knew only from
+            # segments since deleted are as they were (Kafka reloads them from a producer
+            # snapshot). Not after a full restart of the log (last_truncated_to 0), which
+            # Kafka's follower clears, nor when expired segments are skipped (a producer's
+            # batches there would be missing after the ones kept).
+            state.keep_batches_below(t.state, base)
         t.log = lg
-        t.state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
+        t.state = state
         t.end_offset = start
         t.truncations = lg.truncations
         t.next_expiry_ms = 0  # the first check once read: producers idle too long go at once

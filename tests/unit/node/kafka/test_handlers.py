@@ -1574,6 +1574,48 @@ def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
     run(tmp_path, test)
 
 
+def test_a_producers_state_survives_a_truncation_after_its_batch_left_the_log(
+    tmp_path: Path,
+) -> None:
+    """The same, with a truncation: an unreplicated batch of another producer is cut when the
+    leadership moves and comes back (the usual case when it moves). The state, read again
+    from the log, had no trace of producer 7 and appended its retry again; Kafka reloads the
+    state from a producer snapshot that still has it. A full restart of the log (a follower
+    far behind) keeps nothing, as Kafka's follower clears its state then."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
+        appended = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (appended.error_code, appended.base_offset) == (Errors.NONE, 0)
+        part.log.roll()
+        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+        assert not only_partition(
+            await c.call(PRODUCE, 9, produce_values("t", 0, other))
+        ).error_code
+        part.log.roll()
+        h.replicas.delete_records("t", 0, 1)
+        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
+        assert part.log.segments[0].base_offset == 1, "the first batch's segment is gone"
+        third = batch([b"c"], producer_id=9, producer_epoch=0, base_sequence=0)
+        cut = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, third, acks=1)))
+        assert cut.base_offset == 2
+        h.move_leader("t", 0, 2)
+        part.log.truncate_to(2)  # as the follower's reconciliation does
+        h.move_leader("t", 0, NODE_ID)
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        assert part.log.log_end_offset == 2, "the retry was appended again"
+
+        part.log.truncate_fully_and_start_at(2)
+        again = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (again.error_code, again.base_offset) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
 def test_a_produce_reading_a_producer_state_is_answered_when_the_topic_goes(
     tmp_path: Path,
 ) -> None:
