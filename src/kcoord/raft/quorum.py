@@ -615,6 +615,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # (term, index): this log holds that term's leader's entries up to the index, as it
         # acknowledged to it (see _without_entries_we_hold).
         self._leader_prefix: tuple[int, int] = (-1, 0)
+        self._pending_prefix: tuple[int, int] | None = None  # once pysyncobj takes the message
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
@@ -636,7 +637,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return self._quorum._apply_command_bytes(offset, bytes(command[1:]), term)
         return SyncObj._SyncObj__doApplyCommand(self, command)
 
-    def _SyncObj__applyLogEntries(self) -> None:  # noqa: N802
+    def _SyncObj__applyLogEntries(self) -> bool:  # noqa: N802
         """Apply nothing before the snapshot is loaded. pysyncobj applies the journal on every
         tick while its port is not bound yet, and loads the snapshot only at its first tick
         with the port bound: a voter restarted with a journal not yet trimmed to its snapshot
@@ -644,12 +645,14 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         then the older snapshot over them, then the entries after it again: the image and
         the roles derived from it went back and forth, and batches were applied twice."""
         if self._SyncObj__needLoadDumpFile:
-            return
-        SyncObj._SyncObj__applyLogEntries(self)
+            return False
+        # Whether AppendEntries should go out now (the new commit index, to the followers).
+        return bool(SyncObj._SyncObj__applyLogEntries(self))
 
     # Every message from another voter, on the Raft thread (the same mangling).
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
         why = _malformed(message)
+        self._pending_prefix = None  # what an earlier message that failed left is not taken
         if why is None:
             try:
                 if message.get("type") == "append_entries":
@@ -659,6 +662,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                     message = self._stale_snapshot_ignored(node, message)
                     message = self._snapshot_part_committing_nothing(message)
                 SyncObj._SyncObj__onMessageReceived(self, node, message)
+                if self._pending_prefix is not None:
+                    self._leader_prefix, self._pending_prefix = self._pending_prefix, None
                 return
             except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
                 # A field missing or of another shape than pysyncobj's own messages have.
@@ -764,7 +769,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         known_term, known_index = self._leader_prefix
         acknowledged = known_index if known_term == term else 0
         # Once pysyncobj has taken it, this log holds the leader's entries up to the last sent.
-        self._leader_prefix = (term, max(acknowledged, entries[-1][1] if entries else prev))
+        self._pending_prefix = (term, max(acknowledged, entries[-1][1] if entries else prev))
         held = 0
         for entry in entries:
             mine = self._SyncObj__getEntries(entry[1], 1)

@@ -23,7 +23,7 @@ import pysyncobj.pickle
 import pytest
 from pysyncobj import SyncObjConf
 from pysyncobj.node import TCPNode
-from pysyncobj.syncobj import SyncObjException
+from pysyncobj.syncobj import SyncObj, SyncObjException
 
 from kcoord.raft import quorum as quorum_module
 from kcoord.raft import records as rec
@@ -564,5 +564,22 @@ def test_nothing_is_applied_before_the_snapshot_is_loaded(tmp_path: Path) -> Non
         voter._SyncObj__needLoadDumpFile = False  # as the first ready tick leaves it
         voter._SyncObj__applyLogEntries()
         assert voter.raftLastApplied == 3
+    finally:
+        voter.destroy()
+
+
+def test_applying_passes_on_whether_append_entries_should_go_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj's tick sends AppendEntries at once when applying says so (the new commit
+    index, to the followers); the override dropped that answer, and followers learned of
+    each commit only at the next heartbeat."""
+    voter = follower(tmp_path)
+    try:
+        monkeypatch.setattr(SyncObj, "_SyncObj__applyLogEntries", lambda self: True)
+        voter._SyncObj__needLoadDumpFile = False
+        assert voter._SyncObj__applyLogEntries() is True
+        voter._SyncObj__needLoadDumpFile = True
+        assert voter._SyncObj__applyLogEntries() is False
     finally:
         voter.destroy()
