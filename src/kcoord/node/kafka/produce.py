@@ -288,8 +288,14 @@ class ProducerStates:
                 break
         state = ProducerStateManager(producer_id_expiration_ms=self.producer_id_expiration_ms)
         base = lg.segments[0].base_offset
-        if t.log is lg and start == base <= min(t.end_offset, lg.last_truncated_to):
-            # A truncation, not below the first segment, of a log this state had read past
+        # last_truncated_to tells of the last truncation only.
+        one_truncation = lg.truncations == t.truncations + 1
+        if (
+            t.log is lg
+            and one_truncation
+            and start == base <= min(t.end_offset, lg.last_truncated_to)
+        ):
+            # One truncation, not below the first segment, of a log this state had read past
             # that segment's start, read again from it: the producers it knew only from
             # segments since deleted are as they were (Kafka reloads them from a producer
             # snapshot). Not after a full restart of the log (last_truncated_to 0), which

@@ -1616,6 +1616,35 @@ def test_a_producers_state_survives_a_truncation_after_its_batch_left_the_log(
     run(tmp_path, test)
 
 
+def test_a_producer_state_keeps_nothing_of_a_log_restarted_and_truncated_since_it_read(
+    tmp_path: Path,
+) -> None:
+    """The carry-over above judged by the last truncation alone: a log restarted empty at 4
+    (a follower far behind), then truncated to 5, before the state read it again, passed as
+    one truncation at 5, and producer 7's batch at 0, of the wiped log, was kept: its retry
+    was answered as a duplicate at an offset the log no longer holds."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
+        assert (
+            only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first))).base_offset == 0
+        )
+        for i in range(5):
+            more = batch([b"m"], producer_id=20 + i, producer_epoch=0, base_sequence=0)
+            await c.call(PRODUCE, 9, produce_values("t", 0, more))
+        part.log.truncate_fully_and_start_at(4)
+        for _ in range(2):
+            part.log.append_as_leader(batch([b"x"]), leader_epoch=0, now_ms=h.clock[0])
+        part.log.truncate_to(5)
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 5)
+
+    run(tmp_path, test)
+
+
 def test_a_produce_reading_a_producer_state_is_answered_when_the_topic_goes(
     tmp_path: Path,
 ) -> None:
