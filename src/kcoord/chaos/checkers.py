@@ -19,13 +19,13 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
 ``check_offsets`` (groups workload): OffsetCommit durability and sanity
     ``lost-commit``: the final OffsetFetch (``committed``) for (group, topic, partition) is
     below the highest offset an ``ok`` commit acknowledged, or the partition is missing from it;
-    or a ``committed`` read made while faults are on (it has an invoke: the runner's, or a
-    member's own read of its partitions) returns less than the highest offset acknowledged
-    before the read was sent.
+    or a ``committed`` read the runner made while faults are on returns less than the highest
+    offset acknowledged before the read was sent.
     Proves no acknowledged commit is lost across crashes, failovers and partitions.
-    ``regressed-read``: two ``ok`` ``committed`` reads of one (group, topic, partition), A's
-    answer preceding B's invoke, B's offset below A's, and no commit of B's offset (``ok``,
-    ``info`` or unanswered) that may have been applied after A's invoke and before B's answer.
+    ``regressed-read``: two ``ok`` ``committed`` reads by the runner of one (group, topic,
+    partition), A's answer preceding B's invoke, B the final read, B's offset below A's, and
+    no commit of B's offset (``ok``, ``info`` or unanswered) that may have been applied after
+    A's invoke and before B's answer.
     Proves a committed offset once read stays until something commits over it: a read of a
     state later undone (an uncommitted write served, a log truncated under it) is caught even
     when the commit it saw was never acknowledged.
@@ -218,6 +218,7 @@ WORKLOADS: Final = ("groups", "queue")
 # Events that read records, and those that reset a consumer's expected next offset.
 POLL_FS: Final = frozenset({"poll", "consume"})
 FINAL_POLL_F: Final = "final-poll"
+FINAL_PROCESS: Final = "checker"  # the runner's process for its final reads (committed, describe)
 REBALANCE_ALL_FS: Final = frozenset(
     {"assign", "subscribe", "assignment", "process-start", "process-kill"}
 )
@@ -568,24 +569,25 @@ def _check_lost_commits(
 def _check_reads_see_acknowledged_commits(
     history: History, commits: list[_Commit], findings: _Findings
 ) -> None:
-    """Every ``committed`` read with an invoke (the runner reads while faults are on; a
-    member reads its partitions' at each new generation) must return, for each partition it
-    reads, at least what ``_least_a_read_may_see`` says. A member's read comes at a rebalance,
-    where a failover that lost a commit shows first; a partition it names without an offset
-    has none committed."""
+    """Every ``committed`` read the runner made while faults were on must return, for each
+    partition, at least what ``_least_a_read_may_see`` says (the final read is
+    ``_check_lost_commits``'). Not a member's own read (with ``partitions``): its events are
+    stamped when the runner receives them, so its invoke may be recorded after a commit
+    acknowledged meanwhile, which the read could not have seen."""
     by_key = _commits_by_key(commits)
     for invoke, done in history.pairs("committed"):
         if done is None or done.type != OK:
             continue
+        if "partitions" in done.value or done.process == FINAL_PROCESS:
+            continue
         try:
             group, topic = _required(done.value, "group"), _topic(done.value)
             offsets = _offsets(done.value)
-            named = _partitions(done.value) if "partitions" in done.value else None
         except _PARSE_ERRORS as error:
             findings.malformed(done, error)
             continue
         for (g, t, partition), key_commits in by_key.items():
-            if (g, t) != (group, topic) or (named is not None and partition not in named):
+            if (g, t) != (group, topic):
                 continue
             least = _least_a_read_may_see(key_commits, invoke.at, done.at)
             if least is None:
@@ -621,19 +623,20 @@ class _OffsetRead:
 def _committed_reads(
     ordered: list[Event], history: History, findings: _Findings
 ) -> list[_OffsetRead]:
+    """The runner's reads (while faults are on, and the final one), per partition; not the
+    members' (their times are when the runner received their events)."""
     invoked = {done.index: invoke.at for invoke, done in history.pairs("committed") if done}
     reads: list[_OffsetRead] = []
     for event in ordered:
-        if event.f != "committed" or event.type != OK:
+        if event.f != "committed" or event.type != OK or "partitions" in event.value:
             continue
         try:
             group, topic = _required(event.value, "group"), _topic(event.value)
             offsets = _offsets(event.value)
-            named = _partitions(event.value) if "partitions" in event.value else offsets.keys()
         except _PARSE_ERRORS as error:
             findings.malformed(event, error)
             continue
-        for partition in sorted(named):
+        for partition in sorted(offsets):
             reads.append(
                 _OffsetRead(
                     (group, topic, partition),
@@ -649,9 +652,13 @@ def _committed_reads(
 def _check_regressed_reads(
     ordered: list[Event], history: History, commits: list[_Commit], findings: _Findings
 ) -> None:
-    """``regressed-read`` (see the module docstring). B's offset needs a commit of it that may
-    have landed after the invoke of the latest-sent earlier read that saw more (the state B
-    saw came after what that read saw), and was sent before B was answered."""
+    """``regressed-read`` (see the module docstring). B is the final read: made after the
+    last heal, once the cluster settled, it comes from the partitions' current leaders. One
+    made while faults are on may come from a coordinator cut off from the others that does
+    not know it was replaced yet, and serves its last committed state (as Kafka's would), so
+    an older value there proves nothing. B's offset needs a commit of it that may have landed
+    after the invoke of the latest-sent earlier read that saw more (the state B saw came after
+    what that read saw), and was sent before B was answered."""
     by_key: dict[_GroupPartition, list[_OffsetRead]] = defaultdict(list)
     for read in _committed_reads(ordered, history, findings):
         by_key[read.key].append(read)
@@ -661,7 +668,7 @@ def _check_regressed_reads(
         for commit in commits_by_key.get(key, []):
             by_offset[commit.offset].append(commit)
         for later in key_reads:
-            if later.invoke_at is None:
+            if later.invoke_at is None or later.event.process != FINAL_PROCESS:
                 continue  # sent at an unknown time: any earlier read may have followed it
             higher = [
                 r for r in key_reads if r.done_at < later.invoke_at and r.offset > later.offset
@@ -1554,7 +1561,7 @@ def check_consumed(history: History) -> CheckResult:
     groups = {
         str(e.value.get("group"))
         for e in history.ops("describe", OK)
-        if e.process == "checker" and e.value.get("members")
+        if e.process == FINAL_PROCESS and e.value.get("members")
     }
     groups.update(group for group, _topic_name in consumed)
     topics = {send.topic for send in sends}
