@@ -42,6 +42,21 @@ OVERRIDES = {"num.partitions": 3}
 Message = tuple[int, int, int, str]  # partition, offset, timestamp ms, value
 
 
+def led_partitions(client: str, bootstrap: str, topic: str, count: int) -> dict[str, Any]:
+    """``client``'s view of the leader of each of ``topic``'s ``count`` partitions, once it has
+    one for each. Each node learns of a new topic from the metadata log on its own (Kafka's
+    brokers too), and the node a client asks right after CreateTopics may not have it yet."""
+
+    def found() -> dict[str, Any] | None:
+        leaders = run_client(client, {"op": "leaders", "bootstrap": bootstrap, "topic": topic})
+        partitions = sorted(int(p) for p in leaders)
+        led = all(leader is not None and int(leader) >= 0 for leader in leaders.values())
+        return leaders if partitions == list(range(count)) and led else None
+
+    leaders: dict[str, Any] = wait_for(found, f"{client} to see a leader of each of {topic}")
+    return leaders
+
+
 def run_client(client: str, cmd: dict[str, Any]) -> Any:
     proc = subprocess.run(
         [sys.executable, str(CLIENTS_DIR / CLIENTS[client]), json.dumps(cmd)],
@@ -131,8 +146,7 @@ def test_client_round_trip(cluster: LocalCluster, client: str) -> None:
             "replication_factor": 3,
         },
     )
-    leaders = run_client(client, {"op": "leaders", "bootstrap": bootstrap, "topic": created})
-    assert sorted(int(p) for p in leaders) == list(range(6))
+    leaders = led_partitions(client, bootstrap, created, 6)
     assert set(leaders.values()) == {1, 2, 3}, leaders
     for topic, partitions in ((created, 6), (auto, 3)):
         acked = messages(
@@ -650,7 +664,7 @@ def test_describe_topic_partitions_pages_through_a_topic(cluster: LocalCluster) 
     topic = "paged"
     create = {"bootstrap": bootstrap, "topic": topic, "partitions": 5, "replication_factor": 3}
     run_client("kafka-python", {"op": "create_topic", **create})
-    leaders = run_client("kafka-python", {"op": "leaders", "bootstrap": bootstrap, "topic": topic})
+    leaders = led_partitions("kafka-python", bootstrap, topic, 5)
     cmd = {"op": "describe_topic_partitions", "bootstrap": bootstrap, "topic": topic, "limit": 2}
     answer = run_client("kafka-python", cmd)
     assert answer["pages"] == 3
