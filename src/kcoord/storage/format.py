@@ -165,6 +165,13 @@ class BatchHeader(NamedTuple):
         return bool(self.attributes & CONTROL_FLAG)
 
     @property
+    def has_producer_id(self) -> bool:
+        """Kafka's ``RecordBatch.hasProducerId``: above NO_PRODUCER_ID (-1). A negative id
+        other than -1 is no producer either: such a batch was held to a producer's sequence
+        rules (a sequence of -1 refused as INVALID_RECORD), where Kafka appends it plain."""
+        return self.producer_id > NO_PRODUCER_ID
+
+    @property
     def last_sequence(self) -> int:
         if self.base_sequence == NO_SEQUENCE:
             return NO_SEQUENCE

@@ -1320,7 +1320,7 @@ class Log:
                 if header.base_offset >= end_offset:
                     if header.attributes & fmt.DELETE_HORIZON_FLAG:
                         result.note_horizon(header.base_timestamp)
-                elif not header.is_control and header.producer_id != fmt.NO_PRODUCER_ID:
+                elif not header.is_control and header.has_producer_id:
                     last_batch_of[header.producer_id] = header
         return {
             header.last_offset: plan.now_ms - header.max_timestamp
@@ -1434,7 +1434,7 @@ class Log:
                         )
                     ):
                         kept_raw = raw if header.record_count == 0 else fmt.empty_batch(header)
-                    if kept_raw is not None and header.producer_id != fmt.NO_PRODUCER_ID:
+                    if kept_raw is not None and header.has_producer_id:
                         kept_producers.add(header.producer_id)
                 if kept_raw is not raw:
                     changed = True

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from kcoord.errors import Errors
-from kcoord.storage.format import NO_PRODUCER_EPOCH, NO_PRODUCER_ID, BatchHeader
+from kcoord.storage.format import NO_PRODUCER_EPOCH, BatchHeader
 
 NUM_BATCHES_TO_RETAIN: Final = 5  # ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 DEFAULT_PRODUCER_ID_EXPIRATION_MS: Final = 24 * 60 * 60 * 1000  # producer.id.expiration.ms
@@ -117,7 +117,7 @@ def in_sequence(last_seq: int, next_seq: int) -> bool:
 
 
 def _carries_state(header: BatchHeader) -> bool:
-    return header.producer_id != NO_PRODUCER_ID and not header.is_control
+    return header.has_producer_id and not header.is_control
 
 
 class ProducerStateManager:

@@ -326,7 +326,7 @@ class ProducerStates:
                         break
                     if header.last_offset < offset:
                         continue
-                    if header.producer_id != fmt.NO_PRODUCER_ID:
+                    if header.has_producer_id:
                         headers.append(header)
                     offset = header.last_offset + 1
                     count += 1
@@ -529,7 +529,7 @@ class ProduceApi:
             for h in headers:
                 if h.is_control:
                     raise KafkaError(Errors.INVALID_RECORD, "clients may not write control records")
-                if h.producer_id != fmt.NO_PRODUCER_ID and h.base_sequence < 0:
+                if h.has_producer_id and h.base_sequence < 0:
                     # LogValidator.validateBatch: an idempotent batch needs a sequence.
                     raise KafkaError(
                         Errors.INVALID_RECORD,

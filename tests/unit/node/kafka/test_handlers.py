@@ -1371,8 +1371,12 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
         for values in ([b"x"], [b"y"]):
             unsequenced = await produce(idem(-1, *values))
             assert unsequenced.error_code == Errors.INVALID_RECORD
+        # Any id below 0 is no producer (RecordBatch.hasProducerId): appended plain, twice.
+        for _ in range(2):
+            plain = batch([b"p"], producer_id=-5, producer_epoch=-1, base_sequence=-1)
+            assert (await produce(plain)).error_code == Errors.NONE
         fetched = await c.call(FETCH, 12, fetch_values("t", 0, 0))
-        assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c", b"d"]
+        assert records_of(only_partition(fetched).records) == [b"a", b"b", b"c", b"d", b"p", b"p"]
 
     run(tmp_path, test)
 
