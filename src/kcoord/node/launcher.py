@@ -263,6 +263,16 @@ def cluster_ready(state: ClusterState) -> tuple[bool, str]:
     missing = [i for i, v in views.items() if v is None]
     if missing:
         return False, f"nodes {missing} not answering yet"
+    for n in state.nodes:
+        view = views[n.node_id]
+        assert view is not None
+        if n.pid is not None and view.get("pid") != n.pid:
+            # Another cluster holds the ports: it answered for ours, which were still starting
+            # and then failed to bind, and "cluster ready" was printed over nodes that died.
+            return False, (
+                f"node {n.node_id}'s RPC port {n.rpc_port} is answered by another process "
+                f"(pid {view.get('pid')}, not {n.pid}): are these ports in use?"
+            )
     controllers = {v["controller_id"] for v in views.values() if v is not None}
     if None in controllers or len(controllers) != 1:
         seen = "; ".join(

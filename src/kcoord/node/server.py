@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import resource
 import signal
 import uuid
@@ -635,6 +636,7 @@ class Node:
             topics = {}  # only when asked: the launcher polls this often
         return {
             "node_id": self.config.node_id,
+            "pid": os.getpid(),  # the launcher checks that its own process answers
             "incarnation_id": self.incarnation_id,
             "cluster_id": image.cluster_id,
             "controller_id": status.leader_id,

@@ -47,6 +47,29 @@ def test_ready_waits_for_the_offsets_topic_in_every_nodes_image(
     assert launcher.cluster_ready(_state()) == (True, "ready")
 
 
+def test_ready_only_when_the_nodes_started_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another cluster holding the ports answered for the nodes just started (still starting,
+    then failing to bind): "cluster ready" was printed and ``cluster up`` exited 0 over nodes
+    that died. A node must answer with the pid the launcher started."""
+    state = _state()
+    for n in state.nodes:
+        n.pid = 4000 + n.node_id
+    others = {1: 4001, 2: 5002, 3: 4003}
+    monkeypatch.setattr(
+        launcher,
+        "describe_node",
+        lambda n, *a, **k: {**_view(n.node_id, True), "pid": others[n.node_id]},
+    )
+    ok, why = launcher.cluster_ready(state)
+    assert not ok
+    assert why == (
+        "node 2's RPC port 9102 is answered by another process (pid 5002, not 4002): are these "
+        "ports in use?"
+    )
+    others[2] = 4002
+    assert launcher.cluster_ready(state) == (True, "ready")
+
+
 def test_without_a_controller_readiness_says_what_each_voter_sees(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
