@@ -166,6 +166,24 @@ def test_a_foreground_cluster_up_ends_when_cluster_down_stops_it_from_elsewhere(
         assert "every node has stopped" in rest
 
 
+def test_a_hangup_stops_a_foreground_cluster_as_ctrl_c_does(tmp_path: Path) -> None:
+    """A closed terminal or a dropped ssh session sends SIGHUP: the launcher died of it and its
+    nodes, in sessions of their own, ran on unmanaged (the next ``cluster up`` refused to
+    start over them)."""
+    base = free_base_port(1)
+    with (
+        _cluster_up(base, tmp_path, nodes=1) as proc,
+        _leaving_nothing_running(proc, tmp_path) as pids,
+    ):
+        _until_running(proc)
+        state = json.loads((tmp_path / launcher.STATE_FILE).read_text())
+        pids.extend(n["pid"] for n in state["nodes"])
+        proc.send_signal(signal.SIGHUP)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, rest
+        assert not [p for p in pids if launcher.is_alive(p)], rest
+
+
 def test_a_kept_cluster_restarts_as_it_was_and_keeps_its_voters(tmp_path: Path) -> None:
     """``cluster up`` on a kept data dir takes its node count and ports; another node count is
     refused (every node is a voter and the voters are fixed) instead of rewriting the voter

@@ -33,12 +33,18 @@ DEFAULT_CLUSTER_DIR = Path(".kcoord/cluster")
 def _dump_log(args: argparse.Namespace) -> int:
     from kcoord.node.dump_log import dump_files
 
-    return dump_files(
-        [Path(f) for f in args.files],
-        sys.stdout,
-        print_data=args.print_data_log,
-        offsets_decoder=args.offsets_decoder,
-    )
+    try:
+        return dump_files(
+            [Path(f) for f in args.files],
+            sys.stdout,
+            print_data=args.print_data_log,
+            offsets_decoder=args.offsets_decoder,
+        )
+    except BrokenPipeError:
+        # Piped into ``head``, which has read enough: stop quietly, as kafka-dump-log.sh
+        # does. stdout goes to /dev/null so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -126,6 +132,9 @@ def _cluster(args: argparse.Namespace) -> int:
 
             signal.signal(signal.SIGINT, on_signal)
             signal.signal(signal.SIGTERM, on_signal)
+            # A closed terminal or a dropped ssh session: the nodes, in sessions of their own,
+            # outlived the launcher, unmanaged, and the next ``cluster up`` refused to start.
+            signal.signal(signal.SIGHUP, on_signal)
             state = started = launcher.up(data_dir, nodes, base_port)
             stop["ready"] = True
             print(
@@ -179,9 +188,17 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _quorum(args: argparse.Namespace) -> int:
+    from kcoord.node import launcher
     from kcoord.node.quorum_tool import describe
 
-    return describe(args.bootstrap_server, replication=args.replication, out=sys.stdout)
+    bootstrap = args.bootstrap_server
+    if bootstrap is None:
+        try:
+            bootstrap = launcher.ClusterState.load(Path(args.data_dir)).bootstrap_servers
+        except launcher.LauncherError as e:
+            print(f"kcoord: no --bootstrap-server given and {e}", file=sys.stderr)
+            return 1
+    return describe(bootstrap, replication=args.replication, out=sys.stdout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,9 +271,14 @@ def build_parser() -> argparse.ArgumentParser:
     describe = qsub.add_parser("describe", help="like kafka-metadata-quorum.sh describe")
     describe.add_argument(
         "--bootstrap-server",
-        required=True,
-        metavar="HOST:PORT",
-        help="any node's Kafka listener (DescribeQuorum is forwarded to the controller)",
+        metavar="HOST:PORT[,HOST:PORT]",
+        help="Kafka listeners, tried in turn (DescribeQuorum is forwarded to the controller; "
+        "default: the local cluster's, see --data-dir)",
+    )
+    describe.add_argument(
+        "--data-dir",
+        default=str(DEFAULT_CLUSTER_DIR),
+        help="the local cluster whose bootstrap servers are the default",
     )
     describe.add_argument("--replication", action="store_true", help="a row per voter")
     describe.add_argument("--status", action="store_true", help="the summary (default)")

@@ -173,6 +173,8 @@ def dump_files(paths: list[Path], out: TextIO, *, print_data: bool, offsets_deco
             else:
                 out.write(f"Ignoring unknown file {path}\n")
                 problems += 1
+        except BrokenPipeError:
+            raise  # the reader went away (``| head``): not the file's fault
         except (OSError, ValueError) as e:
             out.write(f"Cannot read {path}: {e}\n")
             problems += 1

@@ -1,7 +1,9 @@
 """``kcoord quorum describe``: the metadata quorum as ``kafka-metadata-quorum.sh`` shows it.
 
-Sends Kafka's DescribeQuorum (apiKey 55, v1) to the given Kafka bootstrap server, which
-forwards it to the active controller: only the leader knows how far each voter has replicated.
+Sends Kafka's DescribeQuorum (apiKey 55, v1) to a Kafka bootstrap server, which forwards it
+to the active controller: only the leader knows how far each voter has replicated. The servers
+of ``--bootstrap-server H:P[,H:P...]`` are tried in turn, as Kafka's admin client does with its
+bootstrap list, so a node that is down does not stop the tool.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, TextIO
 from kcoord.node.config import Endpoint
 from kcoord.node.kafka.client import call_once
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, METADATA_TOPIC
+from kcoord.node.tool_client import ToolError, parse_bootstrap
 
 TIMEOUT_S = 5.0
 
@@ -50,11 +53,23 @@ def fetch(bootstrap: str) -> dict[str, Any]:
 
 
 def describe(bootstrap: str, *, replication: bool, out: TextIO, err: TextIO = sys.stderr) -> int:
+    """Print the quorum as ``kafka-metadata-quorum.sh describe`` does, asking the servers of
+    ``bootstrap`` (``H:P[,H:P...]``) in turn; 1 with the reasons on ``err`` when none answers."""
     try:
-        q = fetch(bootstrap)
-        cluster = None if replication else cluster_id(bootstrap)
-    except Exception as e:
-        err.write(f"kcoord: cannot describe the quorum through {bootstrap}: {e}\n")
+        servers = [str(endpoint) for endpoint in parse_bootstrap(bootstrap)]
+    except ToolError as e:
+        err.write(f"kcoord: {e}\n")
+        return 1
+    failures: list[str] = []
+    for server in servers:
+        try:
+            q = fetch(server)
+            cluster = None if replication else cluster_id(server)
+            break
+        except Exception as e:
+            failures.append(f"{server}: {e}")
+    else:
+        err.write(f"kcoord: cannot describe the quorum through {'; '.join(failures)}\n")
         return 1
     if not q["is_leader"]:
         err.write("kcoord: no leader could be reached; the quorum may have no leader\n")

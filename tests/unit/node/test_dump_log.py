@@ -81,3 +81,28 @@ def test_dump_log_reports_corruption_and_exits_nonzero(tmp_path: Path) -> None:
     assert "Found 3 invalid bytes at the end" in result.stdout
     missing = _run(str(tmp_path / "nope.log"))
     assert missing.returncode == 1 and "Cannot read" in missing.stdout
+
+
+def test_dump_log_into_a_pipe_closed_early_stops_quietly(tmp_path: Path) -> None:
+    """``kcoord dump-log ... | head``: the closed pipe was reported as the file being
+    unreadable ("Cannot read ...: Broken pipe"), and writing that failed again into a
+    traceback. It stops quietly, as kafka-dump-log.sh does."""
+    lg = open_log(tmp_path / "t-0")
+    for i in range(2000):
+        lg.append_as_leader(batch(1, key=None, value=f"v{i}".encode() * 50), 0, now_ms=0)
+    lg.close()
+    exe = shutil.which("kcoord", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    seg = tmp_path / "t-0" / "00000000000000000000.log"
+    proc = subprocess.Popen(
+        [exe, "dump-log", str(seg), "--print-data-log"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"Dumping ")
+    proc.stdout.close()  # as head does once it has its lines
+    stderr = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 1
+    assert stderr == ""

@@ -64,3 +64,33 @@ def test_errors_go_to_stderr_with_exit_code_1(monkeypatch: pytest.MonkeyPatch) -
     err = io.StringIO()
     assert quorum_tool.describe("b:1", replication=False, out=out, err=err) == 1
     assert "node 9, is not among the voters" in err.getvalue()
+
+
+def test_the_bootstrap_servers_are_tried_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--bootstrap-server H:P,H:P`` as the other tools and kafka-metadata-quorum.sh take it
+    (the list ``cluster up`` prints): it was parsed as one address and refused; a server
+    that does not answer gives way to the next."""
+    voter = {"node_id": 1, "log_end_offset": 5, "last_fetch_timestamp": 1}
+    voter["last_caught_up_timestamp"] = 1
+    view: dict[str, Any] = {"is_leader": True, "leader_id": 1, "leader_epoch": 1}
+    view.update(high_watermark=5, voters=[voter])
+    asked: list[str] = []
+
+    def fetch(bootstrap: str) -> Any:
+        asked.append(bootstrap)
+        if bootstrap == "a:1":
+            raise ConnectionRefusedError("connection refused")
+        return view
+
+    monkeypatch.setattr(quorum_tool, "fetch", fetch)
+    monkeypatch.setattr(quorum_tool, "cluster_id", lambda bootstrap: "c")
+    out, err = io.StringIO(), io.StringIO()
+    assert quorum_tool.describe("a:1,b:2,c:3", replication=False, out=out, err=err) == 0
+    assert asked == ["a:1", "b:2"] and "LeaderId:" in out.getvalue()
+    monkeypatch.setattr(quorum_tool, "fetch", lambda bootstrap: fetch("a:1"))
+    err = io.StringIO()
+    assert quorum_tool.describe("a:1,b:2", replication=False, out=out, err=err) == 1
+    assert err.getvalue().count("connection refused") == 2
+    err = io.StringIO()
+    assert quorum_tool.describe("a:x", replication=False, out=out, err=err) == 1
+    assert err.getvalue().startswith("kcoord: invalid --bootstrap-server 'a:x'")
