@@ -485,7 +485,7 @@ class ReplicaFetcherManager:
             # At once, not on a timer: the leader's DeleteRecords answer counts this replica's
             # log start once its next fetch reports it, so it must survive a crash by then.
             self.replicas.checkpoint_log_start_offsets()
-        self.replicas.maybe_advance_follower_high_watermark(part, int(r["high_watermark"]))
+        self.replicas.follow_leader_high_watermark(part, int(r["high_watermark"]))
 
     # -----------------------------------------------------------------------------------------
 

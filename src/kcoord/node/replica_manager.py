@@ -278,6 +278,23 @@ class Partition:
             )
         return diverging
 
+    def follow_high_watermark(self, leader_high_watermark: int) -> bool:
+        """Follower: the leader's HW, within [log start, log end], down as well as up (Kafka's
+        ``UnifiedLog.updateHighWatermark``, through ``maybeUpdateHighWatermark`` on every
+        fetch); True if it changed. Only up, a HW above what the leader committed stayed: a
+        node replaying the metadata log after a restart briefly led an old epoch alone, took
+        its log end (with records of a later epoch not committed) for its HW, and kept it as
+        a follower."""
+        lg = self.log
+        target = max(min(leader_high_watermark, lg.log_end_offset), lg.log_start_offset)
+        if target == self.high_watermark:
+            return False
+        raised = target > self.high_watermark
+        self.high_watermark = target
+        if raised:
+            self.hw_waiters.release(target)
+        return True
+
     def set_high_watermark(self, high_watermark: int) -> bool:
         """Move the HW up (never down, never past the log end); True if it moved."""
         high_watermark = min(high_watermark, self.log.log_end_offset)
@@ -920,9 +937,9 @@ class ReplicaManager:
         for event in self._fetch_wakeups:
             event.set()
 
-    def maybe_advance_follower_high_watermark(self, part: Partition, leader_hw: int) -> None:
-        """Follower: HW = min(leader's HW, own LEO) (Kafka's ``maybeUpdateHighWatermark``)."""
-        if part.set_high_watermark(min(leader_hw, part.log.log_end_offset)):
+    def follow_leader_high_watermark(self, part: Partition, leader_hw: int) -> None:
+        """Follower: the leader's HW, within its own log (``Partition.follow_high_watermark``)."""
+        if part.follow_high_watermark(leader_hw):
             self._notify_high_watermark(part)
 
     def fetch(
@@ -1231,7 +1248,10 @@ class ReplicaManager:
                 continue
             fetch_offset, follower_hw = item.fetch_offset, item.high_watermark
             follower_log_start = item.log_start_offset
-            high_watermark_news = high_watermark_news or high_watermark > follower_hw
+            # A follower whose HW is above this one's (it took its log end for its HW while it
+            # led an old epoch alone) lowers it to this one (Partition.follow_high_watermark).
+            lowered = max(min(high_watermark, fetch_offset), follower_log_start or 0) < follower_hw
+            high_watermark_news = high_watermark_news or high_watermark > follower_hw or lowered
             news = follower_log_start is not None and log_start_offset > follower_log_start
             records = b""
             if fetch_offset != log_end_offset:  # at the log end there is nothing to read
@@ -1257,6 +1277,7 @@ class ReplicaManager:
                 or records
                 or news
                 or min(high_watermark, fetch_offset) > follower_hw
+                or lowered
             ):
                 results.append(_fetch_result(item, part, records=records))
                 pending.append(item.tp)

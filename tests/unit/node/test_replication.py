@@ -372,6 +372,77 @@ def test_a_replica_fetch_with_an_epoch_the_leader_cannot_place_is_out_of_range(
     asyncio.run(scenario())
 
 
+def test_a_followers_high_watermark_above_the_leaders_comes_down_to_it(tmp_path: Path) -> None:
+    """A review's scenario. Node 2, restarted, replays the metadata log a batch at a time: for
+    an instant it leads an old epoch alone and takes its log end for its HW, which holds a
+    record of a later epoch the leader has not committed (x, acks=1, on node 1 and 2 only).
+    As a follower it kept that HW (it only went up, and the leader's answers left the
+    partition out, their HW being no news); its HW listeners saw x as committed. It follows
+    the leader's HW down, as Kafka's follower does on every fetch."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        n1, n2, n3 = (Node(i, tmp_path / f"n{i}", cluster) for i in (1, 2, 3))
+        for node in (n1, n2, n3):
+            node.fetchers.max_wait_ms = 0  # a fetch with nothing new answers at once
+        batches: list[list[rec.MetadataRecord]] = [
+            [
+                *(
+                    rec.RegisterBroker(
+                        broker_id=i,
+                        incarnation_id=f"i{i}",
+                        broker_epoch=1,
+                        endpoints={},
+                        fenced=False,
+                    )
+                    for i in (1, 2, 3)
+                ),
+                rec.Topic(TOPIC, TOPIC_ID, {}),
+                rec.Partition(
+                    TOPIC_ID, 0, (1, 2, 3), (1, 2, 3), leader=1, leader_epoch=0, partition_epoch=0
+                ),
+            ]
+        ]
+
+        def publish(records: list[rec.MetadataRecord]) -> None:
+            batches.append(records)
+            for node in cluster.values():
+                node.cache.apply(len(batches), records)
+
+        for node in cluster.values():
+            node.cache.apply(1, batches[0])
+        publish([rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=0, leader=2, isr=(2,))])
+        n2.produce(b"a")
+        for node in (n1, n3):
+            await node.fetch_once()
+            await node.fetch_once()
+        publish([rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=1, isr=(1, 2, 3))])
+        publish([rec.PartitionChange(TOPIC_ID, 0, expected_partition_epoch=2, leader=1)])
+        for node in (n2, n3):
+            await node.fetch_once()
+            await node.fetch_once()
+        n1.produce(b"x")  # acks=1: node 3 has not fetched it
+        await n2.fetch_once()
+        assert (n1.partition.high_watermark, n2.partition.log.log_end_offset) == (1, 2)
+
+        n2.replicas.close()
+        del cluster[2]
+        again = Node(2, tmp_path / "n2", cluster)
+        again.fetchers.max_wait_ms = 0
+        for i, records in enumerate(batches):
+            again.cache.apply(i + 1, records)
+            if i == 1:
+                assert again.partition.is_leader and again.partition.high_watermark == 2
+        assert not again.partition.is_leader
+        told: list[int] = []
+        again.replicas.add_high_watermark_listener(lambda part, hw: told.append(hw))
+        await again.fetch_once()
+        assert again.partition.high_watermark == 1 == n1.partition.high_watermark
+        assert told == [1]
+
+    asyncio.run(scenario())
+
+
 def test_a_high_watermark_alone_waits_its_linger_for_records_to_go_with_it(
     tmp_path: Path,
 ) -> None:
@@ -450,7 +521,7 @@ def test_a_followers_high_watermark_wakes_no_parked_replica_fetch(tmp_path: Path
         (wakeup,) = leader.replicas._fetch_wakeups
 
         part.log.append_as_follower(batch(value=b"followed"), leader.replicas.now_ms())
-        leader.replicas.maybe_advance_follower_high_watermark(part, 1)
+        leader.replicas.follow_leader_high_watermark(part, 1)
         assert part.high_watermark == 1
         assert not wakeup.is_set() and not parked.done()
 

@@ -749,9 +749,7 @@ class Replica:
         if lg.log_end_offset < src.log_end_offset:
             lg.append_as_follower(src.read(lg.log_end_offset, 1 << 30).records, self.now)
         if advance_high_watermark:
-            self.replicas.maybe_advance_follower_high_watermark(
-                self.part, leader.part.high_watermark
-            )
+            self.replicas.follow_leader_high_watermark(self.part, leader.part.high_watermark)
 
 
 async def commit_on(node: Replica, group: str, offset: int) -> None:
@@ -837,7 +835,7 @@ def test_a_truncation_below_the_standby_makes_it_replay_again(tmp_path: Path) ->
             await commit_on(leader, "g", i)  # one record per batch
         follower.replicate_from(leader, advance_high_watermark=False)
         part = follower.part
-        follower.replicas.maybe_advance_follower_high_watermark(part, 4)
+        follower.replicas.follow_leader_high_watermark(part, 4)
         await standby_at(follower.runtime, 4)
         standby = follower.runtime.standbys[0]
         # A truncation at or above what the standby replayed keeps it; one below does not.
