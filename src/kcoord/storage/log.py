@@ -58,6 +58,7 @@ from kcoord.storage.segment import (
     TIME_INDEX_SUFFIX,
     LogCorruptError,
     LogSegment,
+    RecoveryResult,
 )
 
 log = logging.getLogger(__name__)
@@ -369,37 +370,12 @@ class Log:
                     # deletes what follows a truncation). Its lost offsets are a gap, as
                     # compaction leaves.
                     log.warning("%s: recovering segment %d: %s", directory, base, e)
-                    result = seg.recover(limit)
-                    seg_epochs = result.epochs
-                    report.segments_recovered += 1
-                    if result.truncated_bytes:
-                        log.warning(
-                            "%s: truncated %d bytes of segment %d at offset %d: %s",
-                            directory,
-                            result.truncated_bytes,
-                            base,
-                            result.next_offset,
-                            result.error,
-                        )
-                        report.bytes_truncated += result.truncated_bytes
-                        report.errors.append(f"segment {base}: {result.error}")
+                    seg_epochs = _recover_segment(seg, limit, report).epochs
             else:
-                result = seg.recover(limit)
+                result = _recover_segment(seg, limit, report)
                 seg_epochs = result.epochs
-                report.segments_recovered += 1
-                if result.truncated_bytes:
-                    log.warning(
-                        "%s: truncated %d bytes of segment %d at offset %d: %s",
-                        directory,
-                        result.truncated_bytes,
-                        base,
-                        result.next_offset,
-                        result.error,
-                    )
-                    if not (clean_shutdown or below_recovery_point):
-                        corrupt_at = base  # unflushed: what follows was written after it
-                    report.bytes_truncated += result.truncated_bytes
-                    report.errors.append(f"segment {base}: {result.error}")
+                if result.truncated_bytes and not (clean_shutdown or below_recovery_point):
+                    corrupt_at = base  # unflushed: what follows was written after it
             if segments and segments[-1].next_offset > seg.base_offset:
                 # Overlapping segments: keep the earlier, drop this and the rest (as corrupt).
                 log.warning("%s: segment %d overlaps its predecessor; dropping it", directory, base)
@@ -1659,6 +1635,24 @@ def _new_segment(directory: Path, config: LogConfig, base_offset: int) -> LogSeg
         index_max_bytes=config.segment_index_bytes,
         create=True,
     )
+
+
+def _recover_segment(seg: LogSegment, limit: int, report: RecoveryReport) -> RecoveryResult:
+    """Recover ``seg`` (``LogSegment.recover``), logging and reporting what it cut."""
+    result = seg.recover(limit)
+    report.segments_recovered += 1
+    if result.truncated_bytes:
+        log.warning(
+            "%s: truncated %d bytes of segment %d at offset %d: %s",
+            seg.log_path.parent,
+            result.truncated_bytes,
+            seg.base_offset,
+            result.next_offset,
+            result.error,
+        )
+        report.bytes_truncated += result.truncated_bytes
+        report.errors.append(f"segment {seg.base_offset}: {result.error}")
+    return result
 
 
 def _is_offset_name(stem: str) -> bool:

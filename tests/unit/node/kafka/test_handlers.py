@@ -1543,6 +1543,17 @@ def test_a_producer_state_read_across_leaderships_takes_in_what_another_leader_w
     run(tmp_path, test)
 
 
+async def _producer_7_appended(h: Harness, c: AsyncWireClient) -> tuple[Partition, bytes]:
+    """Topic t led here, with producer 7's first batch at offset 0 (its answer taken as
+    lost); the partition and that batch, to retry."""
+    await h.create_topic("t", 1, 1)
+    h.move_leader("t", 0, NODE_ID)
+    first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
+    appended = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+    assert (appended.error_code, appended.base_offset) == (Errors.NONE, 0)
+    return h.replicas.leader_partition("t", 0), first
+
+
 def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
     tmp_path: Path,
 ) -> None:
@@ -1552,13 +1563,8 @@ def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
     Kafka's producer state survives log start moves), it answers the retry as a duplicate."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("t", 1, 1)
-        h.move_leader("t", 0, NODE_ID)
-        part = h.replicas.leader_partition("t", 0)
+        part, first = await _producer_7_appended(h, c)
         states = h.broker.produce.states
-        first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
-        appended = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
-        assert (appended.error_code, appended.base_offset) == (Errors.NONE, 0)
         part.log.roll()
         other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
         assert (
@@ -1588,12 +1594,7 @@ def test_a_producers_state_survives_a_truncation_after_its_batch_left_the_log(
     far behind) keeps nothing, as Kafka's follower clears its state then."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("t", 1, 1)
-        h.move_leader("t", 0, NODE_ID)
-        part = h.replicas.leader_partition("t", 0)
-        first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
-        appended = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
-        assert (appended.error_code, appended.base_offset) == (Errors.NONE, 0)
+        part, first = await _producer_7_appended(h, c)
         part.log.roll()
         other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
         assert not only_partition(
@@ -1629,13 +1630,7 @@ def test_a_producer_state_keeps_nothing_of_a_log_restarted_and_truncated_since_i
     was answered as a duplicate at an offset the log no longer holds."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        await h.create_topic("t", 1, 1)
-        h.move_leader("t", 0, NODE_ID)
-        part = h.replicas.leader_partition("t", 0)
-        first = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
-        assert (
-            only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first))).base_offset == 0
-        )
+        part, first = await _producer_7_appended(h, c)
         for i in range(5):
             more = batch([b"m"], producer_id=20 + i, producer_epoch=0, base_sequence=0)
             await c.call(PRODUCE, 9, produce_values("t", 0, more))
