@@ -610,8 +610,8 @@ def _check_reads_see_acknowledged_commits(
 
 @dataclass(frozen=True)
 class _OffsetRead:
-    """An ``ok`` ``committed`` read of one (group, topic, partition); ``offset`` -1 when it
-    found none committed. ``invoke_at`` None: recorded as a completion alone."""
+    """An ``ok`` ``committed`` read of one (group, topic, partition) it found an offset for
+    (a read names only those). ``invoke_at`` None: recorded as a completion alone."""
 
     key: _GroupPartition
     offset: int
@@ -636,14 +636,10 @@ def _committed_reads(
         except _PARSE_ERRORS as error:
             findings.malformed(event, error)
             continue
-        for partition in sorted(offsets):
+        for partition, offset in sorted(offsets.items()):
             reads.append(
                 _OffsetRead(
-                    (group, topic, partition),
-                    offsets.get(partition, -1),
-                    invoked.get(event.index),
-                    event.at,
-                    event,
+                    (group, topic, partition), offset, invoked.get(event.index), event.at, event
                 )
             )
     return reads
@@ -668,8 +664,8 @@ def _check_regressed_reads(
         for commit in commits_by_key.get(key, []):
             by_offset[commit.offset].append(commit)
         for later in key_reads:
-            if later.invoke_at is None or later.event.process != FINAL_PROCESS:
-                continue  # sent at an unknown time: any earlier read may have followed it
+            if later.event.process != FINAL_PROCESS or later.invoke_at is None:
+                continue  # not the final read, or sent at an unknown time
             higher = [
                 r for r in key_reads if r.done_at < later.invoke_at and r.offset > later.offset
             ]

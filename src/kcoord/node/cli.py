@@ -188,17 +188,15 @@ def _cluster(args: argparse.Namespace) -> int:
 
 
 def _quorum(args: argparse.Namespace) -> int:
-    from kcoord.node import launcher
     from kcoord.node.quorum_tool import describe
+    from kcoord.node.tool_client import ToolError, resolve_bootstrap
 
-    bootstrap = args.bootstrap_server
-    if bootstrap is None:
-        try:
-            bootstrap = launcher.ClusterState.load(Path(args.data_dir)).bootstrap_servers
-        except launcher.LauncherError as e:
-            print(f"kcoord: no --bootstrap-server given and {e}", file=sys.stderr)
-            return 1
-    return describe(bootstrap, replication=args.replication, out=sys.stdout)
+    try:
+        servers = resolve_bootstrap(args.bootstrap_server, Path(args.data_dir))
+    except ToolError as e:
+        print(f"kcoord: {e}", file=sys.stderr)
+        return 1
+    return describe(servers, replication=args.replication, out=sys.stdout)
 
 
 def build_parser() -> argparse.ArgumentParser:

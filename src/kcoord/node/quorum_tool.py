@@ -9,12 +9,12 @@ bootstrap list, so a node that is down does not stop the tool.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 from kcoord.node.config import Endpoint
 from kcoord.node.kafka.client import call_once
 from kcoord.node.kafka.quorum import DESCRIBE_QUORUM_KEY, METADATA_TOPIC
-from kcoord.node.tool_client import ToolError, parse_bootstrap
 
 TIMEOUT_S = 5.0
 
@@ -52,16 +52,14 @@ def fetch(bootstrap: str) -> dict[str, Any]:
     }
 
 
-def describe(bootstrap: str, *, replication: bool, out: TextIO, err: TextIO = sys.stderr) -> int:
-    """Print the quorum as ``kafka-metadata-quorum.sh describe`` does, asking the servers of
-    ``bootstrap`` (``H:P[,H:P...]``) in turn; 1 with the reasons on ``err`` when none answers."""
-    try:
-        servers = [str(endpoint) for endpoint in parse_bootstrap(bootstrap)]
-    except ToolError as e:
-        err.write(f"kcoord: {e}\n")
-        return 1
+def describe(
+    servers: Sequence[Endpoint], *, replication: bool, out: TextIO, err: TextIO = sys.stderr
+) -> int:
+    """Print the quorum as ``kafka-metadata-quorum.sh describe`` does, asking ``servers`` in
+    turn; 1 with the reasons on ``err`` when none answers."""
     failures: list[str] = []
-    for server in servers:
+    for endpoint in servers:
+        server = str(endpoint)
         try:
             q = fetch(server)
             cluster = None if replication else cluster_id(server)

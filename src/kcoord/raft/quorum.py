@@ -255,10 +255,7 @@ def _halt_on_storage_error(what: str, error: OSError) -> NoReturn:
     dropped the dirty pages and reports the error once, so a retry "succeeds" without the
     data; a voter going on would acknowledge entries it does not hold (Kafka halts when its
     metadata log directory fails)."""
-    log.critical("quorum: %s failed (%s): halting", what, error)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os._exit(HALT_EXIT_CODE)
+    _halt("quorum: %s failed (%s): halting", what, error)
 
 
 def _halt_on_snapshot_error(error: BaseException) -> NoReturn:
@@ -266,10 +263,7 @@ def _halt_on_snapshot_error(error: BaseException) -> NoReturn:
     handler when it cannot load a snapshot). pysyncobj logs the error and goes on with a
     state that applies nothing: the voter's image stays empty, its broker stays fenced, and
     as the quorum's leader it never activates a controller."""
-    log.critical("quorum: the metadata snapshot cannot be loaded (%s): halting", error)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os._exit(HALT_EXIT_CODE)
+    _halt("quorum: the metadata snapshot cannot be loaded (%s): halting", error)
 
 
 def _halt_on_apply_error(offset: int, error: BaseException) -> NoReturn:
@@ -278,7 +272,12 @@ def _halt_on_apply_error(offset: int, error: BaseException) -> NoReturn:
     handler. Raised out of pysyncobj's tick, the same entry was retried every tick and the
     rest of the tick skipped (no proposals, no AppendEntries, no socket polling): every voter
     applies the same entry, so the whole quorum wedged with its processes up."""
-    log.critical("quorum: applying metadata offset %d failed: halting", offset, exc_info=error)
+    _halt("quorum: applying metadata offset %d failed: halting", offset, exc_info=error)
+
+
+def _halt(message: str, *args: object, exc_info: BaseException | None = None) -> NoReturn:
+    """Log ``message`` as critical, flush the log, and exit at once with HALT_EXIT_CODE."""
+    log.critical(message, *args, exc_info=exc_info)
     for handler in logging.getLogger().handlers:
         handler.flush()
     os._exit(HALT_EXIT_CODE)

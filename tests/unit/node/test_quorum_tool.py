@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 from typing import Any
 
 import pytest
 
-from kcoord.node import quorum_tool
+from kcoord.node import cli, quorum_tool
+from kcoord.node.config import Endpoint
+from kcoord.node.tool_client import parse_bootstrap
+
+
+def servers(text: str) -> list[Endpoint]:
+    return parse_bootstrap(text)
 
 
 def described(monkeypatch: pytest.MonkeyPatch, *voters: tuple[int, int, int]) -> dict[str, str]:
@@ -30,7 +37,7 @@ def described(monkeypatch: pytest.MonkeyPatch, *voters: tuple[int, int, int]) ->
     monkeypatch.setattr(quorum_tool, "fetch", lambda bootstrap: view)
     monkeypatch.setattr(quorum_tool, "cluster_id", lambda bootstrap: "c")
     out = io.StringIO()
-    assert quorum_tool.describe("b:1", replication=False, out=out) == 0
+    assert quorum_tool.describe(servers("b:1"), replication=False, out=out) == 0
     return {k: v.strip() for k, v in (line.split(":", 1) for line in out.getvalue().splitlines())}
 
 
@@ -54,7 +61,7 @@ def test_errors_go_to_stderr_with_exit_code_1(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(quorum_tool, "fetch", unreachable)
     out, err = io.StringIO(), io.StringIO()
-    assert quorum_tool.describe("b:1", replication=False, out=out, err=err) == 1
+    assert quorum_tool.describe(servers("b:1"), replication=False, out=out, err=err) == 1
     assert out.getvalue() == "" and "connection refused" in err.getvalue()
     # A leader the voters do not name (a node answering from another quorum's view): an
     # error, not a StopIteration traceback.
@@ -62,7 +69,7 @@ def test_errors_go_to_stderr_with_exit_code_1(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(quorum_tool, "fetch", lambda bootstrap: view)
     monkeypatch.setattr(quorum_tool, "cluster_id", lambda bootstrap: "c")
     err = io.StringIO()
-    assert quorum_tool.describe("b:1", replication=False, out=out, err=err) == 1
+    assert quorum_tool.describe(servers("b:1"), replication=False, out=out, err=err) == 1
     assert "node 9, is not among the voters" in err.getvalue()
 
 
@@ -85,12 +92,13 @@ def test_the_bootstrap_servers_are_tried_in_turn(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(quorum_tool, "fetch", fetch)
     monkeypatch.setattr(quorum_tool, "cluster_id", lambda bootstrap: "c")
     out, err = io.StringIO(), io.StringIO()
-    assert quorum_tool.describe("a:1,b:2,c:3", replication=False, out=out, err=err) == 0
+    assert quorum_tool.describe(servers("a:1,b:2,c:3"), replication=False, out=out, err=err) == 0
     assert asked == ["a:1", "b:2"] and "LeaderId:" in out.getvalue()
     monkeypatch.setattr(quorum_tool, "fetch", lambda bootstrap: fetch("a:1"))
     err = io.StringIO()
-    assert quorum_tool.describe("a:1,b:2", replication=False, out=out, err=err) == 1
+    assert quorum_tool.describe(servers("a:1,b:2"), replication=False, out=out, err=err) == 1
     assert err.getvalue().count("connection refused") == 2
-    err = io.StringIO()
-    assert quorum_tool.describe("a:x", replication=False, out=out, err=err) == 1
-    assert err.getvalue().startswith("kcoord: invalid --bootstrap-server 'a:x'")
+    bad = io.StringIO()
+    with contextlib.redirect_stderr(bad):
+        assert cli.main(["quorum", "describe", "--bootstrap-server", "a:x"]) == 1
+    assert bad.getvalue().startswith("kcoord: invalid --bootstrap-server 'a:x'")
