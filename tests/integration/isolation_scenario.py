@@ -123,6 +123,7 @@ def main() -> None:
         assert moved, f"the isolated node {old} led no partition to move: {before}"
         assert all(led_epochs(view)[p][0] in majority for p in moved)
 
+        epoch = describe(nodes[new])["controller_epoch"]
         iptables("-D", *rule)
         rule = None
 
@@ -130,8 +131,7 @@ def main() -> None:
             # Read a majority member first: its offset only grows, so an isolated node at or
             # past it has caught up. The node rejoins in steps: its broker heartbeats have their
             # own connection, so the majority may unfence it before its Raft link is back (seen
-            # in CI: unfenced, no leader known, two records behind), and without pre-vote
-            # (KIP-996) the term it raised while cut off forces one more election.
+            # in CI: unfenced, no leader known, two records behind).
             majority_view = describe(nodes[new])
             view = describe(nodes[old])
             settled = (
@@ -143,6 +143,9 @@ def main() -> None:
             return view if settled else None
 
         healed = poll("the isolated node to rejoin and follow the majority", rejoined)
+        # It asked for votes while cut off (pre-vote, KIP-996) and raised no term, so its
+        # return deposed nobody: the majority's controller kept its epoch.
+        assert healed["controller_epoch"] == epoch, (healed, epoch)
         # It believes itself active only if it is the controller the majority follows.
         assert healed["is_active_controller"] == (healed["controller_id"] == old), healed
         assert healed["fenced_by_me"] == [], f"isolated node proposed fencing {healed}"

@@ -22,7 +22,14 @@ import pytest
 
 from kcoord.raft import quorum as quorum_module
 from kcoord.raft import records as rec
-from kcoord.raft.quorum import MetadataQuorum, QuorumTiming, Voter, decode_batch, encode_batch
+from kcoord.raft.quorum import (
+    PRE_VOTE,
+    MetadataQuorum,
+    QuorumTiming,
+    Voter,
+    decode_batch,
+    encode_batch,
+)
 from tests.portpick import free_ports, restartable_ports
 
 DEADLINE_S = 30.0
@@ -253,6 +260,45 @@ def test_a_resigning_leader_hands_the_leadership_to_another_voter(tmp_path: Path
         assert propose_sync(successor, [rec.NoOp()]) > offset
         # A voter that does not lead has nothing to hand over.
         assert next(q for q in quorums.values() if not q.status().is_leader).resign(1.0)
+
+
+@pytest.mark.integration
+def test_a_voter_cut_off_and_back_leaves_the_leader_in_place(tmp_path: Path) -> None:
+    """Pre-vote (KIP-996): a follower whose links stay up but carry nothing (a firewall, a
+    pause) asks for votes each time its election timer runs out, raises its term never, and
+    once back follows the leader it had; pysyncobj's voter raised its term every time, and
+    its RequestVote on return deposed the leader."""
+    with running_quorum(tmp_path) as quorums:
+        leader = connected_leader(quorums)
+        term = leader.status().epoch
+        cut = next(q for q in quorums.values() if q is not leader)
+        wait_for(lambda: cut.status().leader_id == leader.node_id, "the follower to follow")
+        sync = cut._sync
+        assert sync is not None
+        transport = sync._SyncObj__transport
+        deliver = transport._onMessageReceivedCallback
+        asked: list[str] = []
+
+        def dropped(_node: Any, message: Any) -> bool:  # nothing leaves ...
+            if isinstance(message, dict) and message.get("type") in (PRE_VOTE, "request_vote"):
+                asked.append(message["type"])
+            return True
+
+        transport.send = dropped
+        transport._onMessageReceivedCallback = lambda node, message: None  # ... or arrives
+        try:
+            # Two voters to ask each time its election timer runs out.
+            wait_for(lambda: len(asked) >= 6, "three rounds of asking for votes")
+            assert cut.status().epoch == term and set(asked) == {PRE_VOTE}
+            assert cut.status().leader_id is None
+        finally:
+            del transport.send
+            transport._onMessageReceivedCallback = deliver
+        wait_for(lambda: cut.status().leader_id == leader.node_id, "the follower to follow again")
+        offset = propose_sync(leader, [rec.NoOp()])
+        wait_for(lambda: cut.status().commit_index >= offset, "the follower to have the batch")
+        assert leader.status().is_leader and leader.status().epoch == term
+        assert all(q.status().epoch == term for q in quorums.values())
 
 
 @pytest.mark.integration

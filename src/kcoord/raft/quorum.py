@@ -62,6 +62,13 @@ before its own commit index (sent after a stale reply), forgetting committed ent
 entry it held, dropping the acknowledged entries after it; such a snapshot is ignored
 (``_stale_snapshot_ignored``), as etcd's raft and Raft's InstallSnapshot rule do.
 
+Elections: pysyncobj's voter raised its term whenever its election timer ran out, also cut off
+from the others, and on its return deposed a working leader. It now asks first (pre-vote,
+KIP-996: ``_pre_vote_or_elect``) and stands only once a majority would vote for it; a voter
+that heard from its leader lately refuses. A voter whose term is above the leader's answers
+its AppendEntries with that term (``_tell_newer_term``), as Kafka's does, so it is never left
+out. These are messages of our own between voters: a voter of an older build ignores them.
+
 Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
 (default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
 3 s broker session timeout, so an isolated controller steps down before it could fence anyone.
@@ -74,6 +81,7 @@ import codecs
 import contextlib
 import io
 import logging
+import math
 import os
 import pickle
 import struct
@@ -573,6 +581,20 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             replaced.disconnect()
 
 
+# Our own messages between voters: a pre-vote and its answer (see _pre_vote_or_elect).
+PRE_VOTE = "kcoord_pre_vote"
+PRE_VOTE_RESPONSE = "kcoord_pre_vote_response"
+NEWER_TERM = "kcoord_newer_term"  # to a leader of an older term (see _tell_newer_term)
+# pysyncobj's _RAFT_STATE.
+_FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
+
+
 # The fields of pysyncobj 0.3.17's Raft messages that its handler reads as numbers.
 _NUMERIC_FIELDS = (
     "term",
@@ -615,6 +637,13 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # acknowledged to it (see _without_entries_we_hold).
         self._leader_prefix: tuple[int, int] = (-1, 0)
         self._pending_prefix: tuple[int, int] | None = None  # once pysyncobj takes the message
+        # Pre-vote (KIP-996; see _pre_vote_or_elect): the open round, the voters that granted
+        # it, a round won for the election it lets start, and when the leader was last heard.
+        self._pre_vote_round = 0
+        self._pre_vote_term: int | None = None
+        self._pre_votes: set[Any] = set()
+        self._pre_vote_won: int | None = None  # the term the won round proposed
+        self._leader_heard_at = -math.inf
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
@@ -654,7 +683,12 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._pending_prefix = None  # what an earlier message that failed left is not taken
         if why is None:
             try:
+                if message.get("type") in (PRE_VOTE, PRE_VOTE_RESPONSE, NEWER_TERM):
+                    self._on_election_message(node, message)
+                    return
                 if message.get("type") == "append_entries":
+                    if message.get("term", -1) < self._SyncObj__raftCurrentTerm:
+                        self._tell_newer_term(node)  # and pysyncobj ignores it
                     if "transmission" in message:
                         message = self._assembled(node, message)
                     message = self._without_entries_we_hold(message)
@@ -663,6 +697,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                 SyncObj._SyncObj__onMessageReceived(self, node, message)
                 if self._pending_prefix is not None:
                     self._leader_prefix, self._pending_prefix = self._pending_prefix, None
+                if message.get("type") == "append_entries" and self._SyncObj__raftLeader == node:
+                    self._leader_heard_at = time.monotonic()  # a leader of our term or newer
                 return
             except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
                 # A field missing or of another shape than pysyncobj's own messages have.
@@ -673,6 +709,128 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         conn = self._SyncObj__transport._connections.get(node)
         if conn is not None:
             conn.disconnect()
+
+    # pysyncobj's ticking thread calls this; it starts an election on its own tick.
+    def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's)
+        self._pre_vote_or_elect()
+        SyncObj._onTick(self, timeToWait)
+
+    def _pre_vote_or_elect(self) -> None:
+        """Run a pre-vote round where pysyncobj would start an election (KIP-996, Raft
+        thesis 9.6), and let the election start only once a majority granted it.
+
+        pysyncobj's voter raised its term whenever its election timer ran out: a voter cut
+        off from the others (its links still counted as connected: a firewall, a pause) went
+        on raising it, and once back its RequestVote at that term deposed the working leader,
+        one more controller election for nothing (the isolation test: a voter back at term 4
+        deposed the leader of term 3, and the quorum settled at term 6).
+        A pre-vote asks, at the term the election would take, whether a voter would vote, and
+        changes nothing on either side. A leadership transfer (TimeoutNow) is not asked for.
+        """
+        due = (
+            self._SyncObj__raftState in (_FOLLOWER, _CANDIDATE)
+            and self._SyncObj__selfNode is not None
+            and self._SyncObj__otherNodes
+            and self._SyncObj__transport.ready
+            and self._SyncObj__raftElectionDeadline < time.monotonic()  # type: ignore[has-type]
+            and self._SyncObj__connectedToAnyone()
+            and not self._SyncObj__transferInProgress
+        )
+        term = self._SyncObj__raftCurrentTerm
+        if not due or self._pre_vote_won == term + 1:
+            self._pre_vote_won = None
+            return  # nothing due, or pysyncobj elects on this tick
+        self._SyncObj__raftElectionDeadline = (
+            time.monotonic() + self._SyncObj__generateRaftTimeout()
+        )
+        if self._SyncObj__needLoadDumpFile:
+            return  # pysyncobj loads the snapshot on this tick: ask with the log it leaves
+        if self._SyncObj__raftLeader is not None:  # type: ignore[has-type]
+            # As pysyncobj does when it stands: its leader is gone (Kafka's ProspectiveState).
+            self._SyncObj__raftLeader = None
+            self._SyncObj__onLeaderChanged()
+        self._pre_vote_round += 1
+        self._pre_vote_term = term + 1
+        self._pre_votes = {self._SyncObj__selfNode}
+        for other in self._SyncObj__otherNodes:
+            self._SyncObj__transport.send(
+                other,
+                {
+                    "type": PRE_VOTE,
+                    "round": self._pre_vote_round,
+                    "term": term + 1,
+                    "last_log_index": self._SyncObj__getCurrentLogIndex(),
+                    "last_log_term": self._SyncObj__getCurrentLogTerm(),
+                },
+            )
+
+    def _tell_newer_term(self, node: Any) -> None:
+        """Answer a leader of an older term with ours. A voter whose term is above the
+        leader's ignores its AppendEntries, and with pre-vote no longer forces its term on the
+        others with a RequestVote: it would stay out for good (a candidate cut off right after
+        its pre-vote won, while the leader came back). The leader steps down and the quorum
+        elects again, as Kafka's leader resigns on a response of a higher epoch (and etcd's
+        leader on a MsgAppResp of a higher term): the one election pre-vote cannot spare."""
+        self._SyncObj__transport.send(
+            node, {"type": NEWER_TERM, "term": self._SyncObj__raftCurrentTerm}
+        )
+
+    def _take_newer_term(self, term: int) -> None:
+        """As pysyncobj takes a RequestVote's higher term: a follower, no leader, no vote."""
+        if term <= self._SyncObj__raftCurrentTerm:
+            return
+        self._SyncObj__setCurrentTerm(term, None)
+        self._SyncObj__setState(_FOLLOWER)
+        self._SyncObj__raftLeader = None
+        self._pre_vote_term = None
+
+    def _on_election_message(self, node: Any, message: dict[str, Any]) -> None:
+        term = self._SyncObj__raftCurrentTerm
+        if message["type"] == PRE_VOTE:
+            proposed, round_ = _int(message["term"]), _int(message["round"])
+            last_term, last_index = _int(message["last_log_term"]), _int(message["last_log_index"])
+            ours = (self._SyncObj__getCurrentLogTerm(), self._SyncObj__getCurrentLogIndex())
+            granted = (
+                proposed > term
+                and self._SyncObj__raftState != _LEADER
+                # Kafka's FollowerState refuses while it fetches from its leader; here, while
+                # the leader was heard from within the shortest election timeout.
+                and time.monotonic() - self._leader_heard_at >= self._SyncObj__conf.raftMinTimeout
+                and (last_term, last_index) >= ours  # Raft's "at least as up to date"
+            )
+            self._SyncObj__transport.send(
+                node,
+                {
+                    "type": PRE_VOTE_RESPONSE,
+                    "round": round_,
+                    "proposed": proposed,
+                    "term": term,
+                    "granted": granted,
+                },
+            )
+            return
+        if message["type"] == NEWER_TERM:
+            self._take_newer_term(_int(message["term"]))
+            return
+        answered_term, granted = _int(message["term"]), message["granted"]
+        if not isinstance(granted, bool):
+            raise TypeError(f"granted is {granted!r}")
+        if answered_term > term:
+            # A voter left at a higher term (by an election it lost) refuses every round at
+            # or below it: take its term, and ask above it next time.
+            self._take_newer_term(answered_term)
+            return
+        if (
+            not granted
+            or _int(message["round"]) != self._pre_vote_round
+            or _int(message["proposed"]) != self._pre_vote_term
+            or self._pre_vote_term != term + 1
+        ):
+            return
+        self._pre_votes.add(node)
+        if len(self._pre_votes) * 2 > len(self._SyncObj__otherNodes) + 1:
+            self._pre_vote_won, self._pre_vote_term = term + 1, None
+            self._SyncObj__raftElectionDeadline = 0  # pysyncobj stands on its next tick
 
     def _assembled(self, node: Any, message: dict[str, Any]) -> dict[str, Any]:
         """One part of an entry sent in parts, as pysyncobj should have taken it.
