@@ -321,7 +321,8 @@ class _Connection:
             if self._pending:
                 await asyncio.wait(list(self._pending))
             for task in self._tasks:
-                if not task.cancelled() and task.exception() is not None:
+                # Not done: this task was cancelled (an event loop torn down without stop()).
+                if task.done() and not task.cancelled() and task.exception() is not None:
                     log.error("kafka: connection task failed", exc_info=task.exception())
             try:
                 await asyncio.wait_for(self.writer.wait_closed(), CLOSE_GRACE_S)
@@ -382,6 +383,12 @@ class _Connection:
         except Exception:
             log.exception("kafka: reading from %s failed", self.peer)
             close = _Close("internal error")
+        if not close.reason:
+            # The peer is gone: nobody reads the answers still being made (a JoinGroup waiting
+            # out a rebalance), so they are dropped now, as Kafka's Processor closes a channel
+            # at its end of stream; queued behind them, the close waited for the slowest.
+            self.close()
+            return
         self.slots.put_nowait(close)
 
     async def _read_requests(self) -> _Close:
@@ -478,24 +485,25 @@ class _Connection:
     async def _complete(
         self, request: Request, awaitable: Awaitable[Mapping[str, Any]], start: float
     ) -> bytes | _Close:
+        # The writer awaits this answer: whatever fails here closes the connection, or the
+        # writer would die of it and leave the connection open, answering nothing.
         try:
             values = await awaitable
+            if response_entries(values, OFF_LOOP_RESPONSE_ENTRIES) >= OFF_LOOP_RESPONSE_ENTRIES:
+                encoded = await self.server.off_loop(self._encode, request, values)
+            else:
+                encoded = self._encode(request, values)
+            if self.stats is not None:
+                self.stats.record(request.header.api_key, self._loop.time() - start, values)
         except asyncio.CancelledError:
             if self.closing:
                 raise  # close() cancels the pending answers
-            # Something else cancelled the handler's work: the writer, awaiting this answer,
-            # would die with it and leave the connection open, answering nothing.
+            # Something else cancelled the handler's work.
             log.error("kafka: deferred response of api key %d cancelled", request.header.api_key)
             return _Close("handler cancelled")
         except Exception:
             log.exception("kafka: deferred response of api key %d failed", request.header.api_key)
             return _Close("handler failed")
-        if response_entries(values, OFF_LOOP_RESPONSE_ENTRIES) >= OFF_LOOP_RESPONSE_ENTRIES:
-            encoded = await self.server.off_loop(self._encode, request, values)
-        else:
-            encoded = self._encode(request, values)
-        if self.stats is not None:
-            self.stats.record(request.header.api_key, self._loop.time() - start, values)
         return self._counted(encoded)
 
     def _counted(self, encoded: bytes | _Close) -> bytes | _Close:
@@ -528,6 +536,15 @@ class _Connection:
     # Writing, in request order.
 
     async def _write_loop(self) -> None:
+        try:
+            await self._write_responses()
+        except Exception:
+            # A bug, not the peer: the reader, waiting for room the writer would have made,
+            # would keep the connection open for ever.
+            log.exception("kafka: writing to %s failed", self.peer)
+            self._close_for("internal error")
+
+    async def _write_responses(self) -> None:
         while True:
             slot = await self.slots.get()
             if isinstance(slot, asyncio.Future):

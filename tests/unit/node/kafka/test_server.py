@@ -36,6 +36,7 @@ HOST = "127.0.0.1"
 METADATA, FIND_COORDINATOR, PRODUCE, API_VERSIONS, LIST_OFFSETS = 3, 10, 0, 18, 2
 TEST_TIMEOUT_S = 10.0
 CANCELLED = -99  # a ListOffsets timestamp: the handler's deferred work is cancelled
+UNANSWERABLE = -98  # a ListOffsets timestamp: the deferred answer is not a response's values
 
 
 def registry() -> ApiRegistry:
@@ -61,6 +62,12 @@ def registry() -> ApiRegistry:
             cancelled = asyncio.get_running_loop().create_future()
             cancelled.cancel()
             return Deferred(cancelled)
+        if delay_ms == UNANSWERABLE:
+
+            async def bug() -> Any:
+                return 42  # a handler's bug: no response's values
+
+            return Deferred(bug())
 
         async def later() -> dict[str, Any]:
             await asyncio.sleep(delay_ms / 1000)
@@ -220,6 +227,59 @@ def test_a_cancelled_deferred_answer_closes_its_connection() -> None:
         assert await asyncio.wait_for(c.closed_by_server(), 5)
         await c.close()
         await still_serves(server)
+
+    run(test)
+
+
+def test_a_deferred_answer_that_cannot_be_made_closes_its_connection() -> None:
+    """Making the answer failed after the handler's work was done, outside what was caught:
+    the writer died of it, and the reader, waiting for room the writer would have made, kept
+    the connection open for ever, its descriptor counted against max.connections."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        await c.send(LIST_OFFSETS, 5, list_offsets(UNANSWERABLE))
+        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        await c.close()
+        await until(lambda: server.connection_count == 0, "the connection to go")
+        await still_serves(server)
+
+    run(test)
+
+
+def answer_pending(server: KafkaServer) -> bool:
+    return any(conn._pending for conn in server._connections.values())
+
+
+def test_a_peer_that_hangs_up_is_let_go_with_its_answers_pending() -> None:
+    """Kafka closes a channel at its end of stream; the close was queued behind the answers
+    still being made, and the connection held until the slowest was ready."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        await c.send(LIST_OFFSETS, 5, list_offsets(60_000))
+        await until(lambda: answer_pending(server), "the request to arrive")
+        await c.close()
+        await until(lambda: server.connection_count == 0, "the connection to go")
+        await still_serves(server)
+
+    run(test)
+
+
+def test_a_cancelled_connection_task_ends_cancelled() -> None:
+    """An event loop torn down without the server's stop cancels the connection's task; its
+    clean-up asked its reader and writer, cancelled but not yet done, for their exceptions,
+    raised InvalidStateError, and skipped waiting for the socket to close."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        await until(lambda: server.connection_count == 1, "the connection to be served")
+        (task,) = server._connections
+        task.cancel()
+        await asyncio.wait([task])
+        assert task.cancelled()
+        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        await c.close()
 
     run(test)
 
