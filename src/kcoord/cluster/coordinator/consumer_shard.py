@@ -94,6 +94,9 @@ def _is_full_request(request: ConsumerGroupHeartbeatRequest) -> bool:
 CONSUMER_GENERATED_MEMBER_ID_REQUIRED_VERSION: Final = 1
 # What Java's String.trim() strips from both ends: every character up to U+0020.
 _JAVA_TRIMMED: Final = "".join(map(chr, range(0x21)))
+SUBSCRIPTION_TOO_LARGE: Final = (
+    "The member's subscription is too large for a record of __consumer_offsets."
+)
 
 
 def _is_empty_string(value: str | None) -> bool:
@@ -131,6 +134,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
 
     def _fits_a_batch(self, record: CoordinatorRecord) -> bool:
         raise NotImplementedError
+
+    def _member_record_fits(self, request: ConsumerGroupHeartbeatRequest) -> bool:
+        return self._fits_a_batch(member_metadata_record(request.group_id, _as_written(request)))
 
     # -- ConsumerGroupHeartbeat (68) --------------------------------------------------------------
 
@@ -175,6 +181,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 else:
                     error = Errors.GROUP_MAX_SIZE_REACHED
                     message = f"The group {request.group_id} has reached its maximum size."
+            elif classic is not None and not self._member_record_fits(request):
+                # Refused before the classic group is converted or dropped: Kafka writes none
+                # of a failed heartbeat's records (the conversion's neither), and answered the
+                # join an error over a converted group, its parked joins answered.
+                error, message = Errors.UNKNOWN_SERVER_ERROR, SUBSCRIPTION_TOO_LARGE
             elif classic is not None and classic.num_members > 0:
                 try:
                     group = self._convert_to_consumer_group(classic, topics, now_ms, out)
@@ -388,7 +399,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
     ) -> None:
         group_id = request.group_id
         owned = _owned(request.topic_partitions)
-        if not self._fits_a_batch(member_metadata_record(group_id, _as_written(request))):
+        if not self._member_record_fits(request):
             # Its member record could not be written (a subscription of 150,000 names): the
             # refused write reloaded the whole partition's shard. Kafka's runtime fails the
             # write alone, and answers UNKNOWN_SERVER_ERROR for a record too large
@@ -397,9 +408,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 token,
                 ConsumerGroupHeartbeatResponse(
                     error_code=Errors.UNKNOWN_SERVER_ERROR,
-                    error_message=(
-                        "The member's subscription is too large for a record of __consumer_offsets."
-                    ),
+                    error_message=SUBSCRIPTION_TOO_LARGE,
                     member_id=request.member_id or None,
                 ),
             )

@@ -333,6 +333,32 @@ def test_a_consumer_member_upgrades_a_classic_group_and_the_last_one_out_downgra
     assert "g" in replayed.shard.groups and "g" not in replayed.shard.consumer_groups
 
 
+def test_a_join_too_large_for_its_record_leaves_the_classic_group_as_it_was() -> None:
+    """The classic group was converted (its records written, its parked requests answered)
+    before the joining member's record was found too large, and the join then refused:
+    Kafka writes none of a failed heartbeat's records."""
+    ctx = context()
+    b, _ = classic_group_of_two(ctx)
+    classic = ctx.shard.groups["g"]
+    ctx.max_batch_bytes = 4096
+    token = ctx.new_token()
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=0,
+        rebalance_timeout_ms=5_000,
+        subscribed_topic_names=tuple(f"topic-{i:05d}" for i in range(1000)),  # 11 KB
+        topic_partitions=(),
+    )
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
+    refused = step.response(token)
+    assert isinstance(refused, ConsumerGroupHeartbeatResponse)
+    assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR
+    assert step.records == [] and step.responses == [(token, refused)]
+    assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
+    assert b.heartbeat() is Errors.NONE  # its members go on as before
+
+
 def test_conversions_and_classic_requests_get_kafkas_errors() -> None:
     ctx = context()
     # A classic group of another protocol type is not upgraded.
