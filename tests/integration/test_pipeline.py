@@ -397,6 +397,9 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=60)
         log.close()
+    # Killed mid-stream, or the restart would test nothing.
+    planned = planned_records(tmp_path / "ck" / "totals")
+    assert planned < result.produced, f"the first run had planned all {planned} records"
     restarted = subprocess.run(
         pipeline_cmd(cluster, tmp_path, "--available-now"),
         capture_output=True,
@@ -414,6 +417,30 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
         key: (t.total, t.payments) for key, t in reference_totals(events, WINDOW_MS).items()
     }
     assert latest_totals_in_topic(spark, cluster, "pay-b-totals") == reference_by_topic_key(events)
+    # Every malformed event reached the DLQ. The writer is at-least-once, as Spark's Kafka
+    # sink is: a batch re-run after the kill may have sent some twice.
+    dlq = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", "pay-b-dlq")
+        .load()
+        .collect()
+    )
+    sources = {
+        tuple(
+            bytes(h.value).decode() for h in row.headers if h.key in ("dlq.partition", "dlq.offset")
+        )
+        for row in dlq
+    }
+    assert len(sources) == result.malformed, (len(sources), result.malformed)
+
+
+def planned_records(checkpoint: Path) -> int:
+    """How many records a query had planned to read by its last batch (Spark's offset log:
+    a version line, the batch's metadata, then each source's offsets)."""
+    batches = [p for p in (checkpoint / "offsets").iterdir() if p.name.isdigit()]
+    last = max(batches, key=lambda p: int(p.name)).read_text().splitlines()[-1]
+    return sum(sum(by_partition.values()) for by_partition in json.loads(last).values())
 
 
 def test_offsets_audit_matches_known_commit_histories(

@@ -122,6 +122,7 @@ class SourceOptions:
     client_config: tuple[tuple[str, str], ...]
     fetch_offset_attempts: int = DEFAULT_FETCH_OFFSET_ATTEMPTS
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
+    initial_offsets_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,6 +267,9 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
             raise OptionError("option 'endingOffsets' cannot be 'earliest' for a batch query")
         if any(o == EARLIEST for o in ending.as_dict().values()):
             raise OptionError("option 'endingOffsets' cannot hold -2 (earliest)")
+    initial_offsets_path = _get(options, "initialOffsetsPath") or None
+    if initial_offsets_path is not None and not streaming:
+        raise OptionError("option 'initialOffsetsPath' is for streaming queries only")
     max_raw = _get(options, "maxOffsetsPerTrigger")
     if max_raw is not None and not streaming:
         raise OptionError("option 'maxOffsetsPerTrigger' is for streaming queries only")
@@ -313,6 +317,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         client_config=tuple(sorted(client)),
         fetch_offset_attempts=fetch_offset_attempts,
         fetch_offset_retry_interval_ms=fetch_offset_retry_interval_ms,
+        initial_offsets_path=initial_offsets_path,
     )
 
 

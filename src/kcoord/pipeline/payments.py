@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 TOTALS_GROUP = "payments-totals"
 DLQ_GROUP = "payments-totals-dlq"
+INITIAL_OFFSETS_FILE = "kcoord-initial-offsets.json"  # in each query's checkpoint
 
 PARSED_SCHEMA = StructType(
     [
@@ -129,13 +130,16 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
         )
 
 
-def _source(spark: SparkSession, config: PaymentsConfig, group_id: str) -> DataFrame:
+def _source(spark: SparkSession, config: PaymentsConfig, group_id: str, query: str) -> DataFrame:
     reader = (
         spark.readStream.format("kcoord")
         .option("kafka.bootstrap.servers", config.bootstrap_servers)
         .option("subscribe", config.source_topic)
         .option("startingOffsets", config.starting_offsets)
         .option("groupId", group_id)
+        # In the query's checkpoint: a restart before its first batch finished starts where
+        # that batch did (see KcoordStreamReader.initialOffset).
+        .option("initialOffsetsPath", str(config.checkpoint / query / INITIAL_OFFSETS_FILE))
     )
     if config.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
@@ -224,14 +228,14 @@ def _writers(
         return writer.trigger(processingTime=config.trigger_interval)
 
     totals_writer = (
-        totals_frame(_source(spark, config, TOTALS_GROUP), config)
+        totals_frame(_source(spark, config, TOTALS_GROUP, "totals"), config)
         .writeStream.queryName("payments-totals")
         .outputMode("update")
         .option("checkpointLocation", str(config.checkpoint / "totals"))
         .foreachBatch(lambda df, batch_id: _write_totals(config, df, batch_id))
     )
     dlq_writer = (
-        dlq_frame(_source(spark, config, DLQ_GROUP))
+        dlq_frame(_source(spark, config, DLQ_GROUP, "dlq"))
         .writeStream.queryName("payments-dlq")
         .format("kcoord")
         .option("kafka.bootstrap.servers", config.bootstrap_servers)

@@ -35,12 +35,14 @@ may be written twice after a failure: the sink is at-least-once, as Spark's Kafk
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -94,6 +96,7 @@ from kcoord.pipeline.options import (
     to_json_offsets,
 )
 from kcoord.pipeline.retries import GONE_CODES, retrying
+from kcoord.storage.checkpoint import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -497,6 +500,22 @@ class KcoordBatchReader(DataSourceReader):
         yield from read_range(self.options, partition.offset_range)
 
 
+def _read_initial_offsets(path: Path) -> dict[str, Any] | None:
+    """The initial offsets ``initialOffset`` kept at ``path``, or None before it kept any."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        offsets = json.loads(text)
+        from_json_offsets(offsets)  # the shape Spark's offsets have, or ValueError
+    except (ValueError, TypeError, AttributeError) as e:
+        raise OptionError(
+            f"option 'initialOffsetsPath': {path} does not hold a query's initial offsets: {e}"
+        ) from e
+    return dict(offsets)
+
+
 class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Lives on the driver for the query's lifetime (its clients too); Spark pickles a copy
     for each task's ``read``, without the clients (``__getstate__``)."""
@@ -534,10 +553,23 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, earliest, latest
 
     def initialOffset(self) -> dict[str, Any]:
+        """Where a new query starts. Spark asks again when it restarts a query whose first
+        batch it planned but never finished: resolved again, ``latest`` had moved on and that
+        batch's records were skipped (or, past its planned end, reported as data loss at every
+        restart). With ``initialOffsetsPath`` the first answer is kept there and given again,
+        as Spark's Kafka source keeps its initial offsets in the checkpoint (``sources/0``)."""
+        path = self.options.initial_offsets_path
+        if path is not None:
+            kept = _read_initial_offsets(Path(path))
+            if kept is not None:
+                return kept
         partitions, earliest, latest = self._latest()
         raise_if_unknown_partitions("startingOffsets", self.options.starting, partitions)
-        start = resolve(self.options.starting, partitions, earliest, latest)
-        return to_json_offsets(start)
+        start = to_json_offsets(resolve(self.options.starting, partitions, earliest, latest))
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(Path(path), json.dumps(start, sort_keys=True))
+        return start
 
     def prepareForTriggerAvailableNow(self) -> None:
         _, _, latest = self._latest()

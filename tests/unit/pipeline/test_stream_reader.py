@@ -4,6 +4,7 @@ and ``partitions`` make of the offsets the cluster reports (``_latest`` stands i
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
@@ -16,6 +17,7 @@ from kcoord.pipeline import source
 from kcoord.pipeline.options import (
     DataLossError,
     OffsetRange,
+    OptionError,
     from_json_offsets,
     parse_source_options,
 )
@@ -393,3 +395,35 @@ def test_a_commit_of_a_gone_partition_leaves_it_out_and_a_failing_commit_is_not_
     monkeypatch.setattr(source, "COMMIT_TIMEOUT_S", 0.0)
     assert source.OffsetCommitter(options, "g").commit({TP: 10}) is False
     _Committing.raised = None
+
+
+def test_a_query_restarted_before_its_first_batch_finished_starts_where_it_did(
+    tmp_path: Path,
+) -> None:
+    """Spark asks ``initialOffset`` again when it restarts a query whose first batch it
+    planned but never finished. Resolved again, ``latest`` had moved: the records of that
+    batch were skipped, unreported. With ``initialOffsetsPath`` the first answer is given."""
+    u0 = ("u", 0)
+    path = tmp_path / "checkpoint" / "totals" / "initial-offsets.json"
+    first = _stream(startingOffsets="latest", initialOffsetsPath=str(path))
+    first._latest = lambda: ([TP, u0], {TP: 0, u0: 0}, {TP: 100, u0: 7})  # type: ignore[method-assign]
+    assert first.initialOffset() == {"t": {"0": 100}, "u": {"0": 7}}
+    grown = lambda: ([TP, u0], {TP: 0, u0: 0}, {TP: 130, u0: 9})  # noqa: E731
+    restarted = _stream(startingOffsets="latest", initialOffsetsPath=str(path))
+    restarted._latest = grown  # type: ignore[method-assign]
+    assert restarted.initialOffset() == {"t": {"0": 100}, "u": {"0": 7}}
+    # Without it, as Spark's Python sources are left: the start moves with the log end.
+    unkept = _stream(startingOffsets="latest")
+    unkept._latest = grown  # type: ignore[method-assign]
+    assert unkept.initialOffset() == {"t": {"0": 130}, "u": {"0": 9}}
+    path.write_text('{"t": {"0": "a hundred"}}')
+    with pytest.raises(OptionError, match="does not hold a query's initial offsets"):
+        restarted.initialOffset()
+
+
+def test_initial_offsets_path_is_for_streaming_queries_only() -> None:
+    with pytest.raises(OptionError, match="initialOffsetsPath"):
+        parse_source_options(
+            {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "initialOffsetsPath": "x"},
+            streaming=False,
+        )
