@@ -25,6 +25,7 @@ from kcoord.cluster.coordinator.consumer import (
     InvalidRegexError,
     MemberState,
     Partitions,
+    TopicId,
     assignor_name,
     compile_subscription_regex,
     compute_targets,
@@ -632,13 +633,23 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         # assignment to the existing topics it subscribes to (KAFKA-19431: subscribedTopicIds
         # resolves the names against the metadata image, so a deleted topic is not among them;
         # GroupMetadataManager forces the check when the subscription changed).
-        owners = group.partition_owners(excluding=updated.member_id)
+        # Who holds what, built only when a partition is to be given (a member already at its
+        # target asks nothing): walking every member's partitions on every heartbeat was most
+        # of a steady heartbeat's cost in a large group (Kafka keeps currentPartitionEpoch).
+        owners: dict[tuple[TopicId, int], int] | None = None
+
+        def owner_epoch(topic_id: TopicId, p: int) -> int:
+            nonlocal owners
+            if owners is None:
+                owners = group.partition_owners(excluding=updated.member_id)
+            return owners.get((topic_id, p), -1)
+
         reconciled = reconcile(
             updated,
             targets.get(updated.member_id, {}),
             assignment_epoch,
             owned,
-            lambda topic_id, p: owners.get((topic_id, p), -1),
+            owner_epoch,
             subscribed=frozenset(
                 topics[name][0] for name in subscribed_topics(updated, topics) if name in topics
             ),
