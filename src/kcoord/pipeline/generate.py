@@ -51,6 +51,7 @@ def generate(
             "acks": "all",
             "enable.idempotence": True,
             "linger.ms": 5,
+            "partitioner": "murmur2_random",  # a key's partition as a Java producer picks it
             "log_level": 4,
         }
     )

@@ -782,6 +782,9 @@ def write_rows(options: WriterOptions, rows: Iterator[Row]) -> WriteCount:
     config: dict[str, Any] = {
         "bootstrap.servers": options.bootstrap_servers,
         "linger.ms": 5,
+        # Spark's Kafka sink writes with the Java producer, whose keyed records go by murmur2;
+        # librdkafka's default (CRC32) put a key on another partition than it would.
+        "partitioner": "murmur2_random",
     }
     config.update(dict(options.client_config))
     # Never weaker than these, whatever kafka.* said: the sink promises acknowledged writes
@@ -866,6 +869,11 @@ class KcoordDataSource(DataSource):
         return KcoordStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            # KafkaSourceProvider.createRelation: a topic cannot be overwritten.
+            raise OptionError(
+                "save mode overwrite is not allowed for kcoord: append to the topic instead"
+            )
         return KcoordBatchWriter(parse_writer_options(self.options, schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
