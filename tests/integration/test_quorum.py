@@ -33,6 +33,7 @@ from kcoord.raft.quorum import (
 from tests.portpick import free_ports, restartable_ports
 
 DEADLINE_S = 30.0
+DEFAULT_TIMING = QuorumTiming()
 
 
 class Recorder:
@@ -61,8 +62,14 @@ def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = DEADL
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def start(voters: list[Voter], node_id: int, root: Path, recorder: Recorder) -> MetadataQuorum:
-    q = MetadataQuorum(node_id, voters, root / f"n{node_id}", recorder, timing=QuorumTiming())
+def start(
+    voters: list[Voter],
+    node_id: int,
+    root: Path,
+    recorder: Recorder,
+    timing: QuorumTiming = DEFAULT_TIMING,
+) -> MetadataQuorum:
+    q = MetadataQuorum(node_id, voters, root / f"n{node_id}", recorder, timing=timing)
     q.start()
     return q
 
@@ -194,13 +201,16 @@ def test_a_deposed_controllers_batch_handed_to_the_leader_is_skipped_everywhere(
 
 
 @contextlib.contextmanager
-def running_quorum(root: Path) -> Iterator[dict[int, MetadataQuorum]]:
+def running_quorum(
+    root: Path,
+    timing: QuorumTiming = DEFAULT_TIMING,
+) -> Iterator[dict[int, MetadataQuorum]]:
     """Three voters on free ports, each with its own recorder, stopped at the end."""
     voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
     quorums: dict[int, MetadataQuorum] = {}
     try:
         for v in voters:  # in the try: voters started before one that fails are stopped
-            quorums[v.node_id] = start(voters, v.node_id, root, Recorder())
+            quorums[v.node_id] = start(voters, v.node_id, root, Recorder(), timing)
         yield quorums
     finally:
         for q in quorums.values():
@@ -267,8 +277,16 @@ def test_a_voter_cut_off_and_back_leaves_the_leader_in_place(tmp_path: Path) -> 
     """Pre-vote (KIP-996): a follower whose links stay up but carry nothing (a firewall, a
     pause) asks for votes each time its election timer runs out, raises its term never, and
     once back follows the leader it had; pysyncobj's voter raised its term every time, and
-    its RequestVote on return deposed the leader."""
-    with running_quorum(tmp_path) as quorums:
+    its RequestVote on return deposed the leader. The voters share this process and its
+    GIL: election timeouts well above a stall of a loaded machine keep the leader's term
+    its own for the length of the test."""
+    timing = QuorumTiming(
+        raft_min_timeout_s=1.5,
+        raft_max_timeout_s=2.5,
+        leader_fallback_timeout_s=4.0,
+        connection_timeout_s=3.0,  # pysyncobj: no shorter than the longest election timeout
+    )
+    with running_quorum(tmp_path, timing) as quorums:
         leader = connected_leader(quorums)
         term = leader.status().epoch
         cut = next(q for q in quorums.values() if q is not leader)

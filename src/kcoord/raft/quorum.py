@@ -699,6 +699,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                     self._leader_prefix, self._pending_prefix = self._pending_prefix, None
                 if message.get("type") == "append_entries" and self._SyncObj__raftLeader == node:
                     self._leader_heard_at = time.monotonic()  # a leader of our term or newer
+                    # It leads: a round still open would stand against it on late grants
+                    # (etcd's pre-candidate and Kafka's ProspectiveState follow it again).
+                    self._pre_vote_term = self._pre_vote_won = None
                 return
             except (KeyError, TypeError, IndexError, ValueError, AttributeError) as e:
                 # A field missing or of another shape than pysyncobj's own messages have.

@@ -7,6 +7,7 @@ what it sends is recorded instead of going out.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,10 @@ def recording(voter: _MetadataSyncObj, monkeypatch: pytest.MonkeyPatch) -> Sent:
 
 
 def timer_runs_out(voter: _MetadataSyncObj) -> None:
+    """Its election timer runs out: a round starts, and no other before the test says."""
     voter._SyncObj__raftElectionDeadline = 0
     voter._onTick(0.0)
+    voter._SyncObj__raftElectionDeadline = math.inf
 
 
 def others(voter: _MetadataSyncObj) -> tuple[TCPNode, TCPNode]:
@@ -129,6 +132,27 @@ def test_a_voter_stands_only_once_a_majority_granted_its_pre_vote(
         voter._onTick(0.0)
         assert voter.raftCurrentTerm == 1
         assert [m["type"] for _, m in sent[2:]] == ["request_vote", "request_vote"]
+    finally:
+        voter.destroy()
+
+
+def test_a_round_open_when_the_leader_is_heard_again_stands_on_no_late_grant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The leader paused past the election timeout, the voter asked, the leader came back;
+    a grant arriving then still counted, and the voter stood against a live leader."""
+    voter = follower(tmp_path)
+    try:
+        sent = recording(voter, monkeypatch)
+        leader, other = others(voter)
+        append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
+        timer_runs_out(voter)
+        round_ = sent[-1][1]["round"]
+        append(voter, 1, (2, 1), [], commit=2)  # the leader again
+        answer(voter, other, round_, 2, True, at=1)
+        voter._onTick(0.0)
+        assert voter.raftCurrentTerm == 1 and voter._getLeader() == leader
+        assert all(m["type"] != "request_vote" for _, m in sent)
     finally:
         voter.destroy()
 
