@@ -246,16 +246,21 @@ def read_events(path: Path) -> list[Payment]:
     return [e for e in events if isinstance(e, Payment)]
 
 
-def latest_totals_in_topic(
-    spark: SparkSession, cluster: LocalCluster, topic: str
-) -> dict[Any, Any]:
-    rows = (
+def topic_rows(spark: SparkSession, cluster: LocalCluster, topic: str) -> list[Any]:
+    """Every record of ``topic``, read through the kcoord source."""
+    return (
         spark.read.format("kcoord")
         .option("kafka.bootstrap.servers", bootstrap(cluster))
         .option("subscribe", topic)
         .load()
         .collect()
     )
+
+
+def latest_totals_in_topic(
+    spark: SparkSession, cluster: LocalCluster, topic: str
+) -> dict[Any, Any]:
+    rows = topic_rows(spark, cluster, topic)
     latest: dict[Any, tuple[int, Any]] = {}
     for r in rows:
         v = json.loads(r.value)
@@ -308,13 +313,7 @@ def test_payments_totals_match_reference_and_malformed_go_to_the_dlq(
     }
     assert latest_totals_in_topic(spark, cluster, "pay-a-totals") == reference_by_topic_key(events)
 
-    dlq = (
-        spark.read.format("kcoord")
-        .option("kafka.bootstrap.servers", bootstrap(cluster))
-        .option("subscribe", "pay-a-dlq")
-        .load()
-        .collect()
-    )
+    dlq = topic_rows(spark, cluster, "pay-a-dlq")
     assert len(dlq) == result.malformed
     for row in dlq:
         headers = {h.key: bytes(h.value).decode() for h in row.headers}
@@ -419,13 +418,7 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
     assert latest_totals_in_topic(spark, cluster, "pay-b-totals") == reference_by_topic_key(events)
     # Every malformed event reached the DLQ. The writer is at-least-once, as Spark's Kafka
     # sink is: a batch re-run after the kill may have sent some twice.
-    dlq = (
-        spark.read.format("kcoord")
-        .option("kafka.bootstrap.servers", bootstrap(cluster))
-        .option("subscribe", "pay-b-dlq")
-        .load()
-        .collect()
-    )
+    dlq = topic_rows(spark, cluster, "pay-b-dlq")
     sources = {
         tuple(
             bytes(h.value).decode() for h in row.headers if h.key in ("dlq.partition", "dlq.offset")
