@@ -17,6 +17,11 @@ for ``format("kafka")`` runs with ``format("kcoord")`` after changing the format
                             go on from what is there (a task too: from the log start, if
                             records of its range went while it read)
   groupId                   streaming: the consumer group the query commits its progress to
+  initialOffsetsPath        streaming: a file (in the query's checkpoint directory, one per
+                            source) keeping the offsets a new query started from, given again
+                            when Spark asks once more (a restart before the first batch was
+                            done); JSON ``{"version": 1, "subscription": ..., "offsets": ...}``,
+                            refused for another subscription than the one that wrote it
   topic                     writer: the topic for rows without a ``topic`` column
   kafkaConsumer.pollTimeoutMs   how long a task waits for a fetch to make progress (120000)
   fetchOffset.numRetries    streaming: how often the driver asks for the log end offsets when
@@ -101,6 +106,15 @@ class Subscription:
             regex = re.compile(self.pattern)
             names = [t for t in partitions_by_topic if regex.fullmatch(t)]
         return sorted((t, p) for t in names for p in range(partitions_by_topic[t]))
+
+    def describe(self) -> dict[str, object]:
+        """This subscription as JSON data, to tell whether two are the same."""
+        return {
+            "kind": self.kind,
+            "topics": list(self.topics),
+            "pattern": self.pattern,
+            "assigned": [list(tp) for tp in self.assigned],
+        }
 
     def explicit_topics(self) -> tuple[str, ...]:
         """Topics named outright (for a metadata request limited to them); () for a pattern."""

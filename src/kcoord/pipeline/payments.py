@@ -130,7 +130,9 @@ def parse_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]
         )
 
 
-def _source(spark: SparkSession, config: PaymentsConfig, group_id: str, query: str) -> DataFrame:
+def _source(
+    spark: SparkSession, config: PaymentsConfig, group_id: str, checkpoint: Path
+) -> DataFrame:
     reader = (
         spark.readStream.format("kcoord")
         .option("kafka.bootstrap.servers", config.bootstrap_servers)
@@ -139,7 +141,7 @@ def _source(spark: SparkSession, config: PaymentsConfig, group_id: str, query: s
         .option("groupId", group_id)
         # In the query's checkpoint: a restart before its first batch finished starts where
         # that batch did (see KcoordStreamReader.initialOffset).
-        .option("initialOffsetsPath", str(config.checkpoint / query / INITIAL_OFFSETS_FILE))
+        .option("initialOffsetsPath", str(checkpoint / INITIAL_OFFSETS_FILE))
     )
     if config.max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
@@ -227,20 +229,21 @@ def _writers(
             return writer.trigger(availableNow=True)
         return writer.trigger(processingTime=config.trigger_interval)
 
+    totals_checkpoint, dlq_checkpoint = config.checkpoint / "totals", config.checkpoint / "dlq"
     totals_writer = (
-        totals_frame(_source(spark, config, TOTALS_GROUP, "totals"), config)
+        totals_frame(_source(spark, config, TOTALS_GROUP, totals_checkpoint), config)
         .writeStream.queryName("payments-totals")
         .outputMode("update")
-        .option("checkpointLocation", str(config.checkpoint / "totals"))
+        .option("checkpointLocation", str(totals_checkpoint))
         .foreachBatch(lambda df, batch_id: _write_totals(config, df, batch_id))
     )
     dlq_writer = (
-        dlq_frame(_source(spark, config, DLQ_GROUP, "dlq"))
+        dlq_frame(_source(spark, config, DLQ_GROUP, dlq_checkpoint))
         .writeStream.queryName("payments-dlq")
         .format("kcoord")
         .option("kafka.bootstrap.servers", config.bootstrap_servers)
         .option("topic", config.dlq_topic)
-        .option("checkpointLocation", str(config.checkpoint / "dlq"))
+        .option("checkpointLocation", str(dlq_checkpoint))
     )
     return [trigger(totals_writer), trigger(dlq_writer)]
 

@@ -85,6 +85,7 @@ from kcoord.pipeline.options import (
     Offsets,
     OptionError,
     SourceOptions,
+    Subscription,
     TopicPartition,
     check_data_loss,
     from_json_offsets,
@@ -500,20 +501,44 @@ class KcoordBatchReader(DataSourceReader):
         yield from read_range(self.options, partition.offset_range)
 
 
-def _read_initial_offsets(path: Path) -> dict[str, Any] | None:
-    """The initial offsets ``initialOffset`` kept at ``path``, or None before it kept any."""
+INITIAL_OFFSETS_VERSION = 1
+
+
+def _read_initial_offsets(path: Path, subscription: Subscription) -> dict[str, Any] | None:
+    """The initial offsets ``initialOffset`` kept at ``path`` for ``subscription``, or None
+    before it kept any (the format is in ``options``' docstring)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
         return None
     try:
-        offsets = json.loads(text)
+        kept = json.loads(text)
+        if kept.get("version") != INITIAL_OFFSETS_VERSION:
+            raise ValueError(f"version {kept.get('version')!r}")
+        offsets = dict(kept["offsets"])
         from_json_offsets(offsets)  # the shape Spark's offsets have, or ValueError
-    except (ValueError, TypeError, AttributeError) as e:
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
         raise OptionError(
-            f"option 'initialOffsetsPath': {path} does not hold a query's initial offsets: {e}"
+            f"option 'initialOffsetsPath': {path} does not hold a query's initial offsets: {e!r}"
         ) from e
-    return dict(offsets)
+    if kept.get("subscription") != subscription.describe():
+        # Another source's, or a query whose subscription changed since: its offsets would
+        # start this one somewhere it never was.
+        raise OptionError(
+            f"option 'initialOffsetsPath': {path} holds the initial offsets of another "
+            f"subscription ({kept.get('subscription')}); give each source its own path"
+        )
+    return offsets
+
+
+def _keep_initial_offsets(path: Path, subscription: Subscription, offsets: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = {
+        "version": INITIAL_OFFSETS_VERSION,
+        "subscription": subscription.describe(),
+        "offsets": offsets,
+    }
+    write_atomically(path, json.dumps(kept, sort_keys=True))
 
 
 class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -559,16 +584,16 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         restart). With ``initialOffsetsPath`` the first answer is kept there and given again,
         as Spark's Kafka source keeps its initial offsets in the checkpoint (``sources/0``)."""
         path = self.options.initial_offsets_path
+        subscription = self.options.subscription
         if path is not None:
-            kept = _read_initial_offsets(Path(path))
+            kept = _read_initial_offsets(Path(path), subscription)
             if kept is not None:
                 return kept
         partitions, earliest, latest = self._latest()
         raise_if_unknown_partitions("startingOffsets", self.options.starting, partitions)
         start = to_json_offsets(resolve(self.options.starting, partitions, earliest, latest))
         if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(Path(path), json.dumps(start, sort_keys=True))
+            _keep_initial_offsets(Path(path), subscription, start)
         return start
 
     def prepareForTriggerAvailableNow(self) -> None:

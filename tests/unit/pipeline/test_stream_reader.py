@@ -416,6 +416,12 @@ def test_a_query_restarted_before_its_first_batch_finished_starts_where_it_did(
     unkept = _stream(startingOffsets="latest")
     unkept._latest = grown  # type: ignore[method-assign]
     assert unkept.initialOffset() == {"t": {"0": 130}, "u": {"0": 9}}
+    # Another source given the same path (or this one subscribing elsewhere since): refused,
+    # where it would have started from offsets it never had.
+    elsewhere = _stream(startingOffsets="latest", initialOffsetsPath=str(path), subscribe="t")
+    elsewhere._latest = grown  # type: ignore[method-assign]
+    with pytest.raises(OptionError, match="another subscription"):
+        elsewhere.initialOffset()
     path.write_text('{"t": {"0": "a hundred"}}')
     with pytest.raises(OptionError, match="does not hold a query's initial offsets"):
         restarted.initialOffset()
