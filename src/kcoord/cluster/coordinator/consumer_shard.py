@@ -184,8 +184,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     message = f"The group {request.group_id} has reached its maximum size."
             elif classic is not None and not self._member_record_fits(request):
                 # Refused before the classic group is converted or dropped: Kafka writes none
-                # of a failed heartbeat's records (the conversion's neither), and answered the
-                # join an error over a converted group, its parked joins answered.
+                # of a failed heartbeat's records, the conversion's neither.
                 error, message = Errors.UNKNOWN_SERVER_ERROR, SUBSCRIPTION_TOO_LARGE
             elif classic is not None and classic.num_members > 0:
                 try:

@@ -34,7 +34,9 @@ What closes a connection, and only that connection (each is logged once): a size
 it), a request that does not decode, an unknown API key, an unsupported version of an API
 other than ApiVersions (which is answered with its v0 error response, as Kafka does), a handler
 that fails unexpectedly, and ``connections.max.idle.ms`` (10 minutes by default) without a
-request or response while nothing is in flight.
+request or response while nothing is in flight. At the end of the peer's stream the connection
+closes at once and the answers still being made are dropped, as Kafka's ``Selector`` fails
+the sends of a closing channel: a client that half-closes gets no more answers.
 
 Metrics: with a ``RequestStats``, each request adds to its API key's count and latency (from
 the frame read to the response encoded) and, if the response has a top-level error code, to
