@@ -8,6 +8,7 @@ what it sends is recorded instead of going out.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,19 @@ def recording(voter: _MetadataSyncObj, monkeypatch: pytest.MonkeyPatch) -> Sent:
     monkeypatch.setattr(voter, "_SyncObj__connectedToAnyone", lambda: True)
     voter._onTick(0.0)  # its first tick, which loads its snapshot (it has none)
     return sent
+
+
+Recorded = tuple[_MetadataSyncObj, Sent]
+
+
+@pytest.fixture
+def recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Recorded]:
+    """A voter, and what it sends (see ``recording``)."""
+    voter = follower(tmp_path)
+    try:
+        yield voter, recording(voter, monkeypatch)
+    finally:
+        voter.destroy()
 
 
 def timer_runs_out(voter: _MetadataSyncObj) -> None:
@@ -65,35 +79,33 @@ def ask(
 
 
 def test_a_pre_vote_is_granted_only_without_a_live_leader_to_an_up_to_date_log(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recorded: Recorded,
 ) -> None:
-    voter = follower(tmp_path)
-    try:
-        sent = recording(voter, monkeypatch)
-        leader, candidate = others(voter)
-        # Never heard from a leader: granted, and the voter's term and vote stay as they were.
-        assert ask(voter, sent, candidate, 1, (1, 0))["granted"] is True
-        assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (0, None)
-        append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
-        # The leader was just heard from: refused, whatever the candidate's log.
-        assert ask(voter, sent, candidate, 2, (2, 1))["granted"] is False
-        voter._leader_heard_at -= voter.conf.raftMinTimeout  # as long ago as an election timeout
-        assert ask(voter, sent, candidate, 2, (2, 1))["granted"] is True
-        # A log behind this one's, or a term that is not above it: refused, with our term.
-        assert ask(voter, sent, candidate, 2, (1, 0))["granted"] is False
-        assert ask(voter, sent, candidate, 2, (3, 0))["granted"] is False  # older last term
-        assert ask(voter, sent, candidate, 1, (2, 1)) == {
-            "type": PRE_VOTE_RESPONSE,
-            "round": 7,
-            "proposed": 1,
-            "term": 1,
-            "granted": False,
-        }
-        # Answering changed nothing: no term, no vote, the same leader.
-        assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (1, None)
-        assert voter._getLeader() == leader
-    finally:
-        voter.destroy()
+    voter, sent = recorded
+    leader, candidate = others(voter)
+    # Never heard from a leader: granted, and the voter's term and vote stay as they were.
+    assert ask(voter, sent, candidate, 1, (1, 0))["granted"] is True
+    assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (0, None)
+    append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
+    # The leader was just heard from: refused, whatever the candidate's log.
+    assert ask(voter, sent, candidate, 2, (2, 1))["granted"] is False
+    voter._leader_heard_at -= voter.conf.raftMinTimeout  # as long ago as an election timeout
+    assert ask(voter, sent, candidate, 2, (2, 1))["granted"] is True
+    # A log behind this one's, or a term that is not above it: refused, with our term.
+    assert ask(voter, sent, candidate, 2, (1, 0))["granted"] is False
+    assert ask(voter, sent, candidate, 2, (3, 0))["granted"] is False  # older last term
+    assert ask(voter, sent, candidate, 1, (2, 1)) == {
+        "type": PRE_VOTE_RESPONSE,
+        "round": 7,
+        "proposed": 1,
+        "term": 1,
+        "granted": False,
+    }
+    # Answering changed nothing: no term, no vote, the same leader.
+    assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (1, None)
+    assert voter._getLeader() == leader
+    voter._SyncObj__raftState = 2  # pysyncobj's LEADER: a leader refuses
+    assert ask(voter, sent, candidate, 2, (2, 1))["granted"] is False
 
 
 def answer(
@@ -112,124 +124,104 @@ def answer(
 
 
 def test_a_voter_stands_only_once_a_majority_granted_its_pre_vote(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recorded: Recorded,
 ) -> None:
-    voter = follower(tmp_path)
-    try:
-        sent = recording(voter, monkeypatch)
-        first, second = others(voter)
-        timer_runs_out(voter)
-        # pysyncobj stood at once: term 1, a RequestVote to each. Now it only asks.
-        assert {m["type"] for _, m in sent} == {PRE_VOTE}
-        assert {n for n, _ in sent} == {first, second} and sent[0][1]["term"] == 1
-        assert (voter.raftCurrentTerm, voter._isLeader()) == (0, False)
-        round_ = sent[0][1]["round"]
-        answer(voter, first, round_, 1, False)
-        answer(voter, second, round_ - 1, 1, True)  # an earlier round's grant counts for none
-        voter._onTick(0.0)
-        assert voter.raftCurrentTerm == 0 and len(sent) == 2
-        answer(voter, second, round_, 1, True)  # with its own, two of three
-        voter._onTick(0.0)
-        assert voter.raftCurrentTerm == 1
-        assert [m["type"] for _, m in sent[2:]] == ["request_vote", "request_vote"]
-    finally:
-        voter.destroy()
+    voter, sent = recorded
+    first, second = others(voter)
+    timer_runs_out(voter)
+    # pysyncobj stood at once: term 1, a RequestVote to each. Now it only asks.
+    assert {m["type"] for _, m in sent} == {PRE_VOTE}
+    assert {n for n, _ in sent} == {first, second} and sent[0][1]["term"] == 1
+    assert (voter.raftCurrentTerm, voter._isLeader()) == (0, False)
+    round_ = sent[0][1]["round"]
+    answer(voter, first, round_, 1, False)
+    answer(voter, second, round_ - 1, 1, True)  # an earlier round's grant counts for none
+    voter._onTick(0.0)
+    assert voter.raftCurrentTerm == 0 and len(sent) == 2
+    answer(voter, second, round_, 1, True)  # with its own, two of three
+    voter._onTick(0.0)
+    assert voter.raftCurrentTerm == 1
+    assert [m["type"] for _, m in sent[2:]] == ["request_vote", "request_vote"]
 
 
 def test_a_round_open_when_the_leader_is_heard_again_stands_on_no_late_grant(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recorded: Recorded,
 ) -> None:
     """The leader paused past the election timeout, the voter asked, the leader came back;
     a grant arriving then still counted, and the voter stood against a live leader."""
-    voter = follower(tmp_path)
-    try:
-        sent = recording(voter, monkeypatch)
-        leader, other = others(voter)
-        append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
-        timer_runs_out(voter)
-        round_ = sent[-1][1]["round"]
-        append(voter, 1, (2, 1), [], commit=2)  # the leader again
-        answer(voter, other, round_, 2, True, at=1)
-        voter._onTick(0.0)
-        assert voter.raftCurrentTerm == 1 and voter._getLeader() == leader
-        assert all(m["type"] != "request_vote" for _, m in sent)
-    finally:
-        voter.destroy()
+    voter, sent = recorded
+    leader, other = others(voter)
+    append(voter, 1, (1, 0), [entry(2, 1)], commit=2)
+    timer_runs_out(voter)
+    round_ = sent[-1][1]["round"]
+    append(voter, 1, (2, 1), [], commit=2)  # the leader again
+    answer(voter, other, round_, 2, True, at=1)
+    voter._onTick(0.0)
+    assert voter.raftCurrentTerm == 1 and voter._getLeader() == leader
+    assert all(m["type"] != "request_vote" for _, m in sent)
 
 
 def test_a_refusal_from_a_newer_term_is_taken(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recorded: Recorded,
 ) -> None:
     """A voter left at a higher term (an election it lost) refuses every pre-vote at or
     below it: the asking voter takes its term and asks above it next time."""
-    voter = follower(tmp_path)
-    try:
-        sent = recording(voter, monkeypatch)
-        first, _ = others(voter)
-        timer_runs_out(voter)
-        answer(voter, first, sent[-1][1]["round"], 1, False, at=5)
-        assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (5, None)
-        timer_runs_out(voter)
-        assert sent[-1][1]["type"] == PRE_VOTE and sent[-1][1]["term"] == 6
-    finally:
-        voter.destroy()
+    voter, sent = recorded
+    first, _ = others(voter)
+    timer_runs_out(voter)
+    answer(voter, first, sent[-1][1]["round"], 1, False, at=5)
+    assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (5, None)
+    timer_runs_out(voter)
+    assert sent[-1][1]["type"] == PRE_VOTE and sent[-1][1]["term"] == 6
 
 
 @pytest.mark.parametrize(
     "field, value", [("term", "1"), ("round", None), ("last_log_index", True), ("granted", None)]
 )
 def test_a_malformed_pre_vote_closes_its_connection_alone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, field: str, value: Any
+    recorded: Recorded, monkeypatch: pytest.MonkeyPatch, field: str, value: Any
 ) -> None:
-    voter = follower(tmp_path)
-    try:
-        sent = recording(voter, monkeypatch)
-        _, candidate = others(voter)
-        closed: list[TCPNode] = []
+    voter, sent = recorded
+    _, candidate = others(voter)
+    closed: list[TCPNode] = []
 
-        class Connection:
-            def disconnect(self) -> None:
-                closed.append(candidate)
+    class Connection:
+        def disconnect(self) -> None:
+            closed.append(candidate)
 
-        monkeypatch.setattr(voter._SyncObj__transport, "_connections", {candidate: Connection()})
-        kind = PRE_VOTE_RESPONSE if field == "granted" else PRE_VOTE
-        message = {
-            "type": kind,
-            "round": 1,
-            "term": 1,
-            "proposed": 1,
-            "last_log_index": 1,
-            "last_log_term": 0,
-            "granted": True,
-        }
-        voter._SyncObj__onMessageReceived(candidate, {**message, field: value})
-        assert closed == [candidate] and sent == []
-        assert voter.raftCurrentTerm == 0
-    finally:
-        voter.destroy()
+    monkeypatch.setattr(voter._SyncObj__transport, "_connections", {candidate: Connection()})
+    kind = PRE_VOTE_RESPONSE if field == "granted" else PRE_VOTE
+    message = {
+        "type": kind,
+        "round": 1,
+        "term": 1,
+        "proposed": 1,
+        "last_log_index": 1,
+        "last_log_term": 0,
+        "granted": True,
+    }
+    voter._SyncObj__onMessageReceived(candidate, {**message, field: value})
+    assert closed == [candidate] and sent == []
+    assert voter.raftCurrentTerm == 0
 
 
 def test_a_leader_of_an_older_term_is_told_ours_and_steps_down(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    recorded: Recorded,
 ) -> None:
     """A voter whose term is above the leader's ignores its AppendEntries; without a
     RequestVote to force its term on the others (pre-vote stops it) it stayed out for good.
     It answers with its term, and a leader told of a newer one steps down to it."""
-    voter = follower(tmp_path)
-    try:
-        sent = recording(voter, monkeypatch)
-        leader, _ = others(voter)
-        voter._SyncObj__setCurrentTerm(5, None)
-        append(voter, 3, (1, 0), [entry(2, 3)], commit=2)
-        assert sent == [(leader, {"type": NEWER_TERM, "term": 5})]
-        assert [e[1] for e in voter._SyncObj__getEntries(1)] == [1]  # nothing taken
-        assert voter._getLeader() is None
-        # Told of a newer term, a voter takes it (a leader so steps down); an older, nothing.
-        voter._SyncObj__raftState = 2  # pysyncobj's LEADER
-        voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 8})
-        assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (8, None)
-        assert not voter._isLeader()
-        voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 6})
-        assert voter.raftCurrentTerm == 8
-    finally:
-        voter.destroy()
+    voter, sent = recorded
+    leader, _ = others(voter)
+    voter._SyncObj__setCurrentTerm(5, None)
+    append(voter, 3, (1, 0), [entry(2, 3)], commit=2)
+    assert sent == [(leader, {"type": NEWER_TERM, "term": 5})]
+    assert [e[1] for e in voter._SyncObj__getEntries(1)] == [1]  # nothing taken
+    assert voter._getLeader() is None
+    # Told of a newer term, a voter takes it (a leader so steps down); an older, nothing.
+    voter._SyncObj__raftState = 2  # pysyncobj's LEADER
+    voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 8})
+    assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (8, None)
+    assert not voter._isLeader()
+    voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 6})
+    assert voter.raftCurrentTerm == 8
