@@ -10,10 +10,13 @@ version is decoded for the handler and its response encoded through
 A handler answers with one of:
 
 - a mapping of response field values (encoded for the request's version);
-- ``Deferred(awaitable)``: the handler did the part of its work that must happen in request
-  order (a produce appends) and the rest (waiting for the high watermark, a fetch long poll)
-  finishes later; the connection goes on reading and processing the next requests while the
-  responses still leave in request order;
+- ``Deferred(awaitable, max_bytes=0)``: the handler did the part of its work that must happen
+  in request order (a produce appends) and the rest (waiting for the high watermark, a fetch
+  long poll) finishes later; the connection goes on reading and processing the next requests
+  while the responses still leave in request order. ``max_bytes``, the most the answer may
+  take (a fetch's), counts as unsent until it is made: a peer that does not read cannot have
+  several such answers made at once (Kafka reads a connection's next request only once it has
+  answered the last);
 - ``NO_RESPONSE``: nothing is written (a produce with acks=0);
 - ``CLOSE_CONNECTION``: close the connection once the earlier responses are written (Kafka's
   answer to a failed acks=0 produce, so the producer refreshes its metadata).
@@ -66,10 +69,11 @@ class Request:
 class Deferred:
     """A response that completes later; see the module docstring."""
 
-    __slots__ = ("awaitable",)
+    __slots__ = ("awaitable", "max_bytes")
 
-    def __init__(self, awaitable: Awaitable[Mapping[str, Any]]) -> None:
+    def __init__(self, awaitable: Awaitable[Mapping[str, Any]], max_bytes: int = 0) -> None:
         self.awaitable = awaitable
+        self.max_bytes = max_bytes
 
 
 async def wait_or_cancel(futures: list[asyncio.Future[None]], timeout_s: float) -> None:

@@ -205,7 +205,9 @@ class FetchApi:
             or await self._ready(wanted, min_bytes)
         ):
             return self._response(wanted, responses)
-        return Deferred(self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms))
+        return Deferred(
+            self._long_poll(request, wanted, min_bytes, max_bytes, max_wait_ms), max_bytes
+        )
 
     async def _long_poll(
         self,

@@ -73,11 +73,11 @@ DEFAULT_MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024  # socket.request.max.bytes
 DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
 # Requests of one connection handled at once. Kafka handles one (it mutes a connection until
 # its response is sent); clients pipeline up to max.in.flight.requests.per.connection, 5 by
-# default (and at most 5 for an idempotent producer). Each may hold a response of up to
-# fetch.max.bytes, so this bounds what one connection can make the node hold.
+# default (and at most 5 for an idempotent producer).
 DEFAULT_MAX_IN_FLIGHT: Final = 5
 # No further request is read while this many response bytes wait to be sent (a client not
-# reading its answers): the reader stops as Kafka's muted channel does.
+# reading its answers), or may yet (the max_bytes of a deferred answer still being made: a
+# fetch long poll): the reader stops as Kafka's muted channel does.
 MAX_UNSENT_BYTES: Final = 16 * 1024 * 1024
 # How long a closed connection may take to hand its last responses to a peer that does not
 # read them before the socket is aborted (Kafka closes a channel at once).
@@ -296,7 +296,9 @@ class _Connection:
         self.client_host = "/" + str(self.peer[0]) if self.peer else ""
         self.slots: asyncio.Queue[Slot] = asyncio.Queue()
         self.in_flight = 0  # requests read whose slot the writer has not finished
-        self.unsent_bytes = 0  # responses encoded and not yet drained to the socket
+        # Responses encoded and not yet drained to the socket, and the most that deferred
+        # ones still being made may take.
+        self.unsent_bytes = 0
         self._draining = False  # the writer waits for the peer to read
         self.closing = False
         self._room = asyncio.Event()  # set whenever in_flight may have dropped
@@ -461,8 +463,9 @@ class _Connection:
             log.exception("kafka: handler of api key %d v%d failed", api_key, api_version)
             return _Close("handler failed")
         if isinstance(result, Deferred):
+            self.unsent_bytes += result.max_bytes  # until the answer is made (see apis)
             fut: asyncio.Future[bytes | _Close] = asyncio.ensure_future(
-                self._complete(request, result.awaitable, start)
+                self._complete(request, result.awaitable, start, result.max_bytes)
             )
             self._pending.add(fut)
             fut.add_done_callback(self._pending.discard)
@@ -485,6 +488,20 @@ class _Connection:
         return self._counted(self._encode(request, result))
 
     async def _complete(
+        self,
+        request: Request,
+        awaitable: Awaitable[Mapping[str, Any]],
+        start: float,
+        reserved: int = 0,
+    ) -> bytes | _Close:
+        try:
+            return await self._answer(request, awaitable, start)
+        finally:
+            if reserved:
+                self.unsent_bytes -= reserved
+                self._room.set()
+
+    async def _answer(
         self, request: Request, awaitable: Awaitable[Mapping[str, Any]], start: float
     ) -> bytes | _Close:
         # The writer awaits this answer: whatever fails here closes the connection, or the

@@ -25,6 +25,7 @@ from kcoord.node.kafka.apis import (
     Result,
 )
 from kcoord.node.kafka.server import (
+    MAX_UNSENT_BYTES,
     OFF_LOOP_REQUEST_BYTES,
     OFF_LOOP_RESPONSE_ENTRIES,
     KafkaServer,
@@ -37,6 +38,8 @@ METADATA, FIND_COORDINATOR, PRODUCE, API_VERSIONS, LIST_OFFSETS = 3, 10, 0, 18, 
 TEST_TIMEOUT_S = 10.0
 CANCELLED = -99  # a ListOffsets timestamp: the handler's deferred work is cancelled
 UNANSWERABLE = -98  # a ListOffsets timestamp: the deferred answer is not a response's values
+MIB = 1024 * 1024
+HANDLED: list[tuple[str, str]] = []  # ListOffsets read and answered, by topic name
 
 
 def registry() -> ApiRegistry:
@@ -69,11 +72,16 @@ def registry() -> ApiRegistry:
 
             return Deferred(bug())
 
+        name = request.body.topics[0].name
+        HANDLED.append(("read", name))
+
         async def later() -> dict[str, Any]:
             await asyncio.sleep(delay_ms / 1000)
+            HANDLED.append(("answered", name))
             return {"topics": [{"name": str(delay_ms), "partitions": []}]}
 
-        return Deferred(later())
+        # The partition index: the most the answer may take, in MiB (a fetch's max_bytes).
+        return Deferred(later(), request.body.topics[0].partitions[0].partition_index * MIB)
 
     r.register(METADATA, metadata)
     r.register(FIND_COORDINATOR, failing)
@@ -210,7 +218,7 @@ def test_api_versions_of_an_unknown_version_is_answered_in_v0() -> None:
         # The answer counted as sent, or the count of unsent bytes drifted below zero and the
         # memory guard on them went up by as much with every such request.
         (conn,) = server._connections.values()
-        assert conn.unsent_bytes == 0
+        await until(lambda: conn.unsent_bytes == 0, "every reservation released")
         await c.close()
 
     run(test)
@@ -279,6 +287,31 @@ def test_a_cancelled_connection_task_ends_cancelled() -> None:
         await asyncio.wait([task])
         assert task.cancelled()
         assert await asyncio.wait_for(c.closed_by_server(), 5)
+        await c.close()
+
+    run(test)
+
+
+def test_an_answer_that_may_be_large_counts_before_it_is_made() -> None:
+    """A deferred answer counted nothing until it was made: a peer that never read could
+    have five fetch long polls of up to 55 MiB each made at once. The most it may take now
+    counts as unsent meanwhile, and the next request is read once there is room again."""
+
+    async def test(server: KafkaServer) -> None:
+        HANDLED.clear()
+        c = await connect(server)
+        assert MAX_UNSENT_BYTES < 20 * MIB
+        for name, delay_ms in (("a", 100), ("b", 500), ("c", 0)):
+            request = list_offsets(delay_ms)
+            request["topics"][0].update(name=name)
+            request["topics"][0]["partitions"][0].update(partition_index=10)  # 10 MiB
+            await c.send(LIST_OFFSETS, 5, request)
+        for _ in range(3):
+            await c.receive(LIST_OFFSETS, 5)
+        # 10 + 10 MiB are past the limit: c is read once a's answer is made, not before.
+        assert HANDLED.index(("read", "c")) > HANDLED.index(("answered", "a")), HANDLED
+        (conn,) = server._connections.values()
+        await until(lambda: conn.unsent_bytes == 0, "every reservation released")
         await c.close()
 
     run(test)
