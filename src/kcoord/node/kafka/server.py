@@ -77,7 +77,8 @@ DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
 DEFAULT_MAX_IN_FLIGHT: Final = 5
 # No further request is read while this many response bytes wait to be sent (a client not
 # reading its answers), or may yet (the max_bytes of a deferred answer still being made: a
-# fetch long poll): the reader stops as Kafka's muted channel does.
+# fetch long poll), counting the requests such answers still hold: the reader stops as
+# Kafka's muted channel does.
 MAX_UNSENT_BYTES: Final = 16 * 1024 * 1024
 # How long a closed connection may take to hand its last responses to a peer that does not
 # read them before the socket is aborted (Kafka closes a channel at once).
@@ -296,8 +297,8 @@ class _Connection:
         self.client_host = "/" + str(self.peer[0]) if self.peer else ""
         self.slots: asyncio.Queue[Slot] = asyncio.Queue()
         self.in_flight = 0  # requests read whose slot the writer has not finished
-        # Responses encoded and not yet drained to the socket, and the most that deferred
-        # ones still being made may take.
+        # Responses encoded and not yet drained to the socket, and for deferred ones still
+        # being made, the most they may take and the requests they hold.
         self.unsent_bytes = 0
         self._draining = False  # the writer waits for the peer to read
         self.closing = False
@@ -463,9 +464,12 @@ class _Connection:
             log.exception("kafka: handler of api key %d v%d failed", api_key, api_version)
             return _Close("handler failed")
         if isinstance(result, Deferred):
-            self.unsent_bytes += result.max_bytes  # until the answer is made (see apis)
+            # Until the answer is made: the most it may take (see apis), and the request it
+            # still holds (a produce of up to socket.request.max.bytes waiting for acks=all).
+            reserved = result.max_bytes + len(frame)
+            self.unsent_bytes += reserved
             fut: asyncio.Future[bytes | _Close] = asyncio.ensure_future(
-                self._complete(request, result.awaitable, start, result.max_bytes)
+                self._complete(request, result.awaitable, start, reserved)
             )
             self._pending.add(fut)
             fut.add_done_callback(self._pending.discard)

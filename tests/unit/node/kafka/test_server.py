@@ -16,6 +16,7 @@ import pytest
 
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
+from kcoord.node.kafka import server as server_module
 from kcoord.node.kafka.apis import (
     CLOSE_CONNECTION,
     NO_RESPONSE,
@@ -25,7 +26,6 @@ from kcoord.node.kafka.apis import (
     Result,
 )
 from kcoord.node.kafka.server import (
-    MAX_UNSENT_BYTES,
     OFF_LOOP_REQUEST_BYTES,
     OFF_LOOP_RESPONSE_ENTRIES,
     KafkaServer,
@@ -292,24 +292,32 @@ def test_a_cancelled_connection_task_ends_cancelled() -> None:
     run(test)
 
 
-def test_an_answer_that_may_be_large_counts_before_it_is_made() -> None:
+@pytest.mark.parametrize("what", ["answer", "request"])
+def test_what_a_deferred_answer_may_take_or_holds_counts_before_it_is_made(
+    what: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A deferred answer counted nothing until it was made: a peer that never read could
-    have five fetch long polls of up to 55 MiB each made at once. The most it may take now
-    counts as unsent meanwhile, and the next request is read once there is room again."""
+    have five fetch long polls of up to 55 MiB each made at once, or five produces of up to
+    100 MiB held while they waited for acks=all. The most the answer may take, and the
+    request it holds, count as unsent meanwhile; the next request is read once there is room
+    again."""
+    if what == "request":
+        monkeypatch.setattr(server_module, "MAX_UNSENT_BYTES", 5_000)
+    mib, pad = (10, 0) if what == "answer" else (0, 3_000)  # either fills the limit by two
 
     async def test(server: KafkaServer) -> None:
         HANDLED.clear()
         c = await connect(server)
-        assert MAX_UNSENT_BYTES < 20 * MIB
         for name, delay_ms in (("a", 100), ("b", 500), ("c", 0)):
             request = list_offsets(delay_ms)
-            request["topics"][0].update(name=name)
-            request["topics"][0]["partitions"][0].update(partition_index=10)  # 10 MiB
+            request["topics"][0].update(name=name + "." * pad)
+            request["topics"][0]["partitions"][0].update(partition_index=mib)
             await c.send(LIST_OFFSETS, 5, request)
         for _ in range(3):
             await c.receive(LIST_OFFSETS, 5)
-        # 10 + 10 MiB are past the limit: c is read once a's answer is made, not before.
-        assert HANDLED.index(("read", "c")) > HANDLED.index(("answered", "a")), HANDLED
+        # a and b are past the limit: c is read once a's answer is made, not before.
+        order = [(event, name[:1]) for event, name in HANDLED]
+        assert order.index(("read", "c")) > order.index(("answered", "a")), order
         (conn,) = server._connections.values()
         await until(lambda: conn.unsent_bytes == 0, "every reservation released")
         await c.close()
