@@ -122,12 +122,12 @@ def _cluster(args: argparse.Namespace) -> int:
             base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
             print(f"kcoord: starting {nodes} nodes in {data_dir} ...", flush=True)
             # A signal from here on stops the nodes: one during the wait for the cluster to be
-            # ready killed the launcher alone, leaving its nodes running unmanaged.
-            stop = {"now": False, "ready": False}
+            # ready killed the launcher alone, leaving its nodes running unmanaged. The handler
+            # only sets a flag, which up() polls: a KeyboardInterrupt raised from it landed once
+            # in a weakref callback, where Python prints and drops it, and the launcher waited on.
+            stop = {"now": False}
 
             def on_signal(_sig: int, _frame: Any) -> None:
-                if not stop["ready"]:
-                    raise KeyboardInterrupt  # up() stops the nodes it started
                 stop["now"] = True
 
             signal.signal(signal.SIGINT, on_signal)
@@ -135,8 +135,9 @@ def _cluster(args: argparse.Namespace) -> int:
             # A closed terminal or a dropped ssh session: the nodes, in sessions of their own,
             # outlived the launcher, unmanaged, and the next ``cluster up`` refused to start.
             signal.signal(signal.SIGHUP, on_signal)
-            state = started = launcher.up(data_dir, nodes, base_port)
-            stop["ready"] = True
+            state = started = launcher.up(
+                data_dir, nodes, base_port, interrupted=lambda: stop["now"]
+            )
             print(
                 f"kcoord: cluster ready; bootstrap servers: {state.bootstrap_servers}", flush=True
             )

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -306,10 +306,19 @@ def cluster_ready(state: ClusterState) -> tuple[bool, str]:
     return True, "ready"
 
 
-def wait_ready(state: ClusterState, timeout_s: float = READY_TIMEOUT_S) -> None:
+def wait_ready(
+    state: ClusterState,
+    timeout_s: float = READY_TIMEOUT_S,
+    interrupted: Callable[[], bool] | None = None,
+) -> None:
+    """Poll until the cluster is ready; KeyboardInterrupt as soon as ``interrupted()`` says so
+    (a signal handler sets a flag: one that raised could land in a weakref callback, where
+    Python prints the exception and drops it, and the launcher went on waiting)."""
     deadline = time.monotonic() + timeout_s
     why = ""
     while time.monotonic() < deadline:
+        if interrupted is not None and interrupted():
+            raise KeyboardInterrupt
         for n in state.nodes:
             if not is_alive(n.pid, n.config_path):
                 raise LauncherError(f"node {n.node_id} exited; see {n.log_path}")
@@ -341,10 +350,12 @@ def up(
     hosts: list[str] | None = None,
     groups: list[int] | None = None,
     node_overrides: dict[int, dict[str, Any]] | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> ClusterState:
     """Write configs, start every node, wait until ready; the caller decides what comes next.
 
     ``node_overrides`` adds keys for single nodes (the chaos lab's advertised proxy addresses).
+    Once ``interrupted()`` says so, the nodes started are stopped and KeyboardInterrupt raised.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
     old: ClusterState | None = None
@@ -371,7 +382,7 @@ def up(
         for n in state.nodes:
             start_node(n)
         state.save()
-        wait_ready(state, ready_timeout_s)
+        wait_ready(state, ready_timeout_s, interrupted)
     return state
 
 

@@ -129,7 +129,7 @@ def test_a_failed_up_leaves_no_pid_behind(tmp_path: Path, monkeypatch: pytest.Mo
         node.pid = 10_000_000 + node.node_id  # no such process
         started.append(node.node_id)
 
-    def not_ready(state: launcher.ClusterState, timeout_s: float) -> None:
+    def not_ready(state: launcher.ClusterState, *_: object) -> None:
         raise launcher.LauncherError("cluster not ready")
 
     monkeypatch.setattr(launcher, "start_node", fake_start)
@@ -139,3 +139,21 @@ def test_a_failed_up_leaves_no_pid_behind(tmp_path: Path, monkeypatch: pytest.Mo
     assert started == [1, 2, 3]
     saved = launcher.ClusterState.load(tmp_path)
     assert [n.pid for n in saved.nodes] == [None, None, None]
+
+
+def test_an_interrupted_up_stops_the_nodes_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cluster up``'s signal handler sets a flag that ``up`` polls while it waits: the
+    KeyboardInterrupt the handler raised landed once in a weakref callback, where Python
+    prints and drops it, and the launcher went on waiting, its nodes running."""
+    stopped: list[int] = []
+
+    def fake_start(node: launcher.NodeProcess) -> None:
+        node.pid = 10_000_000 + node.node_id  # no such process
+
+    monkeypatch.setattr(launcher, "start_node", fake_start)
+    monkeypatch.setattr(launcher, "stop_node", lambda node, kill: stopped.append(node.node_id))
+    with pytest.raises(KeyboardInterrupt):
+        launcher.up(tmp_path, 3, 30_000, interrupted=lambda: True)
+    assert stopped == [1, 2, 3]
