@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from kcoord.cluster.fetch_session import FetchItem, FetchSessions
-from kcoord.cluster.replication import LeaderReplication
+from kcoord.cluster.replication import UNKNOWN_OFFSET, LeaderReplication
 from kcoord.errors import Errors
 from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.node.metadata import MetadataCache
@@ -900,12 +900,15 @@ class ReplicaManager:
 
     def low_watermark(self, part: Partition) -> int:
         """The least log start offset of the leader and of every follower on an unfenced broker
-        that reported one (Kafka's ``Partition.lowWatermarkIfLeader``)."""
+        (Kafka's ``Partition.lowWatermarkIfLeader``). A follower that has not reported one to
+        this leader yet counts as -1 (Kafka's makeLeader resets every remote replica's log
+        start to UnknownOffset), so DeleteRecords waits for its first fetch rather than being
+        answered while its copy still starts below the offset."""
         alive = self._unfenced_brokers()
         starts = [
-            start
-            for replica, start in part.follower_log_starts.items()
-            if replica in alive and replica in part.replicas
+            part.follower_log_starts.get(replica, UNKNOWN_OFFSET)
+            for replica in part.replicas
+            if replica != self.node_id and replica in alive
         ]
         return min([part.log.log_start_offset, *starts])
 

@@ -12,7 +12,7 @@ from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import checkpoint
-from tests.unit.node.kafka.harness import Harness
+from tests.unit.node.kafka.harness import NODE_ID, Harness
 from tests.unit.node.kafka.test_handlers import (
     FETCH,
     PRODUCE,
@@ -166,6 +166,29 @@ def test_a_fenced_follower_no_longer_holds_the_answer_back(tmp_path: Path) -> No
         await fetch_as_follower(
             h, part, 2, 2
         )  # the same log start as before: only the fencing changed
+        assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
+def test_a_follower_yet_to_fetch_from_a_new_leader_holds_the_answer_back(tmp_path: Path) -> None:
+    """Leadership starts a new epoch: what the followers reported to the previous one no longer
+    counts, and one that has not fetched since holds the low watermark back (Kafka's makeLeader
+    resets every remote replica's log start to UnknownOffset), rather than the answer coming
+    while its copy still starts at 0."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part = await three_records_followed_by_2_and_3(h, c, "n")
+        epoch = part.leader_epoch
+        h.change_partition("n", part.partition, leader=NODE_ID)  # elected again
+        assert part.leader_epoch > epoch and part.is_leader
+        assert h.replicas.low_watermark(part) == -1
+        await fetch_as_follower(h, part, 2, 0)
+        waiting = await parked_delete(c, part, 2)
+        await fetch_as_follower(h, part, 2, 2)
+        assert not waiting.done()
+        assert h.replicas.low_watermark(part) == -1  # follower 3 has not fetched
+        await fetch_as_follower(h, part, 3, 2)
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
 
     run(tmp_path, test)
