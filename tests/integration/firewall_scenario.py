@@ -10,17 +10,21 @@ or it does not. Exits non-zero with the failing probes listed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 
 from kcoord.chaos.lab import Firewall, LabNode, grudge_of
 
 PORT = 29000
+PROXY_PORT = 29005
 PROBE_TIMEOUT_S = 1.0
 NODES = {n: LabNode(n, f"127.0.0.{n}", 43000 + n) for n in (1, 2, 3)}
 CLIENT = 0  # probes from the runner's own group: never cut
@@ -94,16 +98,20 @@ def probe(sender: int, receiver: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def check_kept_connection(firewall: Firewall) -> list[str]:
-    """A connection node 3 opened to node 2 before any cut, with traffic, must be cut too,
-    both ways.
+def check_kept_connection(firewall: Firewall, port: int = PORT, via: str = "") -> list[str]:
+    """A connection node 3 opened to node 2 (on ``port``: node 2's server, or a fault proxy in
+    front of it) before any cut, with traffic, must be cut too, both ways.
 
     The kernel tracked no connection until the lab's first rule used conntrack; then an old
     connection was picked up from whichever packet came first. Node 2's push came first, the
     entry read it backwards (original destination 127.0.0.1, where node 3's unbound socket
     sends from) and neither side's rule matched: the cut link carried on. And node 2's pushes
     on node 3's connection matched no rule at all (its original destination is node 2's own
-    address) until the connection mark of the node that opened it was used too."""
+    address) until the connection mark of the node that opened it was used too. Through the
+    proxy, node 2 pushes on the proxy's own connection to it: that one carries node 3's mark
+    only because the proxy passes on the mark of the connection it accepted
+    (``Namespace.create``); without it node 2's pushes went on reaching node 3 until the
+    proxy's unacknowledged window filled."""
     to_child_r, to_child_w = os.pipe()
     to_parent_r, to_parent_w = os.pipe()
     pid = os.fork()
@@ -111,28 +119,34 @@ def check_kept_connection(firewall: Firewall) -> list[str]:
         answered = pushed = True
         with contextlib.suppress(OSError):
             os.setgid(NODES[3].gid)
-            with socket.create_connection((NODES[2].host, PORT), PROBE_TIMEOUT_S) as s:
+            with socket.create_connection((NODES[2].host, port), PROBE_TIMEOUT_S) as s:
                 s.settimeout(PROBE_TIMEOUT_S)
                 s.recv(16)  # the id
                 s.sendall(b"push")
                 s.recv(16)  # pushes flow
                 os.write(to_parent_w, b"!")
                 os.read(to_child_r, 1)  # cut now
-                s.settimeout(0.05)
+                # What was on its way when the cut took (loopback delivers it at once); then
+                # node 2 pushes every 50 ms, and none may arrive for a second. Through the
+                # proxy without the mark, the proxy's retransmission, after TCP's minimum
+                # 200 ms, brought every push since the cut.
+                settled = time.monotonic() + 0.1
                 with contextlib.suppress(OSError):
-                    while s.recv(4096):  # what arrived before the cut took
-                        pass
-                # Node 2 pushes every 50 ms: none may arrive once the cut is in place.
-                s.settimeout(0.5)
+                    while (left := settled - time.monotonic()) > 0:
+                        s.settimeout(left)
+                        s.recv(4096)
                 pushed = False
+                deadline = time.monotonic() + 1.0
                 with contextlib.suppress(OSError):
-                    pushed = bool(s.recv(16))
+                    while not pushed and (left := deadline - time.monotonic()) > 0:
+                        s.settimeout(left)
+                        pushed = bool(s.recv(16))
                 s.sendall(b"ping")
-                s.settimeout(PROBE_TIMEOUT_S)
                 deadline = time.monotonic() + PROBE_TIMEOUT_S
                 answered = False
                 with contextlib.suppress(OSError):
-                    while time.monotonic() < deadline and not answered:
+                    while not answered and (left := deadline - time.monotonic()) > 0:
+                        s.settimeout(left)
                         answered = b"pong" in s.recv(4096)
         os._exit(1 if answered else 2 if pushed else 0)
     os.read(to_parent_r, 1)
@@ -142,10 +156,43 @@ def check_kept_connection(firewall: Firewall) -> list[str]:
     firewall.heal()
     code = os.waitstatus_to_exitcode(status)
     if code == 1:
-        return ["kept connection: node 3 -> node 2, opened before the cut, still answered"]
+        return [f"kept connection{via}: node 3 -> node 2, opened before the cut, still answered"]
     if code == 2:
-        return ["kept connection: node 2's pushes on node 3's connection crossed the cut"]
+        return [f"kept connection{via}: node 2's pushes on node 3's connection crossed the cut"]
     return []
+
+
+@contextlib.contextmanager
+def fault_proxy() -> Iterator[int]:
+    """The chaos runs' fault proxy (``kcoord.chaos.proxy``, as the runner starts it: the
+    runner's group) with one proxy on node 2's address in front of its server; yields the
+    proxy's port."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kcoord.chaos.proxy", "--api", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        api = proc.stdout.readline().strip()
+        body = {
+            "name": "to-2",
+            "listen": f"{NODES[2].host}:{PROXY_PORT}",
+            "upstream": f"{NODES[2].host}:{PORT}",
+            "enabled": True,
+        }
+        request = urllib.request.Request(
+            f"http://{api}/proxies", json.dumps(body).encode(), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 201, answer.status
+        yield PROXY_PORT
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def check(firewall: Firewall, cut: set[tuple[int, int]], label: str) -> list[str]:
@@ -172,6 +219,8 @@ def main() -> None:
     with servers():
         # First, before any rule: an old connection must be cut as a new one is.
         failures += check_kept_connection(firewall)
+        with fault_proxy() as port:
+            failures += check_kept_connection(firewall, port, " through the fault proxy")
         failures += check(firewall, set(), "no cut")
         # Node 1 alone: the other nodes' answers to everybody else go to 127.0.0.1 too (an
         # unbound socket on loopback sends from it), and must not be mistaken for node 1's.

@@ -98,6 +98,41 @@ class Namespace:
                     ]
                 )
             )
+        # The fault proxy's connections upstream: it dials for the node that dialled it, so
+        # a connection it opens must carry that node's mark too, or a cut node's answers
+        # on it would reach the proxy and the proxy would pass them on (until its unanswered
+        # retransmission). An accepted socket takes the mark of the packet that opened it
+        # (tcp_fwmark_accept, restored from the connection's mark), the proxy gives its
+        # upstream socket that mark (``chaos.proxy``), and the connection keeps it.
+        _run(*self.exec_argv(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/tcp_fwmark_accept"]))
+        _run(
+            *self.exec_argv(
+                ["iptables", "-t", "mangle", "-A", "PREROUTING", "-j", "CONNMARK", "--restore-mark"]
+            )
+        )
+        _run(
+            *self.exec_argv(
+                [
+                    "iptables",
+                    "-t",
+                    "mangle",
+                    "-A",
+                    "OUTPUT",
+                    "-m",
+                    "conntrack",
+                    "--ctstate",
+                    "NEW",
+                    "-m",
+                    "mark",
+                    "!",
+                    "--mark",
+                    "0",
+                    "-j",
+                    "CONNMARK",
+                    "--save-mark",
+                ]
+            )
+        )
         # Connection tracking from the start (any rule using conntrack turns it on in the
         # namespace; this one changes nothing, and ``heal`` flushes only OUTPUT). Started by
         # the first cut instead, it picked up the connections already open from whichever

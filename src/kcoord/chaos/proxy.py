@@ -689,6 +689,42 @@ def _format_address(sockname: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _mark_of(writer: asyncio.StreamWriter) -> int:
+    """The accepted socket's mark (``SO_MARK``): 0 but in the chaos lab, whose namespace gives
+    an accepted socket the mark of the connection that reached it (``Namespace.create``)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return int(sock.getsockopt(socket.SOL_SOCKET, socket.SO_MARK))
+    except OSError:
+        return 0
+
+
+async def _connect(
+    host: str, port: int, mark: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """The upstream connection, carrying ``mark`` when it is not 0: in the chaos lab the mark
+    names the node that dialled the proxy, and the lab's partitions then cut the upstream
+    side's answers on this connection as on one that node opened itself (``chaos.lab``'s
+    ``Firewall``). Toxiproxy has no such thing: it runs where no partition is made by marks."""
+    if not mark:
+        return await asyncio.open_connection(host, port)
+    loop = asyncio.get_running_loop()
+    family, kind, proto, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[
+        0
+    ]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)  # needs CAP_NET_ADMIN
+        await loop.sock_connect(sock, address)
+    except BaseException:
+        sock.close()
+        raise
+    return await asyncio.open_connection(sock=sock)
+
+
 def _bind(address: str) -> socket.socket:
     host, port = _parse_address(address)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -764,7 +800,7 @@ class Proxy:
         rng = _child_rng(self.server.rng)
         try:
             host, port = _parse_address(self.upstream)
-            upstream = await asyncio.open_connection(host, port)
+            upstream = await _connect(host, port, _mark_of(writer))
         except (OSError, ApiError) as e:
             # Said once per outage: clients retry a stopped node many times a second.
             if not self._refused:
