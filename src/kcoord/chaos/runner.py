@@ -16,7 +16,10 @@ more or less, leaves every later step of the schedule as it was:
 4. **Faults.** Until the duration is over: a quiet interval (exponential, ``--interval`` mean),
    then one fault of a nemesis picked from ``--nemesis`` at random, held for a random time in
    ``--fault-seconds`` (pauses: shorter or longer than the session timeout), then healed; then a
-   liveness probe (a simple group's OffsetCommit, retried) must succeed before the next fault.
+   liveness probe (a simple group's OffsetCommit, retried for up to ``PROBE_TIMEOUT_S``)
+   before the next fault. The probe paces the schedule, it does not judge: a cluster that
+   acknowledges nothing after a heal fails ``check_liveness``, which counts the members'
+   commits too: one group stuck while the others commit does not fail it.
 5. **Recovery and final reads.** Everything healed; the cluster back (every node registered,
    every partition with its full ISR); the groups Stable (DescribeGroups), then the producers
    stopped, every acknowledged value consumed, the members stopped and each group's committed
@@ -141,8 +144,11 @@ def run_outside(options: Options) -> int:
 # Inside the lab.
 
 
-class RunInterruptedError(Exception):
-    """SIGINT or SIGTERM: the run stops, heals, and still writes its report."""
+class RunInterruptedError(BaseException):
+    """SIGINT or SIGTERM: the run stops, heals, and still writes its report. Not an
+    ``Exception``, as KeyboardInterrupt is not: the handler raises it wherever the run is, most
+    often inside a condition being polled, whose ``except Exception`` would take it for "not
+    yet" and poll on."""
 
 
 def _lab_firewall(state: launcher.ClusterState) -> lab.Firewall:
@@ -688,8 +694,12 @@ def drive(chaos: ChaosLab, clients_dir: Path, prefix: str = "chaos") -> str | No
         log.exception("the run failed")
         error = f"{type(e).__name__}: {e}"
     finally:
-        chaos.firewall.heal()
-        workload.kill_all()
+        try:
+            chaos.firewall.heal()
+        finally:
+            # Clients run in sessions of their own: on the compose target nothing else stops
+            # them if healing fails (Toxiproxy gone).
+            workload.kill_all()
     return error
 
 

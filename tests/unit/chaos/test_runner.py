@@ -245,3 +245,18 @@ def test_a_skipped_fault_leaves_the_rest_of_the_schedule_as_the_seed_drew_it(
         quiet, kind, draw, hold = rerun
         assert (quiet, kind, draw) == drawn[:3]
         assert hold is None or hold == drawn[3]
+
+
+def test_an_interrupt_while_a_condition_is_polled_stops_the_poll() -> None:
+    """The signal handler's RunInterruptedError lands inside the condition most of the time
+    (a blocking call to a node): it ends the poll, where an ordinary error means "not yet"."""
+    calls = 0
+
+    def interrupted() -> bool:
+        nonlocal calls
+        calls += 1
+        raise runner.RunInterruptedError("signal 15")
+
+    with pytest.raises(runner.RunInterruptedError):
+        runner.poll_until("an interrupted condition", interrupted, deadline_s=5)
+    assert calls == 1
