@@ -32,7 +32,11 @@ call per leader node, bounded by a short timeout) and hands the answers over wit
 scrape (kafka_exporter also skips what it cannot read) rather than a wrong one, and its topic
 no ``kafka_consumergroup_lag_sum`` (a sum over the others would read as the lag dropping).
 ``kafka_topic_partition_current_offset`` comes from the partitions this node leads (internal
-topics excluded), so every partition is exported once across the cluster.
+topics excluded), so every partition is exported once across the cluster. Once only while the
+cluster is whole: a node cut off from the controller still coordinates and leads what it did
+until it hears otherwise, so for a while both it and the new coordinator or leader export the
+same series. Dashboards take ``max`` of a group's or a partition's series across targets, and
+``sum`` only over different groups or partitions.
 
 The families (``{labels}``; G gauge, C counter, H histogram)::
 
@@ -110,7 +114,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     GCCollector,
     PlatformCollector,
@@ -132,7 +135,9 @@ from kcoord.stats import Histogram
 if TYPE_CHECKING:
     from kcoord.node.server import Node
 
-CONTENT_TYPE: str = CONTENT_TYPE_LATEST
+# The format ``exposition`` writes (text 0.0.4, names unescaped), whatever prometheus_client's
+# latest is (1.0.0 since 0.21, a format with escaped names that Prometheus parses otherwise).
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _OffsetKey = tuple[str, str, int]  # group, topic, partition
 PartitionKey = tuple[str, int]
 

@@ -66,6 +66,7 @@ import enum
 import functools
 import itertools
 import logging
+import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -999,6 +1000,7 @@ class CoordinatorRuntime:
     async def _replay_log(self, ctx: ShardContext, standby: Standby | None) -> None:
         """Replay the log into a shard, from the log start or (hot) from the standby's end."""
         start = self.now_ms()
+        started = time.monotonic()  # the duration: a step of the wall clock must not skew it
         lg = ctx.partition.log
         if standby is not None:
             timer, shard, offset = standby.timer, standby.shard, standby.next_offset
@@ -1072,7 +1074,8 @@ class CoordinatorRuntime:
         )
         ctx.load_summary = summary
         self.loads.append(summary)
-        self.load_duration_s[summary.hot].observe((summary.end_ms - start) / 1000)
+        took_s = time.monotonic() - started
+        self.load_duration_s[summary.hot].observe(took_s)
         self.load_records_replayed += records
         del self.loads[:-1000]  # the recent ones are enough
         ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0)
@@ -1085,7 +1088,7 @@ class CoordinatorRuntime:
             records,
             applied,
             size,
-            summary.end_ms - start,
+            took_s * 1000,
         )
 
     # -- hot standby ----------------------------------------------------------------------------

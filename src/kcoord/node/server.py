@@ -96,9 +96,10 @@ class QuorumMonitor:
         self.last_fetch_ms: dict[int, int] = {}
         self.last_caught_up_ms: dict[int, int] = {}
         self._last_match: dict[int, int] = {}
-        # Changes of the known leader (a metric: elections as this node saw them).
+        # Changes of the known leader or its epoch (a metric: elections as this node saw
+        # them; the leader it finds at start is no change, or every restart would count one).
         self.leader_changes = 0
-        self._last_leader_id: int | None = None
+        self._last_leader: tuple[int, int] | None = None
 
     async def run(self, interval_s: float = 0.1) -> None:
         while True:
@@ -113,9 +114,11 @@ class QuorumMonitor:
     def sample(self) -> None:
         status = self.quorum.status()
         now = self.clock.now_ms()
-        if status.leader_id is not None and status.leader_id != self._last_leader_id:
-            self.leader_changes += 1
-            self._last_leader_id = status.leader_id
+        if status.leader_id is not None:
+            leader = (status.leader_id, status.epoch)
+            if self._last_leader is not None and leader != self._last_leader:
+                self.leader_changes += 1
+            self._last_leader = leader
         if not status.is_leader:
             self._last_match.clear()
             return

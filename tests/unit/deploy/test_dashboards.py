@@ -149,3 +149,18 @@ def test_rate_and_increase_take_counters_only() -> None:
                     if not metric.endswith(counter_like):
                         wrong.append((name, panel["title"], metric))
     assert wrong == []
+
+
+def test_a_groups_or_partitions_own_series_are_not_summed_across_nodes() -> None:
+    """A node cut off from the controller goes on exporting the groups it coordinated (and the
+    lag of their partitions) until it hears of the new coordinator, which exports them too: a
+    group's or a partition's own series take ``max`` across targets (node/metrics.py)."""
+    summed = re.compile(
+        r"\bsum\b(\s*by\s*\([^)]*\))?\s*\(\s*kafka_consumergroup_(lag|lag_sum|current_offset)\b"
+    )
+    assert summed.search('sum by (a, b) (kafka_consumergroup_lag{x=~"y"})')
+    for name, board in files.dashboards().items():
+        for panel in files.panels(board):
+            for target in panel.get("targets", []):
+                expr = target.get("expr", "")
+                assert not summed.search(expr), (name, panel["title"], expr)

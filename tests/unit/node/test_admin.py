@@ -149,6 +149,10 @@ def test_readiness_and_metrics() -> None:
         status, text = await get(session, base + "/metrics")
         assert (status, text) == (200, "kcoord_up 1\n")
         assert service.refreshed == 1
+        # The text format the exposition writes (names unescaped), not the client library's
+        # latest (1.0.0), which Prometheus would read with other rules.
+        async with session.get(base + "/metrics") as response:
+            assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
 
     serve(scenario)
 

@@ -23,7 +23,9 @@ class _Quorum:
         self.calls += 1
         if self.calls == 1:
             raise RuntimeError("dictionary changed size during iteration")
-        return SimpleNamespace(leader_id=2, is_leader=False)
+        # Leader 2 from the start (no change), then elected again in two new epochs.
+        epoch = 1 if self.calls < 4 else 2 if self.calls < 6 else 3
+        return SimpleNamespace(leader_id=2, is_leader=False, epoch=epoch)
 
 
 def test_a_failed_sample_does_not_end_the_sampling(caplog: pytest.LogCaptureFixture) -> None:
@@ -32,13 +34,13 @@ def test_a_failed_sample_does_not_end_the_sampling(caplog: pytest.LogCaptureFixt
         monitor = QuorumMonitor(cast(Any, quorum), SYSTEM_CLOCK)
         task = asyncio.create_task(monitor.run(interval_s=0.001))
         deadline = asyncio.get_running_loop().time() + 10
-        while quorum.calls < 3 and asyncio.get_running_loop().time() < deadline:
+        while quorum.calls < 7 and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.001)  # polling the sampler's progress
         assert not task.done(), task
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert quorum.calls >= 3 and monitor.leader_changes == 1
+        assert quorum.calls >= 7 and monitor.leader_changes == 2
 
     asyncio.run(scenario())
     assert "sampling the quorum's status failed" in caplog.text
