@@ -401,6 +401,12 @@ class ReplicaFetcherManager:
             return
         # The answer names only the partitions with something to apply (we sent our HW and
         # log start, so the leader knows what we have).
+        with self.replicas.one_log_start_checkpoint():
+            self._apply(reply, fetched, state)
+
+    def _apply(
+        self, reply: Any, fetched: dict[TopicPartition, _Fetched], state: _FetchState
+    ) -> None:
         for r in reply["partitions"]:
             tp = (str(r["topic"]), int(r["partition"]))
             found = fetched.get(tp)

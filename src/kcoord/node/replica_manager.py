@@ -324,11 +324,13 @@ class Partition:
             return fut
         return self.hw_waiters.wait(offset, self.high_watermark)
 
-    def fail_waiters(self, code: Errors) -> None:
-        """Fail every wait (this replica stops leading): the HW and low watermark waits, the
-        latter as Kafka's ``DelayedDeleteRecords`` answers a replica that no longer leads."""
-        for waiters in (self.hw_waiters, self.low_watermark_waiters):
-            waiters.fail(KafkaError(code, f"{self.topic}-{self.partition}"))
+    def fail_waiters(self, code: Errors, delete_records_code: Errors | None = None) -> None:
+        """Fail every wait (this replica stops leading): the HW waits with ``code``, the low
+        watermark waits with ``delete_records_code`` (``code`` if None), as Kafka's
+        ``DelayedDeleteRecords`` answers a replica that no longer leads."""
+        name = f"{self.topic}-{self.partition}"
+        self.hw_waiters.fail(KafkaError(code, name))
+        self.low_watermark_waiters.fail(KafkaError(delete_records_code or code, name))
 
 
 def check_current_leader_epoch(part: Partition, current_leader_epoch: int) -> None:
@@ -396,6 +398,9 @@ class ReplicaManager:
         self.fetch_sessions = FetchSessions(lambda: random.randrange(1, 2**31))
         self._unfenced: frozenset[int] = frozenset()
         self._unfenced_key: tuple[int, int] | None = None
+        # Inside ``one_log_start_checkpoint``: how deep, and whether a log start moved.
+        self._log_start_batches = 0
+        self._log_start_moved = False
         self._isr_tasks: set[asyncio.Task[None]] = set()
         # For the node's metrics: ISR changes of the partitions this node leads, as committed
         # (Kafka's IsrShrinksPerSec / IsrExpandsPerSec), and bytes appended to hosted logs as
@@ -693,7 +698,14 @@ class ReplicaManager:
         part = self.partitions.pop(tp, None)
         if part is None:
             return
-        part.fail_waiters(Errors.NOT_LEADER_OR_FOLLOWER)
+        # No longer hosted here: Kafka's DelayedProduce answers NOT_LEADER_OR_FOLLOWER while
+        # the metadata still has the partition (moved away), UNKNOWN_TOPIC_OR_PARTITION once
+        # it does not (deleted); DelayedDeleteRecords answers UNKNOWN_TOPIC_OR_PARTITION.
+        exists = self.cache.image.partition(part.topic_id, part.partition) is not None
+        part.fail_waiters(
+            Errors.NOT_LEADER_OR_FOLLOWER if exists else Errors.UNKNOWN_TOPIC_OR_PARTITION,
+            Errors.UNKNOWN_TOPIC_OR_PARTITION,
+        )
         part.is_leader = False
         # Followers too, as a BecomeFollower does: the coordinator runtime drops a follower's
         # hot standby once the partition is no longer hosted here.
@@ -892,11 +904,31 @@ class ReplicaManager:
     def checkpoint_log_start_offsets(self) -> None:
         """Write ``log-start-offset-checkpoint`` now (Kafka does it on a timer, so a crash can
         bring deleted records back; kcoord writes it whenever DeleteRecords moves a log start,
-        here and on the followers)."""
+        here and on the followers), or at the end of the ``one_log_start_checkpoint`` block
+        this runs in."""
+        if self._log_start_batches:
+            self._log_start_moved = True
+            return
         try:
             self.logs.checkpoint_log_start_offsets()
         except OSError as e:
             self.log_dir_failure.fail("checkpointing log start offsets", e)
+
+    @contextlib.contextmanager
+    def one_log_start_checkpoint(self) -> Iterator[None]:
+        """Log starts moved within the block (a DeleteRecords of many partitions, a fetch
+        answer carrying many) are checkpointed once, when it ends: the file holds every
+        partition, and writing it (with two fsyncs) per partition stalled the event loop for
+        as many rewrites. Ends before anything reports the new starts (the answer's wait, the
+        next fetch)."""
+        self._log_start_batches += 1
+        try:
+            yield
+        finally:
+            self._log_start_batches -= 1
+            if not self._log_start_batches and self._log_start_moved:
+                self._log_start_moved = False
+                self.checkpoint_log_start_offsets()
 
     def low_watermark(self, part: Partition) -> int:
         """The least log start offset of the leader and of every follower on an unfenced broker

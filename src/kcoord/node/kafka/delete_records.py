@@ -42,11 +42,12 @@ class DeleteRecordsApi:
         body = request.body
         timeout_s = max(0.0, body.timeout.total_seconds())
         topics: list[tuple[str, list[_PartitionResult]]] = []
-        for topic in body.topics:
-            results = [
-                self._delete(topic.name, p.partition_index, p.offset) for p in topic.partitions
-            ]
-            topics.append((topic.name, results))
+        with self.ctx.replicas.one_log_start_checkpoint():
+            for topic in body.topics:
+                results = [
+                    self._delete(topic.name, p.partition_index, p.offset) for p in topic.partitions
+                ]
+                topics.append((topic.name, results))
         waits = [r for _, rs in topics for r in rs if r.reached is not None]
         if not waits:
             return _response(topics)

@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from kcoord.errors import Errors
 from kcoord.node.replica_manager import Partition
 from kcoord.raft import records as rec
@@ -190,5 +192,59 @@ def test_a_follower_yet_to_fetch_from_a_new_leader_holds_the_answer_back(tmp_pat
         assert h.replicas.low_watermark(part) == -1  # follower 3 has not fetched
         await fetch_as_follower(h, part, 3, 2)
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
+def test_one_request_over_many_partitions_writes_the_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint holds every partition: one write after the request's moves, before its
+    answer, not one (with its fsyncs) per partition on the event loop."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("many", 8, 1)
+        mine = h.led_partitions("many")
+        assert len(mine) >= 2
+        for index in mine:
+            await c.call(PRODUCE, 9, produce_values("many", index, batch([b"a", b"b", b"c"])))
+        logs = h.replicas.logs
+        writes: list[None] = []
+        write = logs.checkpoint_log_start_offsets
+
+        def counted() -> None:
+            writes.append(None)
+            write()
+
+        monkeypatch.setattr(logs, "checkpoint_log_start_offsets", counted)
+        values = {
+            "topics": [
+                {
+                    "name": "many",
+                    "partitions": [{"partition_index": i, "offset": 2} for i in mine],
+                }
+            ],
+            "timeout": 5000,
+        }
+        response = await c.call(DELETE_RECORDS, 2, values)
+        answers = {(p.error_code, p.low_watermark) for p in response.topics[0].partitions}
+        assert answers == {(Errors.NONE, 2)}
+        assert len(writes) == 1
+        path = logs.data_dir / checkpoint.LOG_START_OFFSET_CHECKPOINT
+        assert {checkpoint.read_offsets(path)[("many", i)] for i in mine} == {2}
+
+    run(tmp_path, test)
+
+
+def test_a_topic_deleted_while_the_answer_waits_is_unknown(tmp_path: Path) -> None:
+    """Kafka's DelayedDeleteRecords answers a partition no longer hosted with
+    UNKNOWN_TOPIC_OR_PARTITION (a client retrying NOT_LEADER_OR_FOLLOWER would look for a
+    leader of a topic that is gone)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part = await three_records_followed_by_2_and_3(h, c, "d")
+        waiting = await parked_delete(c, part, 2)
+        h.quorum.commit([rec.RemoveTopic(h.topic_id("d"))])
+        assert await asyncio.wait_for(waiting, 5) == (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)
 
     run(tmp_path, test)
