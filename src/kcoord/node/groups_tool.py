@@ -919,37 +919,48 @@ def _reset_offsets(client: ToolClient, args: argparse.Namespace) -> int:
     group_ids = consumer_group_ids(client) if args.all_groups else list(dict.fromkeys(args.group))
     plans: dict[str, dict[TopicPartition, int]] = {}
     status = 0
-    for group_id in group_ids:
-        group = describe_group(client, group_id)
-        if group.state not in INACTIVE_STATES:
-            print(
-                f"Error: Assignments can only be reset if the group '{group_id}' is inactive, "
-                f"but the current state is {group.state}.",
-                file=sys.stderr,
-            )
-            status = 1
-            continue
-        committed = committed_offsets(client, group_id)
-        group_file_plan = None
-        if file_plan is not None:
-            group_file_plan = file_plan.get(group_id)
-            if group_file_plan is None:
-                print(f"Error: No reset plan for group {group_id} found", file=sys.stderr)
+    try:
+        for group_id in group_ids:
+            group = describe_group(client, group_id)
+            if group.state not in INACTIVE_STATES:
+                print(
+                    f"Error: Assignments can only be reset if the group '{group_id}' is inactive, "
+                    f"but the current state is {group.state}.",
+                    file=sys.stderr,
+                )
                 status = 1
                 continue
-            partitions = sorted(group_file_plan)
-        elif args.all_topics:
-            partitions = sorted(committed)
-        else:
-            partitions = _partitions_to_reset(client, args.topic)
-        if partitions:
-            _raise_if_invalid(client, partitions)
-        plan = (
-            plan_reset(client, args, partitions, committed, group_file_plan) if partitions else {}
-        )
-        if args.execute and plan:
-            commit_offsets(client, group_id, plan)
-        plans[group_id] = plan
+            committed = committed_offsets(client, group_id)
+            group_file_plan = None
+            if file_plan is not None:
+                group_file_plan = file_plan.get(group_id)
+                if group_file_plan is None:
+                    print(f"Error: No reset plan for group {group_id} found", file=sys.stderr)
+                    status = 1
+                    continue
+                partitions = sorted(group_file_plan)
+            elif args.all_topics:
+                partitions = sorted(committed)
+            else:
+                partitions = _partitions_to_reset(client, args.topic)
+            if partitions:
+                _raise_if_invalid(client, partitions)
+            plan = (
+                plan_reset(client, args, partitions, committed, group_file_plan)
+                if partitions
+                else {}
+            )
+            if args.execute and plan:
+                commit_offsets(client, group_id, plan)
+            plans[group_id] = plan
+    except ToolError:
+        # The groups before this one are reset already: say which, then fail (Kafka's tool
+        # prints nothing of them).
+        done = {g: plan for g, plan in plans.items() if plan}
+        if args.execute and done:
+            print("The reset stopped part way; these groups were reset:", file=sys.stderr)
+            _print_lines(["", *format_reset(done)])
+        raise
     if args.export:
         _print_lines(format_reset_csv(plans, single_group=single_group))
     elif plans:

@@ -278,13 +278,16 @@ class ToolClient:
         """One request and its kio answer; ``OSError`` if the connection fails."""
         # Imported here: kio takes ~0.2 s to import, and every kcoord command's parser
         # imports this module.
-        from kcoord.node.kafka.client import call_once
+        from kcoord.node.kafka.client import RequestValueError, call_once
 
         api_key, version = api
         timeout_s = self.timeout_ms / 1000 + REQUEST_GRACE_S
-        return call_once(
-            endpoint.host, endpoint.port, api_key, version, values, timeout_s=timeout_s
-        )
+        try:
+            return call_once(
+                endpoint.host, endpoint.port, api_key, version, values, timeout_s=timeout_s
+            )
+        except RequestValueError as e:
+            raise ToolError(str(e)) from None
 
     def send_any(self, api: tuple[int, int], values: Mapping[str, Any]) -> Any:
         """To the first bootstrap server that answers."""

@@ -8,7 +8,7 @@ import struct
 import time
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kafka.protocol.consumer.metadata import ConsumerProtocolAssignment
@@ -460,3 +460,33 @@ def test_classic_groups_fall_back_to_describe_groups() -> None:
     old = ScriptedClient({**script, API_VERSIONS: [api_versions(15)]})
     assert describe_group(old, "g").state == "Stable"
     assert CONSUMER_GROUP_DESCRIBE not in {api for api, _ in old.sent}
+
+
+def test_a_reset_that_fails_part_way_names_the_groups_it_reset(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--execute over several groups commits each in turn: when a later group fails, the ones
+    already reset are printed before the error, not lost with it."""
+    from kcoord.node import groups_tool
+
+    tp = TopicPartition("t", 0)
+    committed_to: list[str] = []
+    monkeypatch.setattr(groups_tool, "describe_group", lambda _c, g: SimpleNamespace(state="Empty"))
+    monkeypatch.setattr(groups_tool, "committed_offsets", lambda _c, g: {tp: Committed(5, -1)})
+    monkeypatch.setattr(groups_tool, "_partitions_to_reset", lambda _c, topics: [tp])
+
+    def invalid(_c: Any, partitions: Any) -> None:
+        if committed_to:  # the second group's topic is gone
+            raise ToolError("topic t does not exist")
+
+    monkeypatch.setattr(groups_tool, "_raise_if_invalid", invalid)
+    monkeypatch.setattr(groups_tool, "plan_reset", lambda *_a: {tp: 0})
+    monkeypatch.setattr(groups_tool, "commit_offsets", lambda _c, g, plan: committed_to.append(g))
+    argv = ["groups", "reset-offsets", "--group", "a", "--group", "b", "--topic", "t"]
+    args = build_parser().parse_args([*argv, "--to-earliest", "--execute"])
+    with pytest.raises(ToolError, match="does not exist"):
+        groups_tool._reset_offsets(cast(Any, None), args)
+    assert committed_to == ["a"]
+    out, err = capsys.readouterr()
+    assert "stopped part way" in err
+    assert [line.split() for line in out.splitlines() if line.strip()][1] == ["a", "t", "0", "0"]

@@ -16,6 +16,7 @@ from kcoord.errors import Errors
 from kcoord.node.config import Endpoint
 from kcoord.node.kafka.client import NoAnswerError
 from kcoord.node.tool_client import (
+    CREATE_TOPICS,
     DESCRIBE_GROUPS,
     FIND_COORDINATOR,
     LATEST_TIMESTAMP,
@@ -283,3 +284,24 @@ def test_topic_configs_are_key_value_pairs() -> None:
     for bad in ("retention.ms", "a=b=c", "=1"):
         with pytest.raises(ToolError, match='format "key=val"'):
             parse_configs([bad])
+
+
+def test_a_value_past_its_fields_range_is_a_tool_error_and_nothing_is_sent() -> None:
+    """``--partitions 3000000000`` does not fit CreateTopics' int32: a clear error, not a
+    traceback (the encoding fails before any connection: port 1 is never dialled)."""
+    client = ToolClient([Endpoint("127.0.0.1", 1)], timeout_ms=1000)
+    values = {
+        "topics": [
+            {
+                "name": "t",
+                "num_partitions": 3_000_000_000,
+                "replication_factor": 1,
+                "assignments": [],
+                "configs": [],
+            }
+        ],
+        "timeout": 1000,
+        "validate_only": False,
+    }
+    with pytest.raises(ToolError, match="does not fit"):
+        client.send_any(CREATE_TOPICS, values)

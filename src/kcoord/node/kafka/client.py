@@ -24,6 +24,10 @@ class NoAnswerError(TimeoutError):
     it out (a retry of a CreateTopics could then find the topic it made)."""
 
 
+class RequestValueError(ValueError):
+    """A request could not be encoded: a value is outside its field's range. Nothing was sent."""
+
+
 def encode_request(
     api_key: int,
     version: int,
@@ -71,9 +75,15 @@ def call_once(
 ) -> Any:
     """Send one request and return the kio response body; ``NoAnswerError`` if it was sent and
     no answer came within ``timeout_s``."""
+    try:
+        request = encode_request(api_key, version, 1, values)
+    except (struct.error, OverflowError) as e:
+        # A value past its field's range (an int32 partition count, an int16 string length):
+        # no server saw it. Kafka's tools refuse such options before sending.
+        raise RequestValueError(f"a value does not fit the request's fields: {e}") from e
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
         try:
-            sock.sendall(encode_request(api_key, version, 1, values))
+            sock.sendall(request)
             (size,) = SIZE.unpack(_read_exactly(sock, SIZE.size))
             frame = _read_exactly(sock, size)
         except TimeoutError as e:
