@@ -150,6 +150,27 @@ def test_foreground_cluster_up_and_ctrl_c(tmp_path: Path) -> None:
                 os.kill(pid, 0)
 
 
+def test_ctrl_c_stops_a_node_restarted_from_another_shell(tmp_path: Path) -> None:
+    """``stop-node 2`` and ``start-node 2`` while ``make up`` runs: Ctrl-C stopped the nodes by
+    the pids it started them with, and the restarted node 2 ran on, holding its ports and its
+    data directory's lock (the next ``cluster up`` failed on it)."""
+    base = free_base_port(3)
+    with _cluster_up(base, tmp_path) as proc, _leaving_nothing_running(proc, tmp_path) as pids:
+        _until_running(proc)
+        state = json.loads((tmp_path / launcher.STATE_FILE).read_text())
+        pids.extend(n["pid"] for n in state["nodes"])
+        _kcoord_out("cluster", "stop-node", "2", "--data-dir", str(tmp_path))
+        _kcoord_out("cluster", "start-node", "2", "--data-dir", str(tmp_path))
+        state = json.loads((tmp_path / launcher.STATE_FILE).read_text())
+        restarted = next(n["pid"] for n in state["nodes"] if n["node_id"] == 2)
+        pids.append(restarted)
+        assert restarted not in pids[:-1] and launcher.is_alive(restarted)
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, rest
+        assert not [p for p in pids if launcher.is_alive(p)], rest
+
+
 def test_a_foreground_cluster_up_ends_when_cluster_down_stops_it_from_elsewhere(
     tmp_path: Path,
 ) -> None:

@@ -86,3 +86,24 @@ def test_another_process_node_id_or_cluster_is_refused(tmp_path: Path) -> None:
         cluster.start(1)
         cluster.wait_ready()
         assert cluster.describe(1)["cluster_id"] == cluster_id
+
+
+def test_a_data_dir_that_cannot_be_made_fails_with_a_message(tmp_path: Path) -> None:
+    """An I/O error at start (here the data directory's parent is a file) ends the process with
+    exit code 1 and one line naming it, after the log's details (a traceback was all)."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    base = free_base_port(1)
+    values: dict[str, Any] = {
+        "node.id": 1,
+        "listeners": f"127.0.0.1:{base}",
+        "rpc.listener": f"127.0.0.1:{base + 1}",
+        "quorum.listener": f"127.0.0.1:{base + 2}",
+        "admin.listener": f"127.0.0.1:{base + 3}",
+        "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
+        "data.dir": str(blocker / "data"),
+    }
+    result = _run_node(tmp_path, "blocked", values)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("kcoord: the node stopped: ") and "Not a directory" in last, last

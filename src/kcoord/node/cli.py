@@ -78,6 +78,10 @@ def _node(args: argparse.Namespace) -> int:
     except DataDirError as e:  # another process's or another node's directory
         print(f"kcoord: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # a read-only or full data directory, a port taken: say what, once
+        logging.getLogger("kcoord.node").exception("the node stopped on an I/O error")
+        print(f"kcoord: the node stopped: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -155,7 +159,9 @@ def _cluster(args: argparse.Namespace) -> int:
                         print("kcoord: every node has stopped; exiting", flush=True)
                         return 0
             print("kcoord: stopping the cluster ...", flush=True)
-            launcher.down(state)
+            # As the data directory has it now: a node stopped and started again from another
+            # shell meanwhile (``start-node``) runs with a pid this process never saw.
+            launcher.down(launcher.ClusterState.load(data_dir))
             print("kcoord: stopped", flush=True)
             return 0
         state = launcher.ClusterState.load(data_dir)
