@@ -160,23 +160,25 @@ class FetchResult:
 
 class OffsetWaiters:
     """Futures waiting for a watermark to reach an offset (the high watermark for acks=all
-    appends, the low watermark for DeleteRecords). Cancel a future to give up: it leaves the
+    appends, the low watermark for DeleteRecords), each resolved with the watermark that
+    reached it (a DeleteRecords answer names the low watermark of the moment its partition was
+    done, as Kafka's DelayedDeleteRecords keeps it). Cancel a future to give up: it leaves the
     list."""
 
     __slots__ = ("_waiting",)
 
     def __init__(self) -> None:
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[int, asyncio.Future[int]]] = []
 
     def __len__(self) -> int:
         return len(self._waiting)
 
-    def wait(self, offset: int, watermark: int) -> asyncio.Future[None]:
+    def wait(self, offset: int, watermark: int) -> asyncio.Future[int]:
         """A future done once ``release`` is given a watermark at or above ``offset`` (at
         once if ``watermark`` already is)."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         if watermark >= offset:
-            fut.set_result(None)
+            fut.set_result(watermark)
         else:
             waiter = (offset, fut)
             self._waiting.append(waiter)
@@ -188,7 +190,7 @@ class OffsetWaiters:
         self._waiting = [(o, f) for o, f in self._waiting if o > watermark]
         for fut in ready:
             if not fut.done():
-                fut.set_result(None)
+                fut.set_result(watermark)
 
     def fail(self, error: Exception) -> None:
         waiting, self._waiting = self._waiting, []
@@ -196,7 +198,7 @@ class OffsetWaiters:
             if not fut.done():
                 fut.set_exception(error)
 
-    def _forget(self, waiter: tuple[int, asyncio.Future[None]]) -> None:
+    def _forget(self, waiter: tuple[int, asyncio.Future[int]]) -> None:
         """A cancelled wait leaves the list (one that completed was taken off already)."""
         with contextlib.suppress(ValueError):
             self._waiting.remove(waiter)
@@ -304,7 +306,7 @@ class Partition:
         self.hw_waiters.release(high_watermark)
         return True
 
-    def high_watermark_reached(self, offset: int) -> asyncio.Future[None]:
+    def high_watermark_reached(self, offset: int) -> asyncio.Future[int]:
         """A future done once the HW is at or above ``offset``, failed with
         NOT_LEADER_OR_FOLLOWER if this replica stops leading first (Kafka's ``DelayedProduce``
         asks ``checkEnoughReplicasReachOffset``, which answers the same for a follower).
@@ -315,7 +317,7 @@ class Partition:
         non-leader never waits. Cancel the future to give up (a timeout); it leaves the list.
         """
         if not self.is_leader and self.high_watermark < offset:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
             fut.set_exception(
                 KafkaError(
                     Errors.NOT_LEADER_OR_FOLLOWER, f"{self.topic}-{self.partition}: not the leader"
@@ -487,7 +489,10 @@ class ReplicaManager:
                 part.truncation_pending = False
                 part.isr_change_retry_ms = 0
                 part.isr_proposal = None
-                part.follower_log_starts = {}
+                if not was_leader:
+                    # Replica.resetReplicaState: a new leader knows no follower's log start
+                    # (each counts as -1 until it fetches); one elected again keeps them.
+                    part.follower_log_starts = {}
                 # Kafka's makeLeader (maybeAssignEpochStartOffset): the new epoch starts at our
                 # log end now, not at our first append, so a follower whose log holds a later
                 # epoch than any of ours (fast successive elections) is told where its epochs

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -76,7 +76,7 @@ class Deferred:
         self.max_bytes = max_bytes
 
 
-async def wait_or_cancel(futures: list[asyncio.Future[None]], timeout_s: float) -> None:
+async def wait_or_cancel(futures: Sequence[asyncio.Future[Any]], timeout_s: float) -> None:
     """Wait for every future up to ``timeout_s``, then cancel the rest (so no wait stays
     registered, also when the caller itself is cancelled: its connection closed) and mark a
     failure nobody will read as read. A cancelled future afterwards means "timed out"."""

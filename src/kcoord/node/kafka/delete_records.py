@@ -31,7 +31,7 @@ class _PartitionResult:
     error: Errors = Errors.NONE
     low_watermark: int = -1
     partition: Partition | None = None
-    reached: asyncio.Future[None] | None = None
+    reached: asyncio.Future[int] | None = None
 
 
 class DeleteRecordsApi:
@@ -88,7 +88,9 @@ class DeleteRecordsApi:
             elif error is not None:
                 raise error
             else:
-                result.low_watermark = self.ctx.replicas.low_watermark(result.partition)
+                # The low watermark that completed it, not the one now: a follower fenced
+                # meanwhile may be back unreported (-1), and the answer would say -1.
+                result.low_watermark = result.reached.result()
         return _response(topics)
 
 

@@ -416,7 +416,7 @@ class _PartitionResult:
     record_errors: tuple[tuple[int, str], ...] = ()
     partition: Partition | None = None
     # acks=-1: done once the HW passes the batch (registered at the append, see _append).
-    committed: asyncio.Future[None] | None = None
+    committed: asyncio.Future[int] | None = None
     # NOT_ENOUGH_REPLICAS_AFTER_APPEND, decided when ``committed`` completed.
     after_append: KafkaError | None = None
     leader_hint: dict[str, int] = field(default_factory=dict)
@@ -625,9 +625,7 @@ class ProduceApi:
                 raise error
         return self._response(request, topics)
 
-    def _check_after_append(
-        self, result: _PartitionResult, committed: asyncio.Future[None]
-    ) -> None:
+    def _check_after_append(self, result: _PartitionResult, committed: asyncio.Future[int]) -> None:
         if committed.cancelled() or committed.exception() is not None:
             return
         assert result.partition is not None

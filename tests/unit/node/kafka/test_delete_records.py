@@ -174,17 +174,18 @@ def test_a_fenced_follower_no_longer_holds_the_answer_back(tmp_path: Path) -> No
 
 
 def test_a_follower_yet_to_fetch_from_a_new_leader_holds_the_answer_back(tmp_path: Path) -> None:
-    """Leadership starts a new epoch: what the followers reported to the previous one no longer
-    counts, and one that has not fetched since holds the low watermark back (Kafka's makeLeader
-    resets every remote replica's log start to UnknownOffset), rather than the answer coming
-    while its copy still starts at 0."""
+    """A node that leads again after another did knows none of the followers' log starts
+    (Kafka's Replica.resetReplicaState on a new leader): one that has not fetched since holds
+    the low watermark back, rather than the answer coming while its copy still starts at 0.
+    Elected again while leading, it keeps what they reported."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         part = await three_records_followed_by_2_and_3(h, c, "n")
-        epoch = part.leader_epoch
         h.change_partition("n", part.partition, leader=NODE_ID)  # elected again
-        assert part.leader_epoch > epoch and part.is_leader
-        assert h.replicas.low_watermark(part) == -1
+        assert part.is_leader and h.replicas.low_watermark(part) == 0
+        h.change_partition("n", part.partition, leader=2)
+        h.change_partition("n", part.partition, leader=NODE_ID)  # leads again after 2
+        assert part.is_leader and h.replicas.low_watermark(part) == -1
         await fetch_as_follower(h, part, 2, 0)
         waiting = await parked_delete(c, part, 2)
         await fetch_as_follower(h, part, 2, 2)
@@ -192,6 +193,57 @@ def test_a_follower_yet_to_fetch_from_a_new_leader_holds_the_answer_back(tmp_pat
         assert h.replicas.low_watermark(part) == -1  # follower 3 has not fetched
         await fetch_as_follower(h, part, 3, 2)
         assert await asyncio.wait_for(waiting, 5) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
+def test_the_answer_names_the_low_watermark_that_completed_it(tmp_path: Path) -> None:
+    """A partition done early keeps the low watermark it was done at: follower 3, fenced, no
+    longer held it back; unfenced again before the request's other partition is done, it
+    counts as -1 until it fetches, and the answer said -1 for the first partition."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("w", 6, 3)
+        first, second = h.led_partitions("w")[:2]
+        parts = []
+        for index in (first, second):
+            part = h.replicas.get_partition("w", index)
+            assert part is not None
+            await c.call(PRODUCE, 9, produce_values("w", index, batch([b"a", b"b", b"c"])))
+            for replica in (2, 3):
+                await fetch_as_follower(h, part, replica, 0)
+            parts.append(part)
+        broker = h.cache.image.brokers[3]
+        h.quorum.commit([rec.FenceBroker(broker_id=3, broker_epoch=broker.broker_epoch)])
+        values = {
+            "topics": [
+                {
+                    "name": "w",
+                    "partitions": [
+                        {"partition_index": first, "offset": 2},
+                        {"partition_index": second, "offset": 2},
+                    ],
+                }
+            ],
+            "timeout": 5000,
+        }
+        waiting = asyncio.ensure_future(c.call(DELETE_RECORDS, 2, values))
+        async with asyncio.timeout(5):
+            while not (parts[0].low_watermark_waiters and parts[1].low_watermark_waiters):
+                await asyncio.sleep(0.001)  # until the request reached the node
+        await fetch_as_follower(h, parts[0], 2, 2)  # the first is done (3 is fenced)
+        assert not parts[0].low_watermark_waiters
+        h.quorum.commit([rec.UnfenceBroker(broker_id=3, broker_epoch=broker.broker_epoch)])
+        parts[0].follower_log_starts.pop(3)  # as after its restart: nothing reported yet
+        assert h.replicas.low_watermark(parts[0]) == -1
+        await fetch_as_follower(h, parts[1], 2, 2)
+        await fetch_as_follower(h, parts[1], 3, 2)
+        response = await asyncio.wait_for(waiting, 5)
+        answers = {
+            p.partition_index: (p.error_code, p.low_watermark)
+            for p in response.topics[0].partitions
+        }
+        assert answers == {first: (Errors.NONE, 2), second: (Errors.NONE, 2)}
 
     run(tmp_path, test)
 
