@@ -483,6 +483,7 @@ def run(options: runner.Options, compose_file: Path, docker: Docker | None = Non
     except TimeoutError as e:
         error = str(e)
     finally:
-        with contextlib.suppress(Exception):
+        # A second signal here still lets the report be written.
+        with contextlib.suppress(Exception, runner.RunInterruptedError):
             chaos.heal_all()
     return runner.conclude(options, history, started, error)

@@ -161,7 +161,11 @@ def _cluster(args: argparse.Namespace) -> int:
             print("kcoord: stopping the cluster ...", flush=True)
             # As the data directory has it now: a node stopped and started again from another
             # shell meanwhile (``start-node``) runs with a pid this process never saw.
-            launcher.down(launcher.ClusterState.load(data_dir))
+            try:
+                current = launcher.ClusterState.load(data_dir)
+            except (OSError, ValueError, launcher.LauncherError):
+                current = state  # being rewritten, or unreadable: the nodes as started
+            launcher.down(current)
             print("kcoord: stopped", flush=True)
             return 0
         state = launcher.ClusterState.load(data_dir)

@@ -66,7 +66,6 @@ import enum
 import functools
 import itertools
 import logging
-import time
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -1000,7 +999,8 @@ class CoordinatorRuntime:
     async def _replay_log(self, ctx: ShardContext, standby: Standby | None) -> None:
         """Replay the log into a shard, from the log start or (hot) from the standby's end."""
         start = self.now_ms()
-        started = time.monotonic()  # the duration: a step of the wall clock must not skew it
+        loop = asyncio.get_running_loop()
+        started = loop.time()  # the duration: a step of the wall clock must not skew it
         lg = ctx.partition.log
         if standby is not None:
             timer, shard, offset = standby.timer, standby.shard, standby.next_offset
@@ -1074,7 +1074,7 @@ class CoordinatorRuntime:
         )
         ctx.load_summary = summary
         self.loads.append(summary)
-        took_s = time.monotonic() - started
+        took_s = loop.time() - started
         self.load_duration_s[summary.hot].observe(took_s)
         self.load_records_replayed += records
         del self.loads[:-1000]  # the recent ones are enough

@@ -173,9 +173,12 @@ def add_connection_arguments(parser: argparse.ArgumentParser, default_cluster_di
     )
 
 
+_INT32_MAX: Final = 2**31 - 1
+
+
 def client_from_args(args: argparse.Namespace) -> ToolClient:
-    if args.timeout_ms <= 0:
-        raise ToolError("--timeout-ms must be positive")
+    if not 0 < args.timeout_ms <= _INT32_MAX:  # requests carry it as an int32
+        raise ToolError(f"--timeout-ms must be between 1 and {_INT32_MAX}")
     bootstrap = resolve_bootstrap(args.bootstrap_server, Path(args.data_dir))
     return ToolClient(bootstrap, timeout_ms=args.timeout_ms)
 

@@ -305,3 +305,15 @@ def test_a_value_past_its_fields_range_is_a_tool_error_and_nothing_is_sent() -> 
     }
     with pytest.raises(ToolError, match="does not fit"):
         client.send_any(CREATE_TOPICS, values)
+
+
+def test_a_timeout_past_int32_is_refused_before_anything_is_sent() -> None:
+    """Requests carry the timeout as an int32, and a socket cannot wait 10^14 ms either."""
+    from kcoord.node.tool_client import client_from_args
+
+    for bad in (0, 2**31, 10**14):
+        args = SimpleNamespace(timeout_ms=bad, bootstrap_server="127.0.0.1:1", data_dir=".")
+        with pytest.raises(ToolError, match="--timeout-ms must be between 1 and 2147483647"):
+            client_from_args(args)  # type: ignore[arg-type]
+    args = SimpleNamespace(timeout_ms=2**31 - 1, bootstrap_server="127.0.0.1:1", data_dir=".")
+    assert client_from_args(args).timeout_ms == 2**31 - 1  # type: ignore[arg-type]
