@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 from kcoord.chaos.lab import Firewall, LabNode, grudge_of
 
-PORT = 29000
-PROXY_PORT = 29005
+# The servers' port, the same on every node's address: chosen by main() inside the namespace.
+PORT = 0
 PROBE_TIMEOUT_S = 1.0
 NODES = {n: LabNode(n, f"127.0.0.{n}", 43000 + n) for n in (1, 2, 3)}
 CLIENT = 0  # probes from the runner's own group: never cut
@@ -98,7 +98,7 @@ def probe(sender: int, receiver: int) -> bool:
     return os.waitstatus_to_exitcode(status) == 0
 
 
-def check_kept_connection(firewall: Firewall, port: int = PORT, via: str = "") -> list[str]:
+def check_kept_connection(firewall: Firewall, port: int = 0, via: str = "") -> list[str]:
     """A connection node 3 opened to node 2 (on ``port``: node 2's server, or a fault proxy in
     front of it) before any cut, with traffic, must be cut too, both ways.
 
@@ -119,7 +119,7 @@ def check_kept_connection(firewall: Firewall, port: int = PORT, via: str = "") -
         answered = pushed = True
         with contextlib.suppress(OSError):
             os.setgid(NODES[3].gid)
-            with socket.create_connection((NODES[2].host, port), PROBE_TIMEOUT_S) as s:
+            with socket.create_connection((NODES[2].host, port or PORT), PROBE_TIMEOUT_S) as s:
                 s.settimeout(PROBE_TIMEOUT_S)
                 s.recv(16)  # the id
                 s.sendall(b"push")
@@ -178,7 +178,7 @@ def fault_proxy() -> Iterator[int]:
         api = proc.stdout.readline().strip()
         body = {
             "name": "to-2",
-            "listen": f"{NODES[2].host}:{PROXY_PORT}",
+            "listen": f"{NODES[2].host}:0",  # the proxy reports the port it bound
             "upstream": f"{NODES[2].host}:{PORT}",
             "enabled": True,
         }
@@ -187,7 +187,8 @@ def fault_proxy() -> Iterator[int]:
         )
         with urllib.request.urlopen(request, timeout=10) as answer:
             assert answer.status == 201, answer.status
-        yield PROXY_PORT
+            listen = json.loads(answer.read())["listen"]
+        yield int(listen.rpartition(":")[2])
     finally:
         proc.terminate()
         proc.wait(10)
@@ -213,7 +214,17 @@ def check(firewall: Firewall, cut: set[tuple[int, int]], label: str) -> list[str
     return failures
 
 
+def _free_port() -> int:
+    """A port free on every node's address: this namespace is new, so one free on the first
+    is free on all."""
+    with socket.socket() as s:
+        s.bind((NODES[1].host, 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
+    global PORT
+    PORT = _free_port()
     firewall = Firewall(dict(NODES))
     failures: list[str] = []
     with servers():

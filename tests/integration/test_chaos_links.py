@@ -3,8 +3,9 @@
 A 3-node cluster on 127.0.0.1-3 behind the chaos proxy (``kcoord.chaos.links``), as the lab
 runs it with a ``latency`` or ``reset`` nemesis. pysyncobj's voter with the greater address
 dials, so node 3 dials both others and is dialled by none: a toxic on the proxy in front of its
-own Raft port touched none of its Raft traffic. Stalling node 3's Raft links now leaves it
-behind the metadata the other two commit, until the links heal.
+own Raft port touched none of its Raft traffic. Stalling node 3's Raft links (a bandwidth
+toxic of rate 0, which holds everything where latency would only slow it) now leaves it behind
+the metadata the other two commit, until the links heal.
 """
 
 from __future__ import annotations

@@ -82,14 +82,14 @@ def batch(
 
 def zstd_bomb() -> bytes:
     """A batch of one record whose 8 KiB zstd body decompresses to 256 MiB, its CRC valid."""
-    import cramjam
+    from tests.unit.storage.test_format import zstd_zeros
 
     data = bytearray(
         fmt.build_batch(
             [fmt.Record(0, 1_700_000_000_000, None, b"v")], compression=fmt.Compression.ZSTD
         )[: fmt.HEADER_SIZE]
     )
-    data += bytes(cramjam.zstd.compress(bytes(256 * 1024 * 1024)))
+    data += zstd_zeros(256 * 1024 * 1024)
     data[8:12] = (len(data) - 12).to_bytes(4, "big")  # the batch length
     data[17:21] = fmt.compute_crc(data, 0, len(data)).to_bytes(4, "big")
     return bytes(data)
