@@ -77,6 +77,16 @@ def free_base_port() -> int:
     raise RuntimeError("no free block of loopback ports found")
 
 
+def rows_read(query: Any) -> int:
+    """The rows a finished streaming query read, from its progress reports."""
+    return sum(int(p["numInputRows"]) for p in query.recentProgress)
+
+
+def require_rows(what: str, read: int, expected: int) -> None:
+    if read != expected:
+        raise RuntimeError(f"{what} read {read} records, {expected} were produced")
+
+
 def produce(bootstrap: str, records: int, value_bytes: int) -> float:
     """Produce the topic's records; returns records/s (acks=all, idempotent)."""
     producer = Producer(
@@ -158,8 +168,19 @@ def main(argv: list[str] | None = None) -> int:
             query.awaitTermination()
             if query.exception() is not None:
                 raise RuntimeError(str(query.exception()))
+            require_rows(f"stream round {round_no}", rows_read(query), args.records)
 
         warmup_s = timed(batch)
+        # What the timed batch reads, counted once outside the clock: the figure divides the
+        # records produced by the time, so a source that read fewer would look faster.
+        counted = (
+            spark.read.format("kcoord")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", TOPIC)
+            .load()
+            .count()
+        )
+        require_rows("batch read", counted, args.records)
         for _ in range(args.rounds):
             samples["batch_s"].append(timed(batch))
         for i in range(args.rounds):
@@ -184,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             for query in run_available_now(spark, config):
                 if query.exception() is not None:
                     raise RuntimeError(str(query.exception()))
+                # Each of the job's queries reads the whole payments topic.
+                require_rows(f"payments query {query.name}", rows_read(query), generated.produced)
 
         samples["payments_s"].append(timed(payments))
         spark.stop()
