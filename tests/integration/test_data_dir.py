@@ -5,6 +5,7 @@ the directory as it was; the node then restarts on it as before."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -107,3 +108,25 @@ def test_a_data_dir_that_cannot_be_made_fails_with_a_message(tmp_path: Path) -> 
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("kcoord: the node stopped: ") and "Not a directory" in last, last
+
+
+def test_a_taken_quorum_port_fails_the_start(tmp_path: Path) -> None:
+    """pysyncobj retried a bind that failed for ever: the node ran, never joined the quorum and
+    never served. As with its Kafka and RPC ports (and as Kafka does), it exits 1 naming it."""
+    base = free_base_port(1)
+    values: dict[str, Any] = {
+        "node.id": 1,
+        "listeners": f"127.0.0.1:{base}",
+        "rpc.listener": f"127.0.0.1:{base + 1}",
+        "quorum.listener": f"127.0.0.1:{base + 2}",
+        "admin.listener": f"127.0.0.1:{base + 3}",
+        "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
+        "data.dir": str(tmp_path / "data"),
+    }
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 2))
+        taken.listen(1)
+        result = _run_node(tmp_path, "taken", values)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"cannot listen on the quorum listener 127.0.0.1:{base + 2}" in last, last

@@ -84,6 +84,7 @@ import logging
 import math
 import os
 import pickle
+import socket
 import struct
 import threading
 import time
@@ -522,7 +523,9 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
         def bind_or_say_why() -> None:
             # pysyncobj retries a failed bind every bindRetryTime without a word, and a voter
             # without its port never stands for election: say why, on the first failure and
-            # then every BIND_REPORT_EVERY tries (Kafka fails its start on a port it cannot bind).
+            # then every BIND_REPORT_EVERY tries. ``MetadataQuorum.start`` fails on a port it
+            # cannot bind (``_check_can_listen``), as Kafka does; this is for one taken in
+            # between.
             try:
                 bind()
             except OSError as e:
@@ -620,6 +623,24 @@ def _malformed(message: Any) -> str | None:
     if "entries" in message and not isinstance(message["entries"], list):
         return "entries is not a list"
     return None
+
+
+def _check_can_listen(host: str, port: int) -> None:
+    """``OSError`` naming the quorum listener if its address cannot be bound now (taken by
+    another process, or not this host's): pysyncobj would retry the bind for ever and the node
+    would run without ever joining the quorum. Kafka fails its start on a port it cannot bind,
+    as this node does on its Kafka and RPC ports. Bound as pysyncobj binds it
+    (``SO_REUSEADDR``), then let go for it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+            probe.listen(1)
+        except OSError as e:
+            raise OSError(
+                e.errno, f"cannot listen on the quorum listener {host}:{port}: {e.strerror}"
+            ) from e
 
 
 class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
@@ -1160,6 +1181,7 @@ class MetadataQuorum:
             bindAddress=bind,
             dynamicMembershipChange=False,
         )
+        _check_can_listen(self.bind_host or me.host, self.bind_port or me.port)
         partners = [v.address for v in self.voters.values() if v.node_id != self.node_id]
         self._sync = _MetadataSyncObj(self, me.address, partners, conf)
 
