@@ -36,6 +36,19 @@ def _run_node(
     )
 
 
+def _one_node(base: int, data: Path) -> dict[str, Any]:
+    """The config of a one-voter node on the ports from ``base``, its data in ``data``."""
+    return {
+        "node.id": 1,
+        "listeners": f"127.0.0.1:{base}",
+        "rpc.listener": f"127.0.0.1:{base + 1}",
+        "quorum.listener": f"127.0.0.1:{base + 2}",
+        "admin.listener": f"127.0.0.1:{base + 3}",
+        "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
+        "data.dir": str(data),
+    }
+
+
 def _contents(data: Path) -> list[str]:
     return sorted(p.name for p in data.iterdir() if p.is_dir())
 
@@ -50,15 +63,7 @@ def test_another_process_node_id_or_cluster_is_refused(tmp_path: Path) -> None:
         assert meta == {"version": "1", "node.id": "1", "cluster.id": cluster_id}
         assert cluster.describe(1)["cluster_id"] == cluster_id
         base = free_base_port(1)
-        values: dict[str, Any] = {
-            "node.id": 1,
-            "listeners": f"127.0.0.1:{base}",
-            "rpc.listener": f"127.0.0.1:{base + 1}",
-            "quorum.listener": f"127.0.0.1:{base + 2}",
-            "admin.listener": f"127.0.0.1:{base + 3}",
-            "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
-            "data.dir": str(data),
-        }
+        values = _one_node(base, data)
         # A second process given the running node's directory (a copied config).
         second = _run_node(tmp_path, "second", values)
         assert second.returncode == 1, second.stderr
@@ -94,17 +99,7 @@ def test_a_data_dir_that_cannot_be_made_fails_with_a_message(tmp_path: Path) -> 
     exit code 1 and one line naming it, after the log's details (a traceback was all)."""
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    base = free_base_port(1)
-    values: dict[str, Any] = {
-        "node.id": 1,
-        "listeners": f"127.0.0.1:{base}",
-        "rpc.listener": f"127.0.0.1:{base + 1}",
-        "quorum.listener": f"127.0.0.1:{base + 2}",
-        "admin.listener": f"127.0.0.1:{base + 3}",
-        "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
-        "data.dir": str(blocker / "data"),
-    }
-    result = _run_node(tmp_path, "blocked", values)
+    result = _run_node(tmp_path, "blocked", _one_node(free_base_port(1), blocker / "data"))
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("kcoord: the node stopped: ") and "Not a directory" in last, last
@@ -114,19 +109,10 @@ def test_a_taken_quorum_port_fails_the_start(tmp_path: Path) -> None:
     """pysyncobj retried a bind that failed for ever: the node ran, never joined the quorum and
     never served. As with its Kafka and RPC ports (and as Kafka does), it exits 1 naming it."""
     base = free_base_port(1)
-    values: dict[str, Any] = {
-        "node.id": 1,
-        "listeners": f"127.0.0.1:{base}",
-        "rpc.listener": f"127.0.0.1:{base + 1}",
-        "quorum.listener": f"127.0.0.1:{base + 2}",
-        "admin.listener": f"127.0.0.1:{base + 3}",
-        "controller.quorum.voters": f"1@127.0.0.1:{base + 2}",
-        "data.dir": str(tmp_path / "data"),
-    }
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", base + 2))
         taken.listen(1)
-        result = _run_node(tmp_path, "taken", values)
+        result = _run_node(tmp_path, "taken", _one_node(base, tmp_path / "data"))
     assert result.returncode == 1, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert f"cannot listen on the quorum listener 127.0.0.1:{base + 2}" in last, last

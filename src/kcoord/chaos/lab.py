@@ -75,29 +75,10 @@ class Namespace:
         _run("ip", "netns", "add", self.name)
         _run("ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up")
         for gid in dialer_gids:
-            _run(
-                *self.exec_argv(
-                    [
-                        "iptables",
-                        "-t",
-                        "mangle",
-                        "-A",
-                        "OUTPUT",
-                        "-m",
-                        "owner",
-                        "--gid-owner",
-                        str(gid),
-                        "-m",
-                        "conntrack",
-                        "--ctstate",
-                        "NEW",
-                        "-j",
-                        "CONNMARK",
-                        "--set-mark",
-                        str(gid),
-                    ]
-                )
-            )
+            self._mangle(
+                "OUTPUT", "-m", "owner", "--gid-owner", str(gid), "-m", "conntrack",
+                "--ctstate", "NEW", "-j", "CONNMARK", "--set-mark", str(gid),
+            )  # fmt: skip
         # The fault proxy's connections upstream: it dials for the node that dialled it, so
         # a connection it opens must carry that node's mark too, or a cut node's answers
         # on it would reach the proxy and the proxy would pass them on (until its unanswered
@@ -105,34 +86,11 @@ class Namespace:
         # (tcp_fwmark_accept, restored from the connection's mark), the proxy gives its
         # upstream socket that mark (``chaos.proxy``), and the connection keeps it.
         _run(*self.exec_argv(["sh", "-c", "echo 1 > /proc/sys/net/ipv4/tcp_fwmark_accept"]))
-        _run(
-            *self.exec_argv(
-                ["iptables", "-t", "mangle", "-A", "PREROUTING", "-j", "CONNMARK", "--restore-mark"]
-            )
-        )
-        _run(
-            *self.exec_argv(
-                [
-                    "iptables",
-                    "-t",
-                    "mangle",
-                    "-A",
-                    "OUTPUT",
-                    "-m",
-                    "conntrack",
-                    "--ctstate",
-                    "NEW",
-                    "-m",
-                    "mark",
-                    "!",
-                    "--mark",
-                    "0",
-                    "-j",
-                    "CONNMARK",
-                    "--save-mark",
-                ]
-            )
-        )
+        self._mangle("PREROUTING", "-j", "CONNMARK", "--restore-mark")
+        self._mangle(
+            "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-m", "mark", "!", "--mark", "0",
+            "-j", "CONNMARK", "--save-mark",
+        )  # fmt: skip
         # Connection tracking from the start (any rule using conntrack turns it on in the
         # namespace; this one changes nothing, and ``heal`` flushes only OUTPUT). Started by
         # the first cut instead, it picked up the connections already open from whichever
@@ -152,6 +110,9 @@ class Namespace:
             "-j",
             "ACCEPT",
         )
+
+    def _mangle(self, chain: str, *rule: str) -> None:
+        _run(*self.exec_argv(["iptables", "-t", "mangle", "-A", chain, *rule]))
 
     def exec_argv(self, argv: Sequence[str]) -> list[str]:
         return ["ip", "netns", "exec", self.name, *argv]
