@@ -194,7 +194,7 @@ def recovery_mb_s(directory: Path, total_bytes: int, rng: random.Random) -> dict
 
 def compacted_log(directory: Path, total_bytes: int, rng: random.Random) -> Log:
     """A compacted log of keyed 100 B records, rolled: all of it is cleanable. The keys are
-    drawn from 20,000, but the 64 batches repeat, so about 5,400 distinct keys stay."""
+    drawn from 20,000, but the 64 batches repeat, so about 5,500 distinct keys stay."""
     config = LogConfig(segment_bytes=16 * MIB, cleanup_policy=frozenset({"compact"}))
     lg = Log.open(directory, config)
     batches = [fmt.build_batch(_records(100, 100, rng, keys=20_000)) for _ in range(64)]

@@ -223,7 +223,7 @@ def test_a_voter_that_cannot_listen_fails_its_start_and_joins_once_its_port_is_f
     """pysyncobj retries a failed bind for ever, and a node ran without ever joining the
     quorum: a voter whose port is taken fails its start, naming the address (as Kafka, and
     this node's Kafka and RPC ports, do), and starts once the port is free."""
-    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(restartable_ports(3))]
     taken = socket.create_server(("127.0.0.1", voters[0].port))
     quorums: dict[int, MetadataQuorum] = {}
     try:

@@ -38,8 +38,8 @@ toxics removed, proxies enabled, containers unpaused and started.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
 import subprocess
 import time
 import urllib.request
@@ -57,6 +57,8 @@ from kcoord.chaos.lab import grudge_of
 from kcoord.chaos.links import KINDS, Links
 from kcoord.node import launcher
 from kcoord.node.config import ConfigError, Endpoint, NodeConfig, load_config
+
+log = logging.getLogger(__name__)
 
 # Shapes that isolate whole components, which disabled proxies can express (module docstring).
 SHAPES = ("one", "controller", "coordinator", "halves")
@@ -483,7 +485,11 @@ def run(options: runner.Options, compose_file: Path, docker: Docker | None = Non
     except TimeoutError as e:
         error = str(e)
     finally:
-        # A second signal here still lets the report be written.
-        with contextlib.suppress(Exception, runner.RunInterruptedError):
+        try:
             chaos.heal_all()
+        except runner.RunInterruptedError as e:
+            # A signal here still lets the report be written, and says the heal was cut.
+            error = error or f"interrupted while healing ({e})"
+        except Exception:
+            log.exception("healing the compose cluster failed")
     return runner.conclude(options, history, started, error)

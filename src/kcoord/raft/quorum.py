@@ -629,8 +629,8 @@ def _check_can_listen(host: str, port: int) -> None:
     """``OSError`` naming the quorum listener if its address cannot be bound now (taken by
     another process, or not this host's): pysyncobj would retry the bind for ever and the node
     would run without ever joining the quorum. Kafka fails its start on a port it cannot bind,
-    as this node does on its Kafka and RPC ports. Bound as pysyncobj binds it
-    (``SO_REUSEADDR``), then let go for it."""
+    as this node does on its Kafka and RPC ports. Bound with ``SO_REUSEADDR``, as pysyncobj
+    binds it, on the address the node gives it (its ``quorum.listener``), then let go for it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -638,8 +638,9 @@ def _check_can_listen(host: str, port: int) -> None:
             probe.bind((host, port))
             probe.listen(1)
         except OSError as e:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
             raise OSError(
-                e.errno, f"cannot listen on the quorum listener {host}:{port}: {e.strerror}"
+                e.errno, f"cannot listen on the quorum listener {address}: {e.strerror}"
             ) from e
 
 

@@ -271,11 +271,15 @@ def test_every_framing_decompresses_within_its_bound(size: int) -> None:
 
 
 def zstd_zeros(size: int) -> bytes:
-    """A zstd frame of ``size`` zero bytes, declared in its header, in RLE blocks of 128 KiB
-    (RFC 8878: a single-segment frame with an 8-byte content size; each block a 3-byte header
-    and the byte repeated): 4 bytes a block, whatever the size."""
+    """A zstd frame of ``size`` (> 0) zero bytes, declared in its header, in RLE blocks of
+    128 KiB (RFC 8878: an 8-byte content size and a 128 KiB window, so a decoder really
+    inflates it, as it would the clients' frames; each block a 3-byte header and the byte
+    repeated): 4 bytes a block, whatever the size."""
+    assert size > 0
     block = 128 * 1024
-    frame = bytearray(b"\x28\xb5\x2f\xfd\xe0") + size.to_bytes(8, "little")
+    # Frame header descriptor 0xC0: 8-byte content size, not single-segment; window 0x38:
+    # 2^(10 + 7) bytes.
+    frame = bytearray(b"\x28\xb5\x2f\xfd\xc0\x38") + size.to_bytes(8, "little")
     sizes = [block] * (size // block) + ([size % block] if size % block else [])
     for i, n in enumerate(sizes):
         last = int(i == len(sizes) - 1)
