@@ -711,9 +711,8 @@ async def _connect(
     if not mark:
         return await asyncio.open_connection(host, port)
     loop = asyncio.get_running_loop()
-    family, kind, proto, _, address = (await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))[
-        0
-    ]
+    addresses = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    family, kind, proto, _, address = addresses[0]
     sock = socket.socket(family, kind, proto)
     try:
         sock.setblocking(False)

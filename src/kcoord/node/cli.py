@@ -22,10 +22,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kcoord import __version__
 from kcoord.node import log_file
+
+if TYPE_CHECKING:
+    from kcoord.node import launcher
 
 DEFAULT_CLUSTER_DIR = Path(".kcoord/cluster")
 
@@ -85,15 +88,25 @@ def _node(args: argparse.Namespace) -> int:
     return 0
 
 
-def _any_node_alive(data_dir: Path) -> bool:
-    """Whether a node of the cluster kept in ``data_dir`` runs, by its state file as saved (a
-    node restarted from another shell has a pid this process never saw)."""
+def _saved_state(data_dir: Path) -> launcher.ClusterState | None:
+    """The cluster kept in ``data_dir`` as its state file has it now (a node restarted from
+    another shell has a pid this process never saw); None while it is being rewritten or
+    cannot be read."""
     from kcoord.node import launcher
 
     try:
-        state = launcher.ClusterState.load(data_dir)
+        return launcher.ClusterState.load(data_dir)
     except (OSError, ValueError, launcher.LauncherError):
-        return True  # being rewritten, or unreadable: not a reason to stop
+        return None
+
+
+def _any_node_alive(data_dir: Path) -> bool:
+    """Whether a node of the cluster kept in ``data_dir`` runs, by its state file as saved."""
+    from kcoord.node import launcher
+
+    state = _saved_state(data_dir)
+    if state is None:
+        return True  # not a reason to stop
     return any(launcher.is_alive(n.pid, n.config_path) for n in state.nodes)
 
 
@@ -160,12 +173,8 @@ def _cluster(args: argparse.Namespace) -> int:
                         return 0
             print("kcoord: stopping the cluster ...", flush=True)
             # As the data directory has it now: a node stopped and started again from another
-            # shell meanwhile (``start-node``) runs with a pid this process never saw.
-            try:
-                current = launcher.ClusterState.load(data_dir)
-            except (OSError, ValueError, launcher.LauncherError):
-                current = state  # being rewritten, or unreadable: the nodes as started
-            launcher.down(current)
+            # shell meanwhile (``start-node``); else the nodes as started.
+            launcher.down(_saved_state(data_dir) or state)
             print("kcoord: stopped", flush=True)
             return 0
         state = launcher.ClusterState.load(data_dir)
