@@ -5,6 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import os
+import signal
 import socket
 import time
 import urllib.error
@@ -16,6 +18,7 @@ import pytest
 
 from kcoord.node import launcher
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.storage.manager import CLEAN_SHUTDOWN_FILE
 from tests.integration.cluster import LocalCluster, free_base_port, wait_for
 from tests.unit.node.kafka.wire import WireClient
 
@@ -243,6 +246,23 @@ def test_a_node_that_cannot_catch_up_serves_no_client_says_why_and_stops_on_sigt
         # The first run was SIGKILLed: this line is the waiting node's clean stop.
         log = node.log_path.read_text()
         assert "node 1 stopped" in log, log[-2000:]
+
+
+def test_a_sighup_stops_a_node_cleanly(tmp_path: Path) -> None:
+    """A node run in a terminal that closes gets SIGHUP: it stops as on SIGTERM (Kafka's
+    LoggingSignalHandler takes TERM, INT and HUP), its data directory marked clean, where
+    Python's default action ended it on the spot."""
+    with LocalCluster(tmp_path, nodes=1) as cluster:
+        node = cluster.node(1)
+        wait_for(lambda: readyz(node)[0] == 200, "node 1 ready")
+        marker = Path(node.directory) / "data" / CLEAN_SHUTDOWN_FILE
+        assert not marker.exists()
+        assert node.pid is not None
+        os.kill(node.pid, signal.SIGHUP)
+        wait_for(lambda: not launcher.is_alive(node.pid), "node 1 to stop on SIGHUP")
+        log = node.log_path.read_text()
+        assert "node 1 stopped" in log, log[-2000:]
+        assert marker.exists()
 
 
 def test_a_node_whose_kafka_port_is_taken_fails_before_it_registers_and_stops(

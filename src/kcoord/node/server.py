@@ -21,10 +21,11 @@ Wires the parts together on one asyncio loop (uvloop when installed):
   request processing only after its initial catch-up; the admin listener (/readyz says what
   the node still waits for) opens before that wait.
 
-SIGTERM or SIGINT stops the node cleanly: first a controlled shutdown hands its partition
-leaderships (and so its groups) to the other replicas and, if it is the active controller, the
-Raft leadership to another voter (``Node.hand_over``); then the RPC server closes, the quorum
-stops, logs are flushed and the data directory is marked cleanly shut down.
+SIGTERM, SIGINT or SIGHUP stops the node cleanly (Kafka's ``LoggingSignalHandler`` takes all
+three, and the JVM's shutdown hook then stops the broker): first a controlled shutdown hands
+its partition leaderships (and so its groups) to the other replicas and, if it is the active
+controller, the Raft leadership to another voter (``Node.hand_over``); then the RPC server
+closes, the quorum stops, logs are flushed and the data directory is marked cleanly shut down.
 """
 
 from __future__ import annotations
@@ -694,7 +695,9 @@ async def serve(config: NodeConfig) -> None:
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP too: a node run in a terminal that closes (or an ssh session that drops) was
+    # ended by Python's default action, without the hand-over or the clean-shutdown marker.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     # start() may wait long (no controller to catch up with): a signal stops the node then too.
     starting = asyncio.create_task(node.start(), name="start")
