@@ -1,7 +1,8 @@
 """A node's data directory is its own (Kafka's ``.lock`` and ``meta.properties``), checked on
 real node processes: a second process on a running node's directory, a restart under another
-node id, and one configured for another cluster, all exit 1 with Kafka's message and leave
-the directory as it was; the node then restarts on it as before."""
+node id, one configured for another cluster, and one with no cluster id at all, all exit 1
+with Kafka's message and leave the directory as it was; the node then restarts on it as
+before."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def _one_node(base: int, data: Path) -> dict[str, Any]:
     """The config of a one-voter node on the ports from ``base``, its data in ``data``."""
     return {
         "node.id": 1,
+        "cluster.id": "kcoord-test",
         "listeners": f"127.0.0.1:{base}",
         "rpc.listener": f"127.0.0.1:{base + 1}",
         "quorum.listener": f"127.0.0.1:{base + 2}",
@@ -92,6 +94,18 @@ def test_another_process_node_id_or_cluster_is_refused(tmp_path: Path) -> None:
         cluster.start(1)
         cluster.wait_ready()
         assert cluster.describe(1)["cluster_id"] == cluster_id
+
+
+def test_a_node_without_a_cluster_id_does_not_start(tmp_path: Path) -> None:
+    """No cluster.id configured and none recorded: Kafka's broker does not start on an
+    unformatted directory, and the quorum needs the id to refuse another cluster's voters.
+    Nothing is written to the directory."""
+    values = _one_node(free_base_port(1), tmp_path / "data")
+    del values["cluster.id"]
+    result = _run_node(tmp_path, "unformatted", values)
+    assert result.returncode == 1, result.stderr
+    assert "No cluster id for" in result.stderr and "configure cluster.id" in result.stderr
+    assert read_meta_properties(tmp_path / "data") is None
 
 
 def test_a_data_dir_that_cannot_be_made_fails_with_a_message(tmp_path: Path) -> None:

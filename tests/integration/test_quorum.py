@@ -31,6 +31,7 @@ from kcoord.raft.quorum import (
 )
 from tests.portpick import free_ports, restartable_ports
 
+CLUSTER_ID = "kcoord-test"
 DEADLINE_S = 30.0
 DEFAULT_TIMING = QuorumTiming()
 
@@ -68,7 +69,9 @@ def start(
     recorder: Recorder,
     timing: QuorumTiming = DEFAULT_TIMING,
 ) -> MetadataQuorum:
-    q = MetadataQuorum(node_id, voters, root / f"n{node_id}", recorder, timing=timing)
+    q = MetadataQuorum(
+        node_id, voters, root / f"n{node_id}", recorder, cluster_id=CLUSTER_ID, timing=timing
+    )
     q.start()
     return q
 
@@ -516,6 +519,7 @@ class SnapshottingVoters:
             self.voters,
             self.root / f"n{node_id}",
             self.recorders[node_id],
+            cluster_id=CLUSTER_ID,
             timing=self.TIMING,
         )
         q.start()
@@ -652,6 +656,11 @@ class _Mkdir:
         return (os.mkdir, (str(self.path),))
 
 
+def hello(address: str, cluster_id: str = CLUSTER_ID) -> tuple[str, str]:
+    """A voter's first message on a connection it opens: its address and its cluster."""
+    return (address, cluster_id)
+
+
 def quorum_frame(message: Any) -> bytes:
     """A frame as pysyncobj's transport sends one: native int length, zlib'd pickle."""
     data = zlib.compress(pickle.dumps(message, 2), 3)
@@ -708,7 +717,7 @@ def test_a_stranger_naming_a_voter_does_not_cut_that_voters_link(tmp_path: Path)
                 if other.node_id == q.node_id:
                     continue
                 with socket.create_connection((me.host, me.port), timeout=5) as s:
-                    s.sendall(quorum_frame(other.address) + quorum_frame("not a dict"))
+                    s.sendall(quorum_frame(hello(other.address)) + quorum_frame("not a dict"))
                     s.settimeout(5)
                     assert s.recv(1) == b"", f"the connection naming {other.address} is closed"
         wait_for(
@@ -723,6 +732,48 @@ def test_a_stranger_naming_a_voter_does_not_cut_that_voters_link(tmp_path: Path)
             lambda: all(q.status().commit_index >= offset for q in quorums.values()),
             "every voter to commit after the strangers",
         )
+
+
+@pytest.mark.integration
+def test_a_voter_of_another_cluster_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Voter 3 is given this quorum's voters but another cluster's id (a copied data
+    directory, or a wrong controller.quorum.voters): its connections are refused as KRaft
+    refuses a request with another cluster id (INCONSISTENT_CLUSTER_ID), so it neither takes
+    part in elections nor receives the log; voters 1 and 2 commit without it."""
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorums: dict[int, MetadataQuorum] = {}
+    try:
+        for v in voters:
+            quorums[v.node_id] = MetadataQuorum(
+                v.node_id,
+                voters,
+                tmp_path / f"n{v.node_id}",
+                Recorder(),
+                cluster_id="another-cluster" if v.node_id == 3 else CLUSTER_ID,
+            )
+            quorums[v.node_id].start()
+        wait_for(lambda: quorums[1].status().is_leader or quorums[2].status().is_leader, "a leader")
+        leader = next(q for q in quorums.values() if q.status().is_leader)
+        offset = propose_sync(leader, [rec.ClusterId(CLUSTER_ID)])
+        wait_for(
+            lambda: all(quorums[n].status().commit_index >= offset for n in (1, 2)),
+            "voters 1 and 2 to commit",
+        )
+        wait_for(
+            lambda: any("INCONSISTENT_CLUSTER_ID" in r.getMessage() for r in caplog.records),
+            "a refused connection",
+        )
+        # Connections flicker up before the other end refuses them: the log is what tells.
+        stranger = quorums[3].status()
+        assert stranger.commit_index < offset and not stranger.is_leader, stranger
+        assert 3 not in leader.status().follower_match_index or (
+            leader.status().follower_match_index[3] < offset
+        )
+    finally:
+        for q in quorums.values():
+            q.stop()
 
 
 @pytest.mark.integration
@@ -747,14 +798,16 @@ def test_plain_data_of_the_wrong_shape_closes_its_connection_alone(
                 ["readonly"],  # a non-voting replica: this cluster runs none
                 [["add", "127.0.0.1:9"]],  # membership is fixed by config
                 [["set_version", 99]],
-                [other, "not a dict"],
-                [other, {"type": "request_vote"}],  # no term
-                [other, {"type": "append_entries", "term": "x"}],
+                [other],  # pysyncobj's bare address: names no cluster
+                [(other, "another-cluster")],
+                [hello(other), "not a dict"],
+                [hello(other), {"type": "request_vote"}],  # no term
+                [hello(other), {"type": "append_entries", "term": "x"}],
             ]
             if q is leader:  # messages only a leader reads, without their fields
                 sequences += [
-                    [other, {"type": "next_node_idx", "term": 0}],
-                    [other, {"type": "apply_command", "term": 0}],
+                    [hello(other), {"type": "next_node_idx", "term": 0}],
+                    [hello(other), {"type": "apply_command", "term": 0}],
                 ]
             for frames in sequences:
                 with socket.create_connection((me.host, me.port), timeout=5) as s:
@@ -769,4 +822,4 @@ def test_plain_data_of_the_wrong_shape_closes_its_connection_alone(
     raised = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert raised == []
     closed = [r.getMessage() for r in caplog.records if "quorum: closing" in r.getMessage()]
-    assert len(closed) >= 2 * 9 + 2, closed
+    assert len(closed) >= 2 * 11 + 2, closed

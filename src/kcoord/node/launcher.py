@@ -388,7 +388,8 @@ def up(
 
 def _cluster_id_of(state: ClusterState) -> str | None:
     """A cluster without a state file: the id its nodes recorded, none if their directories
-    hold data but no id (an older kcoord's: the image's own id stays), else a new one."""
+    hold data but no id (an older kcoord's: the image's own id stays; a node that has not
+    recorded it refuses to start, naming cluster.id), else a new one."""
     data_dirs = [Path(n.directory) / "data" for n in state.nodes]
     for data in data_dirs:
         try:

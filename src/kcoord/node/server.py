@@ -188,7 +188,7 @@ class Node:
         # The directory is this process's (.lock) and this node's of this cluster
         # (meta.properties) before anything in it is read or written.
         self._data_lock = DataDirLock.acquire(cfg.data_dir)
-        meta_properties.claim(cfg.data_dir, cfg.node_id, cfg.cluster_id)
+        cluster_id = meta_properties.claim(cfg.data_dir, cfg.node_id, cfg.cluster_id)
         self.logs.open()
         self._logs_open = True
         failure = LogDirFailureChannel(cfg.data_dir)
@@ -304,6 +304,7 @@ class Node:
             voters,
             cfg.data_dir,
             self._bridge,
+            cluster_id=cluster_id,
             bind_host=cfg.quorum_listener.bind.host,
             bind_port=cfg.quorum_listener.bind.port,
             timing=timing,
@@ -315,7 +316,7 @@ class Node:
             self.cache,
             controller_config,
             self.clock.monotonic_ms,
-            cluster_id=cfg.cluster_id,
+            cluster_id=cluster_id,
             expected_brokers=len(voters),
         )
         self.lifecycle = BrokerLifecycle(

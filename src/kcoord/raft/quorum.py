@@ -499,12 +499,19 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's transport, taking on its port only what a voter or our own tools send.
 
     An incoming connection's first message must name a voter that connects to this one (its
-    ``host:port``; of two voters, the one with the greater address connects) or be one of
-    ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up in a dict, so a list or a dict
-    raised out of its tick ("unhashable type") and the rest of that tick's Raft work was
-    skipped; it also took ``readonly`` (a non-voting replica that receives the whole log and
-    whose messages are treated as a node's), which this cluster never runs. Anything else now
-    closes that connection alone, as Kafka's ``SocketServer`` closes one that sends garbage.
+    ``host:port``; of two voters, the one with the greater address connects) and the cluster
+    it belongs to, or be one of ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up
+    in a dict, so a list or a dict raised out of its tick ("unhashable type") and the rest of
+    that tick's Raft work was skipped; it also took ``readonly`` (a non-voting replica that
+    receives the whole log and whose messages are treated as a node's), which this cluster
+    never runs. Anything else now closes that connection alone, as Kafka's ``SocketServer``
+    closes one that sends garbage.
+    The cluster id (pysyncobj sent the bare address) is checked as KRaft's ``KafkaRaftClient``
+    checks the one in every Vote, BeginQuorumEpoch and Fetch (INCONSISTENT_CLUSTER_ID): a
+    voter of another cluster, by a wrong ``controller.quorum.voters`` or a copied data
+    directory, would otherwise take part in this quorum's elections and could replace its log
+    with the other cluster's. Of two voters only one connects, so the one that accepts checks
+    for both: nothing passes on a connection it refused.
     A voter's new connection closes the one it replaces, which pysyncobj left open.
     A failed bind closes its socket: pysyncobj's ``TcpServer.bind`` kept it and made a new one
     on the next try (every ``bindRetryTime``), leaving one open socket per try to the garbage
@@ -548,28 +555,46 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             if not self._ready and self._server is not None:
                 self._server.unbind()
 
+    def _sendSelfAddress(self, conn: Any) -> None:  # noqa: N802
+        conn.send((self._selfNode.address, self._syncObj.cluster_id))
+
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
         if self._syncObj.encryptor and not conn.sendRandKey:
             super()._onIncomingMessageReceived(conn, message)
             return
+        first = message
         if isinstance(message, list):
             command = message[0] if message else None
             acceptable = isinstance(command, str) and command in _UTILITY_COMMANDS
         else:
+            address, cluster_id = _voter_hello(message)
+            if cluster_id is not None and cluster_id != self._syncObj.cluster_id:
+                log.warning(
+                    "quorum: closing a connection from %.80s of cluster %.80r: this voter is "
+                    "of cluster %r (INCONSISTENT_CLUSTER_ID; check controller.quorum.voters "
+                    "and cluster.id)",
+                    address,
+                    cluster_id,
+                    self._syncObj.cluster_id,
+                )
+                conn.disconnect()
+                self._unknownConnections.discard(conn)
+                return
+            message = address  # what pysyncobj's handler takes
             acceptable = (
-                isinstance(message, str)
-                and message in self._nodeAddrToNode
+                address is not None
+                and address in self._nodeAddrToNode
                 # Between two voters only the greater address connects (_shouldConnect): one
                 # naming a voter this node connects to itself is never that voter. pysyncobj
                 # put it in place of the outgoing connection and reconnected with it, without
                 # sending this node's address, so the voter closed every retry.
-                and not self._shouldConnect(self._nodeAddrToNode[message])
+                and not self._shouldConnect(self._nodeAddrToNode[address])
             )
         if not acceptable:
             log.warning(
-                "quorum: closing a connection whose first message is neither a voter that "
-                "connects to this one nor a utility command we take: %.80r",
-                message,
+                "quorum: closing a connection whose first message is neither a voter of this "
+                "cluster that connects to this one nor a utility command we take: %.80r",
+                first,
             )
             conn.disconnect()
             self._unknownConnections.discard(conn)
@@ -582,6 +607,19 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             # one open (a voter that reconnected after a half-open link, or a stranger that
             # names it); the voter on the other end sees it close and reconnects.
             replaced.disconnect()
+
+
+def _voter_hello(message: Any) -> tuple[str | None, str | None]:
+    """(address, cluster id) of a voter's first message on a connection it opened, or
+    (None, None) if it is not one (pysyncobj's bare address names no cluster)."""
+    if (
+        isinstance(message, tuple)
+        and len(message) == 2
+        and isinstance(message[0], str)
+        and isinstance(message[1], str)
+    ):
+        return message[0], message[1]
+    return None, None
 
 
 # Our own messages between voters: a pre-vote and its answer (see _pre_vote_or_elect).
@@ -651,6 +689,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
     ) -> None:
         self._quorum = quorum
+        self.cluster_id = quorum.cluster_id  # named in every connection (_VotersOnlyTransport)
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
         self._parts_sender: tuple[Any, Any] | None = None  # (node, term) of those parts
         self._snapshot_parts: list[bytes] | None = None  # see _stale_snapshot_ignored
@@ -1130,11 +1169,13 @@ class MetadataQuorum:
         data_dir: Path,
         listener: QuorumListener,
         *,
+        cluster_id: str,
         bind_host: str | None = None,
         bind_port: int | None = None,
         timing: QuorumTiming | None = None,
     ) -> None:
         self.node_id = node_id
+        self.cluster_id = cluster_id
         self.voters = {v.node_id: v for v in voters}
         if node_id not in self.voters:
             raise ValueError(f"node {node_id} is not among the voters {sorted(self.voters)}")

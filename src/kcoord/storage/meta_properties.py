@@ -110,15 +110,18 @@ def write_meta_properties(data_dir: Path, props: Mapping[str, str]) -> None:
     checkpoint.write_atomically(data_dir / META_PROPERTIES_FILE, "\n".join(lines) + "\n")
 
 
-def claim(data_dir: Path, node_id: int, cluster_id: str | None) -> str | None:
+def claim(data_dir: Path, node_id: int, cluster_id: str | None) -> str:
     """Check the directory is this node's (Kafka's ``MetaPropertiesEnsemble.verify``) and
     record ``node.id`` if it is new. ``cluster_id`` is the configured one, if any. Returns the
-    stored cluster id (None until one is recorded). Call with the directory locked."""
+    cluster id, configured or recorded: ``DataDirError`` if there is neither, before anything
+    is written (Kafka's broker does not start on a directory ``kafka-storage.sh format`` has
+    not given a cluster id; the metadata quorum needs it to refuse another cluster's voters).
+    Call with the directory locked."""
     props = read_meta_properties(data_dir)
     if props is None:
-        props = {"version": META_VERSION, "node.id": str(node_id)}
-        if cluster_id is not None:
-            props["cluster.id"] = cluster_id
+        if cluster_id is None:
+            raise _no_cluster_id(data_dir)
+        props = {"version": META_VERSION, "node.id": str(node_id), "cluster.id": cluster_id}
         write_meta_properties(data_dir, props)
         return cluster_id
     stored_node = props.get("node.id")
@@ -135,10 +138,20 @@ def claim(data_dir: Path, node_id: int, cluster_id: str | None) -> str | None:
             f"Invalid cluster.id in: {data_dir / META_PROPERTIES_FILE}. Expected {cluster_id}, "
             f"but read {stored_cluster}"
         )
-    if cluster_id is not None and stored_cluster is None:
+    if stored_cluster is None:
+        if cluster_id is None:
+            raise _no_cluster_id(data_dir)
         write_meta_properties(data_dir, {**props, "cluster.id": cluster_id})
         return cluster_id
     return stored_cluster
+
+
+def _no_cluster_id(data_dir: Path) -> DataDirError:
+    return DataDirError(
+        f"No cluster id for {data_dir}: configure cluster.id, the same on every node of the "
+        "cluster (`kcoord cluster up` chooses one), as kafka-storage.sh format --cluster-id "
+        "gives a Kafka broker's directory its id"
+    )
 
 
 def check_learned_cluster_id(data_dir: Path, learned: str, configured: str | None) -> None:

@@ -31,6 +31,8 @@ from kcoord.raft.image import MetadataImage
 from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj, encode_batch
 from tests.portpick import free_ports
 
+CLUSTER_ID = "kcoord-test"
+
 
 class _Quiet:
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
@@ -47,7 +49,7 @@ def follower(tmp_path: Path, *, snapshots: bool = False) -> _MetadataSyncObj:
     """Voter 1 of three (it binds its own port; the others are never reached); with
     ``snapshots``, it keeps its snapshot in a file as ``MetadataQuorum.start`` has it."""
     voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
-    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
     files: dict[str, Any] = {}
     if snapshots:
         files = {
@@ -303,7 +305,11 @@ def test_a_snapshot_in_transfer_commits_none_of_the_entries_a_deposed_leader_lef
 def snapshot_bytes(tmp_path: Path, index: int, term: int) -> bytes:
     """A leader's snapshot covering the entries up to ``index`` (of ``term``)."""
     leader = MetadataQuorum(
-        2, [Voter(1, "127.0.0.1", 1), Voter(2, "127.0.0.1", 2)], tmp_path, _Quiet()
+        2,
+        [Voter(1, "127.0.0.1", 1), Voter(2, "127.0.0.1", 2)],
+        tmp_path,
+        _Quiet(),
+        cluster_id=CLUSTER_ID,
     )
     leader.image = MetadataImage.from_records(index, [rec.ClusterId("kcoord-test")])
     path = tmp_path / f"leader-snapshot-{index}"
@@ -353,7 +359,7 @@ def test_a_failed_bind_leaves_no_socket_open(tmp_path: Path) -> None:
         taken.listen()
         port = taken.getsockname()[1]
         voters = [Voter(1, "127.0.0.1", port), Voter(2, "127.0.0.1", 1), Voter(3, "127.0.0.1", 2)]
-        quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
+        quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
         conf = SyncObjConf(
             autoTick=False,
             bindAddress=f"127.0.0.1:{port}",
@@ -531,7 +537,7 @@ def test_an_unexpected_error_applying_a_batch_halts_the_node(
     pysyncobj's tick, which retried the entry every tick and skipped the rest of it: every
     voter wedged, processes up. It halts, as Kafka's raft IO thread does on a fatal fault."""
     voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
-    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet())
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
 
     def broken(image: MetadataImage, offset: int, records: Any) -> None:
         raise KeyError("a replay bug")

@@ -23,20 +23,34 @@ def test_a_locked_directory_is_refused_until_its_lock_is_released(tmp_path: Path
 
 
 def test_the_first_claim_records_the_node_and_later_ones_check_it(tmp_path: Path) -> None:
-    assert mp.claim(tmp_path, 1, None) is None
-    assert mp.read_meta_properties(tmp_path) == {"version": "1", "node.id": "1"}
+    # No cluster id, configured or recorded: refused, and nothing written (an unformatted
+    # directory, to Kafka).
+    with pytest.raises(mp.DataDirError, match=r"No cluster id for .*configure cluster\.id"):
+        mp.claim(tmp_path, 1, None)
+    assert mp.read_meta_properties(tmp_path) is None
+    assert mp.claim(tmp_path, 1, "A") == "A"
+    assert mp.read_meta_properties(tmp_path) == {"version": "1", "node.id": "1", "cluster.id": "A"}
     with pytest.raises(mp.DataDirError, match="Stored node id 1 doesn't match previous node id 2"):
         mp.claim(tmp_path, 2, None)
-    # A configured cluster id is recorded once, then must match.
-    assert mp.claim(tmp_path, 1, "A") == "A"
+    # The recorded id serves a start without one configured; another configured one is refused.
     assert mp.claim(tmp_path, 1, None) == "A"
+    assert mp.claim(tmp_path, 1, "A") == "A"
     with pytest.raises(mp.DataDirError, match=r"Invalid cluster\.id in: .*Expected B, but read A"):
         mp.claim(tmp_path, 1, "B")
     assert mp.read_meta_properties(tmp_path) == {"version": "1", "node.id": "1", "cluster.id": "A"}
 
 
+def test_a_file_without_a_cluster_id_takes_the_configured_one(tmp_path: Path) -> None:
+    """An older kcoord recorded the node id first and the cluster id once it learned it."""
+    mp.write_meta_properties(tmp_path, {"version": "1", "node.id": "1"})
+    with pytest.raises(mp.DataDirError, match="No cluster id"):
+        mp.claim(tmp_path, 1, None)
+    assert mp.claim(tmp_path, 1, "A") == "A"
+    assert mp.read_meta_properties(tmp_path) == {"version": "1", "node.id": "1", "cluster.id": "A"}
+
+
 def test_the_cluster_id_learned_from_the_image_is_recorded_and_checked(tmp_path: Path) -> None:
-    mp.claim(tmp_path, 1, None)
+    mp.write_meta_properties(tmp_path, {"version": "1", "node.id": "1"})  # an older kcoord's
     mp.check_learned_cluster_id(tmp_path, "A", None)
     assert (mp.read_meta_properties(tmp_path) or {})["cluster.id"] == "A"
     mp.check_learned_cluster_id(tmp_path, "A", "A")
@@ -80,7 +94,7 @@ def test_a_directory_with_only_its_identity_files_holds_no_data(tmp_path: Path) 
     """The lock and meta.properties come before the logs are opened: a first start must
     still find the storage empty (a node whose disk was lost registers that loss)."""
     lock = mp.DataDirLock.acquire(tmp_path)
-    mp.claim(tmp_path, 1, None)
+    mp.claim(tmp_path, 1, "A")
     logs = LogManager(tmp_path)
     logs.open()
     assert logs.storage_was_empty
