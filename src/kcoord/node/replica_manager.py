@@ -1261,6 +1261,10 @@ class ReplicaManager:
             items = sorted(items, key=lambda i: served.get(i.tp, -1))
         self._fetch_rounds += 1
         starved = False
+        # KIP-74: only the first partition that returns records may go past the budget with
+        # its first batch (ReplicaManager.readFromLocalLog clears minOneMessage then); each
+        # partition read with what was left took one whole batch beyond it.
+        read_any = False
         for item in items:
             try:
                 part = self._follower_partition(
@@ -1297,7 +1301,7 @@ class ReplicaManager:
             if fetch_offset != log_end_offset:  # at the log end there is nothing to read
                 try:
                     with self._reading(part.topic, part.partition):
-                        data = lg.read(fetch_offset, budget, min_one=budget > 0)
+                        data = lg.read(fetch_offset, budget, min_one=not read_any)
                 except (OffsetOutOfRangeError, KafkaError) as e:
                     error = e.code if isinstance(e, KafkaError) else Errors.OFFSET_OUT_OF_RANGE
                     results.append(_fetch_result(item, part, error=error))
@@ -1307,9 +1311,9 @@ class ReplicaManager:
                 if data.records:
                     records = bytes(data.records)
                     budget = max(0, budget - len(records))
-                    news = True
+                    read_any = news = True
                     served[item.tp] = self._fetch_rounds
-                elif budget == 0:
+                else:  # it did not fit what was left
                     starved = True
             ready = ready or news
             if (

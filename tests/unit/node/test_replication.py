@@ -813,6 +813,32 @@ def test_records_that_did_not_fit_an_answer_come_with_the_next_one(tmp_path: Pat
     asyncio.run(scenario())
 
 
+def test_only_the_first_partition_read_may_go_past_the_answers_byte_limit(
+    tmp_path: Path,
+) -> None:
+    """KIP-74: the first batch read may be bigger than what the answer has room for, so that a
+    follower always gets on; the partitions after it get only what fits. Each partition read
+    while any room was left took a whole batch beyond it (Kafka's readFromLocalLog clears
+    minOneMessage once a partition returned records)."""
+
+    async def scenario() -> None:
+        leader, follower, parts = _two_partitions(tmp_path)
+        for p in (0, 1):
+            leader.replicas.append_local(
+                leader.replicas.partitions[(TOPIC, p)],
+                batch(value=b"v" * 1000),
+                required_acks=1,
+            )
+        size = leader.replicas.partitions[(TOPIC, 0)].log.size_bytes
+        follower.fetchers.max_bytes = size + 100  # room for one batch, and part of another
+        await follower.fetchers._step(1, parts)
+        assert (parts[0].log.log_end_offset, parts[1].log.log_end_offset) == (1, 0)
+        await follower.fetchers._step(1, parts)
+        assert (parts[0].log.log_end_offset, parts[1].log.log_end_offset) == (1, 1)
+
+    asyncio.run(scenario())
+
+
 def test_under_sustained_load_every_partition_gets_its_turn_at_a_full_answer(
     tmp_path: Path,
 ) -> None:
