@@ -213,6 +213,7 @@ class Node:
             min_insync_replicas=cfg.min_insync_replicas,
             broker_epoch=self._broker_epoch,
             alter_partition=self._alter_partition,
+            caught_up=False,  # set by _wait_for_initial_catch_up
             log_dir_failure=failure,
         )
         self.log_maintenance = LogMaintenance(
@@ -425,6 +426,7 @@ class Node:
             else:
                 log.info("caught up with the metadata log at offset %d", self.cache.offset)
                 assert self.replicas is not None and self.coordinator is not None
+                self.replicas.caught_up = True  # followers are served from here on
                 self.replicas.delete_stray_logs()
                 self.coordinator.release_loads()
                 return

@@ -639,6 +639,40 @@ def test_high_watermarks_of_logs_not_hosted_yet_stay_checkpointed(tmp_path: Path
     assert node.logs.read_high_watermarks() == {(TOPIC, 0): 1}  # no log of "gone" is left
 
 
+def test_a_restarted_leader_serves_no_follower_before_it_has_caught_up(tmp_path: Path) -> None:
+    """Node 1 restarts on an empty disk (lost) before the controller has fenced it: replaying
+    the metadata log makes it the leader of epoch 0 again, on an empty log, and its RPC server
+    answers before its Kafka listener opens. A follower fetching then was told its epoch ends
+    at 0 and truncated every committed record. Until the node has caught up (the controller
+    acknowledged its new registration, having moved its leaderships away first), followers
+    get NOT_LEADER_OR_FOLLOWER, as Kafka's broker serves nothing before its initial catch-up;
+    nor does it checkpoint the HWs the replay gave it."""
+
+    async def scenario() -> None:
+        cluster, _, follower = await _two_nodes_with_committed(tmp_path, b"r%d", 3)
+        restarted = Node(1, tmp_path / "node-1-lost", cluster)
+        restarted.replicas.caught_up = False  # as the node starts it
+        _start({1: restarted})  # its replay: it leads epoch 0
+        assert restarted.partition.is_leader and restarted.partition.log.log_end_offset == 0
+        for _ in range(3):  # the old session is gone: the second fetch is a full one
+            await follower.fetch_once()
+        assert follower.values() == [b"r0", b"r1", b"r2"]
+        answer = await restarted.replicas.handle_epoch_end_offset(
+            {
+                "replica_id": 2,
+                "partitions": [{"topic": TOPIC, "partition": 0, "leader_epoch": 0, "epoch": 0}],
+            }
+        )
+        assert answer["partitions"][0]["error"] == Errors.NOT_LEADER_OR_FOLLOWER
+        restarted.replicas.checkpoint_high_watermarks()
+        assert restarted.logs.read_high_watermarks() == {}
+        restarted.replicas.caught_up = True
+        restarted.replicas.checkpoint_high_watermarks()
+        assert restarted.logs.read_high_watermarks() == {(TOPIC, 0): 0}
+
+    asyncio.run(scenario())
+
+
 def test_a_log_opened_at_start_up_takes_its_topics_configs(tmp_path: Path) -> None:
     """The node opens the logs on its disk with its defaults before it reads the metadata
     image; hosting the partition gives the log the topic's configs (they were lost on every
