@@ -309,6 +309,15 @@ def set_partition_leader_epoch(buf: bytearray, pos: int, leader_epoch: int) -> N
     _INT32.pack_into(buf, pos + PARTITION_LEADER_EPOCH_OFFSET, leader_epoch)
 
 
+def set_max_timestamp(buf: bytearray, pos: int, timestamp: int) -> None:
+    """Give the batch at ``pos`` ``timestamp`` as its max timestamp and sign it again (it is
+    under the CRC): Kafka's ``DefaultRecordBatch.setMaxTimestamp``, which its LogValidator
+    calls with the greatest timestamp of the batch's records, whatever the producer wrote."""
+    _INT64.pack_into(buf, pos + MAX_TIMESTAMP_OFFSET, timestamp)
+    size = _INT32.unpack_from(buf, pos + 8)[0] + LOG_OVERHEAD
+    _UINT32.pack_into(buf, pos + CRC_OFFSET, compute_crc(buf, pos, size))
+
+
 def set_log_append_time(buf: bytearray, pos: int, timestamp: int) -> None:
     """Mark the batch at ``pos`` LogAppendTime with ``timestamp`` as its max timestamp, and sign
     it again: both are under the CRC (Kafka's ``DefaultRecordBatch.setMaxTimestamp``). Its

@@ -364,9 +364,7 @@ def test_create_time_bounds_refuse_records_too_far_from_the_leaders_clock(
 
 
 def test_a_batch_the_producer_marked_log_append_time_is_refused(tmp_path: Path) -> None:
-    """Only the leader stamps LogAppendTime (Kafka's LogValidator.validateTimestamp); so is a
-    header whose max timestamp is past the bound though no record's is (kcoord keeps headers
-    as sent, where Kafka would recompute it)."""
+    """Only the leader stamps LogAppendTime (Kafka's LogValidator.validateTimestamp)."""
     lg = open_log(tmp_path / "t-0")
     stamped = fmt.build_batch(
         [fmt.Record(0, 1_000, b"k", b"v")], timestamp_type=fmt.TimestampType.LOG_APPEND_TIME
@@ -383,19 +381,54 @@ def test_a_batch_the_producer_marked_log_append_time_is_refused(tmp_path: Path) 
                     "type to LogAppendTime.",
                 )
             ]
-    lg.config = LogConfig()
-    lying = bytearray(batch(1, timestamp=1_000))
-    struct.pack_into(">q", lying, fmt.MAX_TIMESTAMP_OFFSET, 10 * HOUR_MS)
+    assert lg.log_end_offset == 0
+
+
+def _with_header_max(sent: bytes, max_timestamp: int) -> bytes:
+    """``sent`` (one batch) with another max timestamp in its header, signed again."""
+    lying = bytearray(sent)
+    struct.pack_into(">q", lying, fmt.MAX_TIMESTAMP_OFFSET, max_timestamp)
     struct.pack_into(">I", lying, fmt.CRC_OFFSET, fmt.compute_crc(lying, 0, len(lying)))
-    with pytest.raises(InvalidTimestampError) as refused:
-        lg.append_as_leader(bytes(lying), leader_epoch=0, now_ms=2_000)
-    assert refused.value.record_errors == [
-        (
-            0,
-            f"Batch max timestamp {10 * HOUR_MS} is out of range. The timestamp should be "
-            f"within [{2_000 - LONG_MAX}, {2_000 + HOUR_MS}]",
-        )
-    ]
+    return bytes(lying)
+
+
+@pytest.mark.parametrize("codec", [fmt.Compression.NONE, fmt.Compression.GZIP])
+def test_a_batch_takes_its_records_max_timestamp_whatever_its_header_says(
+    tmp_path: Path, codec: fmt.Compression
+) -> None:
+    """Kafka's LogValidator gives a batch the greatest timestamp of its records
+    (setMaxTimestamp); kcoord kept the producer's. A header too low or -1 hid the batch from a
+    search by time (ListOffsets answered -1) and from max-timestamp (-3); one too high named a
+    time no record has. Each is stored with its records' max, through the one-batch path and
+    the general one, and searches find the record."""
+    now = 10 * HOUR_MS
+    records = [fmt.Record(0, now - 5_000, b"k", b"a"), fmt.Record(1, now - 1_000, b"k", b"b")]
+    for header_max in (now - 5_000, -1, now - 100):
+        for before in (b"", batch(1, timestamp=now - 9_000)):
+            lg = open_log(tmp_path / f"t-{codec.name}-{header_max}-{len(before)}")
+            sent = _with_header_max(fmt.build_batch(records, compression=codec), header_max)
+            lg.append_as_leader(before + sent, leader_epoch=0, now_ms=now)
+            data = bytes(lg.read(0, 1 << 20).records)
+            headers = [h for _, h in fmt.iter_headers(data)]
+            assert headers[-1].max_timestamp == now - 1_000
+            assert all(fmt.compute_crc(data, p, h.size) == h.crc for p, h in fmt.iter_headers(data))
+            first = len(headers) - 1  # the offset of the batch's first record
+            assert lg.offset_for_timestamp(now - 1_000) == (first + 1, now - 1_000)
+            assert lg.offset_for_timestamp(now - 4_000) == (first + 1, now - 1_000)
+            assert lg.offset_for_timestamp(now - 1_000 + 1) is None
+
+
+def test_a_record_past_the_bound_is_refused_though_its_header_hides_it(tmp_path: Path) -> None:
+    """message.timestamp.after.max.ms bounds every record: a batch whose header says "now"
+    while a record is ten hours ahead was taken, its header only being checked."""
+    now = 10 * HOUR_MS
+    records = [fmt.Record(0, now, b"k", b"a"), fmt.Record(1, now + 10 * HOUR_MS, b"k", b"b")]
+    sent = _with_header_max(fmt.build_batch(records), now)
+    lg = open_log(tmp_path / "t-0")
+    for request in (sent, batch(1, timestamp=now) + sent):
+        with pytest.raises(InvalidTimestampError) as refused:
+            lg.append_as_leader(request, leader_epoch=0, now_ms=now)
+        assert [i for i, _ in refused.value.record_errors] == [1]
     assert lg.log_end_offset == 0
 
 
