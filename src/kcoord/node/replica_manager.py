@@ -713,6 +713,8 @@ class ReplicaManager:
         part = self.partitions.pop(tp, None)
         if part is None:
             return
+        for served in self._served_by_replica.values():
+            served.pop(tp, None)  # else every partition ever served stayed named there
         # No longer hosted here: Kafka's DelayedProduce answers NOT_LEADER_OR_FOLLOWER while
         # the metadata still has the partition (moved away), UNKNOWN_TOPIC_OR_PARTITION once
         # it does not (deleted); DelayedDeleteRecords answers UNKNOWN_TOPIC_OR_PARTITION.

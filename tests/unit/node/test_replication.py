@@ -1202,6 +1202,20 @@ def test_a_follower_takes_a_batch_larger_than_its_own_limit(tmp_path: Path) -> N
     asyncio.run(scenario())
 
 
+def test_a_deleted_partition_is_forgotten_by_the_fetch_turns(tmp_path: Path) -> None:
+    """The leader notes, per follower, when each partition last had records in an answer (whose
+    turn comes first when answers run out of room); a partition no longer hosted stayed named
+    there for good, one entry per partition of every topic ever deleted."""
+
+    async def scenario() -> None:
+        _cluster, leader, _follower = await _two_nodes_with_committed(tmp_path, b"r%d", 2)
+        assert (TOPIC, 0) in leader.replicas._served_by_replica[2]
+        leader.cache.apply(2, [rec.RemoveTopic(TOPIC_ID)])
+        assert leader.replicas._served_by_replica[2] == {}
+
+    asyncio.run(scenario())
+
+
 def test_a_follower_of_a_deleted_topic_does_not_count_for_its_successor(tmp_path: Path) -> None:
     """The leader has seen the topic deleted and created again under its name (leader epoch
     0, like the old one); the follower has not, and fetches for its old log at offset 2. Its
