@@ -220,7 +220,8 @@ class Partition:
     partition_epoch: int = -1
     # Leader only: the followers' state, the HW and the in-flight ISR change.
     replication: LeaderReplication | None = None
-    # No ISR change is proposed, or the in-flight one sent again, before this time.
+    # No ISR change is proposed, or the in-flight one sent again, before this time (on the
+    # ReplicaManager's ``monotonic_ms``).
     isr_change_retry_ms: int = 0
     # Leader only: the AlterPartition item of the in-flight ISR change (``pending_isr``).
     isr_proposal: dict[str, Any] | None = None
@@ -373,6 +374,7 @@ class ReplicaManager:
         log_dir_failure: LogDirFailureChannel | None = None,
         high_watermark_linger_ms: int = HIGH_WATERMARK_LINGER_MS,
         caught_up: bool = True,
+        monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
         self.node_id = node_id
         self.logs = logs
@@ -394,6 +396,11 @@ class ReplicaManager:
         self._fetch_rounds = 0
         self.cache = cache
         self.now_ms = now_ms
+        # For the ISR changes' retry delays (``isr_change_retry_ms``): a wall clock stepped
+        # back held an in-flight change, and with it the HW, for as long as the step (Kafka's
+        # AlterPartitionManager retries on its scheduler, a relative delay). The wall clock
+        # (``now_ms``) stays for the replicas' lag, as Kafka's getOutOfSyncReplicas reads it.
+        self.monotonic_ms = monotonic_ms or now_ms
         self.default_log_config = default_log_config or LogConfig()
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.min_insync_replicas = min_insync_replicas  # the node default (Kafka's)
@@ -1401,7 +1408,7 @@ class ReplicaManager:
         broker_epoch = self.broker_epoch()
         if self.alter_partition is None or broker_epoch is None:
             return
-        now_ms = self.now_ms()
+        now_ms, retry_now_ms = self.now_ms(), self.monotonic_ms()
         eligible = {b: r.broker_epoch for b, r in self.cache.image.brokers.items() if not r.fenced}
         items: list[dict[str, Any]] = []
         proposed: list[Partition] = []
@@ -1410,11 +1417,11 @@ class ReplicaManager:
             if not part.is_leader or repl is None:
                 continue
             if repl.pending_isr is not None:
-                if now_ms >= part.isr_change_retry_ms and part.isr_proposal is not None:
-                    items.append(self._resend_isr_change(part, broker_epoch, now_ms))
+                if retry_now_ms >= part.isr_change_retry_ms and part.isr_proposal is not None:
+                    items.append(self._resend_isr_change(part, broker_epoch, retry_now_ms))
                     proposed.append(part)
                 continue
-            if now_ms < part.isr_change_retry_ms:
+            if retry_now_ms < part.isr_change_retry_ms:
                 continue
             # A shrink goes alone, as Kafka's PendingShrinkIsr: were it sent with an expansion
             # the controller refuses (INELIGIBLE_REPLICA), it would be refused with it.
@@ -1435,7 +1442,7 @@ class ReplicaManager:
                 sorted(into),
             )
             repl.begin_isr_change(new_isr)
-            part.isr_change_retry_ms = now_ms + ISR_CHANGE_METADATA_WAIT_MS
+            part.isr_change_retry_ms = retry_now_ms + ISR_CHANGE_METADATA_WAIT_MS
             part.isr_proposal = {
                 "topic_id": part.topic_id,
                 "partition": part.partition,
@@ -1483,7 +1490,7 @@ class ReplicaManager:
         except Exception as e:  # the controller is unreachable or answered an RPC error
             log.info("AlterPartition's outcome is unknown, sending it again later: %s", e)
             reply = {"error": int(Errors.REQUEST_TIMED_OUT), "partitions": []}
-        now_ms = self.now_ms()
+        retry_now_ms = self.monotonic_ms()
         errors: dict[tuple[str, int], Errors] = {
             (str(r["topic_id"]), int(r["partition"])): Errors(r["error"])
             for r in reply.get("partitions", [])
@@ -1525,7 +1532,7 @@ class ReplicaManager:
                 )
                 repl.end_isr_change()
                 part.isr_proposal = None
-                part.isr_change_retry_ms = now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
+                part.isr_change_retry_ms = retry_now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
             elif error in (
                 Errors.INVALID_UPDATE_VERSION,
                 Errors.FENCED_LEADER_EPOCH,
@@ -1547,7 +1554,7 @@ class ReplicaManager:
                     part.partition,
                     error.name,
                 )
-                part.isr_change_retry_ms = now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
+                part.isr_change_retry_ms = retry_now_ms + ISR_CHANGE_RETRY_BACKOFF_MS
             self.maybe_advance_high_watermark(part)
 
     def close(self) -> None:

@@ -214,6 +214,7 @@ class Node:
             broker_epoch=self._broker_epoch,
             alter_partition=self._alter_partition,
             caught_up=False,  # set by _wait_for_initial_catch_up
+            monotonic_ms=self.clock.monotonic_ms,
             log_dir_failure=failure,
         )
         self.log_maintenance = LogMaintenance(

@@ -84,6 +84,7 @@ class Node:
         *,
         high_watermark_linger_ms: int = HIGH_WATERMARK_LINGER_MS,
         clock: Callable[[], int] = lambda: 1_000_000,
+        monotonic: Callable[[], int] | None = None,
         alter_partition: AlterPartitionCall | None = None,
     ) -> None:
         self.node_id = node_id
@@ -98,6 +99,7 @@ class Node:
             high_watermark_linger_ms=high_watermark_linger_ms,
             broker_epoch=lambda: 1,
             alter_partition=alter_partition,
+            monotonic_ms=monotonic,
         )
         self.cache.listener = self.replicas
         self.cache.delta_listeners.append(self.replicas.on_metadata_delta)  # as the server does
@@ -1127,6 +1129,50 @@ def test_an_isr_change_whose_outcome_is_unknown_stays_in_flight_until_the_metada
         now[0] += 2 * ISR_CHANGE_METADATA_WAIT_MS
         await propose()
         assert len(sent) == 2
+
+    asyncio.run(scenario())
+
+
+def test_an_isr_change_is_sent_again_after_its_backoff_whatever_the_wall_clock_does(
+    tmp_path: Path,
+) -> None:
+    """The retry delay of an ISR change whose outcome is unknown was a wall-clock deadline: a
+    clock stepped back an hour held the change in flight, and with it the HW (its maximal
+    ISR counts), for an hour. It is timed on the monotonic clock now, as Kafka's
+    AlterPartitionManager retries on its scheduler."""
+
+    async def scenario() -> None:
+        wall, monotonic = [1_000_000_000], [5_000]
+        sent: list[dict[str, Any]] = []
+
+        async def alter_partition(payload: dict[str, Any]) -> dict[str, Any]:
+            sent.append(payload)
+            raise ConnectionError("the controller's connection was reset")
+
+        async def propose() -> None:
+            n1.replicas.maybe_propose_isr_changes()
+            await asyncio.gather(*n1.replicas._isr_tasks)
+
+        cluster: dict[int, Node] = {}
+        n1 = Node(
+            1,
+            tmp_path / "n1",
+            cluster,
+            clock=lambda: wall[0],
+            monotonic=lambda: monotonic[0],
+            alter_partition=alter_partition,
+        )
+        n2 = Node(2, tmp_path / "n2", cluster, clock=lambda: wall[0])
+        _start(cluster, isr=(1,))
+        n1.produce(b"a")
+        await n2.fetch_once()
+        await n2.fetch_once()  # node 2 has caught up: node 1 proposes it for the ISR
+        await propose()
+        assert len(sent) == 1
+        wall[0] -= 3_600_000  # an NTP step back
+        monotonic[0] += ISR_CHANGE_RETRY_BACKOFF_MS
+        await propose()
+        assert len(sent) == 2 and sent[1]["partitions"] == sent[0]["partitions"]
 
     asyncio.run(scenario())
 
