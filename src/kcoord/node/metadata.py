@@ -10,6 +10,15 @@ partition-epoch-only changes make no role change).
 
 Coroutines can wait until the image has reached an offset (``wait_for_offset``): the controller
 service answers a request only once the records it proposed are in this node's image.
+
+A node starts its cache holding (``hold=True``): the image follows the metadata log, but
+nothing is published until ``release``, at the node's initial catch-up, which publishes one
+delta from the empty image to the image then (Kafka's ``MetadataLoader`` publishes nothing
+while it catches up, and its first publish is such a delta). Published batch by batch, the
+replay of a restarted node went through past states: it led old epochs alone in old ISRs (its
+HW jumping to its log end, which the log cleaner read), followed old leaders, and took the log
+of a topic deleted and created again under the same name for a stray of the first topic,
+deleting it.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from kcoord.raft.image import (
     RoleChange,
     StopReplica,
     TopicIdPartition,
+    diff,
     role_changes,
 )
 
@@ -81,10 +91,12 @@ class ReplicaRoles:
 
 
 class MetadataCache:
-    def __init__(self, node_id: int, listener: RoleListener) -> None:
+    def __init__(self, node_id: int, listener: RoleListener, *, hold: bool = False) -> None:
         self.node_id = node_id
         self.image = MetadataImage()
         self.listener = listener
+        # Nothing is published before ``release`` (see the module docstring).
+        self.holding = hold
         # Called with every applied delta, after the role changes it made.
         self.delta_listeners: list[Callable[[MetadataDelta], None]] = []
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
@@ -116,7 +128,18 @@ class MetadataCache:
         log.info("metadata image replaced by the snapshot at offset %d", offset)
         self._publish(delta)
 
+    def release(self) -> None:
+        """Stop holding: publish the image as one delta from the empty image."""
+        if not self.holding:
+            return
+        self.holding = False
+        log.info("publishing the metadata image at offset %d", self.image.last_offset)
+        self._publish(diff(MetadataImage(), self.image))
+
     def _publish(self, delta: MetadataDelta) -> None:
+        if self.holding:
+            self._wake_waiters()
+            return
         changes = role_changes(delta, self.node_id)
         if changes:
             try:
@@ -128,6 +151,9 @@ class MetadataCache:
                 delta_listener(delta)
             except Exception:
                 log.exception("delta listener failed at metadata offset %d", delta.offset)
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
         ready = [(o, f) for o, f in self._waiters if o <= self.image.last_offset]
         if ready:
             self._waiters = [(o, f) for o, f in self._waiters if o > self.image.last_offset]
@@ -192,7 +218,10 @@ class QuorumBridge:
     def _submit(self, apply: _Apply, offset: int, records: list[rec.MetadataRecord]) -> None:
         if self.closed:
             return
-        if not self._pending and (self.prepare is None or not self.prepare.logs_to_create(records)):
+        if not self._pending and (
+            # Held batches host nothing yet: their logs are made at the release.
+            self.prepare is None or self.cache.holding or not self.prepare.logs_to_create(records)
+        ):
             apply(offset, records)  # the usual batch: applied at once, as it came
             return
         self._pending.append((apply, offset, records))

@@ -157,7 +157,8 @@ class Node:
         self.incarnation_id = str(uuid.uuid4())
         self.logs = LogManager(config.data_dir)
         self.roles = ReplicaRoles(config.node_id)
-        self.cache = MetadataCache(config.node_id, self.roles)
+        # Held until the initial catch-up (_wait_for_initial_catch_up; see MetadataCache).
+        self.cache = MetadataCache(config.node_id, self.roles, hold=True)
         # Its connections close when idle for 9/10 of the peers' idle time (same config),
         # before their servers close them under a call.
         self.rpc_pool = RpcClientPool(idle_ms=max(1, config.connections_max_idle_ms * 9 // 10))
@@ -193,7 +194,7 @@ class Node:
         self._logs_open = True
         failure = LogDirFailureChannel(cfg.data_dir)
         self.cache.delta_listeners.append(partial(self._on_cluster_id, failure))
-        # Hosted partitions follow the metadata log from its first record on.
+        # Hosted partitions follow the metadata image once it is published (at the catch-up).
         self.replicas = ReplicaManager(
             cfg.node_id,
             self.logs,
@@ -427,6 +428,14 @@ class Node:
             else:
                 log.info("caught up with the metadata log at offset %d", self.cache.offset)
                 assert self.replicas is not None and self.coordinator is not None
+                # The image is published now, as one delta (MetadataCache), the logs it has
+                # this node host made first off the loop (a topic of 2000 partitions created
+                # on it stalled it for seconds); the role changes make any still missing.
+                try:
+                    await self.replicas.create_logs_ahead(self.cache.image.to_records())
+                except Exception:
+                    log.exception("creating the logs of the metadata image ahead failed")
+                self.cache.release()
                 self.replicas.caught_up = True  # followers are served from here on
                 self.replicas.delete_stray_logs()
                 self.coordinator.release_loads()

@@ -15,6 +15,7 @@ from pathlib import Path
 from kcoord.node.metadata import MetadataCache, QuorumBridge
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.raft import records as rec
+from kcoord.raft.image import BecomeLeader, RoleChange
 from kcoord.storage.manager import LogManager
 
 NODE_ID = 1
@@ -133,6 +134,51 @@ def test_a_closed_bridge_applies_nothing_more(tmp_path: Path) -> None:
         bridge.on_committed(3, _broker(3))  # from the Raft thread, after the close
         await asyncio.sleep(0)  # the callback's turn
         assert cache.offset == 1 and replicas.get_partition("big", 0) is None
+        logs.shutdown()
+
+    asyncio.run(scenario())
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.changes: list[RoleChange] = []
+
+    def on_role_changes(self, changes: list[RoleChange]) -> None:
+        self.changes.extend(changes)
+
+
+def test_a_held_cache_follows_the_log_and_publishes_the_image_once_released(
+    tmp_path: Path,
+) -> None:
+    """Until its release a node's cache applies every batch (waiters on an offset are woken: the
+    controller answers from it) but publishes nothing, nor creates logs ahead; the release
+    publishes the image as one delta: only the roles it gives now, none of the past ones (the
+    leader epochs 0 and 1 of "t", and the topic "gone")."""
+
+    async def scenario() -> None:
+        logs, cache, _replicas, preparer, bridge = _bridge(tmp_path)
+        roles = _Recorder()
+        cache.listener = roles
+        deltas: list[int] = []
+        cache.delta_listeners.append(lambda d: deltas.append(d.offset))
+        cache.holding = True
+        reached = asyncio.ensure_future(cache.wait_for_offset(4))
+        bridge.on_committed(1, _broker(1))
+        bridge.on_committed(2, _topic("t", "A" * 22, 1) + _topic("gone", "G" * 22, 1))
+        bridge.on_committed(3, [rec.PartitionChange("A" * 22, 0, 0, leader=NODE_ID)])
+        bridge.on_committed(4, [rec.RemoveTopic("G" * 22)])
+        await asyncio.wait_for(reached, 5)
+        assert cache.image.last_offset == 4
+        assert roles.changes == [] and deltas == [] and preparer.seen == []
+        cache.release()
+        assert len(roles.changes) == 1
+        assert [
+            (c.topic_name, c.leader_epoch) for c in roles.changes if isinstance(c, BecomeLeader)
+        ] == [("t", 1)]
+        assert deltas == [4]
+        bridge.on_committed(5, _broker(5))
+        await asyncio.sleep(0)  # the bridge's call_soon
+        assert deltas == [4, 5]
         logs.shutdown()
 
     asyncio.run(scenario())

@@ -641,6 +641,39 @@ def test_high_watermarks_of_logs_not_hosted_yet_stay_checkpointed(tmp_path: Path
     assert node.logs.read_high_watermarks() == {(TOPIC, 0): 1}  # no log of "gone" is left
 
 
+def test_a_restart_replaying_a_topic_deleted_and_created_again_keeps_the_new_topics_log(
+    tmp_path: Path,
+) -> None:
+    """The metadata log holds topic t created (id A), deleted, and created again (id B). A
+    node restarted on B's log replayed A's creation first, took B's log for a stray of A and
+    deleted it: a restart of every replica lost the topic. Its cache holds the replay now and
+    publishes the image at its catch-up, as Kafka's MetadataLoader (MetadataCache.release)."""
+
+    async def scenario() -> None:
+        cluster, leader, _follower = await _two_nodes_with_committed(tmp_path, b"old-%d", 2)
+        new_id = "DDDDDDDDDDDDDDDDDDDDDD"
+        recreated: list[rec.MetadataRecord] = [
+            rec.RemoveTopic(TOPIC_ID),
+            rec.Topic(TOPIC, new_id, {}),
+            rec.Partition(new_id, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
+        ]
+        for node in cluster.values():
+            node.cache.apply(2, list(recreated))
+        for value in (b"a", b"b", b"c"):
+            leader.produce(value)
+        leader.logs.shutdown()
+
+        restarted = Node(1, tmp_path / "node-1", {})
+        restarted.cache.holding = True  # as the node starts it
+        _start({1: restarted})  # the replay: topic A first
+        restarted.cache.apply(2, list(recreated))
+        restarted.cache.release()
+        assert restarted.partition.topic_id == new_id
+        assert restarted.values() == [b"a", b"b", b"c"]
+
+    asyncio.run(scenario())
+
+
 def test_a_restarted_leader_serves_no_follower_before_it_has_caught_up(tmp_path: Path) -> None:
     """Node 1 restarts on an empty disk (lost) before the controller has fenced it: replaying
     the metadata log makes it the leader of epoch 0 again, on an empty log, and its RPC server
