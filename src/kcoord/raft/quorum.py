@@ -69,6 +69,11 @@ that heard from its leader lately refuses. A voter whose term is above the leade
 its AppendEntries with that term (``_tell_newer_term``), as Kafka's does, so it is never left
 out. These are messages of our own between voters: a voter of an older build ignores them.
 
+Its election deadline is on pysyncobj's own clock (``CLOCK_MONOTONIC_RAW``), so the pre-vote
+reads and sets it on that clock (``raft_clock``): ``time.monotonic`` (``CLOCK_MONOTONIC``) is
+slewed by NTP, and the two drift apart by every correction; by more than an election timeout,
+a follower dropped its leader on every tick, or pysyncobj stood before the pre-vote asked.
+
 Timing: pysyncobj's defaults suit a LAN database, not a controller. ``leaderFallbackTimeout``
 (default 30 s) is how long an isolated leader keeps believing it leads; we use 1.5 s, under the
 3 s broker session timeout, so an isolated controller steps down before it could fence anyone.
@@ -101,6 +106,7 @@ import pysyncobj.serializer
 import pysyncobj.syncobj
 import pysyncobj.tcp_connection
 from pysyncobj import FAIL_REASON, SyncObj, SyncObjConf
+from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.node import TCPNode
 from pysyncobj.transport import TCPTransport
 from pysyncobj.utility import TcpUtility, UtilityException
@@ -759,7 +765,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                 if self._pending_prefix is not None:
                     self._leader_prefix, self._pending_prefix = self._pending_prefix, None
                 if message.get("type") == "append_entries" and self._SyncObj__raftLeader == node:
-                    self._leader_heard_at = time.monotonic()  # a leader of our term or newer
+                    self._leader_heard_at = raft_clock()  # a leader of our term or newer
                     # It leads: a round still open would stand against it on late grants
                     # (etcd's pre-candidate and Kafka's ProspectiveState follow it again).
                     self._pre_vote_term = self._pre_vote_won = None
@@ -796,7 +802,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             and self._SyncObj__selfNode is not None
             and self._SyncObj__otherNodes
             and self._SyncObj__transport.ready
-            and self._SyncObj__raftElectionDeadline < time.monotonic()  # type: ignore[has-type]
+            and self._SyncObj__raftElectionDeadline < raft_clock()  # type: ignore[has-type]
             and self._SyncObj__connectedToAnyone()
             and not self._SyncObj__transferInProgress
         )
@@ -804,9 +810,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         if not due or self._pre_vote_won == term + 1:
             self._pre_vote_won = None
             return  # nothing due, or pysyncobj elects on this tick
-        self._SyncObj__raftElectionDeadline = (
-            time.monotonic() + self._SyncObj__generateRaftTimeout()
-        )
+        self._SyncObj__raftElectionDeadline = raft_clock() + self._SyncObj__generateRaftTimeout()
         if self._SyncObj__needLoadDumpFile:
             return  # pysyncobj loads the snapshot on this tick: ask with the log it leaves
         if self._SyncObj__raftLeader is not None:  # type: ignore[has-type]
@@ -859,7 +863,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                 and self._SyncObj__raftState != _LEADER
                 # Kafka's FollowerState refuses while it fetches from its leader; here, while
                 # the leader was heard from within the shortest election timeout.
-                and time.monotonic() - self._leader_heard_at >= self._SyncObj__conf.raftMinTimeout
+                and raft_clock() - self._leader_heard_at >= self._SyncObj__conf.raftMinTimeout
                 and (last_term, last_index) >= ours  # Raft's "at least as up to date"
             )
             self._SyncObj__transport.send(

@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import socket
+import time
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
@@ -589,3 +590,24 @@ def test_applying_passes_on_whether_append_entries_should_go_out(
         assert voter._SyncObj__applyLogEntries() is False
     finally:
         voter.destroy()
+
+
+def test_the_pre_vote_reads_the_election_deadline_on_pysyncobjs_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj keeps its election deadline on CLOCK_MONOTONIC_RAW; the pre-vote read it
+    against time.monotonic, which NTP slews, so the two drift apart by every correction. Ahead
+    by more than an election timeout, a follower that had just heard its leader took the
+    deadline for passed and dropped its leader on every tick."""
+    voter = follower(tmp_path)
+    append(voter, 1, (0, 0), [entry(1, 1)], 0)  # the leader of term 1 is heard
+    leader = leader_of(voter)
+    assert voter._SyncObj__raftLeader == leader
+    monkeypatch.setattr(voter, "_SyncObj__connectedToAnyone", lambda: True)
+    monkeypatch.setattr(voter._SyncObj__transport, "_ready", True)
+    monkeypatch.setattr(voter, "_SyncObj__needLoadDumpFile", False)  # no snapshot to load
+    steady = time.monotonic
+    monkeypatch.setattr(time, "monotonic", lambda: steady() + 5.0)  # slewed 5 s ahead
+    voter._pre_vote_or_elect()
+    assert voter._SyncObj__raftLeader == leader
+    voter.destroy()
