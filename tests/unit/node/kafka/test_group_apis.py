@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -18,6 +19,7 @@ from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.groups import (
     CONSUMER_GROUP_DESCRIBE_KEY,
     CONSUMER_GROUP_HEARTBEAT_KEY,
+    DELETE_GROUPS_KEY,
     DESCRIBE_GROUPS_KEY,
     HEARTBEAT_KEY,
     JOIN_GROUP_KEY,
@@ -26,6 +28,7 @@ from kcoord.node.kafka.groups import (
     GroupApi,
 )
 from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
+from kcoord.raft.image import MetadataImage
 
 
 class _Runtime:
@@ -52,7 +55,9 @@ class _Runtime:
 
 
 def _api(runtime: _Runtime) -> GroupApi:
-    return GroupApi(cast(BrokerContext, None), cast(CoordinatorRuntime, runtime))
+    """The group APIs on ``runtime``, with a broker context holding an empty image."""
+    context = SimpleNamespace(image=MetadataImage())
+    return GroupApi(cast(BrokerContext, context), cast(CoordinatorRuntime, runtime))
 
 
 def _request(api_key: int, version: int, values: dict[str, Any]) -> Request:
@@ -110,13 +115,26 @@ class _CountingRuntime(_Runtime):
         return super().submit(group_id, call, replay_only=replay_only)
 
 
-@pytest.mark.parametrize("api_key", [DESCRIBE_GROUPS_KEY, OFFSET_FETCH_KEY])
-def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(api_key: int) -> None:
-    """DescribeGroups and OffsetFetch v8+ call the coordinator a slice of groups at a time: a
-    DescribeGroups of 300,000 group ids held the loop for 21 s (the node missed its
-    heartbeats). Every group is still answered, in request order."""
+@pytest.mark.parametrize(
+    ("api_key", "empty_ids"),
+    [
+        (DESCRIBE_GROUPS_KEY, False),
+        (OFFSET_FETCH_KEY, False),
+        (DELETE_GROUPS_KEY, False),
+        (CONSUMER_GROUP_DESCRIBE_KEY, False),
+        (CONSUMER_GROUP_DESCRIBE_KEY, True),
+    ],
+)
+def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(
+    api_key: int, empty_ids: bool
+) -> None:
+    """DescribeGroups, OffsetFetch v8+, DeleteGroups and ConsumerGroupDescribe call the
+    coordinator a slice of groups at a time: a DescribeGroups of 300,000 group ids held the
+    loop for 21 s (the node missed its heartbeats), a DeleteGroups of 50,000 for a second, and
+    a ConsumerGroupDescribe of a million empty ids (each answered at once, INVALID_GROUP_ID)
+    for 4 s. Every group is still answered, in request order."""
     count = 3 * PARTITIONS_PER_SLICE + 7
-    ids = [f"g{i}" for i in range(count)]
+    ids = ["" if empty_ids else f"g{i}" for i in range(count)]
 
     async def scenario() -> None:
         runtime = _CountingRuntime()
@@ -129,21 +147,37 @@ def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(api_key: int)
         task = asyncio.create_task(ticker())
         if api_key == DESCRIBE_GROUPS_KEY:
             request = _request(api_key, 5, {"groups": ids, "include_authorized_operations": False})
+        elif api_key == DELETE_GROUPS_KEY:
+            request = _request(api_key, 2, {"groups_names": ids})
+        elif api_key == CONSUMER_GROUP_DESCRIBE_KEY:
+            body = {"group_ids": ids, "include_authorized_operations": False}
+            request = _request(api_key, 0, body)
         else:
             groups = [
                 {"group_id": g, "member_id": None, "member_epoch": -1, "topics": None} for g in ids
             ]
             request = _request(api_key, 9, {"groups": groups, "require_stable": False})
+        started = runtime.ticks
         answer = await _answer(await getattr(_api(runtime), _HANDLERS[api_key])(request))
+        ticks = runtime.ticks - started
         task.cancel()
-        assert [g["group_id"] for g in answer["groups"]] == ids
+        groups = answer["results" if api_key == DELETE_GROUPS_KEY else "groups"]
+        assert [g["group_id"] for g in groups] == ids
+        if empty_ids:  # nothing reaches the coordinator: the loop still ran in between
+            assert runtime.seen == [] and ticks >= count // PARTITIONS_PER_SLICE
+            return
         assert max(Counter(runtime.seen).values()) <= PARTITIONS_PER_SLICE
         assert len(runtime.seen) == count
 
     asyncio.run(scenario())
 
 
-_HANDLERS = {DESCRIBE_GROUPS_KEY: "handle_describe_groups", OFFSET_FETCH_KEY: "handle_offset_fetch"}
+_HANDLERS = {
+    DESCRIBE_GROUPS_KEY: "handle_describe_groups",
+    OFFSET_FETCH_KEY: "handle_offset_fetch",
+    DELETE_GROUPS_KEY: "handle_delete_groups",
+    CONSUMER_GROUP_DESCRIBE_KEY: "handle_consumer_group_describe",
+}
 
 
 def test_bad_join_and_consumer_heartbeat_requests_are_answered_before_routing() -> None:
