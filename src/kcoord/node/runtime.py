@@ -187,6 +187,7 @@ def _replay_chunk(
 # Past this many bytes of uncommitted suffix after a load, its records are not read again to
 # find their groups: every read waits for the whole suffix instead (see _written_above).
 SUFFIX_SCAN_MAX_BYTES: Final = 1 << 20
+GROUP_WRITTEN_MIN_LIMIT: Final = 1024  # see ShardContext.group_written_limit
 
 
 def _written_above(
@@ -378,6 +379,9 @@ class ShardContext:
     # load) ends: a read of one group waits for what was written for it only.
     group_written: dict[str, int] = field(default_factory=dict)
     all_written: int = 0
+    # group_written's entries the HW has passed count for nothing (as no entry): they are
+    # dropped once it holds this many, else every group ever written stayed named there.
+    group_written_limit: int = GROUP_WRITTEN_MIN_LIMIT
     # For each group with records above the high watermark, its ListGroups entry (None: no
     # such group) just before each of its writes there, as (end of the writes it stands for,
     # entry) in log order: the first one not yet passed by the HW is the entry as of the HW.
@@ -717,6 +721,10 @@ class ShardContext:
                 fut.set_result(response)
 
     def complete_up_to(self, high_watermark: int) -> None:
+        if len(self.group_written) >= self.group_written_limit:
+            self.group_written = {g: e for g, e in self.group_written.items() if e > high_watermark}
+            # Twice what is left: the pass costs O(1) per write, spread over them.
+            self.group_written_limit = max(GROUP_WRITTEN_MIN_LIMIT, 2 * len(self.group_written))
         if self.committed_listing:
             self.forget_committed_listing(high_watermark)
         ready = [d for d in self.deferred if d.offset <= high_watermark]

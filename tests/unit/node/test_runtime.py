@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
@@ -1555,3 +1555,20 @@ def test_a_list_groups_that_raises_fails_alone(
         node.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_groups_written_below_the_high_watermark_are_forgotten() -> None:
+    """Where each group's last record ends is kept so a read of one group waits for its own
+    writes; once the HW passed it, the entry counts for nothing, yet every group ever written
+    (and deleted since) stayed named there until the shard was loaded again. Such entries go
+    when the map reaches its limit, which then doubles what is left."""
+    ctx = ShardContext(cast(CoordinatorRuntime, None), cast(Partition, None), 0)
+    limit = rt.GROUP_WRITTEN_MIN_LIMIT
+    ctx.group_written = {f"g{i}": i + 1 for i in range(limit)}
+    ctx.group_written["pending"] = limit + 10
+    ctx.complete_up_to(limit)
+    assert ctx.group_written == {"pending": limit + 10}
+    assert ctx.group_written_limit == limit
+    ctx.group_written["g0"] = 1
+    ctx.complete_up_to(limit)  # under the limit: left as it is
+    assert len(ctx.group_written) == 2
