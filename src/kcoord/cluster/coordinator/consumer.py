@@ -576,6 +576,10 @@ def compile_subscription_regex(pattern: str) -> SubscriptionRegex:
     return compiled
 
 
+# The expressions a TopicsSnapshot keeps the matches of (each a set of topic names).
+MATCHED_PATTERNS_KEPT: Final = 256
+
+
 class TopicsSnapshot(dict[str, tuple[str, int]]):
     """The topics of one metadata image (name -> (topic id, partition count)), with what each
     regular expression matches among them, found once: matching every member's expression
@@ -593,6 +597,10 @@ class TopicsSnapshot(dict[str, tuple[str, int]]):
     def matching(self, pattern: str) -> frozenset[str]:
         matched = self._matches.get(pattern)
         if matched is None:
+            if len(self._matches) >= MATCHED_PATTERNS_KEPT:
+                # The oldest goes: on a cluster whose metadata does not change, a snapshot
+                # lives on, and heartbeats with ever new expressions grew it without end.
+                del self._matches[next(iter(self._matches))]
             matched = self._matches[pattern] = _matching(pattern, self)
         return matched
 

@@ -16,6 +16,7 @@ import pytest
 
 from kcoord.cluster.coordinator import consumer
 from kcoord.cluster.coordinator.consumer import (
+    MATCHED_PATTERNS_KEPT,
     ConsumerGroupMember,
     MemberState,
     TopicsSnapshot,
@@ -1182,3 +1183,15 @@ def test_a_full_group_refuses_any_member_it_does_not_hold_a_static_one_rejoining
     assert static_hb(ctx, "m2", 0, "i1").error_code is Errors.GROUP_MAX_SIZE_REACHED
     assert static_hb(ctx, "other", 0, "i2").error_code is Errors.GROUP_MAX_SIZE_REACHED
     assert list(ctx.shard.consumer_groups["g"].members) == ["m1"]
+
+
+def test_a_topics_snapshot_keeps_the_matches_of_so_many_expressions() -> None:
+    """A snapshot lives as long as the metadata does not change: heartbeats naming ever new
+    expressions grew its matches without end (about 70 KB each against 2,000 topics). The
+    oldest goes once it keeps MATCHED_PATTERNS_KEPT; asked again, it is matched again."""
+    snapshot = TopicsSnapshot({"orders": ("T" * 22, 1), "payments": ("U" * 22, 1)}, 0)
+    for i in range(MATCHED_PATTERNS_KEPT + 1):
+        assert snapshot.matching(f"ord.*|x{i}") == frozenset({"orders"})
+    assert len(snapshot._matches) == MATCHED_PATTERNS_KEPT
+    assert "ord.*|x0" not in snapshot._matches
+    assert snapshot.matching("ord.*|x0") == frozenset({"orders"})
