@@ -505,19 +505,20 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     """pysyncobj's transport, taking on its port only what a voter or our own tools send.
 
     An incoming connection's first message must name a voter that connects to this one (its
-    ``host:port``; of two voters, the one with the greater address connects) and the cluster
-    it belongs to, or be one of ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up
-    in a dict, so a list or a dict raised out of its tick ("unhashable type") and the rest of
-    that tick's Raft work was skipped; it also took ``readonly`` (a non-voting replica that
-    receives the whole log and whose messages are treated as a node's), which this cluster
-    never runs. Anything else now closes that connection alone, as Kafka's ``SocketServer``
-    closes one that sends garbage.
-    The cluster id (pysyncobj sent the bare address) is checked as KRaft's ``KafkaRaftClient``
-    checks the one in every Vote, BeginQuorumEpoch and Fetch (INCONSISTENT_CLUSTER_ID): a
-    voter of another cluster, by a wrong ``controller.quorum.voters`` or a copied data
-    directory, would otherwise take part in this quorum's elections and could replace its log
-    with the other cluster's. Of two voters only one connects, so the one that accepts checks
-    for both: nothing passes on a connection it refused.
+    ``host:port``; of two voters, the one with the greater address connects) or be one of
+    ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up in a dict, so a list or a dict
+    raised out of its tick ("unhashable type") and the rest of that tick's Raft work was
+    skipped; it also took ``readonly`` (a non-voting replica that receives the whole log and
+    whose messages are treated as a node's), which this cluster never runs. Anything else now
+    closes that connection alone, as Kafka's ``SocketServer`` closes one that sends garbage.
+    Each end of a voters' connection then names its cluster (``CLUSTER_ID``) before any Raft
+    message, the one that dials right after its address, the other once it has taken that
+    address; ``_MetadataSyncObj`` closes the connection on another cluster's id, as KRaft's
+    ``KafkaRaftClient`` refuses a Vote, BeginQuorumEpoch or Fetch with one
+    (INCONSISTENT_CLUSTER_ID): a voter of another cluster, by a wrong
+    ``controller.quorum.voters`` or a copied data directory, took part in this quorum's
+    elections and could replace its log with the other cluster's. A voter of an older build
+    sends no such message and ignores it (so a rolling upgrade keeps its quorum).
     A voter's new connection closes the one it replaces, which pysyncobj left open.
     A failed bind closes its socket: pysyncobj's ``TcpServer.bind`` kept it and made a new one
     on the next try (every ``bindRetryTime``), leaving one open socket per try to the garbage
@@ -562,45 +563,31 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
                 self._server.unbind()
 
     def _sendSelfAddress(self, conn: Any) -> None:  # noqa: N802
-        conn.send((self._selfNode.address, self._syncObj.cluster_id))
+        super()._sendSelfAddress(conn)
+        conn.send(self._syncObj.cluster_id_message())
 
     def _onIncomingMessageReceived(self, conn: Any, message: Any) -> None:  # noqa: N802
         if self._syncObj.encryptor and not conn.sendRandKey:
             super()._onIncomingMessageReceived(conn, message)
             return
-        first = message
         if isinstance(message, list):
             command = message[0] if message else None
             acceptable = isinstance(command, str) and command in _UTILITY_COMMANDS
         else:
-            address, cluster_id = _voter_hello(message)
-            if cluster_id is not None and cluster_id != self._syncObj.cluster_id:
-                log.warning(
-                    "quorum: closing a connection from %.80s of cluster %.80r: this voter is "
-                    "of cluster %r (INCONSISTENT_CLUSTER_ID; check controller.quorum.voters "
-                    "and cluster.id)",
-                    address,
-                    cluster_id,
-                    self._syncObj.cluster_id,
-                )
-                conn.disconnect()
-                self._unknownConnections.discard(conn)
-                return
-            message = address  # what pysyncobj's handler takes
             acceptable = (
-                address is not None
-                and address in self._nodeAddrToNode
+                isinstance(message, str)
+                and message in self._nodeAddrToNode
                 # Between two voters only the greater address connects (_shouldConnect): one
                 # naming a voter this node connects to itself is never that voter. pysyncobj
                 # put it in place of the outgoing connection and reconnected with it, without
                 # sending this node's address, so the voter closed every retry.
-                and not self._shouldConnect(self._nodeAddrToNode[address])
+                and not self._shouldConnect(self._nodeAddrToNode[message])
             )
         if not acceptable:
             log.warning(
-                "quorum: closing a connection whose first message is neither a voter of this "
-                "cluster that connects to this one nor a utility command we take: %.80r",
-                first,
+                "quorum: closing a connection whose first message is neither a voter that "
+                "connects to this one nor a utility command we take: %.80r",
+                message,
             )
             conn.disconnect()
             self._unknownConnections.discard(conn)
@@ -608,6 +595,8 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
         node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
         replaced = self._connections.get(node) if node is not None else None
         super()._onIncomingMessageReceived(conn, message)
+        if node is not None:
+            conn.send(self._syncObj.cluster_id_message())  # before any Raft message of ours
         if replaced is not None and replaced is not conn:
             # pysyncobj puts the new connection in the old one's place and forgets the old
             # one open (a voter that reconnected after a half-open link, or a stranger that
@@ -615,23 +604,13 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             replaced.disconnect()
 
 
-def _voter_hello(message: Any) -> tuple[str | None, str | None]:
-    """(address, cluster id) of a voter's first message on a connection it opened, or
-    (None, None) if it is not one (pysyncobj's bare address names no cluster)."""
-    if (
-        isinstance(message, tuple)
-        and len(message) == 2
-        and isinstance(message[0], str)
-        and isinstance(message[1], str)
-    ):
-        return message[0], message[1]
-    return None, None
-
-
 # Our own messages between voters: a pre-vote and its answer (see _pre_vote_or_elect).
 PRE_VOTE = "kcoord_pre_vote"
 PRE_VOTE_RESPONSE = "kcoord_pre_vote_response"
 NEWER_TERM = "kcoord_newer_term"  # to a leader of an older term (see _tell_newer_term)
+CLUSTER_ID = "kcoord_cluster_id"  # each end's first message (see _VotersOnlyTransport)
+# A voter of another cluster that keeps dialling is named once a minute, not every second.
+CLUSTER_MISMATCH_LOG_EVERY_S = 60.0
 # pysyncobj's _RAFT_STATE.
 _FOLLOWER, _CANDIDATE, _LEADER = 0, 1, 2
 
@@ -696,6 +675,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     ) -> None:
         self._quorum = quorum
         self.cluster_id = quorum.cluster_id  # named in every connection (_VotersOnlyTransport)
+        self._cluster_mismatch_logged: dict[str, float] = {}  # per voter address
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
         self._parts_sender: tuple[Any, Any] | None = None  # (node, term) of those parts
         self._snapshot_parts: list[bytes] | None = None  # see _stale_snapshot_ignored
@@ -750,6 +730,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._pending_prefix = None  # what an earlier message that failed left is not taken
         if why is None:
             try:
+                if message.get("type") == CLUSTER_ID:
+                    self._check_cluster_id(node, message)
+                    return
                 if message.get("type") in (PRE_VOTE, PRE_VOTE_RESPONSE, NEWER_TERM):
                     self._on_election_message(node, message)
                     return
@@ -776,6 +759,32 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # pysyncobj's handler would have raised out of its tick and skipped the rest of the
         # tick's Raft work for every voter; only this connection goes (the voter reconnects).
         log.warning("quorum: closing the connection of %s, which sent %s", node, why)
+        conn = self._SyncObj__transport._connections.get(node)
+        if conn is not None:
+            conn.disconnect()
+
+    def cluster_id_message(self) -> dict[str, Any]:
+        return {"type": CLUSTER_ID, "cluster_id": self.cluster_id}
+
+    def _check_cluster_id(self, node: Any, message: dict[str, Any]) -> None:
+        """A voter's cluster (see _VotersOnlyTransport): another one closes the connection."""
+        theirs = message.get("cluster_id")
+        if theirs == self.cluster_id:
+            return
+        now = raft_clock()
+        address = str(node.address)
+        if now - self._cluster_mismatch_logged.get(address, -math.inf) >= (
+            CLUSTER_MISMATCH_LOG_EVERY_S
+        ):
+            self._cluster_mismatch_logged[address] = now
+            log.warning(
+                "quorum: closing the connection of voter %s of cluster %.80r: this voter is of "
+                "cluster %r (INCONSISTENT_CLUSTER_ID; check controller.quorum.voters and "
+                "cluster.id)",
+                address,
+                theirs,
+                self.cluster_id,
+            )
         conn = self._SyncObj__transport._connections.get(node)
         if conn is not None:
             conn.disconnect()
