@@ -3,7 +3,9 @@
 Wires the parts together on one asyncio loop (uvloop when installed):
 
 - the data directory's ``LogManager`` (storage), opened before anything serves;
-- the metadata quorum (pysyncobj, its own thread) and the ``MetadataCache`` it feeds;
+- the metadata quorum (pysyncobj, its own thread) and the ``MetadataCache`` it feeds, which
+  publishes nothing (no role change, no delta) until the node's initial catch-up, then the
+  image as one delta (see ``node/metadata.py``);
 - the ``ControllerService`` (active on the Raft leader only) and the ``BrokerLifecycle``
   (registration and heartbeats with the active controller);
 - the inter-node RPC server: ``BrokerRegistration``, ``BrokerHeartbeat``, ``AlterPartition``
@@ -13,8 +15,7 @@ Wires the parts together on one asyncio loop (uvloop when installed):
   ``EpochEndOffset``, proposes ISR changes through the ``BrokerLifecycle``'s controller
   channel, checkpoints HWs) and the ``ReplicaFetcherManager`` (one fetcher per leader node
   this node follows partitions of), the group coordinator runtime (one shard per led
-  ``__consumer_offsets`` partition, loaded and unloaded on the ReplicaManager's role changes,
-  the first loads held until the node has caught up with the metadata log)
+  ``__consumer_offsets`` partition, loaded and unloaded on the ReplicaManager's role changes)
   and the Kafka listener (``kafka.KafkaBroker`` with the group APIs of ``kafka.groups``)
   serving clients from them. The Kafka listener opens last, once the controller says this
   node has replayed the metadata log up to its own registration, as Kafka's broker enables
@@ -340,6 +341,7 @@ class Node:
             storage_lost=self.logs.storage_was_empty,
             on_storage_loss_registered=self.logs.storage_loss_registered,
             offline_replicas=self._offline_replicas,
+            ready_to_unfence=False,  # until the image is published (_wait_for_initial_catch_up)
         )
         self.monitor = QuorumMonitor(quorum, self.clock)
         self.rpc_server = RpcServer(
@@ -437,6 +439,7 @@ class Node:
                     log.exception("creating the logs of the metadata image ahead failed")
                 self.cache.release()
                 self.replicas.caught_up = True  # followers are served from here on
+                self.lifecycle.set_ready_to_unfence()
                 self.replicas.delete_stray_logs()
                 self.coordinator.release_loads()
                 return
@@ -704,13 +707,24 @@ class Node:
         }
 
 
+def stop_signals() -> list[signal.Signals]:
+    """The signals that stop the node cleanly: SIGTERM, and SIGINT and SIGHUP unless they are
+    ignored. SIGHUP too: a node run in a terminal that closes (or an ssh session that drops)
+    was ended by Python's default action, without the hand-over or the clean-shutdown marker.
+    Unless ignored: a node started under ``nohup`` (or in the background of a script, for
+    SIGINT) keeps running when its terminal goes, as the JVM leaves such a signal ignored."""
+    signals = [signal.SIGTERM]
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signals.append(sig)
+    return signals
+
+
 async def serve(config: NodeConfig) -> None:
     node = Node(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    # SIGHUP too: a node run in a terminal that closes (or an ssh session that drops) was
-    # ended by Python's default action, without the hand-over or the clean-shutdown marker.
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in stop_signals():
         loop.add_signal_handler(sig, stop.set)
     # start() may wait long (no controller to catch up with): a signal stops the node then too.
     starting = asyncio.create_task(node.start(), name="start")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import signal
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
+from kcoord.node import server
 from kcoord.node.clock import SYSTEM_CLOCK
 from kcoord.node.server import QuorumMonitor, client_connection_limit
 
@@ -54,3 +56,20 @@ def test_clients_get_at_most_half_of_the_open_files_limit(
     assert client_connection_limit(500) == 500
     monkeypatch.setattr(resource, "getrlimit", lambda _: (resource.RLIM_INFINITY,) * 2)
     assert client_connection_limit(2**31 - 1) == 2**31 - 1
+
+
+def test_an_ignored_sighup_or_sigint_stays_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGHUP stops a node cleanly, as SIGTERM does, unless it is ignored: a node started under
+    nohup would otherwise stop when its terminal closes (the JVM leaves an ignored signal
+    ignored). SIGINT likewise (a node in the background of a script); SIGTERM always."""
+    ignored: set[int] = set()
+    monkeypatch.setattr(
+        signal,
+        "getsignal",
+        lambda sig: signal.SIG_IGN if sig in ignored else signal.SIG_DFL,
+    )
+    assert server.stop_signals() == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+    ignored.add(signal.SIGHUP)
+    assert server.stop_signals() == [signal.SIGTERM, signal.SIGINT]
+    ignored.update({signal.SIGINT, signal.SIGTERM})
+    assert server.stop_signals() == [signal.SIGTERM]
