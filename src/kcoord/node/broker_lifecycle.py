@@ -53,8 +53,15 @@ class BrokerLifecycle:
         storage_lost: bool = False,
         on_storage_loss_registered: Callable[[], None] = lambda: None,
         offline_replicas: Callable[[], Sequence[tuple[str, int]]] = tuple,
+        ready_to_unfence: bool = True,
     ) -> None:
         self.node_id = node_id
+        # Until the node says it is (``set_ready_to_unfence``: it has published the metadata
+        # image it caught up with), heartbeats ask to stay fenced (Kafka's ``wantFence =
+        # !readyToUnfence``): unfenced at the catch-up, the broker could be elected the leader
+        # of partitions before it hosts them.
+        self.ready_to_unfence = ready_to_unfence
+        self._wake = asyncio.Event()
         # The partitions whose logs failed to load (LogManager.offline), sent with every
         # heartbeat (see raft/controller.py's _handle_offline_replicas).
         self.offline_replicas = offline_replicas
@@ -93,7 +100,14 @@ class BrokerLifecycle:
                 log.debug("controller unavailable: %s", e)
             except Exception:
                 log.exception("broker lifecycle step failed")
-            await asyncio.sleep(self.heartbeat_interval_ms / 1000)  # the heartbeat period
+            with contextlib.suppress(TimeoutError):  # the heartbeat period, or a wake-up
+                await asyncio.wait_for(self._wake.wait(), self.heartbeat_interval_ms / 1000)
+            self._wake.clear()
+
+    def set_ready_to_unfence(self) -> None:
+        """Heartbeats stop asking to stay fenced; the next one goes now."""
+        self.ready_to_unfence = True
+        self._wake.set()
 
     async def _step(self) -> None:
         if self.broker_epoch is None:
@@ -120,6 +134,7 @@ class BrokerLifecycle:
             "broker_id": self.node_id,
             "broker_epoch": self.broker_epoch,
             "current_metadata_offset": self.cache.offset,
+            "want_fence": not self.ready_to_unfence,
             "want_shut_down": self.want_shut_down,
         }
         offline = self.offline_replicas()

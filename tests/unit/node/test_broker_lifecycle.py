@@ -50,3 +50,28 @@ def test_storage_lost_is_said_until_a_registration_is_accepted_then_never_again(
     assert registrations == [True, True, False]
     assert registered == [True]
     assert lifecycle.broker_epoch == 9
+
+
+def test_heartbeats_ask_to_stay_fenced_until_the_node_is_ready_and_then_go_at_once() -> None:
+    """Kafka's wantFence = !readyToUnfence: the heartbeat that says the broker has caught up
+    also unfenced it, and it could be elected a leader before it had published the metadata
+    image (hosted nothing). Once ready, the next heartbeat goes without waiting its period."""
+    caught_up = {"error": 0, "is_fenced": True, "is_caught_up": True}
+    lifecycle = _Scripted(
+        [{"error": 0, "broker_epoch": 7}, caught_up, {**caught_up, "is_fenced": False}],
+        ready_to_unfence=False,
+        heartbeat_interval_ms=3_600_000,
+    )
+
+    async def scenario() -> None:
+        task = asyncio.create_task(lifecycle.run())
+        await asyncio.wait_for(lifecycle.initial_catch_up.wait(), 5)
+        lifecycle.set_ready_to_unfence()
+        while len(lifecycle.sent) < 3:
+            await asyncio.sleep(0)  # one loop iteration: the heartbeat period is an hour
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    beats = [p["want_fence"] for m, p in lifecycle.sent if m == "BrokerHeartbeat"]
+    assert beats == [True, False]
+    assert not lifecycle.is_fenced
