@@ -380,12 +380,13 @@ class ReplicaManager:
         self.logs = logs
         # Whether this node has caught up with the metadata log (the node passes False and
         # sets it at its initial catch-up). Until then followers are not served and no HW is
-        # checkpointed: the metadata replay after a restart makes this node, for a while, the
-        # leader of partitions it led before (an old epoch, perhaps alone in its ISR, on a log
-        # that may have lost its tail, or everything with its disk), and a follower fetching
-        # from it was told to truncate to its log end. Kafka's broker serves no request, its
-        # followers' fetches included, before its initial catch-up, and publishes no image
-        # before its metadata loader has caught up.
+        # checkpointed. The node's MetadataCache publishes nothing before then either, so no
+        # partition is hosted: this guards that. When the replay was published batch by
+        # batch, it made the node the leader of partitions it led before (an old epoch,
+        # perhaps alone in its ISR, on a log that may have lost its tail, or everything with
+        # its disk), and a follower fetching from it was told to truncate to its log end.
+        # Kafka's broker serves no request, its followers' fetches included, before its
+        # initial catch-up.
         self.caught_up = caught_up
         # A write to the data directory that fails halts the node (node/log_dir_failure.py).
         self.log_dir_failure = log_dir_failure or LogDirFailureChannel(logs.data_dir, halt=None)
@@ -1061,10 +1062,10 @@ class ReplicaManager:
 
     def checkpoint_high_watermarks(self) -> None:
         """The hosted partitions' HWs, and what the file said of partitions whose log is on
-        disk but not hosted (yet, before the metadata catch-up at start-up; or offline): the
-        file was written with those left out, and a crash then started them from their log
-        start (Kafka writes nothing for a log directory without online partitions). Nothing
-        before the node has caught up with the metadata log (see ``caught_up``)."""
+        disk but not hosted (yet, or offline): the file was written with those left out, and
+        a crash then started them from their log start (Kafka writes nothing for a log
+        directory without online partitions). Nothing before the node has caught up with the
+        metadata log (see ``caught_up``)."""
         if not self.caught_up:
             return
         high_watermarks = self.high_watermarks()

@@ -12,10 +12,11 @@ appended to. Offsets:
   the segment holding it.
 
 Appends are whole batches. As leader (``append_as_leader``) the log assigns offsets from the
-LEO and stamps the leader epoch, leaving everything under the CRC as the producer sent it; as
-follower (``append_as_follower``) it keeps the leader's offsets. A segment rolls at
-``segment.bytes``, after ``segment.ms``, when an index is full, or when an offset would not fit
-in the index's 32-bit relative offsets.
+LEO and stamps the leader epoch, leaving what is under the CRC as the producer sent it but the
+max timestamp, which it gives the batch from its records, as Kafka's LogValidator does (and the
+LogAppendTime stamp); as follower (``append_as_follower``) it keeps the leader's bytes. A
+segment rolls at ``segment.bytes``, after ``segment.ms``, when an index is full, or when an
+offset would not fit in the index's 32-bit relative offsets.
 
 Opening (``Log.open``) finishes or discards interrupted compaction swaps, then either loads the
 segments (after a clean shutdown) or recovers every segment from the recovery point on: CRCs are
@@ -500,7 +501,8 @@ class Log:
             # One batch, the usual produce request: the checks of _validate_batch inline (this
             # is the hot path), then the batch goes out as sent behind a rewritten 16-byte
             # prefix: base offset and leader epoch, both outside the CRC (on a LogAppendTime
-            # topic the leader's stamp is also written, see below).
+            # topic the leader's stamp is also written, and a max timestamp that is not its
+            # records' is corrected, both from a copy: see below).
             if size > self.config.max_message_bytes:
                 raise RecordTooLargeError(
                     f"batch of {size} bytes exceeds max.message.bytes "

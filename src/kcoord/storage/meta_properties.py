@@ -149,8 +149,9 @@ def claim(data_dir: Path, node_id: int, cluster_id: str | None) -> str:
 def _no_cluster_id(data_dir: Path) -> DataDirError:
     return DataDirError(
         f"No cluster id for {data_dir}: configure cluster.id, the same on every node of the "
-        "cluster (`kcoord cluster up` chooses one), as kafka-storage.sh format --cluster-id "
-        "gives a Kafka broker's directory its id"
+        "cluster, as kafka-storage.sh format --cluster-id gives a Kafka broker's directory "
+        "its id. `kcoord cluster up` chooses one for a new cluster; a cluster that runs "
+        "already names its own in GET /api/v1/cluster on any of its nodes' admin listener"
     )
 
 

@@ -595,13 +595,14 @@ class TopicsSnapshot(dict[str, tuple[str, int]]):
         self._matches: dict[str, frozenset[str]] = {}
 
     def matching(self, pattern: str) -> frozenset[str]:
-        matched = self._matches.get(pattern)
+        matched = self._matches.pop(pattern, None)
         if matched is None:
             if len(self._matches) >= MATCHED_PATTERNS_KEPT:
-                # The oldest goes: on a cluster whose metadata does not change, a snapshot
-                # lives on, and heartbeats with ever new expressions grew it without end.
+                # The least recently asked goes: on a cluster whose metadata does not change, a
+                # snapshot lives on, and heartbeats with ever new expressions grew it for good.
                 del self._matches[next(iter(self._matches))]
-            matched = self._matches[pattern] = _matching(pattern, self)
+            matched = _matching(pattern, self)
+        self._matches[pattern] = matched  # the most recently asked, last
         return matched
 
 

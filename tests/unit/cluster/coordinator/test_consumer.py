@@ -1187,11 +1187,13 @@ def test_a_full_group_refuses_any_member_it_does_not_hold_a_static_one_rejoining
 
 def test_a_topics_snapshot_keeps_the_matches_of_so_many_expressions() -> None:
     """A snapshot lives as long as the metadata does not change: heartbeats naming ever new
-    expressions grew its matches without end (about 70 KB each against 2,000 topics). The
-    oldest goes once it keeps MATCHED_PATTERNS_KEPT; asked again, it is matched again."""
+    expressions grew its matches without end (about 70 KB each against 2,000 topics). The least
+    recently asked goes once it keeps MATCHED_PATTERNS_KEPT; asked again, it is matched again."""
     snapshot = TopicsSnapshot({"orders": ("T" * 22, 1), "payments": ("U" * 22, 1)}, 0)
-    for i in range(MATCHED_PATTERNS_KEPT + 1):
+    for i in range(MATCHED_PATTERNS_KEPT):
         assert snapshot.matching(f"ord.*|x{i}") == frozenset({"orders"})
+    snapshot.matching("ord.*|x0")  # asked again: the least recently asked is now x1
+    assert snapshot.matching("pay.*") == frozenset({"payments"})
     assert len(snapshot._matches) == MATCHED_PATTERNS_KEPT
-    assert "ord.*|x0" not in snapshot._matches
-    assert snapshot.matching("ord.*|x0") == frozenset({"orders"})
+    assert "ord.*|x1" not in snapshot._matches and "ord.*|x0" in snapshot._matches
+    assert snapshot.matching("ord.*|x1") == frozenset({"orders"})
