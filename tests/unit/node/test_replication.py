@@ -641,6 +641,18 @@ def test_high_watermarks_of_logs_not_hosted_yet_stay_checkpointed(tmp_path: Path
     assert node.logs.read_high_watermarks() == {(TOPIC, 0): 1}  # no log of "gone" is left
 
 
+NEW_TOPIC_ID = "DDDDDDDDDDDDDDDDDDDDDD"
+
+
+def _recreated() -> list[rec.MetadataRecord]:
+    """The topic deleted and created again under its name (id NEW_TOPIC_ID), led by node 1."""
+    return [
+        rec.RemoveTopic(TOPIC_ID),
+        rec.Topic(TOPIC, NEW_TOPIC_ID, {}),
+        rec.Partition(NEW_TOPIC_ID, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
+    ]
+
+
 def test_a_restart_replaying_a_topic_deleted_and_created_again_keeps_the_new_topics_log(
     tmp_path: Path,
 ) -> None:
@@ -651,12 +663,7 @@ def test_a_restart_replaying_a_topic_deleted_and_created_again_keeps_the_new_top
 
     async def scenario() -> None:
         cluster, leader, _follower = await _two_nodes_with_committed(tmp_path, b"old-%d", 2)
-        new_id = "DDDDDDDDDDDDDDDDDDDDDD"
-        recreated: list[rec.MetadataRecord] = [
-            rec.RemoveTopic(TOPIC_ID),
-            rec.Topic(TOPIC, new_id, {}),
-            rec.Partition(new_id, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
-        ]
+        recreated = _recreated()
         for node in cluster.values():
             node.cache.apply(2, list(recreated))
         for value in (b"a", b"b", b"c"):
@@ -668,7 +675,7 @@ def test_a_restart_replaying_a_topic_deleted_and_created_again_keeps_the_new_top
         _start({1: restarted})  # the replay: topic A first
         restarted.cache.apply(2, list(recreated))
         restarted.cache.release()
-        assert restarted.partition.topic_id == new_id
+        assert restarted.partition.topic_id == NEW_TOPIC_ID
         assert restarted.values() == [b"a", b"b", b"c"]
 
     asyncio.run(scenario())
@@ -1304,12 +1311,7 @@ def test_a_follower_of_a_deleted_topic_does_not_count_for_its_successor(tmp_path
 
     async def scenario() -> None:
         _cluster, leader, follower = await _two_nodes_with_committed(tmp_path, b"old-%d", 2)
-        new_id = "DDDDDDDDDDDDDDDDDDDDDD"
-        recreated: list[rec.MetadataRecord] = [
-            rec.RemoveTopic(TOPIC_ID),
-            rec.Topic(TOPIC, new_id, {}),
-            rec.Partition(new_id, 0, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0),
-        ]
+        recreated = _recreated()
         leader.cache.apply(2, recreated)
         part = leader.partition
         acked = []
