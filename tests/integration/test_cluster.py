@@ -251,18 +251,24 @@ def test_a_node_that_cannot_catch_up_serves_no_client_says_why_and_stops_on_sigt
 def test_a_sighup_stops_a_node_cleanly(tmp_path: Path) -> None:
     """A node run in a terminal that closes gets SIGHUP: it stops as on SIGTERM (Kafka's
     LoggingSignalHandler takes TERM, INT and HUP), its data directory marked clean, where
-    Python's default action ended it on the spot."""
-    with LocalCluster(tmp_path, nodes=1) as cluster:
-        node = cluster.node(1)
-        wait_for(lambda: readyz(node)[0] == 200, "node 1 ready")
-        marker = Path(node.directory) / "data" / CLEAN_SHUTDOWN_FILE
-        assert not marker.exists()
-        assert node.pid is not None
-        os.kill(node.pid, signal.SIGHUP)
-        wait_for(lambda: not launcher.is_alive(node.pid), "node 1 to stop on SIGHUP")
-        log = node.log_path.read_text()
-        assert "node 1 stopped" in log, log[-2000:]
-        assert marker.exists()
+    Python's default action ended it on the spot. (The node inherits this process's SIGHUP
+    disposition: under nohup, ignored, which the node keeps; so it is the default here.)"""
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with LocalCluster(tmp_path, nodes=1) as cluster:
+            signal.signal(signal.SIGHUP, inherited)  # the node has started with the default
+            node = cluster.node(1)
+            wait_for(lambda: readyz(node)[0] == 200, "node 1 ready")
+            marker = Path(node.directory) / "data" / CLEAN_SHUTDOWN_FILE
+            assert not marker.exists()
+            assert node.pid is not None
+            os.kill(node.pid, signal.SIGHUP)
+            wait_for(lambda: not launcher.is_alive(node.pid), "node 1 to stop on SIGHUP")
+            log = node.log_path.read_text()
+            assert "node 1 stopped" in log, log[-2000:]
+            assert marker.exists()
+    finally:
+        signal.signal(signal.SIGHUP, inherited)
 
 
 def test_a_node_whose_kafka_port_is_taken_fails_before_it_registers_and_stops(

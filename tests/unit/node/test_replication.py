@@ -688,7 +688,9 @@ def test_a_restarted_leader_serves_no_follower_before_it_has_caught_up(tmp_path:
     at 0 and truncated every committed record. Until the node has caught up (the controller
     acknowledged its new registration, having moved its leaderships away first), followers
     get NOT_LEADER_OR_FOLLOWER, as Kafka's broker serves nothing before its initial catch-up;
-    nor does it checkpoint the HWs the replay gave it."""
+    nor does it checkpoint the HWs the replay gave it. (The node's metadata cache now
+    publishes nothing before the catch-up, so the replay hosts nothing: this is the guard
+    behind it, the cache published here as it was.)"""
 
     async def scenario() -> None:
         cluster, _, follower = await _two_nodes_with_committed(tmp_path, b"r%d", 3)
