@@ -1463,7 +1463,9 @@ class ReplicaManager:
         self._isr_tasks.add(task)
         task.add_done_callback(self._isr_tasks.discard)
 
-    def _resend_isr_change(self, part: Partition, broker_epoch: int, now_ms: int) -> dict[str, Any]:
+    def _resend_isr_change(
+        self, part: Partition, broker_epoch: int, retry_now_ms: int
+    ) -> dict[str, Any]:
         """The in-flight change again, as it was (this broker's epoch refreshed).
 
         Its outcome is unknown (no answer, or no metadata update after one): the controller
@@ -1478,7 +1480,7 @@ class ReplicaManager:
             [r, broker_epoch if r == self.node_id else e] for r, e in item["new_isr"]
         ]
         part.isr_proposal = item
-        part.isr_change_retry_ms = now_ms + ISR_CHANGE_METADATA_WAIT_MS
+        part.isr_change_retry_ms = retry_now_ms + ISR_CHANGE_METADATA_WAIT_MS
         return item
 
     async def _send_alter_partition(
