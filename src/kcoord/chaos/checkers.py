@@ -1094,7 +1094,8 @@ def _check_final_ownership(
 
 
 _HANDOVER_FS: Final = frozenset({"assigned", "revoked", "lost", PROCESS_KILL_F, PROCESS_EXIT_F})
-# Two readings of one wall clock, rounded in JSON: closer than this is not "before".
+# Two readings of the host's monotonic clock (chaos/member.py), rounded in JSON: closer than
+# this is not "before".
 _CLOCK_SLACK_S: Final = 0.001
 
 

@@ -20,9 +20,11 @@ stops it cleanly (the client's close: a dynamic member leaves the group, a stati
 the tests SIGKILL it to simulate a crash.
 
 Everything it sees goes to stdout, one JSON object per line, in the order it happened, each
-with ``"at"``: this host's wall clock (``time.time()``) when it was emitted, which orders the
-reports of different members (the runner reads each member's output on a thread of its own,
-so the times it records them at do not):
+with ``"at"``: this host's monotonic clock (``time.monotonic()``, Linux's ``CLOCK_MONOTONIC``,
+one for every process of the host) when it was emitted, which orders the reports of different
+members (the runner reads each member's output on a thread of its own, so the times it records
+them at do not). The wall clock did, and a step of it (NTP) during a run could order a
+revocation after the next owner's assignment, or the other way round:
 
 - ``{"event": "started"}`` once the consumer is subscribed;
 - ``{"event": "assigned" | "revoked" | "lost", "partitions": [...], "generation": g,
@@ -90,7 +92,7 @@ def loop_came_round() -> None:
 
 def emit(event: str, **fields: Any) -> None:
     with _emit_lock:
-        sys.stdout.write(json.dumps({"event": event, "at": time.time(), **fields}) + "\n")
+        sys.stdout.write(json.dumps({"event": event, "at": time.monotonic(), **fields}) + "\n")
         sys.stdout.flush()
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from kcoord.chaos import member
 from kcoord.chaos import workload as workload_module
 from kcoord.chaos.history import PROCESS_EXIT_F, UNRECORDED_REPORT_F, History
 from kcoord.chaos.queue_consumer import _generation
@@ -167,3 +170,19 @@ def test_a_sigterm_while_the_client_waits_on_its_stop_event_does_not_deadlock() 
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
     )
     assert proc.stdout.split("\n")[:2] == ["handler returned", "stopping"], proc
+
+
+def test_a_members_reports_are_stamped_on_the_hosts_monotonic_clock(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The early-handover checker orders different members' reports by their "at": on the
+    wall clock, a step of it (NTP) during a run reordered a revocation and the next owner's
+    assignment. CLOCK_MONOTONIC is one for every process of the host."""
+    # A wall clock stepped far ahead, the monotonic one where it is.
+    monkeypatch.setattr(member, "time", SimpleNamespace(time=lambda: 1e12, monotonic=lambda: 42.5))
+    member.emit("revoked", partitions=[0])
+    assert json.loads(capsys.readouterr().out) == {
+        "event": "revoked",
+        "at": 42.5,
+        "partitions": [0],
+    }
