@@ -373,21 +373,10 @@ class ReplicaManager:
         alter_partition: AlterPartitionCall | None = None,
         log_dir_failure: LogDirFailureChannel | None = None,
         high_watermark_linger_ms: int = HIGH_WATERMARK_LINGER_MS,
-        caught_up: bool = True,
         monotonic_ms: Callable[[], int] | None = None,
     ) -> None:
         self.node_id = node_id
         self.logs = logs
-        # Whether this node has caught up with the metadata log (the node passes False and
-        # sets it at its initial catch-up). Until then followers are not served and no HW is
-        # checkpointed. The node's MetadataCache publishes nothing before then either, so no
-        # partition is hosted: this guards that. When the replay was published batch by
-        # batch, it made the node the leader of partitions it led before (an old epoch,
-        # perhaps alone in its ISR, on a log that may have lost its tail, or everything with
-        # its disk), and a follower fetching from it was told to truncate to its log end.
-        # Kafka's broker serves no request, its followers' fetches included, before its
-        # initial catch-up.
-        self.caught_up = caught_up
         # A write to the data directory that fails halts the node (node/log_dir_failure.py).
         self.log_dir_failure = log_dir_failure or LogDirFailureChannel(logs.data_dir, halt=None)
         # Per follower: when each partition last had records in an answer (a count of reads),
@@ -1064,10 +1053,7 @@ class ReplicaManager:
         """The hosted partitions' HWs, and what the file said of partitions whose log is on
         disk but not hosted (yet, or offline): the file was written with those left out, and
         a crash then started them from their log start (Kafka writes nothing for a log
-        directory without online partitions). Nothing before the node has caught up with the
-        metadata log (see ``caught_up``)."""
-        if not self.caught_up:
-            return
+        directory without online partitions)."""
         high_watermarks = self.high_watermarks()
         for tp, hw in self._checkpointed_hw.items():
             if tp not in high_watermarks and (
@@ -1164,8 +1150,6 @@ class ReplicaManager:
         leader_epoch: int,
         topic_id: str | None = None,
     ) -> Partition:
-        if not self.caught_up:
-            raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, "not caught up with the metadata")
         part = self.partitions.get(tp)
         if part is None or not part.is_leader or part.replication is None:
             raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)

@@ -846,7 +846,6 @@ class CoordinatorRuntime:
         append_linger_ms: int = -1,
         write_timeout_ms: int = 5000,
         group_configs: GroupConfigLookup = no_group_configs,
-        load_on_election: bool = True,
     ) -> None:
         """``measure_latency``: time OffsetCommit requests for the metrics (``metrics.enable``).
         ``append_linger_ms``: ``group.coordinator.append.linger.ms``; ``write_timeout_ms``:
@@ -871,13 +870,6 @@ class CoordinatorRuntime:
         self.replay_chunk_bytes = min(load_buffer_size, REPLAY_STEP_BYTES)
         self.contexts: dict[int, ShardContext] = {}
         self.standbys: dict[int, Standby] = {}
-        # ``load_on_election=False`` (a node starting): leaderships replayed from the node's
-        # own metadata log wait in ``held`` until ``release_loads``, once the node has caught
-        # up with the quorum; a stale leadership (its log tail lost, another leader elected
-        # meanwhile) would otherwise load and write at an epoch that is over (Kafka's
-        # MetadataLoader publishes nothing until it has caught up).
-        self.loads_held = not load_on_election
-        self.held: dict[int, Partition] = {}
         self._tokens = itertools.count(1)
         self.loads: list[LoadSummary] = []
         # For the node's metrics (node/metrics.py reads them at scrape time): the shards'
@@ -916,25 +908,13 @@ class CoordinatorRuntime:
         if part.topic != OFFSETS_TOPIC:
             return
         if is_leader:
-            if self.loads_held:
-                self.held[part.partition] = part
-                return
             self.schedule_load(part)
             return
-        self.held.pop(part.partition, None)
         self.unload(part.partition, part.leader_epoch)
         if self.replica_manager.partitions.get(part.tp) is not part:
             self._drop_standby(part.partition)  # no longer hosted here
         elif self.hot_standby:
             self._ensure_standby(part)
-
-    def release_loads(self) -> None:
-        """The node caught up with the metadata log: load the shards it still leads."""
-        self.loads_held = False
-        held, self.held = self.held, {}
-        for part in held.values():
-            if part.is_leader and self.replica_manager.partitions.get(part.tp) is part:
-                self.schedule_load(part)
 
     def _on_high_watermark(self, part: Partition, high_watermark: int) -> None:
         if part.topic != OFFSETS_TOPIC:

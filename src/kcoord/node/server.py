@@ -215,7 +215,6 @@ class Node:
             min_insync_replicas=cfg.min_insync_replicas,
             broker_epoch=self._broker_epoch,
             alter_partition=self._alter_partition,
-            caught_up=False,  # set by _wait_for_initial_catch_up
             monotonic_ms=self.clock.monotonic_ms,
             log_dir_failure=failure,
         )
@@ -280,7 +279,6 @@ class Node:
             append_linger_ms=cfg.group_coordinator_append_linger_ms,
             write_timeout_ms=cfg.offsets_commit_timeout_ms,
             group_configs=self._group_configs,
-            load_on_election=False,  # released by _wait_for_initial_catch_up
         )
         self.cache.delta_listeners.append(self.coordinator.on_metadata_delta)
         voters = [Voter(v.node_id, v.host, v.port) for v in cfg.voters]
@@ -438,10 +436,8 @@ class Node:
                 except Exception:
                     log.exception("creating the logs of the metadata image ahead failed")
                 self.cache.release()
-                self.replicas.caught_up = True  # followers are served from here on
                 self.lifecycle.set_ready_to_unfence()
                 self.replicas.delete_stray_logs()
-                self.coordinator.release_loads()
                 return
 
     def _kafka_broker(self, quorum: MetadataQuorum) -> KafkaBroker:

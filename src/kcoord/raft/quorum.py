@@ -674,7 +674,6 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
     ) -> None:
         self._quorum = quorum
-        self.cluster_id = quorum.cluster_id  # named in every connection (_VotersOnlyTransport)
         self._cluster_mismatch_logged: dict[str, float] = {}  # per voter address
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
         self._parts_sender: tuple[Any, Any] | None = None  # (node, term) of those parts
@@ -759,17 +758,22 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # pysyncobj's handler would have raised out of its tick and skipped the rest of the
         # tick's Raft work for every voter; only this connection goes (the voter reconnects).
         log.warning("quorum: closing the connection of %s, which sent %s", node, why)
+        self._disconnect(node)
+
+    def _disconnect(self, node: Any) -> None:
+        """Close ``node``'s connection alone (the voter reconnects)."""
         conn = self._SyncObj__transport._connections.get(node)
         if conn is not None:
             conn.disconnect()
 
     def cluster_id_message(self) -> dict[str, Any]:
-        return {"type": CLUSTER_ID, "cluster_id": self.cluster_id}
+        """What each end of a voters' connection sends first (see _VotersOnlyTransport)."""
+        return {"type": CLUSTER_ID, "cluster_id": self._quorum.cluster_id}
 
     def _check_cluster_id(self, node: Any, message: dict[str, Any]) -> None:
         """A voter's cluster (see _VotersOnlyTransport): another one closes the connection."""
-        theirs = message.get("cluster_id")
-        if theirs == self.cluster_id:
+        ours, theirs = self._quorum.cluster_id, message.get("cluster_id")
+        if theirs == ours:
             return
         now = raft_clock()
         address = str(node.address)
@@ -783,11 +787,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                 "cluster.id)",
                 address,
                 theirs,
-                self.cluster_id,
+                ours,
             )
-        conn = self._SyncObj__transport._connections.get(node)
-        if conn is not None:
-            conn.disconnect()
+        self._disconnect(node)
 
     # pysyncobj's ticking thread calls this; it starts an election on its own tick.
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's)

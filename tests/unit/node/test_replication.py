@@ -683,21 +683,20 @@ def test_a_restart_replaying_a_topic_deleted_and_created_again_keeps_the_new_top
 
 def test_a_restarted_leader_serves_no_follower_before_it_has_caught_up(tmp_path: Path) -> None:
     """Node 1 restarts on an empty disk (lost) before the controller has fenced it: replaying
-    the metadata log makes it the leader of epoch 0 again, on an empty log, and its RPC server
+    the metadata log made it the leader of epoch 0 again, on an empty log, and its RPC server
     answers before its Kafka listener opens. A follower fetching then was told its epoch ends
-    at 0 and truncated every committed record. Until the node has caught up (the controller
-    acknowledged its new registration, having moved its leaderships away first), followers
-    get NOT_LEADER_OR_FOLLOWER, as Kafka's broker serves nothing before its initial catch-up;
-    nor does it checkpoint the HWs the replay gave it. (The node's metadata cache now
-    publishes nothing before the catch-up, so the replay hosts nothing: this is the guard
-    behind it, the cache published here as it was.)"""
+    at 0 and truncated every committed record. Its metadata cache now holds the replay until
+    the node has caught up (the controller acknowledged its new registration, having moved its
+    leaderships away first): it hosts nothing, followers get NOT_LEADER_OR_FOLLOWER, as Kafka's
+    broker serves nothing before its initial catch-up, and no HW the replay gave is
+    checkpointed."""
 
     async def scenario() -> None:
         cluster, _, follower = await _two_nodes_with_committed(tmp_path, b"r%d", 3)
         restarted = Node(1, tmp_path / "node-1-lost", cluster)
-        restarted.replicas.caught_up = False  # as the node starts it
-        _start({1: restarted})  # its replay: it leads epoch 0
-        assert restarted.partition.is_leader and restarted.partition.log.log_end_offset == 0
+        restarted.cache.holding = True  # as the node starts it
+        _start({1: restarted})  # its replay: it led epoch 0
+        assert restarted.replicas.get_partition(TOPIC, 0) is None
         for _ in range(3):  # the old session is gone: the second fetch is a full one
             await follower.fetch_once()
         assert follower.values() == [b"r0", b"r1", b"r2"]
@@ -710,7 +709,8 @@ def test_a_restarted_leader_serves_no_follower_before_it_has_caught_up(tmp_path:
         assert answer["partitions"][0]["error"] == Errors.NOT_LEADER_OR_FOLLOWER
         restarted.replicas.checkpoint_high_watermarks()
         assert restarted.logs.read_high_watermarks() == {}
-        restarted.replicas.caught_up = True
+        restarted.cache.release()  # caught up (here with the image it replayed)
+        assert restarted.partition.is_leader and restarted.partition.log.log_end_offset == 0
         restarted.replicas.checkpoint_high_watermarks()
         assert restarted.logs.read_high_watermarks() == {(TOPIC, 0): 0}
 

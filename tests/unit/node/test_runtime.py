@@ -71,12 +71,12 @@ class Node:
         append_linger_ms: int = -1,
         write_timeout_ms: int = 5000,
         config: GroupConfig | None = None,
-        load_on_election: bool = True,
+        hold: bool = False,
     ) -> None:
         self.now = 1_000_000
         self.logs = LogManager(data_dir)
         self.logs.open()
-        self.cache = MetadataCache(1, listener=_NoRoles())
+        self.cache = MetadataCache(1, listener=_NoRoles(), hold=hold)
         self.replicas = HeldReplicaManager(1, self.logs, self.cache, lambda: self.now)
         self.cache.listener = self.replicas
         self.runtime = CoordinatorRuntime(
@@ -86,7 +86,6 @@ class Node:
             num_partitions=lambda: 1,
             append_linger_ms=append_linger_ms,
             write_timeout_ms=write_timeout_ms,
-            load_on_election=load_on_election,
         )
 
     def elect(self, leader_epoch: int = 0) -> None:
@@ -1252,23 +1251,24 @@ def test_a_read_of_one_group_waits_for_that_groups_writes_only(tmp_path: Path) -
 def test_a_starting_node_loads_no_shard_until_it_has_caught_up(tmp_path: Path) -> None:
     """Leaderships a restarting node replays from its own metadata log may be over (another
     leader elected while it was down): loaded at once, a stale shard wrote at an old epoch.
-    They wait for ``release_loads`` (the node caught up), which loads those still led."""
+    The node's metadata cache holds the replay until the node has caught up; its release
+    loads the shards the image has it lead then, and none it led only on the way."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, load_on_election=False)
+        node = Node(tmp_path, hold=True)
         node.elect()
-        assert node.runtime.contexts == {} and list(node.runtime.held) == [0]
-        node.runtime.release_loads()
+        assert node.runtime.contexts == {}
+        node.cache.release()
         await loaded(node)
         assert node.runtime.contexts[0].state is ShardState.ACTIVE
         node.runtime.close()
 
-        moved = Node(tmp_path / "moved", load_on_election=False)
+        moved = Node(tmp_path / "moved", hold=True)
         moved.elect()
-        part = moved.offsets_partition
-        moved.runtime._on_role(part, False)  # the caught-up log says another node leads it
-        moved.runtime.release_loads()
-        assert moved.runtime.contexts == {} and moved.runtime.held == {}
+        # The caught-up log says another node leads it.
+        moved.cache.apply(2, [rec.PartitionChange(OFFSETS_ID, 0, 0, leader=2, isr=(1, 2))])
+        moved.cache.release()
+        assert moved.runtime.contexts == {}
         moved.runtime.close()
 
     asyncio.run(scenario())
