@@ -71,6 +71,7 @@ from kcoord.storage.log import (
     FetchData,
     InvalidRecordError,
     InvalidTimestampError,
+    LeaderScan,
     Log,
     OffsetOutOfRangeError,
     RecordListTooLargeError,
@@ -814,18 +815,24 @@ class ReplicaManager:
             )
 
     def append_local(
-        self, part: Partition, records: bytes, *, required_acks: int = -1
+        self,
+        part: Partition,
+        records: bytes,
+        *,
+        required_acks: int = -1,
+        scan: LeaderScan | None = None,
     ) -> AppendResult:
         """Append as leader; raises KafkaError with the code Kafka answers for bad input.
 
         ``required_acks`` -1 (a producer's acks=all) first checks the committed ISR against
         ``min.insync.replicas`` (Kafka's ``Partition.appendRecordsToLeader``); coordinator
-        writes append with 1 (node/runtime.py ``COORDINATOR_ACKS``).
+        writes append with 1 (node/runtime.py ``COORDINATOR_ACKS``). ``scan``: what reading
+        ``records`` found already (``Log.scan_for_leader``).
         """
         self.check_leader_and_min_isr(part, required_acks)
         self._record_skipped_fetches(part)
         try:
-            info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms())
+            info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms(), scan)
         except RecordTooLargeError as e:
             raise KafkaError(Errors.MESSAGE_TOO_LARGE, str(e)) from e
         except InvalidTimestampError as e:

@@ -465,6 +465,27 @@ def decompressed_size_bound(codec: Compression, data: bytes | memoryview) -> int
     raise RecordFormatError(f"no size bound for {codec.name}")
 
 
+# Deflate's greatest ratio (a 258-byte match in about two bits): what gzip may claim.
+DEFLATE_MAX_RATIO = 1032
+
+
+def batch_records_bound(records: bytes | memoryview) -> int:
+    """About how many bytes the records of the batch at the start of ``records`` take once
+    decompressed, from its header and framing alone: its size if uncompressed, its frames'
+    bound for snappy, lz4 and zstd, deflate's greatest ratio for gzip (which declares
+    nothing). 0 for what does not parse: reading it fails at once."""
+    if len(records) < HEADER_SIZE:
+        return 0
+    codec = records[ATTRIBUTES_OFFSET + 1] & COMPRESSION_MASK
+    body = memoryview(records)[HEADER_SIZE:]
+    if codec == Compression.GZIP:
+        return len(body) * DEFLATE_MAX_RATIO
+    try:
+        return decompressed_size_bound(Compression(codec), body)
+    except ValueError:  # a broken frame, an unknown codec
+        return 0
+
+
 def _uvarint(data: memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:

@@ -132,6 +132,21 @@ class AppendInfo(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class LeaderScan:
+    """What reading a produced batch's records found, before its append
+    (``Log.scan_for_leader``): its records' max timestamp, whether every record has a key
+    (checked if the topic was compacted when it was read) or the error reading them raised,
+    which ``append_as_leader`` raises where it would have read them. The node reads a batch
+    whose records are costly to read this way off its event loop (Kafka validates produced
+    batches on its request handler threads), then appends it on the loop with this."""
+
+    records: bytes
+    max_timestamp: int
+    keys_checked: bool
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FetchData:
     records: bytes
     first_batch_offset: int | None
@@ -465,8 +480,12 @@ class Log:
     # -----------------------------------------------------------------------------------------
     # Appending.
 
-    def append_as_leader(self, records: bytes, leader_epoch: int, now_ms: int) -> AppendInfo:
-        """Validate produced batches, assign offsets from the LEO, stamp ``leader_epoch``."""
+    def append_as_leader(
+        self, records: bytes, leader_epoch: int, now_ms: int, scan: LeaderScan | None = None
+    ) -> AppendInfo:
+        """Validate produced batches, assign offsets from the LEO, stamp ``leader_epoch``.
+        With the ``scan`` of these very ``records`` (``scan_for_leader``), their records are
+        not read again."""
         if len(records) < fmt.HEADER_SIZE:
             if not records:
                 raise InvalidRecordError("no record batch in the request")
@@ -522,9 +541,16 @@ class Log:
                 _raise_if_body_too_small(fmt.parse_header(records, 0), 0)
             log_append_time = fmt.NO_TIMESTAMP
             if not is_control:  # as _validate_batch and _validate_timestamps
-                if self.config.compact:
-                    self._raise_if_null_key(records)
-                records_max = _records_max_timestamp(records, 0, size, attributes, record_count)
+                if scan is not None and scan.records is records:
+                    if self.config.compact and not scan.keys_checked:
+                        self._raise_if_null_key(records)  # compacted since it was read
+                    if scan.error is not None:
+                        raise scan.error
+                    records_max = scan.max_timestamp
+                else:
+                    if self.config.compact:
+                        self._raise_if_null_key(records)
+                    records_max = _records_max_timestamp(records, 0, size, attributes, record_count)
                 if attributes & fmt.TIMESTAMP_TYPE_MASK:
                     raise _log_append_time_from_producer(record_count)
                 if self.config.log_append_time:
@@ -593,6 +619,34 @@ class Log:
         if self.config.log_append_time:
             return info._replace(log_append_time_ms=now_ms)
         return info
+
+    def scan_for_leader(self, records: bytes) -> LeaderScan | None:
+        """Read the records of a produced batch as ``append_as_leader`` would, without
+        touching the log, so that it may run on another thread: ``None`` for what is not one
+        whole batch of magic 2 with records and a sound CRC, which the append refuses before
+        it reads any record. Reads the log's config and name, nothing else of it."""
+        if len(records) < fmt.HEADER_SIZE:
+            return None
+        header = fmt.HEADER.unpack_from(records)
+        batch_length, magic, crc, attributes = header[1], header[3], header[4], header[5]
+        record_count = header[12]
+        size = batch_length + fmt.LOG_OVERHEAD
+        if (
+            size != len(records)
+            or magic != fmt.MAGIC_V2
+            or attributes & fmt.CONTROL_FLAG
+            or record_count <= 0
+            or fmt.crc32c(memoryview(records)[fmt.ATTRIBUTES_OFFSET :]) != crc
+        ):
+            return None
+        compact = self.config.compact
+        try:
+            if compact:
+                self._raise_if_null_key(records)
+            records_max = _records_max_timestamp(records, 0, size, attributes, record_count)
+        except ValueError as e:  # RecordFormatError and kin: raised on the append's path
+            return LeaderScan(records, fmt.NO_TIMESTAMP, compact, e)
+        return LeaderScan(records, records_max, compact)
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches replicated from the leader, keeping their offsets and epochs."""

@@ -24,6 +24,7 @@ from kcoord.storage.log import (
     CleanResult,
     InvalidRecordError,
     InvalidTimestampError,
+    LeaderScan,
     Log,
     OffsetOutOfRangeError,
     RecordTooLargeError,
@@ -416,6 +417,82 @@ def test_a_batch_takes_its_records_max_timestamp_whatever_its_header_says(
             assert lg.offset_for_timestamp(now - 1_000) == (first + 1, now - 1_000)
             assert lg.offset_for_timestamp(now - 4_000) == (first + 1, now - 1_000)
             assert lg.offset_for_timestamp(now - 1_000 + 1) is None
+
+
+def _outcome(lg: Log, records: bytes, scan: LeaderScan | None = None) -> object:
+    """What appending ``records`` as leader gives: the stored bytes past the base offset, or
+    the error's type and message."""
+    try:
+        lg.append_as_leader(records, leader_epoch=0, now_ms=10 * HOUR_MS, scan=scan)
+    except Exception as e:
+        return type(e), str(e)
+    return bytes(lg.read(0, 1 << 20).records)[8:]
+
+
+def test_a_batch_read_before_its_append_is_appended_as_if_read_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The node reads a produced batch's records off its event loop when they are costly to
+    read (``scan_for_leader``) and appends it with what that found: the outcome is the
+    append's own, stored batch or error alike (a header's max timestamp corrected, a count
+    its records do not make, a body that does not inflate, a keyless record on a compacted
+    topic, a timestamp out of bounds), and the records are not read again. What is not one
+    sound batch is left to the append."""
+    now = 10 * HOUR_MS
+    good = [fmt.Record(0, now - 5_000, b"k", b"a"), fmt.Record(1, now - 1_000, b"k", b"b")]
+    keyless = [fmt.Record(0, now, None, b"a"), fmt.Record(1, now, b"k", b"b")]
+    short = bytearray(fmt.build_batch(good, compression=fmt.Compression.GZIP))
+    short[fmt.HEADER_SIZE - 4 : fmt.HEADER_SIZE] = (3).to_bytes(4, "big")
+    short[23:27] = (2).to_bytes(4, "big")  # the last offset delta agrees with the count
+    garbage = bytearray(short)
+    garbage[fmt.HEADER_SIZE :] = bytes(len(garbage) - fmt.HEADER_SIZE)
+    for bad in (short, garbage):
+        bad[17:21] = fmt.compute_crc(bad, 0, len(bad)).to_bytes(4, "big")
+    cases = {
+        "header max too low": (_with_header_max(fmt.build_batch(good), -1), False),
+        "gzip": (fmt.build_batch(good, compression=fmt.Compression.GZIP), False),
+        "count not made": (bytes(short), False),
+        "does not inflate": (bytes(garbage), False),
+        "keyless, compacted": (fmt.build_batch(keyless), True),
+        "keyed, compacted": (fmt.build_batch(good, compression=fmt.Compression.ZSTD), True),
+        "ahead": (fmt.build_batch([fmt.Record(0, now + 10 * HOUR_MS, b"k", b"a")]), False),
+    }
+    reads = 0
+    real_read = log_module._records_max_timestamp
+
+    def counted(*args: object) -> int:
+        nonlocal reads
+        reads += 1
+        return real_read(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(log_module, "_records_max_timestamp", counted)
+    for n, (name, (records, compact)) in enumerate(cases.items()):
+        config = LogConfig(cleanup_policy=frozenset({"compact" if compact else "delete"}))
+        expected = _outcome(open_log(tmp_path / "direct" / f"t{n}-0", config), records)
+        lg = open_log(tmp_path / "scanned" / f"t{n}-0", config)
+        scan = lg.scan_for_leader(records)
+        assert scan is not None, name
+        before = reads
+        assert _outcome(lg, records, scan) == expected, name
+        assert reads == before, name
+    # Compacted after the read: the keys are checked at the append.
+    lg = open_log(tmp_path / "compacted-since")
+    records = fmt.build_batch(keyless)
+    scan = lg.scan_for_leader(records)
+    lg.config = LogConfig(cleanup_policy=frozenset({"compact"}))
+    outcome = _outcome(lg, records, scan)
+    assert isinstance(outcome, tuple) and outcome[0] is InvalidRecordError
+    # Not one sound batch with records: nothing to read ahead.
+    one = fmt.build_batch(good)
+    flipped = bytearray(one)
+    flipped[-1] ^= 1
+    for unread in (b"", one[:30], one + one, bytes(flipped), one[:-1]):
+        assert lg.scan_for_leader(unread) is None
+    # Another batch than the one read is read at the append.
+    other = fmt.build_batch(good)
+    assert _outcome(open_log(tmp_path / "other"), other, lg.scan_for_leader(one)) == _outcome(
+        open_log(tmp_path / "other-direct"), other
+    )
 
 
 def test_a_record_past_the_bound_is_refused_though_its_header_hides_it(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, ParamSpec, Protocol, TypeVar
 
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
@@ -52,6 +52,16 @@ FINALIZED_FEATURES_EPOCH: Final = 0
 # ApiVersionsResponse: below v4 a supported feature whose minimum is 0 is left out, as older
 # clients refuse such a range (KAFKA-17011, KAFKA-17492).
 _ZERO_MIN_FEATURES_MIN_VERSION: Final = 4
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class OffLoop(Protocol):
+    """Runs a pure step on the listener's codec threads (``KafkaServer.off_loop``)."""
+
+    async def __call__(self, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T: ...
 
 
 @dataclass(frozen=True, slots=True)

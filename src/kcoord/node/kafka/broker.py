@@ -70,12 +70,19 @@ class KafkaBroker:
         self.producer_ids = ProducerIdManager(node_id, data_dir, now_ms)
         self.metadata = metadata.MetadataApi(self.ctx)
         self.admin = admin.AdminApi(self.ctx)
+        self.registry = ApiRegistry()
+        self.server = KafkaServer(
+            self.registry,
+            max_request_bytes=max_request_bytes,
+            idle_ms=idle_ms,
+            max_connections=max_connections,
+            stats=request_stats,
+        )
         self.produce = produce.ProduceApi(
-            self.ctx, self.producer_ids, produce.ProducerStates(replicas)
+            self.ctx, self.producer_ids, produce.ProducerStates(replicas), self.server.off_loop
         )
         self.fetch = fetch.FetchApi(self.ctx, fetch.FetchWaiters(replicas))
         self.delete_records = delete_records.DeleteRecordsApi(self.ctx)
-        self.registry = ApiRegistry()
         # Produce v3+ and Fetch v4+ carry v2 record batches, the only format kcoord stores.
         self.register(produce.PRODUCE_KEY, self.produce.handle_produce, min_version=3)
         self.register(fetch.FETCH_KEY, self.fetch.handle_fetch, min_version=4)
@@ -105,13 +112,6 @@ class KafkaBroker:
         self.register(acls.DESCRIBE_ACLS_KEY, acls.handle_describe_acls, min_version=1)
         self.register(acls.CREATE_ACLS_KEY, acls.handle_create_acls, min_version=1)
         self.register(acls.DELETE_ACLS_KEY, acls.handle_delete_acls, min_version=1)
-        self.server = KafkaServer(
-            self.registry,
-            max_request_bytes=max_request_bytes,
-            idle_ms=idle_ms,
-            max_connections=max_connections,
-            stats=request_stats,
-        )
 
     def register(
         self,

@@ -62,6 +62,7 @@ from kcoord.node.kafka.apis import (
     NO_RESPONSE,
     PARTITIONS_PER_SLICE,
     Deferred,
+    OffLoop,
     Request,
     Result,
     wait_or_cancel,
@@ -70,7 +71,7 @@ from kcoord.node.kafka.context import BrokerContext, is_internal
 from kcoord.node.kafka.producer_ids import ProducerIdManager, ProducerIdsExhaustedError
 from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
 from kcoord.storage import format as fmt
-from kcoord.storage.log import Log
+from kcoord.storage.log import LeaderScan, Log
 from kcoord.storage.producer_state import (
     DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     Duplicate,
@@ -104,6 +105,11 @@ BACKGROUND_READS: Final = 2
 
 # Produce v7 (Kafka 2.1, KIP-110) is the first that may carry zstd batches.
 ZSTD_MIN_PRODUCE_VERSION: Final = 7
+# A batch whose records may take this much once decompressed is read on the listener's codec
+# threads before its append (``_scanned``): reading 64 KiB of 100-byte records takes about
+# 80 us, the thread some 40. A zstd batch of a few KiB may hold 64 MiB of records
+# (fmt.MAX_DECOMPRESSED_BYTES), a second or more of reading that held every other client.
+OFF_LOOP_RECORDS_BYTES: Final = 64 * 1024
 
 
 def _is_transactional(records: bytes | None) -> bool:
@@ -424,11 +430,16 @@ class _PartitionResult:
 
 class ProduceApi:
     def __init__(
-        self, ctx: BrokerContext, producer_ids: ProducerIdManager, states: ProducerStates
+        self,
+        ctx: BrokerContext,
+        producer_ids: ProducerIdManager,
+        states: ProducerStates,
+        off_loop: OffLoop,
     ) -> None:
         self.ctx = ctx
         self.producer_ids = producer_ids
         self.states = states
+        self.off_loop = off_loop
 
     # -----------------------------------------------------------------------------------------
     # Produce.
@@ -466,7 +477,10 @@ class ProduceApi:
                 walked += 1
                 if walked % PARTITIONS_PER_SLICE == 0:
                     await asyncio.sleep(0)  # the other connections' turn
+                scan = None
                 if name is not None and acks in (-1, 0, 1):
+                    if not transactional:
+                        scan = await self._scanned(name, data.index, data.records)
                     await self._producer_state_ready(name, data.index)
                 if acks not in (-1, 0, 1):
                     result = _PartitionResult(data.index, Errors.INVALID_REQUIRED_ACKS)
@@ -477,7 +491,9 @@ class ProduceApi:
                         data.index, Errors.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
                     )
                 else:
-                    result = self._append(name, data.index, data.records, acks, request.version)
+                    result = self._append(
+                        name, data.index, data.records, acks, request.version, scan
+                    )
                 results.append(result)
             topics.append((topic_id, name, results))
         failed = any(r.error is not Errors.NONE for _, _, rs in topics for r in rs)
@@ -500,8 +516,32 @@ class ProduceApi:
         if not self.states.loaded(part):
             await self.states.ready(part, self.ctx.now_ms())
 
-    def _append(
-        self, topic: str, index: int, records: bytes | None, acks: int, version: int
+    async def _scanned(self, topic: str, index: int, records: bytes | None) -> LeaderScan | None:
+        """The records of a batch costly to read (``OFF_LOOP_RECORDS_BYTES``) read on the
+        listener's codec threads, as Kafka's request handler threads validate a produce; the
+        loop serves the other clients meanwhile (it gets the GIL back every 5 ms). Awaited
+        before a partition's append, never inside it; ``None`` for the rest, which the append
+        reads itself."""
+        if (
+            not records
+            or is_internal(topic)
+            or fmt.batch_records_bound(records) < OFF_LOOP_RECORDS_BYTES
+        ):
+            return None
+        try:
+            part = self.ctx.replicas.leader_partition(topic, index)
+        except KafkaError:
+            return None  # refused by _append
+        return await self.off_loop(part.log.scan_for_leader, records)
+
+    def _append(  # noqa: PLR0917 - one partition's part of the request
+        self,
+        topic: str,
+        index: int,
+        records: bytes | None,
+        acks: int,
+        version: int,
+        scan: LeaderScan | None = None,
     ) -> _PartitionResult:
         result = _PartitionResult(index)
         try:
@@ -562,7 +602,7 @@ class ProduceApi:
                 # may have been held back (KIP-966) when the original was appended.
                 self.ctx.replicas.maybe_advance_high_watermark(part)
             else:
-                appended = self.ctx.replicas.append_local(part, data, required_acks=acks)
+                appended = self.ctx.replicas.append_local(part, data, required_acks=acks, scan=scan)
                 result.base_offset = appended.base_offset
                 result.log_append_time = appended.log_append_time_ms
                 last_offset = appended.last_offset

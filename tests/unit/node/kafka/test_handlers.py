@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import errno
+import threading
 import time
 import uuid
 from collections import Counter
@@ -35,6 +36,7 @@ from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 from kcoord.storage import checkpoint
 from kcoord.storage import format as fmt
+from kcoord.storage.log import LeaderScan, Log
 from kcoord.storage.segment import LogSegment
 from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running
 from tests.unit.node.kafka.test_codec import ADVERTISED
@@ -2573,6 +2575,61 @@ def test_zstd_needs_produce_v7_and_fetch_v10(tmp_path: Path) -> None:
         assert not old_fetch.records
         fetched = only_partition(await c.call(FETCH, 10, fetch_values("z", 0, 0)))
         assert fetched.error_code == Errors.NONE and records_of(fetched.records) == [b"a"]
+
+    run(tmp_path, test)
+
+
+def test_a_batch_costly_to_read_is_read_off_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A produced batch whose records may take 64 KiB or more decompressed is read on the
+    listener's codec threads before its append, as Kafka's request handler threads validate
+    a produce: a zstd batch of a few KiB may hold 64 MiB of records, a second or more of
+    reading that held every other client of the node. Here the read waits until another
+    client has been answered, which it could not be were the read on the loop; small batches
+    are read at their append, on the loop."""
+    gate = threading.Event()
+    threads: list[str] = []
+    real = Log.scan_for_leader
+
+    def scan(log: Log, records: bytes) -> LeaderScan | None:
+        threads.append(threading.current_thread().name)
+        if not gate.wait(TEST_TIMEOUT_S / 2):
+            raise AssertionError("no other client was answered while the batch was read")
+        return real(log, records)
+
+    monkeypatch.setattr(Log, "scan_for_leader", scan)
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        other = await h.client()
+        sent = [b"%03d" % i + b"v" * 97 for i in range(700)]
+        for n, records in enumerate(
+            [
+                batch(sent),  # 74 KiB
+                fmt.build_batch(
+                    [fmt.Record(i, 1_700_000_000_000, None, v) for i, v in enumerate(sent)],
+                    compression=fmt.Compression.LZ4,
+                ),
+                fmt.build_batch(
+                    [fmt.Record(i, 1_700_000_000_000, None, b"g%d" % i) for i in range(20)],
+                    compression=fmt.Compression.GZIP,  # declares no size: 1032 times its body
+                ),
+            ]
+        ):
+            gate.clear()
+            produced = asyncio.ensure_future(c.call(PRODUCE, 9, produce_values("t", 0, records)))
+            await other.call(METADATA, 9, metadata_values("t", auto_create=False))
+            gate.set()
+            answer = only_partition(await produced)
+            assert answer.error_code == Errors.NONE, n
+            assert len(threads) == n + 1 and threads[-1].startswith("kafka-codec"), threads
+        answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"s"]))))
+        assert answer.error_code == Errors.NONE and len(threads) == 3
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", 0, 0)))
+        assert records_of(fetched.records) == [*sent, *sent, *(b"g%d" % i for i in range(20)), b"s"]
+        await other.close()
 
     run(tmp_path, test)
 
