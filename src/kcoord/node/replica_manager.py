@@ -433,13 +433,27 @@ class ReplicaManager:
     # Roles, from the metadata log.
 
     def log_config_for(self, topic_configs: Mapping[str, str]) -> LogConfig:
+        """The log settings of a topic's configs. The controller validates every topic config
+        it commits, but a metadata log written before it did, or by a controller of a newer
+        version (a config this one does not implement, a bound it no longer has), may hold
+        one this node refuses: that one is left out and the others taken. Dropping them all
+        turned a compacted topic whose retention.ms is -1 into one deleted after seven days,
+        on this replica alone (Kafka's ``LogConfig`` ignores names it does not know)."""
         try:
             return self.default_log_config.with_topic_configs(topic_configs)
-        except InvalidConfigError as e:
-            # The controller validates every topic config it commits; a metadata log written
-            # before it did may still hold one.
-            log.error("ignoring invalid topic configs %s: %s", dict(topic_configs), e)
-            return self.default_log_config
+        except InvalidConfigError:
+            pass
+        usable: dict[str, str] = {}
+        for name, raw in topic_configs.items():
+            try:
+                self.default_log_config.with_topic_configs({name: raw})
+            except InvalidConfigError as e:
+                log.error(
+                    "ignoring topic config %s=%r, which this node cannot take: %s", name, raw, e
+                )
+            else:
+                usable[name] = raw
+        return self.default_log_config.with_topic_configs(usable)
 
     def on_role_changes(self, changes: Iterable[RoleChange]) -> None:
         changes = list(changes)

@@ -1039,6 +1039,46 @@ def test_min_insync_replicas_above_the_replication_factor_is_capped(tmp_path: Pa
     asyncio.run(scenario())
 
 
+def test_a_stored_topic_config_this_node_refuses_leaves_the_others_applied(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A topic config in the metadata log this node's version refuses (one a newer
+    controller implements, an unknown name, a value out of this version's bounds) dropped
+    every config of the topic: a compacted topic kept forever became one deleted after seven
+    days, on this replica alone. The others are applied, at creation and on a change."""
+    logs = LogManager(tmp_path / "node-1")
+    logs.open()
+    cache = MetadataCache(1, listener=_NoRoles())
+    replicas = ReplicaManager(1, logs, cache, lambda: 1_000_000)
+    cache.listener = replicas
+    cache.delta_listeners.append(replicas.on_metadata_delta)  # as the node wires them
+    stored = {"cleanup.policy": "compact", "retention.ms": "-1"}
+    for refused in ({"preallocate": "true"}, {"remote.copy.lag.ms": "0"}, {"segment.bytes": "1"}):
+        config = replicas.log_config_for({**stored, **refused})
+        assert (config.cleanup_policy, config.retention_ms) == (frozenset({"compact"}), -1)
+        assert f"ignoring topic config {next(iter(refused))}" in caplog.text
+    cache.apply(
+        1,
+        [
+            rec.RegisterBroker(
+                broker_id=1, incarnation_id="i1", broker_epoch=1, endpoints={}, fenced=False
+            ),
+            rec.Topic(TOPIC, TOPIC_ID, {**stored, "preallocate": "true"}),
+            rec.Partition(TOPIC_ID, 0, (1,), (1,), leader=1, leader_epoch=0, partition_epoch=0),
+        ],
+    )
+    part = replicas.get_partition(TOPIC, 0)
+    assert part is not None and part.log.config.compact and part.log.config.retention_ms == -1
+    cache.apply(
+        2,
+        [
+            rec.Config(rec.ConfigResourceType.TOPIC, TOPIC, "retention.ms", "5"),
+            rec.Config(rec.ConfigResourceType.TOPIC, TOPIC, "x.y", "1"),
+        ],
+    )
+    assert part.log.config.compact and part.log.config.retention_ms == 5
+
+
 def test_a_high_watermark_checkpointed_below_the_log_start_is_raised_to_it(
     tmp_path: Path,
 ) -> None:
