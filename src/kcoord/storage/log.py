@@ -1367,9 +1367,11 @@ class Log:
 
     def swap_cleaned(self, result: CleanResult) -> CleanerStats | None:
         """Swap the cleaned copies in (on the owner thread). None, with the copies deleted, if
-        the log changed since the pass was planned."""
+        the log changed since the pass was planned, or is no longer compacted (Kafka's
+        ``LogManager.updateTopicConfig`` aborts the cleaning of a log whose cleanup.policy
+        drops compact)."""
         plan = result.plan
-        if not self.is_current(plan):
+        if not self.is_current(plan) or not self.config.compact:
             self._delete_cleaned(result)
             return None
         self._generation += 1
