@@ -148,6 +148,7 @@ class _FetchPartition:
     current_leader_epoch: int
     last_fetched_epoch: int = -1  # v12+ (KIP-320)
     sent_topic: str | None = None  # the request's topic name (v0-v12)
+    resolved_topic_id: str | None = None  # v13+: the topic the id named when it came
 
 
 class FetchApi:
@@ -173,9 +174,11 @@ class FetchApi:
         by_partition: dict[tuple[Any, int], _FetchPartition] = {}
         for topic in body.topics:
             topic_id = getattr(topic, "topic_id", None)
+            resolved_id = None
             if version >= 13:
                 resolved = self.ctx.topic_by_uuid(topic_id)
                 name, sent_name = (None if resolved is None else resolved.name), None
+                resolved_id = None if resolved is None else resolved.topic_id
             else:
                 name = sent_name = topic.topic
             for p in topic.partitions:
@@ -189,6 +192,7 @@ class FetchApi:
                     max(getattr(p, "current_leader_epoch", -1), -1),
                     getattr(p, "last_fetched_epoch", -1),
                     sent_name,
+                    resolved_id,
                 )
         wanted = list(by_partition.values())
         max_wait_ms = max(0, round(body.max_wait.total_seconds() * 1000))
@@ -249,6 +253,19 @@ class FetchApi:
         responses, _, _ = await self._read(wanted, max_bytes, request.version)
         return self._response(wanted, responses)
 
+    def _leader_partition(self, topic: str, w: _FetchPartition) -> Partition:
+        """The partition ``w`` names, led here. By topic id (v13+), the topic the id named
+        when the request came: a topic deleted and created again under its name while the
+        fetch waited is another (``ReplicaManager.readFromLog``'s ``hasConsistentTopicId``:
+        INCONSISTENT_TOPIC_ID), whose records a consumer of the first must not be given."""
+        part = self.ctx.replicas.leader_partition(topic, w.partition, w.current_leader_epoch)
+        if w.resolved_topic_id is not None and part.topic_id != w.resolved_topic_id:
+            raise KafkaError(
+                Errors.INCONSISTENT_TOPIC_ID,
+                f"{topic}-{w.partition} is no longer the partition of the topic id fetched",
+            )
+        return part
+
     async def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
         partitions' bytes below their high watermarks, each at most its max bytes, reach
@@ -268,9 +285,7 @@ class FetchApi:
                 unknown += 1
                 continue
             try:
-                part = self.ctx.replicas.leader_partition(
-                    w.topic, w.partition, w.current_leader_epoch
-                )
+                part = self._leader_partition(w.topic, w)
                 if part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch) is not None:
                     return True
                 if part.log.on_older_segment(w.fetch_offset, part.high_watermark):
@@ -305,9 +320,7 @@ class FetchApi:
             try:
                 if w.topic is None:
                     raise KafkaError(Errors.UNKNOWN_TOPIC_ID)
-                part = self.ctx.replicas.leader_partition(
-                    w.topic, w.partition, w.current_leader_epoch
-                )
+                part = self._leader_partition(w.topic, w)
                 if version < ZSTD_MIN_FETCH_VERSION and part.log.config.compression_type == "zstd":
                     # KafkaApis.maybeConvertFetchedData: a client this old cannot read zstd.
                     raise KafkaError(

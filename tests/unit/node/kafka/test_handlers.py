@@ -1081,6 +1081,52 @@ def test_a_consumer_whose_last_fetched_epoch_diverges_is_told_where_it_ends(
     run(tmp_path, test)
 
 
+def test_a_fetch_by_topic_id_is_not_given_a_recreated_topics_records(tmp_path: Path) -> None:
+    """A Fetch v13+ names topics by id. One waiting on a topic that is deleted and created
+    again under the same name meanwhile read the new topic's records as the old one's, with
+    no error: the id was resolved to a name once, when the request came. Kafka's readFromLog
+    answers INCONSISTENT_TOPIC_ID (hasConsistentTopicId)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        await h.create_topic("u", 1, 1)
+        for name in ("t", "u"):
+            h.move_leader(name, 0, NODE_ID)
+        old_id = h.topic_id("t")
+        values = fetch_values("t", 0, 0, max_wait_ms=15_000, min_bytes=1 << 20, topic_id=old_id)
+        values["topics"].append({**values["topics"][0], "topic": "u", "topic_id": h.topic_id("u")})
+        await c.send(FETCH, 13, values)
+        waiters = h.broker.fetch.waiters._waiters
+        while ("t", 0) not in waiters:  # parked (the test's timeout bounds this)
+            await asyncio.sleep(0.001)
+        new_id = "AAAAAAAAAAAAAAAAAAAABw"
+        h.quorum.commit(
+            [
+                rec.RemoveTopic(old_id),
+                rec.Topic("t", new_id, {}),
+                rec.Partition(
+                    new_id,
+                    0,
+                    (NODE_ID,),
+                    (NODE_ID,),
+                    leader=NODE_ID,
+                    leader_epoch=0,
+                    partition_epoch=0,
+                ),
+            ]
+        )
+        producer = await h.client()
+        produced = await producer.call(PRODUCE, 9, produce_values("t", 0, batch([b"new"])))
+        assert only_partition(produced).error_code == Errors.NONE
+        _, answer = await c.receive(FETCH, 13)
+        by_id = {str(t.topic_id): t.partitions[0] for t in answer.responses}
+        old = by_id[str(codec.topic_id_to_uuid(old_id))]
+        assert (old.error_code, records_of(old.records)) == (Errors.INCONSISTENT_TOPIC_ID, [])
+        await producer.close()
+
+    run(tmp_path, test)
+
+
 def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path) -> None:
     """A consumer still assigned a deleted topic's partition: the fetch came back at once for
     it, and the consumer fetched in a hot loop. It waits for the partitions there are, as
