@@ -780,6 +780,7 @@ class Standby:
     timer: _ShardTimer
     next_offset: int  # the next log offset to replay
     truncations: int  # the log's truncation count this state is valid for
+    tombstone_drops: int  # the log's count of cleaner swaps that dropped a tombstone
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     decoder: RecordDecoder = field(default_factory=RecordDecoder)
     records: int = 0
@@ -787,11 +788,20 @@ class Standby:
 
     def still_valid(self) -> bool:
         """Whether what was replayed is still the log's prefix (no truncation below it, no
-        log start moved past it); a single truncation at or above ``next_offset`` is fine."""
+        log start moved past it; a single truncation at or above ``next_offset`` is fine) and
+        what is left to replay still holds every deletion: a cleaner pass that dropped a
+        tombstone at or above ``next_offset`` took the deletion of a key whose earlier value
+        was replayed (a cold load reads the latest record of each key, so it never meets the
+        value either). Called before each read of the log, between which the cleaner's swaps
+        come, so ``next_offset`` is where the standby stood at the swap."""
         lg = self.log
         kept = lg.prefix_kept(self.next_offset, self.truncations, floor=lg.log_start_offset)
         if self.partition.log is not lg or kept is None:
             return False
+        if lg.tombstone_drops != self.tombstone_drops:
+            if lg.last_tombstone_dropped >= self.next_offset:
+                return False
+            self.tombstone_drops = lg.tombstone_drops
         self.truncations = kept
         return True
 
@@ -1113,6 +1123,7 @@ class CoordinatorRuntime:
             timer,
             lg.log_start_offset,
             lg.truncations,
+            lg.tombstone_drops,
         )
 
     def _start_standby_over(self, standby: Standby, part: Partition) -> None:
@@ -1121,6 +1132,7 @@ class CoordinatorRuntime:
         standby.shard, standby.timer = fresh.shard, fresh.timer
         standby.log, standby.next_offset = fresh.log, fresh.next_offset
         standby.truncations, standby.records = fresh.truncations, 0
+        standby.tombstone_drops = fresh.tombstone_drops
 
     async def _follow(self, standby: Standby) -> None:
         """Replay committed records into the standby as the follower's HW moves."""

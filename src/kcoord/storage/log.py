@@ -236,6 +236,7 @@ class CleanResult:
     # offset once swapped in. The planned segments' end, or less when the key map filled up.
     end_offset: int = 0
     delete_horizon_ms: int | None = None  # the earliest horizon of a tombstone kept
+    last_tombstone_dropped: int = -1  # the offset of the last tombstone it dropped
 
     def note_horizon(self, horizon_ms: int) -> None:
         if self.delete_horizon_ms is None or horizon_ms < self.delete_horizon_ms:
@@ -294,6 +295,11 @@ class Log:
         self.first_dirty_offset = 0
         self.delete_horizon_ms: int | None = None
         self._generation = 0
+        # Swaps that dropped a tombstone, and the highest offset one dropped: a reader
+        # replaying the log record by record (a coordinator's hot standby) that read a key's
+        # value and not yet its tombstone would never learn the key went.
+        self.tombstone_drops = 0
+        self.last_tombstone_dropped = -1
         # Removes files of segments this log let go (retired as .deleted); the LogManager
         # hands them to its own remover, which a node runs off the event loop.
         self.remove_files: Callable[[Sequence[Path]], None] = remove_now
@@ -1395,6 +1401,11 @@ class Log:
         checkpoint.fsync_dir(self.directory)
         self.first_dirty_offset = max(self.first_dirty_offset, result.end_offset)
         self.delete_horizon_ms = result.delete_horizon_ms
+        if result.last_tombstone_dropped >= 0:
+            self.tombstone_drops += 1
+            self.last_tombstone_dropped = max(
+                self.last_tombstone_dropped, result.last_tombstone_dropped
+            )
         return result.stats
 
     def _delete_cleaned(self, result: CleanResult) -> None:
@@ -1518,6 +1529,7 @@ class Log:
                 continue
             if r.value is None and horizon_passed:
                 stats.tombstones_dropped += 1
+                result.last_tombstone_dropped = r.offset
                 continue
             kept.append(r)
         stats.records_kept += len(kept)

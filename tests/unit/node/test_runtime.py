@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -856,6 +857,53 @@ def test_a_truncation_below_the_standby_makes_it_replay_again(tmp_path: Path) ->
         follower.replicas.release(part)
         offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
         assert offsets.topics[0].partitions[0].committed_offset == 5
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_again(
+    tmp_path: Path,
+) -> None:
+    """A standby that replayed a key's value, and not yet its tombstone, when a cleaner pass
+    dropped that tombstone (two passes: one sets its delete horizon, one past it drops it;
+    delete.retention.ms may be 0) never learnt the key went: promoted, it answered an offset
+    deleted by OffsetDelete, where a cold load (the latest record of each key) has none. A
+    standby lags the HW while it replays a log from its start; here the HW is held."""
+
+    async def scenario() -> None:
+        leader, follower = await leader_and_follower(tmp_path)
+        await commit_on(leader, "g", 42)  # offset 0
+        for i in range(3):
+            await commit_on(leader, "h", i)
+        leader.replicas.hold = False
+        deleted = await asyncio.wait_for(leader.runtime.call("g", offset_delete("g")), 5)
+        leader.replicas.hold = True
+        assert deleted.error_code == Errors.NONE
+        await commit_on(leader, "h", 9)
+        follower.replicate_from(leader, advance_high_watermark=False)
+        part = follower.part
+        follower.replicas.follow_leader_high_watermark(part, 1)
+        await standby_at(follower.runtime, 1)  # g's offset replayed, its tombstone not
+        standby = follower.runtime.standbys[0]
+        lg = part.log
+        lg.config = replace(lg.config, cleanup_policy=frozenset({"compact"}), delete_retention_ms=0)
+        lg.roll()
+        end = lg.log_end_offset
+        assert lg.compact(follower.now, high_watermark=end).tombstones_dropped == 0
+        assert standby.still_valid()  # the tombstone is still there to replay
+        assert lg.compact(follower.now + 1, high_watermark=end).tombstones_dropped == 1
+        assert not standby.still_valid()
+        follower.replicas.follow_leader_high_watermark(part, end)
+        await _until(lambda: standby.next_offset == end, "the standby at the log end")
+        follower.elect(leader=2, leader_epoch=1)
+        await active(follower.runtime)
+        follower.replicas.release(part)
+        offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
+        assert not offsets.topics  # deleted, as a cold load has it
+        kept = await asyncio.wait_for(follower.runtime.call("h", fetch("h")), 5)
+        assert kept.topics[0].partitions[0].committed_offset == 9
         for node in (leader, follower):
             node.runtime.close()
 
