@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -578,7 +580,20 @@ class ReplicaManager:
             return
         loop = asyncio.get_running_loop()
         started = loop.time()
-        created = await asyncio.to_thread(self.logs.create_unregistered, wanted)
+        stop = threading.Event()
+        creating = loop.run_in_executor(
+            None, functools.partial(self.logs.create_unregistered, wanted, stop)
+        )
+        try:
+            created = await asyncio.shield(creating)
+        except asyncio.CancelledError:
+            # The node is stopping: the thread stops after the log it is making, and what it
+            # made is adopted, so that the shutdown closes and checkpoints it before the
+            # directory's lock goes (it went on writing there after, for seconds).
+            stop.set()
+            for tp, lg in await creating:
+                self.logs.adopt(tp, lg)
+            raise
         for tp, lg in created:
             self.logs.adopt(tp, lg)
         log.info(
@@ -637,13 +652,20 @@ class ReplicaManager:
         return lg
 
     def delete_stray_logs(self) -> list[TopicPartition]:
-        """Once the metadata image is caught up at start-up: delete every log this node hosts
-        no partition for (its topic was deleted while the node was down; Kafka's
-        ``isStrayKraftReplica``). Returns them."""
-        strays = [tp for tp, _ in self.logs if tp not in self.partitions]
+        """Once the metadata image is caught up at start-up: delete every log of a partition
+        this node is no replica of in the image, or of another topic id (its topic was
+        deleted while the node was down; Kafka's ``isStrayKraftReplica``). Returns them.
+        Judged by the image, not by what this node hosts: a role change that failed left a
+        live partition unhosted, and its log was deleted."""
+        image = self.cache.image
+        strays = [
+            tp
+            for tp, lg in self.logs
+            if tp not in self.partitions
+            and not (self._is_replica_in(image, tp) and self._topic_id_in(image, tp) == lg.topic_id)
+        ]
         # Offline ones too (never hosted, so judged by the image): their directories were
         # left for ever.
-        image = self.cache.image
         offline = [tp for tp in self.logs.offline if not self._is_replica_in(image, tp)]
         for tp in strays + offline:
             log.warning(
@@ -660,6 +682,11 @@ class ReplicaManager:
             except OSError as e:  # the rename, or a checkpoint written with it
                 self.log_dir_failure.fail(f"deleting the stray log {tp[0]}-{tp[1]}", e)
         return strays + offline
+
+    @staticmethod
+    def _topic_id_in(image: MetadataImage, tp: TopicPartition) -> str | None:
+        topic = image.topic_by_name(tp[0])
+        return None if topic is None else topic.topic_id
 
     def _is_replica_in(self, image: MetadataImage, tp: TopicPartition) -> bool:
         topic = image.topic_by_name(tp[0])

@@ -558,12 +558,14 @@ class Node:
     def _offline_replicas(self) -> list[tuple[str, int]]:
         """The partitions of the image's topics whose logs here failed to load, for the
         heartbeat; an offline log of an earlier topic of the same name (a stray, deleted once
-        the metadata has caught up) is not reported against the new topic."""
+        the metadata has caught up) is not reported against the new topic. One whose topic id
+        does not read (its directory failed, or its partition.metadata) is reported: left
+        out, the controller kept this node its leader, and the partition was unavailable."""
         image = self.cache.image
         out = []
         for tp in sorted(self.logs.offline):
             topic = image.topic_by_name(tp[0])
-            if topic is not None and self.logs.offline_topic_id(tp) == topic.topic_id:
+            if topic is not None and self.logs.offline_topic_id(tp) in (None, topic.topic_id):
                 out.append(tp)
         return out
 

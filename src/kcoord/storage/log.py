@@ -449,11 +449,11 @@ class Log:
         epoch_cache.truncate_from_start(log_start_offset)
         epoch_cache.flush()
         meta_path = directory / checkpoint.PARTITION_METADATA
-        try:
-            stored_id = checkpoint.read_partition_metadata(meta_path)
-        except (checkpoint.CheckpointError, OSError) as e:
-            log.warning("%s: ignoring unreadable partition.metadata: %s", directory, e)
-            stored_id = None
+        # Absent, the log is a stray of no topic (isStrayKraftReplica: written before any
+        # append). Unreadable, it raises (the partition is offline: Kafka's
+        # PartitionMetadataFile.read fails the log directory): taken for absent, the node
+        # deleted the log of a live topic as a stray at its next start.
+        stored_id = checkpoint.read_partition_metadata(meta_path)
         if topic_id is not None and stored_id != topic_id:
             checkpoint.write_partition_metadata(meta_path, topic_id)
         elif topic_id is None:

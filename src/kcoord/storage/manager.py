@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -197,14 +198,20 @@ class LogManager:
         return self.data_dir / f"{topic}-{partition}"
 
     def create_unregistered(
-        self, specs: Sequence[tuple[TopicPartition, LogConfig, str]]
+        self,
+        specs: Sequence[tuple[TopicPartition, LogConfig, str]],
+        stop: threading.Event | None = None,
     ) -> list[tuple[TopicPartition, Log]]:
         """Create new, empty logs without registering them, for ``adopt`` (safe on a worker
         thread: it touches only directories that do not exist yet, and no state of the manager).
         A partition whose directory exists, or that cannot be created (the reason is logged),
-        is left out: ``get_or_create_log`` then deals with it as before."""
+        is left out: ``get_or_create_log`` then deals with it as before. Once ``stop`` is set
+        no more are created (the node is stopping: it must not write its directory after it
+        let the lock go)."""
         created: list[tuple[TopicPartition, Log]] = []
         for tp, config, topic_id in specs:
+            if stop is not None and stop.is_set():
+                break
             try:
                 directory = self._new_log_dir(tp)
                 if directory.exists():

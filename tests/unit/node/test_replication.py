@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 from unittest import mock
 
@@ -34,11 +37,13 @@ from kcoord.node.replica_manager import (
     ReplicaManager,
 )
 from kcoord.node.rpc import RpcClient, RpcClientPool
+from kcoord.node.server import Node as ServerNode
 from kcoord.raft import records as rec
 from kcoord.raft.controller import Controller, ControllerConfig
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import checkpoint
 from kcoord.storage.epoch import UNDEFINED_EPOCH_OFFSET
+from kcoord.storage.log import Log
 from kcoord.storage.manager import LogManager
 from tests.unit.storage.helpers import batch, read_all
 
@@ -600,6 +605,111 @@ def test_logs_of_deleted_topics_are_deleted_as_strays(
         assert node.replicas.delete_stray_logs() == [("gone", 0)]
         assert not (data_dir / "gone-0").exists()
         assert [tp for tp, _ in node.logs] == [(TOPIC, 0)]
+
+    asyncio.run(scenario())
+
+
+def _a_live_topics_log(data_dir: Path) -> Path:
+    """A data directory left with a record in TOPIC-0 of TOPIC_ID, the topic ``_start``
+    creates: a live log when the node starts again."""
+    left = LogManager(data_dir)
+    left.open()
+    left.get_or_create_log((TOPIC, 0), topic_id=TOPIC_ID).append_as_follower(batch(), now_ms=0)
+    left.shutdown()
+    return data_dir / f"{TOPIC}-0"
+
+
+@pytest.mark.parametrize("damage", ["garbage", "empty", "unreadable"])
+def test_a_live_log_whose_partition_metadata_does_not_read_is_offline_not_a_stray(
+    tmp_path: Path, damage: str
+) -> None:
+    """An unreadable partition.metadata was taken for a missing one (a log of no topic): at
+    the release the node deleted the live log as a stray and hosted an empty one in its
+    place. It is offline now (Kafka's PartitionMetadataFile.read fails the log directory),
+    kept, and reported in the heartbeat, so that the controller moves its leadership."""
+    directory = _a_live_topics_log(tmp_path / "node-2")
+    meta = directory / checkpoint.PARTITION_METADATA
+    if damage == "unreadable":
+        meta.unlink()
+        meta.mkdir()  # reading it raises IsADirectoryError, as an I/O error would
+    else:
+        meta.write_bytes(b"\x00\xffnot: it" if damage == "garbage" else b"")
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        Node(1, tmp_path / "node-1", cluster)
+        node = Node(2, tmp_path / "node-2", cluster)
+        assert set(node.logs.offline) == {(TOPIC, 0)}
+        _start(cluster)
+        assert node.replicas.get_partition(TOPIC, 0) is None
+        assert node.replicas.delete_stray_logs() == []
+        assert (directory / "00000000000000000000.log").stat().st_size > 0
+        reporter = SimpleNamespace(cache=node.cache, logs=node.logs)
+        assert ServerNode._offline_replicas(reporter) == [(TOPIC, 0)]  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_live_log_a_failed_role_change_left_unhosted_is_not_a_stray(tmp_path: Path) -> None:
+    """Strays were the logs this node hosts no partition of: one whose role change failed
+    (a bug, caught and logged by the metadata cache) was deleted with its records. They are
+    judged by the image, as Kafka's isStrayKraftReplica."""
+    directory = _a_live_topics_log(tmp_path / "node-2")
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        Node(1, tmp_path / "node-1", cluster)
+        node = Node(2, tmp_path / "node-2", cluster)
+        with mock.patch.object(ReplicaManager, "_log_for", side_effect=RuntimeError("a bug")):
+            _start(cluster)
+        assert node.replicas.get_partition(TOPIC, 0) is None
+        assert node.replicas.delete_stray_logs() == []
+        assert node.logs.get_log((TOPIC, 0)) is not None
+        assert (directory / "00000000000000000000.log").stat().st_size > 0
+
+    asyncio.run(scenario())
+
+
+def test_logs_being_created_ahead_stop_with_the_node(tmp_path: Path) -> None:
+    """A node stopped (its start cancelled) while it created the logs of its metadata image
+    on a worker thread let the thread go on: it wrote partition directories for seconds
+    after the node had marked a clean shutdown and let its directory's lock go. The thread
+    now stops after the log it is making, and the start's cancellation waits for it; what it
+    made is registered, for the shutdown to close."""
+    node = Node(2, tmp_path / "node-2", {})
+    records: list[rec.MetadataRecord] = [rec.Topic("many", "MMMMMMMMMMMMMMMMMMMMMM", {})]
+    records += [
+        rec.Partition(
+            "MMMMMMMMMMMMMMMMMMMMMM", p, NODES, NODES, leader=1, leader_epoch=0, partition_epoch=0
+        )
+        for p in range(10)
+    ]
+    opened: list[Path] = []
+    second_entered, proceed = threading.Event(), threading.Event()
+    real_open = Log.open
+
+    def slow_open(directory: Path, *args: Any, **kwargs: Any) -> Log:
+        opened.append(directory)
+        if len(opened) == 2:
+            second_entered.set()
+            assert proceed.wait(10)
+        return real_open(directory, *args, **kwargs)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # one worker: its end is observable
+        with mock.patch.object(Log, "open", slow_open):
+            creating = asyncio.create_task(node.replicas.create_logs_ahead(records))
+            while not second_entered.is_set():  # bounded by proceed's wait in the thread
+                await asyncio.sleep(0.001)
+            creating.cancel()
+            proceed.set()
+            with pytest.raises(asyncio.CancelledError):
+                await creating
+            await loop.run_in_executor(None, lambda: None)  # the creating thread is done
+        assert [d.name for d in opened] == ["many-0", "many-1"]
+        assert {tp for tp, _ in node.logs} == {("many", 0), ("many", 1)}
+        node.logs.shutdown()
 
     asyncio.run(scenario())
 
