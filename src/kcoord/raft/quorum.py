@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import errno
 import io
 import logging
 import math
@@ -93,6 +94,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,6 +162,74 @@ class _PlainDataPickle:
 
 pysyncobj.tcp_connection.pickle = _PlainDataPickle
 pysyncobj.syncobj.pickle = _PlainDataPickle
+
+
+# The most a message on the quorum port may take, framed and inflated (the RPC port's frame
+# limit): pysyncobj sends an entry past 64 KiB in parts when it goes alone, and a metadata
+# batch (at most MAX_PARTITIONS_PER_REQUEST partitions) is a few MiB; ``propose`` refuses a
+# larger one, which no voter would take. pysyncobj itself bounded neither: a frame may
+# claim 2 GiB, read into a buffer it copied whole on every read (128 MiB so sent held the
+# Raft thread for minutes), and 509 KiB of zlib inflated to 1 GiB.
+MAX_QUORUM_MESSAGE_BYTES = 64 * 1024 * 1024
+_FRAME_SIZE = struct.Struct("i")  # pysyncobj's length prefix, native order
+
+
+class _BoundedZlib:
+    """The ``zlib`` pysyncobj's transport sees: inflating stops past the bound (an error,
+    which closes that connection)."""
+
+    compress = staticmethod(zlib.compress)
+
+    @staticmethod
+    def decompress(data: bytes) -> bytes:
+        inflater = zlib.decompressobj()
+        inflated = inflater.decompress(data, MAX_QUORUM_MESSAGE_BYTES + 1)
+        if len(inflated) > MAX_QUORUM_MESSAGE_BYTES or not inflater.eof:
+            log.warning(
+                "quorum: closing a connection whose message inflates past %d bytes or is cut",
+                MAX_QUORUM_MESSAGE_BYTES,
+            )
+            raise ValueError("quorum message too large when inflated, or truncated")
+        return inflated
+
+
+def _read_bounded(conn: Any) -> bool:
+    """pysyncobj's ``TcpConnection.__processRead`` (one ``recv`` into the read buffer; whether
+    to read again), into a ``bytearray`` (pysyncobj added to ``bytes``, copying the whole
+    buffer at every read) and refusing a frame that claims more than
+    ``MAX_QUORUM_MESSAGE_BYTES`` (logged, that connection closed). Once a message's worth is
+    buffered it stops, so that what is buffered is parsed (and the next frame's size checked)
+    before more is read."""
+    try:
+        incoming = conn._TcpConnection__socket.recv(conn._TcpConnection__recvBufferSize)
+    except OSError as e:
+        if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+            conn.disconnect()
+        return False
+    if conn._TcpConnection__socket.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) or not incoming:
+        conn.disconnect()
+        return False
+    buffer = conn._TcpConnection__readBuffer
+    if not isinstance(buffer, bytearray):
+        buffer = conn._TcpConnection__readBuffer = bytearray(buffer)
+    buffer += incoming
+    if len(buffer) >= _FRAME_SIZE.size:
+        (claimed,) = _FRAME_SIZE.unpack_from(buffer)
+        if not 0 <= claimed <= MAX_QUORUM_MESSAGE_BYTES:
+            log.warning(
+                "quorum: closing a connection whose message claims %d bytes (at most %d)",
+                claimed,
+                MAX_QUORUM_MESSAGE_BYTES,
+            )
+            conn.disconnect()
+            return False
+        if len(buffer) >= _FRAME_SIZE.size + claimed:
+            return False  # a whole message: parsed before more is read
+    return True
+
+
+pysyncobj.tcp_connection.zlib = _BoundedZlib
+pysyncobj.tcp_connection.TcpConnection._TcpConnection__processRead = _read_bounded
 
 
 class _ClosingSerializer(pysyncobj.serializer.Serializer):  # type: ignore[misc]
@@ -525,6 +595,9 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     collector while the port stayed taken.
     """
 
+    _ready: bool  # pysyncobj's: the server is listening
+    _destroyed = False
+
     def send(self, node: Any, message: Any) -> bool:
         # Nothing leaves before the journal entries it may speak of are durable.
         self._syncObj.sync_journal()
@@ -554,6 +627,29 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
                 raise
 
         self._server.bind = bind_or_say_why
+        unbind = self._server.unbind
+
+        def unbind_and_listen_again() -> None:
+            # pysyncobj's server closes its socket on an accept() error (EMFILE, ENFILE,
+            # ENOBUFS) or a poll error, and its transport, still counting itself bound, never
+            # listened again: the voter took no connection until restarted. It listens again
+            # from its next tick past bindRetryTime (Kafka's Acceptor logs and goes on).
+            unbind()
+            if self._ready and not self._destroyed:
+                log.warning(
+                    "quorum: the listener on %s failed (accepting a connection); listening "
+                    "again in %.0f s",
+                    self._syncObj.conf.bindAddress or self._selfNode.address,
+                    self._syncObj.conf.bindRetryTime,
+                )
+                self._ready = False
+                self._lastBindAttemptTime = raft_clock()
+
+        self._server.unbind = unbind_and_listen_again
+
+    def destroy(self) -> None:
+        self._destroyed = True
+        super().destroy()
 
     def _maybeBind(self) -> None:  # noqa: N802
         try:
@@ -621,28 +717,40 @@ def _int(value: Any) -> int:
     return value
 
 
-# The fields of pysyncobj 0.3.17's Raft messages that its handler reads as numbers.
-_NUMERIC_FIELDS = (
-    "term",
-    "last_log_term",
-    "last_log_index",
-    "commit_index",
-    "prevLogIdx",
-    "prevLogTerm",
-    "next_node_idx",
-)
+# The fields of pysyncobj 0.3.17's Raft messages that its handler reads as numbers, and the
+# greatest each may be: a term is the controller epoch, an int32 in Kafka's protocol (KRaft's
+# epochs); a log index is a metadata offset, an int64. A term of 2**64 once taken (a message
+# any peer naming a voter could send) was stored in the journal's meta, where a leader could
+# not then write its entries (the journal packs terms in 64 bits): the quorum never committed
+# again, across restarts.
+MAX_TERM = 2**31 - 1
+MAX_INDEX = 2**63 - 1
+_NUMERIC_FIELDS = {
+    "term": MAX_TERM,
+    "last_log_term": MAX_TERM,
+    "prevLogTerm": MAX_TERM,
+    "last_log_index": MAX_INDEX,
+    "commit_index": MAX_INDEX,
+    "prevLogIdx": MAX_INDEX,
+    "next_node_idx": MAX_INDEX,
+}
 
 
 def _malformed(message: Any) -> str | None:
-    """Why pysyncobj's handler would raise on this Raft message, or None."""
+    """Why pysyncobj's handler would raise on this Raft message, or None; or why it must not
+    take it (a number out of its range)."""
     if not isinstance(message, dict):
         return f"a {type(message).__name__}, not a dict"
     if not isinstance(message.get("type"), str):
         return "no message type"
-    for name in _NUMERIC_FIELDS:
+    for name, greatest in _NUMERIC_FIELDS.items():
         value = message.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool):
             return f"{name} is a {type(value).__name__}"
+        if not 0 <= value <= greatest:
+            return f"{name} {value} is outside 0..{greatest}"
     if "entries" in message and not isinstance(message["entries"], list):
         return "entries is not a list"
     return None
@@ -1290,6 +1398,11 @@ class MetadataQuorum:
             on_done(None, "quorum is stopped")
             return
         payload = _REGULAR + encode_batch(records, epoch)
+        if len(payload) > MAX_QUORUM_MESSAGE_BYTES // 2:
+            # Framed for a voter, with pickle's and the message's own bytes, it could pass
+            # the bound every voter holds messages to, and the quorum would stop at it.
+            on_done(None, f"a metadata batch of {len(payload)} bytes is too large")
+            return
 
         def callback(result: Any, error: int) -> None:
             if error == FAIL_REASON.SUCCESS and isinstance(result, int) and result >= 0:

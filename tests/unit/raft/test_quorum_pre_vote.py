@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 from pysyncobj.node import TCPNode
 
-from kcoord.raft.quorum import NEWER_TERM, PRE_VOTE, PRE_VOTE_RESPONSE, _MetadataSyncObj
+from kcoord.raft.quorum import (
+    MAX_TERM,
+    NEWER_TERM,
+    PRE_VOTE,
+    PRE_VOTE_RESPONSE,
+    _MetadataSyncObj,
+)
 from tests.unit.raft.test_quorum_follower import append, entry, follower
 
 Sent = list[tuple[TCPNode, dict[str, Any]]]
@@ -176,7 +182,16 @@ def test_a_refusal_from_a_newer_term_is_taken(
 
 
 @pytest.mark.parametrize(
-    "field, value", [("term", "1"), ("round", None), ("last_log_index", True), ("granted", None)]
+    "field, value",
+    [
+        ("term", "1"),
+        ("round", None),
+        ("last_log_index", True),
+        ("granted", None),
+        ("term", MAX_TERM + 1),
+        ("term", -1),
+        ("last_log_index", 2**64),
+    ],
 )
 def test_a_malformed_pre_vote_closes_its_connection_alone(
     recorded: Recorded, monkeypatch: pytest.MonkeyPatch, field: str, value: Any
@@ -224,4 +239,8 @@ def test_a_leader_of_an_older_term_is_told_ours_and_steps_down(
     assert (voter.raftCurrentTerm, voter._SyncObj__votedForNodeId) == (8, None)
     assert not voter._isLeader()
     voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 6})
+    assert voter.raftCurrentTerm == 8
+    # A term out of the epoch's range is not taken (a term of 2**64, written to the journal's
+    # meta, left a leader unable to write any entry, for good).
+    voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 2**64})
     assert voter.raftCurrentTerm == 8
