@@ -151,6 +151,19 @@ class Errors(IntEnum):
     def is_retriable(self) -> bool:
         return self in _RETRIABLE
 
+    @classmethod
+    def of(cls, code: int) -> Errors:
+        """The error a peer's answer names; one this build does not know (a newer node's) is
+        UNKNOWN_SERVER_ERROR, as Kafka's ``Errors.forCode`` reads an unknown code. ``Errors``
+        itself raised ValueError, which stopped a replica fetcher's handling of the whole
+        answer at every round."""
+        if not isinstance(code, int) or isinstance(code, bool):
+            raise TypeError(f"an error code is an int, not {code!r}")
+        try:
+            return cls(code)
+        except ValueError:
+            return cls.UNKNOWN_SERVER_ERROR
+
 
 _RETRIABLE = frozenset(
     {

@@ -121,7 +121,7 @@ class BrokerLifecycle:
                     "storage_lost": self.storage_lost,
                 },
             )
-            error = Errors(reply["error"])
+            error = Errors.of(reply["error"])
             if error is not Errors.NONE:
                 log.warning("registration refused: %s", error.name)
                 return
@@ -141,7 +141,7 @@ class BrokerLifecycle:
         if offline:  # logs that failed to load: the controller moves their leadership away
             heartbeat["offline_replicas"] = [list(tp) for tp in offline]
         reply = await self.call_controller("BrokerHeartbeat", heartbeat)
-        error = Errors(reply["error"])
+        error = Errors.of(reply["error"])
         if error in (Errors.STALE_BROKER_EPOCH, Errors.BROKER_ID_NOT_REGISTERED):
             log.warning("heartbeat answered %s: registering again", error.name)
             self.broker_epoch = None

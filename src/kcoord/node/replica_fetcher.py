@@ -48,7 +48,7 @@ from kcoord.cluster.fetch_session import FetchItem, FetchSessionHandler, TopicPa
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
-from kcoord.node.rpc import RpcClient, RpcClientError, RpcClientPool
+from kcoord.node.rpc import RpcClient, RpcClientError, RpcClientPool, RpcRemoteError
 from kcoord.raft.image import RoleChange
 from kcoord.storage import format as fmt
 from kcoord.storage.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -70,6 +70,8 @@ _BACKOFF_ERRORS = frozenset(
 
 # How often a fetcher rebuilds the fetch state of every partition it fetches (module docstring).
 FULL_REBUILD_INTERVAL_S: Final = 1.0
+# An error answer from a leader (see _run) is logged at most this often per leader.
+REMOTE_ERROR_LOG_EVERY_S: Final = 60.0
 
 
 class _Fetched(NamedTuple):
@@ -151,6 +153,7 @@ class ReplicaFetcherManager:
         self._closed = False
         # Per leader: the partitions followed there, as of ``_roles_version``.
         self._roles_version = 0
+        self._remote_error_logged: dict[int, float] = {}  # leader id -> loop time
         self._followed_by_leader: dict[int, tuple[int, list[Partition]]] = {}
         self._fetch_states: dict[int, _FetchState] = {}
 
@@ -216,6 +219,16 @@ class ReplicaFetcherManager:
                 await self._step(leader_id, parts)
             except asyncio.CancelledError:
                 raise
+            except RpcRemoteError as e:
+                # The leader answered, with an error (a method or shape it does not take: a node
+                # of another version): retried as any failure, but said, once a minute.
+                now = asyncio.get_running_loop().time()
+                if now - self._remote_error_logged.get(leader_id, -REMOTE_ERROR_LOG_EVERY_S) >= (
+                    REMOTE_ERROR_LOG_EVERY_S
+                ):
+                    self._remote_error_logged[leader_id] = now
+                    log.warning("fetch from leader %d refused: %s (retrying)", leader_id, e)
+                await asyncio.sleep(self.backoff_ms / 1000)  # the fetch backoff
             except (RpcClientError, OSError) as e:
                 log.debug("fetch from leader %d failed: %s", leader_id, e)
                 await asyncio.sleep(self.backoff_ms / 1000)  # the fetch backoff
@@ -296,7 +309,7 @@ class ReplicaFetcherManager:
             for (p, leader_epoch, epoch, lg), r in zip(pending, reply["partitions"], strict=True):
                 if not self._still_following(p, leader_epoch, lg):
                     continue
-                error = Errors(r["error"])
+                error = Errors.of(r["error"])
                 if error is not Errors.NONE:
                     self._back_off(p, error)
                     parts = [q for q in parts if q is not p]
@@ -436,7 +449,7 @@ class ReplicaFetcherManager:
                 self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
 
     def _process(self, part: Partition, fetch_offset: int, r: Any) -> None:
-        error = Errors(r["error"])
+        error = Errors.of(r["error"])
         lg = part.log
         if error is Errors.OFFSET_OUT_OF_RANGE:
             leader_end, leader_start = int(r["log_end_offset"]), int(r["log_start_offset"])

@@ -1527,10 +1527,10 @@ class ReplicaManager:
             reply = {"error": int(Errors.REQUEST_TIMED_OUT), "partitions": []}
         retry_now_ms = self.monotonic_ms()
         errors: dict[tuple[str, int], Errors] = {
-            (str(r["topic_id"]), int(r["partition"])): Errors(r["error"])
+            (str(r["topic_id"]), int(r["partition"])): Errors.of(r["error"])
             for r in reply.get("partitions", [])
         }
-        top = Errors(reply["error"])
+        top = Errors.of(reply["error"])
         for part in proposed:
             repl = part.replication
             if (

@@ -62,6 +62,14 @@ log = logging.getLogger(__name__)
 
 MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
 MAX_IN_FLIGHT: Final = 128  # requests of one connection handled or answered at once
+# Connections a server takes at once (the nodes, their pools and the operator tools need a
+# few dozen): beyond, a new one is closed at once. Without a cap one peer took every file
+# descriptor, and the node's next segment or checkpoint failed its log directory (halted).
+MAX_CONNECTIONS: Final = 1024
+REFUSED_LOG_EVERY_S: Final = 60.0  # a refused connection is logged at most this often
+# A request frame at least this long is decoded off the event loop (see read_frame), as the
+# Kafka listener decodes a large request (kafka/server.py OFF_LOOP_REQUEST_BYTES).
+OFF_LOOP_FRAME_BYTES: Final = 64 * 1024
 IDLE_MS: Final = 600_000  # connections.max.idle.ms
 CLIENT_IDLE_MS: Final = 540_000  # a client's (Kafka's clients: 9 min, under the server's 10)
 UNKNOWN_METHOD: Final = "UNKNOWN_METHOD"
@@ -131,8 +139,11 @@ def decode_body(data: bytes) -> Any:
         raise FrameError(f"body is not one msgpack value: {str(e) or type(e).__name__}") from e
 
 
-async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> Any:
-    """Read and decode one frame.
+async def read_frame(
+    reader: asyncio.StreamReader, max_frame_bytes: int, *, off_loop_bytes: int | None = None
+) -> Any:
+    """Read and decode one frame; one of at least ``off_loop_bytes`` is decoded on a worker
+    thread (msgpack holds the loop a second for 16 MiB of small values).
 
     Raises ``asyncio.IncompleteReadError`` at end of stream (``partial`` empty if it ended
     between frames) and ``FrameError`` for a bad length or body.
@@ -141,7 +152,10 @@ async def read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> Any:
     (length,) = _HEADER.unpack(header)
     if not 0 < length <= max_frame_bytes:
         raise FrameError(f"frame length {length} is outside 1..{max_frame_bytes}")
-    return decode_body(await reader.readexactly(length))
+    data = await reader.readexactly(length)
+    if off_loop_bytes is not None and length >= off_loop_bytes:
+        return await asyncio.to_thread(decode_body, data)
+    return decode_body(data)
 
 
 def _refuse_ext(code: int, data: bytes) -> Any:
@@ -207,11 +221,15 @@ class RpcServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         max_in_flight: int = MAX_IN_FLIGHT,
         idle_ms: int = IDLE_MS,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        assert max_frame_bytes > 0 and max_in_flight > 0 and idle_ms > 0
+        assert max_frame_bytes > 0 and max_in_flight > 0 and idle_ms > 0 and max_connections > 0
         self._handlers = dict(handlers)
         self._max_frame_bytes = max_frame_bytes
         self._max_in_flight = max_in_flight
+        self._max_connections = max_connections
+        self._refusal_logged_at = -REFUSED_LOG_EVERY_S
+        self.connections_refused = 0
         self._idle_s = idle_ms / 1000
         self._server: asyncio.Server | None = None
         self._stopping = False
@@ -267,6 +285,22 @@ class RpcServer:
             if not requests and reading is not None and not reading.expired():
                 reading.reschedule(loop.time() + self._idle_s)
 
+        if len(self._connections) >= self._max_connections:
+            self.connections_refused += 1
+            now = loop.time()
+            if now - self._refusal_logged_at >= REFUSED_LOG_EVERY_S:
+                self._refusal_logged_at = now
+                log.warning(
+                    "rpc: refusing a connection from %s: %d connections open, the most taken "
+                    "(%d refused so far)",
+                    peer,
+                    len(self._connections),
+                    self.connections_refused,
+                )
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
         if not self._stopping:
             self._connections[task] = writer
         try:
@@ -276,7 +310,9 @@ class RpcServer:
                     async with asyncio.timeout(None) as reading:
                         if not requests:
                             reading.reschedule(loop.time() + self._idle_s)
-                        body = await read_frame(reader, self._max_frame_bytes)
+                        body = await read_frame(
+                            reader, self._max_frame_bytes, off_loop_bytes=OFF_LOOP_FRAME_BYTES
+                        )
                 except TimeoutError:
                     log.info("rpc: closing idle connection from %s", peer)
                     break

@@ -61,6 +61,7 @@ from kcoord.node.metadata import MetadataCache, QuorumBridge, ReplicaRoles, Role
 from kcoord.node.metrics import NodeMetrics
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import ReplicaManager
+from kcoord.node.rpc import MAX_CONNECTIONS as MAX_RPC_CONNECTIONS
 from kcoord.node.rpc import RpcClientPool, RpcServer
 from kcoord.node.runtime import CoordinatorRuntime
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
@@ -359,6 +360,7 @@ class Node:
                 **self.admin.rpc_handlers(),
             },
             idle_ms=cfg.connections_max_idle_ms,
+            max_connections=peer_connection_limit(),
         )
         # The Kafka port is bound before this broker registers (Kafka's BrokerServer binds its
         # acceptors first and enables request processing last): a port taken fails the start
@@ -778,6 +780,15 @@ def client_connection_limit(max_connections: int) -> int:
     if soft == resource.RLIM_INFINITY:
         return max_connections
     return max(1, min(max_connections, soft // 2))
+
+
+def peer_connection_limit() -> int:
+    """Connections the RPC port takes at once: ``rpc.MAX_CONNECTIONS``, at most an eighth of
+    the open-files limit (the clients' half and the data directory keep the rest)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_RPC_CONNECTIONS
+    return max(1, min(MAX_RPC_CONNECTIONS, soft // 8))
 
 
 def run(config: NodeConfig) -> None:

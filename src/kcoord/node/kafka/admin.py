@@ -133,7 +133,7 @@ class AdminApi:
                     results[name] = _create_error(name, reply, None)
                     continue
                 r = next(r for r in reply["topics"] if r["name"] == name)
-                error = Errors(r["error"])
+                error = Errors.of(r["error"])
                 if error is not Errors.NONE:
                     results[name] = _create_error(name, error, r.get("message") or None)
                     continue
@@ -178,7 +178,7 @@ class AdminApi:
                     results[name] = _result(name, reply, None)
                     continue
                 r = next(r for r in reply["topics"] if r["name"] == name)
-                results[name] = _result(name, Errors(r["error"]), r.get("message") or None)
+                results[name] = _result(name, Errors.of(r["error"]), r.get("message") or None)
         return {"throttle_time": 0, "results": [results[name] for name in counts]}
 
     # -----------------------------------------------------------------------------------------
@@ -290,7 +290,7 @@ class AdminApi:
                     responses.append(_deleted(name, ids_of[name], reply, None))
                     continue
                 r = next(r for r in reply["topics"] if r["name"] == name)
-                responses.append(_deleted(name, ids_of[name], Errors(r["error"]), None))
+                responses.append(_deleted(name, ids_of[name], Errors.of(r["error"]), None))
         return {"throttle_time": 0, "responses": responses}
 
     # -----------------------------------------------------------------------------------------

@@ -288,7 +288,7 @@ class ConfigsApi:
                 error, message = reply, None
             else:
                 answer = next(answers)
-                error = Errors(answer["error"])
+                error = Errors.of(answer["error"])
                 message = answer["message"] or None
             responses.append(
                 {
