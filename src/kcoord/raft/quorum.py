@@ -597,6 +597,8 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
 
     _ready: bool  # pysyncobj's: the server is listening
     _destroyed = False
+    _relisten_at: float | None = None  # when to bind again after the listener failed
+    _relisten_tries = 0
 
     def send(self, node: Any, message: Any) -> bool:
         # Nothing leaves before the journal entries it may speak of are durable.
@@ -632,20 +634,52 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
         def unbind_and_listen_again() -> None:
             # pysyncobj's server closes its socket on an accept() error (EMFILE, ENFILE,
             # ENOBUFS) or a poll error, and its transport, still counting itself bound, never
-            # listened again: the voter took no connection until restarted. It listens again
-            # from its next tick past bindRetryTime (Kafka's Acceptor logs and goes on).
+            # listened again: the voter took no connection until restarted. It binds again
+            # at its next tick, then every bindRetryTime while that fails (Kafka's Acceptor
+            # logs and goes on). The transport stays ready meanwhile: pysyncobj runs no Raft
+            # at all while it is not (no heartbeat, no election), and a leader so paused for
+            # a second was voted out.
             unbind()
-            if self._ready and not self._destroyed:
+            if self._ready and not self._destroyed and self._relisten_at is None:
                 log.warning(
-                    "quorum: the listener on %s failed (accepting a connection); listening "
-                    "again in %.0f s",
+                    "quorum: the listener on %s failed (accepting a connection); listening again",
                     self._syncObj.conf.bindAddress or self._selfNode.address,
-                    self._syncObj.conf.bindRetryTime,
                 )
-                self._ready = False
-                self._lastBindAttemptTime = raft_clock()
+                self._relisten_at = raft_clock()
 
         self._server.unbind = unbind_and_listen_again
+        self._bind_raw, self._unbind_raw = bind, unbind
+
+    def _onTick(self) -> None:  # noqa: N802 (pysyncobj's)
+        if (
+            self._relisten_at is not None
+            and not self._destroyed
+            and raft_clock() >= (self._relisten_at)
+        ):
+            self._relisten()
+        super()._onTick()
+
+    def _relisten(self) -> None:
+        """Listen again after the listener failed (see ``_createServer``); the transport stays
+        ready all along, so Raft goes on over the connections it has."""
+        address = self._syncObj.conf.bindAddress or self._selfNode.address
+        try:
+            self._bind_raw()
+        except OSError as e:
+            self._unbind_raw()  # the socket the failed bind made
+            self._relisten_tries += 1
+            if self._relisten_tries % BIND_REPORT_EVERY == 1:
+                log.warning(
+                    "quorum: cannot listen on %s again (try %d): %s; trying every %.0f s",
+                    address,
+                    self._relisten_tries,
+                    e,
+                    self._syncObj.conf.bindRetryTime,
+                )
+            self._relisten_at = raft_clock() + self._syncObj.conf.bindRetryTime
+            return
+        log.info("quorum: listening on %s again", address)
+        self._relisten_at, self._relisten_tries = None, 0
 
     def destroy(self) -> None:
         self._destroyed = True
@@ -751,8 +785,23 @@ def _malformed(message: Any) -> str | None:
             return f"{name} is a {type(value).__name__}"
         if not 0 <= value <= greatest:
             return f"{name} {value} is outside 0..{greatest}"
-    if "entries" in message and not isinstance(message["entries"], list):
-        return "entries is not a list"
+    if "entries" in message:
+        if not isinstance(message["entries"], list):
+            return "entries is not a list"
+        return _bad_entries(message["entries"])
+    return None
+
+
+def _bad_entries(entries: list[Any]) -> str | None:
+    """Why these log entries (command, index, term) are not to be taken, or None: their
+    numbers are bounded as the messages' (an entry's term of 2**64 reached the journal,
+    which raised out of the tick with the entry taken in memory and not on disk)."""
+    for entry in entries:
+        if not isinstance(entry, list | tuple) or len(entry) != 3:
+            return "an entry that is not (command, index, term)"
+        for name, value, greatest in (("index", entry[1], MAX_INDEX), ("term", entry[2], MAX_TERM)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= greatest:
+                return f"an entry whose {name} is {value!r}"
     return None
 
 
@@ -848,6 +897,8 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                         self._tell_newer_term(node)  # and pysyncobj ignores it
                     if "transmission" in message:
                         message = self._assembled(node, message)
+                        if (bad := _bad_entries(message.get("entries", []))) is not None:
+                            raise ValueError(bad)
                     message = self._without_entries_we_hold(message)
                     message = self._stale_snapshot_ignored(node, message)
                     message = self._snapshot_part_committing_nothing(message)
@@ -1051,6 +1102,9 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return {**message, "transmission": "process", "data": b""}
         else:
             self._parts.append(data)
+        if sum(len(part) for part in self._parts) > MAX_QUORUM_MESSAGE_BYTES:
+            self._parts = []
+            raise ValueError(f"an entry in parts past {MAX_QUORUM_MESSAGE_BYTES} bytes")
         if kind != "finish":
             return {**message, "data": b""}
         try:

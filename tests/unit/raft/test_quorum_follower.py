@@ -29,7 +29,7 @@ from pysyncobj.syncobj import SyncObj, SyncObjException
 from kcoord.raft import quorum as quorum_module
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataImage
-from kcoord.raft.quorum import MetadataQuorum, Voter, _MetadataSyncObj, encode_batch
+from kcoord.raft.quorum import MAX_TERM, MetadataQuorum, Voter, _MetadataSyncObj, encode_batch
 from tests.portpick import free_ports
 
 CLUSTER_ID = "kcoord-test"
@@ -246,6 +246,30 @@ def test_an_entry_sent_in_parts_is_appended_once_its_last_part_arrives(
         assert log_of(voter)[-1] == (4, 1)
         assert voter.raftCommitIndex == 3
         assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    finally:
+        voter.destroy()
+
+
+@pytest.mark.parametrize("bad", [(2, 2**64), (2, MAX_TERM + 1), (-5, 1), ("2", 1)])
+def test_an_entry_with_numbers_out_of_range_is_not_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: tuple[Any, Any]
+) -> None:
+    """An entry whose term is past the epoch's int32 (or whose index is not an offset)
+    closes its sender's connection, plain or sent in parts: a term of 2**64 reached the
+    journal, which raised out of the tick with the entry in memory and not on disk."""
+    voter = follower(tmp_path)
+    closed: list[Any] = []
+    monkeypatch.setattr(voter, "_disconnect", closed.append)
+    try:
+        append(voter, 1, (1, 0), [entry(2, 1)], commit=1)
+        index, term = bad
+        append(voter, 1, (2, 1), [(b"\x01x", index, term)], commit=1)
+        assert closed == [leader_of(voter)] and log_of(voter) == [(1, 0), (2, 1)]
+        big = (b"\x01" + b"w" * 3000, index, term)
+        for kind, data in parts_as_pysyncobj_sends_them(big, 1000):
+            message = entry_part(kind, data, commit=1, prev=2)
+            voter._SyncObj__onMessageReceived(leader_of(voter), message)
+        assert closed == [leader_of(voter)] * 2 and log_of(voter) == [(1, 0), (2, 1)]
     finally:
         voter.destroy()
 
