@@ -24,6 +24,7 @@ deleting it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -208,6 +209,17 @@ class QuorumBridge:
         and standby replays on them."""
         self.closed = True
         self._pending.clear()
+        if self._draining is not None:
+            # Its creation of logs ahead stops after the log it is making (create_logs_ahead).
+            self._draining.cancel()
+
+    async def wait_closed(self) -> None:
+        """Once ``close``: until the logs being created ahead are made or given up, so that
+        nothing writes the data directory after the node let its lock go."""
+        draining = self._draining
+        if draining is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await draining
 
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
         self.loop.call_soon_threadsafe(self._submit, self.cache.apply, offset, records)

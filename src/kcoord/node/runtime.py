@@ -798,10 +798,10 @@ class Standby:
         kept = lg.prefix_kept(self.next_offset, self.truncations, floor=lg.log_start_offset)
         if self.partition.log is not lg or kept is None:
             return False
-        if lg.tombstone_drops != self.tombstone_drops:
-            if lg.last_tombstone_dropped >= self.next_offset:
-                return False
-            self.tombstone_drops = lg.tombstone_drops
+        drops = lg.tombstone_drops_seen(self.next_offset, self.tombstone_drops)
+        if drops is None:
+            return False
+        self.tombstone_drops = drops
         self.truncations = kept
         return True
 
@@ -1012,6 +1012,7 @@ class CoordinatorRuntime:
         records = 0
         applied = 0
         size = 0
+        drops = lg.tombstone_drops if standby is None else standby.tombstone_drops
         # Hot: the suffix record by record. Cold: the latest record per key (LatestRecords).
         latest = LatestRecords() if standby is None else None
         # First up to the high watermark, where the ListGroups entries of the groups with
@@ -1040,6 +1041,18 @@ class CoordinatorRuntime:
                 records += n
                 size += nbytes
                 await asyncio.sleep(0)  # let other work run between chunks
+                seen = lg.tombstone_drops_seen(offset, drops)
+                if seen is None and ctx.partition.log is lg:
+                    # A cleaner swap meanwhile dropped a tombstone not read yet, of a key
+                    # whose value may have been (see Standby.still_valid): from the start.
+                    log.info(
+                        "%s-%d: a tombstone ahead of the load was cleaned away; loading again",
+                        OFFSETS_TOPIC,
+                        ctx.index,
+                    )
+                    await self._replay_log(ctx, None)
+                    return
+                drops = lg.tombstone_drops if seen is None else seen
             if stop is not None and ctx.state is ShardState.LOADING:
                 if latest is not None:
                     applied += latest.flush(shard, decoder)

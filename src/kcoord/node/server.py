@@ -530,6 +530,8 @@ class Node:
             await self.fetchers.close()
         if self.replicas is not None:
             self.replicas.close()
+        if self._bridge is not None:
+            await self._bridge.wait_closed()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

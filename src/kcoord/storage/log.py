@@ -36,6 +36,7 @@ import hashlib
 import logging
 import os
 import shutil
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -143,7 +144,8 @@ class LeaderScan:
     records: bytes
     max_timestamp: int
     keys_checked: bool
-    error: Exception | None = None
+    error: Exception | None = None  # reading the records
+    key_error: Exception | None = None  # checking their keys (a compacted topic)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,11 +297,11 @@ class Log:
         self.first_dirty_offset = 0
         self.delete_horizon_ms: int | None = None
         self._generation = 0
-        # Swaps that dropped a tombstone, and the highest offset one dropped: a reader
-        # replaying the log record by record (a coordinator's hot standby) that read a key's
-        # value and not yet its tombstone would never learn the key went.
+        # Swaps that dropped a tombstone, and the highest offset each of the last ones dropped:
+        # a reader replaying the log record by record (a coordinator's hot standby) that read
+        # a key's value and not yet its tombstone would never learn the key went.
         self.tombstone_drops = 0
-        self.last_tombstone_dropped = -1
+        self.tombstones_dropped_up_to: deque[int] = deque(maxlen=TOMBSTONE_DROPS_KEPT)
         # Removes files of segments this log let go (retired as .deleted); the LogManager
         # hands them to its own remover, which a node runs off the event loop.
         self.remove_files: Callable[[Sequence[Path]], None] = remove_now
@@ -548,8 +550,11 @@ class Log:
             log_append_time = fmt.NO_TIMESTAMP
             if not is_control:  # as _validate_batch and _validate_timestamps
                 if scan is not None and scan.records is records:
-                    if self.config.compact and not scan.keys_checked:
-                        self._raise_if_null_key(records)  # compacted since it was read
+                    if self.config.compact:
+                        if not scan.keys_checked:
+                            self._raise_if_null_key(records)  # compacted since it was read
+                        elif scan.key_error is not None:
+                            raise scan.key_error
                     if scan.error is not None:
                         raise scan.error
                     records_max = scan.max_timestamp
@@ -645,14 +650,20 @@ class Log:
             or fmt.crc32c(memoryview(records)[fmt.ATTRIBUTES_OFFSET :]) != crc
         ):
             return None
+        # Errors are kept for the append to raise where it reads (RecordFormatError and kin),
+        # the keys' apart: one is raised only if the topic is still compacted then.
         compact = self.config.compact
-        try:
-            if compact:
+        key_error: Exception | None = None
+        if compact:
+            try:
                 self._raise_if_null_key(records)
+            except ValueError as e:
+                key_error = e
+        try:
             records_max = _records_max_timestamp(records, 0, size, attributes, record_count)
-        except ValueError as e:  # RecordFormatError and kin: raised on the append's path
-            return LeaderScan(records, fmt.NO_TIMESTAMP, compact, e)
-        return LeaderScan(records, records_max, compact)
+        except ValueError as e:
+            return LeaderScan(records, fmt.NO_TIMESTAMP, compact, e, key_error)
+        return LeaderScan(records, records_max, compact, None, key_error)
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches replicated from the leader, keeping their offsets and epochs."""
@@ -980,6 +991,20 @@ class Log:
         if self.truncations == truncations + 1 and self.last_truncated_to >= offset:
             return self.truncations
         return None
+
+    def tombstone_drops_seen(self, offset: int, seen: int) -> int | None:
+        """For a reader replaying this log record by record, now at ``offset``, that had seen
+        ``seen`` of its cleaner swaps that dropped tombstones: the count to remember now if
+        none it missed dropped one at or above ``offset`` (what it has read stays true), else
+        None: a key whose value it read may have lost the tombstone it has yet to read, and
+        it must read again from the log start."""
+        missed = self.tombstone_drops - seen
+        if not missed:
+            return seen
+        recent = self.tombstones_dropped_up_to  # per swap, newest last
+        if missed > len(recent) or max(list(recent)[-missed:]) >= offset:
+            return None
+        return self.tombstone_drops
 
     def batch_headers_from(self, offset: int) -> Iterator[fmt.BatchHeader]:
         """The headers of the batches from the one holding ``offset`` on, oldest first, CRC
@@ -1403,9 +1428,7 @@ class Log:
         self.delete_horizon_ms = result.delete_horizon_ms
         if result.last_tombstone_dropped >= 0:
             self.tombstone_drops += 1
-            self.last_tombstone_dropped = max(
-                self.last_tombstone_dropped, result.last_tombstone_dropped
-            )
+            self.tombstones_dropped_up_to.append(result.last_tombstone_dropped)
         return result.stats
 
     def _delete_cleaned(self, result: CleanResult) -> None:
@@ -1628,6 +1651,11 @@ def _batches_in_runs(seg: LogSegment) -> Iterator[tuple[bytes, int, fmt.BatchHea
         end = bp.position + bp.header.size
     if run:
         yield from read()
+
+
+# The swaps that dropped a tombstone whose highest such offset a log keeps (newest last): a
+# reader that missed more of them since it last looked starts over.
+TOMBSTONE_DROPS_KEPT: Final = 64
 
 
 # The smallest record: its length, attributes, timestamp delta, offset delta, key length, value

@@ -128,9 +128,10 @@ def test_a_closed_bridge_applies_nothing_more(tmp_path: Path) -> None:
         await asyncio.sleep(0)
         draining = bridge._draining
         assert draining is not None
-        bridge.close()
+        bridge.close()  # cancels the creation of logs ahead (which stops its thread)
         preparer.release.set()
-        await draining  # ends without applying what it held
+        await bridge.wait_closed()  # ends without applying what it held
+        assert draining.done()
         bridge.on_committed(3, _broker(3))  # from the Raft thread, after the close
         await asyncio.sleep(0)  # the callback's turn
         assert cache.offset == 1 and replicas.get_partition("big", 0) is None

@@ -40,6 +40,7 @@ from kcoord.node.runtime import (
 )
 from kcoord.raft import records as rec
 from kcoord.storage import format as fmt
+from kcoord.storage import log as log_module
 from kcoord.storage.config import LogConfig
 from kcoord.storage.log import Log
 from kcoord.storage.manager import LogManager
@@ -897,6 +898,15 @@ def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_agai
         assert not standby.still_valid()
         follower.replicas.follow_leader_high_watermark(part, end)
         await _until(lambda: standby.next_offset == end, "the standby at the log end")
+        # Later swaps, as swap_cleaned records them: one dropping tombstones it has read
+        # keeps it (a running maximum restarted it for every later drop), more than the log
+        # keeps an account of do not.
+        lg.tombstone_drops += 1
+        lg.tombstones_dropped_up_to.append(end - 1)
+        assert standby.still_valid()
+        lg.tombstone_drops += log_module.TOMBSTONE_DROPS_KEPT + 1
+        assert not standby.still_valid()
+        lg.tombstone_drops -= log_module.TOMBSTONE_DROPS_KEPT + 1
         follower.elect(leader=2, leader_epoch=1)
         await active(follower.runtime)
         follower.replicas.release(part)
@@ -906,6 +916,55 @@ def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_agai
         assert kept.topics[0].partitions[0].committed_offset == 9
         for node in (leader, follower):
             node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_during_which_the_cleaner_drops_a_tombstone_ahead_loads_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load reads the log a chunk at a time, the loop serving others in between; a cleaner
+    swap there that dropped a tombstone the load had not reached (its key's value already
+    read) left the deleted offset in the loaded shard, as for a standby. It loads again."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("g", commit("g", 42)), 5)  # offset 0
+        for i in range(3):
+            await asyncio.wait_for(node.runtime.call("h", commit("h", i)), 5)
+        await asyncio.wait_for(node.runtime.call("g", offset_delete("g")), 5)
+        await asyncio.wait_for(node.runtime.call("h", commit("h", 9)), 5)
+        lg = part.log
+        lg.config = replace(lg.config, delete_retention_ms=0)
+        lg.roll()
+        end = lg.log_end_offset
+        node.runtime.unload(0, part.leader_epoch)
+        node.runtime.replay_chunk_bytes = 1  # a batch a chunk
+        real_scan = LatestRecords.scan
+        cleaned: list[int] = []
+
+        def scan_then_clean(latest: LatestRecords, *args: Any) -> Any:
+            scanned = real_scan(latest, *args)
+            if not cleaned:  # after the first chunk (g's offset), before the loop goes on
+                # Two passes: the first drops g's offset and sets the tombstone's horizon (0
+                # ms on), the second drops the tombstone.
+                for now in (node.now, node.now + 1):
+                    cleaned.append(lg.compact(now, high_watermark=end).tombstones_dropped)
+            return scanned
+
+        monkeypatch.setattr(LatestRecords, "scan", scan_then_clean)
+        node.runtime.schedule_load(part)
+        await loaded(node)
+        assert cleaned == [0, 1]
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert not offsets.topics
+        kept = await asyncio.wait_for(node.runtime.call("h", fetch("h")), 5)
+        assert kept.topics[0].partitions[0].committed_offset == 9
+        node.runtime.close()
 
     asyncio.run(scenario())
 

@@ -482,6 +482,12 @@ def test_a_batch_read_before_its_append_is_appended_as_if_read_there(
     lg.config = LogConfig(cleanup_policy=frozenset({"compact"}))
     outcome = _outcome(lg, records, scan)
     assert isinstance(outcome, tuple) and outcome[0] is InvalidRecordError
+    # No longer compacted after the read: the keys' error it found is not raised.
+    lg = open_log(tmp_path / "uncompacted-since", LogConfig(cleanup_policy=frozenset({"compact"})))
+    scan = lg.scan_for_leader(records)
+    assert scan is not None and scan.key_error is not None
+    lg.config = LogConfig()
+    assert isinstance(_outcome(lg, records, scan), bytes)
     # Not one sound batch with records: nothing to read ahead.
     one = fmt.build_batch(good)
     flipped = bytearray(one)

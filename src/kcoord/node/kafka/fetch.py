@@ -258,13 +258,15 @@ class FetchApi:
         when the request came: a topic deleted and created again under its name while the
         fetch waited is another (``ReplicaManager.readFromLog``'s ``hasConsistentTopicId``:
         INCONSISTENT_TOPIC_ID), whose records a consumer of the first must not be given."""
-        part = self.ctx.replicas.leader_partition(topic, w.partition, w.current_leader_epoch)
-        if w.resolved_topic_id is not None and part.topic_id != w.resolved_topic_id:
-            raise KafkaError(
-                Errors.INCONSISTENT_TOPIC_ID,
-                f"{topic}-{w.partition} is no longer the partition of the topic id fetched",
-            )
-        return part
+        if w.resolved_topic_id is not None:
+            # Before the leader epoch and leadership, as Kafka's readFromLocalLog checks it.
+            hosted = self.ctx.replicas.get_partition(topic, w.partition)
+            if hosted is not None and hosted.topic_id != w.resolved_topic_id:
+                raise KafkaError(
+                    Errors.INCONSISTENT_TOPIC_ID,
+                    f"{topic}-{w.partition} is no longer the partition of the topic id fetched",
+                )
+        return self.ctx.replicas.leader_partition(topic, w.partition, w.current_leader_epoch)
 
     async def _ready(self, wanted: list[_FetchPartition], min_bytes: int) -> bool:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the

@@ -480,7 +480,7 @@ class ProduceApi:
                 scan = None
                 if name is not None and acks in (-1, 0, 1):
                     if not transactional:
-                        scan = await self._scanned(name, data.index, data.records)
+                        scan = await self._scanned(name, data.index, data.records, acks)
                     await self._producer_state_ready(name, data.index)
                 if acks not in (-1, 0, 1):
                     result = _PartitionResult(data.index, Errors.INVALID_REQUIRED_ACKS)
@@ -516,12 +516,15 @@ class ProduceApi:
         if not self.states.loaded(part):
             await self.states.ready(part, self.ctx.now_ms())
 
-    async def _scanned(self, topic: str, index: int, records: bytes | None) -> LeaderScan | None:
+    async def _scanned(
+        self, topic: str, index: int, records: bytes | None, acks: int
+    ) -> LeaderScan | None:
         """The records of a batch costly to read (``OFF_LOOP_RECORDS_BYTES``) read on the
         listener's codec threads, as Kafka's request handler threads validate a produce; the
         loop serves the other clients meanwhile (it gets the GIL back every 5 ms). Awaited
         before a partition's append, never inside it; ``None`` for the rest, which the append
-        reads itself."""
+        reads itself, and for a batch it refuses before reading (not the leader, the ISR
+        below min.insync.replicas: a producer retrying it is not read each time)."""
         if (
             not records
             or is_internal(topic)
@@ -530,6 +533,7 @@ class ProduceApi:
             return None
         try:
             part = self.ctx.replicas.leader_partition(topic, index)
+            self.ctx.replicas.check_leader_and_min_isr(part, acks)
         except KafkaError:
             return None  # refused by _append
         return await self.off_loop(part.log.scan_for_leader, records)
