@@ -200,7 +200,8 @@ def live_member(
 ) -> Iterator[None]:
     """A kafka-python consumer in the group, assigned every partition, that has committed
     ``offsets``; it leaves the group on exit. Its failure message has the client's log and the
-    nodes' (a member once got no answer to its SyncGroup for 30 s in a CI run)."""
+    nodes' (a member once stayed unassigned for 30 s in a CI run: kafka-python dropped the
+    SyncGroup answer it had received; see kafka_python_ops.JOIN_POLL_MS)."""
     assert cluster.state is not None
     servers = cluster.state.bootstrap_servers
     cmd = _ops_command(
