@@ -95,6 +95,21 @@ async def poll_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> N
             await asyncio.sleep(0.001)
 
 
+async def closed_by_the_server(port: int, data: bytes = b"") -> None:
+    """Connect, send ``data``, and see the server close the connection."""
+    reader, writer = await asyncio.open_connection(HOST, port)
+    try:
+        if data:
+            writer.write(data)
+            await writer.drain()
+        with contextlib.suppress(ConnectionResetError):
+            assert await reader.read() == b""  # closed by the server
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
 async def free_port() -> int:
     """A port nothing listens on: bound by a server that is then stopped."""
     async with serving({}) as server:
@@ -323,16 +338,7 @@ def test_malformed_frame_closes_only_that_connection(
     async def main() -> None:
         async with serving({"echo": echo}) as server, client_of(server.port) as client:
             assert await client.call("echo", "before", 5.0) == "before"
-            reader, writer = await asyncio.open_connection(HOST, server.port)
-            try:
-                writer.write(data)
-                await writer.drain()
-                with contextlib.suppress(ConnectionResetError):
-                    assert await reader.read() == b""  # closed by the server
-            finally:
-                writer.close()
-                with contextlib.suppress(OSError):
-                    await writer.wait_closed()
+            await closed_by_the_server(server.port, data)
             assert await client.call("echo", "after", 5.0) == "after"
             assert client.connects == 1
             async with client_of(server.port) as newcomer:
@@ -355,14 +361,7 @@ def test_connections_past_the_cap_are_closed_at_once(
             async with client_of(server.port) as first, client_of(server.port) as second:
                 assert await first.call("echo", 1, 5.0) == 1
                 assert await second.call("echo", 2, 5.0) == 2
-                reader, writer = await asyncio.open_connection(HOST, server.port)
-                try:
-                    with contextlib.suppress(ConnectionResetError):
-                        assert await reader.read() == b""  # closed by the server
-                finally:
-                    writer.close()
-                    with contextlib.suppress(OSError):
-                        await writer.wait_closed()
+                await closed_by_the_server(server.port)
                 assert server.connections_refused == 1
                 assert await first.call("echo", 3, 5.0) == 3
             await poll_until(lambda: server.connection_count == 0)
