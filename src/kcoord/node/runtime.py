@@ -1022,6 +1022,20 @@ class CoordinatorRuntime:
             while ctx.state is ShardState.LOADING and offset < (
                 lg.log_end_offset if stop is None else stop
             ):
+                # Before each read (a hot load's first included: the standby was last checked
+                # when the shard was elected), as Standby.still_valid.
+                seen = lg.tombstone_drops_seen(offset, drops)
+                if seen is None and ctx.partition.log is lg:
+                    # A cleaner swap dropped a tombstone not read yet, of a key whose value
+                    # may have been: from the start.
+                    log.info(
+                        "%s-%d: a tombstone ahead of the load was cleaned away; loading again",
+                        OFFSETS_TOPIC,
+                        ctx.index,
+                    )
+                    await self._replay_log(ctx, None)
+                    return
+                drops = lg.tombstone_drops if seen is None else seen
                 if latest is None:
                     offset, n, nbytes = _replay_chunk(
                         shard,
@@ -1041,18 +1055,6 @@ class CoordinatorRuntime:
                 records += n
                 size += nbytes
                 await asyncio.sleep(0)  # let other work run between chunks
-                seen = lg.tombstone_drops_seen(offset, drops)
-                if seen is None and ctx.partition.log is lg:
-                    # A cleaner swap meanwhile dropped a tombstone not read yet, of a key
-                    # whose value may have been (see Standby.still_valid): from the start.
-                    log.info(
-                        "%s-%d: a tombstone ahead of the load was cleaned away; loading again",
-                        OFFSETS_TOPIC,
-                        ctx.index,
-                    )
-                    await self._replay_log(ctx, None)
-                    return
-                drops = lg.tombstone_drops if seen is None else seen
             if stop is not None and ctx.state is ShardState.LOADING:
                 if latest is not None:
                     applied += latest.flush(shard, decoder)

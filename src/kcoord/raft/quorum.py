@@ -171,6 +171,12 @@ pysyncobj.syncobj.pickle = _PlainDataPickle
 # claim 2 GiB, read into a buffer it copied whole on every read (128 MiB so sent held the
 # Raft thread for minutes), and 509 KiB of zlib inflated to 1 GiB.
 MAX_QUORUM_MESSAGE_BYTES = 64 * 1024 * 1024
+# The most parts one entry comes in: pysyncobj cuts it in appendEntriesBatchSizeBytes (64 KiB),
+# so an entry of MAX_QUORUM_MESSAGE_BYTES is 1024; empty parts, which pysyncobj never sends,
+# counted nothing against the byte bound.
+MAX_ENTRY_PARTS = 4096
+# A quorum listener that keeps failing (see _VotersOnlyTransport) is said once a minute.
+LISTENER_FAILURE_LOG_EVERY_S = 60.0
 _FRAME_SIZE = struct.Struct("i")  # pysyncobj's length prefix, native order
 
 
@@ -599,6 +605,8 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
     _destroyed = False
     _relisten_at: float | None = None  # when to bind again after the listener failed
     _relisten_tries = 0
+    _relistened_at = -math.inf
+    _listener_failed_logged_at = -math.inf
 
     def send(self, node: Any, message: Any) -> bool:
         # Nothing leaves before the journal entries it may speak of are durable.
@@ -641,11 +649,17 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             # a second was voted out.
             unbind()
             if self._ready and not self._destroyed and self._relisten_at is None:
-                log.warning(
-                    "quorum: the listener on %s failed (accepting a connection); listening again",
-                    self._syncObj.conf.bindAddress or self._selfNode.address,
-                )
-                self._relisten_at = raft_clock()
+                now = raft_clock()
+                if now - self._listener_failed_logged_at >= LISTENER_FAILURE_LOG_EVERY_S:
+                    self._listener_failed_logged_at = now
+                    log.warning(
+                        "quorum: the listener on %s failed (accepting a connection); listening "
+                        "again",
+                        self._syncObj.conf.bindAddress or self._selfNode.address,
+                    )
+                # At once, but not within bindRetryTime of the last time (accept may fail
+                # again at once: out of file descriptors while a peer keeps connecting).
+                self._relisten_at = max(now, self._relistened_at + self._syncObj.conf.bindRetryTime)
 
         self._server.unbind = unbind_and_listen_again
         self._bind_raw, self._unbind_raw = bind, unbind
@@ -678,8 +692,9 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
                 )
             self._relisten_at = raft_clock() + self._syncObj.conf.bindRetryTime
             return
-        log.info("quorum: listening on %s again", address)
+        log.debug("quorum: listening on %s again", address)
         self._relisten_at, self._relisten_tries = None, 0
+        self._relistened_at = raft_clock()
 
     def destroy(self) -> None:
         self._destroyed = True
@@ -833,6 +848,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._quorum = quorum
         self._cluster_mismatch_logged: dict[str, float] = {}  # per voter address
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
+        self._parts_bytes = 0
         self._parts_sender: tuple[Any, Any] | None = None  # (node, term) of those parts
         self._snapshot_parts: list[bytes] | None = None  # see _stale_snapshot_ignored
         self._snapshot_sender: tuple[Any, Any] | None = None
@@ -1094,7 +1110,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             data = b""  # not a part pysyncobj sends (and bytes(n) would allocate n bytes)
         data = bytes(data)
         if kind == "start":
-            self._parts = [data]
+            self._parts, self._parts_bytes = [data], len(data)
             self._parts_sender = (node, message.get("term"))
         elif not self._same_sender(self._parts_sender, node, message):
             # Not a part of the entry being put together (another voter led in between):
@@ -1102,9 +1118,13 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return {**message, "transmission": "process", "data": b""}
         else:
             self._parts.append(data)
-        if sum(len(part) for part in self._parts) > MAX_QUORUM_MESSAGE_BYTES:
-            self._parts = []
-            raise ValueError(f"an entry in parts past {MAX_QUORUM_MESSAGE_BYTES} bytes")
+            self._parts_bytes += len(data)
+        if self._parts_bytes > MAX_QUORUM_MESSAGE_BYTES or len(self._parts) > MAX_ENTRY_PARTS:
+            self._parts, self._parts_bytes = [], 0
+            raise ValueError(
+                f"an entry in parts past {MAX_QUORUM_MESSAGE_BYTES} bytes or "
+                f"{MAX_ENTRY_PARTS} parts"
+            )
         if kind != "finish":
             return {**message, "data": b""}
         try:

@@ -920,6 +920,45 @@ def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_agai
     asyncio.run(scenario())
 
 
+def test_a_promotion_whose_standby_loses_a_tombstone_before_the_load_reads_loads_cold(
+    tmp_path: Path,
+) -> None:
+    """The standby is checked when the shard is elected, and its load reads later: a cleaner
+    swap in between that dropped a tombstone ahead of the standby went unseen (the load
+    checked only after each read), and the promoted shard kept the deleted offset."""
+
+    async def scenario() -> None:
+        leader, follower = await leader_and_follower(tmp_path)
+        await commit_on(leader, "g", 42)  # offset 0
+        for i in range(3):
+            await commit_on(leader, "h", i)
+        leader.replicas.hold = False
+        await asyncio.wait_for(leader.runtime.call("g", offset_delete("g")), 5)
+        leader.replicas.hold = True
+        await commit_on(leader, "h", 9)
+        follower.replicate_from(leader, advance_high_watermark=False)
+        part = follower.part
+        follower.replicas.follow_leader_high_watermark(part, 1)
+        await standby_at(follower.runtime, 1)  # g's offset replayed, its tombstone not
+        lg = part.log
+        lg.config = replace(lg.config, cleanup_policy=frozenset({"compact"}), delete_retention_ms=0)
+        lg.roll()
+        end = lg.log_end_offset
+        assert lg.compact(follower.now, high_watermark=end).tombstones_dropped == 0
+        follower.elect(leader=2, leader_epoch=1)  # the standby taken, its load to come
+        assert lg.compact(follower.now + 1, high_watermark=end).tombstones_dropped == 1
+        await active(follower.runtime)
+        summary = follower.runtime.contexts[0].load_summary
+        assert summary is not None and not summary.hot  # loaded again, cold
+        follower.replicas.release(part)
+        offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
+        assert not offsets.topics
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_load_during_which_the_cleaner_drops_a_tombstone_ahead_loads_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -274,6 +274,26 @@ def test_an_entry_with_numbers_out_of_range_is_not_taken(
         voter.destroy()
 
 
+def test_an_entry_in_too_many_parts_closes_its_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Empty parts counted nothing against the byte bound, and summing the parts at each one
+    took 14 s of the Raft thread for 30,000 of them."""
+    monkeypatch.setattr(quorum_module, "MAX_ENTRY_PARTS", 10)
+    voter = follower(tmp_path)
+    closed: list[Any] = []
+    monkeypatch.setattr(voter, "_disconnect", closed.append)
+    try:
+        append(voter, 1, (1, 0), [entry(2, 1)], commit=1)
+        for kind in ["start"] + ["process"] * 10:
+            voter._SyncObj__onMessageReceived(
+                leader_of(voter), entry_part(kind, b"", commit=1, prev=2)
+            )
+        assert closed == [leader_of(voter)]
+    finally:
+        voter.destroy()
+
+
 def test_a_part_from_another_sender_is_not_joined_to_an_entry_sent_in_parts(
     tmp_path: Path,
 ) -> None:
