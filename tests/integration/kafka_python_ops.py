@@ -21,6 +21,7 @@ Every answer is one JSON line on stdout; errors go to stderr with a non-zero exi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import select
@@ -119,7 +120,10 @@ def member(cmd: dict[str, Any]) -> Any:
         deadline = time.monotonic() + DEADLINE_S
         # The topic's partitions known before it joins: it joins once, not a second time when
         # they arrive (the rejoin that meets the client's bug, see JOIN_POLL_MS).
-        while not consumer.partitions_for_topic(cmd["topic"]):
+        while True:
+            with contextlib.suppress(KafkaError):  # a failed metadata request: asked again
+                if consumer.partitions_for_topic(cmd["topic"]):
+                    break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no metadata for {cmd['topic']}")
         consumer.subscribe([cmd["topic"]])

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -225,8 +226,10 @@ def live_member(
         )
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        # The member gives up (and exits, closing stdout) after its own deadline.
-        line = proc.stdout.readline()
+        # The member gives up (and exits, closing stdout) after its own deadline; one stuck
+        # in the client (no node answering its metadata request) is given up on here.
+        ready, _, _ = select.select([proc.stdout], [], [], OPS_TIMEOUT_S)
+        line = proc.stdout.readline() if ready else ""
         assert json.loads(line or "null") == "assigned", (
             f"{log.read_text()[-4000:]}\n{cluster.log_tails(80)}"
         )
