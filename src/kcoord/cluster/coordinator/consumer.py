@@ -188,6 +188,13 @@ class ConsumerGroup:
     members: dict[str, ConsumerGroupMember] = field(default_factory=dict)
     targets: dict[str, Partitions] = field(default_factory=dict)
     subscribed_topics: dict[TopicId, tuple[str, int]] = field(default_factory=dict)
+    # Bumped by every replayed change of a member's metadata (its subscription) or of who the
+    # members are; with the topics' version, the key of ``subscribed_now``, what the members
+    # subscribe to among the topics (a heartbeat derived it from every member each time).
+    subscriptions_version: int = field(default=0, compare=False)
+    subscribed_now: tuple[tuple[int, int], dict[TopicId, tuple[str, int]]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def state(self) -> str:
@@ -494,6 +501,7 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
         else:
             group.targets.pop(key.member_id, None)
     elif isinstance(key, ConsumerGroupMemberMetadataKey):
+        group.subscriptions_version += 1
         if isinstance(value, ConsumerGroupMemberMetadataValue):
             old = group.members.get(key.member_id) or ConsumerGroupMember(member_id=key.member_id)
             group.members[key.member_id] = replace(

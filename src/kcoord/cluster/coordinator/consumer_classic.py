@@ -656,6 +656,7 @@ class ClassicMemberHandlers:
                 assigned=assigned,
             )
             group.members[member.member_id] = member
+            group.subscriptions_version += 1
             group.targets[member.member_id] = dict(assigned)
 
         # Parked requests and the classic timers go with the classic group.
