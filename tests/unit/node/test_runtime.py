@@ -35,6 +35,7 @@ from kcoord.node.runtime import (
     LatestRecords,
     ShardContext,
     ShardState,
+    Standby,
     UndecodableRecordError,
     _replay_chunk,
 )
@@ -864,6 +865,33 @@ def test_a_truncation_below_the_standby_makes_it_replay_again(tmp_path: Path) ->
     asyncio.run(scenario())
 
 
+async def standby_behind_a_tombstone(tmp_path: Path) -> tuple[Replica, Replica, Standby, int]:
+    """Leader and follower of a compacted offsets partition (delete.retention.ms 0) holding
+    g's offset 42 (offset 0), h's commits, g's OffsetDelete tombstone and h's offset 9, the
+    follower's standby at offset 1 (g's offset replayed, its tombstone not), and one cleaner
+    pass made (it set the tombstone's horizon, dropping g's offset from the log). Returns
+    them with the log end."""
+    leader, follower = await leader_and_follower(tmp_path)
+    await commit_on(leader, "g", 42)  # offset 0
+    for i in range(3):
+        await commit_on(leader, "h", i)
+    leader.replicas.hold = False
+    deleted = await asyncio.wait_for(leader.runtime.call("g", offset_delete("g")), 5)
+    leader.replicas.hold = True
+    assert deleted.error_code == Errors.NONE
+    await commit_on(leader, "h", 9)
+    follower.replicate_from(leader, advance_high_watermark=False)
+    part = follower.part
+    follower.replicas.follow_leader_high_watermark(part, 1)
+    await standby_at(follower.runtime, 1)
+    lg = part.log
+    lg.config = replace(lg.config, cleanup_policy=frozenset({"compact"}), delete_retention_ms=0)
+    lg.roll()
+    end = lg.log_end_offset
+    assert lg.compact(follower.now, high_watermark=end).tombstones_dropped == 0
+    return leader, follower, follower.runtime.standbys[0], end
+
+
 def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_again(
     tmp_path: Path,
 ) -> None:
@@ -874,25 +902,9 @@ def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_agai
     standby lags the HW while it replays a log from its start; here the HW is held."""
 
     async def scenario() -> None:
-        leader, follower = await leader_and_follower(tmp_path)
-        await commit_on(leader, "g", 42)  # offset 0
-        for i in range(3):
-            await commit_on(leader, "h", i)
-        leader.replicas.hold = False
-        deleted = await asyncio.wait_for(leader.runtime.call("g", offset_delete("g")), 5)
-        leader.replicas.hold = True
-        assert deleted.error_code == Errors.NONE
-        await commit_on(leader, "h", 9)
-        follower.replicate_from(leader, advance_high_watermark=False)
+        leader, follower, standby, end = await standby_behind_a_tombstone(tmp_path)
         part = follower.part
-        follower.replicas.follow_leader_high_watermark(part, 1)
-        await standby_at(follower.runtime, 1)  # g's offset replayed, its tombstone not
-        standby = follower.runtime.standbys[0]
         lg = part.log
-        lg.config = replace(lg.config, cleanup_policy=frozenset({"compact"}), delete_retention_ms=0)
-        lg.roll()
-        end = lg.log_end_offset
-        assert lg.compact(follower.now, high_watermark=end).tombstones_dropped == 0
         assert standby.still_valid()  # the tombstone is still there to replay
         assert lg.compact(follower.now + 1, high_watermark=end).tombstones_dropped == 1
         assert not standby.still_valid()
@@ -928,23 +940,9 @@ def test_a_promotion_whose_standby_loses_a_tombstone_before_the_load_reads_loads
     checked only after each read), and the promoted shard kept the deleted offset."""
 
     async def scenario() -> None:
-        leader, follower = await leader_and_follower(tmp_path)
-        await commit_on(leader, "g", 42)  # offset 0
-        for i in range(3):
-            await commit_on(leader, "h", i)
-        leader.replicas.hold = False
-        await asyncio.wait_for(leader.runtime.call("g", offset_delete("g")), 5)
-        leader.replicas.hold = True
-        await commit_on(leader, "h", 9)
-        follower.replicate_from(leader, advance_high_watermark=False)
+        leader, follower, _, end = await standby_behind_a_tombstone(tmp_path)
         part = follower.part
-        follower.replicas.follow_leader_high_watermark(part, 1)
-        await standby_at(follower.runtime, 1)  # g's offset replayed, its tombstone not
         lg = part.log
-        lg.config = replace(lg.config, cleanup_policy=frozenset({"compact"}), delete_retention_ms=0)
-        lg.roll()
-        end = lg.log_end_offset
-        assert lg.compact(follower.now, high_watermark=end).tombstones_dropped == 0
         follower.elect(leader=2, leader_epoch=1)  # the standby taken, its load to come
         assert lg.compact(follower.now + 1, high_watermark=end).tombstones_dropped == 1
         await active(follower.runtime)
