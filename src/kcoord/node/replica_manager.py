@@ -661,8 +661,7 @@ class ReplicaManager:
         strays = [
             tp
             for tp, lg in self.logs
-            if tp not in self.partitions
-            and not (self._is_replica_in(image, tp) and self._topic_id_in(image, tp) == lg.topic_id)
+            if tp not in self.partitions and not self._is_replica_in(image, tp, lg.topic_id)
         ]
         # Offline ones too (never hosted, so judged by the image): their directories were
         # left for ever.
@@ -683,14 +682,15 @@ class ReplicaManager:
                 self.log_dir_failure.fail(f"deleting the stray log {tp[0]}-{tp[1]}", e)
         return strays + offline
 
-    @staticmethod
-    def _topic_id_in(image: MetadataImage, tp: TopicPartition) -> str | None:
+    def _is_replica_in(
+        self, image: MetadataImage, tp: TopicPartition, topic_id: str | None = None
+    ) -> bool:
+        """Whether this node is a replica of ``tp`` in ``image`` (of topic ``topic_id``, if
+        given: a log of another id is a stray of an earlier topic of the name)."""
         topic = image.topic_by_name(tp[0])
-        return None if topic is None else topic.topic_id
-
-    def _is_replica_in(self, image: MetadataImage, tp: TopicPartition) -> bool:
-        topic = image.topic_by_name(tp[0])
-        state = None if topic is None else image.partition(topic.topic_id, tp[1])
+        if topic is None or (topic_id is not None and topic.topic_id != topic_id):
+            return False
+        state = image.partition(topic.topic_id, tp[1])
         return state is not None and self.node_id in state.replicas
 
     def on_metadata_delta(self, delta: MetadataDelta) -> None:

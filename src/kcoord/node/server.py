@@ -778,19 +778,21 @@ def client_connection_limit(max_connections: int) -> int:
     the data directory (a segment's file each) and the inter-node connections. Clients that
     took every descriptor failed a checkpoint write with EMFILE, a log directory failure that
     halts the node (Kafka leaves this to max.connections and the operator's limits)."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return max_connections
-    return max(1, min(max_connections, soft // 2))
+    return _open_files_share(max_connections, 2)
 
 
 def peer_connection_limit() -> int:
     """Connections the RPC port takes at once: ``rpc.MAX_CONNECTIONS``, at most an eighth of
     the open-files limit (the clients' half and the data directory keep the rest)."""
+    return _open_files_share(MAX_RPC_CONNECTIONS, 8)
+
+
+def _open_files_share(cap: int, divisor: int) -> int:
+    """``cap``, but at most 1/``divisor`` of the soft open-files limit (at least 1)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return MAX_RPC_CONNECTIONS
-    return max(1, min(MAX_RPC_CONNECTIONS, soft // 8))
+        return cap
+    return max(1, min(cap, soft // divisor))
 
 
 def run(config: NodeConfig) -> None:

@@ -192,7 +192,7 @@ class ConsumerGroup:
     # members are; with the topics' version, the key of ``subscribed_now``, what the members
     # subscribe to among the topics (a heartbeat derived it from every member each time).
     subscriptions_version: int = field(default=0, compare=False)
-    subscribed_now: tuple[tuple[int, int], dict[TopicId, tuple[str, int]]] | None = field(
+    subscribed_now: tuple[tuple[int, int | None], dict[TopicId, tuple[str, int]]] | None = field(
         default=None, compare=False, repr=False
     )
 

@@ -607,9 +607,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         # heartbeat while no member's subscription and no topic changed (Kafka keeps it per
         # group, ModernGroup.subscribedTopicNames); derived from every member, it cost a
         # steady heartbeat O(members x topics), 44% of a core for a group of 2,000.
-        version = getattr(topics, "version", None)
-        key = (group.subscriptions_version, version if isinstance(version, int) else -1)
-        steady = old is not None and not subscription_changed and isinstance(version, int)
+        found = getattr(topics, "version", None)  # a TopicsSnapshot's; a plain mapping has none
+        version = found if isinstance(found, int) else None
+        steady = old is not None and not subscription_changed and version is not None
+        key = (group.subscriptions_version, version)
         if steady and group.subscribed_now is not None and group.subscribed_now[0] == key:
             metadata = group.subscribed_now[1]
         else:
