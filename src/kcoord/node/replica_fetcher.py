@@ -498,7 +498,6 @@ class ReplicaFetcherManager:
                 # partition): the leader has none of them any more, and the log restarts too.
                 lg.truncate_fully_and_start_at(first.base_offset)
             lg.append_as_follower(records, self.replicas.now_ms())
-            lg.epoch_cache.flush()  # a no-op unless the records started a new epoch
             self.replicas.follower_bytes_appended += len(records)
         if lg.maybe_increment_log_start_offset(int(r["log_start_offset"])):
             # At once, not on a timer: the leader's DeleteRecords answer counts this replica's

@@ -521,8 +521,7 @@ class ReplicaManager:
                 # log end now, not at our first append, so a follower whose log holds a later
                 # epoch than any of ours (fast successive elections) is told where its epochs
                 # end here rather than "unknown", which would cut it back to its HW. Not
-                # flushed: an epoch with no records is dropped on recovery anyway, and the
-                # first append of the epoch writes the checkpoint.
+                # flushed: the checkpoint is written as the recovery point moves (storage/log).
                 part.log.epoch_cache.assign(change.leader_epoch, part.log.log_end_offset)
                 # Kafka's makeLeader: follower states reset, the HW starts at ours, and a
                 # joining follower must reach the LEO this epoch starts at.
@@ -891,15 +890,6 @@ class ReplicaManager:
             raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
         except OSError as e:
             self.log_dir_failure.fail(f"appending to {part.topic}-{part.partition}", e)
-            raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
-        try:
-            part.log.epoch_cache.flush()  # a no-op unless this append started our epoch
-        except OSError as e:
-            # The leader-epoch checkpoint, as Kafka's CheckpointFile: the directory failed. It
-            # escaped as a bare OSError, which closed the connection and left the node leading.
-            self.log_dir_failure.fail(
-                f"checkpointing the epochs of {part.topic}-{part.partition}", e
-            )
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
         self.leader_bytes_appended += len(records)
         self.maybe_advance_high_watermark(part)

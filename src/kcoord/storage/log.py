@@ -27,6 +27,13 @@ and the records lost leave a gap in the offsets, as Kafka's ``LogLoader`` does. 
 outside the CRC, that goes back or past the segment's range marks a batch corrupt. A flipped
 byte in a closed segment that no load looks at is found on read (every served batch is
 CRC-checked) and is never served.
+
+The leader-epoch checkpoint is written when the recovery point moves (a roll, a flush, a
+close) and by truncations, not at each append that starts an epoch as Kafka's
+``LeaderEpochFileCache.assign`` does: recovery assigns the epoch of every batch above the
+recovery point again, so only the epochs of records below it must be on disk, and a failover
+that made a node leader of many partitions would otherwise fsync one file per partition on the
+event loop as their first appends came in.
 """
 
 from __future__ import annotations
@@ -897,6 +904,7 @@ class Log:
         if old.base_offset >= self.recovery_point:
             # Created since the last flush: its directory entry is made durable too.
             checkpoint.fsync_dir(self.directory)
+        self.epoch_cache.flush()  # before the recovery point passes the epochs' records
         self.recovery_point = max(self.recovery_point, old.next_offset)
         seg = _new_segment(self.directory, self.config, base_offset)
         seg.created_ms = now_ms
@@ -938,6 +946,7 @@ class Log:
             # Kafka's LocalLog.flush: a segment created since the last flush needs its
             # directory entry fsynced as well, or a power loss can lose the whole file.
             checkpoint.fsync_dir(self.directory)
+        self.epoch_cache.flush()  # before the recovery point passes the epochs' records
         self.recovery_point = end
         self._unflushed_messages = 0
         if now_ms is not None:

@@ -227,6 +227,34 @@ def test_recovery_gives_back_the_epochs_of_batches_written_before_their_checkpoi
     assert checkpoint.read_leader_epochs(path) == [(0, 0), (2, 4), (3, 8)]
 
 
+def test_the_leader_epoch_checkpoint_is_written_before_the_recovery_point_passes_its_epochs(
+    tmp_path: Path,
+) -> None:
+    """The first append of an epoch writes no checkpoint (a failover's first appends would
+    fsync one file per partition on the event loop); the roll that moves the recovery point
+    past the epoch's records does, since recovery reads no epochs below that point."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    path = lg.epoch_cache.path
+    lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=0, now_ms=0)
+    lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=3, now_ms=0)
+    assert not path.exists()
+    while len(lg.segments) < 3:  # the epochs' records end up below the recovery point
+        lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=3, now_ms=0)
+    assert lg.recovery_point > 2
+    assert checkpoint.read_leader_epochs(path) == [(0, 0), (3, 2)]
+    # A crash: no close. Recovery starts at the recovery point and believes the checkpoint
+    # below it.
+    recovered = open_log(
+        tmp_path / "t-0", SMALL, clean_shutdown=False, recovery_point=lg.recovery_point
+    )
+    assert recovered.epoch_cache.entries == [(0, 0), (3, 2)]
+    recovered.append_as_leader(batch(1), leader_epoch=5, now_ms=0)
+    recovered.flush()  # a flush moves the recovery point too
+    assert checkpoint.read_leader_epochs(path)[-1] == (5, recovered.log_end_offset - 1)
+    recovered.close()
+    lg.abandon()
+
+
 def test_truncate_to_the_log_end_drops_only_epochs_starting_there(tmp_path: Path) -> None:
     """A leader that appended nothing in its epoch has the epoch's entry at its log end; as a
     follower it truncates to its log end: no record goes, the entry does, on disk too."""
@@ -1395,7 +1423,8 @@ def test_new_segments_and_swapped_ones_reach_the_directory_on_disk(
     synced.clear()
     for _ in range(3):  # the first segment fills: the roll fsyncs it and the directory
         lg.append_as_leader(batch(1, value=b"x" * 400), leader_epoch=0, now_ms=0)
-    assert len(lg.segments) == 2 and synced == [tmp_path / "t-0"]
+    # ... and writes the leader-epoch checkpoint, whose rename fsyncs the directory again.
+    assert len(lg.segments) == 2 and synced == [tmp_path / "t-0"] * 2
     synced.clear()
     lg.flush()  # the segment the roll created is flushed for the first time
     assert synced == [tmp_path / "t-0"]

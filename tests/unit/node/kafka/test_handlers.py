@@ -1195,25 +1195,35 @@ def test_a_read_error_fails_its_partition_alone_and_the_log_directory(tmp_path: 
     run(tmp_path, test)
 
 
-def test_a_failed_leader_epoch_checkpoint_fails_the_partition_and_the_log_directory(
+def test_a_new_epochs_first_append_writes_no_checkpoint_and_a_failed_one_fails_the_directory(
     tmp_path: Path,
 ) -> None:
-    """The first append of an epoch writes the leader-epoch checkpoint; an I/O error there
-    escaped the produce as a bare OSError: the connection closed and the node kept leading."""
+    """After a failover a leader's first append in its epoch wrote the leader-epoch checkpoint
+    on the event loop, an fsync per partition (storage/log says when it is written now). A
+    write that fails at a flush fails the partition and the log directory; it had escaped the
+    produce as a bare OSError, which closed the connection and left the node leading."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 1, 1)
-        h.move_leader("t", 0, NODE_ID)  # a new epoch: its first append writes the checkpoint
+        await h.create_topic("flushed", 1, 1, {"flush.messages": "1"})
+        h.move_leader("t", 0, NODE_ID)
+        h.move_leader("flushed", 0, NODE_ID)
+        writes: list[Path] = []
         failures: list[str] = []
         h.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
 
-        def failing_write(*args: Any) -> None:
+        def failing_write(path: Path, entries: Any) -> None:
+            writes.append(path)
             raise OSError(errno.EIO, "Input/output error")
 
         with mock.patch("kcoord.storage.epoch.write_leader_epochs", failing_write):
             response = await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"x"]), acks=1))
+            assert only_partition(response).error_code == Errors.NONE
+            assert writes == []
+            response = await c.call(PRODUCE, 9, produce_values("flushed", 0, batch([b"x"]), acks=1))
         assert only_partition(response).error_code == Errors.KAFKA_STORAGE_ERROR
-        assert failures == ["checkpointing the epochs of t-0"]
+        assert [p.parent.name for p in writes] == ["flushed-0"]
+        assert failures == ["appending to flushed-0"]
 
     run(tmp_path, test)
 
