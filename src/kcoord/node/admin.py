@@ -614,16 +614,11 @@ class AdminService:
     # -----------------------------------------------------------------------------------------
     # Metrics.
 
-    async def refresh_remote_end_offsets(self, metrics: NodeMetrics) -> None:
-        """Before a scrape: the HWs of partitions this node's groups committed to that other
+    async def remote_end_offsets(self, wanted: set[PartitionKey]) -> dict[PartitionKey, int]:
+        """For a scrape: the HWs of partitions this node's groups committed to that other
         nodes lead (node/metrics.py's consumer lag)."""
-        collector = metrics.collector
-        wanted = collector.lag_partitions_led_elsewhere()
-        if not wanted:
-            collector.set_remote_end_offsets({})
-            return
         offsets = await self.partition_offsets(wanted, METRICS_OFFSETS_TIMEOUT_S)
-        collector.set_remote_end_offsets({k: v["high_watermark"] for k, v in offsets.items()})
+        return {k: v["high_watermark"] for k, v in offsets.items()}
 
 
 def _error_name(code: Any) -> str:
@@ -756,8 +751,8 @@ class AdminServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         if not self.metrics_enabled:
             raise ApiError(404, "metrics are disabled (metrics.enable=false)")
-        await self.service.refresh_remote_end_offsets(self.metrics)
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        body = await self.metrics.scrape(self.service.remote_end_offsets)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _cluster(self, request: web.Request) -> web.Response:
         return web.json_response(await self.service.cluster())

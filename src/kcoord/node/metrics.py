@@ -23,14 +23,15 @@ controller only and are 0 elsewhere, as Kafka's controller metrics are; sum them
 Consumer lag, compatible with kafka_exporter (its names and labels: ``consumergroup``,
 ``topic``, ``partition``), so existing dashboards work: each node exports the groups it
 coordinates (its active shards): the committed offsets, those the partition's high watermark
-has passed (``_committed_offsets``), as OffsetFetch reads them. The log end offset a
+has passed (``committed_offsets``), as OffsetFetch reads them. The log end offset a
 lag is measured against is the partition's high watermark, what ``ListOffsets(latest)`` answers
-and what kafka_exporter reads. A partition this node leads is read locally; for the others the
-``/metrics`` handler first asks their leaders over the inter-node RPC (``PartitionOffsets``, one
-call per leader node, bounded by a short timeout) and hands the answers over with
-``set_remote_end_offsets``; a partition whose leader did not answer has no lag series in that
-scrape (kafka_exporter also skips what it cannot read) rather than a wrong one, and its topic
-no ``kafka_consumergroup_lag_sum`` (a sum over the others would read as the lag dropping).
+and what kafka_exporter reads. A partition this node leads is read locally; for the others a
+scrape (``NodeMetrics.scrape``) first asks their leaders over the inter-node RPC
+(``PartitionOffsets``, one call per leader node, bounded by a short timeout); a partition
+whose leader did not answer has no lag series in that scrape (kafka_exporter also skips what
+it cannot read) rather than a wrong one, and its topic no ``kafka_consumergroup_lag_sum`` (a
+sum over the others would read as the lag dropping). There is a sample per committed offset,
+so a scrape gathers them a shard per turn of the event loop and writes them on a thread.
 ``kafka_topic_partition_current_offset`` comes from the partitions this node leads (internal
 topics excluded), so every partition is exported once across the cluster. Once only while the
 cluster is whole: a node cut off from the controller still coordinates and leads what it did
@@ -107,10 +108,13 @@ scrape (plain integer additions on rebalances, commits and appends).
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import math
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from prometheus_client import (
@@ -125,7 +129,6 @@ from prometheus_client.core import (
     HistogramMetricFamily,
     Metric,
 )
-from prometheus_client.registry import Collector
 
 from kcoord.errors import Errors
 from kcoord.node.kafka.codec import api_name
@@ -140,6 +143,7 @@ if TYPE_CHECKING:
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 _OffsetKey = tuple[str, str, int]  # group, topic, partition
 PartitionKey = tuple[str, int]
+Committed = dict[str, dict[str, dict[int, int]]]  # group -> topic -> partition -> offset
 
 # Group protocol types a label may carry; any other (client-chosen) one reads "other".
 _PROTOCOL_TYPES = frozenset({"consumer", "connect"})
@@ -176,8 +180,18 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
-class NodeCollector(Collector):
-    """Every ``kcoord_`` and ``kafka_`` family of one node, built at scrape time."""
+@dataclass
+class CommittedOffsets:
+    """A scrape's view of the committed offsets of the groups this node coordinates."""
+
+    offsets: Committed = field(default_factory=dict)
+    partitions: set[PartitionKey] = field(default_factory=set)  # those in ``offsets``
+    count: int = 0
+
+
+class NodeCollector:
+    """Every ``kcoord_`` and ``kafka_`` family of one node, built at scrape time (the four
+    per-partition consumer-lag families are written as text by ``consumer_lag_text``)."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -189,55 +203,79 @@ class NodeCollector(Collector):
         # _committed_offsets).
         self._committed: dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]] = {}
 
-    def describe(self) -> list[Metric]:
-        return []  # registered without describing: a scrape is the only time we read
-
-    def collect(self) -> Iterator[Metric]:
-        offsets = self._committed_offsets()
+    def families(self, committed: CommittedOffsets) -> Iterator[Metric]:
         yield from self._node()
         yield from self._raft()
         yield from self._controller()
         yield from self._replication()
         yield from self._log_maintenance()
-        yield from self._coordinator(offsets)
+        yield from self._coordinator(committed)
         yield from self._requests()
-        yield from self._consumer_lag(offsets)
+        yield from self._consumer_lag()
 
-    def _committed_offsets(self) -> dict[str, dict[str, dict[int, int]]]:
-        """group -> topic -> partition -> committed offset, as reads see them: a shard replays
-        its records as it writes them, before they commit (runtime.py), and a value the high
-        watermark has not passed yet may still be lost, so it is not shown: until it commits
-        the last committed value seen by an earlier scrape is (or none), as Kafka's metrics read
-        its timeline state at the committed offset. An offset deleted (a tombstone not yet
-        committed) stays shown until its group's records commit."""
-        runtime = self.node.coordinator
+    def committed_offsets(self) -> CommittedOffsets:
+        """The committed offsets as reads see them: a shard replays its records as it writes
+        them, before they commit (runtime.py), and a value the high watermark has not passed
+        yet may still be lost, so it is not shown: until it commits the last committed value
+        seen by an earlier scrape is (or none), as Kafka's metrics read its timeline state at
+        the committed offset. An offset deleted (a tombstone not yet committed) stays shown
+        until its group's records commit."""
         before_all, self._committed = self._committed, {}
-        out: dict[str, dict[str, dict[int, int]]] = {}
-        if runtime is None:
-            return out
-        for ctx in list(runtime.contexts.values()):
-            if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
-                continue
-            hw = ctx.partition.high_watermark
-            seen, before = before_all.get(ctx.index, (weakref.ref(ctx), {}))
-            if seen() is not ctx:
-                before = {}  # reloaded: everything below the HW is committed
-            now: dict[_OffsetKey, int] = {}
-            for group_id, topics in ctx.shard.offsets.items():
-                for topic, parts in topics.items():
-                    for partition, entry in parts.items():
-                        key = (group_id, topic, partition)
-                        if entry.record_offset < hw:
-                            now[key] = entry.committed_offset
-                        elif key in before:
-                            now[key] = before[key]
-            for key, value in before.items():
-                if key not in now and ctx.group_written.get(key[0], 0) > hw:
-                    now[key] = value
-            self._committed[ctx.index] = (weakref.ref(ctx), now)
-            for (group_id, topic, partition), value in now.items():
-                out.setdefault(group_id, {}).setdefault(topic, {})[partition] = value
+        out = CommittedOffsets()
+        for ctx in self._active_contexts():
+            self._add_shard(out, ctx, before_all)
         return out
+
+    async def committed_offsets_stepwise(self) -> CommittedOffsets:
+        """``committed_offsets``, one shard per turn of the event loop: a node holding a
+        million offsets took 0.5 s of the loop here."""
+        before_all, self._committed = self._committed, {}
+        out = CommittedOffsets()
+        for ctx in self._active_contexts():
+            await asyncio.sleep(0)
+            if ctx.state is ShardState.ACTIVE and ctx.shard is not None:
+                self._add_shard(out, ctx, before_all)
+        return out
+
+    def _active_contexts(self) -> list[ShardContext]:
+        runtime = self.node.coordinator
+        if runtime is None:
+            return []
+        return [
+            ctx
+            for ctx in runtime.contexts.values()
+            if ctx.state is ShardState.ACTIVE and ctx.shard is not None
+        ]
+
+    def _add_shard(
+        self,
+        out: CommittedOffsets,
+        ctx: ShardContext,
+        before_all: dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]],
+    ) -> None:
+        assert ctx.shard is not None
+        hw = ctx.partition.high_watermark
+        seen, before = before_all.get(ctx.index, (weakref.ref(ctx), {}))
+        if seen() is not ctx:
+            before = {}  # reloaded: everything below the HW is committed
+        now: dict[_OffsetKey, int] = {}
+        for group_id, topics in ctx.shard.offsets.items():
+            for topic, parts in topics.items():
+                for partition, entry in parts.items():
+                    key = (group_id, topic, partition)
+                    if entry.record_offset < hw:
+                        now[key] = entry.committed_offset
+                    elif key in before:
+                        now[key] = before[key]
+        for key, value in before.items():
+            if key not in now and ctx.group_written.get(key[0], 0) > hw:
+                now[key] = value
+        self._committed[ctx.index] = (weakref.ref(ctx), now)
+        offsets, partitions = out.offsets, out.partitions
+        for (group_id, topic, partition), value in now.items():
+            offsets.setdefault(group_id, {}).setdefault(topic, {})[partition] = value
+            partitions.add((topic, partition))
+        out.count += len(now)
 
     # -----------------------------------------------------------------------------------------
     # Node, Raft and controller.
@@ -554,7 +592,7 @@ class NodeCollector(Collector):
     # -----------------------------------------------------------------------------------------
     # Group coordinator.
 
-    def _coordinator(self, committed: dict[str, dict[str, dict[int, int]]]) -> Iterator[Metric]:
+    def _coordinator(self, committed: CommittedOffsets) -> Iterator[Metric]:
         runtime = self.node.coordinator
         if runtime is None:
             return
@@ -575,7 +613,6 @@ class NodeCollector(Collector):
             for consumer_group in ctx.shard.consumer_groups.values():  # KIP-848
                 groups[("consumer", "consumer", consumer_group.state)] += 1
                 members += len(consumer_group.members)
-        offsets = sum(len(parts) for topics in committed.values() for parts in topics.values())
         family = GaugeMetricFamily(
             "kcoord_coordinator_shards",
             "Coordinator shards (led __consumer_offsets partitions) by state.",
@@ -598,7 +635,7 @@ class NodeCollector(Collector):
         yield _gauge(
             "kcoord_coordinator_committed_offsets",
             "Committed offsets held by the groups this node coordinates.",
-            offsets,
+            committed.count,
         )
         yield _gauge(
             "kcoord_coordinator_pending_requests",
@@ -783,40 +820,31 @@ class NodeCollector(Collector):
     # -----------------------------------------------------------------------------------------
     # kafka_exporter-compatible consumer lag.
 
-    def lag_partitions_led_elsewhere(self) -> set[PartitionKey]:
-        """Data partitions with offsets committed in this node's groups that another node
-        leads: the /metrics handler fetches their high watermarks before a scrape."""
+    def lag_partitions_led_elsewhere(self, partitions: Iterable[PartitionKey]) -> set[PartitionKey]:
+        """Of the data partitions with committed offsets, those another node leads: the
+        /metrics handler fetches their high watermarks before a scrape."""
         replicas = self.node.replicas
-        out: set[PartitionKey] = set()
-        for topic, partition in self._committed_partitions():
-            part = replicas.partitions.get((topic, partition)) if replicas is not None else None
-            if part is None or not part.is_leader:
-                out.add((topic, partition))
-        return out
+        led = replicas.partitions if replicas is not None else {}
+        return {key for key in partitions if (part := led.get(key)) is None or not part.is_leader}
 
     def set_remote_end_offsets(self, end_offsets: Mapping[PartitionKey, int]) -> None:
         self.remote_end_offsets = dict(end_offsets)
 
-    def _committed_partitions(self) -> Iterable[PartitionKey]:
-        runtime = self.node.coordinator
-        if runtime is None:
-            return
-        for ctx in list(runtime.contexts.values()):
-            if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
-                continue
-            for topics in ctx.shard.offsets.values():
-                for topic, parts in topics.items():
-                    for partition in parts:
-                        yield topic, partition
-
-    def _end_offset(self, topic: str, partition: int) -> int | None:
+    def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        """The high watermark of each of ``partitions`` that is known: read here for those
+        this node leads, else from their leaders' answers."""
         replicas = self.node.replicas
-        part = replicas.partitions.get((topic, partition)) if replicas is not None else None
-        if part is not None and part.is_leader:
-            return part.high_watermark
-        return self.remote_end_offsets.get((topic, partition))
+        led = replicas.partitions if replicas is not None else {}
+        out: dict[PartitionKey, int] = {}
+        for key in partitions:
+            part = led.get(key)
+            if part is not None and part.is_leader:
+                out[key] = part.high_watermark
+            elif (end := self.remote_end_offsets.get(key)) is not None:
+                out[key] = end
+        return out
 
-    def _consumer_lag(self, committed: dict[str, dict[str, dict[int, int]]]) -> Iterator[Metric]:
+    def _consumer_lag(self) -> Iterator[Metric]:
         node = self.node
         image = node.cache.image
         yield _gauge(
@@ -834,76 +862,133 @@ class NodeCollector(Collector):
                 if part.is_leader and topic != OFFSETS_TOPIC:
                     topic_offset.add_metric([topic, str(index)], part.high_watermark)
         yield topic_offset
-        group_labels = ["consumergroup", "topic", "partition"]
-        current = GaugeMetricFamily(
-            "kafka_consumergroup_current_offset",
-            "Committed offset of a consumer group in a partition.",
-            labels=group_labels,
-        )
-        current_sum = GaugeMetricFamily(
-            "kafka_consumergroup_current_offset_sum",
-            "Sum of a consumer group's committed offsets in a topic.",
-            labels=["consumergroup", "topic"],
-        )
-        lag = GaugeMetricFamily(
-            "kafka_consumergroup_lag",
-            "Lag of a consumer group in a partition: high watermark minus committed offset.",
-            labels=group_labels,
-        )
-        lag_sum = GaugeMetricFamily(
-            "kafka_consumergroup_lag_sum",
-            "Sum of a consumer group's lags in a topic.",
-            labels=["consumergroup", "topic"],
-        )
         members = GaugeMetricFamily(
             "kafka_consumergroup_members",
             "Members of a consumer group.",
             labels=["consumergroup"],
         )
-        runtime = node.coordinator
-        contexts = list(runtime.contexts.values()) if runtime is not None else []
-        for ctx in contexts:
-            shard = ctx.shard
-            if ctx.state is not ShardState.ACTIVE or shard is None:
-                continue
-            for group_id, group in shard.groups.items():
+        for ctx in self._active_contexts():
+            assert ctx.shard is not None
+            for group_id, group in ctx.shard.groups.items():
                 members.add_metric([group_id], group.num_members)
-            for group_id, consumer_group in shard.consumer_groups.items():
+            for group_id, consumer_group in ctx.shard.consumer_groups.items():
                 members.add_metric([group_id], len(consumer_group.members))
-        for group_id, topics in committed.items():
-            for topic, parts in topics.items():
-                offset_total = lag_total = 0
-                lag_known = True
-                for partition, offset in sorted(parts.items()):
-                    key = [group_id, topic, str(partition)]
-                    current.add_metric(key, offset)
-                    offset_total += offset
-                    end = self._end_offset(topic, partition)
-                    if end is None:
-                        lag_known = False
-                        continue
-                    lag.add_metric(key, end - offset)
-                    lag_total += end - offset
-                current_sum.add_metric([group_id, topic], offset_total)
-                if lag_known:  # a sum over some partitions only would read as a lag drop
-                    lag_sum.add_metric([group_id, topic], lag_total)
-        yield from (current, current_sum, lag, lag_sum, members)
+        yield members
+
+
+class _FamilyText:
+    """One gauge family's lines, encoded a few thousand at a time: a thread holds the GIL for
+    the whole of one join or encode, which for all of a large scrape's lines at once is
+    hundreds of milliseconds of the event loop's time."""
+
+    CHUNK_LINES: Final = 4096
+
+    def __init__(self, name: str, doc: str) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self.chunks: list[bytes] = [f"# HELP {name} {doc}\n# TYPE {name} gauge\n".encode()]
+
+    def add(self, labels: str, value: int) -> None:
+        self.lines.append(f"{self.name}{{{labels}}} {value}\n")
+        if len(self.lines) >= self.CHUNK_LINES:
+            self.chunks.append("".join(self.lines).encode())
+            self.lines.clear()
+
+    def finish(self) -> list[bytes]:
+        self.chunks.append("".join(self.lines).encode())
+        return self.chunks
+
+
+def consumer_lag_text(
+    offsets: Committed, end_offsets: Mapping[PartitionKey, int], head: bytes = b""
+) -> bytes:
+    """``head``, then kafka_exporter's committed-offset and lag families of each group,
+    partition and topic in the text format, written directly: one sample per committed
+    offset, so a million of them as metric families and samples took 6.7 s; this runs off the
+    event loop on what the scrape gathered on it (``NodeMetrics.scrape``). A partition with no
+    known end has no lag series, and its topic no lag sum (a sum over the others would read
+    as a lag drop)."""
+    current = _FamilyText(
+        "kafka_consumergroup_current_offset",
+        "Committed offset of a consumer group in a partition.",
+    )
+    current_sum = _FamilyText(
+        "kafka_consumergroup_current_offset_sum",
+        "Sum of a consumer group's committed offsets in a topic.",
+    )
+    lag = _FamilyText(
+        "kafka_consumergroup_lag",
+        "Lag of a consumer group in a partition: high watermark minus committed offset.",
+    )
+    lag_sum = _FamilyText(
+        "kafka_consumergroup_lag_sum", "Sum of a consumer group's lags in a topic."
+    )
+    for group_id, topics in offsets.items():
+        group = group_id.translate(_LABEL_ESCAPES)
+        for topic, parts in topics.items():
+            escaped = topic.translate(_LABEL_ESCAPES)
+            offset_total = lag_total = 0
+            lag_known = True
+            for partition, offset in sorted(parts.items()):
+                # Label names sorted, as ``exposition`` writes them.
+                labels = f'consumergroup="{group}",partition="{partition}",topic="{escaped}"'
+                current.add(labels, offset)
+                offset_total += offset
+                end = end_offsets.get((topic, partition))
+                if end is None:
+                    lag_known = False
+                    continue
+                lag.add(labels, end - offset)
+                lag_total += end - offset
+            labels = f'consumergroup="{group}",topic="{escaped}"'
+            current_sum.add(labels, offset_total)
+            if lag_known:
+                lag_sum.add(labels, lag_total)
+    chunks = [head]
+    for family in (current, current_sum, lag, lag_sum):
+        chunks += family.finish()
+    return b"".join(chunks)
 
 
 class NodeMetrics:
-    """The node's registry: ``NodeCollector`` and the process, platform and GC collectors."""
+    """The node's families: ``NodeCollector``'s, the consumer lag's, and prometheus_client's
+    process, platform and GC collectors."""
 
     def __init__(self, node: Node) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.collector = NodeCollector(node)
-        self.registry.register(self.collector)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
+        self._scraping = asyncio.Lock()  # a scrape's committed view is the next one's "before"
 
     def render(self) -> bytes:
-        """The text exposition format of every family, now."""
-        return exposition(self.registry.collect())
+        """The text exposition format of every family, now, in one go on the caller's thread
+        (``scrape`` is the /metrics handler's)."""
+        committed = self.collector.committed_offsets()
+        ends = self.collector.end_offsets(committed.partitions)
+        return consumer_lag_text(committed.offsets, ends, self._families(committed))
+
+    async def scrape(
+        self,
+        fetch_end_offsets: Callable[[set[PartitionKey]], Awaitable[Mapping[PartitionKey, int]]],
+    ) -> bytes:
+        """``render`` for the /metrics handler: the committed offsets gathered a shard per
+        turn of the event loop, the high watermarks of partitions other nodes lead asked of
+        them with ``fetch_end_offsets``, and the per-partition lag written on a thread."""
+        async with self._scraping:
+            collector = self.collector
+            committed = await collector.committed_offsets_stepwise()
+            wanted = collector.lag_partitions_led_elsewhere(committed.partitions)
+            collector.set_remote_end_offsets(await fetch_end_offsets(wanted) if wanted else {})
+            families = self._families(committed)
+            ends = collector.end_offsets(committed.partitions)
+            return await asyncio.to_thread(consumer_lag_text, committed.offsets, ends, families)
+
+    def _families(self, committed: CommittedOffsets) -> bytes:
+        return exposition(
+            itertools.chain(self.collector.families(committed), self.registry.collect())
+        )
 
 
 # Prometheus text format 0.0.4: HELP text escapes backslash and newline, label values also the

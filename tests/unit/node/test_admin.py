@@ -44,12 +44,17 @@ class StubService:
     async def group(self, group_id: str) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
-    async def refresh_remote_end_offsets(self, metrics: object) -> None:
+    async def remote_end_offsets(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
         self.refreshed += 1
+        return {}
 
 
 class StubMetrics:
-    def render(self) -> bytes:
+    async def scrape(
+        self,
+        fetch_end_offsets: Callable[[set[tuple[str, int]]], Awaitable[dict[tuple[str, int], int]]],
+    ) -> bytes:
+        await fetch_end_offsets({("t", 0)})
         return b"kcoord_up 1\n"
 
 

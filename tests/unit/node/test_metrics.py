@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, cast
+from unittest import mock
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -23,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from kcoord.cluster.coordinator import types as t
 from kcoord.errors import Errors
+from kcoord.node import metrics as metrics_module
 from kcoord.node.kafka.server import RequestStats
 from kcoord.node.log_maintenance import MaintenanceStats
 from kcoord.node.metrics import NodeMetrics, exposition
@@ -38,8 +41,12 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def scrape(metrics: NodeMetrics) -> Samples:
+    return parse(metrics.render().decode())
+
+
+def parse(text: str) -> Samples:
     out: Samples = {}
-    for family in text_string_to_metric_families(metrics.render().decode()):
+    for family in text_string_to_metric_families(text):
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
@@ -237,7 +244,9 @@ def test_consumer_lag_against_the_high_watermark(tmp_path: Path) -> None:
         node.runtime.contexts[0].flush()  # the open batch, which the release commits
         node.replicas.release(offsets)
         await fut
-        assert metrics.collector.lag_partitions_led_elsewhere() == {("elsewhere", 0)}
+        committed = metrics.collector.committed_offsets()
+        wanted = metrics.collector.lag_partitions_led_elsewhere(committed.partitions)
+        assert wanted == {("elsewhere", 0)}
         samples = scrape(metrics)
         remote = {"consumergroup": "g", "topic": "elsewhere", "partition": "0"}
         assert value(samples, "kafka_consumergroup_current_offset", **remote) == 4
@@ -245,6 +254,70 @@ def test_consumer_lag_against_the_high_watermark(tmp_path: Path) -> None:
         metrics.collector.set_remote_end_offsets({("elsewhere", 0): 9})
         samples = scrape(metrics)
         assert value(samples, "kafka_consumergroup_lag", **remote) == 5
+        node.runtime.close()
+        node.logs.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_scrape_writes_the_lag_off_the_event_loop_with_the_same_samples_as_render(
+    tmp_path: Path,
+) -> None:
+    """A scrape of a node holding a million committed offsets held the event loop for 7 s
+    (each offset a sample object, then a line). The lag is now written as text on a thread
+    from what the loop gathered; the samples are those ``render`` gives, escapes included."""
+
+    async def scenario() -> None:
+        node, offsets = await led_with_records(tmp_path)
+        odd = 'g"\\\n'  # a group id needing every label escape
+        futures = [
+            node.runtime.submit(odd, commit_many(odd, {0: 3})),
+            node.runtime.submit("g", commit_many("g", {0: 4, 1: 2}, "elsewhere")),
+        ]
+        node.runtime.contexts[0].flush()
+        node.replicas.release(offsets)
+        await asyncio.gather(*futures)
+        metrics = NodeMetrics(node_view(node))
+        asked: list[set[tuple[str, int]]] = []
+
+        async def fetch(wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
+            asked.append(wanted)
+            return {("elsewhere", 0): 9}  # partition 1's leader did not answer
+
+        started, gate = threading.Event(), threading.Event()
+        write = metrics_module.consumer_lag_text
+
+        def gated(*args: Any) -> bytes:
+            started.set()
+            assert gate.wait(10), "the lag was written on the event loop"
+            return write(*args)
+
+        async def open_gate() -> None:
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            gate.set()
+
+        with mock.patch.object(metrics_module, "consumer_lag_text", gated):
+            opener = asyncio.create_task(open_gate())
+            body = await metrics.scrape(fetch)
+            await opener
+        assert asked == [{("elsewhere", 0), ("elsewhere", 1)}]
+
+        def lag_samples(text: str) -> Samples:
+            return {
+                key: v for key, v in parse(text).items() if key[0].startswith("kafka_consumergroup")
+            }
+
+        scraped = lag_samples(body.decode())
+        assert scraped == lag_samples(metrics.render().decode())
+        key = {"consumergroup": odd, "topic": "orders", "partition": "0"}
+        assert value(scraped, "kafka_consumergroup_lag", **key) == 7
+        remote = {"consumergroup": "g", "topic": "elsewhere"}
+        assert value(scraped, "kafka_consumergroup_lag", partition="0", **remote) == 5
+        assert value(scraped, "kafka_consumergroup_lag", partition="1", **remote) is None
+        assert value(scraped, "kafka_consumergroup_current_offset", partition="1", **remote) == 2
+        assert value(scraped, "kafka_consumergroup_current_offset_sum", **remote) == 6
+        assert value(scraped, "kafka_consumergroup_lag_sum", **remote) is None
         node.runtime.close()
         node.logs.close()
 
