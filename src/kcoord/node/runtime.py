@@ -348,6 +348,10 @@ class _ShardTimer:
         self.handles.clear()
 
 
+# Records and their encoded keys and values.
+_Encoded = tuple[list[CoordinatorRecord], list[tuple[bytes, bytes | None]]]
+
+
 @dataclass(slots=True)
 class _Batch:
     """The records handlers wrote since the last append (Kafka's ``CoordinatorBatch``)."""
@@ -453,12 +457,16 @@ class ShardContext:
                 self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
             return
         if result.records:
-            parts = [result.records] if result.atomic else self._batches_of(result.records)
             try:
-                for records in parts:
+                parts = (
+                    [(result.records, [encode_record(record) for record in result.records])]
+                    if result.atomic
+                    else self._batches_of(result.records)
+                )
+                for records, encoded in parts:
                     if self.runtime.append_linger_ms == 0:
-                        self._append_and_replay(records)
-                    elif not self._write(records):
+                        self._append_and_replay(records, encoded)
+                    elif not self._write(records, encoded):
                         return  # the open batch failed to go out: the shard is gone, answers too
             except KafkaError as e:
                 # Refused before anything was replayed or appended (too large, no longer
@@ -528,24 +536,26 @@ class ShardContext:
             else:
                 self.all_written = end
 
-    def _batches_of(self, records: list[CoordinatorRecord]) -> list[list[CoordinatorRecord]]:
+    def _batches_of(self, records: list[CoordinatorRecord]) -> list[_Encoded]:
         """A non-atomic result's records in runs that each fit ``max.message.bytes`` (Kafka's
         ``CoordinatorRuntime.append`` splits such results over batches), so a pass expiring
-        thousands of offsets is not refused whole, over and over."""
+        thousands of offsets is not refused whole, over and over; each with its encoding."""
         max_bytes = _max_batch_bytes(self.partition)
-        out: list[list[CoordinatorRecord]] = []
+        out: list[_Encoded] = []
         run: list[CoordinatorRecord] = []
+        encoded: list[tuple[bytes, bytes | None]] = []
         size = fmt.HEADER_SIZE
         for record in records:
             key, value = encode_record(record)
             grows = record_size_bound(key, value)
             if run and size + grows > max_bytes:
-                out.append(run)
-                run, size = [], fmt.HEADER_SIZE
+                out.append((run, encoded))
+                run, encoded, size = [], [], fmt.HEADER_SIZE
             run.append(record)
+            encoded.append((key, value))
             size += grows
         if run:
-            out.append(run)
+            out.append((run, encoded))
         return out
 
     def _unload_after_failed_write(
@@ -570,15 +580,12 @@ class ShardContext:
         self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
 
     def _append_and_replay(
-        self,
-        records: list[CoordinatorRecord],
-        encoded: list[tuple[bytes, bytes | None]] | None = None,
+        self, records: list[CoordinatorRecord], encoded: list[tuple[bytes, bytes | None]]
     ) -> None:
-        """Append one handler's records as their own batch, then replay them."""
+        """Append one handler's records (and their encoding) as their own batch, then replay
+        them."""
         assert self.shard is not None
         now = self.runtime.now_ms()
-        if encoded is None:
-            encoded = [encode_record(record) for record in records]
         batch = fmt.build_batch(
             [fmt.Record(i, now, key, value) for i, (key, value) in enumerate(encoded)]
         )
@@ -592,16 +599,17 @@ class ShardContext:
         self.last_written_offset = appended.last_offset + 1
         self._note_written(records)
 
-    def _write(self, records: list[CoordinatorRecord]) -> bool:
-        """Replay one handler's records and add them to the open batch (Kafka's
-        ``CoordinatorRuntime.appendRecords``), opening one if needed.
+    def _write(
+        self, records: list[CoordinatorRecord], encoded: list[tuple[bytes, bytes | None]]
+    ) -> bool:
+        """Replay one handler's records (``encoded``: theirs) and add them to the open batch
+        (Kafka's ``CoordinatorRuntime.appendRecords``), opening one if needed.
 
         Raises ``KafkaError`` before anything changed when the partition would refuse them
         now. Returns False when the open batch had to go out first and failed: the context is
         closed and every pending answer failed.
         """
         assert self.shard is not None
-        encoded = [encode_record(record) for record in records]
         size = sum(record_size_bound(key, value) for key, value in encoded)
         max_bytes = _max_batch_bytes(self.partition)
         if self.batch is not None and self.batch.size + size > max_bytes and not self.flush():

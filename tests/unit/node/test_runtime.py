@@ -575,12 +575,13 @@ async def groups_committed(node: Node, count: int) -> Partition:
 
 @pytest.mark.parametrize("append_linger_ms", [0, -1])
 def test_a_deleted_topics_tombstones_go_out_in_batches_that_fit(
-    tmp_path: Path, append_linger_ms: int
+    tmp_path: Path, append_linger_ms: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A topic deletion writes a tombstone for every group's offsets on it: more than one
     batch may hold. They are split over batches that fit ``max.message.bytes`` (Kafka's
     non-atomic ``CoordinatorResult``), not refused whole, which unloaded the shard, failed an
-    unrelated commit already in the log, and never deleted the offsets."""
+    unrelated commit already in the log, and never deleted the offsets. Each is encoded once
+    (the split encoded them all, and the write again)."""
 
     async def scenario() -> None:
         node = Node(tmp_path, append_linger_ms=append_linger_ms)
@@ -590,7 +591,15 @@ def test_a_deleted_topics_tombstones_go_out_in_batches_that_fit(
         ctx = node.runtime.contexts[0]
         pending = node.runtime.submit("other", commit("other", 1), replay_only=True)
         start = part.log.log_end_offset if append_linger_ms == 0 else ctx.last_written_offset
+        encoded: list[object] = []
+
+        def counted(record: Any) -> tuple[bytes, bytes | None]:
+            encoded.append(record)
+            return encode_record(record)
+
+        monkeypatch.setattr(rt, "encode_record", counted)
         ctx.run(lambda shard, _token: shard.on_partitions_deleted([("orders", 0)]), 0)
+        assert len(encoded) == 41  # "other" has an offset there too
         ctx.flush()
         assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
         batches = _batches(part.log, start)

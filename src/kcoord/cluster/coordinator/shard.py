@@ -118,6 +118,7 @@ Deviations from Kafka (each also marked where it happens):
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -204,6 +205,11 @@ from kcoord.storage import format as fmt
 _S = ClassicGroupState
 
 GROUP_EXPIRATION_KEY: Final = "expire-group-metadata"  # GroupCoordinatorShard's key
+# Committed offsets one firing of the expiration timer looks at (groups whole): a pass over a
+# shard of a million offsets held the event loop for five seconds (Kafka runs the pass on a
+# coordinator thread of its own). The rest of the pass is taken up by the timer armed again
+# at once, so other work runs in between.
+EXPIRATION_OFFSETS_PER_RUN: Final = 4096
 CLASSIC_GROUP_TYPE: Final = "classic"  # Group.GroupType.CLASSIC.toString()
 
 
@@ -423,6 +429,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         self._offsets: dict[str, dict[str, dict[int, OffsetAndMetadata]]] = {}
         self._timers: dict[str, _TimerTask] = {}
         self._active = False
+        # The groups an expiration pass has yet to look at; None between passes.
+        self._expiration_pending: deque[str] | None = None
 
     # ----------------------------------------------------------------------------------------
     # Introspection (read-only views, for the runtime's metrics and for tests)
@@ -1947,12 +1955,29 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
 
     def _cleanup_group_metadata(self, out: _Output, now_ms: int) -> None:
         """``GroupCoordinatorShard.cleanupGroupMetadata``: expire offsets; delete the groups
-        left Empty without any. Classic and consumer groups alike (``groupIds()``).
+        left Empty without any. Classic and consumer groups alike (``groupIds()``), the groups
+        of the pass those there when it began, ``EXPIRATION_OFFSETS_PER_RUN`` offsets a run.
         """
-        for group_id in [*self._groups, *self._consumer_groups]:
+        pending = self._expiration_pending
+        if pending is None:
+            pending = self._expiration_pending = deque([*self._groups, *self._consumer_groups])
+        examined = 0
+        while pending and examined < EXPIRATION_OFFSETS_PER_RUN:
+            group_id = pending.popleft()
+            if group_id not in self._groups and group_id not in self._consumer_groups:
+                continue  # deleted since the pass began
+            stored = self._offsets.get(group_id)
+            examined += 1 + (sum(map(len, stored.values())) if stored else 0)
             if self._cleanup_expired_offsets(out, group_id, now_ms):
                 self._maybe_delete_group(out, group_id)
-        self._schedule_group_expiration(now_ms)
+        if pending:
+            self._schedule(
+                GROUP_EXPIRATION_KEY,
+                _TimerTask(kind=_TimerKind.GROUP_EXPIRATION, deadline_ms=now_ms),
+            )
+        else:
+            self._expiration_pending = None
+            self._schedule_group_expiration(now_ms)
 
     def _cleanup_expired_offsets(self, out: _Output, group_id: str, now_ms: int) -> bool:
         """``OffsetMetadataManager.cleanupExpiredOffsets``: True if the group has no offsets

@@ -3,9 +3,11 @@ the exact records and answers of each."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kcoord.cluster.coordinator import shard as shard_module
 from kcoord.cluster.coordinator.classic import ClassicGroupState
 from kcoord.cluster.coordinator.records import (
     ConsumerGroupMetadataKey,
@@ -643,3 +645,46 @@ def test_a_static_rejoin_too_large_for_a_batch_keeps_the_old_member_id() -> None
     token, step = ctx.join(instance_id="ib", protocols=(("range", b"s" * 1_000),))
     assert step.responses[0][1].error_code is Errors.NONE  # type: ignore[union-attr]
     assert len(ctx.log) == written + 1
+
+
+def test_an_expiration_pass_looks_at_a_bounded_number_of_offsets_a_firing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pass over a shard of a million offsets held the event loop for seconds: each firing
+    now looks at about ``EXPIRATION_OFFSETS_PER_RUN`` offsets (groups whole) and arms the
+    timer again at once; the pass ends with every group looked at, then waits the interval.
+    A group deleted since the pass began is skipped; one made since is left to the next."""
+    monkeypatch.setattr(shard_module, "EXPIRATION_OFFSETS_PER_RUN", 10)
+    config = GroupConfig(offsets_retention_minutes=1, offsets_retention_check_interval_ms=30_000)
+    ctx = ShardContext(config)
+    for g in range(8):
+        ctx.commit([("t", p, 1) for p in range(4)], group_id=f"g{g}")
+    fired = ctx.sleep(30_000)  # a pass with nothing to expire yet
+    assert [key for key, _, _ in fired] == [GROUP_EXPIRATION_KEY] * 4
+    assert ctx.timer.deadlines[GROUP_EXPIRATION_KEY][0] == 60_000
+    fired = ctx.sleep(30_000)
+    expiring = [(deadline, step) for key, deadline, step in fired if key == GROUP_EXPIRATION_KEY]
+    # Two groups of four offsets a firing (five looked at each, with the group itself).
+    assert [deadline for deadline, _ in expiring] == [60_000] * 4
+    per_firing = [{r.key.group_id for _, r in step.records} for _, step in expiring]
+    assert per_firing == [{"g0", "g1"}, {"g2", "g3"}, {"g4", "g5"}, {"g6", "g7"}]
+    assert all(len(step.records) == 10 for _, step in expiring)  # 8 offsets and 2 groups
+    assert not ctx.shard.offsets and not ctx.shard.groups
+    assert ctx.timer.deadlines[GROUP_EXPIRATION_KEY][0] == 90_000
+
+    # The next pass: a group deleted after the pass began is not looked at again; a group
+    # made after it waits for the pass after.
+    for g in range(4):
+        ctx.commit([("t", p, 1) for p in range(4)], group_id=f"h{g}")
+    ctx.sleep(60_000 - 1)  # their offsets expire in the pass at 120 000
+    assert ctx.timer.pop_due(120_000) == (GROUP_EXPIRATION_KEY, 120_000)
+    ctx.now_ms = 120_000
+    first = ctx._apply(ctx.shard.on_timer(GROUP_EXPIRATION_KEY, ctx.now_ms))
+    assert {r.key.group_id for _, r in first.records} == {"h0", "h1"}
+    ctx.delete_groups(["h2"])
+    ctx.commit([("t", 0, 1)], group_id="late")
+    assert ctx.timer.pop_due(120_000) == (GROUP_EXPIRATION_KEY, 120_000)
+    second = ctx._apply(ctx.shard.on_timer(GROUP_EXPIRATION_KEY, ctx.now_ms))
+    assert {r.key.group_id for _, r in second.records} == {"h3"}
+    assert ctx.timer.deadlines[GROUP_EXPIRATION_KEY][0] == 150_000
+    assert set(ctx.shard.groups) == {"late"}
