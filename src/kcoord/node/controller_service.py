@@ -85,6 +85,12 @@ def new_topic_id() -> str:
 # cluster's nodes started together to register, short for one that lost a node for good.
 OFFSETS_TOPIC_GRACE_MS = 10_000
 RECENT_FENCINGS = 100  # fenced_by_me keeps the latest this many
+# The most records a batch of a result that need not be atomic holds (fencing, elections, a
+# broker's heartbeat). Kafka's controller writes such a result in batches of at most 10,000
+# (QuorumController.MAX_RECORDS_PER_BATCH); fewer here, as every node applies a batch in one
+# turn of its event loop, about 20 us a record: fencing a broker in the ISRs of 50,000
+# partitions was one batch, which held each node's loop for a second.
+MAX_RECORDS_PER_BATCH = 2_000
 
 
 class NotActiveError(Exception):
@@ -287,6 +293,16 @@ class ControllerService:
         self.commit_latency_s.observe(loop.time() - start)
         return offset
 
+    async def _propose_in_batches(self, records: tuple[rec.MetadataRecord, ...]) -> int:
+        """Propose a result that need not apply atomically in batches of at most
+        ``MAX_RECORDS_PER_BATCH``, each once the one before is applied here (Kafka's
+        ``QuorumController.appendRecords`` for a result not ``atomicOf``). Ones after a batch
+        that failed are not proposed: the controller decides again on the image it left."""
+        offset = -1
+        for start in range(0, len(records), MAX_RECORDS_PER_BATCH):
+            offset = await self._propose(records[start : start + MAX_RECORDS_PER_BATCH])
+        return offset
+
     def _decide_again_later(self, epoch: int, what: str) -> None:
         """A batch of ``epoch`` may commit after the decision lock is free, and the next
         decision would be made on an image without it (a fenced incarnation put back in an
@@ -337,7 +353,7 @@ class ControllerService:
                 )
                 self.fenced_by_me.extend(fenced.response)
                 self.fencings += len(fenced.response)
-                await self._propose(fenced.records)
+                await self._propose_in_batches(fenced.records)
             image = self.cache.image
             if image.topic_by_name(OFFSETS_TOPIC_NAME) is None:
                 unfenced = len(image.unfenced_broker_ids())
@@ -352,13 +368,13 @@ class ControllerService:
                 self._last_preferred_election_ms = now_ms
                 elected = controller.elect_preferred_leaders(self.cache.image)
                 if elected.records:
-                    await self._propose(elected.records)
+                    await self._propose_in_batches(elected.records)
             if now_ms - self._last_unclean_election_ms >= self.unclean_election_interval_ms:
                 self._last_unclean_election_ms = now_ms
                 elected = controller.elect_unclean_leaders(self.cache.image)
                 if elected.records:
                     log.warning("unclean leader election for %s", list(elected.response))
-                    await self._propose(elected.records)
+                    await self._propose_in_batches(elected.records)
 
     # -----------------------------------------------------------------------------------------
     # RPC handlers.
@@ -418,7 +434,7 @@ class ControllerService:
                 controller = self._require_active()
                 result = controller.broker_heartbeat(self.cache.image, request, self.monotonic_ms())
                 if result.records:
-                    await self._propose_or_not_controller(result.records)
+                    await self._propose_or_not_controller(result.records, atomic=False)
             reply = result.response
         return {
             "error": int(reply.error),
@@ -564,11 +580,11 @@ class ControllerService:
         }
 
     async def _propose_or_not_controller(
-        self, records: tuple[rec.MetadataRecord, ...] | list[rec.MetadataRecord]
+        self, records: tuple[rec.MetadataRecord, ...], *, atomic: bool = True
     ) -> int:
         """Propose for an RPC caller: a lost leadership answers NOT_CONTROLLER (retriable)."""
         try:
-            return await self._propose(records)
+            return await (self._propose(records) if atomic else self._propose_in_batches(records))
         except NotActiveError as e:
             raise RpcError(int(Errors.NOT_CONTROLLER), f"not committed: {e}") from e
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import Counter
 from typing import Any, cast
 
 import pytest
 
+from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.errors import Errors
+from kcoord.node import controller_service
 from kcoord.node.controller_service import OFFSETS_TOPIC_GRACE_MS, ControllerService
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcError
@@ -575,5 +578,69 @@ def test_a_heartbeat_naming_offline_replicas_moves_their_leadership() -> None:
         assert state is not None and state.leader not in (1, -1) and 1 not in state.isr
         still = [p.partition for p in cache.image.partitions_of(topic.topic_id) if p.leader == 1]
         assert still == led[1:]
+
+    asyncio.run(scenario())
+
+
+def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A broker in the ISRs of 50,000 partitions was fenced in one batch, which every node
+    applied in one turn of its event loop (a second). The records go in batches of at most
+    MAX_RECORDS_PER_BATCH, in order: FenceBroker, last, in the last one."""
+    monkeypatch.setattr(controller_service, "MAX_RECORDS_PER_BATCH", 10)
+
+    async def scenario() -> None:
+        c = ThreeBrokers()
+        clock, cache, quorum, service, beat = c.clock, c.cache, c.quorum, c.service, c.beat
+        topic_id = uuid_str((1).to_bytes(16, "big"))
+        quorum.commit(
+            [
+                rec.Topic(name="t", topic_id=topic_id),
+                *(
+                    rec.Partition(
+                        topic_id=topic_id,
+                        partition=p,
+                        # Not on this node, which has no role listener here.
+                        replicas=(2, 3) if p % 2 else (3, 2),
+                        isr=(2, 3),
+                        leader=2 if p % 2 else 3,
+                        leader_epoch=0,
+                        partition_epoch=0,
+                    )
+                    for p in range(25)
+                ),
+            ]
+        )
+        await service._maybe_activate()
+        batches: list[list[rec.MetadataRecord]] = []
+        real = quorum.propose
+
+        def recording(records: Any, on_done: Any, *, epoch: int) -> None:
+            batches.append(list(records))
+            real(records, on_done, epoch=epoch)
+
+        quorum.propose = recording  # type: ignore[method-assign]
+        t0 = clock[0]
+        for b in (1, 2, 3):
+            await beat(b)
+        for step in range(1, 30):  # broker 3 is dead from t0
+            clock[0] = t0 + 500 * step
+            await beat(1)
+            await beat(2)
+            await service.tick()
+            if cache.image.brokers[3].fenced:
+                break
+        fencing = [
+            batch for batch in batches if any(isinstance(r, rec.PartitionChange) for r in batch)
+        ]
+        records = [r for batch in fencing for r in batch]
+        # t's partitions and those of the offsets topic the tick made: 3 was in every ISR.
+        in_isr = cache.image.partition_count()
+        assert len(records) == in_isr + 1 and len(fencing) == math.ceil(len(records) / 10)
+        assert all(len(batch) <= 10 for batch in fencing)
+        assert [type(r) for r in records].index(rec.FenceBroker) == len(records) - 1
+        state = cache.image.partitions_of(topic_id)
+        assert all(3 not in p.isr and p.leader != 3 for p in state)
 
     asyncio.run(scenario())
