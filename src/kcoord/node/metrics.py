@@ -2,13 +2,15 @@
 
 Theory of operation
 -------------------
-Nothing here runs on a hot path. Each node has its own ``CollectorRegistry`` holding one custom
-collector, ``NodeCollector``, which builds every family at scrape time from what the node's
-parts already keep: the metadata image and cache, the quorum's status, the controller service,
-the broker lifecycle, the ``ReplicaManager``'s partitions, the coordinator runtime's shards and
-standbys, and plain counters the parts increment (the pure shard's ``CoordinatorStats``, the
-Kafka listener's ``RequestStats``, ``kcoord.stats.Histogram`` latencies). Only this module (and
-node/admin.py, which serves it) imports ``prometheus_client``; pure code exposes integers.
+Nothing here runs on a hot path. ``NodeCollector`` builds every family of a node at scrape
+time from what the node's parts already keep: the metadata image and cache, the quorum's
+status, the controller service, the broker lifecycle, the ``ReplicaManager``'s partitions, the
+coordinator runtime's shards and standbys, and plain counters the parts increment (the pure
+shard's ``CoordinatorStats``, the Kafka listener's ``RequestStats``,
+``kcoord.stats.Histogram`` latencies); a ``CollectorRegistry`` of the node's own holds
+prometheus_client's process, platform and GC collectors (``NodeMetrics``). Only this module
+(and node/admin.py, which serves it) imports ``prometheus_client``; pure code exposes
+integers.
 
 Conventions: one ``kcoord_`` prefix, base units (``_seconds``, ``_bytes``), counters end in
 ``_total``, and labels stay bounded: API names, Kafka error names, group states, topics and
@@ -180,6 +182,11 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, doc, value=value)
 
 
+class _Seen(dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]]):
+    """Per offsets partition: its shard context (weakly: an unloaded shard is let go) and its
+    committed offsets, (group, topic, partition) -> offset, as a scrape saw them."""
+
+
 @dataclass
 class CommittedOffsets:
     """A scrape's view of the committed offsets of the groups this node coordinates."""
@@ -198,10 +205,7 @@ class NodeCollector:
         # Partition -> high watermark, from the leaders of partitions this node does not lead
         # (see the module docstring); replaced before each scrape by the /metrics handler.
         self.remote_end_offsets: Mapping[PartitionKey, int] = {}
-        # Per offsets partition: (its shard context, weakly: an unloaded shard is let go;
-        # (group, topic, partition) -> committed offset) as last seen committed (see
-        # _committed_offsets).
-        self._committed: dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]] = {}
+        self._committed = _Seen()  # as the last scrape saw them (see committed_offsets)
 
     def families(self, committed: CommittedOffsets) -> Iterator[Metric]:
         yield from self._node()
@@ -220,21 +224,21 @@ class NodeCollector:
         seen by an earlier scrape is (or none), as Kafka's metrics read its timeline state at
         the committed offset. An offset deleted (a tombstone not yet committed) stays shown
         until its group's records commit."""
-        before_all, self._committed = self._committed, {}
-        out = CommittedOffsets()
+        out, seen = CommittedOffsets(), _Seen()
         for ctx in self._active_contexts():
-            self._add_shard(out, ctx, before_all)
+            self._add_shard(out, ctx, seen)
+        self._committed = seen
         return out
 
     async def committed_offsets_stepwise(self) -> CommittedOffsets:
         """``committed_offsets``, one shard per turn of the event loop: a node holding a
         million offsets took 0.5 s of the loop here."""
-        before_all, self._committed = self._committed, {}
-        out = CommittedOffsets()
+        out, seen = CommittedOffsets(), _Seen()
         for ctx in self._active_contexts():
             await asyncio.sleep(0)
             if ctx.state is ShardState.ACTIVE and ctx.shard is not None:
-                self._add_shard(out, ctx, before_all)
+                self._add_shard(out, ctx, seen)
+        self._committed = seen  # only once whole: a scrape cancelled midway changes nothing
         return out
 
     def _active_contexts(self) -> list[ShardContext]:
@@ -251,12 +255,14 @@ class NodeCollector:
         self,
         out: CommittedOffsets,
         ctx: ShardContext,
-        before_all: dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]],
+        seen: _Seen,
     ) -> None:
+        """Add the shard's committed offsets to ``out``, and what they are to ``seen`` (the
+        next scrape's ``_committed``)."""
         assert ctx.shard is not None
         hw = ctx.partition.high_watermark
-        seen, before = before_all.get(ctx.index, (weakref.ref(ctx), {}))
-        if seen() is not ctx:
+        shard_was, before = self._committed.get(ctx.index, (weakref.ref(ctx), {}))
+        if shard_was() is not ctx:
             before = {}  # reloaded: everything below the HW is committed
         now: dict[_OffsetKey, int] = {}
         for group_id, topics in ctx.shard.offsets.items():
@@ -270,7 +276,7 @@ class NodeCollector:
         for key, value in before.items():
             if key not in now and ctx.group_written.get(key[0], 0) > hw:
                 now[key] = value
-        self._committed[ctx.index] = (weakref.ref(ctx), now)
+        seen[ctx.index] = (weakref.ref(ctx), now)
         offsets, partitions = out.offsets, out.partitions
         for (group_id, topic, partition), value in now.items():
             offsets.setdefault(group_id, {}).setdefault(topic, {})[partition] = value

@@ -324,6 +324,63 @@ def test_a_scrape_writes_the_lag_off_the_event_loop_with_the_same_samples_as_ren
     asyncio.run(scenario())
 
 
+def test_the_lag_text_is_what_metric_families_of_the_same_samples_give(
+    tmp_path: Path,
+) -> None:
+    """``consumer_lag_text`` writes the four per-partition families directly; prometheus_client
+    families of the same samples, through ``exposition``, give the same bytes (label escapes,
+    order, a partition with no known end, chunks of lines past the first)."""
+    offsets = {
+        'g"\\\n': {"t": {0: 3, 1: 5}, "u": {0: 1}},
+        "": {"t": {2: 7}},
+        "ü {}": {"t": {p: p for p in range(5000)}},
+    }
+    ends = {("t", p): 10 + p for p in range(5000)} | {("u", 1): 4}
+    families = {
+        name: GaugeMetricFamily(name, doc, labels=labels)
+        for name, doc, labels in (
+            (
+                "kafka_consumergroup_current_offset",
+                "Committed offset of a consumer group in a partition.",
+                ["consumergroup", "topic", "partition"],
+            ),
+            (
+                "kafka_consumergroup_current_offset_sum",
+                "Sum of a consumer group's committed offsets in a topic.",
+                ["consumergroup", "topic"],
+            ),
+            (
+                "kafka_consumergroup_lag",
+                "Lag of a consumer group in a partition: high watermark minus committed offset.",
+                ["consumergroup", "topic", "partition"],
+            ),
+            (
+                "kafka_consumergroup_lag_sum",
+                "Sum of a consumer group's lags in a topic.",
+                ["consumergroup", "topic"],
+            ),
+        )
+    }
+    for group, topics in offsets.items():
+        for topic, parts in topics.items():
+            known = [(p, o, ends.get((topic, p))) for p, o in sorted(parts.items())]
+            for p, o, end in known:
+                families["kafka_consumergroup_current_offset"].add_metric([group, topic, str(p)], o)
+                if end is not None:
+                    families["kafka_consumergroup_lag"].add_metric([group, topic, str(p)], end - o)
+            families["kafka_consumergroup_current_offset_sum"].add_metric(
+                [group, topic], sum(o for _, o, _ in known)
+            )
+            if all(end is not None for _, _, end in known):
+                families["kafka_consumergroup_lag_sum"].add_metric(
+                    [group, topic], sum(end - o for _, o, end in known if end is not None)
+                )
+    head = b"# HELP x A head.\n# TYPE x gauge\nx 1\n"
+    assert metrics_module.consumer_lag_text(offsets, ends, head) == head + exposition(
+        families.values()
+    )
+
+
 def test_request_stats_families(tmp_path: Path) -> None:
     node = Node(tmp_path)
     stats = RequestStats()
@@ -416,7 +473,11 @@ def test_exposition_of_a_node_reads_back_as_prometheus_clients_own(tmp_path: Pat
     stats = RequestStats()
     stats.record(8, 0.003, {"error_code": Errors.NONE})
     metrics = NodeMetrics(node_view(node, stats))
-    families = list(metrics.registry.collect())
+    committed = metrics.collector.committed_offsets()
+    families = [*metrics.collector.families(committed), *metrics.registry.collect()]
+    assert {"kcoord_node_info", "kafka_brokers", "process_cpu_seconds"} <= {
+        f.name for f in families
+    }
 
     class Fixed(Collector):
         def collect(self) -> list[Metric]:
