@@ -804,6 +804,10 @@ def test_plain_data_of_the_wrong_shape_closes_its_connection_alone(
                 ["readonly"],  # a non-voting replica: this cluster runs none
                 [["add", "127.0.0.1:9"]],  # membership is fixed by config
                 [["set_version", 99]],
+                # Leadership moved by anyone who could connect: the voter's own secret only.
+                [["transfer", ""]],
+                [["transfer", "", "not-the-secret"]],
+                [["status", "not-the-secret"]],
                 [other, {"type": CLUSTER_ID_MESSAGE, "cluster_id": "another-cluster"}],
                 [other, "not a dict"],
                 [other, {"type": "request_vote"}],  # no term
@@ -827,4 +831,4 @@ def test_plain_data_of_the_wrong_shape_closes_its_connection_alone(
     raised = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert raised == []
     closed = [r.getMessage() for r in caplog.records if "quorum: closing" in r.getMessage()]
-    assert len(closed) >= 2 * 10 + 2, closed
+    assert len(closed) >= 2 * 13 + 2, closed

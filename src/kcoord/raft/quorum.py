@@ -85,11 +85,13 @@ from __future__ import annotations
 import codecs
 import contextlib
 import errno
+import hmac
 import io
 import logging
 import math
 import os
 import pickle
+import secrets
 import socket
 import struct
 import threading
@@ -338,6 +340,8 @@ class QuorumStatus:
 # The utility commands a connection may send instead of naming itself: ``transfer`` is how
 # ``MetadataQuorum.resign`` hands the leadership on, ``status`` is read-only. Membership and
 # code-version changes are not ours to take from a socket (membership is fixed by config).
+# Each ends with the secret of the process that runs the voter (``utility_secret``), which
+# only it knows: a stranger on the port moved the leadership at will.
 _UTILITY_COMMANDS = frozenset({"status", "transfer"})
 
 
@@ -582,10 +586,11 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
 
     An incoming connection's first message must name a voter that connects to this one (its
     ``host:port``; of two voters, the one with the greater address connects) or be one of
-    ``_UTILITY_COMMANDS``. pysyncobj itself looks the message up in a dict, so a list or a dict
-    raised out of its tick ("unhashable type") and the rest of that tick's Raft work was
-    skipped; it also took ``readonly`` (a non-voting replica that receives the whole log and
-    whose messages are treated as a node's), which this cluster never runs. Anything else now
+    ``_UTILITY_COMMANDS`` with the voter's own secret. pysyncobj itself looks the message up
+    in a dict, so a list or a dict raised out of its tick ("unhashable type") and the rest of
+    that tick's Raft work was skipped; it also took ``readonly`` (a non-voting replica that
+    receives the whole log and whose messages are treated as a node's), which this cluster
+    never runs. Anything else now
     closes that connection alone, as Kafka's ``SocketServer`` closes one that sends garbage.
     Each end of a voters' connection then names its cluster (``CLUSTER_ID``) before any Raft
     message, the one that dials right after its address, the other once it has taken that
@@ -717,7 +722,15 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             return
         if isinstance(message, list):
             command = message[0] if message else None
-            acceptable = isinstance(command, str) and command in _UTILITY_COMMANDS
+            acceptable = (
+                isinstance(command, str)
+                and command in _UTILITY_COMMANDS
+                and len(message) >= 2
+                and isinstance(message[-1], str)
+                and hmac.compare_digest(message[-1], self._syncObj.utility_secret)
+            )
+            if acceptable:
+                message = message[:-1]  # pysyncobj's command, as it takes it
         else:
             acceptable = (
                 isinstance(message, str)
@@ -732,7 +745,7 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
             log.warning(
                 "quorum: closing a connection whose first message is neither a voter that "
                 "connects to this one nor a utility command we take: %.80r",
-                message,
+                message[:1] if isinstance(message, list) else message,  # not the secret tried
             )
             conn.disconnect()
             self._unknownConnections.discard(conn)
@@ -846,6 +859,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self, quorum: MetadataQuorum, self_node: str, partners: list[str], conf: SyncObjConf
     ) -> None:
         self._quorum = quorum
+        self.utility_secret = secrets.token_hex(16)  # see _UTILITY_COMMANDS
         self._cluster_mismatch_logged: dict[str, float] = {}  # per voter address
         self._parts: list[bytes] = []  # of an entry sent in parts (see _assembled)
         self._parts_bytes = 0
@@ -1438,10 +1452,14 @@ class MetadataQuorum:
                 return False
             with contextlib.suppress(UtilityException):
                 TcpUtility(timeout=min(remaining, 1.0)).executeCommand(
-                    self._utility_address(), ["transfer", ""]
+                    self._utility_address(), ["transfer", "", self._utility_secret()]
                 )
             time.sleep(0.05)  # polling pysyncobj's state for the new term
         return True
+
+    def _utility_secret(self) -> str:
+        sync = self._sync
+        return sync.utility_secret if sync is not None else ""
 
     def _utility_address(self) -> str:
         me = self.voters[self.node_id]
