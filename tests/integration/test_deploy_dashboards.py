@@ -54,13 +54,15 @@ MAY_BE_EMPTY = frozenset(
 SYNTHETIC = frozenset({"up"})
 
 # A subscribed kafka-python consumer: joins the group (a rebalance), reads what it is given
-# until it has `expect` records, commits synchronously and leaves.
+# until it has `expect` records, commits synchronously and leaves. It subscribes once the
+# topic's partitions are known and polls 2 s at a time until assigned, as kafka_python_ops
+# does, away from the kafka-python 3.0.12 bug that leaves a member unassigned (JOIN_POLL_MS).
 CONSUME_AND_COMMIT = """
 import json, sys, time
 from kafka import KafkaConsumer
+from kafka.errors import KafkaError
 cmd = json.loads(sys.argv[1])
 consumer = KafkaConsumer(
-    cmd["topic"],
     bootstrap_servers=cmd["bootstrap"],
     group_id=cmd["group"],
     enable_auto_commit=False,
@@ -70,8 +72,16 @@ consumer = KafkaConsumer(
 try:
     seen = 0
     deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if consumer.partitions_for_topic(cmd["topic"]):
+                break
+        except KafkaError:  # a failed metadata request: asked again
+            pass
+    consumer.subscribe([cmd["topic"]])
     while seen < cmd["expect"] and time.monotonic() < deadline:
-        seen += sum(len(r) for r in consumer.poll(timeout_ms=500).values())
+        timeout_ms = 500 if consumer.assignment() else 2000
+        seen += sum(len(r) for r in consumer.poll(timeout_ms=timeout_ms).values())
     consumer.commit()
 finally:
     consumer.close()
