@@ -71,6 +71,7 @@ REFUSED_LOG_EVERY_S: Final = 60.0  # a refused connection is logged at most this
 # Kafka listener decodes a large request (kafka/server.py OFF_LOOP_REQUEST_BYTES).
 OFF_LOOP_FRAME_BYTES: Final = 64 * 1024
 IDLE_MS: Final = 600_000  # connections.max.idle.ms
+CLOSE_GRACE_S: Final = 1.0  # a closed connection's answers have this long to go out
 CLIENT_IDLE_MS: Final = 540_000  # a client's (Kafka's clients: 9 min, under the server's 10)
 UNKNOWN_METHOD: Final = "UNKNOWN_METHOD"
 INTERNAL: Final = "INTERNAL"
@@ -265,7 +266,14 @@ class RpcServer:
         for writer in self._connections.values():
             writer.close()
         if self._connections:
-            await asyncio.wait(list(self._connections))
+            # A closed transport reads no more and ends only once its answers are out: a peer
+            # that reads none held stop() for ever.
+            _, late = await asyncio.wait(list(self._connections), timeout=CLOSE_GRACE_S)
+            for task in late:
+                if (stuck := self._connections.get(task)) is not None:
+                    stuck.transport.abort()
+            if late:
+                await asyncio.wait(late)
         await server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -336,8 +344,13 @@ class RpcServer:
             if requests:
                 await asyncio.wait(list(requests))
             writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            try:
+                async with asyncio.timeout(CLOSE_GRACE_S):
+                    await writer.wait_closed()
+            except TimeoutError:  # answers its peer does not read: stop() waited for ever
+                writer.transport.abort()
+            except OSError:
+                pass
 
     async def _answer(
         self, writer: asyncio.StreamWriter, request_id: int, method: str, payload: Any
@@ -364,8 +377,21 @@ class RpcServer:
             return
         writer.write(frame)
         # A lost connection is _serve's to notice and clean up; nothing to answer any more.
-        with contextlib.suppress(OSError):
-            await writer.drain()
+        try:
+            async with asyncio.timeout(self._idle_s):
+                await writer.drain()
+        except TimeoutError:  # an OSError too: first
+            # A peer that reads no answers: its requests stay in flight, so _serve reads no
+            # more and its idle deadline never runs; it held its slot for good. Kafka closes
+            # a connection with no completed send or receive for connections.max.idle.ms.
+            log.info(
+                "rpc: closing connection from %s: an answer unread for %.0f s",
+                writer.get_extra_info("peername"),
+                self._idle_s,
+            )
+            writer.transport.abort()
+        except OSError:
+            pass
 
 
 class _Connection:

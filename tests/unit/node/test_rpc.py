@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import struct
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
@@ -449,6 +450,66 @@ def test_an_idle_connection_is_closed_but_not_while_a_request_is_handled(run: Ru
             gates.open("again")
             async with client_of(server.port) as client:
                 assert await client.call("gate", "again", 5.0) == "again"
+
+    run(main())
+
+
+def test_a_connection_whose_answers_go_unread_is_closed_after_the_idle_time(run: Run) -> None:
+    """A peer that sends requests and never reads their answers: they stayed in flight, so the
+    server read no more from it and its idle deadline never ran; the connection held its slot
+    (of ``max_connections``) for good."""
+    big = "x" * (1 << 20)
+
+    async def large(payload: Any) -> Any:
+        return big
+
+    async def main() -> None:
+        async with serving(
+            {"large": large}, idle_ms=300, max_in_flight=2, max_frame_bytes=4 << 20
+        ) as server:
+            _, writer = await asyncio.open_connection(HOST, server.port)
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            for i in range(64):  # more answers than the socket buffers hold
+                writer.write(encode_frame([i, "large", None]))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+            await poll_until(lambda: not server._connections)
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            async with client_of(server.port) as client:
+                assert await client.call("large", None, 5.0) == big
+
+    run(main())
+
+
+def test_stop_does_not_wait_for_a_peer_that_reads_no_answers(run: Run) -> None:
+    """stop() closed each connection and waited for its answers to go out: a peer that read
+    none kept it waiting for ever (a node that never finished stopping)."""
+    big = "x" * (1 << 20)
+
+    async def large(payload: Any) -> Any:
+        return big
+
+    async def main() -> None:
+        server = RpcServer({"large": large}, max_frame_bytes=4 << 20)
+        await server.start(HOST, 0)
+        _, writer = await asyncio.open_connection(HOST, server.port)
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        for i in range(64):
+            writer.write(encode_frame([i, "large", None]))
+        await writer.drain()
+        await poll_until(  # answers pile up unread
+            lambda: any(
+                w.transport.get_write_buffer_size() > 0 for w in server._connections.values()
+            )
+        )
+        async with asyncio.timeout(5):
+            await server.stop()
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
     run(main())
 
