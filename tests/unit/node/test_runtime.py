@@ -40,6 +40,7 @@ from kcoord.node.runtime import (
     _replay_chunk,
 )
 from kcoord.raft import records as rec
+from kcoord.raft.image import MetadataImage, diff
 from kcoord.storage import format as fmt
 from kcoord.storage import log as log_module
 from kcoord.storage.config import LogConfig
@@ -607,6 +608,45 @@ def test_a_deleted_topics_tombstones_go_out_in_batches_that_fit(
         node.replicas.release(part)
         await asyncio.wait_for(pending, 5)  # answered: its commit is in the log
         for group in ("g3", "other"):
+            got = await asyncio.wait_for(node.runtime.call(group, fetch(group)), 5)
+            assert got.topics == (), (group, got)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_deleted_topics_offsets_are_deleted_by_a_callback_of_each_shard(
+    tmp_path: Path,
+) -> None:
+    """Kafka's onPartitionsDeleted is an event on every shard; here every shard's tombstones
+    were written in the one callback of the metadata delta (3.4 s of the event loop for
+    500,000 offsets over 50 shards). Each shard's write is now a callback of its own."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        await groups_committed(node, 3)
+        ctx = node.runtime.contexts[0]
+        orders = "AAAAAAAAAAAAAAAAAAAAAQ"
+        before = MetadataImage.from_records(
+            1,
+            [
+                rec.Topic(name="orders", topic_id=orders),
+                rec.Partition(
+                    topic_id=orders,
+                    partition=0,
+                    replicas=(1,),
+                    isr=(1,),
+                    leader=1,
+                    leader_epoch=0,
+                    partition_epoch=0,
+                ),
+            ],
+        )
+        written = ctx.last_written_offset
+        node.runtime.on_metadata_delta(diff(before, MetadataImage.from_records(2, [])))
+        assert ctx.last_written_offset == written  # not in the delta's callback
+        await _until(lambda: ctx.last_written_offset == written + 3, "the tombstones")
+        for group in ("g0", "g1", "g2"):
             got = await asyncio.wait_for(node.runtime.call(group, fetch(group)), 5)
             assert got.topics == (), (group, got)
         node.runtime.close()
