@@ -146,13 +146,17 @@ class LeaderScan:
     (checked if the topic was compacted when it was read) or the error reading them raised,
     which ``append_as_leader`` raises where it would have read them. The node reads a batch
     whose records are costly to read this way off its event loop (Kafka validates produced
-    batches on its request handler threads), then appends it on the loop with this."""
+    batches on its request handler threads), then appends it on the loop with this. On a
+    topic whose ``compression.type`` is not the producer's, ``records`` are the batch
+    rebuilt in that codec (``compression``), which the append takes in place of ``sent``."""
 
     records: bytes
     max_timestamp: int
     keys_checked: bool
     error: Exception | None = None  # reading the records
     key_error: Exception | None = None  # checking their keys (a compacted topic)
+    sent: bytes | None = None  # the producer's batch, when ``records`` are it recompressed
+    compression: str = "producer"  # the topic's compression.type they were made for
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,8 +509,12 @@ class Log:
             if not records:
                 raise InvalidRecordError("no record batch in the request")
             fmt.parse_header(records)  # raises the precise error
-        if self.config.compression_type != "producer":
-            records = self._recompressed(records, _CODECS[self.config.compression_type])
+        compression = self.config.compression_type
+        if compression != "producer":
+            if scan is not None and scan.sent is records and scan.compression == compression:
+                records = scan.records  # rebuilt off the loop
+            else:
+                records = self._recompressed(records, _CODECS[compression])
         if len(records) > self.config.segment_bytes:
             # UnifiedLog.append: what cannot fit in one segment is refused, whatever
             # max.message.bytes says (else it became a segment larger than segment.bytes).
@@ -642,9 +650,21 @@ class Log:
         """Read the records of a produced batch as ``append_as_leader`` would, without
         touching the log, so that it may run on another thread: ``None`` for what is not one
         whole batch of magic 2 with records and a sound CRC, which the append refuses before
-        it reads any record. Reads the log's config and name, nothing else of it."""
+        it reads any record. Recompresses the batch first if the topic's compression.type
+        asks it (``None`` if that fails: the append does it again and raises). Reads the log's
+        config and name, nothing else of it."""
         if len(records) < fmt.HEADER_SIZE:
             return None
+        compression = self.config.compression_type
+        sent: bytes | None = None
+        if compression != "producer":
+            try:
+                rebuilt = self._recompressed(records, _CODECS[compression])
+            except Exception:  # whatever it is, the append raises it again
+                return None
+            sent, records = records, rebuilt
+            if len(records) < fmt.HEADER_SIZE:
+                return None
         header = fmt.HEADER.unpack_from(records)
         batch_length, magic, crc, attributes = header[1], header[3], header[4], header[5]
         record_count = header[12]
@@ -669,8 +689,8 @@ class Log:
         try:
             records_max = _records_max_timestamp(records, 0, size, attributes, record_count)
         except ValueError as e:
-            return LeaderScan(records, fmt.NO_TIMESTAMP, compact, e, key_error)
-        return LeaderScan(records, records_max, compact, None, key_error)
+            return LeaderScan(records, fmt.NO_TIMESTAMP, compact, e, key_error, sent, compression)
+        return LeaderScan(records, records_max, compact, None, key_error, sent, compression)
 
     def append_as_follower(self, records: bytes, now_ms: int) -> AppendInfo:
         """Append batches replicated from the leader, keeping their offsets and epochs."""

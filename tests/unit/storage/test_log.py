@@ -8,6 +8,7 @@ import os
 import struct
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -527,6 +528,50 @@ def test_a_batch_read_before_its_append_is_appended_as_if_read_there(
     assert _outcome(open_log(tmp_path / "other"), other, lg.scan_for_leader(one)) == _outcome(
         open_log(tmp_path / "other-direct"), other
     )
+
+
+def test_a_batch_read_before_its_append_is_recompressed_there_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A topic whose compression.type is not the producer's rebuilds produced batches in its
+    codec: done on the loop at the append, it is done with the read off the loop, and the
+    append takes the rebuilt batch as the direct append would have made it. One that does
+    not rebuild, or a codec changed since, is left to the append."""
+    now = 10 * HOUR_MS
+    good = [fmt.Record(0, now - 5_000, b"k", b"a"), fmt.Record(1, now - 1_000, b"k", b"b")]
+    records = fmt.build_batch(good, compression=fmt.Compression.GZIP)
+    zstd = LogConfig(compression_type="zstd")
+    expected = _outcome(open_log(tmp_path / "direct", zstd), records)
+    assert isinstance(expected, bytes)
+    lg = open_log(tmp_path / "scanned", zstd)
+    scan = lg.scan_for_leader(records)
+    assert scan is not None and scan.sent is records and scan.records != records
+    rebuilt = 0
+    real = Log._recompressed
+
+    def counted(self: Log, *args: Any) -> bytes:
+        nonlocal rebuilt
+        rebuilt += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(Log, "_recompressed", counted)
+    assert _outcome(lg, records, scan) == expected
+    assert rebuilt == 0
+    # The topic's codec changed since the read: rebuilt again, in the new one.
+    lg = open_log(tmp_path / "changed", zstd)
+    scan = lg.scan_for_leader(records)
+    lg.config = LogConfig(compression_type="lz4")
+    assert _outcome(lg, records, scan) == _outcome(
+        open_log(tmp_path / "lz4", LogConfig(compression_type="lz4")), records
+    )
+    assert rebuilt == 3  # the scan's, the append's and the direct one's
+    # A body that does not inflate: nothing read ahead, the append's own error.
+    garbage = bytearray(records)
+    garbage[fmt.HEADER_SIZE :] = bytes(len(garbage) - fmt.HEADER_SIZE)
+    garbage[17:21] = fmt.compute_crc(garbage, 0, len(garbage)).to_bytes(4, "big")
+    lg = open_log(tmp_path / "garbage", zstd)
+    assert lg.scan_for_leader(bytes(garbage)) is None
+    assert _outcome(lg, bytes(garbage)) == _outcome(open_log(tmp_path / "g2", zstd), bytes(garbage))
 
 
 def test_a_record_past_the_bound_is_refused_though_its_header_hides_it(tmp_path: Path) -> None:

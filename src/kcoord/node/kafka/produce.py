@@ -32,8 +32,9 @@ from the batch headers of the log when the node starts to host it, a slice at a 
 which the loop serves other clients, then kept up with the log across leaderships. A produce
 waits for it to reach the log end before step 1's synchronous part, so the no-await rule above
 still holds. So does the read of a batch whose records are costly to read (64 KiB or more
-decompressed): it runs on the listener's codec threads before that part (``_scanned``), and the
-append uses what it found; the connection's next request waits for this one's handler.
+decompressed): it runs on the listener's codec threads before that part (``_scanned``), with
+its rebuild in the topic's own ``compression.type`` if it has one, and the append uses what it
+found; the connection's next request waits for this one's handler.
 
 DescribeProducers (apiKey 61, KIP-664; ``ReplicaManager.activeProducerState``): the producers
 a led partition's state holds, each with its epoch, last sequence and last timestamp (no
