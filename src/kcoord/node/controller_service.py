@@ -298,9 +298,11 @@ class ControllerService:
         ``MAX_RECORDS_PER_BATCH``, each once the one before is applied here (Kafka's
         ``QuorumController.appendRecords`` for a result not ``atomicOf``). Ones after a batch
         that failed are not proposed: the controller decides again on the image it left."""
+        epoch = self.active_epoch  # each batch decided in the epoch the result was
         offset = -1
         for start in range(0, len(records), MAX_RECORDS_PER_BATCH):
-            offset = await self._propose(records[start : start + MAX_RECORDS_PER_BATCH])
+            batch = records[start : start + MAX_RECORDS_PER_BATCH]
+            offset = await self._propose(batch, epoch=epoch)
         return offset
 
     def _decide_again_later(self, epoch: int, what: str) -> None:
@@ -434,7 +436,11 @@ class ControllerService:
                 controller = self._require_active()
                 result = controller.broker_heartbeat(self.cache.image, request, self.monotonic_ms())
                 if result.records:
-                    await self._propose_or_not_controller(result.records, atomic=False)
+                    offset = await self._propose_or_not_controller(result.records, atomic=False)
+                    if request.want_shut_down:
+                        controller.heartbeats.controlled_shutdown_written_at(
+                            request.broker_id, request.broker_epoch, offset
+                        )
             reply = result.response
         return {
             "error": int(reply.error),

@@ -582,6 +582,30 @@ def test_a_heartbeat_naming_offline_replicas_moves_their_leadership() -> None:
     asyncio.run(scenario())
 
 
+def commit_topic_on_2_and_3(quorum: FakeQuorum, partitions: int) -> str:
+    """Topic t of ``partitions`` partitions on brokers 2 and 3 (not on this node, which has no
+    role listener here), led by either; its id."""
+    topic_id = uuid_str((1).to_bytes(16, "big"))
+    quorum.commit(
+        [
+            rec.Topic(name="t", topic_id=topic_id),
+            *(
+                rec.Partition(
+                    topic_id=topic_id,
+                    partition=p,
+                    replicas=(2, 3) if p % 2 else (3, 2),
+                    isr=(2, 3),
+                    leader=2 if p % 2 else 3,
+                    leader_epoch=0,
+                    partition_epoch=0,
+                )
+                for p in range(partitions)
+            ),
+        ]
+    )
+    return topic_id
+
+
 def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -593,25 +617,7 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
     async def scenario() -> None:
         c = ThreeBrokers()
         clock, cache, quorum, service, beat = c.clock, c.cache, c.quorum, c.service, c.beat
-        topic_id = uuid_str((1).to_bytes(16, "big"))
-        quorum.commit(
-            [
-                rec.Topic(name="t", topic_id=topic_id),
-                *(
-                    rec.Partition(
-                        topic_id=topic_id,
-                        partition=p,
-                        # Not on this node, which has no role listener here.
-                        replicas=(2, 3) if p % 2 else (3, 2),
-                        isr=(2, 3),
-                        leader=2 if p % 2 else 3,
-                        leader_epoch=0,
-                        partition_epoch=0,
-                    )
-                    for p in range(25)
-                ),
-            ]
-        )
+        topic_id = commit_topic_on_2_and_3(quorum, 25)
         await service._maybe_activate()
         batches: list[list[rec.MetadataRecord]] = []
         real = quorum.propose
@@ -642,5 +648,34 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
         assert [type(r) for r in records].index(rec.FenceBroker) == len(records) - 1
         state = cache.image.partitions_of(topic_id)
         assert all(3 not in p.isr and p.leader != 3 for p in state)
+
+    asyncio.run(scenario())
+
+
+def test_a_controlled_shutdown_written_in_batches_waits_for_the_last(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The broker may go once the others have replayed the records moving its leadership
+    away: written in batches, past the last one, not the first (Kafka's
+    maybeUpdateControlledShutdownOffset takes the write's last offset)."""
+    monkeypatch.setattr(controller_service, "MAX_RECORDS_PER_BATCH", 10)
+
+    async def scenario() -> None:
+        c = ThreeBrokers()
+        cache, quorum, service, beat = c.cache, c.quorum, c.service, c.beat
+        commit_topic_on_2_and_3(quorum, 25)
+        await service._maybe_activate()
+        for b in (1, 2, 3):
+            await beat(b)
+        first = cache.image.last_offset + 1
+        reply = await beat(3, want_shut_down=True)
+        last = cache.image.last_offset
+        assert last > first and not reply["should_shut_down"]
+        for b in (1, 2):
+            await beat(b, current_metadata_offset=first)
+        assert not (await beat(3, want_shut_down=True))["should_shut_down"]
+        for b in (1, 2):
+            await beat(b, current_metadata_offset=last)
+        assert (await beat(3, want_shut_down=True))["should_shut_down"]
 
     asyncio.run(scenario())
