@@ -727,7 +727,10 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
                 and command in _UTILITY_COMMANDS
                 and len(message) >= 2
                 and isinstance(message[-1], str)
-                and hmac.compare_digest(message[-1], self._syncObj.utility_secret)
+                and hmac.compare_digest(  # as bytes: a str compared must be ASCII, or it raises
+                    message[-1].encode("utf-8", "surrogatepass"),
+                    self._syncObj.utility_secret.encode(),
+                )
             )
             if acceptable:
                 message = message[:-1]  # pysyncobj's command, as it takes it
