@@ -326,6 +326,8 @@ class RpcServer:
                     break
                 finally:
                     reading = None
+                if writer.is_closing():
+                    break  # aborted (see _answer): what is still buffered goes unanswered
                 request_id, method, payload = _parse_request(body)
                 request = asyncio.create_task(self._answer(writer, request_id, method, payload))
                 requests.add(request)
@@ -377,21 +379,29 @@ class RpcServer:
             return
         writer.write(frame)
         # A lost connection is _serve's to notice and clean up; nothing to answer any more.
-        try:
-            async with asyncio.timeout(self._idle_s):
-                await writer.drain()
-        except TimeoutError:  # an OSError too: first
-            # A peer that reads no answers: its requests stay in flight, so _serve reads no
-            # more and its idle deadline never runs; it held its slot for good. Kafka closes
-            # a connection with no completed send or receive for connections.max.idle.ms.
-            log.info(
-                "rpc: closing connection from %s: an answer unread for %.0f s",
-                writer.get_extra_info("peername"),
-                self._idle_s,
-            )
-            writer.transport.abort()
-        except OSError:
-            pass
+        unsent = writer.transport.get_write_buffer_size()
+        while True:
+            try:
+                async with asyncio.timeout(self._idle_s):
+                    await writer.drain()
+                return
+            except TimeoutError:  # an OSError too: first
+                if (left := writer.transport.get_write_buffer_size()) < unsent:
+                    unsent = left  # read slowly, but read
+                    continue
+                # A peer that reads no answers: its requests stay in flight, so _serve reads
+                # no more and its idle deadline never runs; it held its slot for good. Kafka
+                # closes a connection with no completed send or receive for
+                # connections.max.idle.ms.
+                log.info(
+                    "rpc: closing connection from %s: nothing of its answers read for %.0f s",
+                    writer.get_extra_info("peername"),
+                    self._idle_s,
+                )
+                writer.transport.abort()
+                return
+            except OSError:
+                return
 
 
 class _Connection:

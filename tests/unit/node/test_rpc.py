@@ -484,6 +484,44 @@ def test_a_connection_whose_answers_go_unread_is_closed_after_the_idle_time(run:
     run(main())
 
 
+def test_a_peer_reading_its_answer_slowly_keeps_its_connection(run: Run) -> None:
+    """Closed only when nothing of its answers is read for the idle time: one read slowly
+    (a replica fetcher on a loaded machine) is not cut."""
+    big = "x" * (24 << 20)  # more than the socket buffers hold
+
+    async def large(payload: Any) -> Any:
+        return big
+
+    async def main() -> None:
+        async with serving({"large": large}, idle_ms=300, max_frame_bytes=32 << 20) as server:
+            reader, writer = await asyncio.open_connection(HOST, server.port)
+            writer.write(encode_frame([1, "large", None]))
+            await writer.drain()
+            await poll_until(  # the answer waits for the reader
+                lambda: any(
+                    w.transport.get_write_buffer_size() > 0 for w in server._connections.values()
+                )
+            )
+            received = 0
+            loop = asyncio.get_running_loop()
+            async with asyncio.timeout(8):
+                while received < len(big):  # a slow reader: 2 MiB every 100 ms at most
+                    wake = loop.time() + 0.1
+                    while loop.time() < wake:
+                        await asyncio.sleep(0.01)
+                    goal = received + (2 << 20)
+                    while received < min(goal, len(big)):
+                        chunk = await reader.read(goal - received)
+                        assert chunk, "the server closed a connection whose answer was read"
+                        received += len(chunk)
+            assert len(server._connections) == 1
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    run(main())
+
+
 def test_stop_does_not_wait_for_a_peer_that_reads_no_answers(run: Run) -> None:
     """stop() closed each connection and waited for its answers to go out: a peer that read
     none kept it waiting for ever (a node that never finished stopping)."""
