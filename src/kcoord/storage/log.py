@@ -512,6 +512,12 @@ class Log:
         compression = self.config.compression_type
         if compression != "producer":
             if scan is not None and scan.sent is records and scan.compression == compression:
+                if scan.records is not records and len(records) > self.config.max_message_bytes:
+                    # As _recompressed checks the batch as sent (the limit lowered since).
+                    raise RecordTooLargeError(
+                        f"batch of {len(records)} bytes exceeds max.message.bytes "
+                        f"{self.config.max_message_bytes}"
+                    )
                 records = scan.records  # rebuilt off the loop
             else:
                 records = self._recompressed(records, _CODECS[compression])

@@ -565,6 +565,13 @@ def test_a_batch_read_before_its_append_is_recompressed_there_once(
         open_log(tmp_path / "lz4", LogConfig(compression_type="lz4")), records
     )
     assert rebuilt == 3  # the scan's, the append's and the direct one's
+    # max.message.bytes lowered under the batch as sent since the read: refused, as there.
+    lg = open_log(tmp_path / "lowered", zstd)
+    scan = lg.scan_for_leader(records)
+    lg.config = LogConfig(compression_type="zstd", max_message_bytes=len(records) - 1)
+    direct = open_log(tmp_path / "lowered-direct", lg.config)
+    assert _outcome(lg, records, scan) == _outcome(direct, records)
+    assert rebuilt == 5  # this read's and the direct append's
     # A body that does not inflate: nothing read ahead, the append's own error.
     garbage = bytearray(records)
     garbage[fmt.HEADER_SIZE :] = bytes(len(garbage) - fmt.HEADER_SIZE)
