@@ -61,6 +61,7 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import functools
@@ -83,6 +84,7 @@ from kcoord.cluster.coordinator.records import (
     record_size_bound,
 )
 from kcoord.cluster.coordinator.shard import (
+    GROUP_EXPIRATION_KEY,
     CoordinatorResult,
     CoordinatorStats,
     GroupConfig,
@@ -761,6 +763,16 @@ class ShardContext:
         if self.state is not ShardState.ACTIVE or self.timer is None:
             return
         self.timer.handles.pop(key, None)
+        if key == GROUP_EXPIRATION_KEY:
+            # A part of an expiration pass (tens of milliseconds): one shard's a turn of the
+            # loop, as the shards loaded together fire theirs together.
+            self.runtime.in_turn(functools.partial(self._fire, key, deadline_ms))
+            return
+        self._fire(key, deadline_ms)
+
+    def _fire(self, key: str, deadline_ms: int) -> None:
+        if self.state is not ShardState.ACTIVE:
+            return
         # Its delay has passed on the loop's monotonic clock, which is when a timer fires
         # (Kafka's CoordinatorTimerImpl): a wall clock stepped back (NTP, a resumed VM) must
         # not hold it, and every session and rebalance timeout, for the size of the step.
@@ -908,8 +920,33 @@ class CoordinatorRuntime:
         self.offset_commit_latency_s: Histogram | None = (
             Histogram(LATENCY_BUCKETS_S) if measure_latency else None
         )
+        # Work that runs one piece a turn of the event loop (see in_turn).
+        self._turns: collections.deque[Callable[[], None]] = collections.deque()
+        self._turn_scheduled = False
         replica_manager.add_role_listener(self._on_role)
         replica_manager.add_high_watermark_listener(self._on_high_watermark)
+
+    def in_turn(self, work: Callable[[], None]) -> None:
+        """Run ``work`` in a turn of the event loop of its own, after the work queued before
+        it: callbacks due together run back to back, with no I/O between them, so shards'
+        costly writes (an expiration pass, a deleted topic's tombstones) queued together
+        held the loop for all of them. Kafka runs each on a coordinator thread."""
+        self._turns.append(work)
+        if not self._turn_scheduled:
+            self._turn_scheduled = True
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _next_turn(self) -> None:
+        work = self._turns.popleft()
+        try:
+            work()
+        except Exception:
+            log.exception("coordinator work failed")
+        finally:
+            if self._turns:
+                asyncio.get_running_loop().call_soon(self._next_turn)
+            else:
+                self._turn_scheduled = False
 
     def count_batch(self, records: int) -> None:
         self.batches_appended += 1
@@ -1341,9 +1378,10 @@ class CoordinatorRuntime:
         """Deleted topics: every active shard writes tombstones for the offsets committed on
         their partitions (Kafka's ``BrokerMetadataPublisher`` calls
         ``GroupCoordinatorService.onPartitionsDeleted``, a write on every shard). A shard still
-        loading misses them, as Kafka's does. Each shard's write is a callback of its own, one
-        after the other, as each is an event of its own in Kafka: a topic with offsets in many
-        groups took seconds of the event loop in one (3.4 s for 500,000 over 50 shards)."""
+        loading misses them, as Kafka's does. Each shard's write takes a turn of the event
+        loop of its own (``in_turn``), as each is an event of its own in Kafka: a topic with
+        offsets in many groups took seconds of the loop in one (3.4 s for 500,000 over 50
+        shards)."""
         deleted = [
             (delta.topic_names[tp.topic_id], tp.partition)
             for tp, change in delta.partitions.items()
@@ -1353,17 +1391,13 @@ class CoordinatorRuntime:
         ]
         if not deleted:
             return
-        shards = [ctx for ctx in self.contexts.values() if ctx.state is ShardState.ACTIVE]
-        asyncio.get_running_loop().call_soon(self._delete_offsets, shards, deleted)
+        for ctx in list(self.contexts.values()):
+            if ctx.state is ShardState.ACTIVE:
+                self.in_turn(functools.partial(self._delete_offsets, ctx, deleted))
 
-    def _delete_offsets(self, shards: list[ShardContext], deleted: list[tuple[str, int]]) -> None:
-        """One shard's write, then the next one's in a later turn of the loop (callbacks
-        queued together run back to back, with no I/O between them)."""
-        ctx = shards.pop(0)
+    def _delete_offsets(self, ctx: ShardContext, deleted: list[tuple[str, int]]) -> None:
         if self.contexts.get(ctx.index) is ctx and ctx.state is ShardState.ACTIVE:
             ctx.run(lambda shard, _token: shard.on_partitions_deleted(deleted), 0)
-        if shards:
-            asyncio.get_running_loop().call_soon(self._delete_offsets, shards, deleted)
 
     def close(self) -> None:
         for ctx in list(self.contexts.values()):

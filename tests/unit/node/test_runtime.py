@@ -24,7 +24,11 @@ from kcoord.cluster.coordinator.records import (
     decode_record,
     encode_record,
 )
-from kcoord.cluster.coordinator.shard import GroupConfig, GroupCoordinatorShard
+from kcoord.cluster.coordinator.shard import (
+    GROUP_EXPIRATION_KEY,
+    GroupConfig,
+    GroupCoordinatorShard,
+)
 from kcoord.errors import Errors
 from kcoord.node import runtime as rt
 from kcoord.node.metadata import MetadataCache
@@ -649,6 +653,41 @@ def test_a_deleted_topics_offsets_are_deleted_by_a_callback_of_each_shard(
         for group in ("g0", "g1", "g2"):
             got = await asyncio.wait_for(node.runtime.call(group, fetch(group)), 5)
             assert got.topics == (), (group, got)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_costly_shard_work_takes_a_turn_of_the_loop_each(tmp_path: Path) -> None:
+    """Callbacks due together run back to back with no I/O between them: the shards loaded
+    together fire their expiration passes together, and a deleted topic's tombstones were
+    written by every shard in one go. Such work runs one piece a turn (``in_turn``), in
+    order, a failing piece alone failing."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        await groups_committed(node, 1)
+        runtime, ctx = node.runtime, node.runtime.contexts[0]
+        ran: list[str] = []
+
+        def failing() -> None:
+            ran.append("b")
+            raise RuntimeError("a bug")
+
+        runtime.in_turn(lambda: ran.append("a"))
+        runtime.in_turn(failing)
+        runtime.in_turn(lambda: ran.append("c"))
+        asyncio.get_running_loop().call_soon(ran.append, "other")
+        await _until(lambda: len(ran) == 4, "the queued work")
+        assert ran == ["a", "other", "b", "c"]
+        # An expiration firing takes its turn; other timers run at once.
+        queued: list[Any] = []
+        real = runtime.in_turn
+        runtime.in_turn = queued.append  # type: ignore[method-assign, assignment]
+        ctx.fire_timer(GROUP_EXPIRATION_KEY, node.now)
+        ctx.fire_timer("no-such-timer", node.now)
+        assert len(queued) == 1
+        runtime.in_turn = real  # type: ignore[method-assign]
         node.runtime.close()
 
     asyncio.run(scenario())
