@@ -454,6 +454,17 @@ class ThreeBrokers:
         self.quorum.commit([rec.ClusterId("c")])
         register(self.quorum, 1, 2, 3)
 
+    async def only_1_and_2_beat(self, t0: int, steps: int, *, until_3_fenced: bool) -> None:
+        """Brokers 1 and 2 beat every 500 ms from ``t0`` on, the controller ticking; broker 3
+        is dead."""
+        for step in range(1, steps + 1):
+            self.clock[0] = t0 + 500 * step
+            await self.beat(1)
+            await self.beat(2)
+            await self.service.tick()
+            if until_3_fenced and self.cache.image.brokers[3].fenced:
+                return
+
     async def beat(self, b: int, **extra: Any) -> Any:
         return await self.service.handle_broker_heartbeat(
             {
@@ -479,11 +490,7 @@ def test_deciding_again_in_the_same_term_keeps_the_brokers_sessions() -> None:
         t0 = clock[0]
         for b in (1, 2, 3):
             await beat(b)
-        for step in range(1, 6):  # broker 3 is dead from t0
-            clock[0] = t0 + 500 * step
-            await beat(1)
-            await beat(2)
-            await service.tick()
+        await c.only_1_and_2_beat(t0, 5, until_3_fenced=False)
         clock[0] = t0 + 2_900
         held: list[tuple[Any, Any]] = []
         proposed = asyncio.Event()
@@ -627,16 +634,9 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
             real(records, on_done, epoch=epoch)
 
         quorum.propose = recording  # type: ignore[method-assign]
-        t0 = clock[0]
         for b in (1, 2, 3):
             await beat(b)
-        for step in range(1, 30):  # broker 3 is dead from t0
-            clock[0] = t0 + 500 * step
-            await beat(1)
-            await beat(2)
-            await service.tick()
-            if cache.image.brokers[3].fenced:
-                break
+        await c.only_1_and_2_beat(clock[0], 29, until_3_fenced=True)
         fencing = [
             batch for batch in batches if any(isinstance(r, rec.PartitionChange) for r in batch)
         ]
