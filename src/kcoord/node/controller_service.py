@@ -191,7 +191,7 @@ class ControllerService:
         self._activating_epoch = status.epoch
         try:
             # Commit a batch in this term before deciding anything (KRaft's LeaderChange).
-            await self._propose([rec.NoOp()], epoch=status.epoch)
+            activated_at = await self._propose([rec.NoOp()], epoch=status.epoch)
         except NotActiveError as e:
             log.info("activation in epoch %d failed: %s", status.epoch, e)
             return
@@ -212,6 +212,9 @@ class ControllerService:
             # longer pause: a broker that stopped sending heartbeats to a node answering
             # NOT_CONTROLLER is not to be fenced for it.
             self.controller = set_aside[1]
+            # A controlled shutdown whose later batches were abandoned may have committed
+            # them since: the broker goes once the others have replayed past this NoOp.
+            self.controller.heartbeats.controlled_shutdowns_written_before(activated_at)
         else:
             self.activated_at_ms = self.monotonic_ms()
             self.controller = Controller(self.config, activated_at_ms=self.activated_at_ms)

@@ -456,6 +456,13 @@ class BrokerHeartbeatManager:
         if session.controlled_shutdown_offset is None:
             session.controlled_shutdown_offset = offset
 
+    def controlled_shutdowns_written_before(self, offset: int) -> None:
+        """Every controlled shutdown under way had its records written below ``offset`` (a
+        controller deciding again after an abandoned write, behind its own batch)."""
+        for session in self._sessions.values():
+            if session.controlled_shutdown_offset is not None:
+                session.controlled_shutdown_offset = max(session.controlled_shutdown_offset, offset)
+
     def controlled_shutdown_written_at(
         self, broker_id: int, broker_epoch: int, offset: int
     ) -> None:

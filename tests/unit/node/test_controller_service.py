@@ -679,3 +679,48 @@ def test_a_controlled_shutdown_written_in_batches_waits_for_the_last(
         assert (await beat(3, want_shut_down=True))["should_shut_down"]
 
     asyncio.run(scenario())
+
+
+def test_a_controlled_shutdown_whose_last_batch_was_abandoned_waits_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last batch of a controlled shutdown timed out, then committed: the controller
+    deciding again (the same one, in the same term) let the broker go once the others had
+    replayed the first batch only."""
+    monkeypatch.setattr(controller_service, "MAX_RECORDS_PER_BATCH", 10)
+
+    async def scenario() -> None:
+        c = ThreeBrokers(propose_timeout_s=0.05)
+        cache, quorum, service, beat = c.cache, c.quorum, c.service, c.beat
+        commit_topic_on_2_and_3(quorum, 25)
+        await service._maybe_activate()
+        for b in (1, 2, 3):
+            await beat(b)
+        first = cache.image.last_offset + 1
+        real = quorum.propose
+        held: list[tuple[Any, Any]] = []
+
+        def hold_the_third(records: Any, on_done: Any, *, epoch: int) -> None:
+            if len(held) or quorum.offset >= first + 1:
+                held.append((records, on_done))
+            else:
+                real(records, on_done, epoch=epoch)
+
+        quorum.propose = hold_the_third  # type: ignore[method-assign]
+        with pytest.raises(RpcError):
+            await beat(3, want_shut_down=True)
+        assert not service.is_active and len(held) == 1
+        quorum.propose = real  # type: ignore[method-assign]
+        records, on_done = held[0]
+        on_done(quorum.commit(records), None)  # the abandoned batch commits after all
+        assert cache.image.brokers[3].fenced
+        await service._maybe_activate()
+        assert service.is_active and service.activations == 2
+        for b in (1, 2):
+            await beat(b, current_metadata_offset=first)
+        assert not (await beat(3, want_shut_down=True))["should_shut_down"]
+        for b in (1, 2):
+            await beat(b)  # past the activation's NoOp
+        assert (await beat(3, want_shut_down=True))["should_shut_down"]
+
+    asyncio.run(scenario())
