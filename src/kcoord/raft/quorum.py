@@ -91,6 +91,7 @@ import logging
 import math
 import os
 import pickle
+import reprlib
 import secrets
 import socket
 import struct
@@ -745,13 +746,15 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
                 and not self._shouldConnect(self._nodeAddrToNode[message])
             )
         if not acceptable:
-            log.warning(
-                "quorum: closing a connection whose first message is neither a voter that "
-                "connects to this one nor a utility command we take: %.80r",
-                message[:1] if isinstance(message, list) else message,  # not the secret tried
-            )
             conn.disconnect()
             self._unknownConnections.discard(conn)
+            log.warning(
+                "quorum: closing a connection whose first message is neither a voter that "
+                "connects to this one nor a utility command we take: %s",
+                # Bounded in depth (a list nested 2,000 deep made repr raise RecursionError,
+                # out of the tick), and without the secret a utility command tried.
+                reprlib.repr(message[:1] if isinstance(message, list) else message),
+            )
             return
         node = self._nodeAddrToNode.get(message) if isinstance(message, str) else None
         replaced = self._connections.get(node) if node is not None else None
