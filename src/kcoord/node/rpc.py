@@ -283,6 +283,7 @@ class RpcServer:
         assert task is not None
         peer = writer.get_extra_info("peername")
         requests: set[asyncio.Task[None]] = set()
+        written = _Written()
         room = asyncio.Semaphore(self._max_in_flight)
         loop = asyncio.get_running_loop()
         reading: asyncio.Timeout | None = None  # the idle deadline of the read under way
@@ -329,7 +330,9 @@ class RpcServer:
                 if writer.is_closing():
                     break  # aborted (see _answer): what is still buffered goes unanswered
                 request_id, method, payload = _parse_request(body)
-                request = asyncio.create_task(self._answer(writer, request_id, method, payload))
+                request = asyncio.create_task(
+                    self._answer(writer, written, request_id, method, payload)
+                )
                 requests.add(request)
                 request.add_done_callback(answered)
         except asyncio.IncompleteReadError as e:
@@ -355,7 +358,12 @@ class RpcServer:
                 pass
 
     async def _answer(
-        self, writer: asyncio.StreamWriter, request_id: int, method: str, payload: Any
+        self,
+        writer: asyncio.StreamWriter,
+        written: _Written,
+        request_id: int,
+        method: str,
+        payload: Any,
     ) -> None:
         handler = self._handlers.get(method)
         response: list[Any]
@@ -378,16 +386,17 @@ class RpcServer:
         if writer.is_closing():
             return
         writer.write(frame)
+        written.bytes += len(frame)
         # A lost connection is _serve's to notice and clean up; nothing to answer any more.
-        unsent = writer.transport.get_write_buffer_size()
+        sent = written.sent(writer)
         while True:
             try:
                 async with asyncio.timeout(self._idle_s):
                     await writer.drain()
                 return
             except TimeoutError:  # an OSError too: first
-                if (left := writer.transport.get_write_buffer_size()) < unsent:
-                    unsent = left  # read slowly, but read
+                if (now := written.sent(writer)) > sent:
+                    sent = now  # read slowly, but read
                     continue
                 # A peer that reads no answers: its requests stay in flight, so _serve reads
                 # no more and its idle deadline never runs; it held its slot for good. Kafka
@@ -402,6 +411,19 @@ class RpcServer:
                 return
             except OSError:
                 return
+
+
+class _Written:
+    """The bytes of answers written to one connection: those handed to the kernel, which
+    only grows (the buffer's size alone also grows with other answers), tell whether its
+    peer reads. The kernel's own buffer (megabytes) hides some reading: at the default idle
+    time a peer reading less than a few KB/s is taken for one that reads nothing."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    def sent(self, writer: asyncio.StreamWriter) -> int:
+        return self.bytes - writer.transport.get_write_buffer_size()
 
 
 class _Connection:
