@@ -647,10 +647,16 @@ def test_a_deleted_topics_offsets_are_deleted_by_a_callback_of_each_shard(
             ],
         )
         written = ctx.last_written_offset
+        for _ in range(5):  # other shards' work queued first: this shard's turn comes later
+            node.runtime.in_turn(lambda: None)
         node.runtime.on_metadata_delta(diff(before, MetadataImage.from_records(2, [])))
         assert ctx.last_written_offset == written  # not in the delta's callback
-        await _until(lambda: ctx.last_written_offset == written + 3, "the tombstones")
-        for group in ("g0", "g1", "g2"):
+        # A commit to "orders" made again, before the shard's turn: the deletion runs first.
+        await asyncio.wait_for(node.runtime.call("g0", commit("g0", 42)), 5)
+        await _until(lambda: ctx.last_written_offset == written + 4, "the tombstones")
+        got = await asyncio.wait_for(node.runtime.call("g0", fetch("g0")), 5)
+        assert [p.committed_offset for t in got.topics for p in t.partitions] == [42]
+        for group in ("g1", "g2"):
             got = await asyncio.wait_for(node.runtime.call(group, fetch(group)), 5)
             assert got.topics == (), (group, got)
         node.runtime.close()
