@@ -652,6 +652,16 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
     asyncio.run(scenario())
 
 
+async def active_over_t(c: ThreeBrokers) -> int:
+    """The controller active over topic t (25 partitions on brokers 2 and 3), every broker
+    heard from; the offset its next batch gets."""
+    commit_topic_on_2_and_3(c.quorum, 25)
+    await c.service._maybe_activate()
+    for b in (1, 2, 3):
+        await c.beat(b)
+    return c.cache.image.last_offset + 1
+
+
 def test_a_controlled_shutdown_written_in_batches_waits_for_the_last(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -662,12 +672,8 @@ def test_a_controlled_shutdown_written_in_batches_waits_for_the_last(
 
     async def scenario() -> None:
         c = ThreeBrokers()
-        cache, quorum, service, beat = c.cache, c.quorum, c.service, c.beat
-        commit_topic_on_2_and_3(quorum, 25)
-        await service._maybe_activate()
-        for b in (1, 2, 3):
-            await beat(b)
-        first = cache.image.last_offset + 1
+        cache, beat = c.cache, c.beat
+        first = await active_over_t(c)
         reply = await beat(3, want_shut_down=True)
         last = cache.image.last_offset
         assert last > first and not reply["should_shut_down"]
@@ -692,11 +698,7 @@ def test_a_controlled_shutdown_whose_last_batch_was_abandoned_waits_for_it(
     async def scenario() -> None:
         c = ThreeBrokers(propose_timeout_s=0.05)
         cache, quorum, service, beat = c.cache, c.quorum, c.service, c.beat
-        commit_topic_on_2_and_3(quorum, 25)
-        await service._maybe_activate()
-        for b in (1, 2, 3):
-            await beat(b)
-        first = cache.image.last_offset + 1
+        first = await active_over_t(c)
         real = quorum.propose
         held: list[tuple[Any, Any]] = []
 
