@@ -512,12 +512,9 @@ class Log:
         compression = self.config.compression_type
         if compression != "producer":
             if scan is not None and scan.sent is records and scan.compression == compression:
-                if scan.records is not records and len(records) > self.config.max_message_bytes:
+                if scan.records is not records:
                     # As _recompressed checks the batch as sent (the limit lowered since).
-                    raise RecordTooLargeError(
-                        f"batch of {len(records)} bytes exceeds max.message.bytes "
-                        f"{self.config.max_message_bytes}"
-                    )
+                    self._raise_if_too_large(len(records))
                 records = scan.records  # rebuilt off the loop
             else:
                 records = self._recompressed(records, _CODECS[compression])
@@ -551,11 +548,7 @@ class Log:
             # prefix: base offset and leader epoch, both outside the CRC (on a LogAppendTime
             # topic the leader's stamp is also written, and a max timestamp that is not its
             # records' is corrected, both from a copy: see below).
-            if size > self.config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {size} bytes exceeds max.message.bytes "
-                    f"{self.config.max_message_bytes}"
-                )
+            self._raise_if_too_large(size)
             if sent_base_offset:
                 raise _base_offset_not_zero(self.directory.name, sent_base_offset)
             view = memoryview(records)
@@ -733,13 +726,11 @@ class Log:
     ) -> int:
         """The checks of ``_validate`` for one batch; its max timestamp (see there)."""
         size = header.batch_length + fmt.LOG_OVERHEAD
-        if leader and size > self.config.max_message_bytes:
+        if leader:
             # Not on a follower: the leader took it, maybe under another limit
             # (UnifiedLog.appendAsFollower's ignoreRecordSize); refused, it stopped the
             # follower's fetching of every partition of that leader for good.
-            raise RecordTooLargeError(
-                f"batch of {size} bytes exceeds max.message.bytes {self.config.max_message_bytes}"
-            )
+            self._raise_if_too_large(size)
         if pos + size > len(records):
             raise fmt.RecordFormatError(f"truncated batch at position {pos}")
         if fmt.compute_crc(records, pos, size) != header.crc:
@@ -759,6 +750,13 @@ class Log:
                 )
         return header.max_timestamp
 
+    def _raise_if_too_large(self, batch_size: int) -> None:
+        if batch_size > self.config.max_message_bytes:
+            raise RecordTooLargeError(
+                f"batch of {batch_size} bytes exceeds max.message.bytes "
+                f"{self.config.max_message_bytes}"
+            )
+
     def _recompressed(self, records: bytes, codec: fmt.Compression) -> bytes:
         """The batches with every one in another codec rebuilt in ``codec`` (Kafka's
         LogValidator when the topic's compression.type is not the producer's). A batch is
@@ -772,11 +770,7 @@ class Log:
             if header.compression is codec or header.is_control or header.record_count <= 0:
                 out.append(records[pos : pos + header.size])
                 continue
-            if header.size > self.config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"batch of {header.size} bytes exceeds max.message.bytes "
-                    f"{self.config.max_message_bytes}"
-                )
+            self._raise_if_too_large(header.size)
             self._validate_batch(records, pos, header, leader=False)
             decoded = fmt.decode_records(records, pos)
             out.append(fmt.rebuild_batch(header, decoded, compression=codec))
