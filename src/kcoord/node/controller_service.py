@@ -214,7 +214,7 @@ class ControllerService:
             self.controller = set_aside[1]
             # A controlled shutdown whose later batches were abandoned may have committed
             # them since: the broker goes once the others have replayed past this NoOp.
-            self.controller.heartbeats.controlled_shutdowns_written_before(activated_at)
+            self.controller.heartbeats.controlled_shutdowns_written_up_to(activated_at)
         else:
             self.activated_at_ms = self.monotonic_ms()
             self.controller = Controller(self.config, activated_at_ms=self.activated_at_ms)
@@ -441,9 +441,7 @@ class ControllerService:
                 if result.records:
                     offset = await self._propose_or_not_controller(result.records, atomic=False)
                     if request.want_shut_down:
-                        controller.heartbeats.controlled_shutdown_written_at(
-                            request.broker_id, request.broker_epoch, offset
-                        )
+                        controller.heartbeats.controlled_shutdowns_written_up_to(offset)
             reply = result.response
         return {
             "error": int(reply.error),

@@ -456,26 +456,14 @@ class BrokerHeartbeatManager:
         if session.controlled_shutdown_offset is None:
             session.controlled_shutdown_offset = offset
 
-    def controlled_shutdowns_written_before(self, offset: int) -> None:
-        """Every controlled shutdown under way had its records written below ``offset`` (a
-        controller deciding again after an abandoned write, behind its own batch)."""
+    def controlled_shutdowns_written_up_to(self, offset: int) -> None:
+        """The records of every controlled shutdown under way are written up to ``offset``
+        (Kafka's ``maybeUpdateControlledShutdownOffset``, given a write's last offset): a
+        write in batches, or one abandoned that a controller deciding again put behind its
+        own batch. A broker goes once the others have replayed that far."""
         for session in self._sessions.values():
             if session.controlled_shutdown_offset is not None:
                 session.controlled_shutdown_offset = max(session.controlled_shutdown_offset, offset)
-
-    def controlled_shutdown_written_at(
-        self, broker_id: int, broker_epoch: int, offset: int
-    ) -> None:
-        """The records of a controlled shutdown were written in batches up to ``offset``:
-        the broker may go once the others have replayed that far (Kafka's
-        ``maybeUpdateControlledShutdownOffset``, called with the write's last offset)."""
-        session = self._sessions.get(broker_id)
-        if (
-            session is not None
-            and session.broker_epoch == broker_epoch
-            and session.controlled_shutdown_offset is not None
-        ):
-            session.controlled_shutdown_offset = max(session.controlled_shutdown_offset, offset)
 
     def recently_proposed(
         self, broker_id: int, broker_epoch: int, fenced: bool, now_ms: int, backoff_ms: int
