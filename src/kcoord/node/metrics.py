@@ -202,9 +202,6 @@ class NodeCollector:
 
     def __init__(self, node: Node) -> None:
         self.node = node
-        # Partition -> high watermark, from the leaders of partitions this node does not lead
-        # (see the module docstring); replaced before each scrape by the /metrics handler.
-        self.remote_end_offsets: Mapping[PartitionKey, int] = {}
         self._committed = _Seen()  # as the last scrape saw them (see committed_offsets)
 
     def families(self, committed: CommittedOffsets) -> Iterator[Metric]:
@@ -217,22 +214,14 @@ class NodeCollector:
         yield from self._requests()
         yield from self._consumer_lag()
 
-    def committed_offsets(self) -> CommittedOffsets:
+    async def committed_offsets(self) -> CommittedOffsets:
         """The committed offsets as reads see them: a shard replays its records as it writes
         them, before they commit (runtime.py), and a value the high watermark has not passed
         yet may still be lost, so it is not shown: until it commits the last committed value
         seen by an earlier scrape is (or none), as Kafka's metrics read its timeline state at
         the committed offset. An offset deleted (a tombstone not yet committed) stays shown
-        until its group's records commit."""
-        out, seen = CommittedOffsets(), _Seen()
-        for ctx in self._active_contexts():
-            self._add_shard(out, ctx, seen)
-        self._committed = seen
-        return out
-
-    async def committed_offsets_stepwise(self) -> CommittedOffsets:
-        """``committed_offsets``, one shard per turn of the event loop: a node holding a
-        million offsets took 0.5 s of the loop here."""
+        until its group's records commit. One shard per turn of the event loop: a node
+        holding a million offsets took 0.5 s of the loop here."""
         out, seen = CommittedOffsets(), _Seen()
         for ctx in self._active_contexts():
             await asyncio.sleep(0)
@@ -833,12 +822,11 @@ class NodeCollector:
         led = replicas.partitions if replicas is not None else {}
         return {key for key in partitions if (part := led.get(key)) is None or not part.is_leader}
 
-    def set_remote_end_offsets(self, end_offsets: Mapping[PartitionKey, int]) -> None:
-        self.remote_end_offsets = dict(end_offsets)
-
-    def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+    def end_offsets(
+        self, partitions: Iterable[PartitionKey], remote: Mapping[PartitionKey, int]
+    ) -> dict[PartitionKey, int]:
         """The high watermark of each of ``partitions`` that is known: read here for those
-        this node leads, else from their leaders' answers."""
+        this node leads, else from their leaders' answers (``remote``)."""
         replicas = self.node.replicas
         led = replicas.partitions if replicas is not None else {}
         out: dict[PartitionKey, int] = {}
@@ -846,7 +834,7 @@ class NodeCollector:
             part = led.get(key)
             if part is not None and part.is_leader:
                 out[key] = part.high_watermark
-            elif (end := self.remote_end_offsets.get(key)) is not None:
+            elif (end := remote.get(key)) is not None:
                 out[key] = end
         return out
 
@@ -968,33 +956,24 @@ class NodeMetrics:
         GCCollector(registry=self.registry)
         self._scraping = asyncio.Lock()  # a scrape's committed view is the next one's "before"
 
-    def render(self) -> bytes:
-        """The text exposition format of every family, now, in one go on the caller's thread
-        (``scrape`` is the /metrics handler's)."""
-        committed = self.collector.committed_offsets()
-        ends = self.collector.end_offsets(committed.partitions)
-        return consumer_lag_text(committed.offsets, ends, self._families(committed))
-
     async def scrape(
         self,
         fetch_end_offsets: Callable[[set[PartitionKey]], Awaitable[Mapping[PartitionKey, int]]],
     ) -> bytes:
-        """``render`` for the /metrics handler: the committed offsets gathered a shard per
-        turn of the event loop, the high watermarks of partitions other nodes lead asked of
-        them with ``fetch_end_offsets``, and the per-partition lag written on a thread."""
+        """The text exposition format of every family, for the /metrics handler: the
+        committed offsets gathered a shard per turn of the event loop, the high watermarks of
+        partitions other nodes lead asked of them with ``fetch_end_offsets``, and the
+        per-partition lag written on a thread."""
         async with self._scraping:
             collector = self.collector
-            committed = await collector.committed_offsets_stepwise()
+            committed = await collector.committed_offsets()
             wanted = collector.lag_partitions_led_elsewhere(committed.partitions)
-            collector.set_remote_end_offsets(await fetch_end_offsets(wanted) if wanted else {})
-            families = self._families(committed)
-            ends = collector.end_offsets(committed.partitions)
+            remote = await fetch_end_offsets(wanted) if wanted else {}
+            families = exposition(
+                itertools.chain(collector.families(committed), self.registry.collect())
+            )
+            ends = collector.end_offsets(committed.partitions, remote)
             return await asyncio.to_thread(consumer_lag_text, committed.offsets, ends, families)
-
-    def _families(self, committed: CommittedOffsets) -> bytes:
-        return exposition(
-            itertools.chain(self.collector.families(committed), self.registry.collect())
-        )
 
 
 # Prometheus text format 0.0.4: HELP text escapes backslash and newline, label values also the
