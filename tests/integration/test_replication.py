@@ -458,3 +458,39 @@ def test_a_topic_of_thousands_of_partitions_disturbs_no_other_partition(tmp_path
         for node_id in (1, 2, 3):
             text = c.node(node_id).log_path.read_text()
             assert "fencing brokers" not in text, f"node {node_id} fenced brokers"
+
+
+def test_a_batch_larger_than_the_inter_node_request_limit_is_replicated(
+    cluster: LocalCluster,
+) -> None:
+    """A topic whose max.message.bytes is raised past the inter-node RPC's 64 MiB request
+    limit: an acks=all batch of 70 MiB (under socket.request.max.bytes) is acknowledged only
+    once both followers have it, as Kafka's replica fetch takes any one batch whole."""
+    c = cluster
+    big = 70 * 1024 * 1024
+    create_topic(c, "big", {"max.message.bytes": str(80 * 1024 * 1024), "min.insync.replicas": "3"})
+    view = partition_view(c, "big", 0, c.alive_ids()[0])
+    value = os.urandom(big)
+
+    async def go() -> int:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap(c),
+            acks="all",
+            max_request_size=90 * 1024 * 1024,
+            request_timeout_ms=60_000,
+        )
+        await producer.start()
+        try:
+            md = await producer.send_and_wait("big", value, partition=0)
+            return int(md.offset)
+        finally:
+            await producer.stop()
+
+    assert asyncio.run(go()) == 0
+    for node_id in view["replicas"]:
+
+        def holds_it(n: int = node_id) -> bool:
+            return len(segment_bytes(c, n, "big", 0)) > big
+
+        wait_for(holds_it, f"the batch in node {node_id}'s log")
+    assert len(partition_view(c, "big", 0, c.alive_ids()[0])["isr"]) == 3

@@ -19,7 +19,11 @@ Payloads and results are plain msgpack values: nil, bool, int, float, str, bin, 
 (packed with ``use_bin_type=True``, unpacked with ``raw=False, strict_map_key=False``, so str and
 bytes stay apart and map keys may be ints). Extension types are refused, except msgpack's own
 timestamp (it decodes to a harmless ``msgpack.Timestamp``; do not send one). Nothing is ever
-pickled. ``length`` is 1..``max_frame_bytes`` (64 MiB by default).
+pickled. A request's ``length`` is 1..``max_frame_bytes`` (64 MiB by default): what a peer may
+send unasked is bounded. An answer's is 1..``max_answer_bytes``, by default anything the u32 can
+state: a replica fetch's answer carries its first batch whole however large (Kafka's fetch
+does), and a batch is bounded only by the produce request that brought it
+(``socket.request.max.bytes``, up to 2 GiB).
 
 Theory of operation
 -------------------
@@ -60,7 +64,8 @@ from kcoord.node.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+MAX_FRAME_BYTES: Final = 64 * 1024 * 1024  # a request's
+MAX_ANSWER_BYTES: Final = 2**32 - 1  # an answer's: see the module docstring
 MAX_IN_FLIGHT: Final = 128  # requests of one connection handled or answered at once
 # Connections a server takes at once (the nodes, their pools and the operator tools need a
 # few dozen): beyond, a new one is closed at once. Without a cap one peer took every file
@@ -220,13 +225,16 @@ class RpcServer:
         handlers: Mapping[str, Handler],
         *,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
         max_in_flight: int = MAX_IN_FLIGHT,
         idle_ms: int = IDLE_MS,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         assert max_frame_bytes > 0 and max_in_flight > 0 and idle_ms > 0 and max_connections > 0
+        assert 0 < max_answer_bytes <= MAX_ANSWER_BYTES, max_answer_bytes
         self._handlers = dict(handlers)
         self._max_frame_bytes = max_frame_bytes
+        self._max_answer_bytes = max_answer_bytes
         self._max_in_flight = max_in_flight
         self._max_connections = max_connections
         self._refusal_logged_at = -REFUSED_LOG_EVERY_S
@@ -378,11 +386,11 @@ class RpcServer:
                 log.exception("rpc: handler of %s failed", method)
                 response = [request_id, False, _error(INTERNAL, f"{type(e).__name__}: {e}")]
         try:
-            frame = encode_frame(response, self._max_frame_bytes)
+            frame = encode_frame(response, self._max_answer_bytes)
         except (TypeError, ValueError) as e:
             log.error("rpc: cannot send the answer of %s: %s", method, e)
             error = _error(INTERNAL, f"cannot send the answer: {e}")
-            frame = encode_frame([request_id, False, error], self._max_frame_bytes)
+            frame = encode_frame([request_id, False, error], self._max_answer_bytes)
         if writer.is_closing():
             return
         writer.write(frame)
@@ -434,12 +442,12 @@ class _Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         address: str,
-        max_frame_bytes: int,
+        max_answer_bytes: int,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._address = address
-        self._max_frame_bytes = max_frame_bytes
+        self._max_answer_bytes = max_answer_bytes
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self.closed = False
         self._close_reason = ""
@@ -465,7 +473,7 @@ class _Connection:
         reason = "connection closed by the server"
         try:
             while True:
-                body = await read_frame(self._reader, self._max_frame_bytes)
+                body = await read_frame(self._reader, self._max_answer_bytes)
                 request_id, ok, payload = _parse_response(body)
                 future = self._pending.get(request_id)
                 if future is None or future.done():
@@ -522,12 +530,14 @@ class RpcClient:
         reconnect_backoff_ms: int = 50,
         reconnect_backoff_max_ms: int = 1000,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
         idle_ms: int = CLIENT_IDLE_MS,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         assert 0 <= reconnect_backoff_ms <= reconnect_backoff_max_ms
         assert max_frame_bytes > 0, max_frame_bytes
+        assert 0 < max_answer_bytes <= MAX_ANSWER_BYTES, max_answer_bytes
         self.host = host
         self.port = port
         self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -535,6 +545,7 @@ class RpcClient:
         self._reconnect_backoff_ms = reconnect_backoff_ms
         self._reconnect_backoff_max_ms = reconnect_backoff_max_ms
         self._max_frame_bytes = max_frame_bytes
+        self._max_answer_bytes = max_answer_bytes
         self._clock = clock
         self._sleep = sleep
         self._request_ids = itertools.count(1)
@@ -645,7 +656,7 @@ class RpcClient:
             raise RpcConnectionError(f"{self._address}: cannot connect: {e}") from e
         self._failed_attempts = 0
         self.connects += 1
-        connection = _Connection(reader, writer, self._address, self._max_frame_bytes)
+        connection = _Connection(reader, writer, self._address, self._max_answer_bytes)
         self._connection = connection
         return connection
 

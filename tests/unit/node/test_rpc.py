@@ -283,13 +283,46 @@ def test_internal_error_is_logged_and_keeps_the_connection(
     assert failures[0].exc_info is not None
 
 
+def test_an_answer_may_be_longer_than_a_request_may(run: Run) -> None:
+    """A replica fetch's answer carries a batch whole, up to what a produce request may carry:
+    its frame is not held to the limit of what a peer may send unasked."""
+
+    async def big(payload: Any) -> Any:
+        return b"x" * 2000
+
+    async def main() -> None:
+        async with (
+            serving({"big": big}, max_frame_bytes=1024) as server,
+            client_of(server.port, max_frame_bytes=1024) as client,
+        ):
+            assert await client.call("big", None, 5.0) == b"x" * 2000
+
+    run(main())
+
+
+def test_an_answer_longer_than_the_client_takes_breaks_only_that_connection(run: Run) -> None:
+    async def big(payload: Any) -> Any:
+        return b"x" * 2000
+
+    async def main() -> None:
+        async with (
+            serving({"big": big, "echo": echo}) as server,
+            client_of(server.port, max_answer_bytes=1024) as client,
+        ):
+            with pytest.raises(RpcConnectionError, match=r"outside 1\.\.1024"):
+                await client.call("big", None, 5.0)
+            assert await client.call("echo", 1, 5.0) == 1
+
+    run(main())
+
+
 def test_too_long_answer_is_an_internal_error(run: Run) -> None:
     async def big(payload: Any) -> Any:
         return b"x" * 2000
 
     async def main() -> None:
         async with (
-            serving({"big": big, "echo": echo}, max_frame_bytes=1024) as server,
+            serving({"big": big, "echo": echo}, max_answer_bytes=1024) as server,
             client_of(server.port) as client,
         ):
             with pytest.raises(RpcRemoteError) as info:
