@@ -1269,8 +1269,15 @@ class Log:
         for seg in self.segments[:-1]:
             if seg.next_offset > hw:
                 break
+            # LogCleanerManager.cleanableOffsets: the first dirty segment within
+            # min.compaction.lag.ms of now ends the range (the clean ones were rewritten by a
+            # pass, their files are new); one without timestamps counts its file's time.
             lag_ms = self.config.min_compaction_lag_ms
-            if lag_ms > 0 and seg.max_timestamp >= 0 and now_ms - seg.max_timestamp < lag_ms:
+            if (
+                lag_ms > 0
+                and seg.next_offset > self.first_dirty_offset
+                and now_ms - seg.largest_timestamp_ms() < lag_ms
+            ):
                 break
             cleanable.append(seg)
         if not cleanable:

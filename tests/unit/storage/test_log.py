@@ -6,6 +6,7 @@ import concurrent.futures
 import contextlib
 import os
 import struct
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -1152,6 +1153,34 @@ def test_the_background_cleaner_waits_for_enough_dirty_bytes(tmp_path: Path) -> 
     # Kafka's config accepts (it was cleaned at every pass).
     assert lg.plan_cleaning(0, min_dirty_ratio=ratio_plan.dirty_ratio) is None
     assert lg.plan_cleaning(0, min_dirty_ratio=float("nan")) is None
+
+
+def test_min_compaction_lag_holds_back_young_dirty_segments(tmp_path: Path) -> None:
+    """min.compaction.lag.ms: the first dirty segment whose largest timestamp is within the
+    lag ends the cleanable range (LogCleanerManager.cleanableOffsets). A segment of records
+    without timestamps counts its file's modification time (LogSegment.largestTimestamp; it
+    was cleaned at once), and a segment already cleaned, rewritten just now, holds nothing
+    back (Kafka looks at the dirty segments only)."""
+    lag = 60_000
+    config = LogConfig(cleanup_policy=frozenset({"compact"}), min_compaction_lag_ms=lag)
+    lg = open_log(tmp_path / "c-0", config)
+    now = time.time_ns() // 1_000_000
+    old = now - 2 * lag
+    for timestamp in (old, fmt.NO_TIMESTAMP, old):
+        lg.append_as_leader(batch(1, key=b"a", timestamp=timestamp), 0, now)
+        lg.roll()
+    plan = lg.plan_cleaning(now)
+    assert plan is not None and [s.base_offset for s in plan.segments] == [0]
+    later = now + 2 * lag
+    plan = lg.plan_cleaning(later)
+    assert plan is not None and [s.base_offset for s in plan.segments] == [0, 1, 2]
+    assert lg.swap_cleaned(lg.clean(plan)) is not None
+    assert lg.first_dirty_offset == 3
+    lg.append_as_leader(batch(1, key=b"a", timestamp=old), 0, now)
+    lg.roll()
+    plan = lg.plan_cleaning(now)
+    assert plan is not None and plan.segments[-1].base_offset == 3
+    lg.close()
 
 
 def test_max_compaction_lag_cleans_overdue_records_and_rolls_in_time(tmp_path: Path) -> None:
