@@ -436,6 +436,11 @@ class MetadataImage:
     def partitions_with_isr_member(self, broker_id: int) -> list[PartitionState]:
         return self._lookup(self._isr_members.get(broker_id, set()))
 
+    def isr_memberships(self, broker_id: int) -> frozenset[TopicIdPartition]:
+        """The partitions whose ISR has the broker, unsorted (``partitions_with_isr_member``
+        looks up and sorts them all: costly at 50,000)."""
+        return frozenset(self._isr_members.get(broker_id, ()))
+
     def partitions_with_elr_member(self, broker_id: int) -> list[PartitionState]:
         return self._lookup(self._elr_members.get(broker_id, set()))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -20,6 +21,7 @@ from kcoord.raft.controller import (
     CLUSTER_CONFIGS,
     MIN_INSYNC_REPLICAS_CONFIG,
     OFFSETS_TOPIC_NAME,
+    Controller,
     ControllerConfig,
 )
 from kcoord.raft.quorum import MetadataQuorum
@@ -617,8 +619,10 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A broker in the ISRs of 50,000 partitions was fenced in one batch, which every node
-    applied in one turn of its event loop (a second). The records go in batches of at most
-    MAX_RECORDS_PER_BATCH, in order: FenceBroker, last, in the last one."""
+    applied in one turn of its event loop (a second), and decided in one turn of the
+    controller's (a second more). The records go in batches of at most MAX_RECORDS_PER_BATCH,
+    in order: FenceBroker, last, in the last one; each decision changes at most as many
+    partitions."""
     monkeypatch.setattr(controller_service, "MAX_RECORDS_PER_BATCH", 10)
 
     async def scenario() -> None:
@@ -626,6 +630,15 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
         clock, cache, quorum, service, beat = c.clock, c.cache, c.quorum, c.service, c.beat
         topic_id = commit_topic_on_2_and_3(quorum, 25)
         await service._maybe_activate()
+        decided: list[int] = []
+        real_fence = Controller.fence_stale_brokers
+
+        def counting(self: Controller, *args: Any, **options: Any) -> Iterator[Any]:
+            for result in real_fence(self, *args, **options):
+                decided.append(sum(isinstance(r, rec.PartitionChange) for r in result.records))
+                yield result
+
+        monkeypatch.setattr(Controller, "fence_stale_brokers", counting)
         batches: list[list[rec.MetadataRecord]] = []
         real = quorum.propose
 
@@ -646,6 +659,7 @@ def test_fencing_a_broker_in_many_isrs_is_proposed_in_batches(
         assert len(records) == in_isr + 1 and len(fencing) == math.ceil(len(records) / 10)
         assert all(len(batch) <= 10 for batch in fencing)
         assert [type(r) for r in records].index(rec.FenceBroker) == len(records) - 1
+        assert sum(decided) == in_isr and max(decided) == 10
         state = cache.image.partitions_of(topic_id)
         assert all(3 not in p.isr and p.leader != 3 for p in state)
 

@@ -610,6 +610,44 @@ def test_fencing_moves_leaderships_and_leaves_the_isr() -> None:
     assert cluster.image.partitions_with_isr_member(1) == []
 
 
+@pytest.mark.parametrize("max_changes", [1, 2, 5])
+def test_fencing_decided_in_parts_ends_where_fencing_at_once_does(max_changes: int) -> None:
+    """In parts of ``max_changes``, each decided on the image with the one before applied, a
+    broker fenced by the part that changes the last of its partitions: the end is the image
+    one whole decision gives, a partition whose ISR the broker cannot leave (its only
+    replica) included."""
+
+    def stale_cluster() -> Cluster:
+        cluster = three_brokers()
+        cluster.create_topic("t", T1, 7, 3)
+        cluster.create_topic("u", T2, 4, 1)
+        cluster.commit(cluster.heartbeat(1, 1000).records)  # 2 and 3 go stale
+        return cluster
+
+    whole = stale_cluster()
+    at_once = whole.fence_stale(SESSION_MS + 1)
+    assert at_once.response == (2, 3)
+    whole.commit(at_once.records)
+
+    parts = stale_cluster()
+    fenced: list[int] = []
+    results = 0
+    for result in parts.controller.fence_stale_brokers(
+        lambda: parts.image, SESSION_MS + 1, max_changes=max_changes
+    ):
+        results += 1
+        assert sum(isinstance(r, PartitionChange) for r in result.records) <= max_changes
+        if results == 1:
+            assert result.response == ()  # broker 2 left some ISRs, not fenced yet
+        parts.commit(result.records)
+        fenced.extend(result.response)
+    assert fenced == [2, 3]
+    assert results > 2
+    assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [1]
+    for topic_id in (T1, T2):
+        assert parts.image.partitions_of(topic_id) == whole.image.partitions_of(topic_id)
+
+
 def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
     """A partition whose log failed to load on its leader stayed led there, unavailable:
     the heartbeat names it, and the controller elects another ISR member
