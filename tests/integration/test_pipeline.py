@@ -431,6 +431,41 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
     assert dlq_from == malformed_at
 
 
+def test_payments_job_stopped_with_ctrl_c_exits_cleanly(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT to the job's process group, as a terminal sends it) stops a streaming
+    run as its --timeout would: exit 0, the last batch ids printed, no traceback. The
+    handler stopped the queries itself, in the middle of the main thread's call into Spark:
+    py4j failed on both ("reentrant call"), a traceback each, and the job exited 1."""
+    create_topics(cluster, "pay-b", "pay-b-totals", "pay-b-dlq")
+    generate(bootstrap(cluster), "pay-b", rate=200, duration_s=1.0, accounts=4, seed=5)
+    job = subprocess.Popen(
+        pipeline_cmd(cluster, tmp_path, "--trigger-interval", "1 second"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=jvm_temp_in(tmp_path / "tmp"),
+    )
+    try:
+        wait_for(
+            lambda: any((tmp_path / "out").glob("batch_id=*/_SUCCESS")),
+            "a micro-batch of totals",
+            deadline_s=QUERY_TIMEOUT_S,
+        )
+        os.killpg(job.pid, signal.SIGINT)
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=60)
+    assert job.returncode == 0, err[-4000:]
+    assert "Traceback" not in err, err[-4000:]
+    last = json.loads(out.strip().splitlines()[-1])
+    assert set(last) == {"payments-totals", "payments-dlq"} and last["payments-totals"] >= 0
+
+
 def planned_records(checkpoint: Path) -> int:
     """How many records a query had planned to read by its last batch (Spark's offset log:
     a version line, the batch's metadata, then each source's offsets)."""

@@ -16,6 +16,7 @@ import json
 import math
 import signal
 import sys
+import threading
 from pathlib import Path
 from types import FrameType
 
@@ -45,7 +46,7 @@ def _payments(args: argparse.Namespace) -> int:
     from pyspark.errors import StreamingQueryException
     from pyspark.sql.streaming.query import StreamingQuery
 
-    from kcoord.pipeline.payments import PaymentsConfig, run_available_now, start
+    from kcoord.pipeline.payments import PaymentsConfig, run_available_now, start, wait_in_steps
     from kcoord.pipeline.session import build_session
 
     config = PaymentsConfig(
@@ -63,9 +64,13 @@ def _payments(args: argparse.Namespace) -> int:
     spark = build_session("kcoord payments-totals", args.master)
     queries: list[StreamingQuery] = []
 
+    # Ctrl-C or SIGTERM stops the queries, and a streaming run ends as its --timeout would.
+    # The handler only asks: the main thread is in the middle of a call into Spark, and the
+    # handler's own call broke it (a traceback each, exit 1). PySpark's JVM ignores SIGINT.
+    stop = threading.Event()
+
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
-        for q in spark.streams.active:
-            q.stop()
+        stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -75,7 +80,7 @@ def _payments(args: argparse.Namespace) -> int:
             print(
                 json.dumps({"available_now": True, "checkpoint": str(args.checkpoint)}), flush=True
             )
-            queries = run_available_now(spark, config, timeout_s)
+            queries = run_available_now(spark, config, timeout_s, stop)
         else:
             queries = start(spark, config)
             print(
@@ -87,13 +92,16 @@ def _payments(args: argparse.Namespace) -> int:
             # Any query ending (a failure of the dead-letter one too) ends the run: waiting on
             # the first alone left the others' failures unseen while the process ran on.
             with contextlib.suppress(StreamingQueryException):  # reported below, per query
-                spark.streams.awaitAnyTermination(timeout_s)
+                wait_in_steps(spark.streams.awaitAnyTermination, timeout_s, stop)
         unfinished = [q.name for q in queries if q.isActive] if args.available_now else []
         for q in queries:
             q.stop()
         failed = [q for q in queries if q.exception() is not None]
         for name in unfinished:
-            print(f"query {name} did not finish within --timeout", file=sys.stderr)
+            if stop.is_set():
+                print(f"query {name} was stopped before it finished", file=sys.stderr)
+            else:
+                print(f"query {name} did not finish within --timeout", file=sys.stderr)
         for q in failed:
             print(f"query {q.name} failed: {_cause(q.exception())}", file=sys.stderr)
         print(

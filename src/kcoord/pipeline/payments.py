@@ -23,8 +23,10 @@ resumes where each query's last finished batch ended.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
@@ -254,12 +256,37 @@ def start(spark: SparkSession, config: PaymentsConfig) -> list[StreamingQuery]:
     return [writer.start() for writer in _writers(spark, config, available_now=False)]
 
 
+# A wait for queries is made of waits of a second (Spark's timeouts are whole seconds), so
+# that a stop asked for by a signal is seen: the signal's handler may not call into Spark
+# itself, as the main thread is in the middle of such a call ("reentrant call" from py4j's
+# socket, then a traceback each).
+WAIT_STEP_S = 1
+
+
+def wait_in_steps(
+    wait: Callable[[int], bool | None], timeout_s: int | None, stop: threading.Event
+) -> bool:
+    """Wait with ``wait(seconds)`` (a query's ``awaitTermination``, the session's
+    ``awaitAnyTermination``) a step at a time, ``timeout_s`` seconds at most (None: no
+    limit), until ``stop`` is set; True if what it waited for ended."""
+    steps = itertools.count() if timeout_s is None else range(0, timeout_s, WAIT_STEP_S)
+    for _ in steps:
+        if stop.is_set():
+            return False
+        if wait(WAIT_STEP_S):
+            return True
+    return False
+
+
 def run_available_now(
-    spark: SparkSession, config: PaymentsConfig, timeout_s: int | None = None
+    spark: SparkSession,
+    config: PaymentsConfig,
+    timeout_s: int | None = None,
+    stop: threading.Event | None = None,
 ) -> list[StreamingQuery]:
     """Process what the topic holds now (``availableNow``), one query after the other, and
     return the queries that ran; it stops at the first that fails (``exception()``) or does
-    not finish within ``timeout_s`` (``isActive``).
+    not finish within ``timeout_s`` (``isActive``), or once ``stop`` is set.
 
     Not both at once: two queries starting together in one local session, both restoring
     from their checkpoints, now and then failed to deserialize a task
@@ -268,15 +295,16 @@ def run_available_now(
     """
     from pyspark.errors import StreamingQueryException
 
+    stop = stop or threading.Event()
     queries: list[StreamingQuery] = []
     for writer in _writers(spark, config, available_now=True):
         query = writer.start()
         queries.append(query)
         try:
-            finished = query.awaitTermination(timeout_s) if timeout_s else query.awaitTermination()
+            finished = wait_in_steps(query.awaitTermination, timeout_s or None, stop)
         except StreamingQueryException:
             break  # query.exception() tells the caller
-        if finished is False:
+        if not finished:
             break
     return queries
 
