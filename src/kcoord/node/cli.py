@@ -36,18 +36,12 @@ DEFAULT_CLUSTER_DIR = Path(".kcoord/cluster")
 def _dump_log(args: argparse.Namespace) -> int:
     from kcoord.node.dump_log import dump_files
 
-    try:
-        return dump_files(
-            [Path(f) for f in args.files],
-            sys.stdout,
-            print_data=args.print_data_log,
-            offsets_decoder=args.offsets_decoder,
-        )
-    except BrokenPipeError:
-        # Piped into ``head``, which has read enough: stop quietly, as kafka-dump-log.sh
-        # does. stdout goes to /dev/null so the interpreter's final flush cannot fail again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    return dump_files(  # a closed pipe (``| head``): kcoord.cli.main
+        [Path(f) for f in args.files],
+        sys.stdout,
+        print_data=args.print_data_log,
+        offsets_decoder=args.offsets_decoder,
+    )
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -137,6 +131,7 @@ def _cluster(args: argparse.Namespace) -> int:
                 kept = launcher.ClusterState.load(data_dir)
             nodes = args.nodes or (len(kept.nodes) if kept else 3)
             base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
+            launcher.check_startable(data_dir, nodes)  # refused before "starting"
             print(f"kcoord: starting {nodes} nodes in {data_dir} ...", flush=True)
             # A signal from here on stops the nodes: one during the wait for the cluster to be
             # ready killed the launcher alone, leaving its nodes running unmanaged. The handler
