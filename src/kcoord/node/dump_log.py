@@ -32,7 +32,13 @@ def _iter_file_batches(fd: int, size: int) -> Iterator[tuple[int, bytes | None, 
     while pos < size:
         head = os.pread(fd, fmt.HEADER_SIZE, pos)
         try:
-            header = fmt.parse_header(head)
+            if len(head) < fmt.HEADER_SIZE:  # as parse_header says it, at the file's position
+                raise fmt.RecordFormatError(
+                    f"truncated batch header at position {pos}: "
+                    f"{len(head)} of {fmt.HEADER_SIZE} bytes"
+                )
+            header = fmt.BatchHeader._make(fmt.HEADER.unpack(head))
+            fmt.raise_if_invalid_header(header, pos)
         except fmt.RecordFormatError as e:
             yield pos, None, str(e)
             return

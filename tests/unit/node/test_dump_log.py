@@ -78,7 +78,11 @@ def test_dump_log_reports_corruption_and_exits_nonzero(tmp_path: Path) -> None:
     result = _run(str(seg), "--print-data-log")
     assert result.returncode == 1
     assert "isvalid: false" in result.stdout
-    assert "Found 3 invalid bytes at the end" in result.stdout
+    # Its position in the file, not in the bytes read there (it said "position 0").
+    assert (
+        f"Found 3 invalid bytes at the end of {seg.name}: truncated batch header at position "
+        f"{len(data)}: 3 of {fmt.HEADER_SIZE} bytes"
+    ) in result.stdout
     missing = _run(str(tmp_path / "nope.log"))
     assert missing.returncode == 1 and "Cannot read" in missing.stdout
 
