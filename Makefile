@@ -17,7 +17,9 @@ PYTEST_ARGS ?= -m "not slow and not chaos" -n $(TEST_WORKERS) --dist loadfile
 help:
 	@echo "make up             set up and start the local cluster (see README)"
 	@echo "make test           set up, run the checks and the default test suite"
+	@echo "make test-all       every test, including slow and chaos"
 	@echo "make check          ruff, ruff format --check, mypy --strict, import-linter"
+	@echo "make format         ruff --fix and ruff format"
 	@echo "make down           stop a cluster started with 'kcoord cluster up --detach'"
 	@echo "make chaos          the chaos matrix, 10 minutes (chaos/README.md); chaos-full: 5 seeds"
 	@echo "make soak           a loaded cluster with default settings for 8 minutes (SOAK_SECONDS)"
@@ -26,6 +28,9 @@ help:
 	@echo "make bench-coordinator  group coordinator vs the tansu broker, side by side"
 	@echo "make bench-pipeline  records/s through the Spark source and the payments job"
 	@echo "make bench-failover  coordinator failover times, hot standby on and off, replay rate"
+	@echo "make bench          bench-storage, -quorum, -coordinator and -failover in a row"
+	@echo "make lab / java / prometheus / deploy-tools   the system packages tests use"
+	@echo "make clean          remove the virtualenv, the caches and bench/results"
 
 # The pipeline extra (pyspark, pyarrow, pandas: ~780 MB installed, ~75 s) is part of the setup: mypy
 # checks src/kcoord/pipeline and the pipeline tests run Spark (README, "Pipeline").

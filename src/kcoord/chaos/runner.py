@@ -859,7 +859,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     matrix.add_argument("--interval", type=float, default=5.0)
     matrix.add_argument("--out", default="chaos/results", help="summary JSON per run and overall")
     sub.add_parser("clean", help="remove lab namespaces left behind by killed runs")
-    inner = sub.add_parser("inner", help=argparse.SUPPRESS)
+    # Not for people (argparse cannot hide a subcommand: SUPPRESS showed as "==SUPPRESS==").
+    inner = sub.add_parser("inner", help="internal: one run inside its lab's namespace")
     inner.add_argument("options")
     return parser.parse_args(argv)
 

@@ -358,19 +358,7 @@ def up(
     Once ``interrupted()`` says so, the nodes started are stopped and KeyboardInterrupt raised.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
-    old: ClusterState | None = None
-    if (data_dir / STATE_FILE).exists():
-        old = ClusterState.load(data_dir)
-        if any(is_alive(n.pid, n.config_path) for n in old.nodes):
-            raise LauncherError(f"a cluster is already running from {data_dir}; 'cluster down'")
-        if len(old.nodes) != nodes:
-            # Every node is a voter, and the voters are fixed by config (Kafka's static
-            # controller.quorum.voters): starting these nodes with another voter set would
-            # let a majority of the new set commit without a majority of the old one.
-            raise LauncherError(
-                f"{data_dir} holds a {len(old.nodes)}-node cluster; start it with "
-                f"--nodes {len(old.nodes)}, or remove the directory for a new cluster"
-            )
+    old = check_startable(data_dir, nodes)
     state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
     state.cluster_id = old.cluster_id if old is not None else _cluster_id_of(state)
     for n in state.nodes:
@@ -384,6 +372,28 @@ def up(
         state.save()
         wait_ready(state, ready_timeout_s, interrupted)
     return state
+
+
+def check_startable(data_dir: Path, nodes: int) -> ClusterState | None:
+    """Raise ``LauncherError`` if ``nodes`` nodes may not start from ``data_dir``: a cluster
+    is running from it, or it holds one of another size. Returns the cluster kept there."""
+    if not (data_dir / STATE_FILE).exists():
+        return None
+    old = ClusterState.load(data_dir)
+    if any(is_alive(n.pid, n.config_path) for n in old.nodes):
+        raise LauncherError(
+            f"a cluster is already running from {data_dir}; stop it first with "
+            "'kcoord cluster down'"
+        )
+    if len(old.nodes) != nodes:
+        # Every node is a voter, and the voters are fixed by config (Kafka's static
+        # controller.quorum.voters): starting these nodes with another voter set would
+        # let a majority of the new set commit without a majority of the old one.
+        raise LauncherError(
+            f"{data_dir} holds a {len(old.nodes)}-node cluster; start it with "
+            f"--nodes {len(old.nodes)}, or remove the directory for a new cluster"
+        )
+    return old
 
 
 def _cluster_id_of(state: ClusterState) -> str | None:
