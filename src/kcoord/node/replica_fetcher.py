@@ -48,7 +48,13 @@ from kcoord.cluster.fetch_session import FetchItem, FetchSessionHandler, TopicPa
 from kcoord.errors import Errors
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
-from kcoord.node.rpc import RpcClient, RpcClientError, RpcClientPool, RpcRemoteError
+from kcoord.node.rpc import (
+    MAX_ANSWER_BYTES,
+    RpcClient,
+    RpcClientError,
+    RpcClientPool,
+    RpcRemoteError,
+)
 from kcoord.raft.image import RoleChange
 from kcoord.storage import format as fmt
 from kcoord.storage.epoch import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
@@ -402,7 +408,12 @@ class ReplicaFetcherManager:
         }
         try:
             reply = await client.call(
-                "ReplicaFetch", request, self.max_wait_ms / 1000 + self.rpc_timeout_s
+                "ReplicaFetch",
+                request,
+                self.max_wait_ms / 1000 + self.rpc_timeout_s,
+                # Its first batch comes whole, however large (Kafka's fetch): up to what a
+                # produce request may carry, past the RPC's usual 64 MiB.
+                max_answer_bytes=MAX_ANSWER_BYTES,
             )
         except BaseException:
             session.reset()  # the leader may or may not have taken this request

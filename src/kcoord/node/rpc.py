@@ -19,11 +19,11 @@ Payloads and results are plain msgpack values: nil, bool, int, float, str, bin, 
 (packed with ``use_bin_type=True``, unpacked with ``raw=False, strict_map_key=False``, so str and
 bytes stay apart and map keys may be ints). Extension types are refused, except msgpack's own
 timestamp (it decodes to a harmless ``msgpack.Timestamp``; do not send one). Nothing is ever
-pickled. A request's ``length`` is 1..``max_frame_bytes`` (64 MiB by default): what a peer may
-send unasked is bounded. An answer's is 1..``max_answer_bytes``, by default anything the u32 can
-state: a replica fetch's answer carries its first batch whole however large (Kafka's fetch
-does), and a batch is bounded only by the produce request that brought it
-(``socket.request.max.bytes``, up to 2 GiB).
+pickled. ``length`` is 1..``max_frame_bytes`` (64 MiB by default), but for the answer of a call
+made with a larger ``max_answer_bytes``: a replica fetch's answer carries its first batch whole
+however large (Kafka's fetch does), and a batch is bounded only by the produce request that
+brought it (``socket.request.max.bytes``, up to 2 GiB). A frame a client did not ask for so
+large breaks its connection.
 
 Theory of operation
 -------------------
@@ -64,8 +64,8 @@ from kcoord.node.clock import SYSTEM_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-MAX_FRAME_BYTES: Final = 64 * 1024 * 1024  # a request's
-MAX_ANSWER_BYTES: Final = 2**32 - 1  # an answer's: see the module docstring
+MAX_FRAME_BYTES: Final = 64 * 1024 * 1024
+MAX_ANSWER_BYTES: Final = 2**32 - 1  # what the u32 length can state: see the module docstring
 MAX_IN_FLIGHT: Final = 128  # requests of one connection handled or answered at once
 # Connections a server takes at once (the nodes, their pools and the operator tools need a
 # few dozen): beyond, a new one is closed at once. Without a cap one peer took every file
@@ -146,18 +146,23 @@ def decode_body(data: bytes) -> Any:
 
 
 async def read_frame(
-    reader: asyncio.StreamReader, max_frame_bytes: int, *, off_loop_bytes: int | None = None
+    reader: asyncio.StreamReader,
+    max_frame_bytes: int | Callable[[], int],
+    *,
+    off_loop_bytes: int | None = None,
 ) -> Any:
     """Read and decode one frame; one of at least ``off_loop_bytes`` is decoded on a worker
-    thread (msgpack holds the loop a second for 16 MiB of small values).
+    thread (msgpack holds the loop a second for 16 MiB of small values). ``max_frame_bytes``
+    may be asked for once the length is read.
 
     Raises ``asyncio.IncompleteReadError`` at end of stream (``partial`` empty if it ended
     between frames) and ``FrameError`` for a bad length or body.
     """
     header = await reader.readexactly(_HEADER.size)
     (length,) = _HEADER.unpack(header)
-    if not 0 < length <= max_frame_bytes:
-        raise FrameError(f"frame length {length} is outside 1..{max_frame_bytes}")
+    limit = max_frame_bytes if isinstance(max_frame_bytes, int) else max_frame_bytes()
+    if not 0 < length <= limit:
+        raise FrameError(f"frame length {length} is outside 1..{limit}")
     data = await reader.readexactly(length)
     if off_loop_bytes is not None and length >= off_loop_bytes:
         return await asyncio.to_thread(decode_body, data)
@@ -442,22 +447,26 @@ class _Connection:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         address: str,
-        max_answer_bytes: int,
+        max_frame_bytes: int,
     ) -> None:
         self._reader = reader
         self._writer = writer
         self._address = address
-        self._max_answer_bytes = max_answer_bytes
+        self._max_frame_bytes = max_frame_bytes
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        # The pending calls that take answers longer than max_frame_bytes, and how long.
+        self._answer_limits: dict[int, int] = {}
         self.closed = False
         self._close_reason = ""
         self._reader_task = asyncio.create_task(self._read_answers())
 
-    async def request(self, request_id: int, frame: bytes) -> Any:
+    async def request(self, request_id: int, frame: bytes, max_answer_bytes: int) -> Any:
         if self.closed or self._writer.is_closing():
             raise RpcConnectionError(f"{self._address}: {self._close_reason or 'closing'}")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        if max_answer_bytes > self._max_frame_bytes:
+            self._answer_limits[request_id] = max_answer_bytes
         try:
             self._writer.write(frame)
             await self._writer.drain()
@@ -466,6 +475,7 @@ class _Connection:
             raise RpcConnectionError(f"{self._address}: connection lost: {e}") from e
         finally:
             del self._pending[request_id]
+            self._answer_limits.pop(request_id, None)
             if future.done() and not future.cancelled():
                 future.exception()  # failed by _shut while drain() raised: seen, not lost
 
@@ -473,7 +483,9 @@ class _Connection:
         reason = "connection closed by the server"
         try:
             while True:
-                body = await read_frame(self._reader, self._max_answer_bytes)
+                body = await read_frame(
+                    self._reader, self._answer_limit, off_loop_bytes=OFF_LOOP_FRAME_BYTES
+                )
                 request_id, ok, payload = _parse_response(body)
                 future = self._pending.get(request_id)
                 if future is None or future.done():
@@ -494,6 +506,11 @@ class _Connection:
             raise
         finally:
             self._shut(reason)
+
+    def _answer_limit(self) -> int:
+        """The longest frame the calls waiting may be answered with: a longer one (an answer
+        nobody asked for so long) breaks the connection before it is read."""
+        return max([self._max_frame_bytes, *self._answer_limits.values()])
 
     @property
     def busy(self) -> bool:
@@ -530,14 +547,12 @@ class RpcClient:
         reconnect_backoff_ms: int = 50,
         reconnect_backoff_max_ms: int = 1000,
         max_frame_bytes: int = MAX_FRAME_BYTES,
-        max_answer_bytes: int = MAX_ANSWER_BYTES,
         idle_ms: int = CLIENT_IDLE_MS,
         clock: Clock = SYSTEM_CLOCK,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         assert 0 <= reconnect_backoff_ms <= reconnect_backoff_max_ms
         assert max_frame_bytes > 0, max_frame_bytes
-        assert 0 < max_answer_bytes <= MAX_ANSWER_BYTES, max_answer_bytes
         self.host = host
         self.port = port
         self._address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -545,7 +560,6 @@ class RpcClient:
         self._reconnect_backoff_ms = reconnect_backoff_ms
         self._reconnect_backoff_max_ms = reconnect_backoff_max_ms
         self._max_frame_bytes = max_frame_bytes
-        self._max_answer_bytes = max_answer_bytes
         self._clock = clock
         self._sleep = sleep
         self._request_ids = itertools.count(1)
@@ -563,8 +577,11 @@ class RpcClient:
     def is_connected(self) -> bool:
         return self._connection is not None and not self._connection.closed
 
-    async def call(self, method: str, payload: Any, timeout_s: float) -> Any:
-        """Send ``method(payload)`` and return the result.
+    async def call(
+        self, method: str, payload: Any, timeout_s: float, *, max_answer_bytes: int | None = None
+    ) -> Any:
+        """Send ``method(payload)`` and return the result, whose frame may be
+        ``max_answer_bytes`` long (default: ``max_frame_bytes``).
 
         Raises ``RpcTimeout``, ``RpcConnectionError`` or ``RpcRemoteError`` (all
         ``RpcClientError``); ``TypeError`` or ``ValueError`` if ``payload`` is not a plain
@@ -572,6 +589,8 @@ class RpcClient:
         """
         if self._closed:
             raise RpcConnectionError(f"{self._address}: client closed")
+        answer_limit = self._max_frame_bytes if max_answer_bytes is None else max_answer_bytes
+        assert 0 < answer_limit <= MAX_ANSWER_BYTES, answer_limit
         request_id = next(self._request_ids)
         frame = encode_frame([request_id, method, payload], self._max_frame_bytes)
         now = self._clock.monotonic_ms()
@@ -590,7 +609,7 @@ class RpcClient:
         try:
             async with asyncio.timeout(timeout_s):
                 connection = await self._connected()
-                return await connection.request(request_id, frame)
+                return await connection.request(request_id, frame, answer_limit)
         except TimeoutError:
             raise RpcTimeout(f"{method} to {self._address}: no answer in {timeout_s}s") from None
         finally:
@@ -656,7 +675,7 @@ class RpcClient:
             raise RpcConnectionError(f"{self._address}: cannot connect: {e}") from e
         self._failed_attempts = 0
         self.connects += 1
-        connection = _Connection(reader, writer, self._address, self._max_answer_bytes)
+        connection = _Connection(reader, writer, self._address, self._max_frame_bytes)
         self._connection = connection
         return connection
 

@@ -36,7 +36,7 @@ from kcoord.node.replica_manager import (
     Partition,
     ReplicaManager,
 )
-from kcoord.node.rpc import RpcClient, RpcClientPool
+from kcoord.node.rpc import MAX_ANSWER_BYTES, RpcClient, RpcClientPool
 from kcoord.node.server import Node as ServerNode
 from kcoord.raft import records as rec
 from kcoord.raft.controller import Controller, ControllerConfig
@@ -60,9 +60,12 @@ class _Handlers:
         self.leader = leader
         self.sent = sent
 
-    async def call(self, method: str, payload: Any, timeout: float) -> Any:
+    async def call(
+        self, method: str, payload: Any, timeout: float, *, max_answer_bytes: int | None = None
+    ) -> Any:
         self.sent.append((method, payload))
         if method == "ReplicaFetch":
+            assert max_answer_bytes == MAX_ANSWER_BYTES  # its first batch whole, however large
             return await self.leader.handle_replica_fetch(payload)
         assert method == "EpochEndOffset", method
         return await self.leader.handle_epoch_end_offset(payload)

@@ -295,23 +295,65 @@ def test_an_answer_may_be_longer_than_a_request_may(run: Run) -> None:
             serving({"big": big}, max_frame_bytes=1024) as server,
             client_of(server.port, max_frame_bytes=1024) as client,
         ):
-            assert await client.call("big", None, 5.0) == b"x" * 2000
+            assert await client.call("big", None, 5.0, max_answer_bytes=4096) == b"x" * 2000
 
     run(main())
 
 
-def test_an_answer_longer_than_the_client_takes_breaks_only_that_connection(run: Run) -> None:
+def test_an_answer_longer_than_any_call_asked_for_breaks_only_that_connection(
+    run: Run,
+) -> None:
+    """A frame over max_frame_bytes is read only while a call that asked for one that long
+    waits: a peer could otherwise send 4 GiB the client never asked for."""
+
     async def big(payload: Any) -> Any:
         return b"x" * 2000
 
     async def main() -> None:
         async with (
             serving({"big": big, "echo": echo}) as server,
-            client_of(server.port, max_answer_bytes=1024) as client,
+            client_of(server.port, max_frame_bytes=1024) as client,
         ):
             with pytest.raises(RpcConnectionError, match=r"outside 1\.\.1024"):
                 await client.call("big", None, 5.0)
             assert await client.call("echo", 1, 5.0) == 1
+            with pytest.raises(RpcConnectionError, match=r"outside 1\.\.1500"):
+                await client.call("big", None, 5.0, max_answer_bytes=1500)
+            assert await client.call("big", None, 5.0, max_answer_bytes=2048) == b"x" * 2000
+            assert client.connects == 3
+
+    run(main())
+
+
+def test_a_long_frame_nobody_waits_for_breaks_the_connection(run: Run) -> None:
+    """Once the call that asked for a long answer is gone (it timed out), a long frame is
+    refused before its body is read."""
+
+    async def main() -> None:
+        served = asyncio.Event()
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                await read_frame(reader, 1 << 20)
+                await asyncio.sleep(0.3)  # past the call's timeout
+                writer.write(struct.pack(">I", 8 << 20))  # claims 8 MiB, sends none of it
+                await writer.drain()
+                await reader.read()  # until the client closes
+            finally:
+                writer.close()
+                served.set()
+
+        server = await asyncio.start_server(serve, HOST, 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            async with client_of(port, max_frame_bytes=1024) as client:
+                with pytest.raises(RpcTimeout):
+                    await client.call("slow", None, 0.1, max_answer_bytes=16 << 20)
+                await poll_until(lambda: not client.is_connected)
+            await served.wait()
+        finally:
+            server.close()
+            await server.wait_closed()
 
     run(main())
 
