@@ -328,7 +328,9 @@ def test_payments_totals_match_reference_and_malformed_go_to_the_dlq(
         assert all(lag == 0 for _, lag in lags.values()), (group, lags)
 
 
-def pipeline_cmd(cluster: LocalCluster, tmp_path: Path, *extra: str) -> list[str]:
+def pipeline_cmd(
+    cluster: LocalCluster, tmp_path: Path, *extra: str, topic: str = "pay-b"
+) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -339,11 +341,11 @@ def pipeline_cmd(cluster: LocalCluster, tmp_path: Path, *extra: str) -> list[str
         "--bootstrap-server",
         bootstrap(cluster),
         "--topic",
-        "pay-b",
+        topic,
         "--totals-topic",
-        "pay-b-totals",
+        f"{topic}-totals",
         "--dlq-topic",
-        "pay-b-dlq",
+        f"{topic}-dlq",
         "--checkpoint",
         str(tmp_path / "ck"),
         "--output",
@@ -438,28 +440,31 @@ def test_payments_job_stopped_with_ctrl_c_exits_cleanly(
     run as its --timeout would: exit 0, the last batch ids printed, no traceback. The
     handler stopped the queries itself, in the middle of the main thread's call into Spark:
     py4j failed on both ("reentrant call"), a traceback each, and the job exited 1."""
-    create_topics(cluster, "pay-b", "pay-b-totals", "pay-b-dlq")
-    generate(bootstrap(cluster), "pay-b", rate=200, duration_s=1.0, accounts=4, seed=5)
-    job = subprocess.Popen(
-        pipeline_cmd(cluster, tmp_path, "--trigger-interval", "1 second"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=jvm_temp_in(tmp_path / "tmp"),
-    )
-    try:
-        wait_for(
-            lambda: any((tmp_path / "out").glob("batch_id=*/_SUCCESS")),
-            "a micro-batch of totals",
-            deadline_s=QUERY_TIMEOUT_S,
+    create_topics(cluster, "pay-c", "pay-c-totals", "pay-c-dlq")  # the module shares a cluster
+    generate(bootstrap(cluster), "pay-c", rate=200, duration_s=1.0, accounts=4, seed=5)
+    # Into files: pipes left unread while the job runs could fill with Spark's log and stall it.
+    with (tmp_path / "out.log").open("w") as out_log, (tmp_path / "err.log").open("w") as err_log:
+        job = subprocess.Popen(
+            pipeline_cmd(cluster, tmp_path, "--trigger-interval", "1 second", topic="pay-c"),
+            stdout=out_log,
+            stderr=err_log,
+            start_new_session=True,
+            env=jvm_temp_in(tmp_path / "tmp"),
         )
-        os.killpg(job.pid, signal.SIGINT)
-        out, err = job.communicate(timeout=120)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=60)
+        try:
+            wait_for(
+                lambda: any((tmp_path / "out").glob("batch_id=*/_SUCCESS")),
+                "a micro-batch of totals",
+                deadline_s=QUERY_TIMEOUT_S,
+            )
+            os.killpg(job.pid, signal.SIGINT)
+            job.wait(timeout=120)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait(timeout=60)
+    out = (tmp_path / "out.log").read_text()
+    err = (tmp_path / "err.log").read_text()
     assert job.returncode == 0, err[-4000:]
     assert "Traceback" not in err, err[-4000:]
     last = json.loads(out.strip().splitlines()[-1])

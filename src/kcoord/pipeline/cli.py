@@ -71,6 +71,9 @@ def _payments(args: argparse.Namespace) -> int:
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
         stop.set()
+        # A second one is not asked: a stop of the queries or of Spark that hangs is cut.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
