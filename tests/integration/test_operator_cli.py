@@ -569,6 +569,24 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
         "Error while executing topic command : Topic 'cli-topic': TOPIC_ALREADY_EXISTS"
     )
 
+    # kafka-topics.sh --alter: more partitions; fewer is the broker's INVALID_PARTITIONS.
+    alter = ("topics", "alter", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
+    grown = kcoord(*alter, "--partitions", "6")
+    assert (grown.code, grown.out, grown.err) == (0, "", "")
+    wait_for(lambda: _leaders(bootstrap, "cli-topic") == 6, "leaders of 6 partitions")
+    shrunk = kcoord(*alter, "--partitions", "2")
+    assert shrunk.code == 1
+    assert shrunk.err.startswith(
+        "Error while executing topic command : Topic 'cli-topic': INVALID_PARTITIONS"
+    )
+    missing = kcoord(
+        "topics", "alter", "--topic", "nope", "--partitions", "2", "--bootstrap-server", bootstrap
+    )
+    assert (missing.code, missing.err) == (
+        1,
+        "Error while executing topic command : Topic 'nope' does not exist as expected\n",
+    )
+
     deleted = kcoord("topics", "delete", "--topic", "cli-topic", "--bootstrap-server", bootstrap)
     assert (deleted.code, deleted.out, deleted.err) == (0, "", "")
     wait_for(

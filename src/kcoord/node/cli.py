@@ -6,7 +6,7 @@ Subcommands:
   quorum describe --bootstrap-server H:P      like kafka-metadata-quorum.sh describe
   dump-log FILE... [--print-data-log] [--offsets-decoder]   like kafka-dump-log.sh
   groups list|describe|reset-offsets|delete   like kafka-consumer-groups.sh (groups_tool)
-  topics list|describe|create|delete          like kafka-topics.sh (topics_tool)
+  topics list|describe|create|alter|delete    like kafka-topics.sh (topics_tool)
   configs describe|alter                      like kafka-configs.sh (configs_tool)
 
 (``kcoord chaos ...`` is dispatched before this by ``kcoord.cli``.)

@@ -5,18 +5,21 @@
   topics list [--exclude-internal]
   topics describe [--topic T...] [--exclude-internal]
   topics create --topic T [--partitions N] [--replication-factor R] [--config K=V...]
+  topics alter --topic T --partitions N
   topics delete --topic T...
 
 Through the Kafka protocol (``tool_client``): Metadata v12 for list and describe, CreateTopics
-v7, DeleteTopics v6. ``describe`` prints Kafka's ``TopicCommand`` lines::
+v7, CreatePartitions v3 (``alter``: ``kafka-topics.sh --alter``, the partition count only;
+configs are ``kcoord configs``' as they are kafka-configs.sh's), DeleteTopics v6.
+``describe`` prints Kafka's ``TopicCommand`` lines::
 
   Topic: T<TAB>TopicId: ID<TAB>PartitionCount: N<TAB>ReplicationFactor: R<TAB>Configs: k=v,...
   <TAB>Topic: T<TAB>Partition: 0<TAB>Leader: 1<TAB>Replicas: 1,2,3<TAB>Isr: 1,2,3
 
 (Kafka 3.9+ adds ELR columns from DescribeTopicPartitions, which this leaves out.) Configs lists
 the topic's own (non-default) configs from DescribeConfigs v4 (empty if a broker does not
-serve it). A partition without a leader shows
-``Leader: none``. ``create`` prints "Created topic T."; ``delete`` prints nothing, as Kafka's.
+serve it). A partition without a leader shows ``Leader: none``. ``create`` prints "Created
+topic T."; ``alter`` and ``delete`` print nothing, as Kafka's.
 Errors go to stderr as "Error while executing topic command : ..." and exit 1.
 """
 
@@ -29,6 +32,7 @@ from typing import Any, Final
 
 from kcoord.errors import Errors
 from kcoord.node.tool_client import (
+    CREATE_PARTITIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
@@ -170,6 +174,32 @@ def _create(client: ToolClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def _alter(client: ToolClient, args: argparse.Namespace) -> int:
+    """``TopicCommand.alterTopic``: CreatePartitions up to ``--partitions``. A topic that does
+    not exist is reported as Kafka's ``ensureTopicExists`` reports it."""
+    if args.partitions < 1:
+        raise ToolError("The partitions must be greater than 0")
+    values = {
+        "topics": [{"name": args.topic, "count": args.partitions, "assignments": None}],
+        "timeout": client.timeout_ms,
+        "validate_only": False,
+    }
+
+    def attempt() -> Any:
+        result = client.send_any(CREATE_PARTITIONS, values).results[0]
+        if int(result.error_code) == Errors.NOT_CONTROLLER:
+            raise RetriableError(error_name(Errors.NOT_CONTROLLER))
+        return result
+
+    result = client.retrying(f"adding partitions to topic '{args.topic}'", attempt)
+    code = int(result.error_code)
+    if code == Errors.UNKNOWN_TOPIC_OR_PARTITION:
+        raise ToolError(f"Topic '{args.topic}' does not exist as expected")
+    if code != Errors.NONE:
+        raise KafkaError(code, f"Topic '{args.topic}'", result.error_message)
+    return 0
+
+
 def _delete(client: ToolClient, args: argparse.Namespace) -> int:
     names = list(dict.fromkeys(args.topic))
     values = {
@@ -195,7 +225,13 @@ def _delete(client: ToolClient, args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    commands = {"list": _list, "describe": _describe, "create": _create, "delete": _delete}
+    commands = {
+        "list": _list,
+        "describe": _describe,
+        "create": _create,
+        "alter": _alter,
+        "delete": _delete,
+    }
     return run_tool(commands[args.topics_command], args, error_prefix=ERROR_PREFIX)
 
 
@@ -215,8 +251,11 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
         "--replication-factor", type=int, help="default: the broker's default.replication.factor"
     )
     create.add_argument("--config", action="append", metavar="KEY=VALUE", help="repeatable")
+    alter = tsub.add_parser("alter", help="CreatePartitions: raise the partition count")
+    alter.add_argument("--topic", required=True)
+    alter.add_argument("--partitions", type=int, required=True, help="the new partition count")
     delete = tsub.add_parser("delete", help="DeleteTopics")
     delete.add_argument("--topic", action="append", required=True, metavar="TOPIC")
-    for p in (listing, describe, create, delete):
+    for p in (listing, describe, create, alter, delete):
         add_connection_arguments(p, default_cluster_dir)
     topics.set_defaults(func=_run)
