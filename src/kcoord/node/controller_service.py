@@ -352,9 +352,9 @@ class ControllerService:
             now_ms = self.monotonic_ms()
             # Decided in parts, each on the image with the one before applied (and nothing
             # else: the lock is held): the whole decision, at 50,000 partitions, held this
-            # node's loop for a second.
+            # node's loop for a second. A part and its FenceBroker fill one batch.
             for fenced in controller.fence_stale_brokers(
-                lambda: self.cache.image, now_ms, max_changes=MAX_RECORDS_PER_BATCH
+                lambda: self.cache.image, now_ms, max_changes=MAX_RECORDS_PER_BATCH - 1
             ):
                 if fenced.response:
                     log.warning(

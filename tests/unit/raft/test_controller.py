@@ -648,6 +648,39 @@ def test_fencing_decided_in_parts_ends_where_fencing_at_once_does(max_changes: i
         assert parts.image.partitions_of(topic_id) == whole.image.partitions_of(topic_id)
 
 
+@pytest.mark.parametrize("max_changes", [1, 2])
+def test_fencing_in_parts_sees_an_isr_another_brokers_part_moved_it_into(
+    max_changes: int,
+) -> None:
+    """KIP-966: fencing broker 1 elects broker 3 from the ELR into the ISR; broker 3, stale
+    too, must then leave that ISR as well. Decided in parts, its partitions are chosen once
+    broker 1's parts are applied, and the end is the one whole decision's."""
+
+    def stale_cluster() -> Cluster:
+        cluster = three_brokers()
+        cluster.create_topic("t", T1, 3, 3, {"min.insync.replicas": "2"})
+        cluster.commit(cluster.heartbeat(2, 100, want_fence=True).records)
+        cluster.commit(cluster.heartbeat(3, 100, want_fence=True).records)
+        cluster.commit(cluster.heartbeat(3, 200).records)  # back, unfenced: in the ELR
+        cluster.commit(cluster.heartbeat(2, 200).records)
+        cluster.commit(cluster.heartbeat(2, 1000).records)  # 1 and 3 go stale
+        assert {(s.isr, s.elr) for s in cluster.image.partitions_of(T1)} == {((1,), (3,))}
+        return cluster
+
+    whole = stale_cluster()
+    at_once = whole.fence_stale(SESSION_MS + 201)
+    assert at_once.response == (1, 3)
+    whole.commit(at_once.records)
+    parts = stale_cluster()
+    for result in parts.controller.fence_stale_brokers(
+        lambda: parts.image, SESSION_MS + 201, max_changes=max_changes
+    ):
+        parts.commit(result.records)
+    assert parts.image.partitions_of(T1) == whole.image.partitions_of(T1)
+    assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [2]
+    assert all(s.isr == () and s.leader == NO_LEADER for s in parts.image.partitions_of(T1))
+
+
 def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
     """A partition whose log failed to load on its leader stayed led there, unavailable:
     the heartbeat names it, and the controller elects another ISR member
