@@ -150,10 +150,8 @@ def _cluster(args: argparse.Namespace) -> int:
             state = started = launcher.up(
                 data_dir, nodes, base_port, interrupted=lambda: stop["now"]
             )
-            print(
-                f"kcoord: cluster ready; bootstrap servers: {state.bootstrap_servers}", flush=True
-            )
-            _print_status(launcher.status(state))
+            print("kcoord: cluster ready", flush=True)
+            _print_status(launcher.status(state))  # the bootstrap servers first
             if args.detach:
                 return 0
             print("kcoord: running in the foreground; Ctrl-C stops every node", flush=True)
