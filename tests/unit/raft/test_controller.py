@@ -610,6 +610,27 @@ def test_fencing_moves_leaderships_and_leaves_the_isr() -> None:
     assert cluster.image.partitions_with_isr_member(1) == []
 
 
+Fenced = ControllerResult[tuple[int, ...]]
+
+
+def fenced_at_once_and_in_parts(
+    stale_cluster: Callable[[], Cluster], now_ms: int, max_changes: int
+) -> tuple[Cluster, Fenced, Cluster, list[Fenced]]:
+    """The same cluster twice: fenced in one decision, and in parts of ``max_changes``, each
+    part committed before the next is decided. Both clusters and their results."""
+    whole = stale_cluster()
+    at_once = whole.fence_stale(now_ms)
+    whole.commit(at_once.records)
+    parts = stale_cluster()
+    results = []
+    for result in parts.controller.fence_stale_brokers(
+        lambda: parts.image, now_ms, max_changes=max_changes
+    ):
+        results.append(result)
+        parts.commit(result.records)
+    return whole, at_once, parts, results
+
+
 @pytest.mark.parametrize("max_changes", [1, 2, 5])
 def test_fencing_decided_in_parts_ends_where_fencing_at_once_does(max_changes: int) -> None:
     """In parts of ``max_changes``, each decided on the image with the one before applied, a
@@ -624,25 +645,15 @@ def test_fencing_decided_in_parts_ends_where_fencing_at_once_does(max_changes: i
         cluster.commit(cluster.heartbeat(1, 1000).records)  # 2 and 3 go stale
         return cluster
 
-    whole = stale_cluster()
-    at_once = whole.fence_stale(SESSION_MS + 1)
+    whole, at_once, parts, results = fenced_at_once_and_in_parts(
+        stale_cluster, SESSION_MS + 1, max_changes
+    )
     assert at_once.response == (2, 3)
-    whole.commit(at_once.records)
-
-    parts = stale_cluster()
-    fenced: list[int] = []
-    results = 0
-    for result in parts.controller.fence_stale_brokers(
-        lambda: parts.image, SESSION_MS + 1, max_changes=max_changes
-    ):
-        results += 1
+    assert len(results) > 2
+    for result in results:
         assert sum(isinstance(r, PartitionChange) for r in result.records) <= max_changes
-        if results == 1:
-            assert result.response == ()  # broker 2 left some ISRs, not fenced yet
-        parts.commit(result.records)
-        fenced.extend(result.response)
-    assert fenced == [2, 3]
-    assert results > 2
+    assert results[0].response == ()  # broker 2 left some ISRs, not fenced yet
+    assert [b for result in results for b in result.response] == [2, 3]
     assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [1]
     for topic_id in (T1, T2):
         assert parts.image.partitions_of(topic_id) == whole.image.partitions_of(topic_id)
@@ -667,15 +678,10 @@ def test_fencing_in_parts_sees_an_isr_another_brokers_part_moved_it_into(
         assert {(s.isr, s.elr) for s in cluster.image.partitions_of(T1)} == {((1,), (3,))}
         return cluster
 
-    whole = stale_cluster()
-    at_once = whole.fence_stale(SESSION_MS + 201)
+    whole, at_once, parts, _ = fenced_at_once_and_in_parts(
+        stale_cluster, SESSION_MS + 201, max_changes
+    )
     assert at_once.response == (1, 3)
-    whole.commit(at_once.records)
-    parts = stale_cluster()
-    for result in parts.controller.fence_stale_brokers(
-        lambda: parts.image, SESSION_MS + 201, max_changes=max_changes
-    ):
-        parts.commit(result.records)
     assert parts.image.partitions_of(T1) == whole.image.partitions_of(T1)
     assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [2]
     assert all(s.isr == () and s.leader == NO_LEADER for s in parts.image.partitions_of(T1))
