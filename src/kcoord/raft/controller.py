@@ -42,11 +42,11 @@ Broker lifecycle (``ClusterControlManager``, ``BrokerHeartbeatManager``):
   ``want_fence`` fences; ``want_shut_down`` fences (moving leaderships away, a simple controlled
   shutdown) and answers ``should_shut_down`` once the broker is fenced and has replayed the log
   past the fencing.
-- ``maybe_fence_stale_brokers``: fences every unfenced broker without a heartbeat for more than
+- ``fence_stale_brokers``: fences every unfenced broker without a heartbeat for more than
   ``broker_session_timeout_ms`` (``BrokerHeartbeatTracker.isExpired``: expired when
-  ``last_contact + timeout < now``). ``fence_stale_brokers`` decides the same in parts of a
-  bounded size, each on the image with the one before applied: the whole decision took a
-  second of the node's event loop at 50,000 partitions.
+  ``last_contact + timeout < now``), in one result or in parts of a bounded size, each on the
+  image with the one before applied: the whole decision took a second of the node's event
+  loop at 50,000 partitions.
 
 Partitions (``ReplicationControlManager``, ``PartitionChangeBuilder``):
 
@@ -993,12 +993,6 @@ class Controller:
             working, eligible, records, broker_with_unclean_shutdown=request.broker_id
         )
 
-    def maybe_fence_stale_brokers(
-        self, image: MetadataImage, now_ms: int
-    ) -> ControllerResult[tuple[int, ...]]:
-        """Fence the unfenced brokers whose session expired; the reply lists them."""
-        return next(self.fence_stale_brokers(lambda: image, now_ms))
-
     def fence_stale_brokers(
         self,
         current_image: Callable[[], MetadataImage],
@@ -1006,9 +1000,9 @@ class Controller:
         *,
         max_changes: int | None = None,
     ) -> Iterator[ControllerResult[tuple[int, ...]]]:
-        """``maybe_fence_stale_brokers`` in parts: each result changes at most
-        ``max_changes`` partitions (None: one result), and its reply lists the brokers it
-        fences. The caller applies each result before it asks for the next, which is decided
+        """Fence the unfenced brokers whose session expired, in results that change at most
+        ``max_changes`` partitions each (None: one result); a reply lists the brokers its
+        result fences. The caller applies each result before it asks for the next, which is decided
         on ``current_image()``; nothing else may change the image between them: a broker's
         partitions are chosen when its first part is decided (Kafka's ``handleBrokerFenced``
         decides them all at once). A broker is fenced by the result that changes the last of

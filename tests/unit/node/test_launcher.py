@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kcoord.node import launcher
+from kcoord.node import cli, launcher
 
 
 def _state() -> launcher.ClusterState:
@@ -157,3 +157,21 @@ def test_an_interrupted_up_stops_the_nodes_it_started(
     with pytest.raises(KeyboardInterrupt):
         launcher.up(tmp_path, 3, 30_000, interrupted=lambda: True)
     assert stopped == [1, 2, 3]
+
+
+def test_cluster_up_refuses_a_running_cluster_before_it_says_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``cluster up`` over a running cluster printed "starting 3 nodes" and then refused;
+    it refuses first, naming the command that stops it, and starts nothing."""
+    nodes = [
+        launcher.NodeProcess(i, "127.0.0.1", 9000 + i, 9100 + i, 9200 + i, 9300 + i, f"/n{i}")
+        for i in (1, 2, 3)
+    ]
+    launcher.ClusterState(str(tmp_path), nodes).save()
+    monkeypatch.setattr(launcher, "is_alive", lambda pid, config_path=None: True)
+    monkeypatch.setattr(launcher, "start_node", lambda node: pytest.fail("started a node"))
+    assert cli.main(["cluster", "up", "--detach", "--data-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "starting" not in out + err
+    assert "already running" in err and "'kcoord cluster down'" in err

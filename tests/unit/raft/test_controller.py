@@ -176,7 +176,10 @@ class Cluster:
         )
 
     def fence_stale(self, now_ms: int) -> ControllerResult[tuple[int, ...]]:
-        return self.decide(lambda image: self.controller.maybe_fence_stale_brokers(image, now_ms))
+        """The whole decision, one result (``fence_stale_brokers`` without parts)."""
+        return self.decide(
+            lambda image: next(self.controller.fence_stale_brokers(lambda: image, now_ms))
+        )
 
     def state(self, topic_id: str, partition: int) -> PartitionState:
         result = self.image.partition(topic_id, partition)
