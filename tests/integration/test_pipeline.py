@@ -445,7 +445,12 @@ def test_payments_job_stopped_with_ctrl_c_exits_cleanly(
     # Into files: pipes left unread while the job runs could fill with Spark's log and stall it.
     with (tmp_path / "out.log").open("w") as out_log, (tmp_path / "err.log").open("w") as err_log:
         job = subprocess.Popen(
-            pipeline_cmd(cluster, tmp_path, "--trigger-interval", "1 second", topic="pay-c"),
+            pipeline_cmd(
+                cluster,
+                tmp_path,
+                *("--max-offsets-per-trigger", "50", "--trigger-interval", "1 second"),
+                topic="pay-c",
+            ),
             stdout=out_log,
             stderr=err_log,
             start_new_session=True,
@@ -453,8 +458,11 @@ def test_payments_job_stopped_with_ctrl_c_exits_cleanly(
         )
         try:
             wait_for(
-                lambda: any((tmp_path / "out").glob("batch_id=*/_SUCCESS")),
-                "a micro-batch of totals",
+                # Two: the first one's progress is recorded (lastProgress, which the job
+                # prints) once it ends, after its output is written; it has ended when the
+                # second's output is there. (CI: stopped between the two, it printed None.)
+                lambda: len(list((tmp_path / "out").glob("batch_id=*/_SUCCESS"))) >= 2,
+                "two micro-batches of totals",
                 deadline_s=QUERY_TIMEOUT_S,
             )
             os.killpg(job.pid, signal.SIGINT)
