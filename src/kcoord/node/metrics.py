@@ -426,7 +426,7 @@ class NodeCollector:
         yield _gauge(
             "kcoord_controller_offline_partitions",
             "On the active controller: partitions without a leader.",
-            len(image.leaderless_partitions()) if active else 0,
+            len(image.leaderless()) if active else 0,
         )
 
     # -----------------------------------------------------------------------------------------

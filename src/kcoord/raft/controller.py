@@ -787,6 +787,16 @@ class _Working:
             (self.image.isr_memberships(broker_id) - self._partitions.keys()) | {*changed}
         )
 
+    def leaderless_hosted_by(self, broker_id: int) -> list[TopicIdPartition]:
+        """The partitions without a leader that have the broker among their replicas, sorted:
+        ``partitions_where`` for them, sorting only those that match."""
+        tps = self.image.leaderless() | self._partitions.keys()
+        return sorted(
+            tp
+            for tp in tps
+            if (state := self.partition(tp)).leader == NO_LEADER and broker_id in state.replicas
+        )
+
     def partitions_where(
         self, candidates: Iterable[PartitionState], predicate: Callable[[PartitionState], bool]
     ) -> list[TopicIdPartition]:
@@ -921,12 +931,22 @@ class Controller:
         return BrokerHeartbeatReply(Errors.NONE, caught_up, registration.fenced)
 
     def broker_heartbeat(
-        self, image: MetadataImage, request: BrokerHeartbeatRequest, now_ms: int
-    ) -> ControllerResult[BrokerHeartbeatReply]:
-        """Handle a BrokerHeartbeat (``processBrokerHeartbeat``, ``calculateNextBrokerState``)."""
+        self,
+        current_image: Callable[[], MetadataImage],
+        request: BrokerHeartbeatRequest,
+        now_ms: int,
+        *,
+        max_changes: int | None = None,
+    ) -> Iterator[ControllerResult[BrokerHeartbeatReply]]:
+        """Handle a BrokerHeartbeat (``processBrokerHeartbeat``, ``calculateNextBrokerState``).
+        Every result carries the same reply; more than one only where the heartbeat fences or
+        unfences its broker, in parts as ``fence_stale_brokers`` (the caller applies each
+        before it asks for the next, holding off every other decision)."""
+        image = current_image()
         registration = image.broker(request.broker_id)
         if registration is None or registration.broker_epoch != request.broker_epoch:
-            return ControllerResult((), BrokerHeartbeatReply(Errors.STALE_BROKER_EPOCH))
+            yield ControllerResult((), BrokerHeartbeatReply(Errors.STALE_BROKER_EPOCH))
+            return
         broker_id, broker_epoch = registration.broker_id, registration.broker_epoch
         offset = request.current_metadata_offset
         self.heartbeats.touch(broker_id, broker_epoch, now_ms, offset)
@@ -944,37 +964,42 @@ class Controller:
                     shutdown_offset is None
                     or self.heartbeats.lowest_active_offset(image) >= shutdown_offset
                 )
-                return ControllerResult(
+                yield ControllerResult(
                     (), BrokerHeartbeatReply(Errors.NONE, caught_up, True, may_shut_down)
                 )
+                return
             if request.want_fence or not caught_up:
-                return ControllerResult((), BrokerHeartbeatReply(Errors.NONE, caught_up, True))
-            records: list[MetadataRecord] = []
-            if not self.heartbeats.recently_proposed(
+                yield ControllerResult((), BrokerHeartbeatReply(Errors.NONE, caught_up, True))
+                return
+            reply = BrokerHeartbeatReply(Errors.NONE, True, False)
+            if self.heartbeats.recently_proposed(
                 broker_id, broker_epoch, False, now_ms, backoff_ms
             ):
-                self._handle_broker_unfenced(_Working(image), broker_id, broker_epoch, records)
-                self.heartbeats.note_proposed(broker_id, broker_epoch, False, now_ms)
-            return ControllerResult(tuple(records), BrokerHeartbeatReply(Errors.NONE, True, False))
+                yield ControllerResult((), reply)
+                return
+            self.heartbeats.note_proposed(broker_id, broker_epoch, False, now_ms)
+            for part in self._unfence_parts(current_image, broker_id, broker_epoch, max_changes):
+                yield ControllerResult(tuple(part), reply)
+            return
         if request.want_fence or request.want_shut_down:
-            records = []
-            if not self.heartbeats.recently_proposed(
-                broker_id, broker_epoch, True, now_ms, backoff_ms
-            ):
-                self._handle_broker_fenced(_Working(image), broker_id, records)
-                self.heartbeats.note_proposed(broker_id, broker_epoch, True, now_ms)
+            reply = BrokerHeartbeatReply(Errors.NONE, caught_up, True, False)
             if request.want_shut_down:
                 # The broker may go once the active brokers have replayed past the records
-                # fencing it.
+                # fencing it (the caller raises this offset to where they were written).
                 self.heartbeats.set_controlled_shutdown_offset(
                     broker_id, broker_epoch, image.last_offset + 1
                 )
-            return ControllerResult(
-                tuple(records), BrokerHeartbeatReply(Errors.NONE, caught_up, True, False)
-            )
-        records = []
+            if self.heartbeats.recently_proposed(broker_id, broker_epoch, True, now_ms, backoff_ms):
+                yield ControllerResult((), reply)
+                return
+            self.heartbeats.note_proposed(broker_id, broker_epoch, True, now_ms)
+            parts = self._fence_parts(current_image, _Working(image), broker_id, max_changes)
+            for part, _ in parts:
+                yield ControllerResult(tuple(part), reply)
+            return
+        records: list[MetadataRecord] = []
         self._handle_offline_replicas(_Working(image), request, records)
-        return ControllerResult(tuple(records), BrokerHeartbeatReply(Errors.NONE, caught_up, False))
+        yield ControllerResult(tuple(records), BrokerHeartbeatReply(Errors.NONE, caught_up, False))
 
     def _handle_offline_replicas(
         self, working: _Working, request: BrokerHeartbeatRequest, records: list[MetadataRecord]
@@ -1023,46 +1048,71 @@ class Controller:
                 yield ControllerResult(tuple(records), tuple(fenced))
                 records, fenced = [], []
                 working = _Working(current_image())
-            working.set_fenced(broker_id, True)
-            in_isr = working.with_isr_member(broker_id)
-            step = max_changes or max(len(in_isr), 1)
-            for start in range(0, len(in_isr), step):
-                if start:
+            for part, last in self._fence_parts(current_image, working, broker_id, max_changes):
+                records.extend(part)
+                if not last:
                     yield ControllerResult(tuple(records), tuple(fenced))
                     records, fenced = [], []
-                    working = _Working(current_image())
-                    working.set_fenced(broker_id, True)
-                self._generate_leader_and_isr_updates(
-                    working, in_isr[start : start + step], records, broker_to_remove=broker_id
-                )
-            records.append(FenceBroker(broker_id, epoch))
             self.heartbeats.note_proposed(broker_id, epoch, True, now_ms)
             fenced.append(broker_id)
         yield ControllerResult(tuple(records), tuple(fenced))
 
-    def _handle_broker_fenced(
-        self, working: _Working, broker_id: int, records: list[MetadataRecord]
-    ) -> None:
-        # ReplicationControlManager.handleBrokerFenced: leave every ISR, then FenceBroker.
+    def _fence_parts(
+        self,
+        current_image: Callable[[], MetadataImage],
+        working: _Working,
+        broker_id: int,
+        max_changes: int | None,
+    ) -> Iterator[tuple[list[MetadataRecord], bool]]:
+        """The records fencing a broker (``ReplicationControlManager.handleBrokerFenced``: it
+        leaves every ISR, then FenceBroker), in parts of at most ``max_changes`` partition
+        changes (None: one part), each with whether it is the last, which ends with the
+        FenceBroker. The first is decided on ``working``; the broker's partitions are chosen
+        there, and each later part is decided on ``current_image()``, the one before applied."""
         registration = working.image.broker(broker_id)
         assert registration is not None, broker_id
         working.set_fenced(broker_id, True)
         in_isr = working.with_isr_member(broker_id)
-        self._generate_leader_and_isr_updates(working, in_isr, records, broker_to_remove=broker_id)
+        step = max_changes or max(len(in_isr), 1)
+        records: list[MetadataRecord] = []
+        for start in range(0, len(in_isr), step):
+            if start:
+                yield records, False
+                records = []
+                working = _Working(current_image())
+                working.set_fenced(broker_id, True)
+            self._generate_leader_and_isr_updates(
+                working, in_isr[start : start + step], records, broker_to_remove=broker_id
+            )
         records.append(FenceBroker(broker_id, registration.broker_epoch))
+        yield records, True
 
-    def _handle_broker_unfenced(
-        self, working: _Working, broker_id: int, broker_epoch: int, records: list[MetadataRecord]
-    ) -> None:
-        # ReplicationControlManager.handleBrokerUnfenced: UnfenceBroker, then elect the broker
-        # where a partition it hosts has no leader.
-        records.append(UnfenceBroker(broker_id, broker_epoch))
+    def _unfence_parts(
+        self,
+        current_image: Callable[[], MetadataImage],
+        broker_id: int,
+        broker_epoch: int,
+        max_changes: int | None,
+    ) -> Iterator[list[MetadataRecord]]:
+        """The records unfencing a broker (``ReplicationControlManager.handleBrokerUnfenced``:
+        UnfenceBroker, then it is elected where a partition it hosts has no leader), in parts
+        as ``_fence_parts``; the first, with the UnfenceBroker, holds at most ``max_changes``
+        elections too (a whole cluster back after an outage has every partition
+        leaderless)."""
+        working = _Working(current_image())
+        records: list[MetadataRecord] = [UnfenceBroker(broker_id, broker_epoch)]
         working.set_fenced(broker_id, False)
-        leaderless = working.partitions_where(
-            working.image.leaderless_partitions(),
-            lambda s: s.leader == NO_LEADER and broker_id in s.replicas,
-        )
-        self._generate_leader_and_isr_updates(working, leaderless, records, broker_to_add=broker_id)
+        leaderless = working.leaderless_hosted_by(broker_id)
+        step = max_changes or max(len(leaderless), 1)
+        for start in range(0, len(leaderless), step):
+            if start:
+                yield records
+                records = []
+                working = _Working(current_image())
+            self._generate_leader_and_isr_updates(
+                working, leaderless[start : start + step], records, broker_to_add=broker_id
+            )
+        yield records
 
     def _handle_broker_shutdown(
         self,

@@ -430,8 +430,10 @@ class MetadataImage:
         """Partitions whose leader is ``broker_id``, sorted by (topic id, partition)."""
         return self._lookup(self._led_by.get(broker_id, set()))
 
-    def leaderless_partitions(self) -> list[PartitionState]:
-        return self._lookup(self._led_by.get(NO_LEADER, set()))
+    def leaderless(self) -> frozenset[TopicIdPartition]:
+        """The partitions without a leader, unsorted (``partitions_led_by(NO_LEADER)`` looks
+        up and sorts them all: costly when a whole cluster comes back)."""
+        return frozenset(self._led_by.get(NO_LEADER, ()))
 
     def partitions_with_isr_member(self, broker_id: int) -> list[PartitionState]:
         return self._lookup(self._isr_members.get(broker_id, set()))

@@ -8,7 +8,7 @@ controller only proposes records the image accepts. Time is a plain integer.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import pytest
@@ -138,7 +138,9 @@ class Cluster:
             want_shut_down=want_shut_down,
             offline_replicas=offline,
         )
-        return self.decide(lambda image: self.controller.broker_heartbeat(image, request, now_ms))
+        return self.decide(
+            lambda image: next(self.controller.broker_heartbeat(lambda: image, request, now_ms))
+        )
 
     def start(self, *broker_ids: int, now_ms: int = 0) -> None:
         """Register the brokers, then unfence each with a caught-up heartbeat."""
@@ -413,12 +415,12 @@ def test_heartbeat_with_a_stale_epoch_is_refused() -> None:
     cluster = three_brokers()
     request = BrokerHeartbeatRequest(1, cluster.epoch(1) - 1, 100)
     assert cluster.decide(
-        lambda image: cluster.controller.broker_heartbeat(image, request, 0)
+        lambda image: next(cluster.controller.broker_heartbeat(lambda: image, request, 0))
     ) == ControllerResult((), BrokerHeartbeatReply(Errors.STALE_BROKER_EPOCH))
     unknown = BrokerHeartbeatRequest(9, 1, 100)
     assert (
         cluster.decide(
-            lambda image: cluster.controller.broker_heartbeat(image, unknown, 0)
+            lambda image: next(cluster.controller.broker_heartbeat(lambda: image, unknown, 0))
         ).response.error
         is Errors.STALE_BROKER_EPOCH
     )
@@ -569,7 +571,7 @@ def test_a_steady_heartbeat_gets_what_its_turn_would_give(
     steady_cluster, request = setup()
     steady = steady_cluster.controller.steady_broker_heartbeat(steady_cluster.image, request, 5)
     turn_cluster, request = setup()
-    turn = turn_cluster.controller.broker_heartbeat(turn_cluster.image, request, 5)
+    turn = next(turn_cluster.controller.broker_heartbeat(lambda: turn_cluster.image, request, 5))
     if steady is not None:
         assert turn == ControllerResult((), steady)
     else:
@@ -616,22 +618,35 @@ def test_fencing_moves_leaderships_and_leaves_the_isr() -> None:
 Fenced = ControllerResult[tuple[int, ...]]
 
 
-def fenced_at_once_and_in_parts(
-    stale_cluster: Callable[[], Cluster], now_ms: int, max_changes: int
-) -> tuple[Cluster, Fenced, Cluster, list[Fenced]]:
-    """The same cluster twice: fenced in one decision, and in parts of ``max_changes``, each
-    part committed before the next is decided. Both clusters and their results."""
-    whole = stale_cluster()
-    at_once = whole.fence_stale(now_ms)
+def decided_at_once_and_in_parts(
+    setup: Callable[[], Cluster],
+    decision: Callable[[Cluster, int | None], Iterator[ControllerResult[R]]],
+    max_changes: int,
+) -> tuple[Cluster, ControllerResult[R], Cluster, list[ControllerResult[R]]]:
+    """The same cluster twice: decided at once (one result), and in parts of ``max_changes``,
+    each part committed before the next is decided. Both clusters and their results."""
+    whole = setup()
+    before = whole.image.copy()
+    (at_once,) = decision(whole, None)
+    assert whole.image == before, "a controller decision changed the image"
     whole.commit(at_once.records)
-    parts = stale_cluster()
+    parts = setup()
     results = []
-    for result in parts.controller.fence_stale_brokers(
-        lambda: parts.image, now_ms, max_changes=max_changes
-    ):
+    for result in decision(parts, max_changes):
         results.append(result)
         parts.commit(result.records)
     return whole, at_once, parts, results
+
+
+def fenced_at_once_and_in_parts(
+    stale_cluster: Callable[[], Cluster], now_ms: int, max_changes: int
+) -> tuple[Cluster, Fenced, Cluster, list[Fenced]]:
+    """``fence_stale_brokers`` at once and in parts (``decided_at_once_and_in_parts``)."""
+    return decided_at_once_and_in_parts(
+        stale_cluster,
+        lambda c, most: c.controller.fence_stale_brokers(lambda: c.image, now_ms, max_changes=most),
+        max_changes,
+    )
 
 
 @pytest.mark.parametrize("max_changes", [1, 2, 5])
@@ -688,6 +703,96 @@ def test_fencing_in_parts_sees_an_isr_another_brokers_part_moved_it_into(
     assert parts.image.partitions_of(T1) == whole.image.partitions_of(T1)
     assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [2]
     assert all(s.isr == () and s.leader == NO_LEADER for s in parts.image.partitions_of(T1))
+
+
+def heartbeat_decision(
+    broker_id: int, now_ms: int, *, want_fence: bool = False, want_shut_down: bool = False
+) -> Callable[[Cluster, int | None], Iterator[ControllerResult[BrokerHeartbeatReply]]]:
+    """A caught-up heartbeat of the broker, decided with ``max_changes``."""
+
+    def decision(
+        cluster: Cluster, max_changes: int | None
+    ) -> Iterator[ControllerResult[BrokerHeartbeatReply]]:
+        request = BrokerHeartbeatRequest(
+            broker_id,
+            cluster.epoch(broker_id),
+            cluster.image.last_offset,
+            want_fence=want_fence,
+            want_shut_down=want_shut_down,
+        )
+        return cluster.controller.broker_heartbeat(
+            lambda: cluster.image, request, now_ms, max_changes=max_changes
+        )
+
+    return decision
+
+
+def two_topics_on_three_brokers() -> Cluster:
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 7, 3)
+    cluster.create_topic("u", T2, 4, 1)
+    return cluster
+
+
+@pytest.mark.parametrize("want", ["fence", "shut_down"])
+@pytest.mark.parametrize("max_changes", [1, 2, 5])
+def test_a_heartbeat_fencing_its_broker_in_parts_ends_where_fencing_at_once_does(
+    want: str, max_changes: int
+) -> None:
+    """A broker asking to be fenced or to shut down leaves its ISRs in parts, each decided on
+    the image with the one before applied, and is fenced by the last: the end is one whole
+    decision's image, and every part answers what the whole does."""
+    decision = heartbeat_decision(
+        2, 100, want_fence=want == "fence", want_shut_down=want == "shut_down"
+    )
+    whole, at_once, parts, results = decided_at_once_and_in_parts(
+        two_topics_on_three_brokers, decision, max_changes
+    )
+    assert len(results) > 1
+    for result in results:
+        assert sum(isinstance(r, PartitionChange) for r in result.records) <= max_changes
+        assert (
+            result.response
+            == at_once.response
+            == BrokerHeartbeatReply(Errors.NONE, True, True, False)
+        )
+    records = [r for result in results for r in result.records]
+    assert [r for r in records if not isinstance(r, PartitionChange)] == [
+        FenceBroker(2, whole.epoch(2))
+    ]
+    assert records[-1] == FenceBroker(2, whole.epoch(2))
+    assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [1, 3]
+    for topic_id in (T1, T2):
+        assert parts.image.partitions_of(topic_id) == whole.image.partitions_of(topic_id)
+
+
+@pytest.mark.parametrize("max_changes", [1, 2, 5])
+def test_a_heartbeat_unfencing_its_broker_in_parts_ends_where_unfencing_at_once_does(
+    max_changes: int,
+) -> None:
+    """A whole cluster back from an outage has every partition leaderless: the first broker
+    unfenced is elected in parts, UnfenceBroker first, each part decided on the image with the
+    one before applied."""
+
+    def all_fenced() -> Cluster:
+        cluster = two_topics_on_three_brokers()
+        for b in (1, 2, 3):
+            cluster.commit(cluster.heartbeat(b, 100, want_fence=True).records)
+        assert all(s.leader == NO_LEADER for s in cluster.image.partitions_of(T1))
+        return cluster
+
+    whole, at_once, parts, results = decided_at_once_and_in_parts(
+        all_fenced, heartbeat_decision(3, 2_000), max_changes
+    )
+    assert len(results) > 1
+    assert results[0].records[0] == UnfenceBroker(3, whole.epoch(3))
+    for result in results:
+        assert sum(isinstance(r, PartitionChange) for r in result.records) <= max_changes
+        assert result.response == at_once.response == BrokerHeartbeatReply(Errors.NONE, True, False)
+    assert parts.image.unfenced_broker_ids() == whole.image.unfenced_broker_ids() == [3]
+    for topic_id in (T1, T2):
+        assert parts.image.partitions_of(topic_id) == whole.image.partitions_of(topic_id)
+    assert any(s.leader == 3 for s in whole.image.partitions_of(T1))
 
 
 def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:

@@ -170,7 +170,7 @@ def test_partition_change_bumps_epochs_like_kafka() -> None:
         10, PartitionChange(T1, 0, 3, leader=NO_LEADER, isr=(), elr=(2,), last_known_elr=(2,))
     )
     assert state(image, TP0) == PartitionState(T1, 0, (1, 2, 3), (), NO_LEADER, 3, 4, (2,), (2,))
-    assert [s.partition for s in image.leaderless_partitions()] == [0]
+    assert image.leaderless() == {TP0}
     assert [s.partition for s in image.partitions_with_elr_member(2)] == [0]
     assert image.partitions_with_isr_member(2) == [state(image, TP1)]
 
@@ -370,7 +370,7 @@ def test_snapshot_round_trip() -> None:
     rebuilt = MetadataImage.from_records(image.last_offset, records)
     assert rebuilt == image
     assert rebuilt.to_records() == records
-    assert rebuilt.partitions_led_by(NO_LEADER) == image.leaderless_partitions()
+    assert rebuilt.leaderless() == image.leaderless() == {TopicIdPartition(T2, 0)}
     assert rebuilt.is_fenced(3)
     assert MetadataImage.from_records(image.last_offset + 1, records) != image
 
