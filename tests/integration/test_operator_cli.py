@@ -649,7 +649,8 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     static = kcoord("configs", "describe", *broker, "--all").out.splitlines()
     assert "  node.id=2 sensitive=false synonyms={STATIC_BROKER_CONFIG:node.id=2}" in static
     assert kcoord("configs", "alter", *broker, "--add-config", "a=b").code == 1
-    # The one cluster-level default (KIP-966: the first active controller wrote its own value).
+    # The cluster-level defaults (KIP-966: the first active controller wrote its own
+    # min.insync.replicas).
     default = ("--entity-type", "brokers", "--entity-default", "--bootstrap-server", bootstrap)
     min_isr = "min.insync.replicas={v} sensitive=false synonyms={{DYNAMIC_DEFAULT_BROKER_CONFIG:"
     min_isr += "min.insync.replicas={v}}}"
@@ -669,6 +670,23 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     )
     restored = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=1")
     assert restored.code == 0, restored.err
+    # Any topic config's broker synonym is a cluster-level default too; others are refused.
+    retention = "log.retention.ms=86400000"
+    added = kcoord("configs", "alter", *default, "--add-config", retention)
+    assert added.code == 0, added.err
+    assert kcoord("configs", "describe", *default).out == (
+        f"{header}  {retention} sensitive=false synonyms={{DYNAMIC_DEFAULT_BROKER_CONFIG:"
+        f"{retention}}}\n  {min_isr.format(v=1)}\n"
+    )
+    dirs = kcoord("configs", "alter", *default, "--add-config", "log.dirs=/elsewhere")
+    assert (dirs.code, dirs.err) == (
+        1,
+        "Error while executing config command : the brokers' defaults: INVALID_REQUEST "
+        "(Cannot update these configs dynamically: log.dirs (kcoord's cluster-level dynamic "
+        "configs are the broker synonyms of topic configs, such as log.retention.ms))\n",
+    )
+    gone = kcoord("configs", "alter", *default, "--delete-config", "log.retention.ms")
+    assert gone.code == 0, gone.err
 
     # A group's KIP-848 configs; the group need not exist.
     group = ("--entity-type", "groups", "--entity-name", "tuned", "--bootstrap-server", bootstrap)

@@ -7,7 +7,8 @@ changes them.
   configs describe --entity-type brokers --entity-default
   configs alter --entity-type topics|groups --entity-name N [--add-config K=V,...]
                 [--delete-config K,...]
-  configs alter --entity-type brokers --entity-default --add-config min.insync.replicas=N
+  configs alter --entity-type brokers --entity-default [--add-config log.retention.ms=N,...]
+                [--delete-config K,...]
 
 Through the Kafka protocol (``tool_client``): DescribeConfigs v4 (a broker's resource goes to
 that broker, as Kafka's admin client sends it) and IncrementalAlterConfigs v1. ``describe``
@@ -22,9 +23,10 @@ group that ListGroups shows) is described. A group's configs are KIP-848's
 (``consumer.session.timeout.ms``, ``consumer.heartbeat.interval.ms``); the group need not
 exist. ``--add-config`` takes Kafka's syntax: comma-separated ``key=value`` pairs, a list
 value in square brackets (``cleanup.policy=[compact,delete]``). ``alter`` prints "Completed
-updating config for topic T." (or "group G"). kcoord has no dynamic per-broker configs; its one
-cluster-level dynamic default, ``min.insync.replicas`` (which the first active controller
-writes from its own config, KIP-966), is shown and changed with ``--entity-default``, as
+updating config for topic T." (or "group G"). kcoord has no dynamic per-broker configs; the
+cluster-level dynamic defaults, the broker synonyms of topic configs (``log.retention.ms``,
+``log.cleanup.policy``, ``min.insync.replicas``, which the first active controller writes
+from its own config, KIP-966 ...), are shown and changed with ``--entity-default``, as
 Kafka's "Default configs for brokers in the cluster". Errors go to stderr as "Error while
 executing config command : ..." and exit 1.
 """
@@ -172,7 +174,8 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     if kind == "brokers" and not args.entity_default:
         raise ToolError(
             "kcoord has no dynamic per-broker configs; alter topic and group configs, or the "
-            "cluster-level min.insync.replicas with --entity-default"
+            "cluster-level defaults of topic configs (log.retention.ms ...) with "
+            "--entity-default"
         )
     name = "" if args.entity_default else args.entity_name
     if name is None:

@@ -68,7 +68,12 @@ from kcoord.raft.image import (
 )
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import format as fmt
-from kcoord.storage.config import InvalidConfigError, LogConfig, parse_min_insync_replicas
+from kcoord.storage.config import (
+    InvalidConfigError,
+    LogConfig,
+    cluster_topic_defaults,
+    parse_min_insync_replicas,
+)
 from kcoord.storage.log import (
     FetchData,
     InvalidRecordError,
@@ -435,12 +440,17 @@ class ReplicaManager:
     # Roles, from the metadata log.
 
     def log_config_for(self, topic_configs: Mapping[str, str]) -> LogConfig:
-        """The log settings of a topic's configs. The controller validates every topic config
+        """The log settings of a topic's configs, over the cluster-level dynamic defaults
+        (``kafka-configs --entity-default``: ``log.retention.ms`` ...), over this node's
+        config file (Kafka's ``LogConfig`` with ``extractLogConfigMap`` as its defaults).
+        The controller validates every topic config
         it commits, but a metadata log written before it did, or by a controller of a newer
         version (a config this one does not implement, a bound it no longer has), may hold
         one this node refuses: that one is left out and the others taken. Dropping them all
         turned a compacted topic whose retention.ms is -1 into one deleted after seven days,
         on this replica alone (Kafka's ``LogConfig`` ignores names it does not know)."""
+        cluster = self.cache.image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
+        topic_configs = {**cluster_topic_defaults(cluster), **topic_configs}
         try:
             return self.default_log_config.with_topic_configs(topic_configs)
         except InvalidConfigError:
@@ -706,13 +716,24 @@ class ReplicaManager:
                     self.maybe_advance_high_watermark(hosted)  # min.insync.replicas may be lower
             log.info("topic %s: configs are now %s", new.name, dict(new.configs))
         cluster_wide = delta.configs.get(ConfigResource(ConfigResourceType.BROKER, ""))
-        if cluster_wide is not None and (cluster_wide.before or {}).get(
-            MIN_INSYNC_REPLICAS_CONFIG
-        ) != (cluster_wide.after or {}).get(MIN_INSYNC_REPLICAS_CONFIG):
-            # The cluster's dynamic min.insync.replicas (a default for every topic): a lower
-            # one may let a held HW move (Kafka's DynamicConfig reconfigures every log).
-            for hosted in self.partitions.values():
+        if cluster_wide is not None and cluster_topic_defaults(
+            cluster_wide.before or {}
+        ) != cluster_topic_defaults(cluster_wide.after or {}):
+            # The cluster's dynamic defaults of topic configs: every log takes them where its
+            # topic has no config of its own (Kafka's DynamicLogConfig.reconfigure), and a
+            # lower min.insync.replicas may let a held HW move.
+            configs: dict[str, LogConfig] = {}
+            for (name, _), hosted in self.partitions.items():
+                if name not in configs:
+                    image_topic = self.cache.image.topic_by_name(name)
+                    own = image_topic.configs if image_topic else {}
+                    configs[name] = self.log_config_for(own)
+                hosted.log.config = configs[name]
                 self.maybe_advance_high_watermark(hosted)
+            log.info(
+                "the cluster's dynamic defaults of topic configs are now %s",
+                cluster_topic_defaults(cluster_wide.after or {}),
+            )
         for tp_id, change in delta.partitions.items():
             after = change.after
             if after is None:

@@ -133,6 +133,7 @@ from kcoord.raft.records import (
 )
 from kcoord.storage.config import (
     TOPIC_CONFIGS,
+    TOPIC_CONFIGS_BY_BROKER_NAME,
     ConfigType,
     parse_min_insync_replicas,
     topic_config_error,
@@ -1684,7 +1685,7 @@ class Controller:
         the key is not set). Otherwise it is the legacy AlterConfigs: the ops' SETs become the
         whole set, every other key is deleted. The resulting set is validated as a whole, and
         one ``Config`` record is written per changed key. kcoord alters topic configs, the
-        cluster-level ``min.insync.replicas`` (BROKER resource "", ``_alter_cluster_configs``)
+        cluster-level defaults of topic configs (BROKER resource "", ``_alter_cluster_configs``)
         and, given ``ControllerConfig.group_config_error``, group configs.
         """
         keys = [key for key, _, _ in ops]
@@ -1706,8 +1707,9 @@ class Controller:
         if resource_type != ConfigResourceType.TOPIC:
             return _alter_error(
                 Errors.INVALID_REQUEST,
-                "kcoord alters topic configs, group configs and the cluster-level "
-                f"{MIN_INSYNC_REPLICAS_CONFIG}, not configs of resource type {resource_type}"
+                "kcoord alters topic configs, group configs and the cluster-level defaults "
+                "of topic configs (the broker resource named '', --entity-default), not configs "
+                f"of resource type {resource_type}"
                 + (f" named {resource_name!r}" if resource_name else ""),
             )
         # ControllerConfigurationValidator: the name first, then whether the topic exists.
@@ -1746,18 +1748,30 @@ class Controller:
         incremental: bool,
     ) -> ControllerResult[AlterConfigsResult]:
         """The cluster-level dynamic defaults (BROKER resource "", ``kafka-configs
-        --entity-default``): kcoord has one, ``min.insync.replicas``, the one every leader and
-        the controller read after a topic's own. While ELR is on it may be changed but not
-        removed, and any change clears every partition's ELR (ConfigurationControlManager's
-        ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and ``createClearElrRecordsAsNeeded``,
-        KAFKA-16540): without the record each node would fall back to its own config file."""
-        others = sorted({key for key, _, _ in ops} - {MIN_INSYNC_REPLICAS_CONFIG})
+        --entity-type brokers --entity-default``): the broker synonyms of topic configs
+        (``log.retention.ms``, ``log.cleanup.policy``, ``min.insync.replicas`` ...), each the
+        default of every topic without its own, read by every node and the controller after
+        a topic's own and before their config files (Kafka's ``DynamicLogConfig``). Values are
+        checked as the topic config's. While ELR is on ``min.insync.replicas`` may be changed
+        but not removed, and any change of it clears every partition's ELR
+        (ConfigurationControlManager's ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and
+        ``createClearElrRecordsAsNeeded``, KAFKA-16540): without the record each node would
+        fall back to its own config file."""
+        others = sorted({key for key, _, _ in ops} - TOPIC_CONFIGS_BY_BROKER_NAME.keys())
         if others:
+            # DynamicBrokerConfig.validateConfigs (INVALID_REQUEST).
             return _alter_error(
                 Errors.INVALID_REQUEST,
-                f"kcoord has no cluster-level dynamic config {', '.join(others)}; only "
-                f"{MIN_INSYNC_REPLICAS_CONFIG} can be altered at the cluster level",
+                f"Cannot update these configs dynamically: {', '.join(others)} (kcoord's "
+                "cluster-level dynamic configs are the broker synonyms of topic configs, such "
+                "as log.retention.ms)",
             )
+
+        def config_error(configs: Mapping[str, str | None]) -> str | None:
+            return topic_config_error(
+                {TOPIC_CONFIGS_BY_BROKER_NAME[k].name: v for k, v in configs.items()}
+            )
+
         current = image.resource_configs(CLUSTER_CONFIGS)
         result = _alter(
             ConfigResourceType.BROKER,
@@ -1765,8 +1779,8 @@ class Controller:
             current,
             ops,
             incremental=incremental,
-            list_default=lambda key: None,
-            config_error=topic_config_error,
+            list_default=_cluster_list_default,
+            config_error=config_error,
         )
         if not self.config.eligible_leader_replicas_enabled or not _changes_min_isr(result.records):
             return result
@@ -1824,10 +1838,12 @@ class Controller:
         )
 
     def _config_value(self, image: MetadataImage, topic: TopicImage | None, key: str) -> str | None:
-        # Topic config, else the cluster-wide dynamic default (broker resource "").
+        # Topic config, else the cluster-wide dynamic default (broker resource "", under the
+        # broker synonym's name).
         if topic is not None and key in topic.configs:
             return topic.configs[key]
-        return image.resource_configs(CLUSTER_CONFIGS).get(key)
+        broker_key = TOPIC_CONFIGS[key].broker_synonym or key
+        return image.resource_configs(CLUSTER_CONFIGS).get(broker_key)
 
     def _min_isr(self, image: MetadataImage, state: PartitionState) -> int:
         # ReplicationControlManager.getTopicEffectiveMinIsr: never above the replication factor.
@@ -2003,6 +2019,11 @@ def _alter_error(error: Errors, message: str) -> ControllerResult[AlterConfigsRe
 def _topic_list_default(key: str) -> str | None:
     definition = TOPIC_CONFIGS.get(key)
     return definition.default if definition and definition.type is ConfigType.LIST else None
+
+
+def _cluster_list_default(key: str) -> str | None:
+    definition = TOPIC_CONFIGS_BY_BROKER_NAME.get(key)
+    return None if definition is None else _topic_list_default(definition.name)
 
 
 def _changes_min_isr(records: Iterable[MetadataRecord]) -> bool:

@@ -458,6 +458,25 @@ def parse_topic_config(name: str, raw: str | None) -> object:
     return value
 
 
+# The broker configs an operator may set for the whole cluster at run time (``kafka-configs
+# --entity-type brokers --entity-default``): the broker synonym of each topic config, the
+# default of every topic without its own (Kafka's ``DynamicLogConfig.ReconfigurableConfigs``,
+# ``ServerTopicConfigSynonyms.TOPIC_CONFIG_SYNONYMS``), by the broker name.
+TOPIC_CONFIGS_BY_BROKER_NAME: Final[Mapping[str, TopicConfigDef]] = {
+    d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym is not None
+}
+
+
+def cluster_topic_defaults(cluster: Mapping[str, str]) -> dict[str, str]:
+    """The cluster-level dynamic broker configs (BROKER resource "") that set topic configs'
+    defaults, under the topic configs' names (Kafka's ``KafkaConfig.extractLogConfigMap``)."""
+    return {
+        TOPIC_CONFIGS_BY_BROKER_NAME[key].name: value
+        for key, value in cluster.items()
+        if key in TOPIC_CONFIGS_BY_BROKER_NAME
+    }
+
+
 def topic_config_error(configs: Mapping[str, str | None]) -> str | None:
     """The message of the first config Kafka would refuse (INVALID_CONFIG), or None."""
     parsed: dict[str, object] = {}

@@ -1552,10 +1552,25 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             "not configs of resource type 4 named '1'",
         ),
         (
-            [("log.retention.ms", ConfigOp.SET, "1")],
+            [("log.dirs", ConfigOp.SET, "/tmp/x"), ("retention.ms", ConfigOp.SET, "1")],
             (ConfigResourceType.BROKER, ""),
             Errors.INVALID_REQUEST,
-            "no cluster-level dynamic config log.retention.ms",
+            "Cannot update these configs dynamically: log.dirs, retention.ms",
+        ),
+        (
+            [("log.retention.ms", ConfigOp.SET, "-2")],
+            (ConfigResourceType.BROKER, ""),
+            Errors.INVALID_CONFIG,
+            "Invalid value -2 for configuration retention.ms",
+        ),
+        (
+            [
+                ("log.cleaner.min.compaction.lag.ms", ConfigOp.SET, "10"),
+                ("log.cleaner.max.compaction.lag.ms", ConfigOp.SET, "5"),
+            ],
+            (ConfigResourceType.BROKER, ""),
+            Errors.INVALID_CONFIG,
+            "min.compaction.lag.ms (10) > max.compaction.lag.ms (5)",
         ),
         (
             [("min.insync.replicas", ConfigOp.SET, "0")],

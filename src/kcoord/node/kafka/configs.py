@@ -42,7 +42,12 @@ from kcoord.node.kafka.context import BrokerContext
 from kcoord.raft.controller import CLUSTER_CONFIGS, ConfigOp, topic_name_error
 from kcoord.raft.image import ConfigResource
 from kcoord.raft.records import ConfigResourceType
-from kcoord.storage.config import TOPIC_CONFIGS, ConfigType, TopicConfigDef
+from kcoord.storage.config import (
+    TOPIC_CONFIGS,
+    TOPIC_CONFIGS_BY_BROKER_NAME,
+    ConfigType,
+    TopicConfigDef,
+)
 
 log = logging.getLogger(__name__)
 
@@ -313,7 +318,7 @@ def _broker_entry(entry: ConfigEntry, synonyms: bool, cluster: str | None) -> di
     return {
         "name": entry.key,
         "value": chain[0]["value"],
-        "read_only": cluster is None,
+        "read_only": entry.key not in TOPIC_CONFIGS_BY_BROKER_NAME,  # dynamic at cluster level
         "config_source": chain[0]["source"],
         "is_sensitive": entry.sensitive,
         "synonyms": chain if synonyms else [],
@@ -324,7 +329,7 @@ def _broker_entry(entry: ConfigEntry, synonyms: bool, cluster: str | None) -> di
 
 def _cluster_entry(key: str, value: str, synonyms: bool, docs: bool) -> dict[str, Any]:
     """A cluster-level dynamic default (DescribeConfigs of the BROKER resource "")."""
-    definition = TOPIC_CONFIGS.get(key)
+    definition = TOPIC_CONFIGS_BY_BROKER_NAME.get(key)
     return {
         "name": key,
         "value": value,

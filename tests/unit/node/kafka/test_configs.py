@@ -12,7 +12,8 @@ from kcoord.errors import Errors
 from kcoord.node.kafka.configs import ConfigsApi
 from kcoord.raft.image import ConfigResource
 from kcoord.raft.records import ConfigResourceType
-from kcoord.storage.config import TOPIC_CONFIGS
+from kcoord.storage.config import TOPIC_CONFIGS, TOPIC_CONFIGS_BY_BROKER_NAME
+from kcoord.storage.log import Log
 from tests.unit.node.kafka.harness import NODE_ID, Harness
 from tests.unit.node.kafka.test_handlers import run
 from tests.unit.node.kafka.wire import AsyncWireClient
@@ -184,7 +185,11 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
         assert configs["num.partitions"].config_source == DEFAULT_CONFIG
         token = configs["admin.api.token"]
         assert (token.value, token.is_sensitive) == (None, True)
-        assert all(e.read_only for e in configs.values())
+        # Read-only but the broker synonyms of topic configs (cluster-level dynamic ones).
+        assert [e.name for e in configs.values() if not e.read_only] == [
+            name for name in configs if name in TOPIC_CONFIGS_BY_BROKER_NAME
+        ]
+        assert not configs["log.retention.ms"].read_only
         # The chaos suite's broken modes are no broker config to show.
         assert not [name for name in configs if name.startswith("test.bug.")]
         assert other.error_code == Errors.INVALID_REQUEST
@@ -387,12 +392,76 @@ def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
     run(tmp_path, test)
 
 
+def test_cluster_level_defaults_reach_every_log_without_its_own(tmp_path: Path) -> None:
+    """``kafka-configs --entity-type brokers --entity-default --alter --add-config
+    log.retention.ms=...``: every hosted log whose topic has no retention.ms of its own takes
+    it at once, ahead of the node's config file, and a topic created later too; removing it
+    gives the file's value back (Kafka's DynamicLogConfig). DescribeConfigs shows it under
+    the broker name, and on topics as DYNAMIC_DEFAULT_BROKER_CONFIG."""
+    dynamic_default = 3
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("plain", 2, replication_factor=3)
+        await h.create_topic("own", 1, replication_factor=3, configs={"retention.ms": "5000"})
+
+        def logs() -> list[tuple[str, Log]]:
+            partitions = h.replicas.partitions.items()
+            return [(topic, p.log) for (topic, _), p in partitions if topic != "__consumer_offsets"]
+
+        def retention() -> dict[str, set[int]]:
+            found: dict[str, set[int]] = {}
+            for topic, log in logs():
+                found.setdefault(topic, set()).add(log.config.retention_ms)
+            return found
+
+        static = h.replicas.default_log_config.retention_ms
+        assert retention() == {"plain": {static}, "own": {5000}}
+
+        async def cluster_alter(*ops: tuple[str, int, str | None]) -> None:
+            response = await c.call(
+                INCREMENTAL_ALTER_CONFIGS, 1, incremental_values("", *ops, resource_type=BROKER)
+            )
+            assert response.responses[0].error_code == Errors.NONE, response
+
+        await cluster_alter(
+            ("log.retention.ms", SET, "7000"), ("log.cleanup.policy", APPEND, "compact")
+        )
+        assert retention() == {"plain": {7000}, "own": {5000}}
+        assert {log.config.cleanup_policy for _, log in logs()} == {
+            frozenset({"delete", "compact"})
+        }
+        await h.create_topic("later", 1, replication_factor=3)
+        assert retention()["later"] == {7000}
+        response = await c.call(
+            DESCRIBE_CONFIGS,
+            4,
+            describe_values((BROKER, "", None), (TOPIC, "plain", ["retention.ms"]), synonyms=True),
+        )
+        cluster_wide, topic = response.results
+        assert {e.name: (e.value, e.config_source) for e in cluster_wide.configs} == {
+            "log.retention.ms": ("7000", dynamic_default),
+            "log.cleanup.policy": ("delete,compact", dynamic_default),
+        }
+        (e,) = topic.configs
+        assert (e.value, e.config_source) == ("7000", dynamic_default)
+        assert [(s.name, s.source) for s in e.synonyms][:2] == [
+            ("log.retention.ms", dynamic_default),
+            ("log.retention.ms", STATIC_BROKER_CONFIG),
+        ]
+        await cluster_alter(
+            ("log.retention.ms", DELETE, None), ("log.cleanup.policy", DELETE, None)
+        )
+        assert retention() == {"plain": {static}, "own": {5000}, "later": {static}}
+        assert {log.config.cleanup_policy for _, log in logs()} == {frozenset({"delete"})}
+
+    run(tmp_path, test)
+
+
 def test_the_cluster_level_min_isr_is_altered_and_described(tmp_path: Path) -> None:
-    """``kafka-configs --entity-default --alter --add-config min.insync.replicas=2``: the one
-    cluster-level dynamic default kcoord has (the active controller writes its own value when
-    the log has none, KIP-966). Topics and this node's config show it as
-    DYNAMIC_DEFAULT_BROKER_CONFIG, ahead of the static and default values; it may not be
-    removed while ELR is on, and no other key is accepted."""
+    """``kafka-configs --entity-default --alter --add-config min.insync.replicas=2`` (the
+    active controller writes its own value when the log has none, KIP-966). Topics and this
+    node's config show it as DYNAMIC_DEFAULT_BROKER_CONFIG, ahead of the static and default
+    values; it may not be removed while ELR is on, and a key that is not dynamic is refused."""
     dynamic_default = 3
     min_isr = "min.insync.replicas"
 
@@ -424,7 +493,7 @@ def test_the_cluster_level_min_isr_is_altered_and_described(tmp_path: Path) -> N
             assert e.synonyms[-1].source == DEFAULT_CONFIG
         for op, expected in (
             ((min_isr, DELETE, None), Errors.INVALID_CONFIG),
-            (("log.retention.ms", SET, "1"), Errors.INVALID_REQUEST),
+            (("log.dirs", SET, "/elsewhere"), Errors.INVALID_REQUEST),
         ):
             refused = await c.call(
                 INCREMENTAL_ALTER_CONFIGS, 1, incremental_values("", op, resource_type=BROKER)
