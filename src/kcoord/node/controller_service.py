@@ -59,13 +59,11 @@ from kcoord.raft.controller import (
     BrokerState,
     Controller,
     ControllerConfig,
-    ControllerResult,
     Election,
     NewPartitions,
     NewTopic,
     atomic_of,
 )
-from kcoord.raft.image import MetadataImage
 from kcoord.raft.quorum import MetadataQuorum
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 from kcoord.storage.config import parse_min_insync_replicas
@@ -543,24 +541,78 @@ class ControllerService:
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_delete_topics(self, payload: Any) -> dict[str, Any]:
-        """Delete the topics in one decision (one atomic batch)."""
+        """Delete topics given by name (``names``) or by id (``ids``) in one decision (one atomic
+        batch), each looked up here, on the active controller's image, as Kafka's
+        ``ControllerApis.deleteTopics`` does (``findTopicNames``, ``findTopicIds``, then
+        ``deleteTopics`` by id): the node that took the request may be behind the log, and an
+        id it turned into a name could delete a topic re-created under that name since.
+        ``duplicate_names`` and ``duplicate_ids`` are those the request gave twice (refused
+        there): an id naming such a name is refused, and a name naming an id given too leaves
+        both undeleted. One result per name, then per id, each with the topic's name and id as
+        this controller knows them."""
         names = [str(name) for name in payload["names"]]
+        ids = [str(topic_id) for topic_id in payload.get("ids", ())]
+        duplicate_names = {str(name) for name in payload.get("duplicate_names", ())}
+        duplicate_ids = {str(topic_id) for topic_id in payload.get("duplicate_ids", ())}
+        by_name: dict[str, dict[str, Any]] = {}
+        by_id: dict[str, dict[str, Any]] = {}
+
+        def answer(
+            name: str | None, topic_id: str | None, error: Errors, message: str = ""
+        ) -> dict[str, Any]:
+            return {"name": name, "topic_id": topic_id, "error": int(error), "message": message}
+
         async with self._lock:
             controller = self._require_active()
-
-            def delete(image: MetadataImage, name: str) -> ControllerResult[Errors]:
+            image = self.cache.image
+            id_to_name: dict[str, str] = {}
+            named: set[str] = set()  # the ids of topics given by name
+            for topic_id in ids:
+                topic = image.topic(topic_id)
+                if topic is None:
+                    by_id[topic_id] = answer(None, topic_id, Errors.UNKNOWN_TOPIC_ID)
+                elif topic.name in duplicate_names:
+                    by_id[topic_id] = answer(
+                        topic.name,
+                        topic_id,
+                        Errors.INVALID_REQUEST,
+                        "The provided topic ID maps to a name that was already supplied.",
+                    )
+                else:
+                    id_to_name[topic_id] = topic.name
+            for name in names:
                 topic = image.topic_by_name(name)
                 if topic is None:
-                    return ControllerResult((), Errors.UNKNOWN_TOPIC_OR_PARTITION)
-                return controller.delete_topic(image, topic.topic_id)
-
-            result = atomic_of(self.cache.image, names, delete)
+                    by_name[name] = answer(name, None, Errors.UNKNOWN_TOPIC_OR_PARTITION)
+                elif topic.topic_id in duplicate_ids or topic.topic_id in id_to_name:
+                    # Neither is deleted; the id is not answered (ControllerApis).
+                    duplicate_ids.add(topic.topic_id)
+                    id_to_name.pop(topic.topic_id, None)
+                    by_name[name] = answer(
+                        name,
+                        topic.topic_id,
+                        Errors.INVALID_REQUEST,
+                        "The provided topic name maps to an ID that was already supplied.",
+                    )
+                else:
+                    id_to_name[topic.topic_id] = name
+                    named.add(topic.topic_id)
+            to_delete = list(id_to_name)
+            result = atomic_of(image, to_delete, controller.delete_topic)
             if result.records:
                 await self._propose_or_not_controller(result.records)
-        results = [
-            {"name": name, "error": int(error)}
-            for name, error in zip(names, result.response, strict=True)
-        ]
+        for topic_id, error in zip(to_delete, result.response, strict=True):
+            name = id_to_name[topic_id]
+            message = (
+                f"The internal topic {OFFSETS_TOPIC_NAME} cannot be deleted."
+                if error is Errors.INVALID_REQUEST and name == OFFSETS_TOPIC_NAME
+                else ""
+            )
+            if topic_id in named:
+                by_name[name] = answer(name, topic_id, error, message)
+            else:
+                by_id[topic_id] = answer(name, topic_id, error, message)
+        results = [by_name[name] for name in names] + [by_id[i] for i in ids if i in by_id]
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_alter_configs(self, payload: Any) -> dict[str, Any]:

@@ -26,11 +26,10 @@ from typing import Any, Final
 
 from kcoord.errors import Errors
 from kcoord.node.kafka.apis import Request, Result
-from kcoord.node.kafka.codec import topic_id_to_uuid
+from kcoord.node.kafka.codec import topic_id_to_uuid, uuid_to_topic_id
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.controller_channel import ControllerUnavailableError
 from kcoord.node.rpc import RpcError
-from kcoord.raft.controller import OFFSETS_TOPIC_NAME
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +185,7 @@ class AdminApi:
 
     async def handle_delete_topics(self, request: Request) -> Result:
         body, version = request.body, request.version
-        image = self.ctx.image
         responses: list[dict[str, Any]] = []
-        names: list[str] = []
-        ids_of: dict[str, Any] = {}
         if version >= 6:
             entries = [(t.name, t.topic_id) for t in body.topics]
         else:
@@ -239,58 +235,33 @@ class AdminApi:
             responses.append(
                 _deleted(None, topic_id, Errors.INVALID_REQUEST, "Duplicate topic id.")
             )
-        named_twice: set[uuid.UUID] = set()
-        for name in provided_names:
-            topic = image.topic_by_name(name)
-            if topic is not None and topic_id_to_uuid(topic.topic_id) in provided_ids:
-                named_twice.add(topic_id_to_uuid(topic.topic_id))
-                responses.append(
-                    _deleted(
-                        name,
-                        topic.topic_id,
-                        Errors.INVALID_REQUEST,
-                        "The provided topic name maps to an ID that was already supplied.",
-                    )
-                )
-            else:  # an unknown name is the controller's to answer
-                ids_of[name] = None if topic is None else topic.topic_id
-        for topic_id in provided_ids:
-            topic = self.ctx.topic_by_uuid(topic_id)
-            if topic_id in named_twice:
-                continue
-            if topic is None:
-                responses.append(_deleted(None, topic_id, Errors.UNKNOWN_TOPIC_ID, None))
-            elif topic.name in duplicate_names:
-                responses.append(
-                    _deleted(
-                        topic.name,
-                        topic_id,
-                        Errors.INVALID_REQUEST,
-                        "The provided topic ID maps to a name that was already supplied.",
-                    )
-                )
+        # Every name and id is looked up on the controller, not here: this node may be behind
+        # the log, and an id it turned into a name could delete a topic re-created under that
+        # name since (ControllerApis.deleteTopics: findTopicNames, findTopicIds).
+        names = list(provided_names)
+        ids = [uuid_to_topic_id(topic_id) for topic_id in provided_ids]
+        if names or ids:
+            payload = {
+                "names": names,
+                "ids": ids,
+                "duplicate_names": list(duplicate_names),
+                "duplicate_ids": [uuid_to_topic_id(topic_id) for topic_id in duplicate_ids],
+            }
+            reply = await self._forward("DeleteTopics", payload, _timeout_s(body.timeout))
+            if isinstance(reply, Errors):
+                responses += [_deleted(name, None, reply, None) for name in names]
+                responses += [_deleted(None, topic_id, reply, None) for topic_id in provided_ids]
             else:
-                ids_of[topic.name] = topic_id
-        for name, topic_id in ids_of.items():
-            if name == OFFSETS_TOPIC_NAME:
-                responses.append(
-                    _deleted(
-                        name,
-                        topic_id,
-                        Errors.INVALID_REQUEST,
-                        f"The internal topic {OFFSETS_TOPIC_NAME} cannot be deleted.",
+                for r in reply["topics"]:
+                    topic_id = r.get("topic_id")
+                    responses.append(
+                        _deleted(
+                            r["name"],
+                            None if topic_id is None else topic_id_to_uuid(topic_id),
+                            Errors.of(r["error"]),
+                            r.get("message") or None,
+                        )
                     )
-                )
-            else:
-                names.append(name)
-        if names:
-            reply = await self._forward("DeleteTopics", {"names": names}, _timeout_s(body.timeout))
-            for name in names:
-                if isinstance(reply, Errors):
-                    responses.append(_deleted(name, ids_of[name], reply, None))
-                    continue
-                r = next(r for r in reply["topics"] if r["name"] == name)
-                responses.append(_deleted(name, ids_of[name], Errors.of(r["error"]), None))
         return {"throttle_time": 0, "responses": responses}
 
     # -----------------------------------------------------------------------------------------

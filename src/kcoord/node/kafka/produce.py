@@ -455,12 +455,18 @@ class ProduceApi:
         # twice (in one topic entry or two) is appended once, with its last entry's records,
         # and answered once.
         entries: dict[tuple[Any, str | None], dict[int, Any]] = {}
+        # v13+ (KIP-516): the topic the id named when the request came, by its id; the
+        # appends come after awaits, and a topic deleted and created again under its name
+        # meanwhile is another.
+        named_by_id: dict[str, str] = {}
         for topic_data in body.topic_data:
             name = getattr(topic_data, "name", None)
             topic_id = getattr(topic_data, "topic_id", None)
             if request.version >= 13:
                 resolved = self.ctx.topic_by_uuid(topic_id)
                 name = None if resolved is None else resolved.name
+                if resolved is not None:
+                    named_by_id[resolved.name] = resolved.topic_id
             partitions = entries.setdefault((topic_id, name), {})
             for data in topic_data.partition_data:
                 partitions[data.index] = data
@@ -495,7 +501,13 @@ class ProduceApi:
                     )
                 else:
                     result = self._append(
-                        name, data.index, data.records, acks, request.version, scan
+                        name,
+                        data.index,
+                        data.records,
+                        acks,
+                        request.version,
+                        scan,
+                        topic_id=named_by_id.get(name),
                     )
                 results.append(result)
             topics.append((topic_id, name, results))
@@ -549,13 +561,25 @@ class ProduceApi:
         acks: int,
         version: int,
         scan: LeaderScan | None = None,
+        *,
+        topic_id: str | None = None,
     ) -> _PartitionResult:
+        """One partition's append; ``topic_id``, for a request by id, the topic it named
+        (``ReplicaManager.getPartitionOrException``: UNKNOWN_TOPIC_ID if the partition hosted
+        under its name is another topic's now)."""
         result = _PartitionResult(index)
         try:
             if is_internal(topic):
                 raise KafkaError(
                     Errors.INVALID_TOPIC_EXCEPTION, f"clients may not write to {topic}"
                 )
+            if topic_id is not None:
+                hosted = self.ctx.replicas.get_partition(topic, index)
+                if hosted is not None and hosted.topic_id != topic_id:
+                    raise KafkaError(
+                        Errors.UNKNOWN_TOPIC_ID,
+                        f"{topic}-{index} is no longer the partition of the topic id produced to",
+                    )
             part = self.ctx.replicas.leader_partition(topic, index)
             data = records or b""
             if len(data) > _MAGIC_OFFSET and data[_MAGIC_OFFSET] != fmt.MAGIC_V2:

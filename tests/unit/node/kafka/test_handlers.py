@@ -738,7 +738,82 @@ def test_create_partitions_and_delete_topics(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_a_topic_deleted_by_an_old_id_is_looked_up_on_the_controller(tmp_path: Path) -> None:
+    """DeleteTopics by id: the node that takes it may be behind the log. When the topic was
+    deleted and re-created under its name meanwhile, the old id is UNKNOWN_TOPIC_ID and the
+    new topic stays (ControllerApis.deleteTopics looks ids up on the controller); turning the
+    id into a name on the node deleted the new topic."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("reborn", 1, 1)
+        old_id = codec.topic_id_to_uuid(h.topic_id("reborn"))
+        channel = h.broker.ctx.controller
+        call = channel.call
+
+        async def recreated_on_the_way(method: str, payload: Any, timeout_s: float) -> Any:
+            if method == "DeleteTopics":
+                await h.controller.handle_delete_topics({"names": ["reborn"]})
+                await h.create_topic("reborn", 1, 1)
+            return await call(method, payload, timeout_s)
+
+        channel.call = recreated_on_the_way  # type: ignore[method-assign]
+        response = await c.call(
+            DELETE_TOPICS, 6, {"topics": [{"name": None, "topic_id": old_id}], "timeout": 5000}
+        )
+        (r,) = response.responses
+        assert (r.name, r.topic_id, r.error_code) == (None, old_id, Errors.UNKNOWN_TOPIC_ID)
+        new_id = codec.topic_id_to_uuid(h.topic_id("reborn"))
+        assert new_id != old_id
+        # By name, the controller's id is answered.
+        channel.call = call  # type: ignore[method-assign]
+        response = await c.call(
+            DELETE_TOPICS,
+            6,
+            {"topics": [{"name": "reborn", "topic_id": uuid.UUID(int=0)}], "timeout": 5000},
+        )
+        (r,) = response.responses
+        assert (r.name, r.topic_id, r.error_code) == ("reborn", new_id, Errors.NONE)
+        assert h.cache.image.topic_by_name("reborn") is None
+
+    run(tmp_path, test)
+
+
 # ------------------------------------------------------------------ Produce and Fetch
+
+
+def test_a_produce_by_topic_id_never_lands_in_a_topic_recreated_meanwhile(
+    tmp_path: Path,
+) -> None:
+    """Produce v13 names the topic by id; its append comes after awaits (producer state,
+    off-loop reads). A topic deleted and created again under the name meanwhile is another:
+    UNKNOWN_TOPIC_ID, nothing appended (ReplicaManager.getPartitionOrException)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("reborn", 3, 3)
+        (p, *_) = h.led_partitions("reborn")
+        old_id = codec.topic_id_to_uuid(h.topic_id("reborn"))
+        produce = h.broker.produce
+        ready = produce._producer_state_ready
+
+        async def recreated_on_the_way(topic: str, index: int) -> None:
+            produce._producer_state_ready = ready  # type: ignore[method-assign]
+            await h.controller.handle_delete_topics({"names": ["reborn"]})
+            await h.create_topic("reborn", 3, 3)
+            assert p in h.led_partitions("reborn")
+            await ready(topic, index)
+
+        produce._producer_state_ready = recreated_on_the_way  # type: ignore[method-assign]
+        values = produce_values("reborn", p, batch([b"old"]))
+        values["topic_data"][0] = {
+            "topic_id": old_id,
+            "partition_data": values["topic_data"][0]["partition_data"],
+        }
+        response = await c.call(PRODUCE, 13, values)
+        assert only_partition(response).error_code == Errors.UNKNOWN_TOPIC_ID
+        hosted = h.replicas.get_partition("reborn", p)
+        assert hosted is not None and hosted.log.log_end_offset == 0
+
+    run(tmp_path, test)
 
 
 def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
