@@ -62,8 +62,8 @@ class BrokerLifecycle:
         # of partitions before it hosts them.
         self.ready_to_unfence = ready_to_unfence
         self._wake = asyncio.Event()
-        # The partitions whose logs failed to load (LogManager.offline), sent with every
-        # heartbeat (see raft/controller.py's _handle_offline_replicas).
+        # The partitions whose logs failed to load (LogManager.offline), by topic id, sent with
+        # every heartbeat (see raft/controller.py's _handle_offline_replicas).
         self.offline_replicas = offline_replicas
         # The data directory was found empty (by this process, or by one that died before it
         # registered): if the controller knows this broker, what it held is gone (a new or
@@ -139,7 +139,7 @@ class BrokerLifecycle:
         }
         offline = self.offline_replicas()
         if offline:  # logs that failed to load: the controller moves their leadership away
-            heartbeat["offline_replicas"] = [list(tp) for tp in offline]
+            heartbeat["offline_replica_ids"] = [list(tp) for tp in offline]
         reply = await self.call_controller("BrokerHeartbeat", heartbeat)
         error = Errors.of(reply["error"])
         if error in (Errors.STALE_BROKER_EPOCH, Errors.BROKER_ID_NOT_REGISTERED):

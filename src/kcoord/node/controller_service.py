@@ -414,8 +414,10 @@ class ControllerService:
             current_metadata_offset=int(payload["current_metadata_offset"]),
             want_fence=bool(payload.get("want_fence", False)),
             want_shut_down=bool(payload.get("want_shut_down", False)),
+            # By topic id; an older node's "offline_replicas" named topics and is ignored.
             offline_replicas=tuple(
-                (str(topic), int(index)) for topic, index in payload.get("offline_replicas", ())
+                (str(topic_id), int(index))
+                for topic_id, index in payload.get("offline_replica_ids", ())
             ),
         )
         reply = None

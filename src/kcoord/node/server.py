@@ -560,17 +560,24 @@ class Node:
         log.info("node %d stopped", self.config.node_id)
 
     def _offline_replicas(self) -> list[tuple[str, int]]:
-        """The partitions of the image's topics whose logs here failed to load, for the
-        heartbeat; an offline log of an earlier topic of the same name (a stray, deleted once
-        the metadata has caught up) is not reported against the new topic. One whose topic id
-        does not read (its directory failed, or its partition.metadata) is reported: left
-        out, the controller kept this node its leader, and the partition was unavailable."""
+        """(topic id, partition) of the logs here that failed to load, for the heartbeat: the
+        id of the topic each was created for (its partition.metadata), which the controller
+        looks up on its own image, so an offline log of an earlier topic of the same name (a
+        stray, deleted once the metadata has caught up) never moves the new topic's
+        leadership, however far behind this node's image is. One whose topic id does not read
+        (its directory failed, or its partition.metadata) is reported under the id the image
+        gives its name: left out, the controller kept this node its leader, and the partition
+        was unavailable."""
         image = self.cache.image
         out = []
         for tp in sorted(self.logs.offline):
-            topic = image.topic_by_name(tp[0])
-            if topic is not None and self.logs.offline_topic_id(tp) in (None, topic.topic_id):
-                out.append(tp)
+            topic_id = self.logs.offline_topic_id(tp)
+            if topic_id is None:
+                topic = image.topic_by_name(tp[0])
+                if topic is None:
+                    continue
+                topic_id = topic.topic_id
+            out.append((topic_id, tp[1]))
         return out
 
     def _on_cluster_id(self, failure: LogDirFailureChannel, delta: MetadataDelta) -> None:

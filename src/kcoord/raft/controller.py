@@ -229,9 +229,11 @@ class BrokerHeartbeatRequest:
     current_metadata_offset: int
     want_fence: bool = False
     want_shut_down: bool = False
-    # The replicas whose logs the broker cannot serve (they failed to load: a corrupt file).
-    # Kafka's broker reports whole offline log directories (KIP-858 ``OfflineLogDirs``); a
-    # kcoord node has one directory and keeps serving its other partitions, so it names them.
+    # The replicas whose logs the broker cannot serve (they failed to load: a corrupt file),
+    # as (topic id, partition). Kafka's broker reports whole offline log directories (KIP-858
+    # ``OfflineLogDirs``) and the controller finds their replicas by topic id; a kcoord node
+    # has one directory and keeps serving its other partitions, so it names them, by the id
+    # of the topic each log was created for: never a topic re-created under the name.
     offline_replicas: tuple[tuple[str, int], ...] = ()
 
 
@@ -811,9 +813,8 @@ def _offline_but_eligible(
 ) -> list[TopicIdPartition]:
     """The partitions the heartbeat reports offline whose ISR or ELR still has its broker."""
     eligible = set()
-    for name, index in request.offline_replicas:
-        topic = image.topic_by_name(name)
-        state = None if topic is None else image.partition(topic.topic_id, index)
+    for topic_id, index in request.offline_replicas:
+        state = image.partition(topic_id, index)
         if state is not None and (request.broker_id in state.isr or request.broker_id in state.elr):
             eligible.add(state.tp)
     return sorted(eligible)

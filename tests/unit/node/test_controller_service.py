@@ -579,7 +579,7 @@ def test_a_heartbeat_naming_offline_replicas_moves_their_leadership() -> None:
                 "broker_id": 1,
                 "broker_epoch": epoch,
                 "current_metadata_offset": quorum.offset,
-                "offline_replicas": [[OFFSETS_TOPIC_NAME, led[0]]],
+                "offline_replica_ids": [[topic.topic_id, led[0]]],
             }
         )
         assert reply["error"] == 0 and not reply["is_fenced"], reply

@@ -803,7 +803,7 @@ def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
     cluster = three_brokers()
     cluster.create_topic("t", T1, 3, 2)
     assert [s.replicas for s in cluster.image.partitions_of(T1)] == [(1, 2), (2, 3), (3, 1)]
-    offline = (("t", 0), ("t", 2), ("t", 7), ("gone", 0))
+    offline = ((T1, 0), (T1, 2), (T1, 7), (T2, 0))
     result = cluster.heartbeat(1, 100, offline=offline)
     assert result == ControllerResult(
         (PartitionChange(T1, 0, 0, leader=2, isr=(2,)), PartitionChange(T1, 2, 0, isr=(3,))),
@@ -814,6 +814,19 @@ def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
     assert not cluster.image.is_fenced(1)  # its other partitions it serves on
 
 
+def test_an_offline_report_never_reaches_a_topic_recreated_under_its_name() -> None:
+    """A node reports its offline logs by the id of the topic each was created for: a report
+    of a deleted topic's log, from a node whose image is behind, leaves the topic re-created
+    under the same name alone (by name, it took a healthy leader out of the new ISR)."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 1)
+    cluster.commit((RemoveTopic(T1),))
+    cluster.create_topic("t", T2, 1, 1)
+    before = cluster.state(T2, 0)
+    assert cluster.heartbeat(before.leader, 100, offline=((T1, 0),)).records == ()
+    assert cluster.state(T2, 0) == before
+
+
 def test_a_replica_reported_offline_leaves_the_elr_and_is_not_elected() -> None:
     """Below min ISR a replica leaving the ISR joins the ELR; one whose log is offline joined
     it too, and was elected once the ISR emptied, on a broker that refuses to host the log.
@@ -822,14 +835,14 @@ def test_a_replica_reported_offline_leaves_the_elr_and_is_not_elected() -> None:
     cluster = three_brokers(ControllerConfig(min_insync_replicas=2))
     cluster.create_topic("t", T1, 1, 2)
     assert cluster.state(T1, 0).replicas == (1, 2)
-    result = cluster.heartbeat(2, 100, offline=(("t", 0),))
+    result = cluster.heartbeat(2, 100, offline=((T1, 0),))
     assert result.records == (PartitionChange(T1, 0, 0, isr=(1,)),)
     cluster.commit(result.records)
     fenced = cluster.heartbeat(1, 200, want_fence=True)
     cluster.commit(fenced.records)
     state = cluster.state(T1, 0)
     assert (state.leader, state.isr, state.elr) == (NO_LEADER, (), (1,))
-    assert cluster.heartbeat(2, 300, offline=(("t", 0),)).records == ()
+    assert cluster.heartbeat(2, 300, offline=((T1, 0),)).records == ()
 
     # In the ELR first (the ISR shrank below min ISR), then reported offline.
     cluster.create_topic("u", T2, 1, 3)
@@ -838,7 +851,7 @@ def test_a_replica_reported_offline_leaves_the_elr_and_is_not_elected() -> None:
     )
     state = cluster.state(T2, 0)
     member = state.elr[0]
-    result = cluster.heartbeat(member, 400, offline=(("u", 0),))
+    result = cluster.heartbeat(member, 400, offline=((T2, 0),))
     assert result.records == (
         PartitionChange(
             T2, 0, state.partition_epoch, elr=tuple(r for r in state.elr if r != member)
