@@ -451,6 +451,38 @@ def test_a_journal_torn_by_a_power_loss_loads_its_good_entries(
     again._destroy()
 
 
+def test_a_follower_truncation_leaves_no_dropped_entry_for_a_torn_append_to_bring_back(
+    tmp_path: Path,
+) -> None:
+    """A follower drops its conflicting entries 2 and 3 of term 1 and appends its leader's 2
+    and 3 of term 2, of the same sizes. A power loss that took the header and the new entry
+    3's page, but not the new entry 2's, leaves on disk whatever was at entry 2's place when
+    the appends began: pysyncobj's truncation left the old entry 2 there, which loaded as
+    1, 2 (term 1), 3 (term 2), a log the leader never had. Nothing but the kept entries
+    remains past the truncation now, and the load stops at the hole."""
+    path = str(tmp_path / "journal")
+    journal = quorum_module._create_journal(path)
+    for i in (1, 2, 3):
+        journal.add(b"\x00old" + bytes([i]), i, 1)
+    journal.sync()
+    journal.deleteEntriesFrom(1)  # entries 2 and 3 conflict with the leader's
+    journal.sync()
+    on_disk = Path(path).read_bytes()  # when the appends begin
+    journal.add(b"\x00new" + bytes([2]), 2, 2)
+    journal.add(b"\x00new" + bytes([3]), 3, 2)
+    journal.sync()
+    journal._destroy()
+    synced = bytearray(Path(path).read_bytes())
+    record = len(quorum_module._record(b"\x00old" + bytes([1]), 1, 1))
+    second = slice(40 + record, 40 + 2 * record)
+    torn = on_disk[second].ljust(record, b"\x00")  # entry 2's page never reached the disk
+    synced[second] = torn
+    Path(path).write_bytes(bytes(synced))
+    reopened = quorum_module._create_journal(path)
+    assert [(bytes(e[0]), e[1], e[2]) for e in reopened] == [(b"\x00old" + bytes([1]), 1, 1)]
+    reopened._destroy()
+
+
 def test_a_journal_of_pysyncobjs_own_format_is_read_and_rewritten_with_checksums(
     tmp_path: Path,
 ) -> None:

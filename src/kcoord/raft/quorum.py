@@ -444,7 +444,10 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
       the old ones in place; a power loss in the middle left a journal of old and new pages
       that loads entries out of order. A trim (``clear``, ``deleteEntriesTo``) writes the kept
       entries to a new file, syncs it and renames it over the journal, and only after the
-      snapshot it trims to is synced, so the trim is never on disk without its snapshot.
+      snapshot it trims to is synced, so the trim is never on disk without its snapshot. A
+      follower's truncation of its tail (``deleteEntriesFrom``) zeroes the dropped entries
+      and syncs before anything is appended over them: none is left for a torn append to
+      bring back.
     - **Loaded with checks.** An append torn by a power loss (the header's end offset on disk
       before the records or the file's growth, a record partly on disk) is dropped at load,
       from the first record whose sizes, checksum, index or term do not check out: it was
@@ -522,8 +525,21 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._dirty = True
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 (pysyncobj's)
+        # A follower drops the entries from its leader's previous one on (they conflict, or
+        # pysyncobj drops and appends again what matches). pysyncobj only lowers the header's
+        # end and writes the leader's entries over the old ones in place: a power loss that
+        # took a new record's page but not the one before it left an old entry followed by a
+        # new one, each checking out, loaded as a log the leader never had (Raft's log
+        # matching broken; KRaft truncates its segment file). The dropped bytes are zeroed
+        # and synced with the new end before anything is written over them: a torn append
+        # then leaves a hole, where the load stops. Costs the dropped entries, not the file.
+        end = self._FileJournal__currentOffset
         super().deleteEntriesFrom(entryFrom)
+        start = self._FileJournal__currentOffset
+        if end > start:
+            self._FileJournal__journalFile.write(start, bytes(end - start))
         self._dirty = True
+        self.sync()
 
     def clear(self) -> None:
         self._trim_to([])
