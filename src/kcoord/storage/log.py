@@ -424,6 +424,14 @@ class Log:
             log.warning(
                 "%s: deleted segments after corruption: %s", directory, report.segments_deleted
             )
+        # An empty segment between two others holds nothing but a gap, as the cleaner's swap
+        # leaves when it deletes one a pass emptied: one left by a crash between the two
+        # would stay for good (the cleaner passes over segments without batches).
+        emptied = [seg for seg in segments[1:-1] if seg.size == 0]
+        for seg in emptied:
+            log.info("%s: deleting the empty segment %d", directory, seg.base_offset)
+            seg.delete()
+            segments.remove(seg)
         if not segments:
             segments.append(_new_segment(directory, config, log_start_offset))
             opened.append(segments[-1])
@@ -437,14 +445,26 @@ class Log:
             recovery_point = segments[-1].next_offset
         log_start_offset = max(log_start_offset, segments[0].base_offset)
         log_end_offset = segments[-1].next_offset
-        if log_start_offset > log_end_offset:
+        wiped = log_start_offset > log_end_offset
+        if wiped:
+            # Segment files lost (a power loss took the tail after DeleteRecords or retention
+            # moved the start past it): the log starts over, empty, at its start, so no offset
+            # below it is handed out again (Kafka's LogLoader, the segments deleted when the
+            # log end is below the log start checkpoint). Clamping the start down reused them.
             log.warning(
-                "%s: log start %d above log end %d; clamping",
+                "%s: deleting every segment: the log end %d is below the log start %d (segment "
+                "files were lost); the log starts over, empty, at %d",
                 directory,
-                log_start_offset,
                 log_end_offset,
+                log_start_offset,
+                log_start_offset,
             )
-            log_start_offset = log_end_offset
+            for seg in segments:
+                seg.delete()
+                report.segments_deleted.append(seg.base_offset)
+            segments[:] = [_new_segment(directory, config, log_start_offset)]
+            opened.append(segments[-1])
+            log_end_offset = recovery_point = log_start_offset
         epoch_path = directory / checkpoint.LEADER_EPOCH_CHECKPOINT
         try:
             epoch_cache = LeaderEpochCache.load(epoch_path)
@@ -458,6 +478,8 @@ class Log:
         # (``assign`` ignores the others); only segments kept give theirs.
         for epoch, start_offset in recovered_epochs:
             epoch_cache.assign(epoch, start_offset)
+        if wiped:
+            epoch_cache.clear()  # LeaderEpochFileCache.clearAndFlush
         epoch_cache.truncate_from_end(log_end_offset)
         epoch_cache.truncate_from_start(log_start_offset)
         epoch_cache.flush()

@@ -2099,3 +2099,62 @@ def test_a_small_partitions_indexes_take_a_page_of_disk_each(tmp_path: Path) -> 
         assert index.stat().st_size > 10 * 1024 * 1024 - 12  # preallocated: segment.index.bytes
         assert 0 < index.stat().st_blocks * 512 <= 2 * 4096
     lg.close()
+
+
+def test_a_log_whose_end_was_lost_below_its_start_starts_over_at_its_start(
+    tmp_path: Path,
+) -> None:
+    """DeleteRecords moved the log start to 8, then a power loss cut the unflushed tail to 5
+    records: the log start checkpoint (8) is above the log end found (5). The log starts over,
+    empty, at 8 (Kafka's LogLoader deletes the segments), so its next append is offset 8;
+    clamping the start down to 5 handed out offsets 5-7 a second time."""
+    lg = open_log(tmp_path / "t-0", LogConfig())
+    for _ in range(8):
+        lg.append_as_leader(batch(1), 0, now_ms=0)
+    assert lg.maybe_increment_log_start_offset(8)
+    for seg in lg.segments:
+        seg.close()
+    path = tmp_path / "t-0" / "00000000000000000000.log"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 5 // 8])  # five batches of the same size
+    report = RecoveryReport()
+    again = Log.open(tmp_path / "t-0", LogConfig(), log_start_offset=8, report=report)
+    assert (again.log_start_offset, again.log_end_offset) == (8, 8)
+    assert report.segments_deleted == [0]
+    assert [s.base_offset for s in again.segments] == [8]
+    assert again.append_as_leader(batch(1), 1, now_ms=0).first_offset == 8
+    for seg in again.segments:
+        seg.close()
+
+
+def test_an_emptied_segment_a_crash_left_between_two_others_is_deleted_on_opening(
+    tmp_path: Path,
+) -> None:
+    """The cleaner's swap deletes a segment a pass emptied, after renaming it into place; a
+    crash between the two left an empty segment between two others, which the cleaner passes
+    over for good. Opening deletes it; the offsets around it read as before."""
+    compact = LogConfig(cleanup_policy=frozenset({"compact"}))
+    path = tmp_path / "c-0"
+    lg = open_log(path, compact)
+    for key, value in ((b"x", b"1"), (b"a", b"1"), (b"a", b"2"), (b"d", b"1")):
+        lg.append_as_leader(batch(1, key=key, value=value), 0, now_ms=0)
+        if key != b"d":
+            lg.roll()
+    result = lg.clean(lg.plan_cleaning(0, min_dirty_ratio=0.0))  # type: ignore[arg-type]
+    emptied = result.cleaned[1]
+    assert emptied is not None and emptied.size == 0  # a=1, superseded by a=2
+    # The swap of segment 1 alone, up to the crash before the emptied copy is deleted.
+    emptied.rename_suffix(segment_module.CLEANED_SUFFIX, segment_module.SWAP_SUFFIX)
+    lg.remove_files(result.plan.segments[1].retire())
+    emptied.rename_suffix(segment_module.SWAP_SUFFIX, "")
+    for cleaned in (result.cleaned[0], result.cleaned[2]):
+        if cleaned is not None:
+            cleaned.delete()
+    lg.close()
+    emptied.close()
+    reopened = open_log(path, compact)
+    try:
+        assert [s.base_offset for s in reopened.segments] == [0, 2, 3]
+        assert [(r.offset, r.key) for r in read_all(reopened)] == [(0, b"x"), (2, b"a"), (3, b"d")]
+    finally:
+        reopened.close()
