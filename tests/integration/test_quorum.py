@@ -451,35 +451,79 @@ def test_a_journal_torn_by_a_power_loss_loads_its_good_entries(
     again._destroy()
 
 
+def recording_flushes(journal: Any, path: str) -> list[bytes]:
+    """The journal file's bytes after each of the journal's syncs: what a power loss right
+    after it would leave."""
+    synced: list[bytes] = []
+    real = journal.flush
+
+    def flush() -> None:
+        real()
+        synced.append(Path(path).read_bytes())
+
+    journal.flush = flush
+    return synced
+
+
 def test_a_follower_truncation_leaves_no_dropped_entry_for_a_torn_append_to_bring_back(
     tmp_path: Path,
 ) -> None:
     """A follower drops its conflicting entries 2 and 3 of term 1 and appends its leader's 2
     and 3 of term 2, of the same sizes. A power loss that took the header and the new entry
-    3's page, but not the new entry 2's, leaves on disk whatever was at entry 2's place when
-    the appends began: pysyncobj's truncation left the old entry 2 there, which loaded as
-    1, 2 (term 1), 3 (term 2), a log the leader never had. Nothing but the kept entries
-    remains past the truncation now, and the load stops at the hole."""
+    3's page, but not the new entry 2's, leaves on disk what was synced at entry 2's place
+    before: pysyncobj's truncation left the old entry 2 there, which loaded as 1, 2 (term 1),
+    3 (term 2), a log the leader never had. The dropped entries are zeroes on disk before the
+    first different entry is written over them, and the load stops at the hole."""
     path = str(tmp_path / "journal")
     journal = quorum_module._create_journal(path)
     for i in (1, 2, 3):
         journal.add(b"\x00old" + bytes([i]), i, 1)
     journal.sync()
+    synced = recording_flushes(journal, path)
     journal.deleteEntriesFrom(1)  # entries 2 and 3 conflict with the leader's
-    journal.sync()
-    on_disk = Path(path).read_bytes()  # when the appends begin
     journal.add(b"\x00new" + bytes([2]), 2, 2)
     journal.add(b"\x00new" + bytes([3]), 3, 2)
     journal.sync()
     journal._destroy()
-    synced = bytearray(Path(path).read_bytes())
+    before_the_appends = synced[0]
+    torn = bytearray(synced[-1])
     record = len(quorum_module._record(b"\x00old" + bytes([1]), 1, 1))
     second = slice(40 + record, 40 + 2 * record)
-    torn = on_disk[second].ljust(record, b"\x00")  # entry 2's page never reached the disk
-    synced[second] = torn
-    Path(path).write_bytes(bytes(synced))
+    torn[second] = before_the_appends[second].ljust(record, b"\x00")  # its page never got there
+    Path(path).write_bytes(bytes(torn))
     reopened = quorum_module._create_journal(path)
     assert [(bytes(e[0]), e[1], e[2]) for e in reopened] == [(b"\x00old" + bytes([1]), 1, 1)]
+    reopened._destroy()
+
+
+def test_entries_a_follower_drops_and_appends_again_unchanged_stay_on_disk(tmp_path: Path) -> None:
+    """pysyncobj drops a follower's tail at every AppendEntries that overlaps it, conflicting or
+    not (a resend after a late reply), then appends the leader's entries: those appended again
+    unchanged, already acknowledged, are never dropped on disk (made durable, a power loss in
+    between lost them). Those not sent again are dropped, as pysyncobj's log has them, zeroed
+    and synced before the journal is read again."""
+    path = str(tmp_path / "journal")
+    journal = quorum_module._create_journal(path)
+    for i in (1, 2, 3, 4):
+        journal.add(b"\x00cmd" + bytes([i]), i, 1)
+    journal.sync()
+    acknowledged = Path(path).read_bytes()
+    synced = recording_flushes(journal, path)
+    journal.deleteEntriesFrom(1)
+    journal.add(b"\x00cmd" + bytes([2]), 2, 1)
+    journal.add(b"\x00cmd" + bytes([3]), 3, 1)
+    journal.add(b"\x00cmd" + bytes([4]), 4, 1)
+    assert len(journal) == 4
+    journal.sync()
+    assert synced == [] and Path(path).read_bytes() == acknowledged  # nothing written
+    # Entries 3 and 4 not sent again: dropped, on disk too, before the journal is read.
+    journal.deleteEntriesFrom(1)
+    journal.add(b"\x00cmd" + bytes([2]), 2, 1)
+    assert [e[1] for e in journal] == [1, 2]
+    assert len(synced) == 1
+    journal._destroy()
+    reopened = quorum_module._create_journal(path)
+    assert [e[1] for e in reopened] == [1, 2]
     reopened._destroy()
 
 

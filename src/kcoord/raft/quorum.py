@@ -445,9 +445,9 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
       that loads entries out of order. A trim (``clear``, ``deleteEntriesTo``) writes the kept
       entries to a new file, syncs it and renames it over the journal, and only after the
       snapshot it trims to is synced, so the trim is never on disk without its snapshot. A
-      follower's truncation of its tail (``deleteEntriesFrom``) zeroes the dropped entries
-      and syncs before anything is appended over them: none is left for a torn append to
-      bring back.
+      follower's truncation of its tail (``deleteEntriesFrom``) keeps the entries appended
+      again unchanged as they are on disk, and zeroes and syncs the others before anything
+      is written over them: none is left for a torn append to bring back.
     - **Loaded with checks.** An append torn by a power loss (the header's end offset on disk
       before the records or the file's growth, a record partly on disk) is dropped at load,
       from the first record whose sizes, checksum, index or term do not check out: it was
@@ -461,6 +461,9 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._path = journal_file
         self._snapshot_file = snapshot_file
         self._dirty = True  # pysyncobj may have written it unsynced before a crash
+        # Entries dropped but not yet zeroed on disk, and where they ended (deleteEntriesFrom).
+        self._pending: list[tuple[bytes, int, int]] = []
+        self._pending_end = 0
         self._FileJournal__journalFile = pysyncobj.journal.ResizableFile(
             journal_file, defaultContent=_journal_header(None)
         )
@@ -516,6 +519,15 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         return entries, offset
 
     def add(self, command: bytes, idx: int, term: int) -> None:
+        if self._pending:
+            old_command, old_idx, old_term = self._pending[0]
+            if (old_idx, old_term) == (idx, term) and bytes(old_command) == bytes(command):
+                # Appended again unchanged: kept as it is on disk (see deleteEntriesFrom).
+                entry = self._pending.pop(0)
+                self._FileJournal__journal.append(entry)
+                self._FileJournal__currentOffset += len(_record(*entry))
+                return
+            self._settle()
         # FileJournal.add, each record with a CRC-32C of its index, term and command.
         self._FileJournal__journal.append((command, idx, term))
         record = _record(command, idx, term)
@@ -525,21 +537,45 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._dirty = True
 
     def deleteEntriesFrom(self, entryFrom: int) -> None:  # noqa: N802, N803 (pysyncobj's)
-        # A follower drops the entries from its leader's previous one on (they conflict, or
-        # pysyncobj drops and appends again what matches). pysyncobj only lowers the header's
-        # end and writes the leader's entries over the old ones in place: a power loss that
-        # took a new record's page but not the one before it left an old entry followed by a
+        # pysyncobj drops a follower's entries from its leader's previous one on whenever an
+        # AppendEntries overlaps its tail, conflicting or not (a resend after a late reply),
+        # then appends the leader's. Done in place, that was unsafe both ways: written over
+        # at once, a power loss tearing the appends could leave an old entry followed by a
         # new one, each checking out, loaded as a log the leader never had (Raft's log
-        # matching broken; KRaft truncates its segment file). The dropped bytes are zeroed
-        # and synced with the new end before anything is written over them: a torn append
-        # then leaves a hole, where the load stops. Costs the dropped entries, not the file.
-        end = self._FileJournal__currentOffset
-        super().deleteEntriesFrom(entryFrom)
+        # matching broken; KRaft truncates its segment file); made durable at once, the same
+        # entries appended again, already acknowledged, were lost in between. So the drop is
+        # pending: the entries appended again unchanged are kept as they are on disk, and the
+        # rest are zeroed and synced (``_settle``) before anything else is written over them
+        # or the journal is read, as pysyncobj's own truncation leaves them.
+        self._settle()
+        journal = self._FileJournal__journal
+        dropped = journal[entryFrom:]
+        if not dropped:
+            return
+        del journal[entryFrom:]
+        self._pending_end = self._FileJournal__currentOffset
+        self._FileJournal__currentOffset -= sum(len(_record(*entry)) for entry in dropped)
+        self._pending = dropped
+
+    def _settle(self) -> None:
+        """Make a pending drop real: the dropped entries not appended again are zeroed and the
+        header's end lowered, synced before anything is written over them."""
+        if not self._pending:
+            return
         start = self._FileJournal__currentOffset
-        if end > start:
-            self._FileJournal__journalFile.write(start, bytes(end - start))
+        self._FileJournal__journalFile.write(start, bytes(self._pending_end - start))
+        self._FileJournal__setLastRecordOffset(start)
+        self._pending = []
         self._dirty = True
         self.sync()
+
+    def __getitem__(self, index: Any) -> Any:
+        self._settle()
+        return self._FileJournal__journal[index]
+
+    def __len__(self) -> int:
+        self._settle()
+        return len(self._FileJournal__journal)
 
     def clear(self) -> None:
         self._trim_to([])
@@ -570,10 +606,12 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         except OSError as e:
             _halt_on_storage_error("rewriting the metadata journal", e)
         self._FileJournal__currentOffset = end
+        self._pending = []  # the file holds none of them
         self._dirty = False
 
     def sync(self) -> None:
         """Make every change so far durable (the map's pages, through msync)."""
+        self._settle()
         if not self._dirty:
             return
         try:
