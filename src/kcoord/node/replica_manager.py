@@ -587,6 +587,7 @@ class ReplicaManager:
         wanted = self.logs_to_create(records)
         if not wanted:
             return
+        self.logs.forget_deleted_logs_offsets([tp for tp, _, _ in wanted])
         loop = asyncio.get_running_loop()
         started = loop.time()
         stop = threading.Event()

@@ -181,6 +181,7 @@ class LogManager:
             return existing
         if tp in self.offline:
             raise OSError(f"partition {tp[0]}-{tp[1]} is offline: {self.offline[tp]}")
+        self.forget_deleted_logs_offsets([tp])
         created = Log.open(
             self._new_log_dir(tp),
             config or self.default_config,
@@ -222,6 +223,21 @@ class LogManager:
                 continue
             created.append((tp, lg))
         return created
+
+    def forget_deleted_logs_offsets(self, tps: Sequence[TopicPartition]) -> None:
+        """Before new logs of these partitions are created: rewrite the checkpoints that still
+        hold a deleted log's recovery point or log start under one of their names (a topic
+        deleted and created again; ``adopt`` leaves them until a log takes the place). A
+        crash after a new directory was made, before its log was adopted, paired it with the
+        old log's offsets at the next start: a log start above its end starts the log over
+        there (Kafka's LogManager.asyncDelete rewrites both when it deletes a log)."""
+        for name, write in (
+            (checkpoint.RECOVERY_POINT_CHECKPOINT, self.checkpoint_recovery_points),
+            (checkpoint.LOG_START_OFFSET_CHECKPOINT, self.checkpoint_log_start_offsets),
+        ):
+            held = self._checkpointed.get(name, set())
+            if any(tp in held and tp not in self.logs and tp not in self.offline for tp in tps):
+                write()
 
     def adopt(self, tp: TopicPartition, lg: Log) -> None:
         """Register a log from ``create_unregistered`` (on the manager's own thread); one this

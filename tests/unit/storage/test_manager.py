@@ -356,3 +356,37 @@ def test_an_offline_partition_keeps_its_checkpointed_offsets(tmp_path: Path) -> 
     repaired = LogManager(tmp_path, CONFIG)
     repaired.open()
     assert repaired.logs[("orders", 1)].log_start_offset == 5
+
+
+def test_a_crash_before_a_recreated_log_is_adopted_leaves_it_no_old_offsets(
+    tmp_path: Path,
+) -> None:
+    """A topic deleted and created again: the checkpoints still held the deleted log's log
+    start (and recovery point) until a new log took the place. Killed after the new directory
+    was made (ahead of its metadata, on a worker thread), before it was adopted, the node
+    paired it with the old log's start at the next start-up: a log start above the new log's
+    end, and the new log started over there. The checkpoints drop the old offsets before a
+    new directory of the name is made."""
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    tp = ("reborn", 0)
+    old = mgr.get_or_create_log(tp, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
+    for _ in range(8):
+        old.append_as_leader(batch(1), leader_epoch=1, now_ms=0)
+    assert old.maybe_increment_log_start_offset(5)
+    mgr.checkpoint_log_start_offsets()
+    mgr.checkpoint_recovery_points()
+    mgr.delete_log(tp)
+    mgr.forget_deleted_logs_offsets([tp])
+    ((_, new),) = mgr.create_unregistered([(tp, CONFIG, "BBBBBBBBBBBBBBBBBBBBBB")])
+    for seg in new.segments:  # killed before adopting it: no shutdown, no checkpoint
+        seg.close()
+    for lg in mgr.logs.values():
+        for seg in lg.segments:
+            seg.close()
+    again = LogManager(tmp_path, CONFIG)
+    again.open()
+    reopened = again.get_log(tp)
+    assert reopened is not None and reopened.topic_id == "BBBBBBBBBBBBBBBBBBBBBB"
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 0)
+    again.shutdown()
