@@ -1758,7 +1758,9 @@ class Controller:
         (ConfigurationControlManager's ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and
         ``createClearElrRecordsAsNeeded``, KAFKA-16540): without the record each node would
         fall back to its own config file."""
-        others = sorted({key for key, _, _ in ops} - TOPIC_CONFIGS_BY_BROKER_NAME.keys())
+        # Removing a key is always allowed: one another build wrote, unknown here, included.
+        set_keys = {key for key, op, _ in ops if op != ConfigOp.DELETE}
+        others = sorted(set_keys - TOPIC_CONFIGS_BY_BROKER_NAME.keys())
         if others:
             # DynamicBrokerConfig.validateConfigs (INVALID_REQUEST).
             return _alter_error(
@@ -1769,8 +1771,13 @@ class Controller:
             )
 
         def config_error(configs: Mapping[str, str | None]) -> str | None:
+            # Keys unknown here (another build's) are left as they are, not checked.
             return topic_config_error(
-                {TOPIC_CONFIGS_BY_BROKER_NAME[k].name: v for k, v in configs.items()}
+                {
+                    TOPIC_CONFIGS_BY_BROKER_NAME[k].name: v
+                    for k, v in configs.items()
+                    if k in TOPIC_CONFIGS_BY_BROKER_NAME
+                }
             )
 
         current = image.resource_configs(CLUSTER_CONFIGS)

@@ -1335,6 +1335,31 @@ def test_the_cluster_level_min_isr_changes_but_is_not_removed() -> None:
         )
 
 
+def test_a_cluster_level_key_another_build_wrote_neither_blocks_alters_nor_stays() -> None:
+    """A cluster-level key this build does not know (written by another, say a later one's
+    log.retention.hours) is left unchecked by the alters of the other keys, and may be
+    removed; it raised KeyError in every incremental alter of the cluster's defaults."""
+    cluster = three_brokers()
+    cluster.commit((Config(ConfigResourceType.BROKER, "", "log.retention.hours", "24"),))
+    set_one = alter(
+        cluster,
+        [("log.retention.ms", ConfigOp.SET, "60000")],
+        resource_type=ConfigResourceType.BROKER,
+        name="",
+    )
+    assert set_one.response.error is Errors.NONE
+    cluster.commit(set_one.records)
+    removed = alter(
+        cluster,
+        [("log.retention.hours", ConfigOp.DELETE, None)],
+        resource_type=ConfigResourceType.BROKER,
+        name="",
+    )
+    assert removed.records == (Config(ConfigResourceType.BROKER, "", "log.retention.hours", None),)
+    cluster.commit(removed.records)
+    assert cluster.image.resource_configs(CLUSTER_CONFIGS) == {"log.retention.ms": "60000"}
+
+
 @pytest.mark.parametrize("raw", ["+2", " 2", "2 "])
 def test_min_isr_is_read_as_every_leader_reads_it(raw: str) -> None:
     """Kafka's ConfigDef trims and takes a sign; the controller read only bare digits, so with
