@@ -135,6 +135,7 @@ from kcoord.storage.config import (
     TOPIC_CONFIGS,
     TOPIC_CONFIGS_BY_BROKER_NAME,
     ConfigType,
+    cluster_topic_defaults,
     parse_min_insync_replicas,
     topic_config_error,
 )
@@ -1266,7 +1267,7 @@ class Controller:
             return _create_topic_error(
                 Errors.INVALID_REQUEST, f"Topic id {topic_id!r} is empty or already in use."
             )
-        config_error = topic_config_error(topic_configs)
+        config_error = _topic_config_error(image, topic_configs)
         if config_error is not None:
             return _create_topic_error(Errors.INVALID_CONFIG, config_error)
         placements: Sequence[tuple[int, ...]]
@@ -1731,7 +1732,7 @@ class Controller:
             ops,
             incremental=incremental,
             list_default=_topic_list_default,
-            config_error=topic_config_error,
+            config_error=lambda configs: _topic_config_error(image, configs),
         )
         if self.config.eligible_leader_replicas_enabled and _changes_min_isr(result.records):
             # ConfigurationControlManager.createClearElrRecordsAsNeeded (KAFKA-16540): the ELR
@@ -2027,6 +2028,21 @@ def _alter_error(error: Errors, message: str) -> ControllerResult[AlterConfigsRe
 def _topic_list_default(key: str) -> str | None:
     definition = TOPIC_CONFIGS.get(key)
     return definition.default if definition and definition.type is ConfigType.LIST else None
+
+
+_COMPACTION_LAGS: Final = ("min.compaction.lag.ms", "max.compaction.lag.ms")
+
+
+def _topic_config_error(image: MetadataImage, configs: Mapping[str, str | None]) -> str | None:
+    """``topic_config_error``, the two compaction lags checked over the cluster-level defaults
+    too: a topic's min above the cluster's max contradicts as two of its own do (Kafka's
+    ``LogConfig.validate`` merges the broker's log configs under the topic's)."""
+    error = topic_config_error(configs)
+    if error is not None:
+        return error
+    defaults = cluster_topic_defaults(image.resource_configs(CLUSTER_CONFIGS))
+    lags = {k: v for k, v in {**defaults, **configs}.items() if k in _COMPACTION_LAGS}
+    return topic_config_error(lags) if lags.keys() - configs.keys() else None
 
 
 def _cluster_list_default(key: str) -> str | None:

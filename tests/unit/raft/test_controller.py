@@ -1335,6 +1335,33 @@ def test_the_cluster_level_min_isr_changes_but_is_not_removed() -> None:
         )
 
 
+def test_a_topics_compaction_lags_are_checked_over_the_cluster_level_ones() -> None:
+    """Kafka's LogConfig.validate merges the broker's log configs under a topic's: a topic
+    whose min.compaction.lag.ms is above the cluster's max.compaction.lag.ms is refused, at
+    creation and by an alter, as two contradicting configs of its own are; its own max wins
+    over the cluster's."""
+    cluster = three_brokers()
+    cluster.commit(
+        (Config(ConfigResourceType.BROKER, "", "log.cleaner.max.compaction.lag.ms", "1000"),)
+    )
+    refused = cluster.decide(
+        lambda image: cluster.controller.create_topic(
+            image, "t", T1, num_partitions=1, replication_factor=1,
+            configs={"min.compaction.lag.ms": "5000"},
+        )
+    )  # fmt: skip
+    assert refused.response.error is Errors.INVALID_CONFIG
+    assert refused.response.message == (
+        "conflict topic config setting min.compaction.lag.ms (5000) > max.compaction.lag.ms (1000)"
+    )
+    cluster.create_topic(
+        "t", T1, 1, 1, {"min.compaction.lag.ms": "5000", "max.compaction.lag.ms": "9000"}
+    )
+    removed = alter(cluster, [("max.compaction.lag.ms", ConfigOp.DELETE, None)])
+    assert removed.response.error is Errors.INVALID_CONFIG
+    assert alter(cluster, [("min.compaction.lag.ms", ConfigOp.SET, "500")]).records
+
+
 def test_a_cluster_level_key_another_build_wrote_neither_blocks_alters_nor_stays() -> None:
     """A cluster-level key this build does not know (written by another, say a later one's
     log.retention.hours) is left unchecked by the alters of the other keys, and may be
