@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -474,9 +475,30 @@ def test_payments_job_stopped_with_ctrl_c_exits_cleanly(
     out = (tmp_path / "out.log").read_text()
     err = (tmp_path / "err.log").read_text()
     assert job.returncode == 0, err[-4000:]
-    assert "Traceback" not in err, err[-4000:]
+    assert "reentrant" not in err and not tracebacks_of_the_job(err), err[-4000:]
     last = json.loads(out.strip().splitlines()[-1])
     assert set(last) == {"payments-totals", "payments-dlq"} and last["payments-totals"] >= 0
+
+
+def tracebacks_of_the_job(err: str) -> list[str]:
+    """The tracebacks in ``err`` with a frame outside pyspark and Python's own library: the
+    job's, py4j's and kcoord's. Spark's Python data source runner, a worker process the JVM
+    starts, prints its own when a stopped query closes its socket while it reads (EOFError,
+    then BrokenPipeError): Spark's noise at a stop, whatever stops the query (CI: 1 run in 5),
+    as a terminal's Ctrl-C shows it too."""
+    stdlib = os.path.join(sys.base_prefix, "lib")
+    found = []
+    for block in err.split("Traceback (most recent call last):")[1:]:
+        frames = re.findall(r'^\s*File "([^"]+)"', block, re.MULTILINE)
+        spark_or_stdlib = [
+            "/pyspark/" in f
+            or f.startswith("<frozen")
+            or (f.startswith(stdlib) and "site-packages" not in f)
+            for f in frames
+        ]
+        if not all(spark_or_stdlib):
+            found.append(block)
+    return found
 
 
 def planned_records(checkpoint: Path) -> int:
