@@ -1309,12 +1309,7 @@ def test_the_cluster_level_min_isr_changes_but_is_not_removed() -> None:
     cluster.commit(cluster.decide(cluster.controller.elr_safety_records).records)
     cluster.create_topic("t", T1, 1, 3)
     cluster.commit(cluster.alter(1, T1, 0, (1,)).records)
-    changed = alter(
-        cluster,
-        [("min.insync.replicas", ConfigOp.SET, "1")],
-        resource_type=ConfigResourceType.BROKER,
-        name="",
-    )
+    changed = alter_cluster_defaults(cluster, [("min.insync.replicas", ConfigOp.SET, "1")])
     assert changed.response.error is Errors.NONE
     assert changed.records == (
         Config(ConfigResourceType.BROKER, "", "min.insync.replicas", "1"),
@@ -1325,9 +1320,7 @@ def test_the_cluster_level_min_isr_changes_but_is_not_removed() -> None:
         ("min.insync.replicas", ConfigOp.DELETE, None)
     ]
     for ops, incremental in ((delete, True), ([], False)):
-        removed = alter(
-            cluster, ops, incremental=incremental, resource_type=ConfigResourceType.BROKER, name=""
-        )
+        removed = alter_cluster_defaults(cluster, ops, incremental=incremental)
         assert removed.records == ()
         assert removed.response == AlterConfigsResult(
             Errors.INVALID_CONFIG,
@@ -1368,20 +1361,10 @@ def test_a_cluster_level_key_another_build_wrote_neither_blocks_alters_nor_stays
     removed; it raised KeyError in every incremental alter of the cluster's defaults."""
     cluster = three_brokers()
     cluster.commit((Config(ConfigResourceType.BROKER, "", "log.retention.hours", "24"),))
-    set_one = alter(
-        cluster,
-        [("log.retention.ms", ConfigOp.SET, "60000")],
-        resource_type=ConfigResourceType.BROKER,
-        name="",
-    )
+    set_one = alter_cluster_defaults(cluster, [("log.retention.ms", ConfigOp.SET, "60000")])
     assert set_one.response.error is Errors.NONE
     cluster.commit(set_one.records)
-    removed = alter(
-        cluster,
-        [("log.retention.hours", ConfigOp.DELETE, None)],
-        resource_type=ConfigResourceType.BROKER,
-        name="",
-    )
+    removed = alter_cluster_defaults(cluster, [("log.retention.hours", ConfigOp.DELETE, None)])
     assert removed.records == (Config(ConfigResourceType.BROKER, "", "log.retention.hours", None),)
     cluster.commit(removed.records)
     assert cluster.image.resource_configs(CLUSTER_CONFIGS) == {"log.retention.ms": "60000"}
@@ -1549,6 +1532,15 @@ def alter(
             [(k, int(op), v) for k, op, v in ops],
             incremental=incremental,
         )
+    )
+
+
+def alter_cluster_defaults(
+    cluster: Cluster, ops: list[tuple[str, ConfigOp, str | None]], *, incremental: bool = True
+) -> ControllerResult[AlterConfigsResult]:
+    """``alter`` of the cluster-level defaults (the BROKER resource "")."""
+    return alter(
+        cluster, ops, incremental=incremental, resource_type=ConfigResourceType.BROKER, name=""
     )
 
 
