@@ -9,9 +9,11 @@ only Kafka's default, so a topic never claims a behaviour its log does not have.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from decimal import Decimal
 from enum import IntEnum
 from typing import Final
 
@@ -553,6 +555,42 @@ def parse_min_insync_replicas(raw: str) -> int | None:
         return None
     assert isinstance(value, int)
     return value
+
+
+def canonical_config_value(definition: TopicConfigDef, raw: str) -> str:
+    """A stored value as Kafka's DescribeConfigs shows it: parsed, then written back
+    (``ConfigDef.convertToString``: ``TRUE`` is ``true``, ``compact, delete`` is
+    ``compact,delete``, `` +100`` is ``100``, ``5e-1`` is ``0.5``). One that does not parse
+    (a later build's bound) is shown as it is."""
+    try:
+        value = parse_config_value(definition, raw)
+    except InvalidConfigError:
+        return raw
+    match value:
+        case bool():
+            return "true" if value else "false"
+        case tuple():
+            return ",".join(str(item) for item in value)
+        case float():
+            return java_double(value)
+    return str(value)
+
+
+def java_double(value: float) -> str:
+    """Java's ``Double.toString``: plain decimals from 10^-3 up to 10^7, otherwise the
+    shortest digits with an exponent (``1.0E-4``, ``1.5E7``)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    if value == 0 or 1e-3 <= abs(value) < 1e7:
+        return repr(value)  # Python writes these plainly too, with at least one decimal
+    sign, digits, exponent = Decimal(repr(value)).as_tuple()
+    assert isinstance(exponent, int)
+    text = "".join(map(str, digits))
+    power = exponent + len(text) - 1
+    text = text.rstrip("0") or "0"
+    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
 
 
 def _bound(value: float) -> str:

@@ -9,6 +9,8 @@ from kcoord.storage.config import (
     TOPIC_CONFIGS,
     InvalidConfigError,
     LogConfig,
+    canonical_config_value,
+    java_double,
     parse_topic_config,
     topic_config_error,
 )
@@ -177,3 +179,41 @@ def test_the_compaction_lags_must_not_contradict_each_other() -> None:
         {"cleanup.policy": "compact", "max.compaction.lag.ms": "1000"}
     )
     assert compacted.max_segment_ms == 1000
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "shown"),
+    [
+        ("cleanup.policy", "compact, delete", "compact,delete"),
+        ("cleanup.policy", "", ""),
+        ("unclean.leader.election.enable", "TRUE", "true"),
+        ("retention.ms", " +100 ", "100"),
+        ("min.cleanable.dirty.ratio", "5e-1", "0.5"),
+        ("min.cleanable.dirty.ratio", "0.0001", "1.0E-4"),
+        ("compression.type", " lz4 ", "lz4"),
+        ("retention.ms", "soon", "soon"),  # does not parse here: as it is
+    ],
+)
+def test_values_are_shown_as_kafka_writes_them_back(name: str, raw: str, shown: str) -> None:
+    """DescribeConfigs shows a value parsed and written back (ConfigDef.convertToString)."""
+    assert canonical_config_value(TOPIC_CONFIGS[name], raw) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "java"),
+    [
+        (0.5, "0.5"),
+        (1.0, "1.0"),
+        (0.001, "0.001"),
+        (0.0009, "9.0E-4"),
+        (1.5e-05, "1.5E-5"),
+        (9999999.0, "9999999.0"),
+        (1e7, "1.0E7"),
+        (-1.25e8, "-1.25E8"),
+        (0.0, "0.0"),
+        (float("nan"), "NaN"),
+        (float("inf"), "Infinity"),
+    ],
+)
+def test_doubles_are_written_as_java_writes_them(value: float, java: str) -> None:
+    assert java_double(value) == java

@@ -47,6 +47,7 @@ from kcoord.storage.config import (
     TOPIC_CONFIGS_BY_BROKER_NAME,
     ConfigType,
     TopicConfigDef,
+    canonical_config_value,
 )
 
 log = logging.getLogger(__name__)
@@ -229,7 +230,9 @@ class ConfigsApi:
         )
         return {
             "name": name,
-            "value": chain[0]["value"],
+            # Parsed and written back, as Kafka's ConfigDef.convertToString; the synonyms as
+            # they were set.
+            "value": canonical_config_value(definition, chain[0]["value"]),
             "read_only": False,
             "config_source": chain[0]["source"],
             "is_sensitive": False,
@@ -332,7 +335,7 @@ def _cluster_entry(key: str, value: str, synonyms: bool, docs: bool) -> dict[str
     definition = TOPIC_CONFIGS_BY_BROKER_NAME.get(key)
     return {
         "name": key,
-        "value": value,
+        "value": value if definition is None else canonical_config_value(definition, value),
         "read_only": False,
         "config_source": DYNAMIC_DEFAULT_BROKER_CONFIG,
         "is_sensitive": False,

@@ -392,6 +392,49 @@ def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
     run(tmp_path, test)
 
 
+def test_values_are_described_as_kafka_writes_them_back(tmp_path: Path) -> None:
+    """A value is shown parsed and written back (Kafka's ConfigDef.convertToString of the
+    LogConfig's value), its synonym as it was set; a cluster-level one too."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        own = {
+            "cleanup.policy": "compact, delete",
+            "unclean.leader.election.enable": "TRUE",
+            "retention.ms": " +100 ",
+        }
+        await h.create_topic("t", 1, configs=own)
+        response = await c.call(
+            INCREMENTAL_ALTER_CONFIGS,
+            1,
+            incremental_values(
+                "", ("log.cleaner.min.cleanable.ratio", SET, "5e-1"), resource_type=BROKER
+            ),
+        )
+        assert response.responses[0].error_code == Errors.NONE
+        response = await c.call(
+            DESCRIBE_CONFIGS,
+            4,
+            describe_values(
+                (TOPIC, "t", [*own, "min.cleanable.dirty.ratio"]),
+                (BROKER, "", ["log.cleaner.min.cleanable.ratio"]),
+                synonyms=True,
+            ),
+        )
+        topic, cluster_wide = response.results
+        shown = {e.name: (e.value, e.synonyms[0].value) for e in topic.configs}
+        assert shown == {
+            "cleanup.policy": ("compact,delete", "compact, delete"),
+            "unclean.leader.election.enable": ("true", "TRUE"),
+            "retention.ms": ("100", " +100 "),
+            "min.cleanable.dirty.ratio": ("0.5", "5e-1"),
+        }
+        assert [(e.name, e.value) for e in cluster_wide.configs] == [
+            ("log.cleaner.min.cleanable.ratio", "0.5")
+        ]
+
+    run(tmp_path, test)
+
+
 def test_cluster_level_defaults_reach_every_log_without_its_own(tmp_path: Path) -> None:
     """``kafka-configs --entity-type brokers --entity-default --alter --add-config
     log.retention.ms=...``: every hosted log whose topic has no retention.ms of its own takes
