@@ -1714,26 +1714,31 @@ class Controller:
                 f"of resource type {resource_type}"
                 + (f" named {resource_name!r}" if resource_name else ""),
             )
-        # ControllerConfigurationValidator: the name first, then whether the topic exists.
+        # ControllerConfigurationValidator: the name first, then the values, then whether the
+        # topic exists.
         if not resource_name:
             return _alter_error(Errors.INVALID_REQUEST, "Default topic resources are not allowed.")
         name_error = topic_name_error(resource_name)
         if name_error is not None:
             return _alter_error(Errors.INVALID_TOPIC_EXCEPTION, name_error)
         topic = image.topic_by_name(resource_name)
-        if topic is None:
-            return _alter_error(
-                Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{resource_name}' does not exist."
-            )
         result = _alter(
             ConfigResourceType.TOPIC,
             resource_name,
-            topic.configs,
+            {} if topic is None else topic.configs,
             ops,
             incremental=incremental,
             list_default=_topic_list_default,
             config_error=lambda configs: _topic_config_error(image, configs),
         )
+        if topic is None:
+            # ConfigurationControlManager.validateAlterConfig: the values are checked before
+            # whether the topic exists.
+            if result.response.error is not Errors.NONE:
+                return result
+            return _alter_error(
+                Errors.UNKNOWN_TOPIC_OR_PARTITION, f"The topic '{resource_name}' does not exist."
+            )
         if self.config.eligible_leader_replicas_enabled and _changes_min_isr(result.records):
             # ConfigurationControlManager.createClearElrRecordsAsNeeded (KAFKA-16540): the ELR
             # was kept under the old min ISR; under a lower one the leader commits with fewer

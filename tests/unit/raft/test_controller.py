@@ -1641,6 +1641,12 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             Errors.UNKNOWN_TOPIC_OR_PARTITION,
             "The topic 'nope' does not exist.",
         ),
+        (  # the values first (ConfigurationControlManager.validateAlterConfig)
+            [("retention.ms", ConfigOp.SET, "x")],
+            (TOPIC, "nope"),
+            Errors.INVALID_CONFIG,
+            "Invalid value x for configuration retention.ms",
+        ),
         (
             [("retention.ms", ConfigOp.APPEND, "1")],
             (TOPIC, "t"),
