@@ -1759,7 +1759,11 @@ class Controller:
         (``log.retention.ms``, ``log.cleanup.policy``, ``min.insync.replicas`` ...), each the
         default of every topic without its own, read by every node and the controller after
         a topic's own and before their config files (Kafka's ``DynamicLogConfig``). Values are
-        checked as the topic config's. While ELR is on ``min.insync.replicas`` may be changed
+        checked as the topic config's, and refused as Kafka's broker refuses a dynamic broker
+        config (``ConfigAdminManager``: INVALID_REQUEST, KAFKA-13609, naming the broker key);
+        the two compaction lags must not contradict each other (a check Kafka's
+        ``DynamicLogConfig`` does not make: each topic without its own would take both). While
+        ELR is on ``min.insync.replicas`` may be changed
         but not removed, and any change of it clears every partition's ELR
         (ConfigurationControlManager's ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and
         ``createClearElrRecordsAsNeeded``, KAFKA-16540): without the record each node would
@@ -1776,14 +1780,29 @@ class Controller:
                 "as log.retention.ms)",
             )
 
+        if incremental:
+            for key, op, _ in ops:
+                if (
+                    op in (ConfigOp.APPEND, ConfigOp.SUBTRACT)
+                    and _cluster_list_default(key) is None
+                ):
+                    # ConfigAdminManager.prepareIncrementalConfigs.
+                    return _alter_error(
+                        Errors.INVALID_REQUEST,
+                        f"Config value {ConfigOp(op).name.lower()} is not allowed for config "
+                        f"key: {key}",
+                    )
+
         def config_error(configs: Mapping[str, str | None]) -> str | None:
             # Keys unknown here (another build's) are left as they are, not checked.
+            known = {k: v for k, v in configs.items() if k in TOPIC_CONFIGS_BY_BROKER_NAME}
+            for key, value in known.items():
+                name = TOPIC_CONFIGS_BY_BROKER_NAME[key].name
+                error = topic_config_error({name: value})
+                if error is not None:  # the broker key named, as Kafka's message does
+                    return error.replace(f"configuration {name}:", f"configuration {key}:", 1)
             return topic_config_error(
-                {
-                    TOPIC_CONFIGS_BY_BROKER_NAME[k].name: v
-                    for k, v in configs.items()
-                    if k in TOPIC_CONFIGS_BY_BROKER_NAME
-                }
+                {TOPIC_CONFIGS_BY_BROKER_NAME[k].name: v for k, v in known.items()}
             )
 
         current = image.resource_configs(CLUSTER_CONFIGS)
@@ -1796,6 +1815,8 @@ class Controller:
             list_default=_cluster_list_default,
             config_error=config_error,
         )
+        if result.response.error is Errors.INVALID_CONFIG:
+            return _alter_error(Errors.INVALID_REQUEST, result.response.message)
         if not self.config.eligible_leader_replicas_enabled or not _changes_min_isr(result.records):
             return result
         if any(

@@ -1614,11 +1614,11 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
             Errors.INVALID_REQUEST,
             "Cannot update these configs dynamically: log.dirs, retention.ms",
         ),
-        (
+        (  # a broker config's value: INVALID_REQUEST naming the broker key (KAFKA-13609)
             [("log.retention.ms", ConfigOp.SET, "-2")],
             (ConfigResourceType.BROKER, ""),
-            Errors.INVALID_CONFIG,
-            "Invalid value -2 for configuration retention.ms",
+            Errors.INVALID_REQUEST,
+            "Invalid value -2 for configuration log.retention.ms: Value must be at least -1",
         ),
         (
             [
@@ -1626,14 +1626,20 @@ def test_legacy_alter_configs_replaces_the_whole_set() -> None:
                 ("log.cleaner.max.compaction.lag.ms", ConfigOp.SET, "5"),
             ],
             (ConfigResourceType.BROKER, ""),
-            Errors.INVALID_CONFIG,
+            Errors.INVALID_REQUEST,
             "min.compaction.lag.ms (10) > max.compaction.lag.ms (5)",
         ),
         (
             [("min.insync.replicas", ConfigOp.SET, "0")],
             (ConfigResourceType.BROKER, ""),
-            Errors.INVALID_CONFIG,
+            Errors.INVALID_REQUEST,
             "min.insync.replicas",
+        ),
+        (
+            [("log.retention.ms", ConfigOp.APPEND, "1")],
+            (ConfigResourceType.BROKER, ""),
+            Errors.INVALID_REQUEST,
+            "Config value append is not allowed for config key: log.retention.ms",
         ),
         (
             [("retention.ms", ConfigOp.SET, "1")],

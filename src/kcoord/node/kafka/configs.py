@@ -72,7 +72,15 @@ _TIMEOUT_S: Final = 30.0
 class ConfigsApi:
     def __init__(self, ctx: BrokerContext, broker_configs: Sequence[ConfigEntry]) -> None:
         self.ctx = ctx
-        self.broker_configs = {e.key: e for e in broker_configs}
+        # This node's configs, and every cluster-level dynamic one its file does not set (at
+        # Kafka's default), so a broker's listing shows the cluster's value of each, as
+        # Kafka's lists every KafkaConfig key.
+        dynamic = [
+            ConfigEntry(key, d.default, True, d.type.name, False)
+            for key, d in TOPIC_CONFIGS_BY_BROKER_NAME.items()
+        ]
+        entries = {e.key: e for e in dynamic} | {e.key: e for e in broker_configs}
+        self.broker_configs = dict(sorted(entries.items()))
 
     def register(self, register: Callable[..., Any]) -> None:
         register(DESCRIBE_CONFIGS_KEY, self.handle_describe_configs)

@@ -478,9 +478,21 @@ def test_cluster_level_defaults_reach_every_log_without_its_own(tmp_path: Path) 
         response = await c.call(
             DESCRIBE_CONFIGS,
             4,
-            describe_values((BROKER, "", None), (TOPIC, "plain", ["retention.ms"]), synonyms=True),
+            describe_values(
+                (BROKER, "", None),
+                (TOPIC, "plain", ["retention.ms"]),
+                (BROKER, str(NODE_ID), ["log.cleanup.policy"]),
+                synonyms=True,
+            ),
         )
-        cluster_wide, topic = response.results
+        cluster_wide, topic, mine = response.results
+        # A broker's listing has every cluster-level key, its file setting it or not.
+        ((policy,),) = [mine.configs]
+        assert (policy.value, policy.config_source, policy.read_only) == (
+            "delete,compact",
+            dynamic_default,
+            False,
+        )
         assert {e.name: (e.value, e.config_source) for e in cluster_wide.configs} == {
             "log.retention.ms": ("7000", dynamic_default),
             "log.cleanup.policy": ("delete,compact", dynamic_default),
