@@ -1763,11 +1763,10 @@ class Controller:
         config (``ConfigAdminManager``: INVALID_REQUEST, KAFKA-13609, naming the broker key);
         the two compaction lags must not contradict each other (a check Kafka's
         ``DynamicLogConfig`` does not make: each topic without its own would take both). While
-        ELR is on ``min.insync.replicas`` may be changed
-        but not removed, and any change of it clears every partition's ELR
-        (ConfigurationControlManager's ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and
-        ``createClearElrRecordsAsNeeded``, KAFKA-16540): without the record each node would
-        fall back to its own config file."""
+        ELR is on ``min.insync.replicas`` may be changed but not removed, and any change of it
+        clears every partition's ELR (ConfigurationControlManager's
+        ``DISALLOWED_CLUSTER_MIN_ISR_REMOVAL_ERROR`` and ``createClearElrRecordsAsNeeded``,
+        KAFKA-16540): without the record each node would fall back to its own config file."""
         # Removing a key is always allowed: one another build wrote, unknown here, included.
         set_keys = {key for key, op, _ in ops if op != ConfigOp.DELETE}
         others = sorted(set_keys - TOPIC_CONFIGS_BY_BROKER_NAME.keys())
