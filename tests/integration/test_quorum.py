@@ -501,7 +501,8 @@ def test_entries_a_follower_drops_and_appends_again_unchanged_stay_on_disk(tmp_p
     not (a resend after a late reply), then appends the leader's entries: those appended again
     unchanged, already acknowledged, are never dropped on disk (made durable, a power loss in
     between lost them). Those not sent again are dropped, as pysyncobj's log has them, zeroed
-    and synced before the journal is read again."""
+    and synced before anything is sent (``sync``). Reading the journal writes nothing: the
+    event loop reads it (``status()``) while pysyncobj's thread appends."""
     path = str(tmp_path / "journal")
     journal = quorum_module._create_journal(path)
     for i in (1, 2, 3, 4):
@@ -516,14 +517,47 @@ def test_entries_a_follower_drops_and_appends_again_unchanged_stay_on_disk(tmp_p
     assert len(journal) == 4
     journal.sync()
     assert synced == [] and Path(path).read_bytes() == acknowledged  # nothing written
-    # Entries 3 and 4 not sent again: dropped, on disk too, before the journal is read.
+    # Entries 3 and 4 not sent again: dropped, on disk too, before anything is sent.
     journal.deleteEntriesFrom(1)
     journal.add(b"\x00cmd" + bytes([2]), 2, 1)
-    assert [e[1] for e in journal] == [1, 2]
+    assert [e[1] for e in journal] == [1, 2] and len(journal) == 2 and journal[-1][1] == 2
+    assert synced == [] and Path(path).read_bytes() == acknowledged  # read, nothing written
+    journal.sync()
     assert len(synced) == 1
     journal._destroy()
     reopened = quorum_module._create_journal(path)
     assert [e[1] for e in reopened] == [1, 2]
+    reopened._destroy()
+
+
+def test_a_read_of_the_journal_in_the_middle_of_an_append_again_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop reads the journal's length (``status()``) while pysyncobj's thread
+    appends again an entry it dropped: a read that settled the pending drop there zeroed the
+    entry just kept, and entries acknowledged after the sync were gone on reopen."""
+    path = str(tmp_path / "journal")
+    journal = quorum_module._create_journal(path)
+    for i in (1, 2, 3, 4, 5):
+        journal.add(b"\x00cmd" + bytes([i]), i, 1)
+    journal.sync()
+    journal.deleteEntriesFrom(2)  # a resend from entry 3
+    real_record = quorum_module._record
+    reads: list[int] = []
+
+    def record_with_a_read_between(*args: Any) -> bytes:
+        reads.append(len(journal))  # the other thread's status(), between two steps of add
+        return real_record(*args)
+
+    monkeypatch.setattr(quorum_module, "_record", record_with_a_read_between)
+    journal.add(b"\x00cmd" + bytes([3]), 3, 1)
+    monkeypatch.setattr(quorum_module, "_record", real_record)
+    journal.add(b"\x00cmd" + bytes([4]), 4, 1)
+    journal.sync()  # what goes before the AppendEntries reply
+    assert reads and [e[1] for e in journal] == [1, 2, 3, 4]
+    journal._destroy()
+    reopened = quorum_module._create_journal(path)
+    assert [e[1] for e in reopened] == [1, 2, 3, 4]
     reopened._destroy()
 
 

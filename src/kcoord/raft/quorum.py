@@ -523,9 +523,9 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
             old_command, old_idx, old_term = self._pending[0]
             if (old_idx, old_term) == (idx, term) and bytes(old_command) == bytes(command):
                 # Appended again unchanged: kept as it is on disk (see deleteEntriesFrom).
-                entry = self._pending.pop(0)
-                self._FileJournal__journal.append(entry)
-                self._FileJournal__currentOffset += len(_record(*entry))
+                size = len(_record(*self._pending[0]))
+                self._FileJournal__journal.append(self._pending.pop(0))
+                self._FileJournal__currentOffset += size
                 return
             self._settle()
         # FileJournal.add, each record with a CRC-32C of its index, term and command.
@@ -546,7 +546,11 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         # entries appended again, already acknowledged, were lost in between. So the drop is
         # pending: the entries appended again unchanged are kept as they are on disk, and the
         # rest are zeroed and synced (``_settle``) before anything else is written over them
-        # or the journal is read, as pysyncobj's own truncation leaves them.
+        # or any message leaves (``sync``), as pysyncobj's own truncation leaves them. Until
+        # then the file holds the log as last synced, which no message has contradicted.
+        # Only pysyncobj's thread settles: reads (``len``, ``[]``) see the entries in memory,
+        # and the event loop's ``status()`` reads them; a settle from there zeroed an entry
+        # appended again while ``add`` was between its list and its file offset.
         self._settle()
         journal = self._FileJournal__journal
         dropped = journal[entryFrom:]
@@ -568,14 +572,6 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         self._pending = []
         self._dirty = True
         self.sync()
-
-    def __getitem__(self, index: Any) -> Any:
-        self._settle()
-        return self._FileJournal__journal[index]
-
-    def __len__(self) -> int:
-        self._settle()
-        return len(self._FileJournal__journal)
 
     def clear(self) -> None:
         self._trim_to([])
