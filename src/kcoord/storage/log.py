@@ -540,14 +540,6 @@ class Log:
                 records = scan.records  # rebuilt off the loop
             else:
                 records = self._recompressed(records, _CODECS[compression])
-        if len(records) > self.config.segment_bytes:
-            # UnifiedLog.append: what cannot fit in one segment is refused, whatever
-            # max.message.bytes says (else it became a segment larger than segment.bytes).
-            raise RecordListTooLargeError(
-                f"Message batch size is {len(records)} bytes in append to partition "
-                f"{self.directory.name} which exceeds the maximum configured segment size of "
-                f"{self.config.segment_bytes}."
-            )
         (
             sent_base_offset,
             batch_length,
@@ -617,6 +609,7 @@ class Log:
                         fmt.set_max_timestamp(stamped, 0, records_max)
                         view = memoryview(stamped)
                         max_timestamp = records_max
+            self._raise_if_past_segment(size)
             seg = self.segments[-1]
             base_offset = seg.next_offset
             last_offset = base_offset + last_offset_delta
@@ -646,6 +639,7 @@ class Log:
         headers = self._validate(records, leader=True)
         for pos, header, records_max in headers:
             self._validate_timestamps(records, pos, header, records_max, now_ms)
+        self._raise_if_past_segment(len(records))
         buf = bytearray(records)
         next_offset = self.log_end_offset
         final: list[tuple[int, fmt.BatchHeader]] = []
@@ -771,6 +765,18 @@ class Log:
                     records, pos, size, header.attributes, header.record_count
                 )
         return header.max_timestamp
+
+    def _raise_if_past_segment(self, size: int) -> None:
+        """UnifiedLog.append: what cannot fit in one segment is refused, whatever
+        max.message.bytes says (else it became a segment larger than segment.bytes). Kafka
+        checks it after every batch is validated (analyzeAndValidateRecords, LogValidator), so
+        a batch also past max.message.bytes, or corrupt, is refused for that."""
+        if size > self.config.segment_bytes:
+            raise RecordListTooLargeError(
+                f"Message batch size is {size} bytes in append to partition "
+                f"{self.directory.name} which exceeds the maximum configured segment size of "
+                f"{self.config.segment_bytes}."
+            )
 
     def _raise_if_too_large(self, batch_size: int) -> None:
         if batch_size > self.config.max_message_bytes:

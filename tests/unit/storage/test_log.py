@@ -29,6 +29,7 @@ from kcoord.storage.log import (
     LeaderScan,
     Log,
     OffsetOutOfRangeError,
+    RecordListTooLargeError,
     RecordTooLargeError,
     RecoveryReport,
     UnexpectedAppendOffsetError,
@@ -647,6 +648,29 @@ def test_compression_type_recompresses_batches_in_another_codec(tmp_path: Path) 
     plain = fmt.build_batch([fmt.Record(0, 1_000, b"k", b"a" * 4_000)])
     with pytest.raises(RecordTooLargeError):
         lg.append_as_leader(plain, leader_epoch=0, now_ms=2_000)
+    assert lg.log_end_offset == 0
+
+
+def test_a_batch_past_a_segment_is_refused_after_it_is_validated(tmp_path: Path) -> None:
+    """UnifiedLog.append checks the segment size last: a batch past both max.message.bytes
+    and segment.bytes is MESSAGE_TOO_LARGE, a corrupt one CORRUPT_MESSAGE, a sound one
+    RECORD_LIST_TOO_LARGE; one batch or several (the other path)."""
+    lg = open_log(tmp_path / "t-0", LogConfig(segment_bytes=500, max_message_bytes=800))
+    big = batch(1, value=b"v" * 1_000)
+    with pytest.raises(RecordTooLargeError):
+        lg.append_as_leader(big, leader_epoch=0, now_ms=0)
+    with pytest.raises(RecordTooLargeError):
+        lg.append_as_leader(batch(1) + big, leader_epoch=0, now_ms=0)
+    fits = batch(1, value=b"v" * 600)  # within max.message.bytes, past segment.bytes
+    corrupt = bytearray(fits)
+    corrupt[-1] ^= 0xFF
+    with pytest.raises(fmt.CorruptRecordError):
+        lg.append_as_leader(bytes(corrupt), leader_epoch=0, now_ms=0)
+    with pytest.raises(RecordListTooLargeError):
+        lg.append_as_leader(fits, leader_epoch=0, now_ms=0)
+    with pytest.raises(RecordListTooLargeError):
+        half = batch(1, value=b"v" * 300)  # two fit max.message.bytes each, not one segment
+        lg.append_as_leader(half + half, leader_epoch=0, now_ms=0)
     assert lg.log_end_offset == 0
 
 
