@@ -240,7 +240,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # Data topics and replication.
     _Spec("default.replication.factor", _Kind.INT, 1, 1, _INT16_MAX),
     _Spec("num.partitions", _Kind.INT, 1, 1, _INT32_MAX),
-    _Spec("min.insync.replicas", _Kind.INT, 1, 1, _INT32_MAX),
+    # DESIGN §5: 2, not Kafka's 1, so that an RF=3 partition acknowledges acks=all writes only
+    # on two replicas; a partition of fewer replicas takes its replication factor
+    # (Partition.effectiveMinIsr), so RF=1 topics still take acks=all writes.
+    _Spec("min.insync.replicas", _Kind.INT, 2, 1, _INT32_MAX),
     _Spec("auto.create.topics.enable", _Kind.BOOL, True),
     # The Kafka listener (SocketServer): the largest request frame, and how long an idle
     # connection stays open.

@@ -61,7 +61,7 @@ def test_defaults() -> None:
     assert cfg.offsets_topic_replication_factor == 3
     assert cfg.default_replication_factor == 1
     assert cfg.num_partitions == 1
-    assert cfg.min_insync_replicas == 1
+    assert cfg.min_insync_replicas == 2  # DESIGN §5, not Kafka's 1
     assert cfg.replica_lag_time_max_ms == 4000
     assert cfg.group_initial_rebalance_delay_ms == 3000
     assert cfg.group_min_session_timeout_ms == 6000
