@@ -68,6 +68,16 @@ def test_defaults() -> None:
     assert cfg.group_max_session_timeout_ms == 1_800_000
     assert cfg.group_max_size == 2**31 - 1
     assert cfg.offsets_retention_minutes == 10080
+    # KAFKA-FACTS §1.6: Kafka's values (the append linger is adaptive, -1, by design).
+    assert cfg.offsets_retention_check_interval_ms == 600_000
+    assert cfg.offsets_commit_timeout_ms == 5000
+    assert cfg.offsets_topic_segment_bytes == 100 * 2**20
+    assert cfg.offsets_load_buffer_size == 5 * 2**20
+    assert cfg.offset_metadata_max_bytes == 4096
+    assert cfg.group_coordinator_append_linger_ms == -1
+    assert cfg.group_consumer_session_timeout_ms == 45_000
+    assert cfg.group_consumer_heartbeat_interval_ms == 5_000
+    assert cfg.group_consumer_max_size == 2**31 - 1
     assert cfg.auto_create_topics_enable is True
     assert (cfg.socket_request_max_bytes, cfg.connections_max_idle_ms) == (100 * 2**20, 600_000)
     assert cfg.quorum_leader_fallback_timeout_ms == 1500

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -1268,3 +1268,34 @@ def test_heartbeats_answer_the_same_with_the_groups_subscriptions_kept_between_t
     regex_hb(kept, name, epoch, owned, topics)
     regex_hb(kept, name, epoch, owned, topics)
     assert set(read) <= {name}, read
+
+
+def test_tombstones_come_in_kafkas_order() -> None:
+    """ConsumerGroup.createGroupTombstoneRecords: current assignments, target assignments, the
+    target assignment's epoch, member metadata, partition metadata, the group's epoch ("the
+    order matters": a log cut between two of them replays to a group Kafka could hold); a
+    member's removal: its current assignment, its target, its metadata."""
+    members = {m: cast(ConsumerGroupMember, None) for m in ("m1", "m2")}
+    group = consumer.ConsumerGroup("g", members=members, targets={"m1": {}, "m3": {}})
+    keys = [
+        (type(record.key).__name__, getattr(record.key, "member_id", None))
+        for record in consumer.group_tombstones(group)
+    ]
+    assert keys == [
+        ("ConsumerGroupCurrentMemberAssignmentKey", "m1"),
+        ("ConsumerGroupCurrentMemberAssignmentKey", "m2"),
+        ("ConsumerGroupTargetAssignmentMemberKey", "m1"),
+        ("ConsumerGroupTargetAssignmentMemberKey", "m3"),
+        ("ConsumerGroupTargetAssignmentMetadataKey", None),
+        ("ConsumerGroupMemberMetadataKey", "m1"),
+        ("ConsumerGroupMemberMetadataKey", "m2"),
+        ("ConsumerGroupPartitionMetadataKey", None),
+        ("ConsumerGroupMetadataKey", None),
+    ]
+    removal = consumer.member_removal_records("g", "m1")
+    assert [type(r.key).__name__ for r in removal] == [
+        "ConsumerGroupCurrentMemberAssignmentKey",
+        "ConsumerGroupTargetAssignmentMemberKey",
+        "ConsumerGroupMemberMetadataKey",
+    ]
+    assert all(r.value is None and r.key.group_id == "g" for r in removal)

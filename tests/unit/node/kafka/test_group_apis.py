@@ -279,3 +279,39 @@ def test_reads_fail_alone_when_their_shard_call_raises(
         assert runtime.flags == [read]
 
     asyncio.run(scenario())
+
+
+class _UnavailableRuntime(_Runtime):
+    """Every shard's write timed out: COORDINATOR_NOT_AVAILABLE."""
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        raise CoordinatorError(Errors.COORDINATOR_NOT_AVAILABLE)
+
+
+@pytest.mark.parametrize("version", [5, 7, 8, 9])
+def test_offset_fetch_answers_not_coordinator_for_an_unavailable_coordinator(version: int) -> None:
+    """Clients before 3.9 do not retry COORDINATOR_NOT_AVAILABLE on OffsetFetch (a consumer
+    failed at start-up or after a rebalance): Kafka answers NOT_COORDINATOR instead, which they
+    retry after finding the coordinator again (GroupCoordinatorService's
+    handleOffsetFetchException); for the whole group, and each partition named."""
+    topics = [{"name": "t", "partition_indexes": [0, 1]}]
+    if version >= 8:
+        values: dict[str, Any] = {
+            "groups": [
+                {"group_id": "g", "topics": topics}
+                | ({"member_id": None, "member_epoch": -1} if version >= 9 else {})
+            ],
+            "require_stable": False,
+        }
+    else:
+        values = {"group_id": "g", "topics": topics, "require_stable": False}
+
+    async def scenario() -> None:
+        request = _request(OFFSET_FETCH_KEY, version, values)
+        answer = await _answer(await _api(_UnavailableRuntime([])).handle_offset_fetch(request))
+        group = answer["groups"][0] if version >= 8 else answer
+        assert group["error_code"] is Errors.NOT_COORDINATOR
+        partitions = [p for topic in group["topics"] for p in topic["partitions"]]
+        assert [p["error_code"] for p in partitions] == [Errors.NOT_COORDINATOR] * 2
+
+    asyncio.run(scenario())
