@@ -39,6 +39,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from kcoord.cluster.coordinator.assignors import (
+    ASSIGNOR_CLASS_NAMES,
+    ASSIGNORS,
+    DEFAULT_ASSIGNORS,
+)
 from kcoord.cluster.coordinator.consumer_classic import MIGRATION_POLICIES
 from kcoord.node.kafka.producer_ids import NODE_BITS
 from kcoord.storage.config import COMPRESSION_TYPES, TIMESTAMP_TYPES
@@ -229,6 +234,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.consumer.max.heartbeat.interval.ms", _Kind.INT, 15_000, 1, _INT32_MAX),
     _Spec("group.consumer.max.size", _Kind.INT, _INT32_MAX, 1, _INT32_MAX),
     _Spec("group.consumer.migration.policy", _Kind.STR, "bidirectional"),
+    # Lists, comma-separated. The server assignors, by name or Kafka's class name, the first
+    # the default; the rebalance protocols (classic cannot be left out).
+    _Spec("group.consumer.assignors", _Kind.STR, ",".join(DEFAULT_ASSIGNORS)),
+    _Spec("group.coordinator.rebalance.protocols", _Kind.STR, "classic,consumer"),
     # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
     _Spec("group.coordinator.hot.standby.enable", _Kind.BOOL, True),
     # For the chaos suite's own test only: a deliberately broken coordinator that answers
@@ -355,6 +364,8 @@ class NodeConfig:
     group_consumer_max_heartbeat_interval_ms: int
     group_consumer_max_size: int
     group_consumer_migration_policy: str
+    group_consumer_assignors: tuple[str, ...]
+    group_coordinator_rebalance_protocols: tuple[str, ...]
     test_bug_ack_before_high_watermark: bool
     test_bug_append_twice: bool
     default_replication_factor: int
@@ -695,6 +706,10 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         admin_listener=listener("admin.listener"),
         admin_api_token=get("admin.api.token"),
         group_consumer_migration_policy=_migration_policy(get("group.consumer.migration.policy")),
+        group_consumer_assignors=_assignors(get("group.consumer.assignors")),
+        group_coordinator_rebalance_protocols=_rebalance_protocols(
+            get("group.coordinator.rebalance.protocols")
+        ),
         compression_type=_one_of("compression.type", COMPRESSION_TYPES, get("compression.type")),
         log_message_timestamp_type=_one_of(
             "log.message.timestamp.type", TIMESTAMP_TYPES, get("log.message.timestamp.type")
@@ -714,6 +729,49 @@ def _migration_policy(text: str) -> str:
             f"must be one of {', '.join(MIGRATION_POLICIES)}, got {text!r}",
         )
     return policy
+
+
+def _list(text: str) -> list[str]:
+    """A LIST config as Kafka's ConfigDef reads it: comma-separated, each item trimmed."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _assignors(text: str) -> tuple[str, ...]:
+    """``group.consumer.assignors``: built-in assignors by name (uniform, range) or Kafka's
+    class name (GroupCoordinatorConfig.consumerGroupAssignors), each once; the first is the
+    default. kcoord runs no custom assignor classes."""
+    key = "group.consumer.assignors"
+    names: list[str] = []
+    for item in _list(text):
+        name = ASSIGNOR_CLASS_NAMES.get(item, item)
+        if name not in ASSIGNORS:
+            raise ConfigError(
+                key,
+                f"{item!r} is not a built-in assignor ({', '.join(DEFAULT_ASSIGNORS)}, or "
+                f"their class names); kcoord runs no custom assignors",
+            )
+        if name in names:
+            raise ConfigError(key, f"the assignor {name!r} is listed twice")
+        names.append(name)
+    if not names:
+        raise ConfigError(key, "at least one assignor is required")
+    return tuple(names)
+
+
+def _rebalance_protocols(text: str) -> tuple[str, ...]:
+    """``group.coordinator.rebalance.protocols`` (GroupCoordinatorConfig): classic, with or
+    without consumer (KIP-848), case-insensitive as Kafka's GroupType. kcoord has no share
+    or streams groups."""
+    key = "group.coordinator.rebalance.protocols"
+    protocols = tuple(dict.fromkeys(item.lower() for item in _list(text)))
+    for protocol in protocols:
+        if protocol not in ("classic", "consumer"):
+            raise ConfigError(
+                key, f"{protocol!r} is not a rebalance protocol kcoord has (classic, consumer)"
+            )
+    if "classic" not in protocols:
+        raise ConfigError(key, "Disabling the 'classic' protocol is not supported.")
+    return protocols
 
 
 def _one_of(key: str, choices: Sequence[str], text: str) -> str:
@@ -812,6 +870,10 @@ def config_entries(cfg: NodeConfig) -> list[ConfigEntry]:
         "data.dir": str(cfg.data_dir),
         "log.dirs": str(cfg.data_dir),
         "admin.api.token": cfg.admin_api_token,
+        "group.consumer.assignors": ",".join(cfg.group_consumer_assignors),
+        "group.coordinator.rebalance.protocols": ",".join(
+            cfg.group_coordinator_rebalance_protocols
+        ),
     }
     for attr, key in _LISTENER_KEYS:
         listener: Listener = getattr(cfg, attr)

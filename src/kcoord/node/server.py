@@ -270,6 +270,8 @@ class Node:
                 consumer_timing=consumer_timing,
                 consumer_max_size=cfg.group_consumer_max_size,
                 consumer_migration_policy=cfg.group_consumer_migration_policy,
+                consumer_assignors=cfg.group_consumer_assignors,
+                rebalance_protocols=cfg.group_coordinator_rebalance_protocols,
             ),
             self.clock.now_ms,
             num_partitions=self._offsets_partition_count,

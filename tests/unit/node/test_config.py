@@ -455,6 +455,8 @@ def test_every_plain_field_is_set_by_its_key() -> None:
         "data_dir",
         "admin_api_token",
         "group_consumer_migration_policy",
+        "group_consumer_assignors",
+        "group_coordinator_rebalance_protocols",
         "log_message_timestamp_type",
         "compression_type",
     }
@@ -479,6 +481,42 @@ def test_consumer_group_migration_policy() -> None:
         assert cfg.group_consumer_migration_policy == policy
     with pytest.raises(ConfigError, match=r"^group\.consumer\.migration\.policy: must be one of"):
         parse_config(_minimal(**{"group.consumer.migration.policy": "sideways"}))
+
+
+def test_consumer_group_assignors() -> None:
+    """group.consumer.assignors: built-in assignors by name or Kafka's class name, in order
+    (the first is the default), each once; nothing else."""
+    key = "group.consumer.assignors"
+    assert parse_config(_minimal()).group_consumer_assignors == ("uniform", "range")
+    cls = "org.apache.kafka.coordinator.group.assignor.RangeAssignor"
+    for text, names in (("range", ("range",)), (f" {cls} , uniform", ("range", "uniform"))):
+        assert parse_config(_minimal(**{key: text})).group_consumer_assignors == names
+    for text, message in (
+        ("sticky", "'sticky' is not a built-in assignor"),
+        ("com.example.MyAssignor", "kcoord runs no custom assignors"),
+        (f"range,{cls}", "'range' is listed twice"),
+        (" , ", "at least one assignor is required"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^group\.consumer\.assignors: .*{message}"):
+            parse_config(_minimal(**{key: text}))
+
+
+def test_rebalance_protocols() -> None:
+    """group.coordinator.rebalance.protocols: classic, with or without consumer."""
+    key = "group.coordinator.rebalance.protocols"
+    assert parse_config(_minimal()).group_coordinator_rebalance_protocols == (
+        "classic",
+        "consumer",
+    )
+    assert parse_config(_minimal(**{key: "CLASSIC"})).group_coordinator_rebalance_protocols == (
+        "classic",
+    )
+    for text, message in (
+        ("consumer", "Disabling the 'classic' protocol is not supported."),
+        ("classic,share", "'share' is not a rebalance protocol kcoord has"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^{key}: {message}"):
+            parse_config(_minimal(**{key: text}))
 
 
 def test_log_message_timestamp_configs() -> None:

@@ -98,7 +98,9 @@ from typing import Final, Protocol, TypeAlias
 
 __all__ = [
     "ASSIGNORS",
+    "ASSIGNOR_CLASS_NAMES",
     "DEFAULT_ASSIGNOR",
+    "DEFAULT_ASSIGNORS",
     "Assignment",
     "MemberSubscription",
     "PartitionAssignor",
@@ -470,8 +472,14 @@ def _by_topic(partitions: list[tuple[str, int]]) -> dict[str, frozenset[int]]:
 
 DEFAULT_ASSIGNOR: Final = "uniform"
 
-# group.consumer.assignors defaults to [UniformAssignor, RangeAssignor]; the first is the default.
+# The built-in assignors by name. group.consumer.assignors (GroupConfig.consumer_assignors)
+# chooses among them, by name or by Kafka's class name; its first is the default.
 ASSIGNORS: dict[str, PartitionAssignor] = {
     assignor.name: assignor for assignor in (UniformAssignor(), RangeAssignor())
 }
 assert DEFAULT_ASSIGNOR in ASSIGNORS
+DEFAULT_ASSIGNORS: Final = (DEFAULT_ASSIGNOR, "range")
+ASSIGNOR_CLASS_NAMES: Final = {
+    "org.apache.kafka.coordinator.group.assignor.UniformAssignor": "uniform",
+    "org.apache.kafka.coordinator.group.assignor.RangeAssignor": "range",
+}

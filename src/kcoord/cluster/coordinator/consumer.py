@@ -61,7 +61,7 @@ member joins.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Final, Protocol
@@ -70,7 +70,7 @@ import re2
 
 from kcoord.cluster.coordinator.assignors import (
     ASSIGNORS,
-    DEFAULT_ASSIGNOR,
+    DEFAULT_ASSIGNORS,
     MemberSubscription,
 )
 from kcoord.cluster.coordinator.records import (
@@ -643,9 +643,11 @@ def compute_targets(
     members: Mapping[str, ConsumerGroupMember],
     current_targets: Mapping[str, Partitions],
     topics: Mapping[TopicId, tuple[str, int]],
+    assignors: Sequence[str] = DEFAULT_ASSIGNORS,
 ) -> dict[str, Partitions]:
     """The new target assignment of every member, by the group's assignor (the most common
-    ``server_assignor`` among members, else the default), sticky on the current targets."""
+    ``server_assignor`` among members of those ``assignors`` offers, else its first), sticky
+    on the current targets."""
     ids_by_name = {name: topic_id for topic_id, (name, _) in topics.items()}
     subscriptions = {
         member_id: MemberSubscription(
@@ -657,7 +659,7 @@ def compute_targets(
         )
         for member_id, m in members.items()
     }
-    name = _preferred_assignor(members.values())
+    name = _preferred_assignor(members.values(), assignors)
     counts = {topic_id: n for topic_id, (_, n) in topics.items()}
     assigned = ASSIGNORS[name].assign(subscriptions, counts)
     return {
@@ -666,14 +668,19 @@ def compute_targets(
     }
 
 
-def assignor_name(group: ConsumerGroup) -> str:
-    return _preferred_assignor(group.members.values())
+def assignor_name(group: ConsumerGroup, assignors: Sequence[str] = DEFAULT_ASSIGNORS) -> str:
+    return _preferred_assignor(group.members.values(), assignors)
 
 
-def _preferred_assignor(members: Iterable[ConsumerGroupMember]) -> str:
-    """The server assignor most members ask for (ties: by name), else the default."""
-    chosen = [m.server_assignor for m in members if m.server_assignor in ASSIGNORS]
-    return max(sorted(set(chosen)), key=chosen.count) if chosen else DEFAULT_ASSIGNOR
+def _preferred_assignor(members: Iterable[ConsumerGroupMember], assignors: Sequence[str]) -> str:
+    """The server assignor most members ask for (ties: by name), else the first of
+    ``assignors`` (``ConsumerGroup.computePreferredServerAssignor``, else the default)."""
+    chosen = [
+        m.server_assignor
+        for m in members
+        if m.server_assignor is not None and m.server_assignor in assignors
+    ]
+    return max(sorted(set(chosen)), key=chosen.count) if chosen else assignors[0]
 
 
 def validate_member_epoch(

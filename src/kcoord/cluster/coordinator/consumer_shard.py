@@ -12,11 +12,11 @@ shard stays pure and a replica replays the same records whatever its own image s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 
-from kcoord.cluster.coordinator.assignors import ASSIGNORS
+from kcoord.cluster.coordinator.assignors import DEFAULT_ASSIGNORS
 from kcoord.cluster.coordinator.consumer import (
     LEAVE_GROUP_MEMBER_EPOCH,
     LEAVE_GROUP_STATIC_MEMBER_EPOCH,
@@ -149,7 +149,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         topics: TopicsView,
         out: _Output,
     ) -> None:
-        error, message = validate_heartbeat_request(request)
+        error, message = validate_heartbeat_request(request, self._config.consumer_assignors)
         group: ConsumerGroup | None = None
         if error is Errors.NONE:
             group = self._consumer_groups.get(request.group_id)
@@ -631,7 +631,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         targets = group.targets
         assignment_epoch = group.assignment_epoch
         if group_epoch > assignment_epoch:
-            new_targets = compute_targets(members, targets, metadata)
+            new_targets = compute_targets(
+                members, targets, metadata, self._config.consumer_assignors
+            )
             for member_id, partitions in sorted(new_targets.items()):
                 # TargetAssignmentBuilder: a member without a target yet always gets a record,
                 # an empty one included.
@@ -735,7 +737,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             group_state=group.state,
             group_epoch=group.group_epoch,
             assignment_epoch=group.assignment_epoch,
-            assignor_name=assignor_name(group),
+            assignor_name=assignor_name(group, self._config.consumer_assignors),
             members=tuple(
                 DescribedConsumerGroupMember(
                     member_id=m.member_id,
@@ -812,7 +814,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         return False
 
 
-def validate_heartbeat_request(request: ConsumerGroupHeartbeatRequest) -> tuple[Errors, str]:
+def validate_heartbeat_request(
+    request: ConsumerGroupHeartbeatRequest, assignors: Sequence[str] = DEFAULT_ASSIGNORS
+) -> tuple[Errors, str]:
     """``GroupCoordinatorService.throwIfConsumerGroupHeartbeatRequestIsInvalid``, which runs
     before the request is routed (node/kafka/groups.py: any node answers these; the shard
     checks again). Its id checks in its order (the member id first; only v0 lets a joining
@@ -853,10 +857,10 @@ def validate_heartbeat_request(request: ConsumerGroupHeartbeatRequest) -> tuple[
             compile_subscription_regex(request.subscribed_topic_regex)
         except InvalidRegexError as e:
             return Errors.INVALID_REGULAR_EXPRESSION, str(e)
-    if request.server_assignor is not None and request.server_assignor not in ASSIGNORS:
+    if request.server_assignor is not None and request.server_assignor not in assignors:
         return Errors.UNSUPPORTED_ASSIGNOR, (
             f"ServerAssignor {request.server_assignor} is not supported. Supported "
-            f"assignors: {', '.join(sorted(ASSIGNORS))}."
+            f"assignors: {', '.join(sorted(assignors))}."
         )
     return Errors.NONE, ""
 

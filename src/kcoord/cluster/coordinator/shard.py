@@ -125,6 +125,7 @@ from enum import Enum
 from typing import Final, NamedTuple, Protocol
 from urllib.parse import quote
 
+from kcoord.cluster.coordinator.assignors import DEFAULT_ASSIGNORS
 from kcoord.cluster.coordinator.classic import (
     EMPTY_ASSIGNMENT,
     ClassicGroup,
@@ -231,6 +232,16 @@ class GroupConfig:
     consumer_timing: GroupConfigBounds = field(default_factory=GroupConfigBounds)
     consumer_max_size: int = (1 << 31) - 1
     consumer_migration_policy: str = "bidirectional"  # group.consumer.migration.policy
+    # group.consumer.assignors, by name: the server assignors a member may ask for, the first
+    # the one a group whose members ask for none uses.
+    consumer_assignors: tuple[str, ...] = DEFAULT_ASSIGNORS
+    # group.coordinator.rebalance.protocols: without "consumer", ConsumerGroupHeartbeat and
+    # ConsumerGroupDescribe answer UNSUPPORTED_VERSION (KafkaApis.isConsumerGroupProtocolEnabled).
+    rebalance_protocols: tuple[str, ...] = ("classic", "consumer")
+
+    @property
+    def consumer_protocol_enabled(self) -> bool:
+        return "consumer" in self.rebalance_protocols
 
     @property
     def offsets_retention_ms(self) -> int:

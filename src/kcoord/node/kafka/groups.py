@@ -678,7 +678,11 @@ class GroupApi:
         def on_error(code: Errors) -> dict[str, Any]:
             return convert(t.ConsumerGroupHeartbeatResponse(error_code=code))
 
-        error, message = validate_heartbeat_request(req)
+        if not self.runtime.config.consumer_protocol_enabled:
+            # group.coordinator.rebalance.protocols without consumer: KafkaApis'
+            # isConsumerGroupProtocolEnabled, checked first (a Java client falls back to classic).
+            return convert(t.ConsumerGroupHeartbeatResponse(error_code=Errors.UNSUPPORTED_VERSION))
+        error, message = validate_heartbeat_request(req, self.runtime.config.consumer_assignors)
         if error is not Errors.NONE:
             # GroupCoordinatorService checks the request before routing it: any node answers.
             return convert(
@@ -749,6 +753,8 @@ class GroupApi:
             def convert(resp: Any) -> dict[str, Any]:
                 return group_values(resp.groups[0])
 
+            if not self.runtime.config.consumer_protocol_enabled:
+                return on_error(Errors.UNSUPPORTED_VERSION)  # KafkaApis, as the heartbeat
             if not group_id:
                 return on_error(Errors.INVALID_GROUP_ID)
             return self._submit(

@@ -1299,3 +1299,35 @@ def test_tombstones_come_in_kafkas_order() -> None:
         "ConsumerGroupMemberMetadataKey",
     ]
     assert all(r.value is None and r.key.group_id == "g" for r in removal)
+
+
+def test_the_configured_assignors_choose_the_default_and_refuse_the_rest() -> None:
+    """group.consumer.assignors: its first is what a group whose members name none uses
+    (ConsumerGroupDescribe's assignor name says which), and an assignor it leaves out is
+    UNSUPPORTED_ASSIGNOR, as one that does not exist."""
+    ctx = ShardContext(
+        GroupConfig(
+            consumer_timing=short_consumer_timing(SESSION_MS), consumer_assignors=("range",)
+        )
+    )
+    Member(ctx, "a").beat()
+    token = ctx.new_token()
+    request = ConsumerGroupDescribeRequest(group_ids=("g",))
+    step = ctx._apply(ctx.shard.handle_consumer_group_describe(token, request, 0))
+    described = step.response(token)
+    assert isinstance(described, ConsumerGroupDescribeResponse)
+    assert described.groups[0].assignor_name == "range"
+    asks_uniform = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="b",
+        member_epoch=0,
+        rebalance_timeout_ms=1000,
+        subscribed_topic_names=("orders",),
+        topic_partitions=(),
+        server_assignor="uniform",
+    )
+    response = send_heartbeat(ctx, asks_uniform, TOPICS)
+    assert response.error_code is Errors.UNSUPPORTED_ASSIGNOR
+    assert response.error_message == (
+        "ServerAssignor uniform is not supported. Supported assignors: range."
+    )

@@ -315,3 +315,42 @@ def test_offset_fetch_answers_not_coordinator_for_an_unavailable_coordinator(ver
         assert [p["error_code"] for p in partitions] == [Errors.NOT_COORDINATOR] * 2
 
     asyncio.run(scenario())
+
+
+def test_without_the_consumer_protocol_its_apis_answer_unsupported_version() -> None:
+    """group.coordinator.rebalance.protocols without consumer: ConsumerGroupHeartbeat and
+    every group of a ConsumerGroupDescribe are UNSUPPORTED_VERSION before anything else is
+    looked at (KafkaApis.isConsumerGroupProtocolEnabled), the empty group id included."""
+
+    async def scenario() -> None:
+        runtime = _Runtime([])
+        runtime.config = GroupConfig(rebalance_protocols=("classic",))
+        heartbeat = _request(
+            CONSUMER_GROUP_HEARTBEAT_KEY,
+            0,
+            {
+                "group_id": "g",
+                "member_id": "",
+                "member_epoch": 0,
+                "instance_id": None,
+                "rack_id": None,
+                "rebalance_timeout": 1000,
+                "subscribed_topic_names": ["t"],
+                "server_assignor": None,
+                "topic_partitions": [],
+            },
+        )
+        answer = await _answer(await _api(runtime).handle_consumer_group_heartbeat(heartbeat))
+        assert answer["error_code"] is Errors.UNSUPPORTED_VERSION
+        describe = _request(
+            CONSUMER_GROUP_DESCRIBE_KEY,
+            0,
+            {"group_ids": ["g", ""], "include_authorized_operations": False},
+        )
+        answer = await _answer(await _api(runtime).handle_consumer_group_describe(describe))
+        assert [(g["group_id"], g["error_code"]) for g in answer["groups"]] == [
+            ("g", Errors.UNSUPPORTED_VERSION),
+            ("", Errors.UNSUPPORTED_VERSION),
+        ]
+
+    asyncio.run(scenario())
