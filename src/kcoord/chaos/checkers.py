@@ -167,6 +167,7 @@ from typing import Any, Final
 
 from kcoord.chaos.history import (
     FAIL,
+    FENCING_WATCH_F,
     INFO,
     INVOKE,
     LOG_COPIES_F,
@@ -207,6 +208,7 @@ QUEUE_ANOMALIES: Final = (
     "unexpected",
 )
 LIVENESS_ANOMALIES: Final = ("no-commit-after-heal", "no-send-after-heal")
+FENCING_ANOMALIES: Final = ("false-fencing",)
 PROGRESS_ANOMALIES: Final = (
     "no-acknowledged-send",
     "no-member-commit",
@@ -1619,6 +1621,30 @@ def check_liveness(
     )
 
 
+def check_fencing(history: History) -> CheckResult:
+    """``false-fencing``: a node fenced for a pause shorter than the session timeout (DESIGN
+    §8: faster failure detection "with no false fencing under the chaos suite's pauses
+    shorter than the session timeout"), as the runner's ``fencing-watch`` events saw it: the
+    node unfenced when the pause began, fenced before one heartbeat interval after it ended. A
+    watch no node answered is counted, not judged."""
+    findings = _Findings("fencing")
+    watches = [e for e in _in_time_order(history) if e.f == FENCING_WATCH_F]
+    unanswered = 0
+    for event in watches:
+        try:
+            answers = int(event.value["answers"])
+            at_start = event.value["fenced_at_start"]
+            seen_after_s = event.value["fenced_seen_after_s"]
+        except _PARSE_ERRORS as e:
+            findings.malformed(event, e)
+            continue
+        if not answers:
+            unanswered += 1
+        elif at_start is False and seen_after_s is not None:
+            findings.add("false-fencing", {"event": event.index, **event.value})
+    return findings.result({"short_pauses_watched": len(watches), "unanswered": unanswered})
+
+
 def _after_each_heal(
     anomaly: str,
     heals: list[Event],
@@ -1698,6 +1724,7 @@ def check_all(
         raise ValueError(f"workload must be one of {WORKLOADS}, not {workload!r}")
     liveness = check_liveness(history, commit_within_s=commit_within_s)
     progress = check_progress(history, workload)
+    fencing = check_fencing(history)
     if workload == "groups":
         return {
             "offsets": check_offsets(history),
@@ -1710,8 +1737,14 @@ def check_all(
             "consumed": check_consumed(history),
             "liveness": liveness,
             "progress": progress,
+            "fencing": fencing,
         }
-    return {"queue": check_queue(history), "liveness": liveness, "progress": progress}
+    return {
+        "queue": check_queue(history),
+        "liveness": liveness,
+        "progress": progress,
+        "fencing": fencing,
+    }
 
 
 def all_valid(results: Mapping[str, CheckResult]) -> bool:

@@ -389,6 +389,18 @@ class ComposeLab(runner.ChaosLab):
         for node in self.nodes():
             self.restart(node)
 
+    def fenced_brokers(self, excluding: int, timeout_s: float) -> set[int] | None:
+        """As the lab's, through the admin API (the containers' RPC ports are not published)."""
+        for node in self.topology.nodes:
+            if node.node_id == excluding:
+                continue
+            try:
+                view = admin_get(node, "/api/v1/cluster", timeout_s)
+            except Exception:  # down, paused or slow: ask the next one
+                continue
+            return {int(b["node_id"]) for b in view["brokers"] if b["fenced"]}
+        return None
+
     def recovered(self) -> bool:
         """Every container running, one active controller every node agrees on, every broker
         registered and unfenced, no offline or under-replicated partition (admin API)."""
@@ -414,13 +426,13 @@ class ComposeLab(runner.ChaosLab):
         )
 
 
-def admin_get(node: ComposeNode, path: str) -> Any:
+def admin_get(node: ComposeNode, path: str, timeout_s: float = ADMIN_TIMEOUT_S) -> Any:
     token = node.config.admin_api_token
     request = urllib.request.Request(
         f"http://{node.admin}{path}",
         headers={"Authorization": f"Bearer {token}"} if token else {},
     )
-    with urllib.request.urlopen(request, timeout=ADMIN_TIMEOUT_S) as response:
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
         return json.loads(response.read())
 
 

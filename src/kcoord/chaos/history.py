@@ -121,6 +121,9 @@ UNRECORDED_REPORT_F: Final = "unrecorded-report"
 PROCESS_EXIT_F: Final = "process-exit"
 # After the run: who wrote each copy of a value a replica holds twice (``chaos.copies``).
 LOG_COPIES_F: Final = "log-copies"
+# What the runner saw of a node's registration while a pause shorter than the session timeout
+# held and just after (``runner.FencingWatch``).
+FENCING_WATCH_F: Final = "fencing-watch"
 
 
 @dataclass(frozen=True)

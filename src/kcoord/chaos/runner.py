@@ -56,7 +56,7 @@ from typing import Any
 
 from kcoord.chaos import checkers, lab, links, nemesis, report
 from kcoord.chaos.copies import copies_in_logs
-from kcoord.chaos.history import LOG_COPIES_F, History
+from kcoord.chaos.history import FENCING_WATCH_F, LOG_COPIES_F, History
 from kcoord.chaos.links import Links
 from kcoord.chaos.workload import (
     GroupsWorkload,
@@ -74,6 +74,10 @@ NODES = 3
 HOSTS = [f"127.0.0.{i + 1}" for i in range(NODES)]
 GIDS = [43001 + i for i in range(NODES)]
 SESSION_TIMEOUT_MS = 3_000  # the node default (broker.session.timeout.ms)
+# FencingWatch: how often it reads the metadata, and how long after the heal it goes on (two
+# of the node's heartbeat intervals).
+FENCING_POLL_S = 0.1
+FENCING_GRACE_S = 1.0
 PROBE_GROUP = "chaos-probe"
 PROBE_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 90.0
@@ -214,6 +218,66 @@ class ChaosLab:
 
     def recovered(self) -> bool:
         return cluster_recovered(self)
+
+    def fenced_brokers(self, excluding: int, timeout_s: float) -> set[int] | None:
+        """The brokers the metadata holds fenced, as the first node other than ``excluding``
+        to answer sees them; None when none answers."""
+        for node in self.nodes():
+            if node.node_id == excluding:
+                continue
+            try:
+                view = call_sync(node.host, node.rpc_port, "DescribeNode", {}, timeout_s)
+            except Exception:  # down, cut off or slow: ask the next one
+                continue
+            return {int(b) for b, info in view["brokers"].items() if info["fenced"]}
+        return None
+
+
+class FencingWatch:
+    """DESIGN §8: a pause shorter than the session timeout fences nobody. While such a pause
+    holds, and for ``FENCING_GRACE_S`` after it heals (the node's next heartbeat), the runner
+    polls the other nodes' metadata for the paused node's registration; the summary goes into
+    the history as a ``fencing-watch`` event, which ``checkers.check_fencing`` reads."""
+
+    def __init__(self, chaos: ChaosLab, node_id: int) -> None:
+        self.chaos = chaos
+        self.node_id = node_id
+        self.started = time.monotonic()
+        self.polls = self.answers = 0
+        self.fenced_at_start: bool | None = None
+        self.fenced_seen_after_s: float | None = None
+
+    def until(self, end: float) -> None:
+        """Poll until the monotonic time ``end`` (never later: a slow answer is cut short)."""
+        while (now := time.monotonic()) < end:
+            fenced = self.chaos.fenced_brokers(self.node_id, min(0.5, end - now))
+            self.polls += 1
+            if fenced is not None:
+                self.answers += 1
+                is_fenced = self.node_id in fenced
+                if self.fenced_at_start is None:
+                    self.fenced_at_start = is_fenced
+                elif is_fenced and self.fenced_seen_after_s is None:
+                    self.fenced_seen_after_s = round(time.monotonic() - self.started, 3)
+            time.sleep(max(0.0, min(FENCING_POLL_S, end - time.monotonic())))  # the interval
+
+    def summary(self, hold_s: float) -> dict[str, Any]:
+        return {
+            "node": self.node_id,
+            "hold_s": hold_s,
+            "session_timeout_ms": self.chaos.session_timeout_ms,
+            "polls": self.polls,
+            "answers": self.answers,
+            "fenced_at_start": self.fenced_at_start,
+            "fenced_seen_after_s": self.fenced_seen_after_s,
+        }
+
+
+def _short_pause_target(fault: nemesis.Fault) -> int | None:
+    """The node of a pause shorter than the session timeout, which must not be fenced."""
+    if fault.name != "pause" or fault.detail.get("longer_than_session_timeout", True):
+        return None
+    return int(fault.targets[0])
 
 
 def poll_until(what: str, condition: Callable[[], Any], deadline_s: float) -> Any:
@@ -375,11 +439,19 @@ def run_faults(chaos: ChaosLab, stop_at: float) -> int:
         info = {"fault": fault.name, "targets": fault.targets, "detail": fault.detail}
         history.add("nemesis", "info", "start", info)
         progress(f"fault {count}: {fault.name} {fault.targets} {fault.detail} for {hold:.1f} s")
-        time.sleep(hold)  # the fault's duration
+        watched = _short_pause_target(fault)
+        watch = None if watched is None else FencingWatch(chaos, watched)
+        if watch is None:
+            time.sleep(hold)  # the fault's duration
+        else:
+            watch.until(time.monotonic() + hold)
         history.add("nemesis", "invoke", "stop", {"fault": fault.name})
         fault.heal()
         history.add("nemesis", "info", "stop", info)
         history.add("nemesis", "info", "heal", {"fault": fault.name})
+        if watch is not None:
+            watch.until(time.monotonic() + FENCING_GRACE_S)
+            history.add("nemesis", "info", FENCING_WATCH_F, watch.summary(hold))
         ok = probe_commit(chaos)
         progress(f"healed {fault.name}; a commit {'was' if ok else 'was NOT'} acknowledged")
     return count

@@ -22,6 +22,7 @@ from kcoord.chaos.checkers import (
     all_valid,
     check_all,
     check_consumed,
+    check_fencing,
     check_groups,
     check_liveness,
     check_offsets,
@@ -31,6 +32,7 @@ from kcoord.chaos.checkers import (
 )
 from kcoord.chaos.history import (
     FAIL,
+    FENCING_WATCH_F,
     INFO,
     INVOKE,
     LOG_COPIES_F,
@@ -1219,7 +1221,15 @@ def test_check_all_groups_is_json_serialisable() -> None:
 
     results = check_all(h, "groups")
 
-    assert set(results) == {"offsets", "groups", "records", "consumed", "liveness", "progress"}
+    assert set(results) == {
+        "offsets",
+        "groups",
+        "records",
+        "consumed",
+        "liveness",
+        "progress",
+        "fencing",
+    }
     assert all_valid(results), {n: r.anomalies for n, r in results.items()}
     document = json.loads(json.dumps(results_as_dict(results)))
     assert document["valid"] is True
@@ -1233,7 +1243,7 @@ def test_check_all_queue_names_the_failing_checker() -> None:
 
     results = check_all(h, "queue")
 
-    assert set(results) == {"queue", "liveness", "progress"}
+    assert set(results) == {"queue", "liveness", "progress", "fencing"}
     assert not all_valid(results)
     document = json.loads(json.dumps(results_as_dict(results)))
     assert document["checkers"]["queue"]["stats"]["anomaly_counts"] == {"nonmonotonic-poll": 1}
@@ -1427,3 +1437,38 @@ def test_classic_members_are_not_checked_for_early_handover() -> None:
     callback(h, 2.0, "b", "assigned", [0], at=101.0)
     callback(h, 3.0, "a", "revoked", [0], at=102.0)
     assert "early-handover" not in named(check_groups(h, partitions_by_topic={"t": 1}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fencing
+
+
+def _watch(h: History, at: float, **value: Any) -> None:
+    base = {
+        "node": 2,
+        "hold_s": 1.5,
+        "session_timeout_ms": 3000,
+        "polls": 20,
+        "answers": 20,
+        "fenced_at_start": False,
+        "fenced_seen_after_s": None,
+    }
+    h.add("nemesis", INFO, FENCING_WATCH_F, {**base, **value}, time=at)
+
+
+def test_a_node_fenced_for_a_pause_shorter_than_the_session_timeout_is_false_fencing() -> None:
+    """DESIGN §8: a short pause fences nobody. A node fenced already when the pause began (an
+    earlier fault's), or a watch no node answered, is not judged."""
+    h = History(clock=lambda: 0.0)
+    _watch(h, 1.0)
+    _watch(h, 2.0, fenced_at_start=True, fenced_seen_after_s=0.3)
+    _watch(h, 3.0, answers=0, fenced_at_start=None)
+    result = check_fencing(h)
+    assert result.valid, result.anomalies
+    assert result.stats["short_pauses_watched"] == 3 and result.stats["unanswered"] == 1
+    _watch(h, 4.0, node=3, fenced_seen_after_s=2.9)
+    h.add("nemesis", INFO, FENCING_WATCH_F, {"node": 1}, time=5.0)
+    result = check_fencing(h)
+    assert not result.valid
+    assert [e["node"] for e in result.anomalies["false-fencing"]] == [3]
+    assert result.stats["anomaly_counts"] == {"false-fencing": 1, "malformed-event": 1}

@@ -12,7 +12,7 @@ import pytest
 
 from kcoord.chaos import checkers, nemesis, runner
 from kcoord.chaos import report as chaos_report
-from kcoord.chaos.history import History
+from kcoord.chaos.history import FENCING_WATCH_F, History
 from kcoord.chaos.runner import ChaosLab
 from kcoord.chaos.workload import GroupsWorkload
 
@@ -260,3 +260,64 @@ def test_an_interrupt_while_a_condition_is_polled_stops_the_poll() -> None:
     with pytest.raises(runner.RunInterruptedError):
         runner.poll_until("an interrupted condition", interrupted, deadline_s=5)
     assert calls == 1
+
+
+def test_a_short_pause_is_watched_for_fencing_without_lengthening_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a pause shorter than the session timeout holds, and one heartbeat interval or two
+    after its heal, the runner reads the other nodes' metadata for the paused node's
+    registration; what it saw goes into the history (``fencing-watch``), and the pause lasts
+    its hold, however the polls go. A longer pause is not watched."""
+    now = [0.0]
+    history = History(clock=lambda: now[0])
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=sleep, strftime=time.strftime)
+    monkeypatch.setattr(runner, "time", clock)
+    monkeypatch.setattr(runner, "probe_commit", lambda chaos: True)
+    faults = [
+        nemesis.Fault("pause", [2], {"longer_than_session_timeout": False, "hold_s": 1.5}),
+        nemesis.Fault("pause", [3], {"longer_than_session_timeout": True, "hold_s": 6.0}),
+    ]
+    monkeypatch.setattr(
+        nemesis, "start_fault", lambda chaos, kind, shapes: faults.pop(0) if faults else None
+    )
+    asked: list[tuple[float, int]] = []
+    paused_at = [0.0]
+
+    def fenced_brokers(excluding: int, timeout_s: float) -> set[int] | None:
+        asked.append((now[0], excluding))
+        now[0] += min(0.04, timeout_s)  # an answer takes time, never past the timeout
+        if not any(e.f == "start" and e.type == "info" for e in history):
+            return set()
+        paused_at[0] = paused_at[0] or now[0]
+        return {2} if now[0] - paused_at[0] > 1.0 else set()  # fenced a second in
+
+    options = runner.Options(nemeses=["pause"], interval_s=0.5, seed=3)
+    chaos = cast(
+        ChaosLab,
+        SimpleNamespace(
+            options=options,
+            schedule=random.Random(3),
+            history=history,
+            session_timeout_ms=3000,
+            fenced_brokers=fenced_brokers,
+        ),
+    )
+    assert runner.run_faults(chaos, stop_at=30.0) == 2
+
+    events = list(history)
+    starts = [e for e in events if e.f == "start" and e.type == "info"]
+    stops = [e for e in events if e.f == "stop" and e.type == "invoke"]
+    assert stops[0].time - starts[0].time == pytest.approx(1.5, abs=1e-9)
+    [watch] = [e for e in events if e.f == FENCING_WATCH_F]
+    assert watch.value["node"] == 2 and watch.value["fenced_at_start"] is False
+    assert watch.value["fenced_seen_after_s"] is not None
+    assert watch.value["polls"] == watch.value["answers"] > 10
+    heal = next(e for e in events if e.f == "heal")
+    assert watch.time - heal.time == pytest.approx(runner.FENCING_GRACE_S, abs=1e-9)
+    assert {node for _, node in asked} == {2}  # the longer pause was not watched
+    assert not checkers.check_fencing(history).valid
