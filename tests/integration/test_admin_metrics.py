@@ -386,6 +386,21 @@ def test_a_stable_group_with_its_member(
         stable = ok(nodes(cluster)[2], "/api/v1/groups?state=stable")["groups"]
         assert MEMBER_GROUP in [g["group_id"] for g in stable]
         assert LAG_GROUP not in [g["group_id"] for g in stable]
+        # The rebalance timeline (DESIGN §8): the member's join, its generation, Stable.
+        steps = [(e["state"], e["generation"], e["members"]) for e in group["timeline"]]
+        assert steps[:3] == [
+            ("PreparingRebalance", 0, 1),
+            ("CompletingRebalance", 1, 1),
+            ("Stable", 1, 1),
+        ], group["timeline"]
+        assert group["timeline"][0]["reason"].startswith(f"Adding new member {m['member_id']}")
+        coordinator = next(
+            n for n in nodes(cluster) if n.node_id == group["coordinator"]["node_id"]
+        )
+        events = ok(coordinator, "/api/v1/rebalances?limit=10000")["events"]
+        mine = [e for e in events if e["group_id"] == MEMBER_GROUP]
+        assert [e["state"] for e in mine[:3]] == [s for s, _, _ in steps[:3]]
+        assert http(coordinator, "/api/v1/rebalances?limit=0")[0] == 400
 
 
 def test_a_kip848_consumer_group(
@@ -403,6 +418,13 @@ def test_a_kip848_consumer_group(
         assert m["client_id"] == "admin-member" and m["member_epoch"] >= 1
         assert m["assignment"] == [{"topic": TOPIC, "partitions": list(range(PARTITIONS))}]
         assert all(row["member_id"] == m["member_id"] for row in group["offsets"])
+        first = group["timeline"][0]
+        assert (first["protocol"], first["state"], first["generation"]) == (
+            "consumer",
+            "Reconciling",
+            1,
+        ), group["timeline"]
+        assert first["reason"] == f"member {m['member_id']} joined"
         coordinator = next(
             n for n in nodes(cluster) if n.node_id == group["coordinator"]["node_id"]
         )

@@ -21,7 +21,12 @@ Endpoints
                                  offset, log end offset, lag and the member that owns it;
                                  ``lag`` sums the partitions' known lags and
                                  ``lag_unknown_partitions`` counts the others (no commit yet,
-                                 or no leader to ask), so a partial sum is not read as whole
+                                 or no leader to ask), so a partial sum is not read as whole;
+                                 ``timeline``: the group's latest rebalance steps as its
+                                 coordinator saw them (DESIGN §8; ``RebalanceEvent``: time,
+                                 state entered, generation or epoch, members, and why)
+    GET /api/v1/rebalances       this node's latest rebalance steps of every group it
+                                 coordinates, oldest first; ``?limit=N`` (default 100)
 
 Answers are JSON; errors are ``{"error": {"status": ..., "message": ...}}`` with a 4xx for bad
 input (400 a malformed name or filter, 404 an unknown topic, group or path, 405 a method other
@@ -66,6 +71,7 @@ from aiohttp import web
 
 from kcoord.cluster.coordinator import consumer_protocol
 from kcoord.cluster.coordinator.consumer import CONSUMER_PROTOCOL_TYPE, ConsumerGroup
+from kcoord.cluster.coordinator.timeline import RECENT_REBALANCE_EVENTS
 from kcoord.cluster.coordinator.types import (
     DescribeGroupsRequest,
     DescribeGroupsResponse,
@@ -92,6 +98,8 @@ RPC_TIMEOUT_S: Final = 2.0
 # A scrape waits at most this long for the leaders' high watermarks (lag of remote partitions).
 METRICS_OFFSETS_TIMEOUT_S: Final = 1.0
 MAX_GROUP_ID_CHARS: Final = 32767  # a Kafka string (int16 length)
+# /api/v1/rebalances without ?limit: the latest this many steps.
+DEFAULT_REBALANCES_LIMIT: Final = 100
 _TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's legal topic names
 # Group states a ``?state=`` filter may name: the classic ones and KIP-848's.
 _GROUP_STATES: Final = frozenset(
@@ -494,6 +502,7 @@ class AdminService:
             "leader": live.leader_id if live is not None else None,
             "members": members,
             "offsets": offsets,
+            "timeline": [e.as_dict() for e in runtime.stats.timeline(group_id)],
         }
 
     def _consumer_group_members(self, group: ConsumerGroup) -> list[dict[str, Any]]:
@@ -532,6 +541,15 @@ class AdminService:
         if state is None or state.leader < 0:
             raise ApiError(503, f"{OFFSETS_TOPIC}-{partition} has no leader (no coordinator)")
         return partition, state.leader
+
+    def rebalances(self, limit: int) -> dict[str, Any]:
+        """The latest ``limit`` rebalance steps this node's coordinator saw, oldest first."""
+        runtime = self.node.coordinator
+        events = list(runtime.stats.rebalance_events)[-limit:] if runtime is not None else []
+        return {
+            "node_id": self.node.config.node_id,
+            "events": [{"group_id": e.group_id, **e.as_dict()} for e in events],
+        }
 
     async def group(self, group_id: str) -> dict[str, Any]:
         if not group_id or len(group_id) > MAX_GROUP_ID_CHARS:
@@ -675,6 +693,7 @@ class AdminServer:
         self.app.router.add_get("/api/v1/topics", self._topics)
         self.app.router.add_get("/api/v1/topics/{name}", self._topic)
         self.app.router.add_get("/api/v1/groups", self._groups)
+        self.app.router.add_get("/api/v1/rebalances", self._rebalances)
         # Any character, a newline included (a group id may hold one).
         self.app.router.add_get("/api/v1/groups/{group_id:[\\s\\S]+}", self._group)
         self._runner: web.AppRunner | None = None
@@ -768,6 +787,15 @@ class AdminServer:
         if unknown:
             raise ApiError(400, f"unknown query parameters {sorted(unknown)}; known: state")
         return web.json_response(await self.service.list_groups(request.query.get("state")))
+
+    async def _rebalances(self, request: web.Request) -> web.Response:
+        unknown = set(request.query) - {"limit"}
+        if unknown:
+            raise ApiError(400, f"unknown query parameters {sorted(unknown)}; known: limit")
+        text = request.query.get("limit", str(DEFAULT_REBALANCES_LIMIT))
+        if not text.isdecimal() or not 1 <= int(text) <= RECENT_REBALANCE_EVENTS:
+            raise ApiError(400, f"limit must be 1 to {RECENT_REBALANCE_EVENTS}, not {text!r}")
+        return web.json_response(self.service.rebalances(int(text)))
 
     async def _group(self, request: web.Request) -> web.Response:
         return web.json_response(await self.service.group(request.match_info["group_id"]))

@@ -44,6 +44,9 @@ class StubService:
     async def group(self, group_id: str) -> dict[str, Any]:
         raise RuntimeError("a bug")
 
+    def rebalances(self, limit: int) -> dict[str, Any]:
+        return {"node_id": 7, "limit": limit}
+
     async def remote_end_offsets(self, wanted: set[tuple[str, int]]) -> dict[tuple[str, int], int]:
         self.refreshed += 1
         return {}
@@ -212,3 +215,19 @@ def test_a_group_lag_counts_the_partitions_whose_lag_is_unknown() -> None:
         (2, None),
     ]
     assert (described["lag"], described["lag_unknown_partitions"]) == (20, 2)
+
+
+def test_rebalances_take_a_bounded_limit() -> None:
+    async def scenario(session: ClientSession, base: str, service: StubService) -> None:
+        assert await get(session, base + "/api/v1/rebalances") == (
+            200,
+            {"node_id": 7, "limit": 100},
+        )
+        assert (await get(session, base + "/api/v1/rebalances?limit=10000"))[1]["limit"] == 10000
+        for bad in ("0", "10001", "-1", "x", "1.5"):
+            status, body = await get(session, base + f"/api/v1/rebalances?limit={bad}")
+            assert status == 400 and "limit must be 1 to 10000" in body["error"]["message"], bad
+        status, body = await get(session, base + "/api/v1/rebalances?group=g")
+        assert status == 400 and "known: limit" in body["error"]["message"]
+
+    serve(scenario)

@@ -215,7 +215,9 @@ class ClassicMemberHandlers:
     ) -> None:
         raise NotImplementedError
 
-    def _prepare_rebalance(self, out: _Output, group: ClassicGroup, now_ms: int) -> None:
+    def _prepare_rebalance(
+        self, out: _Output, group: ClassicGroup, now_ms: int, reason: str | None = None
+    ) -> None:
         raise NotImplementedError
 
     def _schedule_session(self, group_id: str, member: ConsumerGroupMember, now_ms: int) -> None:
@@ -230,11 +232,17 @@ class ClassicMemberHandlers:
         owned: Partitions | None,
         topics: TopicsView,
         out: _Output,
+        now_ms: int,
     ) -> ConsumerGroupMember:
         raise NotImplementedError
 
     def _remove_consumer_members(
-        self, group: ConsumerGroup, member_ids: list[str], now_ms: int, out: _Output
+        self,
+        group: ConsumerGroup,
+        member_ids: list[str],
+        now_ms: int,
+        out: _Output,
+        reason: str | None = None,
     ) -> None:
         raise NotImplementedError
 
@@ -334,6 +342,7 @@ class ClassicMemberHandlers:
             owned=owned,
             topics=topics,
             out=out,
+            now_ms=now_ms,
         )
         joined = JoinGroupResponse(
             generation_id=reconciled.member_epoch,
@@ -557,7 +566,9 @@ class ClassicMemberHandlers:
                 )
             )
         if leaving:
-            self._remove_consumer_members(group, leaving, now_ms, out)
+            self._remove_consumer_members(
+                group, leaving, now_ms, out, f"Removing {leaving} on LeaveGroup"
+            )
         return tuple(responses)
 
     # -- timers ------------------------------------------------------------------------------
@@ -761,7 +772,12 @@ class ClassicMemberHandlers:
         for cm in classic.members.values():
             self._reschedule_heartbeat(classic, cm, now_ms)
         if rebalance:
-            self._prepare_rebalance(out, classic, now_ms)
+            self._prepare_rebalance(
+                out,
+                classic,
+                now_ms,
+                f"Downgrade group {classic.group_id} from consumer to classic.",
+            )
 
 
 def _waits_on_unreleased(group: ConsumerGroup, member: ConsumerGroupMember) -> bool:

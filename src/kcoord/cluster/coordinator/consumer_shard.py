@@ -58,6 +58,7 @@ from kcoord.cluster.coordinator.group_config import (
     group_config_int,
 )
 from kcoord.cluster.coordinator.records import CoordinatorRecord, GroupMetadataKey
+from kcoord.cluster.coordinator.timeline import RebalanceEvent
 from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeRequest,
     ConsumerGroupDescribeResponse,
@@ -241,7 +242,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             out.write(current_assignment_record(request.group_id, leaving))
             self._cancel_timer(rebalance_key(request.group_id, member.member_id))
         else:
-            self._remove_consumer_members(group, [member.member_id], now_ms, out)
+            self._remove_consumer_members(
+                group, [member.member_id], now_ms, out, f"member {member.member_id} left"
+            )
         out.respond(
             token,
             ConsumerGroupHeartbeatResponse(
@@ -325,8 +328,28 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         out.write(current_assignment_record(gid, replacement))
         return replacement
 
+    def _consumer_event(
+        self,
+        group: ConsumerGroup,
+        state: str,
+        epoch: int,
+        *,
+        members: int,
+        now_ms: int,
+        reason: str | None,
+    ) -> None:
+        """A step of a KIP-848 group on the timeline (``RebalanceEvent``)."""
+        self.stats.rebalance_events.append(
+            RebalanceEvent(now_ms, group.group_id, "consumer", state, epoch, members, reason)
+        )
+
     def _remove_consumer_members(
-        self, group: ConsumerGroup, member_ids: list[str], now_ms: int, out: _Output
+        self,
+        group: ConsumerGroup,
+        member_ids: list[str],
+        now_ms: int,
+        out: _Output,
+        reason: str | None = None,
     ) -> None:
         """``consumerGroupFenceMembers``: fence or remove members, their records' tombstones
         and one new group epoch; or, when only classic members would remain, the group
@@ -349,6 +372,14 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         if metadata != group.subscribed_topics:
             out.write(partition_metadata_record(group.group_id, metadata))
         out.write(group_epoch_record(group.group_id, group.group_epoch + 1))
+        self._consumer_event(
+            group,
+            "Assigning",
+            group.group_epoch + 1,
+            members=len(remaining),
+            now_ms=now_ms,
+            reason=reason,
+        )
 
     def _cancel_member_timers(self, group_id: str, member_id: str) -> None:
         """``cancelTimers``: session, rebalance, and a classic member's join and sync."""
@@ -529,6 +560,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             owned=owned,
             topics=topics,
             out=out,
+            now_ms=now_ms,
         )
 
         # 5. Timers: the session; the rebalance timeout while a revocation is owed.
@@ -577,6 +609,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         owned: Partitions | None,
         topics: TopicsView,
         out: _Output,
+        now_ms: int,
     ) -> ConsumerGroupMember:
         """The heartbeat's middle steps, shared with a classic member's JoinGroup: the
         member's metadata, the group epoch, the target assignment, and the member's next
@@ -588,6 +621,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         # (a pattern subscriber whose pattern matches nothing yet) starts no rebalance.
         group_epoch = group.group_epoch
         bump = group_epoch == 0
+        why = "a new group" if bump else None
         before = old if old is not None else ConsumerGroupMember(member_id=updated.member_id)
         subscription_changed = (
             updated.subscribed_topic_names != before.subscribed_topic_names
@@ -601,6 +635,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             # (maybeUpdateRegularExpressions).
             if subscription_changed:
                 bump = True
+                why = (
+                    f"member {updated.member_id} joined"
+                    if old is None
+                    else f"member {updated.member_id} changed its subscription"
+                )
         members = dict(group.members)
         members[updated.member_id] = updated
         # What the members subscribe to among the topics: the same as at the group's last
@@ -623,6 +662,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         if metadata != group.subscribed_topics:
             out.write(partition_metadata_record(group_id, metadata))
             bump = True
+            why = why or "the subscribed topics changed"
         if bump:
             group_epoch += 1
             out.write(group_epoch_record(group_id, group_epoch))
@@ -642,6 +682,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             out.write(target_epoch_record(group_id, group_epoch))
             targets, assignment_epoch = new_targets, group_epoch
             self.stats.consumer_group_rebalances += 1
+            self._consumer_event(
+                group, "Reconciling", group_epoch, members=len(members), now_ms=now_ms, reason=why
+            )
 
         # 4. Reconcile this member towards its target (CurrentAssignmentBuilder), keeping its
         # assignment to the existing topics it subscribes to (KAFKA-19431: subscribedTopicIds
@@ -691,7 +734,13 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             return  # revoked in time; classic members have join and sync timeouts instead
         if kind == SESSION_KEY:
             self.stats.members_expired += 1
-        self._remove_consumer_members(group, [member_id], now_ms, out)
+        reason = {
+            SESSION_KEY: "its session timed out",
+            REBALANCE_KEY: "it did not revoke its partitions within the rebalance timeout",
+        }.get(kind, "a classic member's join or sync timed out")
+        self._remove_consumer_members(
+            group, [member_id], now_ms, out, f"member {member_id}: {reason}"
+        )
 
     def _arm_consumer_timers(self, now_ms: int) -> None:
         """``onLoaded``: every member gets a full session from now."""

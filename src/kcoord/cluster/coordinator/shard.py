@@ -158,6 +158,7 @@ from kcoord.cluster.coordinator.records import (
     encode_record,
     record_size_bound,
 )
+from kcoord.cluster.coordinator.timeline import RECENT_REBALANCE_EVENTS, RebalanceEvent
 from kcoord.cluster.coordinator.types import (
     DEFAULT_RETENTION_TIME,
     DEFAULT_TIMESTAMP,
@@ -318,9 +319,16 @@ class CoordinatorStats:
     offsets_expired: int = 0
     groups_expired: int = 0
     members_expired: int = 0
+    rebalance_events: deque[RebalanceEvent] = field(
+        default_factory=lambda: deque(maxlen=RECENT_REBALANCE_EVENTS)
+    )
 
     def count_offset_commit_error(self, code: Errors, n: int = 1) -> None:
         self.offset_commit_errors[code] = self.offset_commit_errors.get(code, 0) + n
+
+    def timeline(self, group_id: str) -> list[RebalanceEvent]:
+        """The group's rebalance events this node still keeps, oldest first."""
+        return [e for e in self.rebalance_events if e.group_id == group_id]
 
 
 class _TimerKind(Enum):
@@ -384,6 +392,25 @@ class _Output:
 
 def _protocol_inconsistent(requested: str | None, chosen: str | None) -> bool:
     return requested is not None and chosen is not None and requested != chosen
+
+
+def _join_reason(what: str, request: JoinGroupRequest) -> str:
+    """A rebalance's reason as Kafka's GroupMetadataManager gives it: what happened, then the
+    client's own (JoinGroup v8+, KIP-800)."""
+    return f"{what}; client reason: {request.reason or 'not provided'}"
+
+
+def _leave_reason(
+    identities: Iterable[MemberIdentity],
+    responses: Iterable[MemberResponse],
+) -> str:
+    """Kafka's "Removing member X on LeaveGroup; client reason: R", for the members that left."""
+    return ", ".join(
+        f"Removing member {identity.member_id or identity.group_instance_id} on LeaveGroup; "
+        f"client reason: {identity.reason or 'not provided'}"
+        for identity, response in zip(identities, responses, strict=True)
+        if response.error_code is Errors.NONE
+    )
 
 
 def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> CoordinatorRecord:
@@ -583,7 +610,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 self._reschedule_heartbeat(group, member, now_ms)
             if group.num_members > self._config.max_size:
                 # In case group.max.size was lowered: rebalance so that members can commit.
-                self._prepare_rebalance(out, group, now_ms)
+                self._prepare_rebalance(out, group, now_ms, "group.max.size was lowered")
         self._arm_consumer_timers(now_ms)
         self._schedule_group_expiration(now_ms)
         return out.result()
@@ -1129,7 +1156,14 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             request.session_timeout_ms,
             token,
         )
-        self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+        self._maybe_prepare_rebalance_or_complete_join(
+            out,
+            group,
+            now_ms,
+            _join_reason(
+                f"Updating metadata for member {member.member_id} during {group.state}", request
+            ),
+        )
 
     def _add_member_then_rebalance_or_complete_join(
         self,
@@ -1161,7 +1195,15 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         # up and retried would leave a defunct member behind: expire new members that do not
         # complete a join within the new-member join timeout (KAFKA-7610).
         self._reschedule_heartbeat(group, member, now_ms, self._config.new_member_join_timeout_ms)
-        self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+        self._maybe_prepare_rebalance_or_complete_join(
+            out,
+            group,
+            now_ms,
+            _join_reason(
+                f"Adding new member {member_id} with group instance id {request.group_instance_id}",
+                request,
+            ),
+        )
 
     def _update_static_member_then_rebalance_or_complete_join(
         self,
@@ -1299,11 +1341,29 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                             ),
                         )
                 else:
-                    self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+                    self._maybe_prepare_rebalance_or_complete_join(
+                        out,
+                        group,
+                        now_ms,
+                        _join_reason(
+                            f"Static member {new_member_id} with group instance id "
+                            f"{instance_id} rejoined with a protocol that changes the group's",
+                            request,
+                        ),
+                    )
             case _S.COMPLETING_REBALANCE:
                 # The leader may already have computed an assignment naming the old member id,
                 # which the new one would not get: rebalance.
-                self._prepare_rebalance(out, group, now_ms)
+                self._prepare_rebalance(
+                    out,
+                    group,
+                    now_ms,
+                    _join_reason(
+                        f"Updating metadata for static member {new_member_id} with instance id "
+                        f"{instance_id} during CompletingRebalance",
+                        request,
+                    ),
+                )
             case _S.PREPARING_REBALANCE:
                 self._maybe_complete_join_phase(out, group, now_ms)
             case _:
@@ -1313,15 +1373,31 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 )
 
     def _maybe_prepare_rebalance_or_complete_join(
-        self, out: _Output, group: ClassicGroup, now_ms: int
+        self, out: _Output, group: ClassicGroup, now_ms: int, reason: str | None = None
     ) -> None:
         if group.can_rebalance():
-            self._prepare_rebalance(out, group, now_ms)
+            self._prepare_rebalance(out, group, now_ms, reason)
         else:
             self._maybe_complete_join_phase(out, group, now_ms)
 
-    def _prepare_rebalance(self, out: _Output, group: ClassicGroup, now_ms: int) -> None:
-        """``prepareRebalance``."""
+    def _classic_event(self, group: ClassicGroup, now_ms: int, reason: str | None = None) -> None:
+        """The group's state as it just became, on the timeline (``RebalanceEvent``)."""
+        self.stats.rebalance_events.append(
+            RebalanceEvent(
+                now_ms,
+                group.group_id,
+                "classic",
+                str(group.state),
+                group.generation_id,
+                group.num_members,
+                reason,
+            )
+        )
+
+    def _prepare_rebalance(
+        self, out: _Output, group: ClassicGroup, now_ms: int, reason: str | None = None
+    ) -> None:
+        """``prepareRebalance``; ``reason`` goes on the group's timeline, as Kafka logs it."""
         if group.is_in_state(_S.COMPLETING_REBALANCE):
             # Members waiting for the assignment must rejoin instead.
             self._reset_and_propagate_assignment_with_error(
@@ -1338,6 +1414,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             remaining_ms = max(group.rebalance_timeout_ms() - delay_ms, 0)
             self._schedule_join(group, now_ms + delay_ms, delay_ms, remaining_ms)
         group.transition_to(_S.PREPARING_REBALANCE, now_ms)
+        self._classic_event(group, now_ms, reason)
         if not is_initial_rebalance:
             self._maybe_complete_join_else_schedule(out, group, now_ms)
 
@@ -1398,6 +1475,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             return
 
         group.init_next_generation(now_ms)
+        self._classic_event(group, now_ms)
         if group.is_in_state(_S.EMPTY):
             self._count_rebalance_completed(group, now_ms)
             out.write(_group_metadata_record(group.group_id, group.to_group_metadata_value({})))
@@ -1483,7 +1561,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         self.stats.members_expired += 1
         self._remove_member(out, group, member_id)
         if group.state in (_S.STABLE, _S.COMPLETING_REBALANCE):
-            self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+            self._maybe_prepare_rebalance_or_complete_join(
+                out, group, now_ms, f"removing member {member_id} on heartbeat expiration"
+            )
         elif group.is_in_state(_S.PREPARING_REBALANCE) and group.has_all_members_joined():
             self._complete_classic_group_join(out, group, now_ms)
 
@@ -1498,9 +1578,12 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             return
         if group.has_received_sync_from_all_members():
             return
-        for member_id in list(group.pending_sync_members):
+        pending = list(group.pending_sync_members)
+        for member_id in pending:
             self._remove_member(out, group, member_id)
-        self._prepare_rebalance(out, group, now_ms)
+        self._prepare_rebalance(
+            out, group, now_ms, f"Removing {sorted(pending)} on pending sync request expiration"
+        )
 
     # ----------------------------------------------------------------------------------------
     # SyncGroup
@@ -1562,12 +1645,15 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                         self._reset_and_propagate_assignment_with_error(
                             out, group, Errors.UNKNOWN_SERVER_ERROR, now_ms
                         )
-                        self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+                        self._maybe_prepare_rebalance_or_complete_join(
+                            out, group, now_ms, "the group's assignment did not fit a batch"
+                        )
                         return
                     out.write(record)
                     # Kafka does the rest in the append callback (module docstring).
                     self._set_and_propagate_assignment(out, group, assignments, now_ms)
                     group.transition_to(_S.STABLE, now_ms)
+                    self._classic_event(group, now_ms)
                     self._count_rebalance_completed(group, now_ms)
             case _S.STABLE:
                 self._remove_pending_sync_member(group, member_id)
@@ -1692,7 +1778,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             responses = tuple(self._leave_one(out, group, identity) for identity in identities)
             if any(r.error_code is Errors.NONE for r in responses):
                 if group.state in (_S.STABLE, _S.COMPLETING_REBALANCE):
-                    self._maybe_prepare_rebalance_or_complete_join(out, group, now_ms)
+                    self._maybe_prepare_rebalance_or_complete_join(
+                        out, group, now_ms, _leave_reason(identities, responses)
+                    )
                 elif group.is_in_state(_S.PREPARING_REBALANCE):
                     self._maybe_complete_join_phase(out, group, now_ms)
             out.respond(token, LeaveGroupResponse(members=responses))

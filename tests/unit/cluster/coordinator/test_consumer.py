@@ -1331,3 +1331,21 @@ def test_the_configured_assignors_choose_the_default_and_refuse_the_rest() -> No
     assert response.error_message == (
         "ServerAssignor uniform is not supported. Supported assignors: range."
     )
+
+
+def test_the_timeline_has_each_new_target_assignment_and_removal() -> None:
+    """DESIGN §8's per-group rebalance timeline for a KIP-848 group: each new target
+    assignment (the group's epoch, its members, why the epoch moved) and each removal."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    b.beat()
+    b.leave()
+    a.beat()
+    steps = ctx.shard.stats.timeline("g")
+    assert [(e.protocol, e.state, e.generation, e.members, e.reason) for e in steps] == [
+        ("consumer", "Reconciling", 1, 1, "member a joined"),
+        ("consumer", "Reconciling", 2, 2, "member b joined"),
+        ("consumer", "Assigning", 3, 1, "member b left"),
+        ("consumer", "Reconciling", 3, 1, None),
+    ]

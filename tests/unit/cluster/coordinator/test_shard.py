@@ -688,3 +688,28 @@ def test_an_expiration_pass_looks_at_a_bounded_number_of_offsets_a_firing(
     assert {r.key.group_id for _, r in second.records} == {"h3"}
     assert ctx.timer.deadlines[GROUP_EXPIRATION_KEY][0] == 150_000
     assert set(ctx.shard.groups) == {"late"}
+
+
+def test_the_timeline_has_each_rebalance_step_and_why() -> None:
+    """DESIGN §8's per-group rebalance timeline: the state each step entered, at which
+    generation, with how many members, and why a rebalance started (Kafka's
+    prepareRebalance reasons); other groups' steps are not in it."""
+    ctx = ShardContext()
+    a, b = stable_group(ctx, "a", "b")
+    stable_group(ctx, "c", group_id="other")
+    ctx.now_ms += 5
+    ctx.leave([(b, None)])
+    steps = ctx.shard.stats.timeline("g")
+    assert [(e.state, e.generation, e.members) for e in steps] == [
+        ("PreparingRebalance", 0, 1),
+        ("CompletingRebalance", 1, 2),
+        ("Stable", 1, 2),
+        ("PreparingRebalance", 1, 1),
+    ]
+    assert steps[0].reason == (
+        f"Adding new member {a} with group instance id None; client reason: not provided"
+    )
+    assert steps[-1].reason == f"Removing member {b} on LeaveGroup; client reason: not provided"
+    assert steps[-1].at_ms == ctx.now_ms and steps[-1].protocol == "classic"
+    assert {e.group_id for e in ctx.shard.stats.rebalance_events} == {"g", "other"}
+    assert steps[-1].as_dict()["state"] == "PreparingRebalance"
