@@ -228,10 +228,10 @@ def test_topic_configs_through_every_client(cluster: LocalCluster) -> None:
     every = described("confluent-kafka")
     assert every["segment.bytes"] == [str(1024**3), "DEFAULT_CONFIG"]
     # The cluster-level value the first active controller wrote (KIP-966).
-    assert every["min.insync.replicas"] == ["1", "DYNAMIC_DEFAULT_BROKER_CONFIG"]
+    assert every["min.insync.replicas"] == ["2", "DYNAMIC_DEFAULT_BROKER_CONFIG"]
     # On a broker too (none of the three clients describes the cluster resource "").
     broker_min_isr = described("confluent-kafka", "broker", "1")["min.insync.replicas"]
-    assert broker_min_isr == ["1", "DYNAMIC_DEFAULT_BROKER_CONFIG"]
+    assert broker_min_isr == ["2", "DYNAMIC_DEFAULT_BROKER_CONFIG"]
 
     altered = run_client(
         "confluent-kafka",

@@ -548,7 +548,7 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
     assert fields[2:4] == ["PartitionCount: 4", "ReplicationFactor: 2"]
     # DescribeConfigs: every config not at Kafka's default (TopicCommand's !isDefault): the
     # topic's own, and the cluster-level min.insync.replicas the controller wrote (KIP-966).
-    assert fields[4] == "Configs: min.insync.replicas=1,retention.ms=3600000"
+    assert fields[4] == "Configs: min.insync.replicas=2,retention.ms=3600000"
     assert len(partitions) == 4
     for index, line in enumerate(partitions):
         cells = dict(cell.split(": ", 1) for cell in line.strip("\t").split("\t"))
@@ -625,7 +625,7 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     assert (altered.code, altered.out) == (0, "Completed updating config for topic tuned.\n")
     shown = kcoord("topics", "describe", "--topic", "tuned", "--bootstrap-server", bootstrap)
     assert shown.out.splitlines()[0].endswith(
-        "\tConfigs: cleanup.policy=compact,delete,max.message.bytes=5000,min.insync.replicas=1"
+        "\tConfigs: cleanup.policy=compact,delete,max.message.bytes=5000,min.insync.replicas=2"
     )
     every = kcoord("configs", "describe", *topic, "--all").out.splitlines()
     assert every[0] == "All configs for topic tuned are:"
@@ -655,20 +655,20 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     min_isr = "min.insync.replicas={v} sensitive=false synonyms={{DYNAMIC_DEFAULT_BROKER_CONFIG:"
     min_isr += "min.insync.replicas={v}}}"
     header = "Default configs for brokers in the cluster are:\n"
-    assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=1)}\n"
-    altered = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=2")
+    assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=2)}\n"
+    altered = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=1")
     assert (altered.code, altered.out) == (
         0,
         "Completed updating default config for brokers in the cluster.\n",
     )
-    assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=2)}\n"
+    assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=1)}\n"
     removed = kcoord("configs", "alter", *default, "--delete-config", "min.insync.replicas")
     assert (removed.code, removed.err) == (
         1,
         "Error while executing config command : the brokers' defaults: INVALID_CONFIG "
         "(Cluster-level min.insync.replicas cannot be removed while ELR is enabled.)\n",
     )
-    restored = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=1")
+    restored = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=2")
     assert restored.code == 0, restored.err
     # Any topic config's broker synonym is a cluster-level default too; others are refused.
     retention = "log.retention.ms=86400000"
@@ -676,7 +676,7 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     assert added.code == 0, added.err
     assert kcoord("configs", "describe", *default).out == (
         f"{header}  {retention} sensitive=false synonyms={{DYNAMIC_DEFAULT_BROKER_CONFIG:"
-        f"{retention}}}\n  {min_isr.format(v=1)}\n"
+        f"{retention}}}\n  {min_isr.format(v=2)}\n"
     )
     dirs = kcoord("configs", "alter", *default, "--add-config", "log.dirs=/elsewhere")
     assert (dirs.code, dirs.err) == (
