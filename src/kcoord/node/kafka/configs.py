@@ -18,6 +18,9 @@ DescribeConfigs is answered by the node itself, as Kafka's ``ConfigHelper`` does
   exist) lists ``consumer.session.timeout.ms`` and ``consumer.heartbeat.interval.ms``: the
   group's own value (GROUP_CONFIG), else this node's ``group.consumer.*`` config; the empty
   name is INVALID_REQUEST.
+- a BROKER_LOGGER named by this node's id lists its loggers and their levels
+  (``node/kafka/loggers.py``), which IncrementalAlterConfigs changes here, on this node only
+  (Kafka's ConfigAdminManager does not forward them either).
 
 The two alters are forwarded to the controller (``Controller.alter_configs``), which validates
 the resulting configs as a whole and commits one ``Config`` record per changed key; the
@@ -36,6 +39,7 @@ from typing import Any, Final
 from kcoord.cluster.coordinator.group_config import GROUP_CONFIGS
 from kcoord.errors import Errors
 from kcoord.node.config import ConfigEntry
+from kcoord.node.kafka import loggers
 from kcoord.node.kafka.admin import forward
 from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext
@@ -188,10 +192,24 @@ class ConfigsApi:
                     if keys is None or d.name in keys
                 ],
             )
+        if resource_type == loggers.BROKER_LOGGER:
+            try:
+                loggers.check_described_name(name, self.ctx.node_id)
+            except loggers.LoggerConfigError as e:
+                return result(e.code, str(e), [])
+            return result(
+                Errors.NONE,
+                None,
+                [
+                    _logger_entry(logger, level)
+                    for logger, level in loggers.loggers().items()
+                    if keys is None or logger in keys
+                ],
+            )
         return result(
             Errors.INVALID_REQUEST,
-            "kcoord describes topic, broker and group configs only, not resource type "
-            f"{resource_type}",
+            "kcoord describes topic, broker, broker logger and group configs only, not "
+            f"resource type {resource_type}",
             [],
         )
 
@@ -252,6 +270,21 @@ class ConfigsApi:
     # -----------------------------------------------------------------------------------------
     # AlterConfigs and IncrementalAlterConfigs.
 
+    def _alter_loggers(
+        self, resource: dict[str, Any], *, incremental: bool, validate_only: bool
+    ) -> tuple[Errors, str | None]:
+        """A BROKER_LOGGER resource, checked whole, then applied unless ``validate_only``."""
+        if not incremental:  # legacy AlterConfigs knows no broker loggers
+            return Errors.INVALID_REQUEST, f"Unknown resource type {loggers.BROKER_LOGGER}"
+        ops = [(name, op, value) for name, op, value in resource["ops"]]
+        try:
+            loggers.check_alter(resource["resource_name"], self.ctx.node_id, ops)
+        except loggers.LoggerConfigError as e:
+            return e.code, str(e)
+        if not validate_only:
+            loggers.apply_ops(ops)
+        return Errors.NONE, None
+
     async def handle_alter_configs(self, request: Request) -> Result:
         return await self._alter(request, incremental=False)
 
@@ -279,8 +312,19 @@ class ConfigsApi:
         # left out of what the controller applies.
         seen = Counter((r["resource_type"], r["resource_name"]) for r in resources)
         duplicated = {key for key, count in seen.items() if count > 1}
+        # Broker loggers are this node's own (ConfigAdminManager.preprocess): answered here.
+        local = {
+            id(r): self._alter_loggers(
+                r, incremental=incremental, validate_only=bool(body.validate_only)
+            )
+            for r in resources
+            if r["resource_type"] == loggers.BROKER_LOGGER
+            and (r["resource_type"], r["resource_name"]) not in duplicated
+        }
         applied = [
-            r for r in resources if (r["resource_type"], r["resource_name"]) not in duplicated
+            r
+            for r in resources
+            if (r["resource_type"], r["resource_name"]) not in duplicated and id(r) not in local
         ]
         reply: Any = Errors.NONE
         if applied:
@@ -298,8 +342,11 @@ class ConfigsApi:
         responses = []
         answers = iter(() if isinstance(reply, Errors) else reply["resources"])
         for r in resources:
+            message: str | None
             if (r["resource_type"], r["resource_name"]) in duplicated:
                 error, message = Errors.INVALID_REQUEST, "Duplicate resource."
+            elif id(r) in local:
+                error, message = local[id(r)]
             elif isinstance(reply, Errors):
                 error, message = reply, None
             else:
@@ -315,6 +362,20 @@ class ConfigsApi:
                 }
             )
         return {"throttle_time": 0, "responses": responses}
+
+
+def _logger_entry(name: str, level: str) -> dict[str, Any]:
+    """A broker logger as ConfigHelper describes one: its level, dynamic, no synonyms."""
+    return {
+        "name": name,
+        "value": level,
+        "read_only": False,
+        "config_source": loggers.DYNAMIC_BROKER_LOGGER_CONFIG,
+        "is_sensitive": False,
+        "synonyms": [],
+        "config_type": 0,
+        "documentation": None,
+    }
 
 
 def _broker_entry(entry: ConfigEntry, synonyms: bool, cluster: str | None) -> dict[str, Any]:

@@ -3,6 +3,7 @@ node (its broker config sets ``log.retention.ms`` to one hour and a secret admin
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -20,7 +21,7 @@ from tests.unit.node.kafka.wire import AsyncWireClient
 
 DESCRIBE_CONFIGS, ALTER_CONFIGS, INCREMENTAL_ALTER_CONFIGS = 32, 33, 44
 CREATE_TOPICS = 19
-TOPIC, BROKER, BROKER_LOGGER, GROUP = 2, 4, 8, 32
+TOPIC, BROKER, BROKER_LOGGER, CLIENT_METRICS, GROUP = 2, 4, 8, 16, 32
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG, GROUP_CONFIG = 1, 4, 5, 8
 SET, DELETE, APPEND = 0, 1, 2
 HOUR_MS = "3600000"
@@ -171,10 +172,10 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
             4,
             describe_values(
                 (BROKER, str(NODE_ID), None), (BROKER, "2", None), (BROKER, "", None),
-                (BROKER_LOGGER, str(NODE_ID), None),
+                (CLIENT_METRICS, "m", None),
             ),
         )  # fmt: skip
-        mine, other, cluster_wide, logger = response.results
+        mine, other, cluster_wide, unknown = response.results
         assert mine.error_code == Errors.NONE
         configs = {e.name: e for e in mine.configs}
         assert (configs["node.id"].value, configs["node.id"].config_source) == ("1", 4)
@@ -197,9 +198,114 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
             "Unexpected broker id, expected 1 or empty string, but received 2"
         )
         assert (cluster_wide.error_code, cluster_wide.configs) == (Errors.NONE, ())
-        assert logger.error_code == Errors.INVALID_REQUEST
+        assert unknown.error_code == Errors.INVALID_REQUEST
 
     run(tmp_path, test)
+
+
+def test_broker_loggers_are_described_and_altered_on_this_node(tmp_path: Path) -> None:
+    """kafka-configs.sh --entity-type broker-loggers: every logger with its effective level in
+    Kafka's names, set or removed at run time on this node alone (ConfigAdminManager's
+    checks and messages); validate_only changes nothing, a refused resource nothing of it."""
+    name = "kcoord.node.replica_fetcher"
+    logger = logging.getLogger(name)
+    saved = logger.level
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        async def describe(resource: str = str(NODE_ID), keys: list[str] | None = None) -> Any:
+            response = await c.call(
+                DESCRIBE_CONFIGS, 4, describe_values((BROKER_LOGGER, resource, keys))
+            )
+            return response.results[0]
+
+        async def alter(
+            *ops: tuple[str, int, str | None], resource: str = str(NODE_ID), dry: bool = False
+        ) -> tuple[int, str | None]:
+            response = await c.call(
+                INCREMENTAL_ALTER_CONFIGS,
+                1,
+                incremental_values(resource, *ops, dry=dry, resource_type=BROKER_LOGGER),
+            )
+            return response.responses[0].error_code, response.responses[0].error_message
+
+        described = await describe()
+        levels = {e.name: e for e in described.configs}
+        assert described.error_code == Errors.NONE and "root" in levels and name in levels
+        entry = levels[name]
+        assert (entry.read_only, entry.config_source, entry.is_sensitive) == (False, 6, False)
+        effective = logging.getLevelName(logger.getEffectiveLevel()).replace("WARNING", "WARN")
+        assert entry.value == effective
+        assert await alter((name, SET, "TRACE"), dry=True) == (Errors.NONE, None)
+        assert logger.level == saved
+        assert await alter((name, SET, "DEBUG")) == (Errors.NONE, None)
+        assert logger.level == logging.DEBUG
+        assert [e.value for e in (await describe(keys=[name])).configs] == ["DEBUG"]
+        refused = [
+            ((name, SET, "VERBOSE"), Errors.INVALID_CONFIG,
+             f"Cannot set the log level of {name} to VERBOSE as it is not a supported log "
+             "level. Valid log levels are FATAL, ERROR, WARN, INFO, DEBUG, TRACE"),
+            (("no.such.logger", SET, "INFO"), Errors.INVALID_CONFIG,
+             "Logger no.such.logger does not exist!"),
+            (("root", DELETE, None), Errors.INVALID_REQUEST,
+             "Removing the log level of the root logger is not allowed"),
+            ((name, APPEND, "INFO"), Errors.INVALID_REQUEST,
+             "APPEND operation is not allowed for the BROKER_LOGGER resource"),
+            ((name, SET, None), Errors.INVALID_REQUEST, f"Null value not supported for : {name}"),
+        ]  # fmt: skip
+        bystander = logging.getLogger("kcoord.node.kafka.configs")
+        level_before = bystander.level
+        for op, code, message in refused:
+            # With a valid op before it: the resource is refused whole.
+            assert await alter((bystander.name, SET, "FATAL"), op) == (code, message), op
+            assert logger.level == logging.DEBUG and bystander.level == level_before
+        assert await alter((name, SET, "INFO"), (name, SET, "WARN")) == (
+            Errors.INVALID_REQUEST,
+            "Error due to duplicate config keys",
+        )
+        assert await alter((name, SET, "INFO"), resource="2") == (
+            Errors.INVALID_REQUEST,
+            f"Unexpected broker id, expected {NODE_ID}, but received 2",
+        )
+        assert await alter((name, SET, "INFO"), resource="x") == (
+            Errors.INVALID_REQUEST,
+            "Node id must be an integer, but it is: x",
+        )
+        assert await alter((name, DELETE, None)) == (Errors.NONE, None)
+        assert logger.level == logging.NOTSET
+        other = await describe("2")
+        assert (other.error_code, other.error_message) == (
+            Errors.INVALID_REQUEST,
+            f"Unexpected broker id, expected {NODE_ID} but received 2",
+        )
+        empty = await describe("")
+        assert (empty.error_code, empty.error_message) == (
+            Errors.INVALID_REQUEST,
+            "Broker id must not be empty",
+        )
+        legacy = await c.call(
+            ALTER_CONFIGS,
+            2,
+            {
+                "resources": [
+                    {
+                        "resource_type": BROKER_LOGGER,
+                        "resource_name": str(NODE_ID),
+                        "configs": [{"name": name, "value": "DEBUG"}],
+                    }
+                ],
+                "validate_only": False,
+            },
+        )
+        assert (legacy.responses[0].error_code, legacy.responses[0].error_message) == (
+            Errors.INVALID_REQUEST,
+            "Unknown resource type 8",
+        )
+        assert logger.level == logging.NOTSET
+
+    try:
+        run(tmp_path, test)
+    finally:
+        logger.setLevel(saved)
 
 
 def test_alters_reach_the_image_and_the_hosted_logs(tmp_path: Path) -> None:
