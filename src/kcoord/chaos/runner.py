@@ -74,8 +74,8 @@ NODES = 3
 HOSTS = [f"127.0.0.{i + 1}" for i in range(NODES)]
 GIDS = [43001 + i for i in range(NODES)]
 SESSION_TIMEOUT_MS = 3_000  # the node default (broker.session.timeout.ms)
-# FencingWatch: how often it reads the metadata, and how long after the heal it goes on (two
-# of the node's heartbeat intervals).
+# FencingWatch: how often it reads the metadata, and how long it goes on after the heal or a
+# session timeout from the pause's start, whichever is later (two heartbeat intervals).
 FENCING_POLL_S = 0.1
 FENCING_GRACE_S = 1.0
 PROBE_GROUP = "chaos-probe"
@@ -235,7 +235,8 @@ class ChaosLab:
 
 class FencingWatch:
     """DESIGN §8: a pause shorter than the session timeout fences nobody. While such a pause
-    holds, and for ``FENCING_GRACE_S`` after it heals (the node's next heartbeat), the runner
+    holds, and until ``FENCING_GRACE_S`` past a session timeout from its start (a node whose
+    heartbeats stayed late after the heal is fenced by then), the runner
     polls the other nodes' metadata for the paused node's registration; the summary goes into
     the history as a ``fencing-watch`` event, which ``checkers.check_fencing`` reads."""
 
@@ -450,7 +451,10 @@ def run_faults(chaos: ChaosLab, stop_at: float) -> int:
         history.add("nemesis", "info", "stop", info)
         history.add("nemesis", "info", "heal", {"fault": fault.name})
         if watch is not None:
-            watch.until(time.monotonic() + FENCING_GRACE_S)
+            # A node whose heartbeats stay late after the heal is fenced a session timeout
+            # after its last one, which came before the pause: watch until then, and more.
+            session_end = watch.started + chaos.session_timeout_ms / 1000
+            watch.until(max(time.monotonic(), session_end) + FENCING_GRACE_S)
             history.add("nemesis", "info", FENCING_WATCH_F, watch.summary(hold))
         ok = probe_commit(chaos)
         progress(f"healed {fault.name}; a commit {'was' if ok else 'was NOT'} acknowledged")

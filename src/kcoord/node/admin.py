@@ -98,8 +98,9 @@ RPC_TIMEOUT_S: Final = 2.0
 # A scrape waits at most this long for the leaders' high watermarks (lag of remote partitions).
 METRICS_OFFSETS_TIMEOUT_S: Final = 1.0
 MAX_GROUP_ID_CHARS: Final = 32767  # a Kafka string (int16 length)
-# /api/v1/rebalances without ?limit: the latest this many steps.
+# /api/v1/rebalances without ?limit: the latest this many steps; a limit is ASCII digits.
 DEFAULT_REBALANCES_LIMIT: Final = 100
+_LIMIT: Final = re.compile(r"[0-9]{1,5}")
 _TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")  # Kafka's legal topic names
 # Group states a ``?state=`` filter may name: the classic ones and KIP-848's.
 _GROUP_STATES: Final = frozenset(
@@ -545,7 +546,7 @@ class AdminService:
     def rebalances(self, limit: int) -> dict[str, Any]:
         """The latest ``limit`` rebalance steps this node's coordinator saw, oldest first."""
         runtime = self.node.coordinator
-        events = list(runtime.stats.rebalance_events)[-limit:] if runtime is not None else []
+        events = runtime.stats.rebalance_events.latest(limit) if runtime is not None else []
         return {
             "node_id": self.node.config.node_id,
             "events": [{"group_id": e.group_id, **e.as_dict()} for e in events],
@@ -793,7 +794,7 @@ class AdminServer:
         if unknown:
             raise ApiError(400, f"unknown query parameters {sorted(unknown)}; known: limit")
         text = request.query.get("limit", str(DEFAULT_REBALANCES_LIMIT))
-        if not text.isdecimal() or not 1 <= int(text) <= RECENT_REBALANCE_EVENTS:
+        if not _LIMIT.fullmatch(text) or not 1 <= int(text) <= RECENT_REBALANCE_EVENTS:
             raise ApiError(400, f"limit must be 1 to {RECENT_REBALANCE_EVENTS}, not {text!r}")
         return web.json_response(self.service.rebalances(int(text)))
 

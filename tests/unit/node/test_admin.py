@@ -224,7 +224,7 @@ def test_rebalances_take_a_bounded_limit() -> None:
             {"node_id": 7, "limit": 100},
         )
         assert (await get(session, base + "/api/v1/rebalances?limit=10000"))[1]["limit"] == 10000
-        for bad in ("0", "10001", "-1", "x", "1.5"):
+        for bad in ("0", "10001", "-1", "x", "1.5", "\u0663", "9" * 5000):
             status, body = await get(session, base + f"/api/v1/rebalances?limit={bad}")
             assert status == 400 and "limit must be 1 to 10000" in body["error"]["message"], bad
         status, body = await get(session, base + "/api/v1/rebalances?group=g")

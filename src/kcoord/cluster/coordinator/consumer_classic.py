@@ -567,7 +567,7 @@ class ClassicMemberHandlers:
             )
         if leaving:
             self._remove_consumer_members(
-                group, leaving, now_ms, out, f"Removing {leaving} on LeaveGroup"
+                group, leaving, now_ms, out, f"Removing {', '.join(leaving)} on LeaveGroup"
             )
         return tuple(responses)
 

@@ -374,7 +374,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         out.write(group_epoch_record(group.group_id, group.group_epoch + 1))
         self._consumer_event(
             group,
-            "Assigning",
+            "Assigning" if remaining else "Empty",
             group.group_epoch + 1,
             members=len(remaining),
             now_ms=now_ms,

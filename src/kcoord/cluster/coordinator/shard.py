@@ -158,7 +158,7 @@ from kcoord.cluster.coordinator.records import (
     encode_record,
     record_size_bound,
 )
-from kcoord.cluster.coordinator.timeline import RECENT_REBALANCE_EVENTS, RebalanceEvent
+from kcoord.cluster.coordinator.timeline import RebalanceEvent, RebalanceLog
 from kcoord.cluster.coordinator.types import (
     DEFAULT_RETENTION_TIME,
     DEFAULT_TIMESTAMP,
@@ -319,9 +319,7 @@ class CoordinatorStats:
     offsets_expired: int = 0
     groups_expired: int = 0
     members_expired: int = 0
-    rebalance_events: deque[RebalanceEvent] = field(
-        default_factory=lambda: deque(maxlen=RECENT_REBALANCE_EVENTS)
-    )
+    rebalance_events: RebalanceLog = field(default_factory=RebalanceLog)
 
     def count_offset_commit_error(self, code: Errors, n: int = 1) -> None:
         self.offset_commit_errors[code] = self.offset_commit_errors.get(code, 0) + n
@@ -392,6 +390,11 @@ class _Output:
 
 def _protocol_inconsistent(requested: str | None, chosen: str | None) -> bool:
     return requested is not None and chosen is not None and requested != chosen
+
+
+def _java(value: str | None) -> str:
+    """A nullable string as Java's string concatenation writes it."""
+    return "null" if value is None else value
 
 
 def _join_reason(what: str, request: JoinGroupRequest) -> str:
@@ -610,7 +613,14 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 self._reschedule_heartbeat(group, member, now_ms)
             if group.num_members > self._config.max_size:
                 # In case group.max.size was lowered: rebalance so that members can commit.
-                self._prepare_rebalance(out, group, now_ms, "group.max.size was lowered")
+                self._prepare_rebalance(
+                    out,
+                    group,
+                    now_ms,
+                    f"Freshly-loaded group {group.group_id} (size {group.num_members}) is over "
+                    f"capacity {self._config.max_size}. Rebalancing in order to give a chance "
+                    "for consumers to commit offsets",
+                )
         self._arm_consumer_timers(now_ms)
         self._schedule_group_expiration(now_ms)
         return out.result()
@@ -1200,7 +1210,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             group,
             now_ms,
             _join_reason(
-                f"Adding new member {member_id} with group instance id {request.group_instance_id}",
+                f"Adding new member {member_id} with group instance id "
+                f"{_java(request.group_instance_id)}",
                 request,
             ),
         )
@@ -1582,7 +1593,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         for member_id in pending:
             self._remove_member(out, group, member_id)
         self._prepare_rebalance(
-            out, group, now_ms, f"Removing {sorted(pending)} on pending sync request expiration"
+            out,
+            group,
+            now_ms,
+            f"Removing {', '.join(sorted(pending))} on pending sync request expiration",
         )
 
     # ----------------------------------------------------------------------------------------

@@ -680,7 +680,8 @@ class GroupApi:
 
         if not self.runtime.config.consumer_protocol_enabled:
             # group.coordinator.rebalance.protocols without consumer: KafkaApis'
-            # isConsumerGroupProtocolEnabled, checked first (a Java client falls back to classic).
+            # isConsumerGroupProtocolEnabled, checked first (the Java consumer then fails with
+            # UnsupportedVersionException, KAFKA-17536).
             return convert(t.ConsumerGroupHeartbeatResponse(error_code=Errors.UNSUPPORTED_VERSION))
         error, message = validate_heartbeat_request(req, self.runtime.config.consumer_assignors)
         if error is not Errors.NONE:

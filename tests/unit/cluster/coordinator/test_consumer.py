@@ -29,6 +29,7 @@ from kcoord.cluster.coordinator.records import (
     uuid_str,
 )
 from kcoord.cluster.coordinator.shard import GroupConfig
+from kcoord.cluster.coordinator.timeline import MAX_REASON_CHARS, RebalanceEvent, RebalanceLog
 from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeRequest,
     ConsumerGroupDescribeResponse,
@@ -1342,10 +1343,29 @@ def test_the_timeline_has_each_new_target_assignment_and_removal() -> None:
     b.beat()
     b.leave()
     a.beat()
+    a.leave()
     steps = ctx.shard.stats.timeline("g")
     assert [(e.protocol, e.state, e.generation, e.members, e.reason) for e in steps] == [
         ("consumer", "Reconciling", 1, 1, "member a joined"),
         ("consumer", "Reconciling", 2, 2, "member b joined"),
         ("consumer", "Assigning", 3, 1, "member b left"),
         ("consumer", "Reconciling", 3, 1, None),
+        ("consumer", "Empty", 4, 0, "member a left"),
     ]
+
+
+def test_the_rebalance_log_keeps_the_latest_within_its_bounds() -> None:
+    """A client naming 32 KiB groups with 32 KiB reasons made 10,000 events hold 940 MiB: the
+    log is bounded in characters too, and a reason is cut."""
+    log = RebalanceLog(max_events=3, max_chars=100)
+    for i in range(5):
+        log.append(RebalanceEvent(i, f"g{i}", "classic", "Stable", 1, 1))
+    assert [e.at_ms for e in log] == [2, 3, 4] and log.latest(2)[0].at_ms == 3
+    log.append(RebalanceEvent(5, "x" * 60, "classic", "Stable", 1, 1, "r" * 30))
+    assert [e.at_ms for e in log] == [3, 4, 5]  # 2 + 2 + 90 characters: within 100
+    log.append(RebalanceEvent(6, "y" * 10, "classic", "Stable", 1, 1))
+    assert [e.at_ms for e in log] == [5, 6]  # 3 events, but 104 characters
+    log.append(RebalanceEvent(6, "big", "classic", "Stable", 1, 1, "r" * 5000))
+    [last] = list(log)  # alone over the budget, the newest stays
+    assert last.reason is not None and len(last.reason) == MAX_REASON_CHARS + 3
+    assert log.latest(0) == []

@@ -707,7 +707,7 @@ def test_the_timeline_has_each_rebalance_step_and_why() -> None:
         ("PreparingRebalance", 1, 1),
     ]
     assert steps[0].reason == (
-        f"Adding new member {a} with group instance id None; client reason: not provided"
+        f"Adding new member {a} with group instance id null; client reason: not provided"
     )
     assert steps[-1].reason == f"Removing member {b} on LeaveGroup; client reason: not provided"
     assert steps[-1].at_ms == ctx.now_ms and steps[-1].protocol == "classic"
