@@ -688,6 +688,39 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     gone = kcoord("configs", "alter", *default, "--delete-config", "log.retention.ms")
     assert gone.code == 0, gone.err
 
+    # Broker 2's loggers, changed on broker 2 alone (kafka-configs.sh --entity-type
+    # broker-loggers).
+    loggers = ("--entity-type", "broker-loggers", "--bootstrap-server", bootstrap)
+    fetcher = "kcoord.node.replica_fetcher"
+
+    def level(node: str) -> str:
+        out = kcoord("configs", "describe", *loggers, "--entity-name", node).out.splitlines()
+        assert out[0] == f"Dynamic configs for broker-logger {node} are:"
+        line = next(x for x in out if x.startswith(f"  {fetcher}="))
+        return line.split()[0].split("=")[1]
+
+    before = level("2")
+    set_debug = kcoord(
+        "configs", "alter", *loggers, "--entity-name", "2", "--add-config", f"{fetcher}=DEBUG"
+    )
+    assert (set_debug.code, set_debug.out) == (
+        0,
+        "Completed updating config for broker-logger 2.\n",
+    )
+    assert (level("2"), level("1")) == ("DEBUG", before)
+    unset = kcoord("configs", "alter", *loggers, "--entity-name", "2", "--delete-config", fetcher)
+    assert unset.code == 0, unset.err
+    assert level("2") == before
+    nope = kcoord("configs", "alter", *loggers, "--entity-name", "2", "--add-config", "nope=INFO")
+    assert (nope.code, nope.err) == (
+        1,
+        "Error while executing config command : Invalid broker logger(s): nope\n",
+    )
+    bad = kcoord(
+        "configs", "alter", *loggers, "--entity-name", "2", "--add-config", f"{fetcher}=LOUD"
+    )
+    assert bad.code == 1 and "INVALID_CONFIG (Cannot set the log level of" in bad.err
+
     # A group's KIP-848 configs; the group need not exist.
     group = ("--entity-type", "groups", "--entity-name", "tuned", "--bootstrap-server", bootstrap)
     assert kcoord("configs", "describe", *group).out == "Dynamic configs for group tuned are:\n"

@@ -1,12 +1,12 @@
-"""``kcoord configs``: topic, broker and group configs as ``kafka-configs.sh`` shows and
-changes them.
+"""``kcoord configs``: topic, broker, broker logger and group configs as ``kafka-configs.sh``
+shows and changes them.
 
 ::
 
-  configs describe --entity-type topics|brokers|groups [--entity-name N] [--all]
+  configs describe --entity-type topics|brokers|broker-loggers|groups [--entity-name N] [--all]
   configs describe --entity-type brokers --entity-default
-  configs alter --entity-type topics|groups --entity-name N [--add-config K=V,...]
-                [--delete-config K,...]
+  configs alter --entity-type topics|groups|broker-loggers --entity-name N
+                [--add-config K=V,...] [--delete-config K,...]
   configs alter --entity-type brokers --entity-default [--add-config log.retention.ms=N,...]
                 [--delete-config K,...]
 
@@ -27,8 +27,12 @@ updating config for topic T." (or "group G"). kcoord has no dynamic per-broker c
 cluster-level dynamic defaults, the broker synonyms of topic configs (``log.retention.ms``,
 ``log.cleanup.policy``, ``min.insync.replicas``, which the first active controller writes
 from its own config, KIP-966 ...), are shown and changed with ``--entity-default``, as
-Kafka's "Default configs for brokers in the cluster". Errors go to stderr as "Error while
-executing config command : ..." and exit 1.
+Kafka's "Default configs for brokers in the cluster". A broker's loggers
+(``--entity-type broker-loggers --entity-name <id>``) are its Python loggers and their levels
+in Kafka's names (``kcoord.node.replica_fetcher=DEBUG``; ``--delete-config`` gives a logger
+its parent's level back), changed on that broker alone until it restarts; a logger it does
+not have is "Invalid broker logger(s): ...", as in ConfigCommand. Errors go to stderr as
+"Error while executing config command : ..." and exit 1.
 """
 
 from __future__ import annotations
@@ -51,18 +55,26 @@ from kcoord.node.tool_client import (
 )
 
 ERROR_PREFIX: Final = "Error while executing config command : "
-_RESOURCE_TYPES: Final = {"topics": 2, "brokers": 4, "groups": 32}  # ConfigResource.Type
-_ENTITY_NAMES: Final = {"topics": "topic", "brokers": "broker", "groups": "group"}
+# ConfigResource.Type
+_RESOURCE_TYPES: Final = {"topics": 2, "brokers": 4, "broker-loggers": 8, "groups": 32}
+_ENTITY_NAMES: Final = {
+    "topics": "topic",
+    "brokers": "broker",
+    "broker-loggers": "broker-logger",
+    "groups": "group",
+}
+_PER_BROKER: Final = ("brokers", "broker-loggers")  # sent to the broker named
 _SOURCES: Final = {
     1: "DYNAMIC_TOPIC_CONFIG",
     2: "DYNAMIC_BROKER_CONFIG",
     3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
     4: "STATIC_BROKER_CONFIG",
     5: "DEFAULT_CONFIG",
+    6: "DYNAMIC_BROKER_LOGGER_CONFIG",
     8: "DYNAMIC_GROUP_CONFIG",  # the admin client's name of GROUP_CONFIG
 }
 # What "Dynamic configs" shows (ConfigCommand's source filter): what was set on the resource.
-_DYNAMIC_SOURCE: Final = {"topics": 1, "brokers": 2, "groups": 8}
+_DYNAMIC_SOURCE: Final = {"topics": 1, "brokers": 2, "broker-loggers": 6, "groups": 8}
 _DYNAMIC_DEFAULT_SOURCE: Final = 3  # of the brokers' cluster-level defaults
 _SET, _DELETE = 0, 1  # AlterConfigOp.OpType
 
@@ -151,10 +163,8 @@ def _describe_one(client: ToolClient, kind: str, name: str) -> Any:
     }
 
     def attempt() -> Any:
-        if kind == "brokers" and name != "":
-            if not (name.isascii() and name.isdigit()):
-                raise ToolError(f"The entity name for brokers must be a broker id, not '{name}'")
-            body = client.send_to(int(name), DESCRIBE_CONFIGS, values)
+        if kind in _PER_BROKER and name != "":
+            body = client.send_to(_broker_id(kind, name), DESCRIBE_CONFIGS, values)
         else:
             body = client.send_any(DESCRIBE_CONFIGS, values)
         return body.results[0]
@@ -166,6 +176,12 @@ def _describe_one(client: ToolClient, kind: str, name: str) -> Any:
     if code != Errors.NONE:
         raise KafkaError(code, f"{_ENTITY_NAMES[kind]} '{name}'", result.error_message)
     return result
+
+
+def _broker_id(kind: str, name: str) -> int:
+    if not (name.isascii() and name.isdigit()):
+        raise ToolError(f"The entity name for {kind} must be a broker id, not '{name}'")
+    return int(name)
 
 
 def _alter(client: ToolClient, args: argparse.Namespace) -> int:
@@ -185,7 +201,15 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     if not added and not deleted:
         raise ToolError("At least one of --add-config or --delete-config must be specified")
     deleted = [k for k in deleted if k]
-    if deleted:
+    if kind == "broker-loggers":
+        # ConfigCommand: every logger named must be one the broker has.
+        loggers = {str(c.name) for c in _describe_one(client, kind, name).configs}
+        invalid = [k for k in deleted if k not in loggers] + [
+            k for k, _ in added if k not in loggers
+        ]
+        if invalid:
+            raise ToolError(f"Invalid broker logger(s): {','.join(invalid)}")
+    elif deleted:
         # ConfigCommand.alterConfig: a key to delete must be one the resource has (set or
         # not); the broker's DELETE of an unknown key changes nothing and says nothing.
         known = {str(c.name) for c in _describe_one(client, kind, name).configs}
@@ -202,7 +226,11 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     }  # fmt: skip
 
     def attempt() -> Any:
-        response = client.send_any(INCREMENTAL_ALTER_CONFIGS, values).responses[0]
+        if kind == "broker-loggers":  # the broker's own loggers: only it answers for them
+            body = client.send_to(_broker_id(kind, name), INCREMENTAL_ALTER_CONFIGS, values)
+        else:
+            body = client.send_any(INCREMENTAL_ALTER_CONFIGS, values)
+        response = body.responses[0]
         if int(response.error_code) in (Errors.NOT_CONTROLLER, Errors.REQUEST_TIMED_OUT):
             raise RetriableError(error_name(int(response.error_code)))
         return response
@@ -225,19 +253,23 @@ def _run(args: argparse.Namespace) -> int:
 def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     """``kcoord configs ...`` under the top-level subparsers ``sub``."""
     configs = sub.add_parser(
-        "configs", help="topic, broker and group configs, like kafka-configs.sh"
+        "configs", help="topic, broker, broker logger and group configs, like kafka-configs.sh"
     )
     csub = configs.add_subparsers(dest="configs_command", required=True)
     describe = csub.add_parser("describe", help="DescribeConfigs")
     describe.add_argument("--all", action="store_true", help="every config, not just dynamic")
     alter = csub.add_parser(
-        "alter", help="IncrementalAlterConfigs (topics, groups, the brokers' cluster default)"
+        "alter",
+        help="IncrementalAlterConfigs (topics, groups, a broker's loggers, the brokers' "
+        "cluster default)",
     )
     alter.add_argument("--add-config", metavar="K=V[,K=V]", help="set these keys")
     alter.add_argument("--delete-config", metavar="K[,K]", help="remove these keys")
     for p in (describe, alter):
         p.add_argument("--entity-type", required=True, choices=sorted(_RESOURCE_TYPES))
-        p.add_argument("--entity-name", help="topic name, broker id or group id")
+        p.add_argument(
+            "--entity-name", help="topic name, broker id (brokers, broker-loggers) or group id"
+        )
         p.add_argument(
             "--entity-default",
             action="store_true",
