@@ -236,9 +236,10 @@ class ChaosLab:
 class FencingWatch:
     """DESIGN §8: a pause shorter than the session timeout fences nobody. While such a pause
     holds, and until ``FENCING_GRACE_S`` past a session timeout from its start (a node whose
-    heartbeats stayed late after the heal is fenced by then), the runner
-    polls the other nodes' metadata for the paused node's registration; the summary goes into
-    the history as a ``fencing-watch`` event, which ``checkers.check_fencing`` reads."""
+    heartbeats stayed late after the heal is fenced by then), the runner polls the other
+    nodes' metadata for the paused node's registration; the summary goes into the history as
+    a ``fencing-watch`` event, which ``checkers.check_fencing`` reads. The node's state at the
+    first answer is its state at the start: a watch no node answered at first judges less."""
 
     def __init__(self, chaos: ChaosLab, node_id: int) -> None:
         self.chaos = chaos
