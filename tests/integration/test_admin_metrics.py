@@ -418,6 +418,7 @@ def test_a_kip848_consumer_group(
         assert m["client_id"] == "admin-member" and m["member_epoch"] >= 1
         assert m["assignment"] == [{"topic": TOPIC, "partitions": list(range(PARTITIONS))}]
         assert all(row["member_id"] == m["member_id"] for row in group["offsets"])
+        assert group["protocol"] == "uniform"  # the group's server assignor
         first = group["timeline"][0]
         assert (first["protocol"], first["state"], first["generation"]) == (
             "consumer",

@@ -70,7 +70,11 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 
 from kcoord.cluster.coordinator import consumer_protocol
-from kcoord.cluster.coordinator.consumer import CONSUMER_PROTOCOL_TYPE, ConsumerGroup
+from kcoord.cluster.coordinator.consumer import (
+    CONSUMER_PROTOCOL_TYPE,
+    ConsumerGroup,
+    assignor_name,
+)
 from kcoord.cluster.coordinator.timeline import RECENT_REBALANCE_EVENTS
 from kcoord.cluster.coordinator.types import (
     DescribeGroupsRequest,
@@ -492,9 +496,10 @@ class AdminService:
             "coordinator": {"node_id": self.node.config.node_id, "partition": ctx.index},
             "state": group.group_state,
             "protocol_type": group.protocol_type,
-            "protocol": (live.protocol_name if live is not None else None)
-            or group.protocol_data
-            or None,
+            # A KIP-848 group's is its server assignor (ConsumerGroupDescribe's AssignorName).
+            "protocol": assignor_name(consumer_group, runtime.config.consumer_assignors)
+            if consumer_group is not None
+            else (live.protocol_name if live is not None else None) or group.protocol_data or None,
             "generation_id": live.generation_id
             if live is not None
             else consumer_group.group_epoch

@@ -675,7 +675,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     def on_unloaded(self, now_ms: int | None = None) -> CoordinatorResult:
         """The partition is no longer ours: every group goes Dead and every parked JoinGroup and
         SyncGroup is answered NOT_COORDINATOR (``GroupMetadataManager.onUnloaded``); all timers
-        are cancelled (the runtime's unload cancels them in Kafka).
+        are cancelled (the runtime's unload cancels them in Kafka); the groups' rebalance
+        timelines are dropped.
         """
         out = _Output()
         for group in self._groups.values():
@@ -694,6 +695,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         for key in list(self._timers):
             self._cancel(key)
         self._active = False
+        # Their timelines go too: the next coordinator records what follows, and this node,
+        # leading the partition again later, starts over at that load.
+        self.stats.rebalance_events.forget({*self._groups, *self._consumer_groups, *self._offsets})
         return out.result()
 
     # ----------------------------------------------------------------------------------------
@@ -1102,7 +1106,13 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         match group.state:
             case _S.PREPARING_REBALANCE:
                 self._update_member_then_rebalance_or_complete_join(
-                    out, token=token, request=request, group=group, member=member, now_ms=now_ms
+                    out,
+                    token=token,
+                    request=request,
+                    group=group,
+                    member=member,
+                    now_ms=now_ms,
+                    what=f"Member {member_id} joining group during {group.state}",
                 )
             case _S.COMPLETING_REBALANCE:
                 if member.matches(request.protocols):
@@ -1116,14 +1126,30 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                     )
                 else:
                     self._update_member_then_rebalance_or_complete_join(
-                        out, token=token, request=request, group=group, member=member, now_ms=now_ms
+                        out,
+                        token=token,
+                        request=request,
+                        group=group,
+                        member=member,
+                        now_ms=now_ms,
+                        what=f"Updating metadata for member {member_id} during {group.state}",
                     )
             case _S.STABLE:
                 if group.is_leader(member_id) or not member.matches(request.protocols):
                     # The leader rejoining forces a rebalance (it may know of topic metadata
                     # changes); so does a follower with new metadata.
                     self._update_member_then_rebalance_or_complete_join(
-                        out, token=token, request=request, group=group, member=member, now_ms=now_ms
+                        out,
+                        token=token,
+                        request=request,
+                        group=group,
+                        member=member,
+                        now_ms=now_ms,
+                        what=(
+                            f"Leader {member_id} re-joining group during {group.state}"
+                            if group.is_leader(member_id)
+                            else f"Updating metadata for member {member_id} during {group.state}"
+                        ),
                     )
                 else:
                     out.respond(token, self._current_join_response(group, member_id))
@@ -1156,8 +1182,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         group: ClassicGroup,
         member: ClassicGroupMember,
         now_ms: int,
+        what: str,
     ) -> None:
-        """``updateMemberThenRebalanceOrCompleteJoin``."""
+        """``updateMemberThenRebalanceOrCompleteJoin``; ``what`` starts the rebalance's reason."""
         self._supersede_join(out, member)
         group.update_member(
             member,
@@ -1170,9 +1197,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             out,
             group,
             now_ms,
-            _join_reason(
-                f"Updating metadata for member {member.member_id} during {group.state}", request
-            ),
+            _join_reason(what, request),
         )
 
     def _add_member_then_rebalance_or_complete_join(

@@ -76,6 +76,14 @@ class RebalanceLog:
     def __len__(self) -> int:
         return len(self._events)
 
+    def forget(self, group_ids: set[str]) -> None:
+        """Drop these groups' events (their partition was unloaded)."""
+        if not group_ids:
+            return
+        kept = deque(e for e in self._events if e.group_id not in group_ids)
+        self._chars = sum(_chars(e) for e in kept)
+        self._events = kept
+
     def latest(self, limit: int) -> list[RebalanceEvent]:
         return list(self._events)[-limit:] if limit > 0 else []
 

@@ -27,6 +27,7 @@ from kcoord.cluster.coordinator.shard import (
     join_key,
     sync_key,
 )
+from kcoord.cluster.coordinator.timeline import RebalanceEvent
 from kcoord.cluster.coordinator.types import (
     DeleteGroupsResponse,
     DescribeGroupsResponse,
@@ -713,3 +714,28 @@ def test_the_timeline_has_each_rebalance_step_and_why() -> None:
     assert steps[-1].at_ms == ctx.now_ms and steps[-1].protocol == "classic"
     assert {e.group_id for e in ctx.shard.stats.rebalance_events} == {"g", "other"}
     assert steps[-1].as_dict()["state"] == "PreparingRebalance"
+
+
+def test_a_leader_rejoining_a_stable_group_is_the_timeline_reason() -> None:
+    """GroupMetadataManager.classicGroupJoinExistingMember's reasons: the leader's JoinGroup
+    in Stable forces a rebalance, "Leader X re-joining group during Stable"."""
+    ctx = ShardContext()
+    a, _ = stable_group(ctx, "a", "b")
+    ctx.join(member_id=a)
+    last = ctx.shard.stats.timeline("g")[-1]
+    assert (last.state, last.reason) == (
+        "PreparingRebalance",
+        f"Leader {a} re-joining group during Stable; client reason: not provided",
+    )
+
+
+def test_an_unloaded_shard_drops_its_groups_timelines() -> None:
+    """A node that leads the partition again later starts its timelines over at that load
+    (what the coordinator between saw is not here): events of other partitions' groups stay."""
+    ctx = ShardContext()
+    stable_group(ctx, "a")
+    other = RebalanceEvent(0, "elsewhere", "classic", "Stable", 1, 1)
+    ctx.shard.stats.rebalance_events.append(other)
+    assert ctx.shard.stats.timeline("g")
+    ctx.unload()
+    assert ctx.shard.stats.timeline("g") == [] and list(ctx.shard.stats.rebalance_events) == [other]
