@@ -122,14 +122,9 @@ def test_a_run_that_injected_no_fault_fails(
     assert runner.conclude(options, History(), 0.0, None) == 0
 
 
-def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Jepsen's nemesis operations: the start's invoke comes before the fault is put in place,
-    its info after; the stop's invoke before the heal, its info after. The timeline's window
-    opens at the invoke."""
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The runner's clock, moved only by its sleeps; every probe commit succeeds."""
     now = [0.0]
-    history = History(clock=lambda: now[0])
 
     def sleep(seconds: float) -> None:
         now[0] += seconds
@@ -137,6 +132,17 @@ def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
     clock = SimpleNamespace(monotonic=lambda: now[0], sleep=sleep, strftime=time.strftime)
     monkeypatch.setattr(runner, "time", clock)
     monkeypatch.setattr(runner, "probe_commit", lambda chaos: True)
+    return now
+
+
+def test_a_fault_is_invoked_before_it_is_in_force_and_healed_before_its_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jepsen's nemesis operations: the start's invoke comes before the fault is put in place,
+    its info after; the stop's invoke before the heal, its info after. The timeline's window
+    opens at the invoke."""
+    now = fake_clock(monkeypatch)
+    history = History(clock=lambda: now[0])
     started: list[int] = []
 
     def start_fault(chaos: Any, kind: str, shapes: Any) -> Any:
@@ -270,15 +276,8 @@ def test_a_short_pause_is_watched_for_fencing_without_lengthening_it(
     registration, until a session timeout from its start and a grace past it; what it saw
     goes into the history (``fencing-watch``), and the pause lasts
     its hold, however the polls go. A longer pause is not watched."""
-    now = [0.0]
+    now = fake_clock(monkeypatch)
     history = History(clock=lambda: now[0])
-
-    def sleep(seconds: float) -> None:
-        now[0] += seconds
-
-    clock = SimpleNamespace(monotonic=lambda: now[0], sleep=sleep, strftime=time.strftime)
-    monkeypatch.setattr(runner, "time", clock)
-    monkeypatch.setattr(runner, "probe_commit", lambda chaos: True)
     faults = [
         nemesis.Fault("pause", [2], {"longer_than_session_timeout": False, "hold_s": 1.5}),
         nemesis.Fault("pause", [3], {"longer_than_session_timeout": True, "hold_s": 6.0}),

@@ -1103,17 +1103,21 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             return
 
         member = group.member(member_id)
+
+        def update(what: str) -> None:
+            self._update_member_then_rebalance_or_complete_join(
+                out,
+                token=token,
+                request=request,
+                group=group,
+                member=member,
+                now_ms=now_ms,
+                what=f"{what} during {group.state}",
+            )
+
         match group.state:
             case _S.PREPARING_REBALANCE:
-                self._update_member_then_rebalance_or_complete_join(
-                    out,
-                    token=token,
-                    request=request,
-                    group=group,
-                    member=member,
-                    now_ms=now_ms,
-                    what=f"Member {member_id} joining group during {group.state}",
-                )
+                update(f"Member {member_id} joining group")
             case _S.COMPLETING_REBALANCE:
                 if member.matches(request.protocols):
                     # Same metadata (it probably missed the JoinGroup answer): answer the
@@ -1125,31 +1129,15 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                         ),
                     )
                 else:
-                    self._update_member_then_rebalance_or_complete_join(
-                        out,
-                        token=token,
-                        request=request,
-                        group=group,
-                        member=member,
-                        now_ms=now_ms,
-                        what=f"Updating metadata for member {member_id} during {group.state}",
-                    )
+                    update(f"Updating metadata for member {member_id}")
             case _S.STABLE:
                 if group.is_leader(member_id) or not member.matches(request.protocols):
                     # The leader rejoining forces a rebalance (it may know of topic metadata
                     # changes); so does a follower with new metadata.
-                    self._update_member_then_rebalance_or_complete_join(
-                        out,
-                        token=token,
-                        request=request,
-                        group=group,
-                        member=member,
-                        now_ms=now_ms,
-                        what=(
-                            f"Leader {member_id} re-joining group during {group.state}"
-                            if group.is_leader(member_id)
-                            else f"Updating metadata for member {member_id} during {group.state}"
-                        ),
+                    update(
+                        f"Leader {member_id} re-joining group"
+                        if group.is_leader(member_id)
+                        else f"Updating metadata for member {member_id}"
                     )
                 else:
                     out.respond(token, self._current_join_response(group, member_id))
