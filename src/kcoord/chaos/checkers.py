@@ -1625,8 +1625,8 @@ def check_fencing(history: History) -> CheckResult:
     """``false-fencing``: a node fenced for a pause shorter than the session timeout (DESIGN
     §8: faster failure detection "with no false fencing under the chaos suite's pauses
     shorter than the session timeout"), as the runner's ``fencing-watch`` events saw it: the
-    node unfenced when the pause began, fenced before one heartbeat interval after it ended. A
-    watch no node answered is counted, not judged."""
+    node unfenced when the pause began, fenced while it held or before a second past a session
+    timeout from its start. A watch no node answered is counted, not judged."""
     findings = _Findings("fencing")
     watches = [e for e in _in_time_order(history) if e.f == FENCING_WATCH_F]
     unanswered = 0

@@ -46,7 +46,7 @@ from kcoord.cluster.coordinator.assignors import (
 )
 from kcoord.cluster.coordinator.consumer_classic import MIGRATION_POLICIES
 from kcoord.node.kafka.producer_ids import NODE_BITS
-from kcoord.storage.config import COMPRESSION_TYPES, TIMESTAMP_TYPES
+from kcoord.storage.config import COMPRESSION_TYPES, TIMESTAMP_TYPES, TOPIC_CONFIGS
 
 ENV_PREFIX: Final = "KCOORD_"
 
@@ -249,10 +249,16 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # Data topics and replication.
     _Spec("default.replication.factor", _Kind.INT, 1, 1, _INT16_MAX),
     _Spec("num.partitions", _Kind.INT, 1, 1, _INT32_MAX),
-    # DESIGN §5: 2, not Kafka's 1, so that an RF=3 partition acknowledges acks=all writes only
-    # on two replicas; a partition of fewer replicas takes its replication factor
-    # (Partition.effectiveMinIsr), so RF=1 topics still take acks=all writes.
-    _Spec("min.insync.replicas", _Kind.INT, 2, 1, _INT32_MAX),
+    # The topic config's default (storage/config.py): DESIGN §5's 2, not Kafka's 1, so that an
+    # RF=3 partition acknowledges acks=all writes only on two replicas; a partition of fewer
+    # replicas takes its replication factor (Partition.effectiveMinIsr).
+    _Spec(
+        "min.insync.replicas",
+        _Kind.INT,
+        int(TOPIC_CONFIGS["min.insync.replicas"].default),
+        1,
+        _INT32_MAX,
+    ),
     _Spec("auto.create.topics.enable", _Kind.BOOL, True),
     # The Kafka listener (SocketServer): the largest request frame, and how long an idle
     # connection stays open.

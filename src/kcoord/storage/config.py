@@ -297,7 +297,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
             TopicConfigDef(
                 "min.insync.replicas",
                 _I,
-                "2",  # DESIGN §5; Kafka's is 1 (node/config.py has the same default)
+                "2",  # DESIGN §5; Kafka's is 1 (the node's min.insync.replicas takes it too)
                 "With acks=all, the fewest in-sync replicas a write needs; fewer get "
                 "NOT_ENOUGH_REPLICAS.",
                 minimum=1,

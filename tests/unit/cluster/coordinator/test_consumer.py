@@ -1369,3 +1369,20 @@ def test_the_rebalance_log_keeps_the_latest_within_its_bounds() -> None:
     [last] = list(log)  # alone over the budget, the newest stays
     assert last.reason is not None and len(last.reason) == MAX_REASON_CHARS + 3
     assert log.latest(0) == []
+
+
+def test_the_first_configured_assignor_computes_the_targets() -> None:
+    """Two members on two one-partition topics: uniform gives each one, range gives the first
+    both; group.consumer.assignors' first decides when no member names one."""
+    members = {
+        m: ConsumerGroupMember(member_id=m, subscribed_topic_names=("t1", "t2")) for m in "ab"
+    }
+    topics = {"T1": ("t1", 1), "T2": ("t2", 1)}
+    assert consumer.compute_targets(members, {}, topics) == {
+        "a": {"T1": frozenset({0})},
+        "b": {"T2": frozenset({0})},
+    }
+    assert consumer.compute_targets(members, {}, topics, ("range", "uniform")) == {
+        "a": {"T1": frozenset({0}), "T2": frozenset({0})},
+        "b": {},
+    }
