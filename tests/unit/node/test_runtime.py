@@ -475,12 +475,15 @@ def _batches(lg: Log, start: int) -> list[int]:
     return [h.record_count for _, h in fmt.iter_headers(lg.read(start, 1 << 30).records)]
 
 
-async def _until(condition: Any, what: str) -> None:
-    for _ in range(10_000):
-        if condition():
-            return
+async def _until(condition: Any, what: str, deadline_s: float = 5.0) -> None:
+    """Poll ``condition`` every pass of the event loop until a deadline in time: a count of
+    passes ran out before a 20 ms linger did on a fast machine."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + deadline_s
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"never: {what}")
         await asyncio.sleep(0)
-    raise AssertionError(f"never: {what}")
 
 
 @pytest.mark.parametrize(("append_linger_ms", "batches"), [(0, [1, 1, 1]), (-1, [3]), (20, [3])])
