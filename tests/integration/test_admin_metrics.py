@@ -322,6 +322,28 @@ def test_every_documented_family_is_served(
     assert not undocumented, sorted(undocumented)
 
 
+def test_every_node_keeps_applying_the_controllers_no_ops(cluster: LocalCluster) -> None:
+    """KIP-835: with nothing else written, each node's metadata offset still moves (the active
+    controller's NoOp every metadata.max.idle.interval.ms, 500 ms), and each serves how long
+    ago it applied a batch. Without the NoOps an idle cluster's offsets stood still."""
+    start = {n.node_id: scrape(n)[("kcoord_metadata_offset", ())] for n in nodes(cluster)}
+
+    def moved() -> dict[int, dict[str, float]] | None:
+        now = {n.node_id: scrape(n) for n in nodes(cluster)}
+        if any(s[("kcoord_metadata_offset", ())] < start[i] + 3 for i, s in now.items()):
+            return None
+        return {
+            i: {
+                "offset": s[("kcoord_metadata_offset", ())],
+                "age": s[("kcoord_metadata_last_applied_age_seconds", ())],
+            }
+            for i, s in now.items()
+        }
+
+    seen = wait_for(moved, "three NoOps applied on every node", DEADLINE_S)
+    assert all(view["age"] >= 0 for view in seen.values()), seen
+
+
 @contextlib.contextmanager
 def group_member(
     cluster: LocalCluster, client: str, group: str, protocol: str, log_dir: Path

@@ -308,6 +308,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # (metadata.log.max.record.bytes.between.snapshots), hence a kcoord name for that one.
     _Spec("metadata.log.max.snapshot.interval.ms", _Kind.INT, 300_000, 1),
     _Spec("metadata.log.max.records.between.snapshots", _Kind.INT, 5000, 1),
+    # KIP-835: the active controller appends a NoOp record this often, so every node's
+    # metadata image keeps moving and one that stopped following the log shows it in
+    # kcoord_metadata_last_applied_age_seconds; 0 writes none (Kafka's default and bound).
+    _Spec("metadata.max.idle.interval.ms", _Kind.INT, 500, 0),
 )
 _SPEC_BY_KEY: Final[Mapping[str, _Spec]] = {s.key: s for s in _SPECS}
 
@@ -404,6 +408,7 @@ class NodeConfig:
     quorum_raft_max_timeout_ms: int
     metadata_log_max_snapshot_interval_ms: int
     metadata_log_max_records_between_snapshots: int
+    metadata_max_idle_interval_ms: int
 
     def __post_init__(self) -> None:
         self._raise_if_out_of_range()

@@ -24,7 +24,9 @@ Periodic duties (``tick``, every ``tick_interval_ms``): write the cluster id onc
 Kafka creates it on the first FindCoordinator, when a cluster's brokers are normally all up;
 created early, a node that starts late would host none of it and coordinate no group), fence
 brokers whose session expired, and move leadership back to preferred replicas (Kafka's auto
-leader rebalance).
+leader rebalance). Besides, every ``metadata.max.idle.interval.ms`` it appends a ``NoOp``
+(KIP-835's NoOpRecord), so that each node's image keeps moving and a node that stopped following
+the log can tell (``MetadataCache.last_applied_ms``).
 
 RPC methods served here (payloads are msgpack maps): ``BrokerRegistration``,
 ``BrokerHeartbeat``, ``AlterPartition``, ``CreateTopics``, ``CreatePartitions`` and
@@ -110,6 +112,7 @@ class ControllerService:
         preferred_election_interval_ms: int = 5000,
         unclean_election_interval_ms: int = 300_000,
         propose_timeout_s: float = 10.0,
+        max_idle_interval_ms: int = 500,
     ) -> None:
         self.node_id = node_id
         self.quorum = quorum
@@ -123,6 +126,10 @@ class ControllerService:
         # Kafka's internal unclean.leader.election.interval.ms (5 minutes).
         self.unclean_election_interval_ms = unclean_election_interval_ms
         self.propose_timeout_s = propose_timeout_s
+        # Kafka's metadata.max.idle.interval.ms (KIP-835): 0 writes no NoOp records.
+        self.max_idle_interval_ms = max_idle_interval_ms
+        self._last_no_op_ms = 0
+        self.no_op_writes = 0
         self.controller: Controller | None = None
         self.active_epoch: int | None = None
         self.activated_at_ms = 0
@@ -162,6 +169,7 @@ class ControllerService:
                 await self._maybe_activate()
                 if self.controller is not None:
                     await self.tick()
+                    await self._maybe_write_no_op()
             except asyncio.CancelledError:
                 raise
             except NotActiveError as e:
@@ -216,6 +224,8 @@ class ControllerService:
         else:
             self.activated_at_ms = self.monotonic_ms()
             self.controller = Controller(self.config, activated_at_ms=self.activated_at_ms)
+        # The activation's NoOp counts as one (Kafka schedules the first an interval after it).
+        self._last_no_op_ms = self.monotonic_ms()
         self.active_epoch = status.epoch
         self.activations += 1
         log.info("node %d is the active controller in epoch %d", self.node_id, status.epoch)
@@ -386,6 +396,21 @@ class ControllerService:
                 if elected.records:
                     log.warning("unclean leader election for %s", list(elected.response))
                     await self._propose_in_batches(elected.records)
+
+    async def _maybe_write_no_op(self) -> None:
+        """Append a ``NoOp`` once ``max_idle_interval_ms`` passed since the last one, as
+        Kafka's active controller does on a timer whatever else it wrote
+        (``QuorumController.maybeScheduleNextWriteNoOpRecord``, KIP-835). Not under the
+        decision lock: it depends on nothing in the image."""
+        interval = self.max_idle_interval_ms
+        if interval <= 0 or self.controller is None:
+            return
+        now_ms = self.monotonic_ms()
+        if now_ms - self._last_no_op_ms < interval:
+            return
+        self._last_no_op_ms = now_ms
+        await self._propose([rec.NoOp()])
+        self.no_op_writes += 1
 
     # -----------------------------------------------------------------------------------------
     # RPC handlers.

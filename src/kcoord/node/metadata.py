@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kcoord.node.clock import SYSTEM_CLOCK
 from kcoord.raft import records as rec
 from kcoord.raft.image import (
     BecomeFollower,
@@ -92,8 +93,16 @@ class ReplicaRoles:
 
 
 class MetadataCache:
-    def __init__(self, node_id: int, listener: RoleListener, *, hold: bool = False) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        listener: RoleListener,
+        *,
+        hold: bool = False,
+        monotonic_ms: Callable[[], int] = SYSTEM_CLOCK.monotonic_ms,
+    ) -> None:
         self.node_id = node_id
+        self.monotonic_ms = monotonic_ms
         self.image = MetadataImage()
         self.listener = listener
         # Nothing is published before ``release`` (see the module docstring).
@@ -103,6 +112,11 @@ class MetadataCache:
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.applied_batches = 0
         self.skipped_batches = 0
+        # When this node last applied a committed batch or a snapshot (its start before the
+        # first): with the active controller's NoOp every metadata.max.idle.interval.ms
+        # (KIP-835), a node that follows the log applies one at least that often, and the
+        # time since is its metadata's staleness (Kafka's last-applied-record-lag-ms).
+        self.last_applied_ms = monotonic_ms()
 
     @property
     def offset(self) -> int:
@@ -118,6 +132,7 @@ class MetadataCache:
             log.error("metadata offset %d did not apply to the node image: %s", offset, e)
             return
         self.applied_batches += 1
+        self.last_applied_ms = self.monotonic_ms()
         self._publish(delta)
 
     def load_snapshot(self, offset: int, records: list[rec.MetadataRecord]) -> None:
@@ -127,6 +142,7 @@ class MetadataCache:
             log.error("metadata snapshot at %d did not load: %s", offset, e)
             return
         log.info("metadata image replaced by the snapshot at offset %d", offset)
+        self.last_applied_ms = self.monotonic_ms()
         self._publish(delta)
 
     def release(self) -> None:

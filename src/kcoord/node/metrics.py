@@ -46,6 +46,7 @@ The families (``{labels}``; G gauge, C counter, H histogram)::
     node         G kcoord_node_info{node_id,cluster_id}  G kcoord_broker_registered
                  G kcoord_broker_fenced  G kcoord_metadata_offset
                  C kcoord_metadata_batches_applied_total
+                 G kcoord_metadata_last_applied_age_seconds
     raft         G kcoord_raft_state{state}  G kcoord_raft_leader_id  G kcoord_raft_epoch
                  G kcoord_raft_commit_index  G kcoord_raft_last_applied  G kcoord_raft_log_entries
                  G kcoord_raft_voters_connected  G kcoord_raft_voter_match_index{voter}
@@ -304,6 +305,14 @@ class NodeCollector:
             "kcoord_metadata_batches_applied_total",
             "Committed metadata batches applied to this node's image.",
             node.cache.applied_batches,
+        )
+        yield _gauge(
+            "kcoord_metadata_last_applied_age_seconds",
+            "Seconds since this node last applied a committed metadata batch (Kafka's "
+            "last-applied-record-lag-ms, KIP-835): the active controller appends a NoOp every "
+            "metadata.max.idle.interval.ms, so more than that means this node's metadata is "
+            "stale.",
+            max(0, node.cache.monotonic_ms() - node.cache.last_applied_ms) / 1000,
         )
 
     def _raft(self) -> Iterator[Metric]:

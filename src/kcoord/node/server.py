@@ -160,7 +160,9 @@ class Node:
         self.logs = LogManager(config.data_dir)
         self.roles = ReplicaRoles(config.node_id)
         # Held until the initial catch-up (_wait_for_initial_catch_up; see MetadataCache).
-        self.cache = MetadataCache(config.node_id, self.roles, hold=True)
+        self.cache = MetadataCache(
+            config.node_id, self.roles, hold=True, monotonic_ms=clock.monotonic_ms
+        )
         # Its connections close when idle for 9/10 of the peers' idle time (same config),
         # before their servers close them under a call.
         self.rpc_pool = RpcClientPool(idle_ms=max(1, config.connections_max_idle_ms * 9 // 10))
@@ -323,6 +325,7 @@ class Node:
             self.clock.monotonic_ms,
             cluster_id=cluster_id,
             expected_brokers=len(voters),
+            max_idle_interval_ms=cfg.metadata_max_idle_interval_ms,
         )
         self.lifecycle = BrokerLifecycle(
             cfg.node_id,

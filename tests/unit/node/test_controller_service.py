@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import Counter
 from collections.abc import Iterator
@@ -439,7 +440,7 @@ def test_a_create_partitions_request_adding_too_many_partitions_is_refused_whole
 class ThreeBrokers:
     """An active controller over three registered brokers, on a settable clock."""
 
-    def __init__(self, propose_timeout_s: float = 10.0) -> None:
+    def __init__(self, propose_timeout_s: float = 10.0, max_idle_interval_ms: int = 500) -> None:
         self.clock = [1_000_000]
         self.cache = MetadataCache(NODE_ID, cast(Any, None))
         self.quorum = FakeQuorum(self.cache)
@@ -452,6 +453,7 @@ class ThreeBrokers:
             cluster_id="c",
             expected_brokers=3,
             propose_timeout_s=propose_timeout_s,
+            max_idle_interval_ms=max_idle_interval_ms,
         )
         self.quorum.commit([rec.ClusterId("c")])
         register(self.quorum, 1, 2, 3)
@@ -739,5 +741,74 @@ def test_a_controlled_shutdown_whose_last_batch_was_abandoned_waits_for_it(
         for b in (1, 2):
             await beat(b)  # past the activation's NoOp
         assert (await beat(3, want_shut_down=True))["should_shut_down"]
+
+    asyncio.run(scenario())
+
+
+def committed_batches(quorum: FakeQuorum) -> list[list[rec.MetadataRecord]]:
+    """From now on, each batch ``quorum`` commits, in order."""
+    batches: list[list[rec.MetadataRecord]] = []
+    commit = quorum.commit
+
+    def recording(records: Any) -> int:
+        batches.append(list(records))
+        return commit(records)
+
+    quorum.commit = recording  # type: ignore[method-assign]
+    return batches
+
+
+def test_the_active_controller_appends_a_no_op_every_idle_interval() -> None:
+    """KIP-835: a NoOp once metadata.max.idle.interval.ms passed since the last one (the
+    activation's counts), whatever else was written; the run loop writes them."""
+
+    async def scenario() -> None:
+        c = ThreeBrokers(max_idle_interval_ms=500)
+        batches = committed_batches(c.quorum)
+        await c.service._maybe_activate()
+        assert batches == [[rec.NoOp()]]
+        c.clock[0] += 499
+        await c.service._maybe_write_no_op()
+        assert len(batches) == 1
+        c.clock[0] += 1
+        await c.service._maybe_write_no_op()
+        assert batches == [[rec.NoOp()], [rec.NoOp()]]
+        c.clock[0] += 499
+        await c.service._maybe_write_no_op()
+        assert len(batches) == 2 and c.service.no_op_writes == 1
+        task = asyncio.create_task(c.service.run())
+        try:
+            c.clock[0] += 1
+            deadline = asyncio.get_running_loop().time() + 5
+            while c.service.no_op_writes < 2:
+                assert asyncio.get_running_loop().time() < deadline, batches
+                await asyncio.sleep(0.01)
+            assert batches[-1] == [rec.NoOp()]
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    asyncio.run(scenario())
+
+
+def test_no_no_op_is_written_when_disabled_or_not_active() -> None:
+    """metadata.max.idle.interval.ms 0 writes none (Kafka's), nor does a controller that is
+    not active (a voter that is not the Raft leader)."""
+
+    async def scenario() -> None:
+        disabled = ThreeBrokers(max_idle_interval_ms=0)
+        await disabled.service._maybe_activate()
+        offset = disabled.quorum.offset
+        disabled.clock[0] += 60_000
+        await disabled.service._maybe_write_no_op()
+        assert disabled.quorum.offset == offset
+        follower = ThreeBrokers(max_idle_interval_ms=500)
+        follower.quorum.leader_id = 2
+        await follower.service._maybe_activate()
+        offset = follower.quorum.offset
+        follower.clock[0] += 60_000
+        await follower.service._maybe_write_no_op()
+        assert not follower.service.is_active and follower.quorum.offset == offset
 
     asyncio.run(scenario())

@@ -427,6 +427,25 @@ def test_request_stats_families(tmp_path: Path) -> None:
     node.logs.close()
 
 
+def test_the_metadata_age_is_the_time_since_this_node_last_applied_a_batch(
+    tmp_path: Path,
+) -> None:
+    """KIP-835's staleness (Kafka's last-applied-record-lag-ms): the seconds since this node
+    applied a committed metadata batch, so with the controller's NoOps it stays below
+    metadata.max.idle.interval.ms on a node following the log, and grows on one that is not."""
+    node = Node(tmp_path)
+    clock = [1_000_000]
+    node.cache.monotonic_ms = lambda: clock[0]
+    node.cache.apply(node.cache.offset + 1, [rec.NoOp()])
+    clock[0] += 750
+    samples = scrape_now(NodeMetrics(node_view(node)))
+    assert value(samples, "kcoord_metadata_last_applied_age_seconds") == 0.75
+    node.cache.apply(node.cache.offset + 1, [rec.NoOp()])
+    samples = scrape_now(NodeMetrics(node_view(node)))
+    assert value(samples, "kcoord_metadata_last_applied_age_seconds") == 0
+    node.logs.close()
+
+
 class Families(Collector):
     """Families of every kind the exposition handles, with values and texts to escape."""
 
