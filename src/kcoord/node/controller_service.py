@@ -169,7 +169,7 @@ class ControllerService:
                 await self._maybe_activate()
                 if self.controller is not None:
                     await self.tick()
-                    await self._maybe_write_no_op()
+                    self._maybe_write_no_op()
             except asyncio.CancelledError:
                 raise
             except NotActiveError as e:
@@ -397,20 +397,36 @@ class ControllerService:
                     log.warning("unclean leader election for %s", list(elected.response))
                     await self._propose_in_batches(elected.records)
 
-    async def _maybe_write_no_op(self) -> None:
-        """Append a ``NoOp`` once ``max_idle_interval_ms`` passed since the last one, as
+    def _maybe_write_no_op(self) -> None:
+        """Propose a ``NoOp`` once ``max_idle_interval_ms`` passed since the last one, as
         Kafka's active controller does on a timer whatever else it wrote
         (``QuorumController.maybeScheduleNextWriteNoOpRecord``, KIP-835). Not under the
-        decision lock: it depends on nothing in the image."""
+        decision lock, and not waited for: it depends on nothing in the image and nothing
+        depends on it, and Kafka's write event does not wait for its commit either. Awaited,
+        one that never settled (a controller cut off, a snapshot installed over it) held the
+        run loop, activation included, for the whole proposal timeout."""
         interval = self.max_idle_interval_ms
-        if interval <= 0 or self.controller is None:
+        epoch = self.active_epoch
+        if interval <= 0 or self.controller is None or epoch is None:
             return
         now_ms = self.monotonic_ms()
         if now_ms - self._last_no_op_ms < interval:
             return
         self._last_no_op_ms = now_ms
-        await self._propose([rec.NoOp()])
-        self.no_op_writes += 1
+        loop = asyncio.get_running_loop()
+
+        def on_done(offset: int | None, error: str | None) -> None:
+            loop.call_soon_threadsafe(self._no_op_settled, offset, error)
+
+        self.proposals += 1
+        self.quorum.propose([rec.NoOp()], on_done, epoch=epoch)
+
+    def _no_op_settled(self, offset: int | None, error: str | None) -> None:
+        if offset is None:
+            self.proposal_failures += 1
+            log.debug("a NoOp was not committed: %s", error)
+        else:
+            self.no_op_writes += 1
 
     # -----------------------------------------------------------------------------------------
     # RPC handlers.

@@ -758,6 +758,13 @@ def committed_batches(quorum: FakeQuorum) -> list[list[rec.MetadataRecord]]:
     return batches
 
 
+async def settled(service: ControllerService, no_op_writes: int) -> None:
+    """Until ``service`` counts ``no_op_writes`` NoOps committed."""
+    async with asyncio.timeout(5):
+        while service.no_op_writes < no_op_writes:
+            await asyncio.sleep(0)
+
+
 def test_the_active_controller_appends_a_no_op_every_idle_interval() -> None:
     """KIP-835: a NoOp once metadata.max.idle.interval.ms passed since the last one (the
     activation's counts), whatever else was written; the run loop writes them."""
@@ -768,26 +775,50 @@ def test_the_active_controller_appends_a_no_op_every_idle_interval() -> None:
         await c.service._maybe_activate()
         assert batches == [[rec.NoOp()]]
         c.clock[0] += 499
-        await c.service._maybe_write_no_op()
-        assert len(batches) == 1
+        c.service._maybe_write_no_op()
         c.clock[0] += 1
-        await c.service._maybe_write_no_op()
+        c.service._maybe_write_no_op()
+        await settled(c.service, 1)
         assert batches == [[rec.NoOp()], [rec.NoOp()]]
         c.clock[0] += 499
-        await c.service._maybe_write_no_op()
-        assert len(batches) == 2 and c.service.no_op_writes == 1
+        c.service._maybe_write_no_op()
         task = asyncio.create_task(c.service.run())
         try:
             c.clock[0] += 1
-            deadline = asyncio.get_running_loop().time() + 5
-            while c.service.no_op_writes < 2:
-                assert asyncio.get_running_loop().time() < deadline, batches
-                await asyncio.sleep(0.01)
+            await settled(c.service, 2)
             assert batches[-1] == [rec.NoOp()]
         finally:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        assert c.service.no_op_writes == 2, batches
+
+    asyncio.run(scenario())
+
+
+def test_a_no_op_never_committed_holds_up_nothing() -> None:
+    """Proposed and not waited for: one the quorum never settles (a controller cut off, a
+    snapshot installed over it) left the run loop, so activation and the fencing ticks, stuck
+    for the whole proposal timeout; one refused is counted as a failed proposal."""
+
+    async def scenario() -> None:
+        c = ThreeBrokers(max_idle_interval_ms=500)
+        await c.service._maybe_activate()
+        real = c.quorum.propose
+        held: list[Any] = []
+        c.quorum.propose = lambda records, on_done, *, epoch: held.append(on_done)  # type: ignore[method-assign]
+        c.clock[0] += 500
+        c.service._maybe_write_no_op()
+        assert len(held) == 1 and c.service.is_active
+        c.quorum.propose = real  # type: ignore[method-assign]
+        await c.beat(1)
+        await c.service.tick()  # decisions go on meanwhile
+        failures = c.service.proposal_failures
+        held[0](None, "no leader")
+        async with asyncio.timeout(5):
+            while c.service.proposal_failures == failures:
+                await asyncio.sleep(0)
+        assert c.service.is_active and c.service.no_op_writes == 0
 
     asyncio.run(scenario())
 
@@ -801,14 +832,16 @@ def test_no_no_op_is_written_when_disabled_or_not_active() -> None:
         await disabled.service._maybe_activate()
         offset = disabled.quorum.offset
         disabled.clock[0] += 60_000
-        await disabled.service._maybe_write_no_op()
+        disabled.service._maybe_write_no_op()
+        await asyncio.sleep(0)
         assert disabled.quorum.offset == offset
         follower = ThreeBrokers(max_idle_interval_ms=500)
         follower.quorum.leader_id = 2
         await follower.service._maybe_activate()
         offset = follower.quorum.offset
         follower.clock[0] += 60_000
-        await follower.service._maybe_write_no_op()
+        follower.service._maybe_write_no_op()
+        await asyncio.sleep(0)
         assert not follower.service.is_active and follower.quorum.offset == offset
 
     asyncio.run(scenario())
