@@ -168,6 +168,9 @@ class _Kind(enum.Enum):
     INT = "an integer"
     BOOL = "a boolean"
     STR = "a string"
+    # Kafka's ConfigDef.Type.LIST: comma-separated in a string (as in Kafka's properties and
+    # the environment), or in the file a TOML array of strings.
+    LIST = "a comma-separated string or an array of strings"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +203,7 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # Ours: the Prometheus metrics; false turns off what costs anything on the request path
     # (per-request counters and latency histograms) and /metrics answers 404.
     _Spec("metrics.enable", _Kind.BOOL, True),
-    _Spec("controller.quorum.voters", _Kind.STR),
+    _Spec("controller.quorum.voters", _Kind.LIST),
     # One data directory, under either name (Kafka's log.dirs takes a list; we take one).
     _Spec("data.dir", _Kind.STR),
     _Spec("log.dirs", _Kind.STR),
@@ -236,8 +239,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("group.consumer.migration.policy", _Kind.STR, "bidirectional"),
     # Lists, comma-separated. The server assignors, by name or Kafka's class name, the first
     # the default; the rebalance protocols (classic cannot be left out).
-    _Spec("group.consumer.assignors", _Kind.STR, ",".join(DEFAULT_ASSIGNORS)),
-    _Spec("group.coordinator.rebalance.protocols", _Kind.STR, "classic,consumer"),
+    _Spec("group.consumer.assignors", _Kind.LIST, ",".join(DEFAULT_ASSIGNORS)),
+    _Spec("group.coordinator.rebalance.protocols", _Kind.LIST, "classic,consumer"),
     # Ours (DESIGN.md section 8): followers of offsets partitions keep standby shards.
     _Spec("group.coordinator.hot.standby.enable", _Kind.BOOL, True),
     # For the chaos suite's own test only: a deliberately broken coordinator that answers
@@ -326,7 +329,7 @@ _KEY_BY_ENV: Final[Mapping[str, str]] = {env_var_name(s.key): s.key for s in _SP
 # Keys that map one-to-one onto a NodeConfig field named like the key with dots as underscores.
 # The others (node id, cluster id, addresses, voters, data dir) are assembled by _build.
 _PLAIN_KEYS: Final = frozenset(
-    s.key for s in _SPECS if s.default is not None and s.kind is not _Kind.STR
+    s.key for s in _SPECS if s.default is not None and s.kind not in (_Kind.STR, _Kind.LIST)
 )
 _LISTENER_KEYS: Final = (
     ("kafka_listener", "listeners"),
@@ -607,8 +610,9 @@ def flatten_toml(document: Mapping[str, Any], prefix: str = "") -> dict[str, obj
 def render_toml(values: Mapping[str, object]) -> str:
     """Write flat quoted keys, one per line, that ``load_config`` reads back.
 
-    Values may be ``int``, ``bool``, ``str``, ``Path``, ``Endpoint`` or a sequence of
-    ``Voter``. Unknown keys raise ``ConfigError`` so a launcher's typo fails where it is made.
+    Values may be ``int``, ``bool``, ``str``, ``Path``, ``Endpoint``, a sequence of
+    ``Voter`` or, for a list config, a list of strings (a TOML array). Unknown keys raise
+    ``ConfigError`` so a launcher's typo fails where it is made.
     """
     lines: list[str] = []
     for key, value in values.items():
@@ -622,6 +626,12 @@ def render_toml(values: Mapping[str, object]) -> str:
             text = _toml_string(str(value))
         elif isinstance(value, Sequence) and all(isinstance(v, Voter) for v in value):
             text = _toml_string(format_voters(value))
+        elif (
+            _SPEC_BY_KEY[key].kind is _Kind.LIST
+            and isinstance(value, list)
+            and all(isinstance(v, str) for v in value)
+        ):
+            text = "[" + ", ".join(_toml_string(v) for v in value) + "]"
         else:
             raise TypeError(f"{key}: cannot render {type(value).__name__} value {value!r}")
         lines.append(f"{_toml_string(key)} = {text}\n")
@@ -851,6 +861,12 @@ def _convert(spec: _Spec, value: object, *, from_env: bool) -> int | bool | str:
             return value
     elif isinstance(value, str):
         return value
+    elif (
+        spec.kind is _Kind.LIST
+        and isinstance(value, list)
+        and all(isinstance(item, str) for item in value)
+    ):
+        return ",".join(value)
     raise ConfigError(spec.key, f"expected {spec.kind.value}, got {value!r}{where}")
 
 
@@ -862,7 +878,7 @@ class ConfigEntry:
     key: str
     value: str | None
     is_default: bool
-    type_name: str  # Kafka's ConfigDef.Type name: INT, LONG, BOOLEAN, STRING
+    type_name: str  # Kafka's ConfigDef.Type name: INT, LONG, BOOLEAN, STRING, LIST
     sensitive: bool
 
 
@@ -912,6 +928,8 @@ def config_entries(cfg: NodeConfig) -> list[ConfigEntry]:
             type_name = "BOOLEAN"
         elif spec.kind is _Kind.INT:
             type_name = "LONG" if spec.maximum > _INT32_MAX else "INT"
+        elif spec.kind is _Kind.LIST:
+            type_name = "LIST"
         else:
             type_name = "STRING"
         entries.append(

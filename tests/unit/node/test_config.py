@@ -17,6 +17,7 @@ from kcoord.node.config import (
     Listener,
     NodeConfig,
     Voter,
+    config_entries,
     env_var_name,
     flatten_toml,
     load_config,
@@ -517,6 +518,66 @@ def test_rebalance_protocols() -> None:
     ):
         with pytest.raises(ConfigError, match=rf"^{key}: {message}"):
             parse_config(_minimal(**{key: text}))
+
+
+def test_list_configs_take_a_toml_array_of_strings(tmp_path: Path) -> None:
+    """Kafka's LIST configs: comma-separated, or in the file a TOML array of strings, which
+    means the same; DescribeConfigs shows them comma-separated with Kafka's LIST type."""
+    path = _write(
+        tmp_path,
+        'node.id = 1\ndata.dir = "/var/lib/kcoord"\n'
+        'controller.quorum.voters = ["1@127.0.0.1:9094", "2@127.0.0.2:9094", "3@127.0.0.3:9094"]\n'
+        'group.consumer.assignors = ["range", "uniform"]\n'
+        'group.coordinator.rebalance.protocols = ["classic"]\n',
+    )
+    cfg = load_config(path, {})
+    assert [v.node_id for v in cfg.voters] == [1, 2, 3]
+    assert cfg.group_consumer_assignors == ("range", "uniform")
+    assert cfg.group_coordinator_rebalance_protocols == ("classic",)
+    assert cfg == parse_config(
+        _minimal(
+            **{
+                "controller.quorum.voters": "1@127.0.0.1:9094,2@127.0.0.2:9094,3@127.0.0.3:9094",
+                "group.consumer.assignors": "range,uniform",
+                "group.coordinator.rebalance.protocols": "classic",
+            }
+        )
+    )
+    entries = {e.key: e for e in config_entries(cfg)}
+    assert (
+        entries["group.consumer.assignors"].value,
+        entries["group.consumer.assignors"].type_name,
+    ) == (
+        "range,uniform",
+        "LIST",
+    )
+    assert entries["controller.quorum.voters"].type_name == "LIST"
+    for value in (["range", 7], [["range"]], 7):
+        with pytest.raises(
+            ConfigError,
+            match=r"^group\.consumer\.assignors: expected a comma-separated string or an array of "
+            r"strings, got",
+        ):
+            parse_config(_minimal(**{"group.consumer.assignors": value}))
+    with pytest.raises(ConfigError, match=r"^data\.dir: expected a string, got \['a'\]"):
+        parse_config(_minimal(**{"data.dir": ["a"]}))
+    # A launcher writes such an array, and it reads back.
+    written = _write(
+        tmp_path,
+        render_toml(
+            {
+                "node.id": 1,
+                "data.dir": "/var/lib/kcoord",
+                "controller.quorum.voters": "1@127.0.0.1:9094",
+                "group.consumer.assignors": ["range", 'a"b'],
+            }
+        ),
+    )
+    assert 'group.consumer.assignors" = ["range", "a\\"b"]' in written.read_text()
+    with pytest.raises(ConfigError, match="'a\"b' is not a built-in assignor"):
+        load_config(written, {})
+    with pytest.raises(TypeError, match="cannot render list"):
+        render_toml({"data.dir": ["a"]})
 
 
 def test_log_message_timestamp_configs() -> None:
