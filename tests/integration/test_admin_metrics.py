@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import re
 import shutil
 import signal
@@ -213,6 +214,36 @@ def test_cluster_view_is_the_same_from_every_node(cluster: LocalCluster) -> None
         assert sorted(v["node_id"] for v in quorum["voters"]) == [1, 2, 3]
         # The leader's view: every voter has fetched up to somewhere.
         assert all(v["log_end_offset"] >= 0 for v in quorum["voters"]), quorum
+
+
+def test_the_brokers_view_answers_while_the_active_controller_is_paused(
+    cluster: LocalCluster,
+) -> None:
+    """``/api/v1/brokers`` is the node's own image, no call to the controller: it answers at
+    once while the active controller is stopped (``/api/v1/cluster`` asks it and waits up to
+    2 s, which left the compose chaos runner's fencing watch blind during such a pause)."""
+    cluster_view = ok(nodes(cluster)[0], "/api/v1/cluster")
+    for node in nodes(cluster):
+        view = ok(node, "/api/v1/brokers")
+        assert view["node_id"] == node.node_id
+        assert [b["node_id"] for b in view["brokers"]] == [1, 2, 3]
+    controller = cluster_view["controller"]["node_id"]
+    [paused] = [n for n in nodes(cluster) if n.node_id == controller]
+    assert paused.pid is not None
+    others = [n for n in nodes(cluster) if n.node_id != controller]
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        for node in others:
+            url = f"http://{node.host}:{node.admin_port}/api/v1/brokers"
+            request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+            # The fencing watch gives a poll 0.5 s; a second leaves room on a loaded machine
+            # and is half the 2 s /api/v1/cluster waited for the paused controller.
+            with urllib.request.urlopen(request, timeout=1) as response:
+                view = json.loads(response.read())
+            assert [b["node_id"] for b in view["brokers"]] == [1, 2, 3], view
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    cluster.wait_ready()
 
 
 def test_topics_with_offsets_from_their_leaders(

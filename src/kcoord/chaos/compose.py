@@ -390,12 +390,14 @@ class ComposeLab(runner.ChaosLab):
             self.restart(node)
 
     def fenced_brokers(self, excluding: int, timeout_s: float) -> set[int] | None:
-        """As the lab's, through the admin API (the containers' RPC ports are not published)."""
+        """As the lab's, through the admin API (the containers' RPC ports are not published):
+        ``/api/v1/brokers``, the node's own image, which answers while the paused node is the
+        active controller (``/api/v1/cluster`` asks the controller and waited 2 s for it)."""
         for node in self.topology.nodes:
             if node.node_id == excluding:
                 continue
             try:
-                view = admin_get(node, "/api/v1/cluster", timeout_s)
+                view = admin_get(node, "/api/v1/brokers", timeout_s)
             except Exception:  # down, paused or slow: ask the next one
                 continue
             return {int(b["node_id"]) for b in view["brokers"] if b["fenced"]}

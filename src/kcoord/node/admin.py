@@ -10,7 +10,12 @@ Endpoints
     GET /metrics                 Prometheus text format (node/metrics.py); 404 when
                                  metrics.enable=false
     GET /api/v1/cluster          cluster id, this node, brokers, the active controller and the
-                                 metadata quorum as the Raft leader reports it
+                                 metadata quorum as the Raft leader reports it (it asks the
+                                 active controller, up to 2 s)
+    GET /api/v1/brokers          the registered brokers (epoch, fenced, rack, endpoints) and
+                                 the metadata offset, from this node's image alone: it answers
+                                 at once while the active controller does not (the chaos
+                                 runner's fencing watch reads it during pauses)
     GET /api/v1/topics           every topic: id, partition count, replication factor, configs
     GET /api/v1/topics/{name}    its partitions: leader, leader epoch, replicas, ISR, ELR and
                                  high watermark, log end and log start offsets
@@ -294,6 +299,17 @@ class AdminService:
                 "node_id": None if status is None else status.leader_id,
                 "epoch": None if status is None else status.epoch,
             },
+            "brokers": self.brokers()["brokers"],
+            "quorum": quorum,
+            "quorum_error": quorum_error,
+        }
+
+    def brokers(self) -> dict[str, Any]:
+        """The registered brokers as this node's image holds them: no call to another node."""
+        image = self.node.cache.image
+        return {
+            "node_id": self.node.config.node_id,
+            "metadata_offset": image.last_offset,
             "brokers": [
                 {
                     "node_id": b.broker_id,
@@ -304,8 +320,6 @@ class AdminService:
                 }
                 for b in sorted(image.brokers.values(), key=lambda b: b.broker_id)
             ],
-            "quorum": quorum,
-            "quorum_error": quorum_error,
         }
 
     def topics(self) -> list[dict[str, Any]]:
@@ -696,6 +710,7 @@ class AdminServer:
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/api/v1/cluster", self._cluster)
+        self.app.router.add_get("/api/v1/brokers", self._brokers)
         self.app.router.add_get("/api/v1/topics", self._topics)
         self.app.router.add_get("/api/v1/topics/{name}", self._topic)
         self.app.router.add_get("/api/v1/groups", self._groups)
@@ -781,6 +796,9 @@ class AdminServer:
 
     async def _cluster(self, request: web.Request) -> web.Response:
         return web.json_response(await self.service.cluster())
+
+    async def _brokers(self, request: web.Request) -> web.Response:
+        return web.json_response(self.service.brokers())
 
     async def _topics(self, request: web.Request) -> web.Response:
         return web.json_response({"topics": self.service.topics()})

@@ -32,6 +32,9 @@ class StubService:
     async def cluster(self) -> dict[str, Any]:
         return {"cluster_id": "c"}
 
+    def brokers(self) -> dict[str, Any]:
+        return {"node_id": 7, "brokers": []}
+
     def topics(self) -> list[dict[str, Any]]:
         return [{"name": "t"}]
 
@@ -114,7 +117,13 @@ def test_the_token_guards_everything_but_the_probes() -> None:
     """A header byte that is not UTF-8 got a 500 (and a traceback in the node's log)."""
 
     async def scenario(session: ClientSession, base: str, service: StubService) -> None:
-        for path in ("/api/v1/cluster", "/api/v1/topics", "/api/v1/groups", "/metrics"):
+        for path in (
+            "/api/v1/cluster",
+            "/api/v1/brokers",
+            "/api/v1/topics",
+            "/api/v1/groups",
+            "/metrics",
+        ):
             status, body = await get(session, base + path)
             assert status == 401, path
             assert "token" in body["error"]["message"]
