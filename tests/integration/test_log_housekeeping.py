@@ -163,7 +163,7 @@ def test_the_cleaner_compacts_consumer_offsets_and_a_new_coordinator_loads_it(
 
 def test_retention_deletes_old_segments_on_every_replica(cluster: LocalCluster) -> None:
     c = cluster
-    create_topic(c, "expiring", {"retention.ms": "1000", "segment.bytes": "1024"})
+    create_topic(c, "expiring", {"retention.ms": "1000", "internal.segment.bytes": "1024"})
     acked, failed = produce(c, [f"r{i:03d}-" + "y" * 60 for i in range(90)], topic="expiring")
     assert not failed
     ends = {p: 1 + max(o for q, o, _ in acked if q == p) for p in range(3)}

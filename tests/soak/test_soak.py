@@ -129,7 +129,10 @@ class Soak:
         await self.admin(
             create=[
                 NewTopic(
-                    "soak", 6, 3, topic_configs={"retention.ms": "120000", "segment.bytes": "65536"}
+                    "soak",
+                    6,
+                    3,
+                    topic_configs={"retention.ms": "120000", "internal.segment.bytes": "65536"},
                 )
             ]
         )

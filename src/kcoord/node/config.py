@@ -213,7 +213,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # The __consumer_offsets topic and the group coordinator.
     _Spec("offsets.topic.num.partitions", _Kind.INT, 50, 1, _INT32_MAX),
     _Spec("offsets.topic.replication.factor", _Kind.INT, 3, 1, _INT16_MAX),
-    # 14: the least segment.bytes a topic takes (storage/config.py), so the topic can be made.
+    # 14: the least internal.segment.bytes takes; below segment.bytes' 1 MiB the controller
+    # writes it as that (storage/config.py), so the topic can be made.
     _Spec("offsets.topic.segment.bytes", _Kind.INT, 100 * 1024 * 1024, 14, _INT32_MAX),
     _Spec("offsets.load.buffer.size", _Kind.INT, 5 * 1024 * 1024, 1, _INT32_MAX),
     _Spec("offsets.commit.timeout.ms", _Kind.INT, 5000, 1, _INT32_MAX),
@@ -280,8 +281,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("replica.fetch.max.bytes", _Kind.INT, 1024 * 1024, 0, _INT32_MAX),
     _Spec("message.max.bytes", _Kind.INT, 1024 * 1024 + 12, 0, _INT32_MAX),
     # Broker-wide log defaults (topic configs override them; storage/config.py LogConfig).
-    # 1 MiB: Kafka 4.0's lower bound for the broker-wide default (KIP-1030, KAFKA-16368); a
-    # topic's own segment.bytes may still go down to 14 in 4.0 (storage/config.py).
+    # 1 MiB: Kafka's lower bound (KIP-1030, KAFKA-16368), for a topic's own segment.bytes too
+    # since 4.1 (storage/config.py; its internal.segment.bytes goes lower, for tests).
     _Spec("log.segment.bytes", _Kind.INT, 1024 * 1024 * 1024, 1024 * 1024, _INT32_MAX),
     _Spec("log.retention.ms", _Kind.INT, 7 * 24 * 60 * 60 * 1000, -1),
     _Spec("log.retention.bytes", _Kind.INT, -1, -_INT64_MAX - 1),  # negative: no limit

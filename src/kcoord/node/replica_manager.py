@@ -73,6 +73,7 @@ from kcoord.storage.config import (
     LogConfig,
     cluster_topic_defaults,
     parse_min_insync_replicas,
+    segment_bytes_from_before_kip_1030,
 )
 from kcoord.storage.log import (
     FetchData,
@@ -451,6 +452,7 @@ class ReplicaManager:
         on this replica alone (Kafka's ``LogConfig`` ignores names it does not know)."""
         cluster = self.cache.image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
         topic_configs = {**cluster_topic_defaults(cluster), **topic_configs}
+        topic_configs = segment_bytes_from_before_kip_1030(topic_configs)
         try:
             return self.default_log_config.with_topic_configs(topic_configs)
         except InvalidConfigError:

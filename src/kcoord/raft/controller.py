@@ -132,6 +132,8 @@ from kcoord.raft.records import (
     UnfenceBroker,
 )
 from kcoord.storage.config import (
+    INTERNAL_SEGMENT_BYTES,
+    SEGMENT_BYTES_MIN,
     TOPIC_CONFIGS,
     TOPIC_CONFIGS_BY_BROKER_NAME,
     ConfigType,
@@ -1318,10 +1320,15 @@ class Controller:
         or more replicas (DESIGN.md section 5).
         """
         replication_factor = min(self.config.offsets_topic_replication_factor, len(image.brokers))
+        segment_bytes = self.config.offsets_topic_segment_bytes
         configs = {
             "cleanup.policy": "compact",
             "compression.type": "producer",
-            "segment.bytes": str(self.config.offsets_topic_segment_bytes),
+            # Below KIP-1030's minimum of segment.bytes (tests roll small segments) as the
+            # internal config that has none.
+            (
+                "segment.bytes" if segment_bytes >= SEGMENT_BYTES_MIN else INTERNAL_SEGMENT_BYTES
+            ): str(segment_bytes),
             MIN_INSYNC_REPLICAS_CONFIG: str(max(1, min(2, replication_factor - 1))),
         }
         return self.create_topic(

@@ -104,6 +104,11 @@ class LogConfig:
             elif attr in ("flush_messages", "flush_ms") and value == LONG_MAX:
                 value = None  # never, as the field's None
             changes[attr] = value
+        if INTERNAL_SEGMENT_BYTES in configs:
+            # In place of segment.bytes whichever comes first (Kafka's LogConfig.segmentSize).
+            changes["segment_bytes"] = parse_topic_config(
+                INTERNAL_SEGMENT_BYTES, configs[INTERNAL_SEGMENT_BYTES]
+            )
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
@@ -143,12 +148,26 @@ class TopicConfigDef:
     # False: kcoord does not implement the feature, so it takes only Kafka's default (a tool
     # that writes defaults explicitly still works; any other value is refused, not ignored).
     implemented: bool = True
+    # Kafka's ConfigDef.defineInternal: taken like any other, listed by DescribeConfigs only
+    # where a topic sets it (ConfigHelper lists a resource's own values and the non-internal).
+    internal: bool = False
 
     @property
     def log_field(self) -> str | None:
         """The ``LogConfig`` field this config sets, if it is a log config."""
+        if self.name == INTERNAL_SEGMENT_BYTES:
+            return "segment_bytes"
         attr = self.name.replace(".", "_")
         return attr if attr in _LOG_FIELDS else None
+
+
+# KIP-1030 (Kafka 4.1, KAFKA-19080): segment.bytes takes at least 1 MiB, so that a topic
+# cannot be made to roll a segment (an open file, an fsync) every few batches and run a broker
+# out of file descriptors. Kafka's tests use its internal.segment.bytes for smaller segments
+# (LogConfig); so do kcoord's, and (kcoord's own) the controller writes an
+# offsets.topic.segment.bytes below the minimum as that, where Kafka would refuse the topic.
+SEGMENT_BYTES_MIN: Final = 1024 * 1024
+INTERNAL_SEGMENT_BYTES: Final = "internal.segment.bytes"
 
 
 _L, _I, _B, _S = ConfigType.LONG, ConfigType.INT, ConfigType.BOOLEAN, ConfigType.STRING
@@ -333,9 +352,18 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
                 _I,
                 str(1024 * 1024 * 1024),
                 "Roll to a new segment when the active one would grow past this size.",
-                minimum=14,  # LegacyRecord.RECORD_OVERHEAD_V0
+                minimum=SEGMENT_BYTES_MIN,
                 maximum=INT_MAX,
                 broker_synonym="log.segment.bytes",
+            ),
+            TopicConfigDef(
+                INTERNAL_SEGMENT_BYTES,
+                _I,
+                str(1024 * 1024 * 1024),  # Kafka's is null: segment.bytes then applies
+                "segment.bytes without its 1 MiB minimum, in place of it; for tests only.",
+                minimum=14,  # LegacyRecord.RECORD_OVERHEAD_V0, segment.bytes' bound before 4.0
+                maximum=INT_MAX,
+                internal=True,
             ),
             TopicConfigDef(
                 "segment.index.bytes",
@@ -467,6 +495,24 @@ def parse_topic_config(name: str, raw: str | None) -> object:
 TOPIC_CONFIGS_BY_BROKER_NAME: Final[Mapping[str, TopicConfigDef]] = {
     d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym is not None
 }
+
+
+def segment_bytes_from_before_kip_1030(configs: Mapping[str, str]) -> Mapping[str, str]:
+    """``configs`` with a segment.bytes below ``SEGMENT_BYTES_MIN`` as internal.segment.bytes:
+    one committed before that bound came (it was 14) keeps the size it was given, where it
+    was dropped as invalid and the log rolled at 1 GiB."""
+    raw = configs.get("segment.bytes")
+    if raw is None or INTERNAL_SEGMENT_BYTES in configs:
+        return configs
+    try:
+        value = parse_topic_config(INTERNAL_SEGMENT_BYTES, raw)
+    except InvalidConfigError:
+        return configs
+    if not isinstance(value, int) or value >= SEGMENT_BYTES_MIN:
+        return configs
+    moved = {name: v for name, v in configs.items() if name != "segment.bytes"}
+    moved[INTERNAL_SEGMENT_BYTES] = raw
+    return moved
 
 
 def cluster_topic_defaults(cluster: Mapping[str, str]) -> dict[str, str]:

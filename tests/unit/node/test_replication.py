@@ -1153,6 +1153,24 @@ def test_min_insync_replicas_above_the_replication_factor_is_capped(tmp_path: Pa
     asyncio.run(scenario())
 
 
+def test_a_segment_bytes_stored_before_kip_1030_keeps_its_size(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A segment.bytes below 1 MiB committed before that bound came (it was 14) was dropped as
+    one this node refuses, and the log rolled at 1 GiB: its segments, and what retention of
+    whole segments frees, silently grew. It is read as internal.segment.bytes."""
+    logs = LogManager(tmp_path / "node-1")
+    logs.open()
+    cache = MetadataCache(1, listener=_NoRoles())
+    replicas = ReplicaManager(1, logs, cache, lambda: 1_000_000)
+    assert replicas.log_config_for({"segment.bytes": "65536"}).segment_bytes == 65536
+    assert "ignoring topic config" not in caplog.text
+    both = {"segment.bytes": "65536", "internal.segment.bytes": "4096"}
+    assert replicas.log_config_for(both).segment_bytes == 4096
+    assert replicas.log_config_for({"segment.bytes": "2097152"}).segment_bytes == 2097152
+    logs.close()
+
+
 def test_a_stored_topic_config_this_node_refuses_leaves_the_others_applied(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

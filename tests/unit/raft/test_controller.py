@@ -1732,6 +1732,20 @@ def test_offsets_topic(brokers: int, rf: int) -> None:
     assert again.response.error is Errors.TOPIC_ALREADY_EXISTS
 
 
+def test_offsets_topic_segments_below_the_minimum_are_internal_segment_bytes() -> None:
+    """offsets.topic.segment.bytes below segment.bytes' 1 MiB (KIP-1030; tests roll small
+    segments of __consumer_offsets) is written as internal.segment.bytes, which has no such
+    minimum; the topic was refused and never made."""
+    cluster = Cluster(ControllerConfig(offsets_topic_segment_bytes=1024))
+    cluster.start(1)
+    response = cluster.run(lambda image: cluster.controller.create_offsets_topic(image, OFFSETS_ID))
+    assert response.error is Errors.NONE, response
+    topic = cluster.image.topic_by_name(OFFSETS_TOPIC_NAME)
+    assert topic is not None
+    assert topic.configs["internal.segment.bytes"] == "1024"
+    assert "segment.bytes" not in topic.configs
+
+
 def test_offsets_topic_needs_a_broker() -> None:
     cluster = Cluster()
     result = cluster.decide(lambda image: cluster.controller.create_offsets_topic(image, T1))

@@ -22,7 +22,8 @@ from kcoord.storage.config import (
         ("retention.ms", "-1", -1),
         ("retention.ms", " 3600000 ", 3_600_000),
         ("retention.bytes", "-2", -2),  # LogConfig has no lower bound: no limit
-        ("segment.bytes", "14", 14),
+        ("segment.bytes", "1048576", 1_048_576),
+        ("internal.segment.bytes", "14", 14),
         ("cleanup.policy", "compact, delete", ("compact", "delete")),
         ("cleanup.policy", " ", ()),  # the empty list: ValidList.in allows it
         ("unclean.leader.election.enable", "TRUE", True),
@@ -66,8 +67,13 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
         ),
         (
             "segment.bytes",
+            "1048575",
+            "Invalid value 1048575 for configuration segment.bytes: Value must be at least 1048576",
+        ),
+        (
+            "internal.segment.bytes",
             "13",
-            "Invalid value 13 for configuration segment.bytes: Value must be at least 14",
+            "Invalid value 13 for configuration internal.segment.bytes: Value must be at least 14",
         ),
         (
             "min.insync.replicas",
@@ -162,6 +168,18 @@ def test_log_config_takes_the_log_settings_and_leaves_the_others() -> None:
         LogConfig().with_topic_configs({"nope": "1"})
     neither = LogConfig().with_topic_configs({"cleanup.policy": ""})
     assert (neither.cleanup_policy, neither.delete, neither.compact) == (frozenset(), False, False)
+
+
+def test_internal_segment_bytes_takes_the_place_of_segment_bytes() -> None:
+    """KIP-1030: segment.bytes takes at least 1 MiB; Kafka's internal.segment.bytes (its
+    tests') goes lower and wins over segment.bytes whichever comes first."""
+    for configs in (
+        {"segment.bytes": "2097152", "internal.segment.bytes": "1024"},
+        {"internal.segment.bytes": "1024", "segment.bytes": "2097152"},
+    ):
+        assert LogConfig().with_topic_configs(configs).segment_bytes == 1024
+    assert LogConfig().with_topic_configs({"segment.bytes": "2097152"}).segment_bytes == 2097152
+    assert TOPIC_CONFIGS["internal.segment.bytes"].internal
 
 
 def test_the_compaction_lags_must_not_contradict_each_other() -> None:

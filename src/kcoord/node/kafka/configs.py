@@ -148,7 +148,8 @@ class ConfigsApi:
                 [
                     self._entry(d, topic.configs.get(d.name), DYNAMIC_TOPIC_CONFIG, synonyms, docs)
                     for d in TOPIC_CONFIGS.values()
-                    if keys is None or d.name in keys
+                    if (keys is None or d.name in keys)
+                    and (not d.internal or d.name in topic.configs)
                 ],
             )
         if resource_type == ConfigResourceType.BROKER:
@@ -222,6 +223,8 @@ class ConfigsApi:
             for entry in (
                 self._entry(d, own.get(d.name), DYNAMIC_TOPIC_CONFIG, False, False)
                 for d in TOPIC_CONFIGS.values()
+                # An internal config only when set (ConfigHelper lists the originals too).
+                if not d.internal or d.name in own
             )
         ]
 

@@ -53,6 +53,11 @@ def incremental_values(
     }
 
 
+# Every topic config but Kafka's internal ones (internal.segment.bytes), as DescribeConfigs
+# lists them.
+LISTED = [name for name, d in TOPIC_CONFIGS.items() if not d.internal]
+
+
 def test_describe_a_topic_lists_every_config_with_its_source(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 2)
@@ -66,7 +71,7 @@ def test_describe_a_topic_lists_every_config_with_its_source(tmp_path: Path) -> 
         (result,) = response.results
         assert result.error_code == Errors.NONE
         configs = {e.name: e for e in result.configs}
-        assert list(configs) == list(TOPIC_CONFIGS)
+        assert list(configs) == LISTED
         own = configs["segment.ms"]
         assert (own.value, own.config_source, own.read_only) == (
             "60000",
@@ -97,7 +102,7 @@ def test_describe_a_topic_lists_every_config_with_its_source(tmp_path: Path) -> 
         assert missing.results[0].error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
         # An empty key list is every config, as null is (kafka-python sends []).
         every = await c.call(DESCRIBE_CONFIGS, 1, describe_values((TOPIC, "t", [])))
-        assert [e.name for e in every.results[0].configs] == list(TOPIC_CONFIGS)
+        assert [e.name for e in every.results[0].configs] == LISTED
         # An illegal name is checked first (ConfigHelper: Topic.validate).
         illegal = await c.call(DESCRIBE_CONFIGS, 4, describe_values((TOPIC, "bad name!", None)))
         assert illegal.results[0].error_code == Errors.INVALID_TOPIC_EXCEPTION
@@ -474,7 +479,7 @@ def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
     with its source, as DescribeConfigs would show it, not only the ones the request named."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        values = {
+        values: dict[str, Any] = {
             "topics": [
                 {
                     "name": "made",
@@ -490,10 +495,38 @@ def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
         (created,) = (await c.call(CREATE_TOPICS, 5, values)).topics
         assert created.error_code == Errors.NONE
         configs = {e.name: (e.value, e.config_source) for e in created.configs}
-        assert list(configs) == list(TOPIC_CONFIGS)
+        assert list(configs) == LISTED
         assert configs["segment.ms"] == ("60000", DYNAMIC_TOPIC_CONFIG)
         assert configs["retention.ms"] == (HOUR_MS, STATIC_BROKER_CONFIG)
         assert configs["cleanup.policy"] == ("delete", DEFAULT_CONFIG)
+        # KIP-1030: segment.bytes takes at least 1 MiB; internal.segment.bytes (Kafka's, for
+        # tests) goes lower and sets the log's segments.
+        topic = values["topics"][0]
+        topic.update(name="tiny", configs=[{"name": "segment.bytes", "value": "1000"}])
+        (tiny,) = (await c.call(CREATE_TOPICS, 5, values)).topics
+        assert (tiny.error_code, tiny.error_message) == (
+            Errors.INVALID_CONFIG,
+            "Invalid value 1000 for configuration segment.bytes: Value must be at least 1048576",
+        )
+        topic.update(name="small", configs=[{"name": "internal.segment.bytes", "value": "1000"}])
+        (small,) = (await c.call(CREATE_TOPICS, 5, values)).topics
+        assert small.error_code == Errors.NONE
+        topic = h.cache.image.topic_by_name("small")
+        assert topic is not None and dict(topic.configs) == {"internal.segment.bytes": "1000"}
+        # Listed where set, as Kafka's ConfigHelper lists a resource's own values: hidden, it
+        # could not be deleted by kafka-configs (which deletes only keys described) and a
+        # segment.bytes altered beside it did nothing visible.
+        for listed in (
+            small.configs,
+            (await c.call(DESCRIBE_CONFIGS, 4, describe_values((TOPIC, "small", None))))
+            .results[0]
+            .configs,
+        ):
+            entries = {e.name: (e.value, e.config_source) for e in listed}
+            assert set(entries) == {*LISTED, "internal.segment.bytes"}
+            assert entries["internal.segment.bytes"] == ("1000", DYNAMIC_TOPIC_CONFIG)
+        unset = await c.call(DESCRIBE_CONFIGS, 4, describe_values((TOPIC, "made", None)))
+        assert "internal.segment.bytes" not in {e.name for e in unset.results[0].configs}
 
     run(tmp_path, test)
 

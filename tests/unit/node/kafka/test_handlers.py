@@ -2600,7 +2600,7 @@ def test_keyless_records_of_a_compacted_topic_and_a_batch_larger_than_a_segment(
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("compacted", 1, 1, {"cleanup.policy": "compact"})
-        small = {"segment.bytes": "2048", "max.message.bytes": "100000"}
+        small = {"internal.segment.bytes": "2048", "max.message.bytes": "100000"}
         await h.create_topic("small", 1, 1, small)
         for topic in ("compacted", "small"):
             h.move_leader(topic, 0, NODE_ID)
@@ -2642,7 +2642,7 @@ def test_a_fetch_reading_an_older_segment_than_the_high_watermark_is_answered_at
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         one = fmt.build_batch([fmt.Record(0, 1_700_000_000_000, None, b"x" * 500)])
-        await h.create_topic("t", 1, 1, {"segment.bytes": str(len(one) + 10)})
+        await h.create_topic("t", 1, 1, {"internal.segment.bytes": str(len(one) + 10)})
         h.move_leader("t", 0, NODE_ID)
         for _ in range(3):
             await c.call(PRODUCE, 9, produce_values("t", 0, one))
