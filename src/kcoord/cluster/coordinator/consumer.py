@@ -150,6 +150,25 @@ class ConsumerGroupMember:
     state: MemberState = MemberState.STABLE
     assigned: Mapping[TopicId, frozenset[int]] = field(default_factory=dict)
     pending_revocation: Mapping[TopicId, frozenset[int]] = field(default_factory=dict)
+    # KIP-1251: the member epoch at which each partition it owns (assigned or pending
+    # revocation) became its own, so a commit sent at an older epoch of the member is taken
+    # for the partitions it owned since then (``validate_commit_partition``). Derived by the
+    # replay from the member's successive assignment records, not written: a log compacted to
+    # the last record gives every partition that record's epoch, the strict check before
+    # KIP-1251. Not compared: two replays of differently compacted logs hold the same member.
+    assignment_epochs: Mapping[TopicId, Mapping[int, int]] = field(
+        default_factory=dict, compare=False
+    )
+
+    def validate_commit_partition(
+        self, topic_id: TopicId | None, partition: int, epoch: int
+    ) -> bool:
+        """KIP-1251's ``assignmentEpoch <= clientEpoch <= brokerEpoch`` for one partition of a
+        commit at member epoch ``epoch``: the member owns it, and owned it at that epoch."""
+        if epoch > self.member_epoch or topic_id is None:
+            return False
+        assigned_at = self.assignment_epochs.get(topic_id, {}).get(partition)
+        return assigned_at is not None and assigned_at <= epoch
 
     def metadata_value(self) -> ConsumerGroupMemberMetadataValue:
         return ConsumerGroupMemberMetadataValue(
@@ -526,13 +545,18 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
                 state = MemberState(value.state)
             except ValueError:
                 state = MemberState.UNKNOWN
+            assigned = _partitions_of(value.assigned_partitions)
+            pending_revocation = _partitions_of(value.partitions_pending_revocation)
             group.members[key.member_id] = replace(
                 old,
                 member_epoch=value.member_epoch,
                 previous_member_epoch=value.previous_member_epoch,
                 state=state,
-                assigned=_partitions_of(value.assigned_partitions),
-                pending_revocation=_partitions_of(value.partitions_pending_revocation),
+                assigned=assigned,
+                pending_revocation=pending_revocation,
+                assignment_epochs=_assignment_epochs(
+                    old.assignment_epochs, value.member_epoch, assigned, pending_revocation
+                ),
             )
         elif known is not None:
             group.members[key.member_id] = replace(
@@ -542,8 +566,27 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
                 state=MemberState.STABLE,
                 assigned={},
                 pending_revocation={},
+                assignment_epochs={},
             )
     return True
+
+
+def _assignment_epochs(
+    before: Mapping[TopicId, Mapping[int, int]],
+    member_epoch: int,
+    assigned: Partitions,
+    pending_revocation: Partitions,
+) -> dict[TopicId, dict[int, int]]:
+    """A partition the member owned in its previous assignment record keeps the epoch it was
+    assigned at; one new to it is assigned at this record's epoch (KIP-1251)."""
+    out: dict[TopicId, dict[int, int]] = {}
+    for owned in (assigned, pending_revocation):
+        for topic_id, partitions in owned.items():
+            kept = before.get(topic_id, {})
+            epochs = out.setdefault(topic_id, {})
+            for partition in partitions:
+                epochs[partition] = kept.get(partition, member_epoch)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,6 +74,10 @@ from kcoord.errors import Errors
 if TYPE_CHECKING:
     from kcoord.cluster.coordinator.shard import CoordinatorStats, GroupConfig, _Output
 
+# The error of one partition (topic name, index) of an OffsetCommit checked partition by
+# partition (KIP-1251).
+CommitPartitionCheck = Callable[[str, int], Errors]
+
 TopicsView = Mapping[str, tuple[str, int]]  # topic name -> (topic id, partition count)
 
 
@@ -814,11 +818,17 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         member_epoch: int,
         *,
         member_epoch_version: bool,
-    ) -> Errors:
+    ) -> Errors | CommitPartitionCheck:
         """``ConsumerGroup.validateOffsetCommit``: a commit with epoch -1 (the admin client, or
         a consumer not using the group's assignment) is taken by an empty group whatever
-        member id it names; members must commit with their current epoch, and a member of
-        the consumer protocol with OffsetCommit v9 or later (UNSUPPORTED_VERSION below)."""
+        member id it names; members commit with their current epoch, and a member of the
+        consumer protocol with OffsetCommit v9 or later (UNSUPPORTED_VERSION below).
+
+        KIP-1251 (Kafka 4.3): a consumer-protocol member's commit at an older epoch of its
+        own is checked partition by partition instead of refused whole (its epoch moved on
+        before the client heard of it, and the commit was falsely fenced): each partition it
+        owns since that epoch is taken, any other gets STALE_MEMBER_EPOCH, so a zombie commit
+        for a partition since given to another member is still fenced."""
         if member_epoch < 0 and not group.members:
             return Errors.NONE
         member = group.members.get(member_id)
@@ -826,14 +836,20 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             return Errors.UNKNOWN_MEMBER_ID
         if member.classic is None and not member_epoch_version:
             return Errors.UNSUPPORTED_VERSION
-        if member_epoch != member.member_epoch:
+        if member_epoch == member.member_epoch:
+            return Errors.NONE
+        if member.classic is not None:
             # A classic member's generation is its member epoch (validateMemberEpoch).
-            return (
-                Errors.ILLEGAL_GENERATION
-                if member.classic is not None
-                else Errors.STALE_MEMBER_EPOCH
-            )
-        return Errors.NONE
+            return Errors.ILLEGAL_GENERATION
+        if member_epoch > member.member_epoch or member_epoch < 0:
+            return Errors.STALE_MEMBER_EPOCH
+        topic_ids = {name: topic_id for topic_id, (name, _) in group.subscribed_topics.items()}
+
+        def check(topic: str, partition: int) -> Errors:
+            owned = member.validate_commit_partition(topic_ids.get(topic), partition, member_epoch)
+            return Errors.NONE if owned else Errors.STALE_MEMBER_EPOCH
+
+        return check
 
     def _delete_consumer_group(self, group: ConsumerGroup, out: _Output) -> Errors:
         if group.members:

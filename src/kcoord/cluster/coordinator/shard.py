@@ -140,6 +140,7 @@ from kcoord.cluster.coordinator.consumer import (
     replay_record,
 )
 from kcoord.cluster.coordinator.consumer_shard import (
+    CommitPartitionCheck,
     ConsumerGroupHandlers,
     TopicsView,
 )
@@ -1852,11 +1853,12 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         without unloading the shard (``replay_only`` in node/runtime.py).
         """
         out = _Output()
-        error = self._validate_offset_commit(request)
-        if error is not Errors.NONE:
-            self.stats.count_offset_commit_error(error)
-            out.respond(token, _offset_commit_response_with_error(request, error))
+        validated = self._validate_offset_commit(request)
+        if isinstance(validated, Errors) and validated is not Errors.NONE:
+            self.stats.count_offset_commit_error(validated)
+            out.respond(token, _offset_commit_response_with_error(request, validated))
             return out.result()
+        check = None if isinstance(validated, Errors) else validated
 
         group = self._groups.get(request.group_id)
         if group is not None and group.state in (_S.STABLE, _S.PREPARING_REBALANCE):
@@ -1872,6 +1874,14 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         for topic in request.topics:
             partitions = []
             for partition in topic.partitions:
+                if check is not None and (refused := check(topic.name, partition.partition_index)):
+                    partitions.append(
+                        OffsetCommitResponsePartition(
+                            partition_index=partition.partition_index, error_code=refused
+                        )
+                    )
+                    self.stats.count_offset_commit_error(refused)
+                    continue
                 metadata = partition.committed_metadata
                 if (
                     metadata is not None
@@ -1913,9 +1923,12 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         out.respond(token, OffsetCommitResponse(topics=tuple(topics)))
         return out.result()
 
-    def _validate_offset_commit(self, request: OffsetCommitRequest) -> Errors:
-        """``OffsetMetadataManager.validateOffsetCommit``. The empty group id is an ordinary
-        group here, as in Kafka ("for backwards compatibility")."""
+    def _validate_offset_commit(
+        self, request: OffsetCommitRequest
+    ) -> Errors | CommitPartitionCheck:
+        """``OffsetMetadataManager.validateOffsetCommit``: the request's error, or the check of
+        each of its partitions (a consumer group's, KIP-1251). The empty group id is an
+        ordinary group here, as in Kafka ("for backwards compatibility")."""
         consumer_group = self._consumer_groups.get(request.group_id)
         if consumer_group is not None:
             return self._validate_consumer_offset_commit(

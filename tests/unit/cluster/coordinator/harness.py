@@ -276,12 +276,18 @@ class ShardContext:
     def unload(self) -> Step:
         return self._apply(self.shard.on_unloaded(self.now_ms))
 
-    def failover(self) -> ShardContext:
-        """A new context loaded from this log alone (this shard's parked requests are lost)."""
+    def failover(self, *, compacted: bool = False) -> ShardContext:
+        """A new context loaded from this log alone (this shard's parked requests are lost);
+        ``compacted``: from the last record of each key only, in log order, as the cleaner
+        leaves a compacted log (tombstones kept)."""
+        log = self.log
+        if compacted:
+            last = {record.key: offset for offset, record in enumerate(log)}
+            log = [record for offset, record in enumerate(log) if last[record.key] == offset]
         return ShardContext(
             self.config,
             now_ms=self.now_ms,
-            log=self.log,
+            log=log,
             next_member_number=self._next_member_number,
             next_token=self._next_token,
             group_configs=self.group_configs,

@@ -408,6 +408,78 @@ def test_commits_need_the_current_member_epoch() -> None:
     assert commit(ctx, "stale-id", -1) is Errors.NONE
 
 
+def commit_each(ctx: ShardContext, member: str, epoch: int) -> dict[int, Errors]:
+    """An OffsetCommit v9 of every partition of "orders" by ``member`` at ``epoch``: each
+    partition's error."""
+    request = OffsetCommitRequest(
+        group_id="g",
+        generation_id_or_member_epoch=epoch,
+        member_id=member,
+        report_group_id_not_found=True,
+        member_epoch_version=True,
+        topics=(
+            OffsetCommitRequestTopic(
+                name="orders",
+                partitions=tuple(
+                    OffsetCommitRequestPartition(partition_index=p, committed_offset=7)
+                    for p in range(6)
+                ),
+            ),
+        ),
+    )
+    token = ctx.new_token()
+    step = ctx._apply(ctx.shard.handle_offset_commit(token, request, ctx.now_ms))
+    response: Any = step.response(token)
+    return {p.partition_index: p.error_code for p in response.topics[0].partitions}
+
+
+def test_a_commit_at_an_older_member_epoch_is_taken_for_the_partitions_owned_since() -> None:
+    """KIP-1251: ``assignmentEpoch <= clientEpoch <= brokerEpoch`` per partition. A member
+    whose epoch moved on before its client heard of it was refused whole (false fencing);
+    the partitions it still owns since that epoch are taken, one given to another member
+    meanwhile is still fenced (a zombie commit), and an epoch ahead of the member's is
+    refused whole."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    first = a.epoch
+    assert a.owned == set(range(6))
+    converge(ctx, [a, b])
+    assert a.epoch > first and a.owned and b.owned
+    errors = commit_each(ctx, "a", first)
+    assert {p for p, e in errors.items() if e is Errors.NONE} == a.owned
+    assert {p for p, e in errors.items() if e is Errors.STALE_MEMBER_EPOCH} == b.owned
+    assert set(committed(ctx)["orders"]) == a.owned  # nothing written for b's partitions
+    assert set(commit_each(ctx, "a", a.epoch).values()) == {Errors.NONE}  # its own
+    assert set(commit_each(ctx, "a", a.epoch + 1).values()) == {Errors.STALE_MEMBER_EPOCH}
+    # b's commit at an epoch before its partitions became its own is fenced for each.
+    member_b = ctx.shard.consumer_groups["g"].members["b"]
+    got = min(member_b.assignment_epochs[T].values())
+    assert got > first
+    assert set(commit_each(ctx, "b", got - 1).values()) == {Errors.STALE_MEMBER_EPOCH}
+
+
+def test_assignment_epochs_are_replayed_and_a_compacted_log_is_strict() -> None:
+    """Derived by the replay from the member's successive assignment records: a new leader
+    that replays the whole log takes the same commits; one whose log kept only the last
+    record of each member (compacted) gives every partition that record's epoch, so a commit
+    at an older epoch is refused as before KIP-1251, never taken for a partition not owned."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    first = a.epoch
+    converge(ctx, [a, b])
+    before = ctx.shard.consumer_groups["g"].members["a"].assignment_epochs
+    new = ctx.failover()
+    assert new.shard.consumer_groups["g"].members["a"].assignment_epochs == before
+    assert {p for p, e in commit_each(new, "a", first).items() if e is Errors.NONE} == a.owned
+    compacted = ctx.failover(compacted=True)
+    member = compacted.shard.consumer_groups["g"].members["a"]
+    assert set(member.assignment_epochs[T].values()) == {member.member_epoch}
+    assert set(commit_each(compacted, "a", first).values()) == {Errors.STALE_MEMBER_EPOCH}
+    assert set(commit_each(compacted, "a", a.epoch).values()) == {Errors.NONE}
+
+
 def fetch(ctx: ShardContext, member: str | None, epoch: int) -> tuple[Errors, list[int]]:
     """OffsetFetch v9 of ``g``'s "orders"-0 as ``member`` at ``epoch``: the group's error and
     the offsets answered."""
