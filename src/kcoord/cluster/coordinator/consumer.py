@@ -129,6 +129,11 @@ def _topic_partitions(partitions: Mapping[TopicId, frozenset[int]]) -> tuple[Top
     )
 
 
+# The assignment epoch of a partition a record at a negative member epoch gave the member
+# (``_assignment_epochs``): above every epoch, so no commit at an older epoch passes for it.
+UNKNOWN_ASSIGNMENT_EPOCH: Final = 2**31
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerGroupMember:
     """``ConsumerGroupMember``: metadata and current assignment of one member."""
@@ -578,14 +583,23 @@ def _assignment_epochs(
     pending_revocation: Partitions,
 ) -> dict[TopicId, dict[int, int]]:
     """A partition the member owned in its previous assignment record keeps the epoch it was
-    assigned at; one new to it is assigned at this record's epoch (KIP-1251)."""
+    assigned at; one new to it is assigned at this record's epoch (KIP-1251). A record at a
+    negative epoch (a static member's leave, -2) says nothing of when: its new partitions are
+    ``UNKNOWN_ASSIGNMENT_EPOCH``, which no commit's epoch passes, until a record at an epoch
+    of the member's gives them that one. Compaction leaves the last records of the member, so
+    the first one kept, if it is such a leave, held partitions it owned since long before, and
+    given -2 they took commits from any epoch of the member, a zombie's too."""
     out: dict[TopicId, dict[int, int]] = {}
+    new = member_epoch if member_epoch >= 0 else UNKNOWN_ASSIGNMENT_EPOCH
     for owned in (assigned, pending_revocation):
         for topic_id, partitions in owned.items():
             kept = before.get(topic_id, {})
             epochs = out.setdefault(topic_id, {})
             for partition in partitions:
-                epochs[partition] = kept.get(partition, member_epoch)
+                epoch = kept.get(partition, new)
+                if epoch == UNKNOWN_ASSIGNMENT_EPOCH and member_epoch >= 0:
+                    epoch = member_epoch
+                epochs[partition] = epoch
     return out
 
 

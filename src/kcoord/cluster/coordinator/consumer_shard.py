@@ -825,10 +825,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         consumer protocol with OffsetCommit v9 or later (UNSUPPORTED_VERSION below).
 
         KIP-1251 (Kafka 4.3): a consumer-protocol member's commit at an older epoch of its
-        own is checked partition by partition instead of refused whole (its epoch moved on
-        before the client heard of it, and the commit was falsely fenced): each partition it
-        owns since that epoch is taken, any other gets STALE_MEMBER_EPOCH, so a zombie commit
-        for a partition since given to another member is still fenced."""
+        own (its epoch moved on before the client heard of it) is checked partition by
+        partition: taken if the member has owned every partition since that epoch, else
+        refused whole with STALE_MEMBER_EPOCH (``handle_offset_commit``), as before, so a
+        zombie commit for a partition since given to another member is still fenced."""
         if member_epoch < 0 and not group.members:
             return Errors.NONE
         member = group.members.get(member_id)

@@ -1858,7 +1858,24 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             self.stats.count_offset_commit_error(validated)
             out.respond(token, _offset_commit_response_with_error(request, validated))
             return out.result()
-        check = None if isinstance(validated, Errors) else validated
+        if not isinstance(validated, Errors):
+            # KIP-1251: the first partition refused fails the whole request and nothing is
+            # written (OffsetMetadataManager.commitOffset: the validator throws); one whose
+            # metadata is too large is answered so and not validated.
+            refused = next(
+                (
+                    error
+                    for topic in request.topics
+                    for p in topic.partitions
+                    if not self._metadata_too_large(p.committed_metadata)
+                    and (error := validated(topic.name, p.partition_index))
+                ),
+                Errors.NONE,
+            )
+            if refused:
+                self.stats.count_offset_commit_error(refused)
+                out.respond(token, _offset_commit_response_with_error(request, refused))
+                return out.result()
 
         group = self._groups.get(request.group_id)
         if group is not None and group.state in (_S.STABLE, _S.PREPARING_REBALANCE):
@@ -1874,19 +1891,8 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         for topic in request.topics:
             partitions = []
             for partition in topic.partitions:
-                if check is not None and (refused := check(topic.name, partition.partition_index)):
-                    partitions.append(
-                        OffsetCommitResponsePartition(
-                            partition_index=partition.partition_index, error_code=refused
-                        )
-                    )
-                    self.stats.count_offset_commit_error(refused)
-                    continue
                 metadata = partition.committed_metadata
-                if (
-                    metadata is not None
-                    and _java_string_length(metadata) > self._config.offset_metadata_max_bytes
-                ):
+                if self._metadata_too_large(metadata):
                     partitions.append(
                         OffsetCommitResponsePartition(
                             partition_index=partition.partition_index,
@@ -1922,6 +1928,13 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             topics.append(OffsetCommitResponseTopic(name=topic.name, partitions=tuple(partitions)))
         out.respond(token, OffsetCommitResponse(topics=tuple(topics)))
         return out.result()
+
+    def _metadata_too_large(self, metadata: str | None) -> bool:
+        """OFFSET_METADATA_TOO_LARGE (``offset.metadata.max.bytes``, in Java chars)."""
+        return (
+            metadata is not None
+            and _java_string_length(metadata) > self._config.offset_metadata_max_bytes
+        )
 
     def _validate_offset_commit(
         self, request: OffsetCommitRequest

@@ -10,7 +10,7 @@ once, timers fire as the mock clock moves, ``failover()`` rebuilds a shard from 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import pytest
@@ -408,8 +408,10 @@ def test_commits_need_the_current_member_epoch() -> None:
     assert commit(ctx, "stale-id", -1) is Errors.NONE
 
 
-def commit_each(ctx: ShardContext, member: str, epoch: int) -> dict[int, Errors]:
-    """An OffsetCommit v9 of every partition of "orders" by ``member`` at ``epoch``: each
+def commit_each(
+    ctx: ShardContext, member: str, epoch: int, partitions: Iterable[int] = range(6)
+) -> dict[int, Errors]:
+    """An OffsetCommit v9 of ``partitions`` of "orders" by ``member`` at ``epoch``: each
     partition's error."""
     request = OffsetCommitRequest(
         group_id="g",
@@ -422,7 +424,7 @@ def commit_each(ctx: ShardContext, member: str, epoch: int) -> dict[int, Errors]
                 name="orders",
                 partitions=tuple(
                     OffsetCommitRequestPartition(partition_index=p, committed_offset=7)
-                    for p in range(6)
+                    for p in sorted(partitions)
                 ),
             ),
         ),
@@ -433,12 +435,16 @@ def commit_each(ctx: ShardContext, member: str, epoch: int) -> dict[int, Errors]
     return {p.partition_index: p.error_code for p in response.topics[0].partitions}
 
 
-def test_a_commit_at_an_older_member_epoch_is_taken_for_the_partitions_owned_since() -> None:
-    """KIP-1251: ``assignmentEpoch <= clientEpoch <= brokerEpoch`` per partition. A member
-    whose epoch moved on before its client heard of it was refused whole (false fencing);
-    the partitions it still owns since that epoch are taken, one given to another member
-    meanwhile is still fenced (a zombie commit), and an epoch ahead of the member's is
-    refused whole."""
+def errors_of(answer: dict[int, Errors]) -> set[Errors]:
+    return set(answer.values())
+
+
+def test_a_commit_at_an_older_member_epoch_is_taken_if_it_owned_every_partition_since() -> None:
+    """KIP-1251: ``assignmentEpoch <= clientEpoch <= brokerEpoch`` for every partition. A
+    member whose epoch moved on before its client heard of it was refused (false fencing);
+    a commit of partitions it has owned since that epoch is taken, one naming a partition
+    given to another member meanwhile (a zombie commit) is refused whole and writes nothing,
+    as is an epoch ahead of the member's."""
     ctx = context()
     a, b = Member(ctx, "a"), Member(ctx, "b")
     a.beat()
@@ -446,17 +452,17 @@ def test_a_commit_at_an_older_member_epoch_is_taken_for_the_partitions_owned_sin
     assert a.owned == set(range(6))
     converge(ctx, [a, b])
     assert a.epoch > first and a.owned and b.owned
-    errors = commit_each(ctx, "a", first)
-    assert {p for p, e in errors.items() if e is Errors.NONE} == a.owned
-    assert {p for p, e in errors.items() if e is Errors.STALE_MEMBER_EPOCH} == b.owned
-    assert set(committed(ctx)["orders"]) == a.owned  # nothing written for b's partitions
-    assert set(commit_each(ctx, "a", a.epoch).values()) == {Errors.NONE}  # its own
-    assert set(commit_each(ctx, "a", a.epoch + 1).values()) == {Errors.STALE_MEMBER_EPOCH}
-    # b's commit at an epoch before its partitions became its own is fenced for each.
+    assert errors_of(commit_each(ctx, "a", first)) == {Errors.STALE_MEMBER_EPOCH}
+    assert "g" not in ctx.shard.offsets  # nothing written, a's partitions neither
+    assert errors_of(commit_each(ctx, "a", first, a.owned)) == {Errors.NONE}
+    assert set(committed(ctx)["orders"]) == a.owned
+    assert errors_of(commit_each(ctx, "a", a.epoch, a.owned)) == {Errors.NONE}
+    assert errors_of(commit_each(ctx, "a", a.epoch + 1, a.owned)) == {Errors.STALE_MEMBER_EPOCH}
+    # b's commit at an epoch before its partitions became its own is fenced.
     member_b = ctx.shard.consumer_groups["g"].members["b"]
     got = min(member_b.assignment_epochs[T].values())
     assert got > first
-    assert set(commit_each(ctx, "b", got - 1).values()) == {Errors.STALE_MEMBER_EPOCH}
+    assert errors_of(commit_each(ctx, "b", got - 1, b.owned)) == {Errors.STALE_MEMBER_EPOCH}
 
 
 def test_assignment_epochs_are_replayed_and_a_compacted_log_is_strict() -> None:
@@ -472,12 +478,43 @@ def test_assignment_epochs_are_replayed_and_a_compacted_log_is_strict() -> None:
     before = ctx.shard.consumer_groups["g"].members["a"].assignment_epochs
     new = ctx.failover()
     assert new.shard.consumer_groups["g"].members["a"].assignment_epochs == before
-    assert {p for p, e in commit_each(new, "a", first).items() if e is Errors.NONE} == a.owned
+    assert errors_of(commit_each(new, "a", first, a.owned)) == {Errors.NONE}
     compacted = ctx.failover(compacted=True)
     member = compacted.shard.consumer_groups["g"].members["a"]
     assert set(member.assignment_epochs[T].values()) == {member.member_epoch}
-    assert set(commit_each(compacted, "a", first).values()) == {Errors.STALE_MEMBER_EPOCH}
-    assert set(commit_each(compacted, "a", a.epoch).values()) == {Errors.NONE}
+    assert errors_of(commit_each(compacted, "a", first, a.owned)) == {Errors.STALE_MEMBER_EPOCH}
+    assert errors_of(commit_each(compacted, "a", a.epoch, a.owned)) == {Errors.NONE}
+
+
+def test_a_static_members_leave_record_gives_no_assignment_epoch() -> None:
+    """A static member's leave (epoch -2) keeps its assignment in a record that says nothing
+    of when the partitions became its own. The log compacted while it was away keeps that
+    record first, and replayed it gave them epoch -2: back under its id, the member's commit
+    at an epoch when another member owned them was taken (found by a review)."""
+    ctx = context()
+    b = Member(ctx, "b")
+    response = static_hb(ctx, "a", 0, "i-a")
+    epoch, owned = response.member_epoch, parts(response, set())
+    b.beat()
+    for _ in range(8):
+        response = static_hb(ctx, "a", epoch, "i-a", owned)
+        epoch, owned = response.member_epoch, parts(response, owned)
+        b.beat()
+    early, theirs = epoch, set(b.owned)
+    assert theirs and owned
+    b.leave()
+    for _ in range(4):
+        response = static_hb(ctx, "a", epoch, "i-a", owned)
+        epoch, owned = response.member_epoch, parts(response, owned)
+    assert owned == set(range(6))
+    assert errors_of(commit_each(ctx, "a", early, theirs)) == {Errors.STALE_MEMBER_EPOCH}
+    static_hb(ctx, "a", -2, "i-a", owned)  # a static leave: the assignment is kept for its return
+    for reload in (ctx.failover(), ctx.failover(compacted=True)):
+        back = static_hb(reload, "a", 0, "i-a")
+        assert back.error_code is Errors.NONE
+        refused = commit_each(reload, "a", early, theirs)
+        assert errors_of(refused) == {Errors.STALE_MEMBER_EPOCH}, refused
+        assert errors_of(commit_each(reload, "a", back.member_epoch, owned)) == {Errors.NONE}
 
 
 def fetch(ctx: ShardContext, member: str | None, epoch: int) -> tuple[Errors, list[int]]:
