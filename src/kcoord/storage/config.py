@@ -154,9 +154,8 @@ class TopicConfigDef:
 
     @property
     def log_field(self) -> str | None:
-        """The ``LogConfig`` field this config sets, if it is a log config."""
-        if self.name == INTERNAL_SEGMENT_BYTES:
-            return "segment_bytes"
+        """The ``LogConfig`` field this config sets, if it is a log config (not
+        internal.segment.bytes: ``with_topic_configs`` puts it in place of segment.bytes)."""
         attr = self.name.replace(".", "_")
         return attr if attr in _LOG_FIELDS else None
 
@@ -361,7 +360,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
                 _I,
                 str(1024 * 1024 * 1024),  # Kafka's is null: segment.bytes then applies
                 "segment.bytes without its 1 MiB minimum, in place of it; for tests only.",
-                minimum=14,  # LegacyRecord.RECORD_OVERHEAD_V0, segment.bytes' bound before 4.0
+                minimum=14,  # LegacyRecord.RECORD_OVERHEAD_V0, segment.bytes' bound before 4.1
                 maximum=INT_MAX,
                 internal=True,
             ),

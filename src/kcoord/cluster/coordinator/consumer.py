@@ -157,10 +157,11 @@ class ConsumerGroupMember:
     pending_revocation: Mapping[TopicId, frozenset[int]] = field(default_factory=dict)
     # KIP-1251: the member epoch at which each partition it owns (assigned or pending
     # revocation) became its own, so a commit sent at an older epoch of the member is taken
-    # for the partitions it owned since then (``validate_commit_partition``). Derived by the
-    # replay from the member's successive assignment records, not written: a log compacted to
-    # the last record gives every partition that record's epoch, the strict check before
-    # KIP-1251. Not compared: two replays of differently compacted logs hold the same member.
+    # if it owned every partition named since then (``validate_commit_partition``). Derived
+    # by the replay from the member's successive assignment records, not written: a log
+    # compacted to the last record gives every partition that record's epoch or, after a
+    # static leave, none (``_assignment_epochs``), never an earlier one. Not compared: two
+    # replays of differently compacted logs hold the same member.
     assignment_epochs: Mapping[TopicId, Mapping[int, int]] = field(
         default_factory=dict, compare=False
     )
