@@ -1103,6 +1103,45 @@ def test_a_load_during_which_the_cleaner_drops_a_tombstone_ahead_loads_again(
     asyncio.run(scenario())
 
 
+def test_a_load_of_a_log_whose_tail_the_cleaner_emptied_completes(tmp_path: Path) -> None:
+    """KAFKA-9065: the cleaner can empty a log's tail, so the last batch kept ends below the log
+    end offset; Kafka's loader looped for ever reading nothing there. A read that returns
+    nothing ends the load, whose shard holds what the log kept."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        node.elect()
+        await loaded(node)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await asyncio.wait_for(node.runtime.call("h", commit("h", 7)), 5)  # offset 0
+        await asyncio.wait_for(node.runtime.call("g", commit("g", 42)), 5)
+        await asyncio.wait_for(node.runtime.call("g", offset_delete("g")), 5)
+        lg = part.log
+        lg.config = replace(lg.config, delete_retention_ms=0)
+        lg.roll()
+        end = lg.log_end_offset
+        # Two passes: g's offset, then its tombstone (its horizon set by the first).
+        dropped = [
+            lg.compact(now, high_watermark=end).tombstones_dropped
+            for now in (node.now, node.now + 1)
+        ]
+        assert dropped == [0, 1]
+        kept = lg.read(lg.log_start_offset, 1 << 20).records
+        assert [h.next_offset for _, h in fmt.iter_headers(kept)] == [1] and end == 3
+        node.runtime.unload(0, part.leader_epoch)
+        node.runtime.replay_chunk_bytes = 1  # a batch a chunk
+        node.runtime.schedule_load(part)
+        await asyncio.wait_for(loaded(node), 10)
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert not offsets.topics
+        left = await asyncio.wait_for(node.runtime.call("h", fetch("h")), 5)
+        assert left.topics[0].partitions[0].committed_offset == 7
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_standby_whose_replay_failed_starts_again_at_once(tmp_path: Path) -> None:
     """A replay that failed part way through a chunk marked the standby invalid with a
     truncation count of -1, which a log never truncated read as valid: the half-replayed
