@@ -52,6 +52,7 @@ from kcoord.cluster.coordinator.records import (
     encode_record,
     encode_value,
     format_offsets_record,
+    uuid_str,
     value_version_written,
 )
 
@@ -285,6 +286,51 @@ def test_consumer_group_current_member_assignment_value_golden() -> None:
     assert decode_record(key, expected).value == value
 
 
+def test_current_member_assignment_epochs_are_the_topics_tagged_field_0() -> None:
+    """KIP-1251 (Kafka 4.3): ``AssignmentEpochs``, a nullable int32 array aligned with the
+    topic's partitions, is tagged field 0 of each TopicPartitions struct; a record without it
+    (an older writer's) reads as None. Epochs not aligned with the partitions are refused
+    both ways (ConsumerGroupMember: "must be provided for all partitions")."""
+    with_epochs = TopicPartitions(topic_id=TOPIC_ID, partitions=(0, 1), assignment_epochs=(2, 3))
+    value = ConsumerGroupCurrentMemberAssignmentValue(
+        member_epoch=3,
+        previous_member_epoch=2,
+        state=0,
+        assigned_partitions=(with_epochs,),
+        partitions_pending_revocation=(),
+    )
+    topic = f"{TOPIC_ID_HEX} 03 00000000 00000001"
+    expected = h(
+        f"0000 | 00000003 | 00000002 | 00 | 02 {topic}"
+        "| 01 00 09 03 00000002 00000003"  # one tag: 0, 9 bytes: a compact array of 2
+        "| 01 | 00"
+    )
+    assert encode_value(value) == expected
+    key = encode_key(ConsumerGroupCurrentMemberAssignmentKey(group_id="g", member_id="m"))
+    assert decode_record(key, expected).value == value
+    legacy = h(f"0000 | 00000003 | 00000002 | 00 | 02 {topic} 00 | 01 | 00")
+    got = decode_record(key, legacy).value
+    assert isinstance(got, ConsumerGroupCurrentMemberAssignmentValue)
+    assert got.assigned_partitions[0].assignment_epochs is None
+    null_tag = h(f"0000 | 00000003 | 00000002 | 00 | 02 {topic} 01 00 01 00 | 01 | 00")
+    assert decode_record(key, null_tag).value == got
+    short = h(f"0000 | 00000003 | 00000002 | 00 | 02 {topic} 01 00 05 02 00000002 | 01 | 00")
+    with pytest.raises(CorruptCoordinatorRecordError, match="1 epochs for 2 partitions"):
+        decode_record(key, short)
+    with pytest.raises(ValueError, match="1 epochs for 2 partitions"):
+        encode_value(
+            dataclasses.replace(
+                value,
+                assigned_partitions=(dataclasses.replace(with_epochs, assignment_epochs=(2,)),),
+            )
+        )
+    assert format_offsets_record(key, expected).endswith(
+        '"assignedPartitions":[{"topicId":"'
+        + uuid_str(TOPIC_ID)
+        + '","partitions":[0,1],"assignmentEpochs":[2,3]}],"partitionsPendingRevocation":[]}}'
+    )
+
+
 def test_kip_848_keys_use_their_record_types() -> None:
     keys: list[tuple[CoordinatorKey, int]] = [
         (ConsumerGroupMetadataKey(group_id="g"), 3),
@@ -329,6 +375,17 @@ def tuples(strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[tuple[Any, ...
 
 
 topic_partitions = st.builds(TopicPartitions, topic_id=topic_ids, partitions=tuples(i32))
+# A current assignment's: with the assignment epochs of its partitions (KIP-1251) or without.
+owned_partitions = st.builds(
+    lambda topic_id, pairs, written: TopicPartitions(
+        topic_id=topic_id,
+        partitions=tuple(p for p, _ in pairs),
+        assignment_epochs=tuple(e for _, e in pairs) if written else None,
+    ),
+    topic_ids,
+    tuples(st.tuples(i32, i32)),
+    st.booleans(),
+)
 
 KEYS: st.SearchStrategy[CoordinatorKey] = st.one_of(
     st.builds(OffsetCommitKey, group_id=text, topic=text, partition=i32),
@@ -411,8 +468,8 @@ KIP_848_VALUES: st.SearchStrategy[CoordinatorValue] = st.one_of(
         member_epoch=i32,
         previous_member_epoch=i32,
         state=i8,
-        assigned_partitions=tuples(topic_partitions),
-        partitions_pending_revocation=tuples(topic_partitions),
+        assigned_partitions=tuples(owned_partitions),
+        partitions_pending_revocation=tuples(owned_partitions),
     ),
 )
 

@@ -121,16 +121,51 @@ def _partitions_of(items: tuple[TopicPartitions, ...]) -> Partitions:
     return {uuid_str(tp.topic_id): frozenset(tp.partitions) for tp in items if tp.partitions}
 
 
-def _topic_partitions(partitions: Mapping[TopicId, frozenset[int]]) -> tuple[TopicPartitions, ...]:
-    return tuple(
-        TopicPartitions(topic_id=uuid_bytes(t), partitions=tuple(sorted(ps)))
-        for t, ps in sorted(partitions.items())
-        if ps
-    )
+def _topic_partitions(
+    partitions: Mapping[TopicId, frozenset[int]],
+    epochs: Mapping[TopicId, Mapping[int, int]] | None = None,
+) -> tuple[TopicPartitions, ...]:
+    """The record's topics; with ``epochs``, each topic's ``AssignmentEpochs`` too, left out
+    (None) for a topic with a partition of ``UNKNOWN_ASSIGNMENT_EPOCH``: no int32 says it, and
+    a record without them is read as of that epoch again (``_epochs_of``)."""
+    out = []
+    for t, ps in sorted(partitions.items()):
+        if not ps:
+            continue
+        ordered = tuple(sorted(ps))
+        written = None
+        if epochs is not None:
+            of_topic = epochs.get(t, {})
+            at = tuple(of_topic.get(p, UNKNOWN_ASSIGNMENT_EPOCH) for p in ordered)
+            written = None if UNKNOWN_ASSIGNMENT_EPOCH in at else at
+        out.append(
+            TopicPartitions(topic_id=uuid_bytes(t), partitions=ordered, assignment_epochs=written)
+        )
+    return tuple(out)
+
+
+def _epochs_of(
+    owned: tuple[tuple[TopicPartitions, ...], ...], member_epoch: int
+) -> dict[TopicId, dict[int, int]]:
+    """A current assignment record's assignment epochs (KIP-1251): those written, else (a
+    record of an older writer) the record's member epoch, as Kafka reads a record without
+    them; a negative one (a static member's leave, -2) says nothing of when, and gives
+    ``UNKNOWN_ASSIGNMENT_EPOCH`` (Kafka takes the -2, and commits from any epoch of the
+    member, a zombie's too, once it is back under its id)."""
+    default = member_epoch if member_epoch >= 0 else UNKNOWN_ASSIGNMENT_EPOCH
+    out: dict[TopicId, dict[int, int]] = {}
+    for items in owned:
+        for tp in items:
+            of_topic = out.setdefault(uuid_str(tp.topic_id), {})
+            epochs = tp.assignment_epochs or (default,) * len(tp.partitions)
+            for partition, epoch in zip(tp.partitions, epochs, strict=True):
+                of_topic.setdefault(partition, epoch)
+    return {t: e for t, e in out.items() if e}
 
 
 # The assignment epoch of a partition a record at a negative member epoch gave the member
-# (``_assignment_epochs``): above every epoch, so no commit at an older epoch passes for it.
+# (``_assignment_epochs``, ``_epochs_of``): above every epoch (and every int32: such an epoch
+# is never written), so no commit at an older epoch passes for it.
 UNKNOWN_ASSIGNMENT_EPOCH: Final = 2**31
 
 
@@ -157,14 +192,14 @@ class ConsumerGroupMember:
     pending_revocation: Mapping[TopicId, frozenset[int]] = field(default_factory=dict)
     # KIP-1251: the member epoch at which each partition it owns (assigned or pending
     # revocation) became its own, so a commit sent at an older epoch of the member is taken
-    # if it owned every partition named since then (``validate_commit_partition``). Derived
-    # by the replay from the member's successive assignment records, not written: a log
-    # compacted to the last record gives every partition that record's epoch or, after a
-    # static leave, none (``_assignment_epochs``), never an earlier one. Not compared: two
-    # replays of differently compacted logs hold the same member.
-    assignment_epochs: Mapping[TopicId, Mapping[int, int]] = field(
-        default_factory=dict, compare=False
-    )
+    # if it owned every partition named since then (``validate_commit_partition``). Those of
+    # the member's last assignment record: each record writes them (``assignment_value``,
+    # worked out from the record before, ``_assignment_epochs``), as Kafka 4.3 does, so a
+    # load that skips records (a compacted log, a cold load's stretches, a standby after a
+    # cleaner pass) has them as a full replay does. Derived by the replay instead, a record
+    # read after a gap carried the epochs of one before it: a partition lost and given back
+    # in between kept its first epoch, and a zombie's commit at that epoch was taken.
+    assignment_epochs: Mapping[TopicId, Mapping[int, int]] = field(default_factory=dict)
 
     def validate_commit_partition(
         self, topic_id: TopicId | None, partition: int, epoch: int
@@ -190,12 +225,18 @@ class ConsumerGroupMember:
         )
 
     def assignment_value(self) -> ConsumerGroupCurrentMemberAssignmentValue:
+        """The record of this assignment, with the partitions' assignment epochs: those of
+        the ones it owned (``assignment_epochs``, of its last record), this epoch for the
+        others (``CurrentAssignmentBuilder``)."""
+        epochs = _assignment_epochs(
+            self.assignment_epochs, self.member_epoch, self.assigned, self.pending_revocation
+        )
         return ConsumerGroupCurrentMemberAssignmentValue(
             member_epoch=self.member_epoch,
             previous_member_epoch=self.previous_member_epoch,
             state=int(self.state),
-            assigned_partitions=_topic_partitions(self.assigned),
-            partitions_pending_revocation=_topic_partitions(self.pending_revocation),
+            assigned_partitions=_topic_partitions(self.assigned, epochs),
+            partitions_pending_revocation=_topic_partitions(self.pending_revocation, epochs),
         )
 
     def with_epoch(self, epoch: int) -> ConsumerGroupMember:
@@ -560,8 +601,9 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
                 state=state,
                 assigned=assigned,
                 pending_revocation=pending_revocation,
-                assignment_epochs=_assignment_epochs(
-                    old.assignment_epochs, value.member_epoch, assigned, pending_revocation
+                assignment_epochs=_epochs_of(
+                    (value.assigned_partitions, value.partitions_pending_revocation),
+                    value.member_epoch,
                 ),
             )
         elif known is not None:
@@ -580,16 +622,15 @@ def replay_record(groups: dict[str, ConsumerGroup], record: CoordinatorRecord) -
 def _assignment_epochs(
     before: Mapping[TopicId, Mapping[int, int]],
     member_epoch: int,
-    assigned: Partitions,
-    pending_revocation: Partitions,
+    assigned: Mapping[TopicId, frozenset[int]],
+    pending_revocation: Mapping[TopicId, frozenset[int]],
 ) -> dict[TopicId, dict[int, int]]:
-    """A partition the member owned in its previous assignment record keeps the epoch it was
-    assigned at; one new to it is assigned at this record's epoch (KIP-1251). A record at a
-    negative epoch (a static member's leave, -2) says nothing of when: its new partitions are
-    ``UNKNOWN_ASSIGNMENT_EPOCH``, which no commit's epoch passes, until a record at an epoch
-    of the member's gives them that one. Compaction leaves the last records of the member, so
-    the first one kept, if it is such a leave, held partitions it owned since long before, and
-    given -2 they took commits from any epoch of the member, a zombie's too."""
+    """The assignment epochs a new assignment record of the member writes: a partition it
+    owned in its last one keeps the epoch it was assigned at, one new to it is assigned at
+    this record's epoch (KIP-1251's ``CurrentAssignmentBuilder``). At a negative epoch (a
+    static member's leave, -2), which says nothing of when, a new one is
+    ``UNKNOWN_ASSIGNMENT_EPOCH`` (not written), which no commit's epoch passes, until a
+    record at an epoch of the member's gives it that one."""
     out: dict[TopicId, dict[int, int]] = {}
     new = member_epoch if member_epoch >= 0 else UNKNOWN_ASSIGNMENT_EPOCH
     for owned in (assigned, pending_revocation):

@@ -319,6 +319,11 @@ class ConsumerGroupTargetAssignmentMetadataValue:
 class TopicPartitions:
     topic_id: bytes  # 16 bytes
     partitions: tuple[int, ...] = ()
+    # KIP-1251 (Kafka 4.3): in a current member assignment, the epoch at which each partition
+    # became the member's, aligned with ``partitions`` (the struct's tagged field 0,
+    # ``AssignmentEpochs``); None where not written: a record of an older writer, and always
+    # in a target assignment.
+    assignment_epochs: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -636,24 +641,61 @@ def _write_target_assignment_metadata_value(
     _end_struct(w)
 
 
-def _read_topic_partitions(r: Reader, what: str) -> tuple[TopicPartitions, ...]:
+def _read_topic_partitions(
+    r: Reader, what: str, *, with_epochs: bool = False
+) -> tuple[TopicPartitions, ...]:
+    """``with_epochs``: the struct has ``AssignmentEpochs`` (tagged field 0), a current
+    assignment's; a target assignment's has no such tag, and one there is not looked at."""
     out = []
     for _ in range(r.array_length(what)):
         topic_id = r.uuid("TopicId")
         partitions = tuple(r.int32("Partitions") for _ in range(r.array_length("Partitions")))
-        _struct_tags(r)
-        out.append(TopicPartitions(topic_id=topic_id, partitions=partitions))
+        tags = _struct_tags(r)
+        epochs = None
+        if with_epochs and 0 in tags:
+            epochs = _parse_tag(tags[0], "AssignmentEpochs", _read_nullable_int32s)
+            if epochs is not None and len(epochs) != len(partitions):
+                # ConsumerGroupMember's "Assignment epochs must be provided for all partitions".
+                raise WireFormatError(
+                    f"AssignmentEpochs: {len(epochs)} epochs for {len(partitions)} partitions"
+                )
+        out.append(
+            TopicPartitions(topic_id=topic_id, partitions=partitions, assignment_epochs=epochs)
+        )
     return tuple(out)
 
 
-def _write_topic_partitions(w: Writer, items: tuple[TopicPartitions, ...]) -> None:
+def _read_nullable_int32s(r: Reader) -> tuple[int, ...] | None:
+    n = r.unsigned_varint("AssignmentEpochs") - 1
+    if n < 0:
+        return None
+    if 4 * n > r.remaining:
+        raise WireFormatError(f"AssignmentEpochs: {n} epochs but {r.remaining} bytes left")
+    return tuple(r.int32("AssignmentEpochs") for _ in range(n))
+
+
+def _write_topic_partitions(
+    w: Writer, items: tuple[TopicPartitions, ...], *, with_epochs: bool = False
+) -> None:
     w.array_length(len(items))
     for item in items:
         w.uuid(item.topic_id, "TopicId")
         w.array_length(len(item.partitions))
         for partition in item.partitions:
             w.int32(partition, "Partitions")
-        _end_struct(w)
+        tags: dict[int, bytes] = {}
+        if with_epochs and item.assignment_epochs is not None:
+            if len(item.assignment_epochs) != len(item.partitions):
+                raise ValueError(
+                    f"AssignmentEpochs: {len(item.assignment_epochs)} epochs for "
+                    f"{len(item.partitions)} partitions"
+                )
+            t = Writer(flexible=True)
+            t.array_length(len(item.assignment_epochs))
+            for epoch in item.assignment_epochs:
+                t.int32(epoch, "AssignmentEpochs")
+            tags[0] = t.getvalue()
+        _end_struct(w, tags)
 
 
 def _read_target_assignment_member_value(
@@ -677,8 +719,8 @@ def _read_current_assignment_value(
     member_epoch = r.int32("MemberEpoch")
     previous_member_epoch = r.int32("PreviousMemberEpoch")
     state = r.int8("State")
-    assigned = _read_topic_partitions(r, "AssignedPartitions")
-    pending = _read_topic_partitions(r, "PartitionsPendingRevocation")
+    assigned = _read_topic_partitions(r, "AssignedPartitions", with_epochs=True)
+    pending = _read_topic_partitions(r, "PartitionsPendingRevocation", with_epochs=True)
     _struct_tags(r)
     return ConsumerGroupCurrentMemberAssignmentValue(
         member_epoch=member_epoch,
@@ -695,8 +737,8 @@ def _write_current_assignment_value(
     w.int32(value.member_epoch, "MemberEpoch")
     w.int32(value.previous_member_epoch, "PreviousMemberEpoch")
     w.int8(value.state, "State")
-    _write_topic_partitions(w, value.assigned_partitions)
-    _write_topic_partitions(w, value.partitions_pending_revocation)
+    _write_topic_partitions(w, value.assigned_partitions, with_epochs=True)
+    _write_topic_partitions(w, value.partitions_pending_revocation, with_epochs=True)
     _end_struct(w)
 
 
@@ -1104,7 +1146,13 @@ def _bytes_json(data: bytes | None) -> str | None:
 
 
 def _topic_partitions_json(items: tuple[TopicPartitions, ...]) -> list[dict[str, Any]]:
-    return [{"topicId": uuid_str(i.topic_id), "partitions": list(i.partitions)} for i in items]
+    out: list[dict[str, Any]] = []
+    for i in items:
+        item: dict[str, Any] = {"topicId": uuid_str(i.topic_id), "partitions": list(i.partitions)}
+        if i.assignment_epochs is not None:  # a tagged field: shown where written
+            item["assignmentEpochs"] = list(i.assignment_epochs)
+        out.append(item)
+    return out
 
 
 def _consumer_partitions_json(r: Reader, what: str) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -32,6 +32,7 @@ from kcoord.cluster.coordinator.classic import (
 )
 from kcoord.cluster.coordinator.group_config import GroupConfigBounds
 from kcoord.cluster.coordinator.records import (
+    ConsumerGroupCurrentMemberAssignmentValue,
     CoordinatorRecord,
     GroupMetadataKey,
     GroupMetadataValue,
@@ -276,11 +277,21 @@ class ShardContext:
     def unload(self) -> Step:
         return self._apply(self.shard.on_unloaded(self.now_ms))
 
-    def failover(self, *, compacted: bool = False) -> ShardContext:
+    def failover(
+        self, *, compacted: bool = False, skip: Collection[int] = (), older_writer: bool = False
+    ) -> ShardContext:
         """A new context loaded from this log alone (this shard's parked requests are lost);
         ``compacted``: from the last record of each key only, in log order, as the cleaner
-        leaves a compacted log (tombstones kept)."""
-        log = self.log
+        leaves a compacted log (tombstones kept); ``skip``: the offsets of records the load
+        does not see, as a cold load flushing in stretches or a standby after a cleaner pass
+        replays a record of a key and then a later one, without those between;
+        ``older_writer``: the assignment records as kcoord wrote them before KIP-1251's
+        assignment epochs."""
+        log = [
+            _without_assignment_epochs(record) if older_writer else record
+            for offset, record in enumerate(self.log)
+            if offset not in skip
+        ]
         if compacted:
             last = {record.key: offset for offset, record in enumerate(log)}
             log = [record for offset, record in enumerate(log) if last[record.key] == offset]
@@ -620,3 +631,22 @@ def format_offsets(shard: GroupCoordinatorShard, group_id: str) -> list[str]:
                 f"record_offset={o.record_offset}"
             )
     return lines or [f"no offsets for {group_id}"]
+
+
+def _without_assignment_epochs(record: CoordinatorRecord) -> CoordinatorRecord:
+    value = record.value
+    if not isinstance(value, ConsumerGroupCurrentMemberAssignmentValue):
+        return record
+    return CoordinatorRecord(
+        record.key,
+        dataclasses.replace(
+            value,
+            assigned_partitions=tuple(
+                dataclasses.replace(tp, assignment_epochs=None) for tp in value.assigned_partitions
+            ),
+            partitions_pending_revocation=tuple(
+                dataclasses.replace(tp, assignment_epochs=None)
+                for tp in value.partitions_pending_revocation
+            ),
+        ),
+    )

@@ -24,6 +24,7 @@ from kcoord.cluster.coordinator.consumer import (
     reconcile,
 )
 from kcoord.cluster.coordinator.records import (
+    ConsumerGroupCurrentMemberAssignmentKey,
     ConsumerGroupTargetAssignmentMemberKey,
     ConsumerGroupTargetAssignmentMemberValue,
     uuid_str,
@@ -465,25 +466,46 @@ def test_a_commit_at_an_older_member_epoch_is_taken_if_it_owned_every_partition_
     assert errors_of(commit_each(ctx, "b", got - 1, b.owned)) == {Errors.STALE_MEMBER_EPOCH}
 
 
-def test_assignment_epochs_are_replayed_and_a_compacted_log_is_strict() -> None:
-    """Derived by the replay from the member's successive assignment records: a new leader
-    that replays the whole log takes the same commits; one whose log kept only the last
-    record of each member (compacted) gives every partition that record's epoch, so a commit
-    at an older epoch is refused as before KIP-1251, never taken for a partition not owned."""
+def test_assignment_epochs_are_written_and_a_load_that_skips_records_has_them() -> None:
+    """Each current assignment record writes its partitions' assignment epochs (Kafka 4.3's
+    ``AssignmentEpochs``): a new leader that replays the whole log, the compacted log, or the
+    log with records of the member left out (a cold load flushing in stretches, a standby after
+    a cleaner pass) takes and refuses the same commits. Derived by the replay from the record
+    before (48bfa02), one read after a gap kept the epoch a partition had before it was given
+    to another member and back: the zombie commit at that epoch was taken (found by a review);
+    and a compacted log refused every commit at an older epoch."""
     ctx = context()
     a, b = Member(ctx, "a"), Member(ctx, "b")
     a.beat()
     first = a.epoch
     converge(ctx, [a, b])
+    theirs = set(b.owned)
+    assert theirs and a.owned
+    b.leave()
+    converge(ctx, [a])
+    assert a.owned == set(range(6))
+    kept = a.owned - theirs
     before = ctx.shard.consumer_groups["g"].members["a"].assignment_epochs
-    new = ctx.failover()
-    assert new.shard.consumer_groups["g"].members["a"].assignment_epochs == before
-    assert errors_of(commit_each(new, "a", first, a.owned)) == {Errors.NONE}
-    compacted = ctx.failover(compacted=True)
-    member = compacted.shard.consumer_groups["g"].members["a"]
-    assert set(member.assignment_epochs[T].values()) == {member.member_epoch}
-    assert errors_of(commit_each(compacted, "a", first, a.owned)) == {Errors.STALE_MEMBER_EPOCH}
-    assert errors_of(commit_each(compacted, "a", a.epoch, a.owned)) == {Errors.NONE}
+
+    def check(new: ShardContext) -> None:
+        assert new.shard.consumer_groups["g"].members["a"].assignment_epochs == before
+        refused = commit_each(new, "a", first, theirs)  # given to b and back meanwhile
+        assert errors_of(refused) == {Errors.STALE_MEMBER_EPOCH}, refused
+        assert errors_of(commit_each(new, "a", first, kept)) == {Errors.NONE}
+        assert errors_of(commit_each(new, "a", a.epoch, a.owned)) == {Errors.NONE}
+
+    assignments = [
+        offset
+        for offset, record in enumerate(ctx.log)
+        if record.key == ConsumerGroupCurrentMemberAssignmentKey(group_id="g", member_id="a")
+    ]
+    assert len(assignments) >= 3
+    check(ctx.failover())
+    check(ctx.failover(compacted=True))
+    for gap in range(1, len(assignments) - 1):  # the first and last kept, some between not
+        check(ctx.failover(skip=assignments[gap:-1]))
+        check(ctx.failover(skip=assignments[1 : gap + 1]))
+    check(ctx)
 
 
 def test_a_static_members_leave_record_gives_no_assignment_epoch() -> None:
@@ -509,7 +531,11 @@ def test_a_static_members_leave_record_gives_no_assignment_epoch() -> None:
     assert owned == set(range(6))
     assert errors_of(commit_each(ctx, "a", early, theirs)) == {Errors.STALE_MEMBER_EPOCH}
     static_hb(ctx, "a", -2, "i-a", owned)  # a static leave: the assignment is kept for its return
-    for reload in (ctx.failover(), ctx.failover(compacted=True)):
+    reloads = [ctx.failover(), ctx.failover(compacted=True)]
+    # Records without the epochs (an older kcoord's): the leave record's partitions take no
+    # epoch, where Kafka takes the record's -2 and passes every commit at or above it.
+    reloads.append(ctx.failover(compacted=True, older_writer=True))
+    for reload in reloads:
         back = static_hb(reload, "a", 0, "i-a")
         assert back.error_code is Errors.NONE
         refused = commit_each(reload, "a", early, theirs)
