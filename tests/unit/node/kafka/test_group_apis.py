@@ -14,7 +14,7 @@ from kcoord.cluster.coordinator.consumer import TopicsSnapshot
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
-from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request
+from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, ApiRegistry, Deferred, Request
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.groups import (
     CONSUMER_GROUP_DESCRIBE_KEY,
@@ -29,6 +29,7 @@ from kcoord.node.kafka.groups import (
 )
 from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
 from kcoord.raft.image import MetadataImage
+from tests.unit.node.kafka.test_codec import GROUP_ADVERTISED
 
 
 class _Runtime:
@@ -354,3 +355,9 @@ def test_without_the_consumer_protocol_its_apis_answer_unsupported_version() -> 
         ]
 
     asyncio.run(scenario())
+
+
+def test_the_group_apis_serve_the_versions_the_codec_tests_round_trip() -> None:
+    registry = ApiRegistry()
+    _api(_Runtime([])).register(registry.register)
+    assert {k: v for k, v in registry.versions.items() if k != 18} == GROUP_ADVERTISED
