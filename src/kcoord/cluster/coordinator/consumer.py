@@ -150,14 +150,18 @@ def _epochs_of(
     """A current assignment record's assignment epochs (KIP-1251): those written, else (a
     record of an older writer) the record's member epoch, as Kafka reads a record without
     them; a negative one (a static member's leave, -2) says nothing of when, and gives
-    ``UNKNOWN_ASSIGNMENT_EPOCH`` (Kafka takes the -2, and commits from any epoch of the
-    member, a zombie's too, once it is back under its id)."""
+    ``UNKNOWN_ASSIGNMENT_EPOCH`` (Kafka's reader takes 0 there, and commits from any epoch of
+    the member, a zombie's too, once it is back under its id)."""
     default = member_epoch if member_epoch >= 0 else UNKNOWN_ASSIGNMENT_EPOCH
     out: dict[TopicId, dict[int, int]] = {}
     for items in owned:
         for tp in items:
             of_topic = out.setdefault(uuid_str(tp.topic_id), {})
-            epochs = tp.assignment_epochs or (default,) * len(tp.partitions)
+            epochs = tp.assignment_epochs
+            if not epochs or len(epochs) != len(tp.partitions):
+                # None written, or (Kafka's Utils.assignmentFromTopicPartitions logs an error
+                # and falls back the same way) not one per partition.
+                epochs = (default,) * len(tp.partitions)
             for partition, epoch in zip(tp.partitions, epochs, strict=True):
                 of_topic.setdefault(partition, epoch)
     return {t: e for t, e in out.items() if e}
@@ -390,7 +394,16 @@ def _next_assignment(
     """``CurrentAssignmentBuilder.computeNextAssignment``. A member that reported what it owns
     and owns none of what it loses needs no revocation step (``ownsRevokedPartitions``): an
     eager classic member rejoins owning nothing, for one. A topic outside ``subscribed`` has an
-    empty target, whatever the target assignment says (KAFKA-19431)."""
+    empty target, whatever the target assignment says (KAFKA-19431). The partitions of
+    ``current`` keep their assignment epochs, and only they, as Kafka's starts from the
+    assigned partitions with theirs: one that was pending revocation and is assigned again
+    takes the new epoch (carried over, a commit the member sent before it revoked it was taken
+    after it had it back, its offset moving backwards; found by a review)."""
+    carried = {
+        t: {p: e for p, e in epochs.items() if p in current.get(t, ())}
+        for t, epochs in member.assignment_epochs.items()
+    }
+    member = replace(member, assignment_epochs={t: e for t, e in carried.items() if e})
     unreleased = False
     new_assigned: dict[TopicId, frozenset[int]] = {}
     revoke: dict[TopicId, frozenset[int]] = {}

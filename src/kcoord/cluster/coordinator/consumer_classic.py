@@ -665,6 +665,10 @@ class ClassicMemberHandlers:
                 previous_member_epoch=classic.generation_id,
                 state=MemberState.STABLE,
                 assigned=assigned,
+                # As its record says (written at this epoch), for steps before it is replayed.
+                assignment_epochs={
+                    t: dict.fromkeys(ps, classic.generation_id) for t, ps in assigned.items()
+                },
             )
             group.members[member.member_id] = member
             group.subscriptions_version += 1

@@ -653,12 +653,8 @@ def _read_topic_partitions(
         tags = _struct_tags(r)
         epochs = None
         if with_epochs and 0 in tags:
+            # As read: not one per partition, the replay falls back as Kafka's does.
             epochs = _parse_tag(tags[0], "AssignmentEpochs", _read_nullable_int32s)
-            if epochs is not None and len(epochs) != len(partitions):
-                # ConsumerGroupMember's "Assignment epochs must be provided for all partitions".
-                raise WireFormatError(
-                    f"AssignmentEpochs: {len(epochs)} epochs for {len(partitions)} partitions"
-                )
         out.append(
             TopicPartitions(topic_id=topic_id, partitions=partitions, assignment_epochs=epochs)
         )

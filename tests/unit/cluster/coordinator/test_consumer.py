@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -25,8 +26,10 @@ from kcoord.cluster.coordinator.consumer import (
 )
 from kcoord.cluster.coordinator.records import (
     ConsumerGroupCurrentMemberAssignmentKey,
+    ConsumerGroupCurrentMemberAssignmentValue,
     ConsumerGroupTargetAssignmentMemberKey,
     ConsumerGroupTargetAssignmentMemberValue,
+    CoordinatorRecord,
     uuid_str,
 )
 from kcoord.cluster.coordinator.shard import GroupConfig
@@ -502,10 +505,57 @@ def test_assignment_epochs_are_written_and_a_load_that_skips_records_has_them() 
     assert len(assignments) >= 3
     check(ctx.failover())
     check(ctx.failover(compacted=True))
+    # Records without them (an older kcoord's) count every partition from the record's epoch.
+    older = ctx.failover(older_writer=True)
+    assert errors_of(commit_each(older, "a", first, kept)) == {Errors.STALE_MEMBER_EPOCH}
+    assert errors_of(commit_each(older, "a", a.epoch, a.owned)) == {Errors.NONE}
     for gap in range(1, len(assignments) - 1):  # the first and last kept, some between not
         check(ctx.failover(skip=assignments[gap:-1]))
         check(ctx.failover(skip=assignments[1 : gap + 1]))
     check(ctx)
+
+
+def test_assignment_epochs_not_one_per_partition_read_as_the_records_epoch() -> None:
+    """As Kafka's ``Utils.assignmentFromTopicPartitions``: such a record's partitions count from
+    its member epoch, not a load that fails (and leaves every group of the partition unserved)."""
+    groups: dict[str, Any] = {}
+    member = ConsumerGroupMember(member_id="a", member_epoch=5, assigned={T: frozenset({0, 1})})
+    record = consumer.current_assignment_record("g", member)
+    value = record.value
+    assert isinstance(value, ConsumerGroupCurrentMemberAssignmentValue)
+    (topic,) = value.assigned_partitions
+    assert topic.assignment_epochs == (5, 5)
+    for epochs in ((3,), (), (3, 3, 3)):
+        odd = replace(topic, assignment_epochs=epochs)
+        consumer.replay_record(
+            groups, CoordinatorRecord(record.key, replace(value, assigned_partitions=(odd,)))
+        )
+        assert groups["g"].members["a"].assignment_epochs == {T: {0: 5, 1: 5}}
+
+
+def test_a_partition_revoked_and_given_back_takes_the_new_epoch() -> None:
+    """Kafka's ``computeNextAssignment`` starts from the assigned partitions and their epochs
+    alone: one the member was revoking, and is given back once it has, is assigned at the new
+    epoch. It kept the epoch it had before the revocation: a commit the member sent before it
+    revoked the partition was taken after it had it back, its offset moving backwards (found
+    by a review)."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    a.beat()
+    first = a.epoch
+    b.beat()
+    revoking = hb(ctx, "a", a.epoch, a.owned)  # b's share is to be revoked first
+    kept = parts(revoking)
+    gone = a.owned - kept
+    assert kept and gone
+    b.leave()
+    back = hb(ctx, "a", revoking.member_epoch, kept)  # revoked; the target gives them back
+    assert parts(back, kept) == set(range(6)) and back.member_epoch > first
+    for new in (ctx, ctx.failover(compacted=True)):
+        refused = commit_each(new, "a", first, gone)
+        assert errors_of(refused) == {Errors.STALE_MEMBER_EPOCH}, refused
+        assert errors_of(commit_each(new, "a", first, kept)) == {Errors.NONE}
+        assert errors_of(commit_each(new, "a", back.member_epoch, gone)) == {Errors.NONE}
 
 
 def test_a_static_members_leave_record_gives_no_assignment_epoch() -> None:

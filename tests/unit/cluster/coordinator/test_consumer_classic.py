@@ -293,6 +293,8 @@ def test_a_consumer_member_upgrades_a_classic_group_and_the_last_one_out_downgra
     group = ctx.shard.consumer_groups["g"]
     assert group.members[b.member_id].member_epoch == generation
     assert group.members[b.member_id].assigned == {T: frozenset(b.owned)}
+    # KIP-1251: what they own is theirs since the conversion, at that epoch.
+    assert group.members[b.member_id].assignment_epochs == {T: dict.fromkeys(b.owned, generation)}
     assert group.group_epoch == generation + 1  # the new member bumped it
     assert a.owned == set()  # everything is still held by b and c
     members: list[ConsumerMember | ClassicMember] = [a, b, c]
