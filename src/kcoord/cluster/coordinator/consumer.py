@@ -150,8 +150,11 @@ def _epochs_of(
     """A current assignment record's assignment epochs (KIP-1251): those written, else (a
     record of an older writer) the record's member epoch, as Kafka reads a record without
     them; a negative one (a static member's leave, -2) says nothing of when, and gives
-    ``UNKNOWN_ASSIGNMENT_EPOCH`` (Kafka's reader takes 0 there, and commits from any epoch of
-    the member, a zombie's too, once it is back under its id)."""
+    ``UNKNOWN_ASSIGNMENT_EPOCH``. Kafka's reader (apache/kafka at 6541f94) takes the record's
+    -2 there, a later one 0: either takes commits from any epoch of the member, a zombie's
+    too, once it is back under its id. Epochs not one per partition fall back for the whole
+    topic, as the later ``Utils.assignmentFromTopicPartitions`` does (6541f94's, partition by
+    partition)."""
     default = member_epoch if member_epoch >= 0 else UNKNOWN_ASSIGNMENT_EPOCH
     out: dict[TopicId, dict[int, int]] = {}
     for items in owned:

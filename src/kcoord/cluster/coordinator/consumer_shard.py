@@ -818,6 +818,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         member_epoch: int,
         *,
         member_epoch_version: bool,
+        topics: TopicsView | None = None,
     ) -> Errors | CommitPartitionCheck:
         """``ConsumerGroup.validateOffsetCommit``: a commit with epoch -1 (the admin client, or
         a consumer not using the group's assignment) is taken by an empty group whatever
@@ -828,7 +829,12 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         own (its epoch moved on before the client heard of it) is checked partition by
         partition: taken if the member has owned every partition since that epoch, else
         refused whole with STALE_MEMBER_EPOCH (``handle_offset_commit``), as before, so a
-        zombie commit for a partition since given to another member is still fenced."""
+        zombie commit for a partition since given to another member is still fenced.
+
+        A topic's id is the metadata image's (``topics``), as Kafka 4.3 finds it
+        (apache/kafka#21692), the group's subscription metadata only without one: that lists
+        the topics some member subscribes to, and a commit of a partition the member still
+        owns, pending revocation, of a topic no member subscribes to any more was refused."""
         if member_epoch < 0 and not group.members:
             return Errors.NONE
         member = group.members.get(member_id)
@@ -843,10 +849,14 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             return Errors.ILLEGAL_GENERATION
         if member_epoch > member.member_epoch or member_epoch < 0:
             return Errors.STALE_MEMBER_EPOCH
-        topic_ids = {name: topic_id for topic_id, (name, _) in group.subscribed_topics.items()}
+        if topics is None:
+            topics = {name: (t, count) for t, (name, count) in group.subscribed_topics.items()}
+        image = topics
 
         def check(topic: str, partition: int) -> Errors:
-            owned = member.validate_commit_partition(topic_ids.get(topic), partition, member_epoch)
+            known = image.get(topic)
+            topic_id = None if known is None else known[0]
+            owned = member.validate_commit_partition(topic_id, partition, member_epoch)
             return Errors.NONE if owned else Errors.STALE_MEMBER_EPOCH
 
         return check

@@ -1844,16 +1844,23 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     # OffsetCommit, OffsetFetch, OffsetDelete
 
     def handle_offset_commit(
-        self, token: Token, request: OffsetCommitRequest, now_ms: int
+        self,
+        token: Token,
+        request: OffsetCommitRequest,
+        now_ms: int,
+        topics: TopicsView | None = None,
     ) -> CoordinatorResult:
-        """``OffsetMetadataManager.commitOffset``.
+        """``OffsetMetadataManager.commitOffset``. ``topics`` is the metadata image's view
+        (name -> (topic id, partition count)), from which a consumer group's commit at an older
+        member epoch takes its topics' ids (KIP-1251); without it, the group's subscribed
+        topics.
 
         Changes the replayed state only through the records it returns (and moves a classic
         member's heartbeat deadline): the runtime answers a commit whose append is refused
         without unloading the shard (``replay_only`` in node/runtime.py).
         """
         out = _Output()
-        validated = self._validate_offset_commit(request)
+        validated = self._validate_offset_commit(request, topics)
         if isinstance(validated, Errors) and validated is not Errors.NONE:
             self.stats.count_offset_commit_error(validated)
             out.respond(token, _offset_commit_response_with_error(request, validated))
@@ -1887,7 +1894,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             if request.retention_time_ms == DEFAULT_RETENTION_TIME
             else now_ms + request.retention_time_ms
         )
-        topics = []
+        answered = []
         for topic in request.topics:
             partitions = []
             for partition in topic.partitions:
@@ -1925,8 +1932,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                         ),
                     )
                 )
-            topics.append(OffsetCommitResponseTopic(name=topic.name, partitions=tuple(partitions)))
-        out.respond(token, OffsetCommitResponse(topics=tuple(topics)))
+            answered.append(
+                OffsetCommitResponseTopic(name=topic.name, partitions=tuple(partitions))
+            )
+        out.respond(token, OffsetCommitResponse(topics=tuple(answered)))
         return out.result()
 
     def _metadata_too_large(self, metadata: str | None) -> bool:
@@ -1937,7 +1946,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         )
 
     def _validate_offset_commit(
-        self, request: OffsetCommitRequest
+        self, request: OffsetCommitRequest, topics: TopicsView | None
     ) -> Errors | CommitPartitionCheck:
         """``OffsetMetadataManager.validateOffsetCommit``: the request's error, or the check of
         each of its partitions (a consumer group's, KIP-1251). The empty group id is an
@@ -1949,6 +1958,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 request.member_id,
                 request.generation_id_or_member_epoch,
                 member_epoch_version=request.member_epoch_version,
+                topics=topics,
             )
         group = self._groups.get(request.group_id)
         if group is None:

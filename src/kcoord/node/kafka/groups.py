@@ -379,9 +379,10 @@ class GroupApi:
             out["topics"] = _merged_topics(list(out["topics"]) + unknown)
             return out
 
+        topics = self._topics_view()
         return self._submit(
             req.group_id,
-            lambda s, tok, now: s.handle_offset_commit(tok, req, now),
+            lambda s, tok, now: s.handle_offset_commit(tok, req, now, topics),
             on_error,
             convert,
             replay_only=True,  # a refused commit leaves the shard as it was

@@ -413,10 +413,14 @@ def test_commits_need_the_current_member_epoch() -> None:
 
 
 def commit_each(
-    ctx: ShardContext, member: str, epoch: int, partitions: Iterable[int] = range(6)
+    ctx: ShardContext,
+    member: str,
+    epoch: int,
+    partitions: Iterable[int] = range(6),
+    topics: Mapping[str, tuple[str, int]] | None = None,
 ) -> dict[int, Errors]:
-    """An OffsetCommit v9 of ``partitions`` of "orders" by ``member`` at ``epoch``: each
-    partition's error."""
+    """An OffsetCommit v9 of ``partitions`` of "orders" by ``member`` at ``epoch``, with the
+    metadata image's ``topics``: each partition's error."""
     request = OffsetCommitRequest(
         group_id="g",
         generation_id_or_member_epoch=epoch,
@@ -434,7 +438,7 @@ def commit_each(
         ),
     )
     token = ctx.new_token()
-    step = ctx._apply(ctx.shard.handle_offset_commit(token, request, ctx.now_ms))
+    step = ctx._apply(ctx.shard.handle_offset_commit(token, request, ctx.now_ms, topics))
     response: Any = step.response(token)
     return {p.partition_index: p.error_code for p in response.topics[0].partitions}
 
@@ -556,6 +560,74 @@ def test_a_partition_revoked_and_given_back_takes_the_new_epoch() -> None:
         assert errors_of(refused) == {Errors.STALE_MEMBER_EPOCH}, refused
         assert errors_of(commit_each(new, "a", first, kept)) == {Errors.NONE}
         assert errors_of(commit_each(new, "a", back.member_epoch, gone)) == {Errors.NONE}
+
+
+U = "BBBBBBBBBBBBBBBBBBBBBA"  # topic "other", 2 partitions
+TWO_TOPICS = {"orders": (T, 6), "other": (U, 2)}
+
+
+def owning_orders_since_an_older_epoch(ctx: ShardContext) -> tuple[int, int]:
+    """Member "a" owns every partition of "orders" since its first epoch, and its epoch has
+    moved on (member "c", of "other", joined) without its assignment changing: the two
+    epochs."""
+    first = hb(ctx, "a", 0, topics=TWO_TOPICS)
+    assert parts(first) == set(range(6))
+    joined = hb(ctx, "c", 0, topics=TWO_TOPICS, subscribe=("other",))
+    assert joined.error_code is Errors.NONE
+    moved = hb(ctx, "a", first.member_epoch, set(range(6)), topics=TWO_TOPICS)
+    assert moved.member_epoch > first.member_epoch and parts(moved, set(range(6))) == set(range(6))
+    return first.member_epoch, moved.member_epoch
+
+
+def test_a_partition_pending_revocation_keeps_its_assignment_epoch() -> None:
+    """KIP-1251: a partition the member is revoking is still its own, since the epoch it was
+    assigned at: a commit at an epoch between that and the member's is taken, by the leader
+    and by one that replayed the whole or the compacted log. Written without its epochs, or
+    counted from the revoking record's epoch, it was refused (two changes no test caught,
+    found by a review)."""
+    ctx = context()
+    first, now = owning_orders_since_an_older_epoch(ctx)
+    hb(ctx, "b", 0, topics=TWO_TOPICS)
+    revoking = hb(ctx, "a", now, set(range(6)), topics=TWO_TOPICS)
+    kept = parts(revoking)
+    assert revoking.member_epoch == now and kept < set(range(6))
+    pending = set(range(6)) - kept
+    member = ctx.shard.consumer_groups["g"].members["a"]
+    assert member.pending_revocation == {T: frozenset(pending)}
+    for new in (ctx, ctx.failover(), ctx.failover(compacted=True)):
+        taken = commit_each(new, "a", first, pending, TWO_TOPICS)
+        assert errors_of(taken) == {Errors.NONE}, taken
+        assert errors_of(commit_each(new, "a", first - 1, pending, TWO_TOPICS)) == {
+            Errors.STALE_MEMBER_EPOCH
+        }
+
+
+def test_a_commit_of_a_topic_no_member_subscribes_to_any_more_is_checked_by_its_id() -> None:
+    """A member that drops "orders" from its subscription owns its partitions, pending
+    revocation, until it has revoked them, and may commit them at an older epoch of its own
+    (KIP-1251). The topic's id came from the group's subscription metadata, which lists the
+    topics some member subscribes to: the commit was refused whole (STALE_MEMBER_EPOCH, found
+    by a review). Kafka 4.3 takes the id from the metadata image (apache/kafka#21692)."""
+    ctx = context()
+    first, now = owning_orders_since_an_older_epoch(ctx)
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=now,
+        subscribed_topic_names=("other",),
+        topic_partitions=((T, tuple(range(6))),),
+    )
+    dropped = send_heartbeat(ctx, request, TWO_TOPICS)
+    assert dropped.error_code is Errors.NONE and dropped.member_epoch == now
+    group = ctx.shard.consumer_groups["g"]
+    assert T not in group.subscribed_topics
+    assert group.members["a"].pending_revocation == {T: frozenset(range(6))}
+    taken = commit_each(ctx, "a", first, range(6), TWO_TOPICS)
+    assert errors_of(taken) == {Errors.NONE}, taken
+    assert set(committed(ctx)["orders"]) == set(range(6))
+    # A topic the image does not know (deleted) is not the member's.
+    gone = commit_each(ctx, "a", first, range(6), {"other": TWO_TOPICS["other"]})
+    assert errors_of(gone) == {Errors.STALE_MEMBER_EPOCH}
 
 
 def test_a_static_members_leave_record_gives_no_assignment_epoch() -> None:

@@ -797,3 +797,52 @@ def test_changing_only_the_server_assignor_does_not_rebalance_the_group() -> Non
     group = ctx.shard.consumer_groups["g"]
     assert group.group_epoch == epoch
     assert group.members["a"].server_assignor == "range"
+
+
+def test_a_static_member_replaced_while_upgrading_keeps_its_partitions_assignment_epochs() -> None:
+    """The heartbeat that converts a classic group can replace a static member of it (the same
+    instance id, restarted with the consumer protocol) and move it to a new epoch (its
+    subscription grew) in one step, before the conversion's records are replayed: what the
+    member owned stays its own since the conversion's epoch (KIP-1251), where the converted
+    member held no epochs in memory and every partition took the new one."""
+    ctx = context()
+    token, step = ctx.join(
+        instance_id="i-b",
+        client_id="b",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", subscription()),),
+    )
+    ctx.sleep(0)
+    joined = ctx.shard.groups["g"]
+    member_id, generation = joined.leader_id, joined.generation_id
+    assert member_id is not None
+    ctx.sync(
+        member_id=member_id,
+        generation_id=generation,
+        instance_id="i-b",
+        assignments=[(member_id, encode_assignment(0, {"orders": frozenset(range(6))}))],
+    )
+    assert ctx.shard.groups["g"].state is ClassicGroupState.STABLE
+    other = "BBBBBBBBBBBBBBBBBBBBBA"
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="new",
+        member_epoch=0,
+        instance_id="i-b",
+        rebalance_timeout_ms=5_000,
+        subscribed_topic_names=("orders", "other"),
+        topic_partitions=(),
+        client_id="b",
+    )
+    token = ctx.new_token()
+    topics = {**TOPICS, "other": (other, 2)}
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, topics))
+    response = step.response(token)
+    assert isinstance(response, ConsumerGroupHeartbeatResponse)
+    assert response.error_code is Errors.NONE, response
+    assert response.member_epoch > generation
+    member = ctx.shard.consumer_groups["g"].members["new"]
+    assert member.assignment_epochs == {
+        T: dict.fromkeys(range(6), generation),
+        other: dict.fromkeys(range(2), response.member_epoch),
+    }
