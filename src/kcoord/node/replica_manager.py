@@ -156,6 +156,9 @@ class AppendResult:
     last_offset: int
     log_start_offset: int
     log_append_time_ms: int = -1
+    # As the log stored it: the records' max (whatever the producer's header said), or the
+    # leader's stamp on a LogAppendTime topic.
+    max_timestamp: int = -1
 
 
 @dataclass(slots=True)
@@ -920,7 +923,11 @@ class ReplicaManager:
         self.fetch_sessions.mark(part.tp)
         self._wake_replica_fetches()
         return AppendResult(
-            info.first_offset, info.last_offset, part.log.log_start_offset, info.log_append_time_ms
+            info.first_offset,
+            info.last_offset,
+            part.log.log_start_offset,
+            info.log_append_time_ms,
+            info.max_timestamp,
         )
 
     def maybe_advance_high_watermark(self, part: Partition) -> None:

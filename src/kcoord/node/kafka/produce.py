@@ -640,10 +640,7 @@ class ProduceApi:
                 self.states.on_appended(
                     part,
                     _stamped(
-                        headers,
-                        appended.base_offset,
-                        part.leader_epoch,
-                        appended.log_append_time_ms,
+                        headers, appended.base_offset, part.leader_epoch, appended.max_timestamp
                     ),
                 )
                 if self.ctx.settings.bug_append_twice:
@@ -841,16 +838,19 @@ class ProduceApi:
 
 
 def _stamped(
-    headers: list[fmt.BatchHeader], base_offset: int, leader_epoch: int, log_append_time: int
+    headers: list[fmt.BatchHeader], base_offset: int, leader_epoch: int, max_timestamp: int
 ) -> list[fmt.BatchHeader]:
-    """The headers as the log stored them: offsets from ``base_offset``, the leader's epoch,
-    and on a LogAppendTime topic (``log_append_time`` not -1) the leader's stamp."""
-    stamped = []
-    next_offset = base_offset
-    for sent in headers:
-        h = sent._replace(base_offset=next_offset, partition_leader_epoch=leader_epoch)
-        if log_append_time != fmt.NO_TIMESTAMP:
-            h = h._replace(max_timestamp=log_append_time)
-        stamped.append(h)
-        next_offset += h.last_offset_delta + 1
-    return stamped
+    """The header of the request's one batch (``ProduceRequest.validateRecords``) as the log
+    stored it: its offsets from ``base_offset``, the leader's epoch, and the max timestamp the
+    log gave it (its records', as Kafka's LogValidator sets it whatever the producer's header
+    said, or on a LogAppendTime topic the leader's stamp). The producer's state keeps that
+    one, as a state read from the log does: kept from the header as sent, -1 made the producer
+    idle since 1970, expired at the next check, and its retry appended again."""
+    (sent,) = headers
+    return [
+        sent._replace(
+            base_offset=base_offset,
+            partition_leader_epoch=leader_epoch,
+            max_timestamp=max_timestamp,
+        )
+    ]

@@ -1987,6 +1987,32 @@ def test_a_stable_leader_forgets_idle_producers(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_a_producers_state_keeps_the_max_timestamp_the_log_stored(tmp_path: Path) -> None:
+    """A batch whose header's max timestamp is not its records' (-1 here) is stored with
+    theirs, as Kafka's LogValidator does; the leader's producer state kept the header's, so
+    the producer counted as idle since 1970, was expired at the next check, and a retry of
+    its batch was appended again (found by a review)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        sent = bytearray(
+            batch([b"a"], timestamp=h.clock[0], producer_id=5, producer_epoch=0, base_sequence=0)
+        )
+        fmt.set_max_timestamp(sent, 0, fmt.NO_TIMESTAMP)
+        first = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, bytes(sent))))
+        assert (first.error_code, first.base_offset) == (Errors.NONE, 0)
+        part = h.replicas.leader_partition("t", 0)
+        states = h.broker.produce.states
+        assert states.get(part, h.clock[0]).producers[5].last_timestamp_ms == h.clock[0]
+        h.clock[0] += PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS + 1
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, bytes(sent))))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        assert part.log.log_end_offset == 1
+
+    run(tmp_path, test)
+
+
 def test_produce_answers_log_append_time_and_invalid_timestamps(tmp_path: Path) -> None:
     """A LogAppendTime topic's produce response carries the leader's stamp, and a retry the
     first append's (Kafka's UnifiedLog answers a duplicate with its batch's timestamp); a
