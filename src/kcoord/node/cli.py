@@ -295,7 +295,9 @@ def build_parser() -> argparse.ArgumentParser:
     describe.add_argument("--status", action="store_true", help="the summary (default)")
     quorum.set_defaults(func=_quorum)
 
-    dump = sub.add_parser("dump-log", help="print log segments, offset and time indexes")
+    dump = sub.add_parser(
+        "dump-log", help="print log segments, offset and time indexes, producer snapshots"
+    )
     dump.add_argument("files", nargs="+", metavar="FILE", help=".log, .index or .timeindex")
     dump.add_argument("--print-data-log", action="store_true", help="print every record")
     dump.add_argument(

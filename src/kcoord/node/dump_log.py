@@ -17,6 +17,7 @@ from typing import TextIO
 
 from kcoord.cluster.coordinator.records import format_offsets_record
 from kcoord.storage import format as fmt
+from kcoord.storage import producer_snapshot
 
 _INDEX_ENTRY = struct.Struct(">II")
 _TIME_ENTRY = struct.Struct(">qI")
@@ -162,6 +163,35 @@ def dump_time_index_file(path: Path, out: TextIO) -> int:
     return problems
 
 
+def dump_producer_snapshot_file(path: Path, out: TextIO) -> int:
+    """A producer state snapshot, one producer a line, as ``DumpLogSegments``'s
+    ``dumpProducerIdSnapshot`` prints it."""
+    try:
+        entries = producer_snapshot.read_entries(path.read_bytes())
+    except producer_snapshot.CorruptSnapshotError as error:
+        out.write(f"Corrupt producer snapshot {path.name}: {error}\n")
+        return 1
+    for e in entries:
+        txn = (
+            "OptionalLong.empty"
+            if e.current_txn_first_offset < 0
+            else f"OptionalLong[{e.current_txn_first_offset}]"
+        )
+        line = (
+            f"producerId: {e.producer_id} producerEpoch: {e.producer_epoch} "
+            f"coordinatorEpoch: {e.coordinator_epoch} currentTxnFirstOffset: {txn} "
+            f"lastTimestamp: {e.timestamp} "
+        )
+        if e.last_sequence >= 0:
+            line += (
+                f"firstSequence: {e.last_sequence - e.offset_delta} "
+                f"lastSequence: {e.last_sequence} lastOffset: {e.last_offset} "
+                f"offsetDelta: {e.offset_delta} timestamp: {e.timestamp}"
+            )
+        out.write(line + "\n")
+    return 0
+
+
 def dump_files(paths: list[Path], out: TextIO, *, print_data: bool, offsets_decoder: bool) -> int:
     """Dump each file; the exit code is 0 when all were readable and valid, else 1."""
     problems = 0
@@ -176,6 +206,8 @@ def dump_files(paths: list[Path], out: TextIO, *, print_data: bool, offsets_deco
                 problems += dump_time_index_file(path, out)
             elif path.name.endswith(".index"):
                 problems += dump_index_file(path, out)
+            elif path.name.endswith(producer_snapshot.SNAPSHOT_SUFFIX):
+                problems += dump_producer_snapshot_file(path, out)
             else:
                 out.write(f"Ignoring unknown file {path}\n")
                 problems += 1

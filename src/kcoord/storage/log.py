@@ -52,11 +52,11 @@ from typing import Final, NamedTuple
 from aiokafka.errors import CorruptRecordException
 from aiokafka.record.default_records import DefaultRecordBatch as _CRecordBatch
 
-from kcoord.storage import checkpoint
+from kcoord.storage import checkpoint, producer_snapshot
 from kcoord.storage import format as fmt
 from kcoord.storage.config import LONG_MAX, LogConfig
 from kcoord.storage.epoch import LeaderEpochCache
-from kcoord.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
+from kcoord.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS, ProducerStateManager
 from kcoord.storage.segment import (
     CLEANED_SUFFIX,
     DELETED_SUFFIX,
@@ -483,6 +483,8 @@ class Log:
         epoch_cache.truncate_from_end(log_end_offset)
         epoch_cache.truncate_from_start(log_start_offset)
         epoch_cache.flush()
+        # Recovery may have cut the tail a snapshot was taken at (a crash before its flush).
+        producer_snapshot.delete_above(directory, log_end_offset)
         meta_path = directory / checkpoint.PARTITION_METADATA
         # Absent, the log is a stray of no topic (isStrayKraftReplica: written before any
         # append). Unreadable, it raises (the partition is offline: Kafka's
@@ -1154,6 +1156,7 @@ class Log:
         self._generation += 1
         self.first_dirty_offset = min(self.first_dirty_offset, end)
         self.last_truncated_to = end
+        producer_snapshot.delete_above(self.directory, end)
         self.recovery_point = min(self.recovery_point, end)
         self.log_start_offset = min(self.log_start_offset, end)
         self.epoch_cache.truncate_from_end(end)
@@ -1173,8 +1176,28 @@ class Log:
         self.first_dirty_offset = offset
         self.delete_horizon_ms = None
         self.last_truncated_to = 0  # nothing below is kept
+        producer_snapshot.delete_above(self.directory, -1)
         self.epoch_cache.clear()
         self.epoch_cache.flush()
+
+    # -----------------------------------------------------------------------------------------
+    # Producer state snapshots (storage/producer_snapshot.py).
+
+    def write_producer_snapshot(self, offset: int, state: ProducerStateManager) -> None:
+        """Keep ``state``, the producers of the batches below ``offset``, in a snapshot."""
+        producer_snapshot.write(
+            self.directory, offset, state, keep_from=self.segments[0].base_offset
+        )
+
+    def latest_producer_snapshot(
+        self, producer_id_expiration_ms: int
+    ) -> tuple[int, ProducerStateManager] | None:
+        """The latest producer snapshot at or below the log end, with its offset."""
+        return producer_snapshot.read_latest(
+            self.directory,
+            at_most=self.log_end_offset,
+            producer_id_expiration_ms=producer_id_expiration_ms,
+        )
 
     # -----------------------------------------------------------------------------------------
     # Retention.

@@ -24,8 +24,9 @@ State`` and ``ProducerAppendInfo`` do:
 After the append, ``update`` records the batches with their final offsets; it also takes in
 batch headers read from a log (oldest first), which is how a node builds the state of a
 partition it starts to host and keeps a follower's up to date (node/kafka/produce.py): Kafka
-rebuilds from its ``.snapshot`` files plus the log tail, kcoord from the log alone (batch
-headers are 61 bytes each, so this is a cheap scan). Batches without a producer id and control
+rebuilds from its ``.snapshot`` files plus the log tail, kcoord from the log (batch headers are
+61 bytes each, so this is a cheap scan) and, for the producers whose batches have all left the
+log, the latest snapshot (storage/producer_snapshot.py). Batches without a producer id and control
 batches carry no sequence state and are skipped. ``remove_expired_producers`` forgets producers
 whose last batch is older than ``producer.id.expiration.ms`` (Kafka's default: 1 day).
 

@@ -14,7 +14,9 @@ from kcoord.cluster.coordinator.records import (
     encode_value,
 )
 from kcoord.storage import format as fmt
+from kcoord.storage import producer_snapshot
 from kcoord.storage.config import LogConfig
+from kcoord.storage.producer_state import ProducerStateManager
 from tests.unit.storage.helpers import batch, open_log
 
 
@@ -110,3 +112,32 @@ def test_dump_log_into_a_pipe_closed_early_stops_quietly(tmp_path: Path) -> None
     proc.stderr.close()
     assert proc.wait(timeout=60) == 1
     assert stderr == ""
+
+
+def test_dump_log_prints_a_producer_snapshot_as_kafka_does(tmp_path: Path) -> None:
+    """``DumpLogSegments.dumpProducerIdSnapshot``: one producer a line, with its last batch;
+    a damaged file is said so and the exit code is 1."""
+    state = ProducerStateManager()
+    header = fmt.parse_header(
+        fmt.build_batch(
+            [fmt.Record(i, 5_000, None, b"v") for i in range(3)],
+            producer_id=12,
+            producer_epoch=1,
+            base_sequence=4,
+        ),
+        0,
+    )
+    state.update([header._replace(base_offset=20)])
+    producer_snapshot.write(tmp_path, 23, state, keep_from=0)
+    path = producer_snapshot.path_of(tmp_path, 23)
+    result = _run(str(path))
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.splitlines()[1] == (
+        "producerId: 12 producerEpoch: 1 coordinatorEpoch: -1 currentTxnFirstOffset: "
+        "OptionalLong.empty lastTimestamp: 5000 firstSequence: 4 lastSequence: 6 "
+        "lastOffset: 22 offsetDelta: 2 timestamp: 5000"
+    )
+    path.write_bytes(path.read_bytes()[:-1])
+    damaged = _run(str(path))
+    assert damaged.returncode == 1
+    assert "Corrupt producer snapshot" in damaged.stdout

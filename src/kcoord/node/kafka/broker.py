@@ -143,3 +143,4 @@ class KafkaBroker:
     async def stop(self) -> None:
         await self.server.stop()
         self.metadata.close()
+        self.produce.states.close()

@@ -174,7 +174,11 @@ class ProducerStates:
     ``LOAD_SLICE_HEADERS`` headers, ``BACKGROUND_READS`` at a time; a produce to a partition
     whose state is behind reads it itself (``ready``). Kafka also avoids the first read with
     producer snapshot files; kcoord reads the last ``producer.id.expiration.ms`` of log after
-    a restart.
+    a restart, and takes from the latest snapshot the producers whose batches are not read
+    (storage/producer_snapshot.py): a leader takes one at each roll of the log, every state
+    one at a clean stop (``close``). A follower takes none at its rolls (its state reads
+    behind its log): after a crash it knows a producer whose batches have all left the log
+    only from a snapshot it took as a leader or at a stop.
     """
 
     def __init__(
@@ -215,12 +219,39 @@ class ProducerStates:
             self._catch_up_later(t)
 
     def on_appended(self, part: Partition, headers: list[fmt.BatchHeader]) -> None:
-        """A leader's produce appended the batches of ``headers`` (final offsets)."""
+        """A leader's produce appended the batches of ``headers`` (final offsets). If the
+        append rolled the log, the state before it is kept in a snapshot at the new segment's
+        base offset, as Kafka's ``UnifiedLog.roll`` takes one."""
         t = self._tracked.get(part.tp)
         if t is not None and t.part is part and t.end_offset == headers[0].base_offset:
+            lg = t.log
+            if len(lg.segments) > 1 and lg.segments[-1].base_offset == t.end_offset:
+                self._snapshot(t)
             t.state.update(headers)
             t.end_offset = headers[-1].last_offset + 1
         # Otherwise the state reads them from the log when it catches up.
+
+    def close(self) -> None:
+        """A clean stop: every state read to its log end and kept in a snapshot there (Kafka's
+        ``UnifiedLog.close`` takes one), so the producers whose batches have all left the log
+        are known after the restart. One with more than a slice left to read (still loading)
+        is not kept: the stop does not wait for it, and the restart reads the log again."""
+        for t in list(self._tracked.values()):
+            try:
+                if t.part.log is t.log and t.still_valid() and self._read(t, LOAD_SLICE_HEADERS):
+                    self._snapshot(t)
+            except OSError as e:
+                log.warning("producer state of %s-%d not kept: %s", *t.part.tp, e)
+        self._tracked.clear()
+
+    def _snapshot(self, t: _Tracked) -> None:
+        try:
+            t.log.write_producer_snapshot(t.end_offset, t.state)
+        except OSError as e:
+            # The append it follows stands; a restart reads the producers from the log.
+            log.warning(
+                "%s: producer snapshot at %d not written: %s", t.log.directory.name, t.end_offset, e
+            )
 
     # -- what produces use --------------------------------------------------------------------
 
@@ -311,6 +342,12 @@ class ProducerStates:
             # Kafka's follower clears, nor when expired segments are skipped (a producer's
             # batches there would be missing after the ones kept).
             state.keep_batches_below(t.state, base)
+        # The producers whose batches below ``start`` are not read: those of a snapshot, which
+        # still has the ones whose batches have all left the log (retention, DeleteRecords)
+        # since. Their batches from ``start`` on are read, as are those of every producer.
+        snapshot = lg.latest_producer_snapshot(self.producer_id_expiration_ms)
+        if snapshot is not None:
+            state.keep_batches_below(snapshot[1], min(snapshot[0], start))
         t.log = lg
         t.state = state
         t.end_offset = start

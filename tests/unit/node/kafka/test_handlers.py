@@ -22,7 +22,7 @@ import pytest
 
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
-from kcoord.node.kafka import codec
+from kcoord.node.kafka import codec, produce
 from kcoord.node.kafka import fetch as fetch_module
 from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, Deferred, Request
 from kcoord.node.kafka.context import KafkaSettings
@@ -34,7 +34,7 @@ from kcoord.node.kafka.produce import (
 from kcoord.node.replica_manager import KafkaError, Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
-from kcoord.storage import checkpoint
+from kcoord.storage import checkpoint, producer_snapshot
 from kcoord.storage import format as fmt
 from kcoord.storage.log import LeaderScan, Log
 from kcoord.storage.segment import LogSegment
@@ -1713,6 +1713,74 @@ def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
         assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
         assert part.log.log_end_offset == 2, "the retry was appended again"
         assert states.get(part, h.clock[0]) is state, "the state was rebuilt, not kept"
+
+    run(tmp_path, test)
+
+
+def restart_producer_states(h: Harness, *, clean: bool) -> None:
+    """The producer states as a restarted node has them: built again from the log and its
+    producer snapshots, after a clean stop (which takes one at each log end) or a crash."""
+    if clean:
+        h.broker.produce.states.close()
+    h.broker.produce.states = produce.ProducerStates(h.replicas)
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean-stop", "crash"])
+def test_a_producers_state_survives_a_restart_after_its_batch_left_the_log(
+    tmp_path: Path, clean: bool
+) -> None:
+    """A batch appended (its answer lost), then DeleteRecords and retention take its
+    segment, then the node restarts. Read from the log alone, the state had no trace of the
+    producer and appended its retry again (found by a review); a producer snapshot, taken
+    at the stop, or at the roll before the crash, still has it (Kafka's ``takeSnapshot`` at
+    ``UnifiedLog.close`` and ``roll``)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part, first = await _producer_7_appended(h, c)
+        if not clean:
+            part.log.roll()  # the next produce's append starts a segment: a snapshot there
+        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+        assert not only_partition(
+            await c.call(PRODUCE, 9, produce_values("t", 0, other))
+        ).error_code
+        part.log.roll()
+        h.replicas.delete_records("t", 0, part.log.log_end_offset)
+        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
+        end = part.log.log_end_offset
+        assert part.log.segments[0].base_offset == end, "the first batch's segment is gone"
+        restart_producer_states(h, clean=clean)
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        assert part.log.log_end_offset == end, "the retry was appended again"
+
+    run(tmp_path, test)
+
+
+def test_a_producer_snapshot_of_batches_truncated_since_is_deleted(tmp_path: Path) -> None:
+    """A snapshot above the offset a log is truncated to holds batches the log no longer
+    has: it is deleted (Kafka's ``truncateAndReload``), else, once the log grew past its
+    offset again, it would be taken for the state below it. The batch cut is appended again
+    after a restart, not answered as a duplicate of one that is gone."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part, _ = await _producer_7_appended(h, c)
+        part.log.roll()
+        cut = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+        assert (
+            only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, cut))).base_offset == 1
+        )
+        part.log.roll()
+        follow = batch([b"c"], producer_id=9, producer_epoch=0, base_sequence=0)
+        assert (
+            only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, follow))).base_offset
+            == 2
+        )
+        assert producer_snapshot.offsets(part.log.directory) == [1, 2]
+        part.log.truncate_to(1)
+        assert producer_snapshot.offsets(part.log.directory) == [1]
+        restart_producer_states(h, clean=False)
+        again = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, cut)))
+        assert (again.error_code, again.base_offset) == (Errors.NONE, 1)
 
     run(tmp_path, test)
 
