@@ -183,8 +183,9 @@ def dump_producer_snapshot_file(path: Path, out: TextIO) -> int:
             f"lastTimestamp: {e.timestamp} "
         )
         if e.last_sequence >= 0:
+            first = producer_snapshot.decrement_sequence(e.last_sequence, e.offset_delta)
             line += (
-                f"firstSequence: {e.last_sequence - e.offset_delta} "
+                f"firstSequence: {first} "
                 f"lastSequence: {e.last_sequence} lastOffset: {e.last_offset} "
                 f"offsetDelta: {e.offset_delta} timestamp: {e.timestamp}"
             )

@@ -316,6 +316,10 @@ class Log:
         # Removes files of segments this log let go (retired as .deleted); the LogManager
         # hands them to its own remover, which a node runs off the event loop.
         self.remove_files: Callable[[Sequence[Path]], None] = remove_now
+        # Told the base offset of each new segment once it is the active one (the batches
+        # below it are all in the closed ones): the node's producer state takes a snapshot
+        # there, as Kafka's UnifiedLog.roll does. Must not raise: a roll is part of an append.
+        self.roll_listener: Callable[[int], None] | None = None
 
     # -----------------------------------------------------------------------------------------
     # Opening and recovery.
@@ -960,6 +964,8 @@ class Log:
         seg.created_ms = now_ms
         self.segments.append(seg)
         self._bases.append(base_offset)
+        if self.roll_listener is not None:
+            self.roll_listener(base_offset)
         return seg
 
     def roll(self) -> None:

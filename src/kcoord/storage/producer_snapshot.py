@@ -6,11 +6,11 @@ kcoord still builds a state from the log's batch headers (``node/kafka/produce.p
 snapshot adds are the producers whose batches have all left the log (retention, DeleteRecords):
 read from the log alone, a restarted node forgot them, and a retry of such a producer's last
 batch was appended a second time. Kafka takes one at every segment roll and at a clean close;
-so does kcoord's leader (a follower at its close only).
+so does kcoord, leader or follower.
 
 Layout (big-endian): version int16 (1), crc uint32 (CRC-32C of what follows), then an int32
 count of entries, each: producer_id int64, epoch int16, last_sequence int32, last_offset int64,
-offset_delta int32 (last minus first sequence of the producer's last batch), timestamp int64,
+offset_delta int32 (last minus first offset of the producer's last batch), timestamp int64,
 coordinator_epoch int32 (-1: kcoord has no transactions), current_txn_first_offset int64 (-1).
 Kafka keeps the producer's last batch alone, so does this file.
 
@@ -47,6 +47,7 @@ _COUNT: Final = struct.Struct(">i")
 _ENTRY: Final = struct.Struct(">qhiqiqiq")
 _NO_COORDINATOR_EPOCH: Final = -1
 _NO_TXN: Final = -1
+_INT32_MAX: Final = 2**31 - 1
 
 
 class CorruptSnapshotError(ValueError):
@@ -63,7 +64,7 @@ def encode(state: ProducerStateManager) -> bytes:
             entry.producer_epoch,
             -1 if last is None else last.last_seq,
             -1 if last is None else last.last_offset,
-            0 if last is None else last.last_seq - last.first_seq,
+            0 if last is None else last.last_offset - last.first_offset,
             entry.last_timestamp_ms,
             _NO_COORDINATOR_EPOCH,
             _NO_TXN,
@@ -82,6 +83,13 @@ class SnapshotEntry(NamedTuple):
     timestamp: int
     coordinator_epoch: int
     current_txn_first_offset: int
+
+
+def decrement_sequence(sequence: int, decrement: int) -> int:
+    """``DefaultRecordBatch.decrementSequence``: sequences wrap at ``Integer.MAX_VALUE``."""
+    if sequence < decrement:
+        return _INT32_MAX - (decrement - sequence) + 1
+    return sequence - decrement
 
 
 def read_entries(data: bytes) -> list[SnapshotEntry]:
@@ -108,7 +116,7 @@ def decode(data: bytes, *, producer_id_expiration_ms: int) -> ProducerStateManag
         if e.last_sequence >= 0:
             batches.append(
                 BatchMetadata(
-                    e.last_sequence - e.offset_delta,
+                    decrement_sequence(e.last_sequence, e.offset_delta),
                     e.last_sequence,
                     e.last_offset - e.offset_delta,
                     e.last_offset,

@@ -97,6 +97,19 @@ def test_a_retry_of_the_last_batch_is_a_duplicate_after_a_reload() -> None:
     assert back.validate([following]) is ACCEPTED
 
 
+def test_a_batch_whose_sequences_wrap_keeps_its_first_sequence() -> None:
+    """The file keeps the last batch's offset delta, as Kafka's, and the first sequence is
+    the last one less it, wrapping at ``Integer.MAX_VALUE`` (``decrementSequence``): a
+    sequence delta there was negative and put the batch's first offset 2^31 away."""
+    wrapping = header(5, 0, 2**31 - 2, 4, offset=100, ts=1_000)
+    assert wrapping.last_sequence == 1
+    data = encode(state_of(wrapping))
+    assert struct.unpack_from(">i", data, 10 + 8 + 2 + 4 + 8) == (3,)
+    (batch_back,) = decode(data, producer_id_expiration_ms=1).producers[5].batches
+    assert (batch_back.first_seq, batch_back.last_seq) == (2**31 - 2, 1)
+    assert (batch_back.first_offset, batch_back.last_offset) == (100, 103)
+
+
 @pytest.mark.parametrize(
     "damage",
     ["truncated", "flipped", "version", "count", "empty"],

@@ -137,6 +137,8 @@ class _Tracked:
     truncations: int  # the log's truncation count ``end_offset`` is valid for
     next_expiry_ms: int
     next_catch_up_ms: int = 0
+    # A restart's state, to take the producers of the latest snapshot at its first read.
+    snapshot_pending: bool = False
 
     def still_valid(self) -> bool:
         """Whether what was read is still the log's prefix and nothing unread is gone: no
@@ -175,10 +177,9 @@ class ProducerStates:
     whose state is behind reads it itself (``ready``). Kafka also avoids the first read with
     producer snapshot files; kcoord reads the last ``producer.id.expiration.ms`` of log after
     a restart, and takes from the latest snapshot the producers whose batches are not read
-    (storage/producer_snapshot.py): a leader takes one at each roll of the log, every state
-    one at a clean stop (``close``). A follower takes none at its rolls (its state reads
-    behind its log): after a crash it knows a producer whose batches have all left the log
-    only from a snapshot it took as a leader or at a stop.
+    (storage/producer_snapshot.py, ``_merge_snapshot``). Every state takes one at each roll of
+    its log, leader or follower (``_on_roll``: a follower's reads up to the roll first), and at
+    a clean stop (``close``).
     """
 
     def __init__(
@@ -219,17 +220,32 @@ class ProducerStates:
             self._catch_up_later(t)
 
     def on_appended(self, part: Partition, headers: list[fmt.BatchHeader]) -> None:
-        """A leader's produce appended the batches of ``headers`` (final offsets). If the
-        append rolled the log, the state before it is kept in a snapshot at the new segment's
-        base offset, as Kafka's ``UnifiedLog.roll`` takes one."""
+        """A leader's produce appended the batches of ``headers`` (final offsets)."""
         t = self._tracked.get(part.tp)
         if t is not None and t.part is part and t.end_offset == headers[0].base_offset:
-            lg = t.log
-            if len(lg.segments) > 1 and lg.segments[-1].base_offset == t.end_offset:
-                self._snapshot(t)
             t.state.update(headers)
             t.end_offset = headers[-1].last_offset + 1
         # Otherwise the state reads them from the log when it catches up.
+
+    def _on_roll(self, tp: tuple[str, int], lg: Log, base_offset: int) -> None:
+        """``lg`` rolled at ``base_offset``, as a leader or a follower: the state, read up to
+        there, is kept in a snapshot at that offset (Kafka's ``UnifiedLog.roll`` takes one). A
+        state with more than a slice left to read (still loading) takes none: the roll is part
+        of an append, which must not wait for it."""
+        t = self._tracked.get(tp)
+        if t is None or t.log is not lg or t.part.log is not lg:
+            return
+        try:
+            if (
+                t.still_valid()
+                and self._read(t, LOAD_SLICE_HEADERS)
+                and t.end_offset <= base_offset
+            ):
+                self._snapshot(t, base_offset)
+        except OSError as e:
+            log.warning(
+                "%s: producer snapshot at %d not taken: %s", lg.directory.name, base_offset, e
+            )
 
     def close(self) -> None:
         """A clean stop: every state read to its log end and kept in a snapshot there (Kafka's
@@ -239,18 +255,21 @@ class ProducerStates:
         for t in list(self._tracked.values()):
             try:
                 if t.part.log is t.log and t.still_valid() and self._read(t, LOAD_SLICE_HEADERS):
-                    self._snapshot(t)
+                    self._snapshot(t, t.end_offset)
             except OSError as e:
                 log.warning("producer state of %s-%d not kept: %s", *t.part.tp, e)
         self._tracked.clear()
 
-    def _snapshot(self, t: _Tracked) -> None:
+    @staticmethod
+    def _snapshot(t: _Tracked, offset: int) -> None:
+        """Keep ``t``'s state, which has read every batch below ``offset``, in a snapshot
+        there. One not written leaves the latest older: a restart reads from it (or, once
+        segments after it are gone, does without it)."""
         try:
-            t.log.write_producer_snapshot(t.end_offset, t.state)
+            t.log.write_producer_snapshot(offset, t.state)
         except OSError as e:
-            # The append it follows stands; a restart reads the producers from the log.
             log.warning(
-                "%s: producer snapshot at %d not written: %s", t.log.directory.name, t.end_offset, e
+                "%s: producer snapshot at %d not written: %s", t.log.directory.name, offset, e
             )
 
     # -- what produces use --------------------------------------------------------------------
@@ -342,12 +361,8 @@ class ProducerStates:
             # Kafka's follower clears, nor when expired segments are skipped (a producer's
             # batches there would be missing after the ones kept).
             state.keep_batches_below(t.state, base)
-        # The producers whose batches below ``start`` are not read: those of a snapshot, which
-        # still has the ones whose batches have all left the log (retention, DeleteRecords)
-        # since. Their batches from ``start`` on are read, as are those of every producer.
-        snapshot = lg.latest_producer_snapshot(self.producer_id_expiration_ms)
-        if snapshot is not None:
-            state.keep_batches_below(snapshot[1], min(snapshot[0], start))
+        lg.roll_listener = functools.partial(self._on_roll, t.part.tp, lg)
+        t.snapshot_pending = True  # read by the first read (``_merge_snapshot``), off this step
         t.log = lg
         t.state = state
         t.end_offset = start
@@ -357,6 +372,9 @@ class ProducerStates:
     def _read(self, t: _Tracked, limit: int | None) -> bool:
         """Read up to ``limit`` batch headers past ``t.end_offset`` (all without one); True
         once ``t`` has read to the log end."""
+        if t.snapshot_pending:
+            t.snapshot_pending = False
+            self._merge_snapshot(t)
         lg = t.log
         end = lg.log_end_offset
         offset = t.end_offset
@@ -400,6 +418,26 @@ class ProducerStates:
         t.state.update(headers)
         t.end_offset = offset
         return done
+
+    def _merge_snapshot(self, t: _Tracked) -> None:
+        """The producers of the latest snapshot, at S, that the read from ``t.end_offset`` (a
+        restart's start) does not give: those whose batches have all left the log (retention,
+        DeleteRecords) since. From S on every batch is in the log, so the state is the
+        snapshot's below S and the log's from S: below the start, the read starts at S
+        instead. A snapshot below the first segment is not used: a producer's batches after it
+        may be gone, and with them what it says of the producer (its sequence refused a
+        producer's next batch). Kafka deletes those (``truncateAndReload``). Read at the first
+        read, not at the restart: on a node's start every hosted partition restarts in one
+        step of the loop, and decoding a snapshot of many producers takes a while."""
+        lg = t.log
+        found = lg.latest_producer_snapshot(self.producer_id_expiration_ms)
+        if found is None:
+            return
+        offset, snapshot = found
+        if offset < lg.segments[0].base_offset:
+            return
+        t.state.keep_batches_below(snapshot, min(offset, t.end_offset))
+        t.end_offset = min(offset, t.end_offset)
 
     def _catch_up_later(self, t: _Tracked) -> asyncio.Task[None] | None:
         """The read of ``t`` to the log end, in the background; the running one if any."""

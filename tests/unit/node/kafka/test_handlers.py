@@ -1731,27 +1731,59 @@ def test_a_producers_state_survives_a_restart_after_its_batch_left_the_log(
 ) -> None:
     """A batch appended (its answer lost), then DeleteRecords and retention take its
     segment, then the node restarts. Read from the log alone, the state had no trace of the
-    producer and appended its retry again (found by a review); a producer snapshot, taken
-    at the stop, or at the roll before the crash, still has it (Kafka's ``takeSnapshot`` at
-    ``UnifiedLog.close`` and ``roll``)."""
+    producer and appended its retry again (found by a review); a producer snapshot, taken at
+    a roll of the log before the crash, or at the stop, still has it (Kafka's
+    ``takeSnapshot`` at ``UnifiedLog.roll`` and ``close``)."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         part, first = await _producer_7_appended(h, c)
-        if not clean:
-            part.log.roll()  # the next produce's append starts a segment: a snapshot there
         other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
         assert not only_partition(
             await c.call(PRODUCE, 9, produce_values("t", 0, other))
         ).error_code
         part.log.roll()
-        h.replicas.delete_records("t", 0, part.log.log_end_offset)
-        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
         end = part.log.log_end_offset
+        assert producer_snapshot.offsets(part.log.directory) == [end], "taken at the roll"
+        h.replicas.delete_records("t", 0, end)
+        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
         assert part.log.segments[0].base_offset == end, "the first batch's segment is gone"
-        restart_producer_states(h, clean=clean)
+        if clean:
+            producer_snapshot.path_of(part.log.directory, end).unlink()  # the stop's alone
+            h.broker.produce.states.close()
+            assert producer_snapshot.offsets(part.log.directory) == [end]
+        restart_producer_states(h, clean=False)
         retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
         assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
         assert part.log.log_end_offset == end, "the retry was appended again"
+
+    run(tmp_path, test)
+
+
+def test_a_snapshot_older_than_the_first_segment_is_not_used(tmp_path: Path) -> None:
+    """A producer's batches after the latest snapshot left the log (a snapshot not taken at
+    a roll since: the state was still loading, or a write failed): what the snapshot says of
+    it is stale. Used, its sequence refused the producer's next batch (found by a review);
+    Kafka deletes a snapshot at or below the log start. The producer is unknown instead, and
+    its next batch taken (KIP-360), as without snapshots."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part, _ = await _producer_7_appended(h, c)  # sequence 0 at offset 0
+        part.log.roll()
+        assert producer_snapshot.offsets(part.log.directory) == [1]
+        second = batch([b"b"], producer_id=7, producer_epoch=0, base_sequence=1)
+        assert (
+            only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, second))).base_offset
+            == 1
+        )
+        part.log.roll()
+        producer_snapshot.path_of(part.log.directory, 2).unlink()  # not taken
+        h.replicas.delete_records("t", 0, 2)
+        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
+        assert part.log.segments[0].base_offset == 2
+        restart_producer_states(h, clean=False)
+        following = batch([b"c"], producer_id=7, producer_epoch=0, base_sequence=2)
+        taken = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, following)))
+        assert (taken.error_code, taken.base_offset) == (Errors.NONE, 2)
 
     run(tmp_path, test)
 
@@ -1904,6 +1936,34 @@ def test_a_lagging_follower_state_survives_the_log_start_moving_past_it(tmp_path
         retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
         assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
         assert part.log.log_end_offset == 2, "the retry was appended again"
+
+    run(tmp_path, test)
+
+
+def test_a_follower_takes_a_producer_snapshot_at_its_rolls(tmp_path: Path) -> None:
+    """A follower's state reads behind its log; at a roll it reads up to the new segment
+    and keeps a snapshot there, as Kafka's followers do (``UnifiedLog.roll``): after a crash
+    the producers whose batches have all left the log since are known."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, 2)
+        part = h.replicas.get_partition("t", 0)
+        assert part is not None and not part.is_leader
+        replicated = bytearray(batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0))
+        part.log.append_as_follower(bytes(replicated), h.clock[0])
+        part.log.roll()
+        assert producer_snapshot.offsets(part.log.directory) == [1]
+        found = part.log.latest_producer_snapshot(24 * 3_600_000)
+        assert found is not None and set(found[1].producers) == {7}
+        h.move_leader("t", 0, NODE_ID)
+        assert part.log.maybe_increment_log_start_offset(1)
+        part.log.delete_old_segments(h.clock[0], high_watermark=1)
+        assert part.log.segments[0].base_offset == 1
+        restart_producer_states(h, clean=False)
+        retry = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
+        answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, retry)))
+        assert (answer.error_code, answer.base_offset) == (Errors.NONE, 0)
 
     run(tmp_path, test)
 
