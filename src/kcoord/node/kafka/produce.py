@@ -103,6 +103,10 @@ PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
 # How often a follower's state reads what it replicated since (at most): on promotion only
 # that much is left to read before the first produce.
 FOLLOWER_CATCH_UP_INTERVAL_MS: Final = 1000
+# The most batch headers a roll reads for its snapshot (``_on_roll``), in the append that
+# rolls: a follower's state is up to FOLLOWER_CATCH_UP_INTERVAL_MS behind its log (~35 ms at
+# most to read, from 1.05 s for 300,000); one further behind (still loading) takes none.
+ROLL_READ_HEADERS: Final = 10 * LOAD_SLICE_HEADERS
 BACKGROUND_READS: Final = 2
 
 
@@ -156,7 +160,9 @@ class _Tracked:
 
     @property
     def caught_up(self) -> bool:
-        return self.end_offset == self.log.log_end_offset
+        # A snapshot still to merge may move the read back to its offset (``_merge_snapshot``):
+        # not caught up, so that the read is made in slices (``ready``), not in one go.
+        return self.end_offset == self.log.log_end_offset and not self.snapshot_pending
 
 
 class ProducerStates:
@@ -230,17 +236,13 @@ class ProducerStates:
     def _on_roll(self, tp: tuple[str, int], lg: Log, base_offset: int) -> None:
         """``lg`` rolled at ``base_offset``, as a leader or a follower: the state, read up to
         there, is kept in a snapshot at that offset (Kafka's ``UnifiedLog.roll`` takes one). A
-        state with more than a slice left to read (still loading) takes none: the roll is part
-        of an append, which must not wait for it."""
+        state with more than ``ROLL_READ_HEADERS`` left to read (still loading) takes none: the
+        roll is part of an append, which must not wait for it."""
         t = self._tracked.get(tp)
         if t is None or t.log is not lg or t.part.log is not lg:
             return
         try:
-            if (
-                t.still_valid()
-                and self._read(t, LOAD_SLICE_HEADERS)
-                and t.end_offset <= base_offset
-            ):
+            if t.still_valid() and self._read(t, ROLL_READ_HEADERS) and t.end_offset == base_offset:
                 self._snapshot(t, base_offset)
         except OSError as e:
             log.warning(

@@ -1940,6 +1940,47 @@ def test_a_lagging_follower_state_survives_the_log_start_moving_past_it(tmp_path
     run(tmp_path, test)
 
 
+def test_a_restart_reads_from_a_snapshot_below_the_segments_it_skips(tmp_path: Path) -> None:
+    """After the latest snapshot, at S, the producer wrote a batch stamped two days back
+    (event time), in a segment a restart skips (older than producer.id.expiration.ms). The
+    snapshot says the producer is at sequence 0 and recent; the log from S says it is at 1,
+    idle for two days, so expired. Read from S, not from the first segment kept, the state
+    knows the later batch: the producer's next batch (sequence 2) is taken, not refused
+    OUT_OF_ORDER_SEQUENCE_NUMBER for a stale sequence. The state merging the snapshot is
+    not loaded until it has read it: that read is made in slices, not by the produce in one go
+    (found by a review)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1, {"retention.ms": "-1"})
+        h.move_leader("t", 0, NODE_ID)
+        part = h.replicas.leader_partition("t", 0)
+        now, day = h.clock[0], 24 * 3_600_000
+
+        async def produce(seq: int, timestamp: int) -> Any:
+            records = batch(
+                [b"v"], timestamp=timestamp, producer_id=7, producer_epoch=0, base_sequence=seq
+            )
+            return only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+
+        assert (await produce(0, now)).base_offset == 0
+        part.log.roll()
+        assert (await produce(1, now - 2 * day)).base_offset == 1
+        part.log.roll()
+        producer_snapshot.path_of(part.log.directory, 2).unlink()  # not taken
+        assert producer_snapshot.offsets(part.log.directory) == [1]
+        h.replicas.delete_records("t", 0, 1)
+        part.log.delete_old_segments(now, high_watermark=part.high_watermark)
+        assert [s.base_offset for s in part.log.segments] == [1, 2]
+        restart_producer_states(h, clean=False)
+        states = h.broker.produce.states
+        states.on_role_change(part, True)  # as the node's start: the state restarts at the end
+        assert not states.loaded(part), "the snapshot is still to be merged"
+        following = await produce(2, now)
+        assert (following.error_code, following.base_offset) == (Errors.NONE, 2)
+
+    run(tmp_path, test)
+
+
 def test_a_follower_takes_a_producer_snapshot_at_its_rolls(tmp_path: Path) -> None:
     """A follower's state reads behind its log; at a roll it reads up to the new segment
     and keeps a snapshot there, as Kafka's followers do (``UnifiedLog.roll``): after a crash
