@@ -15,29 +15,10 @@ from kcoord.storage import format as fmt
 from kcoord.storage import producer_snapshot
 from kcoord.storage.producer_snapshot import CorruptSnapshotError, decode, encode
 from kcoord.storage.producer_state import ACCEPTED, Duplicate, ProducerStateManager
+from tests.unit.node.kafka.test_producer_state import header
 from tests.unit.storage.helpers import batch, open_log
 
 EXPIRATION_MS = 86_400_000
-
-
-def header(
-    pid: int, epoch: int, first_seq: int, count: int, *, offset: int, ts: int
-) -> fmt.BatchHeader:
-    return fmt.BatchHeader(
-        base_offset=offset,
-        batch_length=fmt.HEADER_SIZE - fmt.LOG_OVERHEAD,
-        partition_leader_epoch=0,
-        magic=2,
-        crc=0,
-        attributes=0,
-        last_offset_delta=count - 1,
-        base_timestamp=ts,
-        max_timestamp=ts,
-        producer_id=pid,
-        producer_epoch=epoch,
-        base_sequence=first_seq,
-        record_count=count,
-    )
 
 
 def state_of(*headers: fmt.BatchHeader) -> ProducerStateManager:
@@ -52,7 +33,7 @@ def test_the_layout_is_kafkas_version_1() -> None:
     sequence of its last batch), timestamp, coordinator epoch, current transaction's first
     offset."""
     state = state_of(
-        header(7, 2, 0, 3, offset=10, ts=1_000), header(7, 2, 3, 4, offset=13, ts=2_000)
+        header(7, 2, 0, 3, base_offset=10, ts=1_000), header(7, 2, 3, 4, base_offset=13, ts=2_000)
     )
     data = encode(state)
     body = struct.pack(">i", 1) + struct.pack(">qhiqiqiq", 7, 2, 6, 16, 3, 2_000, -1, -1)
@@ -75,7 +56,9 @@ def test_the_layout_is_kafkas_version_1() -> None:
 def test_a_snapshot_keeps_each_producers_last_batch(
     producers: list[tuple[int, int, int, int, int, int]],
 ) -> None:
-    state = state_of(*(header(pid, e, s, c, offset=o, ts=t) for pid, e, s, c, o, t in producers))
+    state = state_of(
+        *(header(pid, e, s, c, base_offset=o, ts=t) for pid, e, s, c, o, t in producers)
+    )
     back = decode(encode(state), producer_id_expiration_ms=EXPIRATION_MS)
     assert set(back.producers) == set(state.producers)
     for pid, entry in state.producers.items():
@@ -88,12 +71,13 @@ def test_a_snapshot_keeps_each_producers_last_batch(
 
 
 def test_a_retry_of_the_last_batch_is_a_duplicate_after_a_reload() -> None:
-    last = header(5, 0, 4, 2, offset=40, ts=1_000)
+    last = header(5, 0, 4, 2, base_offset=40, ts=1_000)
     back = decode(
-        encode(state_of(header(5, 0, 0, 4, offset=30, ts=900), last)), producer_id_expiration_ms=1
+        encode(state_of(header(5, 0, 0, 4, base_offset=30, ts=900), last)),
+        producer_id_expiration_ms=1,
     )
     assert back.validate([last._replace(base_offset=-1)]) == Duplicate(40, 41, 1_000)
-    following = header(5, 0, 6, 1, offset=-1, ts=1_100)
+    following = header(5, 0, 6, 1, base_offset=-1, ts=1_100)
     assert back.validate([following]) is ACCEPTED
 
 
@@ -101,7 +85,7 @@ def test_a_batch_whose_sequences_wrap_keeps_its_first_sequence() -> None:
     """The file keeps the last batch's offset delta, as Kafka's, and the first sequence is
     the last one less it, wrapping at ``Integer.MAX_VALUE`` (``decrementSequence``): a
     sequence delta there was negative and put the batch's first offset 2^31 away."""
-    wrapping = header(5, 0, 2**31 - 2, 4, offset=100, ts=1_000)
+    wrapping = header(5, 0, 2**31 - 2, 4, base_offset=100, ts=1_000)
     assert wrapping.last_sequence == 1
     data = encode(state_of(wrapping))
     assert struct.unpack_from(">i", data, 10 + 8 + 2 + 4 + 8) == (3,)
@@ -117,7 +101,10 @@ def test_a_batch_whose_sequences_wrap_keeps_its_first_sequence() -> None:
 def test_a_damaged_snapshot_is_refused(damage: str) -> None:
     data = bytearray(
         encode(
-            state_of(header(5, 0, 0, 1, offset=0, ts=1_000), header(6, 0, 0, 1, offset=1, ts=1_000))
+            state_of(
+                header(5, 0, 0, 1, base_offset=0, ts=1_000),
+                header(6, 0, 0, 1, base_offset=1, ts=1_000),
+            )
         )
     )
     if damage == "truncated":
@@ -136,10 +123,10 @@ def test_a_damaged_snapshot_is_refused(damage: str) -> None:
 
 
 def test_the_latest_snapshot_that_reads_is_taken_and_a_bad_one_deleted(tmp_path: Path) -> None:
-    older = state_of(header(5, 0, 0, 1, offset=0, ts=1_000))
+    older = state_of(header(5, 0, 0, 1, base_offset=0, ts=1_000))
     producer_snapshot.write(tmp_path, 1, older, keep_from=0)
     producer_snapshot.write(
-        tmp_path, 3, state_of(header(6, 0, 0, 1, offset=2, ts=1_000)), keep_from=0
+        tmp_path, 3, state_of(header(6, 0, 0, 1, base_offset=2, ts=1_000)), keep_from=0
     )
     assert producer_snapshot.offsets(tmp_path) == [1, 3]
     found = producer_snapshot.read_latest(tmp_path, at_most=2, producer_id_expiration_ms=1)
@@ -157,7 +144,7 @@ def test_the_latest_snapshot_that_reads_is_taken_and_a_bad_one_deleted(tmp_path:
 
 
 def test_writing_keeps_the_snapshots_of_the_segments_and_the_latest(tmp_path: Path) -> None:
-    state = state_of(header(5, 0, 0, 1, offset=0, ts=1_000))
+    state = state_of(header(5, 0, 0, 1, base_offset=0, ts=1_000))
     for offset in (2, 4, 6):
         producer_snapshot.write(tmp_path, offset, state, keep_from=0)
     producer_snapshot.write(tmp_path, 8, state, keep_from=5)  # segments from 5 on
@@ -172,7 +159,7 @@ def test_the_log_deletes_snapshots_above_its_end_on_truncation_and_open(tmp_path
     lg = open_log(tmp_path / "t-0")
     for _ in range(6):
         lg.append_as_leader(batch(), 0, now_ms=1_000)
-    state = state_of(header(5, 0, 0, 1, offset=0, ts=1_000))
+    state = state_of(header(5, 0, 0, 1, base_offset=0, ts=1_000))
     for offset in (2, 4, 6):
         lg.write_producer_snapshot(offset, state)
     lg.truncate_to(5)

@@ -1725,6 +1725,14 @@ def restart_producer_states(h: Harness, *, clean: bool) -> None:
     h.broker.produce.states = produce.ProducerStates(h.replicas)
 
 
+def drop_segments_below(h: Harness, part: Partition, offset: int) -> None:
+    """The log start moved to ``offset`` (DeleteRecords) and retention took the segments
+    below it."""
+    part.log.maybe_increment_log_start_offset(offset)
+    part.log.delete_old_segments(h.clock[0], high_watermark=offset)
+    assert part.log.segments[0].base_offset == offset, "the segments below are gone"
+
+
 @pytest.mark.parametrize("clean", [True, False], ids=["clean-stop", "crash"])
 def test_a_producers_state_survives_a_restart_after_its_batch_left_the_log(
     tmp_path: Path, clean: bool
@@ -1744,9 +1752,7 @@ def test_a_producers_state_survives_a_restart_after_its_batch_left_the_log(
         part.log.roll()
         end = part.log.log_end_offset
         assert producer_snapshot.offsets(part.log.directory) == [end], "taken at the roll"
-        h.replicas.delete_records("t", 0, end)
-        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
-        assert part.log.segments[0].base_offset == end, "the first batch's segment is gone"
+        drop_segments_below(h, part, end)
         if clean:
             producer_snapshot.path_of(part.log.directory, end).unlink()  # the stop's alone
             h.broker.produce.states.close()
@@ -1777,9 +1783,7 @@ def test_a_snapshot_older_than_the_first_segment_is_not_used(tmp_path: Path) -> 
         )
         part.log.roll()
         producer_snapshot.path_of(part.log.directory, 2).unlink()  # not taken
-        h.replicas.delete_records("t", 0, 2)
-        part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
-        assert part.log.segments[0].base_offset == 2
+        drop_segments_below(h, part, 2)
         restart_producer_states(h, clean=False)
         following = batch([b"c"], producer_id=7, producer_epoch=0, base_sequence=2)
         taken = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, following)))
@@ -1998,9 +2002,7 @@ def test_a_follower_takes_a_producer_snapshot_at_its_rolls(tmp_path: Path) -> No
         found = part.log.latest_producer_snapshot(24 * 3_600_000)
         assert found is not None and set(found[1].producers) == {7}
         h.move_leader("t", 0, NODE_ID)
-        assert part.log.maybe_increment_log_start_offset(1)
-        part.log.delete_old_segments(h.clock[0], high_watermark=1)
-        assert part.log.segments[0].base_offset == 1
+        drop_segments_below(h, part, 1)
         restart_producer_states(h, clean=False)
         retry = batch([b"a"], producer_id=7, producer_epoch=0, base_sequence=0)
         answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, retry)))
