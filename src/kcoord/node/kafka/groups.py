@@ -419,20 +419,9 @@ class GroupApi:
             # answers NOT_COORDINATOR (GroupCoordinatorService.handleOffsetFetchException).
             if code is Errors.COORDINATOR_NOT_AVAILABLE:
                 code = Errors.NOT_COORDINATOR
-            return {
-                "group_id": group_id,
-                "error_code": code,
-                "topics": [
-                    {
-                        "name": tp.name,
-                        "partitions": [
-                            {"partition_index": i, "committed_offset": -1, "error_code": code}
-                            for i in tp.partition_indexes
-                        ],
-                    }
-                    for tp in (topics or ())
-                ],
-            }
+            # The group's error alone, no partitions (OffsetFetchRequest.getErrorResponse);
+            # before v2, which has no group error, ``handle_offset_fetch`` puts it on each.
+            return {"group_id": group_id, "error_code": code, "topics": []}
 
         return self._submit(
             group_id,
@@ -466,12 +455,26 @@ class GroupApi:
 
         async def single() -> dict[str, Any]:
             out = await _settle(one)
-            if version < 2 and out["error_code"] != Errors.NONE:
-                # No top-level error before v2: it goes on every partition.
-                for tp in out["topics"]:
-                    for p in tp["partitions"]:
-                        p["error_code"] = out["error_code"]
-            return {"throttle_time": 0, "topics": out["topics"], "error_code": out["error_code"]}
+            error = out["error_code"]
+            if version < 2 and error != Errors.NONE:
+                # No top-level error before v2: each partition asked for carries it, with an
+                # invalid offset and no metadata (OffsetFetchRequest.getErrorResponse).
+                out["topics"] = [
+                    {
+                        "name": tp.name,
+                        "partitions": [
+                            {
+                                "partition_index": i,
+                                "committed_offset": -1,
+                                "metadata": "",
+                                "error_code": error,
+                            }
+                            for i in tp.partition_indexes
+                        ],
+                    }
+                    for tp in (body.topics or ())
+                ]
+            return {"throttle_time": 0, "topics": out["topics"], "error_code": error}
 
         return Deferred(single())
 
@@ -544,8 +547,11 @@ class GroupApi:
     # -- DeleteGroups (42) ---------------------------------------------------------------------
 
     async def handle_delete_groups(self, request: Request) -> Result:
-        # In slices, as DescribeGroups: 50,000 group ids at once held the loop for a second.
-        answers = _in_slices(request.body.groups_names, self._delete_one)
+        # Each group once (KafkaApis.handleDeleteGroupsRequest: groupsNames.distinct): a
+        # second delete of one answered GROUP_ID_NOT_FOUND after the first. In slices, as
+        # DescribeGroups: 50,000 group ids at once held the loop for a second.
+        names = list(dict.fromkeys(request.body.groups_names))
+        answers = _in_slices(names, self._delete_one)
 
         async def gather() -> dict[str, Any]:
             results = [r for answer in await answers() for r in answer["results"]]

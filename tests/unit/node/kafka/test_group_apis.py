@@ -282,6 +282,21 @@ def test_reads_fail_alone_when_their_shard_call_raises(
     asyncio.run(scenario())
 
 
+def test_delete_groups_deletes_each_group_named_once() -> None:
+    """KafkaApis.handleDeleteGroupsRequest takes the distinct group ids: a group named twice
+    is deleted and answered once. Sent twice to its shard, the second delete answered
+    GROUP_ID_NOT_FOUND after the first (found by a review)."""
+
+    async def scenario() -> None:
+        runtime = _FlagsRuntime()
+        request = _request(DELETE_GROUPS_KEY, 2, {"groups_names": ["g", "h", "g"]})
+        answer = await _answer(await _api(runtime).handle_delete_groups(request))
+        assert [r["group_id"] for r in answer["results"]] == ["g", "h"]
+        assert len(runtime.flags) == 2, "one call to the shard a group"
+
+    asyncio.run(scenario())
+
+
 class _UnavailableRuntime(_Runtime):
     """Every shard's write timed out: COORDINATOR_NOT_AVAILABLE."""
 
@@ -289,12 +304,14 @@ class _UnavailableRuntime(_Runtime):
         raise CoordinatorError(Errors.COORDINATOR_NOT_AVAILABLE)
 
 
-@pytest.mark.parametrize("version", [5, 7, 8, 9])
+@pytest.mark.parametrize("version", [1, 5, 7, 8, 9])
 def test_offset_fetch_answers_not_coordinator_for_an_unavailable_coordinator(version: int) -> None:
     """Clients before 3.9 do not retry COORDINATOR_NOT_AVAILABLE on OffsetFetch (a consumer
     failed at start-up or after a rebalance): Kafka answers NOT_COORDINATOR instead, which they
     retry after finding the coordinator again (GroupCoordinatorService's
-    handleOffsetFetchException); for the whole group, and each partition named."""
+    handleOffsetFetchException). From v2 on, for the group alone, with no partitions; before
+    v2, which has no group error, on each partition named, at offset -1
+    (OffsetFetchResponse.groupError: every partition carried it at every version)."""
     topics = [{"name": "t", "partition_indexes": [0, 1]}]
     if version >= 8:
         values: dict[str, Any] = {
@@ -313,7 +330,12 @@ def test_offset_fetch_answers_not_coordinator_for_an_unavailable_coordinator(ver
         group = answer["groups"][0] if version >= 8 else answer
         assert group["error_code"] is Errors.NOT_COORDINATOR
         partitions = [p for topic in group["topics"] for p in topic["partitions"]]
-        assert [p["error_code"] for p in partitions] == [Errors.NOT_COORDINATOR] * 2
+        if version >= 2:
+            assert partitions == []
+        else:
+            assert [(p["error_code"], p["committed_offset"]) for p in partitions] == [
+                (Errors.NOT_COORDINATOR, -1)
+            ] * 2
 
     asyncio.run(scenario())
 
