@@ -164,7 +164,14 @@ class ConfigsApi:
                         if keys is None or key in keys
                     ],
                 )
-            if name != str(self.ctx.node_id):
+            # ConfigHelper.describeConfigs: the name is parsed as Integer.parseInt does
+            # ("01" is broker 1); compared as text, "01" was refused.
+            broker_id = loggers.as_int(name)
+            if broker_id is None:
+                return result(
+                    Errors.INVALID_REQUEST, f"Broker id must be an integer, but it is: {name}", []
+                )
+            if broker_id != self.ctx.node_id:
                 return result(
                     Errors.INVALID_REQUEST,
                     f"Unexpected broker id, expected {self.ctx.node_id} or empty string, but "

@@ -78,11 +78,11 @@ def check_described_name(name: str, node_id: int) -> None:
     """ConfigHelper's checks of a described BROKER_LOGGER resource's name."""
     if not name:
         raise LoggerConfigError(Errors.INVALID_REQUEST, "Broker id must not be empty")
-    if _as_int(name) is None:
+    if as_int(name) is None:
         raise LoggerConfigError(
             Errors.INVALID_REQUEST, f"Broker id must be an integer, but it is: {name}"
         )
-    if _as_int(name) != node_id:
+    if as_int(name) != node_id:
         raise LoggerConfigError(
             Errors.INVALID_REQUEST, f"Unexpected broker id, expected {node_id} but received {name}"
         )
@@ -90,17 +90,17 @@ def check_described_name(name: str, node_id: int) -> None:
 
 def check_altered_name(name: str, node_id: int) -> None:
     """``ConfigAdminManager.validateResourceNameIsCurrentNodeId``."""
-    if _as_int(name) is None:
+    if as_int(name) is None:
         raise LoggerConfigError(
             Errors.INVALID_REQUEST, f"Node id must be an integer, but it is: {name}"
         )
-    if _as_int(name) != node_id:
+    if as_int(name) != node_id:
         raise LoggerConfigError(
             Errors.INVALID_REQUEST, f"Unexpected broker id, expected {node_id}, but received {name}"
         )
 
 
-def _as_int(name: str) -> int | None:
+def as_int(name: str) -> int | None:
     """Java's ``Integer.parseInt``: an optional sign and ASCII digits, within 32 bits."""
     digits = name[1:] if name[:1] in ("-", "+") else name
     if not digits or not all("0" <= c <= "9" for c in digits):

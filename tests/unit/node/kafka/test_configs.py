@@ -204,6 +204,21 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
         )
         assert (cluster_wide.error_code, cluster_wide.configs) == (Errors.NONE, ())
         assert unknown.error_code == Errors.INVALID_REQUEST
+        # The id is parsed as Kafka's ConfigHelper parses it (Integer.parseInt): "01" and "+1"
+        # are this broker (refused, compared as text); a name not a number says so.
+        response = await c.call(
+            DESCRIBE_CONFIGS,
+            4,
+            describe_values((BROKER, f"0{NODE_ID}", None), (BROKER, f"+{NODE_ID}", None),
+                            (BROKER, "x", None)),
+        )  # fmt: skip
+        padded, signed, named = response.results
+        assert padded.error_code == signed.error_code == Errors.NONE
+        assert {e.name for e in padded.configs} == set(configs)
+        assert (named.error_code, named.error_message) == (
+            Errors.INVALID_REQUEST,
+            "Broker id must be an integer, but it is: x",
+        )
 
     run(tmp_path, test)
 
