@@ -68,6 +68,7 @@ from kcoord.storage.segment import (
     LogCorruptError,
     LogSegment,
     RecoveryResult,
+    is_offset_name,
 )
 
 log = logging.getLogger(__name__)
@@ -1854,20 +1855,13 @@ def _recover_segment(seg: LogSegment, limit: int, report: RecoveryReport) -> Rec
     return result
 
 
-def _is_offset_name(stem: str) -> bool:
-    """A segment file's name: 20 ASCII digits. ``str.isdigit`` alone takes other scripts'
-    digits too (``int`` reads Arabic-Indic zeros as 0): a stray file so named was a second
-    segment 0, which cut the real one to nothing on load."""
-    return len(stem) == 20 and stem.isascii() and stem.isdigit()
-
-
 def _segment_bases(directory: Path) -> list[int]:
     bases: list[int] = []
     for path in directory.iterdir():
         name = path.name
         if name.endswith(LOG_SUFFIX):
             stem = name[: -len(LOG_SUFFIX)]
-            if _is_offset_name(stem):
+            if is_offset_name(stem):
                 bases.append(int(stem))
             else:
                 log.warning("%s: ignoring file with a non-offset name %s", directory, name)
@@ -1876,7 +1870,7 @@ def _segment_bases(directory: Path) -> list[int]:
     for path in directory.iterdir():
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             stem = path.name[: -len(suffix)]
-            if path.name.endswith(suffix) and _is_offset_name(stem) and int(stem) not in bases:
+            if path.name.endswith(suffix) and is_offset_name(stem) and int(stem) not in bases:
                 path.unlink(missing_ok=True)
     return bases
 

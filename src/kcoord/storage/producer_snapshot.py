@@ -37,6 +37,7 @@ from kcoord.storage.producer_state import (
     ProducerStateEntry,
     ProducerStateManager,
 )
+from kcoord.storage.segment import is_offset_name, segment_file_name
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def decode(data: bytes, *, producer_id_expiration_ms: int) -> ProducerStateManag
 
 
 def path_of(directory: Path, offset: int) -> Path:
-    return directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+    return directory / segment_file_name(offset, SNAPSHOT_SUFFIX)
 
 
 def offsets(directory: Path) -> list[int]:
@@ -138,8 +139,7 @@ def offsets(directory: Path) -> list[int]:
     found = []
     for path in directory.iterdir():
         stem = path.name[: -len(SNAPSHOT_SUFFIX)]
-        named = len(stem) == 20 and stem.isascii() and stem.isdigit()
-        if path.name.endswith(SNAPSHOT_SUFFIX) and named:
+        if path.name.endswith(SNAPSHOT_SUFFIX) and is_offset_name(stem):
             found.append(int(stem))
     return sorted(found)
 

@@ -60,6 +60,14 @@ def segment_file_name(base_offset: int, suffix: str) -> str:
     return f"{base_offset:020d}{suffix}"
 
 
+def is_offset_name(stem: str) -> bool:
+    """The offset part of a segment's (or producer snapshot's) file name: 20 ASCII digits.
+    ``str.isdigit`` alone takes other scripts' digits too (``int`` reads Arabic-Indic zeros as
+    0): a stray file so named was a second segment 0, which cut the real one to nothing on
+    load."""
+    return len(stem) == 20 and stem.isascii() and stem.isdigit()
+
+
 class LogCorruptError(fmt.CorruptRecordError):
     """A batch on disk that fails its CRC or does not parse; it is never served."""
 
