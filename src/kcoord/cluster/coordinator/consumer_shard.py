@@ -849,12 +849,14 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             return Errors.ILLEGAL_GENERATION
         if member_epoch > member.member_epoch or member_epoch < 0:
             return Errors.STALE_MEMBER_EPOCH
-        if topics is None:
-            topics = {name: (t, count) for t, (name, count) in group.subscribed_topics.items()}
-        image = topics
+        by_name = (
+            topics
+            if topics is not None
+            else {name: (t, count) for t, (name, count) in group.subscribed_topics.items()}
+        )
 
         def check(topic: str, partition: int) -> Errors:
-            known = image.get(topic)
+            known = by_name.get(topic)
             topic_id = None if known is None else known[0]
             owned = member.validate_commit_partition(topic_id, partition, member_epoch)
             return Errors.NONE if owned else Errors.STALE_MEMBER_EPOCH
