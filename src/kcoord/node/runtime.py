@@ -32,7 +32,9 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   nobody reads uncommitted state and nobody waits for another group's writes. ListGroups, which
   reads every group, is answered at once from each group's entry as of the high watermark
   (``committed_listing``, kept for the groups with records above it), as Kafka reads its
-  timeline state at the last committed offset.
+  timeline state at the last committed offset. OffsetFetch (unless ``require_stable``) checks
+  a KIP-848 member against its epoch as of the high watermark (``committed_members``), as
+  Kafka's read operation does.
 - **Timeout**: a response that has waited ``offsets.commit.timeout.ms`` for the high watermark
   fails with COORDINATOR_NOT_AVAILABLE (Kafka's runtime gives every write operation that
   timeout and maps its REQUEST_TIMED_OUT so); the client looks the coordinator up again and
@@ -70,12 +72,14 @@ import logging
 import uuid
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiokafka.record.default_records import DefaultRecordBatch as _CRecordBatch
 
 from kcoord.cluster.coordinator.group_config import GroupConfigLookup, no_group_configs
 from kcoord.cluster.coordinator.records import (
+    ConsumerGroupCurrentMemberAssignmentKey,
+    ConsumerGroupMemberMetadataKey,
     CoordinatorRecord,
     CoordinatorRecordError,
     RecordDecoder,
@@ -89,6 +93,7 @@ from kcoord.cluster.coordinator.shard import (
     CoordinatorStats,
     GroupConfig,
     GroupCoordinatorShard,
+    MemberEpoch,
 )
 from kcoord.cluster.coordinator.types import ListedGroup, ListGroupsRequest
 from kcoord.cluster.routing import partition_for
@@ -110,6 +115,12 @@ OFFSETS_TOPIC = "__consumer_offsets"
 COORDINATOR_ACKS = 1
 LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
 REPLAY_STEP_BYTES = 512 * 1024
+# The records that make, delete, or set the epoch of a consumer group member: what
+# ``ShardContext.committed_members`` follows.
+_MEMBER_KEYS: Final = (ConsumerGroupMemberMetadataKey, ConsumerGroupCurrentMemberAssignmentKey)
+
+_K = TypeVar("_K")
+_T = TypeVar("_T")
 
 
 def _max_batch_bytes(part: Partition) -> int:
@@ -192,17 +203,47 @@ SUFFIX_SCAN_MAX_BYTES: Final = 1 << 20
 GROUP_WRITTEN_MIN_LIMIT: Final = 1024  # see ShardContext.group_written_limit
 
 
+def _keep(chain: list[tuple[int, _T]], end: int, entry: _T) -> None:
+    """Add ``entry``, what a write ending at ``end`` changes, to its chain (see
+    ``ShardContext.committed_listing``)."""
+    if chain and chain[-1][1] == entry:
+        chain.pop()  # the previous write left the entry as it was: one stands for both
+    chain.append((end, entry))
+
+
+def _forget_passed(
+    chains: dict[_K, list[tuple[int, _T]]],
+    high_watermark: int,
+    written: Callable[[_K], int | None] | None = None,
+) -> list[_K]:
+    """Drop each chain's entries before writes the high watermark has passed, as long as a
+    later one (or, with none, the state now) is as of it; the keys of the chains left empty.
+    ``written``: where the key's last record ends; while it is above the HW the last entry
+    stays (the rest of that write is not committed)."""
+    done = []
+    for key, chain in chains.items():
+        while chain and chain[0][0] <= high_watermark:
+            if len(chain) == 1 and written is not None and (written(key) or 0) > high_watermark:
+                break  # the rest of its last write is above the HW: keep what is known
+            del chain[0]
+        if not chain:
+            done.append(key)
+    return done
+
+
 def _written_above(
     decoder: RecordDecoder, lg: Log, start: int, end: int
-) -> tuple[dict[str, int], int]:
+) -> tuple[dict[str, int], int, dict[tuple[str, str], int]]:
     """During a load, the records in ``[start, end)`` (above the high watermark: not yet
-    committed): where each group's last one ends, and where the last one that names no group
-    (or does not decode) ends, else ``start``. A request of one group that writes nothing (a
+    committed): where each group's last one ends, where the last one that names no group
+    (or does not decode) ends, else ``start``, and where each consumer group member's last
+    one (``_MEMBER_KEYS``) ends. A request of one group that writes nothing (a
     read, a heartbeat) then waits for its own uncommitted records only, as after writes, not
     for every group's: those of the groups with nothing above the HW are answered at once
     (Kafka reads at the last committed offset, and its runtime has no pending write after a
     load). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
     groups: dict[str, int] = {}
+    members: dict[tuple[str, str], int] = {}
     others = start
     offset = start
     read = 0
@@ -212,21 +253,24 @@ def _written_above(
             break
         read += len(data)
         if read > SUFFIX_SCAN_MAX_BYTES:
-            return {}, end
+            return {}, end, {}
         for pos, header in fmt.iter_headers(data):
             offset = header.next_offset
             if header.is_control:
                 continue
             for record_offset, key, value in fmt.decode_key_values(data, pos):
-                group_id = None
+                record_key = None
                 if key is not None:
                     with contextlib.suppress(CoordinatorRecordError):  # counted as no group
-                        group_id = getattr(decoder.decode(key, value).key, "group_id", None)
+                        record_key = decoder.decode(key, value).key
+                group_id = getattr(record_key, "group_id", None)
                 if isinstance(group_id, str):
                     groups[group_id] = record_offset + 1
+                    if isinstance(record_key, _MEMBER_KEYS):
+                        members[group_id, record_key.member_id] = record_offset + 1
                 else:
                     others = record_offset + 1
-    return groups, others
+    return groups, others, members
 
 
 def _replay_record(
@@ -396,6 +440,13 @@ class ShardContext:
     # the group's first write in the uncommitted suffix, standing for all of them there: older
     # than the HW once it passes some, but committed.
     committed_listing: dict[str, list[tuple[int, ListedGroup | None]]] = field(default_factory=dict)
+    # The same, per group, of each consumer group member with records above the HW (its
+    # metadata, which makes and deletes it, or its current assignment, which sets its epoch):
+    # Kafka's OffsetFetch checks a member as of the last committed offset
+    # (ConsumerGroup.validateOffsetFetch reads its timeline map there).
+    committed_members: dict[str, dict[str, list[tuple[int, MemberEpoch | None]]]] = field(
+        default_factory=dict
+    )
     # The entry of the group a running handler names, taken before it ran: a handler may change
     # a classic group in memory before its records are replayed (a JoinGroup makes the group).
     _before_handler: tuple[str, ListedGroup | None] | None = None
@@ -508,34 +559,52 @@ class ShardContext:
             offset = max(self.group_written.get(read_group, 0), self.all_written)
         self._defer(offset, result.responses)
 
-    def _keep_committed_listing(
-        self, base_offset: int, records: Sequence[CoordinatorRecord]
-    ) -> None:
+    def _keep_committed(self, base_offset: int, records: Sequence[CoordinatorRecord]) -> None:
         """Before records written from ``base_offset`` are replayed: the ListGroups entry of
-        each group they name, as it is before this write (see ``committed_listing``)."""
-        assert self.shard is not None
-        kept = self.committed_listing
+        each group they name, and the epoch of each consumer group member they name, as they
+        are before this write (see ``committed_listing`` and ``committed_members``)."""
+        shard = self.shard
+        assert shard is not None
         before = self._before_handler
         seen: set[str] = set()
+        member_ends: dict[tuple[str, str], int] = {}  # where each member's last record ends
         for i, record in enumerate(records):
-            group_id = getattr(record.key, "group_id", None)
-            if not isinstance(group_id, str) or group_id in seen:
+            key = record.key
+            group_id = getattr(key, "group_id", None)
+            if not isinstance(group_id, str):
+                continue
+            if isinstance(key, _MEMBER_KEYS):
+                member_ends[group_id, key.member_id] = base_offset + i + 1
+            if group_id in seen:
                 continue
             seen.add(group_id)
             if before is not None and before[0] == group_id:
                 entry = before[1]
                 self._before_handler = None  # later parts of the result: as replayed so far
             else:
-                entry = self.shard.listed_group(group_id)
-            chain = kept.setdefault(group_id, [])
-            if chain and chain[-1][1] == entry:
-                chain.pop()  # the previous write left the entry as it was: one stands for both
-            chain.append((base_offset + i + 1, entry))
+                entry = shard.listed_group(group_id)
+            _keep(self.committed_listing.setdefault(group_id, []), base_offset + i + 1, entry)
+        # A consumer group's handlers change it through their records alone: nothing of these
+        # is replayed yet, so each member is read as it was before the write.
+        for (group_id, member_id), end in member_ends.items():
+            chain = self.committed_members.setdefault(group_id, {}).setdefault(member_id, [])
+            _keep(chain, end, shard.member_epoch(group_id, member_id))
 
     def committed_listing_at(self, high_watermark: int) -> dict[str, ListedGroup | None]:
         """The entries as of ``high_watermark`` of the groups with records above it."""
-        self.forget_committed_listing(high_watermark)
+        self.forget_committed(high_watermark)
         return {group_id: chain[0][1] for group_id, chain in self.committed_listing.items()}
+
+    def committed_members_at(
+        self, group_id: str, high_watermark: int
+    ) -> dict[str, MemberEpoch | None]:
+        """The epochs as of ``high_watermark`` of the group's members with records above it
+        (read on every OffsetFetch: only this group's entries are looked at)."""
+        members = self.committed_members.get(group_id)
+        if members is None:
+            return {}
+        self._forget_members(group_id, members, high_watermark)
+        return {member_id: chain[0][1] for member_id, chain in members.items()}
 
     def _note_written(self, records: Sequence[CoordinatorRecord]) -> None:
         end = self.last_written_offset
@@ -603,7 +672,7 @@ class ShardContext:
             self.partition, batch, required_acks=COORDINATOR_ACKS
         )
         self.runtime.count_batch(len(records))
-        self._keep_committed_listing(appended.base_offset, records)
+        self._keep_committed(appended.base_offset, records)
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
         self.last_written_offset = appended.last_offset + 1
@@ -640,7 +709,7 @@ class ShardContext:
             else:
                 loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
         now = self.runtime.now_ms()
-        self._keep_committed_listing(batch.base_offset + len(batch.records), records)
+        self._keep_committed(batch.base_offset + len(batch.records), records)
         for record, (key, value) in zip(records, encoded, strict=True):
             delta = len(batch.records)
             batch.records.append(fmt.Record(delta, now, key, value))
@@ -743,8 +812,8 @@ class ShardContext:
             self.group_written = {g: e for g, e in self.group_written.items() if e > high_watermark}
             # Twice what is left: the pass costs O(1) per write, spread over them.
             self.group_written_limit = max(GROUP_WRITTEN_MIN_LIMIT, 2 * len(self.group_written))
-        if self.committed_listing:
-            self.forget_committed_listing(high_watermark)
+        if self.committed_listing or self.committed_members:
+            self.forget_committed(high_watermark)
         ready = [d for d in self.deferred if d.offset <= high_watermark]
         if not ready:
             return
@@ -752,20 +821,27 @@ class ShardContext:
         for d in ready:
             self._deliver(d.responses)
 
-    def forget_committed_listing(self, high_watermark: int) -> None:
-        """Drop the entries before writes the high watermark has passed, as long as a later
-        one (or, with none, the group's state now) is as of it."""
+    def forget_committed(self, high_watermark: int) -> None:
+        """Drop the entries (of groups and of members) before writes the high watermark has
+        passed, as long as a later one (or, with none, the state now) is as of it."""
         written = self.group_written
-        done = []
-        for group_id, chain in self.committed_listing.items():
-            while chain and chain[0][0] <= high_watermark:
-                if len(chain) == 1 and written.get(group_id, 0) > high_watermark:
-                    break  # the rest of its last write is above the HW: keep what is known
-                del chain[0]
-            if not chain:
-                done.append(group_id)
-        for group_id in done:
+        for group_id in _forget_passed(self.committed_listing, high_watermark, written.get):
             del self.committed_listing[group_id]
+        for group_id, members in list(self.committed_members.items()):
+            self._forget_members(group_id, members, high_watermark)
+
+    def _forget_members(
+        self,
+        group_id: str,
+        members: dict[str, list[tuple[int, MemberEpoch | None]]],
+        high_watermark: int,
+    ) -> None:
+        # A member's entry ends with its last record of the write: nothing of it is left above
+        # the HW once the HW passes that.
+        for member_id in _forget_passed(members, high_watermark):
+            del members[member_id]
+        if not members:
+            del self.committed_members[group_id]
 
     def queue_deletion(self, deleted: list[tuple[str, int]]) -> bool:
         """Add deleted topics' partitions to those to delete; True if none were pending."""
@@ -1123,12 +1199,16 @@ class CoordinatorRuntime:
                 if latest is not None:
                     applied += latest.flush(shard, decoder)
                 # Set now: a HW that moves during the rest of the load drops entries by them.
-                ctx.group_written, ctx.all_written = _written_above(
+                ctx.group_written, ctx.all_written, member_ends = _written_above(
                     decoder, lg, min(offset, split), lg.log_end_offset
                 )
                 ctx.committed_listing = {
                     g: [(end, shard.listed_group(g))] for g, end in ctx.group_written.items()
                 }
+                ctx.committed_members = {}
+                for (g, m), end in member_ends.items():
+                    members = ctx.committed_members.setdefault(g, {})
+                    members[m] = [(end, shard.member_epoch(g, m))]
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
         if latest is not None:
@@ -1136,7 +1216,7 @@ class CoordinatorRuntime:
         ctx.shard = shard
         ctx.timer = timer
         end = lg.log_end_offset
-        ctx.forget_committed_listing(min(ctx.partition.high_watermark, end))
+        ctx.forget_committed(min(ctx.partition.high_watermark, end))
         ctx.last_written_offset = end
         ctx.state = ShardState.ACTIVE
         summary = LoadSummary(
@@ -1372,6 +1452,13 @@ class CoordinatorRuntime:
         replay_only: bool = False,
     ) -> Any:
         return await self.submit(group_id, handler, replay_only=replay_only)
+
+    def committed_members(self, group_id: str) -> dict[str, MemberEpoch | None]:
+        """The epochs, as of the high watermark, of the members of ``group_id`` with records
+        above it (see ``ShardContext.committed_members``): what an OffsetFetch handler running
+        now checks a member against, as Kafka's reads the last committed offset."""
+        ctx = self.context_for(group_id)
+        return ctx.committed_members_at(group_id, ctx.partition.high_watermark)
 
     def list_groups(self, request: ListGroupsRequest) -> list[asyncio.Future[Any]]:
         """ListGroups on every active shard, each answering from its committed state (see

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -28,9 +29,14 @@ from kcoord.cluster.coordinator.shard import (
     GROUP_EXPIRATION_KEY,
     GroupConfig,
     GroupCoordinatorShard,
+    MemberEpoch,
 )
 from kcoord.errors import Errors
 from kcoord.node import runtime as rt
+from kcoord.node.kafka import apis as rt_api
+from kcoord.node.kafka import codec
+from kcoord.node.kafka.context import BrokerContext
+from kcoord.node.kafka.groups import GroupApi
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
 from kcoord.node.runtime import (
@@ -1852,3 +1858,100 @@ def test_groups_written_below_the_high_watermark_are_forgotten() -> None:
     ctx.group_written["g0"] = 1
     ctx.complete_up_to(limit)  # under the limit: left as it is
     assert len(ctx.group_written) == 2
+
+
+def consumer_beat(
+    member: str,
+    epoch: int,
+    subscribe: tuple[str, ...] | None = None,
+    owned: tuple[int, ...] | None = None,
+) -> Any:
+    """A KIP-848 heartbeat of ``member`` in group "g", which owns ``owned`` of orders (named
+    by a topic id that survives the records' round trip: ORDERS_ID is not canonical)."""
+    orders = "BBBBBBBBBBBBBBBBBBBBBA"
+    req = t.ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id=member,
+        member_epoch=epoch,
+        rebalance_timeout_ms=10_000 if epoch == 0 else -1,
+        subscribed_topic_names=subscribe,
+        topic_partitions=None if owned is None else ((orders, owned),) if owned else (),
+    )
+    topics = {"orders": (orders, 1)}
+    return lambda s, tok, now: s.handle_consumer_group_heartbeat(tok, req, now, topics)
+
+
+async def member_fetch(api: Any, member: str, epoch: int, *, require_stable: bool) -> Errors:
+    """An OffsetFetch v9 of group "g" by ``member`` at ``epoch``: the group's error."""
+    values = {
+        "groups": [{"group_id": "g", "member_id": member, "member_epoch": epoch, "topics": None}],
+        "require_stable": require_stable,
+    }
+    request = rt_api.Request(codec.RequestHeader(9, 9, 1, "c"), codec.build_request(9, 9, values))
+    result = await api.handle_offset_fetch(request)
+    answer = await asyncio.wait_for(result.awaitable, 5)
+    return cast(Errors, answer["groups"][0]["error_code"])
+
+
+@pytest.mark.parametrize("reload", [False, True], ids=["written", "loaded"])
+def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
+    tmp_path: Path, reload: bool
+) -> None:
+    """Kafka's OffsetFetch reads at the last committed offset (ConsumerGroup.validateOffsetFetch
+    takes the member from its timeline there); with require_stable it is a write, which reads
+    the latest state. A heartbeat that moved a member to epoch 2, not yet committed, made a
+    fetch at epoch 1, the one the member was last answered, fail STALE_MEMBER_EPOCH; a member
+    whose leave is not yet committed was UNKNOWN_MEMBER_ID. After a load the same holds of the
+    log's uncommitted suffix."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        api = GroupApi(cast(BrokerContext, SimpleNamespace(image=node.cache.image)), node.runtime)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        joined = await node.runtime.call("g", consumer_beat("m", 0, ("orders",), ()))
+        assert (joined.error_code, joined.member_epoch) == (Errors.NONE, 1)
+        await node.runtime.call("g", consumer_beat("m", 1, owned=(0,)))
+        node.replicas.hold = True
+        # A new subscription: the group's epoch moves, and the member with it (it keeps its
+        # partition). The answer waits for the records, which the HW has not passed.
+        bumped = node.runtime.submit("g", consumer_beat("m", 1, ("orders", "later"), (0,)))
+        await _until(lambda: part.log.log_end_offset > part.high_watermark, "the epoch bump")
+        if reload:
+            ctx = node.runtime.contexts[0]
+            node.runtime.fail_shard(ctx, Errors.NOT_COORDINATOR)
+            await active(node.runtime)
+            with pytest.raises(CoordinatorError):
+                await bumped  # its answer is lost with the shard; the record is in the log
+        assert node.runtime.committed_members("g") == {"m": MemberEpoch(1, classic=False)}
+        waiting = node.runtime.contexts[0].futures
+        before = len(waiting)
+        at_one = asyncio.ensure_future(member_fetch(api, "m", 1, require_stable=False))
+        at_two = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=False))
+        stable_at_two = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=True))
+        await _until(lambda: len(waiting) == before + 3, "the fetches waiting for the HW")
+        node.replicas.release(part)
+        assert await at_one is Errors.NONE
+        assert await at_two is Errors.STALE_MEMBER_EPOCH
+        assert await stable_at_two is Errors.NONE
+        assert node.runtime.committed_members("g") == {}
+        assert await member_fetch(api, "m", 2, require_stable=False) is Errors.NONE
+        assert await member_fetch(api, "m", 1, require_stable=False) is Errors.STALE_MEMBER_EPOCH
+        # The member leaves: until that commits it is a member at epoch 2.
+        left = node.runtime.submit("g", consumer_beat("m", -1))
+        await _until(lambda: part.log.log_end_offset > part.high_watermark, "the leave")
+        assert node.runtime.committed_members("g") == {"m": MemberEpoch(2, classic=False)}
+        before = len(waiting)
+        still = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=False))
+        gone = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=True))
+        await _until(lambda: len(waiting) == before + 2, "the fetches waiting for the HW")
+        node.replicas.release(part)
+        await asyncio.wait_for(left, 5)
+        assert await still is Errors.NONE
+        assert await gone is Errors.UNKNOWN_MEMBER_ID
+        assert await member_fetch(api, "m", 2, require_stable=False) is Errors.UNKNOWN_MEMBER_ID
+        node.runtime.close()
+
+    asyncio.run(scenario())

@@ -272,6 +272,14 @@ class CoordinatorResult:
     atomic: bool = True
 
 
+class MemberEpoch(NamedTuple):
+    """What OffsetFetch checks of a consumer group member (``validateMemberEpoch``): its
+    epoch, and whether it speaks the classic protocol (its epoch is then its generation)."""
+
+    epoch: int
+    classic: bool
+
+
 class OffsetAndMetadata(NamedTuple):
     """A committed offset (Kafka's ``OffsetAndMetadata``), as replayed from its record.
 
@@ -1976,34 +1984,46 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         )
 
     def handle_offset_fetch(
-        self, token: Token, request: OffsetFetchRequest, now_ms: int
+        self,
+        token: Token,
+        request: OffsetFetchRequest,
+        now_ms: int,
+        committed: Mapping[str, MemberEpoch | None] | None = None,
     ) -> CoordinatorResult:
         """``OffsetMetadataManager.fetchOffsets`` / ``fetchAllOffsets``.
 
         An unknown (or Dead) group answers -1 offsets, not an error, for classic groups.
-        ``require_stable`` changes nothing: there are no pending transactional offsets. A
+        ``require_stable`` waits for no pending transactional offsets: there are none. A
         consumer group checks the member id and epoch a KIP-848 consumer sends (v9+) as
         ``ConsumerGroup.validateOffsetFetch``: a fenced member or a stale epoch learns so
         before it reads positions, and rejoins.
+
+        Kafka checks the member as of the last committed offset (a read operation), unless
+        ``require_stable`` (a write operation, which reads the latest state). Here the shard
+        holds what was written, committed or not, and ``committed`` holds, as of the high
+        watermark, the group's members with records above it (None: not a member then): a
+        member whose heartbeat bumped its epoch, not yet committed, still fetches at the epoch
+        it was last answered, as in Kafka.
         """
         out = _Output()
         consumer_group = self._consumer_groups.get(request.group_id)
         if consumer_group is not None and (
             request.member_id is not None or request.member_epoch >= 0
         ):
-            member = (
-                None if request.member_id is None else consumer_group.members.get(request.member_id)
-            )
+            member_id = request.member_id
+            kept = committed or {}
+            if member_id is None:
+                member = None
+            elif member_id in kept:
+                member = kept[member_id]
+            else:
+                member = self.member_epoch(request.group_id, member_id)
             error = Errors.NONE
             if member is None:
                 error = Errors.UNKNOWN_MEMBER_ID
-            elif request.member_epoch != member.member_epoch:
+            elif request.member_epoch != member.epoch:
                 # validateMemberEpoch: a classic member's epoch is its generation.
-                error = (
-                    Errors.ILLEGAL_GENERATION
-                    if member.classic is not None
-                    else Errors.STALE_MEMBER_EPOCH
-                )
+                error = Errors.ILLEGAL_GENERATION if member.classic else Errors.STALE_MEMBER_EPOCH
             if error:
                 out.respond(token, OffsetFetchResponse(group_id=request.group_id, error_code=error))
                 return out.result()
@@ -2241,6 +2261,16 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 )
                 for m in group.members.values()
             ),
+        )
+
+    def member_epoch(self, group_id: str, member_id: str) -> MemberEpoch | None:
+        """A consumer group member's epoch now, or None if the group has no such member: what
+        the runtime keeps of a member as it was at the high watermark while its records are
+        above it (OffsetFetch checks a member against it)."""
+        consumer_group = self._consumer_groups.get(group_id)
+        member = None if consumer_group is None else consumer_group.members.get(member_id)
+        return (
+            None if member is None else MemberEpoch(member.member_epoch, member.classic is not None)
         )
 
     def listed_group(self, group_id: str) -> ListedGroup | None:

@@ -423,9 +423,15 @@ class GroupApi:
             # before v2, which has no group error, ``handle_offset_fetch`` puts it on each.
             return {"group_id": group_id, "error_code": code, "topics": []}
 
+        def fetch(s: GroupCoordinatorShard, tok: int, now: int) -> CoordinatorResult:
+            # Kafka's fetchOffsets is a read at the last committed offset, unless
+            # require_stable makes it a write, which reads the latest state.
+            committed = None if require_stable else self.runtime.committed_members(group_id)
+            return s.handle_offset_fetch(tok, req, now, committed)
+
         return self._submit(
             group_id,
-            lambda s, tok, now: s.handle_offset_fetch(tok, req, now),
+            fetch,
             on_error,
             replay_only=True,  # a read: see _submit
             empty_id_ok=True,
