@@ -64,13 +64,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import functools
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -82,6 +81,7 @@ from kcoord.cluster.coordinator.records import (
     ConsumerGroupMemberMetadataKey,
     CoordinatorRecord,
     CoordinatorRecordError,
+    OffsetCommitFields,
     RecordDecoder,
     UnknownRecordTypeError,
     encode_record,
@@ -198,7 +198,7 @@ def _replay_chunk(
 
 
 # Past this many bytes of uncommitted suffix after a load, its records are not read again to
-# find their groups: every read waits for the whole suffix instead (see _written_above).
+# find their groups: every read waits for the whole suffix instead (see _replay_suffix).
 SUFFIX_SCAN_MAX_BYTES: Final = 1 << 20
 GROUP_WRITTEN_MIN_LIMIT: Final = 1024  # see ShardContext.group_written_limit
 
@@ -214,7 +214,7 @@ def _keep(chain: list[tuple[int, _T]], end: int, entry: _T) -> None:
 def _forget_passed(
     chains: dict[_K, list[tuple[int, _T]]],
     high_watermark: int,
-    written: Callable[[_K], int | None] | None = None,
+    written: Callable[[_K], int | None],
 ) -> list[_K]:
     """Drop each chain's entries before writes the high watermark has passed, as long as a
     later one (or, with none, the state now) is as of it; the keys of the chains left empty.
@@ -223,7 +223,7 @@ def _forget_passed(
     done = []
     for key, chain in chains.items():
         while chain and chain[0][0] <= high_watermark:
-            if len(chain) == 1 and written is not None and (written(key) or 0) > high_watermark:
+            if len(chain) == 1 and (written(key) or 0) > high_watermark:
                 break  # the rest of its last write is above the HW: keep what is known
             del chain[0]
         if not chain:
@@ -231,46 +231,62 @@ def _forget_passed(
     return done
 
 
-def _written_above(
-    decoder: RecordDecoder, lg: Log, start: int, end: int
-) -> tuple[dict[str, int], int, dict[tuple[str, str], int]]:
-    """During a load, the records in ``[start, end)`` (above the high watermark: not yet
-    committed): where each group's last one ends, where the last one that names no group
-    (or does not decode) ends, else ``start``, and where each consumer group member's last
-    one (``_MEMBER_KEYS``) ends. A request of one group that writes nothing (a
-    read, a heartbeat) then waits for its own uncommitted records only, as after writes, not
-    for every group's: those of the groups with nothing above the HW are answered at once
-    (Kafka reads at the last committed offset, and its runtime has no pending write after a
-    load). A suffix over ``SUFFIX_SCAN_MAX_BYTES`` is not read: every request waits for it."""
-    groups: dict[str, int] = {}
-    members: dict[tuple[str, str], int] = {}
-    others = start
+def _replay_suffix(
+    ctx: ShardContext,
+    shard: GroupCoordinatorShard,
+    decoder: RecordDecoder,
+    lg: Log,
+    *,
+    start: int,
+    end: int,
+) -> tuple[int, int, int] | None:
+    """During a load, once the log is replayed up to the high watermark: the uncommitted
+    records in ``[start, end)``, replayed into ``shard`` a batch at a time as the writes of a
+    leader are, with what each batch changes kept as it was before it
+    (``ShardContext._keep_committed``: ListGroups and OffsetFetch read as of the HW) and where
+    each group's last record ends (``ShardContext._note_written``). A request of one group
+    that writes nothing (a read, a heartbeat) then waits for its own uncommitted records only,
+    as after writes, not for every group's: those of the groups with nothing above the HW are
+    answered at once (Kafka reads at the last committed offset, and its runtime has no
+    pending write after a load).
+
+    Returns (next offset, records replayed, bytes read), as ``_replay_chunk``. A suffix over
+    ``SUFFIX_SCAN_MAX_BYTES`` is not replayed here (None): every request waits for all of it,
+    and the load replays it as the rest of the log."""
+    ctx.group_written, ctx.all_written = {}, start
+    chunks = []
     offset = start
     read = 0
     while offset < end:
-        data = lg.read(offset, 1 << 20, max_offset=end).records
+        data = lg.read(offset, SUFFIX_SCAN_MAX_BYTES, max_offset=end).records
         if not data:
             break
         read += len(data)
         if read > SUFFIX_SCAN_MAX_BYTES:
-            return {}, end, {}
-        for pos, header in fmt.iter_headers(data):
+            return None
+        for _pos, header in fmt.iter_headers(data):
             offset = header.next_offset
+        chunks.append(data)
+    replayed = 0
+    for data in chunks:
+        for pos, header in fmt.iter_headers(data):
             if header.is_control:
                 continue
+            batch: list[tuple[int, CoordinatorRecord]] = []
             for record_offset, key, value in fmt.decode_key_values(data, pos):
-                record_key = None
-                if key is not None:
-                    with contextlib.suppress(CoordinatorRecordError):  # counted as no group
-                        record_key = decoder.decode(key, value).key
-                group_id = getattr(record_key, "group_id", None)
-                if isinstance(group_id, str):
-                    groups[group_id] = record_offset + 1
-                    if isinstance(record_key, _MEMBER_KEYS):
-                        members[group_id, record_key.member_id] = record_offset + 1
+                record = (
+                    None if key is None else _decode_for_replay(decoder, record_offset, key, value)
+                )
+                if not isinstance(record, CoordinatorRecord):  # skipped: of no one group
+                    ctx.all_written = record_offset + 1  # every read waits for it
                 else:
-                    others = record_offset + 1
-    return groups, others, members
+                    batch.append((record_offset, record))
+            ctx._keep_committed(shard, batch)
+            for record_offset, record in batch:
+                shard.replay(record_offset, record)
+            ctx._note_written((record for _, record in batch), header.next_offset)
+            replayed += len(batch)
+    return offset, replayed, read
 
 
 def _replay_record(
@@ -284,23 +300,37 @@ def _replay_record(
     does not know, as Kafka's ``CoordinatorLoaderImpl`` skips one). A record of a known type
     that does not decode fails the replay (``UndecodableRecordError``), as it fails Kafka's
     load: skipped, it left a committed offset at an older value, or gone."""
+    decoded = _decode_for_replay(decoder, record_offset, key, value, fields_ok=True)
+    if decoded is None:
+        return False
+    if isinstance(decoded, CoordinatorRecord):
+        shard.replay(record_offset, decoded)
+    else:
+        shard.replay_offset_commit(record_offset, decoded)
+    return True
+
+
+def _decode_for_replay(
+    decoder: RecordDecoder,
+    record_offset: int,
+    key: bytes,
+    value: bytes | None,
+    *,
+    fields_ok: bool = False,
+) -> CoordinatorRecord | OffsetCommitFields | None:
+    """The record to replay, None for one to skip (``_replay_record``). ``fields_ok``: an
+    OffsetCommit with a value comes as its fields (the bulk of an offsets log is replayed
+    with no record objects)."""
     try:
-        # The bulk of an offsets log is replayed from its fields, with no record objects.
-        fields = decoder.offset_commit(key, value)
-        record = decoder.decode(key, value) if fields is None else None
+        fields = decoder.offset_commit(key, value) if fields_ok else None
+        return decoder.decode(key, value) if fields is None else fields
     except UnknownRecordTypeError as e:
         log.warning("skipping unknown record type at offset %d: %s", record_offset, e)
-        return False
+        return None
     except CoordinatorRecordError as e:
         raise UndecodableRecordError(
             f"record at offset {record_offset} does not decode: {e}"
         ) from e
-    if fields is not None:
-        shard.replay_offset_commit(record_offset, fields)
-    else:
-        assert record is not None
-        shard.replay(record_offset, record)
-    return True
 
 
 class LatestRecords:
@@ -436,9 +466,9 @@ class ShardContext:
     # such group) just before each of its writes there, as (end of the writes it stands for,
     # entry) in log order: the first one not yet passed by the HW is the entry as of the HW.
     # Kafka's ListGroups reads its timeline state at the last committed offset; this is what it
-    # reads of the groups whose state here is ahead of it. A load keeps only the entry before
-    # the group's first write in the uncommitted suffix, standing for all of them there: older
-    # than the HW once it passes some, but committed.
+    # reads of the groups whose state here is ahead of it. A load keeps them for the log's
+    # uncommitted suffix a batch at a time (_replay_suffix); one too large to replay so keeps
+    # none, and every read waits for all of it.
     committed_listing: dict[str, list[tuple[int, ListedGroup | None]]] = field(default_factory=dict)
     # The same, per group, of each consumer group member with records above the HW (its
     # metadata, which makes and deletes it, or its current assignment, which sets its epoch):
@@ -446,6 +476,11 @@ class ShardContext:
     # (ConsumerGroup.validateOffsetFetch reads its timeline map there).
     committed_members: dict[str, dict[str, list[tuple[int, MemberEpoch | None]]]] = field(
         default_factory=dict
+    )
+    # (end, group, member) of each entry of committed_members, in log order: what
+    # _forget_members looks at as the HW moves.
+    member_writes: collections.deque[tuple[int, str, str]] = field(
+        default_factory=collections.deque
     )
     # The entry of the group a running handler names, taken before it ran: a handler may change
     # a classic group in memory before its records are replayed (a JoinGroup makes the group).
@@ -480,7 +515,7 @@ class ShardContext:
         handler's refused write unloads the shard.
         ``committed_read``: the handler reads every group and writes nothing (ListGroups): it
         is given ``committed_listing`` and answered at once, as Kafka reads at the committed
-        offset, unless records of no one group are pending (see ``_written_above``).
+        offset, unless records of no one group are pending (see ``_replay_suffix``).
         ``read_group``: the handler touches that group alone (every request naming a group):
         when it writes nothing (a read, a heartbeat), its answer waits for that group's written
         records to commit, not for every group's. Kafka's reads see the last committed state at
@@ -559,22 +594,23 @@ class ShardContext:
             offset = max(self.group_written.get(read_group, 0), self.all_written)
         self._defer(offset, result.responses)
 
-    def _keep_committed(self, base_offset: int, records: Sequence[CoordinatorRecord]) -> None:
-        """Before records written from ``base_offset`` are replayed: the ListGroups entry of
-        each group they name, and the epoch of each consumer group member they name, as they
-        are before this write (see ``committed_listing`` and ``committed_members``)."""
-        shard = self.shard
-        assert shard is not None
+    def _keep_committed(
+        self, shard: GroupCoordinatorShard, written: Iterable[tuple[int, CoordinatorRecord]]
+    ) -> None:
+        """Before one write's records (each with its offset) are replayed into ``shard``: the
+        ListGroups entry of each group they name, and the epoch of each consumer group member
+        they name, as they are before this write (see ``committed_listing`` and
+        ``committed_members``)."""
         before = self._before_handler
         seen: set[str] = set()
         member_ends: dict[tuple[str, str], int] = {}  # where each member's last record ends
-        for i, record in enumerate(records):
+        for offset, record in written:
             key = record.key
             group_id = getattr(key, "group_id", None)
             if not isinstance(group_id, str):
                 continue
             if isinstance(key, _MEMBER_KEYS):
-                member_ends[group_id, key.member_id] = base_offset + i + 1
+                member_ends[group_id, key.member_id] = offset + 1
             if group_id in seen:
                 continue
             seen.add(group_id)
@@ -583,31 +619,30 @@ class ShardContext:
                 self._before_handler = None  # later parts of the result: as replayed so far
             else:
                 entry = shard.listed_group(group_id)
-            _keep(self.committed_listing.setdefault(group_id, []), base_offset + i + 1, entry)
+            _keep(self.committed_listing.setdefault(group_id, []), offset + 1, entry)
         # A consumer group's handlers change it through their records alone: nothing of these
         # is replayed yet, so each member is read as it was before the write.
-        for (group_id, member_id), end in member_ends.items():
+        for (group_id, member_id), end in sorted(member_ends.items(), key=lambda item: item[1]):
             chain = self.committed_members.setdefault(group_id, {}).setdefault(member_id, [])
             _keep(chain, end, shard.member_epoch(group_id, member_id))
+            self.member_writes.append((end, group_id, member_id))
 
     def committed_listing_at(self, high_watermark: int) -> dict[str, ListedGroup | None]:
         """The entries as of ``high_watermark`` of the groups with records above it."""
         self.forget_committed(high_watermark)
         return {group_id: chain[0][1] for group_id, chain in self.committed_listing.items()}
 
-    def committed_members_at(
-        self, group_id: str, high_watermark: int
+    def committed_member_at(
+        self, group_id: str, member_id: str, high_watermark: int
     ) -> dict[str, MemberEpoch | None]:
-        """The epochs as of ``high_watermark`` of the group's members with records above it
-        (read on every OffsetFetch: only this group's entries are looked at)."""
-        members = self.committed_members.get(group_id)
-        if members is None:
-            return {}
-        self._forget_members(group_id, members, high_watermark)
-        return {member_id: chain[0][1] for member_id, chain in members.items()}
+        """The member's epoch as of ``high_watermark`` if it has records above it (None: not a
+        member then), as ``{member_id: epoch}``; else nothing."""
+        self._forget_members(high_watermark)
+        chain = self.committed_members.get(group_id, {}).get(member_id)
+        return {} if chain is None else {member_id: chain[0][1]}
 
-    def _note_written(self, records: Sequence[CoordinatorRecord]) -> None:
-        end = self.last_written_offset
+    def _note_written(self, records: Iterable[CoordinatorRecord], end: int) -> None:
+        """The records of a write ending at ``end``: reads of their groups wait for it."""
         for record in records:
             group_id = getattr(record.key, "group_id", None)
             if isinstance(group_id, str):
@@ -672,11 +707,11 @@ class ShardContext:
             self.partition, batch, required_acks=COORDINATOR_ACKS
         )
         self.runtime.count_batch(len(records))
-        self._keep_committed(appended.base_offset, records)
+        self._keep_committed(self.shard, enumerate(records, appended.base_offset))
         for i, record in enumerate(records):
             self.shard.replay(appended.base_offset + i, record)
         self.last_written_offset = appended.last_offset + 1
-        self._note_written(records)
+        self._note_written(records, self.last_written_offset)
 
     def _write(
         self, records: list[CoordinatorRecord], encoded: list[tuple[bytes, bytes | None]]
@@ -709,14 +744,14 @@ class ShardContext:
             else:
                 loop.call_later(linger_ms / 1000, self._flush_if_open, batch)
         now = self.runtime.now_ms()
-        self._keep_committed(batch.base_offset + len(batch.records), records)
+        self._keep_committed(self.shard, enumerate(records, batch.base_offset + len(batch.records)))
         for record, (key, value) in zip(records, encoded, strict=True):
             delta = len(batch.records)
             batch.records.append(fmt.Record(delta, now, key, value))
             self.shard.replay(batch.base_offset + delta, record)
         batch.size += size
         self.last_written_offset = batch.base_offset + len(batch.records)
-        self._note_written(records)
+        self._note_written(records, self.last_written_offset)
         return True
 
     def _flush_if_open(self, batch: _Batch) -> None:
@@ -827,21 +862,26 @@ class ShardContext:
         written = self.group_written
         for group_id in _forget_passed(self.committed_listing, high_watermark, written.get):
             del self.committed_listing[group_id]
-        for group_id, members in list(self.committed_members.items()):
-            self._forget_members(group_id, members, high_watermark)
+        self._forget_members(high_watermark)
 
-    def _forget_members(
-        self,
-        group_id: str,
-        members: dict[str, list[tuple[int, MemberEpoch | None]]],
-        high_watermark: int,
-    ) -> None:
-        # A member's entry ends with its last record of the write: nothing of it is left above
-        # the HW once the HW passes that.
-        for member_id in _forget_passed(members, high_watermark):
-            del members[member_id]
-        if not members:
-            del self.committed_members[group_id]
+    def _forget_members(self, high_watermark: int) -> None:
+        """``forget_committed`` of the members: those whose writes the HW passed, in the order
+        of ``member_writes`` (a large group's rebalance leaves thousands above the HW; each
+        notice of the HW looks at those it passed, not at all of them). A member's entry ends
+        with its last record of the write: nothing of it is left above the HW after that."""
+        writes = self.member_writes
+        while writes and writes[0][0] <= high_watermark:
+            _, group_id, member_id = writes.popleft()
+            members = self.committed_members.get(group_id)
+            chain = None if members is None else members.get(member_id)
+            if chain is None:
+                continue  # an entry of the chain the same write merged, already forgotten
+            while chain and chain[0][0] <= high_watermark:
+                del chain[0]
+            if not chain:
+                del members[member_id]  # type: ignore[union-attr]
+                if not members:
+                    del self.committed_members[group_id]
 
     def queue_deletion(self, deleted: list[tuple[str, int]]) -> bool:
         """Add deleted topics' partitions to those to delete; True if none were pending."""
@@ -1155,9 +1195,9 @@ class CoordinatorRuntime:
         drops = lg.tombstone_drops if standby is None else standby.tombstone_drops
         # Hot: the suffix record by record. Cold: the latest record per key (LatestRecords).
         latest = LatestRecords() if standby is None else None
-        # First up to the high watermark, where the ListGroups entries of the groups with
-        # records above it are kept (ShardContext.committed_listing), then the rest.
+        # First up to the high watermark, then the rest (_replay_suffix).
         split = min(ctx.partition.high_watermark, lg.log_end_offset)
+        suffix_read = False
         for stop in (split, None):
             while ctx.state is ShardState.LOADING and offset < (
                 lg.log_end_offset if stop is None else stop
@@ -1176,6 +1216,25 @@ class CoordinatorRuntime:
                     await self._replay_log(ctx, None)
                     return
                 drops = lg.tombstone_drops if seen is None else seen
+                if stop is None and not suffix_read:
+                    # The first read above the HW: the suffix, a write at a time. A replay
+                    # already past the HW (a standby ahead of it: none is) leaves what it read
+                    # above it unknown, as one too large to replay here does: every read
+                    # waits for the whole suffix then, and it is replayed as the rest is.
+                    suffix_read = True
+                    end = lg.log_end_offset
+                    suffix = (
+                        _replay_suffix(ctx, shard, decoder, lg, start=offset, end=end)
+                        if offset <= split
+                        else None
+                    )
+                    if suffix is not None:
+                        offset, n, nbytes = suffix
+                        applied += n
+                        records += n
+                        size += nbytes
+                        continue
+                    ctx.group_written, ctx.all_written = {}, end
                 if latest is None:
                     offset, n, nbytes = _replay_chunk(
                         shard,
@@ -1195,20 +1254,8 @@ class CoordinatorRuntime:
                 records += n
                 size += nbytes
                 await asyncio.sleep(0)  # let other work run between chunks
-            if stop is not None and ctx.state is ShardState.LOADING:
-                if latest is not None:
-                    applied += latest.flush(shard, decoder)
-                # Set now: a HW that moves during the rest of the load drops entries by them.
-                ctx.group_written, ctx.all_written, member_ends = _written_above(
-                    decoder, lg, min(offset, split), lg.log_end_offset
-                )
-                ctx.committed_listing = {
-                    g: [(end, shard.listed_group(g))] for g, end in ctx.group_written.items()
-                }
-                ctx.committed_members = {}
-                for (g, m), end in member_ends.items():
-                    members = ctx.committed_members.setdefault(g, {})
-                    members[m] = [(end, shard.member_epoch(g, m))]
+            if stop is not None and ctx.state is ShardState.LOADING and latest is not None:
+                applied += latest.flush(shard, decoder)  # what is below the HW, before the rest
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
         if latest is not None:
@@ -1453,12 +1500,17 @@ class CoordinatorRuntime:
     ) -> Any:
         return await self.submit(group_id, handler, replay_only=replay_only)
 
-    def committed_members(self, group_id: str) -> dict[str, MemberEpoch | None]:
-        """The epochs, as of the high watermark, of the members of ``group_id`` with records
-        above it (see ``ShardContext.committed_members``): what an OffsetFetch handler running
-        now checks a member against, as Kafka's reads the last committed offset."""
+    def committed_member(
+        self, group_id: str, member_id: str | None
+    ) -> dict[str, MemberEpoch | None]:
+        """The member's epoch as of the high watermark (None: not a member then), as
+        ``{member_id: epoch}`` if it has records above it, else nothing (see
+        ``ShardContext.committed_members``): what an OffsetFetch handler running now checks
+        the member against, as Kafka's reads at the last committed offset."""
+        if member_id is None:
+            return {}
         ctx = self.context_for(group_id)
-        return ctx.committed_members_at(group_id, ctx.partition.high_watermark)
+        return ctx.committed_member_at(group_id, member_id, ctx.partition.high_watermark)
 
     def list_groups(self, request: ListGroupsRequest) -> list[asyncio.Future[Any]]:
         """ListGroups on every active shard, each answering from its committed state (see

@@ -1760,15 +1760,15 @@ def test_a_high_watermark_moving_during_a_load_keeps_the_committed_listing(
 
     async def scenario() -> None:
         a = await deposed_with_an_uncommitted_suffix(tmp_path, hot_standby=False)
-        real = rt._written_above
+        real = rt._replay_suffix
 
-        def then_a_high_watermark_notice(*args: Any) -> Any:
+        def then_a_high_watermark_notice(*args: Any, **kwargs: Any) -> Any:
             asyncio.get_running_loop().call_soon(
                 a.runtime._on_high_watermark, a.part, a.part.high_watermark
             )
-            return real(*args)
+            return real(*args, **kwargs)
 
-        monkeypatch.setattr(rt, "_written_above", then_a_high_watermark_notice)
+        monkeypatch.setattr(rt, "_replay_suffix", then_a_high_watermark_notice)
         a.runtime.replay_chunk_bytes = 1  # the rest of the load yields at least once
         a.elect(leader=1, leader_epoch=2)
         await active(a.runtime)
@@ -1925,7 +1925,7 @@ def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
             await active(node.runtime)
             with pytest.raises(CoordinatorError):
                 await bumped  # its answer is lost with the shard; the record is in the log
-        assert node.runtime.committed_members("g") == {"m": MemberEpoch(1, classic=False)}
+        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(1, classic=False)}
         waiting = node.runtime.contexts[0].futures
         before = len(waiting)
         at_one = asyncio.ensure_future(member_fetch(api, "m", 1, require_stable=False))
@@ -1936,13 +1936,13 @@ def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
         assert await at_one is Errors.NONE
         assert await at_two is Errors.STALE_MEMBER_EPOCH
         assert await stable_at_two is Errors.NONE
-        assert node.runtime.committed_members("g") == {}
+        assert node.runtime.committed_member("g", "m") == {}
         assert await member_fetch(api, "m", 2, require_stable=False) is Errors.NONE
         assert await member_fetch(api, "m", 1, require_stable=False) is Errors.STALE_MEMBER_EPOCH
         # The member leaves: until that commits it is a member at epoch 2.
         left = node.runtime.submit("g", consumer_beat("m", -1))
         await _until(lambda: part.log.log_end_offset > part.high_watermark, "the leave")
-        assert node.runtime.committed_members("g") == {"m": MemberEpoch(2, classic=False)}
+        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(2, classic=False)}
         before = len(waiting)
         still = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=False))
         gone = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=True))
@@ -1952,6 +1952,51 @@ def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
         assert await still is Errors.NONE
         assert await gone is Errors.UNKNOWN_MEMBER_ID
         assert await member_fetch(api, "m", 2, require_stable=False) is Errors.UNKNOWN_MEMBER_ID
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_load_keeps_each_uncommitted_write_of_a_member_as_of_before_it(
+    tmp_path: Path,
+) -> None:
+    """A load replays the log's uncommitted suffix a write at a time, keeping each member's
+    epoch as of before each write, as the leader that wrote them kept it. Only the epoch
+    before the member's first write there was kept: once the high watermark passed its first
+    bump (epoch 2), a fetch at 2 was STALE_MEMBER_EPOCH until it passed the second as well."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, write_timeout_ms=60_000)
+        node.elect()
+        await loaded(node)
+        api = GroupApi(cast(BrokerContext, SimpleNamespace(image=node.cache.image)), node.runtime)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await node.runtime.call("g", consumer_beat("m", 0, ("orders",), ()))
+        await node.runtime.call("g", consumer_beat("m", 1, owned=(0,)))
+        node.replicas.hold = True
+        # Two bumps, each its own write above the HW: epoch 2, then 3.
+        writes, ends = [], []
+        for epoch, topics in ((1, ("orders", "a")), (2, ("orders", "b"))):
+            before = part.log.log_end_offset
+            writes.append(node.runtime.submit("g", consumer_beat("m", epoch, topics, (0,))))
+            await _until(lambda b=before: part.log.log_end_offset > b, f"the bump from {epoch}")
+            ends.append(part.log.log_end_offset)
+        node.runtime.fail_shard(node.runtime.contexts[0], Errors.NOT_COORDINATOR)
+        await active(node.runtime)
+        for write in writes:
+            with pytest.raises(CoordinatorError):
+                await write  # lost with the shard; the records are in the log
+        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(1, classic=False)}
+        assert part.set_high_watermark(ends[0])  # the HW passes the first bump only
+        node.replicas._notify_high_watermark(part)
+        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(2, classic=False)}
+        waiting = node.runtime.contexts[0].futures
+        at_two = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=False))
+        await _until(lambda: len(waiting) == 1, "the fetch waiting for the second bump")
+        node.replicas.release(part)
+        assert await at_two is Errors.NONE
+        assert node.runtime.committed_member("g", "m") == {}
         node.runtime.close()
 
     asyncio.run(scenario())

@@ -426,7 +426,9 @@ class GroupApi:
         def fetch(s: GroupCoordinatorShard, tok: int, now: int) -> CoordinatorResult:
             # Kafka's fetchOffsets is a read at the last committed offset, unless
             # require_stable makes it a write, which reads the latest state.
-            committed = None if require_stable else self.runtime.committed_members(group_id)
+            committed = (
+                None if require_stable else self.runtime.committed_member(group_id, member_id)
+            )
             return s.handle_offset_fetch(tok, req, now, committed)
 
         return self._submit(
