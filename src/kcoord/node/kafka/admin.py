@@ -140,7 +140,9 @@ class AdminApi:
                     "name": name,
                     "error_code": Errors.NONE,
                     "error_message": None,
-                    "topic_id": None if validate_only else r["topic_id"],
+                    # A validate_only request is answered the id the topic would have had
+                    # (ReplicationControlManager.createTopic makes one either way).
+                    "topic_id": r["topic_id"],
                     "num_partitions": r["num_partitions"],
                     "replication_factor": r["replication_factor"],
                     "configs": configs_of[name]

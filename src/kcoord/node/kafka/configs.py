@@ -354,7 +354,7 @@ class ConfigsApi:
         for r in resources:
             message: str | None
             if (r["resource_type"], r["resource_name"]) in duplicated:
-                error, message = Errors.INVALID_REQUEST, "Duplicate resource."
+                error, message = Errors.INVALID_REQUEST, "Each resource must appear at most once."
             elif id(r) in local:
                 error, message = local[id(r)]
             elif isinstance(reply, Errors):

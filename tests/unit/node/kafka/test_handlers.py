@@ -615,8 +615,10 @@ def test_create_topics_is_visible_at_once_with_kafka_errors(tmp_path: Path) -> N
         assert len(metadata.topics[0].partitions) == 2
         again = await c.call(CREATE_TOPICS, 2, create_values(("e", 2, 2)))
         assert again.topics[0].error_code == Errors.TOPIC_ALREADY_EXISTS
-        dry = await c.call(CREATE_TOPICS, 5, create_values(("f", 2, 1), validate_only=True))
+        dry = await c.call(CREATE_TOPICS, 7, create_values(("f", 2, 1), validate_only=True))
         assert dry.topics[0].error_code == Errors.NONE
+        # The id it would have had, as Kafka answers one: it was all zeros.
+        assert dry.topics[0].topic_id not in (None, uuid.UUID(int=0))
         assert h.cache.image.topic_by_name("f") is None
         # A manual assignment (kafka-topics --replica-assignment): the replicas as given.
         manual = create_values(("m", -1, -1))
