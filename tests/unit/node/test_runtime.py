@@ -1893,6 +1893,21 @@ async def member_fetch(api: Any, member: str, epoch: int, *, require_stable: boo
     return cast(Errors, answer["groups"][0]["error_code"])
 
 
+async def a_member_at_epoch_one(tmp_path: Path) -> tuple[Node, GroupApi]:
+    """A node whose group "g" has member "m" at epoch 1, owning orders-0, committed; its high
+    watermark held from then on. With the group APIs on its runtime."""
+    node = Node(tmp_path, write_timeout_ms=60_000)
+    node.elect()
+    await loaded(node)
+    api = GroupApi(cast(BrokerContext, SimpleNamespace(image=node.cache.image)), node.runtime)
+    node.replicas.hold = False
+    joined = await node.runtime.call("g", consumer_beat("m", 0, ("orders",), ()))
+    assert (joined.error_code, joined.member_epoch) == (Errors.NONE, 1)
+    await node.runtime.call("g", consumer_beat("m", 1, owned=(0,)))
+    node.replicas.hold = True
+    return node, api
+
+
 @pytest.mark.parametrize("reload", [False, True], ids=["written", "loaded"])
 def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
     tmp_path: Path, reload: bool
@@ -1905,16 +1920,8 @@ def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
     log's uncommitted suffix."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
-        api = GroupApi(cast(BrokerContext, SimpleNamespace(image=node.cache.image)), node.runtime)
+        node, api = await a_member_at_epoch_one(tmp_path)
         part = node.offsets_partition
-        node.replicas.hold = False
-        joined = await node.runtime.call("g", consumer_beat("m", 0, ("orders",), ()))
-        assert (joined.error_code, joined.member_epoch) == (Errors.NONE, 1)
-        await node.runtime.call("g", consumer_beat("m", 1, owned=(0,)))
-        node.replicas.hold = True
         # A new subscription: the group's epoch moves, and the member with it (it keeps its
         # partition). The answer waits for the records, which the HW has not passed.
         bumped = node.runtime.submit("g", consumer_beat("m", 1, ("orders", "later"), (0,)))
@@ -1966,15 +1973,8 @@ def test_a_load_keeps_each_uncommitted_write_of_a_member_as_of_before_it(
     bump (epoch 2), a fetch at 2 was STALE_MEMBER_EPOCH until it passed the second as well."""
 
     async def scenario() -> None:
-        node = Node(tmp_path, write_timeout_ms=60_000)
-        node.elect()
-        await loaded(node)
-        api = GroupApi(cast(BrokerContext, SimpleNamespace(image=node.cache.image)), node.runtime)
+        node, api = await a_member_at_epoch_one(tmp_path)
         part = node.offsets_partition
-        node.replicas.hold = False
-        await node.runtime.call("g", consumer_beat("m", 0, ("orders",), ()))
-        await node.runtime.call("g", consumer_beat("m", 1, owned=(0,)))
-        node.replicas.hold = True
         # Two bumps, each its own write above the HW: epoch 2, then 3.
         writes, ends = [], []
         for epoch, topics in ((1, ("orders", "a")), (2, ("orders", "b"))):
