@@ -186,9 +186,13 @@ class GroupApi:
         )
 
         def convert(resp: Any) -> dict[str, Any]:
+            # JoinGroupResponse(data, version): the name is not nullable before v7, and from
+            # v7 an empty one goes out as null (every answer with no protocol chosen).
             out = values(resp)
             if version < 7 and out.get("protocol_name") is None:
-                out["protocol_name"] = ""  # not nullable before v7
+                out["protocol_name"] = ""
+            elif version >= 7 and out.get("protocol_name") == "":
+                out["protocol_name"] = None
             return out
 
         config = self.runtime.config
@@ -207,7 +211,9 @@ class GroupApi:
         return self._submit(
             req.group_id,
             lambda s, tok, now: s.handle_join_group(tok, req, now, topics),
-            lambda code: values(t.JoinGroupResponse(error_code=code, member_id=req.member_id)),
+            # GroupCoordinatorService.joinGroup answers a failed operation with its error
+            # alone: no member id (only its checks before routing echo the request's).
+            lambda code: convert(t.JoinGroupResponse(error_code=code)),
             convert,
         )
 

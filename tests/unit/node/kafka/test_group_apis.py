@@ -228,6 +228,37 @@ def test_bad_join_and_consumer_heartbeat_requests_are_answered_before_routing() 
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(("version", "protocol_name"), [(6, ""), (9, None)])
+def test_a_join_the_runtime_fails_is_answered_its_error_alone(
+    version: int, protocol_name: str | None
+) -> None:
+    """GroupCoordinatorService.joinGroup answers a failed operation (a loading shard) with the
+    error alone: the request's member id was echoed. An empty protocol name goes out as null
+    from v7 (JoinGroupResponse's constructor): it went out as "" from every version."""
+
+    async def scenario() -> None:
+        api = _api(_Runtime([]))
+        api._topics_view = lambda: TopicsSnapshot({}, 0)  # type: ignore[method-assign]
+        values: dict[str, Any] = {
+            "group_id": "g",
+            "session_timeout": 10_000,
+            "rebalance_timeout": 10_000,
+            "member_id": "m-1",
+            "group_instance_id": None,
+            "protocol_type": "consumer",
+            "protocols": [],
+        }
+        if version >= 8:
+            values["reason"] = None
+        answer = await _answer(
+            await api.handle_join_group(_request(JOIN_GROUP_KEY, version, values))
+        )
+        assert answer["error_code"] is Errors.COORDINATOR_LOAD_IN_PROGRESS
+        assert (answer["member_id"], answer["protocol_name"]) == ("", protocol_name)
+
+    asyncio.run(scenario())
+
+
 class _FlagsRuntime(_Runtime):
     """Every shard is loading; each submit notes its ``replay_only``."""
 
