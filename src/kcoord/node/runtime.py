@@ -204,7 +204,7 @@ GROUP_WRITTEN_MIN_LIMIT: Final = 1024  # see ShardContext.group_written_limit
 
 
 def _keep(chain: list[tuple[int, _T]], end: int, entry: _T) -> None:
-    """Add ``entry``, what a write ending at ``end`` changes, to its chain (see
+    """Add ``entry``, as it was before a write ending at ``end``, to its chain (see
     ``ShardContext.committed_listing``)."""
     if chain and chain[-1][1] == entry:
         chain.pop()  # the previous write left the entry as it was: one stands for both
