@@ -33,8 +33,8 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   reads every group, is answered at once from each group's entry as of the high watermark
   (``committed_listing``, kept for the groups with records above it), as Kafka reads its
   timeline state at the last committed offset. OffsetFetch (unless ``require_stable``) checks
-  a KIP-848 member against its epoch as of the high watermark (``committed_members``), as
-  Kafka's read operation does.
+  the group and a KIP-848 member as of the high watermark (``committed_listing``,
+  ``committed_members``), as Kafka's read operation does.
 - **Timeout**: a response that has waited ``offsets.commit.timeout.ms`` for the high watermark
   fails with COORDINATOR_NOT_AVAILABLE (Kafka's runtime gives every write operation that
   timeout and maps its REQUEST_TIMED_OUT so); the client looks the coordinator up again and
@@ -89,11 +89,13 @@ from kcoord.cluster.coordinator.records import (
 )
 from kcoord.cluster.coordinator.shard import (
     GROUP_EXPIRATION_KEY,
+    CommittedFetch,
     CoordinatorResult,
     CoordinatorStats,
     GroupConfig,
     GroupCoordinatorShard,
     MemberEpoch,
+    is_consumer_group,
 )
 from kcoord.cluster.coordinator.types import ListedGroup, ListGroupsRequest
 from kcoord.cluster.routing import partition_for
@@ -632,14 +634,26 @@ class ShardContext:
         self.forget_committed(high_watermark)
         return {group_id: chain[0][1] for group_id, chain in self.committed_listing.items()}
 
-    def committed_member_at(
-        self, group_id: str, member_id: str, high_watermark: int
-    ) -> dict[str, MemberEpoch | None]:
-        """The member's epoch as of ``high_watermark`` if it has records above it (None: not a
-        member then), as ``{member_id: epoch}``; else nothing."""
+    def committed_fetch_at(
+        self, group_id: str, member_id: str | None, high_watermark: int
+    ) -> CommittedFetch:
+        """What OffsetFetch checks of the group and of ``member_id`` as of ``high_watermark``
+        (see ``CommittedFetch``): only theirs are looked at, on every fetch."""
+        listing = self.committed_listing.get(group_id)
+        consumer_group = None
+        if listing is not None:
+            if _forget_passed({group_id: listing}, high_watermark, self.group_written.get):
+                del self.committed_listing[group_id]
+            else:
+                consumer_group = is_consumer_group(listing[0][1])
         self._forget_members(high_watermark)
-        chain = self.committed_members.get(group_id, {}).get(member_id)
-        return {} if chain is None else {member_id: chain[0][1]}
+        members: dict[str, MemberEpoch | None] = {}
+        chain = (
+            None if member_id is None else self.committed_members.get(group_id, {}).get(member_id)
+        )
+        if member_id is not None and chain is not None:
+            members[member_id] = chain[0][1]
+        return CommittedFetch(consumer_group, members)
 
     def _note_written(self, records: Iterable[CoordinatorRecord], end: int) -> None:
         """The records of a write ending at ``end``: reads of their groups wait for it."""
@@ -1500,17 +1514,12 @@ class CoordinatorRuntime:
     ) -> Any:
         return await self.submit(group_id, handler, replay_only=replay_only)
 
-    def committed_member(
-        self, group_id: str, member_id: str | None
-    ) -> dict[str, MemberEpoch | None]:
-        """The member's epoch as of the high watermark (None: not a member then), as
-        ``{member_id: epoch}`` if it has records above it, else nothing (see
-        ``ShardContext.committed_members``): what an OffsetFetch handler running now checks
-        the member against, as Kafka's reads at the last committed offset."""
-        if member_id is None:
-            return {}
+    def committed_fetch(self, group_id: str, member_id: str | None) -> CommittedFetch:
+        """The group and the member as of the high watermark (``ShardContext.committed_fetch_at``):
+        what an OffsetFetch handler running now checks, as Kafka's reads at the last committed
+        offset."""
         ctx = self.context_for(group_id)
-        return ctx.committed_member_at(group_id, member_id, ctx.partition.high_watermark)
+        return ctx.committed_fetch_at(group_id, member_id, ctx.partition.high_watermark)
 
     def list_groups(self, request: ListGroupsRequest) -> list[asyncio.Future[Any]]:
         """ListGroups on every active shard, each answering from its committed state (see

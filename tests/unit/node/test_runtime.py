@@ -1865,12 +1865,13 @@ def consumer_beat(
     epoch: int,
     subscribe: tuple[str, ...] | None = None,
     owned: tuple[int, ...] | None = None,
+    group: str = "g",
 ) -> Any:
-    """A KIP-848 heartbeat of ``member`` in group "g", which owns ``owned`` of orders (named
+    """A KIP-848 heartbeat of ``member`` in ``group``, which owns ``owned`` of orders (named
     by a topic id that survives the records' round trip: ORDERS_ID is not canonical)."""
     orders = "BBBBBBBBBBBBBBBBBBBBBA"
     req = t.ConsumerGroupHeartbeatRequest(
-        group_id="g",
+        group_id=group,
         member_id=member,
         member_epoch=epoch,
         rebalance_timeout_ms=10_000 if epoch == 0 else -1,
@@ -1881,10 +1882,12 @@ def consumer_beat(
     return lambda s, tok, now: s.handle_consumer_group_heartbeat(tok, req, now, topics)
 
 
-async def member_fetch(api: Any, member: str, epoch: int, *, require_stable: bool) -> Errors:
-    """An OffsetFetch v9 of group "g" by ``member`` at ``epoch``: the group's error."""
+async def member_fetch(
+    api: Any, member: str, epoch: int, *, require_stable: bool, group: str = "g"
+) -> Errors:
+    """An OffsetFetch v9 of ``group`` by ``member`` at ``epoch``: the group's error."""
     values = {
-        "groups": [{"group_id": "g", "member_id": member, "member_epoch": epoch, "topics": None}],
+        "groups": [{"group_id": group, "member_id": member, "member_epoch": epoch, "topics": None}],
         "require_stable": require_stable,
     }
     request = rt_api.Request(codec.RequestHeader(9, 9, 1, "c"), codec.build_request(9, 9, values))
@@ -1932,7 +1935,9 @@ def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
             await active(node.runtime)
             with pytest.raises(CoordinatorError):
                 await bumped  # its answer is lost with the shard; the record is in the log
-        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(1, classic=False)}
+        assert node.runtime.committed_fetch("g", "m").members == {
+            "m": MemberEpoch(1, classic=False)
+        }
         waiting = node.runtime.contexts[0].futures
         before = len(waiting)
         at_one = asyncio.ensure_future(member_fetch(api, "m", 1, require_stable=False))
@@ -1943,13 +1948,15 @@ def test_offset_fetch_checks_a_member_as_of_the_high_watermark(
         assert await at_one is Errors.NONE
         assert await at_two is Errors.STALE_MEMBER_EPOCH
         assert await stable_at_two is Errors.NONE
-        assert node.runtime.committed_member("g", "m") == {}
+        assert node.runtime.committed_fetch("g", "m").members == {}
         assert await member_fetch(api, "m", 2, require_stable=False) is Errors.NONE
         assert await member_fetch(api, "m", 1, require_stable=False) is Errors.STALE_MEMBER_EPOCH
         # The member leaves: until that commits it is a member at epoch 2.
         left = node.runtime.submit("g", consumer_beat("m", -1))
         await _until(lambda: part.log.log_end_offset > part.high_watermark, "the leave")
-        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(2, classic=False)}
+        assert node.runtime.committed_fetch("g", "m").members == {
+            "m": MemberEpoch(2, classic=False)
+        }
         before = len(waiting)
         still = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=False))
         gone = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=True))
@@ -1987,16 +1994,62 @@ def test_a_load_keeps_each_uncommitted_write_of_a_member_as_of_before_it(
         for write in writes:
             with pytest.raises(CoordinatorError):
                 await write  # lost with the shard; the records are in the log
-        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(1, classic=False)}
+        assert node.runtime.committed_fetch("g", "m").members == {
+            "m": MemberEpoch(1, classic=False)
+        }
         assert part.set_high_watermark(ends[0])  # the HW passes the first bump only
         node.replicas._notify_high_watermark(part)
-        assert node.runtime.committed_member("g", "m") == {"m": MemberEpoch(2, classic=False)}
+        assert node.runtime.committed_fetch("g", "m").members == {
+            "m": MemberEpoch(2, classic=False)
+        }
         waiting = node.runtime.contexts[0].futures
         at_two = asyncio.ensure_future(member_fetch(api, "m", 2, require_stable=False))
         await _until(lambda: len(waiting) == 1, "the fetch waiting for the second bump")
         node.replicas.release(part)
         assert await at_two is Errors.NONE
-        assert node.runtime.committed_member("g", "m") == {}
+        assert node.runtime.committed_fetch("g", "m").members == {}
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_offset_fetch_checks_no_member_of_a_group_that_was_not_a_consumer_group_at_the_hw(
+    tmp_path: Path,
+) -> None:
+    """Kafka's OffsetFetch looks the group up as of the last committed offset too: a consumer
+    group made by records above the high watermark, or an empty classic group those records
+    upgrade, is no consumer group there, and a member it names is not checked (a classic
+    group's validateOffsetFetch checks none). Both were checked as they are now."""
+
+    async def scenario() -> None:
+        node, api = await a_member_at_epoch_one(tmp_path)
+        part = node.offsets_partition
+        node.replicas.hold = False
+        await node.runtime.call("simple", commit("simple", 5))  # an empty classic group
+        node.replicas.hold = True
+        pending = [
+            node.runtime.submit(group, consumer_beat("m", 0, ("orders",), (), group=group))
+            for group in ("new", "simple")
+        ]
+        await _until(lambda: part.log.log_end_offset > part.high_watermark, "the joins")
+        shard = node.runtime.contexts[0].shard
+        assert shard is not None and {"new", "simple"} <= set(shard.consumer_groups)
+        waiting = node.runtime.contexts[0].futures
+        before = len(waiting)
+        fetches = [
+            asyncio.ensure_future(member_fetch(api, "x", 3, require_stable=stable, group=group))
+            for group in ("new", "simple")
+            for stable in (False, True)
+        ]
+        await _until(lambda: len(waiting) == before + 4, "the fetches waiting for the HW")
+        node.replicas.release(part)
+        await asyncio.wait_for(asyncio.gather(*pending), 5)
+        assert [await f for f in fetches] == [
+            Errors.NONE,
+            Errors.UNKNOWN_MEMBER_ID,  # require_stable: the latest state
+            Errors.NONE,
+            Errors.UNKNOWN_MEMBER_ID,
+        ]
         node.runtime.close()
 
     asyncio.run(scenario())

@@ -280,6 +280,16 @@ class MemberEpoch(NamedTuple):
     classic: bool
 
 
+class CommittedFetch(NamedTuple):
+    """What OffsetFetch checks of a group as of the high watermark, where records above it
+    changed the group (``handle_offset_fetch``)."""
+
+    # Whether it was a consumer group then (None: the group has no records above the HW).
+    consumer_group: bool | None
+    # Its members with records above the HW, as of it (None: not a member then).
+    members: Mapping[str, MemberEpoch | None]
+
+
 class OffsetAndMetadata(NamedTuple):
     """A committed offset (Kafka's ``OffsetAndMetadata``), as replayed from its record.
 
@@ -427,6 +437,11 @@ def _leave_reason(
 
 def _group_metadata_record(group_id: str, value: GroupMetadataValue) -> CoordinatorRecord:
     return CoordinatorRecord(GroupMetadataKey(group_id=group_id), value)
+
+
+def is_consumer_group(entry: ListedGroup | None) -> bool:
+    """Whether a ListGroups entry (None: no such group) is a consumer group's (KIP-848)."""
+    return entry is not None and entry.group_type == CONSUMER_PROTOCOL_TYPE
 
 
 def _listed_consumer(group_id: str, state: str) -> ListedGroup:
@@ -1988,7 +2003,7 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         token: Token,
         request: OffsetFetchRequest,
         now_ms: int,
-        committed: Mapping[str, MemberEpoch | None] | None = None,
+        committed: CommittedFetch | None = None,
     ) -> CoordinatorResult:
         """``OffsetMetadataManager.fetchOffsets`` / ``fetchAllOffsets``.
 
@@ -1998,20 +2013,21 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         ``ConsumerGroup.validateOffsetFetch``: a fenced member or a stale epoch learns so
         before it reads positions, and rejoins.
 
-        Kafka checks the member as of the last committed offset (a read operation), unless
-        ``require_stable`` (a write operation, which reads the latest state). Here the shard
-        holds what was written, committed or not, and ``committed`` holds, as of the high
-        watermark, the group's members with records above it (None: not a member then): a
-        member whose heartbeat bumped its epoch, not yet committed, still fetches at the epoch
-        it was last answered, as in Kafka.
+        Kafka checks the group and the member as of the last committed offset (a read
+        operation), unless ``require_stable`` (a write operation, which reads the latest
+        state). Here the shard holds what was written, committed or not, and ``committed``
+        what of the group the high watermark has passed: a member whose heartbeat bumped its
+        epoch, not yet committed, still fetches at the epoch it was last answered, and a group
+        made, upgraded or downgraded by records above the HW is checked as what it was then
+        (a classic group, or none, checks no member), as in Kafka.
         """
         out = _Output()
-        consumer_group = self._consumer_groups.get(request.group_id)
-        if consumer_group is not None and (
-            request.member_id is not None or request.member_epoch >= 0
-        ):
+        consumer_group = request.group_id in self._consumer_groups
+        if committed is not None and committed.consumer_group is not None:
+            consumer_group = committed.consumer_group
+        if consumer_group and (request.member_id is not None or request.member_epoch >= 0):
             member_id = request.member_id
-            kept = committed or {}
+            kept = {} if committed is None else committed.members
             if member_id is None:
                 member = None
             elif member_id in kept:

@@ -433,7 +433,7 @@ class GroupApi:
             # Kafka's fetchOffsets is a read at the last committed offset, unless
             # require_stable makes it a write, which reads the latest state.
             committed = (
-                None if require_stable else self.runtime.committed_member(group_id, member_id)
+                None if require_stable else self.runtime.committed_fetch(group_id, member_id)
             )
             return s.handle_offset_fetch(tok, req, now, committed)
 
