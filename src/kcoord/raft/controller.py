@@ -2176,11 +2176,13 @@ def _alter(
                     f"Can't {ConfigOp(op).name} to key {key} because its type is not LIST.",
                 )
             items = [p for p in current.get(key, default).split(",") if p]
-            given = (value or "").split(",")
-            if op == ConfigOp.APPEND:
-                items += [v for v in given if v not in items]
-            else:
-                items = [p for p in items if p not in given]
+            # ConfigurationControlManager.incrementalAlterConfigResource: an item is added
+            # unless there, and SUBTRACT removes one copy of each item it names.
+            for item in (value or "").split(","):
+                if op == ConfigOp.APPEND and item not in items:
+                    items.append(item)
+                elif op == ConfigOp.SUBTRACT and item in items:
+                    items.remove(item)
             updated[key] = ",".join(items)
     error = config_error(updated)
     if error is not None:

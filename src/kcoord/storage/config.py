@@ -369,7 +369,7 @@ TOPIC_CONFIGS: Final[Mapping[str, TopicConfigDef]] = {
                 _I,
                 str(10 * 1024 * 1024),
                 "The size of a new segment's preallocated offset index.",
-                minimum=14,
+                minimum=4,  # LogConfig: atLeast(4); an index keeps one entry at the least
                 maximum=INT_MAX,
                 broker_synonym="log.index.size.max.bytes",
             ),

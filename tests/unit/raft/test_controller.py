@@ -1650,6 +1650,14 @@ def test_incremental_alter_configs_writes_one_record_per_changed_key() -> None:
     assert result.records == (Config(TOPIC, "u", "cleanup.policy", ""),)
     # Setting what is already there writes nothing.
     assert alter(cluster, [("max.message.bytes", ConfigOp.SET, "2000")]).records == ()
+    # One copy of an item per item named goes (a SET may store a list with duplicates): every
+    # copy went, and "delete,delete" less "delete" left no policy at all. APPEND adds an
+    # item named twice once.
+    cluster.commit(alter(cluster, [("cleanup.policy", ConfigOp.SET, "delete,delete")]).records)
+    result = alter(cluster, [("cleanup.policy", ConfigOp.SUBTRACT, "delete")])
+    assert result.records == (Config(TOPIC, "t", "cleanup.policy", "delete"),)
+    result = alter(cluster, [("cleanup.policy", ConfigOp.APPEND, "compact,compact")])
+    assert result.records == (Config(TOPIC, "t", "cleanup.policy", "delete,delete,compact"),)
 
 
 def test_legacy_alter_configs_replaces_the_whole_set() -> None:

@@ -24,6 +24,7 @@ from kcoord.storage.config import (
         ("retention.bytes", "-2", -2),  # LogConfig has no lower bound: no limit
         ("segment.bytes", "1048576", 1_048_576),
         ("internal.segment.bytes", "14", 14),
+        ("segment.index.bytes", "4", 4),  # LogConfig's atLeast(4): 14 was refused
         ("cleanup.policy", "compact, delete", ("compact", "delete")),
         ("cleanup.policy", " ", ()),  # the empty list: ValidList.in allows it
         ("unclean.leader.election.enable", "TRUE", True),
@@ -74,6 +75,11 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
             "internal.segment.bytes",
             "13",
             "Invalid value 13 for configuration internal.segment.bytes: Value must be at least 14",
+        ),
+        (
+            "segment.index.bytes",
+            "3",
+            "Invalid value 3 for configuration segment.index.bytes: Value must be at least 4",
         ),
         (
             "min.insync.replicas",
