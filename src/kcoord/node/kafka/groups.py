@@ -212,8 +212,14 @@ class GroupApi:
             req.group_id,
             lambda s, tok, now: s.handle_join_group(tok, req, now, topics),
             # GroupCoordinatorService.joinGroup answers a failed operation with its error
-            # alone: no member id (only its checks before routing echo the request's).
-            lambda code: convert(t.JoinGroupResponse(error_code=code)),
+            # alone: no member id (only its checks before routing, the group id's among
+            # them, echo the request's).
+            lambda code: convert(
+                t.JoinGroupResponse(
+                    error_code=code,
+                    member_id=req.member_id if code is Errors.INVALID_GROUP_ID else "",
+                )
+            ),
             convert,
         )
 

@@ -255,6 +255,13 @@ def test_a_join_the_runtime_fails_is_answered_its_error_alone(
         )
         assert answer["error_code"] is Errors.COORDINATOR_LOAD_IN_PROGRESS
         assert (answer["member_id"], answer["protocol_name"]) == ("", protocol_name)
+        # The group id is checked before routing: that answer names the member.
+        values["group_id"] = ""
+        answer = await _answer(
+            await api.handle_join_group(_request(JOIN_GROUP_KEY, version, values))
+        )
+        assert answer["error_code"] is Errors.INVALID_GROUP_ID
+        assert (answer["member_id"], answer["protocol_name"]) == ("m-1", protocol_name)
 
     asyncio.run(scenario())
 
