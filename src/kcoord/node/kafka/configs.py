@@ -250,6 +250,9 @@ class ConfigsApi:
         # broker config that sets the default as this node has it, Kafka's default.
         chain: list[dict[str, Any]] = []
         if own is not None:
+            # Its own value written back, as the entry's (createTopicConfigEntry's
+            # valueAsString); the broker-level ones as they were set.
+            own = canonical_config_value(definition, own)
             chain.append({"name": name, "value": own, "source": own_source})
         cluster = self.ctx.image.resource_configs(CLUSTER_CONFIGS).get(broker_key or "")
         if cluster is not None:
@@ -266,8 +269,7 @@ class ConfigsApi:
         )
         return {
             "name": name,
-            # Parsed and written back, as Kafka's ConfigDef.convertToString; the synonyms as
-            # they were set.
+            # Parsed and written back, as Kafka's ConfigDef.convertToString.
             "value": canonical_config_value(definition, chain[0]["value"]),
             "read_only": False,
             "config_source": chain[0]["source"],
@@ -410,11 +412,13 @@ def _broker_entry(entry: ConfigEntry, synonyms: bool, cluster: str | None) -> di
 
 
 def _cluster_entry(key: str, value: str, synonyms: bool, docs: bool) -> dict[str, Any]:
-    """A cluster-level dynamic default (DescribeConfigs of the BROKER resource "")."""
+    """A cluster-level dynamic default (DescribeConfigs of the BROKER resource ""), as it was
+    set: ConfigHelper describes it from the map of the stored strings, which
+    createBrokerConfigEntry shows as they are."""
     definition = TOPIC_CONFIGS_BY_BROKER_NAME.get(key)
     return {
         "name": key,
-        "value": value if definition is None else canonical_config_value(definition, value),
+        "value": value,
         "read_only": False,
         "config_source": DYNAMIC_DEFAULT_BROKER_CONFIG,
         "is_sensitive": False,

@@ -549,8 +549,10 @@ def test_create_topics_answers_every_config_of_the_new_topic_with_its_source(
 
 
 def test_values_are_described_as_kafka_writes_them_back(tmp_path: Path) -> None:
-    """A value is shown parsed and written back (Kafka's ConfigDef.convertToString of the
-    LogConfig's value), its synonym as it was set; a cluster-level one too."""
+    """A topic's value is shown parsed and written back (Kafka's ConfigDef.convertToString of
+    the LogConfig's value), its own synonym too (createTopicConfigEntry); a broker-level
+    synonym as it was set, and so is a cluster-level default described (ConfigHelper reads
+    the stored strings). Its own synonym was shown as set, and the default written back."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         own = {
@@ -579,13 +581,13 @@ def test_values_are_described_as_kafka_writes_them_back(tmp_path: Path) -> None:
         topic, cluster_wide = response.results
         shown = {e.name: (e.value, e.synonyms[0].value) for e in topic.configs}
         assert shown == {
-            "cleanup.policy": ("compact,delete", "compact, delete"),
-            "unclean.leader.election.enable": ("true", "TRUE"),
-            "retention.ms": ("100", " +100 "),
+            "cleanup.policy": ("compact,delete", "compact,delete"),
+            "unclean.leader.election.enable": ("true", "true"),
+            "retention.ms": ("100", "100"),
             "min.cleanable.dirty.ratio": ("0.5", "5e-1"),
         }
         assert [(e.name, e.value) for e in cluster_wide.configs] == [
-            ("log.cleaner.min.cleanable.ratio", "0.5")
+            ("log.cleaner.min.cleanable.ratio", "5e-1")
         ]
 
     run(tmp_path, test)
