@@ -648,10 +648,9 @@ class ShardContext:
                 consumer_group = is_consumer_group(listing[0][1])
         self._forget_members(high_watermark)
         members: dict[str, MemberEpoch | None] = {}
-        chain = (
-            None if member_id is None else self.committed_members.get(group_id, {}).get(member_id)
-        )
-        if member_id is not None and chain is not None:
+        if member_id is not None and (
+            chain := self.committed_members.get(group_id, {}).get(member_id)
+        ):
             members[member_id] = chain[0][1]
         return CommittedFetch(consumer_group, members)
 
@@ -886,14 +885,14 @@ class ShardContext:
         writes = self.member_writes
         while writes and writes[0][0] <= high_watermark:
             _, group_id, member_id = writes.popleft()
-            members = self.committed_members.get(group_id)
-            chain = None if members is None else members.get(member_id)
+            members = self.committed_members.get(group_id, {})
+            chain = members.get(member_id)
             if chain is None:
                 continue  # an entry of the chain the same write merged, already forgotten
             while chain and chain[0][0] <= high_watermark:
                 del chain[0]
             if not chain:
-                del members[member_id]  # type: ignore[union-attr]
+                del members[member_id]
                 if not members:
                     del self.committed_members[group_id]
 
