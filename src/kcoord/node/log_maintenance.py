@@ -22,6 +22,9 @@ log tidy, as in Kafka):
 - **Recovery points** every ``log.flush.offset.checkpoint.interval.ms`` (Kafka's
   ``checkpointLogRecoveryOffsets``): after a crash each log recovers from its last checkpointed
   recovery point instead of from the last clean shutdown's.
+- **Flushes of rolled segments** off the event loop (Kafka's ``UnifiedLog.roll`` schedules
+  its "flush-log" task): a roll seals the segment and hands its fsyncs to a worker thread
+  (``flush_later``); the log's recovery point passes the segment once they are done.
 - **File removal** off the event loop (Kafka's ``asyncDeleteSegment`` and its log-dir
   deletion task): segments a log lets go (retention, truncation, cleaning) are renamed
   ``.deleted`` at once and a deleted partition's directory ``-delete``; ``remove_later`` queues
@@ -45,7 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kcoord.node.log_dir_failure import LogDirFailureChannel
-from kcoord.storage.log import DEFAULT_OFFSET_MAP_CAPACITY, CleanerStats, Log, remove_now
+from kcoord.storage.log import (
+    DEFAULT_OFFSET_MAP_CAPACITY,
+    CleanerStats,
+    Log,
+    RolledFlush,
+    remove_now,
+)
 from kcoord.storage.manager import LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
 
@@ -115,6 +124,8 @@ class LogMaintenance:
         # The cleaner's own thread (Kafka's CleanerThread): a stop waits for its pass to end
         # before the logs it reads are closed.
         self._cleaner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cleaner")
+        # The fsyncs of rolled segments, one at a time (Kafka's scheduler thread).
+        self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="log-flush")
         self._closing = False
 
     # -----------------------------------------------------------------------------------------
@@ -143,6 +154,7 @@ class LogMaintenance:
         the stop then closed, or held the stop past the launcher's grace."""
         self._closing = True
         await asyncio.to_thread(self._cleaner.shutdown, True)
+        await asyncio.to_thread(self._flusher.shutdown, True)
 
     def _pause_or_abort(self) -> None:
         """The cleaner thread's call after every batch: hand the GIL over, or give up."""
@@ -258,6 +270,29 @@ class LogMaintenance:
                 cleaned = None
             if cleaned is None:  # nothing (more) to clean: back off, as Kafka's cleaner does
                 await asyncio.sleep(self.config.cleaner_backoff_ms / 1000)
+
+    # -----------------------------------------------------------------------------------------
+    # Flushes of rolled segments.
+
+    def flush_later(self, lg: Log, flush: RolledFlush) -> None:
+        """The LogManager's flusher of rolled segments (on the event loop)."""
+        if self._closing:  # the node is stopping: its logs are about to be flushed and closed
+            self._flushed(lg, flush, None)
+            return
+        running = asyncio.get_running_loop().run_in_executor(self._flusher, flush.run)
+        running.add_done_callback(functools.partial(self._flushed, lg, flush))
+
+    def _flushed(self, lg: Log, flush: RolledFlush, running: asyncio.Future[None] | None) -> None:
+        try:
+            if running is None:
+                flush.run()
+            elif running.cancelled():
+                return
+            elif (error := running.exception()) is not None:
+                raise error
+            lg.rolled_flush_done(flush)
+        except OSError as e:
+            self.log_dir_failure.fail(f"flushing {lg.directory.name} up to {flush.offset}", e)
 
     # -----------------------------------------------------------------------------------------
     # File removal.

@@ -236,6 +236,7 @@ class Node:
             failure,
         )
         self.logs.remove = self.log_maintenance.remove_later
+        self.logs.flush_rolled = self.log_maintenance.flush_later
         self.fetchers = ReplicaFetcherManager(
             cfg.node_id,
             self.replicas,

@@ -28,7 +28,14 @@ from pathlib import Path
 
 from kcoord.storage import checkpoint
 from kcoord.storage.config import LogConfig
-from kcoord.storage.log import CleanPlan, Log, RecoveryReport, parse_partition_dir, remove_now
+from kcoord.storage.log import (
+    CleanPlan,
+    Log,
+    RecoveryReport,
+    RolledFlush,
+    parse_partition_dir,
+    remove_now,
+)
 from kcoord.storage.meta_properties import IDENTITY_FILES
 
 log = logging.getLogger(__name__)
@@ -80,6 +87,9 @@ class LogManager:
         # Removes what logs let go: retired segments, deleted partitions' directories. At once
         # by default; a node replaces it to remove them off its event loop.
         self.remove: Callable[[Sequence[Path]], None] = remove_now
+        # Runs the fsyncs a log's roll leaves (``Log.flush_rolled``). At once by default; a node
+        # replaces it to run them on a worker thread.
+        self.flush_rolled: Callable[[Log, RolledFlush], None] | None = None
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -140,6 +150,7 @@ class LogManager:
                         self._offline_offsets.setdefault(name, {})[tp] = offsets[tp]
                 continue
             opened.remove_files = self._remove
+            opened.flush_rolled = self._flush_rolled
             self.logs[tp] = opened
             if report.segments_recovered or report.segments_deleted:
                 self.recovery_reports[tp] = report
@@ -247,6 +258,7 @@ class LogManager:
                 seg.close()
             return
         lg.remove_files = self._remove
+        lg.flush_rolled = self._flush_rolled
         self.logs[tp] = lg
         # A topic deleted and created again: the checkpoints may still hold the old log's
         # recovery point and log start, which the next start-up would apply to this one
@@ -295,6 +307,13 @@ class LogManager:
 
     def _remove(self, paths: Sequence[Path]) -> None:
         self.remove(paths)  # looked up at each call: a node may replace it after opening
+
+    def _flush_rolled(self, lg: Log, flush: RolledFlush) -> None:
+        if self.flush_rolled is not None:  # likewise
+            self.flush_rolled(lg, flush)
+            return
+        flush.run()
+        lg.rolled_flush_done(flush)
 
     def __iter__(self) -> Iterator[tuple[TopicPartition, Log]]:
         return iter(sorted(self.logs.items()))

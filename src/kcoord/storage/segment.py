@@ -557,9 +557,27 @@ class LogSegment:
 
     def on_roll(self) -> None:
         """Trim the preallocated indexes and fsync: the segment is now read-only."""
+        self.seal()
+        self.flush()
+
+    def seal(self) -> None:
+        """Trim the preallocated indexes: the segment is now read-only (not yet fsynced)."""
         self.offset_index.trim()
         self.time_index.trim()
-        self.flush()
+
+    def open_for_sync(self) -> list[int]:
+        """Descriptors of the segment's three files, for ``os.fsync`` on another thread (the
+        caller closes them): the segment may be closed or retired meanwhile."""
+        fds = [os.dup(self._fd)]
+        try:
+            fds.extend(
+                os.open(index.path, os.O_RDONLY) for index in (self.offset_index, self.time_index)
+            )
+        except OSError:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def close(self) -> None:
         if self._fd >= 0:

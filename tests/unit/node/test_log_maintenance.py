@@ -5,6 +5,7 @@ the dirtiest compacted log, a corrupt log set aside, and recovery-point checkpoi
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -143,6 +144,67 @@ def test_recovery_points_are_checkpointed(tmp_path: Path) -> None:
     node.maintenance.checkpoint_recovery_points()
     saved = checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT)
     assert saved[OFFSETS] == node.offsets.recovery_point > 0
+
+
+def test_a_roll_fsyncs_off_the_event_loop_and_then_moves_the_recovery_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's roll schedules its fsyncs ("flush-log"): here an fsync held up on the worker
+    thread holds up neither the append that rolled nor the ones after it."""
+    node = Node(tmp_path)
+    node.logs.flush_rolled = node.maintenance.flush_later
+    release = threading.Event()
+    flusher_threads: set[str] = set()
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            flusher_threads.add(threading.current_thread().name)
+            assert release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
+
+    async def go() -> None:
+        node.commit_offsets(50, groups=2)  # several rolls of 600-byte segments
+        rolled_at = node.offsets.segments[-1].base_offset
+        assert rolled_at > 0
+        node.commit_offsets(5, groups=2)  # the loop is not held up
+        assert node.offsets.recovery_point == 0
+        release.set()
+        async with asyncio.timeout(10):
+            while node.offsets.recovery_point < rolled_at:
+                await asyncio.sleep(0.01)  # polling for the worker thread
+        assert node.offsets.recovery_point == rolled_at
+        await node.maintenance.close()
+
+    asyncio.run(go())
+    assert flusher_threads and all(n.startswith("log-flush") for n in flusher_threads)
+
+
+def test_a_rolled_flush_that_fails_on_disk_halts_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = Node(tmp_path)
+    node.logs.flush_rolled = node.maintenance.flush_later
+    halted: list[int] = []
+    node.maintenance.log_dir_failure = LogDirFailureChannel(tmp_path, halt=halted.append)
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    async def go() -> None:
+        monkeypatch.setattr(os, "fsync", failing)
+        node.commit_offsets(50, groups=2)
+        async with asyncio.timeout(10):
+            while not halted:
+                await asyncio.sleep(0.01)  # polling for the worker thread
+        monkeypatch.undo()
+        await node.maintenance.close()
+
+    asyncio.run(go())
+    assert halted[0] == EXIT_CODE
+    assert node.offsets.recovery_point == 0
 
 
 def test_files_let_go_are_removed_off_the_event_loop(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from kcoord.storage.log import (
     RecordListTooLargeError,
     RecordTooLargeError,
     RecoveryReport,
+    RolledFlush,
     UnexpectedAppendOffsetError,
     parse_partition_dir,
 )
@@ -256,6 +257,80 @@ def test_the_leader_epoch_checkpoint_is_written_before_the_recovery_point_passes
     assert checkpoint.read_leader_epochs(path)[-1] == (5, recovered.log_end_offset - 1)
     recovered.close()
     lg.abandon()
+
+
+def _rolled_flushes(lg: Log) -> list[RolledFlush]:
+    """The fsyncs ``lg``'s rolls leave, kept to run by hand (a node's worker thread)."""
+    taken: list[RolledFlush] = []
+    lg.flush_rolled = lambda _lg, flush: taken.append(flush)
+    return taken
+
+
+def _roll_once(lg: Log) -> int:
+    """Append until the log rolls; return the rolled segment's end."""
+    rolls = len(lg.segments)
+    while len(lg.segments) == rolls:
+        lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=3, now_ms=0)
+    return lg.segments[-1].base_offset
+
+
+def test_a_roll_leaves_its_fsyncs_to_flush_rolled_and_the_recovery_point_waits_for_them(
+    tmp_path: Path,
+) -> None:
+    """As Kafka's ``UnifiedLog.roll`` schedules its "flush-log" task: the append that rolls
+    does not fsync; the recovery point (and the epoch checkpoint below it) moves once the
+    fsyncs ran."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    taken = _rolled_flushes(lg)
+    rolled_at = _roll_once(lg)
+    assert lg.recovery_point == 0
+    assert not lg.epoch_cache.path.exists()
+    [flush] = taken
+    assert flush.offset == rolled_at
+    assert len(flush.fds) == 4  # the segment, its two indexes, the directory (a new file)
+    flush.run()
+    assert flush.fds == []
+    lg.rolled_flush_done(flush)
+    assert lg.recovery_point == rolled_at
+    assert checkpoint.read_leader_epochs(lg.epoch_cache.path) == [(3, 0)]
+    lg.close()
+
+
+def test_a_rolled_flush_done_after_a_truncation_or_a_close_moves_no_recovery_point(
+    tmp_path: Path,
+) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    taken = _rolled_flushes(lg)
+    _roll_once(lg)
+    lg.truncate_to(2)
+    taken[0].run()
+    lg.rolled_flush_done(taken[0])
+    assert lg.recovery_point == 0
+    _roll_once(lg)
+    lg.abandon()
+    taken[1].run()
+    lg.rolled_flush_done(taken[1])
+    assert lg.recovery_point == 0
+
+
+def test_a_rolled_flush_that_failed_moves_no_recovery_point(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lg = open_log(tmp_path / "t-0", SMALL)
+    taken = _rolled_flushes(lg)
+    _roll_once(lg)
+
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing)
+    with pytest.raises(OSError):
+        taken[0].run()
+    monkeypatch.undo()
+    assert taken[0].fds == []  # closed all the same
+    lg.rolled_flush_done(taken[0])
+    assert lg.recovery_point == 0
+    lg.close()
 
 
 def test_truncate_to_the_log_end_drops_only_epochs_starting_there(tmp_path: Path) -> None:
