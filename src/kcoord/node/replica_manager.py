@@ -898,8 +898,31 @@ class ReplicaManager:
         """
         self.check_leader_and_min_isr(part, required_acks)
         self._record_skipped_fetches(part)
-        try:
+        with self._append_errors(part):
             info = part.log.append_as_leader(records, part.leader_epoch, self.now_ms(), scan)
+        self.leader_bytes_appended += len(records)
+        self.maybe_advance_high_watermark(part)
+        self.fetch_sessions.mark(part.tp)
+        self._wake_replica_fetches()
+        return AppendResult(
+            info.first_offset,
+            info.last_offset,
+            part.log.log_start_offset,
+            info.log_append_time_ms,
+            info.max_timestamp,
+        )
+
+    def check_local(self, part: Partition, records: bytes) -> None:
+        """Raise the KafkaError ``append_local`` would for ``records``' own faults, appending
+        nothing (``Log.check_for_leader``)."""
+        with self._append_errors(part):
+            part.log.check_for_leader(records, self.now_ms())
+
+    @contextlib.contextmanager
+    def _append_errors(self, part: Partition) -> Iterator[None]:
+        """A leader append's failures as the KafkaError Kafka answers for them."""
+        try:
+            yield
         except RecordTooLargeError as e:
             raise KafkaError(Errors.MESSAGE_TOO_LARGE, str(e)) from e
         except InvalidTimestampError as e:
@@ -918,17 +941,6 @@ class ReplicaManager:
         except OSError as e:
             self.log_dir_failure.fail(f"appending to {part.topic}-{part.partition}", e)
             raise KafkaError(Errors.KAFKA_STORAGE_ERROR, str(e)) from e
-        self.leader_bytes_appended += len(records)
-        self.maybe_advance_high_watermark(part)
-        self.fetch_sessions.mark(part.tp)
-        self._wake_replica_fetches()
-        return AppendResult(
-            info.first_offset,
-            info.last_offset,
-            part.log.log_start_offset,
-            info.log_append_time_ms,
-            info.max_timestamp,
-        )
 
     def maybe_advance_high_watermark(self, part: Partition) -> None:
         """Leader: HW = min LEO over the maximal ISR (KIP-497), via ``LeaderReplication``; it

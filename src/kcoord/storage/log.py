@@ -45,7 +45,7 @@ import os
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Final, NamedTuple
 
@@ -122,6 +122,11 @@ def _log_append_time_from_producer(record_count: int) -> InvalidTimestampError:
         "LogAppendTime."
     )
     return InvalidTimestampError([(i, message) for i in range(record_count)])
+
+
+class _InnerOffsetsNotConsecutiveError(ValueError):
+    """A compressed batch from a producer whose records' offsets are not 0, 1, 2, ...: the
+    append rebuilds it (``_renumbered``)."""
 
 
 class UnexpectedAppendOffsetError(Exception):
@@ -561,6 +566,51 @@ class Log:
         """Validate produced batches, assign offsets from the LEO, stamp ``leader_epoch``.
         With the ``scan`` of these very ``records`` (``scan_for_leader``), their records are
         not read again."""
+        try:
+            return self._append_as_leader(records, leader_epoch, now_ms, scan)
+        except _InnerOffsetsNotConsecutiveError:
+            return self._append_as_leader(self._renumbered(records), leader_epoch, now_ms, None)
+
+    def check_for_leader(self, records: bytes, now_ms: int) -> None:
+        """Raise what ``append_as_leader`` would for ``records``, and append nothing. Kafka's
+        ``UnifiedLog.append`` validates a produced batch (``analyzeAndValidateRecords``,
+        ``LogValidator``) before it looks at its producer's state
+        (``analyzeAndValidateProducerState``): a batch that does not hold up is refused for
+        that, not answered as a duplicate or out of order."""
+        try:
+            self._check_for_leader(records, now_ms)
+        except _InnerOffsetsNotConsecutiveError:
+            self._check_for_leader(self._renumbered(records), now_ms)
+
+    def _check_for_leader(self, records: bytes, now_ms: int) -> None:
+        if len(records) < fmt.HEADER_SIZE:
+            if not records:
+                raise InvalidRecordError("no record batch in the request")
+            fmt.parse_header(records)  # raises the precise error
+        compression = self.config.compression_type
+        if compression != "producer":
+            records = self._recompressed(records, _CODECS[compression])
+        for pos, header, records_max in self._validate(records, leader=True):
+            self._validate_timestamps(records, pos, header, records_max, now_ms)
+        self._raise_if_past_segment(len(records))
+
+    def _renumbered(self, records: bytes) -> bytes:
+        """``records`` with each compressed batch rebuilt with its records at offsets 0, 1,
+        2, ...: Kafka's ``LogValidator`` rebuilds such a batch rather than refuse it ("some
+        older clients do not implement the internal offsets correctly"), and a consumer reads
+        each record's offset from within the batch."""
+        out: list[bytes] = []
+        for pos, header in fmt.iter_headers(records):
+            if header.compression is fmt.Compression.NONE or header.is_control:
+                out.append(records[pos : pos + header.size])
+                continue
+            decoded = fmt.decode_records(records, pos)
+            out.append(fmt.rebuild_batch(header, _consecutive(header.base_offset, decoded)))
+        return b"".join(out)
+
+    def _append_as_leader(
+        self, records: bytes, leader_epoch: int, now_ms: int, scan: LeaderScan | None
+    ) -> AppendInfo:
         if len(records) < fmt.HEADER_SIZE:
             if not records:
                 raise InvalidRecordError("no record batch in the request")
@@ -834,7 +884,8 @@ class Log:
                 continue
             self._raise_if_too_large(header.size)
             self._validate_batch(records, pos, header, leader=False)
-            decoded = fmt.decode_records(records, pos)
+            # Kafka's buildRecordsAndAssignOffsets gives the records consecutive offsets.
+            decoded = _consecutive(header.base_offset, fmt.decode_records(records, pos))
             out.append(fmt.rebuild_batch(header, decoded, compression=codec))
             changed = True
         return b"".join(out) if changed else records
@@ -1859,23 +1910,46 @@ def _records_max_timestamp(
         plain[fmt.ATTRIBUTES_OFFSET + 1] &= ~fmt.COMPRESSION_MASK & 0xFF
         plain += body
     greatest = fmt.NO_TIMESTAMP
+    base_offset = expected = int.from_bytes(records[pos : pos + 8], "big", signed=True)
     try:
         try:
-            for record in _CRecordBatch(plain):  # exactly the records declared, or it raises
-                timestamp = record.timestamp
-                if timestamp > greatest:  # noqa: PLR1730 (a call of max() per record costs more)
-                    greatest = timestamp
+            if not codec:
+                for record in _CRecordBatch(plain):  # exactly the records declared, or it raises
+                    timestamp = record.timestamp
+                    if timestamp > greatest:  # noqa: PLR1730 (a call of max() a record costs more)
+                        greatest = timestamp
+            else:
+                # LogValidator: a compressed batch's records at offsets 0, 1, 2, ... or it is
+                # rebuilt so (an uncompressed one is taken as it is, as Kafka's).
+                for record in _CRecordBatch(plain):
+                    timestamp = record.timestamp
+                    if timestamp > greatest:  # noqa: PLR1730
+                        greatest = timestamp
+                    if record.offset != expected:
+                        raise _InnerOffsetsNotConsecutiveError
+                    expected += 1
         except UnicodeDecodeError:
             # aiokafka's reader decodes header keys strictly; Kafka reads them leniently
             # (``Utils.utf8``), so a batch with a key that is not UTF-8 is read again with
             # kcoord's own decoder, which checks the same and keeps such a key.
-            greatest = max([greatest, *(r.timestamp for r in fmt.decode_records(records, pos))])
+            decoded = fmt.decode_records(records, pos)
+            if codec and decoded != _consecutive(base_offset, decoded):
+                raise _InnerOffsetsNotConsecutiveError from None
+            greatest = max([greatest, *(r.timestamp for r in decoded)])
     except (CorruptRecordException, fmt.RecordFormatError) as e:
         raise InvalidRecordError(
             f"batch at position {pos}: Incorrect declared batch size, {record_count} records "
             f"declared: {e}"
         ) from e
     return greatest
+
+
+def _consecutive(base_offset: int, records: Sequence[fmt.Record]) -> list[fmt.Record]:
+    """``records`` at ``base_offset``, ``base_offset`` + 1, ..."""
+    return [
+        r if r.offset == base_offset + i else replace(r, offset=base_offset + i)
+        for i, r in enumerate(records)
+    ]
 
 
 def _new_segment(directory: Path, config: LogConfig, base_offset: int) -> LogSegment:

@@ -333,6 +333,42 @@ def test_a_rolled_flush_that_failed_moves_no_recovery_point(
     lg.close()
 
 
+def _gappy_gzip_batch() -> bytes:
+    """Two records at offsets 0 and 5 in a batch covering 0-1, its CRC sound."""
+    data = bytearray(
+        fmt.build_batch(
+            [fmt.Record(0, 1_000, None, b"a"), fmt.Record(5, 1_000, None, b"b")],
+            compression=fmt.Compression.GZIP,
+        )
+    )
+    data[23:27] = (1).to_bytes(4, "big")  # last offset delta
+    data[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(data, 0, len(data)).to_bytes(
+        4, "big"
+    )
+    return bytes(data)
+
+
+@pytest.mark.parametrize("compression", ["producer", "zstd"])
+def test_a_compressed_batch_whose_records_skip_offsets_is_rebuilt_at_consecutive_ones(
+    tmp_path: Path, compression: str
+) -> None:
+    """Kafka's LogValidator rebuilds it (in place assignment off), read off the loop or not,
+    recompressed for the topic or not."""
+    lg = open_log(tmp_path / "t-0", LogConfig(compression_type=compression))
+    sent = _gappy_gzip_batch()
+    lg.check_for_leader(sent, now_ms=1_000)  # nothing to refuse
+    assert lg.log_end_offset == 0
+    lg.append_as_leader(sent, leader_epoch=0, now_ms=1_000)
+    lg.append_as_leader(sent, leader_epoch=0, now_ms=1_000, scan=lg.scan_for_leader(sent))
+    assert [(r.offset, r.value) for r in read_all(lg)] == [
+        (0, b"a"),
+        (1, b"b"),
+        (2, b"a"),
+        (3, b"b"),
+    ]
+    lg.close()
+
+
 def test_truncate_to_the_log_end_drops_only_epochs_starting_there(tmp_path: Path) -> None:
     """A leader that appended nothing in its epoch has the epoch's entry at its log end; as a
     follower it truncates to its log end: no record goes, the entry does, on disk too."""

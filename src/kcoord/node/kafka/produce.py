@@ -491,6 +491,56 @@ class ProducerStates:
             t.next_expiry_ms = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
 
 
+# ReplicaManager.appendToLocalLog answers these without the partition's log start.
+_ERRORS_WITHOUT_LOG_START: Final = frozenset(
+    {
+        Errors.UNKNOWN_TOPIC_OR_PARTITION,
+        Errors.NOT_LEADER_OR_FOLLOWER,
+        Errors.MESSAGE_TOO_LARGE,
+        Errors.RECORD_LIST_TOO_LARGE,
+        Errors.CORRUPT_MESSAGE,
+        Errors.KAFKA_STORAGE_ERROR,
+        Errors.UNKNOWN_TOPIC_ID,
+    }
+)
+
+
+def _unreadable_batch(partition: str, data: bytes, error: fmt.RecordFormatError) -> KafkaError:
+    """The answer to a batch whose header does not read, in Kafka's order: a base offset other
+    than 0 first (``UnifiedLog.analyzeAndValidateRecords``: INVALID_RECORD), then a batch cut
+    short or whose CRC does not hold (CORRUPT_MESSAGE, retriable); a whole, sound batch whose
+    offset range or record count is negative fails ``LogValidator.validateBatch``
+    (INVALID_RECORD, which a producer does not retry)."""
+    if len(data) >= fmt.HEADER_SIZE:
+        header = fmt.HEADER.unpack_from(data)
+        base_offset, batch_length, magic, crc = header[0], header[1], header[3], header[4]
+        last_offset_delta, record_count = header[6], header[12]
+        if base_offset != 0:
+            return KafkaError(
+                Errors.INVALID_RECORD,
+                f"The baseOffset of the record batch in the append to {partition} should be 0, "
+                f"but it is {base_offset}",
+            )
+        if (
+            magic == fmt.MAGIC_V2
+            and batch_length + fmt.LOG_OVERHEAD == len(data)
+            and fmt.crc32c(memoryview(data)[fmt.ATTRIBUTES_OFFSET :]) == crc
+        ):
+            if last_offset_delta < 0:
+                return KafkaError(
+                    Errors.INVALID_RECORD,
+                    f"Batch has an invalid offset range: [0, {last_offset_delta}] in topic "
+                    f"partition {partition}",
+                )
+            if record_count < 0:
+                return KafkaError(
+                    Errors.INVALID_RECORD,
+                    f"Invalid reported count for record batch: {record_count} in topic "
+                    f"partition {partition}",
+                )
+    return KafkaError(Errors.CORRUPT_MESSAGE, str(error))
+
+
 @dataclass(slots=True)
 class _PartitionResult:
     index: int
@@ -645,6 +695,7 @@ class ProduceApi:
         (``ReplicaManager.getPartitionOrException``: UNKNOWN_TOPIC_ID if the partition hosted
         under its name is another topic's now)."""
         result = _PartitionResult(index)
+        hosted: Partition | None = None
         try:
             if is_internal(topic):
                 raise KafkaError(
@@ -666,7 +717,8 @@ class ProduceApi:
             try:
                 headers = [h for _, h in fmt.iter_headers(data)]
             except fmt.RecordFormatError as e:
-                raise KafkaError(Errors.CORRUPT_MESSAGE, str(e)) from e
+                hosted = part  # appendToLocalLog's, as below
+                raise _unreadable_batch(f"{topic}-{index}", data, e) from e
             if len(headers) != 1:
                 # ProduceRequest.validateRecords: exactly one batch per partition.
                 raise KafkaError(
@@ -674,6 +726,19 @@ class ProduceApi:
                     "Produce requests are only allowed to contain exactly one record batch per "
                     f"partition, not {len(headers)}",
                 )
+            for h in headers:
+                if version < ZSTD_MIN_PRODUCE_VERSION and (
+                    h.attributes & fmt.COMPRESSION_MASK == fmt.Compression.ZSTD
+                ):
+                    # ProduceRequest.validateRecords: zstd needs Produce v7 (KIP-110).
+                    raise KafkaError(
+                        Errors.UNSUPPORTED_COMPRESSION_TYPE,
+                        f"Produce requests with version {version} are not allowed to use "
+                        "ZStandard compression",
+                    )
+            # What ReplicaManager.appendToLocalLog refuses from here is answered with the
+            # partition's log start, but for a few errors (processFailedRecord).
+            hosted = part
             for h in headers:
                 if h.is_control:
                     raise KafkaError(Errors.INVALID_RECORD, "clients may not write control records")
@@ -684,15 +749,6 @@ class ProduceApi:
                         f"Invalid sequence number {h.base_sequence} in record batch with "
                         f"producerId {h.producer_id}",
                     )
-                if version < ZSTD_MIN_PRODUCE_VERSION and (
-                    h.attributes & fmt.COMPRESSION_MASK == fmt.Compression.ZSTD
-                ):
-                    # ProduceRequest.validateRecords: zstd needs Produce v7 (KIP-110).
-                    raise KafkaError(
-                        Errors.UNSUPPORTED_COMPRESSION_TYPE,
-                        f"Produce requests with version {version} are not allowed to use "
-                        "ZStandard compression",
-                    )
             # Leadership and min.insync.replicas first, as Kafka: were a batch queued behind a
             # refused one answered OUT_OF_ORDER_SEQUENCE_NUMBER instead, librdkafka would bump
             # its epoch and resend, under new sequences, batches of other partitions that
@@ -700,6 +756,11 @@ class ProduceApi:
             self.ctx.replicas.check_leader_and_min_isr(part, acks)
             state = self.states.get(part, self.ctx.now_ms())
             verdict = state.validate(headers)
+            if isinstance(verdict, (Rejected, Duplicate)):
+                # UnifiedLog.append validates the batch before its producer's state: the
+                # sequence fields are under the CRC, and a retry that does not hold up is
+                # refused for what is wrong with it (an accepted one is, by the append).
+                self.ctx.replicas.check_local(part, data)
             if isinstance(verdict, Rejected):
                 raise KafkaError(verdict.error, verdict.message)
             if isinstance(verdict, Duplicate):
@@ -742,6 +803,8 @@ class ProduceApi:
             result.record_errors = e.record_errors
             if e.code is Errors.NOT_LEADER_OR_FOLLOWER:
                 result.leader_hint = self.ctx.leader_hint(topic, index)
+            if hosted is not None and e.code not in _ERRORS_WITHOUT_LOG_START:
+                result.log_start_offset = hosted.log.log_start_offset
         return result
 
     async def _complete(

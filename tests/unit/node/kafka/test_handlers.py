@@ -890,6 +890,119 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def _with_crc(sent: bytearray) -> bytes:
+    data = bytearray(sent)
+    data[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(data, 0, len(data)).to_bytes(
+        4, "big"
+    )
+    return bytes(data)
+
+
+def test_a_produced_batch_is_checked_before_its_producer_state(tmp_path: Path) -> None:
+    """UnifiedLog.append validates a batch (analyzeAndValidateRecords, LogValidator) before its
+    producer's state: a retry of an appended batch with a broken CRC was answered as a
+    duplicate, and a batch both out of order and out of time OUT_OF_ORDER_SEQUENCE_NUMBER
+    (the Java producer bumps its epoch for that). Failures past the request's own checks
+    carry the partition's log start, but for a few (ReplicaManager.processFailedRecord)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        init = await c.call(
+            INIT_PRODUCER_ID, 4, {"transactional_id": None, "transaction_timeout": 60_000}
+        )
+        pid = init.producer_id
+
+        def idem(seq: int, *values: bytes, timestamp: int = 1_700_000_000_000) -> bytes:
+            return batch(
+                list(values),
+                producer_id=pid,
+                producer_epoch=0,
+                base_sequence=seq,
+                timestamp=timestamp,
+            )
+
+        async def produce(records: bytes) -> Any:
+            return only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+
+        assert (await produce(idem(0, b"a"))).error_code == Errors.NONE
+        assert h.replicas.leader_partition("t", 0).log.maybe_increment_log_start_offset(1)
+        broken = await produce(idem(0, b"a")[:-1] + b"?")
+        assert (broken.error_code, broken.log_start_offset) == (Errors.CORRUPT_MESSAGE, -1)
+        ahead = h.clock[0] + 10 * 3600 * 1000
+        late = await produce(idem(5, b"b", timestamp=ahead))
+        assert (late.error_code, late.log_start_offset) == (Errors.INVALID_TIMESTAMP, 1)
+        gap = await produce(idem(5, b"b"))
+        assert (gap.error_code, gap.log_start_offset) == (Errors.OUT_OF_ORDER_SEQUENCE_NUMBER, 1)
+        retry = await produce(idem(0, b"a"))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+
+    run(tmp_path, test)
+
+
+def test_a_sound_batch_with_a_negative_offset_range_count_or_base_is_an_invalid_record(
+    tmp_path: Path,
+) -> None:
+    """LogValidator.validateBatch and analyzeAndValidateRecords refuse these with
+    INVALID_RECORD, which a producer does not retry; kcoord answered CORRUPT_MESSAGE
+    (retriable) for a batch whose CRC holds. One whose CRC does not hold stays CORRUPT."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        sound = bytearray(batch([b"x"]))
+        negative_delta = bytearray(sound)
+        negative_delta[23:27] = (-1).to_bytes(4, "big", signed=True)
+        negative_count = bytearray(sound)
+        negative_count[fmt.HEADER_SIZE - 4 : fmt.HEADER_SIZE] = (-2).to_bytes(4, "big", signed=True)
+        negative_base = bytearray(sound)
+        negative_base[0:8] = (-5).to_bytes(8, "big", signed=True)
+        for records, error in [
+            (_with_crc(negative_delta), Errors.INVALID_RECORD),
+            (_with_crc(negative_count), Errors.INVALID_RECORD),
+            (bytes(negative_base), Errors.INVALID_RECORD),  # the base offset is outside the CRC
+            (bytes(negative_delta), Errors.CORRUPT_MESSAGE),  # the CRC does not hold
+        ]:
+            part = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+            # LogValidator's refusals carry the log start (processFailedRecord).
+            start = 0 if error is Errors.INVALID_RECORD else -1
+            assert (part.error_code, part.log_start_offset) == (error, start), records[:30]
+
+    run(tmp_path, test)
+
+
+def test_a_compressed_batch_whose_records_skip_offsets_is_rebuilt(tmp_path: Path) -> None:
+    """Kafka's LogValidator rebuilds a compressed batch whose records' offsets are not 0, 1,
+    2, ... (older clients wrote them so): kcoord stored it as sent, and a consumer read offsets
+    0 and 5 from a batch covering 0-1, then skipped 2-5 of the next batches."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        ts = 1_700_000_000_000
+        gappy = bytearray(
+            fmt.build_batch(
+                [fmt.Record(0, ts, None, b"a"), fmt.Record(5, ts, None, b"b")],
+                compression=fmt.Compression.GZIP,
+            )
+        )
+        gappy[23:27] = (1).to_bytes(4, "big")  # last offset delta: two records
+        for version in (9, 3):
+            response = await c.call(PRODUCE, version, produce_values("t", 0, _with_crc(gappy)))
+            assert only_partition(response).error_code == Errors.NONE
+        response = await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"c"])))
+        assert only_partition(response).base_offset == 4
+        fetched = only_partition(await c.call(FETCH, 12, fetch_values("t", 0, 0)))
+        records = [
+            (r.offset, r.value)
+            for pos, _ in fmt.iter_headers(fetched.records)
+            for r in fmt.decode_records(fetched.records, pos)
+        ]
+        assert records == [(0, b"a"), (1, b"b"), (2, b"a"), (3, b"b"), (4, b"c")]
+
+    run(tmp_path, test)
+
+
 def test_a_partition_named_twice_in_a_produce_is_appended_once_with_its_last_batch(
     tmp_path: Path,
 ) -> None:
