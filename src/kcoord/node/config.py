@@ -264,6 +264,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
         _INT32_MAX,
     ),
     _Spec("auto.create.topics.enable", _Kind.BOOL, True),
+    # Idempotent producers (TransactionLogConfig): how long a producer id is remembered after
+    # its last write, and how often the forgotten ones are looked for.
+    _Spec("producer.id.expiration.ms", _Kind.INT, 24 * 60 * 60 * 1000, 1, _INT32_MAX),
+    _Spec("producer.id.expiration.check.interval.ms", _Kind.INT, 600_000, 1, _INT32_MAX),
     # The Kafka listener (SocketServer): the largest request frame, and how long an idle
     # connection stays open.
     _Spec("socket.request.max.bytes", _Kind.INT, 100 * 1024 * 1024, 1, _INT32_MAX),
@@ -389,6 +393,8 @@ class NodeConfig:
     socket_request_max_bytes: int
     connections_max_idle_ms: int
     max_connections: int
+    producer_id_expiration_ms: int
+    producer_id_expiration_check_interval_ms: int
     replica_lag_time_max_ms: int
     replica_fetch_wait_max_ms: int
     replica_fetch_max_bytes: int

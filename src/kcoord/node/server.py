@@ -158,6 +158,7 @@ class Node:
         self.clock = clock
         self.incarnation_id = str(uuid.uuid4())
         self.logs = LogManager(config.data_dir)
+        self.logs.producer_id_expiration_ms = config.producer_id_expiration_ms
         self.roles = ReplicaRoles(config.node_id)
         # Held until the initial catch-up (_wait_for_initial_catch_up; see MetadataCache).
         self.cache = MetadataCache(
@@ -473,6 +474,10 @@ class Node:
                 num_partitions=cfg.num_partitions,
                 default_replication_factor=cfg.default_replication_factor,
                 bug_append_twice=cfg.test_bug_append_twice,
+                producer_id_expiration_ms=cfg.producer_id_expiration_ms,
+                producer_id_expiration_check_interval_ms=(
+                    cfg.producer_id_expiration_check_interval_ms
+                ),
             ),
             request_stats=RequestStats() if cfg.metrics_enable else None,
             max_request_bytes=cfg.socket_request_max_bytes,

@@ -241,6 +241,8 @@ class CleanPlan:
     now_ms: int
     dirty_ratio: float
     first_dirty_offset: int  # the log's when planned: the keys mapped start there
+    # producer.id.expiration.ms: a producer whose last batch is older is no longer kept.
+    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 
 @dataclass(slots=True)
@@ -1411,6 +1413,7 @@ class Log:
         *,
         high_watermark: int | None = None,
         min_dirty_ratio: float | None = None,
+        producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
     ) -> CleanPlan | None:
         """What a cleaning pass would clean now, or None. On the log's owner thread.
 
@@ -1458,7 +1461,14 @@ class Log:
             )
             if not ratio > min_dirty_ratio and not horizon_passed and not overdue:
                 return None
-        return CleanPlan(cleanable, self._generation, now_ms, ratio, self.first_dirty_offset)
+        return CleanPlan(
+            cleanable,
+            self._generation,
+            now_ms,
+            ratio,
+            self.first_dirty_offset,
+            producer_id_expiration_ms,
+        )
 
     def clean(
         self,
@@ -1581,8 +1591,7 @@ class Log:
                 elif not header.is_control and header.has_producer_id:
                     last_batch_of[header.producer_id] = header
         return {
-            header.last_offset: plan.now_ms - header.max_timestamp
-            < DEFAULT_PRODUCER_ID_EXPIRATION_MS
+            header.last_offset: plan.now_ms - header.max_timestamp < plan.producer_id_expiration_ms
             for header in last_batch_of.values()
         }
 

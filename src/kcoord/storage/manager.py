@@ -37,6 +37,7 @@ from kcoord.storage.log import (
     remove_now,
 )
 from kcoord.storage.meta_properties import IDENTITY_FILES
+from kcoord.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class LogManager:
         # Runs the fsyncs a log's roll leaves (``Log.flush_rolled``). At once by default; a node
         # replaces it to run them on a worker thread.
         self.flush_rolled: Callable[[Log, RolledFlush], None] | None = None
+        # producer.id.expiration.ms: the cleaner keeps the last batch of a producer younger.
+        self.producer_id_expiration_ms = DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -377,7 +380,10 @@ class LogManager:
             if hw is None or tp in skip or not lg.config.compact:
                 continue
             plan = lg.plan_cleaning(
-                now_ms, high_watermark=hw, min_dirty_ratio=lg.config.min_cleanable_dirty_ratio
+                now_ms,
+                high_watermark=hw,
+                min_dirty_ratio=lg.config.min_cleanable_dirty_ratio,
+                producer_id_expiration_ms=self.producer_id_expiration_ms,
             )
             if plan is not None and (best is None or plan.dirty_ratio > best[2].dirty_ratio):
                 best = (tp, lg, plan)

@@ -80,6 +80,8 @@ def test_defaults() -> None:
     assert cfg.group_consumer_heartbeat_interval_ms == 5_000
     assert cfg.group_consumer_max_size == 2**31 - 1
     assert cfg.auto_create_topics_enable is True
+    assert cfg.producer_id_expiration_ms == 86_400_000
+    assert cfg.producer_id_expiration_check_interval_ms == 600_000
     assert (cfg.socket_request_max_bytes, cfg.connections_max_idle_ms) == (100 * 2**20, 600_000)
     assert cfg.quorum_leader_fallback_timeout_ms == 1500
     assert cfg.quorum_connection_retry_ms == 1000

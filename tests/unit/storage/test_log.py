@@ -937,6 +937,30 @@ def test_compaction_keeps_an_active_producers_last_batch_emptied(tmp_path: Path)
     ] == [(7, 1)]
 
 
+def test_the_cleaner_keeps_a_producers_last_batch_for_the_expiration_it_is_given(
+    tmp_path: Path,
+) -> None:
+    """producer.id.expiration.ms is the node's (``LogManager.producer_id_expiration_ms``, into
+    each plan): with a minute, a producer idle for two is no longer kept."""
+    now = 1_700_000_000_000
+    for expiration_ms, kept in ((DEFAULT_PRODUCER_ID_EXPIRATION_MS, [7]), (60_000, [])):
+        lg = open_log(
+            tmp_path / f"c-{expiration_ms}", LogConfig(cleanup_policy=frozenset({"compact"}))
+        )
+        _produced(lg, 7, 0, b"a", now)
+        lg.append_as_leader(batch(1, key=b"a", value=b"new"), 0, now_ms=now)
+        lg.roll()
+        later = now + 120_000
+        plan = lg.plan_cleaning(
+            later, high_watermark=lg.log_end_offset, producer_id_expiration_ms=expiration_ms
+        )
+        assert plan is not None
+        lg.swap_cleaned(lg.clean(plan))
+        producers = [bp.header.producer_id for seg in lg.segments for bp in seg.scan_headers()]
+        assert [p for p in producers if p != fmt.NO_PRODUCER_ID] == kept, expiration_ms
+        lg.close()
+
+
 NOW = 1_700_000_000_000
 
 

@@ -239,9 +239,11 @@ def test_retention_and_compaction_across_logs(tmp_path: Path) -> None:
         deleting.append_as_leader(batch(1, value=b"x" * 40), 0, now_ms=0)
     deleting.roll()
     hws = {("__consumer_offsets", 0): compacted.log_end_offset, ("t", 0): 40}
+    mgr.producer_id_expiration_ms = 60_000  # the node's producer.id.expiration.ms
     # The cleaner's choice: the compacted log (the other is no compacted log), not past its HW.
     chosen = mgr.filthiest(0, hws)
     assert chosen is not None and chosen[0] == ("__consumer_offsets", 0)
+    assert chosen[2].producer_id_expiration_ms == 60_000
     assert all(s.next_offset <= hws[chosen[0]] for s in chosen[2].segments)
     assert mgr.filthiest(0, hws, skip={("__consumer_offsets", 0)}) is None
     assert mgr.filthiest(0, {}) is None  # no hosted partition: left alone

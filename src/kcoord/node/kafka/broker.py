@@ -78,9 +78,12 @@ class KafkaBroker:
             max_connections=max_connections,
             stats=request_stats,
         )
-        self.produce = produce.ProduceApi(
-            self.ctx, self.producer_ids, produce.ProducerStates(replicas), self.server.off_loop
+        states = produce.ProducerStates(
+            replicas,
+            producer_id_expiration_ms=self.ctx.settings.producer_id_expiration_ms,
+            expiration_check_interval_ms=self.ctx.settings.producer_id_expiration_check_interval_ms,
         )
+        self.produce = produce.ProduceApi(self.ctx, self.producer_ids, states, self.server.off_loop)
         self.fetch = fetch.FetchApi(self.ctx, fetch.FetchWaiters(replicas))
         self.delete_records = delete_records.DeleteRecordsApi(self.ctx)
         # Produce v3+ and Fetch v4+ carry v2 record batches, the only format kcoord stores.

@@ -17,6 +17,7 @@ from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.raft.image import MetadataImage, TopicImage
 from kcoord.raft.records import NO_LEADER
+from kcoord.storage.producer_state import DEFAULT_PRODUCER_ID_EXPIRATION_MS
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,8 @@ class KafkaSettings:
     auto_create_timeout_ms: int = 10_000
     # test.bug.append.twice: every accepted batch appended a second time (chaos suite's test).
     bug_append_twice: bool = False
+    producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS
+    producer_id_expiration_check_interval_ms: int = 600_000
 
 
 class BrokerEndpoint(NamedTuple):

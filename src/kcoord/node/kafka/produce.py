@@ -98,7 +98,7 @@ _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
 LOAD_SLICE_HEADERS: Final = 1000
 # A read starts over when a segment it was reading was let go meanwhile (retention, cleaner).
 _LOAD_ATTEMPTS: Final = 3
-# producer.id.expiration.check.interval.ms: how often idle producers are forgotten.
+# producer.id.expiration.check.interval.ms (its default): how often idle producers are forgotten.
 PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
 # How often a follower's state reads what it replicated since (at most): on promotion only
 # that much is left to read before the first produce.
@@ -193,9 +193,11 @@ class ProducerStates:
         replicas: ReplicaManager,
         *,
         producer_id_expiration_ms: int = DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+        expiration_check_interval_ms: int = PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS,
     ) -> None:
         self.replicas = replicas
         self.producer_id_expiration_ms = producer_id_expiration_ms
+        self.expiration_check_interval_ms = expiration_check_interval_ms
         self._tracked: dict[tuple[str, int], _Tracked] = {}
         self._tasks: dict[tuple[str, int], asyncio.Task[None]] = {}
         # Background reads at once (start-up starts one per hosted partition).
@@ -483,12 +485,11 @@ class ProducerStates:
             return
         # The log kept changing under the reads: ``get`` reads it in one go when asked.
 
-    @staticmethod
-    def _maybe_expire(t: _Tracked, now_ms: int) -> None:
+    def _maybe_expire(self, t: _Tracked, now_ms: int) -> None:
         """Kafka's removeExpiredProducers, every producer.id.expiration.check.interval.ms."""
         if now_ms >= t.next_expiry_ms:
             t.state.remove_expired_producers(now_ms)
-            t.next_expiry_ms = now_ms + PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS
+            t.next_expiry_ms = now_ms + self.expiration_check_interval_ms
 
 
 # ReplicaManager.appendToLocalLog answers these without the partition's log start.

@@ -2245,6 +2245,42 @@ def test_a_producers_state_comes_from_its_last_batches_whatever_their_timestamps
     run(tmp_path, test)
 
 
+def test_producer_id_expiration_is_the_nodes_setting(tmp_path: Path) -> None:
+    """producer.id.expiration.ms and its check interval were fixed at Kafka's defaults: a
+    node set to forget producers after a minute, checking every second, does so."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        states = h.broker.produce.states
+
+        async def produce(pid: int) -> None:
+            records = batch(
+                [b"v"], timestamp=h.clock[0], producer_id=pid, producer_epoch=0, base_sequence=0
+            )
+            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+            assert answer.error_code == Errors.NONE
+
+        await produce(1)
+        part = h.replicas.leader_partition("t", 0)
+        h.clock[0] += 30_000
+        await produce(2)
+        assert set(states.get(part, h.clock[0]).producers) == {1, 2}
+        h.clock[0] += 31_000  # producer 1 idle past a minute; 2 not yet
+        await produce(3)
+        assert set(states.get(part, h.clock[0]).producers) == {2, 3}
+
+    run(
+        tmp_path,
+        test,
+        settings=KafkaSettings(
+            num_partitions=3,
+            producer_id_expiration_ms=60_000,
+            producer_id_expiration_check_interval_ms=1_000,
+        ),
+    )
+
+
 def test_a_stable_leader_forgets_idle_producers(tmp_path: Path) -> None:
     """Kafka's removeExpiredProducers runs every producer.id.expiration.check.interval.ms on
     a leader; here a state was only ever trimmed when a leadership loaded it, so a long-lived
