@@ -585,10 +585,7 @@ class Log:
             self._check_for_leader(self._renumbered(records), now_ms)
 
     def _check_for_leader(self, records: bytes, now_ms: int) -> None:
-        if len(records) < fmt.HEADER_SIZE:
-            if not records:
-                raise InvalidRecordError("no record batch in the request")
-            fmt.parse_header(records)  # raises the precise error
+        _raise_if_not_a_batch(records)
         compression = self.config.compression_type
         if compression != "producer":
             records = self._recompressed(records, _CODECS[compression])
@@ -613,10 +610,7 @@ class Log:
     def _append_as_leader(
         self, records: bytes, leader_epoch: int, now_ms: int, scan: LeaderScan | None
     ) -> AppendInfo:
-        if len(records) < fmt.HEADER_SIZE:
-            if not records:
-                raise InvalidRecordError("no record batch in the request")
-            fmt.parse_header(records)  # raises the precise error
+        _raise_if_not_a_batch(records)
         compression = self.config.compression_type
         if compression != "producer":
             if scan is not None and scan.sent is records and scan.compression == compression:
@@ -1815,6 +1809,14 @@ def _raise_if_crc_invalid(seg: LogSegment, data: bytes, pos: int, header: fmt.Ba
     if not fmt.is_crc_valid(data, pos, header):
         where = f"batch at offset {header.base_offset}"
         raise LogCorruptError(f"{seg.log_path}: CRC mismatch in {where}")
+
+
+def _raise_if_not_a_batch(records: bytes) -> None:
+    """Produced records shorter than a batch header: refused with the precise error."""
+    if len(records) < fmt.HEADER_SIZE:
+        if not records:
+            raise InvalidRecordError("no record batch in the request")
+        fmt.parse_header(records)  # raises
 
 
 def _raise_if_count_disagrees(record_count: int, last_offset_delta: int, pos: int) -> None:

@@ -1064,6 +1064,17 @@ def _elect(
         node.cache.apply(offset, [change])
 
 
+async def _three_records_fetched(tmp_path: Path) -> tuple[dict[int, Node], Node, Node]:
+    """Nodes 1 (leading) and 2 started; three records produced and fetched once by 2."""
+    cluster: dict[int, Node] = {}
+    n1, n2 = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
+    _start(cluster)
+    for i in range(3):
+        n1.produce(b"r%d" % i)
+    await n2.fetch_once()
+    return cluster, n1, n2
+
+
 def test_a_new_leader_knows_its_epoch_before_its_first_append(tmp_path: Path) -> None:
     """Fast successive elections: node 2 led epoch 1 and wrote a record node 1 never saw; node
     1 leads epoch 2 and has appended nothing yet. Asked where epoch 1 ends, it answers with
@@ -1072,12 +1083,7 @@ def test_a_new_leader_knows_its_epoch_before_its_first_append(tmp_path: Path) ->
     throw away records both nodes hold."""
 
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        n1, n2 = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
-        _start(cluster)
-        for i in range(3):
-            n1.produce(b"r%d" % i)
-        await n2.fetch_once()
+        cluster, n1, n2 = await _three_records_fetched(tmp_path)
         assert n2.partition.log.log_end_offset == 3 and n2.partition.high_watermark == 0
         _elect(cluster, 2, 0, leader=2)
         n2.produce(b"x")  # offset 3, epoch 1
@@ -1105,12 +1111,7 @@ def test_a_leader_elected_again_keeps_its_followers_log_end_offsets(tmp_path: Pa
     nothing new to fetch waits up to replica.fetch.wait.max.ms at the leader)."""
 
     async def scenario() -> None:
-        cluster: dict[int, Node] = {}
-        n1, n2 = (Node(n, tmp_path / f"node-{n}", cluster) for n in NODES)
-        _start(cluster)
-        for i in range(3):
-            n1.produce(b"r%d" % i)
-        await n2.fetch_once()
+        cluster, n1, n2 = await _three_records_fetched(tmp_path)
         await n2.fetch_once()
         assert n1.partition.high_watermark == 3
         _elect(cluster, 2, 0, leader=1)

@@ -2245,6 +2245,15 @@ def test_a_producers_state_comes_from_its_last_batches_whatever_their_timestamps
     run(tmp_path, test)
 
 
+async def _first_batch_of(h: Harness, c: AsyncWireClient, pid: int) -> None:
+    """Producer ``pid``'s first batch to t-0, stamped with the harness's clock."""
+    records = batch(
+        [b"v"], timestamp=h.clock[0], producer_id=pid, producer_epoch=0, base_sequence=0
+    )
+    answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+    assert answer.error_code == Errors.NONE
+
+
 def test_producer_id_expiration_is_the_nodes_setting(tmp_path: Path) -> None:
     """producer.id.expiration.ms and its check interval were fixed at Kafka's defaults: a
     node set to forget producers after a minute, checking every second, does so."""
@@ -2255,11 +2264,7 @@ def test_producer_id_expiration_is_the_nodes_setting(tmp_path: Path) -> None:
         states = h.broker.produce.states
 
         async def produce(pid: int) -> None:
-            records = batch(
-                [b"v"], timestamp=h.clock[0], producer_id=pid, producer_epoch=0, base_sequence=0
-            )
-            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
-            assert answer.error_code == Errors.NONE
+            await _first_batch_of(h, c, pid)
 
         await produce(1)
         part = h.replicas.leader_partition("t", 0)
@@ -2293,11 +2298,7 @@ def test_a_stable_leader_forgets_idle_producers(tmp_path: Path) -> None:
         day = 24 * 3_600_000
 
         async def produce(pid: int) -> None:
-            records = batch(
-                [b"v"], timestamp=h.clock[0], producer_id=pid, producer_epoch=0, base_sequence=0
-            )
-            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
-            assert answer.error_code == Errors.NONE
+            await _first_batch_of(h, c, pid)
 
         await produce(1)
         part = h.replicas.leader_partition("t", 0)
