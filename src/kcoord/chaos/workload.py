@@ -439,6 +439,13 @@ def committed_offsets(
     bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float = ADMIN_TIMEOUT_S
 ) -> dict[str, int]:
     """The group's committed offsets (FindCoordinator, then OffsetFetch); raises on an error."""
+    return read_committed(bootstrap, group, topic, partitions, timeout_s)[0]
+
+
+def read_committed(
+    bootstrap: str, group: str, topic: str, partitions: int, timeout_s: float = ADMIN_TIMEOUT_S
+) -> tuple[dict[str, int], tuple[str, int]]:
+    """``committed_offsets``, and the coordinator that answered (host, port)."""
     host, port = _coordinator(bootstrap, group)
     fetched = call_once(
         host,
@@ -461,7 +468,36 @@ def committed_offsets(
                 raise ConnectionError(f"OffsetFetch({group}): partition error {p.error_code}")
             if int(p.committed_offset) >= 0:
                 out[str(p.partition_index)] = int(p.committed_offset)
-    return out
+    return out, (host, port)
+
+
+def coordinators_named(
+    bootstrap: str, group: str, *, besides: tuple[str, int], timeout_s: float
+) -> set[tuple[str, int]]:
+    """The coordinators of ``group`` that the nodes other than ``besides`` name now (those that
+    answer FindCoordinator within ``timeout_s``)."""
+    named: set[tuple[str, int]] = set()
+    for host, port in _endpoints(bootstrap):
+        if (host, port) == besides:
+            continue
+        try:
+            found = call_once(
+                host, port, FIND_COORDINATOR, 3, {"key": group, "key_type": 0}, timeout_s=timeout_s
+            )
+        except (OSError, ConnectionError):
+            continue
+        if int(found.error_code) == 0:
+            named.add((str(found.host), int(found.port)))
+    return named
+
+
+def answered_by_a_deposed_coordinator(
+    answered_by: tuple[str, int], named_by_the_others: set[tuple[str, int]]
+) -> bool:
+    """A read answered by a node that none of the other nodes that answer names coordinator:
+    one deposed that has not learnt it yet (cut off from the controller), which goes on
+    serving the state it had, as a deposed Kafka coordinator does until it resigns."""
+    return bool(named_by_the_others) and answered_by not in named_by_the_others
 
 
 def describe_group(bootstrap: str, group: str) -> dict[str, Any]:

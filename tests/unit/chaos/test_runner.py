@@ -14,7 +14,7 @@ from kcoord.chaos import checkers, nemesis, runner
 from kcoord.chaos import report as chaos_report
 from kcoord.chaos.history import FENCING_WATCH_F, History
 from kcoord.chaos.runner import ChaosLab
-from kcoord.chaos.workload import GroupsWorkload
+from kcoord.chaos.workload import GroupsWorkload, answered_by_a_deposed_coordinator
 
 GROUP = "g"
 
@@ -321,3 +321,36 @@ def test_a_short_pause_is_watched_for_fencing_without_lengthening_it(
     assert watch.time - starts[0].time == pytest.approx(3.0 + runner.FENCING_GRACE_S, abs=1e-9)
     assert {node for _, node in asked} == {2}  # the longer pause was not watched
     assert not checkers.check_fencing(history).valid
+
+
+def test_a_read_a_deposed_coordinator_answers_is_not_held_to_the_acknowledgements(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 4055: node 3, fenced and not yet aware of it (cut off from the controller), answered
+    a mid-run read with the offsets it had, as a deposed Kafka coordinator does; the other
+    nodes named node 2. Such a read is recorded info, not ok; one the coordinator the others
+    name answers stays ok."""
+    history = History(clock=time.monotonic)
+    answers = iter(
+        [({"0": 120}, ("127.0.0.3", 9092)), ({"0": 121}, ("127.0.0.2", 9092))]
+        + [({"0": 121}, ("127.0.0.2", 9092))] * 1000
+    )
+    monkeypatch.setattr(runner, "read_committed", lambda *args: next(answers))
+    monkeypatch.setattr(runner, "coordinators_named", lambda *args, **kwargs: {("127.0.0.2", 9092)})
+    workload = SimpleNamespace(groups=lambda: [GROUP], topic="t", partitions=1)
+    lab = cast(ChaosLab, SimpleNamespace(workload=workload, bootstrap="b", history=history))
+
+    def reads() -> list[Any]:
+        return [e for e in history.events() if e.process == "reader" and e.type != "invoke"]
+
+    with runner.reading_commits(lab, every_s=0.01):
+        deadline = time.monotonic() + 10
+        while len(reads()) < 2:
+            assert time.monotonic() < deadline, reads()
+            time.sleep(0.01)  # polling for the reader thread
+    first, second = reads()[:2]
+    assert (first.type, first.value["answered_by"]) == ("info", "127.0.0.3:9092")
+    assert first.value["coordinators_named"] == ["127.0.0.2:9092"]
+    assert (second.type, second.value["offsets"]) == ("ok", {"0": 121})
+    # No other node answering: nothing tells the read apart, it is held to them.
+    assert not answered_by_a_deposed_coordinator(("127.0.0.3", 9092), set())
