@@ -11,13 +11,15 @@ Metadata (Kafka's ``KafkaApis.handleTopicMetadataRequest`` over ``KRaftMetadataC
   and it is not internal: the node forwards CreateTopics (``num.partitions``,
   ``default.replication.factor``) to the active controller and, unlike Kafka, waits a little
   (``AUTO_CREATE_ANSWER_WAIT_MS``) for its own image to have the topic, so the client
-  usually gets the partitions in this answer instead of ``LEADER_NOT_AVAILABLE`` and a retry;
+  usually gets the partitions in this answer instead of ``UNKNOWN_TOPIC_OR_PARTITION`` and a
+  retry;
   the creation goes on meanwhile (for up to ``auto_create_timeout_ms``), and a controller
   that is away holds the connection (every later request on it) no longer than that wait,
   as Kafka's ``AutoTopicCreationManager`` holds it not at all. An invalid name
-  answers ``INVALID_TOPIC_EXCEPTION``; a creation that fails otherwise or is not visible in
-  time answers ``LEADER_NOT_AVAILABLE`` (retriable), as Kafka does; without auto-creation,
-  ``UNKNOWN_TOPIC_OR_PARTITION``.
+  answers ``INVALID_TOPIC_EXCEPTION``; a creation that fails otherwise (a name colliding with
+  another topic's) or is not visible in time answers ``UNKNOWN_TOPIC_OR_PARTITION``
+  (retriable), as KRaft's ``AutoTopicCreationManager`` answers every topic it sends the
+  controller; without auto-creation, ``UNKNOWN_TOPIC_OR_PARTITION`` too.
 - partitions: leader (``-1`` with ``LEADER_NOT_AVAILABLE`` when it is not an alive broker),
   leader epoch, replicas, ISR, and offline replicas (those not alive).
 
@@ -112,7 +114,8 @@ class TopicCreator:
         self._in_flight: dict[str, asyncio.Task[dict[str, Errors]]] = {}
 
     async def create(self, names: list[str]) -> dict[str, Errors]:
-        """Create the topics; the error per name (``LEADER_NOT_AVAILABLE`` if unfinished)."""
+        """Create the topics; the error per name (``LEADER_NOT_AVAILABLE`` if unfinished; the
+        answer names none of these but ``UNKNOWN_TOPIC_OR_PARTITION``)."""
         new = [n for n in names if n not in self._in_flight]
         if new:
             task = asyncio.create_task(self._create(new), name="kafka-auto-create")
@@ -201,9 +204,11 @@ class MetadataApi:
             topics = await self._describe_requested(request, requested)
         if getattr(body, "include_topic_authorized_operations", False):
             for topic in topics:
-                topic["topic_authorized_operations"] = authorized_operations(
-                    TOPIC_OPERATIONS, asked=True
-                )
+                # KafkaApis.handleTopicMetadataRequest: not on the entries of unknown topic ids.
+                if topic["error_code"] is not Errors.UNKNOWN_TOPIC_ID:
+                    topic["topic_authorized_operations"] = authorized_operations(
+                        TOPIC_OPERATIONS, asked=True
+                    )
         asked_cluster = version in CLUSTER_OPERATIONS_VERSIONS and bool(
             getattr(body, "include_cluster_authorized_operations", False)
         )
@@ -321,9 +326,10 @@ class MetadataApi:
                 continue
             assert name is not None
             if name in created:
-                error = created[name]
-                if error is not Errors.INVALID_TOPIC_EXCEPTION:
-                    error = Errors.LEADER_NOT_AVAILABLE  # created but not visible yet, or failed
+                # Not visible yet, or refused by the controller (a name colliding with another
+                # topic's): KRaft's AutoTopicCreationManager answers every topic it asked the
+                # controller for so, whatever the controller makes of it.
+                error = Errors.UNKNOWN_TOPIC_OR_PARTITION
             elif topic_name_error(name):
                 # KafkaApis.getTopicMetadata validates the name whether or not it would create:
                 # a producer told the name is illegal fails at once instead of waiting.
@@ -511,7 +517,7 @@ def _topic_error(error: Errors, name: str | None, topic_id: Any) -> dict[str, An
         "error_code": error,
         "name": name,
         "topic_id": topic_id,
-        "is_internal": False,
+        "is_internal": name is not None and is_internal(name),  # Topic.isInternal, as Kafka's
         "partitions": [],
         "topic_authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
     }
