@@ -983,7 +983,10 @@ class Controller:
                 yield ControllerResult((), reply)
                 return
             self.heartbeats.note_proposed(broker_id, broker_epoch, False, now_ms)
-            for part in self._unfence_parts(current_image, broker_id, broker_epoch, max_changes):
+            offline = {TopicIdPartition(t, p) for t, p in request.offline_replicas}
+            for part in self._unfence_parts(
+                current_image, broker_id, broker_epoch, max_changes, offline
+            ):
                 yield ControllerResult(tuple(part), reply)
             return
         if request.want_fence or request.want_shut_down:
@@ -1098,16 +1101,19 @@ class Controller:
         broker_id: int,
         broker_epoch: int,
         max_changes: int | None,
+        offline: Collection[TopicIdPartition] = (),
     ) -> Iterator[list[MetadataRecord]]:
         """The records unfencing a broker (``ReplicationControlManager.handleBrokerUnfenced``:
         UnfenceBroker, then it is elected where a partition it hosts has no leader), in parts
         as ``_fence_parts``; the first, with the UnfenceBroker, holds at most ``max_changes``
         elections too (a whole cluster back after an outage has every partition
-        leaderless)."""
+        leaderless). Not where its heartbeat reports the log ``offline``: Kafka elects a
+        replica only on a log directory its registration lists online (``hasOnlineDir``); the
+        next heartbeat takes it out of that ISR or ELR (``_handle_offline_replicas``)."""
         working = _Working(current_image())
         records: list[MetadataRecord] = [UnfenceBroker(broker_id, broker_epoch)]
         working.set_fenced(broker_id, False)
-        leaderless = working.leaderless_hosted_by(broker_id)
+        leaderless = [tp for tp in working.leaderless_hosted_by(broker_id) if tp not in offline]
         step = max_changes or max(len(leaderless), 1)
         for start in range(0, len(leaderless), step):
             if start:

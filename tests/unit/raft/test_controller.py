@@ -817,6 +817,27 @@ def test_replicas_reported_offline_leave_the_isr_and_their_leadership() -> None:
     assert not cluster.image.is_fenced(1)  # its other partitions it serves on
 
 
+def test_a_broker_is_not_elected_on_unfencing_where_it_reports_the_log_offline() -> None:
+    """Every broker fenced; the last ISR member comes back with that partition's log failed to
+    load. Its unfencing heartbeat elected it there all the same (the offline report was read
+    only by an unfenced broker's heartbeat), bumping the leader epoch of a log it refuses to
+    host. Kafka elects only on a directory the registration lists online (hasOnlineDir)."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 3)
+    for b in (1, 2, 3):
+        cluster.commit(cluster.heartbeat(b, 100, want_fence=True).records)
+    state = cluster.state(T1, 0)
+    assert (state.leader, state.isr) == (NO_LEADER, ())
+    [last] = state.elr  # KIP-966: the last ISR member, eligible
+    result = cluster.heartbeat(last, 2_000, offline=((T1, 0),))
+    assert result.records == (UnfenceBroker(last, cluster.epoch(last)),)
+    cluster.commit(result.records)
+    assert cluster.state(T1, 0) == state
+    # Its next heartbeat, unfenced, takes it out of the ELR (as any offline report).
+    after = cluster.heartbeat(last, 2_500, offline=((T1, 0),))
+    assert after.records == (PartitionChange(T1, 0, state.partition_epoch, elr=()),)
+
+
 def test_an_offline_report_never_reaches_a_topic_recreated_under_its_name() -> None:
     """A node reports its offline logs by the id of the topic each was created for: a report
     of a deleted topic's log, from a node whose image is behind, leaves the topic re-created
