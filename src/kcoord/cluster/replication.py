@@ -85,9 +85,7 @@ class LeaderReplication:
         high_watermark: int,
         now_ms: int,
         replica_lag_time_max_ms: int,
-        previous: LeaderReplication | None = None,
     ) -> None:
-        """``previous``: this leader's state in the epoch before, when it is elected again."""
         self.leader_id = leader_id
         self.replicas = tuple(replicas)
         self.isr = tuple(isr)
@@ -99,23 +97,12 @@ class LeaderReplication:
         # The ISR of an AlterPartition sent and not yet committed (or refused), if any.
         self.pending_isr: tuple[int, ...] | None = None
         # Kafka's resetReplicaState on becoming leader: LEOs unknown until the first fetch; ISR
-        # members count as caught up now, so they get a full lag period to fetch. A leader
-        # elected again (isNewLeader false) keeps what it knew of each follower's log, which is
-        # its own log's still, and counts an ISR member as having fetched now: the HW goes on
-        # without waiting for every follower to fetch in the new epoch.
-        self.followers: dict[int, FollowerState] = {}
-        for r in self.replicas:
-            if r == leader_id:
-                continue
-            in_sync = r in self.isr
-            state = FollowerState(r, last_caught_up_ms=now_ms if in_sync else 0)
-            known = None if previous is None else previous.followers.get(r)
-            if known is not None:
-                state.log_end_offset = known.log_end_offset
-                state.broker_epoch = known.broker_epoch
-                state.last_fetch_leader_log_end_offset = leader_epoch_start_offset
-                state.last_fetch_ms = now_ms if in_sync else 0
-            self.followers[r] = state
+        # members count as caught up now, so they get a full lag period to fetch.
+        self.followers: dict[int, FollowerState] = {
+            r: FollowerState(r, last_caught_up_ms=now_ms if r in self.isr else 0)
+            for r in self.replicas
+            if r != leader_id
+        }
         assert leader_id in self.replicas, (leader_id, self.replicas)
 
     # ------------------------------------------------------------------------------- fetches

@@ -538,9 +538,8 @@ class ReplicaManager:
                 # end here rather than "unknown", which would cut it back to its HW. Not
                 # flushed: the checkpoint is written as the recovery point moves (storage/log).
                 part.log.epoch_cache.assign(change.leader_epoch, part.log.log_end_offset)
-                # Kafka's makeLeader: follower states reset (kept by a leader elected again),
-                # the HW starts at ours, and a joining follower must reach the LEO this epoch
-                # starts at.
+                # Kafka's makeLeader: follower states reset, the HW starts at ours, and a
+                # joining follower must reach the LEO this epoch starts at.
                 part.replication = LeaderReplication(
                     self.node_id,
                     part.replicas or (self.node_id,),
@@ -550,7 +549,6 @@ class ReplicaManager:
                     part.high_watermark,
                     self.now_ms(),
                     self.replica_lag_time_max_ms,
-                    previous=part.replication if was_leader else None,
                 )
                 self.maybe_advance_high_watermark(part)
             elif isinstance(change, BecomeFollower):

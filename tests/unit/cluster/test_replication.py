@@ -35,26 +35,6 @@ def test_hw_is_min_leo_over_isr_and_waits_for_unknown_followers() -> None:
     assert r.high_watermark == 10
 
 
-def test_a_leader_elected_again_keeps_what_it_knew_of_its_followers() -> None:
-    """Partition.makeLeader with isNewLeader false (Replica.resetReplicaState): the followers'
-    LEOs stay, so the HW need not wait for each to fetch in the new epoch; one outside the
-    ISR counts as not fetched."""
-    before = leader(isr=(1, 2))
-    before.update_follower_fetch(2, 10, 12, T0, broker_epoch=7)
-    before.update_follower_fetch(3, 9, 12, T0, broker_epoch=7)
-    again = LeaderReplication(1, (1, 2, 3), (1, 2), 6, 12, 10, T0 + 5, LAG_MS, previous=before)
-    assert again.follower_log_end_offset(2) == 10
-    assert again.followers[2].broker_epoch == 7
-    assert again.followers[2].last_fetch_ms == T0 + 5
-    assert (again.followers[3].last_fetch_ms, again.followers[3].last_caught_up_ms) == (0, 0)
-    before.update_follower_fetch(2, 12, 12, T0)
-    renewed = LeaderReplication(1, (1, 2, 3), (1, 2), 6, 12, 10, T0 + 5, LAG_MS, previous=before)
-    assert renewed.maybe_advance_high_watermark(12, T0 + 5)
-    assert renewed.high_watermark == 12
-    fresh = LeaderReplication(1, (1, 2, 3), (1, 2), 6, 12, 10, T0 + 5, LAG_MS)
-    assert not fresh.maybe_advance_high_watermark(12, T0 + 5)  # a new leader waits
-
-
 def test_a_follower_outside_the_isr_does_not_hold_the_hw_back_unless_caught_up() -> None:
     r = leader(isr=(1, 2))
     r.update_follower_fetch(2, 10, 10, T0)

@@ -1104,24 +1104,6 @@ def test_a_new_leader_knows_its_epoch_before_its_first_append(tmp_path: Path) ->
     asyncio.run(scenario())
 
 
-def test_a_leader_elected_again_keeps_its_followers_log_end_offsets(tmp_path: Path) -> None:
-    """Partition.makeLeader resets the follower states only for a new leader: one elected
-    again for another epoch keeps their LEOs (``LeaderReplication(previous=...)``), so its HW
-    does not wait for the first fetch of each follower in the new epoch (a follower with
-    nothing new to fetch waits up to replica.fetch.wait.max.ms at the leader)."""
-
-    async def scenario() -> None:
-        cluster, n1, n2 = await _three_records_fetched(tmp_path)
-        await n2.fetch_once()
-        assert n1.partition.high_watermark == 3
-        _elect(cluster, 2, 0, leader=1)
-        assert n1.partition.leader_epoch == 1
-        assert n1.partition.replication is not None
-        assert n1.partition.replication.follower_log_end_offset(2) == 3
-
-    asyncio.run(scenario())
-
-
 def test_a_leader_that_appended_nothing_drops_its_epoch_when_it_follows(tmp_path: Path) -> None:
     """Node 2 led epoch 1 and appended nothing: its epoch cache says epoch 1 starts at its log
     end. Following node 1 in epoch 2, it truncates nothing but that entry (Kafka's
