@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.storage.log import (
@@ -59,6 +60,12 @@ from kcoord.storage.manager import LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
+
+
+# Rolls whose fsyncs wait for the worker, at most: each holds its files' descriptors (3-4), and
+# a retention pass may roll every idle partition of the node at once. Past it a roll fsyncs on
+# the loop, as it did before (the segments of idle partitions have no dirty pages left).
+MAX_PENDING_ROLL_FLUSHES: Final = 64
 
 
 def hand_over_the_gil() -> None:
@@ -126,6 +133,7 @@ class LogMaintenance:
         self._cleaner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cleaner")
         # The fsyncs of rolled segments, one at a time (Kafka's scheduler thread).
         self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="log-flush")
+        self._pending_flushes = 0
         self._closing = False
 
     # -----------------------------------------------------------------------------------------
@@ -276,17 +284,22 @@ class LogMaintenance:
 
     def flush_later(self, lg: Log, flush: RolledFlush) -> None:
         """The LogManager's flusher of rolled segments (on the event loop)."""
-        if self._closing:  # the node is stopping: its logs are about to be flushed and closed
+        if self._closing or self._pending_flushes >= MAX_PENDING_ROLL_FLUSHES:
+            # Stopping (the logs are about to be flushed and closed), or too many in the queue.
             self._flushed(lg, flush, None)
             return
+        self._pending_flushes += 1
         running = asyncio.get_running_loop().run_in_executor(self._flusher, flush.run)
         running.add_done_callback(functools.partial(self._flushed, lg, flush))
 
     def _flushed(self, lg: Log, flush: RolledFlush, running: asyncio.Future[None] | None) -> None:
+        if running is not None:
+            self._pending_flushes -= 1
         try:
             if running is None:
                 flush.run()
             elif running.cancelled():
+                flush.discard()
                 return
             elif (error := running.exception()) is not None:
                 raise error

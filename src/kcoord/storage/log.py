@@ -263,9 +263,13 @@ class RolledFlush:
                 os.fsync(fd)
             self.done = True
         finally:
-            for fd in self.fds:
-                os.close(fd)
-            self.fds = []
+            self.discard()
+
+    def discard(self) -> None:
+        """Close the descriptors (``run`` does, whatever happens)."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 @dataclass(slots=True)
@@ -354,6 +358,8 @@ class Log:
         # Takes the fsyncs of each roll to run off the appending thread (a node's event loop);
         # None: the roll makes them itself.
         self.flush_rolled: Callable[[Log, RolledFlush], None] | None = None
+        # The rolls handed to it, in roll order (see ``rolled_flush_done``).
+        self._pending_rolls: deque[RolledFlush] = deque()
         self._closed = False
 
     # -----------------------------------------------------------------------------------------
@@ -1046,7 +1052,9 @@ class Log:
                     for fd in fds:
                         os.close(fd)
                     raise
-            self.flush_rolled(self, RolledFlush(old.next_offset, self.truncations, fds))
+            flush = RolledFlush(old.next_offset, self.truncations, fds)
+            self._pending_rolls.append(flush)
+            self.flush_rolled(self, flush)
         seg = _new_segment(self.directory, self.config, base_offset)
         seg.created_ms = now_ms
         self.segments.append(seg)
@@ -1060,10 +1068,15 @@ class Log:
         self.recovery_point = max(self.recovery_point, offset)
 
     def rolled_flush_done(self, flush: RolledFlush) -> None:
-        """``flush`` ran: the recovery point passes the rolled segment, unless the log was
-        truncated or closed since (the segment may be gone; a flush of its own covered it)."""
-        if flush.done and flush.truncations == self.truncations and not self._closed:
-            self._flushed_to(flush.offset)
+        """``flush`` ran. The recovery point passes a rolled segment once its fsyncs and those
+        of every roll before it are done (they may end in any order), and never for a roll
+        made before a truncation (its segment may be gone) or once the log is closed (a flush
+        of its own covered it). A failed one holds the rest back: the node halts."""
+        pending = self._pending_rolls
+        while pending and (pending[0].done or pending[0].truncations != self.truncations):
+            first = pending.popleft()
+            if first.done and first.truncations == self.truncations and not self._closed:
+                self._flushed_to(first.offset)
 
     def roll(self) -> None:
         """Force a roll (tests, and Kafka's admin-driven roll) if the active segment has data."""
@@ -1921,7 +1934,6 @@ def _records_max_timestamp(
         plain[fmt.ATTRIBUTES_OFFSET + 1] &= ~fmt.COMPRESSION_MASK & 0xFF
         plain += body
     greatest = fmt.NO_TIMESTAMP
-    base_offset = expected = int.from_bytes(records[pos : pos + 8], "big", signed=True)
     try:
         try:
             if not codec:
@@ -1932,6 +1944,7 @@ def _records_max_timestamp(
             else:
                 # LogValidator: a compressed batch's records at offsets 0, 1, 2, ... or it is
                 # rebuilt so (an uncompressed one is taken as it is, as Kafka's).
+                expected = _base_offset(records, pos)
                 for record in _CRecordBatch(plain):
                     timestamp = record.timestamp
                     if timestamp > greatest:  # noqa: PLR1730
@@ -1944,7 +1957,7 @@ def _records_max_timestamp(
             # (``Utils.utf8``), so a batch with a key that is not UTF-8 is read again with
             # kcoord's own decoder, which checks the same and keeps such a key.
             decoded = fmt.decode_records(records, pos)
-            if codec and decoded != _consecutive(base_offset, decoded):
+            if codec and decoded != _consecutive(_base_offset(records, pos), decoded):
                 raise _InnerOffsetsNotConsecutiveError from None
             greatest = max([greatest, *(r.timestamp for r in decoded)])
     except (CorruptRecordException, fmt.RecordFormatError) as e:
@@ -1953,6 +1966,10 @@ def _records_max_timestamp(
             f"declared: {e}"
         ) from e
     return greatest
+
+
+def _base_offset(records: bytes, pos: int) -> int:
+    return int.from_bytes(records[pos : pos + 8], "big", signed=True)
 
 
 def _consecutive(base_offset: int, records: Sequence[fmt.Record]) -> list[fmt.Record]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from kcoord.node import log_maintenance
 from kcoord.node.log_dir_failure import EXIT_CODE, LogDirFailureChannel
 from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.storage import checkpoint
@@ -180,6 +181,40 @@ def test_a_roll_fsyncs_off_the_event_loop_and_then_moves_the_recovery_point(
 
     asyncio.run(go())
     assert flusher_threads and all(n.startswith("log-flush") for n in flusher_threads)
+
+
+def test_past_its_queue_a_roll_fsyncs_on_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each queued roll holds its files' descriptors, and a retention pass may roll every idle
+    partition at once: past ``MAX_PENDING_ROLL_FLUSHES`` a roll fsyncs on the loop, and the
+    recovery point still waits for the rolls queued before it."""
+    monkeypatch.setattr(log_maintenance, "MAX_PENDING_ROLL_FLUSHES", 1)
+    node = Node(tmp_path)
+    node.logs.flush_rolled = node.maintenance.flush_later
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def held_on_the_worker(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            assert release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held_on_the_worker)
+
+    async def go() -> None:
+        offsets = node.offsets
+        while len(offsets.segments) < 3:  # the first roll queued, the second on the loop
+            offsets.append_as_leader(batch(1, key=b"k", value=b"v" * 100), 0, 0)
+        assert offsets.recovery_point == 0  # the second's fsyncs are done, the first's not
+        release.set()
+        last_rolled = offsets.segments[-1].base_offset
+        async with asyncio.timeout(10):
+            while offsets.recovery_point < last_rolled:
+                await asyncio.sleep(0.01)  # polling for the worker thread
+        await node.maintenance.close()
+
+    asyncio.run(go())
 
 
 def test_a_rolled_flush_that_fails_on_disk_halts_the_node(

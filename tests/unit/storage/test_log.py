@@ -313,6 +313,24 @@ def test_a_rolled_flush_done_after_a_truncation_or_a_close_moves_no_recovery_poi
     assert lg.recovery_point == 0
 
 
+def test_the_recovery_point_passes_a_rolled_segment_once_every_roll_before_it_is_flushed(
+    tmp_path: Path,
+) -> None:
+    """Two rolls whose fsyncs end in the other order (the second flushed on the loop, the
+    first's queue full): the recovery point waits for the first."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    taken = _rolled_flushes(lg)
+    first_end, second_end = _roll_once(lg), _roll_once(lg)
+    first, second = taken
+    second.run()
+    lg.rolled_flush_done(second)
+    assert lg.recovery_point == 0
+    first.run()
+    lg.rolled_flush_done(first)
+    assert lg.recovery_point == second_end > first_end
+    lg.close()
+
+
 def test_a_rolled_flush_that_failed_moves_no_recovery_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
