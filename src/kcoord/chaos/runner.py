@@ -388,12 +388,12 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
     any node the admin client reaches): a read sent after an acknowledgement must see it, which
     catches acknowledgements a failover loses even when later commits would hide it.
 
-    A read answered by a coordinator that none of the other nodes names any more is recorded
-    ``info``, not held to that: a node cut off from the controller goes on leading what it led
-    until it learns that it was fenced, as a Kafka broker does, and answers from the state it
-    had (seed 4055: node 3, fenced 24.4 s into the run and cut off by connection resets, learnt
-    it at 25.76 s; at 25.75 s it answered a read without the commit node 2 had acknowledged at
-    24.51 s, with the offset before it)."""
+    A read answered by a node while every other node names one and the same other coordinator
+    is recorded ``info``, not held to that: a node cut off from the controller goes on leading
+    what it led until it learns that it was fenced, as a Kafka broker does, and answers from
+    the state it had (seed 4055: node 3, fenced 24.4 s into the run and cut off by connection
+    resets, learnt it at 25.76 s; at 25.75 s it answered a read without the commit node 2 had
+    acknowledged at 24.51 s, with the offset before it)."""
     workload = chaos.workload
     stop = threading.Event()
 
@@ -407,12 +407,15 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
                     offsets, answered_by = read_committed(
                         chaos.bootstrap, group, workload.topic, workload.partitions, 5.0
                     )
-                    named = coordinators_named(
-                        chaos.bootstrap, group, besides=answered_by, timeout_s=1.0
-                    )
                 except Exception as e:
                     chaos.history.add("reader", "fail", "committed", {**value, "error": str(e)})
                     continue
+                try:
+                    named = coordinators_named(
+                        chaos.bootstrap, group, besides=answered_by, timeout_s=1.0
+                    )
+                except Exception:
+                    named = []  # nothing known of the others: the read is held to them
                 if answered_by_a_deposed_coordinator(answered_by, named):
                     # Not held to the acknowledgements: outcome info (see the docstring).
                     chaos.history.add(
@@ -423,7 +426,7 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
                             **value,
                             "offsets": offsets,
                             "answered_by": f"{answered_by[0]}:{answered_by[1]}",
-                            "coordinators_named": sorted(f"{h}:{p}" for h, p in named),
+                            "coordinators_named": sorted({f"{c[0]}:{c[1]}" for c in named if c}),
                         },
                     )
                     continue

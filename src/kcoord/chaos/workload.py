@@ -473,10 +473,10 @@ def read_committed(
 
 def coordinators_named(
     bootstrap: str, group: str, *, besides: tuple[str, int], timeout_s: float
-) -> set[tuple[str, int]]:
-    """The coordinators of ``group`` that the nodes other than ``besides`` name now (those that
-    answer FindCoordinator within ``timeout_s``)."""
-    named: set[tuple[str, int]] = set()
+) -> list[tuple[str, int] | None]:
+    """The coordinator of ``group`` as each node other than ``besides`` names it now (None:
+    no answer within ``timeout_s``, or an error)."""
+    named: list[tuple[str, int] | None] = []
     for host, port in _endpoints(bootstrap):
         if (host, port) == besides:
             continue
@@ -485,19 +485,24 @@ def coordinators_named(
                 host, port, FIND_COORDINATOR, 3, {"key": group, "key_type": 0}, timeout_s=timeout_s
             )
         except (OSError, ConnectionError):
+            named.append(None)
             continue
-        if int(found.error_code) == 0:
-            named.add((str(found.host), int(found.port)))
+        ok = int(found.error_code) == 0
+        named.append((str(found.host), int(found.port)) if ok else None)
     return named
 
 
 def answered_by_a_deposed_coordinator(
-    answered_by: tuple[str, int], named_by_the_others: set[tuple[str, int]]
+    answered_by: tuple[str, int], named_by_the_others: list[tuple[str, int] | None]
 ) -> bool:
-    """A read answered by a node that none of the other nodes that answer names coordinator:
-    one deposed that has not learnt it yet (cut off from the controller), which goes on
-    serving the state it had, as a deposed Kafka coordinator does until it resigns."""
-    return bool(named_by_the_others) and answered_by not in named_by_the_others
+    """A read answered by a node while every other node (a majority of three) names one and
+    the same other coordinator: one deposed that has not learnt it yet (cut off from the
+    controller), which goes on serving the state it had, as a deposed Kafka coordinator does
+    until it resigns. Not when any of them does not answer or names another: a legitimate
+    new coordinator whose only reachable peer still names the old one is held to the
+    acknowledgements."""
+    named = set(named_by_the_others)
+    return len(named) == 1 and None not in named and answered_by not in named
 
 
 def describe_group(bootstrap: str, group: str) -> dict[str, Any]:

@@ -336,7 +336,11 @@ def test_a_read_a_deposed_coordinator_answers_is_not_held_to_the_acknowledgement
         + [({"0": 121}, ("127.0.0.2", 9092))] * 1000
     )
     monkeypatch.setattr(runner, "read_committed", lambda *args: next(answers))
-    monkeypatch.setattr(runner, "coordinators_named", lambda *args, **kwargs: {("127.0.0.2", 9092)})
+    monkeypatch.setattr(
+        runner,
+        "coordinators_named",
+        lambda *args, **kwargs: [("127.0.0.2", 9092), ("127.0.0.2", 9092)],
+    )
     workload = SimpleNamespace(groups=lambda: [GROUP], topic="t", partitions=1)
     lab = cast(ChaosLab, SimpleNamespace(workload=workload, bootstrap="b", history=history))
 
@@ -352,5 +356,11 @@ def test_a_read_a_deposed_coordinator_answers_is_not_held_to_the_acknowledgement
     assert (first.type, first.value["answered_by"]) == ("info", "127.0.0.3:9092")
     assert first.value["coordinators_named"] == ["127.0.0.2:9092"]
     assert (second.type, second.value["offsets"]) == ("ok", {"0": 121})
-    # No other node answering: nothing tells the read apart, it is held to them.
-    assert not answered_by_a_deposed_coordinator(("127.0.0.3", 9092), set())
+    # Held to them unless every other node answers and names the same other coordinator: a
+    # new coordinator whose only reachable peer still names the old one is not let off.
+    node2, node3 = ("127.0.0.2", 9092), ("127.0.0.3", 9092)
+    assert not answered_by_a_deposed_coordinator(node3, [])
+    assert not answered_by_a_deposed_coordinator(node2, [node3, None])
+    assert not answered_by_a_deposed_coordinator(node2, [node3, ("127.0.0.1", 9092)])
+    assert not answered_by_a_deposed_coordinator(node2, [node2, node2])
+    assert answered_by_a_deposed_coordinator(node3, [node2, node2])
