@@ -696,7 +696,8 @@ class ProduceApi:
         (``ReplicaManager.getPartitionOrException``: UNKNOWN_TOPIC_ID if the partition hosted
         under its name is another topic's now)."""
         result = _PartitionResult(index)
-        hosted: Partition | None = None
+        # Where a refusal's log start comes from, once past the request's own checks.
+        appending: Partition | None = None
         try:
             if is_internal(topic):
                 raise KafkaError(
@@ -718,7 +719,7 @@ class ProduceApi:
             try:
                 headers = [h for _, h in fmt.iter_headers(data)]
             except fmt.RecordFormatError as e:
-                hosted = part  # appendToLocalLog's, as below
+                appending = part  # appendToLocalLog's, as below
                 raise _unreadable_batch(f"{topic}-{index}", data, e) from e
             if len(headers) != 1:
                 # ProduceRequest.validateRecords: exactly one batch per partition.
@@ -739,7 +740,7 @@ class ProduceApi:
                     )
             # What ReplicaManager.appendToLocalLog refuses from here is answered with the
             # partition's log start, but for a few errors (processFailedRecord).
-            hosted = part
+            appending = part
             for h in headers:
                 if h.is_control:
                     raise KafkaError(Errors.INVALID_RECORD, "clients may not write control records")
@@ -804,8 +805,8 @@ class ProduceApi:
             result.record_errors = e.record_errors
             if e.code is Errors.NOT_LEADER_OR_FOLLOWER:
                 result.leader_hint = self.ctx.leader_hint(topic, index)
-            if hosted is not None and e.code not in _ERRORS_WITHOUT_LOG_START:
-                result.log_start_offset = hosted.log.log_start_offset
+            if appending is not None and e.code not in _ERRORS_WITHOUT_LOG_START:
+                result.log_start_offset = appending.log.log_start_offset
         return result
 
     async def _complete(

@@ -944,6 +944,15 @@ def test_a_produced_batch_is_checked_before_its_producer_state(tmp_path: Path) -
         assert (gap.error_code, gap.log_start_offset) == (Errors.OUT_OF_ORDER_SEQUENCE_NUMBER, 1)
         retry = await produce(idem(0, b"a"))
         assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        # The request's own refusals (ProduceRequest.validateRecords) carry none, by topic id
+        # (v13) too.
+        values = produce_values("t", 0, batch([b"x"]) + batch([b"y"]))
+        values["topic_data"][0] = {
+            "topic_id": h.topic_id("t"),
+            "partition_data": values["topic_data"][0]["partition_data"],
+        }
+        two = only_partition(await c.call(PRODUCE, 13, values))
+        assert (two.error_code, two.log_start_offset) == (Errors.INVALID_RECORD, -1)
 
     run(tmp_path, test)
 
