@@ -912,11 +912,11 @@ class ReplicaManager:
             info.max_timestamp,
         )
 
-    def check_local(self, part: Partition, records: bytes) -> None:
+    def check_local(self, part: Partition, records: bytes, scan: LeaderScan | None = None) -> None:
         """Raise the KafkaError ``append_local`` would for ``records``' own faults, appending
-        nothing (``Log.check_for_leader``)."""
+        nothing (``Log.check_for_leader``; ``scan``: what reading them found already)."""
         with self._append_errors(part):
-            part.log.check_for_leader(records, self.now_ms())
+            part.log.check_for_leader(records, self.now_ms(), scan)
 
     @contextlib.contextmanager
     def _append_errors(self, part: Partition) -> Iterator[None]:

@@ -575,29 +575,23 @@ class Log:
         With the ``scan`` of these very ``records`` (``scan_for_leader``), their records are
         not read again."""
         try:
-            return self._append_as_leader(records, leader_epoch, now_ms, scan)
+            info = self._append_as_leader(records, leader_epoch, now_ms, scan, dry_run=False)
         except _InnerOffsetsNotConsecutiveError:
-            return self._append_as_leader(self._renumbered(records), leader_epoch, now_ms, None)
+            renumbered = self._renumbered(records)
+            info = self._append_as_leader(renumbered, leader_epoch, now_ms, None, dry_run=False)
+        assert info is not None
+        return info
 
-    def check_for_leader(self, records: bytes, now_ms: int) -> None:
+    def check_for_leader(self, records: bytes, now_ms: int, scan: LeaderScan | None = None) -> None:
         """Raise what ``append_as_leader`` would for ``records``, and append nothing. Kafka's
         ``UnifiedLog.append`` validates a produced batch (``analyzeAndValidateRecords``,
         ``LogValidator``) before it looks at its producer's state
         (``analyzeAndValidateProducerState``): a batch that does not hold up is refused for
         that, not answered as a duplicate or out of order."""
         try:
-            self._check_for_leader(records, now_ms)
+            self._append_as_leader(records, -1, now_ms, scan, dry_run=True)
         except _InnerOffsetsNotConsecutiveError:
-            self._check_for_leader(self._renumbered(records), now_ms)
-
-    def _check_for_leader(self, records: bytes, now_ms: int) -> None:
-        _raise_if_not_a_batch(records)
-        compression = self.config.compression_type
-        if compression != "producer":
-            records = self._recompressed(records, _CODECS[compression])
-        for pos, header, records_max in self._validate(records, leader=True):
-            self._validate_timestamps(records, pos, header, records_max, now_ms)
-        self._raise_if_past_segment(len(records))
+            self._append_as_leader(self._renumbered(records), -1, now_ms, None, dry_run=True)
 
     def _renumbered(self, records: bytes) -> bytes:
         """``records`` with each compressed batch rebuilt with its records at offsets 0, 1,
@@ -614,8 +608,15 @@ class Log:
         return b"".join(out)
 
     def _append_as_leader(
-        self, records: bytes, leader_epoch: int, now_ms: int, scan: LeaderScan | None
-    ) -> AppendInfo:
+        self,
+        records: bytes,
+        leader_epoch: int,
+        now_ms: int,
+        scan: LeaderScan | None,
+        *,
+        dry_run: bool,
+    ) -> AppendInfo | None:
+        """The append, or with ``dry_run`` its checks alone (None, nothing written)."""
         _raise_if_not_a_batch(records)
         compression = self.config.compression_type
         if compression != "producer":
@@ -696,6 +697,8 @@ class Log:
                         view = memoryview(stamped)
                         max_timestamp = records_max
             self._raise_if_past_segment(size)
+            if dry_run:
+                return None
             seg = self.segments[-1]
             base_offset = seg.next_offset
             last_offset = base_offset + last_offset_delta
@@ -726,6 +729,8 @@ class Log:
         for pos, header, records_max in headers:
             self._validate_timestamps(records, pos, header, records_max, now_ms)
         self._raise_if_past_segment(len(records))
+        if dry_run:
+            return None
         buf = bytearray(records)
         next_offset = self.log_end_offset
         final: list[tuple[int, fmt.BatchHeader]] = []

@@ -374,7 +374,8 @@ def test_a_compressed_batch_whose_records_skip_offsets_is_rebuilt_at_consecutive
     recompressed for the topic or not."""
     lg = open_log(tmp_path / "t-0", LogConfig(compression_type=compression))
     sent = _gappy_gzip_batch()
-    lg.check_for_leader(sent, now_ms=1_000)  # nothing to refuse
+    lg.check_for_leader(sent, now_ms=1_000)  # nothing to refuse, nothing written
+    lg.check_for_leader(sent, now_ms=1_000, scan=lg.scan_for_leader(sent))
     assert lg.log_end_offset == 0
     lg.append_as_leader(sent, leader_epoch=0, now_ms=1_000)
     lg.append_as_leader(sent, leader_epoch=0, now_ms=1_000, scan=lg.scan_for_leader(sent))

@@ -762,7 +762,7 @@ class ProduceApi:
                 # UnifiedLog.append validates the batch before its producer's state: the
                 # sequence fields are under the CRC, and a retry that does not hold up is
                 # refused for what is wrong with it (an accepted one is, by the append).
-                self.ctx.replicas.check_local(part, data)
+                self.ctx.replicas.check_local(part, data, scan)
             if isinstance(verdict, Rejected):
                 raise KafkaError(verdict.error, verdict.message)
             if isinstance(verdict, Duplicate):
