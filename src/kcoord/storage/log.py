@@ -358,6 +358,8 @@ class Log:
         # Takes the fsyncs of each roll to run off the appending thread (a node's event loop);
         # None: the roll makes them itself.
         self.flush_rolled: Callable[[Log, RolledFlush], None] | None = None
+        # Told the recovery point a truncation lowered it to (the LogManager checkpoints it).
+        self.truncated: Callable[[int], None] | None = None
         # The rolls handed to it, in roll order (see ``rolled_flush_done``).
         self._pending_rolls: deque[RolledFlush] = deque()
         self._closed = False
@@ -1078,9 +1080,11 @@ class Log:
         made before a truncation (its segment may be gone) or once the log is closed (a flush
         of its own covered it). A failed one holds the rest back: the node halts."""
         pending = self._pending_rolls
-        while pending and (pending[0].done or pending[0].truncations != self.truncations):
+        while pending and pending[0].done:
+            # One made before a truncation is waited for all the same: its segment may have
+            # stayed below the truncation, and a later roll must not pass it unflushed.
             first = pending.popleft()
-            if first.done and first.truncations == self.truncations and not self._closed:
+            if first.truncations == self.truncations and not self._closed:
                 self._flushed_to(first.offset)
 
     def roll(self) -> None:
@@ -1282,6 +1286,8 @@ class Log:
         self.log_start_offset = min(self.log_start_offset, end)
         self.epoch_cache.truncate_from_end(end)
         self.epoch_cache.flush()
+        if self.truncated is not None:
+            self.truncated(self.recovery_point)
         return end
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
@@ -1300,6 +1306,8 @@ class Log:
         producer_snapshot.delete_above(self.directory, -1)
         self.epoch_cache.clear()
         self.epoch_cache.flush()
+        if self.truncated is not None:
+            self.truncated(self.recovery_point)
 
     # -----------------------------------------------------------------------------------------
     # Producer state snapshots (storage/producer_snapshot.py).

@@ -19,6 +19,7 @@ and treated as empty, which makes every log recover from its first segment: slow
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -93,6 +94,8 @@ class LogManager:
         self.flush_rolled: Callable[[Log, RolledFlush], None] | None = None
         # producer.id.expiration.ms: the cleaner keeps the last batch of a producer younger.
         self.producer_id_expiration_ms = DEFAULT_PRODUCER_ID_EXPIRATION_MS
+        # The recovery points the checkpoint file holds (as read or last written).
+        self._recovery_points_on_disk: dict[TopicPartition, int] = {}
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -114,6 +117,7 @@ class LogManager:
         recovery_points = self._read_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(checkpoint.LOG_START_OFFSET_CHECKPOINT)
         self._checkpointed[checkpoint.RECOVERY_POINT_CHECKPOINT] = set(recovery_points)
+        self._recovery_points_on_disk = dict(recovery_points)
         self._checkpointed[checkpoint.LOG_START_OFFSET_CHECKPOINT] = set(start_offsets)
         for path in sorted(self.data_dir.iterdir()):
             if not path.is_dir():
@@ -154,6 +158,7 @@ class LogManager:
                 continue
             opened.remove_files = self._remove
             opened.flush_rolled = self._flush_rolled
+            opened.truncated = functools.partial(self._truncated, tp)
             self.logs[tp] = opened
             if report.segments_recovered or report.segments_deleted:
                 self.recovery_reports[tp] = report
@@ -262,6 +267,7 @@ class LogManager:
             return
         lg.remove_files = self._remove
         lg.flush_rolled = self._flush_rolled
+        lg.truncated = functools.partial(self._truncated, tp)
         self.logs[tp] = lg
         # A topic deleted and created again: the checkpoints may still hold the old log's
         # recovery point and log start, which the next start-up would apply to this one
@@ -325,10 +331,19 @@ class LogManager:
     # Checkpoints.
 
     def checkpoint_recovery_points(self) -> None:
-        self._write_checkpoint(
-            checkpoint.RECOVERY_POINT_CHECKPOINT,
-            {tp: lg.recovery_point for tp, lg in self.logs.items()},
-        )
+        points = {tp: lg.recovery_point for tp, lg in self.logs.items()}
+        self._write_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT, points)
+        self._recovery_points_on_disk = points
+
+    def _truncated(self, tp: TopicPartition, recovery_point: int) -> None:
+        """A log was truncated below what the checkpoint says of it: checkpoint it now, as
+        Kafka's ``LogManager.truncateTo`` does (``checkpointRecoveryOffsetsInDir``). A crash
+        before the periodic checkpoint took the records written since the truncation for
+        flushed, and their segments were loaded without recovery: the epochs of the new
+        leader's records were not read again, and a log cut short by a power loss kept the
+        segments after the cut."""
+        if self._recovery_points_on_disk.get(tp, -1) > recovery_point:
+            self.checkpoint_recovery_points()
 
     def checkpoint_log_start_offsets(self) -> None:
         self._write_checkpoint(

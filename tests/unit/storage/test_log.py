@@ -331,6 +331,27 @@ def test_the_recovery_point_passes_a_rolled_segment_once_every_roll_before_it_is
     lg.close()
 
 
+def test_a_roll_before_a_truncation_it_survives_holds_back_the_rolls_after_it(
+    tmp_path: Path,
+) -> None:
+    """A truncation inside the active segment keeps the segment a pending roll closed: a roll
+    after it, flushed first (on the loop, the queue full), passed it unflushed (review)."""
+    lg = open_log(tmp_path / "t-0", SMALL)
+    taken = _rolled_flushes(lg)
+    first_end = _roll_once(lg)
+    lg.append_as_leader(batch(2, value=b"z" * 50), leader_epoch=3, now_ms=0)
+    lg.truncate_to(first_end + 1)  # the first roll's segment stays
+    second_end = _roll_once(lg)
+    first, second = taken
+    second.run()
+    lg.rolled_flush_done(second)
+    assert lg.recovery_point == 0
+    first.run()
+    lg.rolled_flush_done(first)
+    assert lg.recovery_point == second_end  # the first, made before the truncation, passes not
+    lg.close()
+
+
 def test_a_rolled_flush_that_failed_moves_no_recovery_point(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -392,3 +392,26 @@ def test_a_crash_before_a_recreated_log_is_adopted_leaves_it_no_old_offsets(
     assert reopened is not None and reopened.topic_id == "BBBBBBBBBBBBBBBBBBBBBB"
     assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 0)
     again.shutdown()
+
+
+def test_a_truncation_below_the_checkpointed_recovery_point_checkpoints_it(tmp_path: Path) -> None:
+    """LogManager.truncateTo checkpoints the recovery points at once: the periodic checkpoint
+    still said more after a truncation, and a crash before it loaded the records written since
+    as flushed, without recovery (their epochs not read again). Only a truncation below what
+    the file says writes it."""
+    mgr = LogManager(tmp_path)
+    mgr.open()
+    tp = ("t", 0)
+    lg = mgr.get_or_create_log(tp, LogConfig(segment_bytes=500))
+    while len(lg.segments) < 3:
+        lg.append_as_leader(batch(1, value=b"x" * 40), 0, now_ms=0)
+    mgr.checkpoint_recovery_points()
+    path = tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT
+    on_disk = checkpoint.read_offsets(path)[tp]
+    assert on_disk == lg.recovery_point > 2
+    lg.truncate_to(on_disk + 1 if on_disk < lg.log_end_offset else on_disk)  # not below it
+    assert checkpoint.read_offsets(path)[tp] == on_disk
+    lg.truncate_to(2)
+    assert checkpoint.read_offsets(path)[tp] == lg.recovery_point <= 2
+    lg.truncate_fully_and_start_at(0)
+    assert checkpoint.read_offsets(path)[tp] == 0
