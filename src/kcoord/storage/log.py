@@ -253,7 +253,7 @@ class RolledFlush:
     would wait with it. ``run`` on any thread, then ``Log.rolled_flush_done`` on the log's."""
 
     offset: int  # the rolled segment's end: the recovery point once done
-    truncations: int  # the log's when the roll was made: a truncation since voids the flush
+    truncations: int  # the log's at the roll; after a truncation its end counts no more
     fds: list[int]  # the rolled segment's files (and the directory): run closes them
     done: bool = False
 
