@@ -110,6 +110,10 @@ class RecordFormatError(ValueError):
     """Bytes that are not a well-formed v2 record batch."""
 
 
+class OffsetsNotIncreasingError(RecordFormatError):
+    """A batch whose records' offset deltas do not increase (``decode_key_values``)."""
+
+
 class CorruptRecordError(RecordFormatError):
     """A batch whose CRC does not match its contents (Kafka's CORRUPT_MESSAGE)."""
 
@@ -730,7 +734,7 @@ def decode_key_values(
         else:
             off_delta, p = read_varint(data, p)
         if off_delta <= last_delta:
-            raise RecordFormatError(f"record offset delta {off_delta} after {last_delta}")
+            raise OffsetsNotIncreasingError(f"record offset delta {off_delta} after {last_delta}")
         last_delta = off_delta
         fields: list[bytes | None] = []
         for _field in range(2):

@@ -938,13 +938,19 @@ class Log:
         the message is processRecordErrors' (at most three shown)."""
         # decode_key_values: the replay's lean decoder, with decode_records' checks and
         # increasing offsets (what the cleaner needs to rebuild a batch).
+        try:
+            decoded = fmt.decode_key_values(records, pos)
+        except fmt.OffsetsNotIncreasingError:
+            if records[pos + fmt.ATTRIBUTES_OFFSET + 1] & fmt.COMPRESSION_MASK:
+                raise _InnerOffsetsNotConsecutiveError from None  # rebuilt, as LogValidator
+            raise
         errors = [
             (
                 index,
                 "Compacted topic cannot accept message without key in topic partition "
                 f"{self.directory.name}.",
             )
-            for index, (_offset, key, _value) in enumerate(fmt.decode_key_values(records, pos))
+            for index, (_offset, key, _value) in enumerate(decoded)
             if key is None
         ]
         if errors:

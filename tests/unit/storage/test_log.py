@@ -359,29 +359,41 @@ def test_a_rolled_flush_that_failed_moves_no_recovery_point(
     lg.close()
 
 
-def _gappy_gzip_batch() -> bytes:
-    """Two records at offsets 0 and 5 in a batch covering 0-1, its CRC sound."""
-    data = bytearray(
-        fmt.build_batch(
-            [fmt.Record(0, 1_000, None, b"a"), fmt.Record(5, 1_000, None, b"b")],
-            compression=fmt.Compression.GZIP,
-        )
-    )
-    data[23:27] = (1).to_bytes(4, "big")  # last offset delta
-    data[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(data, 0, len(data)).to_bytes(
-        4, "big"
-    )
-    return bytes(data)
+def _gzip_batch_at(deltas: list[int], *, keyed: bool = False) -> bytes:
+    """A gzip batch of ``len(deltas)`` records (values a, b, ...) at those offset deltas,
+    covering offsets 0 to len - 1, its CRC sound (no client library writes such deltas)."""
+    body = bytearray()
+    for i, delta in enumerate(deltas):
+        value = bytes([ord("a") + i])
+        fmt.encode_record(body, delta, 0, fmt.Record(delta, 1_000, value if keyed else None, value))
+    out = bytearray(fmt.HEADER_SIZE) + fmt.compress(fmt.Compression.GZIP, bytes(body))
+    fmt.HEADER.pack_into(
+        out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC_V2, 0,
+        int(fmt.Compression.GZIP), len(deltas) - 1, 1_000, 1_000, -1, -1, -1, len(deltas),
+    )  # fmt: skip
+    out[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(out, 0, len(out)).to_bytes(4, "big")
+    return bytes(out)
 
 
-@pytest.mark.parametrize("compression", ["producer", "zstd"])
+@pytest.mark.parametrize(
+    ("compression", "cleanup", "deltas"),
+    [
+        ("producer", "delete", [0, 5]),
+        ("zstd", "delete", [0, 5]),
+        ("producer", "compact", [0, 5]),
+        # Not increasing: the compacted topic's key check refused it (CORRUPT_MESSAGE).
+        ("producer", "compact", [0, 0]),
+        ("zstd", "compact", [1, 0]),
+    ],
+)
 def test_a_compressed_batch_whose_records_skip_offsets_is_rebuilt_at_consecutive_ones(
-    tmp_path: Path, compression: str
+    tmp_path: Path, compression: str, cleanup: str, deltas: list[int]
 ) -> None:
     """Kafka's LogValidator rebuilds it (in place assignment off), read off the loop or not,
-    recompressed for the topic or not."""
-    lg = open_log(tmp_path / "t-0", LogConfig(compression_type=compression))
-    sent = _gappy_gzip_batch()
+    recompressed for the topic or not, on a compacted topic too."""
+    config = LogConfig(compression_type=compression, cleanup_policy=frozenset({cleanup}))
+    lg = open_log(tmp_path / "t-0", config)
+    sent = _gzip_batch_at(deltas, keyed=cleanup == "compact")
     lg.check_for_leader(sent, now_ms=1_000)  # nothing to refuse, nothing written
     lg.check_for_leader(sent, now_ms=1_000, scan=lg.scan_for_leader(sent))
     assert lg.log_end_offset == 0
