@@ -194,10 +194,13 @@ def test_past_its_queue_a_roll_fsyncs_on_the_loop(
     node.logs.flush_rolled = node.maintenance.flush_later
     release = threading.Event()
     real_fsync = os.fsync
+    on_the_loop: list[int] = []
 
     def held_on_the_worker(fd: int) -> None:
         if threading.current_thread() is not threading.main_thread():
             assert release.wait(10)
+        else:
+            on_the_loop.append(fd)
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", held_on_the_worker)
@@ -206,7 +209,8 @@ def test_past_its_queue_a_roll_fsyncs_on_the_loop(
         offsets = node.offsets
         while len(offsets.segments) < 3:  # the first roll queued, the second on the loop
             offsets.append_as_leader(batch(1, key=b"k", value=b"v" * 100), 0, 0)
-        assert offsets.recovery_point == 0  # the second's fsyncs are done, the first's not
+        assert on_the_loop  # the second's fsyncs are done, on the loop
+        assert offsets.recovery_point == 0  # the first's are not
         release.set()
         last_rolled = offsets.segments[-1].base_offset
         async with asyncio.timeout(10):

@@ -362,17 +362,15 @@ def test_a_rolled_flush_that_failed_moves_no_recovery_point(
 def _gzip_batch_at(deltas: list[int], *, keyed: bool = False) -> bytes:
     """A gzip batch of ``len(deltas)`` records (values a, b, ...) at those offset deltas,
     covering offsets 0 to len - 1, its CRC sound (no client library writes such deltas)."""
-    body = bytearray()
+    records = []
     for i, delta in enumerate(deltas):
         value = bytes([ord("a") + i])
-        fmt.encode_record(body, delta, 0, fmt.Record(delta, 1_000, value if keyed else None, value))
-    out = bytearray(fmt.HEADER_SIZE) + fmt.compress(fmt.Compression.GZIP, bytes(body))
-    fmt.HEADER.pack_into(
-        out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC_V2, 0,
-        int(fmt.Compression.GZIP), len(deltas) - 1, 1_000, 1_000, -1, -1, -1, len(deltas),
-    )  # fmt: skip
-    out[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(out, 0, len(out)).to_bytes(4, "big")
-    return bytes(out)
+        record = bytearray()
+        fmt.encode_record(
+            record, delta, 0, fmt.Record(delta, 1_000, value if keyed else None, value)
+        )
+        records.append(bytes(record))
+    return _raw_batch(records, len(deltas) - 1, fmt.Compression.GZIP)
 
 
 @pytest.mark.parametrize(
@@ -1854,10 +1852,14 @@ def _raw_record(offset_delta: int, key: bytes, headers: bytes = b"\x00") -> byte
     return bytes(out + body)
 
 
-def _raw_batch(records: list[bytes], last_offset_delta: int) -> bytes:
-    out = bytearray(fmt.HEADER_SIZE) + b"".join(records)
+def _raw_batch(
+    records: list[bytes],
+    last_offset_delta: int,
+    compression: fmt.Compression = fmt.Compression.NONE,
+) -> bytes:
+    out = bytearray(fmt.HEADER_SIZE) + fmt.compress(compression, b"".join(records))
     fmt.HEADER.pack_into(
-        out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, 2, 0, 0, last_offset_delta,
+        out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, 2, 0, int(compression), last_offset_delta,
         1000, 1000, -1, -1, -1, len(records),
     )  # fmt: skip
     struct.pack_into(">I", out, 17, fmt.compute_crc(out, 0, len(out)))

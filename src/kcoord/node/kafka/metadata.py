@@ -111,11 +111,11 @@ class TopicCreator:
 
     def __init__(self, ctx: BrokerContext) -> None:
         self.ctx = ctx
-        self._in_flight: dict[str, asyncio.Task[dict[str, Errors]]] = {}
+        self._in_flight: dict[str, asyncio.Task[None]] = {}
 
-    async def create(self, names: list[str]) -> dict[str, Errors]:
-        """Create the topics; the error per name (``LEADER_NOT_AVAILABLE`` if unfinished; the
-        answer names none of these but ``UNKNOWN_TOPIC_OR_PARTITION``)."""
+    async def create(self, names: list[str]) -> None:
+        """Ask for the topics and wait a little for the creation (it goes on after): the
+        answer is the image's, whatever the controller made of the request."""
         new = [n for n in names if n not in self._in_flight]
         if new:
             task = asyncio.create_task(self._create(new), name="kafka-auto-create")
@@ -125,20 +125,13 @@ class TopicCreator:
         tasks = {name: self._in_flight[name] for name in names}
         wait_ms = min(self.ctx.settings.auto_create_timeout_ms, AUTO_CREATE_ANSWER_WAIT_MS)
         await asyncio.wait(set(tasks.values()), timeout=wait_ms / 1000)
-        results: dict[str, Errors] = {}
-        for name, task in tasks.items():
-            done = task.done() and not task.cancelled()
-            results[name] = (
-                task.result().get(name, Errors.NONE) if done else (Errors.LEADER_NOT_AVAILABLE)
-            )
-        return results
 
-    def _forget(self, names: list[str], task: asyncio.Task[dict[str, Errors]]) -> None:
+    def _forget(self, names: list[str], task: asyncio.Task[None]) -> None:
         for name in names:
             if self._in_flight.get(name) is task:
                 del self._in_flight[name]
 
-    async def _create(self, names: list[str]) -> dict[str, Errors]:
+    async def _create(self, names: list[str]) -> None:
         settings = self.ctx.settings
         payload = {
             "topics": [
@@ -157,19 +150,16 @@ class TopicCreator:
             )
         except (ControllerUnavailableError, RpcError) as e:
             log.warning("auto-creating %d topics (%s) failed: %s", len(names), _some(names), e)
-            return dict.fromkeys(names, Errors.LEADER_NOT_AVAILABLE)
-        results = {}
+            return
         refused: list[str] = []
         for topic in reply["topics"]:
             error = Errors(topic["error"])
             if error not in (Errors.NONE, Errors.TOPIC_ALREADY_EXISTS):
                 refused.append(f"{topic['name']}: {error.name} {topic.get('message', '')}")
-            results[str(topic["name"])] = error
         if refused:
             # One line per request: a Metadata request naming 100,000 bad names wrote
             # 16 MB of log, one line each.
             log.warning("auto-creating %d topics refused: %s", len(refused), _some(refused))
-        return results
 
     def close(self) -> None:
         for task in set(self._in_flight.values()):
@@ -304,7 +294,9 @@ class MetadataApi:
             if allow_auto and ctx.settings.auto_create_topics_enable
             else []
         )
-        created = await self.creator.create(creatable) if creatable else {}
+        if creatable:
+            await self.creator.create(creatable)
+        creating = frozenset(creatable)
         alive = ctx.alive_brokers()
         image = ctx.image
         topics: list[dict[str, Any]] = []
@@ -325,7 +317,7 @@ class MetadataApi:
                 topics.append(self._describe(topic, alive))
                 continue
             assert name is not None
-            if name in created:
+            if name in creating:
                 # Not visible yet, or refused by the controller (a name colliding with another
                 # topic's): KRaft's AutoTopicCreationManager answers every topic it asked the
                 # controller for so, whatever the controller makes of it.
