@@ -34,9 +34,12 @@ What closes a connection, and only that connection (each is logged once): a size
 it), a request that does not decode, an unknown API key, an unsupported version of an API
 other than ApiVersions (which is answered with its v0 error response, as Kafka does), a handler
 that fails unexpectedly, and ``connections.max.idle.ms`` (10 minutes by default) without a
-request or response while nothing is in flight. At the end of the peer's stream the connection
-closes at once and the answers still being made are dropped, as Kafka's ``Selector`` fails
-the sends of a closing channel: a client that half-closes gets no more answers.
+request or response while nothing is in flight. At the end of the peer's stream no further
+request is read, and the connection closes once every request read before it is answered:
+Kafka's ``Selector`` reads a channel only while it is not muted, that is while no request of
+it is in flight, so it sees the end of the stream only after the last answer is sent (a
+client that half-closes after its requests, ``printf ... | nc -N``, gets every answer). A
+connection lost (reset) closes at once, dropping the answers still being made.
 
 Metrics: with a ``RequestStats``, each request adds to its API key's count and latency (from
 the frame read to the response encoded) and, if the response has a top-level error code, to
@@ -388,15 +391,17 @@ class _Connection:
         except Exception:
             log.exception("kafka: reading from %s failed", self.peer)
             close = _Close("internal error")
-        if not close.reason:
-            # The peer is gone: nobody reads the answers still being made (a JoinGroup waiting
-            # out a rebalance), so they are dropped now, as Kafka's Processor closes a channel
-            # at its end of stream; queued behind them, the close waited for the slowest.
+        if close is None:
+            # The peer is gone (reset): nobody reads the answers still being made.
             self.close()
             return
+        # Behind the answers to every request read (the end of the stream included, see the
+        # docstring): the writer sends them first.
         self.slots.put_nowait(close)
 
-    async def _read_requests(self) -> _Close:
+    async def _read_requests(self) -> _Close | None:
+        """Reads and dispatches until a close, queued behind the answers; None when the
+        connection is lost."""
         max_bytes = self.server.max_request_bytes
         while True:
             while (
@@ -415,7 +420,7 @@ class _Connection:
                 return _Close("connection ended inside a frame" if e.partial else "")
             except OSError as e:
                 log.info("kafka: connection from %s lost: %s", self.peer, e)
-                return _Close("")
+                return None
             self._touch()
             if self.stats is not None:
                 self.stats.bytes_received += FRAME_SIZE.size + size
