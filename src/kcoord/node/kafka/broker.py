@@ -19,6 +19,7 @@ from kcoord.node.kafka import (
     log_dirs,
     metadata,
     produce,
+    sasl,
     transactions,
 )
 from kcoord.node.kafka.apis import ApiRegistry, ApiSpec, Handler
@@ -115,6 +116,9 @@ class KafkaBroker:
         self.register(acls.DESCRIBE_ACLS_KEY, acls.handle_describe_acls, min_version=1)
         self.register(acls.CREATE_ACLS_KEY, acls.handle_create_acls, min_version=1)
         self.register(acls.DELETE_ACLS_KEY, acls.handle_delete_acls, min_version=1)
+        # PLAINTEXT only: refused as Kafka refuses them there (ILLEGAL_SASL_STATE).
+        self.register(sasl.SASL_HANDSHAKE_KEY, sasl.handle_sasl_handshake)
+        self.register(sasl.SASL_AUTHENTICATE_KEY, sasl.handle_sasl_authenticate)
 
     def register(
         self,

@@ -37,6 +37,7 @@ ADVERTISED = {
     2: range(1, 12),  # ListOffsets
     3: range(14),  # Metadata
     10: range(7),  # FindCoordinator
+    17: range(2),  # SaslHandshake
     18: range(5),  # ApiVersions
     19: range(2, 8),  # CreateTopics
     20: range(1, 7),  # DeleteTopics
@@ -49,6 +50,7 @@ ADVERTISED = {
     32: range(1, 5),  # DescribeConfigs
     33: range(3),  # AlterConfigs
     35: range(1, 6),  # DescribeLogDirs
+    36: range(3),  # SaslAuthenticate
     37: range(4),  # CreatePartitions
     43: range(3),  # ElectLeaders
     44: range(2),  # IncrementalAlterConfigs
@@ -506,6 +508,13 @@ _NO_AUTHORIZER = {"error_code": Errors.SECURITY_DISABLED, "error_message": "No A
 VALUES[29] = {"throttle_time": 0, **_NO_AUTHORIZER, "resources": []}
 VALUES[30] = {"throttle_time": 0, "results": [_NO_AUTHORIZER]}
 VALUES[31] = {"throttle_time": 0, "filter_results": [{**_NO_AUTHORIZER, "matching_acls": []}]}
+VALUES[17] = {"error_code": Errors.ILLEGAL_SASL_STATE, "mechanisms": ["PLAIN"]}
+VALUES[36] = {
+    "error_code": Errors.ILLEGAL_SASL_STATE,
+    "error_message": "no",
+    "auth_bytes": b"\x01",
+    "session_lifetime_ms": 5,
+}
 VALUES[61] = {
     "throttle_time": 0,
     "topics": [

@@ -47,6 +47,7 @@ FIND_COORDINATOR, API_VERSIONS, CREATE_TOPICS, DELETE_TOPICS = 10, 18, 19, 20
 INIT_PRODUCER_ID, OFFSET_FOR_LEADER_EPOCH, CREATE_PARTITIONS = 22, 23, 37
 DESCRIBE_CLUSTER, DESCRIBE_PRODUCERS, DESCRIBE_TOPIC_PARTITIONS = 60, 61, 75
 LIST_TRANSACTIONS = 66
+SASL_HANDSHAKE, SASL_AUTHENTICATE = 17, 36
 TEST_TIMEOUT_S = 20.0
 
 
@@ -205,6 +206,26 @@ def test_api_versions_advertise_what_is_served(tmp_path: Path) -> None:
                 kio = codec.kio_versions(key)
                 assert kio.start <= lo <= hi < kio.stop
         assert h.broker.registry.versions == ADVERTISED
+
+    run(tmp_path, test)
+
+
+def test_sasl_requests_are_refused_as_on_a_kafka_plaintext_listener(tmp_path: Path) -> None:
+    """An unknown API key closed the connection, and a client configured for SASL reconnected
+    for ever; Kafka answers ILLEGAL_SASL_STATE, which fails the client at once."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        for version in (0, 1):
+            response = await c.call(SASL_HANDSHAKE, version, {"mechanism": "PLAIN"})
+            assert response.error_code == Errors.ILLEGAL_SASL_STATE
+            assert response.mechanisms == ()
+        for version in (0, 1, 2):
+            response = await c.call(SASL_AUTHENTICATE, version, {"auth_bytes": b"\x00u\x00p"})
+            assert response.error_code == Errors.ILLEGAL_SASL_STATE
+            assert response.error_message == (
+                "SaslAuthenticate request received after successful authentication"
+            )
+        assert (await c.call(API_VERSIONS, 0, {})).error_code == Errors.NONE  # still open
 
     run(tmp_path, test)
 
