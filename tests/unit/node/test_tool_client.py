@@ -5,6 +5,9 @@ the deadline, and bootstrap failures; then ``kcoord topics``' pure parts."""
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -317,3 +320,27 @@ def test_a_timeout_past_int32_is_refused_before_anything_is_sent() -> None:
             client_from_args(args)  # type: ignore[arg-type]
     args = SimpleNamespace(timeout_ms=2**31 - 1, bootstrap_server="127.0.0.1:1", data_dir=".")
     assert client_from_args(args).timeout_ms == 2**31 - 1  # type: ignore[arg-type]
+
+
+def test_an_answer_that_does_not_decode_is_a_tool_error_not_a_traceback() -> None:
+    """kio's BufferUnderflow got past the tool's error handling: a full stack trace instead of
+    the one-line message and exit 1 the README promises."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_garbage() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn:
+                (size,) = struct.unpack(">i", conn.recv(4, socket.MSG_WAITALL))
+                conn.recv(size, socket.MSG_WAITALL)
+                body = struct.pack(">i", 1) + b"\x00\x07garbage"
+                conn.sendall(struct.pack(">i", len(body)) + body)
+
+    server = threading.Thread(target=answer_garbage, daemon=True)
+    server.start()
+    client = ToolClient([Endpoint("127.0.0.1", port)], timeout_ms=5000)
+    with pytest.raises(ToolError, match=r"does not decode as Metadata v12"):
+        client.metadata(None)
+    server.join(5)
+    assert not server.is_alive()

@@ -88,7 +88,15 @@ def call_once(
             frame = _read_exactly(sock, size)
         except TimeoutError as e:
             raise NoAnswerError(f"no answer from {host}:{port} within {timeout_s:g} s") from e
-        correlation_id, body = decode_response(api_key, version, frame)
+        try:
+            correlation_id, body = decode_response(api_key, version, frame)
+        except Exception as e:
+            # kio's reader raises whatever the bytes lead it to (BufferUnderflow, ValueError):
+            # an answer that is not this API's, from something that is not a Kafka broker.
+            raise ConnectionError(
+                f"the answer from {host}:{port} does not decode as {codec.api_name(api_key)} "
+                f"v{version}: {e!r}"
+            ) from e
     if correlation_id != 1:
         raise ConnectionError(f"response to correlation id {correlation_id}, expected 1")
     return body
