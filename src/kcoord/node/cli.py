@@ -4,7 +4,7 @@ Subcommands:
   node --config FILE                          run one node (every key also via KCOORD_* env)
   cluster up|status|stop-node|start-node|down a local cluster of node processes
   quorum describe --bootstrap-server H:P      like kafka-metadata-quorum.sh describe
-  dump-log FILE... [--print-data-log] [--offsets-decoder]   like kafka-dump-log.sh
+  dump-log FILE... [--deep-iteration] [--print-data-log] [--offsets-decoder]  kafka-dump-log.sh
   groups list|describe|reset-offsets|delete   like kafka-consumer-groups.sh (groups_tool)
   topics list|describe|create|alter|delete    like kafka-topics.sh (topics_tool)
   configs describe|alter                      like kafka-configs.sh (configs_tool)
@@ -41,6 +41,7 @@ def _dump_log(args: argparse.Namespace) -> int:
         sys.stdout,
         print_data=args.print_data_log,
         offsets_decoder=args.offsets_decoder,
+        deep_iteration=args.deep_iteration,
     )
 
 
@@ -299,7 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
         "dump-log", help="print log segments, offset and time indexes, producer snapshots"
     )
     dump.add_argument("files", nargs="+", metavar="FILE", help=".log, .index or .timeindex")
-    dump.add_argument("--print-data-log", action="store_true", help="print every record")
+    dump.add_argument("--deep-iteration", action="store_true", help="print every record's metadata")
+    dump.add_argument(
+        "--print-data-log",
+        action="store_true",
+        help="print every record with its key and payload (implies --deep-iteration)",
+    )
     dump.add_argument(
         "--offsets-decoder",
         action="store_true",

@@ -960,6 +960,15 @@ def build_control_batch(
     )
 
 
+def parse_coordinator_epoch(value: bytes | None) -> int:
+    """The coordinator epoch of a transaction marker's value (Kafka's
+    ``EndTransactionMarker.deserialize``)."""
+    if value is None or len(value) < _CONTROL_VALUE.size:
+        raise RecordFormatError("transaction marker value must be at least 6 bytes")
+    _version, coordinator_epoch = _CONTROL_VALUE.unpack_from(value)
+    return int(coordinator_epoch)
+
+
 def parse_control_key(key: bytes | None) -> ControlType:
     if key is None or len(key) < _CONTROL_KEY.size:
         raise RecordFormatError("control record key must be at least 4 bytes")

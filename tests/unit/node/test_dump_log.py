@@ -141,3 +141,82 @@ def test_dump_log_prints_a_producer_snapshot_as_kafka_does(tmp_path: Path) -> No
     damaged = _run(str(path))
     assert damaged.returncode == 1
     assert "Corrupt producer snapshot" in damaged.stdout
+
+
+def test_dump_log_prints_keys_and_leaves_null_values_out(tmp_path: Path) -> None:
+    """``DecoderMessageParser``: ``key: K`` when the record has one, ``payload: V`` only when
+    it has a value (a tombstone printed "payload: null", and keys were never printed);
+    ``--deep-iteration`` prints the records' metadata alone; a transaction marker shows its
+    coordinator epoch."""
+    lg = open_log(tmp_path / "t-0")
+    lg.append_as_leader(batch(2, keys=[b"k1", b"k2"], values=[b"v1", None]), 0, now_ms=0)
+    lg.append_as_leader(
+        fmt.build_control_batch(
+            fmt.ControlType.COMMIT,
+            offset=0,
+            timestamp=5,
+            producer_id=7,
+            producer_epoch=0,
+            coordinator_epoch=3,
+        ),
+        0,
+        now_ms=0,
+    )
+    lg.close()
+    seg = tmp_path / "t-0" / "00000000000000000000.log"
+    data = _run(str(seg), "--print-data-log")
+    assert data.returncode == 0, data.stdout + data.stderr
+    records = [line for line in data.stdout.splitlines() if line.startswith("| offset:")]
+    assert records[0].endswith("headerKeys: [] key: k1 payload: v1")
+    assert records[1].endswith("headerKeys: [] key: k2")
+    assert records[2].endswith("headerKeys: [] endTxnMarker: COMMIT coordinatorEpoch: 3")
+    deep = _run(str(seg), "--deep-iteration").stdout.splitlines()
+    assert [line for line in deep if line.startswith("| offset:")] == [
+        r[: r.index(" key:")] if " key:" in r else r for r in records
+    ]
+    batches_only = _run(str(seg)).stdout
+    assert "| offset:" not in batches_only
+
+
+def test_dump_log_checks_each_index_entry_against_its_segment(tmp_path: Path) -> None:
+    """``dumpIndex``/``dumpTimeIndex``: only the order of the entries was checked, so an index
+    pointing at the wrong batches dumped with exit code 0."""
+    lg = open_log(tmp_path / "t-0", LogConfig(index_interval_bytes=1))
+    for i in range(3):
+        lg.append_as_leader(batch(2, timestamp=1_000 + 10 * i), 0, now_ms=0)
+    lg.close()
+    seg = tmp_path / "t-0" / "00000000000000000000.log"
+    index, time_index = seg.with_suffix(".index"), seg.with_suffix(".timeindex")
+    sound = _run(str(index), str(time_index))
+    assert sound.returncode == 0, sound.stdout + sound.stderr
+    assert sound.stderr == ""
+    assert "offset: 3 position: " in sound.stdout and "timestamp: 1021 offset: 5" in sound.stdout
+
+    entries = bytearray(index.read_bytes())
+    entries[4:8], entries[12:16] = entries[12:16], entries[4:8]  # two positions swapped
+    index.write_bytes(bytes(entries))
+    times = bytearray(time_index.read_bytes())
+    times[12:20] = (999_999).to_bytes(8, "big")  # the second entry's timestamp
+    time_index.write_bytes(bytes(times))
+    broken = _run(str(index), str(time_index))
+    assert broken.returncode == 1
+    assert broken.stderr.splitlines() == [
+        f"Mismatches in :{index}",
+        "  Index offset: 5, log offset: 3",
+        "  Index offset: 3, log offset: 5",
+        f"Found timestamp mismatch in :{time_index}",
+        "  Index timestamp: 999999, log timestamp: 1021",
+    ]
+
+
+def test_dump_log_skips_the_other_files_of_a_partition_directory(tmp_path: Path) -> None:
+    """``dump-log part/*`` exited 1 for the checkpoint and partition.metadata files every
+    partition directory has; Kafka's tool says it ignores them, on stderr, and goes on."""
+    lg = open_log(tmp_path / "t-0")
+    lg.append_as_leader(batch(1), 0, now_ms=0)
+    lg.close()
+    other = tmp_path / "t-0" / "leader-epoch-checkpoint"
+    other.write_text("0\n0\n")
+    result = _run(str(tmp_path / "t-0" / "00000000000000000000.log"), str(other))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == f"Ignoring unknown file {other}\n"
