@@ -815,6 +815,7 @@ def build_batch(
     is_control: bool = False,
     last_offset_delta: int | None = None,
     delete_horizon_ms: int | None = None,
+    max_timestamp: int | None = None,
 ) -> bytes:
     """Encode records (absolute offsets and timestamps) as one batch.
 
@@ -823,7 +824,8 @@ def build_batch(
     records (Kafka's LogCleaner does the same, so producer state survives cleaning).
     ``delete_horizon_ms`` sets the KIP-534 flag: the base timestamp field then holds the time
     after which the cleaner may drop the batch's tombstones, and record timestamps are deltas
-    from it.
+    from it. ``max_timestamp`` defaults to the records' greatest; a larger one may be given
+    (the cleaner keeps a producer batch's own, see ``rebuild_batch``).
     """
     if not records and last_offset_delta is None:
         raise ValueError("an empty batch needs an explicit last_offset_delta")
@@ -832,7 +834,9 @@ def build_batch(
     base_timestamp = records[0].timestamp if records else NO_TIMESTAMP
     if delete_horizon_ms is not None:
         base_timestamp = delete_horizon_ms
-    max_timestamp = max((r.timestamp for r in records), default=NO_TIMESTAMP)
+    records_max = max((r.timestamp for r in records), default=NO_TIMESTAMP)
+    if max_timestamp is None or max_timestamp < records_max:
+        max_timestamp = records_max
     body = bytearray()
     prev = base_offset - 1
     for r in records:
@@ -881,10 +885,12 @@ def rebuild_batch(
     *,
     compression: Compression | None = None,
     delete_horizon_ms: int | None = None,
+    max_timestamp: int | None = None,
 ) -> bytes:
     """The batch of ``header`` built again with ``records`` (some of its own, the cleaner's; or
     all of them, recompressed): its offset range, leader epoch, producer fields, timestamp type
-    and transactional flag kept, in its own codec unless ``compression`` names another."""
+    and transactional flag kept, in its own codec unless ``compression`` names another; its max
+    timestamp the records' unless ``max_timestamp`` is larger."""
     return build_batch(
         records,
         base_offset=header.base_offset,
@@ -897,6 +903,7 @@ def rebuild_batch(
         base_sequence=header.base_sequence,
         is_transactional=header.is_transactional,
         delete_horizon_ms=delete_horizon_ms,
+        max_timestamp=max_timestamp,
     )
 
 

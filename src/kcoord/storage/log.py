@@ -1798,7 +1798,18 @@ class Log:
             result.note_horizon(delete_horizon_ms)
         if len(kept) == len(records) and not needs_horizon:
             return raw
-        return fmt.rebuild_batch(header, kept, delete_horizon_ms=delete_horizon_ms)
+        # A producer's batch keeps its max timestamp: it is when the producer last wrote, by
+        # which the cleaner (_last_batches_of_producers) and a producer state rebuilt from the
+        # log judge whether the producer is still active. Recomputed from the records kept
+        # (Kafka's filterTo does, its cleaner asking the live producer state instead), a
+        # batch whose recent records were compacted away aged the producer to its oldest
+        # record kept: a later pass dropped its last batch, and a rebuilt state expired it, so
+        # a retry of that batch was appended again. Lookups by timestamp go on past a batch
+        # whose records are all older than its max timestamp (LogSegment.find_offset_by_timestamp).
+        max_timestamp = header.max_timestamp if header.has_producer_id else None
+        return fmt.rebuild_batch(
+            header, kept, delete_horizon_ms=delete_horizon_ms, max_timestamp=max_timestamp
+        )
 
     # -----------------------------------------------------------------------------------------
     # Lifecycle.

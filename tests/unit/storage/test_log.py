@@ -1064,6 +1064,55 @@ def test_a_producer_whose_last_batch_is_old_has_expired_live_as_after_cleaning(
     assert set(live.producers) == set(rebuilt.producers) == set()
 
 
+def test_a_cleaned_producer_batch_keeps_the_time_its_producer_wrote_it(tmp_path: Path) -> None:
+    """Producer 7's last batch held a record stamped two days back (event time) and a recent
+    one. Once the recent one was overwritten, the rebuilt batch took the old record's time as
+    its max timestamp: a state rebuilt from the log expired the producer at once, and the
+    next pass, judging it expired, dropped its last batch when the old record went too; a
+    retry of that batch was then appended again. (review helper-204)"""
+    now = NOW
+    lg = open_log(
+        tmp_path / "c-0",
+        LogConfig(cleanup_policy=frozenset({"compact"}), message_timestamp_after_max_ms=LONG_MAX),
+    )
+    two_days = 2 * 24 * 3_600_000
+    lg.append_as_leader(
+        fmt.build_batch(
+            [fmt.Record(0, now - two_days, b"c", b"old"), fmt.Record(1, now, b"b", b"1")],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+        ),
+        0,
+        now_ms=now,
+    )
+    lg.append_as_leader(batch(1, key=b"b", value=b"2", timestamp=now), 0, now_ms=now)
+    lg.roll()
+    lg.compact(now_ms=now)
+    first = next(bp.header for seg in lg.segments for bp in seg.scan_headers())
+    assert (first.producer_id, first.record_count, first.max_timestamp) == (7, 1, now)
+    assert lg.offset_for_timestamp(now - two_days) == (0, now - two_days)
+    assert lg.offset_for_timestamp(now) == (2, now)  # past the batch: its record is older
+    rebuilt = _producer_state(lg)
+    rebuilt.remove_expired_producers(now + 1_000)
+    assert {pid: e.last_seq for pid, e in rebuilt.producers.items()} == {7: 1}
+    lg.append_as_leader(batch(1, key=b"c", value=b"new", timestamp=now), 0, now_ms=now)
+    lg.roll()
+    lg.compact(now_ms=now + 1_000)
+    rebuilt = _producer_state(lg)
+    rebuilt.remove_expired_producers(now + 1_000)
+    assert {pid: e.last_seq for pid, e in rebuilt.producers.items()} == {7: 1}
+    retry = fmt.parse_header(
+        fmt.build_batch(
+            [fmt.Record(0, now - two_days, b"c", b"old"), fmt.Record(1, now, b"b", b"1")],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+        )
+    )
+    assert isinstance(rebuilt.validate([retry]), Duplicate)
+
+
 def test_compaction_never_touches_the_active_segment(tmp_path: Path) -> None:
     lg = _compacted(tmp_path)
     for i in range(5):
