@@ -3,7 +3,8 @@
 ::
 
   topics list [--exclude-internal]
-  topics describe [--topic T...] [--exclude-internal]
+  topics describe [--topic T...] [--exclude-internal] [--under-replicated-partitions |
+                  --unavailable-partitions | --under-min-isr-partitions | --at-min-isr-partitions]
   topics create --topic T [--partitions N] [--replication-factor R] [--config K=V...]
   topics alter --topic T --partitions N
   topics delete --topic T...
@@ -18,8 +19,13 @@ configs are ``kcoord configs``' as they are kafka-configs.sh's), DeleteTopics v6
 
 (Kafka 3.9+ adds ELR columns from DescribeTopicPartitions, which this leaves out.) Configs lists
 the topic's own (non-default) configs from DescribeConfigs v4 (empty if a broker does not
-serve it). A partition without a leader shows ``Leader: none``. ``create`` prints "Created
-topic T."; ``alter`` and ``delete`` print nothing, as Kafka's.
+serve it). A partition without a leader shows ``Leader: none``. With one of the report
+options, only the partitions it names are printed, without their topics' lines
+(``TopicCommand``'s ``DescribeOptions``): under-replicated (fewer ISR members than
+replicas), unavailable (no leader, or a leader that is not a live broker of the Metadata
+answer), under min ISR (no leader, or fewer ISR members than the topic's effective
+``min.insync.replicas``) or at min ISR (exactly that many). ``create`` prints "Created topic
+T."; ``alter`` and ``delete`` print nothing, as Kafka's.
 Errors go to stderr as "Error while executing topic command : ..." and exit 1.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Final
 
@@ -37,6 +44,7 @@ from kcoord.node.tool_client import (
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     KafkaError,
+    PartitionMetadata,
     RetriableError,
     ToolClient,
     ToolError,
@@ -51,6 +59,17 @@ TOPIC_RESOURCE: Final = 2  # ConfigResource.Type.TOPIC
 DEFAULT_CONFIG_SOURCE: Final = 5  # DescribeConfigsResponse.ConfigSource.DEFAULT_CONFIG
 
 
+# The report options of ``describe`` (TopicCommand's allReplicationReportOpts), by the
+# argparse destination they set.
+REPORTS: Final = (
+    "under_replicated_partitions",
+    "unavailable_partitions",
+    "under_min_isr_partitions",
+    "at_min_isr_partitions",
+)
+MIN_ISR: Final = "min.insync.replicas"
+
+
 def describe_lines(topic: TopicMetadata, configs: list[tuple[str, str]]) -> list[str]:
     """``TopicDescription.printDescription`` and ``PartitionDescription.printDescription``."""
     replication_factor = len(topic.partitions[0].replicas) if topic.partitions else 0
@@ -60,15 +79,61 @@ def describe_lines(topic: TopicMetadata, configs: list[tuple[str, str]]) -> list
     head += f"\tPartitionCount: {len(topic.partitions)}"
     head += f"\tReplicationFactor: {replication_factor}"
     head += "\tConfigs: " + ",".join(f"{k}={v}" for k, v in configs)
-    lines = [head]
-    for p in topic.partitions:
-        leader = str(p.leader_id) if p.leader_id >= 0 else "none"
-        lines.append(
-            f"\tTopic: {topic.name}\tPartition: {p.partition}\tLeader: {leader}"
-            f"\tReplicas: {','.join(str(r) for r in p.replicas)}"
-            f"\tIsr: {','.join(str(r) for r in p.isr)}"
-        )
-    return lines
+    return [head, *(partition_line(topic, p) for p in topic.partitions)]
+
+
+def partition_line(topic: TopicMetadata, p: PartitionMetadata) -> str:
+    leader = str(p.leader_id) if p.leader_id >= 0 else "none"
+    return (
+        f"\tTopic: {topic.name}\tPartition: {p.partition}\tLeader: {leader}"
+        f"\tReplicas: {','.join(str(r) for r in p.replicas)}"
+        f"\tIsr: {','.join(str(r) for r in p.isr)}"
+    )
+
+
+def reported(
+    report: str, p: PartitionMetadata, live_brokers: Collection[int], min_isr: int | None
+) -> bool:
+    """Whether a report option prints partition ``p`` (``PartitionDescription``'s
+    ``isUnderReplicated``, ``hasUnavailablePartitions``, ``isUnderMinIsr`` and
+    ``isAtMinIsrPartitions``; ``min_isr`` None: the topic's configs could not be read)."""
+    has_leader = p.leader_id >= 0
+    if report == "under_replicated_partitions":
+        return len(p.replicas) - len(p.isr) > 0
+    if report == "unavailable_partitions":
+        return not has_leader or p.leader_id not in live_brokers
+    if report == "under_min_isr_partitions":
+        return not has_leader or (min_isr is not None and len(p.isr) < min_isr)
+    assert report == "at_min_isr_partitions", report
+    return min_isr is not None and len(p.isr) == min_isr
+
+
+def min_insync_replicas(client: ToolClient, names: list[str]) -> dict[str, int]:
+    """Each topic's effective ``min.insync.replicas`` (its own or the broker's default);
+    nothing for a topic DescribeConfigs does not answer, or if it is not served."""
+    if not names or not client.supported_version(*DESCRIBE_CONFIGS):
+        return {}
+    body = client.send_any(
+        DESCRIBE_CONFIGS,
+        {
+            "resources": [
+                {
+                    "resource_type": TOPIC_RESOURCE,
+                    "resource_name": n,
+                    "configuration_keys": [MIN_ISR],
+                }
+                for n in names
+            ],
+            "include_synonyms": False,
+            "include_documentation": False,
+        },
+    )
+    found: dict[str, int] = {}
+    for r in body.results:
+        for c in r.configs if int(r.error_code) == Errors.NONE else ():
+            if str(c.name) == MIN_ISR and c.value is not None:
+                found[str(r.resource_name)] = int(c.value)
+    return found
 
 
 def parse_configs(values: list[str] | None) -> list[tuple[str, str]]:
@@ -121,7 +186,8 @@ def _list(client: ToolClient, args: argparse.Namespace) -> int:
 
 def _describe(client: ToolClient, args: argparse.Namespace) -> int:
     wanted = list(dict.fromkeys(args.topic)) if args.topic else None
-    topics = client.metadata(wanted).topics
+    metadata = client.metadata(wanted)
+    topics = metadata.topics
     names = sorted(topics) if wanted is None else wanted
     for name in names:
         topic = topics.get(name)
@@ -130,10 +196,19 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
         if topic.error_code != Errors.NONE:
             raise KafkaError(topic.error_code, f"Topic '{name}'")
     shown = [n for n in names if not (args.exclude_internal and topics[n].is_internal)]
-    configs = topic_configs(client, shown)
+    report = next((r for r in REPORTS if getattr(args, r, False)), None)
+    if report is None:
+        configs = topic_configs(client, shown)
+        for name in shown:
+            for line in describe_lines(topics[name], configs.get(name, [])):
+                print(line)
+        return 0
+    min_isr = min_insync_replicas(client, shown) if "min_isr" in report else {}
     for name in shown:
-        for line in describe_lines(topics[name], configs.get(name, [])):
-            print(line)
+        topic = topics[name]
+        for p in topic.partitions:
+            if reported(report, p, metadata.brokers, min_isr.get(name)):
+                print(partition_line(topic, p))
     return 0
 
 
@@ -235,6 +310,14 @@ def _run(args: argparse.Namespace) -> int:
     return run_tool(commands[args.topics_command], args, error_prefix=ERROR_PREFIX)
 
 
+_REPORT_HELP: Final = {
+    "under_replicated_partitions": "only partitions with fewer ISR members than replicas",
+    "unavailable_partitions": "only partitions whose leader is not available",
+    "under_min_isr_partitions": "only partitions with fewer ISR members than min.insync.replicas",
+    "at_min_isr_partitions": "only partitions with exactly min.insync.replicas ISR members",
+}
+
+
 def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     """``kcoord topics ...`` under the top-level subparsers ``sub``."""
     topics = sub.add_parser("topics", help="topics, like kafka-topics.sh")
@@ -244,6 +327,10 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     describe = tsub.add_parser("describe", help="partitions, leaders, replicas, ISR")
     describe.add_argument("--topic", action="append", metavar="TOPIC", help="repeatable")
     describe.add_argument("--exclude-internal", action="store_true")
+    reports = describe.add_mutually_exclusive_group()
+    for dest in REPORTS:
+        option = "--" + dest.replace("_", "-")
+        reports.add_argument(option, dest=dest, action="store_true", help=_REPORT_HELP[dest])
     create = tsub.add_parser("create", help="CreateTopics")
     create.add_argument("--topic", required=True)
     create.add_argument("--partitions", type=int, help="default: the broker's num.partitions")

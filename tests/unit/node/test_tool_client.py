@@ -4,6 +4,7 @@ the deadline, and bootstrap failures; then ``kcoord topics``' pure parts."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import struct
@@ -344,3 +345,73 @@ def test_an_answer_that_does_not_decode_is_a_tool_error_not_a_traceback() -> Non
         client.metadata(None)
     server.join(5)
     assert not server.is_alive()
+
+
+def test_topic_describe_reports_only_the_partitions_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--under-replicated-partitions`` and the other report options of kafka-topics.sh
+    were missing (argparse refused them). Each prints only its partitions, without the
+    topic's line (TopicCommand's DescribeOptions)."""
+    from kcoord.node import topics_tool
+    from kcoord.node.tool_client import API_VERSIONS, DESCRIBE_CONFIGS
+
+    def partition(index: int, leader: int, isr: tuple[int, ...]) -> SimpleNamespace:
+        return SimpleNamespace(
+            partition_index=index,
+            leader_id=leader,
+            leader_epoch=1,
+            replica_nodes=(1, 2, 3),
+            isr_nodes=isr,
+            error_code=0,
+        )
+
+    brokers = [SimpleNamespace(node_id=i, host="127.0.0.1", port=9092 + i) for i in (1, 2)]
+    topic = SimpleNamespace(
+        name="orders",
+        topic_id=None,
+        is_internal=False,
+        error_code=0,
+        partitions=[
+            partition(0, 1, (1, 2, 3)),  # healthy
+            partition(1, 2, (2, 1)),  # one replica out of the ISR: at min ISR (2)
+            partition(2, 3, (3,)),  # led by broker 3, which is not live; under min ISR
+            partition(3, -1, (1,)),  # no leader
+        ],
+    )
+    body = SimpleNamespace(brokers=brokers, cluster_id="c", controller_id=1, topics=[topic])
+    versions = SimpleNamespace(
+        error_code=0,
+        api_keys=[SimpleNamespace(api_key=DESCRIBE_CONFIGS[0], min_version=0, max_version=4)],
+    )
+    min_isr = SimpleNamespace(name="min.insync.replicas", value="2")
+    configs = SimpleNamespace(
+        results=[SimpleNamespace(error_code=0, resource_name="orders", configs=[min_isr])]
+    )
+    client = ScriptedClient(
+        {
+            METADATA: [lambda _e, _v: body],
+            API_VERSIONS: [lambda _e, _v: versions],
+            DESCRIBE_CONFIGS: [lambda _e, _v: configs],
+        }
+    )
+    expected = {
+        "under_replicated_partitions": [1, 2, 3],
+        "unavailable_partitions": [2, 3],
+        "under_min_isr_partitions": [2, 3],
+        "at_min_isr_partitions": [1],
+    }
+    for report, partitions in expected.items():
+        args = SimpleNamespace(topic=["orders"], exclude_internal=False, **{report: True})
+        assert topics_tool._describe(client, args) == 0  # type: ignore[arg-type]
+        lines = capsys.readouterr().out.splitlines()
+        assert [int(line.split("\tPartition: ")[1].split("\t")[0]) for line in lines] == (
+            partitions
+        ), report
+        assert all(line.startswith("\tTopic: orders\tPartition: ") for line in lines)
+    parser = argparse.ArgumentParser()
+    topics_tool.add_parser(parser.add_subparsers(), Path("."))
+    with pytest.raises(SystemExit):  # one report option at a time, as Kafka's
+        parser.parse_args(
+            ["topics", "describe", "--under-replicated-partitions", "--unavailable-partitions"]
+        )
