@@ -252,6 +252,10 @@ class LogMaintenance:
             log.info("%s-%d: cleaning abandoned: the log changed meanwhile", tp[0], tp[1])
             return None
         self.stats.cleaner_cleaned += 1
+        try:
+            self.logs.checkpoint_cleaner_offsets()
+        except OSError as e:
+            self.log_dir_failure.fail("checkpointing cleaner offsets", e)
         total = self.stats.cleaned
         for name in CleanerStats.__slots__:
             setattr(total, name, getattr(total, name) + getattr(stats, name))

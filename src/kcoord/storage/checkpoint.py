@@ -2,7 +2,8 @@
 
 Offset checkpoints (``CheckpointFile``/``OffsetCheckpointFile`` in Kafka), one per data
 directory: ``recovery-point-offset-checkpoint``, ``replication-offset-checkpoint`` (high
-watermarks) and ``log-start-offset-checkpoint``::
+watermarks), ``log-start-offset-checkpoint`` and ``cleaner-offset-checkpoint`` (where each
+compacted log's dirty part starts, Kafka's ``LogCleanerManager``)::
 
     0                      <- version
     2                      <- number of entries
@@ -39,6 +40,7 @@ VERSION = 0
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 REPLICATION_CHECKPOINT = "replication-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 PARTITION_METADATA = "partition.metadata"
 

@@ -335,11 +335,12 @@ class Log:
         # still holds.
         self.truncations = 0
         self.last_truncated_to = 0
-        # The cleaner's view (Kafka's cleaner-offset-checkpoint, kept in memory: after a
-        # restart the first pass treats the whole log as dirty). Below first_dirty_offset the
-        # log was cleaned; delete_horizon_ms is the earliest time a tombstone the last pass
-        # kept may go (None: it kept none). Every change to the closed segments other than an
-        # append bumps _generation, so a cleaning planned before it is abandoned.
+        # The cleaner's view. Below first_dirty_offset the log was cleaned (the LogManager
+        # keeps it in cleaner-offset-checkpoint, see restore_first_dirty_offset);
+        # delete_horizon_ms is the earliest time a tombstone the last pass kept may go (None:
+        # it kept none; in memory only, as Kafka's latestDeleteHorizon). Every change to the
+        # closed segments other than an append bumps _generation, so a cleaning planned before
+        # it is abandoned.
         self.first_dirty_offset = 0
         self.delete_horizon_ms: int | None = None
         self._generation = 0
@@ -1432,6 +1433,25 @@ class Log:
         stats = self.swap_cleaned(self.clean(plan, map_capacity=map_capacity))
         assert stats is not None, "nothing changed the log between planning and swapping"
         return stats
+
+    def restore_first_dirty_offset(self, offset: int) -> None:
+        """Where the dirty part starts, as ``cleaner-offset-checkpoint`` says at start-up
+        (Kafka's ``LogCleanerManager.cleanableOffsets``): outside the log (below its start, or
+        above its end after a crash cut the log short) the dirty part starts at the log
+        start. Without it every compacted log counted as wholly dirty after a restart, and the
+        cleaner read each again, ``__consumer_offsets`` included, while the coordinators
+        loaded."""
+        if self.log_start_offset <= offset <= self.log_end_offset:
+            self.first_dirty_offset = offset
+        else:
+            if offset > self.log_end_offset:
+                log.warning(
+                    "%s: the cleaner checkpoint %d is above the log end %d: the whole log is dirty",
+                    self.directory.name,
+                    offset,
+                    self.log_end_offset,
+                )
+            self.first_dirty_offset = self.log_start_offset
 
     def plan_cleaning(
         self,

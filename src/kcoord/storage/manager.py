@@ -94,8 +94,10 @@ class LogManager:
         self.flush_rolled: Callable[[Log, RolledFlush], None] | None = None
         # producer.id.expiration.ms: the cleaner keeps the last batch of a producer younger.
         self.producer_id_expiration_ms = DEFAULT_PRODUCER_ID_EXPIRATION_MS
-        # The recovery points the checkpoint file holds (as read or last written).
+        # The recovery points and cleaner offsets the checkpoint files hold (as read or last
+        # written).
         self._recovery_points_on_disk: dict[TopicPartition, int] = {}
+        self._cleaner_offsets_on_disk: dict[TopicPartition, int] = {}
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -116,9 +118,12 @@ class LogManager:
         self.had_clean_shutdown = marker.exists()
         recovery_points = self._read_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT)
         start_offsets = self._read_checkpoint(checkpoint.LOG_START_OFFSET_CHECKPOINT)
+        cleaner_offsets = self._read_checkpoint(checkpoint.CLEANER_OFFSET_CHECKPOINT)
         self._checkpointed[checkpoint.RECOVERY_POINT_CHECKPOINT] = set(recovery_points)
         self._recovery_points_on_disk = dict(recovery_points)
         self._checkpointed[checkpoint.LOG_START_OFFSET_CHECKPOINT] = set(start_offsets)
+        self._checkpointed[checkpoint.CLEANER_OFFSET_CHECKPOINT] = set(cleaner_offsets)
+        self._cleaner_offsets_on_disk = dict(cleaner_offsets)
         for path in sorted(self.data_dir.iterdir()):
             if not path.is_dir():
                 continue
@@ -152,10 +157,13 @@ class LogManager:
                 for name, offsets in (
                     (checkpoint.RECOVERY_POINT_CHECKPOINT, recovery_points),
                     (checkpoint.LOG_START_OFFSET_CHECKPOINT, start_offsets),
+                    (checkpoint.CLEANER_OFFSET_CHECKPOINT, cleaner_offsets),
                 ):
                     if tp in offsets:
                         self._offline_offsets.setdefault(name, {})[tp] = offsets[tp]
                 continue
+            if tp in cleaner_offsets:
+                opened.restore_first_dirty_offset(cleaner_offsets[tp])
             opened.remove_files = self._remove
             opened.flush_rolled = self._flush_rolled
             opened.truncated = functools.partial(self._truncated, tp)
@@ -253,6 +261,7 @@ class LogManager:
         for name, write in (
             (checkpoint.RECOVERY_POINT_CHECKPOINT, self.checkpoint_recovery_points),
             (checkpoint.LOG_START_OFFSET_CHECKPOINT, self.checkpoint_log_start_offsets),
+            (checkpoint.CLEANER_OFFSET_CHECKPOINT, self.checkpoint_cleaner_offsets),
         ):
             held = self._checkpointed.get(name, set())
             if any(tp in held and tp not in self.logs and tp not in self.offline for tp in tps):
@@ -278,6 +287,8 @@ class LogManager:
             self.checkpoint_recovery_points()
         if tp in self._checkpointed.get(checkpoint.LOG_START_OFFSET_CHECKPOINT, ()):
             self.checkpoint_log_start_offsets()
+        if tp in self._checkpointed.get(checkpoint.CLEANER_OFFSET_CHECKPOINT, ()):
+            self.checkpoint_cleaner_offsets()
 
     def delete_log(self, tp: TopicPartition) -> None:
         """Rename the directory out of the way, then remove it (Kafka's async delete). A
@@ -344,12 +355,26 @@ class LogManager:
         segments after the cut."""
         if self._recovery_points_on_disk.get(tp, -1) > recovery_point:
             self.checkpoint_recovery_points()
+        # Kafka's LogCleanerManager.maybeTruncateCheckpoint: records appended again above the
+        # truncation are dirty, and a crash must not leave the checkpoint calling them clean.
+        lg = self.logs.get(tp)
+        if lg is not None and self._cleaner_offsets_on_disk.get(tp, -1) > lg.first_dirty_offset:
+            self.checkpoint_cleaner_offsets()
 
     def checkpoint_log_start_offsets(self) -> None:
         self._write_checkpoint(
             checkpoint.LOG_START_OFFSET_CHECKPOINT,
             {tp: lg.log_start_offset for tp, lg in self.logs.items()},
         )
+
+    def checkpoint_cleaner_offsets(self) -> None:
+        """Where each cleaned log's dirty part starts (Kafka's ``cleaner-offset-checkpoint``,
+        written after every cleaning pass, ``LogCleanerManager.updateCheckpoints``)."""
+        offsets = {
+            tp: lg.first_dirty_offset for tp, lg in self.logs.items() if lg.first_dirty_offset > 0
+        }
+        self._write_checkpoint(checkpoint.CLEANER_OFFSET_CHECKPOINT, offsets)
+        self._cleaner_offsets_on_disk = offsets
 
     def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
         offsets = {**self._offline_offsets.get(name, {}), **offsets}
@@ -423,6 +448,7 @@ class LogManager:
             lg.close()
         self.checkpoint_recovery_points()
         self.checkpoint_log_start_offsets()
+        self.checkpoint_cleaner_offsets()
         if self.offline:
             log.warning(
                 "not marking a clean shutdown: %d partitions are offline and were never "

@@ -415,3 +415,75 @@ def test_a_truncation_below_the_checkpointed_recovery_point_checkpoints_it(tmp_p
     assert checkpoint.read_offsets(path)[tp] == lg.recovery_point <= 2
     lg.truncate_fully_and_start_at(0)
     assert checkpoint.read_offsets(path)[tp] == 0
+
+
+COMPACT = LogConfig(segment_bytes=500, cleanup_policy=frozenset({"compact"}))
+
+
+def _cleaned(data_dir: Path) -> tuple[LogManager, Log]:
+    """A manager with a compacted log cleaned once: keys k0..k4 written four times."""
+    mgr = LogManager(data_dir, COMPACT)
+    mgr.open()
+    lg = mgr.get_or_create_log(("compacted", 0), COMPACT)
+    for i in range(20):
+        lg.append_as_leader(batch(1, key=f"k{i % 5}".encode(), value=b"x" * 40), 0, now_ms=0)
+    lg.roll()
+    lg.compact(now_ms=0)
+    assert lg.first_dirty_offset == 20
+    return mgr, lg
+
+
+def test_the_cleaners_progress_survives_a_restart(tmp_path: Path) -> None:
+    """cleaner-offset-checkpoint (LogCleanerManager): the dirty part started at 0 after every
+    restart, so each compacted log, __consumer_offsets included, was read and cleaned again
+    whatever min.cleanable.dirty.ratio said. (review helper-204)"""
+    mgr, _ = _cleaned(tmp_path)
+    mgr.shutdown()
+    assert checkpoint.read_offsets(tmp_path / checkpoint.CLEANER_OFFSET_CHECKPOINT) == {
+        ("compacted", 0): 20
+    }
+    again = LogManager(tmp_path, COMPACT)
+    again.open({("compacted", 0): COMPACT})
+    lg = again.get_log(("compacted", 0))
+    assert lg is not None and lg.first_dirty_offset == 20
+    assert lg.plan_cleaning(0, min_dirty_ratio=0.5) is None
+    # A checkpoint past the log end (the log cut short by a crash) makes the whole log dirty.
+    again.close()
+    checkpoint.write_offsets(
+        tmp_path / checkpoint.CLEANER_OFFSET_CHECKPOINT, {("compacted", 0): 1_000}
+    )
+    third = LogManager(tmp_path, COMPACT)
+    third.open({("compacted", 0): COMPACT})
+    lg = third.get_log(("compacted", 0))
+    assert lg is not None and lg.first_dirty_offset == lg.log_start_offset
+    third.close()
+
+
+def test_a_truncation_below_the_cleaner_checkpoint_rewrites_it(tmp_path: Path) -> None:
+    """Kafka's maybeTruncateCheckpoint: records appended again above a truncation are dirty;
+    a crash must not leave the checkpoint calling them clean."""
+    mgr, lg = _cleaned(tmp_path)
+    mgr.checkpoint_cleaner_offsets()
+    lg.truncate_to(10)
+    assert checkpoint.read_offsets(tmp_path / checkpoint.CLEANER_OFFSET_CHECKPOINT) == {
+        ("compacted", 0): lg.log_end_offset
+    }
+    assert lg.log_end_offset <= 10
+    mgr.close()
+
+
+def test_a_compacted_topic_created_again_starts_dirty(tmp_path: Path) -> None:
+    mgr, _ = _cleaned(tmp_path)
+    mgr.checkpoint_cleaner_offsets()
+    mgr.delete_log(("compacted", 0))
+    new = mgr.get_or_create_log(("compacted", 0), COMPACT)
+    assert ("compacted", 0) not in checkpoint.read_offsets(
+        tmp_path / checkpoint.CLEANER_OFFSET_CHECKPOINT
+    )
+    new.append_as_leader(batch(1, key=b"k", value=b"v"), 0, now_ms=0)
+    mgr.shutdown()
+    again = LogManager(tmp_path, COMPACT)
+    again.open({("compacted", 0): COMPACT})
+    reopened = again.get_log(("compacted", 0))
+    assert reopened is not None and reopened.first_dirty_offset == 0
+    again.close()
