@@ -113,6 +113,12 @@ def response_schema(api_key: int, version: int) -> type[Any]:
     return load_response_schema(api_key, version)
 
 
+@cache
+def response_field_names(api_key: int, version: int) -> frozenset[str]:
+    """The top-level fields of a response."""
+    return frozenset(kind.name for kind in _field_kinds(response_schema(api_key, version)))
+
+
 def warm_up(versions: Mapping[int, range]) -> int:
     """Load and compile the request and response schemas of ``versions``; return how many."""
     count = 0

@@ -32,10 +32,13 @@ lives; one walking that many partitions yields to the loop as it goes.
 What closes a connection, and only that connection (each is logged once): a size outside
 ``1..socket.request.max.bytes`` (100 MiB by default), a truncated frame (end of stream inside
 it), a request that does not decode, an unknown API key, an unsupported version of an API
-other than ApiVersions (which is answered with its v0 error response, as Kafka does), a handler
-that fails unexpectedly, and ``connections.max.idle.ms`` (10 minutes by default) without a
-request or response while nothing is in flight. At the end of the peer's stream no further
-request is read, and the connection closes once every request read before it is answered:
+other than ApiVersions (which is answered with its v0 error response, as Kafka does), and
+``connections.max.idle.ms`` (10 minutes by default) without a request or response while
+nothing is in flight. A handler that fails unexpectedly gets its request answered with
+UNKNOWN_SERVER_ERROR, as Kafka's ``KafkaApis.handle`` does (``error_response``), the
+connection closed only where the API has no such answer (an acks=0 produce). At the end of
+the peer's stream no further request is read, and the connection closes once every request
+read before it is answered:
 Kafka's ``Selector`` reads a channel only while it is not muted, that is while no request of
 it is in flight, so it sees the end of the stream only after the last answer is sent (a
 client that half-closes after its requests, ``printf ... | nc -N``, gets every answer). A
@@ -65,6 +68,7 @@ from kcoord.node.kafka.apis import (
     Request,
 )
 from kcoord.node.kafka.codec import API_VERSIONS_KEY, FRAME_SIZE, DecodeError
+from kcoord.node.kafka.error_response import error_response
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 DEFAULT_MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024  # socket.request.max.bytes
+PRODUCE_KEY: Final = 0
 DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
 # Requests of one connection handled at once. Kafka handles one (it mutes a connection until
 # its response is sent); clients pipeline up to max.in.flight.requests.per.connection, 5 by
@@ -467,7 +472,7 @@ class _Connection:
             result = await spec.handler(request)
         except Exception:
             log.exception("kafka: handler of api key %d v%d failed", api_key, api_version)
-            return _Close("handler failed")
+            return self._counted(self._failed(request))
         if isinstance(result, Deferred):
             # Until the answer is made: the most it may take (see apis), and the request it
             # still holds (a produce of up to socket.request.max.bytes waiting for acks=all).
@@ -531,8 +536,26 @@ class _Connection:
             return _Close("handler cancelled")
         except Exception:
             log.exception("kafka: deferred response of api key %d failed", request.header.api_key)
-            return _Close("handler failed")
+            return self._counted(self._failed(request))
         return self._counted(encoded)
+
+    @staticmethod
+    def _failed(request: Request) -> bytes | _Close:
+        """The answer to a request whose handler failed: its API's error response with
+        UNKNOWN_SERVER_ERROR (node/kafka/error_response.py), or a close where there is none
+        (an acks=0 produce, as Kafka's; an API with no way to say it)."""
+        header = request.header
+        if header.api_key == PRODUCE_KEY and getattr(request.body, "acks", None) == 0:
+            return _Close("handler failed (acks=0 produce: no answer to carry the error)")
+        values = error_response(header.api_key, header.api_version, request.body)
+        if values is None:
+            return _Close("handler failed")
+        try:
+            body = codec.build_response(header.api_key, header.api_version, values)
+            return codec.encode_response(header.correlation_id, body)
+        except Exception:
+            log.exception("kafka: cannot encode the error response of api key %d", header.api_key)
+            return _Close("handler failed")
 
     def _counted(self, encoded: bytes | _Close) -> bytes | _Close:
         if isinstance(encoded, bytes):

@@ -191,7 +191,6 @@ def test_bad_input_closes_that_connection_only() -> None:
             struct.pack(">i", 10) + struct.pack(">hhih", METADATA, 99, 1, -1),  # bad version
             struct.pack(">i", 14) + header + struct.pack(">i", 0x7FFFFFFF),  # huge array
             struct.pack(">i", 13) + header + b"\xff\x00\x00",  # garbage body
-            encode_request(FIND_COORDINATOR, 3, 1, {"key": "g"}),  # the handler fails
         ]
         for data in cases:
             await assert_closed_for(server, data)
@@ -202,6 +201,36 @@ def test_bad_input_closes_that_connection_only() -> None:
         await good.close()
 
     run(test, max_request_bytes=1024)
+
+
+def test_a_failing_handler_is_answered_unknown_server_error_in_order() -> None:
+    """Kafka's KafkaApis.handle answers the request with its error response; the connection
+    was closed, the client reconnected and sent the request again, for ever if the failure is
+    deterministic, and the answers to requests pipelined behind it were dropped."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        ids = [
+            await c.send(LIST_OFFSETS, 5, list_offsets(50)),
+            await c.send(FIND_COORDINATOR, 3, {"key": "g"}),  # its handler raises
+            await c.send(FIND_COORDINATOR, 4, {"key_type": 0, "coordinator_keys": ["a", "b"]}),
+            await c.send(API_VERSIONS, 0, {}),
+        ]
+        first, _ = await c.receive(LIST_OFFSETS, 5)
+        second, failed = await c.receive(FIND_COORDINATOR, 3)
+        third, batched = await c.receive(FIND_COORDINATOR, 4)
+        fourth, _ = await c.receive(API_VERSIONS, 0)
+        assert [first, second, third, fourth] == ids
+        assert failed.error_code == Errors.UNKNOWN_SERVER_ERROR
+        assert failed.error_message is None  # Kafka leaves the exception's text out
+        assert [(k.key, k.error_code) for k in batched.coordinators] == [
+            ("a", Errors.UNKNOWN_SERVER_ERROR),
+            ("b", Errors.UNKNOWN_SERVER_ERROR),
+        ]
+        assert server.connections_closed_for_errors == 0
+        await c.close()
+
+    run(test)
 
 
 def test_api_versions_of_an_unknown_version_is_answered_in_v0() -> None:
@@ -239,18 +268,24 @@ def test_a_cancelled_deferred_answer_closes_its_connection() -> None:
     run(test)
 
 
-def test_a_deferred_answer_that_cannot_be_made_closes_its_connection() -> None:
+def test_a_deferred_answer_that_cannot_be_made_is_answered_unknown_server_error() -> None:
     """Making the answer failed after the handler's work was done, outside what was caught:
     the writer died of it, and the reader, waiting for room the writer would have made, kept
-    the connection open for ever, its descriptor counted against max.connections."""
+    the connection open for ever, its descriptor counted against max.connections. It is
+    answered as a failed handler is: every partition asked for with UNKNOWN_SERVER_ERROR."""
 
     async def test(server: KafkaServer) -> None:
         c = await connect(server)
         await c.send(LIST_OFFSETS, 5, list_offsets(UNANSWERABLE))
-        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        _, answer = await c.receive(LIST_OFFSETS, 5)
+        assert [
+            (t.name, [(p.partition_index, p.error_code) for p in t.partitions])
+            for t in answer.topics
+        ] == [("t", [(0, Errors.UNKNOWN_SERVER_ERROR)])]
+        await still_serves(server)
+        assert (await c.call(API_VERSIONS, 0, {})).error_code == Errors.NONE
         await c.close()
         await until(lambda: server.connection_count == 0, "the connection to go")
-        await still_serves(server)
 
     run(test)
 
