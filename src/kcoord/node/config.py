@@ -32,7 +32,9 @@ The key table (``_SPECS``) is the single source of names, types, defaults and ra
 from __future__ import annotations
 
 import enum
+import ipaddress
 import re
+import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -275,6 +277,10 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # Client connections at once (Kafka's max.connections); the node also keeps half of its
     # open-files limit for the data directory whatever this says (node/server.py).
     _Spec("max.connections", _Kind.INT, _INT32_MAX, 0, _INT32_MAX),
+    # ConnectionQuotas: client connections at once from one address, and per address
+    # ("host:count,host:count"; a host name is resolved when the config is read).
+    _Spec("max.connections.per.ip", _Kind.INT, _INT32_MAX, 0, _INT32_MAX),
+    _Spec("max.connections.per.ip.overrides", _Kind.STR, ""),
     # Kafka's default is 30000; ours is 4000 to match our faster failure detection. It stays
     # above broker.session.timeout.ms (3000), so a dead node is taken out of every ISR by its
     # fencing first (which also moves its leaderships) and the lag rule only catches live but
@@ -393,6 +399,8 @@ class NodeConfig:
     socket_request_max_bytes: int
     connections_max_idle_ms: int
     max_connections: int
+    max_connections_per_ip: int
+    max_connections_per_ip_overrides: str
     producer_id_expiration_ms: int
     producer_id_expiration_check_interval_ms: int
     replica_lag_time_max_ms: int
@@ -456,6 +464,13 @@ class NodeConfig:
             )
         if self.cluster_id is not None and not self.cluster_id.strip():
             raise ConfigError("cluster.id", "must not be empty")
+        overrides = per_ip_overrides(self.max_connections_per_ip_overrides)
+        if self.max_connections_per_ip == 0 and not overrides:
+            # KafkaConfig.validateValues: nobody could connect.
+            raise ConfigError(
+                "max.connections.per.ip",
+                "may be 0 only with max.connections.per.ip.overrides set",
+            )
         if self.admin_api_token is not None and (
             not self.admin_api_token.strip()
             or any(c.isspace() or not c.isprintable() for c in self.admin_api_token)
@@ -733,6 +748,7 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         quorum_listener=Listener(quorum_bind, quorum_advertised),
         admin_listener=listener("admin.listener"),
         admin_api_token=get("admin.api.token"),
+        max_connections_per_ip_overrides=get("max.connections.per.ip.overrides"),
         group_consumer_migration_policy=_migration_policy(get("group.consumer.migration.policy")),
         group_consumer_assignors=_assignors(get("group.consumer.assignors")),
         group_coordinator_rebalance_protocols=_rebalance_protocols(
@@ -746,6 +762,33 @@ def _build(values: dict[str, object], *, env_keys: frozenset[str]) -> NodeConfig
         data_dir=_data_dir(get("data.dir"), get("log.dirs")),
     )
     return NodeConfig(**kwargs)
+
+
+def per_ip_overrides(text: str) -> dict[str, int]:
+    """``max.connections.per.ip.overrides``: "host:count" entries, comma separated (Kafka's
+    ``parseCsvMap``), by the address each host resolves to (``ConnectionQuotas``)."""
+    key = "max.connections.per.ip.overrides"
+    overrides: dict[str, int] = {}
+    for item in (entry.strip() for entry in text.split(",")):
+        if not item:
+            continue
+        host, sep, count = item.rpartition(":")
+        host = host.strip().strip("[]")
+        try:
+            limit = int(count) if sep and host else -1
+        except ValueError:
+            limit = -1
+        if not 0 <= limit <= _INT32_MAX:
+            raise ConfigError(key, f"expected host:count entries, got {item!r}")
+        try:
+            address = str(ipaddress.ip_address(host))
+        except ValueError:
+            try:
+                address = socket.gethostbyname(host)
+            except OSError as e:
+                raise ConfigError(key, f"cannot resolve {host!r}: {e}") from None
+        overrides[address] = limit
+    return overrides
 
 
 def _migration_policy(text: str) -> str:

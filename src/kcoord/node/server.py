@@ -47,7 +47,7 @@ from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.node.admin import AdminServer, AdminService
 from kcoord.node.broker_lifecycle import BrokerLifecycle
 from kcoord.node.clock import SYSTEM_CLOCK, Clock
-from kcoord.node.config import NodeConfig, config_entries
+from kcoord.node.config import NodeConfig, config_entries, per_ip_overrides
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.kafka.broker import KafkaBroker
 from kcoord.node.kafka.configs import ConfigsApi
@@ -483,6 +483,8 @@ class Node:
             max_request_bytes=cfg.socket_request_max_bytes,
             idle_ms=cfg.connections_max_idle_ms,
             max_connections=client_connection_limit(cfg.max_connections),
+            max_connections_per_ip=cfg.max_connections_per_ip,
+            max_connections_per_ip_overrides=per_ip_overrides(cfg.max_connections_per_ip_overrides),
         )
         assert self.coordinator is not None
         GroupApi(kafka.ctx, self.coordinator).register(kafka.register)

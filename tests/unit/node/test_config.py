@@ -457,6 +457,7 @@ def test_every_plain_field_is_set_by_its_key() -> None:
         "voters",
         "data_dir",
         "admin_api_token",
+        "max_connections_per_ip_overrides",
         "group_consumer_migration_policy",
         "group_consumer_assignors",
         "group_coordinator_rebalance_protocols",
@@ -610,3 +611,28 @@ def test_admin_api_token_and_metrics_switch() -> None:
     for bad in ("", "two words", "tab\there"):
         with pytest.raises(ConfigError, match=r"^admin\.api\.token: "):
             parse_config(_minimal(**{"admin.api.token": bad}))
+
+
+def test_max_connections_per_ip_and_its_overrides() -> None:
+    """Kafka's ConnectionQuotas configs: "host:count" overrides by resolved address; 0 only
+    with overrides, or nobody could connect (KafkaConfig.validateValues)."""
+    from kcoord.node.config import per_ip_overrides
+
+    cfg = parse_config(_minimal())
+    assert cfg.max_connections_per_ip == 2**31 - 1
+    assert per_ip_overrides(cfg.max_connections_per_ip_overrides) == {}
+    text = "127.0.0.2:5, localhost:7,[::1]:3"
+    cfg = parse_config(
+        _minimal(**{"max.connections.per.ip": 0, "max.connections.per.ip.overrides": text})
+    )
+    assert cfg.max_connections_per_ip == 0
+    assert per_ip_overrides(cfg.max_connections_per_ip_overrides) == {
+        "127.0.0.2": 5,
+        "127.0.0.1": 7,
+        "::1": 3,
+    }
+    with pytest.raises(ConfigError, match=r"^max\.connections\.per\.ip: may be 0 only"):
+        parse_config(_minimal(**{"max.connections.per.ip": 0}))
+    for bad in ("127.0.0.1", "127.0.0.1:x", ":4", "127.0.0.1:-1"):
+        with pytest.raises(ConfigError, match=r"^max\.connections\.per\.ip\.overrides: expected"):
+            parse_config(_minimal(**{"max.connections.per.ip.overrides": bad}))

@@ -56,6 +56,8 @@ class KafkaBroker:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         idle_ms: int = DEFAULT_IDLE_MS,
         max_connections: int = 2**31 - 1,
+        max_connections_per_ip: int = 2**31 - 1,
+        max_connections_per_ip_overrides: Mapping[str, int] | None = None,
         request_stats: RequestStats | None = None,
     ) -> None:
         channel = ControllerChannel(node_id, quorum_leader_id, cache, controller_handlers, rpc_pool)
@@ -77,6 +79,8 @@ class KafkaBroker:
             max_request_bytes=max_request_bytes,
             idle_ms=idle_ms,
             max_connections=max_connections,
+            max_connections_per_ip=max_connections_per_ip,
+            max_connections_per_ip_overrides=max_connections_per_ip_overrides,
             stats=request_stats,
         )
         states = produce.ProducerStates(

@@ -42,7 +42,10 @@ read before it is answered:
 Kafka's ``Selector`` reads a channel only while it is not muted, that is while no request of
 it is in flight, so it sees the end of the stream only after the last answer is sent (a
 client that half-closes after its requests, ``printf ... | nc -N``, gets every answer). A
-connection lost (reset) closes at once, dropping the answers still being made.
+reset seen while reading closes the connection at once, dropping the answers still being
+made; after the end of the stream a reset is seen only when an answer is written, so a
+pending long poll or JoinGroup holds the connection (and its max.connections slot) until it
+is answered, as in Kafka.
 
 Metrics: with a ``RequestStats``, each request adds to its API key's count and latency (from
 the frame read to the response encoded) and, if the response has a top-level error code, to
@@ -191,6 +194,8 @@ class KafkaServer:
         idle_ms: int = DEFAULT_IDLE_MS,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_connections: int = 2**31 - 1,
+        max_connections_per_ip: int = 2**31 - 1,
+        max_connections_per_ip_overrides: Mapping[str, int] | None = None,
         stats: RequestStats | None = None,
     ) -> None:
         assert max_request_bytes > 0 and idle_ms > 0 and max_in_flight > 0
@@ -199,6 +204,12 @@ class KafkaServer:
         # Kafka's max.connections: past it a new connection is closed at once (Kafka's
         # acceptor waits instead; a client sees the same, its connection not served).
         self.max_connections = max_connections
+        # Kafka's max.connections.per.ip and its overrides (ConnectionQuotas): past its
+        # address's limit a new connection is closed at once (TooManyConnectionsException),
+        # so one client leaking connections cannot take every slot of max.connections.
+        self.max_connections_per_ip = max_connections_per_ip
+        self.max_connections_per_ip_overrides = dict(max_connections_per_ip_overrides or {})
+        self._connections_per_ip: dict[str, int] = {}
         self.connections_refused = 0
         self._refusal_logged_at = -1.0
         self.max_request_bytes = max_request_bytes
@@ -270,26 +281,43 @@ class KafkaServer:
         if self._stopping:
             writer.close()
             return
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if peer else ""
+        from_address = self._connections_per_ip.get(address, 0)
+        address_limit = self.max_connections_per_ip_overrides.get(
+            address, self.max_connections_per_ip
+        )
+        if from_address >= address_limit:
+            self._refuse(
+                writer,
+                f"{from_address} connections open from {address} "
+                f"(max.connections.per.ip {address_limit})",
+            )
+            return
         if len(self._connections) >= self.max_connections:
-            writer.close()
-            self.connections_refused += 1
-            now = asyncio.get_running_loop().time()
-            if now - self._refusal_logged_at >= 10 or self._refusal_logged_at < 0:
-                self._refusal_logged_at = now
-                log.warning(
-                    "kafka: %d connections open (max.connections): refusing new ones (%d so far)",
-                    len(self._connections),
-                    self.connections_refused,
-                )
+            self._refuse(writer, f"{len(self._connections)} connections open (max.connections)")
             return
         conn = _Connection(self, reader, writer)
         self._connections[task] = conn
+        self._connections_per_ip[address] = from_address + 1
         if self.stats is not None:
             self.stats.connections_accepted += 1
         try:
             await conn.run()
         finally:
             self._connections.pop(task, None)
+            left = self._connections_per_ip.pop(address, 1) - 1
+            if left:
+                self._connections_per_ip[address] = left
+
+    def _refuse(self, writer: asyncio.StreamWriter, why: str) -> None:
+        """Close a new connection at once, past a limit; said at most every 10 s."""
+        writer.close()
+        self.connections_refused += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._refusal_logged_at >= 10 or self._refusal_logged_at < 0:
+            self._refusal_logged_at = now
+            log.warning("kafka: %s: refusing new ones (%d so far)", why, self.connections_refused)
 
 
 class _Connection:

@@ -327,9 +327,15 @@ def test_a_peer_that_half_closes_gets_every_answer_then_the_connection_closes() 
 def test_a_peer_that_hangs_up_is_let_go_once_its_answers_are_made() -> None:
     async def test(server: KafkaServer) -> None:
         c = await connect(server)
-        await c.send(LIST_OFFSETS, 5, list_offsets(300))
+        await c.send(LIST_OFFSETS, 5, list_offsets(1_000))
         await until(lambda: answer_pending(server), "the request to arrive")
+        (conn,) = server._connections.values()
         await c.close()
+        reader = conn._tasks[0]
+        await until(reader.done, "the server to read the end of the stream")
+        # Held for the answer still being made, as Kafka's muted channel is.
+        assert server.connection_count == 1 and answer_pending(server)
+        assert ("answered", "t") not in HANDLED
         await until(lambda: ("answered", "t") in HANDLED, "the answer to be made")
         await until(lambda: server.connection_count == 0, "the connection to go")
         await still_serves(server)
@@ -431,6 +437,42 @@ def test_connections_past_max_connections_are_closed_at_once() -> None:
             await c.close()
 
     run(test, max_connections=2)
+
+
+def test_connections_past_max_connections_per_ip_are_closed_at_once() -> None:
+    """Kafka's max.connections.per.ip (ConnectionQuotas): one address past its limit is not
+    served, another address is, and an override raises one address's limit."""
+
+    async def test(server: KafkaServer) -> None:
+        first, second = await connect(server), await connect(server)
+        for c in (first, second):
+            await c.call(LIST_OFFSETS, 5, list_offsets(0))
+        third = await connect(server)
+        assert await asyncio.wait_for(third.closed_by_server(), 5)
+        assert server.connections_refused == 1
+        reader, writer = await asyncio.open_connection(
+            HOST, server.port, local_addr=("127.0.0.2", 0)
+        )
+        elsewhere = AsyncWireClient(reader, writer)
+        await elsewhere.call(LIST_OFFSETS, 5, list_offsets(0))  # another address: served
+        await first.close()
+        await until(lambda: server.connection_count == 2, "the first connection to go")
+        again = await connect(server)
+        await again.call(LIST_OFFSETS, 5, list_offsets(0))
+        for c in (second, third, elsewhere, again):
+            await c.close()
+
+    run(test, max_connections_per_ip=2)
+
+    async def overridden(server: KafkaServer) -> None:
+        clients = [await connect(server) for _ in range(3)]
+        for c in clients:
+            await c.call(LIST_OFFSETS, 5, list_offsets(0))
+        assert server.connections_refused == 0
+        for c in clients:
+            await c.close()
+
+    run(overridden, max_connections_per_ip=2, max_connections_per_ip_overrides={HOST: 3})
 
 
 def test_many_pipelined_requests_beyond_the_in_flight_limit() -> None:
