@@ -18,6 +18,7 @@ the tool does not read is said on stderr and skipped.
 
 from __future__ import annotations
 
+import bisect
 import os
 import struct
 import sys
@@ -72,11 +73,15 @@ def _iter_file_batches(fd: int, size: int) -> Iterator[tuple[int, bytes | None, 
         yield pos, os.pread(fd, header.size, pos), None
 
 
-def _segment_batches(index_path: Path) -> dict[int, fmt.BatchHeader]:
+def _segment_batches(index_path: Path, report: list[str]) -> dict[int, fmt.BatchHeader] | None:
     """The headers of the whole batches of the segment an index file belongs to, by position
-    (an index is checked against them)."""
+    (an index is checked against them); None, said in ``report``, without the segment."""
     log_path = index_path.with_name(index_path.name.split(".")[0] + ".log")
-    fd = os.open(log_path, os.O_RDONLY)
+    try:
+        fd = os.open(log_path, os.O_RDONLY)
+    except FileNotFoundError:
+        report.append(f"Not checked against its segment: {index_path} (no {log_path.name})")
+        return None
     try:
         size = os.fstat(fd).st_size
         return {pos: h for pos, h, _ in _iter_headers(fd, size) if h is not None}
@@ -162,9 +167,13 @@ def _control_record(r: fmt.Record) -> str:
     """``printControlRecord``: a transaction marker's type and coordinator epoch."""
     try:
         kind = fmt.parse_control_key(r.key).name
-        return f" endTxnMarker: {kind} coordinatorEpoch: {fmt.parse_coordinator_epoch(r.value)}"
     except fmt.RecordFormatError as e:
         return f" endTxnMarker: unknown ({e})"
+    try:
+        epoch = str(fmt.parse_coordinator_epoch(r.value))
+    except fmt.RecordFormatError as e:
+        epoch = f"unknown ({e})"
+    return f" endTxnMarker: {kind} coordinatorEpoch: {epoch}"
 
 
 def _text(value: bytes) -> str:
@@ -176,7 +185,7 @@ def dump_index_file(path: Path, out: TextIO, report: list[str]) -> int:
     it names adds to ``report`` (``dumpIndex``'s mismatches)."""
     base = int(path.name.split(".")[0])
     data = path.read_bytes()
-    batches = _segment_batches(path)
+    batches = _segment_batches(path, report)
     usable = len(data) - len(data) % _INDEX_ENTRY.size
     problems = 0
     last = -1
@@ -188,8 +197,8 @@ def dump_index_file(path: Path, out: TextIO, report: list[str]) -> int:
         if base + rel <= last:
             out.write(f"Index offset {base + rel} is not above the previous entry {last}\n")
             problems += 1
-        at = batches.get(position)
-        if at is None or at.last_offset != base + rel:
+        at = None if batches is None else batches.get(position)
+        if batches is not None and (at is None or at.last_offset != base + rel):
             mismatches.append((base + rel, -1 if at is None else at.last_offset))
         last = base + rel
     if usable != len(data):
@@ -203,10 +212,14 @@ def dump_index_file(path: Path, out: TextIO, report: list[str]) -> int:
 
 def dump_time_index_file(path: Path, out: TextIO, report: list[str]) -> int:
     """Print a time index; each entry that names no batch's last offset, or not that batch's
-    greatest timestamp, adds to ``report`` (``dumpTimeIndex``'s errors)."""
+    max timestamp (its header's: Kafka's tool takes its records' greatest, which the batch
+    the cleaner rebuilt for a producer may exceed), adds to ``report`` (``dumpTimeIndex``'s
+    errors)."""
     base = int(path.name.split(".")[0])
     data = path.read_bytes()
-    by_last_offset = {h.last_offset: h for h in _segment_batches(path).values()}
+    batches = _segment_batches(path, report)
+    by_last_offset = {} if batches is None else {h.last_offset: h for h in batches.values()}
+    last_offsets = sorted(by_last_offset)
     usable = len(data) - len(data) % _TIME_ENTRY.size
     problems = 0
     last_ts = None
@@ -220,11 +233,11 @@ def dump_time_index_file(path: Path, out: TextIO, report: list[str]) -> int:
             out.write(f"Time index timestamp {ts} is not above the previous entry {last_ts}\n")
             problems += 1
         batch = by_last_offset.get(base + rel)
-        if batch is None:
-            following = [o for o in by_last_offset if o > base + rel]
-            found = min(following) if following else -1
+        if batches is not None and batch is None:
+            following = bisect.bisect_right(last_offsets, base + rel)
+            found = last_offsets[following] if following < len(last_offsets) else -1
             not_found.append(f"Indexed offset: {base + rel}, found log offset: {found}")
-        elif batch.max_timestamp != ts:
+        elif batch is not None and batch.max_timestamp != ts:
             wrong_timestamps.append(
                 f"  Index timestamp: {ts}, log timestamp: {batch.max_timestamp}"
             )

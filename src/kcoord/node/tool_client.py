@@ -282,7 +282,7 @@ class ToolClient:
         """One request and its kio answer; ``OSError`` if the connection fails."""
         # Imported here: kio takes ~0.2 s to import, and every kcoord command's parser
         # imports this module.
-        from kcoord.node.kafka.client import RequestValueError, call_once
+        from kcoord.node.kafka.client import BadAnswerError, RequestValueError, call_once
 
         api_key, version = api
         timeout_s = self.timeout_ms / 1000 + REQUEST_GRACE_S
@@ -292,6 +292,9 @@ class ToolClient:
             )
         except RequestValueError as e:
             raise ToolError(str(e)) from None
+        except BadAnswerError as e:
+            # Not retried, not sent elsewhere: the request may have been carried out.
+            raise ToolError(f"{e}; the request may have been carried out") from None
 
     def send_any(self, api: tuple[int, int], values: Mapping[str, Any]) -> Any:
         """To the first bootstrap server that answers."""

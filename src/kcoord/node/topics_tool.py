@@ -60,13 +60,14 @@ DEFAULT_CONFIG_SOURCE: Final = 5  # DescribeConfigsResponse.ConfigSource.DEFAULT
 
 
 # The report options of ``describe`` (TopicCommand's allReplicationReportOpts), by the
-# argparse destination they set.
-REPORTS: Final = (
-    "under_replicated_partitions",
-    "unavailable_partitions",
-    "under_min_isr_partitions",
-    "at_min_isr_partitions",
-)
+# argparse destination they set, with their help; those that need min.insync.replicas.
+REPORTS: Final = {
+    "under_replicated_partitions": "only partitions with fewer ISR members than replicas",
+    "unavailable_partitions": "only partitions whose leader is not available",
+    "under_min_isr_partitions": "only partitions with fewer ISR members than min.insync.replicas",
+    "at_min_isr_partitions": "only partitions with exactly min.insync.replicas ISR members",
+}
+MIN_ISR_REPORTS: Final = frozenset({"under_min_isr_partitions", "at_min_isr_partitions"})
 MIN_ISR: Final = "min.insync.replicas"
 
 
@@ -203,7 +204,7 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
             for line in describe_lines(topics[name], configs.get(name, [])):
                 print(line)
         return 0
-    min_isr = min_insync_replicas(client, shown) if "min_isr" in report else {}
+    min_isr = min_insync_replicas(client, shown) if report in MIN_ISR_REPORTS else {}
     for name in shown:
         topic = topics[name]
         for p in topic.partitions:
@@ -310,14 +311,6 @@ def _run(args: argparse.Namespace) -> int:
     return run_tool(commands[args.topics_command], args, error_prefix=ERROR_PREFIX)
 
 
-_REPORT_HELP: Final = {
-    "under_replicated_partitions": "only partitions with fewer ISR members than replicas",
-    "unavailable_partitions": "only partitions whose leader is not available",
-    "under_min_isr_partitions": "only partitions with fewer ISR members than min.insync.replicas",
-    "at_min_isr_partitions": "only partitions with exactly min.insync.replicas ISR members",
-}
-
-
 def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     """``kcoord topics ...`` under the top-level subparsers ``sub``."""
     topics = sub.add_parser("topics", help="topics, like kafka-topics.sh")
@@ -328,9 +321,9 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     describe.add_argument("--topic", action="append", metavar="TOPIC", help="repeatable")
     describe.add_argument("--exclude-internal", action="store_true")
     reports = describe.add_mutually_exclusive_group()
-    for dest in REPORTS:
+    for dest, what in REPORTS.items():
         option = "--" + dest.replace("_", "-")
-        reports.add_argument(option, dest=dest, action="store_true", help=_REPORT_HELP[dest])
+        reports.add_argument(option, dest=dest, action="store_true", help=what)
     create = tsub.add_parser("create", help="CreateTopics")
     create.add_argument("--topic", required=True)
     create.add_argument("--partitions", type=int, help="default: the broker's num.partitions")

@@ -1240,6 +1240,32 @@ class Log:
             total += (seg.size if end is None else end.position) - start_position
         return total
 
+    def newest_record(self) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after the log start with the largest
+        timestamp (ListOffsets MAX_TIMESTAMP). Segments are tried by their max timestamp,
+        largest first: one whose records fall short of it (``LogSegment.newest_record``) may
+        hold less than the next one."""
+        start = self.log_start_offset
+        bounds = sorted(
+            (
+                (-seg.max_timestamp_from(start), i)
+                for i, seg in enumerate(self.segments)
+                if seg.next_offset > start
+            )
+        )
+        newest: tuple[int, int] | None = None
+        for negative_bound, i in bounds:
+            if -negative_bound < 0 or (newest is not None and -negative_bound < newest[1]):
+                break
+            found = self.segments[i].newest_record(start)
+            if found is not None and (
+                newest is None
+                or found[1] > newest[1]
+                or (found[1] == newest[1] and found[0] < newest[0])
+            ):
+                newest = found
+        return newest
+
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with a timestamp at or after ``timestamp``."""
         for seg in self.segments:

@@ -170,6 +170,13 @@ class LogManager:
             self.logs[tp] = opened
             if report.segments_recovered or report.segments_deleted:
                 self.recovery_reports[tp] = report
+        if any(
+            tp in self.logs and self.logs[tp].first_dirty_offset != offset
+            for tp, offset in cleaner_offsets.items()
+        ):
+            # An entry past its log's end was taken as the log start: written back, or the log
+            # grown past it again would take it at the next start (its records never cleaned).
+            self.checkpoint_cleaner_offsets()
         # The marker is consumed: a crash from here on must recover again.
         marker.unlink(missing_ok=True)
         checkpoint.fsync_dir(self.data_dir)
@@ -258,11 +265,7 @@ class LogManager:
         crash after a new directory was made, before its log was adopted, paired it with the
         old log's offsets at the next start: a log start above its end starts the log over
         there (Kafka's LogManager.asyncDelete rewrites both when it deletes a log)."""
-        for name, write in (
-            (checkpoint.RECOVERY_POINT_CHECKPOINT, self.checkpoint_recovery_points),
-            (checkpoint.LOG_START_OFFSET_CHECKPOINT, self.checkpoint_log_start_offsets),
-            (checkpoint.CLEANER_OFFSET_CHECKPOINT, self.checkpoint_cleaner_offsets),
-        ):
+        for name, write in self._offset_checkpoints():
             held = self._checkpointed.get(name, set())
             if any(tp in held and tp not in self.logs and tp not in self.offline for tp in tps):
                 write()
@@ -283,12 +286,9 @@ class LogManager:
         # (hiding its records below them, skipping their recovery). Kafka rewrites both when
         # it deletes a log (LogManager.asyncDelete); here when a log takes the place, so
         # deleting a topic of many partitions writes nothing.
-        if tp in self._checkpointed.get(checkpoint.RECOVERY_POINT_CHECKPOINT, ()):
-            self.checkpoint_recovery_points()
-        if tp in self._checkpointed.get(checkpoint.LOG_START_OFFSET_CHECKPOINT, ()):
-            self.checkpoint_log_start_offsets()
-        if tp in self._checkpointed.get(checkpoint.CLEANER_OFFSET_CHECKPOINT, ()):
-            self.checkpoint_cleaner_offsets()
+        for name, write in self._offset_checkpoints():
+            if tp in self._checkpointed.get(name, ()):
+                write()
 
     def delete_log(self, tp: TopicPartition) -> None:
         """Rename the directory out of the way, then remove it (Kafka's async delete). A
@@ -340,6 +340,15 @@ class LogManager:
 
     # -----------------------------------------------------------------------------------------
     # Checkpoints.
+
+    def _offset_checkpoints(self) -> list[tuple[str, Callable[[], None]]]:
+        """The offset checkpoints this manager writes for its logs (the high watermarks'
+        are the replication layer's), each with its writer."""
+        return [
+            (checkpoint.RECOVERY_POINT_CHECKPOINT, self.checkpoint_recovery_points),
+            (checkpoint.LOG_START_OFFSET_CHECKPOINT, self.checkpoint_log_start_offsets),
+            (checkpoint.CLEANER_OFFSET_CHECKPOINT, self.checkpoint_cleaner_offsets),
+        ]
 
     def checkpoint_recovery_points(self) -> None:
         points = {tp: lg.recovery_point for tp, lg in self.logs.items()}
@@ -446,9 +455,8 @@ class LogManager:
         log directory clean only when all of it was loaded)."""
         for lg in self.logs.values():
             lg.close()
-        self.checkpoint_recovery_points()
-        self.checkpoint_log_start_offsets()
-        self.checkpoint_cleaner_offsets()
+        for _name, write in self._offset_checkpoints():
+            write()
         if self.offline:
             log.warning(
                 "not marking a clean shutdown: %d partitions are offline and were never "

@@ -495,6 +495,35 @@ class LogSegment:
                     newest = max(newest, record.timestamp)
         return newest
 
+    def newest_record(self, start_offset: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``start_offset`` with the
+        largest timestamp of them; None without records there. The batches' max timestamps
+        find it at once, unless none of the records has the largest of them (a batch's max
+        may exceed its records': an emptied batch, or one the cleaner rebuilt, keeps the time
+        its producer wrote it); then every record is read."""
+        bound = self.max_timestamp_from(start_offset)
+        if bound < 0:
+            return None
+        at = self.find_offset_by_timestamp(bound, start_offset)
+        if at is not None:
+            return at
+        start = self.translate_offset(start_offset)
+        if start is None:
+            return None
+        newest: tuple[int, int] | None = None
+        for bp in self.scan_headers(start.position):
+            if bp.header.record_count == 0:
+                continue
+            data = self.read_at(bp.position, bp.header.size)
+            if not fmt.is_crc_valid(data, 0, bp.header):
+                raise LogCorruptError(f"{self.log_path}: CRC mismatch at {bp.position}")
+            for record in fmt.decode_records(data):
+                if record.offset >= start_offset and (
+                    newest is None or record.timestamp > newest[1]
+                ):
+                    newest = (record.offset, record.timestamp)
+        return newest
+
     def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record at or after ``timestamp`` and ``start_offset``.
 

@@ -1113,6 +1113,38 @@ def test_a_cleaned_producer_batch_keeps_the_time_its_producer_wrote_it(tmp_path:
     assert isinstance(rebuilt.validate([retry]), Duplicate)
 
 
+def test_the_newest_record_is_found_past_a_batch_whose_records_fall_short(
+    tmp_path: Path,
+) -> None:
+    """A producer batch the cleaner rebuilt keeps its max timestamp, which none of its records
+    kept has: ListOffsets MAX_TIMESTAMP looked for a record with it, found none, and answered
+    no offset with records in the log. (review helper-206)"""
+    now = NOW
+    lg = _compacted(tmp_path)
+    lg.append_as_leader(
+        fmt.build_batch(
+            [fmt.Record(0, now, b"a", b"1"), fmt.Record(1, now + 5, b"b", b"1")],
+            producer_id=7,
+            producer_epoch=0,
+            base_sequence=0,
+        ),
+        0,
+        now_ms=now,
+    )
+    lg.append_as_leader(batch(1, key=b"b", value=b"2", timestamp=now + 3), 0, now_ms=now)
+    lg.roll()
+    assert lg.newest_record() == (1, now + 5)
+    lg.compact(now_ms=now)
+    assert [r.offset for r in read_all(lg)] == [0, 2]
+    assert lg.segments[0].max_timestamp == now + 5  # the producer's batch keeps it
+    assert lg.newest_record() == (2, now + 3)
+    # A later segment with a newer record wins; an equal timestamp goes to the first record.
+    lg.append_as_leader(batch(1, key=b"c", value=b"3", timestamp=now + 3), 0, now_ms=now)
+    assert lg.newest_record() == (2, now + 3)
+    lg.append_as_leader(batch(1, key=b"d", value=b"4", timestamp=now + 4), 0, now_ms=now)
+    assert lg.newest_record() == (4, now + 4)
+
+
 def test_compaction_never_touches_the_active_segment(tmp_path: Path) -> None:
     lg = _compacted(tmp_path)
     for i in range(5):

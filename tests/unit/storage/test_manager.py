@@ -456,6 +456,8 @@ def test_the_cleaners_progress_survives_a_restart(tmp_path: Path) -> None:
     third.open({("compacted", 0): COMPACT})
     lg = third.get_log(("compacted", 0))
     assert lg is not None and lg.first_dirty_offset == lg.log_start_offset
+    # ... and says so at once: grown past 1,000 again, the log would have taken it.
+    assert checkpoint.read_offsets(tmp_path / checkpoint.CLEANER_OFFSET_CHECKPOINT) == {}
     third.close()
 
 

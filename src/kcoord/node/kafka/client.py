@@ -24,6 +24,12 @@ class NoAnswerError(TimeoutError):
     it out (a retry of a CreateTopics could then find the topic it made)."""
 
 
+class BadAnswerError(Exception):
+    """The answer did not decode as the request's API: whatever answered may have carried the
+    request out, so it is not sent again elsewhere (not an ``OSError``, which the tools take
+    for a server they could not reach)."""
+
+
 class RequestValueError(ValueError):
     """A request could not be encoded: a value is outside its field's range. Nothing was sent."""
 
@@ -93,7 +99,7 @@ def call_once(
         except Exception as e:
             # kio's reader raises whatever the bytes lead it to (BufferUnderflow, ValueError):
             # an answer that is not this API's, from something that is not a Kafka broker.
-            raise ConnectionError(
+            raise BadAnswerError(
                 f"the answer from {host}:{port} does not decode as {codec.api_name(api_key)} "
                 f"v{version}: {e!r}"
             ) from e

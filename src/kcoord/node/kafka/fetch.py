@@ -611,23 +611,13 @@ def _offset_for(
         # not the last offset of its batch: a consumer seeking there would skip the others.
         # Only records at or after the log start count: once DeleteRecords moved it past the
         # newest record, Kafka answers that record's offset (which a consumer cannot fetch)
-        # and kcoord answered none, with records left.
-        start = log_.log_start_offset
-        newest, newest_timestamp = None, -1
-        for seg in log_.segments:
-            if seg.next_offset <= start:
-                continue
-            seg_newest = seg.max_timestamp_from(start)
-            if seg_newest >= 0 and (newest is None or seg_newest > newest_timestamp):
-                newest, newest_timestamp = seg, seg_newest
+        # and kcoord answered none, with records left. By the records' own timestamps: a
+        # batch emptied or rebuilt by the cleaner keeps a max timestamp none of its records
+        # has (Kafka answers no offset when the newest batch is such a one).
+        at = log_.newest_record()
         # No record found answers as one past the HW does (ReplicaManager.fetchOffset's
         # "empty offset response scenario" raises the lagging error too).
-        if newest is None:
-            return beyond_last_fetchable()
-        at = newest.find_offset_by_timestamp(newest_timestamp, start)
-        if at is None:
-            return beyond_last_fetchable()
-        if at[0] >= last_fetchable:
+        if at is None or at[0] >= last_fetchable:
             return beyond_last_fetchable()
         return at[1], at[0]
     assert timestamp >= 0, f"unsupported special timestamp {timestamp}"  # refused before
