@@ -273,7 +273,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # The Kafka listener (SocketServer): the largest request frame, and how long an idle
     # connection stays open.
     _Spec("socket.request.max.bytes", _Kind.INT, 100 * 1024 * 1024, 1, _INT32_MAX),
-    _Spec("connections.max.idle.ms", _Kind.INT, 600_000, 1),
+    # -1: no idle expiry (Kafka's Selector takes any negative value so).
+    _Spec("connections.max.idle.ms", _Kind.INT, 600_000, -1),
     # Client connections at once (Kafka's max.connections); the node also keeps half of its
     # open-files limit for the data directory whatever this says (node/server.py).
     _Spec("max.connections", _Kind.INT, _INT32_MAX, 0, _INT32_MAX),
@@ -464,6 +465,11 @@ class NodeConfig:
             )
         if self.cluster_id is not None and not self.cluster_id.strip():
             raise ConfigError("cluster.id", "must not be empty")
+        if self.connections_max_idle_ms == 0:
+            raise ConfigError(
+                "connections.max.idle.ms",
+                "must be positive, or -1 for no idle timeout; got 0",
+            )
         overrides = per_ip_overrides(self.max_connections_per_ip_overrides)
         if self.max_connections_per_ip == 0 and not overrides:
             # KafkaConfig.validateValues: nobody could connect.

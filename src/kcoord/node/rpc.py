@@ -235,7 +235,7 @@ class RpcServer:
         idle_ms: int = IDLE_MS,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        assert max_frame_bytes > 0 and max_in_flight > 0 and idle_ms > 0 and max_connections > 0
+        assert max_frame_bytes > 0 and max_in_flight > 0 and idle_ms != 0 and max_connections > 0
         assert 0 < max_answer_bytes <= MAX_ANSWER_BYTES, max_answer_bytes
         self._handlers = dict(handlers)
         self._max_frame_bytes = max_frame_bytes
@@ -244,7 +244,8 @@ class RpcServer:
         self._max_connections = max_connections
         self._refusal_logged_at = -REFUSED_LOG_EVERY_S
         self.connections_refused = 0
-        self._idle_s = idle_ms / 1000
+        # None: connections.max.idle.ms is negative, no idle expiry (Kafka's Selector).
+        self._idle_s = None if idle_ms < 0 else idle_ms / 1000
         self._server: asyncio.Server | None = None
         self._stopping = False
         # Connection task -> its writer, so stop() can close the socket and wait for the task.
@@ -260,6 +261,9 @@ class RpcServer:
     @property
     def connection_count(self) -> int:
         return len(self._connections)
+
+    def _idle_deadline(self, loop: asyncio.AbstractEventLoop) -> float | None:
+        return None if self._idle_s is None else loop.time() + self._idle_s
 
     async def start(self, host: str, port: int) -> None:
         assert self._server is None, "server already started"
@@ -305,7 +309,7 @@ class RpcServer:
             requests.discard(request)
             room.release()
             if not requests and reading is not None and not reading.expired():
-                reading.reschedule(loop.time() + self._idle_s)
+                reading.reschedule(self._idle_deadline(loop))
 
         if len(self._connections) >= self._max_connections:
             self.connections_refused += 1
@@ -331,7 +335,7 @@ class RpcServer:
                 try:
                     async with asyncio.timeout(None) as reading:
                         if not requests:
-                            reading.reschedule(loop.time() + self._idle_s)
+                            reading.reschedule(self._idle_deadline(loop))
                         body = await read_frame(
                             reader, self._max_frame_bytes, off_loop_bytes=OFF_LOOP_FRAME_BYTES
                         )

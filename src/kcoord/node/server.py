@@ -165,8 +165,9 @@ class Node:
             config.node_id, self.roles, hold=True, monotonic_ms=clock.monotonic_ms
         )
         # Its connections close when idle for 9/10 of the peers' idle time (same config),
-        # before their servers close them under a call.
-        self.rpc_pool = RpcClientPool(idle_ms=max(1, config.connections_max_idle_ms * 9 // 10))
+        # before their servers close them under a call; never when the servers do not.
+        idle_ms = config.connections_max_idle_ms
+        self.rpc_pool = RpcClientPool(idle_ms=max(1, idle_ms * 9 // 10) if idle_ms > 0 else 2**62)
         self.quorum: MetadataQuorum | None = None
         self.controller: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None

@@ -636,3 +636,12 @@ def test_max_connections_per_ip_and_its_overrides() -> None:
     for bad in ("127.0.0.1", "127.0.0.1:x", ":4", "127.0.0.1:-1"):
         with pytest.raises(ConfigError, match=r"^max\.connections\.per\.ip\.overrides: expected"):
             parse_config(_minimal(**{"max.connections.per.ip.overrides": bad}))
+
+
+def test_connections_max_idle_ms_may_be_minus_one() -> None:
+    assert parse_config(_minimal()).connections_max_idle_ms == 600_000
+    cfg = parse_config(_minimal(**{"connections.max.idle.ms": -1}))
+    assert cfg.connections_max_idle_ms == -1
+    for bad in (0, -2):
+        with pytest.raises(ConfigError, match=r"^connections\.max\.idle\.ms: "):
+            parse_config(_minimal(**{"connections.max.idle.ms": bad}))

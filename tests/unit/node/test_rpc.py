@@ -506,6 +506,19 @@ def test_a_connection_has_at_most_max_in_flight_requests_handled_at_once(run: Ru
     run(main())
 
 
+def test_a_negative_idle_time_serves_without_idle_expiry(run: Run) -> None:
+    """connections.max.idle.ms=-1: the server asserted a positive idle time, and the node's
+    client pool took -1 for an idle time of 1 ms."""
+
+    async def main() -> None:
+        async with serving({"echo": echo}, idle_ms=-1) as server:
+            assert server._idle_s is None
+            async with client_of(server.port) as client:
+                assert await client.call("echo", "x", 5.0) == "x"
+
+    run(main())
+
+
 def test_an_idle_connection_is_closed_but_not_while_a_request_is_handled(run: Run) -> None:
     gates = Gates()
 

@@ -198,7 +198,7 @@ class KafkaServer:
         max_connections_per_ip_overrides: Mapping[str, int] | None = None,
         stats: RequestStats | None = None,
     ) -> None:
-        assert max_request_bytes > 0 and idle_ms > 0 and max_in_flight > 0
+        assert max_request_bytes > 0 and idle_ms != 0 and max_in_flight > 0
         self.registry = registry
         self.stats = stats
         # Kafka's max.connections: past it a new connection is closed at once (Kafka's
@@ -213,7 +213,7 @@ class KafkaServer:
         self.connections_refused = 0
         self._refusal_logged_at = -1.0
         self.max_request_bytes = max_request_bytes
-        self.idle_ms = idle_ms
+        self.idle_ms = idle_ms  # negative: no idle expiry (Kafka's Selector)
         self.max_in_flight = max_in_flight
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], _Connection] = {}
@@ -399,7 +399,7 @@ class _Connection:
         self.close()
 
     def _touch(self) -> None:
-        if self.closing:
+        if self.closing or self.server.idle_ms < 0:
             return
         if self._idle_timer is not None:
             self._idle_timer.cancel()

@@ -414,6 +414,20 @@ def test_idle_connections_are_closed_but_not_while_a_request_waits() -> None:
     run(test, idle_ms=300)
 
 
+def test_a_negative_idle_time_never_expires_a_connection() -> None:
+    """connections.max.idle.ms=-1 (Kafka's Selector: no IdleExpiryManager): refused as out
+    of range before; now no idle timer is ever armed."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        await c.call(LIST_OFFSETS, 5, list_offsets(0))
+        (conn,) = server._connections.values()
+        assert conn._idle_timer is None
+        await c.close()
+
+    run(test, idle_ms=-1)
+
+
 def test_connections_past_max_connections_are_closed_at_once() -> None:
     """Kafka's max.connections: a client past it is not served, the others are, and once one
     goes a new connection is served again (clients that took every descriptor made the node
