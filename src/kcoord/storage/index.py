@@ -180,6 +180,11 @@ class _Index:
         return len(self._a)
 
     @property
+    def size_in_bytes(self) -> int:
+        """What its entries take in the file (Kafka's ``AbstractIndex.sizeInBytes``)."""
+        return len(self._a) * self._file.entry_size
+
+    @property
     def is_full(self) -> bool:
         return self._file.is_full
 

@@ -274,11 +274,12 @@ class RolledFlush:
 
 @dataclass(slots=True)
 class CleanResult:
-    """What ``Log.clean`` wrote: per planned segment its cleaned copy, None if unchanged (or
-    above ``end_offset``)."""
+    """What ``Log.clean`` wrote: the planned segments it cleaned, in groups of consecutive
+    ones (``_groups_for_cleaning``), each with the copy that replaces the whole group, None
+    if the group is one segment and nothing in it changed."""
 
     plan: CleanPlan
-    cleaned: list[LogSegment | None]
+    cleaned: list[tuple[list[LogSegment], LogSegment | None]]
     stats: CleanerStats
     # Where the pass ended: below it every key's earlier records went; the log's first dirty
     # offset once swapped in. The planned segments' end, or less when the key map filled up.
@@ -1566,18 +1567,19 @@ class Log:
             last_offset_of = self._build_offset_map(plan, map_capacity, result, pause)
             producers_last = self._last_batches_of_producers(plan, result, pause)
             kept_producers: set[int] = set()
-            for seg in plan.segments:
-                cleaned = None
-                if seg.base_offset < result.end_offset:
-                    cleaned = self._clean_segment(
-                        seg,
-                        last_offset_of,
-                        producers_last=producers_last,
-                        kept_producers=kept_producers,
-                        result=result,
-                        pause=pause,
-                    )
-                result.cleaned.append(cleaned)
+            below_end = [seg for seg in plan.segments if seg.base_offset < result.end_offset]
+            for group in _groups_for_cleaning(
+                below_end, self.config.segment_bytes, self.config.segment_index_bytes
+            ):
+                cleaned = self._clean_group(
+                    group,
+                    last_offset_of,
+                    producers_last=producers_last,
+                    kept_producers=kept_producers,
+                    result=result,
+                    pause=pause,
+                )
+                result.cleaned.append((group, cleaned))
         except BaseException:
             self._delete_cleaned(result)
             raise
@@ -1681,21 +1683,27 @@ class Log:
             self._delete_cleaned(result)
             return None
         self._generation += 1
-        for seg, cleaned in zip(plan.segments, result.cleaned, strict=True):
+        for group, cleaned in result.cleaned:
             if cleaned is None:
                 continue
+            # Kafka's LocalLog.replaceSegments: the copy becomes a .swap (complete: a crash
+            # from here on swaps it in at the next start, _finish_interrupted_swaps), the
+            # group's segments go, then the copy takes the first one's name.
             cleaned.rename_suffix(CLEANED_SUFFIX, SWAP_SUFFIX)
-            i = self.segments.index(seg)
-            self.remove_files(seg.retire())
+            i = self.segments.index(group[0])
+            assert self.segments[i : i + len(group)] == group, "cleaned segments moved"
+            for seg in group:
+                self.remove_files(seg.retire())
             cleaned.rename_suffix(SWAP_SUFFIX, "")
+            del self.segments[i : i + len(group)]
+            del self._bases[i : i + len(group)]
             if cleaned.size == 0 and i > 0:
                 cleaned.delete()
-                del self.segments[i]
-                del self._bases[i]
             else:
                 # An emptied first segment stays so the log keeps its start offset on reopening.
-                cleaned.next_offset = max(cleaned.next_offset, seg.next_offset)
-                self.segments[i] = cleaned
+                cleaned.next_offset = max(cleaned.next_offset, group[-1].next_offset)
+                self.segments.insert(i, cleaned)
+                self._bases.insert(i, cleaned.base_offset)
         # The renames reach the disk before the cleaned segments are relied on (Kafka's
         # LocalLog.replaceSegments flushes the directory after them).
         checkpoint.fsync_dir(self.directory)
@@ -1707,14 +1715,14 @@ class Log:
         return result.stats
 
     def _delete_cleaned(self, result: CleanResult) -> None:
-        for cleaned in result.cleaned:
+        for _group, cleaned in result.cleaned:
             if cleaned is not None:
                 cleaned.delete()
         result.cleaned.clear()
 
-    def _clean_segment(
+    def _clean_group(
         self,
-        seg: LogSegment,
+        group: list[LogSegment],
         last_offset_of: dict[bytes, int],
         *,
         producers_last: dict[int, bool],
@@ -1722,7 +1730,9 @@ class Log:
         result: CleanResult,
         pause: Callable[[], object],
     ) -> LogSegment | None:
-        """The cleaned copy of ``seg`` (a ``.cleaned`` file), None if nothing in it goes.
+        """The cleaned copy of a group of consecutive segments (a ``.cleaned`` file based at the
+        first one's offset, Kafka's ``Cleaner.cleanSegments``); None if the group is one
+        segment and nothing in it goes.
 
         Read and written in runs of batches of about ``_CLEAN_IO_BYTES`` (Kafka's cleaner
         I/O buffers): the segment was read whole, and its copy built whole, about three times
@@ -1730,7 +1740,7 @@ class Log:
         stats = result.stats
         out = bytearray()
         out_headers: list[tuple[int, fmt.BatchHeader]] = []
-        changed = False
+        changed = len(group) > 1  # merged: the copy replaces them, whatever it drops
         cleaned: LogSegment | None = None
 
         def flush() -> LogSegment:
@@ -1740,7 +1750,7 @@ class Log:
             if cleaned is None:
                 cleaned = LogSegment(
                     self.directory,
-                    seg.base_offset,
+                    group[0].base_offset,
                     index_interval_bytes=self.config.index_interval_bytes,
                     index_max_bytes=self.config.segment_index_bytes,
                     suffix=CLEANED_SUFFIX,
@@ -1753,7 +1763,7 @@ class Log:
             return cleaned
 
         try:
-            for data, pos, header in _batches_in_runs(seg):
+            for seg, data, pos, header in _group_batches_in_runs(group):
                 pause()
                 # The clean part is read first here (the dirty part, mapped, is checked again).
                 _raise_if_crc_invalid(seg, data, pos, header)
@@ -1788,17 +1798,17 @@ class Log:
                 out += kept_raw
                 if len(out) >= _CLEAN_IO_BYTES:
                     flush()
-            stats.segments_cleaned += 1
+            stats.segments_cleaned += len(group)
             if not changed:
                 if cleaned is not None:
                     cleaned.delete()
                 return None
             cleaned = flush()
             cleaned.on_roll()
-            # The original's modification time (Cleaner.cleanSegments): a segment left without
-            # timestamps ages by it, and a fresh one held back time retention of every expired
-            # segment behind an emptied first one for another retention.ms.
-            original = os.stat(seg.log_path)
+            # The last original's modification time (Cleaner.cleanSegments): a segment left
+            # without timestamps ages by it, and a fresh one held back time retention of every
+            # expired segment behind an emptied first one for another retention.ms.
+            original = os.stat(group[-1].log_path)
             os.utime(cleaned.log_path, ns=(original.st_atime_ns, original.st_mtime_ns))
         except BaseException:
             if cleaned is not None:
@@ -1922,6 +1932,46 @@ def _raise_if_count_disagrees(record_count: int, last_offset_delta: int, pos: in
 # How much the cleaner reads, and builds of a cleaned copy, at a time (Kafka's
 # log.cleaner.io.buffer.size is 512 KiB, grown for a larger batch).
 _CLEAN_IO_BYTES = 1024 * 1024
+
+
+def _groups_for_cleaning(
+    segments: list[LogSegment], max_bytes: int, max_index_bytes: int
+) -> Iterator[list[LogSegment]]:
+    """Consecutive segments cleaned into one copy (Kafka's ``Cleaner.groupSegmentsBySize``):
+    while their files together fit ``segment.bytes`` and their indexes
+    ``segment.index.bytes``, and every offset stays within an index entry's 32-bit reach of
+    the first segment's base. Cleaned one for one, the segments of a compacted log whose keys
+    seldom change stayed one small file per roll for ever."""
+    i = 0
+    while i < len(segments):
+        group = [segments[i]]
+        size = segments[i].size
+        index_bytes = segments[i].offset_index.size_in_bytes
+        time_index_bytes = segments[i].time_index.size_in_bytes
+        i += 1
+        while i < len(segments):
+            seg = segments[i]
+            if (
+                size + seg.size > max_bytes
+                or index_bytes + seg.offset_index.size_in_bytes > max_index_bytes
+                or time_index_bytes + seg.time_index.size_in_bytes > max_index_bytes
+                or (seg.size > 0 and seg.next_offset - 1 - group[0].base_offset > _INT32_MAX)
+            ):
+                break
+            group.append(seg)
+            size += seg.size
+            index_bytes += seg.offset_index.size_in_bytes
+            time_index_bytes += seg.time_index.size_in_bytes
+            i += 1
+        yield group
+
+
+def _group_batches_in_runs(
+    group: list[LogSegment],
+) -> Iterator[tuple[LogSegment, bytes, int, fmt.BatchHeader]]:
+    for seg in group:
+        for data, pos, header in _batches_in_runs(seg):
+            yield seg, data, pos, header
 
 
 def _batches_in_runs(seg: LogSegment) -> Iterator[tuple[bytes, int, fmt.BatchHeader]]:
@@ -2108,8 +2158,10 @@ def _finish_interrupted_swaps(directory: Path) -> None:
     """Complete or discard compaction swaps interrupted by a crash (Kafka's ``LogLoader``).
 
     ``.cleaned`` files were not complete: delete them. A ``.swap`` log was complete and fsynced
-    before the rename: it replaces the segment of the same base offset. ``.deleted`` and
-    ``.tmp`` files are leftovers to remove.
+    before the rename: it replaces the segments of its offset range, the one of the same base
+    offset and any later one of the group it merged that was not yet deleted
+    (``LogLoader.completeSwapOperations``). ``.deleted`` and ``.tmp`` files are leftovers to
+    remove.
     """
     for path in list(directory.iterdir()):
         name = path.name
@@ -2118,6 +2170,22 @@ def _finish_interrupted_swaps(directory: Path) -> None:
     swapped_logs = [p for p in directory.iterdir() if p.name.endswith(LOG_SUFFIX + SWAP_SUFFIX)]
     for path in swapped_logs:
         target = path.with_name(path.name[: -len(SWAP_SUFFIX)])
+        swap_base = int(target.name[: -len(LOG_SUFFIX)])
+        swap_end = _swap_end_offset(path, swap_base)
+        for other in list(directory.iterdir()):
+            stem = other.name[: -len(LOG_SUFFIX)]
+            if (
+                other.name.endswith(LOG_SUFFIX)
+                and is_offset_name(stem)
+                and swap_base < int(stem) < swap_end
+            ):
+                log.warning(
+                    "%s: deleting %s, merged into the interrupted compaction swap of %s",
+                    directory,
+                    other.name,
+                    target.name,
+                )
+                _delete_segment_files(directory, int(stem))
         path.replace(target)
         # The indexes may belong to either version: drop them, recovery rebuilds them.
         base = target.name[: -len(LOG_SUFFIX)]
@@ -2127,6 +2195,27 @@ def _finish_interrupted_swaps(directory: Path) -> None:
     for path in list(directory.iterdir()):
         if path.name.endswith(SWAP_SUFFIX):
             path.unlink(missing_ok=True)
+
+
+def _swap_end_offset(path: Path, base_offset: int) -> int:
+    """One past the last offset of a complete ``.swap`` segment (its base if it holds no
+    batch), reading only its batch headers."""
+    end = base_offset
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        position = 0
+        while position + fmt.HEADER_SIZE <= size:
+            header = fmt.BatchHeader._make(
+                fmt.HEADER.unpack(os.pread(fd, fmt.HEADER_SIZE, position))
+            )
+            if header.size <= fmt.LOG_OVERHEAD:
+                break  # not a batch: the rest is for recovery to judge
+            end = max(end, header.last_offset + 1)
+            position += header.size
+    finally:
+        os.close(fd)
+    return end
 
 
 def _delete_segment_files(directory: Path, base_offset: int) -> None:

@@ -2413,8 +2413,9 @@ def test_an_emptied_segment_a_crash_left_between_two_others_is_deleted_on_openin
 ) -> None:
     """The cleaner's swap deletes a segment a pass emptied, after renaming it into place; a
     crash between the two left an empty segment between two others, which the cleaner passes
-    over for good. Opening deletes it; the offsets around it read as before."""
-    compact = LogConfig(cleanup_policy=frozenset({"compact"}))
+    over for good. Opening deletes it; the offsets around it read as before. (Segments of
+    100 bytes: the pass cleans each alone, none merged with the next.)"""
+    compact = LogConfig(cleanup_policy=frozenset({"compact"}), segment_bytes=100)
     path = tmp_path / "c-0"
     lg = open_log(path, compact)
     for key, value in ((b"x", b"1"), (b"a", b"1"), (b"a", b"2"), (b"d", b"1")):
@@ -2422,13 +2423,14 @@ def test_an_emptied_segment_a_crash_left_between_two_others_is_deleted_on_openin
         if key != b"d":
             lg.roll()
     result = lg.clean(lg.plan_cleaning(0, min_dirty_ratio=0.0))  # type: ignore[arg-type]
-    emptied = result.cleaned[1]
+    assert [[seg.base_offset for seg in group] for group, _ in result.cleaned] == [[0], [1], [2]]
+    emptied = result.cleaned[1][1]
     assert emptied is not None and emptied.size == 0  # a=1, superseded by a=2
     # The swap of segment 1 alone, up to the crash before the emptied copy is deleted.
     emptied.rename_suffix(segment_module.CLEANED_SUFFIX, segment_module.SWAP_SUFFIX)
     lg.remove_files(result.plan.segments[1].retire())
     emptied.rename_suffix(segment_module.SWAP_SUFFIX, "")
-    for cleaned in (result.cleaned[0], result.cleaned[2]):
+    for _group, cleaned in (result.cleaned[0], result.cleaned[2]):
         if cleaned is not None:
             cleaned.delete()
     lg.close()
@@ -2437,5 +2439,73 @@ def test_an_emptied_segment_a_crash_left_between_two_others_is_deleted_on_openin
     try:
         assert [s.base_offset for s in reopened.segments] == [0, 2, 3]
         assert [(r.offset, r.key) for r in read_all(reopened)] == [(0, b"x"), (2, b"a"), (3, b"d")]
+    finally:
+        reopened.close()
+
+
+def _small_segments(path: Path, config: LogConfig, count: int) -> Log:
+    """A compacted log of ``count`` closed segments, one keyed record each (keys k0, k1, ...,
+    k0 again every fourth: the first of each pair is superseded), and an active one."""
+    lg = open_log(path, config)
+    for i in range(count):
+        key = f"k{i % 4}".encode() if i % 4 == 0 else f"k{i}".encode()
+        lg.append_as_leader(batch(1, key=key, value=f"v{i}".encode(), timestamp=1_000 + i), 0, 0)
+        lg.roll()
+    lg.append_as_leader(batch(1, key=b"tail", value=b"t", timestamp=2_000), 0, now_ms=0)
+    return lg
+
+
+def test_a_pass_merges_small_cleaned_segments_up_to_segment_bytes(tmp_path: Path) -> None:
+    """Kafka's Cleaner.groupSegmentsBySize: consecutive segments are cleaned into one copy
+    while they fit segment.bytes together. Cleaned one for one, a compacted log whose keys
+    seldom change kept one small file per roll for ever. (review helper-204)"""
+    config = LogConfig(cleanup_policy=frozenset({"compact"}))
+    lg = _small_segments(tmp_path / "c-0", config, 12)
+    before = [(r.offset, r.key, r.value, r.timestamp) for r in read_all(lg)]
+    assert len(lg.segments) == 13
+    stats = lg.compact(now_ms=0)
+    assert stats is not None and stats.segments_cleaned == 12
+    assert [s.base_offset for s in lg.segments] == [0, 12]  # one copy, then the active one
+    kept = [(r.offset, r.key, r.value, r.timestamp) for r in read_all(lg)]
+    # k0 is written at 0, 4 and 8: only its last value stays; nothing else moves.
+    assert kept == [r for r in before if r[1] != b"k0" or r[0] == 8]
+    for offset, _key, _value, timestamp in kept:
+        assert lg.offset_for_timestamp(timestamp) == (offset, timestamp)
+        assert fmt.decode_records(lg.read(offset, 1 << 20).records)[0].offset == offset
+    lg.close()
+    reopened = open_log(tmp_path / "c-0", config)
+    assert [s.base_offset for s in reopened.segments] == [0, 12]
+    assert [(r.offset, r.key, r.value, r.timestamp) for r in read_all(reopened)] == kept
+    reopened.close()
+
+
+def test_merged_segments_stay_within_segment_bytes(tmp_path: Path) -> None:
+    one = len(batch(1, key=b"k1", value=b"v1"))
+    config = LogConfig(cleanup_policy=frozenset({"compact"}), segment_bytes=3 * one + 10)
+    lg = _small_segments(tmp_path / "c-0", config, 7)
+    lg.compact(now_ms=0)
+    assert [s.base_offset for s in lg.segments] == [0, 3, 6, 7]
+    assert all(s.size <= config.segment_bytes for s in lg.segments)
+
+
+def test_a_merging_swap_interrupted_by_a_crash_is_completed_on_opening(tmp_path: Path) -> None:
+    """A crash after the merged copy became a .swap and its group's first segment was gone,
+    the others still there: opening swaps the copy in and deletes the rest of its range
+    (LogLoader.completeSwapOperations), or their records were there twice."""
+    config = LogConfig(cleanup_policy=frozenset({"compact"}))
+    path = tmp_path / "c-0"
+    lg = _small_segments(path, config, 6)
+    result = lg.clean(lg.plan_cleaning(0, min_dirty_ratio=0.0))  # type: ignore[arg-type]
+    ((group, merged),) = result.cleaned
+    assert merged is not None and len(group) == 6
+    expected = [(1, b"k1"), (2, b"k2"), (3, b"k3"), (4, b"k0"), (5, b"k5")]  # k0 at 0 went
+    merged.rename_suffix(segment_module.CLEANED_SUFFIX, segment_module.SWAP_SUFFIX)
+    lg.remove_files(group[0].retire())  # the crash: the five others are still in place
+    lg.close()
+    merged.close()
+    reopened = open_log(path, config)
+    try:
+        assert [s.base_offset for s in reopened.segments] == [0, 6]
+        assert [(r.offset, r.key) for r in read_all(reopened)] == [*expected, (6, b"tail")]
     finally:
         reopened.close()
