@@ -86,7 +86,7 @@ test-all: check lab prometheus deploy-tools java
 
 # A 3-node cluster on 127.0.0.1 in the foreground (Ctrl-C stops it); data in .kcoord/cluster.
 up: $(STAMP)
-	$(BIN)/kcoord cluster up --nodes 3 --data-dir .kcoord/cluster
+	$(BIN)/kcoord cluster up --data-dir .kcoord/cluster
 
 down: $(STAMP)
 	$(BIN)/kcoord cluster down --data-dir .kcoord/cluster

@@ -126,6 +126,12 @@ _GROUP_STATES: Final = frozenset(
     )
 )
 _OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
+# The admin listener's bounds: how long a stop waits for answers being sent, how long an idle
+# kept-alive connection stays, and how many connections are served at once (a connection past
+# it is closed at once: the descriptors are the data directory's, see server.py).
+ADMIN_SHUTDOWN_TIMEOUT_S: Final = 1.0
+ADMIN_KEEPALIVE_S: Final = 15.0
+MAX_ADMIN_CONNECTIONS: Final = 256
 
 PartitionKey = tuple[str, int]
 Handler = Callable[[Any], Awaitable[Any]]
@@ -689,6 +695,46 @@ def _json_error(status: int, message: str) -> web.Response:
     return response
 
 
+class _Refused(asyncio.Protocol):
+    """A connection past the admin listener's cap: closed as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class _CappedSite(web.TCPSite):
+    """aiohttp's TCP site, serving at most ``max_connections`` connections at once."""
+
+    def __init__(
+        self,
+        runner: web.AppRunner,
+        host: str,
+        port: int,
+        *,
+        max_connections: int,
+        reuse_address: bool,
+    ) -> None:
+        super().__init__(runner, host, port, reuse_address=reuse_address)
+        self.max_connections = max_connections
+        self.refused = 0
+
+    async def start(self) -> None:
+        server = self._runner.server
+        assert server is not None
+
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= self.max_connections:
+                self.refused += 1
+                return _Refused()
+            return server()
+
+        # TCPSite.start with the capped factory (BaseSite.start registers the site).
+        await web.BaseSite.start(self)
+        self._server = await asyncio.get_running_loop().create_server(
+            protocol, self._host, self._port, reuse_address=self._reuse_address
+        )
+
+
 class AdminServer:
     """The aiohttp application on ``admin.listener`` (see the module docstring)."""
 
@@ -728,9 +774,20 @@ class AdminServer:
 
     async def start(self, host: str, port: int) -> None:
         assert self._runner is None, "already started"
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            # A client that does not read its answer held the node's stop for aiohttp's
+            # default 60 s (twice), past the launcher's SIGKILL: no clean-shutdown marker.
+            shutdown_timeout=ADMIN_SHUTDOWN_TIMEOUT_S,
+            # An idle kept-alive connection is let go (aiohttp's default is an hour).
+            keepalive_timeout=ADMIN_KEEPALIVE_S,
+        )
         await self._runner.setup()
-        self._site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        self._site = _CappedSite(
+            self._runner, host, port, max_connections=MAX_ADMIN_CONNECTIONS, reuse_address=True
+        )
         await self._site.start()
         log.info(
             "admin HTTP on %s:%d%s", host, self.port, " (token required)" if self.token else ""
@@ -755,7 +812,10 @@ class AdminServer:
         except web.HTTPException as e:  # unknown path (404), wrong method (405), ...
             if e.status < 400:
                 raise
-            return _json_error(e.status, e.reason)
+            answer = _json_error(e.status, e.reason)
+            if "Allow" in e.headers:  # RFC 9110: a 405 names the methods the path takes
+                answer.headers["Allow"] = e.headers["Allow"]
+            return answer
         except asyncio.CancelledError:
             raise
         except Exception:

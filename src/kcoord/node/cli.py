@@ -184,9 +184,17 @@ def _cluster(args: argparse.Namespace) -> int:
         elif args.cluster_command == "start-node":
             node = state.node(args.id)
             if launcher.is_alive(node.pid, node.config_path):
-                raise launcher.LauncherError(f"node {args.id} is already running")
+                # Nothing to do, as stop-node of a stopped node (both idempotent).
+                print(f"kcoord: node {args.id} is already running", file=sys.stderr)
+                return 0
             launcher.start_node(node)
             state.save()
+            try:
+                serving = launcher.wait_started(node)
+            finally:
+                state.save()  # no pid of a node that exited
+            if not serving:
+                print(f"kcoord: node {args.id} is still starting; see {node.log_path}")
         elif args.cluster_command == "down":
             launcher.down(state, kill=args.kill)
             print("kcoord: cluster stopped (data kept)")

@@ -14,9 +14,11 @@ quorum and admin HTTP: with the default base 9092, node 1 is 9092/9093/9094/9095
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -196,6 +198,29 @@ def start_node(node: NodeProcess) -> None:
     _CHILDREN[proc.pid] = proc
 
 
+def wait_started(node: NodeProcess, timeout_s: float = READY_TIMEOUT_S) -> bool:
+    """Poll until a node just started serves its admin listener (it opens once the data
+    directory is open and the quorum started, before the node catches up); raise
+    ``LauncherError`` if the process exits first (a bad config, a locked data directory).
+    False if it is still starting at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not is_alive(node.pid, node.config_path):
+            code = exit_code(node.pid) if node.pid is not None else None
+            node.pid = None
+            raise LauncherError(
+                f"node {node.node_id} exited"
+                + (f" with code {code}" if code is not None else "")
+                + f"; see {node.log_path}"
+            )
+        try:
+            with socket.create_connection((node.host, node.admin_port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.1)  # polling the node
+    return False
+
+
 def is_alive(pid: int | None, config_path: Path | None = None) -> bool:
     """Whether ``pid`` is a running kcoord node (the one of ``config_path``, if given: a pid
     reused by another cluster's node is not it)."""
@@ -213,6 +238,8 @@ def is_alive(pid: int | None, config_path: Path | None = None) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return False  # another user's process now has the pid (after a reboot): not our node
     # A zombie or a reused pid is not our node.
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -237,12 +264,15 @@ def stop_node(node: NodeProcess, *, kill: bool = False, timeout_s: float = STOP_
         node.pid = None
         return
     assert node.pid is not None
-    os.kill(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
+    # The node may exit between the check and the signal: gone is what was asked.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(node.pid, signal.SIGKILL if kill else signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while is_alive(node.pid, node.config_path) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the process table
     if is_alive(node.pid, node.config_path):
-        os.kill(node.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(node.pid, signal.SIGKILL)
         while is_alive(node.pid, node.config_path):
             time.sleep(0.02)
     node.pid = None

@@ -10,8 +10,10 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
 from aiohttp import ClientSession
 
+from kcoord.node import admin as admin_module
 from kcoord.node.admin import AdminServer, AdminService, ApiError, parse_consumer_assignment
 from kcoord.node.metrics import NodeMetrics
 
@@ -69,12 +71,13 @@ def serve(
     *,
     token: str | None = None,
     metrics_enabled: bool = True,
+    metrics: object | None = None,
 ) -> None:
     async def run() -> None:
         service = StubService()
         server = AdminServer(
             cast("AdminService", service),
-            cast("NodeMetrics", StubMetrics()),
+            cast("NodeMetrics", metrics or StubMetrics()),
             token=token,
             metrics_enabled=metrics_enabled,
         )
@@ -142,6 +145,8 @@ def test_errors_are_json_and_the_server_stays_up() -> None:
         assert (status, body["error"]["status"]) == (404, 404)
         status, body = await get(session, base + "/api/v1/topics", method="POST")
         assert status == 405 and body["error"]["status"] == 405
+        async with session.post(base + "/healthz") as response:  # RFC 9110: 405 says Allow
+            assert response.status == 405 and "GET" in response.headers["Allow"]
         status, body = await get(session, base + "/api/v1/topics/missing")
         assert status == 404 and "missing" in body["error"]["message"]
         status, body = await get(session, base + "/api/v1/groups?colour=red")
@@ -238,5 +243,63 @@ def test_rebalances_take_a_bounded_limit() -> None:
             assert status == 400 and "limit must be 1 to 10000" in body["error"]["message"], bad
         status, body = await get(session, base + "/api/v1/rebalances?group=g")
         assert status == 400 and "known: limit" in body["error"]["message"]
+
+    serve(scenario)
+
+
+class HugeMetrics:
+    async def scrape(self, fetch_end_offsets: Any) -> bytes:
+        return b"# " + b"x" * (16 << 20) + b"\n"
+
+
+def test_a_client_that_does_not_read_its_answer_does_not_hold_the_stop() -> None:
+    """aiohttp waits up to 60 s (twice) for the answers being sent: a scrape of a large
+    /metrics nobody read held the node's stop past the launcher's SIGKILL, and the node
+    stopped without its clean-shutdown marker. (review helper-208)"""
+
+    async def run() -> None:
+        server = AdminServer(
+            cast("AdminService", StubService()),
+            cast("NodeMetrics", HugeMetrics()),
+            token=None,
+            metrics_enabled=True,
+        )
+        await server.start("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await reader.readline()  # the answer has started; the rest is never read
+        await asyncio.wait_for(server.stop(), 15)
+        writer.close()
+
+    asyncio.run(run())
+
+
+def test_connections_past_the_admin_cap_are_closed_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The admin listener had no cap: connections that sent nothing were held for aiohttp's
+    hour of keep-alive, each a descriptor the data directory needs. (review helper-208)"""
+    monkeypatch.setattr(admin_module, "MAX_ADMIN_CONNECTIONS", 2)
+
+    async def scenario(session: ClientSession, base: str, service: StubService) -> None:
+        host, port = base.removeprefix("http://").split(":")
+        held = [await asyncio.open_connection(host, int(port)) for _ in range(2)]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        reader, writer = await asyncio.open_connection(host, int(port))
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed at once
+        writer.close()
+        _, first = held.pop()
+        first.close()
+        while True:  # the server lets the closed one go, then serves a new one
+            try:
+                if await raw_status(base, "/healthz", b"none") == 200:
+                    break
+            except (IndexError, ConnectionError):
+                pass  # refused: still at the cap
+            assert loop.time() < deadline, "no connection served after one closed"
+            await asyncio.sleep(0.01)  # polling interval
+        for _, other in held:
+            other.close()
 
     serve(scenario)

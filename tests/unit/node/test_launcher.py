@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -175,3 +176,46 @@ def test_cluster_up_refuses_a_running_cluster_before_it_says_it_starts(
     out, err = capsys.readouterr()
     assert "starting" not in out + err
     assert "already running" in err and "'kcoord cluster down'" in err
+
+
+def test_a_pid_another_user_holds_is_not_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a reboot a saved pid may be another user's process: os.kill(pid, 0) raised
+    PermissionError out of every cluster command. (review helper-208)"""
+
+    def denied(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "kill", denied)
+    assert not launcher.is_alive(10_000_001)
+
+
+def test_stopping_a_node_that_exits_meanwhile_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checks = iter([True, False])
+    monkeypatch.setattr(launcher, "is_alive", lambda pid, config_path=None: next(checks, False))
+
+    def gone(pid: int, sig: int) -> None:
+        raise ProcessLookupError(3, "No such process")
+
+    monkeypatch.setattr(os, "kill", gone)
+    node = launcher.NodeProcess(1, "127.0.0.1", 1, 2, 3, 4, str(tmp_path), pid=10_000_001)
+    launcher.stop_node(node)
+    assert node.pid is None
+
+
+def test_start_node_says_when_the_node_exits_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``start-node`` exited 0 for a node that died at once on a bad config; it says so, with
+    the exit code and the log, and saves no pid. Starting a running node is no error, as
+    stopping a stopped one is not. (review helper-208)"""
+    directory = tmp_path / "node-1"
+    directory.mkdir()
+    (directory / "node.toml").write_text("this is not toml = = =\n")
+    nodes = [launcher.NodeProcess(1, "127.0.0.1", 1, 2, 3, 4, str(directory))]
+    launcher.ClusterState(str(tmp_path), nodes).save()
+    assert cli.main(["cluster", "start-node", "1", "--data-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "node 1 exited with code 2" in err and str(directory / "node.log") in err
+    assert launcher.ClusterState.load(tmp_path).nodes[0].pid is None
