@@ -927,7 +927,7 @@ class Controller:
         if registration is None or registration.broker_epoch != request.broker_epoch:
             return None
         offset = request.current_metadata_offset
-        caught_up = offset >= registration.broker_epoch
+        caught_up = offset >= registration.caught_up_offset
         if registration.fenced and caught_up:
             return None  # due to be unfenced
         if not registration.fenced and _offline_but_eligible(image, request):
@@ -955,7 +955,7 @@ class Controller:
         broker_id, broker_epoch = registration.broker_id, registration.broker_epoch
         offset = request.current_metadata_offset
         self.heartbeats.touch(broker_id, broker_epoch, now_ms, offset)
-        caught_up = offset >= broker_epoch
+        caught_up = offset >= registration.caught_up_offset
         backoff_ms = self.config.fencing_proposal_backoff_ms
         if registration.fenced:
             if request.want_shut_down:

@@ -106,6 +106,18 @@ class BrokerRegistration:
     endpoints: Mapping[str, str]
     rack: str | None
     fenced: bool
+    # The offset its RegisterBroker record was applied at (an image read from a snapshot: the
+    # snapshot's, which is later). The broker epoch is the log end the controller saw when it
+    # decided the registration; a write of its own still in flight then (a KIP-835 NoOp) puts
+    # the record later, and a broker that replayed up to its epoch was told it was caught up
+    # before it had its own registration. Kafka's epoch is the record's exact offset.
+    registered_at: int = field(default=-1, compare=False)
+
+    @property
+    def caught_up_offset(self) -> int:
+        """The metadata offset a broker must have replayed to be caught up: its own
+        registration's (Kafka's ``BrokerHeartbeatManager``, ``metadataOffset >= brokerEpoch``)."""
+        return max(self.broker_epoch, self.registered_at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,7 +543,7 @@ class MetadataImage:
             )
         match record:
             case RegisterBroker():
-                self._replay_register_broker(record, delta)
+                self._replay_register_broker(record, delta, offset)
             case FenceBroker():
                 self._replay_fencing(record.broker_id, record.broker_epoch, True, record, delta)
             case UnfenceBroker():
@@ -554,7 +566,9 @@ class MetadataImage:
                 raise MetadataApplyError(f"cannot apply {record!r}: not a metadata record")
         self._last_offset = offset
 
-    def _replay_register_broker(self, record: RegisterBroker, delta: MetadataDelta) -> None:
+    def _replay_register_broker(
+        self, record: RegisterBroker, delta: MetadataDelta, offset: int
+    ) -> None:
         # ClusterControlManager.replay(RegisterBrokerRecord): a registration replaces the
         # previous one of the same broker id. kcoord also insists that broker epochs go up, so
         # a registration decided on a stale image cannot overwrite a newer one.
@@ -576,6 +590,7 @@ class MetadataImage:
             endpoints=dict(record.endpoints),
             rack=record.rack,
             fenced=record.fenced,
+            registered_at=offset,
         )
         self._brokers[record.broker_id] = after
         delta._note_broker(record.broker_id, before, after)
@@ -607,6 +622,7 @@ class MetadataImage:
             endpoints=before.endpoints,
             rack=before.rack,
             fenced=fenced,
+            registered_at=before.registered_at,
         )
         self._brokers[broker_id] = after
         delta._note_broker(broker_id, before, after)

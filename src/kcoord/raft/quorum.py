@@ -127,6 +127,7 @@ _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 2  # 1: the body alone, without the CRC-32C (still read)
 SNAPSHOT_FILE = "snapshot"
 HALT_EXIT_CODE = 1
+STATUS_READS = 3  # status(): tries at reading the leadership and the term of one moment
 
 
 def _empty_bytes(*args: object) -> bytes:
@@ -1640,9 +1641,18 @@ class MetadataQuorum:
         sync = self._sync
         if sync is None:
             return QuorumStatus(self.node_id, False, None, 0, 0, 0, 0)
-        leader = sync._getLeader()
+        # Read between two reads of the term, again if it moved (pysyncobj's thread changes
+        # them under us): a leader flag of one term with the next term's number let a deposed
+        # leader propose in the new term. (review helper-207)
+        for _ in range(STATUS_READS):
+            term = int(sync._getTerm())
+            leader = sync._getLeader()
+            is_leader = bool(sync._isLeader())
+            if int(sync._getTerm()) == term:
+                break
+        else:
+            is_leader = False  # the term kept moving: no leadership to act on
         leader_id = None if leader is None else self._id_by_address.get(leader.address)
-        is_leader = bool(sync._isLeader())
         raw = sync.getStatus()
         match: dict[int, int] = {}
         connected: set[int] = set()
@@ -1657,7 +1667,7 @@ class MetadataQuorum:
             node_id=self.node_id,
             is_leader=is_leader,
             leader_id=leader_id,
-            epoch=int(sync._getTerm()),
+            epoch=term,
             commit_index=int(sync.raftCommitIndex),
             last_applied=int(sync.raftLastApplied),
             log_size=int(raw.get("log_len", 0)),

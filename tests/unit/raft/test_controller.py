@@ -52,6 +52,7 @@ from kcoord.raft.records import (
     ConfigResourceType,
     FenceBroker,
     MetadataRecord,
+    NoOp,
     Partition,
     PartitionChange,
     RegisterBroker,
@@ -400,6 +401,33 @@ def test_unfence_only_once_caught_up_with_the_registration() -> None:
         (), BrokerHeartbeatReply(Errors.NONE, True, False, False)
     )
     assert cluster.controller.heartbeats.metadata_offset(1, epoch) == cluster.image.last_offset
+
+
+def test_caught_up_means_past_the_registrations_own_offset() -> None:
+    """The broker epoch is the log end the controller saw when it decided: a write of its own
+    still in flight (the KIP-835 NoOp) committed first put the RegisterBroker record one
+    offset later, and a broker that had replayed up to its epoch, not its registration, was
+    told it was caught up (its initial catch-up then published an image without itself).
+    (review helper-207)"""
+    cluster = Cluster()
+    result = cluster.register(1)
+    epoch = result.response.broker_epoch
+    cluster.commit((NoOp(),))  # the NoOp proposed before the registration commits first
+    cluster.commit(result.records)
+    registered_at = cluster.image.last_offset
+    assert registered_at == epoch + 1
+    for offset in (epoch, registered_at):
+        request = BrokerHeartbeatRequest(1, epoch, offset)
+        steady = cluster.controller.steady_broker_heartbeat(cluster.image, request, 100)
+        beat = cluster.heartbeat(1, 100, offset=offset)
+        assert beat.response.is_caught_up is (offset == registered_at), offset
+        assert beat.response.is_fenced is (offset != registered_at)
+        if offset == epoch:
+            assert steady == BrokerHeartbeatReply(Errors.NONE, False, True)
+    # A snapshot does not say where the record was: its own offset stands in, later.
+    reloaded = MetadataImage.from_records(registered_at + 5, cluster.image.to_records())
+    broker = reloaded.broker(1)
+    assert broker is not None and broker.caught_up_offset == registered_at + 5
 
 
 def test_unfence_is_not_proposed_twice_while_in_flight() -> None:

@@ -655,3 +655,38 @@ def test_the_pre_vote_reads_the_election_deadline_on_pysyncobjs_clock(
     voter._pre_vote_or_elect()
     assert voter._SyncObj__raftLeader == leader
     voter.destroy()
+
+
+class _MovingTerm:
+    """pysyncobj's state as its thread changes it under a reader: each read of the term is
+    the next of ``terms``; the node leads while the term is the first."""
+
+    def __init__(self, terms: list[int]) -> None:
+        self.terms = terms
+        self.raftCommitIndex = 0
+        self.raftLastApplied = 0
+
+    def _getTerm(self) -> int:  # noqa: N802 (pysyncobj's name)
+        return self.terms.pop(0) if len(self.terms) > 1 else self.terms[0]
+
+    def _getLeader(self) -> None:  # noqa: N802
+        return None
+
+    def _isLeader(self) -> bool:  # noqa: N802
+        return len(self.terms) > 2
+
+    def getStatus(self) -> dict[str, Any]:  # noqa: N802
+        return {}
+
+
+def test_status_reads_the_leadership_and_the_term_of_one_moment(tmp_path: Path) -> None:
+    """is_leader and the term were read apart: a leader of term 5 deposed between the reads
+    reported itself the leader of term 6. (review helper-207)"""
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
+    quorum._sync = _MovingTerm([5, 6, 6, 6, 6])  # type: ignore[assignment]
+    status = quorum.status()
+    assert (status.is_leader, status.epoch) == (False, 6)
+    quorum._sync = _MovingTerm([5, 5, 5, 5])  # type: ignore[assignment]
+    status = quorum.status()
+    assert (status.is_leader, status.epoch) == (True, 5)
