@@ -36,16 +36,16 @@ other than ApiVersions (which is answered with its v0 error response, as Kafka d
 ``connections.max.idle.ms`` (10 minutes by default) without a request or response while
 nothing is in flight. A handler that fails unexpectedly gets its request answered with
 UNKNOWN_SERVER_ERROR, as Kafka's ``KafkaApis.handle`` does (``error_response``), the
-connection closed only where the API has no such answer (an acks=0 produce). At the end of
-the peer's stream no further request is read, and the connection closes once every request
-read before it is answered:
-Kafka's ``Selector`` reads a channel only while it is not muted, that is while no request of
-it is in flight, so it sees the end of the stream only after the last answer is sent (a
-client that half-closes after its requests, ``printf ... | nc -N``, gets every answer). A
-reset seen while reading closes the connection at once, dropping the answers still being
-made; after the end of the stream a reset is seen only when an answer is written, so a
-pending long poll or JoinGroup holds the connection (and its max.connections slot) until it
-is answered, as in Kafka.
+connection closed only where the API has no such answer (an acks=0 produce).
+
+At the end of the peer's stream no further request is read, and the connection closes once
+every request read before it is answered: Kafka's ``Selector`` reads a channel only while it
+is not muted, that is while no request of it is in flight, so it sees the end of the stream
+only after the last answer is sent (a client that half-closes after its requests,
+``printf ... | nc -N``, gets every answer). A reset seen while reading closes the connection
+at once, dropping the answers still being made; after the end of the stream a reset is seen
+only when an answer is written, so a pending long poll or JoinGroup holds the connection (and
+its max.connections slot) until it is answered, as in Kafka.
 
 Metrics: with a ``RequestStats``, each request adds to its API key's count and latency (from
 the frame read to the response encoded) and, if the response has a top-level error code, to
