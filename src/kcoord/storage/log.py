@@ -1026,13 +1026,17 @@ class Log:
     def _should_roll(self, seg: LogSegment, first: fmt.BatchHeader, size: int, now_ms: int) -> bool:
         if seg.created_ms is None:
             seg.created_ms = now_ms
+        if first.last_offset - seg.base_offset > MAX_RELATIVE_OFFSET:
+            # Even an empty segment (Kafka's LogSegment.shouldRoll, canConvertToRelativeOffset,
+            # KAFKA-6264): a follower's batch 2^31 offsets past its empty active segment (a
+            # leader compacted below it) went in, and opening the log again cut it off.
+            return True
         if seg.size == 0:
             return False
         return (
             seg.size + size > self.config.segment_bytes
             or self._time_to_roll(seg, first.max_timestamp, now_ms)
             or seg.index_full
-            or first.last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
         )
 
     def _time_to_roll(self, seg: LogSegment, max_timestamp: int, now_ms: int) -> bool:
@@ -2186,11 +2190,12 @@ def _finish_interrupted_swaps(directory: Path) -> None:
                     target.name,
                 )
                 _delete_segment_files(directory, int(stem))
-        path.replace(target)
-        # The indexes may belong to either version: drop them, recovery rebuilds them.
+        # The indexes may belong to either version: dropped, recovery rebuilds them. Before
+        # the rename: a crash between the two left the old segment's indexes beside the copy.
         base = target.name[: -len(LOG_SUFFIX)]
         for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
             (directory / (base + suffix)).unlink(missing_ok=True)
+        path.replace(target)
         log.warning("%s: completed interrupted compaction swap of %s", directory, target.name)
     for path in list(directory.iterdir()):
         if path.name.endswith(SWAP_SUFFIX):

@@ -2509,3 +2509,28 @@ def test_a_merging_swap_interrupted_by_a_crash_is_completed_on_opening(tmp_path:
         assert [(r.offset, r.key) for r in read_all(reopened)] == [*expected, (6, b"tail")]
     finally:
         reopened.close()
+
+
+def test_a_batch_past_an_empty_segments_offset_reach_rolls_it(tmp_path: Path) -> None:
+    """A follower's empty active segment took a batch 2^31 offsets past its base (its leader
+    compacted everything below): the roll check returned before the relative-offset one, the
+    batch went in at an offset the index cannot hold, and opening the log again cut it off
+    (Kafka's KAFKA-6264: LogSegment.shouldRoll checks canConvertToRelativeOffset even when
+    the segment is empty). (review helper-209)"""
+    far = 2**31 + 10
+    for rolled_first in (False, True):
+        path = tmp_path / f"t-{int(rolled_first)}"
+        lg = open_log(path, LogConfig())
+        if rolled_first:
+            lg.append_as_follower(fmt.build_batch([fmt.Record(0, 1_000, b"a", b"0")]), 1_000)
+            lg.roll()
+        lg.append_as_follower(fmt.build_batch([fmt.Record(far, 1_000, b"k", b"v")]), 1_000)
+        lg.append_as_follower(fmt.build_batch([fmt.Record(far + 1, 1_000, b"k2", b"v2")]), 1_000)
+        expected = [(r.offset, r.key) for r in read_all(lg)]
+        assert expected[-2:] == [(far, b"k"), (far + 1, b"k2")]
+        assert lg.active_segment.base_offset == far
+        lg.close()
+        reopened = open_log(path, LogConfig())
+        assert [(r.offset, r.key) for r in read_all(reopened)] == expected
+        assert reopened.log_end_offset == far + 2
+        reopened.close()
