@@ -161,7 +161,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import Any, Final
 
@@ -350,6 +350,10 @@ class _Commit:
     invoke_at: _At | None  # None for a commit recorded only as a completion
     done_at: _At | None  # None when it never completed
     event: Event  # the completion, or the invoke when there is none
+    # When a commit of the same member from a later generation (or KIP-848 member epoch) was
+    # acknowledged: the coordinator had moved past this one's, and refuses it from then on
+    # (ILLEGAL_GENERATION, STALE_MEMBER_EPOCH), so it cannot land after. None: no such ack.
+    fenced_at: _At | None = None
 
     @property
     def key(self) -> _GroupPartition:
@@ -395,7 +399,34 @@ def _commits(history: History, findings: _Findings) -> list[_Commit]:
                     event=event,
                 )
             )
-    return commits
+    return _with_fencing(commits)
+
+
+def _generation(commit: _Commit) -> int | None:
+    generation = commit.event.value.get("generation")
+    return generation if isinstance(generation, int) and generation >= 0 else None
+
+
+def _with_fencing(commits: list[_Commit]) -> list[_Commit]:
+    """Each commit with the time its member's first acknowledged commit of a later
+    generation completed (``_Commit.fenced_at``). By member, not by group: a KIP-848
+    member's epoch is its own, so another member's higher one fences nothing. A commit
+    without a generation (-1: not a member's) is never fenced."""
+    acks: dict[tuple[str, str], list[tuple[int, _At]]] = defaultdict(list)
+    for c in commits:
+        generation = _generation(c)
+        if c.type == OK and c.done_at is not None and generation is not None:
+            acks[(c.group, c.member)].append((generation, c.done_at))
+    fenced = []
+    for c in commits:
+        generation = _generation(c)
+        later = [
+            done_at
+            for acked_generation, done_at in acks.get((c.group, c.member), ())
+            if generation is not None and acked_generation > generation
+        ]
+        fenced.append(replace(c, fenced_at=min(later)) if later else c)
+    return fenced
 
 
 def check_offsets(history: History) -> CheckResult:
@@ -434,10 +465,16 @@ _FinalCommitted = dict[tuple[str, str | None], tuple[Event, dict[int, int]]]
 
 
 def _final_committed(ordered: list[Event], findings: _Findings) -> _FinalCommitted:
-    """(group, topic) -> the last ``ok`` ``committed`` read and its offsets."""
+    """(group, topic) -> the last ``ok`` ``committed`` read of the runner's final reads and its
+    offsets (a mid-run read stood in for a final one that failed)."""
     final: _FinalCommitted = {}
     for event in ordered:  # the last ok read wins
-        if event.f == "committed" and event.type == OK and "partitions" not in event.value:
+        if (
+            event.f == "committed"
+            and event.type == OK
+            and event.process == FINAL_PROCESS
+            and "partitions" not in event.value
+        ):
             # (A member's read names its partitions: not the runner's read of the whole group.)
             try:
                 final[(_required(event.value, "group"), _topic(event.value))] = (
@@ -521,9 +558,14 @@ def _least_a_read_may_see(commits: list[_Commit], sent_at: _At, answered_at: _At
 
 
 def _may_land_after(commit: _Commit, at: _At) -> bool:
-    """Whether ``commit`` may have been applied after ``at``: not failed, and acknowledged
-    after it, or never answered, or ``info``."""
+    """Whether ``commit`` may have been applied after ``at``: not failed, not fenced by then
+    (``_Commit.fenced_at``), and acknowledged after it, or never answered, or ``info``. An
+    ``info`` commit was otherwise taken to land at any later time: a timed-out commit of a
+    low offset made it an acceptable value of every later read of its partition, the final
+    one included, and a lost commit passed."""
     if commit.type == FAIL:
+        return False
+    if commit.type != OK and commit.fenced_at is not None and commit.fenced_at <= at:
         return False
     return commit.type == INFO or commit.done_at is None or commit.done_at >= at
 

@@ -500,7 +500,7 @@ def test_a_committed_offset_read_does_not_go_back_without_a_commit_of_it() -> No
     # While faults are on, a read may reach a coordinator cut off from the others that does
     # not know it was replaced yet; its older value proves nothing.
     read_committed(h, 9.0, 9.1, {0: 40})
-    assert check_offsets(h).valid
+    assert named(check_offsets(h)) == {"no-final-committed"}  # a mid-run read is not final
     final_read(h, 60.0, {0: 40})  # after the last heal: the partition's current leader
     result = check_offsets(h)
     assert named(result) == {"regressed-read"}
@@ -1472,3 +1472,43 @@ def test_a_node_fenced_for_a_pause_shorter_than_the_session_timeout_is_false_fen
     assert not result.valid
     assert [e["node"] for e in result.anomalies["false-fencing"]] == [3]
     assert result.stats["anomaly_counts"] == {"false-fencing": 1, "malformed-event": 1}
+
+
+def test_a_commit_that_timed_out_cannot_land_once_its_member_moved_to_a_later_generation() -> None:
+    """An ``info`` commit (a timeout, a refusal) was taken to land at any later time: its low
+    offset became an acceptable value of every later read, the final one included, and a
+    lost commit passed. Once its member's commit of a later generation (or KIP-848 member
+    epoch) is acknowledged, the coordinator refuses it (ILLEGAL_GENERATION,
+    STALE_MEMBER_EPOCH). (review helper-211)"""
+    h = History()
+    consume(h, 1.0, "m1", 0, range(100))
+    commit(h, 2.0, "m1", {0: 50}, outcome=INFO, generation=1)
+    commit(h, 3.0, "m1", {0: 100}, generation=2)  # acknowledged at 3.1, generation 2
+    committed(h, 10.0, {0: 50})
+    assert named(check_offsets(h)) == {"lost-commit"}
+
+    # In the same generation it may still land after the acknowledged one: no finding.
+    same = History()
+    consume(same, 1.0, "m1", 0, range(100))
+    commit(same, 2.0, "m1", {0: 50}, outcome=INFO, generation=2)
+    commit(same, 3.0, "m1", {0: 100}, generation=2)
+    committed(same, 10.0, {0: 50})
+    assert check_offsets(same).valid
+
+    # Another member's later generation fences nothing (a KIP-848 epoch is the member's own).
+    other = History()
+    consume(other, 1.0, "m1", 0, range(100))
+    consume(other, 1.5, "m2", 0, range(100))
+    commit(other, 2.0, "m1", {0: 50}, outcome=INFO, generation=1)
+    commit(other, 3.0, "m2", {0: 100}, generation=7)
+    committed(other, 10.0, {0: 50})
+    assert check_offsets(other).valid
+
+
+def test_a_mid_run_read_does_not_stand_in_for_the_final_one() -> None:
+    h = History()
+    consume(h, 1.0, "m1", 0, range(5))
+    commit(h, 2.0, "m1", {0: 5})
+    h.add("reader", OK, "committed", {"group": "g", "topic": "t", "offsets": {0: 5}}, time=5.0)
+    h.add("checker", FAIL, "committed", {"group": "g", "topic": "t"}, time=9.0)
+    assert named(check_offsets(h)) == {"no-final-committed"}
