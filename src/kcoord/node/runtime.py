@@ -561,6 +561,20 @@ class ShardContext:
                     if result.atomic
                     else self._batches_of(result.records)
                 )
+            except Exception:
+                # A record that does not encode (a value past its field's range): nothing was
+                # replayed or appended yet. A replay_only handler changed nothing else, so only
+                # its request fails; a client retrying it reloaded the partition, every group
+                # on it, each time (Kafka's runtime fails just that write's events).
+                log.exception(
+                    "coordinator records of %s-%d do not encode", OFFSETS_TOPIC, self.index
+                )
+                if replay_only:
+                    self._fail(result.responses, Errors.UNKNOWN_SERVER_ERROR)
+                else:
+                    self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
+                return
+            try:
                 for records, encoded in parts:
                     if self.runtime.append_linger_ms == 0:
                         self._append_and_replay(records, encoded)

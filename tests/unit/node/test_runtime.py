@@ -27,6 +27,7 @@ from kcoord.cluster.coordinator.records import (
 )
 from kcoord.cluster.coordinator.shard import (
     GROUP_EXPIRATION_KEY,
+    CoordinatorResult,
     GroupConfig,
     GroupCoordinatorShard,
     MemberEpoch,
@@ -2053,3 +2054,54 @@ def test_offset_fetch_checks_no_member_of_a_group_that_was_not_a_consumer_group_
         node.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_a_commit_whose_records_do_not_encode_fails_alone(tmp_path: Path) -> None:
+    """OffsetCommit v2-v4's retention time is the client's int64: now + 2^63-1 did not fit
+    the record's expire timestamp, encoding raised, and the runtime reloaded the partition
+    (every group on it, a bystander's pending commit failed NOT_COORDINATOR) at each retry.
+    The sum is kept within int64, as Kafka's long arithmetic keeps it; and a record that does
+    not encode fails its own request alone. (review helper-210)"""
+
+    async def main() -> None:
+        node = Node(tmp_path, append_linger_ms=-1)
+        _, ctx, _ = await committed_seven(node)
+        bystander = node.runtime.submit("other", commit("other", 5), replay_only=True)
+        for retention in (2**63 - 1, -(2**62)):
+            req = t.OffsetCommitRequest(
+                group_id="far",
+                retention_time_ms=retention,
+                topics=(
+                    t.OffsetCommitRequestTopic(
+                        name="orders",
+                        partitions=(
+                            t.OffsetCommitRequestPartition(partition_index=0, committed_offset=1),
+                        ),
+                    ),
+                ),
+            )
+
+            def far(
+                shard: GroupCoordinatorShard,
+                token: int,
+                now: int,
+                req: t.OffsetCommitRequest = req,
+            ) -> CoordinatorResult:
+                return shard.handle_offset_commit(token, req, now)
+
+            answer = await asyncio.wait_for(node.runtime.submit("far", far, replay_only=True), 5)
+            assert answer.topics[0].partitions[0].error_code == Errors.NONE
+        unencodable = OffsetCommitValue(offset=2**64, commit_timestamp_ms=0)
+
+        def bad(shard: GroupCoordinatorShard, token: int, now: int) -> CoordinatorResult:
+            key = OffsetCommitKey(group_id="bad", topic="orders", partition=0)
+            return CoordinatorResult([CoordinatorRecord(key, unencodable)], [(token, None)])  # type: ignore[list-item]
+
+        with pytest.raises(rt.CoordinatorError) as failed:
+            await asyncio.wait_for(node.runtime.submit("bad", bad, replay_only=True), 5)
+        assert failed.value.code == Errors.UNKNOWN_SERVER_ERROR
+        assert (await asyncio.wait_for(bystander, 5)).topics[0].partitions[0].error_code == 0
+        assert node.runtime.contexts[0] is ctx  # not reloaded
+        node.runtime.close()
+
+    asyncio.run(main())

@@ -214,6 +214,8 @@ GROUP_EXPIRATION_KEY: Final = "expire-group-metadata"  # GroupCoordinatorShard's
 # at once, so other work runs in between.
 EXPIRATION_OFFSETS_PER_RUN: Final = 4096
 CLASSIC_GROUP_TYPE: Final = "classic"  # Group.GroupType.CLASSIC.toString()
+INT64_MIN: Final = -(2**63)
+INT64_MAX: Final = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1912,10 +1914,13 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             # A classic member's commits keep its session alive.
             self._reschedule_heartbeat(group, group.member(request.member_id), now_ms)
 
+        # OffsetCommit v2-v4's retention time is the client's int64: Kafka's sum wraps as a
+        # Java long; here it is kept within the record's int64 field (past it, encoding the
+        # record failed). (review helper-210)
         expire_timestamp_ms = (
             None
             if request.retention_time_ms == DEFAULT_RETENTION_TIME
-            else now_ms + request.retention_time_ms
+            else max(INT64_MIN, min(INT64_MAX, now_ms + request.retention_time_ms))
         )
         answered = []
         for topic in request.topics:
