@@ -350,9 +350,13 @@ class _Commit:
     invoke_at: _At | None  # None for a commit recorded only as a completion
     done_at: _At | None  # None when it never completed
     event: Event  # the completion, or the invoke when there is none
-    # When a commit of the same member from a later generation (or KIP-848 member epoch) was
-    # acknowledged: the coordinator had moved past this one's, and refuses it from then on
-    # (ILLEGAL_GENERATION, STALE_MEMBER_EPOCH), so it cannot land after. None: no such ack.
+    # The classic generation it carries (None: a KIP-848 member's epoch, a commit outside a
+    # generation, or a history that does not say which protocol), and when a commit of the
+    # same group from a later classic generation was acknowledged: the group had moved past
+    # this one's and the coordinator refuses it from then on (ILLEGAL_GENERATION), so it
+    # cannot land after. None: no such ack. Not KIP-848 member epochs: kcoord accepts a
+    # commit at an older epoch of a member that kept the partition since (KIP-1251).
+    classic_generation: int | None = None
     fenced_at: _At | None = None
 
     @property
@@ -397,35 +401,45 @@ def _commits(history: History, findings: _Findings) -> list[_Commit]:
                     invoke_at=invoke.at if invoke else None,
                     done_at=done.at if done else None,
                     event=event,
+                    classic_generation=_classic_generation(value),
                 )
             )
     return _with_fencing(commits)
 
 
-def _generation(commit: _Commit) -> int | None:
-    generation = commit.event.value.get("generation")
-    return generation if isinstance(generation, int) and generation >= 0 else None
+def _classic_generation(value: dict[str, Any]) -> int | None:
+    generation = value.get("generation")
+    if value.get("group_protocol") != "classic" or not isinstance(generation, int):
+        return None
+    return generation if generation >= 0 else None
 
 
 def _with_fencing(commits: list[_Commit]) -> list[_Commit]:
-    """Each commit with the time its member's first acknowledged commit of a later
-    generation completed (``_Commit.fenced_at``). By member, not by group: a KIP-848
-    member's epoch is its own, so another member's higher one fences nothing. A commit
-    without a generation (-1: not a member's) is never fenced."""
-    acks: dict[tuple[str, str], list[tuple[int, _At]]] = defaultdict(list)
+    """Each classic commit with the time the first acknowledged commit of its group from a
+    later generation completed (``_Commit.fenced_at``): a classic generation is the group's.
+    Acks sorted by generation with the earliest completion from each on, so each commit is
+    one bisection."""
+    acks: dict[str, list[tuple[int, _At]]] = defaultdict(list)
     for c in commits:
-        generation = _generation(c)
-        if c.type == OK and c.done_at is not None and generation is not None:
-            acks[(c.group, c.member)].append((generation, c.done_at))
+        if c.type == OK and c.done_at is not None and c.classic_generation is not None:
+            acks[c.group].append((c.classic_generation, c.done_at))
+    earliest_from: dict[str, tuple[list[int], list[_At]]] = {}
+    for group, entries in acks.items():
+        entries.sort()
+        generations = [g for g, _ in entries]
+        suffix: list[_At] = [entries[-1][1]] * len(entries)
+        for i in range(len(entries) - 2, -1, -1):
+            suffix[i] = min(entries[i][1], suffix[i + 1])
+        earliest_from[group] = (generations, suffix)
     fenced = []
     for c in commits:
-        generation = _generation(c)
-        later = [
-            done_at
-            for acked_generation, done_at in acks.get((c.group, c.member), ())
-            if generation is not None and acked_generation > generation
-        ]
-        fenced.append(replace(c, fenced_at=min(later)) if later else c)
+        found = earliest_from.get(c.group)
+        if c.classic_generation is None or found is None:
+            fenced.append(c)
+            continue
+        generations, suffix = found
+        i = bisect_right(generations, c.classic_generation)
+        fenced.append(replace(c, fenced_at=suffix[i]) if i < len(generations) else c)
     return fenced
 
 

@@ -286,6 +286,8 @@ class GroupsWorkload:
             "member": proc.name,
             "member_id": event.get("member_id"),
             "generation": event.get("generation"),
+            # Which protocol's generation it is (the checkers fence classic ones alone).
+            "group_protocol": cfg.get("group_protocol") or "classic",
         }
         add = self.history.add
         if kind == "records":

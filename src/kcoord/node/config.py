@@ -273,7 +273,7 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     # The Kafka listener (SocketServer): the largest request frame, and how long an idle
     # connection stays open.
     _Spec("socket.request.max.bytes", _Kind.INT, 100 * 1024 * 1024, 1, _INT32_MAX),
-    # -1: no idle expiry (Kafka's Selector takes any negative value so).
+    # -1: no idle expiry (Kafka's Selector takes any negative value so; here -1 alone).
     _Spec("connections.max.idle.ms", _Kind.INT, 600_000, -1),
     # Client connections at once (Kafka's max.connections); the node also keeps half of its
     # open-files limit for the data directory whatever this says (node/server.py).

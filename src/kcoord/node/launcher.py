@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -199,8 +198,8 @@ def start_node(node: NodeProcess) -> None:
 
 
 def wait_started(node: NodeProcess, timeout_s: float = READY_TIMEOUT_S) -> bool:
-    """Poll until a node just started serves its admin listener (it opens once the data
-    directory is open and the quorum started, before the node catches up); raise
+    """Poll until a node just started answers DescribeNode on its RPC port as itself (its pid;
+    it serves once the data directory is open, before the node catches up); raise
     ``LauncherError`` if the process exits first (a bad config, a locked data directory).
     False if it is still starting at the deadline."""
     deadline = time.monotonic() + timeout_s
@@ -213,11 +212,12 @@ def wait_started(node: NodeProcess, timeout_s: float = READY_TIMEOUT_S) -> bool:
                 + (f" with code {code}" if code is not None else "")
                 + f"; see {node.log_path}"
             )
-        try:
-            with socket.create_connection((node.host, node.admin_port), timeout=0.5):
-                return True
-        except OSError:
-            time.sleep(0.1)  # polling the node
+        view = describe_node(node, timeout_s=0.5)
+        # Its own answer: another process holding the port answered for a node that was
+        # still starting and then failed to bind (review helper-212).
+        if view is not None and view.get("pid") == node.pid:
+            return True
+        time.sleep(0.1)  # polling the node
     return False
 
 

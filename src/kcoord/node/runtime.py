@@ -597,7 +597,7 @@ class ShardContext:
                 self._unload_after_failed_write(e.code, result.responses)
                 return
             except Exception:
-                # Encoding or replaying records failed after the handler changed the shard.
+                # Appending or replaying records failed after the handler changed the shard.
                 log.exception("coordinator write failed on %s-%d", OFFSETS_TOPIC, self.index)
                 self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
                 return

@@ -59,8 +59,9 @@ def commit(
     topic: str = "t",
     generation: int = 1,
     done_t: float | None = None,
+    protocol: str | None = None,
 ) -> None:
-    value = {
+    value: dict[str, Any] = {
         "group": group,
         "topic": topic,
         "member": member,
@@ -68,6 +69,8 @@ def commit(
         "generation": generation,
         "offsets": offsets,
     }
+    if protocol is not None:
+        value["group_protocol"] = protocol
     h.add(member, INVOKE, "commit", value, time=t)
     h.add(member, outcome, "commit", value, time=t + 0.1 if done_t is None else done_t)
 
@@ -1474,35 +1477,29 @@ def test_a_node_fenced_for_a_pause_shorter_than_the_session_timeout_is_false_fen
     assert result.stats["anomaly_counts"] == {"false-fencing": 1, "malformed-event": 1}
 
 
-def test_a_commit_that_timed_out_cannot_land_once_its_member_moved_to_a_later_generation() -> None:
+def test_a_classic_commit_that_timed_out_cannot_land_once_its_group_moved_on() -> None:
     """An ``info`` commit (a timeout, a refusal) was taken to land at any later time: its low
     offset became an acceptable value of every later read, the final one included, and a
-    lost commit passed. Once its member's commit of a later generation (or KIP-848 member
-    epoch) is acknowledged, the coordinator refuses it (ILLEGAL_GENERATION,
-    STALE_MEMBER_EPOCH). (review helper-211)"""
-    h = History()
-    consume(h, 1.0, "m1", 0, range(100))
-    commit(h, 2.0, "m1", {0: 50}, outcome=INFO, generation=1)
-    commit(h, 3.0, "m1", {0: 100}, generation=2)  # acknowledged at 3.1, generation 2
-    committed(h, 10.0, {0: 50})
-    assert named(check_offsets(h)) == {"lost-commit"}
+    lost commit passed. Once a commit of a later classic generation of its group is
+    acknowledged, the coordinator refuses it (ILLEGAL_GENERATION). Not so a KIP-848 member's
+    older epoch: kcoord accepts it from a member that kept the partition (KIP-1251); nor a
+    history that does not say the protocol. (review helper-211, helper-212)"""
 
-    # In the same generation it may still land after the acknowledged one: no finding.
-    same = History()
-    consume(same, 1.0, "m1", 0, range(100))
-    commit(same, 2.0, "m1", {0: 50}, outcome=INFO, generation=2)
-    commit(same, 3.0, "m1", {0: 100}, generation=2)
-    committed(same, 10.0, {0: 50})
-    assert check_offsets(same).valid
+    def history(protocol: str | None, timed_out: int, acked: tuple[str, int]) -> History:
+        h = History()
+        consume(h, 1.0, "m1", 0, range(100))
+        consume(h, 1.5, "m2", 0, range(100))
+        commit(h, 2.0, "m1", {0: 50}, outcome=INFO, generation=timed_out, protocol=protocol)
+        commit(h, 3.0, acked[0], {0: 100}, generation=acked[1], protocol=protocol)
+        committed(h, 10.0, {0: 50})
+        return h
 
-    # Another member's later generation fences nothing (a KIP-848 epoch is the member's own).
-    other = History()
-    consume(other, 1.0, "m1", 0, range(100))
-    consume(other, 1.5, "m2", 0, range(100))
-    commit(other, 2.0, "m1", {0: 50}, outcome=INFO, generation=1)
-    commit(other, 3.0, "m2", {0: 100}, generation=7)
-    committed(other, 10.0, {0: 50})
-    assert check_offsets(other).valid
+    # Another member's later classic generation fences it too: the generation is the group's.
+    for acked in (("m1", 2), ("m2", 2)):
+        assert named(check_offsets(history("classic", 1, acked))) == {"lost-commit"}
+    assert check_offsets(history("classic", 2, ("m1", 2))).valid  # the same generation
+    assert check_offsets(history("consumer", 5, ("m1", 7))).valid  # KIP-848 epochs
+    assert check_offsets(history(None, 1, ("m1", 2))).valid  # protocol unknown
 
 
 def test_a_mid_run_read_does_not_stand_in_for_the_final_one() -> None:

@@ -2060,8 +2060,9 @@ def test_a_commit_whose_records_do_not_encode_fails_alone(tmp_path: Path) -> Non
     """OffsetCommit v2-v4's retention time is the client's int64: now + 2^63-1 did not fit
     the record's expire timestamp, encoding raised, and the runtime reloaded the partition
     (every group on it, a bystander's pending commit failed NOT_COORDINATOR) at each retry.
-    The sum is kept within int64, as Kafka's long arithmetic keeps it; and a record that does
-    not encode fails its own request alone. (review helper-210)"""
+    The sum is clamped to int64 (Kafka's wraps negative, and such an offset expires at once
+    there; kcoord keeps it), and a record that does not encode fails its own request alone.
+    (review helper-210)"""
 
     async def main() -> None:
         node = Node(tmp_path, append_linger_ms=-1)

@@ -1915,8 +1915,9 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             self._reschedule_heartbeat(group, group.member(request.member_id), now_ms)
 
         # OffsetCommit v2-v4's retention time is the client's int64: Kafka's sum wraps as a
-        # Java long; here it is kept within the record's int64 field (past it, encoding the
-        # record failed). (review helper-210)
+        # Java long (a huge retention expires the offset at once); here it is clamped to the
+        # record's int64 field (past it, encoding the record failed), keeping the offset.
+        # (review helper-210)
         expire_timestamp_ms = (
             None
             if request.retention_time_ms == DEFAULT_RETENTION_TIME

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -282,7 +283,7 @@ class KafkaServer:
             writer.close()
             return
         peer = writer.get_extra_info("peername")
-        address = str(peer[0]) if peer else ""
+        address = _client_address(str(peer[0])) if peer else ""
         from_address = self._connections_per_ip.get(address, 0)
         address_limit = self.max_connections_per_ip_overrides.get(
             address, self.max_connections_per_ip
@@ -318,6 +319,19 @@ class KafkaServer:
         if now - self._refusal_logged_at >= 10 or self._refusal_logged_at < 0:
             self._refusal_logged_at = now
             log.warning("kafka: %s: refusing new ones (%d so far)", why, self.connections_refused)
+
+
+def _client_address(host: str) -> str:
+    """A peer's address as ``max.connections.per.ip.overrides`` names it: an IPv4 client of a
+    dual-stack listener (``::ffff:a.b.c.d``) as its IPv4 address, as Java maps it, and no
+    ``%scope``."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(address)
 
 
 class _Connection:

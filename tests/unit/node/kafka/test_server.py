@@ -690,3 +690,9 @@ def test_response_entries_counts_lists_two_levels_deep_up_to_the_limit() -> None
     assert response_entries(values, 1000) == 2 + 3 + 1
     assert response_entries({"topics": [{"partitions": [{}] * 50}] * 100}, 120) == 150
     assert response_entries({"throttle_time": 0}, 10) == 0
+
+
+def test_client_addresses_are_named_as_the_per_ip_overrides_name_them() -> None:
+    assert server_module._client_address("::ffff:127.0.0.2") == "127.0.0.2"
+    assert server_module._client_address("fe80::1%eth0") == "fe80::1"
+    assert server_module._client_address("127.0.0.1") == "127.0.0.1"
