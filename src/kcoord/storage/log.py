@@ -2164,8 +2164,10 @@ def _finish_interrupted_swaps(directory: Path) -> None:
     ``.cleaned`` files were not complete: delete them. A ``.swap`` log was complete and fsynced
     before the rename: it replaces the segments of its offset range, the one of the same base
     offset and any later one of the group it merged that was not yet deleted
-    (``LogLoader.completeSwapOperations``). ``.deleted`` and ``.tmp`` files are leftovers to
-    remove.
+    (``LogLoader.completeSwapOperations``). A segment of the group past the copy's last batch
+    (all of it cleaned away) stays as it was, as in Kafka: it holds only records later ones
+    supersede, so the log reads as partly cleaned. ``.deleted`` and ``.tmp`` files are
+    leftovers to remove.
     """
     for path in list(directory.iterdir()):
         name = path.name
