@@ -743,7 +743,6 @@ class _CappedSite(web.TCPSite):
     ) -> None:
         super().__init__(runner, host, port, reuse_address=reuse_address)
         self.max_connections = max_connections
-        self.refused = 0
 
     async def start(self) -> None:
         server = self._runner.server
@@ -755,7 +754,6 @@ class _CappedSite(web.TCPSite):
 
         def protocol() -> asyncio.BaseProtocol:
             if counted[0] >= self.max_connections:
-                self.refused += 1
                 return _Refused()
             counted[0] += 1
             return _Counted(server(), counted)

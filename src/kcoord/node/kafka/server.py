@@ -71,7 +71,7 @@ from kcoord.node.kafka.apis import (
     Deferred,
     Request,
 )
-from kcoord.node.kafka.codec import API_VERSIONS_KEY, FRAME_SIZE, DecodeError
+from kcoord.node.kafka.codec import API_VERSIONS_KEY, FRAME_SIZE, PRODUCE_KEY, DecodeError
 from kcoord.node.kafka.error_response import error_response
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 
@@ -81,7 +81,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 DEFAULT_MAX_REQUEST_BYTES: Final = 100 * 1024 * 1024  # socket.request.max.bytes
-PRODUCE_KEY: Final = 0
 DEFAULT_IDLE_MS: Final = 600_000  # connections.max.idle.ms
 # Requests of one connection handled at once. Kafka handles one (it mutes a connection until
 # its response is sent); clients pipeline up to max.in.flight.requests.per.connection, 5 by
