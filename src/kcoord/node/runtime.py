@@ -53,11 +53,12 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
   answered ``NOT_COORDINATOR`` (``on_unloaded``), every deferred response fails with
   ``NOT_COORDINATOR``, timers are cancelled and the context is dropped; it is never rolled
   back by hand. After a failed append the partition is reloaded from its log if this node still
-  leads it. An OffsetCommit is the exception: its handler changes the shard only through the
-  records it returns, so when their append is refused (too large), or the handler raises, only
-  that request fails, with Kafka's error, and the shard stays (``replay_only``). So do the
-  reads (OffsetFetch, DescribeGroups, ConsumerGroupDescribe, ListGroups), which change nothing:
-  Kafka's read operations fail alone.
+  leads it. An OffsetCommit is the exception, as are OffsetDelete and DeleteGroups (their
+  tombstones cancel the group's timers when replayed): their handlers change the shard only
+  through the records they return, so when their append is refused (too large), or the handler
+  raises, only that request fails, with Kafka's error, and the shard stays (``replay_only``).
+  So do the reads (OffsetFetch, DescribeGroups, ConsumerGroupDescribe, ListGroups), which
+  change nothing: Kafka's read operations fail alone.
 """
 
 from __future__ import annotations
@@ -512,9 +513,9 @@ class ShardContext:
         """Run one handler (or timer) and deal with its records and responses.
 
         ``replay_only``: the handler changes the shard's state only through the records it
-        returns (OffsetCommit) or not at all (the reads), so when their append is refused, or
-        it raises, the shard is as it was and only this call's answers fail; any other
-        handler's refused write unloads the shard.
+        returns (OffsetCommit, OffsetDelete, DeleteGroups) or not at all (the reads), so when
+        their append is refused, or it raises, the shard is as it was and only this call's
+        answers fail; any other handler's refused write unloads the shard.
         ``committed_read``: the handler reads every group and writes nothing (ListGroups): it
         is given ``committed_listing`` and answered at once, as Kafka reads at the committed
         offset, unless records of no one group are pending (see ``_replay_suffix``).

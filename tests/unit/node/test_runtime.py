@@ -363,6 +363,46 @@ def test_below_min_insync_replicas_writes_wait_for_the_high_watermark_and_the_sh
     asyncio.run(scenario())
 
 
+def delete_group(group: str) -> Any:
+    req = t.DeleteGroupsRequest(groups_names=(group,))
+    return lambda s, tok, now: s.handle_delete_groups(tok, req, now)
+
+
+@pytest.mark.parametrize("append_linger_ms", [0, -1])
+def test_a_delete_the_log_refuses_fails_alone_and_the_group_stays(
+    tmp_path: Path, append_linger_ms: int
+) -> None:
+    """OffsetDelete and DeleteGroups write tombstones alone (the API layer submits them
+    ``replay_only``): when the log refuses their batch (a group with more offsets than a batch
+    holds), only that request fails and the shard stays loaded. Each reloaded the partition,
+    every group of it answering COORDINATOR_LOAD_IN_PROGRESS, at every retry."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=append_linger_ms)
+        part, ctx, _ = await committed_seven(node)
+        config = part.log.config
+        part.log.config = LogConfig(max_message_bytes=60)  # as an altered topic config does
+        for call in (offset_delete("g"), delete_group("g")):
+            with pytest.raises(CoordinatorError) as e:
+                await asyncio.wait_for(node.runtime.call("g", call, replay_only=True), 5)
+            assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
+            assert node.runtime.contexts[0] is ctx and ctx.state is ShardState.ACTIVE
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics[0].partitions[0].committed_offset == 7
+
+        part.log.config = config
+        deleted = await asyncio.wait_for(
+            node.runtime.call("g", delete_group("g"), replay_only=True), 5
+        )
+        assert deleted.results[0].error_code is Errors.NONE
+        offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
+        assert offsets.topics == ()
+        assert node.runtime.contexts[0] is ctx
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 async def join_g(node: Node, timeout_ms: int) -> Any:
     """A member joins group g (no member id required) with these session and rebalance
     timeouts; returns the JoinGroup answer."""

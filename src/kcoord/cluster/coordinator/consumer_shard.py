@@ -198,10 +198,10 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                     error, message = Errors.GROUP_ID_NOT_FOUND, str(e)
             elif classic is not None:
                 # An empty classic group (or one with only offsets) just goes, and its timers
-                # with it (createGroupTombstoneRecordsAndCancelTimers): one still in its initial
+                # with it when its tombstone is replayed
+                # (createGroupTombstoneRecordsAndCancelTimers): one still in its initial
                 # rebalance has its delayed join armed, which fired into a later classic group
                 # of the same id and raised out of on_timer.
-                self._cancel_group_timers(classic)
                 out.write(classic_tombstone(request.group_id))
         if error is not Errors.NONE:
             out.respond(

@@ -618,7 +618,14 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
     ) -> None:
         group_id = key.group_id
         if value is None:
-            self._groups.pop(group_id, None)
+            gone = self._groups.pop(group_id, None)
+            if gone is not None and self._active:
+                # Its timers go with it, once its tombstone is written: a handler that
+                # cancelled them itself left a group whose write was refused without them.
+                # Kafka's deleteGroups cancels nothing; a timer of the group that fires into
+                # a later group of the same id raised out of on_timer here (see
+                # consumer_shard's conversion of an empty classic group).
+                self._cancel_group_timers(gone)
             return
         group = self._groups.get(group_id)
         if group is None or not self._active:
@@ -2228,7 +2235,6 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         group = self._groups.get(group_id)
         if group is not None and group.is_in_state(_S.EMPTY):
             self.stats.groups_expired += 1
-            self._cancel_group_timers(group)
             out.write(CoordinatorRecord(GroupMetadataKey(group_id=group_id), None))
 
     # ----------------------------------------------------------------------------------------
@@ -2375,7 +2381,6 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
                 error = group.validate_delete_group()
             if group is not None and error is Errors.NONE:
                 self._delete_all_offsets(out, group_id)
-                self._cancel_group_timers(group)
                 out.write(CoordinatorRecord(GroupMetadataKey(group_id=group_id), None))
             results.append(DeletableGroupResult(group_id=group_id, error_code=error))
         out.respond(token, DeleteGroupsResponse(results=tuple(results)))

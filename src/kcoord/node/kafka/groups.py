@@ -139,9 +139,10 @@ class GroupApi:
         empty_id_ok: bool = False,
     ) -> Result:
         """Run ``call`` on the group's shard. ``replay_only``: the call changes the shard only
-        through the records it returns (OffsetCommit) or not at all (the reads: OffsetFetch,
-        DescribeGroups, ConsumerGroupDescribe, Kafka's read operations), so if it raises,
-        only its own request fails and the shard stays loaded (``ShardContext.run``)."""
+        through the records it returns (OffsetCommit, OffsetDelete, DeleteGroups) or not at
+        all (the reads: OffsetFetch, DescribeGroups, ConsumerGroupDescribe, Kafka's read
+        operations), so if it raises, or its write is refused, only its own request fails and
+        the shard stays loaded (``ShardContext.run``)."""
         if not group_id and not empty_id_ok:
             # GroupCoordinatorService checks the group id before it routes the request to a
             # shard: every node answers INVALID_GROUP_ID, not only the one "" hashes to.
@@ -589,6 +590,7 @@ class GroupApi:
             group_id,
             lambda s, tok, now: s.handle_delete_groups(tok, req, now),
             on_error,
+            replay_only=True,  # tombstones alone: a refused delete leaves the shard as it was
             empty_id_ok=True,
         )
 
@@ -632,6 +634,7 @@ class GroupApi:
             lambda s, tok, now: s.handle_offset_delete(tok, req, now),
             lambda code: {"error_code": code, "throttle_time": 0, "topics": []},
             convert,
+            replay_only=True,  # tombstones alone, as a commit's records
         )
 
     # -- ConsumerGroupHeartbeat (68) and ConsumerGroupDescribe (69), KIP-848 -------------------

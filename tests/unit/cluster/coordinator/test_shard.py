@@ -29,6 +29,7 @@ from kcoord.cluster.coordinator.shard import (
 )
 from kcoord.cluster.coordinator.timeline import RebalanceEvent
 from kcoord.cluster.coordinator.types import (
+    DeleteGroupsRequest,
     DeleteGroupsResponse,
     DescribeGroupsResponse,
     HeartbeatRequest,
@@ -689,6 +690,33 @@ def test_an_expiration_pass_looks_at_a_bounded_number_of_offsets_a_firing(
     assert {r.key.group_id for _, r in second.records} == {"h3"}
     assert ctx.timer.deadlines[GROUP_EXPIRATION_KEY][0] == 150_000
     assert set(ctx.shard.groups) == {"late"}
+
+
+def test_a_deleted_group_keeps_its_timers_until_its_tombstone_is_replayed() -> None:
+    """DeleteGroups changes the shard through its tombstones alone, so a delete whose write
+    the log refuses fails alone and leaves the group as it was (the runtime keeps the shard,
+    ``replay_only``). Its handler cancelled the group's timers itself: a refused delete left
+    an Empty group whose pending member never expired; the timers go when the tombstone is
+    replayed."""
+    ctx = ShardContext()
+    token, step = ctx.join()  # KIP-394: a pending member, the group Empty
+    pending = step.response(token)
+    assert isinstance(pending, JoinGroupResponse)
+    assert pending.error_code is Errors.MEMBER_ID_REQUIRED
+    timers = dict(ctx.shard.scheduled_timers)
+    assert [key for key in timers if key.startswith("heartbeat/g/")]
+    request = DeleteGroupsRequest(groups_names=("g",))
+    refused = ctx.shard.handle_delete_groups(ctx.new_token(), request, ctx.now_ms)
+    assert refused.records, "the group's tombstone, not replayed: its write was refused"
+    assert dict(ctx.shard.scheduled_timers) == timers
+    assert "g" in ctx.shard.groups
+
+    token, step = ctx.delete_groups(["g"])
+    deleted = step.response(token)
+    assert isinstance(deleted, DeleteGroupsResponse)
+    assert deleted.results[0].error_code is Errors.NONE
+    assert "g" not in ctx.shard.groups
+    assert not [key for key in ctx.shard.scheduled_timers if "/g" in key]
 
 
 def test_the_timeline_has_each_rebalance_step_and_why() -> None:

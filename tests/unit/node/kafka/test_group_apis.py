@@ -24,6 +24,7 @@ from kcoord.node.kafka.groups import (
     HEARTBEAT_KEY,
     JOIN_GROUP_KEY,
     LIST_GROUPS_KEY,
+    OFFSET_DELETE_KEY,
     OFFSET_FETCH_KEY,
     GroupApi,
 )
@@ -289,6 +290,13 @@ class _FlagsRuntime(_Runtime):
             {"group_ids": ["g"], "include_authorized_operations": False},
             True,
         ),
+        (DELETE_GROUPS_KEY, 2, {"groups_names": ["g"]}, True),
+        (
+            OFFSET_DELETE_KEY,
+            0,
+            {"group_id": "g", "topics": [{"name": "t", "partitions": [{"partition_index": 0}]}]},
+            True,
+        ),
         (
             HEARTBEAT_KEY,
             3,
@@ -302,7 +310,9 @@ def test_reads_fail_alone_when_their_shard_call_raises(
 ) -> None:
     """Kafka's read operations (OffsetFetch, DescribeGroups, ConsumerGroupDescribe) change
     nothing: one that raises fails alone. They went to the shard as calls that may have changed
-    a group, and a raising one reloaded every group of the partition, at each retry."""
+    a group, and a raising one reloaded every group of the partition, at each retry. So do
+    DeleteGroups and OffsetDelete, which change it through their tombstones alone: one whose
+    write the log refused (too many tombstones for a batch) reloaded the partition."""
 
     async def scenario() -> None:
         runtime = _FlagsRuntime()
@@ -313,6 +323,8 @@ def test_reads_fail_alone_when_their_shard_call_raises(
             DESCRIBE_GROUPS_KEY: api.handle_describe_groups,
             CONSUMER_GROUP_DESCRIBE_KEY: api.handle_consumer_group_describe,
             HEARTBEAT_KEY: api.handle_heartbeat,
+            DELETE_GROUPS_KEY: api.handle_delete_groups,
+            OFFSET_DELETE_KEY: api.handle_offset_delete,
         }[api_key]
         await _answer(await handler(_request(api_key, version, values)))
         assert runtime.flags == [read]
