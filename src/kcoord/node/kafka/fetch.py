@@ -323,12 +323,13 @@ class FetchApi:
                 if w.topic is None:
                     raise KafkaError(Errors.UNKNOWN_TOPIC_ID)
                 part = self._leader_partition(w.topic, w)
-                if version < ZSTD_MIN_FETCH_VERSION and part.log.config.compression_type == "zstd":
-                    # KafkaApis.maybeConvertFetchedData: a client this old cannot read zstd.
-                    raise KafkaError(
-                        Errors.UNSUPPORTED_COMPRESSION_TYPE,
-                        f"Fetch v{version} cannot carry the zstd batches of {w.topic}",
-                    )
+                # KafkaApis.maybeConvertFetchedData: a client this old cannot read zstd. Kafka
+                # converts once the fetch completes: the read happens, its bytes count toward
+                # min_bytes, and a long poll waits as any other (refused before the read, an
+                # idle partition answered at once and its client fetched in a hot loop).
+                unreadable = (
+                    version < ZSTD_MIN_FETCH_VERSION and part.log.config.compression_type == "zstd"
+                )
                 # Partition.readRecords: OFFSET_OUT_OF_RANGE for an epoch this log cannot place,
                 # or a position below the log start: the consumer resets.
                 diverging = part.fetch_divergence(w.fetch_offset, w.last_fetched_epoch)
@@ -350,6 +351,8 @@ class FetchApi:
                             "records": b"",
                         }
                     )
+                    if unreadable:
+                        responses[-1] = self._error(w, Errors.UNSUPPORTED_COMPRESSION_TYPE, version)
                     continue
                 limit = min(w.max_bytes, max_bytes - size)
                 first = size == 0
@@ -364,6 +367,9 @@ class FetchApi:
                     )
                     records = result.records
                 size += len(records)
+                if unreadable:
+                    responses.append(self._error(w, Errors.UNSUPPORTED_COMPRESSION_TYPE, version))
+                    continue
                 responses.append(
                     {
                         "partition_index": w.partition,

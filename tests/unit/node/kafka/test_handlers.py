@@ -3095,6 +3095,21 @@ def test_zstd_needs_produce_v7_and_fetch_v10(tmp_path: Path) -> None:
         assert not old_fetch.records
         fetched = only_partition(await c.call(FETCH, 10, fetch_values("z", 0, 0)))
         assert fetched.error_code == Errors.NONE and records_of(fetched.records) == [b"a"]
+        # Kafka converts once the fetch completes: an old client's long poll on an idle
+        # zstd partition waits as any other, and wakes when records come (it was answered at
+        # once, and its client fetched in a hot loop; found by a review).
+        started = time.monotonic()
+        idle = only_partition(await c.call(FETCH, 9, fetch_values("z", 0, 1, max_wait_ms=300)))
+        assert idle.error_code == Errors.UNSUPPORTED_COMPRESSION_TYPE
+        assert time.monotonic() - started >= 0.25
+        waiting = await c.send(FETCH, 9, fetch_values("z", 0, 1, max_wait_ms=10_000))
+        producer = await h.client()
+        await producer.call(PRODUCE, 9, produce_values("z", 0, batch([b"b"])))
+        await producer.close()
+        correlation_id, woken = await c.receive(FETCH, 9)
+        assert correlation_id == waiting
+        assert only_partition(woken).error_code == Errors.UNSUPPORTED_COMPRESSION_TYPE
+        assert time.monotonic() - started < 5
 
     run(tmp_path, test)
 
