@@ -190,6 +190,17 @@ def test_batch_read_equals_what_was_produced(cluster: LocalCluster, spark: Spark
     )
     expected = [a for a in acked if (a[0] == 1 and 10 <= a[1] < 20) or a[0] == 2]
     assert sorted(rows_of(ranged)) == sorted(expected)
+    # Reading names topics, it never creates them: a mistyped topic was created by the read
+    # (librdkafka's admin handle asks Metadata to create what it names).
+    missing = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", "batch-typo")
+        .load()
+    )
+    assert missing.count() == 0
+    topics = AdminClient({"bootstrap.servers": bootstrap(cluster)}).list_topics(timeout=30)
+    assert "batch" in topics.topics and "batch-typo" not in topics.topics
 
 
 def run_available_now(

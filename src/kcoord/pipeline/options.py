@@ -4,8 +4,10 @@ Options use the vocabulary of Spark's Kafka source (``KafkaSourceProvider``), so
 for ``format("kafka")`` runs with ``format("kcoord")`` after changing the format name:
 
   kafka.bootstrap.servers   required; every other ``kafka.<key>`` option is passed to the client
+                            (``kafka.isolation.level`` defaults to ``read_uncommitted``, as in
+                            Spark, and the plan reads the offsets that level reaches)
   subscribe                 a comma-separated topic list        } exactly one of the three
-  subscribePattern          a regular expression over topic names }
+  subscribePattern          a regular expression over topic names } (not Kafka's internal ones)
   assign                    JSON ``{"topic": [0, 1]}``           }
   startingOffsets           ``earliest``, ``latest`` or JSON ``{"topic": {"0": 23, "1": -2}}``
                             (-2 earliest, -1 latest); streaming default ``latest``, batch
@@ -25,7 +27,8 @@ for ``format("kafka")`` runs with ``format("kcoord")`` after changing the format
   topic                     writer: the topic for rows without a ``topic`` column
   kafkaConsumer.pollTimeoutMs   how long a task waits for a fetch to make progress (120000)
   fetchOffset.numRetries    streaming: how often the driver asks for the log end offsets when
-                            one is below where the query is, before that is data loss (3)
+                            one is below where the query is, or a partition of the query is
+                            missing from the metadata, before that is data loss (3)
   fetchOffset.retryIntervalMs   and how long it waits between two asks (1000)
 
 JSON ``startingOffsets`` / ``endingOffsets`` must name every partition the query reads, as in
@@ -52,6 +55,9 @@ from dataclasses import dataclass
 # Kafka's ListOffsets sentinels, as Spark's JSON offsets use them.
 EARLIEST = -2
 LATEST = -1
+# Kafka's internal topics (``org.apache.kafka.common.internals.Topic.isInternal``), which a
+# pattern subscription leaves out.
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
 DEFAULT_POLL_TIMEOUT_MS = 120_000
 # Spark's fetchOffset.numRetries and fetchOffset.retryIntervalMs (KafkaSourceProvider).
@@ -103,8 +109,13 @@ class Subscription:
         if self.kind == "subscribe":
             names = [t for t in self.topics if t in partitions_by_topic]
         else:
+            # Spark's SubscribePatternStrategy lists topics with the admin client, which
+            # leaves Kafka's internal topics out (``Topic.isInternal``): ``.*`` read
+            # ``__consumer_offsets`` too.
             regex = re.compile(self.pattern)
-            names = [t for t in partitions_by_topic if regex.fullmatch(t)]
+            names = [
+                t for t in partitions_by_topic if t not in INTERNAL_TOPICS and regex.fullmatch(t)
+            ]
         return sorted((t, p) for t in names for p in range(partitions_by_topic[t]))
 
     def describe(self) -> dict[str, object]:

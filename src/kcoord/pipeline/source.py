@@ -43,10 +43,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as ClientTopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._listoffsets import OffsetSpec
@@ -173,7 +173,18 @@ class Cluster:
 
     def __init__(self, options: SourceOptions):
         self._options = options
-        self._admin = AdminClient(_client_config(options))
+        config = _client_config(options)
+        # Reading names topics, it never creates them (Spark's offset reader describes
+        # topics with the admin client): librdkafka's admin handle asks Metadata to create
+        # the topic it names unless told not to, so a mistyped topic read as empty, created.
+        config["allow.auto.create.topics"] = False
+        self._admin = AdminClient(config)
+        # The offsets a read plans up to are those its readers can reach (``read_range``).
+        self._isolation = (
+            IsolationLevel.READ_COMMITTED
+            if config.get("isolation.level") == "read_committed"
+            else IsolationLevel.READ_UNCOMMITTED
+        )
 
     def partitions(self) -> list[TopicPartition]:
         sub = self._options.subscription
@@ -216,7 +227,9 @@ class Cluster:
         self, partitions: Sequence[TopicPartition], spec: Any
     ) -> dict[TopicPartition, int]:
         request = {ClientTopicPartition(t, p): spec for t, p in partitions}
-        futures = self._admin.list_offsets(request, request_timeout=METADATA_TIMEOUT_S)
+        futures = self._admin.list_offsets(
+            request, isolation_level=self._isolation, request_timeout=METADATA_TIMEOUT_S
+        )
         out: dict[TopicPartition, int] = {}
         for tp, future in futures.items():
             out[(tp.topic, tp.partition)] = int(future.result(timeout=METADATA_TIMEOUT_S).offset)
@@ -229,14 +242,17 @@ class OffsetCommitter:
 
     For monitoring only: the checkpoint is what a restart reads. So a commit that still fails
     after ``COMMIT_TIMEOUT_S`` of retries is logged and left to the next batch's, and never
-    stops the query (Spark's own Kafka source commits nothing); a partition whose topic is gone
-    (UNKNOWN_TOPIC_OR_PARTITION) is left out, as the broker will never take it."""
+    stops the query (Spark's own Kafka source commits nothing); one refused with an error no
+    retry changes (``COMMIT_RETRIABLE_CODES`` lists those that may) is left to the next batch
+    at once; a partition whose topic is gone (UNKNOWN_TOPIC_OR_PARTITION) is left out, as the
+    broker will never take it."""
 
     def __init__(self, options: SourceOptions, group_id: str):
         config = _client_config(options)
         config.update({"group.id": group_id, "enable.auto.commit": False})
         self._consumer = Consumer(config)
         self.group_id = group_id
+        self._refused_with: int | None = None  # the last refusal's code, said once
 
     def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
         """Whether every partition still there was committed."""
@@ -262,9 +278,23 @@ class OffsetCommitter:
                     else:
                         error = tp.error
                 if not pending:
+                    self._refused_with = None
                     return True
             # A coordinator that moved (NOT_COORDINATOR, a dead node) is found again by the
-            # client: retry until the deadline.
+            # client: retry until the deadline. Any other refusal (UNKNOWN_MEMBER_ID: the
+            # group id is a live consumer group's; an authorization failure) is answered the
+            # same way again: retried, it held every micro-batch for the whole deadline.
+            code = _error_code(error)
+            if code is not None and code not in COMMIT_RETRIABLE_CODES:
+                if code != self._refused_with:
+                    log.warning(
+                        "OffsetCommit for group %r refused (%s); not retried, the next batch "
+                        "commits again",
+                        self.group_id,
+                        error,
+                    )
+                self._refused_with = code
+                return False
             if time.monotonic() >= deadline:
                 log.warning(
                     "OffsetCommit for group %r failed (%s); the next batch commits again",
@@ -278,6 +308,29 @@ class OffsetCommitter:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+# OffsetCommit's retriable answers (the Java consumer's ``OffsetCommitResponseHandler``: the
+# coordinator moved or is loading, a timeout) and librdkafka's own while it looks for it.
+COMMIT_RETRIABLE_CODES: Final = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._WAIT_COORD,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+
+def _error_code(error: Any) -> int | None:
+    """The code of a KafkaError, or of the one a KafkaException carries."""
+    if isinstance(error, KafkaException):
+        error = error.args[0] if error.args else None
+    return error.code() if isinstance(error, KafkaError) else None
 
 
 def _skip_lost(
@@ -343,6 +396,11 @@ def _end_if_truncated(
 def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa.RecordBatch]:
     """The records of one range as Arrow record batches, in offset order."""
     config = _client_config(options)
+    # Spark's Kafka source reads uncommitted records unless told otherwise (the Kafka
+    # consumer's default), and plans to the high watermark (``Cluster``); librdkafka's
+    # default, read_committed, stopped a reader at an open transaction's first offset,
+    # below its planned end, until the poll timeout failed the task.
+    config.setdefault("isolation.level", "read_uncommitted")
     config.update(
         {
             "group.id": READER_GROUP_ID,
@@ -609,16 +667,24 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self, begin: Offsets
     ) -> tuple[list[TopicPartition], dict[TopicPartition, int], dict[TopicPartition, int]]:
         """``_latest``, asked again (``fetchOffset.numRetries`` times in all) while a log end
-        is below where the query is: one stale answer (a deposed leader's) is not data loss
-        (Spark's ``fetchLatestOffsets`` with known offsets, KAFKA-7703)."""
+        is below where the query is, or a partition of the query is missing from the
+        metadata: one stale answer (a deposed leader's) is not data loss (Spark's
+        ``fetchLatestOffsets`` with known offsets, KAFKA-7703), nor is one answer whose
+        topic carried an error (a leader not available yet). Taken as gone at once, such a
+        partition failed the query, or was forgotten and read again from its earliest offset
+        once the next answer showed it."""
         for _ in range(self.options.fetch_offset_attempts - 1):
             current, earliest, latest = self._latest()
             behind = sorted(tp for tp, at in begin.items() if latest.get(tp, at) < at)
-            if not behind:
+            missing = sorted(tp for tp in begin if tp not in latest)
+            if not behind and not missing:
                 return current, earliest, latest
             log.warning(
-                "log end offsets below the query's (%s); asking again",
-                ", ".join(f"{t}-{p} at {latest[(t, p)]} < {begin[(t, p)]}" for t, p in behind),
+                "log end offsets below the query's or missing (%s); asking again",
+                ", ".join(
+                    [f"{t}-{p} at {latest[(t, p)]} < {begin[(t, p)]}" for t, p in behind]
+                    + [f"{t}-{p} missing" for t, p in missing]
+                ),
             )
             time.sleep(self.options.fetch_offset_retry_interval_ms / 1000)
         return self._latest()  # the last ask: what it says goes
@@ -691,9 +757,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, until = from_json_offsets(start), from_json_offsets(end)
         if begin == until:
             return []
-        partitions, earliest, latest = self._seeing(
-            [tp for tp in until if tp not in begin], self._latest()
-        )
+        partitions, earliest, latest = self._seeing(list(until), self._latest())
         # A partition that appeared since ``start`` is read from offset 0; one whose log starts
         # later lost records before the query saw it, which ``check_data_loss`` reports (Spark's
         # "Added partition starts from X instead of 0"), moving it to its earliest offset. One
@@ -704,8 +768,16 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin.update({tp: 0 for tp in until if tp not in begin})
         # ``latestOffset`` planned below the start a partition whose log end had fallen below
         # it: data loss, even if the new log has grown past the start by now.
+        # One ``latestOffset`` planned at or past its start was checked against the log end
+        # there (asked again while behind): a stale answer now (a deposed leader's high
+        # watermark) is not data loss, as in Spark, which checks only ``until < start`` here;
+        # a log truncated under the read is caught where it is read (``_end_if_truncated``).
+        # Checked against this answer, such a partition failed the query, or was read again
+        # from its earliest offset.
         latest = {
-            tp: min(offset, until[tp]) if tp in until and until[tp] < begin.get(tp, 0) else offset
+            tp: (min(offset, until[tp]) if until[tp] < begin[tp] else max(offset, until[tp]))
+            if tp in until
+            else offset
             for tp, offset in latest.items()
         }
         # A partition of ``start`` that ``end`` lacks is gone (Spark: the start's partitions

@@ -214,3 +214,20 @@ def test_timestamp_options_are_refused_not_ignored(name: str) -> None:
     with pytest.raises(OptionError, match="not supported"):
         parse_source_options(opts(subscribe="t", **{name: "1700000000000"}), streaming=True)
     parse_source_options(opts(subscribe="t", minPartitions="8"), streaming=True)  # a hint
+
+
+def test_a_pattern_leaves_kafkas_internal_topics_out() -> None:
+    """Spark lists a pattern's topics with the admin client, which leaves internal topics
+    out: ``.*`` read ``__consumer_offsets`` too. Named outright, it is read."""
+    counts = {"t": 1, "__consumer_offsets": 2, "__transaction_state": 1, "__mine": 1}
+    pattern = parse_source_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribePattern": ".*"}, streaming=False
+    )
+    assert pattern.subscription.select(counts) == [("__mine", 0), ("t", 0)]
+    named = parse_source_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribe": "__consumer_offsets"}, streaming=False
+    )
+    assert named.subscription.select(counts) == [
+        ("__consumer_offsets", 0),
+        ("__consumer_offsets", 1),
+    ]

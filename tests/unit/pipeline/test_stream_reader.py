@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import IsolationLevel, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as ClientTopicPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
@@ -433,3 +433,105 @@ def test_initial_offsets_path_is_for_streaming_queries_only() -> None:
             {"kafka.bootstrap.servers": "h:1", "subscribe": "t", "initialOffsetsPath": "x"},
             streaming=False,
         )
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_partition_one_metadata_answer_lacks_is_asked_for_again(fail_on_data_loss: str) -> None:
+    """One metadata answer without t-1 (its topic carried an error, a node lagged) took it as
+    gone: the query failed (failOnDataLoss=true), or forgot it and read it again from offset 0
+    once the next answer showed it, duplicating what it had processed (found by a review)."""
+    a, b = TP, ("t", 1)
+    full = ([a, b], {a: 0, b: 0}, {a: 30, b: 30})
+    lacking = ([a], {a: 0}, {a: 30})
+    stream = _stream(failOnDataLoss=fail_on_data_loss)
+    answers = [lacking, full, lacking, full]
+    stream._latest = lambda: answers.pop(0) if len(answers) > 1 else answers[0]  # type: ignore[method-assign]
+    start = {"t": {"0": 10, "1": 10}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 30, "1": 30}}
+    ranges = [p.offset_range for p in stream.partitions(start, end)]  # type: ignore[attr-defined]
+    assert ranges == [OffsetRange("t", 0, 10, 30), OffsetRange("t", 1, 10, 30)]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", ["true", "false"])
+def test_a_stale_log_end_when_the_batch_is_planned_is_not_data_loss(
+    fail_on_data_loss: str,
+) -> None:
+    """``latestOffset`` planned t-0 from 10 to 30; ``partitions`` then got a stale answer (a
+    deposed leader's high watermark, 5): the query failed, or re-read t-0 from its earliest
+    offset. As in Spark, only an end below the start is data loss there; a log truncated
+    under the read is caught by the reader."""
+    answers = [([TP], {TP: 0}, {TP: 30}), ([TP], {TP: 0}, {TP: 5})]
+    stream = _stream(failOnDataLoss=fail_on_data_loss)
+    stream._latest = lambda: answers.pop(0) if len(answers) > 1 else answers[0]  # type: ignore[method-assign]
+    start = {"t": {"0": 10}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 30}}
+    ranges = [p.offset_range for p in stream.partitions(start, end)]  # type: ignore[attr-defined]
+    assert ranges == [OffsetRange("t", 0, 10, 30)]
+
+
+def test_a_commit_the_broker_refuses_for_good_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """UNKNOWN_MEMBER_ID (the groupId is a live consumer group's, which takes no commit from
+    outside it) was retried for COMMIT_TIMEOUT_S at every micro-batch: each batch waited
+    10 s for a commit that is for monitoring only. It is said once, and not retried."""
+    sleeps: list[float] = []
+    monkeypatch.setattr(source, "Consumer", _Committing)
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
+    )
+    _Committing.errors = {TP: KafkaError.UNKNOWN_MEMBER_ID}
+    try:
+        committer = source.OffsetCommitter(options, "busy")
+        with caplog.at_level("WARNING", logger=source.__name__):
+            assert committer.commit({TP: 10}) is False
+            assert committer.commit({TP: 20}) is False
+        consumer = committer._consumer
+        assert isinstance(consumer, _Committing) and consumer.requests == [[TP], [TP]]
+        assert sleeps == []
+        assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
+    finally:
+        _Committing.errors = {}
+
+
+def test_the_source_creates_no_topic_and_reads_as_it_plans(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka's admin handle asks Metadata to create the topic it names: a batch read of
+    a mistyped topic came back empty and left the topic created. Readers took librdkafka's
+    read_committed while the plan went to the high watermark (Spark reads uncommitted unless
+    told), so an open transaction held a task until its poll timeout."""
+    configs: list[dict[str, Any]] = []
+
+    class Admin:
+        def __init__(self, config: dict[str, Any]) -> None:
+            configs.append(config)
+
+    monkeypatch.setattr(source, "AdminClient", Admin)
+    plain = parse_source_options(
+        {"kafka.bootstrap.servers": "h:1", "subscribe": "t"}, streaming=False
+    )
+    committed = parse_source_options(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "subscribe": "t",
+            "kafka.isolation.level": "read_committed",
+        },
+        streaming=False,
+    )
+    assert source.Cluster(plain)._isolation is IsolationLevel.READ_UNCOMMITTED
+    assert source.Cluster(committed)._isolation is IsolationLevel.READ_COMMITTED
+    assert [c["allow.auto.create.topics"] for c in configs] == [False, False]
+
+    class Reader(_TruncatedMidRange):
+        def __init__(self, config: dict[str, Any]) -> None:
+            super().__init__(config)
+            configs.append(config)
+
+    monkeypatch.setattr(source, "Consumer", Reader)
+    for options in (plain, committed):
+        list(source.read_range(options, OffsetRange("t", 0, 100, 105)))
+    assert [c["isolation.level"] for c in configs[2:]] == ["read_uncommitted", "read_committed"]
