@@ -711,11 +711,17 @@ class Log:
                 self.epoch_cache.assign(leader_epoch, base_offset)
             if seg.created_ms is None:
                 seg.created_ms = now_ms
-            if seg.size and (
-                seg.size + size > self.config.segment_bytes
-                or seg.index_full
-                or last_offset - seg.base_offset > MAX_RELATIVE_OFFSET
-                or self._time_to_roll(seg, max_timestamp, now_ms)
+            # The relative-offset reach even of an empty segment, as ``_should_roll``
+            # (KAFKA-6264): truncated into a first segment the cleaner emptied, the active
+            # segment's next offset may be 2^31 past its base, and opening the log again cut
+            # off what went in there.
+            if last_offset - seg.base_offset > MAX_RELATIVE_OFFSET or (
+                seg.size
+                and (
+                    seg.size + size > self.config.segment_bytes
+                    or seg.index_full
+                    or self._time_to_roll(seg, max_timestamp, now_ms)
+                )
             ):
                 seg = self._roll(base_offset, now_ms)
             seg.append_one(

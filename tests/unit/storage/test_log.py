@@ -2511,6 +2511,42 @@ def test_a_merging_swap_interrupted_by_a_crash_is_completed_on_opening(tmp_path:
         reopened.close()
 
 
+def test_a_leaders_batch_past_an_empty_segments_offset_reach_rolls_it(tmp_path: Path) -> None:
+    """The leader's append checked the relative-offset reach only of a segment holding
+    something. Truncated into a first segment the cleaner had emptied, the active segment's
+    next offset was 2^31 - 110 past its base: 200 records went in at relative offsets the
+    index cannot hold, and opening the log again cut them off (KAFKA-6264, as the follower's
+    check above). (review helper-216)"""
+    config = LogConfig(cleanup_policy=frozenset({"compact"}))
+    path = tmp_path / "c-0"
+    lg = open_log(path, config)
+    reach = 2**31
+
+    def follow(base: int, key: bytes) -> None:
+        lg.append_as_follower(fmt.build_batch([fmt.Record(base, 1_000, key, b"v")]), 1_000)
+
+    follow(0, b"a")
+    follow(reach - 100, b"a")
+    lg.roll()
+    follow(reach - 99, b"a")
+    follow(reach + 10, b"a")
+    lg.roll()
+    follow(reach + 11, b"a")
+    lg.compact(10**12)
+    assert lg.segments[0].size == 0
+    lg.truncate_to(reach - 110)
+    appended = lg.append_as_leader(batch(200, key=b"b"), leader_epoch=1, now_ms=0)
+    assert appended.last_offset == reach - 110 + 199
+    expected = [(r.offset, r.key) for r in read_all(lg)]
+    lg.close()
+    reopened = open_log(path, config)
+    try:
+        assert [(r.offset, r.key) for r in read_all(reopened)] == expected
+        assert reopened.log_end_offset == reach - 110 + 200
+    finally:
+        reopened.close()
+
+
 def test_a_batch_past_an_empty_segments_offset_reach_rolls_it(tmp_path: Path) -> None:
     """A follower's empty active segment took a batch 2^31 offsets past its base (its leader
     compacted everything below): the roll check returned before the relative-offset one, the
