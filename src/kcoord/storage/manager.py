@@ -177,6 +177,17 @@ class LogManager:
             # An entry past its log's end was taken as the log start: written back, or the log
             # grown past it again would take it at the next start (its records never cleaned).
             self.checkpoint_cleaner_offsets()
+        if any(
+            tp in self.logs and self.logs[tp].recovery_point < offset
+            for tp, offset in recovery_points.items()
+        ):
+            # A log that came up shorter than its recovery point (a crash inside truncate_to,
+            # a tail lost) has it lowered in memory only: written back now, as ``_truncated``
+            # does for a live truncation. Otherwise a crash before the periodic checkpoint took
+            # the records appended since for flushed, their segments were loaded without
+            # recovery, and the epochs of a new leader's records there were never read again
+            # (the leader-epoch checkpoint is written lazily, trusting recovery to redo it).
+            self.checkpoint_recovery_points()
         # The marker is consumed: a crash from here on must recover again.
         marker.unlink(missing_ok=True)
         checkpoint.fsync_dir(self.data_dir)

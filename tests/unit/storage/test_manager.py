@@ -417,6 +417,58 @@ def test_a_truncation_below_the_checkpointed_recovery_point_checkpoints_it(tmp_p
     assert checkpoint.read_offsets(path)[tp] == 0
 
 
+def test_a_log_opened_shorter_than_its_recovery_point_checkpoints_it(tmp_path: Path) -> None:
+    """A crash inside truncate_to (its segments cut, the checkpoint not yet written) left the
+    file's recovery point above the log's end; opening lowered it in memory only. A follower
+    then appended a new leader's epoch from the cut, rolled (the fsync pending) and crashed
+    again: the rolled segment was loaded as flushed, without recovery, and the leader-epoch
+    cache placed the new epoch at the roll, not at the cut: a leader answered
+    OffsetsForLeaderEpoch with the wrong end, and a diverging follower kept records it should
+    have truncated. (review helper-216)"""
+    config = LogConfig(segment_bytes=2_000, index_interval_bytes=200)
+    tp = ("t", 0)
+    first = LogManager(tmp_path / "a", config)
+    first.open()
+    lg = first.get_or_create_log(tp, config)
+    while lg.log_end_offset < 100:
+        lg.append_as_leader(batch(2, value=b"z" * 50), 0, now_ms=0)
+    lg.flush()
+    first.checkpoint_recovery_points()
+    crashed = tmp_path / "b"
+
+    def crash(recovery_point: int) -> None:  # SIGKILL before the checkpoint is written
+        shutil.copytree(tmp_path / "a", crashed)
+
+    lg.truncated = crash
+    lg.truncate_to(60)
+
+    second = LogManager(crashed, config)
+    second.open({tp: config})
+    path = crashed / checkpoint.RECOVERY_POINT_CHECKPOINT
+    assert checkpoint.read_offsets(path)[tp] <= 60
+    follower = second.get_log(tp)
+    assert follower is not None and follower.log_end_offset == 60
+    second.flush_rolled = lambda _lg, _flush: None  # the node's fsync of a rolled segment
+    follower.flush_rolled = second.flush_rolled
+    segments, offset = len(follower.segments), 60
+    while len(follower.segments) == segments or offset < follower.active_segment.base_offset + 6:
+        raw = bytearray(batch(2, value=b"y" * 50))
+        fmt.set_base_offset(raw, 0, offset)
+        fmt.set_partition_leader_epoch(raw, 0, 5)
+        follower.append_as_follower(bytes(raw), now_ms=0)
+        offset += 2
+    again = tmp_path / "c"
+    shutil.copytree(crashed, again)  # SIGKILL
+    third = LogManager(again, config)
+    third.open({tp: config})
+    reopened = third.get_log(tp)
+    assert reopened is not None and reopened.log_end_offset == offset
+    assert reopened.epoch_cache.end_offset_for(0, reopened.log_end_offset) == (0, 60)
+    third.close()
+    second.close()
+    first.close()
+
+
 COMPACT = LogConfig(segment_bytes=500, cleanup_policy=frozenset({"compact"}))
 
 
