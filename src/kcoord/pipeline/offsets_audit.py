@@ -26,6 +26,7 @@ from kcoord.cluster.coordinator.records import (
     CoordinatorRecordError,
     OffsetCommitKey,
     OffsetCommitValue,
+    UnknownRecordTypeError,
     decode_record,
 )
 from kcoord.pipeline.audit import (
@@ -76,8 +77,15 @@ def decode_batches(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch
                 continue
             try:
                 record = decode_record(row["key"], row["value"])
-            except CoordinatorRecordError:
-                continue  # a record type this build does not know
+            except UnknownRecordTypeError:
+                continue  # a record type this build does not know, skipped as Kafka's loader
+            except CoordinatorRecordError as e:
+                # A record of a known type that does not decode fails the audit, as it fails
+                # a coordinator's load of its partition: skipped, a corrupt commit went
+                # unseen by an audit of commits.
+                raise CoordinatorRecordError(
+                    f"{OFFSETS_TOPIC}-{row['partition']} offset {row['offset']}: {e}"
+                ) from e
             key, value = record.key, record.value
             if not isinstance(key, OffsetCommitKey):
                 continue

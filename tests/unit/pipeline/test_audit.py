@@ -14,6 +14,7 @@ from confluent_kafka import TopicPartition as ClientTopicPartition
 
 from kcoord.cluster.coordinator.records import (
     CoordinatorRecord,
+    CoordinatorRecordError,
     OffsetCommitKey,
     OffsetCommitValue,
     encode_record,
@@ -211,3 +212,26 @@ def test_an_end_offset_lookup_that_fails_fails_the_audit_unless_the_topic_is_gon
     monkeypatch.setattr(_Lookups, "error", KafkaError._TIMED_OUT)
     with pytest.raises(KafkaException):
         offsets_audit.end_offsets("127.0.0.1:1", commits, 5)
+
+
+def test_a_corrupt_offsets_record_fails_the_audit_and_an_unknown_type_is_skipped() -> None:
+    """A record of a known type that does not decode was skipped as an unknown type is: an
+    audit of commits passed over a corrupt commit without a word. Kafka's loader skips
+    unknown types and fails on the rest; so does the audit, naming where the record is."""
+    key, value = encode_record(
+        CoordinatorRecord(
+            OffsetCommitKey(group_id="g", topic="t", partition=0),
+            OffsetCommitValue(offset=5, commit_timestamp_ms=9),
+        )
+    )
+    unknown_type = (999).to_bytes(2, "big") + key[2:]
+    assert value is not None
+    rows = [
+        {"key": unknown_type, "value": value, "partition": 3, "offset": 0},
+        {"key": key, "value": value, "partition": 3, "offset": 1},
+    ]
+    (out,) = decode_batches(iter([pa.RecordBatch.from_pylist(rows)]))
+    assert [r["log_offset"] for r in out.to_pylist()] == [1]
+    rows.append({"key": key, "value": value[:3], "partition": 3, "offset": 2})
+    with pytest.raises(CoordinatorRecordError, match="__consumer_offsets-3 offset 2"):
+        list(decode_batches(iter([pa.RecordBatch.from_pylist(rows)])))
