@@ -433,8 +433,16 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
                         elif eof_inside_since is None:
                             eof_inside_since = time.monotonic()
                         continue
-                    if options.fail_on_data_loss or error.code() != KafkaError._AUTO_OFFSET_RESET:
+                    if error.code() != KafkaError._AUTO_OFFSET_RESET:
                         raise KafkaException(error)
+                    if options.fail_on_data_loss:
+                        # Spark's KafkaDataConsumer: the records are gone, said as data loss.
+                        raise DataLossError(
+                            f"{topic}-{partition}: offset {next_offset} of the range "
+                            f"[{offset_range.from_offset}, {until}) is no longer in the log "
+                            f"({error}). Set failOnDataLoss=false to go on from what "
+                            "is there."
+                        )
                     next_offset = _skip_lost(consumer, offset_range, next_offset, timeout_s, error)
                     break
                 offset = m.offset()

@@ -244,6 +244,12 @@ def test_a_task_whose_range_lost_records_mid_read_goes_on_from_the_log_start(
     batches = source.read_range(options, OffsetRange("t", 0, 100, 200))
     offsets = [o for b in batches for o in b.column("offset").to_pylist()]
     assert offsets == [*range(100, 120), *range(150, 200)]
+    # failOnDataLoss=true: data loss, said as such (it was librdkafka's bare error).
+    failing = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
+    )
+    with pytest.raises(DataLossError, match=r"t-0: offset 120 .* failOnDataLoss=false"):
+        list(source.read_range(failing, OffsetRange("t", 0, 100, 200)))
 
 
 def test_available_now_reports_a_log_end_fallen_below_the_query() -> None:
