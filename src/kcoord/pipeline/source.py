@@ -190,10 +190,20 @@ class Cluster:
         sub = self._options.subscription
         explicit = sub.explicit_topics()
         counts: dict[str, int] = {}
-        if len(explicit) == 1:
-            metadata = self._admin.list_topics(topic=explicit[0], timeout=METADATA_TIMEOUT_S)
-        else:
-            metadata = self._admin.list_topics(timeout=METADATA_TIMEOUT_S)
+        try:
+            if len(explicit) == 1:
+                metadata = self._admin.list_topics(topic=explicit[0], timeout=METADATA_TIMEOUT_S)
+            else:
+                metadata = self._admin.list_topics(timeout=METADATA_TIMEOUT_S)
+        except KafkaException as e:
+            # librdkafka's own words ("_TRANSPORT") named no broker: say which were asked.
+            raise KafkaException(
+                KafkaError(
+                    _error_code(e) or KafkaError._TRANSPORT,
+                    f"no Metadata from kafka.bootstrap.servers="
+                    f"{self._options.bootstrap_servers} within {METADATA_TIMEOUT_S} s: {e}",
+                )
+            ) from e
         for name, topic in metadata.topics.items():
             if topic.error is None or topic.error.code() == KafkaError.NO_ERROR:
                 counts[name] = len(topic.partitions)

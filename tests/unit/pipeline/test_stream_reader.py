@@ -541,3 +541,23 @@ def test_the_source_creates_no_topic_and_reads_as_it_plans(
     for options in (plain, committed):
         list(source.read_range(options, OffsetRange("t", 0, 100, 105)))
     assert [c["isolation.level"] for c in configs[2:]] == ["read_uncommitted", "read_committed"]
+
+
+def test_no_metadata_names_the_bootstrap_servers_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unreachable cluster failed the read with librdkafka's bare "_TRANSPORT" after 30 s,
+    naming no broker."""
+
+    class Unreachable:
+        def __init__(self, _config: object) -> None:
+            pass
+
+        def list_topics(self, **_kwargs: object) -> None:
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, "Failed to get metadata"))
+
+    monkeypatch.setattr(source, "AdminClient", Unreachable)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "h1:9092,h2:9092", "subscribe": "t"}, streaming=False
+    )
+    with pytest.raises(KafkaException, match=r"kafka\.bootstrap\.servers=h1:9092,h2:9092") as e:
+        source.Cluster(options).partitions()
+    assert e.value.args[0].code() == KafkaError._TRANSPORT
