@@ -737,7 +737,13 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # (UNKNOWN_TOPIC_OR_PARTITION), and the query failed after the committer's retries.
         existing = set(current)
         self._maybe_commit({tp: offset for tp, offset in begin.items() if tp in existing})
-        latest = dict(self._target) if self._target is not None else dict(now_latest)
+        if self._target is None:
+            latest = dict(now_latest)
+        else:
+            # A partition of the query that the target's one answer lacked (its topic carried
+            # an error then) is not gone: it goes on to where the log ends now.
+            latest = {tp: now_latest[tp] for tp in begin if tp in now_latest}
+            latest.update(self._target)
         # A partition whose log end fell below where the query is (truncated, or deleted and
         # created again) is data loss. Its end is planned there, below the start, so that
         # ``partitions`` sees it (and fails, or starts it over from its earliest offset);

@@ -561,3 +561,18 @@ def test_no_metadata_names_the_bootstrap_servers_asked(monkeypatch: pytest.Monke
     with pytest.raises(KafkaException, match=r"kafka\.bootstrap\.servers=h1:9092,h2:9092") as e:
         source.Cluster(options).partitions()
     assert e.value.args[0].code() == KafkaError._TRANSPORT
+
+
+def test_available_now_goes_on_with_a_partition_its_target_lacked() -> None:
+    """Trigger.AvailableNow's target is one metadata answer: a partition of the query that
+    answer lacked (its topic carried an error) was planned as gone, failing the query or
+    forgetting the partition until it was read again from its earliest offset."""
+    a, b = TP, ("t", 1)
+    stream = _stream()
+    stream._latest = lambda: ([a, b], {a: 0, b: 0}, {a: 30, b: 40})  # type: ignore[method-assign]
+    stream._target = {a: 30}
+    start = {"t": {"0": 10, "1": 10}}
+    end = stream.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 30, "1": 40}}
+    ranges = [p.offset_range for p in stream.partitions(start, end)]  # type: ignore[attr-defined]
+    assert ranges == [OffsetRange("t", 0, 10, 30), OffsetRange("t", 1, 10, 40)]
