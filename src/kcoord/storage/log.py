@@ -1400,12 +1400,11 @@ class Log:
         hw = self.log_end_offset if high_watermark is None else high_watermark
         size = self.size_bytes
         deleted = 0
-        while self.segments:
-            seg = self.segments[0]
-            last = len(self.segments) == 1
+        for i, seg in enumerate(self.segments):
+            last = i == len(self.segments) - 1
             if last and seg.size == 0:
                 break
-            upper = self.log_end_offset if last else self.segments[1].base_offset
+            upper = self.log_end_offset if last else self.segments[i + 1].base_offset
             if upper > hw:
                 break
             below_start = upper <= self.log_start_offset
@@ -1421,14 +1420,20 @@ class Log:
             )
             if not (below_start or expired or too_big):
                 break
-            if last:
-                self._roll(self.log_end_offset)  # the log keeps an (empty) active segment
-            self.segments.pop(0)
-            self._bases.pop(0)
             size -= seg.size
-            self.remove_files(seg.retire())
             deleted += 1
-            self.log_start_offset = max(self.log_start_offset, upper)
+        if deleted == len(self.segments):
+            # The log keeps an (empty) active segment, rolled before anything goes, as
+            # Kafka's deleteSegments: the roll's producer-state snapshot is taken while the
+            # segments it reads from are still there (rolled after, the state's read point
+            # was already below the log, no snapshot was taken, and the producers whose
+            # batches all went were forgotten: a retry of their last batch went in again).
+            self._roll(self.log_end_offset)
+        for _ in range(deleted):
+            seg = self.segments.pop(0)
+            self._bases.pop(0)
+            self.remove_files(seg.retire())
+            self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         if deleted:
             self._generation += 1
             self.epoch_cache.truncate_from_start(self.log_start_offset)

@@ -1920,6 +1920,35 @@ def test_a_producers_state_survives_a_restart_after_its_batch_left_the_log(
     run(tmp_path, test)
 
 
+def test_retention_that_takes_every_segment_rolls_first_and_keeps_the_producers(
+    tmp_path: Path,
+) -> None:
+    """Retention taking every segment (DeleteRecords to the log end) rolled the active one
+    last, when the segments below were already gone: on a restarted node, whose producer
+    states were not read yet, that roll took no snapshot, the older snapshot was below the
+    first segment, and producer 7, whose batch had left the log, was forgotten: its retry was
+    appended again. Kafka's deleteSegments rolls before it deletes. (review helper-219)"""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part, first = await _producer_7_appended(h, c)
+        part.log.roll()
+        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+        assert not only_partition(
+            await c.call(PRODUCE, 9, produce_values("t", 0, other))
+        ).error_code
+        restart_producer_states(h, clean=False)
+        # The restarted node hosts the partition again; its state is read in the background,
+        # not yet.
+        h.broker.produce.states.on_role_change(part, True)
+        drop_segments_below(h, part, 2)
+        assert producer_snapshot.offsets(part.log.directory)[-1] == 2, "taken at the roll"
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        assert part.log.log_end_offset == 2, "the retry was appended again"
+
+    run(tmp_path, test)
+
+
 def test_a_snapshot_older_than_the_first_segment_is_not_used(tmp_path: Path) -> None:
     """A producer's batches after the latest snapshot left the log (a snapshot not taken at
     a roll since: the state was still loading, or a write failed): what the snapshot says of
