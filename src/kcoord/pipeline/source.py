@@ -573,8 +573,15 @@ class KcoordBatchReader(DataSourceReader):
         return [RangePartition(r) for r in plan_ranges(start, end)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_range(self.options, partition.offset_range)
+        yield from _read_planned(self.options, partition)
+
+
+def _read_planned(options: SourceOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """The records of one planned range. A plan with no range (no partition to read, every
+    range empty) is run by PySpark as one task given its default partition: nothing to read
+    (it failed an assertion, so a read of an empty or missing topic failed)."""
+    if isinstance(partition, RangePartition):
+        yield from read_range(options, partition.offset_range)
 
 
 INITIAL_OFFSETS_VERSION = 1
@@ -817,8 +824,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [RangePartition(r) for r in plan_ranges(begin, until)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_range(self.options, partition.offset_range)
+        yield from _read_planned(self.options, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._maybe_commit(from_json_offsets(end))
