@@ -1842,6 +1842,15 @@ async def _producer_7_appended(h: Harness, c: AsyncWireClient) -> tuple[Partitio
     return h.replicas.leader_partition("t", 0), first
 
 
+async def _producer_8_after_a_roll(h: Harness, c: AsyncWireClient) -> tuple[Partition, bytes]:
+    """``_producer_7_appended``, a roll, then producer 8's batch at offset 1."""
+    part, first = await _producer_7_appended(h, c)
+    part.log.roll()
+    other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+    assert not only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, other))).error_code
+    return part, first
+
+
 def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
     tmp_path: Path,
 ) -> None:
@@ -1930,12 +1939,7 @@ def test_retention_that_takes_every_segment_rolls_first_and_keeps_the_producers(
     appended again. Kafka's deleteSegments rolls before it deletes. (review helper-219)"""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        part, first = await _producer_7_appended(h, c)
-        part.log.roll()
-        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
-        assert not only_partition(
-            await c.call(PRODUCE, 9, produce_values("t", 0, other))
-        ).error_code
+        part, first = await _producer_8_after_a_roll(h, c)
         restart_producer_states(h, clean=False)
         # The restarted node hosts the partition again; its state is read in the background,
         # not yet.
@@ -2015,12 +2019,7 @@ def test_a_producers_state_survives_a_truncation_after_its_batch_left_the_log(
     far behind) keeps nothing, as Kafka's follower clears its state then."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
-        part, first = await _producer_7_appended(h, c)
-        part.log.roll()
-        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
-        assert not only_partition(
-            await c.call(PRODUCE, 9, produce_values("t", 0, other))
-        ).error_code
+        part, first = await _producer_8_after_a_roll(h, c)
         part.log.roll()
         h.replicas.delete_records("t", 0, 1)
         part.log.delete_old_segments(h.clock[0], high_watermark=part.high_watermark)
