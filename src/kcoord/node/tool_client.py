@@ -314,6 +314,12 @@ class ToolClient:
         raise ToolError("cannot connect to any bootstrap server: " + ", ".join(failures))
 
     def send_to(self, node_id: int, api: tuple[int, int], values: Mapping[str, Any]) -> Any:
+        """To one broker; a failure to reach it is ``RetriableError`` (a retry of the same
+        request, as the group commands make, is harmless), and one that took the request and
+        did not answer says the request may have been carried out, which the timeout's
+        message then carries (an operator who ran a --shift-by again shifted twice)."""
+        from kcoord.node.kafka.client import NoAnswerError
+
         broker = self._brokers.get(node_id)
         if broker is None:
             self.metadata([])
@@ -322,6 +328,11 @@ class ToolClient:
                 raise RetriableError(f"broker {node_id} is not in the metadata")
         try:
             return self.send(Endpoint(broker.host, broker.port), api, values)
+        except NoAnswerError as e:
+            raise RetriableError(
+                f"broker {node_id} at {broker.address} took the request and did not answer "
+                "in time; it may have been carried out"
+            ) from e
         except OSError as e:
             raise RetriableError(
                 f"broker {node_id} at {broker.address}: {_describe_os_error(e)}"

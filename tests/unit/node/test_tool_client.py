@@ -190,6 +190,19 @@ def test_a_bootstrap_server_that_took_the_request_and_did_not_answer_is_not_pass
     assert sent == [9092]
 
 
+def test_a_broker_that_took_the_request_and_did_not_answer_says_it_may_be_done() -> None:
+    """A request to a group's coordinator or a partition's leader that got no answer may
+    have been carried out (an OffsetCommit of a reset): the timeout said only "timed out",
+    and an operator who ran a --shift-by again shifted the group twice. (review helper-222)"""
+
+    def silent(endpoint: Endpoint, values: Mapping[str, Any]) -> Any:
+        raise NoAnswerError(f"no answer from {endpoint} within 2 s")
+
+    client = ScriptedClient({METADATA: [metadata(1)], LIST_OFFSETS: [silent]})
+    with pytest.raises(ToolError, match="took the request and did not answer in time; it may"):
+        client.list_offsets([TopicPartition("orders", 0)], LATEST_TIMESTAMP)
+
+
 def test_the_next_bootstrap_server_answers_when_the_first_is_down() -> None:
     def only_second(endpoint: Endpoint, values: Mapping[str, Any]) -> Any:
         if endpoint.port == 9092:
