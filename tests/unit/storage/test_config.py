@@ -30,6 +30,7 @@ from kcoord.storage.config import (
         ("unclean.leader.election.enable", "TRUE", True),
         ("min.insync.replicas", "2", 2),
         ("flush.messages", str(LONG_MAX), LONG_MAX),
+        ("retention.ms", "0" * 5000 + "7", 7),  # Long.parseLong takes any leading zeros
         ("compression.type", "zstd", "zstd"),
         ("message.timestamp.type", "LogAppendTime", "LogAppendTime"),
         ("max.compaction.lag.ms", "60000", 60_000),
@@ -60,6 +61,11 @@ def test_valid_values_parse_to_their_type(name: str, raw: str, value: object) ->
             str(LONG_MAX + 1),
             f"Invalid value {LONG_MAX + 1} for configuration retention.ms: "
             "Not a number of type LONG",
+        ),
+        (  # past the 4,300 digits ``int`` reads: it raised ValueError, failing the request
+            "retention.ms",
+            "9" * 5000,
+            f"Invalid value {'9' * 5000} for configuration retention.ms: Not a number of type LONG",
         ),
         (
             "segment.bytes",

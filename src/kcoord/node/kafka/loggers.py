@@ -105,7 +105,10 @@ def as_int(name: str) -> int | None:
     digits = name[1:] if name[:1] in ("-", "+") else name
     if not digits or not all("0" <= c <= "9" for c in digits):
         return None
-    value = int(name)
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > 10:
+        return None  # no int; ``int`` itself raises past 4,300 digits
+    value = int(significant) * (-1 if name[0] == "-" else 1)
     return value if -(2**31) <= value < 2**31 else None
 
 

@@ -212,9 +212,15 @@ def test_describe_brokers_and_other_resources(tmp_path: Path) -> None:
             DESCRIBE_CONFIGS,
             4,
             describe_values((BROKER, f"0{NODE_ID}", None), (BROKER, f"+{NODE_ID}", None),
-                            (BROKER, "x", None)),
+                            (BROKER, "x", None), (BROKER, "1" * 5000, None)),
         )  # fmt: skip
-        padded, signed, named = response.results
+        padded, signed, named, huge = response.results
+        # Past the digits ``int`` reads: it raised, and every resource of the request got
+        # UNKNOWN_SERVER_ERROR. (review helper-221)
+        assert (huge.error_code, huge.error_message) == (
+            Errors.INVALID_REQUEST,
+            f"Broker id must be an integer, but it is: {'1' * 5000}",
+        )
         assert padded.error_code == signed.error_code == Errors.NONE
         assert {e.name for e in padded.configs} == set(configs)
         assert (named.error_code, named.error_message) == (
