@@ -997,9 +997,14 @@ def _delete(client: ToolClient, args: argparse.Namespace) -> int:
     if not failed:
         print(f"Deletion of requested consumer groups ({quoted}) was successful.")
         return 0
-    print("Error: Deletion of some consumer groups failed:")
+    # Errors to stderr, as the module docstring says of every command (Kafka prints these
+    # to stdout); the groups deleted to stdout.
+    print("Error: Deletion of some consumer groups failed:", file=sys.stderr)
     for group_id, code in failed.items():
-        print(f"* Group '{group_id}' could not be deleted due to: {error_name(code)}")
+        print(
+            f"* Group '{group_id}' could not be deleted due to: {error_name(code)}",
+            file=sys.stderr,
+        )
     if deleted:
         print(f"\nThese consumer groups were deleted successfully: {quoted}")
     return 1
