@@ -45,14 +45,19 @@ GONE_CODES: Final = frozenset(
 )
 
 
+def error_code(error: object) -> int | None:
+    """The code of a KafkaError, or of the one a KafkaException carries."""
+    if isinstance(error, KafkaException):
+        error = error.args[0] if error.args else None
+    return error.code() if isinstance(error, KafkaError) else None
+
+
 def is_retriable(e: KafkaException) -> bool:
-    error = e.args[0] if e.args else None
-    return isinstance(error, KafkaError) and error.code() in RETRIABLE_CODES
+    return error_code(e) in RETRIABLE_CODES
 
 
 def is_gone(e: KafkaException) -> bool:
-    error = e.args[0] if e.args else None
-    return isinstance(error, KafkaError) and error.code() in GONE_CODES
+    return error_code(e) in GONE_CODES
 
 
 def retrying(call: Callable[[], T], what: str, deadline_s: float) -> T:

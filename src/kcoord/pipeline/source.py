@@ -96,7 +96,7 @@ from kcoord.pipeline.options import (
     resolve,
     to_json_offsets,
 )
-from kcoord.pipeline.retries import GONE_CODES, retrying
+from kcoord.pipeline.retries import GONE_CODES, error_code, retrying
 from kcoord.storage.checkpoint import write_atomically
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ class Cluster:
             # librdkafka's own words ("_TRANSPORT") named no broker: say which were asked.
             raise KafkaException(
                 KafkaError(
-                    _error_code(e) or KafkaError._TRANSPORT,
+                    error_code(e) or KafkaError._TRANSPORT,
                     f"no Metadata from kafka.bootstrap.servers="
                     f"{self._options.bootstrap_servers} within {METADATA_TIMEOUT_S} s: {e}",
                 )
@@ -294,7 +294,7 @@ class OffsetCommitter:
             # client: retry until the deadline. Any other refusal (UNKNOWN_MEMBER_ID: the
             # group id is a live consumer group's; an authorization failure) is answered the
             # same way again: retried, it held every micro-batch for the whole deadline.
-            code = _error_code(error)
+            code = error_code(error)
             if code is not None and code not in COMMIT_RETRIABLE_CODES:
                 if code != self._refused_with:
                     log.warning(
@@ -334,13 +334,6 @@ COMMIT_RETRIABLE_CODES: Final = frozenset(
         KafkaError._ALL_BROKERS_DOWN,
     }
 )
-
-
-def _error_code(error: Any) -> int | None:
-    """The code of a KafkaError, or of the one a KafkaException carries."""
-    if isinstance(error, KafkaException):
-        error = error.args[0] if error.args else None
-    return error.code() if isinstance(error, KafkaError) else None
 
 
 def _skip_lost(
