@@ -57,9 +57,11 @@ from kcoord.pipeline.session import build_session  # noqa: E402
 from kcoord.pipeline.source import OffsetCommitter  # noqa: E402
 from tests.integration.cluster import LocalCluster, wait_for  # noqa: E402
 
-# In the default run: about 2 min on a quiet machine. (The kill-and-restart test's occasional
-# failure was Spark's, with two availableNow queries starting together: see
-# payments.run_available_now.)
+# The two tests that run the payments job as its own process (a Spark JVM each time: 40-50 s of
+# start-up and first batch) are `slow`: 256 s and 111 s in the default run on 2026-12-02 (the
+# first 136 s alone on a quiet machine), which took that run past its 20-minute budget. `make
+# test-pipeline` runs the whole module. (The kill-and-restart test's occasional failure was
+# Spark's, with two availableNow queries starting together: see payments.run_available_now.)
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 3
@@ -374,6 +376,7 @@ def jvm_temp_in(path: Path) -> dict[str, str]:
     return {**os.environ, "JAVA_TOOL_OPTIONS": f"-Djava.io.tmpdir={path}"}
 
 
+@pytest.mark.slow
 def test_payments_job_killed_and_restarted_gives_the_same_totals(
     cluster: LocalCluster, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -445,6 +448,7 @@ def test_payments_job_killed_and_restarted_gives_the_same_totals(
     assert dlq_from == malformed_at
 
 
+@pytest.mark.slow
 def test_payments_job_stopped_with_ctrl_c_exits_cleanly(
     cluster: LocalCluster, tmp_path: Path
 ) -> None:
