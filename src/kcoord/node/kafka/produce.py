@@ -506,10 +506,42 @@ _ERRORS_WITHOUT_LOG_START: Final = frozenset(
 )
 
 
+# What Kafka's ByteBufferLogInputStream needs of a batch to know its size and magic
+# (Records.HEADER_SIZE_UP_TO_MAGIC), and the least size it takes (LegacyRecord.RECORD_OVERHEAD_V0).
+_HEADER_UP_TO_MAGIC: Final = 17
+_MIN_RECORD_OVERHEAD: Final = 14
+
+
+def _batch_spans(data: bytes) -> list[tuple[int, int]]:
+    """(size, magic) of each batch of a produced partition's records, read as Kafka's
+    ``ByteBufferLogInputStream.nextBatch`` reads them: the reading stops, without an error, at
+    a batch cut short or at fewer bytes than its size and magic take; a size below any
+    record's or an unknown magic is CORRUPT_MESSAGE (``nextBatchSize``)."""
+    spans: list[tuple[int, int]] = []
+    pos = 0
+    while len(data) - pos >= _HEADER_UP_TO_MAGIC:
+        size = int.from_bytes(data[pos + 8 : pos + 12], "big", signed=True)
+        if size < _MIN_RECORD_OVERHEAD:
+            raise KafkaError(
+                Errors.CORRUPT_MESSAGE,
+                f"Record size {size} is less than the minimum record overhead "
+                f"({_MIN_RECORD_OVERHEAD})",
+            )
+        magic = data[pos + _MAGIC_OFFSET]
+        if magic > fmt.MAGIC_V2:  # a negative byte too
+            raise KafkaError(Errors.CORRUPT_MESSAGE, f"Invalid magic found in record: {magic}")
+        if len(data) - pos < size + fmt.LOG_OVERHEAD:
+            break
+        spans.append((size + fmt.LOG_OVERHEAD, magic))
+        pos += size + fmt.LOG_OVERHEAD
+    return spans
+
+
 def _unreadable_batch(partition: str, data: bytes, error: fmt.RecordFormatError) -> KafkaError:
     """The answer to a batch whose header does not read, in Kafka's order: a base offset other
-    than 0 first (``UnifiedLog.analyzeAndValidateRecords``: INVALID_RECORD), then a batch cut
-    short or whose CRC does not hold (CORRUPT_MESSAGE, retriable); a whole, sound batch whose
+    than 0 first (``UnifiedLog.analyzeAndValidateRecords``: INVALID_RECORD), then a batch
+    shorter than a batch's header or whose CRC does not hold (CORRUPT_MESSAGE, retriable; one
+    cut short is no batch at all, ``_batch_spans``); a whole, sound batch whose
     offset range or record count is negative fails ``LogValidator.validateBatch``
     (INVALID_RECORD, which a producer does not retry)."""
     if len(data) >= fmt.HEADER_SIZE:
@@ -711,23 +743,33 @@ class ProduceApi:
                         f"{topic}-{index} is no longer the partition of the topic id produced to",
                     )
             part = self.ctx.replicas.leader_partition(topic, index)
-            data = records or b""
-            if len(data) > _MAGIC_OFFSET and data[_MAGIC_OFFSET] != fmt.MAGIC_V2:
+            # ProduceRequest.validateRecords, over the batches Kafka's reader finds.
+            spans = _batch_spans(records or b"")
+            if not spans:
                 raise KafkaError(
-                    Errors.INVALID_RECORD, "Produce v3+ only carries record batches of magic 2"
+                    Errors.INVALID_RECORD,
+                    f"Produce requests with version {version} must have at least one record batch",
                 )
+            if spans[0][1] != fmt.MAGIC_V2:
+                raise KafkaError(
+                    Errors.INVALID_RECORD,
+                    f"Produce requests with version {version} are only allowed to contain record "
+                    "batches with magic version 2",
+                )
+            if len(spans) > 1:
+                raise KafkaError(
+                    Errors.INVALID_RECORD,
+                    f"Produce requests with version {version} are only allowed to contain "
+                    "exactly one record batch per partition",
+                )
+            # Bytes after the batch too few to be another are left out, as
+            # UnifiedLog.trimInvalidBytes does.
+            data = (records or b"")[: spans[0][0]]
             try:
                 headers = [h for _, h in fmt.iter_headers(data)]
             except fmt.RecordFormatError as e:
                 appending = part  # appendToLocalLog's, as below
                 raise _unreadable_batch(f"{topic}-{index}", data, e) from e
-            if len(headers) != 1:
-                # ProduceRequest.validateRecords: exactly one batch per partition.
-                raise KafkaError(
-                    Errors.INVALID_RECORD,
-                    "Produce requests are only allowed to contain exactly one record batch per "
-                    f"partition, not {len(headers)}",
-                )
             for h in headers:
                 if version < ZSTD_MIN_PRODUCE_VERSION and (
                     h.attributes & fmt.COMPRESSION_MASK == fmt.Compression.ZSTD

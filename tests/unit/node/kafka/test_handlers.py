@@ -890,7 +890,7 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
             ("t", 99, batch([b"x"]), -1, Errors.UNKNOWN_TOPIC_OR_PARTITION),
             (OFFSETS_TOPIC_NAME, 0, batch([b"x"]), -1, Errors.INVALID_TOPIC_EXCEPTION),
             ("t", mine, batch([b"x"])[:-1] + b"?", -1, Errors.CORRUPT_MESSAGE),
-            ("t", mine, batch([b"x"])[:30], 1, Errors.CORRUPT_MESSAGE),
+            ("t", mine, batch([b"x"])[:30], 1, Errors.INVALID_RECORD),  # no whole batch
             ("t", mine, b"", 1, Errors.INVALID_RECORD),
             ("t", mine, batch([b"x"]) + batch([b"y"]), 1, Errors.INVALID_RECORD),
             (
@@ -915,6 +915,43 @@ def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
         assert fetched.error_code == Errors.FETCH_SESSION_ID_NOT_FOUND
         unknown = await c.call(FETCH, 13, fetch_values("", 0, 0, topic_id="AAAAAAAAAAAAAAAAAAAAAQ"))
         assert only_partition(unknown).error_code == Errors.UNKNOWN_TOPIC_ID
+
+    run(tmp_path, test)
+
+
+def test_a_produced_partitions_batches_are_found_as_kafkas_reader_finds_them(
+    tmp_path: Path,
+) -> None:
+    """ByteBufferLogInputStream stops at a batch cut short, so that no batch is found
+    (INVALID_RECORD, which a producer does not retry: kcoord answered CORRUPT_MESSAGE, which
+    it retries until its delivery timeout), and leaves out bytes after the batch too few to be
+    another, which UnifiedLog.trimInvalidBytes drops (kcoord refused the batch); a size below
+    any record's or an unknown magic is CORRUPT_MESSAGE (nextBatchSize)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        h.move_leader("t", 0, NODE_ID)
+        sound = batch([b"x"])
+        tiny_size = bytearray(sound)
+        tiny_size[8:12] = (13).to_bytes(4, "big")
+        for records, error in [
+            (sound[:-3], Errors.INVALID_RECORD),
+            (sound[:16], Errors.INVALID_RECORD),  # not even a size and a magic
+            (bytes(tiny_size), Errors.CORRUPT_MESSAGE),
+            (sound[:16] + b"\x03" + sound[17:], Errors.CORRUPT_MESSAGE),
+            (sound[:16] + b"\xff" + sound[17:], Errors.CORRUPT_MESSAGE),  # a negative byte
+        ]:
+            part = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, records)))
+            assert (part.error_code, part.log_start_offset) == (error, -1), records[:20]
+        for tail in (b"\0" * 5, b"\0" * 16, sound[:40]):
+            part = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, sound + tail)))
+            assert part.error_code == Errors.NONE, tail
+        fetched = await c.call(FETCH, 11, fetch_values("t", 0, 0))
+        records = only_partition(fetched).records
+        held = list(fmt.iter_headers(records))
+        assert [h.base_offset for _, h in held] == [0, 1, 2]
+        # Each the batch sent, from its magic on (the leader stamps its epoch before it).
+        assert all(records[p + 16 : p + h.size] == sound[16:] for p, h in held)
 
     run(tmp_path, test)
 
