@@ -74,15 +74,15 @@ with ``a`` partitions to one with ``b <= a - 2``, which lowers the sum of the sq
 
 range (Kafka's ``RangeAssignor`` for KIP-848, as rewritten in KAFKA-16944)
 -------------------------------------------------------------------------
-Per topic, the subscribers in member-id order get contiguous ranges: with P partitions over N
+Per topic, the subscribers in order (see below) get contiguous ranges: with P partitions over N
 subscribers, the first ``P % N`` get ``P // N + 1`` partitions and the others ``P // N``. When
 members subscribe to the same topics and the topics have equal partition counts, each member gets
 the same partition numbers of every topic (co-partitioning, for joins). Like Kafka's since
 KAFKA-16944 (3.9), it is not sticky: it does not read ``current``, and a member joining or
 leaving shifts the ranges behind it. (The server-side range assignor of Kafka 3.5-3.8 kept a
-member's lowest current partitions up to its quota; KAFKA-16944 dropped that.) Kafka orders static
-members first, by instance id; ``MemberSubscription`` carries no instance id, so we order by
-member id only.
+member's lowest current partitions up to its quota; KAFKA-16944 dropped that.) As in Kafka's,
+static members come first, by instance id, then the others by member id: a static member
+restarted under a new member id keeps its ranges, and nobody else's move.
 """
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ class MemberSubscription:
     subscribed_topic_ids: frozenset[str]  # topic ids (Kafka Uuid strings)
     current: Mapping[str, frozenset[int]]  # topic id -> partitions in its current target assignment
     rack_id: str | None = None  # accepted, ignored: no rack-aware assignment
+    instance_id: str | None = None  # a static member's group.instance.id
 
 
 # member id -> topic id -> partitions
@@ -166,9 +167,9 @@ class RangeAssignor:
     def assign(
         self, members: Mapping[str, MemberSubscription], topics: Mapping[str, int]
     ) -> Assignment:
-        member_ids = sorted(members)
+        member_ids = sorted(members, key=lambda m: _range_order(m, members[m]))
         subscribers: dict[str, list[str]] = {}
-        for member_id in member_ids:  # member-id order within each topic's list
+        for member_id in member_ids:  # that order within each topic's list
             for topic_id in _existing_topics(members[member_id].subscribed_topic_ids, topics):
                 subscribers.setdefault(topic_id, []).append(member_id)
 
@@ -184,6 +185,13 @@ class RangeAssignor:
                 start = end
             assert start == topics[topic_id]
         return assignment
+
+
+def _range_order(member_id: str, subscription: MemberSubscription) -> tuple[int, str]:
+    """Static members first, by instance id, then the others by member id."""
+    if subscription.instance_id is not None:
+        return (0, subscription.instance_id)
+    return (1, member_id)
 
 
 def _existing_topics(subscribed: frozenset[str], topics: Mapping[str, int]) -> frozenset[str]:

@@ -771,6 +771,7 @@ def compute_targets(
             ),
             current=current_targets.get(member_id, {}),
             rack_id=m.rack_id,
+            instance_id=m.instance_id,
         )
         for member_id, m in members.items()
     }

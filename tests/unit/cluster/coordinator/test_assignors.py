@@ -484,6 +484,28 @@ def test_range_example_and_it_does_not_read_the_current_assignment() -> None:
     assert RANGE.assign(swapped, topics) == expected
 
 
+def test_range_puts_static_members_first_by_instance_id() -> None:
+    """A static member restarted under a new member id keeps its ranges, and nobody else's
+    move (Kafka orders static members by instance id); by member id, all 9 moved."""
+    topics = {"T": 9}
+
+    def static(instance_id: str) -> MemberSubscription:
+        return MemberSubscription(frozenset({"T"}), {}, instance_id=instance_id)
+
+    before = {"m-a": static("i0"), "m-b": static("i1"), "m-c": static("i2")}
+    after = {"m-a": static("i0"), "m-z": static("i1"), "m-c": static("i2")}
+    first, second = RANGE.assign(before, topics), RANGE.assign(after, topics)
+    assert first["m-a"] == second["m-a"] == {"T": frozenset({0, 1, 2})}
+    assert first["m-b"] == second["m-z"] == {"T": frozenset({3, 4, 5})}
+    assert first["m-c"] == second["m-c"] == {"T": frozenset({6, 7, 8})}
+    # Dynamic members after the static ones, by member id.
+    mixed = {"a": sub({"T"}), "z": static("i9")}
+    assert RANGE.assign(mixed, topics) == {
+        "z": {"T": frozenset(range(5))},
+        "a": {"T": frozenset(range(5, 9))},
+    }
+
+
 # --------------------------------------------------------------------------------------------
 # Replicas and size
 
