@@ -343,7 +343,10 @@ def reconcile(
         return step(min(member.member_epoch + 1, target_epoch), member.assigned)
     if member.state is MemberState.UNRELEASED_PARTITIONS:
         return step(member.member_epoch, member.assigned)
-    return step(target_epoch, {})
+    # UNKNOWN (a state a newer coordinator wrote): one that owns nothing starts again from
+    # what it was assigned, revoking what it keeps no more (one that owns something was
+    # fenced, validate_member_epoch).
+    return step(target_epoch, member.assigned)
 
 
 def _owns_any(
@@ -804,7 +807,11 @@ def validate_member_epoch(
     received: int,
     owned: Mapping[TopicId, frozenset[int]] | None,
 ) -> Errors:
-    """``throwIfConsumerGroupMemberEpochIsInvalid``."""
+    """``throwIfConsumerGroupMemberEpochIsInvalid``, and ``CurrentAssignmentBuilder.build``'s
+    fence of a member in a state this coordinator does not know (written by a newer one)
+    unless it says it owns nothing: it rejoins, and is reconciled from scratch."""
+    if member.state is MemberState.UNKNOWN and (owned is None or len(owned) > 0):
+        return Errors.FENCED_MEMBER_EPOCH
     if received > member.member_epoch:
         return Errors.FENCED_MEMBER_EPOCH
     if received < member.member_epoch:

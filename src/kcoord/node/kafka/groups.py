@@ -742,6 +742,9 @@ class GroupApi:
                         "partitions": list(ps),
                     }
                     for tid, ps in parts
+                    # ConsumerGroupMember.topicPartitionsFromMap leaves out a topic no longer
+                    # in the metadata (deleted before the member's next heartbeat).
+                    if tid in names
                 ]
             }
 

@@ -372,6 +372,39 @@ def test_failover_rebuilds_the_group_and_members_carry_on() -> None:
     assert new.shard.consumer_groups["g"].group_epoch == before.group_epoch
 
 
+def test_a_member_in_a_state_a_newer_coordinator_wrote_is_fenced_unless_it_owns_nothing() -> None:
+    """CurrentAssignmentBuilder.build, UNKNOWN: fenced if it owns (or may own) anything, else
+    reconciled from what it was assigned. kcoord reconciled it from nothing, whatever it
+    owned: its partitions went free while it still consumed them."""
+    ctx = context()
+    a, b = Member(ctx, "a"), Member(ctx, "b")
+    converge(ctx, [a, b])
+    last = next(
+        r
+        for r in reversed(ctx.log)
+        if isinstance(r.key, ConsumerGroupCurrentMemberAssignmentKey) and r.key.member_id == "a"
+    )
+    assert isinstance(last.value, ConsumerGroupCurrentMemberAssignmentValue)
+    newer = CoordinatorRecord(last.key, replace(last.value, state=9))
+    new = ctx.failover()
+    new = ShardContext(new.config, now_ms=new.now_ms, log=[*ctx.log, newer])
+    assert new.shard.consumer_groups["g"].members["a"].state is MemberState.UNKNOWN
+    a.ctx = b.ctx = new
+    for owned in (a.owned, None):
+        assert hb(new, "a", a.epoch, owned).error_code is Errors.FENCED_MEMBER_EPOCH
+    nothing = ConsumerGroupHeartbeatRequest(
+        group_id="g", member_id="a", member_epoch=a.epoch, topic_partitions=()
+    )
+    assert send_heartbeat(new, nothing, TOPICS).error_code is Errors.NONE
+    member = new.shard.consumer_groups["g"].members["a"]
+    assert member.state is MemberState.STABLE
+    assert member.assigned == new.shard.consumer_groups["g"].targets["a"]
+    # The fenced client rejoins, as a client does, owning nothing.
+    a.epoch, a.owned = 0, set()
+    converge(new, [a, b])
+    assert a.owned | b.owned == set(range(6)) and a.owned and b.owned
+
+
 def commit(
     ctx: ShardContext, member: str, epoch: int, topic: str = "orders", *, version: int = 9
 ) -> Errors:

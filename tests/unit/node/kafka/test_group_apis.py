@@ -12,6 +12,11 @@ import pytest
 
 from kcoord.cluster.coordinator.consumer import TopicsSnapshot
 from kcoord.cluster.coordinator.shard import GroupConfig
+from kcoord.cluster.coordinator.types import (
+    ConsumerGroupDescribeResponse,
+    DescribedConsumerGroup,
+    DescribedConsumerGroupMember,
+)
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.apis import PARTITIONS_PER_SLICE, ApiRegistry, Deferred, Request
@@ -425,6 +430,53 @@ def test_without_the_consumer_protocol_its_apis_answer_unsupported_version() -> 
             ("g", Errors.UNSUPPORTED_VERSION),
             ("", Errors.UNSUPPORTED_VERSION),
         ]
+
+    asyncio.run(scenario())
+
+
+class _DescribingRuntime(_Runtime):
+    """Its shard describes ``group``, whatever the call."""
+
+    def __init__(self, group: DescribedConsumerGroup) -> None:
+        super().__init__([])
+        self.group = group
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(ConsumerGroupDescribeResponse(groups=(self.group,)))
+        return future
+
+
+def test_a_consumer_group_describe_leaves_out_a_deleted_topic() -> None:
+    """ConsumerGroupMember.topicPartitionsFromMap leaves out a topic the metadata no longer
+    has (a member's assignment names it until its next heartbeat); kcoord described it with
+    an empty name, which an admin client takes for a topic named ""."""
+    gone = "AAAAAAAAAAAAAAAAAAAAAQ"  # no topic of the (empty) image
+    member = DescribedConsumerGroupMember(
+        member_id="m",
+        instance_id=None,
+        rack_id=None,
+        member_epoch=3,
+        client_id="c",
+        client_host="/127.0.0.1",
+        subscribed_topic_names=("t",),
+        subscribed_topic_regex=None,
+        assignment=((gone, (0, 1)),),
+        target_assignment=((gone, (0, 1)),),
+    )
+    group = DescribedConsumerGroup(group_id="g", group_state="Stable", members=(member,))
+
+    async def scenario() -> None:
+        describe = _request(
+            CONSUMER_GROUP_DESCRIBE_KEY,
+            0,
+            {"group_ids": ["g"], "include_authorized_operations": False},
+        )
+        runtime = _DescribingRuntime(group)
+        answer = await _answer(await _api(runtime).handle_consumer_group_describe(describe))
+        (described,) = answer["groups"][0]["members"]
+        assert described["assignment"]["topic_partitions"] == []
+        assert described["target_assignment"]["topic_partitions"] == []
 
     asyncio.run(scenario())
 
