@@ -819,13 +819,26 @@ class ReplicaManager:
             check_current_leader_epoch(part, current_leader_epoch)
             if part.is_leader:
                 return part
+        raise self._not_here(topic, partition)
+
+    def hosted_partition(self, topic: str, partition: int) -> Partition:
+        """The partition if this node hosts a replica of it, leader or follower, else Kafka's
+        error for the client (``ReplicaManager.getPartitionOrError``)."""
+        part = self.partitions.get((topic, partition))
+        if part is not None:
+            return part
+        raise self._not_here(topic, partition)
+
+    def _not_here(self, topic: str, partition: int) -> KafkaError:
+        """NOT_LEADER_OR_FOLLOWER for a partition the metadata has, else
+        UNKNOWN_TOPIC_OR_PARTITION."""
         topic_image = self.cache.image.topic_by_name(topic)
         if (
             topic_image is None
             or self.cache.image.partition(topic_image.topic_id, partition) is None
         ):
-            raise KafkaError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition}")
-        raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition}")
+            return KafkaError(Errors.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition}")
+        return KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition}")
 
     # -----------------------------------------------------------------------------------------
     # Writes and reads.

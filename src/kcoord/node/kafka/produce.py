@@ -37,12 +37,12 @@ its rebuild in the topic's own ``compression.type`` if it has one, and the appen
 found; the connection's next request waits for this one's handler.
 
 DescribeProducers (apiKey 61, KIP-664; ``ReplicaManager.activeProducerState``): the producers
-a led partition's state holds, each with its epoch, last sequence and last timestamp (no
-coordinator epoch and no open transaction: -1), after the state has loaded as for a produce.
-Errors: ``UNKNOWN_TOPIC_OR_PARTITION``, and ``NOT_LEADER_OR_FOLLOWER`` from a follower (a Kafka
-follower answers with the state it keeps as it replicates; a kcoord follower's state may be
-up to ``FOLLOWER_CATCH_UP_INTERVAL_MS`` behind, so only the leader answers, and the admin
-clients ask the leader). ``__consumer_offsets`` has no idempotent producers: it
+a hosted partition's state holds, leader or follower, each with its epoch, last sequence and
+last timestamp (no coordinator epoch and no open transaction: -1), after the state has read
+to the log end as for a produce: a follower answers with every batch it has replicated, as a
+Kafka follower does (``kafka-transactions.sh find-hanging --broker-id`` asks one). Errors:
+``UNKNOWN_TOPIC_OR_PARTITION``, and ``NOT_LEADER_OR_FOLLOWER`` for a partition with no replica
+here (``getPartitionOrError``). ``__consumer_offsets`` has no idempotent producers: it
 answers none.
 
 InitProducerId: an idempotent producer (no transactional id) gets a fresh producer id with
@@ -942,10 +942,10 @@ class ProduceApi:
 
     async def _active_producers(self, topic: str, index: int) -> dict[str, Any]:
         try:
-            part = self.ctx.replicas.leader_partition(topic, index)
+            part = self.ctx.replicas.hosted_partition(topic, index)
             producers = await self._producers_of(topic, part)
-            if not part.is_leader:  # deposed while the state loaded
-                raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)
+            if self.ctx.replicas.get_partition(topic, index) is not part:
+                raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)  # let go while the state loaded
         except KafkaError as e:
             return {
                 "partition_index": index,
@@ -964,8 +964,8 @@ class ProduceApi:
         if is_internal(topic):
             return []
         await self.states.ready(part, self.ctx.now_ms())
-        if not part.is_leader:
-            return []
+        if self.ctx.replicas.get_partition(part.topic, part.partition) is not part:
+            return []  # let go while the state loaded: the caller answers the error
         state = self.states.get(part, self.ctx.now_ms())
         return [
             {

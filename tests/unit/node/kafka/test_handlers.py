@@ -1707,8 +1707,11 @@ def test_idempotent_producer_retries_are_deduplicated(tmp_path: Path) -> None:
 
 
 def test_describe_producers_lists_a_partitions_idempotent_producers(tmp_path: Path) -> None:
-    """KIP-664's DescribeProducers on the leader: each producer's epoch, last sequence and last
-    timestamp, from the state a produce would use (rebuilt after a leader change too)."""
+    """KIP-664's DescribeProducers: each producer's epoch, last sequence and last timestamp,
+    from the state a produce would use, on the leader and on a follower, as Kafka's
+    ``ReplicaManager.activeProducerState`` answers from any replica (``kafka-transactions.sh
+    find-hanging --broker-id`` asks one); a partition with no replica here is
+    NOT_LEADER_OR_FOLLOWER."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         t0 = h.clock[0]  # recent: no producer has expired
@@ -1748,6 +1751,8 @@ def test_describe_producers_lists_a_partitions_idempotent_producers(tmp_path: Pa
             (p.coordinator_epoch, p.current_txn_start_offset) for p in answer.active_producers
         } == {(-1, -1)}
         h.move_leader("t", mine, 2)
+        (following,) = await describe("t", mine)
+        assert (following.error_code, listed(following)) == (Errors.NONE, expected)
         h.move_leader("t", mine, NODE_ID)
         (rebuilt,) = await describe("t", mine)
         assert listed(rebuilt) == expected
