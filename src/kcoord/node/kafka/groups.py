@@ -19,7 +19,7 @@ import asyncio
 import dataclasses
 import datetime
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from kcoord.cluster.coordinator import types as t
@@ -466,10 +466,10 @@ class GroupApi:
                     getattr(g, "member_epoch", -1),
                 )
 
-            answers = _in_slices(body.groups, fetch_one)
+            answers = await _in_slices(body.groups, fetch_one)
 
             async def gather() -> dict[str, Any]:
-                return {"throttle_time": 0, "groups": await answers()}
+                return {"throttle_time": 0, "groups": await _settle_all(answers)}
 
             return Deferred(gather())
         one = self._fetch_group(body.group_id, body.topics, require_stable)
@@ -504,10 +504,12 @@ class GroupApi:
     async def handle_describe_groups(self, request: Request) -> Result:
         body, version = request.body, request.version
         include_ops = getattr(body, "include_authorized_operations", False)
-        answers = _in_slices(body.groups, lambda g: self._describe_one(g, include_ops, version))
+        answers = await _in_slices(
+            body.groups, lambda g: self._describe_one(g, include_ops, version)
+        )
 
         async def gather() -> dict[str, Any]:
-            groups = [group for answer in await answers() for group in answer["groups"]]
+            groups = [group for answer in await _settle_all(answers) for group in answer["groups"]]
             _set_authorized_operations(groups, include_ops)
             return {"throttle_time": 0, "groups": groups}
 
@@ -572,10 +574,10 @@ class GroupApi:
         # second delete of one answered GROUP_ID_NOT_FOUND after the first. In slices, as
         # DescribeGroups: 50,000 group ids at once held the loop for a second.
         names = list(dict.fromkeys(request.body.groups_names))
-        answers = _in_slices(names, self._delete_one)
+        answers = await _in_slices(names, self._delete_one)
 
         async def gather() -> dict[str, Any]:
-            results = [r for answer in await answers() for r in answer["results"]]
+            results = [r for answer in await _settle_all(answers) for r in answer["results"]]
             return {"throttle_time": 0, "results": results}
 
         return Deferred(gather())
@@ -800,10 +802,10 @@ class GroupApi:
             )
 
         # In slices: ids answered at once (empty ones) never let the loop go otherwise.
-        answers = _in_slices(group_ids, one)
+        answers = await _in_slices(group_ids, one)
 
         async def gather() -> dict[str, Any]:
-            groups = await answers()
+            groups = await _settle_all(answers)
             _set_authorized_operations(groups, request.body.include_authorized_operations)
             return {"throttle_time": 0, "groups": groups}
 
@@ -827,25 +829,24 @@ class GroupApi:
         register(OFFSET_DELETE_KEY, self.handle_offset_delete)
 
 
-def _in_slices(
-    items: Sequence[Any], one: Callable[[Any], Result]
-) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
-    """``one`` of every item, a slice of ``PARTITIONS_PER_SLICE`` at a time: the first now
-    (in request order, as any request's shard calls), the others once the slice before is
-    answered, with the loop's other work in between. All at once, a DescribeGroups of 300,000
-    group ids held the loop for 21 s (the node missed its heartbeats) and their answers'
-    memory at once. Returns what awaits the answers, in order."""
-    first = [one(item) for item in items[:PARTITIONS_PER_SLICE]]
-
-    async def answers() -> list[dict[str, Any]]:
-        out = [await _settle(p) for p in first]
-        for start in range(PARTITIONS_PER_SLICE, len(items), PARTITIONS_PER_SLICE):
+async def _in_slices(items: Sequence[Any], one: Callable[[Any], Result]) -> list[Result]:
+    """``one`` of every item, in request order, ``PARTITIONS_PER_SLICE`` at a time with the
+    loop's other work between slices: all at once, a DescribeGroups of 300,000 group ids held
+    the loop for 21 s (the node missed its heartbeats). Every item's call is made before the
+    handler returns, and the reader awaits a handler before it runs the next request's, so a
+    later request on the connection (an OffsetCommit pipelined behind a DeleteGroups of 600
+    groups) reaches the shards after all of them, as a muted Kafka connection would have it.
+    ``_settle_all`` awaits the answers."""
+    out: list[Result] = []
+    for start in range(0, len(items), PARTITIONS_PER_SLICE):
+        if start:
             await asyncio.sleep(0)  # the other connections' turn
-            parts = [one(item) for item in items[start : start + PARTITIONS_PER_SLICE]]
-            out.extend([await _settle(p) for p in parts])
-        return out
+        out.extend(one(item) for item in items[start : start + PARTITIONS_PER_SLICE])
+    return out
 
-    return answers
+
+async def _settle_all(results: list[Result]) -> list[dict[str, Any]]:
+    return [await _settle(r) for r in results]
 
 
 async def _settle(result: Result) -> dict[str, Any]:
