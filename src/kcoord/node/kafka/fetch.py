@@ -272,12 +272,12 @@ class FetchApi:
         """Whether the fetch is to be answered now (``DelayedFetch.tryComplete``): the
         partitions' bytes below their high watermarks, each at most its max bytes, reach
         ``min_bytes``; or a partition is in error or diverges (answered at once); or a
-        partition's read stopped at the end of a segment older than its high watermark's,
-        which no wait adds to (a consumer with fetch.min.bytes above a small segment's size,
-        replaying a backlog, waited fetch.max.wait.ms at every segment); or no partition is
-        known here any more (its topic was deleted: ``_read``'s rule). Also asked before the
-        first wait, as ``DelayedFetch.tryCompleteElseWatch`` does. Yields to the loop between
-        slices of partitions, as ``_read`` does."""
+        partition's read found bytes but stopped at the end of a segment older than its high
+        watermark's, which no wait adds to (a consumer with fetch.min.bytes above a small
+        segment's size, replaying a backlog, waited fetch.max.wait.ms at every segment); or
+        no partition is known here any more (its topic was deleted: ``_read``'s rule). Also
+        asked before the first wait, as ``DelayedFetch.tryCompleteElseWatch`` does. Yields to
+        the loop between slices of partitions, as ``_read`` does."""
         total = 0
         unknown = 0
         for i, w in enumerate(wanted, 1):
@@ -290,9 +290,14 @@ class FetchApi:
                 part = self._leader_partition(w.topic, w)
                 if part.diverging_epoch(w.fetch_offset, w.last_fetched_epoch) is not None:
                     return True
-                if part.log.on_older_segment(w.fetch_offset, part.high_watermark):
-                    return True
                 available = self.ctx.replicas.fetchable_bytes(w.topic, w.partition, w.fetch_offset)
+                # Only a read that finds something: from inside a gap compaction left up to
+                # the high watermark's segment, the read finds nothing, and answered at once
+                # the consumer fetched again in a hot loop. Kafka's DelayedFetch compares the
+                # offset the read ended at (LocalLog.read: the log end's when nothing is
+                # left), not the one asked for.
+                if available > 0 and part.log.on_older_segment(w.fetch_offset, part.high_watermark):
+                    return True
             except KafkaError as e:
                 if e.code in _SET_ASIDE:
                     unknown += 1

@@ -3117,6 +3117,45 @@ def test_a_fetch_reading_an_older_segment_than_the_high_watermark_is_answered_at
     run(tmp_path, test)
 
 
+def test_a_fetch_from_a_gap_compaction_left_before_the_high_watermark_waits(
+    tmp_path: Path,
+) -> None:
+    """The cleaner dropped the tombstones at offsets 10-14, the end of a closed segment, and
+    the next segment starts at the high watermark: a fetch from 12 reads nothing. Answered at
+    once as a read "on an older segment", its consumer fetched again in a hot loop; Kafka's
+    DelayedFetch looks at where the read ended (the log end), so it waits, and the record
+    produced meanwhile answers it."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        now = h.clock[0]
+        await h.create_topic("t", 1, 1, {"cleanup.policy": "compact", "delete.retention.ms": "1"})
+        h.move_leader("t", 0, NODE_ID)
+        values: list[tuple[bytes, bytes | None]] = [(f"k{i}".encode(), b"v") for i in range(10)]
+        values += [(f"k{i}".encode(), None) for i in range(5, 10)]  # tombstones
+        for key, value in values:
+            one = fmt.build_batch([fmt.Record(0, now, key, value)])
+            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, one)))
+            assert answer.error_code == Errors.NONE
+        part = h.replicas.leader_partition("t", 0)
+        part.log.roll()
+        part.log.compact(now, high_watermark=15)
+        part.log.compact(now + 60_000, high_watermark=15)
+        assert [s.base_offset for s in part.log.segments] == [0, 15]
+        assert part.high_watermark == 15 and part.log.bytes_between(12, 15) == 0
+        # The fetch, then a produce behind it on the same connection: its handler runs after
+        # the fetch's, so an early empty answer comes before the record exists.
+        await c.send(FETCH, 12, fetch_values("t", 0, 12, max_wait_ms=60_000))
+        later = fmt.build_batch([fmt.Record(0, now, b"k0", b"w")])
+        await c.send(PRODUCE, 9, produce_values("t", 0, later))
+        _, fetched = await asyncio.wait_for(c.receive(FETCH, 12), 30)
+        records = only_partition(fetched).records
+        assert [header.base_offset for _, header in fmt.iter_headers(records)] == [15]
+        _, produced = await asyncio.wait_for(c.receive(PRODUCE, 9), 30)
+        assert only_partition(produced).error_code == Errors.NONE
+
+    run(tmp_path, test)
+
+
 def test_max_timestamp_counts_only_records_at_or_after_the_log_start(tmp_path: Path) -> None:
     """ListOffsets -3 looked for the largest timestamp of the whole segment: once DeleteRecords
     moved the log start past that record, it answered none with records left (Kafka answers
