@@ -511,7 +511,7 @@ def projected(value: CoordinatorValue, version: int) -> CoordinatorValue:
                 dataclasses.replace(
                     m,
                     group_instance_id=m.group_instance_id if version >= 3 else None,
-                    rebalance_timeout_ms=m.rebalance_timeout_ms if version >= 1 else 0,
+                    rebalance_timeout_ms=m.rebalance_timeout_ms if version >= 1 else -1,
                 )
                 for m in value.members
             ),

@@ -99,18 +99,17 @@ VALID_PREVIOUS_STATES: Final[dict[ClassicGroupState, frozenset[ClassicGroupState
 def parse_subscribed_topics(subscription: bytes) -> frozenset[str] | None:
     """The topics of a ConsumerProtocolSubscription, or ``None`` if the bytes do not parse.
 
-    Read as version 0, the prefix of every version (``ClassicGroup.computeSubscribedTopics``)::
+    Read as version 0, the prefix of every version, whatever the version says, a negative one
+    too (``ClassicGroup.computeSubscribedTopics``)::
 
-        version int16 (>= 0) | topics [string] (int32 count, int16 length + UTF-8 each)
+        version int16 | topics [string] (int32 count, int16 length + UTF-8 each)
         | user_data nullable bytes (int32 length, -1 = null) | v1+: owned partitions ...
 
     Bytes after user_data (later versions' fields) are not read, as in Kafka. Invalid UTF-8 is
     replaced, not rejected, as Java's ``new String(bytes, UTF_8)`` does.
     """
     try:
-        (version,) = struct.unpack_from(">h", subscription, 0)
-        if version < 0:
-            return None
+        struct.unpack_from(">h", subscription, 0)  # the version: present, not checked
         (count,) = struct.unpack_from(">i", subscription, 2)
         if count < 0 or count > len(subscription):
             return None
@@ -666,10 +665,11 @@ class ClassicGroup:
                 group_instance_id=m.group_instance_id,
                 client_id=m.client_id,
                 client_host=m.client_host,
-                # Records older than GroupMetadataValue v1 carry no rebalance timeout (Kafka
-                # reads -1, our codec the schema default 0): the session timeout stands in.
+                # Records older than GroupMetadataValue v1 carry no rebalance timeout (read as
+                # the schema default -1): the session timeout stands in, as in Kafka's
+                # GroupMetadataManager.replay; a v1+ record's 0 stays 0.
                 rebalance_timeout_ms=(
-                    m.session_timeout_ms if m.rebalance_timeout_ms <= 0 else m.rebalance_timeout_ms
+                    m.session_timeout_ms if m.rebalance_timeout_ms == -1 else m.rebalance_timeout_ms
                 ),
                 session_timeout_ms=m.session_timeout_ms,
                 protocol_type=value.protocol_type,

@@ -437,7 +437,7 @@ def _read_group_metadata_value(r: Reader, version: int) -> GroupMetadataValue:
         group_instance_id = r.nullable_string("groupInstanceId") if version >= 3 else None
         client_id = r.string("clientId")
         client_host = r.string("clientHost")
-        rebalance_timeout_ms = r.int32("rebalanceTimeout") if version >= 1 else 0
+        rebalance_timeout_ms = r.int32("rebalanceTimeout") if version >= 1 else -1
         session_timeout_ms = r.int32("sessionTimeout")
         subscription = r.bytes_("subscription")
         assignment = r.bytes_("assignment")

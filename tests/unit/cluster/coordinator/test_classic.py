@@ -4,6 +4,7 @@ static member replacement, validation and the record round trip."""
 from __future__ import annotations
 
 import struct
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -260,7 +261,12 @@ def test_matches_compares_names_metadata_and_order() -> None:
         ),
         (b"", None),
         (b"\x00", None),
-        (struct.pack(">hi", -1, 0) + struct.pack(">i", -1), None),  # negative version
+        # A negative version is read as v0 too: ConsumerProtocol.deserializeVersion does not
+        # check it (a group of such members was subscribed to every topic).
+        (
+            struct.pack(">hi", -1, 1) + struct.pack(">h", 1) + b"t" + struct.pack(">i", -1),
+            frozenset({"t"}),
+        ),
         (struct.pack(">hi", 0, -1) + struct.pack(">i", -1), None),  # null topics
         (struct.pack(">hi", 0, 2) + struct.pack(">h", 1) + b"t", None),  # truncated
         (struct.pack(">hi", 0, 1) + struct.pack(">h", 5) + b"t", None),  # short string
@@ -529,7 +535,7 @@ def test_group_record_round_trip() -> None:
 
 
 def test_loading_tolerates_odd_records() -> None:
-    # v0-style member without a rebalance timeout, no leader, a repeated instance id.
+    # v0-style member without a rebalance timeout (-1), no leader, a repeated instance id.
     value = GroupMetadataValue(
         protocol_type="consumer",
         generation=2,
@@ -542,7 +548,7 @@ def test_loading_tolerates_odd_records() -> None:
                 group_instance_id="i",
                 client_id="c",
                 client_host="h",
-                rebalance_timeout_ms=0,
+                rebalance_timeout_ms=-1,
                 session_timeout_ms=9_000,
                 subscription=b"garbage",
                 assignment=b"",
@@ -554,6 +560,10 @@ def test_loading_tolerates_odd_records() -> None:
     assert group.leader_id == "x"
     assert group.static_member_id("i") == "y"
     assert group.members["x"].rebalance_timeout_ms == 9_000
+    # A v1+ record's 0 is a rebalance timeout of 0, not a missing one
+    # (GroupMetadataManager.replay replaces only -1).
+    zero = replace(value, members=(replace(value.members[0], rebalance_timeout_ms=0),))
+    assert ClassicGroup.from_group_metadata_value("z", zero).members["x"].rebalance_timeout_ms == 0
     assert group.current_state_timestamp_ms is None
     assert group.subscribed_topics is None
 
