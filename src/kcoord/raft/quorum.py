@@ -933,6 +933,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._pre_vote_term: int | None = None
         self._pre_votes: set[Any] = set()
         self._pre_vote_won: int | None = None  # the term the won round proposed
+        self._term_cause: str | None = None  # the message being handled (for the log)
         self._leader_heard_at = -math.inf
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
@@ -967,8 +968,26 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # Whether AppendEntries should go out now (the new commit index, to the followers).
         return bool(SyncObj._SyncObj__applyLogEntries(self))
 
+    def _SyncObj__setCurrentTerm(self, term: int, voted_for: Any) -> None:  # noqa: N802
+        """pysyncobj's, and a line in the log when the term moves, with what moved it: an
+        election no one expected (a voter back from isolation deposing the leader) is read
+        off the nodes' logs afterwards."""
+        old = self._SyncObj__raftCurrentTerm
+        SyncObj._SyncObj__setCurrentTerm(self, term, voted_for)
+        if term != old:
+            cause = self._term_cause or "this voter stands for election"
+            log.info("quorum: term %d -> %d (%s)", old, term, cause)
+
     # Every message from another voter, on the Raft thread (the same mangling).
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
+        kind = message.get("type") if isinstance(message, dict) else None
+        self._term_cause = f"{str(kind)[:40]} from {getattr(node, 'address', node)}"
+        try:
+            self._on_message(node, message)
+        finally:
+            self._term_cause = None
+
+    def _on_message(self, node: Any, message: Any) -> None:
         why = _malformed(message)
         self._pending_prefix = None  # what an earlier message that failed left is not taken
         if why is None:
@@ -1154,6 +1173,12 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             return
         self._pre_votes.add(node)
         if len(self._pre_votes) * 2 > len(self._SyncObj__otherNodes) + 1:
+            log.info(
+                "quorum: pre-vote for term %d granted by %d of %d voters: standing",
+                term + 1,
+                len(self._pre_votes),
+                len(self._SyncObj__otherNodes) + 1,
+            )
             self._pre_vote_won, self._pre_vote_term = term + 1, None
             self._SyncObj__raftElectionDeadline = 0  # pysyncobj stands on its next tick
 
