@@ -1058,12 +1058,28 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
 
     # pysyncobj's ticking thread calls this; it starts an election on its own tick.
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's)
-        self._pre_vote_or_elect()
-        SyncObj._onTick(self, timeToWait)
+        if self._pre_vote_or_elect():
+            SyncObj._onTick(self, timeToWait)
+            return
+        # pysyncobj reads its clock again for its own look at the deadline, later: a deadline
+        # that fell between the two readings (the thread switched out for a GIL interval, or
+        # more on a loaded machine) let it stand with no pre-vote. An isolated voter so raised
+        # its term, and on its return deposed the working leader (the isolation test in CI:
+        # the controller epoch went 2 -> 4 within 100 ms of the heal). The deadline is out of
+        # its reach for the tick, and put back unless the tick set a new one.
+        held: float = self._SyncObj__raftElectionDeadline  # type: ignore[has-type]
+        self._SyncObj__raftElectionDeadline = math.inf
+        try:
+            SyncObj._onTick(self, timeToWait)
+        finally:
+            if self._SyncObj__raftElectionDeadline == math.inf:
+                self._SyncObj__raftElectionDeadline = held
 
-    def _pre_vote_or_elect(self) -> None:
+    def _pre_vote_or_elect(self) -> bool:
         """Run a pre-vote round where pysyncobj would start an election (KIP-996, Raft
-        thesis 9.6), and let the election start only once a majority granted it.
+        thesis 9.6), and let the election start only once a majority granted it. Returns
+        whether pysyncobj may stand on this tick: a round won, a leadership transfer, or a
+        lone voter.
 
         pysyncobj's voter raised its term whenever its election timer ran out: a voter cut
         off from the others (its links still counted as connected: a firewall, a pause) went
@@ -1078,17 +1094,19 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             and self._SyncObj__selfNode is not None
             and self._SyncObj__otherNodes
             and self._SyncObj__transport.ready
-            and self._SyncObj__raftElectionDeadline < raft_clock()  # type: ignore[has-type]
+            and self._SyncObj__raftElectionDeadline < raft_clock()
             and self._SyncObj__connectedToAnyone()
             and not self._SyncObj__transferInProgress
         )
         term = self._SyncObj__raftCurrentTerm
         if not due or self._pre_vote_won == term + 1:
+            won = self._pre_vote_won == term + 1
             self._pre_vote_won = None
-            return  # nothing due, or pysyncobj elects on this tick
+            # Nothing due, or pysyncobj elects on this tick.
+            return won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes
         self._SyncObj__raftElectionDeadline = raft_clock() + self._SyncObj__generateRaftTimeout()
         if self._SyncObj__needLoadDumpFile:
-            return  # pysyncobj loads the snapshot on this tick: ask with the log it leaves
+            return False  # pysyncobj loads the snapshot on this tick: ask with the log it leaves
         if self._SyncObj__raftLeader is not None:  # type: ignore[has-type]
             # As pysyncobj does when it stands: its leader is gone (Kafka's ProspectiveState).
             self._SyncObj__raftLeader = None
@@ -1107,6 +1125,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
                     "last_log_term": self._SyncObj__getCurrentLogTerm(),
                 },
             )
+        return False
 
     def _tell_newer_term(self, node: Any) -> None:
         """Answer a leader of an older term with ours. A voter whose term is above the

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pysyncobj import syncobj
 from pysyncobj.node import TCPNode
 
+from kcoord.raft import quorum
 from kcoord.raft.quorum import (
     MAX_TERM,
     NEWER_TERM,
@@ -244,3 +246,28 @@ def test_a_leader_of_an_older_term_is_told_ours_and_steps_down(
     # meta, left a leader unable to write any entry, for good).
     voter._SyncObj__onMessageReceived(leader, {"type": NEWER_TERM, "term": 2**64})
     assert voter.raftCurrentTerm == 8
+
+
+def test_a_deadline_running_out_between_the_pre_votes_look_and_pysyncobjs_starts_no_election(
+    recorded: Recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj reads its clock again, later in the tick, for its own look at the deadline:
+    one that fell between the two readings let it stand with no pre-vote. In CI an isolated
+    controller so raised its term and on its return deposed the working leader. A won round
+    still stands on the next tick."""
+    voter, sent = recorded
+    deadline = 1_000.0
+    voter._SyncObj__raftElectionDeadline = deadline
+    monkeypatch.setattr(quorum, "raft_clock", lambda: deadline - 0.001)  # the pre-vote's look
+    monkeypatch.setattr(syncobj, "monotonicTime", lambda: deadline + 0.001)  # pysyncobj's
+    voter._onTick(0.0)
+    assert voter.raftCurrentTerm == 0 and sent == []
+    assert voter._SyncObj__raftElectionDeadline == deadline  # put back for the next tick
+    monkeypatch.setattr(quorum, "raft_clock", lambda: deadline + 0.001)
+    voter._onTick(0.0)  # now the pre-vote's turn: it asks, and only asks
+    assert voter.raftCurrentTerm == 0 and {m["type"] for _, m in sent} == {PRE_VOTE}
+    first, _ = others(voter)
+    answer(voter, first, sent[-1][1]["round"], 1, True)
+    voter._onTick(0.0)
+    assert voter.raftCurrentTerm == 1
+    assert [m["type"] for _, m in sent[2:]] == ["request_vote", "request_vote"]
