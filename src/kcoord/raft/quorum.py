@@ -933,7 +933,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         self._pre_vote_term: int | None = None
         self._pre_votes: set[Any] = set()
         self._pre_vote_won: int | None = None  # the term the won round proposed
-        self._term_cause: str | None = None  # the message being handled (for the log)
+        # What may move the term now, for the log: the message being handled (its type and
+        # sender, formatted only if the term moves), or why this tick's election stands.
+        self._term_message: tuple[Any, Any] | None = None
+        self._standing_because = "no pre-vote (a bug)"
         self._leader_heard_at = -math.inf
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
@@ -974,18 +977,24 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         off the nodes' logs afterwards."""
         old = self._SyncObj__raftCurrentTerm
         SyncObj._SyncObj__setCurrentTerm(self, term, voted_for)
-        if term != old:
-            cause = self._term_cause or "this voter stands for election"
-            log.info("quorum: term %d -> %d (%s)", old, term, cause)
+        if term == old:
+            return
+        if self._term_message is None:
+            cause = f"this voter stands for election: {self._standing_because}"
+        else:
+            kind, node = self._term_message
+            # Any type a peer sent: not str() of it (an int of 5,000 digits raises).
+            named = kind[:40] if isinstance(kind, str) else type(kind).__name__
+            cause = f"{named!r} from {getattr(node, 'address', '?')}"
+        log.info("quorum: term %d -> %d (%s)", old, term, cause)
 
     # Every message from another voter, on the Raft thread (the same mangling).
     def _SyncObj__onMessageReceived(self, node: Any, message: Any) -> None:  # noqa: N802
-        kind = message.get("type") if isinstance(message, dict) else None
-        self._term_cause = f"{str(kind)[:40]} from {getattr(node, 'address', node)}"
+        self._term_message = (message.get("type") if isinstance(message, dict) else None, node)
         try:
             self._on_message(node, message)
         finally:
-            self._term_cause = None
+            self._term_message = None
 
     def _on_message(self, node: Any, message: Any) -> None:
         why = _malformed(message)
@@ -1059,7 +1068,10 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
     # pysyncobj's ticking thread calls this; it starts an election on its own tick.
     def _onTick(self, timeToWait: float = 0.0) -> None:  # noqa: N802, N803 (pysyncobj's)
         if self._pre_vote_or_elect():
-            SyncObj._onTick(self, timeToWait)
+            try:
+                SyncObj._onTick(self, timeToWait)
+            finally:
+                self._standing_because = "no pre-vote (a bug)"
             return
         # pysyncobj reads its clock again for its own look at the deadline, later: a deadline
         # that fell between the two readings (the thread switched out for a GIL interval, or
@@ -1103,7 +1115,15 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             won = self._pre_vote_won == term + 1
             self._pre_vote_won = None
             # Nothing due, or pysyncobj elects on this tick.
-            return won or self._SyncObj__transferInProgress or not self._SyncObj__otherNodes
+            if won:
+                self._standing_because = "a majority granted its pre-vote"
+            elif self._SyncObj__transferInProgress:
+                self._standing_because = "the leader handed it the leadership (TimeoutNow)"
+            elif not self._SyncObj__otherNodes:
+                self._standing_because = "the only voter"
+            else:
+                return False
+            return True
         self._SyncObj__raftElectionDeadline = raft_clock() + self._SyncObj__generateRaftTimeout()
         if self._SyncObj__needLoadDumpFile:
             return False  # pysyncobj loads the snapshot on this tick: ask with the log it leaves

@@ -7,6 +7,7 @@ what it sends is recorded instead of going out.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,3 +272,33 @@ def test_a_deadline_running_out_between_the_pre_votes_look_and_pysyncobjs_starts
     voter._onTick(0.0)
     assert voter.raftCurrentTerm == 1
     assert [m["type"] for _, m in sent[2:]] == ["request_vote", "request_vote"]
+
+
+def test_a_message_typed_by_a_huge_int_closes_its_connection_alone(
+    recorded: Recorded, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The term log kept the type of each message as text before looking at it: str() of an
+    int of 5,000 digits raises, out of the Raft tick, and the connection stayed open."""
+    voter, sent = recorded
+    _, stranger = others(voter)
+    closed: list[TCPNode] = []
+
+    class Connection:
+        def disconnect(self) -> None:
+            closed.append(stranger)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(voter._SyncObj__transport, "_connections", {stranger: Connection()})
+        voter._SyncObj__onMessageReceived(stranger, {"type": 10**5000, "term": 1})
+    assert closed == [stranger] and sent == [] and voter.raftCurrentTerm == 0
+    # A term moved by a message names it and its sender; an election, why it stands.
+    with caplog.at_level(logging.INFO, logger="kcoord.raft.quorum"):
+        append(voter, 3, (0, 0), [], commit=0)
+        timer_runs_out(voter)
+        answer(voter, stranger, sent[-1][1]["round"], 4, True, at=3)
+        voter._onTick(0.0)
+    moves = [r.getMessage() for r in caplog.records if "quorum: term" in r.getMessage()]
+    assert moves[0].startswith("quorum: term 0 -> 3 ('append_entries' from ")
+    assert moves[1] == (
+        "quorum: term 3 -> 4 (this voter stands for election: a majority granted its pre-vote)"
+    )
