@@ -275,6 +275,10 @@ class ReplicaFetcherManager:
             for p in parts:
                 if not p.truncation_pending:
                     continue
+                if self.replicas.partitions.get(p.tp) is not p or p.is_leader:
+                    # Stopped (its log may be closed) or promoted during the last round's call.
+                    parts = [q for q in parts if q is not p]
+                    continue
                 epoch = p.log.epoch_cache.latest_epoch
                 if epoch == UNDEFINED_EPOCH:
                     # Nothing in our log carries an epoch: nothing to ask the leader about.
@@ -314,6 +318,11 @@ class ReplicaFetcherManager:
             )
             for (p, leader_epoch, epoch, lg), r in zip(pending, reply["partitions"], strict=True):
                 if not self._still_following(p, leader_epoch, lg):
+                    # Not this round's to truncate any more: asked again, the old leader
+                    # answered each of the 100 rounds, and its error backed off the
+                    # partition for the new leader's fetcher too (AbstractFetcherThread
+                    # truncates only the partitions it still fetches, at their epoch).
+                    parts = [q for q in parts if q is not p]
                     continue
                 error = Errors.of(r["error"])
                 if error is not Errors.NONE:

@@ -1826,3 +1826,32 @@ def test_a_replica_shrunk_out_while_its_fetch_waits_counts_as_fetching(tmp_path:
         assert proposed == [(0, [[1, 1], [2, 1]])]
 
     asyncio.run(scenario())
+
+
+def test_a_partition_stopped_while_its_truncation_asks_the_leader_is_asked_for_no_more(
+    tmp_path: Path,
+) -> None:
+    """The replica was stopped while its EpochEndOffset call was out: the answer is not for
+    it, and the truncation went on asking for it, round after round (100), and could truncate
+    the stopped partition's closed log in a round that needs no call."""
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        leader, follower = (Node(n, tmp_path / f"n{n}", cluster) for n in NODES)
+        _start(cluster)
+        leader.produce(b"a")
+        await follower.fetch_once()
+        part = follower.partition
+        part.truncation_pending = True  # as a new leader epoch leaves it
+        asked: list[str] = []
+
+        class StoppingClient:
+            async def call(self, method: str, payload: Any, timeout: float) -> Any:
+                asked.append(method)
+                follower.replicas._stop_replica(part.tp)
+                return await leader.replicas.handle_epoch_end_offset(payload)
+
+        await follower.fetchers._truncate(cast(RpcClient, StoppingClient()), [part])
+        assert asked == ["EpochEndOffset"]
+
+    asyncio.run(scenario())
