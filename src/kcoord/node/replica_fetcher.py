@@ -272,12 +272,13 @@ class ReplicaFetcherManager:
     async def _truncate(self, client: RpcClient, parts: list[Partition]) -> None:
         for _ in range(100):  # one round per epoch the logs disagree on; bounded for safety
             pending: list[tuple[Partition, int, int, Any]] = []
+            dropped: set[TopicPartition] = set()  # out of the next rounds (one pass a round)
             for p in parts:
                 if not p.truncation_pending:
                     continue
                 if self.replicas.partitions.get(p.tp) is not p or p.is_leader:
                     # Stopped (its log may be closed) or promoted during the last round's call.
-                    parts = [q for q in parts if q is not p]
+                    dropped.add(p.tp)
                     continue
                 epoch = p.log.epoch_cache.latest_epoch
                 if epoch == UNDEFINED_EPOCH:
@@ -292,7 +293,7 @@ class ReplicaFetcherManager:
                     except OSError as e:
                         self.replicas.log_dir_failure.fail(f"truncating {p.topic}-{p.partition}", e)
                         self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
-                        parts = [q for q in parts if q is not p]
+                        dropped.add(p.tp)
                         continue
                     p.truncation_pending = False
                     continue
@@ -322,22 +323,23 @@ class ReplicaFetcherManager:
                     # answered each of the 100 rounds, and its error backed off the
                     # partition for the new leader's fetcher too (AbstractFetcherThread
                     # truncates only the partitions it still fetches, at their epoch).
-                    parts = [q for q in parts if q is not p]
+                    dropped.add(p.tp)
                     continue
                 error = Errors.of(r["error"])
                 if error is not Errors.NONE:
                     self._back_off(p, error)
-                    parts = [q for q in parts if q is not p]
+                    dropped.add(p.tp)
                     continue
                 try:
                     done = self._truncate_step(p, epoch, int(r["epoch"]), int(r["end_offset"]))
                 except OSError as e:
                     self.replicas.log_dir_failure.fail(f"truncating {p.topic}-{p.partition}", e)
                     self._back_off(p, Errors.KAFKA_STORAGE_ERROR)
-                    parts = [q for q in parts if q is not p]
+                    dropped.add(p.tp)
                     continue
                 if done:
                     p.truncation_pending = False
+            parts = [q for q in parts if q.tp not in dropped]
 
     def _truncate_step(
         self, part: Partition, requested_epoch: int, leader_epoch: int, leader_end_offset: int

@@ -665,9 +665,10 @@ class ClassicGroup:
                 group_instance_id=m.group_instance_id,
                 client_id=m.client_id,
                 client_host=m.client_host,
-                # Records older than GroupMetadataValue v1 carry no rebalance timeout (read as
-                # the schema default -1): the session timeout stands in, as in Kafka's
-                # GroupMetadataManager.replay; a v1+ record's 0 stays 0.
+                # Records older than GroupMetadataValue v1 carry no rebalance timeout (the
+                # codec reads -1): the session timeout stands in, as in Kafka's Scala
+                # coordinator (its Java GroupMetadataManager.replay swaps only a -1 too); a
+                # v1+ record's 0 stays 0.
                 rebalance_timeout_ms=(
                     m.session_timeout_ms if m.rebalance_timeout_ms == -1 else m.rebalance_timeout_ms
                 ),

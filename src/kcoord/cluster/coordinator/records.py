@@ -58,7 +58,7 @@ GroupMetadataValue::
 
     protocolType s | generation i32 | protocol s? | leader s? | currentStateTimestamp i64 (2+,
     default -1) | members [ memberId s | groupInstanceId s? (3+, default null) | clientId s
-    | clientHost s | rebalanceTimeout i32 (1+, default 0) | sessionTimeout i32
+    | clientHost s | rebalanceTimeout i32 (1+; v0 reads as -1) | sessionTimeout i32
     | subscription b | assignment b ]
 
 KIP-848 values (all version 0, flexible)::
@@ -98,8 +98,9 @@ because this package does no I/O and draws no randomness.
 
 Decoding notes: an ``expireTimestamp`` of -1 (or a version without it) reads as ``None``; a
 version without ``leaderEpoch`` reads as -1 (no epoch); GroupMetadataValue v0 has no
-``rebalanceTimeout`` and reads as 0, the schema default (the old Scala coordinator substituted
-the session timeout at replay; that is the shard's business, not the codec's).
+``rebalanceTimeout`` and reads as -1, none: Kafka's schema gives the field no default (its
+Java coordinator reads 0 and keeps it), and the old Scala coordinator took the session
+timeout for a v0 member at replay, as the shard does for -1 (a v1+ record's 0 stays 0).
 
 ``format_offsets_record`` renders one record as ``kafka-dump-log.sh --offsets-decoder`` does
 (``DumpLogSegments.OffsetsMessageParser`` in Kafka's tools)::

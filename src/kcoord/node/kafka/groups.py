@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import inspect
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -836,17 +837,38 @@ async def _in_slices(items: Sequence[Any], one: Callable[[Any], Result]) -> list
     handler returns, and the reader awaits a handler before it runs the next request's, so a
     later request on the connection (an OffsetCommit pipelined behind a DeleteGroups of 600
     groups) reaches the shards after all of them, as a muted Kafka connection would have it.
-    ``_settle_all`` awaits the answers."""
+    So every answer is pending at once (some 660 bytes each, as Kafka holds a future per
+    group). ``_settle_all`` awaits the answers."""
     out: list[Result] = []
-    for start in range(0, len(items), PARTITIONS_PER_SLICE):
-        if start:
-            await asyncio.sleep(0)  # the other connections' turn
-        out.extend(one(item) for item in items[start : start + PARTITIONS_PER_SLICE])
+    try:
+        for start in range(0, len(items), PARTITIONS_PER_SLICE):
+            if start:
+                await asyncio.sleep(0)  # the other connections' turn
+            out.extend(one(item) for item in items[start : start + PARTITIONS_PER_SLICE])
+    except BaseException:  # the connection closed (cancelled), or a call failed
+        _close(out)
+        raise
     return out
 
 
 async def _settle_all(results: list[Result]) -> list[dict[str, Any]]:
-    return [await _settle(r) for r in results]
+    out: list[dict[str, Any]] = []
+    try:
+        for r in results:
+            out.append(await _settle(r))
+    except BaseException:
+        _close(results[len(out) :])
+        raise
+    return out
+
+
+def _close(results: Sequence[Result]) -> None:
+    """Close the answers no one will await: a request naming 300,000 groups whose connection
+    closed left as many coroutines never awaited (each a RuntimeWarning, an error in tests).
+    The calls themselves were made; only their answers go."""
+    for r in results:
+        if isinstance(r, Deferred) and inspect.iscoroutine(r.awaitable):
+            r.awaitable.close()
 
 
 async def _settle(result: Result) -> dict[str, Any]:

@@ -942,10 +942,7 @@ class ProduceApi:
 
     async def _active_producers(self, topic: str, index: int) -> dict[str, Any]:
         try:
-            part = self.ctx.replicas.hosted_partition(topic, index)
-            producers = await self._producers_of(topic, part)
-            if self.ctx.replicas.get_partition(topic, index) is not part:
-                raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER)  # let go while the state loaded
+            producers = await self._producers_of(self.ctx.replicas.hosted_partition(topic, index))
         except KafkaError as e:
             return {
                 "partition_index": index,
@@ -960,12 +957,14 @@ class ProduceApi:
             "active_producers": producers,
         }
 
-    async def _producers_of(self, topic: str, part: Partition) -> list[dict[str, Any]]:
-        if is_internal(topic):
+    async def _producers_of(self, part: Partition) -> list[dict[str, Any]]:
+        if is_internal(part.topic):
             return []
         await self.states.ready(part, self.ctx.now_ms())
-        if self.ctx.replicas.get_partition(part.topic, part.partition) is not part:
-            return []  # let go while the state loaded: the caller answers the error
+        # Let go while the state loaded: the error for the partition now (its topic deleted
+        # meanwhile is UNKNOWN_TOPIC_OR_PARTITION), or for a replica made since.
+        if self.ctx.replicas.hosted_partition(part.topic, part.partition) is not part:
+            raise KafkaError(Errors.NOT_LEADER_OR_FOLLOWER, f"{part.topic}-{part.partition}")
         state = self.states.get(part, self.ctx.now_ms())
         return [
             {

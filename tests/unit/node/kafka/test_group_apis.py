@@ -4,6 +4,8 @@ runtime stand-in raises what the real one raises)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import warnings
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any, cast
@@ -182,6 +184,54 @@ def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(
         assert submitted == len(runtime.seen) == count
 
     asyncio.run(scenario())
+
+
+class _PendingRuntime(_Runtime):
+    """Every shard takes its calls and answers none yet."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.futures: list[asyncio.Future[Any]] = []
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+
+@pytest.mark.parametrize("cancelled", ["making the calls", "awaiting the answers"])
+def test_a_request_naming_many_groups_whose_connection_closes_leaves_nothing_unawaited(
+    cancelled: str,
+) -> None:
+    """The connection closes (the handler or its answer is cancelled) part way through a
+    DeleteGroups of three slices: every answer already asked for is closed, not left a
+    coroutine never awaited (a RuntimeWarning each, an error in the test run)."""
+    count = 3 * PARTITIONS_PER_SLICE
+    request = _request(DELETE_GROUPS_KEY, 2, {"groups_names": [f"g{i}" for i in range(count)]})
+
+    async def scenario() -> None:
+        runtime = _PendingRuntime()
+        handler = asyncio.create_task(_api(runtime).handle_delete_groups(request))
+        if cancelled == "making the calls":
+            while len(runtime.futures) <= PARTITIONS_PER_SLICE:
+                await asyncio.sleep(0)
+            handler.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await handler
+            assert len(runtime.futures) < count
+            return
+        answer = asyncio.create_task(_answer(await handler))
+        await asyncio.sleep(0)  # it awaits the first group's answer
+        assert len(runtime.futures) == count and not answer.done()
+        answer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await answer
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        asyncio.run(scenario())
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
 
 
 _HANDLERS = {
