@@ -184,6 +184,19 @@ def test_a_refusal_from_a_newer_term_is_taken(
     assert sent[-1][1]["type"] == PRE_VOTE and sent[-1][1]["term"] == 6
 
 
+def closing(voter: _MetadataSyncObj, node: TCPNode, patch: pytest.MonkeyPatch) -> list[TCPNode]:
+    """The voter's connection to ``node`` is a stand-in: the list returned notes each time
+    the voter closes it."""
+    closed: list[TCPNode] = []
+
+    class Connection:
+        def disconnect(self) -> None:
+            closed.append(node)
+
+    patch.setattr(voter._SyncObj__transport, "_connections", {node: Connection()})
+    return closed
+
+
 @pytest.mark.parametrize(
     "field, value",
     [
@@ -201,13 +214,7 @@ def test_a_malformed_pre_vote_closes_its_connection_alone(
 ) -> None:
     voter, sent = recorded
     _, candidate = others(voter)
-    closed: list[TCPNode] = []
-
-    class Connection:
-        def disconnect(self) -> None:
-            closed.append(candidate)
-
-    monkeypatch.setattr(voter._SyncObj__transport, "_connections", {candidate: Connection()})
+    closed = closing(voter, candidate, monkeypatch)
     kind = PRE_VOTE_RESPONSE if field == "granted" else PRE_VOTE
     message = {
         "type": kind,
@@ -281,14 +288,8 @@ def test_a_message_typed_by_a_huge_int_closes_its_connection_alone(
     int of 5,000 digits raises, out of the Raft tick, and the connection stayed open."""
     voter, sent = recorded
     _, stranger = others(voter)
-    closed: list[TCPNode] = []
-
-    class Connection:
-        def disconnect(self) -> None:
-            closed.append(stranger)
-
     with monkeypatch.context() as patched:
-        patched.setattr(voter._SyncObj__transport, "_connections", {stranger: Connection()})
+        closed = closing(voter, stranger, patched)
         voter._SyncObj__onMessageReceived(stranger, {"type": 10**5000, "term": 1})
     assert closed == [stranger] and sent == [] and voter.raftCurrentTerm == 0
     # A term moved by a message names it and its sender; an election, why it stands.
