@@ -85,8 +85,15 @@ class ControllerChannel:
         if leader_id is None:
             raise _RetriableError("no quorum leader")
         if leader_id == self.node_id:
+            # The client's timeout ends its wait, not the controller's decision: cancelled in
+            # its commit, the decision still committed, the client was told it timed out, and
+            # the controller set itself aside until it activated again (NOT_CONTROLLER to
+            # every broker's heartbeat meanwhile). Kafka's ControllerApis takes the timeout
+            # as a deadline to start by; a remote controller's handler runs on likewise.
+            decision = asyncio.ensure_future(self.local_handlers[method](payload))
+            decision.add_done_callback(_retrieved)
             try:
-                return await asyncio.wait_for(self.local_handlers[method](payload), timeout_s)
+                return await asyncio.wait_for(asyncio.shield(decision), timeout_s)
             except TimeoutError as e:
                 raise _RetriableError("the local controller did not answer in time") from e
             except RpcError as e:
@@ -110,3 +117,10 @@ class ControllerChannel:
 
 class _RetriableError(Exception):
     pass
+
+
+def _retrieved(decision: asyncio.Future[Any]) -> None:
+    """Mark a decision's failure as taken: its caller may have stopped waiting (timed out),
+    and asyncio would report it as never retrieved."""
+    if not decision.cancelled():
+        decision.exception()
