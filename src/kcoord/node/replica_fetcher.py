@@ -276,10 +276,6 @@ class ReplicaFetcherManager:
             for p in parts:
                 if not p.truncation_pending:
                     continue
-                if self.replicas.partitions.get(p.tp) is not p or p.is_leader:
-                    # Stopped (its log may be closed) or promoted during the last round's call.
-                    dropped.add(p.tp)
-                    continue
                 epoch = p.log.epoch_cache.latest_epoch
                 if epoch == UNDEFINED_EPOCH:
                     # Nothing in our log carries an epoch: nothing to ask the leader about.

@@ -101,7 +101,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol
+from typing import Any, Final, NoReturn, Protocol
 
 import crc32c
 import msgpack  # type: ignore[import-untyped, unused-ignore]
@@ -821,6 +821,8 @@ class _VotersOnlyTransport(TCPTransport):  # type: ignore[misc]
 
 # Our own messages between voters: a pre-vote and its answer (see _pre_vote_or_elect).
 PRE_VOTE = "kcoord_pre_vote"
+# Why an election stands when none of the reasons _pre_vote_or_elect allows does (the term log).
+_STANDING_UNASKED: Final = "no pre-vote (a bug)"
 PRE_VOTE_RESPONSE = "kcoord_pre_vote_response"
 NEWER_TERM = "kcoord_newer_term"  # to a leader of an older term (see _tell_newer_term)
 CLUSTER_ID = "kcoord_cluster_id"  # each end's first message (see _VotersOnlyTransport)
@@ -936,7 +938,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         # What may move the term now, for the log: the message being handled (its type and
         # sender, formatted only if the term moves), or why this tick's election stands.
         self._term_message: tuple[Any, Any] | None = None
-        self._standing_because = "no pre-vote (a bug)"
+        self._standing_because = _STANDING_UNASKED
         self._leader_heard_at = -math.inf
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
@@ -1071,7 +1073,7 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
             try:
                 SyncObj._onTick(self, timeToWait)
             finally:
-                self._standing_because = "no pre-vote (a bug)"
+                self._standing_because = _STANDING_UNASKED
             return
         # pysyncobj reads its clock again for its own look at the deadline, later: a deadline
         # that fell between the two readings (the thread switched out for a GIL interval, or
