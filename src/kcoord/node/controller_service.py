@@ -659,27 +659,38 @@ class ControllerService:
         return {"topics": results, "metadata_offset": self.cache.image.last_offset}
 
     async def handle_alter_configs(self, payload: Any) -> dict[str, Any]:
-        """Alter configs resource by resource; per-resource errors as Kafka's AlterConfigs."""
-        results = []
-        for r in payload["resources"]:
-            async with self._lock:
-                controller = self._require_active()
-                result = controller.alter_configs(
-                    self.cache.image,
-                    int(r["resource_type"]),
-                    str(r["resource_name"]),
-                    [
-                        (str(key), int(op), None if value is None else str(value))
-                        for key, op, value in r["ops"]
-                    ],
-                    incremental=bool(payload["incremental"]),
-                )
-                if result.records and not payload.get("validate_only"):
-                    await self._propose_or_not_controller(result.records)
-            results.append(
-                {"error": int(result.response.error), "message": result.response.message}
+        """Alter configs, per-resource errors as Kafka's AlterConfigs; the resources' records
+        are one batch (``ConfigurationControlManager.incrementalAlterConfigs`` returns
+        ``ControllerResult.atomicOf``): proposed resource by resource, a leadership lost part
+        way left the first resources altered and the client, told NOT_CONTROLLER, retried
+        them all."""
+        incremental = bool(payload["incremental"])
+        resources = [
+            (
+                int(r["resource_type"]),
+                str(r["resource_name"]),
+                [
+                    (str(key), int(op), None if value is None else str(value))
+                    for key, op, value in r["ops"]
+                ],
             )
-        return {"resources": results, "metadata_offset": self.cache.image.last_offset}
+            for r in payload["resources"]
+        ]
+        async with self._lock:
+            controller = self._require_active()
+            result = atomic_of(
+                self.cache.image,
+                resources,
+                lambda image, r: controller.alter_configs(
+                    image, r[0], r[1], r[2], incremental=incremental
+                ),
+            )
+            if result.records and not payload.get("validate_only"):
+                await self._propose_or_not_controller(result.records)
+        return {
+            "resources": [{"error": int(a.error), "message": a.message} for a in result.response],
+            "metadata_offset": self.cache.image.last_offset,
+        }
 
     async def handle_elect_leaders(self, payload: Any) -> dict[str, Any]:
         """ElectLeaders as one decision: ``{election: "preferred"|"unclean", partitions:

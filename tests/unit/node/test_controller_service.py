@@ -378,6 +378,54 @@ def test_a_create_topics_request_is_one_batch_committed_whole_or_not_at_all() ->
     asyncio.run(scenario())
 
 
+def test_an_alter_configs_request_is_one_batch_committed_whole_or_not_at_all() -> None:
+    """``ConfigurationControlManager.incrementalAlterConfigs`` returns ``atomicOf``: the
+    resources of one request are one proposal. Proposed resource by resource, a leadership
+    lost after the first left it altered; a resource refused alone writes nothing."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        topics = [{"name": n, "num_partitions": 1, "replication_factor": 3} for n in "ab"]
+        await service.handle_create_topics({"topics": topics})
+        real_propose = quorum.propose
+        proposals: list[list[rec.MetadataRecord]] = []
+
+        def lost(records: Any, on_done: Any, *, epoch: int) -> None:
+            proposals.append(list(records))
+            asyncio.get_running_loop().call_soon(on_done, None, "leadership lost")
+
+        def alter(retention: str) -> dict[str, Any]:
+            return {
+                "incremental": True,
+                "resources": [
+                    {"resource_type": 2, "resource_name": n, "ops": [["retention.ms", 0, v]]}
+                    for n, v in (("a", "1000"), ("b", retention))
+                ],
+            }
+
+        def retention_of(name: str) -> str | None:
+            topic = cache.image.topic_by_name(name)
+            assert topic is not None
+            return topic.configs.get("retention.ms")
+
+        quorum.propose = lost  # type: ignore[method-assign]
+        with pytest.raises(RpcError):  # NOT_CONTROLLER: the broker retries the request
+            await service.handle_alter_configs(alter("2000"))
+        assert [
+            [(r.resource_name, r.value) for r in p if isinstance(r, rec.Config)] for p in proposals
+        ] == [[("a", "1000"), ("b", "2000")]]
+        assert retention_of("a") is None and retention_of("b") is None
+        quorum.propose = real_propose  # type: ignore[method-assign]
+        await service._maybe_activate()
+        reply = await service.handle_alter_configs(alter("soon"))
+        assert [r["error"] for r in reply["resources"]] == [0, int(Errors.INVALID_CONFIG)]
+        assert retention_of("a") == "1000" and retention_of("b") is None
+
+    asyncio.run(scenario())
+
+
 def test_a_create_topics_request_of_too_many_partitions_is_refused_whole() -> None:
     """``validateTotalNumberOfPartitions``: the request's partitions together (-1 counting the
     default) above 10,000 refuse every topic with POLICY_VIOLATION."""

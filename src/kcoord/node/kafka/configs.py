@@ -23,9 +23,10 @@ DescribeConfigs is answered by the node itself, as Kafka's ``ConfigHelper`` does
   (Kafka's ConfigAdminManager does not forward them either).
 
 The two alters are forwarded to the controller (``Controller.alter_configs``), which validates
-the resulting configs as a whole and commits one ``Config`` record per changed key; the
-answer waits until this node's image has them. kcoord alters topic and group configs and the
-cluster-level ``min.insync.replicas``; a broker's static configs change with its config file.
+each resource's resulting configs as a whole and commits one ``Config`` record per changed
+key, the records of all the request's resources in one batch; the answer waits until this
+node's image has them. kcoord alters topic and group configs and the cluster-level
+``min.insync.replicas``; a broker's static configs change with its config file.
 """
 
 from __future__ import annotations
