@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 # Kafka's ListOffsets sentinels, as Spark's JSON offsets use them.
@@ -103,9 +103,11 @@ class Subscription:
     assigned: tuple[TopicPartition, ...] = ()
 
     def select(self, partitions_by_topic: Mapping[str, int]) -> list[TopicPartition]:
-        """The partitions this subscription reads, given each topic's partition count."""
+        """The partitions this subscription reads, given each topic's partition count: with
+        ``assign``, those of the assigned that the counts show (Spark's ``AssignStrategy``
+        filters them so; ``raise_if_not_assigned`` refuses a query that starts without one)."""
         if self.kind == "assign":
-            return sorted(self.assigned)
+            return sorted(tp for tp in self.assigned if tp[1] < partitions_by_topic.get(tp[0], 0))
         if self.kind == "subscribe":
             names = [t for t in self.topics if t in partitions_by_topic]
         else:
@@ -394,6 +396,19 @@ def raise_if_unknown_partitions(
         raise OptionError(
             f"option {name!r} must name every partition the query reads (-2 earliest, "
             "-1 latest); missing: " + ", ".join(f"{t}-{p}" for t, p in missing)
+        )
+
+
+def raise_if_not_assigned(subscription: Subscription, partitions: Sequence[TopicPartition]) -> None:
+    """A query (or a batch read) that starts with ``assign`` naming a partition the metadata
+    does not show is refused: a mistyped partition, never read. Once a streaming query runs, a
+    partition that goes missing is data loss (``failOnDataLoss``), as Spark reports one."""
+    if subscription.kind != "assign":
+        return
+    missing = sorted(set(subscription.assigned) - set(partitions))
+    if missing:
+        raise OptionError(
+            "option 'assign': no such partitions: " + ", ".join(f"{t}-{p}" for t, p in missing)
         )
 
 

@@ -35,6 +35,7 @@ may be written twice after a failure: the sink is at-least-once, as Spark's Kafk
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -91,6 +92,7 @@ from kcoord.pipeline.options import (
     from_json_offsets,
     parse_source_options,
     plan_ranges,
+    raise_if_not_assigned,
     raise_if_unknown_partitions,
     rate_limit,
     resolve,
@@ -207,10 +209,6 @@ class Cluster:
         for name, topic in metadata.topics.items():
             if topic.error is None or topic.error.code() == KafkaError.NO_ERROR:
                 counts[name] = len(topic.partitions)
-        if sub.kind == "assign":
-            missing = [f"{t}-{p}" for t, p in sub.assigned if p >= counts.get(t, 0)]
-            if missing:
-                raise OptionError(f"option 'assign': no such partitions: {', '.join(missing)}")
         return sub.select(counts)
 
     def offsets(
@@ -543,6 +541,7 @@ class KcoordBatchReader(DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         cluster = Cluster(self.options)
         partitions = cluster.partitions()
+        raise_if_not_assigned(self.options.subscription, partitions)
         raise_if_unknown_partitions("startingOffsets", self.options.starting, partitions)
         raise_if_unknown_partitions("endingOffsets", self.options.ending, partitions)
         earliest, latest = cluster.offsets(partitions)
@@ -629,6 +628,8 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # when it has read up to them.
         self._target: Offsets | None = None
         self._committed: Offsets | None = None
+        # initialOffset's first answer, given again (see there).
+        self._initial: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # A task's copy needs the options only.
@@ -638,6 +639,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "_committer": None,
             "_target": None,
             "_committed": None,
+            "_initial": None,
         }
 
     def _get_cluster(self) -> Cluster:
@@ -654,11 +656,22 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, earliest, latest
 
     def initialOffset(self) -> dict[str, Any]:
-        """Where a new query starts. Spark asks again when it restarts a query whose first
-        batch it planned but never finished: resolved again, ``latest`` had moved on and that
-        batch's records were skipped (or, past its planned end, reported as data loss at every
-        restart). With ``initialOffsetsPath`` the first answer is kept there and given again,
-        as Spark's Kafka source keeps its initial offsets in the checkpoint (``sources/0``)."""
+        """Where a new query starts, resolved once: Spark asks when it plans the first batch
+        and again when it runs it (``MicroBatchExecution.runBatch``: no batch committed yet,
+        ``stream.initialOffset``), and the Python runner passes each ask on. Resolved at each,
+        ``latest`` had moved on between them: the batch planned from the first answer began
+        past its end (DataLossError) or was empty, its records skipped. Spark's Kafka source
+        resolves its initial offsets once a query (``getOrCreateInitialPartitionOffsets``).
+
+        Spark asks again, too, when it restarts a query whose first batch it planned but never
+        finished: a new reader. With ``initialOffsetsPath`` the first answer is kept there and
+        given again, as Spark's Kafka source keeps its initial offsets in the checkpoint
+        (``sources/0``)."""
+        if self._initial is None:
+            self._initial = self._resolve_initial()
+        return copy.deepcopy(self._initial)
+
+    def _resolve_initial(self) -> dict[str, Any]:
         path = self.options.initial_offsets_path
         subscription = self.options.subscription
         if path is not None:
@@ -666,6 +679,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if kept is not None:
                 return kept
         partitions, earliest, latest = self._latest()
+        raise_if_not_assigned(self.options.subscription, partitions)
         raise_if_unknown_partitions("startingOffsets", self.options.starting, partitions)
         start = to_json_offsets(resolve(self.options.starting, partitions, earliest, latest))
         if path is not None:

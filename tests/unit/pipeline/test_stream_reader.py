@@ -430,7 +430,28 @@ def test_a_query_restarted_before_its_first_batch_finished_starts_where_it_did(
         elsewhere.initialOffset()
     path.write_text('{"t": {"0": "a hundred"}}')
     with pytest.raises(OptionError, match="does not hold a query's initial offsets"):
-        restarted.initialOffset()
+        _stream(startingOffsets="latest", initialOffsetsPath=str(path)).initialOffset()
+
+
+def test_the_first_batch_starts_where_it_was_planned_from() -> None:
+    """Spark asks ``initialOffset`` when it plans the first batch and again when it runs it.
+    Resolved at each, ``latest`` had moved on: the batch planned as [100, 110) was asked for
+    from 120, past its end, and failed as data loss (or, with nothing produced meanwhile,
+    was empty and its records skipped)."""
+    stream = _stream(startingOffsets="latest", subscribe="t")
+    ends = iter((100, 110, 120))
+    stream._latest = lambda: ([TP], {TP: 0}, {TP: next(ends)})  # type: ignore[method-assign]
+    planned_start = stream.initialOffset()
+    planned_end = stream.latestOffset(planned_start, ReadAllAvailable())
+    assert (planned_start, planned_end) == ({"t": {"0": 100}}, {"t": {"0": 110}})
+    run_start = stream.initialOffset()
+    assert run_start == planned_start
+    run_start["t"]["0"] = 0  # the answer is Spark's to keep: it changes no later answer
+    assert stream.initialOffset() == planned_start
+    planned = stream.partitions(planned_start, planned_end)
+    assert [p.offset_range for p in planned if isinstance(p, RangePartition)] == [
+        OffsetRange("t", 0, 100, 110)
+    ]
 
 
 def test_initial_offsets_path_is_for_streaming_queries_only() -> None:
@@ -576,3 +597,50 @@ def test_available_now_goes_on_with_a_partition_its_target_lacked() -> None:
     assert end == {"t": {"0": 30, "1": 40}}
     ranges = [p.offset_range for p in stream.partitions(start, end)]  # type: ignore[attr-defined]
     assert ranges == [OffsetRange("t", 0, 10, 30), OffsetRange("t", 1, 10, 40)]
+
+
+def test_an_assigned_partition_missing_mid_stream_is_data_loss_not_an_option_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ``assign``, a partition the metadata did not show failed the query at once as a
+    bad option, mid-stream too (a topic deleted, a node's metadata behind), whatever
+    ``failOnDataLoss`` said and without the ``fetchOffset`` retries. Spark's AssignStrategy
+    keeps the assigned partitions the metadata shows; one gone is reported as data loss."""
+    counts = {"t": 2}
+
+    class Admin:
+        def __init__(self, config: dict[str, Any]) -> None:
+            pass
+
+        def list_topics(self, **_: Any) -> Any:
+            topics = {
+                name: SimpleNamespace(error=None, partitions=dict.fromkeys(range(n)))
+                for name, n in counts.items()
+            }
+            return SimpleNamespace(topics=topics)
+
+    def offsets(
+        self: Any, partitions: list[tuple[str, int]]
+    ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+        return dict.fromkeys(partitions, 0), dict.fromkeys(partitions, 30)
+
+    monkeypatch.setattr(source, "AdminClient", Admin)
+    monkeypatch.setattr(source.Cluster, "offsets", offsets)
+
+    def assigned(**options: str) -> KcoordStreamReader:
+        given = {"kafka.bootstrap.servers": "h:1", "assign": '{"t": [0, 1]}'}
+        given["fetchOffset.retryIntervalMs"] = "1"
+        return KcoordStreamReader(parse_source_options({**given, **options}, streaming=True))
+
+    start = assigned(failOnDataLoss="false").initialOffset()
+    assert start == {"t": {"0": 30, "1": 30}}
+    counts["t"] = 1
+    with pytest.raises(OptionError, match="no such partitions: t-1"):
+        assigned().initialOffset()  # a query starting so is refused
+    going_on = assigned(failOnDataLoss="false")
+    end = going_on.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": 30}}
+    assert going_on.partitions(start, end) == []
+    failing = assigned()
+    with pytest.raises(DataLossError, match="t-1 is gone"):
+        failing.partitions(start, failing.latestOffset(start, ReadAllAvailable()))
