@@ -46,6 +46,7 @@ from kcoord.node.tool_client import (
     DESCRIBE_CONFIGS,
     INCREMENTAL_ALTER_CONFIGS,
     KafkaError,
+    Once,
     RetriableError,
     ToolClient,
     ToolError,
@@ -197,7 +198,7 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     if name is None:
         raise ToolError(f"--entity-name must be specified with --alter of {kind}")
     added = parse_add_config(args.add_config) if args.add_config else []
-    deleted = [k.strip() for k in args.delete_config.split(",")] if args.delete_config else []
+    deleted = [k.strip() for text in args.delete_config or () for k in text.split(",")]
     if not added and not deleted:
         raise ToolError("At least one of --add-config or --delete-config must be specified")
     deleted = [k for k in deleted if k]
@@ -263,12 +264,17 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
         help="IncrementalAlterConfigs (topics, groups, a broker's loggers, the brokers' "
         "cluster default)",
     )
-    alter.add_argument("--add-config", metavar="K=V[,K=V]", help="set these keys")
-    alter.add_argument("--delete-config", metavar="K[,K]", help="remove these keys")
+    alter.add_argument("--add-config", action=Once, metavar="K=V[,K=V]", help="set these keys")
+    # Repeatable, as Kafka's ``valuesOf(deleteConfig)``; --add-config is one ``valueOf``.
+    alter.add_argument(
+        "--delete-config", action="append", metavar="K[,K]", help="remove these keys; repeatable"
+    )
     for p in (describe, alter):
-        p.add_argument("--entity-type", required=True, choices=sorted(_RESOURCE_TYPES))
+        p.add_argument("--entity-type", action=Once, required=True, choices=sorted(_RESOURCE_TYPES))
         p.add_argument(
-            "--entity-name", help="topic name, broker id (brokers, broker-loggers) or group id"
+            "--entity-name",
+            action=Once,
+            help="topic name, broker id (brokers, broker-loggers) or group id",
         )
         p.add_argument(
             "--entity-default",

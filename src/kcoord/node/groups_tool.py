@@ -56,7 +56,9 @@ use the consumer protocol type (NON_EMPTY_GROUP).
 from __future__ import annotations
 
 import argparse
+import csv
 import datetime
+import io
 import re
 import sys
 import time
@@ -80,6 +82,7 @@ from kcoord.node.tool_client import (
     OFFSET_FETCH,
     Broker,
     KafkaError,
+    Once,
     ToolClient,
     ToolError,
     TopicPartition,
@@ -462,14 +465,16 @@ def parse_duration_ms(text: str) -> int:
 
 
 def parse_reset_plan(text: str, single_group: str | None) -> dict[str, dict[TopicPartition, int]]:
-    """``--from-file``: ``topic,partition,offset`` lines when one ``--group`` is named and the
-    first line has three fields (the file ``--export`` writes for one group), else
-    ``group,topic,partition,offset`` lines (``parseResetPlan``). Blank lines are skipped."""
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    no_group = single_group is not None and bool(lines) and len(lines[0].split(",")) == 3
+    """``--from-file``: ``topic,partition,offset`` rows when one ``--group`` is named and the
+    first row has three fields (the file ``--export`` writes for one group), else
+    ``group,topic,partition,offset`` rows (``parseResetPlan``). CSV, so a group id with a
+    comma or a quote is a quoted field, as ``--export`` writes it. Blank lines are skipped."""
+    rows = [
+        [f.strip() for f in row] for row in csv.reader(io.StringIO(text)) if "".join(row).strip()
+    ]
+    no_group = single_group is not None and bool(rows) and len(rows[0]) == 3
     plan: dict[str, dict[TopicPartition, int]] = {}
-    for number, line in enumerate(lines, 1):
-        fields = [f.strip() for f in line.split(",")]
+    for number, fields in enumerate(rows, 1):
         expected = 3 if no_group else 4
         try:
             if len(fields) != expected:
@@ -481,7 +486,7 @@ def parse_reset_plan(text: str, single_group: str | None) -> dict[str, dict[Topi
         except ValueError:
             shape = "topic,partition,offset" if no_group else "group,topic,partition,offset"
             raise ToolError(
-                f"invalid reset plan line {number}: {line!r}, expected {shape}"
+                f"invalid reset plan line {number}: {_csv_row(fields)!r}, expected {shape}"
             ) from None
         plan.setdefault(group, {})[TopicPartition(topic, partition)] = offset
     return plan
@@ -490,15 +495,24 @@ def parse_reset_plan(text: str, single_group: str | None) -> dict[str, dict[Topi
 def format_reset_csv(
     plans: Mapping[str, Mapping[TopicPartition, int]], *, single_group: bool
 ) -> list[str]:
-    """``--export``: the plan as ``exportOffsetsToCsv`` writes it, which ``--from-file``
-    reads back; with the group column unless exactly one ``--group`` was named."""
+    """``--export``: the plan as ``exportOffsetsToCsv`` writes it (Jackson's CSV, which quotes
+    a field with a comma or a quote: a group id may have either), which ``--from-file`` reads
+    back; with the group column unless exactly one ``--group`` was named."""
     return [
-        f"{tp.topic},{tp.partition},{offset}"
-        if single_group
-        else f"{group},{tp.topic},{tp.partition},{offset}"
+        _csv_row(
+            [tp.topic, tp.partition, offset]
+            if single_group
+            else [group, tp.topic, tp.partition, offset]
+        )
         for group in sorted(plans)
         for tp, offset in sorted(plans[group].items())
     ]
+
+
+def _csv_row(fields: Sequence[object]) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow(fields)
+    return out.getvalue()
 
 
 def clamp_offset(requested: int, log_start: int, log_end: int) -> int:
@@ -1089,17 +1103,27 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     scenario = reset.add_mutually_exclusive_group(required=True)
     scenario.add_argument("--to-earliest", action="store_true")
     scenario.add_argument("--to-latest", action="store_true")
-    scenario.add_argument("--to-offset", type=int, metavar="N")
-    scenario.add_argument("--to-datetime", metavar="ISO", help="e.g. 2024-05-01T12:00:00.000Z")
+    scenario.add_argument("--to-offset", action=Once, type=int, metavar="N")
     scenario.add_argument(
-        "--by-duration", metavar="DURATION", help="back from now, ISO 8601: PT1H, P1DT12H"
+        "--to-datetime", action=Once, metavar="ISO", help="e.g. 2024-05-01T12:00:00.000Z"
     )
-    scenario.add_argument("--shift-by", type=int, metavar="N", help="N may be negative")
+    scenario.add_argument(
+        "--by-duration",
+        action=Once,
+        metavar="DURATION",
+        help="back from now, ISO 8601: PT1H, P1DT12H",
+    )
+    scenario.add_argument(
+        "--shift-by", action=Once, type=int, metavar="N", help="N may be negative"
+    )
     scenario.add_argument(
         "--to-current", action="store_true", help="the committed offset (else the log end)"
     )
     scenario.add_argument(
-        "--from-file", metavar="CSV", help="the plan --export printed (topic,partition,offset)"
+        "--from-file",
+        action=Once,
+        metavar="CSV",
+        help="the plan --export printed (topic,partition,offset)",
     )
     mode = reset.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="only print the plan (default)")
@@ -1114,7 +1138,7 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     delete_offsets = gsub.add_parser(
         "delete-offsets", help="delete one group's committed offsets (OffsetDelete)"
     )
-    delete_offsets.add_argument("--group", required=True, help="one group")
+    delete_offsets.add_argument("--group", action=Once, required=True, help="one group")
     delete_offsets.add_argument(
         "--topic",
         action="append",

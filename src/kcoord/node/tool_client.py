@@ -154,20 +154,43 @@ def resolve_bootstrap(text: str | None, cluster_dir: Path) -> list[Endpoint]:
     return parse_bootstrap(state.bootstrap_servers)
 
 
+class Once(argparse.Action):
+    """An option that takes one value and may be given once: Kafka's tools read such an option
+    with joptsimple's ``valueOf``, which fails when it was given twice ("Found multiple
+    arguments for option"). argparse kept the last value: ``--group a --group b`` acted on
+    ``b`` alone, ``--delete-config x --delete-config y`` deleted ``y`` alone."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = f"_{self.dest}_given"
+        if getattr(namespace, given, False):
+            parser.error(f"{option_string} was given more than once; give it once")
+        setattr(namespace, given, True)
+        setattr(namespace, self.dest, values)
+
+
 def add_connection_arguments(parser: argparse.ArgumentParser, default_cluster_dir: Path) -> None:
     """The options every operator command shares."""
     parser.add_argument(
         "--bootstrap-server",
+        action=Once,
         metavar="HOST:PORT[,HOST:PORT]",
         help="Kafka listeners to start from (default: the local cluster's, see --data-dir)",
     )
     parser.add_argument(
         "--data-dir",
+        action=Once,
         default=str(default_cluster_dir),
         help="the local cluster whose bootstrap servers are the default",
     )
     parser.add_argument(
         "--timeout-ms",
+        action=Once,
         type=int,
         default=DEFAULT_TIMEOUT_MS,
         help="give up retrying after this long (default %(default)s)",

@@ -44,6 +44,7 @@ from kcoord.node.tool_client import (
     DELETE_TOPICS,
     DESCRIBE_CONFIGS,
     KafkaError,
+    Once,
     PartitionMetadata,
     RetriableError,
     ToolClient,
@@ -325,15 +326,22 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
         option = "--" + dest.replace("_", "-")
         reports.add_argument(option, dest=dest, action="store_true", help=what)
     create = tsub.add_parser("create", help="CreateTopics")
-    create.add_argument("--topic", required=True)
-    create.add_argument("--partitions", type=int, help="default: the broker's num.partitions")
+    create.add_argument("--topic", action=Once, required=True)
     create.add_argument(
-        "--replication-factor", type=int, help="default: the broker's default.replication.factor"
+        "--partitions", action=Once, type=int, help="default: the broker's num.partitions"
+    )
+    create.add_argument(
+        "--replication-factor",
+        action=Once,
+        type=int,
+        help="default: the broker's default.replication.factor",
     )
     create.add_argument("--config", action="append", metavar="KEY=VALUE", help="repeatable")
     alter = tsub.add_parser("alter", help="CreatePartitions: raise the partition count")
-    alter.add_argument("--topic", required=True)
-    alter.add_argument("--partitions", type=int, required=True, help="the new partition count")
+    alter.add_argument("--topic", action=Once, required=True)
+    alter.add_argument(
+        "--partitions", action=Once, type=int, required=True, help="the new partition count"
+    )
     delete = tsub.add_parser("delete", help="DeleteTopics")
     delete.add_argument("--topic", action="append", required=True, metavar="TOPIC")
     for p in (listing, describe, create, alter, delete):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kcoord.node.cli import build_parser
 from kcoord.node.configs_tool import parse_add_config
 from kcoord.node.tool_client import ToolError
 
@@ -61,3 +62,40 @@ def test_add_config_takes_kafkas_syntax() -> None:
     for bad in ("a", "=1", "a=1,,b=2"):
         with pytest.raises(ToolError, match="key=val"):
             parse_add_config(bad)
+
+
+_ALTER_T = ["configs", "alter", "--entity-type", "topics", "--entity-name", "t"]
+_RESET_G = ["groups", "reset-offsets", "--group", "g", "--all-topics"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["groups", "delete-offsets", "--group", "a", "--group", "b", "--topic", "t"],
+        [*_ALTER_T, "--entity-name", "u", "--add-config", "a=1"],
+        [*_ALTER_T, "--add-config", "a=1", "--add-config", "b=2"],
+        ["topics", "create", "--topic", "a", "--topic", "b"],
+        ["topics", "alter", "--topic", "a", "--partitions", "2", "--partitions", "3"],
+        [*_RESET_G, "--to-offset", "1", "--to-offset", "2"],
+        ["topics", "list", "--bootstrap-server", "h:1", "--bootstrap-server", "h:2"],
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_refused(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kafka's tools read these options with joptsimple's ``valueOf``, which fails on a second
+    value. argparse kept the last one: ``delete-offsets --group a --group b`` deleted b's
+    offsets and said nothing of a."""
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(argv)
+    assert exited.value.code == 2
+    assert "was given more than once" in capsys.readouterr().err
+
+
+def test_delete_config_may_be_repeated() -> None:
+    """Kafka's ``--delete-config`` is ``valuesOf`` (comma-separated too): every key given is
+    deleted; argparse kept the last --delete-config only."""
+    args = build_parser().parse_args(
+        [*_ALTER_T, "--delete-config", "x,y", "--delete-config", "z", "--timeout-ms", "5"]
+    )
+    assert args.delete_config == ["x,y", "z"] and args.timeout_ms == 5

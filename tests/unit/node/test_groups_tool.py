@@ -314,6 +314,13 @@ def test_reset_plans_from_a_file_with_and_without_the_group_column() -> None:
     exported = "\n".join(format_reset_csv(plans, single_group=False))
     assert exported == "g,orders,0,5\ng,orders,1,7"
     assert parse_reset_plan(exported, None) == plans
+    # A group id may hold a comma or a quote (Kafka puts no limit on its characters): the
+    # exported row quotes it, as Jackson's CSV does, and reads back; unquoted, the row had
+    # five fields and --from-file refused it.
+    odd = {'a,b "c"': {TP("orders", 0): 5}}
+    exported = "\n".join(format_reset_csv(odd, single_group=False))
+    assert exported == '"a,b ""c""",orders,0,5'
+    assert parse_reset_plan(exported, None) == odd
 
 
 def test_to_current_keeps_committed_offsets_and_gives_the_others_the_log_end() -> None:
