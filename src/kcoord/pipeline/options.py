@@ -425,8 +425,11 @@ def check_data_loss(
     A planned offset below the log start offset (retention or deletion took records), above
     the log end offset (the log was truncated or recreated) or a partition that is gone are
     data loss, as in Spark's ``KafkaMicroBatchStream``. With ``fail_on_data_loss`` that raises
-    ``DataLossError``; otherwise each such partition continues from its earliest offset (or is
-    dropped if it is gone) and the messages are returned for the caller to log.
+    ``DataLossError``; otherwise the messages are returned for the caller to log, and a
+    partition goes on as Spark's does: from its earliest offset when its records are gone,
+    from its log end when the log end fell below the start (Spark drops that range, "offset
+    was changed from X to Y", and the next batch starts at Y: the records below Y are not read
+    again, though a truncated log's are the ones read already), dropped when it is gone.
     """
     current = set(partitions)
     adjusted: Offsets = {}
@@ -446,12 +449,12 @@ def check_data_loss(
                 f"{tp[0]}-{tp[1]}: offset {offset} is past the log end offset {latest[tp]} "
                 "(truncated or recreated)"
             )
-            adjusted[tp] = earliest[tp]
+            adjusted[tp] = latest[tp]
         else:
             adjusted[tp] = offset
     if lost and fail_on_data_loss:
         raise DataLossError(
-            "; ".join(lost) + ". Set failOnDataLoss=false to go on from the earliest offsets."
+            "; ".join(lost) + ". Set failOnDataLoss=false to go on past the lost records."
         )
     return adjusted, lost
 

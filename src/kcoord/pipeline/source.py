@@ -704,7 +704,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ``fetchLatestOffsets`` with known offsets, KAFKA-7703), nor is one answer whose
         topic carried an error (a leader not available yet). Taken as gone at once, such a
         partition failed the query, or was forgotten and read again from its earliest offset
-        once the next answer showed it."""
+        once the next answer showed it (or, behind, went on from the stale log end)."""
         for _ in range(self.options.fetch_offset_attempts - 1):
             current, earliest, latest = self._latest()
             behind = sorted(tp for tp, at in begin.items() if latest.get(tp, at) < at)
@@ -760,10 +760,11 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest.update(self._target)
         # A partition whose log end fell below where the query is (truncated, or deleted and
         # created again) is data loss. Its end is planned there, below the start, so that
-        # ``partitions`` sees it (and fails, or starts it over from its earliest offset);
-        # clamped to the start, it planned nothing and then read on from the old position
-        # once the new log passed it, skipping the new records before it. Under AvailableNow
-        # too: the target recorded at the start is no log end now.
+        # ``partitions`` sees it (and fails, or plans nothing for it, and the next batch goes
+        # on from that log end, as Spark's does); clamped to the start, it planned nothing
+        # and then read on from the old position once the new log passed it, skipping the
+        # new records before it. Under AvailableNow too: the target recorded at the start is
+        # no log end now.
         behind = {tp: now_latest[tp] for tp, at in begin.items() if now_latest.get(tp, at) < at}
         # A partition of ``start`` that is gone has no end: ``partitions`` reports it as data
         # loss, and the next batch forgets it (Spark's "are gone"). Carried on in every end,
@@ -810,8 +811,8 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # there (asked again while behind): a stale answer now (a deposed leader's high
         # watermark) is not data loss, as in Spark, which checks only ``until < start`` here;
         # a log truncated under the read is caught where it is read (``_end_if_truncated``).
-        # Checked against this answer, such a partition failed the query, or was read again
-        # from its earliest offset.
+        # Checked against this answer, such a partition failed the query, or was planned
+        # nothing and went on from the stale log end.
         latest = {
             tp: (min(offset, until[tp]) if until[tp] < begin[tp] else max(offset, until[tp]))
             if tp in until

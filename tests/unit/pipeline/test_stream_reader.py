@@ -43,24 +43,30 @@ def reader(fail_on_data_loss: bool, log_start: int, log_end: int) -> KcoordStrea
 
 @pytest.mark.parametrize("log_end", [0, 40])
 def test_a_partition_whose_log_end_fell_below_the_query_is_data_loss(log_end: int) -> None:
-    """The topic was deleted and created again while the query was at offset 100. The end
-    was clamped to the start: nothing was planned while the new log stayed below 100, and
-    once past it the query read on from 100, skipping the new records 0..99 unreported.
-    (A new log already past the old position when the query next looks cannot be told.)"""
+    """The log end fell below the query at offset 100 (the topic was deleted and created
+    again, or an unclean election truncated it). The end was clamped to the start: nothing
+    was planned while the new log stayed below 100, and once past it the query read on from
+    100, skipping the new records unreported. (A new log already past the old position when
+    the query next looks cannot be told.)"""
     start = {"t": {"0": 100}}
     failing = reader(True, 0, log_end)
     end = failing.latestOffset(start, ReadAllAvailable())
     assert end == {"t": {"0": log_end}}
     with pytest.raises(DataLossError, match="past the log end offset"):
         failing.partitions(start, end)
-    # failOnDataLoss=false: the new log is read from its start.
+    # failOnDataLoss=false: as in Spark, the range is dropped ("offset was changed from 100
+    # to 40") and the next batch goes on from the log end. Read again from the log start,
+    # a log truncated at 40 (an unclean election) gave the query its records 0..39 twice.
     going_on = reader(False, 0, log_end)
-    planned = going_on.partitions(start, going_on.latestOffset(start, ReadAllAvailable()))
-    assert [
-        (p.offset_range.from_offset, p.offset_range.until_offset)
-        for p in planned
-        if isinstance(p, RangePartition)
-    ] == ([(0, log_end)] if log_end else [])
+    end = going_on.latestOffset(start, ReadAllAvailable())
+    assert end == {"t": {"0": log_end}}
+    assert going_on.partitions(start, end) == []
+    going_on._latest = lambda: ([TP], {TP: 0}, {TP: log_end + 5})  # type: ignore[method-assign]
+    after = going_on.latestOffset(end, ReadAllAvailable())
+    planned = going_on.partitions(end, after)
+    assert [p.offset_range for p in planned if isinstance(p, RangePartition)] == [
+        OffsetRange("t", 0, log_end, log_end + 5)
+    ]
 
 
 def test_a_log_grown_back_past_the_query_between_planning_and_reading_is_still_data_loss() -> None:
