@@ -42,6 +42,7 @@ import bisect
 import hashlib
 import logging
 import os
+import re
 import shutil
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -300,10 +301,20 @@ class RecoveryReport:
     errors: list[str] = field(default_factory=list)
 
 
+# Kafka's legal topic names (``Topic.validate``); storage may not import the controller's.
+_TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
 def parse_partition_dir(name: str) -> tuple[str, int] | None:
-    """``orders-3`` -> ("orders", 3); None for names that are not partition directories."""
+    """``orders-3`` -> ("orders", 3); None for names that are not partition directories: a
+    topic no Kafka cluster can name (a name that is not UTF-8 reached the checkpoints, whose
+    writes then failed for every partition) or a partition number not as it is written
+    (``orders-03`` was a second directory of partition 3, and one of the two was never
+    served; Kafka's ``LogManager`` refuses such a pair, and kcoord never writes it)."""
     topic, sep, partition = name.rpartition("-")
-    if not sep or not topic or not (partition.isascii() and partition.isdigit()):
+    if not sep or not _TOPIC_NAME.fullmatch(topic) or topic in (".", ".."):
+        return None
+    if not (partition.isascii() and partition.isdigit()) or str(int(partition)) != partition:
         return None
     return topic, int(partition)
 

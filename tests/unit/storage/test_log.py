@@ -1314,6 +1314,17 @@ def test_a_file_named_with_other_scripts_digits_is_not_a_segment(tmp_path: Path)
     assert parse_partition_dir("t-\u0663") is None
 
 
+def test_a_directory_no_kafka_topic_could_have_is_not_a_partition() -> None:
+    """``orders-03`` was a second directory of partition 3 (one of the two never served); a
+    name that is not UTF-8 (``\udcff`` as Python reads it) reached the checkpoints, whose
+    writes then raised for every partition of the node."""
+    assert parse_partition_dir("orders-3") == ("orders", 3)
+    assert parse_partition_dir("__consumer_offsets-0") == ("__consumer_offsets", 0)
+    assert parse_partition_dir("a-b.c_d-10") == ("a-b.c_d", 10)
+    for name in ("orders-03", "orders-00", "orders\udcff-0", "ord ers-0", "..-0", "x" * 250 + "-0"):
+        assert parse_partition_dir(name) is None, name
+
+
 def test_torn_tail_is_truncated_at_the_last_whole_batch(tmp_path: Path) -> None:
     lg = open_log(tmp_path / "t-0")
     for _ in range(10):
