@@ -432,9 +432,13 @@ def test_reset_offsets_errors_and_an_unknown_group(bootstrap: str) -> None:
         ("--topic", "no-such-topic", "--to-earliest"): (
             "Error: Topic 'no-such-topic' does not exist\n"
         ),
-        ("--all-topics", "--to-datetime", "last tuesday"): (
-            "Error: invalid --to-datetime 'last tuesday': expected ISO 8601 like "
+        ("--all-topics", "--to-datetime", "Tuesday"): (
+            "Error: invalid --to-datetime 'Tuesday': expected ISO 8601 like "
             "2024-05-01T12:00:00.000\n"
+        ),
+        ("--all-topics", "--to-datetime", "2024-05-01"): (
+            "Error: invalid --to-datetime '2024-05-01': it does not contain a 'T' according "
+            "to ISO 8601 format, like 2024-05-01T12:00:00.000\n"
         ),
     }
     for args, message in cases.items():

@@ -81,8 +81,23 @@ _SET, _DELETE = 0, 1  # AlterConfigOp.OpType
 
 
 def parse_add_config(text: str) -> list[tuple[str, str]]:
-    """``k1=v1,k2=[a,b]`` (``ConfigCommand.parseConfigsToBeAdded``)."""
-    pairs: list[tuple[str, str]] = []
+    """``k1=v1,k2=[a,b]`` (``ConfigCommand.parseConfigsToBeAdded``): split at the commas and
+    the '=' outside brackets, each pair exactly a key and a value (``a=b=c`` is refused), the
+    brackets dropped from the value; a key given twice takes its last value (Kafka collects
+    the pairs into ``Properties``), where two SETs of one key failed the whole alter."""
+    added: dict[str, str] = {}
+    for piece in _split_outside_brackets(text, ","):
+        parts = _split_outside_brackets(piece, "=")
+        if len(parts) != 2 or not parts[0].strip():
+            raise ToolError(
+                "Invalid entity config: all configs to be added must be in the format "
+                '"key=val" or "key=[val1,val2]".'
+            )
+        added[parts[0].strip()] = parts[1].replace("[", "").replace("]", "").strip()
+    return list(added.items())
+
+
+def _split_outside_brackets(text: str, separator: str) -> list[str]:
     depth, start = 0, 0
     pieces: list[str] = []
     for i, char in enumerate(text):
@@ -90,22 +105,11 @@ def parse_add_config(text: str) -> list[tuple[str, str]]:
             depth += 1
         elif char == "]":
             depth -= 1
-        elif char == "," and depth == 0:
+        elif char == separator and depth == 0:
             pieces.append(text[start:i])
             start = i + 1
     pieces.append(text[start:])
-    for piece in pieces:
-        key, equals, value = piece.partition("=")
-        if not equals or not key.strip():
-            raise ToolError(
-                "Invalid entity config: all configs to be added must be in the format "
-                '"key=val" or "key=[val1,val2]".'
-            )
-        value = value.strip()
-        if value.startswith("[") and value.endswith("]"):
-            value = value[1:-1]
-        pairs.append((key.strip(), value))
-    return pairs
+    return pieces
 
 
 def _label(kind: str, name: str) -> str:

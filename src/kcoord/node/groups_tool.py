@@ -425,7 +425,15 @@ def parse_states(values: Sequence[str]) -> list[str]:
 
 def parse_datetime_ms(text: str) -> int:
     """``--to-datetime``: ISO 8601 (``2024-05-01T12:00:00.000``, with ``Z`` or ``+02:00``);
-    without a zone UTC, as Kafka's ``Utils.getDateTime`` appends a ``Z``."""
+    without a zone UTC, as Kafka's ``Utils.getDateTime`` appends a ``Z``. A date and time
+    without the ``T`` between them (``2024-05-01``, ``2024-05-01 12:00``) is refused, as
+    there: taken as midnight or as written, the reset went somewhere the operator may not
+    have meant."""
+    if "T" not in text:
+        raise ToolError(
+            f"invalid --to-datetime {text!r}: it does not contain a 'T' according to ISO 8601 "
+            "format, like 2024-05-01T12:00:00.000"
+        )
     try:
         value = datetime.datetime.fromisoformat(text)
     except ValueError:

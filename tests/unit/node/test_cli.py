@@ -59,7 +59,9 @@ def test_add_config_takes_kafkas_syntax() -> None:
         ("cleanup.policy", "compact,delete"),
         ("b", ""),
     ]
-    for bad in ("a", "=1", "a=1,,b=2"):
+    # A key given twice takes its last value, as Kafka's Properties do.
+    assert parse_add_config("a=1,b=2,a=3") == [("a", "3"), ("b", "2")]
+    for bad in ("a", "=1", "a=1,,b=2", "a=b=c"):
         with pytest.raises(ToolError, match="key=val"):
             parse_add_config(bad)
 

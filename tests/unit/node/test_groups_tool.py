@@ -285,6 +285,10 @@ def test_datetimes_with_a_zone_and_without_one_in_utc(monkeypatch: pytest.Monkey
         time.tzset()
     with pytest.raises(ToolError, match="ISO 8601"):
         parse_datetime_ms("yesterday")
+    # Without the T, as Utils.getDateTime refuses it: read as midnight, or as written.
+    for no_t in ("2023-11-14", "2023-11-14 22:13:25"):
+        with pytest.raises(ToolError, match="does not contain a 'T'"):
+            parse_datetime_ms(no_t)
 
 
 def test_durations_as_javas_duration_parse_reads_them() -> None:
