@@ -755,7 +755,12 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest = dict(now_latest)
         else:
             # A partition of the query that the target's one answer lacked (its topic carried
-            # an error then) is not gone: it goes on to where the log ends now.
+            # an error then) is not gone: it goes on to where the log ends the first time it
+            # is seen, which is its target from then on. To the log end at every batch, a
+            # query over a partition written to steadily never finished.
+            for tp in begin:
+                if tp not in self._target and tp in now_latest:
+                    self._target[tp] = now_latest[tp]
             latest = {tp: now_latest[tp] for tp in begin if tp in now_latest}
             latest.update(self._target)
         # A partition whose log end fell below where the query is (truncated, or deleted and

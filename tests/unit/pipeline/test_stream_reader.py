@@ -603,6 +603,10 @@ def test_available_now_goes_on_with_a_partition_its_target_lacked() -> None:
     assert end == {"t": {"0": 30, "1": 40}}
     ranges = [p.offset_range for p in stream.partitions(start, end)]  # type: ignore[attr-defined]
     assert ranges == [OffsetRange("t", 0, 10, 30), OffsetRange("t", 1, 10, 40)]
+    # That first end is its target: read to the log end at every batch, a query over a
+    # partition written to steadily never finished.
+    stream._latest = lambda: ([a, b], {a: 0, b: 0}, {a: 30, b: 90})  # type: ignore[method-assign]
+    assert stream.latestOffset(end, ReadAllAvailable()) == end
 
 
 def test_an_assigned_partition_missing_mid_stream_is_data_loss_not_an_option_error(
