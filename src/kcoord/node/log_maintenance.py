@@ -8,7 +8,9 @@ log tidy, as in Kafka):
   segments past ``retention.ms`` / ``retention.bytes`` (``cleanup.policy`` with ``delete``), or
   wholly below the log start offset (DeleteRecords), are deleted. Only segments below the
   replica's high watermark go (``UnifiedLog.deleteOldSegments``). A moved log start is
-  checkpointed at once (``log-start-offset-checkpoint``).
+  checkpointed at once (``log-start-offset-checkpoint``). The pass goes log by log, the event
+  loop serving other work after each log that deleted (Kafka's runs on its scheduler thread);
+  a failed pass is logged and the next period runs again, as Kafka's scheduler does.
 - **The cleaner** every ``log.cleaner.backoff.ms`` while ``log.cleaner.enable``: picks the
   compacted log (``cleanup.policy`` with ``compact``, ``__consumer_offsets`` among them) with
   the largest dirty share at or above its ``min.cleanable.dirty.ratio`` (Kafka's
@@ -139,20 +141,33 @@ class LogMaintenance:
     # -----------------------------------------------------------------------------------------
     # Retention.
 
-    def enforce_retention(self) -> int:
-        """One retention pass; returns the number of segments deleted."""
+    async def enforce_retention(self) -> int:
+        """One retention pass; returns the number of segments deleted. The loop serves other
+        work after each log that deleted some (Kafka runs ``cleanupLogs`` on its scheduler
+        thread, not a request thread): in one go, a pass over hundreds of idle partitions
+        whose last segments expired made over a thousand fsyncs (a roll, the epoch
+        checkpoint) with every request waiting, and the rolls past the flush queue's bound,
+        whose worker's completions could not run, were fsynced on the loop too."""
+        deleted = 0
         try:
-            deleted = self.logs.run_retention(self.now_ms(), self.high_watermarks())
+            for count in self.logs.retention_pass(self.now_ms(), self.high_watermarks()):
+                if count:
+                    deleted += count
+                    await asyncio.sleep(0)
         except OSError as e:
             self.log_dir_failure.fail("deleting segments past retention", e)
-            deleted = 0
         self.stats.segments_deleted += deleted
         return deleted
 
     async def run_retention(self) -> None:
         await asyncio.sleep(self.config.initial_task_delay_ms / 1000)  # Kafka's initial delay
         while True:
-            self.enforce_retention()
+            try:
+                await self.enforce_retention()
+            except Exception:
+                # Kafka's scheduler logs a task's failure and runs it again at its next
+                # period; ending the task stopped retention until the node restarted.
+                log.exception("retention pass failed; trying again at the next check")
             await asyncio.sleep(self.config.retention_check_interval_ms / 1000)  # the period
 
     async def close(self) -> None:
@@ -341,5 +356,8 @@ class LogMaintenance:
     async def run_recovery_point_checkpoints(self) -> None:
         await asyncio.sleep(self.config.initial_task_delay_ms / 1000)  # Kafka's initial delay
         while True:
-            self.checkpoint_recovery_points()
+            try:
+                self.checkpoint_recovery_points()
+            except Exception:  # as retention's: logged, and tried again at the next period
+                log.exception("recovery point checkpoint failed; trying again")
             await asyncio.sleep(self.config.recovery_point_checkpoint_interval_ms / 1000)

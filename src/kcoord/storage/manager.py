@@ -415,13 +415,26 @@ class LogManager:
     def run_retention(
         self, now_ms: int, high_watermarks: Mapping[TopicPartition, int] | None = None
     ) -> int:
+        return sum(self.retention_pass(now_ms, high_watermarks))
+
+    def retention_pass(
+        self, now_ms: int, high_watermarks: Mapping[TopicPartition, int] | None = None
+    ) -> Iterator[int]:
+        """One retention pass, log by log: yields the number of segments each log deleted, so
+        that a caller on an event loop lets other work in between (a log that deletes fsyncs
+        its leader-epoch checkpoint, and an idle one rolls first). A log closed or replaced
+        between two steps is passed over; high watermarks read at the start only err low.
+        The log start offsets are checkpointed at the end, once."""
         deleted = 0
-        for tp, lg in self.logs.items():
+        for tp, lg in list(self.logs.items()):
+            if self.logs.get(tp) is not lg:
+                continue
             hw = None if high_watermarks is None else high_watermarks.get(tp, lg.log_start_offset)
-            deleted += lg.delete_old_segments(now_ms, high_watermark=hw)
+            count = lg.delete_old_segments(now_ms, high_watermark=hw)
+            deleted += count
+            yield count
         if deleted:
             self.checkpoint_log_start_offsets()
-        return deleted
 
     def filthiest(
         self,

@@ -150,9 +150,9 @@ def test_housekeeping_that_cannot_write_halts(
     def failing(*args: object) -> int:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(logs, "run_retention", failing)
+    monkeypatch.setattr(logs, "retention_pass", failing)
     monkeypatch.setattr(logs, "checkpoint_recovery_points", failing)
-    assert maintenance.enforce_retention() == 0
+    assert asyncio.run(maintenance.enforce_retention()) == 0
     maintenance.checkpoint_recovery_points()
     assert halts.codes == [1, 1]
 

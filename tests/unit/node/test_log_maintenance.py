@@ -48,15 +48,86 @@ class Node:
         self.hws[OFFSETS] = self.offsets.log_end_offset
 
 
+def test_a_retention_pass_lets_the_loop_serve_between_logs(tmp_path: Path) -> None:
+    """Each log that deletes fsyncs its epoch checkpoint (an idle one rolls first): a pass
+    over hundreds of such logs held the event loop for every fsync in one go, every request
+    waiting. The loop now runs other work after each log that deleted segments."""
+    logs = LogManager(tmp_path, EXPIRING)
+    logs.open()
+    hws: dict[TopicPartition, int] = {}
+    for p in range(5):
+        lg = logs.get_or_create_log(("idle", p), EXPIRING)
+        for i in range(8):
+            lg.append_as_leader(batch(1, timestamp=i * 1_000, value=b"x" * 300), 0, 0)
+        hws[("idle", p)] = lg.log_end_offset
+    maintenance = LogMaintenance(logs, lambda: hws, lambda: 60_000, MaintenanceConfig())
+    served: list[int] = []
+
+    async def go() -> int:
+        async def other_work() -> None:
+            while True:
+                served.append(maintenance.stats.segments_deleted)
+                await asyncio.sleep(0)
+
+        worker = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        served.clear()
+        try:
+            return await maintenance.enforce_retention()
+        finally:
+            worker.cancel()
+
+    deleted = asyncio.run(go())
+    assert deleted >= 5 * 2
+    assert len(served) >= 4  # between the logs, not only after the pass
+    assert all(len(logs.logs[("idle", p)].segments) == 1 for p in range(5))
+    assert checkpoint.read_offsets(tmp_path / checkpoint.LOG_START_OFFSET_CHECKPOINT) == {
+        ("idle", p): logs.logs[("idle", p)].log_start_offset for p in range(5)
+    }
+
+
+def test_a_retention_pass_that_fails_is_tried_again_at_the_next_period(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kafka's scheduler logs a failed task and runs it at its next period; an exception other
+    than OSError ended the task, and retention stopped until the node restarted."""
+    node = Node(tmp_path)
+    node.maintenance.config = MaintenanceConfig(
+        initial_task_delay_ms=0, retention_check_interval_ms=1
+    )
+    calls: list[int] = []
+    real = node.logs.retention_pass
+
+    def flaky(*args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug")
+        return real(*args)
+
+    monkeypatch.setattr(node.logs, "retention_pass", flaky)
+
+    async def go() -> None:
+        task = asyncio.create_task(node.maintenance.run_retention())
+        try:
+            async with asyncio.timeout(10):
+                while len(calls) < 3:
+                    await asyncio.sleep(0.001)
+            assert not task.done()
+        finally:
+            task.cancel()
+
+    asyncio.run(go())
+
+
 def test_retention_deletes_expired_segments_below_the_high_watermark(tmp_path: Path) -> None:
     node = Node(tmp_path)
     for i in range(20):
         node.events.append_as_leader(batch(1, timestamp=i * 1_000, value=b"x" * 200), 0, 0)
     node.now = 30_000  # every closed segment is past retention.ms
     node.hws[EVENTS] = 0
-    assert node.maintenance.enforce_retention() == 0  # nothing below the HW yet
+    assert asyncio.run(node.maintenance.enforce_retention()) == 0  # nothing below the HW yet
     node.hws[EVENTS] = node.events.log_end_offset
-    assert node.maintenance.enforce_retention() > 0
+    assert asyncio.run(node.maintenance.enforce_retention()) > 0
     assert len(node.events.segments) == 1
     start = node.events.log_start_offset
     assert start > 0
@@ -257,7 +328,7 @@ def test_files_let_go_are_removed_off_the_event_loop(tmp_path: Path) -> None:
     async def go() -> None:
         remover = asyncio.create_task(node.maintenance.run_file_removal())
         try:
-            assert node.maintenance.enforce_retention() > 0
+            assert await node.maintenance.enforce_retention() > 0
             node.logs.delete_log(OFFSETS)
             queued = list(node.maintenance._to_remove)
             assert queued and all(p.exists() for p in queued)  # renamed, not yet removed
