@@ -21,7 +21,7 @@ import datetime
 import inspect
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from kcoord.cluster.coordinator import types as t
 from kcoord.cluster.coordinator.consumer import TopicsSnapshot
@@ -454,29 +454,46 @@ class GroupApi:
         )
 
     async def handle_offset_fetch(self, request: Request) -> Result:
+        """Each group's partitions are read in pieces of at most ``PARTITIONS_PER_SLICE``, the
+        loop's other work between them (``_in_slices``): in one go, one group naming a million
+        partitions held the loop for seconds. A piece reads the committed state of its time;
+        each partition's answer is one its group had committed, as a read of the whole."""
         body, version = request.body, request.version
         require_stable = getattr(body, "require_stable", False)
         if version >= 8:
+            pieces = [
+                (i, g, topics)
+                for i, g in enumerate(body.groups)
+                for topics in _fetch_pieces(g.topics)
+            ]
 
-            def fetch_one(g: Any) -> Result:
+            def fetch_one(piece: tuple[int, Any, Any]) -> Result:
+                _, g, topics = piece
                 return self._fetch_group(
                     g.group_id,
-                    g.topics,
+                    topics,
                     require_stable,
                     getattr(g, "member_id", None),
                     getattr(g, "member_epoch", -1),
                 )
 
-            answers = await _in_slices(body.groups, fetch_one)
+            answers = await _in_slices(pieces, fetch_one, lambda piece: _weight(piece[2]))
 
             async def gather() -> dict[str, Any]:
-                return {"throttle_time": 0, "groups": await _settle_all(answers)}
+                settled = await _settle_all(answers)
+                return {
+                    "throttle_time": 0,
+                    "groups": _joined_pieces([i for i, _, _ in pieces], settled),
+                }
 
             return Deferred(gather())
-        one = self._fetch_group(body.group_id, body.topics, require_stable)
+        own = _fetch_pieces(body.topics)
+        parts = await _in_slices(
+            own, lambda topics: self._fetch_group(body.group_id, topics, require_stable), _weight
+        )
 
         async def single() -> dict[str, Any]:
-            out = await _settle(one)
+            (out,) = _joined_pieces([0] * len(parts), await _settle_all(parts))
             error = out["error_code"]
             if version < 2 and error != Errors.NONE:
                 # No top-level error before v2: each partition asked for carries it, with an
@@ -830,9 +847,14 @@ class GroupApi:
         register(OFFSET_DELETE_KEY, self.handle_offset_delete)
 
 
-async def _in_slices(items: Sequence[Any], one: Callable[[Any], Result]) -> list[Result]:
-    """``one`` of every item, in request order, ``PARTITIONS_PER_SLICE`` at a time with the
-    loop's other work between slices: all at once, a DescribeGroups of 300,000 group ids held
+async def _in_slices(
+    items: Sequence[Any],
+    one: Callable[[Any], Result],
+    weight: Callable[[Any], int] | None = None,
+) -> list[Result]:
+    """``one`` of every item, in request order, ``PARTITIONS_PER_SLICE`` at a time (items of
+    ``weight`` 1 unless given: an OffsetFetch piece weighs its partitions) with the loop's
+    other work between slices: all at once, a DescribeGroups of 300,000 group ids held
     the loop for 21 s (the node missed its heartbeats). Every item's call is made before the
     handler returns, and the reader awaits a handler before it runs the next request's, so a
     later request on the connection (an OffsetCommit pipelined behind a DeleteGroups of 600
@@ -840,14 +862,72 @@ async def _in_slices(items: Sequence[Any], one: Callable[[Any], Result]) -> list
     So every answer is pending at once (some 660 bytes each, as Kafka holds a future per
     group). ``_settle_all`` awaits the answers."""
     out: list[Result] = []
+    done = 0
     try:
-        for start in range(0, len(items), PARTITIONS_PER_SLICE):
-            if start:
+        for item in items:
+            if done >= PARTITIONS_PER_SLICE:
                 await asyncio.sleep(0)  # the other connections' turn
-            out.extend(one(item) for item in items[start : start + PARTITIONS_PER_SLICE])
+                done = 0
+            out.append(one(item))
+            done += 1 if weight is None else weight(item)
     except BaseException:  # the connection closed (cancelled), or a call failed
         _close(out)
         raise
+    return out
+
+
+class _FetchTopic(NamedTuple):
+    """A topic of an OffsetFetch piece, as ``_fetch_group`` reads a request's."""
+
+    name: str
+    partition_indexes: tuple[int, ...]
+
+
+def _fetch_pieces(topics: Any) -> list[Any]:
+    """An OffsetFetch group's topics in pieces of at most ``PARTITIONS_PER_SLICE`` partitions
+    (a topic of more is split); ``None`` (every committed partition) is one piece."""
+    if topics is None:
+        return [None]
+    flat = [
+        (tp.name, index)
+        for tp in topics
+        for index in (tuple(tp.partition_indexes) or (None,))  # a topic of none is kept
+    ]
+    if len(flat) <= PARTITIONS_PER_SLICE:
+        return [topics]
+    pieces: list[Any] = []
+    for start in range(0, len(flat), PARTITIONS_PER_SLICE):
+        piece: list[_FetchTopic] = []
+        for name, index in flat[start : start + PARTITIONS_PER_SLICE]:
+            if not piece or piece[-1].name != name:
+                piece.append(_FetchTopic(name, ()))
+            if index is not None:
+                last = piece[-1]
+                piece[-1] = last._replace(partition_indexes=(*last.partition_indexes, index))
+        pieces.append(piece)
+    return pieces
+
+
+def _weight(topics: Any) -> int:
+    return 1 if topics is None else max(1, sum(len(tp.partition_indexes) for tp in topics))
+
+
+def _joined_pieces(groups: Sequence[int], answers: Sequence[dict[str, Any]]) -> list[Any]:
+    """The answers of each group's pieces (``groups`` names the group of each, in order) as
+    one answer per group: its first error if a piece had one, else every piece's topics."""
+    joined: dict[int, list[dict[str, Any]]] = {}
+    for group, answer in zip(groups, answers, strict=True):
+        joined.setdefault(group, []).append(answer)
+    out = []
+    for parts in joined.values():
+        failed = [a for a in parts if a["error_code"] != Errors.NONE]
+        if failed:
+            out.append(failed[0])
+        elif len(parts) == 1:
+            out.append(parts[0])
+        else:
+            topics = _merged_topics([t for a in parts for t in a["topics"]])
+            out.append({**parts[0], "topics": topics})
     return out
 
 

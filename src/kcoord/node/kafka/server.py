@@ -102,21 +102,21 @@ CODEC_THREADS: Final = 2
 
 
 def response_entries(values: Mapping[str, Any], limit: int) -> int:
-    """The entries of a response's lists and of its list entries' lists (topics and their
-    partitions), counted until ``limit`` is reached: what building and encoding it costs, as
-    its records are bytes that cost little either way."""
+    """The entries of a response's lists at any depth (topics, their partitions; OffsetFetch
+    v8+'s groups, their topics, their partitions), counted until ``limit`` is reached: what
+    building and encoding it costs, as its records are bytes that cost little either way.
+    Counted two levels down, one group of a million partitions was 2 entries, and its answer
+    was built and encoded on the loop, every connection waiting seconds."""
     entries = 0
-    for value in values.values():
-        if not isinstance(value, list | tuple):
-            continue
-        entries += len(value)
-        for item in value:
-            if entries >= limit:
-                return entries
-            if isinstance(item, Mapping):
-                for inner in item.values():
-                    if isinstance(inner, list | tuple):
-                        entries += len(inner)
+    pending: list[Any] = [values]
+    while pending and entries < limit:
+        value = pending.pop()
+        if isinstance(value, Mapping):
+            pending.extend(v for v in value.values() if isinstance(v, list | tuple | Mapping))
+        elif isinstance(value, list | tuple):
+            entries += len(value)
+            # An entry whose own lists cost more: it is counted, and its lists too.
+            pending.extend(v for v in value if isinstance(v, list | tuple | Mapping))
     return entries
 
 
@@ -511,6 +511,14 @@ class _Connection:
             )
         try:
             result = await spec.handler(request)
+        except asyncio.CancelledError:
+            if self.closing:
+                raise  # close() cancels the reader
+            # The handler's own work was cancelled (as a deferred answer's can be): the
+            # reader task ended with it, no close was queued, and the connection was left
+            # open with its requests unanswered until the idle timeout.
+            log.error("kafka: handler of api key %d v%d cancelled", api_key, api_version)
+            return _Close("handler cancelled")
         except Exception:
             log.exception("kafka: handler of api key %d v%d failed", api_key, api_version)
             return self._counted(self._failed(request))
@@ -563,6 +571,8 @@ class _Connection:
         # writer would die of it and leave the connection open, answering nothing.
         try:
             values = await awaitable
+            if not isinstance(values, Mapping):  # a handler's bug: answered as a failure
+                raise TypeError(f"a deferred answer of {type(values).__name__}, not values")
             if response_entries(values, OFF_LOOP_RESPONSE_ENTRIES) >= OFF_LOOP_RESPONSE_ENTRIES:
                 encoded = await self.server.off_loop(self._encode, request, values)
             else:

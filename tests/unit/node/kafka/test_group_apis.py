@@ -18,6 +18,9 @@ from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeResponse,
     DescribedConsumerGroup,
     DescribedConsumerGroupMember,
+    OffsetFetchResponse,
+    OffsetFetchResponsePartition,
+    OffsetFetchResponseTopic,
 )
 from kcoord.errors import Errors
 from kcoord.node.kafka import codec
@@ -182,6 +185,94 @@ def test_a_request_naming_many_groups_lets_the_loop_run_as_it_goes(
             return
         assert max(Counter(runtime.seen).values()) <= PARTITIONS_PER_SLICE
         assert submitted == len(runtime.seen) == count
+
+    asyncio.run(scenario())
+
+
+class _FetchingRuntime(_CountingRuntime):
+    """The shard too: every partition asked for answers its index times ten."""
+
+    def committed_fetch(self, group_id: str, member_id: str | None) -> None:
+        return None
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        self.seen.append(self.ticks)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(call(self, 0, 0))
+        return future
+
+    def handle_offset_fetch(self, token: int, req: Any, now: int, committed: Any) -> Any:
+        if req.group_id == "fenced":
+            return OffsetFetchResponse(group_id="fenced", error_code=Errors.STALE_MEMBER_EPOCH)
+        return OffsetFetchResponse(
+            group_id=req.group_id,
+            topics=tuple(
+                OffsetFetchResponseTopic(
+                    name=tp.name,
+                    partitions=tuple(
+                        OffsetFetchResponsePartition(partition_index=i, committed_offset=i * 10)
+                        for i in tp.partition_indexes
+                    ),
+                )
+                for tp in req.topics
+            ),
+        )
+
+
+@pytest.mark.parametrize("version", [7, 9])
+def test_an_offset_fetch_of_many_partitions_of_one_group_lets_the_loop_run(version: int) -> None:
+    """One group naming many partitions was one shard call walking them all, and its answer
+    counted two entries, built on the loop: a million partitions held every connection for
+    10 s. The group's partitions are read in pieces of ``PARTITIONS_PER_SLICE``, the loop
+    running between them, and answered as one group, in request order."""
+    count = 3 * PARTITIONS_PER_SLICE + 7
+    topics = [
+        {"name": "a", "partition_indexes": list(range(count - 10))},
+        {"name": "b", "partition_indexes": []},
+        {"name": "c", "partition_indexes": list(range(10))},
+    ]
+
+    async def scenario() -> None:
+        runtime = _FetchingRuntime()
+
+        async def ticker() -> None:
+            while True:
+                runtime.ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        if version >= 8:
+            groups = [
+                {"group_id": g, "member_id": None, "member_epoch": -1, "topics": topics}
+                for g in ("g", "fenced")
+            ]
+            request = _request(
+                OFFSET_FETCH_KEY, version, {"groups": groups, "require_stable": False}
+            )
+        else:
+            values = {"group_id": "g", "topics": topics, "require_stable": False}
+            request = _request(OFFSET_FETCH_KEY, version, values)
+        answer = await _answer(await _api(runtime).handle_offset_fetch(request))
+        task.cancel()
+        calls = 2 * 4 if version >= 8 else 4
+        assert len(runtime.seen) == calls and len(set(runtime.seen)) >= calls // 2
+        group = answer["groups"][0] if version >= 8 else answer
+        assert group["error_code"] is Errors.NONE
+        assert [
+            (t["name"], [(p["partition_index"], p["committed_offset"]) for p in t["partitions"]])
+            for t in group["topics"]
+        ] == [
+            ("a", [(i, i * 10) for i in range(count - 10)]),
+            ("b", []),
+            ("c", [(i, i * 10) for i in range(10)]),
+        ]
+        if version >= 8:
+            fenced = answer["groups"][1]
+            assert (fenced["group_id"], fenced["error_code"], list(fenced["topics"])) == (
+                "fenced",
+                Errors.STALE_MEMBER_EPOCH,
+                [],
+            )
 
     asyncio.run(scenario())
 

@@ -49,6 +49,8 @@ def registry() -> ApiRegistry:
 
     async def metadata(request: Request) -> Result:
         topics = request.body.topics or []
+        if topics and topics[0].name == "cancelled":
+            raise asyncio.CancelledError  # the handler's own work was cancelled
         if topics:
             await asyncio.sleep(int(topics[0].name) / 1000)  # the test's own request
         return {"topics": [{"name": t.name, "error_code": 0} for t in topics]}
@@ -263,6 +265,25 @@ def test_a_cancelled_deferred_answer_closes_its_connection() -> None:
         await c.send(LIST_OFFSETS, 5, list_offsets(CANCELLED))
         assert await asyncio.wait_for(c.closed_by_server(), 5)
         await c.close()
+        await still_serves(server)
+
+    run(test)
+
+
+def test_a_handler_cancelled_from_within_answers_what_came_before_and_closes() -> None:
+    """A handler raising CancelledError (not an Exception) ended the reader: no close was
+    queued, the connection stayed open answering nothing until the idle timeout, its slot
+    counted against max.connections. The answers before it are sent, then it closes."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        first = await c.send(METADATA, 9, {"topics": [{"name": "20"}]})
+        await c.send(METADATA, 9, {"topics": [{"name": "cancelled"}]})
+        correlation_id, _ = await c.receive(METADATA, 9)
+        assert correlation_id == first
+        assert await asyncio.wait_for(c.closed_by_server(), 5)
+        await c.close()
+        await until(lambda: server.connection_count == 0, "the connection to go")
         await still_serves(server)
 
     run(test)
@@ -680,7 +701,7 @@ def test_a_large_garbage_request_closes_its_connection_only() -> None:
     run(test)
 
 
-def test_response_entries_counts_lists_two_levels_deep_up_to_the_limit() -> None:
+def test_response_entries_counts_lists_at_any_depth_up_to_the_limit() -> None:
     values = {
         "error_code": 0,
         "topics": [{"name": "a", "partitions": [{}, {}, {}]}, {"name": "b", "partitions": []}],
@@ -690,6 +711,11 @@ def test_response_entries_counts_lists_two_levels_deep_up_to_the_limit() -> None
     assert response_entries(values, 1000) == 2 + 3 + 1
     assert response_entries({"topics": [{"partitions": [{}] * 50}] * 100}, 120) == 150
     assert response_entries({"throttle_time": 0}, 10) == 0
+    # OffsetFetch v8+: groups, their topics, their partitions. One group of many partitions
+    # counted 2, and its answer was built and encoded on the loop.
+    fetch = {"groups": [{"group_id": "g", "topics": [{"name": "t", "partitions": [{}] * 9000}]}]}
+    assert response_entries(fetch, 4096) >= 4096
+    assert response_entries(fetch, 100_000) == 1 + 1 + 9000
 
 
 def test_client_addresses_are_named_as_the_per_ip_overrides_name_them() -> None:
