@@ -27,7 +27,12 @@ runs one of them at a time, but hands it back to the loop every switch interval 
 other connections go on at a share of the CPU instead of waiting for the whole request. A
 Produce too: its bulk stays bytes, but 1.2 MB naming 200,000 partitions took 0.66 s to decode
 (the thread costs some 40 us). The handler itself stays on the loop, where the node's state
-lives; one walking that many partitions yields to the loop as it goes.
+lives; one walking that many partitions yields to the loop as it goes. A frame of
+``LARGE_REQUEST_BYTES`` or more is decoded on threads of its own: a frame made to cost (a
+Produce of millions of empty topic entries, 3 s for 6 MB) held both codec threads, and an
+ordinary 100 KB produce of another client waited 8 s behind two of them; on threads apart, it
+is decoded at a share of the CPU at once (Kafka decodes on the connection's own network
+thread, so only that thread's connections wait).
 
 What closes a connection, and only that connection (each is logged once): a size outside
 ``1..socket.request.max.bytes`` (100 MiB by default), a truncated frame (end of stream inside
@@ -99,6 +104,7 @@ CLOSE_GRACE_S: Final = 1.0
 OFF_LOOP_REQUEST_BYTES: Final = 64 * 1024
 OFF_LOOP_RESPONSE_ENTRIES: Final = 4096
 CODEC_THREADS: Final = 2
+LARGE_REQUEST_BYTES: Final = 1024 * 1024
 
 
 def response_entries(values: Mapping[str, Any], limit: int) -> int:
@@ -220,6 +226,7 @@ class KafkaServer:
         self._stopping = False
         self.connections_closed_for_errors = 0
         self._codec_threads: ThreadPoolExecutor | None = None
+        self._large_codec_threads: ThreadPoolExecutor | None = None
 
     async def off_loop(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """``fn`` run on the listener's codec threads (see the docstring)."""
@@ -227,6 +234,17 @@ class KafkaServer:
             self._codec_threads = ThreadPoolExecutor(CODEC_THREADS, "kafka-codec")
         return await asyncio.get_running_loop().run_in_executor(
             self._codec_threads, functools.partial(fn, *args, **kwargs)
+        )
+
+    async def decode_off_loop(self, frame: bytes) -> tuple[codec.RequestHeader, Any]:
+        """A request frame decoded on the codec threads, or, from ``LARGE_REQUEST_BYTES``, on
+        threads of their own (see the docstring)."""
+        if len(frame) < LARGE_REQUEST_BYTES:
+            return await self.off_loop(codec.decode_request, frame)
+        if self._large_codec_threads is None:
+            self._large_codec_threads = ThreadPoolExecutor(CODEC_THREADS, "kafka-codec-large")
+        return await asyncio.get_running_loop().run_in_executor(
+            self._large_codec_threads, codec.decode_request, frame
         )
 
     @property
@@ -269,9 +287,10 @@ class KafkaServer:
         if self._connections:
             await asyncio.wait(list(self._connections))
         await server.wait_closed()
-        threads, self._codec_threads = self._codec_threads, None
-        if threads is not None:
-            threads.shutdown(wait=False, cancel_futures=True)
+        for threads in (self._codec_threads, self._large_codec_threads):
+            if threads is not None:
+                threads.shutdown(wait=False, cancel_futures=True)
+        self._codec_threads = self._large_codec_threads = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # Everything a peer can cause is handled inside: asyncio's streams (3.11) log any
@@ -493,7 +512,7 @@ class _Connection:
             )
         try:
             if len(frame) >= OFF_LOOP_REQUEST_BYTES:
-                header, body = await self.server.off_loop(codec.decode_request, frame)
+                header, body = await self.server.decode_off_loop(frame)
             else:
                 header, body = codec.decode_request(frame)
         except DecodeError as e:

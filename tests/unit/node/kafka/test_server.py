@@ -26,6 +26,7 @@ from kcoord.node.kafka.apis import (
     Result,
 )
 from kcoord.node.kafka.server import (
+    LARGE_REQUEST_BYTES,
     OFF_LOOP_REQUEST_BYTES,
     OFF_LOOP_RESPONSE_ENTRIES,
     KafkaServer,
@@ -686,7 +687,15 @@ def test_large_requests_and_answers_are_decoded_and_encoded_off_the_loop(
         topic_data = [{"name": "t", "partition_data": partition_data}]
         await c.send(PRODUCE, 9, {"acks": 0, "timeout": 0, "topic_data": topic_data})
         assert (await c.call(API_VERSIONS, 0, {})).error_code == Errors.NONE
-        assert any(n.startswith("kafka-codec") for n in threads["decode"])
+        assert any(n.startswith("kafka-codec_") for n in threads["decode"])
+        # From LARGE_REQUEST_BYTES on threads of their own: a frame made to cost seconds to
+        # decode does not hold the threads other clients' requests are decoded on.
+        threads["decode"].clear()
+        partition_data[0]["records"] = b"x" * LARGE_REQUEST_BYTES
+        await c.send(PRODUCE, 9, {"acks": 0, "timeout": 0, "topic_data": topic_data})
+        assert (await c.call(API_VERSIONS, 0, {})).error_code == Errors.NONE
+        off_loop = threads["decode"] - {threading.current_thread().name}
+        assert off_loop and all(n.startswith("kafka-codec-large_") for n in off_loop)
         await c.close()
 
     run(test)
