@@ -149,11 +149,16 @@ class LogMaintenance:
         checkpoint) with every request waiting, and the rolls past the flush queue's bound,
         whose worker's completions could not run, were fsynced on the loop too."""
         deleted = 0
+        # Read again after each turn of the loop: a follower may have truncated meanwhile,
+        # its high watermark with it, and a log is never trimmed past its HW.
+        high_watermarks = dict(self.high_watermarks())
         try:
-            for count in self.logs.retention_pass(self.now_ms(), self.high_watermarks()):
+            for count in self.logs.retention_pass(self.now_ms(), high_watermarks):
                 if count:
                     deleted += count
                     await asyncio.sleep(0)
+                    high_watermarks.clear()
+                    high_watermarks.update(self.high_watermarks())
         except OSError as e:
             self.log_dir_failure.fail("deleting segments past retention", e)
         self.stats.segments_deleted += deleted

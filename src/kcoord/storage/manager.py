@@ -423,8 +423,9 @@ class LogManager:
         """One retention pass, log by log: yields the number of segments each log deleted, so
         that a caller on an event loop lets other work in between (a log that deletes fsyncs
         its leader-epoch checkpoint, and an idle one rolls first). A log closed or replaced
-        between two steps is passed over; high watermarks read at the start only err low.
-        The log start offsets are checkpointed at the end, once."""
+        between two steps is passed over; ``high_watermarks`` is read at each step (a caller
+        that lets other work in keeps it current). The log start offsets are checkpointed at
+        the end, once."""
         deleted = 0
         for tp, lg in list(self.logs.items()):
             if self.logs.get(tp) is not lg:

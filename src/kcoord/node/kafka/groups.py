@@ -20,7 +20,7 @@ import dataclasses
 import datetime
 import inspect
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Final, NamedTuple
 
 from kcoord.cluster.coordinator import types as t
@@ -461,14 +461,16 @@ class GroupApi:
         body, version = request.body, request.version
         require_stable = getattr(body, "require_stable", False)
         if version >= 8:
-            pieces = [
-                (i, g, topics)
-                for i, g in enumerate(body.groups)
-                for topics in _fetch_pieces(g.topics)
-            ]
+            owners: list[int] = []  # the group of each piece
 
-            def fetch_one(piece: tuple[int, Any, Any]) -> Result:
-                _, g, topics = piece
+            def pieces() -> Iterator[tuple[Any, Any]]:
+                for i, g in enumerate(body.groups):
+                    for topics in _fetch_pieces(g.topics):
+                        owners.append(i)
+                        yield g, topics
+
+            def fetch_one(piece: tuple[Any, Any]) -> Result:
+                g, topics = piece
                 return self._fetch_group(
                     g.group_id,
                     topics,
@@ -477,13 +479,13 @@ class GroupApi:
                     getattr(g, "member_epoch", -1),
                 )
 
-            answers = await _in_slices(pieces, fetch_one, lambda piece: _weight(piece[2]))
+            answers = await _in_slices(pieces(), fetch_one, lambda piece: _weight(piece[1]))
 
             async def gather() -> dict[str, Any]:
                 settled = await _settle_all(answers)
                 return {
                     "throttle_time": 0,
-                    "groups": _joined_pieces([i for i, _, _ in pieces], settled),
+                    "groups": _joined_pieces(owners, settled),
                 }
 
             return Deferred(gather())
@@ -848,7 +850,7 @@ class GroupApi:
 
 
 async def _in_slices(
-    items: Sequence[Any],
+    items: Iterable[Any],
     one: Callable[[Any], Result],
     weight: Callable[[Any], int] | None = None,
 ) -> list[Result]:
@@ -883,29 +885,33 @@ class _FetchTopic(NamedTuple):
     partition_indexes: tuple[int, ...]
 
 
-def _fetch_pieces(topics: Any) -> list[Any]:
+def _fetch_pieces(topics: Any) -> Iterator[Any]:
     """An OffsetFetch group's topics in pieces of at most ``PARTITIONS_PER_SLICE`` partitions
-    (a topic of more is split); ``None`` (every committed partition) is one piece."""
+    (a topic of more is split), made as they are taken, between the slices; ``None`` (every
+    committed partition) is one piece."""
     if topics is None:
-        return [None]
-    flat = [
-        (tp.name, index)
-        for tp in topics
-        for index in (tuple(tp.partition_indexes) or (None,))  # a topic of none is kept
-    ]
-    if len(flat) <= PARTITIONS_PER_SLICE:
-        return [topics]
-    pieces: list[Any] = []
-    for start in range(0, len(flat), PARTITIONS_PER_SLICE):
-        piece: list[_FetchTopic] = []
-        for name, index in flat[start : start + PARTITIONS_PER_SLICE]:
-            if not piece or piece[-1].name != name:
-                piece.append(_FetchTopic(name, ()))
-            if index is not None:
-                last = piece[-1]
-                piece[-1] = last._replace(partition_indexes=(*last.partition_indexes, index))
-        pieces.append(piece)
-    return pieces
+        yield None
+        return
+    piece: list[_FetchTopic] = []
+    size = 0
+    pieces = 0
+    for tp in topics:
+        indexes = tuple(tp.partition_indexes)
+        if not indexes:  # a topic of none is kept
+            piece.append(_FetchTopic(tp.name, ()))
+            size += 1
+        at = 0
+        while at < len(indexes) or size >= PARTITIONS_PER_SLICE:
+            if size >= PARTITIONS_PER_SLICE:
+                yield piece
+                piece, size, pieces = [], 0, pieces + 1
+                continue
+            taken = indexes[at : at + PARTITIONS_PER_SLICE - size]
+            piece.append(_FetchTopic(tp.name, taken))
+            size += len(taken)
+            at += len(taken)
+    if piece or not pieces:  # a group asking for no topics is answered too
+        yield piece
 
 
 def _weight(topics: Any) -> int:

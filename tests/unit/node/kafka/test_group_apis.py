@@ -246,6 +246,8 @@ def test_an_offset_fetch_of_many_partitions_of_one_group_lets_the_loop_run(versi
                 {"group_id": g, "member_id": None, "member_epoch": -1, "topics": topics}
                 for g in ("g", "fenced")
             ]
+            groups.append({"group_id": "none", "member_id": None, "member_epoch": -1})
+            groups[-1]["topics"] = []
             request = _request(
                 OFFSET_FETCH_KEY, version, {"groups": groups, "require_stable": False}
             )
@@ -254,7 +256,7 @@ def test_an_offset_fetch_of_many_partitions_of_one_group_lets_the_loop_run(versi
             request = _request(OFFSET_FETCH_KEY, version, values)
         answer = await _answer(await _api(runtime).handle_offset_fetch(request))
         task.cancel()
-        calls = 2 * 4 if version >= 8 else 4
+        calls = 2 * 4 + 1 if version >= 8 else 4
         assert len(runtime.seen) == calls and len(set(runtime.seen)) >= calls // 2
         group = answer["groups"][0] if version >= 8 else answer
         assert group["error_code"] is Errors.NONE
@@ -271,6 +273,12 @@ def test_an_offset_fetch_of_many_partitions_of_one_group_lets_the_loop_run(versi
             assert (fenced["group_id"], fenced["error_code"], list(fenced["topics"])) == (
                 "fenced",
                 Errors.STALE_MEMBER_EPOCH,
+                [],
+            )
+            none = answer["groups"][2]
+            assert (none["group_id"], none["error_code"], list(none["topics"])) == (
+                "none",
+                Errors.NONE,
                 [],
             )
 
