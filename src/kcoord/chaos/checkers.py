@@ -20,7 +20,11 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
     ``lost-commit``: the final OffsetFetch (``committed``) for (group, topic, partition) is
     below the highest offset an ``ok`` commit acknowledged, or the partition is missing from it;
     or a ``committed`` read the runner made while faults are on returns less than the highest
-    offset acknowledged before the read was sent.
+    offset acknowledged before the read was sent. A commit whose outcome is unknown (``info``,
+    or never answered) may be the last applied, and its offset acceptable, until it is
+    fenced: by an acknowledged commit of a later classic generation of its group, or by an
+    acknowledged commit of its partition sent after the coordinator had surely read it
+    (``DELIVERY_SLACK_S`` after the client gave up; after a fault's window, later).
     Proves no acknowledged commit is lost across crashes, failovers and partitions.
     ``regressed-read``: two ``ok`` ``committed`` reads by the runner of one (group, topic,
     partition), A's answer preceding B's invoke, B the final read, B's offset below A's, and
@@ -158,6 +162,7 @@ happened; a checker never condemns the cluster for an ``info`` operation's effec
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections import defaultdict, deque
 from collections.abc import Hashable, Iterable, Mapping
@@ -404,7 +409,70 @@ def _commits(history: History, findings: _Findings) -> list[_Commit]:
                     classic_generation=_classic_generation(value),
                 )
             )
-    return _with_fencing(commits)
+    return _with_delivery(_with_fencing(commits), _fault_windows(history))
+
+
+# How long after a member gave up on a commit (or was killed with it in flight) the
+# coordinator has read it, outside any fault's window: a node under load reads its sockets
+# late, not seconds late. Within a window (a partition, a pause, a kill...), the request may
+# wait in the network or the node's socket until the heal, and TCP then resends it within the
+# time it has been waiting (its retransmissions back off by doubling), plus this slack.
+DELIVERY_SLACK_S: Final = 10.0
+
+
+def _fault_windows(history: History) -> list[tuple[float, float]]:
+    """[start, heal] of each fault, from the nemesis's invoke of ``start`` to its ``heal``
+    (one fault at a time); a fault never healed lasts for ever."""
+    windows: list[tuple[float, float]] = []
+    start: float | None = None
+    for event in history:
+        if event.process != "nemesis":
+            continue
+        if event.f == "start" and event.type == INVOKE:
+            start = event.time if start is None else start
+        elif event.f == "heal" and start is not None:
+            windows.append((start, event.time))
+            start = None
+    if start is not None:
+        windows.append((start, math.inf))
+    return windows
+
+
+def _delivered_by(commit: _Commit, windows: list[tuple[float, float]]) -> float:
+    """When the coordinator had read ``commit``'s request at the latest, if it ever will: the
+    client's giving up (or its sending, for one never answered), extended past each fault
+    window it may still be waiting in (see ``DELIVERY_SLACK_S``)."""
+    assert commit.invoke_at is not None
+    sent = commit.invoke_at[0]
+    end = (commit.done_at or commit.invoke_at)[0]
+    for start, heal in windows:
+        if start <= end + DELIVERY_SLACK_S and heal >= sent:
+            end = max(end, heal + (heal - sent))
+    return end + DELIVERY_SLACK_S
+
+
+def _with_delivery(commits: list[_Commit], windows: list[tuple[float, float]]) -> list[_Commit]:
+    """Each commit whose outcome is unknown (``info``, or never answered) fenced, too, by the
+    first acknowledged commit of its partition sent after it was surely read (``_delivered_by``):
+    it was applied before that one, if at all, and that one overwrote it. Fenced only by a
+    later classic generation, a KIP-848 member's timed-out commit of offset 13 was taken to
+    land at any later time, and the final read of its partition passed at 13 while 540 had
+    been acknowledged: a lost commit went unseen."""
+    acked: dict[_GroupPartition, list[tuple[float, _At]]] = defaultdict(list)
+    for c in commits:
+        if c.type == OK and c.invoke_at is not None and c.done_at is not None:
+            acked[c.key].append((c.invoke_at[0], c.done_at))
+    out = []
+    for commit in commits:
+        if commit.type in (OK, FAIL) or commit.invoke_at is None:
+            out.append(commit)
+            continue
+        delivered = _delivered_by(commit, windows)
+        later = [done for sent, done in acked.get(commit.key, ()) if sent > delivered]
+        if later and (commit.fenced_at is None or min(later) < commit.fenced_at):
+            commit = replace(commit, fenced_at=min(later))  # noqa: PLW2901
+        out.append(commit)
+    return out
 
 
 def _classic_generation(value: dict[str, Any]) -> int | None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from kcoord.chaos.checkers import (
+    DELIVERY_SLACK_S,
     MALFORMED,
     MAX_EXAMPLES,
     MEMBER_MODULE,
@@ -1500,6 +1501,36 @@ def test_a_classic_commit_that_timed_out_cannot_land_once_its_group_moved_on() -
     assert check_offsets(history("classic", 2, ("m1", 2))).valid  # the same generation
     assert check_offsets(history("consumer", 5, ("m1", 7))).valid  # KIP-848 epochs
     assert check_offsets(history(None, 1, ("m1", 2))).valid  # protocol unknown
+
+
+def test_a_commit_of_unknown_outcome_cannot_land_after_one_sent_once_it_was_surely_read() -> None:
+    """Fenced only by a later classic generation, a KIP-848 member's timed-out commit of a low
+    offset was taken to land at any later time: the final read of its partition passed at
+    that offset while far more had been acknowledged since, a lost commit unseen. The
+    coordinator has read it, if ever, ``DELIVERY_SLACK_S`` after the client gave up; within a
+    fault's window it may wait until the heal, and TCP resends it within as long again as it
+    had waited. A commit acknowledged that was sent after that overwrote it. (review
+    helper-241)"""
+
+    def history(acked_at: float, fault: tuple[float, float] | None = None) -> History:
+        h = History()
+        consume(h, 1.0, "m1", 0, range(100))
+        commit(h, 2.0, "m1", {0: 50}, outcome=INFO, generation=5, protocol="consumer")
+        if fault is not None:
+            h.add("nemesis", INVOKE, "start", {"fault": "pause"}, time=fault[0])
+            h.add("nemesis", INFO, "heal", {"fault": "pause"}, time=fault[1])
+        commit(h, acked_at, "m1", {0: 100}, generation=7, protocol="consumer")
+        committed(h, acked_at + 5.0, {0: 50})
+        return h
+
+    gave_up = 2.1
+    assert named(check_offsets(history(gave_up + DELIVERY_SLACK_S + 1))) == {"lost-commit"}
+    assert check_offsets(history(gave_up + DELIVERY_SLACK_S - 1)).valid  # it may land after
+    # Paused from 1.5 to 8.0: read by 8.0 + (8.0 - 2.0) + the slack at the latest.
+    assert check_offsets(history(gave_up + DELIVERY_SLACK_S + 1, fault=(1.5, 8.0))).valid
+    latest = 8.0 + 6.0 + DELIVERY_SLACK_S
+    assert named(check_offsets(history(latest + 0.5, fault=(1.5, 8.0)))) == {"lost-commit"}
+    assert check_offsets(history(latest - 0.5, fault=(1.5, 8.0))).valid
 
 
 def test_a_mid_run_read_does_not_stand_in_for_the_final_one() -> None:
