@@ -430,6 +430,8 @@ def _fault_windows(history: History) -> list[tuple[float, float]]:
             continue
         if event.f == "start" and event.type == INVOKE:
             start = event.time if start is None else start
+        elif event.f == "start" and event.value.get("skipped"):
+            start = None  # no target: no fault, and no heal follows
         elif event.f == "heal" and start is not None:
             windows.append((start, event.time))
             start = None

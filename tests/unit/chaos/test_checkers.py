@@ -1512,9 +1512,14 @@ def test_a_commit_of_unknown_outcome_cannot_land_after_one_sent_once_it_was_sure
     had waited. A commit acknowledged that was sent after that overwrote it. (review
     helper-241)"""
 
-    def history(acked_at: float, fault: tuple[float, float] | None = None) -> History:
+    def history(
+        acked_at: float, fault: tuple[float, float] | None = None, skipped: bool = False
+    ) -> History:
         h = History()
         consume(h, 1.0, "m1", 0, range(100))
+        if skipped:  # a fault that found no target: no window, and no heal follows
+            h.add("nemesis", INVOKE, "start", {"fault": "pause"}, time=1.2)
+            h.add("nemesis", INFO, "start", {"fault": "pause", "skipped": "no target"}, time=1.3)
         commit(h, 2.0, "m1", {0: 50}, outcome=INFO, generation=5, protocol="consumer")
         if fault is not None:
             h.add("nemesis", INVOKE, "start", {"fault": "pause"}, time=fault[0])
@@ -1531,6 +1536,8 @@ def test_a_commit_of_unknown_outcome_cannot_land_after_one_sent_once_it_was_sure
     latest = 8.0 + 6.0 + DELIVERY_SLACK_S
     assert named(check_offsets(history(latest + 0.5, fault=(1.5, 8.0)))) == {"lost-commit"}
     assert check_offsets(history(latest - 0.5, fault=(1.5, 8.0))).valid
+    late = gave_up + DELIVERY_SLACK_S + 1
+    assert named(check_offsets(history(late, skipped=True))) == {"lost-commit"}
 
 
 def test_a_mid_run_read_does_not_stand_in_for_the_final_one() -> None:

@@ -531,8 +531,9 @@ class _Connection:
         try:
             result = await spec.handler(request)
         except asyncio.CancelledError:
-            if self.closing:
-                raise  # close() cancels the reader
+            current = asyncio.current_task()
+            if self.closing or (current is not None and current.cancelling()):
+                raise  # close() (or the server's stop) cancels the reader
             # The handler's own work was cancelled (as a deferred answer's can be): the
             # reader task ended with it, no close was queued, and the connection was left
             # open with its requests unanswered until the idle timeout.
