@@ -32,6 +32,7 @@ Errors go to stderr as "Error while executing topic command : ..." and exit 1.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Collection
 from pathlib import Path
@@ -139,16 +140,21 @@ def min_insync_replicas(client: ToolClient, names: list[str]) -> dict[str, int]:
 
 
 def parse_configs(values: list[str] | None) -> list[tuple[str, str]]:
-    """``--config k=v`` (``parseTopicConfigsToBeAdded``: exactly one "=", spaces trimmed)."""
-    configs = []
+    """``--config k=v`` as ``TopicCommand.parseTopicConfigsToBeAdded`` reads it: split at
+    ``\\s*=\\s*`` the way Java's ``String.split`` does, which drops trailing empty strings, so
+    ``k=`` is one piece and refused (``k=v=`` is ``k=v``); exactly a key and a value; a key
+    given twice takes its last value (Kafka collects the pairs into ``Properties``)."""
+    configs: dict[str, str] = {}
     for value in values or []:
-        parts = value.split("=")
+        parts = re.split(r"\s*=\s*", value)
+        while parts and not parts[-1]:
+            parts.pop()
         if len(parts) != 2 or not parts[0].strip():
             raise ToolError(
                 'Invalid topic config: all configs to be added must be in the format "key=val".'
             )
-        configs.append((parts[0].strip(), parts[1].strip()))
-    return configs
+        configs[parts[0].strip()] = parts[1].strip()
+    return list(configs.items())
 
 
 def topic_configs(client: ToolClient, names: list[str]) -> dict[str, list[tuple[str, str]]]:

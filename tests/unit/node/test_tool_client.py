@@ -298,7 +298,12 @@ def test_topic_configs_are_key_value_pairs() -> None:
         ("cleanup.policy", "compact"),
     ]
     assert parse_configs(None) == []
-    for bad in ("retention.ms", "a=b=c", "=1"):
+    # Java's split drops trailing empty strings: "k=" is one piece, "k=v=" is k=v.
+    assert parse_configs(["retention.ms=1", "segment.ms=2=", "retention.ms=3"]) == [
+        ("retention.ms", "3"),
+        ("segment.ms", "2"),
+    ]
+    for bad in ("retention.ms", "a=b=c", "=1", "retention.ms=", "retention.ms = "):
         with pytest.raises(ToolError, match='format "key=val"'):
             parse_configs([bad])
 
