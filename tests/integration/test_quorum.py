@@ -581,6 +581,66 @@ def test_a_journal_of_pysyncobjs_own_format_is_read_and_rewritten_with_checksums
     again._destroy()
 
 
+class HaltedError(Exception):
+    pass
+
+
+def raise_halted(message: str, *args: object, exc_info: BaseException | None = None) -> None:
+    raise HaltedError(message % args)
+
+
+@pytest.mark.parametrize("damage", ["flipped-byte", "not-a-dict", "term-a-string"])
+def test_a_term_and_vote_file_that_does_not_load_halts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """pysyncobj's reader took a damaged ``journal.meta`` for none: the voter came back at its
+    last entry's term with no vote, free to vote again in a term it had voted in. It halts
+    now, as Kafka's ``FileQuorumStateStore`` fails the start-up; a new voter (no file) and an
+    intact file load."""
+    monkeypatch.setattr(quorum_module, "_halt", raise_halted)
+    path = str(tmp_path / "journal")
+    journal = quorum_module._create_journal(path)
+    assert (journal.getCurrentTerm(), journal.getVotedForNodeId()) == (0, None)
+    journal.add(b"\x00a", 1, 3)
+    journal.setCurrentTerm(7, "127.0.0.1:9094")
+    journal.sync()
+    journal._destroy()
+    again = quorum_module._create_journal(path)
+    assert (again.getCurrentTerm(), again.getVotedForNodeId()) == (7, "127.0.0.1:9094")
+    again._destroy()
+    meta = Path(path + ".meta")
+    if damage == "flipped-byte":
+        raw = bytearray(meta.read_bytes())
+        raw[-1] ^= 0xFF
+        meta.write_bytes(bytes(raw))
+    elif damage == "not-a-dict":
+        meta.write_bytes(pysyncobj.journal.dumps([7]))
+    else:
+        meta.write_bytes(pysyncobj.journal.dumps({"currentTerm": "7"}))
+    with pytest.raises(HaltedError, match="term and vote"):
+        quorum_module._create_journal(path)
+
+
+def test_a_journal_header_of_an_unknown_format_halts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged format version was read as pysyncobj's format without checksums: every
+    record's CRC became part of its command (each batch skipped as undecodable, on this voter
+    only), and the rewrite gave the damaged records valid CRCs."""
+    monkeypatch.setattr(quorum_module, "_halt", raise_halted)
+    path = str(tmp_path / "journal")
+    journal = quorum_module._create_journal(path)
+    journal.add(b"\x00a", 1, 1)
+    journal.sync()
+    journal._destroy()
+    raw = bytearray(Path(path).read_bytes())
+    struct.pack_into("<I", raw, 32, 3)
+    Path(path).write_bytes(bytes(raw))
+    with pytest.raises(HaltedError, match="format version 3"):
+        quorum_module._create_journal(path)
+    assert Path(path).read_bytes()[: len(raw)] == bytes(raw)  # not rewritten
+
+
 def test_a_failed_sync_halts_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a failed fsync the kernel may have dropped the pages and report the error once:
     a retry would "succeed" without the data. The node halts instead."""
@@ -710,6 +770,24 @@ def test_a_voter_whose_snapshot_does_not_load_halts(
         wait_for(lambda: bool(halts), "the voter to halt")
         assert "CRC-32C" in str(halts[0])
         assert not v.recorders[follower_id].snapshots
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("offset", float("inf")), ("offset", True), ("cluster", [1])]
+)
+def test_a_snapshot_whose_fields_are_of_the_wrong_kind_is_refused(field: str, value: Any) -> None:
+    """``int(inf)`` raised OverflowError and ``TCPNode(1)`` AttributeError, neither of them a
+    snapshot error: the voter that should have halted went on applying nothing."""
+    body: dict[str, Any] = {
+        "version": 1,
+        "offset": 7,
+        "records": [],
+        "entries": [[b"", 9, 2], [b"", 8, 2]],
+        "cluster": ["127.0.0.1:1"],
+        field: value,
+    }
+    with pytest.raises(ValueError, match=field if field == "offset" else "voters"):
+        quorum_module._parse_snapshot(msgpack.packb(body, use_bin_type=True))
 
 
 def test_a_version_1_snapshot_without_its_crc_is_still_read() -> None:

@@ -400,6 +400,45 @@ class _DurableMetaStorer(pysyncobj.journal.MetaStorer):  # type: ignore[misc]
         except OSError as e:
             _halt_on_storage_error("storing the term and vote", e)
 
+    def getMeta(self) -> dict[str, Any]:  # noqa: N802 (pysyncobj's)
+        """The stored term and vote; none for a new voter (no file). A file that does not
+        load halts the node: pysyncobj's own reader took it for no file, and the voter came
+        back at its last entry's term with no vote, free to vote again in a term it had
+        voted in (two leaders in one term). Kafka's ``FileQuorumStateStore`` fails the
+        start-up when its ``quorum-state`` does not read."""
+        path = Path(self.getPath())
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            _halt_on_storage_error("reading the term and vote", e)
+        try:
+            meta = _PlainDataPickle.loads(data)
+        except Exception as e:  # pickle raises any kind on bad bytes
+            _halt("quorum: the term and vote in %s do not load (%r): halting", path, e)
+        if not _valid_meta(meta):
+            _halt("quorum: the term and vote in %s are not valid (%r): halting", path, meta)
+        return dict(meta)
+
+
+def _valid_meta(meta: object) -> bool:
+    """pysyncobj's ``{"currentTerm": int, "votedForNodeId": str | None,
+    "raftCommitIndex": int}``, any of them absent."""
+    if not isinstance(meta, dict) or not set(meta) <= _META_KEYS:
+        return False
+    voted = meta.get("votedForNodeId")
+    return all(_is_count(meta.get(key, 0)) for key in ("currentTerm", "raftCommitIndex")) and (
+        voted is None or isinstance(voted, str)
+    )
+
+
+_META_KEYS: Final = frozenset({"currentTerm", "votedForNodeId", "raftCommitIndex"})
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
 
 _RECORD_HEAD = struct.Struct("<I")
 _RECORD_IDS = struct.Struct("<QQ")
@@ -465,12 +504,12 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         # Entries dropped but not yet zeroed on disk, and where they ended (deleteEntriesFrom).
         self._pending: list[tuple[bytes, int, int]] = []
         self._pending_end = 0
-        self._FileJournal__journalFile = pysyncobj.journal.ResizableFile(
-            journal_file, defaultContent=_journal_header(None)
-        )
         self._FileJournal__metaStorer = _DurableMetaStorer(journal_file + ".meta")
         self._FileJournal__meta = self._FileJournal__metaStorer.getMeta()
         self._FileJournal__metaSaved = True
+        self._FileJournal__journalFile = pysyncobj.journal.ResizableFile(
+            journal_file, defaultContent=_journal_header(None)
+        )
         self._FileJournal__journal, self._FileJournal__currentOffset = self._load()
 
     def _load(self) -> tuple[list[tuple[bytes, int, int]], int]:
@@ -482,6 +521,19 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         pj = pysyncobj.journal
         file = self._FileJournal__journalFile
         version = _RECORD_HEAD.unpack(file.read(_FORMAT_VERSION_OFFSET, 4))[0]
+        if version not in (pj.JOURNAL_FORMAT_VERSION, JOURNAL_FORMAT_VERSION):
+            # Read as pysyncobj's unchecked format, each record's CRC became part of its
+            # command (every batch skipped as undecodable), and the rewrite below gave the
+            # damaged records valid CRCs: this voter's image drifted from the others'.
+            file._destroy()
+            _halt(
+                "quorum: the journal %s has format version %d (this build reads %d and %d): "
+                "its header is damaged; halting",
+                self._path,
+                version,
+                pj.JOURNAL_FORMAT_VERSION,
+                JOURNAL_FORMAT_VERSION,
+            )
         checked = version == JOURNAL_FORMAT_VERSION
         file_size = os.path.getsize(self._path)
         end = min(_RECORD_HEAD.unpack(file.read(pj.LAST_RECORD_OFFSET_OFFSET, 4))[0], file_size)
@@ -943,6 +995,19 @@ class _MetadataSyncObj(SyncObj):  # type: ignore[misc]
         super().__init__(self_node, partners, conf, transportClass=_VotersOnlyTransport)
         # pysyncobj starts its own buffer of parts as a str; _assembled keeps it empty bytes.
         self._SyncObj__recvTransmission = b""
+        first = self._SyncObj__raftLog[0][1]
+        if first > 1 and conf.fullDumpFile and not os.path.isfile(conf.fullDumpFile):
+            # The journal is trimmed only after the snapshot it trims to is synced, so the
+            # file was removed since. pysyncobj, finding no snapshot, starts applying at
+            # entry 2, which the journal no longer holds: the voter applied nothing, ever,
+            # and as the leader never activated a controller, with nothing logged.
+            self.destroy()
+            _halt(
+                "quorum: the journal starts at entry %d but the snapshot %s it was trimmed "
+                "to is missing: halting",
+                first,
+                conf.fullDumpFile,
+            )
 
     def sync_journal(self) -> None:
         journal = self._SyncObj__raftLog
@@ -1788,11 +1853,17 @@ def _parse_snapshot(data: bytes) -> _Snapshot:
             raise ValueError("not a kcoord metadata snapshot of a version this build reads")
     elif not isinstance(body, dict) or body.get("version") != 1:
         raise ValueError("not a kcoord metadata snapshot of a version this build reads")
-    offset = int(body["offset"])
+    offset = body["offset"]
+    if not isinstance(offset, int) or isinstance(offset, bool):
+        raise ValueError(f"its offset is not an integer: {offset!r}")
     records = [rec.decode(r) for r in body["records"]]
     last, before = (tuple(e) for e in body["entries"])
     if not (isinstance(last[1], int) and isinstance(before[1], int)):
         raise ValueError("its Raft entries have no integer indexes")
+    if not isinstance(body["cluster"], list) or not all(
+        isinstance(address, str) for address in body["cluster"]
+    ):
+        raise ValueError("its voters are not a list of addresses")
     return _Snapshot(
         offset,
         records,

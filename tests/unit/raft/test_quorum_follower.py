@@ -451,6 +451,33 @@ def test_a_voter_killed_between_snapshot_and_journal_trim_keeps_its_later_entrie
         voter.destroy()
 
 
+def test_a_voter_whose_journal_was_trimmed_to_a_missing_snapshot_halts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pysyncobj loads a snapshot only if its file is there, and then applies from entry 2,
+    which a trimmed journal no longer holds: the voter applied nothing, ever, and logged
+    nothing. It halts at start-up now."""
+    voter = follower(tmp_path, snapshots=True)
+    append(voter, 1, (1, 0), [entry(i, 1) for i in range(2, 8)], commit=5)
+    voter.doTick(0)
+    voter.forceLogCompaction()
+    voter.doTick(0)
+    voter.doTick(0)  # the trim
+    assert voter._SyncObj__raftLog[0][1] > 1
+    voter.destroy()
+    (tmp_path / "snapshot").unlink()
+
+    class HaltedError(Exception):
+        pass
+
+    def halt(message: str, *args: object) -> NoReturn:
+        raise HaltedError(message % args)
+
+    monkeypatch.setattr(quorum_module, "_halt", halt)
+    with pytest.raises(HaltedError, match=r"snapshot .* is missing"):
+        follower(tmp_path, snapshots=True)
+
+
 def test_a_snapshot_older_than_one_installed_is_ignored(tmp_path: Path) -> None:
     """A snapshot at 6 was installed while the commit index stayed at 3 (its parts commit
     nothing: see the test above); a second one at 5 passed the check against the commit
