@@ -509,6 +509,7 @@ class ShardContext:
         replay_only: bool = False,
         read_group: str | None = None,
         committed_read: bool = False,
+        loading: bool = False,
     ) -> None:
         """Run one handler (or timer) and deal with its records and responses.
 
@@ -525,6 +526,9 @@ class ShardContext:
         once, and a write with no records waits only for that coordinator's pending writes (so
         after a load, none): a heartbeat of one group must not wait for another group's records
         a previous leader left above the high watermark, nor time out with them.
+        ``loading``: the shard's ``on_loaded``; if it raises, the partition is not served
+        until its next leadership change (``load_failed``): reloaded, it raised again, and
+        the node replayed the log for ever.
         """
         assert self.shard is not None and self.state is ShardState.ACTIVE
         if self.pending_deletion is not None:
@@ -552,6 +556,8 @@ class ShardContext:
             log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
             if replay_only:
                 self._fail([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
+            elif loading:
+                self.runtime.load_failed(self)
             else:
                 self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
             return
@@ -1191,14 +1197,8 @@ class CoordinatorRuntime:
         except Exception as e:
             if self.contexts.get(ctx.index) is not ctx:
                 return  # unloaded meanwhile: nothing to serve either way
-            log.exception(
-                "loading %s-%d (epoch %d) failed: the shard is not served",
-                OFFSETS_TOPIC,
-                ctx.index,
-                ctx.leader_epoch,
-            )
-            self.load_failures += 1
-            self._close(ctx, Errors.NOT_COORDINATOR)
+            log.exception("loading %s-%d failed", OFFSETS_TOPIC, ctx.index)
+            self.load_failed(ctx)
             if isinstance(e, OSError):
                 self.replica_manager.log_dir_failure.fail(f"loading {OFFSETS_TOPIC}-{ctx.index}", e)
 
@@ -1310,7 +1310,6 @@ class CoordinatorRuntime:
         self.load_duration_s[summary.hot].observe(took_s)
         self.load_records_replayed += records
         del self.loads[:-1000]  # the recent ones are enough
-        ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0)
         log.info(
             "loaded %s-%d (epoch %d, %s): %d records (%d replayed), %d bytes in %d ms",
             OFFSETS_TOPIC,
@@ -1322,6 +1321,7 @@ class CoordinatorRuntime:
             size,
             took_s * 1000,
         )
+        ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0, loading=True)
 
     # -- hot standby ----------------------------------------------------------------------------
 
@@ -1433,6 +1433,19 @@ class CoordinatorRuntime:
         if standby is not None:
             standby.closed = True
             standby.wakeup.set()
+
+    def load_failed(self, ctx: ShardContext) -> None:
+        """The partition is not served until its next leadership change: Kafka's
+        ``CoordinatorRuntime`` moves a context whose load (``onLoaded`` included) failed to
+        FAILED, and its requests get NOT_COORDINATOR."""
+        log.error(
+            "%s-%d (epoch %d) did not load: not served until its next leadership change",
+            OFFSETS_TOPIC,
+            ctx.index,
+            ctx.leader_epoch,
+        )
+        self.load_failures += 1
+        self._close(ctx, Errors.NOT_COORDINATOR)
 
     def unload(self, partition: int, leader_epoch: int) -> None:
         ctx = self.contexts.get(partition)

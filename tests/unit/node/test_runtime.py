@@ -795,6 +795,46 @@ def test_a_load_that_fails_leaves_the_partition_unserved(
     asyncio.run(scenario())
 
 
+def test_a_shard_whose_on_loaded_raises_is_not_loaded_again_and_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``on_loaded`` raising failed the write and reloaded the partition, whose new load
+    raised again: the node replayed the log for ever (a helper's probe: 957 loads in 0.5 s),
+    with no load failure counted. The partition is not served now until its next
+    leadership change, as Kafka's context goes FAILED when ``onLoaded`` throws."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path)
+        part = await groups_committed(node, 3)
+        node.runtime.unload(0, part.leader_epoch)
+        loads = len(node.runtime.loads)
+        calls = 0
+
+        def broken(self: GroupCoordinatorShard, now_ms: int) -> Any:
+            nonlocal calls
+            calls += 1
+            raise RuntimeError("a bug in on_loaded")
+
+        monkeypatch.setattr(GroupCoordinatorShard, "on_loaded", broken)
+        node.runtime.schedule_load(part)
+        await _until(lambda: node.runtime.load_failures == 1, "the load to fail")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert calls == 1 and len(node.runtime.loads) == loads + 1
+        assert 0 not in node.runtime.contexts
+        with pytest.raises(CoordinatorError) as e:
+            node.runtime.submit("g1", fetch("g1"))
+        assert e.value.code is Errors.NOT_COORDINATOR
+        monkeypatch.undo()
+        node.runtime.schedule_load(part)
+        await loaded(node)
+        got = await asyncio.wait_for(node.runtime.call("g1", fetch("g1")), 5)
+        assert got.topics[0].partitions[0].committed_offset == 1
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_answers_waiting_longer_than_the_commit_timeout_fail_and_the_shard_stays(
     tmp_path: Path,
 ) -> None:
