@@ -91,7 +91,7 @@ class BrokerLifecycle:
         self.shut_down_granted = asyncio.Event()
 
     async def run(self) -> None:
-        while True:
+        while not self.shut_down_granted.is_set():
             try:
                 await self._step()
             except asyncio.CancelledError:
@@ -103,6 +103,10 @@ class BrokerLifecycle:
             with contextlib.suppress(TimeoutError):  # the heartbeat period, or a wake-up
                 await asyncio.wait_for(self._wake.wait(), self.heartbeat_interval_ms / 1000)
             self._wake.clear()
+        # Granted a controlled shutdown: no heartbeat after it (Kafka's
+        # ``BrokerLifecycleManager.beginShutdown``). The controller counts the session from the
+        # last heartbeat, and this node heartbeating on through its resignation and its stop
+        # had its restart refused (DUPLICATE_BROKER_REGISTRATION) for a session timeout more.
 
     def set_ready_to_unfence(self) -> None:
         """Heartbeats stop asking to stay fenced; the next one goes now."""
@@ -164,11 +168,11 @@ class BrokerLifecycle:
     async def controlled_shutdown(self, timeout_s: float) -> bool:
         """Kafka's ``BrokerLifecycleManager.beginControlledShutdown``: heartbeat with
         ``want_shut_down`` until the controller answers ``should_shut_down``, that is until it
-        has fenced this broker (moving its leaderships to the other ISR members) and this node
-        has replayed that far, so its partitions and coordinator shards have already moved
-        when the process exits (a broker already fenced is granted at once). False when there
-        is nobody to hand over to (not registered, no other unfenced broker) or the controller
-        did not grant it in time."""
+        has fenced this broker (moving its leaderships to the other ISR members) and every
+        other active broker has replayed that far, so its partitions and coordinator shards
+        have moved when the process exits (a broker already fenced is granted at once). False
+        when there is nobody to hand over to (not registered, no other unfenced broker) or the
+        controller did not grant it in time."""
         deadline = self.monotonic_ms() + int(timeout_s * 1000)
         self.want_shut_down = True
         while not self.shut_down_granted.is_set():

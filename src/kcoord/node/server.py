@@ -32,13 +32,13 @@ closes, the quorum stops, logs are flushed and the data directory is marked clea
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import inspect
 import logging
 import os
 import resource
 import signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
@@ -529,23 +529,59 @@ class Node:
             log.info("controller leadership %s", "handed on" if resigned else "kept")
 
     async def stop(self) -> None:
+        """Stop every part, each step run even when one before it raised, as Kafka's
+        ``BrokerServer.shutdown`` swallows each step's error (``Utils.swallow``): a step that
+        raised skipped flushing the logs, the clean-shutdown marker and the lock's release."""
+        for name, step in self._stop_steps():
+            try:
+                result = step()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("stopping: %s failed; the stop goes on", name)
+        log.info("node %d stopped", self.config.node_id)
+
+    def _stop_steps(self) -> list[tuple[str, Callable[[], object]]]:
+        steps: list[tuple[str, Callable[[], object]]] = []
         if self._bridge is not None:
-            self._bridge.close()  # the parts it feeds close below
+            steps.append(("the metadata bridge", self._bridge.close))  # it feeds the parts below
         if self.admin_server is not None:
-            await self.admin_server.stop()
+            steps.append(("the admin listener", self.admin_server.stop))
         if self.kafka is not None:
-            await self.kafka.stop()
+            steps.append(("the Kafka listener", self.kafka.stop))
         if self._kafka_bound is not None:  # bound, never served: the start did not get there
+            steps.append(("the bound Kafka port", self._stop_kafka_bound))
+        if self.coordinator is not None:
+            steps.append(("the group coordinator", self.coordinator.close))
+        if self.fetchers is not None:
+            steps.append(("the replica fetchers", self.fetchers.close))
+        if self.replicas is not None:
+            steps.append(("the replicas", self.replicas.close))
+        if self._bridge is not None:
+            steps.append(("the metadata bridge", self._bridge.wait_closed))
+        steps.append(("the background tasks", self._stop_tasks))
+        if self.log_maintenance is not None:
+            steps.append(("the log maintenance", self.log_maintenance.close))
+        if self.rpc_server is not None:
+            steps.append(("the RPC listener", self.rpc_server.stop))
+        steps.append(("the RPC connections", self.rpc_pool.close_all))
+        if self.quorum is not None:
+            steps.append(("the metadata quorum", partial(asyncio.to_thread, self.quorum.stop)))
+        if self.replicas is not None:
+            steps.append(
+                ("the high watermarks' checkpoint", self.replicas.checkpoint_high_watermarks)
+            )
+        if self._logs_open:  # a stop before start() opened them must not mark them clean
+            steps.append(("the logs", self.logs.shutdown))
+        steps.append(("the data directory's lock", self._release_data_lock))
+        return steps
+
+    async def _stop_kafka_bound(self) -> None:
+        if self._kafka_bound is not None:
             await self._kafka_bound.stop()
             self._kafka_bound = None
-        if self.coordinator is not None:
-            self.coordinator.close()
-        if self.fetchers is not None:
-            await self.fetchers.close()
-        if self.replicas is not None:
-            self.replicas.close()
-        if self._bridge is not None:
-            await self._bridge.wait_closed()
+
+    async def _stop_tasks(self) -> None:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -554,24 +590,13 @@ class Node:
             except asyncio.CancelledError:
                 pass
             except Exception:
-                # A background task that had died: said now, and the stop goes on (it skipped
-                # flushing the logs, the clean-shutdown marker and the lock's release).
+                # A background task that had died: said now, and the stop goes on.
                 log.exception("background task %s had failed", task.get_name())
-        if self.log_maintenance is not None:
-            await self.log_maintenance.close()
-        if self.rpc_server is not None:
-            await self.rpc_server.stop()
-        await self.rpc_pool.close_all()
-        if self.quorum is not None:
-            await asyncio.to_thread(self.quorum.stop)
-        if self.replicas is not None:
-            self.replicas.checkpoint_high_watermarks()
-        if self._logs_open:  # a stop before start() opened them must not mark them clean
-            self.logs.shutdown()
+
+    def _release_data_lock(self) -> None:
         if self._data_lock is not None:
             self._data_lock.release()
             self._data_lock = None
-        log.info("node %d stopped", self.config.node_id)
 
     def _offline_replicas(self) -> list[tuple[str, int]]:
         """(topic id, partition) of the logs here that failed to load, for the heartbeat: the
@@ -769,8 +794,14 @@ async def serve(config: NodeConfig) -> None:
         log.info("node %d stopping", config.node_id)
         if not starting.done():
             starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await starting
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                # The start, cancelled, ended with another error: the hand-over and the stop
+                # below must still run (it escaped this block, and neither did).
+                log.exception("node %d: the cancelled start failed", config.node_id)
         try:
             await node.hand_over()
         finally:

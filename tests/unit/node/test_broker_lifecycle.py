@@ -75,3 +75,18 @@ def test_heartbeats_ask_to_stay_fenced_until_the_node_is_ready_and_then_go_at_on
     beats = [p["want_fence"] for m, p in lifecycle.sent if m == "BrokerHeartbeat"]
     assert beats == [True, False]
     assert not lifecycle.is_fenced
+
+
+def test_no_heartbeat_goes_after_a_controlled_shutdown_is_granted() -> None:
+    """Kafka's ``beginShutdown``: heartbeats stop at the grant. Heartbeating on through the
+    resignation and the stop, the node had its restart refused as a duplicate registration
+    for a session timeout after it exited (the controller counts from the last heartbeat)."""
+    granted = {"error": 0, "is_fenced": True, "is_caught_up": True, "should_shut_down": True}
+    lifecycle = _Scripted([{"error": 0, "broker_epoch": 7}, granted], heartbeat_interval_ms=0)
+
+    async def scenario() -> None:
+        await asyncio.wait_for(lifecycle.run(), 5)  # returns: nothing more to send
+
+    asyncio.run(scenario())
+    assert lifecycle.shut_down_granted.is_set()
+    assert [m for m, _ in lifecycle.sent] == ["BrokerRegistration", "BrokerHeartbeat"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import signal
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -14,7 +15,9 @@ import pytest
 
 from kcoord.node import server
 from kcoord.node.clock import SYSTEM_CLOCK
+from kcoord.node.config import load_config
 from kcoord.node.server import QuorumMonitor, client_connection_limit
+from kcoord.storage.meta_properties import DataDirLock
 
 
 class _Quorum:
@@ -73,3 +76,62 @@ def test_an_ignored_sighup_or_sigint_stays_ignored(monkeypatch: pytest.MonkeyPat
     assert server.stop_signals() == [signal.SIGTERM, signal.SIGINT]
     ignored.update({signal.SIGINT, signal.SIGTERM})
     assert server.stop_signals() == [signal.SIGTERM]
+
+
+def test_a_stop_signal_during_a_start_that_then_fails_still_hands_over_and_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The start, cancelled by a stop signal, ended with another error (an OSError from the
+    thread it was waiting on): it escaped ``serve``'s clean-up, and neither the hand-over
+    nor the stop ran (no controlled shutdown, no flushed logs or clean-shutdown marker)."""
+    calls: list[str] = []
+
+    class FailingStart:
+        def __init__(self, config: Any) -> None:
+            pass
+
+        async def start(self) -> None:
+            signal.raise_signal(signal.SIGUSR1)  # serve's handler is set by now
+            try:
+                await asyncio.Event().wait()  # waiting for the initial catch-up
+            except asyncio.CancelledError:
+                raise OSError(28, "No space left on device") from None
+
+        async def hand_over(self) -> None:
+            calls.append("hand_over")
+
+        async def stop(self) -> None:
+            calls.append("stop")
+
+    monkeypatch.setattr(server, "Node", FailingStart)
+    monkeypatch.setattr(server, "stop_signals", lambda: [signal.SIGUSR1])
+
+    async def scenario() -> None:
+        await asyncio.wait_for(server.serve(cast(Any, SimpleNamespace(node_id=1))), 10)
+
+    asyncio.run(scenario())
+    assert calls == ["hand_over", "stop"]
+
+
+def test_a_step_of_the_stop_that_raises_does_not_skip_the_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each step runs even when one before it raised, as Kafka's ``BrokerServer.shutdown``
+    swallows each step's error: a raising step skipped flushing the logs, the clean-shutdown
+    marker and the lock's release, so the next start recovered every log."""
+    environ = {"KCOORD_NODE_ID": "1", "KCOORD_LOG_DIRS": str(tmp_path)}
+    config = load_config(None, {**environ, "KCOORD_CONTROLLER_QUORUM_VOTERS": "1@127.0.0.1:1"})
+    node = server.Node(config)
+    node._data_lock = DataDirLock.acquire(tmp_path)
+    node._logs_open = True
+    shut: list[str] = []
+
+    def failing_close() -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(node.rpc_pool, "close_all", failing_close)
+    monkeypatch.setattr(node.logs, "shutdown", lambda: shut.append("logs"))
+    asyncio.run(node.stop())
+    assert shut == ["logs"] and node._data_lock is None
+    assert "stopping: the RPC connections failed" in caplog.text
+    DataDirLock.acquire(tmp_path).release()  # released: another process may take it
