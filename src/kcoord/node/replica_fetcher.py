@@ -270,11 +270,15 @@ class ReplicaFetcherManager:
     # Truncation (KIP-101/279).
 
     async def _truncate(self, client: RpcClient, parts: list[Partition]) -> None:
+        # Each partition at the epoch and log it had when given to this leader's fetcher: one
+        # that moved to another leader between rounds (truncation pending again, for the new
+        # one) was asked of this one, whose error backed it off for the new leader's fetcher.
+        given = {p.tp: (p.leader_epoch, p.log) for p in parts}
         for _ in range(100):  # one round per epoch the logs disagree on; bounded for safety
             pending: list[tuple[Partition, int, int, Any]] = []
             dropped: set[TopicPartition] = set()  # out of the next rounds (one pass a round)
             for p in parts:
-                if not p.truncation_pending:
+                if not p.truncation_pending or not self._still_following(p, *given[p.tp]):
                     continue
                 epoch = p.log.epoch_cache.latest_epoch
                 if epoch == UNDEFINED_EPOCH:

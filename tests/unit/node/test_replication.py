@@ -1855,3 +1855,74 @@ def test_a_partition_stopped_while_its_truncation_asks_the_leader_is_asked_for_n
         assert asked == ["EpochEndOffset"]
 
     asyncio.run(scenario())
+
+
+def test_a_partition_that_moved_to_another_leader_between_truncation_rounds_is_not_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Partition 1 was done in the first round while partition 0 needed another; meanwhile
+    it moved to leader 2, which set its truncation pending again, and the third round asked
+    the old leader for it: its error backed the partition off for the new leader's fetcher.
+    Each partition is truncated at the epoch it was given at (AbstractFetcherThread)."""
+    nodes = (1, 2, 3)
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        n1, _, n3 = (Node(n, tmp_path / f"n{n}", cluster) for n in nodes)
+        offset = [2]
+
+        def publish(records: list[rec.MetadataRecord]) -> None:
+            for node in cluster.values():
+                node.cache.apply(offset[0], records)
+            offset[0] += 1
+
+        def change(partition: int, epoch: int, leader: int) -> rec.PartitionChange:
+            return rec.PartitionChange(
+                TOPIC_ID, partition, expected_partition_epoch=epoch, leader=leader, isr=nodes
+            )
+
+        first: list[rec.MetadataRecord] = [
+            rec.RegisterBroker(broker_id=n, incarnation_id=f"i{n}", broker_epoch=1, endpoints={})
+            for n in nodes
+        ]
+        first += [rec.UnfenceBroker(n, 1) for n in nodes]
+        first += [rec.Topic(TOPIC, TOPIC_ID, {})]
+        first += [
+            rec.Partition(TOPIC_ID, p, nodes, nodes, leader=1, leader_epoch=0, partition_epoch=0)
+            for p in (0, 1)
+        ]
+        for node in cluster.values():
+            node.cache.apply(1, first)
+        n1.produce(b"a")
+        p1_on_1 = n1.replicas.get_partition(TOPIC, 1)
+        assert p1_on_1 is not None
+        n1.replicas.append_local(p1_on_1, batch(value=b"x"), required_acks=1)
+        p0, p1 = (n3.replicas.get_partition(TOPIC, p) for p in (0, 1))
+        assert p0 is not None and p1 is not None
+        for _ in range(2):
+            await n3.fetchers._step(1, [p0, p1])
+        # Partition 0 diverges over two epochs (two rounds); partition 1 only changes epoch.
+        publish([change(0, 0, 1)])
+        n1.produce(b"b1")
+        publish([change(0, 1, 3)])
+        n3.produce(b"c2")
+        publish([change(0, 2, 1), change(1, 0, 1)])
+        asked: list[list[int]] = []
+        real = _Handlers.call
+
+        async def call(self: _Handlers, method: str, payload: Any, timeout: float) -> Any:
+            if method == "EpochEndOffset":
+                asked.append([p["partition"] for p in payload["partitions"]])
+                if len(asked) == 2:
+                    publish([change(1, 1, 2)])  # partition 1 moves to leader 2
+            return await real(self, method, payload, timeout)
+
+        monkeypatch.setattr(_Handlers, "call", call)
+        client = n3.fetchers._client(1)
+        assert client is not None
+        await n3.fetchers._truncate(client, [p0, p1])
+        assert asked == [[0, 1], [0]]
+        assert p1.leader_id == 2 and p1.truncation_pending
+        assert p1.tp not in n3.fetchers._backoff_until
+
+    asyncio.run(scenario())
