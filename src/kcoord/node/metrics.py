@@ -113,6 +113,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import weakref
 from collections import Counter
@@ -143,7 +144,11 @@ if TYPE_CHECKING:
 
 # The format ``exposition`` writes (text 0.0.4, names unescaped), whatever prometheus_client's
 # latest is (1.0.0 since 0.21, a format with escaped names that Prometheus parses otherwise).
+log = logging.getLogger(__name__)
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+# Groups and committed offsets a scrape reads per turn of the event loop (~1 us each): ~10 ms.
+SCRAPE_ITEMS_PER_TURN: Final = 10_000
 _OffsetKey = tuple[str, str, int]  # group, topic, partition
 PartitionKey = tuple[str, int]
 Committed = dict[str, dict[str, dict[int, int]]]  # group -> topic -> partition -> offset
@@ -190,11 +195,16 @@ class _Seen(dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]]):
 
 @dataclass
 class CommittedOffsets:
-    """A scrape's view of the committed offsets of the groups this node coordinates."""
+    """A scrape's view of the groups this node coordinates: their committed offsets, and
+    their members, read in the same pass a few thousand at a time (``committed_offsets``)."""
 
     offsets: Committed = field(default_factory=dict)
     partitions: set[PartitionKey] = field(default_factory=set)  # those in ``offsets``
     count: int = 0
+    # (protocol, protocol type, state) -> groups; every group's members; (group, members).
+    groups: Counter[tuple[str, str, str]] = field(default_factory=Counter)
+    members: int = 0
+    group_members: list[tuple[str, int]] = field(default_factory=list)
 
 
 class NodeCollector:
@@ -228,13 +238,14 @@ class NodeCollector:
         yet may still be lost, so it is not shown: until it commits the last committed value
         seen by an earlier scrape is (or none), as Kafka's metrics read its timeline state at
         the committed offset. An offset deleted (a tombstone not yet committed) stays shown
-        until its group's records commit. One shard per turn of the event loop: a node
-        holding a million offsets took 0.5 s of the loop here."""
+        until its group's records commit. A few thousand offsets or groups per turn of the
+        event loop: a node holding a million offsets took 0.5 s of the loop here, and one
+        shard holding them 1.2 s (a review's probe); 100,000 groups' members 0.4 s."""
         out, seen = CommittedOffsets(), _Seen()
         for ctx in self._active_contexts():
             await asyncio.sleep(0)
             if ctx.state is ShardState.ACTIVE and ctx.shard is not None:
-                self._add_shard(out, ctx, seen)
+                await self._add_shard(out, ctx, seen)
         self._committed = seen  # only once whole: a scrape cancelled midway changes nothing
         return out
 
@@ -248,28 +259,66 @@ class NodeCollector:
             if ctx.state is ShardState.ACTIVE and ctx.shard is not None
         ]
 
-    def _add_shard(
+    async def _add_shard(
         self,
         out: CommittedOffsets,
         ctx: ShardContext,
         seen: _Seen,
     ) -> None:
-        """Add the shard's committed offsets to ``out``, and what they are to ``seen`` (the
-        next scrape's ``_committed``)."""
-        assert ctx.shard is not None
-        hw = ctx.partition.high_watermark
+        """Add the shard's committed offsets and groups to ``out``, and what the offsets are
+        to ``seen`` (the next scrape's ``_committed``); nothing if the shard is unloaded
+        meanwhile. Each group as it is when its turn comes, against the high watermark then
+        (an offset below it is committed, whichever HW a scrape reads)."""
+        shard = ctx.shard
+        assert shard is not None
         shard_was, before = self._committed.get(ctx.index, (weakref.ref(ctx), {}))
         if shard_was() is not ctx:
             before = {}  # reloaded: everything below the HW is committed
         now: dict[_OffsetKey, int] = {}
-        for group_id, topics in ctx.shard.offsets.items():
+        groups: Counter[tuple[str, str, str]] = Counter()
+        group_members: list[tuple[str, int]] = []
+        work = 0
+        for group_id in list(shard.groups):
+            if work >= SCRAPE_ITEMS_PER_TURN:
+                work = 0
+                await asyncio.sleep(0)
+                if ctx.state is not ShardState.ACTIVE or ctx.shard is not shard:
+                    return
+            group = shard.groups.get(group_id)
+            if group is not None:
+                work += 1
+                groups["classic", _protocol_type_label(group.protocol_type), str(group.state)] += 1
+                group_members.append((group_id, group.num_members))
+        for group_id in list(shard.consumer_groups):  # KIP-848
+            if work >= SCRAPE_ITEMS_PER_TURN:
+                work = 0
+                await asyncio.sleep(0)
+                if ctx.state is not ShardState.ACTIVE or ctx.shard is not shard:
+                    return
+            consumer_group = shard.consumer_groups.get(group_id)
+            if consumer_group is not None:
+                work += 1
+                groups["consumer", "consumer", consumer_group.state] += 1
+                group_members.append((group_id, len(consumer_group.members)))
+        for group_id in list(shard.offsets):
+            if work >= SCRAPE_ITEMS_PER_TURN:
+                work = 0
+                await asyncio.sleep(0)
+                if ctx.state is not ShardState.ACTIVE or ctx.shard is not shard:
+                    return
+            topics = shard.offsets.get(group_id)
+            if topics is None:
+                continue
+            hw = ctx.partition.high_watermark
             for topic, parts in topics.items():
+                work += len(parts)
                 for partition, entry in parts.items():
                     key = (group_id, topic, partition)
                     if entry.record_offset < hw:
                         now[key] = entry.committed_offset
                     elif key in before:
                         now[key] = before[key]
+        hw = ctx.partition.high_watermark
         for key, value in before.items():
             if key not in now and ctx.group_written.get(key[0], 0) > hw:
                 now[key] = value
@@ -279,6 +328,9 @@ class NodeCollector:
             offsets.setdefault(group_id, {}).setdefault(topic, {})[partition] = value
             partitions.add((topic, partition))
         out.count += len(now)
+        out.groups.update(groups)
+        out.members += sum(n for _, n in group_members)
+        out.group_members += group_members
 
     # -----------------------------------------------------------------------------------------
     # Node, Raft and controller.
@@ -326,7 +378,15 @@ class NodeCollector:
         quorum, monitor = self.node.quorum, self.node.monitor
         if quorum is None:
             return
-        status = quorum.status()
+        try:
+            status = quorum.status()
+        except Exception:
+            # pysyncobj's getStatus iterates dicts its thread grows (at its first election):
+            # this scrape goes without the Raft families, not without every family (an
+            # error answer, which Prometheus takes for the node down). QuorumMonitor.sample
+            # catches the same.
+            log.debug("reading the quorum's status for /metrics failed", exc_info=True)
+            return
         state = GaugeMetricFamily(
             "kcoord_raft_state",
             "This voter's Raft state: 1 for the current one of leader, follower, unattached "
@@ -418,7 +478,7 @@ class NodeCollector:
         )
         image = self.node.cache.image
         brokers = list(image.brokers.values())
-        partitions = list(image.all_partitions()) if active else []
+        partitions = image.partition_count() if active else 0
         yield _gauge(
             "kcoord_controller_fenced_brokers",
             "On the active controller: registered brokers that are fenced.",
@@ -437,7 +497,7 @@ class NodeCollector:
         yield _gauge(
             "kcoord_controller_partitions",
             "On the active controller: partitions in the cluster.",
-            len(partitions),
+            partitions,
         )
         yield _gauge(
             "kcoord_controller_offline_partitions",
@@ -455,9 +515,12 @@ class NodeCollector:
         if replicas is None:
             return []
         rows = []
+        min_isr: dict[str, int] = {}  # by topic id: parsed once a scrape, not per partition
         for (topic, index), part in replicas.partitions.items():
             lg = part.log
             leads = part.is_leader
+            if leads and part.topic_id not in min_isr:
+                min_isr[part.topic_id] = replicas.configured_min_insync_replicas(part.topic_id)
             rows.append(
                 PartitionRow(
                     topic,
@@ -470,7 +533,9 @@ class NodeCollector:
                     lg.size_bytes,
                     len(part.isr) if leads else -1,
                     len(part.replicas) if leads else -1,
-                    leads and len(part.isr) < replicas.min_insync_replicas_for(part),
+                    leads
+                    and len(part.isr)
+                    < min(min_isr[part.topic_id], len(part.replicas or (replicas.node_id,))),
                 )
             )
         return rows
@@ -581,22 +646,11 @@ class NodeCollector:
         if runtime is None:
             return
         shard_states: Counter[str] = Counter()
-        groups: Counter[tuple[str, str, str]] = Counter()
-        members = pending = waiting = 0
+        pending = waiting = 0
         for ctx in runtime.contexts.values():
             shard_states[ctx.state.value] += 1
             pending += len(ctx.futures)
             waiting += sum(len(d.responses) for d in ctx.deferred)
-            if ctx.state is not ShardState.ACTIVE or ctx.shard is None:
-                continue
-            for group in ctx.shard.groups.values():
-                groups[
-                    ("classic", _protocol_type_label(group.protocol_type), str(group.state))
-                ] += 1
-                members += group.num_members
-            for consumer_group in ctx.shard.consumer_groups.values():  # KIP-848
-                groups[("consumer", "consumer", consumer_group.state)] += 1
-                members += len(consumer_group.members)
         family = GaugeMetricFamily(
             "kcoord_coordinator_shards",
             "Coordinator shards (led __consumer_offsets partitions) by state.",
@@ -610,11 +664,13 @@ class NodeCollector:
             "Groups this node coordinates, by group protocol, protocol type and state.",
             labels=["protocol", "protocol_type", "state"],
         )
-        for (protocol, protocol_type, group_state), n in sorted(groups.items()):
+        for (protocol, protocol_type, group_state), n in sorted(committed.groups.items()):
             family.add_metric([protocol, protocol_type, group_state], n)
         yield family
         yield _gauge(
-            "kcoord_coordinator_members", "Members of the groups this node coordinates.", members
+            "kcoord_coordinator_members",
+            "Members of the groups this node coordinates.",
+            committed.members,
         )
         yield _gauge(
             "kcoord_coordinator_committed_offsets",
@@ -845,18 +901,6 @@ class NodeCollector:
                 if part.is_leader and topic != OFFSETS_TOPIC:
                     topic_offset.add_metric([topic, str(index)], part.high_watermark)
         yield topic_offset
-        members = GaugeMetricFamily(
-            "kafka_consumergroup_members",
-            "Members of a consumer group.",
-            labels=["consumergroup"],
-        )
-        for ctx in self._active_contexts():
-            assert ctx.shard is not None
-            for group_id, group in ctx.shard.groups.items():
-                members.add_metric([group_id], group.num_members)
-            for group_id, consumer_group in ctx.shard.consumer_groups.items():
-                members.add_metric([group_id], len(consumer_group.members))
-        yield members
 
 
 class _FamilyText:
@@ -883,10 +927,14 @@ class _FamilyText:
 
 
 def consumer_lag_text(
-    offsets: Committed, end_offsets: Mapping[PartitionKey, int], head: bytes = b""
+    offsets: Committed,
+    end_offsets: Mapping[PartitionKey, int],
+    head: bytes = b"",
+    group_members: Iterable[tuple[str, int]] = (),
 ) -> bytes:
-    """``head``, then kafka_exporter's committed-offset and lag families of each group,
-    partition and topic in the text format, written directly: one sample per committed
+    """``head``, then kafka_exporter's members family of each group (``group_members``), and
+    its committed-offset and lag families of each group, partition and topic in the text
+    format, written directly: one sample per committed
     offset, so a million of them as metric families and samples took 6.7 s; this runs off the
     event loop on what the scrape gathered on it (``NodeMetrics.scrape``). A partition with no
     known end has no lag series, and its topic no lag sum (a sum over the others would read
@@ -906,6 +954,9 @@ def consumer_lag_text(
     lag_sum = _FamilyText(
         "kafka_consumergroup_lag_sum", "Sum of a consumer group's lags in a topic."
     )
+    members = _FamilyText("kafka_consumergroup_members", "Members of a consumer group.")
+    for group_id, n in group_members:
+        members.add(f'consumergroup="{group_id.translate(_LABEL_ESCAPES)}"', n)
     for group_id, topics in offsets.items():
         group = group_id.translate(_LABEL_ESCAPES)
         for topic, parts in topics.items():
@@ -928,7 +979,7 @@ def consumer_lag_text(
             if lag_known:
                 lag_sum.add(labels, lag_total)
     chunks = [head]
-    for family in (current, current_sum, lag, lag_sum):
+    for family in (members, current, current_sum, lag, lag_sum):
         chunks += family.finish()
     return b"".join(chunks)
 
@@ -1007,13 +1058,13 @@ def partition_families(rows: list[PartitionRow]) -> list[Metric]:
 def _render(
     families: list[Metric],
     rows: list[PartitionRow],
-    offsets: Committed,
+    committed: CommittedOffsets,
     ends: Mapping[PartitionKey, int],
 ) -> bytes:
     """A scrape's text, off the event loop: the families built on it, those of each
-    partition, and the consumer lag."""
+    partition, and the consumer groups' members and lag."""
     head = exposition(itertools.chain(families, partition_families(rows)))
-    return consumer_lag_text(offsets, ends, head)
+    return consumer_lag_text(committed.offsets, ends, head, committed.group_members)
 
 
 class NodeMetrics:
@@ -1044,7 +1095,7 @@ class NodeMetrics:
             rows = collector.partition_rows()
             families = [*collector.families(committed, rows), *self.registry.collect()]
             ends = collector.end_offsets(committed.partitions, remote)
-            return await asyncio.to_thread(_render, families, rows, committed.offsets, ends)
+            return await asyncio.to_thread(_render, families, rows, committed, ends)
 
 
 # Prometheus text format 0.0.4: HELP text escapes backslash and newline, label values also the

@@ -849,15 +849,20 @@ class ReplicaManager:
         factor (Kafka's ``Partition.effectiveMinIsr``, KAFKA-15583): a one-replica partition
         under ``min.insync.replicas=2`` takes writes and moves its HW, as the controller's
         ``_min_isr`` already assumes, instead of refusing acks=all and freezing the HW."""
+        configured = self.configured_min_insync_replicas(part.topic_id)
+        return min(configured, len(part.replicas or (self.node_id,)))  # as LeaderReplication's
+
+    def configured_min_insync_replicas(self, topic_id: str) -> int:
+        """The topic's ``min.insync.replicas``, else the cluster's dynamic default, else this
+        node's, not capped by any replication factor."""
         image = self.cache.image
-        topic = image.topic(part.topic_id)
+        topic = image.topic(topic_id)
         raw = topic.configs.get(MIN_INSYNC_REPLICAS_CONFIG) if topic is not None else None
         if raw is None:
             cluster = image.resource_configs(ConfigResource(ConfigResourceType.BROKER, ""))
             raw = cluster.get(MIN_INSYNC_REPLICAS_CONFIG)
         parsed = None if raw is None else parse_min_insync_replicas(raw)
-        configured = self.min_insync_replicas if parsed is None else parsed
-        return min(configured, len(part.replicas or (self.node_id,)))  # as LeaderReplication's
+        return self.min_insync_replicas if parsed is None else parsed
 
     def check_leader_and_min_isr(self, part: Partition, required_acks: int) -> None:
         """Refuse an append before anything looks at the records: NOT_LEADER_OR_FOLLOWER, or for
