@@ -307,7 +307,8 @@ _SPECS: Final[tuple[_Spec, ...]] = (
     _Spec("log.cleaner.enable", _Kind.BOOL, True),
     _Spec("log.cleaner.backoff.ms", _Kind.INT, 15_000, 0),
     # The cleaner's key map (storage/log.py offset_map_capacity): keys per pass.
-    _Spec("log.cleaner.dedupe.buffer.size", _Kind.INT, 128 * 1024 * 1024, 1),
+    # KafkaConfig.validateValues: more than 1 MiB per cleaner thread (one here).
+    _Spec("log.cleaner.dedupe.buffer.size", _Kind.INT, 128 * 1024 * 1024, 1024 * 1024 + 1),
     _Spec("log.flush.offset.checkpoint.interval.ms", _Kind.INT, 60_000, 1),
     _Spec("log.initial.task.delay.ms", _Kind.INT, 30_000, 0),
     # pysyncobj's knobs (SyncConf: leaderFallbackTimeout, connectionRetryTime,
@@ -462,6 +463,12 @@ class NodeConfig:
                 "quorum.raft.min.timeout.ms",
                 f"must be less than quorum.raft.max.timeout.ms "
                 f"({self.quorum_raft_max_timeout_ms}), got {self.quorum_raft_min_timeout_ms}",
+            )
+        if self.log_retention_ms == 0:
+            # KafkaConfig.validateValues; a topic's own retention.ms may be 0, not the node's
+            # default, which every topic without one of its own takes (all rolled segments go).
+            raise ConfigError(
+                "log.retention.ms", "must be unlimited (-1) or, greater than or equal to 1; got 0"
             )
         if self.cluster_id is not None and not self.cluster_id.strip():
             raise ConfigError("cluster.id", "must not be empty")

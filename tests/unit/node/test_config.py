@@ -226,6 +226,9 @@ def test_config_error_str_is_key_colon_message() -> None:
         ({"min.insync.replicas": 0}, "min.insync.replicas", "must be in 1.."),
         ({"log.segment.bytes": 1048575}, "log.segment.bytes", "must be in 1048576.."),
         ({"log.retention.ms": -2}, "log.retention.ms", "got -2"),
+        # KafkaConfig: -1 or at least 1 (0 deleted every rolled segment of the node's topics).
+        ({"log.retention.ms": 0}, "log.retention.ms", "must be unlimited (-1) or"),
+        ({"log.cleaner.dedupe.buffer.size": 1048576}, "log.cleaner.dedupe.buffer.size", "1048577"),
         ({"listeners": "localhost"}, "listeners", "expected HOST:PORT, got 'localhost'"),
         ({"listeners": "localhost:0"}, "listeners", "port must be in 1..65535, got 0"),
         ({"listeners": "localhost:65536"}, "listeners", "got 65536"),
