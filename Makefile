@@ -97,8 +97,11 @@ test-pipeline: check java
 up: $(STAMP)
 	$(BIN)/kcoord cluster up --data-dir .kcoord/cluster
 
-down: $(STAMP)
-	$(BIN)/kcoord cluster down --data-dir .kcoord/cluster
+# Not after $(STAMP): a pyproject.toml newer than the venv reinstalled it (pip, the network)
+# before the nodes were stopped, and an offline pip left them running.
+down:
+	@if [ -x $(BIN)/kcoord ]; then $(BIN)/kcoord cluster down --data-dir .kcoord/cluster; \
+	else echo "no $(BIN)/kcoord: no cluster was started with make up"; fi
 
 # The chaos matrix (chaos/README.md): each nemesis alone and all together, both workloads.
 # `make chaos` is the 10-minute matrix (one seed each); `make chaos-full` runs 5 seeds each.

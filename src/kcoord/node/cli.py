@@ -133,6 +133,13 @@ def _cluster(args: argparse.Namespace) -> int:
             nodes = args.nodes or (len(kept.nodes) if kept else 3)
             base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
             launcher.check_startable(data_dir, nodes)  # refused before "starting"
+            ignored = launcher.ignored_environment()
+            if ignored:
+                print(
+                    f"kcoord: not passed to the nodes (each reads its node.toml): "
+                    f"{', '.join(ignored)}",
+                    file=sys.stderr,
+                )
             print(f"kcoord: starting {nodes} nodes in {data_dir} ...", flush=True)
             # A signal from here on stops the nodes: one during the wait for the cluster to be
             # ready killed the launcher alone, leaving its nodes running unmanaged. The handler

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kcoord.node.config import render_toml
+from kcoord.node.config import ENV_PREFIX, render_toml
 from kcoord.node.controller_service import new_topic_id
 from kcoord.node.rpc_sync import call_sync
 from kcoord.storage.meta_properties import DataDirError, read_meta_properties
@@ -110,8 +110,17 @@ class ClusterState:
         path = data_dir / STATE_FILE
         if not path.exists():
             raise LauncherError(f"no cluster state in {data_dir} (start one with 'cluster up')")
-        raw = json.loads(path.read_text())
-        return cls(raw["data_dir"], [NodeProcess(**n) for n in raw["nodes"]], raw.get("cluster_id"))
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                raw["data_dir"], [NodeProcess(**n) for n in raw["nodes"]], raw.get("cluster_id")
+            )
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise LauncherError(
+                f"the cluster state {path} does not read ({e!r}): stop any node still running "
+                "from it (its node.toml is in the command line of 'kcoord.node.cli node'), "
+                "then remove the file"
+            ) from e
 
 
 def plan(
@@ -123,8 +132,7 @@ def plan(
     groups: list[int] | None = None,
 ) -> ClusterState:
     """Node ``i`` binds to ``hosts[i - 1]`` (default 127.0.0.1) and runs as ``groups[i - 1]``."""
-    if nodes not in (1, 3, 5):
-        raise LauncherError("--nodes must be 1, 3 or 5 (a Raft quorum of voters)")
+    _check_node_count(nodes)
     return ClusterState(
         str(data_dir.resolve()),
         [
@@ -171,8 +179,22 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 _EXIT_CODES: dict[int, int] = {}  # of children seen gone
 
 
+def _check_node_count(nodes: int) -> None:
+    if nodes not in (1, 3, 5):
+        raise LauncherError("--nodes must be 1, 3 or 5 (a Raft quorum of voters)")
+
+
+def ignored_environment() -> list[str]:
+    """The ``KCOORD_*`` variables of this environment, which the nodes are not given: each
+    node's config is its node.toml, and a variable meant for one ``kcoord node`` overrode every
+    node's file (``KCOORD_NODE_ID=1`` made node 2 a second node 1; an unknown one stopped
+    every node with "unknown config key")."""
+    return sorted(name for name in os.environ if name.startswith(ENV_PREFIX))
+
+
 def start_node(node: NodeProcess) -> None:
     Path(node.directory).mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
     with open(node.log_path, "ab") as out:
         proc = subprocess.Popen(
             [
@@ -192,6 +214,7 @@ def start_node(node: NodeProcess) -> None:
             stdin=subprocess.DEVNULL,
             start_new_session=True,  # Ctrl-C in the terminal reaches the launcher, not the nodes
             group=node.group,
+            env=env,
         )
     node.pid = proc.pid
     _CHILDREN[proc.pid] = proc
@@ -407,6 +430,7 @@ def up(
 def check_startable(data_dir: Path, nodes: int) -> ClusterState | None:
     """Raise ``LauncherError`` if ``nodes`` nodes may not start from ``data_dir``: a cluster
     is running from it, or it holds one of another size. Returns the cluster kept there."""
+    _check_node_count(nodes)
     if not (data_dir / STATE_FILE).exists():
         return None
     old = ClusterState.load(data_dir)

@@ -219,3 +219,57 @@ def test_start_node_says_when_the_node_exits_at_once(
     err = capsys.readouterr().err
     assert "node 1 exited with code 2" in err and str(directory / "node.log") in err
     assert launcher.ClusterState.load(tmp_path).nodes[0].pid is None
+
+
+def test_the_nodes_are_not_given_the_launchers_kcoord_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``KCOORD_*`` variable in the launcher's shell overrode every node's node.toml:
+    ``KCOORD_NODE_ID=1`` made node 2 a second node 1, and an unknown one stopped every node
+    with "unknown config key". The nodes run without them, and ``cluster up`` says so."""
+    monkeypatch.setenv("KCOORD_NODE_ID", "1")
+    monkeypatch.setenv("KCOORD_REWRITE", "1")
+    given: list[dict[str, str]] = []
+
+    class FakePopen:
+        pid = 10_000_001
+
+        def __init__(self, args: list[str], **kwargs: Any) -> None:
+            given.append(kwargs["env"])
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    node = launcher.NodeProcess(2, "127.0.0.1", 1, 2, 3, 4, str(tmp_path / "node-2"))
+    launcher.start_node(node)
+    launcher._CHILDREN.pop(FakePopen.pid, None)
+    assert not [k for k in given[0] if k.startswith("KCOORD_")]
+    assert given[0]["PATH"] == os.environ["PATH"]
+
+    def refused(*args: object, **kwargs: object) -> launcher.ClusterState:
+        raise launcher.LauncherError("not started here")
+
+    monkeypatch.setattr(launcher, "up", refused)
+    assert cli.main(["cluster", "up", "--detach", "--data-dir", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err
+    assert "not passed to the nodes" in err and "KCOORD_NODE_ID, KCOORD_REWRITE" in err
+
+
+@pytest.mark.parametrize("content", ["", "{", '{"data_dir": "x"}', '{"data_dir": 1, "nodes": 2}'])
+def test_a_damaged_cluster_state_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    """An empty or garbled cluster.json ended every cluster command in a traceback."""
+    (tmp_path / launcher.STATE_FILE).write_text(content)
+    for command in ("down", "status"):
+        assert cli.main(["cluster", command, "--data-dir", str(tmp_path)]) == 1
+        err = capsys.readouterr().err
+        assert "does not read" in err and "Traceback" not in err
+
+
+def test_a_wrong_node_count_is_refused_before_anything_is_said_or_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data_dir = tmp_path / "cluster"
+    assert cli.main(["cluster", "up", "--nodes", "2", "--data-dir", str(data_dir)]) == 1
+    out, err = capsys.readouterr()
+    assert "starting" not in out + err and "--nodes must be 1, 3 or 5" in err
+    assert not data_dir.exists()
