@@ -5,6 +5,7 @@ assignment parser."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import struct
 from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
@@ -325,3 +326,17 @@ def test_connections_past_the_admin_cap_are_closed_at_once(
             other.close()
 
     serve(scenario)
+
+
+def test_a_request_that_is_not_http_gets_400_and_no_error_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A header line past aiohttp's 8190 bytes: answered 400, as before, but it was logged at
+    ERROR with a traceback, before the token check: any client could fill the node's log."""
+
+    async def scenario(session: ClientSession, base: str, service: StubService) -> None:
+        assert await raw_status(base, "/healthz", b"Bearer " + b"x" * 9000) == 400
+        assert (await get(session, base + "/healthz"))[0] == 200
+
+    serve(scenario, token=TOKEN)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
