@@ -642,13 +642,9 @@ class GroupApi:
             out = values(resp)
             if out["error_code"] != Errors.NONE:
                 return out
-            merged = {topic["name"]: topic for topic in unknown}
-            for topic in out["topics"]:
-                if topic["name"] in merged:
-                    merged[topic["name"]]["partitions"].extend(topic["partitions"])
-                else:
-                    merged[topic["name"]] = topic
-            out["topics"] = list(merged.values())
+            # A topic may be listed more than once (and answered so): each partition keeps
+            # its answer, under one entry per topic.
+            out["topics"] = _merged_topics([*unknown, *out["topics"]])
             return out
 
         return self._submit(
@@ -739,9 +735,8 @@ class GroupApi:
         if error is not Errors.NONE:
             # GroupCoordinatorService checks the request before routing it: any node answers.
             return convert(
-                t.ConsumerGroupHeartbeatResponse(
-                    error_code=error, error_message=message, member_id=req.member_id or None
-                )
+                # Error code and message only (GroupCoordinatorService): no member id.
+                t.ConsumerGroupHeartbeatResponse(error_code=error, error_message=message)
             )
         topics = self._topics_view()
         return self._submit(

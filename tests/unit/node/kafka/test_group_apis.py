@@ -18,6 +18,9 @@ from kcoord.cluster.coordinator.types import (
     ConsumerGroupDescribeResponse,
     DescribedConsumerGroup,
     DescribedConsumerGroupMember,
+    OffsetDeleteResponse,
+    OffsetDeleteResponsePartition,
+    OffsetDeleteResponseTopic,
     OffsetFetchResponse,
     OffsetFetchResponsePartition,
     OffsetFetchResponseTopic,
@@ -39,6 +42,7 @@ from kcoord.node.kafka.groups import (
     GroupApi,
 )
 from kcoord.node.runtime import CoordinatorError, CoordinatorRuntime
+from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataImage
 from tests.unit.node.kafka.test_codec import GROUP_ADVERTISED
 
@@ -635,3 +639,99 @@ def test_the_group_apis_serve_the_versions_the_codec_tests_round_trip() -> None:
     registry = ApiRegistry()
     _api(_Runtime([])).register(registry.register)
     assert {k: v for k, v in registry.versions.items() if k != 18} == GROUP_ADVERTISED
+
+
+class _DeletingRuntime(_Runtime):
+    """A shard that deletes every offset asked for: one answer per topic entry, in order."""
+
+    def submit(self, group_id: str, call: Any, *, replay_only: bool = False) -> Any:
+        class Shard:
+            def handle_offset_delete(self, token: int, req: Any, now: int) -> Any:
+                return OffsetDeleteResponse(
+                    topics=tuple(
+                        OffsetDeleteResponseTopic(
+                            name=topic.name,
+                            partitions=tuple(
+                                OffsetDeleteResponsePartition(partition_index=p.partition_index)
+                                for p in topic.partitions
+                            ),
+                        )
+                        for topic in req.topics
+                    )
+                )
+
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(call(Shard(), 1, 0))
+        return future
+
+
+def test_offset_delete_answers_every_partition_of_a_topic_named_twice() -> None:
+    """A topic listed twice (a client writing an unsorted partition list): the shard's two
+    answers for it raised AttributeError after the tombstones were written (UNKNOWN_SERVER_ERROR
+    for offsets already gone), and of a topic missing from the metadata only the last entry's
+    partitions were answered. Every partition gets its answer, under one entry per topic, as
+    ``OffsetDeleteResponse.Builder.merge`` (found by a review, helper-249)."""
+    topic_id = "TTTTTTTTTTTTTTTTTTTTTg"
+    image = MetadataImage.from_records(
+        1,
+        [rec.Topic("t", topic_id, {})]
+        + [
+            rec.Partition(topic_id, p, (1,), (1,), leader=1, leader_epoch=0, partition_epoch=0)
+            for p in (0, 1)
+        ],
+    )
+    api = GroupApi(
+        cast(BrokerContext, SimpleNamespace(image=image)),
+        cast(CoordinatorRuntime, _DeletingRuntime([])),
+    )
+    values = {
+        "group_id": "g",
+        "topics": [
+            {"name": "nope", "partitions": [{"partition_index": 0}]},
+            {"name": "t", "partitions": [{"partition_index": 0}]},
+            {"name": "nope", "partitions": [{"partition_index": 1}]},
+            {"name": "t", "partitions": [{"partition_index": 7}, {"partition_index": 1}]},
+        ],
+    }
+
+    async def scenario() -> Any:
+        return await _answer(await api.handle_offset_delete(_request(OFFSET_DELETE_KEY, 0, values)))
+
+    answer = asyncio.run(scenario())
+    assert answer["error_code"] is Errors.NONE
+    got = {
+        topic["name"]: sorted((p["partition_index"], p["error_code"]) for p in topic["partitions"])
+        for topic in answer["topics"]
+    }
+    assert len(answer["topics"]) == 2
+    assert got == {
+        "nope": [(0, Errors.UNKNOWN_TOPIC_OR_PARTITION), (1, Errors.UNKNOWN_TOPIC_OR_PARTITION)],
+        "t": [(0, Errors.NONE), (1, Errors.NONE), (7, Errors.UNKNOWN_TOPIC_OR_PARTITION)],
+    }
+
+
+def test_a_heartbeat_refused_before_routing_carries_no_member_id() -> None:
+    """GroupCoordinatorService answers a ConsumerGroupHeartbeat that fails its checks with
+    the error code and message only: the member id was echoed back."""
+
+    async def scenario() -> Any:
+        heartbeat = _request(
+            CONSUMER_GROUP_HEARTBEAT_KEY,
+            0,
+            {
+                "group_id": "",
+                "member_id": "AAAAAAAAAAAAAAAAAAAAAA",
+                "member_epoch": 1,
+                "instance_id": None,
+                "rack_id": None,
+                "rebalance_timeout": -1,
+                "subscribed_topic_names": None,
+                "server_assignor": None,
+                "topic_partitions": None,
+            },
+        )
+        return await _answer(await _api(_Runtime([])).handle_consumer_group_heartbeat(heartbeat))
+
+    answer = asyncio.run(scenario())
+    assert answer["error_code"] is Errors.INVALID_REQUEST
+    assert answer["member_id"] is None
