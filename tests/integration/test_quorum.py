@@ -641,6 +641,26 @@ def test_a_journal_header_of_an_unknown_format_halts(
     assert Path(path).read_bytes()[: len(raw)] == bytes(raw)  # not rewritten
 
 
+def test_a_new_journal_whose_header_never_reached_the_disk_starts_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Power lost right after a voter's first start: the file's size on disk, its header
+    not (all zeros). It held nothing acknowledged, so it starts empty, where a format
+    version of 0 would halt the voter for good."""
+    monkeypatch.setattr(quorum_module, "_halt", raise_halted)
+    path = str(tmp_path / "journal")
+    Path(path).write_bytes(bytes(1024))
+    journal = quorum_module._create_journal(path)
+    assert len(journal) == 0
+    assert "all zeros" in caplog.text
+    journal.add(b"\x00a", 1, 1)
+    journal.sync()
+    journal._destroy()
+    again = quorum_module._create_journal(path)
+    assert [(e[1], e[2]) for e in again] == [(1, 1)]
+    again._destroy()
+
+
 def test_a_failed_sync_halts_the_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """After a failed fsync the kernel may have dropped the pages and report the error once:
     a retry would "succeed" without the data. The node halts instead."""

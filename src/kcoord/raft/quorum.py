@@ -520,6 +520,12 @@ class _DurableJournal(pysyncobj.journal.FileJournal):  # type: ignore[misc]
         it is, then rewritten in this one."""
         pj = pysyncobj.journal
         file = self._FileJournal__journalFile
+        if not any(file.read(0, pj.FIRST_RECORD_OFFSET)):
+            # A new journal whose header never reached the disk (power lost after its file
+            # grew): it held nothing that was acknowledged (nothing is sent unsynced).
+            log.warning("quorum: the journal's header is all zeros: starting it empty")
+            self._rewrite([])
+            return [], self._FileJournal__currentOffset
         version = _RECORD_HEAD.unpack(file.read(_FORMAT_VERSION_OFFSET, 4))[0]
         if version not in (pj.JOURNAL_FORMAT_VERSION, JOURNAL_FORMAT_VERSION):
             # Read as pysyncobj's unchecked format, each record's CRC became part of its
