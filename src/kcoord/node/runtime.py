@@ -556,10 +556,8 @@ class ShardContext:
             log.exception("coordinator handler failed on %s-%d", OFFSETS_TOPIC, self.index)
             if replay_only:
                 self._fail([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
-            elif loading:
-                self.runtime.load_failed(self)
             else:
-                self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
+                self._fail_and_reload([(token, None)], Errors.UNKNOWN_SERVER_ERROR, loading)
             return
         if result.records:
             try:
@@ -579,7 +577,7 @@ class ShardContext:
                 if replay_only:
                     self._fail(result.responses, Errors.UNKNOWN_SERVER_ERROR)
                 else:
-                    self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
+                    self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR, loading)
                 return
             try:
                 for records, encoded in parts:
@@ -606,7 +604,7 @@ class ShardContext:
             except Exception:
                 # Appending or replaying records failed after the handler changed the shard.
                 log.exception("coordinator write failed on %s-%d", OFFSETS_TOPIC, self.index)
-                self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR)
+                self._fail_and_reload(result.responses, Errors.UNKNOWN_SERVER_ERROR, loading)
                 return
         self._before_handler = None
         offset = self.last_written_offset
@@ -717,15 +715,21 @@ class ShardContext:
         )
         self._fail_and_reload(failing, _write_error(code))
 
-    def _fail_and_reload(self, failing: Sequence[tuple[Hashable, Any]], code: Errors) -> None:
+    def _fail_and_reload(
+        self, failing: Sequence[tuple[Hashable, Any]], code: Errors, loading: bool = False
+    ) -> None:
         """The requests of a failed write (or handler) get ``code``, as Kafka fails just that
         batch's events; the shard, changed in memory by what was not written, reloads from
         the log. Every other request waiting on the partition (records appended before, which
         the log keeps, or no records at all) gets NOT_COORDINATOR, which clients retry: a
         refused write of one group failed the others' commits with its own error, which no
-        client retries."""
+        client retries. ``loading``: the shard's ``on_loaded`` failed, which a reload would
+        run again: the partition is not served until its next leadership change."""
         self._fail(failing, code)
-        self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
+        if loading:
+            self.runtime.load_failed(self)
+        else:
+            self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
 
     def _append_and_replay(
         self, records: list[CoordinatorRecord], encoded: list[tuple[bytes, bytes | None]]
@@ -1304,9 +1308,12 @@ class CoordinatorRuntime:
             size,
             standby is not None,
         )
+        took_s = loop.time() - started
+        ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0, loading=True)
+        if self.contexts.get(ctx.index) is not ctx:
+            return  # on_loaded failed: not loaded (load_failed)
         ctx.load_summary = summary
         self.loads.append(summary)
-        took_s = loop.time() - started
         self.load_duration_s[summary.hot].observe(took_s)
         self.load_records_replayed += records
         del self.loads[:-1000]  # the recent ones are enough
@@ -1321,7 +1328,6 @@ class CoordinatorRuntime:
             size,
             took_s * 1000,
         )
-        ctx.run(lambda s, _t: s.on_loaded(self.now_ms()), 0, loading=True)
 
     # -- hot standby ----------------------------------------------------------------------------
 

@@ -788,6 +788,7 @@ async def serve(config: NodeConfig) -> None:
         finally:
             await node.stop()
         starting.result()
+    start_error: Exception | None = None
     try:
         await signalled
     finally:
@@ -798,14 +799,16 @@ async def serve(config: NodeConfig) -> None:
                 await starting
             except asyncio.CancelledError:
                 pass
-            except Exception:
+            except Exception as e:
                 # The start, cancelled, ended with another error: the hand-over and the stop
-                # below must still run (it escaped this block, and neither did).
-                log.exception("node %d: the cancelled start failed", config.node_id)
+                # below run first (it escaped this block, and neither did), then it is raised.
+                start_error = e
         try:
             await node.hand_over()
         finally:
             await node.stop()
+    if start_error is not None:
+        raise start_error
 
 
 OPEN_FILES_CAP = 1 << 20

@@ -109,7 +109,8 @@ def test_a_stop_signal_during_a_start_that_then_fails_still_hands_over_and_stops
     async def scenario() -> None:
         await asyncio.wait_for(server.serve(cast(Any, SimpleNamespace(node_id=1))), 10)
 
-    asyncio.run(scenario())
+    with pytest.raises(OSError, match="No space left"):  # raised once stopped: exit code 1
+        asyncio.run(scenario())
     assert calls == ["hand_over", "stop"]
 
 
