@@ -133,11 +133,10 @@ def _cluster(args: argparse.Namespace) -> int:
             nodes = args.nodes or (len(kept.nodes) if kept else 3)
             base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
             launcher.check_startable(data_dir, nodes)  # refused before "starting"
-            ignored = launcher.ignored_environment()
-            if ignored:
+            _, left_out = launcher.node_environment()  # refused before "starting" too
+            if left_out:
                 print(
-                    f"kcoord: not passed to the nodes (each reads its node.toml): "
-                    f"{', '.join(ignored)}",
+                    f"kcoord: not passed to the nodes (no such setting): {', '.join(left_out)}",
                     file=sys.stderr,
                 )
             print(f"kcoord: starting {nodes} nodes in {data_dir} ...", flush=True)

@@ -339,6 +339,12 @@ def env_var_name(key: str) -> str:
 
 _KEY_BY_ENV: Final[Mapping[str, str]] = {env_var_name(s.key): s.key for s in _SPECS}
 
+
+def config_key_of(env_var: str) -> str | None:
+    """``KCOORD_NODE_ID`` -> ``node.id``; None for a variable that names no config key."""
+    return _KEY_BY_ENV.get(env_var)
+
+
 # Keys that map one-to-one onto a NodeConfig field named like the key with dots as underscores.
 # The others (node id, cluster id, addresses, voters, data dir) are assembled by _build.
 _PLAIN_KEYS: Final = frozenset(

@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from kcoord.node.config import ENV_PREFIX, render_toml
+from kcoord.node.config import ENV_PREFIX, config_key_of, render_toml
 from kcoord.node.controller_service import new_topic_id
 from kcoord.node.rpc_sync import call_sync
 from kcoord.storage.meta_properties import DataDirError, read_meta_properties
@@ -184,17 +184,55 @@ def _check_node_count(nodes: int) -> None:
         raise LauncherError("--nodes must be 1, 3 or 5 (a Raft quorum of voters)")
 
 
-def ignored_environment() -> list[str]:
-    """The ``KCOORD_*`` variables of this environment, which the nodes are not given: each
-    node's config is its node.toml, and a variable meant for one ``kcoord node`` overrode every
-    node's file (``KCOORD_NODE_ID=1`` made node 2 a second node 1; an unknown one stopped
-    every node with "unknown config key")."""
-    return sorted(name for name in os.environ if name.startswith(ENV_PREFIX))
+# What each node's node.toml sets for that node alone (render_config), with the advertised
+# forms and the other names of the data directory: one value from the environment would be
+# every node's.
+PER_NODE_KEYS: Final = frozenset(
+    {
+        "node.id",
+        "listeners",
+        "advertised.listeners",
+        "rpc.listener",
+        "advertised.rpc.listener",
+        "quorum.listener",
+        "advertised.quorum.listener",
+        "admin.listener",
+        "controller.quorum.voters",
+        "data.dir",
+        "log.dirs",
+        "cluster.id",
+    }
+)
+
+
+def node_environment() -> tuple[dict[str, str], list[str]]:
+    """The environment the nodes are started with, and the ``KCOORD_*`` variables left out
+    of it. A variable naming a setting of the whole cluster goes to every node, as it always
+    did (``KCOORD_ADMIN_API_TOKEN`` guards every node's admin API). One naming a setting of
+    each node alone raises ``LauncherError``: ``KCOORD_NODE_ID=1`` made node 2 a second node
+    1. One naming no setting is left out: every node exited on it ("unknown config key")."""
+    env: dict[str, str] = {}
+    left_out: list[str] = []
+    for name, value in os.environ.items():
+        if not name.startswith(ENV_PREFIX):
+            env[name] = value
+            continue
+        key = config_key_of(name)
+        if key is None:
+            left_out.append(name)
+        elif key in PER_NODE_KEYS:
+            raise LauncherError(
+                f"{name} would set {key} of every node to one value; unset it (each node's "
+                "node.toml sets its own)"
+            )
+        else:
+            env[name] = value
+    return env, sorted(left_out)
 
 
 def start_node(node: NodeProcess) -> None:
     Path(node.directory).mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
+    env, _ = node_environment()
     with open(node.log_path, "ab") as out:
         proc = subprocess.Popen(
             [

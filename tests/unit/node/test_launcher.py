@@ -221,13 +221,15 @@ def test_start_node_says_when_the_node_exits_at_once(
     assert launcher.ClusterState.load(tmp_path).nodes[0].pid is None
 
 
-def test_the_nodes_are_not_given_the_launchers_kcoord_variables(
+def test_the_nodes_get_the_cluster_wide_kcoord_variables_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A ``KCOORD_*`` variable in the launcher's shell overrode every node's node.toml:
-    ``KCOORD_NODE_ID=1`` made node 2 a second node 1, and an unknown one stopped every node
-    with "unknown config key". The nodes run without them, and ``cluster up`` says so."""
-    monkeypatch.setenv("KCOORD_NODE_ID", "1")
+    """A ``KCOORD_*`` variable in the launcher's shell went to every node, over its
+    node.toml: ``KCOORD_NODE_ID=1`` made node 2 a second node 1, and one naming no setting
+    stopped every node with "unknown config key". A setting of the whole cluster still goes
+    to every node (the admin token guards each); one of each node alone is refused before
+    anything starts; one naming no setting is left out, and ``cluster up`` says so."""
+    monkeypatch.setenv("KCOORD_ADMIN_API_TOKEN", "s3cret")
     monkeypatch.setenv("KCOORD_REWRITE", "1")
     given: list[dict[str, str]] = []
 
@@ -241,16 +243,27 @@ def test_the_nodes_are_not_given_the_launchers_kcoord_variables(
     node = launcher.NodeProcess(2, "127.0.0.1", 1, 2, 3, 4, str(tmp_path / "node-2"))
     launcher.start_node(node)
     launcher._CHILDREN.pop(FakePopen.pid, None)
-    assert not [k for k in given[0] if k.startswith("KCOORD_")]
+    assert given[0]["KCOORD_ADMIN_API_TOKEN"] == "s3cret"
+    assert "KCOORD_REWRITE" not in given[0]
     assert given[0]["PATH"] == os.environ["PATH"]
 
     def refused(*args: object, **kwargs: object) -> launcher.ClusterState:
         raise launcher.LauncherError("not started here")
 
     monkeypatch.setattr(launcher, "up", refused)
-    assert cli.main(["cluster", "up", "--detach", "--data-dir", str(tmp_path / "c")]) == 1
+    data_dir = str(tmp_path / "c")
+    assert cli.main(["cluster", "up", "--detach", "--data-dir", data_dir]) == 1
     err = capsys.readouterr().err
-    assert "not passed to the nodes" in err and "KCOORD_NODE_ID, KCOORD_REWRITE" in err
+    assert "not passed to the nodes (no such setting): KCOORD_REWRITE" in err
+
+    monkeypatch.setenv("KCOORD_NODE_ID", "1")
+    assert cli.main(["cluster", "up", "--detach", "--data-dir", data_dir]) == 1
+    out, err = capsys.readouterr()
+    assert "KCOORD_NODE_ID would set node.id of every node" in err
+    assert "starting" not in out + err
+    with pytest.raises(launcher.LauncherError, match="KCOORD_NODE_ID"):
+        launcher.start_node(node)
+    assert len(given) == 1
 
 
 @pytest.mark.parametrize("content", ["", "{", '{"data_dir": "x"}', '{"data_dir": 1, "nodes": 2}'])
