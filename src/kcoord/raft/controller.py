@@ -1826,6 +1826,11 @@ class Controller:
                 error = topic_config_error({name: value})
                 if error is not None:  # the broker key named, as Kafka's message does
                     return error.replace(f"configuration {name}:", f"configuration {key}:", 1)
+            retention = known.get("log.retention.ms")
+            if retention is not None and int(retention) == 0:
+                # KafkaConfig.validateValues, which a dynamic broker config goes through; a
+                # topic's own retention.ms may be 0, not the default of every topic.
+                return "log.retention.ms must be unlimited (-1) or, greater than or equal to 1"
             return topic_config_error(
                 {TOPIC_CONFIGS_BY_BROKER_NAME[k].name: v for k, v in known.items()}
             )

@@ -1422,6 +1422,21 @@ def test_a_cluster_level_key_another_build_wrote_neither_blocks_alters_nor_stays
     assert cluster.image.resource_configs(CLUSTER_CONFIGS) == {"log.retention.ms": "60000"}
 
 
+def test_a_cluster_level_retention_of_zero_is_refused_as_a_brokers_would_be() -> None:
+    """``log.retention.ms=0`` as the cluster's default was taken as a topic's value (which
+    may be 0) and applied to every topic without its own: all their rolled segments went.
+    KafkaConfig.validateValues, which a dynamic broker config goes through, refuses it; a
+    topic's own retention.ms=0 stays allowed."""
+    cluster = three_brokers()
+    refused = alter_cluster_defaults(cluster, [("log.retention.ms", ConfigOp.SET, "0")])
+    assert refused.response.error is Errors.INVALID_REQUEST and not refused.records
+    assert "log.retention.ms must be unlimited (-1)" in refused.response.message
+    for value in ("-1", "1"):
+        allowed = alter_cluster_defaults(cluster, [("log.retention.ms", ConfigOp.SET, value)])
+        assert allowed.response.error is Errors.NONE
+    cluster.create_topic("t", T1, 1, 1, {"retention.ms": "0"})
+
+
 @pytest.mark.parametrize("raw", ["+2", " 2", "2 "])
 def test_min_isr_is_read_as_every_leader_reads_it(raw: str) -> None:
     """Kafka's ConfigDef trims and takes a sign; the controller read only bare digits, so with
