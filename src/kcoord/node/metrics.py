@@ -193,6 +193,25 @@ class _Seen(dict[int, tuple[weakref.ref[ShardContext], dict[_OffsetKey, int]]]):
     committed offsets, (group, topic, partition) -> offset, as a scrape saw them."""
 
 
+class _Turns:
+    """A scrape's reading of one shard, ``SCRAPE_ITEMS_PER_TURN`` items per turn of the event
+    loop: ``done`` counts the items read since the last turn."""
+
+    def __init__(self, ctx: ShardContext, shard: object) -> None:
+        self.ctx = ctx
+        self.shard = shard
+        self.done = 0
+
+    async def go_on(self) -> bool:
+        """False once the shard read is no longer the context's active one (unloaded or
+        reloaded during a turn given to the loop's other work)."""
+        if self.done < SCRAPE_ITEMS_PER_TURN:
+            return True
+        self.done = 0
+        await asyncio.sleep(0)
+        return self.ctx.state is ShardState.ACTIVE and self.ctx.shard is self.shard
+
+
 @dataclass
 class CommittedOffsets:
     """A scrape's view of the groups this node coordinates: their committed offsets, and
@@ -277,41 +296,32 @@ class NodeCollector:
         now: dict[_OffsetKey, int] = {}
         groups: Counter[tuple[str, str, str]] = Counter()
         group_members: list[tuple[str, int]] = []
-        work = 0
+        turns = _Turns(ctx, shard)
         for group_id in list(shard.groups):
-            if work >= SCRAPE_ITEMS_PER_TURN:
-                work = 0
-                await asyncio.sleep(0)
-                if ctx.state is not ShardState.ACTIVE or ctx.shard is not shard:
-                    return
+            if not await turns.go_on():
+                return
             group = shard.groups.get(group_id)
             if group is not None:
-                work += 1
+                turns.done += 1
                 groups["classic", _protocol_type_label(group.protocol_type), str(group.state)] += 1
                 group_members.append((group_id, group.num_members))
         for group_id in list(shard.consumer_groups):  # KIP-848
-            if work >= SCRAPE_ITEMS_PER_TURN:
-                work = 0
-                await asyncio.sleep(0)
-                if ctx.state is not ShardState.ACTIVE or ctx.shard is not shard:
-                    return
+            if not await turns.go_on():
+                return
             consumer_group = shard.consumer_groups.get(group_id)
             if consumer_group is not None:
-                work += 1
+                turns.done += 1
                 groups["consumer", "consumer", consumer_group.state] += 1
                 group_members.append((group_id, len(consumer_group.members)))
         for group_id in list(shard.offsets):
-            if work >= SCRAPE_ITEMS_PER_TURN:
-                work = 0
-                await asyncio.sleep(0)
-                if ctx.state is not ShardState.ACTIVE or ctx.shard is not shard:
-                    return
+            if not await turns.go_on():
+                return
             topics = shard.offsets.get(group_id)
             if topics is None:
                 continue
             hw = ctx.partition.high_watermark
             for topic, parts in topics.items():
-                work += len(parts)
+                turns.done += len(parts)
                 for partition, entry in parts.items():
                     key = (group_id, topic, partition)
                     if entry.record_offset < hw:
@@ -535,7 +545,7 @@ class NodeCollector:
                     len(part.replicas) if leads else -1,
                     leads
                     and len(part.isr)
-                    < min(min_isr[part.topic_id], len(part.replicas or (replicas.node_id,))),
+                    < replicas.min_insync_replicas_for(part, min_isr[part.topic_id]),
                 )
             )
         return rows

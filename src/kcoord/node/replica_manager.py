@@ -843,13 +843,15 @@ class ReplicaManager:
     # -----------------------------------------------------------------------------------------
     # Writes and reads.
 
-    def min_insync_replicas_for(self, part: Partition) -> int:
+    def min_insync_replicas_for(self, part: Partition, configured: int | None = None) -> int:
         """The effective ``min.insync.replicas``: the topic's, else the cluster's dynamic
         default, else this node's (Kafka's LogConfig resolution), never above the replication
         factor (Kafka's ``Partition.effectiveMinIsr``, KAFKA-15583): a one-replica partition
         under ``min.insync.replicas=2`` takes writes and moves its HW, as the controller's
-        ``_min_isr`` already assumes, instead of refusing acks=all and freezing the HW."""
-        configured = self.configured_min_insync_replicas(part.topic_id)
+        ``_min_isr`` already assumes, instead of refusing acks=all and freezing the HW.
+        ``configured``: the topic's ``configured_min_insync_replicas``, if already read."""
+        if configured is None:
+            configured = self.configured_min_insync_replicas(part.topic_id)
         return min(configured, len(part.replicas or (self.node_id,)))  # as LeaderReplication's
 
     def configured_min_insync_replicas(self, topic_id: str) -> int:

@@ -642,9 +642,11 @@ class GroupApi:
             out = values(resp)
             if out["error_code"] != Errors.NONE:
                 return out
-            # A topic may be listed more than once (and answered so): each partition keeps
-            # its answer, under one entry per topic.
-            out["topics"] = _merged_topics([*unknown, *out["topics"]])
+            if unknown:
+                # Builder.merge: each of the coordinator's partitions under the first entry of
+                # its topic (a topic may be listed twice); with nothing of KafkaApis' own, the
+                # coordinator's answer is taken as it is.
+                out["topics"] = _merged_topics([*unknown, *out["topics"]])
             return out
 
         return self._submit(
