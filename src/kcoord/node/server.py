@@ -558,7 +558,7 @@ class Node:
         if self.replicas is not None:
             steps.append(("the replicas", self.replicas.close))
         if self._bridge is not None:
-            steps.append(("the metadata bridge", self._bridge.wait_closed))
+            steps.append(("the metadata bridge's last batch", self._bridge.wait_closed))
         steps.append(("the background tasks", self._stop_tasks))
         if self.log_maintenance is not None:
             steps.append(("the log maintenance", self.log_maintenance.close))
