@@ -184,11 +184,15 @@ class History:
 
     ``clock`` returns seconds since the run started on a monotonic clock; ``add`` reads it when
     no explicit ``time`` is given (a history loaded from disk has no clock, so every ``add``
-    then needs one).
+    then needs one). ``origin``: the run's start on ``time.monotonic()``, where the times the
+    client processes stamp their reports with are turned into the history's (``time_at``).
     """
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, clock: Callable[[], float] | None = None, origin: float | None = None
+    ) -> None:
         self._clock = clock
+        self.origin = origin
         self._lock = threading.Lock()
         self._events: list[Event] = []
         # Invoke index <-> completion index, rebuilt lazily after an add.
@@ -196,6 +200,13 @@ class History:
         self._invocation_of: dict[int, int] = {}
         self._paired_up_to = 0
         self._open_invokes: dict[tuple[str, str], deque[int]] = {}
+
+    def time_at(self, monotonic: object) -> float | None:
+        """The history time of a ``time.monotonic()`` reading another process of the run
+        took; None without an origin or a reading (``add`` then reads the clock)."""
+        if self.origin is None or not isinstance(monotonic, int | float):
+            return None
+        return float(monotonic) - self.origin
 
     def add(
         self,

@@ -29,7 +29,8 @@ FLUSH_TIMEOUT_S = 30.0
 
 
 def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    # When it happened, on the clock every process of the host shares (see member.py).
+    sys.stdout.write(json.dumps({"event": event, "at": time.monotonic(), **fields}) + "\n")
     sys.stdout.flush()
 
 

@@ -27,7 +27,8 @@ WATERMARK_RETRY_S = 0.2
 
 
 def emit(event: str, **fields: Any) -> None:
-    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    # When it happened, on the clock every process of the host shares (see member.py).
+    sys.stdout.write(json.dumps({"event": event, "at": time.monotonic(), **fields}) + "\n")
     sys.stdout.flush()
 
 

@@ -731,7 +731,7 @@ def prepare_run(options: Options) -> tuple[Path, History, float]:
     shutil.rmtree(work, ignore_errors=True)
     (work / "clients").mkdir(parents=True)
     t0 = time.monotonic()
-    history = History(clock=lambda: time.monotonic() - t0)
+    history = History(clock=lambda: time.monotonic() - t0, origin=t0)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         raise RunInterruptedError(f"signal {signum}")

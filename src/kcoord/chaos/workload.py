@@ -289,7 +289,15 @@ class GroupsWorkload:
             # Which protocol's generation it is (the checkers fence classic ones alone).
             "group_protocol": cfg.get("group_protocol") or "classic",
         }
-        add = self.history.add
+        # Each report at the time its client stamped it: read on a thread per client, the
+        # time the runner got it ordered commits of two clients the other way round (a
+        # review's probe: a commit acknowledged last, read back, was taken for one
+        # overwritten: a false lost commit), and held reads to acknowledgements late.
+        when = self.history.time_at(event.get("at"))
+
+        def add(process: str, type_: str, f: str, value: dict[str, Any]) -> None:
+            self.history.add(process, type_, f, value, time=when)
+
         if kind == "records":
             add(proc.name, "ok", "consume", {**who, "records": event["records"]})
         elif kind == "committing":

@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from kcoord.chaos import member
+from kcoord.chaos import member, producer, queue_consumer
 from kcoord.chaos import workload as workload_module
 from kcoord.chaos.history import PROCESS_EXIT_F, UNRECORDED_REPORT_F, History
 from kcoord.chaos.queue_consumer import _generation
@@ -186,3 +186,28 @@ def test_a_members_reports_are_stamped_on_the_hosts_monotonic_clock(
         "at": 42.5,
         "partitions": [0],
     }
+
+
+def test_each_report_is_recorded_at_the_time_its_client_stamped_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The runner reads each client's reports on a thread of its own, and recorded them at
+    the time it got them: a commit invoked by one member after another's was acknowledged
+    could be recorded before it, and the checker then took the commit acknowledged last for
+    one overwritten (a false lost commit; a review's probe). A report is recorded at its
+    ``"at"``, on the run's clock; one without it (or a history without an origin) when read."""
+    history = History(clock=lambda: 1000.0, origin=10.0)
+    workload = GroupsWorkload("127.0.0.1:1", history, Path("/nonexistent"))
+    proc = cast(Any, SimpleNamespace(name="m1", cfg={"group": "g", "topic": "t"}))
+    workload._on_event(proc, {"event": "committing", "at": 12.5, "offsets": {"0": 5}})
+    workload._on_event(proc, {"event": "committed", "offsets": {"0": 5}})
+    workload._on_event(proc, {"event": "sent", "at": 11.0, "key": "k", "value": "v"})
+    assert [(e.f, e.type, e.time) for e in history.events()] == [
+        ("commit", "invoke", 2.5),
+        ("commit", "ok", 1000.0),
+        ("send", "ok", 1.0),
+    ]
+    # The producer and the queue consumer stamp their reports as the members do.
+    for module in (producer, queue_consumer):
+        module.emit("sent", key="k")
+        assert isinstance(json.loads(capsys.readouterr().out)["at"], float)
