@@ -38,6 +38,7 @@ toxics removed, proxies enabled, containers unpaused and started.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -322,9 +323,20 @@ class ProxyFirewall:
                     self.disabled.append(proxy)
 
     def heal(self) -> None:
-        disabled, self.disabled = self.disabled, []
-        for proxy in disabled:
-            proxy.enable()
+        """Enable every disabled proxy; one that could not be is kept (a later heal tries it
+        again) and the heal raises. Cleared first, the proxies after a failed one stayed
+        disabled, listed nowhere, and the final heal left the cluster partitioned."""
+        failed: list[Any] = []
+        errors: list[str] = []
+        for proxy in self.disabled:
+            try:
+                proxy.enable()
+            except Exception as e:
+                failed.append(proxy)
+                errors.append(repr(e))
+        self.disabled = failed
+        if errors:
+            raise ComposeError(f"proxies not enabled again: {'; '.join(errors)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,12 +394,21 @@ class ComposeLab(runner.ChaosLab):
         self.compose_processes.start(node)
 
     def heal_all(self) -> None:
-        """Every fault undone: toxics, disabled proxies, paused and killed containers."""
+        """Every fault undone: toxics, disabled proxies, paused and killed containers; each
+        step tried even when one before it failed (the containers stayed paused after a
+        failed proxy heal), and the first failure raised after them all."""
         assert self.links is not None
-        self.links.heal()
-        self.firewall.heal()
-        for node in self.nodes():
-            self.restart(node)
+        links = self.links
+        steps: list[Callable[[], None]] = [links.heal, self.firewall.heal]
+        steps += [functools.partial(self.restart, node) for node in self.nodes()]
+        first: Exception | None = None
+        for step in steps:
+            try:
+                step()
+            except Exception as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def fenced_brokers(self, excluding: int, timeout_s: float) -> set[int] | None:
         """As the lab's, through the admin API (the containers' RPC ports are not published):
@@ -504,6 +525,8 @@ def run(options: runner.Options, compose_file: Path, docker: Docker | None = Non
         except runner.RunInterruptedError as e:
             # A signal here still lets the report be written, and says the heal was cut.
             error = error or f"interrupted while healing ({e})"
-        except Exception:
+        except Exception as e:
+            # The persistent cluster may be left paused or partitioned: the run fails.
             log.exception("healing the compose cluster failed")
+            error = error or f"healing the compose cluster failed: {e!r}"
     return runner.conclude(options, history, started, error)

@@ -292,3 +292,48 @@ def test_the_command_line_target(
     code = runner.main(["run", "--target", "compose", "--compose-file", str(missing)])
     assert code == 2
     assert f"cannot read {missing}" in capsys.readouterr().err
+
+
+class _FlakyProxy:
+    """A Toxiproxy proxy whose first removal (or enabling) fails."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.failures = 1
+        self.done: list[str] = []
+
+    def _once(self, what: str) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise OSError(f"{self.name}: connection refused")
+        self.done.append(what)
+
+    def destroy_toxic(self, name: str) -> None:
+        self._once(f"removed {name}")
+
+    def enable(self) -> None:
+        self._once("enabled")
+
+
+def test_a_heal_that_fails_keeps_what_it_could_not_undo_and_says_so() -> None:
+    """A toxic (or a disabled proxy) whose removal failed was forgotten: it stayed in force
+    while the history said the links were healed, and no later heal tried it again. The heal
+    tries each, keeps the failed ones and raises; the next heal undoes them."""
+    flaky, fine = _FlakyProxy("a"), _FlakyProxy("b")
+    fine.failures = 0
+    links = Links(client=None, toxics=[(flaky, "latency"), (fine, "latency")])
+    with pytest.raises(RuntimeError, match="a: connection refused"):
+        links.heal()
+    assert fine.done == ["removed latency"] and links.toxics == [(flaky, "latency")]
+    links.heal()
+    assert flaky.done == ["removed latency"] and links.toxics == []
+
+    flaky, fine = _FlakyProxy("a"), _FlakyProxy("b")
+    fine.failures = 0
+    firewall = compose.ProxyFirewall(links, [1, 2, 3])
+    firewall.disabled = [flaky, fine]
+    with pytest.raises(compose.ComposeError, match="a: connection refused"):
+        firewall.heal()
+    assert fine.done == ["enabled"] and firewall.disabled == [flaky]
+    firewall.heal()
+    assert flaky.done == ["enabled"] and firewall.disabled == []
