@@ -388,8 +388,11 @@ def run_confluent(cfg: dict[str, Any]) -> None:
         conf["group.protocol"] = "consumer"
         # librdkafka's own trace of the group protocol (heartbeats, reconciliation: a few
         # lines a heartbeat), as the other clients' group traces are always kept: a KIP-848
-        # member stuck inside librdkafka left no word of what it was waiting for.
-        conf["debug"] = "cgrp"
+        # member stuck inside librdkafka left no word of what it was waiting for. With its
+        # fetches and offset resets ("fetch", "topic"): a member given a partition back at
+        # its committed offset 580 delivered offsets 0-499 of it at once (chaos seed 4216),
+        # and the trace could not tell a stale fetch queue from a reset.
+        conf["debug"] = "cgrp,fetch,topic"
         for key in ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"):
             conf.pop(key)
     consumer = Consumer(conf)
