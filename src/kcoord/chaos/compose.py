@@ -55,7 +55,7 @@ from toxiproxy import Toxiproxy
 from kcoord.chaos import runner
 from kcoord.chaos.history import History
 from kcoord.chaos.lab import grudge_of
-from kcoord.chaos.links import KINDS, Links
+from kcoord.chaos.links import KINDS, Links, undo_each
 from kcoord.node import launcher
 from kcoord.node.config import ConfigError, Endpoint, NodeConfig, load_config
 
@@ -326,15 +326,7 @@ class ProxyFirewall:
         """Enable every disabled proxy; one that could not be is kept (a later heal tries it
         again) and the heal raises. Cleared first, the proxies after a failed one stayed
         disabled, listed nowhere, and the final heal left the cluster partitioned."""
-        failed: list[Any] = []
-        errors: list[str] = []
-        for proxy in self.disabled:
-            try:
-                proxy.enable()
-            except Exception as e:
-                failed.append(proxy)
-                errors.append(repr(e))
-        self.disabled = failed
+        self.disabled, errors = undo_each(self.disabled, lambda proxy: proxy.enable())
         if errors:
             raise ComposeError(f"proxies not enabled again: {'; '.join(errors)}")
 
@@ -396,19 +388,13 @@ class ComposeLab(runner.ChaosLab):
     def heal_all(self) -> None:
         """Every fault undone: toxics, disabled proxies, paused and killed containers; each
         step tried even when one before it failed (the containers stayed paused after a
-        failed proxy heal), and the first failure raised after them all."""
+        failed proxy heal), and the failures raised after them all."""
         assert self.links is not None
-        links = self.links
-        steps: list[Callable[[], None]] = [links.heal, self.firewall.heal]
+        steps: list[Callable[[], None]] = [self.links.heal, self.firewall.heal]
         steps += [functools.partial(self.restart, node) for node in self.nodes()]
-        first: Exception | None = None
-        for step in steps:
-            try:
-                step()
-            except Exception as e:
-                first = first or e
-        if first is not None:
-            raise first
+        _, errors = undo_each(steps, lambda step: step())
+        if errors:
+            raise ComposeError(f"the heal failed: {'; '.join(errors)}")
 
     def fenced_brokers(self, excluding: int, timeout_s: float) -> set[int] | None:
         """As the lab's, through the admin API (the containers' RPC ports are not published):

@@ -31,10 +31,10 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from toxiproxy import Toxiproxy
 
@@ -45,6 +45,9 @@ KINDS = ("kafka", "rpc", "quorum")
 # On one host, the ports of node M's block (base + 10 (M - 1) + offset) a Raft pair proxy to M
 # may take: the launcher uses 0-3, the proxies 5-7. So a node may be dialled by three peers.
 PAIR_PORT_OFFSETS = (4, 8, 9)
+
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -85,17 +88,23 @@ class Links:
         """Remove every toxic; one that could not be removed is kept (a later heal tries it
         again) and the heal raises: forgotten, it stayed in force while the history said the
         links were healed, and the checker's fault windows ended at that heal."""
-        failed: list[tuple[Any, str]] = []
-        errors: list[str] = []
-        for proxy, name in self.toxics:
-            try:
-                proxy.destroy_toxic(name)
-            except Exception as e:
-                failed.append((proxy, name))
-                errors.append(f"{name}: {e!r}")
-        self.toxics = failed
+        self.toxics, errors = undo_each(self.toxics, lambda t: t[0].destroy_toxic(t[1]))
         if errors:
             raise RuntimeError(f"toxics not removed: {'; '.join(errors)}")
+
+
+def undo_each(items: list[T], undo: Callable[[T], object]) -> tuple[list[T], list[str]]:
+    """``undo`` each of ``items``, each tried whatever the others did: (the items it failed
+    for, its errors), so that a heal keeps what it could not undo for the next to try."""
+    failed: list[T] = []
+    errors: list[str] = []
+    for item in items:
+        try:
+            undo(item)
+        except Exception as e:
+            failed.append(item)
+            errors.append(repr(e))
+    return failed, errors
 
 
 def proxy_port(node: launcher.NodeProcess, kind: str) -> int:

@@ -142,10 +142,10 @@ from kcoord.stats import Histogram
 if TYPE_CHECKING:
     from kcoord.node.server import Node
 
-# The format ``exposition`` writes (text 0.0.4, names unescaped), whatever prometheus_client's
-# latest is (1.0.0 since 0.21, a format with escaped names that Prometheus parses otherwise).
 log = logging.getLogger(__name__)
 
+# The format ``exposition`` writes (text 0.0.4, names unescaped), whatever prometheus_client's
+# latest is (1.0.0 since 0.21, a format with escaped names that Prometheus parses otherwise).
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 # Groups and committed offsets a scrape reads per turn of the event loop (~1 us each): ~10 ms.
 SCRAPE_ITEMS_PER_TURN: Final = 10_000
@@ -944,11 +944,10 @@ def consumer_lag_text(
 ) -> bytes:
     """``head``, then kafka_exporter's members family of each group (``group_members``), and
     its committed-offset and lag families of each group, partition and topic in the text
-    format, written directly: one sample per committed
-    offset, so a million of them as metric families and samples took 6.7 s; this runs off the
-    event loop on what the scrape gathered on it (``NodeMetrics.scrape``). A partition with no
-    known end has no lag series, and its topic no lag sum (a sum over the others would read
-    as a lag drop)."""
+    format, written directly: one sample per committed offset, so a million of them as metric
+    families and samples took 6.7 s; this runs off the event loop on what the scrape gathered
+    on it (``NodeMetrics.scrape``). A partition with no known end has no lag series, and its
+    topic no lag sum (a sum over the others would read as a lag drop)."""
     current = _FamilyText(
         "kafka_consumergroup_current_offset",
         "Committed offset of a consumer group in a partition.",
