@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from kcoord.cluster.coordinator.consumer import INTERNAL_TOPICS
 from kcoord.node.config import Endpoint
-from kcoord.node.kafka.codec import topic_id_to_uuid, uuid_to_topic_id
+from kcoord.node.kafka.codec import uuid_to_topic_id
 from kcoord.node.kafka.controller_channel import ControllerChannel
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import ReplicaManager
@@ -105,14 +105,10 @@ class BrokerContext:
     def topic_by_uuid(self, value: uuid.UUID | None) -> TopicImage | None:
         if value is None or value.int == 0:
             return None
-        topic = self.image.topic(uuid_to_topic_id(value))
-        if topic is not None:
-            return topic
-        # An id that is not base64 of its UUID (hand-made images in tests).
-        for candidate in self.image.topics.values():
-            if topic_id_to_uuid(candidate.topic_id) == value:
-                return candidate
-        return None
+        # One lookup, as KafkaApis' ``metadataCache.topicIdsToNames``: every id is ours, so
+        # it is the base64 of its UUID. Trying each topic's id for a miss cost 38 ms per
+        # unknown id with 5,000 topics, on the loop: one Fetch of unknown ids stalled the node.
+        return self.image.topic(uuid_to_topic_id(value))
 
 
 def is_internal(topic: str) -> bool:

@@ -533,21 +533,21 @@ class FetchApi:
     # OffsetForLeaderEpoch.
 
     async def handle_offset_for_leader_epoch(self, request: Request) -> Result:
-        topics = [
-            {
-                "topic": topic.topic,
-                "partitions": [
+        topics: list[dict[str, Any]] = []
+        done = 0
+        for topic in request.body.topics:
+            partitions: list[dict[str, Any]] = []
+            topics.append({"topic": topic.topic, "partitions": partitions})
+            for p in topic.partitions:
+                current_leader_epoch = getattr(p, "current_leader_epoch", -1)
+                partitions.append(
                     self._epoch_end_offset(
-                        topic.topic,
-                        p.partition,
-                        getattr(p, "current_leader_epoch", -1),
-                        p.leader_epoch,
+                        topic.topic, p.partition, current_leader_epoch, p.leader_epoch
                     )
-                    for p in topic.partitions
-                ],
-            }
-            for topic in request.body.topics
-        ]
+                )
+                done += 1
+                if done % PARTITIONS_PER_SLICE == 0:
+                    await asyncio.sleep(0)  # the other connections' turn, as in a Fetch
         return {"throttle_time": 0, "topics": topics}
 
     def _epoch_end_offset(

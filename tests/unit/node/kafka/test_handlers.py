@@ -847,6 +847,31 @@ def test_a_produce_by_topic_id_never_lands_in_a_topic_recreated_meanwhile(
     run(tmp_path, test)
 
 
+def test_an_unknown_topic_id_is_one_lookup_not_a_walk_of_every_topic(tmp_path: Path) -> None:
+    """A topic id is the base64 of its UUID, so an id is found, or not, by one lookup (Kafka's
+    ``topicIdsToNames``): trying every topic's id for each unknown one held the loop 38 ms per
+    id with 5,000 topics, and one Fetch naming thousands of unknown ids stalled the node."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        known = codec.topic_id_to_uuid(h.topic_id("t"))
+        image = h.cache.image
+        walked: list[str] = []
+        topics = type(image).topics
+
+        def watched(self: Any) -> Any:
+            walked.append("topics")
+            return topics.__get__(self)
+
+        with mock.patch.object(type(image), "topics", property(watched)):
+            assert h.broker.ctx.topic_by_uuid(uuid.uuid4()) is None
+            found = h.broker.ctx.topic_by_uuid(known)
+        assert found is not None and found.name == "t"
+        assert walked == []
+
+    run(tmp_path, test)
+
+
 def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 3, 1)
@@ -1575,13 +1600,13 @@ def test_acks_zero_answers_nothing_and_closes_on_failure(tmp_path: Path) -> None
 # ------------------------------------------------------------------ idempotence
 
 
-@pytest.mark.parametrize("api", [PRODUCE, FETCH])
+@pytest.mark.parametrize("api", [PRODUCE, FETCH, OFFSET_FOR_LEADER_EPOCH])
 def test_a_request_naming_many_partitions_lets_the_loop_run_as_it_goes(
     tmp_path: Path, api: int
 ) -> None:
-    """Produce's and Fetch's handlers yield to the loop between slices of partitions (and a
-    large request is decoded on a codec thread): one naming 200,000 partitions held every
-    other connection for 3 s."""
+    """Produce's, Fetch's and OffsetForLeaderEpoch's handlers yield to the loop between slices
+    of partitions (and a large request is decoded on a codec thread): one naming 200,000
+    partitions held every other connection for 3 s (2 s for OffsetForLeaderEpoch)."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         ticks = 0
@@ -1609,6 +1634,14 @@ def test_a_request_naming_many_partitions_lets_the_loop_run_as_it_goes(
             values = {"acks": 1, "timeout": 5000, "topic_data": topic_data}
             answer = await c.call(PRODUCE, 9, values)
             assert len(answer.responses[0].partition_responses) == count
+        elif api == OFFSET_FOR_LEADER_EPOCH:
+            asked = [
+                {"partition": i, "current_leader_epoch": -1, "leader_epoch": 0}
+                for i in range(count)
+            ]
+            values = {"replica_id": -1, "topics": [{"topic": "t", "partitions": asked}]}
+            answer = await c.call(OFFSET_FOR_LEADER_EPOCH, 4, values)
+            assert len(answer.topics[0].partitions) == count
         else:
             # A long poll that waits (one partition is known, so the unknown ones do not end
             # it at once): its readiness rule walks the partitions too.
