@@ -69,6 +69,16 @@ NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 NO_PARTITION_LEADER_EPOCH = -1
 NO_TIMESTAMP = -1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def wrap_int64(value: int) -> int:
+    """``value`` as Java's long arithmetic leaves it: a record's timestamp is its batch's base
+    plus its varlong delta (``DefaultRecord.readFrom``), which may overflow and wraps there; so
+    does a delta written back. Unwrapped, a Python int outside the 64 bits failed the header's
+    pack when a leader rebuilt the batch."""
+    return ((value - _INT64_MIN) & 0xFFFF_FFFF_FFFF_FFFF) + _INT64_MIN
+
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER = _HEADER  # for hot paths that unpack the header fields themselves
@@ -681,6 +691,8 @@ def decode_records(buf: bytes | bytearray | memoryview, pos: int = 0) -> list[Re
         if p != end:
             raise RecordFormatError(f"record body is {end - p} bytes longer than its fields")
         timestamp = header.base_timestamp + ts_delta
+        if not _INT64_MIN <= timestamp <= _INT64_MAX:
+            timestamp = wrap_int64(timestamp)
         if header.timestamp_type is TimestampType.LOG_APPEND_TIME:
             timestamp = header.max_timestamp
         records.append(
@@ -843,7 +855,10 @@ def build_batch(
         if r.offset <= prev:
             raise ValueError(f"record offsets must increase: {r.offset} after {prev}")
         prev = r.offset
-        encode_record(body, r.offset - base_offset, r.timestamp - base_timestamp, r)
+        timestamp_delta = r.timestamp - base_timestamp
+        if not _INT64_MIN <= timestamp_delta <= _INT64_MAX:
+            timestamp_delta = wrap_int64(timestamp_delta)
+        encode_record(body, r.offset - base_offset, timestamp_delta, r)
     if last_offset_delta is None:
         last_offset_delta = records[-1].offset - base_offset
     if records and last_offset_delta < records[-1].offset - base_offset:

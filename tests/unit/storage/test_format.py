@@ -155,6 +155,34 @@ def test_ours_are_read_by_aiokafka_and_kafka_python(codec: fmt.Compression) -> N
         assert [list(r.headers) for r in got] == [[("a", b"1")]] * 10
 
 
+def test_timestamps_wrap_at_64_bits_as_javas_longs() -> None:
+    """A record's timestamp is its batch's base plus its delta in Java's long arithmetic
+    (``DefaultRecord.readFrom``), which wraps, as aiokafka's C reader does; ours kept Python's
+    unbounded sum, and a leader rebuilding such a batch failed packing its header (the whole
+    Produce request failed, partitions already appended included)."""
+    top, bottom = (1 << 63) - 1, -(1 << 63)
+    records = [fmt.Record(0, top, b"k", b"v"), fmt.Record(1, bottom, b"j", b"w")]
+    raw = fmt.build_batch(records)  # the delta, bottom - top, wraps to 1
+    assert [r.timestamp for r in AioBatch(raw)] == [top, bottom]
+    assert fmt.decode_records(raw) == records
+    # A batch whose first record's base plus delta overflows: read as aiokafka reads it,
+    # and built again (as a leader renumbering it does) the same.
+    builder = AioBuilder(2, 0, False, -1, -1, -1, 1 << 20)
+    builder.append(0, timestamp=top, key=b"a", value=b"1", headers=[])
+    builder.append(1, timestamp=top, key=b"b", value=b"2", headers=[])
+    produced = bytearray(builder.build())
+    produced[fmt.HEADER_SIZE + 2] = 2  # the first record's delta (after length, attributes): 1
+    produced[fmt.CRC_OFFSET : fmt.CRC_OFFSET + 4] = fmt.compute_crc(
+        produced, 0, len(produced)
+    ).to_bytes(4, "big")
+    read = fmt.decode_records(bytes(produced))
+    assert [r.timestamp for r in read] == [r.timestamp for r in AioBatch(bytes(produced))]
+    assert [r.timestamp for r in read] == [bottom, top]
+    rebuilt = fmt.rebuild_batch(fmt.parse_header(bytes(produced)), read)
+    assert [r.timestamp for r in AioBatch(rebuilt)] == [bottom, top]
+    assert fmt.decode_records(rebuilt) == read
+
+
 def test_control_batch() -> None:
     raw = fmt.build_control_batch(
         fmt.ControlType.COMMIT,

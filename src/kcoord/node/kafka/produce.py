@@ -849,6 +849,14 @@ class ProduceApi:
                 result.leader_hint = self.ctx.leader_hint(topic, index)
             if appending is not None and e.code not in _ERRORS_WITHOUT_LOG_START:
                 result.log_start_offset = appending.log.log_start_offset
+        except Exception as e:
+            # ReplicaManager.handleAppendError's last case: a failure nothing above names is
+            # this partition's UNKNOWN_SERVER_ERROR, logged, not the whole request's (whose
+            # other partitions may be appended already, and would be answered failed).
+            log.exception("%s-%d: appending failed", topic, index)
+            result.error, result.message = Errors.UNKNOWN_SERVER_ERROR, str(e) or None
+            if appending is not None:
+                result.log_start_offset = appending.log.log_start_offset
         return result
 
     async def _complete(

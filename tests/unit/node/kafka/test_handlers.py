@@ -872,6 +872,38 @@ def test_an_unknown_topic_id_is_one_lookup_not_a_walk_of_every_topic(tmp_path: P
     run(tmp_path, test)
 
 
+def test_an_unexpected_append_failure_fails_its_partition_alone(tmp_path: Path) -> None:
+    """A failure no handler names is that partition's UNKNOWN_SERVER_ERROR, logged (Kafka's
+    ``ReplicaManager.handleAppendError``): it failed the whole request, whose partitions
+    appended before it were then answered failed too, and resent (duplicates)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 6, 1)
+        first, second = h.led_partitions("t")[:2]
+        append = h.replicas.append_local
+
+        def failing(part: Partition, *args: Any, **kwargs: Any) -> Any:
+            if part.partition == second:
+                raise RuntimeError("boom")
+            return append(part, *args, **kwargs)
+
+        h.replicas.append_local = failing  # type: ignore[method-assign]
+        values = produce_values("t", first, batch([b"a"]), acks=1)
+        values["topic_data"][0]["partition_data"].append(
+            {"index": second, "records": batch([b"b"])}
+        )
+        response = await c.call(PRODUCE, 9, values)
+        answers = {p.index: p for p in response.responses[0].partition_responses}
+        assert (answers[first].error_code, answers[first].base_offset) == (Errors.NONE, 0)
+        assert answers[second].error_code == Errors.UNKNOWN_SERVER_ERROR
+        assert answers[second].log_start_offset == 0
+        h.replicas.append_local = append  # type: ignore[method-assign]
+        again = await c.call(PRODUCE, 9, produce_values("t", second, batch([b"b"]), acks=1))
+        assert only_partition(again).error_code == Errors.NONE
+
+    run(tmp_path, test)
+
+
 def test_produce_then_fetch_and_errors(tmp_path: Path) -> None:
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 3, 1)
