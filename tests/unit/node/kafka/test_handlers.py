@@ -1988,6 +1988,33 @@ def test_a_producers_state_survives_a_failover_after_its_batch_left_the_log(
     run(tmp_path, test)
 
 
+def test_a_truncation_to_the_first_segments_base_keeps_the_producers_below(
+    tmp_path: Path,
+) -> None:
+    """Producer 7's batch (its answer lost) left the log with DeleteRecords and retention;
+    producer 8's, at the first segment's base, was not committed, and a new leader's log
+    ends there. Truncated to that base, the log was dropped whole, its producer snapshots
+    with it, and producer 7's retry was appended twice (found by a review). Kafka's
+    ``UnifiedLog.truncateTo`` starts over only strictly below the first segment."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        part, first = await _producer_7_appended(h, c)
+        part.log.roll()
+        drop_segments_below(h, part, 1)
+        other = batch([b"b"], producer_id=8, producer_epoch=0, base_sequence=0)
+        assert not only_partition(
+            await c.call(PRODUCE, 9, produce_values("t", 0, other))
+        ).error_code
+        h.move_leader("t", 0, 2)
+        assert part.log.truncate_to(1) == 1  # the new leader's log ends below producer 8's
+        h.move_leader("t", 0, NODE_ID)
+        retry = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, first)))
+        assert (retry.error_code, retry.base_offset) == (Errors.NONE, 0)
+        assert part.log.log_end_offset == 1, "the retry was appended again"
+
+    run(tmp_path, test)
+
+
 def restart_producer_states(h: Harness, *, clean: bool) -> None:
     """The producer states as a restarted node has them: built again from the log and its
     producer snapshots, after a clean stop (which takes one at each log end) or a crash."""
