@@ -168,7 +168,9 @@ class ProducerStateManager:
                         f"new epoch {epoch} of producer {pid} starts at sequence {first_seq}, "
                         "not 0",
                     )
-            elif not in_sequence(last_seq, first_seq):
+            elif current_epoch != NO_PRODUCER_EPOCH and not in_sequence(last_seq, first_seq):
+                # ProducerAppendInfo.checkSequence takes any sequence of a producer with no
+                # epoch (nothing of it kept, or a producer id sent without one).
                 return Rejected(
                     Errors.OUT_OF_ORDER_SEQUENCE_NUMBER,
                     f"producer {pid} epoch {epoch}: sequence {first_seq} does not follow "

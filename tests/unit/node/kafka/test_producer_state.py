@@ -108,6 +108,18 @@ def test_an_unknown_producer_may_start_anywhere() -> None:
     assert p.produce(header(9, 4, 1236, 1)) is ACCEPTED
 
 
+def test_a_producer_without_an_epoch_takes_any_sequence() -> None:
+    """A producer id sent with epoch -1 (NO_PRODUCER_EPOCH): ``checkSequence`` accepts any
+    sequence while the producer's kept epoch is none; it was OUT_OF_ORDER_SEQUENCE_NUMBER
+    unless the first sequence was 0 and each followed the last."""
+    p = Partition()
+    assert p.produce(header(5, -1, 3, 1)) is ACCEPTED
+    assert p.produce(header(5, -1, 7, 1)) is ACCEPTED
+    assert p.produce(header(5, 0, 0, 1)) is ACCEPTED  # an epoch, then sequences count
+    gap = p.produce(header(5, 0, 5, 1))
+    assert isinstance(gap, Rejected) and gap.error is Errors.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
 def test_batches_of_one_request_are_checked_in_order() -> None:
     p = Partition()
     assert p.produce(header(1, 0, 0, 2), header(1, 0, 2, 2), header(2, 0, 0, 1)) is ACCEPTED
