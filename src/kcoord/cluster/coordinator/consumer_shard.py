@@ -733,9 +733,14 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         if group is None or member is None:
             return
         if kind == REBALANCE_KEY and (
-            member.state is not MemberState.UNREVOKED_PARTITIONS or member.classic is not None
+            member.state is not MemberState.UNREVOKED_PARTITIONS
+            or member.classic is not None
+            or member.member_epoch < 0
         ):
-            return  # revoked in time; classic members have join and sync timeouts instead
+            # Revoked in time; classic members have join and sync timeouts instead; a static
+            # member that left (epoch -2) released what it was revoking and waits for its
+            # session (Kafka's timeout fences only at the epoch it was armed for).
+            return
         if kind == SESSION_KEY:
             self.stats.members_expired += 1
         reason = {
@@ -751,7 +756,11 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         for group in self._consumer_groups.values():
             for member in group.members.values():
                 self._schedule_session(group.group_id, member, now_ms)
-                if member.state is MemberState.UNREVOKED_PARTITIONS and member.classic is None:
+                if (
+                    member.state is MemberState.UNREVOKED_PARTITIONS
+                    and member.classic is None
+                    and member.member_epoch >= 0  # not a static member that left
+                ):
                     self._schedule_consumer_timer(
                         rebalance_key(group.group_id, member.member_id),
                         now_ms + max(member.rebalance_timeout_ms, 0),

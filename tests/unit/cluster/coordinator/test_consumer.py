@@ -1131,6 +1131,31 @@ def test_a_static_member_leaving_mid_revocation_releases_what_it_was_revoking() 
     assert b.owned == {3, 4, 5}
 
 
+@pytest.mark.parametrize("failover", [False, True], ids=["live", "after-a-failover"])
+def test_a_static_member_that_left_mid_revocation_waits_for_its_session(failover: bool) -> None:
+    """A static member leaving (-2) mid-revocation keeps its place until its session ends,
+    whatever its rebalance timeout: live, the leave cancels that timer. A new coordinator
+    armed it again from the record (still revoking, at -2) and fenced the member at the
+    rebalance timeout, which bumped the group epoch (found by a review): a rolling restart
+    rebalanced the group or not depending on a failover."""
+    ctx = context()
+    joined = static_hb(ctx, "s1", 0, "i1")
+    b = Member(ctx, "b")
+    b.beat()
+    static_hb(ctx, "s1", joined.member_epoch, "i1", parts(joined))  # told to revoke 3-5
+    assert ctx.shard.consumer_groups["g"].members["s1"].pending_revocation
+    static_hb(ctx, "s1", -2, "i1", set())
+    if failover:
+        ctx = ctx.failover()
+    group_epoch = ctx.shard.consumer_groups["g"].group_epoch
+    ctx.sleep(REBALANCE_MS + 1_000)
+    group = ctx.shard.consumer_groups["g"]
+    assert group.members["s1"].member_epoch == -2
+    assert group.group_epoch == group_epoch
+    ctx.sleep(SESSION_MS)
+    assert "s1" not in ctx.shard.consumer_groups["g"].members
+
+
 def test_a_known_member_rejoining_with_epoch_zero_keeps_its_place_without_a_rebalance() -> None:
     """KAFKA-19233: epoch 0 from a member the group knows (a fenced client rejoins with its
     member id) is a rejoin, not a new member: its epoch and assignment stay, the group epoch
