@@ -678,16 +678,23 @@ def build_partition_change(
         record_isr = isr
 
     # maybeUpdateLastKnownLeader ("last known leader" mode of KIP-966).
+    # A replica that lost its storage or reports its log offline is never remembered, and is
+    # forgotten: Kafka's unclean election takes the last known leader only if its
+    # ``LeaderAcceptor`` finds the replica's directory online, and an empty or missing log
+    # elected there lost every record, where another replica lost at most a tail.
     record_last_known_elr: tuple[int, ...] | None = None
     if elr_enabled:
         if (
             record_isr == ()
             and partition.leader != NO_LEADER
+            and partition.leader not in unclean_shutdown_replicas
             and partition.last_known_elr != (partition.leader,)
         ):
             record_last_known_elr = (partition.leader,)
         elif partition.last_known_elr and (
-            record_leader >= 0 or NO_LEADER not in (partition.leader, record_leader)
+            record_leader >= 0
+            or NO_LEADER not in (partition.leader, record_leader)
+            or any(r in unclean_shutdown_replicas for r in partition.last_known_elr)
         ):
             record_last_known_elr = ()
 

@@ -861,9 +861,13 @@ def test_a_broker_is_not_elected_on_unfencing_where_it_reports_the_log_offline()
     assert result.records == (UnfenceBroker(last, cluster.epoch(last)),)
     cluster.commit(result.records)
     assert cluster.state(T1, 0) == state
-    # Its next heartbeat, unfenced, takes it out of the ELR (as any offline report).
+    # Its next heartbeat, unfenced, takes it out of the ELR (as any offline report), and
+    # forgets it as the last known leader.
+    assert state.last_known_elr == (last,)
     after = cluster.heartbeat(last, 2_500, offline=((T1, 0),))
-    assert after.records == (PartitionChange(T1, 0, state.partition_epoch, elr=()),)
+    assert after.records == (
+        PartitionChange(T1, 0, state.partition_epoch, elr=(), last_known_elr=()),
+    )
 
 
 def test_an_offline_report_never_reaches_a_topic_recreated_under_its_name() -> None:
@@ -2188,6 +2192,41 @@ def test_build_partition_change_preferred_election() -> None:
         election=Election.PREFERRED,
     )
     assert change is None
+
+
+def test_a_replica_that_lost_its_log_is_never_the_last_known_leader() -> None:
+    """Kafka elects the last known leader only where its ``LeaderAcceptor`` finds the log
+    online. A leader removed for a lost or offline log was remembered anyway, and kept when
+    it came back wiped: an unclean election then chose its empty log over a replica holding
+    data, and the one with data truncated to nothing (found by a review)."""
+    leading = PartitionState(T1, 0, (2, 1), (1,), 1, 1, 1)
+    removed = build_partition_change(
+        leading,
+        is_acceptable_leader=lambda b: b != 1,
+        min_isr=2,
+        elr_enabled=True,
+        target_isr=(),
+        unclean_shutdown_replicas=(1,),
+    )
+    assert removed == PartitionChange(T1, 0, 1, leader=NO_LEADER, isr=())
+    remembered = PartitionState(T1, 0, (2, 1), (), NO_LEADER, 2, 2, (), (1,))
+    forgotten = build_partition_change(
+        remembered,
+        is_acceptable_leader=lambda b: b != 1,
+        min_isr=2,
+        elr_enabled=True,
+        unclean_shutdown_replicas=(1,),
+    )
+    assert forgotten == PartitionChange(T1, 0, 2, last_known_elr=())
+    after = remembered.merge(forgotten)
+    unclean = build_partition_change(
+        after,
+        is_acceptable_leader=lambda b: True,
+        min_isr=2,
+        elr_enabled=True,
+        election=Election.UNCLEAN,
+    )
+    assert unclean is not None and unclean.leader == 2
 
 
 def test_build_partition_change_unclean_prefers_the_last_known_leader() -> None:
