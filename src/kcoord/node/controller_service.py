@@ -141,6 +141,9 @@ class ControllerService:
         self._lock = asyncio.Lock()
         self._last_preferred_election_ms = 0
         self._last_unclean_election_ms = 0
+        # The last refusal of __consumer_offsets' creation, logged once (it is retried each
+        # tick): a user topic colliding with its name (``__consumer.offsets``) blocks it.
+        self._offsets_topic_refusal: tuple[Errors, str] | None = None
         self.activations = 0
         # The brokers this node's controller fenced for missing heartbeats: how many, and the
         # latest (the admin API's; bounded, the count is not).
@@ -385,6 +388,17 @@ class ControllerService:
                     if created.records:
                         log.info("creating %s: %s", OFFSETS_TOPIC_NAME, created.response)
                         await self._propose(created.records)
+                    else:
+                        refusal = (created.response.error, created.response.message)
+                        if refusal != self._offsets_topic_refusal:
+                            # No group can be coordinated until this is mended.
+                            log.error(
+                                "cannot create %s: %s %s",
+                                OFFSETS_TOPIC_NAME,
+                                refusal[0].name,
+                                refusal[1],
+                            )
+                        self._offsets_topic_refusal = refusal
             if now_ms - self._last_preferred_election_ms >= self.preferred_election_interval_ms:
                 self._last_preferred_election_ms = now_ms
                 elected = controller.elect_preferred_leaders(self.cache.image)

@@ -130,6 +130,35 @@ def test_the_active_controller_pins_the_cluster_level_min_isr_once(
     asyncio.run(scenario())
 
 
+def test_a_refused_offsets_topic_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A user topic whose name collides with ``__consumer_offsets`` (``__consumer.offsets``,
+    created before it) refuses its creation at every tick: no group can be coordinated, and
+    nothing said why (found by a review). It is logged once, not at every tick."""
+
+    async def scenario() -> None:
+        service, quorum, cache, clock = five_node_controller()
+        register(quorum, 1, 2, 3, 4, 5)
+        await service._maybe_activate()
+        controller = service.controller
+        assert controller is not None
+        taken = controller.create_topic(
+            cache.image,
+            "__consumer.offsets",
+            "T1-aaaaaaaaaaaaaaaaaaa",
+            num_partitions=1,
+            replication_factor=1,
+        )
+        quorum.commit(list(taken.records))
+        for _ in range(3):
+            await service.tick()
+            clock[0] += 1_000
+        assert cache.image.topic_by_name(OFFSETS_TOPIC_NAME) is None
+        refused = [r for r in caplog.records if "cannot create __consumer_offsets" in r.message]
+        assert len(refused) == 1 and "INVALID_TOPIC_EXCEPTION" in refused[0].message
+
+    asyncio.run(scenario())
+
+
 def test_the_offsets_topic_is_created_on_fewer_brokers_after_the_grace() -> None:
     async def scenario() -> None:
         service, quorum, cache, clock = five_node_controller()
