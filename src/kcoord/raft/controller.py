@@ -631,6 +631,7 @@ def build_partition_change(
     election: Election = Election.ONLINE,
     target_isr: Sequence[int] | None = None,
     unclean_shutdown_replicas: Collection[int] = (),
+    offline_replicas: Collection[int] = (),
 ) -> PartitionChange | None:
     """The change that moves ``partition`` to ``target_isr`` (default: unchanged) and gives it
     an eligible leader, or None if nothing changes (Kafka's ``PartitionChangeBuilder.build``).
@@ -638,7 +639,9 @@ def build_partition_change(
     Steps, in Kafka's order: recompute the ELR from the target ISR (KIP-966); elect a leader;
     an ELR leader makes the ISR just itself, an unclean one too (and clears the ELR); set the
     ISR (it may be empty only with ELR); remember the last known leader when the ISR empties.
-    ``is_acceptable_leader`` says whether a broker is alive (unfenced) and allowed to lead.
+    ``is_acceptable_leader`` says whether a broker is alive (unfenced) and allowed to lead;
+    ``offline_replicas`` lead in no election, clean or unclean (their brokers report the log
+    offline: Kafka's ``LeaderAcceptor`` asks ``hasOnlineDir``).
     """
     isr = tuple(partition.isr if target_isr is None else target_isr)
     elr = partition.elr
@@ -654,8 +657,14 @@ def build_partition_change(
                 if r in candidates and r not in isr and r not in unclean_shutdown_replicas
             )
 
+    acceptable = is_acceptable_leader
+    if offline_replicas:
+
+        def acceptable(replica: int) -> bool:
+            return replica not in offline_replicas and is_acceptable_leader(replica)
+
     leader, unclean = _elect_leader(
-        partition, isr, elr, election, is_acceptable_leader, elr_enabled=elr_enabled
+        partition, isr, elr, election, acceptable, elr_enabled=elr_enabled
     )
     record_leader = NO_LEADER_CHANGE
     record_isr: tuple[int, ...] | None = None
@@ -840,11 +849,18 @@ class Controller:
     monotonic clock) and drop it when it stops being active.
     """
 
-    __slots__ = ("config", "heartbeats")
+    __slots__ = ("_offline_reports", "config", "heartbeats")
 
     def __init__(self, config: ControllerConfig, activated_at_ms: int) -> None:
         self.config = config
         self.heartbeats = BrokerHeartbeatManager(config.broker_session_timeout_ms, activated_at_ms)
+        # Soft state: the partitions each broker's latest heartbeat reports offline (its logs
+        # that failed), until it registers again. Kafka's image records each replica's log
+        # directory and each broker's online ones, and elects no replica on an offline one;
+        # here no election chooses them: an unclean one chose such a replica again after each
+        # heartbeat took it out, for as long as it stayed first in replica order. A new
+        # controller learns them from the next heartbeats.
+        self._offline_reports: dict[int, frozenset[TopicIdPartition]] = {}
 
     # ---------------------------------------------------------------- cluster id
 
@@ -858,6 +874,21 @@ class Controller:
         return ControllerResult((ClusterId(cluster_id),), cluster_id)
 
     # ---------------------------------------------------------------- brokers
+
+    def _note_offline(self, request: BrokerHeartbeatRequest) -> None:
+        """Keep what a (current) broker's heartbeat reports offline; see ``__init__``."""
+        if request.offline_replicas:
+            self._offline_reports[request.broker_id] = frozenset(
+                TopicIdPartition(t, p) for t, p in request.offline_replicas
+            )
+        else:
+            self._offline_reports.pop(request.broker_id, None)
+
+    def _offline_replicas(self, tp: TopicIdPartition) -> tuple[int, ...]:
+        """The brokers whose latest heartbeat reports ``tp``'s log offline."""
+        if not self._offline_reports:
+            return ()
+        return tuple(b for b, tps in self._offline_reports.items() if tp in tps)
 
     def register_broker(
         self, image: MetadataImage, request: BrokerRegistrationRequest, now_ms: int
@@ -887,6 +918,7 @@ class Controller:
         if existing is not None:
             broker_epoch = max(broker_epoch, existing.broker_epoch + 1)
         records: list[MetadataRecord] = []
+        self._offline_reports.pop(request.broker_id, None)  # a new process loads its logs again
         if existing is not None:
             clean = request.previous_broker_epoch == existing.broker_epoch
             self._handle_broker_shutdown(
@@ -933,6 +965,7 @@ class Controller:
         registration = image.broker(request.broker_id)
         if registration is None or registration.broker_epoch != request.broker_epoch:
             return None
+        self._note_offline(request)
         offset = request.current_metadata_offset
         caught_up = offset >= registration.caught_up_offset
         if registration.fenced and caught_up:
@@ -960,6 +993,7 @@ class Controller:
             yield ControllerResult((), BrokerHeartbeatReply(Errors.STALE_BROKER_EPOCH))
             return
         broker_id, broker_epoch = registration.broker_id, registration.broker_epoch
+        self._note_offline(request)
         offset = request.current_metadata_offset
         self.heartbeats.touch(broker_id, broker_epoch, now_ms, offset)
         caught_up = offset >= registration.caught_up_offset
@@ -1196,6 +1230,7 @@ class Controller:
                 election=self._online_election(working.image, state.topic_id),
                 target_isr=[r for r in state.isr if r not in removed],
                 unclean_shutdown_replicas=unclean_shutdown,
+                offline_replicas=self._offline_replicas(tp),
             )
             if change is not None:
                 working.change(change)
@@ -1521,6 +1556,7 @@ class Controller:
                 elr_enabled=self.config.eligible_leader_replicas_enabled,
                 election=self._online_election(image, state.topic_id),
                 target_isr=[member.broker_id for member in item.new_isr],
+                offline_replicas=self._offline_replicas(tp),
             )
             if change is not None:
                 state = working.change(change)
@@ -1601,8 +1637,10 @@ class Controller:
                 min_isr=self._min_isr(image, state),
                 elr_enabled=self.config.eligible_leader_replicas_enabled,
                 election=Election.PREFERRED,
+                offline_replicas=self._offline_replicas(state.tp),
             )
-            assert change is not None and change.leader == preferred, (state, change)
+            if change is None or change.leader != preferred:
+                return None  # the preferred replica reports its log offline
             return change
 
         return self._elect_each(image, max_elections, elect)
@@ -1695,6 +1733,7 @@ class Controller:
             min_isr=self._min_isr(image, state),
             elr_enabled=self.config.eligible_leader_replicas_enabled,
             election=election,
+            offline_replicas=self._offline_replicas(state.tp),
         )
         if change is None or change.leader == NO_LEADER_CHANGE:
             if election is Election.PREFERRED:

@@ -915,6 +915,54 @@ def test_a_replica_reported_offline_leaves_the_elr_and_is_not_elected() -> None:
     )
 
 
+def test_no_election_chooses_a_replica_whose_log_its_broker_reports_offline() -> None:
+    """Kafka's ``LeaderAcceptor`` elects no replica on an offline directory. Here a broker's
+    offline report only took it out of that ISR or ELR: an unclean election chose it again
+    (first in replica order) after each heartbeat took it out, and the live replica with the
+    log never led (found by a review). The controller now keeps each broker's latest report
+    and no election chooses those replicas, until the broker registers again."""
+    cluster = three_brokers(ControllerConfig(eligible_leader_replicas_enabled=False))
+    cluster.create_topic("t", T1, 1, 3)
+    first, second, third = cluster.state(T1, 0).replicas
+    cluster.commit(cluster.alter(first, T1, 0, (first,)).records)
+    cluster.commit(cluster.heartbeat(first, 100, want_fence=True).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER
+    assert cluster.heartbeat(second, 200, offline=((T1, 0),)).records == ()
+
+    def elect() -> ControllerResult[Any]:
+        return cluster.decide(
+            lambda image: cluster.controller.elect_leaders(image, Election.UNCLEAN, [("t", 0)])
+        )
+
+    result = elect()
+    assert [r.error for r in result.response] == [Errors.NONE]
+    (change,) = result.records
+    assert isinstance(change, PartitionChange) and change.leader == third
+    # A heartbeat with the log back online (no report) makes it electable again.
+    cluster.commit(cluster.heartbeat(third, 300, want_fence=True).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER
+    assert elect().response[0].error is Errors.ELIGIBLE_LEADERS_NOT_AVAILABLE
+    cluster.commit(cluster.heartbeat(second, 400).records)
+    (change,) = elect().records
+    assert isinstance(change, PartitionChange) and change.leader == second
+
+
+def test_another_brokers_unfencing_elects_no_elr_member_reporting_its_log_offline() -> None:
+    """Both replicas fenced, both in the ELR. The first back reports the log offline; the
+    second's unfencing then elected the first from the ELR, on a broker that refuses the
+    log, until its next heartbeat took it out (found by a review)."""
+    cluster = three_brokers()
+    cluster.create_topic("t", T1, 1, 2, configs={"min.insync.replicas": "2"})
+    first, second = cluster.state(T1, 0).replicas
+    for b in (second, first):
+        cluster.commit(cluster.heartbeat(b, 100, want_fence=True).records)
+    assert set(cluster.state(T1, 0).elr) == {first, second}
+    cluster.commit(cluster.heartbeat(first, 200, offline=((T1, 0),)).records)
+    assert cluster.state(T1, 0).leader == NO_LEADER
+    cluster.commit(cluster.heartbeat(second, 300).records)
+    assert cluster.state(T1, 0).leader == second
+
+
 # ------------------------------------------------------------------ elections
 
 
