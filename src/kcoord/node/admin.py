@@ -93,7 +93,7 @@ from kcoord.cluster.coordinator.types import (
 from kcoord.cluster.coordinator.wire import WireFormatError
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
-from kcoord.node.config import Endpoint
+from kcoord.node.config import registered_endpoint
 from kcoord.node.metrics import CONTENT_TYPE, NodeMetrics
 from kcoord.node.rpc import RpcClientError, RpcError
 from kcoord.node.runtime import OFFSETS_TOPIC, CoordinatorError
@@ -158,14 +158,8 @@ def parse_consumer_assignment(data: bytes) -> list[tuple[str, list[int]]] | None
 
 
 def _rpc_address(endpoints: dict[str, str] | Any) -> tuple[str, int] | None:
-    text = endpoints.get("rpc") if endpoints is not None else None
-    if not text:
-        return None
-    try:
-        endpoint = Endpoint.parse(text)
-    except ValueError:
-        return None
-    return endpoint.host, endpoint.port
+    endpoint = registered_endpoint(endpoints, "rpc")
+    return None if endpoint is None else (endpoint.host, endpoint.port)
 
 
 class AdminService:

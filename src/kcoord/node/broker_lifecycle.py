@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from kcoord.errors import Errors
+from kcoord.node.config import registered_endpoint
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemoteError, RpcTimeout
@@ -216,13 +217,12 @@ class BrokerLifecycle:
                     f"{method} to this node's controller: no answer in {self.rpc_timeout_s} s"
                 ) from e
         broker = self.cache.image.broker(leader_id)
-        rpc = broker.endpoints.get("rpc") if broker is not None else None
+        rpc = registered_endpoint(broker.endpoints if broker is not None else None, "rpc")
         if rpc is None:
             raise ControllerUnavailableError(
                 f"controller {leader_id} has not registered its endpoint"
             )
-        host, _, port = rpc.rpartition(":")
-        client = self.rpc_pool.get(host, int(port))
+        client = self.rpc_pool.get(rpc.host, rpc.port)
         try:
             result: dict[str, Any] = await client.call(method, payload, self.rpc_timeout_s)
         except (RpcConnectionError, RpcTimeout, RpcRemoteError) as e:

@@ -119,6 +119,19 @@ class Endpoint:
         return self.host in _WILDCARD_HOSTS
 
 
+def registered_endpoint(endpoints: Mapping[str, str] | None, name: str) -> Endpoint | None:
+    """The endpoint a broker registered under ``name`` (``"rpc"``, ``"kafka"``, ...), None if
+    it registered none or one that does not parse. Every dialler reads it here: split at its
+    last colon, ``[::1]:9093`` was dialled as host ``[::1]``, which never resolves."""
+    text = endpoints.get(name) if endpoints is not None else None
+    if not text:
+        return None
+    try:
+        return Endpoint.parse(text)
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Listener:
     """Where a server binds, and the address it tells others to dial."""

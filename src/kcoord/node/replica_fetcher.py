@@ -46,6 +46,7 @@ from typing import Any, Final, NamedTuple
 
 from kcoord.cluster.fetch_session import FetchItem, FetchSessionHandler, TopicPartition
 from kcoord.errors import Errors
+from kcoord.node.config import registered_endpoint
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
 from kcoord.node.rpc import (
@@ -199,11 +200,10 @@ class ReplicaFetcherManager:
 
     def _client(self, leader_id: int) -> RpcClient | None:
         broker = self.cache.image.broker(leader_id)
-        rpc = broker.endpoints.get("rpc") if broker is not None else None
+        rpc = registered_endpoint(broker.endpoints if broker is not None else None, "rpc")
         if rpc is None:
             return None
-        host, _, port = rpc.rpartition(":")
-        return self.rpc_pool.get(host, int(port))
+        return self.rpc_pool.get(rpc.host, rpc.port)
 
     def _followed_from(self, leader_id: int) -> list[Partition]:
         """``_followed(leader_id)``, the same list until the roles change."""

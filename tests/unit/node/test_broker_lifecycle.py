@@ -7,6 +7,11 @@ from typing import Any, cast
 
 from kcoord.errors import Errors
 from kcoord.node.broker_lifecycle import BrokerLifecycle
+from kcoord.node.config import Endpoint
+from kcoord.node.metadata import MetadataCache
+from kcoord.node.replica_fetcher import ReplicaFetcherManager
+from kcoord.node.rpc import RpcClientPool, RpcServer
+from kcoord.raft import records as rec
 
 
 class _Scripted(BrokerLifecycle):
@@ -90,3 +95,36 @@ def test_no_heartbeat_goes_after_a_controlled_shutdown_is_granted() -> None:
     asyncio.run(scenario())
     assert lifecycle.shut_down_granted.is_set()
     assert [m for m, _ in lifecycle.sent] == ["BrokerRegistration", "BrokerHeartbeat"]
+
+
+def test_a_controller_and_a_leader_advertised_on_ipv6_are_dialled() -> None:
+    """A broker's RPC endpoint registered as ``[::1]:port`` (an IPv6 listener): split at its
+    last colon, the registration's and the replica fetcher's dialler looked up the host
+    ``[::1]``, which never resolves, so no node but the controller could register and no
+    follower could fetch (found by a review)."""
+
+    async def scenario() -> None:
+        async def ping(payload: Any) -> dict[str, Any]:
+            return {"pong": payload}
+
+        server = RpcServer({"AlterPartition": ping, "Ping": ping})
+        await server.start("::1", 0)
+        pool = RpcClientPool()
+        try:
+            cache = MetadataCache(2, listener=cast(Any, None))
+            endpoints = {"rpc": str(Endpoint("::1", server.port))}
+            cache.apply(1, [rec.RegisterBroker(1, "i1", 1, endpoints, None, False)])
+            quorum = type("Quorum", (), {"status": lambda self: type("S", (), {"leader_id": 1})})
+            lifecycle = BrokerLifecycle(
+                2, "inc", {}, cast(Any, quorum()), cache, cast(Any, None), pool, lambda: 0,
+            )  # fmt: skip
+            assert await lifecycle.alter_partition({"n": 1}) == {"pong": {"n": 1}}
+            fetchers = ReplicaFetcherManager(2, cast(Any, None), cache, pool, lambda: 0)
+            client = fetchers._client(1)
+            assert client is not None
+            assert await client.call("Ping", {"n": 2}, 5.0) == {"pong": {"n": 2}}
+        finally:
+            await pool.close_all()
+            await server.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kcoord.errors import Errors
+from kcoord.node.config import registered_endpoint
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemoteError, RpcTimeout
 
@@ -101,12 +102,11 @@ class ControllerChannel:
                     raise _RetriableError(str(e)) from e
                 raise
         broker = self.cache.image.broker(leader_id)
-        address = broker.endpoints.get("rpc") if broker is not None else None
+        address = registered_endpoint(broker.endpoints if broker is not None else None, "rpc")
         if address is None:
             raise _RetriableError(f"controller {leader_id} has not registered its endpoint")
-        host, _, port = address.rpartition(":")
         try:
-            return await self.rpc_pool.call(host.strip("[]"), int(port), method, payload, timeout_s)
+            return await self.rpc_pool.call(address.host, address.port, method, payload, timeout_s)
         except RpcRemoteError as e:
             if e.code == int(Errors.NOT_CONTROLLER):
                 raise _RetriableError(str(e)) from e

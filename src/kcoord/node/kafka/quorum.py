@@ -11,6 +11,7 @@ import logging
 from typing import Any, Final
 
 from kcoord.errors import Errors
+from kcoord.node.config import registered_endpoint
 from kcoord.node.kafka.apis import Request, Result
 from kcoord.node.kafka.context import BrokerContext
 
@@ -69,11 +70,12 @@ class QuorumApi:
             )
         nodes = []
         for broker in self.ctx.image.brokers.values():
-            host, _, port = broker.endpoints.get("quorum", ":0").rpartition(":")
+            quorum = registered_endpoint(broker.endpoints, "quorum")
+            host, port = ("", 0) if quorum is None else (quorum.host, quorum.port)
             nodes.append(
                 {
                     "node_id": broker.broker_id,
-                    "listeners": [{"name": "CONTROLLER", "host": host, "port": int(port)}],
+                    "listeners": [{"name": "CONTROLLER", "host": host, "port": port}],
                 }
             )
         return {
