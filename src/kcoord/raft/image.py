@@ -371,6 +371,8 @@ class MetadataImage:
             and self._last_offset == other._last_offset
             and self._brokers == other._brokers
             and self._topics == other._topics
+            # Derived, and compared so that an index gone wrong shows (a snapshot walks it).
+            and self._topic_ids_by_name == other._topic_ids_by_name
             and self._partitions == other._partitions
             and self._configs == other._configs
         )
@@ -739,7 +741,10 @@ class MetadataImage:
 
     def _put_topic(self, topic_id: str, topic: TopicImage | None) -> None:
         old = self._topics.get(topic_id)
-        if old is not None:
+        if old is not None and self._topic_ids_by_name.get(old.name) == topic_id:
+            # Only its own entry: undoing a batch that removed two topics and gave one's id
+            # the other's name, the name is the other topic's again by now (its entry lost,
+            # ``topic_by_name`` missed it and a snapshot, which walks the names, dropped it).
             del self._topic_ids_by_name[old.name]
         if topic is None:
             self._topics.pop(topic_id, None)

@@ -332,6 +332,39 @@ def test_batch_revert_restores_a_removed_topic_whose_name_was_reused() -> None:
     assert [s.partition for s in image.partitions_led_by(2)] == [1]
 
 
+def test_batch_revert_restores_names_when_a_removed_id_took_another_removed_name() -> None:
+    """A refused batch removing topics a (id 2) and b (id 1), then giving id 2 the name b:
+    undone newest first, id 1 got b back, then restoring id 2 deleted the name entry of its
+    current name, b, by then id 1's. ``topic_by_name("b")`` missed, a second b was accepted
+    and a snapshot, which walks the names, dropped id 1 (found by two reviews)."""
+    image = MetadataImage()
+    image.apply_batch(
+        1,
+        [
+            ClusterId("c"),
+            Topic("a", T2),
+            Partition(T2, 0, (1,), (1,), 1, 0, 0),
+            Topic("b", T1),
+            Partition(T1, 0, (1,), (1,), 1, 0, 0),
+        ],
+    )
+    copy = image.copy()
+    refused: list[MetadataRecord] = [
+        PartitionChange(T2, 0, 0, leader=NO_LEADER, isr=()),
+        RemoveTopic(T2),
+        RemoveTopic(T1),
+        Topic("b", T2),
+        ClusterId("other"),  # refused
+    ]
+    with pytest.raises(MetadataApplyError):
+        image.apply_batch(2, refused)
+    assert image == copy
+    b = image.topic_by_name("b")
+    assert b is not None and b.topic_id == T1
+    snapshot = MetadataImage.from_records(image.last_offset, image.to_records())
+    assert snapshot == image
+
+
 def test_batch_delta_keeps_first_before_and_last_after() -> None:
     image = base_image()
     delta = image.apply_batch(
