@@ -87,6 +87,27 @@ Handler = Callable[[Any], Awaitable[Any]]
 Sleep = Callable[[float], Awaitable[None]]
 
 
+def runs_on_when_abandoned(handler: Handler) -> Handler:
+    """``handler``, run to its end even when its caller goes: the server cancels a closed
+    connection's handlers (a replica fetch's long poll must end with its follower), but a
+    controller decision cancelled while its batch commits set the active controller aside,
+    and every broker got NOT_CONTROLLER until it came back (Kafka's QuorumController never
+    abandons an event for a dropped connection). The in-process calls run so already."""
+
+    async def run_on(payload: Any) -> Any:
+        handled = asyncio.ensure_future(handler(payload))
+        handled.add_done_callback(_retrieve)
+        return await asyncio.shield(handled)
+
+    return run_on
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a detached handler's failure as seen: its caller may have given up."""
+    if not task.cancelled():
+        task.exception()
+
+
 class RpcError(Exception):
     """An error answer. A handler raises it to answer ``{"code": code, "message": message}``."""
 
@@ -360,19 +381,23 @@ class RpcServer:
         except OSError as e:
             log.info("rpc: connection from %s lost: %s", peer, e)
         finally:
-            self._connections.pop(task, None)
-            for request in list(requests):
-                request.cancel()
-            if requests:
-                await asyncio.wait(list(requests))
-            writer.close()
             try:
-                async with asyncio.timeout(CLOSE_GRACE_S):
-                    await writer.wait_closed()
-            except TimeoutError:  # answers its peer does not read: stop() waited for ever
-                writer.transport.abort()
-            except OSError:
-                pass
+                for request in list(requests):
+                    request.cancel()
+                if requests:
+                    await asyncio.wait(list(requests))
+                writer.close()
+                try:
+                    async with asyncio.timeout(CLOSE_GRACE_S):
+                        await writer.wait_closed()
+                except TimeoutError:  # answers its peer does not read: stop() waited for ever
+                    writer.transport.abort()
+                except OSError:
+                    pass
+            finally:
+                # Last: stop() waits for the connections listed here, and one gone from the
+                # list while its handlers were still being cancelled outlived stop().
+                self._connections.pop(task, None)
 
     async def _answer(
         self,

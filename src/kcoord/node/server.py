@@ -62,7 +62,7 @@ from kcoord.node.metrics import NodeMetrics
 from kcoord.node.replica_fetcher import ReplicaFetcherManager
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.node.rpc import MAX_CONNECTIONS as MAX_RPC_CONNECTIONS
-from kcoord.node.rpc import RpcClientPool, RpcServer
+from kcoord.node.rpc import Handler, RpcClientPool, RpcServer, runs_on_when_abandoned
 from kcoord.node.runtime import CoordinatorRuntime
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME, ControllerConfig
 from kcoord.raft.image import ConfigResource, MetadataDelta, RoleChange
@@ -150,6 +150,22 @@ class RoleFanOut:
                 listener.on_role_changes(changes)
             except Exception:
                 log.exception("role listener %s failed", type(listener).__name__)
+
+
+def controller_rpc_handlers(controller: ControllerService) -> dict[str, Handler]:
+    """The controller's RPC methods, each run to its end when its caller goes
+    (``runs_on_when_abandoned``)."""
+    handlers: dict[str, Handler] = {
+        "BrokerRegistration": controller.handle_broker_registration,
+        "BrokerHeartbeat": controller.handle_broker_heartbeat,
+        "AlterPartition": controller.handle_alter_partition,
+        "CreateTopics": controller.handle_create_topics,
+        "CreatePartitions": controller.handle_create_partitions,
+        "DeleteTopics": controller.handle_delete_topics,
+        "AlterConfigs": controller.handle_alter_configs,
+        "ElectLeaders": controller.handle_elect_leaders,
+    }
+    return {name: runs_on_when_abandoned(handler) for name, handler in handlers.items()}
 
 
 class Node:
@@ -353,14 +369,7 @@ class Node:
         self.monitor = QuorumMonitor(quorum, self.clock)
         self.rpc_server = RpcServer(
             {
-                "BrokerRegistration": self.controller.handle_broker_registration,
-                "BrokerHeartbeat": self.controller.handle_broker_heartbeat,
-                "AlterPartition": self.controller.handle_alter_partition,
-                "CreateTopics": self.controller.handle_create_topics,
-                "CreatePartitions": self.controller.handle_create_partitions,
-                "DeleteTopics": self.controller.handle_delete_topics,
-                "AlterConfigs": self.controller.handle_alter_configs,
-                "ElectLeaders": self.controller.handle_elect_leaders,
+                **controller_rpc_handlers(self.controller),
                 "DescribeQuorum": self.describe_quorum,
                 "DescribeNode": self.describe_node,
                 "ReplicaFetch": self.replicas.handle_replica_fetch,

@@ -645,6 +645,42 @@ def test_stop_does_not_wait_for_a_peer_that_reads_no_answers(run: Run) -> None:
     run(main())
 
 
+def test_stop_waits_for_the_handlers_of_a_connection_that_is_closing(run: Run) -> None:
+    """A connection's task left the server's list as it began closing, before its handlers'
+    cancellation ended: stop() then returned while a handler still ran (found by a review)."""
+    started, cancelled, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    finished: list[bool] = []
+
+    async def slow(payload: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            await release.wait()  # its cleanup takes a while
+            finished.append(True)
+            raise
+
+    async def main() -> None:
+        server = RpcServer({"slow": slow})
+        await server.start(HOST, 0)
+        _, writer = await asyncio.open_connection(HOST, server.port)
+        writer.write(encode_frame([1, "slow", None]))
+        await writer.drain()
+        await asyncio.wait_for(started.wait(), 5)
+        writer.close()
+        await asyncio.wait_for(cancelled.wait(), 5)
+        stopping = asyncio.create_task(server.stop())
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not stopping.done(), "stop() returned while a handler was still running"
+        release.set()
+        await asyncio.wait_for(stopping, 5)
+        assert finished == [True]
+
+    run(main())
+
+
 def test_server_restart_client_reconnects_on_next_call(run: Run) -> None:
     async def main() -> None:
         async with serving({"echo": echo}) as server:
