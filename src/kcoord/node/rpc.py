@@ -496,12 +496,23 @@ class _Connection:
         self._pending[request_id] = future
         if max_answer_bytes > self._max_frame_bytes:
             self._answer_limits[request_id] = max_answer_bytes
+        sent = False
         try:
             self._writer.write(frame)
             await self._writer.drain()
+            sent = True
             return await future
         except OSError as e:
             raise RpcConnectionError(f"{self._address}: connection lost: {e}") from e
+        except asyncio.CancelledError:
+            if not sent:
+                # Timed out (or abandoned) with its request still buffered: the server reads
+                # nothing. Kept, the connection queued every later call's request behind it
+                # without bound (a follower resent its whole fetch every few seconds to a
+                # stopped leader), and closing it waited for ever to flush them. Kafka's
+                # NetworkClient disconnects on a request timeout.
+                self._shut("the server read no request in time", abort=True)
+            raise
         finally:
             del self._pending[request_id]
             self._answer_limits.pop(request_id, None)
@@ -546,7 +557,7 @@ class _Connection:
         """Whether calls wait for their answers on it."""
         return bool(self._pending)
 
-    def _shut(self, reason: str) -> None:
+    def _shut(self, reason: str, *, abort: bool = False) -> None:
         if self.closed:
             return
         self.closed = True
@@ -554,14 +565,22 @@ class _Connection:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(RpcConnectionError(f"{self._address}: {reason}"))
-        self._writer.close()
+        if abort:
+            self._writer.transport.abort()  # what is buffered goes unsent
+        else:
+            self._writer.close()
 
     async def close(self) -> None:
         self._shut("client closed")
         self._reader_task.cancel()
         await asyncio.wait([self._reader_task])
-        with contextlib.suppress(OSError):
-            await self._writer.wait_closed()
+        try:
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await self._writer.wait_closed()
+        except TimeoutError:  # requests a server never reads held the node's stop for ever
+            self._writer.transport.abort()
+        except OSError:
+            pass
 
 
 class RpcClient:

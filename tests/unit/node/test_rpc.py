@@ -681,6 +681,48 @@ def test_stop_waits_for_the_handlers_of_a_connection_that_is_closing(run: Run) -
     run(main())
 
 
+def test_a_call_timing_out_unsent_drops_the_connection_to_a_server_that_reads_nothing(
+    run: Run,
+) -> None:
+    """A server that accepts and never reads (a stopped process): each call timed out with
+    its request still buffered, the connection was kept and queued every later request
+    behind it without bound, and closing the client waited for ever to flush them (a node's
+    stop hung). As Kafka's NetworkClient on a request timeout, the connection is dropped."""
+
+    async def main() -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        listener.bind((HOST, 0))
+        listener.listen()
+        listener.setblocking(False)
+        accepted: list[socket.socket] = []
+
+        async def accept() -> None:
+            loop = asyncio.get_running_loop()
+            while True:
+                peer, _ = await loop.sock_accept(listener)
+                accepted.append(peer)  # never read
+
+        acceptor = asyncio.create_task(accept())
+        client = RpcClient(HOST, listener.getsockname()[1], reconnect_backoff_ms=0)
+        try:
+            big = b"x" * (16 << 20)  # more than the socket buffers hold
+            for _ in range(3):
+                with pytest.raises(RpcTimeout):
+                    await client.call("anything", big, 0.3)
+                assert not client.is_connected
+            assert client.connects == 3
+            async with asyncio.timeout(5):
+                await client.close()
+        finally:
+            acceptor.cancel()
+            for peer in accepted:
+                peer.close()
+            listener.close()
+
+    run(main())
+
+
 def test_server_restart_client_reconnects_on_next_call(run: Run) -> None:
     async def main() -> None:
         async with serving({"echo": echo}) as server:
