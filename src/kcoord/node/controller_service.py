@@ -46,6 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kcoord.errors import Errors
+from kcoord.node.config import registered_endpoint
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.rpc import RpcError
 from kcoord.raft import records as rec
@@ -454,6 +455,11 @@ class ControllerService:
             cluster_id=payload.get("cluster_id"),
             storage_lost=bool(payload.get("storage_lost", False)),
         )
+        if any(registered_endpoint(request.endpoints, name) is None for name in request.endpoints):
+            # Every endpoint is dialled, or answered in Metadata, as host and port.
+            return {"error": int(Errors.INVALID_REQUEST), "broker_epoch": -1}
+        if request.rack is not None and not isinstance(request.rack, str):
+            return {"error": int(Errors.INVALID_REQUEST), "broker_epoch": -1}
         async with self._lock:
             controller = self._require_active()
             result = controller.register_broker(self.cache.image, request, self.monotonic_ms())

@@ -614,6 +614,9 @@ def place_replicas(
 # ------------------------------------------------------------------------ elections
 
 
+_INT32_MAX: Final = (1 << 31) - 1
+
+
 class Election(Enum):
     """Kafka's ``PartitionChangeBuilder.Election``."""
 
@@ -900,7 +903,9 @@ class Controller:
             and request.cluster_id != image.cluster_id
         ):
             return ControllerResult((), BrokerRegistrationReply(Errors.INCONSISTENT_CLUSTER_ID))
-        if request.broker_id < 0 or not request.incarnation_id:
+        if not 0 <= request.broker_id <= _INT32_MAX or not request.incarnation_id:
+            # An id is an int32 on Kafka's wire: a larger one, registered, made every
+            # Metadata answer listing it fail to encode.
             return ControllerResult((), BrokerRegistrationReply(Errors.INVALID_REQUEST))
         existing = image.broker(request.broker_id)
         if existing is not None and existing.incarnation_id == request.incarnation_id:

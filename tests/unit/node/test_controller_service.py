@@ -369,6 +369,36 @@ def test_an_abandoned_proposal_stops_decisions_until_the_log_catches_up() -> Non
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"broker_id": 1 << 40},
+        {"endpoints": {"rpc": "nowhere"}},
+        {"endpoints": {"kafka": "[::1]"}},
+        {"rack": 7},
+    ],
+    ids=["id-beyond-int32", "endpoint-without-port", "ipv6-without-port", "rack-not-text"],
+)
+def test_a_registration_the_cluster_could_not_use_is_refused(change: dict[str, Any]) -> None:
+    """A broker id beyond int32, an endpoint that is no host and port, or a rack that is not
+    text: registered (the RPC port takes anything a peer sends), it stayed in the metadata
+    log, and every Metadata answer listing the broker failed to encode (found by a review)."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        offset = quorum.offset
+        payload = {"broker_id": 9, "incarnation_id": "i9", "endpoints": {}, **change}
+        reply = await service.handle_broker_registration(payload)
+        assert reply["error"] == Errors.INVALID_REQUEST
+        assert quorum.offset == offset and cache.image.broker(9) is None
+        good = {"broker_id": 9, "incarnation_id": "i9", "endpoints": {"rpc": "[::1]:9093"}}
+        assert (await service.handle_broker_registration(good))["error"] == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_registration_from_an_empty_data_directory_takes_the_broker_out_of_the_elr() -> None:
     """The broker's registration carries ``storage_lost`` (its data directory was empty when
     it started): the controller removes it from every ELR it was in."""
