@@ -2581,3 +2581,33 @@ def test_a_batch_past_an_empty_segments_offset_reach_rolls_it(tmp_path: Path) ->
         assert [(r.offset, r.key) for r in read_all(reopened)] == expected
         assert reopened.log_end_offset == far + 2
         reopened.close()
+
+
+def test_moving_the_log_start_writes_no_epoch_checkpoint_and_a_reopen_trims_the_epochs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each move of the log start rewrote the leader-epoch checkpoint (two fsyncs): a
+    DeleteRecords naming thousands of partitions held the loop seconds (found by a review).
+    Kafka's truncateFromStartAsyncFlush leaves it to a later flush: opening the log trims the
+    epochs below its log start, so one written before the move is still right."""
+    lg = open_log(tmp_path / "t-0", LogConfig())
+    for epoch in (0, 1, 2):
+        for _ in range(4):
+            lg.append_as_leader(batch(1), epoch, now_ms=0)
+    lg.flush()
+    written: list[Path] = []
+    write = checkpoint.write_leader_epochs
+
+    def counted(path: Path, entries: Any) -> None:
+        written.append(path)
+        write(path, entries)
+
+    monkeypatch.setattr("kcoord.storage.epoch.write_leader_epochs", counted)
+    assert lg.maybe_increment_log_start_offset(6)
+    assert lg.epoch_cache.entries == [(1, 6), (2, 8)]
+    assert written == []
+    for seg in lg.segments:  # a crash: nothing more written
+        seg.close()
+    again = Log.open(tmp_path / "t-0", LogConfig(), log_start_offset=6)
+    assert again.epoch_cache.entries == [(1, 6), (2, 8)]
+    again.close()
