@@ -41,13 +41,18 @@ class DeleteRecordsApi:
     async def handle_delete_records(self, request: Request) -> Result:
         body = request.body
         timeout_s = max(0.0, body.timeout.total_seconds())
+        # KafkaApis.handleDeleteRecordsRequest collects the partitions in a map: one named
+        # twice is deleted once, at its last offset, and answered once.
+        asked: dict[str, dict[int, int]] = {}
+        for topic in body.topics:
+            offsets = asked.setdefault(topic.name, {})
+            for p in topic.partitions:
+                offsets[p.partition_index] = p.offset
         topics: list[tuple[str, list[_PartitionResult]]] = []
         with self.ctx.replicas.one_log_start_checkpoint():
-            for topic in body.topics:
-                results = [
-                    self._delete(topic.name, p.partition_index, p.offset) for p in topic.partitions
-                ]
-                topics.append((topic.name, results))
+            for name, offsets in asked.items():
+                results = [self._delete(name, index, offset) for index, offset in offsets.items()]
+                topics.append((name, results))
         waits = [r for _, rs in topics for r in rs if r.reached is not None]
         if not waits:
             return _response(topics)

@@ -299,3 +299,38 @@ def test_a_topic_deleted_while_the_answer_waits_is_unknown(tmp_path: Path) -> No
         assert await asyncio.wait_for(waiting, 5) == (Errors.UNKNOWN_TOPIC_OR_PARTITION, -1)
 
     run(tmp_path, test)
+
+
+def test_a_partition_named_twice_is_deleted_once_at_its_last_offset(tmp_path: Path) -> None:
+    """KafkaApis collects DeleteRecords' partitions in a map: one named twice (in one topic
+    entry or two) moves once, to its last offset, and is answered once. Each entry was
+    applied and answered, and parked its own wait (found by a review)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 3, 1)
+        mine = h.led_partitions("t")[0]
+        await c.call(PRODUCE, 9, produce_values("t", mine, batch([b"a", b"b", b"c"])))
+        values = {
+            "topics": [
+                {"name": "t", "partitions": [{"partition_index": mine, "offset": 1}]},
+                {
+                    "name": "t",
+                    "partitions": [
+                        {"partition_index": mine, "offset": 3},
+                        {"partition_index": mine, "offset": 2},
+                    ],
+                },
+            ],
+            "timeout": 5000,
+        }
+        response = await c.call(DELETE_RECORDS, 2, values)
+        answers = [
+            (t.name, p.partition_index, p.error_code, p.low_watermark)
+            for t in response.topics
+            for p in t.partitions
+        ]
+        assert answers == [("t", mine, Errors.NONE, 2)]
+        part = h.replicas.get_partition("t", mine)
+        assert part is not None and part.log.log_start_offset == 2
+
+    run(tmp_path, test)
