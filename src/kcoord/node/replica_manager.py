@@ -711,15 +711,22 @@ class ReplicaManager:
     def on_metadata_delta(self, delta: MetadataDelta) -> None:
         """Pick up ISR changes (partition-epoch-only changes, no role change) and changed topic
         configs (Kafka's ``LogManager.updateTopicConfig``) from the image."""
+        hosted_by_topic: dict[str, list[Partition]] | None = None
         for topic_change in delta.topics.values():
             old, new = topic_change.before, topic_change.after
             if old is None or new is None or old.configs == new.configs:
                 continue
+            if hosted_by_topic is None:
+                # Once per delta (LogManager.updateTopicConfig looks up the topic's own logs):
+                # a walk of every hosted partition per topic took 4 s for an AlterConfigs of
+                # 10,000 topics, on every node.
+                hosted_by_topic = {}
+                for (topic, _), hosted in self.partitions.items():
+                    hosted_by_topic.setdefault(topic, []).append(hosted)
             config = self.log_config_for(new.configs)
-            for (topic, _), hosted in self.partitions.items():
-                if topic == new.name:
-                    hosted.log.config = config
-                    self.maybe_advance_high_watermark(hosted)  # min.insync.replicas may be lower
+            for hosted in hosted_by_topic.get(new.name, ()):
+                hosted.log.config = config
+                self.maybe_advance_high_watermark(hosted)  # min.insync.replicas may be lower
             log.info("topic %s: configs are now %s", new.name, dict(new.configs))
         cluster_wide = delta.configs.get(ConfigResource(ConfigResourceType.BROKER, ""))
         if cluster_wide is not None and cluster_topic_defaults(
