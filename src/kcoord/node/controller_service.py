@@ -724,7 +724,9 @@ class ControllerService:
                 None if partitions is None else [(str(t), int(p)) for t, p in partitions],
             )
             if result.records:
-                await self._propose_or_not_controller(result.records)
+                # Not atomic, as Kafka's electLeaders (ControllerResult.of): every election
+                # of the cluster in one batch held each node's loop while it applied.
+                await self._propose_or_not_controller(result.records, atomic=False)
         return {
             "results": [[r.topic, r.partition, int(r.error)] for r in result.response],
             "metadata_offset": self.cache.image.last_offset,
