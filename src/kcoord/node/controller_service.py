@@ -67,7 +67,7 @@ from kcoord.raft.controller import (
     NewTopic,
     atomic_of,
 )
-from kcoord.raft.quorum import MetadataQuorum
+from kcoord.raft.quorum import BatchTooLargeError, MetadataQuorum
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 from kcoord.storage.config import parse_min_insync_replicas
 
@@ -280,7 +280,11 @@ class ControllerService:
 
         start = loop.time()
         self.proposals += 1
-        self.quorum.propose(list(records), on_done, epoch=epoch)
+        try:
+            self.quorum.propose(list(records), on_done, epoch=epoch)
+        except BatchTooLargeError:
+            self.proposal_failures += 1  # nothing proposed: no decision to make again
+            raise
         try:
             offset = await asyncio.wait_for(fut, self.propose_timeout_s)
         except TimeoutError as e:
@@ -740,6 +744,10 @@ class ControllerService:
             return await (self._propose(records) if atomic else self._propose_in_batches(records))
         except NotActiveError as e:
             raise RpcError(int(Errors.NOT_CONTROLLER), f"not committed: {e}") from e
+        except BatchTooLargeError as e:
+            # Kafka's RecordBatchTooLargeException for a write the Raft client cannot take:
+            # final, where NOT_CONTROLLER had the broker retry it until the client's timeout.
+            raise RpcError(int(Errors.RECORD_LIST_TOO_LARGE), str(e)) from e
 
 
 def alter_partition_request(payload: Any) -> AlterPartitionRequest:

@@ -175,6 +175,13 @@ pysyncobj.syncobj.pickle = _PlainDataPickle
 # claim 2 GiB, read into a buffer it copied whole on every read (128 MiB so sent held the
 # Raft thread for minutes), and 509 KiB of zlib inflated to 1 GiB.
 MAX_QUORUM_MESSAGE_BYTES = 64 * 1024 * 1024
+
+
+class BatchTooLargeError(ValueError):
+    """A metadata batch too large for any voter to take: refused by ``propose`` at once, and
+    it would be refused again however often the same decision is retried."""
+
+
 # The most parts one entry comes in: pysyncobj cuts it in appendEntriesBatchSizeBytes (64 KiB),
 # so an entry of MAX_QUORUM_MESSAGE_BYTES is 1024; empty parts, which pysyncobj never sends,
 # counted nothing against the byte bound.
@@ -1678,16 +1685,17 @@ class MetadataQuorum:
         """Enqueue a batch decided by the controller of ``epoch`` (the Raft term it leads in);
         ``on_done(offset, None)`` or ``on_done(None, reason)`` from the Raft thread once
         committed or refused (also when committed in another term, and so skipped). Never
-        blocks."""
-        sync = self._sync
-        if sync is None:
-            on_done(None, "quorum is stopped")
-            return
+        blocks. Raises ``BatchTooLargeError`` for a batch no voter would take."""
         payload = _REGULAR + encode_batch(records, epoch)
         if len(payload) > MAX_QUORUM_MESSAGE_BYTES // 2:
             # Framed for a voter, with pickle's and the message's own bytes, it could pass
             # the bound every voter holds messages to, and the quorum would stop at it.
-            on_done(None, f"a metadata batch of {len(payload)} bytes is too large")
+            # Raised, not reported as not committed: the controller took that for a lost
+            # leadership and decided it again, and again, until the client's timeout.
+            raise BatchTooLargeError(f"a metadata batch of {len(payload)} bytes is too large")
+        sync = self._sync
+        if sync is None:
+            on_done(None, "quorum is stopped")
             return
 
         def callback(result: Any, error: int) -> None:

@@ -717,3 +717,21 @@ def test_status_reads_the_leadership_and_the_term_of_one_moment(tmp_path: Path) 
     quorum._sync = _MovingTerm([5, 5, 5, 5])  # type: ignore[assignment]
     status = quorum.status()
     assert (status.is_leader, status.epoch) == (True, 5)
+
+
+def test_a_batch_no_voter_would_take_is_refused_by_raising(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reported as not committed, a batch too large read as a lost leadership: the controller
+    decided it again, and again, until the client's timeout. It raises, once, and nothing is
+    reported through ``on_done``."""
+    monkeypatch.setattr(quorum_module, "MAX_QUORUM_MESSAGE_BYTES", 1 << 16)
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
+    told: list[Any] = []
+    big = rec.Topic("t", "T" * 22, {"retention.ms": "1" + "0" * 40_000})
+    with pytest.raises(quorum_module.BatchTooLargeError):
+        quorum.propose([big], lambda offset, error: told.append((offset, error)), epoch=1)
+    assert told == []
+    quorum.propose([rec.NoOp()], lambda offset, error: told.append((offset, error)), epoch=1)
+    assert told == [(None, "quorum is stopped")]

@@ -60,6 +60,9 @@ async def forward(
         log.warning("%s not answered: %s", method, e)
         return Errors.REQUEST_TIMED_OUT
     except RpcError as e:
+        if e.code == Errors.RECORD_LIST_TOO_LARGE:
+            log.warning("%s refused by the controller: %s", method, e)
+            return Errors.RECORD_LIST_TOO_LARGE
         log.error("%s failed at the controller: %s", method, e)
         return Errors.UNKNOWN_SERVER_ERROR
 

@@ -34,6 +34,7 @@ from kcoord.node.kafka.produce import (
 from kcoord.node.replica_manager import KafkaError, Partition
 from kcoord.raft import records as rec
 from kcoord.raft.controller import OFFSETS_TOPIC_NAME
+from kcoord.raft.quorum import BatchTooLargeError
 from kcoord.storage import checkpoint, producer_snapshot
 from kcoord.storage import format as fmt
 from kcoord.storage.log import LeaderScan, Log
@@ -661,6 +662,37 @@ def test_create_topics_is_visible_at_once_with_kafka_errors(tmp_path: Path) -> N
         assert [(p.replicas, p.leader) for p in placed] == [((NODE_ID,), NODE_ID)] * 2
         (again_m,) = (await c.call(CREATE_TOPICS, 7, manual)).topics
         assert again_m.error_code == Errors.TOPIC_ALREADY_EXISTS
+
+    run(tmp_path, test)
+
+
+def test_a_metadata_batch_too_large_for_the_quorum_is_refused_at_once(tmp_path: Path) -> None:
+    """A CreateTopics whose batch no voter would take (topics with long config values): the
+    quorum's refusal read as a lost leadership, and the controller decided and encoded it
+    again every few hundred ms until the client's timeout, answered REQUEST_TIMED_OUT (found
+    by a review). It is RECORD_LIST_TOO_LARGE at once, as Kafka's
+    RecordBatchTooLargeException, and the controller stays active."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        proposed: list[int] = []
+        propose = h.quorum.propose
+
+        def refusing(records: Any, on_done: Any, *, epoch: int) -> None:
+            if any(isinstance(r, rec.Topic) and r.name == "huge" for r in records):
+                proposed.append(len(records))
+                raise BatchTooLargeError("a metadata batch of 40000000 bytes is too large")
+            propose(records, on_done, epoch=epoch)
+
+        h.quorum.propose = refusing  # type: ignore[method-assign]
+        values = create_values(("huge", 1, 1))
+        values["timeout"] = 30_000
+        async with asyncio.timeout(10):
+            response = await c.call(CREATE_TOPICS, 7, values)
+        assert response.topics[0].error_code == Errors.RECORD_LIST_TOO_LARGE
+        assert len(proposed) == 1
+        assert h.controller.is_active
+        fine = await c.call(CREATE_TOPICS, 7, create_values(("fine", 1, 1)))
+        assert fine.topics[0].error_code == Errors.NONE
 
     run(tmp_path, test)
 
