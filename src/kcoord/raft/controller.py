@@ -634,6 +634,7 @@ def build_partition_change(
     election: Election = Election.ONLINE,
     target_isr: Sequence[int] | None = None,
     unclean_shutdown_replicas: Collection[int] = (),
+    lost_log_replicas: Collection[int] = (),
     offline_replicas: Collection[int] = (),
 ) -> PartitionChange | None:
     """The change that moves ``partition`` to ``target_isr`` (default: unchanged) and gives it
@@ -644,7 +645,10 @@ def build_partition_change(
     ISR (it may be empty only with ELR); remember the last known leader when the ISR empties.
     ``is_acceptable_leader`` says whether a broker is alive (unfenced) and allowed to lead;
     ``offline_replicas`` lead in no election, clean or unclean (their brokers report the log
-    offline: Kafka's ``LeaderAcceptor`` asks ``hasOnlineDir``).
+    offline: Kafka's ``LeaderAcceptor`` asks ``hasOnlineDir``); neither they nor
+    ``lost_log_replicas`` (back on an empty disk, or reporting the log offline) are kept as
+    the last known leader. An unclean shutdown alone (``unclean_shutdown_replicas``) takes a
+    replica out of the ELR, not out of being the last known leader, as in Kafka.
     """
     isr = tuple(partition.isr if target_isr is None else target_isr)
     elr = partition.elr
@@ -690,23 +694,24 @@ def build_partition_change(
         record_isr = isr
 
     # maybeUpdateLastKnownLeader ("last known leader" mode of KIP-966).
-    # A replica that lost its storage or reports its log offline is never remembered, and is
-    # forgotten: Kafka's unclean election takes the last known leader only if its
-    # ``LeaderAcceptor`` finds the replica's directory online, and an empty or missing log
-    # elected there lost every record, where another replica lost at most a tail.
+    # A replica whose log is lost or offline is never remembered, and is forgotten: Kafka's
+    # unclean election takes the last known leader only if its ``LeaderAcceptor`` finds the
+    # replica's directory online, and an empty or missing log elected there lost every
+    # record, where another replica lost at most a tail.
     record_last_known_elr: tuple[int, ...] | None = None
     if elr_enabled:
+        lost = {*lost_log_replicas, *offline_replicas}
         if (
             record_isr == ()
             and partition.leader != NO_LEADER
-            and partition.leader not in unclean_shutdown_replicas
+            and partition.leader not in lost
             and partition.last_known_elr != (partition.leader,)
         ):
             record_last_known_elr = (partition.leader,)
         elif partition.last_known_elr and (
             record_leader >= 0
             or NO_LEADER not in (partition.leader, record_leader)
-            or any(r in unclean_shutdown_replicas for r in partition.last_known_elr)
+            or any(r in lost for r in partition.last_known_elr)
         ):
             record_last_known_elr = ()
 
@@ -1069,7 +1074,11 @@ class Controller:
         more once that change is applied."""
         eligible = _offline_but_eligible(working.image, request)
         self._generate_leader_and_isr_updates(
-            working, eligible, records, broker_with_unclean_shutdown=request.broker_id
+            working,
+            eligible,
+            records,
+            broker_with_unclean_shutdown=request.broker_id,
+            log_lost=True,
         )
 
     def fence_stale_brokers(
@@ -1193,7 +1202,11 @@ class Controller:
                 lambda s: broker_id in s.isr or broker_id in s.elr,
             )
             self._generate_leader_and_isr_updates(
-                working, in_isr_or_elr, records, broker_with_unclean_shutdown=broker_id
+                working,
+                in_isr_or_elr,
+                records,
+                broker_with_unclean_shutdown=broker_id,
+                log_lost=storage_lost,
             )
         else:
             working.set_fenced(broker_id, True)
@@ -1213,8 +1226,10 @@ class Controller:
         broker_to_remove: int = NO_LEADER,
         broker_to_add: int = NO_LEADER,
         broker_with_unclean_shutdown: int = NO_LEADER,
+        log_lost: bool = False,
     ) -> None:
-        # ReplicationControlManager.generateLeaderAndIsrUpdates.
+        # ReplicationControlManager.generateLeaderAndIsrUpdates; ``log_lost``: the broker
+        # with the unclean shutdown lost its logs (an empty disk, or logs reported offline).
         removed = {b for b in (broker_to_remove, broker_with_unclean_shutdown) if b != NO_LEADER}
 
         def is_acceptable_leader(replica: int) -> bool:
@@ -1225,6 +1240,7 @@ class Controller:
         unclean_shutdown = (
             () if broker_with_unclean_shutdown == NO_LEADER else (broker_with_unclean_shutdown,)
         )
+        lost_logs = unclean_shutdown if log_lost else ()
         for tp in partitions:
             state = working.partition(tp)
             change = build_partition_change(
@@ -1235,6 +1251,7 @@ class Controller:
                 election=self._online_election(working.image, state.topic_id),
                 target_isr=[r for r in state.isr if r not in removed],
                 unclean_shutdown_replicas=unclean_shutdown,
+                lost_log_replicas=lost_logs,
                 offline_replicas=self._offline_replicas(tp),
             )
             if change is not None:

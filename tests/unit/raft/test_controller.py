@@ -2255,6 +2255,7 @@ def test_a_replica_that_lost_its_log_is_never_the_last_known_leader() -> None:
         elr_enabled=True,
         target_isr=(),
         unclean_shutdown_replicas=(1,),
+        lost_log_replicas=(1,),
     )
     assert removed == PartitionChange(T1, 0, 1, leader=NO_LEADER, isr=())
     remembered = PartitionState(T1, 0, (2, 1), (), NO_LEADER, 2, 2, (), (1,))
@@ -2264,6 +2265,7 @@ def test_a_replica_that_lost_its_log_is_never_the_last_known_leader() -> None:
         min_isr=2,
         elr_enabled=True,
         unclean_shutdown_replicas=(1,),
+        lost_log_replicas=(1,),
     )
     assert forgotten == PartitionChange(T1, 0, 2, last_known_elr=())
     after = remembered.merge(forgotten)
@@ -2275,6 +2277,28 @@ def test_a_replica_that_lost_its_log_is_never_the_last_known_leader() -> None:
         election=Election.UNCLEAN,
     )
     assert unclean is not None and unclean.leader == 2
+    # An unclean shutdown alone (its log kept; unclean_shutdown_detection_enabled) leaves
+    # the ELR, not being the last known leader, as in Kafka: forgetting it made an unclean
+    # election take the first live replica, maybe the least up to date (found by a review).
+    kept = build_partition_change(
+        leading,
+        is_acceptable_leader=lambda b: b != 1,
+        min_isr=2,
+        elr_enabled=True,
+        target_isr=(),
+        unclean_shutdown_replicas=(1,),
+    )
+    assert kept == PartitionChange(T1, 0, 1, leader=NO_LEADER, isr=(), last_known_elr=(1,))
+    assert (
+        build_partition_change(
+            remembered,
+            is_acceptable_leader=lambda b: b != 1,
+            min_isr=2,
+            elr_enabled=True,
+            unclean_shutdown_replicas=(1,),
+        )
+        is None
+    )
 
 
 def test_build_partition_change_unclean_prefers_the_last_known_leader() -> None:
