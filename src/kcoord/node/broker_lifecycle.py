@@ -23,7 +23,14 @@ from kcoord.errors import Errors
 from kcoord.node.config import registered_endpoint
 from kcoord.node.controller_service import ControllerService
 from kcoord.node.metadata import MetadataCache
-from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemoteError, RpcTimeout
+from kcoord.node.rpc import (
+    RpcClientPool,
+    RpcConnectionError,
+    RpcError,
+    RpcRemoteError,
+    RpcTimeout,
+    run_detached,
+)
 from kcoord.raft.quorum import MetadataQuorum
 
 log = logging.getLogger(__name__)
@@ -205,14 +212,19 @@ class BrokerLifecycle:
                 "AlterPartition": self.controller_service.handle_alter_partition,
             }
             # As an RPC would: the caller gives up after rpc_timeout_s (and heartbeats again,
-            # which the controller notes as it arrives), the handler runs on (shielded).
-            handled = asyncio.ensure_future(handlers[method](payload))
-            handled.add_done_callback(_retrieve)
+            # which the controller notes as it arrives), the handler runs on (shielded), or
+            # decides nothing if it had not begun (``caller_gone``).
+            handler = handlers[method]
+            handled, gone = run_detached(lambda: handler(payload))
             try:
                 return await asyncio.wait_for(asyncio.shield(handled), self.rpc_timeout_s)
             except RpcError as e:
                 raise ControllerUnavailableError(str(e)) from e
+            except asyncio.CancelledError:
+                gone.set()
+                raise
             except TimeoutError as e:
+                gone.set()
                 raise ControllerUnavailableError(
                     f"{method} to this node's controller: no answer in {self.rpc_timeout_s} s"
                 ) from e
@@ -228,9 +240,3 @@ class BrokerLifecycle:
         except (RpcConnectionError, RpcTimeout, RpcRemoteError) as e:
             raise ControllerUnavailableError(f"{method} to node {leader_id}: {e}") from e
         return result
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark an in-process controller call's failure as seen: its caller may have given up."""
-    if not task.cancelled():
-        task.exception()

@@ -48,7 +48,7 @@ from typing import Any
 from kcoord.errors import Errors
 from kcoord.node.config import registered_endpoint
 from kcoord.node.metadata import MetadataCache
-from kcoord.node.rpc import RpcError
+from kcoord.node.rpc import RpcError, caller_gone
 from kcoord.raft import records as rec
 from kcoord.raft.controller import (
     CLUSTER_CONFIGS,
@@ -339,6 +339,10 @@ class ControllerService:
             self._wake.set()
 
     def _require_active(self) -> Controller:
+        if caller_gone():
+            # Its requester stopped waiting before the decision began (a heartbeat of a
+            # broker SIGKILLed meanwhile would renew a dead broker's session, or unfence it).
+            raise RpcError(int(Errors.REQUEST_TIMED_OUT), "the caller had gone before it began")
         if self.controller is None:
             raise RpcError(int(Errors.NOT_CONTROLLER), f"node {self.node_id} is not the controller")
         return self.controller

@@ -43,20 +43,23 @@ A client connects lazily on its first call and again on the first call after a f
 connection attempts it waits a backoff measured from the start of the previous attempt
 (Kafka's ``reconnect.backoff.ms``: 50 ms doubling up to 1 s while attempts fail, reset by a
 success), so a call made long after the last attempt never sleeps. The call's ``timeout_s``
-covers everything: backoff, connecting, sending and waiting. A call that times out leaves the
-connection up; its late answer is dropped.
+covers everything: backoff, connecting, sending and waiting. A call that times out waiting for
+its answer leaves the connection up, and its late answer is dropped; one that times out before
+its request went out drops the connection (the server reads nothing), failing the calls in
+flight on it, as Kafka's NetworkClient disconnects on a request timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import itertools
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgpack  # type: ignore[import-untyped, unused-ignore]
 
@@ -87,25 +90,59 @@ Handler = Callable[[Any], Awaitable[Any]]
 Sleep = Callable[[float], Awaitable[None]]
 
 
+_T = TypeVar("_T")
+# Set in a detached handler's context (``run_detached``) once its caller has gone.
+_caller_gone: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
+    "kcoord_rpc_caller_gone", default=None
+)
+
+
+def run_detached(call: Callable[[], Awaitable[_T]]) -> tuple[asyncio.Future[_T], asyncio.Event]:
+    """``call()`` as a task its caller's going does not cancel, and the event to set when the
+    caller goes: the handler asks ``caller_gone()`` before it decides anything. A failure
+    nobody waits for any more is logged, not lost."""
+    gone = asyncio.Event()
+    token = _caller_gone.set(gone)
+    try:
+        task: asyncio.Future[_T] = asyncio.ensure_future(call())
+    finally:
+        _caller_gone.reset(token)
+    task.add_done_callback(functools.partial(_retrieve, gone))
+    return task, gone
+
+
+def caller_gone() -> bool:
+    """Whether the caller of the detached handler running here has gone (``run_detached``):
+    Kafka's controller drops an event whose requester's deadline passed before it began."""
+    gone = _caller_gone.get()
+    return gone is not None and gone.is_set()
+
+
+def _retrieve(gone: asyncio.Event, task: asyncio.Future[Any]) -> None:
+    if task.cancelled():
+        return
+    error = task.exception()
+    if error is not None and gone.is_set() and not isinstance(error, RpcError):
+        log.error("a handler whose caller had gone failed", exc_info=error)
+
+
 def runs_on_when_abandoned(handler: Handler) -> Handler:
     """``handler``, run to its end even when its caller goes: the server cancels a closed
     connection's handlers (a replica fetch's long poll must end with its follower), but a
     controller decision cancelled while its batch commits set the active controller aside,
     and every broker got NOT_CONTROLLER until it came back (Kafka's QuorumController never
-    abandons an event for a dropped connection). The in-process calls run so already."""
+    abandons an event for a dropped connection). One whose caller went before it began
+    decides nothing (``caller_gone``). The in-process calls run so too."""
 
     async def run_on(payload: Any) -> Any:
-        handled = asyncio.ensure_future(handler(payload))
-        handled.add_done_callback(_retrieve)
-        return await asyncio.shield(handled)
+        handled, gone = run_detached(lambda: handler(payload))
+        try:
+            return await asyncio.shield(handled)
+        except asyncio.CancelledError:
+            gone.set()
+            raise
 
     return run_on
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a detached handler's failure as seen: its caller may have given up."""
-    if not task.cancelled():
-        task.exception()
 
 
 class RpcError(Exception):

@@ -232,6 +232,44 @@ def test_a_controller_call_whose_connection_drops_runs_on_and_keeps_the_controll
     asyncio.run(scenario())
 
 
+def test_a_controller_call_whose_caller_went_before_it_began_decides_nothing() -> None:
+    """Run to its end when its caller goes, a heartbeat queued behind a long decision was
+    decided whenever the lock freed, for a broker that may be dead by then: it renewed its
+    session, or unfenced it (found by a review). Kafka's controller drops an event whose
+    requester's deadline passed before it began; so is one whose caller has gone here."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        quorum.commit(
+            [rec.RegisterBroker(9, "i9", quorum.offset + 1, {}, None, True)]  # fenced
+        )
+        await service._maybe_activate()
+        rpc = RpcServer(server.controller_rpc_handlers(service))
+        await rpc.start("127.0.0.1", 0)
+        try:
+            await service._lock.acquire()  # a long decision under way
+            _, writer = await asyncio.open_connection("127.0.0.1", rpc.port)
+            broker = cache.image.broker(9)
+            assert broker is not None and broker.fenced
+            beat = {"broker_id": 9, "broker_epoch": broker.broker_epoch,
+                    "current_metadata_offset": quorum.offset}  # fmt: skip
+            writer.write(encode_frame([1, "BrokerHeartbeat", beat]))
+            await writer.drain()
+            await _until(lambda: bool(service._lock._waiters), "the heartbeat at the lock")
+            writer.close()
+            await _until(lambda: rpc.connection_count == 0, "the connection's end")
+            service._lock.release()
+            async with service._lock:  # after the heartbeat's turn (the lock is FIFO)
+                pass
+            broker = cache.image.broker(9)
+            assert broker is not None and broker.fenced
+        finally:
+            await rpc.stop()
+
+    asyncio.run(scenario())
+
+
 def test_the_offsets_topic_is_created_on_fewer_brokers_after_the_grace() -> None:
     async def scenario() -> None:
         service, quorum, cache, clock = five_node_controller()

@@ -706,7 +706,7 @@ def test_a_call_timing_out_unsent_drops_the_connection_to_a_server_that_reads_no
         acceptor = asyncio.create_task(accept())
         client = RpcClient(HOST, listener.getsockname()[1], reconnect_backoff_ms=0)
         try:
-            big = b"x" * (16 << 20)  # more than the socket buffers hold
+            big = b"x" * (48 << 20)  # more than the socket buffers hold (4 MiB at most here)
             for _ in range(3):
                 with pytest.raises(RpcTimeout):
                     await client.call("anything", big, 0.3)

@@ -23,7 +23,14 @@ from typing import Any
 from kcoord.errors import Errors
 from kcoord.node.config import registered_endpoint
 from kcoord.node.metadata import MetadataCache
-from kcoord.node.rpc import RpcClientPool, RpcConnectionError, RpcError, RpcRemoteError, RpcTimeout
+from kcoord.node.rpc import (
+    RpcClientPool,
+    RpcConnectionError,
+    RpcError,
+    RpcRemoteError,
+    RpcTimeout,
+    run_detached,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +97,18 @@ class ControllerChannel:
             # its commit, the decision still committed, the client was told it timed out, and
             # the controller set itself aside until it activated again (NOT_CONTROLLER to
             # every broker's heartbeat meanwhile). Kafka's ControllerApis takes the timeout
-            # as a deadline to start by; a remote controller's handler runs on likewise.
-            decision = asyncio.ensure_future(self.local_handlers[method](payload))
-            decision.add_done_callback(_retrieved)
+            # as a deadline to start by (``caller_gone``); a remote controller's handler runs
+            # on likewise (``runs_on_when_abandoned``).
+            handler = self.local_handlers[method]
+            decision, gone = run_detached(lambda: handler(payload))
             try:
                 return await asyncio.wait_for(asyncio.shield(decision), timeout_s)
             except TimeoutError as e:
+                gone.set()
                 raise _RetriableError("the local controller did not answer in time") from e
+            except asyncio.CancelledError:
+                gone.set()
+                raise
             except RpcError as e:
                 if e.code == int(Errors.NOT_CONTROLLER):
                     raise _RetriableError(str(e)) from e
@@ -117,10 +129,3 @@ class ControllerChannel:
 
 class _RetriableError(Exception):
     pass
-
-
-def _retrieved(decision: asyncio.Future[Any]) -> None:
-    """Mark a decision's failure as taken: its caller may have stopped waiting (timed out),
-    and asyncio would report it as never retrieved."""
-    if not decision.cancelled():
-        decision.exception()
