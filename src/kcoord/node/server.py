@@ -184,6 +184,11 @@ class Node:
         # before their servers close them under a call; never when the servers do not.
         idle_ms = config.connections_max_idle_ms
         self.rpc_pool = RpcClientPool(idle_ms=max(1, idle_ms * 9 // 10) if idle_ms > 0 else 2**62)
+        # The replica fetchers' own connections, as Kafka's fetcher threads have their own
+        # NetworkClient: on the controller calls' ones, a fetch answer of many MiB held up a
+        # heartbeat's behind it, and a fetch timing out unsent dropped the connection with the
+        # heartbeat and AlterPartition in flight on it.
+        self.fetch_pool = RpcClientPool(idle_ms=max(1, idle_ms * 9 // 10) if idle_ms > 0 else 2**62)
         self.quorum: MetadataQuorum | None = None
         self.controller: ControllerService | None = None
         self.lifecycle: BrokerLifecycle | None = None
@@ -259,7 +264,7 @@ class Node:
             cfg.node_id,
             self.replicas,
             self.cache,
-            self.rpc_pool,
+            self.fetch_pool,
             self._broker_epoch,
             max_wait_ms=cfg.replica_fetch_wait_max_ms,
             max_bytes=cfg.replica_fetch_max_bytes,
@@ -574,6 +579,7 @@ class Node:
         if self.rpc_server is not None:
             steps.append(("the RPC listener", self.rpc_server.stop))
         steps.append(("the RPC connections", self.rpc_pool.close_all))
+        steps.append(("the replica fetch connections", self.fetch_pool.close_all))
         if self.quorum is not None:
             steps.append(("the metadata quorum", partial(asyncio.to_thread, self.quorum.stop)))
         if self.replicas is not None:

@@ -130,9 +130,14 @@ def test_a_step_of_the_stop_that_raises_does_not_skip_the_others(
     def failing_close() -> None:
         raise OSError(5, "Input/output error")
 
+    async def fetch_pool_closed() -> None:
+        shut.append("fetch connections")
+
     monkeypatch.setattr(node.rpc_pool, "close_all", failing_close)
+    monkeypatch.setattr(node.fetch_pool, "close_all", fetch_pool_closed)
     monkeypatch.setattr(node.logs, "shutdown", lambda: shut.append("logs"))
     asyncio.run(node.stop())
-    assert shut == ["logs"] and node._data_lock is None
+    # The replica fetchers' own connections (apart from the controller calls') close too.
+    assert shut == ["fetch connections", "logs"] and node._data_lock is None
     assert "stopping: the RPC connections failed" in caplog.text
     DataDirLock.acquire(tmp_path).release()  # released: another process may take it
