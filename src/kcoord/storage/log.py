@@ -1316,8 +1316,8 @@ class Log:
             return self.log_end_offset
         if offset < self.segments[0].base_offset:
             # Strictly below, as UnifiedLog.truncateTo: at the first segment's base, that
-            # segment stays, emptied, with the leader epochs below it and the producers of
-            # the snapshots up to it, which a retry's duplicate check needs.
+            # segment stays, emptied, and so do the producer snapshots up to it, which a
+            # retry's duplicate check needs (and any leader epoch starting below it).
             self.truncate_fully_and_start_at(offset if offset >= 0 else 0)
             return self.log_end_offset
         # Kafka's LocalLog.truncateTo: segments starting above ``offset`` go; one starting at

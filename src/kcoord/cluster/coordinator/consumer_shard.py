@@ -739,7 +739,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         ):
             # Revoked in time; classic members have join and sync timeouts instead; a static
             # member that left (epoch -2) released what it was revoking and waits for its
-            # session (Kafka's timeout fences only at the epoch it was armed for).
+            # session, as on Kafka's live path (its timer, armed at the member's epoch then,
+            # no longer fences it). Kafka's onLoaded arms one at -2, which does: the outcome
+            # then hung on a failover; this follows the live path.
             return
         if kind == SESSION_KEY:
             self.stats.members_expired += 1
