@@ -131,6 +131,8 @@ FORMAT_VERSION = 2  # 1: [1, [record bytes...]], without the epoch (still read)
 _REGULAR = b"\x00"  # pysyncobj's _COMMAND_TYPE.REGULAR
 SNAPSHOT_VERSION = 2  # 1: the body alone, without the CRC-32C (still read)
 SNAPSHOT_FILE = "snapshot"
+_SNAPSHOT_WRITING_SUFFIX: Final = ".writing"  # the writer thread's file, until it is renamed
+SNAPSHOT_WRITER_JOIN_S: Final = 5.0
 HALT_EXIT_CODE = 1
 STATUS_READS = 3  # status(): tries at reading the leadership and the term of one moment
 
@@ -288,6 +290,16 @@ class _ClosingSerializer(pysyncobj.serializer.Serializer):  # type: ignore[misc]
                 except OSError as e:
                     _halt_on_storage_error("syncing a snapshot from the leader", e)
         return bool(super().setTransmissionData((b"", False, True)))
+
+    def forget_transmissions(self) -> None:
+        """Close and forget the snapshots being sent: a new one is in place (pysyncobj does
+        this itself on a serialization's success only when it has no serializeChecker)."""
+        transmissions = self._Serializer__transmissions
+        for transmission in transmissions.values():
+            file = transmission.get("file")
+            if file is not None:
+                file.close()
+        transmissions.clear()
 
     def drop_incoming(self) -> None:
         """Forget the snapshot a voter is receiving (its parts so far, in a temporary file)."""
@@ -1607,6 +1619,10 @@ class MetadataQuorum:
         # The background snapshot write: pysyncobj asks its state (``_snapshot_state``).
         self._snapshot_status = pysyncobj.config.SERIALIZER_STATE.NOT_SERIALIZING
         self._snapshot_writer: threading.Thread | None = None
+        # The writer's file, synced, and where it goes: renamed on the Raft thread.
+        self._snapshot_written: tuple[str, str] | None = None
+        # Whether a snapshot was loaded (a leader's installed) since the write began.
+        self._snapshot_installed = False
         self.skipped_batches = 0
         self._sync: _MetadataSyncObj | None = None
         # Why the last snapshot load failed (set by _read_snapshot; pysyncobj swallows it).
@@ -1618,6 +1634,8 @@ class MetadataQuorum:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):  # a write a stop or crash interrupted
+            (self.directory / (SNAPSHOT_FILE + _SNAPSHOT_WRITING_SUFFIX)).unlink()
         me = self.voters[self.node_id]
         t = self.timing
         bind = None
@@ -1682,7 +1700,9 @@ class MetadataQuorum:
             sync.destroy_synchronous()
         writer = self._snapshot_writer
         if writer is not None:
-            writer.join()  # its file complete, or not in place, before the node goes on
+            # Its file is never put in place now (the Raft thread does that): waited for
+            # only so as not to leave it writing, not for ever on a hung disk.
+            writer.join(SNAPSHOT_WRITER_JOIN_S)
 
     # -----------------------------------------------------------------------------------------
     # Proposing.
@@ -1762,36 +1782,67 @@ class MetadataQuorum:
 
     def _serialize_in_background(self, filename: str, raft_data: tuple[Any, Any, Any]) -> None:
         """pysyncobj's serializer, on the Raft thread: copy the image (O(partitions), 12 ms
-        for 50,000) and leave its encoding and sync to a writer thread, which renames the file
-        into place; ``_snapshot_state`` tells pysyncobj when it is there, and only then does
-        it trim the journal. pysyncobj renames ``filename`` (its temporary name) itself once
-        this returns: there is none (an old one is removed), so that rename fails, ignored."""
+        for 50,000) and leave its encoding and sync to a writer thread. The Raft thread
+        renames the written file into place (``_snapshot_state``), where it also installs a
+        leader's snapshot, so the two never cross: renamed by the writer, an older snapshot
+        of this voter's own replaced one just installed from the leader, and the voter lost
+        entries it had acknowledged at its next start. Only once it is in place does
+        pysyncobj trim the journal. pysyncobj renames ``filename`` (its temporary name)
+        itself once this returns: there is none (an old one is removed), so that rename
+        fails, ignored."""
         states = pysyncobj.config.SERIALIZER_STATE
         final = filename.removesuffix(".tmp")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(filename)  # an interrupted write's: pysyncobj would put it in place
-        image = self.image.copy()
-        self._snapshot_status = states.SERIALIZING
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(filename)  # an interrupted write's: pysyncobj would put it in place
+            image = self.image.copy()
+            self._snapshot_installed = False
+            self._snapshot_written = None
+            self._snapshot_status = states.SERIALIZING
 
-        def write() -> None:
-            writing = final + ".writing"
-            try:
-                self._write_snapshot(writing, raft_data, image)
-                os.replace(writing, final)
-            except Exception:
-                log.exception("writing the metadata snapshot at offset %d", image.last_offset)
-                self._snapshot_status = states.FAILED
-            else:
-                self._snapshot_status = states.SUCCESS
+            def write() -> None:
+                writing = final + _SNAPSHOT_WRITING_SUFFIX
+                try:
+                    self._write_snapshot(writing, raft_data, image)
+                except Exception:
+                    log.exception("writing the metadata snapshot at offset %d", image.last_offset)
+                    self._snapshot_status = states.FAILED
+                else:
+                    self._snapshot_written = (writing, final)
 
-        self._snapshot_writer = threading.Thread(
-            target=write, name=f"kcoord-snapshot-{self.node_id}", daemon=True
-        )
-        self._snapshot_writer.start()
+            self._snapshot_writer = threading.Thread(
+                target=write, name=f"kcoord-snapshot-{self.node_id}", daemon=True
+            )
+            self._snapshot_writer.start()
+        except Exception:
+            log.exception("starting the metadata snapshot")
+            self._snapshot_status = states.FAILED
 
     def _snapshot_state(self) -> int:
-        """pysyncobj's ``serializeChecker``: SUCCESS or FAILED once, then not serializing."""
+        """pysyncobj's ``serializeChecker``, on the Raft thread: SUCCESS once the written
+        snapshot is renamed into place (FAILED if it failed, or if a leader's snapshot was
+        installed meanwhile: this one is older), said once; then not serializing."""
         states = pysyncobj.config.SERIALIZER_STATE
+        written = self._snapshot_written  # set once by the writer, as it ends
+        if written is not None:
+            self._snapshot_written = None
+            writing, final = written
+            if self._snapshot_installed:
+                log.info("metadata snapshot discarded: a newer one came from the leader")
+                with contextlib.suppress(OSError):
+                    os.unlink(writing)
+                self._snapshot_status = states.FAILED
+            else:
+                try:
+                    os.replace(writing, final)
+                except OSError:
+                    log.exception("putting the metadata snapshot in place")
+                    self._snapshot_status = states.FAILED
+                else:
+                    self._snapshot_status = states.SUCCESS
+                    sync = self._sync
+                    if sync is not None:  # what pysyncobj does itself without a checker
+                        sync._SyncObj__serializer.forget_transmissions()
         status: int = self._snapshot_status
         if status in (states.SUCCESS, states.FAILED):
             self._snapshot_status = states.NOT_SERIALIZING
@@ -1826,6 +1877,7 @@ class MetadataQuorum:
             self.snapshot_error = e
             raise ValueError(f"{filename}: {e}") from e
         self.image = snapshot.image
+        self._snapshot_installed = True  # a write under way is older: not put in place
         try:
             self.listener.on_snapshot_loaded(snapshot.offset, snapshot.records)
         except Exception:

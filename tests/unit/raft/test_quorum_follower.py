@@ -775,3 +775,37 @@ def test_a_snapshot_is_written_off_the_raft_thread_from_a_copy_of_the_image(
     assert quorum._snapshot_state() == states.NOT_SERIALIZING  # said once
     snapshot = quorum_module._parse_snapshot(final.read_bytes())
     assert snapshot.offset == 7 and snapshot.image.cluster_id == CLUSTER_ID
+
+
+def test_a_leaders_snapshot_installed_during_a_write_is_not_replaced_by_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer thread renamed its file into place whenever it was done: a snapshot of the
+    leader's, installed meanwhile on the Raft thread, was replaced by this voter's older one,
+    and at its next start the voter lost entries it had acknowledged (found by a review). The
+    Raft thread renames it, and not once a newer snapshot was installed."""
+    states = pysyncobj.config.SERIALIZER_STATE
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
+    quorum.image = MetadataImage.from_records(7, [rec.ClusterId(CLUSTER_ID)])
+    final = tmp_path / "snapshot"
+    leaders = MetadataQuorum(2, voters, tmp_path / "leader", _Quiet(), cluster_id=CLUSTER_ID)
+    leaders.image = MetadataImage.from_records(20, [rec.ClusterId(CLUSTER_ID)])
+    release = threading.Event()
+    write = quorum._write_snapshot
+
+    def held(filename: str, raft_data: Any, image: Any = None) -> None:
+        release.wait(10)
+        write(filename, raft_data, image)
+
+    monkeypatch.setattr(quorum, "_write_snapshot", held)
+    quorum._serialize_in_background(str(final) + ".tmp", (entry(7, 1), entry(6, 1), set()))
+    leaders._write_snapshot(str(final), (entry(20, 2), entry(19, 2), set()))  # installed
+    quorum._read_snapshot(str(final))
+    release.set()
+    writer = quorum._snapshot_writer
+    assert writer is not None
+    writer.join(10)
+    assert quorum._snapshot_state() == states.FAILED
+    assert quorum_module._parse_snapshot(final.read_bytes()).offset == 20
+    assert not (tmp_path / "snapshot.writing").exists()
