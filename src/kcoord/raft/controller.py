@@ -1194,12 +1194,24 @@ class Controller:
             storage_lost or (self.config.unclean_shutdown_detection_enabled and not clean)
         ):
             # The old incarnation may have lost its unflushed tail: not eligible any more.
+            # Back on an empty disk, not the last known leader either, which the image does
+            # not index: every partition is looked at, once per such registration (a rare
+            # event), or an unclean election could still choose its empty log.
+            candidates = [
+                *working.image.partitions_with_isr_member(broker_id),
+                *working.image.partitions_with_elr_member(broker_id),
+            ]
+            if storage_lost:
+                candidates += [
+                    s for s in working.image.all_partitions() if broker_id in s.last_known_elr
+                ]
             in_isr_or_elr = working.partitions_where(
-                [
-                    *working.image.partitions_with_isr_member(broker_id),
-                    *working.image.partitions_with_elr_member(broker_id),
-                ],
-                lambda s: broker_id in s.isr or broker_id in s.elr,
+                candidates,
+                lambda s: (
+                    broker_id in s.isr
+                    or broker_id in s.elr
+                    or (storage_lost and broker_id in s.last_known_elr)
+                ),
             )
             self._generate_leader_and_isr_updates(
                 working,

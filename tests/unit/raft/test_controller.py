@@ -2301,6 +2301,25 @@ def test_a_replica_that_lost_its_log_is_never_the_last_known_leader() -> None:
     )
 
 
+def test_a_last_known_leader_back_on_an_empty_disk_is_forgotten_though_in_no_isr_or_elr() -> None:
+    """After an unclean shutdown (detection on) a replica leaves the ELR but stays the last
+    known leader. Back later on an empty disk, its registration only looked at the
+    partitions whose ISR or ELR had it, and it stayed the last known leader: an unclean
+    election chose its empty log (found by a review)."""
+    config = ControllerConfig(unclean_shutdown_detection_enabled=True, min_insync_replicas=2)
+    cluster = three_brokers(config)
+    cluster.create_topic("t", T1, 1, 2)
+    first, second = cluster.state(T1, 0).replicas
+    for b in (second, first):
+        cluster.commit(cluster.heartbeat(b, 100, want_fence=True).records)
+    assert cluster.state(T1, 0).last_known_elr == (first,)
+    cluster.commit(cluster.register(first, SESSION_MS + 200, "inc-b").records)  # unclean
+    state = cluster.state(T1, 0)
+    assert first not in state.elr and state.last_known_elr == (first,)
+    cluster.commit(cluster.register(first, 3 * SESSION_MS, "inc-c", storage_lost=True).records)
+    assert cluster.state(T1, 0).last_known_elr == ()
+
+
 def test_build_partition_change_unclean_prefers_the_last_known_leader() -> None:
     state = PartitionState(T1, 0, (1, 2, 3), (), NO_LEADER, 4, 7, (), (3,))
     change = build_partition_change(
