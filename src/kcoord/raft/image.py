@@ -346,6 +346,9 @@ class MetadataImage:
         """Replay a snapshot (records from ``to_records``) taken at ``offset``."""
         image = cls()
         image.apply_batch(offset, list(records))
+        # Also when it has no records (an image of NoOps alone, before the cluster id): it
+        # reloaded at -1, a step behind the snapshot.
+        image._last_offset = offset
         return image
 
     def copy(self) -> MetadataImage:
