@@ -134,7 +134,7 @@ SNAPSHOT_FILE = "snapshot"
 _SNAPSHOT_WRITING_SUFFIX: Final = ".writing"  # the writer thread's file, until it is renamed
 SNAPSHOT_WRITER_JOIN_S: Final = 5.0
 HALT_EXIT_CODE = 1
-STATUS_READS = 3  # status(): tries at reading the leadership and the term of one moment
+STATUS_READS = 3  # status(): tries at reading the leadership and term of one moment, and the status
 
 
 def _empty_bytes(*args: object) -> bytes:
@@ -1914,7 +1914,16 @@ class MetadataQuorum:
         else:
             is_leader = False  # the term kept moving: no leadership to act on
         leader_id = None if leader is None else self._id_by_address.get(leader.address)
-        raw = sync.getStatus()
+        raw: dict[str, Any] = {}
+        for _ in range(STATUS_READS):
+            try:
+                raw = sync.getStatus()
+                break
+            except RuntimeError:
+                # It iterates pysyncobj's match and next indexes, which the Raft thread fills
+                # when this voter first leads: "dictionary changed size during iteration"
+                # failed the node's start, a hand-over or a Metadata answer. Read again.
+                continue
         match: dict[int, int] = {}
         connected: set[int] = set()
         for address, node_id in self._id_by_address.items():

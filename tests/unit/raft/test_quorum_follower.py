@@ -748,6 +748,30 @@ def test_status_reads_the_leadership_and_the_term_of_one_moment(tmp_path: Path) 
     assert (status.is_leader, status.epoch) == (True, 5)
 
 
+class _GrowingIndexes(_MovingTerm):
+    """pysyncobj's status read while its thread adds a voter's indexes (its first election)."""
+
+    def __init__(self, fails: int) -> None:
+        super().__init__([5, 5, 5])
+        self.fails = fails
+
+    def getStatus(self) -> dict[str, Any]:  # noqa: N802
+        if self.fails:
+            self.fails -= 1
+            raise RuntimeError("dictionary changed size during iteration")
+        return {"log_len": 7}
+
+
+def test_status_reads_again_when_pysyncobjs_indexes_change_under_it(tmp_path: Path) -> None:
+    """pysyncobj's getStatus iterates the leader's indexes, which its thread fills when this
+    voter first leads: "dictionary changed size during iteration" escaped status() and failed
+    the node's start, a hand-over or a Metadata answer (found by a review)."""
+    voters = [Voter(i + 1, "127.0.0.1", port) for i, port in enumerate(free_ports(3))]
+    quorum = MetadataQuorum(1, voters, tmp_path, _Quiet(), cluster_id=CLUSTER_ID)
+    quorum._sync = _GrowingIndexes(fails=2)  # type: ignore[assignment]
+    assert quorum.status().log_size == 7
+
+
 def test_a_batch_no_voter_would_take_is_refused_by_raising(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
