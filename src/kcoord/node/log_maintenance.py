@@ -54,6 +54,7 @@ from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.storage.log import (
     DEFAULT_OFFSET_MAP_CAPACITY,
     CleanerStats,
+    CleanResult,
     Log,
     RolledFlush,
     remove_now,
@@ -133,8 +134,13 @@ class LogMaintenance:
         # The cleaner's own thread (Kafka's CleanerThread): a stop waits for its pass to end
         # before the logs it reads are closed.
         self._cleaner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cleaner")
+        # The pass under way and its log, until its task takes the result (see close).
+        self._cleaning: tuple[Log, concurrent.futures.Future[CleanResult]] | None = None
         # The fsyncs of rolled segments, one at a time (Kafka's scheduler thread).
         self._flusher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="log-flush")
+        # Deleted files' removal: its own thread, which a stop waits for (on asyncio's default
+        # executor it went on unlinking after the node had released its data directory).
+        self._remover = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="log-remove")
         self._pending_flushes = 0
         self._closing = False
 
@@ -182,7 +188,16 @@ class LogMaintenance:
         the stop then closed, or held the stop past the launcher's grace."""
         self._closing = True
         await asyncio.to_thread(self._cleaner.shutdown, True)
+        cleaning, self._cleaning = self._cleaning, None
+        if cleaning is not None:
+            # A pass past its last pause when its task was cancelled ended all the same:
+            # its cleaned copies, swapped in by nobody, stayed on disk and open until the
+            # next start (for __consumer_offsets, a second copy of the log).
+            lg, done = cleaning
+            if not done.cancelled() and done.exception() is None:
+                lg._delete_cleaned(done.result())
         await asyncio.to_thread(self._flusher.shutdown, True)
+        await asyncio.to_thread(self._remover.shutdown, True)
 
     def _pause_or_abort(self) -> None:
         """The cleaner thread's call after every batch: hand the GIL over, or give up."""
@@ -196,6 +211,21 @@ class LogMaintenance:
     def _set_aside(self, tp: TopicPartition, lg: Log) -> None:
         self.uncleanable.add(tp)
         self._uncleanable_logs[tp] = lg
+
+    async def _cleaned_in_thread(self, lg: Log, clean: Callable[[], CleanResult]) -> CleanResult:
+        """``clean()`` on the cleaner's thread; cancelled, the pass it started is settled by
+        ``close``."""
+        cleaning = self._cleaner.submit(clean)
+        self._cleaning = (lg, cleaning)
+        try:
+            result = await asyncio.wrap_future(cleaning)
+        except asyncio.CancelledError:
+            raise  # the pass may still end, with copies nobody takes: close() deletes them
+        except BaseException:
+            self._cleaning = None
+            raise
+        self._cleaning = None
+        return result
 
     async def clean_filthiest(self) -> TopicPartition | None:
         """Compact the dirtiest cleanable log, if any; returns it if it was cleaned (None:
@@ -214,8 +244,8 @@ class LogMaintenance:
         tp, lg, plan = best
         self.stats.cleaner_runs += 1
         try:
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._cleaner,
+            result = await self._cleaned_in_thread(
+                lg,
                 functools.partial(
                     lg.clean,
                     plan,
@@ -345,7 +375,7 @@ class LogMaintenance:
             self._removals_queued.clear()
             batch, self._to_remove = self._to_remove, []
             try:
-                await asyncio.to_thread(remove_now, batch)
+                await asyncio.get_running_loop().run_in_executor(self._remover, remove_now, batch)
             except OSError as e:
                 self.log_dir_failure.fail(f"removing {len(batch)} deleted log files", e)
 

@@ -17,6 +17,7 @@ from kcoord.node import log_maintenance
 from kcoord.node.log_dir_failure import EXIT_CODE, LogDirFailureChannel
 from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.storage import checkpoint
+from kcoord.storage import log as storage_log
 from kcoord.storage.config import LogConfig
 from kcoord.storage.manager import LogManager, TopicPartition
 from tests.unit.storage.helpers import batch, read_all
@@ -459,3 +460,83 @@ def test_a_log_the_cleaner_fails_on_is_set_aside_and_the_others_are_cleaned(
     node.offsets.roll()
     node.hws[OFFSETS] = node.offsets.log_end_offset
     assert asyncio.run(node.maintenance.clean_filthiest()) == OFFSETS
+
+
+def test_a_cleaning_pass_ending_after_its_task_was_cancelled_leaves_no_copies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stop cancels the cleaner's task; a pass past its last pause ends all the same, its
+    result in a cancelled future: its cleaned copies, swapped in by nobody, stayed on disk
+    and open until the next start (a second copy of __consumer_offsets; found by a review).
+    close() deletes them."""
+    node = Node(tmp_path)
+    node.commit_offsets(100, groups=3)
+    node.offsets.roll()
+    node.hws[OFFSETS] = node.offsets.log_end_offset
+    past_last_pause, release = threading.Event(), threading.Event()
+    groups = storage_log._groups_for_cleaning
+
+    def held(*args: Any) -> Any:
+        yield from groups(*args)
+        past_last_pause.set()  # every group written: no pause() left
+        release.wait(10)
+
+    monkeypatch.setattr(storage_log, "_groups_for_cleaning", held)
+
+    async def stop() -> None:
+        cleaner = asyncio.create_task(node.maintenance.run_cleaner())
+        await asyncio.to_thread(past_last_pause.wait, 10)
+        cleaner.cancel()  # Node._stop_tasks
+        await asyncio.wait([cleaner])
+        closing = asyncio.create_task(node.maintenance.close())
+        release.set()
+        await closing
+
+    asyncio.run(stop())
+    assert node.maintenance.stats.cleaner_cleaned == 0
+    assert sorted(p.name for p in tmp_path.glob("*/*.cleaned*")) == []
+    node.logs.shutdown()
+
+
+def test_close_waits_for_a_removal_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleted files were removed on asyncio's default executor: cancelling the removal task
+    at the stop left the thread unlinking after the node had closed its logs and released
+    its data directory (found by a review). The remover has its own thread, which close()
+    waits for."""
+    node = Node(tmp_path)
+    started, release = threading.Event(), threading.Event()
+    removed: list[Path] = []
+
+    def slow_remove(paths: list[Path]) -> None:
+        started.set()
+        release.wait(10)
+        removed.extend(paths)
+
+    monkeypatch.setattr(log_maintenance, "remove_now", slow_remove)
+
+    async def stop() -> None:
+        removal = asyncio.create_task(node.maintenance.run_file_removal())
+        node.maintenance.remove_later([tmp_path / "gone.deleted"])
+        await asyncio.to_thread(started.wait, 10)
+        removal.cancel()  # Node._stop_tasks
+        await asyncio.wait([removal])
+        remover = node.maintenance._remover
+        waiting = threading.Event()
+        shutdown = remover.shutdown
+
+        def watched(wait: bool = True, **kwargs: Any) -> None:
+            waiting.set()  # close() waits for the remover's thread
+            shutdown(wait, **kwargs)
+
+        monkeypatch.setattr(remover, "shutdown", watched)
+        closing = asyncio.create_task(node.maintenance.close())
+        await asyncio.to_thread(waiting.wait, 10)
+        assert not closing.done() and removed == []
+        release.set()
+        await closing
+        assert removed == [tmp_path / "gone.deleted"]
+
+    asyncio.run(stop())
+    node.logs.shutdown()
