@@ -29,7 +29,7 @@ from kcoord.node.rpc import (
     RpcError,
     RpcRemoteError,
     RpcTimeout,
-    run_detached,
+    awaited_detached,
 )
 from kcoord.raft.quorum import MetadataQuorum
 
@@ -215,16 +215,11 @@ class BrokerLifecycle:
             # which the controller notes as it arrives), the handler runs on (shielded), or
             # decides nothing if it had not begun (``caller_gone``).
             handler = handlers[method]
-            handled, gone = run_detached(lambda: handler(payload))
             try:
-                return await asyncio.wait_for(asyncio.shield(handled), self.rpc_timeout_s)
+                return await awaited_detached(lambda: handler(payload), self.rpc_timeout_s)
             except RpcError as e:
                 raise ControllerUnavailableError(str(e)) from e
-            except asyncio.CancelledError:
-                gone.set()
-                raise
             except TimeoutError as e:
-                gone.set()
                 raise ControllerUnavailableError(
                     f"{method} to this node's controller: no answer in {self.rpc_timeout_s} s"
                 ) from e

@@ -91,16 +91,17 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 _T = TypeVar("_T")
-# Set in a detached handler's context (``run_detached``) once its caller has gone.
+# Set in a detached handler's context (``awaited_detached``) once its caller has gone.
 _caller_gone: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
     "kcoord_rpc_caller_gone", default=None
 )
 
 
-def run_detached(call: Callable[[], Awaitable[_T]]) -> tuple[asyncio.Future[_T], asyncio.Event]:
-    """``call()`` as a task its caller's going does not cancel, and the event to set when the
-    caller goes: the handler asks ``caller_gone()`` before it decides anything. A failure
-    nobody waits for any more is logged, not lost."""
+async def awaited_detached(call: Callable[[], Awaitable[_T]], timeout_s: float | None = None) -> _T:
+    """``call()`` as a task its caller's going does not cancel, awaited up to ``timeout_s``
+    (None: no limit). A caller that stops waiting (its timeout, or its own cancellation)
+    marks it gone and leaves it running: it asks ``caller_gone()`` before it decides
+    anything. A failure nobody waits for any more is logged, not lost."""
     gone = asyncio.Event()
     token = _caller_gone.set(gone)
     try:
@@ -108,11 +109,15 @@ def run_detached(call: Callable[[], Awaitable[_T]]) -> tuple[asyncio.Future[_T],
     finally:
         _caller_gone.reset(token)
     task.add_done_callback(functools.partial(_retrieve, gone))
-    return task, gone
+    try:
+        return await asyncio.wait_for(asyncio.shield(task), timeout_s)
+    except (TimeoutError, asyncio.CancelledError):
+        gone.set()
+        raise
 
 
 def caller_gone() -> bool:
-    """Whether the caller of the detached handler running here has gone (``run_detached``):
+    """Whether the caller of the detached handler running here has gone (``awaited_detached``):
     Kafka's controller drops an event whose requester's deadline passed before it began."""
     gone = _caller_gone.get()
     return gone is not None and gone.is_set()
@@ -135,12 +140,7 @@ def runs_on_when_abandoned(handler: Handler) -> Handler:
     decides nothing (``caller_gone``). The in-process calls run so too."""
 
     async def run_on(payload: Any) -> Any:
-        handled, gone = run_detached(lambda: handler(payload))
-        try:
-            return await asyncio.shield(handled)
-        except asyncio.CancelledError:
-            gone.set()
-            raise
+        return await awaited_detached(lambda: handler(payload))
 
     return run_on
 

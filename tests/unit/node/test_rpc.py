@@ -33,6 +33,8 @@ from kcoord.node.rpc import (
     RpcRemoteError,
     RpcServer,
     RpcTimeout,
+    awaited_detached,
+    caller_gone,
     decode_body,
     encode_frame,
     read_frame,
@@ -961,5 +963,41 @@ def test_stop_is_idempotent_and_the_server_can_start_again(run: Run) -> None:
             await use(server)
         finally:
             await server.stop()
+
+    run(main())
+
+
+def test_a_detached_call_knows_when_its_caller_has_gone(run: Run) -> None:
+    """``awaited_detached`` runs the call on when its caller stops waiting (its timeout, or
+    its own cancellation), and the call then reads ``caller_gone()`` true: a controller
+    decision not begun by then decides nothing. The in-process controller calls and the RPC
+    server's controller methods go through it."""
+
+    async def main() -> None:
+        seen: list[bool] = []
+        started: list[bool] = []
+
+        async def decision(begin: asyncio.Event) -> str:
+            started.append(True)
+            await begin.wait()  # queued behind the decision lock
+            seen.append(caller_gone())
+            return "decided"
+
+        ready = asyncio.Event()
+        ready.set()
+        assert await awaited_detached(lambda: decision(ready), 5) == "decided"
+        late = asyncio.Event()
+        with pytest.raises(TimeoutError):
+            await awaited_detached(lambda: decision(late), 0.01)
+        late.set()
+        await poll_until(lambda: len(seen) == 2)
+        cancelled = asyncio.Event()
+        waiting = asyncio.create_task(awaited_detached(lambda: decision(cancelled)))
+        await poll_until(lambda: len(started) == 3)
+        waiting.cancel()
+        await asyncio.wait([waiting])
+        cancelled.set()
+        await poll_until(lambda: len(seen) == 3)
+        assert seen == [False, True, True]
 
     run(main())

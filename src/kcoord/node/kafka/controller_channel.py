@@ -29,7 +29,7 @@ from kcoord.node.rpc import (
     RpcError,
     RpcRemoteError,
     RpcTimeout,
-    run_detached,
+    awaited_detached,
 )
 
 log = logging.getLogger(__name__)
@@ -100,15 +100,10 @@ class ControllerChannel:
             # as a deadline to start by (``caller_gone``); a remote controller's handler runs
             # on likewise (``runs_on_when_abandoned``).
             handler = self.local_handlers[method]
-            decision, gone = run_detached(lambda: handler(payload))
             try:
-                return await asyncio.wait_for(asyncio.shield(decision), timeout_s)
+                return await awaited_detached(lambda: handler(payload), timeout_s)
             except TimeoutError as e:
-                gone.set()
                 raise _RetriableError("the local controller did not answer in time") from e
-            except asyncio.CancelledError:
-                gone.set()
-                raise
             except RpcError as e:
                 if e.code == int(Errors.NOT_CONTROLLER):
                     raise _RetriableError(str(e)) from e
