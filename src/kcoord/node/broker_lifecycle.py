@@ -30,6 +30,7 @@ from kcoord.node.rpc import (
     RpcRemoteError,
     RpcTimeout,
     awaited_detached,
+    with_deadline,
 )
 from kcoord.raft.quorum import MetadataQuorum
 
@@ -231,7 +232,9 @@ class BrokerLifecycle:
             )
         client = self.rpc_pool.get(rpc.host, rpc.port)
         try:
-            result: dict[str, Any] = await client.call(method, payload, self.rpc_timeout_s)
+            result: dict[str, Any] = await client.call(
+                method, with_deadline(payload, self.rpc_timeout_s), self.rpc_timeout_s
+            )
         except (RpcConnectionError, RpcTimeout, RpcRemoteError) as e:
             raise ControllerUnavailableError(f"{method} to node {leader_id}: {e}") from e
         return result

@@ -114,6 +114,7 @@ class ControllerService:
         unclean_election_interval_ms: int = 300_000,
         propose_timeout_s: float = 10.0,
         max_idle_interval_ms: int = 500,
+        broker_heartbeat_interval_ms: int = 500,
     ) -> None:
         self.node_id = node_id
         self.quorum = quorum
@@ -129,6 +130,10 @@ class ControllerService:
         self.propose_timeout_s = propose_timeout_s
         # Kafka's metadata.max.idle.interval.ms (KIP-835): 0 writes no NoOp records.
         self.max_idle_interval_ms = max_idle_interval_ms
+        # A heartbeat that must wait its turn and has not had it within this long of its
+        # arrival decides nothing (Kafka's ControllerApis gives it a deadline of half the
+        # heartbeat interval): the broker has heartbeated again by then, or is gone.
+        self.heartbeat_deadline_ms = broker_heartbeat_interval_ms // 2
         self._last_no_op_ms = 0
         self.no_op_writes = 0
         self.controller: Controller | None = None
@@ -489,6 +494,7 @@ class ControllerService:
                 for topic_id, index in payload.get("offline_replica_ids", ())
             ),
         )
+        arrived_ms = self.monotonic_ms()
         reply = None
         if self.controller is None and self._set_aside is not None:
             # Refused below (NOT_CONTROLLER), but the broker is alive: its session in the
@@ -514,6 +520,11 @@ class ControllerService:
         if reply is None:
             async with self._lock:
                 controller = self._require_active()
+                if self.monotonic_ms() - arrived_ms > self.heartbeat_deadline_ms:
+                    # Waited behind a long decision for a broker that may have stopped (or
+                    # been paused or cut off, its connection up) meanwhile: unfencing it now
+                    # would make it a leader nobody reaches until its session expires.
+                    raise RpcError(int(Errors.REQUEST_TIMED_OUT), "the heartbeat's deadline passed")
                 # In parts, as the tick's fencing: a broker in every ISR of 50,000 partitions
                 # that asks to shut down is fenced over a second of decisions.
                 for result in controller.broker_heartbeat(

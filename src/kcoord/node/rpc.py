@@ -46,7 +46,9 @@ success), so a call made long after the last attempt never sleeps. The call's ``
 covers everything: backoff, connecting, sending and waiting. A call that times out waiting for
 its answer leaves the connection up, and its late answer is dropped; one that times out before
 its request went out drops the connection (the server reads nothing), failing the calls in
-flight on it, as Kafka's NetworkClient disconnects on a request timeout.
+flight on it, as Kafka's NetworkClient disconnects on a request timeout. The server cannot
+see a caller's timeout, so a controller call's payload names it (``timeout_ms``,
+``with_deadline``): a call still waiting for its turn past it decides nothing.
 """
 
 from __future__ import annotations
@@ -91,17 +93,26 @@ Sleep = Callable[[float], Awaitable[None]]
 
 
 _T = TypeVar("_T")
+# The key of a controller call's payload naming its caller's wait in ms (``with_deadline``).
+DEADLINE_KEY: Final = "timeout_ms"
 # Set in a detached handler's context (``awaited_detached``) once its caller has gone.
 _caller_gone: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
     "kcoord_rpc_caller_gone", default=None
 )
 
 
-async def awaited_detached(call: Callable[[], Awaitable[_T]], timeout_s: float | None = None) -> _T:
+async def awaited_detached(
+    call: Callable[[], Awaitable[_T]],
+    timeout_s: float | None = None,
+    *,
+    gone_after_s: float | None = None,
+) -> _T:
     """``call()`` as a task its caller's going does not cancel, awaited up to ``timeout_s``
     (None: no limit). A caller that stops waiting (its timeout, or its own cancellation)
     marks it gone and leaves it running: it asks ``caller_gone()`` before it decides
-    anything. A failure nobody waits for any more is logged, not lost."""
+    anything. A caller waiting from afar, who cannot say when it stops, is taken for gone
+    ``gone_after_s`` from now (None: only when it says so). A failure nobody waits for any
+    more is logged, not lost."""
     gone = asyncio.Event()
     token = _caller_gone.set(gone)
     try:
@@ -109,6 +120,9 @@ async def awaited_detached(call: Callable[[], Awaitable[_T]], timeout_s: float |
     finally:
         _caller_gone.reset(token)
     task.add_done_callback(functools.partial(_retrieve, gone))
+    if gone_after_s is not None:
+        expiry = asyncio.get_running_loop().call_later(gone_after_s, gone.set)
+        task.add_done_callback(lambda _: expiry.cancel())
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout_s)
     except (TimeoutError, asyncio.CancelledError):
@@ -131,16 +145,29 @@ def _retrieve(gone: asyncio.Event, task: asyncio.Future[Any]) -> None:
         log.error("a handler whose caller had gone failed", exc_info=error)
 
 
+def with_deadline(payload: Mapping[str, Any], timeout_s: float) -> dict[str, Any]:
+    """``payload`` naming how long its caller waits for the answer, for a controller method
+    (``runs_on_when_abandoned``): Kafka's ControllerApis gives a forwarded request the
+    deadline of its own timeout. A node that knows no such key ignores it."""
+    return {**payload, DEADLINE_KEY: max(1, int(timeout_s * 1000))}
+
+
 def runs_on_when_abandoned(handler: Handler) -> Handler:
     """``handler``, run to its end even when its caller goes: the server cancels a closed
     connection's handlers (a replica fetch's long poll must end with its follower), but a
     controller decision cancelled while its batch commits set the active controller aside,
     and every broker got NOT_CONTROLLER until it came back (Kafka's QuorumController never
     abandons an event for a dropped connection). One whose caller went before it began
-    decides nothing (``caller_gone``). The in-process calls run so too."""
+    decides nothing (``caller_gone``): its connection closed, or the wait its payload names
+    (``with_deadline``) over, as Kafka's controller times out an event past its deadline.
+    The in-process calls run so too."""
 
     async def run_on(payload: Any) -> Any:
-        return await awaited_detached(lambda: handler(payload))
+        waits_ms = payload.get(DEADLINE_KEY) if isinstance(payload, dict) else None
+        gone_after_s = None
+        if isinstance(waits_ms, int) and not isinstance(waits_ms, bool) and waits_ms > 0:
+            gone_after_s = waits_ms / 1000
+        return await awaited_detached(lambda: handler(payload), gone_after_s=gone_after_s)
 
     return run_on
 

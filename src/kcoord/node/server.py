@@ -350,6 +350,7 @@ class Node:
             cluster_id=cluster_id,
             expected_brokers=len(voters),
             max_idle_interval_ms=cfg.metadata_max_idle_interval_ms,
+            broker_heartbeat_interval_ms=cfg.broker_heartbeat_interval_ms,
         )
         self.lifecycle = BrokerLifecycle(
             cfg.node_id,

@@ -126,7 +126,8 @@ def test_a_controller_and_a_leader_advertised_on_ipv6_are_dialled() -> None:
             lifecycle = BrokerLifecycle(
                 2, "inc", {}, cast(Any, quorum()), cache, cast(Any, None), pool, lambda: 0,
             )  # fmt: skip
-            assert await lifecycle.alter_partition({"n": 1}) == {"pong": {"n": 1}}
+            pong = await lifecycle.alter_partition({"n": 1})
+            assert pong == {"pong": {"n": 1, "timeout_ms": 2000}}  # the caller's wait named
             fetchers = ReplicaFetcherManager(2, cast(Any, None), cache, pool, lambda: 0)
             client = fetchers._client(1)
             assert client is not None

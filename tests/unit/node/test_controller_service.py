@@ -16,7 +16,14 @@ from kcoord.errors import Errors
 from kcoord.node import controller_service, server
 from kcoord.node.controller_service import OFFSETS_TOPIC_GRACE_MS, ControllerService
 from kcoord.node.metadata import MetadataCache
-from kcoord.node.rpc import RpcClient, RpcError, RpcServer, encode_frame
+from kcoord.node.rpc import (
+    RpcClient,
+    RpcError,
+    RpcServer,
+    encode_frame,
+    read_frame,
+    with_deadline,
+)
 from kcoord.raft import records as rec
 from kcoord.raft.controller import (
     CLUSTER_CONFIGS,
@@ -266,6 +273,82 @@ def test_a_controller_call_whose_caller_went_before_it_began_decides_nothing() -
             assert broker is not None and broker.fenced
         finally:
             await rpc.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_remote_controller_call_past_its_callers_wait_decides_nothing() -> None:
+    """A broker's registration reaches the controller by RPC and waits behind a long
+    decision; its caller gives up (its RPC timed out) but its connection stays up, so the
+    server never knew: decided later, it registered a broker that had stopped waiting. The
+    payload now names the caller's wait (``with_deadline``), as Kafka gives a forwarded
+    request its timeout as a deadline, and past it the call decides nothing."""
+
+    async def scenario() -> None:
+        service, quorum, cache, _clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        await service._maybe_activate()
+        rpc = RpcServer(server.controller_rpc_handlers(service))
+        await rpc.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        try:
+            await service._lock.acquire()  # a long decision under way
+            reader, writer = await asyncio.open_connection("127.0.0.1", rpc.port)
+            registration = {"broker_id": 9, "incarnation_id": "i9",
+                            "endpoints": {"rpc": "127.0.0.9:9093"}}  # fmt: skip
+            writer.write(encode_frame([1, "BrokerRegistration", with_deadline(registration, 0.02)]))
+            await writer.drain()
+            await _until(lambda: bool(service._lock._waiters), "the registration at the lock")
+            waiting_since = loop.time()
+            await _until(lambda: loop.time() > waiting_since + 0.05, "the caller's wait over")
+            service._lock.release()
+            _, ok, error = await read_frame(reader, 1 << 20)
+            assert not ok and error["code"] == Errors.REQUEST_TIMED_OUT, error
+            assert cache.image.broker(9) is None
+            writer.close()
+        finally:
+            await rpc.stop()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("waited_ms", [250, 251])
+def test_a_heartbeat_that_waited_past_its_deadline_decides_nothing(waited_ms: int) -> None:
+    """A fenced broker's heartbeat asking to be unfenced waits behind a long decision while
+    its broker is paused or cut off, its connection up (its caller has not gone): decided
+    when the lock freed, it unfenced a broker nobody reached, and elections made it a leader
+    until its session expired. Kafka's ControllerApis gives a heartbeat a deadline of half
+    the heartbeat interval from its arrival; past it, REQUEST_TIMED_OUT and nothing done."""
+
+    async def scenario() -> None:
+        service, quorum, cache, clock = five_node_controller()
+        register(quorum, 1, 2, 3)
+        quorum.commit(
+            [rec.RegisterBroker(9, "i9", quorum.offset + 1, {}, None, True)]  # fenced
+        )
+        await service._maybe_activate()
+        await service._lock.acquire()  # a long decision under way
+        broker = cache.image.broker(9)
+        assert broker is not None and broker.fenced
+        beat = service.handle_broker_heartbeat(
+            {
+                "broker_id": 9,
+                "broker_epoch": broker.broker_epoch,
+                "current_metadata_offset": quorum.offset,
+            }
+        )
+        heartbeat = asyncio.ensure_future(beat)
+        await _until(lambda: bool(service._lock._waiters), "the heartbeat at the lock")
+        clock[0] += waited_ms
+        service._lock.release()
+        if waited_ms > 250:  # half the default heartbeat interval
+            with pytest.raises(RpcError) as refused:
+                await heartbeat
+            assert refused.value.code == Errors.REQUEST_TIMED_OUT
+        else:
+            assert not (await heartbeat)["is_fenced"]
+        broker = cache.image.broker(9)
+        assert broker is not None and broker.fenced is (waited_ms > 250)
 
     asyncio.run(scenario())
 

@@ -30,6 +30,7 @@ from kcoord.node.rpc import (
     RpcRemoteError,
     RpcTimeout,
     awaited_detached,
+    with_deadline,
 )
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,9 @@ class ControllerChannel:
         if address is None:
             raise _RetriableError(f"controller {leader_id} has not registered its endpoint")
         try:
-            return await self.rpc_pool.call(address.host, address.port, method, payload, timeout_s)
+            return await self.rpc_pool.call(
+                address.host, address.port, method, with_deadline(payload, timeout_s), timeout_s
+            )
         except RpcRemoteError as e:
             if e.code == int(Errors.NOT_CONTROLLER):
                 raise _RetriableError(str(e)) from e
