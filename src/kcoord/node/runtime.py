@@ -101,7 +101,7 @@ from kcoord.cluster.coordinator.shard import (
 from kcoord.cluster.coordinator.types import ListedGroup, ListGroupsRequest
 from kcoord.cluster.routing import partition_for
 from kcoord.errors import Errors
-from kcoord.node.replica_manager import KafkaError, Partition, ReplicaManager
+from kcoord.node.replica_manager import AppendResult, KafkaError, Partition, ReplicaManager
 from kcoord.raft.image import MetadataDelta
 from kcoord.stats import DURATION_BUCKETS_S, LATENCY_BUCKETS_S, Histogram
 from kcoord.storage import format as fmt
@@ -140,6 +140,11 @@ class CoordinatorError(Exception):
     def __init__(self, code: Errors, message: str = "") -> None:
         super().__init__(f"{code.name}: {message}" if message else code.name)
         self.code = code
+
+
+class _ShardFailedError(Exception):
+    """A write found the shard's log not where it was: the shard was failed (``fail_shard``),
+    every answer waiting on it with it."""
 
 
 class ShardState(enum.Enum):
@@ -490,6 +495,10 @@ class ShardContext:
     _before_handler: tuple[str, ListedGroup | None] | None = None
     load_summary: LoadSummary | None = None
     batch: _Batch | None = None
+    # An append of this shard's is under way: the high watermark it moves (an ISR of the
+    # leader alone moves it within the append) is acted on once the append is known to be at
+    # the offsets its records were replayed at (``_appended``), never before.
+    appending: bool = False
     expiry: asyncio.TimerHandle | None = None  # for the oldest deferred response
     # Partitions of deleted topics whose offsets this shard is yet to delete (see
     # CoordinatorRuntime.on_metadata_delta): before anything else it runs.
@@ -585,6 +594,8 @@ class ShardContext:
                         self._append_and_replay(records, encoded)
                     elif not self._write(records, encoded):
                         return  # the open batch failed to go out: the shard is gone, answers too
+            except _ShardFailedError:
+                return  # as the open batch's failing to go out
             except KafkaError as e:
                 # Refused before anything was replayed or appended (too large, no longer
                 # leader).
@@ -741,9 +752,9 @@ class ShardContext:
         batch = fmt.build_batch(
             [fmt.Record(i, now, key, value) for i, (key, value) in enumerate(encoded)]
         )
-        appended = self.runtime.replica_manager.append_local(
-            self.partition, batch, required_acks=COORDINATOR_ACKS
-        )
+        appended = self._appended(batch, self.last_written_offset)
+        if appended is None:
+            raise _ShardFailedError  # its answers with every other one of the shard's
         self.runtime.count_batch(len(records))
         self._keep_committed(self.shard, enumerate(records, appended.base_offset))
         for i, record in enumerate(records):
@@ -792,6 +803,32 @@ class ShardContext:
         self._note_written(records, self.last_written_offset)
         return True
 
+    def _appended(self, batch: bytes, base_offset: int) -> AppendResult | None:
+        """Append ``batch``, whose records were (or are to be) replayed from ``base_offset``;
+        None, with the shard failed, if the log put it anywhere else (Kafka's runtime fails
+        the same way, "...but the log appended at...": a bug). The high watermark the append
+        moves answers nothing until the offsets are known to agree: answers waiting on
+        offsets the log had not got (a batch lost before) went out as written."""
+        self.appending = True
+        try:
+            appended = self.runtime.replica_manager.append_local(
+                self.partition, batch, required_acks=COORDINATOR_ACKS
+            )
+        finally:
+            self.appending = False
+        if appended.base_offset != base_offset:
+            log.error(
+                "coordinator batch for %s-%d appended at offset %d, expected %d: reloading",
+                OFFSETS_TOPIC,
+                self.index,
+                appended.base_offset,
+                base_offset,
+            )
+            self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
+            return None
+        self.complete_up_to(self.partition.high_watermark)
+        return appended
+
     def _flush_if_open(self, batch: _Batch) -> None:
         if self.batch is batch:
             self.flush()
@@ -799,36 +836,33 @@ class ShardContext:
     def flush(self) -> bool:
         """Append the open batch (Kafka's ``flushCurrentBatch``); True if it is in the log.
 
-        Its records were replayed at the offsets they were to get, so a refused append, or one
-        at any other offset, unloads the shard, which reloads from the log.
+        Its records were replayed at the offsets they were to get, so a refused or failed
+        append, or one at any other offset, unloads the shard, which reloads from the log.
         """
         batch, self.batch = self.batch, None
         if batch is None:
             return True
         if self.state is not ShardState.ACTIVE:
             return False
+        # The requests whose records were in this batch (or that wait on them).
+        base = batch.base_offset
         try:
-            appended = self.runtime.replica_manager.append_local(
-                self.partition, fmt.build_batch(batch.records), required_acks=COORDINATOR_ACKS
-            )
+            appended = self._appended(fmt.build_batch(batch.records), base)
         except KafkaError as e:
-            # The requests whose records were in this batch (or that wait on them).
-            base = batch.base_offset
             failing = [r for d in self.deferred if d.offset > base for r in d.responses]
             self._unload_after_failed_write(e.code, failing)
             return False
-        self.runtime.count_batch(len(batch.records))
-        if appended.base_offset != batch.base_offset:
-            # Kafka's runtime fails the same way ("...but the log appended at..."): a bug.
-            log.error(
-                "coordinator batch for %s-%d appended at offset %d, expected %d: reloading",
-                OFFSETS_TOPIC,
-                self.index,
-                appended.base_offset,
-                batch.base_offset,
-            )
-            self.runtime.fail_shard(self, Errors.NOT_COORDINATOR)
+        except Exception:
+            # Kafka's flushCurrentBatch fails the batch on any Throwable. Raised out of a
+            # lingering batch's callback, the batch was gone, its records replayed but never
+            # appended, the shard served on, and the next batch went to the log at its offsets.
+            log.exception("coordinator batch for %s-%d failed", OFFSETS_TOPIC, self.index)
+            failing = [r for d in self.deferred if d.offset > base for r in d.responses]
+            self._fail_and_reload(failing, Errors.UNKNOWN_SERVER_ERROR)
             return False
+        if appended is None:
+            return False
+        self.runtime.count_batch(len(batch.records))
         return True
 
     def _defer(self, offset: int, responses: Sequence[tuple[Hashable, Any]]) -> None:
@@ -881,6 +915,8 @@ class ShardContext:
                 fut.set_result(response)
 
     def complete_up_to(self, high_watermark: int) -> None:
+        if self.appending:
+            return  # _appended acts on it once the append is where it was expected
         if len(self.group_written) >= self.group_written_limit:
             self.group_written = {g: e for g, e in self.group_written.items() if e > high_watermark}
             # Twice what is left: the pass costs O(1) per write, spread over them.

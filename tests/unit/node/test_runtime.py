@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -612,6 +613,51 @@ def test_a_batch_the_log_refuses_reloads_the_shard_from_the_log(tmp_path: Path) 
         await loaded(node)
         offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
         assert offsets.topics[0].partitions[0].committed_offset == 7
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_whose_append_raises_unexpectedly_fails_its_answers_and_reloads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append that raised anything but a KafkaError escaped the lingering batch's
+    callback: the batch was gone, its records replayed but never appended, the shard served
+    on, and the next batch went to the log at the lost one's offsets. With an ISR of the
+    leader alone the high watermark moved within that append, and the lost commit was
+    answered as written (found by a review). Kafka's flushCurrentBatch fails the batch on
+    any Throwable; and no answer goes out before an append is known to be where its records
+    were replayed."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=-1)
+        part, ctx, end = await committed_seven(node)
+        real_append = node.replicas.append_local
+        failures = [RuntimeError("a bug inside the append")]
+
+        def append_local(*args: Any, **kwargs: Any) -> Any:
+            if failures:
+                raise failures.pop()
+            return real_append(*args, **kwargs)
+
+        monkeypatch.setattr(node.replicas, "append_local", append_local)
+        lost = node.runtime.submit("g1", commit("g1", 42))
+        await _until(lambda: not failures, "the failed append")
+        try:  # the next write (refused at once while the shard reloads)
+            later = node.runtime.submit("g2", commit("g2", 5))
+        except CoordinatorError as refused:
+            assert refused.code is Errors.COORDINATOR_LOAD_IN_PROGRESS
+        else:
+            with contextlib.suppress(CoordinatorError):  # NOT_COORDINATOR: it was reloaded
+                await asyncio.wait_for(later, 5)
+        with pytest.raises(CoordinatorError) as e:
+            await asyncio.wait_for(lost, 5)
+        assert e.value.code is Errors.UNKNOWN_SERVER_ERROR
+        assert ctx.state is ShardState.CLOSED
+        await loaded(node)
+        offsets = await asyncio.wait_for(node.runtime.call("g1", fetch("g1")), 5)
+        assert [p.committed_offset for t in offsets.topics for p in t.partitions] == []
+        assert part.log.log_end_offset >= end
         node.runtime.close()
 
     asyncio.run(scenario())
