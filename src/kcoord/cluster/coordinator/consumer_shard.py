@@ -103,6 +103,10 @@ _JAVA_TRIMMED: Final = "".join(map(chr, range(0x21)))
 SUBSCRIPTION_TOO_LARGE: Final = (
     "The member's subscription is too large for a record of __consumer_offsets."
 )
+HEARTBEAT_RECORDS_TOO_LARGE: Final = (
+    "The heartbeat's records (the group's new target assignment) are too large for a batch "
+    "of __consumer_offsets."
+)
 
 
 def _is_empty_string(value: str | None) -> bool:
@@ -139,6 +143,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         raise NotImplementedError
 
     def _fits_a_batch(self, record: CoordinatorRecord) -> bool:
+        raise NotImplementedError
+
+    def _fit_a_batch(self, records: Sequence[CoordinatorRecord]) -> bool:
         raise NotImplementedError
 
     def _member_record_fits(self, request: ConsumerGroupHeartbeatRequest) -> bool:
@@ -214,6 +221,8 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         if request.member_epoch in (LEAVE_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH):
             self._consumer_leave(token, request, now_ms, out)
             return
+        converted = classic is not None and classic.num_members > 0
+        records, responses = len(out.records), len(out.responses)
         self._consumer_heartbeat(
             token,
             request,
@@ -222,6 +231,23 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             topics=topics,
             out=out,
         )
+        if not converted and not self._fit_a_batch(out.records):
+            # A target assignment of thousands of members is more than one batch holds: the
+            # log refused the write, and the refused write of a handler that may have changed
+            # its group reloaded the whole partition, every group of it, at each retry. This
+            # one changed nothing but through its records (and its timers, whose firings
+            # check the group as it is): they are dropped and it alone fails, as Kafka's
+            # runtime fails the write and reverts (UNKNOWN_SERVER_ERROR for a record too
+            # large, GroupCoordinatorService.handleOperationException).
+            del out.records[records:], out.responses[responses:]
+            out.respond(
+                token,
+                ConsumerGroupHeartbeatResponse(
+                    error_code=Errors.UNKNOWN_SERVER_ERROR,
+                    error_message=HEARTBEAT_RECORDS_TOO_LARGE,
+                    member_id=request.member_id or None,
+                ),
+            )
 
     def _consumer_leave(
         self, token: Token, request: ConsumerGroupHeartbeatRequest, now_ms: int, out: _Output

@@ -119,7 +119,7 @@ from __future__ import annotations
 
 import functools
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, NamedTuple, Protocol
@@ -791,6 +791,18 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
             return True
         key, value = encode_record(record)
         return fmt.HEADER_SIZE + record_size_bound(key, value) <= self._max_batch_bytes()
+
+    def _fit_a_batch(self, records: Sequence[CoordinatorRecord]) -> bool:
+        """Whether ``records`` together fit the one batch an atomic write is."""
+        if self._max_batch_bytes is None or not records:
+            return True
+        limit = self._max_batch_bytes() - fmt.HEADER_SIZE
+        size = 0
+        for record in records:
+            size += record_size_bound(*encode_record(record))
+            if size > limit:
+                return False
+        return True
 
     def _reschedule_heartbeat(
         self,

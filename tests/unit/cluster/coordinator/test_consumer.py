@@ -200,6 +200,31 @@ def test_a_partition_is_never_handed_over_before_its_owner_revokes_it() -> None:
     assert group_state(ctx) == "Stable"
 
 
+def test_a_join_whose_new_target_assignment_is_too_large_fails_alone() -> None:
+    """A join recomputes the target assignment, a record per member whose target changes:
+    for thousands of members more than one batch of ``__consumer_offsets`` holds. The log
+    refused the write, and a refused write of a handler that is not replay-only reloaded the
+    whole partition, every group on it, at each retry (found by a review). The heartbeat
+    changes its group only through its records, so they are dropped and it alone fails with
+    UNKNOWN_SERVER_ERROR, as Kafka's runtime fails and reverts the write."""
+    ctx = context()
+    topics = {"orders": (T, 64)}
+    members = [f"m{i:02d}" for i in range(12)]
+    for name in members:
+        assert hb(ctx, name, 0, topics=topics).error_code is Errors.NONE
+    group = ctx.shard.consumer_groups["g"]
+    epoch, targets = group.group_epoch, dict(group.targets)
+    ctx.max_batch_bytes = 600  # the joiner's member record fits, the new targets do not
+    refused = hb(ctx, "late", 0, topics=topics)
+    assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR
+    assert refused.error_message == consumer_shard.HEARTBEAT_RECORDS_TOO_LARGE
+    group = ctx.shard.consumer_groups["g"]
+    assert (group.group_epoch, group.targets) == (epoch, targets)
+    assert "late" not in group.members
+    ctx.max_batch_bytes = None
+    assert hb(ctx, "late", 0, topics=topics).error_code is Errors.NONE
+
+
 def test_epoch_validation_fences_bad_epochs_and_accepts_a_retried_heartbeat() -> None:
     ctx = context()
     a, b = Member(ctx, "a"), Member(ctx, "b")
