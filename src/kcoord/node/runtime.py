@@ -7,7 +7,8 @@ Each ``__consumer_offsets`` partition this node leads has a ``ShardContext``: th
 
 - **Loading** (``become_leader``): the shard is created empty and the partition log is
   replayed into it from the log start offset, in chunks (yielding to the event loop between
-  them): the latest record of each key, in log order, which is what replaying the log as
+  them; one chunk a pass of the loop across every shard and standby, loads first:
+  ``_ReplayTurns``): the latest record of each key, in log order, which is what replaying the log as
   compaction leaves it builds (``LatestRecords``). While loading, requests get
   ``COORDINATOR_LOAD_IN_PROGRESS``. A load for an older
   leader epoch than the context's is ignored, as Kafka's ``scheduleLoadOperation``.
@@ -65,12 +66,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 import functools
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -118,6 +120,8 @@ OFFSETS_TOPIC = "__consumer_offsets"
 COORDINATOR_ACKS = 1
 LOAD_CHUNK_BYTES = 5 * 1024 * 1024  # offsets.load.buffer.size
 REPLAY_STEP_BYTES = 512 * 1024
+# The records of a cold load's latest-per-key view replayed in one turn (``_flush_latest``).
+FLUSH_STEP_RECORDS = 16_384
 # The records that make, delete, or set the epoch of a consumer group member: what
 # ``ShardContext.committed_members`` follows.
 _MEMBER_KEYS: Final = (ConsumerGroupMemberMetadataKey, ConsumerGroupCurrentMemberAssignmentKey)
@@ -391,15 +395,85 @@ class LatestRecords:
             records += n
         return offset, records, len(data)
 
-    def flush(self, shard: GroupCoordinatorShard, decoder: RecordDecoder) -> int:
-        """Replay the latest record of every key gathered, in log order; returns how many."""
+    def take_ordered(self) -> list[tuple[bytes, tuple[int, bytes | None]]]:
+        """The latest record of every key gathered, in log order, to replay
+        (``replay_latest``); the scan starts again."""
         ordered = sorted(self.latest.items(), key=lambda item: item[1][0])
         self.latest = {}
-        replayed = 0
-        for key, (record_offset, value) in ordered:
-            if _replay_record(shard, decoder, record_offset, key, value):
-                replayed += 1
-        return replayed
+        return ordered
+
+    def flush(self, shard: GroupCoordinatorShard, decoder: RecordDecoder) -> int:
+        """Replay the latest record of every key gathered, in log order; returns how many."""
+        return replay_latest(shard, decoder, self.take_ordered())
+
+
+def replay_latest(
+    shard: GroupCoordinatorShard,
+    decoder: RecordDecoder,
+    ordered: Iterable[tuple[bytes, tuple[int, bytes | None]]],
+) -> int:
+    """Replay (key, (offset, value)) records in the order given; returns how many took."""
+    replayed = 0
+    for key, (record_offset, value) in ordered:
+        if _replay_record(shard, decoder, record_offset, key, value):
+            replayed += 1
+    return replayed
+
+
+class _ReplayTurns:
+    """One replay step at a time across every shard of the node, loads before standbys.
+
+    A replay step holds the event loop (a 512 KiB chunk of commits: about 50 ms), and every
+    task ready runs once a pass of the loop: shards replaying together (a node's start, a
+    leadership change of many partitions, each follower's standby from the log start) ran a
+    step each per pass, seconds between two looks at the sockets, and the node's broker
+    heartbeats went unanswered. A step waits for its turn here, one a pass at most; a load's
+    turn (clients wait for it: COORDINATOR_LOAD_IN_PROGRESS) comes before a standby's. Kafka
+    loads on a loader thread of its own, one partition at a time.
+    """
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: tuple[
+            collections.deque[asyncio.Future[None]], collections.deque[asyncio.Future[None]]
+        ] = (collections.deque(), collections.deque())
+
+    @contextlib.asynccontextmanager
+    async def turn(self, *, urgent: bool) -> AsyncIterator[None]:
+        """Held for one step, which must not await: the step is the turn."""
+        if self._busy:
+            handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting[0 if urgent else 1].append(handed)
+            try:
+                await handed
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():
+                    self._release()  # handed the turn as it was cancelled: the next one's
+                raise
+        self._busy = True
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if not self._hand_over():
+            # Free from the next pass: a step that comes later in this one waits for it.
+            asyncio.get_running_loop().call_soon(self._free)
+
+    def _free(self) -> None:
+        if not self._hand_over():
+            self._busy = False
+
+    def _hand_over(self) -> bool:
+        """The turn to the first step waiting (it runs in the next pass); False if none."""
+        for queue in self._waiting:
+            while queue:
+                handed = queue.popleft()
+                if not handed.done():
+                    handed.set_result(None)
+                    return True
+        return False
 
 
 class _ShardTimer:
@@ -1131,6 +1205,7 @@ class CoordinatorRuntime:
         )
         # Work that runs one piece a turn of the event loop (see in_turn).
         self._turns: collections.deque[Callable[[], None]] = collections.deque()
+        self._replay_turns = _ReplayTurns()
         self._turn_scheduled = False
         replica_manager.add_role_listener(self._on_role)
         replica_manager.add_high_watermark_listener(self._on_high_watermark)
@@ -1270,10 +1345,51 @@ class CoordinatorRuntime:
             while ctx.state is ShardState.LOADING and offset < (
                 lg.log_end_offset if stop is None else stop
             ):
-                # Before each read (a hot load's first included: the standby was last checked
-                # when the shard was elected), as Standby.still_valid.
-                seen = lg.tombstone_drops_seen(offset, drops)
-                if seen is None and ctx.partition.log is lg:
+                full = False
+                async with self._replay_turns.turn(urgent=True):
+                    # Before each read (a hot load's first included: the standby was last
+                    # checked when the shard was elected), as Standby.still_valid; in the
+                    # read's turn, so no cleaner swap comes between them.
+                    seen = lg.tombstone_drops_seen(offset, drops)
+                    cleaned_ahead = seen is None and ctx.partition.log is lg
+                    if not cleaned_ahead:
+                        drops = lg.tombstone_drops if seen is None else seen
+                        if stop is None and not suffix_read:
+                            # The first read above the HW: the suffix, a write at a time. A
+                            # replay already past the HW (a standby ahead of it: none is)
+                            # leaves what it read above it unknown, as one too large to
+                            # replay here does: every read waits for the whole suffix then,
+                            # and it is replayed as the rest is.
+                            suffix_read = True
+                            end = lg.log_end_offset
+                            suffix = (
+                                _replay_suffix(ctx, shard, decoder, lg, start=offset, end=end)
+                                if offset <= split
+                                else None
+                            )
+                            if suffix is not None:
+                                offset, n, nbytes = suffix
+                                applied += n
+                                records += n
+                                size += nbytes
+                                continue
+                            ctx.group_written, ctx.all_written = {}, end
+                        if latest is None:
+                            offset, n, nbytes = _replay_chunk(
+                                shard,
+                                decoder,
+                                lg,
+                                offset,
+                                max_offset=stop,
+                                max_bytes=self.replay_chunk_bytes,
+                            )
+                            applied += n
+                        else:
+                            offset, n, nbytes = latest.scan(
+                                lg, offset, self.replay_chunk_bytes, stop
+                            )
+                            full = len(latest.latest) >= latest.MAX_KEYS
+                if cleaned_ahead:
                     # A cleaner swap dropped a tombstone not read yet, of a key whose value
                     # may have been: from the start.
                     log.info(
@@ -1283,51 +1399,21 @@ class CoordinatorRuntime:
                     )
                     await self._replay_log(ctx, None)
                     return
-                drops = lg.tombstone_drops if seen is None else seen
-                if stop is None and not suffix_read:
-                    # The first read above the HW: the suffix, a write at a time. A replay
-                    # already past the HW (a standby ahead of it: none is) leaves what it read
-                    # above it unknown, as one too large to replay here does: every read
-                    # waits for the whole suffix then, and it is replayed as the rest is.
-                    suffix_read = True
-                    end = lg.log_end_offset
-                    suffix = (
-                        _replay_suffix(ctx, shard, decoder, lg, start=offset, end=end)
-                        if offset <= split
-                        else None
-                    )
-                    if suffix is not None:
-                        offset, n, nbytes = suffix
-                        applied += n
-                        records += n
-                        size += nbytes
-                        continue
-                    ctx.group_written, ctx.all_written = {}, end
-                if latest is None:
-                    offset, n, nbytes = _replay_chunk(
-                        shard,
-                        decoder,
-                        lg,
-                        offset,
-                        max_offset=stop,
-                        max_bytes=self.replay_chunk_bytes,
-                    )
-                    applied += n
-                else:
-                    offset, n, nbytes = latest.scan(lg, offset, self.replay_chunk_bytes, stop)
-                    if len(latest.latest) >= latest.MAX_KEYS:
-                        applied += latest.flush(shard, decoder)
+                if full:
+                    assert latest is not None
+                    applied += await self._flush_latest(latest, shard, decoder)
                 if not nbytes:
                     break
                 records += n
                 size += nbytes
                 await asyncio.sleep(0)  # let other work run between chunks
             if stop is not None and ctx.state is ShardState.LOADING and latest is not None:
-                applied += latest.flush(shard, decoder)  # what is below the HW, before the rest
+                # What is below the HW, before the rest.
+                applied += await self._flush_latest(latest, shard, decoder)
+        if latest is not None and ctx.state is ShardState.LOADING:
+            applied += await self._flush_latest(latest, shard, decoder)
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
-        if latest is not None:
-            applied += latest.flush(shard, decoder)
         ctx.shard = shard
         ctx.timer = timer
         end = lg.log_end_offset
@@ -1364,6 +1450,22 @@ class CoordinatorRuntime:
             size,
             took_s * 1000,
         )
+
+    async def _flush_latest(
+        self, latest: LatestRecords, shard: GroupCoordinatorShard, decoder: RecordDecoder
+    ) -> int:
+        """``latest.flush`` in turns of ``FLUSH_STEP_RECORDS`` records: its 262,144 keys took
+        0.8 s of the loop in one go."""
+        async with self._replay_turns.turn(urgent=True):
+            ordered = latest.take_ordered()
+        replayed = 0
+        for start in range(0, len(ordered), FLUSH_STEP_RECORDS):
+            await asyncio.sleep(0)  # a turn for the rest between two slices
+            async with self._replay_turns.turn(urgent=True):
+                replayed += replay_latest(
+                    shard, decoder, ordered[start : start + FLUSH_STEP_RECORDS]
+                )
+        return replayed
 
     # -- hot standby ----------------------------------------------------------------------------
 
@@ -1414,49 +1516,63 @@ class CoordinatorRuntime:
         """Replay committed records into the standby as the follower's HW moves."""
         part = standby.partition
         while not standby.closed:
-            if not standby.still_valid():
-                log.info(
-                    "%s-%d: the log was truncated below the standby; replaying it again",
-                    OFFSETS_TOPIC,
-                    part.partition,
-                )
-                self._start_standby_over(standby, part)
-            high_watermark = min(part.high_watermark, standby.log.log_end_offset)
-            if standby.next_offset >= high_watermark:
-                standby.wakeup.clear()
-                await standby.wakeup.wait()
-                continue
-            try:
-                offset, n, nbytes = _replay_chunk(
-                    standby.shard,
-                    standby.decoder,
-                    standby.log,
-                    standby.next_offset,
-                    max_offset=high_watermark,
-                    max_bytes=self.replay_chunk_bytes,
-                )
-            except UndecodableRecordError as e:
-                # Replaying again would meet it again: no standby; a promotion loads cold and
-                # fails the same way, leaving the shard unserved (NOT_COORDINATOR).
-                log.error("%s-%d: standby stopped: %s", OFFSETS_TOPIC, part.partition, e)
+            idle = undecodable = failed = False
+            nbytes = 0
+            high_watermark = offset = 0
+            async with self._replay_turns.turn(urgent=False):
+                # In the step's turn: a promotion may have taken the standby while it waited.
+                if standby.closed:
+                    return
+                if not standby.still_valid():
+                    log.info(
+                        "%s-%d: the log was truncated below the standby; replaying it again",
+                        OFFSETS_TOPIC,
+                        part.partition,
+                    )
+                    self._start_standby_over(standby, part)
+                high_watermark = min(part.high_watermark, standby.log.log_end_offset)
+                if standby.next_offset >= high_watermark:
+                    idle = True
+                    standby.wakeup.clear()
+                else:
+                    try:
+                        offset, n, nbytes = _replay_chunk(
+                            standby.shard,
+                            standby.decoder,
+                            standby.log,
+                            standby.next_offset,
+                            max_offset=high_watermark,
+                            max_bytes=self.replay_chunk_bytes,
+                        )
+                    except UndecodableRecordError as e:
+                        # Replaying again would meet it again: no standby; a promotion loads
+                        # cold and fails the same way, leaving the shard unserved
+                        # (NOT_COORDINATOR).
+                        log.error("%s-%d: standby stopped: %s", OFFSETS_TOPIC, part.partition, e)
+                        undecodable = True
+                    except Exception:
+                        log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
+                        # Its shard took part of a chunk: start again from the log start, at
+                        # once (a truncation count of -1 meant that, but read as valid on a
+                        # log never truncated, and a promotion took the half-replayed shard).
+                        self._start_standby_over(standby, part)
+                        failed = True
+                    else:
+                        if nbytes:
+                            standby.next_offset = offset
+                            standby.records += n
+                            self.standby_records_replayed += n
+                        else:
+                            idle = True
+                            standby.wakeup.clear()
+            if undecodable:
                 self._drop_standby(part.partition)
                 return
-            except Exception:
-                log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
-                # Its shard took part of a chunk: start again from the log start, at once (a
-                # truncation count of -1 meant that, but read as valid on a log never
-                # truncated, and a promotion took the half-replayed shard).
-                self._start_standby_over(standby, part)
+            if failed:
                 await asyncio.sleep(1.0)  # an I/O error: do not spin on it
-                continue
-            if not nbytes:
-                standby.wakeup.clear()
+            elif idle:
                 await standby.wakeup.wait()
-                continue
-            standby.next_offset = offset
-            standby.records += n
-            self.standby_records_replayed += n
-            if offset < high_watermark:
+            elif offset < high_watermark:
                 await asyncio.sleep(0)  # let other work run between chunks
 
     def _take_standby(self, part: Partition) -> Standby | None:

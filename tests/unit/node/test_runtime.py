@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -50,6 +51,7 @@ from kcoord.node.runtime import (
     Standby,
     UndecodableRecordError,
     _replay_chunk,
+    _ReplayTurns,
 )
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataImage, diff
@@ -791,6 +793,57 @@ def test_costly_shard_work_takes_a_turn_of_the_loop_each(tmp_path: Path) -> None
         assert len(queued) == 1
         runtime.in_turn = real  # type: ignore[method-assign]
         node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_replay_steps_of_many_shards_take_a_pass_of_the_loop_each() -> None:
+    """Every task ready runs once a pass of the loop, so shards replaying together (a node's
+    start, each follower partition's standby from the log start) ran a step each per pass,
+    seconds of replay between two looks at the sockets, and heartbeats went unanswered
+    (found by a review). A step now waits for its turn, one a pass, a load's before a
+    standby's; a step cancelled as its turn came passes the turn on."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        turns = _ReplayTurns()
+        events: list[str] = []
+        running = True
+
+        def a_pass() -> None:
+            events.append("pass")
+            if running:
+                loop.call_soon(a_pass)
+
+        async def replay(name: str, *, urgent: bool, steps: int) -> None:
+            for _ in range(steps):
+                async with turns.turn(urgent=urgent):
+                    events.append(name)
+                await asyncio.sleep(0)
+
+        loop.call_soon(a_pass)
+        standbys = [
+            asyncio.create_task(replay(f"standby-{i}", urgent=False, steps=3)) for i in range(6)
+        ]
+        await asyncio.sleep(0)  # the standbys are replaying, all but one waiting for a turn
+        doomed = asyncio.create_task(replay("doomed", urgent=True, steps=1))
+        load = asyncio.create_task(replay("load", urgent=True, steps=3))
+        await asyncio.sleep(0)
+        doomed.cancel()
+        await asyncio.wait_for(asyncio.gather(load, *standbys, return_exceptions=True), 5)
+        running = False
+        steps = [e for e in events if e != "pass"]
+        assert sorted(steps) == sorted(["load"] * 3 + [f"standby-{i}" for i in range(6)] * 3)
+        for before, after in itertools.pairwise(events):
+            assert before == "pass" or after == "pass", events  # one step a pass
+        first = steps.index("load")
+        assert first <= 2, steps  # before the standbys queued ahead of it
+        loads = [i for i, step in enumerate(steps) if step == "load"]
+        # The standby handed the turn as the load stepped, and the one after it: it was
+        # handed on as the load was back from its own pass, before it waited again.
+        assert all(b - a <= 3 for a, b in itertools.pairwise(loads)), steps
+        assert loads[-1] < len(steps) - 6, steps  # well before the standbys' last steps
+        assert not turns._busy
 
     asyncio.run(scenario())
 
