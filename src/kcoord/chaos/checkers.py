@@ -699,23 +699,38 @@ def _check_reads_see_acknowledged_commits(
 ) -> None:
     """Every ``committed`` read the runner made while faults were on must return, for each
     partition, at least what ``_least_a_read_may_see`` says (the final read is
-    ``_check_lost_commits``'). Not a member's own read (with ``partitions``): its events are
-    stamped when the runner receives them, so its invoke may be recorded after a commit
-    acknowledged meanwhile, which the read could not have seen."""
+    ``_check_lost_commits``'). So must a member's own read of its partitions as a classic
+    generation begins (kafka-python's, stamped by its own clock), unless a commit of a later
+    generation (or of none known) was sent before it was answered: a member still in a
+    generation the group has left may be reading from a coordinator cut off from the
+    others, which serves its last committed state (as Kafka's would). Without it, a commit
+    acknowledged and then lost on a failover went unseen whenever its partition's next owner
+    committed past it before the runner's next read: the final read showed the later commit
+    (found by a review)."""
     by_key = _commits_by_key(commits)
     for invoke, done in history.pairs("committed"):
-        if done is None or done.type != OK:
+        if done is None or done.type != OK or done.process == FINAL_PROCESS:
             continue
-        if "partitions" in done.value or done.process == FINAL_PROCESS:
+        member_read = "partitions" in done.value
+        found = done.value.get("generation")
+        generation = found if isinstance(found, int) and not isinstance(found, bool) else None
+        if member_read and (done.value.get("group_protocol") != "classic" or generation is None):
             continue
         try:
             group, topic = _required(done.value, "group"), _topic(done.value)
             offsets = _offsets(done.value)
+            read_partitions = {int(p) for p in done.value["partitions"]} if member_read else None
         except _PARSE_ERRORS as error:
             findings.malformed(done, error)
             continue
         for (g, t, partition), key_commits in by_key.items():
             if (g, t) != (group, topic):
+                continue
+            if read_partitions is not None and (
+                partition not in read_partitions
+                or generation is None
+                or _moved_on(key_commits, generation, done.at)
+            ):
                 continue
             least = _least_a_read_may_see(key_commits, invoke.at, done.at)
             if least is None:
@@ -731,9 +746,23 @@ def _check_reads_see_acknowledged_commits(
                         "acknowledged": least.example(),
                         "read": seen,
                         "read_event": done.index,
-                        "reason": "a read sent after the acknowledgement does not see it",
+                        "reason": (
+                            "a member's read as its generation began does not see it"
+                            if member_read
+                            else "a read sent after the acknowledgement does not see it"
+                        ),
                     },
                 )
+
+
+def _moved_on(commits: list[_Commit], generation: int, answered_at: _At) -> bool:
+    """Whether a commit of a classic generation after ``generation`` (or of none known) was
+    sent before ``answered_at``: the group had moved on, or may have, before the answer."""
+    return any(
+        (c.classic_generation is None or c.classic_generation > generation)
+        and (c.invoke_at is None or c.invoke_at < answered_at)
+        for c in commits
+    )
 
 
 @dataclass(frozen=True)

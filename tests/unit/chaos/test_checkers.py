@@ -478,6 +478,47 @@ def test_a_member_going_back_from_its_own_position_is_not_a_regressed_commit(
     assert named(check_offsets(h2)) == {"regressed-commit"}
 
 
+def classic_member_read(
+    h: History, t: float, member: str, offsets: dict[int, int], generation: int
+) -> None:
+    """A kafka-python member's read as the workload records it (with its protocol)."""
+    value = {"group": "g", "topic": "t", "member": member, "generation": generation,
+             "group_protocol": "classic", "partitions": sorted(offsets)}  # fmt: skip
+    h.add(member, INVOKE, "committed", value, time=t)
+    h.add(member, OK, "committed", {**value, "offsets": offsets}, time=t + 0.1)
+
+
+@pytest.mark.parametrize("later_generation_commit", [False, True])
+def test_a_members_read_as_its_generation_begins_must_see_acknowledged_commits(
+    later_generation_commit: bool,
+) -> None:
+    """m1's commit of 150 is acknowledged, then lost on a failover; m2, the partition's next
+    owner, reads 100, consumes past 150 in one batch and commits 300, which the final read
+    shows. Nothing saw the loss (found by a review): the members' reads went unchecked. A
+    read by a member whose group had moved to a later generation before the answer (a
+    coordinator cut off from the others may serve it) proves nothing."""
+    h = History()
+    consume(h, 1.0, "m1", 0, range(150))
+    commit(h, 1.1, "m1", {0: 100}, protocol="classic")
+    commit(h, 2.0, "m1", {0: 150}, protocol="classic")
+    if later_generation_commit:
+        commit(h, 5.4, "m3", {0: 100}, generation=3, protocol="classic", outcome=INFO)
+    classic_member_read(h, 5.5, "m2", {0: 100}, generation=2)
+    consume(h, 5.7, "m2", 0, range(100, 300))
+    commit(h, 5.8, "m2", {0: 300}, generation=2, protocol="classic")
+    final_read(h, 40.0, {0: 300})
+
+    result = check_offsets(h)
+
+    if later_generation_commit:
+        assert result.valid, result.anomalies
+        return
+    assert named(result) == {"lost-commit"}
+    (lost,) = result.anomalies["lost-commit"]
+    assert (lost["read"], lost["acknowledged"]["offset"]) == (100, 150)
+    assert "member's read" in lost["reason"]
+
+
 def test_a_lower_commit_acknowledged_later_is_what_a_read_may_see() -> None:
     """Kafka's last writer wins: a member with a stale position commits 3 after another's 5
     was acknowledged (excused as stale by its own read), and the coordinator holds 3. A read
