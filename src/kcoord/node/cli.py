@@ -185,8 +185,11 @@ def _cluster(args: argparse.Namespace) -> int:
             else:
                 _print_status(report)
         elif args.cluster_command == "stop-node":
-            launcher.stop_node(state.node(args.id), kill=args.kill)
-            state.save()
+            node = state.node(args.id)
+            try:
+                launcher.stop_node(node, kill=args.kill)
+            finally:
+                state.save_nodes([node])
         elif args.cluster_command == "start-node":
             node = state.node(args.id)
             if launcher.is_alive(node.pid, node.config_path):
@@ -194,11 +197,11 @@ def _cluster(args: argparse.Namespace) -> int:
                 print(f"kcoord: node {args.id} is already running", file=sys.stderr)
                 return 0
             launcher.start_node(node)
-            state.save()
+            state.save_nodes([node])
             try:
                 serving = launcher.wait_started(node)
             finally:
-                state.save()  # no pid of a node that exited
+                state.save_nodes([node])  # no pid of a node that exited
             if not serving:
                 print(f"kcoord: node {args.id} is still starting; see {node.log_path}")
         elif args.cluster_command == "down":

@@ -15,13 +15,14 @@ quorum and admin HTTP: with the default base 9092, node 1 is 9092/9093/9094/9095
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -33,6 +34,11 @@ from kcoord.node.rpc_sync import call_sync
 from kcoord.storage.meta_properties import DataDirError, read_meta_properties
 
 STATE_FILE = "cluster.json"
+# Held while a command reads and rewrites the state file (``state_lock``).
+STATE_LOCK_FILE = "cluster.json.lock"
+# How long a node SIGKILLed may take to leave the process table (one stuck in the kernel
+# may never).
+KILL_TIMEOUT_S = 10.0
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -90,7 +96,27 @@ class ClusterState:
                 return n
         raise LauncherError(f"no node {node_id} in this cluster")
 
+    def save_nodes(self, nodes: Iterable[NodeProcess]) -> None:
+        """Record ``nodes``' pids in the state file as it is now: another command of this
+        cluster (a ``start-node`` of another node) may have saved since this one read it,
+        and writing back the whole state as read lost that node's pid, leaving it running
+        unmanaged (``cluster down`` passed it by; the next ``up`` started a second copy)."""
+        data_dir = Path(self.data_dir)
+        with state_lock(data_dir):
+            try:
+                current = ClusterState.load(data_dir)
+                for n in nodes:
+                    current.node(n.node_id).pid = n.pid
+            except LauncherError:
+                current = self  # none readable, or another cluster's: this one's, whole
+            current._write()
+
     def save(self) -> None:
+        """Write the whole state (a cluster just planned and started)."""
+        with state_lock(Path(self.data_dir)):
+            self._write()
+
+    def _write(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
@@ -121,6 +147,15 @@ class ClusterState:
                 "from it (its node.toml is in the command line of 'kcoord.node.cli node'), "
                 "then remove the file"
             ) from e
+
+
+@contextmanager
+def state_lock(data_dir: Path) -> Iterator[None]:
+    """An exclusive lock on the cluster's state file, for one read-and-rewrite of it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / STATE_LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released as the file closes
+        yield
 
 
 def plan(
@@ -334,8 +369,15 @@ def stop_node(node: NodeProcess, *, kill: bool = False, timeout_s: float = STOP_
     if is_alive(node.pid, node.config_path):
         with contextlib.suppress(ProcessLookupError):
             os.kill(node.pid, signal.SIGKILL)
+        deadline = time.monotonic() + KILL_TIMEOUT_S
         while is_alive(node.pid, node.config_path):
-            time.sleep(0.02)
+            if time.monotonic() > deadline:
+                # Stuck in the kernel (an I/O that never ends): its pid stays recorded.
+                raise LauncherError(
+                    f"node {node.node_id} (pid {node.pid}) has not exited "
+                    f"{KILL_TIMEOUT_S:.0f} s after SIGKILL"
+                )
+            time.sleep(0.02)  # polling the process table
     node.pid = None
 
 
@@ -506,9 +548,11 @@ def _cluster_id_of(state: ClusterState) -> str | None:
 
 
 def down(state: ClusterState, *, kill: bool = False) -> None:
-    for n in state.nodes:
-        stop_node(n, kill=kill)
-    state.save()
+    try:
+        for n in state.nodes:
+            stop_node(n, kill=kill)
+    finally:
+        state.save_nodes(state.nodes)
 
 
 def status(state: ClusterState) -> dict[str, Any]:
@@ -516,7 +560,8 @@ def status(state: ClusterState) -> dict[str, Any]:
     for n in state.nodes:
         alive = is_alive(n.pid, n.config_path)
         view = describe_node(n) if alive else None
-        role = "down"
+        # Alive but not answering (stopped with SIGSTOP, or too busy): not "down".
+        role = "unresponsive" if alive else "down"
         if view is not None:
             role = "controller" if view["is_active_controller"] else "broker"
             if view.get("fenced", True):

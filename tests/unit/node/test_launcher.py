@@ -286,3 +286,52 @@ def test_a_wrong_node_count_is_refused_before_anything_is_said_or_made(
     out, err = capsys.readouterr()
     assert "starting" not in out + err and "--nodes must be 1, 3 or 5" in err
     assert not data_dir.exists()
+
+
+def test_a_command_keeps_what_another_saved_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each command read the state file once and wrote all of it back at its end: a
+    ``start-node 2`` saved while a ``stop-node 1`` ran lost node 2's pid, and that node ran
+    on unmanaged (``cluster down`` passed it by). A command now records its own node in the
+    file as it is, under a lock (found by a review)."""
+    nodes = [
+        launcher.NodeProcess(i, "127.0.0.1", 1, 2, 3, 4, str(tmp_path / f"n{i}"), pid=None)
+        for i in (1, 2)
+    ]
+    launcher.ClusterState(str(tmp_path), nodes).save()
+
+    def stop_while_node_2_starts(node: launcher.NodeProcess, *, kill: bool = False) -> None:
+        other = launcher.ClusterState.load(tmp_path)
+        other.node(2).pid = 4242  # another command's start-node 2
+        other.save()
+        node.pid = None
+
+    monkeypatch.setattr(launcher, "stop_node", stop_while_node_2_starts)
+    assert cli.main(["cluster", "stop-node", "1", "--data-dir", str(tmp_path)]) == 0
+    saved = launcher.ClusterState.load(tmp_path)
+    assert [n.pid for n in saved.nodes] == [None, 4242]
+
+
+def test_a_node_that_never_leaves_after_sigkill_is_an_error_not_a_hang(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process stuck in the kernel outlives SIGKILL: the stop waited for it for ever."""
+    monkeypatch.setattr(launcher, "is_alive", lambda pid, config_path=None: True)
+    monkeypatch.setattr(os, "kill", lambda pid, sig: None)
+    monkeypatch.setattr(launcher, "KILL_TIMEOUT_S", 0.05)
+    node = launcher.NodeProcess(1, "127.0.0.1", 1, 2, 3, 4, str(tmp_path), pid=10_000_001)
+    with pytest.raises(launcher.LauncherError, match="has not exited"):
+        launcher.stop_node(node, timeout_s=0.05)
+    assert node.pid == 10_000_001  # still there: recorded
+
+
+def test_a_live_node_that_does_not_answer_is_unresponsive_not_down(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(launcher, "is_alive", lambda pid, config_path=None: pid == 2)
+    monkeypatch.setattr(launcher, "describe_node", lambda node, timeout_s=2.0: None)
+    state = _state()
+    state.node(2).pid = 2
+    roles = [n["role"] for n in launcher.status(state)["nodes"]]
+    assert roles == ["down", "unresponsive", "down"]
