@@ -161,6 +161,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         topics: TopicsView,
         out: _Output,
     ) -> None:
+        records, responses = len(out.records), len(out.responses)  # before any of this one's
         error, message = validate_heartbeat_request(request, self._config.consumer_assignors)
         group: ConsumerGroup | None = None
         if error is Errors.NONE:
@@ -222,7 +223,6 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             self._consumer_leave(token, request, now_ms, out)
             return
         converted = classic is not None and classic.num_members > 0
-        records, responses = len(out.records), len(out.responses)
         self._consumer_heartbeat(
             token,
             request,
@@ -231,15 +231,24 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             topics=topics,
             out=out,
         )
-        if not converted and not self._fit_a_batch(out.records):
+        if not converted and not self._fit_a_batch(out.records[records:]):
             # A target assignment of thousands of members is more than one batch holds: the
             # log refused the write, and the refused write of a handler that may have changed
             # its group reloaded the whole partition, every group of it, at each retry. This
-            # one changed nothing but through its records (and its timers, whose firings
-            # check the group as it is): they are dropped and it alone fails, as Kafka's
-            # runtime fails the write and reverts (UNKNOWN_SERVER_ERROR for a record too
-            # large, GroupCoordinatorService.handleOperationException).
+            # one changed nothing but through its records (an empty classic group's tombstone
+            # included) and its timers: the records are dropped, the timers of the members it
+            # touched armed again (it may have cancelled a static member's it replaced, or the
+            # requesting member's rebalance timeout), and it alone fails, as Kafka's runtime
+            # fails the write and reverts (UNKNOWN_SERVER_ERROR for a record too large,
+            # GroupCoordinatorService.handleOperationException).
             del out.records[records:], out.responses[responses:]
+            if group is not None:
+                for member in group.members.values():
+                    if member.member_id == request.member_id or (
+                        request.instance_id is not None
+                        and member.instance_id == request.instance_id
+                    ):
+                        self._arm_member_timers(group.group_id, member, now_ms)
             out.respond(
                 token,
                 ConsumerGroupHeartbeatResponse(
@@ -783,19 +792,23 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         """``onLoaded``: every member gets a full session from now."""
         for group in self._consumer_groups.values():
             for member in group.members.values():
-                self._schedule_session(group.group_id, member, now_ms)
-                if (
-                    member.state is MemberState.UNREVOKED_PARTITIONS
-                    and member.classic is None
-                    and member.member_epoch >= 0  # not a static member that left
-                ):
-                    self._schedule_consumer_timer(
-                        rebalance_key(group.group_id, member.member_id),
-                        now_ms + max(member.rebalance_timeout_ms, 0),
-                        group.group_id,
-                        member.member_id,
-                        REBALANCE_KEY,
-                    )
+                self._arm_member_timers(group.group_id, member, now_ms)
+
+    def _arm_member_timers(self, group_id: str, member: ConsumerGroupMember, now_ms: int) -> None:
+        """A full session from now, and a full rebalance timeout if it owes a revocation."""
+        self._schedule_session(group_id, member, now_ms)
+        if (
+            member.state is MemberState.UNREVOKED_PARTITIONS
+            and member.classic is None
+            and member.member_epoch >= 0  # not a static member that left
+        ):
+            self._schedule_consumer_timer(
+                rebalance_key(group_id, member.member_id),
+                now_ms + max(member.rebalance_timeout_ms, 0),
+                group_id,
+                member.member_id,
+                REBALANCE_KEY,
+            )
 
     # -- ConsumerGroupDescribe (69) ---------------------------------------------------------------
 

@@ -793,16 +793,16 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         return fmt.HEADER_SIZE + record_size_bound(key, value) <= self._max_batch_bytes()
 
     def _fit_a_batch(self, records: Sequence[CoordinatorRecord]) -> bool:
-        """Whether ``records`` together fit the one batch an atomic write is."""
+        """Whether ``records`` together fit the one batch an atomic write is: by their size
+        bound, else (the bound is up to a third above) by the batch itself."""
         if self._max_batch_bytes is None or not records:
             return True
-        limit = self._max_batch_bytes() - fmt.HEADER_SIZE
-        size = 0
-        for record in records:
-            size += record_size_bound(*encode_record(record))
-            if size > limit:
-                return False
-        return True
+        limit = self._max_batch_bytes()
+        encoded = [encode_record(record) for record in records]
+        if fmt.HEADER_SIZE + sum(record_size_bound(k, v) for k, v in encoded) <= limit:
+            return True
+        batch = fmt.build_batch([fmt.Record(i, 0, k, v) for i, (k, v) in enumerate(encoded)])
+        return len(batch) <= limit
 
     def _reschedule_heartbeat(
         self,

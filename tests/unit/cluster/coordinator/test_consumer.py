@@ -30,6 +30,8 @@ from kcoord.cluster.coordinator.records import (
     ConsumerGroupTargetAssignmentMemberKey,
     ConsumerGroupTargetAssignmentMemberValue,
     CoordinatorRecord,
+    encode_record,
+    record_size_bound,
     uuid_str,
 )
 from kcoord.cluster.coordinator.shard import GroupConfig
@@ -50,6 +52,7 @@ from kcoord.cluster.coordinator.types import (
     TopicIdPartitions,
 )
 from kcoord.errors import Errors
+from kcoord.storage import format as fmt
 from tests.unit.cluster.coordinator.harness import ShardContext, short_consumer_timing
 
 T = "AAAAAAAAAAAAAAAAAAAAAA"  # topic "orders", 6 partitions
@@ -214,7 +217,7 @@ def test_a_join_whose_new_target_assignment_is_too_large_fails_alone() -> None:
         assert hb(ctx, name, 0, topics=topics).error_code is Errors.NONE
     group = ctx.shard.consumer_groups["g"]
     epoch, targets = group.group_epoch, dict(group.targets)
-    ctx.max_batch_bytes = 600  # the joiner's member record fits, the new targets do not
+    ctx.max_batch_bytes = 400  # the joiner's member record fits, the new targets do not
     refused = hb(ctx, "late", 0, topics=topics)
     assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR
     assert refused.error_message == consumer_shard.HEARTBEAT_RECORDS_TOO_LARGE
@@ -223,6 +226,24 @@ def test_a_join_whose_new_target_assignment_is_too_large_fails_alone() -> None:
     assert "late" not in group.members
     ctx.max_batch_bytes = None
     assert hb(ctx, "late", 0, topics=topics).error_code is Errors.NONE
+
+
+def test_records_fit_a_batch_by_its_real_size_not_only_by_their_bound() -> None:
+    """The size bound allows each record its worst framing, a third above the batch for
+    target records: heartbeats the log would take were refused at every retry, and the
+    group never finished its rebalance (found by a review)."""
+    ctx = context()
+    records = [
+        consumer.target_member_record("g", f"member-{i:036d}", {T: frozenset({i % 6})})
+        for i in range(200)
+    ]
+    encoded = [encode_record(r) for r in records]
+    exact = len(fmt.build_batch([fmt.Record(i, 0, k, v) for i, (k, v) in enumerate(encoded)]))
+    assert fmt.HEADER_SIZE + sum(record_size_bound(k, v) for k, v in encoded) > exact
+    ctx.max_batch_bytes = exact
+    assert ctx.shard._fit_a_batch(records)
+    ctx.max_batch_bytes = exact - 1
+    assert not ctx.shard._fit_a_batch(records)
 
 
 def test_epoch_validation_fences_bad_epochs_and_accepts_a_retried_heartbeat() -> None:
@@ -899,6 +920,31 @@ def static_hb(
     response = step.response(token)
     assert isinstance(response, ConsumerGroupHeartbeatResponse)
     return response
+
+
+def test_a_refused_replacement_of_a_static_member_keeps_its_session_timer() -> None:
+    """A static member that left with -2 keeps its place until its session ends. A new
+    process taking over its instance id cancels its timers before its records are written;
+    refused (too large for a batch), the records are dropped and the old member stays: its
+    session timer must be armed again, or it stayed in the group for good (found by a
+    review)."""
+    ctx = context()
+    a = Member(ctx, "a")
+    a.beat()
+    first = static_hb(ctx, "s1", 0, "instance-1")
+    owned = parts(first)
+    assert static_hb(ctx, "s1", -2, "instance-1", owned).member_epoch == -2
+    ctx.max_batch_bytes = 240  # the new process's member record fits; the hand-over does not
+    refused = static_hb(ctx, "s2", 0, "instance-1")
+    assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR, refused
+    assert refused.error_message == consumer_shard.HEARTBEAT_RECORDS_TOO_LARGE
+    assert set(ctx.shard.consumer_groups["g"].members) == {"a", "s1"}
+    ctx.max_batch_bytes = None
+    for _ in range(3):
+        ctx.sleep(SESSION_MS // 3)
+        a.beat()
+    ctx.sleep(10)
+    assert set(ctx.shard.consumer_groups["g"].members) == {"a"}
 
 
 def test_a_static_member_bounced_with_epoch_minus_two_comes_back_without_a_rebalance() -> None:
