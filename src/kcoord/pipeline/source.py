@@ -334,6 +334,24 @@ COMMIT_RETRIABLE_CODES: Final = frozenset(
 )
 
 
+def _watermarks(
+    consumer: Consumer, topic: str, partition: int, timeout_s: float
+) -> tuple[int, int]:
+    """The partition's (log start, high watermark), asked of its leader again while it gives
+    a retriable answer, up to ``timeout_s``: a new leader answers OFFSET_NOT_AVAILABLE while
+    its high watermark is below the start of its epoch, the very moment a log truncated
+    under a read is looked at, and librdkafka raised it at once: the task failed, and with
+    it the query (Spark's source polls on up to ``pollTimeoutMs``)."""
+    low, high = retrying(
+        lambda: consumer.get_watermark_offsets(
+            ClientTopicPartition(topic, partition), timeout=timeout_s, cached=False
+        ),
+        f"the offsets of {topic}-{partition}",
+        timeout_s,
+    )
+    return int(low), int(high)
+
+
 def _skip_lost(
     consumer: Consumer, offset_range: OffsetRange, offset: int, timeout_s: float, error: Any
 ) -> int:
@@ -343,9 +361,7 @@ def _skip_lost(
     ``getEarliestAvailableOffsetBetween``). Ending the range there dropped the records of the
     range that were still in the log."""
     topic, partition, until = offset_range.topic, offset_range.partition, offset_range.until_offset
-    low, high = consumer.get_watermark_offsets(
-        ClientTopicPartition(topic, partition), timeout=timeout_s, cached=False
-    )
+    low, high = _watermarks(consumer, topic, partition, timeout_s)
     if offset < low < until:
         log.warning(
             "%s-%d: offsets %d..%d are gone (%s); reading on from the log start %d",
@@ -379,9 +395,7 @@ def _end_if_truncated(
     never goes back otherwise. Spark's ``KafkaDataConsumer`` sees an offset past the latest
     one the same way. A new leader's high watermark can lag for a moment, hence the grace."""
     topic, partition, until = offset_range.topic, offset_range.partition, offset_range.until_offset
-    _, high = consumer.get_watermark_offsets(
-        ClientTopicPartition(topic, partition), timeout=options.poll_timeout_ms / 1000, cached=False
-    )
+    _, high = _watermarks(consumer, topic, partition, options.poll_timeout_ms / 1000)
     if high >= until:
         return offset  # it grew back meanwhile: read on
     message = (

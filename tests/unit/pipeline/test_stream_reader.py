@@ -359,6 +359,37 @@ def test_a_log_truncated_inside_the_range_being_read_is_data_loss(
     assert read(False) == list(range(100, 110))
 
 
+class _NewLeaderMidRange(_TruncatedMidRange):
+    """As ``_TruncatedMidRange``, but the partition's new leader first answers its watermark
+    lookups OFFSET_NOT_AVAILABLE (its high watermark below the start of its epoch)."""
+
+    not_available = 2
+
+    def get_watermark_offsets(
+        self, tp: ClientTopicPartition, timeout: float, cached: bool
+    ) -> tuple[int, int]:
+        if self.not_available:
+            self.not_available -= 1
+            raise KafkaException(KafkaError(KafkaError.OFFSET_NOT_AVAILABLE))
+        return super().get_watermark_offsets(tp, timeout, cached)
+
+
+def test_a_truncation_looked_at_during_a_leader_change_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The log end is looked at once a read stops inside its range, which is when a new
+    leader answers OFFSET_NOT_AVAILABLE: librdkafka raised it at once, and the task failed,
+    and with it the query (found by a review). Spark's source polls on."""
+    monkeypatch.setattr(source, "Consumer", _NewLeaderMidRange)
+    monkeypatch.setattr(source, "TRUNCATION_GRACE_S", 0.0)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "failOnDataLoss": "false"},
+        streaming=True,
+    )
+    batches = source.read_range(options, OffsetRange("t", 0, 100, 200))
+    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(100, 110))
+
+
 class _Committing:
     """A consumer whose commits answer per partition from ``errors`` (None: committed)."""
 
