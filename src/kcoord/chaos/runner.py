@@ -721,7 +721,7 @@ def _stop_nodes(state: launcher.ClusterState) -> None:
         if n.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(n.pid, signal.SIGCONT)  # a paused node cannot die
-        launcher.stop_node(n, kill=True)
+    launcher.stop_all(state.nodes, kill=True)
 
 
 def prepare_run(options: Options) -> tuple[Path, History, float]:

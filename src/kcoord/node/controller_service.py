@@ -133,7 +133,7 @@ class ControllerService:
         # A heartbeat that must wait its turn and has not had it within this long of its
         # arrival decides nothing (Kafka's ControllerApis gives it a deadline of half the
         # heartbeat interval): the broker has heartbeated again by then, or is gone.
-        self.heartbeat_deadline_ms = broker_heartbeat_interval_ms // 2
+        self.heartbeat_deadline_ms = max(broker_heartbeat_interval_ms // 2, 100)
         self._last_no_op_ms = 0
         self.no_op_writes = 0
         self.controller: Controller | None = None

@@ -105,10 +105,12 @@ class ClusterState:
         with state_lock(data_dir):
             try:
                 current = ClusterState.load(data_dir)
-                for n in nodes:
-                    current.node(n.node_id).pid = n.pid
             except LauncherError:
-                current = self  # none readable, or another cluster's: this one's, whole
+                current = self  # none, or not readable: this command's, whole
+            by_id = {n.node_id: n for n in current.nodes}
+            for n in nodes:
+                if n.node_id in by_id:  # not one the file no longer names
+                    by_id[n.node_id].pid = n.pid
             current._write()
 
     def save(self) -> None:
@@ -381,6 +383,19 @@ def stop_node(node: NodeProcess, *, kill: bool = False, timeout_s: float = STOP_
     node.pid = None
 
 
+def stop_all(nodes: Iterable[NodeProcess], *, kill: bool = False) -> None:
+    """``stop_node`` of every node, one that will not go included; then ``LauncherError``
+    naming those (stopping at the first left the others running)."""
+    stuck = []
+    for n in nodes:
+        try:
+            stop_node(n, kill=kill)
+        except LauncherError as e:
+            stuck.append(str(e))
+    if stuck:
+        raise LauncherError("; ".join(stuck))
+
+
 def describe_node(node: NodeProcess, timeout_s: float = 2.0) -> dict[str, Any] | None:
     try:
         result: dict[str, Any] = call_sync(node.host, node.rpc_port, "DescribeNode", {}, timeout_s)
@@ -467,8 +482,10 @@ def _stop_on_failure(state: ClusterState) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        for n in state.nodes:
-            stop_node(n, kill=True)
+        try:
+            stop_all(state.nodes, kill=True)
+        except LauncherError as e:
+            print(f"kcoord: {e}", file=sys.stderr)  # the failure that got here goes on
         state.save()  # no pid of a stopped node left behind for another process to take
         raise
 
@@ -549,8 +566,7 @@ def _cluster_id_of(state: ClusterState) -> str | None:
 
 def down(state: ClusterState, *, kill: bool = False) -> None:
     try:
-        for n in state.nodes:
-            stop_node(n, kill=kill)
+        stop_all(state.nodes, kill=kill)
     finally:
         state.save_nodes(state.nodes)
 

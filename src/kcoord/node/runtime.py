@@ -1401,7 +1401,7 @@ class CoordinatorRuntime:
                     return
                 if full:
                     assert latest is not None
-                    applied += await self._flush_latest(latest, shard, decoder)
+                    applied += await self._flush_latest(ctx, latest, shard, decoder)
                 if not nbytes:
                     break
                 records += n
@@ -1409,9 +1409,9 @@ class CoordinatorRuntime:
                 await asyncio.sleep(0)  # let other work run between chunks
             if stop is not None and ctx.state is ShardState.LOADING and latest is not None:
                 # What is below the HW, before the rest.
-                applied += await self._flush_latest(latest, shard, decoder)
+                applied += await self._flush_latest(ctx, latest, shard, decoder)
         if latest is not None and ctx.state is ShardState.LOADING:
-            applied += await self._flush_latest(latest, shard, decoder)
+            applied += await self._flush_latest(ctx, latest, shard, decoder)
         if ctx.state is not ShardState.LOADING or self.contexts.get(ctx.index) is not ctx:
             return  # unloaded meanwhile
         ctx.shard = shard
@@ -1452,15 +1452,22 @@ class CoordinatorRuntime:
         )
 
     async def _flush_latest(
-        self, latest: LatestRecords, shard: GroupCoordinatorShard, decoder: RecordDecoder
+        self,
+        ctx: ShardContext,
+        latest: LatestRecords,
+        shard: GroupCoordinatorShard,
+        decoder: RecordDecoder,
     ) -> int:
-        """``latest.flush`` in turns of ``FLUSH_STEP_RECORDS`` records: its 262,144 keys took
-        0.8 s of the loop in one go."""
+        """``latest.flush`` in turns of ``FLUSH_STEP_RECORDS`` records (its 262,144 keys took
+        0.8 s of the loop in one go), until the load ends: unloaded meanwhile, what is left is
+        of no use."""
         async with self._replay_turns.turn(urgent=True):
             ordered = latest.take_ordered()
         replayed = 0
         for start in range(0, len(ordered), FLUSH_STEP_RECORDS):
             await asyncio.sleep(0)  # a turn for the rest between two slices
+            if ctx.state is not ShardState.LOADING:
+                break
             async with self._replay_turns.turn(urgent=True):
                 replayed += replay_latest(
                     shard, decoder, ordered[start : start + FLUSH_STEP_RECORDS]

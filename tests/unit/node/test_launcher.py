@@ -335,3 +335,29 @@ def test_a_live_node_that_does_not_answer_is_unresponsive_not_down(
     state.node(2).pid = 2
     roles = [n["role"] for n in launcher.status(state)["nodes"]]
     assert roles == ["down", "unresponsive", "down"]
+
+
+def test_one_node_that_will_not_go_does_not_leave_the_others_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cluster down`` (and a failed ``up``, and the chaos runner) stopped at the first node
+    that raised, and the nodes after it ran on."""
+    stopped: list[int] = []
+
+    def stop(node: launcher.NodeProcess, *, kill: bool = False) -> None:
+        if node.node_id == 1:
+            raise launcher.LauncherError("node 1 (pid 7) has not exited 10 s after SIGKILL")
+        stopped.append(node.node_id)
+        node.pid = None
+
+    monkeypatch.setattr(launcher, "stop_node", stop)
+    nodes = [
+        launcher.NodeProcess(i, "127.0.0.1", 1, 2, 3, 4, str(tmp_path / f"n{i}"), pid=i)
+        for i in (1, 2, 3)
+    ]
+    state = launcher.ClusterState(str(tmp_path), nodes)
+    state.save()
+    with pytest.raises(launcher.LauncherError, match="node 1"):
+        launcher.down(state)
+    assert stopped == [2, 3]
+    assert [n.pid for n in launcher.ClusterState.load(tmp_path).nodes] == [1, None, None]

@@ -665,6 +665,55 @@ def test_a_batch_whose_append_raises_unexpectedly_fails_its_answers_and_reloads(
     asyncio.run(scenario())
 
 
+def test_a_batch_appended_at_other_offsets_answers_nothing_as_written(tmp_path: Path) -> None:
+    """A batch's records went from the log without the shard knowing (as a batch whose
+    append raised was lost), and the next batch was appended at their offsets: the shard is
+    failed, as Kafka's runtime fails. With an ISR of the leader alone the high watermark
+    moved within that append, past the lost batch's answers, which went out as written
+    before the offsets were compared; now none goes out until they agree."""
+
+    async def scenario() -> None:
+        node = Node(tmp_path, append_linger_ms=-1)
+        part, ctx, end = await committed_seven(node)
+        node.replicas.hold = True
+        lost = node.runtime.submit("g1", commit("g1", 42))
+        await _until(lambda: part.log.log_end_offset == end + 1, "g1's batch appended")
+        part.log.truncate_to(end)  # its records gone, the shard none the wiser
+        node.replicas.hold = False
+        later = node.runtime.submit("g2", commit("g2", 5))
+        for answer in (lost, later):
+            with pytest.raises(CoordinatorError) as e:
+                await asyncio.wait_for(answer, 5)
+            assert e.value.code is Errors.NOT_COORDINATOR
+        assert ctx.state is ShardState.CLOSED
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_replay_step_cancelled_as_its_turn_came_passes_the_turn_on() -> None:
+    """A load unloaded (its task cancelled) just as the turn was handed to it kept the turn:
+    every replay of the node waited for ever."""
+
+    async def scenario() -> None:
+        turns = _ReplayTurns()
+        entered: list[str] = []
+
+        async def step(name: str) -> None:
+            async with turns.turn(urgent=False):
+                entered.append(name)
+
+        async with turns.turn(urgent=True):
+            doomed = asyncio.create_task(step("doomed"))
+            other = asyncio.create_task(step("other"))
+            await _until(lambda: len(turns._waiting[1]) == 2, "both steps waiting")
+        doomed.cancel()  # handed the turn as the block ended, cancelled before it ran
+        await asyncio.wait_for(other, 5)
+        assert entered == ["other"] and doomed.cancelled()
+
+    asyncio.run(scenario())
+
+
 async def groups_committed(node: Node, count: int) -> Partition:
     """Elect the node and load its shard; groups g0, g1, ... commit offsets 0, 1, ... (the
     HW follows appends from here on). Returns the offsets partition."""
