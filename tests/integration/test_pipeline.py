@@ -175,9 +175,20 @@ def test_batch_read_equals_what_was_produced(cluster: LocalCluster, spark: Spark
         spark.read.format("kcoord")
         .option("kafka.bootstrap.servers", bootstrap(cluster))
         .option("subscribe", "batch")
+        .option("includeHeaders", "true")
         .load()
     )
     assert df.rdd.getNumPartitions() == PARTITIONS  # one input partition per partition
+    # Spark's Kafka source schema: the headers only with includeHeaders=true.
+    assert df.columns[-1] == "headers"
+    plain = (
+        spark.read.format("kcoord")
+        .option("kafka.bootstrap.servers", bootstrap(cluster))
+        .option("subscribe", "batch")
+        .load()
+    )
+    assert plain.columns == df.columns[:-1]
+    assert sorted(tuple(r) for r in plain.collect()) == sorted(tuple(r)[:-1] for r in df.collect())
     assert sorted(rows_of(df)) == sorted(acked)
     assert {r.topic for r in df.select("topic").distinct().collect()} == {"batch"}
     # A JSON range: partition 1 from offset 10 up to 20, partition 2 from its earliest (-2)
@@ -188,6 +199,7 @@ def test_batch_read_equals_what_was_produced(cluster: LocalCluster, spark: Spark
         .option("assign", json.dumps({"batch": [1, 2]}))
         .option("startingOffsets", json.dumps({"batch": {"1": 10, "2": -2}}))
         .option("endingOffsets", json.dumps({"batch": {"1": 20, "2": -1}}))
+        .option("includeHeaders", "true")
         .load()
     )
     expected = [a for a in acked if (a[0] == 1 and 10 <= a[1] < 20) or a[0] == 2]
@@ -220,6 +232,7 @@ def run_available_now(
         .option("startingOffsets", "earliest")
         .option("maxOffsetsPerTrigger", "200")
         .option("groupId", group)
+        .option("includeHeaders", "true")
         .load()
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(checkpoint))
@@ -266,6 +279,7 @@ def topic_rows(spark: SparkSession, cluster: LocalCluster, topic: str) -> list[A
         spark.read.format("kcoord")
         .option("kafka.bootstrap.servers", bootstrap(cluster))
         .option("subscribe", topic)
+        .option("includeHeaders", "true")
         .load()
         .collect()
     )

@@ -36,8 +36,8 @@ Spark. The timestamp options (``startingOffsetsByTimestamp``, ``startingTimestam
 ``endingOffsetsByTimestamp``, ``endingTimestamp``) are refused: ignored, a query would read
 from somewhere else than asked. Spark's tuning hints ``minPartitions``,
 ``minOffsetsPerTrigger`` and ``maxTriggerDelay`` are accepted and ignored (one input partition
-per topic-partition; a micro-batch takes what there is), and ``headers`` are always in the
-schema (Spark's ``includeHeaders=true``).
+per topic-partition; a micro-batch takes what there is). ``includeHeaders`` (false) adds the
+``headers`` column, as Spark's does.
 
 Offsets are Spark's JSON form everywhere: ``{"topic": {"partition": next offset}}``. A
 partition range is ``[from_offset, until_offset)``; ``until`` is the next offset to read after
@@ -150,6 +150,7 @@ class SourceOptions:
     fetch_offset_attempts: int = DEFAULT_FETCH_OFFSET_ATTEMPTS
     fetch_offset_retry_interval_ms: int = DEFAULT_FETCH_OFFSET_RETRY_INTERVAL_MS
     initial_offsets_path: str | None = None
+    include_headers: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,12 @@ def _parse_bool(name: str, raw: str) -> bool:
     if raw.strip().lower() in ("true", "false"):
         return raw.strip().lower() == "true"
     raise OptionError(f"option {name!r} must be true or false, not {raw!r}")
+
+
+def parse_include_headers(options: Mapping[str, str]) -> bool:
+    """Spark's ``includeHeaders`` (false): whether the rows have a ``headers`` column."""
+    raw = _get(options, "includeHeaders")
+    return False if raw is None else _parse_bool("includeHeaders", raw)
 
 
 def _parse_positive_int(name: str, raw: str) -> int:
@@ -342,6 +349,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         group_id=group_id,
         poll_timeout_ms=poll_timeout_ms,
         client_config=tuple(sorted(client)),
+        include_headers=parse_include_headers(options),
         fetch_offset_attempts=fetch_offset_attempts,
         fetch_offset_retry_interval_ms=fetch_offset_retry_interval_ms,
         initial_offsets_path=initial_offsets_path,

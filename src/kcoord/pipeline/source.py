@@ -8,7 +8,8 @@ wins.) Options are those of Spark's Kafka source; ``kcoord.pipeline.options`` li
 does every decision that needs no I/O. Rows have Spark's Kafka source schema:
 
   key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
-  timestampType int (0 CreateTime, 1 LogAppendTime), headers array<struct<key, value>>
+  timestampType int (0 CreateTime, 1 LogAppendTime), and with ``includeHeaders=true``
+  headers array<struct<key, value>>
 
 Planning runs on the driver: a Metadata request lists the topics' partitions, ListOffsets
 (the admin client's ``list_offsets``, asked again on a leader's retriable answer: see
@@ -90,6 +91,7 @@ from kcoord.pipeline.options import (
     TopicPartition,
     check_data_loss,
     from_json_offsets,
+    parse_include_headers,
     parse_source_options,
     plan_ranges,
     raise_if_not_assigned,
@@ -118,6 +120,8 @@ READER_GROUP_ID = "kcoord-spark-reader"
 HEADER_TYPE = StructType(
     [StructField("key", StringType(), True), StructField("value", BinaryType(), True)]
 )
+# The rows' schema, as Spark's Kafka source has it; with includeHeaders=true, a ``headers``
+# column after the others (SCHEMA_WITH_HEADERS).
 SCHEMA = StructType(
     [
         StructField("key", BinaryType(), True),
@@ -127,8 +131,10 @@ SCHEMA = StructType(
         StructField("offset", LongType(), True),
         StructField("timestamp", TimestampType(), True),
         StructField("timestampType", IntegerType(), True),
-        StructField("headers", ArrayType(HEADER_TYPE, True), True),
     ]
+)
+SCHEMA_WITH_HEADERS = StructType(
+    [*SCHEMA.fields, StructField("headers", ArrayType(HEADER_TYPE, True), True)]
 )
 ARROW_SCHEMA = pa.schema(
     [
@@ -139,11 +145,13 @@ ARROW_SCHEMA = pa.schema(
         pa.field("offset", pa.int64()),
         pa.field("timestamp", pa.timestamp("us", tz="UTC")),
         pa.field("timestampType", pa.int32()),
-        pa.field(
-            "headers",
-            pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
-        ),
     ]
+)
+ARROW_SCHEMA_WITH_HEADERS = ARROW_SCHEMA.append(
+    pa.field(
+        "headers",
+        pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+    )
 )
 # librdkafka's message timestamp types -> Kafka's TimestampType ids, which Spark shows.
 _TIMESTAMP_TYPES = {1: 0, 2: 1, 0: -1}
@@ -430,7 +438,7 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
     topic, partition = offset_range.topic, offset_range.partition
     until = offset_range.until_offset
     next_offset = offset_range.from_offset
-    columns = _Columns()
+    columns = _Columns(options.include_headers)
     try:
         consumer.assign([ClientTopicPartition(topic, partition, offset_range.from_offset)])
         last_progress = time.monotonic()
@@ -491,9 +499,12 @@ def read_range(options: SourceOptions, offset_range: OffsetRange) -> Iterator[pa
 
 
 class _Columns:
-    """Column lists for one Arrow record batch of source rows."""
+    """Column lists for one Arrow record batch of source rows (with their headers, if
+    ``include_headers``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, include_headers: bool) -> None:
+        self.include_headers = include_headers
+        self.schema = ARROW_SCHEMA_WITH_HEADERS if include_headers else ARROW_SCHEMA
         self._reset()
 
     def _reset(self) -> None:
@@ -518,7 +529,8 @@ class _Columns:
         self.offsets.append(m.offset())
         self.timestamps.append(ts_ms * 1000)
         self.timestamp_types.append(_TIMESTAMP_TYPES.get(ts_type, -1))
-        self.headers.append([{"key": k, "value": v} for k, v in m.headers() or ()])
+        if self.include_headers:
+            self.headers.append([{"key": k, "value": v} for k, v in m.headers() or ()])
 
     def flush(self) -> pa.RecordBatch:
         batch = pa.RecordBatch.from_arrays(
@@ -530,9 +542,13 @@ class _Columns:
                 pa.array(self.offsets, pa.int64()),
                 pa.array(self.timestamps, pa.timestamp("us", tz="UTC")),
                 pa.array(self.timestamp_types, pa.int32()),
-                pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
+                *(
+                    [pa.array(self.headers, self.schema.field("headers").type)]
+                    if self.include_headers
+                    else []
+                ),
             ],
-            schema=ARROW_SCHEMA,
+            schema=self.schema,
         )
         self._reset()
         return batch
@@ -1014,7 +1030,7 @@ class KcoordDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return SCHEMA_WITH_HEADERS if parse_include_headers(self.options) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KcoordBatchReader(parse_source_options(self.options, streaming=False))

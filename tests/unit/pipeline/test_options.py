@@ -42,6 +42,12 @@ def test_defaults_follow_spark() -> None:
     stream = parse_source_options(opts(subscribe="a", groupId="g"), streaming=True)
     assert stream.starting.kind == "latest"
     assert stream.group_id == "g"
+    # Spark's includeHeaders: no headers column unless asked for (it was always there, and a
+    # job ported from Spark got an eighth column, which broke a union or an insert by
+    # position).
+    assert batch.include_headers is False
+    assert parse_source_options(opts(subscribe="a", includeHeaders="TRUE"), streaming=True
+                                ).include_headers is True  # fmt: skip
 
 
 def test_option_names_are_case_insensitive_and_kafka_options_pass_through() -> None:
@@ -80,6 +86,7 @@ def test_option_names_are_case_insensitive_and_kafka_options_pass_through() -> N
         (opts(subscribe="t", maxOffsetsPerTrigger="10"), False, "streaming queries only"),
         (opts(subscribe="t", maxOffsetsPerTrigger="0"), True, "positive"),
         (opts(subscribe="t", failOnDataLoss="yes"), True, "failOnDataLoss"),
+        (opts(subscribe="t", includeHeaders="1"), False, "includeHeaders"),
         (opts(subscribe="t", **{"kafka.group.id": "g"}), True, "kafka.group.id"),
         (opts(subscribe="t", **{"kafka.auto.offset.reset": "x"}), True, "auto.offset.reset"),
     ],

@@ -390,6 +390,31 @@ def test_a_truncation_looked_at_during_a_leader_change_is_asked_again(
     assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(100, 110))
 
 
+@pytest.mark.parametrize("include_headers", [False, True])
+def test_rows_have_a_headers_column_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, include_headers: bool
+) -> None:
+    """Spark's Kafka source schema has ``headers`` only with includeHeaders=true; kcoord's
+    always had it, so a job ported from Spark got a column more (found by a review)."""
+    monkeypatch.setattr(source, "Consumer", _TruncatedMidRange)
+    monkeypatch.setattr(source, "TRUNCATION_GRACE_S", 0.0)
+    options = {
+        "kafka.bootstrap.servers": "127.0.0.1:1",
+        "subscribe": "t",
+        "failOnDataLoss": "false",
+        "includeHeaders": str(include_headers).lower(),
+    }
+    parsed = parse_source_options(options, streaming=True)
+    (batch,) = list(source.read_range(parsed, OffsetRange("t", 0, 100, 200)))
+    names = batch.schema.names
+    assert names == source.KcoordDataSource(options).schema().fieldNames()
+    assert ("headers" in names) is include_headers
+    assert names[:7] == ["key", "value", "topic", "partition", "offset", "timestamp",
+                         "timestampType"]  # fmt: skip
+    if include_headers:
+        assert batch.column("headers").to_pylist() == [[]] * 10
+
+
 class _Committing:
     """A consumer whose commits answer per partition from ``errors`` (None: committed)."""
 
