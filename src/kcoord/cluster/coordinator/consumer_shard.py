@@ -109,6 +109,18 @@ HEARTBEAT_RECORDS_TOO_LARGE: Final = (
 )
 
 
+def _too_large(
+    request: ConsumerGroupHeartbeatRequest, message: str
+) -> ConsumerGroupHeartbeatResponse:
+    """A heartbeat whose records would not fit: Kafka's answer for a record too large
+    (GroupCoordinatorService.handleOperationException)."""
+    return ConsumerGroupHeartbeatResponse(
+        error_code=Errors.UNKNOWN_SERVER_ERROR,
+        error_message=message,
+        member_id=request.member_id or None,
+    )
+
+
 def _is_empty_string(value: str | None) -> bool:
     """The condition of Kafka's ``Utils.throwIfEmptyString``: not null, and empty once
     trimmed (a string of spaces is empty)."""
@@ -249,14 +261,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                         and member.instance_id == request.instance_id
                     ):
                         self._arm_member_timers(group.group_id, member, now_ms)
-            out.respond(
-                token,
-                ConsumerGroupHeartbeatResponse(
-                    error_code=Errors.UNKNOWN_SERVER_ERROR,
-                    error_message=HEARTBEAT_RECORDS_TOO_LARGE,
-                    member_id=request.member_id or None,
-                ),
-            )
+            out.respond(token, _too_large(request, HEARTBEAT_RECORDS_TOO_LARGE))
 
     def _consumer_leave(
         self, token: Token, request: ConsumerGroupHeartbeatRequest, now_ms: int, out: _Output
@@ -474,14 +479,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             # refused write reloaded the whole partition's shard. Kafka's runtime fails the
             # write alone, and answers UNKNOWN_SERVER_ERROR for a record too large
             # (GroupCoordinatorService.handleOperationException).
-            out.respond(
-                token,
-                ConsumerGroupHeartbeatResponse(
-                    error_code=Errors.UNKNOWN_SERVER_ERROR,
-                    error_message=SUBSCRIPTION_TOO_LARGE,
-                    member_id=request.member_id or None,
-                ),
-            )
+            out.respond(token, _too_large(request, SUBSCRIPTION_TOO_LARGE))
             return
 
         # 1. The member: a new one (epoch 0), or a known one whose epoch must be valid.
