@@ -5,6 +5,7 @@ assignment parser."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import struct
 import threading
@@ -349,13 +350,13 @@ def test_answers_that_grow_with_the_cluster_are_encoded_off_the_event_loop(
     """A group's every committed offset, every group, every topic: json.dumps of 100,000
     offsets held the loop, and the node's heartbeats, 0.3 s (found by a review)."""
     encoded_on: list[int] = []
-    real_dumps = admin_module.json.dumps
+    real_dumps = json.dumps
 
     def dumps(data: Any) -> str:
         encoded_on.append(threading.get_ident())
-        return real_dumps(data)
+        return str(real_dumps(data))
 
-    monkeypatch.setattr(admin_module.json, "dumps", dumps)
+    monkeypatch.setattr(json, "dumps", dumps)  # what the admin module calls
 
     async def scenario(session: ClientSession, base: str, _service: StubService) -> None:
         loop_thread = threading.get_ident()
