@@ -224,13 +224,18 @@ class ChaosLab:
 
     def fenced_brokers(self, excluding: int, timeout_s: float) -> set[int] | None:
         """The brokers the metadata holds fenced, as the first node other than ``excluding``
-        to answer sees them; None when none answers."""
+        to answer sees them; None when none answers. Not a node still catching up after its
+        start (not serving yet): it answers from its own old log, and seed 4333's node 1,
+        restarted from a snapshot taken while node 3 was fenced, showed node 3 fenced during
+        a short pause of node 3 that fenced nobody."""
         for node in self.nodes():
             if node.node_id == excluding:
                 continue
             try:
                 view = call_sync(node.host, node.rpc_port, "DescribeNode", {}, timeout_s)
             except Exception:  # down, cut off or slow: ask the next one
+                continue
+            if not view.get("serving", True):
                 continue
             return {int(b) for b, info in view["brokers"].items() if info["fenced"]}
         return None

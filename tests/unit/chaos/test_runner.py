@@ -364,3 +364,21 @@ def test_a_read_a_deposed_coordinator_answers_is_not_held_to_the_acknowledgement
     assert not answered_by_a_deposed_coordinator(node2, [node3, ("127.0.0.1", 9092)])
     assert not answered_by_a_deposed_coordinator(node2, [node2, node2])
     assert answered_by_a_deposed_coordinator(node3, [node2, node2])
+
+
+def test_a_node_still_catching_up_is_not_asked_who_is_fenced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 4333: node 1, restarted from a snapshot taken while node 3 was fenced, answered
+    from that old image during a short pause of node 3 (fenced nobody): a false fencing.
+    Only a node serving (caught up since its start) is asked."""
+    views = {
+        1: {"serving": False, "brokers": {"3": {"fenced": True}}},
+        2: {"serving": True, "brokers": {"3": {"fenced": False}, "1": {"fenced": True}}},
+    }
+    monkeypatch.setattr(
+        runner, "call_sync", lambda host, port, method, payload, timeout_s: views[port]
+    )
+    nodes = [SimpleNamespace(node_id=i, host="127.0.0.1", rpc_port=i) for i in (1, 2, 3)]
+    lab = cast(ChaosLab, SimpleNamespace(nodes=lambda: nodes))
+    assert runner.ChaosLab.fenced_brokers(lab, 3, 0.5) == {1}
