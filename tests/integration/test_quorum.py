@@ -49,7 +49,9 @@ class Recorder:
         with self.lock:
             self.committed.append((offset, records))
 
-    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+    def on_snapshot_loaded(
+        self, offset: int, records: list[rec.MetadataRecord], image: object
+    ) -> None:
         self.snapshots.append(offset)
 
     def on_state_changed(self) -> None:

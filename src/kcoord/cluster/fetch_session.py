@@ -30,20 +30,21 @@ full, and the leader keeps nothing of it.
 
 What the leader looks at
 ------------------------
-Kafka's leader still goes through every partition of the session on every fetch (it records
-the follower's position of each and reads each). In Python that per-partition work was a
-quarter of a commit's cost with ``__consumer_offsets``' 50 partitions, while a commit moves one
-of them. So the leader looks only at the partitions that may have something for the follower
+Kafka's leader still goes through every partition of the session on every fetch (it records the
+follower's position of each and reads each). In Python that per-partition work was a quarter of
+a commit's cost with ``__consumer_offsets``' 50 partitions, while a commit moves one of them. So
+the leader looks only at the partitions that may have something for the follower
 (``Resolved.serve``): those the request names, and those the session holds *dirty*. The leader
 marks a partition dirty in every session that holds it when something a follower would be
-answered changes (``mark``: an append, a HW or log start that moved; ``mark_all``: a role
-change); it keeps an answered partition dirty until a later look finds nothing to answer (the
-follower's next request names it anyway, once it applied the answer). Whatever no mark covers
-(a log start moved by retention, a broker fenced) is picked up by a look at every partition
-once every ``FULL_PASS_INTERVAL_MS``. What the leader skips is a follower's position that did not
-move on a partition that did not change; the time it was seen there is kept as the session's
-``last_request_ms`` and recorded when the partition next changes (``fetched_at``), so the ISR
-sees the same times as when Kafka records every partition on every fetch.
+answered changes (``mark``: an append, a HW or log start that moved, a role change of it;
+``mark_all``: every partition); it keeps an answered partition dirty until a later look finds
+nothing to answer (the follower's next request names it anyway, once it applied the answer).
+Whatever no mark covers (a log start moved by retention, a broker fenced) is picked up by a look
+at every partition once every ``FULL_PASS_INTERVAL_MS``. What the leader skips is a follower's
+position that did not move on a partition that did not change; the time it was seen there is
+kept as the session's ``last_request_ms`` and recorded when the partition next changes
+(``fetched_at``), so the ISR sees the same times as when Kafka records every partition on every
+fetch.
 
 Pure: no I/O, no clock.
 """

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -135,9 +136,26 @@ class MetadataCache:
         self.last_applied_ms = self.monotonic_ms()
         self._publish(delta)
 
-    def load_snapshot(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+    def load_snapshot(
+        self, offset: int, records: list[rec.MetadataRecord], image: MetadataImage | None = None
+    ) -> None:
+        """Replace the image with a snapshot's: ``image`` if given (the quorum's, parsed
+        already), else one replayed from ``records``."""
+        if offset < self.image.last_offset:
+            # The quorum never passes one (it ignores a stale snapshot); taken, it would
+            # publish leadership this node lost since, at an older epoch.
+            log.error(
+                "metadata snapshot at %d is older than the image at %d: not loaded",
+                offset,
+                self.image.last_offset,
+            )
+            return
         try:
-            delta = self.image.load_snapshot(offset, records)
+            delta = (
+                self.image.load_snapshot(offset, records)
+                if image is None
+                else self.image.replace_with(image)
+            )
         except MetadataApplyError as e:
             log.error("metadata snapshot at %d did not load: %s", offset, e)
             return
@@ -195,6 +213,12 @@ class LogPreparer(Protocol):
 _Apply = Callable[[int, list[rec.MetadataRecord]], None]
 
 
+def _load_snapshot(
+    cache: MetadataCache, image: MetadataImage, offset: int, records: list[rec.MetadataRecord]
+) -> None:
+    cache.load_snapshot(offset, records, image)
+
+
 class QuorumBridge:
     """A ``QuorumListener`` that moves every callback from the Raft thread onto the loop.
 
@@ -240,8 +264,11 @@ class QuorumBridge:
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
         self.loop.call_soon_threadsafe(self._submit, self.cache.apply, offset, records)
 
-    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None:
-        self.loop.call_soon_threadsafe(self._submit, self.cache.load_snapshot, offset, records)
+    def on_snapshot_loaded(
+        self, offset: int, records: list[rec.MetadataRecord], image: MetadataImage
+    ) -> None:
+        load = functools.partial(_load_snapshot, self.cache, image)
+        self.loop.call_soon_threadsafe(self._submit, load, offset, records)
 
     def _submit(self, apply: _Apply, offset: int, records: list[rec.MetadataRecord]) -> None:
         if self.closed:

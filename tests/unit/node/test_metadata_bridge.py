@@ -9,13 +9,15 @@ controller fenced every broker when a 2000-partition topic was created.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pytest
 
 from kcoord.node.metadata import MetadataCache, QuorumBridge
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.raft import records as rec
-from kcoord.raft.image import BecomeLeader, RoleChange
+from kcoord.raft.image import BecomeLeader, MetadataImage, RoleChange
 from kcoord.storage.manager import LogManager
 
 NODE_ID = 1
@@ -183,3 +185,66 @@ def test_a_held_cache_follows_the_log_and_publishes_the_image_once_released(
         logs.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_snapshot_comes_with_its_parsed_image_and_an_older_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Raft thread parses a snapshot to install it; the node rebuilt the image from its
+    records again on the event loop, 0.65 s of 1.1 s at 50,000 partitions (found by a
+    review). The parsed image comes along now (a copy). A snapshot older than the image
+    (the quorum ignores those) would publish leadership lost since, at an older epoch."""
+
+    async def scenario() -> None:
+        logs, cache, _replicas, preparer, bridge = _bridge(tmp_path)
+        preparer.release.set()  # its logs are made ahead at once
+        roles = _Recorder()
+        cache.listener = roles
+        records = [*_broker(1), *_topic("t", "A" * 22, 2)]
+        image = MetadataImage.from_records(7, records)
+
+        def replayed(*_: object) -> MetadataImage:
+            raise AssertionError("the snapshot's records replayed again")
+
+        monkeypatch.setattr(MetadataImage, "from_records", replayed)
+        bridge.on_snapshot_loaded(7, records, image)
+        await _until(lambda: cache.image.last_offset == 7, "the snapshot loaded")
+        assert cache.image == image
+        assert sorted(c.tp.partition for c in roles.changes if isinstance(c, BecomeLeader)) == [
+            0,
+            1,
+        ]
+        older = MetadataImage()
+        cache.load_snapshot(5, [], older)
+        assert cache.image.last_offset == 7 and len(roles.changes) == 2
+        logs.shutdown()
+
+    asyncio.run(scenario())
+
+
+async def _until(check: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(5):
+        while not check():
+            await asyncio.sleep(0)  # polling for ``what``, with a deadline
+
+
+def test_a_role_change_marks_its_own_partitions_in_the_fetch_sessions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every role change marked every partition of every follower's fetch session, so each
+    parked fetch read all the partitions it follows at each election (found by a review);
+    only the partitions whose role changed can answer differently."""
+    logs = LogManager(tmp_path)
+    logs.open()
+    cache = MetadataCache(NODE_ID, _NoRoles())
+    replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
+    cache.listener = replicas
+    marked: list[object] = []
+    monkeypatch.setattr(replicas.fetch_sessions, "mark", marked.append)
+    monkeypatch.setattr(replicas.fetch_sessions, "mark_all", lambda: marked.append("all"))
+    cache.apply(1, [*_broker(1), *_topic("t", "A" * 22, 3)])
+    assert sorted(map(str, marked)) == ["('t', 0)", "('t', 1)", "('t', 2)"]
+    marked.clear()
+    cache.apply(2, [rec.PartitionChange("A" * 22, 1, 0, leader=NODE_ID)])
+    assert marked == [("t", 1)]
+    logs.shutdown()

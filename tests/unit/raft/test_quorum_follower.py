@@ -41,7 +41,9 @@ class _Quiet:
     def on_committed(self, offset: int, records: list[rec.MetadataRecord]) -> None:
         pass
 
-    def on_snapshot_loaded(self, offset: int, records: list[rec.MetadataRecord]) -> None:
+    def on_snapshot_loaded(
+        self, offset: int, records: list[rec.MetadataRecord], image: object
+    ) -> None:
         pass
 
     def on_state_changed(self) -> None:
