@@ -491,6 +491,19 @@ class ReplicaManager:
                 self._stop_replica(tp)
                 continue
             part = self.partitions.get(tp)
+            if part is not None and part.topic_id != change.tp.topic_id:
+                # Another topic of the same name (deleted and made again) whose removal this
+                # node never applied (a divergence bug): its log is not the new topic's
+                # (Kafka's getOrCreatePartition refuses a topic id that differs).
+                log.error(
+                    "%s-%d is hosted for topic id %s, not %s: dropping that log",
+                    tp[0],
+                    tp[1],
+                    part.topic_id,
+                    change.tp.topic_id,
+                )
+                self._stop_replica(tp)
+                part = None
             if (
                 part is None
                 and tp in self.logs.offline

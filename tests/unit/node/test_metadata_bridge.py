@@ -17,7 +17,8 @@ import pytest
 from kcoord.node.metadata import MetadataCache, QuorumBridge
 from kcoord.node.replica_manager import ReplicaManager
 from kcoord.raft import records as rec
-from kcoord.raft.image import BecomeLeader, MetadataImage, RoleChange
+from kcoord.raft.image import BecomeLeader, MetadataImage, RoleChange, TopicIdPartition
+from kcoord.storage import format as fmt
 from kcoord.storage.manager import LogManager
 
 NODE_ID = 1
@@ -247,4 +248,27 @@ def test_a_role_change_marks_its_own_partitions_in_the_fetch_sessions(
     marked.clear()
     cache.apply(2, [rec.PartitionChange("A" * 22, 1, 0, leader=NODE_ID)])
     assert marked == [("t", 1)]
+    logs.shutdown()
+
+
+def test_a_partition_hosted_for_another_topic_id_is_not_served_from_that_log(
+    tmp_path: Path,
+) -> None:
+    """A topic deleted and made again under its name whose removal this node never applied
+    (a batch skipped: a divergence bug) was led from the old topic's log. As Kafka's
+    getOrCreatePartition refuses a topic id that differs, the old log goes first."""
+    logs = LogManager(tmp_path)
+    logs.open()
+    cache = MetadataCache(NODE_ID, _NoRoles())
+    replicas = ReplicaManager(NODE_ID, logs, cache, lambda: 1_000)
+    cache.listener = replicas
+    cache.apply(1, [*_broker(1), *_topic("t", "A" * 22, 1)])
+    old = replicas.get_partition("t", 0)
+    assert old is not None
+    old.log.append_as_leader(fmt.build_batch([fmt.Record(0, 0, b"k", b"v")]), 0, now_ms=0)
+    cache.apply(2, [*_topic("t", "B" * 22, 1)])  # as if RemoveTopic("A...") were skipped
+    replicas.on_role_changes([BecomeLeader(TopicIdPartition("B" * 22, 0), "t", 0, 0)])
+    new = replicas.get_partition("t", 0)
+    assert new is not None and new is not old
+    assert new.topic_id == "B" * 22 and new.log.log_end_offset == 0
     logs.shutdown()
