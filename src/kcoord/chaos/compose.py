@@ -407,6 +407,8 @@ class ComposeLab(runner.ChaosLab):
                 view = admin_get(node, "/api/v1/brokers", timeout_s)
             except Exception:  # down, paused or slow: ask the next one
                 continue
+            if not view.get("serving", True):
+                continue  # still catching up after its start (the lab's, runner.py)
             return {int(b["node_id"]) for b in view["brokers"] if b["fenced"]}
         return None
 

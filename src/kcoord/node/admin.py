@@ -312,6 +312,8 @@ class AdminService:
         return {
             "node_id": self.node.config.node_id,
             "metadata_offset": image.last_offset,
+            # False while the node catches up after its start: its image is its own old log's.
+            "serving": self.node.kafka is not None,
             "brokers": [
                 {
                     "node_id": b.broker_id,

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -337,3 +338,18 @@ def test_a_heal_that_fails_keeps_what_it_could_not_undo_and_says_so() -> None:
     assert fine.done == ["enabled"] and firewall.disabled == [flaky]
     firewall.heal()
     assert flaky.done == ["enabled"] and firewall.disabled == []
+
+
+def test_the_compose_fencing_watch_skips_a_node_still_catching_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As the lab's (seed 4333): a node restarted answers ``/api/v1/brokers`` from its own
+    old log until it serves; it is not the one asked who is fenced."""
+    views = {
+        1: {"serving": False, "brokers": [{"node_id": 3, "fenced": True}]},
+        2: {"serving": True, "brokers": [{"node_id": 1, "fenced": True}]},
+    }
+    monkeypatch.setattr(compose, "admin_get", lambda node, path, timeout_s: views[node.node_id])
+    nodes = [SimpleNamespace(node_id=i) for i in (1, 2, 3)]
+    lab = cast(compose.ComposeLab, SimpleNamespace(topology=SimpleNamespace(nodes=nodes)))
+    assert compose.ComposeLab.fenced_brokers(lab, 3, 0.5) == {1}
