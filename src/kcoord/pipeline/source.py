@@ -1033,10 +1033,22 @@ class KcoordDataSource(DataSource):
         return SCHEMA_WITH_HEADERS if parse_include_headers(self.options) else SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        self._raise_if_not_own(schema)
         return KcoordBatchReader(parse_source_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        self._raise_if_not_own(schema)
         return KcoordStreamReader(parse_source_options(self.options, streaming=True))
+
+    def _raise_if_not_own(self, schema: StructType) -> None:
+        """A schema given with ``.schema(...)`` that is not the rows' (Spark's Kafka source
+        refuses any: its schema is fixed): the batches have the columns ``includeHeaders``
+        says, and one more or less failed deep in an executor."""
+        if schema != self.schema():
+            raise OptionError(
+                "the kcoord source has a fixed schema and cannot be set with a custom one "
+                f"({self.schema().simpleString()}; headers come with includeHeaders=true)"
+            )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:

@@ -415,6 +415,19 @@ def test_rows_have_a_headers_column_only_when_asked(
         assert batch.column("headers").to_pylist() == [[]] * 10
 
 
+def test_a_schema_other_than_the_sources_own_is_refused() -> None:
+    """Spark's Kafka source has a fixed schema; kcoord's batches follow includeHeaders, and a
+    schema given with ``.schema(...)`` of one column more or less failed in an executor."""
+    options = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}
+    data_source = source.KcoordDataSource(options)
+    assert isinstance(data_source.streamReader(source.SCHEMA), source.KcoordStreamReader)
+    with pytest.raises(OptionError, match="fixed schema"):
+        data_source.reader(source.SCHEMA_WITH_HEADERS)
+    with_headers = source.KcoordDataSource({**options, "includeHeaders": "true"})
+    with pytest.raises(OptionError, match="fixed schema"):
+        with_headers.streamReader(source.SCHEMA)
+
+
 class _Committing:
     """A consumer whose commits answer per partition from ``errors`` (None: committed)."""
 
