@@ -607,13 +607,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             # maybeReconcile): entering the state, and also more partitions to revoke at the
             # same epoch (a subscription changed while it was revoking, KAFKA-19431).
             if reconciled != updated:
-                self._schedule_consumer_timer(
-                    rebalance_key(group_id, reconciled.member_id),
-                    now_ms + max(reconciled.rebalance_timeout_ms, 0),
-                    group_id,
-                    reconciled.member_id,
-                    REBALANCE_KEY,
-                )
+                self._schedule_rebalance_timeout(group_id, reconciled, now_ms)
         else:
             self._cancel_timer(rebalance_key(group_id, reconciled.member_id))
 
@@ -800,13 +794,19 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             and member.classic is None
             and member.member_epoch >= 0  # not a static member that left
         ):
-            self._schedule_consumer_timer(
-                rebalance_key(group_id, member.member_id),
-                now_ms + max(member.rebalance_timeout_ms, 0),
-                group_id,
-                member.member_id,
-                REBALANCE_KEY,
-            )
+            self._schedule_rebalance_timeout(group_id, member, now_ms)
+
+    def _schedule_rebalance_timeout(
+        self, group_id: str, member: ConsumerGroupMember, now_ms: int
+    ) -> None:
+        """A full rebalance timeout from now to revoke what it owes."""
+        self._schedule_consumer_timer(
+            rebalance_key(group_id, member.member_id),
+            now_ms + max(member.rebalance_timeout_ms, 0),
+            group_id,
+            member.member_id,
+            REBALANCE_KEY,
+        )
 
     # -- ConsumerGroupDescribe (69) ---------------------------------------------------------------
 
