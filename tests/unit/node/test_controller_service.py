@@ -33,7 +33,7 @@ from kcoord.raft.controller import (
     ControllerConfig,
 )
 from kcoord.raft.quorum import MetadataQuorum
-from tests.unit.node.kafka.harness import NODE_ID, FakeQuorum
+from tests.unit.node.kafka.harness import NODE_ID, FakeQuorum, until
 
 UNCLEAN = "unclean.leader.election.enable"
 
@@ -183,12 +183,6 @@ class _ParkedQuorum(FakeQuorum):
         self.parked.append(lambda: FakeQuorum.propose(self, records, on_done, epoch=epoch))
 
 
-async def _until(check: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(10):
-        while not check():
-            await asyncio.sleep(0.01)  # polling for ``what``, with a deadline
-
-
 def test_a_controller_call_whose_connection_drops_runs_on_and_keeps_the_controller() -> None:
     """A peer forwards a CreateTopics and its connection drops while the batch commits (a
     broker SIGKILLed). The server cancelled the handler, which set the active controller
@@ -206,7 +200,7 @@ def test_a_controller_call_whose_connection_drops_runs_on_and_keeps_the_controll
         quorum.commit([rec.ClusterId("c")])
         register(quorum, 2)
         activating = asyncio.create_task(service._maybe_activate())
-        await _until(lambda: bool(quorum.parked), "the activation's NoOp")
+        await until(lambda: bool(quorum.parked), "the activation's NoOp")
         quorum.parked.pop()()
         await activating
         assert service.is_active
@@ -217,11 +211,11 @@ def test_a_controller_call_whose_connection_drops_runs_on_and_keeps_the_controll
             topic = {"name": "t", "num_partitions": 1, "replication_factor": 1}
             writer.write(encode_frame([1, "CreateTopics", {"topics": [topic]}]))
             await writer.drain()
-            await _until(lambda: bool(quorum.parked), "the CreateTopics' batch")
+            await until(lambda: bool(quorum.parked), "the CreateTopics' batch")
             writer.close()
-            await _until(lambda: rpc.connection_count == 0, "the connection's end")
+            await until(lambda: rpc.connection_count == 0, "the connection's end")
             quorum.parked.pop()()
-            await _until(lambda: cache.image.topic_by_name("t") is not None, "the topic")
+            await until(lambda: cache.image.topic_by_name("t") is not None, "the topic")
             assert service.is_active
             client = RpcClient("127.0.0.1", rpc.port)
             try:
@@ -263,9 +257,9 @@ def test_a_controller_call_whose_caller_went_before_it_began_decides_nothing() -
                     "current_metadata_offset": quorum.offset}  # fmt: skip
             writer.write(encode_frame([1, "BrokerHeartbeat", beat]))
             await writer.drain()
-            await _until(lambda: bool(service._lock._waiters), "the heartbeat at the lock")
+            await until(lambda: bool(service._lock._waiters), "the heartbeat at the lock")
             writer.close()
-            await _until(lambda: rpc.connection_count == 0, "the connection's end")
+            await until(lambda: rpc.connection_count == 0, "the connection's end")
             service._lock.release()
             async with service._lock:  # after the heartbeat's turn (the lock is FIFO)
                 pass
@@ -298,9 +292,9 @@ def test_a_remote_controller_call_past_its_callers_wait_decides_nothing() -> Non
                             "endpoints": {"rpc": "127.0.0.9:9093"}}  # fmt: skip
             writer.write(encode_frame([1, "BrokerRegistration", with_deadline(registration, 0.02)]))
             await writer.drain()
-            await _until(lambda: bool(service._lock._waiters), "the registration at the lock")
+            await until(lambda: bool(service._lock._waiters), "the registration at the lock")
             waiting_since = loop.time()
-            await _until(lambda: loop.time() > waiting_since + 0.05, "the caller's wait over")
+            await until(lambda: loop.time() > waiting_since + 0.05, "the caller's wait over")
             service._lock.release()
             _, ok, error = await read_frame(reader, 1 << 20)
             assert not ok and error["code"] == Errors.REQUEST_TIMED_OUT, error
@@ -338,7 +332,7 @@ def test_a_heartbeat_that_waited_past_its_deadline_decides_nothing(waited_ms: in
             }
         )
         heartbeat = asyncio.ensure_future(beat)
-        await _until(lambda: bool(service._lock._waiters), "the heartbeat at the lock")
+        await until(lambda: bool(service._lock._waiters), "the heartbeat at the lock")
         clock[0] += waited_ms
         service._lock.release()
         if waited_ms > 250:  # half the default heartbeat interval

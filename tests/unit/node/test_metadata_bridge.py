@@ -9,7 +9,7 @@ controller fenced every broker when a 2000-partition topic was created.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from kcoord.raft import records as rec
 from kcoord.raft.image import BecomeLeader, MetadataImage, RoleChange, TopicIdPartition
 from kcoord.storage import format as fmt
 from kcoord.storage.manager import LogManager
+from tests.unit.node.kafka.harness import until
 
 NODE_ID = 1
 
@@ -209,7 +210,7 @@ def test_a_snapshot_comes_with_its_parsed_image_and_an_older_one_is_refused(
 
         monkeypatch.setattr(MetadataImage, "from_records", replayed)
         bridge.on_snapshot_loaded(7, records, image)
-        await _until(lambda: cache.image.last_offset == 7, "the snapshot loaded")
+        await until(lambda: cache.image.last_offset == 7, "the snapshot loaded")
         assert cache.image == image
         assert sorted(c.tp.partition for c in roles.changes if isinstance(c, BecomeLeader)) == [
             0,
@@ -221,12 +222,6 @@ def test_a_snapshot_comes_with_its_parsed_image_and_an_older_one_is_refused(
         logs.shutdown()
 
     asyncio.run(scenario())
-
-
-async def _until(check: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(5):
-        while not check():
-            await asyncio.sleep(0)  # polling for ``what``, with a deadline
 
 
 def test_a_role_change_marks_its_own_partitions_in_the_fetch_sessions(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -249,3 +250,11 @@ async def running(
     finally:
         await broker.stop()
         logs.shutdown()
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds, failing after 5 s."""
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # polling interval

@@ -32,6 +32,7 @@ from kcoord.node.kafka.server import (
     KafkaServer,
     response_entries,
 )
+from tests.unit.node.kafka.harness import until
 from tests.unit.node.kafka.wire import AsyncWireClient, encode_request
 
 HOST = "127.0.0.1"
@@ -582,13 +583,6 @@ async def deaf_peer(server: KafkaServer, requests: int) -> asyncio.StreamWriter:
         writer.write(encode_request(FETCH, 12, i + 1, values))
     await writer.drain()
     return writer
-
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)  # polling interval
 
 
 def draining(server: KafkaServer) -> bool:
