@@ -36,9 +36,9 @@ a commit's cost with ``__consumer_offsets``' 50 partitions, while a commit moves
 the leader looks only at the partitions that may have something for the follower
 (``Resolved.serve``): those the request names, and those the session holds *dirty*. The leader
 marks a partition dirty in every session that holds it when something a follower would be
-answered changes (``mark``: an append, a HW or log start that moved, a role change of it;
-``mark_all``: every partition); it keeps an answered partition dirty until a later look finds
-nothing to answer (the follower's next request names it anyway, once it applied the answer).
+answered changes (``mark``: an append, a HW or log start that moved, a role change of it);
+it keeps an answered partition dirty until a later look finds nothing to answer (the
+follower's next request names it anyway, once it applied the answer).
 Whatever no mark covers (a log start moved by retention, a broker fenced) is picked up by a look
 at every partition once every ``FULL_PASS_INTERVAL_MS``. What the leader skips is a follower's
 position that did not move on a partition that did not change; the time it was seen there is
@@ -222,11 +222,6 @@ class FetchSessions:
         for session in self._by_replica.values():
             if tp in session.items:
                 session.dirty.add(tp)
-
-    def mark_all(self) -> None:
-        """Every session's next request (or the one parked) looks at all its partitions."""
-        for session in self._by_replica.values():
-            session.dirty.update(session.items)
 
     def fetched_at(
         self, replica_id: int, tp: TopicPartition, fetch_offset: int, leader_epoch: int

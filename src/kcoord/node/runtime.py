@@ -355,8 +355,9 @@ class LatestRecords:
     the state a replay of the compacted log builds. A log committed over and over under the same
     keys (the usual offsets log) loads several times faster than by replaying every record.
 
-    ``flush`` replays what was gathered and starts again: past ``MAX_KEYS`` keys the scan
-    flushes, which bounds its memory and replays a log compacted in stretches (equivalent too).
+    ``take_ordered`` hands over what was gathered, to replay (``replay_latest``), and starts
+    again: past ``MAX_KEYS`` keys the load replays what it has, which bounds its memory and
+    replays a log compacted in stretches (equivalent too).
     """
 
     MAX_KEYS = 1 << 18
@@ -401,10 +402,6 @@ class LatestRecords:
         ordered = sorted(self.latest.items(), key=lambda item: item[1][0])
         self.latest = {}
         return ordered
-
-    def flush(self, shard: GroupCoordinatorShard, decoder: RecordDecoder) -> int:
-        """Replay the latest record of every key gathered, in log order; returns how many."""
-        return replay_latest(shard, decoder, self.take_ordered())
 
 
 def replay_latest(
@@ -1458,7 +1455,7 @@ class CoordinatorRuntime:
         shard: GroupCoordinatorShard,
         decoder: RecordDecoder,
     ) -> int:
-        """``latest.flush`` in turns of ``FLUSH_STEP_RECORDS`` records (its 262,144 keys took
+        """``latest``'s records replayed in turns of ``FLUSH_STEP_RECORDS`` (262,144 keys took
         0.8 s of the loop in one go), until the load ends: unloaded meanwhile, what is left is
         of no use."""
         async with self._replay_turns.turn(urgent=True):

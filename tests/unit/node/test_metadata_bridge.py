@@ -237,7 +237,6 @@ def test_a_role_change_marks_its_own_partitions_in_the_fetch_sessions(
     cache.listener = replicas
     marked: list[object] = []
     monkeypatch.setattr(replicas.fetch_sessions, "mark", marked.append)
-    monkeypatch.setattr(replicas.fetch_sessions, "mark_all", lambda: marked.append("all"))
     cache.apply(1, [*_broker(1), *_topic("t", "A" * 22, 3)])
     assert sorted(map(str, marked)) == ["('t', 0)", "('t', 1)", "('t', 2)"]
     marked.clear()

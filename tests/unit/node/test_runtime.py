@@ -52,6 +52,7 @@ from kcoord.node.runtime import (
     UndecodableRecordError,
     _replay_chunk,
     _ReplayTurns,
+    replay_latest,
 )
 from kcoord.raft import records as rec
 from kcoord.raft.image import MetadataImage, diff
@@ -1597,8 +1598,8 @@ def test_a_cold_load_of_the_latest_record_per_key_builds_what_replaying_every_re
         offset, n, _ = latest.scan(lg, offset, 64)  # small reads: one batch at a time
         scanned += n
         if len(latest.latest) >= latest.MAX_KEYS:
-            latest.flush(latest_shard, decoder)
-    latest.flush(latest_shard, decoder)
+            replay_latest(latest_shard, decoder, latest.take_ordered())
+    replay_latest(latest_shard, decoder, latest.take_ordered())
     assert scanned == len(records)
     assert _state(latest_shard) == _state(every)
     lg.close()
@@ -1628,7 +1629,7 @@ def test_a_cold_load_replays_one_record_per_key_and_a_consumer_group_replaces_it
     _write(lg, records, 10, compress_odd=False)
     shard, latest = _new_shard(), LatestRecords()
     assert latest.scan(lg, 0, 1 << 20)[:2] == (102, 102)
-    assert latest.flush(shard, RecordDecoder()) == 2
+    assert replay_latest(shard, RecordDecoder(), latest.take_ordered()) == 2
     assert shard.offsets["cg"]["orders"][0].committed_offset == 99
     assert shard.offsets["cg"]["orders"][0].record_offset == 100
     assert shard.consumer_groups["cg"].group_epoch == 2
