@@ -27,7 +27,8 @@ runs after Spark has written the micro-batch's results and its commit log, and s
 OffsetCommit of ``end`` for ``groupId``, so the query's progress and lag show as any consumer
 group's do. The checkpoint stays the source of truth for a restart (as with Spark's Kafka
 source); the committed offsets are what the query has finished, never ahead of it, and a
-commit that fails is logged, not fatal (``OffsetCommitter``).
+commit that fails is logged, not fatal, and is sent by a thread of its own, so a batch never
+waits for one (``BackgroundCommits``).
 
 Writing: each task produces its rows with an idempotent producer (acks=all), flushes, and
 fails the task if any record was not acknowledged. Spark retries a failed task, so a record
@@ -37,10 +38,12 @@ may be written twice after a failure: the sink is at-least-once, as Spark's Kafk
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -108,6 +111,8 @@ log = logging.getLogger(__name__)
 NAME = "kcoord"
 METADATA_TIMEOUT_S = 30.0
 COMMIT_TIMEOUT_S = 10.0
+# How much longer than one commit's deadline a stopping query waits for its last commit.
+CLOSE_GRACE_S = 5.0
 FLUSH_TIMEOUT_S = 120.0
 ARROW_BATCH_ROWS = 8192
 # How long the log may end inside a range being read before its end is asked for: a new
@@ -252,16 +257,24 @@ class Cluster:
         return out
 
 
+class Committed(enum.Enum):
+    """How one ``OffsetCommitter.commit`` ended."""
+
+    DONE = "done"  # every partition still there was committed
+    REFUSED = "refused"  # with an answer no retry changes: the same offsets are not sent again
+    FAILED = "failed"  # still retriable at the deadline (no coordinator): worth sending again
+
+
 class OffsetCommitter:
     """Commits a streaming query's progress for its group (OffsetCommit from a consumer that
     never joins: generation -1, as a "simple consumer" in Kafka commits).
 
     For monitoring only: the checkpoint is what a restart reads. So a commit that still fails
-    after ``COMMIT_TIMEOUT_S`` of retries is logged and left to the next batch's, and never
-    stops the query (Spark's own Kafka source commits nothing); one refused with an error no
-    retry changes (``COMMIT_RETRIABLE_CODES`` lists those that may) is left to the next batch
-    at once; a partition whose topic is gone (UNKNOWN_TOPIC_OR_PARTITION) is left out, as the
-    broker will never take it."""
+    after ``COMMIT_TIMEOUT_S`` of retries is FAILED and never stops the query (Spark's own
+    Kafka source commits nothing); one refused with an error no retry changes
+    (``COMMIT_RETRIABLE_CODES`` lists those that may) is REFUSED at once; a partition whose
+    topic is gone (UNKNOWN_TOPIC_OR_PARTITION) is left out, as the broker will never take it.
+    Blocking: the query's own commits go through ``BackgroundCommits``."""
 
     def __init__(self, options: SourceOptions, group_id: str):
         config = _client_config(options)
@@ -270,8 +283,7 @@ class OffsetCommitter:
         self.group_id = group_id
         self._refused_with: int | None = None  # the last refusal's code, said once
 
-    def commit(self, offsets: Mapping[TopicPartition, int]) -> bool:
-        """Whether every partition still there was committed."""
+    def commit(self, offsets: Mapping[TopicPartition, int]) -> Committed:
         pending = dict(offsets)
         deadline = time.monotonic() + COMMIT_TIMEOUT_S
         while pending:
@@ -295,7 +307,7 @@ class OffsetCommitter:
                         error = tp.error
                 if not pending:
                     self._refused_with = None
-                    return True
+                    return Committed.DONE
             # A coordinator that moved (NOT_COORDINATOR, a dead node) is found again by the
             # client: retry until the deadline. Any other refusal (UNKNOWN_MEMBER_ID: the
             # group id is a live consumer group's; an authorization failure) is answered the
@@ -310,20 +322,101 @@ class OffsetCommitter:
                         error,
                     )
                 self._refused_with = code
-                return False
+                return Committed.REFUSED
             if time.monotonic() >= deadline:
                 log.warning(
-                    "OffsetCommit for group %r failed (%s); the next batch commits again",
+                    "OffsetCommit for group %r failed (%s); sent again later",
                     self.group_id,
                     error,
                 )
-                return False
+                return Committed.FAILED
             log.warning("OffsetCommit for group %r failed (%s); retrying", self.group_id, error)
             time.sleep(0.2)  # back off before the client's next coordinator lookup
-        return True
+        return Committed.DONE
 
     def close(self) -> None:
         self._consumer.close()
+
+
+class BackgroundCommits:
+    """A streaming query's monitoring commits, sent by a thread of their own so that planning
+    a batch never waits for one: sent from ``latestOffset``, a commit while the group's
+    coordinator moved (a node down, an election) held the query up to ``COMMIT_TIMEOUT_S``
+    at every batch. As Kafka's consumer does with ``commitAsync``, the query goes on; unlike
+    it, only the newest offsets are sent: offsets not yet sent when newer ones come are
+    dropped, so the group's offsets never go back to an older batch's.
+
+    Offsets that FAILED (no coordinator within the deadline) are sent again until newer ones
+    come; REFUSED or DONE ones are not sent again (an idle query asks ``latestOffset`` every
+    few milliseconds, and a refused group was sent a commit each time). ``close`` sends what
+    is pending, once, waiting ``COMMIT_TIMEOUT_S`` at most: a query that ended (AvailableNow)
+    has its last batch committed when it stops."""
+
+    def __init__(self, options: SourceOptions, group_id: str):
+        self._options = options
+        self.group_id = group_id
+        self._changed = threading.Condition()
+        self._wanted: Offsets | None = None  # newest offsets, not yet being sent
+        self._sending: Offsets | None = None
+        self._settled: Offsets | None = None  # the last offsets DONE or REFUSED
+        self._closing = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"kcoord-commits-{group_id}", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, offsets: Mapping[TopicPartition, int]) -> None:
+        with self._changed:
+            if self._closing:
+                return
+            if offsets == self._sending or (self._sending is None and offsets == self._settled):
+                self._wanted = None  # the newest are on their way, or were settled
+            else:
+                self._wanted = dict(offsets)
+                self._changed.notify_all()
+
+    def settled(self) -> Offsets | None:
+        """The last offsets committed or refused (for tests and logs)."""
+        with self._changed:
+            return self._settled
+
+    def _run(self) -> None:
+        committer: OffsetCommitter | None = None
+        try:
+            committer = OffsetCommitter(self._options, self.group_id)
+            while True:
+                with self._changed:
+                    while self._wanted is None and not self._closing:
+                        self._changed.wait()
+                    if self._wanted is None:
+                        return
+                    offsets, self._wanted = self._wanted, None
+                    self._sending = offsets
+                    closing = self._closing
+                outcome = committer.commit(offsets)
+                with self._changed:
+                    self._sending = None
+                    if outcome is not Committed.FAILED:
+                        self._settled = offsets
+                    elif self._wanted is None and not closing and not self._closing:
+                        self._wanted = offsets  # nothing newer: send these again
+                    self._changed.notify_all()
+        except Exception:  # the query goes on without monitoring commits; said once
+            log.exception("monitoring commits for group %r stopped", self.group_id)
+        finally:
+            if committer is not None:
+                committer.close()
+
+    def close(self) -> None:
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
+        self._thread.join(COMMIT_TIMEOUT_S + CLOSE_GRACE_S)
+        if self._thread.is_alive():
+            log.warning(
+                "the last OffsetCommit for group %r is still being sent; not waiting for it",
+                self.group_id,
+            )
 
 
 # OffsetCommit's retriable answers (the Java consumer's ``OffsetCommitResponseHandler``: the
@@ -653,11 +746,10 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions):
         self.options = options
         self._cluster: Cluster | None = None
-        self._committer: OffsetCommitter | None = None
+        self._commits: BackgroundCommits | None = None
         # Trigger.AvailableNow: the high watermarks when the query started; the query ends
         # when it has read up to them.
         self._target: Offsets | None = None
-        self._committed: Offsets | None = None
         # initialOffset's first answer, given again (see there).
         self._initial: dict[str, Any] | None = None
 
@@ -666,9 +758,8 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {
             "options": self.options,
             "_cluster": None,
-            "_committer": None,
+            "_commits": None,
             "_target": None,
-            "_committed": None,
             "_initial": None,
         }
 
@@ -873,18 +964,17 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._maybe_commit(from_json_offsets(end))
 
     def _maybe_commit(self, offsets: Offsets) -> None:
-        """OffsetCommit for ``groupId`` unless these offsets were the last ones committed."""
-        if self.options.group_id is None or offsets == self._committed:
+        """OffsetCommit for ``groupId``, sent in the background (``BackgroundCommits``)."""
+        if self.options.group_id is None:
             return
-        if self._committer is None:
-            self._committer = OffsetCommitter(self.options, self.options.group_id)
-        if self._committer.commit(offsets):
-            self._committed = dict(offsets)
+        if self._commits is None:
+            self._commits = BackgroundCommits(self.options, self.options.group_id)
+        self._commits.submit(offsets)
 
     def stop(self) -> None:
-        if self._committer is not None:
-            self._committer.close()
-            self._committer = None
+        if self._commits is not None:
+            self._commits.close()
+            self._commits = None
         self._cluster = None
 
 

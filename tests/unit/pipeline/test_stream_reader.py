@@ -3,7 +3,9 @@ and ``partitions`` make of the offsets the cluster reports (``_latest`` stands i
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -468,13 +470,13 @@ def test_a_commit_of_a_gone_partition_leaves_it_out_and_a_failing_commit_is_not_
     )
     _Committing.errors = {("u", 0): KafkaError.UNKNOWN_TOPIC_OR_PART}
     committer = source.OffsetCommitter(options, "g")
-    assert committer.commit({TP: 10, ("u", 0): 50}) is True
+    assert committer.commit({TP: 10, ("u", 0): 50}) is source.Committed.DONE
     consumer = committer._consumer
     assert isinstance(consumer, _Committing) and consumer.requests == [[TP, ("u", 0)]]  # once
 
     _Committing.raised = KafkaException(KafkaError(KafkaError.COORDINATOR_NOT_AVAILABLE))
     monkeypatch.setattr(source, "COMMIT_TIMEOUT_S", 0.0)
-    assert source.OffsetCommitter(options, "g").commit({TP: 10}) is False
+    assert source.OffsetCommitter(options, "g").commit({TP: 10}) is source.Committed.FAILED
     _Committing.raised = None
 
 
@@ -589,14 +591,121 @@ def test_a_commit_the_broker_refuses_for_good_is_not_retried(
     try:
         committer = source.OffsetCommitter(options, "busy")
         with caplog.at_level("WARNING", logger=source.__name__):
-            assert committer.commit({TP: 10}) is False
-            assert committer.commit({TP: 20}) is False
+            assert committer.commit({TP: 10}) is source.Committed.REFUSED
+            assert committer.commit({TP: 20}) is source.Committed.REFUSED
         consumer = committer._consumer
         assert isinstance(consumer, _Committing) and consumer.requests == [[TP], [TP]]
         assert sleeps == []
         assert len([r for r in caplog.records if "refused" in r.getMessage()]) == 1
     finally:
         _Committing.errors = {}
+
+
+class _Gated:
+    """A consumer whose commits wait for ``gate`` and answer from ``outcomes`` in turn (None:
+    committed; a code: refused or retriable), with what each was asked recorded."""
+
+    def __init__(self, _config: object) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Semaphore(0)  # released as each commit begins
+        self.asked: list[dict[tuple[str, int], int]] = []
+        self.outcomes: list[int | None] = []
+        self.closed = False
+
+    def commit(self, offsets: list[ClientTopicPartition], asynchronous: bool) -> list[Any]:
+        self.entered.release()
+        assert self.gate.wait(30), "the test never opened the gate"
+        self.asked.append({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        code = self.outcomes.pop(0) if self.outcomes else None
+        if code is not None and code not in source.COMMIT_RETRIABLE_CODES:
+            return [
+                SimpleNamespace(topic=tp.topic, partition=tp.partition, error=KafkaError(code))
+                for tp in offsets
+            ]
+        if code is not None:
+            raise KafkaException(KafkaError(code))
+        return [
+            SimpleNamespace(topic=tp.topic, partition=tp.partition, error=None) for tp in offsets
+        ]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _recording(consumers: list[_Gated]) -> Callable[[object], _Gated]:
+    def make(config: object) -> _Gated:
+        consumers.append(_Gated(config))
+        return consumers[-1]
+
+    return make
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def test_planning_a_batch_does_not_wait_for_the_groups_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``latestOffset`` sent the previous batch's commit and waited for it: with the group's
+    coordinator down (a node killed, an election) each micro-batch was held up to
+    COMMIT_TIMEOUT_S. The commit goes on a thread of its own; offsets superseded before they
+    were sent are never sent, and the query's stop sends the last ones."""
+    consumers: list[_Gated] = []
+    monkeypatch.setattr(source, "Consumer", _recording(consumers))
+    stream = _stream(groupId="g")
+    stream._latest = lambda: ([TP], {TP: 0}, {TP: 100})  # type: ignore[method-assign]
+    assert stream.latestOffset({"t": {"0": 10}}, ReadAllAvailable()) == {"t": {"0": 100}}
+    _until(lambda: bool(consumers), "the commit thread's consumer")
+    consumer = consumers[0]
+    assert consumer.entered.acquire(timeout=10)  # the first commit is being sent
+    stream.commit({"t": {"0": 20}})  # superseded while the first is still being sent
+    stream.commit({"t": {"0": 30}})
+    assert consumer.asked == []
+    consumer.gate.set()
+    _until(lambda: len(consumer.asked) == 2, "the newest offsets sent")
+    assert consumer.asked == [{TP: 10}, {TP: 30}]
+    stream.commit({"t": {"0": 30}})  # committed already: not sent again
+    consumer.gate.clear()
+    stream.commit({"t": {"0": 40}})
+    opening = threading.Timer(0.2, consumer.gate.set)
+    opening.start()
+    stream.stop()  # sends what is pending before it returns
+    opening.join()
+    assert consumer.asked == [{TP: 10}, {TP: 30}, {TP: 40}] and consumer.closed
+
+
+def test_background_commits_send_failed_offsets_again_and_refused_ones_never(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    consumers: list[_Gated] = []
+    monkeypatch.setattr(source, "Consumer", _recording(consumers))
+    monkeypatch.setattr(source, "COMMIT_TIMEOUT_S", 0.0)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
+    )
+    commits = source.BackgroundCommits(options, "g")
+    try:
+        _until(lambda: bool(consumers), "the commit thread's consumer")
+        consumer = consumers[0]
+        consumer.outcomes = [KafkaError.COORDINATOR_NOT_AVAILABLE] * 2 + [None]
+        commits.submit({TP: 10})
+        consumer.gate.set()
+        _until(lambda: commits.settled() == {TP: 10}, "sent until committed")
+        assert consumer.asked == [{TP: 10}] * 3
+        consumer.outcomes = [KafkaError.UNKNOWN_MEMBER_ID]
+        commits.submit({TP: 20})
+        _until(lambda: commits.settled() == {TP: 20}, "refused")
+        commits.submit({TP: 20})
+        commits.submit({TP: 10})
+        _until(lambda: commits.settled() == {TP: 10}, "older offsets, newest again")
+        assert consumer.asked == [{TP: 10}] * 3 + [{TP: 20}, {TP: 10}]
+    finally:
+        commits.close()
+    assert consumer.closed
 
 
 def test_the_source_creates_no_topic_and_reads_as_it_plans(
