@@ -1779,6 +1779,9 @@ class Log:
             # yet: it is deleted at the end if nothing did.
             nonlocal cleaned
             if cleaned is None:
+                # Opened without truncation, a copy left over (an unlink that failed) would
+                # be written after: Kafka's createNewCleanedSegment deletes it first.
+                _delete_segment_files(self.directory, group[0].base_offset, CLEANED_SUFFIX)
                 cleaned = LogSegment(
                     self.directory,
                     group[0].base_offset,
@@ -2252,6 +2255,6 @@ def _swap_end_offset(path: Path, base_offset: int) -> int:
     return end
 
 
-def _delete_segment_files(directory: Path, base_offset: int) -> None:
+def _delete_segment_files(directory: Path, base_offset: int, extra_suffix: str = "") -> None:
     for suffix in (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-        (directory / f"{base_offset:020d}{suffix}").unlink(missing_ok=True)
+        (directory / f"{base_offset:020d}{suffix}{extra_suffix}").unlink(missing_ok=True)

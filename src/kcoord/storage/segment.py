@@ -551,7 +551,11 @@ class LogSegment:
     def truncate_to(self, offset: int) -> int:
         """Drop every batch whose last offset is at or above ``offset``; return bytes dropped.
 
-        A batch holding ``offset`` goes entirely (as in Kafka: the log ends at a batch boundary).
+        A batch holding ``offset`` goes entirely (as in Kafka: the log ends at a batch boundary)
+        and the segment ends at that batch's start; otherwise it ends at ``offset``, as Kafka's
+        ``LocalLog.truncateTo`` sets the log end, even where compaction left a gap below the
+        first batch dropped (it ended at the last batch kept, or at the segment's base, and the
+        leader-epoch entries from there went with it).
         """
         bp = self.translate_offset(offset)
         if bp is None:
@@ -574,6 +578,7 @@ class LogSegment:
         for scanned in self.scan_headers(self._largest_timestamp_scan_start(index_position)):
             self._note_batch(scanned.header)
             self.next_offset = scanned.header.next_offset
+        self.next_offset = max(self.next_offset, min(offset, bp.header.base_offset))
         if self.size == 0:
             self.first_batch_timestamp = None
         self._bytes_since_index_entry = self.size - index_position

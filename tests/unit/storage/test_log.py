@@ -2611,3 +2611,47 @@ def test_moving_the_log_start_writes_no_epoch_checkpoint_and_a_reopen_trims_the_
     again = Log.open(tmp_path / "t-0", LogConfig(), log_start_offset=6)
     assert again.epoch_cache.entries == [(1, 6), (2, 8)]
     again.close()
+
+
+def test_truncation_into_a_gap_compaction_left_inside_a_segment_ends_at_the_offset(
+    tmp_path: Path,
+) -> None:
+    """Compaction removed offsets 0 and 1 (their keys written again later) from the segment
+    that then begins with the batch at 2. Truncated to 1 (a follower after an unclean
+    election), the log ended at the segment's base, 0, and the leader-epoch entry of the
+    records kept below 1 went with it. Kafka's LocalLog.truncateTo sets the log end to the
+    offset asked for."""
+    config = LogConfig(cleanup_policy=frozenset({"compact"}))
+    lg = open_log(tmp_path / "c-0", config)
+    for key in (b"a", b"b", b"c", b"d"):
+        lg.append_as_leader(batch(1, key=key, value=b"v"), leader_epoch=3, now_ms=0)
+    lg.roll()
+    for key in (b"a", b"b"):
+        lg.append_as_leader(batch(1, key=key, value=b"w"), leader_epoch=3, now_ms=0)
+    lg.roll()
+    lg.append_as_leader(batch(1, key=b"e", value=b"v"), leader_epoch=3, now_ms=0)
+    lg.compact(now_ms=0, high_watermark=lg.log_end_offset)
+    assert [b.header.base_offset for b in lg.segments[0].scan_headers()] == [2, 3, 4, 5]
+    assert lg.truncate_to(1) == 1 and lg.log_end_offset == 1
+    assert lg.epoch_cache.entries == [(3, 0)]
+    assert lg.append_as_leader(batch(1), leader_epoch=4, now_ms=0).first_offset == 1
+
+
+def test_a_leftover_cleaned_copy_is_not_written_after(tmp_path: Path) -> None:
+    """A ``.cleaned`` file left in the partition's directory (an unlink that failed) was
+    opened without truncation and the new copy written after its bytes; once swapped in, the
+    next load cut the segment at the stale bytes and the records after them were lost.
+    Kafka's createNewCleanedSegment deletes a leftover first."""
+    config = LogConfig(cleanup_policy=frozenset({"compact"}))
+    lg = open_log(tmp_path / "c-0", config)
+    for i in range(6):
+        lg.append_as_leader(batch(1, key=b"k%d" % (i % 3), value=b"v"), leader_epoch=0, now_ms=0)
+    lg.roll()
+    lg.append_as_leader(batch(1, key=b"z", value=b"v"), leader_epoch=0, now_ms=0)
+    stale = lg.segments[0].log_path.with_name(lg.segments[0].log_path.name + ".cleaned")
+    stale.write_bytes(lg.segments[0].log_path.read_bytes())
+    lg.compact(now_ms=0, high_watermark=lg.log_end_offset)
+    lg.close()
+    again = open_log(tmp_path / "c-0", config)
+    kept = [b.header.base_offset for seg in again.segments for b in seg.scan_headers()]
+    assert kept == [3, 4, 5, 6]
