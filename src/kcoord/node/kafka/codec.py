@@ -61,6 +61,7 @@ from kio.serial import readers as kr
 from kio.serial.errors import SerialError
 
 PRODUCE_KEY: Final = 0
+FETCH_KEY: Final = 1
 API_VERSIONS_KEY: Final = 18
 FRAME_SIZE: Final = struct.Struct(">i")
 _REQUEST_PREFIX: Final = struct.Struct(">hhi")

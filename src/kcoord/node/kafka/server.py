@@ -21,7 +21,8 @@ One event loop serves every connection, so a large request would hold all of the
 decoded and its answer built and encoded (a DescribeTopicPartitions naming 100,000 topics took
 2.2 s, 60% of it building and encoding the answer). Those steps are pure, so a request of at
 least ``OFF_LOOP_REQUEST_BYTES`` is decoded, and an answer with at least
-``OFF_LOOP_RESPONSE_ENTRIES`` list entries (topics plus their partitions) is built and encoded,
+``OFF_LOOP_RESPONSE_ENTRIES`` list entries (topics plus their partitions) or
+``OFF_LOOP_RESPONSE_BYTES`` of strings and bytes (``response_weight``) is built and encoded,
 on the listener's codec threads (two: Kafka's ``num.network.threads`` is 3). Python's GIL still
 runs one of them at a time, but hands it back to the loop every switch interval (5 ms), so the
 other connections go on at a share of the CPU instead of waiting for the whole request. A
@@ -41,7 +42,9 @@ other than ApiVersions (which is answered with its v0 error response, as Kafka d
 ``connections.max.idle.ms`` (10 minutes by default) without a request or response while
 nothing is in flight. A handler that fails unexpectedly gets its request answered with
 UNKNOWN_SERVER_ERROR, as Kafka's ``KafkaApis.handle`` does (``error_response``), the
-connection closed only where the API has no such answer (an acks=0 produce).
+connection closed only where the API has no such answer (an acks=0 produce). So does a
+request whose answer would be over ``socket.request.max.bytes`` (a Fetch excepted: its
+max_bytes bounds it), which a few KB can ask for (``_encode_large``).
 
 At the end of the peer's stream no further request is read, and the connection closes once
 every request read before it is answered: Kafka's ``Selector`` reads a channel only while it
@@ -64,6 +67,7 @@ import asyncio
 import functools
 import ipaddress
 import logging
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Final, ParamSpec, TypeVar
@@ -76,7 +80,13 @@ from kcoord.node.kafka.apis import (
     Deferred,
     Request,
 )
-from kcoord.node.kafka.codec import API_VERSIONS_KEY, FRAME_SIZE, PRODUCE_KEY, DecodeError
+from kcoord.node.kafka.codec import (
+    API_VERSIONS_KEY,
+    FETCH_KEY,
+    FRAME_SIZE,
+    PRODUCE_KEY,
+    DecodeError,
+)
 from kcoord.node.kafka.error_response import error_response
 from kcoord.stats import LATENCY_BUCKETS_S, Histogram
 
@@ -103,27 +113,45 @@ CLOSE_GRACE_S: Final = 1.0
 # decoding, and 10 ms of building and encoding, on this machine.
 OFF_LOOP_REQUEST_BYTES: Final = 64 * 1024
 OFF_LOOP_RESPONSE_ENTRIES: Final = 4096
+OFF_LOOP_RESPONSE_BYTES: Final = 4 * 1024 * 1024
 CODEC_THREADS: Final = 2
 LARGE_REQUEST_BYTES: Final = 1024 * 1024
 
 
-def response_entries(values: Mapping[str, Any], limit: int) -> int:
-    """The entries of a response's lists at any depth (topics, their partitions; OffsetFetch
-    v8+'s groups, their topics, their partitions), counted until ``limit`` is reached: what
-    building and encoding it costs, as its records are bytes that cost little either way.
-    Counted two levels down, one group of a million partitions was 2 entries, and its answer
-    was built and encoded on the loop, every connection waiting seconds."""
-    entries = 0
+def response_weight(
+    values: Mapping[str, Any], entry_limit: int, byte_limit: int = sys.maxsize
+) -> tuple[int, int]:
+    """(entries, bytes) of a response: the entries of its lists at any depth (topics, their
+    partitions; OffsetFetch v8+'s groups, their topics, their partitions), what building and
+    encoding it costs per entry, and the bytes of its strings and byte fields (records,
+    member metadata), what it costs per byte; counted until either limit is reached. Counted
+    two levels down, one group of a million partitions was 2 entries, and its answer was built
+    and encoded on the loop, every connection waiting seconds; with entries alone, a
+    DescribeGroups naming one group of 1 MB of member metadata 300 times was 600 entries, and
+    its 300 MB answer was encoded on the loop."""
+    entries = size = 0
     pending: list[Any] = [values]
-    while pending and entries < limit:
+    while pending and entries < entry_limit and size < byte_limit:
         value = pending.pop()
-        if isinstance(value, Mapping):
-            pending.extend(v for v in value.values() if isinstance(v, list | tuple | Mapping))
-        elif isinstance(value, list | tuple):
+        items = value.values() if isinstance(value, Mapping) else value
+        if not isinstance(value, Mapping):
             entries += len(value)
-            # An entry whose own lists cost more: it is counted, and its lists too.
-            pending.extend(v for v in value if isinstance(v, list | tuple | Mapping))
-    return entries
+        for item in items:
+            if isinstance(item, list | tuple | Mapping):
+                # An entry whose own lists cost more: it is counted, and its lists too.
+                pending.append(item)
+            elif isinstance(item, bytes | str | bytearray | memoryview):
+                size += len(item)
+    return entries, size
+
+
+def encoded_off_loop(values: Mapping[str, Any]) -> int | None:
+    """None for a response built and encoded on the loop; for one built and encoded on the
+    codec threads (see the docstring), the bytes counted in it (up to the threshold)."""
+    entries, size = response_weight(values, OFF_LOOP_RESPONSE_ENTRIES, OFF_LOOP_RESPONSE_BYTES)
+    if entries >= OFF_LOOP_RESPONSE_ENTRIES or size >= OFF_LOOP_RESPONSE_BYTES:
+        return size
+    return None
 
 
 class RequestStats:
@@ -561,8 +589,11 @@ class _Connection:
             # Written in order: the earlier responses go out first.
             return _Close("closing as asked by the handler (acks=0 produce failed)")
         assert isinstance(result, Mapping), result
-        if response_entries(result, OFF_LOOP_RESPONSE_ENTRIES) >= OFF_LOOP_RESPONSE_ENTRIES:
-            fut = asyncio.ensure_future(self._complete(request, _ready(result), start))
+        off_loop = encoded_off_loop(result)
+        if off_loop is not None:
+            # Counted as unsent while it is encoded, as what is encoded on the loop is.
+            self.unsent_bytes += off_loop
+            fut = asyncio.ensure_future(self._complete(request, _ready(result), start, off_loop))
             self._pending.add(fut)
             fut.add_done_callback(self._pending.discard)
             return fut
@@ -593,8 +624,10 @@ class _Connection:
             values = await awaitable
             if not isinstance(values, Mapping):  # a handler's bug: answered as a failure
                 raise TypeError(f"a deferred answer of {type(values).__name__}, not values")
-            if response_entries(values, OFF_LOOP_RESPONSE_ENTRIES) >= OFF_LOOP_RESPONSE_ENTRIES:
-                encoded = await self.server.off_loop(self._encode, request, values)
+            if encoded_off_loop(values) is not None:
+                encoded = await self.server.off_loop(
+                    self._encode_large, request, values, self.server.max_request_bytes
+                )
             else:
                 encoded = self._encode(request, values)
             if self.stats is not None:
@@ -632,6 +665,31 @@ class _Connection:
         if isinstance(encoded, bytes):
             self.unsent_bytes += len(encoded)
         return encoded
+
+    @staticmethod
+    def _encode_large(
+        request: Request, values: Mapping[str, Any], max_bytes: int
+    ) -> bytes | _Close:
+        """``_encode`` for a large answer (on a codec thread): one of more than ``max_bytes``
+        (``socket.request.max.bytes``) is answered as a failed request instead, but a Fetch,
+        whose size the client bounds (its max_bytes). A request of a few KB naming one group
+        of 1 MB of member metadata thousands of times (DescribeGroups; DescribeConfigs and
+        OffsetFetch have such answers too) was answered gigabytes, twice in memory while
+        encoded, up to five at a time on a connection: the node's memory ran out. Kafka
+        builds them too, in a heap whose exhaustion fails that request; librdkafka refuses
+        an answer over its receive.message.max.bytes (100 MB) anyway."""
+        if request.header.api_key != FETCH_KEY:
+            _, size = response_weight(values, sys.maxsize, max_bytes + 1)
+            if size > max_bytes:
+                log.warning(
+                    "kafka: the answer to api key %d v%d would be over %d bytes: answered "
+                    "as a failed request",
+                    request.header.api_key,
+                    request.header.api_version,
+                    max_bytes,
+                )
+                return _Connection._failed(request)
+        return _Connection._encode(request, values)
 
     @staticmethod
     def _encode(request: Request, values: Mapping[str, Any]) -> bytes | _Close:

@@ -30,13 +30,14 @@ from kcoord.node.kafka.server import (
     OFF_LOOP_REQUEST_BYTES,
     OFF_LOOP_RESPONSE_ENTRIES,
     KafkaServer,
-    response_entries,
+    response_weight,
 )
 from tests.unit.node.kafka.harness import until
 from tests.unit.node.kafka.wire import AsyncWireClient, encode_request
 
 HOST = "127.0.0.1"
 METADATA, FIND_COORDINATOR, PRODUCE, API_VERSIONS, LIST_OFFSETS = 3, 10, 0, 18, 2
+DESCRIBE_GROUPS = 15
 TEST_TIMEOUT_S = 10.0
 CANCELLED = -99  # a ListOffsets timestamp: the handler's deferred work is cancelled
 UNANSWERABLE = -98  # a ListOffsets timestamp: the deferred answer is not a response's values
@@ -87,7 +88,26 @@ def registry() -> ApiRegistry:
         # The partition index: the most the answer may take, in MiB (a fetch's max_bytes).
         return Deferred(later(), request.body.topics[0].partitions[0].partition_index * MIB)
 
+    async def describe_groups(request: Request) -> Result:
+        # Every group named, named twice or not, with 300 KB of member metadata.
+        member: dict[str, Any] = {"member_id": "m", "client_id": "c", "client_host": "h"}
+        member |= {"member_metadata": b"m" * 300_000, "member_assignment": b""}
+        return {
+            "groups": [
+                {
+                    "error_code": 0,
+                    "group_id": g,
+                    "group_state": "Stable",
+                    "protocol_type": "consumer",
+                    "protocol_data": "range",
+                    "members": [member],
+                }
+                for g in request.body.groups
+            ]
+        }
+
     r.register(METADATA, metadata)
+    r.register(DESCRIBE_GROUPS, describe_groups)
     r.register(FIND_COORDINATOR, failing)
     r.register(PRODUCE, produce, min_version=3)
     r.register(LIST_OFFSETS, list_offsets, min_version=1)
@@ -704,21 +724,44 @@ def test_a_large_garbage_request_closes_its_connection_only() -> None:
     run(test)
 
 
-def test_response_entries_counts_lists_at_any_depth_up_to_the_limit() -> None:
+def test_response_weight_counts_lists_at_any_depth_and_bytes_up_to_the_limits() -> None:
     values = {
         "error_code": 0,
         "topics": [{"name": "a", "partitions": [{}, {}, {}]}, {"name": "b", "partitions": []}],
-        "brokers": ({"node_id": 1},),
+        "brokers": ({"node_id": 1, "host": "h"},),
         "records": b"x" * 100_000,
     }
-    assert response_entries(values, 1000) == 2 + 3 + 1
-    assert response_entries({"topics": [{"partitions": [{}] * 50}] * 100}, 120) == 150
-    assert response_entries({"throttle_time": 0}, 10) == 0
+    assert response_weight(values, 1000) == (2 + 3 + 1, 100_000 + 3)
+    assert response_weight({"topics": [{"partitions": [{}] * 50}] * 100}, 120)[0] == 150
+    assert response_weight({"throttle_time": 0}, 10) == (0, 0)
     # OffsetFetch v8+: groups, their topics, their partitions. One group of many partitions
     # counted 2, and its answer was built and encoded on the loop.
     fetch = {"groups": [{"group_id": "g", "topics": [{"name": "t", "partitions": [{}] * 9000}]}]}
-    assert response_entries(fetch, 4096) >= 4096
-    assert response_entries(fetch, 100_000) == 1 + 1 + 9000
+    assert response_weight(fetch, 4096)[0] >= 4096
+    assert response_weight(fetch, 100_000) == (1 + 1 + 9000, 2)
+    # Counting stops at the byte limit too: a list of 1,000 large values is not walked to its end.
+    assert response_weight({"groups": [{"m": b"x" * 1000}] * 1000}, 10**9, 5000)[1] == 5000
+
+
+def test_an_answer_over_the_request_size_limit_fails_that_request_alone() -> None:
+    """A DescribeGroups of a few bytes naming one group of 300 KB of member metadata many times
+    was answered in full: thousands of names made gigabytes, twice in memory while encoded,
+    and the node ran out of memory. Over ``socket.request.max.bytes`` it is answered as a
+    failed request; the connection goes on."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        small = await c.call(DESCRIBE_GROUPS, 5, {"groups": ["g", "g", "g"]})
+        assert [g.error_code for g in small.groups] == [Errors.NONE] * 3
+        assert len(small.groups[0].members[0].member_metadata) == 300_000
+        large = await c.call(DESCRIBE_GROUPS, 5, {"groups": ["g"] * 20})
+        assert [g.error_code for g in large.groups] == [Errors.UNKNOWN_SERVER_ERROR] * 20
+        assert all(not g.members for g in large.groups)
+        response = await c.call(API_VERSIONS, 0, {})
+        assert response.error_code == Errors.NONE
+        await c.close()
+
+    run(test, max_request_bytes=MIB)
 
 
 def test_client_addresses_are_named_as_the_per_ip_overrides_name_them() -> None:
