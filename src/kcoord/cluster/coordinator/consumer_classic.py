@@ -355,13 +355,21 @@ class ClassicMemberHandlers:
             # validateOnlineDowngradeWithReplacedMember: the static member this classic
             # incarnation replaced was the group's last consumer-protocol member, so the group
             # becomes a classic group now, Stable, the new incarnation holding what the old
-            # one was given; a rebalance only if it subscribes to other topics than the old
-            # one did (convertToClassicGroup's hasSubscriptionChanged).
+            # one was given; a rebalance if it subscribes to other topics than the old one
+            # did (convertToClassicGroup's hasSubscriptionChanged), or if a member is not
+            # at its target yet. The classic group's assignments are the targets, which such
+            # a member's SyncGroup did not hand out (a partition was still held): Stable at
+            # its generation, its heartbeats were answered NONE and those partitions were
+            # consumed by nobody until another rebalance (Kafka has this hole).
             assert holder is not None
             rejoined = replace(group, members={**group.members, member_id: reconciled})
             changed = (
                 updated.subscribed_topic_names != holder.subscribed_topic_names
                 or holder.subscribed_topic_regex is not None
+                or not all(
+                    m.state is MemberState.STABLE and m.member_epoch == group.group_epoch
+                    for m in rejoined.members.values()
+                )
             )
             if self._can_downgrade(rejoined, ()):
                 self._convert_to_classic_group(rejoined, (), now_ms, out, rebalance=changed)

@@ -480,6 +480,70 @@ def test_the_last_consumer_static_member_restarted_as_classic_downgrades_without
     assert set(replayed.shard.groups["g"].members) == {joined.member_id, b.member_id}
 
 
+def test_a_static_replacement_downgrading_a_group_not_yet_reconciled_rebalances_it() -> None:
+    """Static consumer member a owns every partition and leaves for a restart (epoch -2,
+    keeping its assignment); classic member b joins and is given half, still held by a, so it
+    owns nothing yet. a comes back as a classic client: the group became a classic group
+    Stable at b's generation, with b's target as its assignment, which b's SyncGroup had
+    already answered empty; its heartbeats went on NONE and its partitions were consumed by
+    nobody until some other rebalance. A group not reconciled is rebalanced at the downgrade
+    (Kafka's convertToClassicGroup rebalances only on a new subscription, and has this hole)."""
+    ctx = context()
+    a = ConsumerMember(ctx, "a", instance_id="i-a")
+    a.beat()
+    a.beat()
+    assert a.owned == set(range(6))
+    assert a.beat(epoch=-2).error_code is Errors.NONE
+    b = ClassicMember(ctx, "b")
+    assert b.join().error_code is Errors.NONE
+    assert b.sync().error_code is Errors.NONE
+    assert b.owned == set()
+    member = ctx.shard.consumer_groups["g"].members[b.member_id]
+    assert member.state is MemberState.UNRELEASED_PARTITIONS
+    joined = static_classic_join(ctx, "i-a", "a2")
+    assert joined.error_code is Errors.NONE, joined
+    assert "g" not in ctx.shard.consumer_groups
+    assert ctx.shard.groups["g"].state is ClassicGroupState.PREPARING_REBALANCE
+    a2 = ClassicMember(ctx, "a2")
+    a2.member_id = joined.member_id
+    members: list[ConsumerMember | ClassicMember] = [a2, b]
+    # b learns of the rebalance and rejoins; a2 rejoins too, and the join phase completes.
+    assert b.heartbeat() is Errors.REBALANCE_IN_PROGRESS
+    token_b, step_b = ctx.join(
+        member_id=b.member_id,
+        client_id="b",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        rebalance_timeout_ms=6_000,
+        protocols=(("range", subscription()),),
+        topics=TOPICS,
+    )
+    token_a, step_a = ctx.join(
+        member_id=a2.member_id,
+        instance_id="i-a",
+        client_id="a2",
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", subscription()),),
+        topics=TOPICS,
+    )
+    steps = [step_b, step_a, *(step for _, _, step in ctx.sleep(1))]
+    joins = {t: st.response(t) for t in (token_a, token_b) for st in steps if st.answered(t)}
+    assert len(joins) == 2, joins
+    answered = [r for r in joins.values() if isinstance(r, JoinGroupResponse)]
+    leader = next(r for r in answered if r.leader == r.member_id)
+    halves = {b.member_id: frozenset({0, 1, 2}), a2.member_id: frozenset({3, 4, 5})}
+    assignments = tuple((m, encode_assignment(1, {"orders": ps})) for m, ps in halves.items())
+    token, step = ctx.sync(
+        member_id=leader.member_id, generation_id=leader.generation_id, assignments=assignments
+    )
+    synced = step.response(token)
+    assert isinstance(synced, SyncGroupResponse) and synced.error_code is Errors.NONE
+    for m in (a2, b):
+        m.generation = leader.generation_id
+        assert m.sync().error_code is Errors.NONE
+    assert set().union(*(m.owned for m in members)) == set(range(6))
+    check_single_owner(members)
+
+
 def test_refused_requests_leave_the_groups_as_they_were() -> None:
     # A join refused for the group's size does not convert the classic group: full at the
     # maximum; larger than a consumer group may be, not converted (validateOnlineUpgrade).
