@@ -63,8 +63,8 @@ from kcoord.chaos.workload import (
     QueueWorkload,
     answered_by_a_deposed_coordinator,
     committed_offsets,
-    coordinators_named,
     describe_group,
+    offsets_leadership,
     read_committed,
 )
 from kcoord.node import launcher
@@ -393,8 +393,9 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
     any node the admin client reaches): a read sent after an acknowledgement must see it, which
     catches acknowledgements a failover loses even when later commits would hide it.
 
-    A read answered by a node while every other node names one and the same other coordinator
-    is recorded ``info``, not held to that: a node cut off from the controller goes on leading
+    A read answered by a node that another node knows deposed (a later leader epoch of the
+    group's partition: ``answered_by_a_deposed_coordinator``) is recorded ``info``, not held to
+    that: a node cut off from the controller goes on leading
     what it led until it learns that it was fenced, as a Kafka broker does, and answers from
     the state it had (seed 4055: node 3, fenced 24.4 s into the run and cut off by connection
     resets, learnt it at 25.76 s; at 25.75 s it answered a read without the commit node 2 had
@@ -416,12 +417,10 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
                     chaos.history.add("reader", "fail", "committed", {**value, "error": str(e)})
                     continue
                 try:
-                    named = coordinators_named(
-                        chaos.bootstrap, group, besides=answered_by, timeout_s=1.0
-                    )
+                    views = offsets_leadership(chaos.bootstrap, group, timeout_s=1.0)
                 except Exception:
-                    named = []  # nothing known of the others: the read is held to them
-                if answered_by_a_deposed_coordinator(answered_by, named):
+                    views = {}  # nothing known of the others: the read is held to them
+                if answered_by_a_deposed_coordinator(answered_by, views):
                     # Not held to the acknowledgements: outcome info (see the docstring).
                     chaos.history.add(
                         "reader",
@@ -431,7 +430,10 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
                             **value,
                             "offsets": offsets,
                             "answered_by": f"{answered_by[0]}:{answered_by[1]}",
-                            "coordinators_named": sorted({f"{c[0]}:{c[1]}" for c in named if c}),
+                            "leadership": {
+                                f"{h}:{p}": list(view) if view else None
+                                for (h, p), view in sorted(views.items())
+                            },
                         },
                     )
                     continue

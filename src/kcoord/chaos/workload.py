@@ -44,12 +44,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kcoord.chaos.history import PROCESS_EXIT_F, PROCESS_KILL_F, UNRECORDED_REPORT_F, History
+from kcoord.cluster.routing import partition_for
 from kcoord.node.kafka.client import call_once
 
 log = logging.getLogger(__name__)
@@ -481,38 +482,60 @@ def read_committed(
     return out, (host, port)
 
 
-def coordinators_named(
-    bootstrap: str, group: str, *, besides: tuple[str, int], timeout_s: float
-) -> list[tuple[str, int] | None]:
-    """The coordinator of ``group`` as each node other than ``besides`` names it now (None:
-    no answer within ``timeout_s``, or an error)."""
-    named: list[tuple[str, int] | None] = []
+OFFSETS_TOPIC = "__consumer_offsets"
+
+# A node's view of a partition's leadership: (leader id, leader epoch).
+Leadership = tuple[int, int]
+
+
+def offsets_leadership(
+    bootstrap: str, group: str, timeout_s: float
+) -> dict[tuple[str, int], Leadership | None]:
+    """Each node's view of the leadership of ``group``'s ``__consumer_offsets`` partition, as
+    its Metadata answer says (None: no answer within ``timeout_s``, or an error)."""
+    views: dict[tuple[str, int], Leadership | None] = {}
     for host, port in _endpoints(bootstrap):
-        if (host, port) == besides:
-            continue
+        view: Leadership | None = None
         try:
-            found = call_once(
-                host, port, FIND_COORDINATOR, 3, {"key": group, "key_type": 0}, timeout_s=timeout_s
+            md = call_once(
+                host,
+                port,
+                METADATA,
+                9,
+                {"topics": [{"name": OFFSETS_TOPIC}], "allow_auto_topic_creation": False},
+                timeout_s=timeout_s,
             )
         except (OSError, ConnectionError):
-            named.append(None)
-            continue
-        ok = int(found.error_code) == 0
-        named.append((str(found.host), int(found.port)) if ok else None)
-    return named
+            md = None
+        for t in md.topics if md is not None else ():
+            if str(t.name) != OFFSETS_TOPIC or int(t.error_code) != 0 or not t.partitions:
+                continue
+            index = partition_for(group, len(t.partitions))
+            for p in t.partitions:
+                if int(p.partition_index) == index and int(p.error_code) == 0:
+                    view = (int(p.leader_id), int(p.leader_epoch))
+        views[(host, port)] = view
+    return views
 
 
 def answered_by_a_deposed_coordinator(
-    answered_by: tuple[str, int], named_by_the_others: list[tuple[str, int] | None]
+    answered_by: tuple[str, int], views: Mapping[tuple[str, int], Leadership | None]
 ) -> bool:
-    """A read answered by a node while every other node (a majority of three) names one and
-    the same other coordinator: one deposed that has not learnt it yet (cut off from the
-    controller), which goes on serving the state it had, as a deposed Kafka coordinator does
-    until it resigns. Not when any of them does not answer or names another: a legitimate
-    new coordinator whose only reachable peer still names the old one is held to the
-    acknowledgements."""
-    named = set(named_by_the_others)
-    return len(named) == 1 and None not in named and answered_by not in named
+    """A read answered by a node that another node knows deposed: that other node's view of
+    the group's partition has a later leader epoch than the answering node's own view, asked
+    after it answered (so at least the epoch it answered in). Such a node has not learnt it
+    yet (cut off from the controller) and goes on serving the state it had, as a deposed Kafka
+    coordinator does until it resigns. A legitimate new coordinator whose reachable peers
+    still name the old one is held to the acknowledgements: their epochs are earlier. Whether
+    every other node named one other coordinator was asked before (seed 4055); a node that did
+    not answer, being cut off by the next fault, held a deposed node's read to commits it
+    never saw (matrix groups-reset, seed 1)."""
+    own = views.get(answered_by)
+    if own is None:
+        return False
+    return any(
+        view is not None and view[1] > own[1] for node, view in views.items() if node != answered_by
+    )
 
 
 def describe_group(bootstrap: str, group: str) -> dict[str, Any]:
