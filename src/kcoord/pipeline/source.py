@@ -28,7 +28,8 @@ OffsetCommit of ``end`` for ``groupId``, so the query's progress and lag show as
 group's do. The checkpoint stays the source of truth for a restart (as with Spark's Kafka
 source); the committed offsets are what the query has finished, never ahead of it, and a
 commit that fails is logged, not fatal, and is sent by a thread of its own, so a batch never
-waits for one (``BackgroundCommits``).
+waits for one (``BackgroundCommits``); only a query with nothing new to read waits for its
+commit, once, as Spark may end it there.
 
 Writing: each task produces its rows with an idempotent producer (acks=all), flushes, and
 fails the task if any record was not acknowledged. Spark retries a failed task, so a record
@@ -111,8 +112,10 @@ log = logging.getLogger(__name__)
 NAME = "kcoord"
 METADATA_TIMEOUT_S = 30.0
 COMMIT_TIMEOUT_S = 10.0
-# How much longer than one commit's deadline a stopping query waits for its last commit.
+# How much longer than two commits' deadlines a stopping query waits for its last commit.
 CLOSE_GRACE_S = 5.0
+# The pause after a commit that raised (a bug, a client that cannot be made) before the next.
+ERROR_BACKOFF_S = 1.0
 FLUSH_TIMEOUT_S = 120.0
 ARROW_BATCH_ROWS = 8192
 # How long the log may end inside a range being read before its end is asked for: a new
@@ -346,11 +349,13 @@ class BackgroundCommits:
     it, only the newest offsets are sent: offsets not yet sent when newer ones come are
     dropped, so the group's offsets never go back to an older batch's.
 
-    Offsets that FAILED (no coordinator within the deadline) are sent again until newer ones
-    come; REFUSED or DONE ones are not sent again (an idle query asks ``latestOffset`` every
-    few milliseconds, and a refused group was sent a commit each time). ``close`` sends what
-    is pending, once, waiting ``COMMIT_TIMEOUT_S`` at most: a query that ended (AvailableNow)
-    has its last batch committed when it stops."""
+    Offsets that FAILED (no coordinator within the deadline, or an error of the client) are
+    sent again until newer ones come; REFUSED or DONE ones are not sent again (an idle query
+    asks ``latestOffset`` every few milliseconds, and a refused group was sent a commit each
+    time). A query with nothing new waits for its offsets once (``wait_sent``): Spark ends an
+    AvailableNow query, and stops an idle one, by killing the Python process that plans it,
+    so ``close`` (its ``stop``) is not called then and a commit still being sent would be
+    lost."""
 
     def __init__(self, options: SourceOptions, group_id: str):
         self._options = options
@@ -359,6 +364,7 @@ class BackgroundCommits:
         self._wanted: Offsets | None = None  # newest offsets, not yet being sent
         self._sending: Offsets | None = None
         self._settled: Offsets | None = None  # the last offsets DONE or REFUSED
+        self._attempts = 0  # commits ended, whatever their outcome
         self._closing = False
         self._thread = threading.Thread(
             target=self._run, name=f"kcoord-commits-{group_id}", daemon=True
@@ -380,10 +386,22 @@ class BackgroundCommits:
         with self._changed:
             return self._settled
 
+    def wait_sent(self, offsets: Mapping[TopicPartition, int], timeout_s: float) -> bool:
+        """Until ``offsets`` were committed or refused, or one attempt at them ended, or newer
+        ones were submitted, ``timeout_s`` at most; whether they were settled."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            attempts = self._attempts
+            while offsets in (self._wanted, self._sending) and self._attempts <= attempts:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self._thread.is_alive():
+                    break
+                self._changed.wait(left)
+            return self._settled == offsets
+
     def _run(self) -> None:
         committer: OffsetCommitter | None = None
         try:
-            committer = OffsetCommitter(self._options, self.group_id)
             while True:
                 with self._changed:
                     while self._wanted is None and not self._closing:
@@ -393,25 +411,38 @@ class BackgroundCommits:
                     offsets, self._wanted = self._wanted, None
                     self._sending = offsets
                     closing = self._closing
-                outcome = committer.commit(offsets)
+                try:
+                    if committer is None:
+                        committer = OffsetCommitter(self._options, self.group_id)
+                    outcome = committer.commit(offsets)
+                except Exception:  # a bug or the client's: the next offsets try again
+                    log.exception("OffsetCommit for group %r failed", self.group_id)
+                    outcome = Committed.FAILED
+                    closing = closing or self._pause(ERROR_BACKOFF_S)
                 with self._changed:
                     self._sending = None
+                    self._attempts += 1
                     if outcome is not Committed.FAILED:
                         self._settled = offsets
                     elif self._wanted is None and not closing and not self._closing:
                         self._wanted = offsets  # nothing newer: send these again
                     self._changed.notify_all()
-        except Exception:  # the query goes on without monitoring commits; said once
-            log.exception("monitoring commits for group %r stopped", self.group_id)
         finally:
             if committer is not None:
                 committer.close()
 
+    def _pause(self, seconds: float) -> bool:
+        """Waits ``seconds`` unless closed meanwhile; whether it was."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._closing, seconds)
+            return self._closing
+
     def close(self) -> None:
+        """Sends what is pending, once: an attempt in flight and one more."""
         with self._changed:
             self._closing = True
             self._changed.notify_all()
-        self._thread.join(COMMIT_TIMEOUT_S + CLOSE_GRACE_S)
+        self._thread.join(2 * COMMIT_TIMEOUT_S + CLOSE_GRACE_S)
         if self._thread.is_alive():
             log.warning(
                 "the last OffsetCommit for group %r is still being sent; not waiting for it",
@@ -747,6 +778,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._cluster: Cluster | None = None
         self._commits: BackgroundCommits | None = None
+        self._waited: Offsets | None = None  # the offsets _wait_committed waited for last
         # Trigger.AvailableNow: the high watermarks when the query started; the query ends
         # when it has read up to them.
         self._target: Offsets | None = None
@@ -759,6 +791,7 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "options": self.options,
             "_cluster": None,
             "_commits": None,
+            "_waited": None,
             "_target": None,
             "_initial": None,
         }
@@ -871,7 +904,8 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Not a partition that is gone (its topic deleted): its commit is refused
         # (UNKNOWN_TOPIC_OR_PARTITION), and the query failed after the committer's retries.
         existing = set(current)
-        self._maybe_commit({tp: offset for tp, offset in begin.items() if tp in existing})
+        committing = {tp: offset for tp, offset in begin.items() if tp in existing}
+        self._maybe_commit(committing)
         if self._target is None:
             latest = dict(now_latest)
         else:
@@ -912,6 +946,8 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Otherwise never plan backwards (a stale AvailableNow target, a rate limit).
         end = {tp: max(offset, begin.get(tp, offset)) for tp, offset in end.items()}
         end.update(behind)
+        if end == begin:
+            self._wait_committed(committing)
         return to_json_offsets(end)
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
@@ -970,6 +1006,16 @@ class KcoordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._commits is None:
             self._commits = BackgroundCommits(self.options, self.options.group_id)
         self._commits.submit(offsets)
+
+    def _wait_committed(self, offsets: Offsets) -> None:
+        """Nothing new to read: the commit of where the query is goes out before Spark goes on,
+        once for these offsets. Spark ends an AvailableNow query at such an answer, and stops
+        an idle one, by killing this process (``stop`` is not called): a commit still on its
+        way then was never sent, and the group showed the last batch unfinished for good."""
+        if self._commits is None or offsets == self._waited:
+            return
+        self._waited = dict(offsets)
+        self._commits.wait_sent(offsets, COMMIT_TIMEOUT_S)
 
     def stop(self) -> None:
         if self._commits is not None:

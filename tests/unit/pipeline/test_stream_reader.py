@@ -653,7 +653,8 @@ def test_planning_a_batch_does_not_wait_for_the_groups_commit(
     """``latestOffset`` sent the previous batch's commit and waited for it: with the group's
     coordinator down (a node killed, an election) each micro-batch was held up to
     COMMIT_TIMEOUT_S. The commit goes on a thread of its own; offsets superseded before they
-    were sent are never sent, and the query's stop sends the last ones."""
+    were sent are never sent. With nothing new to read, ``latestOffset`` waits for the commit
+    once (Spark ends an AvailableNow query there by killing the process, no ``stop``)."""
     consumers: list[_Gated] = []
     monkeypatch.setattr(source, "Consumer", _recording(consumers))
     stream = _stream(groupId="g")
@@ -670,12 +671,20 @@ def test_planning_a_batch_does_not_wait_for_the_groups_commit(
     assert consumer.asked == [{TP: 10}, {TP: 30}]
     stream.commit({"t": {"0": 30}})  # committed already: not sent again
     consumer.gate.clear()
-    stream.commit({"t": {"0": 40}})
+    stream._latest = lambda: ([TP], {TP: 0}, {TP: 40})  # type: ignore[method-assign]
     opening = threading.Timer(0.2, consumer.gate.set)
     opening.start()
-    stream.stop()  # sends what is pending before it returns
+    # Nothing new past 40: the answer waits until the commit of 40 is sent.
+    assert stream.latestOffset({"t": {"0": 40}}, ReadAllAvailable()) == {"t": {"0": 40}}
+    assert consumer.asked == [{TP: 10}, {TP: 30}, {TP: 40}]
     opening.join()
-    assert consumer.asked == [{TP: 10}, {TP: 30}, {TP: 40}] and consumer.closed
+    consumer.gate.clear()
+    # Once: asked again, it neither sends nor waits (the gate is shut).
+    assert stream.latestOffset({"t": {"0": 40}}, ReadAllAvailable()) == {"t": {"0": 40}}
+    stream.commit({"t": {"0": 50}})
+    consumer.gate.set()
+    stream.stop()  # sends what is pending before it returns
+    assert consumer.asked == [{TP: 10}, {TP: 30}, {TP: 40}, {TP: 50}] and consumer.closed
 
 
 def test_background_commits_send_failed_offsets_again_and_refused_ones_never(
@@ -689,10 +698,10 @@ def test_background_commits_send_failed_offsets_again_and_refused_ones_never(
     )
     commits = source.BackgroundCommits(options, "g")
     try:
+        commits.submit({TP: 10})
         _until(lambda: bool(consumers), "the commit thread's consumer")
         consumer = consumers[0]
         consumer.outcomes = [KafkaError.COORDINATOR_NOT_AVAILABLE] * 2 + [None]
-        commits.submit({TP: 10})
         consumer.gate.set()
         _until(lambda: commits.settled() == {TP: 10}, "sent until committed")
         assert consumer.asked == [{TP: 10}] * 3
@@ -706,6 +715,35 @@ def test_background_commits_send_failed_offsets_again_and_refused_ones_never(
     finally:
         commits.close()
     assert consumer.closed
+
+
+def test_background_commits_go_on_after_an_error_of_the_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception out of a commit (a bug, the client) ended the commit thread, and the query
+    went on with no monitoring commit for the rest of its life."""
+    made: list[_Gated] = []
+
+    def consumer(config: object) -> _Gated:
+        if not made:
+            made.append(_Gated(config))
+            raise KafkaException(KafkaError(KafkaError._INVALID_ARG))  # the first one fails
+        made.append(_Gated(config))
+        made[-1].gate.set()
+        return made[-1]
+
+    monkeypatch.setattr(source, "Consumer", consumer)
+    monkeypatch.setattr(source, "ERROR_BACKOFF_S", 0.0)
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
+    )
+    commits = source.BackgroundCommits(options, "g")
+    try:
+        commits.submit({TP: 10})
+        _until(lambda: commits.settled() == {TP: 10}, "sent again, by a new client")
+        assert len(made) == 2 and made[-1].asked == [{TP: 10}]
+    finally:
+        commits.close()
 
 
 def test_the_source_creates_no_topic_and_reads_as_it_plans(
