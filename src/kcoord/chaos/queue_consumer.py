@@ -23,6 +23,7 @@ from kcoord.chaos.member import CGMD_MAGIC, cgmd_generation
 
 POLL_TIMEOUT_S = 0.2
 FINAL_DEADLINE_S = 60.0
+PARTITIONS_DEADLINE_S = 30.0
 WATERMARK_RETRY_S = 0.2
 
 
@@ -37,6 +38,22 @@ def _generation(consumer: Any) -> int:
     raw = consumer.consumer_group_metadata()
     data = raw if isinstance(raw, bytes) else bytes(raw)
     return cgmd_generation(data) if data.startswith(CGMD_MAGIC) else -1
+
+
+def _partitions(consumer: Any, topic: str, deadline_s: float) -> list[int]:
+    """The topic's partitions, asked again while the node that answers does not show them
+    yet: a node that has not applied the topic's creation answers UNKNOWN_TOPIC_OR_PARTITION
+    without partitions, and a member assigned none read nothing for the whole run (seed
+    4366: the run failed waiting for it to read)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        metadata = consumer.list_topics(topic, timeout=deadline_s)
+        found = metadata.topics.get(topic)
+        if found is not None and found.partitions:
+            return sorted(found.partitions)
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"{topic} has no partitions after {deadline_s:.0f} s")
+        time.sleep(0.2)  # a metadata refresh's back-off; the deadline bounds the wait
 
 
 def main() -> None:
@@ -59,8 +76,7 @@ def main() -> None:
             "topic.metadata.refresh.interval.ms": 3000,
         }
     )
-    metadata = consumer.list_topics(cfg["topic"], timeout=30)
-    partitions = sorted(metadata.topics[cfg["topic"]].partitions)
+    partitions = _partitions(consumer, cfg["topic"], PARTITIONS_DEADLINE_S)
     ends: dict[int, int] = {}
     if mode == "assign" or final:
         consumer.assign([TopicPartition(cfg["topic"], p, 0) for p in partitions])

@@ -38,6 +38,28 @@ def test_the_queue_consumer_reads_the_generation_of_librdkafkas_group_metadata()
     assert _generation(_Metadata(b"")) == -1
 
 
+def test_the_queue_consumer_waits_for_a_node_that_does_not_show_the_topic_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Seed 4366: the node an assigning consumer asked had not applied the topic's creation
+    and showed it without partitions; the consumer was assigned none, read nothing, and the
+    run failed waiting for every consumer to read."""
+    answers = [
+        {},
+        {"q": SimpleNamespace(partitions={})},
+        {"q": SimpleNamespace(partitions={1: 0, 0: 0})},
+    ]
+    consumer = SimpleNamespace(
+        list_topics=lambda topic, timeout: SimpleNamespace(topics=answers.pop(0))
+    )
+    monkeypatch.setattr(time, "sleep", lambda _s: None)
+    assert queue_consumer._partitions(consumer, "q", 30.0) == [0, 1]
+    assert answers == []
+    never = SimpleNamespace(list_topics=lambda topic, timeout: SimpleNamespace(topics={}))
+    with pytest.raises(RuntimeError, match="no partitions"):
+        queue_consumer._partitions(never, "q", 0.0)
+
+
 def _run_fake_client(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str
 ) -> tuple[History, int]:
