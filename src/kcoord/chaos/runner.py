@@ -48,7 +48,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -60,6 +60,7 @@ from kcoord.chaos.history import FENCING_WATCH_F, LOG_COPIES_F, History
 from kcoord.chaos.links import Links
 from kcoord.chaos.workload import (
     GroupsWorkload,
+    Leadership,
     QueueWorkload,
     answered_by_a_deposed_coordinator,
     committed_offsets,
@@ -81,6 +82,8 @@ SESSION_TIMEOUT_MS = 3_000  # the node default (broker.session.timeout.ms)
 # session timeout from the pause's start, whichever is later (two heartbeat intervals).
 FENCING_POLL_S = 0.1
 FENCING_GRACE_S = 1.0
+# How long the committed-offsets reader waits for each node's view of a group's coordinator.
+LEADERSHIP_TIMEOUT_S = 0.5
 PROBE_GROUP = "chaos-probe"
 PROBE_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 90.0
@@ -403,10 +406,26 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
     workload = chaos.workload
     stop = threading.Event()
 
+    # Per group, the latest leadership of its partition any node showed so far.
+    known: dict[str, Leadership] = {}
+
+    def learn(group: str, views: Mapping[tuple[str, int], Leadership | None]) -> None:
+        for view in views.values():
+            if view is not None and (group not in known or view[1] > known[group][1]):
+                known[group] = view
+
+    def views_of(group: str, timeout_s: float) -> dict[tuple[str, int], Leadership | None]:
+        try:
+            return offsets_leadership(chaos.bootstrap, group, timeout_s=timeout_s)
+        except Exception:
+            return {}  # nothing known of the others: the read is held to them
+
     def loop() -> None:
         assert workload is not None
         while not stop.wait(every_s):  # the reading interval, or the end of the faults
             for group in workload.groups():
+                learn(group, views_of(group, LEADERSHIP_TIMEOUT_S))
+                before = known.get(group)  # known before the read was sent
                 value = {"group": group, "topic": workload.topic}
                 chaos.history.add("reader", "invoke", "committed", value)
                 try:
@@ -416,11 +435,9 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
                 except Exception as e:
                     chaos.history.add("reader", "fail", "committed", {**value, "error": str(e)})
                     continue
-                try:
-                    views = offsets_leadership(chaos.bootstrap, group, timeout_s=1.0)
-                except Exception:
-                    views = {}  # nothing known of the others: the read is held to them
-                if answered_by_a_deposed_coordinator(answered_by, views):
+                after = views_of(group, LEADERSHIP_TIMEOUT_S)
+                learn(group, after)
+                if answered_by_a_deposed_coordinator(after.get(answered_by), before):
                     # Not held to the acknowledgements: outcome info (see the docstring).
                     chaos.history.add(
                         "reader",
@@ -430,10 +447,8 @@ def reading_commits(chaos: ChaosLab, every_s: float = 1.0) -> Iterator[None]:
                             **value,
                             "offsets": offsets,
                             "answered_by": f"{answered_by[0]}:{answered_by[1]}",
-                            "leadership": {
-                                f"{h}:{p}": list(view) if view else None
-                                for (h, p), view in sorted(views.items())
-                            },
+                            "own_leadership": list(after.get(answered_by) or ()),
+                            "known_before": list(before or ()),
                         },
                     )
                     continue

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -519,23 +519,21 @@ def offsets_leadership(
 
 
 def answered_by_a_deposed_coordinator(
-    answered_by: tuple[str, int], views: Mapping[tuple[str, int], Leadership | None]
+    own: Leadership | None, known_before: Leadership | None
 ) -> bool:
-    """A read answered by a node that another node knows deposed: that other node's view of
-    the group's partition has a later leader epoch than the answering node's own view, asked
-    after it answered (so at least the epoch it answered in). Such a node has not learnt it
-    yet (cut off from the controller) and goes on serving the state it had, as a deposed Kafka
-    coordinator does until it resigns. A legitimate new coordinator whose reachable peers
-    still name the old one is held to the acknowledgements: their epochs are earlier. Whether
-    every other node named one other coordinator was asked before (seed 4055); a node that did
-    not answer, being cut off by the next fault, held a deposed node's read to commits it
-    never saw (matrix groups-reset, seed 1)."""
-    own = views.get(answered_by)
-    if own is None:
+    """A read answered by a node already deposed when the read was sent: some node showed a
+    later leader epoch of the group's partition, with another leader, before the read was
+    sent (``known_before``) than the answering node's own view, asked after it answered
+    (``own``, so at least the epoch it answered in). Such a node has not learnt it yet (cut
+    off from the controller) and goes on serving the state it had, as a deposed Kafka
+    coordinator does until it resigns. Not when the later epoch was learnt only after the
+    read (the answering node may have been the coordinator then), nor when it names the same
+    leader (an epoch bumped for it again). Before, every other node had to name one other
+    coordinator (seed 4055); one that did not answer, cut off by the next fault, held a
+    deposed node's read to commits it never saw (``make chaos``, groups-reset seed 1)."""
+    if own is None or known_before is None:
         return False
-    return any(
-        view is not None and view[1] > own[1] for node, view in views.items() if node != answered_by
-    )
+    return known_before[1] > own[1] and known_before[0] != own[0]
 
 
 def describe_group(bootstrap: str, group: str) -> dict[str, Any]:
