@@ -145,11 +145,13 @@ def response_weight(
     return entries, size
 
 
-def encoded_off_loop(values: Mapping[str, Any]) -> int | None:
+def encoded_off_loop(values: Mapping[str, Any], max_bytes: int) -> int | None:
     """None for a response built and encoded on the loop; for one built and encoded on the
-    codec threads (see the docstring), the bytes counted in it (up to the threshold)."""
-    entries, size = response_weight(values, OFF_LOOP_RESPONSE_ENTRIES, OFF_LOOP_RESPONSE_BYTES)
-    if entries >= OFF_LOOP_RESPONSE_ENTRIES or size >= OFF_LOOP_RESPONSE_BYTES:
+    codec threads (see the docstring), the bytes counted in it (up to the threshold). One of
+    more than ``max_bytes`` (``socket.request.max.bytes``) always is, where it is refused."""
+    byte_limit = min(OFF_LOOP_RESPONSE_BYTES, max_bytes + 1)
+    entries, size = response_weight(values, OFF_LOOP_RESPONSE_ENTRIES, byte_limit)
+    if entries >= OFF_LOOP_RESPONSE_ENTRIES or size >= byte_limit:
         return size
     return None
 
@@ -589,7 +591,7 @@ class _Connection:
             # Written in order: the earlier responses go out first.
             return _Close("closing as asked by the handler (acks=0 produce failed)")
         assert isinstance(result, Mapping), result
-        off_loop = encoded_off_loop(result)
+        off_loop = encoded_off_loop(result, self.server.max_request_bytes)
         if off_loop is not None:
             # Counted as unsent while it is encoded, as what is encoded on the loop is.
             self.unsent_bytes += off_loop
@@ -624,7 +626,7 @@ class _Connection:
             values = await awaitable
             if not isinstance(values, Mapping):  # a handler's bug: answered as a failure
                 raise TypeError(f"a deferred answer of {type(values).__name__}, not values")
-            if encoded_off_loop(values) is not None:
+            if encoded_off_loop(values, self.server.max_request_bytes) is not None:
                 encoded = await self.server.off_loop(
                     self._encode_large, request, values, self.server.max_request_bytes
                 )
