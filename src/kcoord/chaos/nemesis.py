@@ -309,8 +309,10 @@ def _toxic(
     node = lab.rng.choice(sorted(n.node_id for n in lab.nodes()))
     groups = lab.groups()
     if groups and lab.rng.random() < 0.5:
-        node = coordinator_id(alive_in(lab), lab.rng.choice(groups)) or node
-        detail = {**detail, "target": "coordinator"}
+        found = coordinator_id(alive_in(lab), lab.rng.choice(groups))
+        if found is not None:  # else the random node, not named the coordinator's
+            node = found
+            detail = {**detail, "target": "coordinator"}
     for kind in KINDS:
         for toxic in toxics:
             links.add_toxic(node, kind, **toxic)

@@ -411,3 +411,35 @@ def test_a_node_still_catching_up_is_not_asked_who_is_fenced(
     nodes = [SimpleNamespace(node_id=i, host="127.0.0.1", rpc_port=i) for i in (1, 2, 3)]
     lab = cast(ChaosLab, SimpleNamespace(nodes=lambda: nodes))
     assert runner.ChaosLab.fenced_brokers(lab, 3, 0.5) == {1}
+
+
+def test_a_mid_run_read_is_stamped_when_it_was_answered(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The views of the coordinator asked after a read took up to 1.5 s under a fault, and the
+    read's ok was stamped after them: a commit sent meanwhile counted as one the read may have
+    missed, which excused a read that lacked an acknowledged commit (review helper-278)."""
+    now = [0.0]
+    history = History(clock=lambda: now[0], origin=0.0)
+    monkeypatch.setattr(runner, "time", SimpleNamespace(monotonic=lambda: now[0]))
+
+    def read(*args: Any) -> tuple[dict[str, int], tuple[str, int]]:
+        now[0] = 10.0
+        return {"0": 5}, ("127.0.0.2", 9092)
+
+    def views(*args: Any, **kwargs: Any) -> dict[tuple[str, int], tuple[int, int]]:
+        now[0] += 5.0  # slow answers
+        return {("127.0.0.2", 9092): (2, 7)}
+
+    monkeypatch.setattr(runner, "read_committed", read)
+    monkeypatch.setattr(runner, "offsets_leadership", views)
+    workload = SimpleNamespace(groups=lambda: [GROUP], topic="t", partitions=1)
+    lab = cast(ChaosLab, SimpleNamespace(workload=workload, bootstrap="b", history=history))
+
+    def done() -> list[Any]:
+        return [e for e in history.events() if e.process == "reader" and e.type == "ok"]
+
+    with runner.reading_commits(lab, every_s=0.01):
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)  # polling for the reader thread
+    assert done()[0].time == 10.0
