@@ -514,6 +514,11 @@ class FetchApi:
             return _list_offsets_error(partition, e.code)
         except (LogCorruptError, OSError) as e:
             log.error("ListOffsets on %s-%d failed: %s", topic, partition, e)
+            if isinstance(e, OSError):
+                # As a Fetch's read (``ReplicaManager._reading``; Kafka's
+                # fetchOffsetByTimestamp is under maybeHandleIOException): the disk's error
+                # fails the log directory, where the node went on leading the partition.
+                self.ctx.replicas.log_dir_failure.fail(f"reading {topic}-{partition}", e)
             return _list_offsets_error(partition, Errors.KAFKA_STORAGE_ERROR)
         found_timestamp, offset = found
         epoch = -1

@@ -54,6 +54,8 @@ FindCoordinator does for it: kcoord has no transaction coordinator.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import functools
 import logging
 from dataclasses import dataclass, field
@@ -98,6 +100,9 @@ _MAGIC_OFFSET: Final = 16  # of a record batch (storage/format.py)
 LOAD_SLICE_HEADERS: Final = 1000
 # A read starts over when a segment it was reading was let go meanwhile (retention, cleaner).
 _LOAD_ATTEMPTS: Final = 3
+# What reading a segment that was closed or deleted meanwhile raises; any other OSError is
+# the disk's.
+_SEGMENT_LET_GO_ERRNOS: Final = frozenset({errno.EBADF, errno.ENOENT})
 # producer.id.expiration.check.interval.ms (its default): how often idle producers are forgotten.
 PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_MS: Final = 10 * 60 * 1000
 # How often a follower's state reads what it replicated since (at most): on promotion only
@@ -300,7 +305,8 @@ class ProducerStates:
                     self._restart(t, now_ms)
                 self._read(t, None)
                 break
-            except OSError:
+            except OSError as e:
+                self._fail_on_disk_error(part, e)
                 self._restart(t, now_ms)  # a segment was let go while we read it
         else:
             # Never validate against a state read part way: the produce is refused (a
@@ -478,12 +484,28 @@ class ProducerStates:
                     if self._read(t, LOAD_SLICE_HEADERS):
                         break
                     await asyncio.sleep(0)  # let the node's other clients in
-            except OSError:
+            except OSError as e:
+                self._fail_on_disk_error(t.part, e)
                 self._restart(t, self.replicas.now_ms())  # a segment went while we read it
                 continue
             self._maybe_expire(t, self.replicas.now_ms())
             return
         # The log kept changing under the reads: ``get`` reads it in one go when asked.
+
+    def _fail_on_disk_error(self, part: Partition, error: OSError) -> None:
+        """An error of the disk, not a segment let go while it was read (its file closed or
+        deleted: EBADF, ENOENT), fails the log directory, as Kafka's reads do through
+        ``maybeHandleIOException``; retried as a race, it refused every idempotent produce
+        of the partition while the node stayed its leader (the node halts instead, and the
+        leadership moves)."""
+        if error.errno not in _SEGMENT_LET_GO_ERRNOS:
+            self.replicas.log_dir_failure.fail(
+                f"reading the producer state of {part.topic}-{part.partition}", error
+            )
+            raise KafkaError(
+                Errors.KAFKA_STORAGE_ERROR,
+                f"the producer state of {part.topic}-{part.partition} could not be read",
+            ) from error
 
     def _maybe_expire(self, t: _Tracked, now_ms: int) -> None:
         """Kafka's removeExpiredProducers, every producer.id.expiration.check.interval.ms."""
@@ -689,7 +711,8 @@ class ProduceApi:
         except KafkaError:
             return
         if not self.states.loaded(part):
-            await self.states.ready(part, self.ctx.now_ms())
+            with contextlib.suppress(KafkaError):  # the append's ``get`` says it, for this one
+                await self.states.ready(part, self.ctx.now_ms())
 
     async def _scanned(
         self, topic: str, index: int, records: bytes | None, acks: int

@@ -3481,3 +3481,53 @@ def test_auto_creations_the_controller_refuses_are_logged_once_per_request(
         assert lines[0].endswith("; and 2 more")
 
     run(tmp_path, test)
+
+
+def test_a_disk_error_reading_the_producer_state_fails_the_log_directory(
+    tmp_path: Path,
+) -> None:
+    """An I/O error reading the batch headers a new leadership's producer state comes from was
+    taken for a segment let go under the read and retried: every idempotent produce of the
+    partition was refused while the node stayed its leader. It fails the log directory (the
+    node halts and the leadership moves), as Kafka's reads do (review helper-277)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        pid, part = await _batches_then_a_new_leadership(h, c, 3)
+        segments = {id(s) for s in part.log.segments}
+        scan_headers = LogSegment.scan_headers
+
+        def failing_scan(segment: LogSegment, *args: Any, **kwargs: Any) -> Any:
+            if id(segment) in segments:
+                raise OSError(errno.EIO, "Input/output error")
+            return scan_headers(segment, *args, **kwargs)
+
+        failures: list[str] = []
+        h.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+        following = batch([b"w"], producer_id=pid, producer_epoch=0, base_sequence=3)
+        with mock.patch.object(LogSegment, "scan_headers", failing_scan):
+            answer = only_partition(await c.call(PRODUCE, 9, produce_values("t", 0, following)))
+        assert answer.error_code == Errors.KAFKA_STORAGE_ERROR
+        assert failures and set(failures) == {"reading the producer state of t-0"}
+
+    run(tmp_path, test)
+
+
+def test_a_disk_error_in_list_offsets_fails_the_log_directory(tmp_path: Path) -> None:
+    """ListOffsets by timestamp that met an I/O error answered KAFKA_STORAGE_ERROR and the node
+    went on leading the partition; a Fetch's read fails the log directory (review helper-277)."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        await c.call(PRODUCE, 9, produce_values("t", 0, batch([b"x"])))
+        failures: list[str] = []
+        h.replicas.log_dir_failure.fail = lambda what, error: failures.append(what)  # type: ignore[method-assign]
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            raise OSError(errno.EIO, "Input/output error")
+
+        with mock.patch.object(Log, "offset_for_timestamp", failing):
+            response = await c.call(LIST_OFFSETS, 7, list_offsets_values("t", 0, 0))
+        assert response.topics[0].partitions[0].error_code == Errors.KAFKA_STORAGE_ERROR
+        assert failures == ["reading t-0"]
+
+    run(tmp_path, test)
