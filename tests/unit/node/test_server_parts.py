@@ -141,3 +141,32 @@ def test_a_step_of_the_stop_that_raises_does_not_skip_the_others(
     assert shut == ["fetch connections", "logs"] and node._data_lock is None
     assert "stopping: the RPC connections failed" in caplog.text
     DataDirLock.acquire(tmp_path).release()  # released: another process may take it
+
+
+def test_a_controlled_shutdown_that_raises_still_hands_the_raft_leadership_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only ControllerUnavailableError was caught in the controlled shutdown: anything else (a
+    malformed controller reply) escaped ``hand_over`` and the Raft leadership was not handed
+    on, so the other voters elected only after the election timeout (review helper-277)."""
+    environ = {"KCOORD_NODE_ID": "1", "KCOORD_LOG_DIRS": str(tmp_path)}
+    config = load_config(None, {**environ, "KCOORD_CONTROLLER_QUORUM_VOTERS": "1@127.0.0.1:1"})
+    node = server.Node(config)
+    resigned: list[float] = []
+
+    async def failing_shutdown(timeout_s: float) -> bool:
+        raise KeyError("should_shut_down")
+
+    node.lifecycle = cast(Any, SimpleNamespace(controlled_shutdown=failing_shutdown))
+
+    def resign(timeout_s: float) -> bool:
+        resigned.append(timeout_s)
+        return True
+
+    node.quorum = cast(
+        Any, SimpleNamespace(status=lambda: SimpleNamespace(is_leader=True), resign=resign)
+    )
+    with caplog.at_level("ERROR"):
+        asyncio.run(node.hand_over())
+    assert resigned == [server.RESIGN_TIMEOUT_S]
+    assert "controlled shutdown failed" in caplog.text
