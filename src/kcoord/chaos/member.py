@@ -340,6 +340,22 @@ async def run_aiokafka(cfg: dict[str, Any]) -> None:
 # -- confluent-kafka -------------------------------------------------------------------------
 
 
+# librdkafka (2.16) answers a commit refused for the membership (the member was removed
+# while cut off) by putting its next heartbeat a second off, and every such refusal puts it
+# off again: committing every poll, a KIP-848 member never sent the heartbeat that would
+# have made it rejoin, and kept partitions the group had given away for three minutes
+# (make chaos, groups-partition seed 2). The member pauses its commits that long after one.
+COMMIT_PAUSE_AFTER_FENCING_S: Final = 2.0
+# UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_MEMBER_EPOCH, STALE_MEMBER_EPOCH.
+MEMBERSHIP_ERROR_CODES: Final = frozenset({25, 22, 110, 113})
+
+
+def _membership_error(error: Any) -> bool:
+    """Whether ``error`` (a confluent-kafka KafkaError, or anything) refuses the membership."""
+    code = getattr(error, "code", None)
+    return callable(code) and code() in MEMBERSHIP_ERROR_CODES
+
+
 CGMD_MAGIC: Final = b"CGMDv2:"
 
 
@@ -420,6 +436,7 @@ def run_confluent(cfg: dict[str, Any]) -> None:
     reporter = Reporter()
     consumer.subscribe([cfg["topic"]], on_assign=on_assign, on_revoke=on_revoke, on_lost=on_lost)
     emit("started")
+    commits_paused_until = 0.0  # see COMMIT_PAUSE_AFTER_FENCING_S
     try:
         while not stopping.is_set() and not fatal:
             loop_came_round()
@@ -462,15 +479,21 @@ def run_confluent(cfg: dict[str, Any]) -> None:
                 TopicPartition(cfg["topic"], p, o + 1, leader_epoch=e) for p, (o, e) in last.items()
             ]
             plain = {tp.partition: tp.offset for tp in offsets}
+            if time.monotonic() < commits_paused_until:
+                continue  # processed, not committed: the next commit covers these records
             emit("committing", offsets=plain, **who)
             try:
                 result = consumer.commit(offsets=offsets, asynchronous=False)
             except Exception as e:
                 emit("commit_failed", error=f"{type(e).__name__}: {e}", offsets=plain, **who)
+                if _membership_error(e.args[0] if e.args else None):
+                    commits_paused_until = time.monotonic() + COMMIT_PAUSE_AFTER_FENCING_S
                 continue
             failed = [tp for tp in result if tp.error is not None]
             if failed:
                 emit("commit_failed", error=str(failed[0].error), offsets=plain, **who)
+                if _membership_error(failed[0].error):
+                    commits_paused_until = time.monotonic() + COMMIT_PAUSE_AFTER_FENCING_S
             else:
                 emit("committed", offsets={tp.partition: tp.offset for tp in result}, **who)
     except Exception as e:

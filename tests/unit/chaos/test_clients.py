@@ -233,3 +233,18 @@ def test_each_report_is_recorded_at_the_time_its_client_stamped_it(
     for module in (producer, queue_consumer):
         module.emit("sent", key="k")
         assert isinstance(json.loads(capsys.readouterr().out)["at"], float)
+
+
+def test_a_commit_refused_for_the_membership_pauses_the_members_commits() -> None:
+    """librdkafka puts a member's next heartbeat off by a second at every commit refused for
+    its membership: committing every poll, a KIP-848 member removed while cut off never sent
+    the heartbeat that makes it rejoin (make chaos, groups-partition seed 2). Such a refusal
+    pauses its commits; others (a timeout, a coordinator moving) do not."""
+    from confluent_kafka import KafkaError
+
+    for code in (KafkaError.UNKNOWN_MEMBER_ID, KafkaError.FENCED_MEMBER_EPOCH):
+        assert member._membership_error(KafkaError(code))
+    for code in (KafkaError._TIMED_OUT, KafkaError.NOT_COORDINATOR):
+        assert not member._membership_error(KafkaError(code))
+    assert not member._membership_error(None)
+    assert member.COMMIT_PAUSE_AFTER_FENCING_S > 1.0  # past librdkafka's heartbeat backoff
