@@ -687,16 +687,20 @@ def test_planning_a_batch_does_not_wait_for_the_groups_commit(
     assert consumer.asked == [{TP: 10}, {TP: 30}, {TP: 40}, {TP: 50}] and consumer.closed
 
 
+def _background_commits() -> source.BackgroundCommits:
+    options = parse_source_options(
+        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
+    )
+    return source.BackgroundCommits(options, "g")
+
+
 def test_background_commits_send_failed_offsets_again_and_refused_ones_never(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     consumers: list[_Gated] = []
     monkeypatch.setattr(source, "Consumer", _recording(consumers))
     monkeypatch.setattr(source, "COMMIT_TIMEOUT_S", 0.0)
-    options = parse_source_options(
-        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
-    )
-    commits = source.BackgroundCommits(options, "g")
+    commits = _background_commits()
     try:
         commits.submit({TP: 10})
         _until(lambda: bool(consumers), "the commit thread's consumer")
@@ -734,10 +738,7 @@ def test_background_commits_go_on_after_an_error_of_the_client(
 
     monkeypatch.setattr(source, "Consumer", consumer)
     monkeypatch.setattr(source, "ERROR_BACKOFF_S", 0.0)
-    options = parse_source_options(
-        {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t"}, streaming=True
-    )
-    commits = source.BackgroundCommits(options, "g")
+    commits = _background_commits()
     try:
         commits.submit({TP: 10})
         _until(lambda: commits.settled() == {TP: 10}, "sent again, by a new client")
