@@ -52,6 +52,7 @@ from typing import Any
 from kcoord.chaos.history import PROCESS_EXIT_F, PROCESS_KILL_F, UNRECORDED_REPORT_F, History
 from kcoord.cluster.routing import partition_for
 from kcoord.node.kafka.client import call_once
+from kcoord.node.runtime import OFFSETS_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -481,8 +482,6 @@ def read_committed(
                 out[str(p.partition_index)] = int(p.committed_offset)
     return out, (host, port)
 
-
-OFFSETS_TOPIC = "__consumer_offsets"
 
 # A node's view of a partition's leadership: (leader id, leader epoch).
 Leadership = tuple[int, int]

@@ -1327,12 +1327,8 @@ class Log:
             seg = self.segments.pop()
             self._bases.pop()
             self.remove_files(seg.retire())
+        # The segment ends at ``offset``, or at the start of a batch straddling it.
         dropped = self.active_segment.truncate_to(offset)
-        if not dropped:
-            # Nothing of the active segment was at or above ``offset``: compaction left a gap
-            # there, and the log ends at ``offset`` (updateLogEndOffset). A batch straddling
-            # ``offset`` went whole instead, and the log ends at that batch's start.
-            self.active_segment.next_offset = offset
         log.info("%s: truncated to %d (%d bytes)", self.directory.name, offset, dropped)
         end = self.log_end_offset
         self.truncations += 1

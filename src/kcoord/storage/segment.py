@@ -559,6 +559,9 @@ class LogSegment:
         """
         bp = self.translate_offset(offset)
         if bp is None:
+            # Nothing at or above ``offset``: compaction left a gap there (in this segment or
+            # in the ones after it, gone), and the log ends at ``offset`` (updateLogEndOffset).
+            self.next_offset = offset
             return 0
         self._forget_tail()
         position = bp.position
