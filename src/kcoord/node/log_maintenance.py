@@ -23,7 +23,10 @@ log tidy, as in Kafka):
   thread (``log.cleaner.threads`` = 1).
 - **Recovery points** every ``log.flush.offset.checkpoint.interval.ms`` (Kafka's
   ``checkpointLogRecoveryOffsets``): after a crash each log recovers from its last checkpointed
-  recovery point instead of from the last clean shutdown's.
+  recovery point instead of from the last clean shutdown's. The file is written, with its two
+  fsyncs, on a worker thread (``write_checkpoint``, which the replication layer's periodic
+  high-watermark checkpoint uses too), as on Kafka's scheduler thread: on the event loop, a
+  disk that stalled held every request of the node for as long as each fsync took.
 - **Flushes of rolled segments** off the event loop (Kafka's ``UnifiedLog.roll`` schedules
   its "flush-log" task): a roll seals the segment and hands its fsyncs to a worker thread
   (``flush_later``); the log's recovery point passes the segment once they are done.
@@ -59,7 +62,7 @@ from kcoord.storage.log import (
     RolledFlush,
     remove_now,
 )
-from kcoord.storage.manager import LogManager, TopicPartition
+from kcoord.storage.manager import CheckpointWrite, LogManager, TopicPartition
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
@@ -141,6 +144,10 @@ class LogMaintenance:
         # Deleted files' removal: its own thread, which a stop waits for (on asyncio's default
         # executor it went on unlinking after the node had released its data directory).
         self._remover = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="log-remove")
+        # The periodic checkpoint files, one at a time; a stop waits for the one under way.
+        self._checkpointer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="checkpoint"
+        )
         self._pending_flushes = 0
         self._closing = False
 
@@ -198,6 +205,7 @@ class LogMaintenance:
                 lg._delete_cleaned(done.result())
         await asyncio.to_thread(self._flusher.shutdown, True)
         await asyncio.to_thread(self._remover.shutdown, True)
+        await asyncio.to_thread(self._checkpointer.shutdown, True)
 
     def _pause_or_abort(self) -> None:
         """The cleaner thread's call after every batch: hand the GIL over, or give up."""
@@ -382,9 +390,13 @@ class LogMaintenance:
     # -----------------------------------------------------------------------------------------
     # Recovery points.
 
-    def checkpoint_recovery_points(self) -> None:
+    async def write_checkpoint(self, write: CheckpointWrite) -> None:
+        """Write a checkpoint file's snapshot on the checkpoint thread."""
+        await asyncio.get_running_loop().run_in_executor(self._checkpointer, write)
+
+    async def checkpoint_recovery_points(self) -> None:
         try:
-            self.logs.checkpoint_recovery_points()
+            await self.write_checkpoint(self.logs.recovery_points_snapshot())
         except OSError as e:
             self.log_dir_failure.fail("checkpointing recovery points", e)
 
@@ -392,7 +404,7 @@ class LogMaintenance:
         await asyncio.sleep(self.config.initial_task_delay_ms / 1000)  # Kafka's initial delay
         while True:
             try:
-                self.checkpoint_recovery_points()
+                await self.checkpoint_recovery_points()
             except Exception:  # as retention's: logged, and tried again at the next period
                 log.exception("recovery point checkpoint failed; trying again")
             await asyncio.sleep(self.config.recovery_point_checkpoint_interval_ms / 1000)

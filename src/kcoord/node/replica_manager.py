@@ -85,7 +85,7 @@ from kcoord.storage.log import (
     RecordListTooLargeError,
     RecordTooLargeError,
 )
-from kcoord.storage.manager import LogManager
+from kcoord.storage.manager import CheckpointWrite, LogManager
 from kcoord.storage.segment import LogCorruptError
 
 log = logging.getLogger(__name__)
@@ -1178,20 +1178,29 @@ class ReplicaManager:
         disk but not hosted (yet, or offline): the file was written with those left out, and
         a crash then started them from their log start (Kafka writes nothing for a log
         directory without online partitions)."""
+        self.high_watermarks_snapshot()()
+
+    def high_watermarks_snapshot(self) -> CheckpointWrite:
         high_watermarks = self.high_watermarks()
         for tp, hw in self._checkpointed_hw.items():
             if tp not in high_watermarks and (
                 self.logs.get_log(tp) is not None or tp in self.logs.offline
             ):
                 high_watermarks[tp] = hw
-        self.logs.write_high_watermarks(high_watermarks)
+        return self.logs.high_watermarks_snapshot(high_watermarks)
 
-    async def run_high_watermark_checkpoints(self, interval_ms: int = 5000) -> None:
-        """Kafka's ``replica.high.watermark.checkpoint.interval.ms`` task."""
+    async def run_high_watermark_checkpoints(
+        self,
+        write: Callable[[CheckpointWrite], Awaitable[None]],
+        interval_ms: int = 5000,
+    ) -> None:
+        """Kafka's ``replica.high.watermark.checkpoint.interval.ms`` task. The snapshot is
+        taken here and written by ``write`` (the node's checkpoint thread): the file's two
+        fsyncs on the event loop held every request of the node while a disk stalled."""
         while True:
             await asyncio.sleep(interval_ms / 1000)  # the checkpoint period
             try:
-                self.checkpoint_high_watermarks()
+                await write(self.high_watermarks_snapshot())
             except OSError as e:
                 self.log_dir_failure.fail("checkpointing high watermarks", e)
 

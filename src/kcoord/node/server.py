@@ -401,7 +401,10 @@ class Node:
                 "isr",
                 self.replicas.run_isr_maintenance(min(500, cfg.replica_lag_time_max_ms // 2 or 1)),
             ),
-            ("hw-checkpoint", self.replicas.run_high_watermark_checkpoints()),
+            (
+                "hw-checkpoint",
+                self.replicas.run_high_watermark_checkpoints(self.log_maintenance.write_checkpoint),
+            ),
             ("log-retention", self.log_maintenance.run_retention()),
             ("log-cleaner", self.log_maintenance.run_cleaner()),
             ("recovery-points", self.log_maintenance.run_recovery_point_checkpoints()),

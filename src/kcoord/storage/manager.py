@@ -69,6 +69,11 @@ def _delete_dir_name(tp: TopicPartition, unique: str) -> str:
 TopicPartition = tuple[str, int]
 
 
+# One numbered snapshot of a checkpoint file, taken on the manager's owner's thread, written
+# when called, on any thread (``LogManager._write_snapshot``).
+CheckpointWrite = Callable[[], None]
+
+
 class LogManager:
     def __init__(self, data_dir: Path, default_config: LogConfig | None = None) -> None:
         self.data_dir = data_dir
@@ -98,6 +103,11 @@ class LogManager:
         # written).
         self._recovery_points_on_disk: dict[TopicPartition, int] = {}
         self._cleaner_offsets_on_disk: dict[TopicPartition, int] = {}
+        # Checkpoint files may be written off the owner's thread (``CheckpointWrite``): one
+        # write at a time, and a snapshot older than the one a file holds is not written.
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_snapshots = 0
+        self._checkpoint_on_disk: dict[str, int] = {}  # file name -> its snapshot's number
 
     # -----------------------------------------------------------------------------------------
     # Opening.
@@ -362,9 +372,18 @@ class LogManager:
         ]
 
     def checkpoint_recovery_points(self) -> None:
+        self.recovery_points_snapshot()()
+
+    def recovery_points_snapshot(self) -> CheckpointWrite:
+        """The logs' recovery points now, to be written on any thread (the node's periodic
+        checkpoint, Kafka's ``kafka-log-flusher`` task, writes it on a worker: its two fsyncs
+        held the event loop, for seconds when the disk stalled)."""
         points = {tp: lg.recovery_point for tp, lg in self.logs.items()}
-        self._write_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT, points)
+        write = self._checkpoint_snapshot(checkpoint.RECOVERY_POINT_CHECKPOINT, points)
+        # What the file holds once written, or a later snapshot: a truncation below it
+        # checkpoints again (``_truncated``), and its newer snapshot wins.
         self._recovery_points_on_disk = points
+        return write
 
     def _truncated(self, tp: TopicPartition, recovery_point: int) -> None:
         """A log was truncated below what the checkpoint says of it: checkpoint it now, as
@@ -397,13 +416,45 @@ class LogManager:
         self._cleaner_offsets_on_disk = offsets
 
     def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
+        self._checkpoint_snapshot(name, offsets)()
+
+    def _checkpoint_snapshot(
+        self, name: str, offsets: Mapping[TopicPartition, int]
+    ) -> CheckpointWrite:
+        """Number a snapshot of one checkpoint file's offsets (with what it keeps of offline
+        partitions), on the owner's thread; the file names its partitions from now on, as far
+        as ``adopt`` and ``forget_deleted_logs_offsets`` are concerned, as it will once this
+        or a later snapshot is written."""
         offsets = {**self._offline_offsets.get(name, {}), **offsets}
-        checkpoint.write_offsets(self.data_dir / name, offsets)
         self._checkpointed[name] = set(offsets)
+        self._checkpoint_snapshots += 1
+        return functools.partial(self._write_snapshot, name, self._checkpoint_snapshots, offsets)
+
+    def _write_snapshot(self, name: str, number: int, offsets: dict[TopicPartition, int]) -> None:
+        """Writes of a file are serialised, and one whose snapshot is older than what the
+        file holds is dropped: a periodic write on a worker that lost the race to a
+        truncation's write on the owner's thread must not put back the recovery point the
+        truncation took away."""
+        with self._checkpoint_lock:
+            if self._checkpoint_on_disk.get(name, 0) > number:
+                return  # a later snapshot was written first (a truncation's, on the loop)
+            checkpoint.write_offsets(self.data_dir / name, offsets)
+            self._checkpoint_on_disk[name] = number
 
     def write_high_watermarks(self, high_watermarks: Mapping[TopicPartition, int]) -> None:
-        checkpoint.write_offsets(
-            self.data_dir / checkpoint.REPLICATION_CHECKPOINT, dict(high_watermarks)
+        self.high_watermarks_snapshot(high_watermarks)()
+
+    def high_watermarks_snapshot(
+        self, high_watermarks: Mapping[TopicPartition, int]
+    ) -> CheckpointWrite:
+        """``replication-offset-checkpoint`` to be written on any thread (Kafka's
+        ``highwatermark-checkpoint`` task runs on its scheduler, not its request handlers)."""
+        self._checkpoint_snapshots += 1
+        return functools.partial(
+            self._write_snapshot,
+            checkpoint.REPLICATION_CHECKPOINT,
+            self._checkpoint_snapshots,
+            dict(high_watermarks),
         )
 
     def read_high_watermarks(self) -> dict[TopicPartition, int]:

@@ -21,6 +21,7 @@ from kcoord.node.log_dir_failure import EXIT_CODE, LogDirFailureChannel
 from kcoord.node.log_maintenance import LogMaintenance, MaintenanceConfig
 from kcoord.node.replica_manager import KafkaError
 from kcoord.node.server import OPEN_FILES_CAP, raise_open_files_limit
+from kcoord.storage import checkpoint
 from kcoord.storage.manager import LogManager
 from tests.unit.node.test_replication import Node, _start
 from tests.unit.storage.helpers import read_all
@@ -151,9 +152,9 @@ def test_housekeeping_that_cannot_write_halts(
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(logs, "retention_pass", failing)
-    monkeypatch.setattr(logs, "checkpoint_recovery_points", failing)
     assert asyncio.run(maintenance.enforce_retention()) == 0
-    maintenance.checkpoint_recovery_points()
+    monkeypatch.setattr(checkpoint, "write_offsets", failing)  # on the checkpoint thread
+    asyncio.run(maintenance.checkpoint_recovery_points())
     assert halts.codes == [1, 1]
 
 

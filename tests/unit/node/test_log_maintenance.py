@@ -219,9 +219,50 @@ def test_recovery_points_are_checkpointed(tmp_path: Path) -> None:
     node = Node(tmp_path)
     node.commit_offsets(50, groups=2)
     node.offsets.roll()  # a roll flushes: the recovery point moves
-    node.maintenance.checkpoint_recovery_points()
+    asyncio.run(node.maintenance.checkpoint_recovery_points())
     saved = checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT)
     assert saved[OFFSETS] == node.offsets.recovery_point > 0
+
+
+def test_the_periodic_checkpoints_are_written_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recovery points' and the high watermarks' checkpoints (Kafka's scheduler tasks)
+    are written on the checkpoint thread: their fsyncs held up by a stalled disk hold up
+    neither the event loop nor the appends."""
+    node = Node(tmp_path)
+    node.commit_offsets(50, groups=2)  # rolls: the recovery point moves
+    release = threading.Event()
+    writers: set[str] = set()
+    real_fsync = os.fsync
+
+    def held(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            writers.add(threading.current_thread().name)
+            assert release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held)
+
+    async def go() -> None:
+        points = asyncio.create_task(node.maintenance.checkpoint_recovery_points())
+        hws = asyncio.create_task(
+            node.maintenance.write_checkpoint(node.logs.high_watermarks_snapshot(node.hws))
+        )
+        async with asyncio.timeout(10):
+            while not writers:
+                await asyncio.sleep(0.01)  # polling for the checkpoint thread
+        node.commit_offsets(5, groups=2)  # the loop goes on, and appends
+        assert not points.done() and not hws.done()
+        release.set()
+        await asyncio.gather(points, hws)
+        await node.maintenance.close()
+
+    asyncio.run(go())
+    assert writers and all(n.startswith("checkpoint") for n in writers)
+    saved = checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT)
+    assert saved[OFFSETS] == node.offsets.recovery_point > 0
+    assert node.logs.read_high_watermarks() == {OFFSETS: 50}
 
 
 def test_a_roll_fsyncs_off_the_event_loop_and_then_moves_the_recovery_point(

@@ -541,3 +541,31 @@ def test_a_compacted_topic_created_again_starts_dirty(tmp_path: Path) -> None:
     reopened = again.get_log(("compacted", 0))
     assert reopened is not None and reopened.first_dirty_offset == 0
     again.close()
+
+
+def test_a_checkpoint_snapshot_older_than_the_file_is_not_written(tmp_path: Path) -> None:
+    """The node's periodic checkpoints are snapshots taken on the event loop and written on a
+    worker thread; a truncation in between checkpoints at once, on the loop. The worker's
+    snapshot, written last, must not put back the recovery point (or the high watermark) the
+    truncation took away: a crash would then load the records above it unrecovered."""
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    tp = ("t", 0)
+    lg = mgr.get_or_create_log(tp)
+    for _ in range(20):
+        lg.append_as_leader(batch(1), 0, now_ms=0)
+    lg.flush()
+    assert lg.recovery_point == 20
+    periodic = mgr.recovery_points_snapshot()
+    periodic_hws = mgr.high_watermarks_snapshot({tp: 20})
+    lg.truncate_to(5)  # checkpoints the recovery point at once (LogManager.truncateTo)
+    mgr.write_high_watermarks({tp: 5})
+    periodic()  # the worker's writes, late
+    periodic_hws()
+    assert checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT) == {tp: 5}
+    assert mgr.read_high_watermarks() == {tp: 5}
+    mgr.recovery_points_snapshot()()  # a later snapshot is written
+    lg.append_as_leader(batch(1), 0, now_ms=0)
+    lg.flush()
+    mgr.recovery_points_snapshot()()
+    assert checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT) == {tp: 6}
