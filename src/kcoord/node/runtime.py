@@ -1520,7 +1520,7 @@ class CoordinatorRuntime:
         """Replay committed records into the standby as the follower's HW moves."""
         part = standby.partition
         while not standby.closed:
-            idle = undecodable = failed = False
+            idle = given_up = failed = False
             nbytes = 0
             high_watermark = offset = 0
             async with self._replay_turns.turn(urgent=False):
@@ -1553,14 +1553,26 @@ class CoordinatorRuntime:
                         # cold and fails the same way, leaving the shard unserved
                         # (NOT_COORDINATOR).
                         log.error("%s-%d: standby stopped: %s", OFFSETS_TOPIC, part.partition, e)
-                        undecodable = True
-                    except Exception:
+                        given_up = True
+                    except Exception as e:
                         log.exception("%s-%d: standby replay failed", OFFSETS_TOPIC, part.partition)
-                        # Its shard took part of a chunk: start again from the log start, at
-                        # once (a truncation count of -1 meant that, but read as valid on a
-                        # log never truncated, and a promotion took the half-replayed shard).
-                        self._start_standby_over(standby, part)
-                        failed = True
+                        if isinstance(e, OSError):
+                            # The disk's error (a chunk is read in one go: no segment is let
+                            # go under it) fails the data directory, as a load's does and as
+                            # Kafka's log reads do (maybeHandleIOException): retried every
+                            # second from the log start, it failed for ever while the node
+                            # went on as the partition's follower.
+                            self.replica_manager.log_dir_failure.fail(
+                                f"replaying {OFFSETS_TOPIC}-{part.partition} into its standby", e
+                            )
+                            given_up = True  # no standby, as below
+                        else:
+                            # Its shard took part of a chunk: start again from the log start,
+                            # at once (a truncation count of -1 meant that, but read as valid
+                            # on a log never truncated, and a promotion took the half-replayed
+                            # shard).
+                            self._start_standby_over(standby, part)
+                            failed = True
                     else:
                         if nbytes:
                             standby.next_offset = offset
@@ -1569,11 +1581,11 @@ class CoordinatorRuntime:
                         else:
                             idle = True
                             standby.wakeup.clear()
-            if undecodable:
+            if given_up:
                 self._drop_standby(part.partition)
                 return
             if failed:
-                await asyncio.sleep(1.0)  # an I/O error: do not spin on it
+                await asyncio.sleep(1.0)  # do not spin on an error
             elif idle:
                 await standby.wakeup.wait()
             elif offset < high_watermark:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import itertools
 from dataclasses import replace
 from pathlib import Path
@@ -40,6 +41,7 @@ from kcoord.node.kafka import apis as rt_api
 from kcoord.node.kafka import codec
 from kcoord.node.kafka.context import BrokerContext
 from kcoord.node.kafka.groups import GroupApi
+from kcoord.node.log_dir_failure import LogDirFailureChannel
 from kcoord.node.metadata import MetadataCache
 from kcoord.node.replica_manager import Partition, ReplicaManager
 from kcoord.node.runtime import (
@@ -1407,6 +1409,35 @@ def test_a_standby_whose_replay_failed_starts_again_at_once(tmp_path: Path) -> N
             assert asyncio.get_running_loop().time() < deadline, standby.next_offset
             await asyncio.sleep(0.01)  # polling the standby, with a deadline
         assert standby.records == 6
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_whose_log_read_fails_on_disk_fails_the_data_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error reading the follower's log into its standby halts the node, as a load's
+    does and as Kafka's reads do (maybeHandleIOException): it was retried every second from
+    the log start, failing for ever while the node went on following the partition."""
+
+    async def scenario() -> None:
+        leader, follower = await leader_and_follower(tmp_path)
+        halts: list[int] = []
+        follower.replicas.log_dir_failure = LogDirFailureChannel(tmp_path / "b", halt=halts.append)
+        await commit_on(leader, "g", 0)
+        standby = follower.runtime.standbys[0]
+
+        def failing(*args: object, **kwargs: object) -> Any:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(follower.part.log, "read", failing)
+        follower.replicate_from(leader)
+        await _until(lambda: bool(halts), "the data directory failed")
+        assert halts == [1]
+        await _until(lambda: 0 not in follower.runtime.standbys, "the standby dropped")
+        assert standby.closed
         for node in (leader, follower):
             node.runtime.close()
 
