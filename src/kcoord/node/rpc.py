@@ -374,6 +374,10 @@ class RpcServer:
             for task in late:
                 if (stuck := self._connections.get(task)) is not None:
                     stuck.transport.abort()
+                # An abort does not wake a connection parked on its in-flight limit behind
+                # handlers that wait on and on (a controller call waiting for a quorum): the
+                # stop hung until the launcher's SIGKILL, with no clean-shutdown marker.
+                task.cancel()
             if late:
                 await asyncio.wait(late)
         await server.wait_closed()

@@ -647,6 +647,33 @@ def test_stop_does_not_wait_for_a_peer_that_reads_no_answers(run: Run) -> None:
     run(main())
 
 
+def test_stop_ends_a_connection_parked_on_its_in_flight_limit(run: Run) -> None:
+    """A connection whose handlers all wait on and on (controller calls waiting for a quorum)
+    stops reading at its in-flight limit; the abort after the grace did not wake it, and stop()
+    hung until the launcher's SIGKILL (review helper-281)."""
+    entered: list[int] = []
+
+    async def forever(payload: Any) -> Any:
+        entered.append(payload)
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        server = RpcServer({"forever": forever}, max_in_flight=2)
+        await server.start(HOST, 0)
+        _, writer = await asyncio.open_connection(HOST, server.port)
+        for i in range(3):
+            writer.write(encode_frame([i, "forever", i]))
+        await writer.drain()
+        await poll_until(lambda: len(entered) == 2)  # the third waits for room
+        async with asyncio.timeout(10):
+            await server.stop()
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    run(main())
+
+
 def test_stop_waits_for_the_handlers_of_a_connection_that_is_closing(run: Run) -> None:
     """A connection's task left the server's list as it began closing, before its handlers'
     cancellation ended: stop() then returned while a handler still ran (found by a review)."""
