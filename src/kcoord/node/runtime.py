@@ -1481,9 +1481,25 @@ class CoordinatorRuntime:
         self._drop_standby(part.partition)
         standby = self._new_standby(part)
         self.standbys[part.partition] = standby
-        asyncio.get_running_loop().create_task(
+        task = asyncio.get_running_loop().create_task(
             self._follow(standby), name=f"standby-{part.partition}"
         )
+        task.add_done_callback(functools.partial(self._standby_ended, standby))
+
+    def _standby_ended(self, standby: Standby, task: asyncio.Task[None]) -> None:
+        """A standby's task that raised outside its replay's own handling (its validity
+        check, a new shard): said, and the standby dropped, so a promotion loads cold. It
+        stayed registered, never advancing, and a promotion replayed all above it unseen."""
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        log.error(
+            "%s-%d: standby stopped",
+            OFFSETS_TOPIC,
+            standby.partition.partition,
+            exc_info=error,
+        )
+        if self.standbys.get(standby.partition.partition) is standby:
+            self._drop_standby(standby.partition.partition)
 
     def _new_shard(self, part: Partition, timer: _ShardTimer) -> GroupCoordinatorShard:
         return GroupCoordinatorShard(

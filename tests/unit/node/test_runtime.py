@@ -1444,6 +1444,33 @@ def test_a_standby_whose_log_read_fails_on_disk_fails_the_data_directory(
     asyncio.run(scenario())
 
 
+def test_a_standby_whose_task_fails_outside_its_replay_is_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception outside the replay's own handling (the standby's validity check) ended
+    its task unseen, and the standby stayed registered, never advancing (review helper-280):
+    it is said and dropped, and a promotion loads cold."""
+
+    async def scenario() -> None:
+        leader, follower = await leader_and_follower(tmp_path)
+        standby = follower.runtime.standbys[0]
+
+        def broken() -> bool:
+            raise RuntimeError("validity check failed")
+
+        monkeypatch.setattr(standby, "still_valid", broken)
+        await commit_on(leader, "g", 0)
+        follower.replicate_from(leader)
+        await _until(lambda: 0 not in follower.runtime.standbys, "the standby dropped")
+        assert standby.closed
+        for node in (leader, follower):
+            node.runtime.close()
+
+    with caplog.at_level("ERROR", logger=rt.__name__):
+        asyncio.run(scenario())
+    assert any("standby stopped" in r.getMessage() for r in caplog.records)
+
+
 def test_without_hot_standby_a_promotion_replays_the_whole_log(tmp_path: Path) -> None:
     async def scenario() -> None:
         leader = Replica(tmp_path / "a", 1)
