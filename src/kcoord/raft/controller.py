@@ -966,19 +966,25 @@ class Controller:
     def steady_broker_heartbeat(
         self, image: MetadataImage, request: BrokerHeartbeatRequest, now_ms: int
     ) -> BrokerHeartbeatReply | None:
-        """The answer to a heartbeat that can write nothing: a registered broker, unfenced or
-        not yet caught up, that wants neither fencing nor shutdown. Exactly what
-        ``broker_heartbeat`` answers it, without its turn behind other decisions; None for
-        every other heartbeat (it may write or decide: ``broker_heartbeat``)."""
-        if request.want_fence or request.want_shut_down:
+        """The answer to a heartbeat that can write nothing: a registered broker that does
+        not want to shut down and is unfenced, or fenced and not yet caught up or wanting to
+        stay fenced (a starting node until it has published its image: Kafka's
+        ``calculateNextBrokerState`` keeps it FENCED with no record). Exactly what
+        ``broker_heartbeat`` answers it, without its turn behind other decisions: a starting
+        node's heartbeats timed out behind a long CreateTopics, and its listener stayed shut
+        (review helper-279). None for every other heartbeat (it may write or decide:
+        ``broker_heartbeat``)."""
+        if request.want_shut_down:
             return None
         registration = image.broker(request.broker_id)
         if registration is None or registration.broker_epoch != request.broker_epoch:
             return None
+        if request.want_fence and not registration.fenced:
+            return None  # to be fenced
         self._note_offline(request)
         offset = request.current_metadata_offset
         caught_up = offset >= registration.caught_up_offset
-        if registration.fenced and caught_up:
+        if registration.fenced and caught_up and not request.want_fence:
             return None  # due to be unfenced
         if not registration.fenced and _offline_but_eligible(image, request):
             return None  # to leave those ISRs and ELRs
