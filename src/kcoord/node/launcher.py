@@ -100,7 +100,10 @@ class ClusterState:
         """Record ``nodes``' pids in the state file as it is now: another command of this
         cluster (a ``start-node`` of another node) may have saved since this one read it,
         and writing back the whole state as read lost that node's pid, leaving it running
-        unmanaged (``cluster down`` passed it by; the next ``up`` started a second copy)."""
+        unmanaged (``cluster down`` passed it by; the next ``up`` started a second copy).
+        Nor is a live node the file names under another pid written over: another command
+        started it since this one read the file (a ``start-node 1`` while a ``down`` was
+        stopping node 2, or the winner of two ``start-node 1`` at once; review helper-281)."""
         data_dir = Path(self.data_dir)
         with state_lock(data_dir):
             try:
@@ -109,8 +112,12 @@ class ClusterState:
                 current = self  # none, or not readable: this command's, whole
             by_id = {n.node_id: n for n in current.nodes}
             for n in nodes:
-                if n.node_id in by_id:  # not one the file no longer names
-                    by_id[n.node_id].pid = n.pid
+                held = by_id.get(n.node_id)
+                if held is None:
+                    continue  # one the file no longer names
+                if held.pid not in (None, n.pid) and is_alive(held.pid, held.config_path):
+                    continue
+                held.pid = n.pid
             current._write()
 
     def save(self) -> None:

@@ -313,6 +313,35 @@ def test_a_command_keeps_what_another_saved_meanwhile(
     assert [n.pid for n in saved.nodes] == [None, 4242]
 
 
+def test_a_down_keeps_a_node_another_command_started_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cluster down`` saved every node it had read as stopped: a ``start-node 1`` that
+    saved its pid while the down stopped node 2 was written over, and node 1 ran on
+    unmanaged (review helper-281)."""
+    nodes = [
+        launcher.NodeProcess(i, "127.0.0.1", 1, 2, 3, 4, str(tmp_path / f"n{i}"), pid=None)
+        for i in (1, 2)
+    ]
+    nodes[1].pid = 4343
+    launcher.ClusterState(str(tmp_path), nodes).save()
+    alive = {4343}
+    monkeypatch.setattr(launcher, "is_alive", lambda pid, config_path=None: pid in alive)
+
+    def stop_while_node_1_starts(node: launcher.NodeProcess, *, kill: bool = False) -> None:
+        other = launcher.ClusterState.load(tmp_path)
+        other.node(1).pid = 4242  # another command's start-node 1
+        other.save()
+        alive.add(4242)
+        alive.discard(node.pid)
+        node.pid = None
+
+    monkeypatch.setattr(launcher, "stop_node", stop_while_node_1_starts)
+    cli.main(["cluster", "down", "--data-dir", str(tmp_path)])
+    saved = launcher.ClusterState.load(tmp_path)
+    assert [n.pid for n in saved.nodes] == [4242, None]
+
+
 def test_a_node_that_never_leaves_after_sigkill_is_an_error_not_a_hang(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
