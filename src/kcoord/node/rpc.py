@@ -335,6 +335,7 @@ class RpcServer:
         self._stopping = False
         # Connection task -> its writer, so stop() can close the socket and wait for the task.
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        self._parked: set[asyncio.Task[Any]] = set()  # connections waiting for room
 
     @property
     def port(self) -> int:
@@ -374,10 +375,13 @@ class RpcServer:
             for task in late:
                 if (stuck := self._connections.get(task)) is not None:
                     stuck.transport.abort()
-                # An abort does not wake a connection parked on its in-flight limit behind
-                # handlers that wait on and on (a controller call waiting for a quorum): the
-                # stop hung until the launcher's SIGKILL, with no clean-shutdown marker.
-                task.cancel()
+                if task in self._parked:
+                    # An abort does not wake a connection parked on its in-flight limit behind
+                    # handlers that wait on and on (a controller call waiting for a quorum):
+                    # the stop hung until the launcher's SIGKILL, with no clean-shutdown
+                    # marker. Only there: one already waiting for its handlers' cleanup must
+                    # be let finish it before stop() returns.
+                    task.cancel()
             if late:
                 await asyncio.wait(late)
         await server.wait_closed()
@@ -420,7 +424,16 @@ class RpcServer:
             self._connections[task] = writer
         try:
             while not self._stopping:
-                await room.acquire()
+                self._parked.add(task)
+                try:
+                    await room.acquire()
+                except asyncio.CancelledError:
+                    if not self._stopping:
+                        raise
+                    task.uncancel()  # stop() woke it: it closes as any other
+                    break
+                finally:
+                    self._parked.discard(task)
                 try:
                     async with asyncio.timeout(None) as reading:
                         if not requests:

@@ -647,7 +647,9 @@ def test_stop_does_not_wait_for_a_peer_that_reads_no_answers(run: Run) -> None:
     run(main())
 
 
-def test_stop_ends_a_connection_parked_on_its_in_flight_limit(run: Run) -> None:
+def test_stop_ends_a_connection_parked_on_its_in_flight_limit(
+    run: Run, caplog: pytest.LogCaptureFixture
+) -> None:
     """A connection whose handlers all wait on and on (controller calls waiting for a quorum)
     stops reading at its in-flight limit; the abort after the grace did not wake it, and stop()
     hung until the launcher's SIGKILL (review helper-281)."""
@@ -670,6 +672,42 @@ def test_stop_ends_a_connection_parked_on_its_in_flight_limit(run: Run) -> None:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+
+    with caplog.at_level(logging.WARNING):
+        run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_stop_waits_for_handlers_whose_cleanup_outlasts_the_grace(
+    run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection whose peer closed waits for its handlers' cleanup; past the close
+    grace, stop() must go on waiting for it, not cancel that wait (review helper-282)."""
+    monkeypatch.setattr(rpc_module, "CLOSE_GRACE_S", 0.05)
+    started, cancelled = asyncio.Event(), asyncio.Event()
+    finished: list[bool] = []
+
+    async def slow(payload: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            await asyncio.sleep(0.3)  # its cleanup takes longer than the grace
+            finished.append(True)
+            raise
+
+    async def main() -> None:
+        server = RpcServer({"slow": slow})
+        await server.start(HOST, 0)
+        _, writer = await asyncio.open_connection(HOST, server.port)
+        writer.write(encode_frame([1, "slow", None]))
+        await writer.drain()
+        await asyncio.wait_for(started.wait(), 5)
+        writer.close()
+        await asyncio.wait_for(cancelled.wait(), 5)
+        await asyncio.wait_for(server.stop(), 5)
+        assert finished == [True]
 
     run(main())
 
