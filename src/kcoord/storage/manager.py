@@ -104,8 +104,8 @@ class LogManager:
         self._recovery_points_on_disk: dict[TopicPartition, int] = {}
         self._cleaner_offsets_on_disk: dict[TopicPartition, int] = {}
         # Checkpoint files may be written off the owner's thread (``CheckpointWrite``): one
-        # write at a time, and a snapshot older than the one a file holds is not written.
-        self._checkpoint_lock = threading.Lock()
+        # write of a file at a time, and a snapshot older than the one it holds is not written.
+        self._checkpoint_locks: dict[str, threading.Lock] = {}
         self._checkpoint_snapshots = 0
         self._checkpoint_on_disk: dict[str, int] = {}  # file name -> its snapshot's number
 
@@ -417,16 +417,22 @@ class LogManager:
 
     def _write_checkpoint(self, name: str, offsets: dict[TopicPartition, int]) -> None:
         self._checkpoint_snapshot(name, offsets)()
+        # Written now, and the newest: the file names these alone (a snapshot still queued
+        # on a worker is older, and dropped).
+        self._checkpointed[name] = set(self._offline_offsets.get(name, {})) | set(offsets)
 
     def _checkpoint_snapshot(
         self, name: str, offsets: Mapping[TopicPartition, int]
     ) -> CheckpointWrite:
         """Number a snapshot of one checkpoint file's offsets (with what it keeps of offline
-        partitions), on the owner's thread; the file names its partitions from now on, as far
-        as ``adopt`` and ``forget_deleted_logs_offsets`` are concerned, as it will once this
-        or a later snapshot is written."""
+        partitions), on the owner's thread. Until it is written the file may name the
+        partitions of either, so ``adopt`` and ``forget_deleted_logs_offsets`` take both as
+        named: a log adopted while a snapshot without its deleted namesake was queued
+        skipped its rewrite, and a crash before the write left the old log's recovery point
+        to the new one (review helper-282)."""
         offsets = {**self._offline_offsets.get(name, {}), **offsets}
-        self._checkpointed[name] = set(offsets)
+        self._checkpointed[name] = self._checkpointed.get(name, set()) | set(offsets)
+        self._checkpoint_locks.setdefault(name, threading.Lock())
         self._checkpoint_snapshots += 1
         return functools.partial(self._write_snapshot, name, self._checkpoint_snapshots, offsets)
 
@@ -435,7 +441,7 @@ class LogManager:
         file holds is dropped: a periodic write on a worker that lost the race to a
         truncation's write on the owner's thread must not put back the recovery point the
         truncation took away."""
-        with self._checkpoint_lock:
+        with self._checkpoint_locks[name]:
             if self._checkpoint_on_disk.get(name, 0) > number:
                 return  # a later snapshot was written first (a truncation's, on the loop)
             checkpoint.write_offsets(self.data_dir / name, offsets)
@@ -449,6 +455,7 @@ class LogManager:
     ) -> CheckpointWrite:
         """``replication-offset-checkpoint`` to be written on any thread (Kafka's
         ``highwatermark-checkpoint`` task runs on its scheduler, not its request handlers)."""
+        self._checkpoint_locks.setdefault(checkpoint.REPLICATION_CHECKPOINT, threading.Lock())
         self._checkpoint_snapshots += 1
         return functools.partial(
             self._write_snapshot,

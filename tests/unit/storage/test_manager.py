@@ -569,3 +569,23 @@ def test_a_checkpoint_snapshot_older_than_the_file_is_not_written(tmp_path: Path
     lg.flush()
     mgr.recovery_points_snapshot()()
     assert checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT) == {tp: 6}
+
+
+def test_a_log_adopted_while_a_snapshot_is_queued_rewrites_the_checkpoint(tmp_path: Path) -> None:
+    """A periodic snapshot taken after a log's deletion, queued on the worker, no longer
+    names it; a new log of that name adopted before the write landed skipped the rewrite,
+    and a crash left the old log's recovery point to it (review helper-282)."""
+    tp = ("t", 0)
+    mgr = LogManager(tmp_path, CONFIG)
+    mgr.open()
+    old = mgr.get_or_create_log(tp, CONFIG, topic_id="AAAAAAAAAAAAAAAAAAAAAA")
+    for _ in range(30):
+        old.append_as_leader(batch(1), 0, now_ms=0)
+    old.flush()
+    mgr.checkpoint_recovery_points()
+    mgr.delete_log(tp)
+    mgr.recovery_points_snapshot()  # queued on the worker; the process dies before it runs
+    mgr.forget_deleted_logs_offsets([tp])
+    ((_, new),) = mgr.create_unregistered([(tp, CONFIG, "BBBBBBBBBBBBBBBBBBBBBB")])
+    mgr.adopt(tp, new)
+    assert checkpoint.read_offsets(tmp_path / checkpoint.RECOVERY_POINT_CHECKPOINT).get(tp, 0) == 0
