@@ -372,7 +372,9 @@ class LogManager:
         ]
 
     def checkpoint_recovery_points(self) -> None:
-        self.recovery_points_snapshot()()
+        points = {tp: lg.recovery_point for tp, lg in self.logs.items()}
+        self._write_checkpoint(checkpoint.RECOVERY_POINT_CHECKPOINT, points)
+        self._recovery_points_on_disk = points
 
     def recovery_points_snapshot(self) -> CheckpointWrite:
         """The logs' recovery points now, to be written on any thread (the node's periodic

@@ -224,6 +224,25 @@ def test_recovery_points_are_checkpointed(tmp_path: Path) -> None:
     assert saved[OFFSETS] == node.offsets.recovery_point > 0
 
 
+def hold_fsyncs_off_the_main_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[threading.Event, set[str]]:
+    """A disk that stalls for the worker threads: their fsyncs wait for the event returned,
+    and the set returned gathers those threads' names; the main thread's go through."""
+    release = threading.Event()
+    threads: set[str] = set()
+    real_fsync = os.fsync
+
+    def held(fd: int) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            threads.add(threading.current_thread().name)
+            assert release.wait(10)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", held)
+    return release, threads
+
+
 def test_the_periodic_checkpoints_are_written_off_the_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -232,17 +251,7 @@ def test_the_periodic_checkpoints_are_written_off_the_event_loop(
     neither the event loop nor the appends."""
     node = Node(tmp_path)
     node.commit_offsets(50, groups=2)  # rolls: the recovery point moves
-    release = threading.Event()
-    writers: set[str] = set()
-    real_fsync = os.fsync
-
-    def held(fd: int) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            writers.add(threading.current_thread().name)
-            assert release.wait(10)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", held)
+    release, writers = hold_fsyncs_off_the_main_thread(monkeypatch)
 
     async def go() -> None:
         points = asyncio.create_task(node.maintenance.checkpoint_recovery_points())
@@ -272,17 +281,7 @@ def test_a_roll_fsyncs_off_the_event_loop_and_then_moves_the_recovery_point(
     thread holds up neither the append that rolled nor the ones after it."""
     node = Node(tmp_path)
     node.logs.flush_rolled = node.maintenance.flush_later
-    release = threading.Event()
-    flusher_threads: set[str] = set()
-    real_fsync = os.fsync
-
-    def slow_fsync(fd: int) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            flusher_threads.add(threading.current_thread().name)
-            assert release.wait(10)
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", slow_fsync)
+    release, flusher_threads = hold_fsyncs_off_the_main_thread(monkeypatch)
 
     async def go() -> None:
         node.commit_offsets(50, groups=2)  # several rolls of 600-byte segments

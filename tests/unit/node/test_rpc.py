@@ -678,43 +678,14 @@ def test_stop_ends_a_connection_parked_on_its_in_flight_limit(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def test_stop_waits_for_handlers_whose_cleanup_outlasts_the_grace(
-    run: Run, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("past_the_grace", [False, True])
+def test_stop_waits_for_the_handlers_of_a_connection_that_is_closing(
+    run: Run, monkeypatch: pytest.MonkeyPatch, past_the_grace: bool
 ) -> None:
-    """A connection whose peer closed waits for its handlers' cleanup; past the close
-    grace, stop() must go on waiting for it, not cancel that wait (review helper-282)."""
-    monkeypatch.setattr(rpc_module, "CLOSE_GRACE_S", 0.05)
-    started, cancelled = asyncio.Event(), asyncio.Event()
-    finished: list[bool] = []
-
-    async def slow(payload: Any) -> Any:
-        started.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cancelled.set()
-            await asyncio.sleep(0.3)  # its cleanup takes longer than the grace
-            finished.append(True)
-            raise
-
-    async def main() -> None:
-        server = RpcServer({"slow": slow})
-        await server.start(HOST, 0)
-        _, writer = await asyncio.open_connection(HOST, server.port)
-        writer.write(encode_frame([1, "slow", None]))
-        await writer.drain()
-        await asyncio.wait_for(started.wait(), 5)
-        writer.close()
-        await asyncio.wait_for(cancelled.wait(), 5)
-        await asyncio.wait_for(server.stop(), 5)
-        assert finished == [True]
-
-    run(main())
-
-
-def test_stop_waits_for_the_handlers_of_a_connection_that_is_closing(run: Run) -> None:
     """A connection's task left the server's list as it began closing, before its handlers'
-    cancellation ended: stop() then returned while a handler still ran (found by a review)."""
+    cancellation ended: stop() then returned while a handler still ran (found by a review).
+    Past the close grace too: stop() cancelled that wait (review helper-282)."""
+    monkeypatch.setattr(rpc_module, "CLOSE_GRACE_S", 0.05)
     started, cancelled, release = asyncio.Event(), asyncio.Event(), asyncio.Event()
     finished: list[bool] = []
 
@@ -740,6 +711,8 @@ def test_stop_waits_for_the_handlers_of_a_connection_that_is_closing(run: Run) -
         stopping = asyncio.create_task(server.stop())
         for _ in range(20):
             await asyncio.sleep(0)
+        if past_the_grace:
+            await asyncio.sleep(0.3)  # the handler's cleanup takes longer than the grace
         assert not stopping.done(), "stop() returned while a handler was still running"
         release.set()
         await asyncio.wait_for(stopping, 5)
