@@ -570,16 +570,18 @@ class GroupApi:
         async def gather() -> dict[str, Any]:
             groups: list[Any] = []
             error = Errors.NONE
-            for fut in futures:
-                try:
-                    resp = await fut
-                except CoordinatorError as e:
-                    if e.code is Errors.NOT_COORDINATOR:
+            # Every shard's answer is awaited, as Kafka's allOf: one failure left the others'
+            # failures never retrieved (an asyncio error logged for each).
+            for resp in await asyncio.gather(*futures, return_exceptions=True):
+                if isinstance(resp, CoordinatorError):
+                    if resp.code is Errors.NOT_COORDINATOR:
                         continue  # unloaded meanwhile: Kafka skips NOT_COORDINATOR partitions
                     # GroupCoordinatorService.listGroups: any other failure is the answer's
                     # (COORDINATOR_NOT_AVAILABLE for a timeout, which clients retry), not a
                     # silently shorter list.
-                    return {"throttle_time": 0, "error_code": e.code, "groups": []}
+                    return {"throttle_time": 0, "error_code": resp.code, "groups": []}
+                if isinstance(resp, BaseException):
+                    raise resp
                 groups.extend(values(resp)["groups"])
                 if resp.error_code is not Errors.NONE:
                     error = resp.error_code
