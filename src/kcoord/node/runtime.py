@@ -1713,13 +1713,19 @@ class CoordinatorRuntime:
         token = next(self._tokens)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         ctx.futures[token] = fut
-        ctx.run(
-            _bind_now(handler, self.now_ms()),
-            token,
-            replay_only=replay_only,
-            read_group=read_group,
-            committed_read=committed_read,
-        )
+        try:
+            ctx.run(
+                _bind_now(handler, self.now_ms()),
+                token,
+                replay_only=replay_only,
+                read_group=read_group,
+                committed_read=committed_read,
+            )
+        except BaseException:
+            # The caller gets the exception, not the future: left in the shard's map, it
+            # was failed at the shard's unload alone, with no one to retrieve it.
+            ctx.futures.pop(token, None)
+            raise
         return fut
 
     async def call(

@@ -2131,6 +2131,32 @@ def test_a_list_groups_that_raises_fails_alone(
     asyncio.run(scenario())
 
 
+def test_a_call_whose_run_raises_leaves_no_future_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's ``run`` raising outside the handler's own guard reaches the caller; the
+    future made for its answer stayed in the shard's map until the unload failed it, an
+    exception no one retrieved."""
+
+    async def scenario() -> None:
+        node = await held_after_commits(tmp_path, "B")
+        ctx = node.runtime.contexts[0]
+        before = dict(ctx.futures)
+
+        def broken(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(ctx, "run", broken)
+        with pytest.raises(RuntimeError):
+            node.runtime.submit("A", commit("A", 1), replay_only=True)
+        assert ctx.futures == before
+        monkeypatch.undo()
+        node.replicas.release(node.offsets_partition)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_groups_written_below_the_high_watermark_are_forgotten() -> None:
     """Where each group's last record ends is kept so a read of one group waits for its own
     writes; once the HW passed it, the entry counts for nothing, yet every group ever written
