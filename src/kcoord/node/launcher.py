@@ -36,6 +36,8 @@ from kcoord.storage.meta_properties import DataDirError, read_meta_properties
 STATE_FILE = "cluster.json"
 # Held while a command reads and rewrites the state file (``state_lock``).
 STATE_LOCK_FILE = "cluster.json.lock"
+# Held by the ``cluster up`` starting a cluster from a data directory (``starting_lock``).
+UP_LOCK_FILE = "cluster-up.lock"
 # How long a node SIGKILLed may take to leave the process table (one stuck in the kernel
 # may never).
 KILL_TIMEOUT_S = 10.0
@@ -164,6 +166,23 @@ def state_lock(data_dir: Path) -> Iterator[None]:
     data_dir.mkdir(parents=True, exist_ok=True)
     with open(data_dir / STATE_LOCK_FILE, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released as the file closes
+        yield
+
+
+@contextmanager
+def starting_lock(data_dir: Path) -> Iterator[None]:
+    """The one ``cluster up`` starting a cluster from ``data_dir``; another at the same time is
+    refused. Both found no node running and started a full set: the second's nodes failed on
+    the data directories' locks, and its state file named them over the first's live nodes,
+    which then ran unmanaged (review helper-281)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with open(data_dir / UP_LOCK_FILE, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released as the file closes
+        except BlockingIOError:
+            raise LauncherError(
+                f"another 'kcoord cluster up' is starting a cluster from {data_dir}"
+            ) from None
         yield
 
 
@@ -514,20 +533,20 @@ def up(
     ``node_overrides`` adds keys for single nodes (the chaos lab's advertised proxy addresses).
     Once ``interrupted()`` says so, the nodes started are stopped and KeyboardInterrupt raised.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
-    old = check_startable(data_dir, nodes)
-    state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
-    state.cluster_id = old.cluster_id if old is not None else _cluster_id_of(state)
-    for n in state.nodes:
-        Path(n.directory).mkdir(parents=True, exist_ok=True)
-        n.config_path.write_text(
-            render_config(state, n, overrides or {}, (node_overrides or {}).get(n.node_id))
-        )
-    with _stop_on_failure(state):
+    with starting_lock(data_dir):
+        old = check_startable(data_dir, nodes)
+        state = plan(data_dir, nodes, base_port, hosts=hosts, groups=groups)
+        state.cluster_id = old.cluster_id if old is not None else _cluster_id_of(state)
         for n in state.nodes:
-            start_node(n)
-        state.save()
-        wait_ready(state, ready_timeout_s, interrupted)
+            Path(n.directory).mkdir(parents=True, exist_ok=True)
+            n.config_path.write_text(
+                render_config(state, n, overrides or {}, (node_overrides or {}).get(n.node_id))
+            )
+        with _stop_on_failure(state):
+            for n in state.nodes:
+                start_node(n)
+            state.save()
+            wait_ready(state, ready_timeout_s, interrupted)
     return state
 
 

@@ -160,6 +160,19 @@ def test_an_interrupted_up_stops_the_nodes_it_started(
     assert stopped == [1, 2, 3]
 
 
+def test_a_second_up_while_one_starts_the_cluster_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ``cluster up`` at once both found no node running and each started a full set; the
+    second's state file then named its nodes (which failed on the data directories' locks)
+    over the first's live ones, left running unmanaged."""
+    monkeypatch.setattr(launcher, "start_node", lambda node: pytest.fail("started a node"))
+    refused = pytest.raises(launcher.LauncherError, match="another 'kcoord cluster up'")
+    with launcher.starting_lock(tmp_path), refused:
+        launcher.up(tmp_path, 3, 30_000)
+    assert not (tmp_path / launcher.STATE_FILE).exists()
+
+
 def test_cluster_up_refuses_a_running_cluster_before_it_says_it_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
