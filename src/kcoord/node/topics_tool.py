@@ -7,7 +7,7 @@
                   --unavailable-partitions | --under-min-isr-partitions | --at-min-isr-partitions]
   topics create --topic T [--partitions N] [--replication-factor R] [--config K=V...]
   topics alter --topic T --partitions N
-  topics delete --topic T...
+  topics delete --topic T... [--exclude-internal]
 
 Through the Kafka protocol (``tool_client``): Metadata v12 for list and describe, CreateTopics
 v7, CreatePartitions v3 (``alter``: ``kafka-topics.sh --alter``, the partition count only;
@@ -25,7 +25,9 @@ options, only the partitions it names are printed, without their topics' lines
 replicas), unavailable (no leader, or a leader that is not a live broker of the Metadata
 answer), under min ISR (no leader, or fewer ISR members than the topic's effective
 ``min.insync.replicas``) or at min ISR (exactly that many). ``create`` prints "Created topic
-T."; ``alter`` and ``delete`` print nothing, as Kafka's.
+T."; ``alter`` and ``delete`` print nothing, as Kafka's. ``describe`` and ``delete`` take
+``--topic`` as Kafka's ``IncludeList`` (``include_list``): a regular expression matching whole
+names; one that matches no topic is an error, as ``TopicCommand.ensureTopicExists``.
 Errors go to stderr as "Error while executing topic command : ..." and exit 1.
 """
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -71,6 +73,7 @@ REPORTS: Final = {
 }
 MIN_ISR_REPORTS: Final = frozenset({"under_min_isr_partitions", "at_min_isr_partitions"})
 MIN_ISR: Final = "min.insync.replicas"
+TOPIC_HELP: Final = "a topic name or regular expression (',' for '|'); repeatable"
 
 
 def describe_lines(topic: TopicMetadata, configs: list[tuple[str, str]]) -> list[str]:
@@ -192,17 +195,45 @@ def _list(client: ToolClient, args: argparse.Namespace) -> int:
     return 0
 
 
+def include_list(pattern: str) -> re.Pattern[str]:
+    """``--topic`` as Kafka's ``IncludeList`` reads it: a regular expression a whole topic name
+    must match, commas standing for ``|``, spaces and surrounding quotes dropped (a plain name
+    matches itself: topic names are letters, digits, ``.``, ``_`` and ``-``)."""
+    cleaned = pattern.strip().replace(",", "|").replace(" ", "")
+    cleaned = re.sub(r"[\"']+$", "", re.sub(r"^[\"']+", "", cleaned))
+    try:
+        return re.compile(cleaned)
+    except re.error as e:
+        raise ToolError(f"--topic '{pattern}' is not a regular expression: {e}") from None
+
+
+def matching_topics(
+    patterns: list[str], topics: Mapping[str, TopicMetadata], exclude_internal: bool
+) -> list[str]:
+    """The names in ``topics`` that one of ``patterns`` matches (``TopicCommand.getTopics``),
+    sorted, internal topics left out if asked; a pattern matching none is Kafka's
+    ``ensureTopicExists`` error."""
+    names = sorted(n for n in topics if not (exclude_internal and topics[n].is_internal))
+    matched: set[str] = set()
+    for pattern in dict.fromkeys(patterns):
+        regex = include_list(pattern)
+        found = [n for n in names if regex.fullmatch(n)]
+        if not found:
+            raise ToolError(f"Topic '{pattern}' does not exist as expected")
+        matched.update(found)
+    return [n for n in names if n in matched]
+
+
 def _describe(client: ToolClient, args: argparse.Namespace) -> int:
-    wanted = list(dict.fromkeys(args.topic)) if args.topic else None
-    metadata = client.metadata(wanted)
+    metadata = client.metadata(None)
     topics = metadata.topics
-    names = sorted(topics) if wanted is None else wanted
+    if args.topic:
+        names = matching_topics(args.topic, topics, args.exclude_internal)
+    else:
+        names = sorted(topics)
     for name in names:
-        topic = topics.get(name)
-        if topic is None or topic.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION:
-            raise ToolError(f"Topic '{name}' does not exist as expected")
-        if topic.error_code != Errors.NONE:
-            raise KafkaError(topic.error_code, f"Topic '{name}'")
+        if topics[name].error_code != Errors.NONE:
+            raise KafkaError(topics[name].error_code, f"Topic '{name}'")
     shown = [n for n in names if not (args.exclude_internal and topics[n].is_internal)]
     report = next((r for r in REPORTS if getattr(args, r, False)), None)
     if report is None:
@@ -284,7 +315,7 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
 
 
 def _delete(client: ToolClient, args: argparse.Namespace) -> int:
-    names = list(dict.fromkeys(args.topic))
+    names = matching_topics(args.topic, client.metadata(None).topics, args.exclude_internal)
     values = {
         "topics": [{"name": n, "topic_id": None} for n in names],
         "timeout": client.timeout_ms,
@@ -325,7 +356,7 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     listing = tsub.add_parser("list", help="topic names")
     listing.add_argument("--exclude-internal", action="store_true")
     describe = tsub.add_parser("describe", help="partitions, leaders, replicas, ISR")
-    describe.add_argument("--topic", action="append", metavar="TOPIC", help="repeatable")
+    describe.add_argument("--topic", action="append", metavar="TOPIC", help=TOPIC_HELP)
     describe.add_argument("--exclude-internal", action="store_true")
     reports = describe.add_mutually_exclusive_group()
     for dest, what in REPORTS.items():
@@ -349,7 +380,8 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
         "--partitions", action=Once, type=int, required=True, help="the new partition count"
     )
     delete = tsub.add_parser("delete", help="DeleteTopics")
-    delete.add_argument("--topic", action="append", required=True, metavar="TOPIC")
+    delete.add_argument("--topic", action="append", required=True, metavar="TOPIC", help=TOPIC_HELP)
+    delete.add_argument("--exclude-internal", action="store_true")
     for p in (listing, describe, create, alter, delete):
         add_connection_arguments(p, default_cluster_dir)
     topics.set_defaults(func=_run)
