@@ -149,6 +149,10 @@ class _FetchPartition:
     last_fetched_epoch: int = -1  # v12+ (KIP-320)
     sent_topic: str | None = None  # the request's topic name (v0-v12)
     resolved_topic_id: str | None = None  # v13+: the topic the id named when it came
+    # Unknown here when the request came (KafkaApis sets it aside before fetchMessages): not
+    # watched, and it does not end the wait; one that becomes unknown while the fetch waits
+    # (its topic deleted) ends it, as DelayedFetch.tryComplete's forceComplete.
+    set_aside: bool = False
 
 
 class FetchApi:
@@ -200,7 +204,7 @@ class FetchApi:
         # asking for more had a whole backlog read and encoded in memory, on the event loop.
         max_bytes = min(int(body.max_bytes), FETCH_MAX_BYTES)
         min_bytes = min(int(body.min_bytes), max_bytes)
-        responses, size, failed = await self._read(wanted, max_bytes, version)
+        responses, size, failed = await self._read(wanted, max_bytes, version, arriving=True)
         if (
             size >= min_bytes
             or failed
@@ -223,7 +227,7 @@ class FetchApi:
     ) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
-        tps = [(w.topic, w.partition) for w in wanted if w.topic is not None]
+        tps = [(w.topic, w.partition) for w in wanted if w.topic is not None and not w.set_aside]
         event = self.waiters.watch(tps)
         try:
             # Records or a HW move may have come between the first read and the watch (a
@@ -274,8 +278,8 @@ class FetchApi:
         ``min_bytes``; or a partition is in error or diverges (answered at once); or a
         partition's read found bytes but stopped at the end of a segment older than its high
         watermark's, which no wait adds to (a consumer with fetch.min.bytes above a small
-        segment's size, replaying a backlog, waited fetch.max.wait.ms at every segment); or
-        no partition is known here any more (its topic was deleted: ``_read``'s rule). Also
+        segment's size, replaying a backlog, waited fetch.max.wait.ms at every segment); or a
+        partition known when the request came is not any more (its topic was deleted). Also
         asked before the first wait, as ``DelayedFetch.tryCompleteElseWatch`` does. Yields to
         the loop between slices of partitions, as ``_read`` does."""
         total = 0
@@ -299,7 +303,7 @@ class FetchApi:
                 if available > 0 and part.log.on_older_segment(w.fetch_offset, part.high_watermark):
                     return True
             except KafkaError as e:
-                if e.code in _SET_ASIDE:
+                if e.code in _SET_ASIDE and w.set_aside:
                     unknown += 1
                     continue
                 return True
@@ -307,7 +311,7 @@ class FetchApi:
         return total >= min_bytes or unknown == len(wanted)
 
     async def _read(
-        self, wanted: list[_FetchPartition], max_bytes: int, version: int
+        self, wanted: list[_FetchPartition], max_bytes: int, version: int, *, arriving: bool = False
     ) -> tuple[list[dict[str, Any]], int, bool]:
         """(partition responses, bytes of records, whether to answer at once for an error).
 
@@ -315,7 +319,8 @@ class FetchApi:
         topic id) does not cut a long poll short, unless no partition is left to wait for:
         ``KafkaApis.handleFetchRequest`` sets those aside before ``fetchMessages``, and only
         errors found reading the others end a ``DelayedFetch`` early. A consumer still holding
-        a deleted topic's partition would otherwise fetch in a hot loop. Yields to the loop
+        a deleted topic's partition would otherwise fetch in a hot loop. ``arriving``: the
+        request's first read, which marks those partitions ``set_aside``. Yields to the loop
         between slices of partitions, as a Produce's handler does."""
         responses = []
         size = 0
@@ -390,6 +395,7 @@ class FetchApi:
             except KafkaError as e:
                 if e.code in _SET_ASIDE:
                     unknown += 1
+                    w.set_aside = w.set_aside or arriving
                 else:
                     failed = True
                 responses.append(self._error(w, e.code, version))

@@ -39,7 +39,7 @@ from kcoord.storage import checkpoint, producer_snapshot
 from kcoord.storage import format as fmt
 from kcoord.storage.log import LeaderScan, Log
 from kcoord.storage.segment import LogSegment
-from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running
+from tests.unit.node.kafka.harness import NODE_ID, OFFSETS_PARTITIONS, Harness, running, until
 from tests.unit.node.kafka.test_codec import ADVERTISED
 from tests.unit.node.kafka.wire import AsyncWireClient
 
@@ -1486,7 +1486,8 @@ def test_a_fetch_by_topic_id_is_not_given_a_recreated_topics_records(tmp_path: P
 def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path) -> None:
     """A consumer still assigned a deleted topic's partition: the fetch came back at once for
     it, and the consumer fetched in a hot loop. It waits for the partitions there are, as
-    KafkaApis sets unknown partitions aside; alone, the unknown one is answered at once."""
+    KafkaApis sets unknown partitions aside; alone, the unknown one is answered at once, and
+    so is a fetch one of whose partitions is deleted while it waits."""
 
     async def test(h: Harness, c: AsyncWireClient) -> None:
         await h.create_topic("t", 1, 1)
@@ -1494,6 +1495,9 @@ def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path)
         gone = fetch_values("gone", 0, 0)["topics"][0]
         values["topics"].append(gone)
         fetch_id = await c.send(FETCH, 12, values)
+        watched = h.broker.fetch.waiters._waiters
+        await until(lambda: ("t", 0) in watched, "the fetch waiting")
+        assert ("gone", 0) not in watched  # set aside: nothing to wake it
         producer = await h.client()
         await producer.call(PRODUCE, 9, produce_values("t", 0, batch([b"wake"])))
         await producer.close()
@@ -1507,11 +1511,29 @@ def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path)
         assert answered.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
         # A topic deleted while a fetch waits on it alone (DelayedFetch's case B).
         await h.create_topic("doomed", 1, 1)
+        h.move_leader("doomed", 0, NODE_ID)  # RF 1 may have placed it on another node
+        await until(lambda: ("doomed", 0) in h.replicas.partitions, "doomed-0 led here")
         waiting = await c.send(FETCH, 12, fetch_values("doomed", 0, 0, max_wait_ms=10_000))
+        await until(lambda: ("doomed", 0) in watched, "the fetch waiting")
         h.quorum.commit([rec.RemoveTopic(h.topic_id("doomed"))])
         correlation_id, fetched = await asyncio.wait_for(c.receive(FETCH, 12), 5)
         assert correlation_id == waiting
         assert only_partition(fetched).error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        # And with another partition still there: known when the fetch came, it ends the wait
+        # (DelayedFetch.tryComplete's forceComplete); it had waited for max_wait.
+        await h.create_topic("doomed", 1, 1)
+        h.move_leader("doomed", 0, NODE_ID)  # RF 1 may have placed it on another node
+        await until(lambda: ("doomed", 0) in h.replicas.partitions, "doomed-0 led here")
+        values = fetch_values("t", 0, 1, max_wait_ms=10_000)
+        values["topics"].append(fetch_values("doomed", 0, 0)["topics"][0])
+        waiting = await c.send(FETCH, 12, values)
+        await until(lambda: ("doomed", 0) in watched, "the fetch waiting")
+        h.quorum.commit([rec.RemoveTopic(h.topic_id("doomed"))])
+        correlation_id, fetched = await asyncio.wait_for(c.receive(FETCH, 12), 5)
+        assert correlation_id == waiting
+        known, deleted = (t.partitions[0] for t in fetched.responses)
+        assert (known.error_code, records_of(known.records)) == (Errors.NONE, [])
+        assert deleted.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
 
     run(tmp_path, test)
 
