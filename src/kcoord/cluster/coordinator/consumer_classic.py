@@ -357,10 +357,10 @@ class ClassicMemberHandlers:
             # becomes a classic group now, Stable, the new incarnation holding what the old
             # one was given; a rebalance if it subscribes to other topics than the old one
             # did (convertToClassicGroup's hasSubscriptionChanged), or if a member is not
-            # at its target yet. The classic group's assignments are the targets, which such
-            # a member's SyncGroup did not hand out (a partition was still held): Stable at
-            # its generation, its heartbeats were answered NONE and those partitions were
-            # consumed by nobody until another rebalance (Kafka has this hole).
+            # at its target yet: the classic group's assignments are what each member holds,
+            # and Stable with one short of its target, its heartbeats were answered NONE and
+            # those partitions were consumed by nobody until another rebalance (Kafka writes
+            # the targets, which such a member's SyncGroup had not handed out).
             assert holder is not None
             rejoined = replace(group, members={**group.members, member_id: reconciled})
             changed = (
@@ -646,7 +646,7 @@ class ClassicMemberHandlers:
         # then was given them while it still consumed them). A claimed partition that another
         # member's assignment holds, or an earlier member claimed, is not added: two members
         # holding one partition broke the group's one-owner rule (Kafka's addPartitionEpochs
-        # refuses it) after a downgrade whose assignments came from the targets.
+        # refuses it) after a downgrade whose assignments came from the targets, as Kafka's.
         taken = {(t, p) for _, _, assigned in decoded for t, ps in assigned.items() for p in ps}
         for cm, subscription, assigned in decoded:
             owned = _names_to_ids(subscription.owned_partitions, topics)
@@ -768,9 +768,19 @@ class ClassicMemberHandlers:
         assignments = {}
         for member_id, cm in classic.members.items():
             member = group.members[member_id]
+            # What the member holds, not its target (Kafka's fromConsumerGroup writes the
+            # target): an upgrade before the members rejoin reads these back as what each
+            # holds, and gave a new consumer member, at once, a partition a classic member
+            # had not given up (review helper-284). Without a rebalance every member is at
+            # its target, which is then the same.
+            held = {
+                t: member.assigned.get(t, frozenset())
+                | member.pending_revocation.get(t, frozenset())
+                for t in member.assigned.keys() | member.pending_revocation.keys()
+            }
             assignments[member_id] = encode_assignment(
                 _subscription_version(member, classic.protocol_name),
-                _ids_to_names(group.targets.get(member_id, {}), names),
+                _ids_to_names(held, names),
             )
             cm.assignment = assignments[member_id]
         classic.subscribed_topics = classic.compute_subscribed_topics()

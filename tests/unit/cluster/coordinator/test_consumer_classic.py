@@ -137,8 +137,10 @@ class ClassicMember:
         return response.error_code
 
     def poll(self) -> None:
-        """What a classic client does each poll: heartbeat, and rejoin if told to."""
-        if self.heartbeat() is Errors.REBALANCE_IN_PROGRESS:
+        """What a classic client does each poll: heartbeat, and rejoin if told to, or if its
+        generation is past (the Java client's resetGenerationOnResponseError keeps the
+        member id)."""
+        if self.heartbeat() in (Errors.REBALANCE_IN_PROGRESS, Errors.ILLEGAL_GENERATION):
             assert self.join().error_code is Errors.NONE
             assert self.sync().error_code is Errors.NONE
 
@@ -333,6 +335,33 @@ def test_a_consumer_member_upgrades_a_classic_group_and_the_last_one_out_downgra
     # The downgraded group is durable: a failover brings it back as a classic group.
     replayed = ctx.failover()
     assert "g" in replayed.shard.groups and "g" not in replayed.shard.consumer_groups
+
+
+@pytest.mark.parametrize("failover", [False, True])
+def test_a_group_upgraded_again_before_its_classic_members_rejoin_gives_out_none_they_hold(
+    failover: bool,
+) -> None:
+    """A consumer member joins a classic group and leaves before the classic members rejoin:
+    the downgrade wrote each one's target (2 of its 3 partitions) as its classic assignment,
+    and a second consumer member, upgrading the group again, was given at once the two
+    partitions the classic members still consumed (review helper-284). Likewise after a
+    failover, which loads the classic group from that record."""
+    ctx = context()
+    b, c = classic_group_of_two(ctx)
+    a = ConsumerMember(ctx, "a")
+    assert a.beat().error_code is Errors.NONE
+    assert a.beat(-1).error_code is Errors.NONE  # a downgrade before b and c rejoined
+    a.owned = set()
+    if failover:
+        ctx = ctx.failover()
+        b.ctx = c.ctx = ctx
+    d = ConsumerMember(ctx, "d")
+    assert d.beat().error_code is Errors.NONE
+    check_single_owner([b, c, d])
+    members: list[ConsumerMember | ClassicMember] = [b, c, d]
+    converge(ctx, members)
+    check_single_owner(members)
+    assert sorted(len(m.owned) for m in members) == [2, 2, 2]
 
 
 def test_a_join_too_large_for_its_record_leaves_the_classic_group_as_it_was() -> None:
