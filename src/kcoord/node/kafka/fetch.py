@@ -231,12 +231,11 @@ class FetchApi:
         event = self.waiters.watch(tps)
         try:
             # Records or a HW move may have come between the first read and the watch (a
-            # produce pipelined behind this fetch): read again now that they would wake us, as
-            # Kafka's DelayedFetch does (tryCompleteElseWatch).
-            responses, size, failed = await self._read(wanted, max_bytes, request.version)
-            if size >= min_bytes or failed or await self._ready(wanted, min_bytes):
-                return self._response(wanted, responses)
-            while True:
+            # produce pipelined behind this fetch): looked at again now that they would wake
+            # us, by their positions, as Kafka's DelayedFetch.tryCompleteElseWatch (a read
+            # here read and CRC-checked everything waiting a second time, on the loop).
+            ready = await self._ready(wanted, min_bytes)
+            while not ready:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
@@ -248,10 +247,9 @@ class FetchApi:
                 # Read again only once the bytes waiting reach min_bytes, by their positions
                 # (DelayedFetch.tryComplete): reading them at every wake re-read and
                 # CRC-checked everything waiting each time, on the event loop.
-                if await self._ready(wanted, min_bytes):
-                    # DelayedFetch.onComplete: answered with what the read finds, even if a
-                    # batch too large for its partition's limit makes it less than estimated.
-                    break
+                # DelayedFetch.onComplete: answered with what the read finds, even if a batch
+                # too large for its partition's limit makes it less than estimated.
+                ready = await self._ready(wanted, min_bytes)
         finally:
             self.waiters.unwatch(tps, event)
         responses, _, _ = await self._read(wanted, max_bytes, request.version)

@@ -1349,6 +1349,27 @@ def test_fetch_long_poll_wakes_on_produce_and_times_out(tmp_path: Path) -> None:
     run(tmp_path, test)
 
 
+def test_a_long_poll_reads_the_log_when_it_comes_and_when_it_is_answered(
+    tmp_path: Path,
+) -> None:
+    """Records waiting below ``min_bytes``: the fetch reads them when it comes and once more
+    when it is answered. Between, it looks at their positions only (Kafka's
+    tryCompleteElseWatch); it read and CRC-checked them a third time as it began to wait."""
+
+    async def test(h: Harness, c: AsyncWireClient) -> None:
+        await h.create_topic("t", 1, 1)
+        one = batch([b"x" * 1000])
+        await c.call(PRODUCE, 9, produce_values("t", 0, one))
+        values = fetch_values("t", 0, 0, max_wait_ms=100, min_bytes=10 * len(one))
+        reads = mock.patch.object(h.broker.ctx.replicas, "fetch", wraps=h.broker.ctx.replicas.fetch)
+        with reads as counted:
+            fetched = await c.call(FETCH, 12, values)
+        assert len(records_of(only_partition(fetched).records)) == 1
+        assert counted.call_count == 2
+
+    run(tmp_path, test)
+
+
 def test_a_long_poll_reads_the_log_only_once_min_bytes_are_waiting(tmp_path: Path) -> None:
     """DelayedFetch.tryComplete: a fetch waiting for ``min_bytes`` adds up the bytes below
     the high watermark from their positions at each wake, and reads them once they are
