@@ -1081,6 +1081,7 @@ class Standby:
     next_offset: int  # the next log offset to replay
     truncations: int  # the log's truncation count this state is valid for
     tombstone_drops: int  # the log's count of cleaner swaps that dropped a tombstone
+    cleaned_below: int  # the log's first dirty offset when the replay began at its start
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     decoder: RecordDecoder = field(default_factory=RecordDecoder)
     records: int = 0
@@ -1090,15 +1091,16 @@ class Standby:
         """Whether what was replayed is still the log's prefix (no truncation below it, no
         log start moved past it; a single truncation at or above ``next_offset`` is fine) and
         what is left to replay still holds every deletion: a cleaner pass that dropped a
-        tombstone at or above ``next_offset`` took the deletion of a key whose earlier value
-        was replayed (a cold load reads the latest record of each key, so it never meets the
-        value either). Called before each read of the log, between which the cleaner's swaps
-        come, so ``next_offset`` is where the standby stood at the swap."""
+        tombstone at or above ``next_offset`` (and one no pass had gone over when the standby
+        began: ``Log.tombstone_drops_seen``) took the deletion of a key whose earlier value
+        may have been replayed (a cold load reads the latest record of each key, so it never
+        meets the value either). Called before each read of the log, between which the
+        cleaner's swaps come, so ``next_offset`` is where the standby stood at the swap."""
         lg = self.log
         kept = lg.prefix_kept(self.next_offset, self.truncations, floor=lg.log_start_offset)
         if self.partition.log is not lg or kept is None:
             return False
-        drops = lg.tombstone_drops_seen(self.next_offset, self.tombstone_drops)
+        drops = lg.tombstone_drops_seen(self.next_offset, self.tombstone_drops, self.cleaned_below)
         if drops is None:
             return False
         self.tombstone_drops = drops
@@ -1333,6 +1335,7 @@ class CoordinatorRuntime:
         applied = 0
         size = 0
         drops = lg.tombstone_drops if standby is None else standby.tombstone_drops
+        cleaned_below = lg.first_dirty_offset if standby is None else standby.cleaned_below
         # Hot: the suffix record by record. Cold: the latest record per key (LatestRecords).
         latest = LatestRecords() if standby is None else None
         # First up to the high watermark, then the rest (_replay_suffix).
@@ -1347,7 +1350,7 @@ class CoordinatorRuntime:
                     # Before each read (a hot load's first included: the standby was last
                     # checked when the shard was elected), as Standby.still_valid; in the
                     # read's turn, so no cleaner swap comes between them.
-                    seen = lg.tombstone_drops_seen(offset, drops)
+                    seen = lg.tombstone_drops_seen(offset, drops, cleaned_below)
                     cleaned_ahead = seen is None and ctx.partition.log is lg
                     if not cleaned_ahead:
                         drops = lg.tombstone_drops if seen is None else seen
@@ -1522,6 +1525,7 @@ class CoordinatorRuntime:
             lg.log_start_offset,
             lg.truncations,
             lg.tombstone_drops,
+            lg.first_dirty_offset,
         )
 
     def _start_standby_over(self, standby: Standby, part: Partition) -> None:
@@ -1531,6 +1535,7 @@ class CoordinatorRuntime:
         standby.log, standby.next_offset = fresh.log, fresh.next_offset
         standby.truncations, standby.records = fresh.truncations, 0
         standby.tombstone_drops = fresh.tombstone_drops
+        standby.cleaned_below = fresh.cleaned_below
 
     async def _follow(self, standby: Standby) -> None:
         """Replay committed records into the standby as the follower's HW moves."""

@@ -1205,17 +1205,25 @@ class Log:
             return self.truncations
         return None
 
-    def tombstone_drops_seen(self, offset: int, seen: int) -> int | None:
-        """For a reader replaying this log record by record, now at ``offset``, that had seen
-        ``seen`` of its cleaner swaps that dropped tombstones: the count to remember now if
-        none it missed dropped one at or above ``offset`` (what it has read stays true), else
-        None: a key whose value it read may have lost the tombstone it has yet to read, and
-        it must read again from the log start."""
+    def tombstone_drops_seen(self, offset: int, seen: int, cleaned_below: int) -> int | None:
+        """For a reader replaying this log record by record from its start, now at
+        ``offset``, that had seen ``seen`` of its cleaner swaps that dropped tombstones and
+        began when ``first_dirty_offset`` was ``cleaned_below``: the count to remember now if
+        none it missed dropped one at or above both (what it has read stays true), else None:
+        a key whose value it read may have lost the tombstone it has yet to read, and it must
+        read again from the log start.
+
+        A tombstone below ``cleaned_below`` is no matter: a pass had gone over it before the
+        reader began, and dropped every older value of its key (the pass's map held it), so
+        the reader never read one. Restarting for every drop ahead restarted a long load at
+        each cleaner pass that dropped any tombstone, for ever under steady offset expiry
+        (review helper-285); Kafka's loader relies on reading a tombstone within
+        delete.retention.ms of the pass that kept it."""
         missed = self.tombstone_drops - seen
         if not missed:
             return seen
         recent = self.tombstones_dropped_up_to  # per swap, newest last
-        if missed > len(recent) or max(list(recent)[-missed:]) >= offset:
+        if missed > len(recent) or max(list(recent)[-missed:]) >= max(offset, cleaned_below):
             return None
         return self.tombstone_drops
 

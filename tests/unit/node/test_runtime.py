@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import itertools
+import logging
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -1267,6 +1268,36 @@ def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_agai
     asyncio.run(scenario())
 
 
+def test_a_standby_begun_after_a_tombstone_got_its_horizon_goes_on_past_its_drop(
+    tmp_path: Path,
+) -> None:
+    """The pass that gives a tombstone its horizon drops its key's older values: a standby
+    that began replaying the log after it never read one, and the tombstone's drop ahead of
+    it is no reason to replay again (it was, at every pass that dropped any tombstone)."""
+
+    async def scenario() -> None:
+        leader, follower, standby, end = await standby_behind_a_tombstone(tmp_path)
+        part = follower.part
+        lg = part.log
+        follower.runtime._start_standby_over(standby, part)
+        assert standby.next_offset == lg.log_start_offset
+        assert lg.compact(follower.now + 1, high_watermark=end).tombstones_dropped == 1
+        assert standby.still_valid()
+        follower.replicas.follow_leader_high_watermark(part, end)
+        await _until(lambda: standby.next_offset == end, "the standby at the log end")
+        follower.elect(leader=2, leader_epoch=1)
+        await active(follower.runtime)
+        summary = follower.runtime.contexts[0].load_summary
+        assert summary is not None and summary.hot
+        follower.replicas.release(part)
+        offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
+        assert not offsets.topics
+        for node in (leader, follower):
+            node.runtime.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_promotion_whose_standby_loses_a_tombstone_before_the_load_reads_loads_cold(
     tmp_path: Path,
 ) -> None:
@@ -1292,12 +1323,19 @@ def test_a_promotion_whose_standby_loses_a_tombstone_before_the_load_reads_loads
     asyncio.run(scenario())
 
 
+@pytest.mark.parametrize("stamped_before", [False, True])
 def test_a_load_during_which_the_cleaner_drops_a_tombstone_ahead_loads_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    stamped_before: bool,
 ) -> None:
     """A load reads the log a chunk at a time, the loop serving others in between; a cleaner
     swap there that dropped a tombstone the load had not reached (its key's value already
-    read) left the deleted offset in the loaded shard, as for a standby. It loads again."""
+    read) left the deleted offset in the loaded shard, as for a standby. It loads again;
+    not when the pass that gave the tombstone its horizon (and dropped the key's value) came
+    before the load began: it restarted at every pass dropping any tombstone ahead, for
+    ever under steady expiry (review helper-285)."""
 
     async def scenario() -> None:
         node = Node(tmp_path)
@@ -1306,6 +1344,8 @@ def test_a_load_during_which_the_cleaner_drops_a_tombstone_ahead_loads_again(
         part = node.offsets_partition
         node.replicas.hold = False
         await asyncio.wait_for(node.runtime.call("g", commit("g", 42)), 5)  # offset 0
+        # A record every pass keeps, the first chunk read either way.
+        await asyncio.wait_for(node.runtime.call("k", commit("k", 7)), 5)
         for i in range(3):
             await asyncio.wait_for(node.runtime.call("h", commit("h", i)), 5)
         await asyncio.wait_for(node.runtime.call("g", offset_delete("g")), 5)
@@ -1319,19 +1359,27 @@ def test_a_load_during_which_the_cleaner_drops_a_tombstone_ahead_loads_again(
         real_scan = LatestRecords.scan
         cleaned: list[int] = []
 
+        # Two passes: the first drops g's offset and sets the tombstone's horizon (0 ms on),
+        # the second drops the tombstone.
+        passes = [node.now, node.now + 1]
+        if stamped_before:
+            cleaned.append(lg.compact(passes.pop(0), high_watermark=end).tombstones_dropped)
+
         def scan_then_clean(latest: LatestRecords, *args: Any) -> Any:
             scanned = real_scan(latest, *args)
-            if not cleaned:  # after the first chunk (g's offset), before the loop goes on
-                # Two passes: the first drops g's offset and sets the tombstone's horizon (0
-                # ms on), the second drops the tombstone.
-                for now in (node.now, node.now + 1):
+            if passes:  # after the first chunk, before the loop goes on
+                for now in passes:
                     cleaned.append(lg.compact(now, high_watermark=end).tombstones_dropped)
+                passes.clear()
             return scanned
 
         monkeypatch.setattr(LatestRecords, "scan", scan_then_clean)
-        node.runtime.schedule_load(part)
-        await loaded(node)
+        with caplog.at_level(logging.INFO, logger="kcoord.node.runtime"):
+            node.runtime.schedule_load(part)
+            await loaded(node)
         assert cleaned == [0, 1]
+        again = [r for r in caplog.records if "loading again" in r.getMessage()]
+        assert len(again) == (0 if stamped_before else 1)
         offsets = await asyncio.wait_for(node.runtime.call("g", fetch("g")), 5)
         assert not offsets.topics
         kept = await asyncio.wait_for(node.runtime.call("h", fetch("h")), 5)
