@@ -1100,6 +1100,10 @@ class Standby:
         kept = lg.prefix_kept(self.next_offset, self.truncations, floor=lg.log_start_offset)
         if self.partition.log is not lg or kept is None:
             return False
+        if kept != self.truncations:
+            # A truncation at or above it, which it goes on past: what comes there is new,
+            # gone over by no pass when the standby began (review helper-287).
+            self.cleaned_below = min(self.cleaned_below, lg.last_truncated_to)
         drops = lg.tombstone_drops_seen(self.next_offset, self.tombstone_drops, self.cleaned_below)
         if drops is None:
             return False

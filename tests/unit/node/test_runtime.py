@@ -65,6 +65,7 @@ from kcoord.storage.config import LogConfig
 from kcoord.storage.log import Log
 from kcoord.storage.manager import LogManager
 from tests.unit.cluster.coordinator.harness import MockTimer
+from tests.unit.storage.helpers import batch, open_log
 
 OFFSETS_ID = "AAAAAAAAAAAAAAAAAAAAAA"
 ORDERS_ID = "BBBBBBBBBBBBBBBBBBBBBB"
@@ -1296,6 +1297,46 @@ def test_a_standby_begun_after_a_tombstone_got_its_horizon_goes_on_past_its_drop
             node.runtime.close()
 
     asyncio.run(scenario())
+
+
+def test_a_standby_past_a_truncation_counts_the_records_after_it_as_never_cleaned(
+    tmp_path: Path,
+) -> None:
+    """A standby goes on past a truncation at or above where it stands (an unclean election
+    on a follower). The records the new leader writes there were gone over by no pass when
+    the standby began: a value it reads there, whose tombstone a pass drops before it gets
+    there, was kept for good, the drop being below the log's first dirty offset of then."""
+    config = LogConfig(
+        cleanup_policy=frozenset({"compact"}), segment_bytes=600, delete_retention_ms=0
+    )
+    lg = open_log(tmp_path / "o-0", config)
+    for i in range(20):
+        lg.append_as_leader(batch(1, key=f"f{i}".encode(), value=b"v"), 0, now_ms=0)
+    lg.roll()
+    lg.compact(0)
+    assert lg.first_dirty_offset == 20
+    standby = Standby(
+        cast(Partition, SimpleNamespace(log=lg)),
+        lg,
+        cast(GroupCoordinatorShard, None),
+        cast(rt._ShardTimer, None),
+        3,  # it read 0..2
+        lg.truncations,
+        lg.tombstone_drops,
+        lg.first_dirty_offset,
+    )
+    assert lg.truncate_to(5) == 5
+    assert standby.still_valid()  # at or above it: it goes on
+    lg.append_as_leader(batch(1, key=b"x", value=b"V"), 0, now_ms=0)  # offset 5
+    lg.append_as_leader(batch(1, key=b"x", value=None), 0, now_ms=0)  # its tombstone, 6
+    for i in range(10):
+        lg.append_as_leader(batch(1, key=f"g{i}".encode(), value=b"v"), 0, now_ms=0)
+    lg.roll()
+    standby.next_offset = 6  # x's value read
+    assert standby.still_valid()
+    lg.compact(0)  # x's value goes, its tombstone is given a horizon
+    assert lg.compact(1).tombstones_dropped == 1
+    assert not standby.still_valid()
 
 
 def test_a_promotion_whose_standby_loses_a_tombstone_before_the_load_reads_loads_cold(
