@@ -149,10 +149,11 @@ class _FetchPartition:
     last_fetched_epoch: int = -1  # v12+ (KIP-320)
     sent_topic: str | None = None  # the request's topic name (v0-v12)
     resolved_topic_id: str | None = None  # v13+: the topic the id named when it came
-    # Unknown here when the request came (KafkaApis sets it aside before fetchMessages): not
-    # watched, and it does not end the wait; one that becomes unknown while the fetch waits
-    # (its topic deleted) ends it, as DelayedFetch.tryComplete's forceComplete.
-    set_aside: bool = False
+    # The error of a partition unknown here when the request came: KafkaApis sets it aside
+    # before fetchMessages, answered with that error whatever comes meanwhile (its topic
+    # created), never read, watched nor counted. One that becomes unknown while the fetch
+    # waits (its topic deleted) ends the wait, as DelayedFetch.tryComplete's forceComplete.
+    set_aside: Errors | None = None
 
 
 class FetchApi:
@@ -227,13 +228,14 @@ class FetchApi:
     ) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
-        tps = [(w.topic, w.partition) for w in wanted if w.topic is not None and not w.set_aside]
+        tps = [
+            (w.topic, w.partition) for w in wanted if w.topic is not None and w.set_aside is None
+        ]
         event = self.waiters.watch(tps)
         try:
             # Records or a HW move may have come between the first read and the watch (a
             # produce pipelined behind this fetch): looked at again now that they would wake
-            # us, by their positions, as Kafka's DelayedFetch.tryCompleteElseWatch (a read
-            # here read and CRC-checked everything waiting a second time, on the loop).
+            # us, by their positions, as Kafka's DelayedFetch.tryCompleteElseWatch.
             ready = await self._ready(wanted, min_bytes)
             while not ready:
                 remaining = deadline - loop.time()
@@ -245,13 +247,12 @@ class FetchApi:
                     break
                 event.clear()
                 # Read again only once the bytes waiting reach min_bytes, by their positions
-                # (DelayedFetch.tryComplete): reading them at every wake re-read and
-                # CRC-checked everything waiting each time, on the event loop.
-                # DelayedFetch.onComplete: answered with what the read finds, even if a batch
-                # too large for its partition's limit makes it less than estimated.
+                # (DelayedFetch.tryComplete), not at every wake.
                 ready = await self._ready(wanted, min_bytes)
         finally:
             self.waiters.unwatch(tps, event)
+        # DelayedFetch.onComplete: answered with what the read finds, even if a batch too
+        # large for its partition's limit makes it less than estimated.
         responses, _, _ = await self._read(wanted, max_bytes, request.version)
         return self._response(wanted, responses)
 
@@ -285,7 +286,7 @@ class FetchApi:
         for i, w in enumerate(wanted, 1):
             if i % PARTITIONS_PER_SLICE == 0:
                 await asyncio.sleep(0)  # the other connections' turn
-            if w.topic is None:
+            if w.topic is None or w.set_aside is not None:
                 unknown += 1
                 continue
             try:
@@ -300,11 +301,8 @@ class FetchApi:
                 # left), not the one asked for.
                 if available > 0 and part.log.on_older_segment(w.fetch_offset, part.high_watermark):
                     return True
-            except KafkaError as e:
-                if e.code in _SET_ASIDE and w.set_aside:
-                    unknown += 1
-                    continue
-                return True
+            except KafkaError:
+                return True  # an error, or unknown since the request came
             total += min(available, w.max_bytes)
         return total >= min_bytes or unknown == len(wanted)
 
@@ -327,6 +325,10 @@ class FetchApi:
         for i, w in enumerate(wanted, 1):
             if i % PARTITIONS_PER_SLICE == 0:
                 await asyncio.sleep(0)  # the other connections' turn
+            if w.set_aside is not None:
+                unknown += 1
+                responses.append(self._error(w, w.set_aside, version))
+                continue
             try:
                 if w.topic is None:
                     raise KafkaError(Errors.UNKNOWN_TOPIC_ID)
@@ -393,7 +395,8 @@ class FetchApi:
             except KafkaError as e:
                 if e.code in _SET_ASIDE:
                     unknown += 1
-                    w.set_aside = w.set_aside or arriving
+                    if arriving:
+                        w.set_aside = e.code
                 else:
                     failed = True
                 responses.append(self._error(w, e.code, version))

@@ -1555,6 +1555,24 @@ def test_a_partition_unknown_here_does_not_cut_a_long_poll_short(tmp_path: Path)
         known, deleted = (t.partitions[0] for t in fetched.responses)
         assert (known.error_code, records_of(known.records)) == (Errors.NONE, [])
         assert deleted.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
+        # One set aside stays so, its topic created meanwhile: answered with the error it was
+        # set aside with, never read (it was: OFFSET_OUT_OF_RANGE, from an offset the new
+        # topic has not reached).
+        values = fetch_values("t", 0, 1, max_wait_ms=10_000)
+        values["topics"].append(fetch_values("later", 0, 5)["topics"][0])
+        waiting = await c.send(FETCH, 12, values)
+        await until(lambda: ("t", 0) in watched, "the fetch waiting")
+        await h.create_topic("later", 1, 1)
+        h.move_leader("later", 0, NODE_ID)
+        await until(lambda: ("later", 0) in h.replicas.partitions, "later-0 led here")
+        producer = await h.client()
+        await producer.call(PRODUCE, 9, produce_values("t", 0, batch([b"again"])))
+        await producer.close()
+        correlation_id, fetched = await asyncio.wait_for(c.receive(FETCH, 12), 5)
+        assert correlation_id == waiting
+        known, later = (t.partitions[0] for t in fetched.responses)
+        assert records_of(known.records) == [b"again"]
+        assert later.error_code == Errors.UNKNOWN_TOPIC_OR_PARTITION
 
     run(tmp_path, test)
 
