@@ -1112,6 +1112,15 @@ class Standby:
         return True
 
 
+def _drop(fut: asyncio.Future[Any]) -> None:
+    """A future no one will await: cancelled, or its exception taken, so that asyncio does
+    not log it as never retrieved (what completes it checks ``done()`` first)."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
+
+
 def _bind_now(
     handler: Callable[[GroupCoordinatorShard, int, int], CoordinatorResult], now_ms: int
 ) -> Callable[[GroupCoordinatorShard, int], CoordinatorResult]:
@@ -1734,6 +1743,7 @@ class CoordinatorRuntime:
             # The caller gets the exception, not the future: left in the shard's map, it
             # was failed at the shard's unload alone, with no one to retrieve it.
             ctx.futures.pop(token, None)
+            _drop(fut)
             raise
         return fut
 
@@ -1758,20 +1768,24 @@ class CoordinatorRuntime:
         ``ShardContext.committed_listing``) at once; a loading shard raises at once."""
         if any(ctx.state is ShardState.LOADING for ctx in self.contexts.values()):
             raise CoordinatorError(Errors.COORDINATOR_LOAD_IN_PROGRESS)
-        return [
-            self._submit_to(
-                ctx,
-                functools.partial(
-                    _list_groups,
-                    request=request,
-                    committed=ctx.committed_listing_at(ctx.partition.high_watermark),
-                ),
-                replay_only=True,  # a read: if it raises, it fails alone
-                committed_read=True,
-            )
-            for ctx in list(self.contexts.values())
-            if ctx.state is ShardState.ACTIVE
-        ]
+        futures: list[asyncio.Future[Any]] = []
+        try:
+            for ctx in list(self.contexts.values()):
+                if ctx.state is ShardState.ACTIVE:
+                    committed = ctx.committed_listing_at(ctx.partition.high_watermark)
+                    futures.append(
+                        self._submit_to(
+                            ctx,
+                            functools.partial(_list_groups, request=request, committed=committed),
+                            replay_only=True,  # a read: if it raises, it fails alone
+                            committed_read=True,
+                        )
+                    )
+        except BaseException:
+            for fut in futures:  # no one is left to await them
+                _drop(fut)
+            raise
+        return futures
 
     def on_metadata_delta(self, delta: MetadataDelta) -> None:
         """Deleted topics: every active shard writes tombstones for the offsets committed on

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import itertools
 import logging
 from dataclasses import replace
@@ -2225,25 +2226,36 @@ def test_a_call_whose_run_raises_leaves_no_future_behind(
 ) -> None:
     """A shard's ``run`` raising outside the handler's own guard reaches the caller; the
     future made for its answer stayed in the shard's map until the unload failed it, an
-    exception no one retrieved."""
+    exception no one retrieved. Nor is one retrieved if ``run`` failed it before raising."""
+    unretrieved: list[str] = []
 
     async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _loop, context: unretrieved.append(context["message"])
+        )
         node = await held_after_commits(tmp_path, "B")
         ctx = node.runtime.contexts[0]
         before = dict(ctx.futures)
 
-        def broken(*args: Any, **kwargs: Any) -> None:
+        def broken(_handler: Any, token: int, **kwargs: Any) -> None:
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(ctx, "run", broken)
-        with pytest.raises(RuntimeError):
-            node.runtime.submit("A", commit("A", 1), replay_only=True)
-        assert ctx.futures == before
+        def failed_then_broken(_handler: Any, token: int, **kwargs: Any) -> None:
+            ctx._fail([(token, None)], Errors.UNKNOWN_SERVER_ERROR)
+            raise RuntimeError("a bug")
+
+        for run in (broken, failed_then_broken):
+            monkeypatch.setattr(ctx, "run", run)
+            with pytest.raises(RuntimeError):
+                node.runtime.submit("A", commit("A", 1), replay_only=True)
+            assert ctx.futures == before
         monkeypatch.undo()
         node.replicas.release(node.offsets_partition)
         node.runtime.close()
 
     asyncio.run(scenario())
+    gc.collect()
+    assert [m for m in unretrieved if "never retrieved" in m] == []
 
 
 def test_groups_written_below_the_high_watermark_are_forgotten() -> None:
