@@ -133,6 +133,7 @@ def _cluster(args: argparse.Namespace) -> int:
             nodes = args.nodes or (len(kept.nodes) if kept else 3)
             base_port = args.base_port or (kept.nodes[0].kafka_port if kept else 9092)
             launcher.check_startable(data_dir, nodes)  # refused before "starting"
+            launcher.refuse_if_starting(data_dir)  # likewise
             _, left_out = launcher.node_environment()  # refused before "starting" too
             if left_out:
                 print(

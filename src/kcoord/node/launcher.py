@@ -186,6 +186,15 @@ def starting_lock(data_dir: Path) -> Iterator[None]:
         yield
 
 
+def refuse_if_starting(data_dir: Path) -> None:
+    """Raise ``LauncherError`` if another ``cluster up`` is starting a cluster from
+    ``data_dir`` now (``starting_lock``): a command says so before it says it starts. Makes
+    nothing: none can be without the lock file."""
+    if (data_dir / UP_LOCK_FILE).exists():
+        with starting_lock(data_dir):
+            pass
+
+
 def plan(
     data_dir: Path,
     nodes: int,

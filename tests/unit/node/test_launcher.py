@@ -161,7 +161,7 @@ def test_an_interrupted_up_stops_the_nodes_it_started(
 
 
 def test_a_second_up_while_one_starts_the_cluster_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Two ``cluster up`` at once both found no node running and each started a full set; the
     second's state file then named its nodes (which failed on the data directories' locks)
@@ -171,6 +171,11 @@ def test_a_second_up_while_one_starts_the_cluster_is_refused(
     with launcher.starting_lock(tmp_path), refused:
         launcher.up(tmp_path, 3, 30_000)
     assert not (tmp_path / launcher.STATE_FILE).exists()
+    # The command says so before it says it starts.
+    with launcher.starting_lock(tmp_path):
+        assert cli.main(["cluster", "up", "--detach", "--data-dir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "kcoord: starting" not in out + err and "another 'kcoord cluster up'" in err
 
 
 def test_cluster_up_refuses_a_running_cluster_before_it_says_it_starts(
