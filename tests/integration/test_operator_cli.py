@@ -619,6 +619,17 @@ def test_topics_create_describe_list_delete(bootstrap: str) -> None:
         1,
         "Error while executing topic command : Topic 'cli-topic' does not exist as expected\n",
     )
+    for command in ("delete", "describe"):
+        forgiven = kcoord(
+            "topics",
+            command,
+            "--topic",
+            "cli-topic",
+            "--if-exists",
+            "--bootstrap-server",
+            bootstrap,
+        )
+        assert (forgiven.code, forgiven.out, forgiven.err) == (0, "", "")
 
 
 def test_configs_describe_and_alter(bootstrap: str) -> None:

@@ -3,11 +3,12 @@
 ::
 
   topics list [--exclude-internal]
-  topics describe [--topic T...] [--exclude-internal] [--under-replicated-partitions |
-                  --unavailable-partitions | --under-min-isr-partitions | --at-min-isr-partitions]
+  topics describe [--topic T...] [--exclude-internal] [--if-exists]
+                  [--under-replicated-partitions | --unavailable-partitions |
+                   --under-min-isr-partitions | --at-min-isr-partitions]
   topics create --topic T [--partitions N] [--replication-factor R] [--config K=V...]
   topics alter --topic T --partitions N
-  topics delete --topic T... [--exclude-internal]
+  topics delete --topic T... [--exclude-internal] [--if-exists]
 
 Through the Kafka protocol (``tool_client``): Metadata v12 for list and describe, CreateTopics
 v7, CreatePartitions v3 (``alter``: ``kafka-topics.sh --alter``, the partition count only;
@@ -27,7 +28,8 @@ answer), under min ISR (no leader, or fewer ISR members than the topic's effecti
 ``min.insync.replicas``) or at min ISR (exactly that many). ``create`` prints "Created topic
 T."; ``alter`` and ``delete`` print nothing, as Kafka's. ``describe`` and ``delete`` take
 ``--topic`` as Kafka's ``IncludeList`` (``include_list``): a regular expression matching whole
-names; one that matches no topic is an error, as ``TopicCommand.ensureTopicExists``.
+names; one that matches no topic is an error, as ``TopicCommand.ensureTopicExists``, unless
+``--if-exists``.
 Errors go to stderr as "Error while executing topic command : ..." and exit 1.
 """
 
@@ -74,6 +76,7 @@ REPORTS: Final = {
 MIN_ISR_REPORTS: Final = frozenset({"under_min_isr_partitions", "at_min_isr_partitions"})
 MIN_ISR: Final = "min.insync.replicas"
 TOPIC_HELP: Final = "a topic name or regular expression (',' for '|'); repeatable"
+IF_EXISTS_HELP: Final = "a --topic matching no topic is no error"
 
 
 def describe_lines(topic: TopicMetadata, configs: list[tuple[str, str]]) -> list[str]:
@@ -208,17 +211,23 @@ def include_list(pattern: str) -> re.Pattern[str]:
 
 
 def matching_topics(
-    patterns: list[str], topics: Mapping[str, TopicMetadata], exclude_internal: bool
+    patterns: list[str] | None,
+    topics: Mapping[str, TopicMetadata],
+    exclude_internal: bool,
+    *,
+    if_exists: bool = False,
 ) -> list[str]:
-    """The names in ``topics`` that one of ``patterns`` matches (``TopicCommand.getTopics``),
-    sorted, internal topics left out if asked; a pattern matching none is Kafka's
-    ``ensureTopicExists`` error."""
+    """The names in ``topics`` that one of ``patterns`` matches, all without patterns
+    (``TopicCommand.getTopics``), sorted, internal topics left out if asked; a pattern
+    matching none is Kafka's ``ensureTopicExists`` error, unless ``if_exists``."""
     names = sorted(n for n in topics if not (exclude_internal and topics[n].is_internal))
+    if patterns is None:
+        return names
     matched: set[str] = set()
     for pattern in dict.fromkeys(patterns):
         regex = include_list(pattern)
         found = [n for n in names if regex.fullmatch(n)]
-        if not found:
+        if not found and not if_exists:
             raise ToolError(f"Topic '{pattern}' does not exist as expected")
         matched.update(found)
     return [n for n in names if n in matched]
@@ -227,14 +236,10 @@ def matching_topics(
 def _describe(client: ToolClient, args: argparse.Namespace) -> int:
     metadata = client.metadata(None)
     topics = metadata.topics
-    if args.topic:
-        names = matching_topics(args.topic, topics, args.exclude_internal)
-    else:
-        names = sorted(topics)
-    for name in names:
+    shown = matching_topics(args.topic, topics, args.exclude_internal, if_exists=args.if_exists)
+    for name in shown:
         if topics[name].error_code != Errors.NONE:
             raise KafkaError(topics[name].error_code, f"Topic '{name}'")
-    shown = [n for n in names if not (args.exclude_internal and topics[n].is_internal)]
     report = next((r for r in REPORTS if getattr(args, r, False)), None)
     if report is None:
         configs = topic_configs(client, shown)
@@ -315,7 +320,11 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
 
 
 def _delete(client: ToolClient, args: argparse.Namespace) -> int:
-    names = matching_topics(args.topic, client.metadata(None).topics, args.exclude_internal)
+    names = matching_topics(
+        args.topic, client.metadata(None).topics, args.exclude_internal, if_exists=args.if_exists
+    )
+    if not names:
+        return 0  # --if-exists, and nothing matched
     values = {
         "topics": [{"name": n, "topic_id": None} for n in names],
         "timeout": client.timeout_ms,
@@ -358,6 +367,7 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     describe = tsub.add_parser("describe", help="partitions, leaders, replicas, ISR")
     describe.add_argument("--topic", action="append", metavar="TOPIC", help=TOPIC_HELP)
     describe.add_argument("--exclude-internal", action="store_true")
+    describe.add_argument("--if-exists", action="store_true", help=IF_EXISTS_HELP)
     reports = describe.add_mutually_exclusive_group()
     for dest, what in REPORTS.items():
         option = "--" + dest.replace("_", "-")
@@ -382,6 +392,7 @@ def add_parser(sub: Any, default_cluster_dir: Path) -> None:
     delete = tsub.add_parser("delete", help="DeleteTopics")
     delete.add_argument("--topic", action="append", required=True, metavar="TOPIC", help=TOPIC_HELP)
     delete.add_argument("--exclude-internal", action="store_true")
+    delete.add_argument("--if-exists", action="store_true", help=IF_EXISTS_HELP)
     for p in (listing, describe, create, alter, delete):
         add_connection_arguments(p, default_cluster_dir)
     topics.set_defaults(func=_run)

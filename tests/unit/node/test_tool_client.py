@@ -420,7 +420,9 @@ def test_topic_describe_reports_only_the_partitions_asked_for(
         "at_min_isr_partitions": [1],
     }
     for report, partitions in expected.items():
-        args = SimpleNamespace(topic=["orders"], exclude_internal=False, **{report: True})
+        args = SimpleNamespace(
+            topic=["orders"], exclude_internal=False, if_exists=False, **{report: True}
+        )
         assert topics_tool._describe(client, args) == 0  # type: ignore[arg-type]
         lines = capsys.readouterr().out.splitlines()
         assert [int(line.split("\tPartition: ")[1].split("\t")[0]) for line in lines] == (

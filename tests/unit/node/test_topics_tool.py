@@ -19,6 +19,7 @@ TOPICS = {
     [
         (["orders"], False, ["orders"]),  # a whole name, not a prefix
         (["orders.*"], False, ["orders", "orders.v2", "ordersXv2"]),
+        (["orders.v2"], False, ["orders.v2", "ordersXv2"]),  # '.' is any character, as Kafka's
         (["orders,payments"], False, ["orders", "payments"]),  # a comma is '|'
         ([" 'pay.*' "], False, ["payments"]),  # quotes and spaces dropped
         (["payments", "orders", "payments"], False, ["orders", "payments"]),  # each once, sorted
@@ -48,3 +49,8 @@ def test_a_pattern_matching_no_topic_is_an_error(
     a pattern that does not compile a traceback."""
     with pytest.raises(ToolError, match=message.replace("(", r"\(")):
         matching_topics(patterns, TOPICS, exclude_internal)
+
+
+def test_without_patterns_every_topic_matches_and_if_exists_forgives_none() -> None:
+    assert matching_topics(None, TOPICS, True) == ["orders", "orders.v2", "ordersXv2", "payments"]
+    assert matching_topics(["refunds", "pay.*"], TOPICS, False, if_exists=True) == ["payments"]
