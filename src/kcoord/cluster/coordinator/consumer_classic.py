@@ -646,7 +646,8 @@ class ClassicMemberHandlers:
         # then was given them while it still consumed them). A claimed partition that another
         # member's assignment holds, or an earlier member claimed, is not added: two members
         # holding one partition broke the group's one-owner rule (Kafka's addPartitionEpochs
-        # refuses it) after a downgrade whose assignments came from the targets, as Kafka's.
+        # refuses it) when the stored assignments were targets (a group Kafka downgraded: its
+        # fromConsumerGroup writes them).
         taken = {(t, p) for _, _, assigned in decoded for t, ps in assigned.items() for p in ps}
         for cm, subscription, assigned in decoded:
             owned = _names_to_ids(subscription.owned_partitions, topics)
