@@ -50,6 +50,7 @@ from kcoord.node.runtime import (
     CoordinatorError,
     CoordinatorRuntime,
     LatestRecords,
+    LoadSummary,
     ShardContext,
     ShardState,
     Standby,
@@ -1230,6 +1231,18 @@ async def standby_behind_a_tombstone(tmp_path: Path) -> tuple[Replica, Replica, 
     return leader, follower, follower.runtime.standbys[0], end
 
 
+async def promoted_without_g(follower: Replica) -> LoadSummary | None:
+    """``follower`` elected leader and its shard loaded, with g's offset gone (deleted, as a
+    cold load has it); returns the load's summary."""
+    follower.elect(leader=2, leader_epoch=1)
+    await active(follower.runtime)
+    summary = follower.runtime.contexts[0].load_summary
+    follower.replicas.release(follower.part)
+    offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
+    assert not offsets.topics
+    return summary
+
+
 def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_again(
     tmp_path: Path,
 ) -> None:
@@ -1257,11 +1270,7 @@ def test_a_tombstone_the_cleaner_drops_ahead_of_the_standby_makes_it_replay_agai
         lg.tombstone_drops += log_module.TOMBSTONE_DROPS_KEPT + 1
         assert not standby.still_valid()
         lg.tombstone_drops -= log_module.TOMBSTONE_DROPS_KEPT + 1
-        follower.elect(leader=2, leader_epoch=1)
-        await active(follower.runtime)
-        follower.replicas.release(part)
-        offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
-        assert not offsets.topics  # deleted, as a cold load has it
+        await promoted_without_g(follower)
         kept = await asyncio.wait_for(follower.runtime.call("h", fetch("h")), 5)
         assert kept.topics[0].partitions[0].committed_offset == 9
         for node in (leader, follower):
@@ -1287,13 +1296,8 @@ def test_a_standby_begun_after_a_tombstone_got_its_horizon_goes_on_past_its_drop
         assert standby.still_valid()
         follower.replicas.follow_leader_high_watermark(part, end)
         await _until(lambda: standby.next_offset == end, "the standby at the log end")
-        follower.elect(leader=2, leader_epoch=1)
-        await active(follower.runtime)
-        summary = follower.runtime.contexts[0].load_summary
+        summary = await promoted_without_g(follower)
         assert summary is not None and summary.hot
-        follower.replicas.release(part)
-        offsets = await asyncio.wait_for(follower.runtime.call("g", fetch("g")), 5)
-        assert not offsets.topics
         for node in (leader, follower):
             node.runtime.close()
 
