@@ -2262,6 +2262,48 @@ def test_a_call_whose_run_raises_leaves_no_future_behind(
     assert [m for m in unretrieved if "never retrieved" in m] == []
 
 
+def test_a_list_groups_stopped_by_a_shard_that_raises_leaves_no_failure_unretrieved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ListGroups calls every active shard; when one call raises, the caller gets that, and
+    the answers already asked of the others, one a failure, were left for no one to take."""
+    unretrieved: list[str] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _loop, context: unretrieved.append(context["message"])
+        )
+        node = await held_after_commits(tmp_path, "B")
+        ctx = node.runtime.contexts[0]
+
+        def failing_run(_handler: Any, token: int, **kwargs: Any) -> None:
+            first.futures.pop(token).set_exception(CoordinatorError(Errors.UNKNOWN_SERVER_ERROR))
+
+        def raising_run(*args: Any, **kwargs: Any) -> None:
+            raise RuntimeError("a bug")
+
+        first, later = (
+            SimpleNamespace(
+                state=ShardState.ACTIVE,
+                partition=ctx.partition,
+                committed_listing_at=ctx.committed_listing_at,
+                futures={},
+                run=run,
+            )
+            for run in (failing_run, raising_run)
+        )
+        monkeypatch.setattr(node.runtime, "contexts", {0: first, 1: later})
+        with pytest.raises(RuntimeError, match="a bug"):
+            node.runtime.list_groups(t.ListGroupsRequest())
+        monkeypatch.undo()
+        node.replicas.release(node.offsets_partition)
+        node.runtime.close()
+
+    asyncio.run(scenario())
+    gc.collect()
+    assert [m for m in unretrieved if "never retrieved" in m] == []
+
+
 def test_groups_written_below_the_high_watermark_are_forgotten() -> None:
     """Where each group's last record ends is kept so a read of one group waits for its own
     writes; once the HW passed it, the entry counts for nothing, yet every group ever written
