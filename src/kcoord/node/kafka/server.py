@@ -40,11 +40,13 @@ What closes a connection, and only that connection (each is logged once): a size
 it), a request that does not decode, an unknown API key, an unsupported version of an API
 other than ApiVersions (which is answered with its v0 error response, as Kafka does), and
 ``connections.max.idle.ms`` (10 minutes by default) without a request or response while
-nothing is in flight. A handler that fails unexpectedly gets its request answered with
-UNKNOWN_SERVER_ERROR, as Kafka's ``KafkaApis.handle`` does (``error_response``), the
-connection closed only where the API has no such answer (an acks=0 produce). So does a
-request whose answer would be over ``socket.request.max.bytes`` (a Fetch excepted: its
-max_bytes bounds it), which a few KB can ask for (``_encode_large``).
+nothing is in flight (a request being handled, and each ``READ_CHUNK_BYTES`` of a frame still
+arriving, count as activity, as Kafka's ``Selector`` notes every read). A handler that
+fails unexpectedly gets its request answered with UNKNOWN_SERVER_ERROR, as Kafka's
+``KafkaApis.handle`` does (``error_response``), the connection closed only where the API has
+no such answer (an acks=0 produce). So does a request whose answer would be over
+``socket.request.max.bytes`` (a Fetch excepted: its max_bytes bounds it), which a few KB can
+ask for (``_encode_large``).
 
 At the end of the peer's stream no further request is read, and the connection closes once
 every request read before it is answered: Kafka's ``Selector`` reads a channel only while it
@@ -116,6 +118,8 @@ OFF_LOOP_RESPONSE_ENTRIES: Final = 4096
 OFF_LOOP_RESPONSE_BYTES: Final = 4 * 1024 * 1024
 CODEC_THREADS: Final = 2
 LARGE_REQUEST_BYTES: Final = 1024 * 1024
+# A frame is read in pieces of at most this, each keeping the connection from idleness.
+READ_CHUNK_BYTES: Final = 64 * 1024
 
 
 def response_weight(
@@ -395,6 +399,7 @@ class _Connection:
         self.client_host = "/" + str(self.peer[0]) if self.peer else ""
         self.slots: asyncio.Queue[Slot] = asyncio.Queue()
         self.in_flight = 0  # requests read whose slot the writer has not finished
+        self._dispatching = False  # a request read is being decoded or handled
         # Responses encoded and not yet drained to the socket, and for deferred ones still
         # being made, the most they may take and the requests they hold.
         self.unsent_bytes = 0
@@ -469,8 +474,8 @@ class _Connection:
 
     def _on_idle(self) -> None:
         self._idle_timer = None
-        if self.in_flight and not self._draining:
-            self._touch()  # a long poll in progress is not idleness
+        if (self.in_flight or self._dispatching) and not self._draining:
+            self._touch()  # a request being handled (a long poll, say) is not idleness
             return
         # Nothing asked, or answers the peer has not read for the whole idle time (Kafka
         # expires a channel by its last socket activity).
@@ -510,7 +515,7 @@ class _Connection:
                 if not 0 < size <= max_bytes:
                     # Kafka's InvalidReceiveException: the size alone closes the connection.
                     return _Close(f"request size {size} outside 1..{max_bytes}")
-                frame = await self.reader.readexactly(size)
+                frame = await self._read_frame(size)
             except asyncio.IncompleteReadError as e:
                 return _Close("connection ended inside a frame" if e.partial else "")
             except OSError as e:
@@ -519,11 +524,31 @@ class _Connection:
             self._touch()
             if self.stats is not None:
                 self.stats.bytes_received += FRAME_SIZE.size + size
-            slot = await self._dispatch(frame)
+            self._dispatching = True
+            try:
+                slot = await self._dispatch(frame)
+            finally:
+                self._dispatching = False
             if isinstance(slot, _Close):
                 return slot
             self.in_flight += 1
             self.slots.put_nowait(slot)
+
+    async def _read_frame(self, size: int) -> bytes:
+        """A frame's ``size`` bytes, read a chunk at a time, each one activity (``_touch``)."""
+        if size <= READ_CHUNK_BYTES:
+            return await self.reader.readexactly(size)
+        chunks: list[bytes] = []
+        left = size
+        while left:
+            try:
+                chunk = await self.reader.readexactly(min(left, READ_CHUNK_BYTES))
+            except asyncio.IncompleteReadError as e:
+                raise asyncio.IncompleteReadError(b"".join(chunks) + e.partial, size) from None
+            chunks.append(chunk)
+            left -= len(chunk)
+            self._touch()
+        return b"".join(chunks)
 
     async def _dispatch(self, frame: bytes) -> Slot:
         try:

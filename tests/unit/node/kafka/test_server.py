@@ -442,9 +442,14 @@ def test_idle_connections_are_closed_but_not_while_a_request_waits() -> None:
     async def test(server: KafkaServer) -> None:
         c = await connect(server)
         started = time.monotonic()
-        # A deferred response longer than the idle timeout keeps the connection.
+        # A deferred response longer than the idle timeout keeps the connection, and so does
+        # a handler that takes as long before it answers (it was closed, the handler
+        # cancelled).
         await c.call(LIST_OFFSETS, 5, list_offsets(600))
         assert time.monotonic() - started >= 0.55
+        response = await c.call(METADATA, 9, {"topics": [{"name": "600"}]})
+        assert [t.name for t in response.topics] == ["600"]
+        assert time.monotonic() - started >= 1.1
         started = time.monotonic()
         assert await asyncio.wait_for(c.closed_by_server(), 5)
         assert 0.2 <= time.monotonic() - started < 3
@@ -455,6 +460,30 @@ def test_idle_connections_are_closed_but_not_while_a_request_waits() -> None:
         assert server.connection_count == 0
 
     run(test, idle_ms=300)
+
+
+def test_a_frame_still_arriving_is_not_idleness() -> None:
+    """Each chunk of a frame read is activity (Kafka's Selector notes every read): a request
+    uploaded slower than the idle time was cut off part way."""
+
+    async def test(server: KafkaServer) -> None:
+        c = await connect(server)
+        names = ["0"] + [f"topic-{i:05}" for i in range(24_000)]
+        frame = encode_request(METADATA, 9, 3, {"topics": [{"name": n} for n in names]})
+        chunk = server_module.READ_CHUNK_BYTES
+        assert len(frame) > 4 * chunk
+        pieces = [frame[: 4 + chunk]]
+        pieces += [frame[i : i + chunk] for i in range(4 + chunk, len(frame), chunk)]
+        started = time.monotonic()
+        for piece in pieces:
+            await c.send_raw(piece)
+            await asyncio.sleep(0.2)  # the test's own pacing: a slow upload
+        assert time.monotonic() - started > 0.5  # longer than the idle time in all
+        correlation_id, response = await c.receive(METADATA, 9)
+        assert correlation_id == 3 and len(response.topics) == len(names)
+        await c.close()
+
+    run(test, idle_ms=500)
 
 
 def test_a_negative_idle_time_never_expires_a_connection() -> None:
