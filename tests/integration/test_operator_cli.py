@@ -666,6 +666,15 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
         1,
         "Error while executing config command : Invalid config(s): nosuchkey\n",
     )
+    unnamed = kcoord(
+        "configs", "alter", "--entity-type", "topics", "--entity-name", "", "--add-config",
+        "retention.ms=1", "--bootstrap-server", bootstrap,
+    )  # fmt: skip
+    assert (unnamed.code, unnamed.err) == (
+        1,
+        "Error while executing config command : topic '': INVALID_REQUEST (Default topic "
+        "resources are not allowed.)\n",
+    )
     refused = kcoord("configs", "alter", *topic, "--add-config", "retention.ms=soon")
     assert (refused.code, refused.err) == (
         1,
@@ -684,6 +693,11 @@ def test_configs_describe_and_alter(bootstrap: str) -> None:
     min_isr += "min.insync.replicas={v}}}"
     header = "Default configs for brokers in the cluster are:\n"
     assert kcoord("configs", "describe", *default).out == f"{header}  {min_isr.format(v=2)}\n"
+    # Every broker, then the cluster-level defaults (ConfigCommand.describeConfig).
+    brokers = kcoord("configs", "describe", *broker[:2], *broker[4:]).out
+    assert brokers == "".join(f"Dynamic configs for broker {b} are:\n" for b in (1, 2, 3)) + (
+        f"{header}  {min_isr.format(v=2)}\n"
+    )
     altered = kcoord("configs", "alter", *default, "--add-config", "min.insync.replicas=1")
     assert (altered.code, altered.out) == (
         0,

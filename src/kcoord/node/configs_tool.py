@@ -136,6 +136,9 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
         names = sorted({group for group, _, _ in client.list_groups(())})
     else:
         names = [str(b) for b in sorted(client.metadata([]).brokers)]
+        if kind == "brokers":
+            # ConfigCommand.describeConfig: the cluster-level defaults after the brokers.
+            names.append("")
     for name in names:
         result = _describe_one(client, kind, name)
         dynamic = _DYNAMIC_DEFAULT_SOURCE if name == "" else _DYNAMIC_SOURCE[kind]
@@ -215,8 +218,9 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
         if invalid:
             raise ToolError(f"Invalid broker logger(s): {','.join(invalid)}")
     elif deleted:
-        # ConfigCommand.alterConfig: a key to delete must be one the resource has (set or
-        # not); the broker's DELETE of an unknown key changes nothing and says nothing.
+        # A key to delete must be one of the resource's configs, set or not: a misspelt one
+        # is refused, as ConfigCommand did; one not set is deleted as a no-op, as Kafka 4.3's
+        # ConfigCommand does (KAFKA-20506; before, it had to be set).
         known = {str(c.name) for c in _describe_one(client, kind, name).configs}
         invalid = [k for k in deleted if k not in known]
         if invalid:
@@ -243,9 +247,9 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     response = client.retrying(f"altering the configs of {_label(kind, name)}", attempt)
     code = int(response.error_code)
     if code != Errors.NONE:
-        what = "the brokers' defaults" if name == "" else f"{_ENTITY_NAMES[kind]} '{name}'"
+        what = "the brokers' defaults" if args.entity_default else f"{_ENTITY_NAMES[kind]} '{name}'"
         raise KafkaError(code, what, response.error_message)
-    default = "default " if name == "" else ""
+    default = "default " if args.entity_default else ""
     print(f"Completed updating {default}config for {_label(kind, name)}.")
     return 0
 
