@@ -800,6 +800,13 @@ class ReplicaManager:
     def _stop_replica(self, tp: TopicPartition) -> None:
         part = self.partitions.pop(tp, None)
         if part is None:
+            if tp in self.logs.offline and not self._is_replica_in(self.cache.image, tp):
+                # Offline since start-up, so never hosted: its directory was left until the
+                # node's next start (delete_stray_logs), which judges it the same way.
+                try:
+                    self.logs.delete_offline(tp)
+                except OSError as e:
+                    self.log_dir_failure.fail(f"deleting the log of {tp[0]}-{tp[1]}", e)
             return
         for served in self._served_by_replica.values():
             served.pop(tp, None)  # else every partition ever served stayed named there

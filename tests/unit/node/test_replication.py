@@ -742,6 +742,31 @@ def test_offline_logs_of_deleted_topics_are_deleted_as_strays(tmp_path: Path) ->
     asyncio.run(scenario())
 
 
+def test_an_offline_log_of_a_topic_deleted_while_the_node_runs_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """A partition offline since start-up is not hosted, so its topic's deletion stopped
+    nothing and left its directory until the node's next start (delete_stray_logs)."""
+    directory = _a_live_topics_log(tmp_path / "node-2")
+    segment = directory / "00000000000000000000.log"
+    segment.unlink()
+    segment.mkdir()  # a directory where a segment should be: offline at start-up
+
+    async def scenario() -> None:
+        cluster: dict[int, Node] = {}
+        Node(1, tmp_path / "node-1", cluster)
+        node = Node(2, tmp_path / "node-2", cluster)
+        _start(cluster)
+        assert set(node.logs.offline) == {(TOPIC, 0)}
+        assert node.replicas.get_partition(TOPIC, 0) is None
+        for n in cluster.values():
+            n.cache.apply(2, [rec.RemoveTopic(TOPIC_ID)])
+        assert not node.logs.offline
+        assert not directory.exists()
+
+    asyncio.run(scenario())
+
+
 def test_high_watermarks_of_logs_not_hosted_yet_stay_checkpointed(tmp_path: Path) -> None:
     """The periodic checkpoint before the metadata catch-up wrote an empty file: a crash then
     started every partition's HW from its log start."""
