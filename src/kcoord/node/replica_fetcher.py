@@ -220,6 +220,11 @@ class ReplicaFetcherManager:
             parts = self._followed_from(leader_id)
             if not parts:
                 log.info("replica fetcher for leader %d stopped: nothing to follow", leader_id)
+                # What it kept of the leader goes with it (Kafka's idle fetcher thread shut
+                # down): its fetch state held the partitions and logs it last fetched, deleted
+                # ones too, and a fetcher started again opens a session of its own.
+                for kept in (self._fetch_states, self._sessions, self._followed_by_leader):
+                    kept.pop(leader_id, None)
                 return
             try:
                 await self._step(leader_id, parts)
@@ -247,12 +252,18 @@ class ReplicaFetcherManager:
         if client is None:
             await asyncio.sleep(self.backoff_ms / 1000)  # the leader's endpoint is not known yet
             return
-        truncating = [p for p in parts if p.truncation_pending]
-        if truncating:
-            await self._truncate(client, truncating)
         now = asyncio.get_running_loop().time()
         if self._backoff_until:  # a back-off over is forgotten, so a quiet partition's too
             self._backoff_until = {tp: t for tp, t in self._backoff_until.items() if t > now}
+        # A partition backing off is not asked to truncate either (PartitionFetchState's
+        # isTruncating: truncating and not delayed): its leader's error was asked again
+        # every round, each fetch of the others behind it.
+        truncating = [
+            p for p in parts if p.truncation_pending and self._backoff_until.get(p.tp, 0.0) <= now
+        ]
+        if truncating:
+            await self._truncate(client, truncating)
+            now = asyncio.get_running_loop().time()
         if truncating or self._backoff_until:
             ready = [
                 p

@@ -171,6 +171,64 @@ def _two_partitions(tmp_path: Path, count: int = 2) -> tuple[Node, Node, list[Pa
     return leader, follower, parts
 
 
+def test_a_partition_backing_off_is_not_asked_to_truncate_until_its_backoff_is_over(
+    tmp_path: Path,
+) -> None:
+    """AbstractFetcherThread truncates only partitions not delayed: one whose EpochEndOffset
+    was answered with an error (its leader not at its epoch yet) was asked again every
+    round, and each fetch of the others waited behind it."""
+
+    async def scenario() -> None:
+        leader, follower, parts = _two_partitions(tmp_path)
+        fetchers = follower.fetchers
+        fetchers.backoff_ms = 60_000  # longer than the test: the back-off holds throughout
+        first, second = (leader.replicas.get_partition(TOPIC, p) for p in (0, 1))
+        assert first is not None and second is not None
+
+        async def step() -> None:  # with a record waiting: the fetch does not long-poll
+            leader.replicas.append_local(first, batch(value=b"v"), required_acks=1)
+            await fetchers._step(1, fetchers._followed_from(1))
+
+        leader.replicas.append_local(second, batch(value=b"x"), required_acks=1)
+        await step()
+        assert parts[1].log.epoch_cache.latest_epoch == 0  # an epoch to ask the leader about
+        fetchers.sent.clear()
+        parts[1].leader_epoch, parts[1].truncation_pending = 7, True  # the leader is at 0
+        for _ in range(4):
+            await step()
+        assert [m for m, _ in fetchers.sent] == ["EpochEndOffset"] + ["ReplicaFetch"] * 4
+        assert parts[0].log.log_end_offset == 5  # the other partition is fetched meanwhile
+        fetchers._backoff_until[parts[1].tp] = 0.0  # over: asked again
+        fetchers.sent.clear()
+        await step()
+        assert [m for m, _ in fetchers.sent] == ["EpochEndOffset", "ReplicaFetch"]
+
+    asyncio.run(scenario())
+
+
+def test_a_fetcher_with_nothing_left_to_follow_keeps_nothing_of_its_leader(
+    tmp_path: Path,
+) -> None:
+    """Its fetch state held the partitions and logs it last fetched, deleted ones too."""
+
+    async def scenario() -> None:
+        leader, follower, _ = _two_partitions(tmp_path)
+        fetchers = follower.fetchers
+        led = leader.replicas.get_partition(TOPIC, 0)
+        assert led is not None
+        leader.replicas.append_local(led, batch(value=b"v"), required_acks=1)  # no long poll
+        await fetchers._step(1, fetchers._followed_from(1))
+        assert 1 in fetchers._fetch_states and 1 in fetchers._sessions
+        for node in (leader, follower):
+            node.cache.apply(3, [rec.RemoveTopic(TOPIC_ID)])
+        fetchers._roles_version += 1  # as on_role_changes, without starting fetchers
+        await asyncio.wait_for(fetchers._run(1), 5)  # nothing to follow: it ends at once
+        kept = (fetchers._fetch_states, fetchers._sessions, fetchers._followed_by_leader)
+        assert not any(1 in k for k in kept)
+
+    asyncio.run(scenario())
+
+
 def _fail_over_to(cluster: dict[int, Node], leader: int) -> None:
     """The controller fences the old leader: ``leader`` leads alone in a new leader epoch."""
     change = rec.PartitionChange(
