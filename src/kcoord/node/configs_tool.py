@@ -112,8 +112,13 @@ def _split_outside_brackets(text: str, separator: str) -> list[str]:
     return pieces
 
 
+def _is_default(kind: str, name: str) -> bool:
+    """The cluster-level defaults: brokers with an empty name (--entity-default)."""
+    return kind == "brokers" and name == ""
+
+
 def _label(kind: str, name: str) -> str:
-    return "brokers in the cluster" if name == "" else f"{_ENTITY_NAMES[kind]} {name}"
+    return "brokers in the cluster" if _is_default(kind, name) else f"{_ENTITY_NAMES[kind]} {name}"
 
 
 def _check_entity_default(args: argparse.Namespace) -> None:
@@ -141,9 +146,10 @@ def _describe(client: ToolClient, args: argparse.Namespace) -> int:
             names.append("")
     for name in names:
         result = _describe_one(client, kind, name)
-        dynamic = _DYNAMIC_DEFAULT_SOURCE if name == "" else _DYNAMIC_SOURCE[kind]
+        default = _is_default(kind, name)
+        dynamic = _DYNAMIC_DEFAULT_SOURCE if default else _DYNAMIC_SOURCE[kind]
         shown = [c for c in result.configs if args.all or int(c.config_source) == dynamic]
-        scope = "Default" if name == "" else "All" if args.all else "Dynamic"
+        scope = "Default" if default else "All" if args.all else "Dynamic"
         print(f"{scope} configs for {_label(kind, name)} are:")
         for c in shown:
             value = "null" if c.value is None else c.value
@@ -247,9 +253,13 @@ def _alter(client: ToolClient, args: argparse.Namespace) -> int:
     response = client.retrying(f"altering the configs of {_label(kind, name)}", attempt)
     code = int(response.error_code)
     if code != Errors.NONE:
-        what = "the brokers' defaults" if args.entity_default else f"{_ENTITY_NAMES[kind]} '{name}'"
+        what = (
+            "the brokers' defaults"
+            if _is_default(kind, name)
+            else f"{_ENTITY_NAMES[kind]} '{name}'"
+        )
         raise KafkaError(code, what, response.error_message)
-    default = "default " if args.entity_default else ""
+    default = "default " if _is_default(kind, name) else ""
     print(f"Completed updating {default}config for {_label(kind, name)}.")
     return 0
 

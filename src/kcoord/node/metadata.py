@@ -142,10 +142,10 @@ class MetadataCache:
         """Replace the image with a snapshot's: ``image`` if given (the quorum's, parsed
         already), else one replayed from ``records``."""
         if offset < self.image.last_offset:
-            # The quorum installs whatever snapshot pysyncobj hands it (its leader sends one
-            # only to a follower behind its log start, so none is older than the image here),
-            # so this is the guard: taken, it would publish leadership this node lost since,
-            # at an older epoch.
+            # None should be (pysyncobj's leader sends a snapshot only to a follower behind
+            # its log start), but the quorum installs whatever pysyncobj hands it without a
+            # check, so this is the check: taken, it would publish leadership this node lost
+            # since, at an older epoch.
             log.error(
                 "metadata snapshot at %d is older than the image at %d: not loaded",
                 offset,

@@ -169,6 +169,11 @@ class ReplicaFetcherManager:
 
     def on_role_changes(self, changes: list[RoleChange]) -> None:
         self._roles_version += 1
+        # A partition given a new role starts with no back-off (AbstractFetcherThread's
+        # addPartitions: a fresh PartitionFetchState): its old leader's errors do not delay
+        # the new one's truncation.
+        for change in changes:
+            self._backoff_until.pop((change.topic_name, change.tp.partition), None)
         self.maybe_start_fetchers()
 
     def maybe_start_fetchers(self) -> None:

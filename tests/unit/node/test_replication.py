@@ -40,6 +40,7 @@ from kcoord.node.rpc import MAX_ANSWER_BYTES, RpcClient, RpcClientPool
 from kcoord.node.server import Node as ServerNode
 from kcoord.raft import records as rec
 from kcoord.raft.controller import Controller, ControllerConfig
+from kcoord.raft.image import BecomeFollower, TopicIdPartition
 from kcoord.raft.records import ConfigResourceType
 from kcoord.storage import checkpoint
 from kcoord.storage.epoch import UNDEFINED_EPOCH_OFFSET
@@ -202,6 +203,13 @@ def test_a_partition_backing_off_is_not_asked_to_truncate_until_its_backoff_is_o
         fetchers.sent.clear()
         await step()
         assert [m for m, _ in fetchers.sent] == ["EpochEndOffset", "ReplicaFetch"]
+        # A new role (another leader, or this one's next epoch) starts with no back-off
+        # (addPartitions: a fresh PartitionFetchState).
+        assert parts[1].tp in fetchers._backoff_until
+        change = BecomeFollower(TopicIdPartition(TOPIC_ID, 1), TOPIC, 1, 8, 1)
+        with mock.patch.object(fetchers, "maybe_start_fetchers"):
+            fetchers.on_role_changes([change])
+        assert parts[1].tp not in fetchers._backoff_until
 
     asyncio.run(scenario())
 

@@ -303,7 +303,14 @@ def _replacing(buf: memoryview, start: int, length: int) -> str:
     # Only reached once kio's reader found the bytes there and not UTF-8.
     if not 0 <= length <= len(buf) - start:
         raise DecodeError(f"string of {length} bytes in {len(buf) - start}")
-    return str(buf[start : start + length], "utf-8", "replace")
+    value = str(buf[start : start + length], "utf-8", "replace")
+    # Each U+FFFD is 3 bytes written back: a string of bad bytes could come out too long for
+    # any record (a group id of 20,000 such bytes is 60,000), and refusing that write
+    # reloaded every group of its __consumer_offsets partition.
+    written = len(value.encode())
+    if written > MAX_STRING_BYTES:
+        raise DecodeError(f"string of {written} bytes once its bad bytes are U+FFFD")
+    return value
 
 
 def _bounded_compact_string(read: Reader) -> Reader:

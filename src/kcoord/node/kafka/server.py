@@ -40,8 +40,8 @@ What closes a connection, and only that connection (each is logged once): a size
 it), a request that does not decode, an unknown API key, an unsupported version of an API
 other than ApiVersions (which is answered with its v0 error response, as Kafka does), and
 ``connections.max.idle.ms`` (10 minutes by default) without a request or response while
-nothing is in flight (a request being handled, and each ``READ_CHUNK_BYTES`` of a frame still
-arriving, count as activity, as Kafka's ``Selector`` notes every read). A handler that
+nothing is in flight (a request being handled, and every read of a frame still arriving,
+count as activity, as Kafka's ``Selector`` notes every read). A handler that
 fails unexpectedly gets its request answered with UNKNOWN_SERVER_ERROR, as Kafka's
 ``KafkaApis.handle`` does (``error_response``), the connection closed only where the API has
 no such answer (an acks=0 produce). So does a request whose answer would be over
@@ -118,7 +118,8 @@ OFF_LOOP_RESPONSE_ENTRIES: Final = 4096
 OFF_LOOP_RESPONSE_BYTES: Final = 4 * 1024 * 1024
 CODEC_THREADS: Final = 2
 LARGE_REQUEST_BYTES: Final = 1024 * 1024
-# A frame is read in pieces of at most this, each keeping the connection from idleness.
+# A frame is read in pieces of at most this, as they arrive, each keeping the connection
+# from idleness.
 READ_CHUNK_BYTES: Final = 64 * 1024
 
 
@@ -535,20 +536,19 @@ class _Connection:
             self.slots.put_nowait(slot)
 
     async def _read_frame(self, size: int) -> bytes:
-        """A frame's ``size`` bytes, read a chunk at a time, each one activity (``_touch``)."""
-        if size <= READ_CHUNK_BYTES:
-            return await self.reader.readexactly(size)
+        """A frame's ``size`` bytes, as they arrive, each read activity (``_touch``); the
+        caller notes the whole frame's."""
         chunks: list[bytes] = []
         left = size
-        while left:
-            try:
-                chunk = await self.reader.readexactly(min(left, READ_CHUNK_BYTES))
-            except asyncio.IncompleteReadError as e:
-                raise asyncio.IncompleteReadError(b"".join(chunks) + e.partial, size) from None
+        while True:
+            chunk = await self.reader.read(min(left, READ_CHUNK_BYTES))
+            if not chunk:
+                raise asyncio.IncompleteReadError(b"".join(chunks), size)
             chunks.append(chunk)
             left -= len(chunk)
+            if not left:
+                return chunk if len(chunks) == 1 else b"".join(chunks)
             self._touch()
-        return b"".join(chunks)
 
     async def _dispatch(self, frame: bytes) -> Slot:
         try:

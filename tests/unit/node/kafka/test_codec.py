@@ -213,6 +213,17 @@ def test_strings_that_are_not_utf8_are_read_with_replacement_characters() -> Non
     # A string running past the end is still refused, not read short.
     with pytest.raises(DecodeError):
         codec.decode_request(header_v1[:-1])
+    # So is one too long once its bad bytes are replaced (3 bytes each): no record could
+    # carry it. A JoinGroup v5's group id, at its largest that still fits.
+    for bad, refused in ((10_922, False), (10_923, True)):  # 3 * 10,922 = 32,766 bytes
+        join = struct.pack(">hhih", 11, 5, 1, -1) + struct.pack(">h", bad) + b"\xff" * bad
+        join += struct.pack(">ii", 6000, 6000) + struct.pack(">hh", 0, -1)  # no member, instance
+        join += struct.pack(">h", 8) + b"consumer" + struct.pack(">i", 0)  # no protocols
+        if refused:
+            with pytest.raises(DecodeError, match="32769 bytes once its bad bytes are U"):
+                codec.decode_request(join)
+        else:
+            assert len(codec.decode_request(join)[1].group_id) == bad
 
 
 def test_a_string_over_32767_bytes_is_refused_even_where_its_length_is_a_varint() -> None:
