@@ -51,7 +51,7 @@ venv: $(STAMP)
 lab:
 	bash scripts/setup-lab.sh
 
-# Debian's prometheus, for tests/integration/test_admin_metrics.py (it skips without it).
+# Debian's prometheus, for tests/integration/test_admin_metrics.py and test_deploy_dashboards.py.
 .PHONY: prometheus
 prometheus:
 	bash scripts/setup-prometheus.sh

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Install Debian's prometheus, which tests/integration/test_prometheus.py runs against a live
-# cluster with deploy/prometheus/prometheus.yml. Runs as root on Debian; elsewhere it says what
-# is missing and the test skips with that reason.
+# Install Debian's prometheus, which tests/integration/test_admin_metrics.py and
+# test_deploy_dashboards.py run against a live cluster. Runs as root on Debian (where those
+# tests then fail without it); elsewhere it says what is missing and the tests skip.
 set -euo pipefail
 if command -v prometheus >/dev/null 2>&1; then
   exit 0

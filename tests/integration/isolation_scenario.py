@@ -24,8 +24,10 @@ SESSION_TIMEOUT_S = 3.0
 
 
 def describe(node: launcher.NodeProcess, topics: bool = False) -> dict[str, Any]:
+    # Room for a node slowed by the load: the watch of the majority calls this outside poll,
+    # where one slow answer failed the scenario.
     result: dict[str, Any] = call_sync(
-        node.host, node.rpc_port, "DescribeNode", {"topics": topics}, 1.0
+        node.host, node.rpc_port, "DescribeNode", {"topics": topics}, 5.0
     )
     return result
 

@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.portpick import free_ports
 
 STOP_TIMEOUT_S = 20
+
+
+def prometheus_binary(without: str) -> str:
+    """The ``prometheus`` binary. Missing, the test fails where ``make test`` installs it (as
+    root, with apt-get: scripts/setup-prometheus.sh), so that a broken install is not a quiet
+    skip; elsewhere it skips, saying ``without``."""
+    binary = shutil.which("prometheus")
+    if binary is not None:
+        return binary
+    if os.geteuid() == 0 and shutil.which("apt-get") is not None:
+        pytest.fail("Debian's prometheus is missing, though make test installs it here as root")
+    pytest.skip(f"Debian's prometheus is not installed: run make prometheus as root; {without}")
 
 
 @contextlib.contextmanager

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import urllib.error
@@ -34,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kcoord.node import launcher
 from tests import deploy_files as files
 from tests.integration.cluster import LocalCluster, wait_for
-from tests.integration.prometheus_run import running_prometheus
+from tests.integration.prometheus_run import prometheus_binary, running_prometheus
 from tests.integration.test_kafka_clients import run_client
 from tests.portpick import free_ports
 
@@ -199,12 +198,7 @@ def prom_targets(port: int) -> list[dict[str, Any]] | None:
 def test_every_dashboard_expression_returns_data(
     cluster: LocalCluster, workload: None, tmp_path: Path
 ) -> None:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip(
-            "Debian's prometheus is not installed: run scripts/setup-prometheus.sh as root "
-            "(make test does); the metric names are still checked against /metrics"
-        )
+    binary = prometheus_binary("the metric names are still checked against /metrics")
     config = tmp_path / "prometheus.yml"
     config.write_text(prometheus_config(cluster))
     log = tmp_path / "prometheus.log"

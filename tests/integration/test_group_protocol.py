@@ -1040,6 +1040,7 @@ def serves(cluster: LocalCluster, node_id: int) -> None:
         )
         assert versions.error_code == Errors.NONE
     group_id = f"after-bad-input-{random.randrange(2**32)}"
+    print(f"serving group {group_id}")  # its coordinator partition: printed as a seed is
     with coordinator(cluster, group_id) as c:
         assert join_new(c, group_id).error_code == Errors.NONE
 

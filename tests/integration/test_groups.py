@@ -643,12 +643,12 @@ def test_a_killed_members_partitions_move_after_its_session_timeout(
     victim, *survivors = (spawn(client, group, topic, f"m{i}") for i in range(3))
     before = wait_settled(spawn, [victim, *survivors])
 
+    killed_at = time.monotonic()  # before kill(), which waits for the exit and the reader
     victim.kill()  # no LeaveGroup: only the session timeout tells the coordinator
-    killed_at = time.monotonic()
     after = wait_settled(spawn, survivors, after=before)
     # The first survivor callback of the rebalance: nothing moves before the coordinator
-    # expires the victim, at its last heartbeat (at most one interval before the kill) plus
-    # the session timeout.
+    # expires the victim, at its last heartbeat (about one interval before the kill, later
+    # than that on a loaded machine: a second's room) plus the session timeout.
     moved_at = min(
         e["_at"]
         for m in survivors
@@ -656,7 +656,7 @@ def test_a_killed_members_partitions_move_after_its_session_timeout(
         if e["_at"] > killed_at
     )
     earliest_s = (SESSION_TIMEOUT_MS - HEARTBEAT_INTERVAL_MS) / 1000
-    assert moved_at - killed_at >= earliest_s - 0.25, moved_at - killed_at
+    assert moved_at - killed_at >= earliest_s - 1.0, moved_at - killed_at
     taken = frozenset().union(*(after.owned[m.name] for m in survivors))
     assert before.owned[victim.name] <= taken
 
@@ -1041,4 +1041,6 @@ def test_the_default_initial_rebalance_delay_gathers_the_first_members(
         assert not revoked(m), str(m)
     first_started = min(e["_at"] for m in members for e in m.events("started"))
     first_assigned = min(e["_at"] for m in members for e in m.events("assignment"))
-    assert first_assigned - first_started >= DEFAULT_INITIAL_REBALANCE_DELAY_MS / 1000 - 0.1
+    # Each time is when the test's reader thread got the line: half a second's room for a
+    # "started" read late.
+    assert first_assigned - first_started >= DEFAULT_INITIAL_REBALANCE_DELAY_MS / 1000 - 0.5

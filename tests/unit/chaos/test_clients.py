@@ -135,7 +135,10 @@ def test_a_client_that_exits_by_itself_is_recorded_one_stopped_is_not(
     workload = GroupsWorkload("127.0.0.1:1", history, tmp_path)
     for name in ("killed", "stopped"):
         client = workload._spawn(name, "sleeping_client", {})
-        client.kill() if name == "killed" else client.stop()
+        try:
+            client.kill() if name == "killed" else client.stop()
+        finally:
+            client.kill()  # none left sleeping if the stop under test fails
         client._reader.join(timeout=30)
         assert not client._reader.is_alive(), f"the {name} client's reports were never all read"
     assert [e.process for e in history.ops(PROCESS_EXIT_F)] == ["m1"]
