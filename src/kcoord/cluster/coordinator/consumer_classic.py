@@ -51,7 +51,7 @@ id generator (``<client id>-<uuid>``), as for classic groups.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
@@ -246,6 +246,12 @@ class ClassicMemberHandlers:
     ) -> None:
         raise NotImplementedError
 
+    def _fits_a_batch(self, record: CoordinatorRecord) -> bool:
+        raise NotImplementedError
+
+    def _fit_a_batch(self, records: Sequence[CoordinatorRecord]) -> bool:
+        raise NotImplementedError
+
     # -- JoinGroup ---------------------------------------------------------------------------
 
     def _classic_join_to_consumer_group(
@@ -288,13 +294,49 @@ class ClassicMemberHandlers:
             answer(Errors.INCONSISTENT_GROUP_PROTOCOL)
             return
 
-        old: ConsumerGroupMember | None
-        replaced_consumer_member = False
+        def as_joined(base: ConsumerGroupMember) -> ConsumerGroupMember:
+            """``base`` with what this join says of the member."""
+            return replace(
+                base,
+                # maybeUpdateInstanceId: a join without one leaves a static member's as it was.
+                instance_id=(
+                    base.instance_id
+                    if request.group_instance_id is None
+                    else request.group_instance_id
+                ),
+                rack_id=subscription.rack_id or base.rack_id,
+                client_id=request.client_id or base.client_id,
+                client_host=request.client_host or base.client_host,
+                subscribed_topic_names=tuple(sorted(set(subscription.topics))),
+                subscribed_topic_regex=None,
+                rebalance_timeout_ms=request.rebalance_timeout_ms,
+                classic=ClassicMemberMetadata(
+                    session_timeout_ms=request.session_timeout_ms,
+                    supported_protocols=tuple(
+                        ClassicProtocol(name=p.name, metadata=p.metadata) for p in request.protocols
+                    ),
+                ),
+            )
+
+        holder = None
         if request.group_instance_id is not None:
             holder = next(
                 (m for m in group.members.values() if m.instance_id == request.group_instance_id),
                 None,
             )
+        # The member's record, before anything changes: one a batch cannot carry (protocol
+        # metadata of a megabyte, a member id made from a client id of 32,767 bytes) was
+        # written after the group had changed, and its refused write reloaded the whole
+        # partition. Kafka fails that write alone (UNKNOWN_SERVER_ERROR) and reverts.
+        known = group.members.get(member_id) or holder or ConsumerGroupMember(member_id=member_id)
+        probe = as_joined(replace(known, member_id=member_id))
+        if not self._fits_a_batch(member_metadata_record(gid, probe)):
+            answer(Errors.UNKNOWN_SERVER_ERROR)
+            return
+
+        old: ConsumerGroupMember | None
+        replaced_consumer_member = False
+        if request.group_instance_id is not None:
             if request.member_id != UNKNOWN_MEMBER_ID:
                 if holder is None:
                     answer(Errors.UNKNOWN_MEMBER_ID)
@@ -314,26 +356,7 @@ class ClassicMemberHandlers:
         else:
             old = group.members.get(member_id)
 
-        base = old or ConsumerGroupMember(member_id=member_id)
-        updated = replace(
-            base,
-            # maybeUpdateInstanceId: a join without one leaves a static member's as it was.
-            instance_id=(
-                base.instance_id if request.group_instance_id is None else request.group_instance_id
-            ),
-            rack_id=subscription.rack_id or base.rack_id,
-            client_id=request.client_id or base.client_id,
-            client_host=request.client_host or base.client_host,
-            subscribed_topic_names=tuple(sorted(set(subscription.topics))),
-            subscribed_topic_regex=None,
-            rebalance_timeout_ms=request.rebalance_timeout_ms,
-            classic=ClassicMemberMetadata(
-                session_timeout_ms=request.session_timeout_ms,
-                supported_protocols=tuple(
-                    ClassicProtocol(name=p.name, metadata=p.metadata) for p in request.protocols
-                ),
-            ),
-        )
+        updated = as_joined(old or ConsumerGroupMember(member_id=member_id))
         owned = _names_to_ids(subscription.owned_partitions, topics)
         reconciled = self._update_and_reconcile(
             group,
@@ -371,8 +394,9 @@ class ClassicMemberHandlers:
                     for m in rejoined.members.values()
                 )
             )
-            if self._can_downgrade(rejoined, ()):
-                self._convert_to_classic_group(rejoined, (), now_ms, out, rebalance=changed)
+            if self._can_downgrade(rejoined, ()) and self._convert_to_classic_group(
+                rejoined, (), now_ms, out, rebalance=changed
+            ):
                 # The classic group's generation, not the epoch this join's records bumped (the
                 # conversion drops them): else its SyncGroup was ILLEGAL_GENERATION, and that
                 # generation handed out again later.
@@ -629,11 +653,22 @@ class ClassicMemberHandlers:
         return decoded
 
     def _convert_to_consumer_group(
-        self, classic: ClassicGroup, topics: TopicsView, now_ms: int, out: _Output
-    ) -> ConsumerGroup:
+        self,
+        classic: ClassicGroup,
+        topics: TopicsView,
+        now_ms: int,
+        out: _Output,
+        joining: CoordinatorRecord,
+    ) -> ConsumerGroup | None:
         """``convertToConsumerGroup``: the records of the new group, and the group as they
         will make it (the caller carries on with it before they are replayed). Raises
-        UnconvertibleGroupError."""
+        UnconvertibleGroupError.
+
+        None, with nothing done, when those records and the ``joining`` member's would not
+        fit one batch: each classic member's record carries every protocol it offered, where
+        the classic group's one record carried the chosen one, so a group whose record fit
+        may not fit converted; the refused write reloaded the whole partition, at each of
+        the client's retries. Kafka fails that heartbeat alone and reverts."""
         decoded = self._decode_for_upgrade(classic, topics)
         group = ConsumerGroup(
             classic.group_id,
@@ -683,6 +718,16 @@ class ClassicMemberHandlers:
             group.subscriptions_version += 1
             group.targets[member.member_id] = dict(assigned)
 
+        gid = group.group_id
+        records = [CoordinatorRecord(GroupMetadataKey(group_id=gid), None)]
+        records += [member_metadata_record(gid, member) for member in group.members.values()]
+        records.append(group_epoch_record(gid, group.group_epoch))
+        records += [target_member_record(gid, m, target) for m, target in group.targets.items()]
+        records.append(target_epoch_record(gid, group.assignment_epoch))
+        records += [current_assignment_record(gid, member) for member in group.members.values()]
+        if not self._fit_a_batch([*out.records, *records, joining]):
+            return None
+
         # Parked requests and the classic timers go with the classic group.
         for cm in classic.members.values():
             self._complete_join(
@@ -692,17 +737,9 @@ class ClassicMemberHandlers:
             )
             self._complete_sync(out, cm, SyncGroupResponse(error_code=Errors.REBALANCE_IN_PROGRESS))
         self._cancel_group_timers(classic)
-
-        gid = group.group_id
-        out.write(CoordinatorRecord(GroupMetadataKey(group_id=gid), None))
+        for record in records:
+            out.write(record)
         for member in group.members.values():
-            out.write(member_metadata_record(gid, member))
-        out.write(group_epoch_record(gid, group.group_epoch))
-        for member_id, target in group.targets.items():
-            out.write(target_member_record(gid, member_id, target))
-        out.write(target_epoch_record(gid, group.assignment_epoch))
-        for member in group.members.values():
-            out.write(current_assignment_record(gid, member))
             self._schedule_session(gid, member, now_ms)
         return group
 
@@ -727,17 +764,20 @@ class ClassicMemberHandlers:
         out: _Output,
         *,
         rebalance: bool = True,
-    ) -> None:
+    ) -> bool:
         """``convertToClassicGroup`` and ``ClassicGroup.fromConsumerGroup``: the consumer
         group's tombstones, one GroupMetadata record, and a rebalance of the classic group
         (made here, as Kafka does; replaying the record then only notes it committed). No
         rebalance when a static member's classic incarnation replaced the last consumer one
-        (Kafka's conversion with a joining member)."""
+        (Kafka's conversion with a joining member).
+
+        False, with nothing done, when those records and the call's own would not fit the
+        one batch they are written in (the classic members' metadata, each member's record
+        fitting, can be too large together): the refused write reloaded the whole partition,
+        and a departed member's session timer, armed again by the reload, wrote it again for
+        ever. The caller removes the members from the consumer group instead. Kafka converts,
+        fails that write alone and reverts (its timeline)."""
         gone = set(leaving)
-        for member_id in group.members:
-            self._cancel_member_timers(group.group_id, member_id)
-        for record in group_tombstones(group):
-            out.write(record)
         classic = ClassicGroup(
             group_id=group.group_id,
             state=ClassicGroupState.STABLE,
@@ -785,12 +825,19 @@ class ClassicMemberHandlers:
             )
             cm.assignment = assignments[member_id]
         classic.subscribed_topics = classic.compute_subscribed_topics()
-        out.write(
+        records = [
+            *group_tombstones(group),
             CoordinatorRecord(
                 GroupMetadataKey(group_id=group.group_id),
                 classic.to_group_metadata_value(assignments),
-            )
-        )
+            ),
+        ]
+        if not self._fit_a_batch([*out.records, *records]):
+            return False
+        for member_id in group.members:
+            self._cancel_member_timers(group.group_id, member_id)
+        for record in records:
+            out.write(record)
         self._groups[group.group_id] = classic
         for cm in classic.members.values():
             self._reschedule_heartbeat(classic, cm, now_ms)
@@ -801,6 +848,7 @@ class ClassicMemberHandlers:
                 now_ms,
                 f"Downgrade group {classic.group_id} from consumer to classic.",
             )
+        return True
 
 
 def _waits_on_unreleased(group: ConsumerGroup, member: ConsumerGroupMember) -> bool:

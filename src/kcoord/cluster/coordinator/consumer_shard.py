@@ -103,6 +103,10 @@ _JAVA_TRIMMED: Final = "".join(map(chr, range(0x21)))
 SUBSCRIPTION_TOO_LARGE: Final = (
     "The member's subscription is too large for a record of __consumer_offsets."
 )
+GROUP_TOO_LARGE_TO_CONVERT: Final = (
+    "The classic group's members are too large for one batch of __consumer_offsets as a "
+    "consumer group."
+)
 HEARTBEAT_RECORDS_TOO_LARGE: Final = (
     "The heartbeat's records (the group's new target assignment) are too large for a batch "
     "of __consumer_offsets."
@@ -212,10 +216,14 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
                 # of a failed heartbeat's records, the conversion's neither.
                 error, message = Errors.UNKNOWN_SERVER_ERROR, SUBSCRIPTION_TOO_LARGE
             elif classic is not None and classic.num_members > 0:
+                joining = member_metadata_record(request.group_id, _as_written(request))
                 try:
-                    group = self._convert_to_consumer_group(classic, topics, now_ms, out)
+                    group = self._convert_to_consumer_group(classic, topics, now_ms, out, joining)
                 except UnconvertibleGroupError as e:
                     error, message = Errors.GROUP_ID_NOT_FOUND, str(e)
+                else:
+                    if group is None:
+                        error, message = Errors.UNKNOWN_SERVER_ERROR, GROUP_TOO_LARGE_TO_CONVERT
             elif classic is not None:
                 # An empty classic group (or one with only offsets) just goes, and its timers
                 # with it when its tombstone is replayed
@@ -398,8 +406,9 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
         """``consumerGroupFenceMembers``: fence or remove members, their records' tombstones
         and one new group epoch; or, when only classic members would remain, the group
         becomes a classic group again (``convertToClassicGroup``)."""
-        if self._can_downgrade(group, member_ids):
-            self._convert_to_classic_group(group, member_ids, now_ms, out)
+        if self._can_downgrade(group, member_ids) and self._convert_to_classic_group(
+            group, member_ids, now_ms, out
+        ):
             return
         for member_id in member_ids:
             for record in member_removal_records(group.group_id, member_id):

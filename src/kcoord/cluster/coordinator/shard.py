@@ -789,7 +789,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         """
         if self._max_batch_bytes is None:
             return True
-        key, value = encode_record(record)
+        try:
+            key, value = encode_record(record)
+        except ValueError:  # a member id made from a client id of 32,767 bytes, say
+            return False
         return fmt.HEADER_SIZE + record_size_bound(key, value) <= self._max_batch_bytes()
 
     def _fit_a_batch(self, records: Sequence[CoordinatorRecord]) -> bool:
@@ -798,7 +801,10 @@ class GroupCoordinatorShard(ConsumerGroupHandlers):
         if self._max_batch_bytes is None or not records:
             return True
         limit = self._max_batch_bytes()
-        encoded = [encode_record(record) for record in records]
+        try:
+            encoded = [encode_record(record) for record in records]
+        except ValueError:  # a record no batch can carry: too long a string in it
+            return False
         if fmt.HEADER_SIZE + sum(record_size_bound(k, v) for k, v in encoded) <= limit:
             return True
         batch = fmt.build_batch([fmt.Record(i, 0, k, v) for i, (k, v) in enumerate(encoded)])

@@ -34,7 +34,7 @@ from kcoord.cluster.coordinator.types import (
     SyncGroupResponse,
 )
 from kcoord.errors import Errors
-from tests.unit.cluster.coordinator.harness import ShardContext, short_consumer_timing
+from tests.unit.cluster.coordinator.harness import ShardContext, Step, short_consumer_timing
 
 T = uuid_str(bytes([7]) * 16)
 TOPICS = {"orders": (T, 6)}
@@ -245,8 +245,11 @@ def test_a_classic_member_that_goes_silent_is_fenced_after_its_own_session_timeo
     assert ctx.shard.consumer_groups["g"].group_epoch == epoch + 1
 
 
-def classic_group_of_two(ctx: ShardContext) -> list[ClassicMember]:
-    """A classic group the old way: both join, the leader assigns with the range assignor."""
+def classic_group_of_two(
+    ctx: ShardContext, protocols: tuple[tuple[str, bytes], ...] | None = None
+) -> list[ClassicMember]:
+    """A classic group the old way: both join, the leader assigns with the range assignor
+    (``protocols``: what each offers, the range assignor first)."""
     b, c = ClassicMember(ctx, "b"), ClassicMember(ctx, "c")
     for m in (b, c):
         for _ in range(2):  # MEMBER_ID_REQUIRED, then the join that parks until both are in
@@ -254,7 +257,7 @@ def classic_group_of_two(ctx: ShardContext) -> list[ClassicMember]:
                 member_id=m.member_id,
                 client_id=m.name,
                 session_timeout_ms=CLASSIC_SESSION_MS,
-                protocols=(("range", subscription()),),
+                protocols=protocols or (("range", subscription()),),
             )
             if step.answered(token):
                 response = step.response(token)
@@ -388,6 +391,105 @@ def test_a_join_too_large_for_its_record_leaves_the_classic_group_as_it_was() ->
     assert step.records == [] and step.responses == [(token, refused)]
     assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
     assert b.heartbeat() is Errors.NONE  # its members go on as before
+
+
+def padded_subscription(padding: int) -> bytes:
+    """A subscription to orders with ``padding`` bytes of user data."""
+    return encode_subscription(Subscription(1, ("orders",), b"u" * padding, ()))
+
+
+def fits(ctx: ShardContext, step: Step) -> bool:
+    """Whether a step's records are one batch the partition takes (the log's check)."""
+    return ctx.shard._fit_a_batch([record for _, record in step.records])
+
+
+def test_an_upgrade_too_large_for_one_batch_fails_that_heartbeat_alone() -> None:
+    """Converted, each classic member's record carries every protocol it offered, where the
+    classic group's one record carried the chosen one: the conversion's write was refused,
+    and the whole partition reloaded at each retry. The heartbeat fails alone now, the
+    classic group as it was (Kafka fails it and reverts)."""
+    ctx = context()
+    both = (("range", padded_subscription(2000)), ("roundrobin", padded_subscription(2000)))
+    b, _ = classic_group_of_two(ctx, both)
+    classic = ctx.shard.groups["g"]
+    ctx.max_batch_bytes = 7000  # the classic record (two 2 KB protocols) fits, not four
+    token = ctx.new_token()
+    request = ConsumerGroupHeartbeatRequest(
+        group_id="g",
+        member_id="a",
+        member_epoch=0,
+        rebalance_timeout_ms=5_000,
+        subscribed_topic_names=("orders",),
+        topic_partitions=(),
+    )
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
+    refused = step.response(token)
+    assert isinstance(refused, ConsumerGroupHeartbeatResponse)
+    assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR, refused
+    assert step.records == [] and step.responses == [(token, refused)]
+    assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
+    assert b.heartbeat() is Errors.NONE  # its members go on as before
+
+
+def classic_members_in_a_consumer_group(ctx: ShardContext, padding: int) -> ConsumerMember:
+    """A consumer group of member a, and classic members b and c offering ``padding`` bytes
+    of user data each (joined with their first JoinGroup, as before KIP-394); returns a."""
+    a = ConsumerMember(ctx, "a")
+    assert a.beat().error_code is Errors.NONE
+    for name in ("b", "c"):
+        token, step = ctx.join(
+            client_id=name,
+            session_timeout_ms=CLASSIC_SESSION_MS,
+            protocols=(("range", padded_subscription(padding)),),
+            require_known_member_id=False,
+            topics=TOPICS,
+        )
+        response = step.response(token)
+        assert isinstance(response, JoinGroupResponse)
+        assert response.error_code is Errors.NONE, response
+        assert fits(ctx, step)
+    return a
+
+
+def test_a_downgrade_too_large_for_one_batch_removes_the_member_instead() -> None:
+    """The last consumer-protocol member leaving made one classic GroupMetadata record of
+    every classic member's metadata, each member's fitting, together not: the refused write
+    reloaded the whole partition, and the departed member's session timer, armed again by
+    the reload, wrote it again for ever. It is removed as from any consumer group now."""
+    ctx = context()
+    classic_members_in_a_consumer_group(ctx, 3000)
+    ctx.max_batch_bytes = 5000  # each classic member's record fits, not both in one
+    token = ctx.new_token()
+    request = ConsumerGroupHeartbeatRequest(group_id="g", member_id="a", member_epoch=-1)
+    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
+    left = step.response(token)
+    assert isinstance(left, ConsumerGroupHeartbeatResponse) and left.error_code is Errors.NONE
+    assert fits(ctx, step)
+    assert "g" not in ctx.shard.groups
+    assert set(ctx.shard.consumer_groups["g"].members) == {"b-1", "c-2"}
+
+
+def test_a_classic_join_too_large_for_its_record_fails_alone_in_a_consumer_group() -> None:
+    """A classic member's record is looked at before the consumer group changes: one too
+    large (a megabyte of metadata), or whose member id made from a client id of 32,767 bytes
+    no record can carry, was written after it had, and the refused write reloaded the whole
+    partition."""
+    ctx = context()
+    ConsumerMember(ctx, "a").beat()
+    ctx.max_batch_bytes = 4096
+    group = ctx.shard.consumer_groups["g"]
+    for client_id, padding in (("big", 5000), ("c" * 32767, 0)):
+        token, step = ctx.join(
+            client_id=client_id,
+            protocols=(("range", padded_subscription(padding)),),
+            require_known_member_id=False,
+            topics=TOPICS,
+        )
+        refused = step.response(token)
+        assert isinstance(refused, JoinGroupResponse)
+        assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR, refused
+        assert step.records == []
+        assert ctx.shard.consumer_groups["g"] is group and set(group.members) == {"a"}
 
 
 def test_conversions_and_classic_requests_get_kafkas_errors() -> None:
