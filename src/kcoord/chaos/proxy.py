@@ -80,10 +80,12 @@ is two *links*, one per direction, each the same pipeline as Toxiproxy's ``Toxic
 The reader reads the source socket into chunks; each stage is one task running its toxic's
 ``pipe`` coroutine over its input and output channels; the writer writes the last channel to the
 destination socket. Channels hold a few chunks (``CHANNEL_CAPACITY_CHUNKS``), so a stalled stage
-stops the reader and the sender's TCP window fills. An end marker closes a link: ``EOF`` (the
-source half-closed; the writer half-closes the destination and the connection ends when both
-directions have), ``CLOSE`` (the source failed, or a toxic ended the connection: both sockets are
-closed) or ``RESET`` (both sockets aborted with an RST).
+stops the reader and the sender's TCP window fills; the one into a latency stage holds many
+(``LATENCY_CAPACITY_CHUNKS``), so that the reader goes on reading what the toxic delays. An
+end marker closes a link: ``EOF`` (the source half-closed; the writer half-closes the
+destination and the connection ends when both directions have), ``CLOSE`` (the source failed,
+or a toxic ended the connection: both sockets are closed) or ``RESET`` (both sockets aborted
+with an RST).
 
 The chain changes under live connections, without losing or reordering bytes:
 
@@ -147,6 +149,11 @@ VERSION: Final = "0.1.0+kcoord"
 # Chunks a channel holds before its producer waits. Small: a stalled toxic should stall the
 # sender soon, as Toxiproxy's unbuffered channels do, and not hide megabytes in the proxy.
 CHANNEL_CAPACITY_CHUNKS: Final = 4
+# What the channel into a latency stage holds instead (Toxiproxy's LatencyToxic.GetBufferSize,
+# in chunks too): with a few, the reader stopped while the toxic held them, and data that
+# waited in the socket meanwhile was read, and its latency counted, only then: about twice the
+# latency, and a few chunks per latency period at most (a hidden bandwidth limit).
+LATENCY_CAPACITY_CHUNKS: Final = 1024
 READ_CHUNK_BYTES: Final = 32 * 1024
 STREAMS: Final = ("upstream", "downstream")
 
@@ -264,6 +271,11 @@ class _Channel:
             finally:
                 if waiter in channel._putters:
                     channel._putters.remove(waiter)
+
+    def hold_at_least(self, capacity: int) -> None:
+        """Hold up to ``capacity`` chunks before a producer waits, if this held fewer."""
+        self._capacity = max(self._capacity, capacity)
+        self._wake_putters()  # they retry, with the room there is now
 
     def put_nowait(self, item: _Item) -> None:
         """Append regardless of capacity (flushing a stage that is being taken out)."""
@@ -556,6 +568,8 @@ class _Link:
         self.tasks.append(loop.create_task(self._write_loop(), name=f"write {self.name}"))
 
     def add_toxic(self, toxic: Toxic) -> None:
+        if toxic.toxic_type == "latency":
+            self.tail.hold_at_least(LATENCY_CAPACITY_CHUNKS)
         stage = _Stage(self, toxic, self.tail, _Channel())
         old_tail, self.tail = self.tail, stage.output
         old_tail.kick()  # a writer waiting on it moves to the new tail
