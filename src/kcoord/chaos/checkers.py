@@ -556,7 +556,8 @@ _FinalCommitted = dict[tuple[str, str | None], tuple[Event, dict[int, int]]]
 
 def _final_committed(ordered: list[Event], findings: _Findings) -> _FinalCommitted:
     """(group, topic) -> the last ``ok`` ``committed`` read of the runner's final reads and its
-    offsets (a mid-run read stood in for a final one that failed)."""
+    offsets. Only the final reads count: a group without one is flagged (no-final-committed),
+    never judged by a read made mid-run."""
     final: _FinalCommitted = {}
     for event in ordered:  # the last ok read wins
         if (

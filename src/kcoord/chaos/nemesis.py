@@ -92,7 +92,9 @@ class LocalProcesses:
         os.kill(node.pid, signal.SIGSTOP)
 
     def resume(self, node: launcher.NodeProcess) -> None:
-        if node.pid is not None:
+        # Only the node's own process: a pid reused since it died is another's (the lab has
+        # no pid namespace of its own), as stop_node checks before it signals.
+        if node.pid is not None and self.is_alive(node):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(node.pid, signal.SIGCONT)
 

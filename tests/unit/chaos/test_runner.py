@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +18,7 @@ from kcoord.chaos import report as chaos_report
 from kcoord.chaos.history import FENCING_WATCH_F, History
 from kcoord.chaos.runner import ChaosLab
 from kcoord.chaos.workload import GroupsWorkload, answered_by_a_deposed_coordinator
+from kcoord.node import launcher
 
 GROUP = "g"
 
@@ -443,3 +447,18 @@ def test_a_mid_run_read_is_stamped_when_it_was_answered(monkeypatch: pytest.Monk
             assert time.monotonic() < deadline
             time.sleep(0.01)  # polling for the reader thread
     assert done()[0].time == 10.0
+
+
+def test_resume_signals_only_the_nodes_own_process(tmp_path: Path) -> None:
+    """A node's pid taken since by another process (the lab has no pid namespace): SIGCONT
+    went to it, whatever stopped it."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(other.pid, signal.SIGSTOP)
+        node = launcher.NodeProcess(1, "127.0.0.1", 1, 2, 3, 4, str(tmp_path), pid=other.pid)
+        nemesis.LocalProcesses().resume(node)
+        with open(f"/proc/{other.pid}/stat") as f:
+            assert f.read().split(") ")[-1].startswith("T")  # still stopped
+    finally:
+        other.kill()
+        other.wait()
