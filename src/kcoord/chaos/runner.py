@@ -748,7 +748,7 @@ def cluster(options: Options, root: Path) -> Iterator[tuple[launcher.ClusterStat
 
 def _stop_nodes(state: launcher.ClusterState) -> None:
     for n in state.nodes:
-        if n.pid is not None:
+        if n.pid is not None and launcher.is_alive(n.pid, n.config_path):  # not a reused pid
             with contextlib.suppress(ProcessLookupError):
                 os.kill(n.pid, signal.SIGCONT)  # a paused node cannot die
     launcher.stop_all(state.nodes, kill=True)

@@ -117,7 +117,12 @@ def test_reset_peer_removed_after_dropping_data_resets_instead_of_leaving_a_hole
 async def _chunks_read_under_a_long_latency(messages: int) -> int:
     """Separate messages sent under a 60 s latency toxic, each once the proxy has read the
     one before (or not, by a deadline); how many it read."""
-    target = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def keep(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
+
+    target = await asyncio.start_server(keep, "127.0.0.1", 0)
     host, port = target.sockets[0].getsockname()[:2]
     server = ToxiproxyServer(random.Random(1))
     proxy = await server.create_proxy("p", "127.0.0.1:0", f"{host}:{port}", True)
@@ -145,7 +150,11 @@ async def _chunks_read_under_a_long_latency(messages: int) -> int:
             break
         read = i + 1
     writer.close()
+    await writer.wait_closed()
     await server.close()
+    for peer in accepted:
+        peer.close()
+        await peer.wait_closed()
     target.close()
     await target.wait_closed()
     return read

@@ -453,12 +453,23 @@ def test_resume_signals_only_the_nodes_own_process(tmp_path: Path) -> None:
     """A node's pid taken since by another process (the lab has no pid namespace): SIGCONT
     went to it, whatever stopped it."""
     other = subprocess.Popen(["sleep", "60"])
+
+    def state() -> str:
+        with open(f"/proc/{other.pid}/stat") as f:
+            return f.read().split(") ")[-1][0]
+
     try:
         os.kill(other.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while state() != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling: the stop takes effect asynchronously
+        assert state() == "T"
         node = launcher.NodeProcess(1, "127.0.0.1", 1, 2, 3, 4, str(tmp_path), pid=other.pid)
         nemesis.LocalProcesses().resume(node)
-        with open(f"/proc/{other.pid}/stat") as f:
-            assert f.read().split(") ")[-1].startswith("T")  # still stopped
+        watched_until = time.monotonic() + 0.5  # a window in which a SIGCONT would show
+        while time.monotonic() < watched_until:
+            assert state() == "T", "the other process was resumed"
+            time.sleep(0.01)
     finally:
         other.kill()
         other.wait()
