@@ -662,7 +662,9 @@ class ClassicMemberHandlers:
     ) -> ConsumerGroup | None:
         """``convertToConsumerGroup``: the records of the new group, and the group as they
         will make it (the caller carries on with it before they are replayed). Raises
-        UnconvertibleGroupError.
+        UnconvertibleGroupError. Only the converted members' session timers start; the rest
+        (``_finish_conversion``) waits until the caller's whole write is known to fit one
+        batch.
 
         None, with nothing done, when those records and the ``joining`` member's would not
         fit one batch: each classic member's record carries every protocol it offered, where
@@ -727,8 +729,15 @@ class ClassicMemberHandlers:
         records += [current_assignment_record(gid, member) for member in group.members.values()]
         if not self._fit_a_batch([*out.records, *records, joining]):
             return None
+        for record in records:
+            out.write(record)
+        for member in group.members.values():
+            self._schedule_session(gid, member, now_ms)  # cancelled again if it fails
+        return group
 
-        # Parked requests and the classic timers go with the classic group.
+    def _finish_conversion(self, classic: ClassicGroup, out: _Output) -> None:
+        """The rest of ``convertToConsumerGroup``: parked requests and the classic timers go
+        with the classic group."""
         for cm in classic.members.values():
             self._complete_join(
                 out,
@@ -737,11 +746,6 @@ class ClassicMemberHandlers:
             )
             self._complete_sync(out, cm, SyncGroupResponse(error_code=Errors.REBALANCE_IN_PROGRESS))
         self._cancel_group_timers(classic)
-        for record in records:
-            out.write(record)
-        for member in group.members.values():
-            self._schedule_session(gid, member, now_ms)
-        return group
 
     # -- Downgrade: consumer -> classic -------------------------------------------------------
 

@@ -251,7 +251,28 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             topics=topics,
             out=out,
         )
-        if not converted and not self._fit_a_batch(out.records[records:]):
+        if converted and not self._fit_a_batch(out.records[records:]):
+            # The conversion's records fit, not with the heartbeat's (the new target
+            # assignment): nothing of the conversion has happened but its records and the
+            # heartbeat's timers, so the classic group goes on as it was.
+            assert group is not None
+            # The joining member's id, the one it was given if it sent none.
+            joined = {
+                response.member_id
+                for answered, response in out.responses[responses:]
+                if answered == token and isinstance(response, ConsumerGroupHeartbeatResponse)
+            }
+            del out.records[records:], out.responses[responses:]
+            for member_id in {*group.members, request.member_id, *joined}:  # consumer timers
+                if member_id:
+                    self._cancel_member_timers(group.group_id, member_id)
+            out.respond(token, _too_large(request, HEARTBEAT_RECORDS_TOO_LARGE))
+            return
+        if converted:
+            assert classic is not None
+            self._finish_conversion(classic, out)
+            return
+        if not self._fit_a_batch(out.records[records:]):
             # A target assignment of thousands of members is more than one batch holds: the
             # log refused the write, and the refused write of a handler that may have changed
             # its group reloaded the whole partition, every group of it, at each retry. This

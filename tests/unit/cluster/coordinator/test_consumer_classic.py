@@ -20,6 +20,10 @@ from kcoord.cluster.coordinator.consumer_protocol import (
     encode_assignment,
     encode_subscription,
 )
+from kcoord.cluster.coordinator.consumer_shard import (
+    GROUP_TOO_LARGE_TO_CONVERT,
+    HEARTBEAT_RECORDS_TOO_LARGE,
+)
 from kcoord.cluster.coordinator.records import uuid_str
 from kcoord.cluster.coordinator.shard import GroupConfig
 from kcoord.cluster.coordinator.types import (
@@ -429,6 +433,47 @@ def test_an_upgrade_too_large_for_one_batch_fails_that_heartbeat_alone() -> None
     assert step.records == [] and step.responses == [(token, refused)]
     assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
     assert b.heartbeat() is Errors.NONE  # its members go on as before
+
+
+def test_an_upgrade_whose_heartbeat_is_too_large_for_one_batch_fails_at_every_limit() -> None:
+    """The conversion's records fitting, the heartbeat's with them (the new target
+    assignment) might not: that batch was answered NONE and refused by the log, which
+    reloaded the whole partition. At every limit the heartbeat now either succeeds with one
+    batch the log takes, or fails alone with the classic group as it was and no consumer
+    timer left behind."""
+    both = (("range", padded_subscription(2000)), ("roundrobin", padded_subscription(2000)))
+    refusals: set[str | None] = set()
+    for limit in range(6000, 11000, 50):
+        ctx = context()
+        b, _ = classic_group_of_two(ctx, both)
+        classic = ctx.shard.groups["g"]
+        ctx.max_batch_bytes = limit
+        token = ctx.new_token()
+        request = ConsumerGroupHeartbeatRequest(
+            group_id="g",
+            member_id="a",
+            member_epoch=0,
+            rebalance_timeout_ms=5_000,
+            subscribed_topic_names=("orders",),
+            topic_partitions=(),
+        )
+        step = ctx._apply(
+            ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS)
+        )
+        answer = step.response(token)
+        assert isinstance(answer, ConsumerGroupHeartbeatResponse)
+        if answer.error_code is Errors.NONE:
+            assert fits(ctx, step), limit
+            assert "g" in ctx.shard.consumer_groups and "g" not in ctx.shard.groups
+            continue
+        assert answer.error_code is Errors.UNKNOWN_SERVER_ERROR, (limit, answer)
+        refusals.add(answer.error_message)
+        assert step.records == [] and step.responses == [(token, answer)], limit
+        assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
+        assert not [k for k in ctx.timer.deadlines if k.startswith("consumer-")], limit
+        assert b.heartbeat() is Errors.NONE  # its members go on as before
+    # Both checks were reached: the conversion's own, and the whole heartbeat's.
+    assert refusals == {GROUP_TOO_LARGE_TO_CONVERT, HEARTBEAT_RECORDS_TOO_LARGE}
 
 
 def classic_members_in_a_consumer_group(ctx: ShardContext, padding: int) -> ConsumerMember:
