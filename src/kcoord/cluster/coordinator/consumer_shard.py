@@ -256,7 +256,7 @@ class ConsumerGroupHandlers(ClassicMemberHandlers):
             # assignment): nothing of the conversion has happened but its records and the
             # heartbeat's timers, so the classic group goes on as it was.
             assert group is not None
-            # The joining member's id, the one it was given if it sent none.
+            # The joining member's id: the one it was given, if it sent none (version 0).
             joined = {
                 response.member_id
                 for answered, response in out.responses[responses:]

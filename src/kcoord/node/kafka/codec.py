@@ -242,13 +242,15 @@ def _primitive_reader(kafka_type: str, flexible: bool, optional: bool) -> Reader
         case "string":
             if flexible:
                 return _bounded_compact_string(
-                    _lenient_compact_string(
-                        kr.read_compact_string_nullable if optional else kr.read_compact_string
+                    _lenient(
+                        kr.read_compact_string_nullable if optional else kr.read_compact_string,
+                        _compact_length,
                     )
                 )
             # An int16 length cannot exceed MAX_STRING_BYTES.
-            return _lenient_legacy_string(
-                kr.read_nullable_legacy_string if optional else kr.read_legacy_string
+            return _lenient(
+                kr.read_nullable_legacy_string if optional else kr.read_legacy_string,
+                kr.read_int16,
             )
         case "bytes" | "records":
             if flexible:
@@ -273,30 +275,23 @@ def _read_timedelta_i64(buf: memoryview, pos: int) -> tuple[datetime.timedelta, 
     return datetime.timedelta(milliseconds=max(_TIMEDELTA_MIN_MS, min(ms, _TIMEDELTA_MAX_MS))), size
 
 
-def _lenient_legacy_string(read: Reader) -> Reader:
-    """``read`` (an int16-length string), with U+FFFD for bytes that are not UTF-8."""
+def _lenient(read: Reader, read_length: Reader) -> Reader:
+    """``read`` (a string), with U+FFFD for bytes that are not UTF-8; ``read_length`` reads
+    its length prefix: (length, bytes read)."""
 
     def read_lenient(buf: memoryview, pos: int) -> tuple[Any, int]:
         try:
             return read(buf, pos)
         except InvalidUnicode:
-            length, size = kr.read_int16(buf, pos)
+            length, size = read_length(buf, pos)
             return _replacing(buf, pos + size, length), size + length
 
     return read_lenient
 
 
-def _lenient_compact_string(read: Reader) -> Reader:
-    """``read`` (a compact string), with U+FFFD for bytes that are not UTF-8."""
-
-    def read_lenient(buf: memoryview, pos: int) -> tuple[Any, int]:
-        try:
-            return read(buf, pos)
-        except InvalidUnicode:
-            length_plus_one, size = kr.read_unsigned_varint(buf, pos)
-            return _replacing(buf, pos + size, length_plus_one - 1), size + length_plus_one - 1
-
-    return read_lenient
+def _compact_length(buf: memoryview, pos: int) -> tuple[int, int]:
+    length_plus_one, size = kr.read_unsigned_varint(buf, pos)
+    return length_plus_one - 1, size
 
 
 def _replacing(buf: memoryview, start: int, length: int) -> str:
@@ -400,7 +395,7 @@ def _field_reader(kind: _FieldKind, flexible: bool, is_header: bool) -> Reader:
     assert kind.kafka_type is not None
     if is_header and kind.name == "client_id":
         # RequestHeader.client_id is a legacy string in every header version.
-        return _lenient_legacy_string(kr.read_nullable_legacy_string)
+        return _lenient(kr.read_nullable_legacy_string, kr.read_int16)
     if kind.is_array:
         item = _primitive_reader(kind.kafka_type, flexible, False)
         return _array_reader(item, flexible, kind.optional)

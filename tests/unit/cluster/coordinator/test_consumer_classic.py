@@ -407,46 +407,20 @@ def fits(ctx: ShardContext, step: Step) -> bool:
     return ctx.shard._fit_a_batch([record for _, record in step.records])
 
 
-def test_an_upgrade_too_large_for_one_batch_fails_that_heartbeat_alone() -> None:
-    """Converted, each classic member's record carries every protocol it offered, where the
-    classic group's one record carried the chosen one: the conversion's write was refused,
-    and the whole partition reloaded at each retry. The heartbeat fails alone now, the
-    classic group as it was (Kafka fails it and reverts)."""
-    ctx = context()
-    both = (("range", padded_subscription(2000)), ("roundrobin", padded_subscription(2000)))
-    b, _ = classic_group_of_two(ctx, both)
-    classic = ctx.shard.groups["g"]
-    ctx.max_batch_bytes = 7000  # the classic record (two 2 KB protocols) fits, not four
-    token = ctx.new_token()
-    request = ConsumerGroupHeartbeatRequest(
-        group_id="g",
-        member_id="a",
-        member_epoch=0,
-        rebalance_timeout_ms=5_000,
-        subscribed_topic_names=("orders",),
-        topic_partitions=(),
-    )
-    step = ctx._apply(ctx.shard.handle_consumer_group_heartbeat(token, request, ctx.now_ms, TOPICS))
-    refused = step.response(token)
-    assert isinstance(refused, ConsumerGroupHeartbeatResponse)
-    assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR, refused
-    assert step.records == [] and step.responses == [(token, refused)]
-    assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
-    assert b.heartbeat() is Errors.NONE  # its members go on as before
-
-
 def test_an_upgrade_whose_heartbeat_is_too_large_for_one_batch_fails_at_every_limit() -> None:
-    """The conversion's records fitting, the heartbeat's with them (the new target
-    assignment) might not: that batch was answered NONE and refused by the log, which
-    reloaded the whole partition. At every limit the heartbeat now either succeeds with one
-    batch the log takes, or fails alone with the classic group as it was and no consumer
-    timer left behind."""
+    """Converted, each classic member's record carries every protocol it offered, where the
+    classic group's one record carried the chosen one; and the conversion's records fitting,
+    the heartbeat's with them (the new target assignment) might not. Such writes were
+    refused by the log, which reloaded the whole partition at each retry. At every limit the
+    heartbeat now either succeeds with one batch the log takes, or fails alone with the
+    classic group and its timers as they were (Kafka fails it and reverts)."""
     both = (("range", padded_subscription(2000)), ("roundrobin", padded_subscription(2000)))
     refusals: set[str | None] = set()
     for limit in range(6000, 11000, 50):
         ctx = context()
         b, _ = classic_group_of_two(ctx, both)
         classic = ctx.shard.groups["g"]
+        timers = dict(ctx.timer.deadlines)
         ctx.max_batch_bytes = limit
         token = ctx.new_token()
         request = ConsumerGroupHeartbeatRequest(
@@ -470,7 +444,7 @@ def test_an_upgrade_whose_heartbeat_is_too_large_for_one_batch_fails_at_every_li
         refusals.add(answer.error_message)
         assert step.records == [] and step.responses == [(token, answer)], limit
         assert ctx.shard.groups["g"] is classic and "g" not in ctx.shard.consumer_groups
-        assert not [k for k in ctx.timer.deadlines if k.startswith("consumer-")], limit
+        assert ctx.timer.deadlines == timers, limit  # the classic group's, as they were
         assert b.heartbeat() is Errors.NONE  # its members go on as before
     # Both checks were reached: the conversion's own, and the whole heartbeat's.
     assert refusals == {GROUP_TOO_LARGE_TO_CONVERT, HEARTBEAT_RECORDS_TOO_LARGE}
@@ -482,18 +456,25 @@ def classic_members_in_a_consumer_group(ctx: ShardContext, padding: int) -> Cons
     a = ConsumerMember(ctx, "a")
     assert a.beat().error_code is Errors.NONE
     for name in ("b", "c"):
-        token, step = ctx.join(
-            client_id=name,
-            session_timeout_ms=CLASSIC_SESSION_MS,
-            protocols=(("range", padded_subscription(padding)),),
-            require_known_member_id=False,
-            topics=TOPICS,
-        )
-        response = step.response(token)
-        assert isinstance(response, JoinGroupResponse)
+        response, step = classic_join(ctx, name, padding)
         assert response.error_code is Errors.NONE, response
         assert fits(ctx, step)
     return a
+
+
+def classic_join(ctx: ShardContext, client_id: str, padding: int) -> tuple[JoinGroupResponse, Step]:
+    """A classic member's first JoinGroup (no KIP-394 round trip) into the consumer group,
+    offering ``padding`` bytes of user data."""
+    token, step = ctx.join(
+        client_id=client_id,
+        session_timeout_ms=CLASSIC_SESSION_MS,
+        protocols=(("range", padded_subscription(padding)),),
+        require_known_member_id=False,
+        topics=TOPICS,
+    )
+    response = step.response(token)
+    assert isinstance(response, JoinGroupResponse)
+    return response, step
 
 
 def test_a_downgrade_too_large_for_one_batch_removes_the_member_instead() -> None:
@@ -524,14 +505,7 @@ def test_a_classic_join_too_large_for_its_record_fails_alone_in_a_consumer_group
     ctx.max_batch_bytes = 4096
     group = ctx.shard.consumer_groups["g"]
     for client_id, padding in (("big", 5000), ("c" * 32767, 0)):
-        token, step = ctx.join(
-            client_id=client_id,
-            protocols=(("range", padded_subscription(padding)),),
-            require_known_member_id=False,
-            topics=TOPICS,
-        )
-        refused = step.response(token)
-        assert isinstance(refused, JoinGroupResponse)
+        refused, step = classic_join(ctx, client_id, padding)
         assert refused.error_code is Errors.UNKNOWN_SERVER_ERROR, refused
         assert step.records == []
         assert ctx.shard.consumer_groups["g"] is group and set(group.members) == {"a"}
